@@ -1,0 +1,226 @@
+"""``AsyncSettler``: the asyncio facade. Each method plans a call in the core, runs it on the
+backend and lets the core decode the reply; no rule lives here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any, Protocol, Self
+
+from redis.asyncio import Redis
+
+from settle._async.backend import AsyncRedisBackend
+from settle._core.engine import Call, Core
+from settle.config import SettleConfig
+from settle.models import (
+    AttemptObservation,
+    InProgress,
+    OperationRecord,
+    QuarantineEntry,
+    QuarantineKind,
+    Renewal,
+    Replay,
+    Reservation,
+    Reserved,
+    Resolution,
+    Settlement,
+    StoredFailure,
+)
+
+__all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
+
+
+class AsyncBackend(Protocol):
+    async def run(self, call: Call) -> Any: ...
+    async def run_many(self, calls: list[Call]) -> list[Any]: ...
+    async def server_info(self) -> dict[str, Any]: ...
+    async def aclose(self) -> None: ...
+
+
+class AsyncSettler:
+    """Fenced, idempotent operation records in one namespace of a Redis server or cluster."""
+
+    def __init__(
+        self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
+    ) -> None:
+        resolved = _config(config, options)
+        self._init(AsyncRedisBackend(client, resolved), resolved)
+
+    def _init(self, backend: AsyncBackend, config: SettleConfig) -> None:
+        self.config = config
+        self._core = Core(config)
+        self._backend = backend
+        self._checked = False
+        self.quarantine = AsyncQuarantine(self)
+
+    @classmethod
+    def _from_backend(cls, backend: AsyncBackend, config: SettleConfig) -> Self:
+        settler = cls.__new__(cls)
+        settler._init(backend, config)
+        return settler
+
+    @classmethod
+    def from_url(cls, url: str, config: SettleConfig | None = None, **options: Any) -> Self:
+        """Connect to ``redis://`` / ``rediss://`` / ``unix://`` URLs (binary-safe client)."""
+        return cls(Redis.from_url(url, decode_responses=False), config, **options)
+
+    async def __aenter__(self) -> Self:
+        await self.check()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._backend.aclose()
+
+    async def check(self) -> None:
+        """Verify the server version and the namespace's shard count (done once, lazily)."""
+        if self._checked:
+            return
+        self._core.check_server(await self._backend.server_info())
+        call = self._core.plan_namespace()
+        self._core.decode_namespace(await self._backend.run(call))
+        self._checked = True
+
+    async def _run(self, call: Call) -> Any:
+        if not self._checked:
+            await self.check()
+        return await self._backend.run(call)
+
+    async def reserve(
+        self,
+        operation_id: str,
+        request: Any = None,
+        *,
+        principal: str,
+        lease: float | None = None,
+        fingerprint: str | None = None,
+        attempt_id: str | None = None,
+    ) -> Reserved | Replay | InProgress:
+        """Claim ``operation_id`` for a new attempt (SPEC 2, reserve table)."""
+        call = self._core.plan_reserve(
+            operation_id,
+            request,
+            principal=principal,
+            lease=lease,
+            fingerprint=fingerprint,
+            attempt_id=attempt_id,
+        )
+        return self._core.decode_reserve(call, await self._run(call))
+
+    async def complete(
+        self, reservation: Reservation, result: Any, *, expected_version: int | None = None
+    ) -> Settlement:
+        """Settle the attempt with a committed success (absorbing)."""
+        call = self._core.plan_complete(reservation, result, expected_version=expected_version)
+        return self._core.decode_settlement(call, await self._run(call))
+
+    async def fail(
+        self,
+        reservation: Reservation,
+        error: BaseException | StoredFailure | Any,
+        *,
+        expected_version: int | None = None,
+    ) -> Settlement:
+        """Settle the attempt with a definite failure (absorbing, replayed thereafter)."""
+        call = self._core.plan_fail(reservation, error, expected_version=expected_version)
+        return self._core.decode_settlement(call, await self._run(call))
+
+    async def mark_provisional(
+        self, reservation: Reservation, reason: str, *, expected_version: int | None = None
+    ) -> Settlement:
+        """Record that the attempt ended in uncertainty; the next reserve takes over."""
+        call = self._core.plan_mark_provisional(
+            reservation, reason, expected_version=expected_version
+        )
+        return self._core.decode_settlement(call, await self._run(call))
+
+    async def renew(self, reservation: Reservation, lease: float | None = None) -> Renewal:
+        """Extend a live lease of the current generation (a heartbeat)."""
+        call = self._core.plan_renew(reservation, lease=lease)
+        return self._core.decode_renew(call, await self._run(call))
+
+    async def get(self, operation_id: str) -> OperationRecord | None:
+        call = self._core.plan_get(operation_id)
+        return self._core.decode_get(call, await self._run(call))
+
+    async def attempts(self, operation_id: str) -> list[AttemptObservation]:
+        call = self._core.plan_attempts(operation_id)
+        return self._core.decode_attempts(call, await self._run(call))
+
+
+class AsyncQuarantine:
+    """The quarantine of one namespace: list, get, resolve, follow."""
+
+    def __init__(self, settler: AsyncSettler) -> None:
+        self._settler = settler
+
+    async def _run_many(self, calls: list[Call]) -> list[Any]:
+        if not self._settler._checked:
+            await self._settler.check()
+        return await self._settler._backend.run_many(calls)
+
+    async def list(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        unresolved: bool = False,
+        limit: int = 100,
+        newest_first: bool = True,
+    ) -> list[QuarantineEntry]:
+        query = self._settler._core.quarantine_query(
+            kind=kind,
+            operation_id=operation_id,
+            since=since,
+            until=until,
+            unresolved=unresolved,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        while calls := query.calls():
+            query.feed(calls, await self._run_many(calls))
+        return query.result()
+
+    async def get(self, quarantine_id: str) -> QuarantineEntry:
+        """One entry by ``shard/id`` (as in ``Settlement.quarantine_id``) or a bare id."""
+        calls = self._settler._core.plan_quarantine_lookup(quarantine_id)
+        return self._settler._core.decode_quarantine_lookup(
+            quarantine_id, calls, await self._run_many(calls)
+        )
+
+    async def resolve(self, quarantine_id: str, *, note: str) -> Resolution:
+        """Mark an entry resolved with a note; the evidence stays. The first note stands."""
+        entry = await self.get(quarantine_id)
+        call = self._settler._core.plan_resolve(entry, note)
+        return self._settler._core.decode_resolve(call, await self._settler._run(call))
+
+    async def follow(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        unresolved: bool = False,
+        since: datetime | None = None,
+        poll_interval: float = 0.5,
+    ) -> AsyncIterator[QuarantineEntry]:
+        """Yield entries written from now (or ``since``) on, oldest first, until closed."""
+        follower = self._settler._core.quarantine_follower(
+            kind=kind, operation_id=operation_id, unresolved=unresolved, since=since
+        )
+        while True:
+            calls = follower.calls()
+            for entry in follower.feed(calls, await self._run_many(calls)):
+                yield entry
+            if follower.idle:
+                await asyncio.sleep(poll_interval)
+
+
+def _config(config: SettleConfig | None, options: dict[str, Any]) -> SettleConfig:
+    if config is not None:
+        return SettleConfig(**{**config.model_dump(), **options}) if options else config
+    return SettleConfig(**options)

@@ -1,0 +1,202 @@
+"""Encoding of what is stored (results, failures) and decoding of script replies.
+
+A script reply is ``[code, detail, now_ms, quarantine_id, payload]`` (see ``lua/_lib.lua``);
+redis-py hands strings over as bytes. Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic_core
+from pydantic import BaseModel
+
+from settle.errors import CorruptRecord, FingerprintError, ResultTooLarge
+from settle.models import (
+    Action,
+    AttemptObservation,
+    CurrentSnapshot,
+    OperationRecord,
+    PresentedTuple,
+    QuarantinedPayload,
+    QuarantineEntry,
+    QuarantineKind,
+    Resolution,
+    State,
+    StoredFailure,
+    ms_to_datetime,
+)
+
+__all__ = [
+    "Reply",
+    "decode_attempts",
+    "decode_quarantine_entry",
+    "decode_record",
+    "digest",
+    "encode_failure",
+    "encode_result",
+    "parse_reply",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    code: str
+    detail: str
+    now_ms: int
+    quarantine_id: str
+    payload: list[Any]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+def parse_reply(raw: Any) -> Reply:
+    if not isinstance(raw, list | tuple) or len(raw) != 5:
+        raise CorruptRecord(f"unexpected script reply shape: {type(raw).__name__}")
+    code, detail, now, qid, payload = raw
+    return Reply(_text(code), _text(detail), int(now), _text(qid), list(payload or []))
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
+    """Serialize a result with pydantic; ``bytes`` pass through unchanged."""
+    if isinstance(result, bytes):
+        data = result
+    else:
+        try:
+            data = pydantic_core.to_json(result, bytes_mode="base64", inf_nan_mode="constants")
+        except pydantic_core.PydanticSerializationError as exc:
+            raise FingerprintError(
+                f"result cannot be serialized to JSON: {exc}", operation_id=operation_id
+            ) from exc
+    if len(data) > limit:
+        raise ResultTooLarge(
+            f"result is {len(data)} bytes, over the {limit}-byte limit; store a reference "
+            "to it instead",
+            operation_id=operation_id,
+        )
+    return data
+
+
+def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: str) -> bytes:
+    """Turn an exception (or a failure description) into a stored failure."""
+    if isinstance(error, StoredFailure):
+        failure = error
+    elif isinstance(error, BaseException):
+        kind = type(error)
+        data = getattr(error, "settle_data", None)
+        failure = StoredFailure(
+            error_type=f"{kind.__module__}.{kind.__qualname__}", message=str(error), data=data
+        )
+    elif isinstance(error, BaseModel):
+        failure = StoredFailure(
+            error_type=type(error).__name__, message="", data=error.model_dump(mode="json")
+        )
+    else:
+        failure = StoredFailure(error_type="failure", message="", data=error)
+    return encode_result(failure.model_dump(mode="json"), limit, op)
+
+
+def _fields(flat: Sequence[Any]) -> dict[str, Any]:
+    it = iter(flat)
+    return {_text(k): v for k, v in zip(it, it, strict=True)}
+
+
+def decode_record(flat: Sequence[Any], now_ms: int) -> OperationRecord:
+    """Decode a record hash (flat field/value list) into its effective state."""
+    f = _fields(flat)
+    try:
+        state = State(_text(f["state"]))
+        reason = _text(f["reason"]) if "reason" in f else None
+        lease = int(f["lease"]) if "lease" in f else None
+        if state is State.PENDING and lease is not None and lease <= now_ms:
+            state, reason = State.PROVISIONAL, "lease_expired"
+        result = f.get("result")
+        return OperationRecord(
+            operation_id=_text(f["op"]),
+            fingerprint=_text(f["fp"]),
+            fingerprint_version=int(f["fpv"]),
+            binding=_text(f["bind"]),
+            generation=int(f["gen"]),
+            version=int(f["ver"]),
+            state=state,
+            reason=reason,
+            lease_expires_at=ms_to_datetime(lease) if lease is not None else None,
+            result=bytes(result) if result is not None else None,
+            result_digest=_text(f["rdig"]) if "rdig" in f else None,
+            attempt_id=_text(f["aid"]) if "aid" in f else None,
+            reservations=int(f["n"]),
+            created_at=ms_to_datetime(int(f["created"])),
+            updated_at=ms_to_datetime(int(f["updated"])),
+        )
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"record cannot be decoded: {exc}") from exc
+
+
+def decode_attempts(entries: Sequence[Any]) -> list[AttemptObservation]:
+    out = []
+    for entry_id, flat in entries:
+        f = {k: _text(v) for k, v in _fields(flat).items()}
+        out.append(
+            AttemptObservation(
+                id=_text(entry_id),
+                attempt_id=f["aid"],
+                generation=int(f["gen"]) if f.get("gen") else None,
+                action=f["action"],
+                verdict=f["verdict"],
+                detail=f.get("detail") or None,
+                at=ms_to_datetime(int(f["at"])),
+            )
+        )
+    return out
+
+
+def decode_resolution(raw: Any) -> Resolution | None:
+    if not raw:
+        return None
+    data = json.loads(_text(raw))
+    return Resolution(note=data["note"], at=ms_to_datetime(int(data["at"])))
+
+
+def decode_quarantine_entry(
+    shard: int, entry_id: Any, flat: Sequence[Any], res: Any
+) -> QuarantineEntry:
+    raw = _fields(flat)
+    payload = raw.pop("payload", b"")
+    f = {k: _text(v) for k, v in raw.items()}
+    current = None
+    if f.get("cstate"):
+        current = CurrentSnapshot(
+            state=State(f["cstate"]), generation=int(f["cgen"]), version=int(f["cver"])
+        )
+    return QuarantineEntry(
+        id=_text(entry_id),
+        shard=shard,
+        operation_id=f["op"],
+        kind=QuarantineKind(f["kind"]),
+        action=Action(f["action"]),
+        presented=PresentedTuple(
+            fingerprint=f["fp"],
+            fingerprint_version=int(f["fpv"]),
+            binding=f["bind"],
+            generation=int(f["gen"]),
+            expected_version=int(f["ev"]) if f.get("ev") else None,
+        ),
+        current=current,
+        payload=QuarantinedPayload(data=bytes(payload), size=int(f["psize"]), sha256=f["pdig"]),
+        reason=f.get("reason") or None,
+        attempt_id=f["aid"],
+        at=ms_to_datetime(int(f["at"])),
+        resolution=decode_resolution(res),
+    )

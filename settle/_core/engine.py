@@ -1,0 +1,674 @@
+"""Plan each script call and decode its reply: every rule a shell needs, with no I/O.
+
+A shell method is three steps: ``call = core.plan_x(...)``, ``raw = backend.run(call)``,
+``return core.decode_x(call, raw)``. The sync and async shells, and the in-memory reference
+backend, all go through here, so validation, encoding, decoding and logging exist once.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from settle._core import codec
+from settle._core.keys import Keys, check_binding, check_operation_id, shard_of
+from settle._log import binding_digest, logger
+from settle.config import SettleConfig
+from settle.errors import (
+    BindingMismatch,
+    ConfigurationError,
+    CorruptRecord,
+    FingerprintMismatch,
+    InvalidInput,
+    QuarantineNotFound,
+)
+from settle.fingerprint import FINGERPRINT_VERSION, fingerprint
+from settle.models import (
+    Action,
+    AttemptObservation,
+    InProgress,
+    OperationRecord,
+    QuarantineEntry,
+    QuarantineKind,
+    Renewal,
+    Replay,
+    Reservation,
+    Reserved,
+    Resolution,
+    Settlement,
+    StoredFailure,
+    Verdict,
+)
+
+__all__ = ["MIN_SERVER_VERSION", "Call", "Core", "QuarantineFollower", "QuarantineQuery"]
+
+MIN_SERVER_VERSION = (6, 2, 0)
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_MAX_REASON = 256
+_QUARANTINE_SCAN_BUDGET = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script call: which script, its KEYS and ARGV, and what decoding needs to know."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | bytes | int, ...]
+    operation_id: str | None = None
+    attempt_id: str | None = None
+    action: Action | None = None
+    shard: int | None = None
+
+
+def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be a number of seconds", operation_id=operation_id)
+    if not 0 < value <= 86_400:
+        raise InvalidInput(
+            f"{what} must be more than 0 and at most 86400 seconds, got {value}",
+            operation_id=operation_id,
+        )
+    return max(1, round(value * 1000))
+
+
+def _check_reason(reason: object, operation_id: str) -> str:
+    if not isinstance(reason, str) or not 1 <= len(reason) <= _MAX_REASON:
+        raise InvalidInput(
+            f"reason must be a str of 1 to {_MAX_REASON} characters", operation_id=operation_id
+        )
+    return reason
+
+
+def _check_reservation(reservation: object) -> Reservation:
+    if not isinstance(reservation, Reservation):
+        raise InvalidInput(
+            f"expected the Reservation returned by reserve(), got {type(reservation).__name__}"
+        )
+    return reservation
+
+
+def parse_server_version(info: dict[str, Any]) -> tuple[int, ...]:
+    raw = info.get("valkey_version") or info.get("redis_version") or "0"
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+@dataclass
+class Core:
+    """The rules of one namespace, shared by every shell."""
+
+    config: SettleConfig
+    keys: Keys = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.config.namespace, self.config.shards)
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def check_server(self, info: dict[str, Any]) -> None:
+        version = parse_server_version(info)
+        if version < MIN_SERVER_VERSION:
+            raise ConfigurationError(
+                f"settle needs Redis 6.2 or newer (or Valkey); the server reports "
+                f"{'.'.join(map(str, version))}. Upgrade the server."
+            )
+
+    def plan_namespace(self) -> Call:
+        return Call(
+            "namespace",
+            (self.keys.meta,),
+            (self.config.shards, FINGERPRINT_VERSION),
+        )
+
+    def decode_namespace(self, raw: Any) -> None:
+        reply = codec.parse_reply(raw)
+        if reply.code != "ok":
+            raise ConfigurationError(
+                f"namespace {self.config.namespace!r} was created with {reply.detail} shards, "
+                f"this client is configured with {self.config.shards}. The shard count of a "
+                "namespace never changes: use the stored count or a new namespace."
+            )
+
+    # -- reserve -------------------------------------------------------------------------
+
+    def plan_reserve(
+        self,
+        operation_id: str,
+        request: Any,
+        *,
+        principal: str,
+        lease: float | None = None,
+        fingerprint: str | None = None,
+        attempt_id: str | None = None,
+    ) -> Call:
+        op = check_operation_id(operation_id)
+        binding = check_binding(principal, op)
+        lease_ms = self.config.lease_ms if lease is None else _check_seconds(lease, "lease", op)
+        if fingerprint is None:
+            fp = _fingerprint_of(request, op)
+        elif isinstance(fingerprint, str) and _HEX64.match(fingerprint):
+            fp = fingerprint
+        else:
+            raise InvalidInput("fingerprint must be 64 lowercase hex digits", operation_id=op)
+        aid = attempt_id or uuid.uuid4().hex
+        return Call(
+            "reserve",
+            (
+                self.keys.record(op),
+                self.keys.generation(shard_of(op, self.keys.shards)),
+                self.keys.attempt_log(op),
+            ),
+            (
+                op,
+                fp,
+                FINGERPRINT_VERSION,
+                binding,
+                lease_ms,
+                self.config.retention_ms,
+                aid,
+                self.config.attempt_log_size,
+            ),
+            operation_id=op,
+            attempt_id=aid,
+        )
+
+    def decode_reserve(self, call: Call, raw: Any) -> Reserved | Replay | InProgress:
+        reply = codec.parse_reply(raw)
+        op = call.operation_id or ""
+        log = logger.bind(namespace=self.config.namespace, operation_id=op)
+        if reply.code == "fingerprint_mismatch":
+            log.warning("settle.reserve.rejected", reason="fingerprint_mismatch")
+            raise FingerprintMismatch(
+                f"operation {op!r} is bound to a different request; a changed request needs "
+                "its own operation id",
+                operation_id=op,
+            )
+        if reply.code == "binding_mismatch":
+            log.warning(
+                "settle.reserve.rejected",
+                reason="binding_mismatch",
+                binding_digest=binding_digest(str(call.args[3])),
+            )
+            raise BindingMismatch(
+                f"operation {op!r} is bound to another principal; use another operation id",
+                operation_id=op,
+            )
+        record = self._record(reply, op)
+        if reply.code == "reserved":
+            log.info(
+                "settle.reserve.reserved",
+                generation=record.generation,
+                version=record.version,
+                takeover=reply.detail,
+                attempt_id=call.attempt_id,
+            )
+            reservation = Reservation(
+                operation_id=op,
+                fingerprint=record.fingerprint,
+                fingerprint_version=record.fingerprint_version,
+                binding=record.binding,
+                generation=record.generation,
+                attempt_id=call.attempt_id or "",
+            )
+            takeover = reply.detail if reply.detail in ("lease_expired", "provisional") else None
+            return Reserved(reservation=reservation, record=record, takeover=takeover)
+        if reply.code == "replay":
+            log.info("settle.reserve.replayed", generation=record.generation, state=record.state)
+            return Replay(record=record)
+        if reply.code == "in_progress":
+            log.info("settle.reserve.in_progress", generation=record.generation)
+            assert record.lease_expires_at is not None
+            return InProgress(
+                operation_id=op,
+                generation=record.generation,
+                lease_expires_at=record.lease_expires_at,
+                record=record,
+            )
+        raise CorruptRecord(f"unexpected reserve reply {reply.code!r}", operation_id=op)
+
+    # -- settlements ---------------------------------------------------------------------
+
+    def plan_complete(
+        self, reservation: Reservation, result: Any, *, expected_version: int | None = None
+    ) -> Call:
+        r = _check_reservation(reservation)
+        payload = codec.encode_result(result, self.config.max_result_bytes, r.operation_id)
+        return self._plan_settle(Action.COMPLETE, r, payload, "", expected_version)
+
+    def plan_fail(
+        self,
+        reservation: Reservation,
+        error: BaseException | StoredFailure | Any,
+        *,
+        expected_version: int | None = None,
+    ) -> Call:
+        r = _check_reservation(reservation)
+        payload = codec.encode_failure(error, self.config.max_result_bytes, r.operation_id)
+        return self._plan_settle(Action.FAIL, r, payload, "", expected_version)
+
+    def plan_mark_provisional(
+        self, reservation: Reservation, reason: str, *, expected_version: int | None = None
+    ) -> Call:
+        r = _check_reservation(reservation)
+        text = _check_reason(reason, r.operation_id)
+        return self._plan_settle(Action.MARK_PROVISIONAL, r, b"", text, expected_version)
+
+    def _plan_settle(
+        self,
+        action: Action,
+        r: Reservation,
+        payload: bytes,
+        reason: str,
+        expected_version: int | None,
+    ) -> Call:
+        if expected_version is not None and (
+            isinstance(expected_version, bool)
+            or not isinstance(expected_version, int)
+            or expected_version < 1
+        ):
+            raise InvalidInput(
+                "expected_version must be a positive int", operation_id=r.operation_id
+            )
+        op = check_operation_id(r.operation_id)
+        shard = shard_of(op, self.keys.shards)
+        return Call(
+            action.value,
+            (self.keys.record(op), self.keys.attempt_log(op), self.keys.quarantine(shard)),
+            (
+                op,
+                r.fingerprint,
+                r.fingerprint_version,
+                r.binding,
+                r.generation,
+                "" if expected_version is None else expected_version,
+                r.attempt_id,
+                payload,
+                codec.digest(payload),
+                reason,
+                self.config.retention_ms,
+                self.config.attempt_log_size,
+                self.config.quarantine_payload_bytes,
+                self.config.quarantine_maxlen or "",
+            ),
+            operation_id=op,
+            attempt_id=r.attempt_id,
+            action=action,
+            shard=shard,
+        )
+
+    def decode_settlement(self, call: Call, raw: Any) -> Settlement:
+        reply = codec.parse_reply(raw)
+        op = call.operation_id or ""
+        assert call.action is not None
+        if reply.code == "corrupt":
+            raise self._corrupt(op)
+        verdict = Verdict(reply.code)
+        record = codec.decode_record(reply.payload, reply.now_ms) if reply.payload else None
+        kind = QuarantineKind(reply.detail) if reply.detail else None
+        qid = f"{call.shard}/{reply.quarantine_id}" if reply.quarantine_id else None
+        fields: dict[str, Any] = {
+            "namespace": self.config.namespace,
+            "operation_id": op,
+            "action": call.action.value,
+            "generation": int(call.args[4]),
+            "attempt_id": call.attempt_id,
+        }
+        if record is not None:
+            fields.update(state=record.state.value, version=record.version)
+        if verdict is Verdict.QUARANTINED:
+            logger.warning(
+                "settle.settlement.quarantined", kind=reply.detail, quarantine_id=qid, **fields
+            )
+        else:
+            logger.info(f"settle.settlement.{verdict.value}", **fields)
+        return Settlement(
+            verdict=verdict,
+            action=call.action,
+            operation_id=op,
+            record=record,
+            quarantine_id=qid,
+            kind=kind,
+        )
+
+    # -- renew, get, attempts ------------------------------------------------------------
+
+    def plan_renew(self, reservation: Reservation, *, lease: float | None = None) -> Call:
+        r = _check_reservation(reservation)
+        op = check_operation_id(r.operation_id)
+        lease_ms = self.config.lease_ms if lease is None else _check_seconds(lease, "lease", op)
+        return Call(
+            "renew",
+            (self.keys.record(op),),
+            (
+                r.fingerprint,
+                r.fingerprint_version,
+                r.binding,
+                r.generation,
+                lease_ms,
+                self.config.retention_ms,
+            ),
+            operation_id=op,
+            attempt_id=r.attempt_id,
+        )
+
+    def decode_renew(self, call: Call, raw: Any) -> Renewal:
+        reply = codec.parse_reply(raw)
+        op = call.operation_id or ""
+        if reply.code == "corrupt":
+            raise self._corrupt(op)
+        record = codec.decode_record(reply.payload, reply.now_ms) if reply.payload else None
+        log = logger.bind(
+            namespace=self.config.namespace, operation_id=op, generation=int(call.args[3])
+        )
+        if reply.code == "renewed":
+            assert record is not None
+            log.debug("settle.renew.renewed", lease_expires_at=record.lease_expires_at)
+            return Renewal(renewed=True, lease_expires_at=record.lease_expires_at, record=record)
+        log.warning("settle.renew.lost", reason=reply.detail)
+        return Renewal(renewed=False, reason=reply.detail, record=record)
+
+    def plan_get(self, operation_id: str) -> Call:
+        op = check_operation_id(operation_id)
+        return Call("get", (self.keys.record(op),), (), operation_id=op)
+
+    def decode_get(self, call: Call, raw: Any) -> OperationRecord | None:
+        reply = codec.parse_reply(raw)
+        if reply.code == "corrupt":
+            raise self._corrupt(call.operation_id or "")
+        if reply.code == "missing":
+            return None
+        return self._record(reply, call.operation_id or "")
+
+    def plan_attempts(self, operation_id: str) -> Call:
+        op = check_operation_id(operation_id)
+        return Call("attempts", (self.keys.attempt_log(op),), (), operation_id=op)
+
+    def decode_attempts(self, call: Call, raw: Any) -> list[AttemptObservation]:
+        del call
+        return codec.decode_attempts(codec.parse_reply(raw).payload)
+
+    # -- quarantine ----------------------------------------------------------------------
+
+    def quarantine_query(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        unresolved: bool = False,
+        limit: int = 100,
+        newest_first: bool = True,
+    ) -> QuarantineQuery:
+        if not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise InvalidInput("limit must be an int from 1 to 100000")
+        low = f"{_ms(since)}-0" if since else "-"
+        high = f"{_ms(until)}-{2**64 - 1}" if until else "+"
+        return QuarantineQuery(
+            self,
+            self._shards_for(operation_id),
+            _Filter.of(kind, operation_id, unresolved),
+            low,
+            high,
+            limit,
+            newest_first,
+        )
+
+    def quarantine_follower(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        unresolved: bool = False,
+        since: datetime | None = None,
+    ) -> QuarantineFollower:
+        return QuarantineFollower(
+            self, self._shards_for(operation_id), _Filter.of(kind, operation_id, unresolved), since
+        )
+
+    def plan_quarantine_lookup(self, ref: str) -> list[Call]:
+        """Calls that find one entry by ``shard/id`` (or a bare id, searched in every shard)."""
+        if not isinstance(ref, str):
+            raise InvalidInput("quarantine id must be a str such as '3/1733130000000-0'")
+        shard_text, _, entry_id = ref.rpartition("/")
+        if not _STREAM_ID.match(entry_id) or (shard_text and not shard_text.isdigit()):
+            raise InvalidInput(f"{ref!r} is not a quarantine id (shard/ms-seq or ms-seq)")
+        shards = [int(shard_text)] if shard_text else list(range(self.keys.shards))
+        if any(s >= self.keys.shards for s in shards):
+            raise QuarantineNotFound(f"no quarantine entry {ref!r} in this namespace")
+        return [self._read_call(s, entry_id, entry_id, 1, 1, _Filter(), False) for s in shards]
+
+    def decode_quarantine_lookup(
+        self, ref: str, calls: list[Call], raws: list[Any]
+    ) -> QuarantineEntry:
+        found: list[QuarantineEntry] = []
+        for call, raw in zip(calls, raws, strict=True):
+            found.extend(self._entries(call, codec.parse_reply(raw)))
+        if not found:
+            raise QuarantineNotFound(f"no quarantine entry {ref!r} in this namespace")
+        if len(found) > 1:
+            refs = ", ".join(e.ref for e in found)
+            raise InvalidInput(f"quarantine id {ref!r} is ambiguous; use one of: {refs}")
+        return found[0]
+
+    def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
+        if not isinstance(note, str) or not 1 <= len(note) <= 4096:
+            raise InvalidInput("note must be a str of 1 to 4096 characters")
+        return Call(
+            "quarantine_resolve",
+            (self.keys.quarantine(entry.shard), self.keys.resolutions(entry.shard)),
+            (entry.id, note),
+            operation_id=entry.operation_id,
+            shard=entry.shard,
+        )
+
+    def decode_resolve(self, call: Call, raw: Any) -> Resolution:
+        reply = codec.parse_reply(raw)
+        ref = f"{call.shard}/{call.args[0]!s}"
+        if reply.code == "missing":
+            raise QuarantineNotFound(f"no quarantine entry {ref!r} in this namespace")
+        resolution = codec.decode_resolution(reply.payload[0])
+        assert resolution is not None
+        logger.info(
+            "settle.quarantine.resolved",
+            namespace=self.config.namespace,
+            operation_id=call.operation_id,
+            quarantine_id=ref,
+            already_resolved=reply.code == "already_resolved",
+        )
+        return resolution
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _shards_for(self, operation_id: str | None) -> list[int]:
+        if operation_id is None:
+            return list(range(self.keys.shards))
+        return [shard_of(check_operation_id(operation_id), self.keys.shards)]
+
+    def _read_call(
+        self, shard: int, low: str, high: str, limit: int, budget: int, flt: _Filter, newest: bool
+    ) -> Call:
+        return Call(
+            "quarantine_read",
+            (self.keys.quarantine(shard), self.keys.resolutions(shard)),
+            (
+                low,
+                high,
+                limit,
+                budget,
+                flt.kind,
+                flt.operation_id,
+                "1" if flt.unresolved else "0",
+                "1" if newest else "0",
+            ),
+            shard=shard,
+        )
+
+    def _entries(self, call: Call, reply: codec.Reply) -> list[QuarantineEntry]:
+        assert call.shard is not None
+        return [
+            codec.decode_quarantine_entry(call.shard, entry_id, flat, res)
+            for entry_id, flat, res in reply.payload
+        ]
+
+    def _record(self, reply: codec.Reply, op: str) -> OperationRecord:
+        if reply.code == "corrupt" or not reply.payload:
+            raise self._corrupt(op)
+        try:
+            return codec.decode_record(reply.payload, reply.now_ms)
+        except CorruptRecord as exc:
+            raise self._corrupt(op) from exc
+
+    def _corrupt(self, op: str) -> CorruptRecord:
+        logger.error("settle.record.corrupt", namespace=self.config.namespace, operation_id=op)
+        return CorruptRecord(
+            f"the record of operation {op!r} is not a settle record (wrong type or missing "
+            "fields); nothing was written. Inspect the key before deleting it.",
+            operation_id=op,
+        )
+
+
+def _fingerprint_of(request: Any, op: str) -> str:
+    try:
+        return fingerprint(request)
+    except InvalidInput as exc:
+        exc.operation_id = op
+        raise
+
+
+def _ms(when: datetime) -> int:
+    if when.tzinfo is None:
+        raise InvalidInput("since/until must be timezone-aware datetimes")
+    return int(when.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class _Filter:
+    kind: str = ""
+    operation_id: str = ""
+    unresolved: bool = False
+
+    @staticmethod
+    def of(
+        kind: QuarantineKind | str | None, operation_id: str | None, unresolved: bool
+    ) -> _Filter:
+        if kind is not None:
+            try:
+                kind = QuarantineKind(kind)
+            except ValueError:
+                known = ", ".join(k.value for k in QuarantineKind)
+                raise InvalidInput(f"unknown quarantine kind {kind!r}; one of: {known}") from None
+        return _Filter(kind.value if kind else "", operation_id or "", bool(unresolved))
+
+
+def _id_key(entry: QuarantineEntry) -> tuple[int, int, int]:
+    ms, seq = entry.id.split("-")
+    return int(ms), int(seq), entry.shard
+
+
+class QuarantineQuery:
+    """A filtered listing across shards, read in bounded steps.
+
+    Drive it with ``while calls := q.calls(): q.feed(calls, run_many(calls))``, then
+    ``q.result()``. Each shard is read until it gave ``limit`` matches or was exhausted.
+    """
+
+    def __init__(
+        self,
+        core: Core,
+        shards: list[int],
+        flt: _Filter,
+        low: str,
+        high: str,
+        limit: int,
+        newest_first: bool,
+    ) -> None:
+        self._core = core
+        self._filter = flt
+        self._limit = limit
+        self._newest = newest_first
+        self._bounds = dict.fromkeys(shards, (low, high))
+        self._found: dict[int, list[QuarantineEntry]] = {s: [] for s in shards}
+
+    def calls(self) -> list[Call]:
+        return [
+            self._core._read_call(
+                s,
+                low,
+                high,
+                self._limit - len(self._found[s]),
+                _QUARANTINE_SCAN_BUDGET,
+                self._filter,
+                self._newest,
+            )
+            for s, (low, high) in self._bounds.items()
+        ]
+
+    def feed(self, calls: list[Call], raws: list[Any]) -> None:
+        for call, raw in zip(calls, raws, strict=True):
+            assert call.shard is not None
+            reply = codec.parse_reply(raw)
+            self._found[call.shard].extend(self._core._entries(call, reply))
+            low, high = self._bounds[call.shard]
+            if reply.code == "done" or len(self._found[call.shard]) >= self._limit:
+                del self._bounds[call.shard]
+            elif self._newest:
+                self._bounds[call.shard] = (low, f"({reply.detail}")
+            else:
+                self._bounds[call.shard] = (f"({reply.detail}", high)
+
+    def result(self) -> list[QuarantineEntry]:
+        merged = [e for entries in self._found.values() for e in entries]
+        merged.sort(key=_id_key, reverse=self._newest)
+        return merged[: self._limit]
+
+
+class QuarantineFollower:
+    """Follows every shard's quarantine stream from now (or ``since``) on, oldest first.
+
+    Drive it with ``calls = f.calls(); new = f.feed(calls, run_many(calls))``; sleep when
+    ``f.idle``.
+    """
+
+    def __init__(self, core: Core, shards: list[int], flt: _Filter, since: datetime | None) -> None:
+        self._core = core
+        self._filter = flt
+        start = f"{_ms(since)}-0" if since else None
+        self._low: dict[int, str | None] = dict.fromkeys(shards, start)
+        self.idle = False
+
+    def calls(self) -> list[Call]:
+        out = []
+        for s, low in self._low.items():
+            if low is None:  # not primed: find the newest existing entry
+                out.append(self._core._read_call(s, "-", "+", 1, 1, _Filter(), True))
+            else:
+                out.append(
+                    self._core._read_call(
+                        s, low, "+", 256, _QUARANTINE_SCAN_BUDGET, self._filter, False
+                    )
+                )
+        return out
+
+    def feed(self, calls: list[Call], raws: list[Any]) -> list[QuarantineEntry]:
+        new: list[QuarantineEntry] = []
+        more = False
+        for call, raw in zip(calls, raws, strict=True):
+            assert call.shard is not None
+            reply = codec.parse_reply(raw)
+            primed = self._low[call.shard] is not None
+            if primed:
+                new.extend(self._core._entries(call, reply))
+            if reply.detail:
+                self._low[call.shard] = f"({reply.detail}"
+            elif not primed:
+                self._low[call.shard] = "-"
+            more = more or not primed or reply.code == "more"
+        self.idle = not more and not new
+        new.sort(key=_id_key)
+        return new

@@ -1,0 +1,90 @@
+"""Input validation and the Redis key layout (SPEC 4).
+
+Every key of one operation, its attempt log and its shard's quarantine stream share the hash
+tag ``{<namespace>:<shard>}``, so each script touches one slot and runs on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from dataclasses import dataclass
+
+from settle.errors import InvalidInput
+
+__all__ = ["MAX_BINDING_CHARS", "MAX_OPERATION_ID_CHARS", "Keys", "shard_of"]
+
+MAX_OPERATION_ID_CHARS = 256
+MAX_BINDING_CHARS = 1024
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in text)
+
+
+def check_operation_id(operation_id: object) -> str:
+    if not isinstance(operation_id, str):
+        raise InvalidInput(f"operation id must be a str, got {type(operation_id).__name__}")
+    if not 1 <= len(operation_id) <= MAX_OPERATION_ID_CHARS:
+        raise InvalidInput(
+            f"operation id must be 1 to {MAX_OPERATION_ID_CHARS} characters, "
+            f"got {len(operation_id)}",
+            operation_id=operation_id[:MAX_OPERATION_ID_CHARS] or None,
+        )
+    if _has_control(operation_id):
+        raise InvalidInput(
+            "operation id must not contain control characters", operation_id=operation_id
+        )
+    return operation_id
+
+
+def check_binding(binding: object, operation_id: str | None = None) -> str:
+    if not isinstance(binding, str):
+        raise InvalidInput(
+            f"principal must be a str, got {type(binding).__name__}", operation_id=operation_id
+        )
+    if not 1 <= len(binding) <= MAX_BINDING_CHARS:
+        raise InvalidInput(
+            f"principal must be 1 to {MAX_BINDING_CHARS} characters", operation_id=operation_id
+        )
+    if _has_control(binding):
+        raise InvalidInput(
+            "principal must not contain control characters", operation_id=operation_id
+        )
+    return binding
+
+
+def shard_of(operation_id: str, shards: int) -> int:
+    """A stable shard for an operation id: the same in every process and version."""
+    digest = hashlib.sha256(operation_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names of one namespace."""
+
+    namespace: str
+    shards: int
+
+    def tag(self, shard: int) -> str:
+        return f"settle:{{{self.namespace}:{shard}}}"
+
+    @property
+    def meta(self) -> str:
+        return f"settle:{{{self.namespace}}}:meta"
+
+    def record(self, operation_id: str) -> str:
+        return f"{self.tag(shard_of(operation_id, self.shards))}:op:{operation_id}"
+
+    def attempt_log(self, operation_id: str) -> str:
+        return f"{self.tag(shard_of(operation_id, self.shards))}:log:{operation_id}"
+
+    def generation(self, shard: int) -> str:
+        return f"{self.tag(shard)}:gen"
+
+    def quarantine(self, shard: int) -> str:
+        return f"{self.tag(shard)}:quarantine"
+
+    def resolutions(self, shard: int) -> str:
+        return f"{self.tag(shard)}:quarantine:resolved"

@@ -1,0 +1,49 @@
+"""``SettleConfig``: one namespace's settings, validated once."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["SettleConfig"]
+
+
+class SettleConfig(BaseModel):
+    """Settings of one namespace.
+
+    ``shards`` is fixed when the namespace is first used; a different value later is an
+    error at start-up (re-sharding would move records to other keys and lose them).
+    ``retention`` must cover the whole retry and fencing horizon: a record that expired
+    cannot replay, and a late response for it is quarantined as ``unknown_operation``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    shards: int = Field(default=16, ge=1, le=4096)
+    lease: float = Field(default=30.0, gt=0, le=86_400)
+    """Seconds a reservation owns the record without renewal (server clock)."""
+    retention: float = Field(default=86_400.0, gt=0)
+    """Seconds a record and its attempt log are kept after their last transition."""
+    max_result_bytes: int = Field(default=1 << 20, ge=1)
+    quarantine_payload_bytes: int = Field(default=64 << 10, ge=0)
+    """How much of a rejected payload the quarantine keeps (size and SHA-256 always)."""
+    quarantine_maxlen: int | None = Field(default=None, ge=1)
+    """Cap on each shard's quarantine stream; None keeps every entry (export, then trim)."""
+    attempt_log_size: int = Field(default=64, ge=1, le=10_000)
+    min_replicas: int = Field(default=0, ge=0)
+    """With N > 0 every transition is followed by ``WAIT N replica_timeout``."""
+    replica_timeout: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _retention_covers_lease(self) -> SettleConfig:
+        if self.retention < self.lease:
+            raise ValueError("retention must be at least the lease")
+        return self
+
+    @property
+    def lease_ms(self) -> int:
+        return max(1, round(self.lease * 1000))
+
+    @property
+    def retention_ms(self) -> int:
+        return max(1, round(self.retention * 1000))

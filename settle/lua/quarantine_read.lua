@@ -1,0 +1,42 @@
+-- quarantine_read.lua: read one shard's quarantine stream with the filters applied here,
+-- so a filtered listing does not ship every entry to the client.
+-- KEYS[1] quarantine stream  KEYS[2] resolutions hash (entry id -> resolution JSON)
+-- ARGV[1] lowest id ('-' or '(' id for exclusive)  ARGV[2] highest id ('+' or '(' id)
+-- ARGV[3] max matches  ARGV[4] scan budget (entries examined in this call)
+-- ARGV[5] kind ('' any)  ARGV[6] operation id ('' any)  ARGV[7] '1': unresolved only
+-- ARGV[8] '1': newest first
+-- Returns {more | done, last, now, '', matches}: done when the range is exhausted; last is the
+-- id of the last entry examined ('' if none); a match is {id, {field, value, ...}, resolution
+-- JSON or ''}.
+local now = now_ms()
+local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
+local low, high = ARGV[1], ARGV[2]
+local newest_first = ARGV[8] == '1'
+local out, examined, last, exhausted = {}, 0, '', false
+while #out < limit and examined < budget do
+  local want = math.min(256, budget - examined)
+  local entries
+  if newest_first then
+    entries = redis.call('XREVRANGE', KEYS[1], high, low, 'COUNT', want)
+  else
+    entries = redis.call('XRANGE', KEYS[1], low, high, 'COUNT', want)
+  end
+  local used = 0
+  for _, e in ipairs(entries) do
+    used = used + 1
+    examined = examined + 1
+    last = e[1]
+    if newest_first then high = '(' .. e[1] else low = '(' .. e[1] end
+    local f = {}
+    for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+    local res = redis.call('HGET', KEYS[2], e[1]) or ''
+    if (ARGV[5] == '' or f.kind == ARGV[5]) and (ARGV[6] == '' or f.op == ARGV[6])
+        and (ARGV[7] ~= '1' or res == '') then
+      table.insert(out, {e[1], e[2], res})
+      if #out >= limit then break end
+    end
+  end
+  if #entries < want and used == #entries then exhausted = true; break end
+end
+if exhausted then return {'done', last, now, '', out} end
+return {'more', last, now, '', out}

@@ -1,0 +1,21 @@
+-- renew.lua: extend a live pending lease of the current generation (a heartbeat).
+-- KEYS[1] record hash
+-- ARGV[1] fingerprint  ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
+-- ARGV[5] lease ms     ARGV[6] retention ms
+-- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
+-- response, so it is never quarantined; detail says why (unknown_operation, misbound,
+-- stale_generation, not_pending, lease_expired). Misbound callers get no record.
+local now = now_ms()
+local rec, flat = load_record(KEYS[1])
+if rec == false then return {'corrupt', '', now, '', {}} end
+if not rec then return {'lost', 'unknown_operation', now, '', {}} end
+if rec.fp ~= ARGV[1] or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
+  return {'lost', 'misbound', now, '', {}}
+end
+if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', flat} end
+if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', flat} end
+if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', flat} end
+local lease = tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'lease', int(now + lease))
+redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[6]))
+return {'renewed', '', now, '', flat_of(KEYS[1])}

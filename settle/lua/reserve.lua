@@ -1,0 +1,43 @@
+-- reserve.lua: claim an operation for a new attempt (SPEC 2, reserve table).
+-- KEYS[1] record hash   KEYS[2] generation counter (per shard, never expires)
+-- KEYS[3] attempt log stream
+-- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
+-- ARGV[5] lease ms      ARGV[6] retention ms ARGV[7] attempt id           ARGV[8] log cap
+-- Returns {code, detail, now, '', record}:
+--   reserved (detail new | lease_expired | provisional | resumed), replay, in_progress,
+--   fingerprint_mismatch, binding_mismatch, corrupt (the last three carry no record).
+local now = now_ms()
+local rec, flat = load_record(KEYS[1])
+if rec == false then return {'corrupt', '', now, '', {}} end
+local lease = tonumber(ARGV[5])
+local retention = tonumber(ARGV[6])
+local detail = 'new'
+if rec then
+  if rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] then
+    return {'fingerprint_mismatch', '', now, '', {}}
+  end
+  if rec.bind ~= ARGV[4] then return {'binding_mismatch', '', now, '', {}} end
+  local state = effective_state(rec, now)
+  if is_terminal(state) then return {'replay', state, now, '', flat} end
+  if state == 'pending' then
+    -- The same attempt asking again (its first reply was lost on the wire) gets its own
+    -- reservation back, so reserve is safe to repeat.
+    if rec.aid == ARGV[7] then return {'reserved', 'resumed', now, '', flat} end
+    return {'in_progress', '', now, '', flat}
+  end
+  if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
+end
+local gen = redis.call('INCR', KEYS[2])
+if rec then
+  redis.call('HDEL', KEYS[1], 'reason')
+  redis.call('HSET', KEYS[1], 'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
+    'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
+    'aid', ARGV[7], 'updated', int(now))
+else
+  redis.call('HSET', KEYS[1], 'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
+    'gen', gen, 'ver', '1', 'n', '1', 'state', 'pending', 'lease', int(now + lease),
+    'aid', ARGV[7], 'created', int(now), 'updated', int(now))
+end
+redis.call('PEXPIRE', KEYS[1], lease + retention)
+observe(KEYS[3], KEYS[1], ARGV[8], retention, ARGV[7], gen, 'reserve', 'reserved', detail, now)
+return {'reserved', detail, now, '', flat_of(KEYS[1])}

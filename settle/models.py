@@ -1,0 +1,297 @@
+"""The values settle hands to its users: records, reservations, verdicts, quarantine entries.
+
+All are immutable pydantic models. Results and failures are opaque bytes to Redis; here they
+are decoded on demand with pydantic (:meth:`OperationRecord.value`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+__all__ = [
+    "Action",
+    "AttemptObservation",
+    "CurrentSnapshot",
+    "InProgress",
+    "OperationRecord",
+    "PresentedTuple",
+    "QuarantineEntry",
+    "QuarantineKind",
+    "QuarantinedPayload",
+    "Renewal",
+    "Replay",
+    "Reservation",
+    "Reserved",
+    "Resolution",
+    "Settlement",
+    "State",
+    "StoredFailure",
+    "Verdict",
+]
+
+T = TypeVar("T")
+
+
+class State(StrEnum):
+    """Where an operation stands. ``completed`` and ``failed`` are absorbing."""
+
+    PENDING = "pending"
+    PROVISIONAL = "provisional"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (State.COMPLETED, State.FAILED)
+
+
+class Verdict(StrEnum):
+    """What became of a settlement (a response presented for an attempt)."""
+
+    ACCEPTED = "accepted"
+    ABSORBED = "absorbed"
+    QUARANTINED = "quarantined"
+
+
+class Action(StrEnum):
+    COMPLETE = "complete"
+    FAIL = "fail"
+    MARK_PROVISIONAL = "mark_provisional"
+
+
+class QuarantineKind(StrEnum):
+    UNKNOWN_OPERATION = "unknown_operation"
+    MISBOUND = "misbound"
+    STALE_GENERATION = "stale_generation"
+    VERSION_CONFLICT = "version_conflict"
+    CONFLICTING_SETTLEMENT = "conflicting_settlement"
+
+
+_FROZEN = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+class Reservation(BaseModel):
+    """The immutable tuple one attempt owns: ``(operation_id, fingerprint, binding, generation)``.
+
+    ``attempt_id`` labels the attempt in the attempt log; it is not part of the check.
+    """
+
+    model_config = _FROZEN
+
+    operation_id: str
+    fingerprint: str
+    fingerprint_version: int
+    binding: str
+    generation: int
+    attempt_id: str
+
+
+class StoredFailure(BaseModel):
+    """A definite failure as it is stored and replayed."""
+
+    model_config = _FROZEN
+
+    error_type: str
+    message: str
+    data: Any = None
+
+
+class OperationRecord(BaseModel):
+    """The authoritative record of one operation, as read from Redis.
+
+    ``state`` is the effective state: a pending record whose lease has passed reads as
+    ``provisional`` with reason ``lease_expired``.
+    """
+
+    model_config = _FROZEN
+
+    operation_id: str
+    fingerprint: str
+    fingerprint_version: int
+    binding: str
+    generation: int
+    version: int
+    state: State
+    reason: str | None = None
+    lease_expires_at: datetime | None = None
+    result: bytes | None = None
+    result_digest: str | None = None
+    attempt_id: str | None = None
+    reservations: int
+    created_at: datetime
+    updated_at: datetime
+
+    def value(self, type_: type[T] | Any = Any) -> T:
+        """Decode the stored result (for ``completed``) into ``type_`` with pydantic."""
+        if self.state is not State.COMPLETED or self.result is None:
+            raise ValueError(f"operation {self.operation_id!r} is {self.state}, not completed")
+        adapter = cast("TypeAdapter[T]", TypeAdapter(type_))
+        return adapter.validate_json(self.result)
+
+    @property
+    def failure(self) -> StoredFailure | None:
+        """The stored failure, for ``failed`` records."""
+        if self.state is not State.FAILED or self.result is None:
+            return None
+        return StoredFailure.model_validate_json(self.result)
+
+
+class Reserved(BaseModel):
+    """The caller owns a new attempt: run the operation, then settle ``reservation``."""
+
+    model_config = _FROZEN
+
+    reservation: Reservation
+    record: OperationRecord
+    takeover: str | None = None
+    """Why a previous attempt was replaced: ``lease_expired`` or ``provisional``."""
+
+
+class Replay(BaseModel):
+    """The operation already settled; this is its stored outcome. Nothing was written."""
+
+    model_config = _FROZEN
+
+    record: OperationRecord
+
+    @property
+    def completed(self) -> bool:
+        return self.record.state is State.COMPLETED
+
+    def value(self, type_: type[T] | Any = Any) -> T:
+        return cast("T", self.record.value(type_))
+
+    @property
+    def failure(self) -> StoredFailure | None:
+        return self.record.failure
+
+
+class InProgress(BaseModel):
+    """Another attempt holds a live lease. Nothing was written."""
+
+    model_config = _FROZEN
+
+    operation_id: str
+    generation: int
+    lease_expires_at: datetime
+    record: OperationRecord
+
+
+class Renewal(BaseModel):
+    """What a heartbeat found: the lease extended, or lost (``reason`` says why).
+
+    A lost lease is never quarantined (a heartbeat is not a response), but the attempt must
+    stop: its settlement will be quarantined unless it is still the current generation.
+    """
+
+    model_config = _FROZEN
+
+    renewed: bool
+    reason: str | None = None
+    lease_expires_at: datetime | None = None
+    record: OperationRecord | None = None
+
+
+class Settlement(BaseModel):
+    """The verdict on one settlement call and the authoritative record after it.
+
+    ``record`` is None when the operation does not exist, and when the presented binding or
+    fingerprint did not match (a misbound caller never sees another principal's record).
+    """
+
+    model_config = _FROZEN
+
+    verdict: Verdict
+    action: Action
+    operation_id: str
+    record: OperationRecord | None
+    quarantine_id: str | None = None
+    kind: QuarantineKind | None = None
+
+
+class AttemptObservation(BaseModel):
+    """One line of an operation's attempt log (kept apart from the outcome)."""
+
+    model_config = _FROZEN
+
+    id: str
+    attempt_id: str
+    generation: int | None
+    action: str
+    verdict: str
+    detail: str | None = None
+    at: datetime
+
+
+class PresentedTuple(BaseModel):
+    model_config = _FROZEN
+
+    fingerprint: str
+    fingerprint_version: int
+    binding: str
+    generation: int
+    expected_version: int | None = None
+
+
+class CurrentSnapshot(BaseModel):
+    model_config = _FROZEN
+
+    state: State
+    generation: int
+    version: int
+
+
+class QuarantinedPayload(BaseModel):
+    """The rejected payload: its first bytes (up to the configured cap), size and SHA-256."""
+
+    model_config = _FROZEN
+
+    data: bytes
+    size: int
+    sha256: str
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.data) < self.size
+
+
+class Resolution(BaseModel):
+    model_config = _FROZEN
+
+    note: str
+    at: datetime
+
+
+class QuarantineEntry(BaseModel):
+    """A rejected response, kept as evidence; resolving it adds a note and deletes nothing.
+
+    ``id`` is the stream entry id; ``shard`` names the stream (one per shard).
+    """
+
+    model_config = _FROZEN
+
+    id: str
+    shard: int
+    operation_id: str
+    kind: QuarantineKind
+    action: Action
+    presented: PresentedTuple
+    current: CurrentSnapshot | None
+    payload: QuarantinedPayload
+    reason: str | None = None
+    attempt_id: str
+    at: datetime
+    resolution: Resolution | None = None
+
+    @property
+    def ref(self) -> str:
+        """``shard/id``: names the entry unambiguously across shards."""
+        return f"{self.shard}/{self.id}"

