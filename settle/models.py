@@ -74,7 +74,7 @@ class QuarantineKind(StrEnum):
 _FROZEN = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
 
-def ms_to_datetime(ms: int) -> datetime:
+def ms_to_datetime(ms: float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 

@@ -197,6 +197,6 @@ def decode_quarantine_entry(
         payload=QuarantinedPayload(data=bytes(payload), size=int(f["psize"]), sha256=f["pdig"]),
         reason=f.get("reason") or None,
         attempt_id=f["aid"],
-        at=ms_to_datetime(int(f["at"])),
+        at=ms_to_datetime(int(f["us"]) / 1000 if "us" in f else int(f["at"])),
         resolution=decode_resolution(res),
     )

@@ -566,9 +566,11 @@ class _Filter:
         return _Filter(kind.value if kind else "", operation_id or "", bool(unresolved))
 
 
-def _id_key(entry: QuarantineEntry) -> tuple[int, int, int]:
+def _id_key(entry: QuarantineEntry) -> tuple[datetime, int, int, int]:
+    # Server time (microseconds) orders entries of different shards; the stream id, then
+    # the shard, break ties.
     ms, seq = entry.id.split("-")
-    return int(ms), int(seq), entry.shard
+    return entry.at, int(ms), int(seq), entry.shard
 
 
 class QuarantineQuery:

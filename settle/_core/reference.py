@@ -43,6 +43,12 @@ class MemoryKeyspace:
         self.lock = threading.RLock()
         self._data: dict[str, Any] = {}
         self._expire_at: dict[str, int] = {}
+        self._last_us = 0
+
+    def now_us(self, now_ms: int) -> int:
+        """Microseconds for ordering, strictly increasing like a real server's TIME."""
+        self._last_us = max(self._last_us + 1, now_ms * 1000)
+        return self._last_us
 
     # -- keys ----------------------------------------------------------------------------
     def _live(self, key: str, now: int) -> bool:

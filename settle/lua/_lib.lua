@@ -14,9 +14,16 @@ redis.replicate_commands()
 local REQUIRED = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated'}
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
 
-local function now_ms()
+-- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
+local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
+local function now_ms()
+  local ms = clock()
+  return ms
 end
 
 local function int(x)

@@ -11,14 +11,14 @@
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
-local function quarantine(kind, action, rec, now)
+local function quarantine(kind, action, rec, now, now_us)
   local payload = ARGV[8]
   local cap = tonumber(ARGV[13])
   local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
     'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
     'aid', ARGV[7], 'reason', ARGV[10],
     'payload', string.sub(payload, 1, cap), 'psize', int(#payload), 'pdig', ARGV[9],
-    'at', int(now)}
+    'at', int(now), 'us', int(now_us)}
   if rec then
     table.insert(fields, 'cstate'); table.insert(fields, effective_state(rec, now))
     table.insert(fields, 'cgen'); table.insert(fields, rec.gen)
@@ -31,7 +31,7 @@ local function quarantine(kind, action, rec, now)
 end
 
 local function settle(action)
-  local now = now_ms()
+  local now, now_us = clock()
   local rec, flat = load_record(KEYS[1])
   if rec == false then return {'corrupt', '', now, '', {}} end
   local retention = tonumber(ARGV[11])
@@ -75,7 +75,7 @@ local function settle(action)
   local qid = ''
   if kind then
     verdict = 'quarantined'
-    qid = quarantine(kind, action, rec, now)
+    qid = quarantine(kind, action, rec, now, now_us)
   end
   observe(KEYS[2], KEYS[1], ARGV[12], retention, ARGV[7], ARGV[5], action, verdict, kind or '', now)
   if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}} end

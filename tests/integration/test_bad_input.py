@@ -1,0 +1,166 @@
+"""SPEC 11: bad input gets a typed error and changes nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import redis
+
+from settle import (
+    BackendError,
+    ConfigurationError,
+    CorruptRecord,
+    FingerprintError,
+    InvalidInput,
+    ResultTooLarge,
+    SettleError,
+    Settler,
+)
+from settle.embedded import free_port
+
+WHO = "tenant:acme"
+
+
+def _keys(client: redis.Redis, namespace: str) -> set[bytes]:
+    return set(client.scan_iter(match=f"settle:{{{namespace}:*"))
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["", "x" * 257, "abc\n", "tab\there", "nul\x00", "bidi\u202e", 42, None]
+)
+def test_bad_operation_ids_raise_and_write_nothing(
+    settler: Settler, redis_client: redis.Redis, namespace: str, bad_id: Any
+) -> None:
+    with pytest.raises(InvalidInput) as info:
+        settler.reserve(bad_id, {"a": 1}, principal=WHO)
+    assert isinstance(info.value, SettleError)
+    assert isinstance(info.value, ValueError)
+    assert _keys(redis_client, namespace) == set()
+
+
+@pytest.mark.parametrize("principal", ["", "x" * 1025, "a\nb", None])
+def test_bad_principals_raise_and_write_nothing(
+    settler: Settler, redis_client: redis.Redis, namespace: str, principal: Any
+) -> None:
+    with pytest.raises(InvalidInput):
+        settler.reserve("op", {"a": 1}, principal=principal)
+    assert _keys(redis_client, namespace) == set()
+
+
+@pytest.mark.parametrize("lease", [0, -1, 86_401, float("nan"), "30", True])
+def test_bad_leases_raise_and_write_nothing(
+    settler: Settler, redis_client: redis.Redis, namespace: str, lease: Any
+) -> None:
+    with pytest.raises(InvalidInput):
+        settler.reserve("op", {"a": 1}, principal=WHO, lease=lease)
+    assert _keys(redis_client, namespace) == set()
+
+
+@pytest.mark.parametrize(
+    "request_", [{"x": math.nan}, {"x": math.inf}, {1, 2}, {"o": object()}, {1: "int key"}]
+)
+def test_non_canonical_requests_raise_and_write_nothing(
+    settler: Settler, redis_client: redis.Redis, namespace: str, request_: Any
+) -> None:
+    with pytest.raises(FingerprintError) as info:
+        settler.reserve("op", request_, principal=WHO)
+    assert info.value.operation_id == "op"
+    assert _keys(redis_client, namespace) == set()
+
+
+def test_oversized_result_raises_and_leaves_the_record_pending(
+    redis_url: str, namespace: str
+) -> None:
+    s = Settler.from_url(redis_url, namespace=namespace, max_result_bytes=100)
+    r = s.reserve("op", {"a": 1}, principal=WHO).reservation
+    before = s.get("op"), s.attempts("op")
+    with pytest.raises(ResultTooLarge):
+        s.complete(r, {"blob": "x" * 200})
+    with pytest.raises(ResultTooLarge):
+        s.fail(r, ValueError("y" * 200))
+    assert (s.get("op"), s.attempts("op")) == before
+    s.close()
+
+
+def test_bad_settlement_arguments_raise(settler: Settler) -> None:
+    r = settler.reserve("op", {"a": 1}, principal=WHO).reservation
+    with pytest.raises(InvalidInput):
+        settler.complete({"not": "a reservation"}, {"n": 1})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        settler.mark_provisional(r, reason="")
+    with pytest.raises(InvalidInput):
+        settler.complete(r, {"n": 1}, expected_version=0)
+    with pytest.raises(InvalidInput):
+        settler.reserve("op", {"a": 1}, principal=WHO, fingerprint="not-hex")
+    assert settler.get("op").version == 1
+
+
+@pytest.mark.parametrize("shape", ["string", "hash-missing-fields", "hash-bad-state"])
+def test_corrupted_record_is_reported_and_never_overwritten(
+    settler: Settler, redis_client: redis.Redis, shape: str
+) -> None:
+    settler.reserve("victim", {"a": 1}, principal=WHO)
+    key = settler._core.keys.record("victim")
+    r = settler.reserve("healthy", {"a": 1}, principal=WHO).reservation
+    redis_client.delete(key)
+    if shape == "string":
+        redis_client.set(key, b"not a record")
+    elif shape == "hash-missing-fields":
+        redis_client.hset(key, mapping={"op": "victim", "state": "pending"})
+    else:
+        redis_client.hset(
+            key,
+            mapping={
+                "op": "victim",
+                "fp": "0",
+                "fpv": "1",
+                "bind": WHO,
+                "gen": "1",
+                "ver": "1",
+                "state": "exploded",
+                "n": "1",
+                "created": "0",
+                "updated": "0",
+            },
+        )
+    dump = redis_client.dump(key)
+    ghost = r.model_copy(update={"operation_id": "victim"})
+    for call in (
+        lambda: settler.reserve("victim", {"a": 1}, principal=WHO),
+        lambda: settler.get("victim"),
+        lambda: settler.complete(ghost, {"n": 1}),
+        lambda: settler.renew(ghost),
+    ):
+        with pytest.raises(CorruptRecord) as info:
+            call()
+        assert info.value.operation_id == "victim"
+    assert redis_client.dump(key) == dump
+
+
+def test_unreachable_redis_is_a_backend_error() -> None:
+    s = Settler.from_url(f"redis://127.0.0.1:{free_port()}/0", namespace="x")
+    with pytest.raises(BackendError) as info:
+        s.reserve("op", {"a": 1}, principal=WHO)
+    assert "reachable" in str(info.value)
+    s.close()
+
+
+def test_a_different_shard_count_for_a_namespace_is_an_error_at_start_up(
+    redis_url: str, namespace: str
+) -> None:
+    first = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    first.check()
+    second = Settler.from_url(redis_url, namespace=namespace, shards=8)
+    with pytest.raises(ConfigurationError, match="4 shards"):
+        second.reserve("op", {"a": 1}, principal=WHO)
+    first.close()
+    second.close()
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        Settler.from_url("redis://127.0.0.1:1/0", namespace="has{brace}")
+    with pytest.raises(ValueError, match="retention"):
+        Settler.from_url("redis://127.0.0.1:1/0", lease=60, retention=10)

@@ -1,0 +1,158 @@
+"""SPEC 3: quarantine entries are evidence; list, filter, get, resolve and follow them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from settle import (
+    AsyncSettler,
+    InvalidInput,
+    QuarantineKind,
+    QuarantineNotFound,
+    Reservation,
+    Settler,
+)
+
+WHO = "tenant:acme"
+
+
+async def _stale(api: Any, op: str, payload: Any) -> Any:
+    """A late response from a worker whose generation was superseded."""
+    old = (await api.reserve(op, {"op": op}, principal=WHO)).reservation
+    await api.mark_provisional(old, reason="timeout")
+    await api.reserve(op, {"op": op}, principal=WHO)
+    return await api.complete(old, payload)
+
+
+def _ghost(op: str) -> Reservation:
+    return Reservation(
+        operation_id=op,
+        fingerprint="0" * 64,
+        fingerprint_version=1,
+        binding=WHO,
+        generation=1,
+        attempt_id="ghost",
+    )
+
+
+@pytest.mark.asyncio
+async def test_list_filters_by_kind_operation_and_resolution(api: Any) -> None:
+    s1 = await _stale(api, "op-a", {"n": 1})
+    s2 = await _stale(api, "op-b", {"n": 2})
+    s3 = await api.complete(_ghost("op-c"), {"n": 3})
+    everything = await api.quarantine.list()
+    assert [e.ref for e in everything] == [s3.quarantine_id, s2.quarantine_id, s1.quarantine_id]
+    oldest_first = await api.quarantine.list(newest_first=False)
+    assert [e.ref for e in oldest_first] == [s1.quarantine_id, s2.quarantine_id, s3.quarantine_id]
+    stale = await api.quarantine.list(kind=QuarantineKind.STALE_GENERATION)
+    assert {e.operation_id for e in stale} == {"op-a", "op-b"}
+    assert [e.operation_id for e in await api.quarantine.list(operation_id="op-b")] == ["op-b"]
+    assert len(await api.quarantine.list(limit=2)) == 2
+    await api.quarantine.resolve(s1.quarantine_id, note="refunded by hand")
+    open_ = await api.quarantine.list(unresolved=True)
+    assert {e.operation_id for e in open_} == {"op-b", "op-c"}
+
+
+@pytest.mark.asyncio
+async def test_list_filters_by_time(api: Any) -> None:
+    await _stale(api, "op-a", {"n": 1})
+    await asyncio.sleep(0.02)
+    cut = datetime.now(UTC)
+    await asyncio.sleep(0.02)
+    await _stale(api, "op-b", {"n": 2})
+    assert [e.operation_id for e in await api.quarantine.list(since=cut)] == ["op-b"]
+    assert [e.operation_id for e in await api.quarantine.list(until=cut)] == ["op-a"]
+    future = cut + timedelta(days=1)
+    assert await api.quarantine.list(since=future) == []
+
+
+@pytest.mark.asyncio
+async def test_resolve_keeps_the_evidence_and_the_first_note(api: Any) -> None:
+    s = await _stale(api, "op-a", {"card": "tok", "amount": 5})
+    entry = await api.quarantine.get(s.quarantine_id)
+    res = await api.quarantine.resolve(s.quarantine_id, note="customer refunded")
+    assert res.note == "customer refunded"
+    again = await api.quarantine.resolve(entry.id, note="second opinion")  # bare id works too
+    assert again.note == "customer refunded"
+    after = await api.quarantine.get(s.quarantine_id)
+    assert after.resolution is not None
+    assert after.model_dump(exclude={"resolution"}) == entry.model_dump(exclude={"resolution"})
+
+
+@pytest.mark.asyncio
+async def test_get_and_resolve_unknown_ids_raise_typed_errors(api: Any) -> None:
+    with pytest.raises(QuarantineNotFound):
+        await api.quarantine.get("0/1-0")
+    with pytest.raises(QuarantineNotFound):
+        await api.quarantine.resolve("1-0", note="x")
+    with pytest.raises(InvalidInput):
+        await api.quarantine.get("not-an-id")
+    with pytest.raises(InvalidInput):
+        await api.quarantine.list(kind="nonsense")
+
+
+@pytest.mark.asyncio
+async def test_follow_yields_entries_written_after_it_started(
+    async_settler: AsyncSettler,
+) -> None:
+    await _stale(async_settler, "before", {"n": 0})
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async for entry in async_settler.quarantine.follow(poll_interval=0.02):
+            seen.append(entry.operation_id)
+            if len(seen) == 2:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.1)
+    await _stale(async_settler, "after-1", {"n": 1})
+    await async_settler.complete(_ghost("after-2"), {"n": 2})
+    await asyncio.wait_for(task, timeout=5)
+    assert seen == ["after-1", "after-2"]
+
+
+def test_follow_sync_in_a_thread(redis_url: str, namespace: str) -> None:
+    reader = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    writer = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    seen: list[str] = []
+    started = threading.Event()
+
+    def follow() -> None:
+        stream = reader.quarantine.follow(poll_interval=0.02, kind="unknown_operation")
+        started.set()
+        for entry in stream:
+            seen.append(entry.operation_id)
+            return
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    started.wait(5)
+    old = writer.reserve("x", {}, principal=WHO).reservation
+    writer.complete(old, {"n": 1})
+    writer.complete(old, {"n": 2})  # conflicting: filtered out by kind
+    writer.complete(_ghost("ghost-op"), {"n": 3})
+    t.join(5)
+    assert seen == ["ghost-op"]
+    reader.close()
+    writer.close()
+
+
+@pytest.mark.asyncio
+async def test_payload_is_capped_with_full_size_and_digest(redis_url: str, namespace: str) -> None:
+    s = AsyncSettler(
+        aioredis.Redis.from_url(redis_url), namespace=namespace, quarantine_payload_bytes=16
+    )
+    big = {"blob": "x" * 1000}
+    settlement = await s.complete(_ghost("big"), big)
+    entry = await s.quarantine.get(settlement.quarantine_id)
+    assert len(entry.payload.data) == 16
+    assert entry.payload.truncated
+    assert entry.payload.size > 1000
+    await s.aclose()

@@ -1,0 +1,247 @@
+"""The Lua scripts, held against the reference model (``settle.testing``).
+
+A hypothesis state machine gives several workers random reserve / complete / fail /
+mark_provisional / renew calls — stale generations, changed fingerprints and principals,
+duplicate and conflicting settlements, expired leases, version preconditions — and sends
+every call to a real redis-server and to ``MemorySettler``. Every outcome, every record,
+every attempt log and the whole quarantine must be equal after every step.
+
+Leases are either long (never pass during a run) or 1 ms followed by a pause, so both
+sides agree on which leases have passed; the model's clock is the Redis server's clock.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import redis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from settle import InProgress, Replay, Reservation, Reserved, SettleError, Settler
+from settle.testing import MemorySettler
+
+OPS = ["op-a", "op-b"]
+REQUESTS = [{"amount": 100}, {"amount": 200}]
+PRINCIPALS = ["tenant:a", "tenant:b"]
+RESULTS = [{"receipt": 1}, {"receipt": 2}, b"\x00raw\xff"]
+WORKERS = st.integers(0, 2)
+SHORT, LONG = 0.001, 600.0
+
+
+def _record(rec: Any) -> Any:
+    if rec is None:
+        return None
+    data = rec.model_dump(exclude={"created_at", "updated_at", "lease_expires_at"})
+    data["has_lease"] = rec.lease_expires_at is not None
+    return data
+
+
+def _outcome(call: Any) -> Any:
+    try:
+        r = call()
+    except SettleError as exc:
+        return ("raised", type(exc).__name__, exc.operation_id), None
+    if isinstance(r, Reserved):
+        return ("reserved", r.reservation, r.takeover, _record(r.record)), r.reservation
+    if isinstance(r, Replay):
+        return ("replay", _record(r.record)), None
+    if isinstance(r, InProgress):
+        return ("in_progress", r.generation, _record(r.record)), None
+    # Settlement, Renewal, Resolution: compare all but server times and stream ids.
+    data = r.model_dump(exclude={"record", "quarantine_id", "lease_expires_at", "at"})
+    if hasattr(r, "record"):
+        data["record"] = _record(r.record)
+    if hasattr(r, "quarantine_id"):
+        data["quarantined"] = r.quarantine_id is not None
+    return data, None
+
+
+class ScriptsMatchModel(RuleBasedStateMachine):
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        namespace = f"p{uuid.uuid4().hex[:12]}"
+        self.client = redis.Redis.from_url(url)
+        opts = {"namespace": namespace, "shards": 2, "attempt_log_size": 500, "retention": 3600}
+        self.real = Settler.from_url(url, **opts)
+        self.model = MemorySettler(clock=self._server_ms, **opts)
+        self.held: dict[int, tuple[Reservation, Reservation]] = {}
+        self.last: dict[int, tuple[str, Any, Any]] = {}
+
+    def _server_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def teardown(self) -> None:
+        self.real.close()
+        self.client.close()
+
+    def _both(self, fn: Any) -> tuple[Any, Any, Any]:
+        real, real_res = _outcome(lambda: fn(self.real, 0))
+        model, model_res = _outcome(lambda: fn(self.model, 1))
+        assert real == model
+        return real, real_res, model_res
+
+    @staticmethod
+    def _pause_past(lease: float) -> None:
+        if lease == SHORT:
+            time.sleep(0.004)
+
+    # -- reservations ------------------------------------------------------------------
+
+    @rule(
+        worker=WORKERS,
+        op=st.sampled_from(OPS),
+        req=st.integers(0, 1),
+        who=st.integers(0, 1),
+        lease=st.sampled_from([SHORT, LONG]),
+    )
+    def reserve(self, worker: int, op: str, req: int, who: int, lease: float) -> None:
+        aid = uuid.uuid4().hex
+        _, real_res, model_res = self._both(
+            lambda s, _i: s.reserve(
+                op, REQUESTS[req], principal=PRINCIPALS[who], lease=lease, attempt_id=aid
+            )
+        )
+        if real_res is not None:
+            self.held[worker] = (real_res, model_res)
+        self._pause_past(lease)
+
+    @precondition(lambda self: self.held)
+    @rule(worker=WORKERS)
+    def reserve_again_as_the_same_attempt(self, worker: int) -> None:
+        if worker not in self.held:
+            return
+        pair = self.held[worker]
+        self._both(
+            lambda s, i: s.reserve(
+                pair[i].operation_id,
+                None,
+                principal=pair[i].binding,
+                fingerprint=pair[i].fingerprint,
+                attempt_id=pair[i].attempt_id,
+                lease=LONG,
+            )
+        )
+
+    @precondition(lambda self: self.held)
+    @rule(worker=WORKERS, lease=st.sampled_from([SHORT, LONG]))
+    def renew(self, worker: int, lease: float) -> None:
+        if worker not in self.held:
+            return
+        pair = self.held[worker]
+        self._both(lambda s, i: s.renew(pair[i], lease=lease))
+        self._pause_past(lease)
+
+    # -- settlements -------------------------------------------------------------------
+
+    @precondition(lambda self: self.held)
+    @rule(
+        worker=WORKERS,
+        action=st.sampled_from(["complete", "fail", "mark_provisional"]),
+        result=st.integers(0, len(RESULTS) - 1),
+        tamper=st.sampled_from([None, None, "fingerprint", "binding", "older", "newer"]),
+        version=st.sampled_from([None, None, "current", "previous"]),
+    )
+    def settle(
+        self, worker: int, action: str, result: int, tamper: str | None, version: str | None
+    ) -> None:
+        if worker not in self.held:
+            return
+        pair = tuple(self._tampered(r, tamper) for r in self.held[worker])
+        expected = None
+        if version is not None:
+            rec = self.real.get(pair[0].operation_id)
+            if rec is not None:
+                expected = rec.version if version == "current" else max(1, rec.version - 1)
+        args = (action, RESULTS[result], expected)
+        self._settle(pair, args)
+        self.last[worker] = (action, pair, args)
+
+    @precondition(lambda self: self.last)
+    @rule(worker=WORKERS)
+    def deliver_the_same_settlement_again(self, worker: int) -> None:
+        if worker in self.last:
+            _, pair, args = self.last[worker]
+            self._settle(pair, args)
+
+    @rule(action=st.sampled_from(["complete", "fail", "mark_provisional"]))
+    def settle_an_operation_that_never_existed(self, action: str) -> None:
+        ghost = Reservation(
+            operation_id="op-ghost",
+            fingerprint="a" * 64,
+            fingerprint_version=1,
+            binding="tenant:a",
+            generation=1,
+            attempt_id="ghost",
+        )
+        self._settle((ghost, ghost), (action, {"late": True}, None))
+
+    @precondition(lambda self: self.real.quarantine.list(limit=1))
+    @rule(pick=st.integers(0, 1000), note=st.sampled_from(["refunded", "ignored"]))
+    def resolve(self, pick: int, note: str) -> None:
+        real = self.real.quarantine.list(limit=500, newest_first=False)
+        model = self.model.quarantine.list(limit=500, newest_first=False)
+        i = pick % len(real)
+        self._both(lambda s, side: s.quarantine.resolve((real, model)[side][i].ref, note=note))
+
+    def _settle(self, pair: tuple[Reservation, ...], args: tuple[str, Any, Any]) -> None:
+        action, payload, expected = args
+
+        def call(s: Settler, i: int) -> Any:
+            if action == "mark_provisional":
+                return s.mark_provisional(pair[i], reason="timeout", expected_version=expected)
+            return getattr(s, action)(pair[i], payload, expected_version=expected)
+
+        self._both(call)
+
+    @staticmethod
+    def _tampered(r: Reservation, tamper: str | None) -> Reservation:
+        if tamper == "fingerprint":
+            return r.model_copy(update={"fingerprint": "f" * 64})
+        if tamper == "binding":
+            return r.model_copy(update={"binding": "tenant:mallory"})
+        if tamper == "older":
+            return r.model_copy(update={"generation": max(1, r.generation - 1)})
+        if tamper == "newer":
+            return r.model_copy(update={"generation": r.generation + 1})
+        return r
+
+    # -- everything observable must be equal ------------------------------------------
+
+    @invariant()
+    def records_logs_and_quarantine_are_equal(self) -> None:
+        for op in [*OPS, "op-ghost"]:
+            assert _record(self.real.get(op)) == _record(self.model.get(op))
+            real_log = [o.model_dump(exclude={"id", "at"}) for o in self.real.attempts(op)]
+            model_log = [o.model_dump(exclude={"id", "at"}) for o in self.model.attempts(op)]
+            assert real_log == model_log
+        real_q = self.real.quarantine.list(limit=500, newest_first=False)
+        model_q = self.model.quarantine.list(limit=500, newest_first=False)
+
+        def norm(entries: list[Any]) -> list[Any]:
+            out = []
+            for e in entries:
+                data = e.model_dump(exclude={"id", "at"})
+                if data["resolution"]:
+                    data["resolution"] = data["resolution"]["note"]
+                out.append(data)
+            return out
+
+        assert norm(real_q) == norm(model_q)
+
+
+def test_lua_scripts_match_the_reference_model(redis_url: str) -> None:
+    run_state_machine_as_test(
+        lambda: ScriptsMatchModel(redis_url),
+        settings=settings(settings.default, stateful_step_count=30),
+    )
