@@ -20,8 +20,10 @@ import redis
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    Bundle,
     RuleBasedStateMachine,
     invariant,
+    multiple,
     precondition,
     rule,
     run_state_machine_as_test,
@@ -34,7 +36,9 @@ OPS = ["op-a", "op-b"]
 REQUESTS = [{"amount": 100}, {"amount": 200}]
 PRINCIPALS = ["tenant:a", "tenant:b"]
 RESULTS = [{"receipt": 1}, {"receipt": 2}, b"\x00raw\xff"]
-WORKERS = st.integers(0, 2)
+# Mostly the matching request and principal, so that operations get far; sometimes not.
+REQUEST_INDEX = st.sampled_from([0, 0, 0, 1])
+PRINCIPAL_INDEX = st.sampled_from([0, 0, 0, 1])
 SHORT, LONG = 0.001, 600.0
 
 
@@ -67,6 +71,10 @@ def _outcome(call: Any) -> Any:
 
 
 class ScriptsMatchModel(RuleBasedStateMachine):
+    # Each reservation is a (redis, model) pair: one worker's attempt, seen by both sides.
+    reservations = Bundle("reservations")
+    settlements = Bundle("settlements")
+
     def __init__(self, url: str) -> None:
         super().__init__()
         namespace = f"p{uuid.uuid4().hex[:12]}"
@@ -74,8 +82,6 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         opts = {"namespace": namespace, "shards": 2, "attempt_log_size": 500, "retention": 3600}
         self.real = Settler.from_url(url, **opts)
         self.model = MemorySettler(clock=self._server_ms, **opts)
-        self.held: dict[int, tuple[Reservation, Reservation]] = {}
-        self.last: dict[int, tuple[str, Any, Any]] = {}
 
     def _server_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -99,29 +105,24 @@ class ScriptsMatchModel(RuleBasedStateMachine):
     # -- reservations ------------------------------------------------------------------
 
     @rule(
-        worker=WORKERS,
+        target=reservations,
         op=st.sampled_from(OPS),
-        req=st.integers(0, 1),
-        who=st.integers(0, 1),
+        req=REQUEST_INDEX,
+        who=PRINCIPAL_INDEX,
         lease=st.sampled_from([SHORT, LONG]),
     )
-    def reserve(self, worker: int, op: str, req: int, who: int, lease: float) -> None:
+    def reserve(self, op: str, req: int, who: int, lease: float) -> Any:
         aid = uuid.uuid4().hex
         _, real_res, model_res = self._both(
             lambda s, _i: s.reserve(
                 op, REQUESTS[req], principal=PRINCIPALS[who], lease=lease, attempt_id=aid
             )
         )
-        if real_res is not None:
-            self.held[worker] = (real_res, model_res)
         self._pause_past(lease)
+        return multiple() if real_res is None else multiple((real_res, model_res))
 
-    @precondition(lambda self: self.held)
-    @rule(worker=WORKERS)
-    def reserve_again_as_the_same_attempt(self, worker: int) -> None:
-        if worker not in self.held:
-            return
-        pair = self.held[worker]
+    @rule(pair=reservations)
+    def reserve_again_as_the_same_attempt(self, pair: tuple[Reservation, Reservation]) -> None:
         self._both(
             lambda s, i: s.reserve(
                 pair[i].operation_id,
@@ -133,46 +134,42 @@ class ScriptsMatchModel(RuleBasedStateMachine):
             )
         )
 
-    @precondition(lambda self: self.held)
-    @rule(worker=WORKERS, lease=st.sampled_from([SHORT, LONG]))
-    def renew(self, worker: int, lease: float) -> None:
-        if worker not in self.held:
-            return
-        pair = self.held[worker]
+    @rule(pair=reservations, lease=st.sampled_from([SHORT, LONG]))
+    def renew(self, pair: tuple[Reservation, Reservation], lease: float) -> None:
         self._both(lambda s, i: s.renew(pair[i], lease=lease))
         self._pause_past(lease)
 
     # -- settlements -------------------------------------------------------------------
 
-    @precondition(lambda self: self.held)
     @rule(
-        worker=WORKERS,
+        target=settlements,
+        pair=reservations,
         action=st.sampled_from(["complete", "fail", "mark_provisional"]),
         result=st.integers(0, len(RESULTS) - 1),
-        tamper=st.sampled_from([None, None, "fingerprint", "binding", "older", "newer"]),
+        tamper=st.sampled_from([None, None, None, "fingerprint", "binding", "older", "newer"]),
         version=st.sampled_from([None, None, "current", "previous"]),
     )
     def settle(
-        self, worker: int, action: str, result: int, tamper: str | None, version: str | None
-    ) -> None:
-        if worker not in self.held:
-            return
-        pair = tuple(self._tampered(r, tamper) for r in self.held[worker])
+        self,
+        pair: tuple[Reservation, Reservation],
+        action: str,
+        result: int,
+        tamper: str | None,
+        version: str | None,
+    ) -> Any:
+        presented = tuple(self._tampered(r, tamper) for r in pair)
         expected = None
         if version is not None:
-            rec = self.real.get(pair[0].operation_id)
+            rec = self.real.get(presented[0].operation_id)
             if rec is not None:
                 expected = rec.version if version == "current" else max(1, rec.version - 1)
         args = (action, RESULTS[result], expected)
-        self._settle(pair, args)
-        self.last[worker] = (action, pair, args)
+        self._settle(presented, args)
+        return (presented, args)
 
-    @precondition(lambda self: self.last)
-    @rule(worker=WORKERS)
-    def deliver_the_same_settlement_again(self, worker: int) -> None:
-        if worker in self.last:
-            _, pair, args = self.last[worker]
-            self._settle(pair, args)
+    @rule(delivery=settlements)
+    def deliver_the_same_settlement_again(self, delivery: Any) -> None:
+        self._settle(*delivery)
 
     @rule(action=st.sampled_from(["complete", "fail", "mark_provisional"]))
     def settle_an_operation_that_never_existed(self, action: str) -> None:
