@@ -1,0 +1,102 @@
+"""Fingerprints: canonical, stable, and strict about what has no canonical form."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from settle import FingerprintError, fingerprint
+from settle.fingerprint import canonical_json
+
+
+class Charge(BaseModel):
+    amount: int
+    currency: str
+    metadata: dict[str, str] = {}
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def test_known_vector() -> None:
+    # RFC 8785: keys sorted by UTF-16 code units, no whitespace, shortest number form.
+    assert canonical_json({"b": [1.0, "x"], "a": None}) == b'{"a":null,"b":[1,"x"]}'
+    assert fingerprint({"b": 1, "a": 2}) == hashlib.sha256(b'{"a":2,"b":1}').hexdigest()
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+def test_dict_order_does_not_matter(value: dict[str, object]) -> None:
+    reordered = dict(reversed(list(value.items())))
+    assert fingerprint(value) == fingerprint(reordered)
+
+
+def test_different_requests_differ() -> None:
+    assert fingerprint({"amount": 100}) != fingerprint({"amount": 101})
+    assert fingerprint({"amount": 100}) != fingerprint({"amount": "100"})
+    assert fingerprint([1, 2]) != fingerprint([2, 1])
+
+
+def test_pydantic_models_fingerprint_as_their_json_dump() -> None:
+    charge = Charge(amount=100, currency="EUR", metadata={"z": "1", "a": "2"})
+    assert fingerprint(charge) == fingerprint(
+        {"amount": 100, "currency": "EUR", "metadata": {"a": "2", "z": "1"}}
+    )
+
+
+def test_bytes_are_base64_and_tuples_are_lists() -> None:
+    assert canonical_json(b"\x00\xff") == b'"AP8="'
+    assert fingerprint((1, 2)) == fingerprint([1, 2])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        math.nan,
+        math.inf,
+        -math.inf,
+        {1, 2},
+        frozenset(),
+        object(),
+        Decimal("1.5"),
+        {1: "int key"},
+        2**60,
+        {"nested": [{"x": math.nan}]},
+    ],
+)
+def test_values_without_canonical_json_raise(value: object) -> None:
+    with pytest.raises(FingerprintError):
+        fingerprint(value)
+
+
+def test_stable_across_processes_and_hash_seeds() -> None:
+    code = (
+        "from settle import fingerprint;"
+        "print(fingerprint({'z': [1, {'b': 2.5, 'a': 'é'}], 'a': {'y': None, 'x': True}}))"
+    )
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.add(out.stdout.strip())
+    assert outputs == {fingerprint({"a": {"x": True, "y": None}, "z": [1, {"a": "é", "b": 2.5}]})}

@@ -1,0 +1,38 @@
+"""settle/_sync is generated from settle/_async; it must not drift, and the async shell must
+really be async (every public method of AsyncSettler a coroutine function)."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+from settle import AsyncQuarantine, AsyncSettler, Quarantine, Settler
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sync_shell_matches_its_generator() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _public(cls: type) -> dict[str, object]:
+    return {n: m for n, m in vars(cls).items() if not n.startswith("_") and callable(m)}
+
+
+def test_async_shell_is_really_async_and_surfaces_match() -> None:
+    for async_cls, sync_cls in ((AsyncSettler, Settler), (AsyncQuarantine, Quarantine)):
+        a, s = _public(async_cls), _public(sync_cls)
+        assert {n.replace("aclose", "close") for n in a} == set(s)
+        for name, fn in a.items():
+            if isinstance(fn, classmethod | staticmethod):
+                continue
+            assert inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn), name
+            assert not inspect.iscoroutinefunction(s[name.replace("aclose", "close")]), name
