@@ -6,7 +6,7 @@ are decoded on demand with pydantic (:meth:`OperationRecord.value`).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar, cast
 
@@ -74,8 +74,13 @@ class QuarantineKind(StrEnum):
 _FROZEN = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
 
-def ms_to_datetime(ms: float) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+def ms_to_datetime(ms: int) -> datetime:
+    return us_to_datetime(ms * 1000)
+
+
+def us_to_datetime(us: int) -> datetime:
+    """Exact (no float rounding): entries microseconds apart must stay in order."""
+    return datetime.fromtimestamp(us // 1_000_000, tz=UTC) + timedelta(microseconds=us % 1_000_000)
 
 
 class Reservation(BaseModel):
@@ -222,7 +227,6 @@ class AttemptObservation(BaseModel):
 
     model_config = _FROZEN
 
-    id: str
     attempt_id: str
     generation: int | None
     action: str

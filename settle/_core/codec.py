@@ -29,6 +29,7 @@ from settle.models import (
     State,
     StoredFailure,
     ms_to_datetime,
+    us_to_datetime,
 )
 
 __all__ = [
@@ -146,17 +147,16 @@ def decode_record(flat: Sequence[Any], now_ms: int) -> OperationRecord:
 
 def decode_attempts(entries: Sequence[Any]) -> list[AttemptObservation]:
     out = []
-    for entry_id, flat in entries:
-        f = {k: _text(v) for k, v in _fields(flat).items()}
+    for raw in entries:
+        aid, gen, action, verdict, detail, at = _text(raw).split("|")
         out.append(
             AttemptObservation(
-                id=_text(entry_id),
-                attempt_id=f["aid"],
-                generation=int(f["gen"]) if f.get("gen") else None,
-                action=f["action"],
-                verdict=f["verdict"],
-                detail=f.get("detail") or None,
-                at=ms_to_datetime(int(f["at"])),
+                attempt_id=aid,
+                generation=int(gen) if gen else None,
+                action=action,
+                verdict=verdict,
+                detail=detail or None,
+                at=ms_to_datetime(int(at)),
             )
         )
     return out
@@ -197,6 +197,6 @@ def decode_quarantine_entry(
         payload=QuarantinedPayload(data=bytes(payload), size=int(f["psize"]), sha256=f["pdig"]),
         reason=f.get("reason") or None,
         attempt_id=f["aid"],
-        at=ms_to_datetime(int(f["us"]) / 1000 if "us" in f else int(f["at"])),
+        at=us_to_datetime(int(f["us"])) if "us" in f else ms_to_datetime(int(f["at"])),
         resolution=decode_resolution(res),
     )

@@ -48,6 +48,7 @@ __all__ = ["MIN_SERVER_VERSION", "Call", "Core", "QuarantineFollower", "Quaranti
 MIN_SERVER_VERSION = (6, 2, 0)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 _MAX_REASON = 256
 _QUARANTINE_SCAN_BUDGET = 4096
 
@@ -155,6 +156,12 @@ class Core:
             fp = fingerprint
         else:
             raise InvalidInput("fingerprint must be 64 lowercase hex digits", operation_id=op)
+        if attempt_id is not None and not (
+            isinstance(attempt_id, str) and _ATTEMPT_ID.match(attempt_id)
+        ):
+            raise InvalidInput(
+                "attempt_id must be 1 to 64 characters of A-Z a-z 0-9 _ . : -", operation_id=op
+            )
         aid = attempt_id or uuid.uuid4().hex
         return Call(
             "reserve",

@@ -66,6 +66,8 @@ class MemoryKeyspace:
             return "hash"
         if isinstance(value, _Stream):
             return "stream"
+        if isinstance(value, list):
+            return "list"
         return "string"
 
     def pexpire(self, key: str, ms: int, now: int) -> None:
@@ -120,6 +122,22 @@ class MemoryKeyspace:
         value = int(self._data.get(key, b"0")) + 1
         self._data[key] = _b(value)
         return value
+
+    # -- lists ---------------------------------------------------------------------------
+    def rpush(self, key: str, now: int, value: Any) -> int:
+        self._live(key, now)
+        items: list[bytes] = self._data.setdefault(key, [])
+        items.append(_b(value))
+        return len(items)
+
+    def ltrim_tail(self, key: str, now: int, keep: int) -> None:
+        if self._live(key, now):
+            del self._data[key][:-keep]
+
+    def lrange(self, key: str, now: int) -> list[bytes]:
+        if not self._live(key, now):
+            return []
+        return list(self._data[key])
 
     # -- streams -------------------------------------------------------------------------
     def xadd(self, key: str, now: int, fields: list[Any], maxlen: int | None = None) -> bytes:
@@ -205,6 +223,7 @@ def _observe(
     record: str,
     cap: bytes,
     retention: int,
+    ttl: int | None,
     aid: bytes,
     gen: Any,
     action: str,
@@ -212,14 +231,12 @@ def _observe(
     detail: str,
     now: int,
 ) -> None:
-    ks.xadd(
-        log,
-        now,
-        ["aid", aid, "gen", gen, "action", action, "verdict", verdict, "detail", detail, "at", now],
-        int(cap),
-    )
-    ttl = max(ks.pttl(record, now), retention)
-    ks.pexpire(log, ttl, now)
+    entry = b"|".join(_b(v) for v in (aid, gen, action, verdict, detail, now))
+    if ks.rpush(log, now, entry) > int(cap):
+        ks.ltrim_tail(log, now, int(cap))
+    if ttl is None:
+        ttl = ks.pttl(record, now)
+    ks.pexpire(log, max(ttl, retention), now)
 
 
 def _reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
@@ -292,7 +309,20 @@ def _reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> l
             now,
         )
     ks.pexpire(keys[0], lease + retention, now)
-    _observe(ks, keys[2], keys[0], a[7], retention, a[6], gen, "reserve", "reserved", detail, now)
+    _observe(
+        ks,
+        keys[2],
+        keys[0],
+        a[7],
+        retention,
+        lease + retention,
+        a[6],
+        gen,
+        "reserve",
+        "reserved",
+        detail,
+        now,
+    )
     return [b"reserved", detail.encode(), now, b"", _flat(ks, keys[0], now)]
 
 
@@ -304,6 +334,7 @@ def _settle(action: str) -> Callable[[MemoryKeyspace, list[str], list[bytes], in
         retention = int(a[10])
         kind = ""
         verdict = ""
+        ttl: int | None = None
         if not isinstance(rec, dict):
             kind = "unknown_operation"
         elif rec[b"fp"] != a[1] or rec[b"fpv"] != a[2] or rec[b"bind"] != a[3]:
@@ -357,6 +388,7 @@ def _settle(action: str) -> Callable[[MemoryKeyspace, list[str], list[bytes], in
                         now,
                     )
                 ks.pexpire(keys[0], retention, now)
+                ttl = retention
         qid = b""
         if kind:
             verdict = "quarantined"
@@ -389,11 +421,15 @@ def _settle(action: str) -> Callable[[MemoryKeyspace, list[str], list[bytes], in
                 a[8],
                 "at",
                 now,
+                "us",
+                ks.now_us(now),
             ]
             if isinstance(rec, dict):
                 fields += ["cstate", _effective(rec, now), "cgen", rec[b"gen"], "cver", rec[b"ver"]]
             qid = ks.xadd(keys[2], now, fields, int(a[13]) if a[13] else None)
-        _observe(ks, keys[1], keys[0], a[11], retention, a[6], a[4], action, verdict, kind, now)
+        _observe(
+            ks, keys[1], keys[0], a[11], retention, ttl, a[6], a[4], action, verdict, kind, now
+        )
         if rec is None or kind == "misbound":
             return [verdict.encode(), kind.encode(), now, qid, []]
         return [verdict.encode(), kind.encode(), now, qid, _flat(ks, keys[0], now)]
@@ -435,7 +471,7 @@ def _get(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[
 
 def _attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     del a
-    return [b"ok", b"", now, b"", [[eid, list(f)] for eid, f in ks.xrange(keys[0], now)]]
+    return [b"ok", b"", now, b"", ks.lrange(keys[0], now)]
 
 
 def _quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:

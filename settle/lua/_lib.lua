@@ -6,6 +6,7 @@
 --   lease aid                                         (pending: lease end in ms, attempt id)
 --   reason                                            (provisional)
 --   result rdig                                       (completed / failed: bytes, digest)
+-- The attempt log is a LIST of 'aid|gen|action|verdict|detail|at' strings, oldest first.
 -- Every script returns {code, detail, now_ms, quarantine_id, payload}; payload is the
 -- record as a flat field/value list, or a list of entries for the read scripts.
 
@@ -31,13 +32,11 @@ local function int(x)
 end
 
 -- Returns (record table, flat list); (nil, nil) when missing; (false, nil) when the key
--- holds something that is not a settle record.
+-- holds something that is not a settle record (another type, or fields missing).
 local function load_record(key)
-  local kind = redis.call('TYPE', key)
-  kind = kind['ok'] or kind
-  if kind == 'none' then return nil, nil end
-  if kind ~= 'hash' then return false, nil end
-  local flat = redis.call('HGETALL', key)
+  local flat = redis.pcall('HGETALL', key)
+  if flat['err'] then return false, nil end
+  if #flat == 0 then return nil, nil end
   local rec = {}
   for i = 1, #flat, 2 do rec[flat[i]] = flat[i + 1] end
   for _, f in ipairs(REQUIRED) do
@@ -50,8 +49,25 @@ local function load_record(key)
   return rec, flat
 end
 
-local function flat_of(key)
-  return redis.call('HGETALL', key)
+-- Write field/value pairs to the record hash and to its Lua table; fields whose value is
+-- false are deleted. Returns the record as a flat list (what HGETALL would now return).
+local function write(key, rec, pairs_)
+  local set, del = {}, {}
+  for i = 1, #pairs_, 2 do
+    local f, v = pairs_[i], pairs_[i + 1]
+    if v == false then
+      if rec[f] ~= nil then table.insert(del, f) end
+      rec[f] = nil
+    else
+      table.insert(set, f); table.insert(set, v)
+      rec[f] = v
+    end
+  end
+  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+  redis.call('HSET', key, unpack(set))
+  local flat = {}
+  for f, v in pairs(rec) do table.insert(flat, f); table.insert(flat, v) end
+  return flat
 end
 
 -- A pending record whose lease has passed reads as provisional (lease_expired).
@@ -66,11 +82,13 @@ local function is_terminal(state)
   return state == 'completed' or state == 'failed'
 end
 
--- Append one observation to the operation's capped attempt log, kept as long as the record.
-local function observe(log_key, record_key, cap, retention, aid, gen, action, verdict, detail, now)
-  redis.call('XADD', log_key, 'MAXLEN', cap, '*',
-    'aid', aid, 'gen', gen, 'action', action, 'verdict', verdict, 'detail', detail, 'at', int(now))
-  local ttl = redis.call('PTTL', record_key)
+-- Append one observation to the operation's capped attempt log. The log expires with the
+-- record: ttl is the record's remaining time to live when the caller knows it, else nil.
+local function observe(log_key, record_key, cap, retention, ttl, aid, gen, action, verdict, detail, now)
+  local n = redis.call('RPUSH', log_key,
+    table.concat({aid, gen, action, verdict, detail, int(now)}, '|'))
+  if n > tonumber(cap) then redis.call('LTRIM', log_key, -tonumber(cap), -1) end
+  if ttl == nil then ttl = redis.call('PTTL', record_key) end
   if ttl < retention then ttl = retention end
   redis.call('PEXPIRE', log_key, ttl)
 end

@@ -1,6 +1,6 @@
 -- _settle.lua: the settlement rules shared by complete.lua, fail.lua and mark_provisional.lua
 -- (SPEC 2, settlement table). Prepended after _lib.lua; each of those scripts is one call.
--- KEYS[1] record hash   KEYS[2] attempt log stream   KEYS[3] quarantine stream
+-- KEYS[1] record hash   KEYS[2] attempt log list   KEYS[3] quarantine stream
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
 -- ARGV[5] generation    ARGV[6] expected version ('' for none)             ARGV[7] attempt id
 -- ARGV[8] payload (result / failure bytes; '' for mark_provisional)        ARGV[9] its digest
@@ -37,6 +37,7 @@ local function settle(action)
   local retention = tonumber(ARGV[11])
   local kind = nil
   local verdict = nil
+  local ttl = nil
   if not rec then
     kind = 'unknown_operation'
   elseif rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
@@ -61,15 +62,14 @@ local function settle(action)
       verdict = 'accepted'
       local ver = int(tonumber(rec.ver) + 1)
       if action == 'mark_provisional' then
-        redis.call('HDEL', KEYS[1], 'lease')
-        redis.call('HSET', KEYS[1], 'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
-          'updated', int(now))
+        flat = write(KEYS[1], rec, {'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
+          'updated', int(now), 'lease', false})
       else
-        redis.call('HDEL', KEYS[1], 'lease', 'reason')
-        redis.call('HSET', KEYS[1], 'state', TERMINAL_OF[action], 'result', ARGV[8],
-          'rdig', ARGV[9], 'ver', ver, 'updated', int(now))
+        flat = write(KEYS[1], rec, {'state', TERMINAL_OF[action], 'result', ARGV[8],
+          'rdig', ARGV[9], 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
       end
       redis.call('PEXPIRE', KEYS[1], retention)
+      ttl = retention
     end
   end
   local qid = ''
@@ -77,7 +77,8 @@ local function settle(action)
     verdict = 'quarantined'
     qid = quarantine(kind, action, rec, now, now_us)
   end
-  observe(KEYS[2], KEYS[1], ARGV[12], retention, ARGV[7], ARGV[5], action, verdict, kind or '', now)
+  observe(KEYS[2], KEYS[1], ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict,
+    kind or '', now)
   if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}} end
-  return {verdict, kind or '', now, qid, flat_of(KEYS[1])}
+  return {verdict, kind or '', now, qid, flat}
 end

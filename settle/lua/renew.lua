@@ -16,6 +16,6 @@ if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', flat} en
 if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', flat} end
 if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', flat} end
 local lease = tonumber(ARGV[5])
-redis.call('HSET', KEYS[1], 'lease', int(now + lease))
+flat = write(KEYS[1], rec, {'lease', int(now + lease)})
 redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[6]))
-return {'renewed', '', now, '', flat_of(KEYS[1])}
+return {'renewed', '', now, '', flat}

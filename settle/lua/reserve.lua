@@ -1,6 +1,6 @@
 -- reserve.lua: claim an operation for a new attempt (SPEC 2, reserve table).
 -- KEYS[1] record hash   KEYS[2] generation counter (per shard, never expires)
--- KEYS[3] attempt log stream
+-- KEYS[3] attempt log list
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
 -- ARGV[5] lease ms      ARGV[6] retention ms ARGV[7] attempt id           ARGV[8] log cap
 -- Returns {code, detail, now, '', record}:
@@ -27,17 +27,17 @@ if rec then
   end
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
-local gen = redis.call('INCR', KEYS[2])
+local gen = int(redis.call('INCR', KEYS[2]))
 if rec then
-  redis.call('HDEL', KEYS[1], 'reason')
-  redis.call('HSET', KEYS[1], 'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
+  flat = write(KEYS[1], rec, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
     'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
-    'aid', ARGV[7], 'updated', int(now))
+    'aid', ARGV[7], 'updated', int(now), 'reason', false})
 else
-  redis.call('HSET', KEYS[1], 'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
+  flat = write(KEYS[1], {}, {'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
     'gen', gen, 'ver', '1', 'n', '1', 'state', 'pending', 'lease', int(now + lease),
-    'aid', ARGV[7], 'created', int(now), 'updated', int(now))
+    'aid', ARGV[7], 'created', int(now), 'updated', int(now)})
 end
 redis.call('PEXPIRE', KEYS[1], lease + retention)
-observe(KEYS[3], KEYS[1], ARGV[8], retention, ARGV[7], gen, 'reserve', 'reserved', detail, now)
-return {'reserved', detail, now, '', flat_of(KEYS[1])}
+observe(KEYS[3], KEYS[1], ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve',
+  'reserved', detail, now)
+return {'reserved', detail, now, '', flat}

@@ -111,7 +111,7 @@ async def test_follow_yields_entries_written_after_it_started(
                 return
 
     task = asyncio.create_task(follow())
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)  # let the follower find where "now" is
     await _stale(async_settler, "after-1", {"n": 1})
     await async_settler.complete(_ghost("after-2"), {"n": 2})
     await asyncio.wait_for(task, timeout=5)
@@ -124,8 +124,10 @@ def test_follow_sync_in_a_thread(redis_url: str, namespace: str) -> None:
     seen: list[str] = []
     started = threading.Event()
 
+    since = datetime.now(UTC)
+
     def follow() -> None:
-        stream = reader.quarantine.follow(poll_interval=0.02, kind="unknown_operation")
+        stream = reader.quarantine.follow(poll_interval=0.02, kind="unknown_operation", since=since)
         started.set()
         for entry in stream:
             seen.append(entry.operation_id)
