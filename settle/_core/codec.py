@@ -33,6 +33,7 @@ from settle.models import (
 )
 
 __all__ = [
+    "RECORD_FIELDS",
     "Reply",
     "decode_attempts",
     "decode_quarantine_entry",
@@ -42,6 +43,26 @@ __all__ = [
     "encode_result",
     "parse_reply",
 ]
+
+
+#: The record's fields in the order the scripts return them (``FIELDS`` in lua/_lib.lua).
+RECORD_FIELDS = (
+    "op",
+    "fp",
+    "fpv",
+    "bind",
+    "gen",
+    "ver",
+    "state",
+    "n",
+    "created",
+    "updated",
+    "lease",
+    "aid",
+    "reason",
+    "result",
+    "rdig",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +135,11 @@ def _fields(flat: Sequence[Any]) -> dict[str, Any]:
     return {_text(k): v for k, v in zip(it, it, strict=True)}
 
 
-def decode_record(flat: Sequence[Any], now_ms: int) -> OperationRecord:
-    """Decode a record hash (flat field/value list) into its effective state."""
-    f = _fields(flat)
+def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
+    """Decode a record row (values in RECORD_FIELDS order) into its effective state."""
+    if len(row) != len(RECORD_FIELDS):
+        raise CorruptRecord(f"record row has {len(row)} fields, expected {len(RECORD_FIELDS)}")
+    f = {name: value for name, value in zip(RECORD_FIELDS, row, strict=True) if value is not None}
     try:
         state = State(_text(f["state"]))
         reason = _text(f["reason"]) if "reason" in f else None

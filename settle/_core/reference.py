@@ -207,8 +207,29 @@ def _load(ks: MemoryKeyspace, key: str, now: int) -> dict[bytes, bytes] | bool |
     return rec
 
 
-def _flat(ks: MemoryKeyspace, key: str, now: int) -> Flat:
-    return [x for pair in ks.hgetall(key, now).items() for x in pair]
+_FIELDS = (
+    b"op",
+    b"fp",
+    b"fpv",
+    b"bind",
+    b"gen",
+    b"ver",
+    b"state",
+    b"n",
+    b"created",
+    b"updated",
+    b"lease",
+    b"aid",
+    b"reason",
+    b"result",
+    b"rdig",
+)
+
+
+def _flat(ks: MemoryKeyspace, key: str, now: int) -> list[bytes | None]:
+    """The record as the scripts return it: values in FIELDS order, None where absent."""
+    rec = ks.hgetall(key, now)
+    return [rec.get(f) for f in _FIELDS]
 
 
 def _effective(rec: dict[bytes, bytes], now: int) -> bytes:

@@ -8,11 +8,17 @@
 --   result rdig                                       (completed / failed: bytes, digest)
 -- The attempt log is a LIST of 'aid|gen|action|verdict|detail|at' strings, oldest first.
 -- Every script returns {code, detail, now_ms, quarantine_id, payload}; payload is the
--- record as a flat field/value list, or a list of entries for the read scripts.
+-- record as a positional list of FIELDS (false where a field is absent), or a list of
+-- entries for the read scripts.
 
 redis.replicate_commands()
 
-local REQUIRED = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated'}
+-- The order of FIELDS is the reply format: settle/_core/codec.py RECORD_FIELDS matches it.
+local FIELDS = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated',
+  'lease', 'aid', 'reason', 'result', 'rdig'}
+local REQUIRED = 10  -- the first ten are always present
+local INDEX = {}
+for i, f in ipairs(FIELDS) do INDEX[f] = i end
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
 
 -- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
@@ -31,27 +37,29 @@ local function int(x)
   return string.format('%d', x)
 end
 
--- Returns (record table, flat list); (nil, nil) when missing; (false, nil) when the key
--- holds something that is not a settle record (another type, or fields missing).
+-- Returns (record table, positional list); (nil, nil) when missing; (false, nil) when the
+-- key holds something that is not a settle record (another type, or fields missing).
 local function load_record(key)
-  local flat = redis.pcall('HGETALL', key)
-  if flat['err'] then return false, nil end
-  if #flat == 0 then return nil, nil end
+  local row = redis.pcall('HMGET', key, unpack(FIELDS))
+  if row['err'] then return false, nil end
+  if not row[1] then
+    if redis.call('EXISTS', key) == 1 then return false, nil end
+    return nil, nil
+  end
   local rec = {}
-  for i = 1, #flat, 2 do rec[flat[i]] = flat[i + 1] end
-  for _, f in ipairs(REQUIRED) do
-    if rec[f] == nil then return false, nil end
+  for i = 1, #FIELDS do
+    if row[i] then rec[FIELDS[i]] = row[i] elseif i <= REQUIRED then return false, nil end
   end
   if not STATES[rec.state] or tonumber(rec.gen) == nil or tonumber(rec.ver) == nil then
     return false, nil
   end
   if rec.state == 'pending' and tonumber(rec.lease or '') == nil then return false, nil end
-  return rec, flat
+  return rec, row
 end
 
--- Write field/value pairs to the record hash and to its Lua table; fields whose value is
--- false are deleted. Returns the record as a flat list (what HGETALL would now return).
-local function write(key, rec, pairs_)
+-- Write field/value pairs to the record hash, its table and its positional row; a value of
+-- false deletes the field. Returns the row (what the record now holds, in FIELDS order).
+local function write(key, rec, row, pairs_)
   local set, del = {}, {}
   for i = 1, #pairs_, 2 do
     local f, v = pairs_[i], pairs_[i + 1]
@@ -62,12 +70,11 @@ local function write(key, rec, pairs_)
       table.insert(set, f); table.insert(set, v)
       rec[f] = v
     end
+    row[INDEX[f]] = v
   end
   if #del > 0 then redis.call('HDEL', key, unpack(del)) end
   redis.call('HSET', key, unpack(set))
-  local flat = {}
-  for f, v in pairs(rec) do table.insert(flat, f); table.insert(flat, v) end
-  return flat
+  return row
 end
 
 -- A pending record whose lease has passed reads as provisional (lease_expired).

@@ -7,7 +7,7 @@
 -- ARGV[10] reason (mark_provisional)  ARGV[11] retention ms  ARGV[12] attempt log cap
 -- ARGV[13] quarantine payload cap     ARGV[14] quarantine maxlen ('' for none)
 -- Returns {verdict, kind, now, quarantine id, record}: verdict accepted | absorbed |
--- quarantined | corrupt; the record is omitted when none exists or the tuple is misbound.
+-- quarantined | corrupt; the record row is omitted when none exists or the tuple is misbound.
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
@@ -32,7 +32,7 @@ end
 
 local function settle(action)
   local now, now_us = clock()
-  local rec, flat = load_record(KEYS[1])
+  local rec, row = load_record(KEYS[1])
   if rec == false then return {'corrupt', '', now, '', {}} end
   local retention = tonumber(ARGV[11])
   local kind = nil
@@ -62,10 +62,10 @@ local function settle(action)
       verdict = 'accepted'
       local ver = int(tonumber(rec.ver) + 1)
       if action == 'mark_provisional' then
-        flat = write(KEYS[1], rec, {'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
+        row = write(KEYS[1], rec, row, {'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
           'updated', int(now), 'lease', false})
       else
-        flat = write(KEYS[1], rec, {'state', TERMINAL_OF[action], 'result', ARGV[8],
+        row = write(KEYS[1], rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
           'rdig', ARGV[9], 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
       end
       redis.call('PEXPIRE', KEYS[1], retention)
@@ -80,5 +80,5 @@ local function settle(action)
   observe(KEYS[2], KEYS[1], ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict,
     kind or '', now)
   if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}} end
-  return {verdict, kind or '', now, qid, flat}
+  return {verdict, kind or '', now, qid, row}
 end

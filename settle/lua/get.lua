@@ -3,7 +3,7 @@
 -- KEYS[1] record hash
 -- Returns {found | missing | corrupt, '', now, '', record}.
 local now = now_ms()
-local rec, flat = load_record(KEYS[1])
+local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'missing', '', now, '', {}} end
-return {'found', '', now, '', flat}
+return {'found', '', now, '', row}

@@ -6,16 +6,16 @@
 -- response, so it is never quarantined; detail says why (unknown_operation, misbound,
 -- stale_generation, not_pending, lease_expired). Misbound callers get no record.
 local now = now_ms()
-local rec, flat = load_record(KEYS[1])
+local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'lost', 'unknown_operation', now, '', {}} end
 if rec.fp ~= ARGV[1] or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
   return {'lost', 'misbound', now, '', {}}
 end
-if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', flat} end
-if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', flat} end
-if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', flat} end
+if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end
+if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', row} end
+if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', row} end
 local lease = tonumber(ARGV[5])
-flat = write(KEYS[1], rec, {'lease', int(now + lease)})
+row = write(KEYS[1], rec, row, {'lease', int(now + lease)})
 redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[6]))
-return {'renewed', '', now, '', flat}
+return {'renewed', '', now, '', row}

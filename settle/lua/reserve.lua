@@ -7,7 +7,7 @@
 --   reserved (detail new | lease_expired | provisional | resumed), replay, in_progress,
 --   fingerprint_mismatch, binding_mismatch, corrupt (the last three carry no record).
 local now = now_ms()
-local rec, flat = load_record(KEYS[1])
+local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
 local retention = tonumber(ARGV[6])
@@ -18,26 +18,27 @@ if rec then
   end
   if rec.bind ~= ARGV[4] then return {'binding_mismatch', '', now, '', {}} end
   local state = effective_state(rec, now)
-  if is_terminal(state) then return {'replay', state, now, '', flat} end
+  if is_terminal(state) then return {'replay', state, now, '', row} end
   if state == 'pending' then
     -- The same attempt asking again (its first reply was lost on the wire) gets its own
     -- reservation back, so reserve is safe to repeat.
-    if rec.aid == ARGV[7] then return {'reserved', 'resumed', now, '', flat} end
-    return {'in_progress', '', now, '', flat}
+    if rec.aid == ARGV[7] then return {'reserved', 'resumed', now, '', row} end
+    return {'in_progress', '', now, '', row}
   end
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
 local gen = int(redis.call('INCR', KEYS[2]))
 if rec then
-  flat = write(KEYS[1], rec, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
+  row = write(KEYS[1], rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
     'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
     'aid', ARGV[7], 'updated', int(now), 'reason', false})
 else
-  flat = write(KEYS[1], {}, {'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
+  row = write(KEYS[1], {}, {false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
     'gen', gen, 'ver', '1', 'n', '1', 'state', 'pending', 'lease', int(now + lease),
     'aid', ARGV[7], 'created', int(now), 'updated', int(now)})
 end
 redis.call('PEXPIRE', KEYS[1], lease + retention)
 observe(KEYS[3], KEYS[1], ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve',
   'reserved', detail, now)
-return {'reserved', detail, now, '', flat}
+return {'reserved', detail, now, '', row}
