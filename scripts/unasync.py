@@ -28,6 +28,8 @@ RULES: list[tuple[str, str]] = [
     (r"\bAsyncQuarantine\b", "Quarantine"),
     (r"\bAsyncRedisBackend\b", "RedisBackend"),
     (r"\bAsyncBackend\b", "Backend"),
+    (r"\bAsyncOperation\b", "Operation"),
+    (r"settle\.decorator\._async\b", "settle.decorator._sync"),
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),
     (r"\bawait ", ""),

@@ -8,6 +8,7 @@ success is absorbing, and every stale or misbound response goes to a quarantine 
 from settle._async.settler import AsyncQuarantine, AsyncSettler
 from settle._sync.settler import Quarantine, Settler
 from settle.config import SettleConfig
+from settle.decorator import Attempt
 from settle.errors import (
     BackendError,
     BindingMismatch,
@@ -48,6 +49,7 @@ __all__ = [
     "Action",
     "AsyncQuarantine",
     "AsyncSettler",
+    "Attempt",
     "AttemptObservation",
     "BackendError",
     "BindingMismatch",

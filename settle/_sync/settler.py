@@ -14,6 +14,14 @@ from redis import Redis
 from settle._sync.backend import RedisBackend
 from settle._core.engine import Call, Core
 from settle.config import SettleConfig
+from settle.decorator._sync import (
+    Operation,
+    KeySpec,
+    PrincipalSpec,
+    RequestSpec,
+    RetrySpec,
+    TerminalSpec,
+)
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -150,6 +158,47 @@ class Settler:
     def attempts(self, operation_id: str) -> list[AttemptObservation]:
         call = self._core.plan_attempts(operation_id)
         return self._core.decode_attempts(call, self._run(call))
+
+    def operation(
+        self,
+        *,
+        key: KeySpec,
+        principal: PrincipalSpec,
+        fingerprint: RequestSpec | None = None,
+        result_type: Any = None,
+        lease: float | None = None,
+        timeout: float | None = None,
+        retry: RetrySpec | None = None,
+        terminal: TerminalSpec = (),
+        wait: float = 5.0,
+    ) -> Operation:
+        """Decorate a retryable outbound call so that each operation settles once (SPEC 6).
+
+        ``key``: the operation id, a callable over the call's arguments or a ``str.format``
+        template over them by name (``"charge:{request.order_id}"``). ``principal``: a str
+        or a callable over the call's arguments. ``fingerprint``: a callable over the call's
+        arguments returning the request to fingerprint (default: every argument but the
+        ``Attempt`` and ``self``). ``result_type``: what replayed results are validated into
+        (default: the return annotation). ``lease``: seconds, renewed every lease/3 while
+        the function runs. ``timeout``: seconds per attempt. ``retry``: a
+        ``tenacity.Retrying(stop=..., wait=..., retry=...)`` policy for uncertain outcomes
+        (default: 3 attempts, exponential backoff with jitter). ``terminal``: exception
+        types stored with ``fail`` and replayed as ``OperationFailed``. ``wait``: seconds to
+        wait for another attempt that holds the lease before ``OperationInProgress``.
+        See docs/outbound-calls.md.
+        """
+        return Operation(
+            self,
+            key=key,
+            principal=principal,
+            fingerprint=fingerprint,
+            result_type=result_type,
+            lease=lease,
+            timeout=timeout,
+            retry=retry,
+            terminal=terminal,
+            wait=wait,
+        )
 
 
 class Quarantine:

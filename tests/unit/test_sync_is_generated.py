@@ -34,5 +34,7 @@ def test_async_shell_is_really_async_and_surfaces_match() -> None:
         for name, fn in a.items():
             if isinstance(fn, classmethod | staticmethod):
                 continue
+            if name == "operation":  # a decorator factory: what it returns is awaited
+                continue
             assert inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn), name
             assert not inspect.iscoroutinefunction(s[name.replace("aclose", "close")]), name

@@ -1,0 +1,196 @@
+"""The async driver: carries out the :class:`~settle.decorator._plan.Plan` with awaits;
+the heartbeat renews the lease from a task and, when it finds the lease lost, cancels the
+function (through the ``timeout`` scope). No rule lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+
+from settle._log import logger
+from settle.decorator._options import Options
+from settle.decorator._plan import (
+    Plan,
+    Raise,
+    Ran,
+    Read,
+    Reserve,
+    RetrySpec,
+    Return,
+    Run,
+    Settle,
+    Sleep,
+    TerminalSpec,
+)
+from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
+from settle.errors import InvalidInput, SettleError
+from settle.models import Action, Settlement
+
+if TYPE_CHECKING:
+    from settle._async.settler import AsyncSettler
+
+__all__ = ["AsyncOperation", "KeySpec", "PrincipalSpec", "RequestSpec", "RetrySpec", "TerminalSpec"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class AsyncOperation:
+    """``@settler.operation(...)`` for coroutine functions (see ``AsyncSettler.operation``)."""
+
+    def __init__(
+        self,
+        settler: AsyncSettler,
+        *,
+        key: KeySpec,
+        principal: PrincipalSpec,
+        fingerprint: RequestSpec | None = None,
+        result_type: Any = None,
+        lease: float | None = None,
+        timeout: float | None = None,
+        retry: RetrySpec | None = None,
+        terminal: TerminalSpec = (),
+        wait: float = 5.0,
+    ) -> None:
+        self._settler = settler
+        self._options = Options(
+            settler.config,
+            key=key,
+            principal=principal,
+            fingerprint=fingerprint,
+            result_type=result_type,
+            lease=lease,
+            timeout=timeout,
+            retry=retry,
+            terminal=terminal,
+            wait=wait,
+        )
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise InvalidInput(
+                f"{getattr(fn, '__qualname__', fn)!s} is not a coroutine function: decorate "
+                "it with Settler.operation"
+            )
+        # The decorating scope's names resolve annotations of classes defined in it.
+        signature, policy = self._options.prepare(fn, dict(sys._getframe(1).f_locals))
+        settler = self._settler
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            plan = Plan(policy, signature.identify(args, kwargs), fn=fn)
+            return cast("R", await _drive(settler, plan, signature, fn, args, kwargs))
+
+        return wrapper
+
+
+async def _drive(
+    settler: AsyncSettler,
+    plan: Plan,
+    signature: Signature,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    step = plan.start()
+    while True:
+        match step:
+            case Reserve():
+                step = plan.reserved(
+                    await settler.reserve(
+                        step.identity.operation_id,
+                        principal=step.identity.principal,
+                        fingerprint=step.identity.fingerprint,
+                        lease=step.lease,
+                        attempt_id=step.attempt_id,
+                    )
+                )
+            case Run():
+                call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
+                step = plan.ran(step, await _run(settler, step, fn, call_args, call_kwargs))
+            case Settle():
+                try:
+                    # Shielded: a cancelled caller still settles what its attempt did.
+                    settlement = await asyncio.shield(_settle(settler, step))
+                except InvalidInput as exc:
+                    step = plan.settle_failed(step, exc)
+                else:
+                    step = plan.settled(step, settlement)
+            case Read():
+                step = plan.read(await settler.get(step.operation_id))
+            case Sleep():
+                await asyncio.sleep(step.seconds)
+                step = plan.slept()
+            case Return():
+                return step.value
+            case Raise():
+                if step.cause is None:
+                    raise step.error
+                raise step.error from step.cause
+
+
+async def _settle(settler: AsyncSettler, step: Settle) -> Settlement:
+    if step.action is Action.COMPLETE:
+        return await settler.complete(step.reservation, step.result)
+    if step.action is Action.FAIL:
+        return await settler.fail(step.reservation, cast("BaseException", step.error))
+    return await settler.mark_provisional(step.reservation, step.reason)
+
+
+async def _run(
+    settler: AsyncSettler,
+    run: Run,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Ran:
+    """Await ``fn`` in this task under ``run.timeout``; a heartbeat task renews the lease
+    and, if it is lost, expires the timeout scope at once, which cancels the function."""
+    loop = asyncio.get_running_loop()
+    attempt = run.attempt
+    returned = False
+    value: Any = None
+    scope = asyncio.timeout(run.timeout)
+    try:
+        async with scope:
+            beat = asyncio.create_task(
+                _heartbeat(settler, run, lambda: scope.reschedule(loop.time()))
+            )
+            try:
+                value = await fn(*args, **kwargs)
+                returned = True
+            finally:
+                beat.cancel()
+                await asyncio.wait({beat})
+    except BaseException as exc:  # every outcome is settled, then re-raised
+        if not returned:
+            lost = attempt._renewal if attempt.lost else None
+            timed_out = scope.expired() and lost is None
+            return Ran(None, exc, timed_out, lost)
+        if not isinstance(exc, TimeoutError):
+            raise
+    return Ran(value, None, False, attempt._renewal if attempt.lost else None)
+
+
+async def _heartbeat(settler: AsyncSettler, run: Run, on_lost: Callable[[], None]) -> None:
+    attempt = run.attempt
+    while True:
+        await asyncio.sleep(run.heartbeat)
+        try:
+            renewal = await settler.renew(run.reservation, lease=run.lease)
+        except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
+            logger.warning(
+                "settle.operation.heartbeat_failed",
+                operation_id=attempt.operation_id,
+                generation=attempt.generation,
+                error=type(exc).__name__,
+            )
+            continue
+        if not renewal.renewed:
+            attempt._lose(renewal)
+            on_lost()
+            return

@@ -1,0 +1,50 @@
+"""The decorator's options, checked once when ``settler.operation(...)`` is called."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from settle.config import SettleConfig
+from settle.decorator._plan import Policy, RetrySpec, TerminalSpec
+from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
+
+__all__ = ["Options"]
+
+
+class Options:
+    """What ``settler.operation(...)`` was given; :meth:`prepare` binds it to a function."""
+
+    def __init__(
+        self,
+        config: SettleConfig,
+        *,
+        key: KeySpec,
+        principal: PrincipalSpec,
+        fingerprint: RequestSpec | None,
+        result_type: Any,
+        lease: float | None,
+        timeout: float | None,
+        retry: RetrySpec | None,
+        terminal: TerminalSpec,
+        wait: float,
+    ) -> None:
+        self.key = key
+        self.principal = principal
+        self.fingerprint = fingerprint
+        self.result_type = result_type
+        self.policy = Policy.check(
+            namespace=config.namespace,
+            lease=config.lease if lease is None else lease,
+            timeout=timeout,
+            retry=retry,
+            terminal=terminal,
+            wait=wait,
+            result_type=lambda: result_type,  # replaced by prepare(): the function's type
+        )
+
+    def prepare(self, fn: Any, localns: dict[str, Any]) -> tuple[Signature, Policy]:
+        signature = Signature(
+            fn, self.key, self.principal, self.fingerprint, self.result_type, localns
+        )
+        return signature, dataclasses.replace(self.policy, result_type=signature.returns)

@@ -1,0 +1,426 @@
+"""The decorator's rules, with no I/O, in tenacity's shape: :class:`Plan` hands out one
+instruction at a time and the sync and async drivers carry it out and feed back what
+happened. Every decision (replay, wait, retry, settle, give up) lives here, once.
+
+    step = plan.start()
+    while True:
+        match step:
+            case Reserve():  step = plan.reserved(settler.reserve(...))
+            case Run():      step = plan.ran(<run the function under a heartbeat>)
+            case Settle():   step = plan.settled(settler.complete / fail / mark_provisional)
+            case Read():     step = plan.read(settler.get(...))
+            case Sleep():    sleep; step = plan.slept()
+            case Return():   return step.value
+            case Raise():    raise step.error from step.cause
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tenacity
+from pydantic import ValidationError
+
+from settle._log import logger
+from settle.decorator._signature import CallIdentity
+from settle.decorator.attempt import Attempt
+from settle.errors import InvalidInput, OperationFailed, OperationInProgress, StaleAttempt
+from settle.models import (
+    Action,
+    InProgress,
+    OperationRecord,
+    Renewal,
+    Replay,
+    Reservation,
+    Reserved,
+    Settlement,
+    StoredFailure,
+    Verdict,
+)
+
+__all__ = [
+    "DEFAULT_RETRY",
+    "Plan",
+    "Policy",
+    "Raise",
+    "Ran",
+    "Read",
+    "Reserve",
+    "RetrySpec",
+    "Return",
+    "Run",
+    "Settle",
+    "Sleep",
+    "Step",
+    "TerminalSpec",
+    "downstream_key",
+]
+
+#: Three attempts, exponential backoff with jitter, for any ``Exception`` that is not
+#: terminal. Pass your own ``tenacity.Retrying(...)`` as ``retry=`` to change it.
+DEFAULT_RETRY = tenacity.Retrying(
+    stop=tenacity.stop_after_attempt(3),
+    wait=tenacity.wait_exponential(multiplier=0.1, max=2.0) + tenacity.wait_random(0, 0.1),
+    retry=tenacity.retry_if_exception_type(Exception),
+)
+
+RetrySpec = tenacity.BaseRetrying
+TerminalSpec = tuple[type[BaseException], ...] | type[BaseException]
+
+_POLL_FIRST = 0.02
+_POLL_MAX = 0.5
+
+
+# -- instructions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    identity: CallIdentity
+    lease: float | None
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run the function with ``attempt`` while a heartbeat renews ``reservation``."""
+
+    reservation: Reservation
+    attempt: Attempt
+    timeout: float | None
+    lease: float
+    heartbeat: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    action: Action
+    reservation: Reservation
+    result: Any = None
+    error: BaseException | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Read the authoritative record (for the :class:`StaleAttempt` the caller gets)."""
+
+    operation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Raise:
+    error: BaseException
+    cause: BaseException | None = None
+
+
+Step = Reserve | Run | Settle | Read | Sleep | Return | Raise
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What running the function gave: a value, or an error; whether the ``timeout``
+    fired; and the heartbeat's renewal if it found the lease lost."""
+
+    value: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+    lost: Renewal | None = None
+
+
+# -- policy ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The decorator's options, validated once at decoration time."""
+
+    namespace: str
+    lease: float
+    timeout: float | None
+    retry: tenacity.BaseRetrying
+    terminal: tuple[type[BaseException], ...]
+    wait: float
+    result_type: Callable[[], Any]
+    """Resolves the type replayed results are validated into (lazily: forward refs)."""
+
+    @staticmethod
+    def check(
+        *,
+        namespace: str,
+        lease: float,
+        timeout: float | None,
+        retry: tenacity.BaseRetrying | None,
+        terminal: tuple[type[BaseException], ...] | type[BaseException],
+        wait: float,
+        result_type: Callable[[], Any],
+    ) -> Policy:
+        if isinstance(terminal, type):
+            terminal = (terminal,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in terminal):
+            raise InvalidInput("terminal must be exception types")
+        if retry is None:
+            retry = DEFAULT_RETRY
+        if not isinstance(retry, tenacity.BaseRetrying):
+            raise InvalidInput(
+                "retry must be a tenacity.Retrying(stop=..., wait=..., retry=...) policy"
+            )
+        _check_seconds("lease", lease, zero=False)
+        if timeout is not None:
+            _check_seconds("timeout", timeout, zero=False)
+        _check_seconds("wait", wait, zero=True)
+        return Policy(namespace, float(lease), timeout, retry, tuple(terminal), wait, result_type)
+
+
+def _check_seconds(name: str, value: object, *, zero: bool) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
+        least = "at least" if zero else "more than"
+        raise InvalidInput(f"{name} must be a number of seconds {least} 0, got {value!r}")
+
+
+def downstream_key(namespace: str, binding: str, operation_id: str) -> str:
+    """The downstream idempotency key: stable across every attempt of one operation, scoped
+    by namespace and principal, and revealing neither."""
+    raw = f"{namespace}\n{binding}\n{operation_id}".encode()
+    return "settle_" + hashlib.sha256(raw).hexdigest()[:40]
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+
+class Plan:
+    """The decisions of one decorated call, from the first reserve to its final answer."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        identity: CallIdentity,
+        *,
+        fn: Callable[..., Any],
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.policy = policy
+        self.identity = identity
+        self._clock = clock
+        self._rng = rng
+        self._retry_state = tenacity.RetryCallState(policy.retry, fn, (), {})
+        self._waiting_since: float | None = None
+        self._polls = 0
+        self._ran: Ran | None = None
+        self._stale: Settlement | None = None
+        self._after_provisional: BaseException | None = None
+        self._log = logger.bind(
+            namespace=policy.namespace, operation_id=identity.operation_id, function=fn.__name__
+        )
+
+    def start(self) -> Step:
+        return self._reserve()
+
+    def _reserve(self) -> Reserve:
+        return Reserve(self.identity, self.policy.lease, uuid.uuid4().hex)
+
+    # -- reserve -------------------------------------------------------------------------
+
+    def reserved(self, outcome: Reserved | Replay | InProgress) -> Step:
+        if isinstance(outcome, Replay):
+            return self._replay(outcome.record)
+        if isinstance(outcome, InProgress):
+            return self._in_progress(outcome)
+        self._waiting_since = None
+        self._polls = 0
+        r = outcome.reservation
+        timeout = self.policy.timeout
+        attempt = Attempt(
+            operation_id=r.operation_id,
+            generation=r.generation,
+            number=outcome.record.reservations,
+            idempotency_key=downstream_key(self.policy.namespace, r.binding, r.operation_id),
+            attempt_id=r.attempt_id,
+            deadline=None if timeout is None else self._clock() + timeout,
+        )
+        lease = self.policy.lease
+        return Run(r, attempt, timeout, lease, heartbeat=lease / 3)
+
+    def _replay(self, record: OperationRecord) -> Step:
+        failure = record.failure
+        if failure is not None:
+            return Raise(_failed(record.operation_id, failure))
+        result_type = self.policy.result_type()
+        try:
+            return Return(record.value(result_type))
+        except ValidationError as exc:
+            error = InvalidInput(
+                f"the stored result of operation {record.operation_id!r} does not validate "
+                f"into {result_type!r} (did the return type change since it was stored?); "
+                f"pass the type it was stored as in result_type=: {exc}",
+                operation_id=record.operation_id,
+            )
+            return Raise(error, exc)
+
+    def _in_progress(self, outcome: InProgress) -> Step:
+        now = self._clock()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        waited = now - self._waiting_since
+        if waited >= self.policy.wait:
+            self._log.info(
+                "settle.operation.in_progress", generation=outcome.generation, waited=waited
+            )
+            return Raise(
+                OperationInProgress(
+                    f"operation {outcome.operation_id!r} is being run by attempt "
+                    f"{outcome.generation} until {outcome.lease_expires_at.isoformat()}; "
+                    "call again later to get its outcome",
+                    operation_id=outcome.operation_id,
+                    generation=outcome.generation,
+                    lease_expires_at_ms=int(outcome.lease_expires_at.timestamp() * 1000),
+                )
+            )
+        backoff = min(_POLL_MAX, _POLL_FIRST * 2**self._polls) * (0.5 + self._rng() / 2)
+        self._polls += 1
+        return Sleep(min(backoff, self.policy.wait - waited))
+
+    def slept(self) -> Step:
+        return self._reserve()
+
+    # -- run -----------------------------------------------------------------------------
+
+    def ran(self, run: Run, ran: Ran) -> Step:
+        self._ran = ran
+        r = run.reservation
+        error = ran.error
+        if ran.lost is not None:
+            self._log.warning(
+                "settle.operation.lease_lost", generation=r.generation, reason=ran.lost.reason
+            )
+        if error is None:
+            return Settle(Action.COMPLETE, r, result=ran.value)
+        if isinstance(error, self.policy.terminal):
+            return Settle(Action.FAIL, r, error=error)
+        if ran.lost is not None:
+            # No result to report and another worker may own the operation: settle nothing.
+            return Read(r.operation_id)
+        return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
+
+    # -- settle --------------------------------------------------------------------------
+
+    def settled(self, step: Settle, settlement: Settlement) -> Step:
+        if settlement.verdict is Verdict.QUARANTINED:
+            self._log.warning(
+                "settle.operation.stale",
+                generation=step.reservation.generation,
+                action=step.action.value,
+                kind=settlement.kind,
+                quarantine_id=settlement.quarantine_id,
+            )
+            self._stale = settlement
+            return Read(step.reservation.operation_id)
+        if step.action is Action.COMPLETE:
+            return Return(step.result)
+        assert step.error is not None
+        if step.action is Action.FAIL:
+            failure = settlement.record.failure if settlement.record else None
+            failure = failure or StoredFailure(error_type=type(step.error).__name__, message="")
+            return Raise(_failed(step.reservation.operation_id, failure), step.error)
+        return self._retry_or_raise(step)
+
+    def settle_failed(self, step: Settle, error: BaseException) -> Step:
+        """The settlement could not even be sent (a result that cannot be stored): the
+        outcome is uncertain, so the attempt is marked provisional and the error raised."""
+        if step.action is Action.MARK_PROVISIONAL:
+            return Raise(error)
+        self._after_provisional = error
+        return Settle(
+            Action.MARK_PROVISIONAL, step.reservation, error=error, reason="unstorable_outcome"
+        )
+
+    def _retry_or_raise(self, step: Settle) -> Step:
+        error = step.error
+        assert error is not None
+        if self._after_provisional is not None:
+            return Raise(self._after_provisional)
+        if not isinstance(error, Exception):  # cancelled or interrupted: the caller stops
+            return Raise(error)
+        state = self._retry_state
+        state.set_exception((type(error), error, error.__traceback__))
+        retrying = self.policy.retry
+        if not retrying.retry(state) or retrying.stop(state):
+            self._log.warning(
+                "settle.operation.gave_up",
+                generation=step.reservation.generation,
+                attempts=state.attempt_number,
+                reason=step.reason,
+            )
+            return Raise(error)
+        delay = float(retrying.wait(state))
+        self._log.info(
+            "settle.operation.retry_scheduled",
+            generation=step.reservation.generation,
+            attempt=state.attempt_number,
+            reason=step.reason,
+            delay=round(delay, 3),
+        )
+        state.idle_for += delay
+        state.prepare_for_next_attempt()
+        return Sleep(delay)
+
+    # -- read ----------------------------------------------------------------------------
+
+    def read(self, record: OperationRecord | None) -> Step:
+        operation_id = self.identity.operation_id
+        stale = self._stale
+        what = (
+            f"its settlement was quarantined ({stale.kind})"
+            if stale is not None
+            else "its lease was lost"
+        )
+        error = StaleAttempt(
+            f"this attempt of operation {operation_id!r} lost: {what}. Its result was not "
+            "committed; use the authoritative record (StaleAttempt.record), or call again "
+            "to get the committed outcome",
+            operation_id=operation_id,
+            record=record,
+            quarantine_id=stale.quarantine_id if stale is not None else None,
+        )
+        cause = self._ran.error if self._ran is not None else None
+        return Raise(error, cause)
+
+
+def _reason(ran: Ran) -> str:
+    error = ran.error
+    if ran.timed_out or isinstance(error, TimeoutError):
+        return "timeout"
+    if not isinstance(error, Exception):
+        return "cancelled"
+    return f"error:{type(error).__name__}"[:256]
+
+
+def _failed(operation_id: str, failure: StoredFailure) -> OperationFailed:
+    return OperationFailed(
+        f"operation {operation_id!r} failed definitely ({failure.error_type}: "
+        f"{failure.message}); it will not run again under this id",
+        operation_id=operation_id,
+        failure=failure,
+    )

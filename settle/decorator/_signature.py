@@ -1,0 +1,186 @@
+"""What the decorator learns from the wrapped function's signature, once, and derives from
+each call's arguments: operation id, request (for the fingerprint), principal, the
+``Attempt`` parameter and the type a replayed result is validated into. No I/O."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from settle.decorator.attempt import Attempt
+from settle.errors import InvalidInput, SettleError
+from settle.fingerprint import fingerprint as canonical_fingerprint
+
+__all__ = ["CallIdentity", "KeySpec", "PrincipalSpec", "RequestSpec", "Signature"]
+
+KeySpec = str | Callable[..., str]
+PrincipalSpec = str | Callable[..., str]
+RequestSpec = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallIdentity:
+    """Who and what one call is: the reservation's operation id, fingerprint and principal."""
+
+    operation_id: str
+    fingerprint: str
+    principal: str
+
+
+_ATTEMPT_NAME = re.compile(r"^(?:[\w.]+\.)?Attempt(?:\s*\|\s*None)?$")
+
+
+def _is_attempt(param: inspect.Parameter, hint: Any) -> bool:
+    """The parameter that receives the Attempt: annotated ``Attempt`` (or ``Attempt | None``,
+    also as an unresolved string), or defaulting to ``Attempt.INJECTED``."""
+    if param.default is Attempt.INJECTED or hint is Attempt:
+        return True
+    if isinstance(hint, str):
+        return bool(_ATTEMPT_NAME.match(hint.strip().strip("'\"")))
+    return any(arg is Attempt for arg in typing.get_args(hint))
+
+
+@dataclass
+class Signature:
+    """The wrapped function's parameters and how to turn a call into a :class:`CallIdentity`.
+
+    ``key`` is a callable taking the call's arguments exactly as the caller passed them, or
+    a ``str.format`` template over the bound arguments by name (``"charge:{request.id}"``).
+    The default request is the bound arguments with defaults applied, minus the ``Attempt``
+    parameter and a leading ``self`` / ``cls``; ``fingerprint`` (a callable over the call's
+    arguments) returns another request value instead.
+    """
+
+    fn: Callable[..., Any]
+    key: KeySpec
+    principal: PrincipalSpec
+    fingerprint: Callable[..., Any] | None = None
+    result_type: Any = None
+    localns: dict[str, Any] | None = None
+    """The decorating scope's names, so annotations naming local classes resolve."""
+    signature: inspect.Signature = field(init=False)
+    attempt_param: str | None = field(init=False, default=None)
+    _skip: frozenset[str] = field(init=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.key, str) or callable(self.key)):
+            raise InvalidInput("key must be a str.format template or a callable")
+        if not (isinstance(self.principal, str) or callable(self.principal)):
+            raise InvalidInput("principal must be a str or a callable")
+        if self.fingerprint is not None and not callable(self.fingerprint):
+            raise InvalidInput("fingerprint must be a callable returning the request")
+        self.signature = inspect.signature(self.fn)
+        hints = self._hints(strict=False)
+        skip = set()
+        params = list(self.signature.parameters.values())
+        if params and params[0].name in ("self", "cls"):
+            skip.add(params[0].name)
+        for param in params:
+            if _is_attempt(param, hints.get(param.name, param.annotation)):
+                self.attempt_param = param.name
+                skip.add(param.name)
+        self._skip = frozenset(skip)
+
+    def _hints(self, *, strict: bool) -> dict[str, Any]:
+        try:
+            return typing.get_type_hints(self.fn, localns=self.localns)
+        except (NameError, TypeError):
+            if strict:
+                raise
+            return {}
+
+    def returns(self) -> Any:
+        """The type a replayed result is validated into: ``result_type``, else the return
+        annotation, else ``Any`` (the stored JSON as is). Resolved on first use, so the
+        annotation may name a class defined after the function."""
+        if self.result_type is None:
+            try:
+                hint = self._hints(strict=True).get("return", Any)
+            except (NameError, TypeError) as exc:
+                raise InvalidInput(
+                    f"cannot resolve the return annotation of {self.fn.__qualname__}: {exc}; "
+                    "pass result_type= to the decorator"
+                ) from exc
+            self.result_type = hint
+        return self.result_type
+
+    def identify(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallIdentity:
+        """Derive the operation id, the request fingerprint and the principal of a call.
+        Raises an :class:`InvalidInput` (nothing is written) when one cannot be derived."""
+        bound = self._bind(args, kwargs)
+        arguments = {k: v for k, v in bound.arguments.items() if k != self.attempt_param}
+        operation_id = self._derive("key", self.key, args, kwargs, arguments)
+        principal = self._derive("principal", self.principal, args, kwargs, None)
+        if self.fingerprint is not None:
+            request = self.fingerprint(*args, **kwargs)
+        else:
+            request = {k: v for k, v in arguments.items() if k not in self._skip}
+        try:
+            digest = canonical_fingerprint(request)
+        except SettleError as exc:
+            exc.operation_id = operation_id
+            raise
+        return CallIdentity(operation_id=operation_id, fingerprint=digest, principal=principal)
+
+    def inject(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], attempt: Attempt
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments with ``attempt`` in the ``Attempt`` parameter."""
+        if self.attempt_param is None:
+            return args, dict(kwargs)
+        bound = self.signature.bind_partial(*args, **kwargs)
+        bound.arguments[self.attempt_param] = attempt
+        return bound.args, bound.kwargs
+
+    def _bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> inspect.BoundArguments:
+        try:
+            bound = self.signature.bind_partial(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidInput(f"{self.fn.__qualname__}() {exc}") from exc
+        if self.attempt_param is not None:
+            given = bound.arguments.get(self.attempt_param, Attempt.INJECTED)
+            if given is not Attempt.INJECTED:
+                raise InvalidInput(
+                    f"{self.fn.__qualname__}(): do not pass {self.attempt_param!r}; the "
+                    "decorator supplies the Attempt"
+                )
+        missing = [
+            p.name
+            for p in self.signature.parameters.values()
+            if p.name not in bound.arguments
+            and p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            and p.name != self.attempt_param
+        ]
+        if missing:
+            raise InvalidInput(f"{self.fn.__qualname__}() missing argument(s): {missing}")
+        bound.apply_defaults()
+        return bound
+
+    def _derive(
+        self,
+        what: str,
+        spec: KeySpec,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        arguments: dict[str, Any] | None,
+    ) -> str:
+        try:
+            if isinstance(spec, str):
+                value: object = spec.format(**arguments) if arguments is not None else spec
+            else:
+                value = spec(*args, **kwargs)
+        except (KeyError, AttributeError, IndexError, ValueError) as exc:
+            raise InvalidInput(
+                f"{self.fn.__qualname__}: cannot derive the {what} from the call's arguments: "
+                f"{exc!r}"
+            ) from exc
+        if not isinstance(value, str):
+            raise InvalidInput(
+                f"{self.fn.__qualname__}: the {what} must be a str, got {type(value).__name__}"
+            )
+        return value

@@ -1,0 +1,114 @@
+"""``Attempt``: what a decorated function may ask for, to hand to the downstream service."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import ClassVar
+
+from settle.errors import StaleAttempt
+from settle.models import OperationRecord, Renewal
+
+__all__ = ["Attempt"]
+
+
+class Attempt:
+    """One reservation of an operation, as the decorated function sees it.
+
+    Declare a parameter annotated ``Attempt`` (give it the default ``Attempt.INJECTED`` so
+    that callers, and mypy, need not pass it) and the decorator fills it in:
+
+    - ``operation_id``: the operation this attempt belongs to;
+    - ``generation``: the fencing token. It grows with every reservation, so a downstream
+      service that remembers the highest generation it has seen can refuse a stale writer;
+    - ``number``: how many reservations the operation has had, this one included (1 for
+      the first attempt ever, across every worker);
+    - ``idempotency_key``: the same for every attempt of the operation (it derives from the
+      namespace, the principal and the operation id, never from the generation). Send it
+      as the downstream ``Idempotency-Key`` so that the provider deduplicates the retry
+      that follows a timeout after its success;
+    - ``lost`` / :meth:`check`: the heartbeat could not renew the lease. Another worker
+      may own the operation now; stop and do not start new effects.
+    - ``deadline`` / :meth:`remaining`: the ``timeout`` as a ``time.monotonic()`` instant.
+      A sync function cannot be interrupted, so pass ``remaining()`` to your client.
+    """
+
+    INJECTED: ClassVar[Attempt]
+    """Placeholder default for the ``Attempt`` parameter; replaced on every call."""
+
+    __slots__ = (
+        "_lost",
+        "_renewal",
+        "attempt_id",
+        "deadline",
+        "generation",
+        "idempotency_key",
+        "number",
+        "operation_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        operation_id: str,
+        generation: int,
+        number: int,
+        idempotency_key: str,
+        attempt_id: str,
+        deadline: float | None = None,
+    ) -> None:
+        self.operation_id = operation_id
+        self.generation = generation
+        self.number = number
+        self.idempotency_key = idempotency_key
+        self.attempt_id = attempt_id
+        self.deadline = deadline
+        self._lost = threading.Event()
+        self._renewal: Renewal | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Attempt(operation_id={self.operation_id!r}, generation={self.generation}, "
+            f"number={self.number}, idempotency_key={self.idempotency_key!r}, "
+            f"lost={self.lost})"
+        )
+
+    @property
+    def lost(self) -> bool:
+        """True once a heartbeat found the lease lost (taken over, settled or expired)."""
+        return self._lost.is_set()
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._renewal.reason if self._renewal is not None else None
+
+    def remaining(self) -> float | None:
+        """Seconds left before ``timeout`` (never negative), or None without a timeout."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raise if this attempt must stop: :class:`StaleAttempt` when the lease is lost,
+        ``TimeoutError`` when the ``timeout`` has passed. Call it between steps."""
+        if self.lost:
+            record: OperationRecord | None = None
+            if self._renewal is not None:
+                record = self._renewal.record
+            raise StaleAttempt(
+                f"attempt {self.generation} of operation {self.operation_id!r} lost its lease "
+                f"({self.lost_reason}); stop and let the current owner settle it",
+                operation_id=self.operation_id,
+                record=record,
+            )
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise TimeoutError(f"operation {self.operation_id!r}: the attempt's timeout passed")
+
+    def _lose(self, renewal: Renewal) -> None:
+        self._renewal = renewal
+        self._lost.set()
+
+
+Attempt.INJECTED = Attempt(
+    operation_id="", generation=0, number=0, idempotency_key="", attempt_id=""
+)

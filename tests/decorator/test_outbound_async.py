@@ -1,0 +1,304 @@
+"""``AsyncSettler.operation`` on coroutine functions, against a real payment provider over
+HTTP and a real Redis. Every test here awaits the real async path."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+
+import httpx
+import pytest
+import tenacity
+
+from settle import (
+    AsyncSettler,
+    FingerprintMismatch,
+    InvalidInput,
+    OperationFailed,
+    OperationInProgress,
+    QuarantineKind,
+    Settler,
+    StaleAttempt,
+    State,
+)
+from settle.decorator import Attempt
+from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, async_charge
+from tests.decorator.provider import Provider
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_timeout_after_provider_success_is_retried_into_one_effect(
+    async_settler: AsyncSettler, provider: Provider, patient_retry: tenacity.Retrying
+) -> None:
+    provider.script("a-1", "slow:3")
+    charge = async_charge(async_settler, provider.url, timeout=1.0, retry=patient_retry)
+    request = ChargeRequest(order_id="a-1", amount=1250)
+
+    receipt = await charge(request)
+
+    assert provider.effects("a-1") == 1
+    requests = provider.requests_for("a-1")
+    assert requests >= 2
+    record = await async_settler.get("charge:a-1")
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert record.reservations >= 2
+    assert record.value(Receipt) == receipt
+    assert receipt.fencing_token < record.generation  # the effect happened in attempt 1
+    observations = await async_settler.attempts("charge:a-1")
+    assert ("mark_provisional", "accepted") in [(o.action, o.verdict) for o in observations]
+
+    assert await charge(request) == receipt
+    assert provider.requests_for("a-1") == requests
+
+
+@pytest.mark.parametrize("behaviour", ["fail_after", "fail_before"])
+async def test_provider_error_is_retried_and_settles_once(
+    async_settler: AsyncSettler,
+    provider: Provider,
+    fast_retry: tenacity.Retrying,
+    behaviour: str,
+) -> None:
+    provider.script("a-2", behaviour)
+    charge = async_charge(async_settler, provider.url, retry=fast_retry)
+
+    receipt = await charge(ChargeRequest(order_id="a-2", amount=500))
+
+    assert provider.effects("a-2") == 1
+    assert provider.requests_for("a-2") == 2
+    assert receipt.amount == 500
+
+
+async def test_exhausted_retries_raise_the_last_error(
+    async_settler: AsyncSettler, provider: Provider, fast_retry: tenacity.Retrying
+) -> None:
+    provider.script("a-3", "fail_before", "fail_before", "fail_before")
+    charge = async_charge(async_settler, provider.url, retry=fast_retry)
+
+    with pytest.raises(httpx.HTTPStatusError):
+        await charge(ChargeRequest(order_id="a-3", amount=700))
+
+    record = await async_settler.get("charge:a-3")
+    assert record is not None
+    assert record.state is State.PROVISIONAL
+    assert record.reservations == 3
+
+
+async def test_same_key_with_changed_arguments_is_rejected_without_effect(
+    async_settler: AsyncSettler, provider: Provider
+) -> None:
+    charge = async_charge(async_settler, provider.url)
+    await charge(ChargeRequest(order_id="a-4", amount=100))
+
+    with pytest.raises(FingerprintMismatch):
+        await charge(ChargeRequest(order_id="a-4", amount=200))
+
+    assert provider.requests_for("a-4") == 1
+    assert provider.effects("a-4") == 1
+
+
+async def test_terminal_error_is_stored_and_replayed_without_calling_the_function(
+    async_settler: AsyncSettler, provider: Provider
+) -> None:
+    provider.script("a-5", "decline")
+    charge = async_charge(async_settler, provider.url)
+    request = ChargeRequest(order_id="a-5", amount=100)
+
+    with pytest.raises(OperationFailed) as first:
+        await charge(request)
+    with pytest.raises(OperationFailed) as again:
+        await charge(request)
+
+    assert first.value.failure.error_type.endswith("CardDeclined")
+    assert again.value.failure == first.value.failure
+    assert provider.requests_for("a-5") == 1
+
+
+@pytest.mark.parametrize("wait", [30.0, 0.0])
+async def test_fifty_concurrent_tasks_get_one_effect(
+    async_settler: AsyncSettler, provider: Provider, wait: float
+) -> None:
+    provider.script("a-6", "slow:0.5")
+    charge = async_charge(async_settler, provider.url, wait=wait)
+    request = ChargeRequest(order_id="a-6", amount=4200)
+
+    outcomes = await asyncio.gather(*(charge(request) for _ in range(50)), return_exceptions=True)
+
+    receipts = [o for o in outcomes if isinstance(o, Receipt)]
+    busy = [o for o in outcomes if isinstance(o, OperationInProgress)]
+    assert len(receipts) + len(busy) == 50, outcomes
+    assert provider.effects("a-6") == 1
+    assert provider.requests_for("a-6") == 1
+    assert receipts
+    assert all(r == receipts[0] for r in receipts)
+    if wait:
+        assert len(receipts) == 50
+    else:
+        assert busy
+
+
+async def test_heartbeat_keeps_a_lease_shorter_than_the_work(
+    async_settler: AsyncSettler, provider: Provider
+) -> None:
+    provider.script("a-7", "slow:2")
+    request = ChargeRequest(order_id="a-7", amount=100)
+    first = asyncio.create_task(async_charge(async_settler, provider.url, lease=1.0)(request))
+    assert await asyncio.to_thread(provider.charged.wait, 30)
+    await asyncio.sleep(1.3)  # past the lease: only the heartbeat keeps the operation owned
+    with pytest.raises(OperationInProgress):
+        await async_charge(async_settler, provider.url, lease=1.0, wait=0)(request)
+    receipt = await first
+
+    record = await async_settler.get("charge:a-7")
+    assert record is not None
+    assert record.reservations == 1
+    assert record.value(Receipt) == receipt
+
+
+def _take_over(settler: Settler, started: threading.Event, done: threading.Event) -> None:
+    """Another worker: once the first attempt has started, retry the same operation (it
+    waits for the lease to pass, takes over and completes it)."""
+
+    @settler.operation(key="job:{n}", principal=PRINCIPAL, wait=30)
+    def job(n: int) -> str:
+        return "second"
+
+    started.wait(10)
+    try:
+        assert job(1) == "second"
+    finally:
+        done.set()
+
+
+async def test_lost_lease_cancels_the_function_and_nothing_is_committed(
+    async_settler: AsyncSettler, settler: Settler
+) -> None:
+    started, done = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, lease=0.4)
+    async def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+        started.set()
+        done.wait(10)  # blocks the event loop, so the heartbeat cannot renew
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append(attempt.lost)
+            raise
+        return "first"
+
+    worker = threading.Thread(target=_take_over, args=(settler, started, done))
+    worker.start()
+    try:
+        with pytest.raises(StaleAttempt) as info:
+            await job(1)
+    finally:
+        worker.join()
+
+    assert seen == [True]  # cancelled because the heartbeat found the lease lost
+    record = info.value.record
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert record.value(str) == "second"
+    assert info.value.quarantine_id is None  # it settled nothing
+    assert await async_settler.quarantine.list(operation_id="job:1") == []
+
+
+async def test_late_completion_after_a_takeover_is_quarantined(
+    async_settler: AsyncSettler, settler: Settler
+) -> None:
+    started, done = threading.Event(), threading.Event()
+
+    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, lease=0.4)
+    async def job(n: int) -> str:
+        started.set()
+        done.wait(10)  # blocks the event loop, so the heartbeat cannot renew
+        return "first"  # ... and the late result is presented at once
+
+    worker = threading.Thread(target=_take_over, args=(settler, started, done))
+    worker.start()
+    try:
+        with pytest.raises(StaleAttempt) as info:
+            await job(1)
+    finally:
+        worker.join()
+
+    record = info.value.record
+    assert record is not None
+    assert record.value(str) == "second"
+    entries = await async_settler.quarantine.list(operation_id="job:1")
+    assert [(e.kind, e.payload.data) for e in entries] == [
+        (QuarantineKind.STALE_GENERATION, b'"first"')
+    ]
+    assert info.value.quarantine_id == entries[0].ref
+    assert await job(1) == "second"  # the committed result, replayed
+
+
+async def test_cancelled_caller_marks_the_attempt_provisional(
+    async_settler: AsyncSettler, provider: Provider
+) -> None:
+    provider.script("a-8", "slow:5")
+    charge = async_charge(async_settler, provider.url)
+    request = ChargeRequest(order_id="a-8", amount=100)
+    task = asyncio.create_task(charge(request))
+    assert await asyncio.to_thread(provider.charged.wait, 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    record = await async_settler.get("charge:a-8")
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "cancelled")
+    receipt = await charge(request)  # the retry reuses the downstream idempotency key
+    assert provider.effects("a-8") == 1
+    assert receipt.amount == 100
+
+
+async def test_signature_is_kept_and_sync_functions_are_refused(
+    async_settler: AsyncSettler,
+) -> None:
+    @async_settler.operation(key="ping:{n}", principal=PRINCIPAL)
+    async def ping(n: int) -> int:
+        """Ping."""
+        return n
+
+    assert ping.__doc__ == "Ping."
+    assert ping.__name__ == "ping"
+    assert inspect.iscoroutinefunction(ping)  # the async shell's decorator stays async
+    assert await ping(2) == 2
+
+    def not_async() -> None:
+        pass
+
+    with pytest.raises(InvalidInput):
+        async_settler.operation(key="k", principal=PRINCIPAL)(not_async)
+
+
+async def test_timeout_cancels_the_attempt_and_marks_it_provisional(
+    async_settler: AsyncSettler,
+) -> None:
+    cancelled: list[int] = []
+
+    @async_settler.operation(
+        key="slow:{n}",
+        principal=PRINCIPAL,
+        timeout=0.05,
+        retry=tenacity.Retrying(stop=tenacity.stop_after_attempt(1)),
+    )
+    async def slow(n: int) -> int:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(n)
+            raise
+        return n
+
+    with pytest.raises(TimeoutError):
+        await slow(1)
+
+    assert cancelled == [1]
+    record = await async_settler.get("slow:1")
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")

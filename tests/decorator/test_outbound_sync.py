@@ -1,0 +1,269 @@
+"""``Settler.operation`` on plain functions, against a real payment provider over HTTP and a
+real Redis. The async twin is test_outbound_async.py (written by hand: it really awaits)."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import tenacity
+from pydantic import BaseModel
+
+from settle import (
+    FingerprintError,
+    FingerprintMismatch,
+    InvalidInput,
+    OperationFailed,
+    OperationInProgress,
+    Settler,
+    State,
+)
+from settle.decorator import Attempt
+from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
+from tests.decorator.provider import Provider
+
+
+def test_timeout_after_provider_success_is_retried_into_one_effect(
+    settler: Settler, provider: Provider, patient_retry: tenacity.Retrying
+) -> None:
+    provider.script("o-1", "slow:3")
+    charge = sync_charge(settler, provider.url, timeout=1.0, retry=patient_retry)
+    request = ChargeRequest(order_id="o-1", amount=1250)
+
+    receipt = charge(request)
+
+    assert provider.effects("o-1") == 1
+    requests = provider.requests_for("o-1")
+    assert requests >= 2  # the timed-out call and its retry (more if the machine is slow)
+    record = settler.get("charge:o-1")
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert record.reservations >= 2  # each retry re-reserved under a new generation
+    assert record.value(Receipt) == receipt
+    assert receipt.fencing_token < record.generation  # the effect happened in attempt 1
+    actions = [(o.action, o.verdict) for o in settler.attempts("charge:o-1")]
+    assert ("mark_provisional", "accepted") in actions
+
+    assert charge(request) == receipt  # replayed from Redis, the provider is not called
+    assert provider.requests_for("o-1") == requests
+
+
+@pytest.mark.parametrize("behaviour", ["fail_after", "fail_before"])
+def test_provider_error_is_retried_and_settles_once(
+    settler: Settler, provider: Provider, fast_retry: tenacity.Retrying, behaviour: str
+) -> None:
+    provider.script("o-2", behaviour)
+    charge = sync_charge(settler, provider.url, retry=fast_retry)
+
+    receipt = charge(ChargeRequest(order_id="o-2", amount=500))
+
+    assert provider.effects("o-2") == 1
+    assert provider.requests_for("o-2") == 2
+    assert receipt.amount == 500
+
+
+def test_exhausted_retries_raise_the_last_error_and_leave_the_operation_provisional(
+    settler: Settler, provider: Provider, fast_retry: tenacity.Retrying
+) -> None:
+    provider.script("o-3", "fail_before", "fail_before", "fail_before")
+    charge = sync_charge(settler, provider.url, retry=fast_retry)
+    request = ChargeRequest(order_id="o-3", amount=700)
+
+    with pytest.raises(httpx.HTTPStatusError):
+        charge(request)
+
+    record = settler.get("charge:o-3")
+    assert record is not None
+    assert record.state is State.PROVISIONAL
+    assert record.reservations == 3
+    assert provider.effects("o-3") == 0
+    # A later call takes over and settles it.
+    assert charge(request).amount == 700
+    assert provider.effects("o-3") == 1
+
+
+def test_same_key_with_changed_arguments_is_rejected_without_effect(
+    settler: Settler, provider: Provider
+) -> None:
+    charge = sync_charge(settler, provider.url)
+    charge(ChargeRequest(order_id="o-4", amount=100))
+
+    with pytest.raises(FingerprintMismatch) as info:
+        charge(ChargeRequest(order_id="o-4", amount=200))
+
+    assert info.value.operation_id == "charge:o-4"
+    assert provider.requests_for("o-4") == 1
+    assert provider.effects("o-4") == 1
+
+
+def test_terminal_error_is_stored_and_replayed_without_calling_the_function(
+    settler: Settler, provider: Provider
+) -> None:
+    provider.script("o-5", "decline")
+    charge = sync_charge(settler, provider.url)
+    request = ChargeRequest(order_id="o-5", amount=100)
+
+    with pytest.raises(OperationFailed) as first:
+        charge(request)
+    with pytest.raises(OperationFailed) as again:
+        charge(request)
+
+    assert first.value.failure.error_type.endswith("CardDeclined")
+    assert again.value.failure == first.value.failure
+    assert provider.requests_for("o-5") == 1
+    record = settler.get("charge:o-5")
+    assert record is not None
+    assert record.state is State.FAILED
+    assert record.reservations == 1
+
+
+@pytest.mark.parametrize("wait", [30.0, 0.0])
+def test_fifty_concurrent_callers_get_one_effect(
+    settler: Settler, provider: Provider, wait: float
+) -> None:
+    provider.script("o-6", "slow:0.5")
+    charge = sync_charge(settler, provider.url, wait=wait)
+    request = ChargeRequest(order_id="o-6", amount=4200)
+    start = threading.Barrier(50)
+
+    def call() -> Receipt | OperationInProgress:
+        start.wait()
+        try:
+            return charge(request)
+        except OperationInProgress as exc:
+            return exc
+
+    with ThreadPoolExecutor(50) as pool:
+        outcomes = list(pool.map(lambda _: call(), range(50)))
+
+    receipts = [o for o in outcomes if isinstance(o, Receipt)]
+    assert provider.effects("o-6") == 1
+    assert provider.requests_for("o-6") == 1
+    assert receipts
+    assert all(r == receipts[0] for r in receipts)
+    if wait:
+        assert len(receipts) == 50
+    else:
+        busy = [o for o in outcomes if isinstance(o, OperationInProgress)]
+        assert len(receipts) + len(busy) == 50
+        assert busy
+        assert all(e.operation_id == "charge:o-6" for e in busy)
+
+
+def test_heartbeat_keeps_a_lease_shorter_than_the_work(
+    settler: Settler, provider: Provider
+) -> None:
+    provider.script("o-7", "slow:2")
+    charge = sync_charge(settler, provider.url, lease=1.0)
+    request = ChargeRequest(order_id="o-7", amount=100)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(charge, request)
+        assert provider.charged.wait(5)
+        time.sleep(1.3)  # past the lease: only the heartbeat keeps the operation owned
+        with pytest.raises(OperationInProgress):
+            sync_charge(settler, provider.url, lease=1.0, wait=0)(request)
+        receipt = first.result()
+
+    record = settler.get("charge:o-7")
+    assert record is not None
+    assert record.reservations == 1
+    assert record.value(Receipt) == receipt
+    assert provider.requests_for("o-7") == 1
+
+
+def test_methods_pydantic_types_and_signature_are_kept(
+    settler: Settler, provider: Provider
+) -> None:
+    class Gateway:
+        """A payments client bound to one merchant."""
+
+        def __init__(self, merchant: str) -> None:
+            self.merchant = merchant
+
+        @settler.operation(key="{self.merchant}:{request.order_id}", principal=PRINCIPAL)
+        def charge(
+            self, request: ChargeRequest, note: str = "", attempt: Attempt = Attempt.INJECTED
+        ) -> Receipt:
+            """Charge an order."""
+            response = httpx.post(
+                f"{provider.url}/charges",
+                json=request.model_dump(),
+                headers={"Idempotency-Key": attempt.idempotency_key},
+            )
+            return Receipt.model_validate(response.json())
+
+    assert Gateway.charge.__doc__ == "Charge an order."
+    assert Gateway.charge.__name__ == "charge"
+    assert "attempt" in inspect.signature(Gateway.charge).parameters
+    request = ChargeRequest(order_id="o-8", amount=10)
+    receipt = Gateway("m1").charge(request)
+    # ``self`` is not part of the request: another instance replays the same operation.
+    assert Gateway("m1").charge(request) == receipt
+    # The note is: a changed note is a changed request.
+    with pytest.raises(FingerprintMismatch):
+        Gateway("m1").charge(request, note="again")
+    assert provider.effects("o-8") == 1
+
+
+def test_replay_revalidates_into_the_return_type(settler: Settler) -> None:
+    class Quote(BaseModel):
+        amount: int
+
+    calls = []
+
+    @settler.operation(key="quote:{n}", principal=PRINCIPAL)
+    def quote(n: int) -> Quote:
+        calls.append(n)
+        return Quote(amount=n * 2)
+
+    @settler.operation(key="quote:{n}", principal=PRINCIPAL, result_type=dict[str, int])
+    def quote_as_dict(n: int) -> object:
+        raise AssertionError("replayed, never run")
+
+    assert quote(3) == Quote(amount=6)
+    assert quote(3) == Quote(amount=6)
+    assert quote_as_dict(3) == {"amount": 6}
+    assert calls == [3]
+
+
+def test_bad_input_raises_a_typed_error_and_writes_nothing(
+    settler: Settler, provider: Provider
+) -> None:
+    charge = sync_charge(settler, provider.url)
+
+    @settler.operation(key="tags:{order}", principal=PRINCIPAL)
+    def tag(order: str, tags: object) -> None:
+        raise AssertionError("never run")
+
+    with pytest.raises(FingerprintError) as info:
+        tag("o-9", {"a", "b"})
+    assert info.value.operation_id == "tags:o-9"
+    assert settler.get("tags:o-9") is None
+
+    @settler.operation(key="charge:{request.missing}", principal=PRINCIPAL)
+    def broken_key(request: ChargeRequest) -> None:
+        raise AssertionError("never run")
+
+    with pytest.raises(InvalidInput):
+        broken_key(ChargeRequest(order_id="o-9", amount=1))
+    with pytest.raises(InvalidInput):
+        charge(
+            ChargeRequest(order_id="o-9", amount=1),
+            attempt=Attempt.INJECTED.__class__(
+                operation_id="x", generation=1, number=1, idempotency_key="k", attempt_id="a"
+            ),
+        )
+    assert provider.requests == []
+
+    with pytest.raises(InvalidInput):
+        settler.operation(key="k", principal=PRINCIPAL, terminal=("nope",))  # type: ignore[arg-type]
+
+    async def not_sync() -> None:
+        pass
+
+    with pytest.raises(InvalidInput):
+        settler.operation(key="k", principal=PRINCIPAL)(not_sync)
