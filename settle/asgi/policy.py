@@ -1,0 +1,138 @@
+"""``IdempotencyPolicy``: which requests are guarded and how, validated once at start-up."""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import get_args
+
+from settle.asgi._types import Scope
+from settle.asgi.keys import KeyScope, operation_id_overhead
+from settle.asgi.problems import DEFAULT_PROBLEM_TYPE_BASE
+from settle.asgi.stored import DEFAULT_REPLAY_HEADERS, FORBIDDEN_REPLAY_HEADERS
+from settle.errors import ConfigurationError
+
+__all__ = ["Coverage", "IdempotencyPolicy", "PrincipalFn"]
+
+PrincipalFn = Callable[[Scope], str | Awaitable[str | None] | None]
+"""Maps the ASGI scope to the authenticated principal (None: not authenticated -> 401)."""
+
+_MAX_OPERATION_ID = 256
+_BASE64_HEADROOM = 16 << 10  # stored headers and the JSON envelope around the body
+
+
+class Coverage(Enum):
+    """How the policy treats one request."""
+
+    UNGUARDED = "unguarded"
+    KEY_OPTIONAL = "key_optional"
+    KEY_REQUIRED = "key_required"
+
+
+def _globs(value: Iterable[str], what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ConfigurationError(f"{what} must be a list of path patterns, not one string")
+    patterns = tuple(value)
+    if not all(isinstance(p, str) and p.startswith("/") for p in patterns):
+        raise ConfigurationError(f"{what} must hold path patterns starting with '/'")
+    return patterns
+
+
+def _matches(patterns: tuple[str, ...], path: str) -> bool:
+    return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+@dataclass(frozen=True)
+class IdempotencyPolicy:
+    """What the middleware guards and with which limits.
+
+    ``paths`` are glob patterns (``/payments``, ``/payments/*``); None guards every path.
+    ``require_key``: True (every guarded path needs a key, 400 without one), False (a key is
+    used when sent, requests without one pass unguarded), or the glob patterns of the paths
+    that need one. ``lease`` defaults to the settler's; the record's retention is the
+    settler's ``SettleConfig.retention``.
+    """
+
+    principal: PrincipalFn
+    methods: frozenset[str] = frozenset({"POST", "PATCH"})
+    paths: tuple[str, ...] | None = None
+    require_key: bool | tuple[str, ...] = True
+    header: str = "Idempotency-Key"
+    key_scope: KeyScope = "principal"
+    max_key_length: int = 200
+    lease: float | None = None
+    timeout: float | None = None
+    max_request_bytes: int = 1 << 20
+    max_response_bytes: int = 256 << 10
+    replay_headers: frozenset[str] = DEFAULT_REPLAY_HEADERS
+    retry_after: int = 1
+    operation_prefix: str = "http"
+    problem_type_base: str = DEFAULT_PROBLEM_TYPE_BASE
+    header_bytes: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not callable(self.principal):
+            raise ConfigurationError("principal must be a callable: scope -> str | None")
+        set_ = object.__setattr__
+        set_(self, "methods", frozenset(m.upper() for m in self.methods))
+        if self.paths is not None:
+            set_(self, "paths", _globs(self.paths, "paths"))
+        if not isinstance(self.require_key, bool):
+            set_(self, "require_key", _globs(self.require_key, "require_key"))
+        if not self.header or not self.header.isascii() or ":" in self.header:
+            raise ConfigurationError("header must be an ASCII header name")
+        set_(self, "header_bytes", self.header.lower().encode("ascii"))
+        if self.key_scope not in get_args(KeyScope):
+            raise ConfigurationError("key_scope must be 'principal' or 'global'")
+        if not self.operation_prefix.isidentifier():
+            raise ConfigurationError("operation_prefix must be a short identifier such as 'http'")
+        room = _MAX_OPERATION_ID - operation_id_overhead(self.operation_prefix)
+        if not 1 <= self.max_key_length <= room:
+            raise ConfigurationError(f"max_key_length must be 1 to {room} with this prefix")
+        for name in ("lease", "timeout"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 86_400:
+                raise ConfigurationError(f"{name} must be more than 0 and at most 86400 seconds")
+        if self.max_request_bytes < 0 or self.max_response_bytes < 0:
+            raise ConfigurationError("max_request_bytes and max_response_bytes must be >= 0")
+        if self.retry_after < 0:
+            raise ConfigurationError("retry_after must be >= 0 seconds")
+        allowed = frozenset(h.lower() for h in self.replay_headers)
+        if refused := sorted(allowed & FORBIDDEN_REPLAY_HEADERS):
+            raise ConfigurationError(
+                f"replay_headers must not contain {', '.join(refused)}: cookies belong to one "
+                "client and framing headers are recomputed on replay"
+            )
+        set_(self, "replay_headers", allowed)
+
+    def check_store(self, max_result_bytes: int) -> None:
+        """The largest stored response must fit the settler's ``max_result_bytes``."""
+        needed = 4 * -(-self.max_response_bytes // 3) + _BASE64_HEADROOM
+        if needed > max_result_bytes:
+            raise ConfigurationError(
+                f"max_response_bytes={self.max_response_bytes} needs max_result_bytes >= "
+                f"{needed} on the settler (base64 plus headers); raise it or store less"
+            )
+
+    def coverage(self, method: str, path: str) -> Coverage:
+        if method.upper() not in self.methods:
+            return Coverage.UNGUARDED
+        if self.paths is not None and not _matches(self.paths, path):
+            return Coverage.UNGUARDED
+        required = self.require_key
+        if required is True or (isinstance(required, tuple) and _matches(required, path)):
+            return Coverage.KEY_REQUIRED
+        return Coverage.KEY_OPTIONAL
+
+    async def principal_of(self, scope: Scope) -> str | None:
+        value = self.principal(scope)
+        if inspect.isawaitable(value):
+            value = await value
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationError(
+                f"the principal callable returned {type(value).__name__}, not str | None"
+            )
+        return value

@@ -1,0 +1,96 @@
+"""Every error response the middleware writes itself: RFC 9457 ``application/problem+json``.
+
+Each case has its own ``type`` (``<problem_type_base><slug>``), a fixed status and title; the
+``detail`` says what the client should do next. ``docs/http-endpoints.md`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+from settle.asgi._types import Send
+
+__all__ = ["DEFAULT_PROBLEM_TYPE_BASE", "Problem", "ProblemKind", "send_response"]
+
+DEFAULT_PROBLEM_TYPE_BASE = "urn:settle:problem:"
+
+
+class ProblemKind(StrEnum):
+    """The slug of each problem type; the status and title follow from it."""
+
+    KEY_MISSING = "idempotency-key-missing"
+    KEY_MALFORMED = "idempotency-key-malformed"
+    PRINCIPAL_REQUIRED = "principal-required"
+    REQUEST_TOO_LARGE = "request-too-large"
+    KEY_REUSED = "idempotency-key-reused"
+    KEY_BOUND = "idempotency-key-bound"
+    IN_PROGRESS = "request-in-progress"
+    SUPERSEDED = "attempt-superseded"
+    RESPONSE_NOT_STORED = "response-not-stored"
+    UNAVAILABLE = "idempotency-unavailable"
+    TIMEOUT = "handler-timeout"
+
+    @property
+    def status(self) -> int:
+        return _STATUS_TITLE[self][0]
+
+    @property
+    def problem_title(self) -> str:
+        return _STATUS_TITLE[self][1]
+
+
+_STATUS_TITLE: dict[ProblemKind, tuple[int, str]] = {
+    ProblemKind.KEY_MISSING: (400, "Idempotency-Key header is missing"),
+    ProblemKind.KEY_MALFORMED: (400, "Idempotency-Key header is malformed"),
+    ProblemKind.PRINCIPAL_REQUIRED: (401, "Authentication is required"),
+    ProblemKind.REQUEST_TOO_LARGE: (413, "Request body is too large"),
+    ProblemKind.KEY_REUSED: (422, "Idempotency-Key was used for a different request"),
+    ProblemKind.KEY_BOUND: (422, "Idempotency-Key belongs to another principal"),
+    ProblemKind.IN_PROGRESS: (409, "A request with this Idempotency-Key is in progress"),
+    ProblemKind.SUPERSEDED: (409, "This attempt was superseded by a newer one"),
+    ProblemKind.RESPONSE_NOT_STORED: (410, "The response to this request was not stored"),
+    ProblemKind.UNAVAILABLE: (503, "Idempotency store is unavailable"),
+    ProblemKind.TIMEOUT: (504, "The request did not finish in time"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One problem response, ready to send."""
+
+    kind: ProblemKind
+    detail: str
+    retry_after: int | None = None
+
+    def body(self, type_base: str) -> bytes:
+        document = {
+            "type": f"{type_base}{self.kind.value}",
+            "title": self.kind.problem_title,
+            "status": self.kind.status,
+            "detail": self.detail,
+        }
+        return json.dumps(document, separators=(",", ":")).encode("utf-8")
+
+    def headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(body)).encode("ascii")),
+            (b"cache-control", b"no-store"),
+        ]
+        if self.retry_after is not None:
+            headers.append((b"retry-after", str(self.retry_after).encode("ascii")))
+        return headers
+
+    async def send(self, send: Send, type_base: str) -> None:
+        body = self.body(type_base)
+        await send_response(send, self.kind.status, self.headers(body), body)
+
+
+async def send_response(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """Send a complete response in two ASGI messages."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

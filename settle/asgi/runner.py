@@ -1,0 +1,326 @@
+"""Running the handler under a reservation, and settling the reservation from its response.
+
+The handler runs in its own task while a heartbeat renews the lease and a watcher listens
+for the client going away. The response is captured through ``send``:
+
+* a finished response (:func:`storable_status`) is buffered; when its last byte arrives it
+  is stored with ``complete`` and only then sent, so a client that saw the whole response
+  always finds it stored;
+* a response over ``max_response_bytes`` is sent on as it streams; when it ends the
+  operation is completed with a "not stored" marker (a retry gets 410, never a re-run);
+* any other status (1xx/3xx, 5xx, 408, 409, 429) is sent on as it streams and the attempt is
+  marked provisional just before its last byte, so the retry runs the handler again.
+
+An exception, a timeout or a client disconnect before the last byte marks the attempt
+provisional too; on a timeout or a disconnect the handler task is cancelled first. Work the
+app does after its last byte (background tasks) never changes the stored outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import Enum
+from typing import Any
+
+from settle._async.settler import AsyncSettler
+from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
+from settle.asgi.policy import IdempotencyPolicy
+from settle.asgi.problems import Problem, ProblemKind
+from settle.asgi.replay import send_replay
+from settle.asgi.stored import StoredResponse, storable_status
+from settle.decorator.attempt import Attempt
+from settle.errors import ResultTooLarge, SettleError
+from settle.models import Reservation, Settlement, State, Verdict
+
+__all__ = ["AttemptRunner"]
+
+
+class _Phase(Enum):
+    RUNNING = "running"  # the handler has not sent its last byte
+    FINISHING = "finishing"  # the last byte arrived: settling, then sending
+    SETTLED = "settled"  # the outcome is written (or could not be); the response is out
+    ABANDONED = "abandoned"  # timed out or the client left: the handler is being cancelled
+
+
+class AttemptRunner:
+    """One reserved attempt: run the app, capture its response, settle the reservation."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        settler: AsyncSettler,
+        policy: IdempotencyPolicy,
+        reservation: Reservation,
+        attempt: Attempt,
+        log: Any,
+    ) -> None:
+        self._app = app
+        self._settler = settler
+        self._policy = policy
+        self._reservation = reservation
+        self._attempt = attempt
+        self._log = log.bind(generation=attempt.generation)
+        self._lease = policy.lease or settler.config.lease
+        self._phase = _Phase.RUNNING
+        self._send: Send | None = None
+        self._start: Message | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._streaming = False  # the response is being sent on as it arrives
+        self._oversized = False
+        self._downstream_started = False
+
+    async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        self._send = send
+        gone = asyncio.Event()
+        delivered = False
+
+        async def app_receive() -> Message:
+            nonlocal delivered
+            # Yield first, as a real receive would: a caller that polls with an already
+            # cancelled scope (Starlette's is_disconnected) must not swallow the body.
+            await asyncio.sleep(0)
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        self._log.info("settle.http.started", number=self._attempt.number)
+        watcher = asyncio.create_task(_watch_disconnect(receive, gone))
+        heartbeat = asyncio.create_task(self._heartbeat())
+        app_task = asyncio.create_task(self._call_app(scope, app_receive))
+        try:
+            await self._supervise(app_task, watcher, heartbeat)
+        except asyncio.CancelledError:
+            # The server cancelled us (shutdown, or a server that cancels on disconnect).
+            if self._phase is _Phase.RUNNING:
+                self._phase = _Phase.ABANDONED
+                await _cancel(app_task)
+                await asyncio.shield(self._provisional("cancelled"))
+            raise
+        finally:
+            for task in (watcher, heartbeat):
+                task.cancel()
+            await asyncio.gather(watcher, heartbeat, return_exceptions=True)
+
+    async def _call_app(self, scope: Scope, receive: Receive) -> None:
+        await self._app({**scope, "settle": self._attempt}, receive, self._capture)
+
+    # -- supervision ---------------------------------------------------------------------
+
+    async def _supervise(
+        self,
+        app_task: asyncio.Task[None],
+        watcher: asyncio.Task[None],
+        heartbeat: asyncio.Task[None],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self._policy.timeout
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            waiting = {t for t in (app_task, watcher, heartbeat) if not t.done()}
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait(
+                waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if app_task in done:
+                await self._handler_ended(app_task)
+                return
+            if self._phase is not _Phase.RUNNING:
+                deadline = None  # the response is out; let the app finish its own work
+                continue
+            if watcher in done:
+                reason = "client_disconnect"
+            elif heartbeat in done:
+                if not self._attempt.lost:
+                    continue  # the heartbeat stopped without a verdict (logged): carry on
+                reason = "lease_lost"
+            else:
+                reason = "timeout"
+            self._phase = _Phase.ABANDONED
+            self._log.warning("settle.http.abandoned", reason=reason)
+            await _cancel(app_task)
+            if reason == "lease_lost":
+                # Another attempt may own the operation now: this one must not settle it.
+                await self._answer_superseded(None)
+                return
+            await self._provisional(reason)
+            if reason == "timeout" and not self._downstream_started and self._send:
+                await Problem(
+                    ProblemKind.TIMEOUT,
+                    f"the request did not finish within {timeout} s and was stopped; it may "
+                    "or may not have taken effect. Retry with the same Idempotency-Key.",
+                    retry_after=self._policy.retry_after,
+                ).send(self._send, self._policy.problem_type_base)
+            return
+
+    async def _handler_ended(self, app_task: asyncio.Task[None]) -> None:
+        error = None if app_task.cancelled() else app_task.exception()
+        if self._phase is _Phase.RUNNING:
+            self._phase = _Phase.SETTLED
+            await self._provisional("exception" if error else "no_response")
+        if error is not None:
+            raise error
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease until the outcome is settled (not while background tasks run)."""
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            if self._phase not in (_Phase.RUNNING, _Phase.FINISHING):
+                return
+            try:
+                renewal = await self._settler.renew(self._reservation, lease=self._lease)
+            except SettleError as exc:
+                self._log.warning("settle.http.renew_failed", error=type(exc).__name__)
+                continue
+            if not renewal.renewed:
+                self._log.warning("settle.http.lease_lost", reason=renewal.reason)
+                self._attempt._lose(renewal)
+                return
+
+    # -- capturing the response ----------------------------------------------------------
+
+    async def _capture(self, message: Message) -> None:
+        if self._phase is _Phase.ABANDONED:
+            return  # the client left or the attempt timed out: nobody reads this
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._start = message
+            if not storable_status(int(message["status"])):
+                self._streaming = True
+                await self._forward(message)
+            return
+        if kind != "http.response.body":
+            await self._forward(message)  # extensions (trailers, ...) pass through
+            return
+        chunk = bytes(message.get("body", b""))
+        more = bool(message.get("more_body", False))
+        if self._streaming:
+            if not more:
+                await self._finish()
+            await self._forward(message)
+            return
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size > self._policy.max_response_bytes:
+            self._streaming = self._oversized = True
+            if not more:
+                await self._finish()
+            assert self._start is not None
+            await self._forward(self._start)
+            await self._forward(
+                {"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more}
+            )
+            self._chunks.clear()
+            return
+        if not more:
+            await self._finish()
+
+    async def _forward(self, message: Message) -> None:
+        assert self._send is not None
+        self._downstream_started = True
+        await self._send(message)
+
+    async def _finish(self) -> None:
+        """The handler sent its last byte: settle, then (if buffered) send the response."""
+        self._phase = _Phase.FINISHING
+        assert self._start is not None
+        status = int(self._start["status"])
+        try:
+            if not storable_status(status):
+                await self._provisional(f"status_{status}")
+            elif self._oversized:
+                self._log.warning(
+                    "settle.http.response_not_stored",
+                    status=status,
+                    size=self._size,
+                    limit=self._policy.max_response_bytes,
+                )
+                await self._complete(StoredResponse.not_stored(status, self._size))
+            else:
+                await self._finish_buffered(status)
+        finally:
+            self._phase = _Phase.SETTLED
+
+    async def _finish_buffered(self, status: int) -> None:
+        assert self._start is not None
+        body = b"".join(self._chunks)
+        headers = list(self._start.get("headers", []))
+        stored = StoredResponse.capture(status, headers, body, self._policy.replay_headers)
+        try:
+            settlement = await self._complete(stored)
+        except ResultTooLarge:
+            self._log.warning("settle.http.response_not_stored", status=status, size=len(body))
+            settlement = await self._complete(StoredResponse.not_stored(status, len(body)))
+        if settlement is not None and settlement.verdict is Verdict.QUARANTINED:
+            await self._answer_superseded(settlement)
+            return
+        await self._forward(self._start)
+        await self._forward({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _answer_superseded(self, settlement: Settlement | None) -> None:
+        """This attempt lost its reservation: answer with what is authoritative instead."""
+        assert self._send is not None
+        if self._downstream_started:
+            return  # part of the response is out already; nothing else can be said
+        record = settlement.record if settlement is not None else None
+        self._downstream_started = True
+        if record is not None and record.state is State.COMPLETED:
+            await send_replay(self._send, record, self._policy.problem_type_base, self._log)
+            return
+        await Problem(
+            ProblemKind.SUPERSEDED,
+            "this attempt lost its reservation to a newer attempt and its response was not "
+            "kept; retry with the same Idempotency-Key to get the authoritative outcome",
+            retry_after=self._policy.retry_after,
+        ).send(self._send, self._policy.problem_type_base)
+
+    # -- settlement calls ----------------------------------------------------------------
+
+    async def _complete(self, stored: StoredResponse) -> Settlement | None:
+        try:
+            settlement = await self._settler.complete(self._reservation, stored)
+        except ResultTooLarge:
+            raise
+        except SettleError as exc:
+            # The response goes out anyway; the record stays pending until its lease passes,
+            # then reads as provisional and a retry runs the handler again.
+            self._log.error("settle.http.store_failed", error=type(exc).__name__)
+            return None
+        if settlement.verdict is Verdict.QUARANTINED:
+            self._log.warning("settle.http.superseded", kind=settlement.kind, status=stored.status)
+        else:
+            self._log.info(
+                "settle.http.completed",
+                status=stored.status,
+                size=stored.size,
+                stored=stored.body is not None,
+                verdict=settlement.verdict.value,
+            )
+        return settlement
+
+    async def _provisional(self, reason: str) -> None:
+        try:
+            settlement = await self._settler.mark_provisional(self._reservation, reason)
+        except SettleError as exc:
+            # The lease will pass and the record then reads as provisional all the same.
+            self._log.error("settle.http.store_failed", reason=reason, error=type(exc).__name__)
+            return
+        self._log.info("settle.http.provisional", reason=reason, verdict=settlement.verdict.value)
+
+
+async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            return
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel the handler and wait until it has stopped (a sync handler's thread included)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # what it raised while stopping changes nothing: it is provisional

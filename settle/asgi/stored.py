@@ -1,0 +1,108 @@
+"""What is stored for a finished response, and how it is replayed.
+
+A stored response keeps the status, the allow-listed headers (values as the handler sent
+them, names lowercased, in order) and the body (base64 in the record). A response over
+``max_response_bytes`` is recorded without headers and body (``body is None``): the handler
+completed, its response cannot be replayed, and a retry gets a 410 problem instead of
+running the handler again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "DEFAULT_REPLAY_HEADERS",
+    "FORBIDDEN_REPLAY_HEADERS",
+    "REPLAYED_HEADER",
+    "StoredResponse",
+    "storable_status",
+]
+
+#: Sent with every replayed response.
+REPLAYED_HEADER = (b"idempotent-replayed", b"true")
+
+#: Response headers stored and replayed unless configured otherwise.
+DEFAULT_REPLAY_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-encoding",
+        "content-language",
+        "content-location",
+        "location",
+        "etag",
+        "last-modified",
+        "link",
+        "cache-control",
+        "vary",
+    }
+)
+
+#: Never stored: cookies belong to one client session; framing headers are recomputed.
+FORBIDDEN_REPLAY_HEADERS = frozenset(
+    {
+        "set-cookie",
+        "set-cookie2",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "trailer",
+        "te",
+        "idempotent-replayed",
+    }
+)
+
+_NOT_FINISHED_4XX = frozenset({408, 409, 429})
+
+
+def storable_status(status: int) -> bool:
+    """A response the handler finished: 2xx, and 4xx other than 408, 409 and 429.
+
+    1xx/3xx (a redirect did not run the operation), 5xx and the three retryable 4xx leave
+    the attempt provisional, so the next retry runs the handler again.
+    """
+    return 200 <= status < 300 or (400 <= status < 500 and status not in _NOT_FINISHED_4XX)
+
+
+class StoredResponse(BaseModel):
+    """The stored form of a finished response (the result of the operation record)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
+    )
+
+    format: Literal[1] = 1
+    status: int
+    headers: tuple[tuple[str, str], ...] = ()
+    """Allow-listed headers (names lowercased, values latin-1 decoded), in the order sent."""
+    body: bytes | None
+    """None: the response was over the size limit and was sent but not stored."""
+    size: int
+    """Body size in bytes as sent to the first client."""
+
+    @classmethod
+    def capture(
+        cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes, allowed: Collection[str]
+    ) -> StoredResponse:
+        kept = tuple(
+            (name.decode("latin-1").lower(), value.decode("latin-1"))
+            for name, value in headers
+            if name.decode("latin-1").lower() in allowed
+        )
+        return cls(status=status, headers=kept, body=body, size=len(body))
+
+    @classmethod
+    def not_stored(cls, status: int, size: int) -> StoredResponse:
+        return cls(status=status, body=None, size=size)
+
+    def replay_headers(self) -> list[tuple[bytes, bytes]]:
+        assert self.body is not None
+        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
+        headers.append((b"content-length", str(len(self.body)).encode("ascii")))
+        headers.append(REPLAYED_HEADER)
+        return headers

@@ -1,0 +1,218 @@
+"""Real apps, a real server and a side-effect ledger for the middleware tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from settle import AsyncSettler
+from settle.asgi import IdempotencyMiddleware, current_attempt
+from settle.embedded import free_port
+
+PRINCIPAL_HEADER = b"x-principal"
+
+MakeClient = Callable[..., httpx.AsyncClient]
+
+
+def key_headers(key: str | None, principal: str | None = "tenant:acme") -> dict[str, str]:
+    headers = {}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    if principal is not None:
+        headers["X-Principal"] = principal
+    return headers
+
+
+def principal_from_header(scope: Any) -> str | None:
+    """Test stand-in for authentication: the principal named by ``X-Principal``."""
+    for name, value in scope["headers"]:
+        if name == PRINCIPAL_HEADER:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class Ledger:
+    """Every side effect a handler performed (thread-safe: uvicorn serves from a thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.effects: list[dict[str, Any]] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.cancelled: list[int] = []
+
+    def record(self, path: str, **fields: Any) -> int:
+        with self._lock:
+            self.effects.append({"path": path, **fields})
+            return sum(1 for e in self.effects if e["path"] == path)
+
+    def count(self, path: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for e in self.effects if path is None or e["path"] == path)
+
+    def generations(self, path: str) -> list[int]:
+        with self._lock:
+            return [e["generation"] for e in self.effects if e["path"] == path]
+
+
+def starlette_app(settler: AsyncSettler, ledger: Ledger, **options: Any) -> Starlette:
+    """A payments-style Starlette app guarded by the middleware."""
+
+    async def payments(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        data = await request.json()
+        ledger.record("/payments", generation=attempt.generation, amount=data.get("amount"))
+        payment_id = uuid.uuid4().hex
+        return JSONResponse(
+            {"id": payment_id, "amount": data.get("amount"), "generation": attempt.generation},
+            status_code=201,
+            headers={
+                "location": f"/payments/{payment_id}",
+                "set-cookie": f"session={uuid.uuid4().hex}",
+                "x-trace": uuid.uuid4().hex,
+            },
+        )
+
+    async def echo(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        body = await request.body()
+        ledger.record("/echo", generation=attempt.generation, size=len(body))
+        media = request.headers.get("content-type", "application/octet-stream")
+        return Response(body + uuid.uuid4().hex.encode(), media_type=media)
+
+    async def flaky(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        n = ledger.record("/flaky", generation=attempt.generation)
+        if n == 1:
+            return JSONResponse({"error": "database unavailable"}, status_code=500)
+        return JSONResponse({"id": uuid.uuid4().hex, "run": n}, status_code=201)
+
+    async def boom(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        n = ledger.record("/boom", generation=attempt.generation)
+        if n == 1:
+            raise RuntimeError("handler crashed after its side effect")
+        return JSONResponse({"id": uuid.uuid4().hex, "run": n}, status_code=201)
+
+    async def status(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        code = int(request.path_params["code"])
+        ledger.record(f"/status/{code}", generation=attempt.generation)
+        return JSONResponse({"status": code, "nonce": uuid.uuid4().hex}, status_code=code)
+
+    async def stream(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        size = int(request.query_params["size"])
+        ledger.record("/stream", generation=attempt.generation)
+        nonce = uuid.uuid4().hex.encode()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield nonce
+            sent = 0
+            while sent < size:
+                part = min(8192, size - sent)
+                yield b"x" * part
+                sent += part
+
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
+
+    async def gated(request: Request) -> Response:
+        """The first attempt holds until the test opens the gate (or it is cancelled)."""
+        attempt = current_attempt(request.scope)
+        ledger.entered.set()
+        try:
+            # The gate is a threading.Event: the test opens it from outside uvicorn's loop.
+            while attempt.number == 1 and not ledger.gate.is_set():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            ledger.cancelled.append(attempt.generation)
+            raise
+        ledger.record("/gated", generation=attempt.generation)
+        return JSONResponse({"id": uuid.uuid4().hex, "generation": attempt.generation}, 201)
+
+    async def with_background(request: Request) -> Response:
+        attempt = current_attempt(request.scope)
+        ledger.record("/background", generation=attempt.generation)
+
+        async def after_response() -> None:
+            ledger.record("/background:task", generation=attempt.generation)
+            raise RuntimeError("background task failed after the response was sent")
+
+        task = BackgroundTask(after_response)
+        return JSONResponse({"id": uuid.uuid4().hex}, status_code=201, background=task)
+
+    async def unguarded(request: Request) -> Response:
+        ledger.record("/open", guarded="settle" in request.scope)
+        return JSONResponse({"guarded": "settle" in request.scope})
+
+    routes = [
+        Route("/payments", payments, methods=["POST"]),
+        Route("/echo", echo, methods=["POST", "PATCH"]),
+        Route("/flaky", flaky, methods=["POST"]),
+        Route("/boom", boom, methods=["POST"]),
+        Route("/status/{code:int}", status, methods=["POST"]),
+        Route("/stream", stream, methods=["POST"]),
+        Route("/gated", gated, methods=["POST"]),
+        Route("/background", with_background, methods=["POST"]),
+        Route("/open", unguarded, methods=["GET", "POST", "PUT"]),
+    ]
+    options.setdefault("principal", principal_from_header)
+    middleware = [Middleware(IdempotencyMiddleware, settler=settler, **options)]
+    return Starlette(routes=routes, middleware=middleware)
+
+
+@contextlib.contextmanager
+def serve(app: Any, settler: AsyncSettler) -> Iterator[str]:
+    """Run ``app`` under a real uvicorn server on a free loopback port, in a thread.
+
+    ``settler`` is used from the server's event loop only, and closed there at shutdown.
+    """
+
+    async def with_lifespan(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await settler.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    port = free_port()
+    config = uvicorn.Config(
+        with_lifespan,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    try:
+        while not server.started and thread.is_alive():
+            time.sleep(0.01)
+        if not server.started:
+            raise RuntimeError("uvicorn did not start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
