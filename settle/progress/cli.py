@@ -1,0 +1,97 @@
+"""``settle progress``: inspect delivery progress. Runnable alone as
+``python -m settle.progress.cli show CONSUMER``; the main ``settle`` CLI attaches ``progress``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from settle.errors import SettleError
+from settle.progress._sync.store import ProgressStore
+from settle.progress.identity import DeliveryId
+from settle.progress.model import Progress
+
+__all__ = ["progress"]
+
+
+def _ids(ids: tuple[DeliveryId, ...], limit: int = 12) -> str:
+    if not ids:
+        return "-"
+    shown = ", ".join(d.value for d in ids[:limit])
+    return shown + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+def _table(p: Progress) -> Table:
+    table = Table(title=f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    pf = p.provider_floor
+    rows = [
+        ("incarnation", p.scope.incarnation),
+        ("floor", p.floor.value if p.floor else "- (nothing applied in order yet)"),
+        ("applied above floor", _ids(p.applied_above_floor)),
+        ("dead-lettered above floor", _ids(p.dead_lettered_above_floor)),
+        ("gaps", _ids(p.gaps)),
+        (
+            "provider floor",
+            "not observed yet"
+            if pf is None
+            else (
+                f"last delivered {pf.last_delivered or '-'}, oldest pending "
+                f"{pf.oldest_pending or '-'}, {pf.pending} pending "
+                f"(observed {pf.observed_at.isoformat(timespec='seconds')})"
+            ),
+        ),
+        ("replay from", f"after {p.replay_from.after}" if p.replay_from.after else "the start"),
+        ("open settle intents", _ids(tuple(i.delivery for i in p.intents))),
+        ("deferred", _ids(tuple(d.delivery for d in p.deferred))),
+        ("version", str(p.version)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+@click.group(name="progress")
+def progress() -> None:
+    """Delivery progress of broker consumers (SPEC §10)."""
+
+
+@progress.command("show")
+@click.argument("consumer")
+@click.option(
+    "--redis-url",
+    envvar=["SETTLE_PROGRESS_REDIS_URL", "SETTLE_REDIS_URL"],
+    default="redis://localhost:6379/0",
+    show_default=True,
+    help="The Redis that holds progress (env SETTLE_PROGRESS_REDIS_URL or SETTLE_REDIS_URL).",
+)
+@click.option("--namespace", envvar="SETTLE_NAMESPACE", default="default", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
+    """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
+    try:
+        store = ProgressStore.from_url(redis_url, consumer=consumer, namespace=namespace)
+        try:
+            scopes = store.show()
+        finally:
+            store.close()
+    except SettleError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps([p.to_json() for p in scopes], indent=2))
+        return
+    console = Console()
+    if not scopes:
+        console.print(f"no progress recorded for consumer {consumer!r} in {namespace!r}")
+        return
+    for p in scopes:
+        console.print(_table(p))
+
+
+if __name__ == "__main__":
+    progress()

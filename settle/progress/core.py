@@ -1,0 +1,486 @@
+"""The rules of ``settle.progress`` with no I/O: plan each script call, decode each reply,
+parse stream replies, decide what a delivery needs. The sync and async shells only run what
+this plans (one core, two thin shells)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from settle._core.engine import Call
+from settle._log import logger
+from settle.errors import CorruptRecord
+from settle.progress.errors import InvalidDelivery, ProviderReset, UnprovenListing
+from settle.progress.identity import (
+    AttemptId,
+    DeliveryId,
+    EmissionId,
+    ProviderScope,
+    ReplayCursor,
+    SettlementAuthority,
+    check_name,
+)
+from settle.progress.keys import ProgressKeys, StreamKeys
+from settle.progress.model import (
+    DeferredDelivery,
+    IntentKind,
+    Progress,
+    ProviderFloor,
+    SettleIntent,
+    SettlementOutcome,
+    SettlementReceipt,
+)
+
+__all__ = [
+    "Disposition",
+    "ProgressCore",
+    "ProgressReply",
+    "StreamEntry",
+    "StreamVerdict",
+    "parse_entries",
+]
+
+MAX_REASON = 256
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _flat(values: Sequence[Any]) -> dict[str, str]:
+    it = iter(values)
+    return {_text(k): _text(v) for k, v in zip(it, it, strict=True)}
+
+
+def _dt(ms: str | int) -> datetime:
+    return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
+
+
+# Identities are never taken as plain strings: a delivery id passed where an emission id
+# belongs (or the reverse) is the mix-up SPEC 10 forbids, so it is refused, not converted.
+def _delivery(value: object) -> DeliveryId:
+    if isinstance(value, DeliveryId):
+        return value
+    raise InvalidDelivery(f"expected a DeliveryId, got {type(value).__name__}")
+
+
+def _emission(value: object) -> EmissionId:
+    if isinstance(value, EmissionId):
+        return value
+    raise InvalidDelivery(f"expected an EmissionId, got {type(value).__name__}")
+
+
+def _attempt(value: object) -> AttemptId:
+    if isinstance(value, AttemptId):
+        return value
+    raise InvalidDelivery(f"expected an AttemptId, got {type(value).__name__}")
+
+
+def _scope(value: object) -> ProviderScope:
+    if not isinstance(value, ProviderScope):
+        raise InvalidDelivery(f"expected a ProviderScope, got {type(value).__name__}")
+    return value
+
+
+def _reason(value: object) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_REASON:
+        raise InvalidDelivery(f"reason must be a str of 1 to {MAX_REASON} characters")
+    return value
+
+
+def scope_json(scope: ProviderScope) -> str:
+    return json.dumps(
+        {"stream": scope.stream, "group": scope.group, "incarnation": scope.incarnation},
+        sort_keys=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReply:
+    code: str
+    detail: str
+    progress: Progress
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    delivery: DeliveryId
+    fields: dict[str, bytes]  # field names as text, values exactly as stored
+
+
+@dataclass(frozen=True, slots=True)
+class StreamVerdict:
+    outcome: SettlementOutcome
+    owner: str | None
+    delivery_count: int
+    acknowledged: int
+
+
+class Disposition(StrEnum):
+    """What a worker must do with a delivery before consulting progress."""
+
+    APPLY = "apply"
+    POISON = "poison"  # delivered more often than the limit: dead-letter it
+    MALFORMED = "malformed"  # no usable emission id: dead-letter it
+
+
+def parse_entries(raw: Any) -> list[StreamEntry]:
+    """Entries of an XRANGE / XREADGROUP / XAUTOCLAIM reply (``[(id, {field: value})]``).
+    An entry whose fields are gone (deleted while pending) comes back with no fields, so it
+    is treated as malformed and dead-lettered."""
+    out = []
+    for entry_id, fields in raw or []:
+        if entry_id is None:  # Redis 6.2 XAUTOCLAIM: an entry deleted while pending, no id
+            continue
+        pairs = fields or {}
+        if isinstance(pairs, list):
+            it = iter(pairs)
+            pairs = dict(zip(it, it, strict=True))
+        out.append(
+            StreamEntry(
+                DeliveryId(_text(entry_id)),
+                {_name(k): _raw(v) for k, v in pairs.items()},
+            )
+        )
+    return out
+
+
+def _name(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _raw(value: Any) -> bytes:
+    return bytes(value) if isinstance(value, bytes | bytearray) else str(value).encode()
+
+
+@dataclass
+class ProgressCore:
+    """Planning and decoding for one consumer (in a namespace) on the progress server."""
+
+    namespace: str
+    consumer: str
+    receipts_cap: int = 10_000
+
+    def __post_init__(self) -> None:
+        self.keys = ProgressKeys(self.namespace, self.consumer)
+        self.log = logger.bind(namespace=self.namespace, consumer=self.consumer)
+
+    # -- progress server -------------------------------------------------------------------
+
+    def _call(
+        self, script: str, scope: ProviderScope, emission: EmissionId | None, *args: str | int
+    ) -> Call:
+        keys = (*self.keys.scope(scope.scope_id), self.keys.emission(emission))
+        return Call(script, keys, (scope.scope_id, scope_json(scope), *args))
+
+    def plan_begin(
+        self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, attempt: AttemptId
+    ) -> Call:
+        d, e = _delivery(delivery), _emission(emission)
+        return self._call("begin", _scope(scope), e, d.value, e.value, _attempt(attempt).value)
+
+    def plan_record(
+        self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, attempt: AttemptId
+    ) -> Call:
+        d, e = _delivery(delivery), _emission(emission)
+        return self._call("record", _scope(scope), e, d.value, e.value, _attempt(attempt).value)
+
+    def plan_dead_letter(
+        self,
+        scope: ProviderScope,
+        delivery: DeliveryId,
+        emission: EmissionId | None,
+        reason: str,
+        delivery_count: int,
+    ) -> Call:
+        d = _delivery(delivery)
+        e = _emission(emission) if emission is not None else None
+        return self._call(
+            "dead_letter",
+            _scope(scope),
+            None,
+            d.value,
+            e.value if e else "",
+            _reason(reason),
+            int(delivery_count),
+        )
+
+    def plan_defer(
+        self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, reason: str
+    ) -> Call:
+        d, e = _delivery(delivery), _emission(emission)
+        return self._call("defer", _scope(scope), None, d.value, e.value, _reason(reason))
+
+    def plan_receipt(
+        self,
+        scope: ProviderScope,
+        delivery: DeliveryId,
+        kind: IntentKind,
+        verdict: StreamVerdict,
+        worker: str,
+    ) -> Call:
+        return self._call(
+            "receipt",
+            _scope(scope),
+            None,
+            _delivery(delivery).value,
+            kind.value,
+            verdict.outcome.value,
+            "1" if verdict.outcome.conclusive else "0",
+            worker,
+            verdict.owner or "",
+            verdict.delivery_count,
+            verdict.acknowledged,
+            self.receipts_cap,
+        )
+
+    def plan_observe(
+        self,
+        scope: ProviderScope,
+        after: DeliveryId | None,
+        listing: Sequence[DeliveryId],
+        *,
+        last_delivered: DeliveryId | None,
+        oldest_pending: DeliveryId | None,
+        pending: int,
+    ) -> Call:
+        start = after.value if after else "0-0"
+        previous = after
+        for d in listing:
+            if not isinstance(d, DeliveryId) or (previous is not None and not previous < d):
+                raise UnprovenListing("a provider listing must be strictly ascending ids")
+            previous = d
+        return self._call(
+            "observe",
+            _scope(scope),
+            None,
+            start,
+            last_delivered.value if last_delivered else "",
+            oldest_pending.value if oldest_pending else "",
+            int(pending),
+            *(d.value for d in listing),
+        )
+
+    def plan_read(self, scope: ProviderScope) -> Call:
+        return self._call("read", _scope(scope), None)
+
+    def plan_receipts(self, scope: ProviderScope, limit: int) -> Call:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidDelivery("limit must be an int from 1 to 10000")
+        return Call("receipts", (self.keys.scope(_scope(scope).scope_id)[7],), (limit,))
+
+    def decode_receipts(self, raw: Any) -> list[SettlementReceipt]:
+        out = []
+        for entry_id, flat in raw or []:
+            f = _flat(flat)
+            out.append(
+                SettlementReceipt(
+                    delivery=DeliveryId(f["delivery"]),
+                    kind=IntentKind(f["kind"]),
+                    outcome=SettlementOutcome(f["outcome"]),
+                    worker=f["worker"],
+                    owner=f["owner"] or None,
+                    delivery_count=int(f["deliveries"]),
+                    acknowledged=int(f["acked"]),
+                    receipt_id=_text(entry_id),
+                )
+            )
+        return out
+
+    def plan_scopes(self) -> Call:
+        return Call("scopes", (self.keys.scopes,), ())
+
+    def decode_scopes(self, raw: Any) -> list[ProviderScope]:
+        out = []
+        for text in _flat(raw or []).values():
+            data = json.loads(text)
+            out.append(ProviderScope(data["stream"], data["group"], data["incarnation"]))
+        return sorted(out, key=str)
+
+    def decode(self, call: Call, raw: Any) -> ProgressReply:
+        try:
+            code, detail, meta, applied, resolved, gaps, intents, deferred = raw
+            scope_id = call.args[0]
+            data = json.loads(_text(call.args[1]))
+            scope = ProviderScope(data["stream"], data["group"], data["incarnation"])
+            if scope.scope_id != scope_id:
+                raise CorruptRecord("scope id does not match its scope")
+            progress = self._progress(
+                scope, _flat(meta), applied, resolved, gaps, intents, deferred
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptRecord(f"progress reply cannot be decoded: {exc}") from exc
+        return ProgressReply(_text(code), _text(detail), progress)
+
+    def _progress(
+        self,
+        scope: ProviderScope,
+        meta: dict[str, str],
+        applied: Sequence[Any],
+        resolved: Sequence[Any],
+        gaps: Sequence[Any],
+        intents: Sequence[Any],
+        deferred: Sequence[Any],
+    ) -> Progress:
+        floor = DeliveryId(meta["floor"]) if meta.get("floor") else None
+        provider_floor = None
+        if meta.get("pf_at"):
+            provider_floor = ProviderFloor(
+                last_delivered=DeliveryId(meta["pf_last"]) if meta.get("pf_last") else None,
+                oldest_pending=DeliveryId(meta["pf_oldest"]) if meta.get("pf_oldest") else None,
+                pending=int(meta.get("pf_pending") or 0),
+                observed_at=_dt(meta["pf_at"]),
+            )
+        open_intents = []
+        for d, text in _flat(intents).items():
+            item = json.loads(text)
+            open_intents.append(
+                SettleIntent(
+                    DeliveryId(d),
+                    IntentKind(item["kind"]),
+                    EmissionId(item["emission"]) if item.get("emission") else None,
+                    _dt(item["at"]),
+                )
+            )
+        deferrals = []
+        for d, text in _flat(deferred).items():
+            item = json.loads(text)
+            deferrals.append(
+                DeferredDelivery(
+                    DeliveryId(d), EmissionId(item["emission"]), item["reason"], _dt(item["at"])
+                )
+            )
+        return Progress(
+            consumer=self.consumer,
+            scope=scope,
+            floor=floor,
+            applied_above_floor=tuple(sorted(DeliveryId(d) for d in _flat(applied))),
+            dead_lettered_above_floor=tuple(sorted(DeliveryId(d) for d in _flat(resolved))),
+            gaps=tuple(sorted(DeliveryId(_text(g)) for g in gaps)),
+            provider_floor=provider_floor,
+            replay_from=ReplayCursor(DeliveryId(meta["replay"]) if meta.get("replay") else None),
+            intents=tuple(sorted(open_intents, key=lambda i: i.delivery)),
+            deferred=tuple(sorted(deferrals, key=lambda i: i.delivery)),
+            version=int(meta.get("ver") or 0),
+            updated_at=_dt(meta["updated"]) if meta.get("updated") else None,
+        )
+
+    def receipt(
+        self,
+        delivery: DeliveryId,
+        kind: IntentKind,
+        verdict: StreamVerdict,
+        worker: str,
+        reply: ProgressReply,
+    ) -> SettlementReceipt:
+        fields = {
+            "delivery": delivery.value,
+            "kind": kind.value,
+            "outcome": verdict.outcome.value,
+            "worker": worker,
+            "owner": verdict.owner,
+            "delivery_count": verdict.delivery_count,
+        }
+        if verdict.outcome in (SettlementOutcome.ACKED, SettlementOutcome.RELEASED):
+            self.log.info("settle.progress.settled", **fields)
+        elif verdict.outcome is SettlementOutcome.NOT_PENDING:
+            self.log.info("settle.progress.settled_already", **fields)
+        else:
+            self.log.warning("settle.progress.settle_refused", **fields)
+        return SettlementReceipt(
+            delivery=delivery,
+            kind=kind,
+            outcome=verdict.outcome,
+            worker=worker,
+            owner=verdict.owner,
+            delivery_count=verdict.delivery_count,
+            acknowledged=verdict.acknowledged,
+            receipt_id=reply.detail,
+        )
+
+    # -- stream server ---------------------------------------------------------------------
+
+    def plan_stream_scope(self, stream: str, group: str) -> Call:
+        keys = StreamKeys(stream)
+        check_name(group, "consumer group")
+        return Call("stream_scope", (stream, keys.incarnation), (group, uuid.uuid4().hex[:16]))
+
+    def decode_stream_scope(self, call: Call, raw: Any) -> ProviderScope:
+        incarnation, created = _text(raw[0]), int(raw[1])
+        scope = ProviderScope(call.keys[0], _text(call.args[0]), incarnation)
+        self.log.info(
+            "settle.progress.scope_opened",
+            stream=scope.stream,
+            group=scope.group,
+            incarnation=incarnation,
+            group_created=bool(created),
+        )
+        return scope
+
+    def plan_stream_settle(
+        self,
+        scope: ProviderScope,
+        authority: SettlementAuthority,
+        kind: IntentKind,
+        *,
+        fenced_count: bool = True,
+        emission: EmissionId | None = None,
+        reason: str = "",
+        release_idle_ms: int = 0,
+    ) -> Call:
+        mode = {
+            IntentKind.ACK: "ack",
+            IntentKind.DEFER: "ack",
+            IntentKind.DEAD_LETTER: "dead_letter",
+            IntentKind.RELEASE: "release",
+        }[kind]
+        keys = StreamKeys(scope.stream)
+        return Call(
+            "stream_settle",
+            (scope.stream, keys.dead_letters, keys.incarnation),
+            (
+                scope.group,
+                authority.worker,
+                authority.delivery.value,
+                str(authority.delivery_count) if fenced_count else "",
+                mode,
+                emission.value if emission else "",
+                reason,
+                release_idle_ms,
+                scope.incarnation,
+            ),
+        )
+
+    def decode_stream_settle(self, raw: Any) -> StreamVerdict:
+        outcome = SettlementOutcome(_text(raw[0]))
+        owner = _text(raw[1]) or None
+        return StreamVerdict(outcome, owner, int(raw[2]), int(raw[3]))
+
+    def check_group(self, verdict: StreamVerdict, scope: ProviderScope) -> None:
+        if verdict.outcome is SettlementOutcome.NO_GROUP:
+            self.log.warning(
+                "settle.progress.provider_reset", stream=scope.stream, group=scope.group
+            )
+            raise ProviderReset(
+                f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start "
+                "again (a new incarnation scope is opened)"
+            )
+
+    def disposition(
+        self, entry: StreamEntry, delivery_count: int, emission_field: str, max_deliveries: int
+    ) -> tuple[Disposition, EmissionId | None]:
+        raw = entry.fields.get(emission_field)
+        try:
+            emission = EmissionId(raw.decode("utf-8")) if raw is not None else None
+        except (InvalidDelivery, UnicodeDecodeError):
+            emission = None
+        if emission is None:
+            return Disposition.MALFORMED, None
+        if delivery_count > max_deliveries:
+            return Disposition.POISON, emission
+        return Disposition.APPLY, emission

@@ -1,0 +1,154 @@
+"""The identities of SPEC §10, each its own type so one is never passed for another.
+
+- :class:`EmissionId` — the producer's logical identity of one emission. Effects are keyed
+  by it: a redelivery, a reclaim or a re-publication after the provider lost its data all
+  carry the same emission id, and none of them applies the effect again.
+- :class:`DeliveryId` — the provider's identity of one delivery position (a Redis Streams
+  entry id ``<ms>-<seq>``). Ordered; progress floors and gaps are made of these.
+- :class:`AttemptId` — one delivery attempt (one worker handling one delivery once).
+- :class:`SettlementAuthority` — what entitles a worker to settle a delivery with the
+  provider right now (for Redis Streams: its consumer name and the delivery count it was
+  handed). It is checked at settlement time and never stored as an identity.
+- :class:`ReplayCursor` — where a replay of the scope must start (exclusive).
+- :class:`ProviderScope` — the provider-side space positions belong to: a stream, its
+  consumer group, and the stream's incarnation (a new one after the server lost its data,
+  so positions of the old and the new stream are never compared).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+import uuid
+from dataclasses import dataclass, field
+from functools import total_ordering
+
+from settle.progress.errors import InvalidDelivery
+
+__all__ = [
+    "AttemptId",
+    "DeliveryId",
+    "EmissionId",
+    "ProviderScope",
+    "ReplayCursor",
+    "SettlementAuthority",
+    "check_name",
+]
+
+MAX_ID_CHARS = 256
+_ENTRY_ID = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+
+
+def check_name(value: object, what: str) -> str:
+    """A 1-256 character name without control characters (ids, consumer names)."""
+    if not isinstance(value, str):
+        raise InvalidDelivery(f"{what} must be a str, got {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_ID_CHARS:
+        raise InvalidDelivery(f"{what} must be 1 to {MAX_ID_CHARS} characters, got {len(value)}")
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
+        raise InvalidDelivery(f"{what} must not contain control characters")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EmissionId:
+    """The logical identity of one emission, assigned by the producer."""
+
+    value: str
+
+    def __post_init__(self) -> None:
+        check_name(self.value, "emission id")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class DeliveryId:
+    """A provider delivery position: a Redis Streams entry id ``<ms>-<seq>``."""
+
+    value: str
+    ms: int = field(init=False, compare=False, repr=False)
+    seq: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        match = _ENTRY_ID.match(self.value) if isinstance(self.value, str) else None
+        if match is None:
+            raise InvalidDelivery(f"delivery id must look like <ms>-<seq>, got {self.value!r}")
+        # Normalised (no leading zeros), so the Lua scripts can compare ids as digit strings.
+        object.__setattr__(self, "value", f"{int(match.group(1))}-{int(match.group(2))}")
+        object.__setattr__(self, "ms", int(match.group(1)))
+        object.__setattr__(self, "seq", int(match.group(2)))
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, DeliveryId):
+            return NotImplemented
+        return (self.ms, self.seq) < (other.ms, other.seq)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptId:
+    """One attempt at one delivery (a fresh one each time a worker takes it up)."""
+
+    value: str
+
+    @classmethod
+    def new(cls) -> AttemptId:
+        return cls(uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        check_name(self.value, "attempt id")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class SettlementAuthority:
+    """The right to settle one delivery now: held by ``worker`` at ``delivery_count``.
+
+    The provider checks it when the settlement runs (the fenced acknowledgement); settle
+    never records it as the identity of anything.
+    """
+
+    worker: str
+    delivery: DeliveryId
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayCursor:
+    """Replay of the scope starts after ``after`` (None: from the beginning)."""
+
+    after: DeliveryId | None
+
+    @property
+    def exclusive_start(self) -> str:
+        return f"({self.after.value}" if self.after else "-"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderScope:
+    """A stream, its consumer group and the stream's incarnation."""
+
+    stream: str
+    group: str
+    incarnation: str
+
+    def __post_init__(self) -> None:
+        check_name(self.stream, "stream")
+        check_name(self.group, "consumer group")
+        check_name(self.incarnation, "incarnation")
+
+    @property
+    def scope_id(self) -> str:
+        raw = f"{self.stream}\x00{self.group}\x00{self.incarnation}".encode()
+        return hashlib.sha256(raw).hexdigest()[:24]
+
+    def __str__(self) -> str:
+        return f"{self.stream}/{self.group}@{self.incarnation}"

@@ -1,0 +1,84 @@
+"""Key layout of ``settle.progress`` (progress server and stream server).
+
+Progress: every key of one consumer shares the hash tag ``{<namespace>:progress:<consumer>}``,
+so each progress script touches one slot. Stream side: the incarnation marker and the
+dead-letter stream share the stream key's slot, so the stream scripts do too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from settle.progress.errors import InvalidDelivery
+from settle.progress.identity import EmissionId, check_name
+
+__all__ = ["ProgressKeys", "StreamKeys"]
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def _hash_tag(key: str) -> str | None:
+    """The part of ``key`` Redis Cluster hashes when it has a non-empty ``{...}``."""
+    start = key.find("{")
+    if start < 0:
+        return None
+    end = key.find("}", start + 1)
+    if end <= start + 1:
+        return None
+    return key[start + 1 : end]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressKeys:
+    namespace: str
+    consumer: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, str) or not _NAMESPACE.match(self.namespace):
+            raise InvalidDelivery("namespace must be 1-64 characters of [A-Za-z0-9_.-]")
+        check_name(self.consumer, "consumer")
+        if "{" in self.consumer or "}" in self.consumer:
+            raise InvalidDelivery("consumer must not contain braces (it is a hash tag)")
+
+    @property
+    def tag(self) -> str:
+        return f"settle:{{{self.namespace}:progress:{self.consumer}}}"
+
+    @property
+    def scopes(self) -> str:
+        return f"{self.tag}:scopes"
+
+    def scope(self, scope_id: str) -> tuple[str, ...]:
+        """meta, applied, resolved, gaps, intents, deferred, dead, receipts, scopes."""
+        base = f"{self.tag}:s:{scope_id}"
+        parts = ("meta", "applied", "resolved", "gaps", "intents", "deferred", "dead", "receipts")
+        return (*(f"{base}:{p}" for p in parts), self.scopes)
+
+    def emission(self, emission: EmissionId | None) -> str:
+        return f"{self.tag}:em:{emission.value}" if emission else f"{self.tag}:em-none"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamKeys:
+    stream: str
+
+    def __post_init__(self) -> None:
+        check_name(self.stream, "stream")
+        if _hash_tag(self.stream) is None and "}" in self.stream:
+            raise InvalidDelivery(
+                "a stream name with '}' needs a hash tag ({...}) so settle's keys can share "
+                "its slot"
+            )
+
+    @property
+    def tag(self) -> str:
+        return _hash_tag(self.stream) or self.stream
+
+    @property
+    def incarnation(self) -> str:
+        return f"settle:{{{self.tag}}}:incarnation:{self.stream}"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"settle:{{{self.tag}}}:dead:{self.stream}"

@@ -1,0 +1,115 @@
+-- _lib.lua: helpers shared by the progress scripts; prepended to each when it is loaded.
+--
+-- Every progress script of one (consumer, scope) takes the same KEYS, all under the
+-- consumer's hash tag {<namespace>:progress:<consumer>} (one slot, so Cluster-safe):
+--   KEYS[1] meta       HASH  floor, replay, pf_last, pf_oldest, pf_pending, pf_at, ver, updated
+--   KEYS[2] applied    HASH  delivery id -> emission id   (exact applied deliveries above floor)
+--   KEYS[3] resolved   HASH  delivery id -> emission id   (dead-lettered deliveries above floor)
+--   KEYS[4] gaps       HASH  delivery id -> first seen ms (known unapplied ids below an applied one)
+--   KEYS[5] intents    HASH  delivery id -> JSON {kind, emission, at}   (the settle-intent log)
+--   KEYS[6] deferred   HASH  delivery id -> JSON {emission, reason, at}
+--   KEYS[7] dead       STREAM dead-letter evidence (never trimmed by settle)
+--   KEYS[8] receipts   STREAM settlement receipts (what the provider said), capped
+--   KEYS[9] scopes     HASH  scope id -> JSON scope (the consumer's scope index)
+--   KEYS[10] emission  HASH  state (applying | applied), scope, delivery, attempt, attempts, at
+-- Every script returns {code, detail, meta, applied, resolved, gaps, intents, deferred}
+-- (the last six as flat field/value lists, gaps as a list of ids).
+
+redis.replicate_commands()
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- Digit strings without leading zeros compare by length, then lexically (no float rounding).
+local function num_lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+
+local function parse_id(id)
+  return string.match(id, '^(%d+)-(%d+)$')
+end
+
+-- a < b for stream entry ids <ms>-<seq>
+local function id_lt(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  if am ~= bm then return num_lt(am, bm) end
+  return num_lt(as, bs)
+end
+
+local function floor_of()
+  local f = redis.call('HGET', KEYS[1], 'floor')
+  if not f or f == '' then return '0-0' end
+  return f
+end
+
+-- 'floor' | 'applied' | 'dead_lettered' | nil
+local function coverage(delivery)
+  if not id_lt(floor_of(), delivery) then return 'floor' end
+  if redis.call('HEXISTS', KEYS[2], delivery) == 1 then return 'applied' end
+  if redis.call('HEXISTS', KEYS[3], delivery) == 1 then return 'dead_lettered' end
+  return nil
+end
+
+local function touch(scope_id, scope_json, now)
+  redis.call('HSETNX', KEYS[9], scope_id, scope_json)
+  redis.call('HINCRBY', KEYS[1], 'ver', 1)
+  redis.call('HSET', KEYS[1], 'updated', int(now))
+end
+
+local function intent(delivery, kind, emission, now)
+  redis.call('HSET', KEYS[5], delivery,
+    cjson.encode({kind = kind, emission = emission, at = now}))
+end
+
+local function reply(code, detail)
+  return {code, detail,
+    redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
+    redis.call('HGETALL', KEYS[3]), redis.call('HKEYS', KEYS[4]),
+    redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6])}
+end
+
+-- Advance the cumulative floor along a provider listing: the ids that exist after `after`,
+-- ascending and contiguous (XRANGE (after + COUNT n). The floor moves over listed ids that
+-- are applied or dead-lettered and stops at the first one that is not; such an id below
+-- the highest applied one is recorded as a gap. Returns 'advanced', 'unchanged' or
+-- 'unproven' (the listing starts above the floor, so it proves nothing about the prefix).
+local function advance(after, ids, now)
+  local floor = floor_of()
+  if id_lt(floor, after) then return 'unproven' end
+  local top = nil
+  for _, k in ipairs({KEYS[2], KEYS[3]}) do
+    for _, id in ipairs(redis.call('HKEYS', k)) do
+      if top == nil or id_lt(top, id) then top = id end
+    end
+  end
+  local cur = floor
+  local blocked = false
+  for _, id in ipairs(ids) do
+    if id_lt(floor, id) then
+      local done = redis.call('HEXISTS', KEYS[2], id) == 1
+        or redis.call('HEXISTS', KEYS[3], id) == 1
+      if done then
+        if not blocked then cur = id end
+      else
+        blocked = true
+        if top ~= nil and id_lt(id, top) then redis.call('HSETNX', KEYS[4], id, int(now)) end
+      end
+    end
+  end
+  if cur == floor then return 'unchanged' end
+  for _, k in ipairs({KEYS[2], KEYS[3], KEYS[4]}) do
+    for _, id in ipairs(redis.call('HKEYS', k)) do
+      if not id_lt(cur, id) then redis.call('HDEL', k, id) end
+    end
+  end
+  redis.call('HSET', KEYS[1], 'floor', cur, 'replay', cur)
+  return 'advanced'
+end

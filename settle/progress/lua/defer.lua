@@ -1,0 +1,15 @@
+-- defer.lua: set a delivery aside without applying it. The deferred record is durable
+-- (found again with the deferred list) and a settle intent of kind defer lets the provider
+-- stop redelivering it; the delivery stays unapplied, so the floor never passes it.
+-- KEYS: see _lib.lua.
+-- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] delivery id  ARGV[4] emission id
+-- ARGV[5] reason
+-- Returns reply(code, detail): deferred | covered (detail floor | applied | dead_lettered)
+local now = now_ms()
+local covered = coverage(ARGV[3])
+if covered then return reply('covered', covered) end
+redis.call('HSET', KEYS[6], ARGV[3],
+  cjson.encode({emission = ARGV[4], reason = ARGV[5], at = now}))
+intent(ARGV[3], 'defer', ARGV[4], now)
+touch(ARGV[1], ARGV[2], now)
+return reply('deferred', '')

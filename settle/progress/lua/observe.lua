@@ -1,0 +1,14 @@
+-- observe.lua: store the provider's floor as last observed and advance the cumulative
+-- floor along a provider listing (see advance() in _lib.lua). KEYS: see _lib.lua.
+-- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] listing starts after this id ('0-0': start)
+-- ARGV[4] provider last-delivered id ('' unknown)  ARGV[5] oldest pending id ('' none)
+-- ARGV[6] pending count  ARGV[7..] listed ids, ascending
+-- Returns reply(advanced | unchanged | unproven, floor)
+local now = now_ms()
+local ids = {}
+for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],
+  'pf_pending', ARGV[6], 'pf_at', int(now))
+local code = advance(ARGV[3], ids, now)
+touch(ARGV[1], ARGV[2], now)
+return reply(code, floor_of())

@@ -1,0 +1,27 @@
+-- record.lua: durably record that a delivery's effect is applied, and open its settle
+-- intent, in one step (after the effect, before any settlement). KEYS: see _lib.lua.
+-- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] delivery id  ARGV[4] emission id
+-- ARGV[5] attempt id
+-- Returns reply(code, detail):
+--   recorded (detail applied | duplicate): the delivery is now applied above the floor
+--            (duplicate: its emission had already been applied; no second effect ran)
+--   covered  (detail floor | applied | dead_lettered): progress already covered it
+local now = now_ms()
+local covered = coverage(ARGV[3])
+if covered then
+  if covered ~= 'dead_lettered' then intent(ARGV[3], 'ack', ARGV[4], now) end
+  return reply('covered', covered)
+end
+local detail = 'applied'
+if redis.call('HGET', KEYS[10], 'state') == 'applied' then
+  detail = 'duplicate'
+else
+  redis.call('HSET', KEYS[10], 'state', 'applied', 'scope', ARGV[1], 'delivery', ARGV[3],
+    'attempt', ARGV[5], 'at', int(now))
+end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('HDEL', KEYS[4], ARGV[3])
+redis.call('HDEL', KEYS[6], ARGV[3])
+intent(ARGV[3], 'ack', ARGV[4], now)
+touch(ARGV[1], ARGV[2], now)
+return reply('recorded', detail)

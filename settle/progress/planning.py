@@ -1,0 +1,111 @@
+"""Settlement planning: which provider settlements durable progress authorizes. Pure.
+
+- individual: one delivery, covered by progress (applied or dead-lettered);
+- cumulative: everything up to a position; authorized only up to the cumulative floor, so it
+  never passes a gap (a later applied delivery never implies the prefix);
+- batch: several deliveries at once; every member must be covered.
+Negative settlement (release), defer and dead-letter are separate operations with their own
+durable records; they are never planned from progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from settle.progress.errors import SettlementNotAuthorized
+from settle.progress.identity import DeliveryId
+from settle.progress.model import Progress
+
+__all__ = [
+    "Batch",
+    "Cumulative",
+    "Individual",
+    "SettlementPlan",
+    "authorize_batch",
+    "authorize_cumulative",
+    "authorize_individual",
+    "plan_settlements",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Individual:
+    delivery: DeliveryId
+
+
+@dataclass(frozen=True, slots=True)
+class Cumulative:
+    through: DeliveryId
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    members: tuple[DeliveryId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SettlementPlan:
+    """``settlements`` are authorized; ``withheld`` are pending deliveries progress does not
+    cover (they must be applied, dead-lettered, deferred or released first)."""
+
+    settlements: tuple[Individual | Cumulative | Batch, ...]
+    withheld: tuple[DeliveryId, ...]
+
+
+def authorize_individual(progress: Progress, delivery: DeliveryId) -> Individual:
+    if not progress.covers(delivery):
+        raise SettlementNotAuthorized(
+            f"delivery {delivery} is not covered by durable progress; apply it first",
+            uncovered=[delivery],
+        )
+    return Individual(delivery)
+
+
+def authorize_cumulative(progress: Progress, through: DeliveryId) -> Cumulative:
+    if progress.floor is None or progress.floor < through:
+        uncovered = [g for g in progress.gaps if g <= through]
+        raise SettlementNotAuthorized(
+            f"a cumulative settlement through {through} passes the floor {progress.floor}; "
+            "settle at most through the floor (gaps stop it)",
+            uncovered=uncovered or [through],
+        )
+    return Cumulative(through)
+
+
+def authorize_batch(progress: Progress, members: Iterable[DeliveryId]) -> Batch:
+    ordered = tuple(sorted(set(members)))
+    uncovered = [d for d in ordered if not progress.covers(d)]
+    if uncovered:
+        raise SettlementNotAuthorized(
+            f"{len(uncovered)} member(s) of the batch are not covered by durable progress; "
+            "settle the covered ones only",
+            uncovered=uncovered,
+        )
+    return Batch(ordered)
+
+
+def plan_settlements(
+    progress: Progress,
+    pending: Iterable[DeliveryId],
+    *,
+    cumulative: bool = False,
+    batch_size: int = 64,
+) -> SettlementPlan:
+    """Plan settlements for ``pending`` deliveries: a cumulative one through the floor when
+    the provider supports it, then batches of the covered ones above it."""
+    ordered = sorted(set(pending))
+    settlements: list[Individual | Cumulative | Batch] = []
+    covered = [d for d in ordered if progress.covers(d)]
+    withheld = tuple(d for d in ordered if not progress.covers(d))
+    floor = progress.floor
+    if cumulative and floor is not None and any(d <= floor for d in covered):
+        settlements.append(authorize_cumulative(progress, floor))
+        covered = [d for d in covered if floor < d]
+    for start in range(0, len(covered), max(1, batch_size)):
+        chunk = covered[start : start + max(1, batch_size)]
+        if len(chunk) == 1:
+            settlements.append(authorize_individual(progress, chunk[0]))
+        else:
+            settlements.append(authorize_batch(progress, chunk))
+    return SettlementPlan(tuple(settlements), withheld)

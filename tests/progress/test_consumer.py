@@ -1,0 +1,244 @@
+"""The Redis Streams adapter in one process (sync and async): apply -> progress -> fenced ack,
+settlement planning against durable progress, defer, dead-letter and release."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from structlog.testing import capture_logs
+
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    ApplyStatus,
+    AsyncProgressStore,
+    AsyncStreamConsumer,
+    DeferDelivery,
+    DeliveryId,
+    EffectContext,
+    EmissionId,
+    IntentKind,
+    ProgressStore,
+    SettlementAuthority,
+    SettlementOutcome,
+    StreamConsumer,
+)
+from tests.progress.harness import (
+    Names,
+    assert_nothing_acked_uncovered,
+    dead_letters_on_stream,
+    pending_ids,
+    publish,
+)
+
+
+def make(names: Names, stream_server: EmbeddedRedis, progress_server: EmbeddedRedis, **kw):
+    store = ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    consumer = StreamConsumer(
+        redis.Redis.from_url(stream_server.url),
+        store,
+        stream=names.stream,
+        group=names.group,
+        block=0.01,
+        **kw,
+    )
+    consumer.start()
+    return consumer
+
+
+def test_poll_applies_records_then_acks(
+    names, stream_server, progress_server, stream_client, progress_client
+):
+    consumer = make(names, stream_server, progress_server, worker="w1")
+    ids = publish(stream_client, names, ["e1", "e2", "e3"])
+    seen: list[str] = []
+
+    def effect(ctx: EffectContext) -> None:
+        # The progress of this delivery is not recorded yet while its effect runs.
+        assert not consumer.store.read(consumer.scope).covers(ctx.delivery)
+        assert ctx.idempotency_key == f"{names.consumer}:{ctx.emission.value}"
+        seen.append(ctx.emission.value)
+
+    report = consumer.poll(effect)
+    assert seen == ["e1", "e2", "e3"]
+    assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED] * 3
+    assert pending_ids(stream_client, names) == {}
+    progress = consumer.store.read(consumer.scope)
+    assert progress.floor == DeliveryId(ids[-1])
+    assert progress.applied_above_floor == ()
+    assert progress.gaps == ()
+    assert progress.intents == ()
+    assert progress.provider_floor is not None
+    assert progress.provider_floor.last_delivered == DeliveryId(ids[-1])
+    assert progress.provider_floor.pending == 0
+    assert progress.replay_from.after == DeliveryId(ids[-1])
+    assert_nothing_acked_uncovered(stream_client, progress_client, names)
+
+    # A re-publication of the same emissions is recognised: no effect runs again.
+    publish(stream_client, names, ["e1", "e2"])
+    report = consumer.poll(effect)
+    assert seen == ["e1", "e2", "e3"]
+    assert len(report.receipts) == 2
+    consumer.store.close()
+
+
+def test_fenced_ack_refuses_a_delivery_owned_by_another_worker(
+    names, stream_server, progress_server, stream_client, progress_client
+):
+    a = make(names, stream_server, progress_server, worker="a")
+    b = make(names, stream_server, progress_server, worker="b", claim_idle=0.001)
+    [first] = publish(stream_client, names, ["e1"])
+    [(_, batch)] = stream_client.xreadgroup(names.group, "a", {names.stream: ">"})
+    assert batch[0][0].decode() == first
+    applied = a.store.apply(a.scope, DeliveryId(first), EmissionId("e1"), lambda ctx: None)
+    assert applied.status is ApplyStatus.APPLIED
+    # b reclaims it while a is slow; a's acknowledgement is then refused, not applied.
+    stream_client.xclaim(names.stream, names.group, "b", 0, [first])
+    receipt = a.settle(SettlementAuthority("a", DeliveryId(first), 1), IntentKind.ACK)
+    assert receipt.outcome is SettlementOutcome.NOT_OWNER
+    assert receipt.owner == "b"
+    assert first in pending_ids(stream_client, names)
+    # ... and a stale delivery count is refused even for the right name.
+    stale = b.settle(SettlementAuthority("b", DeliveryId(first), 1), IntentKind.ACK)
+    assert stale.outcome is SettlementOutcome.RECLAIMED
+    assert b.store.read(b.scope).intents[0].delivery == DeliveryId(first)  # still open
+    done = b.settle(SettlementAuthority("b", DeliveryId(first), 2), IntentKind.ACK)
+    assert done.outcome is SettlementOutcome.ACKED
+    assert b.store.read(b.scope).intents == ()
+    assert pending_ids(stream_client, names) == {}
+    # The receipts keep what the provider said to each attempt, newest first.
+    said = [(r.worker, r.outcome, r.owner, r.acknowledged) for r in b.store.receipts(b.scope)]
+    assert said == [
+        ("b", SettlementOutcome.ACKED, "b", 1),
+        ("b", SettlementOutcome.RECLAIMED, "b", 0),
+        ("a", SettlementOutcome.NOT_OWNER, "b", 0),
+    ]
+
+
+def test_effect_failure_releases_then_poison_is_dead_lettered(
+    names, stream_server, progress_server, stream_client, progress_client
+):
+    consumer = make(names, stream_server, progress_server, claim_idle=0.001, max_deliveries=2)
+    ids = publish(stream_client, names, ["ok1", "bad", "ok2"])
+    calls: dict[str, int] = {}
+
+    def effect(ctx: EffectContext) -> None:
+        calls[ctx.emission.value] = calls.get(ctx.emission.value, 0) + 1
+        if ctx.emission.value == "bad":
+            raise RuntimeError("cannot apply")
+
+    outcomes = [r.outcome for r in consumer.poll(effect).receipts]
+    assert SettlementOutcome.RELEASED in outcomes
+    for _ in range(5):
+        consumer.poll(effect)
+    assert calls == {"ok1": 1, "bad": 2, "ok2": 1}
+    progress = consumer.store.read(consumer.scope)
+    assert progress.floor == DeliveryId(ids[-1])  # a dead letter is resolved for the floor
+    [dead] = dead_letters_on_stream(stream_client, names)
+    assert dead["delivery"] == ids[1]
+    assert dead["reason"] == "delivery_limit"
+    assert dead["deliveries"] == "3"
+    assert pending_ids(stream_client, names) == {}
+    assert_nothing_acked_uncovered(stream_client, progress_client, names)
+
+
+def test_defer_is_durable_found_again_and_blocks_the_floor(
+    names, stream_server, progress_server, stream_client
+):
+    consumer = make(names, stream_server, progress_server)
+    ids = publish(stream_client, names, ["e1", "later", "e3"])
+
+    def effect(ctx: EffectContext) -> None:
+        if ctx.emission.value == "later":
+            raise DeferDelivery("waiting for the account")
+
+    consumer.poll(effect)
+    progress = consumer.store.read(consumer.scope)
+    [deferred] = progress.deferred
+    assert deferred.delivery == DeliveryId(ids[1])
+    assert deferred.reason == "waiting for the account"
+    # The provider stopped redelivering it, but the application floor did not pass it.
+    assert pending_ids(stream_client, names) == {}
+    assert progress.floor == DeliveryId(ids[0])
+    assert progress.gaps == (DeliveryId(ids[1]),)
+    assert progress.applied_above_floor == (DeliveryId(ids[2]),)
+    # Applying it later (found again from the deferred record) closes the gap.
+    consumer.store.apply(consumer.scope, deferred.delivery, deferred.emission, lambda ctx: None)
+    progress = consumer.observe()
+    assert progress.deferred == ()
+    assert progress.gaps == ()
+    assert progress.floor == DeliveryId(ids[2])
+
+
+def test_malformed_delivery_is_dead_lettered_before_the_provider_is_told(
+    names, stream_server, progress_server, stream_client
+):
+    consumer = make(names, stream_server, progress_server)
+    [bad] = [stream_client.xadd(names.stream, {"body": "no emission id"}).decode()]
+    receipts = consumer.poll(lambda ctx: None).receipts
+    assert [(r.kind, r.outcome) for r in receipts] == [
+        (IntentKind.DEAD_LETTER, SettlementOutcome.ACKED)
+    ]
+    assert consumer.store.read(consumer.scope).floor == DeliveryId(bad)
+    assert dead_letters_on_stream(stream_client, names)[0]["reason"] == "malformed"
+
+
+def test_scripts_survive_a_flushed_script_cache(
+    names, stream_server, progress_server, stream_client, progress_client
+):
+    consumer = make(names, stream_server, progress_server)
+    publish(stream_client, names, ["e1"])
+    stream_client.script_flush()
+    progress_client.script_flush()
+    assert [r.outcome for r in consumer.poll(lambda ctx: None).receipts] == [
+        SettlementOutcome.ACKED
+    ]
+
+
+@pytest.mark.asyncio
+async def test_async_consumer_applies_and_acks(names, stream_server, progress_server):
+    store = AsyncProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    consumer = AsyncStreamConsumer(
+        aioredis.Redis.from_url(stream_server.url),
+        store,
+        stream=names.stream,
+        group=names.group,
+        block=0.01,
+    )
+    scope = await consumer.start()
+    producer = aioredis.Redis.from_url(stream_server.url)
+    ids = [(await producer.xadd(names.stream, {"emission_id": e})).decode() for e in ("a1", "a2")]
+    seen = []
+
+    async def effect(ctx: EffectContext) -> None:
+        seen.append(ctx.emission.value)
+
+    report = await consumer.poll(effect)
+    assert seen == ["a1", "a2"]
+    assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED] * 2
+    [progress] = await store.show()
+    assert progress.scope == scope
+    assert progress.floor == DeliveryId(ids[-1])
+    await producer.aclose()
+    await consumer.aclose()
+
+
+def test_transitions_are_logged_with_stable_names_and_no_payloads(
+    names, stream_server, progress_server, stream_client
+):
+    with capture_logs() as logs:
+        consumer = make(names, stream_server, progress_server, worker="w1")
+        [first] = publish(stream_client, names, ["e1"])
+        consumer.poll(lambda ctx: None)
+    events = [e["event"] for e in logs]
+    assert events[0] == "settle.progress.scope_opened"
+    assert {"settle.progress.applied", "settle.progress.settled"} <= set(events)
+    assert "settle.progress.floor_advanced" in events
+    settled = next(e for e in logs if e["event"] == "settle.progress.settled")
+    assert (settled["delivery"], settled["outcome"], settled["worker"]) == (first, "acked", "w1")
+    assert all(e["event"].startswith("settle.progress.") for e in logs)
+    assert not any("payload-e1" in repr(e) for e in logs)  # the message body is never logged
