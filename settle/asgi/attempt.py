@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 from settle.asgi._types import Scope
-from settle.decorator._plan import downstream_key
 from settle.decorator.attempt import Attempt
 from settle.models import Reserved
 
@@ -18,15 +17,8 @@ __all__ = ["attempt_for", "current_attempt"]
 
 
 def attempt_for(reserved: Reserved, namespace: str, timeout: float | None) -> Attempt:
-    r = reserved.reservation
-    return Attempt(
-        operation_id=r.operation_id,
-        generation=r.generation,
-        number=reserved.record.reservations,
-        idempotency_key=downstream_key(namespace, r.binding, r.operation_id),
-        attempt_id=r.attempt_id,
-        deadline=None if timeout is None else time.monotonic() + timeout,
-    )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    return Attempt.for_reservation(reserved, namespace, deadline)
 
 
 def current_attempt(scope: Scope) -> Attempt:

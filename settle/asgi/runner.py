@@ -176,7 +176,7 @@ class AttemptRunner:
                 continue
             if not renewal.renewed:
                 self._log.warning("settle.http.lease_lost", reason=renewal.reason)
-                self._attempt._lose(renewal)
+                self._attempt.mark_lost(renewal)
                 return
 
     # -- capturing the response ----------------------------------------------------------

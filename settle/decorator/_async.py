@@ -191,6 +191,6 @@ async def _heartbeat(settler: AsyncSettler, run: Run, on_lost: Callable[[], None
             )
             continue
         if not renewal.renewed:
-            attempt._lose(renewal)
+            attempt.mark_lost(renewal)
             on_lost()
             return

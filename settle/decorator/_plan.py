@@ -16,7 +16,6 @@ happened. Every decision (replay, wait, retry, settle, give up) lives here, once
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 import uuid
@@ -59,7 +58,6 @@ __all__ = [
     "Sleep",
     "Step",
     "TerminalSpec",
-    "downstream_key",
 ]
 
 #: Three attempts, exponential backoff with jitter, for any ``Exception`` that is not
@@ -199,13 +197,6 @@ def _check_seconds(name: str, value: object, *, zero: bool) -> None:
         raise InvalidInput(f"{name} must be a number of seconds {least} 0, got {value!r}")
 
 
-def downstream_key(namespace: str, binding: str, operation_id: str) -> str:
-    """The downstream idempotency key: stable across every attempt of one operation, scoped
-    by namespace and principal, and revealing neither."""
-    raw = f"{namespace}\n{binding}\n{operation_id}".encode()
-    return "settle_" + hashlib.sha256(raw).hexdigest()[:40]
-
-
 # -- the plan ----------------------------------------------------------------------------
 
 
@@ -252,14 +243,8 @@ class Plan:
         self._polls = 0
         r = outcome.reservation
         timeout = self.policy.timeout
-        attempt = Attempt(
-            operation_id=r.operation_id,
-            generation=r.generation,
-            number=outcome.record.reservations,
-            idempotency_key=downstream_key(self.policy.namespace, r.binding, r.operation_id),
-            attempt_id=r.attempt_id,
-            deadline=None if timeout is None else self._clock() + timeout,
-        )
+        deadline = None if timeout is None else self._clock() + timeout
+        attempt = Attempt.for_reservation(outcome, self.policy.namespace, deadline)
         lease = self.policy.lease
         return Run(r, attempt, timeout, lease, heartbeat=lease / 3)
 

@@ -165,7 +165,7 @@ def _run(
                 )
                 continue
             if not renewal.renewed:
-                attempt._lose(renewal)
+                attempt.mark_lost(renewal)
                 return
 
     beat = threading.Thread(

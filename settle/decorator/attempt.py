@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from typing import ClassVar
 
 from settle.errors import StaleAttempt
-from settle.models import OperationRecord, Renewal
+from settle.models import OperationRecord, Renewal, Reserved
 
-__all__ = ["Attempt"]
+__all__ = ["Attempt", "downstream_key"]
+
+
+def downstream_key(namespace: str, binding: str, operation_id: str) -> str:
+    """The downstream idempotency key: stable across every attempt of one operation, scoped
+    by namespace and principal, and revealing neither."""
+    raw = f"{namespace}\n{binding}\n{operation_id}".encode()
+    return "settle_" + hashlib.sha256(raw).hexdigest()[:40]
 
 
 class Attempt:
@@ -66,6 +74,21 @@ class Attempt:
         self._lost = threading.Event()
         self._renewal: Renewal | None = None
 
+    @classmethod
+    def for_reservation(
+        cls, reserved: Reserved, namespace: str, deadline: float | None = None
+    ) -> Attempt:
+        """The attempt a fresh reservation gives its function (or HTTP handler)."""
+        r = reserved.reservation
+        return cls(
+            operation_id=r.operation_id,
+            generation=r.generation,
+            number=reserved.record.reservations,
+            idempotency_key=downstream_key(namespace, r.binding, r.operation_id),
+            attempt_id=r.attempt_id,
+            deadline=deadline,
+        )
+
     def __repr__(self) -> str:
         return (
             f"Attempt(operation_id={self.operation_id!r}, generation={self.generation}, "
@@ -104,7 +127,8 @@ class Attempt:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise TimeoutError(f"operation {self.operation_id!r}: the attempt's timeout passed")
 
-    def _lose(self, renewal: Renewal) -> None:
+    def mark_lost(self, renewal: Renewal) -> None:
+        """Record that the lease is lost (called by the heartbeat that found out)."""
         self._renewal = renewal
         self._lost.set()
 
