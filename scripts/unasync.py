@@ -20,6 +20,8 @@ SOURCES = ["settle/_async/__init__.py", "settle/_async/backend.py", "settle/_asy
 
 RULES: list[tuple[str, str]] = [
     (r"from redis\.asyncio import", "from redis import"),
+    (r"from redis\.asyncio\.cluster import", "from redis.cluster import"),
+    (r"\bAsyncRetrying\b", "Retrying"),
     (r"\bAsyncScript\b", "Script"),
     (r"^import asyncio$", "import time"),
     (r"\basyncio\.sleep\b", "time.sleep"),

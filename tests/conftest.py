@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 import redis
-import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 
 from settle import AsyncSettler, Settler
@@ -63,6 +62,6 @@ def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
 
 @pytest_asyncio.fixture
 async def async_settler(redis_url: str, namespace: str) -> AsyncIterator[AsyncSettler]:
-    s = AsyncSettler(aioredis.Redis.from_url(redis_url), namespace=namespace, shards=4)
+    s = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
     yield s
     await s.aclose()

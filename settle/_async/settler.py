@@ -38,6 +38,9 @@ from settle.models import (
 
 __all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
 
+_SOCKET_TIMEOUT = 30.0
+_CONNECT_TIMEOUT = 5.0
+
 
 class AsyncBackend(Protocol):
     async def run(self, call: Call) -> Any: ...
@@ -71,7 +74,29 @@ class AsyncSettler:
     @classmethod
     def from_url(cls, url: str, config: SettleConfig | None = None, **options: Any) -> Self:
         """Connect to ``redis://`` / ``rediss://`` / ``unix://`` URLs (binary-safe client)."""
-        return cls(Redis.from_url(url, decode_responses=False), config, **options)
+        client = Redis.from_url(
+            url,
+            decode_responses=False,
+            # A reply that never comes must not hang a payment path forever.
+            socket_timeout=_SOCKET_TIMEOUT,
+            socket_connect_timeout=_CONNECT_TIMEOUT,
+        )
+        return cls(client, config, **options)
+
+    @classmethod
+    def from_cluster(
+        cls,
+        nodes: str | list[str] | list[tuple[str, int]],
+        config: SettleConfig | None = None,
+        *,
+        client_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Self:
+        """Connect to a Redis Cluster: one node's ``redis://`` URL, or seed nodes as
+        ``"host:port"`` / ``(host, port)``. ``client_options`` go to redis-py's
+        ``RedisCluster`` (password, timeouts...); ``options`` are :class:`SettleConfig`'s."""
+        client = AsyncRedisBackend.cluster_client(nodes, client_options)
+        return cls(client, config, **options)
 
     async def __aenter__(self) -> Self:
         await self.check()

@@ -41,6 +41,7 @@ from settle.models import (
     Settlement,
     StoredFailure,
     Verdict,
+    ms_to_datetime,
 )
 
 __all__ = ["MIN_SERVER_VERSION", "Call", "Core", "QuarantineFollower", "QuarantineQuery"]
@@ -641,7 +642,9 @@ class QuarantineFollower:
     """Follows every shard's quarantine stream from now (or ``since``) on, oldest first.
 
     Drive it with ``calls = f.calls(); new = f.feed(calls, run_many(calls))``; sleep when
-    ``f.idle``.
+    ``f.idle``. Shards are read one after another (one round trip each on a cluster), so an
+    entry can land in a shard already read while a later shard yields a newer one; entries
+    are therefore held back until every shard has been read past their time.
     """
 
     def __init__(self, core: Core, shards: list[int], flt: _Filter, since: datetime | None) -> None:
@@ -649,6 +652,7 @@ class QuarantineFollower:
         self._filter = flt
         start = f"{_ms(since)}-0" if since else None
         self._low: dict[int, str | None] = dict.fromkeys(shards, start)
+        self._held: list[QuarantineEntry] = []
         self.idle = False
 
     def calls(self) -> list[Call]:
@@ -665,19 +669,25 @@ class QuarantineFollower:
         return out
 
     def feed(self, calls: list[Call], raws: list[Any]) -> list[QuarantineEntry]:
-        new: list[QuarantineEntry] = []
         more = False
+        read_at = None
         for call, raw in zip(calls, raws, strict=True):
             assert call.shard is not None
             reply = codec.parse_reply(raw)
             primed = self._low[call.shard] is not None
             if primed:
-                new.extend(self._core._entries(call, reply))
+                self._held.extend(self._core._entries(call, reply))
             if reply.detail:
                 self._low[call.shard] = f"({reply.detail}"
             elif not primed:
                 self._low[call.shard] = "-"
             more = more or not primed or reply.code == "more"
-        self.idle = not more and not new
-        new.sort(key=_id_key)
-        return new
+            read_at = reply.now_ms if read_at is None else min(read_at, reply.now_ms)
+        # Anything not yet seen was written after its shard's read, so at or after the
+        # earliest read of this round: entries older than that are complete and in order.
+        cut = ms_to_datetime(read_at) if read_at is not None else None
+        self._held.sort(key=_id_key)
+        ready = [e for e in self._held if cut is not None and e.at < cut]
+        self._held = self._held[len(ready) :]
+        self.idle = not more and not ready
+        return ready

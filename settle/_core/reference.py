@@ -373,6 +373,12 @@ def _settle(action: str) -> Callable[[MemoryKeyspace, list[str], list[bytes], in
                     kind = "version_conflict"
                 else:
                     kind = "conflicting_settlement"
+            elif (
+                action == "mark_provisional"
+                and rec[b"state"] == b"provisional"
+                and rec.get(b"reason") == a[9]
+            ):
+                verdict = "absorbed"
             elif a[5] != b"" and a[5] != rec[b"ver"]:
                 kind = "version_conflict"
             else:

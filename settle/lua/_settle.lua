@@ -56,6 +56,11 @@ local function settle(action)
       else
         kind = 'conflicting_settlement'
       end
+    elseif action == 'mark_provisional' and rec.state == 'provisional'
+        and rec.reason == ARGV[10] then
+      -- The same uncertainty reported again (a repeat after a lost reply): nothing to
+      -- update, so it is absorbed, whatever version the repeat carries.
+      verdict = 'absorbed'
     elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
       kind = 'version_conflict'
     else

@@ -137,6 +137,15 @@ async def test_mark_provisional_on_provisional_updates_the_reason(api: Any) -> N
     )
 
 
+async def test_the_same_uncertainty_reported_again_is_absorbed(api: Any) -> None:
+    r = await _reserved(api)
+    first = await api.mark_provisional(r, reason="timeout", expected_version=1)
+    again = await api.mark_provisional(r, reason="timeout", expected_version=1)
+    assert again.verdict is Verdict.ABSORBED
+    assert again.record == first.record
+    assert await api.quarantine.list() == []
+
+
 async def test_owner_completing_after_its_lease_passed_but_before_takeover_is_accepted(
     api: Any,
 ) -> None:

@@ -1,0 +1,119 @@
+"""What the shells need to know about the server's shape, with no I/O: seed nodes of a
+cluster, the oldest node's INFO, and whether every hash slot is served (SPEC 4, 11)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from settle._core.engine import parse_server_version
+from settle.errors import ConfigurationError, InvalidInput
+
+__all__ = [
+    "HASH_SLOTS",
+    "check_cluster",
+    "is_cluster_mode",
+    "missing_slot_ranges",
+    "oldest_node_info",
+    "parse_seed_nodes",
+]
+
+HASH_SLOTS = 16384
+
+
+def parse_seed_nodes(
+    nodes: str | Sequence[str | tuple[str, int]],
+) -> tuple[str | None, list[tuple[str, int]]]:
+    """``(url, [])`` for one node's ``redis://`` / ``rediss://`` URL, else ``(None, seeds)``
+    for ``"host:port"`` strings or ``(host, port)`` pairs."""
+    if isinstance(nodes, str):
+        scheme = urlsplit(nodes).scheme
+        if scheme in ("redis", "rediss"):
+            return nodes, []
+        if scheme:
+            raise InvalidInput(
+                f"a cluster URL must start with redis:// or rediss://, got {scheme}://"
+            )
+        nodes = [nodes]
+    seeds = [_seed(node) for node in nodes]
+    if not seeds:
+        raise InvalidInput("give at least one cluster node (a URL, 'host:port' or (host, port))")
+    return None, seeds
+
+
+def _seed(node: object) -> tuple[str, int]:
+    if isinstance(node, str):
+        host, sep, port_text = node.rpartition(":")
+        if not sep or not host or not port_text.isdigit():
+            raise InvalidInput(f"cluster node {node!r} is not 'host:port'")
+        node = (host.strip("[]"), int(port_text))
+    if (
+        not isinstance(node, tuple)
+        or len(node) != 2
+        or not isinstance(node[0], str)
+        or not node[0]
+        or isinstance(node[1], bool)
+        or not isinstance(node[1], int)
+        or not 0 < node[1] < 65536
+    ):
+        raise InvalidInput(f"cluster node {node!r} is not 'host:port' or (host, port)")
+    return node[0], node[1]
+
+
+def is_cluster_mode(info: Mapping[str, Any]) -> bool:
+    """True when one node's ``INFO server`` says it runs in cluster mode."""
+    mode = info.get("redis_mode") or info.get("server_mode") or ""
+    text = mode.decode() if isinstance(mode, bytes) else str(mode)
+    return text == "cluster"
+
+
+def oldest_node_info(per_node: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``INFO server`` of the node with the lowest version: the scripts must run on all."""
+    if not per_node:
+        raise ConfigurationError("the Redis Cluster reported no nodes")
+    name, info = min(per_node.items(), key=lambda item: parse_server_version(dict(item[1])))
+    return {**info, "node": name}
+
+
+def missing_slot_ranges(served: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The inclusive slot ranges no node serves, from the served inclusive ranges."""
+    out: list[tuple[int, int]] = []
+    next_free = 0
+    for low, high in sorted(served):
+        if low > next_free:
+            out.append((next_free, low - 1))
+        next_free = max(next_free, high + 1)
+    if next_free < HASH_SLOTS:
+        out.append((next_free, HASH_SLOTS - 1))
+    return out
+
+
+def check_cluster(
+    states: Mapping[str, Mapping[str, Any]], served: Iterable[tuple[int, int]]
+) -> None:
+    """Raise ``ConfigurationError`` unless every node reports ``cluster_state:ok`` and every
+    hash slot is served: a settle key may hash to any slot, so a gap fails calls at random."""
+    missing = missing_slot_ranges(served)
+    failing = sorted(
+        node for node, info in states.items() if _text(info.get("cluster_state")) != "ok"
+    )
+    if not missing and not failing:
+        return
+    parts = []
+    if missing:
+        shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in missing[:8])
+        more = f" and {len(missing) - 8} more ranges" if len(missing) > 8 else ""
+        parts.append(f"hash slots {shown}{more} are served by no node")
+    if failing:
+        parts.append(f"cluster_state is not ok on {', '.join(failing)}")
+    raise ConfigurationError(
+        "the Redis Cluster cannot serve every settle key: "
+        + "; ".join(parts)
+        + ". Assign every slot (CLUSTER ADDSLOTS, or redis-cli --cluster fix) and wait for "
+        "cluster_state:ok before starting settle."
+    )
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,111 @@
+"""Which Redis failures a call may be repeated after, and what each failure means to a
+caller. Shared by both shells: they run ``tenacity`` with :func:`retry_options` and turn what
+is left into a :class:`SettleError` with :func:`backend_error`.
+
+Every script is safe to repeat with the same KEYS and ARGV: a repeated ``reserve`` carries the
+same attempt id and gets its own reservation back (``resumed``); a repeated settlement of a
+record it already settled is ``absorbed``. So a call whose connection dropped after it was
+sent is simply sent again. A script's own error (a ``ResponseError``) is never retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import exceptions as rx
+from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from settle._core.engine import Call
+from settle._log import logger
+from settle.errors import BackendError, ConfigurationError, SettleError
+
+__all__ = ["ATTEMPTS", "backend_error", "is_transient", "retry_options"]
+
+#: Tries of one script call (the first and the repeats) before the error reaches the caller.
+ATTEMPTS = 4
+_WAIT_FIRST = 0.05
+_WAIT_MAX = 1.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A dropped or refused connection, a timeout, a server still loading its data, a
+    cluster resharding (TRYAGAIN) or failing over (CLUSTERDOWN): repeat the call. Wrong
+    credentials and a script's own error are not transient."""
+    if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError | rx.MaxConnectionsError):
+        return False
+    return isinstance(
+        exc, rx.ConnectionError | rx.TimeoutError | rx.TryAgainError | rx.ClusterDownError
+    )
+
+
+def retry_options(call: Call | None) -> dict[str, Any]:
+    """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying`` around one call."""
+    return {
+        "stop": stop_after_attempt(ATTEMPTS),
+        "wait": wait_random_exponential(multiplier=_WAIT_FIRST, max=_WAIT_MAX),
+        "retry": retry_if_exception(is_transient),
+        "reraise": True,
+        "before_sleep": lambda state: _log_retry(call, state),
+    }
+
+
+def _log_retry(call: Call | None, state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    logger.warning(
+        "settle.backend.retrying",
+        script=call.script if call else None,
+        operation_id=call.operation_id if call else None,
+        attempt_id=call.attempt_id if call else None,
+        attempt=state.attempt_number,
+        of=ATTEMPTS,
+        error=type(exc).__name__ if exc else None,
+        sleep=round(state.upcoming_sleep, 3),
+    )
+
+
+def backend_error(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) -> SettleError:
+    """What a Redis failure means to the caller: a misconfiguration (credentials, an
+    incomplete cluster) is a :class:`ConfigurationError`; the rest is a :class:`BackendError`."""
+    error = _classify(exc, call)
+    logger.error(
+        "settle.backend.failed",
+        script=call.script if call else None,
+        operation_id=call.operation_id if call else None,
+        attempt_id=call.attempt_id if call else None,
+        error=type(exc).__name__,
+        raised=type(error).__name__,
+    )
+    return error
+
+
+def _classify(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) -> SettleError:
+    what = call.script if call else "a command"
+    op = call.operation_id if call else None
+    name = f"{exc.__class__.__name__}: {exc}"
+    if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError | rx.NoPermissionError) or (
+        "NOAUTH" in str(exc) or "WRONGPASS" in str(exc)
+    ):
+        return ConfigurationError(
+            f"Redis refused settle's credentials during {what} ({name}). Check the user name "
+            "and password in the URL (or the ACL rules of that user); nothing was written.",
+            operation_id=op,
+        )
+    if "SELECT is not allowed in cluster mode" in str(exc):
+        return ConfigurationError(
+            "the server is a Redis Cluster node, which has only database 0: connect to "
+            "redis://host:port/0 or use from_cluster()",
+            operation_id=op,
+        )
+    if isinstance(exc, rx.RedisClusterException):
+        return ConfigurationError(
+            f"the Redis Cluster cannot serve every settle key during {what} ({name}). Assign "
+            "every hash slot and wait for cluster_state:ok before starting settle.",
+            operation_id=op,
+        )
+    retried = f" after {ATTEMPTS} tries" if is_transient(exc) else ""
+    return BackendError(
+        f"Redis failed during {what}{retried}: {name}. Check that the server is reachable; "
+        "whether a settlement sent before the failure ran is unknown, and settlement calls "
+        "are safe to repeat with the same arguments.",
+        operation_id=op,
+    )

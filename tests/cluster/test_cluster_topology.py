@@ -1,0 +1,372 @@
+"""Redis Cluster specifics (SPEC 4): one slot per script, shards spread over every node,
+quarantine reads that gather every shard, generations, the script cache lost on some nodes,
+connecting (``from_url`` on a node, ``from_cluster``), and start-up errors (a missing hash
+slot, a node too old)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
+
+from settle import (
+    AsyncSettler,
+    ConfigurationError,
+    InvalidInput,
+    QuarantineKind,
+    Reservation,
+    Reserved,
+    SettleConfig,
+    Settler,
+    Verdict,
+)
+from settle._core import topology
+from settle._core.engine import Core
+from settle._core.keys import shard_of
+from tests.cluster.cluster_support import LocalCluster
+
+pytestmark = [pytest.mark.cluster]
+
+REQ = {"amount": 1000}
+WHO = "tenant:acme"
+SHARDS = 16
+
+
+def _ghost(op: str) -> Reservation:
+    return Reservation(
+        operation_id=op,
+        fingerprint="0" * 64,
+        fingerprint_version=1,
+        binding=WHO,
+        generation=1,
+        attempt_id="ghost",
+    )
+
+
+def _node_of_slot(cluster: LocalCluster) -> dict[int, int]:
+    """slot -> index of the node that serves it, read from the cluster itself."""
+    owner: dict[int, int] = {}
+    with cluster.client(0) as c:
+        for low, high, primary, *_ in c.execute_command("CLUSTER SLOTS"):
+            index = [n.port for n in cluster.nodes].index(int(primary[1]))
+            owner.update(dict.fromkeys(range(int(low), int(high) + 1), index))
+    return owner
+
+
+def _one_op_per_shard(shards: int = SHARDS) -> dict[int, str]:
+    ops: dict[int, str] = {}
+    i = 0
+    while len(ops) < shards:
+        ops.setdefault(shard_of(f"op-{i}", shards), f"op-{i}")
+        i += 1
+    return ops
+
+
+@pytest.fixture
+def settler16(cluster: LocalCluster, namespace: str) -> Iterator[Settler]:
+    s = Settler.from_url(cluster.url, namespace=namespace, shards=SHARDS)
+    yield s
+    s.close()
+
+
+def test_every_planned_script_call_touches_one_slot() -> None:
+    core = Core(SettleConfig(namespace="payments", shards=SHARDS))
+    reservation = Reservation(
+        operation_id="x",
+        fingerprint="a" * 64,
+        fingerprint_version=1,
+        binding=WHO,
+        generation=3,
+        attempt_id="a1",
+    )
+    calls = [core.plan_namespace()]
+    for i in range(300):
+        op = f"order-{i}"
+        r = reservation.model_copy(update={"operation_id": op})
+        calls += [
+            core.plan_reserve(op, {"i": i}, principal=WHO),
+            core.plan_complete(r, {"ok": i}),
+            core.plan_fail(r, ValueError("declined")),
+            core.plan_mark_provisional(r, "timeout"),
+            core.plan_renew(r),
+            core.plan_get(op),
+            core.plan_attempts(op),
+        ]
+    calls += core.quarantine_query().calls() + core.quarantine_follower().calls()
+    calls += core.plan_quarantine_lookup("1733130000000-0")
+    for call in calls:
+        assert len({key_slot(k.encode()) for k in call.keys}) == 1, call
+
+
+def test_shards_spread_over_every_node(
+    cluster: LocalCluster, settler16: Settler, namespace: str
+) -> None:
+    owner = _node_of_slot(cluster)
+    for op in _one_op_per_shard().values():
+        assert isinstance(settler16.reserve(op, REQ, principal=WHO), Reserved)
+    per_node = [0] * len(cluster.nodes)
+    for i in range(len(cluster.nodes)):
+        with cluster.client(i) as c:
+            keys = list(c.scan_iter(match=f"settle:{{{namespace}:*}}:op:*"))
+            per_node[i] = len(keys)
+            assert all(owner[key_slot(k)] == i for k in keys)
+    assert sum(per_node) == SHARDS
+    assert all(count > 0 for count in per_node), per_node
+
+
+def test_quarantine_list_get_and_resolve_gather_every_node(
+    cluster: LocalCluster, settler16: Settler, figures: dict[str, str]
+) -> None:
+    owner = _node_of_slot(cluster)
+    ops = _one_op_per_shard()
+    refs = {}
+    for shard, op in ops.items():
+        settlement = settler16.complete(_ghost(op), {"shard": shard})
+        assert settlement.kind is QuarantineKind.UNKNOWN_OPERATION
+        refs[op] = settlement.quarantine_id
+    started = time.perf_counter()
+    listed = settler16.quarantine.list()
+    figures[f"quarantine.list(), {SHARDS} shards on a 3-node cluster (one call per shard)"] = (
+        f"{(time.perf_counter() - started) * 1000:.1f} ms"
+    )
+    assert sorted(e.operation_id for e in listed) == sorted(ops.values())
+    assert [e.at for e in listed] == sorted((e.at for e in listed), reverse=True)
+    nodes = {owner[key_slot(settler16._core.keys.quarantine(e.shard).encode())] for e in listed}
+    assert nodes == set(range(len(cluster.nodes)))  # the listing reached every node
+    # get and resolve find each entry on its own node; unresolved filters across nodes.
+    for op, ref in list(refs.items())[::2]:
+        assert settler16.quarantine.get(ref).operation_id == op
+        settler16.quarantine.resolve(ref, note="replayed by hand")
+    unresolved = settler16.quarantine.list(unresolved=True)
+    assert sorted(e.operation_id for e in unresolved) == sorted(list(ops.values())[1::2])
+    # a bare stream id (no shard) is searched on every shard of every node
+    time.sleep(0.002)
+    lone = settler16.complete(_ghost("lone"), {}).quarantine_id
+    assert lone is not None
+    assert settler16.quarantine.get(lone.split("/", 1)[1]).operation_id == "lone"
+    # limit and paging over many shards
+    assert len(settler16.quarantine.list(limit=3)) == 3
+
+
+@pytest.mark.asyncio
+async def test_follow_gathers_new_entries_from_every_node(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    reader = AsyncSettler.from_cluster(cluster.url, namespace=namespace, shards=SHARDS)
+    writer = AsyncSettler.from_cluster(cluster.startup_nodes, namespace=namespace, shards=SHARDS)
+    ops = _one_op_per_shard()
+    await writer.complete(_ghost("before"), {})  # older than ``since``: not yielded
+    await asyncio.sleep(0.005)
+    since = datetime.now(UTC)
+    seen: set[str] = set()
+
+    async def follow() -> None:
+        async for entry in reader.quarantine.follow(poll_interval=0.02, since=since):
+            seen.add(entry.operation_id)
+            if len(seen) == len(ops):
+                return
+
+    task = asyncio.create_task(follow())
+    for op in ops.values():
+        await writer.complete(_ghost(op), {})
+    await asyncio.wait_for(task, timeout=10)
+    assert seen == set(ops.values())
+    await reader.aclose()
+    await writer.aclose()
+
+
+def test_follow_yields_oldest_first_across_shards(settler16: Settler) -> None:
+    settler16.check()
+    core = settler16._core
+    backend = settler16._backend
+    ops = _one_op_per_shard()
+    first, last = ops[0], ops[SHARDS - 1]
+    follower = core.quarantine_follower()
+    calls = follower.calls()
+    follower.feed(calls, backend.run_many(calls))  # primed: from now on
+    calls = follower.calls()
+    # A round of reads, one shard at a time as on a cluster; writes land between two reads.
+    raws = [backend.run(calls[0])]
+    older = settler16.complete(_ghost(first), {})
+    time.sleep(0.003)
+    newer = settler16.complete(_ghost(last), {})
+    raws += [backend.run(call) for call in calls[1:]]
+    yielded = [e.operation_id for e in follower.feed(calls, raws)]
+    calls = follower.calls()
+    yielded += [e.operation_id for e in follower.feed(calls, backend.run_many(calls))]
+    assert older.quarantine_id
+    assert newer.quarantine_id
+    assert yielded == [first, last]
+
+
+def test_generations_are_per_shard_counters_without_ttl(
+    cluster: LocalCluster, settler16: Settler, namespace: str
+) -> None:
+    op = "gen-op"
+    first = settler16.reserve(op, REQ, principal=WHO)
+    assert isinstance(first, Reserved)
+    settler16.mark_provisional(first.reservation, reason="timeout")
+    second = settler16.reserve(op, REQ, principal=WHO)
+    assert isinstance(second, Reserved)
+    assert second.reservation.generation > first.reservation.generation
+    late = settler16.complete(first.reservation, {"late": True})
+    assert late.kind is QuarantineKind.STALE_GENERATION
+    counter = settler16._core.keys.generation(shard_of(op, SHARDS))
+    with redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port) as rc:
+        assert int(rc.get(counter)) == second.reservation.generation
+        assert rc.pttl(counter) == -1
+
+
+@pytest.mark.parametrize("where", ["all", "one"])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_script_cache_lost_on_nodes_is_reloaded_transparently(
+    cluster: LocalCluster, namespace: str, where: str, flavour: str
+) -> None:
+    ops = _one_op_per_shard()
+
+    def flush() -> None:
+        for i in range(len(cluster.nodes)) if where == "all" else [1]:
+            with cluster.client(i) as c:
+                c.script_flush()
+
+    if flavour == "sync":
+        s = Settler.from_url(cluster.url, namespace=namespace, shards=SHARDS)
+        rs = [s.reserve(op, REQ, principal=WHO) for op in ops.values()]
+        flush()
+        assert {s.complete(r.reservation, {}).verdict for r in rs} == {Verdict.ACCEPTED}
+        flush()
+        assert s.quarantine.list() == []
+        s.close()
+        return
+
+    async def main() -> None:
+        a = AsyncSettler.from_cluster(cluster.url, namespace=namespace, shards=SHARDS)
+        rs = [await a.reserve(op, REQ, principal=WHO) for op in ops.values()]
+        flush()
+        assert {(await a.complete(r.reservation, {})).verdict for r in rs} == {Verdict.ACCEPTED}
+        flush()
+        assert await a.quarantine.list() == []
+        await a.aclose()
+
+    asyncio.run(main())
+
+
+def test_from_url_on_any_node_switches_to_a_cluster_client(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    for node in cluster.nodes:
+        with Settler.from_url(node.url, namespace=namespace, shards=SHARDS) as s:
+            assert isinstance(s._backend.client, redis.RedisCluster)
+            r = s.reserve(f"via-{node.port}", REQ, principal=WHO)
+            assert isinstance(r, Reserved)
+
+
+def test_from_url_on_a_cluster_node_with_a_database_other_than_0_is_refused(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    s = Settler.from_url(cluster.url.replace("/0", "/2"), namespace=namespace)
+    with pytest.raises(ConfigurationError, match="database 0"):
+        s.check()
+    s.close()
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        "url",
+        "host:port",
+        "tuples",
+    ],
+)
+def test_from_cluster_accepts_a_url_or_seed_nodes(
+    cluster: LocalCluster, namespace: str, nodes: str
+) -> None:
+    given: Any = {
+        "url": cluster.url,
+        "host:port": [f"127.0.0.1:{n.port}" for n in cluster.nodes[1:]],
+        "tuples": cluster.startup_nodes,
+    }[nodes]
+    with Settler.from_cluster(given, namespace=namespace, shards=SHARDS) as s:
+        assert isinstance(s.reserve("op", REQ, principal=WHO), Reserved)
+
+
+@pytest.mark.parametrize(
+    "nodes", ["http://h:1", "no-port", "h:abc", [], [("h", 0)], [("h", "1")], [("", 1)]]
+)
+def test_from_cluster_rejects_malformed_nodes(nodes: Any) -> None:
+    with pytest.raises(InvalidInput):
+        Settler.from_cluster(nodes)
+
+
+def test_the_oldest_node_decides_the_version_check(cluster: LocalCluster) -> None:
+    infos = {}
+    for i, node in enumerate(cluster.nodes):
+        with cluster.client(i) as c:
+            infos[f"127.0.0.1:{node.port}"] = c.info("server")
+    core = Core(SettleConfig())
+    core.check_server(topology.oldest_node_info(infos))  # the real cluster passes
+    # One node's real INFO, edited to a version too old: the whole cluster is refused.
+    stale = f"127.0.0.1:{cluster.nodes[1].port}"
+    infos[stale] = {**infos[stale], "redis_version": "6.0.9"}
+    oldest = topology.oldest_node_info(infos)
+    assert oldest["node"] == stale
+    with pytest.raises(ConfigurationError, match=r"6\.0\.9"):
+        core.check_server(oldest)
+
+
+@pytest.fixture(scope="module")
+def holed() -> Iterator[tuple[LocalCluster, int]]:
+    """A one-node cluster with one hash slot unassigned (CLUSTER DELSLOTS)."""
+    small = LocalCluster(primaries=1).start()
+    slot = key_slot(b"settle:{holes:0}")
+    with small.client(0) as c:
+        c.execute_command("CLUSTER DELSLOTS", slot)
+        deadline = time.monotonic() + 10
+        while c.cluster("INFO")["cluster_state"] != "fail" and time.monotonic() < deadline:
+            time.sleep(0.02)
+    yield small, slot
+    small.close()
+
+
+def test_a_cluster_with_a_missing_slot_is_a_clear_error_at_start_up(
+    holed: tuple[LocalCluster, int],
+) -> None:
+    small, slot = holed
+    for connect in (
+        lambda: Settler.from_url(small.url, namespace="holes", shards=4),
+        lambda: Settler.from_cluster(small.url, namespace="holes", shards=4),
+    ):
+        s = connect()
+        with pytest.raises(ConfigurationError) as info:
+            s.reserve("op", REQ, principal=WHO)
+        assert f"{slot}" in str(info.value)
+        assert "CLUSTER ADDSLOTS" in str(info.value)
+        s.close()
+    with small.client(0) as c:
+        assert c.dbsize() == 0  # nothing was written
+
+
+def test_a_user_built_cluster_client_with_a_missing_slot_is_a_clear_error_too(
+    holed: tuple[LocalCluster, int],
+) -> None:
+    small, _ = holed
+    # redis-py's own client (require_full_coverage=True) refuses before settle is involved.
+    with pytest.raises(RedisClusterException):
+        redis.RedisCluster(host="127.0.0.1", port=small.nodes[0].port)
+
+    async def main() -> None:
+        from redis.asyncio import RedisCluster  # noqa: PLC0415
+
+        a = AsyncSettler(RedisCluster(host="127.0.0.1", port=small.nodes[0].port))
+        with pytest.raises(ConfigurationError, match="slot"):
+            await a.check()
+        await a.aclose()
+
+    asyncio.run(main())

@@ -1,0 +1,72 @@
+"""Fixtures for fault tests: a proxy that cuts connections, shells that see only settle's own
+retries, and ``figures``: measurements printed at the end of the run (docs/operations.md
+quotes them)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from settle import AsyncSettler, Settler
+from settle._core.scripts import SCRIPT_NAMES, source
+from tests.faults.figures import FIGURES, summary
+from tests.faults.tcp_proxy import FaultyProxy
+from tests.integration.conftest import Awaitable
+
+#: The client's own socket timeout, so a stalled reply surfaces as a TimeoutError quickly.
+SOCKET_TIMEOUT = 0.5
+
+
+@pytest.fixture
+def figures() -> dict[str, str]:
+    return FIGURES
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    summary(terminalreporter)
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[FaultyProxy]:
+    """A proxy to the session's server, whose script cache holds every script (the steady
+    state: a cut then strikes the script itself, not a NOSCRIPT reply)."""
+    with redis.Redis.from_url(redis_url) as raw:
+        port = raw.connection_pool.connection_kwargs["port"]
+        for name in SCRIPT_NAMES:
+            raw.script_load(source(name))
+    running = FaultyProxy(int(port)).start()
+    yield running
+    running.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest_asyncio.fixture
+async def api(flavour: str, proxy: FaultyProxy, namespace: str) -> AsyncIterator[Any]:
+    """A shell connected through the proxy with redis-py's own retries off, so every repeat
+    of a call is settle's (tenacity)."""
+    if flavour == "sync":
+        client = redis.Redis(
+            port=proxy.port, retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT
+        )
+        s = Settler(client, namespace=namespace, shards=4)
+        yield Awaitable(s)
+        s.close()
+    else:
+        aclient = aioredis.Redis(
+            port=proxy.port, retry=AsyncRetry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT
+        )
+        a = AsyncSettler(aclient, namespace=namespace, shards=4)
+        yield a
+        await a.aclose()
