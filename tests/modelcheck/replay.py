@@ -1,0 +1,220 @@
+"""Replay explored traces against the real Lua scripts and require the same answers.
+
+Each trace runs twice, step by step: on a fresh ``MemorySettler`` (the model) and on a
+``Settler`` over a real Redis in a fresh namespace, with the same attempt ids and payloads.
+Every step must give the same verdict, quarantine kind, generation and record (timestamps
+aside); at the end the record, the attempt log and the quarantine entries must match too.
+
+Lease expiry on Redis: every lease is long (``LEASE``), so none passes by accident; an
+``expire`` step renews the current reservation with a 1 ms lease through the public API and
+then waits until the server's own ``TIME`` is past that lease. The model's ``expire`` step
+advances its manual clock past the lease. Both then agree that exactly this lease passed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from settle import Settler
+from settle._core.keys import Keys
+from settle.models import Reservation
+from tests.modelcheck.explore import Bounds, ModelWorld, Result, describe, quiet_logs
+from tests.modelcheck.world import GHOST_OP, LEASE, OP, Outcome, Runner, Step, norm_record
+
+__all__ = ["ReplayReport", "covering_traces", "replay", "replay_trace"]
+
+
+@dataclass
+class ReplayReport:
+    traces: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    divergences: list[str] = field(default_factory=list)
+
+
+def covering_traces(result: Result, max_depth: int | None = None) -> list[list[Step]]:
+    """Traces that together take every explored step (edge) at least once.
+
+    A tree edge into a state that has tree children is covered by a longer trace through it,
+    so the set is: every non-tree edge appended to its source's path, and every tree leaf.
+    """
+    depth = [0] * len(result.parents)
+    has_child = [False] * len(result.parents)
+    for sid in range(1, len(result.parents)):
+        parent, _ = result.parents[sid]
+        depth[sid] = depth[parent] + 1
+        has_child[parent] = True
+    limit = max_depth if max_depth is not None else result.depth_reached
+    traces: list[list[Step]] = []
+    for src, step, dst in result.edges:
+        if depth[src] + 1 > limit:
+            continue
+        tree_edge = dst != 0 and result.parents[dst] == (src, step)
+        if tree_edge and has_child[dst] and depth[dst] < limit:
+            continue
+        traces.append([*result.trace_to(src), step])
+    return traces
+
+
+def sample(traces: list[list[Step]], count: int | None, seed: int = 10) -> list[list[Step]]:
+    if count is None or count >= len(traces):
+        return traces
+    return random.Random(seed).sample(traces, count)
+
+
+def _server_ms(client: redis.Redis) -> int:
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _redis_expire(client: redis.Redis) -> Any:
+    def expire(settler: Settler) -> None:
+        record = settler.get(OP)
+        assert record is not None
+        assert record.state.value == "pending", record
+        current = Reservation(
+            operation_id=record.operation_id,
+            fingerprint=record.fingerprint,
+            fingerprint_version=record.fingerprint_version,
+            binding=record.binding,
+            generation=record.generation,
+            attempt_id=record.attempt_id or "",
+        )
+        renewal = settler.renew(current, lease=0.001)
+        assert renewal.renewed, renewal
+        assert renewal.lease_expires_at is not None
+        end = int(renewal.lease_expires_at.timestamp() * 1000)
+        while _server_ms(client) < end:
+            time.sleep(0.001)
+
+    return expire
+
+
+def _redis_forget(client: redis.Redis, namespace: str) -> Any:
+    """Retention passing, on Redis: every key that has a TTL (records, attempt logs; never
+    the generation counter or the quarantine) gets 1 ms left, then we wait until it is gone:
+    what the retention TTL does when it runs out. The model advances its clock past it."""
+
+    def forget(settler: Settler) -> None:
+        del settler
+        keys = Keys(namespace, 1)
+        candidates = [keys.record(op) for op in (OP, GHOST_OP)]
+        candidates += [keys.attempt_log(op) for op in (OP, GHOST_OP)]
+        expiring = [key for key in candidates if client.pttl(key) > 0]
+        for key in expiring:
+            client.pexpire(key, 1)
+        while expiring and client.exists(*expiring):
+            time.sleep(0.001)
+
+    return forget
+
+
+def _final(settler: Settler) -> tuple[Any, ...]:
+    record = norm_record(settler.get(OP))
+    attempts = tuple(
+        (a.attempt_id, a.generation, a.action, a.verdict, a.detail)
+        for op in (OP, GHOST_OP)
+        for a in settler.attempts(op)
+    )
+    quarantine = tuple(
+        (
+            e.operation_id,
+            e.kind.value,
+            e.action.value,
+            e.presented,
+            e.current,
+            e.payload,
+            e.reason,
+            e.attempt_id,
+        )
+        for e in settler.quarantine.list(newest_first=False, limit=10_000)
+    )
+    return record, attempts, quarantine
+
+
+def replay_trace(
+    client: redis.Redis, bounds: Bounds, trace: list[Step], *, checked: bool = True
+) -> tuple[int, str | None]:
+    """Run one trace on the model and on Redis; return (steps, divergence or None).
+
+    ``checked``: also hold the model to the invariants on the way (a violation raises).
+    """
+    namespace = f"mc{uuid.uuid4().hex[:12]}"
+    model = ModelWorld(bounds, checked=checked)
+    real = Settler(client, namespace=namespace, shards=1, lease=LEASE)
+    forget = _redis_forget(client, namespace) if bounds.retention else None
+    runner = Runner(real, bounds.workers, bounds.reserves, _redis_expire(client), forget)
+    try:
+        for n, step in enumerate(trace, 1):
+            want: Outcome = model.step(step)
+            got = runner.apply(step)
+            if want.comparable() != got.comparable():
+                return n, _report(trace, n, want, got)
+        want_final, got_final = _final(model.settler), _final(real)
+        if want_final != got_final:
+            names = ("record", "attempt log", "quarantine")
+            diff = [
+                f"{name}:\n    model: {w}\n    redis: {g}"
+                for name, w, g in zip(names, want_final, got_final, strict=True)
+                if w != g
+            ]
+            return len(trace), f"{_trace_text(trace)}\n  at the end, " + "\n  ".join(diff)
+        return len(trace), None
+    finally:
+        keys = Keys(namespace, 1)
+        client.delete(
+            keys.meta,
+            keys.record(OP),
+            keys.attempt_log(OP),
+            keys.record(GHOST_OP),
+            keys.attempt_log(GHOST_OP),
+            keys.generation(0),
+            keys.quarantine(0),
+            keys.resolutions(0),
+        )
+
+
+def _trace_text(trace: list[Step]) -> str:
+    return "trace: " + " ; ".join(str(s) for s in trace)
+
+
+def _report(trace: list[Step], n: int, want: Outcome, got: Outcome) -> str:
+    return (
+        f"{_trace_text(trace)}\n  step {n} ({trace[n - 1]}):\n"
+        f"    model: {describe(want)} record={want.record}\n"
+        f"    redis: {describe(got)} record={got.record}"
+    )
+
+
+def replay(
+    url: str, bounds: Bounds, traces: Iterable[list[Step]], *, stop_after: int = 5
+) -> ReplayReport:
+    """Replay ``traces``; collect up to ``stop_after`` divergences."""
+    started = time.perf_counter()
+    report = ReplayReport()
+    client = redis.Redis.from_url(url, decode_responses=False)
+    try:
+        with quiet_logs():
+            for trace in _iter(traces):
+                steps, divergence = replay_trace(client, bounds, trace)
+                report.traces += 1
+                report.steps += steps
+                if divergence is not None:
+                    report.divergences.append(divergence)
+                    if len(report.divergences) >= stop_after:
+                        break
+    finally:
+        client.close()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _iter(traces: Iterable[list[Step]]) -> Iterator[list[Step]]:
+    yield from traces
