@@ -1,0 +1,149 @@
+"""The asyncio shell of ``settle.cursor``: ``AsyncCursorStore`` runs the planned script calls,
+``AsyncCursorConsumer`` carries out one step after another. Hand-written; ``_sync.py`` is
+generated from it by ``python -m settle.cursor._unasync`` (a test fails on drift)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Self
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from settle.cursor._core import CursorCall, CursorCore
+from settle.cursor._scripts import SCRIPT_NAMES, source
+from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
+from settle.cursor.errors import ProviderCursorExpired
+from settle.cursor.models import (
+    Checkpoint,
+    Event,
+    EventContext,
+    Page,
+    ProviderContract,
+    StepOutcome,
+    StepResult,
+    Witness,
+)
+from settle.errors import BackendError
+
+__all__ = ["AsyncCursorConsumer", "AsyncCursorStore"]
+
+AsyncFetchPageFn = Callable[[bytes], Awaitable[Page]]
+AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object]]
+
+
+class AsyncCursorStore:
+    """Checkpoints, witnesses and receipts of one namespace's streams in Redis."""
+
+    def __init__(
+        self,
+        client: Redis | Any,
+        *,
+        namespace: str = "default",
+        keep_generations: int = 64,
+        receipt_horizon: int | None = None,
+    ) -> None:
+        self.core = CursorCore(namespace, keep_generations, receipt_horizon)
+        self.client = client
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(source(name)) for name in SCRIPT_NAMES
+        }
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        return cls(Redis.from_url(url, decode_responses=False), **options)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def run(self, call: CursorCall) -> Any:
+        try:
+            return await self._scripts[call.script](keys=list(call.keys), args=list(call.args))
+        except RedisError as exc:
+            raise BackendError(
+                f"Redis failed during cursor {call.script}: {exc.__class__.__name__}: {exc}. "
+                "Every cursor step is safe to repeat.",
+                operation_id=call.stream,
+            ) from exc
+
+    async def start(self, stream: str, cursor: bytes, *, boundary: int = 0) -> Checkpoint:
+        """Create the stream's checkpoint at its first cursor, unless it exists already."""
+        call = self.core.plan_start(stream, cursor, boundary)
+        return self.core.decode_start(call, await self.run(call))
+
+    async def checkpoint(self, stream: str) -> Checkpoint | None:
+        call = self.core.plan_witnesses(stream, 0)
+        return self.core.decode_checkpoint(call, await self.run(call))
+
+    async def witnesses(self, stream: str, *, limit: int = 20) -> list[Witness]:
+        """The newest witnesses, newest generation first."""
+        call = self.core.plan_witnesses(stream, limit)
+        return self.core.decode_witnesses(call, await self.run(call))
+
+    async def reset(
+        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+    ) -> Checkpoint:
+        """Recovery after a divergence or an expired cursor (see the error's ``recovery``)."""
+        call = self.core.plan_reset(
+            stream, cursor=cursor, boundary=boundary, expected_generation=expected_generation
+        )
+        return self.core.decode_reset(call, await self.run(call))
+
+
+class AsyncCursorConsumer:
+    """Pages a provider through ``fetch_page(cursor)`` and hands each event once to
+    ``handle_event(event, context)``; the checkpoint advances only to the successor of the
+    exact response whose events all have durable receipts."""
+
+    def __init__(
+        self,
+        fetch_page: AsyncFetchPageFn,
+        handle_event: AsyncHandleEventFn,
+        contract: ProviderContract,
+        *,
+        store: AsyncCursorStore,
+        stream: str,
+    ) -> None:
+        self._core = store.core
+        self.stream, self.contract = self._core.check_consumer(stream, contract)
+        self.fetch_page = fetch_page
+        self.handle_event = handle_event
+        self.store = store
+
+    async def step(self) -> StepResult:
+        """Fetch the page at the checkpoint, apply it, promote its successor."""
+        steps = procedure(self._core, self.stream, self.contract)
+        instruction = next(steps)
+        while True:
+            match instruction:
+                case Done(result=result):
+                    return result
+                case RunScript(call=call):
+                    reply = await self.store.run(call)
+                case HandleEvent(event=event, context=context):
+                    reply = await self.handle_event(event, context)
+                case FetchPage(cursor=cursor):
+                    try:
+                        reply = await self.fetch_page(cursor)
+                    except ProviderCursorExpired as exc:
+                        instruction = steps.throw(exc)
+                        continue
+            instruction = steps.send(reply)
+
+    async def run(self, *, max_steps: int = 1000) -> list[StepResult]:
+        """Step until caught up (a step held, or its page had no events) or ``max_steps``
+        steps ran; divergences and errors propagate."""
+        results = []
+        for _ in range(max_steps):
+            result = await self.step()
+            results.append(result)
+            if result.outcome is StepOutcome.HELD or result.applied + result.skipped == 0:
+                break
+        return results

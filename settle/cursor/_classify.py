@@ -1,0 +1,365 @@
+"""The rules of SPEC 9, with no I/O: check a response, classify it against the earlier
+responses to the same (cursor, generation), and decide whether it may advance.
+
+``classify`` returns a :class:`Decision`; a divergence is returned (not raised) so that the
+shell can first keep the response as an abandoned witness and then raise it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from settle.cursor._keys import has_control
+from settle.cursor.errors import (
+    CoverageNotProven,
+    CursorDivergence,
+    InvalidResponse,
+    ReceiptConflict,
+    RotationNotAllowed,
+)
+from settle.cursor.models import (
+    MAX_POSITION,
+    Checkpoint,
+    Classification,
+    Coverage,
+    Disposition,
+    EmptyPageSemantics,
+    Event,
+    Page,
+    ProviderContract,
+    Receipt,
+    Recovery,
+    Witness,
+    WitnessEvent,
+)
+
+__all__ = ["Decision", "View", "check_page", "classify"]
+
+MAX_EVENT_ID_CHARS = 512
+MAX_EVENTS_PER_PAGE = 10_000
+MAX_CURSOR_BYTES = 64 << 10
+MAX_SNAPSHOT_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What Redis holds for a stream when a response is classified."""
+
+    checkpoint: Checkpoint
+    witnesses: tuple[Witness, ...]
+    """Every witness of the checkpoint's generation."""
+    receipts: dict[str, Receipt]
+    """Receipts of the response's event ids and of every position near the boundary."""
+    now_ms: int
+
+    @property
+    def pending(self) -> list[Witness]:
+        return [w for w in self.witnesses if w.disposition is Disposition.PENDING]
+
+    def satisfied(self, event: Event) -> bool:
+        r = self.receipts.get(event.id)
+        return r is not None and r.position == event.position and r.digest == event.digest
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    classification: Classification
+    next_boundary: int
+    resume: str | None = None
+    """Attempt id of the witness an exact replay resumes."""
+    held: bool = False
+    """An empty response with no evidence: do not advance, fetch again later."""
+    error: CursorDivergence | None = None
+
+
+def _bad(stream: str, message: str) -> InvalidResponse:
+    return InvalidResponse(f"fetch_page returned an invalid page: {message}", stream=stream)
+
+
+def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
+    """Validate what ``fetch_page`` returned; raise :class:`InvalidResponse` (nothing
+    written) when it is not a page the contract allows."""
+    if not isinstance(page, Page):
+        raise _bad(stream, f"expected settle.cursor.Page, got {type(page).__name__}")
+    successor = page.successor
+    if isinstance(successor, bytearray | memoryview):
+        successor = bytes(successor)
+    if not isinstance(successor, bytes) or len(successor) > MAX_CURSOR_BYTES:
+        raise _bad(stream, f"successor must be bytes of at most {MAX_CURSOR_BYTES}")
+    if page.snapshot is not None and (
+        not isinstance(page.snapshot, str) or not 1 <= len(page.snapshot) <= MAX_SNAPSHOT_CHARS
+    ):
+        raise _bad(stream, f"snapshot must be a str of 1 to {MAX_SNAPSHOT_CHARS} characters")
+    cov = page.coverage
+    if cov is not None:
+        if not contract.coverage_watermarks:
+            raise _bad(stream, "a coverage marker, but the contract declares no watermarks")
+        if not (_is_position(cov.after) and _is_position(cov.through)) or cov.after > cov.through:
+            raise _bad(stream, "coverage needs integer positions with after <= through")
+    events = list(page.events)
+    if len(events) > MAX_EVENTS_PER_PAGE:
+        raise _bad(stream, f"more than {MAX_EVENTS_PER_PAGE} events")
+    seen: set[str] = set()
+    last = -1
+    for ev in events:
+        if not isinstance(ev, Event):
+            raise _bad(stream, f"events must be settle.cursor.Event, got {type(ev).__name__}")
+        if not isinstance(ev.id, str) or not 1 <= len(ev.id) <= MAX_EVENT_ID_CHARS:
+            raise _bad(stream, f"event ids must be str of 1 to {MAX_EVENT_ID_CHARS} characters")
+        if has_control(ev.id):
+            raise _bad(stream, "event ids must not contain control characters")
+        if not _is_position(ev.position):
+            raise _bad(stream, f"event positions must be integers in [0, {MAX_POSITION}]")
+        if ev.position <= last:
+            raise _bad(stream, "event positions must strictly increase within a page")
+        if ev.id in seen:
+            raise _bad(stream, "an event id appears twice in one page")
+        seen.add(ev.id)
+        last = ev.position
+    return Page(tuple(events), successor, page.snapshot, cov)
+
+
+def _is_position(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_POSITION
+
+
+def witness_events(page: Page) -> tuple[WitnessEvent, ...]:
+    return tuple(WitnessEvent(id=e.id, position=e.position, digest=e.digest) for e in page.events)
+
+
+class _Rules:
+    """One classification: the inputs and the errors it can produce."""
+
+    def __init__(self, stream: str, contract: ProviderContract, view: View, page: Page) -> None:
+        self.stream = stream
+        self.contract = contract
+        self.view = view
+        self.page = page
+        self.ck = view.checkpoint
+        self.boundary = view.checkpoint.boundary
+        cov = page.coverage
+        self.coverage: Coverage | None = cov if cov and cov.after <= self.boundary else None
+        """The coverage marker, when it reaches back to the applied boundary."""
+
+    def diverge(
+        self, kind: type[CursorDivergence], message: str, reason: str, recovery: Recovery
+    ) -> CursorDivergence:
+        return kind(
+            message,
+            stream=self.stream,
+            recovery=recovery,
+            generation=self.ck.generation,
+            boundary=self.boundary,
+            reason=reason,
+        )
+
+    def covered_by_marker(self, position: int) -> bool:
+        c = self.coverage
+        return c is not None and c.after < position <= c.through
+
+    def receipt_conflict(self) -> CursorDivergence | None:
+        by_position: dict[int, list[Receipt]] = {}
+        for held in self.view.receipts.values():
+            by_position.setdefault(held.position, []).append(held)
+        for ev in self.page.events:
+            r = self.view.receipts.get(ev.id)
+            if r is not None and (r.position, r.digest) != (ev.position, ev.digest):
+                what = "payload" if r.position == ev.position else "position"
+                return self.diverge(
+                    ReceiptConflict,
+                    f"event {ev.id!r} at position {ev.position} has another {what} than its "
+                    f"durable receipt (position {r.position})",
+                    f"changed_{what}",
+                    Recovery.FRESH_SNAPSHOT,
+                )
+            others = [o for o in by_position.get(ev.position, []) if o.event_id != ev.id]
+            if others:
+                return self.diverge(
+                    ReceiptConflict,
+                    f"event {ev.id!r} claims position {ev.position}, where event "
+                    f"{others[0].event_id!r} was applied",
+                    "position_taken",
+                    Recovery.FRESH_SNAPSHOT,
+                )
+            if r is None and ev.position <= self.boundary:
+                return self.diverge(
+                    CoverageNotProven,
+                    f"event {ev.id!r} at position {ev.position} is at or below the applied "
+                    f"boundary {self.boundary} and has no receipt",
+                    "below_boundary",
+                    Recovery.FRESH_SNAPSHOT,
+                )
+        return None
+
+    def contract_conflict(self) -> CursorDivergence | None:
+        events = self.page.events
+        if (
+            self.contract.boundary == "inclusive"
+            and events
+            and events[0].position != self.boundary
+            and any(r.position == self.boundary for r in self.view.receipts.values())
+        ):
+            return self.diverge(
+                CoverageNotProven,
+                f"the inclusive provider did not repeat the boundary event at position "
+                f"{self.boundary}",
+                "boundary_event_missing",
+                Recovery.STABLE_BOUNDARY,
+            )
+        if self.contract.stable_snapshots and self.page.snapshot is not None:
+            mine = witness_events(self.page)
+            for w in self.view.witnesses:
+                if w.snapshot == self.page.snapshot and w.events != mine:
+                    return self.diverge(
+                        CursorDivergence,
+                        f"snapshot {self.page.snapshot!r} returned other events for the same "
+                        "cursor, against the stable-snapshot contract",
+                        "snapshot_changed",
+                        Recovery.FRESH_SNAPSHOT,
+                    )
+        if self.contract.positions == "dense":
+            return self.dense_gap()
+        return None
+
+    def dense_gap(self) -> CursorDivergence | None:
+        new = [e.position for e in self.page.events if e.position > self.boundary]
+        if not new:
+            return None
+        held = {r.position for r in self.view.receipts.values() if r.position > self.boundary}
+        have = held.union(new)
+        expected = self.boundary + 1
+        for position in sorted(p for p in have if p <= new[-1]):
+            if position > expected and not all(
+                self.covered_by_marker(p) for p in (expected, position - 1)
+            ):
+                return self.diverge(
+                    CoverageNotProven,
+                    f"dense positions skip from {expected - 1} to {position}: the response "
+                    f"does not cover position {expected}",
+                    "gap",
+                    Recovery.STABLE_BOUNDARY,
+                )
+            expected = position + 1
+        return None
+
+    def witnessed_missing(self) -> CursorDivergence | None:
+        """An event an earlier response to this cursor held, never applied, gone now."""
+        present = {e.id for e in self.page.events}
+        top = self.page.events[-1].position if self.page.events else MAX_POSITION
+        for w in self.view.pending:
+            for ev in w.events:
+                if (
+                    ev.position > self.boundary
+                    and ev.position <= top
+                    and ev.id not in present
+                    and ev.id not in self.view.receipts
+                    and not self.covered_by_marker(ev.position)
+                ):
+                    return self.diverge(
+                        CoverageNotProven,
+                        f"event {ev.id!r} at position {ev.position}, witnessed in an earlier "
+                        "response to this cursor, is missing from the retry",
+                        "witnessed_event_missing",
+                        Recovery.STABLE_BOUNDARY,
+                    )
+        return None
+
+    def sparse_anchor(self) -> bool:
+        """A sparse shifted page proves it starts where the applied events end: it opens
+        with an applied event (the boundary, or one of this generation) as a contiguous
+        slice would, or it carries a coverage marker reaching back to the boundary."""
+        if self.coverage is not None:
+            return True
+        if not self.page.events:
+            return False
+        first = self.page.events[0]
+        r = self.view.receipts.get(first.id)
+        return (
+            r is not None
+            and self.view.satisfied(first)
+            and (r.position == self.boundary or r.generation == self.ck.generation)
+        )
+
+    def empty_evidence(self) -> bool:
+        if self.coverage is not None:
+            return True
+        if self.contract.stable_snapshots and self.page.snapshot is not None:
+            return True
+        return self.contract.empty_page is EmptyPageSemantics.CAUGHT_UP
+
+    def next_boundary(self) -> int:
+        top = max([self.boundary, *(e.position for e in self.page.events)])
+        if self.coverage is not None:
+            top = max(top, self.coverage.through)
+        return top
+
+    def against_earlier(self) -> tuple[Classification, str | None]:
+        mine = witness_events(self.page)
+        pending = self.view.pending
+        same = [w for w in pending if w.events == mine]
+        exact = [w for w in same if w.successor == self.page.successor]
+        if exact:
+            return Classification.EXACT_REPLAY, exact[0].attempt_id
+        if same:
+            return Classification.TOKEN_ROTATION, None
+        if pending:
+            return Classification.SHIFTED_PAGE, None
+        return Classification.FIRST, None
+
+
+def classify(stream: str, contract: ProviderContract, view: View, page: Page) -> Decision:
+    """Classify ``page`` (the response to the checkpoint's cursor) for ``view``."""
+    rules = _Rules(stream, contract, view, page)
+
+    def stop(error: CursorDivergence) -> Decision:
+        # The same divergent response again is not witnessed twice.
+        mine = witness_events(page)
+        again = [
+            w.attempt_id
+            for w in view.witnesses
+            if w.classification is Classification.DIVERGENT
+            and w.events == mine
+            and w.successor == page.successor
+        ]
+        boundary = view.checkpoint.boundary
+        return Decision(
+            Classification.DIVERGENT, boundary, resume=again[0] if again else None, error=error
+        )
+
+    error = rules.receipt_conflict() or rules.contract_conflict()
+    if error is not None:
+        return stop(error)
+    kind, resume = rules.against_earlier()
+    empty = not any(e.position > rules.boundary for e in page.events)
+    if empty and kind is not Classification.EXACT_REPLAY and not rules.empty_evidence():
+        # An empty response advances only with evidence bound to it; without, it holds.
+        return Decision(kind, view.checkpoint.boundary, held=True)
+    if kind is Classification.TOKEN_ROTATION and not contract.rotation_allowed:
+        return stop(
+            rules.diverge(
+                RotationNotAllowed,
+                "a retry returned the same events with a new successor, and the contract "
+                "does not allow token rotation",
+                "rotation_not_allowed",
+                Recovery.STABLE_BOUNDARY,
+            )
+        )
+    if empty:
+        error = rules.witnessed_missing()
+        if error is not None:
+            return stop(error)
+        return Decision(kind, rules.next_boundary(), resume=resume)
+    if kind is Classification.SHIFTED_PAGE:
+        error = rules.witnessed_missing()
+        if error is None and contract.positions == "sparse" and not rules.sparse_anchor():
+            error = rules.diverge(
+                CoverageNotProven,
+                "a retry returned other events at sparse positions with no coverage marker "
+                "and no overlap with applied events: nothing proves it covers the next "
+                "required position",
+                "sparse_unproven",
+                Recovery.STABLE_BOUNDARY,
+            )
+        if error is not None:
+            return stop(error)
+    return Decision(kind, rules.next_boundary(), resume=resume)

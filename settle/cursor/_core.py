@@ -1,0 +1,545 @@
+"""Plan each cursor script call and decode its reply; no I/O.
+
+A shell method is ``call = core.plan_x(...)``, ``raw = await backend.run(call)``,
+``core.decode_x(call, raw)``. Logging happens here, after a script's reply, so a log
+line means the transition it names is durable. Cursors and successors appear in logs only
+as digests (the first 16 hex digits of their SHA-256).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from settle._log import logger
+from settle.cursor._classify import Decision, View, check_page, classify, witness_events
+from settle.cursor._keys import check_namespace, check_stream, stream_keys
+from settle.cursor.errors import (
+    CheckpointMissing,
+    CursorDivergence,
+    CursorError,
+    CursorExpired,
+    InvalidResponse,
+    ReceiptConflict,
+)
+from settle.cursor.models import (
+    MAX_POSITION,
+    Checkpoint,
+    Classification,
+    Disposition,
+    Event,
+    EventContext,
+    Page,
+    ProviderContract,
+    Receipt,
+    Recovery,
+    StepOutcome,
+    StepResult,
+    Witness,
+    WitnessEvent,
+    cursor_digest,
+    ms_datetime,
+)
+from settle.errors import CorruptRecord, InvalidInput
+
+__all__ = ["CursorCall", "CursorCore", "Outcome", "Reply"]
+
+_MAX_OUTCOME = 32
+
+
+def short(digest: str) -> str:
+    return digest[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class CursorCall:
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | bytes | int, ...]
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    code: str
+    detail: str
+    now_ms: int
+    checkpoint: Checkpoint | None
+    extra: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What recording one event outcome found."""
+
+    recorded: bool
+    """False: a matching receipt already existed (the event was applied before)."""
+    live: bool
+    """False: the checkpoint moved past this witness's generation, stop this response."""
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _fields(flat: list[Any]) -> dict[str, Any]:
+    it = iter(flat)
+    return {_text(k): v for k, v in zip(it, it, strict=True)}
+
+
+def _cursor(value: object, what: str, stream: str) -> bytes:
+    if isinstance(value, bytearray | memoryview):
+        value = bytes(value)
+    if not isinstance(value, bytes) or len(value) > 64 << 10:
+        raise InvalidInput(f"{what} must be bytes of at most 65536", operation_id=stream)
+    return value
+
+
+def _position(value: object, what: str, stream: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_POSITION:
+        raise InvalidInput(f"{what} must be an integer in [0, 2**53 - 1]", operation_id=stream)
+    return value
+
+
+@dataclass
+class CursorCore:
+    """The rules of one namespace's cursor checkpoints, shared by both shells."""
+
+    namespace: str
+    keep_generations: int = 64
+    receipt_horizon: int | None = None
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
+        if isinstance(self.keep_generations, bool) or not 1 <= self.keep_generations <= 10_000:
+            raise InvalidInput("keep_generations must be 1 to 10000")
+        if self.receipt_horizon is not None and (
+            isinstance(self.receipt_horizon, bool) or not self.receipt_horizon >= 1
+        ):
+            raise InvalidInput("receipt_horizon must be a positive number of positions or None")
+
+    @staticmethod
+    def check_consumer(stream: str, contract: object) -> tuple[str, ProviderContract]:
+        if not isinstance(contract, ProviderContract):
+            raise InvalidInput(
+                f"contract must be a settle.cursor.ProviderContract, got {type(contract).__name__}"
+            )
+        return check_stream(stream), contract
+
+    def _call(self, script: str, stream: str, *args: str | bytes | int) -> CursorCall:
+        s = check_stream(stream)
+        return CursorCall(script, stream_keys(self.namespace, s), tuple(args), s)
+
+    def _log(self, stream: str) -> Any:
+        return logger.bind(namespace=self.namespace, stream=stream)
+
+    # -- replies --------------------------------------------------------------------------
+
+    def _reply(self, call: CursorCall, raw: Any) -> Reply:
+        if not isinstance(raw, list | tuple) or len(raw) != 5:
+            raise CorruptRecord(f"unexpected {call.script} reply", operation_id=call.stream)
+        code, detail, now, ckpt, extra = raw
+        code = _text(code)
+        if code == "corrupt":
+            self._log(call.stream).error("settle.cursor.corrupt", script=call.script)
+            raise CorruptRecord(
+                f"the checkpoint of stream {call.stream!r} is not a settle checkpoint; "
+                "inspect the key, nothing was written",
+                operation_id=call.stream,
+            )
+        checkpoint = self._checkpoint(ckpt) if ckpt else None
+        if code == "missing" or (checkpoint is None and code not in ("no_witness",)):
+            raise CheckpointMissing(
+                f"stream {call.stream!r} has no checkpoint: call start(stream, cursor) first",
+                stream=call.stream,
+            )
+        return Reply(code, _text(detail), int(now), checkpoint, list(extra or []))
+
+    def _checkpoint(self, flat: list[Any]) -> Checkpoint:
+        f = _fields(flat)
+        try:
+            return Checkpoint(
+                stream=_text(f["stream"]),
+                cursor=_bytes(f["cursor"]),
+                cursor_digest=_text(f["cdig"]),
+                generation=int(f["gen"]),
+                boundary=int(f["bound"]),
+                created_at=ms_datetime(int(f["created"])),
+                updated_at=ms_datetime(int(f["updated"])),
+                promoted_witness=_text(f.get("waid") or b"") or None,
+            )
+        except (KeyError, ValueError) as exc:
+            raise CorruptRecord(f"unreadable checkpoint: {exc}") from exc
+
+    def _witness(self, flat: list[Any]) -> Witness:
+        f = _fields(flat)
+        try:
+            cov = _text(f["cov"])
+            cov_pair = json.loads(cov) if cov else None
+            return Witness(
+                attempt_id=_text(f["aid"]),
+                generation=int(f["gen"]),
+                input_cursor=_bytes(f["input"]),
+                input_digest=_text(f["cdig"]),
+                events=tuple(
+                    WitnessEvent(id=i, position=p, digest=d)
+                    for i, p, d in json.loads(_text(f["events"]))
+                ),
+                successor=_bytes(f["succ"]),
+                successor_digest=_text(f["sdig"]),
+                snapshot=_text(f["snap"]) or None,
+                coverage=tuple(cov_pair) if cov_pair else None,
+                classification=Classification(_text(f["class"])),
+                next_boundary=int(f["nbound"]),
+                disposition=Disposition(_text(f["disp"])),
+                reason=_text(f["reason"]),
+                created_at=ms_datetime(int(f["created"])),
+                updated_at=ms_datetime(int(f["updated"])),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CorruptRecord(f"unreadable witness: {exc}") from exc
+
+    @staticmethod
+    def _receipt(event_id: str, value: Any) -> Receipt:
+        try:
+            pos, digest, gen, aid, outcome, at = _text(value).split(" ")
+            return Receipt(
+                event_id=event_id,
+                position=int(pos),
+                digest=digest,
+                generation=int(gen),
+                attempt_id=aid,
+                outcome=outcome,
+                at=ms_datetime(int(at)),
+            )
+        except ValueError as exc:
+            raise CorruptRecord(f"unreadable receipt of event {event_id!r}") from exc
+
+    # -- start, read, reset ----------------------------------------------------------------
+
+    def plan_start(self, stream: str, cursor: bytes, boundary: int = 0) -> CursorCall:
+        c = _cursor(cursor, "cursor", stream)
+        b = _position(boundary, "boundary", stream)
+        return self._call("init", stream, stream, c, cursor_digest(c), b)
+
+    def decode_start(self, call: CursorCall, raw: Any) -> Checkpoint:
+        reply = self._reply(call, raw)
+        assert reply.checkpoint is not None
+        if reply.code == "created":
+            self._log(call.stream).info(
+                "settle.cursor.started",
+                generation=reply.checkpoint.generation,
+                cursor_digest=short(reply.checkpoint.cursor_digest),
+                boundary=reply.checkpoint.boundary,
+            )
+        return reply.checkpoint
+
+    def plan_witnesses(self, stream: str, limit: int = 20) -> CursorCall:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 10_000:
+            raise InvalidInput("limit must be 0 to 10000", operation_id=stream)
+        return self._call("witnesses", stream, limit)
+
+    def decode_checkpoint(self, call: CursorCall, raw: Any) -> Checkpoint | None:
+        try:
+            reply = self._reply(call, raw)
+        except CheckpointMissing:
+            return None
+        return reply.checkpoint
+
+    def decode_witnesses(self, call: CursorCall, raw: Any) -> list[Witness]:
+        reply = self._reply(call, raw)
+        return [self._witness(list(w)) for w in reply.extra]
+
+    def plan_reset(
+        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+    ) -> CursorCall:
+        c = _cursor(cursor, "cursor", stream)
+        b = _position(boundary, "boundary", stream)
+        g = _position(expected_generation, "expected_generation", stream)
+        return self._call("reset", stream, g, c, cursor_digest(c), b)
+
+    def decode_reset(self, call: CursorCall, raw: Any) -> Checkpoint:
+        reply = self._reply(call, raw)
+        assert reply.checkpoint is not None
+        log = self._log(call.stream)
+        if reply.code != "reset":
+            log.warning(
+                "settle.cursor.reset_rejected",
+                expected_generation=call.args[0],
+                generation=reply.checkpoint.generation,
+            )
+            raise CursorError(
+                f"stream {call.stream!r} is at generation {reply.checkpoint.generation}, not "
+                f"{call.args[0]!s}: nothing was reset; read the checkpoint again and decide again",
+                stream=call.stream,
+            )
+        log.warning(
+            "settle.cursor.reset",
+            generation=reply.checkpoint.generation,
+            cursor_digest=short(reply.checkpoint.cursor_digest),
+            boundary=reply.checkpoint.boundary,
+        )
+        return reply.checkpoint
+
+    # -- one step of a consumer ----------------------------------------------------------
+
+    def plan_load(self, stream: str, page: Page | None = None, boundary: int = 0) -> CursorCall:
+        if page is None:
+            return self._call("load", stream, "", "", 0)
+        positions = [e.position for e in page.events]
+        return self._call(
+            "load",
+            stream,
+            boundary - 1,
+            max([boundary, *positions]),
+            len(positions),
+            *(e.id for e in page.events),
+            *positions,
+        )
+
+    def decode_load(self, call: CursorCall, raw: Any) -> View:
+        reply = self._reply(call, raw)
+        assert reply.checkpoint is not None
+        witnesses, receipts = [*reply.extra, [], []][:2]
+        flat = _fields(list(receipts))
+        return View(
+            checkpoint=reply.checkpoint,
+            witnesses=tuple(self._witness(list(w)) for w in witnesses),
+            receipts={k: self._receipt(k, v) for k, v in flat.items()},
+            now_ms=reply.now_ms,
+        )
+
+    def check_expiry(self, stream: str, contract: ProviderContract, view: View) -> None:
+        ttl = contract.cursor_ttl
+        ck = view.checkpoint
+        age_ms = view.now_ms - int(ck.updated_at.timestamp() * 1000)
+        if ttl is not None and age_ms > ttl * 1000:
+            raise self.expired(stream, ck, f"the cursor is {age_ms / 1000:.1f} s old")
+
+    def expired(self, stream: str, ck: Checkpoint, why: str) -> CursorExpired:
+        self._log(stream).warning(
+            "settle.cursor.expired",
+            generation=ck.generation,
+            cursor_digest=short(ck.cursor_digest),
+            boundary=ck.boundary,
+        )
+        return CursorExpired(
+            f"stream {stream!r}: {why}, past the provider's cursor lifetime",
+            stream=stream,
+            recovery=Recovery.STABLE_BOUNDARY,
+            generation=ck.generation,
+            boundary=ck.boundary,
+            reason="cursor_expired",
+        )
+
+    def check_page(self, stream: str, contract: ProviderContract, page: object) -> Page:
+        try:
+            return check_page(stream, contract, page)
+        except InvalidResponse:
+            self._log(stream).warning("settle.cursor.invalid_response")
+            raise
+
+    def classify(self, stream: str, contract: ProviderContract, view: View, page: Page) -> Decision:
+        decision = classify(stream, contract, view, page)
+        ck = view.checkpoint
+        log = self._log(stream).bind(
+            generation=ck.generation,
+            cursor_digest=short(ck.cursor_digest),
+            successor_digest=short(cursor_digest(page.successor)),
+            events=len(page.events),
+        )
+        if decision.error is not None:
+            log.warning(
+                "settle.cursor.diverged",
+                reason=decision.error.reason,
+                recovery=decision.error.recovery.value,
+            )
+        elif decision.held:
+            log.info("settle.cursor.held", classification=decision.classification.value)
+        else:
+            log.info(
+                "settle.cursor.classified",
+                classification=decision.classification.value,
+                resume=decision.resume,
+            )
+        return decision
+
+    def plan_witness(self, stream: str, view: View, page: Page, decision: Decision) -> CursorCall:
+        ck = view.checkpoint
+        err = decision.error
+        cov = page.coverage
+        return self._call(
+            "witness",
+            stream,
+            ck.generation,
+            ck.cursor_digest,
+            uuid.uuid4().hex,
+            ck.cursor,
+            json.dumps(
+                [[e.id, e.position, e.digest] for e in witness_events(page)],
+                separators=(",", ":"),
+            ),
+            page.successor,
+            cursor_digest(page.successor),
+            page.snapshot or "",
+            json.dumps([cov.after, cov.through]) if cov else "",
+            decision.classification.value,
+            decision.next_boundary,
+            (Disposition.ABANDONED if err else Disposition.PENDING).value,
+            f"divergent:{err.reason}" if err else "",
+        )
+
+    def decode_witness(self, call: CursorCall, raw: Any) -> str | None:
+        """The attempt id of the recorded witness; None when the checkpoint moved on."""
+        reply = self._reply(call, raw)
+        aid = _text(call.args[2])
+        log = self._log(call.stream).bind(generation=call.args[0], attempt_id=aid)
+        if reply.code == "stale":
+            log.info("settle.cursor.superseded", at="witness")
+            return None
+        log.info(
+            "settle.cursor.witness_recorded",
+            classification=_text(call.args[9]),
+            disposition=_text(call.args[11]),
+            successor_digest=short(_text(call.args[6])),
+        )
+        return aid
+
+    def diverged(self, decision: Decision, attempt_id: str | None) -> CursorDivergence:
+        err = decision.error
+        assert err is not None
+        err.attempt_id = attempt_id
+        return err
+
+    def context(
+        self, stream: str, view: View, attempt_id: str, decision: Decision, event: Event
+    ) -> EventContext:
+        return EventContext(
+            stream=stream,
+            generation=view.checkpoint.generation,
+            attempt_id=attempt_id,
+            classification=decision.classification,
+            key=f"{self.namespace}:{stream}:{event.id}:{event.digest[:16]}",
+        )
+
+    def plan_outcome(
+        self, stream: str, attempt_id: str, event: Event, outcome: str = "applied"
+    ) -> CursorCall:
+        if (
+            not isinstance(outcome, str)
+            or not 1 <= len(outcome) <= _MAX_OUTCOME
+            or not all(ch.isalnum() or ch == "_" for ch in outcome)
+        ):
+            raise InvalidInput("outcome must be 1 to 32 of A-Z a-z 0-9 _", operation_id=stream)
+        return self._call(
+            "outcome", stream, attempt_id, event.id, event.position, event.digest, outcome
+        )
+
+    def decode_outcome(self, call: CursorCall, raw: Any, view: View) -> Outcome:
+        reply = self._reply(call, raw)
+        event_id = _text(call.args[1])
+        log = self._log(call.stream).bind(
+            attempt_id=_text(call.args[0]), event_id=event_id, position=call.args[2]
+        )
+        live = reply.detail == "live"
+        if reply.code == "recorded":
+            log.info("settle.cursor.event_recorded", live=live)
+            return Outcome(recorded=True, live=live)
+        if reply.code == "duplicate":
+            log.info("settle.cursor.event_duplicate", live=live)
+            return Outcome(recorded=False, live=live)
+        if reply.code == "conflict":
+            log.warning("settle.cursor.event_conflict")
+            ck = view.checkpoint
+            raise ReceiptConflict(
+                f"event {event_id!r} conflicts with a receipt recorded meanwhile",
+                stream=call.stream,
+                recovery=Recovery.FRESH_SNAPSHOT,
+                generation=ck.generation,
+                boundary=ck.boundary,
+                reason="receipt_conflict",
+                attempt_id=_text(call.args[0]),
+            )
+        raise CorruptRecord(
+            f"witness {_text(call.args[0])} does not list event {event_id!r}",
+            operation_id=call.stream,
+        )
+
+    def plan_promote(self, stream: str, view: View, attempt_id: str) -> CursorCall:
+        ck = view.checkpoint
+        return self._call(
+            "promote",
+            stream,
+            ck.generation,
+            ck.cursor_digest,
+            attempt_id,
+            self.keep_generations,
+            self.receipt_horizon or 0,
+        )
+
+    def decode_promote(
+        self, call: CursorCall, raw: Any, decision: Decision, applied: int, skipped: int
+    ) -> StepResult:
+        reply = self._reply(call, raw)
+        ck = reply.checkpoint
+        assert ck is not None
+        aid = _text(call.args[2])
+        log = self._log(call.stream).bind(attempt_id=aid, generation=ck.generation)
+        fields: dict[str, Any] = {
+            "classification": decision.classification,
+            "generation": ck.generation,
+            "boundary": ck.boundary,
+            "applied": applied,
+            "skipped": skipped,
+            "attempt_id": aid,
+        }
+        if reply.code in ("promoted", "already"):
+            log.info(
+                "settle.cursor.promoted",
+                classification=decision.classification.value,
+                cursor_digest=short(ck.cursor_digest),
+                boundary=ck.boundary,
+                repeated=reply.code == "already",
+            )
+            return StepResult(outcome=StepOutcome.PROMOTED, **fields)
+        if reply.code in ("stale", "abandoned"):
+            log.info("settle.cursor.superseded", at="promote")
+            return StepResult(outcome=StepOutcome.SUPERSEDED, **fields)
+        raise CorruptRecord(
+            f"promotion of witness {aid} refused ({reply.code} {reply.detail}): its events "
+            "lack matching receipts",
+            operation_id=call.stream,
+        )
+
+    def held(self, view: View, decision: Decision) -> StepResult:
+        ck = view.checkpoint
+        return StepResult(
+            outcome=StepOutcome.HELD,
+            classification=decision.classification,
+            generation=ck.generation,
+            boundary=ck.boundary,
+        )
+
+    def superseded(
+        self, view: View, decision: Decision | None, applied: int = 0, skipped: int = 0
+    ) -> StepResult:
+        ck = view.checkpoint
+        return StepResult(
+            outcome=StepOutcome.SUPERSEDED,
+            classification=decision.classification if decision else None,
+            generation=ck.generation,
+            boundary=ck.boundary,
+            applied=applied,
+            skipped=skipped,
+        )
+
+    @staticmethod
+    def moved(before: View, after: View) -> bool:
+        a, b = before.checkpoint, after.checkpoint
+        return (a.generation, a.cursor_digest) != (b.generation, b.cursor_digest)

@@ -1,0 +1,46 @@
+"""Validation of stream names and the Redis key layout of one stream.
+
+Every key of a stream shares the hash tag ``{<namespace>:cursor:<stream>}``, so each script
+touches one slot and runs unchanged on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from settle.errors import InvalidInput
+
+__all__ = ["MAX_STREAM_CHARS", "check_namespace", "check_stream", "stream_keys"]
+
+MAX_STREAM_CHARS = 256
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def has_control(text: str) -> bool:
+    return any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in text)
+
+
+def check_namespace(namespace: object) -> str:
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+        raise InvalidInput("namespace must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
+    return namespace
+
+
+def check_stream(stream: object) -> str:
+    if not isinstance(stream, str):
+        raise InvalidInput(f"stream must be a str, got {type(stream).__name__}")
+    if not 1 <= len(stream) <= MAX_STREAM_CHARS:
+        raise InvalidInput(f"stream must be 1 to {MAX_STREAM_CHARS} characters")
+    if has_control(stream) or "{" in stream or "}" in stream:
+        raise InvalidInput(
+            "stream must not contain control characters or braces (it is part of a hash tag)",
+            operation_id=stream,
+        )
+    return stream
+
+
+def stream_keys(namespace: str, stream: str) -> tuple[str, str, str, str, str]:
+    """checkpoint, witnesses, witness index, receipts, receipt index (see lua/_lib.lua)."""
+    tag = f"settle:{{{namespace}:cursor:{stream}}}"
+    return (f"{tag}:ckpt", f"{tag}:wit", f"{tag}:wits", f"{tag}:rcpt", f"{tag}:rpos")

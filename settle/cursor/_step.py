@@ -1,0 +1,92 @@
+"""One step of a cursor consumer as a sans-I/O procedure.
+
+``procedure`` is a generator that yields instructions (run this script call, fetch this
+cursor, hand over this event) and receives their results; the sync and async shells are
+small loops that carry them out, as tenacity's drivers do. Every decision lives here and in
+``_classify``: the shells only do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from settle.cursor._core import CursorCall, CursorCore
+from settle.cursor.errors import ProviderCursorExpired
+from settle.cursor.models import Event, EventContext, ProviderContract, StepResult
+
+__all__ = ["Done", "FetchPage", "HandleEvent", "Instruction", "RunScript", "procedure"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunScript:
+    call: CursorCall
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPage:
+    """Call ``fetch_page(cursor)``; throw :class:`ProviderCursorExpired` back in if raised."""
+
+    cursor: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HandleEvent:
+    event: Event
+    context: EventContext
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    result: StepResult
+
+
+Instruction = RunScript | FetchPage | HandleEvent | Done
+
+
+def procedure(
+    core: CursorCore, stream: str, contract: ProviderContract
+) -> Generator[Instruction, Any, None]:
+    """Read the checkpoint, fetch its page, classify, witness, hand over each event that
+    has no matching receipt and record its receipt, then promote (SPEC 9)."""
+    call = core.plan_load(stream)
+    first = core.decode_load(call, (yield RunScript(call)))
+    core.check_expiry(stream, contract, first)
+    try:
+        raw_page = yield FetchPage(first.checkpoint.cursor)
+    except ProviderCursorExpired as exc:
+        raise core.expired(stream, first.checkpoint, str(exc)) from exc
+    page = core.check_page(stream, contract, raw_page)
+    call = core.plan_load(stream, page, first.checkpoint.boundary)
+    view = core.decode_load(call, (yield RunScript(call)))
+    if core.moved(first, view):
+        yield Done(core.superseded(view, None))
+        return
+    decision = core.classify(stream, contract, view, page)
+    if decision.held:
+        yield Done(core.held(view, decision))
+        return
+    aid = decision.resume
+    if aid is None:
+        call = core.plan_witness(stream, view, page, decision)
+        aid = core.decode_witness(call, (yield RunScript(call)))
+        if aid is None:
+            yield Done(core.superseded(view, decision))
+            return
+    if decision.error is not None:
+        raise core.diverged(decision, aid)
+    applied = skipped = 0
+    for event in page.events:
+        if view.satisfied(event):
+            skipped += 1
+            continue
+        yield HandleEvent(event, core.context(stream, view, aid, decision, event))
+        call = core.plan_outcome(stream, aid, event)
+        outcome = core.decode_outcome(call, (yield RunScript(call)), view)
+        applied += 1
+        if not outcome.live:
+            yield Done(core.superseded(view, decision, applied, skipped))
+            return
+    call = core.plan_promote(stream, view, aid)
+    yield Done(core.decode_promote(call, (yield RunScript(call)), decision, applied, skipped))

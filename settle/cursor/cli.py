@@ -1,0 +1,174 @@
+"""``settle cursor show STREAM`` and ``settle cursor witnesses STREAM``.
+
+A ``click`` group, attached to the main ``settle`` CLI as ``cursor`` and runnable on its own
+as ``python -m settle.cursor.cli``. Cursors and successors are shown only as digests (and
+their length): they are credentials of a kind, and never printed in clear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from settle.cursor._sync import CursorStore
+from settle.cursor.models import Checkpoint, Witness
+from settle.errors import BackendError, SettleError
+
+__all__ = ["checkpoint_json", "cursor", "witness_json"]
+
+
+def checkpoint_json(ck: Checkpoint) -> dict[str, Any]:
+    return {
+        "stream": ck.stream,
+        "cursor_digest": ck.cursor_digest,
+        "cursor_bytes": len(ck.cursor),
+        "generation": ck.generation,
+        "boundary": ck.boundary,
+        "promoted_witness": ck.promoted_witness,
+        "created_at": ck.created_at.isoformat(),
+        "updated_at": ck.updated_at.isoformat(),
+    }
+
+
+def witness_json(w: Witness) -> dict[str, Any]:
+    return {
+        "attempt_id": w.attempt_id,
+        "generation": w.generation,
+        "input_digest": w.input_digest,
+        "successor_digest": w.successor_digest,
+        "successor_bytes": len(w.successor),
+        "events": [[e.id, e.position, e.digest] for e in w.events],
+        "snapshot": w.snapshot,
+        "coverage": list(w.coverage) if w.coverage else None,
+        "classification": w.classification.value,
+        "next_boundary": w.next_boundary,
+        "disposition": w.disposition.value,
+        "reason": w.reason,
+        "created_at": w.created_at.isoformat(),
+        "updated_at": w.updated_at.isoformat(),
+    }
+
+
+EXIT_NOT_FOUND = 1
+EXIT_UNAVAILABLE = 3
+"""The exit codes of the main ``settle`` CLI: 1 not found, 2 usage, 3 Redis unavailable."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _connection(fn: F) -> F:
+    fn = click.option(
+        "--namespace",
+        envvar="SETTLE_NAMESPACE",
+        default="default",
+        show_default=True,
+        help="settle namespace (or SETTLE_NAMESPACE).",
+    )(fn)
+    return click.option(
+        "--redis-url",
+        envvar="SETTLE_REDIS_URL",
+        default="redis://localhost:6379/0",
+        show_default=True,
+        help="Redis URL (or SETTLE_REDIS_URL).",
+    )(fn)
+
+
+class _NotFound(click.ClickException):
+    exit_code = EXIT_NOT_FOUND
+
+
+class _Unavailable(click.ClickException):
+    exit_code = EXIT_UNAVAILABLE
+
+
+@contextlib.contextmanager
+def _store(redis_url: str, namespace: str) -> Iterator[CursorStore]:
+    try:
+        store = CursorStore.from_url(redis_url, namespace=namespace)
+    except SettleError as exc:
+        raise _NotFound(str(exc)) from exc
+    try:
+        yield store
+    except BackendError as exc:
+        raise _Unavailable(str(exc)) from exc
+    except SettleError as exc:
+        raise _NotFound(str(exc)) from exc
+    finally:
+        store.close()
+
+
+@click.group("cursor")
+def cursor() -> None:
+    """Cursor checkpoints: the checkpoint of a stream and its response witnesses."""
+
+
+@cursor.command("show")
+@click.argument("stream")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_connection
+def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
+    """The checkpoint of STREAM: cursor digest, generation, applied boundary."""
+    with _store(redis_url, namespace) as store:
+        ck = store.checkpoint(stream)
+    if ck is None:
+        raise _NotFound(f"stream {stream!r} has no checkpoint in namespace {namespace!r}")
+    data = checkpoint_json(ck)
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    table = Table(title=f"checkpoint of {stream}", show_header=False)
+    for key, value in data.items():
+        table.add_row(key, "" if value is None else str(value))
+    Console().print(table)
+
+
+@cursor.command("witnesses")
+@click.argument("stream")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+@_connection
+def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace: str) -> None:
+    """The newest response witnesses of STREAM, newest generation first."""
+    with _store(redis_url, namespace) as store:
+        found = store.witnesses(stream, limit=limit)
+    if as_json:
+        for w in found:
+            click.echo(json.dumps(witness_json(w)))
+        return
+    table = Table(title=f"witnesses of {stream}")
+    for column in (
+        "gen",
+        "attempt",
+        "class",
+        "events",
+        "positions",
+        "successor",
+        "boundary",
+        "disposition",
+        "reason",
+    ):
+        table.add_column(column)
+    for w in found:
+        positions = f"{w.events[0].position}..{w.events[-1].position}" if w.events else "-"
+        table.add_row(
+            str(w.generation),
+            w.attempt_id[:12],
+            w.classification.value,
+            str(len(w.events)),
+            positions,
+            w.successor_digest[:16],
+            str(w.next_boundary),
+            w.disposition.value,
+            w.reason,
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    cursor()

@@ -1,0 +1,60 @@
+-- promote.lua: the compare-and-swap that advances a checkpoint to a witness's successor.
+-- KEYS[1..5] see _lib.lua
+-- ARGV[1] generation G  ARGV[2] input cursor digest  ARGV[3] attempt id (the witness)
+-- ARGV[4] generations of witnesses to keep  ARGV[5] receipt horizon (positions)
+-- Only if the checkpoint still holds (cursor, G), the witness is pending for G and every
+-- event it lists has a receipt with the same id, position and digest: the checkpoint takes
+-- the witness's successor verbatim, generation G+1 and the witness's next boundary; the
+-- witness becomes promoted and every other pending witness of G abandoned. Then bounded
+-- pruning of old witnesses and of receipts below the horizon.
+-- Returns {code, detail, now, checkpoint, {}}:
+--   promoted | already (this witness was promoted before: a repeated call)
+--   stale (the checkpoint moved on; nothing written) | abandoned (the witness lost)
+--   incomplete (detail: first event id without a matching receipt; nothing written)
+--   no_witness | missing | corrupt
+local now = now_ms()
+local c, flat = load_ckpt(KEYS[1])
+if c == false then return {'corrupt', '', now, {}, {}} end
+if not c then return {'missing', '', now, {}, {}} end
+local aid = ARGV[3]
+local wgen = wget(KEYS[2], aid, 'gen')
+if not wgen or wgen ~= ARGV[1] then return {'no_witness', '', now, flat, {}} end
+local disp = wget(KEYS[2], aid, 'disp')
+if disp == 'promoted' then return {'already', '', now, flat, {}} end
+if c.gen ~= ARGV[1] or c.cdig ~= ARGV[2] then return {'stale', '', now, flat, {}} end
+if disp ~= 'pending' then return {'abandoned', disp, now, flat, {}} end
+for _, ev in ipairs(cjson.decode(wget(KEYS[2], aid, 'events'))) do
+  local v = redis.call('HGET', KEYS[4], ev[1])
+  if not v then return {'incomplete', ev[1], now, flat, {}} end
+  local r = parse_receipt(v)
+  if r.pos ~= ev[2] or r.digest ~= ev[3] then return {'incomplete', ev[1], now, flat, {}} end
+end
+local gen = tonumber(c.gen)
+local nbound = wget(KEYS[2], aid, 'nbound')
+redis.call('HSET', KEYS[1], 'cursor', wget(KEYS[2], aid, 'succ'), 'cdig',
+  wget(KEYS[2], aid, 'sdig'), 'gen', int(gen + 1), 'bound', nbound, 'updated', int(now),
+  'waid', aid)
+wset(KEYS[2], aid, 'disp', 'promoted')
+wset(KEYS[2], aid, 'updated', int(now))
+for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.gen, c.gen)) do
+  if other ~= aid and wget(KEYS[2], other, 'disp') == 'pending' then
+    wset(KEYS[2], other, 'disp', 'abandoned')
+    wset(KEYS[2], other, 'reason', 'superseded')
+    wset(KEYS[2], other, 'updated', int(now))
+  end
+end
+local keep = tonumber(ARGV[4])
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. int(gen + 1 - keep),
+    'LIMIT', 0, 64)) do
+  witness_delete(KEYS[2], KEYS[3], old)
+end
+local horizon = tonumber(ARGV[5])
+if horizon > 0 then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf',
+      '(' .. int(tonumber(nbound) - horizon), 'LIMIT', 0, 256)) do
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('ZREM', KEYS[5], id)
+  end
+end
+local _, promoted = load_ckpt(KEYS[1])
+return {'promoted', '', now, promoted, {}}

@@ -1,0 +1,119 @@
+"""``settle cursor show|witnesses`` run as a real process against a real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from settle.cursor import CursorConsumer, CursorStore, Event, EventContext, ProviderContract
+from settle.embedded import free_port
+from tests.cursor.helpers import Crash
+from tests.cursor.provider import fetcher
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(redis_url: str, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+    env["COLUMNS"] = "200"
+    return subprocess.run(
+        [sys.executable, "-m", "settle.cursor.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.fixture
+def stream_with_history(serve, store: CursorStore, http, sink):
+    server = serve(page_size=2, rotate=True)
+    server.provider.append(3)
+    fetch = fetcher(server.url, http)
+    store.start("orders", b"secret-start-token-" + server.provider.token(0).encode())
+    store.reset(
+        "orders",
+        cursor=server.provider.token(0).encode(),
+        boundary=0,
+        expected_generation=1,
+    )
+
+    def crash_on_e2(event: Event, ctx: EventContext) -> None:
+        if event.id == "e2":
+            raise Crash
+        sink(event, ctx)
+
+    contract = ProviderContract(rotation_allowed=True)
+    with pytest.raises(Crash):
+        CursorConsumer(fetch, crash_on_e2, contract, store=store, stream="orders").step()
+    CursorConsumer(fetch, sink, contract, store=store, stream="orders").step()
+    return store
+
+
+def test_show_json_gives_digest_never_the_cursor(stream_with_history, redis_url, namespace):
+    ck = stream_with_history.checkpoint("orders")
+    proc = cli(redis_url, namespace, "show", "orders", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["generation"] == ck.generation == 3
+    assert data["boundary"] == 2
+    assert data["cursor_digest"] == ck.cursor_digest
+    assert ck.cursor.decode() not in proc.stdout
+
+
+def test_show_table(stream_with_history, redis_url, namespace):
+    proc = cli(redis_url, namespace, "show", "orders")
+    assert proc.returncode == 0, proc.stderr
+    assert "generation" in proc.stdout
+    assert "boundary" in proc.stdout
+    assert "secret-start-token" not in proc.stdout
+
+
+def test_witnesses_json_lists_dispositions(stream_with_history, redis_url, namespace):
+    proc = cli(redis_url, namespace, "witnesses", "orders", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert sorted(r["disposition"] for r in rows) == ["abandoned", "promoted"]
+    assert {r["classification"] for r in rows} == {"first", "token_rotation"}
+    for r in rows:
+        assert r["events"] == [["e1", 1, r["events"][0][2]], ["e2", 2, r["events"][1][2]]]
+        assert "successor" not in r
+
+
+def test_witnesses_table(stream_with_history, redis_url, namespace):
+    proc = cli(redis_url, namespace, "witnesses", "orders")
+    assert proc.returncode == 0, proc.stderr
+    assert "promoted" in proc.stdout
+    assert "abandoned" in proc.stdout
+    assert "token_rotation" in proc.stdout
+
+
+def test_unknown_stream_is_an_error(redis_url, namespace):
+    proc = cli(redis_url, namespace, "show", "nope")
+    assert proc.returncode == 1
+    assert "no checkpoint" in proc.stderr
+    bad = cli(redis_url, namespace, "witnesses", "a{b}")
+    assert bad.returncode == 1
+    assert "braces" in bad.stderr
+
+
+def test_unreachable_redis_exits_3(namespace):
+    proc = cli(f"redis://127.0.0.1:{free_port()}/0", namespace, "show", "orders")
+    assert proc.returncode == 3
+    assert "Redis failed" in proc.stderr
+
+
+def test_options_on_the_command_override_the_environment(stream_with_history, redis_url):
+    proc = cli(redis_url, "other-namespace", "show", "orders", "--json")
+    assert proc.returncode == 1
+    ns = stream_with_history.core.namespace
+    proc = cli(redis_url, "other-namespace", "show", "orders", "--namespace", ns, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["stream"] == "orders"

@@ -1,0 +1,58 @@
+"""Every cursor script runs unchanged on a real 3-primary Redis Cluster: each stream's keys
+share one hash tag, so each call touches one slot, whichever node owns it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from redis.cluster import RedisCluster
+
+from settle.cursor import CursorConsumer, CursorStore, Disposition, ProviderContract
+from tests.cluster.cluster_support import LocalCluster
+from tests.cursor.conftest import Sink
+from tests.cursor.helpers import Crash, drain, truth
+from tests.cursor.provider import fetcher
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    running = LocalCluster(primaries=3).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def test_streams_on_every_primary_run_the_whole_procedure(cluster, serve, namespace) -> None:
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    store = CursorStore(client, namespace=namespace)
+    streams = [f"stream-{i}" for i in range(12)]
+    slots = {client.keyslot(f"settle:{{{namespace}:cursor:{s}}}:ckpt") for s in streams}
+    owners = {client.nodes_manager.get_node_from_slot(slot).port for slot in slots}
+    assert len(owners) == 3  # the streams are spread over every primary
+    with httpx.Client() as http:
+        for stream in streams:
+            server = serve(page_size=2, rotate=True)
+            server.provider.append(5)
+            store.start(stream, server.provider.token(0).encode())
+            sink = Sink()
+            fetch = fetcher(server.url, http)
+            contract = ProviderContract(rotation_allowed=True)
+
+            def crash(event, ctx):
+                raise Crash
+
+            with pytest.raises(Crash):
+                CursorConsumer(fetch, crash, contract, store=store, stream=stream).step()
+            drain(CursorConsumer(fetch, sink, contract, store=store, stream=stream))
+            assert sink.applied() == truth(server.provider)
+            ck = store.checkpoint(stream)
+            assert ck is not None
+            assert ck.boundary == 5
+            dispositions = {w.disposition for w in store.witnesses(stream, limit=50)}
+            assert dispositions == {Disposition.PROMOTED, Disposition.ABANDONED}
+    store.close()

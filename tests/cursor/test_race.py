@@ -1,0 +1,83 @@
+"""Two workers race to promote the same generation: exactly one wins, and the loser's
+successor is never published."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from settle.cursor import (
+    CursorConsumer,
+    CursorStore,
+    Disposition,
+    Event,
+    EventContext,
+    ProviderContract,
+    StepOutcome,
+    StepResult,
+)
+from tests.cursor.conftest import Sink
+from tests.cursor.provider import fetcher
+
+
+def test_two_workers_race_to_promote_the_same_generation(serve, redis_url, namespace) -> None:
+    server = serve(page_size=3, rotate=True)
+    p = server.provider
+    p.append(3)
+    contract = ProviderContract(rotation_allowed=True)
+    rounds = 12
+    for r in range(rounds):
+        stream = f"race-{r}"
+        setup = CursorStore.from_url(redis_url, namespace=namespace)
+        setup.start(stream, p.token(0).encode())
+        setup.close()
+        sink = Sink()
+        barrier = threading.Barrier(2, timeout=10)
+        results: dict[int, StepResult] = {}
+        errors: list[BaseException] = []
+
+        def worker(
+            i: int, stream=stream, sink=sink, barrier=barrier, results=results, errors=errors
+        ) -> None:
+            store = CursorStore.from_url(redis_url, namespace=namespace)
+
+            def handle(event: Event, ctx: EventContext) -> None:
+                if event.id == "e3":
+                    barrier.wait()  # both hold a witness and are one receipt from promoting
+                sink(event, ctx)
+
+            try:
+                with httpx.Client() as http:
+                    c = CursorConsumer(
+                        fetcher(server.url, http), handle, contract, store=store, stream=stream
+                    )
+                    results[i] = c.step()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+
+        outcomes = sorted(res.outcome.value for res in results.values())
+        assert outcomes == ["promoted", "superseded"], outcomes
+        check = CursorStore.from_url(redis_url, namespace=namespace)
+        ck = check.checkpoint(stream)
+        witnesses = check.witnesses(stream)
+        check.close()
+        assert ck is not None
+        assert ck.generation == 2
+        assert ck.boundary == 3
+        [winner] = [w for w in witnesses if w.disposition is Disposition.PROMOTED]
+        [loser] = [w for w in witnesses if w.disposition is Disposition.ABANDONED]
+        assert ck.cursor == winner.successor != loser.successor
+        won = next(res for res in results.values() if res.outcome is StepOutcome.PROMOTED)
+        assert won.attempt_id == winner.attempt_id
+        # The effect of each event happened once (its idempotency key is shared).
+        assert sorted(sink.effects.values()) == ["e1", "e2", "e3"]

@@ -1,0 +1,183 @@
+"""Hypothesis drives random fault schedules through the real HTTP provider and a real Redis,
+and checks the ground truth after every step: nothing below the checkpoint is missing,
+nothing is applied twice, and a final fault-free drain applies the whole log exactly once."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+import httpx
+import structlog
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from settle.cursor import (
+    CursorConsumer,
+    CursorExpired,
+    CursorStore,
+    Disposition,
+    Event,
+    EventContext,
+    ProviderContract,
+)
+from tests.cursor.conftest import Sink
+from tests.cursor.helpers import Crash, drain, truth
+from tests.cursor.provider import Provider, ProviderServer, TransportLost, fetcher
+
+CUTS = [
+    "settle.cursor.classified",
+    "settle.cursor.witness_recorded",
+    "settle.cursor.event_recorded",
+    "settle.cursor.promoted",
+]
+_streams = itertools.count()
+
+
+class CursorMachine(RuleBasedStateMachine):
+    redis_url: str
+    namespace: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream = f"h{next(_streams)}"
+        self.sink = Sink()
+        self.effect_cuts: Counter[str] = Counter()
+        self.cut: tuple[str, int] | None = None
+        self.saved = structlog.get_config()
+        structlog.configure(processors=[self._maybe_crash, structlog.processors.JSONRenderer()])
+        self.http = httpx.Client(timeout=5.0)
+        self.store = CursorStore.from_url(self.redis_url, namespace=self.namespace)
+
+    def _maybe_crash(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        if self.cut is not None and event.get("event") == self.cut[0]:
+            name, n = self.cut
+            self.cut = (name, n - 1) if n > 1 else None
+            if n == 1:
+                raise Crash(name)
+        return event
+
+    @initialize(rotate=st.booleans(), revoke=st.booleans(), size=st.integers(1, 4))
+    def start(self, rotate: bool, revoke: bool, size: int) -> None:
+        self.server = ProviderServer(
+            Provider(page_size=size, rotate=rotate, revoke=revoke)
+        ).__enter__()
+        self.provider = self.server.provider
+        self.contract = ProviderContract(rotation_allowed=True)
+        self.fetch = fetcher(self.server.url, self.http)
+        self.store.start(self.stream, self.provider.token(0).encode())
+
+    def consumer(self, handle: Any) -> CursorConsumer:
+        return CursorConsumer(
+            self.fetch, handle, self.contract, store=self.store, stream=self.stream
+        )
+
+    def step_with(self, handle: Any) -> None:
+        try:
+            self.consumer(handle).step()
+        except (Crash, TransportLost):
+            pass
+        except CursorExpired:
+            ck = self.store.checkpoint(self.stream)
+            assert ck is not None
+            # Recovery from the stable boundary: the provider resumes from a position.
+            self.store.reset(
+                self.stream,
+                cursor=self.provider.token(ck.boundary).encode(),
+                boundary=ck.boundary,
+                expected_generation=ck.generation,
+            )
+        finally:
+            self.cut = None
+
+    @rule(n=st.integers(1, 3))
+    def append(self, n: int) -> None:
+        self.provider.append(n)
+
+    @rule(fault=st.sampled_from(["drop", "empty", "expire"]))
+    def provider_fault(self, fault: str) -> None:
+        self.provider.faults.append(fault)
+
+    @rule()
+    def step(self) -> None:
+        self.step_with(self.sink)
+
+    @rule(cut=st.sampled_from(CUTS), n=st.integers(1, 3))
+    def crash_at_log_cut(self, cut: str, n: int) -> None:
+        self.cut = (cut, n)
+        self.step_with(self.sink)
+
+    @rule(k=st.integers(1, 4), after_effect=st.booleans())
+    def crash_in_handler(self, k: int, after_effect: bool) -> None:
+        seen = {"n": 0}
+
+        def handle(event: Event, ctx: EventContext) -> None:
+            seen["n"] += 1
+            if seen["n"] == k and not after_effect:
+                raise Crash
+            self.sink(event, ctx)
+            if seen["n"] == k:
+                self.effect_cuts[event.id] += 1
+                raise Crash
+
+        self.step_with(handle)
+
+    @invariant()
+    @precondition(lambda self: hasattr(self, "provider"))
+    def ground_truth(self) -> None:
+        ck = self.store.checkpoint(self.stream)
+        assert ck is not None
+        applied = self.sink.applied()
+        assert len(applied) == len(set(applied))  # no effect twice
+        log = {e.id: e.position for e in self.provider.log}
+        assert set(applied) <= set(log)
+        below = {i for i, pos in log.items() if pos <= ck.boundary}
+        assert below <= set(applied)  # nothing lost below the checkpoint
+        for event_id, calls in self.sink.calls.items():
+            assert calls <= 1 + self.effect_cuts[event_id]
+
+    def teardown(self) -> None:
+        try:
+            if hasattr(self, "provider"):
+                self.provider.faults.clear()
+                drain(self.consumer(self.sink))
+                assert self.sink.applied() == truth(self.provider)
+                ck = self.store.checkpoint(self.stream)
+                assert ck is not None
+                if ck.promoted_witness is not None:
+                    [w] = [
+                        w
+                        for w in self.store.witnesses(self.stream, limit=100)
+                        if w.attempt_id == ck.promoted_witness
+                    ]
+                    assert w.disposition is Disposition.PROMOTED
+                    assert w.successor == ck.cursor
+        finally:
+            structlog.configure(**self.saved)
+            self.store.close()
+            self.http.close()
+            if hasattr(self, "server"):
+                self.server.__exit__(None, None, None)
+
+
+def test_random_fault_schedules_against_ground_truth(redis_url: str, namespace: str) -> None:
+    CursorMachine.redis_url = redis_url
+    CursorMachine.namespace = namespace
+    run_state_machine_as_test(
+        CursorMachine,
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

@@ -1,0 +1,215 @@
+"""The store's contract: bad input writes nothing, keys share one hash tag, scripts survive a
+flushed script cache, cursors never reach the logs, the sync shell does not drift."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from settle.cursor import (
+    CheckpointMissing,
+    Coverage,
+    CoverageNotProven,
+    CursorConsumer,
+    CursorStore,
+    Event,
+    InvalidResponse,
+    Page,
+    ProviderContract,
+    Recovery,
+)
+from settle.cursor._keys import stream_keys
+from settle.errors import CorruptRecord, InvalidInput, SettleError
+from tests.cursor.provider import fetcher
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def keys_of(client: redis.Redis, namespace: str) -> list[bytes]:
+    return sorted(client.scan_iter(match=f"settle:{{{namespace}:cursor:*", count=1000))
+
+
+def test_bad_stream_names_and_cursors_write_nothing(store, redis_client, namespace) -> None:
+    for stream in ["", "x" * 257, "a\nb", "a{b", "a}b", 42]:
+        with pytest.raises(InvalidInput):
+            store.start(stream, b"c")  # type: ignore[arg-type]
+    for cursor in ["text", None, b"x" * (64 << 10 + 1)]:
+        with pytest.raises(InvalidInput):
+            store.start("s", cursor)  # type: ignore[arg-type]
+    for boundary in [-1, 1.5, True, 1 << 53]:
+        with pytest.raises(InvalidInput):
+            store.start("s", b"c", boundary=boundary)  # type: ignore[arg-type]
+    assert keys_of(redis_client, namespace) == []
+
+
+def test_reading_a_stream_that_was_never_started(store) -> None:
+    assert store.checkpoint("never") is None
+    c = CursorConsumer(
+        lambda c: Page([], c), lambda e, x: None, ProviderContract(), store=store, stream="never"
+    )
+    with pytest.raises(CheckpointMissing) as info:
+        c.step()
+    assert isinstance(info.value, SettleError)
+    assert "start(" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("page", "contract"),
+    [
+        ("not a page", {}),
+        (Page([Event("a", 2), Event("b", 1)], b"n"), {}),
+        (Page([Event("a", 1), Event("a", 2)], b"n"), {}),
+        (Page([Event("a", -1)], b"n"), {}),
+        (Page([Event("", 1)], b"n"), {}),
+        (Page([Event("a", 1)], "n"), {}),  # type: ignore[arg-type]
+        (Page([], b"n", coverage=Coverage(0, 1)), {}),
+        (
+            Page([], b"n", coverage=Coverage(3, 1)),
+            {"coverage_watermarks": True},
+        ),
+    ],
+)
+def test_an_invalid_page_is_rejected_before_anything_is_written(
+    store, redis_client, namespace, page, contract
+) -> None:
+    store.start("s", b"c")
+    before = keys_of(redis_client, namespace)
+    handled = []
+    c = CursorConsumer(
+        lambda cursor: page,
+        lambda e, ctx: handled.append(e),
+        ProviderContract(**contract),
+        store=store,
+        stream="s",
+    )
+    with pytest.raises(InvalidResponse):
+        c.step()
+    assert keys_of(redis_client, namespace) == before
+    assert handled == []
+    assert store.checkpoint("s").generation == 1
+
+
+def test_every_key_of_a_stream_shares_one_hash_tag() -> None:
+    keys = stream_keys("ns", "orders")
+    tags = {k[k.index("{") : k.index("}") + 1] for k in keys}
+    assert tags == {"{ns:cursor:orders}"}
+    assert len(set(keys)) == 5
+
+
+def test_scripts_reload_after_the_script_cache_is_flushed(serve, store, http, sink) -> None:
+    server = serve(page_size=2)
+    server.provider.append(4)
+    store.start("s", server.provider.token(0).encode())
+    c = CursorConsumer(fetcher(server.url, http), sink, ProviderContract(), store=store, stream="s")
+    c.step()
+    store.client.script_flush()
+    c.step()
+    assert store.checkpoint("s").boundary == 4
+
+
+def test_cursors_and_payloads_never_reach_the_logs(serve, store, http, sink) -> None:
+    server = serve(page_size=2, rotate=True)
+    p = server.provider
+    p.append(3)
+    first = p.token(0)
+    store.start("s", first.encode())
+    c = CursorConsumer(fetcher(server.url, http), sink, ProviderContract(), store=store, stream="s")
+    with capture_logs() as logs:
+        c.step()
+        c.step()
+    names = {entry["event"] for entry in logs}
+    assert {"settle.cursor.witness_recorded", "settle.cursor.promoted"} <= names
+    text = repr(logs)
+    for token in p.tokens:
+        assert token not in text
+    assert '"v"' not in text
+
+
+def test_a_corrupt_checkpoint_is_reported_and_left_alone(store, redis_client, namespace) -> None:
+    key = stream_keys(namespace, "s")[0]
+    redis_client.set(key, b"not a checkpoint")
+    with pytest.raises(CorruptRecord):
+        store.start("s", b"c")
+    assert redis_client.get(key) == b"not a checkpoint"
+
+
+def test_divergence_errors_are_picklable_and_name_the_recovery() -> None:
+    err = CoverageNotProven(
+        "gap", stream="s", recovery=Recovery.STABLE_BOUNDARY, generation=3, boundary=7, reason="gap"
+    )
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.stream, again.recovery, again.boundary) == ("s", Recovery.STABLE_BOUNDARY, 7)
+    assert "reset(cursor=..., boundary=7)" in str(again)
+
+
+def test_the_generated_sync_shell_is_current() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "settle.cursor._unasync", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_unicode_event_ids_survive_the_scripts(store, sink) -> None:
+    events = [Event("évé-😀", 1, b"raw bytes"), Event("日本", 2, {"x": [1, 2]})]
+    store.start("s", b"start")
+    c = CursorConsumer(
+        lambda cursor: Page(events if cursor == b"start" else [], b"next"),
+        sink,
+        ProviderContract(),
+        store=store,
+        stream="s",
+    )
+    assert c.step().applied == 2
+    assert c.step().outcome.value == "held"
+    assert sink.applied() == ["évé-😀", "日本"]
+    [w] = store.witnesses("s")
+    assert [e.id for e in w.events] == ["évé-😀", "日本"]
+    assert store.checkpoint("s").cursor == b"next"
+
+
+def test_models_keep_cursors_out_of_their_repr(store) -> None:
+    ck = store.start("s", b"very-secret-cursor")
+    assert "very-secret-cursor" not in repr(ck)
+    assert ck.cursor_digest[:16] in repr(ck)
+
+
+def test_old_witnesses_and_receipts_are_pruned_at_promotion(
+    redis_url, namespace, redis_client, sink
+) -> None:
+    store = CursorStore.from_url(
+        redis_url, namespace=namespace, keep_generations=2, receipt_horizon=3
+    )
+    log = [Event(f"e{i}", i, i) for i in range(1, 11)]
+
+    def fetch(cursor: bytes) -> Page:
+        after = int(cursor)
+        page = [e for e in log if e.position > after][:1]
+        return Page(page, str(page[-1].position if page else after).encode())
+
+    store.start("s", b"0")
+    CursorConsumer(fetch, sink, ProviderContract(), store=store, stream="s").run()
+    ck = store.checkpoint("s")
+    assert (ck.generation, ck.boundary) == (11, 10)
+    assert sorted(w.generation for w in store.witnesses("s", limit=100)) == [9, 10]
+    _, _, _, receipts, _ = stream_keys(namespace, "s")
+    assert sorted(redis_client.hkeys(receipts)) == [b"e10", b"e7", b"e8", b"e9"]
+    store.close()
+    with pytest.raises(InvalidInput):
+        CursorStore.from_url(redis_url, namespace=namespace, keep_generations=0)
+
+
+def test_a_consumer_rejects_a_bad_stream_or_contract(store) -> None:
+    with pytest.raises(InvalidInput):
+        CursorConsumer(lambda c: Page([], c), print, ProviderContract(), store=store, stream="")
+    with pytest.raises(InvalidInput):
+        CursorConsumer(lambda c: Page([], c), print, {"rotation": True}, store=store, stream="s")
