@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,15 +25,36 @@ __all__ = ["FINGERPRINT_VERSION", "canonical_json", "fingerprint"]
 FINGERPRINT_VERSION = 1
 
 _MAX_DEPTH = 64
+_SAFE_INT = 2**53 - 1
 
 
-def _to_json_value(value: Any, depth: int = 0) -> Any:
+class _Walk:
+    """Whether the converted value is "plain": no floats, integers within +-(2**53 - 1),
+    object keys in ASCII. For such values ``json.dumps`` with sorted keys writes exactly the
+    RFC 8785 form (the same escapes, and code point order equals UTF-16 order for ASCII),
+    so the C encoder can stand in for the pure-Python one. A property test holds the two
+    equal on generated values."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self) -> None:
+        self.plain = True
+
+
+def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
     if depth > _MAX_DEPTH:
         raise FingerprintError(f"request nests deeper than {_MAX_DEPTH} levels")
-    if value is None or isinstance(value, bool | int | float | str):
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        if not -_SAFE_INT <= value <= _SAFE_INT:
+            walk.plain = False
+        return value
+    if isinstance(value, float):
+        walk.plain = False
         return value
     if isinstance(value, BaseModel):
-        return _to_json_value(value.model_dump(mode="json"), depth + 1)
+        return _to_json_value(value.model_dump(mode="json"), walk, depth + 1)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Mapping):
@@ -43,10 +65,12 @@ def _to_json_value(value: Any, depth: int = 0) -> Any:
                     f"object keys must be strings, got {type(key).__name__}; "
                     "convert the keys before fingerprinting"
                 )
-            out[key] = _to_json_value(item, depth + 1)
+            if not key.isascii():
+                walk.plain = False
+            out[key] = _to_json_value(item, walk, depth + 1)
         return out
     if isinstance(value, list | tuple):
-        return [_to_json_value(item, depth + 1) for item in value]
+        return [_to_json_value(item, walk, depth + 1) for item in value]
     raise FingerprintError(
         f"{type(value).__name__} has no canonical JSON form; pass plain JSON values "
         "or a pydantic model"
@@ -59,9 +83,17 @@ def canonical_json(value: Any) -> bytes:
     Pydantic models are dumped with ``mode="json"`` first; bytes become base64 strings.
     Raises :class:`FingerprintError` for NaN, infinities, sets and unknown objects.
     """
+    walk = _Walk()
+    converted = _to_json_value(value, walk)
+    if walk.plain:
+        text = json.dumps(converted, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: let the reference encoder say so
+            pass
     try:
-        return rfc8785.dumps(_to_json_value(value))
-    except rfc8785.CanonicalizationError as exc:
+        return rfc8785.dumps(converted)
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
         raise FingerprintError(f"request has no canonical JSON form: {exc}") from exc
 
 

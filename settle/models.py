@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
@@ -83,6 +84,19 @@ def us_to_datetime(us: int) -> datetime:
     return datetime.fromtimestamp(us // 1_000_000, tz=UTC) + timedelta(microseconds=us % 1_000_000)
 
 
+@lru_cache(maxsize=256)
+def _cached_adapter(type_: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(type_)
+
+
+def _adapter(type_: Any) -> TypeAdapter[Any]:
+    """Building a TypeAdapter costs tens of microseconds; replays reuse one per type."""
+    try:
+        return _cached_adapter(type_)
+    except TypeError:  # an unhashable type expression
+        return TypeAdapter(type_)
+
+
 class Reservation(BaseModel):
     """The immutable tuple one attempt owns: ``(operation_id, fingerprint, binding, generation)``.
 
@@ -138,8 +152,7 @@ class OperationRecord(BaseModel):
         """Decode the stored result (for ``completed``) into ``type_`` with pydantic."""
         if self.state is not State.COMPLETED or self.result is None:
             raise ValueError(f"operation {self.operation_id!r} is {self.state}, not completed")
-        adapter = cast("TypeAdapter[T]", TypeAdapter(type_))
-        return adapter.validate_json(self.result)
+        return cast("T", _adapter(type_).validate_json(self.result))
 
     @property
     def failure(self) -> StoredFailure | None:

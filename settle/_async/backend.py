@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,13 @@ from tenacity import AsyncRetrying
 from settle._core import topology
 from settle._core.engine import Call
 from settle._core.scripts import SCRIPT_NAMES, WRITING_SCRIPTS, source
-from settle._core.transient import backend_error, retry_options
+from settle._core.transient import (
+    ATTEMPTS,
+    backend_error,
+    first_retry_delay,
+    is_transient,
+    retry_options,
+)
 from settle._log import logger
 from settle.config import SettleConfig
 from settle.errors import BackendError, ConfigurationError, DurabilityError
@@ -83,7 +90,14 @@ class AsyncRedisBackend:
 
     async def run(self, call: Call) -> Any:
         try:
-            return await AsyncRetrying(**retry_options(call))(self._run_once, call)
+            try:
+                return await self._run_once(call)
+            except (RedisError, RedisClusterException) as exc:
+                if not is_transient(exc):
+                    raise
+                await asyncio.sleep(first_retry_delay(call, exc))
+            retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
+            return await retrying(self._run_once, call)
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, call) from exc
 
@@ -91,7 +105,11 @@ class AsyncRedisBackend:
         script = self._scripts[call.script]
         if self._min_replicas and call.script in WRITING_SCRIPTS:
             return await self._run_durable(script, call)
-        return await script(keys=list(call.keys), args=list(call.args))
+        try:
+            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:  # a flushed or restarted server: load once, call again
+            await self.client.script_load(script.script)
+            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
 
     async def _run_durable(self, script: AsyncScript, call: Call) -> Any:
         # EVALSHA and WAIT must share one connection: WAIT counts that connection's writes.

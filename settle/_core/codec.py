@@ -136,35 +136,40 @@ def _fields(flat: Sequence[Any]) -> dict[str, Any]:
 
 
 def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
-    """Decode a record row (values in RECORD_FIELDS order) into its effective state."""
+    """Decode a record row (values in RECORD_FIELDS order) into its effective state.
+
+    The row comes from our own scripts, which checked it, so the model is built without a
+    second validation (this runs on every call).
+    """
     if len(row) != len(RECORD_FIELDS):
         raise CorruptRecord(f"record row has {len(row)} fields, expected {len(RECORD_FIELDS)}")
-    f = {name: value for name, value in zip(RECORD_FIELDS, row, strict=True) if value is not None}
+    op, fp, fpv, bind, gen, ver, state_, n, created, updated, lease_, aid, reason_, result, rdig = (
+        row
+    )
     try:
-        state = State(_text(f["state"]))
-        reason = _text(f["reason"]) if "reason" in f else None
-        lease = int(f["lease"]) if "lease" in f else None
+        state = State(_text(state_))
+        reason = _text(reason_) if reason_ is not None else None
+        lease = int(lease_) if lease_ is not None else None
         if state is State.PENDING and lease is not None and lease <= now_ms:
             state, reason = State.PROVISIONAL, "lease_expired"
-        result = f.get("result")
-        return OperationRecord(
-            operation_id=_text(f["op"]),
-            fingerprint=_text(f["fp"]),
-            fingerprint_version=int(f["fpv"]),
-            binding=_text(f["bind"]),
-            generation=int(f["gen"]),
-            version=int(f["ver"]),
+        return OperationRecord.model_construct(
+            operation_id=_text(op),
+            fingerprint=_text(fp),
+            fingerprint_version=int(fpv),
+            binding=_text(bind),
+            generation=int(gen),
+            version=int(ver),
             state=state,
             reason=reason,
             lease_expires_at=ms_to_datetime(lease) if lease is not None else None,
             result=bytes(result) if result is not None else None,
-            result_digest=_text(f["rdig"]) if "rdig" in f else None,
-            attempt_id=_text(f["aid"]) if "aid" in f else None,
-            reservations=int(f["n"]),
-            created_at=ms_to_datetime(int(f["created"])),
-            updated_at=ms_to_datetime(int(f["updated"])),
+            result_digest=_text(rdig) if rdig is not None else None,
+            attempt_id=_text(aid) if aid is not None else None,
+            reservations=int(n),
+            created_at=ms_to_datetime(int(created)),
+            updated_at=ms_to_datetime(int(updated)),
         )
-    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"record cannot be decoded: {exc}") from exc
 
 

@@ -164,13 +164,10 @@ class Core:
                 "attempt_id must be 1 to 64 characters of A-Z a-z 0-9 _ . : -", operation_id=op
             )
         aid = attempt_id or uuid.uuid4().hex
+        shard, record, log = self.keys.of(op)
         return Call(
             "reserve",
-            (
-                self.keys.record(op),
-                self.keys.generation(shard_of(op, self.keys.shards)),
-                self.keys.attempt_log(op),
-            ),
+            (record, self.keys.generation(shard), log),
             (
                 op,
                 fp,
@@ -188,17 +185,24 @@ class Core:
     def decode_reserve(self, call: Call, raw: Any) -> Reserved | Replay | InProgress:
         reply = codec.parse_reply(raw)
         op = call.operation_id or ""
-        log = logger.bind(namespace=self.config.namespace, operation_id=op)
+        ns = self.config.namespace
         if reply.code == "fingerprint_mismatch":
-            log.warning("settle.reserve.rejected", reason="fingerprint_mismatch")
+            logger.warning(
+                "settle.reserve.rejected",
+                namespace=ns,
+                operation_id=op,
+                reason="fingerprint_mismatch",
+            )
             raise FingerprintMismatch(
                 f"operation {op!r} is bound to a different request; a changed request needs "
                 "its own operation id",
                 operation_id=op,
             )
         if reply.code == "binding_mismatch":
-            log.warning(
+            logger.warning(
                 "settle.reserve.rejected",
+                namespace=ns,
+                operation_id=op,
                 reason="binding_mismatch",
                 binding_digest=binding_digest(str(call.args[3])),
             )
@@ -207,15 +211,18 @@ class Core:
                 operation_id=op,
             )
         record = self._record(reply, op)
+        # The models below are built from our own decoded record: no second validation.
         if reply.code == "reserved":
-            log.info(
+            logger.info(
                 "settle.reserve.reserved",
+                namespace=ns,
+                operation_id=op,
                 generation=record.generation,
                 version=record.version,
                 takeover=reply.detail,
                 attempt_id=call.attempt_id,
             )
-            reservation = Reservation(
+            reservation = Reservation.model_construct(
                 operation_id=op,
                 fingerprint=record.fingerprint,
                 fingerprint_version=record.fingerprint_version,
@@ -224,14 +231,27 @@ class Core:
                 attempt_id=call.attempt_id or "",
             )
             takeover = reply.detail if reply.detail in ("lease_expired", "provisional") else None
-            return Reserved(reservation=reservation, record=record, takeover=takeover)
+            return Reserved.model_construct(
+                reservation=reservation, record=record, takeover=takeover
+            )
         if reply.code == "replay":
-            log.info("settle.reserve.replayed", generation=record.generation, state=record.state)
-            return Replay(record=record)
+            logger.info(
+                "settle.reserve.replayed",
+                namespace=ns,
+                operation_id=op,
+                generation=record.generation,
+                state=record.state.value,
+            )
+            return Replay.model_construct(record=record)
         if reply.code == "in_progress":
-            log.info("settle.reserve.in_progress", generation=record.generation)
+            logger.info(
+                "settle.reserve.in_progress",
+                namespace=ns,
+                operation_id=op,
+                generation=record.generation,
+            )
             assert record.lease_expires_at is not None
-            return InProgress(
+            return InProgress.model_construct(
                 operation_id=op,
                 generation=record.generation,
                 lease_expires_at=record.lease_expires_at,
@@ -283,10 +303,10 @@ class Core:
                 "expected_version must be a positive int", operation_id=r.operation_id
             )
         op = check_operation_id(r.operation_id)
-        shard = shard_of(op, self.keys.shards)
+        shard, record, log = self.keys.of(op)
         return Call(
             action.value,
-            (self.keys.record(op), self.keys.attempt_log(op), self.keys.quarantine(shard)),
+            (record, log, self.keys.quarantine(shard)),
             (
                 op,
                 r.fingerprint,
@@ -334,7 +354,7 @@ class Core:
             )
         else:
             logger.info(f"settle.settlement.{verdict.value}", **fields)
-        return Settlement(
+        return Settlement.model_construct(
             verdict=verdict,
             action=call.action,
             operation_id=op,

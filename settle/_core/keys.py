@@ -74,6 +74,12 @@ class Keys:
     def meta(self) -> str:
         return f"settle:{{{self.namespace}}}:meta"
 
+    def of(self, operation_id: str) -> tuple[int, str, str]:
+        """(shard, record key, attempt log key) of an operation, hashing its id once."""
+        shard = shard_of(operation_id, self.shards)
+        tag = self.tag(shard)
+        return shard, f"{tag}:op:{operation_id}", f"{tag}:log:{operation_id}"
+
     def record(self, operation_id: str) -> str:
         return f"{self.tag(shard_of(operation_id, self.shards))}:op:{operation_id}"
 

@@ -19,7 +19,7 @@ from settle._core.engine import Call
 from settle._log import logger
 from settle.errors import BackendError, ConfigurationError, SettleError
 
-__all__ = ["ATTEMPTS", "backend_error", "is_transient", "retry_options"]
+__all__ = ["ATTEMPTS", "backend_error", "first_retry_delay", "is_transient", "retry_options"]
 
 #: Tries of one script call (the first and the repeats) before the error reaches the caller.
 ATTEMPTS = 4
@@ -38,10 +38,14 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def retry_options(call: Call | None) -> dict[str, Any]:
-    """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying`` around one call."""
+def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
+    """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying`` around one call.
+
+    The shells try a call once without tenacity (its machinery costs more than a round trip)
+    and only hand the repeats, ``tries = ATTEMPTS - 1``, to tenacity after a transient failure.
+    """
     return {
-        "stop": stop_after_attempt(ATTEMPTS),
+        "stop": stop_after_attempt(tries),
         "wait": wait_random_exponential(multiplier=_WAIT_FIRST, max=_WAIT_MAX),
         "retry": retry_if_exception(is_transient),
         "reraise": True,
@@ -49,17 +53,28 @@ def retry_options(call: Call | None) -> dict[str, Any]:
     }
 
 
+def first_retry_delay(call: Call | None, exc: BaseException) -> float:
+    """Log the first try's transient failure and return how long to wait before the repeats."""
+    delay = _WAIT_FIRST
+    _log(call, 1, exc, delay)
+    return delay
+
+
 def _log_retry(call: Call | None, state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
+    _log(call, state.attempt_number + 1, exc, state.upcoming_sleep)
+
+
+def _log(call: Call | None, attempt: int, exc: BaseException | None, sleep: float) -> None:
     logger.warning(
         "settle.backend.retrying",
         script=call.script if call else None,
         operation_id=call.operation_id if call else None,
         attempt_id=call.attempt_id if call else None,
-        attempt=state.attempt_number,
+        attempt=attempt,
         of=ATTEMPTS,
         error=type(exc).__name__ if exc else None,
-        sleep=round(state.upcoming_sleep, 3),
+        sleep=round(sleep, 3),
     )
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,13 @@ from tenacity import Retrying
 from settle._core import topology
 from settle._core.engine import Call
 from settle._core.scripts import SCRIPT_NAMES, WRITING_SCRIPTS, source
-from settle._core.transient import backend_error, retry_options
+from settle._core.transient import (
+    ATTEMPTS,
+    backend_error,
+    first_retry_delay,
+    is_transient,
+    retry_options,
+)
 from settle._log import logger
 from settle.config import SettleConfig
 from settle.errors import BackendError, ConfigurationError, DurabilityError
@@ -84,7 +91,14 @@ class RedisBackend:
 
     def run(self, call: Call) -> Any:
         try:
-            return Retrying(**retry_options(call))(self._run_once, call)
+            try:
+                return self._run_once(call)
+            except (RedisError, RedisClusterException) as exc:
+                if not is_transient(exc):
+                    raise
+                time.sleep(first_retry_delay(call, exc))
+            retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
+            return retrying(self._run_once, call)
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, call) from exc
 
@@ -92,7 +106,11 @@ class RedisBackend:
         script = self._scripts[call.script]
         if self._min_replicas and call.script in WRITING_SCRIPTS:
             return self._run_durable(script, call)
-        return script(keys=list(call.keys), args=list(call.args))
+        try:
+            return self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:  # a flushed or restarted server: load once, call again
+            self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
 
     def _run_durable(self, script: Script, call: Call) -> Any:
         # EVALSHA and WAIT must share one connection: WAIT counts that connection's writes.

@@ -10,6 +10,7 @@ import sys
 from decimal import Decimal
 
 import pytest
+import rfc8785
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -100,3 +101,32 @@ def test_stable_across_processes_and_hash_seeds() -> None:
         )
         outputs.add(out.stdout.strip())
     assert outputs == {fingerprint({"a": {"x": True, "y": None}, "z": [1, {"a": "é", "b": 2.5}]})}
+
+
+plain_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.text(st.characters(blacklist_categories=("Cs",))),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(st.characters(max_codepoint=127), max_size=6), children, max_size=4),
+    max_leaves=25,
+)
+
+
+@given(plain_values)
+def test_the_fast_path_writes_exactly_what_the_reference_encoder_writes(value: object) -> None:
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+@given(json_values)
+def test_every_json_value_matches_the_reference_encoder(value: object) -> None:
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+def test_non_ascii_keys_and_floats_take_the_reference_path() -> None:
+    # U+E000 sorts after U+1F600 by code point but before it by UTF-16 code unit (JCS).
+    value = {"\U0001f600": 1, "\ue000": 2, "x": 1.5, "big": 2**53 - 1}
+    assert canonical_json(value) == (
+        '{"big":9007199254740991,"x":1.5,"\U0001f600":1,"\ue000":2}'.encode()
+    )
