@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
 from settle.errors import BackendError, SettleError
@@ -55,9 +56,7 @@ def witness_json(w: Witness) -> dict[str, Any]:
     }
 
 
-EXIT_NOT_FOUND = 1
-EXIT_UNAVAILABLE = 3
-"""The exit codes of the main ``settle`` CLI: 1 not found, 2 usage, 3 Redis unavailable."""
+EXIT_NOT_FOUND = EXIT_FAILED
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -5,12 +5,15 @@
 from __future__ import annotations
 
 import json
+import sys
+from typing import NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from settle.errors import SettleError
+from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
+from settle.errors import BackendError, SettleError
 from settle.progress._sync.store import ProgressStore
 from settle.progress.identity import DeliveryId
 from settle.progress.model import Progress
@@ -56,6 +59,11 @@ def _table(p: Progress) -> Table:
     return table
 
 
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"settle: {message}", err=True)
+    sys.exit(code)
+
+
 @click.group(name="progress")
 def progress() -> None:
     """Delivery progress of broker consumers (SPEC §10)."""
@@ -80,15 +88,16 @@ def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
             scopes = store.show()
         finally:
             store.close()
+    except BackendError as exc:
+        _fail(str(exc), EXIT_UNAVAILABLE)
     except SettleError as exc:
-        raise click.ClickException(str(exc)) from exc
+        _fail(str(exc), EXIT_FAILED)
+    if not scopes:
+        _fail(f"no progress recorded for consumer {consumer!r} in {namespace!r}", EXIT_FAILED)
     if as_json:
         click.echo(json.dumps([p.to_json() for p in scopes], indent=2))
         return
     console = Console()
-    if not scopes:
-        console.print(f"no progress recorded for consumer {consumer!r} in {namespace!r}")
-        return
     for p in scopes:
         console.print(_table(p))
 

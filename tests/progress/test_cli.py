@@ -76,9 +76,10 @@ def test_show_tables_as_a_module(progress_server, names):
 
 
 def test_show_unknown_consumer_and_unreachable_server(progress_server):
-    ok = CliRunner().invoke(progress, ["show", "nobody", "--redis-url", progress_server.url])
-    assert ok.exit_code == 0
-    assert "no progress recorded" in ok.output
+    # The exit codes of the main settle CLI: 1 not found, 3 Redis unavailable.
+    missing = CliRunner().invoke(progress, ["show", "nobody", "--redis-url", progress_server.url])
+    assert missing.exit_code == 1
+    assert "no progress recorded" in missing.output
     bad = CliRunner().invoke(progress, ["show", "x", "--redis-url", "redis://127.0.0.1:1/0"])
-    assert bad.exit_code == 1
+    assert bad.exit_code == 3
     assert "Redis failed" in bad.output

@@ -108,8 +108,12 @@ plain_values = st.recursive(
     | st.booleans()
     | st.integers(-(2**53) + 1, 2**53 - 1)
     | st.text(st.characters(blacklist_categories=("Cs",))),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(st.characters(max_codepoint=127), max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.text(st.characters(max_codepoint=127), max_size=6), children, max_size=4
+        )
+    ),
     max_leaves=25,
 )
 

@@ -1,0 +1,237 @@
+"""What every ``settle`` command shares: connection options, the exit codes, turning a
+library error into one clear line on stderr, and connecting to an existing namespace."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
+
+import click
+import structlog
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from settle._core.keys import Keys
+
+# Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
+from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from settle._sync.settler import Settler
+from settle.config import SettleConfig
+from settle.demo.server import client_of
+from settle.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidInput,
+    SettleError,
+)
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "Connection",
+    "configure_logging",
+    "connection_options",
+    "connection_options_for",
+    "errors_as_exit_codes",
+    "fail",
+    "json_option",
+    "open_settler",
+    "settings",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_URL = "redis://localhost:6379/0"
+DEFAULT_NAMESPACE = "default"
+
+
+class Connection:
+    """The connection options of one command: ``--redis-url``, ``--namespace``, ``--shards``."""
+
+    def __init__(self, redis_url: str | None, namespace: str, shards: int | None) -> None:
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self.shards = shards
+
+    @property
+    def url(self) -> str:
+        return self.redis_url or DEFAULT_URL
+
+
+def connection_options(fn: F) -> F:
+    """Add ``--redis-url`` / ``--namespace`` / ``--shards`` (also from the environment) and
+    pass them to the command as one ``conn`` argument."""
+    return connection_options_for(DEFAULT_NAMESPACE)(fn)
+
+
+def connection_options_for(default_namespace: str, url_help: str | None = None) -> Callable[[F], F]:
+    """:func:`connection_options` with another default namespace (the demo's)."""
+    return functools.partial(_connection_options, default_namespace, url_help)
+
+
+def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
+    @click.option(
+        "--redis-url",
+        envvar="SETTLE_REDIS_URL",
+        default=None,
+        metavar="URL",
+        help=url_help or f"Redis to use (env SETTLE_REDIS_URL; default {DEFAULT_URL}).",
+    )
+    @click.option(
+        "--namespace",
+        envvar="SETTLE_NAMESPACE",
+        default=default_namespace,
+        show_default=True,
+        help="settle namespace (env SETTLE_NAMESPACE).",
+    )
+    @click.option(
+        "--shards",
+        envvar="SETTLE_SHARDS",
+        type=click.IntRange(1, 4096),
+        default=None,
+        help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
+        "namespace's stored count when not given, and refuse a different one.",
+    )
+    @functools.wraps(fn)
+    def wrapper(redis_url: str | None, namespace: str, shards: int | None, **kw: Any) -> Any:
+        return fn(conn=Connection(redis_url, namespace, shards), **kw)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")(fn)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print one line on stderr and exit with ``code``."""
+    click.echo(f"settle: {message}", err=True)
+    sys.exit(code)
+
+
+def exit_code_of(exc: SettleError) -> int:
+    """3 for Redis or the namespace, 2 for bad input, 1 for the rest (not found...)."""
+    if isinstance(exc, BackendError | ConfigurationError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, InvalidInput):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@contextlib.contextmanager
+def errors_as_exit_codes(conn: Connection | None = None) -> Iterator[None]:
+    """Turn a :class:`SettleError` into one line on stderr and its exit code."""
+    try:
+        yield
+    except BackendError as exc:
+        where = f" at {_redacted(conn.url)}" if conn is not None else ""
+        cause = exc.__cause__
+        detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        fail(f"cannot reach Redis{where} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+    except SettleError as exc:
+        fail(_one_line(str(exc)), exit_code_of(exc))
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for error messages."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"
+
+
+def stored_shards(client: Any, namespace: str) -> int | None:
+    """The shard count a namespace was created with, or None when it was never used."""
+    raw = client.hget(Keys(namespace, 1).meta, "shards")
+    return None if raw is None else int(raw)
+
+
+@contextlib.contextmanager
+def open_settler(conn: Connection, *, create: bool = False) -> Iterator[Settler]:
+    """A :class:`Settler` on ``conn``, checked before use.
+
+    For read commands (``create=False``) the namespace must exist: its stored shard count
+    is used unless ``--shards`` says otherwise, and a different ``--shards`` is refused
+    rather than silently reading the wrong keys. ``create=True`` (the demo) creates it.
+    """
+    with errors_as_exit_codes(conn):
+        shards = _shards(conn, create=create)
+        options: dict[str, Any] = {"namespace": conn.namespace}
+        if shards is not None:
+            options["shards"] = shards
+        settler = _settler(conn, options)
+        try:
+            settler.check()
+            yield settler
+        finally:
+            settler.close()
+
+
+def settings(options: dict[str, Any]) -> SettleConfig:
+    """The namespace's settings; a bad ``--namespace`` is :class:`InvalidInput` (exit 2)."""
+    try:
+        return SettleConfig(**options)
+    except ValidationError as exc:
+        problems = "; ".join(f"bad --{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(problems) from exc
+
+
+def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
+    config = settings(options)
+    try:
+        return Settler.from_url(conn.url, config)
+    except ValueError as exc:  # redis-py's verdict on a malformed URL
+        if isinstance(exc, SettleError):
+            raise
+        raise InvalidInput(f"bad --redis-url {_redacted(conn.url)}: {exc}") from exc
+
+
+def _shards(conn: Connection, *, create: bool) -> int | None:
+    """The shard count to use: the namespace's stored one, read without creating the
+    namespace (``Settler.check`` records it on first use). A read command needs the
+    namespace to exist; an explicit ``--shards`` must match what is stored."""
+    probe = _settler(conn, {"namespace": conn.namespace, "shards": 1})
+    try:
+        probe._backend.server_info()  # connects, and switches to a cluster client if needed
+        try:
+            stored = stored_shards(client_of(probe), conn.namespace)
+        except RedisError as exc:
+            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        probe.close()
+    if stored is None:
+        if create:
+            return conn.shards
+        raise ConfigurationError(
+            f"namespace {conn.namespace!r} does not exist at {_redacted(conn.url)} "
+            "(nothing was ever written to it); check --namespace / SETTLE_NAMESPACE"
+        )
+    if conn.shards is not None and conn.shards != stored:
+        raise ConfigurationError(
+            f"namespace {conn.namespace!r} has {stored} shards, but --shards is "
+            f"{conn.shards}; drop --shards or pass --shards {stored}"
+        )
+    return stored
+
+
+def configure_logging(verbosity: int) -> None:
+    """settle's structlog events go to stderr: none but CRITICAL by default (a command
+    prints its own output and nothing else), WARNING with -v, INFO -vv, DEBUG -vvv."""
+    levels = {0: logging.CRITICAL, 1: logging.WARNING, 2: logging.INFO}
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(levels.get(verbosity, logging.DEBUG)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )

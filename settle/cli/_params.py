@@ -1,0 +1,46 @@
+"""Click parameter types of the CLI."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from settle.models import QuarantineKind
+
+__all__ = ["KIND", "SINCE"]
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+class Since(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic from click 8.2
+    """An instant: ISO 8601 (naive means UTC) or a duration ago such as ``90s``, ``10m``,
+    ``2h``, ``1d``."""
+
+    name = "since"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, datetime):
+            return value
+        text = str(value).strip()
+        match = _RELATIVE.match(text)
+        if match:
+            amount, unit = match.groups()
+            return datetime.now(UTC) - timedelta(**{_UNITS[unit]: float(amount)})
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(
+                f"{text!r} is neither an ISO 8601 time (2026-12-02T09:30:00Z) nor a duration "
+                "ago (90s, 10m, 2h, 1d)",
+                param,
+                ctx,
+            )
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+SINCE = Since()
+KIND = click.Choice([k.value for k in QuarantineKind])

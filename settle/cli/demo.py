@@ -1,0 +1,196 @@
+"""``settle demo``: a payment workload with injected faults, through ``@settler.operation``,
+on an embedded throwaway redis-server unless ``--redis-url`` is given."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from settle.cli._context import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    Connection,
+    connection_options_for,
+    errors_as_exit_codes,
+    fail,
+    json_option,
+    open_settler,
+    settings,
+)
+from settle.cli._render import console, print_json
+from settle.demo import DemoError, DemoOptions, DemoReport, Fault, run_demo
+from settle.demo.plan import MIN_OPS
+from settle.embedded import EmbeddedRedis
+
+__all__ = ["demo"]
+
+_WHAT_SETTLE_DID = {
+    Fault.TIMEOUT_AFTER_SUCCESS: "provisional, retried (new generation, same key): deduplicated",
+    Fault.PROVIDER_UNAVAILABLE: "provisional, retried, charged once",
+    Fault.DECLINED: "stored with fail, replayed as OperationFailed",
+    Fault.CRASHED_WORKER: "lease expired, another worker took over",
+    Fault.LATE_STALE_RESPONSE: "late result quarantined (stale_generation), StaleAttempt",
+    Fault.DUPLICATE_DELIVERY: "replayed the stored outcome, nothing ran",
+    Fault.CONCURRENT_DUPLICATE: "one ran, the other waited and got the same answer",
+    Fault.CHANGED_PAYLOAD: "FingerprintMismatch, nothing ran",
+    Fault.CHANGED_PRINCIPAL: "BindingMismatch, nothing ran",
+}
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    del frame
+    raise SystemExit(128 + signum)
+
+
+@click.command("demo")
+@click.option(
+    "--ops",
+    type=click.IntRange(MIN_OPS, 100_000),
+    default=200,
+    show_default=True,
+    help="Operations (orders) in the workload.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Worker threads in this process.",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the workload.")
+@click.option(
+    "--lease",
+    type=click.FloatRange(0.2, 30),
+    default=1.0,
+    show_default=True,
+    help="Lease in seconds: how soon a crashed or frozen worker is taken over.",
+)
+@connection_options_for(
+    "demo",
+    url_help="Run on this Redis (env SETTLE_REDIS_URL) and keep the data; without it an "
+    "embedded throwaway redis-server is started and stopped.",
+)
+@json_option
+def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_json: bool) -> None:
+    """Charge a payment workload with injected faults (timeouts after success, crashed and
+    frozen workers, late stale responses, duplicate deliveries, reused keys with changed
+    payloads or principals) through @settler.operation, and report what happened.
+
+    Exit 0 when every check holds (0 duplicate downstream effects among them), 1 otherwise.
+    """
+    # Ctrl-C must stop the demo (and its embedded server) even when the shell started us
+    # with SIGINT ignored; SIGTERM unwinds the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
+    with errors_as_exit_codes():
+        settings({"namespace": conn.namespace})  # before starting anything
+    embedded: EmbeddedRedis | None = None
+    try:
+        if conn.redis_url is None:
+            with errors_as_exit_codes():
+                embedded = EmbeddedRedis()
+                embedded.start()
+            assert embedded.process is not None
+            click.echo(
+                f"settle demo: embedded redis-server (pid {embedded.process.pid}) "
+                f"on {embedded.url}",
+                err=True,
+            )
+            conn = Connection(embedded.url, conn.namespace, conn.shards)
+        # A clear error if Redis is unreachable; an existing namespace keeps its shards.
+        with open_settler(conn, create=True) as settler:
+            shards = settler.config.shards
+        options = DemoOptions(
+            redis_url=conn.url,
+            namespace=conn.namespace,
+            shards=shards,
+            ops=ops,
+            workers=workers,
+            seed=seed,
+            lease=lease,
+        )
+        report = _run(options)
+    except KeyboardInterrupt:
+        fail("interrupted; the embedded redis-server was stopped", EXIT_INTERRUPTED)
+    finally:
+        if embedded is not None:
+            embedded.close()
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+    else:
+        _print(report)
+    if not report.ok:
+        sys.exit(EXIT_FAILED)
+
+
+def _run(options: DemoOptions) -> DemoReport:
+    progress = Progress(
+        TextColumn("[bold]settle demo"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("operations"),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),  # a bar only where someone watches it
+    )
+    with progress, errors_as_exit_codes():
+        task = progress.add_task("operations", total=options.ops)
+        try:
+            return run_demo(options, advance=lambda n: progress.advance(task, n))
+        except DemoError as exc:
+            fail(str(exc), EXIT_FAILED)
+
+
+def _print(report: DemoReport) -> None:
+    out = console()
+    out.print(
+        f"settle demo: {report.operations} operations, seed {report.seed}, "
+        f"{report.workers} workers, {report.elapsed_seconds:.1f} s "
+        f"(namespace {report.namespace}, run {report.run})"
+    )
+    summary = Table(show_header=False)
+    summary.add_column("what", style="bold")
+    summary.add_column("count", justify="right")
+    states = report.states
+    rows = [
+        ("operations", report.operations),
+        ("  completed", states["completed"]),
+        ("  failed (declined, replayed)", states["failed"]),
+        ("  not settled", states["pending"] + states["provisional"]),
+        ("calls of the decorated function", report.calls),
+        ("attempts (reservations)", report.attempts),
+        ("takeovers after a lease expired", report.takeovers["after_lease_expiry"]),
+        ("takeovers after a provisional outcome", report.takeovers["after_provisional"]),
+        ("replays (stored outcome, nothing ran)", report.replays),
+    ]
+    rows += [(f"quarantined: {k}", v) for k, v in report.quarantined.items()]
+    rows += [
+        ("provider requests", report.provider["requests"]),
+        ("provider charges (effects)", report.provider["effects"]),
+        ("provider deduplicated (same Idempotency-Key)", report.provider["deduplicated"]),
+    ]
+    for name, value in rows:
+        summary.add_row(name, str(value))
+    colour = "green" if report.duplicate_effects == 0 else "red"
+    summary.add_row(
+        "duplicate downstream effects",
+        f"[bold {colour}]{report.duplicate_effects}[/]",
+        style="bold",
+    )
+    out.print(summary)
+    faults = Table(title="injected faults", title_justify="left")
+    for column in ("fault", "injected", "observed", "what settle did"):
+        faults.add_column(column, justify="right" if column in ("injected", "observed") else "left")
+    for fault in Fault:
+        f = report.faults[fault.value]
+        faults.add_row(fault.value, str(f.injected), str(f.observed), _WHAT_SETTLE_DID[fault])
+    out.print(faults)
+    for check in report.checks:
+        mark = "[green]ok  [/]" if check.ok else "[red]FAIL[/]"
+        out.print(f"{mark} {check.name} ({check.detail})")

@@ -1,0 +1,68 @@
+"""``settle inspect OPERATION_ID``: the record, its attempt log and its quarantine entries."""
+
+from __future__ import annotations
+
+import click
+
+from settle.cli._context import (
+    EXIT_FAILED,
+    Connection,
+    connection_options,
+    fail,
+    json_option,
+    open_settler,
+)
+from settle.cli._render import (
+    attempts_table,
+    console,
+    entries_table,
+    entry_json,
+    print_json,
+    record_json,
+    record_table,
+)
+
+__all__ = ["inspect"]
+
+
+@click.command("inspect")
+@click.argument("operation_id")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="At most this many quarantine entries (newest first).",
+)
+@connection_options
+@json_option
+def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> None:
+    """The record of OPERATION_ID: tuple, state, generation, version, lease, timestamps,
+    attempt log and quarantine entries. Exit 1 if there is no such operation."""
+    with open_settler(conn) as settler:
+        record = settler.get(operation_id)
+        attempts = settler.attempts(operation_id)
+        entries = settler.quarantine.list(operation_id=operation_id, limit=limit)
+    if record is None and not attempts and not entries:
+        fail(f"no operation {operation_id!r} in namespace {conn.namespace!r}", EXIT_FAILED)
+    if as_json:
+        print_json(
+            {
+                "operation_id": operation_id,
+                "namespace": conn.namespace,
+                "record": record_json(record) if record else None,
+                "attempts": [a.model_dump(mode="json") for a in attempts],
+                "quarantine": [entry_json(e) for e in entries],
+            }
+        )
+        return
+    out = console()
+    if record is None:
+        out.print(f"operation {operation_id}: no record (expired or never reserved)")
+    else:
+        out.print(record_table(record))
+    out.print(attempts_table(attempts))
+    if entries:
+        out.print(entries_table(entries, f"quarantine entries of {operation_id}"))
+    else:
+        out.print(f"no quarantine entries for {operation_id}")

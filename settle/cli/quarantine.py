@@ -1,0 +1,212 @@
+"""``settle quarantine ls | show | tail | resolve | export`` (SPEC 3)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from settle.cli._context import Connection, connection_options, json_option, open_settler
+from settle.cli._params import KIND, SINCE
+from settle.cli._render import (
+    console,
+    entries_table,
+    entry_json,
+    entry_line,
+    entry_table,
+    print_json,
+)
+from settle.demo.server import server_now
+
+__all__ = ["quarantine"]
+
+
+@click.group("quarantine")
+def quarantine() -> None:
+    """Rejected responses kept as evidence: list, show, follow, resolve, export."""
+
+
+def _filters(fn: Any) -> Any:
+    fn = click.option("--kind", type=KIND, default=None, help="Only entries of this kind.")(fn)
+    fn = click.option(
+        "--operation", "operation_id", default=None, help="Only entries of this operation id."
+    )(fn)
+    return click.option("--unresolved", is_flag=True, help="Only entries not resolved yet.")(fn)
+
+
+def _since(fn: Any) -> Any:
+    return click.option(
+        "--since",
+        type=SINCE,
+        default=None,
+        help="Only entries from this time on: ISO 8601 (naive = UTC) or a duration ago "
+        "(90s, 10m, 2h, 1d).",
+    )(fn)
+
+
+@quarantine.command("ls")
+@_filters
+@_since
+@click.option(
+    "--limit", type=click.IntRange(1, 100_000), default=50, show_default=True, help="At most."
+)
+@connection_options
+@json_option
+def ls(
+    conn: Connection,
+    kind: str | None,
+    operation_id: str | None,
+    unresolved: bool,
+    since: datetime | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Quarantine entries, newest first."""
+    with open_settler(conn) as settler:
+        entries = settler.quarantine.list(
+            kind=kind, operation_id=operation_id, since=since, unresolved=unresolved, limit=limit
+        )
+    if as_json:
+        print_json([entry_json(e) for e in entries])
+        return
+    out = console()
+    if not entries:
+        out.print("no matching quarantine entries")
+        return
+    out.print(entries_table(entries, f"quarantine of {conn.namespace} (newest first)"))
+
+
+@quarantine.command("show")
+@click.argument("entry_id", metavar="ID")
+@connection_options
+@json_option
+def show(conn: Connection, entry_id: str, as_json: bool) -> None:
+    """One entry by ID (shard/ms-seq as listed, or a bare ms-seq). Exit 1 if none."""
+    with open_settler(conn) as settler:
+        entry = settler.quarantine.get(entry_id)
+    if as_json:
+        print_json(entry_json(entry))
+    else:
+        console().print(entry_table(entry))
+
+
+@quarantine.command("resolve")
+@click.argument("entry_id", metavar="ID")
+@click.option("--note", required=True, help="Why it is resolved (kept with the evidence).")
+@connection_options
+@json_option
+def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
+    """Mark entry ID resolved with a note. The evidence stays; the first note stands."""
+    with open_settler(conn) as settler:
+        settler.quarantine.resolve(entry_id, note=note)
+        entry = settler.quarantine.get(entry_id)
+    if as_json:
+        print_json(entry_json(entry))
+    else:
+        console().print(entry_table(entry))
+
+
+@quarantine.command("tail")
+@_filters
+@_since
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.05, 60),
+    default=0.5,
+    show_default=True,
+    help="Seconds between polls when idle.",
+)
+@connection_options
+@json_option
+def tail(
+    conn: Connection,
+    kind: str | None,
+    operation_id: str | None,
+    unresolved: bool,
+    since: datetime | None,
+    interval: float,
+    as_json: bool,
+) -> None:
+    """Follow new entries live (from now, or --since) until Ctrl-C; one line each
+    (a JSON object each with --json). Ctrl-C ends it with exit 0."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the tail
+    with open_settler(conn) as settler:
+        # Start at the server's clock (stream ids are server time), so that every entry
+        # written after the "following" line is printed, whatever the local clock says.
+        start = since or server_now(settler)
+        follow = settler.quarantine.follow(
+            kind=kind,
+            operation_id=operation_id,
+            unresolved=unresolved,
+            since=start,
+            poll_interval=interval,
+        )
+        click.echo(
+            f"following the quarantine of {conn.namespace} from {start.isoformat()} "
+            "(Ctrl-C to stop)",
+            err=True,
+        )
+        try:
+            for entry in follow:
+                if as_json:
+                    click.echo(json.dumps(entry_json(entry)))
+                else:
+                    click.echo(entry_line(entry))
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass
+
+
+@quarantine.command("export")
+@_filters
+@_since
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write to this file instead of stdout.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100_000,
+    show_default=True,
+    help="At most this many entries per shard.",
+)
+@connection_options
+def export(
+    conn: Connection,
+    kind: str | None,
+    operation_id: str | None,
+    unresolved: bool,
+    since: datetime | None,
+    output: Path | None,
+    limit: int,
+) -> None:
+    """Entries as JSON lines, oldest first (the same objects as ls --json)."""
+    with open_settler(conn) as settler:
+        entries = settler.quarantine.list(
+            kind=kind,
+            operation_id=operation_id,
+            since=since,
+            unresolved=unresolved,
+            limit=limit,
+            newest_first=False,
+        )
+    if output is None:
+        _write(sys.stdout, entries)
+        return
+    with output.open("w", encoding="utf-8") as fh:
+        _write(fh, entries)
+    click.echo(f"exported {len(entries)} entries to {output}", err=True)
+
+
+def _write(fh: IO[str], entries: list[Any]) -> None:
+    for entry in entries:
+        fh.write(json.dumps(entry_json(entry)) + "\n")

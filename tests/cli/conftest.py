@@ -1,0 +1,99 @@
+"""The CLI is tested through the installed console script, in a subprocess, against the
+session's real redis-server (or an embedded one the command starts itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settle import Settler
+
+SETTLE = Path(sys.executable).parent / "settle"
+#: The environment the CLI reads; removed so that only what a test passes counts.
+CLI_ENV = ("SETTLE_REDIS_URL", "SETTLE_NAMESPACE", "SETTLE_SHARDS")
+DEMO_OPS = 40
+DEMO_SEED = 5
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLI_ENV}
+    env.update(extra)
+    return env
+
+
+def settle(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SETTLE), *args],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else cli_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def settle_json(*args: str, env: dict[str, str] | None = None) -> Any:
+    done = settle(*args, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A demo run left on the session's Redis, for the read commands to look at."""
+
+    url: str
+    namespace: str
+    output: str
+    stderr: str
+    returncode: int
+
+    def args(self) -> tuple[str, ...]:
+        return ("--redis-url", self.url, "--namespace", self.namespace)
+
+
+@pytest.fixture(scope="session")
+def settle_bin() -> Path:
+    assert SETTLE.exists(), f"the console script is not installed at {SETTLE}"
+    return SETTLE
+
+
+@pytest.fixture(scope="session")
+def demo_data(redis_url: str, settle_bin: Path) -> Demo:
+    """``settle demo --redis-url ... --namespace ...`` (table output), data kept."""
+    del settle_bin
+    namespace = f"cli{uuid.uuid4().hex[:10]}"
+    done = settle(
+        "demo",
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        namespace,
+        "--ops",
+        str(DEMO_OPS),
+        "--seed",
+        str(DEMO_SEED),
+        "--shards",
+        "4",
+    )
+    return Demo(redis_url, namespace, done.stdout, done.stderr, done.returncode)
+
+
+@pytest.fixture
+def cli_settler(redis_url: str, namespace: str) -> Iterator[Settler]:
+    """A settler on a fresh namespace, to write the data a CLI test reads."""
+    s = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    s.check()
+    yield s
+    s.close()

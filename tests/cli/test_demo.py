@@ -1,0 +1,135 @@
+"""``settle demo`` through the console script: on an embedded redis-server it starts and
+stops itself, and on a given Redis where its data stays."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from settle.demo.plan import Fault, draw
+from tests.cli.conftest import DEMO_OPS, DEMO_SEED, Demo, cli_env, settle
+
+_EMBEDDED = re.compile(r"embedded redis-server \(pid (\d+)\) on redis://127\.0\.0\.1:(\d+)/0")
+
+
+def _gone(pid: int, port: int) -> None:
+    """The embedded server and every worker process that used it are gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        pass
+    else:
+        status = Path(f"/proc/{pid}/status").read_text()
+        raise AssertionError(f"redis-server {pid} still exists: {status.splitlines()[:3]}")
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        assert f"127.0.0.1:{port}" not in text, f"left over: {text}"
+        assert f"--port {port} " not in text, f"left over: {text}"
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "something still listens on the port"
+
+
+def test_demo_on_embedded_redis_has_no_duplicate_effects_and_meets_every_fault(
+    settle_bin: Path,
+) -> None:
+    done = settle("demo", "--ops", "60", "--seed", "7", "--workers", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["duplicate_effects"] == 0
+    assert report["ok"] is True
+    assert all(check["ok"] for check in report["checks"])
+    for fault in Fault:
+        counts = report["faults"][fault.value]
+        assert counts["injected"] > 0, fault
+        assert counts["observed"] == counts["injected"], (fault, counts)
+    assert report["operations"] == 60
+    assert report["states"]["completed"] + report["states"]["failed"] == 60
+    late = report["faults"]["late_stale_response"]["injected"]
+    crashed = report["faults"]["crashed_worker"]["injected"]
+    assert report["quarantined"]["stale_generation"] == late
+    assert report["takeovers"]["after_lease_expiry"] == crashed + late
+    assert report["takeovers"]["after_provisional"] > 0
+    assert report["replays"] > 0
+    assert report["attempts"] > report["operations"]
+    # one charge per completed order, never more
+    assert report["provider"]["effects"] == report["states"]["completed"]
+    assert report["provider"]["deduplicated"] > 0
+    # the embedded server was stopped
+    match = _EMBEDDED.search(done.stderr)
+    assert match, done.stderr
+    _gone(int(match.group(1)), int(match.group(2)))
+
+
+def test_demo_on_given_redis_prints_the_table_and_keeps_its_data(demo_data: Demo) -> None:
+    assert demo_data.returncode == 0, demo_data.stderr
+    out = demo_data.output
+    assert "embedded" not in demo_data.stderr  # it used the given Redis
+    assert re.search(r"duplicate downstream effects\s*│\s*0\s*│", out), out
+    expected = draw(DEMO_OPS, DEMO_SEED, "x").injected()
+    for fault in Fault:
+        n = expected[fault.value]
+        assert re.search(rf"│ {fault.value}\s*│\s*{n} │\s*{n} │", out), (fault, out)
+    assert re.search(r"quarantined: stale_generation\s*│\s*[1-9]", out)
+    assert "FAIL" not in out
+    stats = json.loads(settle("stats", *demo_data.args(), "--json", env=cli_env()).stdout)
+    assert stats["records"]["total"] == DEMO_OPS
+
+
+def test_same_seed_draws_the_same_workload() -> None:
+    a, b = draw(50, 3, "r1"), draw(50, 3, "r2")
+    assert [(o.request.amount, o.merchant, o.faults) for o in a.orders] == [
+        (o.request.amount, o.merchant, o.faults) for o in b.orders
+    ]
+    c = draw(50, 4, "r1")
+    assert [o.faults for o in a.orders] != [o.faults for o in c.orders]
+    # every fault is given to someone, even in the smallest workload
+    assert all(n > 0 for n in draw(6, 1, "r").injected().values())
+
+
+def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+    proc = subprocess.Popen(
+        [str(settle_bin), "demo", "--ops", "20000", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        match = _EMBEDDED.search(line)
+        assert match, line
+        pid, port = int(match.group(1)), int(match.group(2))
+        time.sleep(1.5)  # the workload (and its worker processes) are running
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert "Traceback" not in err
+    _gone(pid, port)
+
+
+def test_demo_with_an_unreachable_redis_fails_clearly(settle_bin: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens once the socket is closed
+    done = settle("demo", "--redis-url", f"redis://127.0.0.1:{port}/0", "--ops", "10")
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("settle: cannot reach Redis at redis://127.0.0.1:")
+    assert done.stdout == ""

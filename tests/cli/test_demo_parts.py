@@ -1,0 +1,54 @@
+"""The demo's parts without the command line: the provider really counts a second charge
+of an order as a duplicate, and the runner is usable as a library."""
+
+from __future__ import annotations
+
+import pytest
+
+from settle.decorator import Attempt
+from settle.demo import DemoOptions, Fault, run_demo
+from settle.demo.charge import ChargeRequest, ProviderError, post_charge
+from settle.demo.provider import Provider
+
+
+def _attempt(key: str, generation: int = 1) -> Attempt:
+    return Attempt(
+        operation_id="charge:o-1",
+        generation=generation,
+        number=generation,
+        idempotency_key=key,
+        attempt_id=f"a{generation}",
+    )
+
+
+def test_provider_deduplicates_a_key_and_counts_a_second_key_as_a_duplicate() -> None:
+    order = ChargeRequest(order_id="o-1", customer_id="c-1", amount=1250)
+    with Provider() as provider:
+        first = post_charge(provider.url, order, _attempt("key-1"))
+        again = post_charge(provider.url, order, _attempt("key-1", generation=2))
+        assert again == first  # the same key: the same charge, no new effect
+        assert provider.stats.effects == 1
+        assert provider.stats.duplicate_effects == 0
+        # the same order under another key (what an unstable key would do): charged twice
+        other = post_charge(provider.url, order, _attempt("key-2"))
+        assert other.charge_id != first.charge_id
+        assert provider.stats.duplicate_effects == 1
+        # a key reused with another request is refused, not charged
+        changed = order.model_copy(update={"amount": 99})
+        with pytest.raises(ProviderError, match="422"):
+            post_charge(provider.url, changed, _attempt("key-1"))
+        assert provider.stats.effects == 2
+
+
+def test_run_demo_as_a_library(redis_url: str, namespace: str) -> None:
+    advanced: list[int] = []
+    report = run_demo(
+        DemoOptions(redis_url=redis_url, namespace=namespace, shards=4, ops=6, workers=3),
+        advance=advanced.append,
+    )
+    assert sum(advanced) == 6
+    assert report.ok, report.checks
+    assert report.duplicate_effects == 0
+    assert report.operations == 6
+    for fault in Fault:
+        assert report.faults[fault.value].observed == report.faults[fault.value].injected == 1

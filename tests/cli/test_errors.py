@@ -1,0 +1,138 @@
+"""Bad arguments, an unreachable Redis and a wrong namespace: one clear line on stderr and
+a documented exit code (2 usage, 3 Redis or namespace, 1 not found)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from settle import Reserved, Settler
+from tests.cli.conftest import cli_env, settle
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("quarantine", "ls", "--kind", "bogus"), "Invalid value for '--kind'"),
+        (("quarantine", "ls", "--since", "yesterday"), "neither an ISO 8601 time"),
+        (("quarantine", "ls", "--limit", "0"), "Invalid value for '--limit'"),
+        (("inspect",), "Missing argument 'OPERATION_ID'"),
+        (("demo", "--ops", "1"), "Invalid value for '--ops'"),
+        (("demo", "--workers", "0"), "Invalid value for '--workers'"),
+        (("stats", "--shards", "0"), "Invalid value for '--shards'"),
+        (("nosuchcommand",), "No such command"),
+        (("stats", "--namespace", "bad ns"), "settle: bad --namespace: String should match"),
+        (("demo", "--namespace", "bad ns"), "settle: bad --namespace: String should match"),
+    ],
+)
+def test_bad_arguments_exit_2(args: tuple[str, ...], message: str) -> None:
+    done = settle(*args, "--redis-url", f"redis://127.0.0.1:{_closed_port()}/0")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("stats",),
+        ("inspect", "order-1"),
+        ("quarantine", "ls"),
+        ("quarantine", "show", "0/1-0"),
+        ("quarantine", "tail"),
+        ("quarantine", "export"),
+        ("quarantine", "resolve", "0/1-0", "--note", "n"),
+    ],
+)
+def test_unreachable_redis_exits_3_with_one_line(args: tuple[str, ...]) -> None:
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    done = settle(*args, env=cli_env(SETTLE_REDIS_URL=url))
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"settle: cannot reach Redis at {url} (ConnectionError")
+    assert done.stdout == ""
+
+
+def test_malformed_url_is_a_usage_error() -> None:
+    done = settle("stats", "--redis-url", "http://example.invalid/")
+    assert done.returncode == 2
+    assert done.stderr.startswith("settle: bad --redis-url http://example.invalid/")
+
+
+def test_password_is_not_echoed(redis_url: str) -> None:
+    port = _closed_port()
+    done = settle("stats", "--redis-url", f"redis://app:s3cret@127.0.0.1:{port}/0")
+    assert done.returncode == 3
+    assert "s3cret" not in done.stderr
+    assert f"redis://app:***@127.0.0.1:{port}/0" in done.stderr
+
+
+def test_missing_namespace_exits_3_and_creates_nothing(redis_url: str, namespace: str) -> None:
+    done = settle("stats", "--redis-url", redis_url, "--namespace", namespace)
+    assert done.returncode == 3
+    assert done.stderr.strip() == (
+        f"settle: namespace {namespace!r} does not exist at {redis_url} (nothing was ever "
+        "written to it); check --namespace / SETTLE_NAMESPACE"
+    )
+    again = settle("stats", "--redis-url", redis_url, "--namespace", namespace)
+    assert again.returncode == 3  # the read did not create the namespace
+
+
+def test_shard_count_mismatch_exits_3(settler: Settler, redis_url: str, namespace: str) -> None:
+    settler.check()  # the namespace exists with 4 shards
+    args = ("--redis-url", redis_url, "--namespace", namespace)
+    wrong = settle("stats", *args, "--shards", "16")
+    assert wrong.returncode == 3
+    assert wrong.stderr.strip() == (
+        f"settle: namespace {namespace!r} has 4 shards, but --shards is 16; drop --shards "
+        "or pass --shards 4"
+    )
+    assert settle("stats", *args, "--shards", "4").returncode == 0
+    assert settle("stats", *args).returncode == 0  # the stored count is used
+    env = cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace, SETTLE_SHARDS="8")
+    assert settle("stats", env=env).returncode == 3
+
+
+def test_configured_from_the_environment(settler: Settler, redis_url: str, namespace: str) -> None:
+    r = settler.reserve("order-env", {"a": 1}, principal="tenant:x")
+    assert isinstance(r, Reserved)
+    settler.complete(r.reservation, {"ok": True})
+    env = cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace)
+    done = settle("inspect", "order-env", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert '"result_json": {\n      "ok": true\n    }' in done.stdout
+    # a flag wins over the environment
+    other = settle("inspect", "order-env", "--namespace", "elsewhere", env=env)
+    assert other.returncode == 3
+
+
+def test_version_and_help() -> None:
+    assert settle("--version").stdout.strip() == "settle, version 0.1.0"
+    helped = settle("--help")
+    for command in ("demo", "inspect", "quarantine", "stats"):
+        assert command in helped.stdout
+
+
+def test_demo_adopts_an_existing_namespace_shard_count(
+    settler: Settler, redis_url: str, namespace: str
+) -> None:
+    settler.check()  # 4 shards
+    args = ("--redis-url", redis_url, "--namespace", namespace, "--ops", "6", "--json")
+    wrong = settle("demo", *args, "--shards", "8")
+    assert wrong.returncode == 3
+    assert "has 4 shards, but --shards is 8" in wrong.stderr
+    done = settle("demo", *args)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["shards"] == 4
+    assert report["duplicate_effects"] == 0

@@ -1,0 +1,141 @@
+"""``quarantine tail`` picks up what is written after it started; ``resolve`` keeps the
+evidence; both through the console script."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import IO
+
+from settle import Settler
+from tests.cli.conftest import cli_env, settle, settle_json
+from tests.cli.helpers import stale_settlement
+
+
+def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
+    for line in stream:
+        into.put(line)
+
+
+def _stop(proc: subprocess.Popen[str], reader: threading.Thread | None) -> None:
+    """SIGINT (Ctrl-C), then wait for the exit and for the reader to see the end."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if reader is not None:
+        reader.join(timeout=30)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def test_tail_prints_an_entry_written_after_it_started(
+    settle_bin: Path, cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    stale_settlement(cli_settler, "order-before")  # already there: not printed
+    proc = subprocess.Popen(
+        [str(settle_bin), "quarantine", "tail", "--json", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace),
+    )
+    out: queue.Queue[str] = queue.Queue()
+    reader = None
+    try:
+        assert proc.stderr is not None
+        assert proc.stdout is not None
+        ready = proc.stderr.readline()
+        assert ready.startswith(f"following the quarantine of {namespace} from "), ready
+        reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
+        reader.start()
+        ref = stale_settlement(cli_settler, "order-after")
+        entry = json.loads(out.get(timeout=30))
+        assert entry["ref"] == ref
+        assert entry["operation_id"] == "order-after"
+        assert entry["kind"] == "stale_generation"
+        assert entry["payload"]["json"] == {"charge_id": "ch_late"}
+    finally:
+        _stop(proc, reader)
+    assert proc.returncode == 0
+    assert out.empty()  # the entry written before it started was not printed
+
+
+def test_tail_table_form_and_filters(
+    settle_bin: Path, cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    proc = subprocess.Popen(
+        [str(settle_bin), "quarantine", "tail", "--operation", "order-b", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace),
+    )
+    out: queue.Queue[str] = queue.Queue()
+    reader = None
+    try:
+        assert proc.stderr is not None
+        assert proc.stdout is not None
+        proc.stderr.readline()
+        reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
+        reader.start()
+        stale_settlement(cli_settler, "order-a")  # another operation: filtered out
+        ref = stale_settlement(cli_settler, "order-b")
+        line = out.get(timeout=30)
+        assert ref in line
+        assert "stale_generation" in line
+        assert "op=order-b" in line
+    finally:
+        _stop(proc, reader)
+    assert proc.returncode == 0
+    assert out.empty()
+
+
+def test_resolve_keeps_the_evidence(cli_settler: Settler, redis_url: str, namespace: str) -> None:
+    ref = stale_settlement(cli_settler, "order-9")
+    args = ("--redis-url", redis_url, "--namespace", namespace)
+    before = settle_json("quarantine", "show", ref, *args)
+    assert before["resolution"] is None
+
+    resolved = settle_json("quarantine", "resolve", ref, "--note", "refunded ch_late", *args)
+    assert resolved["resolution"]["note"] == "refunded ch_late"
+    after = settle_json("quarantine", "show", ref, *args)
+    assert after == resolved
+    # everything but the resolution is unchanged: the evidence stays
+    assert {k: v for k, v in after.items() if k != "resolution"} == {
+        k: v for k, v in before.items() if k != "resolution"
+    }
+    # still listed, no longer unresolved; stats count it as resolved
+    assert [e["ref"] for e in settle_json("quarantine", "ls", *args)] == [ref]
+    assert settle_json("quarantine", "ls", "--unresolved", *args) == []
+    kinds = settle_json("stats", *args)["quarantine"]["by_kind"]
+    assert kinds["stale_generation"] == {"unresolved": 0, "resolved": 1}
+    # the first note stands
+    again = settle_json("quarantine", "resolve", ref, "--note", "second thoughts", *args)
+    assert again["resolution"]["note"] == "refunded ch_late"
+    # table form
+    table = settle("quarantine", "resolve", ref, "--note", "x", *args)
+    assert table.returncode == 0, table.stderr
+    assert "refunded ch_late" in table.stdout
+
+
+def test_resolve_needs_a_note_and_an_existing_entry(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    ref = stale_settlement(cli_settler, "order-10")
+    args = ("--redis-url", redis_url, "--namespace", namespace)
+    no_note = settle("quarantine", "resolve", ref, *args)
+    assert no_note.returncode == 2
+    assert "Missing option '--note'" in no_note.stderr
+    missing = settle("quarantine", "resolve", "0/1-0", "--note", "n", *args)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "settle: no quarantine entry '0/1-0' in this namespace"
+    assert settle_json("quarantine", "show", ref, *args)["resolution"] is None
