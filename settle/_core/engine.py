@@ -7,8 +7,8 @@ backend, all go through here, so validation, encoding, decoding and logging exis
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -163,7 +163,7 @@ class Core:
             raise InvalidInput(
                 "attempt_id must be 1 to 64 characters of A-Z a-z 0-9 _ . : -", operation_id=op
             )
-        aid = attempt_id or uuid.uuid4().hex
+        aid = attempt_id or os.urandom(16).hex()
         shard, record, log = self.keys.of(op)
         return Call(
             "reserve",

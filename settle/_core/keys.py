@@ -19,6 +19,8 @@ MAX_BINDING_CHARS = 1024
 
 
 def _has_control(text: str) -> bool:
+    if text.isascii():  # the common case, in C: printable ASCII has no control character
+        return not text.isprintable()
     return any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in text)
 
 
