@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import sys
 import threading
 import time
@@ -78,17 +79,19 @@ class Operation:
         # The decorating scope's names resolve annotations of classes defined in it.
         signature, policy = self._options.prepare(fn, dict(sys._getframe(1).f_locals))
         settler = self._settler
+        beats = _Heartbeats(settler)
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             plan = Plan(policy, signature.identify(args, kwargs), fn=fn)
-            return cast("R", _drive(settler, plan, signature, fn, args, kwargs))
+            return cast("R", _drive(settler, beats, plan, signature, fn, args, kwargs))
 
         return wrapper
 
 
 def _drive(
     settler: Settler,
+    beats: _Heartbeats,
     plan: Plan,
     signature: Signature,
     fn: Callable[..., Any],
@@ -110,7 +113,7 @@ def _drive(
                 )
             case Run():
                 call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
-                step = plan.ran(step, _run(settler, step, fn, call_args, call_kwargs))
+                step = plan.ran(step, _run(beats, step, fn, call_args, call_kwargs))
             case Settle():
                 try:
                     settlement = _settle(settler, step)
@@ -140,38 +143,17 @@ def _settle(settler: Settler, step: Settle) -> Settlement:
 
 
 def _run(
-    settler: Settler,
+    beats: _Heartbeats,
     run: Run,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Ran:
-    """Run ``fn`` in this thread while a heartbeat thread renews the lease every
+    """Run ``fn`` in this thread while the heartbeat thread renews the lease every
     ``run.heartbeat`` seconds. A lost lease is reported through ``run.attempt.lost``: a
     thread cannot be interrupted, so the function is told and must stop on its own."""
-    stop = threading.Event()
     attempt = run.attempt
-
-    def heartbeat() -> None:
-        while not stop.wait(run.heartbeat):
-            try:
-                renewal = settler.renew(run.reservation, lease=run.lease)
-            except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
-                logger.warning(
-                    "settle.operation.heartbeat_failed",
-                    operation_id=attempt.operation_id,
-                    generation=attempt.generation,
-                    error=type(exc).__name__,
-                )
-                continue
-            if not renewal.renewed:
-                attempt.mark_lost(renewal)
-                return
-
-    beat = threading.Thread(
-        target=heartbeat, name=f"settle-heartbeat-{attempt.generation}", daemon=True
-    )
-    beat.start()
+    beating = beats.add(run)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
@@ -180,8 +162,70 @@ def _run(
     else:
         error = None
     finally:
-        stop.set()
-        beat.join()
+        beats.remove(beating)
     deadline = attempt.deadline
     timed_out = error is not None and deadline is not None and time.monotonic() >= deadline
     return Ran(value, error, timed_out, attempt._renewal if attempt.lost else None)
+
+
+class _Heartbeats:
+    """One long-lived daemon thread per decorated function renews the lease of each of its
+    running attempts every ``run.heartbeat`` seconds. (A thread started and joined around
+    every call cost more than the call's two round trips.)"""
+
+    def __init__(self, settler: Settler) -> None:
+        self._settler = settler
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, Run]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, run: Run) -> int:
+        with self._cond:
+            key = next(self._ids)
+            self._due[key] = (time.monotonic() + run.heartbeat, run)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="settle-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+            return key
+
+    def remove(self, key: int) -> None:
+        with self._cond:
+            self._due.pop(key, None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    nearest = min((due for due, _ in self._due.values()), default=None)
+                    if nearest is not None and nearest <= now:
+                        break
+                    self._cond.wait(None if nearest is None else nearest - now)
+                ready = [(k, run) for k, (due, run) in self._due.items() if due <= now]
+                for k, run in ready:
+                    self._due[k] = (now + run.heartbeat, run)
+            for k, run in ready:
+                if not self._beat(run):
+                    self.remove(k)
+
+    def _beat(self, run: Run) -> bool:
+        """Renew one lease; False once it is lost (the attempt is told, renewals stop)."""
+        attempt = run.attempt
+        try:
+            renewal = self._settler.renew(run.reservation, lease=run.lease)
+        except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
+            logger.warning(
+                "settle.operation.heartbeat_failed",
+                operation_id=attempt.operation_id,
+                generation=attempt.generation,
+                error=type(exc).__name__,
+            )
+            return True
+        if not renewal.renewed:
+            attempt.mark_lost(renewal)
+            return False
+        return True
