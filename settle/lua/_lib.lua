@@ -11,14 +11,13 @@
 -- record as a positional list of FIELDS (false where a field is absent), or a list of
 -- entries for the read scripts.
 
-redis.replicate_commands()
+-- No redis.replicate_commands(): since Redis 5 scripts replicate by their effects by
+-- default, and settle needs 6.2+; TIME before a write is therefore safe.
 
 -- The order of FIELDS is the reply format: settle/_core/codec.py RECORD_FIELDS matches it.
 local FIELDS = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated',
   'lease', 'aid', 'reason', 'result', 'rdig'}
 local REQUIRED = 10  -- the first ten are always present
-local INDEX = {}
-for i, f in ipairs(FIELDS) do INDEX[f] = i end
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
 
 -- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
@@ -60,6 +59,8 @@ end
 -- Write field/value pairs to the record hash, its table and its positional row; a value of
 -- false deletes the field. Returns the row (what the record now holds, in FIELDS order).
 local function write(key, rec, row, pairs_)
+  local INDEX = {}  -- built only by the scripts that write
+  for i, f in ipairs(FIELDS) do INDEX[f] = i end
   local set, del = {}, {}
   for i = 1, #pairs_, 2 do
     local f, v = pairs_[i], pairs_[i + 1]
