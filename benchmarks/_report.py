@@ -1,0 +1,178 @@
+"""The speed run's targets (computed from the same run's rows) and its printed tables,
+as Markdown so that docs/benchmarks.md can hold the output verbatim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["print_report", "ratios", "table"]
+
+SCRIPT_TARGET_US = 8.0
+
+
+def _row(rows: list[dict[str, Any]], case: str, mode: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["case"] == case and r["mode"] == mode), None)
+
+
+def _ratio(
+    rows: list[dict[str, Any]], name: str, num: tuple[str, str], den: tuple[str, str], at: float
+) -> dict[str, Any] | None:
+    top, bottom = _row(rows, *num), _row(rows, *den)
+    if top is None or bottom is None or not bottom["ops_per_s"]:
+        return None
+    value = top["ops_per_s"] / bottom["ops_per_s"]
+    return {"target": name, "value": round(value, 2), "goal": f">= {at}x", "met": value >= at}
+
+
+def ratios(rows: list[dict[str, Any]], scripts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every target of the issue, from this run's numbers only."""
+    out: list[dict[str, Any] | None] = []
+    for mode in ("sync", "async"):
+        out.append(
+            _ratio(
+                rows,
+                f"reserve+complete / raw floor ({mode})",
+                ("b.reserve_complete", mode),
+                ("a.floor", mode),
+                0.85,
+            )
+        )
+    for mode in ("sync", "async"):
+        replay = _row(rows, "c.replay", mode)
+        if replay is not None:
+            trips = replay["round_trips_per_op"]
+            out.append(
+                {
+                    "target": f"replay round trips per call ({mode})",
+                    "value": trips,
+                    "goal": "== 1",
+                    "met": abs(trips - 1.0) < 0.01,
+                }
+            )
+        out.append(
+            _ratio(rows, f"replay / GET loop ({mode})", ("c.replay", mode), ("a.get", mode), 0.8)
+        )
+    for mode in ("sync", "async"):
+        out.append(
+            _ratio(
+                rows,
+                f"decorator first call / raw floor ({mode})",
+                ("d.first", mode),
+                ("a.floor", mode),
+                0.7,
+            )
+        )
+    out.append(
+        _ratio(
+            rows,
+            "decorator first call / peer first call (sync)",
+            ("d.first", "sync"),
+            ("e.first", "sync"),
+            1.5,
+        )
+    )
+    out.append(
+        _ratio(
+            rows,
+            "decorator replay / peer replay (sync)",
+            ("d.replay", "sync"),
+            ("e.replay", "sync"),
+            2.5,
+        )
+    )
+    for name, cost in scripts.items():
+        if name.startswith("calibration"):
+            continue
+        us = cost["usec_per_call"]
+        out.append(
+            {
+                "target": f"server time: {name} (us/call)",
+                "value": us,
+                "goal": f"<= {SCRIPT_TARGET_US}",
+                "met": us <= SCRIPT_TARGET_US,
+            }
+        )
+    return [r for r in out if r is not None]
+
+
+def table(headers: list[str], body: list[list[Any]]) -> str:
+    cells = [headers, *[[str(c) for c in row] for row in body]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+def _commands(per_op: dict[str, float]) -> str:
+    return " ".join(f"{k.upper()}x{v:g}" for k, v in sorted(per_op.items())) or "-"
+
+
+def print_report(result: dict[str, Any]) -> None:
+    m = result["machine"]
+    s = result["settings"]
+    print(
+        f"machine: nproc={m['nproc']} cpu={m['cpu_model']} python={m['python']} "
+        f"redis-server={m['redis_server']} load(1m)={m['load_average_1m']}"
+    )
+    print(
+        f"settings: {s['rounds']} rounds x {s['seconds_per_round']} s per case, async "
+        f"concurrency {s['concurrency']}; elapsed {result['elapsed_s']} s\n"
+    )
+    print("Speed (ops/s: median round; latency: every round pooled)\n")
+    print(
+        table(
+            [
+                "case",
+                "mode",
+                "ops/s",
+                "p50 us",
+                "p99 us",
+                "client CPU us/op",
+                "round trips/op",
+                "server us/op",
+                "client sends per op",
+            ],
+            [
+                [
+                    r["label"],
+                    r["mode"],
+                    f"{r['ops_per_s']:,.0f}",
+                    r["p50_us"],
+                    r["p99_us"],
+                    r["client_cpu_us_per_op"],
+                    r["round_trips_per_op"],
+                    r["server_us_per_op"],
+                    _commands(r["client_commands_per_op"]),
+                ]
+                for r in result["cases"]
+            ],
+        )
+    )
+    print("\nServer time per call (INFO commandstats usec_per_call)\n")
+    body: list[list[Any]] = [
+        [
+            name if name.startswith("calibration") else f"settle script: {name}",
+            c["usec_per_call"],
+            _commands(c["commands_inside_per_call"]),
+        ]
+        for name, c in result["scripts"].items()
+    ]
+    for r in result["cases"]:
+        if r["mode"] != "sync" or r["case"] not in ("a.floor", "a.get", "e.first", "e.replay"):
+            continue
+        for name, c in r["commands"].items():
+            body.append([f"{r['label']}: {name.upper()}", c["usec_per_call"], "-"])
+    print(table(["command", "usec/call", "commands run inside, per call"], body))
+    print("\nTargets (this run)\n")
+    print(
+        table(
+            ["target", "value", "goal", "met"],
+            [
+                [t["target"], t["value"], t["goal"], "yes" if t["met"] else "NO"]
+                for t in result["targets"]
+            ],
+        )
+    )

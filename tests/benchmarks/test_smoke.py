@@ -1,0 +1,142 @@
+"""Both benchmark commands run end to end with tiny counts, as real processes with their own
+redis-server, print their tables and write every row and JSON key the docs rely on. No
+speed is asserted: only what the counters and the fault scenarios establish."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SPEED_CASES = {
+    ("a.floor", "sync"),
+    ("a.floor", "async"),
+    ("a.get", "sync"),
+    ("a.get", "async"),
+    ("b.reserve_complete", "sync"),
+    ("b.reserve_complete", "async"),
+    ("c.replay", "sync"),
+    ("c.replay", "async"),
+    ("d.first", "sync"),
+    ("d.first", "async"),
+    ("d.replay", "sync"),
+    ("d.replay", "async"),
+    ("e.first", "sync"),
+    ("e.replay", "sync"),
+}
+SCENARIOS = {
+    "late_success",
+    "late_failure",
+    "timeout",
+    "takeover",
+    "changed_payload",
+    "identical_validated",
+    "other_principal",
+    "async",
+}
+
+
+def _run(module: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def speed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("speed") / "speed.json"
+    printed = _run(
+        "benchmarks.speed",
+        "--rounds=1",
+        "--seconds=0.05",
+        "--warmup=2",
+        "--monitor-ops=3",
+        "--script-calls=5",
+        "--concurrency=4",
+        f"--json={out}",
+    )
+    return json.loads(out.read_text()), printed
+
+
+def test_speed_writes_every_case_and_key(speed: tuple[dict[str, Any], str]) -> None:
+    result, printed = speed
+    assert set(result) >= {"machine", "settings", "cases", "scripts", "targets", "elapsed_s"}
+    assert set(result["machine"]) >= {"nproc", "cpu_model", "python", "redis_server"}
+    assert {(r["case"], r["mode"]) for r in result["cases"]} == SPEED_CASES
+    for row in result["cases"]:
+        assert row["ops"] > 0
+        assert set(row) >= {
+            "ops_per_s",
+            "p50_us",
+            "p99_us",
+            "round_trips_per_op",
+            "server_us_per_op",
+            "commands",
+        }
+    assert set(result["scripts"]) >= {
+        "reserve (new)",
+        "reserve (replay)",
+        "complete (accepted)",
+        "fail (accepted)",
+        "mark_provisional (accepted)",
+        "renew",
+        "get",
+    }
+    targets = {t["target"] for t in result["targets"]}
+    assert "decorator replay / peer replay (sync)" in targets
+    assert "replay round trips per call (async)" in targets
+    assert "Targets (this run)" in printed
+
+
+def test_speed_counts_round_trips_on_the_server(speed: tuple[dict[str, Any], str]) -> None:
+    """The round trips come from the server's counters: a settle replay is one EVALSHA and
+    settle's client sends nothing else; the raw floor is two SETs."""
+    rows = {(r["case"], r["mode"]): r for r in speed[0]["cases"]}
+    for mode in ("sync", "async"):
+        replay = rows[("c.replay", mode)]
+        assert replay["round_trips_per_op"] == 1.0
+        assert replay["client_commands_per_op"] == {"evalsha": 1.0}
+        assert rows[("b.reserve_complete", mode)]["client_commands_per_op"] == {"evalsha": 2.0}
+        assert rows[("a.floor", mode)]["client_commands_per_op"] == {"set": 2.0}
+    assert rows[("d.replay", "sync")]["round_trips_per_op"] == 1.0
+
+
+def test_anomalies_rows_and_settle_outcomes(tmp_path: Path) -> None:
+    out = tmp_path / "anomalies.json"
+    printed = _run("benchmarks.anomalies", "--lease=0.3", f"--json={out}")
+    result = json.loads(out.read_text())
+    rows = {(r["scenario"], r["library"]): r for r in result["rows"]}
+    assert set(rows) == {(s, lib) for s in SCENARIOS for lib in ("settle", "powertools")}
+    for row in rows.values():
+        assert set(row) >= {
+            "effects",
+            "duplicate_effects",
+            "results_overwritten",
+            "results_lost",
+            "caller_saw",
+        }
+    settle = {s: rows[(s, "settle")] for s in SCENARIOS}
+    # settle never replaces or drops a committed result, whatever the fault.
+    assert all(r["results_overwritten"] == 0 and r["results_lost"] == 0 for r in settle.values())
+    # A live worker keeps its lease: the retry waits and gets the first worker's result.
+    assert settle["takeover"]["effects"] == 1
+    # A worker that lost its lease is told so; its late result is not reported committed.
+    assert "A: StaleAttempt" in settle["late_success"]["caller_saw"]
+    assert "A: StaleAttempt" in settle["late_failure"]["caller_saw"]
+    assert "FingerprintMismatch" in settle["changed_payload"]["caller_saw"]
+    assert "BindingMismatch" in settle["other_principal"]["caller_saw"]
+    assert settle["async"]["effects"] == 1
+    assert "what the callers saw" in printed
