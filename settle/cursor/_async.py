@@ -1,6 +1,6 @@
 """The asyncio shell of ``settle.cursor``: ``AsyncCursorStore`` runs the planned script calls,
 ``AsyncCursorConsumer`` carries out one step after another. Hand-written; ``_sync.py`` is
-generated from it by ``python -m settle.cursor._unasync`` (a test fails on drift)."""
+generated from it by ``python scripts/unasync.py`` (a test fails on drift)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,6 @@ flushed script cache, cursors never reach the logs, the sync shell does not drif
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -146,17 +144,6 @@ def test_divergence_errors_are_picklable_and_name_the_recovery() -> None:
     again = pickle.loads(pickle.dumps(err))
     assert (again.stream, again.recovery, again.boundary) == ("s", Recovery.STABLE_BOUNDARY, 7)
     assert "reset(cursor=..., boundary=7)" in str(again)
-
-
-def test_the_generated_sync_shell_is_current() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "settle.cursor._unasync", "--check"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_unicode_event_ids_survive_the_scripts(store, sink) -> None:

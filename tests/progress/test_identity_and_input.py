@@ -3,9 +3,6 @@ keys that share one hash slot per script, and the generated sync shell kept in s
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from redis.crc import key_slot
 
@@ -22,7 +19,6 @@ from settle.progress.core import ProgressCore
 from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.keys import ProgressKeys, StreamKeys
 from settle.progress.model import IntentKind
-from tests.progress.harness import ROOT
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
 
@@ -121,13 +117,3 @@ def test_every_script_call_touches_one_slot(stream):
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.script
     assert key_slot(StreamKeys(stream).dead_letters.encode()) == key_slot(stream.encode())
     assert ProgressKeys("t", "billing").tag in core.plan_read(scope).keys[0]
-
-
-def test_generated_sync_shell_is_up_to_date():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "settle/progress/_unasync.py"), "--check"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr

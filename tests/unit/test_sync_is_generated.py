@@ -1,4 +1,5 @@
-"""settle/_sync is generated from settle/_async; it must not drift, and the async shell must
+"""The sync shells (settle/_sync, settle/cursor/_sync.py, settle/progress/_sync) are generated
+from the async ones by scripts/unasync.py; they must not drift, and the async shell must
 really be async (every public method of AsyncSettler a coroutine function)."""
 
 from __future__ import annotations
