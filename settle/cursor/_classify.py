@@ -245,7 +245,10 @@ class _Rules:
     def witnessed_missing(self) -> CursorDivergence | None:
         """An event an earlier response to this cursor held, never applied, gone now."""
         present = {e.id for e in self.page.events}
-        top = self.page.events[-1].position if self.page.events else MAX_POSITION
+        # Only events above the boundary say how far this response reaches: an inclusive
+        # page that repeats the boundary event alone reaches nothing new.
+        new = [e for e in self.page.events if e.position > self.boundary]
+        top = new[-1].position if new else MAX_POSITION
         for w in self.view.pending:
             for ev in w.events:
                 if (

@@ -107,6 +107,10 @@ def _position(value: object, what: str, stream: str) -> int:
     return value
 
 
+class WitnessesChanged(Exception):
+    """Another response to the same (cursor, generation) was witnessed meanwhile."""
+
+
 @dataclass
 class CursorCore:
     """The rules of one namespace's cursor checkpoints, shared by both shells."""
@@ -393,16 +397,24 @@ class CursorCore:
             decision.next_boundary,
             (Disposition.ABANDONED if err else Disposition.PENDING).value,
             f"divergent:{err.reason}" if err else "",
+            len(view.witnesses),
         )
 
     def decode_witness(self, call: CursorCall, raw: Any) -> str | None:
-        """The attempt id of the recorded witness; None when the checkpoint moved on."""
+        """The attempt id of the recorded witness; None when the checkpoint moved on.
+
+        Raises :class:`WitnessesChanged` when another response to the same cursor and
+        generation was witnessed after this one was classified: classify again.
+        """
         reply = self._reply(call, raw)
         aid = _text(call.args[2])
         log = self._log(call.stream).bind(generation=call.args[0], attempt_id=aid)
         if reply.code == "stale":
             log.info("settle.cursor.superseded", at="witness")
             return None
+        if reply.code == "changed":
+            log.info("settle.cursor.reclassify", reason="witnessed_meanwhile")
+            raise WitnessesChanged(call.stream)
         log.info(
             "settle.cursor.witness_recorded",
             classification=_text(call.args[9]),
@@ -425,7 +437,9 @@ class CursorCore:
             generation=view.checkpoint.generation,
             attempt_id=attempt_id,
             classification=decision.classification,
-            key=f"{self.namespace}:{stream}:{event.id}:{event.digest[:16]}",
+            # The event's identity only, never its payload: two workers that see one id with
+            # different payloads must meet in the user's dedup, not apply both.
+            key=f"{self.namespace}:{stream}:{event.id}",
         )
 
     def plan_outcome(

@@ -12,8 +12,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from settle.cursor._core import CursorCall, CursorCore
-from settle.cursor.errors import ProviderCursorExpired
+from settle.cursor._core import CursorCall, CursorCore, WitnessesChanged
+from settle.cursor.errors import CursorError, ProviderCursorExpired
 from settle.cursor.models import Event, EventContext, ProviderContract, StepResult
 
 __all__ = ["Done", "FetchPage", "HandleEvent", "Instruction", "RunScript", "procedure"]
@@ -45,6 +45,10 @@ class Done:
 Instruction = RunScript | FetchPage | HandleEvent | Done
 
 
+#: How often one step classifies again because another worker witnessed meanwhile.
+_RECLASSIFY = 8
+
+
 def procedure(
     core: CursorCore, stream: str, contract: ProviderContract
 ) -> Generator[Instruction, Any, None]:
@@ -58,22 +62,34 @@ def procedure(
     except ProviderCursorExpired as exc:
         raise core.expired(stream, first.checkpoint, str(exc)) from exc
     page = core.check_page(stream, contract, raw_page)
-    call = core.plan_load(stream, page, first.checkpoint.boundary)
-    view = core.decode_load(call, (yield RunScript(call)))
-    if core.moved(first, view):
-        yield Done(core.superseded(view, None))
-        return
-    decision = core.classify(stream, contract, view, page)
-    if decision.held:
-        yield Done(core.held(view, decision))
-        return
-    aid = decision.resume
-    if aid is None:
+    for _ in range(_RECLASSIFY):
+        call = core.plan_load(stream, page, first.checkpoint.boundary)
+        view = core.decode_load(call, (yield RunScript(call)))
+        if core.moved(first, view):
+            yield Done(core.superseded(view, None))
+            return
+        decision = core.classify(stream, contract, view, page)
+        if decision.held:
+            yield Done(core.held(view, decision))
+            return
+        aid = decision.resume
+        if aid is not None:
+            break
         call = core.plan_witness(stream, view, page, decision)
-        aid = core.decode_witness(call, (yield RunScript(call)))
+        try:
+            aid = core.decode_witness(call, (yield RunScript(call)))
+        except WitnessesChanged:
+            continue  # another worker's response to this cursor is durable now: look again
         if aid is None:
             yield Done(core.superseded(view, decision))
             return
+        break
+    else:
+        raise CursorError(
+            f"stream {stream!r}: other workers kept witnessing responses to the same cursor; "
+            "nothing was written by this step, run it again",
+            stream=stream,
+        )
     if decision.error is not None:
         raise core.diverged(decision, aid)
     applied = skipped = 0
