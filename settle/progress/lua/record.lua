@@ -10,6 +10,13 @@ local now = now_ms()
 local covered = coverage(ARGV[3])
 if covered then
   if covered ~= 'dead_lettered' then intent(ARGV[3], 'ack', ARGV[4], now) end
+  if redis.call('HGET', KEYS[10], 'state') ~= 'applied' then
+    -- Progress covered the delivery while this attempt's effect ran (another worker
+    -- dead-lettered it, possibly moving the floor past it): the effect happened all the
+    -- same, so the emission is applied and a later publication of it is not run again.
+    redis.call('HSET', KEYS[10], 'state', 'applied', 'scope', ARGV[1], 'delivery', ARGV[3],
+      'attempt', ARGV[5], 'at', int(now))
+  end
   return reply('covered', covered)
 end
 local detail = 'applied'
