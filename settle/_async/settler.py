@@ -10,7 +10,7 @@ from typing import Any, Protocol, Self
 
 from redis.asyncio import Redis
 
-from settle._async.backend import AsyncRedisBackend
+from settle._async.backend import CONNECT_TIMEOUT, SOCKET_TIMEOUT, AsyncRedisBackend
 from settle._core.engine import Call, Core
 from settle.config import SettleConfig
 from settle.decorator._async import (
@@ -37,9 +37,6 @@ from settle.models import (
 )
 
 __all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
-
-_SOCKET_TIMEOUT = 30.0
-_CONNECT_TIMEOUT = 5.0
 
 
 class AsyncBackend(Protocol):
@@ -77,9 +74,8 @@ class AsyncSettler:
         client = Redis.from_url(
             url,
             decode_responses=False,
-            # A reply that never comes must not hang a payment path forever.
-            socket_timeout=_SOCKET_TIMEOUT,
-            socket_connect_timeout=_CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
         )
         return cls(client, config, **options)
 

@@ -176,7 +176,10 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
 def decode_attempts(entries: Sequence[Any]) -> list[AttemptObservation]:
     out = []
     for raw in entries:
-        aid, gen, action, verdict, detail, at = _text(raw).split("|")
+        fields = _text(raw).split("|")
+        if len(fields) != 6:
+            raise CorruptRecord(f"attempt log entry has {len(fields)} fields, expected 6")
+        aid, gen, action, verdict, detail, at = fields
         out.append(
             AttemptObservation(
                 attempt_id=aid,

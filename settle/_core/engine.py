@@ -87,10 +87,17 @@ def _check_reason(reason: object, operation_id: str) -> str:
 
 
 def _check_reservation(reservation: object) -> Reservation:
+    """A Reservation may be hand-built or deserialized: check what reaches the scripts."""
     if not isinstance(reservation, Reservation):
         raise InvalidInput(
             f"expected the Reservation returned by reserve(), got {type(reservation).__name__}"
         )
+    op = check_operation_id(reservation.operation_id)
+    check_binding(reservation.binding, op)
+    if not _HEX64.match(reservation.fingerprint) or not _ATTEMPT_ID.match(reservation.attempt_id):
+        raise InvalidInput("reservation has a malformed fingerprint or attempt_id", operation_id=op)
+    if reservation.generation < 1:
+        raise InvalidInput("reservation generation must be at least 1", operation_id=op)
     return reservation
 
 

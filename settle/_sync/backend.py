@@ -30,7 +30,15 @@ from settle.errors import BackendError, ConfigurationError, DurabilityError
 
 __all__ = ["RedisBackend"]
 
-_CLIENT_DEFAULTS: dict[str, Any] = {"decode_responses": False, "require_full_coverage": False}
+#: A reply that never comes must not hang a payment path forever (standalone and cluster).
+SOCKET_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 5.0
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "decode_responses": False,
+    "require_full_coverage": False,
+    "socket_timeout": SOCKET_TIMEOUT,
+    "socket_connect_timeout": CONNECT_TIMEOUT,
+}
 #: Connection settings a node's client passes on to the cluster client it is replaced with.
 _NODE_SETTINGS = frozenset(
     {
@@ -228,7 +236,7 @@ class RedisBackend:
         if "SSL" in pool.connection_class.__name__:
             kwargs["ssl"] = True
         logger.info("settle.backend.cluster_detected", host=kwargs["host"], port=kwargs["port"])
-        self._use(RedisCluster(**kwargs, **_CLIENT_DEFAULTS))
+        self._use(RedisCluster(**{**_CLIENT_DEFAULTS, **kwargs}))
         node.close()
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Protocol, Self
 
 from redis import Redis
 
-from settle._sync.backend import RedisBackend
+from settle._sync.backend import CONNECT_TIMEOUT, SOCKET_TIMEOUT, RedisBackend
 from settle._core.engine import Call, Core
 from settle.config import SettleConfig
 from settle.decorator._sync import (
@@ -38,9 +38,6 @@ from settle.models import (
 )
 
 __all__ = ["Backend", "Quarantine", "Settler"]
-
-_SOCKET_TIMEOUT = 30.0
-_CONNECT_TIMEOUT = 5.0
 
 
 class Backend(Protocol):
@@ -78,9 +75,8 @@ class Settler:
         client = Redis.from_url(
             url,
             decode_responses=False,
-            # A reply that never comes must not hang a payment path forever.
-            socket_timeout=_SOCKET_TIMEOUT,
-            socket_connect_timeout=_CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
         )
         return cls(client, config, **options)
 

@@ -97,6 +97,7 @@ async def _drive(
     kwargs: dict[str, Any],
 ) -> Any:
     step = plan.start()
+    interrupted: BaseException | None = None
     while True:
         match step:
             case Reserve():
@@ -111,7 +112,9 @@ async def _drive(
                 )
             case Run():
                 call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
-                step = plan.ran(step, await _run(settler, step, fn, call_args, call_kwargs))
+                ran = await _run(settler, step, fn, call_args, call_kwargs)
+                interrupted = ran.interrupted
+                step = plan.ran(step, ran)
             case Settle():
                 try:
                     # Shielded: a cancelled caller still settles what its attempt did.
@@ -126,8 +129,12 @@ async def _drive(
                 await asyncio.sleep(step.seconds)
                 step = plan.slept()
             case Return():
+                if interrupted is not None:
+                    raise interrupted  # settled first; the caller asked to stop
                 return step.value
             case Raise():
+                if interrupted is not None:
+                    raise interrupted
                 if step.cause is None:
                     raise step.error
                 raise step.error from step.cause
@@ -149,31 +156,36 @@ async def _run(
     kwargs: dict[str, Any],
 ) -> Ran:
     """Await ``fn`` in this task under ``run.timeout``; a heartbeat task renews the lease
-    and, if it is lost, expires the timeout scope at once, which cancels the function."""
+    and, if it is lost, expires the timeout scope at once, which cancels the function.
+
+    Whatever ``fn`` did is returned to be settled: a cancellation of the caller that lands
+    while the heartbeat is being stopped, after ``fn`` finished, is kept in
+    ``Ran.interrupted`` and raised only after the settlement."""
     loop = asyncio.get_running_loop()
     attempt = run.attempt
-    returned = False
     value: Any = None
+    error: BaseException | None = None
+    interrupted: BaseException | None = None
     scope = asyncio.timeout(run.timeout)
-    try:
-        async with scope:
-            beat = asyncio.create_task(
-                _heartbeat(settler, run, lambda: scope.reschedule(loop.time()))
-            )
+    async with scope:
+        beat = asyncio.create_task(_heartbeat(settler, run, lambda: scope.reschedule(loop.time())))
+        try:
+            value = await fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
+            error = exc
+        finally:
+            beat.cancel()
             try:
-                value = await fn(*args, **kwargs)
-                returned = True
-            finally:
-                beat.cancel()
                 await asyncio.wait({beat})
-    except BaseException as exc:  # every outcome is settled, then re-raised
-        if not returned:
-            lost = attempt._renewal if attempt.lost else None
-            timed_out = scope.expired() and lost is None
-            return Ran(None, exc, timed_out, lost)
-        if not isinstance(exc, TimeoutError):
-            raise
-    return Ran(value, None, False, attempt._renewal if attempt.lost else None)
+            except asyncio.CancelledError as exc:  # the caller, after fn had finished
+                interrupted = exc
+    lost = attempt._renewal if attempt.lost else None
+    if scope.expired():  # our own timeout (or the lost lease) cancelled fn, not the caller
+        interrupted = None
+        if isinstance(error, asyncio.CancelledError):
+            error = TimeoutError(f"operation {attempt.operation_id!r}: the attempt was stopped")
+        return Ran(None if error else value, error, lost is None and error is not None, lost)
+    return Ran(value, error, False, lost, interrupted)
 
 
 async def _heartbeat(settler: AsyncSettler, run: Run, on_lost: Callable[[], None]) -> None:

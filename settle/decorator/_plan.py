@@ -140,6 +140,9 @@ class Ran:
     error: BaseException | None = None
     timed_out: bool = False
     lost: Renewal | None = None
+    interrupted: BaseException | None = None
+    """A cancellation of the caller that arrived after the function had finished: the
+    outcome is settled first, then the cancellation is raised."""
 
 
 # -- policy ------------------------------------------------------------------------------
@@ -253,6 +256,8 @@ class Plan:
         if failure is not None:
             return Raise(_failed(record.operation_id, failure))
         result_type = self.policy.result_type()
+        if result_type is bytes and record.result is not None:
+            return Return(record.result)  # bytes are stored as they are, not as JSON
         try:
             return Return(record.value(result_type))
         except ValidationError as exc:

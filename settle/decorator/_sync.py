@@ -169,9 +169,9 @@ def _run(
 
 
 class _Heartbeats:
-    """One long-lived daemon thread per decorated function renews the lease of each of its
-    running attempts every ``run.heartbeat`` seconds. (A thread started and joined around
-    every call cost more than the call's two round trips.)"""
+    """One daemon thread per decorated function renews the lease of each of its running
+    attempts every ``run.heartbeat`` seconds, and ends when none is running. (A thread
+    started and joined around every call cost more than the call's two round trips.)"""
 
     def __init__(self, settler: Settler) -> None:
         self._settler = settler
@@ -204,7 +204,12 @@ class _Heartbeats:
                     nearest = min((due for due, _ in self._due.values()), default=None)
                     if nearest is not None and nearest <= now:
                         break
-                    self._cond.wait(None if nearest is None else nearest - now)
+                    if nearest is None:
+                        # Nothing running: end, so an idle decorated function (or a closed
+                        # settler) keeps no thread; the next call starts a new one.
+                        self._thread = None
+                        return
+                    self._cond.wait(nearest - now)
                 ready = [(k, run) for k, (due, run) in self._due.items() if due <= now]
                 for k, run in ready:
                     self._due[k] = (now + run.heartbeat, run)

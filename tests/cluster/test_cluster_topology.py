@@ -370,3 +370,16 @@ def test_a_user_built_cluster_client_with_a_missing_slot_is_a_clear_error_too(
         await a.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_cluster_clients_get_socket_timeouts(cluster: LocalCluster, flavour: str) -> None:
+    """Found in review: the sync RedisCluster had no socket timeout, so a stalled node hung
+    every call; both shells now get from_url's timeouts unless told otherwise."""
+    seeds = [("127.0.0.1", cluster.nodes[0].port)]
+    cls = Settler if flavour == "sync" else AsyncSettler
+    settler = cls.from_cluster(seeds, namespace="timeouts")
+    kwargs = settler._backend.client.nodes_manager.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (30.0, 5.0)
+    custom = cls.from_cluster(seeds, namespace="timeouts", client_options={"socket_timeout": 2})
+    assert custom._backend.client.nodes_manager.connection_kwargs["socket_timeout"] == 2

@@ -302,3 +302,30 @@ async def test_timeout_cancels_the_attempt_and_marks_it_provisional(
     record = await async_settler.get("slow:1")
     assert record is not None
     assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+
+
+async def test_a_caller_cancelled_just_after_the_function_returned_still_settles(
+    async_settler: AsyncSettler,
+) -> None:
+    """Found in review: a cancellation landing while the heartbeat was being stopped, after
+    the function had returned, skipped the settlement, so the next call ran it again."""
+    effects = 0
+    task: asyncio.Task[str] | None = None
+
+    @async_settler.operation(key="cancel-after:{n}", principal=PRINCIPAL, lease=2.0)
+    async def charge(n: int) -> str:
+        nonlocal effects
+        effects += 1
+        if effects == 1:  # the caller is cancelled as the function returns
+            assert task is not None
+            asyncio.get_running_loop().call_soon(task.cancel)
+        return f"charged {n}"
+
+    task = asyncio.ensure_future(charge(1))
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = await async_settler.get("cancel-after:1")
+    assert record is not None
+    assert record.state is State.COMPLETED  # settled before the cancellation went on
+    assert await charge(1) == "charged 1"  # replayed
+    assert effects == 1

@@ -267,3 +267,34 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(
 
     with pytest.raises(InvalidInput):
         settler.operation(key="k", principal=PRINCIPAL)(not_sync)
+
+
+def test_an_idle_decorated_function_keeps_no_heartbeat_thread(settler: Settler) -> None:
+    """Found in review: each decorated function kept its heartbeat thread forever."""
+    before = {t for t in threading.enumerate() if t.name == "settle-heartbeat"}
+
+    @settler.operation(key="idle:{n}", principal=PRINCIPAL, lease=0.3)
+    def job(n: int) -> int:
+        return n
+
+    assert [job(n) for n in range(3)] == [0, 1, 2]
+    deadline = time.monotonic() + 5
+    while {t for t in threading.enumerate() if t.name == "settle-heartbeat"} - before:
+        assert time.monotonic() < deadline, "the heartbeat thread never ended"
+        time.sleep(0.02)
+    assert job(3) == 3  # and a later call starts one again
+
+
+def test_a_bytes_result_is_replayed_byte_for_byte(settler: Settler) -> None:
+    """Found in review: bytes were stored raw but replayed through JSON validation."""
+    calls = 0
+
+    @settler.operation(key="pdf:{n}", principal=PRINCIPAL)
+    def render(n: int) -> bytes:
+        nonlocal calls
+        calls += 1
+        return b"%PDF-1.7 \x00\xff receipt " + str(n).encode()
+
+    first = render(1)
+    assert render(1) == first
+    assert calls == 1

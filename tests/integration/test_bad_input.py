@@ -164,3 +164,29 @@ def test_config_is_validated() -> None:
         Settler.from_url("redis://127.0.0.1:1/0", namespace="has{brace}")
     with pytest.raises(ValueError, match="retention"):
         Settler.from_url("redis://127.0.0.1:1/0", lease=60, retention=10)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"attempt_id": "a|b"},
+        {"attempt_id": "x" * 100_000},
+        {"fingerprint": "nothex"},
+        {"binding": ""},
+        {"generation": 0},
+    ],
+)
+def test_hand_built_reservations_are_checked_before_anything_is_written(
+    settler: Settler, change: dict[str, Any]
+) -> None:
+    r = settler.reserve("op", {"a": 1}, principal=WHO).reservation
+    before = settler.get("op"), settler.attempts("op")
+    bad = r.model_copy(update=change)
+    for call in (
+        lambda: settler.complete(bad, {"n": 1}),
+        lambda: settler.renew(bad),
+        lambda: settler.mark_provisional(bad, reason="timeout"),
+    ):
+        with pytest.raises(InvalidInput):
+            call()
+    assert (settler.get("op"), settler.attempts("op")) == before
