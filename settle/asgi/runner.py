@@ -69,6 +69,7 @@ class AttemptRunner:
         self._streaming = False  # the response is being sent on as it arrives
         self._oversized = False
         self._downstream_started = False
+        self._stopped = False  # the handler task has ended (after being cancelled)
 
     async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         self._send = send
@@ -97,6 +98,7 @@ class AttemptRunner:
             if self._phase is _Phase.RUNNING:
                 self._phase = _Phase.ABANDONED
                 await _cancel(app_task)
+                self._stopped = True
                 await asyncio.shield(self._provisional("cancelled"))
             raise
         finally:
@@ -140,19 +142,23 @@ class AttemptRunner:
                 reason = "timeout"
             self._phase = _Phase.ABANDONED
             self._log.warning("settle.http.abandoned", reason=reason)
-            await _cancel(app_task)
-            if reason == "lease_lost":
-                # Another attempt may own the operation now: this one must not settle it.
-                await self._answer_superseded(None)
-                return
-            await self._provisional(reason)
             if reason == "timeout" and not self._downstream_started and self._send:
+                # Answer at the timeout, not when the handler's cleanup ends.
                 await Problem(
                     ProblemKind.TIMEOUT,
                     f"the request did not finish within {timeout} s and was stopped; it may "
                     "or may not have taken effect. Retry with the same Idempotency-Key.",
                     retry_after=self._policy.retry_after,
                 ).send(self._send, self._policy.problem_type_base)
+            # The heartbeat keeps the lease while the handler stops: a retry meanwhile gets
+            # 409, never a second handler running beside this one.
+            await _cancel(app_task)
+            self._stopped = True
+            if reason == "lease_lost":
+                # Another attempt may own the operation now: this one must not settle it.
+                await self._answer_superseded(None)
+                return
+            await self._provisional(reason)
             return
 
     async def _handler_ended(self, app_task: asyncio.Task[None]) -> None:
@@ -164,10 +170,11 @@ class AttemptRunner:
             raise error
 
     async def _heartbeat(self) -> None:
-        """Renew the lease until the outcome is settled (not while background tasks run)."""
+        """Renew the lease until the outcome is settled, or until an abandoned handler has
+        stopped (not while background tasks run after the response)."""
         while True:
             await asyncio.sleep(self._lease / 3)
-            if self._phase not in (_Phase.RUNNING, _Phase.FINISHING):
+            if self._phase is _Phase.SETTLED or (self._phase is _Phase.ABANDONED and self._stopped):
                 return
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
@@ -319,7 +326,9 @@ async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
-    """Cancel the handler and wait until it has stopped (a sync handler's thread included)."""
+    """Cancel the handler and wait until its task has ended. A sync handler's thread (run by
+    the framework in a thread pool) cannot be interrupted and may go on after that: see
+    docs/http-endpoints.md."""
     task.cancel()
     await asyncio.wait({task})
     if not task.cancelled():
