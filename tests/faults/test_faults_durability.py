@@ -49,8 +49,14 @@ def _wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 10.0) ->
                 if key.startswith("slave") and isinstance(value, dict)
                 if value.get("state") == "online"
             )
+            # "online" is not yet "acknowledging": a replica just out of its first sync
+            # can take a while to answer WAIT on a loaded machine. Wait until one write is
+            # acknowledged by all of them, so the test's own short WAIT timeout measures
+            # the replica, not its start-up.
             if online == count and info["connected_slaves"] == count:
-                return
+                raw.set("settle-test:replication-probe", "1")
+                if count == 0 or int(raw.execute_command("WAIT", count, 1000)) >= count:
+                    return
             time.sleep(0.02)
     raise AssertionError(f"the primary never had {count} online replicas")
 
