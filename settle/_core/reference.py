@@ -361,7 +361,13 @@ def _settle(action: str) -> Callable[[MemoryKeyspace, list[str], list[bytes], in
         elif rec[b"fp"] != a[1] or rec[b"fpv"] != a[2] or rec[b"bind"] != a[3]:
             kind = "misbound"
         elif rec[b"gen"] != a[4]:
-            kind = "stale_generation"
+            prefix = b"|".join([a[6], a[4], action.encode(), b"accepted"]) + b"|"
+            if action == "mark_provisional" and any(
+                entry.startswith(prefix) for entry in ks.lrange(keys[1], now)
+            ):
+                verdict = "absorbed"
+            else:
+                kind = "stale_generation"
         else:
             state = _effective(rec, now)
             if state in (b"completed", b"failed"):

@@ -6,10 +6,8 @@ Every script is safe to repeat with the same KEYS and ARGV: a repeated ``reserve
 same attempt id and gets its own reservation back (``resumed``); a repeated settlement of a
 record it already settled is ``absorbed``. So a call whose connection dropped after it was
 sent is simply sent again. A script's own error (a ``ResponseError``) is never retried.
-
-One known exception: a ``mark_provisional`` whose reply was lost, repeated after another
-attempt has already taken over, is quarantined as ``stale_generation`` although its first
-try was accepted. Nothing is lost or applied twice; the quarantine entry is spurious.
+A ``mark_provisional`` repeated after another attempt took over is absorbed too: the script
+finds this attempt's accepted ``mark_provisional`` in the attempt log.
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
+-- Whether the attempt log holds this attempt's accepted settlement with this action.
+local function observed(log_key, aid, gen, action)
+  local prefix = table.concat({aid, gen, action, 'accepted'}, '|') .. '|'
+  for _, entry in ipairs(redis.call('LRANGE', log_key, 0, -1)) do
+    if string.sub(entry, 1, #prefix) == prefix then return true end
+  end
+  return false
+end
+
 local function quarantine(kind, action, rec, now, now_us)
   local payload = ARGV[8]
   local cap = tonumber(ARGV[13])
@@ -43,7 +52,13 @@ local function settle(action)
   elseif rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
     kind = 'misbound'
   elseif rec.gen ~= ARGV[5] then
-    kind = 'stale_generation'
+    if action == 'mark_provisional' and observed(KEYS[2], ARGV[7], ARGV[5], action) then
+      -- The repeat of an accepted mark_provisional whose reply was lost, arriving after
+      -- another attempt took over: it already counted, it is not a stale response.
+      verdict = 'absorbed'
+    else
+      kind = 'stale_generation'
+    end
   else
     local state = effective_state(rec, now)
     if is_terminal(state) then

@@ -146,6 +146,22 @@ async def test_the_same_uncertainty_reported_again_is_absorbed(api: Any) -> None
     assert await api.quarantine.list() == []
 
 
+async def test_an_accepted_mark_provisional_repeated_after_a_takeover_is_absorbed(
+    api: Any,
+) -> None:
+    """Its first reply was lost; the repeat arrives after another attempt took over."""
+    old = await _reserved(api)
+    await api.mark_provisional(old, reason="timeout")
+    new = await _reserved(api)
+    again = await api.mark_provisional(old, reason="timeout")
+    assert again.verdict is Verdict.ABSORBED
+    assert again.record.generation == new.generation
+    assert await api.quarantine.list() == []
+    # A stale attempt that never had one accepted is still quarantined.
+    other = await api.mark_provisional(new.model_copy(update={"generation": 1}), reason="x")
+    assert other.kind is QuarantineKind.STALE_GENERATION
+
+
 async def test_owner_completing_after_its_lease_passed_but_before_takeover_is_accepted(
     api: Any,
 ) -> None:

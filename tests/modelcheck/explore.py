@@ -4,10 +4,11 @@ The explored system is ``settle.testing.MemorySettler`` (the reference model run
 same core as the Redis shells) on a :class:`~settle._core.reference.MemoryKeyspace` whose
 clock is a :class:`~settle.testing.ManualClock`, so a lease passes only in an ``expire``
 step. A state is the keyspace plus every worker's local view plus the monitor's ghost
-state; it is hashed *abstractly* (see :func:`ModelWorld.key`): timestamps, the attempt log
-and the quarantine stream are left out because no script reads them to decide anything, and
-a pending lease counts only as live or passed. Two states with the same key therefore have
-the same futures, which is what makes pruning on the key sound.
+state; it is hashed *abstractly* (see :func:`ModelWorld.key`): timestamps, the attempt
+log (but for which attempts' mark_provisional it accepted: a repeat of one after a takeover
+is absorbed) and the quarantine stream are left out because no script reads them to decide
+anything, and a pending lease counts only as live or passed. Two states with the same key
+therefore have the same futures, which is what makes pruning on the key sound.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def quiet_logs() -> Iterator[None]:
 def _copy(value: Any) -> Any:
     if isinstance(value, dict):
         return dict(value)
+    if isinstance(value, list):  # the attempt log
+        return list(value)
     if isinstance(value, _Stream):
         return _Stream(list(value.entries), value.last)
     return value
@@ -135,6 +138,7 @@ class ModelWorld:
         self.record_key = keys.record(OP)
         self.counter_key = keys.generation(0)
         self.quarantine_key = keys.quarantine(0)
+        self.log_key = keys.attempt_log(OP)
         retention = self.settler.config.retention
         self.runner = Runner(
             self.settler,
@@ -200,8 +204,20 @@ class ModelWorld:
             raw=raw,
             rec=rec,
             counter=int(self.keyspace._data.get(self.counter_key, b"0")),
+            provisional_accepts=self.provisional_accepts(),
             quarantine=tuple(stream.entries) if stream is not None else (),
         )
+
+    def provisional_accepts(self) -> frozenset[tuple[str, int]]:
+        """(attempt id, generation) of every accepted mark_provisional in the attempt log:
+        the one thing in the log a script reads (a repeat of such a settlement after a
+        takeover is absorbed, not quarantined)."""
+        out = set()
+        for entry in self.keyspace.lrange(self.log_key, self.clock.now_ms):
+            aid, gen, action, verdict, _detail, _at = entry.decode().split("|")
+            if (action, verdict) == ("mark_provisional", "accepted"):
+                out.add((aid, int(gen)))
+        return frozenset(out)
 
     def key(self) -> tuple[Any, ...]:
         """The abstract state: everything that can change what happens next."""
@@ -211,7 +227,14 @@ class ModelWorld:
             fields = tuple(sorted((k, v) for k, v in raw.items() if k not in _TIMESTAMPS))
         counter = self.keyspace._data.get(self.counter_key)
         workers = tuple(w.key() for w in self.runner.workers)
-        return (fields, self.pending_live(raw), counter, workers, self.ghost)
+        return (
+            fields,
+            self.pending_live(raw),
+            counter,
+            workers,
+            self.ghost,
+            self.provisional_accepts(),
+        )
 
     def enabled(self) -> list[Step]:
         raw = self._raw()

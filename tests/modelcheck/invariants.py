@@ -55,6 +55,7 @@ class Observed:
     rec: Rec | None
     counter: int
     quarantine: tuple[tuple[bytes, list[bytes]], ...]  # the shard's quarantine stream
+    provisional_accepts: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def result(self) -> bytes | None:
@@ -202,6 +203,7 @@ def _check_settlement(
         sent.expected_version,
         codec.digest(payload),
         sent.value if sent.action == "mark_provisional" else None,
+        (r.attempt_id, r.generation) in before.provisional_accepts,
     )
     current = None
     if before.rec is not None:

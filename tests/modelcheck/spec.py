@@ -11,7 +11,8 @@ a duplicate of the settlement that made a record terminal is absorbed even when 
 the version it saw before that settlement (``_settle.lua``), so for a terminal record the
 absorb rows are read before the ``version_conflict`` row. Likewise a ``mark_provisional``
 that repeats the reason a provisional record already has is absorbed (nothing to update),
-so that a repeat after a lost reply is safe.
+so that a repeat after a lost reply is safe; and a ``mark_provisional`` this attempt already
+had accepted is absorbed even after another attempt took over (its first reply was lost).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def expect_settle(
     expected_version: int | None,
     digest: str,
     reason: str | None = None,
+    provisional_accepted: bool = False,
 ) -> Expected:
     op, fp, fpv, bind, gen = presented
     if rec is None or rec.op != op:
@@ -86,6 +88,8 @@ def expect_settle(
     if (rec.fp, rec.fpv, rec.bind) != (fp, fpv, bind):
         return Expected("quarantined", "misbound")
     if rec.gen != gen:
+        if action == "mark_provisional" and provisional_accepted:
+            return Expected("absorbed")  # a repeat of an accepted one, after a takeover
         return Expected("quarantined", "stale_generation")
     state = rec.effective
     version_differs = expected_version is not None and expected_version != rec.ver
