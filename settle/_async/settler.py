@@ -21,6 +21,7 @@ from settle.decorator._async import (
     RetrySpec,
     TerminalSpec,
 )
+from settle.decorator._options import Options
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -207,8 +208,8 @@ class AsyncSettler:
         wait for another attempt that holds the lease before ``OperationInProgress``.
         See docs/outbound-calls.md.
         """
-        return AsyncOperation(
-            self,
+        options = Options(
+            self.config,
             key=key,
             principal=principal,
             fingerprint=fingerprint,
@@ -219,6 +220,7 @@ class AsyncSettler:
             terminal=terminal,
             wait=wait,
         )
+        return AsyncOperation(self, options)
 
 
 class AsyncQuarantine:

@@ -22,6 +22,7 @@ from settle.decorator._sync import (
     RetrySpec,
     TerminalSpec,
 )
+from settle.decorator._options import Options
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -208,8 +209,8 @@ class Settler:
         wait for another attempt that holds the lease before ``OperationInProgress``.
         See docs/outbound-calls.md.
         """
-        return Operation(
-            self,
+        options = Options(
+            self.config,
             key=key,
             principal=principal,
             fingerprint=fingerprint,
@@ -220,6 +221,7 @@ class Settler:
             terminal=terminal,
             wait=wait,
         )
+        return Operation(self, options)
 
 
 class Quarantine:

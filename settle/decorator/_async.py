@@ -42,33 +42,9 @@ R = TypeVar("R")
 class AsyncOperation:
     """``@settler.operation(...)`` for coroutine functions (see ``AsyncSettler.operation``)."""
 
-    def __init__(
-        self,
-        settler: AsyncSettler,
-        *,
-        key: KeySpec,
-        principal: PrincipalSpec,
-        fingerprint: RequestSpec | None = None,
-        result_type: Any = None,
-        lease: float | None = None,
-        timeout: float | None = None,
-        retry: RetrySpec | None = None,
-        terminal: TerminalSpec = (),
-        wait: float = 5.0,
-    ) -> None:
+    def __init__(self, settler: AsyncSettler, options: Options) -> None:
         self._settler = settler
-        self._options = Options(
-            settler.config,
-            key=key,
-            principal=principal,
-            fingerprint=fingerprint,
-            result_type=result_type,
-            lease=lease,
-            timeout=timeout,
-            retry=retry,
-            terminal=terminal,
-            wait=wait,
-        )
+        self._options = options
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(fn):

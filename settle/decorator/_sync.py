@@ -43,33 +43,9 @@ R = TypeVar("R")
 class Operation:
     """``@settler.operation(...)`` for plain functions and methods (see ``Settler.operation``)."""
 
-    def __init__(
-        self,
-        settler: Settler,
-        *,
-        key: KeySpec,
-        principal: PrincipalSpec,
-        fingerprint: RequestSpec | None = None,
-        result_type: Any = None,
-        lease: float | None = None,
-        timeout: float | None = None,
-        retry: RetrySpec | None = None,
-        terminal: TerminalSpec = (),
-        wait: float = 5.0,
-    ) -> None:
+    def __init__(self, settler: Settler, options: Options) -> None:
         self._settler = settler
-        self._options = Options(
-            settler.config,
-            key=key,
-            principal=principal,
-            fingerprint=fingerprint,
-            result_type=result_type,
-            lease=lease,
-            timeout=timeout,
-            retry=retry,
-            terminal=terminal,
-            wait=wait,
-        )
+        self._options = options
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(fn):
