@@ -22,37 +22,68 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CORE_RULES: list[tuple[str, str]] = [
     (r"from redis\.asyncio import", "from redis import"),
-    (r"from redis\.asyncio\.cluster import", "from redis.cluster import"),
-    (r"\bAsyncRetrying\b", "Retrying"),
-    (r"\bAsyncScript\b", "Script"),
     (r"^import asyncio$", "import time"),
     (r"\basyncio\.sleep\b", "time.sleep"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncSettler\b", "Settler"),
     (r"\bAsyncQuarantine\b", "Quarantine"),
-    (r"\bAsyncRedisBackend\b", "RedisBackend"),
+    (r"\bAsyncRunner\b", "Runner"),
+    (r"\bAsyncConnectable\b", "Connectable"),
+    (r"settle\._runtime\._async\b", "settle._runtime._sync"),
     (r"\bAsyncBackend\b", "Backend"),
     (r"\bAsyncOperation\b", "Operation"),
     (r"settle\.decorator\._async\b", "settle.decorator._sync"),
     (r"\basync def\b", "def"),
-    (r"\basync with\b", "with"),
     (r"\bawait ", ""),
     (r"__aenter__", "__enter__"),
-    (r"__aexit__", "__exit__"),
     (r"\baclose\b", "close"),
-    (r"settle\._async\b", "settle._sync"),
     (r"The asyncio shell\. Hand-written;.*", "The sync shell, GENERATED from ``settle/_async`` by"),
     (
         r"^``scripts/unasync\.py`` \(a test fails when the two drift apart\)\.\"\"\"$",
         '``scripts/unasync.py``: edit the async code and regenerate, never this."""',
     ),
     (r"the asyncio facade", "the synchronous facade"),
-    (r"asyncio client", "client"),
+]
+
+RUNTIME_RULES: list[tuple[str, str]] = [
+    (r"from redis\.asyncio import", "from redis import"),
+    (r"from redis\.asyncio\.cluster import", "from redis.cluster import"),
+    (
+        r"from collections\.abc import Awaitable, Callable,",
+        "from collections.abc import Callable,",
+    ),
+    (r"Callable\[\[\], Awaitable\[Any\]\]", "Callable[[], Any]"),
+    (r"\bAsyncRetrying\b", "Retrying"),
+    (r"^import asyncio$", "import time"),
+    (r"\basyncio\.sleep\b", "time.sleep"),
+    (r"\bAsyncConnectable\b", "Connectable"),
+    (r"\bAsyncRunner\b", "Runner"),
+    (r"\bAsyncSettler\b", "Settler"),
+    (r"\bAsyncCursorStore\b", "CursorStore"),
+    (r"\bAsyncProgressStore\b", "ProgressStore"),
+    (r"\basync def\b", "def"),
+    (r"\basync with\b", "with"),
+    (r"\bawait ", ""),
+    (r"\baclose\b", "close"),
+    (r"__aenter__", "__enter__"),
+    (r"__aexit__", "__exit__"),
+    (r'^"""The asyncio runner:', '"""The sync runner (GENERATED):'),
+    (r"objects on a redis-py asyncio$", "objects on a redis-py"),
+    (
+        r"Cluster\. Hand-written; ``_sync\.py`` is generated from it by$",
+        "Cluster. Generated from ``_async.py`` by",
+    ),
+    (
+        r"^``scripts/unasync\.py`` \(a test fails when the two drift apart\)\.$",
+        "``scripts/unasync.py``: edit the async code and regenerate, never this.",
+    ),
 ]
 
 CURSOR_RULES: list[tuple[str, str]] = [
     (r"from redis\.asyncio import", "from redis import"),
-    (r"\bAsyncScript\b", "Script"),
+    (r"\bAsyncRunner\b", "Runner"),
+    (r"\bAsyncConnectable\b", "Connectable"),
+    (r"settle\._runtime\._async\b", "settle._runtime._sync"),
     (r"Awaitable\[(\w+)\]", r"\1"),
     (r"from collections\.abc import Awaitable, Callable", "from collections.abc import Callable"),
     (r"\bAsyncCursorConsumer\b", "CursorConsumer"),
@@ -61,9 +92,6 @@ CURSOR_RULES: list[tuple[str, str]] = [
     (r"\bAsyncHandleEventFn\b", "HandleEventFn"),
     (r"\basync def\b", "def"),
     (r"\bawait ", ""),
-    (r"__aenter__", "__enter__"),
-    (r"__aexit__", "__exit__"),
-    (r"\baclose\b", "close"),
     (r'^"""The asyncio shell of', '"""The sync shell of'),
     (r"Hand-written; ``_sync\.py`` is$", "GENERATED from ``_async.py``"),
     (r"^generated from it by (.*) \(a test fails on drift\)\.", r"by \1: edit the async code."),
@@ -73,8 +101,9 @@ PROGRESS_RULES: list[tuple[str, str]] = [
     (r"from redis\.asyncio import", "from redis import"),
     (r"from collections\.abc import Awaitable, Callable", "from collections.abc import Callable"),
     (r"Awaitable\[None\]", "None"),
-    (r"\bAsyncScriptRunner\b", "ScriptRunner"),
-    (r"\bAsyncScript\b", "Script"),
+    (r"\bAsyncRunner\b", "Runner"),
+    (r"\bAsyncConnectable\b", "Connectable"),
+    (r"settle\._runtime\._async\b", "settle._runtime._sync"),
     (r"\bAsyncProgressStore\b", "ProgressStore"),
     (r"\bAsyncStreamConsumer\b", "StreamConsumer"),
     (r"\bAsyncEffect\b", "Effect"),
@@ -86,7 +115,6 @@ PROGRESS_RULES: list[tuple[str, str]] = [
     (r"\baclose\b", "close"),
     (r"settle\.progress\._async\b", "settle.progress._sync"),
     (r"The asyncio shells of settle\.progress.*", 'The sync shells (GENERATED)."""'),
-    (r"redis-py asyncio client", "redis-py client"),
 ]
 
 
@@ -97,16 +125,11 @@ class Package:
 
 
 PACKAGES = (
-    Package(
-        ("settle/_async/__init__.py", "settle/_async/backend.py", "settle/_async/settler.py"),
-        CORE_RULES,
-    ),
+    Package(("settle/_runtime/_async.py",), RUNTIME_RULES),
+    Package(("settle/_async/__init__.py", "settle/_async/settler.py"), CORE_RULES),
     Package(("settle/cursor/_async.py",), CURSOR_RULES),
     Package(
-        tuple(
-            f"settle/progress/_async/{n}"
-            for n in ("__init__.py", "runner.py", "store.py", "streams.py")
-        ),
+        tuple(f"settle/progress/_async/{n}" for n in ("__init__.py", "store.py", "streams.py")),
         PROGRESS_RULES,
     ),
 )

@@ -153,8 +153,13 @@ class BackendError(SettleError):
     """Redis could not be reached or refused the command (the cause is chained).
 
     Whether a settlement sent before the failure ran is unknown; settlement calls are safe
-    to repeat with the same arguments.
+    to repeat with the same arguments. ``code`` is the Redis error code when the server
+    answered with an error (``NOGROUP``, ``WRONGTYPE``...), else ``""``.
     """
+
+    def __init__(self, message: str, *, operation_id: str | None = None, code: str = "") -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.code = code
 
 
 class ConfigurationError(SettleError):

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from settle._async.settler import AsyncSettler
-from settle._core.engine import Call
 from settle._core.reference import MemoryKeyspace, run_script
+from settle._runtime import Call
 from settle._sync.settler import Settler
 from settle.config import SettleConfig
 
@@ -64,7 +64,7 @@ class MemoryBackend:
     def run_many(self, calls: list[Call]) -> list[Any]:
         return [self.run(call) for call in calls]
 
-    def server_info(self) -> dict[str, Any]:
+    def prepare(self) -> dict[str, Any]:
         return {"redis_version": "7.2.0"}
 
     def close(self) -> None:
@@ -83,8 +83,8 @@ class AsyncMemoryBackend:
     async def run_many(self, calls: list[Call]) -> list[Any]:
         return self.sync.run_many(calls)
 
-    async def server_info(self) -> dict[str, Any]:
-        return self.sync.server_info()
+    async def prepare(self) -> dict[str, Any]:
+        return self.sync.prepare()
 
     async def aclose(self) -> None:
         return None

@@ -10,8 +10,10 @@ from typing import Any, Protocol, Self
 
 from redis.asyncio import Redis
 
-from settle._async.backend import CONNECT_TIMEOUT, SOCKET_TIMEOUT, AsyncRedisBackend
-from settle._core.engine import Call, Core
+from settle._core.engine import Core
+from settle._core.scripts import SCRIPTS
+from settle._runtime import Call, Durability
+from settle._runtime._async import AsyncConnectable, AsyncRunner
 from settle.config import SettleConfig
 from settle.decorator._async import (
     AsyncOperation,
@@ -41,25 +43,30 @@ __all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
 
 
 class AsyncBackend(Protocol):
+    """What a settler runs its calls on: the runtime's runner, or the reference model."""
+
     async def run(self, call: Call) -> Any: ...
     async def run_many(self, calls: list[Call]) -> list[Any]: ...
-    async def server_info(self) -> dict[str, Any]: ...
+    async def prepare(self) -> dict[str, Any]: ...
     async def aclose(self) -> None: ...
 
 
-class AsyncSettler:
+class AsyncSettler(AsyncConnectable):
     """Fenced, idempotent operation records in one namespace of a Redis server or cluster."""
+
+    _runner: AsyncBackend
 
     def __init__(
         self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
     ) -> None:
         resolved = _config(config, options)
-        self._init(AsyncRedisBackend(client, resolved), resolved)
+        durability = Durability(resolved.min_replicas, resolved.replica_timeout)
+        self._init(AsyncRunner(client, SCRIPTS, durability), resolved)
 
     def _init(self, backend: AsyncBackend, config: SettleConfig) -> None:
         self.config = config
         self._core = Core(config)
-        self._backend = backend
+        self._runner = backend
         self._checked = False
         self.quarantine = AsyncQuarantine(self)
 
@@ -69,55 +76,23 @@ class AsyncSettler:
         settler._init(backend, config)
         return settler
 
-    @classmethod
-    def from_url(cls, url: str, config: SettleConfig | None = None, **options: Any) -> Self:
-        """Connect to ``redis://`` / ``rediss://`` / ``unix://`` URLs (binary-safe client)."""
-        client = Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-        )
-        return cls(client, config, **options)
-
-    @classmethod
-    def from_cluster(
-        cls,
-        nodes: str | list[str] | list[tuple[str, int]],
-        config: SettleConfig | None = None,
-        *,
-        client_options: dict[str, Any] | None = None,
-        **options: Any,
-    ) -> Self:
-        """Connect to a Redis Cluster: one node's ``redis://`` URL, or seed nodes as
-        ``"host:port"`` / ``(host, port)``. ``client_options`` go to redis-py's
-        ``RedisCluster`` (password, timeouts...); ``options`` are :class:`SettleConfig`'s."""
-        client = AsyncRedisBackend.cluster_client(nodes, client_options)
-        return cls(client, config, **options)
-
     async def __aenter__(self) -> Self:
         await self.check()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._backend.aclose()
-
     async def check(self) -> None:
-        """Verify the server version and the namespace's shard count (done once, lazily)."""
+        """Verify the server and the namespace's shard count (done once, lazily)."""
         if self._checked:
             return
-        self._core.check_server(await self._backend.server_info())
+        await self._runner.prepare()
         call = self._core.plan_namespace()
-        self._core.decode_namespace(await self._backend.run(call))
+        self._core.decode_namespace(await self._runner.run(call))
         self._checked = True
 
     async def _run(self, call: Call) -> Any:
         if not self._checked:
             await self.check()
-        return await self._backend.run(call)
+        return await self._runner.run(call)
 
     async def reserve(
         self,
@@ -232,7 +207,7 @@ class AsyncQuarantine:
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._settler._checked:
             await self._settler.check()
-        return await self._settler._backend.run_many(calls)
+        return await self._settler._runner.run_many(calls)
 
     async def list(
         self,

@@ -1,6 +1,7 @@
 """Encoding of what is stored (results, failures) and decoding of script replies.
 
-A script reply is ``[code, detail, now_ms, quarantine_id, payload]`` (see ``lua/_lib.lua``);
+A core script's reply is the runtime's one shape with the body ``quarantine_id, payload``
+(``[code, detail, now_ms, quarantine_id, payload]``, see ``lua/_lib.lua``);
 redis-py hands strings over as bytes. Everything here is pure.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import pydantic_core
 from pydantic import BaseModel
 
+from settle._runtime.calls import parse_reply as runtime_reply
 from settle.errors import CorruptRecord, FingerprintError, ResultTooLarge
 from settle.models import (
     Action,
@@ -81,10 +83,10 @@ def _text(value: Any) -> str:
 
 
 def parse_reply(raw: Any) -> Reply:
-    if not isinstance(raw, list | tuple) or len(raw) != 5:
-        raise CorruptRecord(f"unexpected script reply shape: {type(raw).__name__}")
-    code, detail, now, qid, payload = raw
-    return Reply(_text(code), _text(detail), int(now), _text(qid), list(payload or []))
+    """The core's body of the one reply shape: ``quarantine_id, payload``."""
+    reply = runtime_reply(raw, body=2)
+    qid, payload = reply.body
+    return Reply(reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []))
 
 
 def digest(data: bytes) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, shard_of
 from settle._log import binding_digest, logger
+from settle._runtime.calls import Call
 from settle.config import SettleConfig
 from settle.errors import (
     BindingMismatch,
@@ -44,27 +45,13 @@ from settle.models import (
     ms_to_datetime,
 )
 
-__all__ = ["MIN_SERVER_VERSION", "Call", "Core", "QuarantineFollower", "QuarantineQuery"]
+__all__ = ["Call", "Core", "QuarantineFollower", "QuarantineQuery"]
 
-MIN_SERVER_VERSION = (6, 2, 0)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 _MAX_REASON = 256
 _QUARANTINE_SCAN_BUDGET = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One script call: which script, its KEYS and ARGV, and what decoding needs to know."""
-
-    script: str
-    keys: tuple[str, ...]
-    args: tuple[str | bytes | int, ...]
-    operation_id: str | None = None
-    attempt_id: str | None = None
-    action: Action | None = None
-    shard: int | None = None
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
@@ -101,12 +88,6 @@ def _check_reservation(reservation: object) -> Reservation:
     return reservation
 
 
-def parse_server_version(info: dict[str, Any]) -> tuple[int, ...]:
-    raw = info.get("valkey_version") or info.get("redis_version") or "0"
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
-
-
 @dataclass
 class Core:
     """The rules of one namespace, shared by every shell."""
@@ -118,14 +99,6 @@ class Core:
         self.keys = Keys(self.config.namespace, self.config.shards)
 
     # -- start-up ------------------------------------------------------------------------
-
-    def check_server(self, info: dict[str, Any]) -> None:
-        version = parse_server_version(info)
-        if version < MIN_SERVER_VERSION:
-            raise ConfigurationError(
-                f"settle needs Redis 6.2 or newer (or Valkey); the server reports "
-                f"{'.'.join(map(str, version))}. Upgrade the server."
-            )
 
     def plan_namespace(self) -> Call:
         return Call(

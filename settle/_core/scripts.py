@@ -1,40 +1,42 @@
-"""The Lua sources, assembled once: each script is ``_lib.lua`` (+ ``_settle.lua`` for the
-settlement scripts) followed by its own file. Redis has no ``require``; this is it."""
+"""The core's Lua scripts: each is the runtime's prelude, ``lua/_lib.lua`` (+ ``_settle.lua``
+for the settlement scripts), then its own file (see :class:`settle._runtime.ScriptSet`)."""
 
 from __future__ import annotations
 
-from functools import cache
-from importlib.resources import files
+from settle._runtime import ScriptSet
 
-__all__ = ["SCRIPT_NAMES", "WRITING_SCRIPTS", "source"]
+__all__ = ["SCRIPTS", "SCRIPT_NAMES", "WRITING_SCRIPTS", "source"]
 
-_SETTLEMENT = frozenset({"complete", "fail", "mark_provisional"})
-SCRIPT_NAMES = (
-    "reserve",
-    "complete",
-    "fail",
-    "mark_provisional",
-    "renew",
-    "get",
-    "attempts",
-    "quarantine_read",
-    "quarantine_resolve",
-    "namespace",
+_LIB = ("_lib",)
+_SETTLE = ("_lib", "_settle")
+
+SCRIPTS = ScriptSet(
+    "settle",
+    {
+        "reserve": _LIB,
+        "complete": _SETTLE,
+        "fail": _SETTLE,
+        "mark_provisional": _SETTLE,
+        "renew": _LIB,
+        "get": _LIB,
+        "attempts": _LIB,
+        "quarantine_read": _LIB,
+        "quarantine_resolve": _LIB,
+        "namespace": _LIB,
+    },
+    #: Scripts that may write: with ``min_replicas`` each is followed by WAIT.
+    writing=frozenset(
+        {
+            "reserve",
+            "complete",
+            "fail",
+            "mark_provisional",
+            "renew",
+            "quarantine_resolve",
+            "namespace",
+        }
+    ),
 )
-#: Scripts that may write: with ``min_replicas`` each is followed by WAIT.
-WRITING_SCRIPTS = frozenset(SCRIPT_NAMES) - {"get", "attempts", "quarantine_read"}
-
-
-def _read(name: str) -> str:
-    return (files("settle") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-
-
-@cache
-def source(name: str) -> str:
-    if name not in SCRIPT_NAMES:
-        raise KeyError(name)
-    parts = [_read("_lib")]
-    if name in _SETTLEMENT:
-        parts.append(_read("_settle"))
-    parts.append(_read(name))
-    return "\n".join(parts)
+SCRIPT_NAMES = SCRIPTS.names
+WRITING_SCRIPTS = SCRIPTS.writing
+source = SCRIPTS.source

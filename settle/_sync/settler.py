@@ -11,8 +11,10 @@ from typing import Any, Protocol, Self
 
 from redis import Redis
 
-from settle._sync.backend import CONNECT_TIMEOUT, SOCKET_TIMEOUT, RedisBackend
-from settle._core.engine import Call, Core
+from settle._core.engine import Core
+from settle._core.scripts import SCRIPTS
+from settle._runtime import Call, Durability
+from settle._runtime._sync import Connectable, Runner
 from settle.config import SettleConfig
 from settle.decorator._sync import (
     Operation,
@@ -42,25 +44,30 @@ __all__ = ["Backend", "Quarantine", "Settler"]
 
 
 class Backend(Protocol):
+    """What a settler runs its calls on: the runtime's runner, or the reference model."""
+
     def run(self, call: Call) -> Any: ...
     def run_many(self, calls: list[Call]) -> list[Any]: ...
-    def server_info(self) -> dict[str, Any]: ...
+    def prepare(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
-class Settler:
+class Settler(Connectable):
     """Fenced, idempotent operation records in one namespace of a Redis server or cluster."""
+
+    _runner: Backend
 
     def __init__(
         self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
     ) -> None:
         resolved = _config(config, options)
-        self._init(RedisBackend(client, resolved), resolved)
+        durability = Durability(resolved.min_replicas, resolved.replica_timeout)
+        self._init(Runner(client, SCRIPTS, durability), resolved)
 
     def _init(self, backend: Backend, config: SettleConfig) -> None:
         self.config = config
         self._core = Core(config)
-        self._backend = backend
+        self._runner = backend
         self._checked = False
         self.quarantine = Quarantine(self)
 
@@ -70,55 +77,23 @@ class Settler:
         settler._init(backend, config)
         return settler
 
-    @classmethod
-    def from_url(cls, url: str, config: SettleConfig | None = None, **options: Any) -> Self:
-        """Connect to ``redis://`` / ``rediss://`` / ``unix://`` URLs (binary-safe client)."""
-        client = Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-        )
-        return cls(client, config, **options)
-
-    @classmethod
-    def from_cluster(
-        cls,
-        nodes: str | list[str] | list[tuple[str, int]],
-        config: SettleConfig | None = None,
-        *,
-        client_options: dict[str, Any] | None = None,
-        **options: Any,
-    ) -> Self:
-        """Connect to a Redis Cluster: one node's ``redis://`` URL, or seed nodes as
-        ``"host:port"`` / ``(host, port)``. ``client_options`` go to redis-py's
-        ``RedisCluster`` (password, timeouts...); ``options`` are :class:`SettleConfig`'s."""
-        client = RedisBackend.cluster_client(nodes, client_options)
-        return cls(client, config, **options)
-
     def __enter__(self) -> Self:
         self.check()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._backend.close()
-
     def check(self) -> None:
-        """Verify the server version and the namespace's shard count (done once, lazily)."""
+        """Verify the server and the namespace's shard count (done once, lazily)."""
         if self._checked:
             return
-        self._core.check_server(self._backend.server_info())
+        self._runner.prepare()
         call = self._core.plan_namespace()
-        self._core.decode_namespace(self._backend.run(call))
+        self._core.decode_namespace(self._runner.run(call))
         self._checked = True
 
     def _run(self, call: Call) -> Any:
         if not self._checked:
             self.check()
-        return self._backend.run(call)
+        return self._runner.run(call)
 
     def reserve(
         self,
@@ -233,7 +208,7 @@ class Quarantine:
     def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._settler._checked:
             self._settler.check()
-        return self._settler._backend.run_many(calls)
+        return self._settler._runner.run_many(calls)
 
     def list(
         self,

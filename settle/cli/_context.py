@@ -205,7 +205,7 @@ def _shards(conn: Connection, *, create: bool) -> int | None:
     namespace to exist; an explicit ``--shards`` must match what is stored."""
     probe = _settler(conn, {"namespace": conn.namespace, "shards": 1})
     try:
-        probe._backend.server_info()  # connects, and switches to a cluster client if needed
+        probe._runner.prepare()  # connects, and switches to a cluster client if needed
         try:
             stored = stored_shards(client_of(probe), conn.namespace)
         except RedisError as exc:

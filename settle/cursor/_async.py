@@ -5,14 +5,14 @@ generated from it by ``python scripts/unasync.py`` (a test fails on drift)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any
 
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.asyncio import Redis, RedisCluster
 
-from settle.cursor._core import CursorCall, CursorCore
-from settle.cursor._scripts import SCRIPT_NAMES, source
+from settle._runtime import Call, Durability
+from settle._runtime._async import AsyncConnectable, AsyncRunner
+from settle.cursor._core import CursorCore
+from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
 from settle.cursor.errors import ProviderCursorExpired
 from settle.cursor.models import (
@@ -25,7 +25,6 @@ from settle.cursor.models import (
     StepResult,
     Witness,
 )
-from settle.errors import BackendError
 
 __all__ = ["AsyncCursorConsumer", "AsyncCursorStore"]
 
@@ -33,45 +32,28 @@ AsyncFetchPageFn = Callable[[bytes], Awaitable[Page]]
 AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object]]
 
 
-class AsyncCursorStore:
-    """Checkpoints, witnesses and receipts of one namespace's streams in Redis."""
+class AsyncCursorStore(AsyncConnectable):
+    """Checkpoints, witnesses and receipts of one namespace's streams in Redis.
+
+    ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every writing step is
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
 
     def __init__(
         self,
-        client: Redis | Any,
+        client: Redis | RedisCluster | Any,
         *,
         namespace: str = "default",
         keep_generations: int = 64,
         receipt_horizon: int | None = None,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         self.core = CursorCore(namespace, keep_generations, receipt_horizon)
-        self.client = client
-        self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(source(name)) for name in SCRIPT_NAMES
-        }
+        self._runner = AsyncRunner(client, SCRIPTS, Durability(min_replicas, replica_timeout))
 
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> Self:
-        return cls(Redis.from_url(url, decode_responses=False), **options)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
-    async def run(self, call: CursorCall) -> Any:
-        try:
-            return await self._scripts[call.script](keys=list(call.keys), args=list(call.args))
-        except RedisError as exc:
-            raise BackendError(
-                f"Redis failed during cursor {call.script}: {exc.__class__.__name__}: {exc}. "
-                "Every cursor step is safe to repeat.",
-                operation_id=call.stream,
-            ) from exc
+    async def run(self, call: Call) -> Any:
+        """Run one planned call (every cursor step is safe to repeat)."""
+        return await self._runner.run(call)
 
     async def start(self, stream: str, cursor: bytes, *, boundary: int = 0) -> Checkpoint:
         """Create the stream's checkpoint at its first cursor, unless it exists already."""

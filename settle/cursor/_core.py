@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from settle._log import logger
+from settle._runtime import Call, parse_reply
 from settle.cursor._classify import Decision, View, check_page, classify, witness_events
 from settle.cursor._keys import check_namespace, check_stream, stream_keys
 from settle.cursor.errors import (
@@ -44,21 +45,13 @@ from settle.cursor.models import (
 )
 from settle.errors import CorruptRecord, InvalidInput
 
-__all__ = ["CursorCall", "CursorCore", "Outcome", "Reply"]
+__all__ = ["CursorCore", "Outcome", "Reply"]
 
 _MAX_OUTCOME = 32
 
 
 def short(digest: str) -> str:
     return digest[:16]
-
-
-@dataclass(frozen=True, slots=True)
-class CursorCall:
-    script: str
-    keys: tuple[str, ...]
-    args: tuple[str | bytes | int, ...]
-    stream: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +71,11 @@ class Outcome:
     """False: a matching receipt already existed (the event was applied before)."""
     live: bool
     """False: the checkpoint moved past this witness's generation, stop this response."""
+
+
+def _stream(call: Call) -> str:
+    """The stream a call is about (the runtime's ``Call`` names it ``operation_id``)."""
+    return call.operation_id or ""
 
 
 def _text(value: Any) -> str:
@@ -136,34 +134,32 @@ class CursorCore:
             )
         return check_stream(stream), contract
 
-    def _call(self, script: str, stream: str, *args: str | bytes | int) -> CursorCall:
+    def _call(self, script: str, stream: str, *args: str | bytes | int) -> Call:
         s = check_stream(stream)
-        return CursorCall(script, stream_keys(self.namespace, s), tuple(args), s)
+        return Call(script, stream_keys(self.namespace, s), tuple(args), operation_id=s)
 
     def _log(self, stream: str) -> Any:
         return logger.bind(namespace=self.namespace, stream=stream)
 
     # -- replies --------------------------------------------------------------------------
 
-    def _reply(self, call: CursorCall, raw: Any) -> Reply:
-        if not isinstance(raw, list | tuple) or len(raw) != 5:
-            raise CorruptRecord(f"unexpected {call.script} reply", operation_id=call.stream)
-        code, detail, now, ckpt, extra = raw
-        code = _text(code)
+    def _reply(self, call: Call, raw: Any) -> Reply:
+        reply = parse_reply(raw, call, body=2)
+        code, (ckpt, extra) = reply.code, reply.body
         if code == "corrupt":
-            self._log(call.stream).error("settle.cursor.corrupt", script=call.script)
+            self._log(_stream(call)).error("settle.cursor.corrupt", script=call.script)
             raise CorruptRecord(
-                f"the checkpoint of stream {call.stream!r} is not a settle checkpoint; "
+                f"the checkpoint of stream {_stream(call)!r} is not a settle checkpoint; "
                 "inspect the key, nothing was written",
-                operation_id=call.stream,
+                operation_id=_stream(call),
             )
         checkpoint = self._checkpoint(ckpt) if ckpt else None
         if code == "missing" or (checkpoint is None and code not in ("no_witness",)):
             raise CheckpointMissing(
-                f"stream {call.stream!r} has no checkpoint: call start(stream, cursor) first",
-                stream=call.stream,
+                f"stream {_stream(call)!r} has no checkpoint: call start(stream, cursor) first",
+                stream=_stream(call),
             )
-        return Reply(code, _text(detail), int(now), checkpoint, list(extra or []))
+        return Reply(code, reply.detail, reply.now_ms, checkpoint, list(extra or []))
 
     def _checkpoint(self, flat: list[Any]) -> Checkpoint:
         f = _fields(flat)
@@ -227,16 +223,16 @@ class CursorCore:
 
     # -- start, read, reset ----------------------------------------------------------------
 
-    def plan_start(self, stream: str, cursor: bytes, boundary: int = 0) -> CursorCall:
+    def plan_start(self, stream: str, cursor: bytes, boundary: int = 0) -> Call:
         c = _cursor(cursor, "cursor", stream)
         b = _position(boundary, "boundary", stream)
         return self._call("init", stream, stream, c, cursor_digest(c), b)
 
-    def decode_start(self, call: CursorCall, raw: Any) -> Checkpoint:
+    def decode_start(self, call: Call, raw: Any) -> Checkpoint:
         reply = self._reply(call, raw)
         assert reply.checkpoint is not None
         if reply.code == "created":
-            self._log(call.stream).info(
+            self._log(_stream(call)).info(
                 "settle.cursor.started",
                 generation=reply.checkpoint.generation,
                 cursor_digest=short(reply.checkpoint.cursor_digest),
@@ -244,34 +240,34 @@ class CursorCore:
             )
         return reply.checkpoint
 
-    def plan_witnesses(self, stream: str, limit: int = 20) -> CursorCall:
+    def plan_witnesses(self, stream: str, limit: int = 20) -> Call:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 10_000:
             raise InvalidInput("limit must be 0 to 10000", operation_id=stream)
         return self._call("witnesses", stream, limit)
 
-    def decode_checkpoint(self, call: CursorCall, raw: Any) -> Checkpoint | None:
+    def decode_checkpoint(self, call: Call, raw: Any) -> Checkpoint | None:
         try:
             reply = self._reply(call, raw)
         except CheckpointMissing:
             return None
         return reply.checkpoint
 
-    def decode_witnesses(self, call: CursorCall, raw: Any) -> list[Witness]:
+    def decode_witnesses(self, call: Call, raw: Any) -> list[Witness]:
         reply = self._reply(call, raw)
         return [self._witness(list(w)) for w in reply.extra]
 
     def plan_reset(
         self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
-    ) -> CursorCall:
+    ) -> Call:
         c = _cursor(cursor, "cursor", stream)
         b = _position(boundary, "boundary", stream)
         g = _position(expected_generation, "expected_generation", stream)
         return self._call("reset", stream, g, c, cursor_digest(c), b)
 
-    def decode_reset(self, call: CursorCall, raw: Any) -> Checkpoint:
+    def decode_reset(self, call: Call, raw: Any) -> Checkpoint:
         reply = self._reply(call, raw)
         assert reply.checkpoint is not None
-        log = self._log(call.stream)
+        log = self._log(_stream(call))
         if reply.code != "reset":
             log.warning(
                 "settle.cursor.reset_rejected",
@@ -279,9 +275,9 @@ class CursorCore:
                 generation=reply.checkpoint.generation,
             )
             raise CursorError(
-                f"stream {call.stream!r} is at generation {reply.checkpoint.generation}, not "
+                f"stream {_stream(call)!r} is at generation {reply.checkpoint.generation}, not "
                 f"{call.args[0]!s}: nothing was reset; read the checkpoint again and decide again",
-                stream=call.stream,
+                stream=_stream(call),
             )
         log.warning(
             "settle.cursor.reset",
@@ -293,7 +289,7 @@ class CursorCore:
 
     # -- one step of a consumer ----------------------------------------------------------
 
-    def plan_load(self, stream: str, page: Page | None = None, boundary: int = 0) -> CursorCall:
+    def plan_load(self, stream: str, page: Page | None = None, boundary: int = 0) -> Call:
         if page is None:
             return self._call("load", stream, "", "", 0)
         positions = [e.position for e in page.events]
@@ -307,7 +303,7 @@ class CursorCore:
             *positions,
         )
 
-    def decode_load(self, call: CursorCall, raw: Any) -> View:
+    def decode_load(self, call: Call, raw: Any) -> View:
         reply = self._reply(call, raw)
         assert reply.checkpoint is not None
         witnesses, receipts = [*reply.extra, [], []][:2]
@@ -374,7 +370,7 @@ class CursorCore:
             )
         return decision
 
-    def plan_witness(self, stream: str, view: View, page: Page, decision: Decision) -> CursorCall:
+    def plan_witness(self, stream: str, view: View, page: Page, decision: Decision) -> Call:
         ck = view.checkpoint
         err = decision.error
         cov = page.coverage
@@ -400,7 +396,7 @@ class CursorCore:
             len(view.witnesses),
         )
 
-    def decode_witness(self, call: CursorCall, raw: Any) -> str | None:
+    def decode_witness(self, call: Call, raw: Any) -> str | None:
         """The attempt id of the recorded witness; None when the checkpoint moved on.
 
         Raises :class:`WitnessesChanged` when another response to the same cursor and
@@ -408,13 +404,13 @@ class CursorCore:
         """
         reply = self._reply(call, raw)
         aid = _text(call.args[2])
-        log = self._log(call.stream).bind(generation=call.args[0], attempt_id=aid)
+        log = self._log(_stream(call)).bind(generation=call.args[0], attempt_id=aid)
         if reply.code == "stale":
             log.info("settle.cursor.superseded", at="witness")
             return None
         if reply.code == "changed":
             log.info("settle.cursor.reclassify", reason="witnessed_meanwhile")
-            raise WitnessesChanged(call.stream)
+            raise WitnessesChanged(_stream(call))
         log.info(
             "settle.cursor.witness_recorded",
             classification=_text(call.args[9]),
@@ -444,7 +440,7 @@ class CursorCore:
 
     def plan_outcome(
         self, stream: str, attempt_id: str, event: Event, outcome: str = "applied"
-    ) -> CursorCall:
+    ) -> Call:
         if (
             not isinstance(outcome, str)
             or not 1 <= len(outcome) <= _MAX_OUTCOME
@@ -455,10 +451,10 @@ class CursorCore:
             "outcome", stream, attempt_id, event.id, event.position, event.digest, outcome
         )
 
-    def decode_outcome(self, call: CursorCall, raw: Any, view: View) -> Outcome:
+    def decode_outcome(self, call: Call, raw: Any, view: View) -> Outcome:
         reply = self._reply(call, raw)
         event_id = _text(call.args[1])
-        log = self._log(call.stream).bind(
+        log = self._log(_stream(call)).bind(
             attempt_id=_text(call.args[0]), event_id=event_id, position=call.args[2]
         )
         live = reply.detail == "live"
@@ -473,7 +469,7 @@ class CursorCore:
             ck = view.checkpoint
             raise ReceiptConflict(
                 f"event {event_id!r} conflicts with a receipt recorded meanwhile",
-                stream=call.stream,
+                stream=_stream(call),
                 recovery=Recovery.FRESH_SNAPSHOT,
                 generation=ck.generation,
                 boundary=ck.boundary,
@@ -482,10 +478,10 @@ class CursorCore:
             )
         raise CorruptRecord(
             f"witness {_text(call.args[0])} does not list event {event_id!r}",
-            operation_id=call.stream,
+            operation_id=_stream(call),
         )
 
-    def plan_promote(self, stream: str, view: View, attempt_id: str) -> CursorCall:
+    def plan_promote(self, stream: str, view: View, attempt_id: str) -> Call:
         ck = view.checkpoint
         return self._call(
             "promote",
@@ -498,13 +494,13 @@ class CursorCore:
         )
 
     def decode_promote(
-        self, call: CursorCall, raw: Any, decision: Decision, applied: int, skipped: int
+        self, call: Call, raw: Any, decision: Decision, applied: int, skipped: int
     ) -> StepResult:
         reply = self._reply(call, raw)
         ck = reply.checkpoint
         assert ck is not None
         aid = _text(call.args[2])
-        log = self._log(call.stream).bind(attempt_id=aid, generation=ck.generation)
+        log = self._log(_stream(call)).bind(attempt_id=aid, generation=ck.generation)
         fields: dict[str, Any] = {
             "classification": decision.classification,
             "generation": ck.generation,
@@ -528,7 +524,7 @@ class CursorCore:
         raise CorruptRecord(
             f"promotion of witness {aid} refused ({reply.code} {reply.detail}): its events "
             "lack matching receipts",
-            operation_id=call.stream,
+            operation_id=_stream(call),
         )
 
     def held(self, view: View, decision: Decision) -> StepResult:

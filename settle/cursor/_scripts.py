@@ -1,21 +1,16 @@
-"""The cursor Lua sources, each ``lua/_lib.lua`` followed by the script's own file."""
+"""The cursor's Lua scripts: the runtime's prelude, ``lua/_lib.lua``, then the script's own
+file (see :class:`settle._runtime.ScriptSet`)."""
 
 from __future__ import annotations
 
-from functools import cache
-from importlib.resources import files
+from settle._runtime import ScriptSet
 
-__all__ = ["SCRIPT_NAMES", "source"]
+__all__ = ["SCRIPTS"]
 
-SCRIPT_NAMES = ("init", "load", "witness", "outcome", "promote", "reset", "witnesses")
+_LIB = ("_lib",)
 
-
-def _read(name: str) -> str:
-    return (files("settle.cursor") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-
-
-@cache
-def source(name: str) -> str:
-    if name not in SCRIPT_NAMES:
-        raise KeyError(name)
-    return _read("_lib") + "\n" + _read(name)
+SCRIPTS = ScriptSet(
+    "settle.cursor",
+    dict.fromkeys(("init", "load", "witness", "outcome", "promote", "reset", "witnesses"), _LIB),
+    writing=frozenset({"init", "witness", "outcome", "promote", "reset"}),
+)

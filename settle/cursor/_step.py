@@ -12,7 +12,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from settle.cursor._core import CursorCall, CursorCore, WitnessesChanged
+from settle._runtime import Call
+from settle.cursor._core import CursorCore, WitnessesChanged
 from settle.cursor.errors import CursorError, ProviderCursorExpired
 from settle.cursor.models import Event, EventContext, ProviderContract, StepResult
 
@@ -21,7 +22,7 @@ __all__ = ["Done", "FetchPage", "HandleEvent", "Instruction", "RunScript", "proc
 
 @dataclass(frozen=True, slots=True)
 class RunScript:
-    call: CursorCall
+    call: Call
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,14 @@ by ``python scripts/unasync.py``: edit the async code."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 
-from redis import Redis
-from redis.commands.core import Script
-from redis.exceptions import RedisError
+from redis import Redis, RedisCluster
 
-from settle.cursor._core import CursorCall, CursorCore
-from settle.cursor._scripts import SCRIPT_NAMES, source
+from settle._runtime import Call, Durability
+from settle._runtime._sync import Connectable, Runner
+from settle.cursor._core import CursorCore
+from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
 from settle.cursor.errors import ProviderCursorExpired
 from settle.cursor.models import (
@@ -26,7 +26,6 @@ from settle.cursor.models import (
     StepResult,
     Witness,
 )
-from settle.errors import BackendError
 
 __all__ = ["CursorConsumer", "CursorStore"]
 
@@ -34,45 +33,28 @@ FetchPageFn = Callable[[bytes], Page]
 HandleEventFn = Callable[[Event, EventContext], object]
 
 
-class CursorStore:
-    """Checkpoints, witnesses and receipts of one namespace's streams in Redis."""
+class CursorStore(Connectable):
+    """Checkpoints, witnesses and receipts of one namespace's streams in Redis.
+
+    ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every writing step is
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
 
     def __init__(
         self,
-        client: Redis | Any,
+        client: Redis | RedisCluster | Any,
         *,
         namespace: str = "default",
         keep_generations: int = 64,
         receipt_horizon: int | None = None,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         self.core = CursorCore(namespace, keep_generations, receipt_horizon)
-        self.client = client
-        self._scripts: dict[str, Script] = {
-            name: client.register_script(source(name)) for name in SCRIPT_NAMES
-        }
+        self._runner = Runner(client, SCRIPTS, Durability(min_replicas, replica_timeout))
 
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> Self:
-        return cls(Redis.from_url(url, decode_responses=False), **options)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.client.close()
-
-    def run(self, call: CursorCall) -> Any:
-        try:
-            return self._scripts[call.script](keys=list(call.keys), args=list(call.args))
-        except RedisError as exc:
-            raise BackendError(
-                f"Redis failed during cursor {call.script}: {exc.__class__.__name__}: {exc}. "
-                "Every cursor step is safe to repeat.",
-                operation_id=call.stream,
-            ) from exc
+    def run(self, call: Call) -> Any:
+        """Run one planned call (every cursor step is safe to repeat)."""
+        return self._runner.run(call)
 
     def start(self, stream: str, cursor: bytes, *, boundary: int = 0) -> Checkpoint:
         """Create the stream's checkpoint at its first cursor, unless it exists already."""

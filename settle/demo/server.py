@@ -4,9 +4,8 @@ client (for SCAN and TIME, which settle's scripts do not cover) and its clock.""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-from settle._sync.backend import RedisBackend
 from settle._sync.settler import Settler
 
 __all__ = ["client_of", "server_now"]
@@ -14,7 +13,7 @@ __all__ = ["client_of", "server_now"]
 
 def client_of(settler: Settler) -> Any:
     """The redis-py client the settler runs its scripts on (standalone or cluster)."""
-    return cast("RedisBackend", settler._backend).client
+    return settler.client
 
 
 def server_now(settler: Settler) -> datetime:

@@ -1,5 +1,6 @@
--- _lib.lua: helpers shared by every settle script. settle prepends this file to each
--- script body when it loads them; it is never run on its own.
+-- _lib.lua: the core's helpers, shared by every core script. settle prepends the runtime's
+-- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, int, reply) and then this file
+-- to each script body when it loads them; it is never run on its own.
 --
 -- A record is a HASH with the fields:
 --   op fp fpv bind gen ver state n created updated   (always)
@@ -11,30 +12,11 @@
 -- record as a positional list of FIELDS (false where a field is absent), or a list of
 -- entries for the read scripts.
 
--- No redis.replicate_commands(): since Redis 5 scripts replicate by their effects by
--- default, and settle needs 6.2+; TIME before a write is therefore safe.
-
 -- The order of FIELDS is the reply format: settle/_core/codec.py RECORD_FIELDS matches it.
 local FIELDS = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated',
   'lease', 'aid', 'reason', 'result', 'rdig'}
 local REQUIRED = 10  -- the first ten are always present
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
-
--- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
-local function clock()
-  local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
-  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
-end
-
-local function now_ms()
-  local ms = clock()
-  return ms
-end
-
-local function int(x)
-  return string.format('%d', x)
-end
 
 -- Returns (record table, positional list); (nil, nil) when missing; (false, nil) when the
 -- key holds something that is not a settle record (another type, or fields missing).

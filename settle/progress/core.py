@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from settle._core.engine import Call
 from settle._log import logger
-from settle.errors import CorruptRecord
+from settle._runtime import Call, parse_reply
+from settle.errors import BackendError, CorruptRecord
 from settle.progress.errors import InvalidDelivery, ProviderReset, UnprovenListing
 from settle.progress.identity import (
     AttemptId,
@@ -274,9 +274,10 @@ class ProgressCore:
             raise InvalidDelivery("limit must be an int from 1 to 10000")
         return Call("receipts", (self.keys.scope(_scope(scope).scope_id)[7],), (limit,))
 
-    def decode_receipts(self, raw: Any) -> list[SettlementReceipt]:
+    def decode_receipts(self, call: Call, raw: Any) -> list[SettlementReceipt]:
+        (entries,) = parse_reply(raw, call, body=1).body
         out = []
-        for entry_id, flat in raw or []:
+        for entry_id, flat in entries or []:
             f = _flat(flat)
             out.append(
                 SettlementReceipt(
@@ -295,16 +296,18 @@ class ProgressCore:
     def plan_scopes(self) -> Call:
         return Call("scopes", (self.keys.scopes,), ())
 
-    def decode_scopes(self, raw: Any) -> list[ProviderScope]:
+    def decode_scopes(self, call: Call, raw: Any) -> list[ProviderScope]:
+        (flat,) = parse_reply(raw, call, body=1).body
         out = []
-        for text in _flat(raw or []).values():
+        for text in _flat(flat or []).values():
             data = json.loads(text)
             out.append(ProviderScope(data["stream"], data["group"], data["incarnation"]))
         return sorted(out, key=str)
 
     def decode(self, call: Call, raw: Any) -> ProgressReply:
+        reply = parse_reply(raw, call, body=6)
         try:
-            code, detail, meta, applied, resolved, gaps, intents, deferred = raw
+            meta, applied, resolved, gaps, intents, deferred = reply.body
             scope_id = call.args[0]
             data = json.loads(_text(call.args[1]))
             scope = ProviderScope(data["stream"], data["group"], data["incarnation"])
@@ -315,7 +318,7 @@ class ProgressCore:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptRecord(f"progress reply cannot be decoded: {exc}") from exc
-        return ProgressReply(_text(code), _text(detail), progress)
+        return ProgressReply(reply.code, reply.detail, progress)
 
     def _progress(
         self,
@@ -411,7 +414,8 @@ class ProgressCore:
         return Call("stream_scope", (stream, keys.incarnation), (group, uuid.uuid4().hex[:16]))
 
     def decode_stream_scope(self, call: Call, raw: Any) -> ProviderScope:
-        incarnation, created = _text(raw[0]), int(raw[1])
+        reply = parse_reply(raw, call, body=1)
+        incarnation, created = reply.detail, int(reply.body[0])
         scope = ProviderScope(call.keys[0], _text(call.args[0]), incarnation)
         self.log.info(
             "settle.progress.scope_opened",
@@ -456,10 +460,24 @@ class ProgressCore:
             ),
         )
 
-    def decode_stream_settle(self, raw: Any) -> StreamVerdict:
-        outcome = SettlementOutcome(_text(raw[0]))
-        owner = _text(raw[1]) or None
-        return StreamVerdict(outcome, owner, int(raw[2]), int(raw[3]))
+    def decode_stream_settle(self, call: Call, raw: Any) -> StreamVerdict:
+        reply = parse_reply(raw, call, body=2)
+        count, acknowledged = reply.body
+        try:
+            outcome = SettlementOutcome(reply.code)
+        except ValueError as exc:
+            raise CorruptRecord(f"unknown stream settlement outcome {reply.code!r}") from exc
+        return StreamVerdict(outcome, reply.detail or None, int(count), int(acknowledged))
+
+    def stream_failure(self, exc: BackendError, scope: ProviderScope) -> Exception:
+        """What a failed stream command means: the group is gone (Redis error code
+        ``NOGROUP``: a new incarnation scope must be opened) or the server failed."""
+        if exc.code != "NOGROUP":
+            return exc
+        self.log.warning("settle.progress.provider_reset", stream=scope.stream, group=scope.group)
+        return ProviderReset(
+            f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start again"
+        )
 
     def check_group(self, verdict: StreamVerdict, scope: ProviderScope) -> None:
         if verdict.outcome is SettlementOutcome.NO_GROUP:

@@ -1,34 +1,29 @@
-"""The Lua sources of ``settle.progress``: progress scripts get ``lua/_lib.lua`` prepended;
-the two stream-side scripts stand alone (they run on the stream's server)."""
+"""The Lua scripts of ``settle.progress``, as two script sets of the runtime: the progress
+server's (the runtime's prelude, ``lua/_lib.lua``, then the script; the two read-only index
+scripts need only the prelude) and the stream server's (prelude, then the script)."""
 
 from __future__ import annotations
 
-from functools import cache
-from importlib.resources import files
+from settle._runtime import ScriptSet
 
-__all__ = ["PROGRESS_SCRIPTS", "STANDALONE", "STREAM_SCRIPTS", "source"]
+__all__ = ["PROGRESS", "STREAM"]
 
-PROGRESS_SCRIPTS = (
-    "begin",
-    "record",
-    "dead_letter",
-    "defer",
-    "receipt",
-    "observe",
-    "read",
+_LIB = ("_lib",)
+_WRITERS = ("begin", "record", "dead_letter", "defer", "receipt", "observe")
+
+PROGRESS = ScriptSet(
+    "settle.progress",
+    {
+        **dict.fromkeys(
+            ("begin", "record", "dead_letter", "defer", "receipt", "observe", "read"), _LIB
+        ),
+        "scopes": (),
+        "receipts": (),
+    },
+    writing=frozenset(_WRITERS),
 )
-STANDALONE = ("scopes", "receipts")
-STREAM_SCRIPTS = ("stream_scope", "stream_settle")
-
-
-def _read(name: str) -> str:
-    return (files("settle.progress") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-
-
-@cache
-def source(name: str) -> str:
-    if name in STREAM_SCRIPTS or name in STANDALONE:
-        return _read(name)
-    if name not in PROGRESS_SCRIPTS:
-        raise KeyError(name)
-    return _read("_lib") + "\n" + _read(name)
+STREAM = ScriptSet(
+    "settle.progress",
+    {"stream_scope": (), "stream_settle": ()},
+    writing=frozenset({"stream_scope", "stream_settle"}),
+)

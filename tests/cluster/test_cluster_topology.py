@@ -27,9 +27,9 @@ from settle import (
     Settler,
     Verdict,
 )
-from settle._core import topology
 from settle._core.engine import Core
 from settle._core.keys import shard_of
+from settle._runtime import topology
 from tests.cluster.cluster_support import LocalCluster
 
 pytestmark = [pytest.mark.cluster]
@@ -185,7 +185,7 @@ async def test_follow_gathers_new_entries_from_every_node(
 def test_follow_yields_oldest_first_across_shards(settler16: Settler) -> None:
     settler16.check()
     core = settler16._core
-    backend = settler16._backend
+    backend = settler16._runner
     ops = _one_op_per_shard()
     first, last = ops[0], ops[SHARDS - 1]
     follower = core.quarantine_follower()
@@ -263,7 +263,7 @@ def test_from_url_on_any_node_switches_to_a_cluster_client(
 ) -> None:
     for node in cluster.nodes:
         with Settler.from_url(node.url, namespace=namespace, shards=SHARDS) as s:
-            assert isinstance(s._backend.client, redis.RedisCluster)
+            assert isinstance(s._runner.client, redis.RedisCluster)
             r = s.reserve(f"via-{node.port}", REQ, principal=WHO)
             assert isinstance(r, Reserved)
 
@@ -310,15 +310,14 @@ def test_the_oldest_node_decides_the_version_check(cluster: LocalCluster) -> Non
     for i, node in enumerate(cluster.nodes):
         with cluster.client(i) as c:
             infos[f"127.0.0.1:{node.port}"] = c.info("server")
-    core = Core(SettleConfig())
-    core.check_server(topology.oldest_node_info(infos))  # the real cluster passes
+    topology.check_server(topology.oldest_node_info(infos))  # the real cluster passes
     # One node's real INFO, edited to a version too old: the whole cluster is refused.
     stale = f"127.0.0.1:{cluster.nodes[1].port}"
     infos[stale] = {**infos[stale], "redis_version": "6.0.9"}
     oldest = topology.oldest_node_info(infos)
     assert oldest["node"] == stale
     with pytest.raises(ConfigurationError, match=r"6\.0\.9"):
-        core.check_server(oldest)
+        topology.check_server(oldest)
 
 
 @pytest.fixture(scope="module")
@@ -379,7 +378,7 @@ def test_cluster_clients_get_socket_timeouts(cluster: LocalCluster, flavour: str
     seeds = [("127.0.0.1", cluster.nodes[0].port)]
     cls = Settler if flavour == "sync" else AsyncSettler
     settler = cls.from_cluster(seeds, namespace="timeouts")
-    kwargs = settler._backend.client.nodes_manager.connection_kwargs
+    kwargs = settler._runner.client.nodes_manager.connection_kwargs
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (30.0, 5.0)
     custom = cls.from_cluster(seeds, namespace="timeouts", client_options={"socket_timeout": 2})
-    assert custom._backend.client.nodes_manager.connection_kwargs["socket_timeout"] == 2
+    assert custom._runner.client.nodes_manager.connection_kwargs["socket_timeout"] == 2

@@ -26,7 +26,7 @@ from settle import (
     Verdict,
 )
 from settle._core.scripts import source
-from settle._core.transient import ATTEMPTS
+from settle._runtime.transient import ATTEMPTS
 from tests.faults.tcp_proxy import FaultyProxy
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]

@@ -8,7 +8,7 @@ from redis import exceptions as rx
 
 from settle import BackendError, ConfigurationError
 from settle._core.engine import Call
-from settle._core.transient import backend_error, is_transient
+from settle._runtime.transient import backend_error, is_transient
 
 pytestmark = [pytest.mark.faults]
 

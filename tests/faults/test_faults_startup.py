@@ -11,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from settle import AsyncSettler, ConfigurationError, SettleConfig, Settler
-from settle._core.engine import Core
+from settle import AsyncSettler, ConfigurationError, Settler
+from settle._runtime import topology
 from settle.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.faults]
@@ -39,7 +39,7 @@ def test_a_redis_older_than_6_2_is_refused_at_start_up(
     with pytest.raises(
         ConfigurationError, match=r"Redis 6\.2 or newer.*" + version.replace(".", r"\.")
     ):
-        Core(SettleConfig()).check_server(old)
+        topology.check_server(old)
 
 
 @pytest.mark.parametrize(
@@ -48,14 +48,14 @@ def test_a_redis_older_than_6_2_is_refused_at_start_up(
 def test_supported_versions_pass_the_check(
     real_info: dict[str, Any], field: tuple[str, str]
 ) -> None:
-    Core(SettleConfig()).check_server({**real_info, field[0]: field[1]})
+    topology.check_server({**real_info, field[0]: field[1]})
 
 
 def test_the_real_server_of_this_run_passes_the_check(
     real_info: dict[str, Any], figures: dict[str, str]
 ) -> None:
     figures["redis-server of this run"] = str(real_info["redis_version"])
-    Core(SettleConfig()).check_server(real_info)
+    topology.check_server(real_info)
 
 
 @pytest.fixture(scope="module")

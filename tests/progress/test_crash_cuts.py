@@ -14,7 +14,7 @@ import redis
 
 from settle.embedded import EmbeddedRedis
 from settle.progress import DeliveryId, ProgressStore
-from settle.progress.scripts import source
+from settle.progress.scripts import STREAM
 from tests.progress.harness import (
     DropReplyProxy,
     Names,
@@ -128,7 +128,7 @@ def test_cut_after_ack_sent_before_its_reply(
     names, stream_server, progress_server, stream_client, progress_client
 ):
     ids = publish(stream_client, names, EMISSIONS)
-    sha = hashlib.sha1(source("stream_settle").encode()).hexdigest()
+    sha = hashlib.sha1(STREAM.source("stream_settle").encode()).hexdigest()
     proxy = DropReplyProxy(stream_server.port, ids[2], sha)
     try:
         w = Worker(names, proxy.url, progress_server.url, worker="w1")

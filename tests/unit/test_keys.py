@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from settle._core.codec import RECORD_FIELDS
 from settle._core.keys import Keys, shard_of
-from settle._core.scripts import _read
+from settle._runtime.scripts import _read
 
 op_ids = st.text(
     alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Cs")), min_size=1, max_size=256
@@ -57,6 +57,6 @@ def test_key_names_follow_the_spec_layout() -> None:
 
 
 def test_the_scripts_return_the_record_fields_in_the_order_the_decoder_reads() -> None:
-    lua = _read("_lib")
+    lua = _read("settle", "_lib")
     block = lua[lua.index("local FIELDS = {") : lua.index("}", lua.index("local FIELDS = {"))]
     assert tuple(re.findall(r"'(\w+)'", block)) == RECORD_FIELDS

@@ -1,5 +1,6 @@
--- _lib.lua: helpers shared by every cursor script; settle.cursor prepends it to each script
--- when it loads them (it never runs on its own).
+-- _lib.lua: helpers shared by every cursor script; settle.cursor prepends the runtime's
+-- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, int, reply) and then this file to
+-- each script when it loads them (it never runs on its own).
 --
 -- Every script gets the same five keys, all under the stream's hash tag
 -- settle:{<namespace>:cursor:<stream>}, so each call touches one slot (Redis Cluster safe):
@@ -10,19 +11,8 @@
 --   KEYS[5] receipt index    ZSET member event id, score position
 -- Every script returns {code, detail, now_ms, checkpoint (flat field/value list), extra}.
 
-redis.replicate_commands()
-
 local WITNESS_ATTRS = {'gen', 'input', 'cdig', 'events', 'succ', 'sdig', 'snap', 'cov',
   'class', 'nbound', 'disp', 'reason', 'created', 'updated'}
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local function int(x)
-  return string.format('%d', x)
-end
 
 -- (table, flat) for the checkpoint; (nil, {}) when absent; (false, {}) when not a checkpoint.
 local function load_ckpt(key)

@@ -7,11 +7,12 @@ effect, record progress, in that order."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
-from settle.progress._async.runner import AsyncScriptRunner
+from settle._runtime import Call, Durability
+from settle._runtime._async import AsyncConnectable, AsyncRunner
 from settle.progress.core import ProgressCore, ProgressReply, StreamVerdict
 from settle.progress.identity import AttemptId, DeliveryId, EmissionId, ProviderScope
 from settle.progress.model import (
@@ -22,7 +23,7 @@ from settle.progress.model import (
     Progress,
     SettlementReceipt,
 )
-from settle.progress.scripts import PROGRESS_SCRIPTS, STANDALONE
+from settle.progress.scripts import PROGRESS
 
 __all__ = ["AsyncEffect", "AsyncProgressStore", "Observer"]
 
@@ -36,31 +37,29 @@ def _noop(_step: str, _delivery: DeliveryId) -> None:
     return None
 
 
-class AsyncProgressStore:
-    """Progress of ``consumer`` (in ``namespace``) on the progress server."""
+class AsyncProgressStore(AsyncConnectable):
+    """Progress of ``consumer`` (in ``namespace``) on the progress server.
+
+    ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every progress write is
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster | Any,
         *,
         consumer: str,
         namespace: str = "default",
         observer: Observer | None = None,
         receipts_cap: int = 10_000,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         self.core = ProgressCore(namespace, consumer, receipts_cap)
         self.consumer = consumer
         self.observer = observer or _noop
-        self._runner = AsyncScriptRunner(client, PROGRESS_SCRIPTS + STANDALONE)
+        self._runner = AsyncRunner(client, PROGRESS, Durability(min_replicas, replica_timeout))
 
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> Self:
-        return cls(Redis.from_url(url, decode_responses=False), **options)
-
-    async def aclose(self) -> None:
-        await self._runner.client.aclose()
-
-    async def _progress(self, call: Any) -> ProgressReply:
+    async def _progress(self, call: Call) -> ProgressReply:
         return self.core.decode(call, await self._runner.run(call))
 
     async def apply(
@@ -185,11 +184,11 @@ class AsyncProgressStore:
     async def receipts(self, scope: ProviderScope, *, limit: int = 100) -> list[SettlementReceipt]:
         """The latest settlement receipts of ``scope`` (what the provider said), newest first."""
         call = self.core.plan_receipts(scope, limit)
-        return self.core.decode_receipts(await self._runner.run(call))
+        return self.core.decode_receipts(call, await self._runner.run(call))
 
     async def scopes(self) -> list[ProviderScope]:
         call = self.core.plan_scopes()
-        return self.core.decode_scopes(await self._runner.run(call))
+        return self.core.decode_scopes(call, await self._runner.run(call))
 
     async def show(self) -> list[Progress]:
         """The progress of every scope this consumer has recorded."""

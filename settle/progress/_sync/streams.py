@@ -15,11 +15,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis import Redis, RedisCluster
 
+from settle._runtime import Durability
+from settle._runtime._sync import Runner, client_from_url
 from settle.errors import BackendError
-from settle.progress._sync.runner import ScriptRunner, backend_error
 from settle.progress._sync.store import Effect, ProgressStore
 from settle.progress.core import Disposition, StreamEntry, parse_entries
 from settle.progress.errors import DeferDelivery, ProviderReset
@@ -32,7 +32,7 @@ from settle.progress.identity import (
 )
 from settle.progress.model import IntentKind, Progress, SettlementReceipt
 from settle.progress.planning import authorize_individual
-from settle.progress.scripts import STREAM_SCRIPTS
+from settle.progress.scripts import STREAM
 
 __all__ = ["StreamConsumer", "PollReport"]
 
@@ -52,7 +52,7 @@ class StreamConsumer:
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster | Any,
         store: ProgressStore,
         *,
         stream: str,
@@ -65,8 +65,9 @@ class StreamConsumer:
         block: float = 1.0,
         listing: int = 512,
         retry_pause: float = 0.5,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
-        self.client = client
         self.store = store
         self.stream = stream
         self.group = group
@@ -80,7 +81,14 @@ class StreamConsumer:
         self.retry_pause = retry_pause
         self.core = store.core
         self.scope: ProviderScope | None = None
-        self._runner = ScriptRunner(client, STREAM_SCRIPTS)
+        #: ``min_replicas`` / ``replica_timeout`` apply to the stream's server (the store
+        #: has its own for the progress server).
+        self._runner = Runner(client, STREAM, Durability(min_replicas, replica_timeout))
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client of the stream's server."""
+        return self._runner.client
 
     @classmethod
     def from_urls(
@@ -88,10 +96,10 @@ class StreamConsumer:
     ) -> StreamConsumer:
         namespace = options.pop("namespace", "default")
         store = ProgressStore.from_url(progress_url, consumer=consumer, namespace=namespace)
-        return cls(Redis.from_url(stream_url, decode_responses=False), store, **options)
+        return cls(client_from_url(stream_url), store, **options)
 
     def close(self) -> None:
-        self.client.close()
+        self._runner.close()
         self.store.close()
 
     def _scope(self) -> ProviderScope:
@@ -101,7 +109,6 @@ class StreamConsumer:
 
     def start(self) -> ProviderScope:
         """Ensure the group exists and open the scope of the stream's current incarnation."""
-        self._runner.load()
         call = self.core.plan_stream_scope(self.stream, self.group)
         self.scope = self.core.decode_stream_scope(call, self._runner.run(call))
         return self.scope
@@ -120,17 +127,21 @@ class StreamConsumer:
     def _read(self) -> list[tuple[StreamEntry, int]]:
         scope = self._scope()
         try:
-            raw = self.client.xreadgroup(
-                scope.group,
-                self.worker,
-                {scope.stream: ">"},
-                count=self.batch,
-                block=self.block_ms,
+            # Not repeated after a lost reply: the entries it delivered are pending for this
+            # worker and come back through XAUTOCLAIM.
+            raw = self._runner.command(
+                "XREADGROUP",
+                lambda: self.client.xreadgroup(
+                    scope.group,
+                    self.worker,
+                    {scope.stream: ">"},
+                    count=self.batch,
+                    block=self.block_ms,
+                ),
+                repeatable=False,
             )
-        except ResponseError as exc:
-            raise self._reset(exc) from exc
-        except RedisError as exc:
-            raise backend_error(exc, "XREADGROUP") from exc
+        except BackendError as exc:
+            raise self.core.stream_failure(exc, scope) from exc
         streams: list[Any] = list(raw or [])
         entries = [e for _, batch in streams for e in parse_entries(batch)]
         for entry in entries:
@@ -140,40 +151,33 @@ class StreamConsumer:
     def _claim(self) -> list[tuple[StreamEntry, int]]:
         scope = self._scope()
         try:
-            raw = self.client.xautoclaim(
-                scope.stream, scope.group, self.worker, self.claim_idle_ms, "0-0", self.batch
+            raw = self._runner.command(
+                "XAUTOCLAIM",
+                lambda: self.client.xautoclaim(
+                    scope.stream, scope.group, self.worker, self.claim_idle_ms, "0-0", self.batch
+                ),
             )
             entries = parse_entries(raw[1])
             if not entries:
                 return []
-            pending = self.client.xpending_range(
-                scope.stream,
-                scope.group,
-                min=entries[0].delivery.value,
-                max=entries[-1].delivery.value,
-                count=len(entries) * 4 + 16,
-                consumername=self.worker,
+            pending = self._runner.command(
+                "XPENDING",
+                lambda: self.client.xpending_range(
+                    scope.stream,
+                    scope.group,
+                    min=entries[0].delivery.value,
+                    max=entries[-1].delivery.value,
+                    count=len(entries) * 4 + 16,
+                    consumername=self.worker,
+                ),
             )
-        except ResponseError as exc:
-            raise self._reset(exc) from exc
-        except RedisError as exc:
-            raise backend_error(exc, "XAUTOCLAIM") from exc
+        except BackendError as exc:
+            raise self.core.stream_failure(exc, scope) from exc
         counts = {DeliveryId(_s(p["message_id"])): int(p["times_delivered"]) for p in pending}
         out = [(e, counts.get(e.delivery, 0)) for e in entries if e.delivery in counts]
         for entry, _ in out:
             self.store.observer("claimed", entry.delivery)
         return out
-
-    def _reset(self, exc: ResponseError) -> Exception:
-        if "NOGROUP" in str(exc):
-            scope = self._scope()
-            self.core.log.warning(
-                "settle.progress.provider_reset", stream=scope.stream, group=scope.group
-            )
-            return ProviderReset(
-                f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start again"
-            )
-        return backend_error(exc, "a stream command")
 
     def handle(
         self, entry: StreamEntry, delivery_count: int, effect: Effect
@@ -241,7 +245,7 @@ class StreamConsumer:
             reason=reason,
             release_idle_ms=_RELEASE_IDLE_MS,
         )
-        verdict = self.core.decode_stream_settle(self._runner.run(call))
+        verdict = self.core.decode_stream_settle(call, self._runner.run(call))
         self.store.observer("provider_answered", authority.delivery)
         receipt = self.store.record_receipt(
             scope, authority.delivery, kind, verdict, self.worker
@@ -268,15 +272,11 @@ class StreamConsumer:
         progress = self.store.read(scope)
         after = progress.floor
         try:
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.xrange(scope.stream, f"({after.value}" if after else "-", "+", self.listing)
-                pipe.xinfo_groups(scope.stream)
-                pipe.xpending(scope.stream, scope.group)
-                listed, groups, summary = pipe.execute()
-        except ResponseError as exc:
-            raise self._reset(exc) from exc
-        except RedisError as exc:
-            raise backend_error(exc, "XRANGE") from exc
+            listed, groups, summary = self._runner.command(
+                "XRANGE", lambda: self._listing(scope, after)
+            )
+        except BackendError as exc:
+            raise self.core.stream_failure(exc, scope) from exc
         info = next((g for g in groups if _s(g["name"]) == scope.group), None)
         last = _s(info["last-delivered-id"]) if info else ""
         oldest = _s(summary.get("min") or "")
@@ -288,6 +288,13 @@ class StreamConsumer:
             oldest_pending=DeliveryId(oldest) if oldest else None,
             pending=int(summary.get("pending") or 0),
         )
+
+    def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.xrange(scope.stream, f"({after.value}" if after else "-", "+", self.listing)
+            pipe.xinfo_groups(scope.stream)
+            pipe.xpending(scope.stream, scope.group)
+            return list(pipe.execute())
 
     def run(self, effect: Effect, *, polls: int | None = None) -> None:
         """Recover, then poll until ``polls`` polls are done (forever when None). A provider

@@ -1,4 +1,6 @@
--- _lib.lua: helpers shared by the progress scripts; prepended to each when it is loaded.
+-- _lib.lua: helpers shared by the progress scripts; settle.progress prepends the runtime's
+-- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, int, reply) and then this file to
+-- each progress script when it loads them.
 --
 -- Every progress script of one (consumer, scope) takes the same KEYS, all under the
 -- consumer's hash tag {<namespace>:progress:<consumer>} (one slot, so Cluster-safe):
@@ -12,19 +14,9 @@
 --   KEYS[8] receipts   STREAM settlement receipts (what the provider said), capped
 --   KEYS[9] scopes     HASH  scope id -> JSON scope (the consumer's scope index)
 --   KEYS[10] emission  HASH  state (applying | applied), scope, delivery, attempt, attempts, at
--- Every script returns {code, detail, meta, applied, resolved, gaps, intents, deferred}
+-- Every script returns the runtime's one shape with this body (progress_reply below):
+-- {code, detail, now_ms, meta, applied, resolved, gaps, intents, deferred}
 -- (the last six as flat field/value lists, gaps as a list of ids).
-
-redis.replicate_commands()
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local function int(x)
-  return string.format('%d', x)
-end
 
 -- Digit strings without leading zeros compare by length, then lexically (no float rounding).
 local function num_lt(a, b)
@@ -69,11 +61,11 @@ local function intent(delivery, kind, emission, now)
     cjson.encode({kind = kind, emission = emission, at = now}))
 end
 
-local function reply(code, detail)
-  return {code, detail,
+local function progress_reply(code, detail)
+  return reply(code, detail, now_ms(),
     redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
     redis.call('HGETALL', KEYS[3]), redis.call('HKEYS', KEYS[4]),
-    redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6])}
+    redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6]))
 end
 
 -- Advance the cumulative floor along a provider listing: the ids that exist after `after`,

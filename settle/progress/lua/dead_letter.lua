@@ -3,13 +3,13 @@
 -- is resolved for the floor but never counted as applied. KEYS: see _lib.lua.
 -- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] delivery id  ARGV[4] emission id ('' unknown)
 -- ARGV[5] reason    ARGV[6] delivery count
--- Returns reply(code, detail):
+-- Returns progress_reply(code, detail):
 --   dead_lettered (detail: the dead-letter entry id, '' when it was already dead-lettered)
 --   covered       (detail floor | applied): progress says it was applied; not dead-lettered
 local now = now_ms()
 local covered = coverage(ARGV[3])
-if covered == 'dead_lettered' then return reply('dead_lettered', '') end
-if covered then return reply('covered', covered) end
+if covered == 'dead_lettered' then return progress_reply('dead_lettered', '') end
+if covered then return progress_reply('covered', covered) end
 local id = redis.call('XADD', KEYS[7], '*', 'scope', ARGV[1], 'delivery', ARGV[3],
   'emission', ARGV[4], 'reason', ARGV[5], 'deliveries', ARGV[6], 'at', int(now))
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
@@ -17,4 +17,4 @@ redis.call('HDEL', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[6], ARGV[3])
 intent(ARGV[3], 'dead_letter', ARGV[4], now)
 touch(ARGV[1], ARGV[2], now)
-return reply('dead_lettered', id)
+return progress_reply('dead_lettered', id)

@@ -4,12 +4,12 @@
 -- KEYS: see _lib.lua.
 -- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] delivery id  ARGV[4] emission id
 -- ARGV[5] reason
--- Returns reply(code, detail): deferred | covered (detail floor | applied | dead_lettered)
+-- Returns progress_reply(code, detail): deferred | covered (detail floor | applied | dead_lettered)
 local now = now_ms()
 local covered = coverage(ARGV[3])
-if covered then return reply('covered', covered) end
+if covered then return progress_reply('covered', covered) end
 redis.call('HSET', KEYS[6], ARGV[3],
   cjson.encode({emission = ARGV[4], reason = ARGV[5], at = now}))
 intent(ARGV[3], 'defer', ARGV[4], now)
 touch(ARGV[1], ARGV[2], now)
-return reply('deferred', '')
+return progress_reply('deferred', '')

@@ -3,7 +3,7 @@
 -- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] listing starts after this id ('0-0': start)
 -- ARGV[4] provider last-delivered id ('' unknown)  ARGV[5] oldest pending id ('' none)
 -- ARGV[6] pending count  ARGV[7..] listed ids, ascending
--- Returns reply(advanced | unchanged | unproven, floor)
+-- Returns progress_reply(advanced | unchanged | unproven, floor)
 local now = now_ms()
 local ids = {}
 for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
@@ -11,4 +11,4 @@ redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],
   'pf_pending', ARGV[6], 'pf_at', int(now))
 local code = advance(ARGV[3], ids, now)
 touch(ARGV[1], ARGV[2], now)
-return reply(code, floor_of())
+return progress_reply(code, floor_of())

@@ -1,3 +1,3 @@
 -- read.lua: the progress of one (consumer, scope), read-only. KEYS: see _lib.lua.
--- Returns reply('progress', '')
-return reply('progress', '')
+-- Returns progress_reply('progress', '')
+return progress_reply('progress', '')

@@ -5,10 +5,10 @@
 -- ARGV[5] outcome (acked | released | not_pending | not_owner | reclaimed | no_group)
 -- ARGV[6] '1' when conclusive  ARGV[7] worker  ARGV[8] owner reported by the provider
 -- ARGV[9] delivery count reported  ARGV[10] entries acknowledged  ARGV[11] receipts cap
--- Returns reply('receipt', receipt entry id)
+-- Returns progress_reply('receipt', receipt entry id)
 local now = now_ms()
 if ARGV[6] == '1' then redis.call('HDEL', KEYS[5], ARGV[3]) end
 local id = redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[11], '*',
   'delivery', ARGV[3], 'kind', ARGV[4], 'outcome', ARGV[5], 'worker', ARGV[7],
   'owner', ARGV[8], 'deliveries', ARGV[9], 'acked', ARGV[10], 'at', int(now))
-return reply('receipt', id)
+return progress_reply('receipt', id)

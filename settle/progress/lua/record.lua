@@ -2,7 +2,7 @@
 -- intent, in one step (after the effect, before any settlement). KEYS: see _lib.lua.
 -- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] delivery id  ARGV[4] emission id
 -- ARGV[5] attempt id
--- Returns reply(code, detail):
+-- Returns progress_reply(code, detail):
 --   recorded (detail applied | duplicate): the delivery is now applied above the floor
 --            (duplicate: its emission had already been applied; no second effect ran)
 --   covered  (detail floor | applied | dead_lettered): progress already covered it
@@ -17,7 +17,7 @@ if covered then
     redis.call('HSET', KEYS[10], 'state', 'applied', 'scope', ARGV[1], 'delivery', ARGV[3],
       'attempt', ARGV[5], 'at', int(now))
   end
-  return reply('covered', covered)
+  return progress_reply('covered', covered)
 end
 local detail = 'applied'
 if redis.call('HGET', KEYS[10], 'state') == 'applied' then
@@ -31,4 +31,4 @@ redis.call('HDEL', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[6], ARGV[3])
 intent(ARGV[3], 'ack', ARGV[4], now)
 touch(ARGV[1], ARGV[2], now)
-return reply('recorded', detail)
+return progress_reply('recorded', detail)

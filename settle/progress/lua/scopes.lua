@@ -1,4 +1,4 @@
 -- scopes.lua: the consumer's scope index, read-only.
 -- KEYS[1] scopes HASH (scope id -> JSON scope)
--- Returns the flat field/value list.
-return redis.call('HGETALL', KEYS[1])
+-- Returns {'scopes', '', now_ms, the flat field/value list}.
+return reply('scopes', '', now_ms(), redis.call('HGETALL', KEYS[1]))

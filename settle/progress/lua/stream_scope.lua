@@ -4,8 +4,7 @@
 -- positions of a new stream are never compared with the old one's progress.
 -- KEYS[1] stream  KEYS[2] incarnation marker
 -- ARGV[1] group  ARGV[2] incarnation to use when there is none
--- Returns {incarnation, created} (created = 1 when the group was created now)
-redis.replicate_commands()
+-- Returns {'scope', incarnation, now_ms, created} (created = 1 when the group was created now)
 local inc = redis.call('GET', KEYS[2])
 if not inc then
   inc = ARGV[2]
@@ -14,4 +13,4 @@ end
 local ok = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
 local created = 0
 if ok then created = 1 end
-return {inc, created}
+return reply('scope', inc, now_ms(), created)

@@ -7,25 +7,24 @@
 -- ARGV[4] expected delivery count ('' any)  ARGV[5] mode: ack | dead_letter | release
 -- ARGV[6] emission id  ARGV[7] reason  ARGV[8] idle ms to set on release
 -- ARGV[9] the incarnation the worker's delivery belongs to
--- Returns {outcome, owner, delivery count, acknowledged}: outcome is acked | released |
+-- Returns {outcome, owner, now_ms, delivery count, acknowledged}: outcome is acked | released |
 --   not_pending (already settled, by this worker or another) | not_owner | reclaimed |
 --   no_group (the group, the stream or the incarnation the delivery came from is gone)
-redis.replicate_commands()
-if redis.call('GET', KEYS[3]) ~= ARGV[9] then return {'no_group', '', 0, 0} end
+if redis.call('GET', KEYS[3]) ~= ARGV[9] then return reply('no_group', '', now_ms(), 0, 0) end
 local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if not ok then return {'no_group', '', 0, 0} end
-if #pending == 0 then return {'not_pending', '', 0, 0} end
+if not ok then return reply('no_group', '', now_ms(), 0, 0) end
+if #pending == 0 then return reply('not_pending', '', now_ms(), 0, 0) end
 local owner = pending[1][2]
 local count = tonumber(pending[1][4])
-if owner ~= ARGV[2] then return {'not_owner', owner, count, 0} end
-if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= count then return {'reclaimed', owner, count, 0} end
+if owner ~= ARGV[2] then return reply('not_owner', owner, now_ms(), count, 0) end
+if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= count then return reply('reclaimed', owner, now_ms(), count, 0) end
 if ARGV[5] == 'release' then
   redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[8], 'JUSTID')
-  return {'released', owner, count, 0}
+  return reply('released', owner, now_ms(), count, 0)
 end
 if ARGV[5] == 'dead_letter' then
   redis.call('XADD', KEYS[2], '*', 'delivery', ARGV[3], 'group', ARGV[1],
     'emission', ARGV[6], 'reason', ARGV[7], 'deliveries', count)
 end
 local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-return {'acked', owner, count, acked}
+return reply('acked', owner, now_ms(), count, acked)

@@ -17,11 +17,18 @@ from typing import Any
 from redis import exceptions as rx
 from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from settle._core.engine import Call
 from settle._log import logger
+from settle._runtime.calls import Call
 from settle.errors import BackendError, ConfigurationError, SettleError
 
-__all__ = ["ATTEMPTS", "backend_error", "first_retry_delay", "is_transient", "retry_options"]
+__all__ = [
+    "ATTEMPTS",
+    "backend_error",
+    "error_code",
+    "first_retry_delay",
+    "is_transient",
+    "retry_options",
+]
 
 #: Tries of one script call (the first and the repeats) before the error reaches the caller.
 ATTEMPTS = 4
@@ -38,6 +45,16 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(
         exc, rx.ConnectionError | rx.TimeoutError | rx.TryAgainError | rx.ClusterDownError
     )
+
+
+def error_code(exc: BaseException) -> str:
+    """The error code of a Redis error reply (``NOGROUP``, ``WRONGTYPE``, ``NOSCRIPT``...):
+    the first word of the reply, which the Redis protocol defines as its code. Parts decide on
+    this code, never on the rest of the message."""
+    if not isinstance(exc, rx.ResponseError) or not exc.args:
+        return ""
+    word = str(exc.args[0]).split(" ", 1)[0]
+    return word if word.isupper() else "ERR"
 
 
 def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
@@ -125,4 +142,5 @@ def _classify(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) 
         "whether a settlement sent before the failure ran is unknown, and settlement calls "
         "are safe to repeat with the same arguments.",
         operation_id=op,
+        code=error_code(exc),
     )

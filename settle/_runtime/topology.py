@@ -1,25 +1,47 @@
-"""What the shells need to know about the server's shape, with no I/O: seed nodes of a
-cluster, the oldest node's INFO, and whether every hash slot is served (SPEC 4, 11)."""
+"""What the runner needs to know about the server's shape, with no I/O: seed nodes of a
+cluster, the server version, the oldest node's INFO, and whether every hash slot is served
+(SPEC 4, 11)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from settle._core.engine import parse_server_version
 from settle.errors import ConfigurationError, InvalidInput
 
 __all__ = [
     "HASH_SLOTS",
+    "MIN_SERVER_VERSION",
     "check_cluster",
+    "check_server",
     "is_cluster_mode",
     "missing_slot_ranges",
     "oldest_node_info",
     "parse_seed_nodes",
+    "parse_server_version",
 ]
 
 HASH_SLOTS = 16384
+MIN_SERVER_VERSION = (6, 2, 0)
+
+
+def parse_server_version(info: Mapping[str, Any]) -> tuple[int, ...]:
+    """``(major, minor, patch)`` of a Redis or Valkey server from its ``INFO server``."""
+    raw = info.get("valkey_version") or info.get("redis_version") or "0"
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def check_server(info: Mapping[str, Any]) -> None:
+    """Refuse a server older than Redis 6.2 (the scripts need its commands)."""
+    version = parse_server_version(info)
+    if version < MIN_SERVER_VERSION:
+        raise ConfigurationError(
+            f"settle needs Redis 6.2 or newer (or Valkey); the server reports "
+            f"{'.'.join(map(str, version))}. Upgrade the server."
+        )
 
 
 def parse_seed_nodes(
@@ -72,7 +94,7 @@ def oldest_node_info(per_node: Mapping[str, Mapping[str, Any]]) -> dict[str, Any
     """The ``INFO server`` of the node with the lowest version: the scripts must run on all."""
     if not per_node:
         raise ConfigurationError("the Redis Cluster reported no nodes")
-    name, info = min(per_node.items(), key=lambda item: parse_server_version(dict(item[1])))
+    name, info = min(per_node.items(), key=lambda item: parse_server_version(item[1]))
     return {**info, "node": name}
 
 

@@ -1,0 +1,375 @@
+"""The asyncio runner: carries out planned :class:`Call` objects on a redis-py asyncio
+client, standalone or Redis Cluster. Hand-written; ``_sync.py`` is generated from it by
+``scripts/unasync.py`` (a test fails when the two drift apart).
+
+Every part (the core, ``settle.cursor``, ``settle.progress``) talks to Redis through one
+:class:`AsyncRunner`, so EVALSHA with a NOSCRIPT fallback, the retries of transient failures,
+``WAIT`` for ``min_replicas``, cluster routing and the start-up checks exist once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Self
+
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+from redis.exceptions import AskError, NoScriptError, RedisClusterException, RedisError
+from tenacity import AsyncRetrying
+
+from settle._log import logger
+from settle._runtime import topology
+from settle._runtime.calls import Call
+from settle._runtime.options import Durability
+from settle._runtime.scripts import ScriptSet
+from settle._runtime.transient import (
+    ATTEMPTS,
+    backend_error,
+    first_retry_delay,
+    is_transient,
+    retry_options,
+)
+from settle.errors import BackendError, ConfigurationError, DurabilityError
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "SOCKET_TIMEOUT",
+    "AsyncConnectable",
+    "AsyncRunner",
+    "client_from_url",
+    "cluster_client",
+]
+
+#: A reply that never comes must not hang a payment path forever (standalone and cluster).
+SOCKET_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 5.0
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "decode_responses": False,
+    "socket_timeout": SOCKET_TIMEOUT,
+    "socket_connect_timeout": CONNECT_TIMEOUT,
+}
+_CLUSTER_DEFAULTS: dict[str, Any] = {**_CLIENT_DEFAULTS, "require_full_coverage": False}
+#: Connection settings a node's client passes on to the cluster client it is replaced with.
+_NODE_SETTINGS = frozenset(
+    {
+        "host",
+        "port",
+        "username",
+        "password",
+        "credential_provider",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "client_name",
+        "health_check_interval",
+        "protocol",
+        "retry",
+    }
+)
+
+
+def client_from_url(url: str) -> Redis:
+    """A binary-safe client for a ``redis://`` / ``rediss://`` / ``unix://`` URL, with
+    socket timeouts (a ``redis://`` URL of a cluster node becomes a cluster client on the
+    runner's first call)."""
+    return Redis.from_url(url, **_CLIENT_DEFAULTS)
+
+
+def cluster_client(
+    nodes: str | Sequence[str | tuple[str, int]], options: Mapping[str, Any] | None = None
+) -> RedisCluster:
+    """A binary-safe cluster client from one node's URL or seed ``host:port`` nodes."""
+    url, seeds = topology.parse_seed_nodes(nodes)
+    kwargs = {**_CLUSTER_DEFAULTS, **(options or {})}
+    try:
+        if url is not None:
+            return RedisCluster.from_url(url, **kwargs)
+        startup = [ClusterNode(h, p) for h, p in seeds]  # type: ignore[no-untyped-call,unused-ignore]
+        return RedisCluster(startup_nodes=startup, **kwargs)
+    except (RedisError, RedisClusterException) as exc:
+        raise backend_error(exc, None) from exc
+
+
+class AsyncConnectable:
+    """What every facade over a runner shares (``AsyncSettler``, ``AsyncCursorStore``,
+    ``AsyncProgressStore``): one way to connect (``from_url``, ``from_cluster``), the
+    client, and closing (``aclose``, ``async with``)."""
+
+    _runner: Any
+
+    def __init__(self, client: Any, *args: Any, **options: Any) -> None:
+        raise NotImplementedError  # pragma: no cover - each facade defines its own
+
+    @classmethod
+    def from_url(cls, url: str, *args: Any, **options: Any) -> Self:
+        """Connect to ``redis://`` / ``rediss://`` / ``unix://`` URLs (binary-safe client,
+        socket timeouts); ``options`` are the facade's own (``min_replicas``...)."""
+        return cls(client_from_url(url), *args, **options)
+
+    @classmethod
+    def from_cluster(
+        cls,
+        nodes: str | list[str] | list[tuple[str, int]],
+        *args: Any,
+        client_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Self:
+        """Connect to a Redis Cluster: one node's ``redis://`` URL, or seed nodes as
+        ``"host:port"`` / ``(host, port)``. ``client_options`` go to redis-py's
+        ``RedisCluster`` (password, timeouts...); ``options`` are the facade's own."""
+        return cls(cluster_client(nodes, client_options), *args, **options)
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client this runs on (``None`` for ``settle.testing``'s model)."""
+        return getattr(self._runner, "client", None)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections (the client is closed with them)."""
+        await self._runner.aclose()
+
+
+class AsyncRunner:
+    """Holds one registered script object per script of ``scripts`` for the client's
+    connection pool, and runs calls on it.
+
+    Each script call is tried up to ``settle._runtime.transient.ATTEMPTS`` times with the
+    same KEYS and ARGV when the connection drops or times out: every settle script is safe to
+    repeat. A script's own error is never retried.
+    """
+
+    def __init__(
+        self, client: Redis | RedisCluster, scripts: ScriptSet, durability: Durability
+    ) -> None:
+        self._set = scripts
+        self._durability = durability
+        self._ready = False
+        self._use(client)
+
+    def _use(self, client: Redis | RedisCluster) -> None:
+        self.client = client
+        self._nodes: dict[str, Redis] = {}
+        self._scripts = {
+            name: client.register_script(self._set.source(name)) for name in self._set.names
+        }
+
+    @property
+    def is_cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
+
+    # -- start-up --------------------------------------------------------------------------
+
+    async def prepare(self) -> dict[str, Any]:
+        """Check the server once before the first call: version (the oldest node's on a
+        cluster), every hash slot served; switch a cluster node's URL to a cluster client.
+        Returns the ``INFO server`` it judged."""
+        try:
+            info: dict[str, Any] = await AsyncRetrying(**retry_options(None))(self._server_info)
+        except (RedisError, RedisClusterException) as exc:
+            raise backend_error(exc, None) from exc
+        topology.check_server(info)
+        self._ready = True
+        return info
+
+    async def _server_info(self) -> dict[str, Any]:
+        if not isinstance(self.client, RedisCluster):
+            info: dict[str, Any] = await self.client.info("server")
+            if not topology.is_cluster_mode(info):
+                return info
+            await self._switch_to_cluster(self.client)
+        cluster = self.client
+        assert isinstance(cluster, RedisCluster)
+        every = RedisCluster.ALL_NODES
+        per_node = _per_node(await cluster.info("server", target_nodes=every))
+        states = _per_node(await cluster.cluster_info(target_nodes=every))
+        slots: Mapping[tuple[int, int], Any] = await cluster.cluster_slots()  # type: ignore[assignment,unused-ignore]  # redis-py parses it into {(low, high): nodes}
+        topology.check_cluster(states, list(slots))
+        return topology.oldest_node_info(per_node)
+
+    async def _switch_to_cluster(self, node: Redis) -> None:
+        pool = node.connection_pool
+        given = pool.connection_kwargs
+        if "path" in given or str(given.get("db", 0)) != "0":
+            raise ConfigurationError(
+                "the server is a Redis Cluster node: connect over TCP with database 0 "
+                "(redis://host:port/0), or use from_cluster()"
+            )
+        kwargs = {k: v for k, v in given.items() if k in _NODE_SETTINGS or k.startswith("ssl_")}
+        if "SSL" in pool.connection_class.__name__:
+            kwargs["ssl"] = True
+        logger.info("settle.backend.cluster_detected", host=kwargs["host"], port=kwargs["port"])
+        self._use(RedisCluster(**{**_CLUSTER_DEFAULTS, **kwargs}))
+        await node.aclose()
+
+    # -- scripts ---------------------------------------------------------------------------
+
+    async def run(self, call: Call) -> Any:
+        """Run one script call; its raw reply (the part decodes it)."""
+        if not self._ready:
+            await self.prepare()
+        try:
+            try:
+                return await self._run_once(call)
+            except (RedisError, RedisClusterException) as exc:
+                if not is_transient(exc):
+                    raise
+                await asyncio.sleep(first_retry_delay(call, exc))
+            retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
+            return await retrying(self._run_once, call)
+        except (RedisError, RedisClusterException) as exc:
+            raise backend_error(exc, call) from exc
+
+    async def _run_once(self, call: Call) -> Any:
+        script = self._scripts[call.script]
+        if self._durability.min_replicas and call.script in self._set.writing:
+            return await self._run_durable(call)
+        try:
+            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:  # a flushed or restarted server: load once, call again
+            await self.client.script_load(script.script)
+            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+
+    async def _run_durable(self, call: Call) -> Any:
+        # EVALSHA and WAIT must share one connection: WAIT counts that connection's writes.
+        # On a cluster it is a connection to the node that serves the call's slot.
+        script = self._scripts[call.script]
+        need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
+        for _ in range(3):
+            node = self._node_for(call)
+            async with node.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+                pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
+                reply, acks = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):
+                await node.script_load(script.script)
+                continue
+            if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
+                assert isinstance(self.client, RedisCluster)
+                await self.client.nodes_manager.initialize()
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acks, Exception):
+                raise acks
+            if int(acks) < need:
+                logger.error(
+                    "settle.backend.durability_failed",
+                    script=call.script,
+                    operation_id=call.operation_id,
+                    attempt_id=call.attempt_id,
+                    acknowledged=int(acks),
+                    required=need,
+                )
+                raise DurabilityError(
+                    f"{call.script}: {acks} of {need} replicas acknowledged within "
+                    f"{wait_ms} ms; the outcome is uncertain, read the record back",
+                    operation_id=call.operation_id,
+                    acknowledged=int(acks),
+                    required=need,
+                )
+            return reply
+        raise BackendError(
+            f"{call.script}: the server kept losing its script cache or moving the slot; "
+            "the outcome is uncertain, read the record back",
+            operation_id=call.operation_id,
+        )
+
+    def _node_for(self, call: Call) -> Redis:
+        """The client of the node that serves the call's slot (the client itself if standalone)."""
+        if not isinstance(self.client, RedisCluster):
+            return self.client
+        node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+        if node is None:
+            raise BackendError(
+                f"{call.script}: no node serves the slot of {call.keys[0]!r}",
+                operation_id=call.operation_id,
+            )
+        client = self._nodes.get(node.name)
+        if client is None:
+            client = self._nodes[node.name] = Redis(**_node_settings(node))
+        return client
+
+    async def run_many(self, calls: list[Call]) -> list[Any]:
+        """Run read calls together: one pipeline on a single server; on a cluster, one call
+        at a time (each call's slot may live on another node, and EVALSHA is not pipelined
+        across nodes)."""
+        if not self._ready:
+            await self.prepare()
+        if self.is_cluster:
+            return [await self.run(call) for call in calls]
+        first = calls[0] if calls else None
+        try:
+            return await AsyncRetrying(**retry_options(first))(self._pipeline, calls)
+        except (RedisError, RedisClusterException) as exc:
+            raise backend_error(exc, first) from exc
+
+    async def _pipeline(self, calls: list[Call]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                await self._scripts[call.script](
+                    keys=list(call.keys),
+                    args=list(call.args),
+                    client=pipe,  # type: ignore[arg-type,unused-ignore]  # redis-py queues it on the pipeline
+                )
+            return list(await pipe.execute())
+
+    # -- plain commands --------------------------------------------------------------------
+
+    async def command(
+        self, what: str, send: Callable[[], Awaitable[Any]], *, repeatable: bool = True
+    ) -> Any:
+        """Run one plain command (``send()`` issues it on :attr:`client`) with the same
+        error mapping as scripts: transient failures repeated when ``repeatable``, then a
+        typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
+        :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
+        call = Call(what, (), ())
+        if not self._ready:
+            await self.prepare()
+
+        async def once() -> Any:
+            return await send()
+
+        try:
+            if not repeatable:
+                return await once()
+            return await AsyncRetrying(**retry_options(call))(once)
+        except (RedisError, RedisClusterException) as exc:
+            raise backend_error(exc, call) from exc
+
+    async def aclose(self) -> None:
+        for node in self._nodes.values():
+            await node.aclose()
+        await self.client.aclose()
+
+
+def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:
+    """redis-py answers ``{node: reply}`` for several nodes and the bare reply for one."""
+    if (
+        isinstance(result, Mapping)
+        and result
+        and all(isinstance(v, Mapping) for v in result.values())
+    ):
+        return {str(k): v for k, v in result.items()}
+    return {"node": result}
+
+
+def _node_settings(node: Any) -> dict[str, Any]:
+    """Connection settings for a plain client of one cluster node, taken from the cluster
+    client (redis-py's asyncio node keeps them; its sync node keeps a client that has them)."""
+    given = getattr(node, "connection_kwargs", None)
+    kind = getattr(node, "connection_class", None)
+    if given is None:
+        pool = node.redis_connection.connection_pool
+        given, kind = pool.connection_kwargs, pool.connection_class
+    settings = {k: v for k, v in given.items() if k in _NODE_SETTINGS or k.startswith("ssl_")}
+    if kind is not None and "SSL" in kind.__name__:
+        settings["ssl"] = True
+    return {**settings, "host": node.host, "port": node.port, "decode_responses": False}

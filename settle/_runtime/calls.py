@@ -1,0 +1,64 @@
+"""The one call type every part plans and the one reply shape every script answers in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from settle.errors import CorruptRecord
+
+__all__ = ["Call", "Reply", "parse_reply"]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script call: which script, its KEYS and ARGV, and what decoding needs to know.
+
+    ``operation_id`` is what errors and logs name as the subject of the call: the operation
+    id in the core, the stream in ``settle.cursor``, the consumer in ``settle.progress``.
+    ``action`` and ``shard`` are the core's (a settlement's action, a quarantine read's
+    shard); the companions leave them empty.
+    """
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | bytes | int, ...]
+    operation_id: str | None = None
+    attempt_id: str | None = None
+    action: Any = None
+    shard: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """``{code, detail, now_ms, ...body}``: what every settle script returns (prelude.lua)."""
+
+    code: str
+    detail: str
+    now_ms: int
+    body: list[Any]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parse_reply(raw: Any, call: Call | None = None, *, body: int | None = None) -> Reply:
+    """Split a script's reply; ``body`` is how many items must follow ``now_ms`` (any when
+    None). A reply of another shape means the script and this code disagree: a typed
+    :class:`CorruptRecord`, never an index error."""
+    if (
+        not isinstance(raw, list | tuple)
+        or len(raw) < 3
+        or (body is not None and len(raw) != 3 + body)
+    ):
+        what = call.script if call else "script"
+        raise CorruptRecord(
+            f"unexpected {what} reply shape ({type(raw).__name__}); the server runs scripts "
+            "of another settle version: restart every client on one version",
+            operation_id=call.operation_id if call else None,
+        )
+    try:
+        return Reply(_text(raw[0]), _text(raw[1]), int(raw[2]), list(raw[3:]))
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"script reply cannot be decoded: {exc}") from exc

@@ -1,0 +1,32 @@
+-- prelude.lua: the helpers every settle script needs, whichever part it belongs to (the
+-- core, settle.cursor, settle.progress). settle._runtime.scripts prepends it to each script,
+-- before the part's own libraries; it is never run on its own.
+--
+-- Every script answers in one shape: {code, detail, now_ms, ...body} (see reply below);
+-- settle._runtime.calls.parse_reply splits it and each part decodes its own body.
+--
+-- No redis.replicate_commands(): since Redis 5 scripts replicate by their effects by
+-- default (Redis 7 has no other mode), and settle needs 6.2+; reading TIME before a write is
+-- therefore safe, and every replica applies the same writes.
+
+-- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
+local function now_ms()
+  local ms = clock()
+  return ms
+end
+
+-- An integer as Redis wants it in a command or a reply (no exponent, no fraction).
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- The one reply shape: code, detail, the server time in ms, then the part's body.
+local function reply(code, detail, now, ...)
+  return {code, detail, now, ...}
+end
