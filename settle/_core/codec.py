@@ -152,6 +152,7 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
         state = State(_text(state_))
         reason = _text(reason_) if reason_ is not None else None
         lease = int(lease_) if lease_ is not None else None
+        # rule: L1 (every reader: get, the CLI, the replies of every script)
         if state is State.PENDING and lease is not None and lease <= now_ms:
             state, reason = State.PROVISIONAL, "lease_expired"
         return OperationRecord.model_construct(

@@ -4,7 +4,10 @@ a tiny in-memory keyspace that keeps hashes, counters, streams and expiry like R
 It takes the same planned :class:`~settle._core.engine.Call` and returns the same raw reply
 (bytes, ints, nested lists) as redis-py would, so the core decodes both alike. Property tests
 hold the Lua scripts against this module; ``settle.testing.MemorySettler`` runs on it.
-Keep it a line-for-line reading of the Lua: it is the specification in executable form.
+Keep it a line-for-line reading of the Lua: it is the specification in executable form. Each
+function is named after the Lua helper or script it mirrors and carries the Lua's comments on
+why; each rule of docs/concepts.md ("Rules") is marked ``# rule: <id>`` at the branch that
+implements it, as the Lua marks it ``-- rule: <id>`` (``tests/unit/test_rule_ids.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ class MemoryKeyspace:
         self._last_us = 0
 
     def now_us(self, now_ms: int) -> int:
-        """Microseconds for ordering, strictly increasing like a real server's TIME."""
+        """The server clock in microseconds, strictly increasing like a real server's TIME.
+
+        As ``clock()`` in ``_lib.lua``: the microseconds order quarantine entries across shards.
+        """
         self._last_us = max(self._last_us + 1, now_ms * 1000)
         return self._last_us
 
@@ -79,11 +85,6 @@ class MemoryKeyspace:
             return -2
         at = self._expire_at.get(key)
         return -1 if at is None else at - now
-
-    def set_raw(self, key: str, value: Any) -> None:
-        """Put any value at a key (tests use it to plant corrupt records)."""
-        self._data[key] = value
-        self._expire_at.pop(key, None)
 
     # -- hashes --------------------------------------------------------------------------
     def hgetall(self, key: str, now: int) -> dict[bytes, bytes]:
@@ -176,38 +177,10 @@ def _in_range(entry_id: bytes, low: str, high: str) -> bool:
     return True
 
 
-# -- the scripts, one function each, reading like the Lua ------------------------------------
+# -- _lib.lua ---------------------------------------------------------------------------------
 
-_REQUIRED = (b"op", b"fp", b"fpv", b"bind", b"gen", b"ver", b"state", b"n", b"created", b"updated")
-_STATES = {b"pending", b"provisional", b"completed", b"failed"}
-_TERMINAL_OF = {"complete": b"completed", "fail": b"failed"}
-
-
-def _is_int(value: bytes | None) -> bool:
-    try:
-        int(value or b"x")
-    except ValueError:
-        return False
-    return True
-
-
-def _load(ks: MemoryKeyspace, key: str, now: int) -> dict[bytes, bytes] | bool | None:
-    kind = ks.type(key, now)
-    if kind == "none":
-        return None
-    if kind != "hash":
-        return False
-    rec = ks.hgetall(key, now)
-    if any(f not in rec for f in _REQUIRED):
-        return False
-    if rec[b"state"] not in _STATES or not _is_int(rec[b"gen"]) or not _is_int(rec[b"ver"]):
-        return False
-    if rec[b"state"] == b"pending" and not _is_int(rec.get(b"lease")):
-        return False
-    return rec
-
-
-_FIELDS = (
+# The order of FIELDS is the reply format: settle/_core/codec.py RECORD_FIELDS matches it.
+FIELDS = (
     b"op",
     b"fp",
     b"fpv",
@@ -224,24 +197,72 @@ _FIELDS = (
     b"result",
     b"rdig",
 )
+REQUIRED = 10  # the first ten are always present
+STATES = {b"pending", b"provisional", b"completed", b"failed"}
 
 
-def _flat(ks: MemoryKeyspace, key: str, now: int) -> list[bytes | None]:
-    """The record as the scripts return it: values in FIELDS order, None where absent."""
+def _is_int(value: bytes | None) -> bool:
+    """Lua's ``tonumber(x) ~= nil`` for the integers settle stores."""
+    try:
+        int(value or b"x")
+    except ValueError:
+        return False
+    return True
+
+
+def _row(ks: MemoryKeyspace, key: str, now: int) -> list[bytes | None]:
+    """The Lua's ``row``: the record as the scripts return it, in FIELDS order, None where a
+    field is absent (Lua's false)."""
     rec = ks.hgetall(key, now)
-    return [rec.get(f) for f in _FIELDS]
+    return [rec.get(f) for f in FIELDS]
 
 
-def _effective(rec: dict[bytes, bytes], now: int) -> bytes:
+def load_record(ks: MemoryKeyspace, key: str, now: int) -> dict[bytes, bytes] | bool | None:
+    """The record's fields; None when missing; False when the key holds something that is not
+    a settle record (another type, or fields missing). The Lua also returns the positional row
+    here; the scripts below read it with :func:`_row` when they reply."""
+    kind = ks.type(key, now)
+    if kind == "none":
+        return None
+    if kind != "hash":
+        return False
+    rec = ks.hgetall(key, now)
+    if any(f not in rec for f in FIELDS[:REQUIRED]):
+        return False
+    if rec[b"state"] not in STATES or not _is_int(rec[b"gen"]) or not _is_int(rec[b"ver"]):
+        return False
+    if rec[b"state"] == b"pending" and not _is_int(rec.get(b"lease")):
+        return False
+    return rec
+
+
+def write(ks: MemoryKeyspace, key: str, now: int, pairs: dict[str, Any]) -> None:
+    """Write field/value pairs to the record hash; a value of False deletes the field.
+
+    The Lua's ``write`` also returns the row; here a script reads it with :func:`_row` when
+    it replies."""
+    gone = [f for f, v in pairs.items() if v is False]
+    if gone:
+        ks.hdel(key, now, *gone)
+    ks.hset(key, now, *(x for f, v in pairs.items() if v is not False for x in (f, v)))
+
+
+def effective_state(rec: dict[bytes, bytes], now: int) -> bytes:
+    """A pending record whose lease has passed reads as provisional (lease_expired)."""
+    # rule: L1
     if rec[b"state"] == b"pending" and int(rec[b"lease"]) <= now:
         return b"provisional"
     return rec[b"state"]
 
 
-def _observe(
+def is_terminal(state: bytes) -> bool:
+    return state in (b"completed", b"failed")
+
+
+def observe(
     ks: MemoryKeyspace,
-    log: str,
-    record: str,
+    log_key: str,
+    record_key: str,
     cap: bytes,
     retention: int,
     ttl: int | None,
@@ -252,85 +273,86 @@ def _observe(
     detail: str,
     now: int,
 ) -> None:
+    """Append one observation to the operation's capped attempt log. The log expires with the
+    record: ttl is the record's remaining time to live when the caller knows it, else None."""
     entry = b"|".join(_b(v) for v in (aid, gen, action, verdict, detail, now))
-    if ks.rpush(log, now, entry) > int(cap):
-        ks.ltrim_tail(log, now, int(cap))
+    if ks.rpush(log_key, now, entry) > int(cap):
+        ks.ltrim_tail(log_key, now, int(cap))
     if ttl is None:
-        ttl = ks.pttl(record, now)
-    ks.pexpire(log, max(ttl, retention), now)
+        ttl = ks.pttl(record_key, now)
+    ks.pexpire(log_key, max(ttl, retention), now)
 
 
-def _reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
-    rec = _load(ks, keys[0], now)
+# -- reserve.lua ------------------------------------------------------------------------------
+
+
+def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Claim an operation for a new attempt (SPEC §2, reserve table)."""
+    rec = load_record(ks, keys[0], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     lease, retention = int(a[4]), int(a[5])
-    detail = "new"
+    detail = "new"  # rule: R1
     if isinstance(rec, dict):
+        # rule: R2
         if rec[b"fp"] != a[1] or rec[b"fpv"] != a[2]:
             return [b"fingerprint_mismatch", b"", now, b"", []]
+        # rule: R3
         if rec[b"bind"] != a[3]:
             return [b"binding_mismatch", b"", now, b"", []]
-        state = _effective(rec, now)
-        if state in (b"completed", b"failed"):
-            return [b"replay", state, now, b"", _flat(ks, keys[0], now)]
+        state = effective_state(rec, now)
+        # rule: R4, R5
+        if is_terminal(state):
+            return [b"replay", state, now, b"", _row(ks, keys[0], now)]
         if state == b"pending":
+            # rule: R9
+            # The same attempt asking again (its first reply was lost on the wire) gets its
+            # own reservation back, so reserve is safe to repeat.
             if rec.get(b"aid") == a[6]:
-                return [b"reserved", b"resumed", now, b"", _flat(ks, keys[0], now)]
-            return [b"in_progress", b"", now, b"", _flat(ks, keys[0], now)]
+                return [b"reserved", b"resumed", now, b"", _row(ks, keys[0], now)]
+            # rule: R6
+            return [b"in_progress", b"", now, b"", _row(ks, keys[0], now)]
+        # rule: R7, R8
         detail = "lease_expired" if rec[b"state"] == b"pending" else "provisional"
     gen = ks.incr(keys[1], now)
     if isinstance(rec, dict):
-        ks.hdel(keys[0], now, "reason")
-        ks.hset(
+        write(
+            ks,
             keys[0],
             now,
-            "gen",
-            gen,
-            "ver",
-            int(rec[b"ver"]) + 1,
-            "n",
-            int(rec[b"n"]) + 1,
-            "state",
-            "pending",
-            "lease",
-            now + lease,
-            "aid",
-            a[6],
-            "updated",
-            now,
+            {
+                "gen": gen,
+                "ver": int(rec[b"ver"]) + 1,
+                "n": int(rec[b"n"]) + 1,
+                "state": "pending",
+                "lease": now + lease,
+                "aid": a[6],
+                "updated": now,
+                "reason": False,
+            },
         )
     else:
-        ks.hset(
+        write(
+            ks,
             keys[0],
             now,
-            "op",
-            a[0],
-            "fp",
-            a[1],
-            "fpv",
-            a[2],
-            "bind",
-            a[3],
-            "gen",
-            gen,
-            "ver",
-            1,
-            "n",
-            1,
-            "state",
-            "pending",
-            "lease",
-            now + lease,
-            "aid",
-            a[6],
-            "created",
-            now,
-            "updated",
-            now,
+            {
+                "op": a[0],
+                "fp": a[1],
+                "fpv": a[2],
+                "bind": a[3],
+                "gen": gen,
+                "ver": 1,
+                "n": 1,
+                "state": "pending",
+                "lease": now + lease,
+                "aid": a[6],
+                "created": now,
+                "updated": now,
+            },
         )
     ks.pexpire(keys[0], lease + retention, now)
-    _observe(
+    observe(
         ks,
         keys[2],
         keys[0],
@@ -344,170 +366,214 @@ def _reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> l
         detail,
         now,
     )
-    return [b"reserved", detail.encode(), now, b"", _flat(ks, keys[0], now)]
+    return [b"reserved", detail.encode(), now, b"", _row(ks, keys[0], now)]
 
 
-def _settle(action: str) -> Callable[[MemoryKeyspace, list[str], list[bytes], int], list[Any]]:
-    def script(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
-        rec = _load(ks, keys[0], now)
-        if rec is False:
-            return [b"corrupt", b"", now, b"", []]
-        retention = int(a[10])
-        kind = ""
-        verdict = ""
-        ttl: int | None = None
-        if not isinstance(rec, dict):
-            kind = "unknown_operation"
-        elif rec[b"fp"] != a[1] or rec[b"fpv"] != a[2] or rec[b"bind"] != a[3]:
-            kind = "misbound"
-        elif rec[b"gen"] != a[4]:
-            prefix = b"|".join([a[6], a[4], action.encode(), b"accepted"]) + b"|"
-            if action == "mark_provisional" and any(
-                entry.startswith(prefix) for entry in ks.lrange(keys[1], now)
-            ):
-                verdict = "absorbed"
-            else:
-                kind = "stale_generation"
+# -- _settle.lua, and complete.lua, fail.lua, mark_provisional.lua that call it ---------------
+
+TERMINAL_OF = {"complete": b"completed", "fail": b"failed"}
+
+
+def observed(
+    ks: MemoryKeyspace, log_key: str, aid: bytes, gen: bytes, action: str, now: int
+) -> bool:
+    """Whether the attempt log holds this attempt's accepted settlement with this action."""
+    prefix = b"|".join([aid, gen, action.encode(), b"accepted"]) + b"|"
+    return any(entry.startswith(prefix) for entry in ks.lrange(log_key, now))
+
+
+def quarantine(
+    ks: MemoryKeyspace,
+    keys: list[str],
+    a: list[bytes],
+    kind: str,
+    action: str,
+    rec: dict[bytes, bytes] | None,
+    now: int,
+) -> bytes:
+    """Append the rejected response to the shard's quarantine stream; returns the entry id."""
+    payload = a[7]
+    fields: dict[str, Any] = {
+        "op": a[0],
+        "kind": kind,
+        "action": action,
+        "fp": a[1],
+        "fpv": a[2],
+        "bind": a[3],
+        "gen": a[4],
+        "ev": a[5],
+        "aid": a[6],
+        "reason": a[9],
+        "payload": payload[: int(a[12])],
+        "psize": len(payload),
+        "pdig": a[8],
+        "at": now,
+        "us": ks.now_us(now),
+    }
+    if rec is not None:
+        fields |= {"cstate": effective_state(rec, now), "cgen": rec[b"gen"], "cver": rec[b"ver"]}
+    flat = [x for f, v in fields.items() for x in (f, v)]
+    return ks.xadd(keys[2], now, flat, int(a[13]) if a[13] else None)
+
+
+def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """The settlement rules (SPEC §2, settlement table), one call per settlement."""
+    rec = load_record(ks, keys[0], now)
+    if rec is False:
+        return [b"corrupt", b"", now, b"", []]
+    retention = int(a[10])
+    kind = ""
+    verdict = ""
+    ttl: int | None = None
+    if not isinstance(rec, dict):
+        kind = "unknown_operation"  # rule: S1
+    elif rec[b"fp"] != a[1] or rec[b"fpv"] != a[2] or rec[b"bind"] != a[3]:
+        kind = "misbound"  # rule: S2
+    elif rec[b"gen"] != a[4]:
+        if action == "mark_provisional" and observed(ks, keys[1], a[6], a[4], action, now):
+            # rule: S13
+            # The repeat of an accepted mark_provisional whose reply was lost, arriving after
+            # another attempt took over: it already counted, it is not a stale response.
+            verdict = "absorbed"
         else:
-            state = _effective(rec, now)
-            if state in (b"completed", b"failed"):
-                if action == "mark_provisional" or (
-                    _TERMINAL_OF.get(action) == state and rec.get(b"rdig") == a[8]
-                ):
-                    verdict = "absorbed"
-                elif a[5] != b"" and a[5] != rec[b"ver"]:
-                    kind = "version_conflict"
-                else:
-                    kind = "conflicting_settlement"
-            elif (
-                action == "mark_provisional"
-                and rec[b"state"] == b"provisional"
-                and rec.get(b"reason") == a[9]
+            kind = "stale_generation"  # rule: S3
+    else:
+        state = effective_state(rec, now)
+        if is_terminal(state):
+            # rule: S8, S10, S11
+            # A duplicate of the settlement that made the record terminal is absorbed, also
+            # when it carries the version it saw before that settlement; success is never
+            # downgraded.
+            if action == "mark_provisional" or (
+                TERMINAL_OF.get(action) == state and rec.get(b"rdig") == a[8]
             ):
                 verdict = "absorbed"
             elif a[5] != b"" and a[5] != rec[b"ver"]:
-                kind = "version_conflict"
+                kind = "version_conflict"  # rule: S4
             else:
-                verdict = "accepted"
-                ver = int(rec[b"ver"]) + 1
-                if action == "mark_provisional":
-                    ks.hdel(keys[0], now, "lease")
-                    ks.hset(
-                        keys[0],
-                        now,
-                        "state",
-                        "provisional",
-                        "reason",
-                        a[9],
-                        "ver",
-                        ver,
-                        "updated",
-                        now,
-                    )
-                else:
-                    ks.hdel(keys[0], now, "lease", "reason")
-                    ks.hset(
-                        keys[0],
-                        now,
-                        "state",
-                        _TERMINAL_OF[action],
-                        "result",
-                        a[7],
-                        "rdig",
-                        a[8],
-                        "ver",
-                        ver,
-                        "updated",
-                        now,
-                    )
-                ks.pexpire(keys[0], retention, now)
-                ttl = retention
-        qid = b""
-        if kind:
-            verdict = "quarantined"
-            fields: list[Any] = [
-                "op",
-                a[0],
-                "kind",
-                kind,
-                "action",
-                action,
-                "fp",
-                a[1],
-                "fpv",
-                a[2],
-                "bind",
-                a[3],
-                "gen",
-                a[4],
-                "ev",
-                a[5],
-                "aid",
-                a[6],
-                "reason",
-                a[9],
-                "payload",
-                a[7][: int(a[12])],
-                "psize",
-                len(a[7]),
-                "pdig",
-                a[8],
-                "at",
-                now,
-                "us",
-                ks.now_us(now),
-            ]
-            if isinstance(rec, dict):
-                fields += ["cstate", _effective(rec, now), "cgen", rec[b"gen"], "cver", rec[b"ver"]]
-            qid = ks.xadd(keys[2], now, fields, int(a[13]) if a[13] else None)
-        _observe(
-            ks, keys[1], keys[0], a[11], retention, ttl, a[6], a[4], action, verdict, kind, now
-        )
-        if rec is None or kind == "misbound":
-            return [verdict.encode(), kind.encode(), now, qid, []]
-        return [verdict.encode(), kind.encode(), now, qid, _flat(ks, keys[0], now)]
-
-    return script
+                kind = "conflicting_settlement"  # rule: S9
+        elif (
+            action == "mark_provisional"
+            and rec[b"state"] == b"provisional"
+            and rec.get(b"reason") == a[9]
+        ):
+            # rule: S12
+            # The same uncertainty reported again (a repeat after a lost reply): nothing to
+            # update, so it is absorbed, whatever version the repeat carries.
+            verdict = "absorbed"
+        elif a[5] != b"" and a[5] != rec[b"ver"]:
+            kind = "version_conflict"  # rule: S4
+        else:
+            verdict = "accepted"
+            ver = int(rec[b"ver"]) + 1
+            if action == "mark_provisional":
+                # rule: S6, S7
+                write(
+                    ks,
+                    keys[0],
+                    now,
+                    {
+                        "state": "provisional",
+                        "reason": a[9],
+                        "ver": ver,
+                        "updated": now,
+                        "lease": False,
+                    },
+                )
+            else:
+                # rule: S5
+                write(
+                    ks,
+                    keys[0],
+                    now,
+                    {
+                        "state": TERMINAL_OF[action],
+                        "result": a[7],
+                        "rdig": a[8],
+                        "ver": ver,
+                        "updated": now,
+                        "lease": False,
+                        "reason": False,
+                    },
+                )
+            ks.pexpire(keys[0], retention, now)
+            ttl = retention
+    qid = b""
+    if kind:
+        verdict = "quarantined"
+        qid = quarantine(ks, keys, a, kind, action, rec if isinstance(rec, dict) else None, now)
+    observe(ks, keys[1], keys[0], a[11], retention, ttl, a[6], a[4], action, verdict, kind, now)
+    # rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
+    if rec is None or kind == "misbound":
+        return [verdict.encode(), kind.encode(), now, qid, []]
+    return [verdict.encode(), kind.encode(), now, qid, _row(ks, keys[0], now)]
 
 
-def _renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
-    rec = _load(ks, keys[0], now)
+def complete(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    return settle("complete", ks, keys, a, now)
+
+
+def fail(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    return settle("fail", ks, keys, a, now)
+
+
+def mark_provisional(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    return settle("mark_provisional", ks, keys, a, now)
+
+
+# -- renew.lua --------------------------------------------------------------------------------
+
+
+def renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Extend a live pending lease of the current generation (a heartbeat). A lost lease is
+    not a response, so it is never quarantined; the detail says why. Misbound callers get no
+    record."""
+    rec = load_record(ks, keys[0], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
-    if rec is None:
-        return [b"lost", b"unknown_operation", now, b"", []]
-    assert isinstance(rec, dict)
+    if not isinstance(rec, dict):
+        return [b"lost", b"unknown_operation", now, b"", []]  # rule: N1
+    # rule: N2
     if rec[b"fp"] != a[0] or rec[b"fpv"] != a[1] or rec[b"bind"] != a[2]:
         return [b"lost", b"misbound", now, b"", []]
-    flat = _flat(ks, keys[0], now)
+    row = _row(ks, keys[0], now)
     if rec[b"gen"] != a[3]:
-        return [b"lost", b"stale_generation", now, b"", flat]
+        return [b"lost", b"stale_generation", now, b"", row]  # rule: N3
     if rec[b"state"] != b"pending":
-        return [b"lost", b"not_pending", now, b"", flat]
+        return [b"lost", b"not_pending", now, b"", row]  # rule: N4
     if int(rec[b"lease"]) <= now:
-        return [b"lost", b"lease_expired", now, b"", flat]
+        return [b"lost", b"lease_expired", now, b"", row]  # rule: N5
+    # rule: N6 (not a transition: the version stays, so the owner's expected_version holds)
     lease = int(a[4])
-    ks.hset(keys[0], now, "lease", now + lease)
+    write(ks, keys[0], now, {"lease": now + lease})
     ks.pexpire(keys[0], lease + int(a[5]), now)
-    return [b"renewed", b"", now, b"", _flat(ks, keys[0], now)]
+    return [b"renewed", b"", now, b"", _row(ks, keys[0], now)]
 
 
-def _get(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+# -- the read scripts and namespace.lua -------------------------------------------------------
+
+
+def get(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Read a record with the server's clock, so every reader sees the same effective state
+    (an expired pending lease reads as provisional)."""
     del a
-    rec = _load(ks, keys[0], now)
+    rec = load_record(ks, keys[0], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     if rec is None:
         return [b"missing", b"", now, b"", []]
-    return [b"found", b"", now, b"", _flat(ks, keys[0], now)]
+    return [b"found", b"", now, b"", _row(ks, keys[0], now)]
 
 
-def _attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+def attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Read an operation's attempt log, oldest first."""
     del a
     return [b"ok", b"", now, b"", ks.lrange(keys[0], now)]
 
 
-def _quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Read one shard's quarantine stream with the filters applied here, so a filtered listing
+    does not ship every entry to the client."""
     low, high = a[0].decode(), a[1].decode()
     limit, budget = int(a[2]), int(a[3])
     kind, op, unresolved, newest = a[4], a[5], a[6] == b"1", a[7] == b"1"
@@ -535,7 +601,9 @@ def _quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: i
     return [b"done", last, now, b"", out]
 
 
-def _quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+def quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Mark a quarantine entry resolved with a note. The entry itself is never changed or
+    deleted, and the first resolution stands."""
     if not any(eid == a[0] for eid, _ in ks.xrange(keys[0], now)):
         return [b"missing", b"", now, b"", []]
     res = json.dumps({"note": a[1].decode(), "at": now}).encode()
@@ -544,7 +612,8 @@ def _quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
     return [b"resolved", b"", now, b"", [res]]
 
 
-def _namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+def namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Record a namespace's shard count on first use and report it after."""
     ks.hsetnx(keys[0], now, "shards", a[0])
     ks.hsetnx(keys[0], now, "created", now)
     ks.hsetnx(keys[0], now, "fpv", a[1])
@@ -553,16 +622,16 @@ def _namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) ->
 
 
 _SCRIPTS: dict[str, Callable[[MemoryKeyspace, list[str], list[bytes], int], list[Any]]] = {
-    "reserve": _reserve,
-    "complete": _settle("complete"),
-    "fail": _settle("fail"),
-    "mark_provisional": _settle("mark_provisional"),
-    "renew": _renew,
-    "get": _get,
-    "attempts": _attempts,
-    "quarantine_read": _quarantine_read,
-    "quarantine_resolve": _quarantine_resolve,
-    "namespace": _namespace,
+    "reserve": reserve,
+    "complete": complete,
+    "fail": fail,
+    "mark_provisional": mark_provisional,
+    "renew": renew,
+    "get": get,
+    "attempts": attempts,
+    "quarantine_read": quarantine_read,
+    "quarantine_resolve": quarantine_resolve,
+    "namespace": namespace,
 }
 
 

@@ -62,6 +62,7 @@ end
 
 -- A pending record whose lease has passed reads as provisional (lease_expired).
 local function effective_state(rec, now)
+  -- rule: L1
   if rec.state == 'pending' and tonumber(rec.lease) <= now then
     return 'provisional'
   end

@@ -48,43 +48,48 @@ local function settle(action)
   local verdict = nil
   local ttl = nil
   if not rec then
-    kind = 'unknown_operation'
+    kind = 'unknown_operation'  -- rule: S1
   elseif rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
-    kind = 'misbound'
+    kind = 'misbound'  -- rule: S2
   elseif rec.gen ~= ARGV[5] then
     if action == 'mark_provisional' and observed(KEYS[2], ARGV[7], ARGV[5], action) then
+      -- rule: S13
       -- The repeat of an accepted mark_provisional whose reply was lost, arriving after
       -- another attempt took over: it already counted, it is not a stale response.
       verdict = 'absorbed'
     else
-      kind = 'stale_generation'
+      kind = 'stale_generation'  -- rule: S3
     end
   else
     local state = effective_state(rec, now)
     if is_terminal(state) then
+      -- rule: S8, S10, S11
       -- A duplicate of the settlement that made the record terminal is absorbed, also when
       -- it carries the version it saw before that settlement; success is never downgraded.
       if action == 'mark_provisional' or (TERMINAL_OF[action] == state and rec.rdig == ARGV[9]) then
         verdict = 'absorbed'
       elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
-        kind = 'version_conflict'
+        kind = 'version_conflict'  -- rule: S4
       else
-        kind = 'conflicting_settlement'
+        kind = 'conflicting_settlement'  -- rule: S9
       end
     elseif action == 'mark_provisional' and rec.state == 'provisional'
         and rec.reason == ARGV[10] then
+      -- rule: S12
       -- The same uncertainty reported again (a repeat after a lost reply): nothing to
       -- update, so it is absorbed, whatever version the repeat carries.
       verdict = 'absorbed'
     elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
-      kind = 'version_conflict'
+      kind = 'version_conflict'  -- rule: S4
     else
       verdict = 'accepted'
       local ver = int(tonumber(rec.ver) + 1)
       if action == 'mark_provisional' then
+        -- rule: S6, S7
         row = write(KEYS[1], rec, row, {'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
           'updated', int(now), 'lease', false})
       else
+        -- rule: S5
         row = write(KEYS[1], rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
           'rdig', ARGV[9], 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
       end
@@ -99,6 +104,7 @@ local function settle(action)
   end
   observe(KEYS[2], KEYS[1], ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict,
     kind or '', now)
+  -- rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
   if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}} end
   return {verdict, kind or '', now, qid, row}
 end

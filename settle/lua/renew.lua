@@ -8,13 +8,15 @@
 local now = now_ms()
 local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end
-if not rec then return {'lost', 'unknown_operation', now, '', {}} end
+if not rec then return {'lost', 'unknown_operation', now, '', {}} end  -- rule: N1
+-- rule: N2
 if rec.fp ~= ARGV[1] or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
   return {'lost', 'misbound', now, '', {}}
 end
-if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end
-if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', row} end
-if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', row} end
+if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end  -- rule: N3
+if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', row} end  -- rule: N4
+if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', row} end  -- rule: N5
+-- rule: N6 (not a transition: the version stays, so the owner's expected_version holds)
 local lease = tonumber(ARGV[5])
 row = write(KEYS[1], rec, row, {'lease', int(now + lease)})
 redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[6]))

@@ -11,20 +11,26 @@ local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
 local retention = tonumber(ARGV[6])
-local detail = 'new'
+local detail = 'new'  -- rule: R1
 if rec then
+  -- rule: R2
   if rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] then
     return {'fingerprint_mismatch', '', now, '', {}}
   end
+  -- rule: R3
   if rec.bind ~= ARGV[4] then return {'binding_mismatch', '', now, '', {}} end
   local state = effective_state(rec, now)
+  -- rule: R4, R5
   if is_terminal(state) then return {'replay', state, now, '', row} end
   if state == 'pending' then
+    -- rule: R9
     -- The same attempt asking again (its first reply was lost on the wire) gets its own
     -- reservation back, so reserve is safe to repeat.
     if rec.aid == ARGV[7] then return {'reserved', 'resumed', now, '', row} end
+    -- rule: R6
     return {'in_progress', '', now, '', row}
   end
+  -- rule: R7, R8
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
 local gen = int(redis.call('INCR', KEYS[2]))

@@ -6,13 +6,18 @@ generation. The model checker holds every step of the reference model against it
 how "every rejected response is in the quarantine with the right kind" is checked against
 something other than the model itself.
 
-One ordering is the implementation's documented choice rather than the table's row order:
+Each rule carries its id from docs/concepts.md ("Rules") as ``# rule: <id>`` at the branch
+that decides it, as the Lua and the reference model do (``tests/unit/test_rule_ids.py``).
+
+Some rules are the implementation's documented choices rather than rows of the SPEC tables:
 a duplicate of the settlement that made a record terminal is absorbed even when it carries
-the version it saw before that settlement (``_settle.lua``), so for a terminal record the
-absorb rows are read before the ``version_conflict`` row. Likewise a ``mark_provisional``
-that repeats the reason a provisional record already has is absorbed (nothing to update),
-so that a repeat after a lost reply is safe; and a ``mark_provisional`` this attempt already
-had accepted is absorbed even after another attempt took over (its first reply was lost).
+the version it saw before that settlement (S11, ``_settle.lua``), so for a terminal record
+the absorb rows are read before the ``version_conflict`` row. Likewise a ``mark_provisional``
+that repeats the reason a provisional record already has is absorbed (S12: nothing to
+update), so that a repeat after a lost reply is safe; a ``mark_provisional`` this attempt
+already had accepted is absorbed even after another attempt took over (S13: its first reply
+was lost); and the same attempt reserving again while its lease is live gets its own
+reservation back (R9).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class Rec:
 
     @property
     def effective(self) -> str:
+        # rule: L1
         if self.state == "pending" and not self.live:
             return "provisional"
         return self.state
@@ -57,18 +63,19 @@ class Expected:
 
 def expect_reserve(rec: Rec | None, fp: str, bind: str, aid: str, counter: int) -> Expected:
     if rec is None:
-        return Expected("reserved", "new", counter + 1)
+        return Expected("reserved", "new", counter + 1)  # rule: R1
     if rec.fp != fp:
-        return Expected("fingerprint_mismatch")
+        return Expected("fingerprint_mismatch")  # rule: R2
     if rec.bind != bind:
-        return Expected("binding_mismatch")
+        return Expected("binding_mismatch")  # rule: R3
     state = rec.effective
     if state in ("completed", "failed"):
-        return Expected("replay", state)
+        return Expected("replay", state)  # rule: R4, R5
     if state == "pending":
         if rec.aid == aid:
-            return Expected("reserved", "resumed", rec.gen)
-        return Expected("in_progress", "", rec.gen)
+            return Expected("reserved", "resumed", rec.gen)  # rule: R9
+        return Expected("in_progress", "", rec.gen)  # rule: R6
+    # rule: R7, R8
     takeover = "lease_expired" if rec.state == "pending" else "provisional"
     return Expected("reserved", takeover, counter + 1)
 
@@ -84,40 +91,43 @@ def expect_settle(
 ) -> Expected:
     op, fp, fpv, bind, gen = presented
     if rec is None or rec.op != op:
-        return Expected("quarantined", "unknown_operation")
+        return Expected("quarantined", "unknown_operation")  # rule: S1
     if (rec.fp, rec.fpv, rec.bind) != (fp, fpv, bind):
-        return Expected("quarantined", "misbound")
+        return Expected("quarantined", "misbound")  # rule: S2
     if rec.gen != gen:
         if action == "mark_provisional" and provisional_accepted:
-            return Expected("absorbed")  # a repeat of an accepted one, after a takeover
-        return Expected("quarantined", "stale_generation")
+            return Expected("absorbed")  # rule: S13 (a repeat of an accepted one, after a takeover)
+        return Expected("quarantined", "stale_generation")  # rule: S3
     state = rec.effective
     version_differs = expected_version is not None and expected_version != rec.ver
     if state in ("completed", "failed"):
+        # rule: S11 (the absorb rows S10 and S8 are read before S4)
         if action == "mark_provisional":
-            return Expected("absorbed")  # success is never downgraded
+            return Expected("absorbed")  # rule: S10 (success is never downgraded)
         if TERMINAL_OF[action] == state and rec.rdig == digest:
-            return Expected("absorbed")  # a duplicate delivery of the same settlement
+            return Expected("absorbed")  # rule: S8 (a duplicate delivery of the same settlement)
         if version_differs:
-            return Expected("quarantined", "version_conflict")
-        return Expected("quarantined", "conflicting_settlement")
+            return Expected("quarantined", "version_conflict")  # rule: S4
+        return Expected("quarantined", "conflicting_settlement")  # rule: S9
     if action == "mark_provisional" and rec.state == "provisional" and rec.reason == reason:
-        return Expected("absorbed")  # the same uncertainty reported again: nothing to update
+        return Expected("absorbed")  # rule: S12 (the same uncertainty again: nothing to update)
     if version_differs:
-        return Expected("quarantined", "version_conflict")
-    return Expected("accepted")
+        return Expected("quarantined", "version_conflict")  # rule: S4
+    if action == "mark_provisional":
+        return Expected("accepted")  # rule: S6, S7
+    return Expected("accepted")  # rule: S5
 
 
 def expect_renew(rec: Rec | None, presented: tuple[str, str, int, str, int]) -> Expected:
     op, fp, fpv, bind, gen = presented
     if rec is None or rec.op != op:
-        return Expected("lost", "unknown_operation")
+        return Expected("lost", "unknown_operation")  # rule: N1
     if (rec.fp, rec.fpv, rec.bind) != (fp, fpv, bind):
-        return Expected("lost", "misbound")
+        return Expected("lost", "misbound")  # rule: N2
     if rec.gen != gen:
-        return Expected("lost", "stale_generation")
+        return Expected("lost", "stale_generation")  # rule: N3
     if rec.state != "pending":
-        return Expected("lost", "not_pending")
+        return Expected("lost", "not_pending")  # rule: N4
     if not rec.live:
-        return Expected("lost", "lease_expired")
-    return Expected("renewed")
+        return Expected("lost", "lease_expired")  # rule: N5
+    return Expected("renewed")  # rule: N6

@@ -104,17 +104,17 @@ def test_a_record_that_outlives_its_retention_never_gets_an_old_generation_again
 
 def _downgrading_timeout(ks: Any, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """A broken copy of mark_provisional: a timeout downgrades a completed record."""
-    rec = reference._load(ks, keys[0], now)
+    rec = reference.load_record(ks, keys[0], now)
     if isinstance(rec, dict) and rec[b"state"] == b"completed" and rec[b"gen"] == a[4]:
         ks.hset(keys[0], now, "state", "provisional", "reason", a[9], "ver", int(rec[b"ver"]) + 1)
-        return [b"accepted", b"", now, b"", reference._flat(ks, keys[0], now)]
+        return [b"accepted", b"", now, b"", reference._row(ks, keys[0], now)]
     result: list[Any] = ORIGINAL["mark_provisional"](ks, keys, a, now)
     return result
 
 
 def _stale_accepting_complete(ks: Any, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """A broken copy of complete: it forgets to fence, so an old generation settles."""
-    rec = reference._load(ks, keys[0], now)
+    rec = reference.load_record(ks, keys[0], now)
     args = list(a)
     if isinstance(rec, dict):
         args[4] = rec[b"gen"]
