@@ -30,7 +30,13 @@ from settle._async.settler import AsyncSettler
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE
 from settle.cli._render import entry_json, record_json
-from settle.errors import BackendError, InvalidInput, QuarantineNotFound, SettleError
+from settle.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidInput,
+    QuarantineNotFound,
+    SettleError,
+)
 from settle.models import QuarantineKind, State
 from settle.web import _query
 from settle.web._security import (
@@ -158,8 +164,8 @@ class _Console:
             status = 404
         elif isinstance(exc, InvalidInput):
             status = 400
-        elif isinstance(exc, BackendError):
-            status = 503
+        elif isinstance(exc, BackendError | ConfigurationError):
+            status = 503  # Redis unreachable, or the namespace does not fit: say which
         else:
             status = 500
         logger.warning("settle.web.failed", error=type(exc).__name__, status=status)

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from settle import AsyncSettler, Settler
-from settle.web import _query
+from settle.web import _query, create_app
 from settle.web._security import CSP
-from tests.web.conftest import TOKEN
+from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import (
     IMG,
     SCRIPT,
@@ -43,7 +43,7 @@ def assert_no_markup_from(html: str, *stored: str) -> None:
 
 
 def refs_in(html: str) -> list[str]:
-    return re.findall(r'<td class="mono"><a href="/entry/(\d+/\d+-\d+)">', html)
+    return re.findall(r'<td class="mono nowrap"><a href="/entry/(\d+/\d+-\d+)">', html)
 
 
 async def test_every_page_carries_the_content_security_policy(
@@ -323,3 +323,17 @@ async def test_export_streams_the_filter_as_json_lines(
     assert lines[0]["payload"]["json"] == {"charge_id": "ch_2"}
     everything = (await read_only.get("/quarantine.jsonl")).text.splitlines()
     assert len(everything) == 8
+
+
+async def test_a_namespace_that_does_not_fit_answers_503_saying_why(
+    redis_url: str, writer: Settler
+) -> None:
+    wrong = AsyncSettler.from_url(redis_url, namespace=writer.config.namespace, shards=8)
+    try:
+        async with client_for(create_app(wrong)) as client:
+            response = await client.get("/quarantine")
+    finally:
+        await wrong.aclose()
+    assert response.status_code == 503
+    assert "shards" in response.text
+    assert response.headers["content-security-policy"] == CSP
