@@ -207,6 +207,10 @@ async def test_stored_html_and_script_are_shown_as_text(
     assert '<span class="ctl" title="control character">\\x1b</span>[2J' in html
     listing = (await guarded.get("/quarantine")).text
     assert "order-&lt;img src=x onerror=" in listing
+    # A filter typed into the form is echoed back as an attribute value, escaped too.
+    reflected = await guarded.get("/quarantine", params={"operation": f'"><{SCRIPT}'})
+    assert_no_markup_from(reflected.text, SCRIPT)
+    assert 'value="&#34;&gt;&lt;&lt;script&gt;' in reflected.text
 
 
 async def test_a_read_only_console_refuses_to_resolve(
@@ -337,3 +341,25 @@ async def test_a_namespace_that_does_not_fit_answers_503_saying_why(
     assert response.status_code == 503
     assert "shards" in response.text
     assert response.headers["content-security-policy"] == CSP
+
+
+async def test_invisible_characters_in_a_note_are_made_visible(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # Settle refuses control and format characters in ids and principals, but a note written
+    # with the CLI or the API may hold any: a right-to-left override would make "refunded"
+    # followed by reversed text read as something else.
+    ref = conflicting(writer, "order-bidi")
+    writer.quarantine.resolve(ref, note="refunded \u202edesufer ton\u200b\r\nsecond line")
+    html = (await read_only.get(f"/entry/{ref}")).text
+    mark = '<span class="ctl" title="control character">{}</span>'
+    shown = (
+        "refunded "
+        + mark.format("\\u202e")
+        + "desufer ton"
+        + mark.format("\\u200b")
+        + mark.format("\\x0d")
+        + "\nsecond line"
+    )
+    assert shown in html
+    assert "\u202e" not in html
