@@ -17,6 +17,7 @@ from settle.cli.demo import demo
 from settle.cli.inspect import inspect
 from settle.cli.quarantine import quarantine
 from settle.cli.stats import stats
+from settle.cli.web import web
 from settle.cursor.cli import cursor
 from settle.progress.cli import progress
 
@@ -46,3 +47,4 @@ main.add_command(quarantine)
 main.add_command(stats)
 main.add_command(cursor)
 main.add_command(progress)
+main.add_command(web)

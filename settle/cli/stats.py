@@ -20,23 +20,30 @@ from settle.cli._render import console, print_json
 from settle.demo.server import client_of
 from settle.models import QuarantineKind, State
 
-__all__ = ["count_records", "stats"]
+__all__ = ["SCAN_COUNT", "count_records", "operation_id_of", "record_key_match", "stats"]
 
-_SCAN_COUNT = 1000
+SCAN_COUNT = 1000
 _QUARANTINE_LIMIT = 100_000
 
 
-def record_ids(settler: Settler) -> list[str]:
-    """Operation ids of every record key in the namespace (``settle:{ns:*}:op:*``)."""
-    namespace = settler.config.namespace
+def record_key_match(namespace: str) -> str:
+    """The SCAN pattern of every record key in a namespace (``settle:{ns:*}:op:*``)."""
+    return f"settle:{{{namespace}:*}}:op:*"
+
+
+def operation_id_of(key: bytes | str) -> str:
+    """The operation id in a record key that :func:`record_key_match` matched."""
+    text = key.decode("utf-8") if isinstance(key, bytes) else str(key)
     marker = "}:op:"
-    ids = []
-    for key in client_of(settler).scan_iter(
-        match=f"settle:{{{namespace}:*}}:op:*", count=_SCAN_COUNT
-    ):
-        text = key.decode("utf-8") if isinstance(key, bytes) else str(key)
-        ids.append(text[text.index(marker) + len(marker) :])
-    return ids
+    return text[text.index(marker) + len(marker) :]
+
+
+def record_ids(settler: Settler) -> list[str]:
+    """Operation ids of every record key in the namespace."""
+    match = record_key_match(settler.config.namespace)
+    return [
+        operation_id_of(key) for key in client_of(settler).scan_iter(match=match, count=SCAN_COUNT)
+    ]
 
 
 def count_records(settler: Settler) -> Counter[str]:

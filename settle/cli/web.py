@@ -1,0 +1,89 @@
+"""``settle web``: serve the quarantine console (docs/console.md) with uvicorn.
+
+Read-only unless a token is given (``--token`` or ``SETTLE_WEB_TOKEN``); with one, whoever
+signs in with it may resolve entries, and each resolution note names ``--principal``.
+Listens on 127.0.0.1 by default: put a TLS-terminating proxy in front before exposing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import secrets
+
+import click
+
+from settle._async.settler import AsyncSettler
+from settle.cli._context import EXIT_UNAVAILABLE, Connection, connection_options, fail, open_settler
+
+__all__ = ["web"]
+
+
+@click.command("web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8321, show_default=True, help="Port."
+)
+@click.option(
+    "--token",
+    envvar="SETTLE_WEB_TOKEN",
+    default=None,
+    help="Token that signs a user in to resolve entries (env SETTLE_WEB_TOKEN). Without "
+    "one the console is read-only.",
+)
+@click.option(
+    "--principal",
+    default="operator",
+    show_default=True,
+    help="Who a token sign-in resolves as (written into every resolution note).",
+)
+@connection_options
+def web(conn: Connection, host: str, port: int, token: str | None, principal: str) -> None:
+    """Serve the quarantine console in the browser (needs the 'web' extra)."""
+    try:
+        import uvicorn  # noqa: PLC0415  (optional: the 'web' extra)
+
+        from settle.web import create_app, token_authorizer  # noqa: PLC0415
+    except ImportError as exc:
+        fail(
+            f"settle web needs the 'web' extra ({exc.name} is missing): "
+            "pip install 'settle-sdk[web]'",
+            EXIT_UNAVAILABLE,
+        )
+    with open_settler(conn) as probe:  # the namespace exists; its stored shard count
+        config = probe.config
+    settler = AsyncSettler.from_url(conn.url, config)
+    authorize = token_authorizer(token, principal) if token else None
+    app = create_app(settler, authorize=authorize, secret_key=secrets.token_urlsafe(32))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    )
+    mode = f"resolving as {principal!r} after sign-in" if token else "read-only (no --token)"
+    click.echo(
+        f"settle web: the quarantine console of {conn.namespace} on http://{host}:{port}/ "
+        f"({mode}); Ctrl-C to stop",
+        err=True,
+    )
+    if token and not _loopback(host):
+        click.echo(
+            "settle web: warning: the token and session cookie travel in clear text over "
+            "plain HTTP; serve it behind a TLS proxy",
+            err=True,
+        )
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        finally:
+            await settler.aclose()
+
+    asyncio.run(serve())
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

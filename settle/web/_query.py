@@ -1,0 +1,254 @@
+"""What the console reads: quarantine pages by stream id across every shard, the export,
+and the overview's counts. Everything goes through :class:`~settle.AsyncSettler`'s public
+quarantine API and reads a bounded number of entries per request, however large the
+streams are.
+
+A page is addressed by a cursor: the ``shard/ms-seq`` ref of the last entry shown. The next
+page asks ``quarantine.list`` for entries up to that millisecond and drops the ones at or
+after the cursor, so paging never skips nor repeats an entry, even when entries of several
+shards share one millisecond.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from settle._async.settler import AsyncSettler
+from settle.cli.stats import SCAN_COUNT, operation_id_of, record_key_match
+from settle.errors import InvalidInput
+from settle.models import QuarantineEntry, QuarantineKind, State
+
+__all__ = [
+    "Filter",
+    "Overview",
+    "Page",
+    "Position",
+    "export_entries",
+    "overview",
+    "page",
+]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_REF = re.compile(r"^(\d{1,6})/(\d{1,20})-(\d{1,20})$")
+#: The most entries one request reads from Redis when a filter is applied here (resolved
+#: only) rather than in the script; the page then ends early with a cursor to go on.
+SCAN_BUDGET = 5_000
+_LIST_MAX = 100_000
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    """Where an entry sits in the console's order: stream id, then shard."""
+
+    ms: int
+    seq: int
+    shard: int
+
+    @classmethod
+    def of(cls, entry: QuarantineEntry) -> Position:
+        ms, seq = entry.id.split("-")
+        return cls(int(ms), int(seq), entry.shard)
+
+    @classmethod
+    def parse(cls, ref: str) -> Position:
+        match = _REF.match(ref)
+        if match is None:
+            raise InvalidInput(f"{ref!r} is not a page cursor (shard/ms-seq); start from page 1")
+        shard, ms, seq = (int(g) for g in match.groups())
+        return cls(ms, seq, shard)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.shard}/{self.ms}-{self.seq}"
+
+
+def _at_ms(ms: int) -> datetime:
+    """The instant of a millisecond, half a millisecond in, so that the engine's
+    ``int(timestamp * 1000)`` lands on ``ms`` whatever the float rounding."""
+    return _EPOCH + timedelta(milliseconds=ms, microseconds=500)
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """The console's filter: the engine's filters plus ``resolved`` (kept here)."""
+
+    kind: QuarantineKind | None = None
+    operation_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    status: str = "all"  # all | unresolved | resolved
+
+    def keeps(self, entry: QuarantineEntry) -> bool:
+        return self.status != "resolved" or entry.resolution is not None
+
+
+@dataclass(slots=True)
+class Page:
+    entries: list[QuarantineEntry]
+    #: The cursor of the next page (older entries, or newer with ``newest_first=False``).
+    next: str | None
+    #: How many entries were read from Redis for this page.
+    scanned: int = 0
+    #: True when the scan budget ended the page before it was full.
+    partial: bool = False
+
+
+async def page(
+    settler: AsyncSettler,
+    flt: Filter,
+    *,
+    after: str | None = None,
+    size: int = 50,
+    newest_first: bool = True,
+    budget: int = SCAN_BUDGET,
+) -> Page:
+    """Up to ``size`` entries matching ``flt`` that come after the cursor ``after`` in the
+    chosen order, and the cursor of the page that follows (None at the end)."""
+    bound = Position.parse(after) if after else None
+    found: list[QuarantineEntry] = []
+    scanned = 0
+    batch = size + 1
+    while True:
+        since, until = flt.since, flt.until
+        if bound is not None and newest_first:
+            until = _at_ms(bound.ms) if until is None else min(until, _at_ms(bound.ms))
+        elif bound is not None:
+            since = _at_ms(bound.ms) if since is None else max(since, _at_ms(bound.ms))
+        limit = min(batch, _LIST_MAX)
+        got = await settler.quarantine.list(
+            kind=flt.kind,
+            operation_id=flt.operation_id,
+            since=since,
+            until=until,
+            unresolved=flt.status == "unresolved",
+            limit=limit,
+            newest_first=newest_first,
+        )
+        got.sort(key=Position.of, reverse=newest_first)
+        fresh = [e for e in got if bound is None or _beyond(Position.of(e), bound, newest_first)]
+        exhausted = len(got) < limit
+        if not fresh and not exhausted:
+            # Every entry read shares the cursor's millisecond and was shown already: read
+            # more of that millisecond.
+            batch *= 2
+            continue
+        scanned += len(fresh)
+        for entry in fresh:
+            if flt.keeps(entry):
+                found.append(entry)
+            if len(found) > size:
+                return Page(found[:size], Position.of(found[size - 1]).ref, scanned)
+        if exhausted:
+            return Page(found, None, scanned)
+        bound = Position.of(fresh[-1])
+        if scanned >= budget:
+            return Page(found, bound.ref, scanned, partial=True)
+        batch = size + 1
+
+
+def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:
+    return pos < bound if newest_first else pos > bound
+
+
+async def export_entries(
+    settler: AsyncSettler, flt: Filter, *, batch: int = 500
+) -> AsyncIterator[QuarantineEntry]:
+    """Every entry matching ``flt``, oldest first, read ``batch`` at a time."""
+    after: str | None = None
+    while True:
+        got = await page(settler, flt, after=after, size=batch, newest_first=False)
+        for entry in got.entries:
+            yield entry
+        if got.next is None:
+            return
+        after = got.next
+
+
+@dataclass(slots=True)
+class Overview:
+    """What the overview page shows. Counts are read within bounds and say so."""
+
+    records: dict[str, int]
+    records_capped: bool
+    by_kind: dict[str, dict[str, int]]
+    sample: int
+    sample_capped: bool
+    since: datetime
+    until: datetime
+    buckets: list[tuple[datetime, int]] = field(default_factory=list)
+
+
+#: The chart's windows: name -> (length, bucket).
+WINDOWS = {
+    "1h": (timedelta(hours=1), timedelta(minutes=5)),
+    "24h": (timedelta(hours=24), timedelta(hours=1)),
+    "7d": (timedelta(days=7), timedelta(hours=6)),
+    "30d": (timedelta(days=30), timedelta(days=1)),
+}
+
+
+async def overview(
+    settler: AsyncSettler,
+    *,
+    window: str,
+    now: datetime,
+    record_limit: int,
+    entry_limit: int,
+) -> Overview:
+    """Records by state (at most ``record_limit`` records read), and the quarantine of the
+    last ``window`` by kind and over time (at most ``entry_limit`` entries read)."""
+    states, capped = await _count_records(settler, record_limit)
+    length, step = WINDOWS[window]
+    since = now - length
+    entries = await settler.quarantine.list(since=since, limit=entry_limit)
+    by_kind = {k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind}
+    for e in entries:
+        by_kind[e.kind.value]["resolved" if e.resolution else "unresolved"] += 1
+    n = int(length / step)
+    counts = [0] * n
+    for e in entries:
+        slot = int((e.at - since) / step)
+        counts[min(max(slot, 0), n - 1)] += 1
+    return Overview(
+        records=dict(states),
+        records_capped=capped,
+        by_kind=by_kind,
+        sample=len(entries),
+        sample_capped=len(entries) >= entry_limit,
+        since=since,
+        until=now,
+        buckets=[(since + i * step, c) for i, c in enumerate(counts)],
+    )
+
+
+async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str], bool]:
+    """Records by effective state, reading at most ``limit`` of them (the CLI's SCAN)."""
+    states: Counter[str] = Counter({s.value: 0 for s in State})
+    seen = 0
+    client = _client(settler)
+    async for key in client.scan_iter(
+        match=record_key_match(settler.config.namespace), count=SCAN_COUNT
+    ):
+        if seen >= limit:
+            return states, True
+        seen += 1
+        record = await settler.get(operation_id_of(key))
+        if record is not None:
+            states[record.state.value] += 1
+    return states, False
+
+
+def _client(settler: AsyncSettler) -> Any:
+    """The redis-py asyncio client the settler runs its scripts on."""
+    return settler._backend.client  # type: ignore[attr-defined]
+
+
+async def server_now(settler: AsyncSettler) -> datetime:
+    """The server's clock: quarantine stream ids and entry times are server time."""
+    seconds, micros = await _client(settler).time()
+    return datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, tz=UTC)

@@ -1,0 +1,406 @@
+"""The quarantine console as an ASGI app: :func:`create_app` (docs/console.md).
+
+Pages: the overview (records by state, quarantine by kind, a chart over time), the
+quarantine list (filters, cursor paging across every shard), one entry (presented tuple
+beside the current record, payload, attempt log, record), resolve, JSON lines export, and
+the sign-in form. Reading needs nothing; resolving needs a principal that ``authorize``
+granted at sign-in, and a CSRF token.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import click
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from settle._async.settler import AsyncSettler
+from settle._log import binding_digest, logger
+from settle.cli._params import SINCE
+from settle.cli._render import entry_json, record_json
+from settle.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidInput,
+    QuarantineNotFound,
+    SettleError,
+)
+from settle.models import QuarantineKind, State
+from settle.web import _query
+from settle.web._security import (
+    Authorize,
+    SecurityHeaders,
+    csrf_ok,
+    csrf_token,
+    principal_of,
+    sign_in,
+)
+from settle.web._text import chart_svg, payload_view, visible, visible_text, when
+
+__all__ = ["create_app"]
+
+_FORM_LIMIT = 16 * 1024
+_PAGE_SIZES = (10, 25, 50, 100, 200)
+_STATUSES = ("all", "unresolved", "resolved")
+
+
+def create_app(
+    settler: AsyncSettler,
+    *,
+    authorize: Authorize | None = None,
+    secret_key: str | None = None,
+    https_only: bool = False,
+    session_max_age: int = 8 * 3600,
+    record_limit: int = 10_000,
+    overview_limit: int = 10_000,
+) -> Starlette:
+    """The console for ``settler``'s namespace, to serve or mount (``app.mount("/settle",
+    create_app(settler))``).
+
+    ``authorize`` receives the token typed in the sign-in form and returns the principal
+    it grants (recorded in every resolution note) or None; without it the console is
+    read-only. ``secret_key`` signs the session cookie (a random one per process by
+    default: sessions then end with the process); ``https_only`` marks the cookie Secure.
+    The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
+    entries, and says so when it stopped there. The settler stays the caller's to close.
+    """
+    console = _Console(settler, authorize, record_limit, overview_limit)
+    routes = [
+        Route("/", console.overview, name="overview"),
+        Route("/quarantine", console.listing, name="quarantine"),
+        Route("/quarantine.jsonl", console.export, name="export"),
+        Route("/entry/{shard:int}/{entry_id}", console.entry, name="entry"),
+        Route(
+            "/entry/{shard:int}/{entry_id}/resolve",
+            console.resolve,
+            methods=["POST"],
+            name="resolve",
+        ),
+        Route("/signin", console.sign_in, methods=["GET", "POST"], name="signin"),
+        Route("/signout", console.sign_out, methods=["POST"], name="signout"),
+        Mount("/static", StaticFiles(packages=[("settle.web", "static")]), name="static"),
+    ]
+    middleware = [
+        Middleware(SecurityHeaders),
+        Middleware(
+            SessionMiddleware,
+            secret_key=secret_key or secrets.token_urlsafe(32),
+            session_cookie="settle_console",
+            max_age=session_max_age,
+            same_site="strict",
+            https_only=https_only,
+        ),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={SettleError: console.failed},
+    )
+
+
+_ENV = Environment(
+    loader=PackageLoader("settle.web", "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters.update(visible=visible, visible_text=visible_text, when=when)
+
+
+class _Console:
+    """The request handlers, sharing the settler and the access settings."""
+
+    def __init__(
+        self,
+        settler: AsyncSettler,
+        authorize: Authorize | None,
+        record_limit: int,
+        overview_limit: int,
+    ) -> None:
+        self.settler = settler
+        self.authorize = authorize
+        self.record_limit = record_limit
+        self.overview_limit = overview_limit
+
+    # -- rendering -------------------------------------------------------------------
+
+    def render(
+        self, request: Request, template: str, status_code: int = 200, **context: Any
+    ) -> HTMLResponse:
+        root = _root(request)
+        principal = principal_of(request)
+        html = _ENV.get_template(template).render(
+            href=lambda path: root + path,
+            namespace=self.settler.config.namespace,
+            principal=principal,
+            can_sign_in=self.authorize is not None,
+            can_resolve=self.authorize is not None and principal is not None,
+            # A read-only console sets no cookie at all.
+            csrf=csrf_token(request) if self.authorize is not None else "",
+            path=request.url.path,
+            **context,
+        )
+        return HTMLResponse(html, status_code=status_code)
+
+    def refuse(self, request: Request, status: int, reason: str, message: str) -> HTMLResponse:
+        logger.warning("settle.web.refused", reason=reason, status=status)
+        return self.render(request, "error.html", status, status=status, message=message)
+
+    async def failed(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, QuarantineNotFound):
+            status = 404
+        elif isinstance(exc, InvalidInput):
+            status = 400
+        elif isinstance(exc, BackendError | ConfigurationError):
+            status = 503  # Redis unreachable, or the namespace does not fit: say which
+        else:
+            status = 500
+        logger.warning("settle.web.failed", error=type(exc).__name__, status=status)
+        return self.render(request, "error.html", status, status=status, message=str(exc))
+
+    # -- pages -----------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        window = request.query_params.get("window", "24h")
+        if window not in _query.WINDOWS:
+            raise InvalidInput(f"window must be one of {', '.join(_query.WINDOWS)}")
+        data = await _query.overview(
+            self.settler,
+            window=window,
+            now=await _query.server_now(self.settler),
+            record_limit=self.record_limit,
+            entry_limit=self.overview_limit,
+        )
+        return self.render(
+            request,
+            "overview.html",
+            data=data,
+            window=window,
+            windows=list(_query.WINDOWS),
+            states=[s.value for s in State],
+            chart=chart_svg(data.buckets),
+            since_param=data.since.isoformat(),
+        )
+
+    async def listing(self, request: Request) -> Response:
+        flt, form = _filter(request)
+        size = _size(request)
+        after = request.query_params.get("after") or None
+        result = await _query.page(self.settler, flt, after=after, size=size)
+        next_href = None
+        if result.next is not None:
+            next_href = _query_string(form, size=str(size), after=result.next)
+        return self.render(
+            request,
+            "quarantine.html",
+            page=result,
+            form=form,
+            size=size,
+            sizes=_PAGE_SIZES,
+            kinds=[k.value for k in QuarantineKind],
+            statuses=_STATUSES,
+            first_page=after is None,
+            first_href=_query_string(form, size=str(size)),
+            next_href=next_href,
+            export_href=_query_string(form),
+        )
+
+    async def export(self, request: Request) -> Response:
+        flt, _ = _filter(request)
+
+        async def lines() -> AsyncIterator[str]:
+            count = 0
+            async for entry in _query.export_entries(self.settler, flt):
+                count += 1
+                yield json.dumps(entry_json(entry)) + "\n"
+            logger.info("settle.web.exported", entries=count)
+
+        stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
+        name = f"quarantine-{stamp}.jsonl"
+        return StreamingResponse(
+            lines(),
+            media_type="application/x-ndjson",
+            headers={"content-disposition": f'attachment; filename="{name}"'},
+        )
+
+    async def entry(self, request: Request) -> Response:
+        ref = _ref(request)
+        entry = await self.settler.quarantine.get(ref)
+        record = await self.settler.get(entry.operation_id)
+        attempts = await self.settler.attempts(entry.operation_id)
+        related = await self.settler.quarantine.list(operation_id=entry.operation_id, limit=20)
+        data = entry_json(entry)
+        return self.render(
+            request,
+            "entry.html",
+            entry=entry,
+            payload=payload_view(entry.payload.data, data["payload"]["json"]),
+            record=record,
+            record_result=_result_text(record_json(record)) if record else None,
+            attempts=attempts,
+            related=[e for e in related if e.ref != entry.ref],
+            done=request.query_params.get("done"),
+        )
+
+    async def resolve(self, request: Request) -> Response:
+        ref = _ref(request)
+        form = await _form(request)
+        if self.authorize is None:
+            return self.refuse(
+                request, 403, "read_only", "This console is read-only: nobody can resolve here."
+            )
+        principal = principal_of(request)
+        if principal is None:
+            return self.refuse(request, 403, "signed_out", "Sign in to resolve entries.")
+        if not csrf_ok(request, form):
+            return self.refuse(
+                request,
+                403,
+                "csrf",
+                "The form was stale or not sent by this console; reload the entry and "
+                "resolve it again.",
+            )
+        note = form.get("note", "").strip()
+        if not note:
+            raise InvalidInput("a resolution needs a note saying what was decided")
+        text = f"[resolved by {principal}] {note}"
+        resolution = await self.settler.quarantine.resolve(ref, note=text)
+        done = "resolved" if resolution.note == text else "already"
+        logger.info(
+            "settle.web.resolved",
+            quarantine_id=ref,
+            principal=binding_digest(principal),
+            already_resolved=done == "already",
+        )
+        root = _root(request)
+        return RedirectResponse(f"{root}/entry/{ref}?done={done}", status_code=303)
+
+    async def sign_in(self, request: Request) -> Response:
+        if self.authorize is None:
+            return self.refuse(
+                request, 404, "read_only", "This console is read-only: there is no sign-in."
+            )
+        target = _local(request.query_params.get("next", ""), request)
+        if request.method == "GET":
+            return self.render(request, "signin.html", next=target, failed=False)
+        form = await _form(request)
+        if not csrf_ok(request, form):
+            return self.refuse(
+                request, 403, "csrf", "The sign-in form was stale; open it again and retry."
+            )
+        principal = await sign_in(self.authorize, form.get("token", ""))
+        if principal is None:
+            logger.warning("settle.web.sign_in_refused")
+            return self.render(request, "signin.html", 403, next=target, failed=True)
+        request.session.clear()  # a fresh session and CSRF token for the signed-in user
+        request.session["principal"] = principal
+        logger.info("settle.web.signed_in", principal=binding_digest(principal))
+        return RedirectResponse(target, status_code=303)
+
+    async def sign_out(self, request: Request) -> Response:
+        form = await _form(request)
+        if not csrf_ok(request, form):
+            return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+        request.session.clear()
+        root = _root(request)
+        return RedirectResponse(f"{root}/", status_code=303)
+
+
+def _filter(request: Request) -> tuple[_query.Filter, dict[str, str]]:
+    """The filter of a list or export request, and its query parameters as given."""
+    q = request.query_params
+    form = {k: q.get(k, "").strip() for k in ("kind", "operation", "since", "until", "status")}
+    kind = None
+    if form["kind"]:
+        try:
+            kind = QuarantineKind(form["kind"])
+        except ValueError:
+            raise InvalidInput(
+                f"kind must be one of {', '.join(k.value for k in QuarantineKind)}"
+            ) from None
+    status = form["status"] or "all"
+    if status not in _STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(_STATUSES)}")
+    flt = _query.Filter(
+        kind=kind,
+        operation_id=form["operation"] or None,
+        since=_instant(form["since"], "since"),
+        until=_instant(form["until"], "until"),
+        status=status,
+    )
+    return flt, form
+
+
+def _query_string(form: dict[str, str], **more: str) -> str:
+    """``?a=1&b=2`` of the filter's non-empty fields and ``more``."""
+    return "?" + urlencode({k: v for k, v in {**form, **more}.items() if v})
+
+
+def _instant(text: str, name: str) -> datetime | None:
+    """ISO 8601 (naive = UTC; a browser's datetime-local) or a duration ago, as in the CLI."""
+    if not text:
+        return None
+    try:
+        value: datetime = SINCE.convert(text, None, None)
+    except click.BadParameter as exc:
+        raise InvalidInput(f"{name}: {exc.message}") from None
+    return value
+
+
+def _size(request: Request) -> int:
+    text = request.query_params.get("size", "50")
+    if not text.isdigit() or int(text) not in _PAGE_SIZES:
+        raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
+    return int(text)
+
+
+def _ref(request: Request) -> str:
+    return f"{request.path_params['shard']}/{request.path_params['entry_id']}"
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A small urlencoded form (no multipart, no dependency), first value of each field."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _FORM_LIMIT:
+            raise InvalidInput("the form is larger than 16 KiB; shorten the note")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise InvalidInput("the form is not UTF-8") from None
+    return {k: v[0] for k, v in fields.items()}
+
+
+def _local(target: str, request: Request) -> str:
+    """Where to go after signing in: a path of this console, never another site."""
+    root = _root(request)
+    if target.startswith(root + "/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return root + "/"
+
+
+def _root(request: Request) -> str:
+    """The path the console is mounted at ("" when served on its own)."""
+    return str(request.scope.get("root_path", ""))
+
+
+def _result_text(record: dict[str, Any]) -> str | None:
+    """The stored result: pretty JSON when it is JSON, else the text."""
+    if record.get("result_json") is not None:
+        return json.dumps(record["result_json"], indent=2, ensure_ascii=False)
+    result = record.get("result")
+    return None if result is None else str(result)

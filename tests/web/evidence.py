@@ -1,0 +1,55 @@
+"""Quarantine evidence written for real: a real Settler on the test redis-server driven into
+stale, misbound, conflicting and unknown-operation settlements, some of them carrying HTML
+and script in every stored text field the console shows."""
+
+from __future__ import annotations
+
+from settle import Reserved, Settler
+from tests.cli.helpers import stale_settlement
+
+__all__ = ["HOSTILE", "conflicting", "hostile_entry", "misbound", "stale_settlement", "unknown"]
+
+#: What an attacker would like a browser to run; the console must show it as text.
+SCRIPT = "<script>window.__settle_xss = 1</script>"
+IMG = '<img src=x onerror="window.__settle_xss = 2">'
+HOSTILE = SCRIPT + IMG
+
+
+def conflicting(settler: Settler, operation_id: str, result: object = None) -> str:
+    """A second, different success for an operation already completed."""
+    r = settler.reserve(operation_id, {"amount": 990}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    settler.complete(r.reservation, {"charge_id": "ch_1"})
+    late = settler.complete(r.reservation, result if result is not None else {"charge_id": "ch_2"})
+    assert late.quarantine_id is not None
+    return late.quarantine_id
+
+
+def misbound(settler: Settler, operation_id: str, binding: str, result: object) -> str:
+    """A response that presents another principal than the operation is bound to."""
+    r = settler.reserve(operation_id, {"amount": 10}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    forged = r.reservation.model_copy(update={"binding": binding})
+    late = settler.complete(forged, result)
+    assert late.quarantine_id is not None
+    return late.quarantine_id
+
+
+def unknown(settler: Settler, operation_id: str) -> str:
+    """A response for an operation that has no record at all."""
+    r = settler.reserve(f"{operation_id}-seed", {"amount": 1}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    stray = r.reservation.model_copy(update={"operation_id": operation_id})
+    late = settler.complete(stray, {"charge_id": "ch_stray"})
+    assert late.quarantine_id is not None
+    return late.quarantine_id
+
+
+def hostile_entry(settler: Settler) -> str:
+    """A misbound response whose operation id, principal and payload all hold HTML."""
+    return misbound(
+        settler,
+        f"order-{IMG}",
+        f"tenant:{SCRIPT}",
+        {"note": HOSTILE, "raw": "bell\x07 escape\x1b[31m"},
+    )

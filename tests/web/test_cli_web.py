@@ -1,0 +1,69 @@
+"""``settle web`` as a user runs it: the installed console script, a real server on a
+loopback port, a real redis-server."""
+
+from __future__ import annotations
+
+import httpx
+
+from settle import Settler
+from settle.web._security import CSP
+from tests.cli.conftest import settle
+from tests.web.evidence import conflicting, stale_settlement
+from tests.web.server import free_port, settle_web
+from tests.web.test_console_http import csrf_of
+
+TOKEN = "cli-token-7f3a"
+
+
+def test_without_a_token_the_console_is_read_only(redis_url: str, writer: Settler) -> None:
+    ref = stale_settlement(writer, "order-cli-ro")
+    ns = writer.config.namespace
+    with settle_web("--redis-url", redis_url, "--namespace", ns) as url:
+        page = httpx.get(f"{url}/entry/{ref}")
+        assert page.status_code == 200
+        assert page.headers["content-security-policy"] == CSP
+        assert "read-only console" in page.text
+        assert "order-cli-ro" in page.text
+        assert httpx.get(f"{url}/signin").status_code == 404
+        refused = httpx.post(f"{url}/entry/{ref}/resolve", data={"note": "x", "csrf": "x"})
+        assert refused.status_code == 403
+        overview = httpx.get(url + "/")
+        assert "stale_generation" in overview.text
+    assert writer.quarantine.get(ref).resolution is None
+
+
+def test_with_a_token_a_signed_in_user_resolves_and_is_named(
+    redis_url: str, writer: Settler
+) -> None:
+    ref = conflicting(writer, "order-cli-rw")
+    ns = writer.config.namespace
+    with (
+        settle_web(
+            "--redis-url", redis_url, "--namespace", ns, "--principal", "ops-bob", token=TOKEN
+        ) as url,
+        httpx.Client(base_url=url) as browser,
+    ):
+        form = browser.get("/signin").text
+        assert (
+            browser.post("/signin", data={"token": "wrong", "csrf": csrf_of(form)}).status_code
+            == 403
+        )
+        signed = browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+        assert signed.status_code == 303
+        page = browser.get(f"/entry/{ref}").text
+        assert "signed in as ops-bob" in page
+        done = browser.post(
+            f"/entry/{ref}/resolve", data={"note": "refunded ch_2", "csrf": csrf_of(page)}
+        )
+        assert done.status_code == 303
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == "[resolved by ops-bob] refunded ch_2"
+
+
+def test_a_missing_namespace_is_refused_before_serving(redis_url: str) -> None:
+    done = settle(
+        "web", "--redis-url", redis_url, "--namespace", "never-written", "--port", str(free_port())
+    )
+    assert done.returncode == 3
+    assert "does not exist" in done.stderr

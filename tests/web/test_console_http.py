@@ -1,0 +1,365 @@
+"""The console through the real ASGI app (httpx ASGITransport) on a real redis-server:
+pages, filters, cursor paging across shards, export, and the safety rules."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from settle import AsyncSettler, Settler
+from settle.web import _query, create_app
+from settle.web._security import CSP
+from tests.web.conftest import TOKEN, client_for
+from tests.web.evidence import (
+    IMG,
+    SCRIPT,
+    conflicting,
+    hostile_entry,
+    stale_settlement,
+    unknown,
+)
+
+pytestmark = pytest.mark.asyncio
+
+_CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def csrf_of(html: str) -> str:
+    match = _CSRF.search(html)
+    assert match, "the page has no CSRF field"
+    return match.group(1)
+
+
+def assert_no_markup_from(html: str, *stored: str) -> None:
+    """Stored text never reaches the page as markup (the pages have no script and no
+    image of their own, so any ``<script`` or ``<img`` would be stored text)."""
+    assert "<script" not in html.lower()
+    assert "<img" not in html.lower()
+    for value in stored:
+        assert value not in html
+
+
+def refs_in(html: str) -> list[str]:
+    return re.findall(r'<td class="mono nowrap"><a href="/entry/(\d+/\d+-\d+)">', html)
+
+
+async def test_every_page_carries_the_content_security_policy(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    ref = conflicting(writer, "order-csp")
+    for path in (
+        "/",
+        "/quarantine",
+        f"/entry/{ref}",
+        "/quarantine.jsonl",
+        "/static/console.css",
+        "/entry/0/1-1",  # not found
+        "/quarantine?kind=nonsense",  # bad input
+    ):
+        response = await read_only.get(path)
+        assert response.headers["content-security-policy"] == CSP, path
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["x-content-type-options"] == "nosniff"
+    assert (await read_only.get("/entry/0/1-1")).status_code == 404
+    assert (await read_only.get("/quarantine?kind=nonsense")).status_code == 400
+
+
+async def test_overview_counts_records_and_quarantine_and_draws_a_chart(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    conflicting(writer, "order-1")
+    conflicting(writer, "order-2")
+    stale_settlement(writer, "order-3")
+    response = await read_only.get("/")
+    assert response.status_code == 200
+    html = response.text
+    completed = re.search(r'state completed">completed</span></td><td class="num">(\d+)<', html)
+    assert completed
+    assert completed.group(1) == "3"
+    kinds = dict(
+        re.findall(
+            r'\?kind=(\w+)&amp;since=[^"]*">\w+</a></td>\s*<td class="num">'
+            r'(?:<span class="badge unresolved">)?(\d+)',
+            html,
+        )
+    )
+    assert kinds["conflicting_settlement"] == "2"
+    assert kinds["stale_generation"] == "1"
+    assert kinds["misbound"] == "0"
+    assert '<svg class="chart"' in html
+    bars = re.findall(r"<title>[^<]* UTC: (\d+)</title>", html)
+    assert sum(map(int, bars)) == 3
+    assert (await read_only.get("/?window=7d")).status_code == 200
+    assert (await read_only.get("/?window=forever")).status_code == 400
+
+
+async def test_list_filters_by_kind_operation_and_status(
+    writer: Settler, read_only: httpx.AsyncClient, reader: AsyncSettler
+) -> None:
+    c = conflicting(writer, "order-c")
+    s = stale_settlement(writer, "order-s")
+    u = unknown(writer, "order-u")
+    writer.quarantine.resolve(s, note="harmless: the second charge was voided")
+
+    async def refs(query: str) -> set[str]:
+        response = await read_only.get("/quarantine" + query)
+        assert response.status_code == 200, response.text
+        return set(refs_in(response.text))
+
+    assert await refs("") == {c, s, u}
+    assert await refs("?kind=stale_generation") == {s}
+    assert await refs("?operation=order-u") == {u}
+    assert await refs("?status=unresolved") == {c, u}
+    assert await refs("?status=resolved") == {s}
+    assert await refs("?since=1h") == {c, s, u}
+    assert await refs("?until=2000-01-01T00:00:00") == set()
+    html = (await read_only.get("/quarantine?status=resolved")).text
+    assert '<span class="badge resolved">resolved</span>' in html
+    assert (await read_only.get("/quarantine?since=yesterday")).status_code == 400
+
+
+async def test_paging_walks_every_shard_newest_first_without_gaps_or_repeats(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    written = [conflicting(writer, f"order-{i}") for i in range(23)]
+    seen: list[str] = []
+    url = "/quarantine?size=10"
+    pages = 0
+    while url:
+        html = (await read_only.get(url)).text
+        seen.extend(refs_in(html))
+        pages += 1
+        nxt = re.search(r'<a class="button secondary" href="(\?[^"]*)">Older', html)
+        url = "/quarantine" + nxt.group(1).replace("&amp;", "&") if nxt else ""
+    assert pages == 3
+    assert sorted(seen) == sorted(written)
+    assert len(set(seen)) == len(seen)
+    shards = {r.split("/")[0] for r in seen}
+    assert len(shards) > 1  # the pages really span several shards
+    keys = [
+        (int(r.split("/")[1].split("-")[0]), int(r.split("-")[1]), int(r.split("/")[0]))
+        for r in seen
+    ]
+    assert keys == sorted(keys, reverse=True)
+
+
+async def test_a_resolved_only_page_stops_at_its_scan_budget_and_goes_on(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    refs = [conflicting(writer, f"order-{i}") for i in range(12)]
+    writer.quarantine.resolve(refs[0], note="oldest one settled")
+    flt = _query.Filter(status="resolved")
+    first = await _query.page(reader, flt, size=5, budget=4)
+    assert first.entries == []
+    assert first.partial
+    assert first.next is not None
+    found = []
+    after = first.next
+    while after:
+        more = await _query.page(reader, flt, after=after, size=5, budget=4)
+        found.extend(e.ref for e in more.entries)
+        after = more.next
+    assert found == [refs[0]]
+
+
+async def test_an_entry_shows_tuple_record_payload_and_attempts(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    big = {"blob": "x" * 1000}
+    ref = conflicting(writer, "order-big", big)
+    html = (await read_only.get(f"/entry/{ref}")).text
+    entry = writer.quarantine.get(ref)
+    assert entry.payload.truncated  # the writer keeps 256 bytes
+    assert f"{entry.payload.size} bytes" in html
+    assert entry.payload.sha256 in html
+    assert f"truncated: 256 of {entry.payload.size} bytes kept" in html
+    assert "<small>text</small>" in html  # cut JSON is shown as text, not parsed
+    assert "x" * 1001 not in html  # never more than the quarantine holds
+    assert "conflicting_settlement" in html
+    assert re.search(r'<span class="state completed">completed</span>', html)
+    assert "tenant:acme" in html
+    attempts = writer.attempts("order-big")
+    assert html.count('<td class="mono nowrap">') >= len(attempts)
+    assert "QUARANTINED" in html.upper()
+    assert "ch_1" in html  # the record's committed result
+
+    small = conflicting(writer, "order-small", {"charge_id": "ch_9", "n": 1})
+    html = (await read_only.get(f"/entry/{small}")).text
+    assert "<small>json</small>" in html
+    assert "&#34;charge_id&#34;: &#34;ch_9&#34;" in html
+
+
+async def test_stored_html_and_script_are_shown_as_text(
+    writer: Settler, guarded: httpx.AsyncClient
+) -> None:
+    ref = hostile_entry(writer)
+    note = f"refunded {SCRIPT} {IMG} \x1b[2J"
+    writer.quarantine.resolve(ref, note=note)
+    for path in ("/quarantine", f"/entry/{ref}", "/?window=1h"):
+        html = (await guarded.get(path)).text
+        assert_no_markup_from(html, SCRIPT, IMG)
+    html = (await guarded.get(f"/entry/{ref}")).text
+    assert "&lt;script&gt;window.__settle_xss = 1&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=" in html
+    assert '<span class="ctl" title="control character">\\x1b</span>[2J' in html
+    listing = (await guarded.get("/quarantine")).text
+    assert "order-&lt;img src=x onerror=" in listing
+    # A filter typed into the form is echoed back as an attribute value, escaped too.
+    reflected = await guarded.get("/quarantine", params={"operation": f'"><{SCRIPT}'})
+    assert_no_markup_from(reflected.text, SCRIPT)
+    assert 'value="&#34;&gt;&lt;&lt;script&gt;' in reflected.text
+
+
+async def test_a_read_only_console_refuses_to_resolve(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    ref = stale_settlement(writer, "order-ro")
+    html = (await read_only.get(f"/entry/{ref}")).text
+    assert "read-only" in html
+    assert "<textarea" not in html
+    assert 'name="csrf"' not in html
+    page = await read_only.get("/")
+    assert "set-cookie" not in page.headers  # a read-only console keeps no session
+    response = await read_only.post(f"/entry/{ref}/resolve", data={"note": "x", "csrf": "x"})
+    assert response.status_code == 403
+    assert writer.quarantine.get(ref).resolution is None
+    assert (await read_only.get("/signin")).status_code == 404
+
+
+async def test_sign_in_csrf_and_resolution_record_the_principal(
+    writer: Settler, guarded: httpx.AsyncClient
+) -> None:
+    ref = stale_settlement(writer, "order-auth")
+    page = (await guarded.get(f"/entry/{ref}")).text
+    assert "Sign in" in page
+    assert "<textarea" not in page
+    form = (await guarded.get("/signin")).text
+    # Not signed in: refused even with the session's valid CSRF token.
+    refused = await guarded.post(f"/entry/{ref}/resolve", data={"note": "x", "csrf": csrf_of(form)})
+    assert refused.status_code == 403
+    assert "Sign in to resolve" in refused.text
+
+    assert 'type="password"' in form
+    wrong = await guarded.post("/signin", data={"token": "guess", "csrf": csrf_of(form)})
+    assert wrong.status_code == 403
+    assert "not accepted" in wrong.text
+    no_csrf = await guarded.post("/signin", data={"token": TOKEN})
+    assert no_csrf.status_code == 403
+    ok = await guarded.post(
+        f"/signin?next=/entry/{ref}", data={"token": TOKEN, "csrf": csrf_of(form)}
+    )
+    assert ok.status_code == 303
+    assert ok.headers["location"] == f"/entry/{ref}"
+    cookie = ok.headers["set-cookie"].lower()
+    assert cookie.startswith("settle_console=")
+    assert "httponly" in cookie
+    assert "samesite=strict" in cookie
+
+    page = (await guarded.get(f"/entry/{ref}")).text
+    assert "signed in as alice@finance" in page
+    token = csrf_of(page)
+    for bad in ({"note": "x"}, {"note": "x", "csrf": "forged"}, {"note": "x", "csrf": ""}):
+        response = await guarded.post(f"/entry/{ref}/resolve", data=bad)
+        assert response.status_code == 403
+    assert writer.quarantine.get(ref).resolution is None
+    assert (
+        await guarded.post(f"/entry/{ref}/resolve", data={"note": " ", "csrf": token})
+    ).status_code == 400
+
+    done = await guarded.post(
+        f"/entry/{ref}/resolve", data={"note": "voided the late charge", "csrf": token}
+    )
+    assert done.status_code == 303
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == "[resolved by alice@finance] voided the late charge"
+    page = (await guarded.get(done.headers["location"])).text
+    assert "Resolved. The evidence is kept" in page
+    assert "[resolved by alice@finance] voided the late charge" in page
+
+    again = await guarded.post(f"/entry/{ref}/resolve", data={"note": "other", "csrf": token})
+    page = (await guarded.get(again.headers["location"])).text
+    assert "already resolved; the first note stands" in page
+    assert writer.quarantine.get(ref).resolution == resolution
+
+
+async def test_sign_in_never_redirects_off_the_console(guarded: httpx.AsyncClient) -> None:
+    for target in ("https://evil.example/", "//evil.example/", "/\\evil.example"):
+        form = (await guarded.get("/signin")).text
+        response = await guarded.post(
+            "/signin", params={"next": target}, data={"token": TOKEN, "csrf": csrf_of(form)}
+        )
+        assert response.status_code == 303
+        assert response.headers["location"] == "/"
+
+
+async def test_sign_out_ends_the_session(writer: Settler, guarded: httpx.AsyncClient) -> None:
+    form = (await guarded.get("/signin")).text
+    await guarded.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+    page = (await guarded.get("/")).text
+    assert "signed in as" in page
+    assert (await guarded.post("/signout", data={"csrf": csrf_of(page)})).status_code == 303
+    assert "signed in as" not in (await guarded.get("/")).text
+
+
+async def test_export_streams_the_filter_as_json_lines(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    conflicting_refs = [conflicting(writer, f"order-{i}") for i in range(7)]
+    stale = stale_settlement(writer, "order-st")
+    async with read_only.stream("GET", "/quarantine.jsonl?kind=conflicting_settlement") as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        assert "attachment" in r.headers["content-disposition"]
+        lines = [json.loads(line) async for line in r.aiter_lines() if line]
+    assert [line["ref"] for line in lines] == sorted(
+        conflicting_refs,
+        key=lambda ref: (
+            int(ref.split("/")[1].split("-")[0]),
+            int(ref.split("-")[1]),
+            int(ref.split("/")[0]),
+        ),
+    )
+    assert stale not in {line["ref"] for line in lines}
+    assert lines[0]["payload"]["json"] == {"charge_id": "ch_2"}
+    everything = (await read_only.get("/quarantine.jsonl")).text.splitlines()
+    assert len(everything) == 8
+
+
+async def test_a_namespace_that_does_not_fit_answers_503_saying_why(
+    redis_url: str, writer: Settler
+) -> None:
+    wrong = AsyncSettler.from_url(redis_url, namespace=writer.config.namespace, shards=8)
+    try:
+        async with client_for(create_app(wrong)) as client:
+            response = await client.get("/quarantine")
+    finally:
+        await wrong.aclose()
+    assert response.status_code == 503
+    assert "shards" in response.text
+    assert response.headers["content-security-policy"] == CSP
+
+
+async def test_invisible_characters_in_a_note_are_made_visible(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # Settle refuses control and format characters in ids and principals, but a note written
+    # with the CLI or the API may hold any: a right-to-left override would make "refunded"
+    # followed by reversed text read as something else.
+    ref = conflicting(writer, "order-bidi")
+    writer.quarantine.resolve(ref, note="refunded \u202edesufer ton\u200b\r\nsecond line")
+    html = (await read_only.get(f"/entry/{ref}")).text
+    mark = '<span class="ctl" title="control character">{}</span>'
+    shown = (
+        "refunded "
+        + mark.format("\\u202e")
+        + "desufer ton"
+        + mark.format("\\u200b")
+        + mark.format("\\x0d")
+        + "\nsecond line"
+    )
+    assert shown in html
+    assert "\u202e" not in html
