@@ -245,7 +245,7 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
 
 def _client(settler: AsyncSettler) -> Any:
     """The redis-py asyncio client the settler runs its scripts on."""
-    return settler._backend.client  # type: ignore[attr-defined]
+    return settler.client
 
 
 async def server_now(settler: AsyncSettler) -> datetime:
