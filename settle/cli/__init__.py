@@ -13,13 +13,13 @@ import click
 
 from settle import __version__
 from settle.cli._context import configure_logging
+from settle.cli.cursor import cursor
 from settle.cli.demo import demo
 from settle.cli.inspect import inspect
+from settle.cli.progress import progress
 from settle.cli.quarantine import quarantine
 from settle.cli.stats import stats
 from settle.cli.web import web
-from settle.cursor.cli import cursor
-from settle.progress.cli import progress
 
 __all__ = ["main"]
 

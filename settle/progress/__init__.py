@@ -25,7 +25,7 @@ from settle.progress.identity import (
     ReplayCursor,
     SettlementAuthority,
 )
-from settle.progress.model import (
+from settle.progress.models import (
     Applied,
     ApplyStatus,
     DeferredDelivery,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from settle.progress.errors import SettlementNotAuthorized
 from settle.progress.identity import DeliveryId
-from settle.progress.model import Progress
+from settle.progress.models import Progress
 
 __all__ = [
     "Batch",

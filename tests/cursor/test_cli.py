@@ -22,7 +22,7 @@ def cli(redis_url: str, namespace: str, *args: str) -> subprocess.CompletedProce
     env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
     env["COLUMNS"] = "200"
     return subprocess.run(
-        [sys.executable, "-m", "settle.cursor.cli", *args],
+        [sys.executable, "-m", "settle.cli.cursor", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import redis
 
+from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.identity import DeliveryId
-from settle.progress.keys import ProgressKeys, StreamKeys
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

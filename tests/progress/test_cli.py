@@ -8,8 +8,8 @@ import sys
 
 from click.testing import CliRunner
 
+from settle.cli.progress import progress
 from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
-from settle.progress.cli import progress
 from tests.progress.harness import ROOT
 
 
@@ -53,7 +53,7 @@ def test_show_tables_as_a_module(progress_server, names):
         [
             sys.executable,
             "-m",
-            "settle.progress.cli",
+            "settle.cli.progress",
             "show",
             names.consumer,
             "--redis-url",

@@ -14,7 +14,7 @@ import redis
 
 from settle.embedded import EmbeddedRedis
 from settle.progress import DeliveryId, ProgressStore
-from settle.progress.scripts import STREAM
+from settle.progress._scripts import STREAM
 from tests.progress.harness import (
     DropReplyProxy,
     Names,

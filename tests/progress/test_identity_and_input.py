@@ -15,10 +15,10 @@ from settle.progress import (
     ProviderScope,
     UnprovenListing,
 )
-from settle.progress.core import ProgressCore
+from settle.progress._core import ProgressCore
+from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.identity import AttemptId, SettlementAuthority
-from settle.progress.keys import ProgressKeys, StreamKeys
-from settle.progress.model import IntentKind
+from settle.progress.models import IntentKind
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
 

@@ -1,6 +1,6 @@
 """``AsyncProgressStore``: durable delivery progress of one consumer on its own Redis.
 
-Each method plans a call in :class:`~settle.progress.core.ProgressCore`, runs it and lets
+Each method plans a call in :class:`~settle.progress._core.ProgressCore`, runs it and lets
 the core decode the reply; ``apply`` adds the one ordering rule: consult progress, run the
 effect, record progress, in that order."""
 
@@ -13,9 +13,10 @@ from redis.asyncio import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner
-from settle.progress.core import ProgressCore, ProgressReply, StreamVerdict
+from settle.progress._core import ProgressCore, ProgressReply, StreamVerdict
+from settle.progress._scripts import PROGRESS
 from settle.progress.identity import AttemptId, DeliveryId, EmissionId, ProviderScope
-from settle.progress.model import (
+from settle.progress.models import (
     Applied,
     ApplyStatus,
     EffectContext,
@@ -23,7 +24,6 @@ from settle.progress.model import (
     Progress,
     SettlementReceipt,
 )
-from settle.progress.scripts import PROGRESS
 
 __all__ = ["AsyncEffect", "AsyncProgressStore", "Observer"]
 

@@ -20,7 +20,8 @@ from settle._runtime import Durability
 from settle._runtime._async import AsyncRunner, client_from_url
 from settle.errors import BackendError
 from settle.progress._async.store import AsyncEffect, AsyncProgressStore
-from settle.progress.core import Disposition, StreamEntry, parse_entries
+from settle.progress._core import Disposition, StreamEntry, parse_entries
+from settle.progress._scripts import STREAM
 from settle.progress.errors import DeferDelivery, ProviderReset
 from settle.progress.identity import (
     AttemptId,
@@ -29,9 +30,8 @@ from settle.progress.identity import (
     ProviderScope,
     SettlementAuthority,
 )
-from settle.progress.model import IntentKind, Progress, SettlementReceipt
+from settle.progress.models import IntentKind, Progress, SettlementReceipt
 from settle.progress.planning import authorize_individual
-from settle.progress.scripts import STREAM
 
 __all__ = ["AsyncStreamConsumer", "PollReport"]
 

@@ -1,7 +1,7 @@
 """``settle cursor show STREAM`` and ``settle cursor witnesses STREAM``.
 
 A ``click`` group, attached to the main ``settle`` CLI as ``cursor`` and runnable on its own
-as ``python -m settle.cursor.cli``. Cursors and successors are shown only as digests (and
+as ``python -m settle.cli.cursor``. Cursors and successors are shown only as digests (and
 their length): they are credentials of a kind, and never printed in clear.
 """
 

@@ -15,6 +15,7 @@ from typing import Any
 from settle._log import logger
 from settle._runtime import Call, parse_reply
 from settle.errors import BackendError, CorruptRecord
+from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import InvalidDelivery, ProviderReset, UnprovenListing
 from settle.progress.identity import (
     AttemptId,
@@ -25,8 +26,7 @@ from settle.progress.identity import (
     SettlementAuthority,
     check_name,
 )
-from settle.progress.keys import ProgressKeys, StreamKeys
-from settle.progress.model import (
+from settle.progress.models import (
     DeferredDelivery,
     IntentKind,
     Progress,

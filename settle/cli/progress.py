@@ -1,5 +1,5 @@
 """``settle progress``: inspect delivery progress. Runnable alone as
-``python -m settle.progress.cli show CONSUMER``; the main ``settle`` CLI attaches ``progress``.
+``python -m settle.cli.progress show CONSUMER``; the main ``settle`` CLI attaches ``progress``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
 from settle.errors import BackendError, SettleError
 from settle.progress._sync.store import ProgressStore
 from settle.progress.identity import DeliveryId
-from settle.progress.model import Progress
+from settle.progress.models import Progress
 
 __all__ = ["progress"]
 
