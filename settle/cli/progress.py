@@ -14,7 +14,7 @@ from rich.table import Table
 
 from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
 from settle.errors import BackendError, SettleError
-from settle.progress._sync.store import ProgressStore
+from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
 from settle.progress.models import Progress
 

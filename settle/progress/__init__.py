@@ -5,10 +5,8 @@ settle provider delivery state. Progress is not one offset (see :class:`Progress
 identities are distinct types, and every settlement is authorized by durable progress.
 """
 
-from settle.progress._async.store import AsyncProgressStore
-from settle.progress._async.streams import AsyncStreamConsumer, PollReport
-from settle.progress._sync.store import ProgressStore
-from settle.progress._sync.streams import StreamConsumer
+from settle.progress._async import AsyncProgressStore, AsyncStreamConsumer, PollReport
+from settle.progress._sync import ProgressStore, StreamConsumer
 from settle.progress.errors import (
     DeferDelivery,
     InvalidDelivery,

@@ -469,6 +469,50 @@ class ProgressCore:
             raise CorruptRecord(f"unknown stream settlement outcome {reply.code!r}") from exc
         return StreamVerdict(outcome, reply.detail or None, int(count), int(acknowledged))
 
+    @staticmethod
+    def delivered(raw: Any) -> list[StreamEntry]:
+        """The entries of an XREADGROUP reply (``[(stream, entries)]``)."""
+        return [e for _, batch in list(raw or []) for e in parse_entries(batch)]
+
+    def claimed(
+        self, raw: Any, pending: Any | None
+    ) -> tuple[list[StreamEntry], list[tuple[StreamEntry, int]]]:
+        """An XAUTOCLAIM reply and the XPENDING listing of what it claimed: the entries, and
+        each one still pending for this worker with its delivery count (``pending`` None
+        before it is read)."""
+        entries = parse_entries(raw[1])
+        if pending is None:
+            return entries, []
+        counts = {DeliveryId(_text(p["message_id"])): int(p["times_delivered"]) for p in pending}
+        return entries, [(e, counts[e.delivery]) for e in entries if e.delivery in counts]
+
+    def plan_observation(
+        self,
+        scope: ProviderScope,
+        after: DeliveryId | None,
+        listed: Any,
+        groups: Any,
+        summary: Any,
+    ) -> Call:
+        """The observe call for what the provider showed: XRANGE after the progress floor,
+        XINFO GROUPS and the XPENDING summary."""
+        info = next((g for g in groups if _text(g["name"]) == scope.group), None)
+        last = _text(info["last-delivered-id"]) if info else ""
+        oldest = _text(summary.get("min") or "")
+        return self.plan_observe(
+            scope,
+            after,
+            [e.delivery for e in parse_entries(listed)],
+            last_delivered=DeliveryId(last) if last and last != "0-0" else None,
+            oldest_pending=DeliveryId(oldest) if oldest else None,
+            pending=int(summary.get("pending") or 0),
+        )
+
+    def observed(self, scope: ProviderScope, reply: ProgressReply) -> Progress:
+        if reply.code == "advanced":
+            self.log.info("settle.progress.floor_advanced", stream=scope.stream, floor=reply.detail)
+        return reply.progress
+
     def stream_failure(self, exc: BackendError, scope: ProviderScope) -> Exception:
         """What a failed stream command means: the group is gone (Redis error code
         ``NOGROUP``: a new incarnation scope must be opened) or the server failed."""

@@ -1,0 +1,428 @@
+"""The asyncio shell of ``settle.progress``: ``AsyncProgressStore`` (progress of one
+consumer on its own Redis) and ``AsyncStreamConsumer`` (a Redis Streams consumer-group
+worker). Hand-written; ``_sync.py`` is generated from it by ``scripts/unasync.py`` (a test
+fails on drift). Every rule lives in ``_core`` and ``_step``; this only does I/O.
+
+Per delivery: XREADGROUP (or XAUTOCLAIM of a stuck one) -> consult progress -> apply the
+effect -> record progress durably -> fenced XACK -> record the receipt. The stream lives on
+one Redis, progress on another; nothing is acknowledged before the progress that covers it
+is durable, and a worker that no longer owns a delivery cannot acknowledge it (the
+ownership check runs in the same Lua call as the XACK).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis, RedisCluster
+
+from settle._runtime import Call, Durability
+from settle._runtime._async import AsyncConnectable, AsyncRunner, client_from_url
+from settle.errors import BackendError
+from settle.progress import _step
+from settle.progress._core import ProgressCore, ProgressReply, StreamEntry, StreamVerdict
+from settle.progress._scripts import PROGRESS, STREAM
+from settle.progress._step import Instruction, Notify, RunEffect, RunScript, RunStreamScript
+from settle.progress.errors import ProviderReset
+from settle.progress.identity import (
+    AttemptId,
+    DeliveryId,
+    EmissionId,
+    ProviderScope,
+    SettlementAuthority,
+)
+from settle.progress.models import (
+    Applied,
+    EffectContext,
+    IntentKind,
+    Progress,
+    SettlementReceipt,
+)
+
+__all__ = ["AsyncEffect", "AsyncProgressStore", "AsyncStreamConsumer", "Observer", "PollReport"]
+
+AsyncEffect = Callable[[EffectContext], Awaitable[None]]
+#: Called at each step of a delivery (``effect_applied``, ``progress_recorded``, ...): for
+#: metrics and tracing, and for tests that cut a worker at an exact step.
+Observer = Callable[[str, DeliveryId], None]
+T = TypeVar("T")
+
+
+def _noop(_step: str, _delivery: DeliveryId) -> None:
+    return None
+
+
+async def _unused_effect(_context: EffectContext) -> None:
+    raise AssertionError("no effect runs in this procedure")  # pragma: no cover
+
+
+class AsyncProgressStore(AsyncConnectable):
+    """Progress of ``consumer`` (in ``namespace``) on the progress server.
+
+    ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every progress write is
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster | Any,
+        *,
+        consumer: str,
+        namespace: str = "default",
+        observer: Observer | None = None,
+        receipts_cap: int = 10_000,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> None:
+        self.core = ProgressCore(namespace, consumer, receipts_cap)
+        self.consumer = consumer
+        self.observer = observer or _noop
+        self._runner = AsyncRunner(client, PROGRESS, Durability(min_replicas, replica_timeout))
+
+    async def drive(
+        self,
+        steps: Generator[Instruction, Any, T],
+        effect: AsyncEffect = _unused_effect,
+        stream: AsyncRunner | None = None,
+    ) -> T:
+        """Carry out a procedure of ``settle.progress._step``: scripts on this store's
+        server (and on ``stream``'s), the effect, the observer."""
+        reply: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                instruction = steps.throw(error) if error is not None else steps.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, error = None, None
+            match instruction:
+                case RunScript(call=call):
+                    reply = await self._runner.run(call)
+                case RunStreamScript(call=call):
+                    assert stream is not None, "a stream procedure needs the stream's runner"
+                    reply = await stream.run(call)
+                case RunEffect(context=context):
+                    try:
+                        await effect(context)
+                    except Exception as exc:  # noqa: BLE001 - the procedure decides
+                        error = exc
+                case Notify(step=step, delivery=delivery):
+                    self.observer(step, delivery)
+
+    async def progress(self, call: Call) -> ProgressReply:
+        """Run one planned progress call and decode its reply."""
+        return self.core.decode(call, await self._runner.run(call))
+
+    async def apply(
+        self,
+        scope: ProviderScope,
+        delivery: DeliveryId,
+        emission: EmissionId,
+        effect: AsyncEffect,
+        *,
+        attempt: AttemptId | None = None,
+        fields: dict[str, bytes] | None = None,
+    ) -> Applied:
+        """Apply a delivery: consult progress; run ``effect`` unless the delivery or its
+        emission is already applied; then record progress durably (and open its settle
+        intent). Only the returned progress authorizes settling the delivery."""
+        steps = _step.apply(
+            self.core, scope, delivery, emission, attempt or AttemptId.new(), dict(fields or {})
+        )
+        return await self.drive(steps, effect)
+
+    async def dead_letter(
+        self,
+        scope: ProviderScope,
+        delivery: DeliveryId,
+        emission: EmissionId | None,
+        *,
+        reason: str,
+        delivery_count: int,
+    ) -> ProgressReply:
+        """Quarantine a delivery durably (evidence + dead_letter intent) before the provider
+        is told."""
+        steps = _step.dead_letter(self.core, scope, delivery, emission, reason, delivery_count)
+        return await self.drive(steps)
+
+    async def defer(
+        self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, *, reason: str
+    ) -> ProgressReply:
+        """Set a delivery aside durably (unapplied) before the provider stops redelivering it."""
+        return await self.drive(_step.defer(self.core, scope, delivery, emission, reason))
+
+    async def record_receipt(
+        self,
+        scope: ProviderScope,
+        delivery: DeliveryId,
+        kind: IntentKind,
+        verdict: StreamVerdict,
+        worker: str,
+    ) -> SettlementReceipt:
+        """Record what the provider said; a conclusive answer closes the settle intent."""
+        reply = await self.progress(self.core.plan_receipt(scope, delivery, kind, verdict, worker))
+        return self.core.receipt(delivery, kind, verdict, worker, reply)
+
+    async def observe(
+        self,
+        scope: ProviderScope,
+        after: DeliveryId | None,
+        listing: list[DeliveryId],
+        *,
+        last_delivered: DeliveryId | None,
+        oldest_pending: DeliveryId | None,
+        pending: int,
+    ) -> Progress:
+        """Store the provider floor as observed; advance the floor along ``listing``."""
+        call = self.core.plan_observe(
+            scope,
+            after,
+            listing,
+            last_delivered=last_delivered,
+            oldest_pending=oldest_pending,
+            pending=pending,
+        )
+        return self.core.observed(scope, await self.progress(call))
+
+    async def read(self, scope: ProviderScope) -> Progress:
+        return (await self.progress(self.core.plan_read(scope))).progress
+
+    async def receipts(self, scope: ProviderScope, *, limit: int = 100) -> list[SettlementReceipt]:
+        """The latest settlement receipts of ``scope`` (what the provider said), newest first."""
+        call = self.core.plan_receipts(scope, limit)
+        return self.core.decode_receipts(call, await self._runner.run(call))
+
+    async def scopes(self) -> list[ProviderScope]:
+        call = self.core.plan_scopes()
+        return self.core.decode_scopes(call, await self._runner.run(call))
+
+    async def show(self) -> list[Progress]:
+        """The progress of every scope this consumer has recorded."""
+        return [await self.read(scope) for scope in await self.scopes()]
+
+
+@dataclass
+class PollReport:
+    """What one poll did: deliveries handled, and the receipts the provider gave."""
+
+    handled: list[DeliveryId] = field(default_factory=list)
+    receipts: list[SettlementReceipt] = field(default_factory=list)
+
+
+class AsyncStreamConsumer:
+    """One worker of a consumer group; ``store`` holds the consumer's progress elsewhere.
+
+    ``min_replicas`` / ``replica_timeout`` apply to the stream's server (the store has its
+    own for the progress server)."""
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster | Any,
+        store: AsyncProgressStore,
+        *,
+        stream: str,
+        group: str,
+        worker: str | None = None,
+        emission_field: str = "emission_id",
+        max_deliveries: int = 5,
+        claim_idle: float = 30.0,
+        batch: int = 32,
+        block: float = 1.0,
+        listing: int = 512,
+        retry_pause: float = 0.5,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.stream = stream
+        self.group = group
+        self.worker = worker or f"{store.consumer}-{uuid.uuid4().hex[:12]}"
+        self.emission_field = emission_field
+        self.max_deliveries = max_deliveries
+        self.claim_idle_ms = max(1, round(claim_idle * 1000))
+        self.batch = batch
+        self.block_ms = max(1, round(block * 1000))
+        self.listing = listing
+        self.retry_pause = retry_pause
+        self.core = store.core
+        self.scope: ProviderScope | None = None
+        self._runner = AsyncRunner(client, STREAM, Durability(min_replicas, replica_timeout))
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client of the stream's server."""
+        return self._runner.client
+
+    @classmethod
+    def from_urls(
+        cls, stream_url: str, progress_url: str, *, consumer: str, **options: Any
+    ) -> AsyncStreamConsumer:
+        namespace = options.pop("namespace", "default")
+        store = AsyncProgressStore.from_url(progress_url, consumer=consumer, namespace=namespace)
+        return cls(client_from_url(stream_url), store, **options)
+
+    async def aclose(self) -> None:
+        await self._runner.aclose()
+        await self.store.aclose()
+
+    def _scope(self) -> ProviderScope:
+        if self.scope is None:
+            raise ProviderReset("call start() first: the consumer has no scope yet")
+        return self.scope
+
+    async def _command(self, what: str, send: Callable[[], Awaitable[Any]], **kw: Any) -> Any:
+        try:
+            return await self._runner.command(what, send, **kw)
+        except BackendError as exc:
+            raise self.core.stream_failure(exc, self._scope()) from exc
+
+    async def start(self) -> ProviderScope:
+        """Ensure the group exists and open the scope of the stream's current incarnation."""
+        call = self.core.plan_stream_scope(self.stream, self.group)
+        self.scope = self.core.decode_stream_scope(call, await self._runner.run(call))
+        return self.scope
+
+    async def poll(self, effect: AsyncEffect) -> PollReport:
+        """Reclaim stuck deliveries, read new ones, handle each; then observe the provider."""
+        report = PollReport()
+        for entry, count in await self._claim() + await self._read():
+            receipt = await self.handle(entry, count, effect)
+            report.handled.append(entry.delivery)
+            if receipt is not None:
+                report.receipts.append(receipt)
+        await self.observe()
+        return report
+
+    async def _read(self) -> list[tuple[StreamEntry, int]]:
+        scope = self._scope()
+        # Not repeated after a lost reply: the entries it delivered are pending for this
+        # worker and come back through XAUTOCLAIM.
+        raw = await self._command(
+            "XREADGROUP",
+            lambda: self.client.xreadgroup(
+                scope.group, self.worker, {scope.stream: ">"}, count=self.batch, block=self.block_ms
+            ),
+            repeatable=False,
+        )
+        entries = self.core.delivered(raw)
+        for entry in entries:
+            self.store.observer("received", entry.delivery)
+        return [(e, 1) for e in entries]
+
+    async def _claim(self) -> list[tuple[StreamEntry, int]]:
+        scope = self._scope()
+        raw = await self._command(
+            "XAUTOCLAIM",
+            lambda: self.client.xautoclaim(
+                scope.stream, scope.group, self.worker, self.claim_idle_ms, "0-0", self.batch
+            ),
+        )
+        entries, _ = self.core.claimed(raw, None)
+        if not entries:
+            return []
+        pending = await self._command(
+            "XPENDING",
+            lambda: self.client.xpending_range(
+                scope.stream,
+                scope.group,
+                min=entries[0].delivery.value,
+                max=entries[-1].delivery.value,
+                count=len(entries) * 4 + 16,
+                consumername=self.worker,
+            ),
+        )
+        _, out = self.core.claimed(raw, pending)
+        for entry, _count in out:
+            self.store.observer("claimed", entry.delivery)
+        return out
+
+    async def handle(
+        self, entry: StreamEntry, delivery_count: int, effect: AsyncEffect
+    ) -> SettlementReceipt | None:
+        """Handle one delivery this worker holds at ``delivery_count``."""
+        steps = _step.deliver(
+            self.core,
+            self._scope(),
+            self.worker,
+            entry,
+            delivery_count,
+            emission_field=self.emission_field,
+            max_deliveries=self.max_deliveries,
+        )
+        return await self.store.drive(steps, effect, self._runner)
+
+    async def settle(
+        self,
+        authority: SettlementAuthority,
+        kind: IntentKind,
+        emission: EmissionId | None = None,
+        reason: str = "",
+        *,
+        fenced_count: bool = True,
+    ) -> SettlementReceipt:
+        """One fenced settlement on the stream's server, then its receipt in progress."""
+        steps = _step.settle(
+            self.core,
+            self._scope(),
+            authority,
+            kind,
+            emission,
+            reason,
+            fenced_count=fenced_count,
+        )
+        return await self.store.drive(steps, stream=self._runner)
+
+    async def recover(self) -> list[SettlementReceipt]:
+        """Finish the settle intents progress still holds (the "progress recorded,
+        acknowledgement lost" cut): an intent whose delivery is no longer pending is closed;
+        one this worker owns is settled; one owned by another worker is left to XAUTOCLAIM."""
+        progress = await self.store.read(self._scope())
+        receipts = []
+        for intent in progress.intents:
+            authority = SettlementAuthority(self.worker, intent.delivery, 0)
+            receipts.append(
+                await self.settle(authority, intent.kind, intent.emission, fenced_count=False)
+            )
+        return receipts
+
+    async def observe(self) -> Progress:
+        """Read the provider's floor and a listing after the progress floor; advance it."""
+        scope = self._scope()
+        after = (await self.store.read(scope)).floor
+        listed, groups, summary = await self._command("XRANGE", lambda: self._listing(scope, after))
+        call = self.core.plan_observation(scope, after, listed, groups, summary)
+        return self.core.observed(scope, await self.store.progress(call))
+
+    async def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xrange(scope.stream, f"({after.value}" if after else "-", "+", self.listing)
+            pipe.xinfo_groups(scope.stream)
+            pipe.xpending(scope.stream, scope.group)
+            return list(await pipe.execute())
+
+    async def run(self, effect: AsyncEffect, *, polls: int | None = None) -> None:
+        """Recover, then poll until ``polls`` polls are done (forever when None). A provider
+        that lost the group opens a new incarnation scope; a Redis error (either server) is
+        logged and the worker starts over after a pause (start, recover, poll): every step
+        is safe to repeat."""
+        done = 0
+        started = False
+        while polls is None or done < polls:
+            try:
+                if not started:
+                    await self.start()
+                    await self.recover()
+                    started = True
+                await self.poll(effect)
+            except ProviderReset:
+                started = False
+            except BackendError as exc:
+                self.core.log.warning(
+                    "settle.progress.backend_error", worker=self.worker, error=str(exc)[:200]
+                )
+                started = False
+                await asyncio.sleep(self.retry_pause)
+            done += 1

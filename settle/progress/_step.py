@@ -1,0 +1,261 @@
+"""Handling one delivery as a sans-I/O procedure (SPEC 10): the causal order apply covered
+effects -> durably record exact application progress -> settle provider delivery state.
+
+Each procedure is a generator that yields instructions (run this script on the progress
+server, run this one on the stream's server, run the effect, tell the observer) and
+receives their results; an effect's exception is thrown back in. The sync and async shells
+(``_async.py``, ``_sync.py``) carry instructions out with one small loop, ``drive``, as the
+cursor's consumer does with ``settle.cursor._step``. Every decision lives here and in
+``_core``: which delivery is dead-lettered, deferred, released or acknowledged, and what
+authorizes each settlement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from settle._runtime import Call
+from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
+from settle.progress.errors import DeferDelivery, ProviderReset
+from settle.progress.identity import (
+    AttemptId,
+    DeliveryId,
+    EmissionId,
+    ProviderScope,
+    SettlementAuthority,
+)
+from settle.progress.models import (
+    Applied,
+    ApplyStatus,
+    EffectContext,
+    IntentKind,
+    SettlementReceipt,
+)
+from settle.progress.planning import authorize_individual
+
+__all__ = [
+    "RELEASE_IDLE_MS",
+    "Instruction",
+    "Notify",
+    "RunEffect",
+    "RunScript",
+    "RunStreamScript",
+    "apply",
+    "dead_letter",
+    "defer",
+    "deliver",
+    "settle",
+]
+
+#: A released delivery looks idle "forever", so any worker may reclaim it at once.
+RELEASE_IDLE_MS = 10 * 365 * 86_400 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RunScript:
+    """Run ``call`` on the progress server; send back its raw reply."""
+
+    call: Call
+
+
+@dataclass(frozen=True, slots=True)
+class RunStreamScript:
+    """Run ``call`` on the stream's server; send back its raw reply."""
+
+    call: Call
+
+
+@dataclass(frozen=True, slots=True)
+class RunEffect:
+    """Run the user's effect; throw its exception back in if it raises."""
+
+    context: EffectContext
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Tell the observer that ``step`` happened for ``delivery`` (metrics, crash-cut tests)."""
+
+    step: str
+    delivery: DeliveryId
+
+
+Instruction = RunScript | RunStreamScript | RunEffect | Notify
+Steps = Generator[Instruction, Any, Any]
+
+
+def _progress(core: ProgressCore, call: Call) -> Generator[Instruction, Any, ProgressReply]:
+    return core.decode(call, (yield RunScript(call)))
+
+
+def apply(
+    core: ProgressCore,
+    scope: ProviderScope,
+    delivery: DeliveryId,
+    emission: EmissionId,
+    attempt: AttemptId,
+    fields: dict[str, bytes],
+) -> Generator[Instruction, Any, Applied]:
+    """Consult progress; run the effect unless the delivery or its emission is already
+    applied; then record progress durably (and open its settle intent). Only the returned
+    progress authorizes settling the delivery."""
+    begun = yield from _progress(core, core.plan_begin(scope, delivery, emission, attempt))
+    log = core.log.bind(delivery=delivery.value, emission=emission.value)
+    if begun.code == "covered":
+        log.info("settle.progress.covered", by=begun.detail)
+        return Applied(
+            ApplyStatus.COVERED,
+            delivery,
+            emission,
+            attempt,
+            begun.progress,
+            dead_lettered=begun.detail == "dead_lettered",
+        )
+    if begun.code == "fresh":
+        yield RunEffect(EffectContext(core.consumer, emission, delivery, attempt, fields))
+        yield Notify("effect_applied", delivery)
+    recorded = yield from _progress(core, core.plan_record(scope, delivery, emission, attempt))
+    yield Notify("progress_recorded", delivery)
+    status = ApplyStatus.APPLIED if recorded.detail == "applied" else ApplyStatus.DUPLICATE
+    if recorded.code == "covered":
+        status = ApplyStatus.COVERED
+    log.info(f"settle.progress.{status.value}", attempt=attempt.value)
+    return Applied(status, delivery, emission, attempt, recorded.progress)
+
+
+def dead_letter(
+    core: ProgressCore,
+    scope: ProviderScope,
+    delivery: DeliveryId,
+    emission: EmissionId | None,
+    reason: str,
+    delivery_count: int,
+) -> Generator[Instruction, Any, ProgressReply]:
+    """Quarantine a delivery durably (evidence + dead_letter intent) before the provider
+    is told."""
+    call = core.plan_dead_letter(scope, delivery, emission, reason, delivery_count)
+    reply = yield from _progress(core, call)
+    core.log.warning(
+        "settle.progress.dead_lettered",
+        delivery=delivery.value,
+        emission=emission.value if emission else None,
+        reason=reason,
+        delivery_count=delivery_count,
+        outcome=reply.code,
+    )
+    yield Notify("dead_letter_recorded", delivery)
+    return reply
+
+
+def defer(
+    core: ProgressCore,
+    scope: ProviderScope,
+    delivery: DeliveryId,
+    emission: EmissionId,
+    reason: str,
+) -> Generator[Instruction, Any, ProgressReply]:
+    """Set a delivery aside durably (unapplied) before the provider stops redelivering it."""
+    reply = yield from _progress(core, core.plan_defer(scope, delivery, emission, reason))
+    core.log.info(
+        "settle.progress.deferred",
+        delivery=delivery.value,
+        emission=emission.value,
+        reason=reason,
+        outcome=reply.code,
+    )
+    yield Notify("defer_recorded", delivery)
+    return reply
+
+
+def settle(
+    core: ProgressCore,
+    scope: ProviderScope,
+    authority: SettlementAuthority,
+    kind: IntentKind,
+    emission: EmissionId | None = None,
+    reason: str = "",
+    *,
+    fenced_count: bool = True,
+) -> Generator[Instruction, Any, SettlementReceipt]:
+    """One fenced settlement on the stream's server, then its receipt in progress (a
+    conclusive answer closes the settle intent)."""
+    call = core.plan_stream_settle(
+        scope,
+        authority,
+        kind,
+        fenced_count=fenced_count,
+        emission=emission,
+        reason=reason,
+        release_idle_ms=RELEASE_IDLE_MS,
+    )
+    verdict = core.decode_stream_settle(call, (yield RunStreamScript(call)))
+    yield Notify("provider_answered", authority.delivery)
+    worker = authority.worker
+    recorded = yield from _progress(
+        core, core.plan_receipt(scope, authority.delivery, kind, verdict, worker)
+    )
+    receipt = core.receipt(authority.delivery, kind, verdict, worker, recorded)
+    core.check_group(verdict, scope)
+    return receipt
+
+
+def deliver(
+    core: ProgressCore,
+    scope: ProviderScope,
+    worker: str,
+    entry: StreamEntry,
+    delivery_count: int,
+    *,
+    emission_field: str,
+    max_deliveries: int,
+) -> Generator[Instruction, Any, SettlementReceipt | None]:
+    """Handle one delivery the worker holds at ``delivery_count``: dead-letter a malformed
+    or poisoned one, defer one the effect asks to defer, release one whose effect failed,
+    and acknowledge one only with durable progress that covers it."""
+    delivery = entry.delivery
+    authority = SettlementAuthority(worker, delivery, delivery_count)
+    disposition, emission = core.disposition(entry, delivery_count, emission_field, max_deliveries)
+    if disposition is not Disposition.APPLY or emission is None:
+        reason = "malformed" if disposition is Disposition.MALFORMED else "delivery_limit"
+        reply = yield from dead_letter(core, scope, delivery, emission, reason, delivery_count)
+        if reply.code == "dead_lettered":
+            return (
+                yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason)
+            )
+        # Progress already covers it (applied before it went bad): settle it as applied.
+        authorize_individual(reply.progress, delivery)
+        return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
+    try:
+        applied = yield from apply(
+            core, scope, delivery, emission, AttemptId.new(), dict(entry.fields)
+        )
+    except DeferDelivery as signal:
+        reply = yield from defer(core, scope, delivery, emission, signal.reason)
+        if reply.code != "deferred":
+            return None
+        return (
+            yield from settle(core, scope, authority, IntentKind.DEFER, emission, signal.reason)
+        )
+    except ProviderReset:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the effect failed: negative settlement
+        core.log.warning(
+            "settle.progress.effect_failed",
+            delivery=delivery.value,
+            emission=emission.value,
+            error_type=type(exc).__name__,
+            delivery_count=delivery_count,
+        )
+        return (
+            yield from settle(core, scope, authority, IntentKind.RELEASE, emission, "effect_failed")
+        )
+    if applied.dead_lettered:
+        return (
+            yield from settle(
+                core, scope, authority, IntentKind.DEAD_LETTER, emission, "dead_letter"
+            )
+        )
+    authorize_individual(applied.progress, delivery)
+    return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
