@@ -7,7 +7,7 @@ from typing import Any
 
 from settle.errors import CorruptRecord
 
-__all__ = ["Call", "Reply", "parse_reply"]
+__all__ = ["Call", "Reply", "RunScript", "parse_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,14 @@ class Call:
     attempt_id: str | None = None
     action: Any = None
     shard: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunScript:
+    """The instruction every part's procedure yields to have a script run on its runner;
+    the shell sends the raw reply back in."""
+
+    call: Call
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,17 +12,12 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from settle._runtime import Call
+from settle._runtime import RunScript
 from settle.cursor._core import CursorCore, WitnessesChanged
 from settle.cursor.errors import CursorError, ProviderCursorExpired
 from settle.cursor.models import Event, EventContext, ProviderContract, StepResult
 
 __all__ = ["Done", "FetchPage", "HandleEvent", "Instruction", "RunScript", "procedure"]
-
-
-@dataclass(frozen=True, slots=True)
-class RunScript:
-    call: Call
 
 
 @dataclass(frozen=True, slots=True)

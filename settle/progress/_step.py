@@ -2,8 +2,8 @@
 effects -> durably record exact application progress -> settle provider delivery state.
 
 Each procedure is a generator that yields instructions (run this script on the progress
-server, run this one on the stream's server, run the effect, tell the observer) and
-receives their results; an effect's exception is thrown back in. The sync and async shells
+server: the runtime's ``RunScript``; run this one on the stream's server; run the effect;
+tell the observer) and receives their results; an effect's exception is thrown back in. The sync and async shells
 (``_async.py``, ``_sync.py``) carry instructions out with one small loop, ``drive``, as the
 cursor's consumer does with ``settle.cursor._step``. Every decision lives here and in
 ``_core``: which delivery is dead-lettered, deferred, released or acknowledged, and what
@@ -16,7 +16,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from settle._runtime import Call
+from settle._runtime import Call, RunScript
 from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
 from settle.progress.errors import DeferDelivery, ProviderReset
 from settle.progress.identity import (
@@ -51,13 +51,6 @@ __all__ = [
 
 #: A released delivery looks idle "forever", so any worker may reclaim it at once.
 RELEASE_IDLE_MS = 10 * 365 * 86_400 * 1000
-
-
-@dataclass(frozen=True, slots=True)
-class RunScript:
-    """Run ``call`` on the progress server; send back its raw reply."""
-
-    call: Call
 
 
 @dataclass(frozen=True, slots=True)
