@@ -3,11 +3,11 @@ effects -> durably record exact application progress -> settle provider delivery
 
 Each procedure is a generator that yields instructions (run this script on the progress
 server: the runtime's ``RunScript``; run this one on the stream's server; run the effect;
-tell the observer) and receives their results; an effect's exception is thrown back in. The sync and async shells
-(``_async.py``, ``_sync.py``) carry instructions out with one small loop, ``drive``, as the
-cursor's consumer does with ``settle.cursor._step``. Every decision lives here and in
-``_core``: which delivery is dead-lettered, deferred, released or acknowledged, and what
-authorizes each settlement.
+tell the observer) and receives their results; an effect's exception is thrown back in.
+The sync and async shells (``_async.py``, ``_sync.py``) carry instructions out with one
+small loop, ``drive``, as the cursor's consumer does with ``settle.cursor._step``. Every
+decision lives here and in ``_core``: which delivery is dead-lettered, deferred, released
+or acknowledged, and what authorizes each settlement.
 """
 
 from __future__ import annotations
