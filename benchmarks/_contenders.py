@@ -15,7 +15,7 @@ import redis
 
 from benchmarks._peer import peer_function
 from settle import AsyncSettler, Settler, State
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 
 __all__ = ["DEFAULT_TENANT", "Peer", "Settle", "order"]
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from settle.decorator.attempt import Attempt
+from settle.attempt import Attempt
 
 __all__ = ["CurrentAttempt", "current_attempt"]
 

@@ -3,7 +3,7 @@
     from settle.asgi import IdempotencyMiddleware
     app.add_middleware(IdempotencyMiddleware, settler=settler, principal=principal_of)
 
-A guarded handler finds its :class:`settle.decorator.Attempt` (generation = fencing token)
+A guarded handler finds its :class:`settle.Attempt` (generation = fencing token)
 in ``scope["settle"]`` (:func:`current_attempt`). See ``docs/http-endpoints.md``.
 """
 

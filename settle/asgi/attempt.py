@@ -1,4 +1,4 @@
-"""The :class:`~settle.decorator.Attempt` a guarded handler finds in ``scope["settle"]``.
+"""The :class:`~settle.Attempt` a guarded handler finds in ``scope["settle"]``.
 
 It is the decorator's ``Attempt``: ``operation_id``, ``generation`` (the fencing token),
 ``number``, ``idempotency_key`` (the stable downstream key, the same on every retry of the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from settle.asgi._types import Scope
-from settle.decorator.attempt import Attempt
+from settle.attempt import Attempt
 from settle.models import Reserved
 
 __all__ = ["attempt_for", "current_attempt"]
@@ -22,7 +22,7 @@ def attempt_for(reserved: Reserved, namespace: str, timeout: float | None) -> At
 
 
 def current_attempt(scope: Scope) -> Attempt:
-    """The :class:`~settle.decorator.Attempt` of a guarded request, from its ASGI scope.
+    """The :class:`~settle.Attempt` of a guarded request, from its ASGI scope.
 
     Raises :class:`LookupError` when the request is not guarded (no key, or not a guarded
     method or path), so a handler that relies on a fencing token cannot run without one.

@@ -28,7 +28,7 @@ from settle.asgi.policy import IdempotencyPolicy
 from settle.asgi.problems import Problem, ProblemKind
 from settle.asgi.replay import send_replay
 from settle.asgi.stored import StoredResponse, storable_status
-from settle.decorator.attempt import Attempt
+from settle.attempt import Attempt
 from settle.errors import ResultTooLarge, SettleError
 from settle.models import Reservation, Settlement, State, Verdict
 

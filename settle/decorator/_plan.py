@@ -27,8 +27,8 @@ import tenacity
 from pydantic import ValidationError
 
 from settle._log import logger
+from settle.attempt import Attempt
 from settle.decorator._signature import CallIdentity
-from settle.decorator.attempt import Attempt
 from settle.errors import InvalidInput, OperationFailed, OperationInProgress, StaleAttempt
 from settle.models import (
     Action,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from settle.decorator.attempt import Attempt
+from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
 from settle.fingerprint import fingerprint as canonical_fingerprint
 

@@ -16,7 +16,7 @@ import tenacity
 from pydantic import BaseModel
 
 from settle._sync.settler import Settler
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 
 __all__ = [
     "CardDeclined",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from settle._sync.settler import Settler
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 from settle.demo.charge import ChargeRequest, Receipt, make_charge
 from settle.demo.plan import Fault, Order, Workload, draw
 from settle.demo.processes import WorkerProcess

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from settle._sync.settler import Settler
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 from settle.demo.charge import ChargeRequest, make_charge
 from settle.errors import StaleAttempt
 

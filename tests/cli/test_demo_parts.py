@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 from settle.demo import DemoOptions, Fault, run_demo
 from settle.demo.charge import ChargeRequest, ProviderError, post_charge
 from settle.demo.provider import Provider

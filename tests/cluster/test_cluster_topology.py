@@ -19,7 +19,6 @@ from redis.exceptions import RedisClusterException
 from settle import (
     AsyncSettler,
     ConfigurationError,
-    InvalidInput,
     QuarantineKind,
     Reservation,
     Reserved,
@@ -30,6 +29,7 @@ from settle import (
 from settle._core.engine import Core
 from settle._core.keys import shard_of
 from settle._runtime import topology
+from settle.errors import InvalidInput
 from tests.cluster.cluster_support import LocalCluster
 
 pytestmark = [pytest.mark.cluster]

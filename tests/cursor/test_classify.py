@@ -9,23 +9,19 @@ import pytest
 
 from settle.cursor import (
     Checkpoint,
-    Classification,
     Coverage,
     CoverageNotProven,
     CursorDivergence,
-    Disposition,
     EmptyPageSemantics,
     Event,
     Page,
     ProviderContract,
     Receipt,
-    ReceiptConflict,
-    Recovery,
-    RotationNotAllowed,
     Witness,
-    WitnessEvent,
 )
 from settle.cursor._classify import View, classify
+from settle.cursor.errors import ReceiptConflict, RotationNotAllowed
+from settle.cursor.models import Classification, Disposition, Recovery, WitnessEvent
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 G = 9

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from redis.cluster import RedisCluster
 
-from settle.cursor import CursorConsumer, CursorStore, Disposition, ProviderContract
+from settle.cursor import CursorConsumer, CursorStore, ProviderContract
+from settle.cursor.models import Disposition
 from tests.cluster.cluster_support import LocalCluster
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash, drain, truth

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from settle.cursor import CursorStore, Disposition
+from settle.cursor import CursorStore
+from settle.cursor.models import Disposition
 from tests.cursor.helpers import truth
 
 ROOT = Path(__file__).resolve().parents[2]

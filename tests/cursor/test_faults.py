@@ -12,22 +12,19 @@ import pytest
 from settle.cursor import (
     AsyncCursorConsumer,
     AsyncCursorStore,
-    Classification,
     CoverageNotProven,
     CursorConsumer,
     CursorDivergence,
     CursorExpired,
     CursorStore,
-    Disposition,
     EmptyPageSemantics,
     Event,
     EventContext,
     ProviderContract,
-    ReceiptConflict,
-    Recovery,
-    RotationNotAllowed,
     StepOutcome,
 )
+from settle.cursor.errors import ReceiptConflict, RotationNotAllowed
+from settle.cursor.models import Classification, Disposition, Recovery
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash, drain, truth
 from tests.cursor.provider import async_fetcher, fetcher

@@ -17,8 +17,8 @@ from settle.cursor import (
     Event,
     Page,
     ProviderContract,
-    ReceiptConflict,
 )
+from settle.cursor.errors import ReceiptConflict
 
 
 class Crash(Exception):

@@ -10,13 +10,13 @@ import httpx
 from settle.cursor import (
     CursorConsumer,
     CursorStore,
-    Disposition,
     Event,
     EventContext,
     ProviderContract,
     StepOutcome,
     StepResult,
 )
+from settle.cursor.models import Disposition
 from tests.cursor.conftest import Sink
 from tests.cursor.provider import fetcher
 

@@ -25,11 +25,11 @@ from settle.cursor import (
     CursorConsumer,
     CursorExpired,
     CursorStore,
-    Disposition,
     Event,
     EventContext,
     ProviderContract,
 )
+from settle.cursor.models import Disposition
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash, drain, truth
 from tests.cursor.provider import Provider, ProviderServer, TransportLost, fetcher

@@ -11,18 +11,17 @@ import redis
 from structlog.testing import capture_logs
 
 from settle.cursor import (
-    CheckpointMissing,
     Coverage,
     CoverageNotProven,
     CursorConsumer,
     CursorStore,
     Event,
-    InvalidResponse,
     Page,
     ProviderContract,
-    Recovery,
 )
 from settle.cursor._keys import stream_keys
+from settle.cursor.errors import CheckpointMissing, InvalidResponse
+from settle.cursor.models import Recovery
 from settle.errors import CorruptRecord, InvalidInput, SettleError
 from tests.cursor.provider import fetcher
 

@@ -11,17 +11,15 @@ import httpx
 import pytest
 
 from settle.cursor import (
-    Classification,
     CoverageNotProven,
     CursorConsumer,
     CursorStore,
-    Disposition,
     Event,
     EventContext,
     ProviderContract,
-    Recovery,
     StepOutcome,
 )
+from settle.cursor.models import Classification, Disposition, Recovery
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash
 from tests.cursor.provider import Entry, fetcher

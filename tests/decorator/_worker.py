@@ -16,7 +16,7 @@ import structlog
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 from settle import AsyncSettler, Settler, StaleAttempt  # noqa: E402
-from settle.decorator import Attempt  # noqa: E402
+from settle.attempt import Attempt  # noqa: E402
 from tests.decorator.payments import ChargeRequest, async_charge, sync_charge  # noqa: E402
 
 seen: list[Attempt] = []

@@ -10,7 +10,7 @@ import httpx
 from pydantic import BaseModel
 
 from settle import AsyncSettler, Settler
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 
 PRINCIPAL = "tenant:acme"
 

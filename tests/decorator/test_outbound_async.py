@@ -14,7 +14,6 @@ import tenacity
 from settle import (
     AsyncSettler,
     FingerprintMismatch,
-    InvalidInput,
     OperationFailed,
     OperationInProgress,
     QuarantineKind,
@@ -22,7 +21,8 @@ from settle import (
     StaleAttempt,
     State,
 )
-from settle.decorator import Attempt
+from settle.attempt import Attempt
+from settle.errors import InvalidInput
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, async_charge
 from tests.decorator.provider import Provider
 

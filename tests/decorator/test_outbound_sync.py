@@ -16,13 +16,13 @@ from pydantic import BaseModel
 from settle import (
     FingerprintError,
     FingerprintMismatch,
-    InvalidInput,
     OperationFailed,
     OperationInProgress,
     Settler,
     State,
 )
-from settle.decorator import Attempt
+from settle.attempt import Attempt
+from settle.errors import InvalidInput
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
 

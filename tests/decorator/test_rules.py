@@ -11,13 +11,13 @@ import tenacity
 from settle import (
     BindingMismatch,
     FingerprintError,
-    InvalidInput,
     OperationInProgress,
     Settler,
     StaleAttempt,
     State,
 )
-from settle.decorator import Attempt
+from settle.attempt import Attempt
+from settle.errors import InvalidInput
 from settle.testing import ManualClock, MemorySettler
 
 P = "tenant:acme"
@@ -263,7 +263,7 @@ def test_the_attempt_parameter_is_found_without_resolvable_annotations(memory: S
         seen.append(attempt)
 
     @memory.operation(key="job2:{n}", principal=P)
-    def by_name(n: int, attempt: "settle.decorator.Attempt | None" = None) -> None:  # type: ignore[name-defined]  # noqa: F821, UP037
+    def by_name(n: int, attempt: "settle.Attempt | None" = None) -> None:  # type: ignore[name-defined]  # noqa: F821, UP037
         seen.append(attempt)
 
     by_default(1)

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SNIPPET = """
 from settle import AsyncSettler, Settler
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 
 settler = Settler.from_url("redis://localhost")
 asettler = AsyncSettler.from_url("redis://localhost")
@@ -44,7 +44,7 @@ def test_decorated_functions_keep_their_signature_for_mypy(tmp_path: Path) -> No
     ]
     assert lines == [
         'note: Revealed type is "def (n: int, note: str =, attempt: '
-        'settle.decorator.attempt.Attempt =) -> str"',
+        'settle.attempt.Attempt =) -> str"',
         'note: Revealed type is "def (n: int) -> typing.Coroutine[Any, Any, str]"',
         'error: Argument 1 to "job" has incompatible type "str"; expected "int"  [arg-type]',
     ]

@@ -16,17 +16,10 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from settle import (
-    BackendError,
-    QuarantineKind,
-    Reserved,
-    Settler,
-    State,
-    StoredFailure,
-    Verdict,
-)
+from settle import BackendError, QuarantineKind, Reserved, Settler, State, Verdict
 from settle._core.scripts import source
 from settle._runtime.transient import ATTEMPTS
+from settle.models import StoredFailure
 from tests.faults.tcp_proxy import FaultyProxy
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]

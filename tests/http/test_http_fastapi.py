@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from settle import AsyncSettler
 from settle.asgi import IdempotencyMiddleware, ProblemKind
-from settle.decorator import Attempt
+from settle.attempt import Attempt
 from settle.fastapi import CurrentAttempt
 
 DOC = Path(__file__).parents[2] / "docs" / "http-endpoints.md"

@@ -8,17 +8,9 @@ from typing import Any
 import pytest
 import redis
 
-from settle import (
-    BackendError,
-    ConfigurationError,
-    CorruptRecord,
-    FingerprintError,
-    InvalidInput,
-    ResultTooLarge,
-    SettleError,
-    Settler,
-)
+from settle import BackendError, ConfigurationError, FingerprintError, SettleError, Settler
 from settle.embedded import free_port
+from settle.errors import CorruptRecord, InvalidInput, ResultTooLarge
 
 WHO = "tenant:acme"
 

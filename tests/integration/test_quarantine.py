@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from settle import (
-    AsyncSettler,
-    InvalidInput,
-    QuarantineKind,
-    QuarantineNotFound,
-    Reservation,
-    Settler,
-)
+from settle import AsyncSettler, QuarantineKind, Reservation, Settler
+from settle.errors import InvalidInput, QuarantineNotFound
 
 WHO = "tenant:acme"
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from settle import Action, QuarantineKind, Reservation, State, Verdict
+from settle import QuarantineKind, Reservation, State, Verdict
+from settle.models import Action
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,10 +19,10 @@ from settle.progress import (
     EmissionId,
     IntentKind,
     ProgressStore,
-    SettlementAuthority,
-    SettlementOutcome,
     StreamConsumer,
 )
+from settle.progress.identity import SettlementAuthority
+from settle.progress.models import SettlementOutcome
 from tests.progress.harness import (
     Names,
     assert_nothing_acked_uncovered,

@@ -7,16 +7,10 @@ import pytest
 from redis.crc import key_slot
 
 from settle.errors import InvalidInput, SettleError
-from settle.progress import (
-    DeliveryId,
-    EmissionId,
-    InvalidDelivery,
-    ProgressStore,
-    ProviderScope,
-    UnprovenListing,
-)
+from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
 from settle.progress._core import ProgressCore
 from settle.progress._keys import ProgressKeys, StreamKeys
+from settle.progress.errors import InvalidDelivery, UnprovenListing
 from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.models import IntentKind
 

@@ -9,18 +9,20 @@ from hypothesis import strategies as st
 
 from settle.errors import SettleError
 from settle.progress import (
-    Batch,
-    Cumulative,
     DeliveryId,
-    Individual,
     Progress,
     ProviderScope,
-    ReplayCursor,
     SettlementNotAuthorized,
+    plan_settlements,
+)
+from settle.progress.identity import ReplayCursor
+from settle.progress.planning import (
+    Batch,
+    Cumulative,
+    Individual,
     authorize_batch,
     authorize_cumulative,
     authorize_individual,
-    plan_settlements,
 )
 
 SCOPE = ProviderScope("orders", "billing", "inc1")

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from settle import AsyncQuarantine, AsyncSettler, Quarantine, Settler
+from settle import AsyncSettler, Settler
+from settle._async.settler import AsyncQuarantine
+from settle._sync.settler import Quarantine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,9 @@
-"""``Attempt``: what a decorated function may ask for, to hand to the downstream service."""
+"""``Attempt``: one attempt of an operation, as the code that runs it sees it.
+
+A decorated function may ask for it (``@settler.operation``), a guarded HTTP handler finds it
+in ``scope["settle"]`` (the ASGI middleware) or through ``settle.fastapi.CurrentAttempt``: its
+``generation`` is the fencing token and its ``idempotency_key`` the stable key to hand to the
+downstream service."""
 
 from __future__ import annotations
 
