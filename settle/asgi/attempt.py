@@ -7,22 +7,17 @@ operation; not the client's header value), ``lost`` / ``check()`` and ``remainin
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
+from typing import Any
 
-from settle.asgi._types import Scope
 from settle.decorator.attempt import Attempt
-from settle.models import Reserved
 
-__all__ = ["attempt_for", "current_attempt"]
-
-
-def attempt_for(reserved: Reserved, namespace: str, timeout: float | None) -> Attempt:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    return Attempt.for_reservation(reserved, namespace, deadline)
+__all__ = ["current_attempt"]
 
 
-def current_attempt(scope: Scope) -> Attempt:
-    """The :class:`~settle.decorator.Attempt` of a guarded request, from its ASGI scope.
+def current_attempt(scope: Mapping[str, Any], where: str = "scope['settle']") -> Attempt:
+    """The :class:`~settle.decorator.Attempt` of a guarded request, from its ASGI scope (or
+    WSGI environ: both keep it under ``"settle"``).
 
     Raises :class:`LookupError` when the request is not guarded (no key, or not a guarded
     method or path), so a handler that relies on a fencing token cannot run without one.
@@ -31,8 +26,8 @@ def current_attempt(scope: Scope) -> Attempt:
     if attempt is None:
         raise LookupError(
             "this request is not guarded by IdempotencyMiddleware (no Idempotency-Key, or "
-            "not a guarded method/path): there is no attempt in scope['settle']"
+            f"not a guarded method/path): there is no attempt in {where}"
         )
     if not isinstance(attempt, Attempt):
-        raise TypeError(f"scope['settle'] holds a {type(attempt).__name__}, not an Attempt")
+        raise TypeError(f"{where} holds a {type(attempt).__name__}, not an Attempt")
     return attempt
