@@ -111,12 +111,7 @@ class IdempotencyMiddleware:
                         step = guard.body_read(body)
                 case Reserve():
                     try:
-                        outcome = await self.settler.reserve(
-                            step.operation_id,
-                            principal=step.principal,
-                            fingerprint=step.fingerprint,
-                            lease=step.lease,
-                        )
+                        outcome = await step.call(self.settler)
                     except SettleError as exc:
                         step = guard.reserve_failed(exc)
                     else:

@@ -254,10 +254,7 @@ class AttemptRunner:
         """Carry out the guard's settlement; return what to answer instead, if anything."""
         while step is not None:
             try:
-                if step.stored is None:
-                    settlement = await self._settler.mark_provisional(step.reservation, step.reason)
-                else:
-                    settlement = await self._settler.complete(step.reservation, step.stored)
+                settlement = await step.call(self._settler)
             except SettleError as exc:
                 step = self._guard.settle_failed(step, exc)
             else:

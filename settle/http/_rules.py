@@ -22,8 +22,9 @@ response stores and what is answered when an attempt lost its reservation: all h
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import ValidationError
 
@@ -53,6 +54,10 @@ from settle.models import (
     State,
     Verdict,
 )
+
+if TYPE_CHECKING:
+    from settle._async.settler import AsyncSettler
+    from settle._sync.settler import Settler
 
 __all__ = [
     "Answer",
@@ -102,6 +107,19 @@ class Reserve:
     fingerprint: str
     lease: float | None
 
+    @overload
+    def call(self, settler: AsyncSettler) -> Awaitable[Reserved | Replay | InProgress]: ...
+    @overload
+    def call(self, settler: Settler) -> Reserved | Replay | InProgress: ...
+    def call(self, settler: AsyncSettler | Settler) -> Any:
+        """``settler.reserve(...)`` (await it on an :class:`~settle.AsyncSettler`)."""
+        return settler.reserve(
+            self.operation_id,
+            principal=self.principal,
+            fingerprint=self.fingerprint,
+            lease=self.lease,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Run:
@@ -121,6 +139,16 @@ class Settle:
     reservation: Reservation
     stored: StoredResponse | None = None
     reason: str = ""
+
+    @overload
+    def call(self, settler: AsyncSettler) -> Awaitable[Settlement]: ...
+    @overload
+    def call(self, settler: Settler) -> Settlement: ...
+    def call(self, settler: AsyncSettler | Settler) -> Any:
+        """``complete`` or ``mark_provisional`` (await it on an :class:`~settle.AsyncSettler`)."""
+        if self.stored is None:
+            return settler.mark_provisional(self.reservation, self.reason)
+        return settler.complete(self.reservation, self.stored)
 
 
 Step = Forward | Answer | Identify | ReadBody | Reserve | Run
