@@ -10,22 +10,29 @@ a superseded attempt is quarantined. No rule lives here.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from settle._sync.settler import Settler
 from settle.decorator._plan import Run as HeartbeatRun
 from settle.decorator._sync import _Heartbeats
-from settle.errors import SettleError
+from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run, Settle
 from settle.http.policy import IdempotencyPolicy
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer, RequestHead, RequestTooLarge
 
 if TYPE_CHECKING:
-    from settle._sync.settler import Settler
     from settle.decorator.attempt import Attempt
 
-__all__ = ["Exchange", "SyncGuard", "status_line"]
+_SETTLER_NEEDED = (
+    "give 'settler' (a settle.Settler or its dotted path 'package.module.name') or 'url' and "
+    "'namespace' (e.g. {'url': 'redis://localhost:6379/0', 'namespace': 'shop'})"
+)
+
+__all__ = ["Exchange", "SyncGuard", "configured_guard", "resolve", "status_line"]
 
 
 class Exchange(Protocol):
@@ -115,3 +122,41 @@ def status_line(status: int) -> str:
         return f"{status} {HTTPStatus(status).phrase}"
     except ValueError:
         return f"{status} Unknown"
+
+
+def configured_guard(options: dict[str, Any], default_principal: Any = None) -> SyncGuard:
+    """The driver of a framework integration configured by a dict (Django's
+    ``settings.SETTLE``, Flask's ``app.config["SETTLE"]``): ``settler`` or ``url`` and
+    ``namespace``, ``principal`` (a callable or its dotted path), and the middleware options.
+    """
+    options = dict(options)
+    settler = resolve(options.pop("settler", None))
+    url, namespace = options.pop("url", None), options.pop("namespace", None)
+    if settler is None and url is not None and namespace is not None:
+        settler = _settler_for(url, namespace)
+    if not isinstance(settler, Settler):
+        raise ConfigurationError(f"the settle configuration has no settler: {_SETTLER_NEEDED}")
+    principal = resolve(options.pop("principal", default_principal))
+    if principal is None:
+        raise ConfigurationError(
+            "the settle configuration needs 'principal': a callable (or its dotted path) that "
+            "names the authenticated caller of a request, or returns None (401)"
+        )
+    return SyncGuard(settler, IdempotencyPolicy.configure(principal=principal, **options))
+
+
+def resolve(value: Any) -> Any:
+    """An object, or the object a dotted path ``package.module.name`` names."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot import {value!r}: give 'package.module.name'") from exc
+
+
+@functools.cache
+def _settler_for(url: str, namespace: str) -> Settler:
+    """One settler per process and configuration, shared by every guarded view."""
+    return Settler.from_url(url, namespace=namespace)

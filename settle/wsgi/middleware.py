@@ -46,10 +46,21 @@ class IdempotencyMiddleware:
     def __init__(
         self, app: WSGIApp, *, settler: Settler, principal: PrincipalFn, **options: Any
     ) -> None:
+        policy = IdempotencyPolicy.configure(principal=principal, **options)
+        self._bind(app, SyncGuard(settler, policy))
+
+    @classmethod
+    def from_guard(cls, app: WSGIApp, driver: SyncGuard) -> IdempotencyMiddleware:
+        """The middleware around ``app`` with an already configured driver (Flask's)."""
+        middleware = cls.__new__(cls)
+        middleware._bind(app, driver)
+        return middleware
+
+    def _bind(self, app: WSGIApp, driver: SyncGuard) -> None:
         self.app = app
-        self.settler = settler
-        self.policy = IdempotencyPolicy.configure(principal=principal, **options)
-        self._driver = SyncGuard(settler, self.policy)
+        self.settler = driver.settler
+        self.policy = driver.policy
+        self._driver = driver
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         exchange = _Exchange(self.app, self.policy.principal, environ)
