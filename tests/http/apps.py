@@ -260,6 +260,11 @@ def wsgi_app(settler: Settler, ledger: Ledger, **options: Any) -> WSGIMiddleware
             if n == 1:
                 return json_response(start_response, "500 Internal Server Error", {"error": "db"})
             return json_response(start_response, "201 Created", {"id": uuid.uuid4().hex, "run": n})
+        if path == "/boom":
+            n = ledger.record("/boom", generation=attempt.generation)
+            if n == 1:
+                raise RuntimeError("handler crashed after its side effect")
+            return json_response(start_response, "201 Created", {"id": uuid.uuid4().hex, "run": n})
         if path == "/gated":
             ledger.entered.set()
             while attempt.number == 1 and not ledger.gate.is_set():

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from settle import AsyncSettler, Settler
+from settle import AsyncSettler, Reservation, Settler
+from settle.http.keys import operation_id
 from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
 
 #: Small limits so that the 413 and 410 cases stay small.
@@ -58,6 +59,25 @@ def problem_type(response: httpx.Response) -> str:
 
 
 PAYMENT = {"amount": 4200, "currency": "EUR"}
+
+
+@contextlib.contextmanager
+def gated_first(endpoint: Endpoint, key: str) -> Iterator[list[httpx.Response]]:
+    """A first ``/gated`` request under ``key`` runs (held) in a thread while the block
+    runs; then the gate opens and the list holds its response."""
+    done: list[httpx.Response] = []
+    first = threading.Thread(
+        target=lambda: done.append(
+            endpoint.client.post("/gated", json={}, headers=key_headers(key))
+        )
+    )
+    first.start()
+    try:
+        assert endpoint.ledger.entered.wait(10)
+        yield done
+    finally:
+        endpoint.ledger.gate.set()
+        first.join(10)
 
 
 def test_missing_key_is_400_and_nothing_runs(endpoint: Endpoint) -> None:
@@ -113,17 +133,8 @@ def test_changed_body_under_the_same_key_is_422(endpoint: Endpoint) -> None:
 
 def test_same_key_while_the_first_runs_is_409_with_retry_after(endpoint: Endpoint) -> None:
     client, ledger = endpoint.client, endpoint.ledger
-    results: list[httpx.Response] = []
-    first = threading.Thread(
-        target=lambda: results.append(client.post("/gated", json={}, headers=key_headers("g")))
-    )
-    first.start()
-    try:
-        assert ledger.entered.wait(10)
+    with gated_first(endpoint, "g") as results:
         busy = client.post("/gated", json={}, headers=key_headers("g"))
-    finally:
-        ledger.gate.set()
-        first.join(10)
     assert busy.status_code == 409
     assert busy.headers["retry-after"] == "1"
     assert problem_type(busy) == "request-in-progress"
@@ -148,6 +159,52 @@ def test_a_5xx_is_not_stored_and_the_retry_runs_under_a_new_generation(
     assert replay.content == retried.content
     assert replay.headers["idempotent-replayed"] == "true"
     assert endpoint.ledger.count("/flaky") == 2
+
+
+def test_an_exception_is_not_stored_and_the_retry_runs_under_a_new_generation(
+    endpoint: Endpoint,
+) -> None:
+    client = endpoint.client
+    # uvicorn drops the connection after an app error: do not reuse it for the retry.
+    close = {**key_headers("b"), "Connection": "close"}
+    crashed = client.post("/boom", json={}, headers=close)
+    assert crashed.status_code == 500  # the server's own error page
+    retried = client.post("/boom", json={}, headers=key_headers("b"))
+    assert retried.status_code == 201
+    first_generation, second_generation = endpoint.ledger.generations("/boom")
+    assert second_generation > first_generation
+    assert client.post("/boom", json={}, headers=key_headers("b")).content == retried.content
+
+
+def test_a_superseded_attempt_answers_with_the_authoritative_response(
+    endpoint: Endpoint, settler: Settler
+) -> None:
+    """Attempt 1 loses its reservation while it runs (marked provisional, as after a lost
+    lease) and attempt 2 completes: attempt 1's response is quarantined and its client gets
+    attempt 2's stored response instead."""
+    client, ledger = endpoint.client, endpoint.ledger
+    with gated_first(endpoint, "k") as late:
+        op = operation_id("http", "k", "tenant:acme", "principal")
+        record = settler.get(op)
+        assert record is not None
+        assert record.attempt_id is not None
+        reservation = Reservation(
+            operation_id=op,
+            fingerprint=record.fingerprint,
+            fingerprint_version=record.fingerprint_version,
+            binding=record.binding,
+            generation=record.generation,
+            attempt_id=record.attempt_id,
+        )
+        settler.mark_provisional(reservation, "test: lease lost")
+        second = client.post("/gated", json={}, headers=key_headers("k"))
+    assert second.status_code == 201
+    assert [r.status_code for r in late] == [201]
+    assert late[0].content == second.content
+    assert late[0].headers["idempotent-replayed"] == "true"
+    kinds = [e.kind.value for e in settler.quarantine.list(operation_id=op)]
+    assert kinds == ["stale_generation"]
+    assert ledger.count("/gated") == 2
 
 
 def test_two_principals_with_one_key_never_see_each_others_response(
