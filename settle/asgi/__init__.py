@@ -7,8 +7,8 @@ A guarded handler finds its :class:`settle.decorator.Attempt` (generation = fenc
 in ``scope["settle"]`` (:func:`current_attempt`). See ``docs/http-endpoints.md``.
 """
 
-from settle.asgi.attempt import current_attempt
 from settle.asgi.middleware import IdempotencyMiddleware
+from settle.http.attempt import current_attempt
 from settle.http.keys import KeyScope
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE, ProblemKind

@@ -3,7 +3,7 @@
 The handler runs in its own task while a heartbeat renews the lease and a watcher listens
 for the client going away. The response is captured through ``send``:
 
-* a finished response (:func:`storable_status`) is buffered; when its last byte arrives it
+* a finished response (:meth:`Guard.keeps`) is buffered; when its last byte arrives it
   is stored with ``complete`` and only then sent, so a client that saw the whole response
   always finds it stored;
 * a response over ``max_response_bytes`` is sent on as it streams; when it ends the
@@ -26,7 +26,6 @@ from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.errors import SettleError
 from settle.http._rules import Guard, Run, Settle
 from settle.http.problems import Response
-from settle.http.stored import storable_status
 from settle.models import OperationRecord
 
 __all__ = ["AttemptRunner", "send_response"]
@@ -178,7 +177,7 @@ class AttemptRunner:
         kind = message["type"]
         if kind == "http.response.start":
             self._start = message
-            if not storable_status(int(message["status"])):
+            if not self._guard.keeps(int(message["status"]), 0):
                 self._streaming = True
                 await self._forward(message)
             return
@@ -194,11 +193,11 @@ class AttemptRunner:
             return
         self._chunks.append(chunk)
         self._size += len(chunk)
-        if self._size > self._policy.max_response_bytes:
+        assert self._start is not None
+        if not self._guard.keeps(int(self._start["status"]), self._size):
             self._streaming = True
             if not more:
                 await self._finish()
-            assert self._start is not None
             await self._forward(self._start)
             await self._forward(
                 {"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more}

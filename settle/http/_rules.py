@@ -262,6 +262,12 @@ class Guard:
 
     # -- the handler's response ----------------------------------------------------------
 
+    def keeps(self, status: int, size: int) -> bool:
+        """Whether a response of ``status`` is still kept to be stored after ``size`` bytes:
+        a finished response (:func:`storable_status`) within ``max_response_bytes``. A
+        streaming shell sends on what it no longer keeps."""
+        return storable_status(status) and size <= self.policy.max_response_bytes
+
     def finished(
         self,
         run: Run,
@@ -274,7 +280,7 @@ class Guard:
         on without being kept): what to settle."""
         if not storable_status(status):
             return Settle(run.reservation, reason=f"status_{status}")
-        if body is None or size > self.policy.max_response_bytes:
+        if body is None or not self.keeps(status, size):
             return self._not_stored(run.reservation, status, size)
         stored = StoredResponse.capture(status, headers, body, self.policy.replay_headers)
         return Settle(run.reservation, stored)

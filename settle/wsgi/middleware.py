@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from settle.asgi.attempt import current_attempt as _current_attempt
 from settle.http._sync import SyncGuard, status_line
+from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer, RequestHead
