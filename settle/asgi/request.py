@@ -6,7 +6,13 @@ The fingerprint itself is :func:`settle.http.request.fingerprint_request`.
 from __future__ import annotations
 
 from settle.asgi._types import Receive, Scope
-from settle.http.request import BodyBuffer, RequestHead, RequestTooLarge, fingerprint_request
+from settle.http.request import (
+    BodyBuffer,
+    ClientDisconnected,
+    RequestHead,
+    RequestTooLarge,
+    fingerprint_request,
+)
 
 __all__ = [
     "ClientDisconnected",
@@ -16,10 +22,6 @@ __all__ = [
     "request_fingerprint",
     "request_head",
 ]
-
-
-class ClientDisconnected(Exception):
-    """The client went away while its request body was being read."""
 
 
 def header_values(scope: Scope, name: bytes) -> list[bytes]:

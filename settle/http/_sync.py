@@ -22,7 +22,7 @@ from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run, Settle
 from settle.http.policy import IdempotencyPolicy
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer, RequestHead, RequestTooLarge
+from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead, RequestTooLarge
 
 if TYPE_CHECKING:
     from settle.decorator.attempt import Attempt
@@ -43,7 +43,7 @@ class Exchange(Protocol):
 
     def body(self, buffer: BodyBuffer) -> bytes:
         """Read the whole body into ``buffer`` (it raises past its limit) and keep it for
-        the app to read again; return it."""
+        the app to read again; return it. :class:`ClientDisconnected` if it ends early."""
 
     def call(self, attempt: Attempt) -> Response:
         """Run the app with ``attempt`` and return its whole response."""
@@ -76,6 +76,9 @@ class SyncGuard:
                         body = exchange.body(BodyBuffer(step.limit, head.content_length))
                     except RequestTooLarge as exc:
                         step = guard.body_too_large(exc)
+                    except ClientDisconnected:
+                        guard.disconnected()
+                        raise
                     else:
                         step = guard.body_read(body)
                 case Reserve():

@@ -13,10 +13,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from settle.errors import FingerprintError, InvalidInput
+from settle.errors import FingerprintError, InvalidInput, SettleError
 from settle.fingerprint import canonical_json, fingerprint
 
-__all__ = ["BodyBuffer", "RequestHead", "RequestTooLarge", "fingerprint_request"]
+__all__ = [
+    "BodyBuffer",
+    "ClientDisconnected",
+    "RequestHead",
+    "RequestTooLarge",
+    "fingerprint_request",
+]
 
 #: Bump when the description below changes: old records then no longer match (422).
 REQUEST_FINGERPRINT_FORMAT = 1
@@ -24,6 +30,14 @@ REQUEST_FINGERPRINT_FORMAT = 1
 
 class RequestTooLarge(InvalidInput):
     """The request body is over ``max_request_bytes`` (answered with 413)."""
+
+
+class ClientDisconnected(SettleError):
+    """The client went away before its whole body arrived: nothing was reserved or run, and
+    nobody is left to answer. The client may send the request again with the same key."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__doc__ or "")
 
 
 @dataclass(frozen=True, slots=True)

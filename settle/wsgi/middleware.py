@@ -18,7 +18,7 @@ from settle.http._sync import SyncGuard, status_line
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer, RequestHead
+from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead
 
 if TYPE_CHECKING:
     from settle._sync.settler import Settler
@@ -122,7 +122,10 @@ class _Exchange:
             while remaining > 0:
                 chunk = stream.read(min(_CHUNK, remaining))
                 if not chunk:
-                    break
+                    raise ClientDisconnected(
+                        f"the client sent {int(length) - remaining} of its {length} body bytes "
+                        "and went away: nothing was run. It may retry with the same key."
+                    )
                 buffer.add(chunk)
                 remaining -= len(chunk)
         elif self._environ.get("wsgi.input_terminated"):

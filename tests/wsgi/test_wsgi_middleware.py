@@ -4,6 +4,7 @@ thread, and the configuration of the Django and Flask integrations."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -94,6 +95,31 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert busy.headers["retry-after"] == "1"
     assert [r.status_code for r in results] == [201]
     assert generations == [1]
+
+
+def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
+    """A body shorter than its Content-Length is never run as if it were the request."""
+    runs: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(environ["wsgi.input"].read())
+        start_response("201 Created", [])
+        return [b""]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    with serve_wsgi(guarded) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                b"POST /charge HTTP/1.1\r\nHost: t\r\nIdempotency-Key: k-1\r\n"
+                b"X-Principal: tenant:acme\r\nContent-Length: 100\r\n\r\n" + b"x" * 10
+            )
+            sock.shutdown(socket.SHUT_WR)
+            sock.recv(1024)  # the server answers (its 500) or closes: the request is over
+        with httpx.Client(base_url=base) as client:
+            whole = client.post("/charge", content=b"x" * 100, headers=KEY)
+    assert whole.status_code == 201
+    assert runs == [b"x" * 100]  # the whole request, once; never the 10-byte one
 
 
 def test_works_on_the_in_memory_settler() -> None:
