@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Reservation, Settler
 from settle.http.keys import operation_id
@@ -245,3 +246,31 @@ def test_a_response_over_the_limit_is_sent_once_then_410(endpoint: Endpoint) -> 
 def test_unguarded_requests_pass_through(endpoint: Endpoint) -> None:
     response = endpoint.client.get("/open")
     assert response.json() == {"guarded": False}
+
+
+def test_structlog_events_name_each_step_and_never_carry_payloads(endpoint: Endpoint) -> None:
+    client = endpoint.client
+    secret = {"card": "4242424242424242", "amount": 77}
+    with capture_logs() as events:
+        client.post("/payments", json=secret, headers=key_headers("k-log", "tenant:acme"))
+        client.post("/payments", json=secret, headers=key_headers("k-log", "tenant:acme"))
+        client.post("/payments", json={"amount": 1}, headers=key_headers("k-log"))
+        client.post("/payments", json=secret, headers=key_headers(None))
+    http = [e for e in events if e["event"].startswith("settle.http.")]
+    assert [e["event"] for e in http] == [
+        "settle.http.started",
+        "settle.http.completed",
+        "settle.http.replayed",
+        "settle.http.rejected",
+        "settle.http.rejected",
+    ]
+    assert [e.get("problem") for e in http[3:]] == [
+        "idempotency-key-reused",
+        "idempotency-key-missing",
+    ]
+    assert http[1]["status"] == 201
+    op = operation_id("http", "k-log", "tenant:acme", "principal")
+    assert all(e["operation_id"] == op for e in http[:4])
+    text = repr(events)
+    assert "4242424242424242" not in text
+    assert "tenant:acme" not in text
