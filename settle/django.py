@@ -131,7 +131,7 @@ class _Exchange:
         else:
             raise ConfigurationError(
                 f"a guarded view returned a {type(response).__name__}: return an HttpResponse "
-                "or a StreamingHttpResponse (a FileResponse is not stored)"
+                "or a StreamingHttpResponse, whose content settle can store and replay"
             )
         headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in response.items())
         self.django = response
