@@ -191,3 +191,22 @@ def test_django_view_decorator_and_rest_framework_validation(
     # The probe middleware runs before a view decorator sets request.settle: it counts only
     # the middleware's runs. The refund's random id, replayed, shows that it ran once.
     assert [r["path"] for r in runs(redis_client, namespace)] == ["/payments"]
+
+
+def test_a_view_that_crashes_is_run_again_under_a_new_generation(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    """Django (an ``@idempotent`` view) and Flask turn the exception into a 500: the attempt
+    is provisional and the retry runs the view again."""
+    path = "/flaky" if shop.framework == "django" else "/payments/flaky"
+    key = str(uuid.uuid4())
+    crashed = httpx.post(f"{shop.url}{path}", json={}, headers=headers(key))
+    assert crashed.status_code == 500
+    retried = httpx.post(f"{shop.url}{path}", json={}, headers=headers(key))
+    assert retried.status_code == 201
+    assert retried.json() == {"run": 2}
+    replay = httpx.post(f"{shop.url}{path}", json={}, headers=headers(key))
+    assert replay.content == retried.content
+    assert replay.headers["idempotent-replayed"] == "true"
+    first, second = runs(redis_client, namespace)
+    assert second["generation"] > first["generation"]

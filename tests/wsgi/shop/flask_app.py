@@ -23,7 +23,7 @@ app.config["SETTLE"] = {
     "namespace": os.environ.get("SETTLE_NAMESPACE", "payments"),
     "lease": float(os.environ.get("SETTLE_LEASE", "30")),
     "principal": tenant_of,
-    "paths": ["/payments"],
+    "paths": ["/payments", "/payments/*"],
 }
 Idempotency(app)
 

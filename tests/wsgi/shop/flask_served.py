@@ -10,4 +10,9 @@ def _probe() -> None:
     probe.ran(g.get("settle"), request.path)
 
 
+@app.post("/payments/flaky")
+def flaky() -> tuple[dict[str, int], int]:
+    return {"run": probe.crash_first(request.path)}, 201
+
+
 __all__ = ["app"]

@@ -23,6 +23,19 @@ def ran(attempt: Any, path: str) -> None:
         time.sleep(0.02)
 
 
+def count(path: str) -> int:
+    """How many runs of ``path`` were counted (this one included)."""
+    return sum(json.loads(raw)["path"] == path for raw in _redis.lrange(f"{_ns}:runs", 0, -1))
+
+
+def crash_first(path: str) -> int:
+    """Raise on the first run of ``path`` (after its side effect was counted)."""
+    n = count(path)
+    if n == 1:
+        raise RuntimeError("the handler crashed after its side effect")
+    return n
+
+
 class ProbeMiddleware:
     def __init__(self, get_response: Any) -> None:
         self.get_response = get_response
