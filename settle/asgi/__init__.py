@@ -7,12 +7,12 @@ A guarded handler finds its :class:`settle.Attempt` (generation = fencing token)
 in ``scope["settle"]`` (:func:`current_attempt`). See ``docs/http-endpoints.md``.
 """
 
-from settle.asgi.attempt import current_attempt
-from settle.asgi.keys import KeyScope
 from settle.asgi.middleware import IdempotencyMiddleware
-from settle.asgi.policy import IdempotencyPolicy, PrincipalFn
-from settle.asgi.problems import DEFAULT_PROBLEM_TYPE_BASE, ProblemKind
-from settle.asgi.stored import (
+from settle.http.attempt import current_attempt
+from settle.http.keys import KeyScope
+from settle.http.policy import IdempotencyPolicy, PrincipalFn
+from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE, ProblemKind
+from settle.http.stored import (
     DEFAULT_REPLAY_HEADERS,
     REPLAYED_HEADER,
     StoredResponse,

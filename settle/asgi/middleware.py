@@ -2,33 +2,26 @@
 
 Per guarded request: parse the key, resolve the principal, read and fingerprint the body,
 ``reserve`` the operation, then replay the stored response, answer 409 while another attempt
-runs, or run the handler under the new reservation (:mod:`settle.asgi.runner`).
+runs, or run the handler under the new reservation (:mod:`settle.asgi.runner`). Every rule
+is :class:`settle.http._rules.Guard`'s; this shell only carries its steps out over ASGI.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
-from typing import Any
 
 from settle._async.settler import AsyncSettler
-from settle._log import logger
 from settle.asgi._types import ASGIApp, Receive, Scope, Send
-from settle.asgi.attempt import attempt_for
-from settle.asgi.keys import KeyScope, MalformedKey, operation_id, parse_key
-from settle.asgi.policy import Coverage, IdempotencyPolicy, PrincipalFn
-from settle.asgi.problems import DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind
-from settle.asgi.replay import send_replay
-from settle.asgi.request import (
-    ClientDisconnected,
-    RequestTooLarge,
-    header_values,
-    read_body,
-    request_fingerprint,
-)
-from settle.asgi.runner import AttemptRunner
-from settle.asgi.stored import DEFAULT_REPLAY_HEADERS
-from settle.errors import BackendError, BindingMismatch, DurabilityError, FingerprintMismatch
-from settle.models import InProgress, Replay
+from settle.asgi.request import ClientDisconnected, read_body, request_head
+from settle.asgi.runner import AttemptRunner, send_response
+from settle.errors import SettleError
+from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run
+from settle.http.keys import KeyScope
+from settle.http.policy import IdempotencyPolicy, PrincipalFn
+from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE
+from settle.http.request import RequestTooLarge
+from settle.http.stored import DEFAULT_REPLAY_HEADERS
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -40,7 +33,7 @@ class IdempotencyMiddleware:
     unauthenticated request: 401). Keys are scoped per principal unless ``key_scope`` is
     ``"global"``; the principal is also stored as the record's binding and checked on every
     request, so no principal can receive another principal's response. See
-    :class:`~settle.asgi.policy.IdempotencyPolicy` for every option.
+    :class:`~settle.http.policy.IdempotencyPolicy` for every option.
     """
 
     def __init__(
@@ -66,11 +59,11 @@ class IdempotencyMiddleware:
     ) -> None:
         self.app = app
         self.settler = settler
-        self.policy = IdempotencyPolicy(
+        self.policy = IdempotencyPolicy.configure(
             principal=principal,
-            methods=frozenset(methods),
-            paths=None if paths is None else _patterns(paths),
-            require_key=require_key if isinstance(require_key, bool) else _patterns(require_key),
+            methods=methods,
+            paths=paths,
+            require_key=require_key,
             header=header,
             key_scope=key_scope,
             max_key_length=max_key_length,
@@ -78,7 +71,7 @@ class IdempotencyMiddleware:
             timeout=timeout,
             max_request_bytes=max_request_bytes,
             max_response_bytes=max_response_bytes,
-            replay_headers=frozenset(replay_headers),
+            replay_headers=replay_headers,
             retry_after=retry_after,
             operation_prefix=operation_prefix,
             problem_type_base=problem_type_base,
@@ -89,103 +82,41 @@ class IdempotencyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        policy = self.policy
-        coverage = policy.coverage(scope["method"], scope["path"])
-        if coverage is Coverage.UNGUARDED:
-            await self.app(scope, receive, send)
-            return
-        log = logger.bind(
-            namespace=self.settler.config.namespace, method=scope["method"], path=scope["path"]
-        )
-        values = header_values(scope, policy.header_bytes)
-        if not values:
-            if coverage is Coverage.KEY_OPTIONAL:
-                await self.app(scope, receive, send)
-                return
-            log.info("settle.http.rejected", problem=ProblemKind.KEY_MISSING.value)
-            detail = f"this endpoint needs an {policy.header} header: a unique value per request"
-            await self._problem(send, ProblemKind.KEY_MISSING, detail)
-            return
-        try:
-            key = parse_key(values, policy.max_key_length)
-        except MalformedKey as exc:
-            log.info("settle.http.rejected", problem=ProblemKind.KEY_MALFORMED.value)
-            await self._problem(send, ProblemKind.KEY_MALFORMED, str(exc))
-            return
-        principal = await policy.principal_of(scope)
-        if principal is None:
-            log.info("settle.http.rejected", problem=ProblemKind.PRINCIPAL_REQUIRED.value)
-            detail = "authenticate: a guarded request is bound to the principal that sent it"
-            await self._problem(send, ProblemKind.PRINCIPAL_REQUIRED, detail)
-            return
-        try:
-            body = await read_body(scope, receive, policy.max_request_bytes)
-        except RequestTooLarge as exc:
-            log.info("settle.http.rejected", problem=ProblemKind.REQUEST_TOO_LARGE.value)
-            await self._problem(send, ProblemKind.REQUEST_TOO_LARGE, str(exc))
-            return
-        except ClientDisconnected:
-            log.info("settle.http.disconnected", stage="reading_request")
-            return
-        op = operation_id(policy.operation_prefix, key, principal, policy.key_scope)
-        await self._guard(scope, receive, send, body, principal, op, log.bind(operation_id=op))
-
-    async def _guard(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        body: bytes,
-        principal: str,
-        op: str,
-        log: Any,
-    ) -> None:
-        policy = self.policy
-        try:
-            outcome = await self.settler.reserve(
-                op,
-                principal=principal,
-                fingerprint=request_fingerprint(scope, body),
-                lease=policy.lease,
-            )
-        except FingerprintMismatch:
-            log.info("settle.http.rejected", problem=ProblemKind.KEY_REUSED.value)
-            detail = (
-                f"this {policy.header} was already used for a different request (method, path, "
-                "query, content type or body); use a new key for a new request"
-            )
-            await self._problem(send, ProblemKind.KEY_REUSED, detail)
-            return
-        except BindingMismatch:
-            log.warning("settle.http.rejected", problem=ProblemKind.KEY_BOUND.value)
-            detail = f"this {policy.header} is in use by another principal; use a new key"
-            await self._problem(send, ProblemKind.KEY_BOUND, detail)
-            return
-        except (BackendError, DurabilityError) as exc:
-            log.error("settle.http.unavailable", error=type(exc).__name__)  # noqa: TRY400 - the cause is named; no traceback needed
-            detail = "the idempotency store cannot be reached; nothing was run. Retry later."
-            await self._problem(send, ProblemKind.UNAVAILABLE, detail, policy.retry_after)
-            return
-        if isinstance(outcome, Replay):
-            await send_replay(send, outcome.record, policy.problem_type_base, log)
-            return
-        if isinstance(outcome, InProgress):
-            log.info("settle.http.in_progress", generation=outcome.generation)
-            detail = (
-                f"a request with this {policy.header} is still being processed; retry after "
-                f"{policy.retry_after} s to get its response"
-            )
-            await self._problem(send, ProblemKind.IN_PROGRESS, detail, policy.retry_after)
-            return
-        attempt = attempt_for(outcome, self.settler.config.namespace, policy.timeout)
-        runner = AttemptRunner(self.app, self.settler, policy, outcome.reservation, attempt, log)
-        await runner.run(scope, receive, send, body)
-
-    async def _problem(
-        self, send: Send, kind: ProblemKind, detail: str, retry_after: int | None = None
-    ) -> None:
-        await Problem(kind, detail, retry_after).send(send, self.policy.problem_type_base)
-
-
-def _patterns(value: Iterable[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
+        config = self.settler.config
+        head = request_head(scope, self.policy.header_bytes)
+        guard = Guard(self.policy, config.namespace, config.lease, head)
+        step = guard.start()
+        while True:
+            match step:
+                case Forward():
+                    await self.app(scope, receive, send)
+                    return
+                case Answer():
+                    await send_response(send, step.response)
+                    return
+                case Identify():
+                    principal = self.policy.principal(scope)
+                    if inspect.isawaitable(principal):
+                        principal = await principal
+                    step = guard.identified(principal)
+                case ReadBody():
+                    try:
+                        body = await read_body(scope, receive, step.limit)
+                    except RequestTooLarge as exc:
+                        step = guard.body_too_large(exc)
+                    except ClientDisconnected:
+                        guard.disconnected()
+                        return
+                    else:
+                        step = guard.body_read(body)
+                case Reserve():
+                    try:
+                        outcome = await step.call(self.settler)
+                    except SettleError as exc:
+                        step = guard.reserve_failed(exc)
+                    else:
+                        step = guard.reserved(outcome)
+                case Run():
+                    runner = AttemptRunner(self.app, self.settler, guard, step)
+                    await runner.run(scope, receive, send, body)
+                    return

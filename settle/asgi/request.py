@@ -1,20 +1,18 @@
-"""Reading a guarded request and fingerprinting it.
+"""Reading a guarded ASGI request: its head for the rules, its body under the limit.
 
-The fingerprint covers the method, the path, the query (parameters in a stable order), the
-content type and the canonical body: RFC 8785 (JCS) canonical JSON for JSON bodies, so key
-order and whitespace do not matter, and the raw bytes otherwise. It is the SHA-256 of the JCS
-form of that description (:func:`settle.fingerprint`).
+The fingerprint itself is :func:`settle.http.request.fingerprint_request`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any
-
 from settle.asgi._types import Receive, Scope
-from settle.errors import FingerprintError, InvalidInput
-from settle.fingerprint import canonical_json, fingerprint
+from settle.http.request import (
+    BodyBuffer,
+    ClientDisconnected,
+    RequestHead,
+    RequestTooLarge,
+    fingerprint_request,
+)
 
 __all__ = [
     "ClientDisconnected",
@@ -22,18 +20,8 @@ __all__ = [
     "header_values",
     "read_body",
     "request_fingerprint",
+    "request_head",
 ]
-
-#: Bump when the description below changes: old records then no longer match (422).
-REQUEST_FINGERPRINT_FORMAT = 1
-
-
-class RequestTooLarge(InvalidInput):
-    """The request body is over ``max_request_bytes`` (answered with 413)."""
-
-
-class ClientDisconnected(Exception):
-    """The client went away while its request body was being read."""
 
 
 def header_values(scope: Scope, name: bytes) -> list[bytes]:
@@ -41,96 +29,30 @@ def header_values(scope: Scope, name: bytes) -> list[bytes]:
     return [value for key, value in scope.get("headers", ()) if key.lower() == name]
 
 
+def request_head(scope: Scope, key_header: bytes = b"idempotency-key") -> RequestHead:
+    content_length = header_values(scope, b"content-length")
+    return RequestHead(
+        method=scope["method"],
+        path=scope["path"],
+        query=scope.get("query_string", b""),
+        content_type=b",".join(header_values(scope, b"content-type")),
+        key_values=tuple(header_values(scope, key_header)),
+        content_length=content_length[0] if content_length else None,
+    )
+
+
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The whole request body, or :class:`RequestTooLarge` past ``limit`` bytes."""
-    declared = header_values(scope, b"content-length")
-    if declared and declared[0].strip().isdigit() and int(declared[0]) > limit:
-        raise RequestTooLarge(f"the request body is over the {limit}-byte limit")
-    chunks: list[bytes] = []
-    size = 0
+    buffer = BodyBuffer(limit, request_head(scope).content_length)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"the request body is over the {limit}-byte limit")
-        chunks.append(chunk)
+        buffer.add(message.get("body", b""))
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return buffer.body()
 
 
 def request_fingerprint(scope: Scope, body: bytes) -> str:
-    """The fingerprint of a request: same value for the same request, in any process."""
-    media_type, params = _content_type(scope)
-    if _is_json(media_type):
-        # RFC 8259 defines no charset for JSON (it is UTF-8): the parameter means nothing.
-        params = [p for p in params if p[0] != "charset"]
-    return fingerprint(
-        {
-            "format": REQUEST_FINGERPRINT_FORMAT,
-            "method": scope["method"].upper(),
-            "path": scope["path"],
-            "query": _query(scope.get("query_string", b"")),
-            "content_type": [media_type, params],
-            "body": _body(media_type, body),
-        }
-    )
-
-
-def _query(raw: bytes) -> list[list[str]]:
-    """Query parameters sorted by name; repeated names keep their relative order."""
-    pairs = [part.split("=", 1) for part in raw.decode("latin-1").split("&") if part]
-    return sorted(([p[0], p[1] if len(p) > 1 else ""] for p in pairs), key=lambda p: p[0])
-
-
-def _content_type(scope: Scope) -> tuple[str, list[list[str]]]:
-    raw = b",".join(header_values(scope, b"content-type")).decode("latin-1")
-    media_type, *rest = raw.split(";")
-    params = []
-    for part in rest:
-        name, _, value = part.partition("=")
-        name, value = name.strip().lower(), value.strip().strip('"')
-        if name:
-            # Parameter values are case-insensitive (charset=UTF-8), except a boundary.
-            params.append([name, value if name == "boundary" else value.lower()])
-    return media_type.strip().lower(), sorted(params)
-
-
-def _body(media_type: str, body: bytes) -> dict[str, str]:
-    if not body:
-        return {"kind": "empty"}
-    if _is_json(media_type):
-        canonical = _canonical_json_body(body)
-        if canonical is not None:
-            return {"kind": "json", "sha256": hashlib.sha256(canonical).hexdigest()}
-    return {"kind": "raw", "sha256": hashlib.sha256(body).hexdigest()}
-
-
-def _is_json(media_type: str) -> bool:
-    return media_type == "application/json" or media_type.endswith("+json")
-
-
-def _canonical_json_body(body: bytes) -> bytes | None:
-    """JCS bytes of a JSON body; None when it has no single canonical meaning.
-
-    Invalid JSON, duplicate object keys, NaN/Infinity and integers outside the I-JSON range
-    fall back to the raw bytes, so two such bodies are the same request only byte for byte.
-    """
-    try:
-        value = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-        return canonical_json(value)
-    except (ValueError, RecursionError, FingerprintError):
-        return None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate object key")
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    """The fingerprint of an ASGI request (:func:`settle.http.request.fingerprint_request`)."""
+    return fingerprint_request(request_head(scope), body)

@@ -3,7 +3,7 @@
 The handler runs in its own task while a heartbeat renews the lease and a watcher listens
 for the client going away. The response is captured through ``send``:
 
-* a finished response (:func:`storable_status`) is buffered; when its last byte arrives it
+* a finished response (:meth:`Guard.keeps`) is buffered; when its last byte arrives it
   is stored with ``complete`` and only then sent, so a client that saw the whole response
   always finds it stored;
 * a response over ``max_response_bytes`` is sent on as it streams; when it ends the
@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import asyncio
 from enum import Enum
-from typing import Any
 
 from settle._async.settler import AsyncSettler
 from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
-from settle.asgi.policy import IdempotencyPolicy
-from settle.asgi.problems import Problem, ProblemKind
-from settle.asgi.replay import send_replay
-from settle.asgi.stored import StoredResponse, storable_status
-from settle.attempt import Attempt
-from settle.errors import ResultTooLarge, SettleError
-from settle.models import Reservation, Settlement, State, Verdict
+from settle.errors import SettleError
+from settle.http._rules import Guard, Run, Settle
+from settle.http.problems import Response
+from settle.models import OperationRecord
 
-__all__ = ["AttemptRunner"]
+__all__ = ["AttemptRunner", "send_response"]
 
 
 class _Phase(Enum):
@@ -45,29 +41,21 @@ class _Phase(Enum):
 class AttemptRunner:
     """One reserved attempt: run the app, capture its response, settle the reservation."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        settler: AsyncSettler,
-        policy: IdempotencyPolicy,
-        reservation: Reservation,
-        attempt: Attempt,
-        log: Any,
-    ) -> None:
+    def __init__(self, app: ASGIApp, settler: AsyncSettler, guard: Guard, run: Run) -> None:
         self._app = app
         self._settler = settler
-        self._policy = policy
-        self._reservation = reservation
-        self._attempt = attempt
-        self._log = log.bind(generation=attempt.generation)
-        self._lease = policy.lease or settler.config.lease
+        self._guard = guard
+        self._run = run
+        self._policy = guard.policy
+        self._reservation = run.reservation
+        self._attempt = run.attempt
+        self._lease = run.lease
         self._phase = _Phase.RUNNING
         self._send: Send | None = None
         self._start: Message | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._streaming = False  # the response is being sent on as it arrives
-        self._oversized = False
         self._downstream_started = False
         self._stopped = False  # the handler task has ended (after being cancelled)
 
@@ -87,7 +75,6 @@ class AttemptRunner:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        self._log.info("settle.http.started", number=self._attempt.number)
         watcher = asyncio.create_task(_watch_disconnect(receive, gone))
         heartbeat = asyncio.create_task(self._heartbeat())
         app_task = asyncio.create_task(self._call_app(scope, app_receive))
@@ -99,7 +86,7 @@ class AttemptRunner:
                 self._phase = _Phase.ABANDONED
                 await _cancel(app_task)
                 self._stopped = True
-                await asyncio.shield(self._provisional("cancelled"))
+                await asyncio.shield(self._settle(self._guard.failed(self._run, "cancelled")))
             raise
         finally:
             for task in (watcher, heartbeat):
@@ -141,15 +128,10 @@ class AttemptRunner:
             else:
                 reason = "timeout"
             self._phase = _Phase.ABANDONED
-            self._log.warning("settle.http.abandoned", reason=reason)
-            if reason == "timeout" and not self._downstream_started and self._send:
+            problem = self._guard.abandoned(reason)
+            if problem is not None and not self._downstream_started:
                 # Answer at the timeout, not when the handler's cleanup ends.
-                await Problem(
-                    ProblemKind.TIMEOUT,
-                    f"the request did not finish within {timeout} s and was stopped; it may "
-                    "or may not have taken effect. Retry with the same Idempotency-Key.",
-                    retry_after=self._policy.retry_after,
-                ).send(self._send, self._policy.problem_type_base)
+                await self._respond(problem)
             # The heartbeat keeps the lease while the handler stops: a retry meanwhile gets
             # 409, never a second handler running beside this one.
             await _cancel(app_task)
@@ -158,14 +140,15 @@ class AttemptRunner:
                 # Another attempt may own the operation now: this one must not settle it.
                 await self._answer_superseded(None)
                 return
-            await self._provisional(reason)
+            await self._settle(self._guard.failed(self._run, reason))
             return
 
     async def _handler_ended(self, app_task: asyncio.Task[None]) -> None:
         error = None if app_task.cancelled() else app_task.exception()
         if self._phase is _Phase.RUNNING:
             self._phase = _Phase.SETTLED
-            await self._provisional("exception" if error else "no_response")
+            reason = "exception" if error else "no_response"
+            await self._settle(self._guard.failed(self._run, reason))
         if error is not None:
             raise error
 
@@ -179,10 +162,10 @@ class AttemptRunner:
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
             except SettleError as exc:
-                self._log.warning("settle.http.renew_failed", error=type(exc).__name__)
+                self._guard.renew_failed(exc)
                 continue
             if not renewal.renewed:
-                self._log.warning("settle.http.lease_lost", reason=renewal.reason)
+                self._guard.lease_lost(renewal.reason)
                 self._attempt.mark_lost(renewal)
                 return
 
@@ -194,7 +177,7 @@ class AttemptRunner:
         kind = message["type"]
         if kind == "http.response.start":
             self._start = message
-            if not storable_status(int(message["status"])):
+            if not self._guard.keeps(int(message["status"]), 0):
                 self._streaming = True
                 await self._forward(message)
             return
@@ -210,11 +193,11 @@ class AttemptRunner:
             return
         self._chunks.append(chunk)
         self._size += len(chunk)
-        if self._size > self._policy.max_response_bytes:
-            self._streaming = self._oversized = True
+        assert self._start is not None
+        if not self._guard.keeps(int(self._start["status"]), self._size):
+            self._streaming = True
             if not more:
                 await self._finish()
-            assert self._start is not None
             await self._forward(self._start)
             await self._forward(
                 {"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more}
@@ -234,87 +217,55 @@ class AttemptRunner:
         self._phase = _Phase.FINISHING
         assert self._start is not None
         status = int(self._start["status"])
+        body = None if self._streaming else b"".join(self._chunks)
         try:
-            if not storable_status(status):
-                await self._provisional(f"status_{status}")
-            elif self._oversized:
-                self._log.warning(
-                    "settle.http.response_not_stored",
-                    status=status,
-                    size=self._size,
-                    limit=self._policy.max_response_bytes,
-                )
-                await self._complete(StoredResponse.not_stored(status, self._size))
-            else:
-                await self._finish_buffered(status)
+            step = self._guard.finished(
+                self._run, status, list(self._start.get("headers", [])), body, self._size
+            )
+            instead = await self._settle(step)
+            if body is None:
+                return  # sent on as it streamed: nothing else can be said
+            if instead is not None:
+                await self._answer(instead)
+                return
+            await self._forward(self._start)
+            await self._forward({"type": "http.response.body", "body": body, "more_body": False})
         finally:
             self._phase = _Phase.SETTLED
 
-    async def _finish_buffered(self, status: int) -> None:
-        assert self._start is not None
-        body = b"".join(self._chunks)
-        headers = list(self._start.get("headers", []))
-        stored = StoredResponse.capture(status, headers, body, self._policy.replay_headers)
-        try:
-            settlement = await self._complete(stored)
-        except ResultTooLarge:
-            self._log.warning("settle.http.response_not_stored", status=status, size=len(body))
-            settlement = await self._complete(StoredResponse.not_stored(status, len(body)))
-        if settlement is not None and settlement.verdict is Verdict.QUARANTINED:
-            await self._answer_superseded(settlement)
-            return
-        await self._forward(self._start)
-        await self._forward({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _answer_superseded(self, settlement: Settlement | None) -> None:
+    async def _answer_superseded(self, record: OperationRecord | None) -> None:
         """This attempt lost its reservation: answer with what is authoritative instead."""
-        assert self._send is not None
+        await self._answer(self._guard.superseded(record))
+
+    async def _answer(self, response: Response) -> None:
         if self._downstream_started:
             return  # part of the response is out already; nothing else can be said
-        record = settlement.record if settlement is not None else None
+        await self._respond(response)
+
+    async def _respond(self, response: Response) -> None:
+        assert self._send is not None
         self._downstream_started = True
-        if record is not None and record.state is State.COMPLETED:
-            await send_replay(self._send, record, self._policy.problem_type_base, self._log)
-            return
-        await Problem(
-            ProblemKind.SUPERSEDED,
-            "this attempt lost its reservation to a newer attempt and its response was not "
-            "kept; retry with the same Idempotency-Key to get the authoritative outcome",
-            retry_after=self._policy.retry_after,
-        ).send(self._send, self._policy.problem_type_base)
+        await send_response(self._send, response)
 
     # -- settlement calls ----------------------------------------------------------------
 
-    async def _complete(self, stored: StoredResponse) -> Settlement | None:
-        try:
-            settlement = await self._settler.complete(self._reservation, stored)
-        except ResultTooLarge:
-            raise
-        except SettleError as exc:
-            # The response goes out anyway; the record stays pending until its lease passes,
-            # then reads as provisional and a retry runs the handler again.
-            self._log.error("settle.http.store_failed", error=type(exc).__name__)
-            return None
-        if settlement.verdict is Verdict.QUARANTINED:
-            self._log.warning("settle.http.superseded", kind=settlement.kind, status=stored.status)
-        else:
-            self._log.info(
-                "settle.http.completed",
-                status=stored.status,
-                size=stored.size,
-                stored=stored.body is not None,
-                verdict=settlement.verdict.value,
-            )
-        return settlement
+    async def _settle(self, step: Settle | None) -> Response | None:
+        """Carry out the guard's settlement; return what to answer instead, if anything."""
+        while step is not None:
+            try:
+                settlement = await step.call(self._settler)
+            except SettleError as exc:
+                step = self._guard.settle_failed(step, exc)
+            else:
+                return self._guard.settled(step, settlement)
+        return None
 
-    async def _provisional(self, reason: str) -> None:
-        try:
-            settlement = await self._settler.mark_provisional(self._reservation, reason)
-        except SettleError as exc:
-            # The lease will pass and the record then reads as provisional all the same.
-            self._log.error("settle.http.store_failed", reason=reason, error=type(exc).__name__)
-            return
-        self._log.info("settle.http.provisional", reason=reason, verdict=settlement.verdict.value)
+
+async def send_response(send: Send, response: Response) -> None:
+    """Send a complete response in two ASGI messages."""
+    headers = list(response.headers)
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
 async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:

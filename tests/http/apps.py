@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import socketserver
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+import wsgiref.simple_server
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -19,9 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from settle import AsyncSettler
+from settle import AsyncSettler, Settler
 from settle.asgi import IdempotencyMiddleware, current_attempt
 from settle.embedded import free_port
+from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
+from settle.wsgi import current_attempt as wsgi_current_attempt
 
 PRINCIPAL_HEADER = b"x-principal"
 
@@ -215,4 +220,100 @@ def serve(app: Any, settler: AsyncSettler) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
+        thread.join(timeout=10)
+
+
+def wsgi_app(settler: Settler, ledger: Ledger, **options: Any) -> WSGIMiddleware:
+    """The payments-style routes of :func:`starlette_app` as a bare PEP 3333 app."""
+
+    def respond(
+        start_response: Any, status: str, body: bytes, headers: list[tuple[str, str]]
+    ) -> list[bytes]:
+        start_response(status, [("Content-Length", str(len(body))), *headers])
+        return [body]
+
+    def json_response(start_response: Any, status: str, data: Any, *extra: Any) -> list[bytes]:
+        body = json.dumps(data).encode()
+        return respond(start_response, status, body, [("Content-Type", "application/json"), *extra])
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ["PATH_INFO"]
+        if path == "/open":
+            ledger.record("/open", guarded="settle" in environ)
+            return json_response(start_response, "200 OK", {"guarded": "settle" in environ})
+        attempt = wsgi_current_attempt(environ)
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        if path == "/payments":
+            data = json.loads(body)
+            ledger.record("/payments", generation=attempt.generation, amount=data.get("amount"))
+            payment_id = uuid.uuid4().hex
+            return json_response(
+                start_response,
+                "201 Created",
+                {"id": payment_id, "amount": data.get("amount"), "generation": attempt.generation},
+                ("Location", f"/payments/{payment_id}"),
+                ("Set-Cookie", f"session={uuid.uuid4().hex}"),
+                ("X-Trace", uuid.uuid4().hex),
+            )
+        if path == "/flaky":
+            n = ledger.record("/flaky", generation=attempt.generation)
+            if n == 1:
+                return json_response(start_response, "500 Internal Server Error", {"error": "db"})
+            return json_response(start_response, "201 Created", {"id": uuid.uuid4().hex, "run": n})
+        if path == "/boom":
+            n = ledger.record("/boom", generation=attempt.generation)
+            if n == 1:
+                raise RuntimeError("handler crashed after its side effect")
+            return json_response(start_response, "201 Created", {"id": uuid.uuid4().hex, "run": n})
+        if path == "/gated":
+            ledger.entered.set()
+            while attempt.number == 1 and not ledger.gate.is_set():
+                time.sleep(0.01)
+            ledger.record("/gated", generation=attempt.generation)
+            data = {"id": uuid.uuid4().hex, "generation": attempt.generation}
+            return json_response(start_response, "201 Created", data)
+        if path == "/stream":
+            size = int(environ["QUERY_STRING"].removeprefix("size="))
+            ledger.record("/stream", generation=attempt.generation)
+            start_response("200 OK", [("Content-Type", "application/octet-stream")])
+            return _chunks(uuid.uuid4().hex.encode(), size)  # a generator: collected whole
+        return respond(start_response, "404 Not Found", b"", [])
+
+    options.setdefault("principal", principal_from_environ)
+    return WSGIMiddleware(app, settler=settler, **options)
+
+
+def _chunks(nonce: bytes, size: int) -> Iterator[bytes]:
+    yield nonce
+    yield from (b"x" * min(8192, size - start) for start in range(0, size, 8192))
+
+
+def principal_from_environ(environ: dict[str, Any]) -> str | None:
+    """The WSGI twin of :func:`principal_from_header`."""
+    value = environ.get("HTTP_X_PRINCIPAL")
+    return None if value is None else str(value)
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, wsgiref.simple_server.WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass
+
+
+@contextlib.contextmanager
+def serve_wsgi(app: Any) -> Iterator[str]:
+    """Run a WSGI ``app`` under the stdlib's threading WSGI server on a loopback port."""
+    server = wsgiref.simple_server.make_server(
+        "127.0.0.1", 0, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="wsgiref", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
         thread.join(timeout=10)

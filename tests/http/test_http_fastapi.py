@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,13 +16,12 @@ from settle import AsyncSettler
 from settle.asgi import IdempotencyMiddleware, ProblemKind
 from settle.attempt import Attempt
 from settle.fastapi import CurrentAttempt
-
-DOC = Path(__file__).parents[2] / "docs" / "http-endpoints.md"
+from tests.http.docs import DOC, section_blocks
 
 
 def doc_example() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
-    assert len(blocks) == 1, "the doc has exactly one runnable example"
+    blocks = section_blocks("A payment endpoint with FastAPI")
+    assert len(blocks) == 1, "the FastAPI section has exactly one runnable example"
     return blocks[0]
 
 

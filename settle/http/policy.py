@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import fnmatch
-import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import get_args
+from typing import Any, get_args
 
-from settle.asgi._types import Scope
-from settle.asgi.keys import KeyScope, operation_id_overhead
-from settle.asgi.problems import DEFAULT_PROBLEM_TYPE_BASE
-from settle.asgi.stored import DEFAULT_REPLAY_HEADERS, FORBIDDEN_REPLAY_HEADERS
 from settle.errors import ConfigurationError
+from settle.http.keys import KeyScope, operation_id_overhead
+from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE
+from settle.http.stored import DEFAULT_REPLAY_HEADERS, FORBIDDEN_REPLAY_HEADERS
 
-__all__ = ["Coverage", "IdempotencyPolicy", "PrincipalFn"]
+__all__ = ["Coverage", "IdempotencyPolicy", "PrincipalFn", "checked_principal"]
 
-PrincipalFn = Callable[[Scope], str | Awaitable[str | None] | None]
-"""Maps the ASGI scope to the authenticated principal (None: not authenticated -> 401)."""
+PrincipalFn = Callable[[Any], str | Awaitable[str | None] | None]
+"""Maps the request (the ASGI scope, the WSGI environ, Django's or Flask's request) to the
+authenticated principal (None: not authenticated -> 401). Only ASGI may return an awaitable."""
 
 _MAX_OPERATION_ID = 256
 _BASE64_HEADROOM = 16 << 10  # stored headers and the JSON envelope around the body
@@ -39,6 +38,10 @@ def _globs(value: Iterable[str], what: str) -> tuple[str, ...]:
     if not all(isinstance(p, str) and p.startswith("/") for p in patterns):
         raise ConfigurationError(f"{what} must hold path patterns starting with '/'")
     return patterns
+
+
+def _one_or_many(value: Iterable[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _matches(patterns: tuple[str, ...], path: str) -> bool:
@@ -75,7 +78,7 @@ class IdempotencyPolicy:
 
     def __post_init__(self) -> None:
         if not callable(self.principal):
-            raise ConfigurationError("principal must be a callable: scope -> str | None")
+            raise ConfigurationError("principal must be a callable: request -> str | None")
         set_ = object.__setattr__
         set_(self, "methods", frozenset(m.upper() for m in self.methods))
         if self.paths is not None:
@@ -108,6 +111,39 @@ class IdempotencyPolicy:
             )
         set_(self, "replay_headers", allowed)
 
+    @classmethod
+    def configure(
+        cls,
+        *,
+        principal: PrincipalFn,
+        methods: Iterable[str] = ("POST", "PATCH"),
+        paths: Iterable[str] | None = None,
+        require_key: bool | Iterable[str] = True,
+        replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
+        **options: Any,
+    ) -> IdempotencyPolicy:
+        """The policy from a middleware's keyword options (one glob may be a plain str).
+
+        ``options`` are the other fields (``header``, ``key_scope``, ``lease``, ...); an
+        unknown one is a :class:`ConfigurationError`.
+        """
+        unknown = sorted(
+            set(options) - {f for f in cls.__dataclass_fields__ if f != "header_bytes"}
+        )
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option {', '.join(unknown)}; the options are listed in "
+                "docs/http-endpoints.md (Options)"
+            )
+        return cls(
+            principal=principal,
+            methods=frozenset(methods),
+            paths=None if paths is None else _one_or_many(paths),
+            require_key=require_key if isinstance(require_key, bool) else _one_or_many(require_key),
+            replay_headers=frozenset(replay_headers),
+            **options,
+        )
+
     def check_store(self, max_result_bytes: int) -> None:
         """The largest stored response must fit the settler's ``max_result_bytes``."""
         needed = 4 * -(-self.max_response_bytes // 3) + _BASE64_HEADROOM
@@ -127,12 +163,12 @@ class IdempotencyPolicy:
             return Coverage.KEY_REQUIRED
         return Coverage.KEY_OPTIONAL
 
-    async def principal_of(self, scope: Scope) -> str | None:
-        value = self.principal(scope)
-        if inspect.isawaitable(value):
-            value = await value
-        if value is not None and not isinstance(value, str):
-            raise ConfigurationError(
-                f"the principal callable returned {type(value).__name__}, not str | None"
-            )
-        return value
+
+def checked_principal(value: object) -> str | None:
+    """What the principal callable returned, once checked to be ``str | None``."""
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError(
+            f"the principal callable returned {type(value).__name__}, not str | None; "
+            "return the principal's name, or None for an unauthenticated request"
+        )
+    return value

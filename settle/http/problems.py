@@ -1,4 +1,4 @@
-"""Every error response the middleware writes itself: RFC 9457 ``application/problem+json``.
+"""Every error response the middlewares write themselves: RFC 9457 ``application/problem+json``.
 
 Each case has its own ``type`` (``<problem_type_base><slug>``), a fixed status and title; the
 ``detail`` says what the client should do next. ``docs/http-endpoints.md`` lists them all.
@@ -10,9 +10,7 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from settle.asgi._types import Send
-
-__all__ = ["DEFAULT_PROBLEM_TYPE_BASE", "Problem", "ProblemKind", "send_response"]
+__all__ = ["DEFAULT_PROBLEM_TYPE_BASE", "Problem", "ProblemKind", "Response"]
 
 DEFAULT_PROBLEM_TYPE_BASE = "urn:settle:problem:"
 
@@ -57,6 +55,16 @@ _STATUS_TITLE: dict[ProblemKind, tuple[int, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Response:
+    """A complete response a middleware sends itself (a problem or a replay), for any
+    protocol: header names lowercase, values as bytes."""
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Problem:
     """One problem response, ready to send."""
 
@@ -83,14 +91,6 @@ class Problem:
             headers.append((b"retry-after", str(self.retry_after).encode("ascii")))
         return headers
 
-    async def send(self, send: Send, type_base: str) -> None:
+    def response(self, type_base: str) -> Response:
         body = self.body(type_base)
-        await send_response(send, self.kind.status, self.headers(body), body)
-
-
-async def send_response(
-    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
-) -> None:
-    """Send a complete response in two ASGI messages."""
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+        return Response(self.kind.status, tuple(self.headers(body)), body)

@@ -1,0 +1,147 @@
+"""Django integration: the ``Idempotency-Key`` middleware and a view decorator.
+
+    # settings.py
+    SETTLE = {"url": "redis://localhost:6379/0", "namespace": "payments", "paths": ["/payments"]}
+    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
+                  "settle.django.IdempotencyMiddleware", ...]
+
+    # or per view (Django REST framework views too)
+    from settle.django import idempotent
+    urlpatterns = [path("refunds", idempotent(RefundView.as_view()))]
+
+The rules are :mod:`settle.http`'s, carried out by the same sync driver as
+:mod:`settle.wsgi`. The guarded view finds its :class:`~settle.Attempt` in
+``request.settle``. Only this module imports Django. See ``docs/http-endpoints.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+
+from settle.attempt import Attempt
+from settle.errors import ConfigurationError
+from settle.http._sync import SyncGuard, configured_guard
+from settle.http.policy import PrincipalFn
+from settle.http.problems import Response
+from settle.http.request import BodyBuffer
+from settle.wsgi.middleware import request_head
+
+__all__ = ["IdempotencyMiddleware", "idempotent", "user_principal"]
+
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
+GetResponse = Callable[[HttpRequest], HttpResponseBase]
+
+
+def user_principal(request: HttpRequest) -> str | None:
+    """The default principal: ``user:<pk>`` of an authenticated ``request.user``, else None
+    (401). Put ``settle.django.IdempotencyMiddleware`` after the authentication middleware."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return None
+    return f"user:{user.pk}"
+
+
+class IdempotencyMiddleware:
+    """Guards the configured methods and paths of a Django project (``settings.SETTLE``).
+
+    ``SETTLE`` holds ``settler`` (a :class:`~settle.Settler` or its dotted path) or ``url``
+    and ``namespace``; ``principal`` (a callable on the request or its dotted path; default
+    :func:`user_principal`); and any option of :class:`settle.asgi.IdempotencyMiddleware`
+    (``methods``, ``paths``, ``require_key``, ``key_scope``, ``lease``, ...).
+    """
+
+    def __init__(self, get_response: GetResponse, **overrides: Any) -> None:
+        self.get_response = get_response
+        self._driver = _driver(overrides)
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return _guarded(self._driver, request, self.get_response)
+
+
+def idempotent(view: View | None = None, **options: Any) -> Any:
+    """Guard one view (``@idempotent`` or ``@idempotent(methods=["POST"], ...)``): the
+    options of ``settings.SETTLE``, overridden by ``options``; every path of the view."""
+
+    def decorate(view: View) -> View:
+        drivers: list[SyncGuard] = []  # built at the first request: settings are ready then
+
+        @functools.wraps(view)
+        def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if not drivers:
+                drivers.append(_driver({**options, "paths": None}))
+            return _guarded(drivers[0], request, lambda r: view(r, *args, **kwargs))
+
+        return guarded  # type: ignore[return-value]  # same signature as the view
+
+    return decorate if view is None else decorate(view)
+
+
+def _guarded(
+    driver: SyncGuard, request: HttpRequest, get_response: GetResponse
+) -> HttpResponseBase:
+    exchange = _Exchange(request, get_response, driver.policy.principal)
+    head = request_head(request.META, driver.policy.header)
+    response = driver.handle(head, exchange)
+    if response is None:
+        return get_response(request)
+    if response is exchange.response and exchange.django is not None:
+        return exchange.django  # the view's own response object, as it made it
+    return _to_django(response)
+
+
+def _driver(overrides: dict[str, Any]) -> SyncGuard:
+    return configured_guard({**getattr(settings, "SETTLE", {}), **overrides}, user_principal)
+
+
+class _Exchange:
+    """One Django request for :class:`~settle.http._sync.SyncGuard`."""
+
+    def __init__(
+        self, request: HttpRequest, get_response: GetResponse, principal: PrincipalFn
+    ) -> None:
+        self._request = request
+        self._get_response = get_response
+        self._principal = principal
+        self.response: Response | None = None
+        self.django: HttpResponseBase | None = None
+
+    def principal(self) -> object:
+        return self._principal(self._request)
+
+    def body(self, buffer: BodyBuffer) -> bytes:
+        buffer.add(self._request.body)  # Django keeps it: the view reads it again
+        return buffer.body()
+
+    def call(self, attempt: Attempt) -> Response:
+        self._request.settle = attempt  # type: ignore[attr-defined]
+        response = self._get_response(self._request)
+        render = getattr(response, "render", None)
+        if render is not None and not getattr(response, "is_rendered", True):
+            render()  # a TemplateResponse or DRF Response returned to a view decorator
+        if isinstance(response, StreamingHttpResponse):
+            content = b"".join(response.streaming_content)  # type: ignore[arg-type]
+            response.streaming_content = [content]
+        elif isinstance(response, HttpResponse):
+            content = response.content
+        else:
+            raise ConfigurationError(
+                f"a guarded view returned a {type(response).__name__}: return an HttpResponse "
+                "or a StreamingHttpResponse, whose content settle can store and replay"
+            )
+        headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in response.items())
+        self.django = response
+        self.response = Response(response.status_code, headers, content)
+        return self.response
+
+
+def _to_django(response: Response) -> HttpResponse:
+    out = HttpResponse(response.body, status=response.status)
+    del out["Content-Type"]  # only the stored headers, as they were
+    for name, value in response.headers:
+        out[name.decode("latin-1")] = value.decode("latin-1")
+    return out

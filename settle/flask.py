@@ -1,0 +1,56 @@
+"""Flask integration: the ``Idempotency-Key`` middleware as an extension.
+
+    from settle.flask import Idempotency
+
+    app.config["SETTLE"] = {"url": "redis://localhost:6379/0", "namespace": "shop",
+                            "principal": tenant_of, "paths": ["/payments"]}
+    Idempotency(app)          # or Idempotency().init_app(app) in an app factory
+
+``principal`` is called with the request (``app.request_class``; read headers only, the
+body is read by the middleware). The guarded view finds its
+:class:`~settle.Attempt` in ``flask.g.settle`` (``request.environ["settle"]``).
+The rules are :mod:`settle.http`'s, carried out by :mod:`settle.wsgi`'s middleware around
+``app.wsgi_app``. Only this module imports Flask. See ``docs/http-endpoints.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, g, request
+
+from settle.http._sync import configured_guard, resolve
+from settle.wsgi.middleware import IdempotencyMiddleware
+
+__all__ = ["Idempotency"]
+
+
+class Idempotency:
+    """The extension: ``Idempotency(app, **options)`` or ``init_app(app)`` later.
+
+    The options are ``app.config["SETTLE"]``, overridden by those given here: ``settler``
+    (a :class:`~settle.Settler` or its dotted path) or ``url`` and ``namespace``;
+    ``principal`` (required); and any option of :class:`settle.asgi.IdempotencyMiddleware`.
+    """
+
+    def __init__(self, app: Flask | None = None, **options: Any) -> None:
+        self.options = options
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        config = {**app.config.get("SETTLE", {}), **self.options}
+        principal = resolve(config.pop("principal", None))
+        request_class = app.request_class
+
+        def principal_of(environ: dict[str, Any]) -> object:
+            return principal(request_class(environ))
+
+        driver = configured_guard({**config, "principal": principal_of if principal else None})
+        app.wsgi_app = IdempotencyMiddleware.from_guard(app.wsgi_app, driver)  # type: ignore[method-assign]
+        app.before_request(_expose_attempt)
+        app.extensions["settle"] = self
+
+
+def _expose_attempt() -> None:
+    g.settle = request.environ.get("settle")

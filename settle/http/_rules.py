@@ -1,0 +1,383 @@
+"""Every rule of the ``Idempotency-Key`` middlewares, with no I/O, in one place.
+
+:class:`Guard` hands out one instruction at a time, in the shape of the decorator's
+:class:`~settle.decorator._plan.Plan`; the ASGI, WSGI and Django shells carry it out and
+feed back what happened. Which requests are guarded, the key, the principal, the body limit,
+the fingerprint, the reservation's answers (replay, 409, 422, 503), what a finished
+response stores and what is answered when an attempt lost its reservation: all here, once.
+
+    step = guard.start()
+    while True:
+        match step:
+            case Forward():   call the app unguarded
+            case Answer():    send step.response; done
+            case Identify():  step = guard.identified(principal(request))
+            case ReadBody():  step = guard.body_read(body)  # or guard.body_too_large(exc)
+            case Reserve():   step = guard.reserved(settler.reserve(...))  # or reserve_failed
+            case Run():       run the app with step.attempt, then
+                              settle guard.finished(...) and send guard.settled(...) or
+                              the handler's own response
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+from pydantic import ValidationError
+
+from settle._log import logger
+from settle.attempt import Attempt
+from settle.errors import (
+    BackendError,
+    BindingMismatch,
+    CorruptRecord,
+    DurabilityError,
+    FingerprintMismatch,
+    ResultTooLarge,
+    SettleError,
+)
+from settle.http.keys import MalformedKey, operation_id, parse_key
+from settle.http.policy import Coverage, IdempotencyPolicy, checked_principal
+from settle.http.problems import Problem, ProblemKind, Response
+from settle.http.request import RequestHead, RequestTooLarge, fingerprint_request
+from settle.http.stored import StoredResponse, storable_status
+from settle.models import (
+    InProgress,
+    OperationRecord,
+    Replay,
+    Reservation,
+    Reserved,
+    Settlement,
+    State,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    from settle._async.settler import AsyncSettler
+    from settle._sync.settler import Settler
+
+__all__ = [
+    "Answer",
+    "Forward",
+    "Guard",
+    "Identify",
+    "ReadBody",
+    "Reserve",
+    "Run",
+    "Settle",
+    "Step",
+    "stored_response",
+]
+
+
+# -- instructions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """The request is not guarded: call the app as it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Send this response; the app is not called."""
+
+    response: Response
+
+
+@dataclass(frozen=True, slots=True)
+class Identify:
+    """Call the principal callable on the request; feed :meth:`Guard.identified`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBody:
+    """Read the whole body into a :class:`~settle.http.request.BodyBuffer` of ``limit``."""
+
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    operation_id: str
+    principal: str
+    fingerprint: str
+    lease: float | None
+
+    @overload
+    def call(self, settler: AsyncSettler) -> Awaitable[Reserved | Replay | InProgress]: ...
+    @overload
+    def call(self, settler: Settler) -> Reserved | Replay | InProgress: ...
+    def call(self, settler: AsyncSettler | Settler) -> Any:
+        """``settler.reserve(...)`` (await it on an :class:`~settle.AsyncSettler`)."""
+        return settler.reserve(
+            self.operation_id,
+            principal=self.principal,
+            fingerprint=self.fingerprint,
+            lease=self.lease,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run the app with ``attempt`` (in ``scope``/``environ``/``request.settle``) while a
+    heartbeat renews ``reservation`` every ``lease / 3`` seconds."""
+
+    reservation: Reservation
+    attempt: Attempt
+    lease: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """``complete`` the reservation with ``stored``, or (``stored`` None) mark it
+    provisional with ``reason``."""
+
+    reservation: Reservation
+    stored: StoredResponse | None = None
+    reason: str = ""
+
+    @overload
+    def call(self, settler: AsyncSettler) -> Awaitable[Settlement]: ...
+    @overload
+    def call(self, settler: Settler) -> Settlement: ...
+    def call(self, settler: AsyncSettler | Settler) -> Any:
+        """``complete`` or ``mark_provisional`` (await it on an :class:`~settle.AsyncSettler`)."""
+        if self.stored is None:
+            return settler.mark_provisional(self.reservation, self.reason)
+        return settler.complete(self.reservation, self.stored)
+
+
+Step = Forward | Answer | Identify | ReadBody | Reserve | Run
+
+
+# -- the rules -----------------------------------------------------------------------------
+
+
+class Guard:
+    """The decisions for one request, from its head to the response its client gets."""
+
+    def __init__(
+        self, policy: IdempotencyPolicy, namespace: str, lease: float, head: RequestHead
+    ) -> None:
+        self.policy = policy
+        self.namespace = namespace
+        self.lease = policy.lease or lease
+        self.head = head
+        self.log: Any = logger.bind(namespace=namespace, method=head.method, path=head.path)
+        self._key = ""
+        self._principal = ""
+
+    # -- before the body -----------------------------------------------------------------
+
+    def start(self) -> Step:
+        policy = self.policy
+        coverage = policy.coverage(self.head.method, self.head.path)
+        if coverage is Coverage.UNGUARDED:
+            return Forward()
+        if not self.head.key_values:
+            if coverage is Coverage.KEY_OPTIONAL:
+                return Forward()
+            detail = f"this endpoint needs an {policy.header} header: a unique value per request"
+            return self._reject(ProblemKind.KEY_MISSING, detail)
+        try:
+            self._key = parse_key(list(self.head.key_values), policy.max_key_length)
+        except MalformedKey as exc:
+            return self._reject(ProblemKind.KEY_MALFORMED, str(exc))
+        return Identify()
+
+    def identified(self, principal: object) -> Step:
+        value = checked_principal(principal)
+        if value is None:
+            detail = "authenticate: a guarded request is bound to the principal that sent it"
+            return self._reject(ProblemKind.PRINCIPAL_REQUIRED, detail)
+        self._principal = value
+        return ReadBody(self.policy.max_request_bytes)
+
+    def body_too_large(self, exc: RequestTooLarge) -> Answer:
+        return self._reject(ProblemKind.REQUEST_TOO_LARGE, str(exc))
+
+    def disconnected(self) -> None:
+        """The client left while its body was being read: nothing is answered or run."""
+        self.log.info("settle.http.disconnected", stage="reading_request")
+
+    def body_read(self, body: bytes) -> Reserve:
+        policy = self.policy
+        op = operation_id(policy.operation_prefix, self._key, self._principal, policy.key_scope)
+        self.log = self.log.bind(operation_id=op)
+        return Reserve(op, self._principal, fingerprint_request(self.head, body), policy.lease)
+
+    # -- the reservation -----------------------------------------------------------------
+
+    def reserve_failed(self, exc: SettleError) -> Answer:
+        header = self.policy.header
+        if isinstance(exc, FingerprintMismatch):
+            detail = (
+                f"this {header} was already used for a different request (method, path, "
+                "query, content type or body); use a new key for a new request"
+            )
+            return self._reject(ProblemKind.KEY_REUSED, detail)
+        if isinstance(exc, BindingMismatch):
+            detail = f"this {header} is in use by another principal; use a new key"
+            return self._reject(ProblemKind.KEY_BOUND, detail, level="warning")
+        if isinstance(exc, BackendError | DurabilityError):
+            self.log.error("settle.http.unavailable", error=type(exc).__name__)
+            detail = "the idempotency store cannot be reached; nothing was run. Retry later."
+            return self._answer(ProblemKind.UNAVAILABLE, detail, retry=True)
+        raise exc
+
+    def reserved(self, outcome: Reserved | Replay | InProgress) -> Answer | Run:
+        if isinstance(outcome, Replay):
+            return Answer(self.replay(outcome.record))
+        if isinstance(outcome, InProgress):
+            self.log.info("settle.http.in_progress", generation=outcome.generation)
+            detail = (
+                f"a request with this {self.policy.header} is still being processed; retry "
+                f"after {self.policy.retry_after} s to get its response"
+            )
+            return self._answer(ProblemKind.IN_PROGRESS, detail, retry=True)
+        timeout = self.policy.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = Attempt.for_reservation(outcome, self.namespace, deadline)
+        self.log = self.log.bind(generation=attempt.generation)
+        self.log.info("settle.http.started", number=attempt.number)
+        return Run(outcome.reservation, attempt, self.lease)
+
+    def replay(self, record: OperationRecord) -> Response:
+        """The record's stored response, or a 410 problem if it was too large to store."""
+        stored = stored_response(record)
+        if stored.body is None:
+            self.log.info("settle.http.not_replayable", status=stored.status, size=stored.size)
+            detail = (
+                f"the request was processed (status {stored.status}) but its {stored.size}-byte "
+                "response was too large to store; it will not run again for this key. Fetch "
+                "the result through the API, or send a new request with a new key."
+            )
+            return self._answer(ProblemKind.RESPONSE_NOT_STORED, detail).response
+        self.log.info("settle.http.replayed", status=stored.status, size=stored.size)
+        return Response(stored.status, tuple(stored.replay_headers()), stored.body)
+
+    # -- the handler's response ----------------------------------------------------------
+
+    def keeps(self, status: int, size: int) -> bool:
+        """Whether a response of ``status`` is still kept to be stored after ``size`` bytes:
+        a finished response (:func:`storable_status`) within ``max_response_bytes``. A
+        streaming shell sends on what it no longer keeps."""
+        return storable_status(status) and size <= self.policy.max_response_bytes
+
+    def finished(
+        self,
+        run: Run,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        size: int,
+    ) -> Settle:
+        """The handler sent its last byte (``body`` None: it was over the limit and was sent
+        on without being kept): what to settle."""
+        if not storable_status(status):
+            return Settle(run.reservation, reason=f"status_{status}")
+        if body is None or not self.keeps(status, size):
+            return self._not_stored(run.reservation, status, size)
+        stored = StoredResponse.capture(status, headers, body, self.policy.replay_headers)
+        return Settle(run.reservation, stored)
+
+    def failed(self, run: Run, reason: str) -> Settle:
+        """The handler raised, timed out or its client left before its last byte."""
+        return Settle(run.reservation, reason=reason)
+
+    def settle_failed(self, step: Settle, exc: SettleError) -> Settle | None:
+        """The settlement call raised: what to settle instead (None: nothing). The response
+        goes out anyway; a record left pending reads as provisional once its lease passes,
+        and a retry runs the handler again."""
+        stored = step.stored
+        if isinstance(exc, ResultTooLarge) and stored is not None and stored.body is not None:
+            return self._not_stored(step.reservation, stored.status, stored.size)
+        reason = step.reason or None
+        self.log.error("settle.http.store_failed", reason=reason, error=type(exc).__name__)
+        return None
+
+    def settled(self, step: Settle, settlement: Settlement) -> Response | None:
+        """What the client gets instead of the handler's response (None: the handler's)."""
+        stored = step.stored
+        verdict = settlement.verdict
+        if stored is None:
+            self.log.info("settle.http.provisional", reason=step.reason, verdict=verdict.value)
+            return None
+        if verdict is Verdict.QUARANTINED:
+            self.log.warning("settle.http.superseded", kind=settlement.kind, status=stored.status)
+            return self.superseded(settlement.record)
+        self.log.info(
+            "settle.http.completed",
+            status=stored.status,
+            size=stored.size,
+            stored=stored.body is not None,
+            verdict=verdict.value,
+        )
+        return None
+
+    def superseded(self, record: OperationRecord | None) -> Response:
+        """This attempt lost its reservation: the authoritative response, or a 409."""
+        if record is not None and record.state is State.COMPLETED:
+            return self.replay(record)
+        detail = (
+            "this attempt lost its reservation to a newer attempt and its response was not "
+            f"kept; retry with the same {self.policy.header} to get the authoritative outcome"
+        )
+        return Problem(ProblemKind.SUPERSEDED, detail, self.policy.retry_after).response(
+            self.policy.problem_type_base
+        )
+
+    def abandoned(self, reason: str) -> Response | None:
+        """The attempt stops before its last byte (``timeout``, ``client_disconnect``,
+        ``lease_lost``): the problem to answer at once, if any."""
+        self.log.warning("settle.http.abandoned", reason=reason)
+        if reason != "timeout":
+            return None
+        detail = (
+            f"the request did not finish within {self.policy.timeout} s and was stopped; it "
+            f"may or may not have taken effect. Retry with the same {self.policy.header}."
+        )
+        return Problem(ProblemKind.TIMEOUT, detail, self.policy.retry_after).response(
+            self.policy.problem_type_base
+        )
+
+    def lease_lost(self, reason: str | None) -> None:
+        self.log.warning("settle.http.lease_lost", reason=reason)
+
+    def renew_failed(self, exc: SettleError) -> None:
+        self.log.warning("settle.http.renew_failed", error=type(exc).__name__)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _not_stored(self, reservation: Reservation, status: int, size: int) -> Settle:
+        self.log.warning(
+            "settle.http.response_not_stored",
+            status=status,
+            size=size,
+            limit=self.policy.max_response_bytes,
+        )
+        return Settle(reservation, StoredResponse.not_stored(status, size))
+
+    def _reject(self, kind: ProblemKind, detail: str, level: str = "info") -> Answer:
+        getattr(self.log, level)("settle.http.rejected", problem=kind.value)
+        return self._answer(kind, detail)
+
+    def _answer(self, kind: ProblemKind, detail: str, *, retry: bool = False) -> Answer:
+        problem = Problem(kind, detail, self.policy.retry_after if retry else None)
+        return Answer(problem.response(self.policy.problem_type_base))
+
+
+def stored_response(record: OperationRecord) -> StoredResponse:
+    """The response stored in a completed record (CorruptRecord if it holds something else)."""
+    try:
+        return record.value(StoredResponse)
+    except (ValueError, ValidationError) as exc:
+        raise CorruptRecord(
+            f"operation {record.operation_id!r} is {record.state} but does not hold a stored "
+            "HTTP response; another writer uses this operation id",
+            operation_id=record.operation_id,
+        ) from exc

@@ -1,0 +1,165 @@
+"""The blocking driver of :class:`~settle.http._rules.Guard`, for the WSGI and Django shells.
+
+A shell hands it the request's head and an :class:`Exchange` (how to ask the principal,
+read the body and call the app); the driver carries out the guard's steps on the sync
+:class:`~settle.Settler` and returns the response to send. The handler runs in the calling
+thread while the decorator's heartbeat thread renews the lease; a thread cannot be
+interrupted, so a lost lease is reported through ``attempt.lost`` and the settlement of
+a superseded attempt is quarantined. No rule lives here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol
+
+from settle._sync.settler import Settler
+from settle.decorator._plan import Run as HeartbeatRun
+from settle.decorator._sync import _Heartbeats
+from settle.errors import ConfigurationError, SettleError
+from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run, Settle
+from settle.http.policy import IdempotencyPolicy
+from settle.http.problems import Response
+from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead, RequestTooLarge
+
+if TYPE_CHECKING:
+    from settle.attempt import Attempt
+
+_SETTLER_NEEDED = (
+    "give 'settler' (a settle.Settler or its dotted path 'package.module.name') or 'url' and "
+    "'namespace' (e.g. {'url': 'redis://localhost:6379/0', 'namespace': 'shop'})"
+)
+
+__all__ = ["Exchange", "SyncGuard", "configured_guard", "resolve", "status_line"]
+
+
+class Exchange(Protocol):
+    """One request as a sync shell sees it."""
+
+    def principal(self) -> object:
+        """What the principal callable returns for this request."""
+
+    def body(self, buffer: BodyBuffer) -> bytes:
+        """Read the whole body into ``buffer`` (it raises past its limit) and keep it for
+        the app to read again; return it. :class:`ClientDisconnected` if it ends early."""
+
+    def call(self, attempt: Attempt) -> Response:
+        """Run the app with ``attempt`` and return its whole response."""
+
+
+class SyncGuard:
+    """Carries out the guard's steps with blocking calls; one per middleware."""
+
+    def __init__(self, settler: Settler, policy: IdempotencyPolicy) -> None:
+        policy.check_store(settler.config.max_result_bytes)
+        self.settler = settler
+        self.policy = policy
+        self._beats = _Heartbeats(settler)
+
+    def handle(self, head: RequestHead, exchange: Exchange) -> Response | None:
+        """The response to send, or None when the request is not guarded (call the app)."""
+        config = self.settler.config
+        guard = Guard(self.policy, config.namespace, config.lease, head)
+        step = guard.start()
+        while True:
+            match step:
+                case Forward():
+                    return None
+                case Answer():
+                    return step.response
+                case Identify():
+                    step = guard.identified(exchange.principal())
+                case ReadBody():
+                    try:
+                        body = exchange.body(BodyBuffer(step.limit, head.content_length))
+                    except RequestTooLarge as exc:
+                        step = guard.body_too_large(exc)
+                    except ClientDisconnected:
+                        guard.disconnected()
+                        raise
+                    else:
+                        step = guard.body_read(body)
+                case Reserve():
+                    try:
+                        outcome = step.call(self.settler)
+                    except SettleError as exc:
+                        step = guard.reserve_failed(exc)
+                    else:
+                        step = guard.reserved(outcome)
+                case Run():
+                    return self._run(guard, step, exchange)
+
+    def _run(self, guard: Guard, run: Run, exchange: Exchange) -> Response:
+        beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
+        beating = self._beats.add(beat)
+        try:
+            try:
+                response = exchange.call(run.attempt)
+            except BaseException:
+                self._settle(guard, guard.failed(run, "exception"))
+                raise
+            size = len(response.body)
+            step = guard.finished(run, response.status, list(response.headers), response.body, size)
+            instead = self._settle(guard, step)
+        finally:
+            self._beats.remove(beating)
+        return response if instead is None else instead
+
+    def _settle(self, guard: Guard, step: Settle | None) -> Response | None:
+        """Carry out the guard's settlement; return what to answer instead, if anything."""
+        while step is not None:
+            try:
+                settlement = step.call(self.settler)
+            except SettleError as exc:
+                step = guard.settle_failed(step, exc)
+            else:
+                return guard.settled(step, settlement)
+        return None
+
+
+def status_line(status: int) -> str:
+    """``201 Created``: the WSGI status of a response the middleware writes itself."""
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def configured_guard(options: dict[str, Any], default_principal: Any = None) -> SyncGuard:
+    """The driver of a framework integration configured by a dict (Django's
+    ``settings.SETTLE``, Flask's ``app.config["SETTLE"]``): ``settler`` or ``url`` and
+    ``namespace``, ``principal`` (a callable or its dotted path), and the middleware options.
+    """
+    options = dict(options)
+    settler = resolve(options.pop("settler", None))
+    url, namespace = options.pop("url", None), options.pop("namespace", None)
+    if settler is None and url is not None and namespace is not None:
+        settler = _settler_for(url, namespace)
+    if not isinstance(settler, Settler):
+        raise ConfigurationError(f"the settle configuration has no settler: {_SETTLER_NEEDED}")
+    principal = resolve(options.pop("principal", default_principal))
+    if principal is None:
+        raise ConfigurationError(
+            "the settle configuration needs 'principal': a callable (or its dotted path) that "
+            "names the authenticated caller of a request, or returns None (401)"
+        )
+    return SyncGuard(settler, IdempotencyPolicy.configure(principal=principal, **options))
+
+
+def resolve(value: Any) -> Any:
+    """An object, or the object a dotted path ``package.module.name`` names."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot import {value!r}: give 'package.module.name'") from exc
+
+
+@functools.cache
+def _settler_for(url: str, namespace: str) -> Settler:
+    """One settler per process and configuration, shared by every guarded view."""
+    return Settler.from_url(url, namespace=namespace)

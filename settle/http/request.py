@@ -1,0 +1,154 @@
+"""A guarded request as every protocol sees it, its body limit and its fingerprint.
+
+The fingerprint covers the method, the path, the query (parameters in a stable order), the
+content type and the canonical body: RFC 8785 (JCS) canonical JSON for JSON bodies, so key
+order and whitespace do not matter, and the raw bytes otherwise. It is the SHA-256 of the JCS
+form of that description (:func:`settle.fingerprint`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from settle.errors import FingerprintError, InvalidInput, SettleError
+from settle.fingerprint import canonical_json, fingerprint
+
+__all__ = [
+    "BodyBuffer",
+    "ClientDisconnected",
+    "RequestHead",
+    "RequestTooLarge",
+    "fingerprint_request",
+]
+
+#: Bump when the description below changes: old records then no longer match (422).
+REQUEST_FINGERPRINT_FORMAT = 1
+
+
+class RequestTooLarge(InvalidInput):
+    """The request body is over ``max_request_bytes`` (answered with 413)."""
+
+
+class ClientDisconnected(SettleError):
+    """The client went away before its whole body arrived: nothing was reserved or run, and
+    nobody is left to answer. The client may send the request again with the same key."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__doc__ or "")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """What the rules need of a request before its body, whatever the protocol."""
+
+    method: str
+    path: str
+    """Decoded as UTF-8, as ASGI gives it (a WSGI shell re-decodes ``PATH_INFO``)."""
+    query: bytes
+    """The raw query string, without the ``?``."""
+    content_type: bytes
+    """Every ``Content-Type`` value, joined with commas (empty without one)."""
+    key_values: tuple[bytes, ...]
+    """Every value of the idempotency key header, in the order received."""
+    content_length: bytes | None = None
+
+
+class BodyBuffer:
+    """Collects a request body, refusing it past ``limit`` bytes (declared or received)."""
+
+    def __init__(self, limit: int, declared: bytes | None) -> None:
+        self.limit = limit
+        if declared and declared.strip().isdigit() and int(declared) > limit:
+            raise self._too_large()
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size > self.limit:
+            raise self._too_large()
+        self._chunks.append(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self._chunks)
+
+    def _too_large(self) -> RequestTooLarge:
+        return RequestTooLarge(f"the request body is over the {self.limit}-byte limit")
+
+
+def fingerprint_request(head: RequestHead, body: bytes) -> str:
+    """The fingerprint of a request: same value for the same request, in any process."""
+    media_type, params = _content_type(head.content_type)
+    if _is_json(media_type):
+        # RFC 8259 defines no charset for JSON (it is UTF-8): the parameter means nothing.
+        params = [p for p in params if p[0] != "charset"]
+    return fingerprint(
+        {
+            "format": REQUEST_FINGERPRINT_FORMAT,
+            "method": head.method.upper(),
+            "path": head.path,
+            "query": _query(head.query),
+            "content_type": [media_type, params],
+            "body": _body(media_type, body),
+        }
+    )
+
+
+def _query(raw: bytes) -> list[list[str]]:
+    """Query parameters sorted by name; repeated names keep their relative order."""
+    pairs = [part.split("=", 1) for part in raw.decode("latin-1").split("&") if part]
+    return sorted(([p[0], p[1] if len(p) > 1 else ""] for p in pairs), key=lambda p: p[0])
+
+
+def _content_type(raw: bytes) -> tuple[str, list[list[str]]]:
+    text = raw.decode("latin-1")
+    media_type, *rest = text.split(";")
+    params = []
+    for part in rest:
+        name, _, value = part.partition("=")
+        name, value = name.strip().lower(), value.strip().strip('"')
+        if name:
+            # Parameter values are case-insensitive (charset=UTF-8), except a boundary.
+            params.append([name, value if name == "boundary" else value.lower()])
+    return media_type.strip().lower(), sorted(params)
+
+
+def _body(media_type: str, body: bytes) -> dict[str, str]:
+    if not body:
+        return {"kind": "empty"}
+    if _is_json(media_type):
+        canonical = _canonical_json_body(body)
+        if canonical is not None:
+            return {"kind": "json", "sha256": hashlib.sha256(canonical).hexdigest()}
+    return {"kind": "raw", "sha256": hashlib.sha256(body).hexdigest()}
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+def _canonical_json_body(body: bytes) -> bytes | None:
+    """JCS bytes of a JSON body; None when it has no single canonical meaning.
+
+    Invalid JSON, duplicate object keys, NaN/Infinity and integers outside the I-JSON range
+    fall back to the raw bytes, so two such bodies are the same request only byte for byte.
+    """
+    try:
+        value = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return canonical_json(value)
+    except (ValueError, RecursionError, FingerprintError):
+        return None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate object key")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

@@ -1,0 +1,163 @@
+"""``IdempotencyMiddleware`` for WSGI: carries out :class:`settle.http._rules.Guard` on a
+PEP 3333 ``environ`` and ``start_response``.
+
+The guarded app's response is collected whole (a generator body included, and the
+iterable's ``close()`` is called) before it is settled: a finished response is stored with
+``complete`` and only then sent, as under ASGI. Requests that are not guarded pass through
+untouched, streaming included.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from settle.http._sync import SyncGuard, status_line
+from settle.http.attempt import current_attempt as _current_attempt
+from settle.http.policy import IdempotencyPolicy, PrincipalFn
+from settle.http.problems import Response
+from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead
+
+if TYPE_CHECKING:
+    from settle._sync.settler import Settler
+    from settle.attempt import Attempt
+
+__all__ = ["IdempotencyMiddleware", "WSGIApp", "current_attempt", "request_head"]
+
+Environ = dict[str, Any]
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+_CHUNK = 64 << 10
+
+
+class IdempotencyMiddleware:
+    """Makes retried unsafe requests safe: one execution per key, the same response after.
+
+    ``principal`` maps the WSGI ``environ`` to the authenticated principal (None: 401).
+    The other options are :class:`settle.asgi.IdempotencyMiddleware`'s (``methods``,
+    ``paths``, ``require_key``, ``key_scope``, ``lease``, ``max_request_bytes``, ...).
+    ``timeout`` sets ``attempt.deadline`` only: a WSGI handler's thread cannot be stopped.
+    """
+
+    def __init__(
+        self, app: WSGIApp, *, settler: Settler, principal: PrincipalFn, **options: Any
+    ) -> None:
+        policy = IdempotencyPolicy.configure(principal=principal, **options)
+        self._bind(app, SyncGuard(settler, policy))
+
+    @classmethod
+    def from_guard(cls, app: WSGIApp, driver: SyncGuard) -> IdempotencyMiddleware:
+        """The middleware around ``app`` with an already configured driver (Flask's)."""
+        middleware = cls.__new__(cls)
+        middleware._bind(app, driver)
+        return middleware
+
+    def _bind(self, app: WSGIApp, driver: SyncGuard) -> None:
+        self.app = app
+        self.settler = driver.settler
+        self.policy = driver.policy
+        self._driver = driver
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        exchange = _Exchange(self.app, self.policy.principal, environ)
+        response = self._driver.handle(request_head(environ, self.policy.header), exchange)
+        if response is None:
+            return self.app(environ, start_response)
+        if response is exchange.response:
+            start_response(exchange.status, exchange.headers)  # the handler's, as it sent it
+        else:
+            headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in response.headers]
+            start_response(status_line(response.status), headers)
+        return [response.body]
+
+
+def request_head(environ: Mapping[str, Any], header: str = "Idempotency-Key") -> RequestHead:
+    """What the rules need of a WSGI request (Django's ``request.META`` is one too)."""
+    key = environ.get("HTTP_" + header.upper().replace("-", "_"))
+    length = environ.get("CONTENT_LENGTH")
+    return RequestHead(
+        method=environ["REQUEST_METHOD"],
+        # PEP 3333 gives the path as latin-1 code points of its bytes; ASGI decodes UTF-8.
+        path=_latin1(environ.get("PATH_INFO", "")).decode("utf-8", "replace"),
+        query=_latin1(environ.get("QUERY_STRING", "")),
+        content_type=_latin1(environ.get("CONTENT_TYPE", "")),
+        key_values=() if key is None else (_latin1(key),),
+        content_length=_latin1(length) if length else None,
+    )
+
+
+def current_attempt(environ: Mapping[str, Any]) -> Attempt:
+    """The :class:`~settle.Attempt` of a guarded request, from its WSGI environ
+    (:class:`LookupError` when the request is not guarded)."""
+    return _current_attempt(environ, "environ['settle']")
+
+
+def _latin1(value: str) -> bytes:
+    return value.encode("latin-1")
+
+
+class _Exchange:
+    """One WSGI request for :class:`~settle.http._sync.SyncGuard`."""
+
+    def __init__(self, app: WSGIApp, principal: PrincipalFn, environ: Environ) -> None:
+        self._app = app
+        self._principal = principal
+        self._environ = environ
+        self.status = ""
+        self.headers: list[tuple[str, str]] = []
+        self.response: Response | None = None
+
+    def principal(self) -> object:
+        return self._principal(self._environ)
+
+    def body(self, buffer: BodyBuffer) -> bytes:
+        stream = self._environ["wsgi.input"]
+        length = self._environ.get("CONTENT_LENGTH")
+        if length:
+            remaining = int(length)
+            while remaining > 0:
+                chunk = stream.read(min(_CHUNK, remaining))
+                if not chunk:
+                    raise ClientDisconnected(
+                        f"the client sent {int(length) - remaining} of its {length} body bytes "
+                        "and went away: nothing was run. It may retry with the same key."
+                    )
+                buffer.add(chunk)
+                remaining -= len(chunk)
+        elif self._environ.get("wsgi.input_terminated"):
+            while chunk := stream.read(_CHUNK):
+                buffer.add(chunk)
+        body = buffer.body()
+        self._environ["wsgi.input"] = io.BytesIO(body)
+        self._environ["CONTENT_LENGTH"] = str(len(body))
+        return body
+
+    def call(self, attempt: Attempt) -> Response:
+        self._environ["settle"] = attempt
+        chunks: list[bytes] = []
+
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
+        ) -> Callable[[bytes], object]:
+            # Nothing is sent before the whole response is settled, so an error page may
+            # always replace what was started (PEP 3333, exc_info).
+            del exc_info
+            self.status, self.headers = status, list(headers)
+            return chunks.append
+
+        result = self._app(self._environ, start_response)
+        try:
+            chunks.extend(result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        if not self.status:
+            raise RuntimeError("the WSGI app returned without calling start_response")
+        headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers)
+        self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
+        return self.response

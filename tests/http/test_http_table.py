@@ -1,0 +1,276 @@
+"""The endpoint guarantees, one table run against both protocols.
+
+Each case runs twice: against the ASGI middleware (a Starlette app under a real uvicorn
+server) and the WSGI middleware (a bare PEP 3333 app under the stdlib's threading WSGI
+server), both on loopback ports and a real Redis, through real httpx clients over sockets.
+The rules live once in :mod:`settle.http`; this table holds both shells to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from settle import AsyncSettler, Reservation, Settler
+from settle.http.keys import operation_id
+from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
+
+#: Small limits so that the 413 and 410 cases stay small.
+OPTIONS = {"max_request_bytes": 4096, "max_response_bytes": 4096}
+PROBLEM = "urn:settle:problem:"
+
+
+@dataclass
+class Endpoint:
+    protocol: str
+    client: httpx.Client
+    ledger: Ledger
+
+
+@pytest.fixture(params=["asgi", "wsgi"])
+def endpoint(request: pytest.FixtureRequest, redis_url: str, namespace: str) -> Iterator[Endpoint]:
+    ledger = Ledger()
+    with contextlib.ExitStack() as stack:
+        if request.param == "asgi":
+            async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+            app = starlette_app(async_settler, ledger, **OPTIONS)
+            base = stack.enter_context(serve(app, async_settler))
+        else:
+            settler = stack.enter_context(
+                contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=4))
+            )
+            base = stack.enter_context(serve_wsgi(wsgi_app(settler, ledger, **OPTIONS)))
+        client = stack.enter_context(httpx.Client(base_url=base, timeout=30))
+        stack.callback(ledger.gate.set)
+        yield Endpoint(request.param, client, ledger)
+
+
+def problem_type(response: httpx.Response) -> str:
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "idempotent-replayed" not in response.headers
+    document = response.json()
+    assert document["status"] == response.status_code
+    return str(document["type"]).removeprefix(PROBLEM)
+
+
+PAYMENT = {"amount": 4200, "currency": "EUR"}
+
+
+@contextlib.contextmanager
+def gated_first(endpoint: Endpoint, key: str) -> Iterator[list[httpx.Response]]:
+    """A first ``/gated`` request under ``key`` runs (held) in a thread while the block
+    runs; then the gate opens and the list holds its response."""
+    done: list[httpx.Response] = []
+    first = threading.Thread(
+        target=lambda: done.append(
+            endpoint.client.post("/gated", json={}, headers=key_headers(key))
+        )
+    )
+    first.start()
+    try:
+        assert endpoint.ledger.entered.wait(10)
+        yield done
+    finally:
+        endpoint.ledger.gate.set()
+        first.join(10)
+
+
+def test_missing_key_is_400_and_nothing_runs(endpoint: Endpoint) -> None:
+    response = endpoint.client.post("/payments", json=PAYMENT, headers=key_headers(None))
+    assert response.status_code == 400
+    assert problem_type(response) == "idempotency-key-missing"
+    assert endpoint.ledger.count() == 0
+
+
+@pytest.mark.parametrize("key", ["a b", '"unclosed', "k" * 201, '"a";p=1'])
+def test_malformed_key_is_400_and_nothing_runs(endpoint: Endpoint, key: str) -> None:
+    response = endpoint.client.post("/payments", json=PAYMENT, headers=key_headers(key))
+    assert response.status_code == 400
+    assert problem_type(response) == "idempotency-key-malformed"
+    assert endpoint.ledger.count() == 0
+
+
+def test_no_principal_is_401_and_nothing_runs(endpoint: Endpoint) -> None:
+    response = endpoint.client.post("/payments", json=PAYMENT, headers=key_headers("k", None))
+    assert response.status_code == 401
+    assert problem_type(response) == "principal-required"
+    assert endpoint.ledger.count() == 0
+
+
+def test_replay_is_byte_identical_and_marked(endpoint: Endpoint) -> None:
+    client = endpoint.client
+    first = client.post("/payments", json=PAYMENT, headers=key_headers("pay-1"))
+    again = client.post(
+        "/payments",
+        content=b'{"currency":"EUR","amount":4200}',
+        headers={**key_headers('"pay-1"'), "content-type": "application/json"},
+    )
+    assert first.status_code == again.status_code == 201
+    assert "idempotent-replayed" not in first.headers
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert again.headers["location"] == first.headers["location"]
+    assert again.headers["content-type"] == first.headers["content-type"]
+    assert "set-cookie" in first.headers
+    assert "set-cookie" not in again.headers  # never stored: it belongs to one client
+    assert "x-trace" not in again.headers  # not on the allow-list
+    assert endpoint.ledger.count("/payments") == 1
+
+
+def test_changed_body_under_the_same_key_is_422(endpoint: Endpoint) -> None:
+    client = endpoint.client
+    assert client.post("/payments", json=PAYMENT, headers=key_headers("k")).status_code == 201
+    changed = client.post("/payments", json={**PAYMENT, "amount": 1}, headers=key_headers("k"))
+    assert changed.status_code == 422
+    assert problem_type(changed) == "idempotency-key-reused"
+    assert endpoint.ledger.count("/payments") == 1
+
+
+def test_same_key_while_the_first_runs_is_409_with_retry_after(endpoint: Endpoint) -> None:
+    client, ledger = endpoint.client, endpoint.ledger
+    with gated_first(endpoint, "g") as results:
+        busy = client.post("/gated", json={}, headers=key_headers("g"))
+    assert busy.status_code == 409
+    assert busy.headers["retry-after"] == "1"
+    assert problem_type(busy) == "request-in-progress"
+    assert [r.status_code for r in results] == [201]
+    replay = client.post("/gated", json={}, headers=key_headers("g"))
+    assert replay.content == results[0].content
+    assert ledger.count("/gated") == 1
+
+
+def test_a_5xx_is_not_stored_and_the_retry_runs_under_a_new_generation(
+    endpoint: Endpoint,
+) -> None:
+    client = endpoint.client
+    failed = client.post("/flaky", json={}, headers=key_headers("f"))
+    assert failed.status_code == 500
+    retried = client.post("/flaky", json={}, headers=key_headers("f"))
+    assert retried.status_code == 201
+    assert retried.json()["run"] == 2
+    first_generation, second_generation = endpoint.ledger.generations("/flaky")
+    assert second_generation > first_generation
+    replay = client.post("/flaky", json={}, headers=key_headers("f"))
+    assert replay.content == retried.content
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert endpoint.ledger.count("/flaky") == 2
+
+
+def test_an_exception_is_not_stored_and_the_retry_runs_under_a_new_generation(
+    endpoint: Endpoint,
+) -> None:
+    client = endpoint.client
+    # uvicorn drops the connection after an app error: do not reuse it for the retry.
+    close = {**key_headers("b"), "Connection": "close"}
+    crashed = client.post("/boom", json={}, headers=close)
+    assert crashed.status_code == 500  # the server's own error page
+    retried = client.post("/boom", json={}, headers=key_headers("b"))
+    assert retried.status_code == 201
+    first_generation, second_generation = endpoint.ledger.generations("/boom")
+    assert second_generation > first_generation
+    assert client.post("/boom", json={}, headers=key_headers("b")).content == retried.content
+
+
+def test_a_superseded_attempt_answers_with_the_authoritative_response(
+    endpoint: Endpoint, settler: Settler
+) -> None:
+    """Attempt 1 loses its reservation while it runs (marked provisional, as after a lost
+    lease) and attempt 2 completes: attempt 1's response is quarantined and its client gets
+    attempt 2's stored response instead."""
+    client, ledger = endpoint.client, endpoint.ledger
+    with gated_first(endpoint, "k") as late:
+        op = operation_id("http", "k", "tenant:acme", "principal")
+        record = settler.get(op)
+        assert record is not None
+        assert record.attempt_id is not None
+        reservation = Reservation(
+            operation_id=op,
+            fingerprint=record.fingerprint,
+            fingerprint_version=record.fingerprint_version,
+            binding=record.binding,
+            generation=record.generation,
+            attempt_id=record.attempt_id,
+        )
+        settler.mark_provisional(reservation, "test: lease lost")
+        second = client.post("/gated", json={}, headers=key_headers("k"))
+    assert second.status_code == 201
+    assert [r.status_code for r in late] == [201]
+    assert late[0].content == second.content
+    assert late[0].headers["idempotent-replayed"] == "true"
+    kinds = [e.kind.value for e in settler.quarantine.list(operation_id=op)]
+    assert kinds == ["stale_generation"]
+    assert ledger.count("/gated") == 2
+
+
+def test_two_principals_with_one_key_never_see_each_others_response(
+    endpoint: Endpoint,
+) -> None:
+    client = endpoint.client
+    acme = client.post("/payments", json=PAYMENT, headers=key_headers("same", "tenant:acme"))
+    umbrella = client.post(
+        "/payments", json=PAYMENT, headers=key_headers("same", "tenant:umbrella")
+    )
+    assert acme.status_code == umbrella.status_code == 201
+    assert acme.json()["id"] != umbrella.json()["id"]
+    assert "idempotent-replayed" not in umbrella.headers
+    acme_again = client.post("/payments", json=PAYMENT, headers=key_headers("same", "tenant:acme"))
+    assert acme_again.content == acme.content
+    assert endpoint.ledger.count("/payments") == 2
+
+
+def test_a_body_over_the_limit_is_413_and_nothing_runs(endpoint: Endpoint) -> None:
+    body = {"pad": "x" * 5000}
+    response = endpoint.client.post("/payments", json=body, headers=key_headers("big"))
+    assert response.status_code == 413
+    assert problem_type(response) == "request-too-large"
+    assert endpoint.ledger.count() == 0
+
+
+def test_a_response_over_the_limit_is_sent_once_then_410(endpoint: Endpoint) -> None:
+    client = endpoint.client
+    first = client.post("/stream?size=10000", json={}, headers=key_headers("s"))
+    assert first.status_code == 200
+    assert len(first.content) == 32 + 10000
+    again = client.post("/stream?size=10000", json={}, headers=key_headers("s"))
+    assert again.status_code == 410
+    assert problem_type(again) == "response-not-stored"
+    assert endpoint.ledger.count("/stream") == 1
+
+
+def test_unguarded_requests_pass_through(endpoint: Endpoint) -> None:
+    response = endpoint.client.get("/open")
+    assert response.json() == {"guarded": False}
+
+
+def test_structlog_events_name_each_step_and_never_carry_payloads(endpoint: Endpoint) -> None:
+    client = endpoint.client
+    secret = {"card": "4242424242424242", "amount": 77}
+    with capture_logs() as events:
+        client.post("/payments", json=secret, headers=key_headers("k-log", "tenant:acme"))
+        client.post("/payments", json=secret, headers=key_headers("k-log", "tenant:acme"))
+        client.post("/payments", json={"amount": 1}, headers=key_headers("k-log"))
+        client.post("/payments", json=secret, headers=key_headers(None))
+    http = [e for e in events if e["event"].startswith("settle.http.")]
+    assert [e["event"] for e in http] == [
+        "settle.http.started",
+        "settle.http.completed",
+        "settle.http.replayed",
+        "settle.http.rejected",
+        "settle.http.rejected",
+    ]
+    assert [e.get("problem") for e in http[3:]] == [
+        "idempotency-key-reused",
+        "idempotency-key-missing",
+    ]
+    assert http[1]["status"] == 201
+    op = operation_id("http", "k-log", "tenant:acme", "principal")
+    assert all(e["operation_id"] == op for e in http[:4])
+    text = repr(events)
+    assert "4242424242424242" not in text
+    assert "tenant:acme" not in text

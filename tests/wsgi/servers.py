@@ -1,0 +1,80 @@
+"""gunicorn as a subprocess on a loopback port, serving the Django or the Flask shop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from settle.embedded import free_port
+
+HERE = Path(__file__).parent
+TARGETS = {"django": "shop.wsgi:application", "flask": "shop.flask_served:app"}
+
+
+class Gunicorn:
+    """``gunicorn --worker-class gthread`` in its own session, so that :meth:`kill` takes
+    the master and every worker down at once, as a crashed host would."""
+
+    def __init__(
+        self, framework: str, redis_url: str, namespace: str, lease: float, log: Path
+    ) -> None:
+        self.framework = framework
+        self.target = TARGETS[framework]
+        self.log = log
+        self.env = {
+            **os.environ,
+            "SETTLE_REDIS_URL": redis_url,
+            "SETTLE_NAMESPACE": namespace,
+            "SETTLE_LEASE": str(lease),
+            "DJANGO_SETTINGS_MODULE": "shop.settings",
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> Gunicorn:
+        port = free_port()
+        command = [
+            sys.executable, "-m", "gunicorn",
+            "--bind", f"127.0.0.1:{port}",
+            "--worker-class", "gthread", "--workers", "2", "--threads", "32",
+            "--graceful-timeout", "2", "--log-level", "warning",
+            "--pythonpath", str(HERE),
+            self.target,
+        ]  # fmt: skip
+        log = self.log.open("ab")  # read it when a test fails: pytest shows the path
+        self.process = subprocess.Popen(
+            command, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {self.process.returncode}")
+            try:
+                httpx.get(f"{self.url}/payments", timeout=1)  # any answer: it is up
+                return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("gunicorn did not start within 30 s")
+
+    def kill(self) -> None:
+        """SIGKILL the master and its workers (mid-request): nothing runs any cleanup."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill()

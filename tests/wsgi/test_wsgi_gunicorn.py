@@ -1,0 +1,212 @@
+"""The Django (REST framework) and the Flask shop under a real gunicorn, on a real Redis.
+
+Every run of a guarded handler is counted in Redis by the shop's probe (``shop/probe.py``),
+outside the server's processes, so the counts survive a killed server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.wsgi.servers import Gunicorn
+
+CRASH_LEASE = 8.0
+
+PAYMENT = {"amount": 4200, "currency": "EUR", "customer": "cus_1"}
+
+
+def headers(key: str, token: str = "sk_test_acme") -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Idempotency-Key": f'"{key}"'}
+
+
+def runs(redis_client: redis.Redis, namespace: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in redis_client.lrange(f"{namespace}:runs", 0, -1)]
+
+
+def test_a_replay_is_byte_identical(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    key = str(uuid.uuid4())
+    first = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+    again = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+    assert first.status_code == again.status_code == 201
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["location"] == first.headers["location"]
+    assert again.headers["content-type"] == first.headers["content-type"]
+    assert first.json()["generation"] >= 1
+    assert len(runs(redis_client, namespace)) == 1
+
+
+def test_fifty_concurrent_requests_with_one_key_run_the_view_once(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    key = str(uuid.uuid4())
+    redis_client.set(f"{namespace}:hold", 1)  # the first run holds: the others arrive meanwhile
+    release = threading.Timer(1.0, redis_client.delete, [f"{namespace}:hold"])
+    limits = httpx.Limits(max_connections=50)
+    with httpx.Client(base_url=shop.url, limits=limits, timeout=30) as client:
+        release.start()
+        with ThreadPoolExecutor(50) as pool:
+            answers = list(
+                pool.map(
+                    lambda _: client.post("/payments", json=PAYMENT, headers=headers(key)),
+                    range(50),
+                )
+            )
+        release.join()
+        later = client.post("/payments", json=PAYMENT, headers=headers(key))
+    assert len(runs(redis_client, namespace)) == 1
+    fresh = [a for a in answers if a.status_code == 201 and "idempotent-replayed" not in a.headers]
+    assert len(fresh) == 1
+    for answer in [*answers, later]:
+        if answer.status_code == 409:
+            assert answer.headers["retry-after"] == "1"
+            assert answer.json()["type"] == "urn:settle:problem:request-in-progress"
+        else:
+            assert answer.status_code == 201
+            assert answer.content == fresh[0].content
+    assert sum(a.status_code == 409 for a in answers) >= 1
+    assert later.headers["idempotent-replayed"] == "true"
+
+
+def test_a_changed_body_is_422(shop: Gunicorn, redis_client: redis.Redis, namespace: str) -> None:
+    key = str(uuid.uuid4())
+    assert httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key)).status_code == 201
+    changed = httpx.post(
+        f"{shop.url}/payments", json={**PAYMENT, "amount": 1}, headers=headers(key)
+    )
+    assert changed.status_code == 422
+    assert changed.headers["content-type"] == "application/problem+json"
+    assert changed.json()["type"] == "urn:settle:problem:idempotency-key-reused"
+    assert len(runs(redis_client, namespace)) == 1
+
+
+def test_two_tenants_never_see_each_others_responses(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    key = str(uuid.uuid4())
+    acme = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+    umbrella = httpx.post(
+        f"{shop.url}/payments", json=PAYMENT, headers=headers(key, "sk_test_umbrella")
+    )
+    assert acme.status_code == umbrella.status_code == 201
+    assert umbrella.json()["id"] != acme.json()["id"]
+    assert "idempotent-replayed" not in umbrella.headers
+    nobody = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key, "sk_bad"))
+    assert nobody.status_code == 401
+    again = httpx.post(
+        f"{shop.url}/payments", json=PAYMENT, headers=headers(key, "sk_test_umbrella")
+    )
+    assert again.content == umbrella.content
+    assert len(runs(redis_client, namespace)) == 2
+
+
+@pytest.mark.parametrize("framework", ["django", "flask"])
+def test_a_killed_server_is_taken_over_under_a_new_generation_after_the_lease(
+    framework: str, redis_url: str, redis_client: redis.Redis, namespace: str, tmp_path: Path
+) -> None:
+    # A lease longer than a gunicorn restart, so that the 409 before the takeover is seen.
+    shop = Gunicorn(framework, redis_url, namespace, CRASH_LEASE, tmp_path / "gunicorn.log")
+    try:
+        _kill_and_take_over(shop.start(), redis_client, namespace)
+    finally:
+        shop.stop()
+
+
+def _kill_and_take_over(shop: Gunicorn, redis_client: redis.Redis, namespace: str) -> None:
+    key = str(uuid.uuid4())
+    redis_client.set(f"{namespace}:hold", 1)
+    lost: list[BaseException] = []
+
+    def first_request() -> None:
+        try:
+            httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key), timeout=30)
+        except httpx.TransportError as exc:
+            lost.append(exc)
+
+    client_thread = threading.Thread(target=first_request)
+    client_thread.start()
+    deadline = time.monotonic() + 10
+    while not runs(redis_client, namespace) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(runs(redis_client, namespace)) == 1  # the view is running, held
+    shop.kill()
+    killed_at = time.monotonic()
+    client_thread.join(10)
+    assert lost, "the client of the killed server got no response"
+    redis_client.delete(f"{namespace}:hold")
+
+    shop.start()  # a new server, as after a restart
+    busy = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+    assert time.monotonic() - killed_at < CRASH_LEASE, "gunicorn took a whole lease to restart"
+    assert busy.status_code == 409  # the dead attempt still holds its lease
+    assert busy.headers["retry-after"] == "1"
+    time.sleep(max(0.0, killed_at + CRASH_LEASE + 0.2 - time.monotonic()))
+    taken_over = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+    assert taken_over.status_code == 201
+    first_run, second_run = runs(redis_client, namespace)
+    assert second_run["generation"] > first_run["generation"]
+    assert taken_over.json()["generation"] == second_run["generation"]
+    replay = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+    assert replay.content == taken_over.content
+    assert len(runs(redis_client, namespace)) == 2
+
+
+@pytest.mark.parametrize("shop", ["django"], indirect=True)
+def test_django_view_decorator_and_rest_framework_validation(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    """``@idempotent`` guards a view the middleware does not cover; a REST framework 400
+    (a finished answer) is stored and replayed, not run again."""
+    key = str(uuid.uuid4())
+    refund = httpx.post(f"{shop.url}/refunds/ch_1", json={}, headers=headers(key))
+    assert refund.status_code == 201
+    assert refund.json()["payment"] == "ch_1"
+    again = httpx.post(f"{shop.url}/refunds/ch_1", json={}, headers=headers(key))
+    assert again.content == refund.content
+    assert again.headers["idempotent-replayed"] == "true"
+    no_key = httpx.post(
+        f"{shop.url}/refunds/ch_1", json={}, headers=headers(key) | {"Idempotency-Key": ""}
+    )
+    assert no_key.status_code == 400
+
+    bad = {**PAYMENT, "currency": "euro"}
+    invalid = httpx.post(f"{shop.url}/payments", json=bad, headers=headers("bad-1"))
+    assert invalid.status_code == 400
+    assert "currency" in invalid.json()
+    replayed = httpx.post(f"{shop.url}/payments", json=bad, headers=headers("bad-1"))
+    assert replayed.content == invalid.content
+    assert replayed.headers["idempotent-replayed"] == "true"
+    # The probe middleware runs before a view decorator sets request.settle: it counts only
+    # the middleware's runs. The refund's random id, replayed, shows that it ran once.
+    assert [r["path"] for r in runs(redis_client, namespace)] == ["/payments"]
+
+
+def test_a_view_that_crashes_is_run_again_under_a_new_generation(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    """Django (an ``@idempotent`` view) and Flask turn the exception into a 500: the attempt
+    is provisional and the retry runs the view again."""
+    path = "/flaky" if shop.framework == "django" else "/payments/flaky"
+    key = str(uuid.uuid4())
+    crashed = httpx.post(f"{shop.url}{path}", json={}, headers=headers(key))
+    assert crashed.status_code == 500
+    retried = httpx.post(f"{shop.url}{path}", json={}, headers=headers(key))
+    assert retried.status_code == 201
+    assert retried.json() == {"run": 2}
+    replay = httpx.post(f"{shop.url}{path}", json={}, headers=headers(key))
+    assert replay.content == retried.content
+    assert replay.headers["idempotent-replayed"] == "true"
+    first, second = runs(redis_client, namespace)
+    assert second["generation"] > first["generation"]

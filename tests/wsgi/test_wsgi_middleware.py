@@ -1,0 +1,178 @@
+"""What only the WSGI shell does: collecting and closing the app's iterable, the heartbeat
+thread, and the configuration of the Django and Flask integrations."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from flask import Flask
+
+from settle import Settler
+from settle.errors import ConfigurationError
+from settle.flask import Idempotency
+from settle.http._sync import configured_guard
+from settle.testing import MemorySettler
+from settle.wsgi import IdempotencyMiddleware, current_attempt
+from tests.http.apps import serve_wsgi
+
+KEY = {"Idempotency-Key": "k-1", "X-Principal": "tenant:acme"}
+
+
+def principal(environ: dict[str, Any]) -> str | None:
+    return environ.get("HTTP_X_PRINCIPAL")
+
+
+class Body:
+    """A WSGI body iterable with a ``close()``, as a streaming framework returns."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.parts)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_the_body_iterable_is_collected_closed_and_replayed(settler: Settler) -> None:
+    bodies: list[Body] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Body:
+        attempt = current_attempt(environ)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        body = Body([b"generation ", str(attempt.generation).encode(), b" ", uuid.uuid4().bytes])
+        bodies.append(body)
+        return body
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base) as client:
+        first = client.post("/charge", content=b"x", headers=KEY)
+        again = client.post("/charge", content=b"x", headers=KEY)
+    assert first.status_code == 201
+    assert first.content.startswith(b"generation 1 ")
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert len(bodies) == 1
+    assert bodies[0].closed.is_set()
+
+
+def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> None:
+    """The handler runs for three leases: a retry meanwhile gets 409, never a takeover."""
+    started = threading.Event()
+    generations: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        generations.append(attempt.generation)
+        started.set()
+        time.sleep(1.5)
+        assert not attempt.lost
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [json.dumps({"generation": attempt.generation}).encode()]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=0.5)
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base, timeout=30) as client:
+        results: list[httpx.Response] = []
+        first = threading.Thread(
+            target=lambda: results.append(client.post("/charge", content=b"x", headers=KEY))
+        )
+        first.start()
+        assert started.wait(10)
+        time.sleep(1.0)  # two leases: only the heartbeat keeps the first attempt's
+        busy = client.post("/charge", content=b"x", headers=KEY)
+        first.join(10)
+    assert busy.status_code == 409
+    assert busy.headers["retry-after"] == "1"
+    assert [r.status_code for r in results] == [201]
+    assert generations == [1]
+
+
+def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
+    """A body shorter than its Content-Length is never run as if it were the request."""
+    runs: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(environ["wsgi.input"].read())
+        start_response("201 Created", [])
+        return [b""]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    with serve_wsgi(guarded) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                b"POST /charge HTTP/1.1\r\nHost: t\r\nIdempotency-Key: k-1\r\n"
+                b"X-Principal: tenant:acme\r\nContent-Length: 100\r\n\r\n" + b"x" * 10
+            )
+            sock.shutdown(socket.SHUT_WR)
+            sock.recv(1024)  # the server answers (its 500) or closes: the request is over
+        with httpx.Client(base_url=base) as client:
+            whole = client.post("/charge", content=b"x" * 100, headers=KEY)
+    assert whole.status_code == 201
+    assert runs == [b"x" * 100]  # the whole request, once; never the 10-byte one
+
+
+def test_works_on_the_in_memory_settler() -> None:
+    """Users can unit-test their guarded WSGI app on ``settle.testing.MemorySettler``."""
+    runs: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(current_attempt(environ).generation)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [f"run {len(runs)}".encode()]
+
+    guarded = IdempotencyMiddleware(
+        app, settler=MemorySettler(namespace="mem"), principal=principal
+    )
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base) as client:
+        first = client.post("/x", content=b"1", headers=KEY)
+        again = client.post("/x", content=b"1", headers=KEY)
+    assert first.content == again.content == b"run 1"
+    assert runs == [1]
+
+
+def test_an_unguarded_request_has_no_attempt() -> None:
+    with pytest.raises(LookupError, match=r"environ\['settle'\]"):
+        current_attempt({})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"principal": principal}, "no settler"),
+        ({"url": "redis://127.0.0.1:1/0", "principal": principal}, "no settler"),
+        ({"settler": "settle.nothing.here", "principal": principal}, "cannot import"),
+        ({"settler": MemorySettler(namespace="c")}, "needs 'principal'"),
+        (
+            {"settler": MemorySettler(namespace="c"), "principal": principal, "tiemout": 1},
+            "tiemout",
+        ),
+        (
+            {"settler": MemorySettler(namespace="c"), "principal": principal, "paths": ["x"]},
+            "paths",
+        ),
+    ],
+)
+def test_framework_configuration_is_checked_at_start_up(
+    options: dict[str, Any], message: str
+) -> None:
+    """Django's ``settings.SETTLE`` and Flask's ``app.config["SETTLE"]`` go through here."""
+    with pytest.raises(ConfigurationError, match=message):
+        configured_guard(options)
+
+
+def test_flask_needs_a_principal() -> None:
+    app = Flask(__name__)
+    app.config["SETTLE"] = {"settler": MemorySettler(namespace="f")}
+    with pytest.raises(ConfigurationError, match="principal"):
+        Idempotency(app)
