@@ -299,7 +299,9 @@ class Runner:
             generation=1,
             attempt_id="x.ghost",
         )
-        return self._send(None, Sent("complete", res, _result(res, "ghost", "unknown")), remember=False)
+        return self._send(
+            None, Sent("complete", res, _result(res, "ghost", "unknown")), remember=False
+        )
 
     def attempt_id(self, step: Step) -> str | None:
         """The attempt id a reserve step sends (None for other steps)."""

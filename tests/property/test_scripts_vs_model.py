@@ -77,7 +77,9 @@ class Generations:
         """Every ``generation`` in a dumped outcome, in the model's numbers."""
         if isinstance(value, dict):
             return {
-                k: self.model_of(v) if k == "generation" and isinstance(v, int) else self.translate(v)
+                k: self.model_of(v)
+                if k == "generation" and isinstance(v, int)
+                else self.translate(v)
                 for k, v in value.items()
             }
         if isinstance(value, list | tuple):
