@@ -31,6 +31,7 @@ __all__ = [
     "Settlement",
     "State",
     "StoredFailure",
+    "TrimResult",
     "Verdict",
 ]
 
@@ -285,6 +286,16 @@ class Resolution(BaseModel):
 
     note: str
     at: datetime
+
+
+class TrimResult(BaseModel):
+    """What ``quarantine.trim(...)`` deleted: entries (with their resolutions), and how many
+    of them were unresolved (0 unless ``include_unresolved=True``)."""
+
+    model_config = _FROZEN
+
+    removed: int
+    unresolved: int
 
 
 class QuarantineEntry(BaseModel):

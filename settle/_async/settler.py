@@ -37,6 +37,7 @@ from settle.models import (
     Resolution,
     Settlement,
     StoredFailure,
+    TrimResult,
 )
 
 __all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
@@ -85,14 +86,24 @@ class AsyncSettler(AsyncConnectable):
         if self._checked:
             return
         await self._runner.prepare()
+        await self._check_namespace()
+        self._checked = True
+
+    async def _check_namespace(self) -> None:
         call = self._core.plan_namespace()
         self._core.decode_namespace(await self._runner.run(call))
-        self._checked = True
 
     async def _run(self, call: Call) -> Any:
         if not self._checked:
             await self.check()
-        return await self._runner.run(call)
+        raw = await self._runner.run(call)
+        # A shard without state (first use, or lost) is claimed only after the namespace
+        # metadata was checked again (SPEC 4; the rule is the core's).
+        if (claiming := self._core.claim(call, raw)) is not None:
+            await self._check_namespace()
+            raw = await self._runner.run(claiming)
+            self._core.claim(claiming, raw)
+        return raw
 
     async def reserve(
         self,
@@ -245,6 +256,19 @@ class AsyncQuarantine:
         entry = await self.get(quarantine_id)
         call = self._settler._core.plan_resolve(entry, note)
         return self._settler._core.decode_resolve(call, await self._settler._run(call))
+
+    async def trim(
+        self, *, older_than: float | None = None, include_unresolved: bool = False
+    ) -> TrimResult:
+        """Delete resolved entries (older than ``older_than`` seconds, when given) with their
+        resolutions. Unresolved evidence goes only with ``include_unresolved=True``, which
+        needs ``older_than``. See docs/operations.md, "Quarantine retention"."""
+        trim = self._settler._core.quarantine_trim(
+            older_than=older_than, include_unresolved=include_unresolved
+        )
+        while call := trim.next_call():
+            trim.feed(call, await self._settler._run(call))
+        return trim.result()
 
     async def follow(
         self,

@@ -74,6 +74,7 @@ class Reply:
     now_ms: int
     quarantine_id: str
     payload: list[Any]
+    dropped: int = 0  # settlements: unresolved entries quarantine_maxlen pushed out
 
 
 def _text(value: Any) -> str:
@@ -83,10 +84,14 @@ def _text(value: Any) -> str:
 
 
 def parse_reply(raw: Any) -> Reply:
-    """The core's body of the one reply shape: ``quarantine_id, payload``."""
-    reply = runtime_reply(raw, body=2)
-    qid, payload = reply.body
-    return Reply(reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []))
+    """The core's body of the one reply shape: ``quarantine_id, payload`` (and, from a
+    settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped)."""
+    reply = runtime_reply(raw)
+    if len(reply.body) not in (2, 3):
+        reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape
+    qid, payload, *rest = reply.body
+    dropped = int(rest[0]) if rest else 0
+    return Reply(reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []), dropped)
 
 
 def digest(data: bytes) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -41,11 +41,12 @@ from settle.models import (
     Resolution,
     Settlement,
     StoredFailure,
+    TrimResult,
     Verdict,
     ms_to_datetime,
 )
 
-__all__ = ["Call", "Core", "QuarantineFollower", "QuarantineQuery"]
+__all__ = ["Call", "Core", "QuarantineFollower", "QuarantineQuery", "QuarantineTrim"]
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -110,11 +111,39 @@ class Core:
     def decode_namespace(self, raw: Any) -> None:
         reply = codec.parse_reply(raw)
         if reply.code != "ok":
-            raise ConfigurationError(
-                f"namespace {self.config.namespace!r} was created with {reply.detail} shards, "
-                f"this client is configured with {self.config.shards}. The shard count of a "
-                "namespace never changes: use the stored count or a new namespace."
-            )
+            raise self._shard_mismatch(reply.detail, "the namespace")
+
+    def _guarded(
+        self, shard: int, keys: tuple[str, ...], args: tuple[Any, ...]
+    ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """A writing call's KEYS and ARGV with the shard guard's own (``guard`` in
+        lua/_lib.lua): the shard's state key last, then the shard count and claim flag."""
+        return (*keys, self.keys.generation(shard)), (*args, self.config.shards, "0")
+
+    def claim(self, call: Call, raw: Any) -> Call | None:
+        """After a writing call: None when it ran; the same call with the claim flag set
+        when its shard had no state (never used, or lost), to be sent again once the
+        namespace metadata has been checked (``plan_namespace``). A shard claimed for
+        another shard count raises :class:`ConfigurationError`: nothing was written."""
+        code = raw[0] if isinstance(raw, list | tuple) and raw else None
+        if code in (b"unclaimed", "unclaimed") and call.args[-1] == "0":
+            return replace(call, args=(*call.args[:-1], "1"))
+        if code in (b"shard_mismatch", "shard_mismatch"):
+            raise self._shard_mismatch(codec.parse_reply(raw).detail, "this shard")
+        return None
+
+    def _shard_mismatch(self, stored: str, where: str) -> ConfigurationError:
+        logger.error(
+            "settle.namespace.shard_mismatch",
+            namespace=self.config.namespace,
+            stored=stored,
+            configured=self.config.shards,
+        )
+        return ConfigurationError(
+            f"namespace {self.config.namespace!r}: {where} was created for {stored} shards, "
+            f"this client is configured with {self.config.shards}; nothing was written. The "
+            "shard count of a namespace never changes: use the stored count or a new namespace."
+        )
 
     # -- reserve -------------------------------------------------------------------------
 
@@ -145,9 +174,9 @@ class Core:
             )
         aid = attempt_id or os.urandom(16).hex()
         shard, record, log = self.keys.of(op)
-        return Call(
-            "reserve",
-            (record, self.keys.generation(shard), log),
+        keys, args = self._guarded(
+            shard,
+            (record, log),
             (
                 op,
                 fp,
@@ -158,9 +187,8 @@ class Core:
                 aid,
                 self.config.attempt_log_size,
             ),
-            operation_id=op,
-            attempt_id=aid,
         )
+        return Call("reserve", keys, args, operation_id=op, attempt_id=aid)
 
     def decode_reserve(self, call: Call, raw: Any) -> Reserved | Replay | InProgress:
         reply = codec.parse_reply(raw)
@@ -284,9 +312,9 @@ class Core:
             )
         op = check_operation_id(r.operation_id)
         shard, record, log = self.keys.of(op)
-        return Call(
-            action.value,
-            (record, log, self.keys.quarantine(shard)),
+        keys, args = self._guarded(
+            shard,
+            (record, log, *self.keys.quarantine_keys(shard)),
             (
                 op,
                 r.fingerprint,
@@ -303,6 +331,11 @@ class Core:
                 self.config.quarantine_payload_bytes,
                 self.config.quarantine_maxlen or "",
             ),
+        )
+        return Call(
+            action.value,
+            keys,
+            args,
             operation_id=op,
             attempt_id=r.attempt_id,
             action=action,
@@ -332,6 +365,14 @@ class Core:
             logger.warning(
                 "settle.settlement.quarantined", kind=reply.detail, quarantine_id=qid, **fields
             )
+            if reply.dropped:
+                logger.warning(
+                    "settle.quarantine.maxlen_dropped_unresolved",
+                    namespace=self.config.namespace,
+                    shard=call.shard,
+                    dropped=reply.dropped,
+                    maxlen=self.config.quarantine_maxlen,
+                )
         else:
             logger.info(f"settle.settlement.{verdict.value}", **fields)
         return Settlement.model_construct(
@@ -349,9 +390,10 @@ class Core:
         r = _check_reservation(reservation)
         op = check_operation_id(r.operation_id)
         lease_ms = self.config.lease_ms if lease is None else _check_seconds(lease, "lease", op)
-        return Call(
-            "renew",
-            (self.keys.record(op),),
+        shard, record, _log = self.keys.of(op)
+        keys, args = self._guarded(
+            shard,
+            (record,),
             (
                 r.fingerprint,
                 r.fingerprint_version,
@@ -360,9 +402,8 @@ class Core:
                 lease_ms,
                 self.config.retention_ms,
             ),
-            operation_id=op,
-            attempt_id=r.attempt_id,
         )
+        return Call("renew", keys, args, operation_id=op, attempt_id=r.attempt_id)
 
     def decode_renew(self, call: Call, raw: Any) -> Renewal:
         reply = codec.parse_reply(raw)
@@ -467,10 +508,15 @@ class Core:
     def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
         if not isinstance(note, str) or not 1 <= len(note) <= 4096:
             raise InvalidInput("note must be a str of 1 to 4096 characters")
-        return Call(
-            "quarantine_resolve",
+        keys, args = self._guarded(
+            entry.shard,
             (self.keys.quarantine(entry.shard), self.keys.resolutions(entry.shard)),
             (entry.id, note),
+        )
+        return Call(
+            "quarantine_resolve",
+            keys,
+            args,
             operation_id=entry.operation_id,
             shard=entry.shard,
         )
@@ -490,6 +536,34 @@ class Core:
             already_resolved=reply.code == "already_resolved",
         )
         return resolution
+
+    def quarantine_trim(
+        self, *, older_than: float | None = None, include_unresolved: bool = False
+    ) -> QuarantineTrim:
+        """Explicit retention: resolved entries (older than ``older_than`` seconds on the
+        server clock, when given) go with their resolutions; unresolved evidence only with
+        ``include_unresolved=True``, which needs ``older_than``."""
+        age_ms = ""
+        if older_than is not None:
+            if isinstance(older_than, bool) or not isinstance(older_than, int | float):
+                raise InvalidInput("older_than must be a number of seconds")
+            if not 0 < older_than <= 100 * 365 * 86_400:
+                raise InvalidInput("older_than must be more than 0 seconds and at most 100 years")
+            age_ms = str(round(older_than * 1000))
+        if include_unresolved and not age_ms:
+            raise InvalidInput(
+                "include_unresolved deletes evidence nobody resolved: it needs older_than "
+                "(a horizon such as 90 days) so that recent entries stay"
+            )
+        return QuarantineTrim(self, list(range(self.keys.shards)), age_ms, include_unresolved)
+
+    def _trim_call(self, shard: int, low: str, age_ms: str, everything: bool) -> Call:
+        keys, args = self._guarded(
+            shard,
+            self.keys.quarantine_keys(shard),
+            (low, age_ms, "1" if everything else "0", _QUARANTINE_SCAN_BUDGET),
+        )
+        return Call("quarantine_trim", keys, args, shard=shard)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -636,6 +710,47 @@ class QuarantineQuery:
         merged = [e for entries in self._found.values() for e in entries]
         merged.sort(key=_id_key, reverse=self._newest)
         return merged[: self._limit]
+
+
+class QuarantineTrim:
+    """Trims every shard's quarantine in bounded steps.
+
+    Drive it with ``while call := t.next_call(): t.feed(call, run(call))``, then
+    ``t.result()``; each call is a writing script (run it guarded, like any write).
+    """
+
+    def __init__(self, core: Core, shards: list[int], age_ms: str, everything: bool) -> None:
+        self._core = core
+        self._age_ms = age_ms
+        self._everything = everything
+        self._low = dict.fromkeys(shards, "-")
+        self._removed = 0
+        self._unresolved = 0
+
+    def next_call(self) -> Call | None:
+        for shard, low in self._low.items():
+            return self._core._trim_call(shard, low, self._age_ms, self._everything)
+        return None
+
+    def feed(self, call: Call, raw: Any) -> None:
+        assert call.shard is not None
+        reply = codec.parse_reply(raw)
+        removed, unresolved = (int(x) for x in reply.payload)
+        self._removed += removed
+        self._unresolved += unresolved
+        if reply.code == "done":
+            del self._low[call.shard]
+        else:
+            self._low[call.shard] = f"({reply.detail}"
+
+    def result(self) -> TrimResult:
+        logger.info(
+            "settle.quarantine.trimmed",
+            namespace=self._core.config.namespace,
+            removed=self._removed,
+            unresolved=self._unresolved,
+        )
+        return TrimResult(removed=self._removed, unresolved=self._unresolved)
 
 
 class QuarantineFollower:

@@ -89,6 +89,8 @@ class Keys:
         return f"{self.tag(shard_of(operation_id, self.shards))}:log:{operation_id}"
 
     def generation(self, shard: int) -> str:
+        """The shard's state HASH (never expires): ``gen``, the last generation issued there,
+        and ``shards``, the shard count it was claimed for (lua/_lib.lua, ``guard``)."""
         return f"{self.tag(shard)}:gen"
 
     def quarantine(self, shard: int) -> str:
@@ -96,3 +98,11 @@ class Keys:
 
     def resolutions(self, shard: int) -> str:
         return f"{self.tag(shard)}:quarantine:resolved"
+
+    def identities(self, shard: int) -> str:
+        """Identity of a rejected response -> its quarantine entry id (one entry each)."""
+        return f"{self.tag(shard)}:quarantine:seen"
+
+    def quarantine_keys(self, shard: int) -> tuple[str, str, str]:
+        """The stream, its resolutions and its identities."""
+        return self.quarantine(shard), self.resolutions(shard), self.identities(shard)

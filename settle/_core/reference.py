@@ -12,6 +12,7 @@ implements it, as the Lua marks it ``-- rule: <id>`` (``tests/unit/test_rule_ids
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Callable
@@ -117,6 +118,25 @@ class MemoryKeyspace:
         value: bytes | None = self._data[key].get(_b(fld))
         return value
 
+    def hdel_count(self, key: str, now: int, fld: Any) -> int:
+        if not self._live(key, now) or _b(fld) not in self._data[key]:
+            return 0
+        del self._data[key][_b(fld)]
+        if not self._data[key]:  # Redis deletes an emptied hash
+            del self._data[key]
+        return 1
+
+    # -- the whole keyspace ----------------------------------------------------------------
+    def flush(self) -> None:
+        """FLUSHALL, or a restart without persistence: every key is gone (the clock stays)."""
+        self._data.clear()
+        self._expire_at.clear()
+
+    def delete(self, key: str) -> None:
+        """DEL (or an eviction) of one key."""
+        self._data.pop(key, None)
+        self._expire_at.pop(key, None)
+
     # -- counters ------------------------------------------------------------------------
     def incr(self, key: str, now: int) -> int:
         self._live(key, now)
@@ -156,6 +176,12 @@ class MemoryKeyspace:
         if not self._live(key, now):
             return []
         return list(self._data[key].entries)
+
+    def xdel(self, key: str, now: int, entry_id: bytes) -> None:
+        """XDEL: the entry goes; the stream (and its last id) stays, also when emptied."""
+        if self._live(key, now):
+            stream = self._data[key]
+            stream.entries = [e for e in stream.entries if e[0] != entry_id]
 
 
 def _id(raw: bytes | str) -> tuple[int, int]:
@@ -283,11 +309,76 @@ def observe(
     ks.pexpire(log_key, max(ttl, retention), now)
 
 
+def guard(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any] | None:
+    """The shard-count guard (SPEC §4), run before any write. A shard's state carries the
+    shard count it was claimed for, so a client configured with another count never writes,
+    also after the namespace metadata was lost and re-created. A shard whose state is missing
+    (never used, or lost) is claimed only by a call that says the client has just checked the
+    namespace metadata (claim flag '1'); otherwise the script answers 'unclaimed' and writes
+    nothing. Returns None when the caller may write, else the reply to return."""
+    key, shards, claim = keys[-1], a[-2], a[-1]
+    stored = ks.hget(key, now, "shards")
+    if stored is None:
+        if claim != b"1":
+            return [b"unclaimed", b"", now, b"", []]
+        ks.hset(key, now, "shards", shards)
+    elif stored != shards:
+        return [b"shard_mismatch", stored, now, b"", []]
+    return None
+
+
+def next_generation(ks: MemoryKeyspace, key: str, now: int) -> int:
+    """The next fencing generation of a shard: a hybrid logical clock, max(last + 1, server
+    time in microseconds). The model's clock counts milliseconds, so its microseconds are
+    ``now * 1000``: generations stay strictly increasing, and after the shard's state was lost
+    they restart above every one issued before, as long as the clock did not step back and
+    fewer than 1000 were issued in one millisecond (docs/concepts.md, "Generations")."""
+    last = ks.hget(key, now, "gen")
+    gen = max((int(last) if last is not None and _is_int(last) else 0) + 1, now * 1000)
+    ks.hset(key, now, "gen", gen)
+    return gen
+
+
+# The quarantine's helpers (SPEC §3): an entry's identity is the SHA-1 of everything the
+# caller presented, so the same rejected response delivered again stays one entry; entries
+# leave only with their resolution and their identity.
+
+_IDENTITY = (b"aid", b"action", b"pdig", b"reason", b"gen", b"fp", b"fpv", b"bind", b"op", b"ev")
+
+
+def identity(f: dict[bytes, bytes]) -> bytes:
+    return hashlib.sha1(b"|".join(f.get(k, b"") for k in _IDENTITY)).hexdigest().encode()  # noqa: S324 - an identity, not a secret
+
+
+def entry_fields(flat: Flat) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def drop_entry(
+    ks: MemoryKeyspace,
+    stream: str,
+    resolutions: str,
+    seen: str,
+    entry: tuple[bytes, Flat],
+    now: int,
+) -> bool:
+    """Delete one stream entry with its resolution and its identity; returns whether it had
+    been resolved."""
+    ident = identity(entry_fields(entry[1]))
+    if ks.hget(seen, now, ident) == entry[0]:
+        ks.hdel_count(seen, now, ident)
+    ks.xdel(stream, now, entry[0])
+    return ks.hdel_count(resolutions, now, entry[0]) == 1
+
+
 # -- reserve.lua ------------------------------------------------------------------------------
 
 
 def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Claim an operation for a new attempt (SPEC §2, reserve table)."""
+    refused = guard(ks, keys, a, now)
+    if refused is not None:
+        return refused
     rec = load_record(ks, keys[0], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
@@ -314,7 +405,7 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
             return [b"in_progress", b"", now, b"", _row(ks, keys[0], now)]
         # rule: R7, R8
         detail = "lease_expired" if rec[b"state"] == b"pending" else "provisional"
-    gen = ks.incr(keys[1], now)
+    gen = next_generation(ks, keys[2], now)
     if isinstance(rec, dict):
         write(
             ks,
@@ -354,7 +445,7 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
     ks.pexpire(keys[0], lease + retention, now)
     observe(
         ks,
-        keys[2],
+        keys[1],
         keys[0],
         a[7],
         retention,
@@ -382,6 +473,18 @@ def observed(
     return any(entry.startswith(prefix) for entry in ks.lrange(log_key, now))
 
 
+def cap_stream(ks: MemoryKeyspace, keys: list[str], maxlen: int, now: int) -> int:
+    """Keep the last maxlen entries of the stream (the last resort of quarantine_maxlen): the
+    oldest go with their resolutions and identities. Returns how many were unresolved."""
+    entries = ks.xrange(keys[2], now)
+    over = len(entries) - maxlen
+    unresolved = 0
+    for entry in entries[: max(over, 0)]:
+        if not drop_entry(ks, keys[2], keys[3], keys[4], entry, now):
+            unresolved += 1
+    return unresolved
+
+
 def quarantine(
     ks: MemoryKeyspace,
     keys: list[str],
@@ -390,9 +493,15 @@ def quarantine(
     action: str,
     rec: dict[bytes, bytes] | None,
     now: int,
-) -> bytes:
-    """Append the rejected response to the shard's quarantine stream; returns the entry id."""
+) -> tuple[bytes, int]:
+    """Append the rejected response to the shard's quarantine stream, once: the same response
+    delivered again gets the id of its first entry. Returns (entry id, unresolved dropped)."""
     payload = a[7]
+    presented = [a[6], action, a[8], a[9], a[4], a[1], a[2], a[3], a[0], a[5]]
+    ident = identity(dict(zip(_IDENTITY, (_b(v) for v in presented), strict=True)))
+    known = ks.hget(keys[4], now, ident)
+    if known is not None and any(eid == known for eid, _ in ks.xrange(keys[2], now)):
+        return known, 0
     fields: dict[str, Any] = {
         "op": a[0],
         "kind": kind,
@@ -413,11 +522,18 @@ def quarantine(
     if rec is not None:
         fields |= {"cstate": effective_state(rec, now), "cgen": rec[b"gen"], "cver": rec[b"ver"]}
     flat = [x for f, v in fields.items() for x in (f, v)]
-    return ks.xadd(keys[2], now, flat, int(a[13]) if a[13] else None)
+    entry_id = ks.xadd(keys[2], now, flat)
+    ks.hset(keys[4], now, ident, entry_id)
+    if not a[13]:
+        return entry_id, 0
+    return entry_id, cap_stream(ks, keys, int(a[13]), now)
 
 
 def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """The settlement rules (SPEC §2, settlement table), one call per settlement."""
+    refused = guard(ks, keys, a, now)
+    if refused is not None:
+        return refused
     rec = load_record(ks, keys[0], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
@@ -498,15 +614,17 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
                 )
             ks.pexpire(keys[0], retention, now)
             ttl = retention
-    qid = b""
+    qid, dropped = b"", 0
     if kind:
         verdict = "quarantined"
-        qid = quarantine(ks, keys, a, kind, action, rec if isinstance(rec, dict) else None, now)
+        qid, dropped = quarantine(
+            ks, keys, a, kind, action, rec if isinstance(rec, dict) else None, now
+        )
     observe(ks, keys[1], keys[0], a[11], retention, ttl, a[6], a[4], action, verdict, kind, now)
     # rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
     if rec is None or kind == "misbound":
-        return [verdict.encode(), kind.encode(), now, qid, []]
-    return [verdict.encode(), kind.encode(), now, qid, _row(ks, keys[0], now)]
+        return [verdict.encode(), kind.encode(), now, qid, [], dropped]
+    return [verdict.encode(), kind.encode(), now, qid, _row(ks, keys[0], now), dropped]
 
 
 def complete(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
@@ -528,6 +646,9 @@ def renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list
     """Extend a live pending lease of the current generation (a heartbeat). A lost lease is
     not a response, so it is never quarantined; the detail says why. Misbound callers get no
     record."""
+    refused = guard(ks, keys, a, now)
+    if refused is not None:
+        return refused
     rec = load_record(ks, keys[0], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
@@ -604,12 +725,39 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
 def quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Mark a quarantine entry resolved with a note. The entry itself is never changed or
     deleted, and the first resolution stands."""
+    refused = guard(ks, keys, a, now)
+    if refused is not None:
+        return refused
     if not any(eid == a[0] for eid, _ in ks.xrange(keys[0], now)):
         return [b"missing", b"", now, b"", []]
     res = json.dumps({"note": a[1].decode(), "at": now}).encode()
     if ks.hsetnx(keys[1], now, a[0], res) == 0:
         return [b"already_resolved", b"", now, b"", [ks.hget(keys[1], now, a[0])]]
     return [b"resolved", b"", now, b"", [res]]
+
+
+def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Explicit quarantine retention (SPEC §3): delete the shard's resolved entries in an id
+    range, with their resolutions and identities; unresolved evidence only when the caller
+    says so. Examines at most a budget of entries per call."""
+    refused = guard(ks, keys, a, now)
+    if refused is not None:
+        return refused
+    low = a[0].decode()
+    high = "+" if a[1] == b"" else f"({now - int(a[1])}-0"
+    everything = a[2] == b"1"
+    budget = int(a[3])
+    entries = [e for e in ks.xrange(keys[0], now) if _in_range(e[0], low, high)]
+    removed = unresolved = 0
+    last = b""
+    for entry in entries[:budget]:
+        last = entry[0]
+        if everything or ks.hget(keys[1], now, entry[0]) is not None:
+            if not drop_entry(ks, keys[0], keys[1], keys[2], entry, now):
+                unresolved += 1
+            removed += 1
+    code = b"done" if len(entries) < budget else b"more"
+    return [code, last, now, b"", [removed, unresolved]]
 
 
 def namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
@@ -631,6 +779,7 @@ _SCRIPTS: dict[str, Callable[[MemoryKeyspace, list[str], list[bytes], int], list
     "attempts": attempts,
     "quarantine_read": quarantine_read,
     "quarantine_resolve": quarantine_resolve,
+    "quarantine_trim": quarantine_trim,
     "namespace": namespace,
 }
 

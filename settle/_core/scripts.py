@@ -22,6 +22,7 @@ SCRIPTS = ScriptSet(
         "attempts": _LIB,
         "quarantine_read": _LIB,
         "quarantine_resolve": _LIB,
+        "quarantine_trim": _LIB,
         "namespace": _LIB,
     },
     #: Scripts that may write: with ``min_replicas`` each is followed by WAIT.
@@ -33,6 +34,7 @@ SCRIPTS = ScriptSet(
             "mark_provisional",
             "renew",
             "quarantine_resolve",
+            "quarantine_trim",
             "namespace",
         }
     ),

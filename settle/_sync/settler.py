@@ -38,6 +38,7 @@ from settle.models import (
     Resolution,
     Settlement,
     StoredFailure,
+    TrimResult,
 )
 
 __all__ = ["Backend", "Quarantine", "Settler"]
@@ -86,14 +87,24 @@ class Settler(Connectable):
         if self._checked:
             return
         self._runner.prepare()
+        self._check_namespace()
+        self._checked = True
+
+    def _check_namespace(self) -> None:
         call = self._core.plan_namespace()
         self._core.decode_namespace(self._runner.run(call))
-        self._checked = True
 
     def _run(self, call: Call) -> Any:
         if not self._checked:
             self.check()
-        return self._runner.run(call)
+        raw = self._runner.run(call)
+        # A shard without state (first use, or lost) is claimed only after the namespace
+        # metadata was checked again (SPEC 4; the rule is the core's).
+        if (claiming := self._core.claim(call, raw)) is not None:
+            self._check_namespace()
+            raw = self._runner.run(claiming)
+            self._core.claim(claiming, raw)
+        return raw
 
     def reserve(
         self,
@@ -246,6 +257,19 @@ class Quarantine:
         entry = self.get(quarantine_id)
         call = self._settler._core.plan_resolve(entry, note)
         return self._settler._core.decode_resolve(call, self._settler._run(call))
+
+    def trim(
+        self, *, older_than: float | None = None, include_unresolved: bool = False
+    ) -> TrimResult:
+        """Delete resolved entries (older than ``older_than`` seconds, when given) with their
+        resolutions. Unresolved evidence goes only with ``include_unresolved=True``, which
+        needs ``older_than``. See docs/operations.md, "Quarantine retention"."""
+        trim = self._settler._core.quarantine_trim(
+            older_than=older_than, include_unresolved=include_unresolved
+        )
+        while call := trim.next_call():
+            trim.feed(call, self._settler._run(call))
+        return trim.result()
 
     def follow(
         self,

@@ -42,5 +42,21 @@ class Since(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic
         return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+class Duration(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic from click 8.2
+    """A length of time such as ``90s``, ``10m``, ``2h``, ``30d``: seconds, as a float."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        match = _RELATIVE.match(str(value).strip())
+        if not match:
+            self.fail(f"{value!r} is not a duration (90s, 10m, 2h, 30d)", param, ctx)
+        amount, unit = match.groups()
+        return timedelta(**{_UNITS[unit]: float(amount)}).total_seconds()
+
+
 SINCE = Since()
+DURATION = Duration()
 KIND = click.Choice([k.value for k in QuarantineKind])

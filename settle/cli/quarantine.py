@@ -1,4 +1,4 @@
-"""``settle quarantine ls | show | tail | resolve | export`` (SPEC 3)."""
+"""``settle quarantine ls | show | tail | resolve | export | trim`` (SPEC 3)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import IO, Any
 import click
 
 from settle.cli._context import Connection, connection_options, json_option, open_settler
-from settle.cli._params import KIND, SINCE
+from settle.cli._params import DURATION, KIND, SINCE
 from settle.cli._render import (
     console,
     entries_table,
@@ -28,7 +28,7 @@ __all__ = ["quarantine"]
 
 @click.group("quarantine")
 def quarantine() -> None:
-    """Rejected responses kept as evidence: list, show, follow, resolve, export."""
+    """Rejected responses kept as evidence: list, show, follow, resolve, export, trim."""
 
 
 def _filters(fn: Any) -> Any:
@@ -205,6 +205,43 @@ def export(
     with output.open("w", encoding="utf-8") as fh:
         _write(fh, entries)
     click.echo(f"exported {len(entries)} entries to {output}", err=True)
+
+
+@quarantine.command("trim")
+@click.option("--resolved", is_flag=True, help="Delete resolved entries (with their notes).")
+@click.option(
+    "--before",
+    "older_than",
+    type=DURATION,
+    default=None,
+    help="Only entries older than this (90s, 10m, 2h, 30d), on the server clock.",
+)
+@click.option(
+    "--include-unresolved",
+    is_flag=True,
+    help="Also delete unresolved evidence older than --before (export it first).",
+)
+@connection_options
+@json_option
+def trim(
+    conn: Connection,
+    resolved: bool,
+    older_than: float | None,
+    include_unresolved: bool,
+    as_json: bool,
+) -> None:
+    """Delete quarantine entries explicitly: resolved ones (--resolved, optionally --before),
+    and unresolved evidence only with --include-unresolved and --before."""
+    if not resolved and older_than is None:
+        raise click.UsageError("say what to trim: --resolved and/or --before DURATION")
+    if include_unresolved and older_than is None:
+        raise click.UsageError("--include-unresolved needs --before DURATION")
+    with open_settler(conn) as settler:
+        done = settler.quarantine.trim(older_than=older_than, include_unresolved=include_unresolved)
+    if as_json:
+        print_json(done.model_dump())
+        return
+    click.echo(f"deleted {done.removed} entries ({done.unresolved} of them unresolved)")
 
 
 def _write(fh: IO[str], entries: list[Any]) -> None:

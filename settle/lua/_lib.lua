@@ -8,6 +8,10 @@
 --   reason                                            (provisional)
 --   result rdig                                       (completed / failed: bytes, digest)
 -- The attempt log is a LIST of 'aid|gen|action|verdict|detail|at' strings, oldest first.
+-- Each shard has a state HASH that never expires: gen (the last generation issued there) and
+-- shards (the namespace's shard count the shard was claimed for).
+-- Every writing script is called with that key as its LAST key and (shard count, claim flag)
+-- as its last two arguments, and calls guard() before it writes anything.
 -- Every script returns {code, detail, now_ms, quarantine_id, payload}; payload is the
 -- record as a positional list of FIELDS (false where a field is absent), or a list of
 -- entries for the read scripts.
@@ -82,4 +86,62 @@ local function observe(log_key, record_key, cap, retention, ttl, aid, gen, actio
   if ttl == nil then ttl = redis.call('PTTL', record_key) end
   if ttl < retention then ttl = retention end
   redis.call('PEXPIRE', log_key, ttl)
+end
+
+-- The shard-count guard (SPEC 4), run before any write. A shard's state carries the shard
+-- count it was claimed for, so a client configured with another count never writes, also
+-- after the namespace metadata was lost and re-created. A shard whose state is missing
+-- (never used, or lost: a restart without persistence, FLUSHALL, eviction) is claimed only
+-- by a call that says the client has just checked the namespace metadata (claim flag '1');
+-- otherwise the script answers 'unclaimed' and writes nothing, and the client checks the
+-- metadata and calls again. Returns nil when the caller may write, else the reply to return.
+local function guard()
+  local key, shards, claim = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
+  local stored = redis.call('HGET', key, 'shards')
+  if not stored then
+    if claim ~= '1' then return {'unclaimed', '', now_ms(), '', {}} end
+    redis.call('HSET', key, 'shards', shards)
+  elseif stored ~= shards then
+    return {'shard_mismatch', stored, now_ms(), '', {}}
+  end
+  return nil
+end
+
+-- The next fencing generation of a shard: a hybrid logical clock, max(last + 1, server time
+-- in microseconds). Strictly increasing while the state lives; after the state was lost
+-- (restart without persistence, FLUSHALL, eviction, a failover that lost the latest writes)
+-- it restarts from the server clock, above every generation issued before, as long as the
+-- server clock did not step back and generations were issued no faster than one per
+-- microsecond (docs/concepts.md, "Generations"). Below 2^53 until the year 2255.
+local function next_generation(key, now_us)
+  local last = tonumber(redis.call('HGET', key, 'gen') or '0') or 0
+  local gen = math.max(last + 1, now_us)
+  redis.call('HSET', key, 'gen', int(gen))
+  return int(gen)
+end
+
+-- The quarantine's helpers (SPEC 3). A shard's quarantine is a STREAM of entries, a HASH of
+-- resolutions (entry id -> resolution JSON) and a HASH of identities (identity -> entry id)
+-- that keeps a rejected response delivered again to one entry. An entry's identity is the
+-- SHA-1 of everything the caller presented: the same attempt, action, payload digest, reason,
+-- tuple and expected version. Entries leave only with their resolution and their identity.
+
+local function identity(f)
+  return redis.sha1hex(table.concat({f.aid or '', f.action or '', f.pdig or '', f.reason or '',
+    f.gen or '', f.fp or '', f.fpv or '', f.bind or '', f.op or '', f.ev or ''}, '|'))
+end
+
+local function entry_fields(flat)
+  local f = {}
+  for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+  return f
+end
+
+-- Delete one stream entry {id, fields} with its resolution and its identity; returns whether
+-- it had been resolved.
+local function drop_entry(stream, resolutions, seen, entry)
+  local ident = identity(entry_fields(entry[2]))
+  if redis.call('HGET', seen, ident) == entry[1] then redis.call('HDEL', seen, ident) end
+  redis.call('XDEL', stream, entry[1])
+  return redis.call('HDEL', resolutions, entry[1]) == 1
 end

@@ -1,13 +1,18 @@
 -- _settle.lua: the settlement rules shared by complete.lua, fail.lua and mark_provisional.lua
 -- (SPEC 2, settlement table). Prepended after _lib.lua; each of those scripts is one call.
 -- KEYS[1] record hash   KEYS[2] attempt log list   KEYS[3] quarantine stream
+-- KEYS[4] quarantine resolutions hash  KEYS[5] quarantine identities hash
+-- KEYS[6] shard state (see _lib.lua)
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
 -- ARGV[5] generation    ARGV[6] expected version ('' for none)             ARGV[7] attempt id
 -- ARGV[8] payload (result / failure bytes; '' for mark_provisional)        ARGV[9] its digest
 -- ARGV[10] reason (mark_provisional)  ARGV[11] retention ms  ARGV[12] attempt log cap
 -- ARGV[13] quarantine payload cap     ARGV[14] quarantine maxlen ('' for none)
--- Returns {verdict, kind, now, quarantine id, record}: verdict accepted | absorbed |
--- quarantined | corrupt; the record row is omitted when none exists or the tuple is misbound.
+-- ARGV[15] shard count  ARGV[16] claim flag
+-- Returns {verdict, kind, now, quarantine id, record, dropped}: verdict accepted | absorbed |
+-- quarantined | corrupt (or unclaimed | shard_mismatch from guard, nothing written); the
+-- record row is omitted when none exists or the tuple is misbound; dropped counts the
+-- unresolved entries quarantine_maxlen pushed out of the stream in this call (0 normally).
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
@@ -20,9 +25,27 @@ local function observed(log_key, aid, gen, action)
   return false
 end
 
+-- Keep the last maxlen entries of the stream (the last resort of quarantine_maxlen): the
+-- oldest go with their resolutions and identities. Returns how many were unresolved.
+local function cap_stream(maxlen)
+  local over = redis.call('XLEN', KEYS[3]) - maxlen
+  local unresolved = 0
+  if over <= 0 then return 0 end
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', over)) do
+    if not drop_entry(KEYS[3], KEYS[4], KEYS[5], entry) then unresolved = unresolved + 1 end
+  end
+  return unresolved
+end
+
+-- Append the rejected response to the shard's quarantine stream, once: the same response
+-- delivered again gets the id of its first entry. Returns (entry id, unresolved dropped).
 local function quarantine(kind, action, rec, now, now_us)
   local payload = ARGV[8]
   local cap = tonumber(ARGV[13])
+  local ident = identity({aid = ARGV[7], action = action, pdig = ARGV[9], reason = ARGV[10],
+    gen = ARGV[5], fp = ARGV[2], fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
+  local known = redis.call('HGET', KEYS[5], ident)
+  if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0 end
   local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
     'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
     'aid', ARGV[7], 'reason', ARGV[10],
@@ -33,13 +56,15 @@ local function quarantine(kind, action, rec, now, now_us)
     table.insert(fields, 'cgen'); table.insert(fields, rec.gen)
     table.insert(fields, 'cver'); table.insert(fields, rec.ver)
   end
-  if ARGV[14] ~= '' then
-    return redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[14], '*', unpack(fields))
-  end
-  return redis.call('XADD', KEYS[3], '*', unpack(fields))
+  local id = redis.call('XADD', KEYS[3], '*', unpack(fields))
+  redis.call('HSET', KEYS[5], ident, id)
+  if ARGV[14] == '' then return id, 0 end
+  return id, cap_stream(tonumber(ARGV[14]))
 end
 
 local function settle(action)
+  local refused = guard()
+  if refused then return refused end
   local now, now_us = clock()
   local rec, row = load_record(KEYS[1])
   if rec == false then return {'corrupt', '', now, '', {}} end
@@ -97,14 +122,14 @@ local function settle(action)
       ttl = retention
     end
   end
-  local qid = ''
+  local qid, dropped = '', 0
   if kind then
     verdict = 'quarantined'
-    qid = quarantine(kind, action, rec, now, now_us)
+    qid, dropped = quarantine(kind, action, rec, now, now_us)
   end
   observe(KEYS[2], KEYS[1], ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict,
     kind or '', now)
   -- rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
-  if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}} end
-  return {verdict, kind or '', now, qid, row}
+  if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}, dropped} end
+  return {verdict, kind or '', now, qid, row, dropped}
 end

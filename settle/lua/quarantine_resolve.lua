@@ -1,8 +1,11 @@
 -- quarantine_resolve.lua: mark a quarantine entry resolved with a note. The entry itself
 -- is never changed or deleted, and the first resolution stands.
 -- KEYS[1] quarantine stream  KEYS[2] resolutions hash (entry id -> resolution JSON)
--- ARGV[1] entry id  ARGV[2] note
+-- KEYS[3] shard state (see _lib.lua)
+-- ARGV[1] entry id  ARGV[2] note  ARGV[3] shard count  ARGV[4] claim flag
 -- Returns {missing | resolved | already_resolved, '', now, '', {resolution JSON}}.
+local refused = guard()
+if refused then return refused end
 local now = now_ms()
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
   return {'missing', '', now, '', {}}

@@ -1,10 +1,12 @@
 -- renew.lua: extend a live pending lease of the current generation (a heartbeat).
--- KEYS[1] record hash
+-- KEYS[1] record hash  KEYS[2] shard state (see _lib.lua)
 -- ARGV[1] fingerprint  ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
--- ARGV[5] lease ms     ARGV[6] retention ms
+-- ARGV[5] lease ms     ARGV[6] retention ms  ARGV[7] shard count  ARGV[8] claim flag
 -- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
 -- response, so it is never quarantined; detail says why (unknown_operation, misbound,
 -- stale_generation, not_pending, lease_expired). Misbound callers get no record.
+local refused = guard()
+if refused then return refused end
 local now = now_ms()
 local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end

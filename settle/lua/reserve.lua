@@ -1,12 +1,15 @@
 -- reserve.lua: claim an operation for a new attempt (SPEC 2, reserve table).
--- KEYS[1] record hash   KEYS[2] generation counter (per shard, never expires)
--- KEYS[3] attempt log list
+-- KEYS[1] record hash   KEYS[2] attempt log list   KEYS[3] shard state (see _lib.lua)
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
 -- ARGV[5] lease ms      ARGV[6] retention ms ARGV[7] attempt id           ARGV[8] log cap
+-- ARGV[9] shard count   ARGV[10] claim flag (see guard in _lib.lua)
 -- Returns {code, detail, now, '', record}:
 --   reserved (detail new | lease_expired | provisional | resumed), replay, in_progress,
---   fingerprint_mismatch, binding_mismatch, corrupt (the last three carry no record).
-local now = now_ms()
+--   fingerprint_mismatch, binding_mismatch, corrupt (the last three carry no record),
+--   unclaimed, shard_mismatch (from guard; nothing written).
+local refused = guard()
+if refused then return refused end
+local now, now_us = clock()
 local rec, row = load_record(KEYS[1])
 if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
@@ -33,7 +36,7 @@ if rec then
   -- rule: R7, R8
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
-local gen = int(redis.call('INCR', KEYS[2]))
+local gen = next_generation(KEYS[3], now_us)
 if rec then
   row = write(KEYS[1], rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
     'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
@@ -45,6 +48,6 @@ else
     'aid', ARGV[7], 'created', int(now), 'updated', int(now)})
 end
 redis.call('PEXPIRE', KEYS[1], lease + retention)
-observe(KEYS[3], KEYS[1], ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve',
+observe(KEYS[2], KEYS[1], ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve',
   'reserved', detail, now)
 return {'reserved', detail, now, '', row}

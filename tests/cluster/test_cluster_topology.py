@@ -220,7 +220,7 @@ def test_generations_are_per_shard_counters_without_ttl(
     assert late.kind is QuarantineKind.STALE_GENERATION
     counter = settler16._core.keys.generation(shard_of(op, SHARDS))
     with redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port) as rc:
-        assert int(rc.get(counter)) == second.reservation.generation
+        assert int(rc.hget(counter, "gen")) == second.reservation.generation
         assert rc.pttl(counter) == -1
 
 

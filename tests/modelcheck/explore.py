@@ -203,7 +203,8 @@ class ModelWorld:
         return Observed(
             raw=raw,
             rec=rec,
-            counter=int(self.keyspace._data.get(self.counter_key, b"0")),
+            counter=int(self.keyspace.hget(self.counter_key, self.clock.now_ms, "gen") or b"0"),
+            now_us=self.clock.now_ms * 1000,
             provisional_accepts=self.provisional_accepts(),
             quarantine=tuple(stream.entries) if stream is not None else (),
         )
@@ -225,7 +226,8 @@ class ModelWorld:
         fields = None
         if raw is not None:
             fields = tuple(sorted((k, v) for k, v in raw.items() if k not in _TIMESTAMPS))
-        counter = self.keyspace._data.get(self.counter_key)
+        state = self.keyspace._data.get(self.counter_key)
+        counter = tuple(sorted(state.items())) if state is not None else None
         workers = tuple(w.key() for w in self.runner.workers)
         return (
             fields,

@@ -11,7 +11,8 @@ rejected response is known to carry "the right kind" without trusting the model.
 3. generations issued are strictly increasing and never repeat;
 4. no quarantined payload is ever visible in the record or in a replay;
 5. a response is never both accepted and quarantined, and every rejected one is in the
-   quarantine (exactly one new entry, the presented payload) with the right kind;
+   quarantine (exactly one entry, the presented payload) with the right kind; the same
+   rejected response delivered again keeps its first entry;
 6. after a takeover, the old generation changes nothing.
 """
 
@@ -53,7 +54,8 @@ class Observed:
 
     raw: dict[bytes, bytes] | None  # the record hash as stored (with timestamps)
     rec: Rec | None
-    counter: int
+    counter: int  # the shard's last generation (0 when its state is missing)
+    now_us: int  # the server clock, in the microseconds generations are made of
     quarantine: tuple[tuple[bytes, list[bytes]], ...]  # the shard's quarantine stream
     provisional_accepts: frozenset[tuple[str, int]] = frozenset()
 
@@ -121,7 +123,7 @@ def _check_by_kind(
     if out.what == "error" or step.kind in ("reserve_other_request", "reserve_other_principal"):
         fp = FP if step.kind == "reserve_other_principal" else "other"
         bind = PRINCIPAL if step.kind == "reserve_other_request" else "other"
-        want = expect_reserve(before.rec, fp, bind, "x", before.counter)
+        want = expect_reserve(before.rec, fp, bind, "x", before.counter, before.now_us)
         want_error = {"fingerprint_mismatch": "FingerprintMismatch"}.get(want.code)
         want_error = want_error or {"binding_mismatch": "BindingMismatch"}.get(want.code)
         if out.what != "error" or out.code != want_error:
@@ -153,7 +155,7 @@ def _check_reserve(
     step: Step, before: Observed, out: Outcome, after: Observed, ghost: Ghost, aid: str | None
 ) -> Ghost:
     assert aid is not None
-    want = expect_reserve(before.rec, FP, PRINCIPAL, aid, before.counter)
+    want = expect_reserve(before.rec, FP, PRINCIPAL, aid, before.counter, before.now_us)
     if out.what != want.code or (want.code == "reserved" and out.code != want.detail):
         raise Violation("spec", f"{step}: reserve expected {want}, got {out.what}/{out.code}")
     _no_new_quarantine(before, after, "reserve is not a response")
@@ -219,15 +221,25 @@ def _check_settlement(
     me = identity(sent)
     stale = before.rec is not None and r.generation != before.rec.gen
     if out.code == "quarantined":
-        if not out.quarantined or len(after.quarantine) != len(before.quarantine) + 1:
-            raise Violation("5", f"{step}: quarantined but not exactly one entry written")
-        entry = _fields(after.quarantine[-1][1])
+        # One entry per response: a new one, or the one this very response got before.
+        added = len(after.quarantine) - len(before.quarantine)
+        assert isinstance(out.raw, Settlement)
+        qid = (out.raw.quarantine_id or "").rpartition("/")[2].encode()
+        entries = dict(after.quarantine)
+        if not out.quarantined or added not in (0, 1) or qid not in entries:
+            raise Violation("5", f"{step}: quarantined but not in exactly one entry")
+        if added == 0 and me not in ghost.quarantined:
+            raise Violation("5", f"{step}: a new rejected response was given an old entry")
+        if added == 1 and after.quarantine[-1][0] != qid:
+            raise Violation("5", f"{step}: the new entry is not the one returned")
+        entry = _fields(entries[qid])
         expect = {
-            b"kind": out.kind.encode(),
             b"payload": payload,
             b"aid": r.attempt_id.encode(),
             b"gen": str(r.generation).encode(),
         }
+        if added == 1:
+            expect[b"kind"] = out.kind.encode()
         got = {k: entry.get(k) for k in expect}
         if got != expect:
             raise Violation("5", f"{step}: quarantine entry {got} != {expect}")

@@ -5,6 +5,11 @@ Each trace runs twice, step by step: on a fresh ``MemorySettler`` (the model) an
 Every step must give the same verdict, quarantine kind, generation and record (timestamps
 aside); at the end the record, the attempt log and the quarantine entries must match too.
 
+Generations: Redis makes them from its own clock in microseconds, the model from its manual
+clock, so each new generation Redis issues is paired with the model's, in the order they are
+issued (strictly increasing on both sides, checked), and Redis's answers are compared in the
+model's numbers.
+
 Lease expiry on Redis: every lease is long (``LEASE``), so none passes by accident; an
 ``expire`` step renews the current reservation with a 1 ms lease through the public API and
 then waits until the server's own ``TIME`` is past that lease. The model's ``expire`` step
@@ -116,6 +121,45 @@ def _redis_forget(client: redis.Redis, namespace: str) -> Any:
     return forget
 
 
+class Generations:
+    """Redis generation -> model generation, paired as both sides issue them."""
+
+    def __init__(self) -> None:
+        self.pairs: dict[int, int] = {}
+
+    def pair(self, real: int, model: int) -> None:
+        if real not in self.pairs:
+            if self.pairs and (real < max(self.pairs) or model <= max(self.pairs.values())):
+                raise AssertionError(f"a generation went backwards: {real} / {model}")
+            self.pairs[real] = model
+
+    def of(self, g: int | None) -> int | None:
+        return None if g is None else self.pairs.get(g, g)
+
+    def record(self, rec: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+        if rec is None:
+            return None
+        return tuple((k, self.of(v) if k == "generation" else v) for k, v in rec)
+
+    def outcome(self, out: Outcome) -> tuple[Any, ...]:
+        what, code, kind, gen, quarantined, rec = out.comparable()
+        return (what, code, kind, self.of(gen), quarantined, self.record(rec))
+
+    def final(self, final: tuple[Any, ...]) -> tuple[Any, ...]:
+        record, attempts, quarantine = final
+        attempts = tuple((a[0], self.of(a[1]), *a[2:]) for a in attempts)
+        quarantine = tuple(
+            (
+                *q[:3],
+                q[3].model_copy(update={"generation": self.of(q[3].generation)}),
+                q[4] and q[4].model_copy(update={"generation": self.of(q[4].generation)}),
+                *q[5:],
+            )
+            for q in quarantine
+        )
+        return self.record(record), attempts, quarantine
+
+
 def _final(settler: Settler) -> tuple[Any, ...]:
     record = norm_record(settler.get(OP))
     attempts = tuple(
@@ -151,13 +195,16 @@ def replay_trace(
     real = Settler(client, namespace=namespace, shards=1, lease=LEASE)
     forget = _redis_forget(client, namespace) if bounds.retention else None
     runner = Runner(real, bounds.workers, bounds.reserves, _redis_expire(client), forget)
+    gens = Generations()
     try:
         for n, step in enumerate(trace, 1):
             want: Outcome = model.step(step)
             got = runner.apply(step)
-            if want.comparable() != got.comparable():
+            if want.what == got.what == "reserved" and want.generation and got.generation:
+                gens.pair(got.generation, want.generation)
+            if want.comparable() != gens.outcome(got):
                 return n, _report(trace, n, want, got)
-        want_final, got_final = _final(model.settler), _final(real)
+        want_final, got_final = _final(model.settler), gens.final(_final(real))
         if want_final != got_final:
             names = ("record", "attempt log", "quarantine")
             diff = [

@@ -61,9 +61,17 @@ class Expected:
     gen: int | None = None  # the generation a reserve hands out
 
 
-def expect_reserve(rec: Rec | None, fp: str, bind: str, aid: str, counter: int) -> Expected:
+def next_generation(counter: int, now_us: int) -> int:
+    """SPEC §1: a generation is never issued twice, also after the counter was lost; settle
+    takes max(last + 1, the server clock in microseconds) (docs/concepts.md, "Generations")."""
+    return max(counter + 1, now_us)
+
+
+def expect_reserve(
+    rec: Rec | None, fp: str, bind: str, aid: str, counter: int, now_us: int
+) -> Expected:
     if rec is None:
-        return Expected("reserved", "new", counter + 1)  # rule: R1
+        return Expected("reserved", "new", next_generation(counter, now_us))  # rule: R1
     if rec.fp != fp:
         return Expected("fingerprint_mismatch")  # rule: R2
     if rec.bind != bind:
@@ -77,7 +85,7 @@ def expect_reserve(rec: Rec | None, fp: str, bind: str, aid: str, counter: int) 
         return Expected("in_progress", "", rec.gen)  # rule: R6
     # rule: R7, R8
     takeover = "lease_expired" if rec.state == "pending" else "provisional"
-    return Expected("reserved", takeover, counter + 1)
+    return Expected("reserved", takeover, next_generation(counter, now_us))
 
 
 def expect_settle(

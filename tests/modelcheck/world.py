@@ -112,6 +112,14 @@ class Worker:
     settled: frozenset[str] = frozenset()  # the settle steps already taken with ``held``
     previous: Reservation | None = None  # the reservation held before ``held``
     last: Sent | None = None
+    # Names of ``held`` and ``previous`` in payloads, the same on Redis and on the model (their
+    # generations are not: each side makes them from its own clock); ``holds`` counts them.
+    holds: int = 0
+    held_tag: str = ""
+    previous_tag: str = ""
+
+    def tag(self, previous: bool = False) -> str:
+        return self.previous_tag if previous else self.held_tag
 
     def key(self) -> tuple[Any, ...]:
         def r(res: Reservation | None) -> tuple[int, str] | None:
@@ -121,7 +129,8 @@ class Worker:
         if self.last is not None:
             last = (self.last.action, r(self.last.reservation), self.last.expected_version)
         held, previous = r(self.held), r(self.previous)
-        return (self.reserves, held, self.seen_version, self.settled, previous, last)
+        tags = (self.holds, self.held_tag, self.previous_tag)
+        return (self.reserves, held, self.seen_version, self.settled, previous, last, tags)
 
 
 def norm_record(record: OperationRecord | None) -> tuple[Any, ...] | None:
@@ -158,10 +167,11 @@ class Outcome:
         )
 
 
-def _result(res: Reservation, variant: str) -> dict[str, str | int]:
-    """A distinct payload for every response, so any leak of one can be told apart."""
-    aid = res.attempt_id
-    return {"charge": f"ch-{aid}-g{res.generation}", "by": aid, "variant": variant}
+def _result(res: Reservation, tag: str, variant: str) -> dict[str, str | int]:
+    """A distinct payload for every response, so any leak of one can be told apart. ``tag``
+    names the reservation (Worker.tag); its generation is left out because Redis and the
+    model make generations from different clocks."""
+    return {"charge": f"ch-{tag}", "by": res.attempt_id, "variant": variant}
 
 
 class Runner:
@@ -236,7 +246,7 @@ class Runner:
             return self._send(i, w.last, remember=False)
         if kind == "late":
             assert w.previous is not None
-            late = Sent("complete", w.previous, _result(w.previous, "late"))
+            late = Sent("complete", w.previous, _result(w.previous, w.tag(previous=True), "late"))
             return self._send(i, late, remember=False)
         if kind in ("misbound_fp", "misbound_principal"):
             assert w.held is not None
@@ -244,14 +254,14 @@ class Runner:
             if kind == "misbound_principal":
                 change = {"binding": OTHER_PRINCIPAL}
             res = w.held.model_copy(update=change)
-            sent = Sent("complete", res, _result(w.held, kind))
+            sent = Sent("complete", res, _result(w.held, w.tag(), kind))
             return self._send(i, sent, remember=False)
         assert w.held is not None
-        tag = f"{w.held.attempt_id}-g{w.held.generation}"
+        tag = w.tag()
         if kind == "complete":
-            sent = Sent("complete", w.held, _result(w.held, "complete"))
+            sent = Sent("complete", w.held, _result(w.held, w.tag(), "complete"))
         elif kind == "complete_v":
-            sent = Sent("complete", w.held, _result(w.held, "complete_v"), w.seen_version)
+            sent = Sent("complete", w.held, _result(w.held, w.tag(), "complete_v"), w.seen_version)
         elif kind == "fail":
             sent = Sent("fail", w.held, StoredFailure(error_type="card_declined", message=tag))
         else:
@@ -289,7 +299,9 @@ class Runner:
             generation=1,
             attempt_id="x.ghost",
         )
-        return self._send(None, Sent("complete", res, _result(res, "unknown")), remember=False)
+        return self._send(
+            None, Sent("complete", res, _result(res, "ghost", "unknown")), remember=False
+        )
 
     def attempt_id(self, step: Step) -> str | None:
         """The attempt id a reserve step sends (None for other steps)."""
@@ -321,9 +333,12 @@ class Runner:
                 w = replace(
                     w,
                     held=res,
+                    holds=w.holds + 1,
+                    held_tag=f"{res.attempt_id}#{w.holds + 1}",
                     seen_version=got.record.version,
                     settled=frozenset(),
                     previous=w.held if w.held is not None else w.previous,
+                    previous_tag=w.held_tag if w.held is not None else w.previous_tag,
                 )
             self._set(i, w)
             return Outcome(
@@ -339,8 +354,10 @@ class Runner:
             replace(
                 w,
                 held=None,
+                held_tag="",
                 settled=frozenset(),
                 previous=w.held if w.held is not None else w.previous,
+                previous_tag=w.held_tag if w.held is not None else w.previous_tag,
             ),
         )
         if isinstance(got, Replay):

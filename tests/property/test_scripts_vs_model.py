@@ -8,6 +8,17 @@ every attempt log and the whole quarantine must be equal after every step.
 
 Leases are either long (never pass during a run) or 1 ms followed by a pause, so both
 sides agree on which leases have passed; the model's clock is the Redis server's clock.
+
+Generations come from a hybrid logical clock (max(last + 1, server time in microseconds)),
+which the two sides read at different instants and resolutions: the model reads the server's
+milliseconds. So each generation one side issues is paired with the other side's, in the
+order they are issued, and the Redis side's answers are compared in the model's numbers
+(:class:`Generations`). Presented generations that were never issued are an issued one
+minus 1 ("older") or plus ``NEWER`` ("newer"), and are translated the same way.
+
+Loss steps drop each side's state in the same way: one shard's generation state (a DEL or an
+eviction), or every key of the namespace (a FLUSHALL or a restart without persistence).
+Reservations held from before stay in the workers' hands and must be rejected on both sides.
 """
 
 from __future__ import annotations
@@ -40,6 +51,40 @@ RESULTS = [{"receipt": 1}, {"receipt": 2}, b"\x00raw\xff"]
 REQUEST_INDEX = st.sampled_from([0, 0, 0, 1])
 PRINCIPAL_INDEX = st.sampled_from([0, 0, 0, 1])
 SHORT, LONG = 0.001, 600.0
+NEWER = 10**9  # a generation not issued yet: 1000 s of the clock ahead
+
+
+class Generations:
+    """Redis generation -> model generation, paired as the two sides issue them."""
+
+    def __init__(self) -> None:
+        self.pairs: dict[int, int] = {}
+
+    def pair(self, real: int, model: int) -> None:
+        assert self.pairs.setdefault(real, model) == model, (real, model)
+        # Both sides issue their generations in the same order on a shard: strictly increasing.
+
+    def model_of(self, g: int) -> int:
+        if g in self.pairs:
+            return self.pairs[g]
+        if g + 1 in self.pairs:  # "older"
+            return self.pairs[g + 1] - 1
+        if g - NEWER in self.pairs:  # "newer"
+            return self.pairs[g - NEWER] + NEWER
+        return g  # never issued by either side (a ghost's generation 1)
+
+    def translate(self, value: Any) -> Any:
+        """Every ``generation`` in a dumped outcome, in the model's numbers."""
+        if isinstance(value, dict):
+            return {
+                k: self.model_of(v)
+                if k == "generation" and isinstance(v, int)
+                else self.translate(v)
+                for k, v in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return type(value)(self.translate(v) for v in value)
+        return value
 
 
 def _record(rec: Any) -> Any:
@@ -56,11 +101,14 @@ def _outcome(call: Any) -> Any:
     except SettleError as exc:
         return ("raised", type(exc).__name__, exc.operation_id), None
     if isinstance(r, Reserved):
-        return ("reserved", r.reservation, r.takeover, _record(r.record)), r.reservation
+        return (
+            ("reserved", r.reservation.model_dump(), r.takeover, _record(r.record)),
+            r.reservation,
+        )
     if isinstance(r, Replay):
         return ("replay", _record(r.record)), None
     if isinstance(r, InProgress):
-        return ("in_progress", r.generation, _record(r.record)), None
+        return ("in_progress", {"generation": r.generation}, _record(r.record)), None
     # Settlement, Renewal, Resolution: compare all but server times and stream ids.
     data = r.model_dump(exclude={"record", "quarantine_id", "lease_expires_at", "at"})
     if hasattr(r, "record"):
@@ -82,6 +130,9 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         opts = {"namespace": namespace, "shards": 2, "attempt_log_size": 500, "retention": 3600}
         self.real = Settler.from_url(url, **opts)
         self.model = MemorySettler(clock=self._server_ms, **opts)
+        self.namespace = namespace
+        self.gens = Generations()
+        self.issued: tuple[list[int], list[int]] = ([], [])  # every new generation, per side
 
     def _server_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -94,8 +145,18 @@ class ScriptsMatchModel(RuleBasedStateMachine):
     def _both(self, fn: Any) -> tuple[Any, Any, Any]:
         real, real_res = _outcome(lambda: fn(self.real, 0))
         model, model_res = _outcome(lambda: fn(self.model, 1))
-        assert real == model
+        if isinstance(real_res, Reservation) and isinstance(model_res, Reservation):
+            for side, g in enumerate((real_res.generation, model_res.generation)):
+                if g not in self.issued[side]:
+                    # A new generation: above every one this side issued before, losses or not.
+                    assert all(g > old for old in self.issued[side]), (side, g)
+                    self.issued[side].append(g)
+            self.gens.pair(real_res.generation, model_res.generation)
+        assert self.gens.translate(real) == model
         return real, real_res, model_res
+
+    def _real_keys(self) -> list[bytes]:
+        return list(self.client.scan_iter(match=f"settle:{{{self.namespace}*", count=1000))
 
     @staticmethod
     def _pause_past(lease: float) -> None:
@@ -120,6 +181,25 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         )
         self._pause_past(lease)
         return multiple() if real_res is None else multiple((real_res, model_res))
+
+    # -- losses: what Redis can forget (SPEC §1) -------------------------------------------
+
+    @rule(shard=st.integers(0, 1))
+    def lose_a_shards_generation_state(self, shard: int) -> None:
+        """A DEL or an eviction of one shard's state (its generation and shard count)."""
+        key = self.real._core.keys.generation(shard)
+        self.client.delete(key)
+        self.model._runner.keyspace.delete(key)  # type: ignore[attr-defined]
+        time.sleep(0.002)  # the model reads milliseconds: let the clock pass the loss
+
+    @rule()
+    def lose_everything(self) -> None:
+        """A FLUSHALL (or a restart without persistence) under the live clients."""
+        keys = self._real_keys()
+        if keys:
+            self.client.delete(*keys)
+        self.model._runner.keyspace.flush()  # type: ignore[attr-defined]
+        time.sleep(0.002)
 
     @rule(pair=reservations)
     def reserve_again_as_the_same_attempt(self, pair: tuple[Reservation, Reservation]) -> None:
@@ -210,7 +290,7 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         if tamper == "older":
             return r.model_copy(update={"generation": max(1, r.generation - 1)})
         if tamper == "newer":
-            return r.model_copy(update={"generation": r.generation + 1})
+            return r.model_copy(update={"generation": r.generation + NEWER})
         return r
 
     # -- everything observable must be equal ------------------------------------------
@@ -218,10 +298,10 @@ class ScriptsMatchModel(RuleBasedStateMachine):
     @invariant()
     def records_logs_and_quarantine_are_equal(self) -> None:
         for op in [*OPS, "op-ghost"]:
-            assert _record(self.real.get(op)) == _record(self.model.get(op))
+            assert self.gens.translate(_record(self.real.get(op))) == _record(self.model.get(op))
             real_log = [o.model_dump(exclude={"id", "at"}) for o in self.real.attempts(op)]
             model_log = [o.model_dump(exclude={"id", "at"}) for o in self.model.attempts(op)]
-            assert real_log == model_log
+            assert self.gens.translate(real_log) == model_log
         real_q = self.real.quarantine.list(limit=500, newest_first=False)
         model_q = self.model.quarantine.list(limit=500, newest_first=False)
 
@@ -234,7 +314,7 @@ class ScriptsMatchModel(RuleBasedStateMachine):
                 out.append(data)
             return out
 
-        assert norm(real_q) == norm(model_q)
+        assert self.gens.translate(norm(real_q)) == norm(model_q)
 
 
 def test_lua_scripts_match_the_reference_model(redis_url: str) -> None:

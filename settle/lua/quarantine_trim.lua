@@ -1,0 +1,34 @@
+-- quarantine_trim.lua: explicit quarantine retention (SPEC 3). Deletes the shard's resolved
+-- entries in an id range, with their resolutions and identities; unresolved evidence only
+-- when the caller says so. Examines at most a budget of entries per call.
+-- KEYS[1] quarantine stream  KEYS[2] resolutions hash  KEYS[3] identities hash
+-- KEYS[4] shard state (see _lib.lua)
+-- ARGV[1] lowest id ('-', or '(' id to resume after)
+-- ARGV[2] minimum age in ms on the server clock ('' for any age)
+-- ARGV[3] '1': unresolved entries too  ARGV[4] scan budget  ARGV[5] shard count
+-- ARGV[6] claim flag
+-- Returns {more | done, last, now, '', {removed, of which unresolved}}: done when the range
+-- is exhausted; last is the id of the last entry examined ('' if none).
+local refused = guard()
+if refused then return refused end
+local now = now_ms()
+local low, high = ARGV[1], '+'
+if ARGV[2] ~= '' then high = '(' .. int(now - tonumber(ARGV[2])) .. '-0' end
+local everything = ARGV[3] == '1'
+local budget = tonumber(ARGV[4])
+local examined, removed, unresolved, last = 0, 0, 0, ''
+while examined < budget do
+  local want = math.min(256, budget - examined)
+  local entries = redis.call('XRANGE', KEYS[1], low, high, 'COUNT', want)
+  for _, entry in ipairs(entries) do
+    examined = examined + 1
+    last = entry[1]
+    low = '(' .. entry[1]
+    if everything or redis.call('HEXISTS', KEYS[2], entry[1]) == 1 then
+      if not drop_entry(KEYS[1], KEYS[2], KEYS[3], entry) then unresolved = unresolved + 1 end
+      removed = removed + 1
+    end
+  end
+  if #entries < want then return {'done', last, now, '', {removed, unresolved}} end
+end
+return {'more', last, now, '', {removed, unresolved}}

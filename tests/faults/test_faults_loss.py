@@ -1,0 +1,153 @@
+"""What Redis forgets (SPEC §1, §4): a restart without persistence, a FLUSHALL under live
+clients, and a DEL (or an eviction) of one shard's generation state.
+
+A worker that holds a reservation from before the loss must never have its late settlement
+accepted, the generation handed downstream as a fencing token must never go backwards, and
+new reservations must work right after the loss with nobody stepping in. A client with
+another shard count must never write, also when the namespace metadata was lost and then
+re-created by that client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from settle import ConfigurationError, QuarantineKind, Reserved, Settler, Verdict
+from settle._core.keys import shard_of
+from settle.embedded import EmbeddedRedis
+
+pytestmark = [pytest.mark.faults]
+
+REQ = {"amount": 1000, "currency": "EUR"}
+WHO = "tenant:acme"
+OPS = [f"order-{i}" for i in range(12)]  # several per shard, so every shard's state is used
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as s:  # persistence off: a restart comes back empty
+        yield s
+
+
+def _hold_everything(settler: Settler) -> dict[str, Reserved]:
+    """Reserve every op, and take each over once, so workers hold fenced-off reservations."""
+    held = {}
+    for op in OPS:
+        first = settler.reserve(op, REQ, principal=WHO)
+        assert isinstance(first, Reserved)
+        settler.mark_provisional(first.reservation, reason="timeout")
+        second = settler.reserve(op, REQ, principal=WHO)
+        assert isinstance(second, Reserved)
+        held[op] = second
+    return held
+
+
+def _after_the_loss(settler: Settler, held: dict[str, Reserved]) -> None:
+    """New reservations work at once, with generations above every one issued before, and
+    no settlement of a reservation from before the loss is accepted."""
+    before = max(r.reservation.generation for r in held.values())
+    fresh = {}
+    for op in OPS:
+        again = settler.reserve(op, REQ, principal=WHO)
+        assert isinstance(again, Reserved), again
+        assert again.reservation.generation > before  # the fencing token never goes back
+        fresh[op] = again
+    for op, old in held.items():
+        late = settler.complete(old.reservation, {"late": True})
+        assert late.verdict is Verdict.QUARANTINED
+        assert late.kind in (QuarantineKind.STALE_GENERATION, QuarantineKind.UNKNOWN_OPERATION)
+        assert settler.get(op).generation == fresh[op].reservation.generation  # type: ignore[union-attr]
+    for op, new in fresh.items():
+        assert settler.complete(new.reservation, {"ok": op}).verdict is Verdict.ACCEPTED
+
+
+def test_a_restart_without_persistence_never_hands_out_an_old_generation(
+    server: EmbeddedRedis,
+) -> None:
+    settler = Settler.from_url(server.url, namespace="loss", shards=4)
+    try:
+        held = _hold_everything(settler)
+        server.stop(kill=True)
+        server.start()  # the same port, empty: the clients reconnect on their own
+        # Late settlements straight after the restart: nothing to fence them with but the
+        # empty keyspace, so they are unknown operations (never accepted).
+        for old in held.values():
+            late = settler.complete(old.reservation, {"late": True})
+            assert late.kind is QuarantineKind.UNKNOWN_OPERATION
+        _after_the_loss(settler, held)
+    finally:
+        settler.close()
+
+
+def test_a_flushall_under_a_live_client_never_hands_out_an_old_generation(
+    server: EmbeddedRedis,
+) -> None:
+    settler = Settler.from_url(server.url, namespace="loss", shards=4)
+    try:
+        held = _hold_everything(settler)
+        with redis.Redis.from_url(server.url) as raw:
+            raw.flushall()
+        _after_the_loss(settler, held)
+    finally:
+        settler.close()
+
+
+def test_a_lost_shard_counter_never_hands_out_an_old_generation(server: EmbeddedRedis) -> None:
+    """The records stay, the counter goes (a DEL, or an eviction of that one key): the
+    takeover after it must still fence the holder off."""
+    settler = Settler.from_url(server.url, namespace="loss", shards=4)
+    try:
+        held = _hold_everything(settler)
+        with redis.Redis.from_url(server.url) as raw:
+            for shard in range(4):
+                assert raw.delete(settler._core.keys.generation(shard)) == 1
+        for op, old in held.items():
+            settler.mark_provisional(old.reservation, reason="timeout")
+            taken = settler.reserve(op, REQ, principal=WHO)
+            assert isinstance(taken, Reserved)
+            assert taken.reservation.generation > old.reservation.generation
+            late = settler.complete(old.reservation, {"late": True})
+            assert late.kind is QuarantineKind.STALE_GENERATION
+            assert settler.complete(taken.reservation, {"ok": op}).verdict is Verdict.ACCEPTED
+    finally:
+        settler.close()
+
+
+def test_a_client_with_another_shard_count_never_writes_after_a_flushall(
+    server: EmbeddedRedis,
+) -> None:
+    """A 16-shard client is running; FLUSHALL; a 4-shard client starts and re-creates the
+    namespace. From then on exactly one of them writes: the 16-shard client gets a
+    ConfigurationError for every write, and no operation id is reserved by both."""
+    sixteen = Settler.from_url(server.url, namespace="shared", shards=16)
+    four = Settler.from_url(server.url, namespace="shared", shards=4)
+    try:
+        for op in OPS:
+            assert isinstance(sixteen.reserve(op, REQ, principal=WHO), Reserved)
+        with pytest.raises(ConfigurationError, match="16"):
+            four.check()  # the guard at start-up, as before
+        with redis.Redis.from_url(server.url) as raw:
+            raw.flushall()
+        four._checked = False  # a fresh 4-shard process starting after the loss
+        four.check()  # the namespace metadata is gone: it is re-created with 4 shards
+        for op in OPS:
+            assert isinstance(four.reserve(f"new-{op}", REQ, principal=WHO), Reserved)
+        for op in OPS:  # every shard of the 16-shard client, claimed by the 4 or not
+            with pytest.raises(ConfigurationError, match="4 shards"):
+                sixteen.reserve(op, REQ, principal=WHO)
+            with pytest.raises(ConfigurationError):
+                sixteen.reserve(f"new-{op}", REQ, principal=WHO)
+        with redis.Redis.from_url(server.url) as raw:
+            # Nothing of the 16-shard layout was written after the flush.
+            tags = {shard_of(op, 16) for op in OPS} | {shard_of(f"new-{op}", 16) for op in OPS}
+            for shard in tags - set(range(4)):
+                assert raw.exists(sixteen._core.keys.generation(shard)) == 0
+            used = {shard_of(f"new-{op}", 4) for op in OPS}
+            for shard in used:
+                assert raw.hget(four._core.keys.generation(shard), "shards") == b"4"
+    finally:
+        sixteen.close()
+        four.close()

@@ -1,0 +1,112 @@
+"""The quarantine's lifecycle (SPEC §3): one entry per rejected response, explicit trim that
+keeps unresolved evidence, quarantine_maxlen as a last resort that says what it dropped, and
+resolutions that leave with their entries. On Redis and on the reference model alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from settle import Reserved, Settler
+from settle.errors import InvalidInput
+from settle.testing import ManualClock, MemorySettler
+
+REQ = {"amount": 1}
+WHO = "tenant:acme"
+
+
+@pytest.fixture(params=["redis", "model"])
+def make(request: pytest.FixtureRequest, redis_url: str, namespace: str) -> Iterator[Any]:
+    made: list[Settler] = []
+
+    def build(**options: Any) -> Settler:
+        if request.param == "redis":
+            s = Settler.from_url(redis_url, namespace=namespace, shards=1, **options)
+        else:
+            s = MemorySettler(namespace=namespace, shards=1, clock=ManualClock(), **options)
+        made.append(s)
+        return s
+
+    yield build
+    for s in made:
+        s.close()
+
+
+def _stale(settler: Settler, op: str) -> tuple[Any, Any]:
+    """A reservation that was taken over, and the takeover."""
+    first = settler.reserve(op, REQ, principal=WHO)
+    assert isinstance(first, Reserved)
+    settler.mark_provisional(first.reservation, reason="timeout")
+    second = settler.reserve(op, REQ, principal=WHO)
+    assert isinstance(second, Reserved)
+    return first.reservation, second.reservation
+
+
+def test_the_same_rejected_response_delivered_again_stays_one_entry(make: Any) -> None:
+    settler = make()
+    old, _ = _stale(settler, "op-1")
+    first = settler.complete(old, {"late": 1})
+    again = settler.complete(old, {"late": 1})
+    other = settler.complete(old, {"late": 2})  # another payload: another response
+    assert first.quarantine_id == again.quarantine_id
+    assert other.quarantine_id != first.quarantine_id
+    assert len(settler.quarantine.list(operation_id="op-1")) == 2
+    # Every delivery is still observed in the attempt log.
+    assert [a.verdict for a in settler.attempts("op-1")][-3:] == ["quarantined"] * 3
+
+
+def test_trim_deletes_resolved_entries_and_keeps_unresolved_evidence(make: Any) -> None:
+    settler = make()
+    old, _ = _stale(settler, "op-1")
+    keep = settler.complete(old, {"late": 1}).quarantine_id
+    gone = settler.complete(old, {"late": 2}).quarantine_id
+    assert keep is not None
+    assert gone is not None
+    settler.quarantine.resolve(gone, note="refunded")
+    done = settler.quarantine.trim()
+    assert (done.removed, done.unresolved) == (1, 0)
+    assert [e.ref for e in settler.quarantine.list()] == [keep]
+    # The same response delivered after its entry was trimmed is evidence again.
+    assert settler.complete(old, {"late": 2}).quarantine_id not in (None, gone)
+    with pytest.raises(InvalidInput, match="older_than"):
+        settler.quarantine.trim(include_unresolved=True)
+    assert settler.quarantine.trim(older_than=3600, include_unresolved=True).removed == 0
+    assert len(settler.quarantine.list()) == 2
+
+
+def test_quarantine_maxlen_drops_the_oldest_with_their_resolutions_and_warns(make: Any) -> None:
+    settler = make(quarantine_maxlen=2)
+    old, _ = _stale(settler, "op-1")
+    ids = [settler.complete(old, {"late": i}).quarantine_id for i in range(2)]
+    assert ids[0] is not None
+    settler.quarantine.resolve(ids[0], note="ok")
+    with capture_logs() as logs:
+        settler.complete(old, {"late": 2})  # pushes the resolved one out: no warning
+        settler.complete(old, {"late": 3})  # pushes an unresolved one out: a warning
+    dropped = [e for e in logs if e["event"] == "settle.quarantine.maxlen_dropped_unresolved"]
+    assert [e["dropped"] for e in dropped] == [1]
+    assert len(settler.quarantine.list()) == 2
+    assert all(e.resolution is None for e in settler.quarantine.list())
+
+
+def test_resolutions_and_identities_leave_with_their_entries(
+    redis_url: str, namespace: str
+) -> None:
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    try:
+        old, _ = _stale(settler, "op-1")
+        for i in range(3):
+            qid = settler.complete(old, {"late": i}).quarantine_id
+            assert qid is not None
+            settler.quarantine.resolve(qid, note="done")
+        keys = settler._core.keys
+        assert settler.quarantine.trim().removed == 3
+        with redis.Redis.from_url(redis_url) as raw:
+            assert raw.xlen(keys.quarantine(0)) == 0
+            assert raw.exists(keys.resolutions(0), keys.identities(0)) == 0
+    finally:
+        settler.close()
