@@ -29,7 +29,7 @@ from settle.progress.identity import (
     ProviderScope,
     SettlementAuthority,
 )
-from settle.progress.model import IntentKind, Progress, SettlementReceipt
+from settle.progress.model import EffectContext, IntentKind, Progress, SettlementReceipt
 from settle.progress.planning import authorize_individual
 from settle.progress.scripts import STREAM
 
@@ -93,8 +93,13 @@ class AsyncStreamConsumer:
     def from_urls(
         cls, stream_url: str, progress_url: str, *, consumer: str, **options: Any
     ) -> AsyncStreamConsumer:
+        """Connect to the stream's server and the progress server; ``namespace``,
+        ``min_replicas`` and ``replica_timeout`` apply to both, the rest to the consumer."""
+        shared = {k: options[k] for k in ("min_replicas", "replica_timeout") if k in options}
         namespace = options.pop("namespace", "default")
-        store = AsyncProgressStore.from_url(progress_url, consumer=consumer, namespace=namespace)
+        store = AsyncProgressStore.from_url(
+            progress_url, consumer=consumer, namespace=namespace, **shared
+        )
         return cls(client_from_url(stream_url), store, **options)
 
     async def aclose(self) -> None:
@@ -140,7 +145,7 @@ class AsyncStreamConsumer:
                 repeatable=False,
             )
         except BackendError as exc:
-            raise self.core.stream_failure(exc, scope) from exc
+            self.core.raise_stream_failure(exc, scope)
         streams: list[Any] = list(raw or [])
         entries = [e for _, batch in streams for e in parse_entries(batch)]
         for entry in entries:
@@ -171,7 +176,7 @@ class AsyncStreamConsumer:
                 ),
             )
         except BackendError as exc:
-            raise self.core.stream_failure(exc, scope) from exc
+            self.core.raise_stream_failure(exc, scope)
         counts = {DeliveryId(_s(p["message_id"])): int(p["times_delivered"]) for p in pending}
         out = [(e, counts.get(e.delivery, 0)) for e in entries if e.delivery in counts]
         for entry, _ in out:
@@ -199,9 +204,18 @@ class AsyncStreamConsumer:
             authorize_individual(reply.progress, delivery)
             return await self.settle(authority, IntentKind.ACK, emission)
         attempt = AttemptId.new()
+        failed: list[Exception] = []
+
+        async def run_effect(context: EffectContext) -> None:
+            try:
+                await effect(context)
+            except Exception as exc:
+                failed.append(exc)
+                raise
+
         try:
             applied = await self.store.apply(
-                scope, delivery, emission, effect, attempt=attempt, fields=entry.fields
+                scope, delivery, emission, run_effect, attempt=attempt, fields=entry.fields
             )
         except DeferDelivery as signal:
             reply = await self.store.defer(scope, delivery, emission, reason=signal.reason)
@@ -210,7 +224,12 @@ class AsyncStreamConsumer:
             return await self.settle(authority, IntentKind.DEFER, emission, signal.reason)
         except ProviderReset:
             raise
-        except Exception as exc:  # noqa: BLE001 - the effect failed: negative settlement
+        except Exception as exc:
+            if not failed or exc is not failed[-1]:
+                # Progress failed (BackendError, DurabilityError...), not the effect: the
+                # caller must hear it, not a release; the delivery stays pending, comes back.
+                raise
+            # The effect failed: negative settlement.
             self.core.log.warning(
                 "settle.progress.effect_failed",
                 delivery=delivery.value,
@@ -275,7 +294,7 @@ class AsyncStreamConsumer:
                 "XRANGE", lambda: self._listing(scope, after)
             )
         except BackendError as exc:
-            raise self.core.stream_failure(exc, scope) from exc
+            self.core.raise_stream_failure(exc, scope)
         info = next((g for g in groups if _s(g["name"]) == scope.group), None)
         last = _s(info["last-delivered-id"]) if info else ""
         oldest = _s(summary.get("min") or "")
