@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -40,6 +41,8 @@ from tests.cursor.conftest import Sink
 from tests.cursor.provider import ProviderServer, async_fetcher, fetcher
 from tests.faults.figures import FIGURES
 from tests.faults.servers import (
+    REPLICA_TIMEOUT,
+    SLACK,
     async_client,
     frozen,
     proxy_to,
@@ -54,30 +57,11 @@ from tests.integration.conftest import Awaitable
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
 
 STREAM = "orders"
-REPLICA_TIMEOUT = 0.3
-#: How far past ``replica_timeout`` a DurabilityError may come: Redis checks WAIT timeouts
-#: at ``hz`` (10/s), plus a loaded CI box; four tries would take 4 x 0.3 s and more.
-SLACK = 0.8
 
 
 @pytest.fixture(params=["sync", "async"])
 def flavour(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def primary() -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def replica(primary: EmbeddedRedis) -> Iterator[EmbeddedRedis]:
-    server = replica_of(primary)
-    wait_replicas(primary, 1)
-    yield server
-    server.close()
 
 
 @pytest.fixture
@@ -87,14 +71,12 @@ def provider(serve: Callable[..., ProviderServer]) -> ProviderServer:
     return server
 
 
+@dataclass
 class Shell:
     """One flavour's store and consumer, both driven with ``await``."""
 
-    def __init__(self, store: Any, consumer: Any, close: Callable[[], Any]) -> None:
-        self.store, self.consumer, self._close = store, consumer, close
-
-    async def close(self) -> None:
-        await self._close()
+    store: Any
+    consumer: Any
 
 
 @asynccontextmanager
@@ -110,11 +92,10 @@ async def shell(
             if isinstance(target, str)
             else CursorStore(sync_client(target), **options)
         )
-        with httpx.Client(timeout=5.0) as http:
+        with store, httpx.Client(timeout=5.0) as http:
             fetch = fetcher(provider.url, http)
             consumer = CursorConsumer(fetch, sink, contract, store=store, stream=STREAM)
-            yield Shell(Awaitable(store), Awaitable(consumer), Awaitable(store).close)
-        store.close()
+            yield Shell(Awaitable(store), Awaitable(consumer))
         return
 
     async def handle(event: Event, ctx: EventContext) -> None:
@@ -125,11 +106,10 @@ async def shell(
         if isinstance(target, str)
         else AsyncCursorStore(async_client(target), **options)
     )
-    async with httpx.AsyncClient(timeout=5.0) as ahttp:
+    async with astore, httpx.AsyncClient(timeout=5.0) as ahttp:
         afetch = async_fetcher(provider.url, ahttp)
         aconsumer = AsyncCursorConsumer(afetch, handle, contract, store=astore, stream=STREAM)
-        yield Shell(astore, aconsumer, astore.aclose)
-    await astore.aclose()
+        yield Shell(astore, aconsumer)
 
 
 def stored(server: EmbeddedRedis | str, namespace: str) -> dict[str, Any]:
@@ -232,7 +212,7 @@ async def test_a_replica_that_does_not_acknowledge_turns_the_first_write_into_a_
             assert (await s.store.checkpoint(STREAM)).generation == 2
             with pytest.raises(DurabilityError):
                 await s.store.start("another", b"c0")
-        FIGURES[f"cursor step with the replica {how} (replica_timeout=0.3 s)"] = (
+        FIGURES[f"cursor step with the replica {how} ({flavour}, replica_timeout=0.3 s)"] = (
             f"{elapsed * 1000:.0f} ms, then DurabilityError"
         )
 

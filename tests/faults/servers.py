@@ -1,7 +1,9 @@
 """Real servers the durability and fault tests of every part share (the core, ``settle.cursor``,
 ``settle.progress``): a replica of a primary, waiting until the primary's replicas acknowledge,
 a replica frozen with SIGSTOP, a connection-cutting proxy whose server's script cache already
-holds a part's scripts, and redis-py clients whose own retries are off."""
+holds a part's scripts, and redis-py clients whose own retries are off.
+
+The ``primary`` and ``replica`` fixtures are used by importing them into a test module."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -23,10 +26,14 @@ from settle.embedded import EmbeddedRedis
 from tests.faults.tcp_proxy import FaultyProxy
 
 __all__ = [
+    "REPLICA_TIMEOUT",
+    "SLACK",
     "SOCKET_TIMEOUT",
     "async_client",
     "frozen",
+    "primary",
     "proxy_to",
+    "replica",
     "replica_of",
     "script_sha",
     "sync_client",
@@ -35,6 +42,11 @@ __all__ = [
 
 #: The client's own socket timeout, so a stalled reply surfaces as a TimeoutError quickly.
 SOCKET_TIMEOUT = 0.5
+#: The ``replica_timeout`` of the companions' durability tests.
+REPLICA_TIMEOUT = 0.3
+#: How far past ``replica_timeout`` a DurabilityError may come: Redis checks WAIT timeouts
+#: at ``hz`` (10/s), plus a loaded CI box; four tries would take 4 x 0.3 s and more.
+SLACK = 0.8
 
 
 def replica_of(primary: EmbeddedRedis) -> EmbeddedRedis:
@@ -62,6 +74,22 @@ def wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 10.0) -> 
                     return
             time.sleep(0.02)
     raise AssertionError(f"the primary never had {count} online replicas")
+
+
+@pytest.fixture
+def primary() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def replica(primary: EmbeddedRedis) -> Iterator[EmbeddedRedis]:
+    """A replica of ``primary`` that already acknowledges writes."""
+    server = replica_of(primary)
+    wait_replicas(primary, 1)
+    yield server
+    server.close()
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
 from settle import BackendError, ConfigurationError, DurabilityError, SettleError
@@ -39,6 +40,8 @@ from settle.progress.keys import StreamKeys
 from settle.progress.scripts import PROGRESS, STREAM
 from tests.faults.figures import FIGURES
 from tests.faults.servers import (
+    REPLICA_TIMEOUT,
+    SLACK,
     async_client,
     frozen,
     proxy_to,
@@ -60,30 +63,10 @@ from tests.progress.harness import (
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
 
-REPLICA_TIMEOUT = 0.3
-#: How far past ``replica_timeout`` a DurabilityError may come: Redis checks WAIT timeouts
-#: at ``hz`` (10/s), plus a loaded CI box; four tries would take 4 x 0.3 s and more.
-SLACK = 0.8
-
 
 @pytest.fixture(params=["sync", "async"])
 def flavour(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def primary() -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def replica(primary: EmbeddedRedis) -> Iterator[EmbeddedRedis]:
-    server = replica_of(primary)
-    wait_replicas(primary, 1)
-    yield server
-    server.close()
 
 
 class Shell:
@@ -140,20 +123,22 @@ async def shell(
         )
         client = redis.Redis.from_url(stream) if isinstance(stream, str) else sync_client(stream)
         consumer = StreamConsumer(client, store, **worker)
-        yield Shell(flavour, store, consumer)
-        consumer.close()
+        try:
+            yield Shell(flavour, store, consumer)
+        finally:
+            consumer.close()  # and its store
         return
     astore = (
         AsyncProgressStore.from_url(progress, **options, **durability)
         if isinstance(progress, str)
         else AsyncProgressStore(async_client(progress), **options, **durability)
     )
-    aclient = async_client(stream) if isinstance(stream, int) else None
-    aconsumer = AsyncStreamConsumer(
-        aclient or redis.asyncio.Redis.from_url(str(stream)), astore, **worker
-    )
-    yield Shell(flavour, astore, aconsumer)
-    await aconsumer.aclose()
+    aclient = aioredis.Redis.from_url(stream) if isinstance(stream, str) else async_client(stream)
+    aconsumer = AsyncStreamConsumer(aclient, astore, **worker)
+    try:
+        yield Shell(flavour, astore, aconsumer)
+    finally:
+        await aconsumer.aclose()  # and its store
 
 
 def stored(server: EmbeddedRedis, names: Names) -> dict[bytes, Any]:
@@ -263,7 +248,7 @@ async def test_a_replica_that_does_not_acknowledge_turns_the_first_write_into_a_
                 elapsed = time.perf_counter() - started
                 # Reading progress never waits.
                 assert not (await s.store.read(s.consumer.scope)).covers(DeliveryId(late))
-            FIGURES[f"progress apply with the replica {how} (replica_timeout=0.3 s)"] = (
+            FIGURES[f"progress apply with the replica {how} ({flavour}, replica_timeout=0.3 s)"] = (
                 f"{elapsed * 1000:.0f} ms, then DurabilityError"
             )
 
