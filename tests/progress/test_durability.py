@@ -309,6 +309,11 @@ async def test_a_progress_durability_error_is_not_taken_for_a_failed_effect(
         # Still pending for this worker, as handed: neither released nor settled.
         assert pending_ids(stream_client, names) == {delivery: ("w1", 1)}
         assert [e["event"] for e in logs if e["event"].startswith("settle.progress.settle")] == []
+        # The worker loop starts over after a BackendError, not after a DurabilityError.
+        await asyncio.sleep(0.1)  # past claim_idle
+        with frozen(replica), pytest.raises(DurabilityError):
+            await s.consumer.run(s.effect(), polls=3)
+        assert s.effects == []
         wait_replicas(primary, 1)
         await asyncio.sleep(0.1)  # past claim_idle
         report = await s.poll()
