@@ -260,8 +260,13 @@ class AsyncStreamConsumer:
     def from_urls(
         cls, stream_url: str, progress_url: str, *, consumer: str, **options: Any
     ) -> AsyncStreamConsumer:
+        """Connect to the stream's server and the progress server; ``namespace``,
+        ``min_replicas`` and ``replica_timeout`` apply to both, the rest to the consumer."""
+        shared = {k: options[k] for k in ("min_replicas", "replica_timeout") if k in options}
         namespace = options.pop("namespace", "default")
-        store = AsyncProgressStore.from_url(progress_url, consumer=consumer, namespace=namespace)
+        store = AsyncProgressStore.from_url(
+            progress_url, consumer=consumer, namespace=namespace, **shared
+        )
         return cls(client_from_url(stream_url), store, **options)
 
     async def aclose(self) -> None:
@@ -277,7 +282,7 @@ class AsyncStreamConsumer:
         try:
             return await self._runner.command(what, send, **kw)
         except BackendError as exc:
-            raise self.core.stream_failure(exc, self._scope()) from exc
+            self.core.raise_stream_failure(exc, self._scope())
 
     async def start(self) -> ProviderScope:
         """Ensure the group exists and open the scope of the stream's current incarnation."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NoReturn
 
 from settle._log import logger
 from settle._runtime import Call, parse_reply
@@ -176,7 +176,9 @@ class ProgressCore:
         self, script: str, scope: ProviderScope, emission: EmissionId | None, *args: str | int
     ) -> Call:
         keys = (*self.keys.scope(scope.scope_id), self.keys.emission(emission))
-        return Call(script, keys, (scope.scope_id, scope_json(scope), *args))
+        return Call(
+            script, keys, (scope.scope_id, scope_json(scope), *args), operation_id=self.consumer
+        )
 
     def plan_begin(
         self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, attempt: AttemptId
@@ -272,7 +274,8 @@ class ProgressCore:
     def plan_receipts(self, scope: ProviderScope, limit: int) -> Call:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidDelivery("limit must be an int from 1 to 10000")
-        return Call("receipts", (self.keys.scope(_scope(scope).scope_id)[7],), (limit,))
+        key = self.keys.scope(_scope(scope).scope_id)[7]
+        return Call("receipts", (key,), (limit,), operation_id=self.consumer)
 
     def decode_receipts(self, call: Call, raw: Any) -> list[SettlementReceipt]:
         (entries,) = parse_reply(raw, call, body=1).body
@@ -294,7 +297,7 @@ class ProgressCore:
         return out
 
     def plan_scopes(self) -> Call:
-        return Call("scopes", (self.keys.scopes,), ())
+        return Call("scopes", (self.keys.scopes,), (), operation_id=self.consumer)
 
     def decode_scopes(self, call: Call, raw: Any) -> list[ProviderScope]:
         (flat,) = parse_reply(raw, call, body=1).body
@@ -411,7 +414,8 @@ class ProgressCore:
     def plan_stream_scope(self, stream: str, group: str) -> Call:
         keys = StreamKeys(stream)
         check_name(group, "consumer group")
-        return Call("stream_scope", (stream, keys.incarnation), (group, uuid.uuid4().hex[:16]))
+        args = (group, uuid.uuid4().hex[:16])
+        return Call("stream_scope", (stream, keys.incarnation), args, operation_id=self.consumer)
 
     def decode_stream_scope(self, call: Call, raw: Any) -> ProviderScope:
         reply = parse_reply(raw, call, body=1)
@@ -458,6 +462,7 @@ class ProgressCore:
                 release_idle_ms,
                 scope.incarnation,
             ),
+            operation_id=self.consumer,
         )
 
     def decode_stream_settle(self, call: Call, raw: Any) -> StreamVerdict:
@@ -513,15 +518,16 @@ class ProgressCore:
             self.log.info("settle.progress.floor_advanced", stream=scope.stream, floor=reply.detail)
         return reply.progress
 
-    def stream_failure(self, exc: BackendError, scope: ProviderScope) -> Exception:
-        """What a failed stream command means: the group is gone (Redis error code
-        ``NOGROUP``: a new incarnation scope must be opened) or the server failed."""
+    def raise_stream_failure(self, exc: BackendError, scope: ProviderScope) -> NoReturn:
+        """Raise what a failed stream command means: the group is gone (Redis error code
+        ``NOGROUP``: :class:`ProviderReset`, a new incarnation scope must be opened) or the
+        server failed (``exc`` itself, its Redis error kept as its cause)."""
         if exc.code != "NOGROUP":
-            return exc
+            raise exc
         self.log.warning("settle.progress.provider_reset", stream=scope.stream, group=scope.group)
-        return ProviderReset(
+        raise ProviderReset(
             f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start again"
-        )
+        ) from exc
 
     def check_group(self, verdict: StreamVerdict, scope: ProviderScope) -> None:
         if verdict.outcome is SettlementOutcome.NO_GROUP:

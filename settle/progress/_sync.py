@@ -261,8 +261,13 @@ class StreamConsumer:
     def from_urls(
         cls, stream_url: str, progress_url: str, *, consumer: str, **options: Any
     ) -> StreamConsumer:
+        """Connect to the stream's server and the progress server; ``namespace``,
+        ``min_replicas`` and ``replica_timeout`` apply to both, the rest to the consumer."""
+        shared = {k: options[k] for k in ("min_replicas", "replica_timeout") if k in options}
         namespace = options.pop("namespace", "default")
-        store = ProgressStore.from_url(progress_url, consumer=consumer, namespace=namespace)
+        store = ProgressStore.from_url(
+            progress_url, consumer=consumer, namespace=namespace, **shared
+        )
         return cls(client_from_url(stream_url), store, **options)
 
     def close(self) -> None:
@@ -278,7 +283,7 @@ class StreamConsumer:
         try:
             return self._runner.command(what, send, **kw)
         except BackendError as exc:
-            raise self.core.stream_failure(exc, self._scope()) from exc
+            self.core.raise_stream_failure(exc, self._scope())
 
     def start(self) -> ProviderScope:
         """Ensure the group exists and open the scope of the stream's current incarnation."""

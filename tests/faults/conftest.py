@@ -10,19 +10,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import redis
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from settle import AsyncSettler, Settler
 from settle._core.scripts import SCRIPT_NAMES, source
 from tests.faults.figures import FIGURES, summary
+from tests.faults.servers import async_client, sync_client
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.integration.conftest import Awaitable
-
-#: The client's own socket timeout, so a stalled reply surfaces as a TimeoutError quickly.
-SOCKET_TIMEOUT = 0.5
 
 
 @pytest.fixture
@@ -57,16 +51,10 @@ async def api(flavour: str, proxy: FaultyProxy, namespace: str) -> AsyncIterator
     """A shell connected through the proxy with redis-py's own retries off, so every repeat
     of a call is settle's (tenacity)."""
     if flavour == "sync":
-        client = redis.Redis(
-            port=proxy.port, retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT
-        )
-        s = Settler(client, namespace=namespace, shards=4)
+        s = Settler(sync_client(proxy.port), namespace=namespace, shards=4)
         yield Awaitable(s)
         s.close()
     else:
-        aclient = aioredis.Redis(
-            port=proxy.port, retry=AsyncRetry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT
-        )
-        a = AsyncSettler(aclient, namespace=namespace, shards=4)
+        a = AsyncSettler(async_client(proxy.port), namespace=namespace, shards=4)
         yield a
         await a.aclose()

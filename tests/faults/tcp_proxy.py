@@ -88,6 +88,10 @@ class FaultyProxy:
             link.close()
 
     def close(self) -> None:
+        """Stop listening (new connections are refused) and drop every open connection."""
+        with contextlib.suppress(OSError):
+            # Without shutdown the thread blocked in accept() keeps the port listening.
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         self.drop_connections()

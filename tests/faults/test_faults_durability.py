@@ -23,6 +23,8 @@ from settle import (
     Verdict,
 )
 from settle.embedded import EmbeddedRedis
+from tests.faults.servers import replica_of as _replica_of
+from tests.faults.servers import wait_replicas as _wait_replicas
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.faults.test_faults_ambiguous import sha
 
@@ -32,33 +34,6 @@ REQ = {"amount": 1000, "currency": "EUR"}
 WHO = "tenant:acme"
 RESULT = {"charge": "ch_1", "amount": 1000}
 REPLICA_TIMEOUT = 0.3
-
-
-def _replica_of(primary: EmbeddedRedis) -> EmbeddedRedis:
-    return EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
-
-
-def _wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 10.0) -> None:
-    with redis.Redis.from_url(primary.url) as raw:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = raw.info("replication")
-            online = sum(
-                1
-                for key, value in info.items()
-                if key.startswith("slave") and isinstance(value, dict)
-                if value.get("state") == "online"
-            )
-            # "online" is not yet "acknowledging": a replica just out of its first sync
-            # can take a while to answer WAIT on a loaded machine. Wait until one write is
-            # acknowledged by all of them, so the test's own short WAIT timeout measures
-            # the replica, not its start-up.
-            if online == count and info["connected_slaves"] == count:
-                raw.set("settle-test:replication-probe", "1")
-                if count == 0 or int(raw.execute_command("WAIT", count, 1000)) >= count:
-                    return
-            time.sleep(0.02)
-    raise AssertionError(f"the primary never had {count} online replicas")
 
 
 def _stored_state(server: EmbeddedRedis, namespace: str, op: str) -> bytes | None:

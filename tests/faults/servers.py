@@ -1,0 +1,134 @@
+"""Real servers the durability and fault tests of every part share (the core, ``settle.cursor``,
+``settle.progress``): a replica of a primary, waiting until the primary's replicas acknowledge,
+a replica frozen with SIGSTOP, a connection-cutting proxy whose server's script cache already
+holds a part's scripts, and redis-py clients whose own retries are off.
+
+The ``primary`` and ``replica`` fixtures are used by importing them into a test module."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from settle._runtime import ScriptSet
+from settle.embedded import EmbeddedRedis
+from tests.faults.tcp_proxy import FaultyProxy
+
+__all__ = [
+    "REPLICA_TIMEOUT",
+    "SLACK",
+    "SOCKET_TIMEOUT",
+    "async_client",
+    "frozen",
+    "primary",
+    "proxy_to",
+    "replica",
+    "replica_of",
+    "script_sha",
+    "sync_client",
+    "wait_replicas",
+]
+
+#: The client's own socket timeout, so a stalled reply surfaces as a TimeoutError quickly.
+SOCKET_TIMEOUT = 0.5
+#: The ``replica_timeout`` of the companions' durability tests.
+REPLICA_TIMEOUT = 0.3
+#: How far past ``replica_timeout`` a DurabilityError may come: Redis checks WAIT timeouts
+#: at ``hz`` (10/s), plus a loaded CI box; four tries would take 4 x 0.3 s and more.
+SLACK = 0.8
+
+
+def replica_of(primary: EmbeddedRedis) -> EmbeddedRedis:
+    return EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+
+
+def wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 10.0) -> None:
+    with redis.Redis.from_url(primary.url) as raw:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = raw.info("replication")
+            online = sum(
+                1
+                for key, value in info.items()
+                if key.startswith("slave") and isinstance(value, dict)
+                if value.get("state") == "online"
+            )
+            # "online" is not yet "acknowledging": a replica just out of its first sync
+            # can take a while to answer WAIT on a loaded machine. Wait until one write is
+            # acknowledged by all of them, so the test's own short WAIT timeout measures
+            # the replica, not its start-up.
+            if online == count and info["connected_slaves"] == count:
+                raw.set("settle-test:replication-probe", "1")
+                if count == 0 or int(raw.execute_command("WAIT", count, 1000)) >= count:
+                    return
+            time.sleep(0.02)
+    raise AssertionError(f"the primary never had {count} online replicas")
+
+
+@pytest.fixture
+def primary() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def replica(primary: EmbeddedRedis) -> Iterator[EmbeddedRedis]:
+    """A replica of ``primary`` that already acknowledges writes."""
+    server = replica_of(primary)
+    wait_replicas(primary, 1)
+    yield server
+    server.close()
+
+
+@contextmanager
+def frozen(server: EmbeddedRedis) -> Iterator[None]:
+    """SIGSTOP ``server`` for the block: its primary still counts it as connected (until
+    ``repl-timeout``), so a ``WAIT`` runs to its full timeout, as with a hung replica."""
+    assert server.process is not None
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def script_sha(scripts: ScriptSet, name: str) -> str:
+    """The SHA a runner sends in ``EVALSHA`` for ``name`` (a proxy cut's needle)."""
+    return hashlib.sha1(scripts.source(name).encode()).hexdigest()
+
+
+def proxy_to(server_url: str, *sets: ScriptSet) -> FaultyProxy:
+    """A started proxy to the server of ``server_url``, whose script cache holds every script
+    of ``sets`` (the steady state: a cut then strikes the script itself, not a NOSCRIPT
+    reply). Close it with ``proxy.close()``."""
+    with redis.Redis.from_url(server_url) as raw:
+        port = int(raw.connection_pool.connection_kwargs["port"])
+        for scripts in sets:
+            for name in scripts:
+                raw.script_load(scripts.source(name))
+    return FaultyProxy(port).start()
+
+
+def sync_client(port: int) -> redis.Redis:
+    """A client with redis-py's own retries off, so every repeat of a call is settle's."""
+    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT)
+
+
+def async_client(port: int) -> aioredis.Redis:
+    """The asyncio twin of :func:`sync_client`."""
+    return aioredis.Redis(
+        port=port, retry=AsyncRetry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT
+    )
