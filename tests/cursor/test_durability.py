@@ -22,10 +22,19 @@ from structlog.testing import capture_logs
 
 from settle import BackendError, ConfigurationError, DurabilityError, SettleError
 from settle._runtime.transient import ATTEMPTS
-from settle.cursor import AsyncCursorConsumer, AsyncCursorStore, CursorConsumer, CursorStore, Event, EventContext, ProviderContract, StepOutcome
-from settle.cursor.models import Classification, Disposition
+from settle.cursor import (
+    AsyncCursorConsumer,
+    AsyncCursorStore,
+    CursorConsumer,
+    CursorStore,
+    Event,
+    EventContext,
+    ProviderContract,
+    StepOutcome,
+)
 from settle.cursor._keys import stream_keys
 from settle.cursor._scripts import SCRIPTS
+from settle.cursor.models import Classification, Disposition
 from settle.embedded import EmbeddedRedis
 from tests.cursor.conftest import Sink
 from tests.cursor.provider import ProviderServer, async_fetcher, fetcher

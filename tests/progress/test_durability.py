@@ -19,14 +19,24 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-from settle.progress._keys import StreamKeys
-from settle.progress._scripts import PROGRESS, STREAM
 from structlog.testing import capture_logs
 
 from settle import BackendError, ConfigurationError, DurabilityError, SettleError
 from settle._runtime.transient import ATTEMPTS
 from settle.embedded import EmbeddedRedis
-from settle.progress import ApplyStatus, AsyncProgressStore, AsyncStreamConsumer, DeliveryId, EffectContext, EmissionId, PollReport, ProgressStore, StreamConsumer
+from settle.progress import (
+    ApplyStatus,
+    AsyncProgressStore,
+    AsyncStreamConsumer,
+    DeliveryId,
+    EffectContext,
+    EmissionId,
+    PollReport,
+    ProgressStore,
+    StreamConsumer,
+)
+from settle.progress._keys import StreamKeys
+from settle.progress._scripts import PROGRESS, STREAM
 from settle.progress.models import SettlementOutcome
 from tests.faults.figures import FIGURES
 from tests.faults.servers import (
