@@ -92,6 +92,8 @@ class AsyncSettler(AsyncConnectable):
     async def _check_namespace(self) -> None:
         call = self._core.plan_namespace()
         self._core.decode_namespace(await self._runner.run(call))
+        claims = self._core.plan_claims()
+        self._core.decode_claims(claims, await self._runner.run_many(claims))
 
     async def _run(self, call: Call) -> Any:
         if not self._checked:

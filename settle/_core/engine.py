@@ -108,6 +108,19 @@ class Core:
             (self.config.shards, FINGERPRINT_VERSION),
         )
 
+    def plan_claims(self) -> list[Call]:
+        """One ``claim`` per shard, sent right after the namespace metadata was checked: the
+        first write on each shard then needs no second round trip."""
+        return [
+            Call("claim", (self.keys.generation(shard),), (self.config.shards, "1"), shard=shard)
+            for shard in range(self.config.shards)
+        ]
+
+    def decode_claims(self, calls: list[Call], raws: list[Any]) -> None:
+        for call, raw in zip(calls, raws, strict=True):
+            if self.claim(call, raw) is not None:  # pragma: no cover - the flag is set
+                raise CorruptRecord("a shard claim with the claim flag answered 'unclaimed'")
+
     def decode_namespace(self, raw: Any) -> None:
         reply = codec.parse_reply(raw)
         if reply.code != "ok":

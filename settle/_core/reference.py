@@ -769,6 +769,14 @@ def namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> 
     return [b"mismatch" if stored != a[0] else b"ok", stored, now, b"", []]
 
 
+def claim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Claim one shard for the namespace's shard count at start-up (claim.lua)."""
+    refused = guard(ks, keys, a, now)
+    if refused is not None:
+        return refused
+    return [b"ok", b"", now, b"", []]
+
+
 _SCRIPTS: dict[str, Callable[[MemoryKeyspace, list[str], list[bytes], int], list[Any]]] = {
     "reserve": reserve,
     "complete": complete,
@@ -781,6 +789,7 @@ _SCRIPTS: dict[str, Callable[[MemoryKeyspace, list[str], list[bytes], int], list
     "quarantine_resolve": quarantine_resolve,
     "quarantine_trim": quarantine_trim,
     "namespace": namespace,
+    "claim": claim,
 }
 
 

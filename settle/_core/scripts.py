@@ -24,6 +24,7 @@ SCRIPTS = ScriptSet(
         "quarantine_resolve": _LIB,
         "quarantine_trim": _LIB,
         "namespace": _LIB,
+        "claim": _LIB,
     },
     #: Scripts that may write: with ``min_replicas`` each is followed by WAIT.
     writing=frozenset(
@@ -36,6 +37,7 @@ SCRIPTS = ScriptSet(
             "quarantine_resolve",
             "quarantine_trim",
             "namespace",
+            "claim",
         }
     ),
 )

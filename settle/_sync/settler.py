@@ -93,6 +93,8 @@ class Settler(Connectable):
     def _check_namespace(self) -> None:
         call = self._core.plan_namespace()
         self._core.decode_namespace(self._runner.run(call))
+        claims = self._core.plan_claims()
+        self._core.decode_claims(claims, self._runner.run_many(claims))
 
     def _run(self, call: Call) -> Any:
         if not self._checked:
