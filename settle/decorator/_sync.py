@@ -144,6 +144,10 @@ def _run(
     return Ran(value, error, timed_out, attempt._renewal if attempt.lost else None)
 
 
+#: How long an idle heartbeat thread waits for the next call before it ends (seconds).
+_IDLE_LINGER = 2.0
+
+
 class _Heartbeats:
     """One daemon thread per decorated function renews the lease of each of its running
     attempts every ``run.heartbeat`` seconds, and ends when none is running. (A thread
@@ -173,6 +177,7 @@ class _Heartbeats:
             self._due.pop(key, None)
 
     def _loop(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._cond:
                 while True:
@@ -181,10 +186,16 @@ class _Heartbeats:
                     if nearest is not None and nearest <= now:
                         break
                     if nearest is None:
-                        # Nothing running: end, so an idle decorated function (or a closed
-                        # settler) keeps no thread; the next call starts a new one.
-                        self._thread = None
-                        return
+                        # Nothing running: linger a moment for the next call (back-to-back
+                        # calls would otherwise start a thread each), then end, so an idle
+                        # decorated function (or a closed settler) keeps no thread.
+                        idle_since = now if idle_since is None else idle_since
+                        if now - idle_since >= _IDLE_LINGER:
+                            self._thread = None
+                            return
+                        self._cond.wait(_IDLE_LINGER - (now - idle_since))
+                        continue
+                    idle_since = None
                     self._cond.wait(nearest - now)
                 ready = [(k, run) for k, (due, run) in self._due.items() if due <= now]
                 for k, run in ready:

@@ -285,6 +285,22 @@ def test_an_idle_decorated_function_keeps_no_heartbeat_thread(settler: Settler) 
     assert job(3) == 3  # and a later call starts one again
 
 
+def test_back_to_back_calls_share_one_heartbeat_thread(settler: Settler) -> None:
+    """A thread started for every call cost more than the call's two round trips: an idle
+    heartbeat thread lingers a moment for the next call before it ends."""
+    others = set(threading.enumerate())  # other functions' threads may still linger
+    seen: set[threading.Thread] = set()
+
+    @settler.operation(key="b2b:{n}", principal=PRINCIPAL, lease=30.0)
+    def job(n: int) -> int:
+        seen.update(t for t in threading.enumerate() if t.name == "settle-heartbeat")
+        return n
+
+    assert [job(n) for n in range(20)] == list(range(20))
+    mine = seen - others
+    assert len(mine) == 1, f"{len(mine)} heartbeat threads for 20 back-to-back calls"
+
+
 def test_a_bytes_result_is_replayed_byte_for_byte(settler: Settler) -> None:
     """Found in review: bytes were stored raw but replayed through JSON validation."""
     calls = 0
