@@ -78,7 +78,11 @@ class AsyncSettler(AsyncConnectable):
         return settler
 
     async def __aenter__(self) -> Self:
-        await self.check()
+        try:
+            await self.check()
+        except BaseException:
+            await self.aclose()  # a refused start-up keeps no connection open
+            raise
         return self
 
     async def check(self) -> None:

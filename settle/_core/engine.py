@@ -361,9 +361,16 @@ class Core:
         assert call.action is not None
         if reply.code == "corrupt":
             raise self._corrupt(op)
-        verdict = Verdict(reply.code)
+        try:
+            verdict = Verdict(reply.code)
+            kind = QuarantineKind(reply.detail) if reply.detail else None
+        except ValueError as exc:
+            raise CorruptRecord(
+                f"{call.script} answered {reply.code!r}/{reply.detail!r}, which this settle "
+                "version does not know: run one settle version against a namespace",
+                operation_id=op,
+            ) from exc
         record = codec.decode_record(reply.payload, reply.now_ms) if reply.payload else None
-        kind = QuarantineKind(reply.detail) if reply.detail else None
         qid = f"{call.shard}/{reply.quarantine_id}" if reply.quarantine_id else None
         fields: dict[str, Any] = {
             "namespace": self.config.namespace,

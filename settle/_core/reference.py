@@ -347,7 +347,10 @@ _IDENTITY = (b"aid", b"action", b"pdig", b"reason", b"gen", b"fp", b"fpv", b"bin
 
 
 def identity(f: dict[bytes, bytes]) -> bytes:
-    return hashlib.sha1(b"|".join(f.get(k, b"") for k in _IDENTITY)).hexdigest().encode()  # noqa: S324 - an identity, not a secret
+    # Each field is length-prefixed: an operation id or a binding may hold any separator,
+    # and two different tuples must never share an identity.
+    parts = b"".join(b"%d:%s" % (len(v), v) for v in (f.get(k, b"") for k in _IDENTITY))
+    return hashlib.sha1(parts).hexdigest().encode()  # noqa: S324 - an identity, not a secret
 
 
 def entry_fields(flat: Flat) -> dict[bytes, bytes]:

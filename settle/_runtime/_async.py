@@ -152,6 +152,7 @@ class AsyncRunner:
         self._set = scripts
         self._durability = durability
         self._ready = False
+        _check_wait_fits(client, durability)
         self._use(client)
 
     def _use(self, client: Redis | RedisCluster) -> None:
@@ -180,11 +181,13 @@ class AsyncRunner:
         return info
 
     async def _server_info(self) -> dict[str, Any]:
-        if not isinstance(self.client, RedisCluster):
-            info: dict[str, Any] = await self.client.info("server")
+        node = self.client
+        if not isinstance(node, RedisCluster):
+            info: dict[str, Any] = await node.info("server")
             if not topology.is_cluster_mode(info):
                 return info
-            await self._switch_to_cluster(self.client)
+            if self.client is node:  # concurrent first calls: only one of them switches
+                await self._switch_to_cluster(node)
         cluster = self.client
         assert isinstance(cluster, RedisCluster)
         every = RedisCluster.ALL_NODES
@@ -348,6 +351,26 @@ class AsyncRunner:
         for node in self._nodes.values():
             await node.aclose()
         await self.client.aclose()
+
+
+def _check_wait_fits(client: Any, durability: Durability) -> None:
+    """``WAIT`` blocks the connection for up to ``replica_timeout``: a socket timeout that
+    ends sooner turns every durable write into a timeout, repeated, then a BackendError
+    instead of the DurabilityError it is. Refuse the combination up front."""
+    if not durability.min_replicas:
+        return
+    if isinstance(client, RedisCluster):
+        given = client.nodes_manager.connection_kwargs
+    else:
+        pool = getattr(client, "connection_pool", None)
+        given = getattr(pool, "connection_kwargs", {})
+    timeout = given.get("socket_timeout")
+    if timeout is not None and durability.replica_timeout >= float(timeout):
+        raise ConfigurationError(
+            f"replica_timeout ({durability.replica_timeout} s) must be shorter than the "
+            f"client's socket timeout ({timeout} s): WAIT holds the connection that long. "
+            "Lower replica_timeout or raise socket_timeout."
+        )
 
 
 def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:

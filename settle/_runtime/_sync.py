@@ -153,6 +153,7 @@ class Runner:
         self._set = scripts
         self._durability = durability
         self._ready = False
+        _check_wait_fits(client, durability)
         self._use(client)
 
     def _use(self, client: Redis | RedisCluster) -> None:
@@ -181,11 +182,13 @@ class Runner:
         return info
 
     def _server_info(self) -> dict[str, Any]:
-        if not isinstance(self.client, RedisCluster):
-            info: dict[str, Any] = self.client.info("server")
+        node = self.client
+        if not isinstance(node, RedisCluster):
+            info: dict[str, Any] = node.info("server")
             if not topology.is_cluster_mode(info):
                 return info
-            self._switch_to_cluster(self.client)
+            if self.client is node:  # concurrent first calls: only one of them switches
+                self._switch_to_cluster(node)
         cluster = self.client
         assert isinstance(cluster, RedisCluster)
         every = RedisCluster.ALL_NODES
@@ -349,6 +352,26 @@ class Runner:
         for node in self._nodes.values():
             node.close()
         self.client.close()
+
+
+def _check_wait_fits(client: Any, durability: Durability) -> None:
+    """``WAIT`` blocks the connection for up to ``replica_timeout``: a socket timeout that
+    ends sooner turns every durable write into a timeout, repeated, then a BackendError
+    instead of the DurabilityError it is. Refuse the combination up front."""
+    if not durability.min_replicas:
+        return
+    if isinstance(client, RedisCluster):
+        given = client.nodes_manager.connection_kwargs
+    else:
+        pool = getattr(client, "connection_pool", None)
+        given = getattr(pool, "connection_kwargs", {})
+    timeout = given.get("socket_timeout")
+    if timeout is not None and durability.replica_timeout >= float(timeout):
+        raise ConfigurationError(
+            f"replica_timeout ({durability.replica_timeout} s) must be shorter than the "
+            f"client's socket timeout ({timeout} s): WAIT holds the connection that long. "
+            "Lower replica_timeout or raise socket_timeout."
+        )
 
 
 def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:

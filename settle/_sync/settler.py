@@ -79,7 +79,11 @@ class Settler(Connectable):
         return settler
 
     def __enter__(self) -> Self:
-        self.check()
+        try:
+            self.check()
+        except BaseException:
+            self.close()  # a refused start-up keeps no connection open
+            raise
         return self
 
     def check(self) -> None:

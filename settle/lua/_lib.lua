@@ -126,9 +126,15 @@ end
 -- SHA-1 of everything the caller presented: the same attempt, action, payload digest, reason,
 -- tuple and expected version. Entries leave only with their resolution and their identity.
 
+-- Each field is length-prefixed ('<len>:<value>'): an operation id or a binding may hold any
+-- separator, and two different tuples must never share an identity.
 local function identity(f)
-  return redis.sha1hex(table.concat({f.aid or '', f.action or '', f.pdig or '', f.reason or '',
-    f.gen or '', f.fp or '', f.fpv or '', f.bind or '', f.op or '', f.ev or ''}, '|'))
+  local parts = {}
+  for i, v in ipairs({f.aid or '', f.action or '', f.pdig or '', f.reason or '', f.gen or '',
+      f.fp or '', f.fpv or '', f.bind or '', f.op or '', f.ev or ''}) do
+    parts[i] = #v .. ':' .. v
+  end
+  return redis.sha1hex(table.concat(parts))
 end
 
 local function entry_fields(flat)

@@ -268,6 +268,24 @@ def test_from_url_on_any_node_switches_to_a_cluster_client(
             assert isinstance(r, Reserved)
 
 
+def test_concurrent_first_calls_through_a_cluster_node_url_all_succeed(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """Found in review: every task that raced the first switch to a cluster client but the
+    winner failed with a raw AttributeError ('RedisCluster' has no connection_pool)."""
+
+    async def main() -> list[Any]:
+        settler = AsyncSettler.from_url(cluster.nodes[1].url, namespace=namespace, shards=SHARDS)
+        try:
+            return await asyncio.gather(
+                *(settler.get(f"race-{i}") for i in range(8)), return_exceptions=True
+            )
+        finally:
+            await settler.aclose()
+
+    assert asyncio.run(main()) == [None] * 8
+
+
 def test_from_url_on_a_cluster_node_with_a_database_other_than_0_is_refused(
     cluster: LocalCluster, namespace: str
 ) -> None:

@@ -109,3 +109,12 @@ def test_the_right_password_works(locked: EmbeddedRedis, namespace: str) -> None
         r = s.reserve("op", REQ, principal=WHO)
         assert s.get("op") is not None
         assert r.record.version == 1
+
+
+def test_a_replica_timeout_longer_than_the_socket_timeout_is_refused_up_front() -> None:
+    """Found in review: WAIT outlived the client's socket timeout, so every durable write
+    timed out, was sent again four times and ended as BackendError, not DurabilityError."""
+    client = redis.Redis(host="127.0.0.1", port=1, socket_timeout=0.5)
+    with pytest.raises(ConfigurationError, match=r"replica_timeout \(2\.0 s\) must be shorter"):
+        Settler(client, namespace="wait", min_replicas=1, replica_timeout=2.0)
+    Settler(client, namespace="wait", min_replicas=1, replica_timeout=0.2).close()

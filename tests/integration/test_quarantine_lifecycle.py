@@ -11,7 +11,7 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from settle import Reserved, Settler
+from settle import Reservation, Reserved, Settler
 from settle.errors import InvalidInput
 from settle.testing import ManualClock, MemorySettler
 
@@ -44,6 +44,30 @@ def _stale(settler: Settler, op: str) -> tuple[Any, Any]:
     second = settler.reserve(op, REQ, principal=WHO)
     assert isinstance(second, Reserved)
     return first.reservation, second.reservation
+
+
+def test_different_responses_never_share_an_entry_whatever_their_ids_hold(make: Any) -> None:
+    """Found in review: the identity joined the tuple with '|', so operation 'z' bound to
+    'tenant:x|y' and operation 'y|z' bound to 'tenant:x' (same attempt and payload) were one
+    response, and the second's evidence was never written."""
+    settler = make()
+    fp = "a" * 64
+
+    def late(op: str, binding: str) -> Any:
+        r = Reservation(
+            operation_id=op,
+            fingerprint=fp,
+            fingerprint_version=1,
+            binding=binding,
+            generation=7,
+            attempt_id="worker-1",
+        )
+        return settler.complete(r, {"charged": 100})
+
+    a, b = late("z", "tenant:x|y"), late("y|z", "tenant:x")
+    assert a.quarantine_id != b.quarantine_id
+    assert settler.quarantine.get(b.quarantine_id).operation_id == "y|z"
+    assert len(settler.quarantine.list(operation_id="y|z")) == 1
 
 
 def test_the_same_rejected_response_delivered_again_stays_one_entry(make: Any) -> None:
