@@ -41,7 +41,8 @@ class AsyncProgressStore(AsyncConnectable):
     """Progress of ``consumer`` (in ``namespace``) on the progress server.
 
     ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every progress write is
-    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``.
+    ``allow_eviction``: as ``SettleConfig``'s, accept an evicting ``maxmemory-policy``."""
 
     def __init__(
         self,
@@ -53,11 +54,14 @@ class AsyncProgressStore(AsyncConnectable):
         receipts_cap: int = 10_000,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.core = ProgressCore(namespace, consumer, receipts_cap)
         self.consumer = consumer
         self.observer = observer or _noop
-        self._runner = AsyncRunner(client, PROGRESS, Durability(min_replicas, replica_timeout))
+        self._runner = AsyncRunner(
+            client, PROGRESS, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     async def _progress(self, call: Call) -> ProgressReply:
         return self.core.decode(call, await self._runner.run(call))

@@ -66,6 +66,7 @@ class AsyncStreamConsumer:
         retry_pause: float = 0.5,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.store = store
         self.stream = stream
@@ -82,7 +83,9 @@ class AsyncStreamConsumer:
         self.scope: ProviderScope | None = None
         #: ``min_replicas`` / ``replica_timeout`` apply to the stream's server (the store
         #: has its own for the progress server).
-        self._runner = AsyncRunner(client, STREAM, Durability(min_replicas, replica_timeout))
+        self._runner = AsyncRunner(
+            client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     @property
     def client(self) -> Any:

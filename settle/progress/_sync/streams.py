@@ -67,6 +67,7 @@ class StreamConsumer:
         retry_pause: float = 0.5,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.store = store
         self.stream = stream
@@ -83,7 +84,9 @@ class StreamConsumer:
         self.scope: ProviderScope | None = None
         #: ``min_replicas`` / ``replica_timeout`` apply to the stream's server (the store
         #: has its own for the progress server).
-        self._runner = Runner(client, STREAM, Durability(min_replicas, replica_timeout))
+        self._runner = Runner(
+            client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     @property
     def client(self) -> Any:
