@@ -437,6 +437,10 @@ class AsyncRunner:
         for node in self._nodes.values():
             await node.aclose()
         await self.client.aclose()
+        # A Sentinel-managed client (from_sentinel) also holds clients of the Sentinels.
+        manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
 
 
 def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:

@@ -438,6 +438,10 @@ class Runner:
         for node in self._nodes.values():
             node.close()
         self.client.close()
+        # A Sentinel-managed client (from_sentinel) also holds clients of the Sentinels.
+        manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            sentinel.close()
 
 
 def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:

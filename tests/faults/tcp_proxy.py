@@ -88,6 +88,10 @@ class FaultyProxy:
             link.close()
 
     def close(self) -> None:
+        # shutdown() wakes the accept() blocked in the other thread; close() alone leaves it
+        # accepting (Linux), and a reconnecting client would get through a closed proxy.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         self.drop_connections()
