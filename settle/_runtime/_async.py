@@ -243,9 +243,9 @@ class AsyncRunner:
                 every = RedisCluster.PRIMARIES
                 per_node = _per_node(await self.client.info("memory", target_nodes=every))
             else:
-                per_node = {"server": await self.client.info("memory")}
+                per_node = {"": await self.client.info("memory")}
         except rx.ResponseError:  # NOPERM, or INFO renamed away
-            return {"server": None}
+            return {"": None}
         return {node: health.eviction_policy(info) for node, info in per_node.items()}
 
     async def _server_info(self) -> dict[str, Any]:

@@ -244,9 +244,9 @@ class Runner:
                 every = RedisCluster.PRIMARIES
                 per_node = _per_node(self.client.info("memory", target_nodes=every))
             else:
-                per_node = {"server": self.client.info("memory")}
+                per_node = {"": self.client.info("memory")}
         except rx.ResponseError:  # NOPERM, or INFO renamed away
-            return {"server": None}
+            return {"": None}
         return {node: health.eviction_policy(info) for node, info in per_node.items()}
 
     def _server_info(self) -> dict[str, Any]:

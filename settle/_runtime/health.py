@@ -90,13 +90,14 @@ def is_evicting(policy: str) -> bool:
 
 
 def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> list[str]:
-    """Judge each primary's policy (``None``: it could not be read). Raise
+    """Judge each primary's policy (``None``: it could not be read; node ``""``: a single
+    server). Raise
     :class:`ConfigurationError` for an evicting one unless ``allow``; return the warnings
     to log (an unreadable policy, or an evicting one that was allowed)."""
     evicting = {node: p for node, p in policies.items() if p is not None and is_evicting(p)}
     unread = sorted(node for node, p in policies.items() if p is None)
     if evicting and not allow:
-        shown = ", ".join(f"{p} on {node}" for node, p in sorted(evicting.items()))
+        shown = ", ".join(f"{p} on {node}" if node else p for node, p in sorted(evicting.items()))
         raise ConfigurationError(
             f"the server's maxmemory-policy is {shown}: Redis may evict settle's records when "
             "memory runs short, and an evicted completed record runs its operation again. "
@@ -176,8 +177,8 @@ def persistence_finding(
         return Finding(
             "persistence",
             Status.WARN,
-            f"no AOF and no RDB save rule on {', '.join(bare)}: a restart loses every record",
-            "appendonly yes (appendfsync everysec or always), or rely on min_replicas",
+            f"no AOF, no RDB save rule on {', '.join(bare)}: a restart loses every record",
+            "appendonly yes (appendfsync always or everysec)",
         )
     if rdb_only:
         return Finding(
@@ -185,7 +186,7 @@ def persistence_finding(
             Status.WARN,
             f"RDB snapshots only on {', '.join(rdb_only)}: a crash loses the writes since the "
             "last snapshot",
-            "appendonly yes, or rely on min_replicas",
+            "appendonly yes",
         )
     if unknown:
         return Finding(
@@ -216,33 +217,34 @@ def replicas_finding(per_primary: Mapping[str, Mapping[str, Any]], min_replicas:
             "replicas",
             Status.WARN,
             f"connected replicas {shown}",
-            "with no replica a lost primary loses its records: add replicas and set min_replicas=1",
+            "add a replica per primary and set min_replicas=1",
         )
     if min_replicas == 0:
         return Finding(
             "replicas",
             Status.WARN,
             f"connected replicas {shown}; min_replicas is 0",
-            "set min_replicas=1 so a failover cannot lose an acknowledged completion",
+            "set min_replicas=1: a failover then keeps every acknowledged completion",
         )
     return Finding(
         "replicas", Status.OK, f"connected replicas {shown}; min_replicas {min_replicas}"
     )
 
 
-def slots_finding(served: Iterable[tuple[int, int]] | None, states: Mapping[str, str]) -> Finding:
-    """Hash-slot coverage (``None`` when the server is not a cluster)."""
+def slots_finding(
+    served: Mapping[str, Iterable[tuple[int, int]]] | None, states: Mapping[str, str]
+) -> Finding:
+    """Hash-slot coverage as each node sees it (``CLUSTER SLOTS`` of each node; ``None``
+    when the server is not a cluster) and each node's ``cluster_state``."""
     if served is None:
         return Finding("cluster slots", Status.OK, "not a cluster")
-    missing = missing_slot_ranges(served)
+    missing = sorted({r for ranges in served.values() for r in missing_slot_ranges(ranges)})
     failing = sorted(node for node, state in states.items() if state != "ok")
     if missing or failing:
         parts = []
         if missing:
-            parts.append(
-                "unserved slots "
-                + ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in missing[:4])
-            )
+            shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in missing[:4])
+            parts.append(f"unserved slots {shown}")
         if failing:
             parts.append(f"cluster_state not ok on {', '.join(failing)}")
         return Finding(
@@ -251,7 +253,7 @@ def slots_finding(served: Iterable[tuple[int, int]] | None, states: Mapping[str,
             "; ".join(parts),
             "assign every slot (redis-cli --cluster fix) and wait for cluster_state:ok",
         )
-    return Finding("cluster slots", Status.OK, f"16384 slots served by {len(states)} nodes")
+    return Finding("cluster slots", Status.OK, f"16384 slots served, {len(states)} nodes")
 
 
 def namespace_finding(namespace: str, stored_shards: int | None) -> Finding:
@@ -261,7 +263,7 @@ def namespace_finding(namespace: str, stored_shards: int | None) -> Finding:
             "namespace",
             Status.WARN,
             f"{namespace!r} has no metadata yet",
-            "check --namespace; the first Settler on it stores its shard count",
+            "check --namespace (the first Settler stores its shard count)",
         )
     return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
 
