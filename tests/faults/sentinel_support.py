@@ -1,17 +1,22 @@
 """A real Redis Sentinel on a loopback port: the same redis-server binary run with
 ``--sentinel`` over a config file that monitors one primary (quorum 1, a short
-``down-after-milliseconds`` so a killed primary is failed over in a few seconds)."""
+``down-after-milliseconds`` so a killed primary is failed over in a few seconds); and
+:func:`sentinel_deployment`, a primary, a replica behind a link that can be cut, and a
+Sentinel (the fault tests and the benchmarks' deployment rows use it)."""
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
 from settle.embedded import EmbeddedRedis, free_port
+from tests.faults.tcp_proxy import FaultyProxy
 
 SERVICE = "settle-primary"
 DOWN_AFTER_MS = 1000
@@ -69,3 +74,46 @@ class LocalSentinel(EmbeddedRedis):
             time.sleep(0.05)
         log = (self.directory / "redis.log").read_text(errors="replace")[-1500:]
         raise AssertionError(f"sentinel: {what} not within {timeout} s\n{log}")
+
+
+def acknowledges(primary: EmbeddedRedis) -> bool:
+    """One replica has every write of ``primary`` (``WAIT 1``)."""
+    with redis.Redis(port=primary.port) as c:
+        return int(c.execute_command("WAIT", 1, 200)) >= 1
+
+
+@dataclass
+class SentinelDeployment:
+    primary: EmbeddedRedis
+    replica: EmbeddedRedis
+    sentinel: LocalSentinel
+    link: FaultyProxy  # the replica reaches its primary through it: close() cuts replication
+
+    @property
+    def sentinels(self) -> list[str]:
+        return [f"127.0.0.1:{self.sentinel.port}"]
+
+
+@contextmanager
+def sentinel_deployment() -> Iterator[SentinelDeployment]:
+    """A primary, its replica (in sync) and a Sentinel that knows both."""
+    primary = EmbeddedRedis().start()
+    link = FaultyProxy(primary.port).start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(link.port)]).start()
+    sentinel: LocalSentinel | None = None
+    try:
+        deadline = time.monotonic() + 10
+        while not acknowledges(primary):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica never synced")
+            time.sleep(0.05)
+        sentinel = LocalSentinel(primary.port).start()
+        running = sentinel
+        running.wait(lambda: running.replicas() == 1, "replica seen")
+        yield SentinelDeployment(primary, replica, sentinel, link)
+    finally:
+        if sentinel is not None:
+            sentinel.close()
+        link.close()
+        replica.close()
+        primary.close()

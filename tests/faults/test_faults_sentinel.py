@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import redis
@@ -25,8 +24,12 @@ from settle import (
 )
 from settle.cursor import CursorStore
 from settle.embedded import EmbeddedRedis
-from tests.faults.sentinel_support import SERVICE, LocalSentinel
-from tests.faults.tcp_proxy import FaultyProxy
+from tests.faults.sentinel_support import (
+    SERVICE,
+    SentinelDeployment,
+    acknowledges,
+    sentinel_deployment,
+)
 
 pytestmark = [pytest.mark.faults]
 
@@ -34,17 +37,7 @@ REQ = {"amount": 1000}
 WHO = "tenant:acme"
 
 
-@dataclass
-class Deployment:
-    primary: EmbeddedRedis
-    replica: EmbeddedRedis
-    sentinel: LocalSentinel
-    link: FaultyProxy  # the replica reaches its primary through it
-
-    @property
-    def sentinels(self) -> list[str]:
-        return [f"127.0.0.1:{self.sentinel.port}"]
-
+class Deployment(SentinelDeployment):
     def fail_over(self) -> float:
         """SIGKILL the primary; seconds until the Sentinel names the replica."""
         self.primary.stop(kill=True)
@@ -58,30 +51,13 @@ class Deployment:
 
 
 def _synced(primary: EmbeddedRedis) -> bool:
-    with redis.Redis(port=primary.port) as c:
-        return int(c.execute_command("WAIT", 1, 200)) >= 1
+    return acknowledges(primary)
 
 
 @pytest.fixture
 def deployment() -> Iterator[Deployment]:
-    primary = EmbeddedRedis().start()
-    link = FaultyProxy(primary.port).start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(link.port)]).start()
-    sentinel: LocalSentinel | None = None
-    try:
-        deadline = time.monotonic() + 10
-        while not _synced(primary):
-            assert time.monotonic() < deadline, "the replica never synced"
-            time.sleep(0.05)
-        sentinel = LocalSentinel(primary.port).start()
-        sentinel.wait(lambda: sentinel is not None and sentinel.replicas() == 1, "replica seen")
-        yield Deployment(primary, replica, sentinel, link)
-    finally:
-        if sentinel is not None:
-            sentinel.close()
-        link.close()
-        replica.close()
-        primary.close()
+    with sentinel_deployment() as running:
+        yield Deployment(running.primary, running.replica, running.sentinel, running.link)
 
 
 def test_min_replicas_keeps_an_acknowledged_completion_across_a_sentinel_failover(
