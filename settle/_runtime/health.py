@@ -256,14 +256,24 @@ def slots_finding(
     return Finding("cluster slots", Status.OK, f"16384 slots served, {len(states)} nodes")
 
 
-def namespace_finding(namespace: str, stored_shards: int | None) -> Finding:
-    """The namespace's metadata (its stored shard count, None when it has none yet)."""
+def namespace_finding(
+    namespace: str, stored_shards: int | None, shards: int | None = None
+) -> Finding:
+    """The namespace's metadata (its stored shard count, None when it has none yet) against
+    the shard count the settlers are configured with (``shards``, None: not given)."""
     if stored_shards is None:
         return Finding(
             "namespace",
             Status.WARN,
             f"{namespace!r} has no metadata yet",
             "check --namespace (the first Settler stores its shard count)",
+        )
+    if shards is not None and shards != stored_shards:
+        return Finding(
+            "namespace",
+            Status.FAIL,
+            f"{namespace!r} has {stored_shards} shards, --shards is {shards}",
+            f"configure shards={stored_shards}: a settler with another count is refused",
         )
     return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
 

@@ -134,7 +134,9 @@ def _clocks(nodes: dict[str, redis.Redis]) -> tuple[dict[str, int], int, int]:
     return {name: now + offset for name, offset in offsets.items()}, now, slowest
 
 
-def diagnose(url: str, namespace: str, min_replicas: int) -> list[Finding]:
+def diagnose(
+    url: str, namespace: str, min_replicas: int, shards: int | None = None
+) -> list[Finding]:
     """Every check against the deployment at ``url`` (raises ``RedisError`` when a node
     cannot be reached)."""
     deployment = _connect(url)
@@ -154,7 +156,7 @@ def diagnose(url: str, namespace: str, min_replicas: int) -> list[Finding]:
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
         findings.append(
-            health.namespace_finding(namespace, _namespace_shards(deployment, namespace))
+            health.namespace_finding(namespace, _namespace_shards(deployment, namespace), shards)
         )
         findings.append(health.scripts_finding(_failed_scripts(deployment.primaries)))
         findings.append(health.clock_finding(*_clocks(deployment.nodes)))
@@ -219,7 +221,7 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
     replicas, cluster slots, the namespace, scripts and clocks. Exit 1 on a failed check
     (--strict: on a warning too)."""
     try:
-        findings = diagnose(conn.url, conn.namespace, min_replicas)
+        findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
     except (RedisError, OSError) as exc:
         fail(
             f"cannot reach Redis at {_redacted(conn.url)} ({type(exc).__name__}: {exc})",

@@ -100,6 +100,13 @@ def test_rdb_snapshots_only_warn() -> None:
     assert "RDB snapshots only" in checks["persistence"]["detail"]
 
 
+def test_a_shard_count_other_than_the_namespaces_fails(safe: EmbeddedRedis) -> None:
+    code, checks = _doctor(safe.url, "--namespace", "payments", "--shards", "4")
+    assert code == 1
+    assert checks["namespace"]["status"] == "fail"
+    assert "shards=8" in checks["namespace"]["fix"]
+
+
 def test_fewer_replicas_than_min_replicas_fails(safe: EmbeddedRedis) -> None:
     code, checks = _doctor(safe.url, "--namespace", "payments", "--min-replicas", "2")
     assert code == 1
