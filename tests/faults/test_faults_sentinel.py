@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -154,3 +156,21 @@ def test_every_facade_connects_through_sentinel(deployment: Deployment, namespac
         assert checkpoint.cursor == b"c0"
         port = store.client.connection_pool.get_master_address()[1]
         assert port == deployment.primary.port
+
+
+def test_the_example_in_operations_md_connects(deployment: Deployment) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text[text.index("### Redis Sentinel") :]
+    start = section.index("```python\n") + len("```python\n")
+    block = section[start : section.index("\n```", start)]
+    given = 'sentinels = ["10.0.0.7:26379", "10.0.0.8:26379", "10.0.0.9:26379"]'
+    assert given in block
+    scope: dict[str, Any] = {}
+    exec(block.replace(given, f"sentinels = {deployment.sentinels!r}"), scope)
+    settler = scope["settler"]
+    try:
+        r = settler.reserve("doc-op", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        assert settler.client.connection_pool.get_master_address()[1] == deployment.primary.port
+    finally:
+        settler.close()
