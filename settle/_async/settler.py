@@ -79,7 +79,11 @@ class AsyncSettler(AsyncConnectable):
         return settler
 
     async def __aenter__(self) -> Self:
-        await self.check()
+        try:
+            await self.check()
+        except BaseException:  # refused at start-up (eviction, version...): close, then raise
+            await self.aclose()
+            raise
         return self
 
     async def check(self) -> None:

@@ -80,7 +80,11 @@ class Settler(Connectable):
         return settler
 
     def __enter__(self) -> Self:
-        self.check()
+        try:
+            self.check()
+        except BaseException:  # refused at start-up (eviction, version...): close, then raise
+            self.close()
+            raise
         return self
 
     def check(self) -> None:

@@ -199,3 +199,23 @@ def test_what_the_refusal_prevents_completed_records_are_evicted(
             assert again > 0
         finally:
             server.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_refusal_in_a_with_block_closes_the_client(
+    servers: dict[str, EmbeddedRedis], flavour: str
+) -> None:
+    # The check runs in __enter__ / __aenter__; a refusal there must not leave the client's
+    # connections open (an unclosed asyncio connection fails this suite as a warning).
+    url = servers["allkeys-lru"].url
+    if flavour == "sync":
+        with pytest.raises(ConfigurationError), Settler.from_url(url, namespace="evict"):
+            pass  # pragma: no cover - refused before the body
+
+    async def main() -> None:
+        with pytest.raises(ConfigurationError):
+            async with AsyncSettler.from_url(url, namespace="evict"):
+                pass  # pragma: no cover - refused before the body
+
+    if flavour == "async":
+        asyncio.run(main())
