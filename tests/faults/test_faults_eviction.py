@@ -74,8 +74,8 @@ def _first_call_sync(part: str, url: str, **options: Any) -> None:
 
 
 async def _first_call_async(part: str, url: str, **options: Any) -> None:
-    # No ``async with`` for the settler: its __aenter__ runs the check, and a refusal there
-    # would leave the client open.
+    # No ``async with`` for the settler: the refusal must come from the first call itself
+    # (a with block runs the check on entry: tested at the end of this file).
     if part == "settler":
         s = AsyncSettler.from_url(url, namespace="evict", shards=2, **options)
         try:
