@@ -118,8 +118,7 @@ def sentinel_client(
 class Connectable:
     """What every facade over a runner shares (``Settler``, ``CursorStore``,
     ``ProgressStore``): one way to connect (``from_url``, ``from_cluster``,
-    ``from_sentinel``), the
-    client, and closing (``close``, ``with``)."""
+    ``from_sentinel``), the client, and closing (``close``, ``with``)."""
 
     _runner: Any
 
@@ -227,12 +226,12 @@ class Runner:
             )
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
-        for warning in health.check_eviction(policies, allow=self._durability.allow_eviction):
-            kind, _, detail = warning.partition(":")
-            if kind == "evicting":
-                logger.warning("settle.backend.eviction_allowed", policy=detail)
-            else:
-                logger.warning("settle.backend.eviction_unknown", nodes=detail)
+        warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
+        if warnings.allowed:
+            logger.warning("settle.backend.eviction_allowed", policy=",".join(warnings.allowed))
+        if warnings.unread:
+            nodes = ",".join(node or "server" for node in warnings.unread)
+            logger.warning("settle.backend.eviction_unknown", nodes=nodes)
         self._ready = True
         return info
 

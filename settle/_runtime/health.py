@@ -24,6 +24,7 @@ from settle.errors import ConfigurationError
 __all__ = [
     "CLOCK_SKEW_FAIL_MS",
     "CLOCK_SKEW_WARN_MS",
+    "EvictionWarnings",
     "Finding",
     "Status",
     "check_eviction",
@@ -89,13 +90,20 @@ def is_evicting(policy: str) -> bool:
     return policy.startswith(_EVICTING)
 
 
-def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class EvictionWarnings:
+    """What the runner logs after :func:`check_eviction` let a server through: the evicting
+    policies it was allowed to accept, and the nodes whose policy could not be read."""
+
+    allowed: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+
+def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> EvictionWarnings:
     """Judge each primary's policy (``None``: it could not be read; node ``""``: a single
-    server). Raise
-    :class:`ConfigurationError` for an evicting one unless ``allow``; return the warnings
-    to log (an unreadable policy, or an evicting one that was allowed)."""
+    server). Raise :class:`ConfigurationError` for an evicting one unless ``allow``; return
+    what to warn about."""
     evicting = {node: p for node, p in policies.items() if p is not None and is_evicting(p)}
-    unread = sorted(node for node, p in policies.items() if p is None)
     if evicting and not allow:
         shown = ", ".join(f"{p} on {node}" if node else p for node, p in sorted(evicting.items()))
         raise ConfigurationError(
@@ -104,12 +112,10 @@ def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> list[s
             "Set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, or your "
             "provider's parameter group), or pass allow_eviction=True to accept the risk."
         )
-    warnings = []
-    if evicting:
-        warnings.append("evicting:" + ",".join(sorted(set(evicting.values()))))
-    if unread:
-        warnings.append("unreadable:" + ",".join(unread))
-    return warnings
+    return EvictionWarnings(
+        allowed=tuple(sorted(set(evicting.values()))),
+        unread=tuple(sorted(node for node, p in policies.items() if p is None)),
+    )
 
 
 def eviction_finding(policies: Mapping[str, str | None]) -> Finding:

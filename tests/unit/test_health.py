@@ -30,9 +30,10 @@ def test_every_allkeys_and_volatile_policy_evicts_and_noeviction_does_not() -> N
         assert health.is_evicting(policy)
         with pytest.raises(ConfigurationError, match=policy):
             health.check_eviction({"n": policy}, allow=False)
-        assert health.check_eviction({"n": policy}, allow=True) == [f"evicting:{policy}"]
+        assert health.check_eviction({"n": policy}, allow=True).allowed == (policy,)
     assert not health.is_evicting("noeviction")
-    assert health.check_eviction({"n": "noeviction", "m": None}, allow=False) == ["unreadable:m"]
+    verdict = health.check_eviction({"n": "noeviction", "m": None}, allow=False)
+    assert verdict == health.EvictionWarnings(allowed=(), unread=("m",))
 
 
 def test_a_denied_info_is_a_warning_in_doctor() -> None:
