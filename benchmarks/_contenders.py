@@ -46,10 +46,10 @@ class Settle:
 
     name = "settle"
 
-    def __init__(self, url: str, namespace: str) -> None:
+    def __init__(self, url: str, namespace: str, settler: Settler | None = None) -> None:
         self.url = url
         self.namespace = namespace
-        self.settler = Settler.from_url(url, namespace=namespace)
+        self.settler = settler or Settler.from_url(url, namespace=namespace)
 
     def function(self, body: Body, *, lease: float, wait: float = 5.0) -> Callable[..., Any]:
         @self.settler.operation(
@@ -94,11 +94,16 @@ class Peer:
 
     name = "powertools"
 
-    def __init__(self, url: str, prefix: str, *, validate: bool = False) -> None:
+    def __init__(
+        self, url: str, prefix: str, *, validate: bool = False, client: Any = None
+    ) -> None:
+        """``client``: a decoding redis-py client to use instead of one for ``url`` (a
+        Sentinel-managed or cluster client)."""
         self.url = url
         self.prefix = prefix
         self.validate = validate
-        self._client = redis.Redis.from_url(url, decode_responses=True)
+        self._given = client
+        self._client = client or redis.Redis.from_url(url, decode_responses=True)
 
     def function(
         self,
@@ -113,6 +118,7 @@ class Peer:
             key_prefix=self.prefix,
             remaining_ms=round(lease * 1000),
             validate=self.validate,
+            client=self._given,
         )
 
     def async_function(self, body: AsyncBody, *, lease: float) -> Callable[..., Any]:

@@ -38,6 +38,7 @@ def peer_function(
     remaining_ms: int | None = None,
     expires_after_seconds: int = 3600,
     validate: bool = False,
+    client: Any = None,
 ) -> Callable[..., Any]:
     """``body(order=...)`` wrapped in ``idempotent_function(data_keyword_argument="order")``
     on its own Redis client. ``remaining_ms`` plays the Lambda context's remaining time (the
@@ -45,7 +46,8 @@ def peer_function(
     ``validate`` turns on payload validation of the money fields: in 3.37.0 the cache layer
     drops the validation hash when it stores the result, so with it on an identical retry
     of a completed call raises ``IdempotencyValidationError`` (the TypeScript twin of this
-    bug was fixed in aws-powertools/powertools-lambda-typescript#5705); off by default."""
+    bug was fixed in aws-powertools/powertools-lambda-typescript#5705); off by default.
+    ``client``: a decoding redis-py client to use instead of one for ``url``."""
     try:
         from aws_lambda_powertools.utilities.idempotency import (  # noqa: PLC0415 - optional
             IdempotencyConfig,
@@ -59,7 +61,7 @@ def peer_function(
             f"the peer is not installed ({exc}): pip install -e '.[bench]' boto3"
         ) from exc
 
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = client or redis.Redis.from_url(url, decode_responses=True)
     # redis-py's Redis is the client its docs pass; its Protocol types `set` narrower.
     persistence = CachePersistenceLayer(client=client)  # type: ignore[arg-type]
     config = IdempotencyConfig(

@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import threading
 import warnings
 from collections import Counter
@@ -40,7 +41,10 @@ def quiet_logs() -> None:
     """settle logs every transition at INFO through structlog; a service under load keeps
     INFO; the benchmarks keep ERROR and up (the peer's stdlib logger is quiet by default).
     The peer's deprecation notices are silenced too: they would be printed, not raised."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),  # the tables own stdout
+    )
     warnings.simplefilter("ignore", DeprecationWarning)
     # "Couldn't determine the remaining time left": no Lambda context outside Lambda.
     warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")

@@ -6,6 +6,9 @@ downstream ledger (a Redis list) counts every effect the function performs; the 
 behind it has no idempotency key of its own, so every re-execution is a duplicate effect.
 After every call the scenario reads what the library's store holds as the committed result:
 a committed result replaced by another is *overwritten*; one that disappears is *lost*.
+
+The deployment rows (``benchmarks._deployment``) break the store's Redis instead: an evicting
+policy, a restart without persistence, a Sentinel failover with the replica behind.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import redis
 
 from benchmarks._contenders import Peer, Settle, order
+from benchmarks._deployment import DEPLOYMENT_SCENARIOS
 from benchmarks._outcomes import describe, outcome
 from benchmarks._report import table
 from benchmarks._server import machine, quiet_logs, redis_server
@@ -64,7 +68,7 @@ def _observe(obs: Observation, who: str, seen: str, contender: Contender, oid: s
     obs.snapshots.append(contender.stored(oid))
 
 
-def _charger(
+def charger(
     env: Env, effects: str, by: str, *, work: float = 0.0, fail_first: bool = False
 ) -> Callable[..., dict[str, Any]]:
     def body(order: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +116,7 @@ def late_worker(contender: Contender, env: Env, scope: str, *, then: str) -> Obs
             raise RuntimeError("the worker failed before its charge")
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(env.lease * 2.5)
-        b = contender.function(_charger(env, obs.effects_key, "B"), lease=env.lease, wait=0)
+        b = contender.function(charger(env, obs.effects_key, "B"), lease=env.lease, wait=0)
         _observe(obs, "B", outcome(lambda: b(order=order(oid))), contender, oid)
         os.kill(proc.pid, signal.SIGCONT)
         out, _ = proc.communicate(f"{then}\n", timeout=60)
@@ -121,7 +125,7 @@ def late_worker(contender: Contender, env: Env, scope: str, *, then: str) -> Obs
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
     _observe(obs, "A", json.loads(out.strip().splitlines()[-1])["saw"], contender, oid)
-    c = contender.function(_charger(env, obs.effects_key, "C"), lease=env.lease, wait=0)
+    c = contender.function(charger(env, obs.effects_key, "C"), lease=env.lease, wait=0)
     _observe(obs, "retry", outcome(lambda: c(order=order(oid))), contender, oid)
     return obs
 
@@ -132,7 +136,7 @@ def timeout_after_success(contender: Contender, env: Env, scope: str) -> Observa
     oid = f"timeout-{env.run}"
     obs = Observation(f"effects:{scope}")
     fn = contender.function(
-        _charger(env, obs.effects_key, "A", fail_first=True), lease=env.lease, wait=0
+        charger(env, obs.effects_key, "A", fail_first=True), lease=env.lease, wait=0
     )
     seen = outcome(lambda: fn(order=order(oid)))
     _observe(obs, "A", seen, contender, oid)
@@ -147,11 +151,11 @@ def takeover_while_running(contender: Contender, env: Env, scope: str) -> Observ
     oid = f"takeover-{env.run}"
     obs = Observation(f"effects:{scope}")
     a = contender.function(
-        _charger(env, obs.effects_key, "A", work=env.lease * 3),
+        charger(env, obs.effects_key, "A", work=env.lease * 3),
         lease=env.lease,
         wait=env.lease * 8,
     )
-    b = contender.function(_charger(env, obs.effects_key, "B"), lease=env.lease, wait=env.lease * 8)
+    b = contender.function(charger(env, obs.effects_key, "B"), lease=env.lease, wait=env.lease * 8)
     seen_a: list[str] = []
     worker = threading.Thread(target=lambda: seen_a.append(outcome(lambda: a(order=order(oid)))))
     worker.start()
@@ -167,7 +171,7 @@ def changed_payload(contender: Contender, env: Env, scope: str) -> Observation:
     """The same order id sent again with another amount."""
     oid = f"payload-{env.run}"
     obs = Observation(f"effects:{scope}")
-    fn = contender.function(_charger(env, obs.effects_key, "A"), lease=env.lease, wait=0)
+    fn = contender.function(charger(env, obs.effects_key, "A"), lease=env.lease, wait=0)
     _observe(obs, "amount 1250", outcome(lambda: fn(order=order(oid))), contender, oid)
     seen = outcome(lambda: fn(order=order(oid, amount=9999)))
     _observe(obs, "amount 9999", seen, contender, oid)
@@ -178,7 +182,7 @@ def identical_retry(contender: Contender, env: Env, scope: str) -> Observation:
     """An identical retry of a completed call (the peer with payload validation on)."""
     oid = f"identical-{env.run}"
     obs = Observation(f"effects:{scope}")
-    fn = contender.function(_charger(env, obs.effects_key, "A"), lease=env.lease, wait=0)
+    fn = contender.function(charger(env, obs.effects_key, "A"), lease=env.lease, wait=0)
     _observe(obs, "first", outcome(lambda: fn(order=order(oid))), contender, oid)
     _observe(obs, "identical retry", outcome(lambda: fn(order=order(oid))), contender, oid)
     return obs
@@ -188,7 +192,7 @@ def other_principal(contender: Contender, env: Env, scope: str) -> Observation:
     """Another tenant sends the same order id (ids are not secret: they leak, or collide)."""
     oid = f"principal-{env.run}"
     obs = Observation(f"effects:{scope}")
-    fn = contender.function(_charger(env, obs.effects_key, "acme"), lease=env.lease, wait=0)
+    fn = contender.function(charger(env, obs.effects_key, "acme"), lease=env.lease, wait=0)
     seen = outcome(lambda: fn(order=order(oid), tenant="tenant:acme"))
     _observe(obs, "tenant:acme", seen, contender, oid)
     seen = outcome(lambda: fn(order=order(oid), tenant="tenant:globex"))
@@ -285,6 +289,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     obs = scenario(contender, env, scope)
                 finally:
                     contender.close()
+                rows.append(
+                    {"scenario": key, "title": title, "library": lib, **judge(obs, env.downstream)}
+                )
+        for key, title, deployed in DEPLOYMENT_SCENARIOS:
+            if args.only and key not in args.only:
+                continue
+            for lib in ("settle", "powertools"):
+                obs = deployed(lib, env, f"{key}-{lib}-{env.run}")
                 rows.append(
                     {"scenario": key, "title": title, "library": lib, **judge(obs, env.downstream)}
                 )

@@ -33,6 +33,10 @@ class SettleConfig(BaseModel):
     min_replicas: int = Field(default=0, ge=0)
     """With N > 0 every transition is followed by ``WAIT N replica_timeout``."""
     replica_timeout: float = Field(default=1.0, gt=0)
+    allow_eviction: bool = False
+    """Accept a server whose ``maxmemory-policy`` may evict settle's records (refused at
+    start-up otherwise; a warning is logged once). An evicted completed record runs its
+    operation again: use ``noeviction``."""
 
     @model_validator(mode="after")
     def _retention_covers_lease(self) -> SettleConfig:

@@ -61,7 +61,9 @@ class AsyncSettler(AsyncConnectable):
         self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
     ) -> None:
         resolved = _config(config, options)
-        durability = Durability(resolved.min_replicas, resolved.replica_timeout)
+        durability = Durability(
+            resolved.min_replicas, resolved.replica_timeout, resolved.allow_eviction
+        )
         self._init(AsyncRunner(client, SCRIPTS, durability), resolved)
 
     def _init(self, backend: AsyncBackend, config: SettleConfig) -> None:

@@ -11,16 +11,19 @@ Every part (the core, ``settle.cursor``, ``settle.progress``) talks to Redis thr
 from __future__ import annotations
 
 import time
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
+from redis import exceptions as rx
 from redis import Redis, RedisCluster
 from redis.cluster import ClusterNode
+from redis.sentinel import Sentinel
 from redis.exceptions import AskError, NoScriptError, RedisClusterException, RedisError
 from tenacity import Retrying
 
 from settle._log import logger
-from settle._runtime import topology
+from settle._runtime import health, topology
 from settle._runtime.calls import Call
 from settle._runtime.options import Durability
 from settle._runtime.scripts import ScriptSet
@@ -40,6 +43,7 @@ __all__ = [
     "Runner",
     "client_from_url",
     "cluster_client",
+    "sentinel_client",
 ]
 
 #: A reply that never comes must not hang a payment path forever (standalone and cluster).
@@ -93,10 +97,28 @@ def cluster_client(
         raise backend_error(exc, None) from exc
 
 
+def sentinel_client(
+    sentinels: Sequence[str | tuple[str, int]],
+    service_name: str,
+    options: Mapping[str, Any] | None = None,
+    sentinel_options: Mapping[str, Any] | None = None,
+) -> Redis:
+    """A binary-safe client of the primary that the Sentinels name ``service_name``: each new
+    connection asks them again, so after a failover it reaches the promoted replica (and a
+    demoted primary's READONLY reply drops the connection)."""
+    url, seeds = topology.parse_seed_nodes(list(sentinels))
+    if url is not None:  # pragma: no cover - a list never parses as one URL
+        raise ConfigurationError("give the Sentinels as 'host:port' or (host, port)")
+    timeouts = {k: _CLIENT_DEFAULTS[k] for k in ("socket_timeout", "socket_connect_timeout")}
+    manager = Sentinel(seeds, sentinel_kwargs={**timeouts, **(sentinel_options or {})})  # type: ignore[no-untyped-call,unused-ignore]
+    client: Redis = manager.master_for(service_name, **{**_CLIENT_DEFAULTS, **(options or {})})  # type: ignore[no-untyped-call,unused-ignore]
+    return client
+
+
 class Connectable:
     """What every facade over a runner shares (``Settler``, ``CursorStore``,
-    ``ProgressStore``): one way to connect (``from_url``, ``from_cluster``), the
-    client, and closing (``close``, ``with``)."""
+    ``ProgressStore``): one way to connect (``from_url``, ``from_cluster``,
+    ``from_sentinel``), the client, and closing (``close``, ``with``)."""
 
     _runner: Any
 
@@ -121,6 +143,25 @@ class Connectable:
         ``"host:port"`` / ``(host, port)``. ``client_options`` go to redis-py's
         ``RedisCluster`` (password, timeouts...); ``options`` are the facade's own."""
         return cls(cluster_client(nodes, client_options), *args, **options)
+
+    @classmethod
+    def from_sentinel(
+        cls,
+        sentinels: list[str] | list[tuple[str, int]],
+        *args: Any,
+        service_name: str,
+        client_options: dict[str, Any] | None = None,
+        sentinel_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Self:
+        """Connect to the primary that Redis Sentinel names ``service_name``; after a
+        failover the next connection goes to the promoted replica. ``sentinels``:
+        ``"host:port"`` / ``(host, port)`` of the Sentinels. ``client_options`` go to the
+        primary's client (password, timeouts...), ``sentinel_options`` to the clients of the
+        Sentinels themselves; ``options`` are the facade's own (use ``min_replicas=1``: a
+        failover loses the writes its replica had not received)."""
+        client = sentinel_client(sentinels, service_name, client_options, sentinel_options)
+        return cls(client, *args, **options)
 
     @property
     def client(self) -> Any:
@@ -159,6 +200,10 @@ class Runner:
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
         self._nodes: dict[str, Redis] = {}
+        #: A node's connection failed: re-read the cluster's topology before the next call,
+        #: so a failover's promoted replica is found (the durable path keeps its own
+        #: per-node clients, which redis-py's own refresh does not reach).
+        self._stale_topology = False
         self._scripts = {
             name: client.register_script(self._set.source(name)) for name in self._set.names
         }
@@ -171,15 +216,38 @@ class Runner:
 
     def prepare(self) -> dict[str, Any]:
         """Check the server once before the first call: version (the oldest node's on a
-        cluster), every hash slot served; switch a cluster node's URL to a cluster client.
+        cluster), every hash slot served, and a ``maxmemory-policy`` that cannot evict
+        settle's records (every primary's); switch a cluster node's URL to a cluster client.
         Returns the ``INFO server`` it judged."""
         try:
             info: dict[str, Any] = Retrying(**retry_options(None))(self._server_info)
+            topology.check_server(info)
+            policies: dict[str, str | None] = Retrying(**retry_options(None))(
+                self._eviction_policies
+            )
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
-        topology.check_server(info)
+        warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
+        if warnings.allowed:
+            logger.warning("settle.backend.eviction_allowed", policy=",".join(warnings.allowed))
+        if warnings.unread:
+            nodes = ",".join(node or "server" for node in warnings.unread)
+            logger.warning("settle.backend.eviction_unknown", nodes=nodes)
         self._ready = True
         return info
+
+    def _eviction_policies(self) -> dict[str, str | None]:
+        """Each primary's ``maxmemory_policy`` from ``INFO memory`` (CONFIG GET is often
+        blocked on managed Redis); ``None`` where INFO is denied or does not say."""
+        try:
+            if isinstance(self.client, RedisCluster):
+                every = RedisCluster.PRIMARIES
+                per_node = _per_node(self.client.info("memory", target_nodes=every))
+            else:
+                per_node = {"": self.client.info("memory")}
+        except rx.ResponseError:  # NOPERM, or INFO renamed away
+            return {"": None}
+        return {node: health.eviction_policy(info) for node, info in per_node.items()}
 
     def _server_info(self) -> dict[str, Any]:
         node = self.client
@@ -247,11 +315,18 @@ class Runner:
         script = self._scripts[call.script]
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
         for _ in range(3):
+            if self._stale_topology and isinstance(self.client, RedisCluster):
+                self.client.nodes_manager.initialize()
+                self._stale_topology = False
             node = self._node_for(call)
-            with node.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
-                pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
-                reply, acks = pipe.execute(raise_on_error=False)
+            try:
+                with node.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+                    pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
+                    reply, acks = pipe.execute(raise_on_error=False)
+            except (rx.ConnectionError, rx.TimeoutError):
+                self._forget_node(node)
+                raise
             if isinstance(reply, NoScriptError):
                 node.script_load(script.script)
                 continue
@@ -285,6 +360,19 @@ class Runner:
             "the outcome is uncertain, read the record back",
             operation_id=call.operation_id,
         )
+
+    def _forget_node(self, node: Redis) -> None:
+        """Drop a cluster node's client after its connection failed (the node may be dead
+        and its slots served by a promoted replica): the next try reads the topology again."""
+        if not isinstance(self.client, RedisCluster):
+            return
+        for name, known in list(self._nodes.items()):
+            if known is node:
+                del self._nodes[name]
+                logger.warning("settle.backend.node_lost", node=name)
+        self._stale_topology = True
+        with contextlib.suppress(RedisError, OSError):  # a dead node's sockets
+            node.close()
 
     def _node_for(self, call: Call) -> Redis:
         """The client of the node that serves the call's slot (the client itself if standalone)."""
@@ -352,6 +440,10 @@ class Runner:
         for node in self._nodes.values():
             node.close()
         self.client.close()
+        # A Sentinel-managed client (from_sentinel) also holds clients of the Sentinels.
+        manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            sentinel.close()
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

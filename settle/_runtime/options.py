@@ -1,4 +1,5 @@
-"""The options every part's runner shares: how many replicas must acknowledge a write."""
+"""The options every part's runner shares: how many replicas must acknowledge a write, and
+whether an evicting ``maxmemory-policy`` is accepted."""
 
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ __all__ = ["Durability"]
 class Durability:
     """With ``min_replicas = N > 0`` every writing script is followed, on the same
     connection, by ``WAIT N replica_timeout``; fewer acknowledgements raise
-    :class:`~settle.errors.DurabilityError` (the outcome is then uncertain)."""
+    :class:`~settle.errors.DurabilityError` (the outcome is then uncertain).
+
+    ``allow_eviction``: a server whose ``maxmemory-policy`` may evict settle's keys (every
+    ``allkeys-*`` and ``volatile-*`` policy: settle's keys carry a TTL) is refused at
+    start-up unless this is True; then a warning is logged once instead."""
 
     min_replicas: int = 0
     replica_timeout: float = 1.0
+    allow_eviction: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.min_replicas, bool) or not isinstance(self.min_replicas, int):
             raise ConfigurationError("min_replicas must be a whole number of replicas")
+        if not isinstance(self.allow_eviction, bool):
+            raise ConfigurationError("allow_eviction must be True or False")
         if self.min_replicas < 0:
             raise ConfigurationError(f"min_replicas must be 0 or more, got {self.min_replicas}")
         if isinstance(self.replica_timeout, bool) or not isinstance(

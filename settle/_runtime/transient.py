@@ -124,6 +124,12 @@ def _classify(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) 
             "and password in the URL (or the ACL rules of that user); nothing was written.",
             operation_id=op,
         )
+    if "DB index is out of range" in str(exc):  # Valkey 9 cluster nodes answer this to SELECT
+        return ConfigurationError(
+            "the database in the URL does not exist on the server; a Redis Cluster node has "
+            "only database 0: connect to redis://host:port/0 or use from_cluster()",
+            operation_id=op,
+        )
     if "SELECT is not allowed in cluster mode" in str(exc):
         return ConfigurationError(
             "the server is a Redis Cluster node, which has only database 0: connect to "

@@ -62,7 +62,9 @@ class Settler(Connectable):
         self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
     ) -> None:
         resolved = _config(config, options)
-        durability = Durability(resolved.min_replicas, resolved.replica_timeout)
+        durability = Durability(
+            resolved.min_replicas, resolved.replica_timeout, resolved.allow_eviction
+        )
         self._init(Runner(client, SCRIPTS, durability), resolved)
 
     def _init(self, backend: Backend, config: SettleConfig) -> None:

@@ -36,7 +36,8 @@ class AsyncCursorStore(AsyncConnectable):
     """Checkpoints, witnesses and receipts of one namespace's streams in Redis.
 
     ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every writing step is
-    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``.
+    ``allow_eviction``: as ``SettleConfig``'s, accept an evicting ``maxmemory-policy``."""
 
     def __init__(
         self,
@@ -47,9 +48,12 @@ class AsyncCursorStore(AsyncConnectable):
         receipt_horizon: int | None = None,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.core = CursorCore(namespace, keep_generations, receipt_horizon)
-        self._runner = AsyncRunner(client, SCRIPTS, Durability(min_replicas, replica_timeout))
+        self._runner = AsyncRunner(
+            client, SCRIPTS, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     async def run(self, call: Call) -> Any:
         """Run one planned call (every cursor step is safe to repeat)."""

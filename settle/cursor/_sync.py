@@ -37,7 +37,8 @@ class CursorStore(Connectable):
     """Checkpoints, witnesses and receipts of one namespace's streams in Redis.
 
     ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every writing step is
-    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``.
+    ``allow_eviction``: as ``SettleConfig``'s, accept an evicting ``maxmemory-policy``."""
 
     def __init__(
         self,
@@ -48,9 +49,12 @@ class CursorStore(Connectable):
         receipt_horizon: int | None = None,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.core = CursorCore(namespace, keep_generations, receipt_horizon)
-        self._runner = Runner(client, SCRIPTS, Durability(min_replicas, replica_timeout))
+        self._runner = Runner(
+            client, SCRIPTS, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     def run(self, call: Call) -> Any:
         """Run one planned call (every cursor step is safe to repeat)."""

@@ -64,7 +64,8 @@ class AsyncProgressStore(AsyncConnectable):
     """Progress of ``consumer`` (in ``namespace``) on the progress server.
 
     ``min_replicas`` / ``replica_timeout``: as ``SettleConfig``'s, every progress write is
-    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``."""
+    followed by ``WAIT`` and too few acknowledgements raise ``DurabilityError``.
+    ``allow_eviction``: as ``SettleConfig``'s, accept an evicting ``maxmemory-policy``."""
 
     def __init__(
         self,
@@ -76,11 +77,14 @@ class AsyncProgressStore(AsyncConnectable):
         receipts_cap: int = 10_000,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.core = ProgressCore(namespace, consumer, receipts_cap)
         self.consumer = consumer
         self.observer = observer or _noop
-        self._runner = AsyncRunner(client, PROGRESS, Durability(min_replicas, replica_timeout))
+        self._runner = AsyncRunner(
+            client, PROGRESS, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     async def drive(
         self,
@@ -235,6 +239,7 @@ class AsyncStreamConsumer:
         retry_pause: float = 0.5,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        allow_eviction: bool = False,
     ) -> None:
         self.store = store
         self.stream = stream
@@ -249,7 +254,9 @@ class AsyncStreamConsumer:
         self.retry_pause = retry_pause
         self.core = store.core
         self.scope: ProviderScope | None = None
-        self._runner = AsyncRunner(client, STREAM, Durability(min_replicas, replica_timeout))
+        self._runner = AsyncRunner(
+            client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
+        )
 
     @property
     def client(self) -> Any:
@@ -261,8 +268,13 @@ class AsyncStreamConsumer:
         cls, stream_url: str, progress_url: str, *, consumer: str, **options: Any
     ) -> AsyncStreamConsumer:
         """Connect to the stream's server and the progress server; ``namespace``,
-        ``min_replicas`` and ``replica_timeout`` apply to both, the rest to the consumer."""
-        shared = {k: options[k] for k in ("min_replicas", "replica_timeout") if k in options}
+        ``min_replicas``, ``replica_timeout`` and ``allow_eviction`` apply to both, the rest
+        to the consumer."""
+        shared = {
+            k: options[k]
+            for k in ("min_replicas", "replica_timeout", "allow_eviction")
+            if k in options
+        }
         namespace = options.pop("namespace", "default")
         store = AsyncProgressStore.from_url(
             progress_url, consumer=consumer, namespace=namespace, **shared

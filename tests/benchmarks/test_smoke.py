@@ -30,6 +30,12 @@ SPEED_CASES = {
     ("e.first", "sync"),
     ("e.replay", "sync"),
 }
+DEPLOYMENT_SCENARIOS = {
+    "evicting_policy",
+    "restart_no_persistence",
+    "cluster_failover",
+    "sentinel_failover",
+}
 SCENARIOS = {
     "late_success",
     "late_failure",
@@ -119,7 +125,8 @@ def test_anomalies_rows_and_settle_outcomes(tmp_path: Path) -> None:
     printed = _run("benchmarks.anomalies", "--lease=0.3", f"--json={out}")
     result = json.loads(out.read_text())
     rows = {(r["scenario"], r["library"]): r for r in result["rows"]}
-    assert set(rows) == {(s, lib) for s in SCENARIOS for lib in ("settle", "powertools")}
+    every = SCENARIOS | DEPLOYMENT_SCENARIOS
+    assert set(rows) == {(s, lib) for s in every for lib in ("settle", "powertools")}
     for row in rows.values():
         assert set(row) >= {
             "effects",
@@ -140,3 +147,16 @@ def test_anomalies_rows_and_settle_outcomes(tmp_path: Path) -> None:
     assert "BindingMismatch" in settle["other_principal"]["caller_saw"]
     assert settle["async"]["effects"] == 1
     assert "what the callers saw" in printed
+    deployed = {s: rows[(s, "settle")] for s in DEPLOYMENT_SCENARIOS}
+    # An evicting server is refused before anything runs: no effect at all.
+    assert deployed["evicting_policy"]["effects"] == 0
+    assert "first: ConfigurationError" in deployed["evicting_policy"]["caller_saw"]
+    # With min_replicas=1 a failover never makes settle run the charge twice: a completion
+    # is either acknowledged by the replica (and replays) or refused as DurabilityError.
+    for key in ("cluster_failover", "sentinel_failover"):
+        assert deployed[key]["effects"] == 1
+        assert deployed[key]["duplicate_effects"] == 0
+    assert "DurabilityError" in deployed["sentinel_failover"]["caller_saw"]
+    # A restart without persistence forgets the record: settle cannot prevent the second
+    # charge (docs/operations.md: AOF; settle doctor warns).
+    assert deployed["restart_no_persistence"]["effects"] == 2

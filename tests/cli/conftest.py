@@ -19,7 +19,7 @@ from settle import Settler
 
 SETTLE = Path(sys.executable).parent / "settle"
 #: The environment the CLI reads; removed so that only what a test passes counts.
-CLI_ENV = ("SETTLE_REDIS_URL", "SETTLE_NAMESPACE", "SETTLE_SHARDS")
+CLI_ENV = ("SETTLE_REDIS_URL", "SETTLE_NAMESPACE", "SETTLE_SHARDS", "SETTLE_MIN_REPLICAS")
 DEMO_OPS = 40
 DEMO_SEED = 5
 

@@ -331,7 +331,9 @@ def test_the_oldest_node_decides_the_version_check(cluster: LocalCluster) -> Non
     topology.check_server(topology.oldest_node_info(infos))  # the real cluster passes
     # One node's real INFO, edited to a version too old: the whole cluster is refused.
     stale = f"127.0.0.1:{cluster.nodes[1].port}"
-    infos[stale] = {**infos[stale], "redis_version": "6.0.9"}
+    # (Valkey reports its own version in valkey_version, which settle reads first.)
+    too_old = {k: "6.0.9" for k in ("redis_version", "valkey_version") if k in infos[stale]}
+    infos[stale] = {**infos[stale], **too_old}
     oldest = topology.oldest_node_info(infos)
     assert oldest["node"] == stale
     with pytest.raises(ConfigurationError, match=r"6\.0\.9"):

@@ -1,0 +1,322 @@
+"""The rules of a safe deployment, with no I/O: what the runner refuses at start-up (an
+evicting ``maxmemory-policy``) and what ``settle doctor`` reports (version, eviction,
+persistence, replicas, slot coverage, namespace, scripts, clocks). The runner and the CLI
+gather the servers' ``INFO`` replies; these functions judge them.
+
+Each doctor check is a :class:`Finding`: ``ok``, ``warn`` or ``fail``, what was seen, and what
+to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from settle._runtime.topology import (
+    MIN_SERVER_VERSION,
+    missing_slot_ranges,
+    parse_server_version,
+)
+from settle.errors import ConfigurationError
+
+__all__ = [
+    "CLOCK_SKEW_FAIL_MS",
+    "CLOCK_SKEW_WARN_MS",
+    "EvictionWarnings",
+    "Finding",
+    "Status",
+    "check_eviction",
+    "clock_finding",
+    "eviction_finding",
+    "eviction_policy",
+    "is_evicting",
+    "namespace_finding",
+    "persistence_finding",
+    "replicas_finding",
+    "scripts_finding",
+    "slots_finding",
+    "version_finding",
+]
+
+#: Server clocks further apart than this make leases end early or late on some nodes.
+CLOCK_SKEW_WARN_MS = 500
+CLOCK_SKEW_FAIL_MS = 5_000
+_EVICTING = ("allkeys-", "volatile-")
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One doctor check: its ``status``, what was seen (``detail``) and what to change (``fix``,
+    empty when nothing needs changing)."""
+
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "check": self.check,
+            "status": self.status.value,
+            "detail": self.detail,
+            "fix": self.fix,
+        }
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- eviction ------------------------------------------------------------------------------
+
+
+def eviction_policy(info_memory: Mapping[str, Any]) -> str | None:
+    """The ``maxmemory_policy`` of one node's ``INFO memory`` (None when it is not there)."""
+    policy = info_memory.get("maxmemory_policy")
+    return None if policy is None else _text(policy)
+
+
+def is_evicting(policy: str) -> bool:
+    """Every ``allkeys-*`` policy may evict any key; every ``volatile-*`` one any key with a
+    TTL, and every settle key has one (its retention). Only ``noeviction`` keeps them."""
+    return policy.startswith(_EVICTING)
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionWarnings:
+    """What the runner logs after :func:`check_eviction` let a server through: the evicting
+    policies it was allowed to accept, and the nodes whose policy could not be read."""
+
+    allowed: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+
+def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> EvictionWarnings:
+    """Judge each primary's policy (``None``: it could not be read; node ``""``: a single
+    server). Raise :class:`ConfigurationError` for an evicting one unless ``allow``; return
+    what to warn about."""
+    evicting = {node: p for node, p in policies.items() if p is not None and is_evicting(p)}
+    if evicting and not allow:
+        shown = ", ".join(f"{p} on {node}" if node else p for node, p in sorted(evicting.items()))
+        raise ConfigurationError(
+            f"the server's maxmemory-policy is {shown}: Redis may evict settle's records when "
+            "memory runs short, and an evicted completed record runs its operation again. "
+            "Set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, or your "
+            "provider's parameter group), or pass allow_eviction=True to accept the risk."
+        )
+    return EvictionWarnings(
+        allowed=tuple(sorted(set(evicting.values()))),
+        unread=tuple(sorted(node for node, p in policies.items() if p is None)),
+    )
+
+
+def eviction_finding(policies: Mapping[str, str | None]) -> Finding:
+    evicting = sorted({p for p in policies.values() if p is not None and is_evicting(p)})
+    if evicting:
+        return Finding(
+            "eviction",
+            Status.FAIL,
+            f"maxmemory-policy {', '.join(evicting)}: completed records can be evicted",
+            "set maxmemory-policy noeviction",
+        )
+    if any(p is None for p in policies.values()):
+        return Finding(
+            "eviction",
+            Status.WARN,
+            "maxmemory-policy could not be read (INFO memory denied?)",
+            "allow INFO for settle's user, or check the policy is noeviction",
+        )
+    shown = ", ".join(sorted({p for p in policies.values() if p is not None}))
+    return Finding("eviction", Status.OK, f"maxmemory-policy {shown}")
+
+
+# -- doctor checks -------------------------------------------------------------------------
+
+
+def version_finding(per_node: Mapping[str, Mapping[str, Any]]) -> Finding:
+    """The oldest node's version (``INFO server``), Redis or Valkey."""
+    if not per_node:
+        return Finding("version", Status.FAIL, "no node answered", "check the URL")
+    name, info = min(per_node.items(), key=lambda item: parse_server_version(item[1]))
+    version = ".".join(map(str, parse_server_version(info)))
+    server = (
+        "Valkey" if info.get("valkey_version") or info.get("server_name") == "valkey" else "Redis"
+    )
+    if parse_server_version(info) < MIN_SERVER_VERSION:
+        return Finding(
+            "version",
+            Status.FAIL,
+            f"{server} {version} on {name}",
+            "upgrade to Redis 6.2 or newer, or Valkey",
+        )
+    shown = f"{server} {version}" + (
+        f" (oldest of {len(per_node)} nodes)" if len(per_node) > 1 else ""
+    )
+    return Finding("version", Status.OK, shown)
+
+
+def persistence_finding(
+    per_node: Mapping[str, Mapping[str, Any]], config: Mapping[str, str | None]
+) -> Finding:
+    """AOF or RDB on every primary, from ``INFO persistence`` (``aof_enabled``) and the
+    ``save`` setting when CONFIG could be read (``config``: node to its ``save`` or None)."""
+    bare, rdb_only, unknown = [], [], []
+    for node, info in sorted(per_node.items()):
+        if _text(info.get("aof_enabled", "0")) == "1":
+            continue
+        save = config.get(node)
+        if save is None:
+            unknown.append(node)
+        elif save.strip():
+            rdb_only.append(node)
+        else:
+            bare.append(node)
+    if bare:
+        return Finding(
+            "persistence",
+            Status.WARN,
+            f"no AOF, no RDB save rule on {', '.join(bare)}: a restart loses every record",
+            "appendonly yes (appendfsync always or everysec)",
+        )
+    if rdb_only:
+        return Finding(
+            "persistence",
+            Status.WARN,
+            f"RDB snapshots only on {', '.join(rdb_only)}: a crash loses the writes since the "
+            "last snapshot",
+            "appendonly yes",
+        )
+    if unknown:
+        return Finding(
+            "persistence",
+            Status.WARN,
+            f"no AOF on {', '.join(unknown)}; its RDB save rule could not be read (CONFIG denied)",
+            "appendonly yes, or check the provider's snapshot settings and use min_replicas",
+        )
+    return Finding("persistence", Status.OK, "AOF on every primary")
+
+
+def replicas_finding(per_primary: Mapping[str, Mapping[str, Any]], min_replicas: int) -> Finding:
+    """Connected replicas of each primary (``INFO replication``) against ``min_replicas``."""
+    counts = {
+        node: int(_text(info.get("connected_slaves", 0))) for node, info in per_primary.items()
+    }
+    fewest = min(counts.values(), default=0)
+    shown = ", ".join(f"{n} on {node}" for node, n in sorted(counts.items()))
+    if fewest < min_replicas:
+        return Finding(
+            "replicas",
+            Status.FAIL,
+            f"connected replicas {shown}; min_replicas is {min_replicas}",
+            "add replicas, or lower min_replicas: every write now raises DurabilityError",
+        )
+    if fewest == 0:
+        return Finding(
+            "replicas",
+            Status.WARN,
+            f"connected replicas {shown}",
+            "add a replica per primary and set min_replicas=1",
+        )
+    if min_replicas == 0:
+        return Finding(
+            "replicas",
+            Status.WARN,
+            f"connected replicas {shown}; min_replicas is 0",
+            "set min_replicas=1: a failover then keeps every acknowledged completion",
+        )
+    return Finding(
+        "replicas", Status.OK, f"connected replicas {shown}; min_replicas {min_replicas}"
+    )
+
+
+def slots_finding(
+    served: Mapping[str, Iterable[tuple[int, int]]] | None, states: Mapping[str, str]
+) -> Finding:
+    """Hash-slot coverage as each node sees it (``CLUSTER SLOTS`` of each node; ``None``
+    when the server is not a cluster) and each node's ``cluster_state``."""
+    if served is None:
+        return Finding("cluster slots", Status.OK, "not a cluster")
+    missing = sorted({r for ranges in served.values() for r in missing_slot_ranges(ranges)})
+    failing = sorted(node for node, state in states.items() if state != "ok")
+    if missing or failing:
+        parts = []
+        if missing:
+            shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in missing[:4])
+            parts.append(f"unserved slots {shown}")
+        if failing:
+            parts.append(f"cluster_state not ok on {', '.join(failing)}")
+        return Finding(
+            "cluster slots",
+            Status.FAIL,
+            "; ".join(parts),
+            "assign every slot (redis-cli --cluster fix) and wait for cluster_state:ok",
+        )
+    return Finding("cluster slots", Status.OK, f"16384 slots served, {len(states)} nodes")
+
+
+def namespace_finding(
+    namespace: str, stored_shards: int | None, shards: int | None = None
+) -> Finding:
+    """The namespace's metadata (its stored shard count, None when it has none yet) against
+    the shard count the settlers are configured with (``shards``, None: not given)."""
+    if stored_shards is None:
+        return Finding(
+            "namespace",
+            Status.WARN,
+            f"{namespace!r} has no metadata yet",
+            "check --namespace (the first Settler stores its shard count)",
+        )
+    if shards is not None and shards != stored_shards:
+        return Finding(
+            "namespace",
+            Status.FAIL,
+            f"{namespace!r} has {stored_shards} shards, --shards is {shards}",
+            f"configure shards={stored_shards}: a settler with another count is refused",
+        )
+    return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
+
+
+def scripts_finding(failures: Mapping[str, str]) -> Finding:
+    """``failures``: script name to the error SCRIPT LOAD answered (empty: all loaded)."""
+    if failures:
+        shown = "; ".join(f"{name}: {error}" for name, error in sorted(failures.items()))
+        return Finding(
+            "scripts",
+            Status.FAIL,
+            f"SCRIPT LOAD refused: {shown}",
+            "allow EVALSHA, SCRIPT LOAD and EVAL for settle's user (ACL +@scripting)",
+        )
+    return Finding("scripts", Status.OK, "every settle script loads")
+
+
+def clock_finding(server_ms: Mapping[str, int], local_ms: int, round_trip_ms: int) -> Finding:
+    """Server clocks (``TIME``) of the nodes against each other and the local clock.
+    Leases are judged on the server's clock; nodes that disagree end leases early or late
+    after a failover. ``round_trip_ms``: the slowest reply, the reading's uncertainty."""
+    if not server_ms:
+        return Finding(
+            "clocks", Status.WARN, "no node answered TIME", "allow TIME for settle's user"
+        )
+    between = max(server_ms.values()) - min(server_ms.values())
+    against = max(abs(ms - local_ms) for ms in server_ms.values())
+    skew = max(between - round_trip_ms, 0)
+    local = max(against - round_trip_ms, 0)
+    detail = (
+        f"skew between nodes {between} ms, against this host {against} ms "
+        f"(round trip {round_trip_ms} ms)"
+    )
+    if skew >= CLOCK_SKEW_FAIL_MS:
+        return Finding("clocks", Status.FAIL, detail, "run NTP (chrony) on every Redis host")
+    if skew >= CLOCK_SKEW_WARN_MS or local >= CLOCK_SKEW_FAIL_MS:
+        return Finding(
+            "clocks", Status.WARN, detail, "run NTP (chrony) on every Redis host and this one"
+        )
+    return Finding("clocks", Status.OK, detail)

@@ -1,0 +1,249 @@
+"""``settle doctor``: is this Redis (or Valkey) deployment safe for settle?
+
+Reads each node's ``INFO``, ``CONFIG GET save`` (where allowed), ``CLUSTER SLOTS`` / ``INFO``
+on a cluster, ``TIME``, the namespace's metadata, and loads every settle script with ``SCRIPT
+LOAD`` (which runs nothing and writes no key). The rules are
+:mod:`settle._runtime.health`'s; this module gathers and renders. Exit 1 on any ``fail``
+(with ``--strict`` on any ``warn`` too), 3 when Redis cannot be reached (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+import redis
+from redis.exceptions import RedisError, ResponseError
+from rich.table import Table
+
+from settle._core.scripts import SCRIPTS
+from settle._runtime import health, topology
+from settle._runtime.health import Finding, Status
+from settle._runtime.scripts import ScriptSet
+from settle.cli._context import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    Connection,
+    _redacted,
+    connection_options,
+    fail,
+    json_option,
+    stored_shards,
+)
+from settle.cli._render import console, print_json
+from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
+from settle.progress._scripts import PROGRESS, STREAM
+
+__all__ = ["diagnose", "doctor"]
+
+_SCRIPT_SETS: tuple[ScriptSet, ...] = (SCRIPTS, CURSOR_SCRIPTS, PROGRESS, STREAM)
+_TIMEOUT = 5.0
+#: Connection settings the seed's client passes on to the other nodes' clients.
+_PASSED_ON = ("username", "password", "socket_timeout", "socket_connect_timeout", "protocol")
+
+
+@dataclass
+class _Deployment:
+    """Plain clients of every node: the primaries, and the replicas of a cluster."""
+
+    seed: redis.Redis
+    primaries: dict[str, redis.Redis] = field(default_factory=dict)
+    replicas: dict[str, redis.Redis] = field(default_factory=dict)
+    cluster: bool = False
+
+    @property
+    def nodes(self) -> dict[str, redis.Redis]:
+        return {**self.primaries, **self.replicas}
+
+    def close(self) -> None:
+        for client in {id(c): c for c in [self.seed, *self.nodes.values()]}.values():
+            client.close()
+
+
+def _connect(url: str) -> _Deployment:
+    seed = redis.Redis.from_url(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT)
+    info = seed.info("server")
+    kwargs = seed.connection_pool.connection_kwargs
+    if not topology.is_cluster_mode(info):
+        name = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        return _Deployment(seed, primaries={name: seed})
+    found = _Deployment(seed, cluster=True)
+    nodes: dict[str, dict[str, Any]] = seed.cluster("NODES")  # redis-py: {"host:port": {...}}
+    settings = {k: v for k, v in kwargs.items() if k in _PASSED_ON or k.startswith("ssl_")}
+    if "SSL" in seed.connection_pool.connection_class.__name__:
+        settings["ssl"] = True
+    for name, node in nodes.items():
+        flags = str(node.get("flags", "")).split(",")
+        host, _, port = name.split("@", 1)[0].rpartition(":")
+        if "fail" in flags or "noaddr" in flags or not port.isdigit() or port == "0":
+            continue
+        client = redis.Redis(host=host or "127.0.0.1", port=int(port), **settings)
+        group = found.primaries if "master" in flags else found.replicas
+        group[f"{host}:{port}"] = client
+    return found
+
+
+def _info(client: redis.Redis, section: str) -> dict[str, Any] | None:
+    try:
+        reply: dict[str, Any] = client.info(section)
+    except ResponseError:  # INFO denied for this user
+        return None
+    return reply
+
+
+def _save_rule(client: redis.Redis) -> str | None:
+    try:
+        reply = client.config_get("save")
+    except ResponseError:  # CONFIG is often blocked on managed Redis
+        return None
+    value = reply.get("save") if isinstance(reply, dict) else None
+    return None if value is None else str(value)
+
+
+def _failed_scripts(primaries: dict[str, redis.Redis]) -> dict[str, str]:
+    failures: dict[str, str] = {}
+    for name, client in primaries.items():
+        for scripts in _SCRIPT_SETS:
+            for script in scripts.names:
+                try:
+                    client.script_load(scripts.source(script))
+                except ResponseError as exc:
+                    failures[f"{script}@{name}"] = str(exc).split("\n", 1)[0]
+    return failures
+
+
+def _clocks(nodes: dict[str, redis.Redis]) -> tuple[dict[str, int], int, int]:
+    """Each node's clock as its offset from the local clock read around its own ``TIME``
+    reply, put on one local instant: ``(node -> ms, local ms, slowest round trip ms)``."""
+    offsets: dict[str, int] = {}
+    slowest = 0
+    for name, client in nodes.items():
+        before = time.time()
+        try:
+            seconds, micros = client.time()
+        except ResponseError:  # TIME denied for this user
+            continue
+        after = time.time()
+        slowest = max(slowest, round((after - before) * 1000))
+        offsets[name] = seconds * 1000 + micros // 1000 - round((before + after) * 500)
+    now = round(time.time() * 1000)
+    return {name: now + offset for name, offset in offsets.items()}, now, slowest
+
+
+def diagnose(
+    url: str, namespace: str, min_replicas: int, shards: int | None = None
+) -> list[Finding]:
+    """Every check against the deployment at ``url`` (raises ``RedisError`` when a node
+    cannot be reached)."""
+    deployment = _connect(url)
+    try:
+        servers = {n: _info(c, "server") or {} for n, c in deployment.nodes.items()}
+        findings = [health.version_finding(servers)]
+        memory = {n: _info(c, "memory") for n, c in deployment.primaries.items()}
+        findings.append(
+            health.eviction_finding(
+                {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
+            )
+        )
+        persistence = {n: _info(c, "persistence") or {} for n, c in deployment.primaries.items()}
+        saves = {n: _save_rule(c) for n, c in deployment.primaries.items()}
+        findings.append(health.persistence_finding(persistence, saves))
+        replication = {n: _info(c, "replication") or {} for n, c in deployment.primaries.items()}
+        findings.append(health.replicas_finding(replication, min_replicas))
+        findings.append(_slots(deployment))
+        findings.append(
+            health.namespace_finding(namespace, _namespace_shards(deployment, namespace), shards)
+        )
+        findings.append(health.scripts_finding(_failed_scripts(deployment.primaries)))
+        findings.append(health.clock_finding(*_clocks(deployment.nodes)))
+        return findings
+    finally:
+        deployment.close()
+
+
+def _slots(deployment: _Deployment) -> Finding:
+    if not deployment.cluster:
+        return health.slots_finding(None, {})
+    served = {}
+    states = {}
+    for name, client in deployment.nodes.items():
+        raw = client.execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call,unused-ignore]
+        served[name] = (
+            list(raw)  # redis-py parses it into {(low, high): nodes}
+            if isinstance(raw, dict)
+            else [(int(entry[0]), int(entry[1])) for entry in raw]
+        )
+        state = client.cluster("INFO").get("cluster_state", "")
+        states[name] = state.decode() if isinstance(state, bytes) else str(state)
+    return health.slots_finding(served, states)
+
+
+def _namespace_shards(deployment: _Deployment, namespace: str) -> int | None:
+    if not deployment.cluster:
+        return stored_shards(deployment.seed, namespace)
+    with redis.RedisCluster.from_url(
+        _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
+    ) as cluster:
+        return stored_shards(cluster, namespace)
+
+
+def _node_url(deployment: _Deployment) -> str:
+    kwargs = deployment.seed.connection_pool.connection_kwargs
+    user, password = kwargs.get("username"), kwargs.get("password")
+    creds = f"{user or ''}:{password}@" if password else ""
+    scheme = (
+        "rediss" if "SSL" in deployment.seed.connection_pool.connection_class.__name__ else "redis"
+    )
+    return f"{scheme}://{creds}{kwargs['host']}:{kwargs['port']}/0"
+
+
+_STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
+
+
+@click.command("doctor")
+@connection_options
+@click.option(
+    "--min-replicas",
+    envvar="SETTLE_MIN_REPLICAS",
+    type=click.IntRange(0, None),
+    default=0,
+    show_default=True,
+    help="The min_replicas your settlers use (env SETTLE_MIN_REPLICAS).",
+)
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@json_option
+def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> None:
+    """Check a Redis or Valkey deployment for settle: version, eviction policy, persistence,
+    replicas, cluster slots, the namespace, scripts and clocks. Exit 1 on a failed check
+    (--strict: on a warning too)."""
+    try:
+        findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
+    except (RedisError, OSError) as exc:
+        fail(
+            f"cannot reach Redis at {_redacted(conn.url)} ({type(exc).__name__}: {exc})",
+            EXIT_UNAVAILABLE,
+        )
+    failed = any(f.status is Status.FAIL for f in findings)
+    warned = any(f.status is Status.WARN for f in findings)
+    if as_json:
+        print_json(
+            {
+                "url": _redacted(conn.url),
+                "namespace": conn.namespace,
+                "ok": not failed and not (strict and warned),
+                "checks": [f.as_dict() for f in findings],
+            }
+        )
+    else:
+        table = Table(title=f"settle doctor: {_redacted(conn.url)}", title_justify="left")
+        for column in ("check", "status", "seen", "what to change"):
+            table.add_column(column, overflow="fold")
+        for f in findings:
+            status = f"[{_STYLE[f.status]}]{f.status.value}[/]"
+            table.add_row(f.check, status, f.detail, f.fix)
+        console().print(table)
+    sys.exit(EXIT_FAILED if failed or (strict and warned) else EXIT_OK)

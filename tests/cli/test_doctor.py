@@ -1,0 +1,158 @@
+"""``settle doctor`` through the installed console script, against real servers started with
+each bad setting: an evicting policy, no persistence, too few replicas, unserved cluster
+slots, a user that may not load scripts; and a deployment that passes every check."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from settle import Settler
+from settle.embedded import EmbeddedRedis, find_redis_server
+from tests.cli.conftest import settle
+from tests.cluster.cluster_support import LocalCluster
+
+
+def _doctor(url: str, *args: str) -> tuple[int, dict[str, Any]]:
+    done = settle("doctor", "--redis-url", url, *args, "--json")
+    assert done.stderr == ""
+    report = json.loads(done.stdout)
+    return done.returncode, {c["check"]: c for c in report["checks"]}
+
+
+def _wait_replica(primary: EmbeddedRedis) -> None:
+    with redis.Redis.from_url(primary.url) as c:
+        deadline = time.monotonic() + 10
+        while int(c.execute_command("WAIT", 1, 200)) < 1:
+            assert time.monotonic() < deadline, "the replica never synced"
+
+
+@pytest.fixture(scope="module")
+def safe() -> Iterator[EmbeddedRedis]:
+    """AOF, one replica, noeviction, and a namespace in use: what docs/operations.md asks."""
+    primary = EmbeddedRedis(extra_args=["--appendonly", "yes"]).start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    try:
+        _wait_replica(primary)
+        with Settler.from_url(primary.url, namespace="payments", shards=8, min_replicas=1) as s:
+            s.check()
+        yield primary
+    finally:
+        replica.close()
+        primary.close()
+
+
+def test_a_safe_deployment_passes_every_check_even_strict(safe: EmbeddedRedis) -> None:
+    code, checks = _doctor(safe.url, "--namespace", "payments", "--min-replicas", "1", "--strict")
+    assert {name: c["status"] for name, c in checks.items()} == {
+        "version": "ok",
+        "eviction": "ok",
+        "persistence": "ok",
+        "replicas": "ok",
+        "cluster slots": "ok",
+        "namespace": "ok",
+        "scripts": "ok",
+        "clocks": "ok",
+    }
+    assert code == 0
+    kind = "Valkey" if "valkey" in Path(find_redis_server()).name else "Redis"
+    assert checks["version"]["detail"].startswith(kind)
+    assert "8 shards" in checks["namespace"]["detail"]
+    assert "1 on" in checks["replicas"]["detail"]
+
+
+def test_the_table_names_each_check_and_what_to_change() -> None:
+    with EmbeddedRedis() as server:
+        done = settle("doctor", "--redis-url", server.url)
+    assert done.returncode == 0  # warnings only
+    for words in ("version", "eviction", "persistence", "warn", "appendonly yes"):
+        assert words in done.stdout
+
+
+def test_an_evicting_policy_fails() -> None:
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server:
+        code, checks = _doctor(server.url)
+    assert code == 1
+    assert checks["eviction"]["status"] == "fail"
+    assert "allkeys-lru" in checks["eviction"]["detail"]
+    assert "noeviction" in checks["eviction"]["fix"]
+
+
+def test_no_persistence_warns_and_strict_makes_it_fail() -> None:
+    with EmbeddedRedis() as server:  # --save "" --appendonly no
+        code, checks = _doctor(server.url)
+        strict, _ = _doctor(server.url, "--strict")
+    assert checks["persistence"]["status"] == "warn"
+    assert "appendonly yes" in checks["persistence"]["fix"]
+    assert (code, strict) == (0, 1)
+
+
+def test_rdb_snapshots_only_warn() -> None:
+    with EmbeddedRedis(extra_args=["--save", "60", "1"]) as server:
+        _, checks = _doctor(server.url)
+    assert checks["persistence"]["status"] == "warn"
+    assert "RDB snapshots only" in checks["persistence"]["detail"]
+
+
+def test_a_shard_count_other_than_the_namespaces_fails(safe: EmbeddedRedis) -> None:
+    code, checks = _doctor(safe.url, "--namespace", "payments", "--shards", "4")
+    assert code == 1
+    assert checks["namespace"]["status"] == "fail"
+    assert "shards=8" in checks["namespace"]["fix"]
+
+
+def test_fewer_replicas_than_min_replicas_fails(safe: EmbeddedRedis) -> None:
+    code, checks = _doctor(safe.url, "--namespace", "payments", "--min-replicas", "2")
+    assert code == 1
+    assert checks["replicas"]["status"] == "fail"
+    assert "min_replicas is 2" in checks["replicas"]["detail"]
+
+
+def test_a_user_that_may_not_load_scripts_fails() -> None:
+    with EmbeddedRedis() as server:
+        with redis.Redis.from_url(server.url) as raw:
+            raw.acl_setuser(
+                "app",
+                enabled=True,
+                passwords=["+pw"],
+                keys=["*"],
+                commands=["+@all", "-@scripting"],
+            )
+        code, checks = _doctor(f"redis://app:pw@127.0.0.1:{server.port}/0")
+    assert code == 1
+    assert checks["scripts"]["status"] == "fail"
+    assert "+@scripting" in checks["scripts"]["fix"]
+
+
+def test_a_cluster_with_unserved_slots_fails() -> None:
+    cluster = LocalCluster(primaries=3).start()
+    try:
+        code, checks = _doctor(cluster.url)
+        assert checks["cluster slots"]["status"] == "ok"
+        assert "3 nodes" in checks["cluster slots"]["detail"]
+        assert "oldest of 3 nodes" in checks["version"]["detail"]
+        assert code == 0
+        with cluster.client(2) as c:
+            c.execute_command("CLUSTER DELSLOTS", *range(16000, 16384))
+        deadline = time.monotonic() + 10
+        while True:
+            code, checks = _doctor(cluster.url)
+            if checks["cluster slots"]["status"] == "fail" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert code == 1
+        assert "16000-16383" in checks["cluster slots"]["detail"]
+    finally:
+        cluster.close()
+
+
+def test_an_unreachable_server_exits_3() -> None:
+    done = settle("doctor", "--redis-url", "redis://127.0.0.1:1/0")
+    assert done.returncode == 3
+    assert "cannot reach Redis" in done.stderr

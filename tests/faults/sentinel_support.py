@@ -1,0 +1,119 @@
+"""A real Redis Sentinel on a loopback port: the same redis-server binary run with
+``--sentinel`` over a config file that monitors one primary (quorum 1, a short
+``down-after-milliseconds`` so a killed primary is failed over in a few seconds); and
+:func:`sentinel_deployment`, a primary, a replica behind a link that can be cut, and a
+Sentinel (the fault tests and the benchmarks' deployment rows use it)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from settle.embedded import EmbeddedRedis, free_port
+from tests.faults.tcp_proxy import FaultyProxy
+
+SERVICE = "settle-primary"
+DOWN_AFTER_MS = 1000
+
+
+class LocalSentinel(EmbeddedRedis):
+    """``LocalSentinel(primary_port).start()``; ``primary()`` is the address it names now."""
+
+    def __init__(self, primary_port: int) -> None:
+        super().__init__(port=free_port())
+        conf = Path(self.directory) / "sentinel.conf"
+        conf.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.directory}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        self._conf = conf
+
+    def start(self, timeout: float = 10.0) -> LocalSentinel:
+        log = (self.directory / "redis.log").open("ab")
+        self.process = subprocess.Popen(
+            [self.binary, str(self._conf), "--sentinel", "--loglevel", "notice"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ping():
+                return self
+            time.sleep(0.02)
+        raise RuntimeError("the sentinel did not answer")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=2)
+
+    def primary(self) -> int:
+        with self.client() as c:
+            _, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+            return int(port)
+
+    def replicas(self) -> int:
+        with self.client() as c:
+            return len(c.execute_command("SENTINEL", "REPLICAS", SERVICE))
+
+    def wait(self, ready: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.05)
+        log = (self.directory / "redis.log").read_text(errors="replace")[-1500:]
+        raise AssertionError(f"sentinel: {what} not within {timeout} s\n{log}")
+
+
+def acknowledges(primary: EmbeddedRedis) -> bool:
+    """One replica has every write of ``primary`` (``WAIT 1``)."""
+    with redis.Redis(port=primary.port) as c:
+        return int(c.execute_command("WAIT", 1, 200)) >= 1
+
+
+@dataclass
+class SentinelDeployment:
+    primary: EmbeddedRedis
+    replica: EmbeddedRedis
+    sentinel: LocalSentinel
+    link: FaultyProxy  # the replica reaches its primary through it: close() cuts replication
+
+    @property
+    def sentinels(self) -> list[str]:
+        return [f"127.0.0.1:{self.sentinel.port}"]
+
+
+@contextmanager
+def sentinel_deployment() -> Iterator[SentinelDeployment]:
+    """A primary, its replica (in sync) and a Sentinel that knows both."""
+    primary = EmbeddedRedis().start()
+    link = FaultyProxy(primary.port).start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(link.port)]).start()
+    sentinel: LocalSentinel | None = None
+    try:
+        deadline = time.monotonic() + 10
+        while not acknowledges(primary):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica never synced")
+            time.sleep(0.05)
+        sentinel = LocalSentinel(primary.port).start()
+        running = sentinel
+        running.wait(lambda: running.replicas() == 1, "replica seen")
+        yield SentinelDeployment(primary, replica, sentinel, link)
+    finally:
+        if sentinel is not None:
+            sentinel.close()
+        link.close()
+        replica.close()
+        primary.close()

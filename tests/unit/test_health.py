@@ -1,0 +1,43 @@
+"""The deployment rules of ``settle._runtime.health`` on replies no test server can produce
+(clocks that disagree, a denied INFO); the servers' own replies are judged in
+tests/cli/test_doctor.py and tests/faults/test_faults_eviction.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from settle import ConfigurationError
+from settle._runtime import health
+from settle._runtime.health import Status
+from tests.faults.test_faults_eviction import EVICTING
+
+
+def test_clocks_that_disagree_between_nodes_fail_and_a_slow_round_trip_is_not_skew() -> None:
+    now = 1_000_000
+    far = health.clock_finding({"a": now, "b": now + 6_000}, now, 1)
+    assert far.status is Status.FAIL
+    assert "NTP" in far.fix
+    near = health.clock_finding({"a": now, "b": now + 800}, now, 1)
+    assert near.status is Status.WARN
+    slow = health.clock_finding({"a": now, "b": now + 800}, now, 900)
+    assert slow.status is Status.OK
+    local = health.clock_finding({"a": now + 6_000}, now, 1)
+    assert local.status is Status.WARN
+
+
+def test_every_allkeys_and_volatile_policy_evicts_and_noeviction_does_not() -> None:
+    for policy in EVICTING:
+        assert health.is_evicting(policy)
+        with pytest.raises(ConfigurationError, match=policy):
+            health.check_eviction({"n": policy}, allow=False)
+        assert health.check_eviction({"n": policy}, allow=True).allowed == (policy,)
+    assert not health.is_evicting("noeviction")
+    verdict = health.check_eviction({"n": "noeviction", "m": None}, allow=False)
+    assert verdict == health.EvictionWarnings(allowed=(), unread=("m",))
+
+
+def test_a_denied_info_is_a_warning_in_doctor() -> None:
+    assert health.eviction_finding({"n": None}).status is Status.WARN
+    assert health.persistence_finding({"n": {"aof_enabled": 0}}, {"n": None}).status is (
+        Status.WARN
+    )
