@@ -37,7 +37,10 @@ SCRIPTS = ScriptSet(
             "quarantine_resolve",
             "quarantine_trim",
             "namespace",
-            "claim",
+            # Not "claim": a claim needs no WAIT. One lost in a failover reads as
+            # 'unclaimed' on the next write, which checks the metadata and claims again; and
+            # the next WAITed write on that server covers it anyway. Reads keep working on a
+            # settler started while its replica is down.
         }
     ),
 )
