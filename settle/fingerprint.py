@@ -8,11 +8,13 @@ being coerced, so two different requests can never share a fingerprint by accide
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic_core
 import rfc8785
 from pydantic import BaseModel
 
@@ -55,6 +57,8 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
         return value
     if isinstance(value, BaseModel):
         return _to_json_value(value.model_dump(mode="json"), walk, depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _to_json_value(_dataclass_json(value), walk, depth + 1)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Mapping):
@@ -77,10 +81,22 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
     )
 
 
+def _dataclass_json(value: Any) -> Any:
+    """A dataclass instance in JSON mode, field by field, as pydantic dumps a model (its
+    fields as pydantic would dump them: datetimes as ISO strings, nested models...)."""
+    try:
+        return pydantic_core.to_jsonable_python(
+            value, bytes_mode="base64", inf_nan_mode="constants"
+        )
+    except pydantic_core.PydanticSerializationError as exc:
+        raise FingerprintError(f"{type(value).__name__} has no canonical JSON form: {exc}") from exc
+
+
 def canonical_json(value: Any) -> bytes:
     """Return the RFC 8785 canonical JSON bytes of ``value``.
 
-    Pydantic models are dumped with ``mode="json"`` first; bytes become base64 strings.
+    Pydantic models are dumped with ``mode="json"`` first, and dataclass instances the
+    same way (pydantic's JSON mode, field by field); bytes become base64 strings.
     Raises :class:`FingerprintError` for NaN, infinities, sets and unknown objects.
     """
     walk = _Walk()
