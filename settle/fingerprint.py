@@ -27,6 +27,23 @@ __all__ = ["FINGERPRINT_VERSION", "canonical_json", "fingerprint"]
 FINGERPRINT_VERSION = 1
 
 _MAX_DEPTH = 64
+#: Values :func:`_to_json_value` converts itself (sets are refused there, not converted).
+_JSON_TYPES = (
+    type(None),
+    bool,
+    str,
+    int,
+    float,
+    BaseModel,
+    bytes,
+    bytearray,
+    memoryview,
+    Mapping,
+    list,
+    tuple,
+    set,
+    frozenset,
+)
 _SAFE_INT = 2**53 - 1
 
 
@@ -81,15 +98,22 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
     )
 
 
-def _dataclass_json(value: Any) -> Any:
-    """A dataclass instance in JSON mode, field by field, as pydantic dumps a model (its
-    fields as pydantic would dump them: datetimes as ISO strings, nested models...)."""
-    try:
-        return pydantic_core.to_jsonable_python(
-            value, bytes_mode="base64", inf_nan_mode="constants"
-        )
-    except pydantic_core.PydanticSerializationError as exc:
-        raise FingerprintError(f"{type(value).__name__} has no canonical JSON form: {exc}") from exc
+def _dataclass_json(value: Any) -> dict[str, Any]:
+    """A dataclass instance as an object of its fields, each converted as in a request; a
+    field value that is no JSON type (a datetime, a UUID, an enum...) is dumped as pydantic
+    dumps it in JSON mode. Sets stay refused: their order differs between processes."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(value):
+        item = getattr(value, f.name)
+        if not isinstance(item, _JSON_TYPES) and not dataclasses.is_dataclass(item):
+            try:
+                item = pydantic_core.to_jsonable_python(item, bytes_mode="base64")
+            except pydantic_core.PydanticSerializationError as exc:
+                raise FingerprintError(
+                    f"{type(value).__name__}.{f.name} has no canonical JSON form: {exc}"
+                ) from exc
+        out[f.name] = item
+    return out
 
 
 def canonical_json(value: Any) -> bytes:
