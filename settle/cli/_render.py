@@ -82,7 +82,8 @@ def new_table(title: object = None, **options: Any) -> Table:
 
 def console(*, stderr: bool = False) -> Console:
     """A console that does not squeeze tables to 80 columns when output is piped, and
-    interprets nothing it prints: no markup, no emoji codes, no highlighting."""
+    interprets nothing it prints: no markup, no emoji codes, no highlighting (style with
+    :class:`rich.text.Text`)."""
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else max(shutil.get_terminal_size((200, 24)).columns, 200)
     return Console(

@@ -62,7 +62,11 @@ def _start(settler: Settler, since: datetime | Ago | None) -> datetime | None:
 @_filters
 @_since
 @click.option(
-    "--limit", type=click.IntRange(1, 100_000), default=50, show_default=True, help="At most."
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=50,
+    show_default=True,
+    help="At most this many entries in all (the newest), across shards.",
 )
 @connection_options
 @json_option
