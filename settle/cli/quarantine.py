@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -224,7 +225,11 @@ def export(
             unresolved=unresolved,
         )
         if output is None:
-            count = _write(sys.stdout, entries, limit, show_progress)
+            try:
+                _write(sys.stdout, entries, limit, show_progress)
+                sys.stdout.flush()
+            except BrokenPipeError:  # the reader stopped (| head): a normal end, exit 0
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
         with output.open("w", encoding="utf-8") as fh:
             count = _write(fh, entries, limit, show_progress)

@@ -220,6 +220,16 @@ def test_export_and_stats_stream_past_100k_in_bounded_memory(
     assert peak_kib < 150 * 1024, f"export peaked at {peak_kib // 1024} MiB"
     first, last = json.loads(lines[0]), json.loads(lines[-1])
     assert _stream_id(first["id"]) < _stream_id(last["id"])  # oldest first
+    head = subprocess.run(  # a reader that stops early ends the export quietly
+        f"{SETTLE} quarantine export {' '.join(args)} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        check=False,
+    )
+    assert len(head.stdout.splitlines()) == 1
+    assert head.stderr == ""
     limited = settle("quarantine", "export", "--limit", "3", *args)
     assert len(limited.stdout.splitlines()) == 3
     report = settle_json("stats", *args)
