@@ -176,3 +176,32 @@ def test_on_replay_tells_the_caller_a_result_was_replayed(any_settler: Settler) 
 
     with pytest.raises(InvalidInput, match="on_replay must be a callable"):
         any_settler.operation(key="x", principal=P, on_replay="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_the_async_decorator_keeps_functions_apart_and_reports_replays() -> None:
+    from settle.testing import AsyncMemorySettler  # noqa: PLC0415
+
+    settler = AsyncMemorySettler(namespace="identity-async")
+    replayed: list[str] = []
+
+    @settler.operation(
+        key="order:{n}", principal=P, on_replay=lambda r: replayed.append(r.operation_id)
+    )
+    async def charge(n: int) -> str:
+        return f"charged {n}"
+
+    @settler.operation(key="order:{n}", principal=P)
+    async def refund(n: int) -> str:
+        return f"refunded {n}"
+
+    assert await charge(1) == "charged 1"
+    assert await charge(1) == "charged 1"
+    assert replayed == ["order:1"]
+    with pytest.raises(FingerprintMismatch):
+        await refund(1)
+    with pytest.raises(InvalidInput, match="no return annotation"):
+
+        @settler.operation(key="k:{n}", principal=P)
+        async def untyped(n):  # type: ignore[no-untyped-def]
+            return n
