@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from settle.errors import InvalidInput
 
 __all__ = ["SettleConfig"]
+
+
+def _invalid(exc: ValidationError) -> InvalidInput:
+    """pydantic's verdict as settle's typed error: one clause per bad field."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+    )
+    return InvalidInput(f"invalid SettleConfig: {problems}")
 
 
 class SettleConfig(BaseModel):
@@ -14,6 +26,10 @@ class SettleConfig(BaseModel):
     error at start-up (re-sharding would move records to other keys and lose them).
     ``retention`` must cover the whole retry and fencing horizon: a record that expired
     cannot replay, and a late response for it is quarantined as ``unknown_operation``.
+
+    A bad value raises :class:`~settle.errors.InvalidInput` (a ``SettleError`` and a
+    ``ValueError``, as pydantic's ``ValidationError`` is), naming each bad field; the
+    ``ValidationError`` is its ``__cause__``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -37,6 +53,26 @@ class SettleConfig(BaseModel):
     """Accept a server whose ``maxmemory-policy`` may evict settle's records (refused at
     start-up otherwise; a warning is logged once). An evicted completed record runs its
     operation again: use ``noeviction``."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _invalid(exc) from exc
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> SettleConfig:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise _invalid(exc) from exc
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> SettleConfig:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise _invalid(exc) from exc
 
     @model_validator(mode="after")
     def _retention_covers_lease(self) -> SettleConfig:

@@ -8,11 +8,13 @@ being coerced, so two different requests can never share a fingerprint by accide
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic_core
 import rfc8785
 from pydantic import BaseModel
 
@@ -25,6 +27,23 @@ __all__ = ["FINGERPRINT_VERSION", "canonical_json", "fingerprint"]
 FINGERPRINT_VERSION = 1
 
 _MAX_DEPTH = 64
+#: Values :func:`_to_json_value` converts itself (sets are refused there, not converted).
+_JSON_TYPES = (
+    type(None),
+    bool,
+    str,
+    int,
+    float,
+    BaseModel,
+    bytes,
+    bytearray,
+    memoryview,
+    Mapping,
+    list,
+    tuple,
+    set,
+    frozenset,
+)
 _SAFE_INT = 2**53 - 1
 
 
@@ -55,6 +74,8 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
         return value
     if isinstance(value, BaseModel):
         return _to_json_value(value.model_dump(mode="json"), walk, depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _to_json_value(_dataclass_json(value), walk, depth + 1)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Mapping):
@@ -77,10 +98,29 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
     )
 
 
+def _dataclass_json(value: Any) -> dict[str, Any]:
+    """A dataclass instance as an object of its fields, each converted as in a request; a
+    field value that is no JSON type (a datetime, a UUID, an enum...) is dumped as pydantic
+    dumps it in JSON mode. Sets stay refused: their order differs between processes."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(value):
+        item = getattr(value, f.name)
+        if not isinstance(item, _JSON_TYPES) and not dataclasses.is_dataclass(item):
+            try:
+                item = pydantic_core.to_jsonable_python(item, bytes_mode="base64")
+            except pydantic_core.PydanticSerializationError as exc:
+                raise FingerprintError(
+                    f"{type(value).__name__}.{f.name} has no canonical JSON form: {exc}"
+                ) from exc
+        out[f.name] = item
+    return out
+
+
 def canonical_json(value: Any) -> bytes:
     """Return the RFC 8785 canonical JSON bytes of ``value``.
 
-    Pydantic models are dumped with ``mode="json"`` first; bytes become base64 strings.
+    Pydantic models are dumped with ``mode="json"`` first, and dataclass instances the
+    same way (pydantic's JSON mode, field by field); bytes become base64 strings.
     Raises :class:`FingerprintError` for NaN, infinities, sets and unknown objects.
     """
     walk = _Walk()

@@ -98,8 +98,26 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _non_finite(data: bytes) -> str | None:
+    """The first NaN / Infinity / -Infinity token in pydantic's JSON, if any (a string that
+    merely contains the word is not one)."""
+    if b"NaN" not in data and b"Infinity" not in data:  # the common case, in C
+        return None
+    try:
+        json.loads(data, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
-    """Serialize a result with pydantic; ``bytes`` pass through unchanged."""
+    """Serialize a result with pydantic; ``bytes`` pass through unchanged. NaN and the
+    infinities have no JSON form and are refused, as they are in requests: nothing is
+    written (they would be stored as invalid JSON and replayed as something else)."""
     if isinstance(result, bytes):
         data = result
     else:
@@ -109,6 +127,12 @@ def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
             raise FingerprintError(
                 f"result cannot be serialized to JSON: {exc}", operation_id=operation_id
             ) from exc
+        constant = _non_finite(data)
+        if constant is not None:
+            raise FingerprintError(
+                f"result holds {constant}, which has no JSON form; store it as a string or None",
+                operation_id=operation_id,
+            )
     if len(data) > limit:
         raise ResultTooLarge(
             f"result is {len(data)} bytes, over the {limit}-byte limit; store a reference "

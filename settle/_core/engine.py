@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from settle._core import codec
-from settle._core.keys import Keys, check_binding, check_operation_id, shard_of
+from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
 from settle._log import binding_digest, logger
 from settle._runtime.calls import Call
 from settle.config import SettleConfig
@@ -46,10 +46,17 @@ from settle.models import (
     ms_to_datetime,
 )
 
-__all__ = ["Call", "Core", "QuarantineFollower", "QuarantineQuery", "QuarantineTrim"]
+__all__ = [
+    "Call",
+    "Core",
+    "QuarantineFollower",
+    "QuarantineQuery",
+    "QuarantineScan",
+    "QuarantineTrim",
+]
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 _MAX_REASON = 256
 _QUARANTINE_SCAN_BUDGET = 4096
@@ -70,6 +77,12 @@ def _check_reason(reason: object, operation_id: str) -> str:
     if not isinstance(reason, str) or not 1 <= len(reason) <= _MAX_REASON:
         raise InvalidInput(
             f"reason must be a str of 1 to {_MAX_REASON} characters", operation_id=operation_id
+        )
+    if has_control(reason):
+        raise InvalidInput(
+            "reason must not contain control characters or line separators (it is shown to "
+            "operators as it is)",
+            operation_id=operation_id,
         )
     return reason
 
@@ -476,8 +489,7 @@ class Core:
     ) -> QuarantineQuery:
         if not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput("limit must be an int from 1 to 100000")
-        low = f"{_ms(since)}-0" if since else "-"
-        high = f"{_ms(until)}-{2**64 - 1}" if until else "+"
+        low, high = _stream_range(since, until)
         return QuarantineQuery(
             self,
             self._shards_for(operation_id),
@@ -486,6 +498,26 @@ class Core:
             high,
             limit,
             newest_first,
+        )
+
+    def quarantine_scan(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        unresolved: bool = False,
+    ) -> QuarantineScan:
+        """Every matching entry, oldest first, read in pages: memory stays bounded by
+        :data:`SCAN_HELD` entries whatever the quarantine holds."""
+        low, high = _stream_range(since, until)
+        return QuarantineScan(
+            self,
+            self._shards_for(operation_id),
+            _Filter.of(kind, operation_id, unresolved),
+            low,
+            high,
         )
 
     def quarantine_follower(
@@ -505,8 +537,15 @@ class Core:
         if not isinstance(ref, str):
             raise InvalidInput("quarantine id must be a str such as '3/1733130000000-0'")
         shard_text, _, entry_id = ref.rpartition("/")
-        if not _STREAM_ID.match(entry_id) or (shard_text and not shard_text.isdigit()):
+        if not _STREAM_ID.fullmatch(entry_id) or (
+            shard_text and not (shard_text.isascii() and shard_text.isdigit())
+        ):
             raise InvalidInput(f"{ref!r} is not a quarantine id (shard/ms-seq or ms-seq)")
+        if any(int(part) >= 2**64 for part in entry_id.split("-")):
+            raise InvalidInput(
+                f"{ref!r} is not a quarantine id: both numbers of a stream id (ms-seq) are "
+                "below 2^64; copy the id as it is listed"
+            )
         shards = [int(shard_text)] if shard_text else list(range(self.keys.shards))
         if any(s >= self.keys.shards for s in shards):
             raise QuarantineNotFound(f"no quarantine entry {ref!r} in this namespace")
@@ -528,6 +567,12 @@ class Core:
     def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
         if not isinstance(note, str) or not 1 <= len(note) <= 4096:
             raise InvalidInput("note must be a str of 1 to 4096 characters")
+        if has_control(note):
+            raise InvalidInput(
+                "note must not contain control characters or line breaks: write it on one "
+                "line (it is kept with the evidence and shown to operators as it is)",
+                operation_id=entry.operation_id,
+            )
         keys, args = self._guarded(
             entry.shard,
             (self.keys.quarantine(entry.shard), self.keys.resolutions(entry.shard)),
@@ -643,6 +688,13 @@ def _fingerprint_of(request: Any, op: str) -> str:
         raise
 
 
+def _stream_range(since: datetime | None, until: datetime | None) -> tuple[str, str]:
+    """XRANGE bounds of ``[since, until]`` (either end open when None)."""
+    low = f"{_ms(since)}-0" if since else "-"
+    high = f"{_ms(until)}-{2**64 - 1}" if until else "+"
+    return low, high
+
+
 def _ms(when: datetime) -> int:
     if when.tzinfo is None:
         raise InvalidInput("since/until must be timezone-aware datetimes")
@@ -730,6 +782,71 @@ class QuarantineQuery:
         merged = [e for entries in self._found.values() for e in entries]
         merged.sort(key=_id_key, reverse=self._newest)
         return merged[: self._limit]
+
+
+#: At most this many entries are held by a :class:`QuarantineScan` across its shards.
+SCAN_HELD = 512
+
+
+class QuarantineScan:
+    """Every matching entry of every shard, oldest first, in bounded memory.
+
+    Drive it with ``while not s.finished: calls = s.calls(); if calls: s.feed(calls,
+    run_many(calls)); yield from s.ready()``. Each shard is read a page at a time (at most
+    ``SCAN_HELD // shards`` entries, at least 4); an entry is handed out once every shard
+    still being read has a page that starts after it, so the merge is in order.
+    """
+
+    def __init__(self, core: Core, shards: list[int], flt: _Filter, low: str, high: str) -> None:
+        self._core = core
+        self._filter = flt
+        self._high = high
+        self._page = max(4, SCAN_HELD // max(1, len(shards)))
+        self._low: dict[int, str] = dict.fromkeys(shards, low)
+        self._held: dict[int, list[QuarantineEntry]] = {s: [] for s in shards}
+        self._open = set(shards)  # shards not read to the end yet
+
+    @property
+    def finished(self) -> bool:
+        return not self._open and not any(self._held.values())
+
+    def calls(self) -> list[Call]:
+        """A page of every open shard that holds nothing."""
+        return [
+            self._core._read_call(
+                s,
+                self._low[s],
+                self._high,
+                self._page,
+                _QUARANTINE_SCAN_BUDGET,
+                self._filter,
+                False,
+            )
+            for s in sorted(self._open)
+            if not self._held[s]
+        ]
+
+    def feed(self, calls: list[Call], raws: list[Any]) -> None:
+        for call, raw in zip(calls, raws, strict=True):
+            assert call.shard is not None
+            reply = codec.parse_reply(raw)
+            self._held[call.shard].extend(self._core._entries(call, reply))
+            if reply.code == "done":
+                self._open.discard(call.shard)
+            else:
+                self._low[call.shard] = f"({reply.detail}"
+
+    def ready(self) -> list[QuarantineEntry]:
+        """Entries that can be handed out in order now (the oldest first)."""
+        out: list[QuarantineEntry] = []
+        while True:
+            if any(not self._held[s] for s in self._open):
+                return out  # an open shard must be read before anything newer goes out
+            heads = [s for s, held in self._held.items() if held]
+            if not heads:
+                return out
+            first = min(heads, key=lambda s: _id_key(self._held[s][0]))
+            out.append(self._held[first].pop(0))
 
 
 class QuarantineTrim:

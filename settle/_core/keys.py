@@ -12,16 +12,24 @@ from dataclasses import dataclass
 
 from settle.errors import InvalidInput
 
-__all__ = ["MAX_BINDING_CHARS", "MAX_OPERATION_ID_CHARS", "Keys", "shard_of"]
+__all__ = ["MAX_BINDING_CHARS", "MAX_OPERATION_ID_CHARS", "Keys", "has_control", "shard_of"]
 
 MAX_OPERATION_ID_CHARS = 256
 MAX_BINDING_CHARS = 1024
 
 
-def _has_control(text: str) -> bool:
+#: Refused in operation ids, principals, reasons and notes: control characters (C0, C1,
+#: DEL), format characters (bidi overrides, zero-width joiners), surrogates, and the line
+#: and paragraph separators U+2028 / U+2029 (the other Unicode line breaks, CR, LF, VT,
+#: FF and NEL, are control characters already).
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a character that :data:`_REFUSED_CATEGORIES` refuses."""
     if text.isascii():  # the common case, in C: printable ASCII has no control character
         return not text.isprintable()
-    return any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in text)
+    return any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in text)
 
 
 def check_operation_id(operation_id: object) -> str:
@@ -33,9 +41,11 @@ def check_operation_id(operation_id: object) -> str:
             f"got {len(operation_id)}",
             operation_id=operation_id[:MAX_OPERATION_ID_CHARS] or None,
         )
-    if _has_control(operation_id):
+    if has_control(operation_id):
         raise InvalidInput(
-            "operation id must not contain control characters", operation_id=operation_id
+            "operation id must not contain control characters or line separators "
+            "(U+0000-U+001F, U+007F-U+009F, U+2028, U+2029, format characters)",
+            operation_id=operation_id,
         )
     return operation_id
 
@@ -49,7 +59,7 @@ def check_binding(binding: object, operation_id: str | None = None) -> str:
         raise InvalidInput(
             f"principal must be 1 to {MAX_BINDING_CHARS} characters", operation_id=operation_id
         )
-    if _has_control(binding):
+    if has_control(binding):
         raise InvalidInput(
             "principal must not contain control characters", operation_id=operation_id
         )

@@ -20,6 +20,7 @@ from settle.decorator._sync import (
     Operation,
     KeySpec,
     PrincipalSpec,
+    ReplayHook,
     RequestSpec,
     RetrySpec,
     TerminalSpec,
@@ -187,6 +188,8 @@ class Settler(Connectable):
         retry: RetrySpec | None = None,
         terminal: TerminalSpec = (),
         wait: float = 5.0,
+        name: str | None = None,
+        on_replay: ReplayHook | None = None,
     ) -> Operation:
         """Decorate a retryable outbound call so that each operation settles once (SPEC 6).
 
@@ -201,6 +204,12 @@ class Settler(Connectable):
         (default: 3 attempts, exponential backoff with jitter). ``terminal``: exception
         types stored with ``fail`` and replayed as ``OperationFailed``. ``wait``: seconds to
         wait for another attempt that holds the lease before ``OperationInProgress``.
+        ``name``: the function's identity in the fingerprint (default ``module.qualname``):
+        functions with colliding keys get ``FingerprintMismatch``, never each other's
+        results; give two functions the same ``name`` to share operations on purpose.
+        ``on_replay``: called with the stored ``OperationRecord`` when a call's outcome is
+        replayed rather than computed. The function needs a return annotation or
+        ``result_type`` (``InvalidInput`` at decoration otherwise).
         See docs/outbound-calls.md.
         """
         options = Options(
@@ -214,6 +223,8 @@ class Settler(Connectable):
             retry=retry,
             terminal=terminal,
             wait=wait,
+            name=name,
+            on_replay=on_replay,
         )
         return Operation(self, options)
 
@@ -252,6 +263,27 @@ class Quarantine:
         while calls := query.calls():
             query.feed(calls, self._run_many(calls))
         return query.result()
+
+    def scan(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        unresolved: bool = False,
+    ) -> Iterator[QuarantineEntry]:
+        """Every matching entry, oldest first, with no cap: read a page at a time, so
+        memory stays bounded (a few hundred entries) however long the quarantine is."""
+        scan = self._settler._core.quarantine_scan(
+            kind=kind, operation_id=operation_id, since=since, until=until, unresolved=unresolved
+        )
+        while not scan.finished:
+            calls = scan.calls()
+            if calls:
+                scan.feed(calls, self._run_many(calls))
+            for entry in scan.ready():
+                yield entry
 
     def get(self, quarantine_id: str) -> QuarantineEntry:
         """One entry by ``shard/id`` (as in ``Settlement.quarantine_id``) or a bare id."""

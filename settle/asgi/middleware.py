@@ -95,10 +95,14 @@ class IdempotencyMiddleware:
                     await send_response(send, step.response)
                     return
                 case Identify():
-                    principal = self.policy.principal(scope)
-                    if inspect.isawaitable(principal):
-                        principal = await principal
-                    step = guard.identified(principal)
+                    try:
+                        principal = self.policy.principal(scope)
+                        if inspect.isawaitable(principal):
+                            principal = await principal
+                    except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
+                        step = guard.principal_failed(exc)
+                    else:
+                        step = guard.identified(principal)
                 case ReadBody():
                     try:
                         body = await read_body(scope, receive, step.limit)

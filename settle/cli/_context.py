@@ -13,13 +13,14 @@ from typing import Any, NoReturn, TypeVar
 import click
 import structlog
 from pydantic import ValidationError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from settle._core.keys import Keys
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from settle._sync.settler import Settler
+from settle.cli._render import visible
 from settle.config import SettleConfig
 from settle.demo.server import client_of
 from settle.errors import (
@@ -49,6 +50,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_URL = "redis://localhost:6379/0"
+_MAX_SHARDS = 4096
 DEFAULT_NAMESPACE = "default"
 
 
@@ -94,7 +96,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
     @click.option(
         "--shards",
         envvar="SETTLE_SHARDS",
-        type=click.IntRange(1, 4096),
+        type=click.IntRange(1, _MAX_SHARDS),
         default=None,
         help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
         "namespace's stored count when not given, and refuse a different one.",
@@ -111,8 +113,8 @@ def json_option(fn: F) -> F:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr and exit with ``code``."""
-    click.echo(f"settle: {message}", err=True)
+    """Print one line on stderr (control characters made visible) and exit with ``code``."""
+    click.echo(f"settle: {visible(message)}", err=True)
     sys.exit(code)
 
 
@@ -138,6 +140,8 @@ def errors_as_exit_codes(conn: Connection | None = None) -> Iterator[None]:
         where = f" at {_redacted(conn.url)}" if conn is not None else ""
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        if exc.code:  # Redis answered, with an error: it was reached
+            fail(f"Redis{where} refused the command ({_one_line(detail)})", EXIT_UNAVAILABLE)
         fail(f"cannot reach Redis{where} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
         fail(_one_line(str(exc)), exit_code_of(exc))
@@ -154,9 +158,32 @@ def _redacted(url: str) -> str:
 
 
 def stored_shards(client: Any, namespace: str) -> int | None:
-    """The shard count a namespace was created with, or None when it was never used."""
-    raw = client.hget(Keys(namespace, 1).meta, "shards")
-    return None if raw is None else int(raw)
+    """The shard count a namespace was created with, or None when it was never used.
+
+    Metadata that is not what settle writes (another type of key, a count that is not a
+    number from 1 to 4096) is a :class:`ConfigurationError` that names the key."""
+    meta = Keys(namespace, 1).meta
+    try:
+        raw = client.hget(meta, "shards")
+    except ResponseError as exc:
+        if not str(exc).startswith("WRONGTYPE"):
+            raise
+        raise ConfigurationError(
+            f"the metadata of namespace {namespace!r} is corrupt: key {meta!r} is not a hash "
+            "(something other than settle wrote it); inspect it with redis-cli TYPE / DUMP "
+            "before repairing or deleting it"
+        ) from exc
+    if raw is None:
+        return None
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= _MAX_SHARDS):
+        raise ConfigurationError(
+            f"the metadata of namespace {namespace!r} is corrupt: key {meta!r} field 'shards' "
+            f"is {text[:40]!r}, not a shard count from 1 to {_MAX_SHARDS}; settle never writes "
+            "that. Restore the count the namespace was created with (HSET), or use another "
+            "namespace"
+        )
+    return int(text)
 
 
 @contextlib.contextmanager
@@ -184,8 +211,11 @@ def settings(options: dict[str, Any]) -> SettleConfig:
     """The namespace's settings; a bad ``--namespace`` is :class:`InvalidInput` (exit 2)."""
     try:
         return SettleConfig(**options)
-    except ValidationError as exc:
-        problems = "; ".join(f"bad --{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+    except InvalidInput as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, ValidationError):
+            raise
+        problems = "; ".join(f"bad --{e['loc'][0]}: {e['msg']}" for e in cause.errors())
         raise InvalidInput(problems) from exc
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,26 +11,41 @@ import click
 
 from settle.models import QuarantineKind
 
-__all__ = ["KIND", "SINCE"]
+__all__ = ["KIND", "SINCE", "Ago", "since_on"]
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
+@dataclass(frozen=True, slots=True)
+class Ago:
+    """A duration before "now", where now is the server's clock (stream ids and record
+    times are server time): resolved with :func:`since_on` once connected."""
+
+    delta: timedelta
+
+
+def since_on(value: datetime | Ago | None, server_now: datetime) -> datetime | None:
+    """The instant ``--since`` means, given the server's current time."""
+    if isinstance(value, Ago):
+        return server_now - value.delta
+    return value
+
+
 class Since(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic from click 8.2
     """An instant: ISO 8601 (naive means UTC) or a duration ago such as ``90s``, ``10m``,
-    ``2h``, ``1d``."""
+    ``2h``, ``1d`` (an :class:`Ago`, counted back from the server's clock)."""
 
     name = "since"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, datetime):
+        if isinstance(value, datetime | Ago):
             return value
         text = str(value).strip()
         match = _RELATIVE.match(text)
         if match:
             amount, unit = match.groups()
-            return datetime.now(UTC) - timedelta(**{_UNITS[unit]: float(amount)})
+            return Ago(timedelta(**{_UNITS[unit]: float(amount)}))
         try:
             when = datetime.fromisoformat(text)
         except ValueError:

@@ -1,40 +1,99 @@
 """How the CLI shows records, attempt logs and quarantine entries: rich tables for people,
-plain JSON (one shape per command, documented in docs/cli.md) for scripts."""
+plain JSON (one shape per command, documented in docs/cli.md) for scripts.
+
+Every stored value is shown as literal text: the consoles here interpret no rich markup
+(``[/terms]``, ``[link=...]``), no emoji codes and highlight nothing, every cell is a
+:class:`rich.text.Text` and every control character (terminal escapes, bidi overrides,
+line separators) is shown as a visible escape such as ``\\x1b`` by :func:`visible`. JSON
+output escapes them already (``ensure_ascii``).
+"""
 
 from __future__ import annotations
 
 import json
 import shutil
 import sys
+import unicodedata
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from settle.models import AttemptObservation, OperationRecord, QuarantineEntry
 
 __all__ = [
+    "add_row",
     "attempts_table",
     "console",
     "entries_table",
     "entry_json",
     "entry_line",
     "entry_table",
+    "fields_table",
+    "literal",
+    "new_table",
     "print_json",
     "record_json",
     "record_table",
+    "visible",
 ]
 
 _PREVIEW = 120
 
 
+#: Characters that are never written as they are: controls (C0, C1, DEL), format
+#: characters (bidi overrides, zero-width joiners), surrogates, private use, unassigned,
+#: and the line and paragraph separators.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character replaced by a visible escape (``\\x1b``,
+    ``\\u2028``); everything else, markup-like brackets included, is kept as it is."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        _escape(ch) if unicodedata.category(ch) in _HIDDEN_CATEGORIES else ch for ch in text
+    )
+
+
+def literal(value: object, style: str = "") -> Text:
+    """A stored (or any untrusted) value as a rich cell: literal text, controls visible."""
+    return Text(visible(str(value)), style=style)
+
+
+def new_table(title: object = None, **options: Any) -> Table:
+    """A table whose title is literal text (titles name operations, streams...)."""
+    return Table(title=None if title is None else literal(title), **options)
+
+
 def console(*, stderr: bool = False) -> Console:
-    """A console that does not squeeze tables to 80 columns when output is piped."""
+    """A console that does not squeeze tables to 80 columns when output is piped, and
+    interprets nothing it prints: no markup, no emoji codes, no highlighting (style with
+    :class:`rich.text.Text`)."""
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else max(shutil.get_terminal_size((200, 24)).columns, 200)
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+    return Console(
+        file=stream,
+        width=width,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        soft_wrap=False,
+    )
 
 
 def print_json(value: Any) -> None:
@@ -80,19 +139,25 @@ def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
     return out
 
 
-def _fields_table(title: str, rows: list[tuple[str, str]]) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left")
+def fields_table(title: str, rows: Sequence[tuple[str, object]]) -> Table:
+    """Two columns, field and value, every cell literal."""
+    table = new_table(title, show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(literal(name), literal(value))
     return table
+
+
+def add_row(table: Table, *cells: object, style: str = "") -> None:
+    """A row of literal cells."""
+    table.add_row(*(literal(c) for c in cells), style=style or None)
 
 
 def record_table(record: OperationRecord) -> Table:
     state = record.state.value + (f" ({record.reason})" if record.reason else "")
     lease = _when(record.lease_expires_at) if record.lease_expires_at else "-"
-    return _fields_table(
+    return fields_table(
         f"operation {record.operation_id}",
         [
             ("state", state),
@@ -112,11 +177,12 @@ def record_table(record: OperationRecord) -> Table:
 
 
 def attempts_table(attempts: list[AttemptObservation]) -> Table:
-    table = Table(title="attempt log (oldest first)", title_justify="left")
+    table = new_table("attempt log (oldest first)", title_justify="left")
     for column in ("at (UTC)", "generation", "action", "verdict", "detail", "attempt id"):
         table.add_column(column, no_wrap=True)
     for a in attempts:
-        table.add_row(
+        add_row(
+            table,
             _short(a.at),
             "-" if a.generation is None else str(a.generation),
             a.action,
@@ -128,7 +194,7 @@ def attempts_table(attempts: list[AttemptObservation]) -> Table:
 
 
 def entries_table(entries: list[QuarantineEntry], title: str = "quarantine") -> Table:
-    table = Table(title=title, title_justify="left")
+    table = new_table(title, title_justify="left")
     for column in (
         "id",
         "at (UTC)",
@@ -142,7 +208,8 @@ def entries_table(entries: list[QuarantineEntry], title: str = "quarantine") -> 
     ):
         table.add_column(column, no_wrap=True)
     for e in entries:
-        table.add_row(
+        add_row(
+            table,
             e.ref,
             _short(e.at),
             e.kind.value,
@@ -187,12 +254,12 @@ def entry_table(e: QuarantineEntry) -> Table:
             else f"{_when(e.resolution.at)}: {e.resolution.note}",
         ),
     ]
-    return _fields_table(f"quarantine entry {e.ref}", rows)
+    return fields_table(f"quarantine entry {e.ref}", rows)
 
 
 def entry_line(e: QuarantineEntry) -> str:
-    """One line per entry, for ``quarantine tail``."""
+    """One line per entry, for ``quarantine tail`` (the operation id made visible)."""
     return (
         f"{_when(e.at)}  {e.ref}  {e.kind.value:<22} {e.action.value:<16} "
-        f"op={e.operation_id} gen={e.presented.generation} current={_current(e)}"
+        f"op={visible(e.operation_id)} gen={e.presented.generation} current={_current(e)}"
     )

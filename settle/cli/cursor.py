@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
+from settle.cli._render import add_row, console, new_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
 from settle.errors import BackendError, SettleError
@@ -121,10 +120,10 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
     if as_json:
         click.echo(json.dumps(data))
         return
-    table = Table(title=f"checkpoint of {stream}", show_header=False)
+    table = new_table(f"checkpoint of {stream}", show_header=False)
     for key, value in data.items():
-        table.add_row(key, "" if value is None else str(value))
-    Console().print(table)
+        add_row(table, key, "" if value is None else value)
+    console().print(table)
 
 
 @cursor.command("witnesses")
@@ -140,7 +139,7 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
         for w in found:
             click.echo(json.dumps(witness_json(w)))
         return
-    table = Table(title=f"witnesses of {stream}")
+    table = new_table(f"witnesses of {stream}")
     for column in (
         "gen",
         "attempt",
@@ -155,8 +154,9 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
         table.add_column(column)
     for w in found:
         positions = f"{w.events[0].position}..{w.events[-1].position}" if w.events else "-"
-        table.add_row(
-            str(w.generation),
+        add_row(
+            table,
+            w.generation,
             w.attempt_id[:12],
             w.classification.value,
             str(len(w.events)),
@@ -166,7 +166,7 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
             w.disposition.value,
             w.reason,
         )
-    Console().print(table)
+    console().print(table)
 
 
 if __name__ == "__main__":

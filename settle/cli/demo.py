@@ -10,6 +10,7 @@ from types import FrameType
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from settle.cli._context import (
     EXIT_FAILED,
@@ -22,7 +23,7 @@ from settle.cli._context import (
     open_settler,
     settings,
 )
-from settle.cli._render import console, print_json
+from settle.cli._render import console, print_json, visible
 from settle.demo import DemoError, DemoOptions, DemoReport, Fault, run_demo
 from settle.demo.plan import MIN_OPS
 from settle.embedded import EmbeddedRedis
@@ -180,7 +181,7 @@ def _print(report: DemoReport) -> None:
     colour = "green" if report.duplicate_effects == 0 else "red"
     summary.add_row(
         "duplicate downstream effects",
-        f"[bold {colour}]{report.duplicate_effects}[/]",
+        Text(str(report.duplicate_effects), style=f"bold {colour}"),
         style="bold",
     )
     out.print(summary)
@@ -192,5 +193,5 @@ def _print(report: DemoReport) -> None:
         faults.add_row(fault.value, str(f.injected), str(f.observed), _WHAT_SETTLE_DID[fault])
     out.print(faults)
     for check in report.checks:
-        mark = "[green]ok  [/]" if check.ok else "[red]FAIL[/]"
-        out.print(f"{mark} {check.name} ({check.detail})")
+        mark = ("ok  ", "green") if check.ok else ("FAIL", "red")
+        out.print(Text.assemble(mark, f" {check.name} ({visible(check.detail)})"))

@@ -17,6 +17,7 @@ from settle.cli._render import (
     console,
     entries_table,
     entry_json,
+    literal,
     print_json,
     record_json,
     record_table,
@@ -58,11 +59,11 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
         return
     out = console()
     if record is None:
-        out.print(f"operation {operation_id}: no record (expired or never reserved)")
+        out.print(literal(f"operation {operation_id}: no record (expired or never reserved)"))
     else:
         out.print(record_table(record))
     out.print(attempts_table(attempts))
     if entries:
         out.print(entries_table(entries, f"quarantine entries of {operation_id}"))
     else:
-        out.print(f"no quarantine entries for {operation_id}")
+        out.print(literal(f"no quarantine entries for {operation_id}"))

@@ -9,10 +9,10 @@ import sys
 from typing import NoReturn
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
+from settle.cli._render import console, fields_table, visible
 from settle.errors import BackendError, SettleError
 from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
@@ -29,9 +29,6 @@ def _ids(ids: tuple[DeliveryId, ...], limit: int = 12) -> str:
 
 
 def _table(p: Progress) -> Table:
-    table = Table(title=f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value")
     pf = p.provider_floor
     rows = [
         ("incarnation", p.scope.incarnation),
@@ -54,13 +51,11 @@ def _table(p: Progress) -> Table:
         ("deferred", _ids(tuple(d.delivery for d in p.deferred))),
         ("version", str(p.version)),
     ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
+    return fields_table(f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", rows)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"settle: {message}", err=True)
+    click.echo(f"settle: {visible(message)}", err=True)
     sys.exit(code)
 
 
@@ -97,9 +92,9 @@ def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([p.to_json() for p in scopes], indent=2))
         return
-    console = Console()
+    out = console()
     for p in scopes:
-        console.print(_table(p))
+        out.print(_table(p))
 
 
 if __name__ == "__main__":

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
 import click
 
+from settle._sync.settler import Settler
 from settle.cli._context import Connection, connection_options, json_option, open_settler
-from settle.cli._params import DURATION, KIND, SINCE
+from settle.cli._params import DURATION, KIND, SINCE, Ago, since_on
 from settle.cli._render import (
     console,
     entries_table,
@@ -22,6 +25,7 @@ from settle.cli._render import (
     print_json,
 )
 from settle.demo.server import server_now
+from settle.models import QuarantineEntry
 
 __all__ = ["quarantine"]
 
@@ -45,15 +49,25 @@ def _since(fn: Any) -> Any:
         type=SINCE,
         default=None,
         help="Only entries from this time on: ISO 8601 (naive = UTC) or a duration ago "
-        "(90s, 10m, 2h, 1d).",
+        "(90s, 10m, 2h, 1d) on the server's clock.",
     )(fn)
+
+
+def _start(settler: Settler, since: datetime | Ago | None) -> datetime | None:
+    """``--since`` as an instant: a duration ago counts back from the server's clock, the
+    clock stream ids and record times are written with (as ``tail`` starts from it)."""
+    return since_on(since, server_now(settler)) if isinstance(since, Ago) else since
 
 
 @quarantine.command("ls")
 @_filters
 @_since
 @click.option(
-    "--limit", type=click.IntRange(1, 100_000), default=50, show_default=True, help="At most."
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=50,
+    show_default=True,
+    help="At most this many entries in all (the newest), across shards.",
 )
 @connection_options
 @json_option
@@ -62,14 +76,18 @@ def ls(
     kind: str | None,
     operation_id: str | None,
     unresolved: bool,
-    since: datetime | None,
+    since: datetime | Ago | None,
     limit: int,
     as_json: bool,
 ) -> None:
-    """Quarantine entries, newest first."""
+    """Quarantine entries, newest first (at most --limit in all)."""
     with open_settler(conn) as settler:
         entries = settler.quarantine.list(
-            kind=kind, operation_id=operation_id, since=since, unresolved=unresolved, limit=limit
+            kind=kind,
+            operation_id=operation_id,
+            since=_start(settler, since),
+            unresolved=unresolved,
+            limit=limit,
         )
     if as_json:
         print_json([entry_json(e) for e in entries])
@@ -128,7 +146,7 @@ def tail(
     kind: str | None,
     operation_id: str | None,
     unresolved: bool,
-    since: datetime | None,
+    since: datetime | Ago | None,
     interval: float,
     as_json: bool,
 ) -> None:
@@ -138,7 +156,7 @@ def tail(
     with open_settler(conn) as settler:
         # Start at the server's clock (stream ids are server time), so that every entry
         # written after the "following" line is printed, whatever the local clock says.
-        start = since or server_now(settler)
+        start = _start(settler, since) or server_now(settler)
         follow = settler.quarantine.follow(
             kind=kind,
             operation_id=operation_id,
@@ -174,10 +192,15 @@ def tail(
 )
 @click.option(
     "--limit",
-    type=click.IntRange(1, 100_000),
-    default=100_000,
-    show_default=True,
-    help="At most this many entries per shard.",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after this many entries in all (the oldest ones); default: every entry.",
+)
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Count exported entries on stderr (default: when stderr is a terminal).",
 )
 @connection_options
 def export(
@@ -185,26 +208,32 @@ def export(
     kind: str | None,
     operation_id: str | None,
     unresolved: bool,
-    since: datetime | None,
+    since: datetime | Ago | None,
     output: Path | None,
-    limit: int,
+    limit: int | None,
+    show_progress: bool | None,
 ) -> None:
-    """Entries as JSON lines, oldest first (the same objects as ls --json)."""
+    """Entries as JSON lines, oldest first (the same objects as ls --json), streamed a
+    page at a time: memory stays bounded however many entries there are."""
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
     with open_settler(conn) as settler:
-        entries = settler.quarantine.list(
+        entries = settler.quarantine.scan(
             kind=kind,
             operation_id=operation_id,
-            since=since,
+            since=_start(settler, since),
             unresolved=unresolved,
-            limit=limit,
-            newest_first=False,
         )
-    if output is None:
-        _write(sys.stdout, entries)
-        return
-    with output.open("w", encoding="utf-8") as fh:
-        _write(fh, entries)
-    click.echo(f"exported {len(entries)} entries to {output}", err=True)
+        if output is None:
+            try:
+                _write(sys.stdout, entries, limit, show_progress)
+                sys.stdout.flush()
+            except BrokenPipeError:  # the reader stopped (| head): a normal end, exit 0
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
+        with output.open("w", encoding="utf-8") as fh:
+            count = _write(fh, entries, limit, show_progress)
+    click.echo(f"exported {count} entries to {output}", err=True)
 
 
 @quarantine.command("trim")
@@ -244,6 +273,22 @@ def trim(
     click.echo(f"deleted {done.removed} entries ({done.unresolved} of them unresolved)")
 
 
-def _write(fh: IO[str], entries: list[Any]) -> None:
+_PROGRESS_EVERY = 1000
+
+
+def _write(
+    fh: IO[str], entries: Iterator[QuarantineEntry], limit: int | None, show_progress: bool
+) -> int:
+    """Write entries as JSON lines, at most ``limit``; with ``show_progress``, a running
+    count on stderr every thousand entries. Returns how many were written."""
+    count = 0
     for entry in entries:
+        if limit is not None and count >= limit:
+            break
         fh.write(json.dumps(entry_json(entry)) + "\n")
+        count += 1
+        if show_progress and count % _PROGRESS_EVERY == 0:
+            click.echo(f"\rexported {count} entries...", err=True, nl=False)
+    if show_progress and count >= _PROGRESS_EVERY:
+        click.echo(f"\rexported {count} entries   ", err=True)
+    return count

@@ -8,42 +8,57 @@ namespace, not for a dashboard polled every second (docs/cli.md).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import click
-from rich.table import Table
 
+from settle._core.keys import Keys
 from settle._sync.settler import Settler
 from settle.cli._context import Connection, connection_options, json_option, open_settler
-from settle.cli._render import console, print_json
+from settle.cli._render import add_row, console, new_table, print_json
 from settle.demo.server import client_of
 from settle.models import QuarantineKind, State
 
 __all__ = ["SCAN_COUNT", "count_records", "operation_id_of", "record_key_match", "stats"]
 
 SCAN_COUNT = 1000
-_QUARANTINE_LIMIT = 100_000
 
 
 def record_key_match(namespace: str) -> str:
-    """The SCAN pattern of every record key in a namespace (``settle:{ns:*}:op:*``)."""
+    """The SCAN pattern of every record key in a namespace (``settle:{ns:*}:op:*``). It
+    also matches other keys (an attempt log of an id that contains ``}:op:``): each key
+    found is checked with :func:`operation_id_of`."""
     return f"settle:{{{namespace}:*}}:op:*"
 
 
-def operation_id_of(key: bytes | str) -> str:
-    """The operation id in a record key that :func:`record_key_match` matched."""
-    text = key.decode("utf-8") if isinstance(key, bytes) else str(key)
-    marker = "}:op:"
-    return text[text.index(marker) + len(marker) :]
+def operation_id_of(key: bytes | str, keys: Keys) -> str | None:
+    """The operation id whose record key ``key`` is, or None when it is no record key of
+    this namespace (an attempt log whose id contains ``}:op:``, a key of another shard
+    count): the key a record of the id would have must be ``key`` itself."""
+    try:
+        text = key.decode("utf-8") if isinstance(key, bytes) else str(key)
+    except UnicodeDecodeError:
+        return None
+    match = re.fullmatch(
+        rf"settle:\{{{re.escape(keys.namespace)}:\d+\}}:op:(.*)", text, flags=re.DOTALL
+    )
+    if match is None:
+        return None
+    operation_id = match.group(1)
+    return operation_id if keys.record(operation_id) == text else None
 
 
-def record_ids(settler: Settler) -> list[str]:
-    """Operation ids of every record key in the namespace."""
+def record_ids(settler: Settler) -> Iterator[str]:
+    """Operation ids of every record in the namespace, one SCAN page at a time."""
+    keys = Keys(settler.config.namespace, settler.config.shards)
     match = record_key_match(settler.config.namespace)
-    return [
-        operation_id_of(key) for key in client_of(settler).scan_iter(match=match, count=SCAN_COUNT)
-    ]
+    for key in client_of(settler).scan_iter(match=match, count=SCAN_COUNT):
+        operation_id = operation_id_of(key, keys)
+        if operation_id is not None:
+            yield operation_id
 
 
 def count_records(settler: Settler) -> Counter[str]:
@@ -56,27 +71,33 @@ def count_records(settler: Settler) -> Counter[str]:
     return states
 
 
+def count_quarantine(settler: Settler) -> dict[str, dict[str, int]]:
+    """Every quarantine entry by kind and resolution, streamed (no cap, bounded memory)."""
+    kinds: dict[str, dict[str, int]] = {
+        k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind
+    }
+    for e in settler.quarantine.scan():
+        kinds[e.kind.value]["resolved" if e.resolution else "unresolved"] += 1
+    return kinds
+
+
 @click.command("stats")
 @connection_options
 @json_option
 def stats(conn: Connection, as_json: bool) -> None:
-    """Records by state and quarantine entries by kind and resolution (SCANs the
-    namespace: cost grows with the database, see docs/cli.md)."""
+    """Records by state and quarantine entries by kind and resolution, counted exactly
+    (SCANs the namespace: cost grows with the database, see docs/cli.md)."""
     with open_settler(conn) as settler:
         states = count_records(settler)
-        entries = settler.quarantine.list(limit=_QUARANTINE_LIMIT)
-    kinds: dict[str, dict[str, int]] = {
-        k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind
-    }
-    for e in entries:
-        kinds[e.kind.value]["resolved" if e.resolution else "unresolved"] += 1
+        kinds = count_quarantine(settler)
+    unresolved = sum(v["unresolved"] for v in kinds.values())
     report: dict[str, Any] = {
         "namespace": conn.namespace,
         "shards": settler.config.shards,
         "records": {"total": sum(states.values()), "by_state": dict(states)},
         "quarantine": {
-            "total": len(entries),
-            "unresolved": sum(v["unresolved"] for v in kinds.values()),
+            "total": sum(v["unresolved"] + v["resolved"] for v in kinds.values()),
+            "unresolved": unresolved,
             "by_kind": kinds,
         },
     }
@@ -84,20 +105,18 @@ def stats(conn: Connection, as_json: bool) -> None:
         print_json(report)
         return
     out = console()
-    records = Table(title=f"records in {conn.namespace}", title_justify="left")
+    records = new_table(f"records in {conn.namespace}", title_justify="left")
     records.add_column("state")
     records.add_column("records", justify="right")
     for state, n in states.items():
-        records.add_row(state, str(n))
-    records.add_row("total", str(report["records"]["total"]), style="bold")
+        add_row(records, state, n)
+    add_row(records, "total", report["records"]["total"], style="bold")
     out.print(records)
-    quarantined = Table(title=f"quarantine of {conn.namespace}", title_justify="left")
+    quarantined = new_table(f"quarantine of {conn.namespace}", title_justify="left")
     for column in ("kind", "unresolved", "resolved"):
         quarantined.add_column(column, justify="left" if column == "kind" else "right")
     for kind, counts in kinds.items():
-        quarantined.add_row(kind, str(counts["unresolved"]), str(counts["resolved"]))
+        add_row(quarantined, kind, counts["unresolved"], counts["resolved"])
     q = report["quarantine"]
-    quarantined.add_row(
-        "total", str(q["unresolved"]), str(q["total"] - q["unresolved"]), style="bold"
-    )
+    add_row(quarantined, "total", q["unresolved"], q["total"] - q["unresolved"], style="bold")
     out.print(quarantined)

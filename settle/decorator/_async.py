@@ -18,6 +18,7 @@ from settle.decorator._plan import (
     Raise,
     Ran,
     Read,
+    ReplayHook,
     Reserve,
     RetrySpec,
     Return,
@@ -33,7 +34,15 @@ from settle.models import Action, Settlement
 if TYPE_CHECKING:
     from settle._async.settler import AsyncSettler
 
-__all__ = ["AsyncOperation", "KeySpec", "PrincipalSpec", "RequestSpec", "RetrySpec", "TerminalSpec"]
+__all__ = [
+    "AsyncOperation",
+    "KeySpec",
+    "PrincipalSpec",
+    "ReplayHook",
+    "RequestSpec",
+    "RetrySpec",
+    "TerminalSpec",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from settle.config import SettleConfig
-from settle.decorator._plan import Policy, RetrySpec, TerminalSpec
+from settle.decorator._plan import Policy, ReplayHook, RetrySpec, TerminalSpec
 from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
 
 __all__ = ["Options"]
@@ -28,8 +28,11 @@ class Options:
         retry: RetrySpec | None,
         terminal: TerminalSpec,
         wait: float,
+        name: str | None = None,
+        on_replay: ReplayHook | None = None,
     ) -> None:
         self.key = key
+        self.name = name
         self.principal = principal
         self.fingerprint = fingerprint
         self.result_type = result_type
@@ -40,11 +43,12 @@ class Options:
             retry=retry,
             terminal=terminal,
             wait=wait,
+            on_replay=on_replay,
             result_type=lambda: result_type,  # replaced by prepare(): the function's type
         )
 
     def prepare(self, fn: Any, localns: dict[str, Any]) -> tuple[Signature, Policy]:
         signature = Signature(
-            fn, self.key, self.principal, self.fingerprint, self.result_type, localns
+            fn, self.key, self.principal, self.fingerprint, self.result_type, localns, self.name
         )
         return signature, dataclasses.replace(self.policy, result_type=signature.returns)

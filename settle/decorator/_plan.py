@@ -50,6 +50,7 @@ __all__ = [
     "Raise",
     "Ran",
     "Read",
+    "ReplayHook",
     "Reserve",
     "RetrySpec",
     "Return",
@@ -69,6 +70,8 @@ DEFAULT_RETRY = tenacity.Retrying(
 )
 
 RetrySpec = tenacity.BaseRetrying
+ReplayHook = Callable[[OperationRecord], object]
+"""Called with the stored record when a call's outcome is replayed, not computed."""
 TerminalSpec = tuple[type[BaseException], ...] | type[BaseException]
 
 _POLL_FIRST = 0.02
@@ -160,6 +163,7 @@ class Policy:
     wait: float
     result_type: Callable[[], Any]
     """Resolves the type replayed results are validated into (lazily: forward refs)."""
+    on_replay: ReplayHook | None = None
 
     @staticmethod
     def check(
@@ -171,6 +175,7 @@ class Policy:
         terminal: tuple[type[BaseException], ...] | type[BaseException],
         wait: float,
         result_type: Callable[[], Any],
+        on_replay: ReplayHook | None = None,
     ) -> Policy:
         if isinstance(terminal, type):
             terminal = (terminal,)
@@ -186,7 +191,18 @@ class Policy:
         if timeout is not None:
             _check_seconds("timeout", timeout, zero=False)
         _check_seconds("wait", wait, zero=True)
-        return Policy(namespace, float(lease), timeout, retry, tuple(terminal), wait, result_type)
+        if on_replay is not None and not callable(on_replay):
+            raise InvalidInput("on_replay must be a callable taking the replayed record")
+        return Policy(
+            namespace,
+            float(lease),
+            timeout,
+            retry,
+            tuple(terminal),
+            wait,
+            result_type,
+            on_replay,
+        )
 
 
 def _check_seconds(name: str, value: object, *, zero: bool) -> None:
@@ -252,6 +268,10 @@ class Plan:
         return Run(r, attempt, timeout, lease, heartbeat=lease / 3)
 
     def _replay(self, record: OperationRecord) -> Step:
+        """The stored outcome (``on_replay`` is told first): a result, or the failure."""
+        self._log.info("settle.operation.replayed", state=record.state.value)
+        if self.policy.on_replay is not None:
+            self.policy.on_replay(record)
         failure = record.failure
         if failure is not None:
             return Raise(_failed(record.operation_id, failure))

@@ -53,6 +53,14 @@ class Signature:
     The default request is the bound arguments with defaults applied, minus the ``Attempt``
     parameter and a leading ``self`` / ``cls``; ``fingerprint`` (a callable over the call's
     arguments) returns another request value instead.
+
+    The fingerprint covers the request and the function's identity, ``name`` (default
+    ``module.qualname``): two functions whose keys collide get a ``FingerprintMismatch``,
+    never each other's results. Functions given the same ``name`` share their operations.
+
+    A function must declare what a replay returns: a return annotation or ``result_type``
+    (``Any`` keeps the stored JSON as it is). Without either the first call would return
+    the function's object and a replay its JSON, so the function is refused at decoration.
     """
 
     fn: Callable[..., Any]
@@ -62,6 +70,8 @@ class Signature:
     result_type: Any = None
     localns: dict[str, Any] | None = None
     """The decorating scope's names, so annotations naming local classes resolve."""
+    name: str | None = None
+    """The function's identity in the fingerprint (default ``module.qualname``)."""
     signature: inspect.Signature = field(init=False)
     attempt_param: str | None = field(init=False, default=None)
     _skip: frozenset[str] = field(init=False, default=frozenset())
@@ -73,7 +83,20 @@ class Signature:
             raise InvalidInput("principal must be a str or a callable")
         if self.fingerprint is not None and not callable(self.fingerprint):
             raise InvalidInput("fingerprint must be a callable returning the request")
+        if self.name is None:
+            self.name = f"{self.fn.__module__}.{self.fn.__qualname__}"
+        elif not isinstance(self.name, str) or not self.name:
+            raise InvalidInput(
+                "name must be a non-empty str (functions sharing it share operations)"
+            )
         self.signature = inspect.signature(self.fn)
+        if self.result_type is None and self.signature.return_annotation is inspect.Signature.empty:
+            raise InvalidInput(
+                f"{self.fn.__qualname__} has no return annotation: declare what a replay "
+                "returns, with a return annotation (-> Receipt) or result_type=Receipt "
+                "(-> Any keeps the stored JSON as it is, a dict where the first call may "
+                "have returned an object)"
+            )
         hints = self._hints(strict=False)
         skip = set()
         params = list(self.signature.parameters.values())
@@ -120,7 +143,7 @@ class Signature:
         else:
             request = {k: v for k, v in arguments.items() if k not in self._skip}
         try:
-            digest = canonical_fingerprint(request)
+            digest = canonical_fingerprint({"function": self.name, "request": request})
         except SettleError as exc:
             exc.operation_id = operation_id
             raise

@@ -19,6 +19,7 @@ from settle.decorator._plan import (
     Raise,
     Ran,
     Read,
+    ReplayHook,
     Reserve,
     RetrySpec,
     Return,
@@ -34,7 +35,15 @@ from settle.models import Action, Settlement
 if TYPE_CHECKING:
     from settle._sync.settler import Settler
 
-__all__ = ["KeySpec", "Operation", "PrincipalSpec", "RequestSpec", "RetrySpec", "TerminalSpec"]
+__all__ = [
+    "KeySpec",
+    "Operation",
+    "PrincipalSpec",
+    "ReplayHook",
+    "RequestSpec",
+    "RetrySpec",
+    "TerminalSpec",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")

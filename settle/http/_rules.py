@@ -12,6 +12,7 @@ response stores and what is answered when an attempt lost its reservation: all h
             case Forward():   call the app unguarded
             case Answer():    send step.response; done
             case Identify():  step = guard.identified(principal(request))
+                              # or guard.principal_failed(exc) if the callable raised
             case ReadBody():  step = guard.body_read(body)  # or guard.body_too_large(exc)
             case Reserve():   step = guard.reserved(settler.reserve(...))  # or reserve_failed
             case Run():       run the app with step.attempt, then
@@ -33,6 +34,7 @@ from settle.attempt import Attempt
 from settle.errors import (
     BackendError,
     BindingMismatch,
+    ConfigurationError,
     CorruptRecord,
     DurabilityError,
     FingerprintMismatch,
@@ -40,7 +42,12 @@ from settle.errors import (
     SettleError,
 )
 from settle.http.keys import MalformedKey, operation_id, parse_key
-from settle.http.policy import Coverage, IdempotencyPolicy, checked_principal
+from settle.http.policy import (
+    Coverage,
+    IdempotencyPolicy,
+    checked_principal,
+    unusable_principal,
+)
 from settle.http.problems import Problem, ProblemKind, Response
 from settle.http.request import RequestHead, RequestTooLarge, fingerprint_request
 from settle.http.stored import StoredResponse, storable_status
@@ -190,12 +197,31 @@ class Guard:
         return Identify()
 
     def identified(self, principal: object) -> Step:
-        value = checked_principal(principal)
-        if value is None:
+        """What the principal callable returned. None, ``""``, an over-long value or one
+        with control characters is no usable principal: 401, nothing stored. Anything but
+        ``str | None`` means the callable misbehaves: a 500 problem, logged as an error."""
+        try:
+            value = checked_principal(principal)
+        except ConfigurationError as exc:
+            return self.principal_failed(exc)
+        why = unusable_principal(value)
+        if why is not None or value is None:
+            if why != "none":
+                self.log.warning("settle.http.principal_unusable", why=why)
             detail = "authenticate: a guarded request is bound to the principal that sent it"
             return self._reject(ProblemKind.PRINCIPAL_REQUIRED, detail)
         self._principal = value
         return ReadBody(self.policy.max_request_bytes)
+
+    def principal_failed(self, exc: BaseException) -> Answer:
+        """The principal callable raised (or returned something other than ``str | None``):
+        a 500 problem; the app is not called and nothing is stored."""
+        self.log.error("settle.http.principal_failed", error=type(exc).__name__)
+        detail = (
+            "the server could not determine who sent this request; nothing was run. "
+            "Retry later with the same key."
+        )
+        return self._answer(ProblemKind.PRINCIPAL_FAILED, detail)
 
     def body_too_large(self, exc: RequestTooLarge) -> Answer:
         return self._reject(ProblemKind.REQUEST_TOO_LARGE, str(exc))

@@ -70,7 +70,12 @@ class SyncGuard:
                 case Answer():
                     return step.response
                 case Identify():
-                    step = guard.identified(exchange.principal())
+                    try:
+                        principal = exchange.principal()
+                    except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
+                        step = guard.principal_failed(exc)
+                    else:
+                        step = guard.identified(principal)
                 case ReadBody():
                     try:
                         body = exchange.body(BodyBuffer(step.limit, head.content_length))

@@ -8,12 +8,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, get_args
 
+from settle._core.keys import MAX_BINDING_CHARS, has_control
 from settle.errors import ConfigurationError
 from settle.http.keys import KeyScope, operation_id_overhead
 from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE
 from settle.http.stored import DEFAULT_REPLAY_HEADERS, FORBIDDEN_REPLAY_HEADERS
 
-__all__ = ["Coverage", "IdempotencyPolicy", "PrincipalFn", "checked_principal"]
+__all__ = [
+    "Coverage",
+    "IdempotencyPolicy",
+    "PrincipalFn",
+    "checked_principal",
+    "unusable_principal",
+]
 
 PrincipalFn = Callable[[Any], str | Awaitable[str | None] | None]
 """Maps the request (the ASGI scope, the WSGI environ, Django's or Flask's request) to the
@@ -165,10 +172,26 @@ class IdempotencyPolicy:
 
 
 def checked_principal(value: object) -> str | None:
-    """What the principal callable returned, once checked to be ``str | None``."""
+    """What the principal callable returned, once checked to be ``str | None``.
+
+    Raises :class:`ConfigurationError` for anything else: the callable misbehaves."""
     if value is not None and not isinstance(value, str):
         raise ConfigurationError(
             f"the principal callable returned {type(value).__name__}, not str | None; "
             "return the principal's name, or None for an unauthenticated request"
         )
     return value
+
+
+def unusable_principal(value: str | None) -> str | None:
+    """Why a principal cannot bind a record (``"none"``, ``"empty"``, ``"too_long"``,
+    ``"control_characters"``), or None when it can. Never the value itself: it is logged."""
+    if value is None:
+        return "none"
+    if not value:
+        return "empty"
+    if len(value) > MAX_BINDING_CHARS:
+        return "too_long"
+    if has_control(value):
+        return "control_characters"
+    return None

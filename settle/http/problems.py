@@ -21,6 +21,7 @@ class ProblemKind(StrEnum):
     KEY_MISSING = "idempotency-key-missing"
     KEY_MALFORMED = "idempotency-key-malformed"
     PRINCIPAL_REQUIRED = "principal-required"
+    PRINCIPAL_FAILED = "principal-failed"
     REQUEST_TOO_LARGE = "request-too-large"
     KEY_REUSED = "idempotency-key-reused"
     KEY_BOUND = "idempotency-key-bound"
@@ -43,6 +44,7 @@ _STATUS_TITLE: dict[ProblemKind, tuple[int, str]] = {
     ProblemKind.KEY_MISSING: (400, "Idempotency-Key header is missing"),
     ProblemKind.KEY_MALFORMED: (400, "Idempotency-Key header is malformed"),
     ProblemKind.PRINCIPAL_REQUIRED: (401, "Authentication is required"),
+    ProblemKind.PRINCIPAL_FAILED: (500, "The principal of the request could not be determined"),
     ProblemKind.REQUEST_TOO_LARGE: (413, "Request body is too large"),
     ProblemKind.KEY_REUSED: (422, "Idempotency-Key was used for a different request"),
     ProblemKind.KEY_BOUND: (422, "Idempotency-Key belongs to another principal"),

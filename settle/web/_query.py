@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from settle._async.settler import AsyncSettler
+from settle._core.keys import Keys
 from settle.cli.stats import SCAN_COUNT, operation_id_of, record_key_match
 from settle.errors import InvalidInput
 from settle.models import QuarantineEntry, QuarantineKind, State
@@ -231,13 +232,17 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
     states: Counter[str] = Counter({s.value: 0 for s in State})
     seen = 0
     client = _client(settler)
+    keys = Keys(settler.config.namespace, settler.config.shards)
     async for key in client.scan_iter(
         match=record_key_match(settler.config.namespace), count=SCAN_COUNT
     ):
+        operation_id = operation_id_of(key, keys)
+        if operation_id is None:  # not a record key (an attempt log whose id has "}:op:")
+            continue
         if seen >= limit:
             return states, True
         seen += 1
-        record = await settler.get(operation_id_of(key))
+        record = await settler.get(operation_id)
         if record is not None:
             states[record.state.value] += 1
     return states, False

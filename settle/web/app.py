@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
 from settle._log import binding_digest, logger
-from settle.cli._params import SINCE
+from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, record_json
 from settle.errors import (
     BackendError,
@@ -196,7 +196,7 @@ class _Console:
         )
 
     async def listing(self, request: Request) -> Response:
-        flt, form = _filter(request)
+        flt, form = await _filter(request, self.settler)
         size = _size(request)
         after = request.query_params.get("after") or None
         result = await _query.page(self.settler, flt, after=after, size=size)
@@ -219,7 +219,7 @@ class _Console:
         )
 
     async def export(self, request: Request) -> Response:
-        flt, _ = _filter(request)
+        flt, _ = await _filter(request, self.settler)
 
         async def lines() -> AsyncIterator[str]:
             count = 0
@@ -319,8 +319,9 @@ class _Console:
         return RedirectResponse(f"{root}/", status_code=303)
 
 
-def _filter(request: Request) -> tuple[_query.Filter, dict[str, str]]:
-    """The filter of a list or export request, and its query parameters as given."""
+async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filter, dict[str, str]]:
+    """The filter of a list or export request, and its query parameters as given; a
+    duration ago counts back from the server's clock, as in the CLI."""
     q = request.query_params
     form = {k: q.get(k, "").strip() for k in ("kind", "operation", "since", "until", "status")}
     kind = None
@@ -334,11 +335,15 @@ def _filter(request: Request) -> tuple[_query.Filter, dict[str, str]]:
     status = form["status"] or "all"
     if status not in _STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(_STATUSES)}")
+    since, until = _instant(form["since"], "since"), _instant(form["until"], "until")
+    if isinstance(since, Ago) or isinstance(until, Ago):
+        now = await _query.server_now(settler)
+        since, until = since_on(since, now), since_on(until, now)
     flt = _query.Filter(
         kind=kind,
         operation_id=form["operation"] or None,
-        since=_instant(form["since"], "since"),
-        until=_instant(form["until"], "until"),
+        since=since,
+        until=until,
         status=status,
     )
     return flt, form
@@ -349,12 +354,12 @@ def _query_string(form: dict[str, str], **more: str) -> str:
     return "?" + urlencode({k: v for k, v in {**form, **more}.items() if v})
 
 
-def _instant(text: str, name: str) -> datetime | None:
+def _instant(text: str, name: str) -> datetime | Ago | None:
     """ISO 8601 (naive = UTC; a browser's datetime-local) or a duration ago, as in the CLI."""
     if not text:
         return None
     try:
-        value: datetime = SINCE.convert(text, None, None)
+        value: datetime | Ago = SINCE.convert(text, None, None)
     except click.BadParameter as exc:
         raise InvalidInput(f"{name}: {exc.message}") from None
     return value

@@ -12,6 +12,8 @@ from pydantic import BaseModel
 from settle import AsyncSettler, Settler
 from settle.attempt import Attempt
 
+#: The sync and the async charge are one operation: they share it on purpose.
+CHARGE = "payments.charge"
 PRINCIPAL = "tenant:acme"
 
 
@@ -59,7 +61,7 @@ def sync_charge(
 ) -> Callable[..., Receipt]:
     options.setdefault("terminal", (CardDeclined,))
 
-    @settler.operation(key="charge:{request.order_id}", principal=PRINCIPAL, **options)
+    @settler.operation(key="charge:{request.order_id}", principal=PRINCIPAL, name=CHARGE, **options)
     def charge(request: ChargeRequest, attempt: Attempt = Attempt.INJECTED) -> Receipt:
         if on_attempt is not None:
             on_attempt(attempt)
@@ -83,7 +85,7 @@ def async_charge(
 ) -> Callable[..., Awaitable[Receipt]]:
     options.setdefault("terminal", (CardDeclined,))
 
-    @settler.operation(key="charge:{request.order_id}", principal=PRINCIPAL, **options)
+    @settler.operation(key="charge:{request.order_id}", principal=PRINCIPAL, name=CHARGE, **options)
     async def charge(request: ChargeRequest, attempt: Attempt = Attempt.INJECTED) -> Receipt:
         if on_attempt is not None:
             on_attempt(attempt)

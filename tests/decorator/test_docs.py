@@ -40,7 +40,9 @@ def test_the_charge_example_runs_and_charges_once(
     assert provider.effects("A-1001") == 1
     assert provider.requests_for("A-1001") == 2  # the 503 after charging, then the retry
     assert provider.requests_for("A-1002") == 1
-    assert "declined: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "declined: " in out
+    assert out.count("replayed charge:A-1001") == 1  # the caller's own retry, told so
     with Settler.from_url(redis_url, namespace=namespace) as check:
         record = check.get("charge:A-1001")
         declined = check.get("charge:A-1002")

@@ -161,7 +161,7 @@ def _take_over(settler: Settler, started: threading.Event, done: threading.Event
     """Another worker: once the first attempt has started, retry the same operation (it
     waits for the lease to pass, takes over and completes it)."""
 
-    @settler.operation(key="job:{n}", principal=PRINCIPAL, wait=30)
+    @settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", wait=30)
     def job(n: int) -> str:
         return "second"
 
@@ -178,7 +178,7 @@ async def test_lost_lease_cancels_the_function_and_nothing_is_committed(
     started, done = threading.Event(), threading.Event()
     seen: list[bool] = []
 
-    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, lease=0.4)
+    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.4)
     async def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
         started.set()
         done.wait(10)  # blocks the event loop, so the heartbeat cannot renew
@@ -211,7 +211,7 @@ async def test_late_completion_after_a_takeover_is_quarantined(
 ) -> None:
     started, done = threading.Event(), threading.Event()
 
-    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, lease=0.4)
+    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.4)
     async def job(n: int) -> str:
         started.set()
         done.wait(10)  # blocks the event loop, so the heartbeat cannot renew

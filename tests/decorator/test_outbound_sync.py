@@ -215,12 +215,15 @@ def test_replay_revalidates_into_the_return_type(settler: Settler) -> None:
 
     calls = []
 
-    @settler.operation(key="quote:{n}", principal=PRINCIPAL)
+    # Two functions that share the operation on purpose (name=), read with two types.
+    @settler.operation(key="quote:{n}", principal=PRINCIPAL, name="quote")
     def quote(n: int) -> Quote:
         calls.append(n)
         return Quote(amount=n * 2)
 
-    @settler.operation(key="quote:{n}", principal=PRINCIPAL, result_type=dict[str, int])
+    @settler.operation(
+        key="quote:{n}", principal=PRINCIPAL, name="quote", result_type=dict[str, int]
+    )
     def quote_as_dict(n: int) -> object:
         raise AssertionError("replayed, never run")
 

@@ -97,13 +97,13 @@ def test_default_policy_makes_three_attempts(memory: Settler) -> None:
 
 
 def test_sync_function_is_told_its_lease_is_lost(memory: Settler, clock: ManualClock) -> None:
-    @memory.operation(key="job:{n}", principal=P, wait=0)
+    @memory.operation(key="job:{n}", principal=P, name="job", wait=0)  # another worker's job
     def takeover(n: int) -> str:
         return "second"
 
     lost_seen = []
 
-    @memory.operation(key="job:{n}", principal=P, lease=0.3)
+    @memory.operation(key="job:{n}", principal=P, name="job", lease=0.3)
     def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
         clock.advance(1)  # the lease passes (a long pause) ...
         assert takeover(n) == "second"  # ... and another worker takes over and completes
@@ -128,11 +128,11 @@ def test_sync_function_is_told_its_lease_is_lost(memory: Settler, clock: ManualC
 def test_a_result_returned_after_a_takeover_is_quarantined_not_returned(
     memory: Settler, clock: ManualClock
 ) -> None:
-    @memory.operation(key="job:{n}", principal=P, wait=0)
+    @memory.operation(key="job:{n}", principal=P, name="job", wait=0)  # another worker's job
     def takeover(n: int) -> str:
         return "second"
 
-    @memory.operation(key="job:{n}", principal=P, lease=30)
+    @memory.operation(key="job:{n}", principal=P, name="job", lease=30)
     def job(n: int) -> str:
         clock.advance(31)
         takeover(n)
@@ -150,10 +150,12 @@ def test_a_result_returned_after_a_takeover_is_quarantined_not_returned(
 
 
 def test_waiting_for_a_live_lease_is_bounded(memory: Settler) -> None:
-    holder = memory.reserve("job:1", {"n": 1}, principal=P, lease=60)
+    # the decorator fingerprints {"function": name, "request": arguments}
+    request = {"function": "job", "request": {"n": 1}}
+    holder = memory.reserve("job:1", request, principal=P, lease=60)
     calls = []
 
-    @memory.operation(key="job:{n}", principal=P, wait=0.2)
+    @memory.operation(key="job:{n}", principal=P, name="job", wait=0.2)
     def job(n: int) -> int:
         calls.append(n)
         return n
@@ -241,11 +243,11 @@ def test_bad_options_are_refused_when_decorating(
 def test_a_stored_result_that_no_longer_fits_the_return_type_is_a_typed_error(
     memory: Settler,
 ) -> None:
-    @memory.operation(key="job:{n}", principal=P)
+    @memory.operation(key="job:{n}", principal=P, name="job")
     def job(n: int) -> str:
         return "text"
 
-    @memory.operation(key="job:{n}", principal=P)
+    @memory.operation(key="job:{n}", principal=P, name="job")  # the same function, changed
     def job_v2(n: int) -> int:
         raise AssertionError("replayed, never run")
 

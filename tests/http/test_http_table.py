@@ -12,6 +12,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -48,6 +49,58 @@ def endpoint(request: pytest.FixtureRequest, redis_url: str, namespace: str) -> 
             base = stack.enter_context(serve_wsgi(wsgi_app(settler, ledger, **OPTIONS)))
         client = stack.enter_context(httpx.Client(base_url=base, timeout=30))
         stack.callback(ledger.gate.set)
+        yield Endpoint(request.param, client, ledger)
+
+
+def odd_principal(value: str | None) -> object:
+    """What a misbehaving principal callable returns for the ``X-Principal`` header."""
+    match value:
+        case "raise":
+            raise RuntimeError("the session store is down")
+        case "empty":
+            return ""
+        case "long":
+            return "p" * 1025
+        case "control":
+            return "tenant\x1b[2J"
+        case "separator":
+            return "tenant\u2028acme"
+        case "number":
+            return 42
+        case "bytes":
+            return b"tenant:acme"
+    return value
+
+
+def _asgi_odd(scope: dict[str, object]) -> object:
+    headers = dict(scope["headers"])  # type: ignore[call-overload]
+    value = headers.get(b"x-principal")
+    return odd_principal(None if value is None else value.decode("latin-1"))
+
+
+def _wsgi_odd(environ: dict[str, object]) -> object:
+    value = environ.get("HTTP_X_PRINCIPAL")
+    return odd_principal(None if value is None else str(value))
+
+
+@pytest.fixture(params=["asgi", "wsgi"])
+def odd_endpoint(
+    request: pytest.FixtureRequest, redis_url: str, namespace: str
+) -> Iterator[Endpoint]:
+    """An endpoint whose principal callable misbehaves on demand (see :func:`odd_principal`)."""
+    ledger = Ledger()
+    with contextlib.ExitStack() as stack:
+        if request.param == "asgi":
+            async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+            app = starlette_app(async_settler, ledger, principal=_asgi_odd, **OPTIONS)
+            base = stack.enter_context(serve(app, async_settler))
+        else:
+            settler = stack.enter_context(
+                contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=4))
+            )
+            app = wsgi_app(settler, ledger, principal=_wsgi_odd, **OPTIONS)
+            base = stack.enter_context(serve_wsgi(app))
+        client = stack.enter_context(httpx.Client(base_url=base, timeout=30))
         yield Endpoint(request.param, client, ledger)
 
 
@@ -101,6 +154,40 @@ def test_no_principal_is_401_and_nothing_runs(endpoint: Endpoint) -> None:
     assert response.status_code == 401
     assert problem_type(response) == "principal-required"
     assert endpoint.ledger.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("principal", "status", "problem", "event"),
+    [
+        ("empty", 401, "principal-required", "settle.http.principal_unusable"),
+        ("long", 401, "principal-required", "settle.http.principal_unusable"),
+        ("control", 401, "principal-required", "settle.http.principal_unusable"),
+        ("separator", 401, "principal-required", "settle.http.principal_unusable"),
+        ("raise", 500, "principal-failed", "settle.http.principal_failed"),
+        ("number", 500, "principal-failed", "settle.http.principal_failed"),
+        ("bytes", 500, "principal-failed", "settle.http.principal_failed"),
+    ],
+)
+def test_a_misbehaving_principal_callable_gets_a_problem_and_stores_nothing(
+    odd_endpoint: Endpoint,
+    redis_client: Any,
+    namespace: str,
+    principal: str,
+    status: int,
+    problem: str,
+    event: str,
+) -> None:
+    with capture_logs() as events:
+        response = odd_endpoint.client.post(
+            "/payments", json=PAYMENT, headers=key_headers("k-odd", principal)
+        )
+    assert response.status_code == status
+    assert problem_type(response) == problem
+    assert odd_endpoint.ledger.count() == 0
+    assert redis_client.keys(f"settle:{{{namespace}:*") == []  # nothing stored
+    logged = [e for e in events if e["event"] == event]
+    assert len(logged) == 1
+    assert "tenant" not in repr(events)  # the value is never logged
 
 
 def test_replay_is_byte_identical_and_marked(endpoint: Endpoint) -> None:

@@ -60,3 +60,17 @@ def test_the_scripts_return_the_record_fields_in_the_order_the_decoder_reads() -
     lua = _read("settle", "_lib")
     block = lua[lua.index("local FIELDS = {") : lua.index("}", lua.index("local FIELDS = {"))]
     assert tuple(re.findall(r"'(\w+)'", block)) == RECORD_FIELDS
+
+
+@given(op_ids, st.sampled_from([1, 4, 16]))
+def test_stats_recognizes_exactly_the_record_keys_of_a_namespace(op: str, shards: int) -> None:
+    """``settle stats`` counts a key only if it is the record key of the id it names: an
+    attempt log whose id contains ``}:op:`` matches the SCAN pattern and is no record."""
+    from settle.cli.stats import operation_id_of  # noqa: PLC0415 - needs the cli extra
+
+    keys = Keys("payments", shards)
+    assert operation_id_of(keys.record(op), keys) == op
+    assert operation_id_of(keys.record(op).encode(), keys) == op
+    assert operation_id_of(keys.attempt_log(op), keys) is None
+    assert operation_id_of(Keys("payments.x", shards).record(op), keys) is None
+    assert operation_id_of(keys.attempt_log(f"x}}:op:{op}"), keys) is None

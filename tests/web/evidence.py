@@ -4,10 +4,24 @@ and script in every stored text field the console shows."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from settle import Reserved, Settler
+from settle._core.keys import Keys
+from settle.errors import InvalidInput
 from tests.cli.helpers import stale_settlement
 
-__all__ = ["HOSTILE", "conflicting", "hostile_entry", "misbound", "stale_settlement", "unknown"]
+__all__ = [
+    "HOSTILE",
+    "conflicting",
+    "hostile_entry",
+    "legacy_note",
+    "misbound",
+    "stale_settlement",
+    "unknown",
+]
 
 #: What an attacker would like a browser to run; the console must show it as text.
 SCRIPT = "<script>window.__settle_xss = 1</script>"
@@ -53,3 +67,15 @@ def hostile_entry(settler: Settler) -> str:
         f"tenant:{SCRIPT}",
         {"note": HOSTILE, "raw": "bell\x07 escape\x1b[31m"},
     )
+
+
+def legacy_note(settler: Settler, ref: str, note: str) -> None:
+    """Resolve entry ``ref`` with a note as an earlier version could store it: control
+    characters included, which ``quarantine.resolve`` now refuses (InvalidInput)."""
+    with pytest.raises(InvalidInput):
+        settler.quarantine.resolve(ref, note=note)
+    shard, entry_id = ref.split("/")
+    resolutions = Keys(settler.config.namespace, settler.config.shards).resolutions(int(shard))
+    seconds, micros = settler.client.time()
+    resolution = {"note": note, "at": int(seconds) * 1000 + int(micros) // 1000}
+    assert settler.client.hsetnx(resolutions, entry_id, json.dumps(resolution))

@@ -18,6 +18,7 @@ from tests.web.evidence import (
     SCRIPT,
     conflicting,
     hostile_entry,
+    legacy_note,
     stale_settlement,
     unknown,
 )
@@ -197,7 +198,7 @@ async def test_stored_html_and_script_are_shown_as_text(
 ) -> None:
     ref = hostile_entry(writer)
     note = f"refunded {SCRIPT} {IMG} \x1b[2J"
-    writer.quarantine.resolve(ref, note=note)
+    legacy_note(writer, ref, note)  # stored by an earlier version: shown as it is
     for path in ("/quarantine", f"/entry/{ref}", "/?window=1h"):
         html = (await guarded.get(path)).text
         assert_no_markup_from(html, SCRIPT, IMG)
@@ -346,11 +347,11 @@ async def test_a_namespace_that_does_not_fit_answers_503_saying_why(
 async def test_invisible_characters_in_a_note_are_made_visible(
     writer: Settler, read_only: httpx.AsyncClient
 ) -> None:
-    # Settle refuses control and format characters in ids and principals, but a note written
-    # with the CLI or the API may hold any: a right-to-left override would make "refunded"
-    # followed by reversed text read as something else.
+    # Settle refuses control and format characters in ids, principals and (now) notes, but a
+    # note stored by an earlier version may hold any: a right-to-left override would make
+    # "refunded" followed by reversed text read as something else.
     ref = conflicting(writer, "order-bidi")
-    writer.quarantine.resolve(ref, note="refunded \u202edesufer ton\u200b\r\nsecond line")
+    legacy_note(writer, ref, "refunded \u202edesufer ton\u200b\r\nsecond line")
     html = (await read_only.get(f"/entry/{ref}")).text
     mark = '<span class="ctl" title="control character">{}</span>'
     shown = (

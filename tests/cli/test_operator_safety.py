@@ -1,0 +1,272 @@
+"""What an operator sees is what was stored (issue 16): stored values are literal text with
+control characters made visible in every command, ``stats`` and ``export`` count exactly and
+stream without a cap, ``--since`` counts back from the server's clock, and odd ids or corrupt
+metadata get one clear line and the documented exit code. All through the console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import redis
+
+from settle import Reserved, Settler
+from settle._core.keys import Keys
+from settle.cli._params import SINCE, Ago
+from settle.cli.quarantine import _start
+from settle.demo.server import server_now
+from tests.cli.conftest import SETTLE, cli_env, settle, settle_json
+from tests.cli.helpers import stale_settlement
+
+HOSTILE_RESULT = b"[/terms] [link=https://evil.example/pay]ch_B[/link] \x1b]0;pwned\x07\x1b[2J"
+RLO = "\u202e"
+
+
+def _args(url: str, namespace: str) -> tuple[str, ...]:
+    return ("--redis-url", url, "--namespace", namespace)
+
+
+def _late_bytes(settler: Settler, operation_id: str, late: bytes, principal: str) -> str:
+    """A late response of a superseded attempt, stored as evidence: its quarantine id."""
+    first = settler.reserve(operation_id, {"n": 1}, principal=principal, lease=0.05)
+    assert isinstance(first, Reserved)
+    time.sleep(0.1)
+    second = settler.reserve(operation_id, {"n": 1}, principal=principal, lease=5)
+    assert isinstance(second, Reserved)
+    settler.complete(second.reservation, HOSTILE_RESULT)
+    done = settler.complete(first.reservation, late)
+    assert done.quarantine_id is not None
+    return done.quarantine_id
+
+
+def _assert_literal(out: str) -> None:
+    assert "\x1b" not in out
+    assert "\x07" not in out
+    assert RLO not in out
+    assert "[/terms]" in out
+    assert "[link=https://evil.example/pay]ch_B[/link]" in out
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in out
+
+
+def test_inspect_and_quarantine_show_stored_values_as_literal_text(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    op = "order[/x]:[bold]1"
+    principal = "[link=https://evil.example]admin[/link]"
+    qid = _late_bytes(cli_settler, op, HOSTILE_RESULT + RLO.encode(), principal)
+    cli_settler.quarantine.resolve(qid, note="[red]fine[/red] [/terms]")
+    args = _args(redis_url, namespace)
+
+    shown = settle("inspect", op, *args)
+    assert shown.returncode == 0, shown.stderr
+    _assert_literal(shown.stdout)
+    assert principal in shown.stdout
+    assert op in shown.stdout
+
+    entry = settle("quarantine", "show", qid, *args)
+    assert entry.returncode == 0, entry.stderr
+    _assert_literal(entry.stdout)
+    assert "\\u202e" in entry.stdout
+    assert "[red]fine[/red] [/terms]" in entry.stdout
+
+    listed = settle("quarantine", "ls", *args)
+    assert listed.returncode == 0, listed.stderr
+    assert op in listed.stdout
+
+    # JSON output is JSON: control characters are escaped, the values are intact
+    data = settle_json("quarantine", "show", qid, *args)
+    assert data["operation_id"] == op
+    assert data["presented"]["binding"] == principal
+
+
+def test_unknown_operation_with_controls_is_one_visible_line(
+    redis_url: str, namespace: str, cli_settler: Settler
+) -> None:
+    del cli_settler
+    done = settle("inspect", "nope\x1b[2J", *_args(redis_url, namespace))
+    assert done.returncode == 2
+    assert "\x1b" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_stats_counts_records_exactly_when_an_id_contains_the_record_marker(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    for op in ("y", "x}:op:y", "z}:op:"):
+        r = cli_settler.reserve(op, {"a": 1}, principal="p")
+        assert isinstance(r, Reserved)
+        cli_settler.complete(r.reservation, {"ok": True})
+    report = settle_json("stats", *_args(redis_url, namespace))
+    assert report["records"]["total"] == 3
+    assert report["records"]["by_state"]["completed"] == 3
+
+
+def test_since_counts_back_from_the_server_clock(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    ago = SINCE.convert("10m", None, None)
+    assert ago == Ago(timedelta(minutes=10))  # not resolved on the operator's clock
+    before = server_now(cli_settler)
+    start = _start(cli_settler, ago)
+    assert start is not None
+    assert (
+        before - timedelta(minutes=10) <= start <= server_now(cli_settler) - timedelta(minutes=10)
+    )
+    qid = stale_settlement(cli_settler, "order-since")
+    args = _args(redis_url, namespace)
+    listed = settle_json("quarantine", "ls", "--since", "1h", *args)
+    assert [e["ref"] for e in listed] == [qid]
+    exported = settle("quarantine", "export", "--since", "1h", *args)
+    assert [json.loads(line)["ref"] for line in exported.stdout.splitlines()] == [qid]
+
+
+def test_quarantine_id_above_2_64_is_a_usage_error(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    del cli_settler
+    for bad in ("0/18446744073709551616-0", "1-18446744073709551616", "99999999999999999999-0"):
+        done = settle("quarantine", "show", bad, *_args(redis_url, namespace))
+        assert done.returncode == 2, done.stderr
+        assert "is not a quarantine id" in done.stderr
+        assert "cannot reach" not in done.stderr
+    done = settle("quarantine", "show", "0/18446744073709551615-0", *_args(redis_url, namespace))
+    assert done.returncode == 1  # the largest id is well formed, and not found
+
+
+def test_corrupt_namespace_metadata_is_one_clear_line(
+    cli_settler: Settler, redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    meta = Keys(namespace, 1).meta
+    args = _args(redis_url, namespace)
+    redis_client.hset(meta, "shards", "abc")
+    done = settle("stats", *args)
+    assert done.returncode == 3
+    assert done.stderr.startswith(f"settle: the metadata of namespace {namespace!r} is corrupt")
+    assert "'abc'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    redis_client.hset(meta, "shards", "99999")  # a count no --shards could give
+    done = settle("inspect", "x", *args)
+    assert done.returncode == 3
+    assert "is corrupt" in done.stderr
+    assert "--shards" not in done.stderr
+
+    redis_client.delete(meta)
+    redis_client.set(meta, "not a hash")
+    done = settle("quarantine", "ls", *args)
+    assert done.returncode == 3
+    assert "is not a hash" in done.stderr
+    assert "cannot reach" not in done.stderr
+    del cli_settler
+
+
+def _bulk(redis_url: str, namespace: str, redis_client: redis.Redis, n: int) -> None:
+    """A 2-shard namespace whose quarantine holds ``n`` + 1 entries."""
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=2)
+    settler.check()
+    try:
+        _copies(redis_client, settler, n)
+    finally:
+        settler.close()
+
+
+def _copies(redis_client: redis.Redis, settler: Settler, n: int) -> None:
+    """``n`` more entries in the quarantine: copies of a real one, written in bulk."""
+    qid = stale_settlement(settler, "order-bulk")
+    shard, entry_id = qid.split("/")
+    stream = Keys(settler.config.namespace, settler.config.shards).quarantine(int(shard))
+    [(_, fields)] = redis_client.xrange(stream, entry_id, entry_id)
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(n):
+        pipe.xadd(stream, fields)
+        if i % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    ms, seq = text.split("-")
+    return int(ms), int(seq)
+
+
+def test_export_and_stats_stream_past_100k_in_bounded_memory(
+    redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    _bulk(redis_url, namespace, redis_client, 100_000)
+    args = _args(redis_url, namespace)
+    # A fresh parent whose only child is the export: its children's peak is the export's.
+    measure = (
+        "import resource, subprocess, sys; "
+        "done = subprocess.run(sys.argv[1:], stdout=sys.stdout, stderr=sys.stderr); "
+        "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+        "sys.stderr.write(f'peak_kib={peak}'); sys.exit(done.returncode)"
+    )
+    export = subprocess.run(
+        [sys.executable, "-c", measure, str(SETTLE), "quarantine", "export", *args],
+        capture_output=True,
+        env=cli_env(),
+        check=False,
+    )
+    stderr = export.stderr.decode()
+    assert export.returncode == 0, stderr
+    lines = export.stdout.splitlines()
+    assert len(lines) == 100_001  # no silent cap
+    peak_kib = int(stderr.removeprefix("peak_kib="))  # and no progress without a terminal
+    assert peak_kib < 150 * 1024, f"export peaked at {peak_kib // 1024} MiB"
+    first, last = json.loads(lines[0]), json.loads(lines[-1])
+    assert _stream_id(first["id"]) < _stream_id(last["id"])  # oldest first
+    head = subprocess.run(  # a reader that stops early ends the export quietly
+        f"{SETTLE} quarantine export {' '.join(args)} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        check=False,
+    )
+    assert len(head.stdout.splitlines()) == 1
+    assert head.stderr == ""
+    limited = settle("quarantine", "export", "--limit", "3", *args)
+    assert len(limited.stdout.splitlines()) == 3
+    report = settle_json("stats", *args)
+    assert report["quarantine"]["total"] == 100_001
+    assert report["quarantine"]["unresolved"] == 100_001
+
+
+def test_export_shows_progress_on_a_terminal_only(
+    redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    _bulk(redis_url, namespace, redis_client, 2500)
+    master, slave = pty.openpty()
+    try:
+        done = subprocess.run(
+            [str(SETTLE), "quarantine", "export", *_args(redis_url, namespace)],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env=cli_env(),
+            check=False,
+            timeout=120,
+        )
+        os.close(slave)
+        slave = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+        if slave != -1:
+            os.close(slave)
+    assert done.returncode == 0
+    assert len(done.stdout.splitlines()) == 2501
+    assert b"exported 2000 entries" in seen
+    assert b"exported 2501 entries" in seen

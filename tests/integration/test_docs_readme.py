@@ -1,0 +1,39 @@
+"""Every Python block of README.md runs as it is, in order: the first on the in-memory
+model, the others against the test session's real redis-server (``SETTLE_REDIS_URL``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from settle import Settler, State
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_examples_run(
+    redis_url: str,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    blocks = re.findall(r"^```python\n(.*?)^```$", README.read_text("utf-8"), flags=re.S | re.M)
+    assert len(blocks) == 3
+    monkeypatch.setenv("SETTLE_REDIS_URL", redis_url)
+    monkeypatch.setenv("SETTLE_NAMESPACE", namespace)
+    scope: dict[str, object] = {"__name__": "readme"}
+    exec(compile(blocks[0], str(README), "exec"), scope)
+    assert scope["charges"] == ["order-42"]
+    for block in blocks[1:]:
+        exec(compile(block, str(README), "exec"), scope)
+    assert "order-45 is in progress until" in capsys.readouterr().out
+    with Settler.from_url(redis_url, namespace=namespace) as check:
+        for op in ("charge:order-43", "order-44"):
+            record = check.get(op)
+            assert record is not None
+            assert record.state is State.COMPLETED
+        held = check.get("order-45")
+        assert held is not None
+        assert held.state is State.PENDING

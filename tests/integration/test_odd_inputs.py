@@ -1,0 +1,192 @@
+"""Typed errors for odd inputs (issue 16): every bad SettleConfig field is an InvalidInput
+(a SettleError), NaN and the infinities are refused in results as in requests, reasons and
+notes refuse control characters, operation ids refuse line and paragraph separators, and
+nothing is written for any of them. Log digests of principals are keyed."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from settle import FingerprintError, Reserved, SettleConfig, SettleError, Settler
+from settle.errors import InvalidInput
+from settle.testing import MemorySettler
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("namespace", "bad ns"),
+        ("namespace", ""),
+        ("namespace", 7),
+        ("shards", 0),
+        ("shards", 4097),
+        ("shards", "many"),
+        ("lease", 0),
+        ("lease", 86_401),
+        ("retention", -1),
+        ("max_result_bytes", 0),
+        ("quarantine_payload_bytes", -1),
+        ("quarantine_maxlen", 0),
+        ("attempt_log_size", 0),
+        ("attempt_log_size", 10_001),
+        ("min_replicas", -1),
+        ("replica_timeout", 0),
+        ("no_such_field", 1),
+    ],
+)
+def test_every_bad_config_field_is_a_settle_error(field: str, value: Any) -> None:
+    with pytest.raises(InvalidInput) as info:
+        SettleConfig(**{field: value})
+    error = info.value
+    assert isinstance(error, SettleError)
+    assert isinstance(error, ValueError)  # as pydantic's ValidationError was
+    assert not isinstance(error, ValidationError)
+    assert field in str(error)
+    assert isinstance(error.__cause__, ValidationError)
+    with pytest.raises(InvalidInput):
+        SettleConfig.model_validate({field: value})
+
+
+def test_config_across_fields_and_through_the_settlers(redis_url: str) -> None:
+    with pytest.raises(InvalidInput, match="retention must be at least the lease"):
+        SettleConfig(lease=60, retention=30)
+    with pytest.raises(InvalidInput, match="namespace"):
+        Settler.from_url(redis_url, namespace="bad ns")
+    with pytest.raises(InvalidInput, match="shards"):
+        MemorySettler(shards=0)
+    assert SettleConfig(namespace="ok.ns-1", shards=4).shards == 4
+
+
+NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+def test_nan_and_infinity_in_results_are_refused_and_nothing_is_written(
+    settler: Settler, value: float
+) -> None:
+    r = settler.reserve("order-nan", {"a": 1}, principal="p")
+    assert isinstance(r, Reserved)
+    before = settler.get("order-nan")
+    for result in ({"amount": value}, [1, value], value):
+        with pytest.raises(FingerprintError, match="no JSON form") as info:
+            settler.complete(r.reservation, result)
+        assert info.value.operation_id == "order-nan"
+    assert settler.get("order-nan") == before  # still pending, same version
+    # the word in a string is no number: stored as it is
+    done = settler.complete(r.reservation, {"note": "NaN Infinity"})
+    assert done.record is not None
+    assert done.record.value(dict) == {"note": "NaN Infinity"}
+
+
+def test_nan_in_a_result_is_refused_by_the_reference_model_too() -> None:
+    memory = MemorySettler(namespace="nan")
+    r = memory.reserve("x", {"a": 1}, principal="p")
+    assert isinstance(r, Reserved)
+    with pytest.raises(FingerprintError):
+        memory.complete(r.reservation, {"v": float("nan")})
+    with pytest.raises(FingerprintError):  # as in a request
+        memory.reserve("y", {"v": float("nan")}, principal="p")
+
+
+CONTROLS = ["a\x1bb", "line\nbreak", "tab\there", "bell\x07", "nel\x85", "rlo\u202e", "zw\u200d"]
+
+
+@pytest.mark.parametrize("reason", CONTROLS)
+def test_a_reason_with_control_characters_is_refused(settler: Settler, reason: str) -> None:
+    r = settler.reserve("order-reason", {"a": 1}, principal="p")
+    assert isinstance(r, Reserved)
+    before = settler.get("order-reason")
+    with pytest.raises(InvalidInput, match="reason must not contain control characters"):
+        settler.mark_provisional(r.reservation, reason)
+    assert settler.get("order-reason") == before
+
+
+def _stale_entry(settler: Settler) -> str:
+    first = settler.reserve("order-note", {"a": 1}, principal="p", lease=0.05)
+    assert isinstance(first, Reserved)
+    time.sleep(0.1)
+    second = settler.reserve("order-note", {"a": 1}, principal="p", lease=5)
+    assert isinstance(second, Reserved)
+    settler.complete(second.reservation, {"ok": 2})
+    late = settler.complete(first.reservation, {"ok": 1})
+    assert late.quarantine_id is not None
+    return late.quarantine_id
+
+
+def test_a_note_with_control_characters_is_refused(settler: Settler) -> None:
+    qid = _stale_entry(settler)
+    for note in [*CONTROLS, "para\u2029graph", "\r\n"]:
+        with pytest.raises(InvalidInput, match="note must not contain control characters"):
+            settler.quarantine.resolve(qid, note=note)
+    assert settler.quarantine.get(qid).resolution is None
+    settler.quarantine.resolve(qid, note="checked with the provider: refunded")
+    assert settler.quarantine.get(qid).resolution is not None
+
+
+@pytest.mark.parametrize(
+    "operation_id",
+    [
+        "a\u2028b",  # line separator
+        "a\u2029b",  # paragraph separator
+        "a\x85b",  # next line (NEL)
+        "a\x0bb",  # vertical tab
+        "a\x0cb",  # form feed
+        "a\rb",
+        "a\nb",
+        "a\u202eb",  # right-to-left override
+    ],
+)
+def test_operation_ids_refuse_line_breaks_and_separators(
+    settler: Settler, redis_client: Any, operation_id: str
+) -> None:
+    with pytest.raises(InvalidInput, match="operation id must not contain control characters"):
+        settler.reserve(operation_id, {"a": 1}, principal="p")
+    with pytest.raises(InvalidInput):
+        MemorySettler().reserve(operation_id, {"a": 1}, principal="p")
+    assert not redis_client.keys(f"*{settler.config.namespace}*:op:*")
+
+
+def test_confusable_ids_are_distinct_operations(settler: Settler) -> None:
+    """Ids are compared code point by code point, never normalized (docs/concepts.md)."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    first = settler.reserve(nfc, {"a": 1}, principal="p")
+    second = settler.reserve(nfd, {"a": 1}, principal="p")
+    assert isinstance(first, Reserved)
+    assert isinstance(second, Reserved)
+
+
+def _digest_in_a_process(principal: str, key: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "SETTLE_DIGEST_KEY"}
+    if key is not None:
+        env["SETTLE_DIGEST_KEY"] = key
+    code = "import sys; from settle._log import binding_digest; print(binding_digest(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, principal],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_log_digests_of_principals_are_keyed_per_deployment() -> None:
+    principal = "user:1042"
+    unkeyed = hashlib.sha256(principal.encode()).hexdigest()[:12]
+    keyed = _digest_in_a_process(principal, "deployment-secret")
+    assert keyed == hmac.new(b"deployment-secret", principal.encode(), "sha256").hexdigest()[:12]
+    assert keyed != unkeyed  # a dictionary of user ids does not reverse it
+    assert _digest_in_a_process(principal, "deployment-secret") == keyed  # across processes
+    assert _digest_in_a_process(principal, "another-secret") != keyed
+    # without a configured secret each process draws its own
+    assert _digest_in_a_process(principal, None) != _digest_in_a_process(principal, None)
+    assert _digest_in_a_process(principal, None) != unkeyed
