@@ -59,7 +59,8 @@ def test_the_body_iterable_is_collected_closed_and_replayed(settler: Settler) ->
         first = client.post("/charge", content=b"x", headers=KEY)
         again = client.post("/charge", content=b"x", headers=KEY)
     assert first.status_code == 201
-    assert first.content.startswith(b"generation 1 ")
+    # The handler saw its fencing token (a hybrid-clock generation, see docs/concepts.md).
+    assert int(first.content.split(b" ")[1]) > 0
     assert again.content == first.content
     assert again.headers["idempotent-replayed"] == "true"
     assert len(bodies) == 1
@@ -94,7 +95,7 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert busy.status_code == 409
     assert busy.headers["retry-after"] == "1"
     assert [r.status_code for r in results] == [201]
-    assert generations == [1]
+    assert len(generations) == 1  # one attempt: the retry never took it over
 
 
 def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
@@ -138,7 +139,7 @@ def test_works_on_the_in_memory_settler() -> None:
         first = client.post("/x", content=b"1", headers=KEY)
         again = client.post("/x", content=b"1", headers=KEY)
     assert first.content == again.content == b"run 1"
-    assert runs == [1]
+    assert len(runs) == 1
 
 
 def test_an_unguarded_request_has_no_attempt() -> None:
