@@ -9,6 +9,11 @@ log (but for which attempts' mark_provisional it accepted: a repeat of one after
 is absorbed) and the quarantine stream are left out because no script reads them to decide
 anything, and a pending lease counts only as live or passed. Two states with the same key
 therefore have the same futures, which is what makes pruning on the key sound.
+
+With ``Bounds.loss`` Redis may also lose data (``world.LOSS_STEPS``): the world keeps a copy
+of the keyspace from before the previous step for a failover to go back to, and the key then
+also holds the quarantine's identities and that copy's abstraction (when a failover is
+possible), so pruning stays sound; without it the key is what it was.
 """
 
 from __future__ import annotations

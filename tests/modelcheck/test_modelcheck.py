@@ -1,5 +1,7 @@
 """The model checker at CI bounds: every interleaving keeps the invariants, the explored
-traces give the same answers on real Redis, and a broken rule is caught with a trace.
+traces give the same answers on real Redis, and a broken rule is caught with a trace; the
+same with Redis losing data in between (a restart that comes back empty, a lost counter, a
+failover that drops the previous step's writes).
 
 Deeper bounds: ``python -m tests.modelcheck --depth 8`` (see docs/correctness.md).
 """
