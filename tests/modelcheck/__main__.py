@@ -2,6 +2,7 @@
 
     python -m tests.modelcheck --workers 3 --reserves 1 --depth 8
     python -m tests.modelcheck --depth 6 --replay all            # then every trace on Redis
+    python -m tests.modelcheck --workers 2 --depth 5 --loss      # Redis losing data, too
     python -m tests.modelcheck --depth 7 --replay 5000 --redis-url redis://localhost:6379/0
 
 Exit status 1 when an invariant is violated (the counterexample is printed) or when Redis
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         "--retention", action="store_true", help="also let the record outlive its retention"
     )
     parser.add_argument(
+        "--loss",
+        action="store_true",
+        help="also let Redis lose data: restart empty, lose the counter, fail over",
+    )
+    parser.add_argument(
         "--replay",
         default=None,
         help="replay explored traces on Redis: 'all' or a number to sample (seed 10)",
@@ -46,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
     args = parser.parse_args(argv)
     bounds = Bounds(
-        workers=args.workers, reserves=args.reserves, depth=args.depth, retention=args.retention
+        workers=args.workers,
+        reserves=args.reserves,
+        depth=args.depth,
+        retention=args.retention,
+        loss=args.loss,
     )
 
     def progress(depth: int, states: int, transitions: int) -> None:

@@ -9,6 +9,11 @@ log (but for which attempts' mark_provisional it accepted: a repeat of one after
 is absorbed) and the quarantine stream are left out because no script reads them to decide
 anything, and a pending lease counts only as live or passed. Two states with the same key
 therefore have the same futures, which is what makes pruning on the key sound.
+
+With ``Bounds.loss`` Redis may also lose data (``world.LOSS_STEPS``): the world keeps a copy
+of the keyspace from before the previous step for a failover to go back to, and the key then
+also holds the quarantine's identities and that copy's abstraction (when a failover is
+possible), so pruning stays sound; without it the key is what it was.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from settle._core.reference import MemoryKeyspace, _Stream
 from settle.testing import ManualClock, MemorySettler
 from tests.modelcheck.invariants import Ghost, Observed, Violation, check_step
 from tests.modelcheck.spec import Rec
-from tests.modelcheck.world import LEASE, OP, Outcome, Runner, Step, Worker
+from tests.modelcheck.world import LEASE, LOSS_STEPS, OP, Outcome, Runner, Step, Worker
 
 __all__ = ["Bounds", "Counterexample", "ModelWorld", "Result", "explore", "label", "quiet_logs"]
 
 NAMESPACE = "mc"
+LOSS_TAKES = 0.001  # seconds: each loss step advances the clock by 1 ms
+# A copy of the keyspace's contents: (data, expire_at).
+Keyspace = tuple[dict[str, Any], dict[str, int]]
 _STEPS: dict[Step, Step] = {}
 _TIMESTAMPS = (b"created", b"updated", b"lease")
 
@@ -41,6 +49,7 @@ class Bounds:
     reserves: int = 1  # new attempts (reserve calls with a new attempt id) per worker
     depth: int = 8  # steps per trace
     retention: bool = False  # also let the record outlive its retention (and be reserved anew)
+    loss: bool = False  # also let Redis lose data (world.LOSS_STEPS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,7 @@ class Snapshot:
     now_ms: int
     workers: tuple[Worker, ...]
     ghost: Ghost
+    undo: Keyspace | None = None  # the keyspace before the previous step (Bounds.loss)
 
 
 @dataclass
@@ -138,6 +148,8 @@ class ModelWorld:
         self.record_key = keys.record(OP)
         self.counter_key = keys.generation(0)
         self.quarantine_key = keys.quarantine(0)
+        self.identities_key = keys.identities(0)
+        self.meta_key = keys.meta
         self.log_key = keys.attempt_log(OP)
         retention = self.settler.config.retention
         self.runner = Runner(
@@ -146,8 +158,11 @@ class ModelWorld:
             bounds.reserves,
             lambda _s: self.clock.advance(LEASE),
             (lambda _s: self.clock.advance(retention + LEASE)) if bounds.retention else None,
+            self._lose if bounds.loss else None,
         )
         self.ghost = Ghost()
+        self.loss = bounds.loss
+        self.undo: Keyspace | None = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -159,6 +174,7 @@ class ModelWorld:
             self.clock.now_ms,
             self.runner.workers,
             self.ghost,
+            self.undo,
         )
 
     def restore(self, snap: Snapshot) -> None:
@@ -168,6 +184,36 @@ class ModelWorld:
         self.clock.now_ms = snap.now_ms
         self.runner.workers = snap.workers
         self.ghost = snap.ghost
+        self.undo = snap.undo
+
+    def _contents(self) -> Keyspace:
+        ks = self.keyspace
+        return {k: _copy(v) for k, v in ks._data.items()}, dict(ks._expire_at)
+
+    def _live_contents(self) -> Keyspace:
+        """The keys that have not expired (a failover replica has no use for the others)."""
+        now = self.clock.now_ms
+        data, expire_at = self._contents()
+        gone = [k for k, at in expire_at.items() if at <= now]
+        for k in gone:
+            data.pop(k, None)
+            del expire_at[k]
+        return data, expire_at
+
+    def _lose(self, kind: str) -> None:
+        """A loss step on the model's keyspace; each takes 1 ms."""
+        ks = self.keyspace
+        if kind == "restart_empty":
+            ks.flush()
+        elif kind == "counter_lost":
+            ks.delete(self.counter_key)
+        else:
+            assert kind == "failover_drops_latest"
+            assert self.undo is not None
+            data, expire_at = self.undo
+            ks._data = {k: _copy(v) for k, v in data.items()}
+            ks._expire_at = dict(expire_at)
+        self.clock.advance(LOSS_TAKES)
 
     def _raw(self) -> dict[bytes, bytes] | None:
         ks = self.keyspace
@@ -213,12 +259,7 @@ class ModelWorld:
         """(attempt id, generation) of every accepted mark_provisional in the attempt log:
         the one thing in the log a script reads (a repeat of such a settlement after a
         takeover is absorbed, not quarantined)."""
-        out = set()
-        for entry in self.keyspace.lrange(self.log_key, self.clock.now_ms):
-            aid, gen, action, verdict, _detail, _at = entry.decode().split("|")
-            if (action, verdict) == ("mark_provisional", "accepted"):
-                out.add((aid, int(gen)))
-        return frozenset(out)
+        return _provisional_accepts(self.keyspace.lrange(self.log_key, self.clock.now_ms))
 
     def key(self) -> tuple[Any, ...]:
         """The abstract state: everything that can change what happens next."""
@@ -229,28 +270,83 @@ class ModelWorld:
         state = self.keyspace._data.get(self.counter_key)
         counter = tuple(sorted(state.items())) if state is not None else None
         workers = tuple(w.key() for w in self.runner.workers)
+        key: tuple[Any, ...] = (fields, self.pending_live(raw), counter, workers, self.ghost)
+        key += (self.provisional_accepts(),)
+        if not self.loss:
+            return key
+        # With loss steps, two more things decide what can happen next: which rejected
+        # responses the quarantine still remembers (the stream can be lost while the monitor
+        # remembers them), and what a failover would bring back (the undo copy, abstracted
+        # the same way, when a failover is possible at all).
+        ks = self.keyspace
+        ids = self._abstract(ks._data, ks._expire_at)[-1]
+        undo = None
+        if self.undo is not None and self._failover_enabled():
+            undo = self._abstract(*self.undo)
+        return (*key, ids, undo)
+
+    def _abstract(self, data: dict[str, Any], expire_at: dict[str, int]) -> tuple[Any, ...]:
+        """A keyspace's contents as ``key`` sees them: the record without timestamps, its
+        lease live or not, the counter, the accepted mark_provisional of the attempt log, and
+        the quarantine's identities of rejected responses (the dedupe reads them)."""
+        now = self.clock.now_ms
+
+        def get(key: str) -> Any:
+            at = expire_at.get(key)
+            return None if at is not None and at <= now else data.get(key)
+
+        rec, counter, log, ids = (
+            get(k) for k in (self.record_key, self.counter_key, self.log_key, self.identities_key)
+        )
+        fields = None
+        if isinstance(rec, dict):
+            fields = tuple(sorted((k, v) for k, v in rec.items() if k not in _TIMESTAMPS))
         return (
             fields,
-            self.pending_live(raw),
-            counter,
-            workers,
-            self.ghost,
-            self.provisional_accepts(),
+            self.pending_live(rec if isinstance(rec, dict) else None),
+            tuple(sorted(counter.items())) if isinstance(counter, dict) else None,
+            _provisional_accepts(log if isinstance(log, list) else []),
+            tuple(sorted(ids)) if isinstance(ids, dict) else None,
         )
 
     def enabled(self) -> list[Step]:
         raw = self._raw()
-        return self.runner.enabled(raw is not None, self.pending_live(raw))
+        steps = self.runner.enabled(raw is not None, self.pending_live(raw))
+        if self.loss:
+            live = self._live_contents()[0]
+            if set(live) - {self.meta_key}:  # an empty Redis has nothing to lose
+                steps.append(Step("restart_empty"))
+            if self.counter_key in live:
+                steps.append(Step("counter_lost"))
+            if self._failover_enabled():
+                steps.append(Step("failover_drops_latest"))
+        return steps
+
+    def _failover_enabled(self) -> bool:
+        """A failover can drop the previous step's writes, if it wrote anything (and it was
+        not itself a loss: what a loss dropped does not come back)."""
+        return self.undo is not None and self.undo != self._live_contents()
 
     # -- one step, checked -----------------------------------------------------------------
 
     def step(self, step: Step) -> Outcome:
         before = self.observe()
         aid = self.runner.attempt_id(step)
+        undo = self._live_contents() if self.loss and step.kind not in LOSS_STEPS else None
         out = self.runner.apply(step)
+        self.undo = undo
         if self.checked:
             self.ghost = check_step(step, before, out, self.observe(), self.ghost, aid)
         return out
+
+
+def _provisional_accepts(log: list[bytes]) -> frozenset[tuple[str, int]]:
+    out = set()
+    for entry in log:
+        aid, gen, action, verdict, _detail, _at = entry.decode().split("|")
+        if (action, verdict) == ("mark_provisional", "accepted"):
+            out.add((aid, int(gen)))
+    return frozenset(out)
 
 
 def label(out: Outcome) -> str:

@@ -1,4 +1,4 @@
-"""The six invariants of issue 10, checked on every step the model checker takes.
+"""The invariants of issues 10 and 20 (losses), checked on every step the model checker takes.
 
 The monitor keeps a little ghost state (what was accepted, what was quarantined, the highest
 generation issued) that is part of the explored state, because the invariants talk about
@@ -13,7 +13,12 @@ rejected response is known to carry "the right kind" without trusting the model.
 5. a response is never both accepted and quarantined, and every rejected one is in the
    quarantine (exactly one entry, the presented payload) with the right kind; the same
    rejected response delivered again keeps its first entry;
-6. after a takeover, the old generation changes nothing.
+6. after a takeover, the old generation changes nothing;
+7. across what Redis may lose (Bounds.loss: a restart that comes back empty, a lost counter, a
+   failover that drops the latest writes): generations still only go up (3), and a settlement
+   presented with a generation issued before a loss is never accepted on a record of a
+   generation issued after it; a terminal record is never overwritten while it exists (1),
+   but a loss may end it, and then the operation may run again.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Ghost:
     quarantined: frozenset[bytes] = frozenset()  # identities of quarantined responses
     quarantined_payloads: frozenset[bytes] = frozenset()  # their result / failure bytes
     accepted: frozenset[bytes] = frozenset()  # identities of accepted responses
+    fence: int = 0  # the highest generation issued before the latest loss (Bounds.loss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +94,7 @@ def check_step(
     step: Step, before: Observed, out: Outcome, after: Observed, ghost: Ghost, aid: str | None
 ) -> Ghost:
     """Raise :class:`Violation` if the step broke a rule; return the ghost after it."""
-    if out.what != "forgotten":  # what the history so far demands of the new state
+    if out.what not in ("forgotten", "lost"):  # what the history so far demands of the new state
         _check_terminal(after, ghost)
     ghost = _check_by_kind(step, before, out, after, ghost, aid)
     _check_state(after, ghost)  # and with this step's own outcome added
@@ -120,6 +126,8 @@ def _check_by_kind(
         # A new lifetime of the operation id: invariant 1 holds within retention (SPEC §1),
         # while generations (3) and quarantined payloads (4) are checked across lifetimes.
         return replace(ghost, terminal=None, accepted=frozenset())
+    if out.what == "lost":
+        return _check_loss(step, before, after, ghost)
     if out.what == "error" or step.kind in ("reserve_other_request", "reserve_other_principal"):
         fp = FP if step.kind == "reserve_other_principal" else "other"
         bind = PRINCIPAL if step.kind == "reserve_other_request" else "other"
@@ -149,6 +157,26 @@ def _check_by_kind(
     assert out.what == "settlement"
     assert out.sent is not None
     return _check_settlement(step, before, out, after, ghost)
+
+
+def _check_loss(step: Step, before: Observed, after: Observed, ghost: Ghost) -> Ghost:
+    """Redis lost data (Bounds.loss). Invariant 1 holds while a terminal record exists: a
+    total loss, or a failover that dropped the write that made it terminal, ends that record
+    and the operation may run again (docs/correctness.md). Generations (3), quarantined
+    payloads (4) and stale responses (5, 6, 7) are checked across the loss."""
+    if step.kind == "restart_empty":
+        if after.raw is not None or after.counter or after.quarantine:
+            raise Violation("loss", "a restart came back empty, yet a key is still there")
+    elif step.kind == "counter_lost" and (
+        after.raw != before.raw or after.counter or after.quarantine != before.quarantine
+    ):
+        raise Violation("loss", "only the counter was lost, yet something else changed")
+    ghost = replace(ghost, fence=ghost.issued)
+    if ghost.terminal is None:
+        return ghost
+    if _terminal_of(after) == ghost.terminal:
+        return ghost  # the terminal record survived the loss
+    return replace(ghost, terminal=None, accepted=frozenset())
 
 
 def _check_reserve(
@@ -211,6 +239,12 @@ def _check_settlement(
     if before.rec is not None:
         rec = before.rec
         current = (rec.op, rec.fp, rec.fpv, rec.bind, rec.gen)
+    if out.code == "accepted" and current and r.generation <= ghost.fence < current[-1]:
+        raise Violation(
+            "7",
+            f"{step}: generation {r.generation}, issued before a loss, was accepted on a record"
+            f" of generation {current[-1]}, issued after it",
+        )
     if out.code == "accepted" and presented != current:
         raise Violation("2", f"{step}: accepted {presented}, the record was {current}")
     if (out.code, out.kind) != (want.code, want.detail):
@@ -293,13 +327,14 @@ def _check_state(after: Observed, ghost: Ghost) -> None:
         raise Violation("3", f"the record carries generation {after.rec.gen}, never issued")
 
 
+def _terminal_of(after: Observed) -> tuple[str, int, bytes | None, bytes | None] | None:
+    if after.rec is None or after.raw is None:
+        return None
+    return (after.rec.state, after.rec.gen, after.result, after.raw.get(b"rdig"))
+
+
 def _check_terminal(after: Observed, ghost: Ghost) -> None:
     if ghost.terminal is not None:
-        state, gen, result, rdig = ghost.terminal
-        now = (
-            None
-            if after.rec is None or after.raw is None
-            else (after.rec.state, after.rec.gen, after.result, after.raw.get(b"rdig"))
-        )
-        if now != (state, gen, result, rdig):
-            raise Violation("1", f"a {state} record changed: {ghost.terminal} -> {now}")
+        now = _terminal_of(after)
+        if now != ghost.terminal:
+            raise Violation("1", f"a {ghost.terminal[0]} record changed: {ghost.terminal} -> {now}")

@@ -14,6 +14,14 @@ Lease expiry on Redis: every lease is long (``LEASE``), so none passes by accide
 ``expire`` step renews the current reservation with a 1 ms lease through the public API and
 then waits until the server's own ``TIME`` is past that lease. The model's ``expire`` step
 advances its manual clock past the lease. Both then agree that exactly this lease passed.
+
+Losses on Redis (``Bounds.loss``), on the namespace's own keys so that a shared server is
+safe: ``restart_empty`` deletes every key of the namespace (what a restart without
+persistence or a FLUSHALL leaves of it; the script cache survives, which changes no answer:
+its reload after a real restart is tested in tests/faults), ``counter_lost`` deletes the
+shard's generation state, and ``failover_drops_latest`` puts back every key as DUMP saw it
+before the previous step (RESTORE ... REPLACE ABSTTL, deleting the keys that did not exist
+then). Each then waits until the server's clock moved by 1 ms, as the model's does.
 """
 
 from __future__ import annotations
@@ -31,9 +39,25 @@ from settle import Settler
 from settle._core.keys import Keys
 from settle.models import Reservation
 from tests.modelcheck.explore import Bounds, ModelWorld, Result, describe, quiet_logs
-from tests.modelcheck.world import GHOST_OP, LEASE, OP, Outcome, Runner, Step, norm_record
+from tests.modelcheck.world import (
+    GHOST_OP,
+    LEASE,
+    LOSS_STEPS,
+    OP,
+    Outcome,
+    Runner,
+    Step,
+    norm_record,
+)
 
-__all__ = ["ReplayReport", "covering_traces", "replay", "replay_trace"]
+__all__ = [
+    "RedisLoss",
+    "ReplayReport",
+    "covering_traces",
+    "namespace_keys",
+    "replay",
+    "replay_trace",
+]
 
 
 @dataclass
@@ -121,6 +145,67 @@ def _redis_forget(client: redis.Redis, namespace: str) -> Any:
     return forget
 
 
+def namespace_keys(namespace: str) -> list[str]:
+    """Every key a trace can write in its namespace (one shard)."""
+    keys = Keys(namespace, 1)
+    return [
+        keys.meta,
+        *(k for op in (OP, GHOST_OP) for k in (keys.record(op), keys.attempt_log(op))),
+        keys.generation(0),
+        *keys.quarantine_keys(0),
+    ]
+
+
+class RedisLoss:
+    """The loss steps on Redis, for one namespace: see the module docstring."""
+
+    def __init__(self, client: redis.Redis, namespace: str) -> None:
+        self.client = client
+        self.keys = namespace_keys(namespace)
+        self.counter = Keys(namespace, 1).generation(0)
+        self.undo: list[tuple[str, bytes, int]] | None = None
+
+    def before(self, step: Step) -> None:
+        """Keep what a failover after ``step`` would bring back (a loss keeps nothing)."""
+        if step.kind not in LOSS_STEPS:
+            self.undo = self._dump()
+
+    def _dump(self) -> list[tuple[str, bytes, int]]:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.time()
+        for key in self.keys:
+            pipe.dump(key)
+            pipe.pttl(key)
+        (sec, usec), *replies = pipe.execute()
+        now = int(sec) * 1000 + int(usec) // 1000
+        saved = []
+        for key, payload, ttl in zip(self.keys, replies[::2], replies[1::2], strict=True):
+            if payload is not None:
+                saved.append((key, payload, now + ttl if ttl > 0 else 0))
+        return saved
+
+    def __call__(self, kind: str) -> None:
+        start = _server_ms(self.client)
+        if kind == "restart_empty":
+            self.client.delete(*self.keys)
+        elif kind == "counter_lost":
+            self.client.delete(self.counter)
+        else:
+            assert kind == "failover_drops_latest"
+            assert self.undo is not None
+            kept = {key for key, _, _ in self.undo}
+            pipe = self.client.pipeline(transaction=True)
+            gone = [key for key in self.keys if key not in kept]
+            if gone:
+                pipe.delete(*gone)
+            for key, payload, at in self.undo:
+                pipe.restore(key, at, payload, replace=True, absttl=at > 0)
+            pipe.execute()
+        self.undo = None
+        while _server_ms(self.client) < start + 1:
+            time.sleep(0.0005)
+
+
 class Generations:
     """Redis generation -> model generation, paired as both sides issue them."""
 
@@ -194,10 +279,13 @@ def replay_trace(
     model = ModelWorld(bounds, checked=checked)
     real = Settler(client, namespace=namespace, shards=1, lease=LEASE)
     forget = _redis_forget(client, namespace) if bounds.retention else None
-    runner = Runner(real, bounds.workers, bounds.reserves, _redis_expire(client), forget)
+    lose = RedisLoss(client, namespace) if bounds.loss else None
+    runner = Runner(real, bounds.workers, bounds.reserves, _redis_expire(client), forget, lose)
     gens = Generations()
     try:
         for n, step in enumerate(trace, 1):
+            if lose is not None:
+                lose.before(step)
             want: Outcome = model.step(step)
             got = runner.apply(step)
             if want.what == got.what == "reserved" and want.generation and got.generation:
@@ -215,17 +303,7 @@ def replay_trace(
             return len(trace), f"{_trace_text(trace)}\n  at the end, " + "\n  ".join(diff)
         return len(trace), None
     finally:
-        keys = Keys(namespace, 1)
-        client.delete(
-            keys.meta,
-            keys.record(OP),
-            keys.attempt_log(OP),
-            keys.record(GHOST_OP),
-            keys.attempt_log(GHOST_OP),
-            keys.generation(0),
-            keys.quarantine(0),
-            keys.resolutions(0),
-        )
+        client.delete(*namespace_keys(namespace))
 
 
 def _trace_text(trace: list[Step]) -> str:

@@ -1,20 +1,23 @@
 """The model checker at CI bounds: every interleaving keeps the invariants, the explored
-traces give the same answers on real Redis, and a broken rule is caught with a trace.
+traces give the same answers on real Redis, and a broken rule is caught with a trace; the
+same with Redis losing data in between (a restart that comes back empty, a lost counter, a
+failover that drops the previous step's writes).
 
 Deeper bounds: ``python -m tests.modelcheck --depth 8`` (see docs/correctness.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from settle._core import reference
 from tests.modelcheck.__main__ import main
-from tests.modelcheck.explore import Bounds, Result, explore
+from tests.modelcheck.explore import Bounds, ModelWorld, Result, explore
 from tests.modelcheck.replay import covering_traces, replay, replay_trace, sample
-from tests.modelcheck.world import Step
+from tests.modelcheck.world import LOSS_STEPS, Step
 
 THREE_WORKERS = Bounds(workers=3, reserves=1, depth=6)
 LONGER_SAMPLE = 800  # traces of 5 and 6 steps replayed on Redis (seed 10)
@@ -102,6 +105,44 @@ def test_a_record_that_outlives_its_retention_never_gets_an_old_generation_again
     assert report.traces == len(chosen) == 500
 
 
+LOSSES = Bounds(workers=2, reserves=1, depth=5, loss=True)
+LOSS_SAMPLE = 400  # covering traces with a loss step before their last step (seed 10)
+
+
+@pytest.fixture(scope="module")
+def losses() -> Result:
+    return explore(LOSSES)
+
+
+def test_every_interleaving_with_losses_keeps_the_invariants(losses: Result) -> None:
+    """Redis restarts empty, loses the counter, or fails over to a replica that missed the
+    previous step, at any point: generations still only go up, a settlement of a generation
+    issued before a loss is never accepted on a later record, and a terminal record is never
+    overwritten while it exists."""
+    assert losses.counterexample is None, str(losses.counterexample)
+    assert losses.depth_reached == LOSSES.depth
+    assert {
+        "lost/restart_empty",
+        "lost/counter_lost",
+        "lost/failover_drops_latest",
+        "renew/unknown_operation",  # a heartbeat after a restart finds nothing
+    } <= losses.outcomes
+    # Every SPEC §2 row is still reached with the losses in between.
+    assert losses.outcomes >= REACHABLE, REACHABLE - losses.outcomes
+
+
+def test_traces_with_losses_give_the_same_answers_on_redis(redis_url: str, losses: Result) -> None:
+    """Each loss step done on Redis too (DEL of the namespace's keys, DEL of the counter,
+    RESTORE of what DUMP saw before the previous step) gives the same answers after it."""
+    after_a_loss = [t for t in covering_traces(losses) if any(s.kind in LOSS_STEPS for s in t[:-1])]
+    chosen = sample(after_a_loss, LOSS_SAMPLE)
+    for kind in LOSS_STEPS:  # each loss is replayed, and then more steps follow it
+        assert any(s.kind == kind for t in chosen for s in t[:-1]), kind
+    report = replay(redis_url, LOSSES, chosen)
+    assert report.divergences == [], "\n".join(report.divergences)
+    assert report.traces == len(chosen) == LOSS_SAMPLE
+
+
 def _downgrading_timeout(ks: Any, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """A broken copy of mark_provisional: a timeout downgrades a completed record."""
     rec = reference.load_record(ks, keys[0], now)
@@ -117,6 +158,19 @@ def _stale_accepting_complete(ks: Any, keys: list[str], a: list[bytes], now: int
     rec = reference.load_record(ks, keys[0], now)
     args = list(a)
     if isinstance(rec, dict):
+        args[4] = rec[b"gen"]
+    result: list[Any] = ORIGINAL["complete"](ks, keys, args, now)
+    return result
+
+
+def _newer_accepting_complete(ks: Any, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """A broken copy of complete: it fences with "not older than the record" instead of
+    "the record's own generation". Without losses nobody holds a generation newer than the
+    record's, so only a failover that dropped a takeover shows the difference."""
+    rec = reference.load_record(ks, keys[0], now)
+    args = list(a)
+    same = isinstance(rec, dict) and (rec[b"fp"], rec[b"bind"]) == (a[1], a[3])
+    if same and isinstance(rec, dict) and int(a[4]) > int(rec[b"gen"]):
         args[4] = rec[b"gen"]
     result: list[Any] = ORIGINAL["complete"](ks, keys, args, now)
     return result
@@ -152,6 +206,49 @@ def test_a_complete_that_forgets_the_fence_is_caught_with_a_trace(
     kinds = [s.kind for s in found.trace]
     assert "expire" in kinds or "mark_provisional" in kinds  # a takeover happened first
     assert kinds[-1] in {"complete", "late", "duplicate"}
+
+
+def test_a_counter_that_restarts_at_one_after_it_was_lost_is_caught_with_a_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the hybrid clock, a lost counter starts again at 1 and hands out generations
+    that were issued before; the loss steps find it (settle/ untouched)."""
+    record_key = ModelWorld(LOSSES).record_key
+    original = reference.next_generation
+
+    def forgetful(ks: Any, key: str, now: int) -> int:
+        if ks.hget(key, now, "gen") is None and ks.type(record_key, now) == "hash":
+            ks.hset(key, now, "gen", 1)  # the counter is gone but the record is not: INCR
+            return 1
+        return original(ks, key, now)
+
+    monkeypatch.setattr(reference, "next_generation", forgetful)
+    found = explore(Bounds(workers=2, reserves=1, depth=4, loss=True)).counterexample
+    assert found is not None
+    assert found.violation.invariant == "3", str(found)
+    kinds = [s.kind for s in found.trace]
+    assert "counter_lost" in kinds
+    assert kinds[-1] in {"reserve", "reserve_again"}
+    assert len(kinds) == 4  # reserve, a takeover made possible, the loss, the takeover
+    assert "issued generation 1 after" in str(found)
+
+
+def test_a_fence_that_accepts_newer_generations_is_caught_only_with_a_failover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _break(monkeypatch, "complete", _newer_accepting_complete)
+    bounds = Bounds(workers=1, reserves=1, depth=5)
+    assert explore(bounds).counterexample is None  # no loss: the broken fence looks right
+    found = explore(replace(bounds, loss=True)).counterexample
+    assert found is not None
+    assert found.violation.invariant == "2", str(found)
+    assert [str(s) for s in found.trace] == [
+        "w0.reserve",
+        "w0.mark_provisional",
+        "w0.reserve_again",  # a takeover, with a newer generation ...
+        "failover_drops_latest",  # ... that the new primary never got
+        "w0.complete",  # the newer generation is accepted on the older record
+    ]
 
 
 def test_the_replay_tells_the_model_and_redis_apart(

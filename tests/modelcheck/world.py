@@ -3,7 +3,9 @@
 A :class:`Step` is one thing that can happen next: a worker reserves, renews, settles
 (complete, complete with an expected version, fail, mark_provisional), re-delivers its last
 settlement, presents a late response under its previous reservation, presents a misbound
-response (changed fingerprint or principal), or the lease passes. :class:`Runner` carries a
+response (changed fingerprint or principal), or the lease passes; optionally retention passes,
+or Redis loses data (a restart that comes back empty, a lost counter, a failover that drops
+the latest writes). :class:`Runner` carries a
 step out on any :class:`~settle.Settler` (the reference model or real Redis) through the
 public surface only, and returns a normalised :class:`Outcome` two runners can compare.
 """
@@ -30,6 +32,7 @@ from settle.models import (
 __all__ = [
     "GHOST_OP",
     "LEASE",
+    "LOSS_STEPS",
     "OP",
     "PRINCIPAL",
     "REQUEST",
@@ -68,6 +71,13 @@ WORKER_STEPS = (
     "misbound_principal",  # ... and with another principal
 )
 SETTLE_STEPS = ("complete", "complete_v", "fail", "mark_provisional")
+# What Redis forgets (optional: Bounds.loss). Each takes 1 ms of the clock: a loss takes time,
+# and the hybrid-clock generations assume the clock does not step back across it.
+LOSS_STEPS = (
+    "restart_empty",  # a restart without persistence (or FLUSHALL): every key is gone
+    "counter_lost",  # the shard's generation state is deleted (DEL, eviction)
+    "failover_drops_latest",  # a failover to a replica that missed the previous step's writes
+)
 # Steps of the environment.
 WORLD_STEPS = (
     "expire",  # the pending lease passes (clock.advance on the model)
@@ -75,6 +85,7 @@ WORLD_STEPS = (
     "reserve_other_principal",  # the same key from another principal: BindingMismatch
     "unknown_operation",  # a response for an operation that was never reserved
     "retention_passes",  # the record and its attempt log expire (optional: Bounds.retention)
+    *LOSS_STEPS,
 )
 
 
@@ -184,12 +195,14 @@ class Runner:
         reserves: int,
         expire: Callable[[Settler], None],
         forget: Callable[[Settler], None] | None = None,
+        lose: Callable[[str], None] | None = None,
     ) -> None:
         self.settler = settler
         self.reserves = reserves
         self.workers: tuple[Worker, ...] = tuple(Worker() for _ in range(workers))
         self._expire = expire
         self._forget = forget
+        self._lose = lose  # carries out a loss step (LOSS_STEPS) on this side
 
     # -- what can happen next ------------------------------------------------------------
 
@@ -276,6 +289,10 @@ class Runner:
             assert self._forget is not None
             self._forget(self.settler)
             return Outcome("forgotten")
+        if kind in LOSS_STEPS:
+            assert self._lose is not None
+            self._lose(kind)
+            return Outcome("lost", kind)
         if kind in ("reserve_other_request", "reserve_other_principal"):
             fp = OTHER_FP if kind == "reserve_other_request" else FP
             principal = OTHER_PRINCIPAL if kind == "reserve_other_principal" else PRINCIPAL
