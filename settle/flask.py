@@ -19,6 +19,7 @@ from typing import Any
 
 from flask import Flask, g, request
 
+from settle.errors import ConfigurationError
 from settle.http._sync import configured_guard, resolve
 from settle.wsgi.middleware import IdempotencyMiddleware
 
@@ -39,6 +40,13 @@ class Idempotency:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
+        if "settle" in app.extensions:
+            # A second guard around the first would reserve the same key again, find its
+            # own reservation in progress and answer 409 to every guarded request.
+            raise ConfigurationError(
+                "settle's Idempotency is already installed on this app: call init_app once "
+                "(Idempotency(app) already calls it)"
+            )
         config = {**app.config.get("SETTLE", {}), **self.options}
         principal = resolve(config.pop("principal", None))
         request_class = app.request_class

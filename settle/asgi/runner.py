@@ -30,6 +30,9 @@ from settle.models import OperationRecord
 
 __all__ = ["AttemptRunner", "send_response"]
 
+#: ASGI extensions that send a response without body messages.
+_FILE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+
 
 class _Phase(Enum):
     RUNNING = "running"  # the handler has not sent its last byte
@@ -94,7 +97,16 @@ class AttemptRunner:
             await asyncio.gather(watcher, heartbeat, return_exceptions=True)
 
     async def _call_app(self, scope: Scope, receive: Receive) -> None:
-        await self._app({**scope, "settle": self._attempt}, receive, self._capture)
+        # A guarded response must go through http.response.body messages to be stored:
+        # hide the server's send-a-file extensions, so the app falls back to body messages
+        # (a pathsend after a held-back start would break the response and re-run the
+        # handler on the next retry).
+        extensions = {
+            k: v for k, v in (scope.get("extensions") or {}).items() if k not in _FILE_SENDS
+        }
+        await self._app(
+            {**scope, "extensions": extensions, "settle": self._attempt}, receive, self._capture
+        )
 
     # -- supervision ---------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 import redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from rich.table import Table
 
 from settle._core.scripts import SCRIPTS
@@ -36,6 +36,7 @@ from settle.cli._context import (
 )
 from settle.cli._render import console, print_json
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
+from settle.errors import ConfigurationError
 from settle.progress._scripts import PROGRESS, STREAM
 
 __all__ = ["diagnose", "doctor"]
@@ -155,9 +156,7 @@ def diagnose(
         replication = {n: _info(c, "replication") or {} for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
-        findings.append(
-            health.namespace_finding(namespace, _namespace_shards(deployment, namespace), shards)
-        )
+        findings.append(_namespace(deployment, namespace, shards))
         findings.append(health.scripts_finding(_failed_scripts(deployment.primaries)))
         findings.append(health.clock_finding(*_clocks(deployment.nodes)))
         return findings
@@ -180,6 +179,16 @@ def _slots(deployment: _Deployment) -> Finding:
         state = client.cluster("INFO").get("cluster_state", "")
         states[name] = state.decode() if isinstance(state, bytes) else str(state)
     return health.slots_finding(served, states)
+
+
+def _namespace(deployment: _Deployment, namespace: str, shards: int | None) -> Finding:
+    try:
+        stored = _namespace_shards(deployment, namespace)
+    except ConfigurationError as exc:  # corrupt metadata: a verdict, not a traceback
+        return Finding(
+            "namespace", Status.FAIL, str(exc), "inspect the key; settle writes nothing there"
+        )
+    return health.namespace_finding(namespace, stored, shards)
 
 
 def _namespace_shards(deployment: _Deployment, namespace: str) -> int | None:
@@ -222,7 +231,7 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
     (--strict: on a warning too)."""
     try:
         findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
-    except (RedisError, OSError) as exc:
+    except (RedisError, RedisClusterException, OSError) as exc:
         fail(
             f"cannot reach Redis at {_redacted(conn.url)} ({type(exc).__name__}: {exc})",
             EXIT_UNAVAILABLE,

@@ -37,13 +37,34 @@ __all__ = ["web"]
     show_default=True,
     help="Who a token sign-in resolves as (written into every resolution note).",
 )
+@click.option(
+    "--https-only",
+    is_flag=True,
+    help="Mark the session cookie Secure (behind a TLS proxy).",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    help="Another Host header value to serve (the proxy's name); loopback names and --host "
+    "are always served, any other Host gets 400 (DNS rebinding).",
+)
 @connection_options
-def web(conn: Connection, host: str, port: int, token: str | None, principal: str) -> None:
+def web(
+    conn: Connection,
+    host: str,
+    port: int,
+    token: str | None,
+    principal: str,
+    https_only: bool,
+    allow_hosts: tuple[str, ...],
+) -> None:
     """Serve the quarantine console in the browser (needs the 'web' extra)."""
     try:
         import uvicorn  # noqa: PLC0415  (optional: the 'web' extra)
 
         from settle.web import create_app, token_authorizer  # noqa: PLC0415
+        from settle.web.app import LOOPBACK_HOSTS  # noqa: PLC0415
     except ImportError as exc:
         fail(
             f"settle web needs the 'web' extra ({exc.name} is missing): "
@@ -54,7 +75,14 @@ def web(conn: Connection, host: str, port: int, token: str | None, principal: st
         config = probe.config
     settler = AsyncSettler.from_url(conn.url, config)
     authorize = token_authorizer(token, principal) if token else None
-    app = create_app(settler, authorize=authorize, secret_key=secrets.token_urlsafe(32))
+    hosts = [*LOOPBACK_HOSTS, host, *allow_hosts]
+    app = create_app(
+        settler,
+        authorize=authorize,
+        secret_key=secrets.token_urlsafe(32),
+        https_only=https_only,
+        allowed_hosts=hosts,
+    )
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     )

@@ -61,12 +61,20 @@ _NOT_FINISHED_4XX = frozenset({408, 409, 429})
 
 
 def storable_status(status: int) -> bool:
-    """A response the handler finished: 2xx, and 4xx other than 408, 409 and 429.
+    """A response the handler finished: 2xx, 3xx other than 304, and 4xx other than 408,
+    409 and 429.
 
-    1xx/3xx (a redirect did not run the operation), 5xx and the three retryable 4xx leave
-    the attempt provisional, so the next retry runs the handler again.
+    A redirect is a finished answer: "charge, then 303 to the receipt" (Post/Redirect/Get)
+    ran the operation, and a retry that ran it again would charge twice (SPEC 7 lists 2xx
+    and 4xx only; docs/http-endpoints.md says why settle stores redirects too). 1xx, 304,
+    5xx and the three retryable 4xx leave the attempt provisional, so the next retry runs
+    the handler again.
     """
-    return 200 <= status < 300 or (400 <= status < 500 and status not in _NOT_FINISHED_4XX)
+    return (
+        200 <= status < 300
+        or (300 <= status < 400 and status != 304)
+        or (400 <= status < 500 and status not in _NOT_FINISHED_4XX)
+    )
 
 
 class StoredResponse(BaseModel):

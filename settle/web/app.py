@@ -21,6 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -62,6 +63,7 @@ def create_app(
     authorize: Authorize | None = None,
     secret_key: str | None = None,
     https_only: bool = False,
+    allowed_hosts: list[str] | None = None,
     session_max_age: int = 8 * 3600,
     record_limit: int = 10_000,
     overview_limit: int = 10_000,
@@ -73,6 +75,10 @@ def create_app(
     it grants (recorded in every resolution note) or None; without it the console is
     read-only. ``secret_key`` signs the session cookie (a random one per process by
     default: sessions then end with the process); ``https_only`` marks the cookie Secure.
+    ``allowed_hosts`` are the Host header values served (default: localhost, 127.0.0.1 and
+    ::1); any other is refused with 400, so a page on a domain that rebinds to a loopback
+    address cannot read the console (DNS rebinding). Mounted in a service, pass the
+    service's host names, or ``["*"]`` to leave the check to the service.
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
     entries, and says so when it stopped there. The settler stays the caller's to close.
     """
@@ -93,6 +99,7 @@ def create_app(
         Mount("/static", StaticFiles(packages=[("settle.web", "static")]), name="static"),
     ]
     middleware = [
+        Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or list(LOOPBACK_HOSTS)),
         Middleware(SecurityHeaders),
         Middleware(
             SessionMiddleware,
@@ -109,6 +116,9 @@ def create_app(
         exception_handlers={SettleError: console.failed},
     )
 
+
+#: The Host header values a console serves by default: loopback only.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 _ENV = Environment(
     loader=PackageLoader("settle.web", "templates"),

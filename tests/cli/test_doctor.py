@@ -156,3 +156,14 @@ def test_an_unreachable_server_exits_3() -> None:
     done = settle("doctor", "--redis-url", "redis://127.0.0.1:1/0")
     assert done.returncode == 3
     assert "cannot reach Redis" in done.stderr
+
+
+def test_corrupt_namespace_metadata_is_a_failed_check_not_a_traceback() -> None:
+    """Found in review: a stored shard count that is not a number crashed doctor."""
+    with EmbeddedRedis() as server:
+        with redis.Redis.from_url(server.url) as raw:
+            raw.hset("settle:{payments}:meta", "shards", "zz")
+        code, checks = _doctor(server.url, "--namespace", "payments")
+    assert code == 1
+    assert checks["namespace"]["status"] == "fail"
+    assert "corrupt" in checks["namespace"]["detail"]

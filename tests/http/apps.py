@@ -119,6 +119,12 @@ def starlette_app(settler: AsyncSettler, ledger: Ledger, **options: Any) -> Star
         ledger.record(f"/status/{code}", generation=attempt.generation)
         return JSONResponse({"status": code, "nonce": uuid.uuid4().hex}, status_code=code)
 
+    async def checkout(request: Request) -> Response:
+        """Post/Redirect/Get: charge, then 303 to the receipt."""
+        attempt = current_attempt(request.scope)
+        ledger.record("/checkout", generation=attempt.generation)
+        return Response(status_code=303, headers={"location": f"/receipts/{uuid.uuid4().hex}"})
+
     async def stream(request: Request) -> Response:
         attempt = current_attempt(request.scope)
         size = int(request.query_params["size"])
@@ -171,6 +177,7 @@ def starlette_app(settler: AsyncSettler, ledger: Ledger, **options: Any) -> Star
         Route("/boom", boom, methods=["POST"]),
         Route("/status/{code:int}", status, methods=["POST"]),
         Route("/stream", stream, methods=["POST"]),
+        Route("/checkout", checkout, methods=["POST"]),
         Route("/gated", gated, methods=["POST"]),
         Route("/background", with_background, methods=["POST"]),
         Route("/open", unguarded, methods=["GET", "POST", "PUT"]),
@@ -272,6 +279,10 @@ def wsgi_app(settler: Settler, ledger: Ledger, **options: Any) -> WSGIMiddleware
             ledger.record("/gated", generation=attempt.generation)
             data = {"id": uuid.uuid4().hex, "generation": attempt.generation}
             return json_response(start_response, "201 Created", data)
+        if path == "/checkout":  # Post/Redirect/Get: charge, then 303 to the receipt
+            ledger.record("/checkout", generation=attempt.generation)
+            receipt = f"/receipts/{uuid.uuid4().hex}"
+            return respond(start_response, "303 See Other", b"", [("Location", receipt)])
         if path == "/stream":
             size = int(environ["QUERY_STRING"].removeprefix("size="))
             ledger.record("/stream", generation=attempt.generation)

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route
 
 from settle import AsyncSettler, Reservation, State
 from settle.asgi import DEFAULT_REPLAY_HEADERS, IdempotencyMiddleware
@@ -317,8 +322,8 @@ async def test_an_exception_before_any_response_is_provisional(
 @pytest.mark.parametrize(
     ("code", "stored"),
     [
-        *[(code, True) for code in (200, 202, 400, 404, 422)],
-        *[(code, False) for code in (408, 409, 429, 500, 503, 307)],
+        *[(code, True) for code in (200, 202, 303, 307, 400, 404, 422)],
+        *[(code, False) for code in (408, 409, 429, 500, 503)],
     ],
 )
 async def test_which_statuses_are_stored(
@@ -629,3 +634,66 @@ async def test_background_work_after_the_response_does_not_change_the_outcome(
     assert again.content == first.content
     assert again.headers["idempotent-replayed"] == "true"
     assert ledger.count("/background") == 1
+
+
+async def test_a_file_response_on_a_server_with_pathsend_is_stored_and_replayed(
+    tmp_path: Path, redis_url: str, namespace: str
+) -> None:
+    """Found in review: with the server's http.response.pathsend extension in the scope, a
+    FileResponse sent its file past the held-back start (a broken response), the attempt
+    ended provisional, and a retry ran the handler again."""
+    receipt = tmp_path / "receipt.txt"
+    receipt.write_text("receipt 42")
+    runs: list[int] = []
+
+    async def pay(request: Request) -> Response:
+        runs.append(1)
+        return FileResponse(receipt)
+
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace)
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/pay", pay, methods=["POST"])]),
+        settler=settler,
+        principal=lambda _scope: "tenant:acme",
+    )
+
+    async def call() -> list[dict[str, Any]]:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "path": "/pay",
+            "raw_path": b"/pay",
+            "root_path": "",
+            "scheme": "http",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", b'"file-1"'), (b"content-length", b"0")],
+            "server": ("test", 80),
+            "client": ("client", 1),
+            "extensions": {"http.response.pathsend": {}},
+        }
+        requests = [{"type": "http.request", "body": b"", "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if requests:
+                return requests.pop(0)
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    try:
+        first, again = await call(), await call()
+    finally:
+        await settler.aclose()
+    for sent in (first, again):
+        assert sent[0]["type"] == "http.response.start"
+        assert "http.response.pathsend" not in [m["type"] for m in sent]
+        assert b"".join(m.get("body", b"") for m in sent) == b"receipt 42"
+    assert runs == [1]

@@ -210,6 +210,20 @@ def test_replay_is_byte_identical_and_marked(endpoint: Endpoint) -> None:
     assert endpoint.ledger.count("/payments") == 1
 
 
+def test_a_redirect_after_the_work_is_stored_and_the_handler_never_runs_again(
+    endpoint: Endpoint,
+) -> None:
+    """Found in review: "charge, then 303 to the receipt" (Post/Redirect/Get) was not
+    stored, so every retry of the key charged again."""
+    client = endpoint.client
+    first = client.post("/checkout", json=PAYMENT, headers=key_headers("prg-1"))
+    again = client.post("/checkout", json=PAYMENT, headers=key_headers("prg-1"))
+    assert first.status_code == again.status_code == 303
+    assert again.headers["location"] == first.headers["location"]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert endpoint.ledger.count("/checkout") == 1
+
+
 def test_changed_body_under_the_same_key_is_422(endpoint: Endpoint) -> None:
     client = endpoint.client
     assert client.post("/payments", json=PAYMENT, headers=key_headers("k")).status_code == 201

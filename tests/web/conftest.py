@@ -33,7 +33,7 @@ async def reader(redis_url: str, namespace: str, writer: Settler) -> AsyncIterat
 
 def client_for(app: object) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    return httpx.AsyncClient(transport=transport, base_url="http://console.test")
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 @pytest_asyncio.fixture

@@ -38,6 +38,7 @@ async def test_the_fastapi_example_mounts_a_working_console(
     monkeypatch.setenv("SETTLE_NAMESPACE", writer.config.namespace)
     monkeypatch.setenv("CONSOLE_TOKEN", "doc-token")
     monkeypatch.setenv("CONSOLE_SESSION_KEY", "doc-session-key")
+    monkeypatch.setenv("CONSOLE_HOST", "svc.test")
     ref = stale_settlement(writer, "order-doc")
 
     scope: dict[str, object] = {"__name__": "console_doc"}
@@ -47,6 +48,8 @@ async def test_the_fastapi_example_mounts_a_working_console(
     transport = httpx.ASGITransport(app=scope["app"])  # type: ignore[arg-type]
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://svc.test") as client:
+            rebound = await client.get("http://attacker.example/settle/quarantine.jsonl")
+            assert rebound.status_code == 400  # another Host: refused (DNS rebinding)
             overview = await client.get("/settle/")
             assert overview.status_code == 200
             assert 'href="/settle/static/console.css"' in overview.text

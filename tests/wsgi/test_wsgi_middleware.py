@@ -177,3 +177,12 @@ def test_flask_needs_a_principal() -> None:
     app.config["SETTLE"] = {"settler": MemorySettler(namespace="f")}
     with pytest.raises(ConfigurationError, match="principal"):
         Idempotency(app)
+
+
+def test_flask_refuses_a_second_init_app() -> None:
+    """Found in review: a second init_app wrapped the app again; the inner guard found the
+    outer's reservation in progress and every guarded request got 409."""
+    app = Flask(__name__)
+    extension = Idempotency(app, settler=MemorySettler(namespace="twice"), principal=principal)
+    with pytest.raises(ConfigurationError, match="already installed"):
+        extension.init_app(app)
