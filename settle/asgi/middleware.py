@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Iterable
 
 from settle._async.settler import AsyncSettler
+from settle._telemetry import telemetry
 from settle.asgi._types import ASGIApp, Receive, Scope, Send
 from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
@@ -85,38 +86,41 @@ class IdempotencyMiddleware:
         config = self.settler.config
         head = request_head(scope, self.policy.header_bytes)
         guard = Guard(self.policy, config.namespace, config.lease, head)
-        step = guard.start()
-        while True:
-            match step:
-                case Forward():
-                    await self.app(scope, receive, send)
-                    return
-                case Answer():
-                    await send_response(send, step.response)
-                    return
-                case Identify():
-                    principal = self.policy.principal(scope)
-                    if inspect.isawaitable(principal):
-                        principal = await principal
-                    step = guard.identified(principal)
-                case ReadBody():
-                    try:
-                        body = await read_body(scope, receive, step.limit)
-                    except RequestTooLarge as exc:
-                        step = guard.body_too_large(exc)
-                    except ClientDisconnected:
-                        guard.disconnected()
+        try:
+            step = guard.start()
+            while True:
+                match step:
+                    case Forward():
+                        await self.app(scope, receive, send)
                         return
-                    else:
-                        step = guard.body_read(body)
-                case Reserve():
-                    try:
-                        outcome = await step.call(self.settler)
-                    except SettleError as exc:
-                        step = guard.reserve_failed(exc)
-                    else:
-                        step = guard.reserved(outcome)
-                case Run():
-                    runner = AttemptRunner(self.app, self.settler, guard, step)
-                    await runner.run(scope, receive, send, body)
-                    return
+                    case Answer():
+                        await send_response(send, step.response)
+                        return
+                    case Identify():
+                        principal = self.policy.principal(scope)
+                        if inspect.isawaitable(principal):
+                            principal = await principal
+                        step = guard.identified(principal)
+                    case ReadBody():
+                        try:
+                            body = await read_body(scope, receive, step.limit)
+                        except RequestTooLarge as exc:
+                            step = guard.body_too_large(exc)
+                        except ClientDisconnected:
+                            guard.disconnected()
+                            return
+                        else:
+                            step = guard.body_read(body)
+                    case Reserve():
+                        try:
+                            outcome = await step.call(self.settler)
+                        except SettleError as exc:
+                            step = guard.reserve_failed(exc)
+                        else:
+                            step = guard.reserved(outcome)
+                    case Run():
+                        runner = AttemptRunner(self.app, self.settler, guard, step)
+                        await runner.run(scope, receive, send, body)
+                        return
+        finally:
+            telemetry().http_outcome(guard.outcome, config.namespace)
