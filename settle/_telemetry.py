@@ -333,7 +333,7 @@ class Otel:
         if batch is not None:
             attributes["db.operation.batch.size"] = batch
         attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
-        return _Span(self, self.tracer.start_span(name, self._client, attributes=attributes))
+        return _Span(self, self.tracer.start_span(name, kind=self._client, attributes=attributes))
 
     # -- the decorator ---------------------------------------------------------------------
 
@@ -370,7 +370,9 @@ class Otel:
             "messaging.consumer.group.name": scope.group,
             "settle.progress.consumer": consumer,
         }
-        span = self.tracer.start_span(f"{name} {scope.stream}", self._client, attributes=attributes)
+        span = self.tracer.start_span(
+            f"{name} {scope.stream}", kind=self._client, attributes=attributes
+        )
         return _Settling(self, span, attributes)
 
     def finish_settling(
