@@ -43,6 +43,9 @@ class _Nothing:
 
     __slots__ = ()
 
+    def __bool__(self) -> bool:
+        return False  # nothing to report: a shell may skip its reporting work
+
     def __enter__(self) -> _Nothing:
         return self
 
@@ -55,7 +58,7 @@ class _Nothing:
     def _nothing(self, *_: Any) -> None:
         return None
 
-    set = attempt = ran = attempt_done = _nothing
+    set = attempt = ran = attempt_done = answered = finished = _nothing
 
 
 _NOTHING = _Nothing()
@@ -72,8 +75,8 @@ class Noop:
 
     call = redis = operation = settling = _nothing
 
-    def http_outcome(self, *_: Any) -> None:
-        return None
+    def http_request(self, *_: Any) -> _Nothing:
+        return _NOTHING
 
 
 NOOP = Noop()
@@ -346,15 +349,10 @@ class Otel:
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def http_outcome(self, outcome: str | None, namespace: str) -> None:
-        """Put a guarded request's outcome on the current (HTTP server) span and count it."""
-        if outcome is None:
-            return
-        span = self.trace.get_current_span()
-        if span.is_recording():
-            span.set_attribute("settle.http.outcome", outcome)
-            span.set_attribute("settle.namespace", namespace)
-        self.http.add(1, {"settle.namespace": namespace, "settle.http.outcome": outcome})
+    def http_request(self, namespace: str) -> _Request:
+        """A guarded request, on the current span (the HTTP server span of the
+        application's instrumentation) at its start."""
+        return _Request(self, self.trace.get_current_span(), namespace)
 
     # -- delivery progress -----------------------------------------------------------------
 
@@ -384,6 +382,31 @@ class Otel:
         self.messaging_duration.record(seconds, measured)
         outcome = settling.attributes.get("settle.outcome", "error")
         self.delivery_settlements.add(1, {**measured, "settle.outcome": outcome})
+
+
+class _Request:
+    """A guarded HTTP request: its outcome goes on the server span (which OpenTelemetry's
+    ASGI instrumentation ends with the response's last message, so the shell reports it
+    before sending that) and into ``settle.http.requests`` once the request is done."""
+
+    __slots__ = ("_namespace", "_otel", "_span")
+
+    def __init__(self, otel: Otel, span: Any, namespace: str) -> None:
+        self._otel = otel
+        self._span = span
+        self._namespace = namespace
+
+    def answered(self, outcome: str | None) -> None:
+        if outcome is not None and self._span.is_recording():
+            self._span.set_attribute("settle.http.outcome", outcome)
+            self._span.set_attribute("settle.namespace", self._namespace)
+
+    def finished(self, outcome: str | None) -> None:
+        if outcome is None:
+            return
+        self.answered(outcome)
+        attributes = {"settle.namespace": self._namespace, "settle.http.outcome": outcome}
+        self._otel.http.add(1, attributes)
 
 
 class _Settling(_Span):

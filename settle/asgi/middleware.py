@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from typing import Any
 
 from settle._async.settler import AsyncSettler
 from settle._telemetry import telemetry
-from settle.asgi._types import ASGIApp, Receive, Scope, Send
+from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
 from settle.errors import SettleError
@@ -86,6 +87,9 @@ class IdempotencyMiddleware:
         config = self.settler.config
         head = request_head(scope, self.policy.header_bytes)
         guard = Guard(self.policy, config.namespace, config.lease, head)
+        request = telemetry().http_request(config.namespace)
+        if request:
+            send = _reporting(send, guard, request)
         try:
             step = guard.start()
             while True:
@@ -123,4 +127,16 @@ class IdempotencyMiddleware:
                         await runner.run(scope, receive, send, body)
                         return
         finally:
-            telemetry().http_outcome(guard.outcome, config.namespace)
+            request.finished(guard.outcome)
+
+
+def _reporting(send: Send, guard: Guard, request: Any) -> Send:
+    """``send`` that reports the guard's outcome just before the response's last message:
+    OpenTelemetry's ASGI instrumentation ends the server span with that message."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            request.answered(guard.outcome)
+        await send(message)
+
+    return sending

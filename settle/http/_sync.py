@@ -63,6 +63,7 @@ class SyncGuard:
         """The response to send, or None when the request is not guarded (call the app)."""
         config = self.settler.config
         guard = Guard(self.policy, config.namespace, config.lease, head)
+        request = telemetry().http_request(config.namespace)
         try:
             step = guard.start()
             while True:
@@ -93,7 +94,7 @@ class SyncGuard:
                     case Run():
                         return self._run(guard, step, exchange)
         finally:
-            telemetry().http_outcome(guard.outcome, config.namespace)
+            request.finished(guard.outcome)
 
     def _run(self, guard: Guard, run: Run, exchange: Exchange) -> Response:
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)

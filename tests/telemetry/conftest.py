@@ -44,7 +44,9 @@ class Telemetry:
 
     def span(self, name: str) -> ReadableSpan:
         found = self.spans(name)
-        assert len(found) == 1, f"{len(found)} spans named {name!r}: {[s.name for s in self.spans()]}"
+        assert len(found) == 1, (
+            f"{len(found)} spans named {name!r}: {[s.name for s in self.spans()]}"
+        )
         return found[0]
 
     def children(self, parent: ReadableSpan) -> list[ReadableSpan]:

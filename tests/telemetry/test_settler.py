@@ -105,7 +105,10 @@ def _check(otel: Telemetry, ns: str, port: int) -> None:
         assert otel.count("settle.settlements", **n, **attrs) == count
     kinds = {"stale_generation": 1, "conflicting_settlement": 2}
     for kind, count in kinds.items():
-        assert otel.count("settle.quarantine.entries", **n, **{"settle.quarantine.kind": kind}) == count
+        assert (
+            otel.count("settle.quarantine.entries", **n, **{"settle.quarantine.kind": kind})
+            == count
+        )
     assert otel.count("settle.leases.lost", **n) == 1
     durations = otel.points("settle.call.duration", **n, **{"settle.call.name": "reserve"})
     assert sum(p.count for p in durations) == 6
@@ -165,9 +168,7 @@ async def test_async_calls_are_spans_and_measurements(
     _check(otel, namespace, int(s.client.connection_pool.connection_kwargs["port"]))
 
 
-def test_a_renewal_that_raises_is_counted(
-    redis_url: str, namespace: str, otel: Telemetry
-) -> None:
+def test_a_renewal_that_raises_is_counted(redis_url: str, namespace: str, otel: Telemetry) -> None:
     with Settler.from_url(redis_url, namespace=namespace, shards=4) as s:
         r = s.reserve("op-1", {}, principal=PRINCIPAL, lease=30)
     # The same reservation presented through a store nobody listens on.
