@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from settle import AsyncSettler, Settler
+from settle import AsyncSettler, OperationFailed, Settler
 from settle.attempt import Attempt
 from tests.telemetry.conftest import Telemetry
 
@@ -81,7 +81,7 @@ def test_an_operation_that_fails_says_so(settler: Settler, namespace: str, otel:
     def charge(order: str) -> None:
         raise ValueError("card declined")
 
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(OperationFailed):
         charge("o-2")
     operation = otel.span("settle.operation")
     assert (

@@ -5,6 +5,7 @@ histogram say the same. Sync and async, on a real Redis, with the real SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -149,7 +150,7 @@ async def test_async_calls_are_spans_and_measurements(
     request = {"card": SECRET}
     first = await s.reserve("op-1", request, principal=PRINCIPAL, lease=0.2)
     await s.reserve("op-1", request, principal=PRINCIPAL)
-    time.sleep(0.3)
+    await asyncio.sleep(0.3)
     second = await s.reserve("op-1", request, principal=PRINCIPAL, lease=30)
     await s.renew(first.reservation)
     await s.complete(first.reservation, {"receipt": SECRET})
