@@ -84,9 +84,7 @@ def test_an_operation_that_fails_says_so(settler: Settler, namespace: str, otel:
     with pytest.raises(OperationFailed):
         charge("o-2")
     operation = otel.span("settle.operation")
-    assert (
-        operation.attributes["error.type"] == type(raised.value).__qualname__ == "OperationFailed"
-    )
+    assert operation.attributes["error.type"] == "OperationFailed"
     assert operation.attributes["settle.attempts"] == 1
     fail = otel.span("settle.fail")
     assert fail.attributes["settle.verdict"] == "accepted"
