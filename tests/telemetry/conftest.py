@@ -17,6 +17,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+# The progress tests' two servers (stream, progress) and names.
+from tests.progress.conftest import names, progress_server, stream_client, stream_server
+
+__all__ = ["Telemetry", "names", "progress_server", "stream_client", "stream_server"]
+
 _EXPORTER = InMemorySpanExporter()
 _READER = InMemoryMetricReader()
 
