@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from typing import Any, Self, TypeVar
 
 __all__ = ["NOOP", "SCOPE", "CallSpan", "telemetry"]
@@ -98,6 +99,20 @@ def telemetry() -> Noop | Otel:
 def _settings(client: Any, key: str | None) -> dict[str, Any]:
     """``server.address`` / ``server.port`` / ``db.namespace`` of the node a call goes to:
     a standalone client's pool, or the cluster node that serves ``key``'s slot."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:  # standalone: the same for every call, kept with the pool
+        known = _POOLS.get(pool)
+        if known is None:
+            known = _POOLS[pool] = _peer(client, None)
+        return known
+    return _peer(client, key)
+
+
+#: The server attributes of each standalone client's connection pool.
+_POOLS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _peer(client: Any, key: str | None) -> dict[str, Any]:
     node = None
     if key is not None and hasattr(client, "get_node_from_key"):
         try:
@@ -136,19 +151,21 @@ class _Span:
         return self
 
     def set(self, key: str, value: Any) -> None:
+        """Add an attribute (None: nothing); all are set on the span at once, at its end."""
         if value is not None:
-            self.span.set_attribute(key, value)
             self.attributes[key] = value
 
     def __exit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
         try:
             if kind is not None:
-                self.set("error.type", kind.__qualname__)
+                self.attributes["error.type"] = kind.__qualname__
                 self.span.set_status(self._otel.trace.StatusCode.ERROR)
             if self._finish is not None:
                 self._finish(self, kind, time.perf_counter() - self._start)
         finally:
             self._otel.context.detach(self._token)
+            if self.attributes:
+                self.span.set_attributes(self.attributes)
             self.span.end()
 
 
