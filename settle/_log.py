@@ -38,7 +38,9 @@ def _to_stdlib(
     event and its fields also as the record's ``settle_event`` / ``settle_fields``."""
     event = str(event_dict.pop("event"))
     text = " ".join([event, *(f"{key}={value!r}" for key, value in event_dict.items())])
-    return {"msg": text, "extra": {"settle_event": event, "settle_fields": event_dict}}
+    # stacklevel: the record names settle's line that logged, not structlog's.
+    extra = {"settle_event": event, "settle_fields": event_dict}
+    return {"msg": text, "extra": extra, "stacklevel": 4}
 
 
 _quiet = structlog.wrap_logger(

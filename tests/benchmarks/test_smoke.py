@@ -140,3 +140,21 @@ def test_anomalies_rows_and_settle_outcomes(tmp_path: Path) -> None:
     assert "BindingMismatch" in settle["other_principal"]["caller_saw"]
     assert settle["async"]["effects"] == 1
     assert "what the callers saw" in printed
+
+
+def test_the_telemetry_benchmark_prints_every_mode_side_by_side() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.telemetry", "--rounds", "1", "--seconds", "0.2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    result = json.loads(lines[-1])
+    assert set(result["median"]) == {"off", "sdk", "sampled"}
+    assert all(rate > 0 for rate in result["median"].values())
+    table = [line.split()[0] for line in lines[1:5]]
+    assert table == ["mode", "off", "sdk", "sampled"]

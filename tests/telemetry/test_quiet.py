@@ -101,3 +101,14 @@ def test_only_the_telemetry_module_imports_opentelemetry() -> None:
         or "from opentelemetry" in text
     ]
     assert importers == ["settle/_telemetry.py"]
+
+
+def test_a_record_names_the_settle_line_that_logged_and_carries_the_fields() -> None:
+    done = _run(
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO, "
+        "format='%(module)s %(settle_event)s %(settle_fields)s')\n" + USE
+    )
+    assert done.returncode == 0, done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("engine settle.reserve.reserved {'namespace': 'quiet'"), first
