@@ -11,6 +11,7 @@ import time
 import pytest
 
 from settle import AsyncSettler, BackendError, BindingMismatch, FingerprintMismatch, Settler
+from settle.cursor import CursorStore
 from tests.telemetry.conftest import Telemetry
 
 SECRET = "4242424242424242"
@@ -183,3 +184,19 @@ def test_a_renewal_that_raises_is_counted(redis_url: str, namespace: str, otel: 
     assert failed.attributes["error.type"] == "BackendError"
     assert not failed.status.is_ok
     assert otel.count("settle.call.duration", **n, **{"error.type": "BackendError"}) == 1
+
+
+def test_the_cursor_store_gets_redis_spans_from_the_same_runner(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    store = CursorStore.from_url(redis_url, namespace=namespace)
+    store.start("orders", b"cursor-secret")
+    store.close()
+    scripts = [
+        s.attributes["db.stored_procedure.name"]
+        for s in otel.spans()
+        if (s.attributes or {}).get("db.system.name") == "redis"
+    ]
+    assert "init" in scripts
+    for span in otel.spans():
+        assert "cursor-secret" not in repr(dict(span.attributes or {}))
