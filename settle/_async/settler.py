@@ -14,6 +14,7 @@ from settle._core.engine import Core
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner
+from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._async import (
     AsyncOperation,
@@ -102,6 +103,11 @@ class AsyncSettler(AsyncConnectable):
         claims = self._core.plan_claims()
         self._core.decode_claims(claims, await self._runner.run_many(claims))
 
+    def _span(self, name: str, reservation: Reservation | None = None) -> CallSpan:
+        """The span (and duration) of one settle call; ``span.done(result)`` records what
+        the result says. A shared no-op without OpenTelemetry."""
+        return telemetry().call(name, self.config.namespace, reservation)
+
     async def _run(self, call: Call) -> Any:
         if not self._checked:
             await self.check()
@@ -125,22 +131,24 @@ class AsyncSettler(AsyncConnectable):
         attempt_id: str | None = None,
     ) -> Reserved | Replay | InProgress:
         """Claim ``operation_id`` for a new attempt (SPEC 2, reserve table)."""
-        call = self._core.plan_reserve(
-            operation_id,
-            request,
-            principal=principal,
-            lease=lease,
-            fingerprint=fingerprint,
-            attempt_id=attempt_id,
-        )
-        return self._core.decode_reserve(call, await self._run(call))
+        with self._span("reserve") as span:
+            call = self._core.plan_reserve(
+                operation_id,
+                request,
+                principal=principal,
+                lease=lease,
+                fingerprint=fingerprint,
+                attempt_id=attempt_id,
+            )
+            return span.done(self._core.decode_reserve(call, await self._run(call)))
 
     async def complete(
         self, reservation: Reservation, result: Any, *, expected_version: int | None = None
     ) -> Settlement:
         """Settle the attempt with a committed success (absorbing)."""
-        call = self._core.plan_complete(reservation, result, expected_version=expected_version)
-        return self._core.decode_settlement(call, await self._run(call))
+        with self._span("complete", reservation) as span:
+            call = self._core.plan_complete(reservation, result, expected_version=expected_version)
+            return span.done(self._core.decode_settlement(call, await self._run(call)))
 
     async def fail(
         self,
@@ -150,30 +158,35 @@ class AsyncSettler(AsyncConnectable):
         expected_version: int | None = None,
     ) -> Settlement:
         """Settle the attempt with a definite failure (absorbing, replayed thereafter)."""
-        call = self._core.plan_fail(reservation, error, expected_version=expected_version)
-        return self._core.decode_settlement(call, await self._run(call))
+        with self._span("fail", reservation) as span:
+            call = self._core.plan_fail(reservation, error, expected_version=expected_version)
+            return span.done(self._core.decode_settlement(call, await self._run(call)))
 
     async def mark_provisional(
         self, reservation: Reservation, reason: str, *, expected_version: int | None = None
     ) -> Settlement:
         """Record that the attempt ended in uncertainty; the next reserve takes over."""
-        call = self._core.plan_mark_provisional(
-            reservation, reason, expected_version=expected_version
-        )
-        return self._core.decode_settlement(call, await self._run(call))
+        with self._span("mark_provisional", reservation) as span:
+            call = self._core.plan_mark_provisional(
+                reservation, reason, expected_version=expected_version
+            )
+            return span.done(self._core.decode_settlement(call, await self._run(call)))
 
     async def renew(self, reservation: Reservation, lease: float | None = None) -> Renewal:
         """Extend a live lease of the current generation (a heartbeat)."""
-        call = self._core.plan_renew(reservation, lease=lease)
-        return self._core.decode_renew(call, await self._run(call))
+        with self._span("renew", reservation) as span:
+            call = self._core.plan_renew(reservation, lease=lease)
+            return span.done(self._core.decode_renew(call, await self._run(call)))
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        call = self._core.plan_get(operation_id)
-        return self._core.decode_get(call, await self._run(call))
+        with self._span("get"):
+            call = self._core.plan_get(operation_id)
+            return self._core.decode_get(call, await self._run(call))
 
     async def attempts(self, operation_id: str) -> list[AttemptObservation]:
-        call = self._core.plan_attempts(operation_id)
-        return self._core.decode_attempts(call, await self._run(call))
+        with self._span("attempts"):
+            call = self._core.plan_attempts(operation_id)
+            return self._core.decode_attempts(call, await self._run(call))
 
     def operation(
         self,
@@ -259,9 +272,10 @@ class AsyncQuarantine:
             limit=limit,
             newest_first=newest_first,
         )
-        while calls := query.calls():
-            query.feed(calls, await self._run_many(calls))
-        return query.result()
+        with self._settler._span("quarantine.list"):
+            while calls := query.calls():
+                query.feed(calls, await self._run_many(calls))
+            return query.result()
 
     async def scan(
         self,
@@ -286,16 +300,18 @@ class AsyncQuarantine:
 
     async def get(self, quarantine_id: str) -> QuarantineEntry:
         """One entry by ``shard/id`` (as in ``Settlement.quarantine_id``) or a bare id."""
-        calls = self._settler._core.plan_quarantine_lookup(quarantine_id)
-        return self._settler._core.decode_quarantine_lookup(
-            quarantine_id, calls, await self._run_many(calls)
-        )
+        with self._settler._span("quarantine.get"):
+            calls = self._settler._core.plan_quarantine_lookup(quarantine_id)
+            return self._settler._core.decode_quarantine_lookup(
+                quarantine_id, calls, await self._run_many(calls)
+            )
 
     async def resolve(self, quarantine_id: str, *, note: str) -> Resolution:
         """Mark an entry resolved with a note; the evidence stays. The first note stands."""
-        entry = await self.get(quarantine_id)
-        call = self._settler._core.plan_resolve(entry, note)
-        return self._settler._core.decode_resolve(call, await self._settler._run(call))
+        with self._settler._span("quarantine.resolve"):
+            entry = await self.get(quarantine_id)
+            call = self._settler._core.plan_resolve(entry, note)
+            return self._settler._core.decode_resolve(call, await self._settler._run(call))
 
     async def trim(
         self, *, older_than: float | None = None, include_unresolved: bool = False
@@ -306,9 +322,10 @@ class AsyncQuarantine:
         trim = self._settler._core.quarantine_trim(
             older_than=older_than, include_unresolved=include_unresolved
         )
-        while call := trim.next_call():
-            trim.feed(call, await self._settler._run(call))
-        return trim.result()
+        with self._settler._span("quarantine.trim"):
+            while call := trim.next_call():
+                trim.feed(call, await self._settler._run(call))
+            return trim.result()
 
     async def follow(
         self,

@@ -33,6 +33,7 @@ from settle._runtime.transient import (
     is_transient,
     retry_options,
 )
+from settle._telemetry import telemetry
 from settle.errors import BackendError, ConfigurationError, DurabilityError
 
 __all__ = [
@@ -286,17 +287,18 @@ class AsyncRunner:
         """Run one script call; its raw reply (the part decodes it)."""
         if not self._ready:
             await self.prepare()
-        try:
+        with telemetry().redis(self.client, "EVALSHA", call):
             try:
-                return await self._run_once(call)
+                try:
+                    return await self._run_once(call)
+                except (RedisError, RedisClusterException) as exc:
+                    if not is_transient(exc):
+                        raise
+                    await asyncio.sleep(first_retry_delay(call, exc))
+                retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
+                return await retrying(self._run_once, call)
             except (RedisError, RedisClusterException) as exc:
-                if not is_transient(exc):
-                    raise
-                await asyncio.sleep(first_retry_delay(call, exc))
-            retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
-            return await retrying(self._run_once, call)
-        except (RedisError, RedisClusterException) as exc:
-            raise backend_error(exc, call) from exc
+                raise backend_error(exc, call) from exc
 
     async def _run_once(self, call: Call) -> Any:
         script = self._scripts[call.script]
@@ -397,10 +399,11 @@ class AsyncRunner:
         if self.is_cluster:
             return [await self.run(call) for call in calls]
         first = calls[0] if calls else None
-        try:
-            return await AsyncRetrying(**retry_options(first))(self._pipeline, calls)
-        except (RedisError, RedisClusterException) as exc:
-            raise backend_error(exc, first) from exc
+        with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
+            try:
+                return await AsyncRetrying(**retry_options(first))(self._pipeline, calls)
+            except (RedisError, RedisClusterException) as exc:
+                raise backend_error(exc, first) from exc
 
     async def _pipeline(self, calls: list[Call]) -> list[Any]:
         async with self.client.pipeline(transaction=False) as pipe:
@@ -428,12 +431,13 @@ class AsyncRunner:
         async def once() -> Any:
             return await send()
 
-        try:
-            if not repeatable:
-                return await once()
-            return await AsyncRetrying(**retry_options(call))(once)
-        except (RedisError, RedisClusterException) as exc:
-            raise backend_error(exc, call) from exc
+        with telemetry().redis(self.client, what):
+            try:
+                if not repeatable:
+                    return await once()
+                return await AsyncRetrying(**retry_options(call))(once)
+            except (RedisError, RedisClusterException) as exc:
+                raise backend_error(exc, call) from exc
 
     async def aclose(self) -> None:
         for node in self._nodes.values():

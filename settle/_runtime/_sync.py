@@ -34,6 +34,7 @@ from settle._runtime.transient import (
     is_transient,
     retry_options,
 )
+from settle._telemetry import telemetry
 from settle.errors import BackendError, ConfigurationError, DurabilityError
 
 __all__ = [
@@ -287,17 +288,18 @@ class Runner:
         """Run one script call; its raw reply (the part decodes it)."""
         if not self._ready:
             self.prepare()
-        try:
+        with telemetry().redis(self.client, "EVALSHA", call):
             try:
-                return self._run_once(call)
+                try:
+                    return self._run_once(call)
+                except (RedisError, RedisClusterException) as exc:
+                    if not is_transient(exc):
+                        raise
+                    time.sleep(first_retry_delay(call, exc))
+                retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
+                return retrying(self._run_once, call)
             except (RedisError, RedisClusterException) as exc:
-                if not is_transient(exc):
-                    raise
-                time.sleep(first_retry_delay(call, exc))
-            retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
-            return retrying(self._run_once, call)
-        except (RedisError, RedisClusterException) as exc:
-            raise backend_error(exc, call) from exc
+                raise backend_error(exc, call) from exc
 
     def _run_once(self, call: Call) -> Any:
         script = self._scripts[call.script]
@@ -398,10 +400,11 @@ class Runner:
         if self.is_cluster:
             return [self.run(call) for call in calls]
         first = calls[0] if calls else None
-        try:
-            return Retrying(**retry_options(first))(self._pipeline, calls)
-        except (RedisError, RedisClusterException) as exc:
-            raise backend_error(exc, first) from exc
+        with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
+            try:
+                return Retrying(**retry_options(first))(self._pipeline, calls)
+            except (RedisError, RedisClusterException) as exc:
+                raise backend_error(exc, first) from exc
 
     def _pipeline(self, calls: list[Call]) -> list[Any]:
         with self.client.pipeline(transaction=False) as pipe:
@@ -429,12 +432,13 @@ class Runner:
         def once() -> Any:
             return send()
 
-        try:
-            if not repeatable:
-                return once()
-            return Retrying(**retry_options(call))(once)
-        except (RedisError, RedisClusterException) as exc:
-            raise backend_error(exc, call) from exc
+        with telemetry().redis(self.client, what):
+            try:
+                if not repeatable:
+                    return once()
+                return Retrying(**retry_options(call))(once)
+            except (RedisError, RedisClusterException) as exc:
+                raise backend_error(exc, call) from exc
 
     def close(self) -> None:
         for node in self._nodes.values():

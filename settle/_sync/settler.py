@@ -15,6 +15,7 @@ from settle._core.engine import Core
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability
 from settle._runtime._sync import Connectable, Runner
+from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._sync import (
     Operation,
@@ -103,6 +104,11 @@ class Settler(Connectable):
         claims = self._core.plan_claims()
         self._core.decode_claims(claims, self._runner.run_many(claims))
 
+    def _span(self, name: str, reservation: Reservation | None = None) -> CallSpan:
+        """The span (and duration) of one settle call; ``span.done(result)`` records what
+        the result says. A shared no-op without OpenTelemetry."""
+        return telemetry().call(name, self.config.namespace, reservation)
+
     def _run(self, call: Call) -> Any:
         if not self._checked:
             self.check()
@@ -126,22 +132,24 @@ class Settler(Connectable):
         attempt_id: str | None = None,
     ) -> Reserved | Replay | InProgress:
         """Claim ``operation_id`` for a new attempt (SPEC 2, reserve table)."""
-        call = self._core.plan_reserve(
-            operation_id,
-            request,
-            principal=principal,
-            lease=lease,
-            fingerprint=fingerprint,
-            attempt_id=attempt_id,
-        )
-        return self._core.decode_reserve(call, self._run(call))
+        with self._span("reserve") as span:
+            call = self._core.plan_reserve(
+                operation_id,
+                request,
+                principal=principal,
+                lease=lease,
+                fingerprint=fingerprint,
+                attempt_id=attempt_id,
+            )
+            return span.done(self._core.decode_reserve(call, self._run(call)))
 
     def complete(
         self, reservation: Reservation, result: Any, *, expected_version: int | None = None
     ) -> Settlement:
         """Settle the attempt with a committed success (absorbing)."""
-        call = self._core.plan_complete(reservation, result, expected_version=expected_version)
-        return self._core.decode_settlement(call, self._run(call))
+        with self._span("complete", reservation) as span:
+            call = self._core.plan_complete(reservation, result, expected_version=expected_version)
+            return span.done(self._core.decode_settlement(call, self._run(call)))
 
     def fail(
         self,
@@ -151,30 +159,35 @@ class Settler(Connectable):
         expected_version: int | None = None,
     ) -> Settlement:
         """Settle the attempt with a definite failure (absorbing, replayed thereafter)."""
-        call = self._core.plan_fail(reservation, error, expected_version=expected_version)
-        return self._core.decode_settlement(call, self._run(call))
+        with self._span("fail", reservation) as span:
+            call = self._core.plan_fail(reservation, error, expected_version=expected_version)
+            return span.done(self._core.decode_settlement(call, self._run(call)))
 
     def mark_provisional(
         self, reservation: Reservation, reason: str, *, expected_version: int | None = None
     ) -> Settlement:
         """Record that the attempt ended in uncertainty; the next reserve takes over."""
-        call = self._core.plan_mark_provisional(
-            reservation, reason, expected_version=expected_version
-        )
-        return self._core.decode_settlement(call, self._run(call))
+        with self._span("mark_provisional", reservation) as span:
+            call = self._core.plan_mark_provisional(
+                reservation, reason, expected_version=expected_version
+            )
+            return span.done(self._core.decode_settlement(call, self._run(call)))
 
     def renew(self, reservation: Reservation, lease: float | None = None) -> Renewal:
         """Extend a live lease of the current generation (a heartbeat)."""
-        call = self._core.plan_renew(reservation, lease=lease)
-        return self._core.decode_renew(call, self._run(call))
+        with self._span("renew", reservation) as span:
+            call = self._core.plan_renew(reservation, lease=lease)
+            return span.done(self._core.decode_renew(call, self._run(call)))
 
     def get(self, operation_id: str) -> OperationRecord | None:
-        call = self._core.plan_get(operation_id)
-        return self._core.decode_get(call, self._run(call))
+        with self._span("get"):
+            call = self._core.plan_get(operation_id)
+            return self._core.decode_get(call, self._run(call))
 
     def attempts(self, operation_id: str) -> list[AttemptObservation]:
-        call = self._core.plan_attempts(operation_id)
-        return self._core.decode_attempts(call, self._run(call))
+        with self._span("attempts"):
+            call = self._core.plan_attempts(operation_id)
+            return self._core.decode_attempts(call, self._run(call))
 
     def operation(
         self,
@@ -260,9 +273,10 @@ class Quarantine:
             limit=limit,
             newest_first=newest_first,
         )
-        while calls := query.calls():
-            query.feed(calls, self._run_many(calls))
-        return query.result()
+        with self._settler._span("quarantine.list"):
+            while calls := query.calls():
+                query.feed(calls, self._run_many(calls))
+            return query.result()
 
     def scan(
         self,
@@ -287,16 +301,18 @@ class Quarantine:
 
     def get(self, quarantine_id: str) -> QuarantineEntry:
         """One entry by ``shard/id`` (as in ``Settlement.quarantine_id``) or a bare id."""
-        calls = self._settler._core.plan_quarantine_lookup(quarantine_id)
-        return self._settler._core.decode_quarantine_lookup(
-            quarantine_id, calls, self._run_many(calls)
-        )
+        with self._settler._span("quarantine.get"):
+            calls = self._settler._core.plan_quarantine_lookup(quarantine_id)
+            return self._settler._core.decode_quarantine_lookup(
+                quarantine_id, calls, self._run_many(calls)
+            )
 
     def resolve(self, quarantine_id: str, *, note: str) -> Resolution:
         """Mark an entry resolved with a note; the evidence stays. The first note stands."""
-        entry = self.get(quarantine_id)
-        call = self._settler._core.plan_resolve(entry, note)
-        return self._settler._core.decode_resolve(call, self._settler._run(call))
+        with self._settler._span("quarantine.resolve"):
+            entry = self.get(quarantine_id)
+            call = self._settler._core.plan_resolve(entry, note)
+            return self._settler._core.decode_resolve(call, self._settler._run(call))
 
     def trim(
         self, *, older_than: float | None = None, include_unresolved: bool = False
@@ -307,9 +323,10 @@ class Quarantine:
         trim = self._settler._core.quarantine_trim(
             older_than=older_than, include_unresolved=include_unresolved
         )
-        while call := trim.next_call():
-            trim.feed(call, self._settler._run(call))
-        return trim.result()
+        with self._settler._span("quarantine.trim"):
+            while call := trim.next_call():
+                trim.feed(call, self._settler._run(call))
+            return trim.result()
 
     def follow(
         self,

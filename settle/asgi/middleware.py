@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from typing import Any
 
 from settle._async.settler import AsyncSettler
-from settle.asgi._types import ASGIApp, Receive, Scope, Send
+from settle._telemetry import telemetry
+from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
 from settle.errors import SettleError
@@ -85,42 +87,60 @@ class IdempotencyMiddleware:
         config = self.settler.config
         head = request_head(scope, self.policy.header_bytes)
         guard = Guard(self.policy, config.namespace, config.lease, head)
-        step = guard.start()
-        while True:
-            match step:
-                case Forward():
-                    await self.app(scope, receive, send)
-                    return
-                case Answer():
-                    await send_response(send, step.response)
-                    return
-                case Identify():
-                    try:
-                        principal = self.policy.principal(scope)
-                        if inspect.isawaitable(principal):
-                            principal = await principal
-                    except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
-                        step = guard.principal_failed(exc)
-                    else:
-                        step = guard.identified(principal)
-                case ReadBody():
-                    try:
-                        body = await read_body(scope, receive, step.limit)
-                    except RequestTooLarge as exc:
-                        step = guard.body_too_large(exc)
-                    except ClientDisconnected:
-                        guard.disconnected()
+        request = telemetry().http_request(config.namespace)
+        if request:
+            send = _reporting(send, guard, request)
+        try:
+            step = guard.start()
+            while True:
+                match step:
+                    case Forward():
+                        await self.app(scope, receive, send)
                         return
-                    else:
-                        step = guard.body_read(body)
-                case Reserve():
-                    try:
-                        outcome = await step.call(self.settler)
-                    except SettleError as exc:
-                        step = guard.reserve_failed(exc)
-                    else:
-                        step = guard.reserved(outcome)
-                case Run():
-                    runner = AttemptRunner(self.app, self.settler, guard, step)
-                    await runner.run(scope, receive, send, body)
-                    return
+                    case Answer():
+                        await send_response(send, step.response)
+                        return
+                    case Identify():
+                        try:
+                            principal = self.policy.principal(scope)
+                            if inspect.isawaitable(principal):
+                                principal = await principal
+                        except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
+                            step = guard.principal_failed(exc)
+                        else:
+                            step = guard.identified(principal)
+                    case ReadBody():
+                        try:
+                            body = await read_body(scope, receive, step.limit)
+                        except RequestTooLarge as exc:
+                            step = guard.body_too_large(exc)
+                        except ClientDisconnected:
+                            guard.disconnected()
+                            return
+                        else:
+                            step = guard.body_read(body)
+                    case Reserve():
+                        try:
+                            outcome = await step.call(self.settler)
+                        except SettleError as exc:
+                            step = guard.reserve_failed(exc)
+                        else:
+                            step = guard.reserved(outcome)
+                    case Run():
+                        runner = AttemptRunner(self.app, self.settler, guard, step)
+                        await runner.run(scope, receive, send, body)
+                        return
+        finally:
+            request.finished(guard.outcome)
+
+
+def _reporting(send: Send, guard: Guard, request: Any) -> Send:
+    """``send`` that reports the guard's outcome just before the response's last message:
+    OpenTelemetry's ASGI instrumentation ends the server span with that message."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            request.answered(guard.outcome)
+        await send(message)
+
+    return sending

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from settle._log import logger
+from settle._telemetry import telemetry
 from settle.decorator._options import Options
 from settle.decorator._plan import (
     Plan,
@@ -81,48 +82,53 @@ async def _drive(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    step = plan.start()
-    interrupted: BaseException | None = None
-    while True:
-        match step:
-            case Reserve():
-                step = plan.reserved(
-                    await settler.reserve(
-                        step.identity.operation_id,
-                        principal=step.identity.principal,
-                        fingerprint=step.identity.fingerprint,
-                        lease=step.lease,
-                        attempt_id=step.attempt_id,
+    span = telemetry().operation(settler.config.namespace, fn.__name__)
+    with span:
+        step = plan.start()
+        interrupted: BaseException | None = None
+        while True:
+            match step:
+                case Reserve():
+                    step = plan.reserved(
+                        await settler.reserve(
+                            step.identity.operation_id,
+                            principal=step.identity.principal,
+                            fingerprint=step.identity.fingerprint,
+                            lease=step.lease,
+                            attempt_id=step.attempt_id,
+                        )
                     )
-                )
-            case Run():
-                call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
-                ran = await _run(settler, step, fn, call_args, call_kwargs)
-                interrupted = ran.interrupted
-                step = plan.ran(step, ran)
-            case Settle():
-                try:
-                    # Shielded: a cancelled caller still settles what its attempt did.
-                    settlement = await asyncio.shield(_settle(settler, step))
-                except InvalidInput as exc:
-                    step = plan.settle_failed(step, exc)
-                else:
-                    step = plan.settled(step, settlement)
-            case Read():
-                step = plan.read(await settler.get(step.operation_id))
-            case Sleep():
-                await asyncio.sleep(step.seconds)
-                step = plan.slept()
-            case Return():
-                if interrupted is not None:
-                    raise interrupted  # settled first; the caller asked to stop
-                return step.value
-            case Raise():
-                if interrupted is not None:
-                    raise interrupted
-                if step.cause is None:
-                    raise step.error
-                raise step.error from step.cause
+                case Run():
+                    call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
+                    span.attempt(step.attempt)
+                    ran = await _run(settler, step, fn, call_args, call_kwargs)
+                    span.ran(ran)
+                    interrupted = ran.interrupted
+                    step = plan.ran(step, ran)
+                case Settle():
+                    try:
+                        # Shielded: a cancelled caller still settles what its attempt did.
+                        settlement = await asyncio.shield(_settle(settler, step))
+                    except InvalidInput as exc:
+                        step = plan.settle_failed(step, exc)
+                    else:
+                        step = plan.settled(step, settlement)
+                case Read():
+                    step = plan.read(await settler.get(step.operation_id))
+                case Sleep():
+                    span.attempt_done()
+                    await asyncio.sleep(step.seconds)
+                    step = plan.slept()
+                case Return():
+                    if interrupted is not None:
+                        raise interrupted  # settled first; the caller asked to stop
+                    return step.value
+                case Raise():
+                    if interrupted is not None:
+                        raise interrupted
+                    if step.cause is None:
+                        raise step.error
+                    raise step.error from step.cause
 
 
 async def _settle(settler: AsyncSettler, step: Settle) -> Settlement:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from settle._log import logger
+from settle._telemetry import telemetry
 from settle.decorator._options import Options
 from settle.decorator._plan import (
     Plan,
@@ -83,40 +84,46 @@ def _drive(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    step = plan.start()
-    while True:
-        match step:
-            case Reserve():
-                step = plan.reserved(
-                    settler.reserve(
-                        step.identity.operation_id,
-                        principal=step.identity.principal,
-                        fingerprint=step.identity.fingerprint,
-                        lease=step.lease,
-                        attempt_id=step.attempt_id,
+    span = telemetry().operation(settler.config.namespace, fn.__name__)
+    with span:
+        step = plan.start()
+        while True:
+            match step:
+                case Reserve():
+                    step = plan.reserved(
+                        settler.reserve(
+                            step.identity.operation_id,
+                            principal=step.identity.principal,
+                            fingerprint=step.identity.fingerprint,
+                            lease=step.lease,
+                            attempt_id=step.attempt_id,
+                        )
                     )
-                )
-            case Run():
-                call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
-                step = plan.ran(step, _run(beats, step, fn, call_args, call_kwargs))
-            case Settle():
-                try:
-                    settlement = _settle(settler, step)
-                except InvalidInput as exc:
-                    step = plan.settle_failed(step, exc)
-                else:
-                    step = plan.settled(step, settlement)
-            case Read():
-                step = plan.read(settler.get(step.operation_id))
-            case Sleep():
-                time.sleep(step.seconds)
-                step = plan.slept()
-            case Return():
-                return step.value
-            case Raise():
-                if step.cause is None:
-                    raise step.error
-                raise step.error from step.cause
+                case Run():
+                    call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
+                    span.attempt(step.attempt)
+                    ran = _run(beats, step, fn, call_args, call_kwargs)
+                    span.ran(ran)
+                    step = plan.ran(step, ran)
+                case Settle():
+                    try:
+                        settlement = _settle(settler, step)
+                    except InvalidInput as exc:
+                        step = plan.settle_failed(step, exc)
+                    else:
+                        step = plan.settled(step, settlement)
+                case Read():
+                    step = plan.read(settler.get(step.operation_id))
+                case Sleep():
+                    span.attempt_done()
+                    time.sleep(step.seconds)
+                    step = plan.slept()
+                case Return():
+                    return step.value
+                case Raise():
+                    if step.cause is None:
+                        raise step.error
+                    raise step.error from step.cause
 
 
 def _settle(settler: Settler, step: Settle) -> Settlement:

@@ -160,12 +160,27 @@ class Settle:
 
 Step = Forward | Answer | Identify | ReadBody | Reserve | Run
 
+#: What a problem answer says of the request, as ``Guard.outcome`` (any other: "rejected").
+_OUTCOME = {
+    ProblemKind.KEY_REUSED: "mismatch",
+    ProblemKind.KEY_BOUND: "misbound",
+    ProblemKind.IN_PROGRESS: "conflict",
+    ProblemKind.RESPONSE_NOT_STORED: "not_replayable",
+    ProblemKind.UNAVAILABLE: "unavailable",
+}
+
 
 # -- the rules -----------------------------------------------------------------------------
 
 
 class Guard:
-    """The decisions for one request, from its head to the response its client gets."""
+    """The decisions for one request, from its head to the response its client gets.
+
+    ``outcome`` says what became of a guarded request (None: not guarded, or not decided
+    yet): ``executed``, ``replayed``, ``conflict``, ``mismatch``, ``misbound``,
+    ``rejected``, ``unavailable``, ``not_replayable``, ``provisional``, ``superseded``,
+    ``timeout``, ``disconnected`` or ``store_failed``. The shells report it (the current
+    HTTP server span, ``settle.http.requests``; docs/observability.md)."""
 
     def __init__(
         self, policy: IdempotencyPolicy, namespace: str, lease: float, head: RequestHead
@@ -177,6 +192,7 @@ class Guard:
         self.log: Any = logger.bind(namespace=namespace, method=head.method, path=head.path)
         self._key = ""
         self._principal = ""
+        self.outcome: str | None = None
 
     # -- before the body -----------------------------------------------------------------
 
@@ -228,6 +244,7 @@ class Guard:
 
     def disconnected(self) -> None:
         """The client left while its body was being read: nothing is answered or run."""
+        self.outcome = "disconnected"
         self.log.info("settle.http.disconnected", stage="reading_request")
 
     def body_read(self, body: bytes) -> Reserve:
@@ -284,6 +301,7 @@ class Guard:
             )
             return self._answer(ProblemKind.RESPONSE_NOT_STORED, detail).response
         self.log.info("settle.http.replayed", status=stored.status, size=stored.size)
+        self.outcome = "replayed"
         return Response(stored.status, tuple(stored.replay_headers()), stored.body)
 
     # -- the handler's response ----------------------------------------------------------
@@ -324,6 +342,7 @@ class Guard:
             return self._not_stored(step.reservation, stored.status, stored.size)
         reason = step.reason or None
         self.log.error("settle.http.store_failed", reason=reason, error=type(exc).__name__)
+        self.outcome = "store_failed"
         return None
 
     def settled(self, step: Settle, settlement: Settlement) -> Response | None:
@@ -332,6 +351,7 @@ class Guard:
         verdict = settlement.verdict
         if stored is None:
             self.log.info("settle.http.provisional", reason=step.reason, verdict=verdict.value)
+            self.outcome = self.outcome or "provisional"
             return None
         if verdict is Verdict.QUARANTINED:
             self.log.warning("settle.http.superseded", kind=settlement.kind, status=stored.status)
@@ -343,12 +363,16 @@ class Guard:
             stored=stored.body is not None,
             verdict=verdict.value,
         )
+        self.outcome = "executed"
         return None
 
     def superseded(self, record: OperationRecord | None) -> Response:
         """This attempt lost its reservation: the authoritative response, or a 409."""
         if record is not None and record.state is State.COMPLETED:
-            return self.replay(record)
+            response = self.replay(record)
+            self.outcome = "superseded"
+            return response
+        self.outcome = "superseded"
         detail = (
             "this attempt lost its reservation to a newer attempt and its response was not "
             f"kept; retry with the same {self.policy.header} to get the authoritative outcome"
@@ -361,6 +385,8 @@ class Guard:
         """The attempt stops before its last byte (``timeout``, ``client_disconnect``,
         ``lease_lost``): the problem to answer at once, if any."""
         self.log.warning("settle.http.abandoned", reason=reason)
+        abandoned = {"timeout": "timeout", "lease_lost": "superseded"}
+        self.outcome = abandoned.get(reason, "disconnected")
         if reason != "timeout":
             return None
         detail = (
@@ -393,6 +419,7 @@ class Guard:
         return self._answer(kind, detail)
 
     def _answer(self, kind: ProblemKind, detail: str, *, retry: bool = False) -> Answer:
+        self.outcome = _OUTCOME.get(kind, "rejected")
         problem = Problem(kind, detail, self.policy.retry_after if retry else None)
         return Answer(problem.response(self.policy.problem_type_base))
 

@@ -16,6 +16,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
 from settle._sync.settler import Settler
+from settle._telemetry import telemetry
 from settle.decorator._plan import Run as HeartbeatRun
 from settle.decorator._sync import _Heartbeats
 from settle.errors import ConfigurationError, SettleError
@@ -62,39 +63,43 @@ class SyncGuard:
         """The response to send, or None when the request is not guarded (call the app)."""
         config = self.settler.config
         guard = Guard(self.policy, config.namespace, config.lease, head)
-        step = guard.start()
-        while True:
-            match step:
-                case Forward():
-                    return None
-                case Answer():
-                    return step.response
-                case Identify():
-                    try:
-                        principal = exchange.principal()
-                    except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
-                        step = guard.principal_failed(exc)
-                    else:
-                        step = guard.identified(principal)
-                case ReadBody():
-                    try:
-                        body = exchange.body(BodyBuffer(step.limit, head.content_length))
-                    except RequestTooLarge as exc:
-                        step = guard.body_too_large(exc)
-                    except ClientDisconnected:
-                        guard.disconnected()
-                        raise
-                    else:
-                        step = guard.body_read(body)
-                case Reserve():
-                    try:
-                        outcome = step.call(self.settler)
-                    except SettleError as exc:
-                        step = guard.reserve_failed(exc)
-                    else:
-                        step = guard.reserved(outcome)
-                case Run():
-                    return self._run(guard, step, exchange)
+        request = telemetry().http_request(config.namespace)
+        try:
+            step = guard.start()
+            while True:
+                match step:
+                    case Forward():
+                        return None
+                    case Answer():
+                        return step.response
+                    case Identify():
+                        try:
+                            principal = exchange.principal()
+                        except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
+                            step = guard.principal_failed(exc)
+                        else:
+                            step = guard.identified(principal)
+                    case ReadBody():
+                        try:
+                            body = exchange.body(BodyBuffer(step.limit, head.content_length))
+                        except RequestTooLarge as exc:
+                            step = guard.body_too_large(exc)
+                        except ClientDisconnected:
+                            guard.disconnected()
+                            raise
+                        else:
+                            step = guard.body_read(body)
+                    case Reserve():
+                        try:
+                            outcome = step.call(self.settler)
+                        except SettleError as exc:
+                            step = guard.reserve_failed(exc)
+                        else:
+                            step = guard.reserved(outcome)
+                    case Run():
+                        return self._run(guard, step, exchange)
+        finally:
+            request.finished(guard.outcome)
 
     def _run(self, guard: Guard, run: Run, exchange: Exchange) -> Response:
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Generator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,11 +23,19 @@ from redis.asyncio import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner, client_from_url
+from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
 from settle.progress._core import ProgressCore, ProgressReply, StreamEntry, StreamVerdict
 from settle.progress._scripts import PROGRESS, STREAM
-from settle.progress._step import Instruction, Notify, RunEffect, RunScript, RunStreamScript
+from settle.progress._step import (
+    Instruction,
+    Notify,
+    RunEffect,
+    RunScript,
+    RunStreamScript,
+    Settling,
+)
 from settle.progress.errors import ProviderReset
 from settle.progress.identity import (
     AttemptId,
@@ -96,25 +105,32 @@ class AsyncProgressStore(AsyncConnectable):
         server (and on ``stream``'s), the effect, the observer."""
         reply: Any = None
         error: Exception | None = None
-        while True:
-            try:
-                instruction = steps.throw(error) if error is not None else steps.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            reply, error = None, None
-            match instruction:
-                case RunScript(call=call):
-                    reply = await self._runner.run(call)
-                case RunStreamScript(call=call):
-                    assert stream is not None, "a stream procedure needs the stream's runner"
-                    reply = await stream.run(call)
-                case RunEffect(context=context):
-                    try:
-                        await effect(context)
-                    except Exception as exc:  # noqa: BLE001 - the procedure decides
-                        error = exc
-                case Notify(step=step, delivery=delivery):
-                    self.observer(step, delivery)
+        with ExitStack() as spans:
+            settling: Any = None  # the span of the settlement under way, if any
+            while True:
+                try:
+                    instruction = steps.throw(error) if error is not None else steps.send(reply)
+                except StopIteration as done:
+                    if settling is not None:
+                        settling.done(done.value)
+                    return done.value  # type: ignore[no-any-return]
+                reply, error = None, None
+                match instruction:
+                    case RunScript(call=call):
+                        reply = await self._runner.run(call)
+                    case RunStreamScript(call=call):
+                        assert stream is not None, "a stream procedure needs the stream's runner"
+                        reply = await stream.run(call)
+                    case RunEffect(context=context):
+                        try:
+                            await effect(context)
+                        except Exception as exc:  # noqa: BLE001 - the procedure decides
+                            error = exc
+                    case Notify(step=step, delivery=delivery):
+                        self.observer(step, delivery)
+                    case Settling(scope=scope, kind=kind):
+                        settling = telemetry().settling(scope, kind, self.consumer)
+                        spans.enter_context(settling)
 
     async def progress(self, call: Call) -> ProgressReply:
         """Run one planned progress call and decode its reply."""

@@ -42,6 +42,7 @@ __all__ = [
     "RunEffect",
     "RunScript",
     "RunStreamScript",
+    "Settling",
     "apply",
     "dead_letter",
     "defer",
@@ -75,7 +76,17 @@ class Notify:
     delivery: DeliveryId
 
 
-Instruction = RunScript | RunStreamScript | RunEffect | Notify
+@dataclass(frozen=True, slots=True)
+class Settling:
+    """A settlement of a delivery as ``kind`` begins; the procedure returns its receipt.
+    The shell opens the settlement's span (messaging conventions) and closes it with the
+    receipt or the error. Nothing is decided on it."""
+
+    scope: ProviderScope
+    kind: IntentKind
+
+
+Instruction = RunScript | RunStreamScript | RunEffect | Notify | Settling
 Steps = Generator[Instruction, Any, Any]
 
 
@@ -174,6 +185,7 @@ def settle(
 ) -> Generator[Instruction, Any, SettlementReceipt]:
     """One fenced settlement on the stream's server, then its receipt in progress (a
     conclusive answer closes the settle intent)."""
+    yield Settling(scope, kind)
     call = core.plan_stream_settle(
         scope,
         authority,

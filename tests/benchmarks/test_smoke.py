@@ -160,3 +160,21 @@ def test_anomalies_rows_and_settle_outcomes(tmp_path: Path) -> None:
     # A restart without persistence forgets the record: settle cannot prevent the second
     # charge (docs/operations.md: AOF; settle doctor warns).
     assert deployed["restart_no_persistence"]["effects"] == 2
+
+
+def test_the_telemetry_benchmark_prints_every_mode_side_by_side() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.telemetry", "--rounds", "1", "--seconds", "0.2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    result = json.loads(lines[-1])
+    assert set(result["median"]) == {"off", "sdk", "sampled"}
+    assert all(rate > 0 for rate in result["median"].values())
+    table = [line.split()[0] for line in lines[1:6] if not line.startswith(" ")]
+    assert table == ["mode", "off", "sdk", "sampled"]

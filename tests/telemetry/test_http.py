@@ -1,0 +1,108 @@
+"""The middlewares put each guarded request's outcome on the HTTP server span that
+OpenTelemetry's own ASGI / WSGI instrumentation makes, and count it in
+``settle.http.requests``; the settle calls of the request are children of that span.
+ASGI: a real Starlette app behind a real uvicorn server; WSGI: a real threading server."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware as AsgiTelemetry
+from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware as WsgiTelemetry
+from opentelemetry.sdk.trace import ReadableSpan
+
+from settle import AsyncSettler, Settler
+from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
+from tests.telemetry.conftest import Telemetry
+
+#: The outcome of each request the scenario sends, in order.
+EXPECTED = [
+    ("/payments", "executed"),
+    ("/payments", "replayed"),
+    ("/payments", "mismatch"),  # the same key with another body
+    ("/payments", "rejected"),  # no key
+    ("/flaky", "provisional"),  # a 500: the attempt is marked provisional
+    ("/flaky", "executed"),
+    ("/gated", "conflict"),  # while the first /gated request runs
+    ("/gated", "executed"),
+]
+
+
+def _path(span: ReadableSpan) -> str:
+    return urlsplit(str(span.attributes["http.url"])).path
+
+
+def _server_spans(otel: Telemetry) -> list[ReadableSpan]:
+    return [s for s in otel.spans() if s.kind.name == "SERVER"]
+
+
+def _check(otel: Telemetry, ns: str) -> None:
+    servers = _server_spans(otel)
+    seen = sorted((_path(s), s.attributes.get("settle.http.outcome")) for s in servers)
+    assert seen == sorted(EXPECTED)
+    for span in servers:
+        assert span.attributes["settle.namespace"] == ns
+    executed = next(
+        s
+        for s in servers
+        if s.attributes["settle.http.outcome"] == "executed" and _path(s) == "/payments"
+    )
+    names = [s.name for s in otel.children(executed)]
+    assert "settle.reserve" in names
+    assert "settle.complete" in names
+    n = {"settle.namespace": ns}
+    for outcome in {o for _, o in EXPECTED}:
+        want = sum(o == outcome for _, o in EXPECTED)
+        assert otel.count("settle.http.requests", **n, **{"settle.http.outcome": outcome}) == want
+
+
+async def _scenario(client: httpx.AsyncClient, ledger: Ledger) -> None:
+    body = {"amount": 100, "currency": "EUR"}
+    assert (
+        await client.post("/payments", json=body, headers=key_headers("k-1"))
+    ).status_code == 201
+    replay = await client.post("/payments", json=body, headers=key_headers("k-1"))
+    assert replay.headers["idempotent-replayed"] == "true"
+    other = {"amount": 5, "currency": "EUR"}
+    assert (
+        await client.post("/payments", json=other, headers=key_headers("k-1"))
+    ).status_code == 422
+    assert (await client.post("/payments", json=body, headers=key_headers(None))).status_code == 400
+    assert (await client.post("/flaky", json=body, headers=key_headers("k-2"))).status_code == 500
+    assert (await client.post("/flaky", json=body, headers=key_headers("k-2"))).status_code == 201
+    first = asyncio.create_task(client.post("/gated", json=body, headers=key_headers("k-3")))
+    await asyncio.to_thread(ledger.entered.wait, 10)
+    second = await client.post("/gated", json=body, headers=key_headers("k-3"))
+    assert second.status_code == 409
+    ledger.gate.set()
+    assert (await first).status_code == 201
+
+
+@pytest.mark.asyncio
+async def test_asgi_outcomes_on_the_server_span(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    ledger = Ledger()
+    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    app = AsgiTelemetry(starlette_app(app_settler, ledger))
+    with serve(app, app_settler) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            await _scenario(client, ledger)
+    _check(otel, namespace)
+
+
+@pytest.mark.asyncio
+async def test_wsgi_outcomes_on_the_server_span(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    ledger = Ledger()
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    app = WsgiTelemetry(wsgi_app(settler, ledger))
+    with serve_wsgi(app) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            await _scenario(client, ledger)
+    settler.close()
+    _check(otel, namespace)

@@ -1,0 +1,114 @@
+"""A library is quiet until the application says otherwise, and costs nothing without
+OpenTelemetry: each case runs in a fresh process, as an application would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+USE = """
+import settle
+from settle import Settler
+from settle.embedded import EmbeddedRedis
+with EmbeddedRedis() as server:
+    s = Settler.from_url(server.url, namespace="quiet", shards=2)
+    r = s.reserve("op-1", {"amount": 1}, principal="tenant:a")
+    s.complete(r.reservation, {"ok": True})
+    s.complete(r.reservation, {"ok": False})  # quarantined: a warning event
+    s.reserve("op-1", {"amount": 1}, principal="tenant:a")
+    s.close()
+"""
+
+REFUSE_OTEL = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_nothing_is_written_when_nothing_is_configured() -> None:
+    done = _run(USE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == ""
+
+
+def test_logging_basic_config_shows_the_events() -> None:
+    done = _run("import logging\nlogging.basicConfig(level=logging.INFO)\n" + USE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert any(
+        line.startswith("INFO:settle:settle.reserve.reserved namespace='quiet'") for line in lines
+    ), done.stderr
+    assert any(line.startswith("WARNING:settle:settle.settlement.quarantined ") for line in lines)
+    assert any(line.startswith("INFO:settle:settle.reserve.replayed ") for line in lines)
+    assert "tenant:a" not in done.stderr  # principals stay out, as in structlog
+
+
+def test_a_configured_structlog_gets_the_events() -> None:
+    done = _run(
+        "import structlog\n"
+        "structlog.configure(processors=[structlog.processors.JSONRenderer()])\n" + USE
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"event": "settle.reserve.reserved"' in done.stdout
+    assert '"namespace": "quiet"' in done.stdout
+
+
+def test_without_opentelemetry_nothing_is_imported_and_everything_works() -> None:
+    done = _run(
+        REFUSE_OTEL
+        + USE
+        + """
+import settle._telemetry as t
+from settle.testing import MemorySettler
+assert t.telemetry() is t.NOOP
+m = MemorySettler(namespace="m")
+op = m.operation(key="k:{n}", principal="p")(lambda n: n * 2)
+assert op(2) == 4 and op(2) == 4
+assert not any(name.startswith("opentelemetry") for name in sys.modules), sorted(sys.modules)
+print("ok")
+"""
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_only_the_telemetry_module_imports_opentelemetry() -> None:
+    importers = [
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "settle").rglob("*.py")
+        if "import opentelemetry" in (text := path.read_text(encoding="utf-8"))
+        or "from opentelemetry" in text
+    ]
+    assert importers == ["settle/_telemetry.py"]
+
+
+def test_a_record_names_the_settle_line_that_logged_and_carries_the_fields() -> None:
+    done = _run(
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO, "
+        "format='%(module)s %(settle_event)s %(settle_fields)s')\n" + USE
+    )
+    assert done.returncode == 0, done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("engine settle.reserve.reserved {'namespace': 'quiet'"), first

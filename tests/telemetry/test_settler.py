@@ -1,0 +1,202 @@
+"""Every settle call is a span (``settle.reserve``, ``settle.complete``, ...) with its
+outcome, verdict, quarantine kind, generation and takeover; inside it the Redis calls as
+client spans with the Redis semantic conventions; and the counters and the duration
+histogram say the same. Sync and async, on a real Redis, with the real SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from settle import AsyncSettler, BackendError, BindingMismatch, FingerprintMismatch, Settler
+from settle.cursor import CursorStore
+from tests.telemetry.conftest import Telemetry
+
+SECRET = "4242424242424242"
+PRINCIPAL = "tenant:acme/user:42"
+
+
+def _no_secrets(otel: Telemetry) -> None:
+    for span in otel.spans():
+        text = repr(dict(span.attributes or {})) + span.name
+        assert SECRET not in text
+        assert PRINCIPAL not in text
+        assert "op-1" not in text  # operation ids are never attributes
+
+
+def _check(otel: Telemetry, ns: str, port: int) -> None:
+    reserves = otel.spans("settle.reserve")
+    outcomes = [s.attributes["settle.outcome"] for s in reserves]
+    assert outcomes == [
+        "reserved",
+        "in_progress",
+        "reserved",  # the takeover after the lease expired
+        "replayed",
+        "fingerprint_mismatch",
+        "binding_mismatch",
+    ]
+    takeover = reserves[2]
+    assert takeover.attributes["settle.takeover"] == "lease_expired"
+    assert takeover.attributes["settle.generation"] > reserves[0].attributes["settle.generation"]
+    refused = reserves[4]
+    assert refused.attributes["error.type"] == "FingerprintMismatch"
+    assert not refused.status.is_ok
+
+    # Each call's Redis work is a client span inside it.
+    for span in otel.spans():
+        if not span.name.startswith("settle."):
+            continue
+        assert span.attributes["settle.namespace"] == ns
+        redis_calls = otel.children(span)
+        assert redis_calls, f"{span.name} has no Redis span"
+        for call in redis_calls:
+            a = call.attributes
+            assert a["db.system.name"] == "redis"
+            if a["db.operation.name"] == "EVALSHA":
+                assert call.name == f"EVALSHA {a['db.stored_procedure.name']}"
+            else:
+                assert call.name == a["db.operation.name"] == "PIPELINE"
+            assert a["server.address"] == "127.0.0.1"
+            assert a["server.port"] == port
+            assert a["db.namespace"] == "0"
+            assert call.kind.name == "CLIENT"
+
+    settlements = {
+        (s.name, s.attributes["settle.verdict"], s.attributes.get("settle.quarantine.kind"))
+        for s in otel.spans()
+        if "settle.verdict" in (s.attributes or {})
+    }
+    assert settlements == {
+        ("settle.complete", "quarantined", "stale_generation"),  # the fenced-off worker
+        ("settle.complete", "accepted", None),
+        ("settle.complete", "absorbed", None),
+        ("settle.complete", "quarantined", "conflicting_settlement"),
+        ("settle.fail", "quarantined", "conflicting_settlement"),
+        ("settle.mark_provisional", "absorbed", None),  # completed stays completed
+    }
+    renew = otel.spans("settle.renew")
+    assert [s.attributes["settle.outcome"] for s in renew] == ["lost"]
+    assert renew[0].attributes["settle.renew.reason"]
+    listed = otel.span("settle.quarantine.list")
+    assert [c.attributes["db.operation.name"] for c in otel.children(listed)] == ["PIPELINE"]
+    assert otel.children(listed)[0].attributes["db.operation.batch.size"] == 4  # 4 shards
+    assert otel.span("settle.get").attributes["settle.namespace"] == ns
+    _no_secrets(otel)
+
+    # The same in numbers.
+    n = {"settle.namespace": ns}
+    for outcome, count in [
+        ("reserved", 2),
+        ("in_progress", 1),
+        ("replayed", 1),
+        ("fingerprint_mismatch", 1),
+        ("binding_mismatch", 1),
+    ]:
+        assert otel.count("settle.reservations", **n, **{"settle.outcome": outcome}) == count
+    assert otel.count("settle.takeovers", **n, **{"settle.takeover.reason": "lease_expired"}) == 1
+    for action, verdict, count in [
+        ("complete", "accepted", 1),
+        ("complete", "absorbed", 1),
+        ("complete", "quarantined", 2),
+        ("fail", "quarantined", 1),
+        ("mark_provisional", "absorbed", 1),
+    ]:
+        attrs = {"settle.action": action, "settle.verdict": verdict}
+        assert otel.count("settle.settlements", **n, **attrs) == count
+    kinds = {"stale_generation": 1, "conflicting_settlement": 2}
+    for kind, count in kinds.items():
+        assert (
+            otel.count("settle.quarantine.entries", **n, **{"settle.quarantine.kind": kind})
+            == count
+        )
+    assert otel.count("settle.leases.lost", **n) == 1
+    durations = otel.points("settle.call.duration", **n, **{"settle.call.name": "reserve"})
+    assert sum(p.count for p in durations) == 6
+    assert all(p.sum >= 0 for p in durations)
+    assert otel.count("settle.call.duration", **n, **{"settle.call.name": "complete"}) == 4
+
+
+def test_sync_calls_are_spans_and_measurements(
+    settler: Settler, namespace: str, otel: Telemetry
+) -> None:
+    request = {"card": SECRET}
+    first = settler.reserve("op-1", request, principal=PRINCIPAL, lease=0.2)
+    settler.reserve("op-1", request, principal=PRINCIPAL)
+    time.sleep(0.3)
+    second = settler.reserve("op-1", request, principal=PRINCIPAL, lease=30)
+    settler.renew(first.reservation)  # the lease passed to another generation
+    settler.complete(first.reservation, {"receipt": SECRET})  # fenced off: quarantined
+    settler.complete(second.reservation, {"receipt": SECRET})
+    settler.complete(second.reservation, {"receipt": SECRET})
+    settler.complete(second.reservation, {"receipt": "other"})
+    settler.fail(second.reservation, ValueError("declined"))
+    settler.mark_provisional(second.reservation, "timeout")
+    settler.reserve("op-1", request, principal=PRINCIPAL)
+    with pytest.raises(FingerprintMismatch):
+        settler.reserve("op-1", {"card": "other"}, principal=PRINCIPAL)
+    with pytest.raises(BindingMismatch):
+        settler.reserve("op-1", request, principal="tenant:other")
+    settler.quarantine.list()
+    settler.get("op-1")
+    _check(otel, namespace, int(settler.client.connection_pool.connection_kwargs["port"]))
+
+
+@pytest.mark.asyncio
+async def test_async_calls_are_spans_and_measurements(
+    async_settler: AsyncSettler, namespace: str, otel: Telemetry
+) -> None:
+    s = async_settler
+    request = {"card": SECRET}
+    first = await s.reserve("op-1", request, principal=PRINCIPAL, lease=0.2)
+    await s.reserve("op-1", request, principal=PRINCIPAL)
+    await asyncio.sleep(0.3)
+    second = await s.reserve("op-1", request, principal=PRINCIPAL, lease=30)
+    await s.renew(first.reservation)
+    await s.complete(first.reservation, {"receipt": SECRET})
+    await s.complete(second.reservation, {"receipt": SECRET})
+    await s.complete(second.reservation, {"receipt": SECRET})
+    await s.complete(second.reservation, {"receipt": "other"})
+    await s.fail(second.reservation, ValueError("declined"))
+    await s.mark_provisional(second.reservation, "timeout")
+    await s.reserve("op-1", request, principal=PRINCIPAL)
+    with pytest.raises(FingerprintMismatch):
+        await s.reserve("op-1", {"card": "other"}, principal=PRINCIPAL)
+    with pytest.raises(BindingMismatch):
+        await s.reserve("op-1", request, principal="tenant:other")
+    await s.quarantine.list()
+    await s.get("op-1")
+    _check(otel, namespace, int(s.client.connection_pool.connection_kwargs["port"]))
+
+
+def test_a_renewal_that_raises_is_counted(redis_url: str, namespace: str, otel: Telemetry) -> None:
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as s:
+        r = s.reserve("op-1", {}, principal=PRINCIPAL, lease=30)
+    # The same reservation presented through a store nobody listens on.
+    gone = Settler.from_url("redis://127.0.0.1:1/0", namespace=namespace, shards=4)
+    with pytest.raises(BackendError):
+        gone.renew(r.reservation)
+    gone.close()
+    n = {"settle.namespace": namespace}
+    assert otel.count("settle.renewals.failed", **n, **{"error.type": "BackendError"}) == 1
+    failed = otel.span("settle.renew")
+    assert failed.attributes["error.type"] == "BackendError"
+    assert not failed.status.is_ok
+    assert otel.count("settle.call.duration", **n, **{"error.type": "BackendError"}) == 1
+
+
+def test_the_cursor_store_gets_redis_spans_from_the_same_runner(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    store = CursorStore.from_url(redis_url, namespace=namespace)
+    store.start("orders", b"cursor-secret")
+    store.close()
+    scripts = [
+        s.attributes["db.stored_procedure.name"]
+        for s in otel.spans()
+        if (s.attributes or {}).get("db.system.name") == "redis"
+    ]
+    assert "init" in scripts
+    for span in otel.spans():
+        assert "cursor-secret" not in repr(dict(span.attributes or {}))
