@@ -54,6 +54,12 @@ class AsyncCursorStore(AsyncConnectable):
         self.core = CursorCore(namespace, keep_generations, receipt_horizon)
         self._runner = AsyncRunner(client, SCRIPTS, Durability(min_replicas, replica_timeout))
 
+    # unasync: async-only
+    async def close(self) -> None:
+        """The same as ``aclose()``."""
+        await self.aclose()
+
+    # unasync: end
     async def run(self, call: Call) -> Any:
         """Run one planned call (every cursor step is safe to repeat)."""
         return await self._runner.run(call)
