@@ -11,12 +11,10 @@ The module runs on the default redis-server and, when Debian's Redis 7 is unpack
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -44,15 +42,12 @@ from tests.progress.harness import (
     counts,
     pending_ids,
     publish,
+    redis_binaries,
 )
 
 pytestmark = pytest.mark.faults
 
-ROOT = Path(__file__).resolve().parents[2]
-REDIS7 = ROOT / ".ci" / "redis7" / "redis-server"
-BINARIES = [pytest.param(None, id="default")]
-if REDIS7.exists() and not os.environ.get("SETTLE_REDIS_SERVER"):
-    BINARIES.append(pytest.param(str(REDIS7), id="redis7"))
+BINARIES = [pytest.param(b, id="redis7" if b else "default") for b in redis_binaries()]
 
 
 @pytest.fixture(scope="module", params=BINARIES)
