@@ -292,3 +292,36 @@ async def test_async_stores_and_consumers_offer_close_aclose_and_async_with(
         servers[0].url, servers[1].url, consumer=names.consumer, stream=names.stream,
         group=names.group,
     ).close()  # fmt: skip
+
+
+def test_a_worker_killed_after_recording_a_deleted_delivery_leaves_it_settled_once(
+    servers, names, stream_client, progress_client
+) -> None:
+    ids = publish(stream_client, names, ["e0", "e1", "e2"])
+    killed_worker(servers, names, "received", ids[0])  # all three pending, worker gone
+    stream_client.xdel(names.stream, ids[0])
+    # The next worker claims them, records e0's dead letter (reason deleted) and is killed
+    # before the provider is told.
+    w = Worker(
+        names,
+        servers[0].url,
+        servers[1].url,
+        worker="w2",
+        kill_at=("dead_letter_recorded", ids[0]),
+        claim_idle=0.05,
+    )
+    w.wait_killed()
+    effect = Ledger()
+    c = consumer(servers, names)
+
+    poll_until(c, effect, lambda: not pending_ids(stream_client, names) and not read(c).intents)
+
+    assert dead_evidence(progress_client, names) == {ids[0]: "deleted"}  # recorded once
+    assert effect.runs == {"e1": 1, "e2": 1}
+    assert read(c).floor == DeliveryId(ids[2])
+    [told] = [r for r in c.store.receipts(c.scope) if r.delivery.value == ids[0]]
+    assert told.kind is IntentKind.DEAD_LETTER
+    assert told.outcome is (
+        SettlementOutcome.NOT_PENDING if redis7(stream_client) else SettlementOutcome.ACKED
+    )
+    c.close()
