@@ -95,6 +95,9 @@ class Decision:
     """An empty response with no evidence: do not advance, fetch again later."""
     record: bool = False
     """With ``held``: keep the response as a pending witness (the evidence that it came)."""
+    lost: str | None = None
+    """The attempt id of a pending response to the same cursor that this one is a shorter
+    copy of, with an unsettled event this one lacks: this response lost to it."""
     stalled: bool = False
     """No progress: nothing new, and the successor is the cursor held now or one passed
     before. Nothing is witnessed or promoted."""
@@ -300,6 +303,21 @@ class _Rules:
                 )
         return None
 
+    def truncated_of(self) -> str | None:
+        """A pending response this one is a strict, shorter prefix of, that lists an
+        unsettled event beyond it: the other worker (or an exact replay of that response)
+        must go on; this one stands down."""
+        mine = witness_events(self.page)
+        if not mine:
+            return None
+        for w in self.view.pending:
+            if len(mine) < len(w.events) and w.events[: len(mine)] == mine:
+                for ev in w.events[len(mine) :]:
+                    r = self.view.receipts.get(ev.id)
+                    if r is None or (r.position, r.digest) != (ev.position, ev.digest):
+                        return w.attempt_id
+        return None
+
     def sparse_anchor(self) -> bool:
         """A sparse shifted page proves it starts where the applied events end: it opens
         with an applied event (the boundary, or one of this generation) as a contiguous
@@ -395,6 +413,11 @@ def classify(stream: str, contract: ProviderContract, view: View, page: Page) ->
                 Recovery.STABLE_BOUNDARY,
             )
         )
+    lost = rules.truncated_of()
+    if lost is not None:
+        # Two workers, the other one's response saw more (or a lagging replica truncated a
+        # retry): promoting this one could skip what the other holds. Stand down.
+        return Decision(kind, rules.boundary, lost=lost)
     if kind is Classification.TOKEN_ROTATION and not contract.rotation_allowed:
         return stop(
             rules.diverge(

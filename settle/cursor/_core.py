@@ -380,6 +380,8 @@ class CursorCore:
             )
         elif decision.held:
             log.info("settle.cursor.held", classification=decision.classification.value)
+        elif decision.lost is not None:
+            log.info("settle.cursor.lost", to=decision.lost, at="classify")
         elif decision.stalled:
             log.warning("settle.cursor.no_progress", classification=decision.classification.value)
         else:
@@ -544,7 +546,7 @@ class CursorCore:
         if reply.code == "uncovered":
             # Another worker's pending response to the same cursor holds an event this one
             # lacks: this response lost; the other one (or an exact replay of it) goes on.
-            log.info("settle.cursor.lost", missing_event=reply.detail)
+            log.info("settle.cursor.lost", at="promote", missing_event=reply.detail)
             return StepResult(outcome=StepOutcome.LOST, **fields)
         raise CorruptRecord(
             f"promotion of witness {aid} refused ({reply.code} {reply.detail}): its events "
@@ -562,9 +564,11 @@ class CursorCore:
         )
 
     def stalled(self, view: View, decision: Decision) -> StepResult:
+        """The result of a step that stood down: ``NO_PROGRESS`` for a loop, ``LOST`` when
+        another pending response to the cursor holds more."""
         ck = view.checkpoint
         return StepResult(
-            outcome=StepOutcome.NO_PROGRESS,
+            outcome=StepOutcome.LOST if decision.lost else StepOutcome.NO_PROGRESS,
             classification=decision.classification,
             generation=ck.generation,
             boundary=ck.boundary,

@@ -65,7 +65,7 @@ def procedure(
             yield Done(core.superseded(view, None))
             return
         decision = core.classify(stream, contract, view, page)
-        if decision.stalled:
+        if decision.stalled or decision.lost is not None:
             yield Done(core.stalled(view, decision))
             return
         if decision.held and not decision.record:

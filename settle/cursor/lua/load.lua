@@ -8,7 +8,8 @@
 -- (a retry must cover each witnessed event that is not settled, wherever it sits).
 -- Returns {ok | missing | corrupt, '', now, checkpoint,
 --          {witnesses of the current generation (each a flat list), receipts (flat id/value),
---           input cursor digests of the kept witnesses of earlier generations (passed)}}.
+--           input cursor digests of the kept witnesses of earlier generations since the
+--           last reset (the cursors passed)}}.
 local now = now_ms()
 local c, flat = load_ckpt(KEYS[1])
 if c == false then return {'corrupt', '', now, {}, {}} end
@@ -27,7 +28,7 @@ for _, aid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.gen, c.gen)) do
   end
 end
 local passed, seen = {}, {}
-for _, aid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. c.gen,
+for _, aid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.rgen or '-inf', '(' .. c.gen,
     'LIMIT', 0, 1024)) do
   local d = wget(KEYS[2], aid, 'cdig')
   if d and not seen[d] then seen[d] = true; passed[#passed + 1] = d end
