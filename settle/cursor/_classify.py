@@ -308,8 +308,8 @@ class _Rules:
         unsettled event beyond it: the other worker (or an exact replay of that response)
         must go on; this one stands down."""
         mine = witness_events(self.page)
-        if not mine:
-            return None
+        if not any(e.position > self.boundary for e in mine):
+            return None  # nothing new: an empty answer (held, or judged by its evidence)
         for w in self.view.pending:
             if len(mine) < len(w.events) and w.events[: len(mine)] == mine:
                 for ev in w.events[len(mine) :]:
