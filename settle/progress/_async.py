@@ -314,6 +314,7 @@ class AsyncStreamConsumer:
         """Ensure the group exists and open the scope of the stream's current incarnation."""
         call = self.core.plan_stream_scope(self.stream, self.group)
         self.scope = self.core.decode_stream_scope(call, await self._runner.run(call))
+        self._claim_from = "0-0"  # a new scan of the pending list
         return self.scope
 
     async def poll(self, effect: AsyncEffect) -> PollReport:
@@ -478,7 +479,7 @@ class AsyncStreamConsumer:
             "XRANGE", lambda: self._listing(scope, after)
         )
         last = self.core.last_delivered(scope, groups)
-        candidates = self.core.lost_candidates(listed, last, pending)
+        candidates = self.core.lost_candidates(listed, last, pending, self.listing)
         if candidates:
             call = self.core.plan_lost(scope, candidates)
             self.core.lost(scope, await self.store.progress(call))

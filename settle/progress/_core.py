@@ -536,17 +536,22 @@ class ProgressCore:
 
     @staticmethod
     def lost_candidates(
-        listed: Any, last_delivered: DeliveryId | None, pending: Any
+        listed: Any, last_delivered: DeliveryId | None, pending: Any, limit: int
     ) -> list[DeliveryId]:
         """Listed deliveries the group handed out (at or below its last-delivered id) that
-        are not pending: each must be covered by progress, or it was lost."""
+        are not pending: each must be covered by progress, or it was lost. A pending
+        listing cut at ``limit`` rows proves nothing past its last row."""
         if last_delivered is None:
             return []
-        held = {_text(p["message_id"]) for p in pending or []}
+        rows = list(pending or [])
+        held = {_text(p["message_id"]) for p in rows}
+        top = last_delivered
+        if len(rows) >= limit:
+            top = min(top, DeliveryId(_text(rows[-1]["message_id"])))
         return [
             e.delivery
             for e in parse_entries(listed)
-            if not last_delivered < e.delivery and e.delivery.value not in held
+            if not top < e.delivery and e.delivery.value not in held
         ]
 
     def plan_observation(

@@ -303,6 +303,7 @@ class StreamConsumer:
         """Ensure the group exists and open the scope of the stream's current incarnation."""
         call = self.core.plan_stream_scope(self.stream, self.group)
         self.scope = self.core.decode_stream_scope(call, self._runner.run(call))
+        self._claim_from = "0-0"  # a new scan of the pending list
         return self.scope
 
     def poll(self, effect: Effect) -> PollReport:
@@ -467,7 +468,7 @@ class StreamConsumer:
             "XRANGE", lambda: self._listing(scope, after)
         )
         last = self.core.last_delivered(scope, groups)
-        candidates = self.core.lost_candidates(listed, last, pending)
+        candidates = self.core.lost_candidates(listed, last, pending, self.listing)
         if candidates:
             call = self.core.plan_lost(scope, candidates)
             self.core.lost(scope, self.store.progress(call))
