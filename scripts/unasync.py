@@ -112,6 +112,8 @@ PROGRESS_RULES: list[tuple[str, str]] = [
     (r"\bAsyncProgressStore\b", "ProgressStore"),
     (r"\bAsyncStreamConsumer\b", "StreamConsumer"),
     (r"\bAsyncEffect\b", "Effect"),
+    (r"__aenter__", "__enter__"),
+    (r"__aexit__", "__exit__"),
     (r"^import asyncio$", "import time"),
     (r"\basyncio\.sleep\b", "time.sleep"),
     (r"\basync def\b", "def"),
@@ -148,10 +150,23 @@ def _target(src: str) -> Path:
     return ROOT / f"{head}_sync{tail}"
 
 
+ASYNC_ONLY = "# unasync: async-only"
+ASYNC_ONLY_END = "# unasync: end"
+
+
 def convert(text: str, rules: list[tuple[str, str]], used: set[int]) -> str:
+    """Rewrite ``text`` line by line; the lines from ``# unasync: async-only`` through
+    ``# unasync: end`` are left out (e.g. an async ``close()`` alias of ``aclose()``, which
+    would be a second ``close`` in the sync shell)."""
     out = []
+    skipping = False
     for raw in text.splitlines(keepends=True):
         line = raw.rstrip("\n")
+        if line.strip() == ASYNC_ONLY:
+            skipping = True
+        if skipping:
+            skipping = line.strip() != ASYNC_ONLY_END
+            continue
         for i, (pattern, repl) in enumerate(rules):
             new = re.sub(pattern, repl, line)
             if new != line:

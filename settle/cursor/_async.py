@@ -21,12 +21,15 @@ from settle.cursor.models import (
     EventContext,
     Page,
     ProviderContract,
+    Receipt,
     StepOutcome,
     StepResult,
     Witness,
 )
 
 __all__ = ["AsyncCursorConsumer", "AsyncCursorStore"]
+
+_STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 
 AsyncFetchPageFn = Callable[[bytes], Awaitable[Page]]
 AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object]]
@@ -55,6 +58,12 @@ class AsyncCursorStore(AsyncConnectable):
             client, SCRIPTS, Durability(min_replicas, replica_timeout, allow_eviction)
         )
 
+    # unasync: async-only
+    async def close(self) -> None:
+        """The same as ``aclose()``."""
+        await self.aclose()
+
+    # unasync: end
     async def run(self, call: Call) -> Any:
         """Run one planned call (every cursor step is safe to repeat)."""
         return await self._runner.run(call)
@@ -72,6 +81,14 @@ class AsyncCursorStore(AsyncConnectable):
         """The newest witnesses, newest generation first."""
         call = self.core.plan_witnesses(stream, limit)
         return self.core.decode_witnesses(call, await self.run(call))
+
+    async def receipts(
+        self, stream: str, *, after: int | None = None, limit: int = 100
+    ) -> list[Receipt]:
+        """The durable receipts of the stream's events (what was applied, where, by which
+        response), in position order, from just after position ``after``."""
+        call = self.core.plan_receipts(stream, after, limit)
+        return self.core.decode_receipts(call, await self.run(call))
 
     async def reset(
         self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
@@ -124,12 +141,21 @@ class AsyncCursorConsumer:
             instruction = steps.send(reply)
 
     async def run(self, *, max_steps: int = 1000) -> list[StepResult]:
-        """Step until caught up (a step held, or its page had no events) or ``max_steps``
-        steps ran; divergences and errors propagate."""
-        results = []
+        """Step until caught up or ``max_steps`` steps ran, and return every step's result.
+
+        The stop rule: stop after a step that is ``HELD`` (an empty page without evidence),
+        ``NO_PROGRESS`` (a loop) or ``LOST`` (another worker's response must go on), or
+        after a step that applied nothing new and did not move the applied boundary (its
+        page had no events, or only events already applied). ``PROMOTED`` with progress and
+        ``SUPERSEDED`` (the next step reads the new checkpoint) go on. Divergences and
+        errors propagate."""
+        results: list[StepResult] = []
         for _ in range(max_steps):
+            before = results[-1].boundary if results else None
             result = await self.step()
             results.append(result)
-            if result.outcome is StepOutcome.HELD or result.applied + result.skipped == 0:
+            if result.outcome in _STOP or result.applied + result.skipped == 0:
+                break
+            if result.applied == 0 and result.boundary == before:
                 break
         return results

@@ -31,6 +31,7 @@ from settle.cursor.models import (
     Recovery,
     Witness,
     WitnessEvent,
+    cursor_digest,
 )
 
 __all__ = ["Decision", "View", "check_page", "classify"]
@@ -39,6 +40,11 @@ MAX_EVENT_ID_CHARS = 512
 MAX_EVENTS_PER_PAGE = 10_000
 MAX_CURSOR_BYTES = 64 << 10
 MAX_SNAPSHOT_CHARS = 256
+#: The reason of the pending witness an empty response without evidence leaves behind.
+HELD_REASON = "held"
+#: How many held witnesses one (cursor, generation) keeps as evidence (a rotating provider
+#: issues a new successor on every empty answer: the first few prove the point).
+MAX_HELD_WITNESSES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +57,28 @@ class View:
     receipts: dict[str, Receipt]
     """Receipts of the response's event ids and of every position near the boundary."""
     now_ms: int
+    passed: frozenset[str] = frozenset()
+    """Digests of the cursors this checkpoint held at earlier generations (as far as the
+    kept witnesses remember)."""
 
     @property
     def pending(self) -> list[Witness]:
-        return [w for w in self.witnesses if w.disposition is Disposition.PENDING]
+        """The pending responses that may still be applied (a held empty response is
+        evidence only: it constrains nothing)."""
+        return [
+            w
+            for w in self.witnesses
+            if w.disposition is Disposition.PENDING and w.reason != HELD_REASON
+        ]
+
+    @property
+    def held(self) -> list[Witness]:
+        """The pending witnesses of empty responses that held for want of evidence."""
+        return [
+            w
+            for w in self.witnesses
+            if w.disposition is Disposition.PENDING and w.reason == HELD_REASON
+        ]
 
     def satisfied(self, event: Event) -> bool:
         r = self.receipts.get(event.id)
@@ -69,6 +93,14 @@ class Decision:
     """Attempt id of the witness an exact replay resumes."""
     held: bool = False
     """An empty response with no evidence: do not advance, fetch again later."""
+    record: bool = False
+    """With ``held``: keep the response as a pending witness (the evidence that it came)."""
+    lost: str | None = None
+    """The attempt id of a pending response to the same cursor that this one is a shorter
+    copy of, with an unsettled event this one lacks: this response lost to it."""
+    stalled: bool = False
+    """No progress: nothing new, and the successor is the cursor held now or one passed
+    before. Nothing is witnessed or promoted."""
     error: CursorDivergence | None = None
 
 
@@ -193,10 +225,12 @@ class _Rules:
 
     def contract_conflict(self) -> CursorDivergence | None:
         events = self.page.events
+        # The contract says the page repeats the boundary event, not that it opens with it:
+        # events tied on the provider's position (a timestamp) may come before it.
         if (
             self.contract.boundary == "inclusive"
             and events
-            and events[0].position != self.boundary
+            and not any(e.position == self.boundary for e in events)
             and any(r.position == self.boundary for r in self.view.receipts.values())
         ):
             return self.diverge(
@@ -242,29 +276,46 @@ class _Rules:
             expected = position + 1
         return None
 
-    def witnessed_missing(self) -> CursorDivergence | None:
-        """An event an earlier response to this cursor held, never applied, gone now."""
-        present = {e.id for e in self.page.events}
-        # Only events above the boundary say how far this response reaches: an inclusive
-        # page that repeats the boundary event alone reaches nothing new.
-        new = [e for e in self.page.events if e.position > self.boundary]
-        top = new[-1].position if new else MAX_POSITION
+    def witnessed_missing(self, *, beyond: bool = True) -> CursorDivergence | None:
+        """An event an earlier response to this cursor held and that is not durably
+        settled, wherever it sits, must be in this response (same id, position, digest) or
+        inside its coverage marker: a successor is opaque, so a shorter retry may point past
+        it and skip it for good."""
+        present = {(e.id, e.position, e.digest) for e in self.page.events}
+        top = max([self.boundary, *(e.position for e in self.page.events)])
         for w in self.view.pending:
             for ev in w.events:
-                if (
-                    ev.position > self.boundary
-                    and ev.position <= top
-                    and ev.id not in present
-                    and ev.id not in self.view.receipts
-                    and not self.covered_by_marker(ev.position)
+                if not beyond and ev.position > top:
+                    continue
+                r = self.view.receipts.get(ev.id)
+                if r is not None and (r.position, r.digest) == (ev.position, ev.digest):
+                    continue
+                if (ev.id, ev.position, ev.digest) in present or self.covered_by_marker(
+                    ev.position
                 ):
-                    return self.diverge(
-                        CoverageNotProven,
-                        f"event {ev.id!r} at position {ev.position}, witnessed in an earlier "
-                        "response to this cursor, is missing from the retry",
-                        "witnessed_event_missing",
-                        Recovery.STABLE_BOUNDARY,
-                    )
+                    continue
+                return self.diverge(
+                    CoverageNotProven,
+                    f"event {ev.id!r} at position {ev.position}, witnessed in an earlier "
+                    "response to this cursor and not settled, is missing from the retry",
+                    "witnessed_event_missing",
+                    Recovery.STABLE_BOUNDARY,
+                )
+        return None
+
+    def truncated_of(self) -> str | None:
+        """A pending response this one is a strict, shorter prefix of, that lists an
+        unsettled event beyond it: the other worker (or an exact replay of that response)
+        must go on; this one stands down."""
+        mine = witness_events(self.page)
+        if not any(e.position > self.boundary for e in mine):
+            return None  # nothing new: an empty answer (held, or judged by its evidence)
+        for w in self.view.pending:
+            if len(mine) < len(w.events) and w.events[: len(mine)] == mine:
+                for ev in w.events[len(mine) :]:
+                    r = self.view.receipts.get(ev.id)
+                    if r is None or (r.position, r.digest) != (ev.position, ev.digest):
+                        return w.attempt_id
         return None
 
     def sparse_anchor(self) -> bool:
@@ -275,6 +326,12 @@ class _Rules:
             return True
         if not self.page.events:
             return False
+        # A retry that opens with the very events of a pending response to the same cursor
+        # starts where that response started (two workers, one of which saw more).
+        mine = witness_events(self.page)
+        for w in self.view.pending:
+            if w.events and mine[: len(w.events)] == w.events:
+                return True
         first = self.page.events[0]
         r = self.view.receipts.get(first.id)
         return (
@@ -334,9 +391,33 @@ def classify(stream: str, contract: ProviderContract, view: View, page: Page) ->
         return stop(error)
     kind, resume = rules.against_earlier()
     empty = not any(e.position > rules.boundary for e in page.events)
-    if empty and kind is not Classification.EXACT_REPLAY and not rules.empty_evidence():
-        # An empty response advances only with evidence bound to it; without, it holds.
-        return Decision(kind, view.checkpoint.boundary, held=True)
+    if empty and not rules.empty_evidence():
+        # An empty response advances only with evidence bound to it; without, it holds,
+        # and it is kept as a pending witness (once per successor) so the evidence exists.
+        held = view.held
+        record = len(held) < MAX_HELD_WITNESSES and all(w.successor != page.successor for w in held)
+        return Decision(kind, rules.boundary, held=True, record=record)
+    nothing_new = rules.next_boundary() == rules.boundary
+    successor = cursor_digest(page.successor)
+    if nothing_new and (successor == view.checkpoint.cursor_digest or successor in view.passed):
+        # A loop: promoting it would make a new generation on every step (or move the
+        # checkpoint back to a cursor it passed). Stay, and say so.
+        return Decision(kind, rules.boundary, stalled=True)
+    if successor in view.passed and successor != view.checkpoint.cursor_digest:
+        return stop(
+            rules.diverge(
+                CursorDivergence,
+                "the successor is a cursor this checkpoint already passed: promoting it would "
+                "move the checkpoint back",
+                "successor_passed",
+                Recovery.STABLE_BOUNDARY,
+            )
+        )
+    lost = rules.truncated_of()
+    if lost is not None:
+        # Two workers, the other one's response saw more (or a lagging replica truncated a
+        # retry): promoting this one could skip what the other holds. Stand down.
+        return Decision(kind, rules.boundary, lost=lost)
     if kind is Classification.TOKEN_ROTATION and not contract.rotation_allowed:
         return stop(
             rules.diverge(
@@ -347,22 +428,23 @@ def classify(stream: str, contract: ProviderContract, view: View, page: Page) ->
                 Recovery.STABLE_BOUNDARY,
             )
         )
-    if empty:
-        error = rules.witnessed_missing()
-        if error is not None:
-            return stop(error)
-        return Decision(kind, rules.next_boundary(), resume=resume)
-    if kind is Classification.SHIFTED_PAGE:
-        error = rules.witnessed_missing()
-        if error is None and contract.positions == "sparse" and not rules.sparse_anchor():
-            error = rules.diverge(
-                CoverageNotProven,
-                "a retry returned other events at sparse positions with no coverage marker "
-                "and no overlap with applied events: nothing proves it covers the next "
-                "required position",
-                "sparse_unproven",
-                Recovery.STABLE_BOUNDARY,
-            )
-        if error is not None:
-            return stop(error)
+    # Within the retry's reach first (the named reason), then beyond its last position.
+    error = rules.witnessed_missing(beyond=False)
+    if error is None and (
+        kind is Classification.SHIFTED_PAGE
+        and not empty
+        and contract.positions == "sparse"
+        and not rules.sparse_anchor()
+    ):
+        error = rules.diverge(
+            CoverageNotProven,
+            "a retry returned other events at sparse positions with no coverage marker "
+            "and no overlap with applied events: nothing proves it covers the next "
+            "required position",
+            "sparse_unproven",
+            Recovery.STABLE_BOUNDARY,
+        )
+    error = error or rules.witnessed_missing()
+    if error is not None:
+        return stop(error)
     return Decision(kind, rules.next_boundary(), resume=resume)

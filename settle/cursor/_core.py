@@ -15,7 +15,14 @@ from typing import Any
 
 from settle._log import logger
 from settle._runtime import Call, parse_reply
-from settle.cursor._classify import Decision, View, check_page, classify, witness_events
+from settle.cursor._classify import (
+    HELD_REASON,
+    Decision,
+    View,
+    check_page,
+    classify,
+    witness_events,
+)
 from settle.cursor._keys import check_namespace, check_stream, stream_keys
 from settle.cursor.errors import (
     CheckpointMissing,
@@ -306,14 +313,25 @@ class CursorCore:
     def decode_load(self, call: Call, raw: Any) -> View:
         reply = self._reply(call, raw)
         assert reply.checkpoint is not None
-        witnesses, receipts = [*reply.extra, [], []][:2]
+        witnesses, receipts, passed = [*reply.extra, [], [], []][:3]
         flat = _fields(list(receipts))
         return View(
             checkpoint=reply.checkpoint,
             witnesses=tuple(self._witness(list(w)) for w in witnesses),
             receipts={k: self._receipt(k, v) for k, v in flat.items()},
             now_ms=reply.now_ms,
+            passed=frozenset(_text(d) for d in passed or []),
         )
+
+    def plan_receipts(self, stream: str, after: int | None, limit: int) -> Call:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidInput("limit must be 1 to 10000", operation_id=stream)
+        low = "" if after is None else _position(after, "after", stream)
+        return self._call("receipts", stream, low, limit)
+
+    def decode_receipts(self, call: Call, raw: Any) -> list[Receipt]:
+        reply = self._reply(call, raw)
+        return [self._receipt(k, v) for k, v in _fields(reply.extra).items()]
 
     def check_expiry(self, stream: str, contract: ProviderContract, view: View) -> None:
         ttl = contract.cursor_ttl
@@ -362,6 +380,10 @@ class CursorCore:
             )
         elif decision.held:
             log.info("settle.cursor.held", classification=decision.classification.value)
+        elif decision.lost is not None:
+            log.info("settle.cursor.lost", to=decision.lost, at="classify")
+        elif decision.stalled:
+            log.warning("settle.cursor.no_progress", classification=decision.classification.value)
         else:
             log.info(
                 "settle.cursor.classified",
@@ -392,7 +414,7 @@ class CursorCore:
             decision.classification.value,
             decision.next_boundary,
             (Disposition.ABANDONED if err else Disposition.PENDING).value,
-            f"divergent:{err.reason}" if err else "",
+            f"divergent:{err.reason}" if err else (HELD_REASON if decision.held else ""),
             len(view.witnesses),
         )
 
@@ -521,6 +543,11 @@ class CursorCore:
         if reply.code in ("stale", "abandoned"):
             log.info("settle.cursor.superseded", at="promote")
             return StepResult(outcome=StepOutcome.SUPERSEDED, **fields)
+        if reply.code == "uncovered":
+            # Another worker's pending response to the same cursor holds an event this one
+            # lacks: this response lost; the other one (or an exact replay of it) goes on.
+            log.info("settle.cursor.lost", at="promote", missing_event=reply.detail)
+            return StepResult(outcome=StepOutcome.LOST, **fields)
         raise CorruptRecord(
             f"promotion of witness {aid} refused ({reply.code} {reply.detail}): its events "
             "lack matching receipts",
@@ -531,6 +558,17 @@ class CursorCore:
         ck = view.checkpoint
         return StepResult(
             outcome=StepOutcome.HELD,
+            classification=decision.classification,
+            generation=ck.generation,
+            boundary=ck.boundary,
+        )
+
+    def stalled(self, view: View, decision: Decision) -> StepResult:
+        """The result of a step that stood down: ``NO_PROGRESS`` for a loop, ``LOST`` when
+        another pending response to the cursor holds more."""
+        ck = view.checkpoint
+        return StepResult(
+            outcome=StepOutcome.LOST if decision.lost else StepOutcome.NO_PROGRESS,
             classification=decision.classification,
             generation=ck.generation,
             boundary=ck.boundary,

@@ -11,6 +11,8 @@ _LIB = ("_lib",)
 
 SCRIPTS = ScriptSet(
     "settle.cursor",
-    dict.fromkeys(("init", "load", "witness", "outcome", "promote", "reset", "witnesses"), _LIB),
+    dict.fromkeys(
+        ("init", "load", "witness", "outcome", "promote", "reset", "witnesses", "receipts"), _LIB
+    ),
     writing=frozenset({"init", "witness", "outcome", "promote", "reset"}),
 )

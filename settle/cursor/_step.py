@@ -65,7 +65,10 @@ def procedure(
             yield Done(core.superseded(view, None))
             return
         decision = core.classify(stream, contract, view, page)
-        if decision.held:
+        if decision.stalled or decision.lost is not None:
+            yield Done(core.stalled(view, decision))
+            return
+        if decision.held and not decision.record:
             yield Done(core.held(view, decision))
             return
         aid = decision.resume
@@ -78,6 +81,9 @@ def procedure(
             continue  # another worker's response to this cursor is durable now: look again
         if aid is None:
             yield Done(core.superseded(view, decision))
+            return
+        if decision.held:  # the empty response is on record, pending: it does not advance
+            yield Done(core.held(view, decision))
             return
         break
     else:

@@ -235,6 +235,14 @@ class StepOutcome(StrEnum):
     SUPERSEDED = "superseded"
     """Another worker promoted this generation first; nothing of this response was
     published."""
+    LOST = "lost"
+    """This response lost to another worker's pending response to the same cursor, which
+    holds an event this one lacks: nothing of this response was published; the other
+    response (or an exact replay of it) is the one that can advance."""
+    NO_PROGRESS = "no_progress"
+    """A loop: the response brought nothing new and its successor is the cursor held now
+    (or one this checkpoint passed before). Nothing was witnessed or promoted: no new
+    generation, and the checkpoint never moves back."""
 
 
 class StepResult(_Model):

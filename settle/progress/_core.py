@@ -268,6 +268,22 @@ class ProgressCore:
             *(d.value for d in listing),
         )
 
+    def plan_lost(self, scope: ProviderScope, candidates: Sequence[DeliveryId]) -> Call:
+        return self._call("lost", _scope(scope), None, *(_delivery(d).value for d in candidates))
+
+    def lost(self, scope: ProviderScope, reply: ProgressReply) -> list[DeliveryId]:
+        """The deliveries the ``lost`` script made gaps now; each is logged."""
+        found = [DeliveryId(d) for d in reply.detail.split(",") if d]
+        for d in found:
+            self.log.warning(
+                "settle.progress.lost",
+                stream=scope.stream,
+                group=scope.group,
+                delivery=d.value,
+                floor=reply.progress.floor.value if reply.progress.floor else None,
+            )
+        return found
+
     def plan_read(self, scope: ProviderScope) -> Call:
         return self._call("read", _scope(scope), None)
 
@@ -491,6 +507,58 @@ class ProgressCore:
         counts = {DeliveryId(_text(p["message_id"])): int(p["times_delivered"]) for p in pending}
         return entries, [(e, counts[e.delivery]) for e in entries if e.delivery in counts]
 
+    @staticmethod
+    def autoclaim_scan(raw: Any) -> tuple[str, list[DeliveryId], bool]:
+        """From an XAUTOCLAIM reply: where the next scan starts (``0-0``: the scan wrapped),
+        the ids Redis 7 reports deleted (removed from the pending list), and whether Redis
+        6.2 answered an entry deleted while pending with nil (it stays pending, claimed by
+        this worker, and its id must be read from XPENDING)."""
+        nxt = _text(raw[0])
+        deleted = [DeliveryId(_text(d)) for d in (raw[2] if len(raw) > 2 else None) or []]
+        nils = any(entry_id is None for entry_id, _ in raw[1] or [])
+        return nxt, deleted, nils
+
+    @staticmethod
+    def vanished(
+        pending: Any, present: Sequence[Any], claimed: Sequence[StreamEntry]
+    ) -> list[tuple[DeliveryId, int]]:
+        """Redis 6.2: the entries pending for this worker whose stream entry is gone
+        (``present`` holds one XRANGE reply per pending row), with their delivery counts."""
+        got = {e.delivery for e in claimed}
+        out = []
+        for row, found in zip(pending, present, strict=True):
+            d = DeliveryId(_text(row["message_id"]))
+            if d not in got and not found:
+                out.append((d, int(row["times_delivered"])))
+        return out
+
+    @staticmethod
+    def stale_intents(progress: Progress, idle_ms: int) -> list[SettleIntent]:
+        """The open settle intents older than ``idle_ms`` (by the progress server's clock
+        as recorded, against this host's clock)."""
+        now = datetime.now(tz=UTC)
+        return [i for i in progress.intents if (now - i.since).total_seconds() * 1000 > idle_ms]
+
+    @staticmethod
+    def lost_candidates(
+        listed: Any, last_delivered: DeliveryId | None, pending: Any, limit: int
+    ) -> list[DeliveryId]:
+        """Listed deliveries the group handed out (at or below its last-delivered id) that
+        are not pending: each must be covered by progress, or it was lost. A pending
+        listing cut at ``limit`` rows proves nothing past its last row."""
+        if last_delivered is None:
+            return []
+        rows = list(pending or [])
+        held = {_text(p["message_id"]) for p in rows}
+        top = last_delivered
+        if len(rows) >= limit:
+            top = min(top, DeliveryId(_text(rows[-1]["message_id"])))
+        return [
+            e.delivery
+            for e in parse_entries(listed)
+            if not top < e.delivery and e.delivery.value not in held
+        ]
+
     def plan_observation(
         self,
         scope: ProviderScope,
@@ -501,17 +569,22 @@ class ProgressCore:
     ) -> Call:
         """The observe call for what the provider showed: XRANGE after the progress floor,
         XINFO GROUPS and the XPENDING summary."""
-        info = next((g for g in groups if _text(g["name"]) == scope.group), None)
-        last = _text(info["last-delivered-id"]) if info else ""
         oldest = _text(summary.get("min") or "")
         return self.plan_observe(
             scope,
             after,
             [e.delivery for e in parse_entries(listed)],
-            last_delivered=DeliveryId(last) if last and last != "0-0" else None,
+            last_delivered=self.last_delivered(scope, groups),
             oldest_pending=DeliveryId(oldest) if oldest else None,
             pending=int(summary.get("pending") or 0),
         )
+
+    @staticmethod
+    def last_delivered(scope: ProviderScope, groups: Any) -> DeliveryId | None:
+        """The group's last-delivered id from an XINFO GROUPS reply (None: none yet)."""
+        info = next((g for g in groups if _text(g["name"]) == scope.group), None)
+        last = _text(info["last-delivered-id"]) if info else ""
+        return DeliveryId(last) if last and last != "0-0" else None
 
     def observed(self, scope: ProviderScope, reply: ProgressReply) -> Progress:
         if reply.code == "advanced":

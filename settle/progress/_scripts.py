@@ -9,14 +9,12 @@ from settle._runtime import ScriptSet
 __all__ = ["PROGRESS", "STREAM"]
 
 _LIB = ("_lib",)
-_WRITERS = ("begin", "record", "dead_letter", "defer", "receipt", "observe")
+_WRITERS = ("begin", "record", "dead_letter", "defer", "receipt", "observe", "lost")
 
 PROGRESS = ScriptSet(
     "settle.progress",
     {
-        **dict.fromkeys(
-            ("begin", "record", "dead_letter", "defer", "receipt", "observe", "read"), _LIB
-        ),
+        **dict.fromkeys((*_WRITERS, "read"), _LIB),
         "scopes": (),
         "receipts": (),
     },

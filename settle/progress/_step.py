@@ -48,6 +48,7 @@ __all__ = [
     "defer",
     "deliver",
     "settle",
+    "vanished",
 ]
 
 #: A released delivery looks idle "forever", so any worker may reclaim it at once.
@@ -264,3 +265,33 @@ def deliver(
         )
     authorize_individual(applied.progress, delivery)
     return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
+
+
+def vanished(
+    core: ProgressCore,
+    scope: ProviderScope,
+    worker: str,
+    delivery: DeliveryId,
+    delivery_count: int,
+) -> Generator[Instruction, Any, SettlementReceipt]:
+    """A pending delivery whose stream entry was deleted (XDEL, MAXLEN trimming): its fields
+    are gone, so it can never be applied. Applied and recorded before: settle it from
+    progress. Otherwise: dead-letter it durably with reason ``deleted`` (resolved for the
+    floor, evidence kept), then tell the provider (Redis 6.2 still holds it pending; Redis 7
+    dropped it, which answers ``not_pending`` and closes the intent)."""
+    core.log.warning(
+        "settle.progress.deleted_while_pending",
+        stream=scope.stream,
+        delivery=delivery.value,
+        delivery_count=delivery_count,
+    )
+    authority = SettlementAuthority(worker, delivery, delivery_count)
+    reply = yield from dead_letter(core, scope, delivery, None, "deleted", delivery_count)
+    if reply.code == "dead_lettered":
+        return (
+            yield from settle(
+                core, scope, authority, IntentKind.DEAD_LETTER, None, "deleted", fenced_count=False
+            )
+        )
+    authorize_individual(reply.progress, delivery)
+    return (yield from settle(core, scope, authority, IntentKind.ACK, fenced_count=False))

@@ -28,6 +28,7 @@ from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
 from settle.progress._core import ProgressCore, ProgressReply, StreamEntry, StreamVerdict
+from settle.progress._keys import StreamKeys
 from settle.progress._scripts import PROGRESS, STREAM
 from settle.progress._step import (
     Instruction,
@@ -50,6 +51,7 @@ from settle.progress.models import (
     EffectContext,
     IntentKind,
     Progress,
+    SettleIntent,
     SettlementReceipt,
 )
 
@@ -271,6 +273,7 @@ class StreamConsumer:
         self.retry_pause = retry_pause
         self.core = store.core
         self.scope: ProviderScope | None = None
+        self._claim_from = "0-0"
         self._runner = Runner(
             client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
         )
@@ -298,14 +301,30 @@ class StreamConsumer:
         )
         return cls(client_from_url(stream_url), store, **options)
 
+    @property
+    def dead_letter_key(self) -> str:
+        """The key of the stream-side dead-letter stream (on the stream's server): one entry
+        (delivery, group, emission, reason, deliveries) per delivery dead-lettered."""
+        return StreamKeys(self.stream).dead_letters
+
     def close(self) -> None:
+        """Close both servers' connections (the store's too)."""
         self._runner.close()
         self.store.close()
 
+    def __enter__(self) -> StreamConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _scope(self) -> ProviderScope:
         if self.scope is None:
-            raise ProviderReset("call start() first: the consumer has no scope yet")
+            raise ProviderReset("the consumer has no scope yet: call start() (poll() does)")
         return self.scope
+
+    def _started(self) -> ProviderScope:
+        return self.scope if self.scope is not None else self.start()
 
     def _command(self, what: str, send: Callable[[], Any], **kw: Any) -> Any:
         try:
@@ -317,17 +336,28 @@ class StreamConsumer:
         """Ensure the group exists and open the scope of the stream's current incarnation."""
         call = self.core.plan_stream_scope(self.stream, self.group)
         self.scope = self.core.decode_stream_scope(call, self._runner.run(call))
+        self._claim_from = "0-0"  # a new scan of the pending list
         return self.scope
 
     def poll(self, effect: Effect) -> PollReport:
-        """Reclaim stuck deliveries, read new ones, handle each; then observe the provider."""
+        """Reclaim stuck deliveries, read new ones, handle each; then observe the provider.
+
+        Starts the consumer first when ``start()`` was not called. A pending delivery whose
+        stream entry was deleted is settled from progress (applied before) or dead-lettered
+        with reason ``deleted``; see ``observe()`` for lost deliveries."""
+        self._started()
         report = PollReport()
-        for entry, count in self._claim() + self._read():
+        claimed, vanished = self._claim()
+        for delivery, count in vanished:
+            report.handled.append(delivery)
+            report.receipts.append(self.vanished(delivery, count))
+        for entry, count in claimed + self._read():
             receipt = self.handle(entry, count, effect)
             report.handled.append(entry.delivery)
             if receipt is not None:
                 report.receipts.append(receipt)
-        self.observe()
+        progress = self.observe()
+        report.receipts.extend(self._orphans(progress))
         return report
 
     def _read(self) -> list[tuple[StreamEntry, int]]:
@@ -346,17 +376,27 @@ class StreamConsumer:
             self.store.observer("received", entry.delivery)
         return [(e, 1) for e in entries]
 
-    def _claim(self) -> list[tuple[StreamEntry, int]]:
+    def _claim(self) -> tuple[list[tuple[StreamEntry, int]], list[tuple[DeliveryId, int]]]:
+        """XAUTOCLAIM from where the last scan stopped (its returned cursor), so entries
+        deleted while pending never hide a live stuck one: the deliveries claimed with their
+        counts, and the pending deliveries whose entries are gone (Redis 7 lists their ids
+        and drops them; Redis 6.2 answers nil, keeps them pending for this worker, and they
+        are found with XPENDING)."""
         scope = self._scope()
+        start = self._claim_from
         raw = self._command(
             "XAUTOCLAIM",
             lambda: self.client.xautoclaim(
-                scope.stream, scope.group, self.worker, self.claim_idle_ms, "0-0", self.batch
+                scope.stream, scope.group, self.worker, self.claim_idle_ms, start, self.batch
             ),
         )
+        self._claim_from, deleted, nils = self.core.autoclaim_scan(raw)
         entries, _ = self.core.claimed(raw, None)
+        vanished = [(d, 0) for d in deleted]
+        if nils:
+            vanished += self._vanished(scope, start, self._claim_from, entries)
         if not entries:
-            return []
+            return [], vanished
         pending = self._command(
             "XPENDING",
             lambda: self.client.xpending_range(
@@ -371,7 +411,35 @@ class StreamConsumer:
         _, out = self.core.claimed(raw, pending)
         for entry, _count in out:
             self.store.observer("claimed", entry.delivery)
-        return out
+        return out, vanished
+
+    def _vanished(
+        self, scope: ProviderScope, start: str, stop: str, claimed: list[StreamEntry]
+    ) -> list[tuple[DeliveryId, int]]:
+        rows = self._command(
+            "XPENDING",
+            lambda: self.client.xpending_range(
+                scope.stream,
+                scope.group,
+                min=start,
+                max="+" if stop == "0-0" else f"({stop}",
+                count=self.batch * 4 + 16,
+                consumername=self.worker,
+            ),
+        )
+        present = self._command("XRANGE", lambda: self._entries(scope, rows))
+        return self.core.vanished(rows, present, claimed)
+
+    def _entries(self, scope: ProviderScope, rows: list[Any]) -> list[Any]:
+        with self.client.pipeline(transaction=False) as pipe:
+            for row in rows:
+                pipe.xrange(scope.stream, row["message_id"], row["message_id"])
+            return list(pipe.execute())
+
+    def vanished(self, delivery: DeliveryId, delivery_count: int) -> SettlementReceipt:
+        """Settle a pending delivery whose stream entry was deleted (see ``_step.vanished``)."""
+        steps = _step.vanished(self.core, self._scope(), self.worker, delivery, delivery_count)
+        return self.store.drive(steps, stream=self._runner)
 
     def handle(
         self, entry: StreamEntry, delivery_count: int, effect: Effect
@@ -413,7 +481,7 @@ class StreamConsumer:
         """Finish the settle intents progress still holds (the "progress recorded,
         acknowledgement lost" cut): an intent whose delivery is no longer pending is closed;
         one this worker owns is settled; one owned by another worker is left to XAUTOCLAIM."""
-        progress = self.store.read(self._scope())
+        progress = self.store.read(self._started())
         receipts = []
         for intent in progress.intents:
             authority = SettlementAuthority(self.worker, intent.delivery, 0)
@@ -423,18 +491,57 @@ class StreamConsumer:
         return receipts
 
     def observe(self) -> Progress:
-        """Read the provider's floor and a listing after the progress floor; advance it."""
-        scope = self._scope()
+        """Read the provider's floor and a listing after the progress floor; record lost
+        deliveries (handed out by the group, no longer pending, not covered by progress:
+        a gap that holds the floor, and a ``settle.progress.lost`` event); advance the
+        floor."""
+        scope = self._started()
         after = (self.store.read(scope)).floor
-        listed, groups, summary = self._command("XRANGE", lambda: self._listing(scope, after))
+        listed, groups, summary, pending = self._command(
+            "XRANGE", lambda: self._listing(scope, after)
+        )
+        last = self.core.last_delivered(scope, groups)
+        candidates = self.core.lost_candidates(listed, last, pending, self.listing)
+        if candidates:
+            call = self.core.plan_lost(scope, candidates)
+            self.core.lost(scope, self.store.progress(call))
         call = self.core.plan_observation(scope, after, listed, groups, summary)
         return self.core.observed(scope, self.store.progress(call))
 
     def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
+        # In this order: the last-delivered id is read before the pending list, so a
+        # delivery handed out in between is above it, never taken for lost.
+        low = f"({after.value}" if after else "-"
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.xrange(scope.stream, f"({after.value}" if after else "-", "+", self.listing)
+            pipe.xrange(scope.stream, low, "+", self.listing)
             pipe.xinfo_groups(scope.stream)
             pipe.xpending(scope.stream, scope.group)
+            pipe.xpending_range(scope.stream, scope.group, low, "+", self.listing)
+            return list(pipe.execute())
+
+    def _orphans(self, progress: Progress) -> list[SettlementReceipt]:
+        """Close the settle intents older than ``claim_idle`` whose delivery is pending for
+        no worker (its consumer was deleted, or the ack's reply was lost): the provider
+        answers ``not_pending`` and the receipt closes the intent."""
+        stale = self.core.stale_intents(progress, self.claim_idle_ms)
+        if not stale:
+            return []
+        scope = self._scope()
+        rows = self._command("XPENDING", lambda: self._pending_of(scope, stale))
+        receipts = []
+        for intent, row in zip(stale, rows, strict=True):
+            if not row:
+                authority = SettlementAuthority(self.worker, intent.delivery, 0)
+                receipts.append(
+                    self.settle(authority, intent.kind, intent.emission, fenced_count=False)
+                )
+        return receipts
+
+    def _pending_of(self, scope: ProviderScope, intents: list[SettleIntent]) -> list[Any]:
+        with self.client.pipeline(transaction=False) as pipe:
+            for intent in intents:
+                d = intent.delivery.value
+                pipe.xpending_range(scope.stream, scope.group, d, d, 1)
             return list(pipe.execute())
 
     def run(self, effect: Effect, *, polls: int | None = None) -> None:

@@ -5,7 +5,12 @@ GET /page?cursor=<token>  ->  200 {"events": [...], "next": token, "snapshot", "
                               410 when the token expired or was revoked
 Faults are queued with ``provider.faults.append(name)`` and consumed one per request:
 ``drop`` serves nothing after issuing the successor (the connection is closed), ``empty``
-answers an empty page with a successor at the head (a lagging replica), ``expire`` answers 410.
+answers an empty page with a successor at the head (a lagging replica), ``expire`` answers 410,
+``short`` answers the page without its last event and a successor at the head (a truncated
+page from a lagging replica), ``loop`` answers the page with the request's own cursor as the
+successor, ``rewind`` with the cursor the request's cursor was issued for (one already passed).
+``tie_bucket``: positions are ``timestamp * tie_bucket + seq`` and an inclusive page starts at
+the first event of the boundary's timestamp (events tied with the boundary come before it).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Provider:
     revoke: bool = False  # issuing a successor for a token revokes the one issued before
     ttl: float | None = None
     watermarks: bool = False
+    tie_bucket: int | None = None
     snapshot: str | None = None
     log: list[Entry] = field(default_factory=list)
     faults: deque[str] = field(default_factory=deque)
@@ -118,7 +124,14 @@ class Provider:
                 self.gone += 1
                 return 410, None
             events, nxt = self._page(tok.value, fault == "empty")
-            if not self.rotate and cursor in self.issued_for and fault != "empty":
+            if fault == "short" and events:
+                events = events[:-1]
+                nxt = max(e.position for e in self.log)
+            if fault in ("loop", "rewind"):
+                successor = cursor if fault == "loop" else (tok.parent or cursor)
+            elif fault == "short":
+                successor = self._issue(nxt, None)
+            elif not self.rotate and cursor in self.issued_for and fault != "empty":
                 successor = self.issued_for[cursor]
                 if self.tokens[successor].value != nxt:
                     successor = self._issue(nxt, cursor)
@@ -151,7 +164,8 @@ class Provider:
             events = self.log[value : value + self.page_size]
             return events, value + len(events)
         if self.inclusive:
-            events = [e for e in self.log if e.position >= value][: self.page_size]
+            low = value - value % self.tie_bucket if self.tie_bucket else value
+            events = [e for e in self.log if e.position >= low][: self.page_size]
         else:
             events = [e for e in self.log if e.position > value][: self.page_size]
         if empty:  # a lagging replica: nothing, and a successor at its idea of the head

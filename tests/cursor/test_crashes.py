@@ -78,3 +78,31 @@ def test_sigkill_at_each_cut_then_restart(
         if w.successor == ck.cursor:
             assert w.disposition is Disposition.PROMOTED
     assert p.gone == 0  # a revoked successor was never checkpointed
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("cut", ["effect:1", "settle.cursor.event_recorded:1"])
+def test_a_worker_killed_mid_page_then_a_truncated_retry_stands_down_without_skipping(
+    cut: str, serve, redis_url: str, namespace: str, store: CursorStore
+) -> None:
+    server = serve(page_size=3)
+    p = server.provider
+    p.append(3)
+    store.start("s", p.token(0).encode())
+    assert run_worker(redis_url, namespace, server.url, cut) == -signal.SIGKILL
+    p.append(2)
+    p.faults.append("short")  # the restarted worker's retry: e1, e2 and a successor at e5
+
+    assert run_worker(redis_url, namespace, server.url) == 0  # the retry stood down: LOST
+
+    ck = store.checkpoint("s")
+    assert ck is not None
+    assert (ck.generation, ck.boundary) == (1, 0)  # e3 was witnessed: nothing skipped it
+    assert run_worker(redis_url, namespace, server.url) == 0  # the full answer again
+    r = redis.Redis.from_url(redis_url)
+    effects = sorted(
+        r.get(k).decode() for k in r.scan_iter(match=f"{namespace}:effect:*", count=1000)
+    )
+    r.close()
+    assert effects == sorted(truth(p))
+    assert store.checkpoint("s").boundary == 5

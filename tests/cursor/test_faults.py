@@ -115,7 +115,7 @@ def test_rotation_against_the_contract_stops(serve, store: CursorStore, http, si
 def test_page_shifted_by_an_insert_before_the_cursor(serve, store, http, sink) -> None:
     # Offset tokens over sparse positions: a late event sorted before the cursor shifts
     # the retried page back by one, onto an event already applied.
-    server = serve(page_size=3, offsets=True)
+    server = serve(page_size=4, offsets=True)
     p = server.provider
     p.append(6, gap=10)
     fetch = fetcher(server.url, http)
@@ -124,12 +124,12 @@ def test_page_shifted_by_an_insert_before_the_cursor(serve, store, http, sink) -
     p.append(3, gap=10)  # 70, 80, 90
     with pytest.raises(Crash):
         consumer(store, fetch, crash_at(sink, "e80"), positions="sparse").step()
-    p.insert(15)  # before the cursor: the retry at the same offset returns 60, 70, 80
+    p.insert(15)  # before the cursor: the retry at the same offset returns 60, 70, 80, 90
 
     result = consumer(store, fetch, sink, positions="sparse").step()
 
     assert result.classification is Classification.SHIFTED_PAGE
-    assert (result.applied, result.skipped) == (1, 2)  # 60 and 70 matched their receipts
+    assert (result.applied, result.skipped) == (2, 2)  # 60 and 70 matched their receipts
     drain(consumer(store, fetch, sink, positions="sparse"))
     # e15 landed below the applied boundary: no forward cursor can deliver it (documented).
     assert_exactly_once(sink, [e for e in truth(p) if e != "e15"])
@@ -240,7 +240,10 @@ def test_empty_page_without_evidence_holds(serve, store, http, sink) -> None:
     assert result.outcome is StepOutcome.HELD
     ck = store.checkpoint("s")
     assert (ck.generation, ck.boundary) == (1, 0)
-    assert store.witnesses("s") == []
+    # The empty response is on record (pending, never promoted), so the evidence exists.
+    [held] = store.witnesses("s")
+    assert (held.events, held.disposition, held.reason) == ((), Disposition.PENDING, "held")
+    assert held.successor != ck.cursor
     drain(consumer(store, fetch, sink, coverage_watermarks=True))
     assert_exactly_once(sink, truth(p))
 
@@ -298,7 +301,7 @@ def test_sparse_positions_without_coverage_prove_nothing(serve, store, http, sin
 
 
 def test_sparse_shifted_page_with_coverage_is_accepted(serve, store, http, sink) -> None:
-    server = serve(page_size=3, watermarks=True)
+    server = serve(page_size=4, watermarks=True)
     p = server.provider
     p.append(3, gap=10)
     fetch = fetcher(server.url, http)

@@ -21,6 +21,16 @@ from settle.progress.identity import DeliveryId
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+REDIS7 = ROOT / ".ci" / "redis7" / "redis-server"
+
+
+def redis_binaries() -> list[str | None]:
+    """The redis-servers to hold the broker-side tests against: the default one and, when
+    Debian's Redis 7 is unpacked under .ci/redis7 (.ci/run does it), that one too (unless
+    ``SETTLE_REDIS_SERVER`` pins one)."""
+    if REDIS7.exists() and not os.environ.get("SETTLE_REDIS_SERVER"):
+        return [None, str(REDIS7)]
+    return [None]
 
 
 @dataclass(frozen=True)

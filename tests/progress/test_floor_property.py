@@ -3,16 +3,42 @@ after any interleaving of applies, dead letters and observations of a sparse str
 - every existing delivery at or below the floor is applied or dead-lettered;
 - the floor is as far as the listing proves (the next existing delivery is not done);
 - the exact done deliveries above the floor are kept; gaps are exactly the existing,
-  unapplied deliveries below the highest done one."""
+  unapplied deliveries below the highest done one.
+
+Then a state machine on a real stream: broker-side deletions and group moves end in
+recorded outcomes (see ``StreamEdgesMachine``)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
+from collections import Counter
 
-from hypothesis import given
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    DeliveryId,
+    EffectContext,
+    EmissionId,
+    ProgressStore,
+    ProviderScope,
+    StreamConsumer,
+)
+from settle.progress._keys import ProgressKeys
+from tests.progress.harness import (
+    Names,
+    pending_ids,
+    progress_covers,
+    publish,
+    receipts,
+    redis_binaries,
+)
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
 
@@ -59,3 +85,157 @@ def test_floor_and_gaps_follow_the_listing(progress_server, exist, ops):
                 assert p.replay_from.after == floor
     finally:
         store.close()
+
+
+class StreamEdgesMachine(RuleBasedStateMachine):
+    """A real stream and consumer group on one redis-server, progress on another. Hypothesis
+    draws publications, polls, a worker that dies holding deliveries, and operator actions
+    on the group: XDEL and MAXLEN trimming (of pending entries or not), XGROUP DELCONSUMER
+    of the dead worker, XGROUP SETID forward and back. After every step: no effect twice,
+    nothing acknowledged before durable progress covered it, and every entry at or below the
+    floor applied or dead-lettered. At the end, every delivery has a recorded outcome:
+    applied and settled, dead-lettered as deleted, or a reported gap holding the floor."""
+
+    urls: tuple[str, str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        tag = uuid.uuid4().hex[:10]
+        self.names = Names(f"m-{tag}", "billing", f"m-{tag}", "prop")
+        self.stream = redis.Redis.from_url(self.urls[0])
+        self.progress = redis.Redis.from_url(self.urls[1])
+        self.runs: Counter[str] = Counter()
+        self.published: dict[str, str] = {}  # delivery id -> emission id
+        self.deleted: set[str] = set()
+        store = ProgressStore.from_url(self.urls[1], consumer=self.names.consumer, namespace="prop")
+        self.consumer = StreamConsumer(
+            redis.Redis.from_url(self.urls[0]),
+            store,
+            stream=self.names.stream,
+            group=self.names.group,
+            worker="live",
+            claim_idle=0.01,
+            block=0.01,
+            batch=3,
+        )
+        self.consumer.start()
+
+    def effect(self, ctx: EffectContext) -> None:
+        self.runs[ctx.emission.value] += 1
+
+    def existing(self) -> list[str]:
+        return [i.decode() for i, _ in self.stream.xrange(self.names.stream)]
+
+    @rule(n=st.integers(1, 3))
+    def publish(self, n: int) -> None:
+        base = len(self.published)
+        for d, e in zip(
+            publish(self.stream, self.names, [f"e{base + i}" for i in range(n)]),
+            [f"e{base + i}" for i in range(n)],
+            strict=True,
+        ):
+            self.published[d] = e
+
+    @rule()
+    def poll(self) -> None:
+        time.sleep(0.012)  # past claim_idle
+        self.consumer.poll(self.effect)
+
+    @rule(n=st.integers(1, 3))
+    def worker_dies_holding_deliveries(self, n: int) -> None:
+        self.stream.xreadgroup(self.names.group, "ghost", {self.names.stream: ">"}, count=n)
+
+    @rule(k=st.integers(0, 63))
+    def xdel(self, k: int) -> None:
+        ids = self.existing()
+        if ids:
+            d = ids[k % len(ids)]
+            self.stream.xdel(self.names.stream, d)
+            self.deleted.add(d)
+
+    @rule(keep=st.integers(0, 4))
+    def maxlen(self, keep: int) -> None:
+        before = set(self.existing())
+        self.stream.xtrim(self.names.stream, maxlen=keep, approximate=False)
+        self.deleted |= before - set(self.existing())
+
+    @rule()
+    def delconsumer(self) -> None:
+        with contextlib.suppress(redis.ResponseError):
+            self.stream.xgroup_delconsumer(self.names.stream, self.names.group, "ghost")
+
+    @rule(k=st.integers(0, 63), back=st.booleans())
+    def setid(self, k: int, back: bool) -> None:
+        ids = sorted(self.published, key=DeliveryId)
+        target = "0" if back or not ids else ids[k % len(ids)]
+        self.stream.xgroup_setid(self.names.stream, self.names.group, target)
+
+    def dead(self) -> dict[str, str]:
+        keys = ProgressKeys("prop", self.names.consumer)
+        out = {}
+        for scope_id in self.progress.hkeys(keys.scopes):
+            for _, f in self.progress.xrange(keys.scope(scope_id.decode())[6]):
+                out[f[b"delivery"].decode()] = f[b"reason"].decode()
+        return out
+
+    @invariant()
+    def outcomes_hold(self) -> None:
+        assert all(n == 1 for n in self.runs.values()), self.runs  # never an effect twice
+        # Nothing acknowledged before durable progress covered it. (The group's own view,
+        # "delivered and not pending", is no witness here: DELCONSUMER and SETID drop
+        # entries from it that nobody acknowledged. The receipts are.)
+        for r in receipts(self.progress, self.names):
+            if r["outcome"] == "acked":
+                assert progress_covers(self.progress, self.names, r["delivery"]), r
+        assert self.consumer.scope is not None
+        floor = self.consumer.store.read(self.consumer.scope).floor
+        dead = self.dead()
+        for d in self.existing():
+            if floor is not None and not floor < DeliveryId(d):
+                assert self.published[d] in self.runs or d in dead, d
+
+    def teardown(self) -> None:
+        try:
+            scope = self.consumer.scope
+            assert scope is not None
+            for _ in range(30):
+                time.sleep(0.012)
+                report = self.consumer.poll(self.effect)
+                p = self.consumer.store.read(scope)
+                quiet = not report.handled and not pending_ids(self.stream, self.names)
+                if quiet and not p.intents:
+                    break
+            assert not pending_ids(self.stream, self.names)
+            assert not p.intents
+            dead = self.dead()
+            gaps = {g.value for g in p.gaps}
+            for d, e in self.published.items():
+                if e in self.runs:
+                    continue  # applied (once) and settled
+                if d in dead:  # deleted while pending (or redelivered past the limit by SETID)
+                    assert dead[d] in ("deleted", "delivery_limit")
+                    assert dead[d] != "deleted" or d in self.deleted
+                elif d in gaps:  # lost: reported, and it holds the floor
+                    assert p.floor is None or p.floor < DeliveryId(d)
+                else:
+                    # Never delivered before it was deleted: nothing to settle.
+                    assert d in self.deleted, f"{d} ended with no recorded outcome"
+        finally:
+            self.consumer.close()
+            self.stream.close()
+            self.progress.close()
+
+
+@pytest.mark.parametrize("binary", redis_binaries(), ids=lambda b: "redis7" if b else "default")
+def test_broker_side_deletions_and_group_moves_end_in_recorded_outcomes(binary) -> None:
+    with EmbeddedRedis(binary=binary) as stream, EmbeddedRedis(binary=binary) as progress:
+        StreamEdgesMachine.urls = (stream.url, progress.url)
+        run_state_machine_as_test(
+            StreamEdgesMachine,
+            settings=settings(
+                max_examples=30,
+                stateful_step_count=20,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )

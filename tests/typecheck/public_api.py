@@ -30,7 +30,16 @@ from settle import (
     Verdict,
     fingerprint,
 )
-from settle.cursor import CursorConsumer, CursorStore, Event, Page, ProviderContract, StepResult
+from settle.cursor import (
+    AsyncCursorStore,
+    CursorConsumer,
+    CursorStore,
+    Event,
+    Page,
+    ProviderContract,
+    Receipt,
+    StepResult,
+)
 from settle.progress import (
     Applied,
     AsyncProgressStore,
@@ -106,7 +115,21 @@ def companions() -> None:
         assert_type(context, EffectContext)
 
     worker.run(effect, polls=1)
+    with worker as same:
+        assert_type(same, StreamConsumer)
+        assert_type(same.dead_letter_key, str)
+    assert_type(store.receipts("orders", after=3, limit=10), list[Receipt])
     progress.close()
     assert_type(AsyncProgressStore.from_url("redis://x", consumer="c"), AsyncProgressStore)
+
+
+async def async_companions() -> None:
+    store = AsyncProgressStore.from_url("redis://x", consumer="c")
+    await store.close()  # the same as aclose()
+    async with AsyncProgressStore.from_url("redis://x", consumer="c") as other:
+        assert_type(other, AsyncProgressStore)
+    cursors = AsyncCursorStore.from_url("redis://x")
+    assert_type(await cursors.receipts("s"), list[Receipt])
+    await cursors.aclose()
     assert_type(Applied, type[Applied])
     assert_type(settle.__version__, str)

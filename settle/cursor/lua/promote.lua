@@ -6,11 +6,16 @@
 -- event it lists has a receipt with the same id, position and digest: the checkpoint takes
 -- the witness's successor verbatim, generation G+1 and the witness's next boundary; the
 -- witness becomes promoted and every other pending witness of G abandoned. Then bounded
--- pruning of old witnesses and of receipts below the horizon.
+-- pruning of old witnesses and of receipts below the horizon. Every event another pending
+-- witness of G lists (an empty 'held' one lists none) and that has no matching receipt must
+-- be listed by this witness or lie inside its coverage marker: a successor is opaque, so
+-- promoting a response that lacks it could skip it for good.
 -- Returns {code, detail, now, checkpoint, {}}:
 --   promoted | already (this witness was promoted before: a repeated call)
 --   stale (the checkpoint moved on; nothing written) | abandoned (the witness lost)
 --   incomplete (detail: first event id without a matching receipt; nothing written)
+--   uncovered (detail: an unsettled event of another pending witness this one lacks;
+--              nothing written: that other response must be completed instead)
 --   no_witness | missing | corrupt
 local now = now_ms()
 local c, flat = load_ckpt(KEYS[1])
@@ -28,6 +33,32 @@ for _, ev in ipairs(cjson.decode(wget(KEYS[2], aid, 'events'))) do
   if not v then return {'incomplete', ev[1], now, flat, {}} end
   local r = parse_receipt(v)
   if r.pos ~= ev[2] or r.digest ~= ev[3] then return {'incomplete', ev[1], now, flat, {}} end
+end
+local mine = {}
+for _, ev in ipairs(cjson.decode(wget(KEYS[2], aid, 'events'))) do
+  mine[ev[1]] = ev
+end
+local cov = wget(KEYS[2], aid, 'cov')
+local cov_after, cov_through = nil, nil
+if cov and cov ~= '' then
+  local pair = cjson.decode(cov)
+  cov_after, cov_through = pair[1], pair[2]
+end
+for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.gen, c.gen)) do
+  if other ~= aid and wget(KEYS[2], other, 'disp') == 'pending' then
+    for _, ev in ipairs(cjson.decode(wget(KEYS[2], other, 'events'))) do
+      local v = redis.call('HGET', KEYS[4], ev[1])
+      local settled = false
+      if v then
+        local r = parse_receipt(v)
+        settled = r.pos == ev[2] and r.digest == ev[3]
+      end
+      local m = mine[ev[1]]
+      local covered = (m ~= nil and m[2] == ev[2] and m[3] == ev[3])
+        or (cov_after ~= nil and cov_after < ev[2] and ev[2] <= cov_through)
+      if not settled and not covered then return {'uncovered', ev[1], now, flat, {}} end
+    end
+  end
 end
 local gen = tonumber(c.gen)
 local nbound = wget(KEYS[2], aid, 'nbound')

@@ -4,7 +4,9 @@
 -- ARGV[1] expected generation  ARGV[2] cursor  ARGV[3] cursor digest  ARGV[4] boundary
 -- Returns {reset | stale | missing | corrupt, '', now, checkpoint, {}}. Pending witnesses
 -- of the old generation are abandoned (reason 'reset'); receipts are kept, so events
--- delivered again are recognised and not applied twice.
+-- delivered again are recognised and not applied twice. 'rgen' (the generation of the last
+-- reset) bounds the cursors the checkpoint counts as passed: after a reset, a provider may
+-- hand out the cursors of the positions it walks again.
 local now = now_ms()
 local c, flat = load_ckpt(KEYS[1])
 if c == false then return {'corrupt', '', now, {}, {}} end
@@ -18,6 +20,7 @@ for _, aid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.gen, c.gen)) do
   end
 end
 redis.call('HSET', KEYS[1], 'cursor', ARGV[2], 'cdig', ARGV[3],
-  'gen', int(tonumber(c.gen) + 1), 'bound', ARGV[4], 'updated', int(now), 'waid', '')
+  'gen', int(tonumber(c.gen) + 1), 'bound', ARGV[4], 'updated', int(now), 'waid', '',
+  'rgen', int(tonumber(c.gen) + 1))
 local _, after = load_ckpt(KEYS[1])
 return {'reset', '', now, after, {}}

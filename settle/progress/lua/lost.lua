@@ -1,0 +1,17 @@
+-- lost.lua: deliveries the group handed out (at or below its last-delivered id) that are no
+-- longer pending and that progress neither covers nor holds as deferred: lost (an operator
+-- ran XGROUP DELCONSUMER, XGROUP SETID past unread entries, ...). Each becomes a gap, so it
+-- holds the floor until it is applied or dead-lettered. KEYS: see _lib.lua.
+-- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3..] candidate ids (listed, delivered, not
+-- pending)
+-- Returns progress_reply('lost', comma-separated ids that became gaps now ('' none))
+local now = now_ms()
+local lost = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if not coverage(id) and redis.call('HEXISTS', KEYS[6], id) == 0 then
+    if redis.call('HSETNX', KEYS[4], id, int(now)) == 1 then lost[#lost + 1] = id end
+  end
+end
+if #lost > 0 then touch(ARGV[1], ARGV[2], now) end
+return progress_reply('lost', table.concat(lost, ','))
