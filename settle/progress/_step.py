@@ -69,6 +69,14 @@ class RunEffect:
     context: EffectContext
 
 
+class EffectFailed(Exception):
+    """The user's effect raised ``error`` (only inside :func:`deliver`)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"the effect failed: {type(error).__name__}")
+        self.error = error
+
+
 @dataclass(frozen=True, slots=True)
 class Notify:
     """Tell the observer that ``step`` happened for ``delivery`` (metrics, crash-cut tests)."""
@@ -102,10 +110,14 @@ def apply(
     emission: EmissionId,
     attempt: AttemptId,
     fields: dict[str, bytes],
+    *,
+    mark_effect_failures: bool = False,
 ) -> Generator[Instruction, Any, Applied]:
     """Consult progress; run the effect unless the delivery or its emission is already
     applied; then record progress durably (and open its settle intent). Only the returned
-    progress authorizes settling the delivery."""
+    progress authorizes settling the delivery. With ``mark_effect_failures`` an exception
+    of the effect itself comes out as :class:`EffectFailed`, so that the caller never takes
+    settle's own errors (a corrupt reply, a bad input) for a failed effect."""
     begun = yield from _progress(core, core.plan_begin(scope, delivery, emission, attempt))
     log = core.log.bind(delivery=delivery.value, emission=emission.value)
     if begun.code == "covered":
@@ -119,7 +131,14 @@ def apply(
             dead_lettered=begun.detail == "dead_lettered",
         )
     if begun.code == "fresh":
-        yield RunEffect(EffectContext(core.consumer, emission, delivery, attempt, fields))
+        try:
+            yield RunEffect(EffectContext(core.consumer, emission, delivery, attempt, fields))
+        except (DeferDelivery, ProviderReset):
+            raise
+        except Exception as exc:
+            if mark_effect_failures:
+                raise EffectFailed(exc) from exc
+            raise
         yield Notify("effect_applied", delivery)
     recorded = yield from _progress(core, core.plan_record(scope, delivery, emission, attempt))
     yield Notify("progress_recorded", delivery)
@@ -235,7 +254,13 @@ def deliver(
         return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
     try:
         applied = yield from apply(
-            core, scope, delivery, emission, AttemptId.new(), dict(entry.fields)
+            core,
+            scope,
+            delivery,
+            emission,
+            AttemptId.new(),
+            dict(entry.fields),
+            mark_effect_failures=True,
         )
     except DeferDelivery as signal:
         reply = yield from defer(core, scope, delivery, emission, signal.reason)
@@ -244,14 +269,12 @@ def deliver(
         return (
             yield from settle(core, scope, authority, IntentKind.DEFER, emission, signal.reason)
         )
-    except ProviderReset:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the effect failed: negative settlement
+    except EffectFailed as failed:  # the effect itself failed: negative settlement
         core.log.warning(
             "settle.progress.effect_failed",
             delivery=delivery.value,
             emission=emission.value,
-            error_type=type(exc).__name__,
+            error_type=type(failed.error).__name__,
             delivery_count=delivery_count,
         )
         return (

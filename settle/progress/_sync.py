@@ -389,6 +389,10 @@ class StreamConsumer:
             lambda: self.client.xautoclaim(
                 scope.stream, scope.group, self.worker, self.claim_idle_ms, start, self.batch
             ),
+            # Repeated after a transient failure, like every read of the stream. When the
+            # lost call had already claimed entries, the repeat does not return them: they
+            # stay pending for this worker and come back after claim_idle, one delivery
+            # count higher (a delay, never a loss).
         )
         self._claim_from, deleted, nils = self.core.autoclaim_scan(raw)
         entries, _ = self.core.claimed(raw, None)
