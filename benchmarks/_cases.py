@@ -167,11 +167,12 @@ def core_cases(c: Clients) -> list[Case]:
 def decorator_cases(c: Clients) -> list[Case]:
     """(d) ``@settler.operation`` end to end on a no-op function: first call and replay."""
 
-    @c.settler.operation(key=lambda order: order["order_id"], principal=PRINCIPAL)
+    # The sync and async twins share one operation on purpose (the same name=).
+    @c.settler.operation(key=lambda order: order["order_id"], principal=PRINCIPAL, name="charge")
     def charge(order: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG001 - a no-op: `order` feeds the key
         return RESULT
 
-    @c.asettler.operation(key=lambda order: order["order_id"], principal=PRINCIPAL)
+    @c.asettler.operation(key=lambda order: order["order_id"], principal=PRINCIPAL, name="charge")
     async def acharge(order: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG001 - as above
         return RESULT
 
