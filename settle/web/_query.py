@@ -35,7 +35,10 @@ __all__ = [
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_REF = re.compile(r"^(\d{1,6})/(\d{1,20})-(\d{1,20})$")
+_CURSOR = re.compile(r"^(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})$")
+#: How far past the cursor's millisecond a page reads: a stream id's millisecond can be a
+#: little later than the entry's server time (XADD runs after TIME in the same script).
+_SLACK_MS = 2
 #: The most entries one request reads from Redis when a filter is applied here (resolved
 #: only) rather than in the script; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
@@ -44,8 +47,12 @@ _LIST_MAX = 100_000
 
 @dataclass(frozen=True, order=True, slots=True)
 class Position:
-    """Where an entry sits in the console's order: stream id, then shard."""
+    """Where an entry sits in the console's order, which is the engine's order of a listing
+    across shards: server time in microseconds, then stream id, then shard. (Paging by the
+    stream id alone while the engine cut its listing by time could skip an entry written in
+    the same millisecond on another shard.)"""
 
+    at_us: int
     ms: int
     seq: int
     shard: int
@@ -53,19 +60,22 @@ class Position:
     @classmethod
     def of(cls, entry: QuarantineEntry) -> Position:
         ms, seq = entry.id.split("-")
-        return cls(int(ms), int(seq), entry.shard)
+        at_us = (entry.at - _EPOCH) // timedelta(microseconds=1)
+        return cls(at_us, int(ms), int(seq), entry.shard)
 
     @classmethod
     def parse(cls, ref: str) -> Position:
-        match = _REF.match(ref)
+        match = _CURSOR.match(ref)
         if match is None:
-            raise InvalidInput(f"{ref!r} is not a page cursor (shard/ms-seq); start from page 1")
-        shard, ms, seq = (int(g) for g in match.groups())
-        return cls(ms, seq, shard)
+            raise InvalidInput(
+                f"{ref!r} is not a page cursor (us:shard/ms-seq); start from page 1"
+            )
+        at_us, shard, ms, seq = (int(g) for g in match.groups())
+        return cls(at_us, ms, seq, shard)
 
     @property
     def ref(self) -> str:
-        return f"{self.shard}/{self.ms}-{self.seq}"
+        return f"{self.at_us}:{self.shard}/{self.ms}-{self.seq}"
 
 
 def _at_ms(ms: int) -> datetime:
@@ -117,9 +127,11 @@ async def page(
     while True:
         since, until = flt.since, flt.until
         if bound is not None and newest_first:
-            until = _at_ms(bound.ms) if until is None else min(until, _at_ms(bound.ms))
+            edge = _at_ms(bound.ms + _SLACK_MS)
+            until = edge if until is None else min(until, edge)
         elif bound is not None:
-            since = _at_ms(bound.ms) if since is None else max(since, _at_ms(bound.ms))
+            edge = _at_ms(max(0, min(bound.ms, bound.at_us // 1000) - _SLACK_MS))
+            since = edge if since is None else max(since, edge)
         limit = min(batch, _LIST_MAX)
         got = await settler.quarantine.list(
             kind=flt.kind,
