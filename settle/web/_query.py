@@ -67,9 +67,7 @@ class Position:
     def parse(cls, ref: str) -> Position:
         match = _CURSOR.match(ref)
         if match is None:
-            raise InvalidInput(
-                f"{ref!r} is not a page cursor (us:shard/ms-seq); start from page 1"
-            )
+            raise InvalidInput(f"{ref!r} is not a page cursor (us:shard/ms-seq); start from page 1")
         at_us, shard, ms, seq = (int(g) for g in match.groups())
         return cls(at_us, ms, seq, shard)
 
