@@ -13,6 +13,7 @@ import pytest
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,11 +27,18 @@ _EXPORTER = InMemorySpanExporter()
 _READER = InMemoryMetricReader()
 
 
+#: Every test of the whole suite uses its own namespace, and the provider is global for the
+#: process: past the SDK's default of 2000 attribute sets per instrument, measurements would
+#: go to the overflow set and a test's own counts would read 0 (a production service has a
+#: few namespaces, not thousands).
+_EVERY_NAMESPACE = View(instrument_name="*", aggregation_cardinality_limit=1_000_000)
+
+
 def _install() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
     trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
+    metrics.set_meter_provider(MeterProvider(metric_readers=[_READER], views=[_EVERY_NAMESPACE]))
 
 
 _install()
