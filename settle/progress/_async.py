@@ -313,9 +313,12 @@ class AsyncStreamConsumer:
         return StreamKeys(self.stream).dead_letters
 
     async def aclose(self) -> None:
-        """Close both servers' connections (the store's too)."""
-        await self._runner.aclose()
-        await self.store.aclose()
+        """Close both servers' connections (the store's too, even when the stream's
+        connections fail to close)."""
+        try:
+            await self._runner.aclose()
+        finally:
+            await self.store.aclose()
 
     # unasync: async-only
     async def close(self) -> None:

@@ -308,9 +308,12 @@ class StreamConsumer:
         return StreamKeys(self.stream).dead_letters
 
     def close(self) -> None:
-        """Close both servers' connections (the store's too)."""
-        self._runner.close()
-        self.store.close()
+        """Close both servers' connections (the store's too, even when the stream's
+        connections fail to close)."""
+        try:
+            self._runner.close()
+        finally:
+            self.store.close()
 
     def __enter__(self) -> StreamConsumer:
         return self
