@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "delivery-progress.md"
+from tests.docs_examples import run_doc_example
 
 
 def test_the_example_runs() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-    assert blocks, "the doc lost its example"
-    proc = subprocess.run(
-        [sys.executable, "-c", "\n".join(blocks)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_doc_example("delivery-progress.md")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if not line.startswith("20")]
     assert lines == [
