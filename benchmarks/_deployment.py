@@ -220,7 +220,7 @@ def _until(ready: Callable[[], bool], bound: float) -> None:
 
 
 def _names(sentinel: LocalSentinel, replica: EmbeddedRedis) -> bool:
-    if sentinel.primary() != replica.port:
+    if not sentinel.switched_to(replica.port):
         return False
     with redis.Redis(port=replica.port) as c:
         return bool(c.info("replication")["role"] == "master")

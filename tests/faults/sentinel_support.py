@@ -62,6 +62,14 @@ class LocalSentinel(EmbeddedRedis):
             _, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
             return int(port)
 
+    def switched_to(self, port: int) -> bool:
+        """The failover to ``port`` is over: the Sentinel's master entry is that node and no
+        failover is in progress. (``primary()`` names the promoted node while the failover
+        is still reconfiguring; an old primary that restarts then can win back its role.)"""
+        with self.client() as c:
+            info = c.sentinel_master(SERVICE)
+        return int(info["port"]) == port and "failover_in_progress" not in info["flags"]
+
     def replicas(self) -> int:
         with self.client() as c:
             return len(c.execute_command("SENTINEL", "REPLICAS", SERVICE))
@@ -77,9 +85,13 @@ class LocalSentinel(EmbeddedRedis):
 
 
 def acknowledges(primary: EmbeddedRedis) -> bool:
-    """One replica has every write of ``primary`` (``WAIT 1``)."""
-    with redis.Redis(port=primary.port) as c:
-        return int(c.execute_command("WAIT", 1, 200)) >= 1
+    """One replica has every write of ``primary`` (``WAIT 1``). False while the node is not a
+    primary (yet, or any more: Sentinel may still be reconfiguring it) or does not answer."""
+    with redis.Redis(port=primary.port, socket_timeout=2) as c:
+        try:
+            return int(c.execute_command("WAIT", 1, 200)) >= 1
+        except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError):
+            return False
 
 
 @dataclass

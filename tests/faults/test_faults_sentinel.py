@@ -44,7 +44,7 @@ class Deployment(SentinelDeployment):
         """SIGKILL the primary; seconds until the Sentinel names the replica."""
         self.primary.stop(kill=True)
         killed = time.monotonic()
-        self.sentinel.wait(lambda: self.sentinel.primary() == self.replica.port, "failover")
+        self.sentinel.wait(lambda: self.sentinel.switched_to(self.replica.port), "failover")
         with redis.Redis(port=self.replica.port) as c:
             deadline = time.monotonic() + 10
             while c.info("replication")["role"] != "master" and time.monotonic() < deadline:
