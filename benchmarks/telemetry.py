@@ -14,7 +14,10 @@ interleaved rounds so that load from other processes hits every mode alike:
 Prints them side by side: pairs/s (the median round) and this process's CPU time per pair
 (``time.process_time``) in its least disturbed round (on a shared machine, load from other
 processes only ever adds to it), and the overhead of each against ``off`` (goal: at most
-5%).
+5%). Beside it, the **SDK floor**: the same child process then makes, directly through the
+OpenTelemetry API and without settle, the signals a pair must report (per call a span made
+current, a client span inside it when the call's span is recorded, one histogram record)
+and times them the same way; what is left of the overhead above the floor is settle's own.
 """
 
 from __future__ import annotations
@@ -65,9 +68,51 @@ def _install_sdk(ratio: float = 1.0) -> None:
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
 
 
-def measure(url: str, mode: str, seconds: float) -> tuple[float, float]:
-    """reserve + complete pairs per second, and CPU microseconds per pair, in this process,
-    after a warm-up."""
+def floor(seconds: float) -> float:
+    """CPU microseconds per pair of what the pair's signals cost the SDK alone: for each
+    of the two calls a span made current, a client span inside it (when the call's span
+    is recorded), one histogram record. Counters are not here: settle counts in-process
+    and the SDK reads the counts once per collection."""
+    from opentelemetry import metrics, trace  # noqa: PLC0415  # only in the sdk modes
+
+    tracer = trace.get_tracer("floor")
+    histogram = metrics.get_meter("floor").create_histogram("floor.duration", "s")
+    client = trace.SpanKind.CLIENT
+    redis = {
+        "db.system.name": "redis",
+        "db.operation.name": "EVALSHA",
+        "db.stored_procedure.name": "reserve",
+        "server.address": "127.0.0.1",
+        "server.port": 6379,
+        "db.namespace": "0",
+    }
+
+    def pair() -> None:
+        for name in ("reserve", "complete"):
+            with tracer.start_as_current_span(
+                f"settle.{name}", attributes={"settle.namespace": "bench"}
+            ) as span:
+                if span.is_recording():
+                    tracer.start_span(f"EVALSHA {name}", kind=client, attributes=redis).end()
+                span.set_attributes({"settle.outcome": "reserved", "settle.generation": 1})
+            histogram.record(
+                0.001,
+                {"settle.namespace": "bench", "settle.call.name": name, "settle.outcome": "x"},
+            )
+
+    for _ in range(300):
+        pair()
+    done, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        for _ in range(50):
+            pair()
+        done += 50
+    return (time.process_time() - cpu) / done * 1e6
+
+
+def measure(url: str, mode: str, seconds: float) -> tuple[float, float, float]:
+    """reserve + complete pairs per second, CPU microseconds per pair, in this process,
+    after a warm-up; and the SDK floor's CPU microseconds per pair (0 when off)."""
     if mode != "off":
         _install_sdk(1.0 if mode == "sdk" else 0.01)
     # After the providers are set, as an application would import and use settle.
@@ -94,10 +139,11 @@ def measure(url: str, mode: str, seconds: float) -> tuple[float, float]:
         done += 50
     used = time.process_time() - cpu
     settler.close()
-    return done / elapsed, used / done * 1e6
+    sdk = 0.0 if mode == "off" else floor(seconds)
+    return done / elapsed, used / done * 1e6, sdk
 
 
-def _child(url: str, mode: str, seconds: float) -> tuple[float, float]:
+def _child(url: str, mode: str, seconds: float) -> tuple[float, float, float]:
     code = (_REFUSE if mode == "off" else "") + (
         "from benchmarks.telemetry import measure\n"
         f"print(measure({url!r}, {mode!r}, {seconds!r}))\n"
@@ -105,8 +151,8 @@ def _child(url: str, mode: str, seconds: float) -> tuple[float, float]:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600
     )
-    rate, cpu = out.stdout.strip().splitlines()[-1].strip("()").split(",")
-    return float(rate), float(cpu)
+    rate, cpu, sdk = out.stdout.strip().splitlines()[-1].strip("()").split(",")
+    return float(rate), float(cpu), float(sdk)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -116,25 +162,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     cpus: dict[str, list[float]] = {mode: [] for mode in MODES}
+    floors: dict[str, list[float]] = {mode: [] for mode in MODES}
     with redis_server() as server:
         for _ in range(args.rounds):
             for mode in MODES:
-                rate, cpu = _child(server.url, mode, args.seconds)
+                rate, cpu, sdk = _child(server.url, mode, args.seconds)
                 rates[mode].append(rate)
                 cpus[mode].append(cpu)
+                floors[mode].append(sdk)
     median = {mode: statistics.median(values) for mode, values in rates.items()}
     cpu_us = {mode: min(values) for mode, values in cpus.items()}
+    floor_us = {mode: min(values) for mode, values in floors.items()}
     print(f"reserve + complete, sync, one connection, median of {args.rounds} rounds")
-    print(f"{'mode':<8} {'pairs/s':>9} {'overhead':>9} {'CPU us/pair':>12} {'overhead':>9}")
-    print(f"{'':<8} {'(median)':>9} {'':>9} {'(best)':>12}")
+    print(
+        f"{'mode':<8} {'pairs/s':>9} {'overhead':>9} {'CPU us/pair':>12} {'overhead':>9}"
+        f" {'SDK floor':>10} {'settle own':>11}"
+    )
+    print(f"{'':<8} {'(median)':>9} {'':>9} {'(best)':>12} {'':>9} {'us/pair':>10} {'us/pair':>11}")
     overhead: dict[str, dict[str, float]] = {}
     for mode in MODES:
         wall = 1 - median[mode] / median["off"]
         cpu = cpu_us[mode] / cpu_us["off"] - 1
-        overhead[mode] = {"pairs_per_s": wall, "cpu": cpu}
-        print(f"{mode:<8} {median[mode]:>9,.0f} {wall:>9.1%} {cpu_us[mode]:>12.1f} {cpu:>9.1%}")
+        own = cpu_us[mode] - cpu_us["off"] - floor_us[mode]
+        overhead[mode] = {"pairs_per_s": wall, "cpu": cpu, "sdk_floor_us": floor_us[mode]}
+        overhead[mode]["settle_own_us"] = own
+        print(
+            f"{mode:<8} {median[mode]:>9,.0f} {wall:>9.1%} {cpu_us[mode]:>12.1f} {cpu:>9.1%}"
+            f" {floor_us[mode]:>10.1f} {own:>11.1f}"
+        )
     print("goal: at most 5% on reserve + complete")
-    result = {"rates": rates, "cpu_us": cpus, "median": median, "overhead": overhead}
+    result = {
+        "rates": rates,
+        "cpu_us": cpus,
+        "floor_us": floors,
+        "median": median,
+        "overhead": overhead,
+    }
     print(json.dumps(result))
     return result
 

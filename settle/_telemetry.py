@@ -24,6 +24,8 @@ Operation ids, principals, keys and payloads never appear: no hook is given one.
 from __future__ import annotations
 
 import functools
+import os
+import threading
 import time
 import weakref
 from typing import Any, Self, TypeVar
@@ -134,18 +136,19 @@ def _peer(client: Any, key: str | None) -> dict[str, Any]:
 
 
 class _Span:
-    """One span made current for a ``with`` block; ends it, marks an error by its class
-    only (an exception message may name an operation id), and calls ``finish``."""
+    """One span for a ``with`` block, made current unless it is a ``leaf`` (nothing runs
+    inside a Redis call's span); ends it, marks an error by its class only (an exception
+    message may name an operation id), and calls ``finish``."""
 
     __slots__ = ("_finish", "_otel", "_start", "_token", "attributes", "span")
 
-    def __init__(self, otel: Otel, span: Any, finish: Any = None) -> None:
+    def __init__(self, otel: Otel, span: Any, finish: Any = None, *, leaf: bool = False) -> None:
         self._otel = otel
         self.span = span
         self._finish = finish
         self.attributes: dict[str, Any] = {}
         self._start = time.perf_counter()
-        self._token = otel.context.attach(otel.trace.set_span_in_context(span))
+        self._token = None if leaf else otel.context.attach(otel.trace.set_span_in_context(span))
 
     def __enter__(self) -> Self:
         return self
@@ -163,7 +166,8 @@ class _Span:
             if self._finish is not None:
                 self._finish(self, kind, time.perf_counter() - self._start)
         finally:
-            self._otel.context.detach(self._token)
+            if self._token is not None:
+                self._otel.context.detach(self._token)
             if self.attributes:
                 self.span.set_attributes(self.attributes)
             self.span.end()
@@ -238,6 +242,72 @@ class _Operation(_Span):
 CallSpan = _Call | _Nothing
 
 
+class _Tally:
+    """One counter, counted in this process and reported through an *observable* counter
+    when the application's metric reader collects.
+
+    A synchronous counter's ``add`` costs the SDK about 10 µs (its attributes hashed, a
+    measurement built and handed to every reader) on every call; a tally is a dict update
+    under a lock, and the SDK's work happens once per collection instead. The readers see
+    the same monotonic sum with the same attributes. ``names`` are the attributes, in the
+    order :meth:`add` is given their values (None: the attribute is absent)."""
+
+    __slots__ = ("_counts", "_lock", "_names")
+
+    def __init__(
+        self, meter: Any, name: str, unit: str, description: str, names: tuple[str, ...]
+    ) -> None:
+        self._names = names
+        self._counts: dict[tuple[Any, ...], int] = {}
+        self._lock = threading.Lock()
+        _TALLIES.append(self)
+        meter.create_observable_counter(
+            name, callbacks=[self._observe], unit=unit, description=description
+        )
+
+    def add(self, *values: Any) -> None:
+        with self._lock:
+            self._counts[values] = self._counts.get(values, 0) + 1
+
+    def _observe(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation  # noqa: PLC0415  # imported by now
+
+        with self._lock:
+            counted = list(self._counts.items())
+        names = self._names
+        return [
+            Observation(n, {k: v for k, v in zip(names, values, strict=True) if v is not None})
+            for values, n in counted
+        ]
+
+    def _forked(self) -> None:
+        # The child is another process: its counts start at zero, and a lock another
+        # thread held at the fork would never be released in it.
+        self._lock = threading.Lock()
+        self._counts = {}
+
+
+_TALLIES: list[_Tally] = []
+
+
+def _after_fork() -> None:
+    for tally in _TALLIES:
+        tally._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+_NS = "settle.namespace"
+_MESSAGING = (
+    "messaging.system",
+    "messaging.operation.type",
+    "messaging.operation.name",
+    "messaging.destination.name",
+    "messaging.consumer.group.name",
+)
+
+
 class Otel:
     """The hooks over OpenTelemetry's API (global providers, scope ``settle``)."""
 
@@ -251,26 +321,61 @@ class Otel:
         self.tracer = trace.get_tracer(SCOPE, __version__)
         meter = metrics.get_meter(SCOPE, __version__)
         self._client = trace.SpanKind.CLIENT
-        counter = meter.create_counter
-        self.reservations = counter(
-            "settle.reservations", "{reservation}", "Reservations by outcome"
+        self.reservations = _Tally(
+            meter,
+            "settle.reservations",
+            "{reservation}",
+            "Reservations by outcome",
+            (_NS, "settle.outcome"),
         )
-        self.settlements = counter(
-            "settle.settlements", "{settlement}", "Settlements by action and verdict"
+        self.settlements = _Tally(
+            meter,
+            "settle.settlements",
+            "{settlement}",
+            "Settlements by action and verdict",
+            (_NS, "settle.action", "settle.verdict"),
         )
-        self.quarantined = counter(
-            "settle.quarantine.entries", "{entry}", "Responses quarantined, by kind"
+        self.quarantined = _Tally(
+            meter,
+            "settle.quarantine.entries",
+            "{entry}",
+            "Responses quarantined, by kind",
+            (_NS, "settle.quarantine.kind", "settle.action"),
         )
-        self.takeovers = counter("settle.takeovers", "{takeover}", "Takeovers by reason")
-        self.leases_lost = counter(
-            "settle.leases.lost", "{lease}", "Renewals that found the lease lost"
+        self.takeovers = _Tally(
+            meter,
+            "settle.takeovers",
+            "{takeover}",
+            "Takeovers by reason",
+            (_NS, "settle.takeover.reason"),
         )
-        self.renewals_failed = counter(
-            "settle.renewals.failed", "{renewal}", "Renewals that raised (store unavailable)"
+        self.leases_lost = _Tally(
+            meter,
+            "settle.leases.lost",
+            "{lease}",
+            "Renewals that found the lease lost",
+            (_NS, "settle.renew.reason"),
         )
-        self.http = counter("settle.http.requests", "{request}", "Guarded HTTP requests by outcome")
-        self.delivery_settlements = counter(
-            "settle.progress.settlements", "{settlement}", "Delivery settlements by outcome"
+        self.renewals_failed = _Tally(
+            meter,
+            "settle.renewals.failed",
+            "{renewal}",
+            "Renewals that raised (store unavailable)",
+            (_NS, "error.type"),
+        )
+        self.http = _Tally(
+            meter,
+            "settle.http.requests",
+            "{request}",
+            "Guarded HTTP requests by outcome",
+            (_NS, "settle.http.outcome"),
+        )
+        self.delivery_settlements = _Tally(
+            meter,
+            "settle.progress.settlements",
+            "{settlement}",
+            "Delivery settlements by outcome",
+            (*_MESSAGING, "error.type", "settle.outcome"),
         )
         self.call_duration = meter.create_histogram(
             "settle.call.duration", "s", "Duration of settle calls"
@@ -292,14 +397,14 @@ class Otel:
         return call
 
     def observe(self, call: _Call, result: Any) -> None:
-        ns = {"settle.namespace": call.namespace}
+        ns = call.namespace
         kind = type(result).__name__
         if kind == "Reserved":
             call.set("settle.outcome", "reserved")
             call.set("settle.generation", result.reservation.generation)
             call.set("settle.takeover", result.takeover)
             if result.takeover:
-                self.takeovers.add(1, {**ns, "settle.takeover.reason": result.takeover})
+                self.takeovers.add(ns, result.takeover)
         elif kind == "Replay":
             call.set("settle.outcome", "replayed")
             call.set("settle.generation", result.record.generation)
@@ -311,28 +416,25 @@ class Otel:
             call.set("settle.action", action)
             call.set("settle.verdict", verdict)
             call.set("settle.outcome", verdict)
-            self.settlements.add(1, {**ns, "settle.action": action, "settle.verdict": verdict})
+            self.settlements.add(ns, action, verdict)
             if result.kind is not None:
                 call.set("settle.quarantine.kind", result.kind.value)
-                self.quarantined.add(
-                    1, {**ns, "settle.quarantine.kind": result.kind.value, "settle.action": action}
-                )
+                self.quarantined.add(ns, result.kind.value, action)
         elif kind == "Renewal":
             call.set("settle.outcome", "renewed" if result.renewed else "lost")
             if not result.renewed:
                 call.set("settle.renew.reason", result.reason)
-                self.leases_lost.add(1, {**ns, "settle.renew.reason": result.reason or ""})
+                self.leases_lost.add(ns, result.reason or "")
 
     def finish_call(self, call: _Call, kind: type[BaseException] | None, seconds: float) -> None:
-        ns = {"settle.namespace": call.namespace}
         if call.name == "reserve":
             if kind is not None and kind.__name__ in _REFUSALS:
                 call.set("settle.outcome", _REFUSALS[kind.__name__])
             if outcome := call.attributes.get("settle.outcome"):
-                self.reservations.add(1, {**ns, "settle.outcome": outcome})
+                self.reservations.add(call.namespace, outcome)
         elif call.name == "renew" and kind is not None:
-            self.renewals_failed.add(1, {**ns, "error.type": kind.__qualname__})
-        measured = {**ns, "settle.call.name": call.name}
+            self.renewals_failed.add(call.namespace, kind.__qualname__)
+        measured = {_NS: call.namespace, "settle.call.name": call.name}
         for key in ("settle.outcome", "error.type"):
             if key in call.attributes:
                 measured[key] = call.attributes[key]
@@ -342,9 +444,16 @@ class Otel:
 
     def redis(
         self, client: Any, operation: str, call: Any = None, *, batch: int | None = None
-    ) -> _Span:
+    ) -> _Span | _Nothing:
         """A client span of one Redis call: ``EVALSHA`` of ``call``'s script (its stored
-        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command."""
+        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command.
+
+        None inside a span that is not recorded (its trace was sampled out): a child of it
+        would be sampled out too (a ``ParentBased`` sampler, the SDK's default), and making
+        one would cost as much as the call's own span."""
+        parent = self.trace.get_current_span()
+        if not parent.is_recording() and parent.get_span_context().is_valid:
+            return _NOTHING
         attributes: dict[str, Any] = {"db.system.name": "redis", "db.operation.name": operation}
         name = operation
         if call is not None:
@@ -353,7 +462,8 @@ class Otel:
         if batch is not None:
             attributes["db.operation.batch.size"] = batch
         attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
-        return _Span(self, self.tracer.start_span(name, kind=self._client, attributes=attributes))
+        span = self.tracer.start_span(name, kind=self._client, attributes=attributes)
+        return _Span(self, span, leaf=True)
 
     # -- the decorator ---------------------------------------------------------------------
 
@@ -393,12 +503,13 @@ class Otel:
     def finish_settling(
         self, settling: _Settling, kind: type[BaseException] | None, seconds: float
     ) -> None:
-        measured = {k: v for k, v in settling.base.items() if k != "settle.progress.consumer"}
-        if kind is not None:
-            measured["error.type"] = kind.__qualname__
+        measured = {k: settling.base[k] for k in _MESSAGING}
+        error = kind.__qualname__ if kind is not None else None
+        if error is not None:
+            measured["error.type"] = error
         self.messaging_duration.record(seconds, measured)
         outcome = settling.attributes.get("settle.outcome", "error")
-        self.delivery_settlements.add(1, {**measured, "settle.outcome": outcome})
+        self.delivery_settlements.add(*(measured[k] for k in _MESSAGING), error, outcome)
 
 
 class _Request:
@@ -422,8 +533,7 @@ class _Request:
         if outcome is None:
             return
         self.answered(outcome)
-        attributes = {"settle.namespace": self._namespace, "settle.http.outcome": outcome}
-        self._otel.http.add(1, attributes)
+        self._otel.http.add(self._namespace, outcome)
 
 
 class _Settling(_Span):

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from settle import AsyncSettler, BackendError, BindingMismatch, FingerprintMismatch, Settler
 from settle.cursor import CursorStore
@@ -200,3 +203,58 @@ def test_the_cursor_store_gets_redis_spans_from_the_same_runner(
     assert "init" in scripts
     for span in otel.spans():
         assert "cursor-secret" not in repr(dict(span.attributes or {}))
+
+
+def test_a_trace_sampled_out_makes_no_redis_spans_and_keeps_every_count(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """Inside a span that is not recorded (the application's sampler dropped its trace), a
+    settle call's span is not recorded either (the SDK's ParentBased sampler) and settle
+    makes no Redis span under it; the counters and the histogram count every call."""
+    dropped = NonRecordingSpan(
+        SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=False, trace_flags=TraceFlags(0))
+    )
+    s = Settler.from_url(redis_url, namespace=namespace)
+    try:
+        with trace.use_span(dropped):
+            for n in range(3):
+                r = s.reserve(f"op-{n}", {"amount": n}, principal=PRINCIPAL)
+                s.complete(r.reservation, {"ok": n})
+            s.reserve("op-0", {"amount": 0}, principal=PRINCIPAL)  # a replay
+    finally:
+        s.close()
+    assert otel.spans() == []
+    assert otel.count("settle.reservations", **{"settle.namespace": namespace}) == 4
+    assert (
+        otel.count(
+            "settle.reservations", **{"settle.namespace": namespace, "settle.outcome": "replayed"}
+        )
+        == 1
+    )
+    assert (
+        otel.count(
+            "settle.settlements", **{"settle.namespace": namespace, "settle.verdict": "accepted"}
+        )
+        == 3
+    )
+    assert otel.count("settle.call.duration", **{"settle.namespace": namespace}) == 7
+
+
+def test_counts_stay_exact_under_threads(redis_url: str, namespace: str, otel: Telemetry) -> None:
+    """Eight threads reserving and completing at once: every reservation and settlement is
+    counted once (settle counts in-process and the reader collects the counts)."""
+    s = Settler.from_url(redis_url, namespace=namespace)
+
+    def work(worker: int) -> None:
+        for n in range(25):
+            r = s.reserve(f"op-{worker}-{n}", {"n": n}, principal=PRINCIPAL)
+            s.complete(r.reservation, {"ok": n})
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(work, range(8)))
+    finally:
+        s.close()
+    ns = {"settle.namespace": namespace}
+    assert otel.count("settle.reservations", **ns, **{"settle.outcome": "reserved"}) == 200
+    assert otel.count("settle.settlements", **ns, **{"settle.action": "complete"}) == 200
