@@ -189,10 +189,23 @@ class Guard:
         self.namespace = namespace
         self.lease = policy.lease or lease
         self.head = head
-        self.log: Any = logger.bind(namespace=namespace, method=head.method, path=head.path)
+        self._log: Any = None  # bound on first use: an unguarded request logs nothing
         self._key = ""
         self._principal = ""
         self.outcome: str | None = None
+
+    @property
+    def log(self) -> Any:
+        """settle's logger bound to this request (namespace, method, path, and the
+        operation id and generation once known)."""
+        if self._log is None:
+            head = self.head
+            self._log = logger.bind(namespace=self.namespace, method=head.method, path=head.path)
+        return self._log
+
+    @log.setter
+    def log(self, bound: Any) -> None:
+        self._log = bound
 
     # -- before the body -----------------------------------------------------------------
 
