@@ -82,7 +82,9 @@ class BodyBuffer:
 
 def fingerprint_request(head: RequestHead, body: bytes) -> str:
     """The fingerprint of a request: same value for the same request, in any process."""
-    rest = _head_json(head.method, head.path, head.query, head.content_type)
+    parts = (head.method, head.path, head.query, head.content_type)
+    # Request lines of a usual size are cached; a long one is not kept in memory.
+    rest = _head_json(*parts) if sum(map(len, parts)) > _CACHED_HEAD_CHARS else _cached(*parts)
     media_type = rest[0]
     body_part = _body(media_type, body)
     if rest[1] is None:  # a lone surrogate in the path: the reference encoder says so
@@ -111,7 +113,6 @@ def _description(head: RequestHead) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=512)
 def _head_json(method: str, path: str, query: bytes, content_type: bytes) -> tuple[str, str | None]:
     """(media type, the RFC 8785 form of the head's description after its opening brace),
     or None for the second when it holds a lone surrogate. Strings, lists and the integer 1
@@ -125,6 +126,10 @@ def _head_json(method: str, path: str, query: bytes, content_type: bytes) -> tup
     except UnicodeEncodeError:
         return media_type, None
     return media_type, text[1:]
+
+
+_CACHED_HEAD_CHARS = 512
+_cached = functools.lru_cache(maxsize=512)(_head_json)
 
 
 def _dumps(value: Any) -> str:

@@ -146,3 +146,11 @@ def test_the_head_cache_keeps_requests_apart() -> None:
         for ctype in (b"application/json", b"text/plain")
     }
     assert len(seen) == 16
+
+
+def test_a_long_request_line_fingerprints_the_same_uncached() -> None:
+    """A request line too long to be cached is fingerprinted the same way."""
+    body = b'{"amount": 1}'
+    for path, query in (("/" + "p" * 600, b""), ("/payments", b"q=" + b"v" * 600)):
+        head = _head(path, query, b"application/json")
+        assert outcome(fingerprint_request, head, body) == outcome(reference, head, body)
