@@ -3,9 +3,12 @@ as Markdown so that docs/benchmarks.md can hold the output verbatim."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["print_report", "ratios", "table"]
+__all__ = ["print_report", "publish", "ratios", "table", "targets_table"]
 
 SCRIPT_TARGET_US = 8.0
 
@@ -167,12 +170,20 @@ def print_report(result: dict[str, Any]) -> None:
             body.append([f"{r['label']}: {name.upper()}", c["usec_per_call"], "-"])
     print(table(["command", "usec/call", "commands run inside, per call"], body))
     print("\nTargets (this run)\n")
-    print(
-        table(
-            ["target", "value", "goal", "met"],
-            [
-                [t["target"], t["value"], t["goal"], "yes" if t["met"] else "NO"]
-                for t in result["targets"]
-            ],
-        )
+    print(targets_table(result["targets"]))
+
+
+def targets_table(targets: list[dict[str, Any]]) -> str:
+    """The target rows (``target``, ``value``, ``goal``, ``met``) as a table."""
+    return table(
+        ["target", "value", "goal", "met"],
+        [[t["target"], t["value"], t["goal"], "yes" if t["met"] else "NO"] for t in targets],
     )
+
+
+def publish(result: dict[str, Any], path: Path, report: Callable[[dict[str, Any]], None]) -> None:
+    """Write ``result`` to ``path`` as JSON, then print its report and where the JSON is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    report(result)
+    print(f"\nJSON: {path}")

@@ -111,7 +111,7 @@ class IdempotencyMiddleware:
                             step = guard.identified(principal)
                     case ReadBody():
                         try:
-                            body = await read_body(scope, receive, step.limit)
+                            body = await read_body(scope, receive, step.limit, head)
                         except RequestTooLarge as exc:
                             step = guard.body_too_large(exc)
                         except ClientDisconnected:

@@ -30,20 +30,34 @@ def header_values(scope: Scope, name: bytes) -> list[bytes]:
 
 
 def request_head(scope: Scope, key_header: bytes = b"idempotency-key") -> RequestHead:
-    content_length = header_values(scope, b"content-length")
+    content_types: list[bytes] = []
+    key_values: list[bytes] = []
+    content_length: bytes | None = None
+    # One pass over the headers (servers send lowercase names; ASGI does not promise it).
+    for key, value in scope.get("headers", ()):
+        name = key.lower()
+        if name == key_header:
+            key_values.append(value)
+        if name == b"content-type":
+            content_types.append(value)
+        elif name == b"content-length" and content_length is None:
+            content_length = value
     return RequestHead(
         method=scope["method"],
         path=scope["path"],
         query=scope.get("query_string", b""),
-        content_type=b",".join(header_values(scope, b"content-type")),
-        key_values=tuple(header_values(scope, key_header)),
-        content_length=content_length[0] if content_length else None,
+        content_type=b",".join(content_types),
+        key_values=tuple(key_values),
+        content_length=content_length,
     )
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body, or :class:`RequestTooLarge` past ``limit`` bytes."""
-    buffer = BodyBuffer(limit, request_head(scope).content_length)
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, head: RequestHead | None = None
+) -> bytes:
+    """The whole request body, or :class:`RequestTooLarge` past ``limit`` bytes (or past
+    the declared ``Content-Length`` of ``head``, read from ``scope`` when not given)."""
+    buffer = BodyBuffer(limit, (head or request_head(scope)).content_length)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -61,6 +61,8 @@ class AttemptRunner:
         self._streaming = False  # the response is being sent on as it arrives
         self._downstream_started = False
         self._stopped = False  # the handler task has ended (after being cancelled)
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._heartbeat_ended: asyncio.Future[None] | None = None
 
     async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         self._send = send
@@ -78,11 +80,14 @@ class AttemptRunner:
             await gone.wait()
             return {"type": "http.disconnect"}
 
+        loop = asyncio.get_running_loop()
         watcher = asyncio.create_task(_watch_disconnect(receive, gone))
-        heartbeat = asyncio.create_task(self._heartbeat())
+        # No heartbeat task until the first renewal is due: most handlers are done before.
+        self._heartbeat_ended = loop.create_future()
+        timer = loop.call_later(self._lease / 3, self._start_heartbeat)
         app_task = asyncio.create_task(self._call_app(scope, app_receive))
         try:
-            await self._supervise(app_task, watcher, heartbeat)
+            await self._supervise(app_task, watcher, self._heartbeat_ended)
         except asyncio.CancelledError:
             # The server cancelled us (shutdown, or a server that cancels on disconnect).
             if self._phase is _Phase.RUNNING:
@@ -92,9 +97,11 @@ class AttemptRunner:
                 await asyncio.shield(self._settle(self._guard.failed(self._run, "cancelled")))
             raise
         finally:
-            for task in (watcher, heartbeat):
+            timer.cancel()
+            tasks = [watcher] if self._heartbeat is None else [watcher, self._heartbeat]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(watcher, heartbeat, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _call_app(self, scope: Scope, receive: Receive) -> None:
         # A guarded response must go through http.response.body messages to be stored:
@@ -114,7 +121,7 @@ class AttemptRunner:
         self,
         app_task: asyncio.Task[None],
         watcher: asyncio.Task[None],
-        heartbeat: asyncio.Task[None],
+        heartbeat: asyncio.Future[None],
     ) -> None:
         loop = asyncio.get_running_loop()
         timeout = self._policy.timeout
@@ -164,22 +171,33 @@ class AttemptRunner:
         if error is not None:
             raise error
 
-    async def _heartbeat(self) -> None:
-        """Renew the lease until the outcome is settled, or until an abandoned handler has
-        stopped (not while background tasks run after the response)."""
-        while True:
-            await asyncio.sleep(self._lease / 3)
-            if self._phase is _Phase.SETTLED or (self._phase is _Phase.ABANDONED and self._stopped):
-                return
+    def _start_heartbeat(self) -> None:
+        """The first renewal is due (``lease / 3`` after the reservation): start renewing."""
+        self._heartbeat = asyncio.get_running_loop().create_task(self._renew_lease())
+        self._heartbeat.add_done_callback(self._heartbeat_stopped)
+
+    def _heartbeat_stopped(self, _task: asyncio.Task[None]) -> None:
+        ended = self._heartbeat_ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    async def _renew_lease(self) -> None:
+        """Renew the lease every ``lease / 3`` seconds until the outcome is settled, or until
+        an abandoned handler has stopped (not while background tasks run after the
+        response)."""
+        while not (
+            self._phase is _Phase.SETTLED or (self._phase is _Phase.ABANDONED and self._stopped)
+        ):
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
             except SettleError as exc:
                 self._guard.renew_failed(exc)
-                continue
-            if not renewal.renewed:
-                self._guard.lease_lost(renewal.reason)
-                self._attempt.mark_lost(renewal)
-                return
+            else:
+                if not renewal.renewed:
+                    self._guard.lease_lost(renewal.reason)
+                    self._attempt.mark_lost(renewal)
+                    return
+            await asyncio.sleep(self._lease / 3)
 
     # -- capturing the response ----------------------------------------------------------
 

@@ -189,10 +189,29 @@ class Guard:
         self.namespace = namespace
         self.lease = policy.lease or lease
         self.head = head
-        self.log: Any = logger.bind(namespace=namespace, method=head.method, path=head.path)
+        # Bound on first use, from what is known by then: most requests log once or twice,
+        # an unguarded one never.
+        self._context: dict[str, Any] = {
+            "namespace": namespace,
+            "method": head.method,
+            "path": head.path,
+        }
+        self._log: Any = None
         self._key = ""
         self._principal = ""
         self.outcome: str | None = None
+
+    @property
+    def log(self) -> Any:
+        """settle's logger bound to this request: namespace, method, path, and the
+        operation id and generation once known."""
+        if self._log is None:
+            self._log = logger.bind(**self._context)
+        return self._log
+
+    def _bind(self, **fields: Any) -> None:
+        self._context.update(fields)
+        self._log = None
 
     # -- before the body -----------------------------------------------------------------
 
@@ -250,7 +269,7 @@ class Guard:
     def body_read(self, body: bytes) -> Reserve:
         policy = self.policy
         op = operation_id(policy.operation_prefix, self._key, self._principal, policy.key_scope)
-        self.log = self.log.bind(operation_id=op)
+        self._bind(operation_id=op)
         return Reserve(op, self._principal, fingerprint_request(self.head, body), policy.lease)
 
     # -- the reservation -----------------------------------------------------------------
@@ -285,7 +304,7 @@ class Guard:
         timeout = self.policy.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = Attempt.for_reservation(outcome, self.namespace, deadline)
-        self.log = self.log.bind(generation=attempt.generation)
+        self._bind(generation=attempt.generation)
         self.log.info("settle.http.started", number=attempt.number)
         return Run(outcome.reservation, attempt, self.lease)
 

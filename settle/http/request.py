@@ -8,6 +8,7 @@ form of that description (:func:`settle.fingerprint`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -81,20 +82,58 @@ class BodyBuffer:
 
 def fingerprint_request(head: RequestHead, body: bytes) -> str:
     """The fingerprint of a request: same value for the same request, in any process."""
+    parts = (head.method, head.path, head.query, head.content_type)
+    # Request lines of a usual size are cached; a long one is not kept in memory.
+    rest = _head_json(*parts) if sum(map(len, parts)) > _CACHED_HEAD_CHARS else _cached(*parts)
+    media_type = rest[0]
+    body_part = _body(media_type, body)
+    if rest[1] is None:  # a lone surrogate in the path: the reference encoder says so
+        return fingerprint({**_description(head), "body": body_part})
+    # The description's keys sorted: "body" first, then the head's part (cached per head).
+    kind = body_part["kind"]
+    if kind == "empty":
+        canonical = '{"body":{"kind":"empty"},' + rest[1]
+    else:
+        canonical = f'{{"body":{{"kind":"{kind}","sha256":"{body_part["sha256"]}"}},{rest[1]}'
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _description(head: RequestHead) -> dict[str, Any]:
+    """Every part of the fingerprint's description but the body."""
     media_type, params = _content_type(head.content_type)
     if _is_json(media_type):
         # RFC 8259 defines no charset for JSON (it is UTF-8): the parameter means nothing.
         params = [p for p in params if p[0] != "charset"]
-    return fingerprint(
-        {
-            "format": REQUEST_FINGERPRINT_FORMAT,
-            "method": head.method.upper(),
-            "path": head.path,
-            "query": _query(head.query),
-            "content_type": [media_type, params],
-            "body": _body(media_type, body),
-        }
-    )
+    return {
+        "format": REQUEST_FINGERPRINT_FORMAT,
+        "method": head.method.upper(),
+        "path": head.path,
+        "query": _query(head.query),
+        "content_type": [media_type, params],
+    }
+
+
+def _head_json(method: str, path: str, query: bytes, content_type: bytes) -> tuple[str, str | None]:
+    """(media type, the RFC 8785 form of the head's description after its opening brace),
+    or None for the second when it holds a lone surrogate. Strings, lists and the integer 1
+    under ASCII keys: json.dumps with sorted keys writes the RFC 8785 form itself
+    (settle.fingerprint's fast path)."""
+    description = _description(RequestHead(method, path, query, content_type, ()))
+    media_type: str = description["content_type"][0]
+    text = _dumps(description)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return media_type, None
+    return media_type, text[1:]
+
+
+_CACHED_HEAD_CHARS = 512
+_cached = functools.lru_cache(maxsize=512)(_head_json)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _query(raw: bytes) -> list[list[str]]:
@@ -136,6 +175,67 @@ def _canonical_json_body(body: bytes) -> bytes | None:
     Invalid JSON, duplicate object keys, NaN/Infinity and integers outside the I-JSON range
     fall back to the raw bytes, so two such bodies are the same request only byte for byte.
     """
+    if body.count(b"{") + body.count(b"[") > _MAX_DEPTH:
+        return _canonical_json_walked(body)  # may nest too deep: settle.fingerprint checks
+    plain = _Plain()
+    try:
+        value = json.loads(
+            body,
+            object_pairs_hook=plain.on_object,
+            parse_constant=_no_constant,
+            parse_float=plain.on_float,
+            parse_int=plain.on_int,
+        )
+    except (ValueError, RecursionError):
+        return None
+    if plain.plain:
+        # What canonical_json writes for a plain value (no floats, safe integers, ASCII
+        # keys), without its walk: the parser's hooks saw every number and key already.
+        try:
+            return _dumps(value).encode("utf-8")
+        except UnicodeEncodeError:
+            pass
+    try:
+        return canonical_json(value)
+    except (RecursionError, FingerprintError):
+        return None
+
+
+#: settle.fingerprint refuses values nested deeper than this; a body with fewer brackets
+#: (counted in its bytes, strings included) cannot nest deeper.
+_MAX_DEPTH = 64
+_SAFE_INT = 2**53 - 1
+
+
+class _Plain:
+    """The parser's hooks: duplicate keys refused; ``plain`` turns False on a float, an
+    integer outside +-(2**53 - 1) or a non-ASCII object key (settle.fingerprint's rule)."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self) -> None:
+        self.plain = True
+
+    def on_object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            raise ValueError("duplicate object key")
+        if self.plain and not all(key.isascii() for key in out):
+            self.plain = False
+        return out
+
+    def on_float(self, text: str) -> float:
+        self.plain = False
+        return float(text)
+
+    def on_int(self, text: str) -> int:
+        value = int(text)
+        if len(text) > 15 and not -_SAFE_INT <= value <= _SAFE_INT:
+            self.plain = False
+        return value
+
+
+def _canonical_json_walked(body: bytes) -> bytes | None:
     try:
         value = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
         return canonical_json(value)
