@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["DIGEST_KEY_ENV", "STDLIB_LOGGER", "binding_digest", "logger"]
+__all__ = ["DIGEST_KEY_ENV", "STDLIB_LOGGER", "binding_digest", "enabled", "logger"]
 
 #: The standard library logger settle's events go to while structlog is unconfigured.
 STDLIB_LOGGER = "settle"
@@ -77,6 +77,14 @@ class _Logger:
 
 
 logger: Any = _Logger()
+
+
+def enabled(level: int) -> bool:
+    """Whether an event at ``level`` (a :mod:`logging` level) can be written: always once
+    the application configured structlog (its processors decide), else as the standard
+    library logger ``settle`` says, exactly as ``filter_by_level`` would. The per-call path
+    asks first and skips building events that would only be dropped."""
+    return structlog.is_configured() or _stdlib.isEnabledFor(level)
 
 
 DIGEST_KEY_ENV = "SETTLE_DIGEST_KEY"
