@@ -98,7 +98,9 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
     come from settle's own decoding (no validation), without its per-field alias and
     default handling: the hot path builds several models per call. The result is the same
     object ``model_construct`` builds (fields in declaration order, every field set)."""
-    fields = cls.__pydantic_fields__
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        fields = _FIELDS[cls] = tuple(cls.model_fields)
     model = cls.__new__(cls)
     _setattr(model, "__dict__", {name: values[name] for name in fields})
     _setattr(model, "__pydantic_fields_set__", set(fields))
@@ -108,6 +110,7 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
 
 
 _setattr = object.__setattr__
+_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {}
 
 
 @lru_cache(maxsize=256)

@@ -87,6 +87,19 @@ def _text(value: Any) -> str:
 def parse_reply(raw: Any) -> Reply:
     """The core's body of the one reply shape: ``quarantine_id, payload`` (and, from a
     settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped)."""
+    if type(raw) is list and 5 <= len(raw) <= 6:  # every reply of a core script
+        try:
+            code, detail, now_ms, qid, payload, *rest = raw
+            return Reply(
+                _text(code),
+                _text(detail),
+                int(now_ms),
+                _text(qid),
+                list(payload or []),
+                int(rest[0]) if rest else 0,
+            )
+        except (TypeError, ValueError, UnicodeDecodeError):
+            pass  # the general path below raises what it raises for this reply
     reply = runtime_reply(raw)
     if len(reply.body) not in (2, 3):
         reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape

@@ -202,3 +202,22 @@ def test_skipped_events_are_the_dropped_ones(
         core.decode_reserve(call, reply)
     events = [getattr(r, "settle_event", None) for r in caplog.records if r.name == STDLIB_LOGGER]
     assert events == ["settle.reserve.reserved"]
+
+
+def test_a_structlog_filtering_logger_skips_only_the_levels_it_drops(
+    core: Core, stdlib_level: logging.Logger
+) -> None:
+    del stdlib_level  # restores the configuration
+    call = core.plan_reserve("op-1", {"a": 1}, principal="tenant:acme", attempt_id="a" * 32)
+    reply = _reply(b"reserved", b"new", _row())
+    seen = {}
+    for level in (logging.INFO, logging.WARNING):
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+        assert enabled(logging.INFO) is (level == logging.INFO)
+        assert enabled(logging.WARNING)
+        with capture_logs() as logs:
+            core.decode_reserve(call, reply)
+        seen[level] = [e["event"] for e in logs]
+    assert seen == {logging.INFO: ["settle.reserve.reserved"], logging.WARNING: []}
+    structlog.configure(wrapper_class=structlog.stdlib.BoundLogger)
+    assert enabled(logging.DEBUG)  # another wrapper class: its processors decide
