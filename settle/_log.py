@@ -94,10 +94,10 @@ def enabled(level: int) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def _filtering_level(wrapper: type) -> int | None:
+def _filtering_level(wrapper: Any) -> int | None:
     """The level a ``make_filtering_bound_logger`` class drops events below; None for any
     other wrapper class (then nothing is skipped)."""
-    if not wrapper.__name__.startswith("BoundLoggerFiltering"):
+    if not str(getattr(wrapper, "__name__", "")).startswith("BoundLoggerFiltering"):
         return None
     effective = getattr(wrapper, "get_effective_level", None)
     try:
