@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["DIGEST_KEY_ENV", "STDLIB_LOGGER", "binding_digest", "logger"]
+__all__ = ["DIGEST_KEY_ENV", "STDLIB_LOGGER", "binding_digest", "enabled", "logger"]
 
 #: The standard library logger settle's events go to while structlog is unconfigured.
 STDLIB_LOGGER = "settle"
@@ -77,6 +77,34 @@ class _Logger:
 
 
 logger: Any = _Logger()
+
+
+def enabled(level: int) -> bool:
+    """Whether an event at ``level`` (a :mod:`logging` level) can be written. Unconfigured:
+    as the standard library logger ``settle`` says, exactly as ``filter_by_level`` would.
+    Configured with one of structlog's filtering loggers
+    (``structlog.make_filtering_bound_logger``): as its level says (a filtered level is a
+    no-op method that no processor sees). Any other configuration: always (its processors
+    decide). The per-call path asks first and skips building events that would only be
+    dropped."""
+    if not structlog.is_configured():
+        return _stdlib.isEnabledFor(level)
+    floor = _filtering_level(structlog.get_config()["wrapper_class"])
+    return floor is None or level >= floor
+
+
+@functools.lru_cache(maxsize=16)
+def _filtering_level(wrapper: Any) -> int | None:
+    """The level a ``make_filtering_bound_logger`` class drops events below; None for any
+    other wrapper class (then nothing is skipped)."""
+    if not str(getattr(wrapper, "__name__", "")).startswith("BoundLoggerFiltering"):
+        return None
+    effective = getattr(wrapper, "get_effective_level", None)
+    try:
+        level = effective(None) if callable(effective) else None  # ``lambda self: level``
+    except Exception:  # noqa: BLE001 - not the class structlog makes: skip nothing
+        return None
+    return level if isinstance(level, int) else None
 
 
 DIGEST_KEY_ENV = "SETTLE_DIGEST_KEY"

@@ -45,6 +45,8 @@ _JSON_TYPES = (
     frozenset,
 )
 _SAFE_INT = 2**53 - 1
+#: ``json.dumps(..., ensure_ascii=False, separators=(",", ":"), sort_keys=True)``, built once.
+_PLAIN = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 class _Walk:
@@ -80,6 +82,7 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
+        leaves = depth < _MAX_DEPTH  # an item one level down is within the depth limit
         for key, item in value.items():
             if not isinstance(key, str):
                 raise FingerprintError(
@@ -88,7 +91,17 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
                 )
             if not key.isascii():
                 walk.plain = False
-            out[key] = _to_json_value(item, walk, depth + 1)
+            # The common leaves inline (what the call below returns for them unchanged).
+            kind = type(item)
+            if leaves and (
+                kind is str
+                or item is None
+                or kind is bool
+                or (kind is int and -_SAFE_INT <= item <= _SAFE_INT)
+            ):
+                out[key] = item
+            else:
+                out[key] = _to_json_value(item, walk, depth + 1)
         return out
     if isinstance(value, list | tuple):
         return [_to_json_value(item, walk, depth + 1) for item in value]
@@ -126,7 +139,7 @@ def canonical_json(value: Any) -> bytes:
     walk = _Walk()
     converted = _to_json_value(value, walk)
     if walk.plain:
-        text = json.dumps(converted, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        text = _PLAIN.encode(converted)
         try:
             return text.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: let the reference encoder say so

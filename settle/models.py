@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class State(StrEnum):
@@ -76,13 +77,40 @@ class QuarantineKind(StrEnum):
 _FROZEN = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@lru_cache(maxsize=64)
 def ms_to_datetime(ms: int) -> datetime:
-    return us_to_datetime(ms * 1000)
+    """Exact, and cached: one record's times repeat across the replies of one operation
+    (``created_at`` = ``updated_at`` on a reserve, ``created_at`` again on its settlement),
+    and a datetime is immutable."""
+    return _EPOCH + timedelta(milliseconds=ms)
 
 
 def us_to_datetime(us: int) -> datetime:
     """Exact (no float rounding): entries microseconds apart must stay in order."""
     return datetime.fromtimestamp(us // 1_000_000, tz=UTC) + timedelta(microseconds=us % 1_000_000)
+
+
+def _trusted(cls: type[M], values: dict[str, Any]) -> M:
+    """``cls.model_construct(**values)`` for values that name every field of ``cls`` and
+    come from settle's own decoding (no validation), without its per-field alias and
+    default handling: the hot path builds several models per call. The result is the same
+    object ``model_construct`` builds (fields in declaration order, every field set)."""
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        fields = _FIELDS[cls] = tuple(cls.model_fields)
+    model = cls.__new__(cls)
+    _setattr(model, "__dict__", {name: values[name] for name in fields})
+    _setattr(model, "__pydantic_fields_set__", set(fields))
+    _setattr(model, "__pydantic_extra__", None)
+    _setattr(model, "__pydantic_private__", None)
+    return model
+
+
+_setattr = object.__setattr__
+_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {}
 
 
 @lru_cache(maxsize=256)

@@ -30,6 +30,7 @@ from settle.models import (
     Resolution,
     State,
     StoredFailure,
+    _trusted,
     ms_to_datetime,
     us_to_datetime,
 )
@@ -86,6 +87,19 @@ def _text(value: Any) -> str:
 def parse_reply(raw: Any) -> Reply:
     """The core's body of the one reply shape: ``quarantine_id, payload`` (and, from a
     settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped)."""
+    if type(raw) is list and 5 <= len(raw) <= 6:  # every reply of a core script
+        try:
+            code, detail, now_ms, qid, payload, *rest = raw
+            return Reply(
+                _text(code),
+                _text(detail),
+                int(now_ms),
+                _text(qid),
+                list(payload or []),
+                int(rest[0]) if rest else 0,
+            )
+        except (TypeError, ValueError, UnicodeDecodeError):
+            pass  # the general path below raises what it raises for this reply
     reply = runtime_reply(raw)
     if len(reply.body) not in (2, 3):
         reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape
@@ -166,6 +180,13 @@ def _fields(flat: Sequence[Any]) -> dict[str, Any]:
     return {_text(k): v for k, v in zip(it, it, strict=True)}
 
 
+#: A record's state as the scripts send it (bytes) and as the reference model does (str).
+_STATES: dict[Any, State] = {
+    **{s.value.encode(): s for s in State},
+    **{s.value: s for s in State},
+}
+
+
 def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
     """Decode a record row (values in RECORD_FIELDS order) into its effective state.
 
@@ -178,28 +199,31 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
         row
     )
     try:
-        state = State(_text(state_))
-        reason = _text(reason_) if reason_ is not None else None
-        lease = int(lease_) if lease_ is not None else None
+        state = _STATES.get(state_) or State(_text(state_))
+        reason = None if reason_ is None else _text(reason_)
+        lease = None if lease_ is None else int(lease_)
         # rule: L1 (every reader: get, the CLI, the replies of every script)
         if state is State.PENDING and lease is not None and lease <= now_ms:
             state, reason = State.PROVISIONAL, "lease_expired"
-        return OperationRecord.model_construct(
-            operation_id=_text(op),
-            fingerprint=_text(fp),
-            fingerprint_version=int(fpv),
-            binding=_text(bind),
-            generation=int(gen),
-            version=int(ver),
-            state=state,
-            reason=reason,
-            lease_expires_at=ms_to_datetime(lease) if lease is not None else None,
-            result=bytes(result) if result is not None else None,
-            result_digest=_text(rdig) if rdig is not None else None,
-            attempt_id=_text(aid) if aid is not None else None,
-            reservations=int(n),
-            created_at=ms_to_datetime(int(created)),
-            updated_at=ms_to_datetime(int(updated)),
+        return _trusted(
+            OperationRecord,
+            {
+                "operation_id": _text(op),
+                "fingerprint": _text(fp),
+                "fingerprint_version": int(fpv),
+                "binding": _text(bind),
+                "generation": int(gen),
+                "version": int(ver),
+                "state": state,
+                "reason": reason,
+                "lease_expires_at": None if lease is None else ms_to_datetime(lease),
+                "result": None if result is None else bytes(result),
+                "result_digest": None if rdig is None else _text(rdig),
+                "attempt_id": None if aid is None else _text(aid),
+                "reservations": int(n),
+                "created_at": ms_to_datetime(int(created)),
+                "updated_at": ms_to_datetime(int(updated)),
+            },
         )
     except (TypeError, ValueError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"record cannot be decoded: {exc}") from exc

@@ -11,11 +11,13 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from logging import INFO
 from typing import Any
 
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
 from settle._log import binding_digest, logger
+from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call
 from settle.config import SettleConfig
 from settle.errors import (
@@ -43,6 +45,7 @@ from settle.models import (
     StoredFailure,
     TrimResult,
     Verdict,
+    _trusted,
     ms_to_datetime,
 )
 
@@ -108,9 +111,21 @@ class Core:
 
     config: SettleConfig
     keys: Keys = field(init=False)
+    #: Per shard: its quarantine keys (stream, resolutions, identities) and its state key,
+    #: formatted once (every settlement names all four).
+    _shard_keys: dict[int, tuple[str, str, str, str]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.namespace, self.config.shards)
+
+    def _keys_of_shard(self, shard: int) -> tuple[str, str, str, str]:
+        found = self._shard_keys.get(shard)
+        if found is None:
+            found = (*self.keys.quarantine_keys(shard), self.keys.generation(shard))
+            self._shard_keys[shard] = found
+        return found
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -144,7 +159,7 @@ class Core:
     ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
         """A writing call's KEYS and ARGV with the shard guard's own (``guard`` in
         lua/_lib.lua): the shard's state key last, then the shard count and claim flag."""
-        return (*keys, self.keys.generation(shard)), (*args, self.config.shards, "0")
+        return (*keys, self._keys_of_shard(shard)[3]), (*args, self.config.shards, "0")
 
     def claim(self, call: Call, raw: Any) -> Call | None:
         """After a writing call: None when it ran; the same call with the claim flag set
@@ -247,49 +262,58 @@ class Core:
         record = self._record(reply, op)
         # The models below are built from our own decoded record: no second validation.
         if reply.code == "reserved":
-            logger.info(
-                "settle.reserve.reserved",
-                namespace=ns,
-                operation_id=op,
-                generation=record.generation,
-                version=record.version,
-                takeover=reply.detail,
-                attempt_id=call.attempt_id,
-            )
-            reservation = Reservation.model_construct(
-                operation_id=op,
-                fingerprint=record.fingerprint,
-                fingerprint_version=record.fingerprint_version,
-                binding=record.binding,
-                generation=record.generation,
-                attempt_id=call.attempt_id or "",
+            if log_enabled(INFO):
+                logger.info(
+                    "settle.reserve.reserved",
+                    namespace=ns,
+                    operation_id=op,
+                    generation=record.generation,
+                    version=record.version,
+                    takeover=reply.detail,
+                    attempt_id=call.attempt_id,
+                )
+            reservation = _trusted(
+                Reservation,
+                {
+                    "operation_id": op,
+                    "fingerprint": record.fingerprint,
+                    "fingerprint_version": record.fingerprint_version,
+                    "binding": record.binding,
+                    "generation": record.generation,
+                    "attempt_id": call.attempt_id or "",
+                },
             )
             takeover = reply.detail if reply.detail in ("lease_expired", "provisional") else None
-            return Reserved.model_construct(
-                reservation=reservation, record=record, takeover=takeover
+            return _trusted(
+                Reserved, {"reservation": reservation, "record": record, "takeover": takeover}
             )
         if reply.code == "replay":
-            logger.info(
-                "settle.reserve.replayed",
-                namespace=ns,
-                operation_id=op,
-                generation=record.generation,
-                state=record.state.value,
-            )
-            return Replay.model_construct(record=record)
+            if log_enabled(INFO):
+                logger.info(
+                    "settle.reserve.replayed",
+                    namespace=ns,
+                    operation_id=op,
+                    generation=record.generation,
+                    state=record.state.value,
+                )
+            return _trusted(Replay, {"record": record})
         if reply.code == "in_progress":
-            logger.info(
-                "settle.reserve.in_progress",
-                namespace=ns,
-                operation_id=op,
-                generation=record.generation,
-            )
+            if log_enabled(INFO):
+                logger.info(
+                    "settle.reserve.in_progress",
+                    namespace=ns,
+                    operation_id=op,
+                    generation=record.generation,
+                )
             assert record.lease_expires_at is not None
-            return InProgress.model_construct(
-                operation_id=op,
-                generation=record.generation,
-                lease_expires_at=record.lease_expires_at,
-                record=record,
+            return _trusted(
+                InProgress,
+                {
+                    "operation_id": op,
+                    "generation": record.generation,
+                    "lease_expires_at": record.lease_expires_at,
+                    "record": record,
+                },
             )
         raise CorruptRecord(f"unexpected reserve reply {reply.code!r}", operation_id=op)
 
@@ -336,11 +360,11 @@ class Core:
             raise InvalidInput(
                 "expected_version must be a positive int", operation_id=r.operation_id
             )
-        op = check_operation_id(r.operation_id)
+        op = r.operation_id  # checked with the reservation
         shard, record, log = self.keys.of(op)
         keys, args = self._guarded(
             shard,
-            (record, log, *self.keys.quarantine_keys(shard)),
+            (record, log, *self._keys_of_shard(shard)[:3]),
             (
                 op,
                 r.fingerprint,
@@ -385,6 +409,8 @@ class Core:
             ) from exc
         record = codec.decode_record(reply.payload, reply.now_ms) if reply.payload else None
         qid = f"{call.shard}/{reply.quarantine_id}" if reply.quarantine_id else None
+        if verdict is not Verdict.QUARANTINED and not log_enabled(INFO):
+            return _settlement(verdict, call.action, op, record, qid, kind)
         fields: dict[str, Any] = {
             "namespace": self.config.namespace,
             "operation_id": op,
@@ -408,14 +434,7 @@ class Core:
                 )
         else:
             logger.info(f"settle.settlement.{verdict.value}", **fields)
-        return Settlement.model_construct(
-            verdict=verdict,
-            action=call.action,
-            operation_id=op,
-            record=record,
-            quarantine_id=qid,
-            kind=kind,
-        )
+        return _settlement(verdict, call.action, op, record, qid, kind)
 
     # -- renew, get, attempts ------------------------------------------------------------
 
@@ -678,6 +697,27 @@ class Core:
             "fields); nothing was written. Inspect the key before deleting it.",
             operation_id=op,
         )
+
+
+def _settlement(
+    verdict: Verdict,
+    action: Action,
+    op: str,
+    record: OperationRecord | None,
+    qid: str | None,
+    kind: QuarantineKind | None,
+) -> Settlement:
+    return _trusted(
+        Settlement,
+        {
+            "verdict": verdict,
+            "action": action,
+            "operation_id": op,
+            "record": record,
+            "quarantine_id": qid,
+            "kind": kind,
+        },
+    )
 
 
 def _fingerprint_of(request: Any, op: str) -> str:

@@ -21,11 +21,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from logging import INFO
 from typing import Any
 
 import tenacity
 from pydantic import ValidationError
 
+from settle._log import enabled as log_enabled
 from settle._log import logger
 from settle.attempt import Attempt
 from settle.decorator._signature import CallIdentity
@@ -241,9 +243,20 @@ class Plan:
         self._ran: Ran | None = None
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
-        self._log = logger.bind(
-            namespace=policy.namespace, operation_id=identity.operation_id, function=fn.__name__
-        )
+        self._fn_name = fn.__name__
+        self._bound: Any = None
+
+    @property
+    def _log(self) -> Any:
+        """The call's logger, bound on first use: most calls log nothing (a first call
+        logs nothing, a replay one event that is usually filtered out)."""
+        if self._bound is None:
+            self._bound = logger.bind(
+                namespace=self.policy.namespace,
+                operation_id=self.identity.operation_id,
+                function=self._fn_name,
+            )
+        return self._bound
 
     def start(self) -> Step:
         return self._reserve()
@@ -269,7 +282,8 @@ class Plan:
 
     def _replay(self, record: OperationRecord) -> Step:
         """The stored outcome (``on_replay`` is told first): a result, or the failure."""
-        self._log.info("settle.operation.replayed", state=record.state.value)
+        if log_enabled(INFO):
+            self._log.info("settle.operation.replayed", state=record.state.value)
         if self.policy.on_replay is not None:
             self.policy.on_replay(record)
         failure = record.failure

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import math
 import sys
 import threading
 import time
@@ -175,17 +176,24 @@ class _Heartbeats:
         self._due: dict[int, tuple[float, Run]] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        #: When the thread's wait ends (-inf while it is not waiting: it reads ``_due``
+        #: before it waits again). A new attempt due later needs no wake-up: waking the
+        #: thread on every call cost a thread switch per call.
+        self._wake_at = -math.inf
 
     def add(self, run: Run) -> int:
         with self._cond:
             key = next(self._ids)
-            self._due[key] = (time.monotonic() + run.heartbeat, run)
+            due = time.monotonic() + run.heartbeat
+            self._due[key] = (due, run)
             if self._thread is None:
+                self._wake_at = -math.inf
                 self._thread = threading.Thread(
                     target=self._loop, name="settle-heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._wake_at:
+                self._cond.notify()
             return key
 
     def remove(self, key: int) -> None:
@@ -209,16 +217,24 @@ class _Heartbeats:
                         if now - idle_since >= _IDLE_LINGER:
                             self._thread = None
                             return
-                        self._cond.wait(_IDLE_LINGER - (now - idle_since))
+                        self._wait_until(idle_since + _IDLE_LINGER, now)
                         continue
                     idle_since = None
-                    self._cond.wait(nearest - now)
+                    self._wait_until(nearest, now)
                 ready = [(k, run) for k, (due, run) in self._due.items() if due <= now]
                 for k, run in ready:
                     self._due[k] = (now + run.heartbeat, run)
             for k, run in ready:
                 if not self._beat(run):
                     self.remove(k)
+
+    def _wait_until(self, wake_at: float, now: float) -> None:
+        """Wait (the lock held) until ``wake_at``, or until ``add`` brings a nearer due."""
+        self._wake_at = wake_at
+        try:
+            self._cond.wait(wake_at - now)
+        finally:
+            self._wake_at = -math.inf
 
     def _beat(self, run: Run) -> bool:
         """Renew one lease; False once it is lost (the attempt is told, renewals stop)."""

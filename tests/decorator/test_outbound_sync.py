@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -154,12 +155,13 @@ def test_fifty_concurrent_callers_get_one_effect(
         assert all(e.operation_id == "charge:o-6" for e in busy)
 
 
-def test_heartbeat_keeps_a_lease_shorter_than_the_work(
-    settler: Settler, provider: Provider
+def _outlives_its_lease(
+    settler: Settler, provider: Provider, charge: Callable[..., Receipt], order: str
 ) -> None:
-    provider.script("o-7", "slow:2")
-    charge = sync_charge(settler, provider.url, lease=1.0)
-    request = ChargeRequest(order_id="o-7", amount=100)
+    """A 2 s call under a 1 s lease stays owned (another caller finds it in progress
+    after the lease) and settles once: only the heartbeat can keep it."""
+    provider.script(order, "slow:2")
+    request = ChargeRequest(order_id=order, amount=100)
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(charge, request)
         assert provider.charged.wait(5)
@@ -168,11 +170,29 @@ def test_heartbeat_keeps_a_lease_shorter_than_the_work(
             sync_charge(settler, provider.url, lease=1.0, wait=0)(request)
         receipt = first.result()
 
-    record = settler.get("charge:o-7")
+    record = settler.get(f"charge:{order}")
     assert record is not None
     assert record.reservations == 1
     assert record.value(Receipt) == receipt
-    assert provider.requests_for("o-7") == 1
+    assert provider.requests_for(order) == 1
+
+
+def test_heartbeat_keeps_a_lease_shorter_than_the_work(
+    settler: Settler, provider: Provider
+) -> None:
+    _outlives_its_lease(settler, provider, sync_charge(settler, provider.url, lease=1.0), "o-7")
+
+
+def test_heartbeat_renews_a_call_that_starts_while_the_thread_idles(
+    settler: Settler, provider: Provider
+) -> None:
+    """The heartbeat thread of a function lingers between calls; a call whose lease is
+    due before the thread's wait ends must wake it, or its lease expires mid-work."""
+    charge = sync_charge(settler, provider.url, lease=1.0)
+    charge(ChargeRequest(order_id="o-8-warm", amount=1))
+    provider.charged.clear()
+    time.sleep(0.5)  # past the warm call's first beat: the thread now lingers, idle
+    _outlives_its_lease(settler, provider, charge, "o-8")
 
 
 def test_methods_pydantic_types_and_signature_are_kept(

@@ -1,0 +1,223 @@
+"""The per-call shortcuts build exactly what the general paths build: models made without
+``model_construct``, cached datetimes, and log events skipped only when they would be
+dropped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import given
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+from settle._core import codec
+from settle._core.engine import Core
+from settle._log import STDLIB_LOGGER, enabled
+from settle.config import SettleConfig
+from settle.models import (
+    Action,
+    InProgress,
+    OperationRecord,
+    Replay,
+    Reserved,
+    Settlement,
+    State,
+    Verdict,
+    ms_to_datetime,
+)
+
+NOW = 1_764_707_000_123
+FP = "f" * 64
+
+
+def _row(state: bytes = b"pending", lease: bytes | None = b"1764707030123") -> list[Any]:
+    result = b'{"ok":true}' if state == b"completed" else None
+    rdig = codec.digest(result).encode() if result is not None else None
+    return [
+        b"op-1", FP.encode(), b"1", b"tenant:acme", b"3", b"4", state, b"2", str(NOW).encode(),
+        str(NOW + 5).encode(), lease, b"a" * 32, None, result, rdig,
+    ]  # fmt: skip
+
+
+def _same(built: Any, general: Any) -> None:
+    """Equal, and equal in every way a user can see: field order, set fields, repr, JSON."""
+    assert built == general
+    assert type(built) is type(general)
+    assert list(built.__dict__) == list(type(built).model_fields)
+    assert built.model_fields_set == general.model_fields_set
+    assert repr(built) == repr(general)
+    assert built.model_dump_json() == general.model_dump_json()
+    assert built.__pydantic_extra__ is None
+    assert built.__pydantic_private__ is None
+
+
+def _record(row: list[Any], now_ms: int) -> OperationRecord:
+    """The record as the general path builds it: full pydantic validation."""
+    (op, fp, fpv, bind, gen, ver, state, n, created, updated, lease, aid, reason, result,
+     rdig) = row  # fmt: skip
+    effective = State(state.decode())
+    expired = effective is State.PENDING and lease is not None and int(lease) <= now_ms
+    return OperationRecord.model_validate(
+        {
+            "operation_id": op.decode(),
+            "fingerprint": fp.decode(),
+            "fingerprint_version": int(fpv),
+            "binding": bind.decode(),
+            "generation": int(gen),
+            "version": int(ver),
+            "state": State.PROVISIONAL if expired else effective,
+            "reason": "lease_expired" if expired else reason,
+            "lease_expires_at": ms_to_datetime(int(lease)) if lease is not None else None,
+            "result": result,
+            "result_digest": rdig.decode() if rdig is not None else None,
+            "attempt_id": aid.decode(),
+            "reservations": int(n),
+            "created_at": datetime.fromtimestamp(int(created) / 1000, UTC),
+            "updated_at": datetime.fromtimestamp(int(updated) / 1000, UTC),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "lease", "now_ms"),
+    [
+        (b"pending", b"1764707030123", NOW),
+        (b"pending", b"1764707030123", NOW + 60_000),  # L1: reads as provisional
+        (b"completed", None, NOW),
+    ],
+)
+def test_decoded_records_equal_validated_ones(
+    state: bytes, lease: bytes | None, now_ms: int
+) -> None:
+    row = _row(state, lease)
+    _same(codec.decode_record(row, now_ms), _record(row, now_ms))
+
+
+def test_decoded_records_accept_the_reference_models_str_values() -> None:
+    row = [v.decode() if isinstance(v, bytes) else v for v in _row()]
+    _same(codec.decode_record(row, NOW), _record(_row(), NOW))
+
+
+@pytest.fixture
+def core() -> Core:
+    return Core(SettleConfig(namespace="hot"))
+
+
+def _reply(code: bytes, detail: bytes, row: list[Any]) -> list[Any]:
+    return [code, detail, str(NOW).encode(), b"", row]
+
+
+def test_reserve_outcomes_equal_model_construct(core: Core) -> None:
+    call = core.plan_reserve("op-1", {"a": 1}, principal="tenant:acme", attempt_id="a" * 32)
+    record = codec.decode_record(_row(), NOW)
+
+    reserved = core.decode_reserve(call, _reply(b"reserved", b"provisional", _row()))
+    assert isinstance(reserved, Reserved)
+    _same(reserved.reservation, reserved.reservation.model_validate(reserved.reservation))
+    _same(
+        reserved,
+        Reserved.model_construct(
+            reservation=reserved.reservation, record=record, takeover="provisional"
+        ),
+    )
+
+    done = _row(b"completed", None)
+    replay = core.decode_reserve(call, _reply(b"replay", b"", done))
+    _same(replay, Replay.model_construct(record=codec.decode_record(done, NOW)))
+
+    busy = core.decode_reserve(call, _reply(b"in_progress", b"", _row()))
+    assert record.lease_expires_at is not None
+    _same(
+        busy,
+        InProgress.model_construct(
+            operation_id="op-1", generation=3, lease_expires_at=record.lease_expires_at,
+            record=record,
+        ),
+    )  # fmt: skip
+
+
+def test_settlements_equal_model_construct(core: Core) -> None:
+    call = core.plan_reserve("op-1", {"a": 1}, principal="tenant:acme", attempt_id="a" * 32)
+    reserved = core.decode_reserve(call, _reply(b"reserved", b"new", _row()))
+    assert isinstance(reserved, Reserved)
+    complete = core.plan_complete(reserved.reservation, {"ok": True})
+    done = _row(b"completed", None)
+    settlement = core.decode_settlement(complete, _reply(b"accepted", b"", done))
+    _same(
+        settlement,
+        Settlement.model_construct(
+            verdict=Verdict.ACCEPTED, action=Action.COMPLETE, operation_id="op-1",
+            record=codec.decode_record(done, NOW), quarantine_id=None, kind=None,
+        ),
+    )  # fmt: skip
+
+
+@given(st.integers(min_value=0, max_value=253_402_300_799_999))  # up to 9999-12-31
+def test_ms_to_datetime_is_exact(ms: int) -> None:
+    expected = datetime.fromtimestamp(ms // 1000, tz=UTC) + timedelta(milliseconds=ms % 1000)
+    assert ms_to_datetime(ms) == expected
+    assert ms_to_datetime(ms).tzinfo is UTC
+
+
+@pytest.fixture
+def stdlib_level() -> Iterator[logging.Logger]:
+    """structlog unconfigured (settle's events go to the stdlib logger), restored after."""
+    log = logging.getLogger(STDLIB_LOGGER)
+    level = log.level
+    configured, config = structlog.is_configured(), structlog.get_config()
+    structlog.reset_defaults()
+    yield log
+    log.setLevel(level)
+    if configured:
+        structlog.configure(**config)
+
+
+def test_events_are_skipped_only_when_the_stdlib_logger_would_drop_them(
+    stdlib_level: logging.Logger,
+) -> None:
+    stdlib_level.setLevel(logging.WARNING)
+    assert not enabled(logging.INFO)
+    assert enabled(logging.WARNING)
+    stdlib_level.setLevel(logging.INFO)
+    assert enabled(logging.INFO)
+    stdlib_level.setLevel(logging.WARNING)
+    with capture_logs():  # a structlog configuration: its processors decide
+        assert enabled(logging.INFO)
+
+
+def test_skipped_events_are_the_dropped_ones(
+    core: Core, stdlib_level: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    call = core.plan_reserve("op-1", {"a": 1}, principal="tenant:acme", attempt_id="a" * 32)
+    reply = _reply(b"reserved", b"new", _row())
+    with caplog.at_level(logging.WARNING, logger=STDLIB_LOGGER):
+        core.decode_reserve(call, reply)
+    assert not [r for r in caplog.records if r.name == STDLIB_LOGGER]
+    with caplog.at_level(logging.INFO, logger=STDLIB_LOGGER):
+        core.decode_reserve(call, reply)
+    events = [getattr(r, "settle_event", None) for r in caplog.records if r.name == STDLIB_LOGGER]
+    assert events == ["settle.reserve.reserved"]
+
+
+def test_a_structlog_filtering_logger_skips_only_the_levels_it_drops(
+    core: Core, stdlib_level: logging.Logger
+) -> None:
+    del stdlib_level  # restores the configuration
+    call = core.plan_reserve("op-1", {"a": 1}, principal="tenant:acme", attempt_id="a" * 32)
+    reply = _reply(b"reserved", b"new", _row())
+    seen = {}
+    for level in (logging.INFO, logging.WARNING):
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+        assert enabled(logging.INFO) is (level == logging.INFO)
+        assert enabled(logging.WARNING)
+        with capture_logs() as logs:
+            core.decode_reserve(call, reply)
+        seen[level] = [e["event"] for e in logs]
+    assert seen == {logging.INFO: ["settle.reserve.reserved"], logging.WARNING: []}
+    structlog.configure(wrapper_class=structlog.stdlib.BoundLogger)
+    assert enabled(logging.DEBUG)  # another wrapper class: its processors decide
