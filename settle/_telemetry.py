@@ -308,6 +308,20 @@ _MESSAGING = (
 )
 
 
+#: The API's own providers, in place until the application sets one (by class name: some
+#: are private to the API).
+_UNSET_PROVIDERS = frozenset(
+    {
+        "ProxyTracerProvider",
+        "NoOpTracerProvider",
+        "_DefaultTracerProvider",
+        "_ProxyMeterProvider",
+        "NoOpMeterProvider",
+        "_DefaultMeterProvider",
+    }
+)
+
+
 class Otel:
     """The hooks over OpenTelemetry's API (global providers, scope ``settle``)."""
 
@@ -318,6 +332,8 @@ class Otel:
 
         self.context = context
         self.trace = trace
+        self._metrics = metrics
+        self._live = False
         self.tracer = trace.get_tracer(SCOPE, __version__)
         meter = metrics.get_meter(SCOPE, __version__)
         self._client = trace.SpanKind.CLIENT
@@ -384,11 +400,28 @@ class Otel:
             "messaging.client.operation.duration", "s", "Duration of delivery settlements"
         )
 
+    def idle(self) -> bool:
+        """True while the application has set neither a tracer nor a meter provider (the
+        API is installed, often pulled in by another package, but nothing would record):
+        every hook then hands out the shared no-op, as if OpenTelemetry were absent. Once
+        a provider is set (it cannot be unset), this is False for good."""
+        if self._live:
+            return False
+        if (
+            type(self.trace.get_tracer_provider()).__name__ in _UNSET_PROVIDERS
+            and type(self._metrics.get_meter_provider()).__name__ in _UNSET_PROVIDERS
+        ):
+            return True
+        self._live = True
+        return False
+
     # -- settle calls ----------------------------------------------------------------------
 
-    def call(self, name: str, namespace: str, subject: Any = None) -> _Call:
+    def call(self, name: str, namespace: str, subject: Any = None) -> _Call | _Nothing:
         """The span of one settle call (``settle.<name>``); ``subject`` is the reservation
         a settlement or renewal presents (its generation is recorded)."""
+        if self.idle():
+            return _NOTHING
         span = self.tracer.start_span(f"settle.{name}", attributes={"settle.namespace": namespace})
         call = _Call(self, span, name, namespace)
         generation = getattr(subject, "generation", None)
@@ -451,6 +484,8 @@ class Otel:
         None inside a span that is not recorded (its trace was sampled out): a child of it
         would be sampled out too (a ``ParentBased`` sampler, the SDK's default), and making
         one would cost as much as the call's own span."""
+        if self.idle():
+            return _NOTHING
         parent = self.trace.get_current_span()
         if not parent.is_recording() and parent.get_span_context().is_valid:
             return _NOTHING
@@ -467,7 +502,9 @@ class Otel:
 
     # -- the decorator ---------------------------------------------------------------------
 
-    def operation(self, namespace: str, function: str) -> _Operation:
+    def operation(self, namespace: str, function: str) -> _Operation | _Nothing:
+        if self.idle():
+            return _NOTHING
         span = self.tracer.start_span(
             "settle.operation",
             attributes={"settle.namespace": namespace, "code.function.name": function},
@@ -476,16 +513,20 @@ class Otel:
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def http_request(self, namespace: str) -> _Request:
+    def http_request(self, namespace: str) -> _Request | _Nothing:
         """A guarded request, on the current span (the HTTP server span of the
         application's instrumentation) at its start."""
+        if self.idle():
+            return _NOTHING
         return _Request(self, self.trace.get_current_span(), namespace)
 
     # -- delivery progress -----------------------------------------------------------------
 
-    def settling(self, scope: Any, kind: Any, consumer: str) -> _Span:
+    def settling(self, scope: Any, kind: Any, consumer: str) -> _Settling | _Nothing:
         """The span of one delivery settlement (messaging conventions, operation type
         ``settle``); :meth:`_Span.done` takes its receipt."""
+        if self.idle():
+            return _NOTHING
         name = str(kind.value)
         attributes = {
             "messaging.system": "redis",

@@ -104,6 +104,12 @@ def test_speed_writes_every_case_and_key(speed: tuple[dict[str, Any], str]) -> N
     targets = {t["target"] for t in result["targets"]}
     assert "decorator replay / peer replay (sync)" in targets
     assert "replay round trips per call (async)" in targets
+    # Issue 19's targets, as ratios within the run: every script against the trivial one.
+    assert "server time: get / trivial script (read)" in targets
+    assert "server time: complete (accepted) / trivial script (write)" in targets
+    goals = {t["target"]: t["goal"] for t in result["targets"]}
+    assert goals["decorator first call / peer first call (sync)"] == ">= 1.1x"
+    assert goals["server time: reserve (new) / trivial script (write)"] == "<= 2.5x"
     assert "Targets (this run)" in printed
 
 

@@ -112,3 +112,49 @@ def test_a_record_names_the_settle_line_that_logged_and_carries_the_fields() -> 
     assert done.returncode == 0, done.stderr
     first = done.stderr.splitlines()[0]
     assert first.startswith("engine settle.reserve.reserved {'namespace': 'quiet'"), first
+
+
+LATE_PROVIDERS = """
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from settle import Settler
+from settle._telemetry import NOOP, telemetry
+from settle.embedded import EmbeddedRedis
+
+with EmbeddedRedis() as server:
+    s = Settler.from_url(server.url, namespace="late", shards=2)
+    r = s.reserve("op-1", {"amount": 1}, principal="tenant:a")
+    s.complete(r.reservation, {"ok": True})
+    # The API is importable but no provider is set: every hook is the shared no-op.
+    assert telemetry() is not NOOP and telemetry().idle()
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    s.reserve("op-1", {"amount": 1}, principal="tenant:a")  # a replay, now reported
+    s.close()
+names = sorted(span.name for span in exporter.get_finished_spans())
+assert names == ["EVALSHA reserve", "settle.reserve"], names
+points = [
+    (dict(p.attributes), p.value)
+    for rm in reader.get_metrics_data().resource_metrics
+    for sm in rm.scope_metrics
+    for m in sm.metrics
+    if m.name == "settle.reservations"
+    for p in m.data.data_points
+]
+assert points == [({"settle.namespace": "late", "settle.outcome": "replayed"}, 1)], points
+"""
+
+
+def test_providers_set_after_the_first_calls_are_used_from_then_on() -> None:
+    """With the API installed but no provider set, settle does no telemetry work; the
+    providers an application sets later (after settle's first calls) get every call from
+    then on."""
+    done = _run(LATE_PROVIDERS)
+    assert done.returncode == 0, done.stderr
