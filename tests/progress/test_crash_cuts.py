@@ -129,7 +129,7 @@ def test_cut_after_ack_sent_before_its_reply(
 ):
     ids = publish(stream_client, names, EMISSIONS)
     sha = hashlib.sha1(STREAM.source("stream_settle").encode()).hexdigest()
-    proxy = DropReplyProxy(stream_server.port, ids[2], sha)
+    proxy = DropReplyProxy(stream_server.port, ids[2], (sha, STREAM.function("stream_settle")))
     try:
         w = Worker(names, proxy.url, progress_server.url, worker="w1")
         proxy.victim = w.proc.pid
