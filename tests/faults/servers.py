@@ -113,8 +113,9 @@ def script_sha(scripts: ScriptSet, name: str) -> str:
 
 def script_needle(scripts: ScriptSet, name: str) -> tuple[str, str]:
     """What a runner sends to call ``name``: the SHA in ``EVALSHA`` (Redis 6.2) or the
-    function's name in ``FCALL`` (Redis 7+, Valkey); a proxy cut matches either."""
-    return script_sha(scripts, name), scripts.function(name)
+    function's name in ``FCALL`` (Redis 7+, Valkey) as one RESP argument (the library's text
+    in ``FUNCTION LOAD`` holds the name too, inside a line); a proxy cut matches either."""
+    return script_sha(scripts, name), f"\r\n{scripts.function(name)}\r\n"
 
 
 def proxy_to(server_url: str, *sets: ScriptSet) -> FaultyProxy:

@@ -20,6 +20,7 @@ from settle import BackendError, QuarantineKind, Reserved, Settler, State, Verdi
 from settle._core.scripts import SCRIPTS, source
 from settle._runtime.transient import ATTEMPTS
 from settle.models import StoredFailure
+from tests.faults.servers import script_needle
 from tests.faults.tcp_proxy import FaultyProxy
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
@@ -35,7 +36,7 @@ def sha(script: str) -> str:
 
 def needle(script: str) -> tuple[str, str]:
     """A proxy cut's needle for ``script`` on either path (EVALSHA or FCALL)."""
-    return sha(script), SCRIPTS.function(script)
+    return script_needle(SCRIPTS, script)
 
 
 def _retries(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from settle import Settler, State, Verdict
+from settle import BackendError, Settler, State, Verdict
 from settle._core.scripts import SCRIPTS
 from settle._runtime._sync import Runner
 from settle._runtime.calls import Call
@@ -184,3 +184,31 @@ def test_two_versions_of_the_library_serve_side_by_side(
         _settle_once(settler, "op2")
     old.close()
     raw.close()
+
+
+def _fill(raw: redis.Redis) -> None:
+    for i in range(10_000):
+        try:
+            raw.set(f"filler:{i}", "x" * 4096)
+        except redis.exceptions.OutOfMemoryError:
+            return
+    raise AssertionError("maxmemory was never reached")
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_full_server_still_answers_reads_and_refuses_writes(binary: str) -> None:
+    """``maxmemory`` reached under ``noeviction``: the read scripts (``no-writes`` functions)
+    keep answering as EVAL scripts do; a write is refused with a BackendError, nothing
+    written, on either path."""
+    args = ["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]
+    with EmbeddedRedis(binary=binary, extra_args=args) as server:
+        raw = redis.Redis.from_url(server.url)
+        with Settler.from_url(server.url, namespace="fn", shards=2) as settler:
+            _settle_once(settler, "op")
+            _fill(raw)
+            keys = raw.dbsize()
+            assert settler.get("op").state is State.COMPLETED
+            with pytest.raises(BackendError):
+                settler.reserve("new", REQ, principal=WHO)
+            assert raw.dbsize() == keys
+        raw.close()
