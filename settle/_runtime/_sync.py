@@ -361,21 +361,39 @@ class Runner:
         if self._durability.min_replicas and call.script in self._set.writing:
             return self._run_durable(call)
         if self._fcall:
-            function, n = self._set.function(call.script), len(call.keys)
             try:
-                return self.client.fcall(function, n, *call.keys, *call.args)
+                return self._fcall_once(call)
             except rx.ResponseError as exc:
                 if not _function_missing(exc):
                     raise
             # A restart without persistence, FUNCTION FLUSH, a new cluster node: load, again.
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)
             self._load_library(call)
-            return self.client.fcall(function, n, *call.keys, *call.args)
+            return self._fcall_once(call)
         try:
             return self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:  # a flushed or restarted server: load once, call again
             self.client.script_load(script.script)
             return self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+
+    def _fcall_once(self, call: Call) -> Any:
+        function, n = self._set.function(call.script), len(call.keys)
+        if not isinstance(self.client, RedisCluster):
+            return self.client.fcall(function, n, *call.keys, *call.args)
+        # redis-py finds an FCALL's slot by asking a node (COMMAND GETKEYS) on every call: a
+        # second round trip, to a node that may be the dead one after a failover. The key is
+        # known: send it to the node of its slot (redis-py still follows MOVED and ASK).
+        if self._stale_topology:
+            self.client.nodes_manager.initialize()
+            self._stale_topology = False
+        node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+        try:
+            return self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                "FCALL", function, n, *call.keys, *call.args, target_nodes=node
+            )
+        except (rx.ConnectionError, rx.TimeoutError):
+            self._stale_topology = True  # the next try reads the topology again
+            raise
 
     def _run_durable(self, call: Call) -> Any:
         # The script and WAIT must share one connection: WAIT counts that connection's

@@ -24,7 +24,14 @@ from settle._runtime.topology import has_functions
 # The progress tests' two servers (stream, progress) and names.
 from tests.progress.conftest import names, progress_server, stream_client, stream_server
 
-__all__ = ["Telemetry", "names", "script_operation", "progress_server", "stream_client", "stream_server"]
+__all__ = [
+    "Telemetry",
+    "names",
+    "progress_server",
+    "script_operation",
+    "stream_client",
+    "stream_server",
+]
 
 _EXPORTER = InMemorySpanExporter()
 _READER = InMemoryMetricReader()
