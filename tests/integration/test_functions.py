@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from settle import BackendError, Settler, State, Verdict
 from settle._core.scripts import SCRIPTS
@@ -212,3 +213,28 @@ def test_a_full_server_still_answers_reads_and_refuses_writes(binary: str) -> No
                 settler.reserve("new", REQ, principal=WHO)
             assert raw.dbsize() == keys
         raw.close()
+
+
+def test_a_user_without_function_load_keeps_evalsha(server: EmbeddedRedis) -> None:
+    """An ACL that refuses FUNCTION (managed Redis often does) is no outage: settle logs
+    ``settle.backend.functions_refused`` once and runs its scripts by EVALSHA."""
+    raw = redis.Redis.from_url(server.url)
+    functions = _has_functions(raw)
+    raw.acl_setuser(
+        "app",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        commands=["+@all", "-function"] if functions else ["+@all"],
+        channels=["*"],
+    )
+    raw.config_resetstat()
+    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
+    with capture_logs() as logs, Settler.from_url(url, namespace="fn", shards=2) as settler:
+        _settle_once(settler, "op")
+    refused = [e for e in logs if e["event"] == "settle.backend.functions_refused"]
+    assert len(refused) == (1 if functions else 0)
+    calls = _calls(raw)
+    assert calls.get("evalsha", 0) > 0
+    assert "fcall" not in calls
+    raw.close()
