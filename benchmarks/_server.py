@@ -33,7 +33,18 @@ __all__ = [
 #: Commands the benchmark sends to read and reset the counters, and the handshake redis-py
 #: sends once per new connection (HELLO, CLIENT SETINFO): never counted as an operation's.
 ADMIN_COMMANDS = frozenset(
-    {"config", "info", "monitor", "ping", "echo", "flushall", "script", "hello", "client"}
+    {
+        "config",
+        "info",
+        "monitor",
+        "ping",
+        "echo",
+        "flushall",
+        "script",
+        "function",
+        "hello",
+        "client",
+    }
 )
 
 

@@ -43,6 +43,8 @@ SCRIPTS = ScriptSet(
             # settler started while its replica is down.
         }
     ),
+    #: Scripts that never write (``no-writes`` functions on Redis 7+ and Valkey).
+    read_only=frozenset({"get", "attempts", "quarantine_read"}),
 )
 SCRIPT_NAMES = SCRIPTS.names
 WRITING_SCRIPTS = SCRIPTS.writing

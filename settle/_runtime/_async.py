@@ -3,8 +3,10 @@ client, standalone or Redis Cluster. Hand-written; ``_sync.py`` is generated fro
 ``scripts/unasync.py`` (a test fails when the two drift apart).
 
 Every part (the core, ``settle.cursor``, ``settle.progress``) talks to Redis through one
-:class:`AsyncRunner`, so EVALSHA with a NOSCRIPT fallback, the retries of transient failures,
-``WAIT`` for ``min_replicas``, cluster routing and the start-up checks exist once.
+:class:`AsyncRunner`, so the script calls (FCALL of the part's FUNCTION library on Redis 7+
+and Valkey, EVALSHA on 6.2, each reloading what a flushed or restarted server lost), the
+retries of transient failures, ``WAIT`` for ``min_replicas``, cluster routing and the
+start-up checks exist once.
 """
 
 from __future__ import annotations
@@ -180,8 +182,10 @@ class AsyncConnectable:
 
 
 class AsyncRunner:
-    """Holds one registered script object per script of ``scripts`` for the client's
-    connection pool, and runs calls on it.
+    """Runs the calls of one part's ``scripts``: as FCALL of the set's FUNCTION library when
+    :meth:`prepare` finds Redis 7+ or Valkey (the library is loaded there, and again on a
+    node that answers "Function not found"), else as EVALSHA of one registered script object
+    per script (loaded again on NOSCRIPT).
 
     Each script call is tried up to ``settle._runtime.transient.ATTEMPTS`` times with the
     same KEYS and ARGV when the connection drops or times out: every settle script is safe to
@@ -194,6 +198,8 @@ class AsyncRunner:
         self._set = scripts
         self._durability = durability
         self._ready = False
+        #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
+        self._fcall = False
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -222,6 +228,8 @@ class AsyncRunner:
         try:
             info: dict[str, Any] = await AsyncRetrying(**retry_options(None))(self._server_info)
             topology.check_server(info)
+            if topology.has_functions(info):
+                self._fcall = await AsyncRetrying(**retry_options(None))(self._load_everywhere)
             policies: dict[str, str | None] = await AsyncRetrying(**retry_options(None))(
                 self._eviction_policies
             )
@@ -235,6 +243,53 @@ class AsyncRunner:
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
         self._ready = True
         return info
+
+    async def _load_everywhere(self) -> bool:
+        """Load the library on the server (each primary of a cluster); False when the server
+        refuses FUNCTION (an ACL without it, a renamed command): the runner keeps EVALSHA."""
+        try:
+            if isinstance(self.client, RedisCluster):
+                for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                    await self._load_library(node=node)
+            else:
+                await self._load_library()
+        except rx.ResponseError as exc:
+            text = str(exc)
+            if not isinstance(exc, rx.NoPermissionError) and "unknown" not in text.lower():
+                raise
+            logger.warning(
+                "settle.backend.functions_refused",
+                library=self._set.library_name,
+                error=text.split("\n", 1)[0],
+            )
+            return False
+        return True
+
+    async def _load_library(
+        self, call: Call | None = None, *, node: Any = None, client: Redis | None = None
+    ) -> None:
+        """``FUNCTION LOAD`` the library, never REPLACE (its name carries its content's
+        hash: "already exists" is the same library): on ``client``, on a cluster's ``node``
+        or the node that serves ``call``'s key, else on the server."""
+        library = self._set.library
+        try:
+            if client is not None:
+                await client.function_load(library)
+            elif isinstance(self.client, RedisCluster):
+                if node is None and call is not None and call.keys:
+                    node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+                if node is None:
+                    for primary in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                        await self._load_library(node=primary)
+                    return
+                await self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                    "FUNCTION", "LOAD", library, target_nodes=node
+                )
+            else:
+                await self.client.function_load(library)
+        except rx.ResponseError as exc:
+            if "already exists" not in str(exc):
+                raise
 
     async def _eviction_policies(self) -> dict[str, str | None]:
         """Each primary's ``maxmemory_policy`` from ``INFO memory`` (CONFIG GET is often
@@ -287,7 +342,7 @@ class AsyncRunner:
         """Run one script call; its raw reply (the part decodes it)."""
         if not self._ready:
             await self.prepare()
-        with telemetry().redis(self.client, "EVALSHA", call):
+        with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:
                     return await self._run_once(call)
@@ -304,16 +359,46 @@ class AsyncRunner:
         script = self._scripts[call.script]
         if self._durability.min_replicas and call.script in self._set.writing:
             return await self._run_durable(call)
+        if self._fcall:
+            try:
+                return await self._fcall_once(call)
+            except rx.ResponseError as exc:
+                if not _function_missing(exc):
+                    raise
+            # A restart without persistence, FUNCTION FLUSH, a new cluster node: load, again.
+            logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+            await self._load_library(call)
+            return await self._fcall_once(call)
         try:
             return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:  # a flushed or restarted server: load once, call again
             await self.client.script_load(script.script)
             return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
 
+    async def _fcall_once(self, call: Call) -> Any:
+        function, n = self._set.function(call.script), len(call.keys)
+        if not isinstance(self.client, RedisCluster):
+            return await self.client.fcall(function, n, *call.keys, *call.args)
+        # redis-py finds an FCALL's slot by asking a node (COMMAND GETKEYS) on every call: a
+        # second round trip, to a node that may be the dead one after a failover. The key is
+        # known: send it to the node of its slot (redis-py still follows MOVED and ASK).
+        if self._stale_topology:
+            await self.client.nodes_manager.initialize()
+            self._stale_topology = False
+        node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+        try:
+            return await self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                "FCALL", function, n, *call.keys, *call.args, target_nodes=node
+            )
+        except (rx.ConnectionError, rx.TimeoutError):
+            self._stale_topology = True  # the next try reads the topology again
+            raise
+
     async def _run_durable(self, call: Call) -> Any:
-        # EVALSHA and WAIT must share one connection: WAIT counts that connection's writes.
-        # On a cluster it is a connection to the node that serves the call's slot.
+        # The script and WAIT must share one connection: WAIT counts that connection's
+        # writes. On a cluster it is a connection to the node that serves the call's slot.
         script = self._scripts[call.script]
+        function = self._set.function(call.script)
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
         for _ in range(3):
             if self._stale_topology and isinstance(self.client, RedisCluster):
@@ -322,7 +407,10 @@ class AsyncRunner:
             node = self._node_for(call)
             try:
                 async with node.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+                    if self._fcall:
+                        pipe.fcall(function, len(call.keys), *call.keys, *call.args)
+                    else:
+                        pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
                     pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
                     reply, acks = await pipe.execute(raise_on_error=False)
             except (rx.ConnectionError, rx.TimeoutError):
@@ -330,6 +418,10 @@ class AsyncRunner:
                 raise
             if isinstance(reply, NoScriptError):
                 await node.script_load(script.script)
+                continue
+            if _function_missing(reply):
+                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                await self._load_library(client=node)
                 continue
             if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
                 assert isinstance(self.client, RedisCluster)
@@ -357,7 +449,7 @@ class AsyncRunner:
                 )
             return reply
         raise BackendError(
-            f"{call.script}: the server kept losing its script cache or moving the slot; "
+            f"{call.script}: the server kept losing its scripts or moving the slot; "
             "the outcome is uncertain, read the record back",
             operation_id=call.operation_id,
         )
@@ -406,6 +498,16 @@ class AsyncRunner:
                 raise backend_error(exc, first) from exc
 
     async def _pipeline(self, calls: list[Call]) -> list[Any]:
+        if self._fcall:
+            replies = await self._fcall_pipeline(calls)
+            if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
+                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                await self._load_library()
+                replies = await self._fcall_pipeline(calls)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
         async with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 await self._scripts[call.script](
@@ -414,6 +516,12 @@ class AsyncRunner:
                     client=pipe,  # type: ignore[arg-type,unused-ignore]  # redis-py queues it on the pipeline
                 )
             return list(await pipe.execute())
+
+    async def _fcall_pipeline(self, calls: list[Call]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.fcall(self._set.function(call.script), len(call.keys), *call.keys, *call.args)
+            return list(await pipe.execute(raise_on_error=False))
 
     # -- plain commands --------------------------------------------------------------------
 
@@ -447,6 +555,12 @@ class AsyncRunner:
         manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
         for sentinel in getattr(manager, "sentinels", ()):
             await sentinel.aclose()
+
+
+def _function_missing(reply: object) -> bool:
+    """The server does not hold the library (restarted without persistence, FUNCTION FLUSH,
+    a cluster node that never had it): redis-py raises a bare ResponseError for it."""
+    return isinstance(reply, rx.ResponseError) and str(reply).startswith("Function not found")
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

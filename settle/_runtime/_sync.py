@@ -4,8 +4,10 @@ client, standalone or Redis Cluster. Generated from ``_async.py`` by
 ``scripts/unasync.py``: edit the async code and regenerate, never this.
 
 Every part (the core, ``settle.cursor``, ``settle.progress``) talks to Redis through one
-:class:`Runner`, so EVALSHA with a NOSCRIPT fallback, the retries of transient failures,
-``WAIT`` for ``min_replicas``, cluster routing and the start-up checks exist once.
+:class:`Runner`, so the script calls (FCALL of the part's FUNCTION library on Redis 7+
+and Valkey, EVALSHA on 6.2, each reloading what a flushed or restarted server lost), the
+retries of transient failures, ``WAIT`` for ``min_replicas``, cluster routing and the
+start-up checks exist once.
 """
 
 from __future__ import annotations
@@ -181,8 +183,10 @@ class Connectable:
 
 
 class Runner:
-    """Holds one registered script object per script of ``scripts`` for the client's
-    connection pool, and runs calls on it.
+    """Runs the calls of one part's ``scripts``: as FCALL of the set's FUNCTION library when
+    :meth:`prepare` finds Redis 7+ or Valkey (the library is loaded there, and again on a
+    node that answers "Function not found"), else as EVALSHA of one registered script object
+    per script (loaded again on NOSCRIPT).
 
     Each script call is tried up to ``settle._runtime.transient.ATTEMPTS`` times with the
     same KEYS and ARGV when the connection drops or times out: every settle script is safe to
@@ -195,6 +199,8 @@ class Runner:
         self._set = scripts
         self._durability = durability
         self._ready = False
+        #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
+        self._fcall = False
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -223,6 +229,8 @@ class Runner:
         try:
             info: dict[str, Any] = Retrying(**retry_options(None))(self._server_info)
             topology.check_server(info)
+            if topology.has_functions(info):
+                self._fcall = Retrying(**retry_options(None))(self._load_everywhere)
             policies: dict[str, str | None] = Retrying(**retry_options(None))(
                 self._eviction_policies
             )
@@ -236,6 +244,53 @@ class Runner:
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
         self._ready = True
         return info
+
+    def _load_everywhere(self) -> bool:
+        """Load the library on the server (each primary of a cluster); False when the server
+        refuses FUNCTION (an ACL without it, a renamed command): the runner keeps EVALSHA."""
+        try:
+            if isinstance(self.client, RedisCluster):
+                for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                    self._load_library(node=node)
+            else:
+                self._load_library()
+        except rx.ResponseError as exc:
+            text = str(exc)
+            if not isinstance(exc, rx.NoPermissionError) and "unknown" not in text.lower():
+                raise
+            logger.warning(
+                "settle.backend.functions_refused",
+                library=self._set.library_name,
+                error=text.split("\n", 1)[0],
+            )
+            return False
+        return True
+
+    def _load_library(
+        self, call: Call | None = None, *, node: Any = None, client: Redis | None = None
+    ) -> None:
+        """``FUNCTION LOAD`` the library, never REPLACE (its name carries its content's
+        hash: "already exists" is the same library): on ``client``, on a cluster's ``node``
+        or the node that serves ``call``'s key, else on the server."""
+        library = self._set.library
+        try:
+            if client is not None:
+                client.function_load(library)
+            elif isinstance(self.client, RedisCluster):
+                if node is None and call is not None and call.keys:
+                    node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+                if node is None:
+                    for primary in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                        self._load_library(node=primary)
+                    return
+                self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                    "FUNCTION", "LOAD", library, target_nodes=node
+                )
+            else:
+                self.client.function_load(library)
+        except rx.ResponseError as exc:
+            if "already exists" not in str(exc):
+                raise
 
     def _eviction_policies(self) -> dict[str, str | None]:
         """Each primary's ``maxmemory_policy`` from ``INFO memory`` (CONFIG GET is often
@@ -288,7 +343,7 @@ class Runner:
         """Run one script call; its raw reply (the part decodes it)."""
         if not self._ready:
             self.prepare()
-        with telemetry().redis(self.client, "EVALSHA", call):
+        with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:
                     return self._run_once(call)
@@ -305,16 +360,46 @@ class Runner:
         script = self._scripts[call.script]
         if self._durability.min_replicas and call.script in self._set.writing:
             return self._run_durable(call)
+        if self._fcall:
+            try:
+                return self._fcall_once(call)
+            except rx.ResponseError as exc:
+                if not _function_missing(exc):
+                    raise
+            # A restart without persistence, FUNCTION FLUSH, a new cluster node: load, again.
+            logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+            self._load_library(call)
+            return self._fcall_once(call)
         try:
             return self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:  # a flushed or restarted server: load once, call again
             self.client.script_load(script.script)
             return self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
 
+    def _fcall_once(self, call: Call) -> Any:
+        function, n = self._set.function(call.script), len(call.keys)
+        if not isinstance(self.client, RedisCluster):
+            return self.client.fcall(function, n, *call.keys, *call.args)
+        # redis-py finds an FCALL's slot by asking a node (COMMAND GETKEYS) on every call: a
+        # second round trip, to a node that may be the dead one after a failover. The key is
+        # known: send it to the node of its slot (redis-py still follows MOVED and ASK).
+        if self._stale_topology:
+            self.client.nodes_manager.initialize()
+            self._stale_topology = False
+        node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+        try:
+            return self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                "FCALL", function, n, *call.keys, *call.args, target_nodes=node
+            )
+        except (rx.ConnectionError, rx.TimeoutError):
+            self._stale_topology = True  # the next try reads the topology again
+            raise
+
     def _run_durable(self, call: Call) -> Any:
-        # EVALSHA and WAIT must share one connection: WAIT counts that connection's writes.
-        # On a cluster it is a connection to the node that serves the call's slot.
+        # The script and WAIT must share one connection: WAIT counts that connection's
+        # writes. On a cluster it is a connection to the node that serves the call's slot.
         script = self._scripts[call.script]
+        function = self._set.function(call.script)
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
         for _ in range(3):
             if self._stale_topology and isinstance(self.client, RedisCluster):
@@ -323,7 +408,10 @@ class Runner:
             node = self._node_for(call)
             try:
                 with node.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+                    if self._fcall:
+                        pipe.fcall(function, len(call.keys), *call.keys, *call.args)
+                    else:
+                        pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
                     pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
                     reply, acks = pipe.execute(raise_on_error=False)
             except (rx.ConnectionError, rx.TimeoutError):
@@ -331,6 +419,10 @@ class Runner:
                 raise
             if isinstance(reply, NoScriptError):
                 node.script_load(script.script)
+                continue
+            if _function_missing(reply):
+                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                self._load_library(client=node)
                 continue
             if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
                 assert isinstance(self.client, RedisCluster)
@@ -358,7 +450,7 @@ class Runner:
                 )
             return reply
         raise BackendError(
-            f"{call.script}: the server kept losing its script cache or moving the slot; "
+            f"{call.script}: the server kept losing its scripts or moving the slot; "
             "the outcome is uncertain, read the record back",
             operation_id=call.operation_id,
         )
@@ -407,6 +499,16 @@ class Runner:
                 raise backend_error(exc, first) from exc
 
     def _pipeline(self, calls: list[Call]) -> list[Any]:
+        if self._fcall:
+            replies = self._fcall_pipeline(calls)
+            if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
+                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                self._load_library()
+                replies = self._fcall_pipeline(calls)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 self._scripts[call.script](
@@ -415,6 +517,12 @@ class Runner:
                     client=pipe,  # type: ignore[arg-type,unused-ignore]  # redis-py queues it on the pipeline
                 )
             return list(pipe.execute())
+
+    def _fcall_pipeline(self, calls: list[Call]) -> list[Any]:
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.fcall(self._set.function(call.script), len(call.keys), *call.keys, *call.args)
+            return list(pipe.execute(raise_on_error=False))
 
     # -- plain commands --------------------------------------------------------------------
 
@@ -448,6 +556,12 @@ class Runner:
         manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
         for sentinel in getattr(manager, "sentinels", ()):
             sentinel.close()
+
+
+def _function_missing(reply: object) -> bool:
+    """The server does not hold the library (restarted without persistence, FUNCTION FLUSH,
+    a cluster node that never had it): redis-py raises a bare ResponseError for it."""
+    return isinstance(reply, rx.ResponseError) and str(reply).startswith("Function not found")
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

@@ -1,14 +1,29 @@
 """A part's Lua scripts, assembled once: ``prelude.lua`` (this package's helpers every part
 needs), then the part's own libraries, then the script's file. Redis has no ``require``;
-this is it."""
+this is it.
+
+Two shapes come out of one set of files (SPEC 4):
+
+* :meth:`ScriptSet.source`: one EVAL script per script name (Redis 6.2 runs these by
+  EVALSHA); the prelude and the libraries run again on every call.
+* :attr:`ScriptSet.library`: one FUNCTION library for Redis 7+ and Valkey, loaded once; the
+  prelude and each group of part libraries are defined once at load, and each script body
+  becomes one registered function. Its name and every function name carry a hash of the
+  library's text, so two settle versions on one server (a rolling deploy) never replace each
+  other's functions.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 
 __all__ = ["ScriptSet"]
+
+#: Stands for ``settle_<hash>`` in the library's text until its hash is known.
+_PREFIX = "@@settle@@"
 
 
 def _read(package: str, name: str) -> str:
@@ -18,27 +33,83 @@ def _read(package: str, name: str) -> str:
 @dataclass(frozen=True)
 class ScriptSet:
     """``scripts`` maps each script name to the part libraries it is built on (in order);
-    ``writing`` names the scripts that may write (followed by WAIT with ``min_replicas``)."""
+    ``writing`` names the scripts that may write (followed by WAIT with ``min_replicas``);
+    ``read_only`` names the scripts that never write at all (registered with the
+    ``no-writes`` flag as functions, so they also run on a full server, as EVAL scripts do)."""
 
     package: str
     scripts: Mapping[str, tuple[str, ...]]
     writing: frozenset[str]
+    read_only: frozenset[str] = frozenset()
     sources: dict[str, str] = field(init=False, repr=False, compare=False)
+    library: str = field(init=False, repr=False, compare=False)
+    library_name: str = field(init=False, repr=False, compare=False)
+    functions: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        unknown = self.writing - set(self.scripts)
+        unknown = (self.writing | self.read_only) - set(self.scripts)
         if unknown:
-            raise ValueError(f"writing scripts that are not in the set: {sorted(unknown)}")
+            raise ValueError(f"scripts that are not in the set: {sorted(unknown)}")
+        if self.writing & self.read_only:
+            raise ValueError(f"scripts both writing and read-only: {self.writing & self.read_only}")
         prelude = _read("settle._runtime", "prelude")
-        built = {}
-        for name, libs in self.scripts.items():
-            parts = [
-                prelude,
-                *(_read(self.package, lib) for lib in libs),
-                _read(self.package, name),
-            ]
-            built[name] = "\n".join(parts)
+        libs = {lib: _read(self.package, lib) for deps in self.scripts.values() for lib in deps}
+        bodies = {name: _read(self.package, name) for name in self.scripts}
+        built = {
+            name: "\n".join([prelude, *(libs[lib] for lib in deps), bodies[name]])
+            for name, deps in self.scripts.items()
+        }
         object.__setattr__(self, "sources", built)
+        template = self._library_template(prelude, libs, bodies)
+        prefix = "settle_" + hashlib.sha1(template.encode(), usedforsecurity=False).hexdigest()[:8]
+        part = self.part
+        object.__setattr__(self, "library", template.replace(_PREFIX, prefix))
+        object.__setattr__(self, "library_name", prefix)
+        object.__setattr__(
+            self, "functions", {name: f"{prefix}_{part}_{name}" for name in self.scripts}
+        )
+
+    def _library_template(
+        self, prelude: str, libs: Mapping[str, str], bodies: Mapping[str, str]
+    ) -> str:
+        """The library with :data:`_PREFIX` for its name. A script body reads the globals
+        KEYS and ARGV and ends in a top-level ``return``: it becomes the body of its
+        function's callback, which first points the chunk's ``KEYS`` / ``ARGV`` locals at
+        the call's (part libraries read them too; a function may not set globals, and the
+        server runs one call at a time). Scripts on the same part libraries share one
+        ``do ... end`` block that defines those libraries once."""
+        part = self.part
+        out = [
+            f"#!lua name={_PREFIX}",
+            f"-- settle's {self.package} scripts as one FUNCTION library, assembled by",
+            "-- settle._runtime.scripts from the files of that package (do not edit here).",
+            "local KEYS, ARGV",
+            prelude,
+        ]
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for name, deps in self.scripts.items():
+            groups.setdefault(deps, []).append(name)
+        for deps, names in groups.items():
+            out.append("do")
+            out.extend(libs[lib] for lib in deps)
+            for name in names:
+                flags = ", flags = {'no-writes'}" if name in self.read_only else ""
+                out += [
+                    "redis.register_function{",
+                    f"  function_name = '{_PREFIX}_{part}_{name}',",
+                    "  callback = function(keys, args)",
+                    "KEYS, ARGV = keys, args",
+                    bodies[name],
+                    f"end{flags}}}",
+                ]
+            out.append("end")
+        return "\n".join(out) + "\n"
+
+    @property
+    def part(self) -> str:
+        """The part's short name in function names: core, cursor, progress."""
+        last = self.package.rsplit(".", 1)[-1]
+        return "core" if last == "settle" else last
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -49,3 +120,7 @@ class ScriptSet:
 
     def source(self, name: str) -> str:
         return self.sources[name]
+
+    def function(self, name: str) -> str:
+        """The registered function name of script ``name`` in :attr:`library`."""
+        return self.functions[name]

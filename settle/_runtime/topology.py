@@ -16,6 +16,7 @@ __all__ = [
     "MIN_SERVER_VERSION",
     "check_cluster",
     "check_server",
+    "has_functions",
     "is_cluster_mode",
     "missing_slot_ranges",
     "oldest_node_info",
@@ -25,6 +26,8 @@ __all__ = [
 
 HASH_SLOTS = 16384
 MIN_SERVER_VERSION = (6, 2, 0)
+#: FUNCTION libraries: Redis 7.0 and every Valkey (which reports ``redis_version`` 7.2.4).
+FUNCTIONS_SINCE = (7, 0, 0)
 
 
 def parse_server_version(info: Mapping[str, Any]) -> tuple[int, ...]:
@@ -42,6 +45,12 @@ def check_server(info: Mapping[str, Any]) -> None:
             f"settle needs Redis 6.2 or newer (or Valkey); the server reports "
             f"{'.'.join(map(str, version))}. Upgrade the server."
         )
+
+
+def has_functions(info: Mapping[str, Any]) -> bool:
+    """Whether the server (the oldest node of a cluster) runs FUNCTION libraries (SPEC 4:
+    Redis 7+ and Valkey do; 6.2 keeps EVALSHA)."""
+    return parse_server_version(info) >= FUNCTIONS_SINCE
 
 
 def parse_seed_nodes(

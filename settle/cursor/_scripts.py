@@ -15,4 +15,5 @@ SCRIPTS = ScriptSet(
         ("init", "load", "witness", "outcome", "promote", "reset", "witnesses", "receipts"), _LIB
     ),
     writing=frozenset({"init", "witness", "outcome", "promote", "reset"}),
+    read_only=frozenset({"load", "witnesses", "receipts"}),
 )

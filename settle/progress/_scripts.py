@@ -19,6 +19,7 @@ PROGRESS = ScriptSet(
         "receipts": (),
     },
     writing=frozenset(_WRITERS),
+    read_only=frozenset({"read", "scopes", "receipts"}),
 )
 STREAM = ScriptSet(
     "settle.progress",

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from settle import AsyncSettler, DurabilityError, Reserved, Settler, State, Verdict
 from settle._core.keys import Keys
+from settle._runtime.topology import has_functions
 from tests.cluster.cluster_support import SLOTS, LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults]
@@ -92,6 +93,8 @@ def test_async_min_replicas_on_a_cluster_and_a_flushed_script_cache(
         for i in range(2):
             with replicated.client(i) as c:
                 c.script_flush()
+                if has_functions(c.info("server")):  # Redis 7+, Valkey: FCALL
+                    c.function_flush()
         for op, r in rs.items():
             assert isinstance(r, Reserved)
             assert (await a.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED

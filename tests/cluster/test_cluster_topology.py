@@ -28,6 +28,7 @@ from settle import (
 )
 from settle._core.engine import Core
 from settle._core.keys import shard_of
+from settle._core.scripts import SCRIPTS
 from settle._runtime import topology
 from settle.errors import InvalidInput
 from tests.cluster.cluster_support import LocalCluster
@@ -235,6 +236,8 @@ def test_script_cache_lost_on_nodes_is_reloaded_transparently(
         for i in range(len(cluster.nodes)) if where == "all" else [1]:
             with cluster.client(i) as c:
                 c.script_flush()
+                if topology.has_functions(c.info("server")):  # Redis 7+, Valkey: FCALL
+                    c.function_flush()
 
     if flavour == "sync":
         s = Settler.from_url(cluster.url, namespace=namespace, shards=SHARDS)
@@ -402,3 +405,26 @@ def test_cluster_clients_get_socket_timeouts(cluster: LocalCluster, flavour: str
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (30.0, 5.0)
     custom = cls.from_cluster(seeds, namespace="timeouts", client_options={"socket_timeout": 2})
     assert custom._runner.client.nodes_manager.connection_kwargs["socket_timeout"] == 2
+
+
+def test_every_primary_holds_the_library_and_runs_fcall_on_redis_7(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """Redis 7+ and Valkey: the library is loaded on every primary at start-up and every
+    script call is an FCALL; Redis 6.2: EVALSHA, no library."""
+    for i in range(cluster.primaries):
+        with cluster.client(i) as c:
+            c.config_resetstat()
+    with Settler.from_url(cluster.url, namespace=namespace, shards=SHARDS) as s:
+        for op in _one_op_per_shard().values():
+            s.reserve(op, REQ, principal=WHO)
+        for i in range(cluster.primaries):
+            with cluster.client(i) as c:
+                calls = {k.removeprefix("cmdstat_") for k in c.info("commandstats")}
+                if not topology.has_functions(c.info("server")):
+                    assert "evalsha" in calls
+                    continue
+                assert "fcall" in calls
+                assert "evalsha" not in calls
+                names = [lib[1] for lib in c.function_list(library="settle_*")]
+                assert SCRIPTS.library_name.encode() in names

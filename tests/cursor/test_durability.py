@@ -46,7 +46,7 @@ from tests.faults.servers import (
     frozen,
     proxy_to,
     replica_of,
-    script_sha,
+    script_needle,
     sync_client,
     wait_replicas,
 )
@@ -310,7 +310,7 @@ async def test_a_cut_write_is_repeated_and_the_step_ends_as_without_the_cut(
     p = provider.provider
     async with shell(flavour, proxy.port, provider, sink, namespace=namespace) as s:
         first = p.token(0).encode()
-        proxy.cut(script_sha(SCRIPTS, script), at)  # type: ignore[arg-type]
+        proxy.cut(script_needle(SCRIPTS, script), at)  # type: ignore[arg-type]
         with capture_logs() as logs:
             start = await s.store.start(STREAM, first)
             result = await s.consumer.step()
@@ -348,7 +348,7 @@ async def test_a_server_that_stays_unreachable_is_a_backend_error_after_the_retr
     async with shell(flavour, proxy.port, provider, sink, namespace=namespace) as s:
         await s.store.start(STREAM, p.token(0).encode())
         if how == "every-try-cut":
-            proxy.cut(script_sha(SCRIPTS, "witness"), "after_request", times=ATTEMPTS)
+            proxy.cut(script_needle(SCRIPTS, "witness"), "after_request", times=ATTEMPTS)
         else:
             proxy.close()  # refused from now on
         with capture_logs() as logs, pytest.raises(BackendError) as info:
@@ -388,7 +388,7 @@ async def test_a_cut_on_the_durable_path_is_repeated_and_acknowledged(
     try:
         async with shell(flavour, proxy.port, provider, sink, **durable(namespace)) as s:
             await s.store.start(STREAM, provider.provider.token(0).encode())
-            proxy.cut(script_sha(SCRIPTS, "promote"), "after_request")
+            proxy.cut(script_needle(SCRIPTS, "promote"), "after_request")
             with capture_logs() as logs:
                 result = await s.consumer.step()
             assert proxy.fired == ["after_request"]

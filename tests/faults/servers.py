@@ -35,6 +35,7 @@ __all__ = [
     "proxy_to",
     "replica",
     "replica_of",
+    "script_needle",
     "script_sha",
     "sync_client",
     "wait_replicas",
@@ -108,6 +109,13 @@ def frozen(server: EmbeddedRedis) -> Iterator[None]:
 def script_sha(scripts: ScriptSet, name: str) -> str:
     """The SHA a runner sends in ``EVALSHA`` for ``name`` (a proxy cut's needle)."""
     return hashlib.sha1(scripts.source(name).encode()).hexdigest()
+
+
+def script_needle(scripts: ScriptSet, name: str) -> tuple[str, str]:
+    """What a runner sends to call ``name``: the SHA in ``EVALSHA`` (Redis 6.2) or the
+    function's name in ``FCALL`` (Redis 7+, Valkey) as one RESP argument (the library's text
+    in ``FUNCTION LOAD`` holds the name too, inside a line); a proxy cut matches either."""
+    return script_sha(scripts, name), f"\r\n{scripts.function(name)}\r\n"
 
 
 def proxy_to(server_url: str, *sets: ScriptSet) -> FaultyProxy:

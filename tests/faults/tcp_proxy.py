@@ -27,7 +27,7 @@ Point = Literal["before_request", "after_request", "mid_reply", "stall"]
 
 @dataclass
 class _Fault:
-    needle: bytes
+    needles: tuple[bytes, ...]
     at: Point
     times: int
 
@@ -71,8 +71,11 @@ class FaultyProxy:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 
-    def cut(self, needle: bytes | str, at: Point, times: int = 1) -> None:
-        raw = needle.encode() if isinstance(needle, str) else needle
+    def cut(self, needle: bytes | str | tuple[bytes | str, ...], at: Point, times: int = 1) -> None:
+        """Arm a fault for requests holding ``needle`` (any one of a tuple of needles: a
+        script call is EVALSHA of its SHA or FCALL of its function name)."""
+        alternatives = needle if isinstance(needle, tuple) else (needle,)
+        raw = tuple(n.encode() if isinstance(n, str) else n for n in alternatives)
         with self._lock:
             self._faults.append(_Fault(raw, at, times))
 
@@ -99,7 +102,7 @@ class FaultyProxy:
     def _take(self, chunk: bytes) -> Point | None:
         with self._lock:
             for fault in self._faults:
-                if fault.needle in chunk:
+                if any(needle in chunk for needle in fault.needles):
                     fault.times -= 1
                     if fault.times == 0:
                         self._faults.remove(fault)

@@ -17,9 +17,10 @@ import redis
 from structlog.testing import capture_logs
 
 from settle import BackendError, QuarantineKind, Reserved, Settler, State, Verdict
-from settle._core.scripts import source
+from settle._core.scripts import SCRIPTS, source
 from settle._runtime.transient import ATTEMPTS
 from settle.models import StoredFailure
+from tests.faults.servers import script_needle
 from tests.faults.tcp_proxy import FaultyProxy
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
@@ -31,6 +32,11 @@ RESULT = {"charge": "ch_1", "amount": 1000}
 
 def sha(script: str) -> str:
     return hashlib.sha1(source(script).encode()).hexdigest()
+
+
+def needle(script: str) -> tuple[str, str]:
+    """A proxy cut's needle for ``script`` on either path (EVALSHA or FCALL)."""
+    return script_needle(SCRIPTS, script)
 
 
 def _retries(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,7 +56,7 @@ async def test_a_settlement_whose_reply_was_lost_is_absorbed_not_applied_twice(
     payload = (
         RESULT if action == "complete" else StoredFailure(error_type="CardDeclined", message="no")
     )
-    proxy.cut(sha(action), at)  # type: ignore[arg-type]
+    proxy.cut(needle(action), at)  # type: ignore[arg-type]
     with capture_logs() as logs:
         settlement = await getattr(api, action)(r, payload)
     assert proxy.fired == [at]
@@ -76,7 +82,7 @@ async def test_a_request_cut_before_it_reached_the_server_runs_once_on_the_repea
     api: Any, proxy: FaultyProxy, action: str
 ) -> None:
     r = (await api.reserve("op", REQ, principal=WHO)).reservation
-    proxy.cut(sha(action), "before_request")
+    proxy.cut(needle(action), "before_request")
     if action == "complete":
         settlement = await api.complete(r, RESULT)
     elif action == "fail":
@@ -93,7 +99,7 @@ async def test_a_request_cut_before_it_reached_the_server_runs_once_on_the_repea
 async def test_a_reserve_whose_reply_was_lost_gets_its_own_reservation_back(
     api: Any, proxy: FaultyProxy, at: str
 ) -> None:
-    proxy.cut(sha("reserve"), at)  # type: ignore[arg-type]
+    proxy.cut(needle("reserve"), at)  # type: ignore[arg-type]
     reserved = await api.reserve("op", REQ, principal=WHO, attempt_id="attempt-1")
     assert proxy.fired == [at]
     assert isinstance(reserved, Reserved)
@@ -114,7 +120,7 @@ async def test_a_repeated_mark_provisional_keeps_the_record_provisional(
     api: Any, proxy: FaultyProxy
 ) -> None:
     r = (await api.reserve("op", REQ, principal=WHO)).reservation
-    proxy.cut(sha("mark_provisional"), "after_request")
+    proxy.cut(needle("mark_provisional"), "after_request")
     settlement = await api.mark_provisional(r, reason="timeout")
     assert proxy.fired == ["after_request"]
     # Today the repeat is ACCEPTED again (a provisional record takes the reason again);
@@ -133,7 +139,7 @@ async def test_a_repeated_mark_provisional_with_expected_version_is_not_a_confli
     api: Any, proxy: FaultyProxy
 ) -> None:
     r = (await api.reserve("op", REQ, principal=WHO)).reservation
-    proxy.cut(sha("mark_provisional"), "after_request")
+    proxy.cut(needle("mark_provisional"), "after_request")
     settlement = await api.mark_provisional(r, reason="timeout", expected_version=1)
     assert proxy.fired == ["after_request"]
     assert settlement.verdict is not Verdict.QUARANTINED
@@ -146,7 +152,7 @@ async def test_a_quarantined_settlement_repeated_is_still_only_quarantined(
     old = (await api.reserve("op", REQ, principal=WHO)).reservation
     await api.mark_provisional(old, reason="timeout")
     new = (await api.reserve("op", REQ, principal=WHO)).reservation
-    proxy.cut(sha("complete"), "after_request")
+    proxy.cut(needle("complete"), "after_request")
     late = await api.complete(old, {"late": True})
     assert proxy.fired == ["after_request"]
     assert (late.verdict, late.kind) == (Verdict.QUARANTINED, QuarantineKind.STALE_GENERATION)
@@ -162,7 +168,7 @@ async def test_quarantine_reads_are_repeated_after_a_cut(api: Any, proxy: Faulty
         r = (await api.reserve(f"op-{i}", REQ, principal=WHO)).reservation
         await api.complete(r, RESULT)
         await api.complete(r, {"other": i})  # conflicting: quarantined
-    proxy.cut(sha("quarantine_read"), "after_request")
+    proxy.cut(needle("quarantine_read"), "after_request")
     entries = await api.quarantine.list()
     assert proxy.fired == ["after_request"]
     assert sorted(e.operation_id for e in entries) == ["op-0", "op-1", "op-2"]
@@ -172,7 +178,7 @@ async def test_when_every_try_is_cut_the_error_is_typed_and_the_call_stays_repea
     api: Any, proxy: FaultyProxy
 ) -> None:
     r = (await api.reserve("op", REQ, principal=WHO)).reservation
-    proxy.cut(sha("complete"), "after_request", times=ATTEMPTS)
+    proxy.cut(needle("complete"), "after_request", times=ATTEMPTS)
     with capture_logs() as logs, pytest.raises(BackendError) as info:
         await api.complete(r, RESULT)
     assert proxy.fired == ["after_request"] * ATTEMPTS

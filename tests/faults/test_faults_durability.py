@@ -22,11 +22,12 @@ from settle import (
     State,
     Verdict,
 )
+from settle._runtime.topology import has_functions
 from settle.embedded import EmbeddedRedis
 from tests.faults.servers import replica_of as _replica_of
 from tests.faults.servers import wait_replicas as _wait_replicas
 from tests.faults.tcp_proxy import FaultyProxy
-from tests.faults.test_faults_ambiguous import sha
+from tests.faults.test_faults_ambiguous import needle, sha
 
 pytestmark = [pytest.mark.faults]
 
@@ -203,6 +204,8 @@ def test_a_restarted_server_with_an_empty_script_cache_is_used_transparently(
         with redis.Redis.from_url(server.url) as raw:
             # What the client faces: nothing is cached.
             assert raw.script_exists(sha("reserve"), sha("complete")) == [False, False]
+            if has_functions(raw.info("server")):
+                assert raw.function_list() == []
         r = s.reserve("after", REQ, principal=WHO)
         assert isinstance(r, Reserved)
         assert s.complete(r.reservation, RESULT).verdict is Verdict.ACCEPTED
@@ -217,7 +220,7 @@ def test_the_out_of_the_box_client_recovers_from_a_lost_reply(
     """``Settler.from_url`` keeps redis-py's default retries: the outcome is the same."""
     s = Settler.from_url(proxy.url, namespace=namespace, shards=4)
     r = s.reserve("op", REQ, principal=WHO).reservation
-    proxy.cut(sha("complete"), "after_request")
+    proxy.cut(needle("complete"), "after_request")
     started = time.perf_counter()
     settlement = s.complete(r, RESULT)
     figures["complete with its reply lost, then repeated"] = (

@@ -213,9 +213,12 @@ class DropReplyProxy:
     been sent and answered, SIGKILLs the worker instead of passing the reply on: the ack ran
     on the server, the worker never learned it."""
 
-    def __init__(self, upstream_port: int, delivery: str, script_sha: str) -> None:
+    def __init__(self, upstream_port: int, delivery: str, script: tuple[str, ...]) -> None:
+        """``script``: what a call of the settlement script holds, either of them (its SHA
+        in EVALSHA, its function name in FCALL)."""
         self.upstream_port = upstream_port
-        self.needle = (script_sha.encode(), delivery.encode())
+        self.script = tuple(s.encode() for s in script)
+        self.delivery = delivery.encode()
         self.victim: int | None = None
         self.fired = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -240,7 +243,11 @@ class DropReplyProxy:
     def _up(self, client: socket.socket, upstream: socket.socket, armed: threading.Event) -> None:
         try:
             while data := client.recv(65536):
-                if not self.fired.is_set() and all(n in data for n in self.needle):
+                if (
+                    not self.fired.is_set()
+                    and self.delivery in data
+                    and any(s in data for s in self.script)
+                ):
                     armed.set()
                 upstream.sendall(data)
         except OSError:
@@ -249,7 +256,7 @@ class DropReplyProxy:
     def _down(self, upstream: socket.socket, client: socket.socket, armed: threading.Event) -> None:
         try:
             while data := upstream.recv(65536):
-                if armed.is_set() and not data.startswith(b"-NOSCRIPT"):
+                if armed.is_set() and not data.startswith((b"-NOSCRIPT", b"-ERR Function")):
                     self.fired.set()
                     if self.victim is not None:
                         os.kill(self.victim, signal.SIGKILL)

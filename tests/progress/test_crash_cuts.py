@@ -7,14 +7,13 @@ acknowledged before durable progress covers it (checked right after the kill, an
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import redis
 
 from settle.embedded import EmbeddedRedis
 from settle.progress import DeliveryId, ProgressStore
 from settle.progress._scripts import STREAM
+from tests.faults.servers import script_needle
 from tests.progress.harness import (
     DropReplyProxy,
     Names,
@@ -128,8 +127,7 @@ def test_cut_after_ack_sent_before_its_reply(
     names, stream_server, progress_server, stream_client, progress_client
 ):
     ids = publish(stream_client, names, EMISSIONS)
-    sha = hashlib.sha1(STREAM.source("stream_settle").encode()).hexdigest()
-    proxy = DropReplyProxy(stream_server.port, ids[2], sha)
+    proxy = DropReplyProxy(stream_server.port, ids[2], script_needle(STREAM, "stream_settle"))
     try:
         w = Worker(names, proxy.url, progress_server.url, worker="w1")
         proxy.victim = w.proc.pid

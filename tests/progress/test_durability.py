@@ -46,7 +46,7 @@ from tests.faults.servers import (
     frozen,
     proxy_to,
     replica_of,
-    script_sha,
+    script_needle,
     sync_client,
     wait_replicas,
 )
@@ -427,7 +427,7 @@ async def test_a_cut_write_is_repeated_and_the_poll_ends_as_without_the_cut(
 ) -> None:
     scripts, proxy = (STREAM, stream_proxy) if script in STREAM else (PROGRESS, progress_proxy)
     async with shell(flavour, stream_proxy.port, progress_proxy.port, names) as s:
-        proxy.cut(script_sha(scripts, script), at)  # type: ignore[arg-type]
+        proxy.cut(script_needle(scripts, script), at)  # type: ignore[arg-type]
         with capture_logs() as logs:
             scope = await s.consumer.start()
             ids = publish(stream_client, names, ["e1", "e2", "e3"])
@@ -470,7 +470,7 @@ async def test_a_server_that_stays_unreachable_is_a_backend_error_after_the_retr
         await s.consumer.start()
         [delivery] = publish(stream_client, names, ["e1"])
         if how == "every-try-cut":
-            progress_proxy.cut(script_sha(PROGRESS, "record"), "after_request", times=ATTEMPTS)
+            progress_proxy.cut(script_needle(PROGRESS, "record"), "after_request", times=ATTEMPTS)
         else:
             (progress_proxy if how == "progress-gone" else stream_proxy).close()
         with capture_logs() as logs, pytest.raises(BackendError) as info:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import redis
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -18,10 +19,19 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from settle._runtime.topology import has_functions
+
 # The progress tests' two servers (stream, progress) and names.
 from tests.progress.conftest import names, progress_server, stream_client, stream_server
 
-__all__ = ["Telemetry", "names", "progress_server", "stream_client", "stream_server"]
+__all__ = [
+    "Telemetry",
+    "names",
+    "progress_server",
+    "script_operation",
+    "stream_client",
+    "stream_server",
+]
 
 _EXPORTER = InMemorySpanExporter()
 _READER = InMemoryMetricReader()
@@ -42,6 +52,13 @@ def _install() -> None:
 
 
 _install()
+
+
+def script_operation(port: int) -> str:
+    """The command settle runs its scripts with on the server at ``port``: FCALL of its
+    FUNCTION library on Redis 7+ and Valkey, EVALSHA on Redis 6.2."""
+    with redis.Redis(port=port) as client:
+        return "FCALL" if has_functions(client.info("server")) else "EVALSHA"
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 
 from settle import Settler
 from tests.cluster.cluster_support import LocalCluster
-from tests.telemetry.conftest import Telemetry
+from tests.telemetry.conftest import Telemetry, script_operation
 
 pytestmark = pytest.mark.cluster
 
@@ -29,10 +29,11 @@ def test_redis_spans_name_the_node_of_the_slot(
         r = settler.reserve(f"op-{n}", {"n": n}, principal="tenant:a")
         settler.complete(r.reservation, {"ok": n})
     ports = {node.port for node in cluster.nodes}
+    script = script_operation(cluster.nodes[0].port)
     seen = set()
     for span in otel.spans():
         a = span.attributes or {}
-        if a.get("db.operation.name") != "EVALSHA":
+        if a.get("db.operation.name") != script:
             continue
         assert a["server.address"] == "127.0.0.1"
         assert a["server.port"] in ports

@@ -15,7 +15,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from settle import AsyncSettler, BackendError, BindingMismatch, FingerprintMismatch, Settler
 from settle.cursor import CursorStore
-from tests.telemetry.conftest import Telemetry
+from tests.telemetry.conftest import Telemetry, script_operation
 
 SECRET = "4242424242424242"
 PRINCIPAL = "tenant:acme/user:42"
@@ -30,6 +30,7 @@ def _no_secrets(otel: Telemetry) -> None:
 
 
 def _check(otel: Telemetry, ns: str, port: int) -> None:
+    script = script_operation(port)
     reserves = otel.spans("settle.reserve")
     outcomes = [s.attributes["settle.outcome"] for s in reserves]
     assert outcomes == [
@@ -57,8 +58,8 @@ def _check(otel: Telemetry, ns: str, port: int) -> None:
         for call in redis_calls:
             a = call.attributes
             assert a["db.system.name"] == "redis"
-            if a["db.operation.name"] == "EVALSHA":
-                assert call.name == f"EVALSHA {a['db.stored_procedure.name']}"
+            if a["db.operation.name"] == script:
+                assert call.name == f"{script} {a['db.stored_procedure.name']}"
             else:
                 assert call.name == a["db.operation.name"] == "PIPELINE"
             assert a["server.address"] == "127.0.0.1"

