@@ -130,18 +130,32 @@ class CursorMachine(RuleBasedStateMachine):
 
     @rule()
     def truncated_retry(self) -> None:
-        """A retry of a cursor whose response is witnessed and pending (a crash cut it
-        short) is answered by a lagging replica: the page without its last event and a
-        successor at the head. (A first response is trusted to end where its successor
-        points: only a retry can be checked, see docs/cursor-checkpoints.md.)"""
+        """A retry of a cursor whose response is witnessed and pending with an event still
+        owed (a crash cut it short before that event's receipt) is answered by a lagging
+        replica: the page without its last event and a successor at the head.
+
+        Only then can a short page be told from a full one: a first response is trusted to
+        end where its successor points, and so is a retry of a response whose events all
+        have receipts (a ``held`` answer that brought nothing new): a successor is opaque,
+        and the pending response owes nothing the retry could be checked against (see
+        docs/cursor-checkpoints.md, "Every witnessed event is owed")."""
         ck = self.store.checkpoint(self.stream)
         assert ck is not None
-        pending = [
+        received = {
+            (r.event_id, r.position, r.digest)
+            for r in self.store.receipts(self.stream, after=ck.boundary, limit=1000)
+        }
+        owing = [
             w
             for w in self.store.witnesses(self.stream, limit=100)
-            if w.generation == ck.generation and w.disposition.value == "pending" and w.events
+            if w.generation == ck.generation
+            and w.disposition.value == "pending"
+            and any(
+                e.position > ck.boundary and (e.id, e.position, e.digest) not in received
+                for e in w.events
+            )
         ]
-        if pending:
+        if owing:
             self.suspect = True
             self.provider.faults.clear()
             self.provider.faults.append("short")
