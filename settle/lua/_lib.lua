@@ -2,12 +2,28 @@
 -- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, int, reply) and then this file
 -- to each script body when it loads them; it is never run on its own.
 --
--- A record is a HASH with the fields:
---   op fp fpv bind gen ver state n created updated   (always)
+-- A record and its attempt log are ONE packed STRING at the record key (docs/concepts.md,
+-- "The record in Redis"; settle/_core/layout.py is the same format in Python):
+--   MAGIC, then the record's tokens (or one absent token when only the log is left):
+--     fp fpv bind gen ver state n created updated lease aid reason result rdig rexp
+--   (updated is stored relative to created; lease and rexp, the record's own expiry in
+--   ms, relative to updated), then lexp (the log's expiry, relative to its last entry's
+--   time) and the attempt log's entries, six tokens each: aid gen action verdict detail at
+--   (aid and gen absent when equal to the previous entry's, the first entry's previous
+--   being the record's aid, gen and created; at relative to the previous entry's).
+-- A token is a LEB128 header h and its bytes: h = 0 absent, 4i word i of WORDS, 4n+1 n
+-- bytes of text, 4n+2 / 4n+3 a lowercase hex string of 2n / 2n-1 digits packed into n
+-- bytes (digests, attempt ids and the integers, which are all hex digits). The key expires
+-- with the later of its two parts; a part whose own expiry has passed reads as absent.
+-- As the scripts see it, a record has the fields:
+--   op fp fpv bind gen ver state n created updated   (always; op is read from the key)
 --   lease aid                                         (pending: lease end in ms, attempt id)
 --   reason                                            (provisional)
 --   result rdig                                       (completed / failed: bytes, digest)
--- The attempt log is a LIST of 'aid|gen|action|verdict|detail|at' strings, oldest first.
+-- and the attempt log is a list of 'aid|gen|action|verdict|detail|at' strings, oldest first.
+-- A record written by settle before this layout (a HASH, its attempt log a LIST at the
+-- ':log:' key the writing scripts still name) is read as it is and rewritten packed by the
+-- next write, which deletes the old list.
 -- Each shard has a state HASH that never expires: gen (the last generation issued there) and
 -- shards (the namespace's shard count the shard was claimed for).
 -- Every writing script is called with that key as its LAST key and (shard count, claim flag)
@@ -21,49 +37,231 @@ local FIELDS = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created'
   'lease', 'aid', 'reason', 'result', 'rdig'}
 local REQUIRED = 10  -- the first ten are always present
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
+local MAGIC = '\1'
+-- The words stored as one byte; append only (layout.py WORDS is the same list).
+local WORDS = {'pending', 'provisional', 'completed', 'failed', 'reserve', 'complete', 'fail',
+  'mark_provisional', 'reserved', 'accepted', 'absorbed', 'quarantined', 'new',
+  'lease_expired', 'resumed', 'unknown_operation', 'misbound', 'stale_generation',
+  'version_conflict', 'conflicting_settlement'}
 
--- Returns (record table, positional list); (nil, nil) when missing; (false, nil) when the
--- key holds something that is not a settle record (another type, or fields missing).
-local function load_record(key)
-  local row = redis.pcall('HMGET', key, unpack(FIELDS))
-  if row['err'] then return false, nil end
-  if not row[1] then
-    if redis.call('EXISTS', key) == 1 then return false, nil end
-    return nil, nil
+local function varint(n)
+  local out = {}
+  while n >= 128 do
+    out[#out + 1] = string.char(n % 128 + 128)
+    n = math.floor(n / 128)
   end
-  local rec = {}
-  for i = 1, #FIELDS do
-    if row[i] then rec[FIELDS[i]] = row[i] elseif i <= REQUIRED then return false, nil end
-  end
-  if not STATES[rec.state] or tonumber(rec.gen) == nil or tonumber(rec.ver) == nil then
-    return false, nil
-  end
-  if rec.state == 'pending' and tonumber(rec.lease or '') == nil then return false, nil end
-  return rec, row
+  out[#out + 1] = string.char(n)
+  return table.concat(out)
 end
 
--- Write field/value pairs to the record hash, its table and its positional row; a value of
--- false deletes the field. Returns the row (what the record now holds, in FIELDS order).
-local function write(key, rec, row, pairs_)
+local function hexbyte(h) return string.char(tonumber(h, 16)) end
+
+-- One value as a token; plain values (the result) are never packed.
+local function tok(v, words, plain)
+  if v == nil or v == false then return '\0' end
+  if not plain then
+    local w = words[v]
+    if w then return varint(w * 4) end
+    if #v > 0 and not string.find(v, '[^0-9a-f]') then
+      local odd = #v % 2
+      if odd == 1 then v = '0' .. v end
+      return varint(#v / 2 * 4 + 2 + odd) .. (string.gsub(v, '..', hexbyte))
+    end
+  end
+  return varint(#v * 4 + 1) .. v
+end
+
+-- The token at pos: (value or nil, next pos). Raises on a malformed value.
+local function untok(s, pos)
+  local h, mul, b = 0, 1, 0
+  repeat
+    b = string.byte(s, pos)
+    if b == nil then error('truncated') end
+    pos = pos + 1
+    h = h + (b % 128) * mul
+    mul = mul * 128
+  until b < 128
+  if h == 0 then return nil, pos end
+  local kind, n = h % 4, math.floor(h / 4)
+  if kind == 0 then return assert(WORDS[n], 'word'), pos end
+  local raw = string.sub(s, pos, pos + n - 1)
+  if #raw ~= n then error('truncated') end
+  pos = pos + n
+  if kind == 1 then return raw, pos end
+  local hex = string.format(string.rep('%02x', n), string.byte(raw, 1, n))
+  if kind == 3 then hex = string.sub(hex, 2) end
+  return hex, pos
+end
+
+-- Integers stored relative to another field: rel() reads, delta() writes.
+local function rel(v, base)
+  if v == nil then return nil end
+  return int(assert(tonumber(base)) + assert(tonumber(v)))
+end
+
+local function delta(v, base)
+  if v == nil or v == false then return nil end
+  return int(tonumber(v) - tonumber(base))
+end
+
+local PACKED = {'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated', 'lease',
+  'aid', 'reason', 'result', 'rdig'}
+
+local function split(entry)
+  local parts, from = {}, 1
+  for _ = 1, 5 do
+    local at = string.find(entry, '|', from, true)
+    if not at then return nil end
+    parts[#parts + 1] = string.sub(entry, from, at - 1)
+    from = at + 1
+  end
+  parts[6] = string.sub(entry, from)
+  return parts
+end
+
+-- Decode a packed value into st: st.stored (the record as stored, live or not), st.rexp,
+-- st.log and st.lexp (absolute ms). Raises on anything malformed.
+local function unpack_value(st, blob)
+  if string.sub(blob, 1, 1) ~= MAGIC then error('magic') end
+  local v, pos = untok(blob, 2)
+  local rec = nil
+  if v ~= nil then
+    rec = {fp = v}
+    for i = 2, #PACKED do rec[PACKED[i]], pos = untok(blob, pos) end
+    rec.updated = rel(rec.updated, rec.created)
+    rec.lease = rel(rec.lease, rec.updated)
+    v, pos = untok(blob, pos)
+    if v ~= nil then st.rexp = tonumber(rel(v, rec.updated)) end
+  end
+  local lexp
+  lexp, pos = untok(blob, pos)
+  local aid, gen, at = '', '', '0'
+  if rec then aid, gen, at = rec.aid or '', rec.gen, rec.created end
+  local log = {}
+  while pos <= #blob do
+    local e = {}
+    for i = 1, 6 do e[i], pos = untok(blob, pos) end
+    aid, gen, at = e[1] or aid, e[2] or gen, rel(e[6], at)
+    log[#log + 1] = table.concat({aid, gen, e[3] or '', e[4] or '', e[5] or '', at}, '|')
+  end
+  st.stored, st.log = rec, log
+  if lexp ~= nil then st.lexp = tonumber(rel(lexp, at)) end
+end
+
+local function valid(rec)
+  for i = 2, REQUIRED do
+    if rec[FIELDS[i]] == nil then return false end
+  end
+  if not STATES[rec.state] or tonumber(rec.gen) == nil or tonumber(rec.ver) == nil then
+    return false
+  end
+  return rec.state ~= 'pending' or tonumber(rec.lease or '') ~= nil
+end
+
+-- A record in the layout before this one: a HASH, and its attempt log a LIST at log_key.
+local function load_legacy(st, now)
+  local row = redis.call('HMGET', st.key, unpack(FIELDS))
+  local rec = {}
+  for i = 1, #FIELDS do rec[FIELDS[i]] = row[i] or nil end
+  if not row[1] or not valid(rec) then return false end
+  st.legacy = true
+  local ttl = redis.call('PTTL', st.key)
+  if ttl >= 0 then st.rexp = now + ttl end
+  st.log = {}
+  if st.log_key then
+    st.log = redis.call('LRANGE', st.log_key, 0, -1)
+    ttl = redis.call('PTTL', st.log_key)
+    if ttl >= 0 then st.lexp = now + ttl end
+  end
+  return rec
+end
+
+-- Returns (record table, positional row, st); (nil, nil, st) when there is no live record;
+-- (false) when the key holds something that is not a settle value (another type, a string
+-- of another format, fields missing). st carries the attempt log (st.log) and what save()
+-- needs; log_key is the previous layout's attempt log (nil for readers of the record only).
+local function load_record(key, log_key, now)
+  local st = {key = key, log_key = log_key, log = {}}
+  local blob = redis.pcall('GET', key)
+  local rec
+  if type(blob) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return false end
+    rec = load_legacy(st, now)
+    if not rec then return false end
+  elseif blob then
+    if not pcall(unpack_value, st, blob) then return false end
+    rec = st.stored
+    if rec then
+      if not valid(rec) then return false end
+      rec.op = string.sub(key, string.find(key, '}:op:', 1, true) + 5)
+      if st.rexp and st.rexp <= now then rec = nil end
+    end
+    if st.lexp and st.lexp <= now then st.log, st.lexp = {}, nil end
+  end
+  st.rec = rec
+  if not rec then return nil, nil, st end
+  local row = {}
+  for i = 1, #FIELDS do row[i] = rec[FIELDS[i]] or false end
+  return rec, row, st
+end
+
+-- Write field/value pairs to the record's table and its positional row (save() stores
+-- them); a value of false deletes the field. Returns the row (what the record now holds, in
+-- FIELDS order).
+local function write(st, rec, row, pairs_)
   local INDEX = {}  -- built only by the scripts that write
   for i, f in ipairs(FIELDS) do INDEX[f] = i end
-  local set, del = {}, {}
   for i = 1, #pairs_, 2 do
     local f, v = pairs_[i], pairs_[i + 1]
-    if v == false then
-      if rec[f] ~= nil then table.insert(del, f) end
-      rec[f] = nil
-    else
-      table.insert(set, f); table.insert(set, v)
-      rec[f] = v
-    end
+    if v == false then rec[f] = nil else rec[f] = v end
     row[INDEX[f]] = v
   end
-  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-  redis.call('HSET', key, unpack(set))
+  st.rec = rec
   return row
 end
 
+-- Store st (its live record and attempt log) as one packed value that expires with the
+-- later of the two; a value written before this layout leaves with its old attempt log.
+local function save(st, now)
+  local words = {}
+  for i, w in ipairs(WORDS) do words[w] = i end
+  local out, rec = {MAGIC}, st.rec
+  local aid, gen, at = '', '', '0'
+  local expires = 0
+  if rec then
+    local stored = {}
+    for i, f in ipairs(PACKED) do stored[i] = rec[f] end
+    stored[9] = delta(rec.updated, rec.created)
+    stored[10] = delta(rec.lease, rec.updated)
+    for i, f in ipairs(PACKED) do out[#out + 1] = tok(stored[i], words, f == 'result') end
+    out[#out + 1] = tok(delta(st.rexp, rec.updated), words)
+    aid, gen, at = rec.aid or '', rec.gen, rec.created
+    expires = st.rexp or 0
+  else
+    out[#out + 1] = '\0'
+  end
+  local log = st.log
+  if #log > 0 then
+    out[#out + 1] = tok(delta(st.lexp, split(log[#log])[6]), words)
+    expires = math.max(expires, st.lexp)
+  else
+    out[#out + 1] = '\0'
+  end
+  for _, entry in ipairs(log) do
+    local e = split(entry)
+    out[#out + 1] = e[1] == aid and '\0' or tok(e[1], words)
+    out[#out + 1] = e[2] == gen and '\0' or tok(e[2], words)
+    for i = 3, 5 do out[#out + 1] = tok(e[i], words) end
+    out[#out + 1] = tok(delta(e[6], at), words)
+    aid, gen, at = e[1], e[2], e[6]
+  end
+  if rec and not st.rexp then
+    redis.call('SET', st.key, table.concat(out))
+  else
+    redis.call('SET', st.key, table.concat(out), 'PX', int(expires - now))
+  end
+  if st.legacy and st.log_key then redis.call('DEL', st.log_key) end
+end
 -- A pending record whose lease has passed reads as provisional (lease_expired).
 local function effective_state(rec, now)
   -- rule: L1
@@ -77,15 +275,19 @@ local function is_terminal(state)
   return state == 'completed' or state == 'failed'
 end
 
--- Append one observation to the operation's capped attempt log. The log expires with the
--- record: ttl is the record's remaining time to live when the caller knows it, else nil.
-local function observe(log_key, record_key, cap, retention, ttl, aid, gen, action, verdict, detail, now)
-  local n = redis.call('RPUSH', log_key,
-    table.concat({aid, gen, action, verdict, detail, int(now)}, '|'))
-  if n > tonumber(cap) then redis.call('LTRIM', log_key, -tonumber(cap), -1) end
-  if ttl == nil then ttl = redis.call('PTTL', record_key) end
+-- Append one observation to the operation's capped attempt log (save() stores it). The log
+-- expires with the record: ttl is the record's remaining time to live when the caller knows
+-- it, else nil (then the record's own: -2 when there is none).
+local function observe(st, cap, retention, ttl, aid, gen, action, verdict, detail, now)
+  local log = st.log
+  log[#log + 1] = table.concat({aid, gen, action, verdict, detail, int(now)}, '|')
+  while #log > tonumber(cap) do table.remove(log, 1) end
+  if ttl == nil then
+    ttl = -2
+    if st.rec then ttl = st.rexp and st.rexp - now or -1 end
+  end
   if ttl < retention then ttl = retention end
-  redis.call('PEXPIRE', log_key, ttl)
+  st.lexp = now + ttl
 end
 
 -- The shard-count guard (SPEC 4), run before any write. A shard's state carries the shard
