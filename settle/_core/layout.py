@@ -148,8 +148,9 @@ def _delta(value: bytes | int | None, base: bytes | None) -> bytes | None:
     return b"%d" % (int(value) - int(base))
 
 
-def unpack(blob: bytes) -> Packed:
-    """Decode a stored value (the Lua's ``unpack_value``). Raises ValueError."""
+def unpack(blob: bytes, log: bool = True) -> Packed:
+    """Decode a stored value (the Lua's ``unpack_value`` then ``decode_log``; without
+    ``log``, its attempt log is not read). Raises ValueError."""
     if blob[:1] != MAGIC:
         raise ValueError("not a packed settle value")
     value, pos = untoken(blob, 1)
@@ -166,11 +167,15 @@ def unpack(blob: bytes) -> Packed:
             record_expires = int(_rel(value, fields[b"updated"]) or b"")
         rec = {k: v for k, v in fields.items() if v is not None}
     lexp, pos = untoken(blob, pos)
+    base = rec.get(b"created") if rec is not None else b"0"
+    log_expires = int(_rel(lexp, base) or b"") if lexp is not None else None
+    if not log:  # the record alone (the Lua's load_record with lazy: no decode_log)
+        return Packed(rec, record_expires, [], log_expires)
     aid, gen = b"", b""
     at: bytes | None = b"0"
     if rec is not None:
         aid, gen, at = rec.get(b"aid", b""), rec.get(b"gen", b""), rec.get(b"created")
-    log = []
+    entries = []
     while pos < len(blob):
         e: list[bytes | None] = []
         for _ in range(6):
@@ -179,16 +184,16 @@ def unpack(blob: bytes) -> Packed:
         aid = e[0] if e[0] is not None else aid
         gen = e[1] if e[1] is not None else gen
         at = _rel(e[5], at)
-        log.append(b"|".join([aid, gen, e[2] or b"", e[3] or b"", e[4] or b"", at or b""]))
-    log_expires = int(_rel(lexp, at) or b"") if lexp is not None else None
-    return Packed(rec, record_expires, log, log_expires)
+        entries.append(b"|".join([aid, gen, e[2] or b"", e[3] or b"", e[4] or b"", at or b""]))
+    return Packed(rec, record_expires, entries, log_expires)
 
 
 def pack(p: Packed) -> bytes:
     """Encode a value (the Lua's ``save``): ``updated`` relative to ``created``, ``lease``
     and the record's expiry to ``updated``; in the log, ``aid`` and ``gen`` absent when equal
     to the previous entry's (the first one's previous: the record's aid, gen and created),
-    ``at`` relative to the previous entry's, the log's expiry to its last entry's ``at``."""
+    ``at`` relative to the previous entry's, the log's expiry to the record's ``created``
+    (absolute when there is no record)."""
     out = [MAGIC]
     rec = p.record
     aid, gen, at = b"", b"", b"0"
@@ -202,7 +207,7 @@ def pack(p: Packed) -> bytes:
     else:
         out.append(_ABSENT)
     if p.log:
-        out.append(token(_delta(p.log_expires, p.log[-1].split(b"|", 5)[5])))
+        out.append(token(_delta(p.log_expires, rec.get(b"created") if rec is not None else b"0")))
     else:
         out.append(_ABSENT)
     for entry in p.log:

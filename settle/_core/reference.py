@@ -253,8 +253,9 @@ class Stored:
 
     key: str
     log_key: str | None
-    log: list[bytes] = field(default_factory=list)
+    log: list[bytes] | None = field(default_factory=list)  # None: not decoded yet
     rec: dict[bytes, bytes] | None = None
+    blob: bytes = b""
     rexp: int | None = None
     lexp: int | None = None
     legacy: bool = False
@@ -285,14 +286,31 @@ def load_legacy(ks: MemoryKeyspace, st: Stored, now: int) -> dict[bytes, bytes] 
     return rec
 
 
+def load_log(st: Stored) -> bool:
+    """Make st.log available: False when the packed log does not decode (nothing may be
+    written)."""
+    if st.log is None:
+        try:
+            st.log = layout.unpack(st.blob).log
+        except ValueError:
+            return False
+    return True
+
+
+def entries(st: Stored) -> list[bytes]:
+    """st.log of a caller that has loaded it."""
+    assert st.log is not None
+    return st.log
+
+
 def load_record(
-    ks: MemoryKeyspace, key: str, log_key: str | None, now: int
+    ks: MemoryKeyspace, key: str, log_key: str | None, now: int, lazy: bool = False
 ) -> tuple[dict[bytes, bytes] | bool | None, Stored]:
     """(the record's fields, st); the fields are None when there is no live record, False
     when the key holds something that is not a settle value (another type, a string of
     another format, fields missing). st carries the attempt log and what :func:`save` needs.
     The Lua also returns the positional row here; the scripts below build it with
-    :func:`_row` when they reply."""
+    :func:`_row` when they reply. With lazy, st.log is left None for :func:`load_log`."""
     st = Stored(key, log_key)
     kind = ks.type(key, now)
     rec: dict[bytes, bytes] | None = None
@@ -301,24 +319,22 @@ def load_record(
         if rec is None:
             return False, st
     elif kind == "string":
+        st.blob, st.log = ks.get(key, now) or b"", None
         try:
-            packed = layout.unpack(ks.get(key, now) or b"")
+            packed = layout.unpack(st.blob, log=False)
         except ValueError:
             return False, st
-        rec, st.rexp, st.log, st.lexp = (
-            packed.record,
-            packed.record_expires,
-            packed.log,
-            packed.log_expires,
-        )
+        rec, st.rexp, st.lexp = packed.record, packed.record_expires, packed.log_expires
+        if st.lexp is not None and st.lexp <= now:
+            st.log, st.lexp = [], None
+        elif not lazy and not load_log(st):
+            return False, st
         if rec is not None:
             if not valid(rec):
                 return False, st
             rec[b"op"] = key[key.index("}:op:") + 5 :].encode()
             if st.rexp is not None and st.rexp <= now:
                 rec = None
-        if st.lexp is not None and st.lexp <= now:
-            st.log, st.lexp = [], None
     elif kind != "none":
         return False, st
     st.rec = rec
@@ -340,9 +356,9 @@ def write(st: Stored, rec: dict[bytes, bytes], pairs: dict[str, Any]) -> None:
 def save(ks: MemoryKeyspace, st: Stored, now: int) -> None:
     """Store st (its live record and attempt log) as one packed value that expires with the
     later of the two; a value written before this layout leaves with its old attempt log."""
-    packed = layout.Packed(st.rec, st.rexp, st.log, st.lexp)
+    packed = layout.Packed(st.rec, st.rexp, entries(st), st.lexp)
     expires = (st.rexp or 0) if st.rec is not None else 0
-    if st.log:
+    if packed.log:
         assert st.lexp is not None
         expires = max(expires, st.lexp)
     if st.rec is not None and st.rexp is None:
@@ -380,8 +396,9 @@ def observe(
     """Append one observation to the operation's capped attempt log (:func:`save` stores it).
     The log expires with the record: ttl is the record's remaining time to live when the
     caller knows it, else None (then the record's own: -2 when there is none)."""
-    st.log.append(b"|".join(_b(v) for v in (aid, gen, action, verdict, detail, now)))
-    del st.log[: max(len(st.log) - int(cap), 0)]
+    log = entries(st)
+    log.append(b"|".join(_b(v) for v in (aid, gen, action, verdict, detail, now)))
+    del log[: max(len(log) - int(cap), 0)]
     if ttl is None:
         ttl = -2
         if st.rec is not None:
@@ -462,7 +479,7 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
-    rec, st = load_record(ks, keys[0], keys[1], now)
+    rec, st = load_record(ks, keys[0], keys[1], now, lazy=True)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     lease, retention = int(a[4]), int(a[5])
@@ -488,6 +505,8 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
             return [b"in_progress", b"", now, b"", _row(rec)]
         # rule: R7, R8
         detail = "lease_expired" if rec[b"state"] == b"pending" else "provisional"
+    if not load_log(st):
+        return [b"corrupt", b"", now, b"", []]
     gen = next_generation(ks, keys[2], now)
     if isinstance(rec, dict):
         write(
@@ -614,7 +633,7 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
     elif rec[b"fp"] != a[1] or rec[b"fpv"] != a[2] or rec[b"bind"] != a[3]:
         kind = "misbound"  # rule: S2
     elif rec[b"gen"] != a[4]:
-        if action == "mark_provisional" and observed(st.log, a[6], a[4], action):
+        if action == "mark_provisional" and observed(entries(st), a[6], a[4], action):
             # rule: S13
             # The repeat of an accepted mark_provisional whose reply was lost, arriving after
             # another attempt took over: it already counted, it is not a stale response.
@@ -747,7 +766,7 @@ def get(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[A
     """Read a record with the server's clock, so every reader sees the same effective state
     (an expired pending lease reads as provisional)."""
     del a
-    rec, _st = load_record(ks, keys[0], None, now)
+    rec, _st = load_record(ks, keys[0], None, now, lazy=True)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     if not isinstance(rec, dict):
@@ -762,7 +781,7 @@ def attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> l
     rec, st = load_record(ks, keys[0], keys[1], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
-    return [b"ok", b"", now, b"", st.log]
+    return [b"ok", b"", now, b"", entries(st)]
 
 
 def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:

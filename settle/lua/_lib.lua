@@ -7,8 +7,8 @@
 --   MAGIC, then the record's tokens (or one absent token when only the log is left):
 --     fp fpv bind gen ver state n created updated lease aid reason result rdig rexp
 --   (updated is stored relative to created; lease and rexp, the record's own expiry in
---   ms, relative to updated), then lexp (the log's expiry, relative to its last entry's
---   time) and the attempt log's entries, six tokens each: aid gen action verdict detail at
+--   ms, relative to updated), then lexp (the log's expiry, relative to the record's
+--   created, or absolute without a record) and the attempt log's entries, six tokens each: aid gen action verdict detail at
 --   (aid and gen absent when equal to the previous entry's, the first entry's previous
 --   being the record's aid, gen and created; at relative to the previous entry's).
 -- A token is a LEB128 header h and its bytes: h = 0 absent, 4i word i of WORDS, 4n+1 n
@@ -45,6 +45,7 @@ local WORDS = {'pending', 'provisional', 'completed', 'failed', 'reserve', 'comp
   'version_conflict', 'conflicting_settlement'}
 
 local function varint(n)
+  if n < 128 then return string.char(n) end
   local out = {}
   while n >= 128 do
     out[#out + 1] = string.char(n % 128 + 128)
@@ -54,18 +55,42 @@ local function varint(n)
   return table.concat(out)
 end
 
-local function hexbyte(h) return string.char(tonumber(h, 16)) end
+-- Hex digits <-> bytes, four bytes at a time with the struct library (a Lua loop per byte
+-- would cost several microseconds per digest). HEX[n] = {struct format, string.format
+-- format} for n bytes.
+local HEX = {}
+local function hexfmt(n)
+  local f = HEX[n]
+  if not f then
+    local q, r = math.floor(n / 4), n % 4
+    f = {'>' .. string.rep('I4', q), string.rep('%08x', q)}
+    if r > 0 then f = {f[1] .. 'I' .. r, f[2] .. '%0' .. (2 * r) .. 'x'} end
+    HEX[n] = f
+  end
+  return f
+end
+
+local function unhex(v)  -- an even number of lowercase hex digits
+  local nums = {}
+  for i = 1, #v, 8 do nums[#nums + 1] = tonumber(string.sub(v, i, i + 7), 16) end
+  return struct.pack(hexfmt(#v / 2)[1], unpack(nums))
+end
 
 -- One value as a token; plain values (the result) are never packed.
-local function tok(v, words, plain)
+local WORD = nil  -- word -> index, built by the first tok() of a call
+local function tok(v, plain)
   if v == nil or v == false then return '\0' end
   if not plain then
-    local w = words[v]
+    if not WORD then
+      WORD = {}
+      for i, w in ipairs(WORDS) do WORD[w] = i end
+    end
+    local w = WORD[v]
     if w then return varint(w * 4) end
     if #v > 0 and not string.find(v, '[^0-9a-f]') then
       local odd = #v % 2
       if odd == 1 then v = '0' .. v end
-      return varint(#v / 2 * 4 + 2 + odd) .. (string.gsub(v, '..', hexbyte))
+      return varint(#v / 2 * 4 + 2 + odd) .. unhex(v)
     end
   end
   return varint(#v * 4 + 1) .. v
@@ -73,22 +98,34 @@ end
 
 -- The token at pos: (value or nil, next pos). Raises on a malformed value.
 local function untok(s, pos)
-  local h, mul, b = 0, 1, 0
-  repeat
-    b = string.byte(s, pos)
-    if b == nil then error('truncated') end
-    pos = pos + 1
-    h = h + (b % 128) * mul
-    mul = mul * 128
-  until b < 128
+  local h = string.byte(s, pos)
+  if h == nil then error('truncated') end
+  pos = pos + 1
+  if h >= 128 then  -- a header of more than one byte (texts and hex of 32 bytes or more)
+    local mul, b = 128, h
+    h = h - 128
+    repeat
+      b = string.byte(s, pos)
+      if b == nil then error('truncated') end
+      pos = pos + 1
+      h = h + (b % 128) * mul
+      mul = mul * 128
+    until b < 128
+  end
   if h == 0 then return nil, pos end
-  local kind, n = h % 4, math.floor(h / 4)
-  if kind == 0 then return assert(WORDS[n], 'word'), pos end
+  local kind = h % 4
+  local n = (h - kind) / 4
+  if kind == 0 then
+    local w = WORDS[n]
+    if w == nil then error('word') end
+    return w, pos
+  end
   local raw = string.sub(s, pos, pos + n - 1)
   if #raw ~= n then error('truncated') end
   pos = pos + n
   if kind == 1 then return raw, pos end
-  local hex = string.format(string.rep('%02x', n), string.byte(raw, 1, n))
+  local f = hexfmt(n)
+  local hex = string.format(f[2], struct.unpack(f[1], raw))
   if kind == 3 then hex = string.sub(hex, 2) end
   return hex, pos
 end
@@ -106,6 +143,7 @@ end
 
 local PACKED = {'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated', 'lease',
   'aid', 'reason', 'result', 'rdig'}
+local RELATIVE = {updated = true, lease = true}
 
 local function split(entry)
   local parts, from = {}, 1
@@ -120,14 +158,23 @@ local function split(entry)
 end
 
 -- Decode a packed value into st: st.stored (the record as stored, live or not), st.rexp,
--- st.log and st.lexp (absolute ms). Raises on anything malformed.
+-- st.log and st.lexp (absolute ms), and the tokens as read (st.toks, st.vals: field ->
+-- token, value; st.etoks: an entry in its context -> its tokens), which save() writes back
+-- unchanged instead of encoding again. Raises on anything malformed.
 local function unpack_value(st, blob)
   if string.sub(blob, 1, 1) ~= MAGIC then error('magic') end
   local v, pos = untok(blob, 2)
   local rec = nil
+  st.etoks = {}
   if v ~= nil then
     rec = {fp = v}
-    for i = 2, #PACKED do rec[PACKED[i]], pos = untok(blob, pos) end
+    local toks, vals = {fp = string.sub(blob, 2, pos - 1)}, {fp = v}
+    for i = 2, #PACKED do
+      local f, from = PACKED[i], pos
+      rec[f], pos = untok(blob, pos)
+      toks[f], vals[f] = string.sub(blob, from, pos - 1), rec[f]
+    end
+    st.toks, st.vals = toks, vals
     rec.updated = rel(rec.updated, rec.created)
     rec.lease = rel(rec.lease, rec.updated)
     v, pos = untok(blob, pos)
@@ -135,17 +182,31 @@ local function unpack_value(st, blob)
   end
   local lexp
   lexp, pos = untok(blob, pos)
+  if lexp ~= nil then st.lexp = tonumber(rel(lexp, rec and rec.created or '0')) end
+  st.stored, st.blob, st.logpos = rec, blob, pos
+end
+
+-- Decode the attempt log of st's packed value (st.log), once; readers of the record alone
+-- never pay for it. Raises on anything malformed.
+local function decode_log(st)
+  local blob, pos, rec = st.blob, st.logpos, st.stored
   local aid, gen, at = '', '', '0'
   if rec then aid, gen, at = rec.aid or '', rec.gen, rec.created end
   local log = {}
   while pos <= #blob do
-    local e = {}
+    local e, from, context = {}, pos, table.concat({aid, gen, at}, '|')
     for i = 1, 6 do e[i], pos = untok(blob, pos) end
     aid, gen, at = e[1] or aid, e[2] or gen, rel(e[6], at)
     log[#log + 1] = table.concat({aid, gen, e[3] or '', e[4] or '', e[5] or '', at}, '|')
+    st.etoks[context .. '#' .. log[#log]] = string.sub(blob, from, pos - 1)
   end
-  st.stored, st.log = rec, log
-  if lexp ~= nil then st.lexp = tonumber(rel(lexp, at)) end
+  st.log = log
+end
+
+-- Make st.log available: false when the packed log does not decode (nothing may be written).
+local function load_log(st)
+  if st.log == nil and not pcall(decode_log, st) then return false end
+  return true
 end
 
 local function valid(rec)
@@ -180,7 +241,8 @@ end
 -- (false) when the key holds something that is not a settle value (another type, a string
 -- of another format, fields missing). st carries the attempt log (st.log) and what save()
 -- needs; log_key is the previous layout's attempt log (nil for readers of the record only).
-local function load_record(key, log_key, now)
+-- With lazy, st.log is left nil for load_log() to decode when the caller needs it.
+local function load_record(key, log_key, now, lazy)
   local st = {key = key, log_key = log_key, log = {}}
   local blob = redis.pcall('GET', key)
   local rec
@@ -189,14 +251,19 @@ local function load_record(key, log_key, now)
     rec = load_legacy(st, now)
     if not rec then return false end
   elseif blob then
+    st.log = nil
     if not pcall(unpack_value, st, blob) then return false end
+    if st.lexp and st.lexp <= now then
+      st.log, st.lexp = {}, nil
+    elseif not lazy and not load_log(st) then
+      return false
+    end
     rec = st.stored
     if rec then
       if not valid(rec) then return false end
       rec.op = string.sub(key, string.find(key, '}:op:', 1, true) + 5)
       if st.rexp and st.rexp <= now then rec = nil end
     end
-    if st.lexp and st.lexp <= now then st.log, st.lexp = {}, nil end
   end
   st.rec = rec
   if not rec then return nil, nil, st end
@@ -223,9 +290,8 @@ end
 -- Store st (its live record and attempt log) as one packed value that expires with the
 -- later of the two; a value written before this layout leaves with its old attempt log.
 local function save(st, now)
-  local words = {}
-  for i, w in ipairs(WORDS) do words[w] = i end
   local out, rec = {MAGIC}, st.rec
+  local toks, vals, etoks = st.toks or {}, st.vals or {}, st.etoks or {}
   local aid, gen, at = '', '', '0'
   local expires = 0
   if rec then
@@ -233,8 +299,15 @@ local function save(st, now)
     for i, f in ipairs(PACKED) do stored[i] = rec[f] end
     stored[9] = delta(rec.updated, rec.created)
     stored[10] = delta(rec.lease, rec.updated)
-    for i, f in ipairs(PACKED) do out[#out + 1] = tok(stored[i], words, f == 'result') end
-    out[#out + 1] = tok(delta(st.rexp, rec.updated), words)
+    for i, f in ipairs(PACKED) do
+      local v = stored[i]
+      if toks[f] and not RELATIVE[f] and vals[f] == v then
+        out[#out + 1] = toks[f]
+      else
+        out[#out + 1] = tok(v, f == 'result')
+      end
+    end
+    out[#out + 1] = tok(delta(st.rexp, rec.updated))
     aid, gen, at = rec.aid or '', rec.gen, rec.created
     expires = st.rexp or 0
   else
@@ -242,17 +315,22 @@ local function save(st, now)
   end
   local log = st.log
   if #log > 0 then
-    out[#out + 1] = tok(delta(st.lexp, split(log[#log])[6]), words)
+    out[#out + 1] = tok(delta(st.lexp, rec and rec.created or '0'))
     expires = math.max(expires, st.lexp)
   else
     out[#out + 1] = '\0'
   end
   for _, entry in ipairs(log) do
     local e = split(entry)
-    out[#out + 1] = e[1] == aid and '\0' or tok(e[1], words)
-    out[#out + 1] = e[2] == gen and '\0' or tok(e[2], words)
-    for i = 3, 5 do out[#out + 1] = tok(e[i], words) end
-    out[#out + 1] = tok(delta(e[6], at), words)
+    local known = etoks[table.concat({aid, gen, at}, '|') .. '#' .. entry]
+    if known then
+      out[#out + 1] = known
+    else
+      out[#out + 1] = e[1] == aid and '\0' or tok(e[1])
+      out[#out + 1] = e[2] == gen and '\0' or tok(e[2])
+      for i = 3, 5 do out[#out + 1] = tok(e[i]) end
+      out[#out + 1] = tok(delta(e[6], at))
+    end
     aid, gen, at = e[1], e[2], e[6]
   end
   if rec and not st.rexp then

@@ -3,7 +3,7 @@
 -- KEYS[1] record (packed, see _lib.lua)
 -- Returns {found | missing | corrupt, '', now, '', record}.
 local now = now_ms()
-local rec, row = load_record(KEYS[1], nil, now)
+local rec, row = load_record(KEYS[1], nil, now, true)
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'missing', '', now, '', {}} end
 return {'found', '', now, '', row}

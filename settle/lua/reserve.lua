@@ -11,7 +11,7 @@
 local refused = guard()
 if refused then return refused end
 local now, now_us = clock()
-local rec, row, st = load_record(KEYS[1], KEYS[2], now)
+local rec, row, st = load_record(KEYS[1], KEYS[2], now, true)
 if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
 local retention = tonumber(ARGV[6])
@@ -37,6 +37,7 @@ if rec then
   -- rule: R7, R8
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
+if not load_log(st) then return {'corrupt', '', now, '', {}} end
 local gen = next_generation(KEYS[3], now_us)
 if rec then
   row = write(st, rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),

@@ -261,7 +261,7 @@ class ModelWorld:
         """(attempt id, generation) of every accepted mark_provisional in the attempt log:
         the one thing in the log a script reads (a repeat of such a settlement after a
         takeover is absorbed, not quarantined)."""
-        return _provisional_accepts(self._stored().log)
+        return _provisional_accepts(reference.entries(self._stored()))
 
     def key(self) -> tuple[Any, ...]:
         """The abstract state: everything that can change what happens next."""
