@@ -8,9 +8,10 @@
 --     fp fpv bind gen ver state n created updated lease aid reason result rdig rexp
 --   (updated is stored relative to created; lease and rexp, the record's own expiry in
 --   ms, relative to updated), then lexp (the log's expiry, relative to the record's
---   created, or absolute without a record) and the attempt log's entries, six tokens each: aid gen action verdict detail at
---   (aid and gen absent when equal to the previous entry's, the first entry's previous
---   being the record's aid, gen and created; at relative to the previous entry's).
+--   created, or absolute without a record) and the attempt log's entries, six tokens
+--   each: aid gen action verdict detail at (aid and gen absent when equal to the previous
+--   entry's, the first entry's previous being the record's aid, gen and created; at
+--   relative to the previous entry's).
 -- A token is a LEB128 header h and its bytes: h = 0 absent, 4i word i of WORDS, 4n+1 n
 -- bytes of text, 4n+2 / 4n+3 a lowercase hex string of 2n / 2n-1 digits packed into n
 -- bytes (digests, attempt ids and the integers, which are all hex digits). The key expires
