@@ -166,6 +166,14 @@ def _fields(flat: Sequence[Any]) -> dict[str, Any]:
     return {_text(k): v for k, v in zip(it, it, strict=True)}
 
 
+def _hexed(value: Any) -> str:
+    """A digest or attempt id as the scripts reply with it (settle/_core/layout.py
+    ``hexed``): the bytes of its hex digits, or ``[text]``."""
+    if isinstance(value, list):
+        return _text(value[0])
+    return bytes(value).hex()
+
+
 def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
     """Decode a record row (values in RECORD_FIELDS order) into its effective state.
 
@@ -186,7 +194,7 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
             state, reason = State.PROVISIONAL, "lease_expired"
         return OperationRecord.model_construct(
             operation_id=_text(op),
-            fingerprint=_text(fp),
+            fingerprint=_hexed(fp),
             fingerprint_version=int(fpv),
             binding=_text(bind),
             generation=int(gen),
@@ -195,8 +203,8 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
             reason=reason,
             lease_expires_at=ms_to_datetime(lease) if lease is not None else None,
             result=bytes(result) if result is not None else None,
-            result_digest=_text(rdig) if rdig is not None else None,
-            attempt_id=_text(aid) if aid is not None else None,
+            result_digest=_hexed(rdig) if rdig is not None else None,
+            attempt_id=_hexed(aid) if aid is not None else None,
             reservations=int(n),
             created_at=ms_to_datetime(int(created)),
             updated_at=ms_to_datetime(int(updated)),

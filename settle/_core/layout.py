@@ -18,11 +18,12 @@ field (see :func:`pack`), so most of them take one or two bytes. Everything here
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass, field
 
-__all__ = ["MAGIC", "PACKED", "WORDS", "Packed", "pack", "unpack"]
+__all__ = ["MAGIC", "PACKED", "WORDS", "Packed", "hexed", "pack", "unpack"]
 
-MAGIC = b"\x01"
+MAGIC = b"\x02"
 #: Words stored as one byte; append only (``WORDS`` in lua/_lib.lua is the same list).
 WORDS = (
     b"pending",
@@ -64,8 +65,8 @@ PACKED = (
     b"result",
     b"rdig",
 )
-_HEX = re.compile(rb"[0-9a-f]+")
-_ABSENT = b"\x00"
+_HEX = re.compile(rb"(?:[0-9a-f]{2})+")
+_DECIMAL = re.compile(rb"-?(?:0|[1-9][0-9]*)")
 
 
 @dataclass
@@ -80,72 +81,163 @@ class Packed:
     log_expires: int | None = None
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 128:
-        out.append(n % 128 + 128)
-        n //= 128
-    out.append(n)
-    return bytes(out)
+# -- msgpack, exactly as the cmsgpack library Redis embeds in its Lua writes it ---------------
+
+Value = bytes | int | list[bytes] | None
 
 
-def token(value: bytes | None, plain: bool = False) -> bytes:
-    """One value as a token (the Lua's ``tok``); a plain value (the result) is never packed."""
+def _mp_int(n: int) -> bytes:
+    if 0 <= n <= 127:
+        return bytes([n])
+    if -32 <= n < 0:
+        return bytes([n & 0xFF])
+    for lo, hi, code, fmt in _INTS:
+        if lo <= n <= hi:
+            return bytes([code]) + struct.pack(fmt, n)
+    raise ValueError(f"integer {n} out of range")
+
+
+_INTS = (
+    (0, 0xFF, 0xCC, ">B"),
+    (0, 0xFFFF, 0xCD, ">H"),
+    (0, 0xFFFFFFFF, 0xCE, ">I"),
+    (0, 2**64 - 1, 0xCF, ">Q"),
+    (-128, -1, 0xD0, ">b"),
+    (-(2**15), -1, 0xD1, ">h"),
+    (-(2**31), -1, 0xD2, ">i"),
+    (-(2**63), -1, 0xD3, ">q"),
+)
+
+
+def _mp(value: Value) -> bytes:
     if value is None:
-        return _ABSENT
-    if not plain:
-        word = _WORD.get(value)
-        if word:
-            return _varint(word * 4)
-        if value and _HEX.fullmatch(value):
-            odd = len(value) % 2
-            raw = bytes.fromhex(("0" if odd else "") + value.decode())
-            return _varint(len(raw) * 4 + 2 + odd) + raw
-    return _varint(len(value) * 4 + 1) + value
+        return b"\xc0"
+    if isinstance(value, int):
+        return _mp_int(value)
+    if isinstance(value, list):
+        return bytes([0x90 | len(value)]) + b"".join(_mp(v) for v in value)
+    n = len(value)
+    if n < 32:
+        head = bytes([0xA0 | n])
+    elif n <= 0xFF:
+        head = b"\xd9" + bytes([n])
+    elif n <= 0xFFFF:
+        head = b"\xda" + struct.pack(">H", n)
+    else:
+        head = b"\xdb" + struct.pack(">I", n)
+    return head + value
 
 
-def untoken(blob: bytes, pos: int) -> tuple[bytes | None, int]:
-    """The token at ``pos``: (value or None, next position). Raises ValueError."""
-    h, shift = 0, 0
-    while True:
-        if pos >= len(blob):
-            raise ValueError("truncated token")
-        b = blob[pos]
-        pos += 1
-        h |= (b & 127) << shift
-        shift += 7
-        if b < 128:
-            break
-    if h == 0:
+_SIZED = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h", 0xD2: ">i"}
+_SIZED[0xD3] = ">q"
+_LENGTH = {0xD9: ">B", 0xDA: ">H", 0xDB: ">I"}
+
+
+def _take(blob: bytes, pos: int, n: int) -> bytes:
+    if pos + n > len(blob):
+        raise ValueError("truncated value")
+    return blob[pos : pos + n]
+
+
+def _unmp(blob: bytes, pos: int) -> tuple[Value, int]:
+    """The msgpack object at ``pos`` (only what :func:`_mp` writes): (value, next position)."""
+    b = _take(blob, pos, 1)[0]
+    pos += 1
+    if b == 0xC0:
         return None, pos
-    kind, n = h % 4, h // 4
-    if kind == 0:
-        if not 1 <= n <= len(WORDS):
-            raise ValueError(f"unknown word {n}")
-        return WORDS[n - 1], pos
-    raw = blob[pos : pos + n]
-    if len(raw) != n:
-        raise ValueError("truncated token")
-    pos += n
-    if kind == 1:
-        return raw, pos
-    text = raw.hex().encode()
-    return (text[1:] if kind == 3 else text), pos
+    if b < 0x80 or b >= 0xE0:
+        return (b if b < 0x80 else b - 256), pos
+    if b in _SIZED:
+        fmt = _SIZED[b]
+        n = struct.calcsize(fmt)
+        return int(struct.unpack(fmt, _take(blob, pos, n))[0]), pos + n
+    if 0x90 <= b <= 0x9F:
+        items: list[bytes] = []
+        for _ in range(b & 0x0F):
+            item, pos = _unmp(blob, pos)
+            if not isinstance(item, bytes):  # corrupt, like every other refusal here
+                raise ValueError("not a settle value: array of non-strings")  # noqa: TRY004
+            items.append(item)
+        return items, pos
+    if 0xA0 <= b <= 0xBF:
+        n = b & 0x1F
+    elif b in _LENGTH:
+        fmt = _LENGTH[b]
+        k = struct.calcsize(fmt)
+        n = int(struct.unpack(fmt, _take(blob, pos, k))[0])
+        pos += k
+    else:
+        raise ValueError(f"not a settle value: msgpack type {b:#x}")
+    return _take(blob, pos, n), pos + n
 
 
-def _rel(value: bytes | None, base: bytes | None) -> bytes | None:
-    if value is None:
+# -- the fields' encodings (the Lua's hexed/num/word/rel and their inverses) ----------------
+
+
+def hexed(v: bytes | None) -> bytes | list[bytes] | None:
+    """How fp, aid and rdig are stored, and how the scripts reply with them (the Lua's
+    ``hexed``): an even number of lowercase hex digits as the bytes they spell, other text
+    as ``[text]``."""
+    if v is None:
         return None
-    if base is None:
-        raise ValueError("relative value without its base")
-    return b"%d" % (int(base) + int(value))
+    return bytes.fromhex(v.decode()) if _HEX.fullmatch(v) else [v]
 
 
-def _delta(value: bytes | int | None, base: bytes | None) -> bytes | None:
-    if value is None:
+def _unhexed(v: Value) -> bytes | None:
+    if isinstance(v, bytes):
+        return v.hex().encode()
+    if v is None or (isinstance(v, list) and len(v) == 1):
+        return v[0] if v else None
+    raise ValueError("not a settle value: hex field")
+
+
+def _num(v: bytes | None) -> Value:
+    if v is not None and _DECIMAL.fullmatch(v):
+        n = int(v)
+        if -(2**63) < n < 2**63 and int(float(n)) == n:
+            return n
+    return v
+
+
+def _unnum(v: Value) -> bytes | None:
+    if isinstance(v, int):
+        return b"%d" % v
+    return _text(v)
+
+
+def _word(v: bytes | None) -> Value:
+    if v is None:
+        return None
+    return _WORD.get(v, v)
+
+
+def _unword(v: Value) -> bytes | None:
+    if isinstance(v, int):
+        if not 1 <= v <= len(WORDS):
+            raise ValueError(f"unknown word {v}")
+        return WORDS[v - 1]
+    return _text(v)
+
+
+def _text(v: Value) -> bytes | None:
+    if v is not None and not isinstance(v, bytes):
+        raise ValueError("not a settle value: text field")
+    return v
+
+
+def _rel(v: bytes | int | None, base: bytes | None) -> int | None:
+    if v is None:
         return None
     assert base is not None
-    return b"%d" % (int(value) - int(base))
+    return int(v) - int(base)
+
+
+def _unrel(v: Value, base: bytes | None) -> bytes | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or base is None:
+        raise ValueError("not a settle value: relative field")
+    return b"%d" % (int(base) + v)
 
 
 def unpack(blob: bytes, log: bool = True) -> Packed:
@@ -153,38 +245,56 @@ def unpack(blob: bytes, log: bool = True) -> Packed:
     ``log``, its attempt log is not read). Raises ValueError."""
     if blob[:1] != MAGIC:
         raise ValueError("not a packed settle value")
-    value, pos = untoken(blob, 1)
+    t: list[Value] = []
+    pos = 1
+    while pos < len(blob):
+        value, pos = _unmp(blob, pos)
+        t.append(value)
     rec: dict[bytes, bytes] | None = None
     record_expires = None
-    if value is not None:
-        fields: dict[bytes, bytes | None] = {b"fp": value}
-        for name in PACKED[1:]:
-            fields[name], pos = untoken(blob, pos)
-        fields[b"updated"] = _rel(fields[b"updated"], fields[b"created"])
-        fields[b"lease"] = _rel(fields[b"lease"], fields[b"updated"])
-        value, pos = untoken(blob, pos)
-        if value is not None:
-            record_expires = int(_rel(value, fields[b"updated"]) or b"")
+    i = 1
+    if t and t[0] is not None:
+        if len(t) < 16:
+            raise ValueError("truncated value")
+        fields = {
+            b"fp": _unhexed(t[0]),
+            b"fpv": _unnum(t[1]),
+            b"bind": _text(t[2]),
+            b"gen": _unnum(t[3]),
+            b"ver": _unnum(t[4]),
+            b"state": _unword(t[5]),
+            b"n": _unnum(t[6]),
+            b"created": _unnum(t[7]),
+        }
+        fields[b"updated"] = _unrel(t[8], fields[b"created"])
+        fields[b"lease"] = _unrel(t[9], fields[b"updated"])
+        fields[b"aid"] = _unhexed(t[10])
+        fields[b"reason"] = _unword(t[11])
+        fields[b"result"] = _text(t[12])
+        fields[b"rdig"] = _unhexed(t[13])
+        expiry = _unrel(t[14], fields[b"updated"])
+        record_expires = int(expiry) if expiry is not None else None
         rec = {k: v for k, v in fields.items() if v is not None}
-    lexp, pos = untoken(blob, pos)
-    base = rec.get(b"created") if rec is not None else b"0"
-    log_expires = int(_rel(lexp, base) or b"") if lexp is not None else None
+        i = 15
+    if i >= len(t) + 1 or (len(t) - 1 - i) % 6:
+        raise ValueError("truncated value")
+    lexp = _unrel(t[i], rec.get(b"created") if rec is not None else b"0")
+    log_expires = int(lexp) if lexp is not None else None
     if not log:  # the record alone (the Lua's load_record with lazy: no decode_log)
         return Packed(rec, record_expires, [], log_expires)
-    aid, gen = b"", b""
-    at: bytes | None = b"0"
+    aid, gen, at = b"", b"", b"0"
     if rec is not None:
-        aid, gen, at = rec.get(b"aid", b""), rec.get(b"gen", b""), rec.get(b"created")
+        aid, gen, at = rec.get(b"aid", b""), rec.get(b"gen", b""), rec.get(b"created", b"0")
     entries = []
-    while pos < len(blob):
-        e: list[bytes | None] = []
-        for _ in range(6):
-            value, pos = untoken(blob, pos)
-            e.append(value)
-        aid = e[0] if e[0] is not None else aid
-        gen = e[1] if e[1] is not None else gen
-        at = _rel(e[5], at)
-        entries.append(b"|".join([aid, gen, e[2] or b"", e[3] or b"", e[4] or b"", at or b""]))
+    for j in range(i + 1, len(t), 6):
+        e = t[j : j + 6]
+        aid = (_unhexed(e[0]) or b"") if e[0] is not None else aid
+        gen = (_unnum(e[1]) or b"") if e[1] is not None else gen
+        at = _unrel(e[5], at) or b""
+        if not at:
+            raise ValueError("not a settle value: log entry without its time")
+        words = [_unword(v) or b"" for v in e[2:5]]
+        entries.append(b"|".join([aid, gen, *words, at]))
     return Packed(rec, record_expires, entries, log_expires)
 
 
@@ -194,27 +304,39 @@ def pack(p: Packed) -> bytes:
     to the previous entry's (the first one's previous: the record's aid, gen and created),
     ``at`` relative to the previous entry's, the log's expiry to the record's ``created``
     (absolute when there is no record)."""
-    out = [MAGIC]
     rec = p.record
+    v: list[Value] = []
     aid, gen, at = b"", b"", b"0"
     if rec is not None:
-        stored = [rec.get(f) for f in PACKED]
-        stored[8] = _delta(rec.get(b"updated"), rec.get(b"created"))
-        stored[9] = _delta(rec.get(b"lease"), rec.get(b"updated"))
-        out += [token(v, f == b"result") for f, v in zip(PACKED, stored, strict=True)]
-        out.append(token(_delta(p.record_expires, rec.get(b"updated"))))
-        aid, gen, at = rec.get(b"aid", b""), rec.get(b"gen", b""), rec.get(b"created", b"0")
+        g = rec.get
+        v = [
+            hexed(g(b"fp")),
+            _num(g(b"fpv")),
+            g(b"bind"),
+            _num(g(b"gen")),
+            _num(g(b"ver")),
+            _word(g(b"state")),
+            _num(g(b"n")),
+            _num(g(b"created")),
+            _rel(g(b"updated"), g(b"created")),
+            _rel(g(b"lease"), g(b"updated")),
+            hexed(g(b"aid")),
+            _word(g(b"reason")),
+            g(b"result"),
+            hexed(g(b"rdig")),
+            _rel(p.record_expires, g(b"updated")),
+        ]
+        aid, gen, at = g(b"aid", b""), g(b"gen", b""), g(b"created", b"0")
     else:
-        out.append(_ABSENT)
-    if p.log:
-        out.append(token(_delta(p.log_expires, rec.get(b"created") if rec is not None else b"0")))
-    else:
-        out.append(_ABSENT)
+        v = [None]
+    v.append(
+        _rel(p.log_expires, rec.get(b"created") if rec is not None else b"0") if p.log else None
+    )
     for entry in p.log:
         e = entry.split(b"|", 5)
-        out.append(_ABSENT if e[0] == aid else token(e[0]))
-        out.append(_ABSENT if e[1] == gen else token(e[1]))
-        out += [token(v) for v in e[2:5]]
-        out.append(token(_delta(e[5], at)))
+        v.append(None if e[0] == aid else hexed(e[0]))
+        v.append(None if e[1] == gen else _num(e[1]))
+        v += [_word(w) for w in e[2:5]]
+        v.append(_rel(e[5], at))
         aid, gen, at = e[0], e[1], e[5]
-    return b"".join(out)
+    return MAGIC + b"".join(_mp(x) for x in v)

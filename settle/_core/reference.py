@@ -239,10 +239,13 @@ def _is_int(value: bytes | None) -> bool:
     return True
 
 
-def _row(rec: dict[bytes, bytes]) -> list[bytes | None]:
+_HEXED = {b"fp", b"aid", b"rdig"}
+
+
+def _row(rec: dict[bytes, bytes]) -> list[bytes | list[bytes] | None]:
     """The Lua's ``row``: the record as the scripts return it, in FIELDS order, None where a
-    field is absent (Lua's false)."""
-    return [rec.get(f) for f in FIELDS]
+    field is absent (Lua's false); fp, aid and rdig as stored (:func:`layout.hexed`)."""
+    return [layout.hexed(rec.get(f)) if f in _HEXED else rec.get(f) for f in FIELDS]
 
 
 @dataclass

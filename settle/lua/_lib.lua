@@ -3,24 +3,27 @@
 -- to each script body when it loads them; it is never run on its own.
 --
 -- A record and its attempt log are ONE packed STRING at the record key (docs/concepts.md,
--- "The record in Redis"; settle/_core/layout.py is the same format in Python):
---   MAGIC, then the record's tokens (or one absent token when only the log is left):
+-- "The record in Redis"; settle/_core/layout.py is the same format in Python): MAGIC, then
+-- one cmsgpack.pack of the values, so a script decodes and encodes it in one C call each:
+--   the record's (or one nil when only the log is left):
 --     fp fpv bind gen ver state n created updated lease aid reason result rdig rexp
---   (updated is stored relative to created; lease and rexp, the record's own expiry in
---   ms, relative to updated), then lexp (the log's expiry, relative to the record's
---   created, or absolute without a record) and the attempt log's entries, six tokens
---   each: aid gen action verdict detail at (aid and gen absent when equal to the previous
---   entry's, the first entry's previous being the record's aid, gen and created; at
---   relative to the previous entry's).
--- A token is a LEB128 header h and its bytes: h = 0 absent, 4i word i of WORDS, 4n+1 n
--- bytes of text, 4n+2 / 4n+3 a lowercase hex string of 2n / 2n-1 digits packed into n
--- bytes (digests, attempt ids and the integers, which are all hex digits). The key expires
--- with the later of its two parts; a part whose own expiry has passed reads as absent.
+--   (updated relative to created; lease and rexp, the record's own expiry in ms, relative
+--   to updated), then lexp (the log's expiry, relative to the record's created, or absolute
+--   without a record) and the attempt log's entries, six values each: aid gen action verdict
+--   detail at (aid and gen nil when equal to the previous entry's, the first entry's
+--   previous being the record's aid, gen and created; at relative to the previous entry's).
+-- Digests and attempt ids of hex digits are stored as the bytes they spell (other text as
+-- a one-element array), integers as msgpack integers, words (states, actions, verdicts,
+-- details) as their index in WORDS, bind and result as they are. The key expires with the
+-- later of its two parts; a part whose own expiry has passed reads as absent.
 -- As the scripts see it, a record has the fields:
 --   op fp fpv bind gen ver state n created updated   (always; op is read from the key)
 --   lease aid                                         (pending: lease end in ms, attempt id)
 --   reason                                            (provisional)
 --   result rdig                                       (completed / failed: bytes, digest)
+-- where fp, aid and rdig are as stored (hexed: the bytes their hex digits spell, or {text}),
+-- so they are compared with same() against hexed(ARGV[i]) and replied as they are (the
+-- client turns them back into hex: settle/_core/codec.py decode_record);
 -- and the attempt log is a list of 'aid|gen|action|verdict|detail|at' strings, oldest first.
 -- A record written by settle before this layout (a HASH, its attempt log a LIST at the
 -- ':log:' key the writing scripts still name) is read as it is and rewritten packed by the
@@ -38,113 +41,119 @@ local FIELDS = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created'
   'lease', 'aid', 'reason', 'result', 'rdig'}
 local REQUIRED = 10  -- the first ten are always present
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
-local MAGIC = '\1'
--- The words stored as one byte; append only (layout.py WORDS is the same list).
+local MAGIC = '\2'
+-- The words stored as a small number; append only (layout.py WORDS is the same list).
 local WORDS = {'pending', 'provisional', 'completed', 'failed', 'reserve', 'complete', 'fail',
   'mark_provisional', 'reserved', 'accepted', 'absorbed', 'quarantined', 'new',
   'lease_expired', 'resumed', 'unknown_operation', 'misbound', 'stale_generation',
   'version_conflict', 'conflicting_settlement'}
+local WORD = nil  -- word -> index, built by the first word() of a call
 
-local function varint(n)
-  if n < 128 then return string.char(n) end
-  local out = {}
-  while n >= 128 do
-    out[#out + 1] = string.char(n % 128 + 128)
-    n = math.floor(n / 128)
-  end
-  out[#out + 1] = string.char(n)
-  return table.concat(out)
-end
-
--- Hex digits <-> bytes, four bytes at a time with the struct library (a Lua loop per byte
--- would cost several microseconds per digest). HEX[n] = {struct format, string.format
--- format} for n bytes.
-local HEX = {}
+-- Hex digits <-> bytes in one struct call each, memoised for the call: a digest or an
+-- attempt id read from the value is written back without converting it again. HEXF[n] =
+-- {struct format, string.format format} for n bytes.
+local HEXF, RAW, HEX = {}, {}, {}
 local function hexfmt(n)
-  local f = HEX[n]
+  local f = HEXF[n]
   if not f then
     local q, r = math.floor(n / 4), n % 4
     f = {'>' .. string.rep('I4', q), string.rep('%08x', q)}
     if r > 0 then f = {f[1] .. 'I' .. r, f[2] .. '%0' .. (2 * r) .. 'x'} end
-    HEX[n] = f
+    HEXF[n] = f
   end
   return f
 end
 
-local function unhex(v)  -- an even number of lowercase hex digits
+local function tohex(raw)
+  local h = HEX[raw]
+  if not h then
+    local f = hexfmt(#raw)
+    h = string.format(f[2], struct.unpack(f[1], raw))
+    HEX[raw], RAW[h] = h, raw
+  end
+  return h
+end
+
+-- Encoders (a field as the scripts see it -> its stored value) and decoders (the reverse;
+-- they raise on a value of the wrong type). hexed: an even number of lowercase hex digits
+-- as the bytes they spell, other text as {text}; num: a decimal integer as a number (other
+-- text as it is); word: one of WORDS as its index; rel: an integer relative to base.
+local function hexed(v)
+  if v == nil then return nil end
+  local raw = RAW[v]
+  if raw then return raw end
+  if #v == 0 or #v % 2 == 1 or string.find(v, '[^0-9a-f]') then return {v} end
   local nums = {}
   for i = 1, #v, 8 do nums[#nums + 1] = tonumber(string.sub(v, i, i + 7), 16) end
-  return struct.pack(hexfmt(#v / 2)[1], unpack(nums))
+  raw = struct.pack(hexfmt(#v / 2)[1], unpack(nums))
+  RAW[v], HEX[raw] = raw, v
+  return raw
 end
 
--- One value as a token; plain values (the result) are never packed.
-local WORD = nil  -- word -> index, built by the first tok() of a call
-local function tok(v, plain)
-  if v == nil or v == false then return '\0' end
-  if not plain then
-    if not WORD then
-      WORD = {}
-      for i, w in ipairs(WORDS) do WORD[w] = i end
-    end
-    local w = WORD[v]
-    if w then return varint(w * 4) end
-    if #v > 0 and not string.find(v, '[^0-9a-f]') then
-      local odd = #v % 2
-      if odd == 1 then v = '0' .. v end
-      return varint(#v / 2 * 4 + 2 + odd) .. unhex(v)
-    end
-  end
-  return varint(#v * 4 + 1) .. v
-end
-
--- The token at pos: (value or nil, next pos). Raises on a malformed value.
-local function untok(s, pos)
-  local h = string.byte(s, pos)
-  if h == nil then error('truncated') end
-  pos = pos + 1
-  if h >= 128 then  -- a header of more than one byte (texts and hex of 32 bytes or more)
-    local mul, b = 128, h
-    h = h - 128
-    repeat
-      b = string.byte(s, pos)
-      if b == nil then error('truncated') end
-      pos = pos + 1
-      h = h + (b % 128) * mul
-      mul = mul * 128
-    until b < 128
-  end
-  if h == 0 then return nil, pos end
-  local kind = h % 4
-  local n = (h - kind) / 4
-  if kind == 0 then
-    local w = WORDS[n]
-    if w == nil then error('word') end
-    return w, pos
-  end
-  local raw = string.sub(s, pos, pos + n - 1)
-  if #raw ~= n then error('truncated') end
-  pos = pos + n
-  if kind == 1 then return raw, pos end
-  local f = hexfmt(n)
-  local hex = string.format(f[2], struct.unpack(f[1], raw))
-  if kind == 3 then hex = string.sub(hex, 2) end
-  return hex, pos
-end
-
--- Integers stored relative to another field: rel() reads, delta() writes.
-local function rel(v, base)
+local function unhexed(v)
+  if type(v) == 'string' then return tohex(v) end
   if v == nil then return nil end
-  return int(assert(tonumber(base)) + assert(tonumber(v)))
+  return v[1]
 end
 
-local function delta(v, base)
+-- A stored hexed value, checked (the scripts keep fp, aid and rdig in this form: they are
+-- compared with same() and replied as they are, so a read converts no hex).
+local function stored(v)
+  if v ~= nil and type(v) ~= 'string' and (type(v) ~= 'table' or type(v[1]) ~= 'string') then
+    error('type')
+  end
+  return v
+end
+
+-- Whether two hexed values are the same.
+local function same(a, b)
+  if type(a) == 'table' then return type(b) == 'table' and a[1] == b[1] end
+  return a == b
+end
+
+local function num(v)
+  if v == nil then return nil end
+  local n = tonumber(v)
+  if n and int(n) == v then return n end
+  return v
+end
+
+local function unnum(v)
+  if type(v) == 'number' then return int(v) end
+  if v ~= nil and type(v) ~= 'string' then error('type') end
+  return v
+end
+
+local function word(v)
+  if v == nil then return nil end
+  if not WORD then
+    WORD = {}
+    for i, w in ipairs(WORDS) do WORD[w] = i end
+  end
+  return WORD[v] or v
+end
+
+local function unword(v)
+  if type(v) == 'number' then return WORDS[v] or error('word') end
+  if v ~= nil and type(v) ~= 'string' then error('type') end
+  return v
+end
+
+local function text(v)
+  if v ~= nil and type(v) ~= 'string' then error('type') end
+  return v
+end
+
+local function rel(v, base)
   if v == nil or v == false then return nil end
-  return int(tonumber(v) - tonumber(base))
+  return tonumber(v) - tonumber(base)
 end
 
-local PACKED = {'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created', 'updated', 'lease',
-  'aid', 'reason', 'result', 'rdig'}
-local RELATIVE = {updated = true, lease = true}
+local function unrel(v, base)
+  if v == nil then return nil end
+  if type(v) ~= 'number' then error('type') end
+  return int(assert(tonumber(base)) + v)
+end
 
 local function split(entry)
   local parts, from = {}, 1
@@ -158,48 +167,47 @@ local function split(entry)
   return parts
 end
 
--- Decode a packed value into st: st.stored (the record as stored, live or not), st.rexp,
--- st.log and st.lexp (absolute ms), and the tokens as read (st.toks, st.vals: field ->
--- token, value; st.etoks: an entry in its context -> its tokens), which save() writes back
--- unchanged instead of encoding again. Raises on anything malformed.
+local function values(...)
+  return {n = select('#', ...), ...}
+end
+
+-- Decode a packed value into st: st.stored (the record as stored, live or not), st.rexp and
+-- st.lexp (absolute ms), and the decoded values (st.t) for decode_log. Raises on anything
+-- malformed.
 local function unpack_value(st, blob)
   if string.sub(blob, 1, 1) ~= MAGIC then error('magic') end
-  local v, pos = untok(blob, 2)
-  local rec = nil
-  st.etoks = {}
-  if v ~= nil then
-    rec = {fp = v}
-    local toks, vals = {fp = string.sub(blob, 2, pos - 1)}, {fp = v}
-    for i = 2, #PACKED do
-      local f, from = PACKED[i], pos
-      rec[f], pos = untok(blob, pos)
-      toks[f], vals[f] = string.sub(blob, from, pos - 1), rec[f]
-    end
-    st.toks, st.vals = toks, vals
-    rec.updated = rel(rec.updated, rec.created)
-    rec.lease = rel(rec.lease, rec.updated)
-    v, pos = untok(blob, pos)
-    if v ~= nil then st.rexp = tonumber(rel(v, rec.updated)) end
+  local t = values(cmsgpack.unpack(string.sub(blob, 2)))
+  local rec, i = nil, 2
+  if t[1] ~= nil then
+    if t.n < 16 then error('truncated') end
+    rec = {fp = stored(t[1]), fpv = unnum(t[2]), bind = text(t[3]), gen = unnum(t[4]),
+      ver = unnum(t[5]), state = unword(t[6]), n = unnum(t[7]), created = unnum(t[8]),
+      aid = stored(t[11]), reason = unword(t[12]), result = text(t[13]),
+      rdig = stored(t[14])}
+    rec.updated = unrel(t[9], rec.created)
+    rec.lease = unrel(t[10], rec.updated)
+    if t[15] ~= nil then st.rexp = tonumber(unrel(t[15], rec.updated)) end
+    i = 16
   end
-  local lexp
-  lexp, pos = untok(blob, pos)
-  if lexp ~= nil then st.lexp = tonumber(rel(lexp, rec and rec.created or '0')) end
-  st.stored, st.blob, st.logpos = rec, blob, pos
+  if i > t.n or (t.n - i) % 6 ~= 0 then error('truncated') end
+  if t[i] ~= nil then st.lexp = tonumber(unrel(t[i], rec and rec.created or '0')) end
+  st.stored, st.t, st.logpos = rec, t, i + 1
 end
 
 -- Decode the attempt log of st's packed value (st.log), once; readers of the record alone
 -- never pay for it. Raises on anything malformed.
 local function decode_log(st)
-  local blob, pos, rec = st.blob, st.logpos, st.stored
+  local t, i, rec = st.t, st.logpos, st.stored
   local aid, gen, at = '', '', '0'
-  if rec then aid, gen, at = rec.aid or '', rec.gen, rec.created end
+  if rec then aid, gen, at = unhexed(rec.aid) or '', rec.gen, rec.created end
   local log = {}
-  while pos <= #blob do
-    local e, from, context = {}, pos, table.concat({aid, gen, at}, '|')
-    for i = 1, 6 do e[i], pos = untok(blob, pos) end
-    aid, gen, at = e[1] or aid, e[2] or gen, rel(e[6], at)
-    log[#log + 1] = table.concat({aid, gen, e[3] or '', e[4] or '', e[5] or '', at}, '|')
-    st.etoks[context .. '#' .. log[#log]] = string.sub(blob, from, pos - 1)
+  while i <= t.n do
+    if t[i] ~= nil then aid = unhexed(t[i]) end
+    if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
+    at = unrel(t[i + 5], at) or error('at')
+    log[#log + 1] = table.concat({aid, gen, unword(t[i + 2]) or '', unword(t[i + 3]) or '',
+      unword(t[i + 4]) or '', at}, '|')
+    i = i + 6
   end
   st.log = log
 end
@@ -226,6 +234,7 @@ local function load_legacy(st, now)
   local rec = {}
   for i = 1, #FIELDS do rec[FIELDS[i]] = row[i] or nil end
   if not row[1] or not valid(rec) then return false end
+  rec.fp, rec.aid, rec.rdig = hexed(rec.fp), hexed(rec.aid), hexed(rec.rdig)
   st.legacy = true
   local ttl = redis.call('PTTL', st.key)
   if ttl >= 0 then st.rexp = now + ttl end
@@ -291,53 +300,35 @@ end
 -- Store st (its live record and attempt log) as one packed value that expires with the
 -- later of the two; a value written before this layout leaves with its old attempt log.
 local function save(st, now)
-  local out, rec = {MAGIC}, st.rec
-  local toks, vals, etoks = st.toks or {}, st.vals or {}, st.etoks or {}
-  local aid, gen, at = '', '', '0'
+  local rec, v, aid, gen, at = st.rec, nil, '', '', '0'
   local expires = 0
   if rec then
-    local stored = {}
-    for i, f in ipairs(PACKED) do stored[i] = rec[f] end
-    stored[9] = delta(rec.updated, rec.created)
-    stored[10] = delta(rec.lease, rec.updated)
-    for i, f in ipairs(PACKED) do
-      local v = stored[i]
-      if toks[f] and not RELATIVE[f] and vals[f] == v then
-        out[#out + 1] = toks[f]
-      else
-        out[#out + 1] = tok(v, f == 'result')
-      end
-    end
-    out[#out + 1] = tok(delta(st.rexp, rec.updated))
-    aid, gen, at = rec.aid or '', rec.gen, rec.created
+    v = {rec.fp, num(rec.fpv), rec.bind, num(rec.gen), num(rec.ver), word(rec.state),
+      num(rec.n), num(rec.created), rel(rec.updated, rec.created), rel(rec.lease, rec.updated),
+      rec.aid, word(rec.reason), rec.result, rec.rdig, rel(st.rexp, rec.updated)}
+    aid, gen, at = unhexed(rec.aid) or '', rec.gen, rec.created
     expires = st.rexp or 0
   else
-    out[#out + 1] = '\0'
+    v = {}
   end
+  local n = rec and 16 or 2
   local log = st.log
   if #log > 0 then
-    out[#out + 1] = tok(delta(st.lexp, rec and rec.created or '0'))
+    v[n] = rel(st.lexp, rec and rec.created or '0')
     expires = math.max(expires, st.lexp)
-  else
-    out[#out + 1] = '\0'
   end
   for _, entry in ipairs(log) do
     local e = split(entry)
-    local known = etoks[table.concat({aid, gen, at}, '|') .. '#' .. entry]
-    if known then
-      out[#out + 1] = known
-    else
-      out[#out + 1] = e[1] == aid and '\0' or tok(e[1])
-      out[#out + 1] = e[2] == gen and '\0' or tok(e[2])
-      for i = 3, 5 do out[#out + 1] = tok(e[i]) end
-      out[#out + 1] = tok(delta(e[6], at))
-    end
-    aid, gen, at = e[1], e[2], e[6]
+    if e[1] ~= aid then v[n + 1] = hexed(e[1]) end
+    if e[2] ~= gen then v[n + 2] = num(e[2]) end
+    v[n + 3], v[n + 4], v[n + 5], v[n + 6] = word(e[3]), word(e[4]), word(e[5]), rel(e[6], at)
+    aid, gen, at, n = e[1], e[2], e[6], n + 6
   end
+  local blob = MAGIC .. cmsgpack.pack(unpack(v, 1, n))
   if rec and not st.rexp then
-    redis.call('SET', st.key, table.concat(out))
+    redis.call('SET', st.key, blob)
   else
-    redis.call('SET', st.key, table.concat(out), 'PX', int(expires - now))
+    redis.call('SET', st.key, blob, 'PX', int(expires - now))
   end
   if st.legacy and st.log_key then redis.call('DEL', st.log_key) end
 end

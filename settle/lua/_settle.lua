@@ -75,7 +75,7 @@ local function settle(action)
   local ttl = nil
   if not rec then
     kind = 'unknown_operation'  -- rule: S1
-  elseif rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
+  elseif not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
     kind = 'misbound'  -- rule: S2
   elseif rec.gen ~= ARGV[5] then
     if action == 'mark_provisional' and observed(st.log, ARGV[7], ARGV[5], action) then
@@ -92,7 +92,8 @@ local function settle(action)
       -- rule: S8, S10, S11
       -- A duplicate of the settlement that made the record terminal is absorbed, also when
       -- it carries the version it saw before that settlement; success is never downgraded.
-      if action == 'mark_provisional' or (TERMINAL_OF[action] == state and rec.rdig == ARGV[9]) then
+      if action == 'mark_provisional'
+          or (TERMINAL_OF[action] == state and same(rec.rdig, hexed(ARGV[9]))) then
         verdict = 'absorbed'
       elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
         kind = 'version_conflict'  -- rule: S4
@@ -117,7 +118,7 @@ local function settle(action)
       else
         -- rule: S5
         row = write(st, rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
-          'rdig', ARGV[9], 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
+          'rdig', hexed(ARGV[9]), 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
       end
       st.rexp = now + retention
       ttl = retention

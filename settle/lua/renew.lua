@@ -13,7 +13,7 @@ local rec, row, st = load_record(KEYS[1], KEYS[2], now)
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'lost', 'unknown_operation', now, '', {}} end  -- rule: N1
 -- rule: N2
-if rec.fp ~= ARGV[1] or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
+if not same(rec.fp, hexed(ARGV[1])) or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
   return {'lost', 'misbound', now, '', {}}
 end
 if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end  -- rule: N3

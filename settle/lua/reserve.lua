@@ -18,7 +18,7 @@ local retention = tonumber(ARGV[6])
 local detail = 'new'  -- rule: R1
 if rec then
   -- rule: R2
-  if rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] then
+  if not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] then
     return {'fingerprint_mismatch', '', now, '', {}}
   end
   -- rule: R3
@@ -30,7 +30,7 @@ if rec then
     -- rule: R9
     -- The same attempt asking again (its first reply was lost on the wire) gets its own
     -- reservation back, so reserve is safe to repeat.
-    if rec.aid == ARGV[7] then return {'reserved', 'resumed', now, '', row} end
+    if same(rec.aid, hexed(ARGV[7])) then return {'reserved', 'resumed', now, '', row} end
     -- rule: R6
     return {'in_progress', '', now, '', row}
   end
@@ -42,12 +42,13 @@ local gen = next_generation(KEYS[3], now_us)
 if rec then
   row = write(st, rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
     'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
-    'aid', ARGV[7], 'updated', int(now), 'reason', false})
+    'aid', hexed(ARGV[7]), 'updated', int(now), 'reason', false})
 else
   row = write(st, {}, {false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
+    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', hexed(ARGV[2]),
+    'fpv', ARGV[3], 'bind', ARGV[4],
     'gen', gen, 'ver', '1', 'n', '1', 'state', 'pending', 'lease', int(now + lease),
-    'aid', ARGV[7], 'created', int(now), 'updated', int(now)})
+    'aid', hexed(ARGV[7]), 'created', int(now), 'updated', int(now)})
 end
 st.rexp = now + lease + retention
 observe(st, ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve', 'reserved', detail,
