@@ -187,6 +187,14 @@ _STATES: dict[Any, State] = {
 }
 
 
+def _hexed(value: Any) -> str:
+    """A digest or attempt id as the scripts reply with it (settle/_core/layout.py
+    ``hexed``): the bytes of its hex digits, or ``[text]``."""
+    if isinstance(value, list):
+        return _text(value[0])
+    return bytes(value).hex()
+
+
 def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
     """Decode a record row (values in RECORD_FIELDS order) into its effective state.
 
@@ -209,7 +217,7 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
             OperationRecord,
             {
                 "operation_id": _text(op),
-                "fingerprint": _text(fp),
+                "fingerprint": _hexed(fp),
                 "fingerprint_version": int(fpv),
                 "binding": _text(bind),
                 "generation": int(gen),
@@ -218,8 +226,8 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
                 "reason": reason,
                 "lease_expires_at": None if lease is None else ms_to_datetime(lease),
                 "result": None if result is None else bytes(result),
-                "result_digest": None if rdig is None else _text(rdig),
-                "attempt_id": None if aid is None else _text(aid),
+                "result_digest": None if rdig is None else _hexed(rdig),
+                "attempt_id": None if aid is None else _hexed(aid),
                 "reservations": int(n),
                 "created_at": ms_to_datetime(int(created)),
                 "updated_at": ms_to_datetime(int(updated)),

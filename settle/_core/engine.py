@@ -442,10 +442,10 @@ class Core:
         r = _check_reservation(reservation)
         op = check_operation_id(r.operation_id)
         lease_ms = self.config.lease_ms if lease is None else _check_seconds(lease, "lease", op)
-        shard, record, _log = self.keys.of(op)
+        shard, record, log = self.keys.of(op)
         keys, args = self._guarded(
             shard,
-            (record,),
+            (record, log),
             (
                 r.fingerprint,
                 r.fingerprint_version,
@@ -487,11 +487,14 @@ class Core:
 
     def plan_attempts(self, operation_id: str) -> Call:
         op = check_operation_id(operation_id)
-        return Call("attempts", (self.keys.attempt_log(op),), (), operation_id=op)
+        _shard, record, log = self.keys.of(op)
+        return Call("attempts", (record, log), (), operation_id=op)
 
     def decode_attempts(self, call: Call, raw: Any) -> list[AttemptObservation]:
-        del call
-        return codec.decode_attempts(codec.parse_reply(raw).payload)
+        reply = codec.parse_reply(raw)
+        if reply.code == "corrupt":
+            raise self._corrupt(call.operation_id or "")
+        return codec.decode_attempts(reply.payload)
 
     # -- quarantine ----------------------------------------------------------------------
 

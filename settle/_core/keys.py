@@ -87,7 +87,9 @@ class Keys:
         return f"settle:{{{self.namespace}}}:meta"
 
     def of(self, operation_id: str) -> tuple[int, str, str]:
-        """(shard, record key, attempt log key) of an operation, hashing its id once."""
+        """(shard, record key, attempt log key) of an operation, hashing its id once. The
+        attempt log lives inside the record's packed value; its own key is the previous
+        layout's, which the scripts read and delete when they meet a record written by it."""
         shard = shard_of(operation_id, self.shards)
         tag = self.tag(shard)
         return shard, f"{tag}:op:{operation_id}", f"{tag}:log:{operation_id}"
@@ -96,6 +98,7 @@ class Keys:
         return f"{self.tag(shard_of(operation_id, self.shards))}:op:{operation_id}"
 
     def attempt_log(self, operation_id: str) -> str:
+        """The previous layout's attempt log LIST (see :meth:`of`)."""
         return f"{self.tag(shard_of(operation_id, self.shards))}:log:{operation_id}"
 
     def generation(self, shard: int) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from settle._core import layout
+
 __all__ = ["MemoryKeyspace", "run_script"]
 
 Flat = list[bytes]
@@ -126,6 +128,22 @@ class MemoryKeyspace:
             del self._data[key]
         return 1
 
+    # -- strings -------------------------------------------------------------------------
+    def get(self, key: str, now: int) -> bytes | None:
+        if not self._live(key, now):
+            return None
+        value: bytes = self._data[key]
+        return value
+
+    def set(self, key: str, now: int, value: bytes, px: int | None = None) -> None:
+        """SET, with PX when ``px`` is given (a plain SET drops any expiry)."""
+        self._live(key, now)
+        self._data[key] = value
+        if px is None:
+            self._expire_at.pop(key, None)
+        else:
+            self._expire_at[key] = now + px
+
     # -- the whole keyspace ----------------------------------------------------------------
     def flush(self) -> None:
         """FLUSHALL, or a restart without persistence: every key is gone (the clock stays)."""
@@ -206,23 +224,8 @@ def _in_range(entry_id: bytes, low: str, high: str) -> bool:
 # -- _lib.lua ---------------------------------------------------------------------------------
 
 # The order of FIELDS is the reply format: settle/_core/codec.py RECORD_FIELDS matches it.
-FIELDS = (
-    b"op",
-    b"fp",
-    b"fpv",
-    b"bind",
-    b"gen",
-    b"ver",
-    b"state",
-    b"n",
-    b"created",
-    b"updated",
-    b"lease",
-    b"aid",
-    b"reason",
-    b"result",
-    b"rdig",
-)
+# The stored fields (layout.PACKED) follow the operation id in the same order.
+FIELDS = (b"op", *layout.PACKED)
 REQUIRED = 10  # the first ten are always present
 STATES = {b"pending", b"provisional", b"completed", b"failed"}
 
@@ -236,41 +239,137 @@ def _is_int(value: bytes | None) -> bool:
     return True
 
 
-def _row(ks: MemoryKeyspace, key: str, now: int) -> list[bytes | None]:
+_HEXED = {b"fp", b"aid", b"rdig"}
+
+
+def _row(rec: dict[bytes, bytes]) -> list[bytes | list[bytes] | None]:
     """The Lua's ``row``: the record as the scripts return it, in FIELDS order, None where a
-    field is absent (Lua's false)."""
-    rec = ks.hgetall(key, now)
-    return [rec.get(f) for f in FIELDS]
+    field is absent (Lua's false); fp, aid and rdig as stored (:func:`layout.hexed`)."""
+    return [layout.hexed(rec.get(f)) if f in _HEXED else rec.get(f) for f in FIELDS]
 
 
-def load_record(ks: MemoryKeyspace, key: str, now: int) -> dict[bytes, bytes] | bool | None:
-    """The record's fields; None when missing; False when the key holds something that is not
-    a settle record (another type, or fields missing). The Lua also returns the positional row
-    here; the scripts below read it with :func:`_row` when they reply."""
-    kind = ks.type(key, now)
-    if kind == "none":
-        return None
-    if kind != "hash":
-        return False
-    rec = ks.hgetall(key, now)
-    if any(f not in rec for f in FIELDS[:REQUIRED]):
+@dataclass
+class Stored:
+    """The Lua's ``st``: the value at the record key as one script call sees it, its live
+    record (``rec``), the attempt log and each part's expiry (ms); ``log_key`` is the
+    previous layout's attempt log (None for readers of the record only)."""
+
+    key: str
+    log_key: str | None
+    log: list[bytes] | None = field(default_factory=list)  # None: not decoded yet
+    rec: dict[bytes, bytes] | None = None
+    blob: bytes = b""
+    rexp: int | None = None
+    lexp: int | None = None
+    legacy: bool = False
+
+
+def valid(rec: dict[bytes, bytes]) -> bool:
+    if any(f not in rec for f in FIELDS[1:REQUIRED]):
         return False
     if rec[b"state"] not in STATES or not _is_int(rec[b"gen"]) or not _is_int(rec[b"ver"]):
         return False
-    if rec[b"state"] == b"pending" and not _is_int(rec.get(b"lease")):
-        return False
+    return rec[b"state"] != b"pending" or _is_int(rec.get(b"lease"))
+
+
+def load_legacy(ks: MemoryKeyspace, st: Stored, now: int) -> dict[bytes, bytes] | None:
+    """A record in the layout before this one: a HASH, its attempt log a LIST at log_key."""
+    rec = ks.hgetall(st.key, now)
+    if b"op" not in rec or not valid(rec):
+        return None
+    st.legacy = True
+    ttl = ks.pttl(st.key, now)
+    if ttl >= 0:
+        st.rexp = now + ttl
+    if st.log_key is not None:
+        st.log = ks.lrange(st.log_key, now)
+        ttl = ks.pttl(st.log_key, now)
+        if ttl >= 0:
+            st.lexp = now + ttl
     return rec
 
 
-def write(ks: MemoryKeyspace, key: str, now: int, pairs: dict[str, Any]) -> None:
-    """Write field/value pairs to the record hash; a value of False deletes the field.
+def load_log(st: Stored) -> bool:
+    """Make st.log available: False when the packed log does not decode (nothing may be
+    written)."""
+    if st.log is None:
+        try:
+            st.log = layout.unpack(st.blob).log
+        except ValueError:
+            return False
+    return True
 
-    The Lua's ``write`` also returns the row; here a script reads it with :func:`_row` when
-    it replies."""
-    gone = [f for f, v in pairs.items() if v is False]
-    if gone:
-        ks.hdel(key, now, *gone)
-    ks.hset(key, now, *(x for f, v in pairs.items() if v is not False for x in (f, v)))
+
+def entries(st: Stored) -> list[bytes]:
+    """st.log of a caller that has loaded it."""
+    assert st.log is not None
+    return st.log
+
+
+def load_record(
+    ks: MemoryKeyspace, key: str, log_key: str | None, now: int, lazy: bool = False
+) -> tuple[dict[bytes, bytes] | bool | None, Stored]:
+    """(the record's fields, st); the fields are None when there is no live record, False
+    when the key holds something that is not a settle value (another type, a string of
+    another format, fields missing). st carries the attempt log and what :func:`save` needs.
+    The Lua also returns the positional row here; the scripts below build it with
+    :func:`_row` when they reply. With lazy, st.log is left None for :func:`load_log`."""
+    st = Stored(key, log_key)
+    kind = ks.type(key, now)
+    rec: dict[bytes, bytes] | None = None
+    if kind == "hash":
+        rec = load_legacy(ks, st, now)
+        if rec is None:
+            return False, st
+    elif kind == "string":
+        st.blob, st.log = ks.get(key, now) or b"", None
+        try:
+            packed = layout.unpack(st.blob, log=False)
+        except ValueError:
+            return False, st
+        rec, st.rexp, st.lexp = packed.record, packed.record_expires, packed.log_expires
+        if st.lexp is not None and st.lexp <= now:
+            st.log, st.lexp = [], None
+        elif not lazy and not load_log(st):
+            return False, st
+        if rec is not None:
+            if not valid(rec):
+                return False, st
+            rec[b"op"] = key[key.index("}:op:") + 5 :].encode()
+            if st.rexp is not None and st.rexp <= now:
+                rec = None
+    elif kind != "none":
+        return False, st
+    st.rec = rec
+    return rec, st
+
+
+def write(st: Stored, rec: dict[bytes, bytes], pairs: dict[str, Any]) -> None:
+    """Write field/value pairs to the record's fields (:func:`save` stores them); a value of
+    False deletes the field. The Lua's ``write`` also returns the row; here a script builds it
+    with :func:`_row` when it replies."""
+    for f, v in pairs.items():
+        if v is False:
+            rec.pop(_b(f), None)
+        else:
+            rec[_b(f)] = _b(v)
+    st.rec = rec
+
+
+def save(ks: MemoryKeyspace, st: Stored, now: int) -> None:
+    """Store st (its live record and attempt log) as one packed value that expires with the
+    later of the two; a value written before this layout leaves with its old attempt log."""
+    packed = layout.Packed(st.rec, st.rexp, entries(st), st.lexp)
+    expires = (st.rexp or 0) if st.rec is not None else 0
+    if packed.log:
+        assert st.lexp is not None
+        expires = max(expires, st.lexp)
+    if st.rec is not None and st.rexp is None:
+        ks.set(st.key, now, layout.pack(packed))
+    else:
+        ks.set(st.key, now, layout.pack(packed), expires - now)
+    if st.legacy and st.log_key is not None:
+        ks.delete(st.log_key)
 
 
 def effective_state(rec: dict[bytes, bytes], now: int) -> bytes:
@@ -286,9 +385,7 @@ def is_terminal(state: bytes) -> bool:
 
 
 def observe(
-    ks: MemoryKeyspace,
-    log_key: str,
-    record_key: str,
+    st: Stored,
     cap: bytes,
     retention: int,
     ttl: int | None,
@@ -299,14 +396,17 @@ def observe(
     detail: str,
     now: int,
 ) -> None:
-    """Append one observation to the operation's capped attempt log. The log expires with the
-    record: ttl is the record's remaining time to live when the caller knows it, else None."""
-    entry = b"|".join(_b(v) for v in (aid, gen, action, verdict, detail, now))
-    if ks.rpush(log_key, now, entry) > int(cap):
-        ks.ltrim_tail(log_key, now, int(cap))
+    """Append one observation to the operation's capped attempt log (:func:`save` stores it).
+    The log expires with the record: ttl is the record's remaining time to live when the
+    caller knows it, else None (then the record's own: -2 when there is none)."""
+    log = entries(st)
+    log.append(b"|".join(_b(v) for v in (aid, gen, action, verdict, detail, now)))
+    del log[: max(len(log) - int(cap), 0)]
     if ttl is None:
-        ttl = ks.pttl(record_key, now)
-    ks.pexpire(log_key, max(ttl, retention), now)
+        ttl = -2
+        if st.rec is not None:
+            ttl = st.rexp - now if st.rexp is not None else -1
+    st.lexp = now + max(ttl, retention)
 
 
 def guard(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any] | None:
@@ -382,7 +482,7 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
-    rec = load_record(ks, keys[0], now)
+    rec, st = load_record(ks, keys[0], keys[1], now, lazy=True)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     lease, retention = int(a[4]), int(a[5])
@@ -397,23 +497,24 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
         state = effective_state(rec, now)
         # rule: R4, R5
         if is_terminal(state):
-            return [b"replay", state, now, b"", _row(ks, keys[0], now)]
+            return [b"replay", state, now, b"", _row(rec)]
         if state == b"pending":
             # rule: R9
             # The same attempt asking again (its first reply was lost on the wire) gets its
             # own reservation back, so reserve is safe to repeat.
             if rec.get(b"aid") == a[6]:
-                return [b"reserved", b"resumed", now, b"", _row(ks, keys[0], now)]
+                return [b"reserved", b"resumed", now, b"", _row(rec)]
             # rule: R6
-            return [b"in_progress", b"", now, b"", _row(ks, keys[0], now)]
+            return [b"in_progress", b"", now, b"", _row(rec)]
         # rule: R7, R8
         detail = "lease_expired" if rec[b"state"] == b"pending" else "provisional"
+    if not load_log(st):
+        return [b"corrupt", b"", now, b"", []]
     gen = next_generation(ks, keys[2], now)
     if isinstance(rec, dict):
         write(
-            ks,
-            keys[0],
-            now,
+            st,
+            rec,
             {
                 "gen": gen,
                 "ver": int(rec[b"ver"]) + 1,
@@ -426,10 +527,10 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
             },
         )
     else:
+        rec = {}
         write(
-            ks,
-            keys[0],
-            now,
+            st,
+            rec,
             {
                 "op": a[0],
                 "fp": a[1],
@@ -445,22 +546,10 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
                 "updated": now,
             },
         )
-    ks.pexpire(keys[0], lease + retention, now)
-    observe(
-        ks,
-        keys[1],
-        keys[0],
-        a[7],
-        retention,
-        lease + retention,
-        a[6],
-        gen,
-        "reserve",
-        "reserved",
-        detail,
-        now,
-    )
-    return [b"reserved", detail.encode(), now, b"", _row(ks, keys[0], now)]
+    st.rexp = now + lease + retention
+    observe(st, a[7], retention, lease + retention, a[6], gen, "reserve", "reserved", detail, now)
+    save(ks, st, now)
+    return [b"reserved", detail.encode(), now, b"", _row(rec)]
 
 
 # -- _settle.lua, and complete.lua, fail.lua, mark_provisional.lua that call it ---------------
@@ -468,12 +557,10 @@ def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> li
 TERMINAL_OF = {"complete": b"completed", "fail": b"failed"}
 
 
-def observed(
-    ks: MemoryKeyspace, log_key: str, aid: bytes, gen: bytes, action: str, now: int
-) -> bool:
+def observed(log: list[bytes], aid: bytes, gen: bytes, action: str) -> bool:
     """Whether the attempt log holds this attempt's accepted settlement with this action."""
     prefix = b"|".join([aid, gen, action.encode(), b"accepted"]) + b"|"
-    return any(entry.startswith(prefix) for entry in ks.lrange(log_key, now))
+    return any(entry.startswith(prefix) for entry in log)
 
 
 def cap_stream(ks: MemoryKeyspace, keys: list[str], maxlen: int, now: int) -> int:
@@ -537,7 +624,7 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
-    rec = load_record(ks, keys[0], now)
+    rec, st = load_record(ks, keys[0], keys[1], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     retention = int(a[10])
@@ -549,7 +636,7 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
     elif rec[b"fp"] != a[1] or rec[b"fpv"] != a[2] or rec[b"bind"] != a[3]:
         kind = "misbound"  # rule: S2
     elif rec[b"gen"] != a[4]:
-        if action == "mark_provisional" and observed(ks, keys[1], a[6], a[4], action, now):
+        if action == "mark_provisional" and observed(entries(st), a[6], a[4], action):
             # rule: S13
             # The repeat of an accepted mark_provisional whose reply was lost, arriving after
             # another attempt took over: it already counted, it is not a stale response.
@@ -588,9 +675,8 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
             if action == "mark_provisional":
                 # rule: S6, S7
                 write(
-                    ks,
-                    keys[0],
-                    now,
+                    st,
+                    rec,
                     {
                         "state": "provisional",
                         "reason": a[9],
@@ -602,9 +688,8 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
             else:
                 # rule: S5
                 write(
-                    ks,
-                    keys[0],
-                    now,
+                    st,
+                    rec,
                     {
                         "state": TERMINAL_OF[action],
                         "result": a[7],
@@ -615,7 +700,7 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
                         "reason": False,
                     },
                 )
-            ks.pexpire(keys[0], retention, now)
+            st.rexp = now + retention
             ttl = retention
     qid, dropped = b"", 0
     if kind:
@@ -623,11 +708,13 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
         qid, dropped = quarantine(
             ks, keys, a, kind, action, rec if isinstance(rec, dict) else None, now
         )
-    observe(ks, keys[1], keys[0], a[11], retention, ttl, a[6], a[4], action, verdict, kind, now)
+    observe(st, a[11], retention, ttl, a[6], a[4], action, verdict, kind, now)
+    save(ks, st, now)
     # rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
     if rec is None or kind == "misbound":
         return [verdict.encode(), kind.encode(), now, qid, [], dropped]
-    return [verdict.encode(), kind.encode(), now, qid, _row(ks, keys[0], now), dropped]
+    assert isinstance(rec, dict)
+    return [verdict.encode(), kind.encode(), now, qid, _row(rec), dropped]
 
 
 def complete(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
@@ -652,7 +739,7 @@ def renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
-    rec = load_record(ks, keys[0], now)
+    rec, st = load_record(ks, keys[0], keys[1], now)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
     if not isinstance(rec, dict):
@@ -660,7 +747,7 @@ def renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list
     # rule: N2
     if rec[b"fp"] != a[0] or rec[b"fpv"] != a[1] or rec[b"bind"] != a[2]:
         return [b"lost", b"misbound", now, b"", []]
-    row = _row(ks, keys[0], now)
+    row = _row(rec)
     if rec[b"gen"] != a[3]:
         return [b"lost", b"stale_generation", now, b"", row]  # rule: N3
     if rec[b"state"] != b"pending":
@@ -669,9 +756,10 @@ def renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list
         return [b"lost", b"lease_expired", now, b"", row]  # rule: N5
     # rule: N6 (not a transition: the version stays, so the owner's expected_version holds)
     lease = int(a[4])
-    write(ks, keys[0], now, {"lease": now + lease})
-    ks.pexpire(keys[0], lease + int(a[5]), now)
-    return [b"renewed", b"", now, b"", _row(ks, keys[0], now)]
+    write(st, rec, {"lease": now + lease})
+    st.rexp = now + lease + int(a[5])
+    save(ks, st, now)
+    return [b"renewed", b"", now, b"", _row(rec)]
 
 
 # -- the read scripts and namespace.lua -------------------------------------------------------
@@ -681,18 +769,22 @@ def get(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[A
     """Read a record with the server's clock, so every reader sees the same effective state
     (an expired pending lease reads as provisional)."""
     del a
-    rec = load_record(ks, keys[0], now)
+    rec, _st = load_record(ks, keys[0], None, now, lazy=True)
     if rec is False:
         return [b"corrupt", b"", now, b"", []]
-    if rec is None:
+    if not isinstance(rec, dict):
         return [b"missing", b"", now, b"", []]
-    return [b"found", b"", now, b"", _row(ks, keys[0], now)]
+    return [b"found", b"", now, b"", _row(rec)]
 
 
 def attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
-    """Read an operation's attempt log, oldest first."""
+    """Read an operation's attempt log, oldest first (it lives in the record's packed value;
+    a record written before that layout keeps it in keys[1])."""
     del a
-    return [b"ok", b"", now, b"", ks.lrange(keys[0], now)]
+    rec, st = load_record(ks, keys[0], keys[1], now)
+    if rec is False:
+        return [b"corrupt", b"", now, b"", []]
+    return [b"ok", b"", now, b"", entries(st)]
 
 
 def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:

@@ -2,12 +2,32 @@
 -- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, int, reply) and then this file
 -- to each script body when it loads them; it is never run on its own.
 --
--- A record is a HASH with the fields:
---   op fp fpv bind gen ver state n created updated   (always)
+-- A record and its attempt log are ONE packed STRING at the record key (docs/concepts.md,
+-- "The record in Redis"; settle/_core/layout.py is the same format in Python): MAGIC, then
+-- one cmsgpack.pack of the values, so a script decodes and encodes it in one C call each:
+--   the record's (or one nil when only the log is left):
+--     fp fpv bind gen ver state n created updated lease aid reason result rdig rexp
+--   (updated relative to created; lease and rexp, the record's own expiry in ms, relative
+--   to updated), then lexp (the log's expiry, relative to the record's created, or absolute
+--   without a record) and the attempt log's entries, six values each: aid gen action verdict
+--   detail at (aid and gen nil when equal to the previous entry's, the first entry's
+--   previous being the record's aid, gen and created; at relative to the previous entry's).
+-- Digests and attempt ids of hex digits are stored as the bytes they spell (other text as
+-- a one-element array), integers as msgpack integers, words (states, actions, verdicts,
+-- details) as their index in WORDS, bind and result as they are. The key expires with the
+-- later of its two parts; a part whose own expiry has passed reads as absent.
+-- As the scripts see it, a record has the fields:
+--   op fp fpv bind gen ver state n created updated   (always; op is read from the key)
 --   lease aid                                         (pending: lease end in ms, attempt id)
 --   reason                                            (provisional)
 --   result rdig                                       (completed / failed: bytes, digest)
--- The attempt log is a LIST of 'aid|gen|action|verdict|detail|at' strings, oldest first.
+-- where fp, aid and rdig are as stored (hexed: the bytes their hex digits spell, or {text}),
+-- so they are compared with same() against hexed(ARGV[i]) and replied as they are (the
+-- client turns them back into hex: settle/_core/codec.py decode_record);
+-- and the attempt log is a list of 'aid|gen|action|verdict|detail|at' strings, oldest first.
+-- A record written by settle before this layout (a HASH, its attempt log a LIST at the
+-- ':log:' key the writing scripts still name) is read as it is and rewritten packed by the
+-- next write, which deletes the old list.
 -- Each shard has a state HASH that never expires: gen (the last generation issued there) and
 -- shards (the namespace's shard count the shard was claimed for).
 -- Every writing script is called with that key as its LAST key and (shard count, claim flag)
@@ -21,49 +41,297 @@ local FIELDS = {'op', 'fp', 'fpv', 'bind', 'gen', 'ver', 'state', 'n', 'created'
   'lease', 'aid', 'reason', 'result', 'rdig'}
 local REQUIRED = 10  -- the first ten are always present
 local STATES = {pending = true, provisional = true, completed = true, failed = true}
+local MAGIC = '\2'
+-- The words stored as a small number; append only (layout.py WORDS is the same list).
+local WORDS = {'pending', 'provisional', 'completed', 'failed', 'reserve', 'complete', 'fail',
+  'mark_provisional', 'reserved', 'accepted', 'absorbed', 'quarantined', 'new',
+  'lease_expired', 'resumed', 'unknown_operation', 'misbound', 'stale_generation',
+  'version_conflict', 'conflicting_settlement'}
+local WORD = nil  -- word -> index, built by the first word() of a call
 
--- Returns (record table, positional list); (nil, nil) when missing; (false, nil) when the
--- key holds something that is not a settle record (another type, or fields missing).
-local function load_record(key)
-  local row = redis.pcall('HMGET', key, unpack(FIELDS))
-  if row['err'] then return false, nil end
-  if not row[1] then
-    if redis.call('EXISTS', key) == 1 then return false, nil end
-    return nil, nil
+-- Hex digits <-> bytes in one struct call each, memoised for the call: a digest or an
+-- attempt id read from the value is written back without converting it again. HEXF[n] =
+-- {struct format, string.format format} for n bytes.
+local HEXF, RAW, HEX = {}, {}, {}
+local function hexfmt(n)
+  local f = HEXF[n]
+  if not f then
+    local q, r = math.floor(n / 4), n % 4
+    f = {'>' .. string.rep('I4', q), string.rep('%08x', q)}
+    if r > 0 then f = {f[1] .. 'I' .. r, f[2] .. '%0' .. (2 * r) .. 'x'} end
+    HEXF[n] = f
   end
-  local rec = {}
-  for i = 1, #FIELDS do
-    if row[i] then rec[FIELDS[i]] = row[i] elseif i <= REQUIRED then return false, nil end
-  end
-  if not STATES[rec.state] or tonumber(rec.gen) == nil or tonumber(rec.ver) == nil then
-    return false, nil
-  end
-  if rec.state == 'pending' and tonumber(rec.lease or '') == nil then return false, nil end
-  return rec, row
+  return f
 end
 
--- Write field/value pairs to the record hash, its table and its positional row; a value of
--- false deletes the field. Returns the row (what the record now holds, in FIELDS order).
-local function write(key, rec, row, pairs_)
+local function tohex(raw)
+  local h = HEX[raw]
+  if not h then
+    local f = hexfmt(#raw)
+    h = string.format(f[2], struct.unpack(f[1], raw))
+    HEX[raw], RAW[h] = h, raw
+  end
+  return h
+end
+
+-- Encoders (a field as the scripts see it -> its stored value) and decoders (the reverse;
+-- they raise on a value of the wrong type). hexed: an even number of lowercase hex digits
+-- as the bytes they spell, other text as {text}; num: a decimal integer as a number (other
+-- text as it is); word: one of WORDS as its index; rel: an integer relative to base.
+local function hexed(v)
+  if v == nil then return nil end
+  local raw = RAW[v]
+  if raw then return raw end
+  if #v == 0 or #v % 2 == 1 or string.find(v, '[^0-9a-f]') then return {v} end
+  local nums = {}
+  for i = 1, #v, 8 do nums[#nums + 1] = tonumber(string.sub(v, i, i + 7), 16) end
+  raw = struct.pack(hexfmt(#v / 2)[1], unpack(nums))
+  RAW[v], HEX[raw] = raw, v
+  return raw
+end
+
+local function unhexed(v)
+  if type(v) == 'string' then return tohex(v) end
+  if v == nil then return nil end
+  return v[1]
+end
+
+-- A stored hexed value, checked (the scripts keep fp, aid and rdig in this form: they are
+-- compared with same() and replied as they are, so a read converts no hex).
+local function stored(v)
+  if v ~= nil and type(v) ~= 'string' and (type(v) ~= 'table' or type(v[1]) ~= 'string') then
+    error('type')
+  end
+  return v
+end
+
+-- Whether two hexed values are the same.
+local function same(a, b)
+  if type(a) == 'table' then return type(b) == 'table' and a[1] == b[1] end
+  return a == b
+end
+
+local function num(v)
+  if v == nil then return nil end
+  local n = tonumber(v)
+  if n and int(n) == v then return n end
+  return v
+end
+
+local function unnum(v)
+  if type(v) == 'number' then return int(v) end
+  if v ~= nil and type(v) ~= 'string' then error('type') end
+  return v
+end
+
+local function word(v)
+  if v == nil then return nil end
+  if not WORD then
+    WORD = {}
+    for i, w in ipairs(WORDS) do WORD[w] = i end
+  end
+  return WORD[v] or v
+end
+
+local function unword(v)
+  if type(v) == 'number' then return WORDS[v] or error('word') end
+  if v ~= nil and type(v) ~= 'string' then error('type') end
+  return v
+end
+
+local function text(v)
+  if v ~= nil and type(v) ~= 'string' then error('type') end
+  return v
+end
+
+local function rel(v, base)
+  if v == nil or v == false then return nil end
+  return tonumber(v) - tonumber(base)
+end
+
+local function unrel(v, base)
+  if v == nil then return nil end
+  if type(v) ~= 'number' then error('type') end
+  return int(assert(tonumber(base)) + v)
+end
+
+local function split(entry)
+  local parts, from = {}, 1
+  for _ = 1, 5 do
+    local at = string.find(entry, '|', from, true)
+    if not at then return nil end
+    parts[#parts + 1] = string.sub(entry, from, at - 1)
+    from = at + 1
+  end
+  parts[6] = string.sub(entry, from)
+  return parts
+end
+
+local function values(...)
+  return {n = select('#', ...), ...}
+end
+
+-- Decode a packed value into st: st.stored (the record as stored, live or not), st.rexp and
+-- st.lexp (absolute ms), and the decoded values (st.t) for decode_log. Raises on anything
+-- malformed.
+local function unpack_value(st, blob)
+  if string.sub(blob, 1, 1) ~= MAGIC then error('magic') end
+  local t = values(cmsgpack.unpack(string.sub(blob, 2)))
+  local rec, i = nil, 2
+  if t[1] ~= nil then
+    if t.n < 16 then error('truncated') end
+    rec = {fp = stored(t[1]), fpv = unnum(t[2]), bind = text(t[3]), gen = unnum(t[4]),
+      ver = unnum(t[5]), state = unword(t[6]), n = unnum(t[7]), created = unnum(t[8]),
+      aid = stored(t[11]), reason = unword(t[12]), result = text(t[13]),
+      rdig = stored(t[14])}
+    rec.updated = unrel(t[9], rec.created)
+    rec.lease = unrel(t[10], rec.updated)
+    if t[15] ~= nil then st.rexp = tonumber(unrel(t[15], rec.updated)) end
+    i = 16
+  end
+  if i > t.n or (t.n - i) % 6 ~= 0 then error('truncated') end
+  if t[i] ~= nil then st.lexp = tonumber(unrel(t[i], rec and rec.created or '0')) end
+  st.stored, st.t, st.logpos = rec, t, i + 1
+end
+
+-- Decode the attempt log of st's packed value (st.log), once; readers of the record alone
+-- never pay for it. Raises on anything malformed.
+local function decode_log(st)
+  local t, i, rec = st.t, st.logpos, st.stored
+  local aid, gen, at = '', '', '0'
+  if rec then aid, gen, at = unhexed(rec.aid) or '', rec.gen, rec.created end
+  local log = {}
+  while i <= t.n do
+    if t[i] ~= nil then aid = unhexed(t[i]) end
+    if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
+    at = unrel(t[i + 5], at) or error('at')
+    log[#log + 1] = table.concat({aid, gen, unword(t[i + 2]) or '', unword(t[i + 3]) or '',
+      unword(t[i + 4]) or '', at}, '|')
+    i = i + 6
+  end
+  st.log = log
+end
+
+-- Make st.log available: false when the packed log does not decode (nothing may be written).
+local function load_log(st)
+  if st.log == nil and not pcall(decode_log, st) then return false end
+  return true
+end
+
+local function valid(rec)
+  for i = 2, REQUIRED do
+    if rec[FIELDS[i]] == nil then return false end
+  end
+  if not STATES[rec.state] or tonumber(rec.gen) == nil or tonumber(rec.ver) == nil then
+    return false
+  end
+  return rec.state ~= 'pending' or tonumber(rec.lease or '') ~= nil
+end
+
+-- A record in the layout before this one: a HASH, and its attempt log a LIST at log_key.
+local function load_legacy(st, now)
+  local row = redis.call('HMGET', st.key, unpack(FIELDS))
+  local rec = {}
+  for i = 1, #FIELDS do rec[FIELDS[i]] = row[i] or nil end
+  if not row[1] or not valid(rec) then return false end
+  rec.fp, rec.aid, rec.rdig = hexed(rec.fp), hexed(rec.aid), hexed(rec.rdig)
+  st.legacy = true
+  local ttl = redis.call('PTTL', st.key)
+  if ttl >= 0 then st.rexp = now + ttl end
+  st.log = {}
+  if st.log_key then
+    st.log = redis.call('LRANGE', st.log_key, 0, -1)
+    ttl = redis.call('PTTL', st.log_key)
+    if ttl >= 0 then st.lexp = now + ttl end
+  end
+  return rec
+end
+
+-- Returns (record table, positional row, st); (nil, nil, st) when there is no live record;
+-- (false) when the key holds something that is not a settle value (another type, a string
+-- of another format, fields missing). st carries the attempt log (st.log) and what save()
+-- needs; log_key is the previous layout's attempt log (nil for readers of the record only).
+-- With lazy, st.log is left nil for load_log() to decode when the caller needs it.
+local function load_record(key, log_key, now, lazy)
+  local st = {key = key, log_key = log_key, log = {}}
+  local blob = redis.pcall('GET', key)
+  local rec
+  if type(blob) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return false end
+    rec = load_legacy(st, now)
+    if not rec then return false end
+  elseif blob then
+    st.log = nil
+    if not pcall(unpack_value, st, blob) then return false end
+    if st.lexp and st.lexp <= now then
+      st.log, st.lexp = {}, nil
+    elseif not lazy and not load_log(st) then
+      return false
+    end
+    rec = st.stored
+    if rec then
+      if not valid(rec) then return false end
+      rec.op = string.sub(key, string.find(key, '}:op:', 1, true) + 5)
+      if st.rexp and st.rexp <= now then rec = nil end
+    end
+  end
+  st.rec = rec
+  if not rec then return nil, nil, st end
+  local row = {}
+  for i = 1, #FIELDS do row[i] = rec[FIELDS[i]] or false end
+  return rec, row, st
+end
+
+-- Write field/value pairs to the record's table and its positional row (save() stores
+-- them); a value of false deletes the field. Returns the row (what the record now holds, in
+-- FIELDS order).
+local function write(st, rec, row, pairs_)
   local INDEX = {}  -- built only by the scripts that write
   for i, f in ipairs(FIELDS) do INDEX[f] = i end
-  local set, del = {}, {}
   for i = 1, #pairs_, 2 do
     local f, v = pairs_[i], pairs_[i + 1]
-    if v == false then
-      if rec[f] ~= nil then table.insert(del, f) end
-      rec[f] = nil
-    else
-      table.insert(set, f); table.insert(set, v)
-      rec[f] = v
-    end
+    if v == false then rec[f] = nil else rec[f] = v end
     row[INDEX[f]] = v
   end
-  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-  redis.call('HSET', key, unpack(set))
+  st.rec = rec
   return row
 end
 
+-- Store st (its live record and attempt log) as one packed value that expires with the
+-- later of the two; a value written before this layout leaves with its old attempt log.
+local function save(st, now)
+  local rec, v, aid, gen, at = st.rec, nil, '', '', '0'
+  local expires = 0
+  if rec then
+    v = {rec.fp, num(rec.fpv), rec.bind, num(rec.gen), num(rec.ver), word(rec.state),
+      num(rec.n), num(rec.created), rel(rec.updated, rec.created), rel(rec.lease, rec.updated),
+      rec.aid, word(rec.reason), rec.result, rec.rdig, rel(st.rexp, rec.updated)}
+    aid, gen, at = unhexed(rec.aid) or '', rec.gen, rec.created
+    expires = st.rexp or 0
+  else
+    v = {}
+  end
+  local n = rec and 16 or 2
+  local log = st.log
+  if #log > 0 then
+    v[n] = rel(st.lexp, rec and rec.created or '0')
+    expires = math.max(expires, st.lexp)
+  end
+  for _, entry in ipairs(log) do
+    local e = split(entry)
+    if e[1] ~= aid then v[n + 1] = hexed(e[1]) end
+    if e[2] ~= gen then v[n + 2] = num(e[2]) end
+    v[n + 3], v[n + 4], v[n + 5], v[n + 6] = word(e[3]), word(e[4]), word(e[5]), rel(e[6], at)
+    aid, gen, at, n = e[1], e[2], e[6], n + 6
+  end
+  local blob = MAGIC .. cmsgpack.pack(unpack(v, 1, n))
+  if rec and not st.rexp then
+    redis.call('SET', st.key, blob)
+  else
+    redis.call('SET', st.key, blob, 'PX', int(expires - now))
+  end
+  if st.legacy and st.log_key then redis.call('DEL', st.log_key) end
+end
 -- A pending record whose lease has passed reads as provisional (lease_expired).
 local function effective_state(rec, now)
   -- rule: L1
@@ -77,15 +345,19 @@ local function is_terminal(state)
   return state == 'completed' or state == 'failed'
 end
 
--- Append one observation to the operation's capped attempt log. The log expires with the
--- record: ttl is the record's remaining time to live when the caller knows it, else nil.
-local function observe(log_key, record_key, cap, retention, ttl, aid, gen, action, verdict, detail, now)
-  local n = redis.call('RPUSH', log_key,
-    table.concat({aid, gen, action, verdict, detail, int(now)}, '|'))
-  if n > tonumber(cap) then redis.call('LTRIM', log_key, -tonumber(cap), -1) end
-  if ttl == nil then ttl = redis.call('PTTL', record_key) end
+-- Append one observation to the operation's capped attempt log (save() stores it). The log
+-- expires with the record: ttl is the record's remaining time to live when the caller knows
+-- it, else nil (then the record's own: -2 when there is none).
+local function observe(st, cap, retention, ttl, aid, gen, action, verdict, detail, now)
+  local log = st.log
+  log[#log + 1] = table.concat({aid, gen, action, verdict, detail, int(now)}, '|')
+  while #log > tonumber(cap) do table.remove(log, 1) end
+  if ttl == nil then
+    ttl = -2
+    if st.rec then ttl = st.rexp and st.rexp - now or -1 end
+  end
   if ttl < retention then ttl = retention end
-  redis.call('PEXPIRE', log_key, ttl)
+  st.lexp = now + ttl
 end
 
 -- The shard-count guard (SPEC 4), run before any write. A shard's state carries the shard

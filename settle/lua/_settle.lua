@@ -1,6 +1,7 @@
 -- _settle.lua: the settlement rules shared by complete.lua, fail.lua and mark_provisional.lua
 -- (SPEC 2, settlement table). Prepended after _lib.lua; each of those scripts is one call.
--- KEYS[1] record hash   KEYS[2] attempt log list   KEYS[3] quarantine stream
+-- KEYS[1] record (packed, see _lib.lua)   KEYS[2] the previous layout's attempt log
+-- KEYS[3] quarantine stream
 -- KEYS[4] quarantine resolutions hash  KEYS[5] quarantine identities hash
 -- KEYS[6] shard state (see _lib.lua)
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
@@ -17,9 +18,9 @@
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
 -- Whether the attempt log holds this attempt's accepted settlement with this action.
-local function observed(log_key, aid, gen, action)
+local function observed(log, aid, gen, action)
   local prefix = table.concat({aid, gen, action, 'accepted'}, '|') .. '|'
-  for _, entry in ipairs(redis.call('LRANGE', log_key, 0, -1)) do
+  for _, entry in ipairs(log) do
     if string.sub(entry, 1, #prefix) == prefix then return true end
   end
   return false
@@ -66,7 +67,7 @@ local function settle(action)
   local refused = guard()
   if refused then return refused end
   local now, now_us = clock()
-  local rec, row = load_record(KEYS[1])
+  local rec, row, st = load_record(KEYS[1], KEYS[2], now)
   if rec == false then return {'corrupt', '', now, '', {}} end
   local retention = tonumber(ARGV[11])
   local kind = nil
@@ -74,10 +75,10 @@ local function settle(action)
   local ttl = nil
   if not rec then
     kind = 'unknown_operation'  -- rule: S1
-  elseif rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
+  elseif not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
     kind = 'misbound'  -- rule: S2
   elseif rec.gen ~= ARGV[5] then
-    if action == 'mark_provisional' and observed(KEYS[2], ARGV[7], ARGV[5], action) then
+    if action == 'mark_provisional' and observed(st.log, ARGV[7], ARGV[5], action) then
       -- rule: S13
       -- The repeat of an accepted mark_provisional whose reply was lost, arriving after
       -- another attempt took over: it already counted, it is not a stale response.
@@ -91,7 +92,8 @@ local function settle(action)
       -- rule: S8, S10, S11
       -- A duplicate of the settlement that made the record terminal is absorbed, also when
       -- it carries the version it saw before that settlement; success is never downgraded.
-      if action == 'mark_provisional' or (TERMINAL_OF[action] == state and rec.rdig == ARGV[9]) then
+      if action == 'mark_provisional'
+          or (TERMINAL_OF[action] == state and same(rec.rdig, hexed(ARGV[9]))) then
         verdict = 'absorbed'
       elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
         kind = 'version_conflict'  -- rule: S4
@@ -111,14 +113,14 @@ local function settle(action)
       local ver = int(tonumber(rec.ver) + 1)
       if action == 'mark_provisional' then
         -- rule: S6, S7
-        row = write(KEYS[1], rec, row, {'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
+        row = write(st, rec, row, {'state', 'provisional', 'reason', ARGV[10], 'ver', ver,
           'updated', int(now), 'lease', false})
       else
         -- rule: S5
-        row = write(KEYS[1], rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
-          'rdig', ARGV[9], 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
+        row = write(st, rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
+          'rdig', hexed(ARGV[9]), 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
       end
-      redis.call('PEXPIRE', KEYS[1], retention)
+      st.rexp = now + retention
       ttl = retention
     end
   end
@@ -127,8 +129,8 @@ local function settle(action)
     verdict = 'quarantined'
     qid, dropped = quarantine(kind, action, rec, now, now_us)
   end
-  observe(KEYS[2], KEYS[1], ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict,
-    kind or '', now)
+  observe(st, ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict, kind or '', now)
+  save(st, now)
   -- rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
   if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}, dropped} end
   return {verdict, kind or '', now, qid, row, dropped}

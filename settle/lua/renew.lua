@@ -1,5 +1,6 @@
 -- renew.lua: extend a live pending lease of the current generation (a heartbeat).
--- KEYS[1] record hash  KEYS[2] shard state (see _lib.lua)
+-- KEYS[1] record (packed, see _lib.lua)  KEYS[2] the previous layout's attempt log
+-- KEYS[3] shard state (see _lib.lua)
 -- ARGV[1] fingerprint  ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
 -- ARGV[5] lease ms     ARGV[6] retention ms  ARGV[7] shard count  ARGV[8] claim flag
 -- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
@@ -8,11 +9,11 @@
 local refused = guard()
 if refused then return refused end
 local now = now_ms()
-local rec, row = load_record(KEYS[1])
+local rec, row, st = load_record(KEYS[1], KEYS[2], now)
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'lost', 'unknown_operation', now, '', {}} end  -- rule: N1
 -- rule: N2
-if rec.fp ~= ARGV[1] or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
+if not same(rec.fp, hexed(ARGV[1])) or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
   return {'lost', 'misbound', now, '', {}}
 end
 if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end  -- rule: N3
@@ -20,6 +21,7 @@ if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', row} end 
 if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', row} end  -- rule: N5
 -- rule: N6 (not a transition: the version stays, so the owner's expected_version holds)
 local lease = tonumber(ARGV[5])
-row = write(KEYS[1], rec, row, {'lease', int(now + lease)})
-redis.call('PEXPIRE', KEYS[1], lease + tonumber(ARGV[6]))
+row = write(st, rec, row, {'lease', int(now + lease)})
+st.rexp = now + lease + tonumber(ARGV[6])
+save(st, now)
 return {'renewed', '', now, '', row}

@@ -1,5 +1,6 @@
 -- reserve.lua: claim an operation for a new attempt (SPEC 2, reserve table).
--- KEYS[1] record hash   KEYS[2] attempt log list   KEYS[3] shard state (see _lib.lua)
+-- KEYS[1] record (packed, see _lib.lua)   KEYS[2] the previous layout's attempt log
+-- KEYS[3] shard state (see _lib.lua)
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
 -- ARGV[5] lease ms      ARGV[6] retention ms ARGV[7] attempt id           ARGV[8] log cap
 -- ARGV[9] shard count   ARGV[10] claim flag (see guard in _lib.lua)
@@ -10,14 +11,14 @@
 local refused = guard()
 if refused then return refused end
 local now, now_us = clock()
-local rec, row = load_record(KEYS[1])
+local rec, row, st = load_record(KEYS[1], KEYS[2], now, true)
 if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
 local retention = tonumber(ARGV[6])
 local detail = 'new'  -- rule: R1
 if rec then
   -- rule: R2
-  if rec.fp ~= ARGV[2] or rec.fpv ~= ARGV[3] then
+  if not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] then
     return {'fingerprint_mismatch', '', now, '', {}}
   end
   -- rule: R3
@@ -29,25 +30,28 @@ if rec then
     -- rule: R9
     -- The same attempt asking again (its first reply was lost on the wire) gets its own
     -- reservation back, so reserve is safe to repeat.
-    if rec.aid == ARGV[7] then return {'reserved', 'resumed', now, '', row} end
+    if same(rec.aid, hexed(ARGV[7])) then return {'reserved', 'resumed', now, '', row} end
     -- rule: R6
     return {'in_progress', '', now, '', row}
   end
   -- rule: R7, R8
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
+if not load_log(st) then return {'corrupt', '', now, '', {}} end
 local gen = next_generation(KEYS[3], now_us)
 if rec then
-  row = write(KEYS[1], rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
+  row = write(st, rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
     'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
-    'aid', ARGV[7], 'updated', int(now), 'reason', false})
+    'aid', hexed(ARGV[7]), 'updated', int(now), 'reason', false})
 else
-  row = write(KEYS[1], {}, {false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4],
+  row = write(st, {}, {false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', hexed(ARGV[2]),
+    'fpv', ARGV[3], 'bind', ARGV[4],
     'gen', gen, 'ver', '1', 'n', '1', 'state', 'pending', 'lease', int(now + lease),
-    'aid', ARGV[7], 'created', int(now), 'updated', int(now)})
+    'aid', hexed(ARGV[7]), 'created', int(now), 'updated', int(now)})
 end
-redis.call('PEXPIRE', KEYS[1], lease + retention)
-observe(KEYS[2], KEYS[1], ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve',
-  'reserved', detail, now)
+st.rexp = now + lease + retention
+observe(st, ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve', 'reserved', detail,
+  now)
+save(st, now)
 return {'reserved', detail, now, '', row}

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from settle import AsyncSettler, DurabilityError, Reserved, Settler, State, Verdict
 from settle._core.keys import Keys
+from settle._core.layout import unpack
 from settle._runtime.topology import has_functions
 from tests.cluster.cluster_support import SLOTS, LocalCluster
 
@@ -58,8 +59,9 @@ def _replica_state(cluster: LocalCluster, primary: int, namespace: str, op: str)
     )
     try:
         replica.execute_command("READONLY")  # let a cluster replica answer reads itself
-        value: bytes | None = replica.hget(Keys(namespace, SHARDS).record(op), "state")
-        return value
+        stored: bytes | None = replica.get(Keys(namespace, SHARDS).record(op))
+        record = unpack(stored).record if stored is not None else None
+        return record[b"state"] if record is not None else None
     finally:
         replica.close()
 

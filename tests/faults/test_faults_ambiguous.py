@@ -208,6 +208,6 @@ async def test_a_scripts_own_error_is_not_repeated(
         await api.complete(stray, RESULT)
     assert isinstance(info.value.__cause__, redis.ResponseError)
     assert _retries(logs) == []
-    assert raw.exists(keys.attempt_log("ghost")) == 0  # it ran once and wrote nothing
+    assert raw.exists(keys.record("ghost")) == 0  # it ran once and wrote nothing (no attempt log)
     ghost.close()
     raw.close()

@@ -39,10 +39,12 @@ REPLICA_TIMEOUT = 0.3
 
 def _stored_state(server: EmbeddedRedis, namespace: str, op: str) -> bytes | None:
     from settle._core.keys import Keys  # noqa: PLC0415
+    from settle._core.layout import unpack  # noqa: PLC0415
 
     with redis.Redis.from_url(server.url) as raw:
-        value: bytes | None = raw.hget(Keys(namespace, 4).record(op), "state")
-        return value
+        stored: bytes | None = raw.get(Keys(namespace, 4).record(op))
+        record = unpack(stored).record if stored is not None else None
+        return record[b"state"] if record is not None else None
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from settle._core import reference
 from settle._core.keys import Keys
 from settle._core.reference import MemoryKeyspace, _Stream
 from settle.testing import ManualClock, MemorySettler
@@ -150,7 +151,6 @@ class ModelWorld:
         self.quarantine_key = keys.quarantine(0)
         self.identities_key = keys.identities(0)
         self.meta_key = keys.meta
-        self.log_key = keys.attempt_log(OP)
         retention = self.settler.config.retention
         self.runner = Runner(
             self.settler,
@@ -215,11 +215,13 @@ class ModelWorld:
             ks._expire_at = dict(expire_at)
         self.clock.advance(LOSS_TAKES)
 
+    def _stored(self) -> reference.Stored:
+        """The record key's packed value as a script reads it now (lua/_lib.lua)."""
+        return reference.load_record(self.keyspace, self.record_key, None, self.clock.now_ms)[1]
+
     def _raw(self) -> dict[bytes, bytes] | None:
-        ks = self.keyspace
-        if ks.type(self.record_key, self.clock.now_ms) != "hash":
-            return None
-        return dict(ks._data[self.record_key])
+        """The live record's fields as the scripts see them (the key may hold only the log)."""
+        return self._stored().rec
 
     def pending_live(self, raw: dict[bytes, bytes] | None) -> bool:
         return (
@@ -259,7 +261,7 @@ class ModelWorld:
         """(attempt id, generation) of every accepted mark_provisional in the attempt log:
         the one thing in the log a script reads (a repeat of such a settlement after a
         takeover is absorbed, not quarantined)."""
-        return _provisional_accepts(self.keyspace.lrange(self.log_key, self.clock.now_ms))
+        return _provisional_accepts(reference.entries(self._stored()))
 
     def key(self) -> tuple[Any, ...]:
         """The abstract state: everything that can change what happens next."""
@@ -295,9 +297,13 @@ class ModelWorld:
             at = expire_at.get(key)
             return None if at is not None and at <= now else data.get(key)
 
-        rec, counter, log, ids = (
-            get(k) for k in (self.record_key, self.counter_key, self.log_key, self.identities_key)
-        )
+        counter, ids = get(self.counter_key), get(self.identities_key)
+        copy = MemoryKeyspace(lambda: now)
+        if get(self.record_key) is not None:
+            copy._data[self.record_key] = data[self.record_key]
+            copy._expire_at.update((k, at) for k, at in expire_at.items() if k == self.record_key)
+        stored = reference.load_record(copy, self.record_key, None, now)[1]
+        rec, log = stored.rec, stored.log
         fields = None
         if isinstance(rec, dict):
             fields = tuple(sorted((k, v) for k, v in rec.items() if k not in _TIMESTAMPS))

@@ -145,17 +145,19 @@ def test_traces_with_losses_give_the_same_answers_on_redis(redis_url: str, losse
 
 def _downgrading_timeout(ks: Any, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """A broken copy of mark_provisional: a timeout downgrades a completed record."""
-    rec = reference.load_record(ks, keys[0], now)
+    rec, st = reference.load_record(ks, keys[0], keys[1], now)
     if isinstance(rec, dict) and rec[b"state"] == b"completed" and rec[b"gen"] == a[4]:
-        ks.hset(keys[0], now, "state", "provisional", "reason", a[9], "ver", int(rec[b"ver"]) + 1)
-        return [b"accepted", b"", now, b"", reference._row(ks, keys[0], now)]
+        fields = {"state": "provisional", "reason": a[9], "ver": int(rec[b"ver"]) + 1}
+        reference.write(st, rec, fields)
+        reference.save(ks, st, now)
+        return [b"accepted", b"", now, b"", reference._row(rec)]
     result: list[Any] = ORIGINAL["mark_provisional"](ks, keys, a, now)
     return result
 
 
 def _stale_accepting_complete(ks: Any, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """A broken copy of complete: it forgets to fence, so an old generation settles."""
-    rec = reference.load_record(ks, keys[0], now)
+    rec, _st = reference.load_record(ks, keys[0], keys[1], now)
     args = list(a)
     if isinstance(rec, dict):
         args[4] = rec[b"gen"]
@@ -167,7 +169,7 @@ def _newer_accepting_complete(ks: Any, keys: list[str], a: list[bytes], now: int
     """A broken copy of complete: it fences with "not older than the record" instead of
     "the record's own generation". Without losses nobody holds a generation newer than the
     record's, so only a failover that dropped a takeover shows the difference."""
-    rec = reference.load_record(ks, keys[0], now)
+    rec, _st = reference.load_record(ks, keys[0], keys[1], now)
     args = list(a)
     same = isinstance(rec, dict) and (rec[b"fp"], rec[b"bind"]) == (a[1], a[3])
     if same and isinstance(rec, dict) and int(a[4]) > int(rec[b"gen"]):
@@ -217,7 +219,7 @@ def test_a_counter_that_restarts_at_one_after_it_was_lost_is_caught_with_a_trace
     original = reference.next_generation
 
     def forgetful(ks: Any, key: str, now: int) -> int:
-        if ks.hget(key, now, "gen") is None and ks.type(record_key, now) == "hash":
+        if ks.hget(key, now, "gen") is None and ks.type(record_key, now) == "string":
             ks.hset(key, now, "gen", 1)  # the counter is gone but the record is not: INCR
             return 1
         return original(ks, key, now)

@@ -1,0 +1,192 @@
+"""The packed record layout (docs/concepts.md, "The record in Redis"): one value per
+operation, the same bytes from the Lua and from settle/_core/layout.py, and records written
+by the previous layout (a HASH beside an attempt-log LIST) read as they are and rewritten
+packed by their next write, on Redis and in the reference model alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from settle import Settler, State, Verdict
+from settle._core.layout import pack, unpack
+from settle.testing import MemorySettler
+
+WHO = "tenant:acme"
+REQ = {"order": 7}
+OLD_FP = "9b" * 32
+OLD_AID = "0f" * 16
+OLD_GEN = "1796000000000001"
+CREATED = 1_796_000_000_000
+
+
+def test_every_state_is_stored_in_the_format_layout_py_reads_and_writes(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    """Whatever the scripts stored, layout.py decodes it to what the API shows and encodes
+    it back to the very same bytes: the model and the tests read what Redis holds."""
+    pending = settler.reserve("p", REQ, principal=WHO).reservation  # type: ignore[union-attr]
+    provisional = settler.reserve("v", REQ, principal=WHO).reservation  # type: ignore[union-attr]
+    settler.mark_provisional(provisional, "timeout: no answer")
+    done = settler.reserve("c", REQ, principal=WHO).reservation  # type: ignore[union-attr]
+    settler.complete(done, b"\x00\xff binary result")
+    failed = settler.reserve("f", REQ, principal=WHO).reservation  # type: ignore[union-attr]
+    settler.fail(failed, ValueError("declined"))
+    settler.complete(pending.model_copy(update={"operation_id": "ghost"}), {"late": True})
+    for op in ("p", "v", "c", "f", "ghost"):
+        blob = redis_client.get(settler._core.keys.record(op))
+        assert isinstance(blob, bytes)
+        stored = unpack(blob)
+        assert pack(stored) == blob
+        assert [a.verdict for a in settler.attempts(op)] == [
+            e.split(b"|")[3].decode() for e in stored.log
+        ]
+        record = settler.get(op)
+        if op == "ghost":  # only the attempt log of a response for an unknown operation
+            assert record is None
+            assert stored.record is None
+            continue
+        assert record is not None
+        assert stored.record is not None
+        assert stored.record[b"fp"].decode() == record.fingerprint
+        assert int(stored.record[b"ver"]) == record.version
+        assert stored.record[b"state"].decode() == record.state.value
+        assert stored.record.get(b"result") == record.result
+        assert b"op" not in stored.record  # the key says it
+
+
+def test_a_settled_operation_is_one_key_of_at_most_320_bytes(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    got = settler.reserve("order-000042", REQ, principal=WHO)
+    settler.complete(got.reservation, b"x" * 40)  # type: ignore[union-attr]
+    pattern = f"settle:{{{settler.config.namespace}:*}}:*order-000042"
+    keys = list(redis_client.scan_iter(match=pattern))
+    assert keys == [settler._core.keys.record("order-000042").encode()]
+    size = redis_client.memory_usage(keys[0], samples=0)
+    assert size is not None
+    assert size <= 320
+
+
+class _Legacy:
+    """Writes a record the way settle wrote it before the packed layout."""
+
+    def __init__(self, settler: Any, client: redis.Redis | None) -> None:
+        self.settler, self.client = settler, client
+        self.ks: Any = None if client is not None else settler._runner.keyspace
+
+    def write(self, op: str, fields: dict[str, Any], log: list[str], ttl_ms: int) -> None:
+        record, log_key = (
+            self.settler._core.keys.record(op),
+            self.settler._core.keys.attempt_log(op),
+        )
+        if self.client is not None:
+            self.client.hset(record, mapping={k: str(v) for k, v in fields.items()})
+            self.client.pexpire(record, ttl_ms)
+            self.client.rpush(log_key, *log)
+            self.client.pexpire(log_key, ttl_ms)
+            return
+        now = self.ks.clock()
+        self.ks.hset(record, now, *(x for kv in fields.items() for x in kv))
+        self.ks.pexpire(record, ttl_ms, now)
+        for entry in log:
+            self.ks.rpush(log_key, now, entry)
+        self.ks.pexpire(log_key, ttl_ms, now)
+
+    def kinds(self, op: str) -> tuple[str, str]:
+        record, log_key = (
+            self.settler._core.keys.record(op),
+            self.settler._core.keys.attempt_log(op),
+        )
+        if self.client is not None:
+            kinds: list[Any] = [self.client.type(record), self.client.type(log_key)]
+            return kinds[0].decode(), kinds[1].decode()
+        now = self.ks.clock()
+        return self.ks.type(record, now), self.ks.type(log_key, now)
+
+
+@pytest.fixture(params=["redis", "model"])
+def side(request: pytest.FixtureRequest, redis_url: str, namespace: str) -> Iterator[_Legacy]:
+    if request.param == "redis":
+        settler = Settler.from_url(redis_url, namespace=namespace)
+        client = redis.Redis.from_url(redis_url)
+        yield _Legacy(settler, client)
+        client.close()
+    else:
+        settler = MemorySettler(namespace=namespace)
+        yield _Legacy(settler, None)
+    settler.close()
+
+
+def _old_pending(side: _Legacy, op: str) -> None:
+    side.write(
+        op,
+        {
+            "op": op,
+            "fp": OLD_FP,
+            "fpv": "1",
+            "bind": WHO,
+            "gen": OLD_GEN,
+            "ver": "1",
+            "state": "pending",
+            "n": "1",
+            "created": str(CREATED),
+            "updated": str(CREATED),
+            "lease": str(4_102_444_800_000),  # 2100: still live
+            "aid": OLD_AID,
+        },
+        [f"{OLD_AID}|{OLD_GEN}|reserve|reserved|new|{CREATED}"],
+        3_600_000,
+    )
+
+
+def test_a_record_of_the_previous_layout_is_read_and_rewritten_packed(side: _Legacy) -> None:
+    _old_pending(side, "old")
+    record = side.settler.get("old")
+    assert record is not None
+    assert record.state is State.PENDING
+    assert record.fingerprint == OLD_FP
+    assert record.generation == int(OLD_GEN)
+    assert [a.action for a in side.settler.attempts("old")] == ["reserve"]
+    assert side.kinds("old") == ("hash", "list")  # reading changes nothing
+    renewed = side.settler.renew(_reservation(record))
+    assert renewed.renewed
+    assert side.kinds("old") == ("string", "none")  # the first write packs it
+    settled = side.settler.complete(_reservation(record), {"ok": 1})
+    assert settled.verdict is Verdict.ACCEPTED
+    assert settled.record is not None
+    assert settled.record.version == 2
+    assert settled.record.created_at == record.created_at
+    observed = side.settler.attempts("old")
+    assert [(a.action, a.verdict) for a in observed] == [
+        ("reserve", "reserved"),
+        ("complete", "accepted"),
+    ]
+    assert observed[0].attempt_id == OLD_AID
+
+
+def test_a_settlement_of_a_previous_layout_record_keeps_its_verdicts(side: _Legacy) -> None:
+    _old_pending(side, "old")
+    record = side.settler.get("old")
+    assert record is not None
+    stale = _reservation(record).model_copy(update={"generation": 5})
+    assert side.settler.complete(stale, {"ok": 1}).verdict is Verdict.QUARANTINED
+    assert side.kinds("old") == ("string", "none")
+    assert side.settler.get("old") == record  # the record is unchanged, only packed
+    assert [a.verdict for a in side.settler.attempts("old")] == ["reserved", "quarantined"]
+
+
+def _reservation(record: Any) -> Any:
+    from settle.models import Reservation  # noqa: PLC0415
+
+    return Reservation(
+        operation_id=record.operation_id,
+        fingerprint=record.fingerprint,
+        fingerprint_version=record.fingerprint_version,
+        binding=record.binding,
+        generation=record.generation,
+        attempt_id=record.attempt_id,
+    )

@@ -1,0 +1,108 @@
+"""settle/_core/layout.py: every value the scripts can store comes back exactly, whatever
+its bytes (digests, words, numbers, text that merely looks like hex), and the common values
+take the few bytes the memory target relies on."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from settle._core.layout import WORDS, Packed, pack, unpack
+
+TEXT = st.one_of(
+    st.binary(max_size=80),
+    st.sampled_from([*WORDS, b"", b"0", b"00", b"abc", b"ABC", b"-1", b"0f" * 16]),
+    st.text("0123456789abcdef", max_size=70).map(str.encode),
+)
+TIME = st.integers(0, 2**50)
+
+
+@st.composite
+def packed(draw: st.DrawFn) -> Packed:
+    record = None
+    if draw(st.booleans()):
+        created = draw(TIME)
+        updated = created + draw(st.integers(-5, 10**9))
+        record = {
+            b"fp": draw(TEXT),
+            b"fpv": b"1",
+            b"bind": draw(TEXT),
+            b"gen": b"%d" % draw(TIME),
+            b"ver": b"%d" % draw(st.integers(1, 10**6)),
+            b"state": draw(st.sampled_from(WORDS[:4])),
+            b"n": b"%d" % draw(st.integers(1, 99)),
+            b"created": b"%d" % created,
+            b"updated": b"%d" % updated,
+        }
+        for name in (b"lease", b"aid", b"reason", b"result", b"rdig"):
+            if draw(st.booleans()):
+                record[name] = b"%d" % (updated + 30_000) if name == b"lease" else draw(TEXT)
+    log = [
+        b"|".join([aid, b"%d" % gen, action, verdict, detail, b"%d" % at])
+        for aid, gen, action, verdict, detail, at in draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from([b"", b"0f" * 16, b"my-attempt.1"]),
+                    TIME,
+                    st.sampled_from(WORDS),
+                    st.sampled_from(WORDS),
+                    st.sampled_from([*WORDS, b""]),
+                    TIME,
+                ),
+                max_size=5,
+            )
+        )
+    ]
+    record_expires = draw(st.none() | TIME) if record is not None else None
+    return Packed(record, record_expires, log, draw(TIME) if log else None)
+
+
+@given(packed())
+def test_a_value_reads_back_as_it_was_stored(value: Packed) -> None:
+    assert unpack(pack(value)) == value
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"\x01",
+        b"\x02",
+        b"\x02\xd9",
+        b"\x02\xc0\xc0\xc3",
+        b"\x02\xc0\xc0\xc0\xc0\xc0\xc0\x7f\xc0",
+    ],
+)
+def test_anything_else_is_refused(blob: bytes) -> None:
+    with pytest.raises(ValueError, match=r"settle value|truncated|unknown word"):  # corrupt
+        unpack(blob)
+
+
+def test_digests_ids_numbers_and_words_are_packed() -> None:
+    created = 1_796_244_273_792
+    aid, gen = b"0f" * 16, b"1796244273792574"
+    record = {
+        b"fp": b"ab" * 32,
+        b"fpv": b"1",
+        b"bind": b"user-1",
+        b"gen": gen,
+        b"ver": b"2",
+        b"state": b"completed",
+        b"n": b"1",
+        b"created": b"%d" % created,
+        b"updated": b"%d" % (created + 40),
+        b"aid": aid,
+        b"result": b"x" * 40,
+        b"rdig": b"cd" * 32,
+    }
+    log = [
+        b"|".join([aid, gen, b"reserve", b"reserved", b"new", b"%d" % created]),
+        b"|".join([aid, gen, b"complete", b"accepted", b"", b"%d" % (created + 40)]),
+    ]
+    blob = pack(Packed(record, created + 40 + 86_400_000, log, created + 40 + 86_400_000))
+    # digests and the attempt id as their bytes, words and small deltas as one byte each
+    assert len(blob) <= 182  # 187 with the byte-wise tokens before it
+    assert b"x" * 40 in blob  # a result is kept as is
+    assert bytes.fromhex("ab" * 32) in blob
+    assert unpack(blob) == Packed(record, created + 40 + 86_400_000, log, created + 40 + 86_400_000)
