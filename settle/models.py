@@ -84,13 +84,21 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def ms_to_datetime(ms: int) -> datetime:
     """Exact, and cached: one record's times repeat across the replies of one operation
     (``created_at`` = ``updated_at`` on a reserve, ``created_at`` again on its settlement),
-    and a datetime is immutable."""
-    return _EPOCH + timedelta(milliseconds=ms)
+    and a datetime is immutable. A time no datetime can hold raises ValueError (a
+    corrupt record: the decoders turn it into ``CorruptRecord``)."""
+    try:
+        return _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError as exc:
+        raise ValueError(f"time {ms} ms is out of range") from exc
 
 
 def us_to_datetime(us: int) -> datetime:
-    """Exact (no float rounding): entries microseconds apart must stay in order."""
-    return datetime.fromtimestamp(us // 1_000_000, tz=UTC) + timedelta(microseconds=us % 1_000_000)
+    """Exact (no float rounding): entries microseconds apart must stay in order. A time
+    no datetime can hold raises ValueError."""
+    try:
+        return _EPOCH + timedelta(microseconds=us)
+    except OverflowError as exc:
+        raise ValueError(f"time {us} µs is out of range") from exc
 
 
 def _trusted(cls: type[M], values: dict[str, Any]) -> M:

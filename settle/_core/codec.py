@@ -233,7 +233,7 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
                 "updated_at": ms_to_datetime(int(updated)),
             },
         )
-    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+    except (TypeError, ValueError, OverflowError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"record cannot be decoded: {exc}") from exc
 
 

@@ -407,7 +407,7 @@ class Core:
                 "version does not know: run one settle version against a namespace",
                 operation_id=op,
             ) from exc
-        record = codec.decode_record(reply.payload, reply.now_ms) if reply.payload else None
+        record = self._record(reply, op) if reply.payload else None
         qid = f"{call.shard}/{reply.quarantine_id}" if reply.quarantine_id else None
         if verdict is not Verdict.QUARANTINED and not log_enabled(INFO):
             return _settlement(verdict, call.action, op, record, qid, kind)
@@ -462,7 +462,7 @@ class Core:
         op = call.operation_id or ""
         if reply.code == "corrupt":
             raise self._corrupt(op)
-        record = codec.decode_record(reply.payload, reply.now_ms) if reply.payload else None
+        record = self._record(reply, op) if reply.payload else None
         log = logger.bind(
             namespace=self.config.namespace, operation_id=op, generation=int(call.args[3])
         )

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from settle import BackendError, ConfigurationError, FingerprintError, SettleError, Settler
+from settle._core import layout
 from settle.embedded import free_port
 from settle.errors import CorruptRecord, InvalidInput, ResultTooLarge
 
@@ -89,15 +90,26 @@ def test_bad_settlement_arguments_raise(settler: Settler) -> None:
     assert settler.get("op").version == 1
 
 
-@pytest.mark.parametrize("shape", ["string", "hash-missing-fields", "hash-bad-state"])
+@pytest.mark.parametrize(
+    "shape", ["string", "hash-missing-fields", "hash-bad-state", "packed-time-out-of-range"]
+)
 def test_corrupted_record_is_reported_and_never_overwritten(
     settler: Settler, redis_client: redis.Redis, shape: str
 ) -> None:
     settler.reserve("victim", {"a": 1}, principal=WHO)
     key = settler._core.keys.record("victim")
     r = settler.reserve("healthy", {"a": 1}, principal=WHO).reservation
+    stored = redis_client.get(key)
     redis_client.delete(key)
-    if shape == "string":
+    if shape == "packed-time-out-of-range":
+        # A well-formed value whose times no datetime can hold (year 33658).
+        packed = layout.unpack(stored)
+        assert packed.record is not None
+        packed.record[b"created"] = b"1000000000000000"
+        packed.record[b"updated"] = b"1000000000000000"
+        packed.record[b"lease"] = b"1000000000030000"
+        redis_client.set(key, layout.pack(packed))
+    elif shape == "string":
         redis_client.set(key, b"not a record")
     elif shape == "hash-missing-fields":
         redis_client.hset(key, mapping={"op": "victim", "state": "pending"})
@@ -118,6 +130,7 @@ def test_corrupted_record_is_reported_and_never_overwritten(
             },
         )
     dump = redis_client.dump(key)
+    before = redis_client.get(key) if shape.startswith("packed") else None
     ghost = r.model_copy(update={"operation_id": "victim"})
     for call in (
         lambda: settler.reserve("victim", {"a": 1}, principal=WHO),
@@ -128,7 +141,14 @@ def test_corrupted_record_is_reported_and_never_overwritten(
         with pytest.raises(CorruptRecord) as info:
             call()
         assert info.value.operation_id == "victim"
-    assert redis_client.dump(key) == dump
+    if shape == "packed-time-out-of-range":
+        # The scripts can read this value (only the client cannot hold its times): the
+        # record is kept as it was; the attempt log inside the value may have grown.
+        after = layout.unpack(redis_client.get(key))
+        assert before is not None
+        assert after.record == layout.unpack(before).record
+    else:
+        assert redis_client.dump(key) == dump
 
 
 def test_unreachable_redis_is_a_backend_error() -> None:
