@@ -284,8 +284,13 @@ def namespace_finding(
     return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
 
 
-def scripts_finding(failures: Mapping[str, str]) -> Finding:
-    """``failures``: script name to the error SCRIPT LOAD answered (empty: all loaded)."""
+def scripts_finding(
+    failures: Mapping[str, str], function_failures: Mapping[str, str] | None = None
+) -> Finding:
+    """``failures``: script name to the error SCRIPT LOAD answered (empty: all loaded);
+    ``function_failures``: library to the error FUNCTION LOAD answered on a Redis 7+ or
+    Valkey node (None: no such node). A refused FUNCTION LOAD only warns: the runner then
+    keeps EVALSHA (``settle.backend.functions_refused``), which costs more per call."""
     if failures:
         shown = "; ".join(f"{name}: {error}" for name, error in sorted(failures.items()))
         return Finding(
@@ -294,6 +299,18 @@ def scripts_finding(failures: Mapping[str, str]) -> Finding:
             f"SCRIPT LOAD refused: {shown}",
             "allow EVALSHA, SCRIPT LOAD and EVAL for settle's user (ACL +@scripting)",
         )
+    if function_failures:
+        shown = "; ".join(f"{n}: {e}" for n, e in sorted(function_failures.items()))
+        return Finding(
+            "scripts",
+            Status.WARN,
+            f"every settle script loads, but FUNCTION LOAD was refused ({shown}): settle "
+            "runs its scripts with EVALSHA, which costs more server time per call",
+            "allow FUNCTION LOAD and FCALL for settle's user (ACL +function|load +fcall "
+            "+fcall_ro)",
+        )
+    if function_failures is not None:
+        return Finding("scripts", Status.OK, "every settle script and FUNCTION library loads")
     return Finding("scripts", Status.OK, "every settle script loads")
 
 

@@ -117,6 +117,26 @@ def _failed_scripts(primaries: dict[str, redis.Redis]) -> dict[str, str]:
     return failures
 
 
+def _failed_libraries(
+    primaries: dict[str, redis.Redis], servers: dict[str, dict[str, Any]]
+) -> dict[str, str] | None:
+    """FUNCTION LOAD of every settle library on each Redis 7+ / Valkey primary ("already
+    exists": the same library is there). None when no primary runs FUNCTION libraries."""
+    failures: dict[str, str] = {}
+    checked = False
+    for name, client in primaries.items():
+        if not topology.has_functions(servers.get(name) or {}):
+            continue
+        checked = True
+        for scripts in _SCRIPT_SETS:
+            try:
+                client.function_load(scripts.library)
+            except ResponseError as exc:
+                if "already exists" not in str(exc):
+                    failures[f"{scripts.library_name}@{name}"] = str(exc).split("\n", 1)[0]
+    return failures if checked else None
+
+
 def _clocks(nodes: dict[str, redis.Redis]) -> tuple[dict[str, int], int, int]:
     """Each node's clock as its offset from the local clock read around its own ``TIME``
     reply, put on one local instant: ``(node -> ms, local ms, slowest round trip ms)``."""
@@ -157,7 +177,12 @@ def diagnose(
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
         findings.append(_namespace(deployment, namespace, shards))
-        findings.append(health.scripts_finding(_failed_scripts(deployment.primaries)))
+        findings.append(
+            health.scripts_finding(
+                _failed_scripts(deployment.primaries),
+                _failed_libraries(deployment.primaries, servers),
+            )
+        )
         findings.append(health.clock_finding(*_clocks(deployment.nodes)))
         return findings
     finally:

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from settle import Settler
+from settle._runtime.topology import has_functions
 from settle.embedded import EmbeddedRedis, find_redis_server
 from tests.cli.conftest import settle
 from tests.cluster.cluster_support import LocalCluster
@@ -128,6 +129,33 @@ def test_a_user_that_may_not_load_scripts_fails() -> None:
     assert code == 1
     assert checks["scripts"]["status"] == "fail"
     assert "+@scripting" in checks["scripts"]["fix"]
+
+
+def test_a_user_that_may_not_load_function_libraries_warns() -> None:
+    """On Redis 7+ and Valkey settle runs its scripts as FUNCTION libraries; a user denied
+    FUNCTION LOAD still works (the runner keeps EVALSHA), so the check warns. On 6.2 there
+    is nothing to load: the check passes."""
+    with EmbeddedRedis() as server:
+        with redis.Redis.from_url(server.url) as raw:
+            functions = has_functions(raw.info("server"))
+            raw.acl_setuser(
+                "app",
+                enabled=True,
+                passwords=["+pw"],
+                keys=["*"],
+                commands=["+@all", "-function"] if functions else ["+@all"],
+            )
+        code, checks = _doctor(f"redis://app:pw@127.0.0.1:{server.port}/0")
+        strict, _ = _doctor(f"redis://app:pw@127.0.0.1:{server.port}/0", "--strict")
+    assert code == 0  # warnings only
+    if functions:
+        assert checks["scripts"]["status"] == "warn"
+        assert "FUNCTION LOAD was refused" in checks["scripts"]["detail"]
+        assert "+function|load" in checks["scripts"]["fix"]
+        assert strict == 1
+    else:
+        assert checks["scripts"]["status"] == "ok"
+        assert checks["scripts"]["detail"] == "every settle script loads"
 
 
 def test_a_cluster_with_unserved_slots_fails() -> None:
