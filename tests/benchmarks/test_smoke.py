@@ -188,3 +188,19 @@ def test_the_telemetry_benchmark_prints_every_mode_side_by_side() -> None:
     assert all(rate > 0 for rate in result["median"].values())
     table = [line.split()[0] for line in lines[1:6] if not line.startswith(" ")]
     assert table == ["mode", "off", "sdk", "sampled"]
+
+
+def test_the_profile_names_where_the_time_goes() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile", "--pairs", "50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if "%" in line]
+    assert "socket wait (server + loopback)" in rows
+    assert "settle: rules (plan, decode)" in rows
+    assert "redis-py + hiredis" in rows
