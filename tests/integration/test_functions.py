@@ -207,6 +207,10 @@ def test_a_full_server_still_answers_reads_and_refuses_writes(binary: str) -> No
         with Settler.from_url(server.url, namespace="fn", shards=2) as settler:
             _settle_once(settler, "op")
             _fill(raw)
+            # Well past the limit, not at its edge (a small write could squeeze through a
+            # freed client buffer there): lower maxmemory under what is used.
+            used = int(raw.info("memory")["used_memory"])
+            raw.config_set("maxmemory", str(used - 1024 * 1024))
             keys = raw.dbsize()
             assert settler.get("op").state is State.COMPLETED
             with pytest.raises(BackendError):
