@@ -241,7 +241,7 @@ def _unrel(v: Value, base: bytes | None) -> bytes | None:
 
 
 def unpack(blob: bytes, log: bool = True) -> Packed:
-    """Decode a stored value (the Lua's ``unpack_value`` then ``decode_log``; without
+    """Decode a stored value (the Lua's ``unpack_value`` then ``log_entries``; without
     ``log``, its attempt log is not read). Raises ValueError."""
     if blob[:1] != MAGIC:
         raise ValueError("not a packed settle value")
@@ -280,7 +280,7 @@ def unpack(blob: bytes, log: bool = True) -> Packed:
         raise ValueError("truncated value")
     lexp = _unrel(t[i], rec.get(b"created") if rec is not None else b"0")
     log_expires = int(lexp) if lexp is not None else None
-    if not log:  # the record alone (the Lua's load_record with lazy: no decode_log)
+    if not log:  # the record alone (the Lua's load_record with lazy: no scan_log)
         return Packed(rec, record_expires, [], log_expires)
     aid, gen, at = b"", b"", b"0"
     if rec is not None:

@@ -172,8 +172,8 @@ local function values(...)
 end
 
 -- Decode a packed value into st: st.stored (the record as stored, live or not), st.rexp and
--- st.lexp (absolute ms), and the decoded values (st.t) for decode_log. Raises on anything
--- malformed.
+-- st.lexp (absolute ms), st.base, and the decoded values (st.t, the log from st.logpos)
+-- for scan_log. Raises on anything malformed.
 local function unpack_value(st, blob)
   if string.sub(blob, 1, 1) ~= MAGIC then error('magic') end
   local t = values(cmsgpack.unpack(string.sub(blob, 2)))
@@ -192,30 +192,72 @@ local function unpack_value(st, blob)
   if i > t.n or (t.n - i) % 6 ~= 0 then error('truncated') end
   if t[i] ~= nil then st.lexp = tonumber(unrel(t[i], rec and rec.created or '0')) end
   st.stored, st.t, st.logpos = rec, t, i + 1
+  -- What the log's first entry is relative to (the record's fields change when it is written).
+  st.base = {'', '', 0}
+  if rec then st.base = {rec.aid or '', rec.gen, tonumber(rec.created)} end
 end
 
--- Decode the attempt log of st's packed value (st.log), once; readers of the record alone
--- never pay for it. Raises on anything malformed.
-local function decode_log(st)
-  local t, i, rec = st.t, st.logpos, st.stored
-  local aid, gen, at = '', '', '0'
-  if rec then aid, gen, at = unhexed(rec.aid) or '', rec.gen, rec.created end
-  local log = {}
-  while i <= t.n do
-    if t[i] ~= nil then aid = unhexed(t[i]) end
+-- The attempt log is kept as it was decoded: st.nold entries of six values in st.t from
+-- st.logpos (the first st.drop of them dropped by the cap), then st.new, the entries this
+-- call observed ({aid, gen, action, verdict, detail, at} as text). save() packs the kept
+-- entries' values as they are and encodes again only the first of them (its aid, gen and
+-- at are relative to the record's, which may have changed) and the new ones, so appending
+-- to a long log costs no text work per entry.
+
+-- Check the packed log's entries (raises on anything malformed) and note the last one's
+-- aid, gen (as stored) and at (absolute, a number): a new entry is encoded against it.
+local function scan_log(st)
+  local t = st.t
+  local aid, gen, at = st.base[1], st.base[2], st.base[3]
+  for i = st.logpos, t.n, 6 do
+    if t[i] ~= nil then aid = stored(t[i]) end
     if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
-    at = unrel(t[i + 5], at) or error('at')
-    log[#log + 1] = table.concat({aid, gen, unword(t[i + 2]) or '', unword(t[i + 3]) or '',
-      unword(t[i + 4]) or '', at}, '|')
-    i = i + 6
+    unword(t[i + 2]); unword(t[i + 3]); unword(t[i + 4])
+    if type(t[i + 5]) ~= 'number' then error('at') end
+    at = at + t[i + 5]
   end
-  st.log = log
+  st.nold, st.last = (t.n - st.logpos + 1) / 6, {aid, gen, at}
 end
 
--- Make st.log available: false when the packed log does not decode (nothing may be written).
+-- Make the packed log ready to be written: false when it does not decode (nothing may be
+-- written then).
 local function load_log(st)
-  if st.log == nil and not pcall(decode_log, st) then return false end
+  if st.nold == nil and not pcall(scan_log, st) then return false end
   return true
+end
+
+-- The absolute aid (text), gen (text) and at (a number) of the packed log's entry j.
+local function entry_at(st, j)
+  local t = st.t
+  local aid, gen, at = st.base[1], st.base[2], st.base[3]
+  for i = st.logpos, st.logpos + 6 * (j - 1), 6 do
+    if t[i] ~= nil then aid = t[i] end
+    if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
+    at = at + t[i + 5]
+  end
+  return unhexed(aid) or '', gen, at
+end
+
+-- The attempt log as 'aid|gen|action|verdict|detail|at' strings, oldest first (the attempts
+-- script, and the rules that look for an earlier entry).
+local function log_entries(st)
+  local log = {}
+  if st.drop < st.nold then
+    local t, i = st.t, st.logpos + 6 * st.drop
+    local aid, gen, at = entry_at(st, st.drop + 1)
+    for _ = st.drop + 1, st.nold do
+      if i > st.logpos + 6 * st.drop then
+        if t[i] ~= nil then aid = unhexed(t[i]) end
+        if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
+        at = at + t[i + 5]
+      end
+      log[#log + 1] = table.concat({aid, gen, unword(t[i + 2]) or '', unword(t[i + 3]) or '',
+        unword(t[i + 4]) or '', int(at)}, '|')
+      i = i + 6
+    end
+  end
+  for _, e in ipairs(st.new) do log[#log + 1] = table.concat(e, '|') end
+  return log
 end
 
 local function valid(rec)
@@ -238,9 +280,10 @@ local function load_legacy(st, now)
   st.legacy = true
   local ttl = redis.call('PTTL', st.key)
   if ttl >= 0 then st.rexp = now + ttl end
-  st.log = {}
   if st.log_key then
-    st.log = redis.call('LRANGE', st.log_key, 0, -1)
+    for _, entry in ipairs(redis.call('LRANGE', st.log_key, 0, -1)) do
+      st.new[#st.new + 1] = split(entry)
+    end
     ttl = redis.call('PTTL', st.log_key)
     if ttl >= 0 then st.lexp = now + ttl end
   end
@@ -249,11 +292,12 @@ end
 
 -- Returns (record table, positional row, st); (nil, nil, st) when there is no live record;
 -- (false) when the key holds something that is not a settle value (another type, a string
--- of another format, fields missing). st carries the attempt log (st.log) and what save()
--- needs; log_key is the previous layout's attempt log (nil for readers of the record only).
--- With lazy, st.log is left nil for load_log() to decode when the caller needs it.
+-- of another format, fields missing). st carries the attempt log (see scan_log; as strings
+-- from log_entries()) and what save() needs; log_key is the previous layout's attempt log
+-- (nil for readers of the record only). With lazy, the packed log is left unchecked for
+-- load_log() when the caller writes.
 local function load_record(key, log_key, now, lazy)
-  local st = {key = key, log_key = log_key, log = {}}
+  local st = {key = key, log_key = log_key, nold = 0, drop = 0, new = {}}
   local blob = redis.pcall('GET', key)
   local rec
   if type(blob) == 'table' then
@@ -261,10 +305,10 @@ local function load_record(key, log_key, now, lazy)
     rec = load_legacy(st, now)
     if not rec then return false end
   elseif blob then
-    st.log = nil
+    st.nold = nil
     if not pcall(unpack_value, st, blob) then return false end
     if st.lexp and st.lexp <= now then
-      st.log, st.lexp = {}, nil
+      st.nold, st.lexp = 0, nil
     elseif not lazy and not load_log(st) then
       return false
     end
@@ -297,34 +341,62 @@ local function write(st, rec, row, pairs_)
   return row
 end
 
+-- cmsgpack.pack of values i..j of t (nil included), in parts the Lua stack holds: the
+-- packing of several values is the concatenation of their packings.
+local function pack_range(t, i, j)
+  local parts = {}
+  while i <= j do
+    local k = math.min(j, i + 5999)
+    parts[#parts + 1] = cmsgpack.pack(unpack(t, i, k))
+    i = k + 1
+  end
+  return table.concat(parts)
+end
+
 -- Store st (its live record and attempt log) as one packed value that expires with the
 -- later of the two; a value written before this layout leaves with its old attempt log.
 local function save(st, now)
-  local rec, v, aid, gen, at = st.rec, nil, '', '', '0'
+  local rec, v, aid, gen, at = st.rec, nil, '', '', 0
   local expires = 0
   if rec then
     v = {rec.fp, num(rec.fpv), rec.bind, num(rec.gen), num(rec.ver), word(rec.state),
       num(rec.n), num(rec.created), rel(rec.updated, rec.created), rel(rec.lease, rec.updated),
       rec.aid, word(rec.reason), rec.result, rec.rdig, rel(st.rexp, rec.updated)}
-    aid, gen, at = unhexed(rec.aid) or '', rec.gen, rec.created
+    aid, gen, at = unhexed(rec.aid) or '', rec.gen, tonumber(rec.created)
     expires = st.rexp or 0
   else
     v = {}
   end
   local n = rec and 16 or 2
-  local log = st.log
-  if #log > 0 then
+  local kept, new = st.nold - st.drop, st.new
+  if kept + #new > 0 then
     v[n] = rel(st.lexp, rec and rec.created or '0')
     expires = math.max(expires, st.lexp)
   end
-  for _, entry in ipairs(log) do
-    local e = split(entry)
-    if e[1] ~= aid then v[n + 1] = hexed(e[1]) end
-    if e[2] ~= gen then v[n + 2] = num(e[2]) end
-    v[n + 3], v[n + 4], v[n + 5], v[n + 6] = word(e[3]), word(e[4]), word(e[5]), rel(e[6], at)
-    aid, gen, at, n = e[1], e[2], e[6], n + 6
+  local parts = {MAGIC, pack_range(v, 1, n)}
+  -- Entries are encoded against the previous one (the first against the record): text
+  -- aid and gen, at a number.
+  local e = {}
+  local function encode(a, g, action, verdict, detail, when)
+    e[1], e[2] = nil, nil
+    if a ~= aid then e[1] = hexed(a) end
+    if g ~= gen then e[2] = num(g) end
+    e[3], e[4], e[5], e[6] = word(action), word(verdict), word(detail), when - at
+    parts[#parts + 1] = cmsgpack.pack(unpack(e, 1, 6))
+    aid, gen, at = a, g, when
   end
-  local blob = MAGIC .. cmsgpack.pack(unpack(v, 1, n))
+  if kept > 0 then
+    local t, j = st.t, st.drop + 1
+    local i = st.logpos + 6 * st.drop
+    local a, g, when = entry_at(st, j)
+    encode(a, g, unword(t[i + 2]) or '', unword(t[i + 3]) or '', unword(t[i + 4]) or '', when)
+    if kept > 1 then
+      parts[#parts + 1] = pack_range(t, i + 6, t.n)
+      aid, gen, at = unhexed(st.last[1]) or '', st.last[2], st.last[3]
+    end
+  end
+  for _, x in ipairs(new) do encode(x[1], x[2], x[3], x[4], x[5], tonumber(x[6])) end
+  local blob = table.concat(parts)
   if rec and not st.rexp then
     redis.call('SET', st.key, blob)
   else
@@ -349,9 +421,12 @@ end
 -- expires with the record: ttl is the record's remaining time to live when the caller knows
 -- it, else nil (then the record's own: -2 when there is none).
 local function observe(st, cap, retention, ttl, aid, gen, action, verdict, detail, now)
-  local log = st.log
-  log[#log + 1] = table.concat({aid, gen, action, verdict, detail, int(now)}, '|')
-  while #log > tonumber(cap) do table.remove(log, 1) end
+  local new = st.new
+  -- As text and split again, like an entry of the previous layout (an attempt id may hold '|').
+  new[#new + 1] = split(table.concat({aid, gen, action, verdict, detail, int(now)}, '|'))
+  local over = st.nold - st.drop + #new - tonumber(cap)
+  while over > 0 and st.drop < st.nold do st.drop, over = st.drop + 1, over - 1 end
+  while over > 0 do table.remove(new, 1); over = over - 1 end
   if ttl == nil then
     ttl = -2
     if st.rec then ttl = st.rexp and st.rexp - now or -1 end

@@ -78,7 +78,7 @@ local function settle(action)
   elseif not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
     kind = 'misbound'  -- rule: S2
   elseif rec.gen ~= ARGV[5] then
-    if action == 'mark_provisional' and observed(st.log, ARGV[7], ARGV[5], action) then
+    if action == 'mark_provisional' and observed(log_entries(st), ARGV[7], ARGV[5], action) then
       -- rule: S13
       -- The repeat of an accepted mark_provisional whose reply was lost, arriving after
       -- another attempt took over: it already counted, it is not a stale response.

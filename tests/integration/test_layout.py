@@ -190,3 +190,41 @@ def _reservation(record: Any) -> Any:
         generation=record.generation,
         attempt_id=record.attempt_id,
     )
+
+
+def test_a_log_at_its_cap_drops_its_oldest_entries_and_stays_in_the_format(
+    redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    """At the cap every write drops the oldest entry, so the new first entry is written
+    against the record (another attempt, another generation): the scripts write the bytes
+    layout.py writes, and the log shows the last entries with their own attempts."""
+    settler = Settler.from_url(redis_url, namespace=namespace, attempt_log_size=3)
+    first = settler.reserve("capped", REQ, principal=WHO).reservation
+    assert first is not None
+    settler.mark_provisional(first, "timeout: no answer")
+    second = settler.reserve("capped", REQ, principal=WHO).reservation
+    assert second is not None
+    calls = [
+        lambda: settler.complete(first, {"late": True}),
+        lambda: settler.complete(second, {"ok": 1}),
+        *[lambda: settler.complete(second, {"ok": 1})] * 3,
+    ]
+    seen = [
+        (first.attempt_id, first.generation, "reserve", "reserved"),
+        (first.attempt_id, first.generation, "mark_provisional", "accepted"),
+        (second.attempt_id, second.generation, "reserve", "reserved"),
+        (first.attempt_id, first.generation, "complete", "quarantined"),
+        (second.attempt_id, second.generation, "complete", "accepted"),
+        *[(second.attempt_id, second.generation, "complete", "absorbed")] * 3,
+    ]
+    for logged, call in enumerate([lambda: None, *calls], start=3):
+        call()
+        blob = redis_client.get(settler._core.keys.record("capped"))
+        assert isinstance(blob, bytes)
+        assert pack(unpack(blob)) == blob
+        log = settler.attempts("capped")
+        assert [(a.attempt_id, a.generation, a.action, a.verdict) for a in log] == seen[
+            logged - 3 : logged
+        ]
+        assert [a.at for a in log] == sorted(a.at for a in log)
+    settler.close()
