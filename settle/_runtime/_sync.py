@@ -293,17 +293,33 @@ class Runner:
                 raise
 
     def _eviction_policies(self) -> dict[str, str | None]:
-        """Each primary's ``maxmemory_policy`` from ``INFO memory`` (CONFIG GET is often
-        blocked on managed Redis); ``None`` where INFO is denied or does not say."""
-        try:
-            if isinstance(self.client, RedisCluster):
+        """The ``maxmemory_policy`` of each primary and of each replica (a failover makes a
+        replica the primary, with its own policy) from ``INFO memory`` (CONFIG GET is often
+        blocked on managed Redis); ``None`` where INFO is denied, a replica is out of reach,
+        or the reply does not say."""
+        if isinstance(self.client, RedisCluster):
+            try:
                 every = RedisCluster.PRIMARIES
                 per_node = _per_node(self.client.info("memory", target_nodes=every))
-            else:
-                per_node = {"": self.client.info("memory")}
-        except rx.ResponseError:  # NOPERM, or INFO renamed away
+            except rx.ResponseError:  # NOPERM, or INFO renamed away
+                return {"": None}
+            found = {node: health.eviction_policy(info) for node, info in per_node.items()}
+            for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
+                probe = Redis(**{**_node_settings(replica), **_PROBE_TIMEOUTS})
+                found[f"{replica.host}:{replica.port}"] = _policy_of(probe)
+            return found
+        try:
+            primary = self.client.info("memory")
+        except rx.ResponseError:
             return {"": None}
-        return {node: health.eviction_policy(info) for node, info in per_node.items()}
+        found = {"": health.eviction_policy(primary)}
+        pool = self.client.connection_pool
+        settings = _passed_on(pool.connection_kwargs, pool.connection_class)
+        for host, port in _replicas_of(self.client):
+            node = {"host": host, "port": port, "decode_responses": False}
+            probe = Redis(**{**settings, **node, **_PROBE_TIMEOUTS})
+            found[f"{host}:{port}"] = _policy_of(probe)
+        return found
 
     def _server_info(self) -> dict[str, Any]:
         node = self.client
@@ -330,9 +346,7 @@ class Runner:
                 "the server is a Redis Cluster node: connect over TCP with database 0 "
                 "(redis://host:port/0), or use from_cluster()"
             )
-        kwargs = {k: v for k, v in given.items() if k in _NODE_SETTINGS or k.startswith("ssl_")}
-        if "SSL" in pool.connection_class.__name__:
-            kwargs["ssl"] = True
+        kwargs = _passed_on(given, pool.connection_class)
         logger.info("settle.backend.cluster_detected", host=kwargs["host"], port=kwargs["port"])
         self._use(RedisCluster(**{**_CLUSTER_DEFAULTS, **kwargs}))
         node.close()
@@ -595,6 +609,37 @@ def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:
     return {"node": result}
 
 
+#: A replica is asked for its policy once, at start-up; one out of reach is warned about.
+_PROBE_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+
+
+def _replicas_of(client: Redis) -> list[tuple[str, int]]:
+    try:
+        return health.replica_addresses(client.info("replication"))
+    except rx.ResponseError:  # INFO replication denied: the primary's policy is still judged
+        return []
+
+
+def _policy_of(probe: Redis) -> str | None:
+    """One node's policy through a client of its own, closed after; None when the node
+    cannot be reached or refuses INFO."""
+    try:
+        return health.eviction_policy(probe.info("memory"))
+    except (RedisError, OSError):
+        return None
+    finally:
+        probe.close()
+
+
+def _passed_on(given: Mapping[str, Any], kind: type | None) -> dict[str, Any]:
+    """The connection settings (credentials, timeouts, TLS) a client of one node passes on to
+    a client of another node of the same deployment."""
+    settings = {k: v for k, v in given.items() if k in _NODE_SETTINGS or k.startswith("ssl_")}
+    if kind is not None and "SSL" in kind.__name__:
+        settings["ssl"] = True
+    return settings
+
+
 def _node_settings(node: Any) -> dict[str, Any]:
     """Connection settings for a plain client of one cluster node, taken from the cluster
     client (redis-py's asyncio node keeps them; its sync node keeps a client that has them)."""
@@ -603,7 +648,5 @@ def _node_settings(node: Any) -> dict[str, Any]:
     if given is None:
         pool = node.redis_connection.connection_pool
         given, kind = pool.connection_kwargs, pool.connection_class
-    settings = {k: v for k, v in given.items() if k in _NODE_SETTINGS or k.startswith("ssl_")}
-    if kind is not None and "SSL" in kind.__name__:
-        settings["ssl"] = True
-    return {**settings, "host": node.host, "port": node.port, "decode_responses": False}
+    node_address = {"host": node.host, "port": node.port, "decode_responses": False}
+    return {**_passed_on(given, kind), **node_address}

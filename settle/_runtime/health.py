@@ -34,6 +34,7 @@ __all__ = [
     "is_evicting",
     "namespace_finding",
     "persistence_finding",
+    "replica_addresses",
     "replicas_finding",
     "scripts_finding",
     "slots_finding",
@@ -84,6 +85,19 @@ def eviction_policy(info_memory: Mapping[str, Any]) -> str | None:
     return None if policy is None else _text(policy)
 
 
+def replica_addresses(info_replication: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(host, port)`` of each replica a primary's ``INFO replication`` lists (redis-py
+    parses ``slaveN:ip=...,port=...`` into a mapping). A replica is checked like a primary:
+    a failover makes it one, with the policy it has."""
+    found = []
+    for name, value in info_replication.items():
+        if str(name).startswith("slave") and isinstance(value, Mapping):
+            host, port = value.get("ip"), value.get("port")
+            if host and str(port).isdigit():
+                found.append((_text(host), int(str(port))))
+    return sorted(found)
+
+
 def is_evicting(policy: str) -> bool:
     """Every ``allkeys-*`` policy may evict any key; every ``volatile-*`` one any key with a
     TTL, and every settle key has one (its retention). Only ``noeviction`` keeps them."""
@@ -100,9 +114,10 @@ class EvictionWarnings:
 
 
 def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> EvictionWarnings:
-    """Judge each primary's policy (``None``: it could not be read; node ``""``: a single
-    server). Raise :class:`ConfigurationError` for an evicting one unless ``allow``; return
-    what to warn about."""
+    """Judge each node's policy, primaries' and replicas' (``None``: it could not be read;
+    node ``""``: a single server or a standalone primary). Raise
+    :class:`ConfigurationError` for an evicting one unless ``allow``; return what to warn
+    about."""
     evicting = {node: p for node, p in policies.items() if p is not None and is_evicting(p)}
     if evicting and not allow:
         shown = ", ".join(f"{p} on {node}" if node else p for node, p in sorted(evicting.items()))
@@ -119,7 +134,8 @@ def check_eviction(policies: Mapping[str, str | None], *, allow: bool) -> Evicti
 
 
 def eviction_finding(policies: Mapping[str, str | None]) -> Finding:
-    evicting = sorted({p for p in policies.values() if p is not None and is_evicting(p)})
+    """``policies``: node -> policy, replicas included (a failover promotes them)."""
+    evicting = sorted(f"{p} on {node}" for node, p in policies.items() if p and is_evicting(p))
     if evicting:
         return Finding(
             "eviction",
@@ -131,7 +147,9 @@ def eviction_finding(policies: Mapping[str, str | None]) -> Finding:
         return Finding(
             "eviction",
             Status.WARN,
-            "maxmemory-policy could not be read (INFO memory denied?)",
+            "maxmemory-policy could not be read on "
+            + ", ".join(sorted(node for node, p in policies.items() if p is None))
+            + " (INFO memory denied, or a replica out of reach?)",
             "allow INFO for settle's user, or check the policy is noeviction",
         )
     shown = ", ".join(sorted({p for p in policies.values() if p is not None}))
@@ -306,8 +324,7 @@ def scripts_finding(
             Status.WARN,
             f"every settle script loads, but FUNCTION LOAD was refused ({shown}): settle "
             "runs its scripts with EVALSHA, which costs more server time per call",
-            "allow FUNCTION LOAD and FCALL for settle's user (ACL +function|load +fcall "
-            "+fcall_ro)",
+            "allow FUNCTION LOAD and FCALL for settle's user (ACL +function|load +fcall +fcall_ro)",
         )
     if function_failures is not None:
         return Finding("scripts", Status.OK, "every settle script and FUNCTION library loads")

@@ -18,6 +18,7 @@ import click
 import redis
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from rich.table import Table
+from rich.text import Text
 
 from settle._core.scripts import SCRIPTS
 from settle._runtime import health, topology
@@ -34,7 +35,7 @@ from settle.cli._context import (
     json_option,
     stored_shards,
 )
-from settle.cli._render import console, print_json
+from settle.cli._render import console, print_json, visible
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
 from settle.errors import ConfigurationError
 from settle.progress._scripts import PROGRESS, STREAM
@@ -49,11 +50,13 @@ _PASSED_ON = ("username", "password", "socket_timeout", "socket_connect_timeout"
 
 @dataclass
 class _Deployment:
-    """Plain clients of every node: the primaries, and the replicas of a cluster."""
+    """Plain clients of every node: the primaries and their replicas (a failover makes a
+    replica the primary); ``unreachable``: replicas a primary lists that did not answer."""
 
     seed: redis.Redis
     primaries: dict[str, redis.Redis] = field(default_factory=dict)
     replicas: dict[str, redis.Redis] = field(default_factory=dict)
+    unreachable: list[str] = field(default_factory=list)
     cluster: bool = False
 
     @property
@@ -69,14 +72,26 @@ def _connect(url: str) -> _Deployment:
     seed = redis.Redis.from_url(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT)
     info = seed.info("server")
     kwargs = seed.connection_pool.connection_kwargs
-    if not topology.is_cluster_mode(info):
-        name = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-        return _Deployment(seed, primaries={name: seed})
-    found = _Deployment(seed, cluster=True)
-    nodes: dict[str, dict[str, Any]] = seed.cluster("NODES")  # redis-py: {"host:port": {...}}
     settings = {k: v for k, v in kwargs.items() if k in _PASSED_ON or k.startswith("ssl_")}
     if "SSL" in seed.connection_pool.connection_class.__name__:
         settings["ssl"] = True
+    if not topology.is_cluster_mode(info):
+        name = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        found = _Deployment(seed, primaries={name: seed})
+        replication = _info(seed, "replication") or {}
+        for address in health.replica_addresses(replication):
+            name = "{}:{}".format(*address)
+            replica = redis.Redis(host=address[0], port=address[1], **settings)
+            try:
+                replica.ping()
+            except (RedisError, OSError):
+                replica.close()
+                found.unreachable.append(name)
+                continue
+            found.replicas[name] = replica
+        return found
+    found = _Deployment(seed, cluster=True)
+    nodes: dict[str, dict[str, Any]] = seed.cluster("NODES")  # redis-py: {"host:port": {...}}
     for name, node in nodes.items():
         flags = str(node.get("flags", "")).split(",")
         host, _, port = name.split("@", 1)[0].rpartition(":")
@@ -164,11 +179,10 @@ def diagnose(
     try:
         servers = {n: _info(c, "server") or {} for n, c in deployment.nodes.items()}
         findings = [health.version_finding(servers)]
-        memory = {n: _info(c, "memory") for n, c in deployment.primaries.items()}
+        memory = {n: _info(c, "memory") for n, c in deployment.nodes.items()}
+        policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
         findings.append(
-            health.eviction_finding(
-                {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
-            )
+            health.eviction_finding({**policies, **dict.fromkeys(deployment.unreachable)})
         )
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.primaries.items()}
         saves = {n: _save_rule(c) for n, c in deployment.primaries.items()}
@@ -277,7 +291,7 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
         for column in ("check", "status", "seen", "what to change"):
             table.add_column(column, overflow="fold")
         for f in findings:
-            status = f"[{_STYLE[f.status]}]{f.status.value}[/]"
-            table.add_row(f.check, status, f.detail, f.fix)
+            status = Text(f.status.value, style=_STYLE[f.status])
+            table.add_row(f.check, status, visible(f.detail), f.fix)
         console().print(table)
     sys.exit(EXIT_FAILED if failed or (strict and warned) else EXIT_OK)

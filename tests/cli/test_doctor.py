@@ -74,6 +74,9 @@ def test_the_table_names_each_check_and_what_to_change() -> None:
     assert done.returncode == 0  # warnings only
     for words in ("version", "eviction", "persistence", "warn", "appendonly yes"):
         assert words in done.stdout
+    # The status is styled, not shown as markup (the console interprets none).
+    assert "│ warn " in done.stdout
+    assert "[/]" not in done.stdout
 
 
 def test_an_evicting_policy_fails() -> None:
@@ -83,6 +86,18 @@ def test_an_evicting_policy_fails() -> None:
     assert checks["eviction"]["status"] == "fail"
     assert "allkeys-lru" in checks["eviction"]["detail"]
     assert "noeviction" in checks["eviction"]["fix"]
+
+
+def test_an_evicting_replica_fails_by_name() -> None:
+    # A failover makes the replica the primary, with the policy it has.
+    with EmbeddedRedis() as primary:
+        replica_args = ["--maxmemory-policy", "volatile-lru", "--replicaof", "127.0.0.1"]
+        with EmbeddedRedis(extra_args=[*replica_args, str(primary.port)]) as replica:
+            _wait_replica(primary)
+            code, checks = _doctor(primary.url)
+    assert code == 1
+    assert checks["eviction"]["status"] == "fail"
+    assert f"volatile-lru on 127.0.0.1:{replica.port}" in checks["eviction"]["detail"]
 
 
 def test_no_persistence_warns_and_strict_makes_it_fail() -> None:

@@ -1,9 +1,12 @@
-"""Eviction on Redis Cluster: every primary's ``maxmemory-policy`` is read, so one evicting
-primary among healthy ones is refused by name (issue 20, item 1)."""
+"""Eviction on Redis Cluster: every node's ``maxmemory-policy`` is read, so one evicting
+primary among healthy ones is refused by name (issue 20, item 1), and so is an evicting
+replica (a failover makes it the primary, with its own policy)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -42,3 +45,47 @@ def test_one_evicting_primary_is_refused_by_name(cluster: LocalCluster, namespac
     finally:
         with cluster.client(2) as c:
             c.config_set("maxmemory-policy", "noeviction")
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[LocalCluster]:
+    running = LocalCluster(primaries=2, replicas=1).start()
+    # Every node's CLUSTER SLOTS names the replicas (gossip may lag the replication link):
+    # the client learns its topology from them.
+    deadline = time.monotonic() + 20
+    for index in range(len(running.nodes)):
+        with running.client(index) as c:
+            # Each entry: low, high, the primary, then its replicas.
+            while sum(len(e) - 3 for e in c.execute_command("CLUSTER SLOTS")) < 2:
+                assert time.monotonic() < deadline, "the replicas never showed in CLUSTER SLOTS"
+                time.sleep(0.05)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.mark.faults
+def test_an_evicting_replica_is_refused_by_name(replicated: LocalCluster, namespace: str) -> None:
+    replica = replicated.replica_of(1)
+    with replicated.client(replica) as c:
+        c.config_set("maxmemory-policy", "allkeys-lfu")
+    try:
+        s = Settler.from_cluster(replicated.url, namespace=namespace, shards=4)
+        with pytest.raises(ConfigurationError) as info:
+            s.check()
+        s.close()
+        assert f"allkeys-lfu on 127.0.0.1:{replicated.nodes[replica].port}" in str(info.value)
+
+        async def main() -> None:
+            seeds = replicated.startup_nodes
+            async with AsyncSettler.from_cluster(seeds, namespace=namespace, shards=4) as a:
+                await a.reserve("op-1", {"n": 1}, principal="p")
+
+        with pytest.raises(ConfigurationError, match="allkeys-lfu on"):
+            asyncio.run(main())
+    finally:
+        with replicated.client(replica) as c:
+            c.config_set("maxmemory-policy", "noeviction")
+    with Settler.from_cluster(replicated.url, namespace=namespace, shards=4) as s:
+        assert isinstance(s.reserve("op-1", {"n": 1}, principal="p"), Reserved)

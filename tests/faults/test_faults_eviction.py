@@ -6,6 +6,7 @@ starts a real redis-server with the policy; one measures what the refusal preven
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -219,3 +220,65 @@ def test_a_refusal_in_a_with_block_closes_the_client(
 
     if flavour == "async":
         asyncio.run(main())
+
+
+# -- replicas: a failover makes a replica the primary, with the policy it has ---------------
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    """A noeviction primary and its replica, the replica set to evict (replicas ignore
+    maxmemory while they replicate; promoted, they evict with their own policy)."""
+    primary = _server("noeviction")
+    replica = _server("allkeys-lru", "--replicaof", "127.0.0.1", str(primary.port))
+    try:
+        with redis.Redis.from_url(primary.url) as raw:
+            for _ in range(100):
+                if int(raw.info("replication")["connected_slaves"]) == 1:
+                    break
+                raw.execute_command("WAIT", 1, 100)
+            assert int(raw.info("replication")["connected_slaves"]) == 1
+        yield primary, replica
+    finally:
+        replica.close()
+        primary.close()
+
+
+@pytest.mark.parametrize("part", ["settler", "cursor", "progress"])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_an_evicting_replica_is_refused_by_name_before_the_first_write(
+    replicated: tuple[EmbeddedRedis, EmbeddedRedis], flavour: str, part: str
+) -> None:
+    primary, replica = replicated
+    with pytest.raises(ConfigurationError) as info:
+        _first_call(flavour, part, primary.url)
+    assert f"allkeys-lru on 127.0.0.1:{replica.port}" in str(info.value)
+    assert _keys(primary) == 0  # nothing was written
+
+    # allow_eviction accepts it with one warning; a replica set right passes silently.
+    with capture_logs() as logs:
+        _first_call(flavour, part, primary.url, allow_eviction=True)
+    allowed = [e for e in logs if e["event"] == "settle.backend.eviction_allowed"]
+    assert [e["policy"] for e in allowed] == ["allkeys-lru"]
+    with redis.Redis.from_url(replica.url) as raw:
+        raw.config_set("maxmemory-policy", "noeviction")
+    with capture_logs() as logs:
+        _first_call(flavour, part, primary.url)
+    assert not [e for e in logs if e["event"].startswith("settle.backend.eviction")]
+
+
+def test_a_replica_out_of_reach_is_warned_about_and_not_refused(
+    replicated: tuple[EmbeddedRedis, EmbeddedRedis],
+) -> None:
+    # The primary still lists a replica that stopped answering (SIGSTOP: its link lasts
+    # until repl-timeout): settle cannot read its policy, says which node, and goes on.
+    primary, replica = replicated
+    assert replica.process is not None
+    replica.process.send_signal(signal.SIGSTOP)
+    try:
+        with capture_logs() as logs:
+            _first_call("sync", "settler", primary.url)
+    finally:
+        replica.process.send_signal(signal.SIGCONT)
+    unknown = [e for e in logs if e["event"] == "settle.backend.eviction_unknown"]
+    assert [e["nodes"] for e in unknown] == [f"127.0.0.1:{replica.port}"]
