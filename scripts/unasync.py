@@ -49,6 +49,7 @@ RUNTIME_RULES: list[tuple[str, str]] = [
     (r"from redis\.asyncio import", "from redis import"),
     (r"from redis\.asyncio\.cluster import", "from redis.cluster import"),
     (r"from redis\.asyncio\.sentinel import", "from redis.sentinel import"),
+    (r"from redis\.asyncio\.retry import", "from redis.retry import"),
     (
         r"from collections\.abc import Awaitable, Callable,",
         "from collections.abc import Callable,",

@@ -45,7 +45,10 @@ class SettleConfig(BaseModel):
     """How much of a rejected payload the quarantine keeps (size and SHA-256 always)."""
     quarantine_maxlen: int | None = Field(default=None, ge=1)
     """Cap on each shard's quarantine stream; None keeps every entry (export, then trim)."""
-    attempt_log_size: int = Field(default=64, ge=1, le=10_000)
+    attempt_log_size: int = Field(default=64, ge=1, le=1_000)
+    """Entries kept in each operation's attempt log (the newest). At most 1000: the log lives
+    in the record's packed value, which a script decodes whole (Lua's stack holds ~8000
+    values; an entry is 6)."""
     min_replicas: int = Field(default=0, ge=0)
     """With N > 0 every transition is followed by ``WAIT N replica_timeout``."""
     replica_timeout: float = Field(default=1.0, gt=0)

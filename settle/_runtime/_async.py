@@ -19,7 +19,9 @@ from typing import Any, Self
 from redis import exceptions as rx
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.exceptions import AskError, NoScriptError, RedisClusterException, RedisError
 from tenacity import AsyncRetrying
 
@@ -304,7 +306,7 @@ class AsyncRunner:
                 return {"": None}
             found = {node: health.eviction_policy(info) for node, info in per_node.items()}
             for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
-                probe = Redis(**{**_node_settings(replica), **_PROBE_TIMEOUTS})
+                probe = Redis(**{**_node_settings(replica), **_probe_options()})
                 found[f"{replica.host}:{replica.port}"] = await _policy_of(probe)
             return found
         try:
@@ -314,9 +316,12 @@ class AsyncRunner:
         found = {"": health.eviction_policy(primary)}
         pool = self.client.connection_pool
         settings = _passed_on(pool.connection_kwargs, pool.connection_class)
-        for host, port in await _replicas_of(self.client):
+        replicas = await _replicas_of(self.client)
+        if replicas is None:  # the primary's policy is still judged; say what was not
+            found["its replicas (INFO replication denied)"] = None
+        for host, port in replicas or ():
             node = {"host": host, "port": port, "decode_responses": False}
-            probe = Redis(**{**settings, **node, **_PROBE_TIMEOUTS})
+            probe = Redis(**{**settings, **node, **_probe_options()})
             found[f"{host}:{port}"] = await _policy_of(probe)
         return found
 
@@ -608,15 +613,19 @@ def _per_node(result: Any) -> dict[str, Mapping[str, Any]]:
     return {"node": result}
 
 
-#: A replica is asked for its policy once, at start-up; one out of reach is warned about.
-_PROBE_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+def _probe_options() -> dict[str, Any]:
+    """A replica is asked for its policy once, at start-up, in one try of at most 2 s (no
+    retries: redis-py's default would make one out of reach cost ~25 s); one that does not
+    answer, or refuses the credentials, is warned about."""
+    return {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
 
 
-async def _replicas_of(client: Redis) -> list[tuple[str, int]]:
+async def _replicas_of(client: Redis) -> list[tuple[str, int]] | None:
+    """The replicas a standalone primary lists; None when ``INFO replication`` is denied."""
     try:
         return health.replica_addresses(await client.info("replication"))
-    except rx.ResponseError:  # INFO replication denied: the primary's policy is still judged
-        return []
+    except rx.ResponseError:
+        return None
 
 
 async def _policy_of(probe: Redis) -> str | None:

@@ -16,7 +16,9 @@ from typing import Any
 
 import click
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry
 from rich.table import Table
 from rich.text import Text
 
@@ -81,7 +83,9 @@ def _connect(url: str) -> _Deployment:
         replication = _info(seed, "replication") or {}
         for address in health.replica_addresses(replication):
             name = "{}:{}".format(*address)
-            replica = redis.Redis(host=address[0], port=address[1], **settings)
+            # One try: redis-py's default retries would make a replica out of reach cost ~60 s.
+            no_retry = Retry(NoBackoff(), 0)
+            replica = redis.Redis(host=address[0], port=address[1], **settings, retry=no_retry)
             try:
                 replica.ping()
             except (RedisError, OSError):

@@ -342,11 +342,14 @@ local function write(st, rec, row, pairs_)
 end
 
 -- cmsgpack.pack of values i..j of t (nil included), in parts the Lua stack holds: the
--- packing of several values is the concatenation of their packings.
+-- packing of several values is the concatenation of their packings. cmsgpack.pack checks
+-- room for as many values again as it is given, under the C stack's limit of 8000 slots:
+-- 3000 at a time fits. (A whole value is unpacked at once, so a log of at most 1000
+-- entries, 6 values each: SettleConfig.attempt_log_size.)
 local function pack_range(t, i, j)
   local parts = {}
   while i <= j do
-    local k = math.min(j, i + 5999)
+    local k = math.min(j, i + 2999)
     parts[#parts + 1] = cmsgpack.pack(unpack(t, i, k))
     i = k + 1
   end

@@ -6,7 +6,6 @@ starts a real redis-server with the policy; one measures what the refusal preven
 from __future__ import annotations
 
 import asyncio
-import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -265,20 +264,3 @@ def test_an_evicting_replica_is_refused_by_name_before_the_first_write(
     with capture_logs() as logs:
         _first_call(flavour, part, primary.url)
     assert not [e for e in logs if e["event"].startswith("settle.backend.eviction")]
-
-
-def test_a_replica_out_of_reach_is_warned_about_and_not_refused(
-    replicated: tuple[EmbeddedRedis, EmbeddedRedis],
-) -> None:
-    # The primary still lists a replica that stopped answering (SIGSTOP: its link lasts
-    # until repl-timeout): settle cannot read its policy, says which node, and goes on.
-    primary, replica = replicated
-    assert replica.process is not None
-    replica.process.send_signal(signal.SIGSTOP)
-    try:
-        with capture_logs() as logs:
-            _first_call("sync", "settler", primary.url)
-    finally:
-        replica.process.send_signal(signal.SIGCONT)
-    unknown = [e for e in logs if e["event"] == "settle.backend.eviction_unknown"]
-    assert [e["nodes"] for e in unknown] == [f"127.0.0.1:{replica.port}"]

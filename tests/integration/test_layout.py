@@ -13,6 +13,7 @@ import redis
 
 from settle import Settler, State, Verdict
 from settle._core.layout import pack, unpack
+from settle.errors import InvalidInput
 from settle.testing import MemorySettler
 
 WHO = "tenant:acme"
@@ -228,3 +229,40 @@ def test_a_log_at_its_cap_drops_its_oldest_entries_and_stays_in_the_format(
         ]
         assert [a.at for a in log] == sorted(a.at for a in log)
     settler.close()
+
+
+def test_the_largest_attempt_log_allowed_is_read_and_appended_to(
+    redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    """A script decodes the whole packed value and packs the log back in parts: a log at the
+    largest cap (1000 entries) must still read and take a new entry (past ~666 entries the
+    whole log once overflowed cmsgpack's stack: every write on the operation failed)."""
+    cap = 1000
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=1, attempt_log_size=cap)
+    try:
+        first = settler.reserve("big", REQ, principal=WHO).reservation
+        assert first is not None
+        key = settler._core.keys.record("big")
+        value = unpack(redis_client.get(key) or b"")
+        (seconds, micros) = redis_client.time()
+        at = seconds * 1000 + micros // 1000
+        stale = f"{first.attempt_id}|{first.generation - 1}|complete|quarantined|stale_generation"
+        value.log = [value.log[0]] + [f"{stale}|{at}".encode()] * (cap - 1)
+        redis_client.set(key, pack(value), px=3_600_000)
+        assert len(settler.attempts("big")) == cap
+
+        settler.complete(first, {"ok": 1})
+        blob = redis_client.get(key)
+        assert isinstance(blob, bytes)
+        assert pack(unpack(blob)) == blob
+        log = settler.attempts("big")
+        assert len(log) == cap  # the oldest entry (the reservation) dropped
+        assert (log[-1].action, log[-1].verdict) == ("complete", "accepted")
+        assert settler.get("big").state is State.COMPLETED
+    finally:
+        settler.close()
+
+
+def test_a_larger_attempt_log_is_refused_up_front(redis_url: str, namespace: str) -> None:
+    with pytest.raises(InvalidInput, match="attempt_log_size"):
+        Settler.from_url(redis_url, namespace=namespace, attempt_log_size=1001)

@@ -1,0 +1,183 @@
+"""Every replica's ``maxmemory-policy`` is read at start-up and by ``settle doctor`` (a failover
+makes a replica the primary): a replica settle cannot ask is warned about, never refused, and
+never holds the first call up for longer than its one 2 s try (redis-py's default retries
+made it ~25 s, and ~60 s in doctor). Real primaries and replicas; a replica that does not
+answer is a real SIGSTOP. The refusal itself: tests/faults/test_faults_eviction.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from settle import AsyncSettler, ConfigurationError, Settler
+from settle.embedded import EmbeddedRedis
+from tests.cli.conftest import settle
+
+pytestmark = [pytest.mark.faults]
+
+
+def _wait_linked(primary: EmbeddedRedis, n: int = 1) -> None:
+    with redis.Redis.from_url(primary.url) as raw:
+        deadline = time.monotonic() + 10
+        while int(raw.info("replication")["connected_slaves"]) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def hung() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    """A healthy primary and a replica that stopped answering (the primary still lists it
+    until repl-timeout)."""
+    primary = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    try:
+        _wait_linked(primary)
+        assert replica.process is not None
+        replica.process.send_signal(signal.SIGSTOP)
+        yield primary, replica
+    finally:
+        if replica.process is not None:
+            replica.process.send_signal(signal.SIGCONT)
+        replica.close()
+        primary.close()
+
+
+def test_a_replica_that_does_not_answer_is_warned_about_after_one_try_sync(
+    hung: tuple[EmbeddedRedis, EmbeddedRedis],
+) -> None:
+    # docs/operations.md: "A replica that does not answer within 2 s is logged as unread".
+    primary, replica = hung
+    started = time.monotonic()
+    with capture_logs() as logs, Settler.from_url(primary.url, namespace="h", shards=1) as s:
+        s.check()
+    took = time.monotonic() - started
+    assert [e["nodes"] for e in logs if e["event"] == "settle.backend.eviction_unknown"] == [
+        f"127.0.0.1:{replica.port}"
+    ]
+    assert took < 10, f"the start-up check took {took:.1f} s for one replica out of reach"
+
+
+def test_a_replica_that_does_not_answer_is_warned_about_after_one_try_async(
+    hung: tuple[EmbeddedRedis, EmbeddedRedis],
+) -> None:
+    primary, _ = hung
+
+    async def main() -> float:
+        started = time.monotonic()
+        async with AsyncSettler.from_url(primary.url, namespace="h", shards=1) as s:
+            await s.reserve("op", {"n": 1}, principal="p")
+        return time.monotonic() - started
+
+    took = asyncio.run(main())
+    assert took < 10, f"the first call took {took:.1f} s for one replica out of reach"
+
+
+def test_doctor_with_a_replica_that_does_not_answer_is_not_stuck(
+    hung: tuple[EmbeddedRedis, EmbeddedRedis],
+) -> None:
+    primary, replica = hung
+    started = time.monotonic()
+    done = settle("doctor", "--redis-url", primary.url, "--json", timeout=300)
+    took = time.monotonic() - started
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert f"127.0.0.1:{replica.port}" in checks["eviction"]["detail"]
+    assert took < 20, f"settle doctor took {took:.1f} s for one replica out of reach"
+
+
+# -- other ways to reach or not reach a replica ----------------------------------------------
+
+
+def test_a_unix_socket_primary_reads_its_tcp_replica() -> None:
+    sock = os.path.join(tempfile.mkdtemp(prefix="rv-"), "p.sock")
+    primary = EmbeddedRedis(extra_args=["--unixsocket", sock, "--unixsocketperm", "700"]).start()
+    replica = EmbeddedRedis(
+        extra_args=[
+            "--replicaof",
+            "127.0.0.1",
+            str(primary.port),
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ]
+    ).start()
+    try:
+        _wait_linked(primary)
+        with (
+            pytest.raises(ConfigurationError, match=f"allkeys-lru on 127.0.0.1:{replica.port}"),
+            Settler.from_url(f"unix://{sock}?db=0", namespace="u", shards=1) as s,
+        ):
+            s.check()
+    finally:
+        replica.close()
+        primary.close()
+
+
+def _user(server: EmbeddedRedis, name: str, *commands: str) -> None:
+    with redis.Redis.from_url(server.url) as raw:
+        raw.acl_setuser(
+            name, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=commands
+        )
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_user_denied_info_on_the_replica_is_warned_about_not_refused(flavour: str) -> None:
+    primary = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    try:
+        _wait_linked(primary)
+        _user(primary, "svc", "+@all")
+        _user(replica, "svc", "+@all", "-info")
+        url = f"redis://svc:pw@127.0.0.1:{primary.port}/0"
+        started = time.monotonic()
+        with capture_logs() as logs:
+            if flavour == "sync":
+                with Settler.from_url(url, namespace="a", shards=1) as s:
+                    s.check()
+            else:
+
+                async def main() -> None:
+                    async with AsyncSettler.from_url(url, namespace="a", shards=1) as s:
+                        await s.reserve("op", {"n": 1}, principal="p")
+
+                asyncio.run(main())
+        assert time.monotonic() - started < 5  # INFO denied is an answer: nothing waits
+        unknown = [e["nodes"] for e in logs if e["event"] == "settle.backend.eviction_unknown"]
+        assert unknown == [f"127.0.0.1:{replica.port}"]
+    finally:
+        replica.close()
+        primary.close()
+
+
+def test_a_replica_that_refuses_the_credentials_is_warned_about_quickly() -> None:
+    primary = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    try:
+        _wait_linked(primary)
+        with redis.Redis.from_url(primary.url) as raw:
+            raw.config_set("requirepass", "pw")
+        with redis.Redis.from_url(replica.url) as raw:
+            raw.config_set("masterauth", "pw")
+            raw.config_set("requirepass", "other")
+        started = time.monotonic()
+        with (
+            capture_logs() as logs,
+            Settler.from_url(
+                f"redis://:pw@127.0.0.1:{primary.port}/0", namespace="c", shards=1
+            ) as s,
+        ):
+            s.check()
+        took = time.monotonic() - started
+        unknown = [e["nodes"] for e in logs if e["event"] == "settle.backend.eviction_unknown"]
+        assert unknown == [f"127.0.0.1:{replica.port}"]
+        assert took < 2.5, f"a replica that refuses AUTH cost {took:.1f} s"
+    finally:
+        replica.close()
+        primary.close()
