@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from settle._core.layout import LOG_MAX
 from settle.errors import InvalidInput
 
 __all__ = ["SettleConfig"]
@@ -45,7 +46,7 @@ class SettleConfig(BaseModel):
     """How much of a rejected payload the quarantine keeps (size and SHA-256 always)."""
     quarantine_maxlen: int | None = Field(default=None, ge=1)
     """Cap on each shard's quarantine stream; None keeps every entry (export, then trim)."""
-    attempt_log_size: int = Field(default=64, ge=1, le=1_000)
+    attempt_log_size: int = Field(default=64, ge=1, le=LOG_MAX)
     """Entries kept in each operation's attempt log (the newest). At most 1000: the log lives
     in the record's packed value, which a script decodes whole (Lua's stack holds ~8000
     values; an entry is 6)."""

@@ -21,7 +21,12 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-__all__ = ["MAGIC", "PACKED", "WORDS", "Packed", "hexed", "pack", "unpack"]
+__all__ = ["LOG_MAX", "MAGIC", "PACKED", "WORDS", "Packed", "hexed", "pack", "unpack"]
+
+#: The most attempt-log entries one value may hold (``SettleConfig.attempt_log_size``'s
+#: maximum): a script decodes a value whole, and Lua's C stack holds about 8000 values (16
+#: for the record, 6 per entry). A previous layout's log list is read up to this many.
+LOG_MAX = 1000
 
 MAGIC = b"\x02"
 #: Words stored as one byte; append only (``WORDS`` in lua/_lib.lua is the same list).

@@ -282,7 +282,7 @@ def load_legacy(ks: MemoryKeyspace, st: Stored, now: int) -> dict[bytes, bytes] 
     if ttl >= 0:
         st.rexp = now + ttl
     if st.log_key is not None:
-        st.log = ks.lrange(st.log_key, now)
+        st.log = ks.lrange(st.log_key, now)[-layout.LOG_MAX :]  # the newest LOG_MAX
         ttl = ks.pttl(st.log_key, now)
         if ttl >= 0:
             st.lexp = now + ttl

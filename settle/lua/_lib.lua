@@ -270,6 +270,9 @@ local function valid(rec)
   return rec.state ~= 'pending' or tonumber(rec.lease or '') ~= nil
 end
 
+-- The most entries one value may hold (layout.LOG_MAX, SettleConfig.attempt_log_size).
+local LOG_MAX = 1000
+
 -- A record in the layout before this one: a HASH, and its attempt log a LIST at log_key.
 local function load_legacy(st, now)
   local row = redis.call('HMGET', st.key, unpack(FIELDS))
@@ -281,7 +284,9 @@ local function load_legacy(st, now)
   local ttl = redis.call('PTTL', st.key)
   if ttl >= 0 then st.rexp = now + ttl end
   if st.log_key then
-    for _, entry in ipairs(redis.call('LRANGE', st.log_key, 0, -1)) do
+    -- The newest LOG_MAX entries (layout.LOG_MAX): the HASH layout allowed longer logs, and
+    -- a value holding more would not decode again.
+    for _, entry in ipairs(redis.call('LRANGE', st.log_key, -LOG_MAX, -1)) do
       st.new[#st.new + 1] = split(entry)
     end
     ttl = redis.call('PTTL', st.log_key)

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from settle import Settler, State, Verdict
-from settle._core.layout import pack, unpack
+from settle._core.layout import LOG_MAX, pack, unpack
 from settle.errors import InvalidInput
 from settle.testing import MemorySettler
 
@@ -122,7 +122,7 @@ def side(request: pytest.FixtureRequest, redis_url: str, namespace: str) -> Iter
     settler.close()
 
 
-def _old_pending(side: _Legacy, op: str) -> None:
+def _old_pending(side: _Legacy, op: str, log: list[str] | None = None) -> None:
     side.write(
         op,
         {
@@ -139,7 +139,7 @@ def _old_pending(side: _Legacy, op: str) -> None:
             "lease": str(4_102_444_800_000),  # 2100: still live
             "aid": OLD_AID,
         },
-        [f"{OLD_AID}|{OLD_GEN}|reserve|reserved|new|{CREATED}"],
+        log or [f"{OLD_AID}|{OLD_GEN}|reserve|reserved|new|{CREATED}"],
         3_600_000,
     )
 
@@ -178,6 +178,26 @@ def test_a_settlement_of_a_previous_layout_record_keeps_its_verdicts(side: _Lega
     assert side.kinds("old") == ("string", "none")
     assert side.settler.get("old") == record  # the record is unchanged, only packed
     assert [a.verdict for a in side.settler.attempts("old")] == ["reserved", "quarantined"]
+
+
+def test_a_previous_layout_log_longer_than_any_cap_keeps_its_newest_entries(
+    side: _Legacy,
+) -> None:
+    """The HASH layout allowed logs of 10,000 entries; a packed value holding more than
+    LOG_MAX would never decode again (CorruptRecord on every call), so a rewrite keeps the
+    newest LOG_MAX, and the record reads and settles after it."""
+    log = [f"{OLD_AID}|{OLD_GEN}|reserve|reserved|new|{CREATED + i}" for i in range(2000)]
+    _old_pending(side, "old", log)
+    record = side.settler.get("old")
+    assert record is not None
+    assert side.settler.renew(_reservation(record)).renewed  # the first write packs it
+    assert side.kinds("old") == ("string", "none")
+    kept = side.settler.attempts("old")
+    assert [round(a.at.timestamp() * 1000) for a in kept] == [
+        CREATED + i for i in range(2000 - LOG_MAX, 2000)
+    ]
+    assert side.settler.complete(_reservation(record), {"ok": 1}).verdict is Verdict.ACCEPTED
+    assert len(side.settler.attempts("old")) == 64  # the next observed call applies the cap
 
 
 def _reservation(record: Any) -> Any:

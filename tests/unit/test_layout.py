@@ -4,11 +4,15 @@ take the few bytes the memory target relies on."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from settle._core.layout import WORDS, Packed, pack, unpack
+import settle
+from settle import SettleConfig
+from settle._core.layout import LOG_MAX, WORDS, Packed, pack, unpack
 
 TEXT = st.one_of(
     st.binary(max_size=80),
@@ -106,3 +110,9 @@ def test_digests_ids_numbers_and_words_are_packed() -> None:
     assert b"x" * 40 in blob  # a result is kept as is
     assert bytes.fromhex("ab" * 32) in blob
     assert unpack(blob) == Packed(record, created + 40 + 86_400_000, log, created + 40 + 86_400_000)
+
+
+def test_the_scripts_and_layout_py_agree_on_the_largest_log() -> None:
+    lua = (Path(settle.__file__).parent / "lua" / "_lib.lua").read_text(encoding="utf-8")
+    assert f"local LOG_MAX = {LOG_MAX}\n" in lua
+    assert SettleConfig.model_fields["attempt_log_size"].metadata[-1].le == LOG_MAX
