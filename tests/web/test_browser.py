@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from settle import Settler
 from tests.web.evidence import HOSTILE, IMG, SCRIPT, conflicting, hostile_entry, stale_settlement
@@ -61,6 +61,12 @@ def chromium() -> Iterator[webdriver.Chrome]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def _loaded(driver: webdriver.Chrome, ready: Callable[[webdriver.Chrome], object]) -> None:
+    """Wait for the page a click or a submit navigates to (the click can return before the
+    new page is there on a loaded machine); fails after 15 s."""
+    WebDriverWait(driver, 15).until(ready)
+
+
 def no_script_ran(driver: webdriver.Chrome) -> None:
     assert driver.execute_script("return typeof window.__settle_xss") == "undefined"
     assert driver.find_elements(By.TAG_NAME, "script") == []
@@ -93,9 +99,10 @@ def test_an_operator_reads_filters_and_resolves_in_a_real_browser(
         assert badge.value_of_css_property("border-radius") != "0px"
 
         driver.find_element(By.LINK_TEXT, "Quarantine").click()
+        _loaded(driver, lambda d: d.find_elements(By.NAME, "kind"))
         Select(driver.find_element(By.NAME, "kind")).select_by_value("misbound")
         driver.find_element(By.CSS_SELECTOR, "form.filters button[type=submit]").click()
-        assert "kind=misbound" in driver.current_url
+        _loaded(driver, lambda d: "kind=misbound" in d.current_url)
         kinds = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "table.entries td .kind")]
         assert kinds == ["misbound"]
         no_script_ran(driver)
@@ -103,7 +110,7 @@ def test_an_operator_reads_filters_and_resolves_in_a_real_browser(
         assert operation.text == f"order-{IMG}"
         operation.click()
 
-        assert ref in driver.current_url
+        _loaded(driver, lambda d: ref in d.current_url)
         payload = driver.find_element(By.CSS_SELECTOR, "pre.payload").text
         assert HOSTILE.replace('"', '\\"') in payload  # JSON, shown as the literal text
         binding = driver.find_element(By.XPATH, "//th[text()='binding']/following-sibling::td")
@@ -111,14 +118,16 @@ def test_an_operator_reads_filters_and_resolves_in_a_real_browser(
         no_script_ran(driver)
 
         driver.find_element(By.LINK_TEXT, "Sign in").click()
+        _loaded(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "input[type=password]"))
         password = driver.find_element(By.CSS_SELECTOR, "input[type=password]")
         password.send_keys(TOKEN)
         password.submit()
-        assert ref in driver.current_url
+        _loaded(driver, lambda d: ref in d.current_url and d.find_elements(By.ID, "note"))
         note = driver.find_element(By.ID, "note")
         note.send_keys(f"harmless probe {IMG}: nothing was charged")
         driver.find_element(By.CSS_SELECTOR, "form.resolve button").click()
 
+        _loaded(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".notice"))
         assert "Resolved" in driver.find_element(By.CSS_SELECTOR, ".notice.ok").text
         assert driver.find_element(By.CSS_SELECTOR, "h1 .badge").text == "resolved"
         shown = driver.find_element(By.CSS_SELECTOR, "pre.note").text
