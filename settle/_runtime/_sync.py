@@ -317,13 +317,16 @@ class Runner:
         found = {"": health.eviction_policy(primary)}
         pool = self.client.connection_pool
         settings = _passed_on(pool.connection_kwargs, pool.connection_class)
-        replicas = _replicas_of(self.client)
-        if replicas is None:  # the primary's policy is still judged; say what was not
+        try:
+            replication = self.client.info("replication")
+        except rx.ResponseError:  # the primary's policy is still judged; say what was not
             found["its replicas (INFO replication denied)"] = None
-        for host, port in replicas or ():
+            return found
+        replid = replication.get("master_replid")
+        for host, port in health.replica_addresses(replication):
             node = {"host": host, "port": port, "decode_responses": False}
             probe = Redis(**{**settings, **node, **_probe_options()})
-            found[f"{host}:{port}"] = _policy_of(probe)
+            found[f"{host}:{port}"] = _policy_of(probe, replicating=replid)
         return found
 
     def _server_info(self) -> dict[str, Any]:
@@ -621,18 +624,16 @@ def _probe_options() -> dict[str, Any]:
     return {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
 
 
-def _replicas_of(client: Redis) -> list[tuple[str, int]] | None:
-    """The replicas a standalone primary lists; None when ``INFO replication`` is denied."""
-    try:
-        return health.replica_addresses(client.info("replication"))
-    except rx.ResponseError:
-        return None
-
-
-def _policy_of(probe: Redis) -> str | None:
+def _policy_of(probe: Redis, *, replicating: Any = None) -> str | None:
     """One node's policy through a client of its own, closed after; None when the node
-    cannot be reached or refuses INFO."""
+    cannot be reached or refuses INFO, or (``replicating``: the primary's replication id)
+    is not a replica of that primary: the address a primary lists is the one its replica
+    announces or the one it sees, and from here it may reach another server."""
     try:
+        if replicating is not None:
+            replication = probe.info("replication")
+            if not health.replicates(replication, replicating):
+                return None
         return health.eviction_policy(probe.info("memory"))
     except (RedisError, OSError):
         return None

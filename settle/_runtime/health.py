@@ -36,6 +36,7 @@ __all__ = [
     "persistence_finding",
     "replica_addresses",
     "replicas_finding",
+    "replicates",
     "scripts_finding",
     "slots_finding",
     "version_finding",
@@ -96,6 +97,14 @@ def replica_addresses(info_replication: Mapping[str, Any]) -> list[tuple[str, in
             if host and str(port).isdigit():
                 found.append((_text(host), int(str(port))))
     return sorted(found)
+
+
+def replicates(info_replication: Mapping[str, Any], replid: Any) -> bool:
+    """The node whose ``INFO replication`` this is replicates the primary whose
+    ``master_replid`` is ``replid``."""
+    role = _text(info_replication.get("role", ""))
+    same = _text(info_replication.get("master_replid", "")) == _text(replid)
+    return role in ("slave", "replica") and same
 
 
 def is_evicting(policy: str) -> bool:
@@ -222,10 +231,23 @@ def persistence_finding(
     return Finding("persistence", Status.OK, "AOF on every primary")
 
 
-def replicas_finding(per_primary: Mapping[str, Mapping[str, Any]], min_replicas: int) -> Finding:
-    """Connected replicas of each primary (``INFO replication``) against ``min_replicas``."""
+def replicas_finding(
+    per_primary: Mapping[str, Mapping[str, Any] | None], min_replicas: int
+) -> Finding:
+    """Connected replicas of each primary (``INFO replication``; None: denied) against
+    ``min_replicas``."""
+    unread = sorted(node for node, info in per_primary.items() if info is None)
+    if unread:
+        return Finding(
+            "replicas",
+            Status.WARN,
+            f"INFO replication could not be read on {', '.join(unread)}",
+            "allow INFO for settle's user, or check the replicas yourself",
+        )
     counts = {
-        node: int(_text(info.get("connected_slaves", 0))) for node, info in per_primary.items()
+        node: int(_text(info.get("connected_slaves", 0)))
+        for node, info in per_primary.items()
+        if info is not None
     }
     fewest = min(counts.values(), default=0)
     shown = ", ".join(f"{n} on {node}" for node, n in sorted(counts.items()))

@@ -53,13 +53,30 @@ _PASSED_ON = ("username", "password", "socket_timeout", "socket_connect_timeout"
 @dataclass
 class _Deployment:
     """Plain clients of every node: the primaries and their replicas (a failover makes a
-    replica the primary); ``unreachable``: replicas a primary lists that did not answer."""
+    replica the primary); ``unread``: replicas that could not be asked."""
 
     seed: redis.Redis
     primaries: dict[str, redis.Redis] = field(default_factory=dict)
     replicas: dict[str, redis.Redis] = field(default_factory=dict)
-    unreachable: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
     cluster: bool = False
+
+    def add_replica(self, host: str, port: int, settings: dict[str, Any], replid: Any) -> None:
+        """Keep a client of the replica at ``host:port`` when it answers in one try (redis-py's
+        default retries would make one out of reach cost ~60 s) and, given the primary's
+        ``replid``, replicates that primary (a listed address may reach another server);
+        else note it unread."""
+        name = f"{host}:{port}"
+        client = redis.Redis(host=host, port=port, **settings, retry=Retry(NoBackoff(), 0))
+        try:
+            replication = client.info("replication")
+            if replid is None or health.replicates(replication, replid):
+                self.replicas[name] = client
+                return
+        except (RedisError, OSError):
+            pass
+        client.close()
+        self.unread.append(name)
 
     @property
     def nodes(self) -> dict[str, redis.Redis]:
@@ -80,19 +97,12 @@ def _connect(url: str) -> _Deployment:
     if not topology.is_cluster_mode(info):
         name = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
         found = _Deployment(seed, primaries={name: seed})
-        replication = _info(seed, "replication") or {}
+        replication = _info(seed, "replication")
+        if replication is None:
+            found.unread.append("its replicas (INFO replication denied)")
+            return found
         for address in health.replica_addresses(replication):
-            name = "{}:{}".format(*address)
-            # One try: redis-py's default retries would make a replica out of reach cost ~60 s.
-            no_retry = Retry(NoBackoff(), 0)
-            replica = redis.Redis(host=address[0], port=address[1], **settings, retry=no_retry)
-            try:
-                replica.ping()
-            except (RedisError, OSError):
-                replica.close()
-                found.unreachable.append(name)
-                continue
-            found.replicas[name] = replica
+            found.add_replica(*address, settings, replication.get("master_replid"))
         return found
     found = _Deployment(seed, cluster=True)
     nodes: dict[str, dict[str, Any]] = seed.cluster("NODES")  # redis-py: {"host:port": {...}}
@@ -101,9 +111,12 @@ def _connect(url: str) -> _Deployment:
         host, _, port = name.split("@", 1)[0].rpartition(":")
         if "fail" in flags or "noaddr" in flags or not port.isdigit() or port == "0":
             continue
-        client = redis.Redis(host=host or "127.0.0.1", port=int(port), **settings)
-        group = found.primaries if "master" in flags else found.replicas
-        group[f"{host}:{port}"] = client
+        if "master" in flags:
+            found.primaries[f"{host}:{port}"] = redis.Redis(
+                host=host or "127.0.0.1", port=int(port), **settings
+            )
+        else:
+            found.add_replica(host or "127.0.0.1", int(port), settings, None)
     return found
 
 
@@ -185,13 +198,11 @@ def diagnose(
         findings = [health.version_finding(servers)]
         memory = {n: _info(c, "memory") for n, c in deployment.nodes.items()}
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
-        findings.append(
-            health.eviction_finding({**policies, **dict.fromkeys(deployment.unreachable)})
-        )
+        findings.append(health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)}))
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.primaries.items()}
         saves = {n: _save_rule(c) for n, c in deployment.primaries.items()}
         findings.append(health.persistence_finding(persistence, saves))
-        replication = {n: _info(c, "replication") or {} for n, c in deployment.primaries.items()}
+        replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
         findings.append(_namespace(deployment, namespace, shards))

@@ -91,12 +91,26 @@ class LocalCluster:
                     primary_id = c.execute_command("CLUSTER MYID").decode()
                 for j in range(self.replicas):
                     with self.client(self.replica_of(i, j)) as r:
-                        r.execute_command("CLUSTER REPLICATE", primary_id)
+                        self._replicate(r, primary_id, timeout)
             self.wait_ok(timeout)
         except BaseException:
             self.close()
             raise
         return self
+
+    @staticmethod
+    def _replicate(replica: redis.Redis, primary_id: str, timeout: float) -> None:
+        """CLUSTER REPLICATE, again while the replica has the primary's address but not yet
+        its id from the handshake ("Unknown node")."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                replica.execute_command("CLUSTER REPLICATE", primary_id)
+                return
+            except redis.ResponseError as exc:
+                if "Unknown node" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _known(self, index: int) -> int:
         with self.client(index) as c:
