@@ -101,10 +101,14 @@ def replica_addresses(info_replication: Mapping[str, Any]) -> list[tuple[str, in
 
 def replicates(info_replication: Mapping[str, Any], replid: Any) -> bool:
     """The node whose ``INFO replication`` this is replicates the primary whose
-    ``master_replid`` is ``replid``."""
-    role = _text(info_replication.get("role", ""))
-    same = _text(info_replication.get("master_replid", "")) == _text(replid)
-    return role in ("slave", "replica") and same
+    ``master_replid`` is ``replid``: it carries that id, or it is a replica whose link is not
+    up yet (in its first full sync it keeps its own id until the primary's data is loaded;
+    judging it is the safe side: an evicting one is refused)."""
+    if _text(info_replication.get("role", "")) not in ("slave", "replica"):
+        return False
+    if _text(info_replication.get("master_replid", "")) == _text(replid):
+        return True
+    return _text(info_replication.get("master_link_status", "")) != "up"
 
 
 def is_evicting(policy: str) -> bool:
@@ -237,13 +241,6 @@ def replicas_finding(
     """Connected replicas of each primary (``INFO replication``; None: denied) against
     ``min_replicas``."""
     unread = sorted(node for node, info in per_primary.items() if info is None)
-    if unread:
-        return Finding(
-            "replicas",
-            Status.WARN,
-            f"INFO replication could not be read on {', '.join(unread)}",
-            "allow INFO for settle's user, or check the replicas yourself",
-        )
     counts = {
         node: int(_text(info.get("connected_slaves", 0)))
         for node, info in per_primary.items()
@@ -251,12 +248,19 @@ def replicas_finding(
     }
     fewest = min(counts.values(), default=0)
     shown = ", ".join(f"{n} on {node}" for node, n in sorted(counts.items()))
-    if fewest < min_replicas:
+    if fewest < min_replicas and (counts or not unread):
         return Finding(
             "replicas",
             Status.FAIL,
             f"connected replicas {shown}; min_replicas is {min_replicas}",
             "add replicas, or lower min_replicas: every write now raises DurabilityError",
+        )
+    if unread:  # no FAIL among the primaries that answered; these could not be counted
+        return Finding(
+            "replicas",
+            Status.WARN,
+            f"INFO replication could not be read on {', '.join(unread)}",
+            "allow INFO for settle's user, or check the replicas yourself",
         )
     if fewest == 0:
         return Finding(

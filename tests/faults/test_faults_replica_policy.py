@@ -263,3 +263,34 @@ def test_doctor_on_a_cluster_with_a_replica_that_does_not_answer_warns() -> None
     finally:
         replica.process.send_signal(signal.SIGCONT)
         cluster.close()
+
+
+def test_an_evicting_replica_in_its_first_full_sync_is_refused() -> None:
+    # Until its first full sync has loaded, a replica keeps its own replication id; it is
+    # the primary's replica all the same (listed, role slave, link not up) and is judged.
+    # A diskless sync held back 20 s keeps it in that window for the test.
+    held = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "20"]
+    primary = EmbeddedRedis(extra_args=held).start()
+    evicting = ["--maxmemory-policy", "allkeys-lru"]
+    replica = EmbeddedRedis(
+        extra_args=["--replicaof", "127.0.0.1", str(primary.port), *evicting]
+    ).start()
+    try:
+        with redis.Redis.from_url(primary.url) as raw:
+            deadline = time.monotonic() + 10
+            while int(raw.info("replication")["connected_slaves"]) < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert raw.info("replication")["slave0"]["state"] in ("wait_bgsave", "send_bulk")
+        with (
+            pytest.raises(ConfigurationError, match=f"allkeys-lru on 127.0.0.1:{replica.port}"),
+            Settler.from_url(primary.url, namespace="f", shards=1) as s,
+        ):
+            s.check()
+        done = settle("doctor", "--redis-url", primary.url, "--json", timeout=120)
+        checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+        assert checks["eviction"]["status"] == "fail"
+        assert f"127.0.0.1:{replica.port}" in checks["eviction"]["detail"]
+    finally:
+        replica.close()
+        primary.close()

@@ -41,3 +41,22 @@ def test_a_denied_info_is_a_warning_in_doctor() -> None:
     assert health.persistence_finding({"n": {"aof_enabled": 0}}, {"n": None}).status is (
         Status.WARN
     )
+
+
+def test_a_primary_whose_replication_is_unread_does_not_hide_a_failure_of_another() -> None:
+    unread_and_short = {"a:1": None, "b:2": {"connected_slaves": 0}}
+    assert health.replicas_finding(unread_and_short, 1).status is Status.FAIL
+    unread_and_fine = {"a:1": None, "b:2": {"connected_slaves": 1}}
+    finding = health.replicas_finding(unread_and_fine, 1)
+    assert finding.status is Status.WARN
+    assert "could not be read on a:1" in finding.detail
+
+
+def test_a_replica_in_its_first_sync_is_judged_another_server_is_not() -> None:
+    mine = {"role": "slave", "master_replid": "p" * 40, "master_link_status": "up"}
+    syncing = {"role": "slave", "master_replid": "r" * 40, "master_link_status": "down"}
+    others = {"role": "slave", "master_replid": "o" * 40, "master_link_status": "up"}
+    assert health.replicates(mine, "p" * 40)
+    assert health.replicates(syncing, "p" * 40)
+    assert not health.replicates(others, "p" * 40)
+    assert not health.replicates({"role": "master", "master_replid": "p" * 40}, "p" * 40)
