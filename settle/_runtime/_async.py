@@ -59,24 +59,6 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": CONNECT_TIMEOUT,
 }
 _CLUSTER_DEFAULTS: dict[str, Any] = {**_CLIENT_DEFAULTS, "require_full_coverage": False}
-#: Connection settings a node's client passes on to the cluster client it is replaced with.
-_NODE_SETTINGS = frozenset(
-    {
-        "host",
-        "port",
-        "username",
-        "password",
-        "credential_provider",
-        "socket_timeout",
-        "socket_connect_timeout",
-        "socket_keepalive",
-        "socket_keepalive_options",
-        "client_name",
-        "health_check_interval",
-        "protocol",
-        "retry",
-    }
-)
 
 
 def client_from_url(url: str) -> Redis:
@@ -315,7 +297,7 @@ class AsyncRunner:
             return {"": None}
         found = {"": health.eviction_policy(primary)}
         pool = self.client.connection_pool
-        settings = _passed_on(pool.connection_kwargs, pool.connection_class)
+        settings = topology.passed_on(pool.connection_kwargs, pool.connection_class)
         try:
             replication = await self.client.info("replication")
         except rx.ResponseError:  # the primary's policy is still judged; say what was not
@@ -353,7 +335,7 @@ class AsyncRunner:
                 "the server is a Redis Cluster node: connect over TCP with database 0 "
                 "(redis://host:port/0), or use from_cluster()"
             )
-        kwargs = _passed_on(given, pool.connection_class)
+        kwargs = topology.passed_on(given, pool.connection_class)
         logger.info("settle.backend.cluster_detected", host=kwargs["host"], port=kwargs["port"])
         self._use(RedisCluster(**{**_CLUSTER_DEFAULTS, **kwargs}))
         await node.aclose()
@@ -640,15 +622,6 @@ async def _policy_of(probe: Redis, *, replicating: Any = None) -> str | None:
         await probe.aclose()
 
 
-def _passed_on(given: Mapping[str, Any], kind: type | None) -> dict[str, Any]:
-    """The connection settings (credentials, timeouts, TLS) a client of one node passes on to
-    a client of another node of the same deployment."""
-    settings = {k: v for k, v in given.items() if k in _NODE_SETTINGS or k.startswith("ssl_")}
-    if kind is not None and "SSL" in kind.__name__:
-        settings["ssl"] = True
-    return settings
-
-
 def _node_settings(node: Any) -> dict[str, Any]:
     """Connection settings for a plain client of one cluster node, taken from the cluster
     client (redis-py's asyncio node keeps them; its sync node keeps a client that has them)."""
@@ -658,4 +631,4 @@ def _node_settings(node: Any) -> dict[str, Any]:
         pool = node.redis_connection.connection_pool
         given, kind = pool.connection_kwargs, pool.connection_class
     node_address = {"host": node.host, "port": node.port, "decode_responses": False}
-    return {**_passed_on(given, kind), **node_address}
+    return {**topology.passed_on(given, kind), **node_address}

@@ -22,7 +22,28 @@ __all__ = [
     "oldest_node_info",
     "parse_seed_nodes",
     "parse_server_version",
+    "passed_on",
 ]
+
+#: Connection settings a client of one node passes on to a client of another node of the same
+#: deployment (the cluster client a node's client becomes, a replica's probe, doctor's nodes).
+NODE_SETTINGS = frozenset(
+    {
+        "host",
+        "port",
+        "username",
+        "password",
+        "credential_provider",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "client_name",
+        "health_check_interval",
+        "protocol",
+        "retry",
+    }
+)
 
 HASH_SLOTS = 16384
 MIN_SERVER_VERSION = (6, 2, 0)
@@ -148,3 +169,12 @@ def check_cluster(
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def passed_on(given: Mapping[str, Any], kind: type | None) -> dict[str, Any]:
+    """The settings (credentials, timeouts, TLS) of ``given``, a client's connection kwargs
+    with ``kind`` its connection class, that a client of another node passes on."""
+    settings = {k: v for k, v in given.items() if k in NODE_SETTINGS or k.startswith("ssl_")}
+    if kind is not None and "SSL" in kind.__name__:
+        settings["ssl"] = True
+    return settings

@@ -47,7 +47,6 @@ __all__ = ["diagnose", "doctor"]
 _SCRIPT_SETS: tuple[ScriptSet, ...] = (SCRIPTS, CURSOR_SCRIPTS, PROGRESS, STREAM)
 _TIMEOUT = 5.0
 #: Connection settings the seed's client passes on to the other nodes' clients.
-_PASSED_ON = ("username", "password", "socket_timeout", "socket_connect_timeout", "protocol")
 
 
 @dataclass
@@ -67,7 +66,8 @@ class _Deployment:
         ``replid``, replicates that primary (a listed address may reach another server);
         else note it unread."""
         name = f"{host}:{port}"
-        client = redis.Redis(host=host, port=port, **settings, retry=Retry(NoBackoff(), 0))
+        one_try = {"host": host, "port": port, "retry": Retry(NoBackoff(), 0)}
+        client = redis.Redis(**{**settings, **one_try})
         try:
             replication = client.info("replication")
             if replid is None or health.replicates(replication, replid):
@@ -91,9 +91,7 @@ def _connect(url: str) -> _Deployment:
     seed = redis.Redis.from_url(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT)
     info = seed.info("server")
     kwargs = seed.connection_pool.connection_kwargs
-    settings = {k: v for k, v in kwargs.items() if k in _PASSED_ON or k.startswith("ssl_")}
-    if "SSL" in seed.connection_pool.connection_class.__name__:
-        settings["ssl"] = True
+    settings = topology.passed_on(kwargs, seed.connection_pool.connection_class)
     if not topology.is_cluster_mode(info):
         name = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
         found = _Deployment(seed, primaries={name: seed})
@@ -112,9 +110,8 @@ def _connect(url: str) -> _Deployment:
         if "fail" in flags or "noaddr" in flags or not port.isdigit() or port == "0":
             continue
         if "master" in flags:
-            found.primaries[f"{host}:{port}"] = redis.Redis(
-                host=host or "127.0.0.1", port=int(port), **settings
-            )
+            where = {"host": host or "127.0.0.1", "port": int(port)}
+            found.primaries[f"{host}:{port}"] = redis.Redis(**{**settings, **where})
         else:
             found.add_replica(host or "127.0.0.1", int(port), settings, None)
     return found
