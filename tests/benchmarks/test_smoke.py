@@ -184,10 +184,16 @@ def test_the_telemetry_benchmark_prints_every_mode_side_by_side() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     result = json.loads(lines[-1])
-    assert set(result["median"]) == {"off", "sdk", "sampled"}
+    modes = ["off", "floor", "sdk", "floor-sampled", "sampled"]
+    assert list(result["median"]) == modes
     assert all(rate > 0 for rate in result["median"].values())
-    table = [line.split()[0] for line in lines[1:6] if not line.startswith(" ")]
-    assert table == ["mode", "off", "sdk", "sampled"]
+    table = [line.split()[0] for line in lines[1:8] if not line.startswith(" ")]
+    assert table == ["mode", *modes]
+    # settle's own part is reported for the two modes it reports in, against their floors.
+    assert {mode for mode, o in result["overhead"].items() if "settle_own_us" in o} == {
+        "sdk",
+        "sampled",
+    }
 
 
 def test_the_profile_names_where_the_time_goes() -> None:
