@@ -37,6 +37,7 @@ from settle.models import (
 
 __all__ = [
     "RECORD_FIELDS",
+    "AsJson",
     "Reply",
     "decode_attempts",
     "decode_quarantine_entry",
@@ -128,16 +129,38 @@ def _non_finite(data: bytes) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class AsJson:
+    """A result to store as JSON even when it is ``bytes``, which :func:`encode_result`
+    otherwise stores as they are: the decorator's result whose declared type is not exactly
+    ``bytes`` (``bytes | None``, ``Any``...), so that its replay validates it back."""
+
+    value: Any
+
+
 def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
-    """Serialize a result with pydantic; ``bytes`` pass through unchanged. NaN and the
-    infinities have no JSON form and are refused, as they are in requests: nothing is
-    written (they would be stored as invalid JSON and replayed as something else)."""
+    """Serialize a result with pydantic; ``bytes`` pass through unchanged (unless wrapped
+    in :class:`AsJson`). Bytes inside a result are stored as UTF-8 text, pydantic's JSON
+    default, which is how a model or a dataclass reads them back on replay (a model that
+    sets ``ser_json_bytes`` keeps its own setting both ways); bytes that are not UTF-8
+    cannot be, and are refused. NaN and the infinities have no JSON form and are refused,
+    as they are in requests. A refused result writes nothing (it would be stored as invalid
+    JSON, or replayed as something else)."""
     if isinstance(result, bytes):
         data = result
     else:
+        if isinstance(result, AsJson):
+            result = result.value
         try:
-            data = pydantic_core.to_json(result, bytes_mode="base64", inf_nan_mode="constants")
+            data = pydantic_core.to_json(result, inf_nan_mode="constants")
         except pydantic_core.PydanticSerializationError as exc:
+            if "utf-8" in str(exc):
+                raise FingerprintError(
+                    "result holds bytes that are not UTF-8 text, which have no JSON form: "
+                    "return them alone from a function declared -> bytes (stored as they "
+                    "are), or encode them (base64) into a str",
+                    operation_id=operation_id,
+                ) from exc
             raise FingerprintError(
                 f"result cannot be serialized to JSON: {exc}", operation_id=operation_id
             ) from exc

@@ -133,7 +133,7 @@ async def _drive(
 
 async def _settle(settler: AsyncSettler, step: Settle) -> Settlement:
     if step.action is Action.COMPLETE:
-        return await settler.complete(step.reservation, step.result)
+        return await settler.complete(step.reservation, step.stored)
     if step.action is Action.FAIL:
         return await settler.fail(step.reservation, cast("BaseException", step.error))
     return await settler.mark_provisional(step.reservation, step.reason)

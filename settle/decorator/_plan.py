@@ -27,6 +27,7 @@ from typing import Any
 import tenacity
 from pydantic import ValidationError
 
+from settle._core.codec import AsJson
 from settle._log import enabled as log_enabled
 from settle._log import logger
 from settle.attempt import Attempt
@@ -106,6 +107,9 @@ class Settle:
     action: Action
     reservation: Reservation
     result: Any = None
+    """What the caller gets back (a completion's)."""
+    stored: Any = None
+    """What a completion stores (``result``, or the form it is stored in)."""
     error: BaseException | None = None
     reason: str = ""
 
@@ -280,6 +284,14 @@ class Plan:
         lease = self.policy.lease
         return Run(r, attempt, timeout, lease, heartbeat=lease / 3)
 
+    def _declared(self) -> Any:
+        """The declared result type, or None when it cannot be resolved (the function has
+        run: its result is stored, and a replay says what is wrong with the type)."""
+        try:
+            return self.policy.result_type()
+        except InvalidInput:
+            return None
+
     def _replay(self, record: OperationRecord) -> Step:
         """The stored outcome (``on_replay`` is told first): a result, or the failure."""
         if log_enabled(INFO):
@@ -340,7 +352,13 @@ class Plan:
                 "settle.operation.lease_lost", generation=r.generation, reason=ran.lost.reason
             )
         if error is None:
-            return Settle(Action.COMPLETE, r, result=ran.value)
+            value = ran.value
+            # bytes are stored as they are only for a function declared -> bytes, the one
+            # type a replay hands them back as is; any other type reads JSON back.
+            stored = value
+            if isinstance(value, bytes) and self._declared() is not bytes:
+                stored = AsJson(value)
+            return Settle(Action.COMPLETE, r, result=value, stored=stored)
         if isinstance(error, self.policy.terminal):
             return Settle(Action.FAIL, r, error=error)
         if ran.lost is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import string
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class Signature:
     signature: inspect.Signature = field(init=False)
     attempt_param: str | None = field(init=False, default=None)
     _skip: frozenset[str] = field(init=False, default=frozenset())
+    _key_fields: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         if not (isinstance(self.key, str) or callable(self.key)):
@@ -89,6 +91,12 @@ class Signature:
             raise InvalidInput(
                 "name must be a non-empty str (functions sharing it share operations)"
             )
+        if isinstance(self.key, str):
+            try:
+                parsed = list(_FORMATTER.parse(self.key))
+            except ValueError as exc:
+                raise InvalidInput(f"key template {self.key!r} is malformed: {exc}") from exc
+            self._key_fields = tuple(name for _, name, _, _ in parsed if name is not None)
         self.signature = inspect.signature(self.fn)
         if self.result_type is None and self.signature.return_annotation is inspect.Signature.empty:
             raise InvalidInput(
@@ -139,7 +147,13 @@ class Signature:
         operation_id = self._derive("key", self.key, args, kwargs, arguments)
         principal = self._derive("principal", self.principal, args, kwargs, None)
         if self.fingerprint is not None:
-            request = self.fingerprint(*args, **kwargs)
+            try:
+                request = self.fingerprint(*args, **kwargs)
+            except Exception as exc:  # the caller's callable: any error
+                raise InvalidInput(
+                    f"{self.fn.__qualname__}: the fingerprint callable raised {exc!r}",
+                    operation_id=operation_id,
+                ) from exc
         else:
             request = {k: v for k, v in arguments.items() if k not in self._skip}
         try:
@@ -194,10 +208,16 @@ class Signature:
     ) -> str:
         try:
             if isinstance(spec, str):
-                value: object = spec.format(**arguments) if arguments is not None else spec
+                if arguments is None:
+                    value: object = spec
+                else:
+                    self._check_key_fields(arguments)
+                    value = spec.format(**arguments)
             else:
                 value = spec(*args, **kwargs)
-        except (KeyError, AttributeError, IndexError, ValueError) as exc:
+        except InvalidInput:
+            raise
+        except Exception as exc:  # the caller's callable or template: any error
             raise InvalidInput(
                 f"{self.fn.__qualname__}: cannot derive the {what} from the call's arguments: "
                 f"{exc!r}"
@@ -207,3 +227,18 @@ class Signature:
                 f"{self.fn.__qualname__}: the {what} must be a str, got {type(value).__name__}"
             )
         return value
+
+    def _check_key_fields(self, arguments: dict[str, Any]) -> None:
+        """A key template's field that is None or empty would give every such call one
+        shared id (``charge:None``): almost always a missing value, refused before anything
+        is written."""
+        for name in self._key_fields:
+            value, _ = _FORMATTER.get_field(name, (), arguments)
+            if value is None or value == "":
+                raise InvalidInput(
+                    f"{self.fn.__qualname__}: the key template's field {{{name}}} is "
+                    f"{value!r}; every such call would share one operation id"
+                )
+
+
+_FORMATTER = string.Formatter()

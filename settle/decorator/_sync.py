@@ -129,7 +129,7 @@ def _drive(
 
 def _settle(settler: Settler, step: Settle) -> Settlement:
     if step.action is Action.COMPLETE:
-        return settler.complete(step.reservation, step.result)
+        return settler.complete(step.reservation, step.stored)
     if step.action is Action.FAIL:
         return settler.fail(step.reservation, cast("BaseException", step.error))
     return settler.mark_provisional(step.reservation, step.reason)

@@ -1,0 +1,200 @@
+"""What a replay hands back is what the first call returned, whatever the result holds; a
+call whose id or request cannot be derived is a typed error with nothing written. Real
+Redis, sync and async shells (found against the peer's serialization and key tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from settle import AsyncSettler, Settler, State
+from settle.errors import FingerprintError, InvalidInput
+
+P = "tenant:acme"
+
+
+@dataclasses.dataclass
+class SignedReceipt:
+    charge_id: str
+    signature: bytes
+
+
+class BinaryReceipt(BaseModel):
+    """A model that keeps any bytes (not only UTF-8 text) by its own setting."""
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+    charge_id: str
+    blob: bytes
+
+
+def test_bytes_inside_a_dataclass_a_dict_or_a_list_replay_as_committed(settler: Settler) -> None:
+    runs: list[str] = []
+
+    @settler.operation(key="sig:{n}", principal=P)
+    def sign(n: int) -> SignedReceipt:
+        runs.append("sign")
+        return SignedReceipt(charge_id=f"ch-{n}", signature=b"abc")
+
+    @settler.operation(key="sigs:{n}", principal=P)
+    def sigs(n: int) -> dict[str, list[bytes]]:
+        runs.append("sigs")
+        return {"sig": [b"abc", b"d\xc3\xa9f"]}
+
+    assert sign(1) == sign(1) == SignedReceipt("ch-1", b"abc")
+    assert sigs(1) == sigs(1) == {"sig": [b"abc", b"d\xc3\xa9f"]}
+    assert runs == ["sign", "sigs"]
+
+
+def test_a_model_that_stores_bytes_as_base64_keeps_binary_data(settler: Settler) -> None:
+    @settler.operation(key="bin-model:{n}", principal=P)
+    def receipt(n: int) -> BinaryReceipt:
+        return BinaryReceipt(charge_id=f"ch-{n}", blob=b"%PDF \x00\xff")
+
+    assert receipt(1) == receipt(1) == BinaryReceipt(charge_id="ch-1", blob=b"%PDF \x00\xff")
+
+
+def test_optional_bytes_replay_the_committed_bytes(settler: Settler) -> None:
+    @settler.operation(key="blob:{n}", principal=P)
+    def blob(n: int) -> bytes | None:
+        return b'"hi"' if n else None  # e.g. a provider's raw body, which may be JSON
+
+    assert blob(1) == blob(1) == b'"hi"'
+    assert blob(0) is None
+    assert blob(0) is None
+
+
+def test_plain_bytes_keep_any_binary_data(settler: Settler) -> None:
+    @settler.operation(key="raw:{n}", principal=P)
+    def raw(n: int) -> bytes:
+        return b"%PDF \x00\xff"
+
+    assert raw(1) == raw(1) == b"%PDF \x00\xff"
+
+
+def test_binary_data_a_replay_could_not_give_back_is_refused_with_a_typed_error(
+    settler: Settler,
+) -> None:
+    """Bytes that are not UTF-8 have no JSON form: under a type other than ``bytes`` the
+    result cannot be stored as it was returned, so the completion is refused (the attempt
+    is left provisional, nothing is stored that a replay would read as something else)."""
+
+    @settler.operation(key="bin:{n}", principal=P)
+    def blob(n: int) -> bytes | None:
+        return b"%PDF \x00\xff"
+
+    with pytest.raises(FingerprintError, match="not UTF-8") as caught:
+        blob(1)
+    assert caught.value.operation_id == "bin:1"
+    record = settler.get("bin:1")
+    assert record is not None
+    assert record.state is State.PROVISIONAL
+    assert record.result is None
+
+
+def test_results_given_to_complete_replay_through_value(settler: Settler) -> None:
+    r = settler.reserve("direct:1", {"n": 1}, principal=P)
+    settler.complete(r.reservation, {"sig": b"abc"})
+    replay = settler.reserve("direct:1", {"n": 1}, principal=P)
+    assert replay.value(dict[str, bytes]) == {"sig": b"abc"}
+
+
+@pytest.mark.asyncio
+async def test_async_results_replay_as_committed(async_settler: AsyncSettler) -> None:
+    @async_settler.operation(key="asig:{n}", principal=P)
+    async def sign(n: int) -> SignedReceipt:
+        return SignedReceipt(charge_id=f"ch-{n}", signature=b"abc")
+
+    @async_settler.operation(key="ablob:{n}", principal=P)
+    async def blob(n: int) -> bytes | None:
+        return b'"hi"'
+
+    assert await sign(1) == await sign(1) == SignedReceipt("ch-1", b"abc")
+    assert await blob(1) == await blob(1) == b'"hi"'
+
+
+# -- ids and requests that cannot be derived -------------------------------------------------
+
+
+class MaybeOrder(BaseModel):
+    order_id: str | None
+    amount: int
+
+
+def test_a_failing_fingerprint_or_key_callable_is_invalid_input_and_writes_nothing(
+    settler: Settler,
+) -> None:
+    runs = 0
+
+    @settler.operation(key="fp:{req[id]}", principal=P, fingerprint=lambda req: req["body"])
+    def by_body(req: dict[str, Any]) -> int:
+        nonlocal runs
+        runs += 1
+        return 1
+
+    @settler.operation(key=lambda request: f"k:{request}", principal=P)
+    def by_request(order: str) -> int:
+        nonlocal runs
+        runs += 1
+        return 1
+
+    with pytest.raises(InvalidInput, match="fingerprint callable raised KeyError") as caught:
+        by_body({"id": "x"})
+    assert caught.value.operation_id == "fp:x"
+    assert isinstance(caught.value.__cause__, KeyError)
+    with pytest.raises(InvalidInput, match="cannot derive the key") as caught:
+        by_request(order="a")
+    assert isinstance(caught.value.__cause__, TypeError)
+    assert runs == 0
+    assert settler.get("fp:x") is None
+
+
+@pytest.mark.parametrize("missing", [None, ""])
+def test_a_key_template_over_a_missing_value_is_refused_not_shared(
+    settler: Settler, missing: str | None
+) -> None:
+    runs = 0
+
+    @settler.operation(key="charge:{request.order_id}", principal=P)
+    def charge(request: MaybeOrder) -> int:
+        nonlocal runs
+        runs += 1
+        return request.amount
+
+    with pytest.raises(InvalidInput, match=r"\{request.order_id\}"):
+        charge(MaybeOrder(order_id=missing, amount=1))
+    assert runs == 0
+    assert settler.get(f"charge:{missing}") is None
+    assert charge(MaybeOrder(order_id="o-1", amount=2)) == 2  # a real id still works
+
+
+def test_zero_is_a_key_value_like_any_other(settler: Settler) -> None:
+    @settler.operation(key="seq:{n}", principal=P)
+    def seq(n: int) -> int:
+        return n
+
+    assert seq(0) == 0
+    assert settler.get("seq:0") is not None
+
+
+def test_a_malformed_key_template_is_refused_at_decoration(settler: Settler) -> None:
+    with pytest.raises(InvalidInput, match="malformed"):
+
+        @settler.operation(key="charge:{order_id", principal=P)
+        def charge(order_id: str) -> int:
+            return 1
+
+
+@pytest.mark.asyncio
+async def test_async_a_failing_fingerprint_callable_is_invalid_input(
+    async_settler: AsyncSettler,
+) -> None:
+    @async_settler.operation(key="afp:{req[id]}", principal=P, fingerprint=lambda req: req["body"])
+    async def f(req: dict[str, Any]) -> int:
+        return 1
+
+    with pytest.raises(InvalidInput, match="fingerprint callable raised"):
+        await f({"id": "x"})
+    assert await async_settler.get("afp:x") is None
