@@ -21,12 +21,25 @@ __all__ = [
     "read_body",
     "request_fingerprint",
     "request_head",
+    "route_path",
 ]
 
 
 def header_values(scope: Scope, name: bytes) -> list[bytes]:
     """Every value of header ``name`` (lowercase), in the order received."""
     return [value for key, value in scope.get("headers", ()) if key.lower() == name]
+
+
+def route_path(scope: Scope) -> str:
+    """The path inside the application: ``path`` without the ``root_path`` it starts with
+    (ASGI puts the mount prefix in both: a Starlette ``Mount``, ``uvicorn --root-path``), as
+    WSGI's ``PATH_INFO`` is without ``SCRIPT_NAME``. What ``paths`` match and the fingerprint
+    covers; Starlette's routing reads the same."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :] or "/"
+    return path
 
 
 def request_head(scope: Scope, key_header: bytes = b"idempotency-key") -> RequestHead:
@@ -44,7 +57,7 @@ def request_head(scope: Scope, key_header: bytes = b"idempotency-key") -> Reques
             content_length = value
     return RequestHead(
         method=scope["method"],
-        path=scope["path"],
+        path=route_path(scope),
         query=scope.get("query_string", b""),
         content_type=b",".join(content_types),
         key_values=tuple(key_values),

@@ -35,6 +35,10 @@ def parse_key(values: list[bytes], max_length: int) -> str:
     except UnicodeDecodeError:
         raise MalformedKey("the Idempotency-Key must be visible ASCII") from None
     key = _sf_string(text) if text.startswith('"') else _bare(text)
+    if "," in key:
+        # A server or proxy may join two header lines with a comma (RFC 9110 5.3; a WSGI
+        # server always does): a comma could be two keys taken for one.
+        raise MalformedKey("the Idempotency-Key must not contain a comma")
     if not 1 <= len(key) <= max_length:
         raise MalformedKey(f"the Idempotency-Key must be 1 to {max_length} characters long")
     return key

@@ -48,6 +48,8 @@ def _globs(value: Iterable[str], what: str) -> tuple[str, ...]:
 
 
 def _one_or_many(value: Iterable[str]) -> tuple[str, ...]:
+    """One name or pattern given as a plain str is that one (``methods="POST"``), never its
+    characters."""
     return (value,) if isinstance(value, str) else tuple(value)
 
 
@@ -87,7 +89,7 @@ class IdempotencyPolicy:
         if not callable(self.principal):
             raise ConfigurationError("principal must be a callable: request -> str | None")
         set_ = object.__setattr__
-        set_(self, "methods", frozenset(m.upper() for m in self.methods))
+        set_(self, "methods", frozenset(m.upper() for m in _one_or_many(self.methods)))
         if self.paths is not None:
             set_(self, "paths", _globs(self.paths, "paths"))
         if not isinstance(self.require_key, bool):
@@ -110,7 +112,7 @@ class IdempotencyPolicy:
             raise ConfigurationError("max_request_bytes and max_response_bytes must be >= 0")
         if self.retry_after < 0:
             raise ConfigurationError("retry_after must be >= 0 seconds")
-        allowed = frozenset(h.lower() for h in self.replay_headers)
+        allowed = frozenset(h.lower() for h in _one_or_many(self.replay_headers))
         if refused := sorted(allowed & FORBIDDEN_REPLAY_HEADERS):
             raise ConfigurationError(
                 f"replay_headers must not contain {', '.join(refused)}: cookies belong to one "
@@ -144,10 +146,10 @@ class IdempotencyPolicy:
             )
         return cls(
             principal=principal,
-            methods=frozenset(methods),
+            methods=frozenset(_one_or_many(methods)),
             paths=None if paths is None else _one_or_many(paths),
             require_key=require_key if isinstance(require_key, bool) else _one_or_many(require_key),
-            replay_headers=frozenset(replay_headers),
+            replay_headers=frozenset(_one_or_many(replay_headers)),
             **options,
         )
 

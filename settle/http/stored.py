@@ -111,6 +111,7 @@ class StoredResponse(BaseModel):
     def replay_headers(self) -> list[tuple[bytes, bytes]]:
         assert self.body is not None
         headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
-        headers.append((b"content-length", str(len(self.body)).encode("ascii")))
+        if self.status != 204:  # RFC 9110 8.6: never a Content-Length on a 204
+            headers.append((b"content-length", str(len(self.body)).encode("ascii")))
         headers.append(REPLAYED_HEADER)
         return headers

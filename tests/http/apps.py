@@ -188,10 +188,11 @@ def starlette_app(settler: AsyncSettler, ledger: Ledger, **options: Any) -> Star
 
 
 @contextlib.contextmanager
-def serve(app: Any, settler: AsyncSettler) -> Iterator[str]:
+def serve(app: Any, settler: AsyncSettler, root_path: str = "") -> Iterator[str]:
     """Run ``app`` under a real uvicorn server on a free loopback port, in a thread.
 
     ``settler`` is used from the server's event loop only, and closed there at shutdown.
+    ``root_path``: uvicorn's ``--root-path`` (an application behind a proxy that strips it).
     """
 
     async def with_lifespan(scope: Any, receive: Any, send: Any) -> None:
@@ -215,6 +216,7 @@ def serve(app: Any, settler: AsyncSettler) -> Iterator[str]:
         log_level="warning",
         lifespan="on",
         access_log=False,
+        root_path=root_path,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)

@@ -1,0 +1,230 @@
+"""The guard where an application is mounted or configured the short way, under real servers
+(uvicorn, with and without --root-path, a Starlette Mount; the stdlib WSGI server) on a real
+Redis: each case once ran the handler again on a retry (a second charge) or broke a replay.
+Written from SPEC section 7, RFC 9110 and the peers' documented behaviour."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+
+from settle import AsyncSettler, Settler
+from settle.asgi import IdempotencyMiddleware
+from settle.http.policy import IdempotencyPolicy
+from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
+from tests.http.apps import principal_from_environ, principal_from_header, serve, serve_wsgi
+
+TENANT = {"X-Principal": "tenant:acme"}
+
+
+def _charge_app(calls: list[str]) -> Starlette:
+    """A bare payments app: every call of the handler is one charge."""
+
+    async def charge(request: Request) -> Response:
+        await request.body()
+        calls.append(request.url.path)
+        return Response(f'{{"charge":"ch_{uuid.uuid4().hex}"}}', 201, media_type="application/json")
+
+    async def nothing(request: Request) -> Response:
+        await request.body()
+        calls.append(request.url.path)
+        return Response(status_code=204)
+
+    return Starlette(
+        routes=[
+            Route("/payments", charge, methods=["POST"]),
+            Route("/ack", nothing, methods=["POST"]),
+        ]
+    )
+
+
+def _wsgi_charge_app(calls: list[str]) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        calls.append(environ["PATH_INFO"])
+        if environ["PATH_INFO"] == "/ack":
+            start_response("204 No Content", [])
+            return []
+        body = f'{{"charge":"ch_{uuid.uuid4().hex}"}}'.encode()
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [body]
+
+    return app
+
+
+# -- 1. paths= under a mount / root_path: the guard silently switches off --------------------
+
+
+def test_asgi_paths_still_guard_an_app_mounted_under_a_prefix(
+    redis_url: str, namespace: str
+) -> None:
+    """SPEC 7: "Applies to configured methods/paths". A FastAPI/Starlette sub-app mounted at
+    /v1 with paths=["/payments"] (the documented configuration) must still guard its
+    /payments route; the WSGI shell matches PATH_INFO (SCRIPT_NAME excluded), so the ASGI
+    shell should match the path the app routes on (path without root_path)."""
+    calls: list[str] = []
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    v1 = _charge_app(calls)
+    v1.user_middleware.insert(  # = v1.add_middleware(...)
+        0,
+        Middleware(
+            IdempotencyMiddleware,
+            settler=settler,
+            principal=principal_from_header,
+            paths=["/payments"],
+        ),
+    )
+    app = Starlette(routes=[Mount("/v1", app=v1)])
+    headers = {**TENANT, "Idempotency-Key": "mounted-1"}
+    with serve(app, settler) as base, httpx.Client(base_url=base, timeout=30) as client:
+        first = client.post("/v1/payments", json={"amount": 100}, headers=headers)
+        again = client.post("/v1/payments", json={"amount": 100}, headers=headers)
+        missing = client.post("/v1/payments", json={"amount": 100}, headers=TENANT)
+    assert first.status_code == 201
+    assert again.headers.get("idempotent-replayed") == "true", "the retry charged again"
+    assert again.content == first.content
+    assert missing.status_code == 400  # a guarded path needs a key
+    assert len(calls) == 1
+
+
+def test_asgi_paths_still_guard_behind_uvicorn_root_path(redis_url: str, namespace: str) -> None:
+    """The same app served by `uvicorn --root-path /api` (a proxy strips /api): uvicorn puts
+    the root path into scope["path"] (ASGI), Starlette routes on the rest. The guard on
+    paths=["/payments"] must not silently stop applying."""
+    calls: list[str] = []
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    app = _charge_app(calls)
+    app.user_middleware.insert(
+        0,
+        Middleware(
+            IdempotencyMiddleware,
+            settler=settler,
+            principal=principal_from_header,
+            paths=["/payments"],
+        ),
+    )
+    headers = {**TENANT, "Idempotency-Key": "root-path-1"}
+    with (
+        serve(app, settler, root_path="/api") as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        first = client.post("/payments", json={"amount": 100}, headers=headers)
+        again = client.post("/payments", json={"amount": 100}, headers=headers)
+    assert first.status_code == 201
+    assert again.headers.get("idempotent-replayed") == "true", "the retry charged again"
+    assert len(calls) == 1
+
+
+# -- 2. methods="POST" (one string, as paths= accepts) switches the guard off ---------------
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_methods_given_as_one_string_guards_that_method(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    """paths= and require_key= accept one plain string; methods="POST" was read as the
+    methods {"P","O","S","T"}: no request was guarded and every retry charged again."""
+    calls: list[str] = []
+    if protocol == "asgi":
+        settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        app: Any = _charge_app(calls)
+        app.user_middleware.insert(
+            0,
+            Middleware(
+                IdempotencyMiddleware,
+                settler=settler,
+                principal=principal_from_header,
+                methods="POST",
+            ),
+        )
+        server = serve(app, settler)
+    else:
+        sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+        app = WSGIMiddleware(
+            _wsgi_charge_app(calls),
+            settler=sync,
+            principal=principal_from_environ,
+            methods="POST",
+        )
+        server = serve_wsgi(app)
+    headers = {**TENANT, "Idempotency-Key": "m-1"}
+    with server as base, httpx.Client(base_url=base, timeout=30) as client:
+        first = client.post("/payments", json={"amount": 100}, headers=headers)
+        again = client.post("/payments", json={"amount": 100}, headers=headers)
+    assert first.status_code == 201
+    assert again.headers.get("idempotent-replayed") == "true", "the retry charged again"
+    assert len(calls) == 1
+
+
+# -- 3. a replayed 204 carries Content-Length (RFC 9110 8.6: MUST NOT) -----------------------
+
+
+@pytest.mark.parametrize("protocol", ["asgi"])  # wsgiref adds Content-Length: 0 itself
+def test_a_replayed_204_has_the_first_responses_headers(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    """SPEC 7: replayed byte for byte (status, allow-listed headers, body). RFC 9110 8.6:
+    a server MUST NOT send Content-Length in a 204. The first 204 has none; the replay
+    adds `content-length: 0`."""
+    calls: list[str] = []
+    if protocol == "asgi":
+        settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        app: Any = _charge_app(calls)
+        app.user_middleware.insert(
+            0, Middleware(IdempotencyMiddleware, settler=settler, principal=principal_from_header)
+        )
+        server = serve(app, settler)
+    else:
+        sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+        server = serve_wsgi(
+            WSGIMiddleware(_wsgi_charge_app(calls), settler=sync, principal=principal_from_environ)
+        )
+    headers = {**TENANT, "Idempotency-Key": "ack-1"}
+    with server as base, httpx.Client(base_url=base, timeout=30) as client:
+        first = client.post("/ack", headers=headers)
+        again = client.post("/ack", headers=headers)
+    assert first.status_code == again.status_code == 204
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert len(calls) == 1
+    assert "content-length" not in first.headers
+    assert "content-length" not in again.headers, dict(again.headers)
+
+
+# -- 4. WSGI: two Idempotency-Key headers can be accepted as one key -------------------------
+
+
+def test_wsgi_two_key_headers_are_malformed(redis_url: str, namespace: str) -> None:
+    """docs/http-endpoints.md (What the middleware does, 1): "Malformed (... two headers
+    ...): 400" (the ASGI shell checks it, tests/http/test_http_starlette.py two-headers).
+    A PEP 3333 server joins repeated headers with a comma, so under WSGI two headers that
+    join into one valid sf-string are taken as one key."""
+    calls: list[str] = []
+    sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    app = WSGIMiddleware(_wsgi_charge_app(calls), settler=sync, principal=principal_from_environ)
+    headers = [
+        (b"x-principal", b"tenant:acme"),
+        (b"idempotency-key", b'"order-1'),
+        (b"idempotency-key", b'retry"'),
+    ]
+    with serve_wsgi(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        response = client.post("/payments", json={"amount": 1}, headers=headers)
+    assert response.status_code == 400, (response.status_code, calls)
+    assert calls == []
+
+
+def test_one_string_is_one_method_or_header_in_every_way_to_configure() -> None:
+    policy = IdempotencyPolicy.configure(
+        principal=lambda _: "p", methods="put", replay_headers="Location"
+    )
+    assert policy.methods == frozenset({"PUT"})
+    assert policy.replay_headers == frozenset({"location"})
+    direct = IdempotencyPolicy(principal=lambda _: "p", methods="POST")  # type: ignore[arg-type]
+    assert direct.methods == frozenset({"POST"})
