@@ -2,13 +2,13 @@
 are named; payloads, results and principals themselves are never logged.
 
 A principal appears in a log line only as ``binding_digest``: the first 12 hex digits of
-HMAC-SHA256 under a per-deployment secret, ``SETTLE_DIGEST_KEY``. Two lines of one
-principal carry the same digest, so they can be correlated, but the digest cannot be
-reversed with a dictionary of user ids without the secret. Without ``SETTLE_DIGEST_KEY`` each
-process draws a random secret: digests then correlate lines of one process only. The
-digest is for logs only; nothing stored depends on it, so the secret can be rotated at any
-time. (An HTTP operation id carries an unkeyed digest of the principal: see
-docs/http-endpoints.md, "What is exposed".)
+HMAC-SHA256 under a per-deployment secret, ``SETTLE_DIGEST_KEY``; an operation id only as
+``operation_digest`` (16 hex digits under the same secret; SPEC 12). Two lines of one
+principal or operation carry the same digest, so they can be correlated, but the digest
+cannot be reversed with a dictionary of user ids or order numbers without the secret.
+Without ``SETTLE_DIGEST_KEY`` each process draws a random secret: digests then correlate
+lines of one process only. The digests are for logs only; nothing stored depends on them,
+so the secret can be rotated at any time.
 
 A library is quiet until the application says otherwise. While structlog is unconfigured,
 settle's events go to the standard library logger ``settle`` (with a ``NullHandler``):
@@ -32,7 +32,14 @@ from typing import Any
 
 import structlog
 
-__all__ = ["DIGEST_KEY_ENV", "STDLIB_LOGGER", "binding_digest", "enabled", "logger"]
+__all__ = [
+    "DIGEST_KEY_ENV",
+    "STDLIB_LOGGER",
+    "binding_digest",
+    "enabled",
+    "logger",
+    "operation_digest",
+]
 
 #: The standard library logger settle's events go to while structlog is unconfigured.
 STDLIB_LOGGER = "settle"
@@ -120,3 +127,14 @@ def binding_digest(binding: str) -> str:
     """A short keyed digest of a principal, for log lines (never the principal itself)."""
     mac = hmac.new(_digest_key(), binding.encode("utf-8"), hashlib.sha256)
     return mac.hexdigest()[:12]
+
+
+def operation_digest(operation_id: str | None) -> str | None:
+    """A keyed digest of an operation id, for log lines (never the id itself: ids often
+    carry order or user numbers). 16 hex digits: operations are many, and two of them
+    sharing a digest would mix their lines. ``settle digest <id>`` prints it under the same
+    ``SETTLE_DIGEST_KEY``."""
+    if operation_id is None:
+        return None
+    mac = hmac.new(_digest_key(), b"op\0" + operation_id.encode("utf-8"), hashlib.sha256)
+    return mac.hexdigest()[:16]

@@ -26,6 +26,7 @@ from settle.decorator._async import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
+from settle.errors import SettleError
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -110,7 +111,12 @@ class AsyncSettler(AsyncConnectable):
 
     async def _run(self, call: Call) -> Any:
         if not self._checked:
-            await self.check()
+            try:
+                await self.check()
+            except SettleError as exc:  # the start-up check failed on this call: name it
+                if exc.operation_id is None:
+                    exc.operation_id = call.operation_id
+                raise
         raw = await self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
         # metadata was checked again (SPEC 4; the rule is the core's).

@@ -180,22 +180,32 @@ def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
 
 
 def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: str) -> bytes:
-    """Turn an exception (or a failure description) into a stored failure."""
-    if isinstance(error, StoredFailure):
-        failure = error
-    elif isinstance(error, BaseException):
-        kind = type(error)
-        data = getattr(error, "settle_data", None)
-        failure = StoredFailure(
-            error_type=f"{kind.__module__}.{kind.__qualname__}", message=str(error), data=data
-        )
-    elif isinstance(error, BaseModel):
-        failure = StoredFailure(
-            error_type=type(error).__name__, message="", data=error.model_dump(mode="json")
-        )
-    else:
-        failure = StoredFailure(error_type="failure", message="", data=error)
-    return encode_result(failure.model_dump(mode="json"), limit, op)
+    """Turn an exception (or a failure description) into a stored failure. Data with no
+    JSON form (an arbitrary object, also as an exception's ``settle_data``) is refused with
+    :class:`FingerprintError`, as a result's is: nothing is written."""
+    try:
+        if isinstance(error, StoredFailure):
+            failure = error
+        elif isinstance(error, BaseException):
+            kind = type(error)
+            data = getattr(error, "settle_data", None)
+            failure = StoredFailure(
+                error_type=f"{kind.__module__}.{kind.__qualname__}", message=str(error), data=data
+            )
+        elif isinstance(error, BaseModel):
+            failure = StoredFailure(
+                error_type=type(error).__name__, message="", data=error.model_dump(mode="json")
+            )
+        else:
+            failure = StoredFailure(error_type="failure", message="", data=error)
+        dumped = failure.model_dump(mode="json")
+    except pydantic_core.PydanticSerializationError as exc:
+        raise FingerprintError(
+            f"the failure cannot be serialized to JSON: {exc}; give fail() an exception, a "
+            "model or plain JSON data",
+            operation_id=op,
+        ) from exc
+    return encode_result(dumped, limit, op)
 
 
 def _fields(flat: Sequence[Any]) -> dict[str, Any]:

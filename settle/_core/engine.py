@@ -16,7 +16,7 @@ from typing import Any
 
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
-from settle._log import binding_digest, logger
+from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call
 from settle.config import SettleConfig
@@ -239,7 +239,7 @@ class Core:
             logger.warning(
                 "settle.reserve.rejected",
                 namespace=ns,
-                operation_id=op,
+                operation_digest=operation_digest(op),
                 reason="fingerprint_mismatch",
             )
             raise FingerprintMismatch(
@@ -251,7 +251,7 @@ class Core:
             logger.warning(
                 "settle.reserve.rejected",
                 namespace=ns,
-                operation_id=op,
+                operation_digest=operation_digest(op),
                 reason="binding_mismatch",
                 binding_digest=binding_digest(str(call.args[3])),
             )
@@ -266,7 +266,7 @@ class Core:
                 logger.info(
                     "settle.reserve.reserved",
                     namespace=ns,
-                    operation_id=op,
+                    operation_digest=operation_digest(op),
                     generation=record.generation,
                     version=record.version,
                     takeover=reply.detail,
@@ -292,7 +292,7 @@ class Core:
                 logger.info(
                     "settle.reserve.replayed",
                     namespace=ns,
-                    operation_id=op,
+                    operation_digest=operation_digest(op),
                     generation=record.generation,
                     state=record.state.value,
                 )
@@ -302,7 +302,7 @@ class Core:
                 logger.info(
                     "settle.reserve.in_progress",
                     namespace=ns,
-                    operation_id=op,
+                    operation_digest=operation_digest(op),
                     generation=record.generation,
                 )
             assert record.lease_expires_at is not None
@@ -413,7 +413,7 @@ class Core:
             return _settlement(verdict, call.action, op, record, qid, kind)
         fields: dict[str, Any] = {
             "namespace": self.config.namespace,
-            "operation_id": op,
+            "operation_digest": operation_digest(op),
             "action": call.action.value,
             "generation": int(call.args[4]),
             "attempt_id": call.attempt_id,
@@ -464,7 +464,9 @@ class Core:
             raise self._corrupt(op)
         record = self._record(reply, op) if reply.payload else None
         log = logger.bind(
-            namespace=self.config.namespace, operation_id=op, generation=int(call.args[3])
+            namespace=self.config.namespace,
+            operation_digest=operation_digest(op),
+            generation=int(call.args[3]),
         )
         if reply.code == "renewed":
             assert record is not None
@@ -618,7 +620,7 @@ class Core:
         logger.info(
             "settle.quarantine.resolved",
             namespace=self.config.namespace,
-            operation_id=call.operation_id,
+            operation_digest=operation_digest(call.operation_id),
             quarantine_id=ref,
             already_resolved=reply.code == "already_resolved",
         )
@@ -694,7 +696,11 @@ class Core:
             raise self._corrupt(op) from exc
 
     def _corrupt(self, op: str) -> CorruptRecord:
-        logger.error("settle.record.corrupt", namespace=self.config.namespace, operation_id=op)
+        logger.error(
+            "settle.record.corrupt",
+            namespace=self.config.namespace,
+            operation_digest=operation_digest(op),
+        )
         return CorruptRecord(
             f"the record of operation {op!r} is not a settle record (wrong type or missing "
             "fields); nothing was written. Inspect the key before deleting it.",

@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AskError, NoScriptError, RedisClusterException, RedisError
 from tenacity import AsyncRetrying
 
-from settle._log import logger
+from settle._log import logger, operation_digest
 from settle._runtime import health, topology
 from settle._runtime.calls import Call
 from settle._runtime.options import Durability
@@ -38,7 +38,13 @@ from settle._runtime.transient import (
     retry_options,
 )
 from settle._telemetry import telemetry
-from settle.errors import BackendError, ConfigurationError, DurabilityError
+from settle.errors import (
+    BackendError,
+    ConfigurationError,
+    DurabilityError,
+    InvalidInput,
+    SettleError,
+)
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -65,7 +71,10 @@ def client_from_url(url: str) -> Redis:
     """A binary-safe client for a ``redis://`` / ``rediss://`` / ``unix://`` URL, with
     socket timeouts (a ``redis://`` URL of a cluster node becomes a cluster client on the
     runner's first call)."""
-    return Redis.from_url(url, **_CLIENT_DEFAULTS)
+    try:
+        return Redis.from_url(url, **_CLIENT_DEFAULTS)
+    except ValueError as exc:  # redis-py's own: an unknown scheme, a port that is no number
+        raise InvalidInput(f"the Redis URL is not usable: {exc}") from exc
 
 
 def cluster_client(
@@ -345,7 +354,12 @@ class AsyncRunner:
     async def run(self, call: Call) -> Any:
         """Run one script call; its raw reply (the part decodes it)."""
         if not self._ready:
-            await self.prepare()
+            try:
+                await self.prepare()
+            except SettleError as exc:  # the start-up check failed on this call: name it
+                if exc.operation_id is None:
+                    exc.operation_id = call.operation_id
+                raise
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:
@@ -439,7 +453,7 @@ class AsyncRunner:
                 logger.error(
                     "settle.backend.durability_failed",
                     script=call.script,
-                    operation_id=call.operation_id,
+                    operation_digest=operation_digest(call.operation_id),
                     attempt_id=call.attempt_id,
                     acknowledged=int(acks),
                     required=need,

@@ -17,7 +17,7 @@ from typing import Any
 from redis import exceptions as rx
 from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from settle._log import logger
+from settle._log import logger, operation_digest
 from settle._runtime.calls import Call
 from settle.errors import BackendError, ConfigurationError, SettleError
 
@@ -88,7 +88,7 @@ def _log(call: Call | None, attempt: int, exc: BaseException | None, sleep: floa
     logger.warning(
         "settle.backend.retrying",
         script=call.script if call else None,
-        operation_id=call.operation_id if call else None,
+        operation_digest=operation_digest(call.operation_id) if call else None,
         attempt_id=call.attempt_id if call else None,
         attempt=attempt,
         of=ATTEMPTS,
@@ -104,7 +104,7 @@ def backend_error(exc: rx.RedisError | rx.RedisClusterException, call: Call | No
     logger.error(
         "settle.backend.failed",
         script=call.script if call else None,
-        operation_id=call.operation_id if call else None,
+        operation_digest=operation_digest(call.operation_id) if call else None,
         attempt_id=call.attempt_id if call else None,
         error=type(exc).__name__,
         raised=type(error).__name__,

@@ -27,6 +27,7 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
+from settle.errors import SettleError
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -111,7 +112,12 @@ class Settler(Connectable):
 
     def _run(self, call: Call) -> Any:
         if not self._checked:
-            self.check()
+            try:
+                self.check()
+            except SettleError as exc:  # the start-up check failed on this call: name it
+                if exc.operation_id is None:
+                    exc.operation_id = call.operation_id
+                raise
         raw = self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
         # metadata was checked again (SPEC 4; the rule is the core's).

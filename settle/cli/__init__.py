@@ -1,5 +1,5 @@
-"""The ``settle`` command line (SPEC 8): ``demo``, ``doctor``, ``inspect``, ``quarantine``,
-``stats``, and the companion parts' ``cursor`` (SPEC 9) and ``progress`` (SPEC 10).
+"""The ``settle`` command line (SPEC 8): ``demo``, ``digest``, ``doctor``, ``inspect``,
+``quarantine``, ``stats``, and the companion parts' ``cursor`` (SPEC 9) and ``progress`` (SPEC 10).
 
 Each command lives in its own module; ``main`` is the click group they hang from, so
 another group is attached with one line: ``main.add_command(group)``. Exit codes: 0 ok,
@@ -15,6 +15,7 @@ from settle import __version__
 from settle.cli._context import configure_logging
 from settle.cli.cursor import cursor
 from settle.cli.demo import demo
+from settle.cli.digest import digest
 from settle.cli.doctor import doctor
 from settle.cli.inspect import inspect
 from settle.cli.progress import progress
@@ -43,6 +44,7 @@ def main(verbose: int) -> None:
 
 
 main.add_command(demo)
+main.add_command(digest)
 main.add_command(doctor)
 main.add_command(inspect)
 main.add_command(quarantine)

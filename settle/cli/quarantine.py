@@ -202,6 +202,12 @@ def tail(
     default=None,
     help="Count exported entries on stderr (default: when stderr is a terminal).",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Accepted like every read command's --json; the export is always JSON lines.",
+)
 @connection_options
 def export(
     conn: Connection,
@@ -212,6 +218,7 @@ def export(
     output: Path | None,
     limit: int | None,
     show_progress: bool | None,
+    as_json: bool,  # noqa: ARG001  # always JSON lines (SPEC 8: --json on every read command)
 ) -> None:
     """Entries as JSON lines, oldest first (the same objects as ls --json), streamed a
     page at a time: memory stays bounded however many entries there are."""

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from settle._log import logger
+from settle._log import logger, operation_digest
 from settle._telemetry import telemetry
 from settle.decorator._options import Options
 from settle.decorator._plan import (
@@ -188,7 +188,7 @@ async def _heartbeat(settler: AsyncSettler, run: Run, on_lost: Callable[[], None
         except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
             logger.warning(
                 "settle.operation.heartbeat_failed",
-                operation_id=attempt.operation_id,
+                operation_digest=operation_digest(attempt.operation_id),
                 generation=attempt.generation,
                 error=type(exc).__name__,
             )

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from settle._core.codec import AsJson
 from settle._log import enabled as log_enabled
-from settle._log import logger
+from settle._log import logger, operation_digest
 from settle.attempt import Attempt
 from settle.decorator._signature import CallIdentity
 from settle.errors import InvalidInput, OperationFailed, OperationInProgress, StaleAttempt
@@ -257,7 +257,7 @@ class Plan:
         if self._bound is None:
             self._bound = logger.bind(
                 namespace=self.policy.namespace,
-                operation_id=self.identity.operation_id,
+                operation_digest=operation_digest(self.identity.operation_id),
                 function=self._fn_name,
             )
         return self._bound

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from settle._log import logger
+from settle._log import logger, operation_digest
 from settle._telemetry import telemetry
 from settle.decorator._options import Options
 from settle.decorator._plan import (
@@ -244,7 +244,7 @@ class _Heartbeats:
         except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
             logger.warning(
                 "settle.operation.heartbeat_failed",
-                operation_id=attempt.operation_id,
+                operation_digest=operation_digest(attempt.operation_id),
                 generation=attempt.generation,
                 error=type(exc).__name__,
             )

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import ValidationError
 
-from settle._log import logger
+from settle._log import logger, operation_digest
 from settle.attempt import Attempt
 from settle.errors import (
     BackendError,
@@ -269,7 +269,7 @@ class Guard:
     def body_read(self, body: bytes) -> Reserve:
         policy = self.policy
         op = operation_id(policy.operation_prefix, self._key, self._principal, policy.key_scope)
-        self._bind(operation_id=op)
+        self._bind(operation_digest=operation_digest(op))
         return Reserve(op, self._principal, fingerprint_request(self.head, body), policy.lease)
 
     # -- the reservation -----------------------------------------------------------------

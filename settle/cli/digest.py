@@ -1,0 +1,49 @@
+"""``settle digest``: the log digest of an operation id or a principal.
+
+settle's log lines never carry an operation id or a principal itself (SPEC 12), only their
+keyed digests (``operation_digest``, ``binding_digest``: HMAC-SHA256 under
+``SETTLE_DIGEST_KEY``). To find the lines of one operation, compute its digest with the
+deployment's secret and search for it. Needs no Redis.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from settle._exit import EXIT_USAGE
+from settle._log import DIGEST_KEY_ENV, binding_digest, operation_digest
+from settle.cli._context import fail, json_option
+from settle.cli._render import print_json
+
+__all__ = ["digest"]
+
+
+@click.command("digest")
+@click.argument("operation_ids", nargs=-1)
+@click.option(
+    "--principal",
+    "principals",
+    multiple=True,
+    help="A principal to digest as binding_digest (repeatable).",
+)
+@json_option
+def digest(operation_ids: tuple[str, ...], principals: tuple[str, ...], as_json: bool) -> None:
+    """The operation_digest of each OPERATION_ID (and the binding_digest of each
+    --principal) under SETTLE_DIGEST_KEY, as settle's log lines carry them."""
+    if not os.environ.get(DIGEST_KEY_ENV):
+        fail(
+            f"{DIGEST_KEY_ENV} is not set: each process then draws a random secret and no "
+            "digest can be reproduced; set it to the deployment's secret",
+            EXIT_USAGE,
+        )
+    if not operation_ids and not principals:
+        fail("give at least one operation id or --principal", EXIT_USAGE)
+    rows = [("operation_digest", op, operation_digest(op)) for op in operation_ids]
+    rows += [("binding_digest", p, binding_digest(p)) for p in principals]
+    if as_json:
+        print_json([{"field": f, "value": v, "digest": d} for f, v, d in rows])
+        return
+    for field, _value, value_digest in rows:
+        click.echo(f"{field}={value_digest}")

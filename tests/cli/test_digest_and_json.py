@@ -1,0 +1,108 @@
+"""``settle digest`` gives the digests settle's log lines carry in place of operation ids
+and principals (SPEC 12), and every read command takes ``--json`` (SPEC 8). Through the
+installed console script, against the session's real redis-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from settle import Settler
+from tests.cli.conftest import cli_env, settle
+from tests.cli.helpers import stale_settlement
+
+SECRET = "a-deployment-secret"
+
+
+def _logged_digests(redis_url: str, namespace: str, operation_id: str) -> list[str]:
+    """The operation_digest of every line a fresh process logs for one operation, under
+    SETTLE_DIGEST_KEY (a fresh process: the key is read once per process)."""
+    code = f"""
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+from settle import Settler
+s = Settler.from_url({redis_url!r}, namespace={namespace!r})
+r = s.reserve({operation_id!r}, {{"amount": 1}}, principal="tenant:acme")
+s.complete(r.reservation, {{"ok": True}})
+s.close()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=cli_env(SETTLE_DIGEST_KEY=SECRET),
+        timeout=60,
+        check=True,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("settle.")]
+    assert lines, done.stderr
+    assert all(operation_id not in line for line in lines), lines
+    return [
+        part.split("=", 1)[1].strip("'")
+        for line in lines
+        for part in line.split()
+        if part.startswith("operation_digest=")
+    ]
+
+
+def test_digest_names_the_log_lines_of_an_operation(redis_url: str, namespace: str) -> None:
+    op = "order-8812-of-customer-77"
+    logged = _logged_digests(redis_url, namespace, op)
+    assert len(logged) == 2  # reserved, accepted
+    done = settle("digest", op, env=cli_env(SETTLE_DIGEST_KEY=SECRET))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"operation_digest={logged[0]}"
+    assert set(logged) == {logged[0]}
+    as_json = settle(
+        "digest", op, "--principal", "tenant:acme", "--json", env=cli_env(SETTLE_DIGEST_KEY=SECRET)
+    )
+    rows = json.loads(as_json.stdout)
+    assert [r["field"] for r in rows] == ["operation_digest", "binding_digest"]
+    assert rows[0]["digest"] == logged[0]
+
+
+def test_digest_without_the_deployment_secret_is_refused() -> None:
+    done = settle("digest", "order-1")
+    assert done.returncode == 2
+    assert "SETTLE_DIGEST_KEY" in done.stderr
+    assert done.stdout == ""
+
+
+def test_every_read_command_takes_json(redis_url: str, cli_settler: Settler) -> None:
+    qid = stale_settlement(cli_settler, "charge:json-1")
+    conn = ("--redis-url", redis_url, "--namespace", cli_settler.config.namespace)
+    for args in (
+        ("stats",),
+        ("inspect", "charge:json-1"),
+        ("quarantine", "ls"),
+        ("quarantine", "show", qid),
+        ("quarantine", "export"),
+    ):
+        done = settle(*args, *conn, "--json")
+        assert done.returncode == 0, (args, done.stderr)
+        text = done.stdout.strip()
+        values = (
+            [json.loads(line) for line in text.splitlines()]
+            if args[-1] == "export"
+            else [json.loads(text)]
+        )
+        assert values, args
+
+
+def test_the_docs_example_is_what_the_command_prints() -> None:
+    done = settle(
+        "digest",
+        "charge:26e120-0032",
+        "--principal",
+        "merchant:m2",
+        env=cli_env(SETTLE_DIGEST_KEY="example-secret"),
+    )
+    assert done.returncode == 0, done.stderr
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert done.stdout in docs
+    assert done.stdout.splitlines() == [
+        "operation_digest=2b0d78f78a61828c",
+        "binding_digest=56f259612ca6",
+    ]

@@ -1,0 +1,66 @@
+"""SPEC 11: every public error derives from SettleError, carries the operation id where
+there is one, and bad input changes nothing. Real redis-server, sync and async."""
+
+from __future__ import annotations
+
+import pytest
+
+from settle import AsyncSettler, BackendError, FingerprintError, Reserved, Settler, State, Verdict
+from settle.cursor import CursorStore
+from settle.errors import InvalidInput
+from settle.progress import ProgressStore
+
+OP = "order-9001"
+
+
+class _Opaque:
+    pass
+
+
+class _Declined(Exception):
+    settle_data = _Opaque()  # the documented hook for a failure's structured data
+
+
+@pytest.mark.parametrize("failure", [_Opaque(), _Declined("card declined")], ids=["obj", "exc"])
+def test_a_failure_with_no_json_form_is_refused_and_writes_nothing(
+    settler: Settler, failure: object
+) -> None:
+    r = settler.reserve(OP, {"amount": 100}, principal="tenant:acme")
+    assert isinstance(r, Reserved)
+    with pytest.raises(FingerprintError, match="failure cannot be serialized") as caught:
+        settler.fail(r.reservation, failure)
+    assert caught.value.operation_id == OP
+    record = settler.get(OP)
+    assert record is not None
+    assert record.state is State.PENDING
+    assert record.version == 1
+    # the same attempt can still settle with a failure that has one
+    assert settler.fail(r.reservation, RuntimeError("declined")).verdict is Verdict.ACCEPTED
+
+
+@pytest.mark.parametrize("url", ["foo://localhost:6379/0", "redis://localhost:abc/0"])
+@pytest.mark.parametrize("facade", [Settler, AsyncSettler, CursorStore, ProgressStore])
+def test_a_malformed_url_is_invalid_input(facade: type, url: str) -> None:
+    with pytest.raises(InvalidInput, match="Redis URL"):
+        facade.from_url(url, namespace="ns")
+
+
+def test_an_unreachable_redis_on_the_first_call_names_the_operation() -> None:
+    settler = Settler.from_url("redis://127.0.0.1:1/0", namespace="ns")
+    try:
+        with pytest.raises(BackendError) as caught:
+            settler.reserve(OP, {"amount": 100}, principal="tenant:acme")
+        assert caught.value.operation_id == OP
+    finally:
+        settler.close()
+
+
+@pytest.mark.asyncio
+async def test_async_an_unreachable_redis_on_the_first_call_names_the_operation() -> None:
+    settler = AsyncSettler.from_url("redis://127.0.0.1:1/0", namespace="ns")
+    try:
+        with pytest.raises(BackendError) as caught:
+            await settler.get(OP)
+        assert caught.value.operation_id == OP
+    finally:
+        await settler.aclose()
