@@ -9,8 +9,8 @@ A part brings its own :class:`ScriptSet` (its Lua files and which of them write)
 rules; nothing else about talking to Redis lives outside this package.
 """
 
-from settle._runtime.calls import Call, Reply, RunScript, parse_reply
+from settle._runtime.calls import Call, Reply, RunScript, naming, parse_reply
 from settle._runtime.options import Durability
 from settle._runtime.scripts import ScriptSet
 
-__all__ = ["Call", "Durability", "Reply", "RunScript", "ScriptSet", "parse_reply"]
+__all__ = ["Call", "Durability", "Reply", "RunScript", "ScriptSet", "naming", "parse_reply"]

@@ -27,7 +27,7 @@ from tenacity import AsyncRetrying
 
 from settle._log import logger, operation_digest
 from settle._runtime import health, topology
-from settle._runtime.calls import Call
+from settle._runtime.calls import Call, naming
 from settle._runtime.options import Durability
 from settle._runtime.scripts import ScriptSet
 from settle._runtime.transient import (
@@ -43,7 +43,6 @@ from settle.errors import (
     ConfigurationError,
     DurabilityError,
     InvalidInput,
-    SettleError,
 )
 
 __all__ = [
@@ -354,12 +353,8 @@ class AsyncRunner:
     async def run(self, call: Call) -> Any:
         """Run one script call; its raw reply (the part decodes it)."""
         if not self._ready:
-            try:
+            with naming(call):
                 await self.prepare()
-            except SettleError as exc:  # the start-up check failed on this call: name it
-                if exc.operation_id is None:
-                    exc.operation_id = call.operation_id
-                raise
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:

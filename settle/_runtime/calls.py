@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from settle.errors import CorruptRecord
+from settle.errors import CorruptRecord, SettleError
 
-__all__ = ["Call", "Reply", "RunScript", "parse_reply"]
+__all__ = ["Call", "Reply", "RunScript", "naming", "parse_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,18 @@ class Call:
     attempt_id: str | None = None
     action: Any = None
     shard: int | None = None
+
+
+@contextmanager
+def naming(call: Call) -> Iterator[None]:
+    """A :class:`SettleError` raised inside, that names no operation, names ``call``'s: the
+    start-up check that fails on a call fails that call (SPEC 11)."""
+    try:
+        yield
+    except SettleError as exc:
+        if exc.operation_id is None:
+            exc.operation_id = call.operation_id
+        raise
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from redis import Redis
 
 from settle._core.engine import Core
 from settle._core.scripts import SCRIPTS
-from settle._runtime import Call, Durability
+from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
@@ -27,7 +27,6 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import SettleError
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -112,12 +111,8 @@ class Settler(Connectable):
 
     def _run(self, call: Call) -> Any:
         if not self._checked:
-            try:
+            with naming(call):
                 self.check()
-            except SettleError as exc:  # the start-up check failed on this call: name it
-                if exc.operation_id is None:
-                    exc.operation_id = call.operation_id
-                raise
         raw = self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
         # metadata was checked again (SPEC 4; the rule is the core's).
