@@ -17,15 +17,18 @@ The rules are :mod:`settle.http`'s, carried out by the same sync driver as
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
-from settle.http._sync import SyncGuard, configured_guard
+from settle.http._sync import NotReached, SyncGuard, configured_guard
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer
@@ -53,6 +56,10 @@ class IdempotencyMiddleware:
     and ``namespace``; ``principal`` (a callable on the request or its dotted path; default
     :func:`user_principal`); and any option of :class:`settle.asgi.IdempotencyMiddleware`
     (``methods``, ``paths``, ``require_key``, ``key_scope``, ``lease``, ...).
+
+    Put it after ``CsrfViewMiddleware`` and the authentication middleware: a response that
+    another middleware gives before the view is reached (the CSRF check's 403, a 404 of
+    URL resolution) is sent but never stored, so the corrected retry runs the view.
     """
 
     def __init__(self, get_response: GetResponse, **overrides: Any) -> None:
@@ -60,31 +67,98 @@ class IdempotencyMiddleware:
         self._driver = _driver(overrides)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        return _guarded(self._driver, request, self.get_response)
+        return _guarded(self._driver, request, self.get_response, reaching=True)
+
+    def process_view(self, request: HttpRequest, *_: Any) -> None:
+        """The view is about to run: every middleware before this one let it through."""
+        request._settle_reached = True  # type: ignore[attr-defined]
 
 
 def idempotent(view: View | None = None, **options: Any) -> Any:
     """Guard one view (``@idempotent`` or ``@idempotent(methods=["POST"], ...)``): the
-    options of ``settings.SETTLE``, overridden by ``options``; every path of the view."""
+    options of ``settings.SETTLE``, overridden by ``options``; every path of the view.
+
+    Also a method decorator (``@method_decorator(idempotent)`` on a class-based view's
+    ``post``, a REST framework ``APIView`` or ``ViewSet`` action). A view that the
+    middleware guards too runs under the middleware's guard only. Async views are refused:
+    guard them with :class:`settle.asgi.IdempotencyMiddleware` under ASGI."""
 
     def decorate(view: View) -> View:
-        drivers: list[SyncGuard] = []  # built at the first request: settings are ready then
+        if iscoroutinefunction(view) or getattr(view, "view_is_async", False):
+            raise ConfigurationError(
+                f"{getattr(view, '__qualname__', view)!r} is an async view: settle.django "
+                "guards sync views; serve async views under ASGI with "
+                "settle.asgi.IdempotencyMiddleware"
+            )
+        key = (_underlying(view), repr(sorted(options.items())))
 
         @functools.wraps(view)
         def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            if not drivers:
-                drivers.append(_driver({**options, "paths": None}))
-            return _guarded(drivers[0], request, lambda r: view(r, *args, **kwargs))
+            driver = _view_guard(key, options)
+            return _guarded(driver, request, _finalizing(view, args, kwargs))
 
         return guarded  # type: ignore[return-value]  # same signature as the view
 
     return decorate if view is None else decorate(view)
 
 
+#: The decorated views' guards, built at their first request (settings are ready then) and
+#: again after ``settings.SETTLE`` changes (``override_settings`` in tests).
+_VIEW_GUARDS: dict[tuple[Any, str], SyncGuard] = {}
+_VIEW_GUARDS_LOCK = threading.Lock()
+
+
+def _view_guard(key: tuple[Any, str], options: dict[str, Any]) -> SyncGuard:
+    guard = _VIEW_GUARDS.get(key)
+    if guard is None:
+        with _VIEW_GUARDS_LOCK:
+            guard = _VIEW_GUARDS.get(key)
+            if guard is None:
+                guard = _VIEW_GUARDS[key] = _driver({**options, "paths": None})
+    return guard
+
+
+def _settings_changed(*, setting: str, **_: Any) -> None:
+    if setting == "SETTLE":
+        with _VIEW_GUARDS_LOCK:
+            _VIEW_GUARDS.clear()
+
+
+setting_changed.connect(_settings_changed)
+
+
+def _underlying(view: Any) -> Any:
+    """The function behind a view: ``method_decorator`` hands each call a new partial of a
+    bound method, whose function is the same every time."""
+    bound = getattr(view, "func", None)  # functools.partial
+    return getattr(bound, "__func__", None) or view
+
+
+def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GetResponse:
+    """The decorated view's call. A REST framework view's handler method (decorated with
+    ``method_decorator``) returns a ``Response`` the view finalizes only after the decorator
+    returned: it is finalized here (its renderer chosen) so that it can be rendered and
+    stored; the view's own finalizing then leaves it as it is."""
+    instance = getattr(getattr(view, "func", None), "__self__", None)
+    finalize = getattr(instance, "finalize_response", None)
+
+    def call(request: HttpRequest) -> HttpResponseBase:
+        response: HttpResponseBase = view(request, *args, **kwargs)
+        if finalize is not None and not hasattr(response, "accepted_renderer"):
+            response = finalize(request, response, *args, **kwargs)
+        return response
+
+    return call
+
+
 def _guarded(
-    driver: SyncGuard, request: HttpRequest, get_response: GetResponse
+    driver: SyncGuard, request: HttpRequest, get_response: GetResponse, *, reaching: bool = False
 ) -> HttpResponseBase:
-    exchange = _Exchange(request, get_response, driver.policy.principal)
+    if isinstance(getattr(request, "settle", None), Attempt):
+        # An outer guard (the middleware, around a decorated view) holds this request's
+        # operation: a second one would find it in progress and answer 409 forever.
+        return get_response(request)
+    exchange = _Exchange(request, get_response, driver.policy.principal, reaching=reaching)
     head = request_head(request.META, driver.policy.header)
     response = driver.handle(head, exchange)
     if response is None:
@@ -102,11 +176,17 @@ class _Exchange:
     """One Django request for :class:`~settle.http._sync.SyncGuard`."""
 
     def __init__(
-        self, request: HttpRequest, get_response: GetResponse, principal: PrincipalFn
+        self,
+        request: HttpRequest,
+        get_response: GetResponse,
+        principal: PrincipalFn,
+        *,
+        reaching: bool = False,
     ) -> None:
         self._request = request
         self._get_response = get_response
         self._principal = principal
+        self._reaching = reaching  # the middleware: was the view reached?
         self.response: Response | None = None
         self.django: HttpResponseBase | None = None
 
@@ -136,6 +216,8 @@ class _Exchange:
         headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in response.items())
         self.django = response
         self.response = Response(response.status_code, headers, content)
+        if self._reaching and not getattr(self._request, "_settle_reached", False):
+            raise NotReached(self.response)
         return self.response
 
 

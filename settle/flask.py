@@ -56,7 +56,9 @@ class Idempotency:
 
         driver = configured_guard({**config, "principal": principal_of if principal else None})
         app.wsgi_app = IdempotencyMiddleware.from_guard(app.wsgi_app, driver)  # type: ignore[method-assign]
-        app.before_request(_expose_attempt)
+        # First of the app's hooks, also of those registered before init_app (an app
+        # factory sets up its hooks, then its extensions): each of them may read g.settle.
+        app.before_request_funcs.setdefault(None, []).insert(0, _expose_attempt)
         app.extensions["settle"] = self
 
 

@@ -154,7 +154,7 @@ def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
         try:
             data = pydantic_core.to_json(result, inf_nan_mode="constants")
         except pydantic_core.PydanticSerializationError as exc:
-            if "utf-8" in str(exc):
+            if "invalid utf-8 sequence" in str(exc):  # bytes; a lone surrogate in a str is not
                 raise FingerprintError(
                     "result holds bytes that are not UTF-8 text, which have no JSON form: "
                     "return them alone from a function declared -> bytes (stored as they "

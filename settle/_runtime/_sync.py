@@ -90,6 +90,8 @@ def cluster_client(
         return RedisCluster(startup_nodes=startup, **kwargs)
     except (RedisError, RedisClusterException) as exc:
         raise backend_error(exc, None) from exc
+    except ValueError as exc:  # redis-py's own: a port that is no number, an unknown scheme
+        raise InvalidInput(f"the Redis Cluster URL is not usable: {exc}") from exc
 
 
 def sentinel_client(

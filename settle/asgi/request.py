@@ -33,8 +33,8 @@ def header_values(scope: Scope, name: bytes) -> list[bytes]:
 def route_path(scope: Scope) -> str:
     """The path inside the application: ``path`` without the ``root_path`` it starts with
     (ASGI puts the mount prefix in both: a Starlette ``Mount``, ``uvicorn --root-path``), as
-    WSGI's ``PATH_INFO`` is without ``SCRIPT_NAME``. What ``paths`` match and the fingerprint
-    covers; Starlette's routing reads the same."""
+    WSGI's ``PATH_INFO`` is without ``SCRIPT_NAME``; Starlette's routing reads the same.
+    ``paths`` match it or the whole path; the fingerprint covers the whole path."""
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
     if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
@@ -57,7 +57,8 @@ def request_head(scope: Scope, key_header: bytes = b"idempotency-key") -> Reques
             content_length = value
     return RequestHead(
         method=scope["method"],
-        path=route_path(scope),
+        path=scope["path"],
+        route=route_path(scope),
         query=scope.get("query_string", b""),
         content_type=b",".join(content_types),
         key_values=tuple(key_values),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import re
 import string
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class Signature:
                 "have returned an object)"
             )
         hints = self._hints(strict=False)
+        _check_replayable(self.fn, self.result_type or hints.get("return"))
         skip = set()
         params = list(self.signature.parameters.values())
         if params and params[0].name in ("self", "cls"):
@@ -136,6 +138,7 @@ class Signature:
                     f"cannot resolve the return annotation of {self.fn.__qualname__}: {exc}; "
                     "pass result_type= to the decorator"
                 ) from exc
+            _check_replayable(self.fn, hint)
             self.result_type = hint
         return self.result_type
 
@@ -242,3 +245,18 @@ class Signature:
 
 
 _FORMATTER = string.Formatter()
+
+
+def _check_replayable(fn: Callable[..., Any], declared: Any) -> None:
+    """A result type that holds both ``str`` and ``bytes`` at its top (``str | bytes``)
+    cannot be replayed as it was returned: both are stored as a JSON string, and a replay
+    could not tell which one the first call returned."""
+    if typing.get_origin(declared) not in (typing.Union, types.UnionType):
+        return
+    members = typing.get_args(declared)
+    if str in members and bytes in members:
+        raise InvalidInput(
+            f"{fn.__qualname__} declares {declared!r}: a replay cannot tell str from bytes "
+            "(both are stored as a JSON string); return one of them (-> bytes keeps any "
+            "bytes as they are)"
+        )

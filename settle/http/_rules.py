@@ -217,7 +217,7 @@ class Guard:
 
     def start(self) -> Step:
         policy = self.policy
-        coverage = policy.coverage(self.head.method, self.head.path)
+        coverage = policy.coverage(self.head.method, self.head.path, self.head.route)
         if coverage is Coverage.UNGUARDED:
             return Forward()
         if not self.head.key_values:

@@ -33,7 +33,18 @@ _SETTLER_NEEDED = (
     "'namespace' (e.g. {'url': 'redis://localhost:6379/0', 'namespace': 'shop'})"
 )
 
-__all__ = ["Exchange", "SyncGuard", "configured_guard", "resolve", "status_line"]
+__all__ = ["Exchange", "NotReached", "SyncGuard", "configured_guard", "resolve", "status_line"]
+
+
+class NotReached(Exception):  # a signal between a shell and the driver
+    """What :meth:`Exchange.call` raises when the application answered before the guarded
+    handler ran (a Django middleware's refusal, e.g. the CSRF check's 403; a 404 of URL
+    resolution): ``response`` is sent as it is and never stored, so the key stays usable
+    (the attempt is marked provisional: nothing ran under it)."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("the guarded handler was not reached")
+        self.response = response
 
 
 class Exchange(Protocol):
@@ -47,7 +58,8 @@ class Exchange(Protocol):
         the app to read again; return it. :class:`ClientDisconnected` if it ends early."""
 
     def call(self, attempt: Attempt) -> Response:
-        """Run the app with ``attempt`` and return its whole response."""
+        """Run the app with ``attempt`` and return its whole response (:class:`NotReached`
+        when the app answered without running the guarded handler)."""
 
 
 class SyncGuard:
@@ -107,6 +119,9 @@ class SyncGuard:
         try:
             try:
                 response = exchange.call(run.attempt)
+            except NotReached as refused:
+                self._settle(guard, guard.failed(run, "handler_not_reached"))
+                return refused.response
             except BaseException:
                 self._settle(guard, guard.failed(run, "exception"))
                 raise

@@ -162,13 +162,19 @@ class IdempotencyPolicy:
                 f"{needed} on the settler (base64 plus headers); raise it or store less"
             )
 
-    def coverage(self, method: str, path: str) -> Coverage:
+    def coverage(self, method: str, path: str, route: str | None = None) -> Coverage:
+        """Whether a request is guarded. ``path`` is the whole path, ``route`` the path inside
+        a mounted application: a pattern matches either (``/payments`` guards a
+        sub-application's route wherever it is mounted; ``/v1/payments`` the whole path)."""
         if method.upper() not in self.methods:
             return Coverage.UNGUARDED
-        if self.paths is not None and not _matches(self.paths, path):
+        paths = (path,) if route is None or route == path else (path, route)
+        if self.paths is not None and not any(_matches(self.paths, p) for p in paths):
             return Coverage.UNGUARDED
         required = self.require_key
-        if required is True or (isinstance(required, tuple) and _matches(required, path)):
+        if required is True or (
+            isinstance(required, tuple) and any(_matches(required, p) for p in paths)
+        ):
             return Coverage.KEY_REQUIRED
         return Coverage.KEY_OPTIONAL
 

@@ -47,7 +47,9 @@ class RequestHead:
 
     method: str
     path: str
-    """Decoded as UTF-8, as ASGI gives it (a WSGI shell re-decodes ``PATH_INFO``)."""
+    """The whole path, mount prefix included (ASGI's ``path``, WSGI's ``SCRIPT_NAME`` +
+    ``PATH_INFO``), decoded as UTF-8: what the fingerprint covers, so that applications
+    mounted under two prefixes never share a stored response."""
     query: bytes
     """The raw query string, without the ``?``."""
     content_type: bytes
@@ -55,6 +57,10 @@ class RequestHead:
     key_values: tuple[bytes, ...]
     """Every value of the idempotency key header, in the order received."""
     content_length: bytes | None = None
+    route: str | None = None
+    """The path inside the application (without the mount prefix: ASGI's ``root_path``,
+    WSGI's ``SCRIPT_NAME``), as its routing reads it; None when it is ``path``. ``paths``
+    patterns match either."""
 
 
 class BodyBuffer:

@@ -79,10 +79,13 @@ def request_head(environ: Mapping[str, Any], header: str = "Idempotency-Key") ->
     """What the rules need of a WSGI request (Django's ``request.META`` is one too)."""
     key = environ.get("HTTP_" + header.upper().replace("-", "_"))
     length = environ.get("CONTENT_LENGTH")
+    # PEP 3333 gives the path as latin-1 code points of its bytes; ASGI decodes UTF-8.
+    route = _latin1(environ.get("PATH_INFO", "")).decode("utf-8", "replace")
+    mount = _latin1(environ.get("SCRIPT_NAME", "")).decode("utf-8", "replace")
     return RequestHead(
         method=environ["REQUEST_METHOD"],
-        # PEP 3333 gives the path as latin-1 code points of its bytes; ASGI decodes UTF-8.
-        path=_latin1(environ.get("PATH_INFO", "")).decode("utf-8", "replace"),
+        path=mount + route,
+        route=route if mount else None,
         query=_latin1(environ.get("QUERY_STRING", "")),
         content_type=_latin1(environ.get("CONTENT_TYPE", "")),
         key_values=() if key is None else (_latin1(key),),

@@ -198,3 +198,29 @@ async def test_async_a_failing_fingerprint_callable_is_invalid_input(
     with pytest.raises(InvalidInput, match="fingerprint callable raised"):
         await f({"id": "x"})
     assert await async_settler.get("afp:x") is None
+
+
+def test_a_result_type_of_str_or_bytes_is_refused_at_decoration(settler: Settler) -> None:
+    """Both are stored as a JSON string: a replay could not say which one was returned."""
+    with pytest.raises(InvalidInput, match="cannot tell str from bytes"):
+
+        @settler.operation(key="sb:{n}", principal=P)
+        def either(n: int) -> str | bytes:
+            return b"abc"
+
+    with pytest.raises(InvalidInput, match="cannot tell str from bytes"):
+
+        @settler.operation(key="sb2:{n}", principal=P, result_type=bytes | str | None)
+        def other(n: int) -> Any:
+            return b"abc"
+
+
+def test_an_unstorable_str_is_not_blamed_on_bytes(settler: Settler) -> None:
+    @settler.operation(key="surrogate:{n}", principal=P)
+    def name(n: int) -> str:
+        return "report-\udc80.pdf"  # os.fsdecode of a file name that is not UTF-8
+
+    with pytest.raises(FingerprintError) as caught:
+        name(1)
+    assert "bytes" not in str(caught.value)
+    assert "surrogates" in str(caught.value)

@@ -5,15 +5,17 @@ Written from SPEC section 7, RFC 9110 and the peers' documented behaviour."""
 
 from __future__ import annotations
 
+import io
 import uuid
 from typing import Any
+from wsgiref.util import setup_testing_defaults
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from settle import AsyncSettler, Settler
@@ -63,13 +65,13 @@ def _wsgi_charge_app(calls: list[str]) -> Any:
 # -- 1. paths= under a mount / root_path: the guard silently switches off --------------------
 
 
+@pytest.mark.parametrize("pattern", ["/payments", "/v1/payments"])
 def test_asgi_paths_still_guard_an_app_mounted_under_a_prefix(
-    redis_url: str, namespace: str
+    redis_url: str, namespace: str, pattern: str
 ) -> None:
-    """SPEC 7: "Applies to configured methods/paths". A FastAPI/Starlette sub-app mounted at
-    /v1 with paths=["/payments"] (the documented configuration) must still guard its
-    /payments route; the WSGI shell matches PATH_INFO (SCRIPT_NAME excluded), so the ASGI
-    shell should match the path the app routes on (path without root_path)."""
+    """SPEC 7: "Applies to configured methods/paths". A sub-application mounted at /v1 is
+    guarded by a pattern naming its own route (/payments, as its routing reads it) or the
+    whole path (/v1/payments)."""
     calls: list[str] = []
     settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
     v1 = _charge_app(calls)
@@ -79,7 +81,7 @@ def test_asgi_paths_still_guard_an_app_mounted_under_a_prefix(
             IdempotencyMiddleware,
             settler=settler,
             principal=principal_from_header,
-            paths=["/payments"],
+            paths=[pattern],
         ),
     )
     app = Starlette(routes=[Mount("/v1", app=v1)])
@@ -228,3 +230,79 @@ def test_one_string_is_one_method_or_header_in_every_way_to_configure() -> None:
     assert policy.replay_headers == frozenset({"location"})
     direct = IdempotencyPolicy(principal=lambda _: "p", methods="POST")  # type: ignore[arg-type]
     assert direct.methods == frozenset({"POST"})
+
+
+def _sub(name: str, calls: list[str], settler: AsyncSettler) -> Starlette:
+    async def create(request: Request) -> JSONResponse:
+        await request.body()
+        calls.append(name)
+        return JSONResponse({"created": name}, status_code=201)
+
+    app = Starlette(routes=[Route("/create", create, methods=["POST"])])
+    app.user_middleware.insert(
+        0, Middleware(IdempotencyMiddleware, settler=settler, principal=principal_from_header)
+    )
+    return app
+
+
+def test_two_mounted_apps_do_not_share_a_stored_response(redis_url: str, namespace: str) -> None:
+    calls: list[str] = []
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    app = Starlette(
+        routes=[
+            Mount("/payments", app=_sub("payment", calls, settler)),
+            Mount("/refunds", app=_sub("refund", calls, settler)),
+        ]
+    )
+    headers = {"X-Principal": "tenant:acme", "Idempotency-Key": "k-1"}
+    body: dict[str, Any] = {"order": "o-1", "amount": 100}
+    with serve(app, settler) as base, httpx.Client(base_url=base, timeout=30) as client:
+        pay = client.post("/payments/create", json=body, headers=headers)
+        refund = client.post("/refunds/create", json=body, headers=headers)
+    assert pay.status_code == 201
+    assert pay.json() == {"created": "payment"}
+    # The fingerprint covers the whole path: another mounted app's request is another
+    # request (422), never the first one's stored response.
+    assert refund.headers.get("idempotent-replayed") != "true", (refund.json(), calls)
+    assert refund.status_code == 422
+    assert calls == ["payment"]
+
+
+def test_wsgi_under_a_script_name_guards_its_routes_and_keeps_mounts_apart(
+    redis_url: str, namespace: str
+) -> None:
+    """WSGI: ``paths`` match PATH_INFO (or the whole path); the fingerprint covers
+    SCRIPT_NAME + PATH_INFO, so two applications mounted apart never share a response."""
+    calls: list[str] = []
+    sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    app = WSGIMiddleware(
+        _wsgi_charge_app(calls), settler=sync, principal=principal_from_environ, paths="/payments"
+    )
+
+    def call(script_name: str) -> tuple[str, dict[str, str]]:
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": "POST",
+            "SCRIPT_NAME": script_name,
+            "PATH_INFO": "/payments",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": "2",
+            "HTTP_X_PRINCIPAL": "tenant:acme",
+            "HTTP_IDEMPOTENCY_KEY": "w-1",
+        }
+        setup_testing_defaults(environ)
+        environ["wsgi.input"] = io.BytesIO(b"{}")
+        seen: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+            seen["status"], seen["headers"] = status, dict(headers)
+
+        b"".join(app(environ, start_response))
+        return seen["status"], {k.lower(): v for k, v in seen["headers"].items()}
+
+    first = call("/v1")
+    again = call("/v1")
+    other = call("/v2")
+    assert first[0].startswith("201")
+    assert again[1].get("idempotent-replayed") == "true"
+    assert other[0].startswith("422")
+    assert calls == ["/payments"]

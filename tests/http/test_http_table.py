@@ -19,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Reservation, Settler
+from settle._log import operation_digest
 from settle.http.keys import operation_id
 from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
 
@@ -371,7 +372,10 @@ def test_structlog_events_name_each_step_and_never_carry_payloads(endpoint: Endp
     ]
     assert http[1]["status"] == 201
     op = operation_id("http", "k-log", "tenant:acme", "principal")
-    assert all(e["operation_id"] == op for e in http[:4])
+    # SPEC 12: the operation only as its keyed digest, never the id (nor the key in it)
+    assert all(e["operation_digest"] == operation_digest(op) for e in http[:4])
     text = repr(events)
+    assert op not in text
+    assert "k-log" not in text
     assert "4242424242424242" not in text
     assert "tenant:acme" not in text

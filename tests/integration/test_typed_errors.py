@@ -64,3 +64,9 @@ async def test_async_an_unreachable_redis_on_the_first_call_names_the_operation(
         assert caught.value.operation_id == OP
     finally:
         await settler.aclose()
+
+
+@pytest.mark.parametrize("facade", [Settler, AsyncSettler])
+def test_a_malformed_cluster_url_is_invalid_input(facade: type) -> None:
+    with pytest.raises(InvalidInput, match="Cluster URL"):
+        facade.from_cluster("redis://localhost:abc/0", namespace="ns")

@@ -1,0 +1,388 @@
+"""Django views guarded the ways the peers' suites use (django-idempotency-key,
+drf-idempotencykey): the middleware around a decorated view, a REST framework handler method,
+settings overridden per test, a request the CSRF check refuses, an async view. A real Django
+(its test client, in this process) on a real Redis; tests/wsgi/test_wsgi_gunicorn.py runs a
+Django project under gunicorn."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import sys
+import types
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import django
+from django.conf import settings
+
+if not settings.configured:
+    settings.configure(
+        SECRET_KEY="settle-tests-only",
+        DEBUG=False,
+        ALLOWED_HOSTS=["testserver"],
+        ROOT_URLCONF="tests.wsgi.test_django_views",
+        INSTALLED_APPS=["rest_framework"],
+        DATABASES={},
+        MIDDLEWARE=[],
+        REST_FRAMEWORK={
+            "DEFAULT_AUTHENTICATION_CLASSES": [],
+            "DEFAULT_PERMISSION_CLASSES": [],
+            "UNAUTHENTICATED_USER": None,
+            "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+        },
+        USE_TZ=True,
+    )
+    django.setup()
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.http import (
+    FileResponse,
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.test import Client, override_settings
+from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views import View
+from rest_framework import serializers
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework.viewsets import ViewSet
+
+from settle import Settler
+from settle.django import idempotent
+from settle.errors import ConfigurationError
+
+urlpatterns: list[Any] = []
+_modules = itertools.count()
+RUNS: list[str] = []
+
+
+def principal(request: Any) -> str | None:
+    return request.META.get("HTTP_X_PRINCIPAL")
+
+
+def urlconf(*patterns: Any) -> str:
+    """A fresh URLconf module (Django caches resolvers per module name)."""
+    name = f"settle_urls_{next(_modules)}"
+    module = types.ModuleType(name)
+    module.urlpatterns = list(patterns)  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    return name
+
+
+@pytest.fixture
+def settle_settings(settler: Settler) -> Iterator[dict[str, Any]]:
+    RUNS.clear()
+    options = {"settler": settler, "principal": principal}
+    with override_settings(SETTLE=options):
+        yield options
+
+
+def headers(key: str) -> dict[str, str]:
+    return {"HTTP_IDEMPOTENCY_KEY": key, "HTTP_X_PRINCIPAL": "tenant:acme"}
+
+
+# -- 1. the decorator on a view that the middleware guards too ------------------------------
+
+
+def test_decorated_view_under_the_middleware(settle_settings: dict[str, Any]) -> None:
+    """django-idempotency-key's own usage (tests/views.py + tests/tests/test_middleware.py):
+    the middleware installed and the view decorated. Expected: one run, then a replay."""
+
+    @idempotent
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append("create")
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    middleware = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=urlconf(path("create", create)), MIDDLEWARE=middleware):
+        client = Client()
+        first = client.post("/create", {}, **headers("k-1"))
+        again = client.post("/create", {}, **headers("k-1"))
+    assert (first.status_code, again.status_code) == (201, 201), (first.content, again.content)
+    assert again.content == first.content
+    assert RUNS == ["create"]
+
+
+# -- 2. the decorator on a class-based view's handler method --------------------------------
+
+
+class PaymentAPIView(APIView):
+    @method_decorator(idempotent)
+    def post(self, request: Any) -> Response:
+        RUNS.append("post")
+        return Response({"id": uuid.uuid4().hex}, status=201)
+
+
+class PaymentViewSet(ViewSet):
+    @method_decorator(idempotent)
+    def create(self, request: Any) -> Response:
+        RUNS.append("create")
+        return Response({"id": uuid.uuid4().hex}, status=201)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [PaymentAPIView.as_view(), PaymentViewSet.as_view({"post": "create"})],
+    ids=["APIView.post", "ViewSet.create"],
+)
+def test_decorated_drf_handler_method(settle_settings: dict[str, Any], view: Any) -> None:
+    """django-idempotency-key tests/viewsets.py decorates a ViewSet's ``create``;
+    drf-idempotencykey guards APIView.post. Django's way to decorate a method with a
+    function decorator is method_decorator. Expected: 201, then the same 201 replayed."""
+    with override_settings(ROOT_URLCONF=urlconf(path("pay", view))):
+        client = Client(raise_request_exception=False)
+        first = client.post("/pay", {}, **headers("k-2"))
+        again = client.post("/pay", {}, **headers("k-2"))
+    assert len(RUNS) == 1, (RUNS, first.status_code, again.status_code)
+    assert (first.status_code, again.status_code) == (201, 201), (first.content, again.content)
+    assert again.content == first.content  # each retry ran the handler (a charge) again
+    assert again["Idempotent-Replayed"] == "true"
+
+
+# -- 3. settings changed after the decorated view served a request -------------------------
+
+
+def test_decorator_follows_overridden_settings(settle_settings: dict[str, Any]) -> None:
+    """Peer suites change settings per test (override_settings / pytest-django's
+    ``settings``: IDEMPOTENCY_KEY_REQUIRED, IDEMPOTENCY_KEY_HEADER, ...). The middleware
+    re-reads SETTLE when the test client loads it; the decorator should too."""
+
+    @idempotent
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append("create")
+        return JsonResponse({"ok": True}, status=201)
+
+    with override_settings(ROOT_URLCONF=urlconf(path("create", create))):
+        assert Client().post("/create", {}, **headers("k-3")).status_code == 201
+        with override_settings(SETTLE={**settle_settings, "header": "X-Idempotency-Key"}):
+            response = Client().post(
+                "/create", {}, HTTP_X_IDEMPOTENCY_KEY="k-4", HTTP_X_PRINCIPAL="tenant:acme"
+            )
+    assert response.status_code == 201, response.content
+
+
+# -- 4. CSRF: a request the CSRF check refused never reached the view -----------------------
+
+
+def test_csrf_refusal_does_not_consume_the_key(settle_settings: dict[str, Any]) -> None:
+    """django-idempotency-key runs in process_view, after CsrfViewMiddleware's: a POST the
+    CSRF check refuses (403) leaves the key unused. The client fetches a token and retries
+    with the same key (token in X-CSRFToken, same body): the view must run."""
+
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append("create")
+        return JsonResponse({"ok": True}, status=201)
+
+    middleware = [
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "settle.django.IdempotencyMiddleware",
+    ]
+    with override_settings(ROOT_URLCONF=urlconf(path("create", create)), MIDDLEWARE=middleware):
+        client = Client(enforce_csrf_checks=True)
+        refused = client.post("/create", {"a": "1"}, **headers("k-csrf"))
+        token = "a" * 32
+        client.cookies["csrftoken"] = token
+        retried = client.post("/create", {"a": "1"}, HTTP_X_CSRFTOKEN=token, **headers("k-csrf"))
+    assert refused.status_code == 403
+    assert (retried.status_code, RUNS) == (201, ["create"]), (
+        retried.status_code,
+        retried.get("Idempotent-Replayed"),
+    )
+
+
+# -- 5. an async view: refused when decorated (settle.django guards sync views) -------------
+
+
+def test_an_async_view_is_refused_when_decorated() -> None:
+    async def create(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({}, status=201)
+
+    with pytest.raises(ConfigurationError, match="async view"):
+        idempotent(create)
+
+    class AsyncView(View):
+        async def post(self, request: HttpRequest) -> JsonResponse:
+            return JsonResponse({}, status=201)
+
+    with pytest.raises(ConfigurationError, match="async view"):
+        idempotent(AsyncView.as_view())
+
+
+# -- what the peers' suites check and settle does as they expect ---------------------------
+
+
+def twice(view: Any, key: str = "k", route: str = "v", **extra: Any) -> tuple[Any, Any]:
+    with override_settings(ROOT_URLCONF=urlconf(path(route, view))):
+        client = Client(raise_request_exception=False)
+        first = client.post("/" + route, {"a": "1"}, **{**headers(key), **extra})
+        again = client.post("/" + route, {"a": "1"}, **{**headers(key), **extra})
+    return first, again
+
+
+def test_plain_view_method_decorator(settle_settings: dict[str, Any]) -> None:
+    class V(View):
+        @method_decorator(idempotent)
+        def post(self, request: Any) -> JsonResponse:
+            RUNS.append("p")
+            return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    first, again = twice(V.as_view())
+    assert (first.status_code, again.status_code, RUNS) == (201, 201, ["p"])
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_api_view_function(settle_settings: dict[str, Any]) -> None:
+    @idempotent
+    @api_view(["POST"])
+    def create(request: Any) -> Response:
+        RUNS.append("c")
+        return Response(
+            {"id": uuid.uuid4().hex, "gen": request.settle.generation},
+            status=201,
+            headers={"Location": "/x/1"},
+        )
+
+    first, again = twice(create)
+    assert (first.status_code, again.status_code, RUNS) == (201, 201, ["c"])
+    assert again.content == first.content
+    assert again["Location"] == "/x/1"
+
+
+class PIn(serializers.Serializer):
+    amount = serializers.IntegerField(min_value=1)
+
+
+def test_drf_validation_400_is_stored(settle_settings: dict[str, Any]) -> None:
+    class V(APIView):
+        def post(self, request: Any) -> Response:
+            RUNS.append("v")
+            PIn(data=request.data).is_valid(raise_exception=True)
+            return Response({}, status=201)
+
+    first, again = twice(idempotent(V.as_view()))
+    assert (first.status_code, again.status_code, RUNS) == (400, 400, ["v"])
+    assert again.content == first.content
+
+
+def test_500_and_exception_not_stored(settle_settings: dict[str, Any]) -> None:
+    @idempotent
+    def boom(request: HttpRequest) -> HttpResponse:
+        RUNS.append("b")
+        return HttpResponse("no", status=503)
+
+    first, again = twice(boom)
+    assert (first.status_code, again.status_code, RUNS) == (503, 503, ["b", "b"])
+
+    @idempotent
+    def raises(request: HttpRequest) -> HttpResponse:
+        RUNS.append("r")
+        raise RuntimeError("x")
+
+    RUNS.clear()
+    first, again = twice(raises, key="k2")
+    assert (first.status_code, again.status_code, RUNS) == (500, 500, ["r", "r"])
+
+
+def test_html_template_response_replayed(settle_settings: dict[str, Any]) -> None:
+    @idempotent
+    def page(request: HttpRequest) -> HttpResponse:
+        RUNS.append("h")
+        return HttpResponse(f"<p>{uuid.uuid4().hex}</p>", status=201)
+
+    first, again = twice(page)
+    assert (first.status_code, again.status_code, RUNS) == (201, 201, ["h"])
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+
+
+def test_streaming_and_file_responses(settle_settings: dict[str, Any]) -> None:
+    @idempotent
+    def stream(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("s")
+        return StreamingHttpResponse(
+            iter([b"a", uuid.uuid4().hex.encode()]), status=201, content_type="text/plain"
+        )
+
+    first, again = twice(stream)
+    assert (first.status_code, again.status_code, RUNS) == (201, 201, ["s"])
+    assert b"".join(first.streaming_content) == again.content
+
+    @idempotent
+    def file(request: HttpRequest) -> FileResponse:
+        RUNS.append("f")
+        return FileResponse(
+            io.BytesIO(uuid.uuid4().hex.encode()), as_attachment=True, filename="r.txt"
+        )
+
+    RUNS.clear()
+    first, again = twice(file, key="kf")
+    assert (first.status_code, again.status_code, RUNS) == (200, 200, ["f"])
+    assert b"".join(first.streaming_content) == again.content
+    assert "Content-Disposition" in first
+    assert "Content-Disposition" not in again
+
+
+def test_principal_scoping_and_missing_key(settle_settings: dict[str, Any]) -> None:
+    @idempotent
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append(request.META["HTTP_X_PRINCIPAL"])
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    with override_settings(ROOT_URLCONF=urlconf(path("c", create))):
+        c = Client()
+        a = c.post("/c", {}, HTTP_IDEMPOTENCY_KEY="same", HTTP_X_PRINCIPAL="tenant:a")
+        b = c.post("/c", {}, HTTP_IDEMPOTENCY_KEY="same", HTTP_X_PRINCIPAL="tenant:b")
+        missing = c.post("/c", {}, HTTP_X_PRINCIPAL="tenant:a")
+        anon = c.post("/c", {}, HTTP_IDEMPOTENCY_KEY="z")
+        changed = c.post("/c", {"x": "2"}, HTTP_IDEMPOTENCY_KEY="same", HTTP_X_PRINCIPAL="tenant:a")
+        get = c.get("/c", HTTP_X_PRINCIPAL="tenant:a")
+    assert a.content != b.content
+    assert RUNS[:2] == ["tenant:a", "tenant:b"]
+    assert (missing.status_code, anon.status_code, changed.status_code, get.status_code) == (
+        400,
+        401,
+        422,
+        201,
+    )
+
+
+def test_optional_key(settle_settings: dict[str, Any]) -> None:
+    @idempotent(require_key=False)
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append("o")
+        return JsonResponse({"settle": getattr(request, "settle", None) is not None}, status=201)
+
+    with override_settings(ROOT_URLCONF=urlconf(path("c", create))):
+        r = Client().post("/c", {}, HTTP_X_PRINCIPAL="tenant:a")
+    assert r.status_code == 201
+    assert r.json() == {"settle": False}
+
+
+def test_multipart_upload_through_middleware(settle_settings: dict[str, Any]) -> None:
+    def upload(request: HttpRequest) -> JsonResponse:
+        RUNS.append("u")
+        f = request.FILES["doc"]
+        return JsonResponse(
+            {"size": f.size, "name": request.POST["name"], "id": uuid.uuid4().hex}, status=201
+        )
+
+    mw = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=urlconf(path("up", upload)), MIDDLEWARE=mw):
+        c = Client()
+        data = {"name": "n", "doc": SimpleUploadedFile("a.txt", b"hello")}
+        first = c.post("/up", data, **headers("up"))
+        data = {"name": "n", "doc": SimpleUploadedFile("a.txt", b"hello")}
+        again = c.post("/up", data, **headers("up"))
+    assert first.status_code == 201
+    assert first.json()["size"] == 5
+    assert again.content == first.content
+    assert RUNS == ["u"]
