@@ -223,10 +223,9 @@ def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
     config = settings(options)
     try:
         return Settler.from_url(conn.url, config)
-    except ValueError as exc:  # redis-py's verdict on a malformed URL
-        if isinstance(exc, SettleError):
-            raise
-        raise InvalidInput(f"bad --redis-url {_redacted(conn.url)}: {exc}") from exc
+    except ValueError as exc:  # a malformed URL: InvalidInput, redis-py's ValueError under it
+        reason = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
+        raise InvalidInput(f"bad --redis-url {_redacted(conn.url)}: {reason}") from exc
 
 
 def _shards(conn: Connection, *, create: bool) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
@@ -23,6 +24,14 @@ from settle.asgi import IdempotencyMiddleware
 from settle.http.policy import IdempotencyPolicy
 from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
 from tests.http.apps import principal_from_environ, principal_from_header, serve, serve_wsgi
+
+
+@pytest.fixture
+def sync_settler(redis_url: str, namespace: str) -> Iterator[Settler]:
+    """The sync settler of a WSGI case, closed after it (its sockets are not left to GC)."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
+        yield settler
+
 
 TENANT = {"X-Principal": "tenant:acme"}
 
@@ -130,7 +139,7 @@ def test_asgi_paths_still_guard_behind_uvicorn_root_path(redis_url: str, namespa
 
 @pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
 def test_methods_given_as_one_string_guards_that_method(
-    protocol: str, redis_url: str, namespace: str
+    protocol: str, redis_url: str, namespace: str, sync_settler: Settler
 ) -> None:
     """paths= and require_key= accept one plain string; methods="POST" was read as the
     methods {"P","O","S","T"}: no request was guarded and every retry charged again."""
@@ -149,7 +158,7 @@ def test_methods_given_as_one_string_guards_that_method(
         )
         server = serve(app, settler)
     else:
-        sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+        sync = sync_settler
         app = WSGIMiddleware(
             _wsgi_charge_app(calls),
             settler=sync,
@@ -171,7 +180,7 @@ def test_methods_given_as_one_string_guards_that_method(
 
 @pytest.mark.parametrize("protocol", ["asgi"])  # wsgiref adds Content-Length: 0 itself
 def test_a_replayed_204_has_the_first_responses_headers(
-    protocol: str, redis_url: str, namespace: str
+    protocol: str, redis_url: str, namespace: str, sync_settler: Settler
 ) -> None:
     """SPEC 7: replayed byte for byte (status, allow-listed headers, body). RFC 9110 8.6:
     a server MUST NOT send Content-Length in a 204. The first 204 has none; the replay
@@ -185,7 +194,7 @@ def test_a_replayed_204_has_the_first_responses_headers(
         )
         server = serve(app, settler)
     else:
-        sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+        sync = sync_settler
         server = serve_wsgi(
             WSGIMiddleware(_wsgi_charge_app(calls), settler=sync, principal=principal_from_environ)
         )
@@ -203,13 +212,13 @@ def test_a_replayed_204_has_the_first_responses_headers(
 # -- 4. WSGI: two Idempotency-Key headers can be accepted as one key -------------------------
 
 
-def test_wsgi_two_key_headers_are_malformed(redis_url: str, namespace: str) -> None:
+def test_wsgi_two_key_headers_are_malformed(sync_settler: Settler) -> None:
     """docs/http-endpoints.md (What the middleware does, 1): "Malformed (... two headers
     ...): 400" (the ASGI shell checks it, tests/http/test_http_starlette.py two-headers).
     A PEP 3333 server joins repeated headers with a comma, so under WSGI two headers that
     join into one valid sf-string are taken as one key."""
     calls: list[str] = []
-    sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    sync = sync_settler
     app = WSGIMiddleware(_wsgi_charge_app(calls), settler=sync, principal=principal_from_environ)
     headers = [
         (b"x-principal", b"tenant:acme"),
@@ -269,12 +278,12 @@ def test_two_mounted_apps_do_not_share_a_stored_response(redis_url: str, namespa
 
 
 def test_wsgi_under_a_script_name_guards_its_routes_and_keeps_mounts_apart(
-    redis_url: str, namespace: str
+    sync_settler: Settler,
 ) -> None:
     """WSGI: ``paths`` match PATH_INFO (or the whole path); the fingerprint covers
     SCRIPT_NAME + PATH_INFO, so two applications mounted apart never share a response."""
     calls: list[str] = []
-    sync = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    sync = sync_settler
     app = WSGIMiddleware(
         _wsgi_charge_app(calls), settler=sync, principal=principal_from_environ, paths="/payments"
     )
