@@ -90,7 +90,7 @@ def idempotent(view: View | None = None, **options: Any) -> Any:
                 "guards sync views; serve async views under ASGI with "
                 "settle.asgi.IdempotencyMiddleware"
             )
-        key = (_underlying(view), repr(sorted(options.items())))
+        key = (_bound(view)[0], repr(sorted(options.items())))
 
         @functools.wraps(view)
         def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -108,12 +108,20 @@ _VIEW_GUARDS: dict[tuple[Any, str], SyncGuard] = {}
 _VIEW_GUARDS_LOCK = threading.Lock()
 
 
+#: More guards than any project has decorated views: a view wrapped anew on every request
+#: by a decorator that does not say what it wraps (no ``__wrapped__``) would otherwise add
+#: one per request. Past it the cache starts again (a guard is cheap to rebuild).
+_VIEW_GUARDS_MAX = 1024
+
+
 def _view_guard(key: tuple[Any, str], options: dict[str, Any]) -> SyncGuard:
     guard = _VIEW_GUARDS.get(key)
     if guard is None:
         with _VIEW_GUARDS_LOCK:
             guard = _VIEW_GUARDS.get(key)
             if guard is None:
+                if len(_VIEW_GUARDS) >= _VIEW_GUARDS_MAX:
+                    _VIEW_GUARDS.clear()
                 guard = _VIEW_GUARDS[key] = _driver({**options, "paths": None})
     return guard
 
@@ -127,11 +135,21 @@ def _settings_changed(*, setting: str, **_: Any) -> None:
 setting_changed.connect(_settings_changed)
 
 
-def _underlying(view: Any) -> Any:
-    """The function behind a view: ``method_decorator`` hands each call a new partial of a
-    bound method, whose function is the same every time."""
-    bound = getattr(view, "func", None)  # functools.partial
-    return getattr(bound, "__func__", None) or view
+def _bound(view: Any) -> tuple[Any, Any]:
+    """The function behind a view and, for a class-based view's handler method, its view
+    instance. ``method_decorator`` hands each call a new partial of a bound method (under
+    the wrappers of the decorators listed after this one, each pointing at the next by
+    ``__wrapped__``); the bound method's function is the same every time."""
+    seen = view
+    for _ in range(64):  # a chain of wrappers, never a cycle in practice
+        method = getattr(seen, "func", None)  # functools.partial
+        instance = getattr(method, "__self__", None)
+        if instance is not None:
+            return getattr(method, "__func__", method), instance
+        seen = getattr(seen, "__wrapped__", None)
+        if seen is None:
+            break
+    return view, None
 
 
 def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GetResponse:
@@ -139,8 +157,7 @@ def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Get
     ``method_decorator``) returns a ``Response`` the view finalizes only after the decorator
     returned: it is finalized here (its renderer chosen) so that it can be rendered and
     stored; the view's own finalizing then leaves it as it is."""
-    instance = getattr(getattr(view, "func", None), "__self__", None)
-    finalize = getattr(instance, "finalize_response", None)
+    finalize = getattr(_bound(view)[1], "finalize_response", None)
 
     def call(request: HttpRequest) -> HttpResponseBase:
         response: HttpResponseBase = view(request, *args, **kwargs)
@@ -159,7 +176,9 @@ def _guarded(
         # operation: a second one would find it in progress and answer 409 forever.
         return get_response(request)
     exchange = _Exchange(request, get_response, driver.policy.principal, reaching=reaching)
-    head = request_head(request.META, driver.policy.header)
+    # Django decoded the path itself (and wrote it back into META): hand it over as text.
+    decoded = (request.META.get("SCRIPT_NAME", ""), request.path_info)
+    head = request_head(request.META, driver.policy.header, decoded=decoded)
     response = driver.handle(head, exchange)
     if response is None:
         return get_response(request)

@@ -10,7 +10,7 @@ import string
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 from settle.attempt import Attempt
@@ -248,15 +248,34 @@ _FORMATTER = string.Formatter()
 
 
 def _check_replayable(fn: Callable[..., Any], declared: Any) -> None:
-    """A result type that holds both ``str`` and ``bytes`` at its top (``str | bytes``)
-    cannot be replayed as it was returned: both are stored as a JSON string, and a replay
-    could not tell which one the first call returned."""
-    if typing.get_origin(declared) not in (typing.Union, types.UnionType):
-        return
-    members = typing.get_args(declared)
-    if str in members and bytes in members:
+    """A result type that holds ``str | bytes`` anywhere (``dict[str, str | bytes]``, a
+    dataclass or model field) cannot be replayed as it was returned: both are stored as a
+    JSON string, and a replay could not tell which one the first call returned."""
+    if _ambiguous(declared, set()):
         raise InvalidInput(
-            f"{fn.__qualname__} declares {declared!r}: a replay cannot tell str from bytes "
-            "(both are stored as a JSON string); return one of them (-> bytes keeps any "
-            "bytes as they are)"
+            f"{fn.__qualname__} declares {declared!r}, which holds str | bytes: a replay "
+            "cannot tell str from bytes (both are stored as a JSON string); use one of them "
+            "(-> bytes alone keeps any bytes as they are)"
         )
+
+
+def _ambiguous(declared: Any, seen: set[int]) -> bool:
+    if id(declared) in seen or len(seen) > 200:  # a recursive model; a huge one: stop
+        return False
+    seen.add(id(declared))
+    args = typing.get_args(declared)
+    union = typing.get_origin(declared) in (typing.Union, types.UnionType)
+    if union and str in args and bytes in args:
+        return True
+    if any(_ambiguous(arg, seen) for arg in args):
+        return True
+    fields: Any = getattr(declared, "model_fields", None)  # a pydantic model
+    if isinstance(fields, dict):
+        return any(_ambiguous(f.annotation, seen) for f in fields.values())
+    if is_dataclass(declared) and isinstance(declared, type):
+        try:
+            hints = typing.get_type_hints(declared)
+        except (NameError, TypeError):
+            return False
+        return any(_ambiguous(hint, seen) for hint in hints.values())
+    return False

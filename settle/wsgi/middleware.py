@@ -75,13 +75,26 @@ class IdempotencyMiddleware:
         return [response.body]
 
 
-def request_head(environ: Mapping[str, Any], header: str = "Idempotency-Key") -> RequestHead:
-    """What the rules need of a WSGI request (Django's ``request.META`` is one too)."""
+def request_head(
+    environ: Mapping[str, Any],
+    header: str = "Idempotency-Key",
+    *,
+    decoded: tuple[str, str] | None = None,
+) -> RequestHead:
+    """What the rules need of a WSGI request (Django's ``request.META`` is one too).
+
+    ``decoded``: the mount prefix and the path inside the application as text, from a
+    framework that decoded them itself (Django writes its decoded ``SCRIPT_NAME`` and
+    ``PATH_INFO`` back into ``request.META``, so they are no longer PEP 3333's latin-1 code
+    points of the bytes)."""
     key = environ.get("HTTP_" + header.upper().replace("-", "_"))
     length = environ.get("CONTENT_LENGTH")
-    # PEP 3333 gives the path as latin-1 code points of its bytes; ASGI decodes UTF-8.
-    route = _latin1(environ.get("PATH_INFO", "")).decode("utf-8", "replace")
-    mount = _latin1(environ.get("SCRIPT_NAME", "")).decode("utf-8", "replace")
+    if decoded is None:
+        # PEP 3333 gives the path as latin-1 code points of its bytes; ASGI decodes UTF-8.
+        mount = _latin1(environ.get("SCRIPT_NAME", "")).decode("utf-8", "replace")
+        route = _latin1(environ.get("PATH_INFO", "")).decode("utf-8", "replace")
+    else:
+        mount, route = decoded
     return RequestHead(
         method=environ["REQUEST_METHOD"],
         path=mount + route,
@@ -100,7 +113,13 @@ def current_attempt(environ: Mapping[str, Any]) -> Attempt:
 
 
 def _latin1(value: str) -> bytes:
-    return value.encode("latin-1")
+    """The bytes of a PEP 3333 native string (latin-1 code points of the bytes). A server or
+    framework that handed over text outside latin-1 broke that rule: its UTF-8, rather than
+    a 500 for a request settle may not even guard."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape")
 
 
 class _Exchange:

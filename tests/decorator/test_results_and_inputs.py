@@ -224,3 +224,25 @@ def test_an_unstorable_str_is_not_blamed_on_bytes(settler: Settler) -> None:
         name(1)
     assert "bytes" not in str(caught.value)
     assert "surrogates" in str(caught.value)
+
+
+@dataclasses.dataclass
+class Signed:
+    value: str | bytes
+
+
+class SignedModel(BaseModel):
+    values: list[bytes | str]
+
+
+@pytest.mark.parametrize(
+    "declared", [dict[str, str | bytes], list[bytes | str | None], Signed, SignedModel]
+)
+def test_str_or_bytes_anywhere_in_the_result_type_is_refused(
+    settler: Settler, declared: Any
+) -> None:
+    with pytest.raises(InvalidInput, match="cannot tell str from bytes"):
+
+        @settler.operation(key="nsb:{n}", principal=P, result_type=declared)
+        def either(n: int) -> Any:
+            return {"sig": b"abc"}

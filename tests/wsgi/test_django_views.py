@@ -49,6 +49,7 @@ from django.test import Client, override_settings
 from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views import View
+from django.views.decorators.cache import never_cache
 from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
@@ -56,7 +57,7 @@ from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 
 from settle import Settler
-from settle.django import idempotent
+from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
 
 urlpatterns: list[Any] = []
@@ -386,3 +387,92 @@ def test_multipart_upload_through_middleware(settle_settings: dict[str, Any]) ->
     assert first.json()["size"] == 5
     assert again.content == first.content
     assert RUNS == ["u"]
+
+
+# -- paths Django decoded itself; method_decorator with a list ---------------------------------
+
+MW = ["settle.django.IdempotencyMiddleware"]
+
+
+def test_non_latin1_path_under_the_middleware(settle_settings: dict[str, Any]) -> None:
+    """A GET (not even guarded) to /статья under the middleware."""
+
+    def page(request: HttpRequest, slug: str) -> JsonResponse:
+        return JsonResponse({"slug": slug})
+
+    with override_settings(ROOT_URLCONF=urlconf(path("<str:slug>", page)), MIDDLEWARE=MW):
+        r = Client(raise_request_exception=False).get("/статья")
+    assert r.status_code == 200, r.status_code
+
+
+def test_two_accented_paths_are_two_requests(settle_settings: dict[str, Any]) -> None:
+    """/café and /cafè are two resources; the same key on the second must not replay the
+    first's response (422 or a run of its own)."""
+
+    def create(request: HttpRequest, name: str) -> JsonResponse:
+        RUNS.append(name)
+        return JsonResponse({"name": name}, status=201)
+
+    with override_settings(ROOT_URLCONF=urlconf(path("<str:name>", create)), MIDDLEWARE=MW):
+        c = Client()
+        first = c.post("/café", {}, **headers("k-cafe"))
+        other = c.post("/cafè", {}, **headers("k-cafe"))
+    assert first.json() == {"name": "café"}
+    assert other.status_code == 422, (other.status_code, other.get("Idempotent-Replayed"))
+    assert RUNS == ["café"]
+
+
+def test_an_accented_path_pattern_guards(settle_settings: dict[str, Any]) -> None:
+    """paths=["/café"] under the middleware: the second POST with the key is a replay."""
+
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append("c")
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    with override_settings(
+        ROOT_URLCONF=urlconf(path("café", create)),
+        MIDDLEWARE=MW,
+        SETTLE={**settle_settings, "paths": ["/café"]},
+    ):
+        c = Client()
+        c.post("/café", {}, **headers("k-p"))
+        c.post("/café", {}, **headers("k-p"))
+    assert RUNS == ["c"], RUNS
+
+
+class ListView(View):
+    @method_decorator([idempotent, never_cache])
+    def post(self, request: Any) -> JsonResponse:
+        RUNS.append("p")
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+
+def test_a_method_decorator_list_builds_one_guard(settle_settings: dict[str, Any]) -> None:
+    with override_settings(ROOT_URLCONF=urlconf(path("l", ListView.as_view()))):
+        c = Client()
+        before = len(_VIEW_GUARDS)
+        for i in range(20):
+            assert c.post("/l", {}, **headers(f"k-l{i}")).status_code == 201
+        grown = len(_VIEW_GUARDS) - before
+    assert grown <= 1, f"{grown} guards built for one view"
+
+
+class ListAPIView(APIView):
+    @method_decorator([idempotent, never_cache])
+    def post(self, request: Any) -> Response:
+        RUNS.append("a")
+        return Response({"id": uuid.uuid4().hex}, status=201)
+
+
+def test_a_method_decorator_list_on_a_rest_framework_handler(
+    settle_settings: dict[str, Any],
+) -> None:
+    with override_settings(ROOT_URLCONF=urlconf(path("a", ListAPIView.as_view()))):
+        c = Client(raise_request_exception=False)
+        first = c.post("/a", {}, **headers("k-a"))
+        again = c.post("/a", {}, **headers("k-a"))
+    assert (first.status_code, again.status_code, RUNS) == (201, 201, ["a"]), (
+        first.content[:200],
+        again.content[:200],
+        RUNS,
+    )
