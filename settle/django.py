@@ -176,8 +176,10 @@ def _guarded(
         # operation: a second one would find it in progress and answer 409 forever.
         return get_response(request)
     exchange = _Exchange(request, get_response, driver.policy.principal, reaching=reaching)
-    # Django decoded the path itself (and wrote it back into META): hand it over as text.
-    decoded = (request.META.get("SCRIPT_NAME", ""), request.path_info)
+    # Django decoded the path itself and wrote it back into META: hand it over as text (the
+    # request as it came; request.path_info may have been rewritten by a middleware).
+    meta = request.META
+    decoded = (str(meta.get("SCRIPT_NAME", "")), str(meta.get("PATH_INFO", "")))
     head = request_head(request.META, driver.policy.header, decoded=decoded)
     response = driver.handle(head, exchange)
     if response is None:

@@ -249,9 +249,10 @@ _FORMATTER = string.Formatter()
 
 def _check_replayable(fn: Callable[..., Any], declared: Any) -> None:
     """A result type that holds ``str | bytes`` anywhere (``dict[str, str | bytes]``, a
-    dataclass or model field) cannot be replayed as it was returned: both are stored as a
-    JSON string, and a replay could not tell which one the first call returned."""
-    if _ambiguous(declared, set()):
+    field of a dataclass, model, TypedDict or NamedTuple) cannot be replayed as it was
+    returned: both are stored as a JSON string, and a replay could not tell which one the
+    first call returned."""
+    if _ambiguous(declared, {}):
         raise InvalidInput(
             f"{fn.__qualname__} declares {declared!r}, which holds str | bytes: a replay "
             "cannot tell str from bytes (both are stored as a JSON string); use one of them "
@@ -259,23 +260,36 @@ def _check_replayable(fn: Callable[..., Any], declared: Any) -> None:
         )
 
 
-def _ambiguous(declared: Any, seen: set[int]) -> bool:
-    if id(declared) in seen or len(seen) > 200:  # a recursive model; a huge one: stop
+def _ambiguous(declared: Any, seen: dict[int, Any]) -> bool:
+    """Whether ``declared`` holds a union of str and bytes. ``seen`` keeps every type looked
+    at alive (its id could be reused otherwise) and stops a recursive model."""
+    if id(declared) in seen:
         return False
-    seen.add(id(declared))
+    seen[id(declared)] = declared
+    origin = typing.get_origin(declared)
     args = typing.get_args(declared)
-    union = typing.get_origin(declared) in (typing.Union, types.UnionType)
-    if union and str in args and bytes in args:
+    if origin is typing.Annotated:  # the metadata is not part of the type
+        return _ambiguous(args[0], seen)
+    if origin is typing.ClassVar:  # never stored
+        return False
+    if origin in (typing.Union, types.UnionType) and str in args and bytes in args:
         return True
     if any(_ambiguous(arg, seen) for arg in args):
         return True
+    if not isinstance(declared, type):
+        return False
     fields: Any = getattr(declared, "model_fields", None)  # a pydantic model
     if isinstance(fields, dict):
         return any(_ambiguous(f.annotation, seen) for f in fields.values())
-    if is_dataclass(declared) and isinstance(declared, type):
-        try:
-            hints = typing.get_type_hints(declared)
-        except (NameError, TypeError):
-            return False
-        return any(_ambiguous(hint, seen) for hint in hints.values())
-    return False
+    stored = (
+        is_dataclass(declared)
+        or typing.is_typeddict(declared)
+        or (issubclass(declared, tuple) and hasattr(declared, "_fields"))  # a NamedTuple
+    )
+    if not stored:
+        return False
+    try:
+        hints = typing.get_type_hints(declared, include_extras=True)
+    except Exception:  # noqa: BLE001  # not resolvable now: the replay's validation says so
+        return False
+    return any(_ambiguous(hint, seen) for hint in hints.values())

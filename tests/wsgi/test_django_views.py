@@ -476,3 +476,36 @@ def test_a_method_decorator_list_on_a_rest_framework_handler(
         again.content[:200],
         RUNS,
     )
+
+
+class StripVersion:
+    """A common middleware: /v1/... and /v2/... are served by one URLconf."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        for prefix in ("/v1", "/v2"):
+            if request.path_info.startswith(prefix + "/"):
+                request.path_info = request.path_info[len(prefix) :]
+                request.api_version = prefix  # type: ignore[attr-defined]
+        return self.get_response(request)
+
+
+def test_two_request_paths_rewritten_to_one_are_two_requests(
+    settle_settings: dict[str, Any],
+) -> None:
+    """POST /v1/charges then POST /v2/charges with the same key and body: two request
+    targets, so the second is 422 (as before the commit), never v1's stored response."""
+
+    def charges(request: HttpRequest) -> JsonResponse:
+        RUNS.append(request.api_version)  # type: ignore[attr-defined]
+        return JsonResponse({"version": request.api_version}, status=201)  # type: ignore[attr-defined]
+
+    mw = [f"{__name__}.StripVersion", "settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=urlconf(path("charges", charges)), MIDDLEWARE=mw):
+        c = Client()
+        first = c.post("/v1/charges", {}, **headers("k-v"))
+        other = c.post("/v2/charges", {}, **headers("k-v"))
+    assert first.json() == {"version": "/v1"}
+    assert other.status_code == 422, (other.status_code, other.content, RUNS)
