@@ -194,6 +194,10 @@ class AsyncRunner:
         self._ready = False
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
+        #: The client of a cluster node's URL, replaced by a cluster client: closed when
+        #: replaced and again at :meth:`aclose` (a concurrent first call may still have
+        #: been using one of its connections when it was first closed, and returns it later).
+        self._retired: list[Redis] = []
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -348,6 +352,7 @@ class AsyncRunner:
         kwargs = topology.passed_on(given, pool.connection_class)
         logger.info("settle.backend.cluster_detected", host=kwargs["host"], port=kwargs["port"])
         self._use(RedisCluster(**{**_CLUSTER_DEFAULTS, **kwargs}))
+        self._retired.append(node)
         await node.aclose()
 
     # -- scripts ---------------------------------------------------------------------------
@@ -563,7 +568,7 @@ class AsyncRunner:
                 raise backend_error(exc, call) from exc
 
     async def aclose(self) -> None:
-        for node in self._nodes.values():
+        for node in [*self._nodes.values(), *self._retired]:
             await node.aclose()
         await self.client.aclose()
         # A Sentinel-managed client (from_sentinel) also holds clients of the Sentinels.

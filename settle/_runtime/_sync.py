@@ -195,6 +195,10 @@ class Runner:
         self._ready = False
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
+        #: The client of a cluster node's URL, replaced by a cluster client: closed when
+        #: replaced and again at :meth:`close` (a concurrent first call may still have
+        #: been using one of its connections when it was first closed, and returns it later).
+        self._retired: list[Redis] = []
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -349,6 +353,7 @@ class Runner:
         kwargs = topology.passed_on(given, pool.connection_class)
         logger.info("settle.backend.cluster_detected", host=kwargs["host"], port=kwargs["port"])
         self._use(RedisCluster(**{**_CLUSTER_DEFAULTS, **kwargs}))
+        self._retired.append(node)
         node.close()
 
     # -- scripts ---------------------------------------------------------------------------
@@ -564,7 +569,7 @@ class Runner:
                 raise backend_error(exc, call) from exc
 
     def close(self) -> None:
-        for node in self._nodes.values():
+        for node in [*self._nodes.values(), *self._retired]:
             node.close()
         self.client.close()
         # A Sentinel-managed client (from_sentinel) also holds clients of the Sentinels.
