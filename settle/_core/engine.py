@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from logging import INFO
+from logging import DEBUG, INFO
 from typing import Any
 
 from settle._core import codec
@@ -463,16 +463,22 @@ class Core:
         if reply.code == "corrupt":
             raise self._corrupt(op)
         record = self._record(reply, op) if reply.payload else None
-        log = logger.bind(
-            namespace=self.config.namespace,
-            operation_digest=operation_digest(op),
-            generation=int(call.args[3]),
-        )
-        if reply.code == "renewed":
+        renewed = reply.code == "renewed"
+        # A renewal is a heartbeat: its event (and the digest's HMAC) only when it is written.
+        if not renewed or log_enabled(DEBUG):
+            log = logger.bind(
+                namespace=self.config.namespace,
+                operation_digest=operation_digest(op),
+                generation=int(call.args[3]),
+            )
+            if renewed:
+                assert record is not None
+                log.debug("settle.renew.renewed", lease_expires_at=record.lease_expires_at)
+            else:
+                log.warning("settle.renew.lost", reason=reply.detail)
+        if renewed:
             assert record is not None
-            log.debug("settle.renew.renewed", lease_expires_at=record.lease_expires_at)
             return Renewal(renewed=True, lease_expires_at=record.lease_expires_at, record=record)
-        log.warning("settle.renew.lost", reason=reply.detail)
         return Renewal(renewed=False, reason=reply.detail, record=record)
 
     def plan_get(self, operation_id: str) -> Call:

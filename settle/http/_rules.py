@@ -199,14 +199,19 @@ class Guard:
         self._log: Any = None
         self._key = ""
         self._principal = ""
+        self._operation: str | None = None
         self.outcome: str | None = None
 
     @property
     def log(self) -> Any:
         """settle's logger bound to this request: namespace, method, path, and the
-        operation id and generation once known."""
+        operation's digest and generation once known (the digest, an HMAC, is computed
+        only for a request that logs)."""
         if self._log is None:
-            self._log = logger.bind(**self._context)
+            context = self._context
+            if self._operation is not None:
+                context = {**context, "operation_digest": operation_digest(self._operation)}
+            self._log = logger.bind(**context)
         return self._log
 
     def _bind(self, **fields: Any) -> None:
@@ -269,7 +274,8 @@ class Guard:
     def body_read(self, body: bytes) -> Reserve:
         policy = self.policy
         op = operation_id(policy.operation_prefix, self._key, self._principal, policy.key_scope)
-        self._bind(operation_digest=operation_digest(op))
+        self._operation = op
+        self._log = None
         return Reserve(op, self._principal, fingerprint_request(self.head, body), policy.lease)
 
     # -- the reservation -----------------------------------------------------------------

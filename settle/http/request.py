@@ -59,8 +59,8 @@ class RequestHead:
     content_length: bytes | None = None
     route: str | None = None
     """The path inside the application (without the mount prefix: ASGI's ``root_path``,
-    WSGI's ``SCRIPT_NAME``), as its routing reads it; None when it is ``path``. ``paths``
-    patterns match either."""
+    WSGI's ``SCRIPT_NAME``), as its routing reads it; None (or ``path`` itself) when there
+    is no mount prefix. ``paths`` patterns match either."""
 
 
 class BodyBuffer:
