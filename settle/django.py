@@ -180,7 +180,7 @@ def _guarded(
     # request as it came; request.path_info may have been rewritten by a middleware).
     meta = request.META
     decoded = (str(meta.get("SCRIPT_NAME", "")), str(meta.get("PATH_INFO", "")))
-    head = request_head(request.META, driver.policy.header, decoded=decoded)
+    head = request_head(meta, driver.policy.header, decoded=decoded)
     response = driver.handle(head, exchange)
     if response is None:
         return get_response(request)
