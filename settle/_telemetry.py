@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -334,6 +335,10 @@ class Otel:
         self.trace = trace
         self._metrics = metrics
         self._live = False
+        self._metrics_internal = sys.modules.get("opentelemetry.metrics._internal")
+        self._env_unset = not {"OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER"} & set(
+            os.environ
+        )
         self.tracer = trace.get_tracer(SCOPE, __version__)
         meter = metrics.get_meter(SCOPE, __version__)
         self._client = trace.SpanKind.CLIENT
@@ -407,6 +412,8 @@ class Otel:
         a provider is set (it cannot be unset), this is False for good."""
         if self._live:
             return False
+        if self._globals_unset():
+            return True
         if (
             type(self.trace.get_tracer_provider()).__name__ in _UNSET_PROVIDERS
             and type(self._metrics.get_meter_provider()).__name__ in _UNSET_PROVIDERS
@@ -414,6 +421,17 @@ class Otel:
             return True
         self._live = True
         return False
+
+    def _globals_unset(self) -> bool:
+        """The quick answer on every call while nothing is set: the API's own globals are
+        still None and no environment variable names a provider (``get_tracer_provider``
+        reads the environment on each call, several times per settle call otherwise).
+        False when unsure; :meth:`idle` then asks the API."""
+        return (
+            self._env_unset
+            and getattr(self.trace, "_TRACER_PROVIDER", False) is None
+            and getattr(self._metrics_internal, "_METER_PROVIDER", False) is None
+        )
 
     # -- settle calls ----------------------------------------------------------------------
 

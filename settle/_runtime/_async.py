@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
 from redis import exceptions as rx
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -203,6 +204,7 @@ class AsyncRunner:
 
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
+        self._lane = None if isinstance(client, RedisCluster) else _Lane(client.connection_pool)
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
         #: so a failover's promoted replica is found (the durable path keeps its own
@@ -390,15 +392,21 @@ class AsyncRunner:
             await self._load_library(call)
             return await self._fcall_once(call)
         try:
-            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+            return await self._evalsha(script.sha, call)
         except NoScriptError:  # a flushed or restarted server: load once, call again
             await self.client.script_load(script.script)
-            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+            return await self._evalsha(script.sha, call)
+
+    async def _evalsha(self, sha: str, call: Call) -> Any:
+        if self._lane is None:
+            return await self.client.evalsha(sha, len(call.keys), *call.keys, *call.args)
+        return await self._lane.execute("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
 
     async def _fcall_once(self, call: Call) -> Any:
         function, n = self._set.function(call.script), len(call.keys)
-        if not isinstance(self.client, RedisCluster):
-            return await self.client.fcall(function, n, *call.keys, *call.args)
+        if self._lane is not None:
+            return await self._lane.execute("FCALL", function, n, *call.keys, *call.args)
+        assert isinstance(self.client, RedisCluster)
         # redis-py finds an FCALL's slot by asking a node (COMMAND GETKEYS) on every call: a
         # second round trip, to a node that may be the dead one after a failover. The key is
         # known: send it to the node of its slot (redis-py still follows MOVED and ASK).
@@ -568,6 +576,8 @@ class AsyncRunner:
                 raise backend_error(exc, call) from exc
 
     async def aclose(self) -> None:
+        if self._lane is not None:
+            await self._lane.aclose()
         for node in [*self._nodes.values(), *self._retired]:
             await node.aclose()
         await self.client.aclose()
@@ -575,6 +585,68 @@ class AsyncRunner:
         manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
         for sentinel in getattr(manager, "sentinels", ()):
             await sentinel.aclose()
+
+
+class _Lane:
+    """The script calls' own way to a standalone (or Sentinel-managed) server: a command
+    sent on a connection of the client's pool and its reply read, without redis-py's
+    per-command machinery (its retries, which the runner makes itself; its event dispatch;
+    a pool lock on every call), which costs more client CPU than the round trip. The
+    connections it used are kept for the next call rather than handed back each time,
+    except from a ``BlockingConnectionPool``, whose size is the application's bound on
+    connections. A connection whose reply was not read whole (an error, a cancelled task)
+    is closed, never reused; a process forked with idle connections leaves them to its
+    parent."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._keep = not isinstance(pool, BlockingConnectionPool)
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+
+    async def execute(self, *command: Any) -> Any:
+        if self._pid != os.getpid():  # forked: these sockets are the parent's
+            self._idle, self._pid = [], os.getpid()
+        if not self._idle:
+            return await self._exchange(await self._pool.get_connection(), command)
+        conn = self._idle.pop()
+        try:
+            stale = await conn.can_read()
+        except (rx.ConnectionError, OSError, AttributeError):  # closed, or never opened
+            stale = True
+        if stale:
+            # The server closed it while it was idle (its timeout, a restart), or it holds
+            # data nobody asked for: a new socket before sending, as the pool does.
+            await conn.disconnect()
+        return await self._exchange(conn, command)
+
+    async def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
+        try:
+            await conn.send_packed_command(conn.pack_command(*command))
+            reply = await conn.read_response()
+        except rx.ResponseError:  # the whole reply was read: the connection is sound
+            await self._give_back(conn)
+            raise
+        except BaseException:
+            await conn.disconnect()
+            await self._pool.release(conn)
+            raise
+        await self._give_back(conn)
+        return reply
+
+    async def _give_back(self, conn: Any) -> None:
+        if self._keep:
+            self._idle.append(conn)
+        else:
+            await self._pool.release(conn)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        if self._pid != os.getpid():
+            return
+        for conn in idle:
+            with contextlib.suppress(KeyError, ValueError):  # the pool was reset meanwhile
+                await self._pool.release(conn)
 
 
 def _function_missing(reply: object) -> bool:

@@ -158,3 +158,32 @@ def test_providers_set_after_the_first_calls_are_used_from_then_on() -> None:
     then on."""
     done = _run(LATE_PROVIDERS)
     assert done.returncode == 0, done.stderr
+
+
+ENV_PROVIDER = """
+import os
+os.environ["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from settle import Settler
+from settle._telemetry import telemetry
+from settle.embedded import EmbeddedRedis
+
+with EmbeddedRedis() as server:
+    s = Settler.from_url(server.url, namespace="env", shards=2)
+    assert not telemetry().idle()  # the provider the environment names is the one in use
+    exporter = InMemorySpanExporter()
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+    s.reserve("op-1", {"amount": 1}, principal="tenant:a")
+    s.close()
+names = {span.name for span in exporter.get_finished_spans()}  # with the start-up's spans
+assert {"EVALSHA reserve", "settle.reserve"} <= names, names
+"""
+
+
+def test_a_provider_named_by_the_environment_is_used() -> None:
+    """``OTEL_PYTHON_TRACER_PROVIDER`` sets the provider without code: settle's quick
+    check that nothing is set must not take it for idle."""
+    done = _run(ENV_PROVIDER)
+    assert done.returncode == 0, done.stderr
