@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
@@ -72,7 +73,7 @@ def client_from_url(url: str) -> Redis:
     socket timeouts (a ``redis://`` URL of a cluster node becomes a cluster client on the
     runner's first call)."""
     try:
-        return Redis.from_url(url, **_CLIENT_DEFAULTS)
+        return _owned(Redis.from_url(url, **_CLIENT_DEFAULTS))
     except ValueError as exc:  # redis-py's own: an unknown scheme, a port that is no number
         raise InvalidInput(f"the Redis URL is not usable: {exc}") from exc
 
@@ -109,6 +110,16 @@ def sentinel_client(
     timeouts = {k: _CLIENT_DEFAULTS[k] for k in ("socket_timeout", "socket_connect_timeout")}
     manager = Sentinel(seeds, sentinel_kwargs={**timeouts, **(sentinel_options or {})})  # type: ignore[no-untyped-call,unused-ignore]
     client: Redis = manager.master_for(service_name, **{**_CLIENT_DEFAULTS, **(options or {})})  # type: ignore[no-untyped-call,unused-ignore]
+    return _owned(client)
+
+
+#: The clients settle made itself (``from_url``, ``from_sentinel``): their pools serve one
+#: facade, which closes them, so its runner may keep connections between calls (``_Lane``).
+_OWNED: weakref.WeakSet[Redis] = weakref.WeakSet()
+
+
+def _owned(client: Redis) -> Redis:
+    _OWNED.add(client)
     return client
 
 
@@ -204,7 +215,11 @@ class AsyncRunner:
 
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
-        self._lane = None if isinstance(client, RedisCluster) else _Lane(client.connection_pool)
+        self._lane = (
+            None
+            if isinstance(client, RedisCluster)
+            else _Lane(client.connection_pool, keep=client in _OWNED)
+        )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
         #: so a failover's promoted replica is found (the durable path keeps its own
@@ -590,17 +605,22 @@ class AsyncRunner:
 class _Lane:
     """The script calls' own way to a standalone (or Sentinel-managed) server: a command
     sent on a connection of the client's pool and its reply read, without redis-py's
-    per-command machinery (its retries, which the runner makes itself; its event dispatch;
-    a pool lock on every call), which costs more client CPU than the round trip. The
-    connections it used are kept for the next call rather than handed back each time,
-    except from a ``BlockingConnectionPool``, whose size is the application's bound on
-    connections. A connection whose reply was not read whole (an error, a cancelled task)
-    is closed, never reused; a process forked with idle connections leaves them to its
-    parent."""
+    per-command machinery (its retries, which the runner makes itself; its event dispatch),
+    which costs more client CPU than the round trip. A connection whose reply was not read
+    whole (an error, a cancelled task) is closed, never reused.
 
-    def __init__(self, pool: Any) -> None:
+    With ``keep`` (a client settle made, whose pool serves this runner alone) the
+    connections it used are kept for the next call rather than handed back each time (the
+    pool's lock and bookkeeping cost as much again), up to half the pool's size, so the
+    rest of the pool always serves everything else; never from a ``BlockingConnectionPool``,
+    whose size is the application's bound. A client the application passed in may be shared
+    by many facades, some never closed: its connections go back after every call. A process
+    forked with kept connections leaves them to its parent."""
+
+    def __init__(self, pool: Any, *, keep: bool) -> None:
         self._pool = pool
-        self._keep = not isinstance(pool, BlockingConnectionPool)
+        limit = int(getattr(pool, "max_connections", 0) or 0) // 2
+        self._keep = limit if keep and not isinstance(pool, BlockingConnectionPool) else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
@@ -635,7 +655,7 @@ class _Lane:
         return reply
 
     async def _give_back(self, conn: Any) -> None:
-        if self._keep:
+        if len(self._idle) < self._keep:
             self._idle.append(conn)
         else:
             await self._pool.release(conn)

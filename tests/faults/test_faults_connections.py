@@ -224,3 +224,39 @@ async def test_async_pool_the_application_disconnected_is_reconnected_without_a_
         assert [e for e in logs if e["event"] == "settle.backend.retrying"] == []
     finally:
         await settler.aclose()
+
+
+def test_settlers_sharing_an_applications_client_keep_none_of_its_connections(
+    redis_url: str, namespace: str
+) -> None:
+    """An application's client may carry many settlers, some never closed: none of them
+    may hold on to a connection of its pool between calls."""
+    client = redis.Redis.from_url(redis_url, max_connections=4)
+    try:
+        for i in range(40):  # ten times the pool: each would keep one
+            settler = Settler(client, namespace=f"{namespace}-{i}")
+            assert isinstance(settler.reserve("op", REQUEST, principal="p"), Reserved)
+        assert client.ping()
+    finally:
+        client.close()
+
+
+@pytest.mark.asyncio
+async def test_a_settlers_own_pool_keeps_half_for_everything_else(
+    redis_url: str, namespace: str
+) -> None:
+    settler = AsyncSettler.from_url(f"{redis_url}?max_connections=4", namespace=namespace)
+    try:
+        await settler.reserve("warm-up", REQUEST, principal="p")  # start-up checks, once
+        for _ in range(3):  # bursts that use the whole pool
+            got = await asyncio.gather(
+                *(
+                    settler.reserve(f"op-{uuid.uuid4().hex}", REQUEST, principal="p")
+                    for _ in range(4)
+                )
+            )
+            assert all(isinstance(g, Reserved) for g in got)
+        # What settle keeps between calls leaves room for the application's own commands.
+        assert await asyncio.gather(settler.client.ping(), settler.client.ping())
+    finally:
+        await settler.aclose()
