@@ -45,6 +45,9 @@ SCRIPTS = ScriptSet(
     ),
     #: Scripts that never write (``no-writes`` functions on Redis 7+ and Valkey).
     read_only=frozenset({"get", "attempts", "quarantine_read"}),
+    #: Fast paths for the common reads, run before ``_lib`` is defined (``lua/_head.lua``).
+    heads={"get": "get_head", "reserve": "reserve_head"},
+    head_libs=("_head",),
 )
 SCRIPT_NAMES = SCRIPTS.names
 WRITING_SCRIPTS = SCRIPTS.writing

@@ -5,7 +5,9 @@ this is it.
 Two shapes come out of one set of files (SPEC 4):
 
 * :meth:`ScriptSet.source`: one EVAL script per script name (Redis 6.2 runs these by
-  EVALSHA); the prelude and the libraries run again on every call.
+  EVALSHA); the prelude and the libraries run again on every call. A script with a *head*
+  (``heads``: a fast path that answers the common read before any part library is
+  defined) is the prelude, the ``head_libs``, the head, then the libraries and the script.
 * :attr:`ScriptSet.library`: one FUNCTION library for Redis 7+ and Valkey, loaded once; the
   prelude and each group of part libraries are defined once at load, and each script body
   becomes one registered function. Its name and every function name carry a hash of the
@@ -35,12 +37,16 @@ class ScriptSet:
     """``scripts`` maps each script name to the part libraries it is built on (in order);
     ``writing`` names the scripts that may write (followed by WAIT with ``min_replicas``);
     ``read_only`` names the scripts that never write at all (registered with the
-    ``no-writes`` flag as functions, so they also run on a full server, as EVAL scripts do)."""
+    ``no-writes`` flag as functions, so they also run on a full server, as EVAL scripts do).
+    ``heads`` maps a script to its head file, which runs first and may answer on its own,
+    using only the prelude and ``head_libs``."""
 
     package: str
     scripts: Mapping[str, tuple[str, ...]]
     writing: frozenset[str]
     read_only: frozenset[str] = frozenset()
+    heads: Mapping[str, str] = field(default_factory=dict)
+    head_libs: tuple[str, ...] = ()
     sources: dict[str, str] = field(init=False, repr=False, compare=False)
     library: str = field(init=False, repr=False, compare=False)
     library_name: str = field(init=False, repr=False, compare=False)
@@ -50,17 +56,35 @@ class ScriptSet:
         unknown = (self.writing | self.read_only) - set(self.scripts)
         if unknown:
             raise ValueError(f"scripts that are not in the set: {sorted(unknown)}")
+        if set(self.heads) - set(self.scripts):
+            raise ValueError(f"heads of scripts that are not in the set: {sorted(self.heads)}")
         if self.writing & self.read_only:
             raise ValueError(f"scripts both writing and read-only: {self.writing & self.read_only}")
         prelude = _read("settle._runtime", "prelude")
         libs = {lib: _read(self.package, lib) for deps in self.scripts.values() for lib in deps}
+        head_libs = [_read(self.package, lib) for lib in self.head_libs]
+        heads = {name: _read(self.package, head) for name, head in self.heads.items()}
         bodies = {name: _read(self.package, name) for name in self.scripts}
         built = {
-            name: "\n".join([prelude, *(libs[lib] for lib in deps), bodies[name]])
+            name: "\n".join(
+                [
+                    prelude,
+                    *((*head_libs, heads[name]) if name in heads else ()),
+                    *(libs[lib] for lib in deps),
+                    bodies[name],
+                ]
+            )
             for name, deps in self.scripts.items()
         }
         object.__setattr__(self, "sources", built)
-        template = self._library_template(prelude, libs, bodies)
+        template = self._library_template(
+            "\n".join([prelude, *head_libs]),
+            libs,
+            {
+                name: "\n".join([heads[name], body]) if name in heads else body
+                for name, body in bodies.items()
+            },
+        )
         prefix = "settle_" + hashlib.sha1(template.encode(), usedforsecurity=False).hexdigest()[:8]
         part = self.part
         object.__setattr__(self, "library", template.replace(_PREFIX, prefix))

@@ -1,0 +1,14 @@
+-- reserve_head.lua: reserve.lua's fast path (see _head.lua) for the replay of a settled
+-- operation (rules R4, R5), the one reserve that writes nothing and is the most repeated:
+-- a completed or failed record whose fingerprint and binding are the caller's, on a shard
+-- claimed for the caller's shard count (what guard() checks first). Anything else is left
+-- to reserve.lua.
+do
+  local now = now_ms()
+  local row, state = head_record(KEYS[1], now)
+  if row and state >= 3 and row[3] == ARGV[3] and row[4] == ARGV[4]
+      and hex32(row[2]) == ARGV[2]
+      and redis.call('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1] then
+    return {'replay', row[7], now, '', row}
+  end
+end

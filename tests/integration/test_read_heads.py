@@ -1,0 +1,233 @@
+"""The read fast paths (``lua/_head.lua``, ``get_head.lua``, ``reserve_head.lua``) answer only
+what the whole script would answer, and write nothing.
+
+Each stored value below, written by settle or crafted byte by byte (odd forms the head must
+leave alone: the previous layout, a fingerprint or attempt id kept as text, a reason word,
+floats, wrong types, expired parts, truncation), is read on a real server three ways: by the
+head alone (a script that ends where the head falls through), by the script settle runs (head
+then the whole script) and by the whole script without its head. Where the head answers, its
+reply is the whole script's, and the value is left as it was; the cases settle's own calls
+hit most (a replay, a get of a live record) must be answered by the head.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from settle import Settler
+from settle._core.layout import MAGIC, WORDS, _mp
+from settle._core.scripts import SCRIPTS
+from settle._runtime.scripts import ScriptSet
+
+WHO = "tenant:acme"
+REQ = {"order": 7}
+FELL_THROUGH = b"head fell through"
+
+WHOLE = ScriptSet("settle", SCRIPTS.scripts, writing=SCRIPTS.writing, read_only=SCRIPTS.read_only)
+
+
+def _head_only(name: str) -> str:
+    """The script settle runs, cut where its head falls through."""
+    source = SCRIPTS.source(name)
+    whole = WHOLE.source(name)
+    prelude_and_head = source[: len(source) - len(whole) + whole.index("\n-- _lib.lua")]
+    assert prelude_and_head.startswith(whole[: whole.index("\n-- _lib.lua")].split("\n")[0])
+    return prelude_and_head + f"\nreturn '{FELL_THROUGH.decode()}'\n"
+
+
+def _word(w: bytes) -> int:
+    return WORDS.index(w) + 1
+
+
+def _value(*tokens: Any) -> bytes:
+    return MAGIC + b"".join(t if isinstance(t, _Raw) else _mp(t) for t in tokens)
+
+
+class _Raw(bytes):
+    """Bytes put into a crafted value as they are (a float, a map: what _mp never writes)."""
+
+
+def _float(x: float) -> _Raw:
+    return _Raw(b"\xcb" + struct.pack(">d", x))
+
+
+@pytest.fixture
+def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    yield s
+    s.close()
+
+
+def _record(fp: Any, *, state: Any = 3, created: Any = None, **over: Any) -> bytes:
+    """A packed value with a record (field order of _lib.lua) and a one-entry log, created
+    a second ago unless ``created`` says otherwise."""
+    if created is None:
+        created = int(time.time() * 1000) - 1000
+    fields: dict[str, Any] = {
+        "fp": fp,
+        "fpv": 1,
+        "bind": WHO.encode(),
+        "gen": 1_796_000_000_000_001,
+        "ver": 2,
+        "state": state,
+        "n": 1,
+        "created": created,
+        "updated": 5,
+        "lease": None,
+        "aid": bytes.fromhex("0f" * 16),
+        "reason": None,
+        "result": b'{"ok":true}',
+        "rdig": bytes.fromhex("ab" * 32),
+        "rexp": 86_400_000,
+        "lexp": 86_400_010,
+    }
+    fields.update(over)
+    log = [None, None, _word(b"reserve"), _word(b"reserved"), _word(b"new"), 0]
+    return _value(*fields.values(), *log)
+
+
+def _cases(settler: Settler) -> dict[str, Callable[[], None] | bytes]:
+    """Case name -> a crafted value, or a function that makes it through settle."""
+    fp = bytes.fromhex(settler._core.plan_reserve("x", REQ, principal=WHO).args[1])
+
+    def through_settle(*steps: str) -> Callable[[], None]:
+        def make() -> None:
+            got = settler.reserve("op", REQ, principal=WHO)
+            r = got.reservation  # type: ignore[union-attr]
+            for step in steps:
+                if step == "complete":
+                    settler.complete(r, {"charge": "ch_1"})
+                elif step == "fail":
+                    settler.fail(r, ValueError("declined"))
+                elif step == "provisional":
+                    settler.mark_provisional(r, "timeout: no answer")
+                elif step == "provisional-word":
+                    settler.mark_provisional(r, "lease_expired")
+
+        return make
+
+    def text_attempt() -> None:
+        got = settler.reserve("op", REQ, principal=WHO, attempt_id="attempt-1")
+        settler.complete(got.reservation, {"charge": "ch_1"})  # type: ignore[union-attr]
+
+    return {
+        "completed": through_settle("complete"),
+        "failed": through_settle("fail"),
+        "pending": through_settle(),
+        "provisional": through_settle("provisional"),
+        "provisional with a word for a reason": through_settle("provisional-word"),
+        "attempt id kept as text": text_attempt,
+        "crafted completed": _record(fp),
+        "fingerprint kept as text": _record([b"not-hex"]),
+        "a short fingerprint": _record(fp[:16]),
+        "record expired, log alive": _record(fp, created=1_000, rexp=1),
+        "no expiry": _record(fp, rexp=None, lexp=None),
+        "state out of range": _record(fp, state=9),
+        "state as text": _record(fp, state=b"completed"),
+        "a float for created": _record(fp, created=_float(time.time() * 1000 + 0.5)),
+        "a whole float for created": _record(fp, created=_float(float(int(time.time() * 1000)))),
+        "a text reason": _record(fp, state=2, reason=b"timeout"),
+        "text for a number": _record(fp, ver=b"2"),
+        "pending without a lease": _record(fp, state=1),
+        "pending with a lease": _record(fp, state=1, lease=30_000),
+        "a bind that is a number": _record(fp, bind=7),
+        "a reason word": _record(fp, state=2, reason=_word(b"lease_expired")),
+        "a log entry short": _record(fp)[:-1],
+        "only a log": _value(None, 86_400_010, None, None, 5, 10, 13, 0),
+        "another magic": b"\x03" + _record(fp)[1:],
+        "not msgpack": MAGIC + b"\xc1\xc1",
+        "empty": b"",
+        "a map inside": _value(_Raw(b"\x81\xa1a\x01"), *([None] * 15)),
+    }
+
+
+def _store(client: redis.Redis, key: str, case: Callable[[], None] | bytes) -> None:
+    if isinstance(case, bytes):
+        client.set(key, case)
+    else:
+        case()
+
+
+@pytest.mark.parametrize("script", ["get", "reserve"])
+def test_a_head_answers_only_as_the_whole_script_would_and_writes_nothing(
+    settler: Settler, redis_client: redis.Redis, script: str
+) -> None:
+    settler.check()  # claims the shard: a replay on an unclaimed shard is the whole script's
+    key = settler._core.keys.record("op")
+    head = redis_client.register_script(_head_only(script))
+    whole = redis_client.register_script(WHOLE.source(script))
+    settled = redis_client.register_script(SCRIPTS.source(script))
+    answered = set()
+    for name, case in _cases(settler).items():
+        for other in redis_client.scan_iter(match=key.split("}")[0] + "}*"):
+            if not other.endswith(b":gen"):
+                redis_client.delete(other)
+        _store(redis_client, key, case)
+        call = (
+            settler._core.plan_get("op")
+            if script == "get"
+            else settler._core.plan_reserve("op", REQ, principal=WHO)
+        )
+        before = redis_client.get(key) if redis_client.type(key) == b"string" else None
+        fast = head(keys=call.keys, args=call.args)
+        if fast == FELL_THROUGH:
+            continue
+        answered.add(name)
+        assert redis_client.get(key) == before, name  # the head wrote nothing
+        by_settle = settled(keys=call.keys, args=call.args)
+        slow = whole(keys=call.keys, args=call.args)
+        assert redis_client.get(key) == before, name  # nor did the whole script here
+        for reply in (by_settle, slow):
+            assert reply[:2] + reply[3:] == fast[:2] + fast[3:], name  # [2] is the clock
+    must = {"completed", "failed", "crafted completed", "no expiry"}
+    if script == "get":
+        must |= {"pending", "provisional", "pending with a lease", "a text reason"}
+    assert must <= answered
+    never = {
+        "fingerprint kept as text",
+        "record expired, log alive",
+        "state out of range",
+        "state as text",
+        "a float for created",
+        "text for a number",
+        "pending without a lease",
+        "a bind that is a number",
+        "a reason word",
+        "a log entry short",
+        "only a log",
+        "another magic",
+        "not msgpack",
+        "empty",
+        "a map inside",
+        "attempt id kept as text",
+        "provisional with a word for a reason",
+    }
+    if script == "reserve":  # a digest that is not 32 bytes is compared by the whole script
+        never.add("a short fingerprint")
+    assert not answered & never, answered & never
+
+
+def test_a_replay_whose_caller_does_not_match_is_left_to_the_whole_script(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    """A changed request, another principal, another fingerprint version or another shard
+    count: the head never answers them (reserve.lua does, with the rules' verdicts)."""
+    got = settler.reserve("op", REQ, principal=WHO)
+    settler.complete(got.reservation, {"charge": "ch_1"})  # type: ignore[union-attr]
+    head = redis_client.register_script(_head_only("reserve"))
+    base = settler._core.plan_reserve("op", REQ, principal=WHO)
+    assert head(keys=base.keys, args=base.args) != FELL_THROUGH
+    changed = {
+        "request": settler._core.plan_reserve("op", {"order": 8}, principal=WHO).args,
+        "principal": settler._core.plan_reserve("op", REQ, principal="tenant:other").args,
+        "fingerprint version": [*base.args[:2], "2", *base.args[3:]],
+        "shard count": [*base.args[:-2], "9", base.args[-1]],
+    }
+    for what, args in changed.items():
+        assert head(keys=base.keys, args=args) == FELL_THROUGH, what
