@@ -57,7 +57,8 @@ class ScriptSet:
         if unknown:
             raise ValueError(f"scripts that are not in the set: {sorted(unknown)}")
         if set(self.heads) - set(self.scripts):
-            raise ValueError(f"heads of scripts that are not in the set: {sorted(self.heads)}")
+            unknown_heads = sorted(set(self.heads) - set(self.scripts))
+            raise ValueError(f"heads of scripts that are not in the set: {unknown_heads}")
         if self.writing & self.read_only:
             raise ValueError(f"scripts both writing and read-only: {self.writing & self.read_only}")
         prelude = _read("settle._runtime", "prelude")
