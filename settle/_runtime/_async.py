@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
 from redis import exceptions as rx
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -215,10 +215,14 @@ class AsyncRunner:
 
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
+        lane = _Lane
+        # unasync: async-only
+        lane = _Pipelined
+        # unasync: end
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else _Lane(client.connection_pool, keep=client in _OWNED)
+            else lane(client.connection_pool, keep=client in _OWNED)
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -605,68 +609,187 @@ class AsyncRunner:
 class _Lane:
     """The script calls' own way to a standalone (or Sentinel-managed) server: a command
     sent on a connection of the client's pool and its reply read, without redis-py's
-    per-command machinery (its retries, which the runner makes itself; its event dispatch),
-    which costs more client CPU than the round trip. A connection whose reply was not read
-    whole (an error, a cancelled task) is closed, never reused.
+    per-command machinery (its retries, which the runner makes itself; its event dispatch;
+    hooks that APM agents patch into ``execute_command``), which costs more client CPU than
+    the round trip. A connection whose reply was not read whole (an error, a cancelled task)
+    is closed, never reused.
 
     With ``keep`` (a client settle made, whose pool serves this runner alone) the
     connections it used are kept for the next call rather than handed back each time (the
     pool's lock and bookkeeping cost as much again), up to half the pool's size, so the
-    rest of the pool always serves everything else; never from a ``BlockingConnectionPool``,
-    whose size is the application's bound. A client the application passed in may be shared
-    by many facades, some never closed: its connections go back after every call. A process
-    forked with kept connections leaves them to its parent."""
+    rest of the pool always serves everything else. A client the application passed in may
+    be shared by many facades, some never closed (and may have a blocking pool, whose size
+    is the application's bound): its connections go back after every call. A kept
+    connection is checked before each use as the pool checks one before handing it out
+    (closed by the server, flagged by a maintenance notification). A process forked with
+    kept connections leaves them to its parent."""
 
     def __init__(self, pool: Any, *, keep: bool) -> None:
         self._pool = pool
-        limit = int(getattr(pool, "max_connections", 0) or 0) // 2
-        self._keep = limit if keep and not isinstance(pool, BlockingConnectionPool) else 0
+        self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
     async def execute(self, *command: Any) -> Any:
+        return await self._exchange(await self._take(), command)
+
+    async def _take(self) -> Any:
+        """A connection ready to send on: a kept one, else one of the pool."""
         if self._pid != os.getpid():  # forked: these sockets are the parent's
             self._idle, self._pid = [], os.getpid()
-        if not self._idle:
-            return await self._exchange(await self._pool.get_connection(), command)
-        conn = self._idle.pop()
         try:
-            stale = await conn.can_read()
-        except (rx.ConnectionError, OSError, AttributeError):  # closed, or never opened
-            stale = True
-        if stale:
-            # The server closed it while it was idle (its timeout, a restart), or it holds
-            # data nobody asked for: a new socket before sending, as the pool does.
+            conn = self._idle.pop()
+        except IndexError:  # none kept (or another thread took the last one)
+            return await self._pool.get_connection()
+        if _should_reconnect(conn):  # a maintenance notification moved its endpoint
             await conn.disconnect()
-        return await self._exchange(conn, command)
+            return conn
+        try:
+            # Data nobody asked for: a new socket, as the pool does, unless maintenance
+            # notifications are on (the data is one, read with the next reply).
+            stale = await conn.can_read() and not _notifications(self._pool)
+        except (rx.ConnectionError, OSError, AttributeError):
+            stale = True  # the server closed it while it was idle (a timeout, a restart)
+        if stale:
+            await conn.disconnect()  # it connects again before sending
+        return conn
 
     async def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
+        packed = conn.pack_command(*command)
+
+        async def once() -> Any:
+            await conn.send_packed_command(packed)
+            return await conn.read_response()
+
+        async def failed(_: Exception) -> None:
+            await conn.disconnect()
+
         try:
-            await conn.send_packed_command(conn.pack_command(*command))
-            reply = await conn.read_response()
+            # The connection's own retry policy, as redis-py's execute_command applies it
+            # (a new socket after a dropped one; none on settle's fault-test clients).
+            reply = await conn.retry.call_with_retry(once, failed)
         except rx.ResponseError:  # the whole reply was read: the connection is sound
             await self._give_back(conn)
             raise
         except BaseException:
-            await conn.disconnect()
-            await self._pool.release(conn)
+            await self._drop(conn)
             raise
         await self._give_back(conn)
         return reply
 
+    async def _drop(self, conn: Any) -> None:
+        """A connection whose replies were not all read: closed, never used again."""
+        await conn.disconnect()
+        await self._pool.release(conn)
+
     async def _give_back(self, conn: Any) -> None:
-        if len(self._idle) < self._keep:
+        if len(self._idle) < self._keep and not _should_reconnect(conn):
             self._idle.append(conn)
         else:
-            await self._pool.release(conn)
+            await self._pool.release(conn)  # which reconnects one a notification flagged
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
         if self._pid != os.getpid():
             return
         for conn in idle:
-            with contextlib.suppress(KeyError, ValueError):  # the pool was reset meanwhile
+            try:
                 await self._pool.release(conn)
+            except (KeyError, ValueError):  # the pool was reset meanwhile: not its own now
+                await conn.disconnect()
+
+
+def _should_reconnect(conn: Any) -> bool:
+    """redis-py flags a connection to reconnect on a maintenance notification (MOVING)."""
+    check = getattr(conn, "should_reconnect", None)
+    return bool(check()) if check is not None else False
+
+
+def _notifications(pool: Any) -> bool:
+    """Whether the pool has redis-py's maintenance notifications on."""
+    check = getattr(pool, "maint_notifications_enabled", None)
+    return bool(check()) if check is not None else False
+
+
+# unasync: async-only
+class _Pipelined(_Lane):
+    """The asyncio lane, which also pipelines: script calls that tasks issue while another
+    call of this runner is on the wire are queued, and sent together in one write on one
+    connection on the event loop's next turn, their replies read in order (as ioredis'
+    auto-pipelining does). A call made while nothing else is in flight goes alone at once,
+    so a caller that awaits each call pays nothing for it. Each call still gets its own
+    reply, its own error reply, and a call cancelled while queued or in flight leaves the
+    others alone: the batch is sent and read by a task of its own, and the reply of a
+    cancelled call is read and dropped. Every settle script is safe to send without a reply
+    having been read for it: that is what a cancelled call is already."""
+
+    def __init__(self, pool: Any, *, keep: bool) -> None:
+        super().__init__(pool, keep=keep)
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._in_flight = 0
+        self._batches: set[asyncio.Task[None]] = set()
+
+    async def execute(self, *command: Any) -> Any:
+        if not self._in_flight and not self._queue:
+            self._in_flight += 1
+            try:
+                return await super().execute(*command)
+            finally:
+                self._in_flight -= 1
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((command, future))
+        if len(self._queue) == 1:
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        self._in_flight += 1
+        task = asyncio.ensure_future(self._send(batch))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        waiting = [future for _, future in batch]
+        try:
+            conn = await self._take()
+            try:
+                await conn.send_packed_command(
+                    [part for command, _ in batch for part in conn.pack_command(*command)]
+                )
+                for future in waiting:
+                    try:
+                        reply = await conn.read_response()
+                    except rx.ResponseError as exc:  # this call's error reply, read whole
+                        if not future.done():
+                            future.set_exception(exc)
+                        continue
+                    if not future.done():
+                        future.set_result(reply)
+            except BaseException:
+                await self._drop(conn)
+                raise
+            await self._give_back(conn)
+        except BaseException as exc:
+            for future in waiting:
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._in_flight -= 1
+
+    async def aclose(self) -> None:
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
+        await super().aclose()
+
+
+# unasync: end
 
 
 def _function_missing(reply: object) -> bool:

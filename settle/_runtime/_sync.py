@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from redis import exceptions as rx
-from redis import BlockingConnectionPool, Redis, RedisCluster
+from redis import Redis, RedisCluster
 from redis.cluster import ClusterNode
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -216,10 +216,11 @@ class Runner:
 
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
+        lane = _Lane
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else _Lane(client.connection_pool, keep=client in _OWNED)
+            else lane(client.connection_pool, keep=client in _OWNED)
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -606,68 +607,108 @@ class Runner:
 class _Lane:
     """The script calls' own way to a standalone (or Sentinel-managed) server: a command
     sent on a connection of the client's pool and its reply read, without redis-py's
-    per-command machinery (its retries, which the runner makes itself; its event dispatch),
-    which costs more client CPU than the round trip. A connection whose reply was not read
-    whole (an error, a cancelled task) is closed, never reused.
+    per-command machinery (its retries, which the runner makes itself; its event dispatch;
+    hooks that APM agents patch into ``execute_command``), which costs more client CPU than
+    the round trip. A connection whose reply was not read whole (an error, a cancelled task)
+    is closed, never reused.
 
     With ``keep`` (a client settle made, whose pool serves this runner alone) the
     connections it used are kept for the next call rather than handed back each time (the
     pool's lock and bookkeeping cost as much again), up to half the pool's size, so the
-    rest of the pool always serves everything else; never from a ``BlockingConnectionPool``,
-    whose size is the application's bound. A client the application passed in may be shared
-    by many facades, some never closed: its connections go back after every call. A process
-    forked with kept connections leaves them to its parent."""
+    rest of the pool always serves everything else. A client the application passed in may
+    be shared by many facades, some never closed (and may have a blocking pool, whose size
+    is the application's bound): its connections go back after every call. A kept
+    connection is checked before each use as the pool checks one before handing it out
+    (closed by the server, flagged by a maintenance notification). A process forked with
+    kept connections leaves them to its parent."""
 
     def __init__(self, pool: Any, *, keep: bool) -> None:
         self._pool = pool
-        limit = int(getattr(pool, "max_connections", 0) or 0) // 2
-        self._keep = limit if keep and not isinstance(pool, BlockingConnectionPool) else 0
+        self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
     def execute(self, *command: Any) -> Any:
+        return self._exchange(self._take(), command)
+
+    def _take(self) -> Any:
+        """A connection ready to send on: a kept one, else one of the pool."""
         if self._pid != os.getpid():  # forked: these sockets are the parent's
             self._idle, self._pid = [], os.getpid()
-        if not self._idle:
-            return self._exchange(self._pool.get_connection(), command)
-        conn = self._idle.pop()
         try:
-            stale = conn.can_read()
-        except (rx.ConnectionError, OSError, AttributeError):  # closed, or never opened
-            stale = True
-        if stale:
-            # The server closed it while it was idle (its timeout, a restart), or it holds
-            # data nobody asked for: a new socket before sending, as the pool does.
+            conn = self._idle.pop()
+        except IndexError:  # none kept (or another thread took the last one)
+            return self._pool.get_connection()
+        if _should_reconnect(conn):  # a maintenance notification moved its endpoint
             conn.disconnect()
-        return self._exchange(conn, command)
+            return conn
+        try:
+            # Data nobody asked for: a new socket, as the pool does, unless maintenance
+            # notifications are on (the data is one, read with the next reply).
+            stale = conn.can_read() and not _notifications(self._pool)
+        except (rx.ConnectionError, OSError, AttributeError):
+            stale = True  # the server closed it while it was idle (a timeout, a restart)
+        if stale:
+            conn.disconnect()  # it connects again before sending
+        return conn
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
+        packed = conn.pack_command(*command)
+
+        def once() -> Any:
+            conn.send_packed_command(packed)
+            return conn.read_response()
+
+        def failed(_: Exception) -> None:
+            conn.disconnect()
+
         try:
-            conn.send_packed_command(conn.pack_command(*command))
-            reply = conn.read_response()
+            # The connection's own retry policy, as redis-py's execute_command applies it
+            # (a new socket after a dropped one; none on settle's fault-test clients).
+            reply = conn.retry.call_with_retry(once, failed)
         except rx.ResponseError:  # the whole reply was read: the connection is sound
             self._give_back(conn)
             raise
         except BaseException:
-            conn.disconnect()
-            self._pool.release(conn)
+            self._drop(conn)
             raise
         self._give_back(conn)
         return reply
 
+    def _drop(self, conn: Any) -> None:
+        """A connection whose replies were not all read: closed, never used again."""
+        conn.disconnect()
+        self._pool.release(conn)
+
     def _give_back(self, conn: Any) -> None:
-        if len(self._idle) < self._keep:
+        if len(self._idle) < self._keep and not _should_reconnect(conn):
             self._idle.append(conn)
         else:
-            self._pool.release(conn)
+            self._pool.release(conn)  # which reconnects one a notification flagged
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
         if self._pid != os.getpid():
             return
         for conn in idle:
-            with contextlib.suppress(KeyError, ValueError):  # the pool was reset meanwhile
+            try:
                 self._pool.release(conn)
+            except (KeyError, ValueError):  # the pool was reset meanwhile: not its own now
+                conn.disconnect()
+
+
+def _should_reconnect(conn: Any) -> bool:
+    """redis-py flags a connection to reconnect on a maintenance notification (MOVING)."""
+    check = getattr(conn, "should_reconnect", None)
+    return bool(check()) if check is not None else False
+
+
+def _notifications(pool: Any) -> bool:
+    """Whether the pool has redis-py's maintenance notifications on."""
+    check = getattr(pool, "maint_notifications_enabled", None)
+    return bool(check()) if check is not None else False
+
+
 
 
 def _function_missing(reply: object) -> bool:

@@ -260,3 +260,23 @@ async def test_a_settlers_own_pool_keeps_half_for_everything_else(
         assert await asyncio.gather(settler.client.ping(), settler.client.ping())
     finally:
         await settler.aclose()
+
+
+def test_a_kept_connection_a_maintenance_notification_flagged_is_reconnected(
+    redis_url: str, namespace: str
+) -> None:
+    """redis-py flags the pool's in-use connections when the server announces it is moving
+    (a MOVING notification on Redis Enterprise and managed services): a kept connection is
+    in use for the pool, and must not go on talking to the old endpoint."""
+    settler = Settler.from_url(redis_url, namespace=namespace)
+    try:
+        assert isinstance(settler.reserve("op-1", REQUEST, principal="p"), Reserved)
+        (kept,) = settler._runner._lane._idle  # white box: the connection the lane kept
+        before = kept._sock.getsockname()
+        settler.client.connection_pool.update_active_connections_for_reconnect()
+        assert kept.should_reconnect()
+        assert isinstance(settler.reserve("op-2", REQUEST, principal="p"), Reserved)
+        assert not kept.should_reconnect()
+        assert kept._sock is None or kept._sock.getsockname() != before
+    finally:
+        settler.close()

@@ -1,0 +1,181 @@
+"""asyncio's script calls are pipelined (``_Pipelined`` in settle/_runtime/_async.py): calls
+that tasks make while another is on the wire go together in one write on one connection.
+What that must not cost a caller, with real concurrency on a real server: every call gets
+its own reply and its own error; a cancelled call leaves the others alone; a connection cut
+under a batch fails each of its calls with a transient error that the runner repeats, and
+every operation is still reserved exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis
+
+from settle import AsyncSettler, Reserved, State
+from settle._core.scripts import SCRIPTS
+from settle._runtime.calls import Call
+from settle.errors import BackendError
+from tests.faults.servers import async_client, script_needle
+from tests.faults.tcp_proxy import FaultyProxy
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
+
+REQUEST = {"amount": 1250}
+TASKS = 64
+
+
+@pytest_asyncio.fixture
+async def settler(redis_url: str, namespace: str) -> AsyncIterator[AsyncSettler]:
+    """A settler past its start-up checks, with one kept connection."""
+    s = AsyncSettler.from_url(redis_url, namespace=namespace)
+    await s.reserve("warm-up", REQUEST, principal="p")
+    yield s
+    await s.aclose()
+
+
+def _ops(n: int) -> list[str]:
+    run = uuid.uuid4().hex[:8]
+    return [f"op-{run}-{i}" for i in range(n)]
+
+
+async def _check_reserved_once(settler: AsyncSettler, ops: list[str], got: list[Any]) -> None:
+    for op, result in zip(ops, got, strict=True):
+        assert isinstance(result, Reserved), (op, result)
+        assert result.reservation.operation_id == op
+        record = await settler.get(op)
+        assert record is not None
+        assert record.state is State.PENDING
+        assert record.attempt_id == result.reservation.attempt_id
+        assert record.generation == result.reservation.generation
+        assert (record.version, record.reservations) == (1, 1)
+
+
+class _MonitorConnections:
+    """The client connections MONITOR sees send settle's scripts (address and port)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._stop = f"settle-stop-{uuid.uuid4().hex}"
+        self.connections: set[tuple[str, str]] = set()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _MonitorConnections:
+        self._thread.start()
+        assert self._ready.wait(5)
+        return self
+
+    def _watch(self) -> None:
+        client = redis.Redis.from_url(self._url, decode_responses=True)
+        try:
+            with client.monitor() as monitor:
+                self._ready.set()
+                for event in monitor.listen():
+                    command = str(event.get("command", ""))
+                    if self._stop in command:
+                        return
+                    if command.startswith(("EVALSHA", "FCALL")) and event["client_type"] != "lua":
+                        self.connections.add((event["client_address"], event["client_port"]))
+        finally:
+            client.close()
+
+    def __exit__(self, *exc: object) -> None:
+        with redis.Redis.from_url(self._url) as client:
+            client.echo(self._stop)
+        self._thread.join(5)
+
+
+async def test_concurrent_calls_each_get_their_own_reply_over_few_connections(
+    settler: AsyncSettler, redis_url: str
+) -> None:
+    seen: set[tuple[str, str]] = set()
+    for _ in range(3):
+        ops = _ops(TASKS)
+        with _MonitorConnections(redis_url) as watch:
+            got = await asyncio.gather(*(settler.reserve(op, REQUEST, principal="p") for op in ops))
+        seen |= watch.connections
+        await _check_reserved_once(settler, ops, got)
+    # 64 calls at once did not take 64 connections: they were sent together.
+    assert 0 < len(seen) <= 8, seen
+
+
+async def test_a_calls_error_reply_reaches_that_call_only(
+    settler: AsyncSettler, redis_client: redis.Redis
+) -> None:
+    # A settle value at a key without settle's form: the script itself fails on it (it
+    # reads the operation id from the key), a Lua error reply for that call alone.
+    redis_client.set(
+        "not-a-settle-key", redis_client.get(settler._core.keys.record("warm-up")) or b""
+    )
+    broken = Call("get", ("not-a-settle-key",), (), operation_id="broken")
+    ops = _ops(TASKS)
+    runs = [settler.reserve(op, REQUEST, principal="p") for op in ops]
+    got = await asyncio.gather(
+        *runs[: TASKS // 2],
+        settler._runner.run(broken),
+        *runs[TASKS // 2 :],
+        return_exceptions=True,
+    )
+    error = got.pop(TASKS // 2)
+    assert isinstance(error, BackendError)
+    assert error.code == "ERR"  # the script's own error, not a connection's
+    await _check_reserved_once(settler, ops, got)
+
+
+async def test_after_a_script_flush_every_call_of_a_batch_loads_and_runs(
+    settler: AsyncSettler, redis_client: redis.Redis
+) -> None:
+    redis_client.script_flush()
+    if int(str(redis_client.info("server")["redis_version"]).split(".")[0]) >= 7:
+        redis_client.function_flush()
+    ops = _ops(TASKS)
+    got = await asyncio.gather(*(settler.reserve(op, REQUEST, principal="p") for op in ops))
+    await _check_reserved_once(settler, ops, got)
+
+
+async def test_cancelled_calls_leave_the_others_and_the_connection_sound(
+    settler: AsyncSettler,
+) -> None:
+    ops = _ops(TASKS)
+    tasks = [asyncio.create_task(settler.reserve(op, REQUEST, principal="p")) for op in ops]
+    await asyncio.sleep(0)  # every task has queued its call
+    await asyncio.sleep(0)  # the batch is on its way
+    for task in tasks[::2]:
+        task.cancel()
+    got = await asyncio.gather(*tasks, return_exceptions=True)
+    await _check_reserved_once(settler, ops[1::2], got[1::2])
+    assert all(isinstance(g, asyncio.CancelledError | Reserved) for g in got[::2])
+    # The connections the batch used answer the next calls with their own replies.
+    again = _ops(TASKS)
+    got = await asyncio.gather(*(settler.reserve(op, REQUEST, principal="p") for op in again))
+    await _check_reserved_once(settler, again, got)
+
+
+@pytest.mark.parametrize("at", ["after_request", "mid_reply"])
+async def test_a_connection_cut_under_a_batch_repeats_each_call_and_reserves_once(
+    proxy: FaultyProxy, namespace: str, at: str
+) -> None:
+    settler = AsyncSettler(async_client(proxy.port), namespace=namespace)
+    try:
+        await settler.reserve("warm-up", REQUEST, principal="p")
+        ops = _ops(TASKS)
+        attempts = [f"attempt-{i}" for i in range(TASKS)]
+        proxy.cut(script_needle(SCRIPTS, "reserve"), at)  # type: ignore[arg-type]
+        got = await asyncio.gather(
+            *(
+                settler.reserve(op, REQUEST, principal="p", attempt_id=aid)
+                for op, aid in zip(ops, attempts, strict=True)
+            )
+        )
+        assert proxy.fired == [at]
+        await _check_reserved_once(settler, ops, got)
+        assert [g.reservation.attempt_id for g in got] == attempts
+    finally:
+        await settler.aclose()
