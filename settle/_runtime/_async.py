@@ -655,7 +655,11 @@ class _Lane:
         return conn
 
     async def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
-        packed = conn.pack_command(*command)
+        try:
+            packed = conn.pack_command(*command)
+        except BaseException:  # an argument that does not encode: nothing was sent
+            await self._give_back(conn)
+            raise
 
         async def once() -> Any:
             await conn.send_packed_command(packed)
@@ -666,7 +670,7 @@ class _Lane:
 
         try:
             # The connection's own retry policy, as redis-py's execute_command applies it
-            # (a new socket after a dropped one; none on settle's fault-test clients).
+            # (a new socket after a dropped one; none on the clients settle makes).
             reply = await conn.retry.call_with_retry(once, failed)
         except rx.ResponseError:  # the whole reply was read: the connection is sound
             await self._give_back(conn)
@@ -718,75 +722,120 @@ class _Pipelined(_Lane):
     connection on the event loop's next turn, their replies read in order (as ioredis'
     auto-pipelining does). A call made while nothing else is in flight goes alone at once,
     so a caller that awaits each call pays nothing for it. Each call still gets its own
-    reply, its own error reply, and a call cancelled while queued or in flight leaves the
-    others alone: the batch is sent and read by a task of its own, and the reply of a
-    cancelled call is read and dropped. Every settle script is safe to send without a reply
-    having been read for it: that is what a cancelled call is already."""
+    reply, its own error reply, its own encoding error; a call cancelled while queued or in
+    flight leaves the others alone: the batch is sent and read by a task of its own, and the
+    reply of a cancelled call is read and dropped. Every settle script is safe to send
+    without a reply having been read for it: that is what a cancelled call is already. A
+    batch that fails on the connection is sent again as the connection's retry policy says
+    (its calls that have no reply yet), as a call alone is; a batch that could not run at
+    all (its task cancelled, its loop closed) fails its calls with a ConnectionError, which
+    the runner repeats. The queue belongs to one event loop: a runner used from another
+    loop later (``asyncio.run`` twice) starts afresh."""
 
     def __init__(self, pool: Any, *, keep: bool) -> None:
         super().__init__(pool, keep=keep)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._in_flight = 0
         self._batches: set[asyncio.Task[None]] = set()
 
     async def execute(self, *command: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new loop: what was queued or on the wire is gone,
+            # and the kept connections' streams belong to the old loop
+            self._loop, self._queue, self._in_flight, self._batches = loop, [], 0, set()
+            self._idle = []
         if not self._in_flight and not self._queue:
             self._in_flight += 1
             try:
                 return await super().execute(*command)
             finally:
                 self._in_flight -= 1
-        loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append((command, future))
         if len(self._queue) == 1:
-            loop.call_soon(self._flush)
+            loop.call_soon(self._flush, loop)
         return await future
 
-    def _flush(self) -> None:
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return
         batch, self._queue = self._queue, []
         self._in_flight += 1
-        task = asyncio.ensure_future(self._send(batch))
+        task = loop.create_task(self._send(batch))
         self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        task.add_done_callback(lambda done: self._sent(batch, done))
+
+    def _sent(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]], task: Any) -> None:
+        """The batch's task ended (also when it was cancelled before it ran): no call of it
+        may wait forever."""
+        if task.get_loop() is self._loop:
+            self._batches.discard(task)
+            self._in_flight -= 1
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(rx.ConnectionError("the pipelined batch was not sent"))
 
     async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        waiting = [future for _, future in batch]
-        try:
-            conn = await self._take()
+        conn = await self._take()
+        calls = []
+        for command, future in batch:
             try:
-                await conn.send_packed_command(
-                    [part for command, _ in batch for part in conn.pack_command(*command)]
-                )
-                for future in waiting:
-                    try:
-                        reply = await conn.read_response()
-                    except rx.ResponseError as exc:  # this call's error reply, read whole
-                        if not future.done():
-                            future.set_exception(exc)
-                        continue
-                    if not future.done():
-                        future.set_result(reply)
-            except BaseException:
-                await self._drop(conn)
-                raise
-            await self._give_back(conn)
-        except BaseException as exc:
-            for future in waiting:
+                calls.append((future, conn.pack_command(*command)))
+            except (rx.DataError, ValueError, TypeError) as exc:  # it does not encode: alone
                 if not future.done():
-                    if isinstance(exc, Exception):
+                    future.set_exception(exc)
+
+        async def once() -> None:
+            waiting = [(future, packed) for future, packed in calls if not future.done()]
+            if not waiting:
+                return
+            await conn.send_packed_command([part for _, packed in waiting for part in packed])
+            for future, _ in waiting:
+                try:
+                    reply = await conn.read_response()
+                except rx.ResponseError as exc:  # this call's error reply, read whole
+                    if not future.done():
                         future.set_exception(exc)
-                    else:
-                        future.cancel()
+                    continue
+                if not future.done():
+                    future.set_result(reply)
+
+        async def failed(_: Exception) -> None:
+            await conn.disconnect()
+
+        try:
+            await conn.retry.call_with_retry(once, failed)
+        except BaseException as exc:
+            await self._drop(conn)
+            for future, _ in calls:
+                if not future.done():
+                    future.set_exception(
+                        _own(exc)
+                        if isinstance(exc, Exception)
+                        else rx.ConnectionError("the pipelined batch was cancelled")
+                    )
             if not isinstance(exc, Exception):
                 raise
-        finally:
-            self._in_flight -= 1
+            return
+        await self._give_back(conn)
 
     async def aclose(self) -> None:
-        if self._batches:
-            await asyncio.gather(*self._batches, return_exceptions=True)
+        mine = [t for t in self._batches if t.get_loop() is asyncio.get_running_loop()]
+        if mine:  # let the batches on the wire end (wait: a cancelled close cancels none)
+            await asyncio.wait(mine)
         await super().aclose()
+
+
+def _own(exc: Exception) -> Exception:
+    """A copy of a batch's failure for each of its calls (one exception object raised in
+    many tasks would carry each one's traceback into the next)."""
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:  # noqa: BLE001 - an exception class with another signature
+        return exc
+    copy.__cause__ = exc
+    return copy
 
 
 # unasync: end

@@ -653,7 +653,11 @@ class _Lane:
         return conn
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
-        packed = conn.pack_command(*command)
+        try:
+            packed = conn.pack_command(*command)
+        except BaseException:  # an argument that does not encode: nothing was sent
+            self._give_back(conn)
+            raise
 
         def once() -> Any:
             conn.send_packed_command(packed)
@@ -664,7 +668,7 @@ class _Lane:
 
         try:
             # The connection's own retry policy, as redis-py's execute_command applies it
-            # (a new socket after a dropped one; none on settle's fault-test clients).
+            # (a new socket after a dropped one; none on the clients settle makes).
             reply = conn.retry.call_with_retry(once, failed)
         except rx.ResponseError:  # the whole reply was read: the connection is sound
             self._give_back(conn)

@@ -25,7 +25,7 @@ from settle.errors import BackendError
 from tests.faults.servers import async_client, script_needle
 from tests.faults.tcp_proxy import FaultyProxy
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
+pytestmark = [pytest.mark.faults]
 
 REQUEST = {"amount": 1250}
 TASKS = 64
@@ -92,6 +92,7 @@ class _MonitorConnections:
         self._thread.join(5)
 
 
+@pytest.mark.asyncio
 async def test_concurrent_calls_each_get_their_own_reply_over_few_connections(
     settler: AsyncSettler, redis_url: str
 ) -> None:
@@ -106,6 +107,7 @@ async def test_concurrent_calls_each_get_their_own_reply_over_few_connections(
     assert 0 < len(seen) <= 8, seen
 
 
+@pytest.mark.asyncio
 async def test_a_calls_error_reply_reaches_that_call_only(
     settler: AsyncSettler, redis_client: redis.Redis
 ) -> None:
@@ -129,6 +131,7 @@ async def test_a_calls_error_reply_reaches_that_call_only(
     await _check_reserved_once(settler, ops, got)
 
 
+@pytest.mark.asyncio
 async def test_after_a_script_flush_every_call_of_a_batch_loads_and_runs(
     settler: AsyncSettler, redis_client: redis.Redis
 ) -> None:
@@ -140,6 +143,7 @@ async def test_after_a_script_flush_every_call_of_a_batch_loads_and_runs(
     await _check_reserved_once(settler, ops, got)
 
 
+@pytest.mark.asyncio
 async def test_cancelled_calls_leave_the_others_and_the_connection_sound(
     settler: AsyncSettler,
 ) -> None:
@@ -158,6 +162,7 @@ async def test_cancelled_calls_leave_the_others_and_the_connection_sound(
     await _check_reserved_once(settler, again, got)
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("at", ["after_request", "mid_reply"])
 async def test_a_connection_cut_under_a_batch_repeats_each_call_and_reserves_once(
     proxy: FaultyProxy, namespace: str, at: str
@@ -179,3 +184,67 @@ async def test_a_connection_cut_under_a_batch_repeats_each_call_and_reserves_onc
         assert [g.reservation.attempt_id for g in got] == attempts
     finally:
         await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_call_that_does_not_encode_fails_alone(
+    settler: AsyncSettler, redis_url: str
+) -> None:
+    ops = _ops(TASKS)
+    bad = Call("get", (settler._core.keys.record("op") + "\udc80",), (), operation_id="bad")
+    runs = [settler.reserve(op, REQUEST, principal="p") for op in ops]
+    got = await asyncio.gather(
+        *runs[:8], settler._runner.run(bad), *runs[8:], return_exceptions=True
+    )
+    assert isinstance(got.pop(8), UnicodeEncodeError)
+    await _check_reserved_once(settler, ops, got)
+    # Nothing of the pool was lost to it: the settler's own client still has room.
+    pool = settler.client.connection_pool
+    assert len(pool._in_use_connections) <= pool.max_connections // 2
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_close_leaves_the_calls_on_the_wire_to_finish(
+    settler: AsyncSettler,
+) -> None:
+    ops = _ops(20)
+    calls = [asyncio.create_task(settler.reserve(op, REQUEST, principal="p")) for op in ops]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the batch is on its way
+    closing = asyncio.create_task(settler.aclose())
+    await asyncio.sleep(0)
+    closing.cancel()
+    got = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+    assert all(isinstance(g, Reserved) for g in got), got
+
+
+def test_a_settler_used_from_a_second_event_loop_starts_afresh(
+    redis_url: str, namespace: str
+) -> None:
+    """``asyncio.run`` twice with one settler (a script, a test with function-scoped loops):
+    calls left on the first loop when it ended must not hold up the second."""
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace)
+
+    async def first() -> None:
+        await settler.reserve("warm-up", REQUEST, principal="p")
+        # Queued behind each other, never awaited: the loop ends with them pending.
+        pending = [
+            asyncio.ensure_future(settler.reserve(op, REQUEST, principal="p")) for op in _ops(20)
+        ]
+        await asyncio.sleep(0)
+        assert not all(task.done() for task in pending)
+        # The sockets of this loop close with it (redis-py's asyncio connections belong to
+        # the loop that opened them; the next loop opens its own).
+        await settler.client.connection_pool.disconnect()
+
+    async def second() -> list[Any]:
+        ops = _ops(TASKS)
+        got = await asyncio.wait_for(
+            asyncio.gather(*(settler.reserve(op, REQUEST, principal="p") for op in ops)), 10
+        )
+        await _check_reserved_once(settler, ops, list(got))
+        await settler.aclose()
+        return list(got)
+
+    asyncio.run(first())
+    assert len(asyncio.run(second())) == TASKS
