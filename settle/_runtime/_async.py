@@ -693,14 +693,19 @@ class _Lane:
             await self._pool.release(conn)  # which reconnects one a notification flagged
 
     async def aclose(self) -> None:
+        if self._pid == os.getpid():
+            await self._give_all_back()
+        self._idle = []
+
+    async def _give_all_back(self) -> None:
+        """Hand every kept connection back to the pool (closing, or a new event loop)."""
         idle, self._idle = self._idle, []
-        if self._pid != os.getpid():
-            return
         for conn in idle:
             try:
                 await self._pool.release(conn)
             except (KeyError, ValueError):  # the pool was reset meanwhile: not its own now
-                await conn.disconnect()
+                with contextlib.suppress(Exception):
+                    await conn.disconnect()
 
 
 def _should_reconnect(conn: Any) -> bool:
@@ -741,10 +746,9 @@ class _Pipelined(_Lane):
 
     async def execute(self, *command: Any) -> Any:
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a new loop: what was queued or on the wire is gone,
-            # and the kept connections' streams belong to the old loop
+        if loop is not self._loop:  # a new loop: what was queued or on the wire is gone
             self._loop, self._queue, self._in_flight, self._batches = loop, [], 0, set()
-            self._idle = []
+            await self._give_all_back()  # the kept ones too: their streams were the old loop's
         if not self._in_flight and not self._queue:
             self._in_flight += 1
             try:
@@ -777,7 +781,13 @@ class _Pipelined(_Lane):
                 future.set_exception(rx.ConnectionError("the pipelined batch was not sent"))
 
     async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        conn = await self._take()
+        try:
+            conn = await self._take()
+        except Exception as exc:  # noqa: BLE001 - whatever it is, it is each caller's error
+            for _, future in batch:  # no connection (server down, credentials refused)
+                if not future.done():
+                    future.set_exception(_own(exc))
+            return
         calls = []
         for command, future in batch:
             try:

@@ -691,14 +691,19 @@ class _Lane:
             self._pool.release(conn)  # which reconnects one a notification flagged
 
     def close(self) -> None:
+        if self._pid == os.getpid():
+            self._give_all_back()
+        self._idle = []
+
+    def _give_all_back(self) -> None:
+        """Hand every kept connection back to the pool (closing, or a new event loop)."""
         idle, self._idle = self._idle, []
-        if self._pid != os.getpid():
-            return
         for conn in idle:
             try:
                 self._pool.release(conn)
             except (KeyError, ValueError):  # the pool was reset meanwhile: not its own now
-                conn.disconnect()
+                with contextlib.suppress(Exception):
+                    conn.disconnect()
 
 
 def _should_reconnect(conn: Any) -> bool:

@@ -6,7 +6,7 @@ must not cost a user, on a real server:
   asyncio the first try fails and is repeated, as with redis-py's own pool);
 - a reply never read whole (a cancelled task) never reaches the next call;
 - a forked process never shares its parent's sockets;
-- a ``BlockingConnectionPool``, the application's bound on connections, is not drained;
+- an application's client, a ``BlockingConnectionPool`` included, keeps all its connections;
 - closing the settler gives every connection back.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 import uuid
 from typing import Any
 
@@ -87,7 +88,7 @@ async def test_a_cancelled_call_leaves_no_reply_for_the_next_one(
     admin = redis.Redis.from_url(redis_url)
     try:
         await settler.reserve("warm-up", REQUEST, principal="p")  # one kept connection
-        admin.execute_command("CLIENT", "PAUSE", 400, "WRITE")  # the script's reply waits
+        admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the script's reply waits
         task = asyncio.create_task(settler.reserve("op-a", REQUEST, principal="p"))
         await asyncio.sleep(0.1)
         task.cancel()
@@ -151,15 +152,19 @@ def test_a_forked_child_never_uses_its_parents_connections(redis_url: str, names
 
 
 def test_a_blocking_pool_is_not_drained_by_settle(redis_url: str, namespace: str) -> None:
-    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=1)
+    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=2, timeout=1)
     client = redis.Redis(connection_pool=pool)
     settler = Settler(client, namespace=namespace)
     try:
         for i in range(5):
             assert isinstance(settler.reserve(f"op-{i}", REQUEST, principal="p"), Reserved)
-        # The application's own command gets the one connection (it would time out after
-        # 1 s if settle kept it).
-        assert client.ping()
+        # The application holds one connection and needs the other: it would wait 1 s and
+        # fail if settle had kept one.
+        held = pool.get_connection()
+        try:
+            assert client.ping()
+        finally:
+            pool.release(held)
     finally:
         settler.close()
         pool.disconnect()  # a pool the application made is the application's to close
@@ -167,13 +172,17 @@ def test_a_blocking_pool_is_not_drained_by_settle(redis_url: str, namespace: str
 
 @pytest.mark.asyncio
 async def test_async_blocking_pool_is_not_drained_by_settle(redis_url: str, namespace: str) -> None:
-    pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=1)
+    pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=2, timeout=1)
     client = aioredis.Redis(connection_pool=pool)
     settler = AsyncSettler(client, namespace=namespace)
     try:
         for i in range(5):
             assert isinstance(await settler.reserve(f"op-{i}", REQUEST, principal="p"), Reserved)
-        assert await client.ping()
+        held = await pool.get_connection()
+        try:
+            assert await client.ping()
+        finally:
+            await pool.release(held)
     finally:
         await settler.aclose()
         await pool.disconnect()  # a pool the application made is the application's to close
@@ -241,25 +250,31 @@ def test_settlers_sharing_an_applications_client_keep_none_of_its_connections(
         client.close()
 
 
-@pytest.mark.asyncio
-async def test_a_settlers_own_pool_keeps_half_for_everything_else(
-    redis_url: str, namespace: str
-) -> None:
-    settler = AsyncSettler.from_url(f"{redis_url}?max_connections=4", namespace=namespace)
+def test_a_settlers_own_pool_keeps_half_for_everything_else(redis_url: str, namespace: str) -> None:
+    settler = Settler.from_url(f"{redis_url}?max_connections=4", namespace=namespace)
     try:
-        await settler.reserve("warm-up", REQUEST, principal="p")  # start-up checks, once
-        for _ in range(3):  # bursts that use the whole pool
-            got = await asyncio.gather(
-                *(
-                    settler.reserve(f"op-{uuid.uuid4().hex}", REQUEST, principal="p")
-                    for _ in range(4)
-                )
-            )
-            assert all(isinstance(g, Reserved) for g in got)
-        # What settle keeps between calls leaves room for the application's own commands.
-        assert await asyncio.gather(settler.client.ping(), settler.client.ping())
+        settler.reserve("warm-up", REQUEST, principal="p")  # start-up checks, once
+        together = threading.Barrier(4)
+
+        def burst() -> None:  # four threads' calls at once take the whole pool
+            for _ in range(20):
+                together.wait(5)
+                got = settler.reserve(f"op-{uuid.uuid4().hex}", REQUEST, principal="p")
+                assert isinstance(got, Reserved)
+
+        threads = [threading.Thread(target=burst) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        # What settle keeps between calls leaves room for the application's own commands
+        # (redis-py's pool refuses a fifth connection at once).
+        pool = settler.client.connection_pool
+        held = [pool.get_connection(), pool.get_connection()]
+        for conn in held:
+            pool.release(conn)
     finally:
-        await settler.aclose()
+        settler.close()
 
 
 def test_a_kept_connection_a_maintenance_notification_flagged_is_reconnected(

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import redis
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Reserved, State
 from settle._core.scripts import SCRIPTS
 from settle._runtime.calls import Call
-from settle.errors import BackendError
+from settle.errors import BackendError, ConfigurationError
 from tests.faults.servers import async_client, script_needle
 from tests.faults.tcp_proxy import FaultyProxy
 
@@ -145,21 +146,81 @@ async def test_after_a_script_flush_every_call_of_a_batch_loads_and_runs(
 
 @pytest.mark.asyncio
 async def test_cancelled_calls_leave_the_others_and_the_connection_sound(
-    settler: AsyncSettler,
+    settler: AsyncSettler, redis_client: redis.Redis
 ) -> None:
     ops = _ops(TASKS)
-    tasks = [asyncio.create_task(settler.reserve(op, REQUEST, principal="p")) for op in ops]
-    await asyncio.sleep(0)  # every task has queued its call
-    await asyncio.sleep(0)  # the batch is on its way
-    for task in tasks[::2]:
-        task.cancel()
+    # The server holds the scripts (and their replies) until the batch is on the wire and
+    # half of its callers are cancelled.
+    redis_client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    try:
+        tasks = [asyncio.create_task(settler.reserve(op, REQUEST, principal="p")) for op in ops]
+        await asyncio.sleep(0.3)
+        for task in tasks[::2]:
+            task.cancel()
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
     got = await asyncio.gather(*tasks, return_exceptions=True)
     await _check_reserved_once(settler, ops[1::2], got[1::2])
-    assert all(isinstance(g, asyncio.CancelledError | Reserved) for g in got[::2])
+    assert all(isinstance(g, asyncio.CancelledError) for g in got[::2])
+    # The cancelled calls were on the wire: they ran, and their replies were read and
+    # dropped, never handed to another call.
+    ran = [await settler.get(op) for op in ops[::2]]
+    assert sum(r is not None for r in ran) >= TASKS // 2 - 1
     # The connections the batch used answer the next calls with their own replies.
     again = _ops(TASKS)
     got = await asyncio.gather(*(settler.reserve(op, REQUEST, principal="p") for op in again))
     await _check_reserved_once(settler, again, got)
+
+
+@pytest.mark.asyncio
+async def test_refused_credentials_reach_every_call_of_a_batch_unrepeated(
+    redis_url: str, redis_client: redis.Redis, namespace: str
+) -> None:
+    """A password rotated under a running service: new connections fail AUTH. Each
+    batched call gets that error (a ConfigurationError, never repeated), not a stand-in."""
+    user, password = f"u{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
+    )
+    host, port = redis_url.split("//")[1].split(":")
+    url = f"redis://{user}:{password}@{host}:{port}"
+    settler = AsyncSettler.from_url(url, namespace=namespace)
+    try:
+        await settler.reserve("warm-up", REQUEST, principal="p")
+        redis_client.acl_setuser(user, enabled=True, reset_passwords=True, passwords=["+rotated"])
+        redis_client.execute_command("CLIENT", "KILL", "USER", user)
+        with capture_logs() as logs:
+            got = await asyncio.gather(
+                *(settler.reserve(op, REQUEST, principal="p") for op in _ops(16)),
+                return_exceptions=True,
+            )
+        assert all(isinstance(g, ConfigurationError) for g in got), got
+        # Each call's first try met its killed connection (asyncio sees the close only
+        # when it reads); the refused credentials after it were not repeated.
+        retries = [e for e in logs if e["event"] == "settle.backend.retrying"]
+        assert max((e["attempt"] for e in retries), default=1) == 1
+    finally:
+        await settler.aclose()
+        redis_client.acl_deluser(user)
+
+
+def test_asyncio_run_again_and_again_does_not_exhaust_the_pool(
+    redis_url: str, namespace: str
+) -> None:
+    """Each ``asyncio.run`` is a new event loop: what the settler kept for the last one goes
+    back to its pool, which must not run out (redis-py's pool holds 6 here)."""
+    settler = AsyncSettler.from_url(f"{redis_url}?max_connections=6", namespace=namespace)
+
+    async def one_call(op: str) -> Any:
+        got = await settler.reserve(op, REQUEST, principal="p")
+        # This loop's sockets close with it (redis-py's asyncio connections belong to the
+        # loop that opened them); the pool keeps its connection objects.
+        await settler.client.connection_pool.disconnect()
+        return got
+
+    got = [asyncio.run(one_call(op)) for op in _ops(15)]
+    assert all(isinstance(g, Reserved) for g in got), got
+    asyncio.run(settler.aclose())
 
 
 @pytest.mark.asyncio
