@@ -16,6 +16,7 @@ from typing import Any
 
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
+from settle._core.layout import stored_arg
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call
@@ -220,12 +221,12 @@ class Core:
             (record, log),
             (
                 op,
-                fp,
+                stored_arg(fp),
                 FINGERPRINT_VERSION,
                 binding,
                 lease_ms,
                 self.config.retention_ms,
-                aid,
+                stored_arg(aid),
                 self.config.attempt_log_size,
             ),
         )
@@ -367,14 +368,14 @@ class Core:
             (record, log, *self._keys_of_shard(shard)[:3]),
             (
                 op,
-                r.fingerprint,
+                stored_arg(r.fingerprint),
                 r.fingerprint_version,
                 r.binding,
                 r.generation,
                 "" if expected_version is None else expected_version,
-                r.attempt_id,
+                stored_arg(r.attempt_id),
                 payload,
-                codec.digest(payload),
+                stored_arg(codec.digest(payload)),
                 reason,
                 self.config.retention_ms,
                 self.config.attempt_log_size,
@@ -447,7 +448,7 @@ class Core:
             shard,
             (record, log),
             (
-                r.fingerprint,
+                stored_arg(r.fingerprint),
                 r.fingerprint_version,
                 r.binding,
                 r.generation,

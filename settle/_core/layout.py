@@ -188,6 +188,27 @@ def hexed(v: bytes | None) -> bytes | list[bytes] | None:
     return bytes.fromhex(v.decode()) if _HEX.fullmatch(v) else [v]
 
 
+_HEX_TEXT = re.compile(r"(?:[0-9a-f]{2})+")
+
+
+def stored_arg(text: str) -> str | bytes:
+    """How the client sends a fingerprint, an attempt id or a digest to the scripts: in the
+    form they store it (``hexed``), so no script converts hex: a NUL byte and the bytes an
+    even number of lowercase hex digits spell, other text as it is (such text never starts
+    with NUL: fingerprints and digests are hex, attempt ids are checked). The Lua's
+    ``arg_stored`` and ``arg_text`` read it."""
+    if _HEX_TEXT.fullmatch(text):
+        return b"\0" + bytes.fromhex(text)
+    if text.startswith("\0"):
+        raise ValueError("a fingerprint, attempt id or digest never starts with NUL")
+    return text
+
+
+def arg_text(v: bytes) -> bytes:
+    """The text a :func:`stored_arg` argument stands for (the Lua's ``arg_text``)."""
+    return v[1:].hex().encode() if v[:1] == b"\0" else v
+
+
 def _unhexed(v: Value) -> bytes | None:
     if isinstance(v, bytes):
         return v.hex().encode()

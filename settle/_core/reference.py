@@ -477,8 +477,16 @@ def drop_entry(
 # -- reserve.lua ------------------------------------------------------------------------------
 
 
+def texts(a: list[bytes], *at: int) -> list[bytes]:
+    """The arguments with those at ``at`` (fingerprint, attempt id, digest: sent in stored
+    form, :func:`layout.stored_arg`) as the text they stand for, as the Lua's ``arg_text``
+    reads them (the model keeps those fields as text)."""
+    return [layout.arg_text(v) if i in at else v for i, v in enumerate(a)]
+
+
 def reserve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Claim an operation for a new attempt (SPEC §2, reserve table)."""
+    a = texts(a, 1, 6)
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
@@ -621,6 +629,7 @@ def quarantine(
 
 def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """The settlement rules (SPEC §2, settlement table), one call per settlement."""
+    a = texts(a, 1, 6, 8)
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
@@ -736,6 +745,7 @@ def renew(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list
     """Extend a live pending lease of the current generation (a heartbeat). A lost lease is
     not a response, so it is never quarantined; the detail says why. Misbound callers get no
     record."""
+    a = texts(a, 0)
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused

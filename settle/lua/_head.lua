@@ -59,9 +59,3 @@ local function head_record(key, now)
     HEAD_STATES[state], int(t[7]), int(t[8]),
     int(updated), lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false}, state
 end
-
--- The lowercase hex digits of a 32-byte digest as stored (_lib.lua tohex), or nil.
-local function hex32(raw)
-  if #raw ~= 32 then return nil end
-  return string.format(string.rep('%08x', 8), struct.unpack('>' .. string.rep('I4', 8), raw))
-end

@@ -22,7 +22,7 @@
 --   reason                                            (provisional)
 --   result rdig                                       (completed / failed: bytes, digest)
 -- where fp, aid and rdig are as stored (hexed: the bytes their hex digits spell, or {text}),
--- so they are compared with same() against hexed(ARGV[i]) and replied as they are (the
+-- so they are compared with same() against arg_stored(ARGV[i]) and replied as they are (the
 -- client turns them back into hex: settle/_core/codec.py decode_record);
 -- and the attempt log is a list of 'aid|gen|action|verdict|detail|at' strings, oldest first.
 -- A record written by settle before this layout (a HASH, its attempt log a LIST at the
@@ -47,7 +47,7 @@ local WORDS = {'pending', 'provisional', 'completed', 'failed', 'reserve', 'comp
   'mark_provisional', 'reserved', 'accepted', 'absorbed', 'quarantined', 'new',
   'lease_expired', 'resumed', 'unknown_operation', 'misbound', 'stale_generation',
   'version_conflict', 'conflicting_settlement'}
-local WORD = nil  -- word -> index, built by the first word() of a call
+local WORD = nil  -- word -> index, made by the first word() of a call
 
 -- Hex digits <-> bytes in one struct call each, memoised for the call: a digest or an
 -- attempt id read from the value is written back without converting it again. HEXF[n] =
@@ -96,6 +96,24 @@ local function unhexed(v)
   return v[1]
 end
 
+-- The client sends fp, aid and rdig in their stored form (settle/_core/layout.py
+-- stored_arg): NUL and the bytes an even number of lowercase hex digits spell, other text as
+-- it is (such text never starts with NUL). arg_stored(v) is hexed(text), with no hex to
+-- convert; arg_text(v) is the text itself (quarantine entries and their identities hold it).
+local function arg_stored(v)
+  if string.byte(v, 1) == 0 then return string.sub(v, 2) end
+  return {v}
+end
+
+local function arg_text(v)
+  if string.byte(v, 1) == 0 then return tohex(string.sub(v, 2)) end
+  return v
+end
+
+-- The stored form of no attempt id (hexed('')): what the first log entry's aid is relative
+-- to when there is no record.
+local NOAID = {''}
+
 -- A stored hexed value, checked (the scripts keep fp, aid and rdig in this form: they are
 -- compared with same() and replied as they are, so a read converts no hex).
 local function stored(v)
@@ -127,8 +145,11 @@ end
 local function word(v)
   if v == nil then return nil end
   if not WORD then
-    WORD = {}
-    for i, w in ipairs(WORDS) do WORD[w] = i end
+    -- WORDS reversed, as one constructor (tests/unit/test_lua_sources.py holds them equal).
+    WORD = {pending = 1, provisional = 2, completed = 3, failed = 4, reserve = 5, complete = 6,
+      fail = 7, mark_provisional = 8, reserved = 9, accepted = 10, absorbed = 11,
+      quarantined = 12, new = 13, lease_expired = 14, resumed = 15, unknown_operation = 16,
+      misbound = 17, stale_generation = 18, version_conflict = 19, conflicting_settlement = 20}
   end
   return WORD[v] or v
 end
@@ -193,8 +214,8 @@ local function unpack_value(st, blob)
   if t[i] ~= nil then st.lexp = tonumber(unrel(t[i], rec and rec.created or '0')) end
   st.stored, st.t, st.logpos = rec, t, i + 1
   -- What the log's first entry is relative to (the record's fields change when it is written).
-  st.base = {'', '', 0}
-  if rec then st.base = {rec.aid or '', rec.gen, tonumber(rec.created)} end
+  st.base = {NOAID, '', 0}
+  if rec then st.base = {rec.aid or NOAID, rec.gen, tonumber(rec.created)} end
 end
 
 -- The attempt log is kept as it was decoded: st.nold entries of six values in st.t from
@@ -202,7 +223,8 @@ end
 -- call observed ({aid, gen, action, verdict, detail, at} as text). save() packs the kept
 -- entries' values as they are and encodes again only the first of them (its aid, gen and
 -- at are relative to the record's, which may have changed) and the new ones, so appending
--- to a long log costs no text work per entry.
+-- to a long log costs no text work per entry. Attempt ids are kept in their stored form
+-- (hexed) throughout, and compared with same().
 
 -- Check the packed log's entries (raises on anything malformed) and note the last one's
 -- aid, gen (as stored) and at (absolute, a number): a new entry is encoded against it.
@@ -226,7 +248,7 @@ local function load_log(st)
   return true
 end
 
--- The absolute aid (text), gen (text) and at (a number) of the packed log's entry j.
+-- The absolute aid (stored), gen (text) and at (a number) of the packed log's entry j.
 local function entry_at(st, j)
   local t = st.t
   local aid, gen, at = st.base[1], st.base[2], st.base[3]
@@ -235,7 +257,7 @@ local function entry_at(st, j)
     if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
     at = at + t[i + 5]
   end
-  return unhexed(aid) or '', gen, at
+  return aid, gen, at
 end
 
 -- The attempt log as 'aid|gen|action|verdict|detail|at' strings, oldest first (the attempts
@@ -247,16 +269,20 @@ local function log_entries(st)
     local aid, gen, at = entry_at(st, st.drop + 1)
     for _ = st.drop + 1, st.nold do
       if i > st.logpos + 6 * st.drop then
-        if t[i] ~= nil then aid = unhexed(t[i]) end
+        if t[i] ~= nil then aid = t[i] end
         if t[i + 1] ~= nil then gen = unnum(t[i + 1]) end
         at = at + t[i + 5]
       end
-      log[#log + 1] = table.concat({aid, gen, unword(t[i + 2]) or '', unword(t[i + 3]) or '',
+      log[#log + 1] = table.concat({unhexed(aid), gen, unword(t[i + 2]) or '', unword(t[i + 3]) or '',
         unword(t[i + 4]) or '', int(at)}, '|')
       i = i + 6
     end
   end
-  for _, e in ipairs(st.new) do log[#log + 1] = table.concat(e, '|') end
+  for _, e in ipairs(st.new) do
+    local at = e[6]
+    if type(at) == 'number' then at = int(at) end
+    log[#log + 1] = table.concat({unhexed(e[1]), e[2], e[3], e[4], e[5], at}, '|')
+  end
   return log
 end
 
@@ -287,7 +313,9 @@ local function load_legacy(st, now)
     -- The newest LOG_MAX entries (layout.LOG_MAX): the HASH layout allowed longer logs, and
     -- a value holding more would not decode again.
     for _, entry in ipairs(redis.call('LRANGE', st.log_key, -LOG_MAX, -1)) do
-      st.new[#st.new + 1] = split(entry)
+      local e = split(entry)
+      if e then e[1] = hexed(e[1]) end
+      st.new[#st.new + 1] = e
     end
     ttl = redis.call('PTTL', st.log_key)
     if ttl >= 0 then st.lexp = now + ttl end
@@ -335,8 +363,9 @@ end
 -- them); a value of false deletes the field. Returns the row (what the record now holds, in
 -- FIELDS order).
 local function write(st, rec, row, pairs_)
-  local INDEX = {}  -- built only by the scripts that write
-  for i, f in ipairs(FIELDS) do INDEX[f] = i end
+  -- FIELDS reversed, made only by the scripts that write (tests/unit/test_lua_sources.py).
+  local INDEX = {op = 1, fp = 2, fpv = 3, bind = 4, gen = 5, ver = 6, state = 7, n = 8,
+    created = 9, updated = 10, lease = 11, aid = 12, reason = 13, result = 14, rdig = 15}
   for i = 1, #pairs_, 2 do
     local f, v = pairs_[i], pairs_[i + 1]
     if v == false then rec[f] = nil else rec[f] = v end
@@ -352,6 +381,7 @@ end
 -- 3000 at a time fits. (A whole value is unpacked at once, so a log of at most 1000
 -- entries, 6 values each: SettleConfig.attempt_log_size.)
 local function pack_range(t, i, j)
+  if i <= j and j - i < 3000 then return cmsgpack.pack(unpack(t, i, j)) end
   local parts = {}
   while i <= j do
     local k = math.min(j, i + 2999)
@@ -364,13 +394,13 @@ end
 -- Store st (its live record and attempt log) as one packed value that expires with the
 -- later of the two; a value written before this layout leaves with its old attempt log.
 local function save(st, now)
-  local rec, v, aid, gen, at = st.rec, nil, '', '', 0
+  local rec, v, aid, gen, at = st.rec, nil, NOAID, '', 0
   local expires = 0
   if rec then
     v = {rec.fp, num(rec.fpv), rec.bind, num(rec.gen), num(rec.ver), word(rec.state),
       num(rec.n), num(rec.created), rel(rec.updated, rec.created), rel(rec.lease, rec.updated),
       rec.aid, word(rec.reason), rec.result, rec.rdig, rel(st.rexp, rec.updated)}
-    aid, gen, at = unhexed(rec.aid) or '', rec.gen, tonumber(rec.created)
+    aid, gen, at = rec.aid or NOAID, rec.gen, tonumber(rec.created)
     expires = st.rexp or 0
   else
     v = {}
@@ -382,12 +412,12 @@ local function save(st, now)
     expires = math.max(expires, st.lexp)
   end
   local parts = {MAGIC, pack_range(v, 1, n)}
-  -- Entries are encoded against the previous one (the first against the record): text
-  -- aid and gen, at a number.
+  -- Entries are encoded against the previous one (the first against the record): aid as
+  -- stored, gen as text, at a number.
   local e = {}
   local function encode(a, g, action, verdict, detail, when)
     e[1], e[2] = nil, nil
-    if a ~= aid then e[1] = hexed(a) end
+    if not same(a, aid) then e[1] = a end
     if g ~= gen then e[2] = num(g) end
     e[3], e[4], e[5], e[6] = word(action), word(verdict), word(detail), when - at
     parts[#parts + 1] = cmsgpack.pack(unpack(e, 1, 6))
@@ -400,7 +430,7 @@ local function save(st, now)
     encode(a, g, unword(t[i + 2]) or '', unword(t[i + 3]) or '', unword(t[i + 4]) or '', when)
     if kept > 1 then
       parts[#parts + 1] = pack_range(t, i + 6, t.n)
-      aid, gen, at = unhexed(st.last[1]) or '', st.last[2], st.last[3]
+      aid, gen, at = st.last[1], st.last[2], st.last[3]
     end
   end
   for _, x in ipairs(new) do encode(x[1], x[2], x[3], x[4], x[5], tonumber(x[6])) end
@@ -427,11 +457,10 @@ end
 
 -- Append one observation to the operation's capped attempt log (save() stores it). The log
 -- expires with the record: ttl is the record's remaining time to live when the caller knows
--- it, else nil (then the record's own: -2 when there is none).
+-- it, else nil (then the record's own: -2 when there is none). aid is in its stored form.
 local function observe(st, cap, retention, ttl, aid, gen, action, verdict, detail, now)
   local new = st.new
-  -- As text and split again, like an entry of the previous layout (an attempt id may hold '|').
-  new[#new + 1] = split(table.concat({aid, gen, action, verdict, detail, int(now)}, '|'))
+  new[#new + 1] = {aid, gen, action, verdict, detail, now}
   local over = st.nold - st.drop + #new - tonumber(cap)
   while over > 0 and st.drop < st.nold do st.drop, over = st.drop + 1, over - 1 end
   while over > 0 do table.remove(new, 1); over = over - 1 end

@@ -10,6 +10,7 @@
 -- ARGV[10] reason (mark_provisional)  ARGV[11] retention ms  ARGV[12] attempt log cap
 -- ARGV[13] quarantine payload cap     ARGV[14] quarantine maxlen ('' for none)
 -- ARGV[15] shard count  ARGV[16] claim flag
+-- (the fingerprint, attempt id and digest in stored form: arg_stored in _lib.lua)
 -- Returns {verdict, kind, now, quarantine id, record, dropped}: verdict accepted | absorbed |
 -- quarantined | corrupt (or unclaimed | shard_mismatch from guard, nothing written); the
 -- record row is omitted when none exists or the tuple is misbound; dropped counts the
@@ -43,14 +44,15 @@ end
 local function quarantine(kind, action, rec, now, now_us)
   local payload = ARGV[8]
   local cap = tonumber(ARGV[13])
-  local ident = identity({aid = ARGV[7], action = action, pdig = ARGV[9], reason = ARGV[10],
-    gen = ARGV[5], fp = ARGV[2], fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
+  local aid, pdig, fp = arg_text(ARGV[7]), arg_text(ARGV[9]), arg_text(ARGV[2])
+  local ident = identity({aid = aid, action = action, pdig = pdig, reason = ARGV[10],
+    gen = ARGV[5], fp = fp, fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
   local known = redis.call('HGET', KEYS[5], ident)
   if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0 end
   local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
-    'fp', ARGV[2], 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
-    'aid', ARGV[7], 'reason', ARGV[10],
-    'payload', string.sub(payload, 1, cap), 'psize', int(#payload), 'pdig', ARGV[9],
+    'fp', fp, 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
+    'aid', aid, 'reason', ARGV[10],
+    'payload', string.sub(payload, 1, cap), 'psize', int(#payload), 'pdig', pdig,
     'at', int(now), 'us', int(now_us)}
   if rec then
     table.insert(fields, 'cstate'); table.insert(fields, effective_state(rec, now))
@@ -73,12 +75,13 @@ local function settle(action)
   local kind = nil
   local verdict = nil
   local ttl = nil
+  local aid = arg_stored(ARGV[7])
   if not rec then
     kind = 'unknown_operation'  -- rule: S1
-  elseif not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
+  elseif not same(rec.fp, arg_stored(ARGV[2])) or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
     kind = 'misbound'  -- rule: S2
   elseif rec.gen ~= ARGV[5] then
-    if action == 'mark_provisional' and observed(log_entries(st), ARGV[7], ARGV[5], action) then
+    if action == 'mark_provisional' and observed(log_entries(st), arg_text(ARGV[7]), ARGV[5], action) then
       -- rule: S13
       -- The repeat of an accepted mark_provisional whose reply was lost, arriving after
       -- another attempt took over: it already counted, it is not a stale response.
@@ -93,7 +96,7 @@ local function settle(action)
       -- A duplicate of the settlement that made the record terminal is absorbed, also when
       -- it carries the version it saw before that settlement; success is never downgraded.
       if action == 'mark_provisional'
-          or (TERMINAL_OF[action] == state and same(rec.rdig, hexed(ARGV[9]))) then
+          or (TERMINAL_OF[action] == state and same(rec.rdig, arg_stored(ARGV[9]))) then
         verdict = 'absorbed'
       elseif ARGV[6] ~= '' and ARGV[6] ~= rec.ver then
         kind = 'version_conflict'  -- rule: S4
@@ -118,7 +121,7 @@ local function settle(action)
       else
         -- rule: S5
         row = write(st, rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
-          'rdig', hexed(ARGV[9]), 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
+          'rdig', arg_stored(ARGV[9]), 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
       end
       st.rexp = now + retention
       ttl = retention
@@ -129,7 +132,7 @@ local function settle(action)
     verdict = 'quarantined'
     qid, dropped = quarantine(kind, action, rec, now, now_us)
   end
-  observe(st, ARGV[12], retention, ttl, ARGV[7], ARGV[5], action, verdict, kind or '', now)
+  observe(st, ARGV[12], retention, ttl, aid, ARGV[5], action, verdict, kind or '', now)
   save(st, now)
   -- rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
   if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}, dropped} end

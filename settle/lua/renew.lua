@@ -1,7 +1,7 @@
 -- renew.lua: extend a live pending lease of the current generation (a heartbeat).
 -- KEYS[1] record (packed, see _lib.lua)  KEYS[2] the previous layout's attempt log
 -- KEYS[3] shard state (see _lib.lua)
--- ARGV[1] fingerprint  ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
+-- ARGV[1] fingerprint (stored form: arg_stored in _lib.lua)  ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
 -- ARGV[5] lease ms     ARGV[6] retention ms  ARGV[7] shard count  ARGV[8] claim flag
 -- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
 -- response, so it is never quarantined; detail says why (unknown_operation, misbound,
@@ -13,7 +13,7 @@ local rec, row, st = load_record(KEYS[1], KEYS[2], now)
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'lost', 'unknown_operation', now, '', {}} end  -- rule: N1
 -- rule: N2
-if not same(rec.fp, hexed(ARGV[1])) or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
+if not same(rec.fp, arg_stored(ARGV[1])) or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
   return {'lost', 'misbound', now, '', {}}
 end
 if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end  -- rule: N3

@@ -3,6 +3,7 @@
 -- KEYS[3] shard state (see _lib.lua)
 -- ARGV[1] operation id  ARGV[2] fingerprint  ARGV[3] fingerprint version  ARGV[4] binding
 -- ARGV[5] lease ms      ARGV[6] retention ms ARGV[7] attempt id           ARGV[8] log cap
+-- (the fingerprint and the attempt id in stored form: arg_stored in _lib.lua)
 -- ARGV[9] shard count   ARGV[10] claim flag (see guard in _lib.lua)
 -- Returns {code, detail, now, '', record}:
 --   reserved (detail new | lease_expired | provisional | resumed), replay, in_progress,
@@ -16,9 +17,10 @@ if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
 local retention = tonumber(ARGV[6])
 local detail = 'new'  -- rule: R1
+local fp, aid = arg_stored(ARGV[2]), arg_stored(ARGV[7])
 if rec then
   -- rule: R2
-  if not same(rec.fp, hexed(ARGV[2])) or rec.fpv ~= ARGV[3] then
+  if not same(rec.fp, fp) or rec.fpv ~= ARGV[3] then
     return {'fingerprint_mismatch', '', now, '', {}}
   end
   -- rule: R3
@@ -30,7 +32,7 @@ if rec then
     -- rule: R9
     -- The same attempt asking again (its first reply was lost on the wire) gets its own
     -- reservation back, so reserve is safe to repeat.
-    if same(rec.aid, hexed(ARGV[7])) then return {'reserved', 'resumed', now, '', row} end
+    if same(rec.aid, aid) then return {'reserved', 'resumed', now, '', row} end
     -- rule: R6
     return {'in_progress', '', now, '', row}
   end
@@ -42,16 +44,16 @@ local gen = next_generation(KEYS[3], now_us)
 if rec then
   row = write(st, rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),
     'n', int(tonumber(rec.n) + 1), 'state', 'pending', 'lease', int(now + lease),
-    'aid', hexed(ARGV[7]), 'updated', int(now), 'reason', false})
+    'aid', aid, 'updated', int(now), 'reason', false})
 else
   row = write(st, {}, {false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', hexed(ARGV[2]),
+    false, false, false, false, false, false}, {'op', ARGV[1], 'fp', fp,
     'fpv', ARGV[3], 'bind', ARGV[4],
     'gen', gen, 'ver', '1', 'n', '1', 'state', 'pending', 'lease', int(now + lease),
-    'aid', hexed(ARGV[7]), 'created', int(now), 'updated', int(now)})
+    'aid', aid, 'created', int(now), 'updated', int(now)})
 end
 st.rexp = now + lease + retention
-observe(st, ARGV[8], retention, lease + retention, ARGV[7], gen, 'reserve', 'reserved', detail,
+observe(st, ARGV[8], retention, lease + retention, aid, gen, 'reserve', 'reserved', detail,
   now)
 save(st, now)
 return {'reserved', detail, now, '', row}

@@ -7,7 +7,7 @@ do
   local now = now_ms()
   local row, state = head_record(KEYS[1], now)
   if row and state >= 3 and row[3] == ARGV[3] and row[4] == ARGV[4]
-      and hex32(row[2]) == ARGV[2]
+      and string.byte(ARGV[2], 1) == 0 and row[2] == string.sub(ARGV[2], 2)
       and redis.call('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1] then
     return {'replay', row[7], now, '', row}
   end

@@ -94,7 +94,10 @@ def _record(fp: Any, *, state: Any = 3, created: Any = None, **over: Any) -> byt
 
 def _cases(settler: Settler) -> dict[str, Callable[[], None] | bytes]:
     """Case name -> a crafted value, or a function that makes it through settle."""
-    fp = bytes.fromhex(settler._core.plan_reserve("x", REQ, principal=WHO).args[1])
+    sent = settler._core.plan_reserve("x", REQ, principal=WHO).args[1]
+    assert isinstance(sent, bytes)
+    assert sent[:1] == b"\0"  # the fingerprint in stored form
+    fp = sent[1:]
 
     def through_settle(*steps: str) -> Callable[[], None]:
         def make() -> None:

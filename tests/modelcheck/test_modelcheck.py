@@ -171,7 +171,8 @@ def _newer_accepting_complete(ks: Any, keys: list[str], a: list[bytes], now: int
     record's, so only a failover that dropped a takeover shows the difference."""
     rec, _st = reference.load_record(ks, keys[0], keys[1], now)
     args = list(a)
-    same = isinstance(rec, dict) and (rec[b"fp"], rec[b"bind"]) == (a[1], a[3])
+    fp = reference.texts(a, 1)[1]  # sent in stored form
+    same = isinstance(rec, dict) and (rec[b"fp"], rec[b"bind"]) == (fp, a[3])
     if same and isinstance(rec, dict) and int(a[4]) > int(rec[b"gen"]):
         args[4] = rec[b"gen"]
     result: list[Any] = ORIGINAL["complete"](ks, keys, args, now)

@@ -54,6 +54,21 @@ SHORT, LONG = 0.001, 600.0
 NEWER = 10**9  # a generation not issued yet: 1000 s of the clock ahead
 
 
+#: Attempt ids in each form the scripts store differently (settle's own are hex; a caller's
+#: may be any text): hex as the bytes it spells, the rest as text.
+AID_FORMS = ("hex", "text", "upper hex", "odd hex")
+
+
+def _attempt_id(form: str) -> str:
+    hexed = uuid.uuid4().hex
+    return {
+        "hex": hexed,
+        "text": f"worker-{hexed[:12]}",
+        "upper hex": hexed.upper(),
+        "odd hex": hexed[:31],
+    }[form]
+
+
 class Generations:
     """Redis generation -> model generation, paired as the two sides issue them."""
 
@@ -171,9 +186,10 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         req=REQUEST_INDEX,
         who=PRINCIPAL_INDEX,
         lease=st.sampled_from([SHORT, LONG]),
+        form=st.sampled_from(AID_FORMS),
     )
-    def reserve(self, op: str, req: int, who: int, lease: float) -> Any:
-        aid = uuid.uuid4().hex
+    def reserve(self, op: str, req: int, who: int, lease: float, form: str) -> Any:
+        aid = _attempt_id(form)
         _, real_res, model_res = self._both(
             lambda s, _i: s.reserve(
                 op, REQUESTS[req], principal=PRINCIPALS[who], lease=lease, attempt_id=aid

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import settle
 from settle import SettleConfig
-from settle._core.layout import LOG_MAX, WORDS, Packed, pack, unpack
+from settle._core.layout import LOG_MAX, WORDS, Packed, arg_text, hexed, pack, stored_arg, unpack
 
 TEXT = st.one_of(
     st.binary(max_size=80),
@@ -116,3 +116,19 @@ def test_the_scripts_and_layout_py_agree_on_the_largest_log() -> None:
     lua = (Path(settle.__file__).parent / "lua" / "_lib.lua").read_text(encoding="utf-8")
     assert f"local LOG_MAX = {LOG_MAX}\n" in lua
     assert SettleConfig.model_fields["attempt_log_size"].metadata[-1].le == LOG_MAX
+
+
+@given(st.one_of(st.text(max_size=70), st.text("0123456789abcdefABCDEF", max_size=70)))
+def test_an_argument_in_stored_form_stands_for_its_text_and_stores_as_hexed(text: str) -> None:
+    """The client sends fingerprints, attempt ids and digests as the scripts store them, so
+    no script converts hex: what ``arg_stored`` makes of the argument is ``hexed`` of the
+    text, and ``arg_text`` gives the text back (quarantine entries hold it)."""
+    if text.startswith("\0"):  # no such argument exists (checked): it would be ambiguous
+        with pytest.raises(ValueError, match="NUL"):
+            stored_arg(text)
+        return
+    sent = stored_arg(text)
+    wire = sent if isinstance(sent, bytes) else sent.encode()
+    assert arg_text(wire) == text.encode()
+    as_lua = wire[1:] if wire[:1] == b"\0" else [wire]  # the Lua's arg_stored
+    assert as_lua == hexed(text.encode())
