@@ -18,51 +18,65 @@
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
--- Whether the attempt log holds this attempt's accepted settlement with this action.
-local function observed(log, aid, gen, action)
-  local prefix = table.concat({aid, gen, action, 'accepted'}, '|') .. '|'
-  for _, entry in ipairs(log) do
-    if string.sub(entry, 1, #prefix) == prefix then return true end
-  end
-  return false
-end
+-- The rules' rare paths, as rules().name (made only in a call that needs them: see rare()
+-- in _lib.lua).
+local RULES = nil
+local function rules()
+  if RULES then return RULES end
+  local r = {}
 
--- Keep the last maxlen entries of the stream (the last resort of quarantine_maxlen): the
--- oldest go with their resolutions and identities. Returns how many were unresolved.
-local function cap_stream(maxlen)
-  local over = redis.call('XLEN', KEYS[3]) - maxlen
-  local unresolved = 0
-  if over <= 0 then return 0 end
-  for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', over)) do
-    if not drop_entry(KEYS[3], KEYS[4], KEYS[5], entry) then unresolved = unresolved + 1 end
+  -- Whether the attempt log holds this attempt's accepted settlement with this action.
+  function r.observed(log, aid, gen, action)
+    local prefix = table.concat({aid, gen, action, 'accepted'}, '|') .. '|'
+    for _, entry in ipairs(log) do
+      if string.sub(entry, 1, #prefix) == prefix then return true end
+    end
+    return false
   end
-  return unresolved
-end
 
--- Append the rejected response to the shard's quarantine stream, once: the same response
--- delivered again gets the id of its first entry. Returns (entry id, unresolved dropped).
-local function quarantine(kind, action, rec, now, now_us)
-  local payload = ARGV[8]
-  local cap = tonumber(ARGV[13])
-  local aid, pdig, fp = arg_text(ARGV[7]), arg_text(ARGV[9]), arg_text(ARGV[2])
-  local ident = identity({aid = aid, action = action, pdig = pdig, reason = ARGV[10],
-    gen = ARGV[5], fp = fp, fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
-  local known = redis.call('HGET', KEYS[5], ident)
-  if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0 end
-  local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
-    'fp', fp, 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
-    'aid', aid, 'reason', ARGV[10],
-    'payload', string.sub(payload, 1, cap), 'psize', int(#payload), 'pdig', pdig,
-    'at', int(now), 'us', int(now_us)}
-  if rec then
-    table.insert(fields, 'cstate'); table.insert(fields, effective_state(rec, now))
-    table.insert(fields, 'cgen'); table.insert(fields, rec.gen)
-    table.insert(fields, 'cver'); table.insert(fields, rec.ver)
+  -- Keep the last maxlen entries of the stream (the last resort of quarantine_maxlen): the
+  -- oldest go with their resolutions and identities. Returns how many were unresolved.
+  function r.cap_stream(maxlen)
+    local over = redis.call('XLEN', KEYS[3]) - maxlen
+    local unresolved = 0
+    if over <= 0 then return 0 end
+    for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', over)) do
+      if not rare().drop_entry(KEYS[3], KEYS[4], KEYS[5], entry) then
+        unresolved = unresolved + 1
+      end
+    end
+    return unresolved
   end
-  local id = redis.call('XADD', KEYS[3], '*', unpack(fields))
-  redis.call('HSET', KEYS[5], ident, id)
-  if ARGV[14] == '' then return id, 0 end
-  return id, cap_stream(tonumber(ARGV[14]))
+
+  -- Append the rejected response to the shard's quarantine stream, once: the same response
+  -- delivered again gets the id of its first entry. Returns (entry id, unresolved dropped).
+  function r.quarantine(kind, action, rec, now, now_us)
+    local payload = ARGV[8]
+    local cap = tonumber(ARGV[13])
+    local text = rare().arg_text
+    local aid, pdig, fp = text(ARGV[7]), text(ARGV[9]), text(ARGV[2])
+    local ident = rare().identity({aid = aid, action = action, pdig = pdig, reason = ARGV[10],
+      gen = ARGV[5], fp = fp, fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
+    local known = redis.call('HGET', KEYS[5], ident)
+    if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0 end
+    local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
+      'fp', fp, 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
+      'aid', aid, 'reason', ARGV[10],
+      'payload', string.sub(payload, 1, cap), 'psize', int(#payload), 'pdig', pdig,
+      'at', int(now), 'us', int(now_us)}
+    if rec then
+      table.insert(fields, 'cstate'); table.insert(fields, effective_state(rec, now))
+      table.insert(fields, 'cgen'); table.insert(fields, rec.gen)
+      table.insert(fields, 'cver'); table.insert(fields, rec.ver)
+    end
+    local id = redis.call('XADD', KEYS[3], '*', unpack(fields))
+    redis.call('HSET', KEYS[5], ident, id)
+    if ARGV[14] == '' then return id, 0 end
+    return id, r.cap_stream(tonumber(ARGV[14]))
+  end
+
+  RULES = r
+  return r
 end
 
 local function settle(action)
@@ -81,7 +95,9 @@ local function settle(action)
   elseif not same(rec.fp, arg_stored(ARGV[2])) or rec.fpv ~= ARGV[3] or rec.bind ~= ARGV[4] then
     kind = 'misbound'  -- rule: S2
   elseif rec.gen ~= ARGV[5] then
-    if action == 'mark_provisional' and observed(log_entries(st), arg_text(ARGV[7]), ARGV[5], action) then
+    local r = rare()
+    if action == 'mark_provisional'
+        and rules().observed(r.log_entries(st), r.arg_text(ARGV[7]), ARGV[5], action) then
       -- rule: S13
       -- The repeat of an accepted mark_provisional whose reply was lost, arriving after
       -- another attempt took over: it already counted, it is not a stale response.
@@ -121,7 +137,8 @@ local function settle(action)
       else
         -- rule: S5
         row = write(st, rec, row, {'state', TERMINAL_OF[action], 'result', ARGV[8],
-          'rdig', arg_stored(ARGV[9]), 'ver', ver, 'updated', int(now), 'lease', false, 'reason', false})
+          'rdig', arg_stored(ARGV[9]), 'ver', ver, 'updated', int(now), 'lease', false,
+          'reason', false})
       end
       st.rexp = now + retention
       ttl = retention
@@ -130,7 +147,7 @@ local function settle(action)
   local qid, dropped = '', 0
   if kind then
     verdict = 'quarantined'
-    qid, dropped = quarantine(kind, action, rec, now, now_us)
+    qid, dropped = rules().quarantine(kind, action, rec, now, now_us)
   end
   observe(st, ARGV[12], retention, ttl, aid, ARGV[5], action, verdict, kind or '', now)
   save(st, now)

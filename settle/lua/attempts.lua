@@ -5,4 +5,4 @@
 local now = now_ms()
 local rec, _, st = load_record(KEYS[1], KEYS[2], now)
 if rec == false then return {'corrupt', '', now, '', {}} end
-return {'ok', '', now, '', log_entries(st)}
+return {'ok', '', now, '', rare().log_entries(st)}

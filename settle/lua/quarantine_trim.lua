@@ -25,7 +25,9 @@ while examined < budget do
     last = entry[1]
     low = '(' .. entry[1]
     if everything or redis.call('HEXISTS', KEYS[2], entry[1]) == 1 then
-      if not drop_entry(KEYS[1], KEYS[2], KEYS[3], entry) then unresolved = unresolved + 1 end
+      if not rare().drop_entry(KEYS[1], KEYS[2], KEYS[3], entry) then
+        unresolved = unresolved + 1
+      end
       removed = removed + 1
     end
   end

@@ -1,7 +1,8 @@
 -- renew.lua: extend a live pending lease of the current generation (a heartbeat).
 -- KEYS[1] record (packed, see _lib.lua)  KEYS[2] the previous layout's attempt log
 -- KEYS[3] shard state (see _lib.lua)
--- ARGV[1] fingerprint (stored form: arg_stored in _lib.lua)  ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
+-- ARGV[1] fingerprint (in stored form: arg_stored in _lib.lua)
+-- ARGV[2] fingerprint version  ARGV[3] binding  ARGV[4] generation
 -- ARGV[5] lease ms     ARGV[6] retention ms  ARGV[7] shard count  ARGV[8] claim flag
 -- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
 -- response, so it is never quarantined; detail says why (unknown_operation, misbound,
