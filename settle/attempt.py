@@ -8,7 +8,6 @@ downstream service."""
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from typing import ClassVar
 
@@ -76,7 +75,9 @@ class Attempt:
         self.idempotency_key = idempotency_key
         self.attempt_id = attempt_id
         self.deadline = deadline
-        self._lost = threading.Event()
+        #: Set once, by the heartbeat thread (after ``_renewal``); a flag, not a
+        #: ``threading.Event`` (which costs a Condition and a Lock per attempt): nothing waits.
+        self._lost = False
         self._renewal: Renewal | None = None
 
     @classmethod
@@ -104,7 +105,7 @@ class Attempt:
     @property
     def lost(self) -> bool:
         """True once a heartbeat found the lease lost (taken over, settled or expired)."""
-        return self._lost.is_set()
+        return self._lost
 
     @property
     def lost_reason(self) -> str | None:
@@ -135,7 +136,7 @@ class Attempt:
     def mark_lost(self, renewal: Renewal) -> None:
         """Record that the lease is lost (called by the heartbeat that found out)."""
         self._renewal = renewal
-        self._lost.set()
+        self._lost = True
 
 
 Attempt.INJECTED = Attempt(

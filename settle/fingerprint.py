@@ -65,6 +65,8 @@ class _Walk:
 def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
     if depth > _MAX_DEPTH:
         raise FingerprintError(f"request nests deeper than {_MAX_DEPTH} levels")
+    if type(value) is dict:  # the common request: none of the types checked before Mapping
+        return _object(value, walk, depth)
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, int):
@@ -81,34 +83,38 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        leaves = depth < _MAX_DEPTH  # an item one level down is within the depth limit
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise FingerprintError(
-                    f"object keys must be strings, got {type(key).__name__}; "
-                    "convert the keys before fingerprinting"
-                )
-            if not key.isascii():
-                walk.plain = False
-            # The common leaves inline (what the call below returns for them unchanged).
-            kind = type(item)
-            if leaves and (
-                kind is str
-                or item is None
-                or kind is bool
-                or (kind is int and -_SAFE_INT <= item <= _SAFE_INT)
-            ):
-                out[key] = item
-            else:
-                out[key] = _to_json_value(item, walk, depth + 1)
-        return out
+        return _object(value, walk, depth)
     if isinstance(value, list | tuple):
         return [_to_json_value(item, walk, depth + 1) for item in value]
     raise FingerprintError(
         f"{type(value).__name__} has no canonical JSON form; pass plain JSON values "
         "or a pydantic model"
     )
+
+
+def _object(value: Mapping[Any, Any], walk: _Walk, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    leaves = depth < _MAX_DEPTH  # an item one level down is within the depth limit
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise FingerprintError(
+                f"object keys must be strings, got {type(key).__name__}; "
+                "convert the keys before fingerprinting"
+            )
+        if not key.isascii():
+            walk.plain = False
+        # The common leaves inline (what the call below returns for them unchanged).
+        kind = type(item)
+        if leaves and (
+            kind is str
+            or item is None
+            or kind is bool
+            or (kind is int and -_SAFE_INT <= item <= _SAFE_INT)
+        ):
+            out[key] = item
+        else:
+            out[key] = _to_json_value(item, walk, depth + 1)
+    return out
 
 
 def _dataclass_json(value: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ backend, all go through here, so validation, encoding, decoding and logging exis
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 _MAX_REASON = 256
+_VERDICTS = {v.value: v for v in Verdict}
 _QUARANTINE_SCAN_BUDGET = 4096
 
 
@@ -120,6 +122,12 @@ class Core:
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.namespace, self.config.shards)
+        # The config is frozen: its derived numbers, read on every call, computed once.
+        self._lease_ms = self.config.lease_ms
+        self._retention_ms = self.config.retention_ms
+        #: (shard, record key, log key) of recent operations: a settlement follows its
+        #: reserve, and hashing the id again costs as much as the rest of its keys.
+        self._keys_of = functools.lru_cache(maxsize=512)(self.keys.of)
 
     def _keys_of_shard(self, shard: int) -> tuple[str, str, str, str]:
         found = self._shard_keys.get(shard)
@@ -201,7 +209,7 @@ class Core:
     ) -> Call:
         op = check_operation_id(operation_id)
         binding = check_binding(principal, op)
-        lease_ms = self.config.lease_ms if lease is None else _check_seconds(lease, "lease", op)
+        lease_ms = self._lease_ms if lease is None else _check_seconds(lease, "lease", op)
         if fingerprint is None:
             fp = _fingerprint_of(request, op)
         elif isinstance(fingerprint, str) and _HEX64.match(fingerprint):
@@ -215,7 +223,7 @@ class Core:
                 "attempt_id must be 1 to 64 characters of A-Z a-z 0-9 _ . : -", operation_id=op
             )
         aid = attempt_id or os.urandom(16).hex()
-        shard, record, log = self.keys.of(op)
+        shard, record, log = self._keys_of(op)
         keys, args = self._guarded(
             shard,
             (record, log),
@@ -225,7 +233,7 @@ class Core:
                 FINGERPRINT_VERSION,
                 binding,
                 lease_ms,
-                self.config.retention_ms,
+                self._retention_ms,
                 stored_arg(aid),
                 self.config.attempt_log_size,
             ),
@@ -362,7 +370,7 @@ class Core:
                 "expected_version must be a positive int", operation_id=r.operation_id
             )
         op = r.operation_id  # checked with the reservation
-        shard, record, log = self.keys.of(op)
+        shard, record, log = self._keys_of(op)
         keys, args = self._guarded(
             shard,
             (record, log, *self._keys_of_shard(shard)[:3]),
@@ -377,7 +385,7 @@ class Core:
                 payload,
                 stored_arg(codec.digest(payload)),
                 reason,
-                self.config.retention_ms,
+                self._retention_ms,
                 self.config.attempt_log_size,
                 self.config.quarantine_payload_bytes,
                 self.config.quarantine_maxlen or "",
@@ -400,7 +408,7 @@ class Core:
         if reply.code == "corrupt":
             raise self._corrupt(op)
         try:
-            verdict = Verdict(reply.code)
+            verdict = _VERDICTS.get(reply.code) or Verdict(reply.code)
             kind = QuarantineKind(reply.detail) if reply.detail else None
         except ValueError as exc:
             raise CorruptRecord(

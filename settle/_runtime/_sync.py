@@ -32,6 +32,7 @@ from settle._log import logger, operation_digest
 from settle._runtime import health, topology
 from settle._runtime.calls import Call, naming
 from settle._runtime.options import Durability
+from settle._runtime.packing import pack_command
 from settle._runtime.scripts import ScriptSet
 from settle._runtime.transient import (
     ATTEMPTS,
@@ -654,7 +655,7 @@ class _Lane:
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
         try:
-            packed = conn.pack_command(*command)
+            packed = pack_command(conn, command)
         except BaseException:  # an argument that does not encode: nothing was sent
             self._give_back(conn)
             raise

@@ -78,6 +78,7 @@ class Signature:
     attempt_param: str | None = field(init=False, default=None)
     _skip: frozenset[str] = field(init=False, default=frozenset())
     _key_fields: tuple[str, ...] = field(init=False, default=())
+    _required: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         if not (isinstance(self.key, str) or callable(self.key)):
@@ -117,6 +118,14 @@ class Signature:
                 self.attempt_param = param.name
                 skip.add(param.name)
         self._skip = frozenset(skip)
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        self._required = tuple(
+            p.name
+            for p in params
+            if p.default is inspect.Parameter.empty
+            and p.kind not in variadic
+            and p.name != self.attempt_param
+        )
 
     def _hints(self, *, strict: bool) -> dict[str, Any]:
         try:
@@ -188,14 +197,7 @@ class Signature:
                     f"{self.fn.__qualname__}(): do not pass {self.attempt_param!r}; the "
                     "decorator supplies the Attempt"
                 )
-        missing = [
-            p.name
-            for p in self.signature.parameters.values()
-            if p.name not in bound.arguments
-            and p.default is inspect.Parameter.empty
-            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-            and p.name != self.attempt_param
-        ]
+        missing = [name for name in self._required if name not in bound.arguments]
         if missing:
             raise InvalidInput(f"{self.fn.__qualname__}() missing argument(s): {missing}")
         bound.apply_defaults()
