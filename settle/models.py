@@ -111,7 +111,9 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
         fields = _FIELDS[cls] = tuple(cls.model_fields)
     model = cls.__new__(cls)
     # The hot path's callers list every field in declaration order: their dict is the one.
-    _setattr(model, "__dict__", values if tuple(values) == fields else {k: values[k] for k in fields})
+    _setattr(
+        model, "__dict__", values if tuple(values) == fields else {k: values[k] for k in fields}
+    )
     _setattr(model, "__pydantic_fields_set__", set(fields))
     _setattr(model, "__pydantic_extra__", None)
     _setattr(model, "__pydantic_private__", None)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from redis.connection import AbstractConnection, HiredisRespSerializer
 
+_hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
 try:
-    from hiredis import pack_command as _hiredis_pack
+    import hiredis
+
+    _hiredis_pack = hiredis.pack_command
 except ImportError:  # pragma: no cover - without hiredis redis-py packs in Python
     _hiredis_pack = None
 

@@ -10,14 +10,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.connection import Connection
 from structlog.testing import capture_logs
 
 from settle._core import codec
 from settle._core.engine import Core
 from settle._log import STDLIB_LOGGER, enabled
+from settle._runtime.packing import pack_command
 from settle.config import SettleConfig
 from settle.models import (
     Action,
@@ -228,3 +231,29 @@ def test_a_structlog_filtering_logger_skips_only_the_levels_it_drops(
     assert seen == {logging.INFO: ["settle.reserve.reserved"], logging.WARNING: []}
     structlog.configure(wrapper_class=structlog.stdlib.BoundLogger)
     assert enabled(logging.DEBUG)  # another wrapper class: its processors decide
+
+
+ARG = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.binary(max_size=40).map(memoryview),
+)
+
+
+@given(st.lists(ARG, max_size=12))
+def test_the_lanes_packing_sends_what_redis_py_would(args: list[Any]) -> None:
+    """The lane packs a script call with hiredis directly: the same bytes as the
+    connection's own ``pack_command``, and the same error for what it cannot send."""
+    conn = Connection()
+    command = ("EVALSHA", "0" * 40, 1, *args)
+    assert pack_command(conn, command) == conn.pack_command(*command)
+    assert pack_command(conn, (*command, bytearray(b"x"))) == conn.pack_command(
+        *command, bytearray(b"x")
+    )
+    for bad in (True, None, object()):
+        with pytest.raises(redis.DataError):
+            conn.pack_command(*command, bad)
+        with pytest.raises(redis.DataError):
+            pack_command(conn, (*command, bad))
