@@ -105,7 +105,9 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
     """``cls.model_construct(**values)`` for values that name every field of ``cls`` and
     come from settle's own decoding (no validation), without its per-field alias and
     default handling: the hot path builds several models per call. The result is the same
-    object ``model_construct`` builds (fields in declaration order, every field set)."""
+    object ``model_construct`` builds (fields in declaration order, every field set). A
+    ``values`` dict already in declaration order becomes the model's own ``__dict__``:
+    every caller passes a fresh literal and keeps no reference to it."""
     fields = _FIELDS.get(cls)
     if fields is None:
         fields = _FIELDS[cls] = tuple(cls.model_fields)

@@ -21,7 +21,18 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-__all__ = ["LOG_MAX", "MAGIC", "PACKED", "WORDS", "Packed", "hexed", "pack", "unpack"]
+__all__ = [
+    "LOG_MAX",
+    "MAGIC",
+    "PACKED",
+    "WORDS",
+    "Packed",
+    "arg_text",
+    "hexed",
+    "pack",
+    "stored_arg",
+    "unpack",
+]
 
 #: The most attempt-log entries one value may hold (``SettleConfig.attempt_log_size``'s
 #: maximum): a script decodes a value whole, and Lua's C stack holds about 8000 values (16

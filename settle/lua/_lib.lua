@@ -49,10 +49,11 @@ local WORDS = {'pending', 'provisional', 'completed', 'failed', 'reserve', 'comp
   'version_conflict', 'conflicting_settlement'}
 local WORD = nil  -- word -> index, made by the first word() of a call
 
--- Hex digits <-> bytes in one struct call each, memoised for the call: a digest or an
--- attempt id read from the value is written back without converting it again. HEXF[n] =
--- {struct format, string.format format} for n bytes.
-local HEXF, RAW, HEX = {}, {}, {}
+-- Hex digits <-> bytes in one struct call each (only rare paths convert: the client sends
+-- digests and attempt ids in stored form, see arg_stored). HEXF[n] = {struct format,
+-- string.format format} for n bytes; nothing else is kept between calls (a FUNCTION
+-- library's locals live as long as the library, so a memo of values would grow forever).
+local HEXF = {}
 local function hexfmt(n)
   local f = HEXF[n]
   if not f then
@@ -65,13 +66,8 @@ local function hexfmt(n)
 end
 
 local function tohex(raw)
-  local h = HEX[raw]
-  if not h then
-    local f = hexfmt(#raw)
-    h = string.format(f[2], struct.unpack(f[1], raw))
-    HEX[raw], RAW[h] = h, raw
-  end
-  return h
+  local f = hexfmt(#raw)
+  return string.format(f[2], struct.unpack(f[1], raw))
 end
 
 -- Encoders (a field as the scripts see it -> its stored value) and decoders (the reverse;
@@ -80,14 +76,10 @@ end
 -- text as it is); word: one of WORDS as its index; rel: an integer relative to base.
 local function hexed(v)
   if v == nil then return nil end
-  local raw = RAW[v]
-  if raw then return raw end
   if #v == 0 or #v % 2 == 1 or string.find(v, '[^0-9a-f]') then return {v} end
   local nums = {}
   for i = 1, #v, 8 do nums[#nums + 1] = tonumber(string.sub(v, i, i + 7), 16) end
-  raw = struct.pack(hexfmt(#v / 2)[1], unpack(nums))
-  RAW[v], HEX[raw] = raw, v
-  return raw
+  return struct.pack(hexfmt(#v / 2)[1], unpack(nums))
 end
 
 local function unhexed(v)
@@ -108,6 +100,13 @@ end
 -- The stored form of no attempt id (hexed('')): what the first log entry's aid is relative
 -- to when there is no record.
 local NOAID = {''}
+
+-- The form hexed gives the text a stored hexed value stands for (settle writes no other).
+local function canonical(v)
+  if type(v) == 'table' then return hexed(v[1]) end
+  if v == '' then return NOAID end
+  return v
+end
 
 -- A stored hexed value, checked (the scripts keep fp, aid and rdig in this form: they are
 -- compared with same() and replied as they are, so a read converts no hex).
@@ -203,7 +202,8 @@ end
 
 -- The attempt log is kept as it was decoded: st.nold entries of six values in st.t from
 -- st.logpos (the first st.drop of them dropped by the cap), then st.new, the entries this
--- call observed ({aid, gen, action, verdict, detail, at} as text). save() packs the kept
+-- call observed ({aid, gen, action, verdict, detail, at}: aid stored, at a number, the rest
+-- text; an entry of the previous layout is all text but its aid). save() packs the kept
 -- entries' values as they are and encodes again only the first of them (its aid, gen and
 -- at are relative to the record's, which may have changed) and the new ones, so appending
 -- to a long log costs no text work per entry. Attempt ids are kept in their stored form
@@ -372,7 +372,7 @@ end
 -- Returns (record table, positional row, st); (nil, nil, st) when there is no live record;
 -- (false) when the key holds something that is not a settle value (another type, a string
 -- of another format, fields missing). st carries the attempt log (see scan_log; as strings
--- from log_entries()) and what save() needs; log_key is the previous layout's attempt log
+-- from rare().log_entries()) and what save() needs; log_key is the previous layout's attempt log
 -- (nil for readers of the record only). With lazy, the packed log is left unchecked for
 -- load_log() when the caller writes.
 local function load_record(key, log_key, now, lazy)
@@ -458,11 +458,14 @@ local function save(st, now)
     expires = math.max(expires, st.lexp)
   end
   local parts = {MAGIC, pack_range(v, 1, n)}
-  -- Entries are encoded against the previous one (the first against the record): aid as
-  -- stored, gen as text, at a number.
+  -- Entries are encoded against the previous one (the first against the record): aid in the
+  -- form hexed gives its text (a crafted value may hold another: {'abcd'} for the bytes
+  -- 'abcd' spell), so aids compare as their texts do; gen as text, at a number.
   local e = {}
+  aid = canonical(aid)
   local function encode(a, g, action, verdict, detail, when)
     e[1], e[2] = nil, nil
+    a = canonical(a)
     if not same(a, aid) then e[1] = a end
     if g ~= gen then e[2] = num(g) end
     e[3], e[4], e[5], e[6] = word(action), word(verdict), word(detail), when - at
@@ -476,7 +479,7 @@ local function save(st, now)
     encode(a, g, unword(t[i + 2]) or '', unword(t[i + 3]) or '', unword(t[i + 4]) or '', when)
     if kept > 1 then
       parts[#parts + 1] = pack_range(t, i + 6, t.n)
-      aid, gen, at = st.last[1], st.last[2], st.last[3]
+      aid, gen, at = canonical(st.last[1]), st.last[2], st.last[3]
     end
   end
   for _, x in ipairs(new) do encode(x[1], x[2], x[3], x[4], x[5], tonumber(x[6])) end

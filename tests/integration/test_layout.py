@@ -5,14 +5,15 @@ packed by their next write, on Redis and in the reference model alike."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from settle import Settler, State, Verdict
-from settle._core.layout import LOG_MAX, pack, unpack
+from settle import Reservation, Settler, State, Verdict
+from settle._core.layout import LOG_MAX, MAGIC, WORDS, _mp, pack, unpack
 from settle.errors import InvalidInput
 from settle.testing import MemorySettler
 
@@ -286,3 +287,40 @@ def test_the_largest_attempt_log_allowed_is_read_and_appended_to(
 def test_a_larger_attempt_log_is_refused_up_front(redis_url: str, namespace: str) -> None:
     with pytest.raises(InvalidInput, match="attempt_log_size"):
         Settler.from_url(redis_url, namespace=namespace, attempt_log_size=1001)
+
+
+def test_an_attempt_id_stored_in_another_form_is_written_back_as_layout_py_writes_it(
+    redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    """A crafted value whose log entry holds the record's attempt id as text (``["0f..."]``)
+    where settle stores the bytes: the next write encodes the entry as layout.py does
+    (omitted, the same attempt as the record's), comparing attempt ids as their texts."""
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    try:
+        fp = s._core.plan_reserve("op", REQ, principal=WHO).args[1]
+        assert isinstance(fp, bytes)
+        created = int(time.time() * 1000) - 1000
+        completed, reserve, reserved, new = (
+            WORDS.index(w) + 1 for w in (b"completed", b"reserve", b"reserved", b"new")
+        )
+        record = [fp[1:], 1, WHO.encode(), int(OLD_GEN), 2, completed, 1, created, 5, None]
+        record += [bytes.fromhex(OLD_AID), None, b'{"ok":true}', bytes.fromhex("ab" * 32)]
+        record += [86_400_000, 86_400_010]
+        log = [[OLD_AID.encode()], None, reserve, reserved, new, 0]
+        key = s._core.keys.record("op")
+        redis_client.set(key, MAGIC + b"".join(_mp(v) for v in record + log))
+        mine = Reservation(
+            operation_id="op",
+            fingerprint=fp[1:].hex(),
+            fingerprint_version=1,
+            binding=WHO,
+            generation=int(OLD_GEN),
+            attempt_id=OLD_AID,
+        )
+        assert s.mark_provisional(mine, "timeout").verdict is Verdict.ABSORBED
+        blob = redis_client.get(key)
+        assert isinstance(blob, bytes)
+        assert pack(unpack(blob)) == blob
+        assert [a.attempt_id for a in s.attempts("op")] == [OLD_AID, OLD_AID]
+    finally:
+        s.close()

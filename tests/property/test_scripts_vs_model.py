@@ -56,7 +56,7 @@ NEWER = 10**9  # a generation not issued yet: 1000 s of the clock ahead
 
 #: Attempt ids in each form the scripts store differently (settle's own are hex; a caller's
 #: may be any text): hex as the bytes it spells, the rest as text.
-AID_FORMS = ("hex", "text", "upper hex", "odd hex")
+AID_FORMS = ("hex", "text", "upper hex", "odd hex", "one byte", "64 hex digits")
 
 
 def _attempt_id(form: str) -> str:
@@ -66,6 +66,8 @@ def _attempt_id(form: str) -> str:
         "text": f"worker-{hexed[:12]}",
         "upper hex": hexed.upper(),
         "odd hex": hexed[:31],
+        "one byte": hexed[:2],
+        "64 hex digits": hexed * 2,
     }[form]
 
 
@@ -190,11 +192,16 @@ class ScriptsMatchModel(RuleBasedStateMachine):
     )
     def reserve(self, op: str, req: int, who: int, lease: float, form: str) -> Any:
         aid = _attempt_id(form)
-        _, real_res, model_res = self._both(
+        real, real_res, model_res = self._both(
             lambda s, _i: s.reserve(
                 op, REQUESTS[req], principal=PRINCIPALS[who], lease=lease, attempt_id=aid
             )
         )
+        if real[0] == "reserved":
+            # The record holds the attempt id as the caller gave it, whatever form it was
+            # sent in (the model reads the arguments back the same way, so only Redis's
+            # own record can show a wrong form).
+            assert real[3]["attempt_id"] == aid
         self._pause_past(lease)
         return multiple() if real_res is None else multiple((real_res, model_res))
 

@@ -5,6 +5,7 @@ dropped."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from settle._core.engine import Core
 from settle._log import STDLIB_LOGGER, enabled
 from settle._runtime.packing import pack_command
 from settle.config import SettleConfig
+from settle.decorator._plan import _uuid4_hex
 from settle.models import (
     Action,
     InProgress,
@@ -249,11 +251,21 @@ def test_the_lanes_packing_sends_what_redis_py_would(args: list[Any]) -> None:
     conn = Connection()
     command = ("EVALSHA", "0" * 40, 1, *args)
     assert pack_command(conn, command) == conn.pack_command(*command)
-    assert pack_command(conn, (*command, bytearray(b"x"))) == conn.pack_command(
-        *command, bytearray(b"x")
-    )
+    for odd in (bytearray(b"x"), memoryview(b"abcdef")[::2]):  # converted by redis-py
+        assert pack_command(conn, (*command, odd)) == conn.pack_command(*command, odd)
     for bad in (True, None, object()):
         with pytest.raises(redis.DataError):
             conn.pack_command(*command, bad)
         with pytest.raises(redis.DataError):
             pack_command(conn, (*command, bad))
+
+
+def test_a_decorated_calls_attempt_id_is_a_version_4_uuid() -> None:
+    """Made from 16 random bytes without a UUID object: the shape uuid4().hex has."""
+    made = {_uuid4_hex() for _ in range(200)}
+    assert len(made) == 200
+    for hexed in made:
+        parsed = uuid.UUID(hexed)
+        assert parsed.hex == hexed
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
