@@ -7,12 +7,13 @@ this value costs about 280 (docs/concepts.md, "The record in Redis"; measured by
 ``python -m benchmarks.memory``). The reference model stores the same bytes, and the tests
 and the model checker read stored values through :func:`unpack`.
 
-A value is ``MAGIC``, the record's tokens (:data:`PACKED` then its own expiry; one absent
-token when only the log is left), the log's expiry, then six tokens per log entry. A token
-is a LEB128 header ``h`` and its bytes: ``h = 0`` absent, ``4i`` word ``i`` of
-:data:`WORDS`, ``4n+1`` ``n`` bytes of text, ``4n+2`` / ``4n+3`` a lowercase hex string of
-``2n`` / ``2n-1`` digits packed into ``n`` bytes. Integers are stored relative to another
-field (see :func:`pack`), so most of them take one or two bytes. Everything here is pure.
+A value is ``MAGIC`` and then MessagePack values, exactly as Redis's embedded ``cmsgpack``
+writes them: the record's (:data:`PACKED`, then its own expiry; one nil when only the log
+is left), the log's expiry, then six per log entry. Words (states, actions, verdicts,
+details) are their index in :data:`WORDS`; digests and attempt ids of an even number of
+lowercase hex digits are the bytes they spell, other text a one-element array
+(:func:`hexed`); integers are MessagePack integers, most stored relative to another field
+(see :func:`pack`), so they take one or two bytes. Everything here is pure.
 """
 
 from __future__ import annotations

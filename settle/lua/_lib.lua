@@ -65,7 +65,16 @@ local function hexfmt(n)
   return f
 end
 
+-- Values of any length convert in chunks of CHUNK bytes: one struct call takes as many
+-- values as Lua's C stack holds, and HEXF keeps one format per length up to CHUNK.
+local CHUNK = 256
+
 local function tohex(raw)
+  if #raw > CHUNK then
+    local parts = {}
+    for i = 1, #raw, CHUNK do parts[#parts + 1] = tohex(string.sub(raw, i, i + CHUNK - 1)) end
+    return table.concat(parts)
+  end
   local f = hexfmt(#raw)
   return string.format(f[2], struct.unpack(f[1], raw))
 end
@@ -77,9 +86,13 @@ end
 local function hexed(v)
   if v == nil then return nil end
   if #v == 0 or #v % 2 == 1 or string.find(v, '[^0-9a-f]') then return {v} end
-  local nums = {}
-  for i = 1, #v, 8 do nums[#nums + 1] = tonumber(string.sub(v, i, i + 7), 16) end
-  return struct.pack(hexfmt(#v / 2)[1], unpack(nums))
+  local parts = {}
+  for c = 1, #v, 2 * CHUNK do
+    local piece, nums = string.sub(v, c, c + 2 * CHUNK - 1), {}
+    for i = 1, #piece, 8 do nums[#nums + 1] = tonumber(string.sub(piece, i, i + 7), 16) end
+    parts[#parts + 1] = struct.pack(hexfmt(#piece / 2)[1], unpack(nums))
+  end
+  return table.concat(parts)
 end
 
 local function unhexed(v)

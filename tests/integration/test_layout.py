@@ -324,3 +324,46 @@ def test_an_attempt_id_stored_in_another_form_is_written_back_as_layout_py_write
         assert [a.attempt_id for a in s.attempts("op")] == [OLD_AID, OLD_AID]
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("form", ["text", "bytes"])
+@pytest.mark.parametrize("size", [1, 255, 256, 257, 32004])
+def test_an_attempt_id_of_any_length_in_a_crafted_value_converts_without_a_script_error(
+    redis_url: str, namespace: str, redis_client: redis.Redis, size: int, form: str
+) -> None:
+    """Hex converts in chunks: a crafted value whose record holds an attempt id of tens of
+    thousands of hex digits, as text or as bytes (settle writes at most 64 digits), is read
+    and written on, not refused by Lua's stack halfway through a script that has written."""
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    try:
+        fp = s._core.plan_reserve("op", REQ, principal=WHO).args[1]
+        assert isinstance(fp, bytes)
+        created = int(time.time() * 1000) - 1000
+        completed, reserve, reserved, new = (
+            WORDS.index(w) + 1 for w in (b"completed", b"reserve", b"reserved", b"new")
+        )
+        long_aid = b"ab" * size
+        stored_aid: Any = [long_aid] if form == "text" else bytes.fromhex(long_aid.decode())
+        record = [fp[1:], 1, WHO.encode(), int(OLD_GEN), 2, completed, 1, created, 5, None]
+        record += [stored_aid, None, b'{"ok":true}', bytes.fromhex("ab" * 32)]
+        record += [86_400_000, 86_400_010]
+        log = [None, None, reserve, reserved, new, 0]  # the record's attempt id
+        key = s._core.keys.record("op")
+        redis_client.set(key, MAGIC + b"".join(_mp(v) for v in record + log))
+        mine = Reservation(
+            operation_id="op",
+            fingerprint=fp[1:].hex(),
+            fingerprint_version=1,
+            binding=WHO,
+            generation=int(OLD_GEN),
+            attempt_id=OLD_AID,
+        )
+        assert s.mark_provisional(mine, "timeout").verdict is Verdict.ABSORBED
+        blob = redis_client.get(key)
+        assert isinstance(blob, bytes)
+        assert [a.attempt_id for a in s.attempts("op")] == [long_aid.decode(), OLD_AID]
+        stored = unpack(blob)
+        assert stored.record is not None
+        assert stored.record[b"aid"] == long_aid
+    finally:
+        s.close()
