@@ -289,6 +289,35 @@ def test_a_larger_attempt_log_is_refused_up_front(redis_url: str, namespace: str
         Settler.from_url(redis_url, namespace=namespace, attempt_log_size=1001)
 
 
+def _crafted_completed(s: Settler, client: redis.Redis, record_aid: Any, log_aid: Any) -> bytes:
+    """Store a completed record of operation "op" with these attempt ids (as MessagePack
+    values, in whatever form), absorb a repeated mark_provisional of it, return the value."""
+    fp = s._core.plan_reserve("op", REQ, principal=WHO).args[1]
+    assert isinstance(fp, bytes)
+    created = int(time.time() * 1000) - 1000
+    completed, reserve, reserved, new = (
+        WORDS.index(w) + 1 for w in (b"completed", b"reserve", b"reserved", b"new")
+    )
+    record = [fp[1:], 1, WHO.encode(), int(OLD_GEN), 2, completed, 1, created, 5, None]
+    record += [record_aid, None, b'{"ok":true}', bytes.fromhex("ab" * 32)]
+    record += [86_400_000, 86_400_010]
+    log = [log_aid, None, reserve, reserved, new, 0]
+    key = s._core.keys.record("op")
+    client.set(key, MAGIC + b"".join(_mp(v) for v in record + log))
+    mine = Reservation(
+        operation_id="op",
+        fingerprint=fp[1:].hex(),
+        fingerprint_version=1,
+        binding=WHO,
+        generation=int(OLD_GEN),
+        attempt_id=OLD_AID,
+    )
+    assert s.mark_provisional(mine, "timeout").verdict is Verdict.ABSORBED
+    blob = client.get(key)
+    assert isinstance(blob, bytes)
+    return blob
+
+
 def test_an_attempt_id_stored_in_another_form_is_written_back_as_layout_py_writes_it(
     redis_url: str, namespace: str, redis_client: redis.Redis
 ) -> None:
@@ -297,29 +326,7 @@ def test_an_attempt_id_stored_in_another_form_is_written_back_as_layout_py_write
     (omitted, the same attempt as the record's), comparing attempt ids as their texts."""
     s = Settler.from_url(redis_url, namespace=namespace, shards=1)
     try:
-        fp = s._core.plan_reserve("op", REQ, principal=WHO).args[1]
-        assert isinstance(fp, bytes)
-        created = int(time.time() * 1000) - 1000
-        completed, reserve, reserved, new = (
-            WORDS.index(w) + 1 for w in (b"completed", b"reserve", b"reserved", b"new")
-        )
-        record = [fp[1:], 1, WHO.encode(), int(OLD_GEN), 2, completed, 1, created, 5, None]
-        record += [bytes.fromhex(OLD_AID), None, b'{"ok":true}', bytes.fromhex("ab" * 32)]
-        record += [86_400_000, 86_400_010]
-        log = [[OLD_AID.encode()], None, reserve, reserved, new, 0]
-        key = s._core.keys.record("op")
-        redis_client.set(key, MAGIC + b"".join(_mp(v) for v in record + log))
-        mine = Reservation(
-            operation_id="op",
-            fingerprint=fp[1:].hex(),
-            fingerprint_version=1,
-            binding=WHO,
-            generation=int(OLD_GEN),
-            attempt_id=OLD_AID,
-        )
-        assert s.mark_provisional(mine, "timeout").verdict is Verdict.ABSORBED
-        blob = redis_client.get(key)
-        assert isinstance(blob, bytes)
+        blob = _crafted_completed(s, redis_client, bytes.fromhex(OLD_AID), [OLD_AID.encode()])
         assert pack(unpack(blob)) == blob
         assert [a.attempt_id for a in s.attempts("op")] == [OLD_AID, OLD_AID]
     finally:
@@ -336,31 +343,9 @@ def test_an_attempt_id_of_any_length_in_a_crafted_value_converts_without_a_scrip
     and written on, not refused by Lua's stack halfway through a script that has written."""
     s = Settler.from_url(redis_url, namespace=namespace, shards=1)
     try:
-        fp = s._core.plan_reserve("op", REQ, principal=WHO).args[1]
-        assert isinstance(fp, bytes)
-        created = int(time.time() * 1000) - 1000
-        completed, reserve, reserved, new = (
-            WORDS.index(w) + 1 for w in (b"completed", b"reserve", b"reserved", b"new")
-        )
         long_aid = b"ab" * size
         stored_aid: Any = [long_aid] if form == "text" else bytes.fromhex(long_aid.decode())
-        record = [fp[1:], 1, WHO.encode(), int(OLD_GEN), 2, completed, 1, created, 5, None]
-        record += [stored_aid, None, b'{"ok":true}', bytes.fromhex("ab" * 32)]
-        record += [86_400_000, 86_400_010]
-        log = [None, None, reserve, reserved, new, 0]  # the record's attempt id
-        key = s._core.keys.record("op")
-        redis_client.set(key, MAGIC + b"".join(_mp(v) for v in record + log))
-        mine = Reservation(
-            operation_id="op",
-            fingerprint=fp[1:].hex(),
-            fingerprint_version=1,
-            binding=WHO,
-            generation=int(OLD_GEN),
-            attempt_id=OLD_AID,
-        )
-        assert s.mark_provisional(mine, "timeout").verdict is Verdict.ABSORBED
-        blob = redis_client.get(key)
-        assert isinstance(blob, bytes)
+        blob = _crafted_completed(s, redis_client, stored_aid, None)  # the record's aid
         assert [a.attempt_id for a in s.attempts("op")] == [long_aid.decode(), OLD_AID]
         stored = unpack(blob)
         assert stored.record is not None
