@@ -8,6 +8,7 @@ backend, all go through here, so validation, encoding, decoding and logging exis
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -383,7 +384,7 @@ class Core:
                 "" if expected_version is None else expected_version,
                 stored_arg(r.attempt_id),
                 payload,
-                stored_arg(codec.digest(payload)),
+                b"\0" + hashlib.sha256(payload).digest(),  # stored_arg of its hex digest
                 reason,
                 self._retention_ms,
                 self.config.attempt_log_size,
@@ -450,8 +451,8 @@ class Core:
     def plan_renew(self, reservation: Reservation, *, lease: float | None = None) -> Call:
         r = _check_reservation(reservation)
         op = check_operation_id(r.operation_id)
-        lease_ms = self.config.lease_ms if lease is None else _check_seconds(lease, "lease", op)
-        shard, record, log = self.keys.of(op)
+        lease_ms = self._lease_ms if lease is None else _check_seconds(lease, "lease", op)
+        shard, record, log = self._keys_of(op)
         keys, args = self._guarded(
             shard,
             (record, log),
@@ -461,7 +462,7 @@ class Core:
                 r.binding,
                 r.generation,
                 lease_ms,
-                self.config.retention_ms,
+                self._retention_ms,
             ),
         )
         return Call("renew", keys, args, operation_id=op, attempt_id=r.attempt_id)
@@ -504,7 +505,7 @@ class Core:
 
     def plan_attempts(self, operation_id: str) -> Call:
         op = check_operation_id(operation_id)
-        _shard, record, log = self.keys.of(op)
+        _shard, record, log = self._keys_of(op)
         return Call("attempts", (record, log), (), operation_id=op)
 
     def decode_attempts(self, call: Call, raw: Any) -> list[AttemptObservation]:
