@@ -792,7 +792,7 @@ class _Pipelined(_Lane):
         calls = []
         for command, future in batch:
             try:
-                calls.append((future, conn.pack_command(*command)))
+                calls.append((future, pack_command(conn, command)))
             except (rx.DataError, ValueError, TypeError) as exc:  # it does not encode: alone
                 if not future.done():
                     future.set_exception(exc)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 try:  # redis-py 8's own names: without them the lane packs through the connection
+    from redis.asyncio.connection import AbstractConnection as AsyncConnection
     from redis.connection import AbstractConnection, HiredisRespSerializer
 except ImportError:  # pragma: no cover - a redis-py that renamed them
-    AbstractConnection = HiredisRespSerializer = None  # type: ignore[assignment,misc]
+    AbstractConnection = AsyncConnection = HiredisRespSerializer = None  # type: ignore[assignment,misc]
 
 _hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
 try:
@@ -21,22 +24,48 @@ except ImportError:  # pragma: no cover - without hiredis redis-py packs in Pyth
 __all__ = ["pack_command"]
 
 _REDIS_PY_PACK = None if AbstractConnection is None else AbstractConnection.pack_command
+_ASYNC_PACK = None if AsyncConnection is None else AsyncConnection.pack_command
+
+
+@lru_cache(maxsize=16)
+def _utf8(encoding: str) -> bool:
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def _hiredis_packs_as(conn: Any) -> bool:
+    """Whether hiredis packs a command as ``conn`` itself would. A sync connection packing
+    with redis-py's hiredis serializer does (that serializer is ``hiredis.pack_command``
+    after a pass over the arguments). An asyncio connection packs in Python, each argument
+    through its encoder; with UTF-8 and strict errors (redis-py's default) that encoder
+    gives the bytes hiredis gives for text, bytes, integers and floats, and raises the same
+    UnicodeEncodeError on text UTF-8 cannot encode."""
+    cls = type(conn)
+    if cls.pack_command is _REDIS_PY_PACK:
+        return type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer
+    if cls.pack_command is _ASYNC_PACK:
+        encoder = getattr(conn, "encoder", None)
+        return (
+            getattr(encoder, "encoding_errors", None) == "strict"
+            and isinstance(encoding := getattr(encoder, "encoding", None), str)
+            and _utf8(encoding)
+        )
+    return False
 
 
 def pack_command(conn: Any, command: tuple[Any, ...]) -> Any:
-    """``conn.pack_command(*command)``. A sync connection that packs with redis-py's own
-    hiredis serializer gets the same bytes from ``hiredis.pack_command`` directly, without
-    the serializer's per-argument pass (it splits a command name holding spaces, which the
-    lane's ``EVALSHA`` / ``FCALL`` never do, and turns bytearray and memoryview into bytes).
-    A memoryview goes the serializer's way (hiredis would send a strided view's underlying
-    bytes), and so does what hiredis refuses (a bytearray), to be converted or to raise
-    redis-py's DataError. An asyncio connection packs as it always did."""
+    """``conn.pack_command(*command)``, sent the same, without redis-py's per-argument pass
+    where hiredis gives the same bytes (:func:`_hiredis_packs_as`; the lane's ``EVALSHA`` /
+    ``FCALL`` never hold a command name with spaces, which redis-py would split). A
+    memoryview goes redis-py's way (hiredis would send a strided view's underlying bytes),
+    and so does what hiredis refuses (a bytearray, a bool, None), to be converted or to
+    raise redis-py's DataError."""
     if (
         _hiredis_pack is not None
-        and HiredisRespSerializer is not None
-        and type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer
-        and type(conn).pack_command is _REDIS_PY_PACK
         and not any(type(arg) is memoryview for arg in command)
+        and _hiredis_packs_as(conn)
     ):
         try:
             return [_hiredis_pack(command)]

@@ -15,6 +15,7 @@ import redis
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import Connection
 from structlog.testing import capture_logs
 
@@ -258,6 +259,52 @@ def test_the_lanes_packing_sends_what_redis_py_would(args: list[Any]) -> None:
             conn.pack_command(*command, bad)
         with pytest.raises(redis.DataError):
             pack_command(conn, (*command, bad))
+
+
+def _wire(packed: list[Any]) -> bytes:
+    """What goes on the socket: an asyncio connection may pack a command in several parts."""
+    return b"".join(bytes(part) for part in packed)
+
+
+@given(st.lists(ARG, max_size=12))
+def test_the_async_lanes_packing_sends_what_redis_py_would(args: list[Any]) -> None:
+    """An asyncio connection packs in Python through its encoder; where hiredis gives the
+    same bytes (UTF-8, strict) the lane packs with hiredis. The same bytes on the wire, and
+    the same error for what it cannot send, for redis-py's default encoder and two others."""
+    for conn in (
+        AsyncConnection(),
+        AsyncConnection(encoding_errors="replace"),
+        AsyncConnection(encoding="latin-1", encoding_errors="replace"),
+    ):
+        command = ("FCALL", "settle_0_core_reserve", 1, *args)
+        assert _wire(pack_command(conn, command)) == _wire(conn.pack_command(*command))
+        for odd in (bytearray(b"x"), memoryview(b"abcdef")[::2], "\u00e9\ud800"):
+            try:
+                expected: bytes | type[Exception] = _wire(conn.pack_command(*command, odd))
+            except UnicodeEncodeError:
+                expected = UnicodeEncodeError
+            if expected is UnicodeEncodeError:
+                with pytest.raises(UnicodeEncodeError):
+                    pack_command(conn, (*command, odd))
+            else:
+                assert _wire(pack_command(conn, (*command, odd))) == expected
+        for bad in (True, None, object()):
+            with pytest.raises(redis.DataError):
+                conn.pack_command(*command, bad)
+            with pytest.raises(redis.DataError):
+                pack_command(conn, (*command, bad))
+
+
+def test_the_async_lane_packs_with_hiredis_only_for_utf8_strict_encoders() -> None:
+    """Text goes as the connection's encoder would write it: UTF-8 by hiredis, latin-1 by
+    the encoder itself."""
+    text = "caf\u00e9"
+    assert _wire(pack_command(AsyncConnection(), ("FCALL", text))) == (
+        b"*2\r\n$5\r\nFCALL\r\n$5\r\ncaf\xc3\xa9\r\n"
+    )
+    assert _wire(pack_command(AsyncConnection(encoding="latin-1"), ("FCALL", text))) == (
+        b"*2\r\n$5\r\nFCALL\r\n$4\r\ncaf\xe9\r\n"
+    )
 
 
 def test_a_decorated_calls_attempt_id_is_a_version_4_uuid() -> None:
