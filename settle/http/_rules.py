@@ -22,6 +22,7 @@ response stores and what is answered when an attempt lost its reservation: all h
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import ValidationError
 
-from settle._log import logger, operation_digest
+from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
 from settle.errors import (
     BackendError,
@@ -214,6 +215,13 @@ class Guard:
             self._log = logger.bind(**context)
         return self._log
 
+    def _info(self, event: str, **fields: Any) -> None:
+        """An INFO event, made only when it can be written: a service that keeps settle's
+        INFO events quiet does not bind the request's logger or digest its operation id on
+        every request."""
+        if enabled(logging.INFO):
+            self.log.info(event, **fields)
+
     def _bind(self, **fields: Any) -> None:
         self._context.update(fields)
         self._log = None
@@ -269,7 +277,7 @@ class Guard:
     def disconnected(self) -> None:
         """The client left while its body was being read: nothing is answered or run."""
         self.outcome = "disconnected"
-        self.log.info("settle.http.disconnected", stage="reading_request")
+        self._info("settle.http.disconnected", stage="reading_request")
 
     def body_read(self, body: bytes) -> Reserve:
         policy = self.policy
@@ -301,7 +309,7 @@ class Guard:
         if isinstance(outcome, Replay):
             return Answer(self.replay(outcome.record))
         if isinstance(outcome, InProgress):
-            self.log.info("settle.http.in_progress", generation=outcome.generation)
+            self._info("settle.http.in_progress", generation=outcome.generation)
             detail = (
                 f"a request with this {self.policy.header} is still being processed; retry "
                 f"after {self.policy.retry_after} s to get its response"
@@ -311,21 +319,21 @@ class Guard:
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = Attempt.for_reservation(outcome, self.namespace, deadline)
         self._bind(generation=attempt.generation)
-        self.log.info("settle.http.started", number=attempt.number)
+        self._info("settle.http.started", number=attempt.number)
         return Run(outcome.reservation, attempt, self.lease)
 
     def replay(self, record: OperationRecord) -> Response:
         """The record's stored response, or a 410 problem if it was too large to store."""
         stored = stored_response(record)
         if stored.body is None:
-            self.log.info("settle.http.not_replayable", status=stored.status, size=stored.size)
+            self._info("settle.http.not_replayable", status=stored.status, size=stored.size)
             detail = (
                 f"the request was processed (status {stored.status}) but its {stored.size}-byte "
                 "response was too large to store; it will not run again for this key. Fetch "
                 "the result through the API, or send a new request with a new key."
             )
             return self._answer(ProblemKind.RESPONSE_NOT_STORED, detail).response
-        self.log.info("settle.http.replayed", status=stored.status, size=stored.size)
+        self._info("settle.http.replayed", status=stored.status, size=stored.size)
         self.outcome = "replayed"
         return Response(stored.status, tuple(stored.replay_headers()), stored.body)
 
@@ -375,13 +383,13 @@ class Guard:
         stored = step.stored
         verdict = settlement.verdict
         if stored is None:
-            self.log.info("settle.http.provisional", reason=step.reason, verdict=verdict.value)
+            self._info("settle.http.provisional", reason=step.reason, verdict=verdict.value)
             self.outcome = self.outcome or "provisional"
             return None
         if verdict is Verdict.QUARANTINED:
             self.log.warning("settle.http.superseded", kind=settlement.kind, status=stored.status)
             return self.superseded(settlement.record)
-        self.log.info(
+        self._info(
             "settle.http.completed",
             status=stored.status,
             size=stored.size,
