@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -230,13 +231,23 @@ REQUIRED = 10  # the first ten are always present
 STATES = {b"pending", b"provisional", b"completed", b"failed"}
 
 
+_DECIMAL = re.compile(rb"-?[0-9]+")
+_EXACT = 2**53  # the integers a double (Lua's number) holds exactly are below this
+
+
 def _is_int(value: bytes | None) -> bool:
-    """Lua's ``tonumber(x) ~= nil`` for the integers settle stores."""
-    try:
-        int(value or b"x")
-    except ValueError:
-        return False
-    return True
+    """An integer as settle writes one: decimal digits (and a sign), of a magnitude a double
+    holds exactly (the Lua's ``decimal``; Python's ``int`` alone would take ``1_000``, Lua's
+    ``tonumber`` ``1e3``)."""
+    return (
+        value is not None
+        and _DECIMAL.fullmatch(value) is not None
+        and -_EXACT < int(value) < _EXACT
+    )
+
+
+#: The fields the rules compute with: integers wherever they are present.
+_NUMBERS = (b"fpv", b"gen", b"ver", b"n", b"created", b"updated", b"lease")
 
 
 _HEXED = {b"fp", b"aid", b"rdig"}
@@ -267,9 +278,11 @@ class Stored:
 def valid(rec: dict[bytes, bytes]) -> bool:
     if any(f not in rec for f in FIELDS[1:REQUIRED]):
         return False
-    if rec[b"state"] not in STATES or not _is_int(rec[b"gen"]) or not _is_int(rec[b"ver"]):
+    if rec[b"state"] not in STATES:
         return False
-    return rec[b"state"] != b"pending" or _is_int(rec.get(b"lease"))
+    if not all(_is_int(rec[f]) for f in _NUMBERS if f in rec):
+        return False
+    return rec[b"state"] != b"pending" or b"lease" in rec
 
 
 def load_legacy(ks: MemoryKeyspace, st: Stored, now: int) -> dict[bytes, bytes] | None:
@@ -282,7 +295,9 @@ def load_legacy(ks: MemoryKeyspace, st: Stored, now: int) -> dict[bytes, bytes] 
     if ttl >= 0:
         st.rexp = now + ttl
     if st.log_key is not None:
-        st.log = ks.lrange(st.log_key, now)[-layout.LOG_MAX :]  # the newest LOG_MAX
+        # The newest LOG_MAX, less any entry that is not six fields (the Lua drops it too).
+        newest = ks.lrange(st.log_key, now)[-layout.LOG_MAX :]
+        st.log = [entry for entry in newest if entry.count(b"|") >= 5]
         ttl = ks.pttl(st.log_key, now)
         if ttl >= 0:
             st.lexp = now + ttl
@@ -361,8 +376,7 @@ def save(ks: MemoryKeyspace, st: Stored, now: int) -> None:
     later of the two; a value written before this layout leaves with its old attempt log."""
     packed = layout.Packed(st.rec, st.rexp, entries(st), st.lexp)
     expires = (st.rexp or 0) if st.rec is not None else 0
-    if packed.log:
-        assert st.lexp is not None
+    if packed.log and st.lexp is not None:  # a log without its own expiry lives with the record
         expires = max(expires, st.lexp)
     if st.rec is not None and st.rexp is None:
         ks.set(st.key, now, layout.pack(packed))

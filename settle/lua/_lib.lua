@@ -124,14 +124,17 @@ end
 -- A stored hexed value, checked (the scripts keep fp, aid and rdig in this form: they are
 -- compared with same() and replied as they are, so a read converts no hex).
 local function stored(v)
-  if v ~= nil and type(v) ~= 'string' and (type(v) ~= 'table' or type(v[1]) ~= 'string') then
+  if v ~= nil and type(v) ~= 'string'
+      and (type(v) ~= 'table' or type(v[1]) ~= 'string' or #v ~= 1) then
     error('type')
   end
   return v
 end
 
--- Whether two hexed values are the same.
+-- Whether two hexed values stand for the same text (a crafted value may hold one in another
+-- form than hexed gives: {'0f0f'} for the bytes '0f0f' spells, '' for {''}).
 local function same(a, b)
+  a, b = canonical(a), canonical(b)
   if type(a) == 'table' then return type(b) == 'table' and a[1] == b[1] end
   return a == b
 end
@@ -140,6 +143,28 @@ local function num(v)
   if v == nil then return nil end
   local n = tonumber(v)
   if n and int(n) == v then return n end
+  return v
+end
+
+-- Integers as settle writes them: decimal digits (and a sign) as text, of a magnitude a
+-- double holds exactly (tonumber alone would take '1e3', '0x10' or 'inf'; the reference
+-- model's _is_int is the same test). A record's integer fields are checked as they are read.
+local EXACT = 9007199254740992
+
+local function exact(x)
+  return x % 1 == 0 and x > -EXACT and x < EXACT
+end
+
+local function decimal(v)
+  return type(v) == 'string' and string.find(v, '^%-?%d+$') ~= nil and exact(tonumber(v))
+end
+
+local function unint(v)
+  if type(v) == 'number' then
+    if not exact(v) then error('range') end
+    return int(v)
+  end
+  if v ~= nil and not decimal(v) then error('type') end
   return v
 end
 
@@ -183,6 +208,14 @@ local function unrel(v, base)
   return int(assert(tonumber(base)) + v)
 end
 
+local function unrel_int(v, base)
+  if v == nil then return nil end
+  if type(v) ~= 'number' then error('type') end
+  local x = assert(tonumber(base)) + v
+  if not exact(x) then error('range') end
+  return int(x)
+end
+
 local function values(...)
   return {n = select('#', ...), ...}
 end
@@ -196,12 +229,12 @@ local function unpack_value(st, blob)
   local rec, i = nil, 2
   if t[1] ~= nil then
     if t.n < 16 then error('truncated') end
-    rec = {fp = stored(t[1]), fpv = unnum(t[2]), bind = text(t[3]), gen = unnum(t[4]),
-      ver = unnum(t[5]), state = unword(t[6]), n = unnum(t[7]), created = unnum(t[8]),
+    rec = {fp = stored(t[1]), fpv = unint(t[2]), bind = text(t[3]), gen = unint(t[4]),
+      ver = unint(t[5]), state = unword(t[6]), n = unint(t[7]), created = unint(t[8]),
       aid = stored(t[11]), reason = unword(t[12]), result = text(t[13]),
       rdig = stored(t[14])}
-    rec.updated = unrel(t[9], rec.created)
-    rec.lease = unrel(t[10], rec.updated)
+    rec.updated = unrel_int(t[9], rec.created)
+    rec.lease = unrel_int(t[10], rec.updated)
     if t[15] ~= nil then st.rexp = tonumber(unrel(t[15], rec.updated)) end
     i = 16
   end
@@ -256,14 +289,21 @@ local function entry_at(st, j)
   return aid, gen, at
 end
 
-local function valid(rec)
+-- The fields the rules compute with: integers wherever they are present (unpack_value
+-- checks them as it reads a packed value; a record of the previous layout is all text).
+local NUMBERS = {'fpv', 'gen', 'ver', 'n', 'created', 'updated', 'lease'}
+
+local function valid(rec, text_numbers)
   for i = 2, REQUIRED do
     if rec[FIELDS[i]] == nil then return false end
   end
-  if not STATES[rec.state] or tonumber(rec.gen) == nil or tonumber(rec.ver) == nil then
-    return false
+  if not STATES[rec.state] then return false end
+  if text_numbers then
+    for _, f in ipairs(NUMBERS) do
+      if rec[f] ~= nil and not decimal(rec[f]) then return false end
+    end
   end
-  return rec.state ~= 'pending' or tonumber(rec.lease or '') ~= nil
+  return rec.state ~= 'pending' or rec.lease ~= nil
 end
 
 -- The most entries one value may hold (layout.LOG_MAX, SettleConfig.attempt_log_size).
@@ -301,7 +341,7 @@ local function rare()
     local row = redis.call('HMGET', st.key, unpack(FIELDS))
     local rec = {}
     for i = 1, #FIELDS do rec[FIELDS[i]] = row[i] or nil end
-    if not row[1] or not valid(rec) then return false end
+    if not row[1] or not valid(rec, true) then return false end
     rec.fp, rec.aid, rec.rdig = hexed(rec.fp), hexed(rec.aid), hexed(rec.rdig)
     st.legacy = true
     local ttl = redis.call('PTTL', st.key)
@@ -468,7 +508,8 @@ local function save(st, now)
   local kept, new = st.nold - st.drop, st.new
   if kept + #new > 0 then
     v[n] = rel(st.lexp, rec and rec.created or '0')
-    expires = math.max(expires, st.lexp)
+    -- A log without an expiry of its own (renew observes nothing) lives with the record.
+    if st.lexp then expires = math.max(expires, st.lexp) end
   end
   local parts = {MAGIC, pack_range(v, 1, n)}
   -- Entries are encoded against the previous one (the first against the record): aid in the
@@ -560,7 +601,8 @@ end
 -- server clock did not step back and generations were issued no faster than one per
 -- microsecond (docs/concepts.md, "Generations"). Below 2^53 until the year 2255.
 local function next_generation(key, now_us)
-  local last = tonumber(redis.call('HGET', key, 'gen') or '0') or 0
+  local stored_gen = redis.call('HGET', key, 'gen')
+  local last = decimal(stored_gen) and tonumber(stored_gen) or 0
   local gen = math.max(last + 1, now_us)
   redis.call('HSET', key, 'gen', int(gen))
   return int(gen)

@@ -5,6 +5,7 @@ packed by their next write, on Redis and in the reference model alike."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 import redis
 
-from settle import Reservation, Settler, State, Verdict
+from settle import Replay, Reservation, Reserved, Settler, State, Verdict
 from settle._core.layout import LOG_MAX, MAGIC, WORDS, _mp, pack, unpack
-from settle.errors import InvalidInput
+from settle.errors import CorruptRecord, InvalidInput
 from settle.testing import MemorySettler
 
 WHO = "tenant:acme"
@@ -97,6 +98,14 @@ class _Legacy:
         for entry in log:
             self.ks.rpush(log_key, now, entry)
         self.ks.pexpire(log_key, ttl_ms, now)
+
+    def plant(self, op: str, blob: bytes, ttl_ms: int = 3_600_000) -> None:
+        """Store a crafted packed value (any value layout.py can write) as the record."""
+        key = self.settler._core.keys.record(op)
+        if self.client is not None:
+            self.client.set(key, blob, px=ttl_ms)
+            return
+        self.ks.set(key, self.ks.clock(), blob, ttl_ms)
 
     def kinds(self, op: str) -> tuple[str, str]:
         record, log_key = (
@@ -352,3 +361,129 @@ def test_an_attempt_id_of_any_length_in_a_crafted_value_converts_without_a_scrip
         assert stored.record[b"aid"] == long_aid
     finally:
         s.close()
+
+
+# -- crafted values: the Lua and the reference model read them alike ----------------------
+
+PAYLOAD = b'{"ok":true}'
+GEN = 1_796_000_000_000_001
+
+
+def _crafted(side: _Legacy, op: str, state: bytes, **fields: Any) -> tuple[bytes, Reservation]:
+    """A packed value of operation ``op`` in ``state`` whose fields are settle's own unless
+    given (fp, aid, rdig, lease, ver, n, gen: MessagePack values in any form), with one log
+    entry; and the reservation of its attempt."""
+    fp = side.settler._core.plan_reserve(op, REQ, principal=WHO).args[1][1:]
+    now = int(time.time() * 1000)
+    created = now - 1000
+    values = {
+        "fp": fp, "fpv": 1, "bind": WHO.encode(), "gen": GEN, "ver": 2,
+        "state": WORDS.index(state) + 1, "n": 1, "created": created, "updated": 5,
+        "lease": None, "aid": bytes.fromhex(OLD_AID), "reason": None, "result": None,
+        "rdig": None, "rexp": 86_400_000, "lexp": 86_400_010,
+    }  # fmt: skip
+    if state == b"pending":
+        values["lease"] = 600_000
+    if state == b"completed":
+        values["result"] = PAYLOAD
+        values["rdig"] = bytes.fromhex(hashlib.sha256(PAYLOAD).hexdigest())
+    values.update(fields)
+    words = (b"reserve", b"reserved", b"new")
+    log = [None, None, *(WORDS.index(w) + 1 for w in words), 0]
+    blob = MAGIC + b"".join(_mp(v) for v in [*values.values(), *log])
+    mine = Reservation(
+        operation_id=op,
+        fingerprint=fp.hex(),
+        fingerprint_version=1,
+        binding=WHO,
+        generation=GEN,
+        attempt_id=OLD_AID,
+    )
+    return blob, mine
+
+
+def test_digests_and_attempt_ids_stored_as_their_text_compare_as_that_text(
+    side: _Legacy,
+) -> None:
+    """A fingerprint, digest or attempt id held as its own hex text (``["9b..."]``) where
+    settle stores the bytes stands for the same text: the same request replays, the same
+    result is absorbed, the same attempt resumes and renews (the Lua once compared the stored
+    forms and answered fingerprint_mismatch, quarantined, in_progress, lost)."""
+    s = side.settler
+    blob, _ = _crafted(side, "a", b"completed")
+    fp = unpack(blob).record[b"fp"]  # type: ignore[index]
+    blob, _ = _crafted(side, "a", b"completed", fp=[fp])
+    side.plant("a", blob)
+    assert isinstance(s.reserve("a", REQ, principal=WHO), Replay)
+
+    digest = hashlib.sha256(PAYLOAD).hexdigest().encode()
+    blob, mine = _crafted(side, "b", b"completed", rdig=[digest])
+    side.plant("b", blob)
+    assert s.complete(mine, PAYLOAD).verdict is Verdict.ABSORBED
+
+    blob, _ = _crafted(side, "c", b"pending", aid=[OLD_AID.encode()])
+    side.plant("c", blob)
+    resumed = s.reserve("c", REQ, principal=WHO, attempt_id=OLD_AID)
+    assert isinstance(resumed, Reserved)
+
+    blob, mine = _crafted(side, "d", b"pending", fp=[fp])
+    side.plant("d", blob)
+    assert s.renew(mine).renewed
+
+
+def test_a_log_without_an_expiry_of_its_own_is_renewed_and_lives_with_the_record(
+    side: _Legacy,
+) -> None:
+    """A value whose attempt log has no expiry (layout.py writes one: the log's expiry is
+    optional; renew observes nothing) is renewed, not failed by a script error on every
+    heartbeat."""
+    blob, mine = _crafted(side, "op", b"pending", lexp=None)
+    side.plant("op", blob)
+    assert side.settler.renew(mine).renewed
+    assert [a.attempt_id for a in side.settler.attempts("op")] == [OLD_AID]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"ver": b"1e3"},  # Lua's tonumber took it
+        {"gen": b"1_796_000_000_000_001"},  # Python's int took it
+        {"n": b"x"},  # never checked: a script error on the next reserve
+        {"ver": 2**53},  # beyond what a double holds exactly
+        {"created": b"0x10"},
+        {"fp": [b"9b" * 32, b"junk"]},  # a text form holds one text
+    ],
+    ids=["exponent", "underscores", "n-not-a-number", "ver-2^53", "hex-created", "fp-two-texts"],
+)
+def test_a_crafted_record_with_a_field_settle_never_writes_reads_as_corrupt(
+    side: _Legacy, fields: dict[str, Any]
+) -> None:
+    """A record's integers are decimal text or MessagePack integers a double holds exactly,
+    and a text form holds one text: anything else is corrupt to every script (get, reserve,
+    a settlement), in the Lua and the reference model alike, and nothing is written."""
+    blob, mine = _crafted(side, "op", b"provisional", **fields)
+    side.plant("op", blob)
+    s = side.settler
+    with pytest.raises(CorruptRecord):
+        s.get("op")
+    with pytest.raises(CorruptRecord):
+        s.reserve("op", REQ, principal=WHO)
+    with pytest.raises(CorruptRecord):
+        s.complete(mine, PAYLOAD)
+    key = s._core.keys.record("op")
+    stored = side.client.get(key) if side.client is not None else side.ks.get(key, side.ks.clock())
+    assert stored == blob
+
+
+def test_a_previous_layout_log_entry_that_is_not_six_fields_is_dropped(side: _Legacy) -> None:
+    """An entry of the previous layout's LIST that does not split into its six fields is left
+    out when the record is rewritten, by the Lua and the reference model alike."""
+    _old_pending(
+        side, "old", ["garbage-entry", f"{OLD_AID}|{OLD_GEN}|reserve|reserved|new|{CREATED}"]
+    )
+    assert [a.action for a in side.settler.attempts("old")] == ["reserve"]
+    got = side.settler.reserve("old", REQ, principal=WHO, fingerprint=OLD_FP, attempt_id=OLD_AID)
+    assert isinstance(got, Reserved)
+    assert side.settler.complete(got.reservation, PAYLOAD).verdict is Verdict.ACCEPTED
+    assert side.kinds("old") == ("string", "none")
+    assert [a.action for a in side.settler.attempts("old")] == ["reserve", "complete"]
