@@ -365,10 +365,11 @@ class Core:
         if expected_version is not None and (
             isinstance(expected_version, bool)
             or not isinstance(expected_version, int)
-            or expected_version < 1
+            or not 1 <= expected_version < 2**53
         ):
             raise InvalidInput(
-                "expected_version must be a positive int", operation_id=r.operation_id
+                "expected_version must be an int from 1 to 2**53 - 1 (a record's version)",
+                operation_id=r.operation_id,
             )
         op = r.operation_id  # checked with the reservation
         shard, record, log = self._keys_of(op)

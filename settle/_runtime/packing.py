@@ -55,18 +55,31 @@ def _hiredis_packs_as(conn: Any) -> bool:
     return False
 
 
+#: hiredis writes integers of this magnitude itself; larger ones go as their text.
+_INT64 = 2**63
+
+
 def pack_command(conn: Any, command: tuple[Any, ...]) -> Any:
     """``conn.pack_command(*command)``, sent the same, without redis-py's per-argument pass
     where hiredis gives the same bytes (:func:`_hiredis_packs_as`; the lane's ``EVALSHA`` /
     ``FCALL`` never hold a command name with spaces, which redis-py would split). A
     memoryview goes redis-py's way (hiredis would send a strided view's underlying bytes),
     and so does what hiredis refuses (a bytearray, a bool, None), to be converted or to
-    raise redis-py's DataError."""
-    if (
-        _hiredis_pack is not None
-        and not any(type(arg) is memoryview for arg in command)
-        and _hiredis_packs_as(conn)
-    ):
+    raise redis-py's DataError. An integer beyond 64 bits goes as its text, the same bytes:
+    hiredis (also under redis-py's own sync serializer) crashes the process on one of over
+    4,300 digits, where making its text raises Python's ValueError and sends nothing."""
+    plain, big = True, False
+    for arg in command:
+        kind = type(arg)
+        if kind is memoryview:
+            plain = False
+        elif kind is int and not -_INT64 <= arg < _INT64:
+            big = True
+    if big:
+        command = tuple(
+            str(a) if type(a) is int and not -_INT64 <= a < _INT64 else a for a in command
+        )
+    if plain and _hiredis_pack is not None and _hiredis_packs_as(conn):
         try:
             return [_hiredis_pack(command)]
         except TypeError:

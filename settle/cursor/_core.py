@@ -129,9 +129,13 @@ class CursorCore:
         if isinstance(self.keep_generations, bool) or not 1 <= self.keep_generations <= 10_000:
             raise InvalidInput("keep_generations must be 1 to 10000")
         if self.receipt_horizon is not None and (
-            isinstance(self.receipt_horizon, bool) or not self.receipt_horizon >= 1
+            isinstance(self.receipt_horizon, bool)
+            or not isinstance(self.receipt_horizon, int)
+            or not 1 <= self.receipt_horizon <= MAX_POSITION
         ):
-            raise InvalidInput("receipt_horizon must be a positive number of positions or None")
+            raise InvalidInput(
+                f"receipt_horizon must be a number of positions from 1 to {MAX_POSITION}, or None"
+            )
 
     @staticmethod
     def check_consumer(stream: str, contract: object) -> tuple[str, ProviderContract]:

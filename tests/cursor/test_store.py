@@ -196,6 +196,9 @@ def test_old_witnesses_and_receipts_are_pruned_at_promotion(
     store.close()
     with pytest.raises(InvalidInput):
         CursorStore.from_url(redis_url, namespace=namespace, keep_generations=0)
+    for horizon in (0, 1.5, True, 1 << 53, 10**5000):  # refused up front, never sent
+        with pytest.raises(InvalidInput):
+            CursorStore.from_url(redis_url, namespace=namespace, receipt_horizon=horizon)
 
 
 def test_a_consumer_rejects_a_bad_stream_or_contract(store) -> None:

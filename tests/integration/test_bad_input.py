@@ -83,8 +83,9 @@ def test_bad_settlement_arguments_raise(settler: Settler) -> None:
         settler.complete({"not": "a reservation"}, {"n": 1})  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
         settler.mark_provisional(r, reason="")
-    with pytest.raises(InvalidInput):
-        settler.complete(r, {"n": 1}, expected_version=0)
+    for version in (0, 2**53, 10**5000):  # beyond a record's versions: refused, not sent
+        with pytest.raises(InvalidInput):
+            settler.complete(r, {"n": 1}, expected_version=version)
     with pytest.raises(InvalidInput):
         settler.reserve("op", {"a": 1}, principal=WHO, fingerprint="not-hex")
     assert settler.get("op").version == 1
