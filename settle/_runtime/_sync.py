@@ -640,9 +640,18 @@ class _Lane:
             conn = self._idle.pop()
         except IndexError:  # none kept (or another thread took the last one)
             return self._pool.get_connection()
+        try:
+            self._check(conn)
+        except BaseException:  # cancelled while checking it: kept again, not lost
+            self._idle.append(conn)
+            raise
+        return conn
+
+    def _check(self, conn: Any) -> None:
+        """Make a kept connection ready to send on (it connects again before sending)."""
         if _should_reconnect(conn):  # a maintenance notification moved its endpoint
             conn.disconnect()
-            return conn
+            return
         try:
             # Data nobody asked for: a new socket, as the pool does, unless maintenance
             # notifications are on (the data is one, read with the next reply).
@@ -650,8 +659,7 @@ class _Lane:
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
-            conn.disconnect()  # it connects again before sending
-        return conn
+            conn.disconnect()
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
         try:

@@ -295,3 +295,30 @@ def test_a_kept_connection_a_maintenance_notification_flagged_is_reconnected(
         assert kept._sock is None or kept._sock.getsockname() != before
     finally:
         settler.close()
+
+
+@pytest.mark.asyncio
+async def test_a_call_cancelled_while_its_kept_connection_reconnects_loses_no_connection(
+    redis_url: str, namespace: str
+) -> None:
+    """A kept connection is checked (and, flagged by a maintenance notification, closed)
+    before a call sends on it: a caller cancelled during that check leaves the connection
+    kept, not lost to the pool (a pool of few connections would run dry)."""
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace)
+    try:
+        assert isinstance(await settler.reserve("op-1", REQUEST, principal="p"), Reserved)
+        pool = settler.client.connection_pool
+        (kept,) = settler._runner._lane._idle  # white box: the connection the lane kept
+        await pool.update_active_connections_for_reconnect()
+        assert kept.should_reconnect()
+        in_use = len(pool._in_use_connections)
+        call = asyncio.create_task(settler.get("op-1"))
+        await asyncio.sleep(0)  # the call is closing the flagged connection
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert settler._runner._lane._idle == [kept]
+        assert len(pool._in_use_connections) == in_use
+        assert (await settler.get("op-1")).state is State.PENDING
+    finally:
+        await settler.aclose()
