@@ -7,6 +7,7 @@ shell can first keep the response as an abandoned witness and then raise it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from settle.cursor._keys import has_control
@@ -37,6 +38,8 @@ from settle.cursor.models import (
 __all__ = ["Decision", "View", "check_page", "classify"]
 
 MAX_EVENT_ID_CHARS = 512
+MAX_DIGEST_CHARS = 128
+_DIGEST = re.compile(f"[!-~]{{1,{MAX_DIGEST_CHARS}}}")
 MAX_EVENTS_PER_PAGE = 10_000
 MAX_CURSOR_BYTES = 64 << 10
 MAX_SNAPSHOT_CHARS = 256
@@ -142,6 +145,13 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
             raise _bad(stream, "event ids must not contain control characters")
         if not _is_position(ev.position):
             raise _bad(stream, f"event positions must be integers in [0, {MAX_POSITION}]")
+        if not (isinstance(ev.digest, str) and _DIGEST.fullmatch(ev.digest)):
+            # A receipt holds the digest between spaces: one with a space would not read back.
+            raise _bad(
+                stream,
+                f"an event's digest must be 1 to {MAX_DIGEST_CHARS} printable ASCII characters "
+                "without spaces (by default settle computes it: a SHA-256 of the payload)",
+            )
         if ev.position <= last:
             raise _bad(stream, "event positions must strictly increase within a page")
         if ev.id in seen:

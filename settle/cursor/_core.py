@@ -9,6 +9,7 @@ as digests (the first 16 hex digits of their SHA-256).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +117,18 @@ class WitnessesChanged(Exception):
     """Another response to the same (cursor, generation) was witnessed meanwhile."""
 
 
+_CANONICAL_INT = re.compile(rb"-?[1-9][0-9]*|0")
+
+
+def _canonical_int(value: object) -> int:
+    """A checkpoint's generation or boundary as settle writes it (the Lua's canonical_int:
+    the scripts compare generations as text, so ``01`` would never match 1)."""
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    if not _CANONICAL_INT.fullmatch(raw) or abs(int(raw)) >= 2**53:
+        raise ValueError(f"not an integer as settle writes one: {value!r}")
+    return int(raw)
+
+
 @dataclass
 class CursorCore:
     """The rules of one namespace's cursor checkpoints, shared by both shells."""
@@ -179,8 +192,8 @@ class CursorCore:
                 stream=_text(f["stream"]),
                 cursor=_bytes(f["cursor"]),
                 cursor_digest=_text(f["cdig"]),
-                generation=int(f["gen"]),
-                boundary=int(f["bound"]),
+                generation=_canonical_int(f["gen"]),
+                boundary=_canonical_int(f["bound"]),
                 created_at=ms_datetime(int(f["created"])),
                 updated_at=ms_datetime(int(f["updated"])),
                 promoted_witness=_text(f.get("waid") or b"") or None,

@@ -65,6 +65,10 @@ def test_reading_a_stream_that_was_never_started(store) -> None:
         (Page([Event("a", -1)], b"n"), {}),
         (Page([Event("", 1)], b"n"), {}),
         (Page([Event("a", 1)], "n"), {}),  # type: ignore[arg-type]
+        (Page([Event("a", 1, digest="x y")], b"n"), {}),  # a receipt holds it between spaces
+        (Page([Event("a", 1, digest="d" * 129)], b"n"), {}),
+        (Page([Event("a", 1, digest="\u00e9")], b"n"), {}),
+        (Page([Event("a", 1, digest=5)], b"n"), {}),  # type: ignore[arg-type]
         (Page([], b"n", coverage=Coverage(0, 1)), {}),
         (
             Page([], b"n", coverage=Coverage(3, 1)),
@@ -134,6 +138,31 @@ def test_a_corrupt_checkpoint_is_reported_and_left_alone(store, redis_client, na
     with pytest.raises(CorruptRecord):
         store.start("s", b"c")
     assert redis_client.get(key) == b"not a checkpoint"
+
+
+@pytest.mark.parametrize(("field", "value"), [("gen", b"01"), ("gen", b"+1"), ("bound", b" 0")])
+def test_a_checkpoint_number_settle_never_writes_is_corrupt(
+    store, redis_client, namespace, field, value
+) -> None:
+    """The scripts compare a checkpoint's generation as text: one stored as ``01`` would
+    never match 1 (every step superseded, reset refused), so it is reported as corrupt, by
+    the reads and the steps alike, and left alone."""
+    store.start("s", b"c")
+    key = stream_keys(namespace, "s")[0]
+    redis_client.hset(key, field, value)
+    before = keys_of(redis_client, namespace), redis_client.hgetall(key)
+    with pytest.raises(CorruptRecord):
+        store.checkpoint("s")
+    c = CursorConsumer(
+        lambda cursor: Page([Event("a", 1)], b"n"),
+        lambda e, ctx: None,
+        ProviderContract(),
+        store=store,
+        stream="s",
+    )
+    with pytest.raises(CorruptRecord):
+        c.step()
+    assert (keys_of(redis_client, namespace), redis_client.hgetall(key)) == before
 
 
 def test_divergence_errors_are_picklable_and_name_the_recovery() -> None:

@@ -14,6 +14,14 @@
 local WITNESS_ATTRS = {'gen', 'input', 'cdig', 'events', 'succ', 'sdig', 'snap', 'cov',
   'class', 'nbound', 'disp', 'reason', 'created', 'updated'}
 
+-- Whether v is an integer as settle writes one (no sign but '-', no leading zeros, below
+-- 2^53): the scripts compare generations as text, so '01' would never match 1 (the
+-- client's _core.py canonical() is the same test).
+local function canonical_int(v)
+  return type(v) == 'string' and (string.find(v, '^%-?[1-9]%d*$') ~= nil or v == '0')
+    and math.abs(tonumber(v)) < 9007199254740992
+end
+
 -- (table, flat) for the checkpoint; (nil, {}) when absent; (false, {}) when not a checkpoint.
 local function load_ckpt(key)
   local kind = redis.call('TYPE', key)
@@ -23,7 +31,7 @@ local function load_ckpt(key)
   local flat = redis.call('HGETALL', key)
   local c = {}
   for i = 1, #flat, 2 do c[flat[i]] = flat[i + 1] end
-  if c.cursor == nil or tonumber(c.gen or '') == nil or tonumber(c.bound or '') == nil then
+  if c.cursor == nil or not canonical_int(c.gen) or not canonical_int(c.bound) then
     return false, {}
   end
   return c, flat
