@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from settle._log import logger
 from settle._runtime import Call, parse_reply
-from settle.errors import BackendError, CorruptRecord
+from settle.errors import BackendError, CorruptRecord, InvalidInput
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import InvalidDelivery, ProviderReset, UnprovenListing
 from settle.progress.identity import (
@@ -158,6 +158,19 @@ def _raw(value: Any) -> bytes:
     return bytes(value) if isinstance(value, bytes | bytearray) else str(value).encode()
 
 
+#: The most settlement receipts a consumer's stream keeps (``XADD MAXLEN ~``).
+MAX_RECEIPTS_CAP = 10_000_000
+
+
+def _count(value: object, what: str) -> int:
+    """A count a broker reported (deliveries, pending entries): stored as evidence, so
+    refused beyond what a record holds exactly (an int of thousands of digits would also
+    crash hiredis) rather than sent."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+        raise InvalidDelivery(f"{what} must be an int from 0 to 2**53 - 1")
+    return value
+
+
 @dataclass
 class ProgressCore:
     """Planning and decoding for one consumer (in a namespace) on the progress server."""
@@ -167,6 +180,10 @@ class ProgressCore:
     receipts_cap: int = 10_000
 
     def __post_init__(self) -> None:
+        if isinstance(self.receipts_cap, bool) or not (
+            isinstance(self.receipts_cap, int) and 1 <= self.receipts_cap <= MAX_RECEIPTS_CAP
+        ):
+            raise InvalidInput(f"receipts_cap must be an int from 1 to {MAX_RECEIPTS_CAP}")
         self.keys = ProgressKeys(self.namespace, self.consumer)
         self.log = logger.bind(namespace=self.namespace, consumer=self.consumer)
 
@@ -209,7 +226,7 @@ class ProgressCore:
             d.value,
             e.value if e else "",
             _reason(reason),
-            int(delivery_count),
+            _count(delivery_count, "delivery_count"),
         )
 
     def plan_defer(
@@ -264,7 +281,7 @@ class ProgressCore:
             start,
             last_delivered.value if last_delivered else "",
             oldest_pending.value if oldest_pending else "",
-            int(pending),
+            _count(pending, "pending"),
             *(d.value for d in listing),
         )
 
@@ -325,6 +342,11 @@ class ProgressCore:
 
     def decode(self, call: Call, raw: Any) -> ProgressReply:
         reply = parse_reply(raw, call, body=6)
+        if reply.code == "corrupt":  # found before the script wrote anything
+            raise CorruptRecord(
+                f"the progress of consumer {self.consumer!r} holds a {reply.detail} settle "
+                "never writes; nothing was written"
+            )
         try:
             meta, applied, resolved, gaps, intents, deferred = reply.body
             scope_id = call.args[0]

@@ -4,9 +4,10 @@ keys that share one hash slot per script, and the generated sync shell kept in s
 from __future__ import annotations
 
 import pytest
+import redis
 from redis.crc import key_slot
 
-from settle.errors import InvalidInput, SettleError
+from settle.errors import CorruptRecord, InvalidInput, SettleError
 from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
 from settle.progress._core import ProgressCore
 from settle.progress._keys import ProgressKeys, StreamKeys
@@ -59,8 +60,75 @@ def test_bad_input_raises_before_anything_is_written(progress_server, progress_c
         ProgressStore.from_url(progress_server.url, consumer="a{b}", namespace="t")
     with pytest.raises(InvalidDelivery):
         StreamKeys("orders}x")
+    for count in (-7, True, 2**53, 10**5000):  # a count beyond what is stored exactly
+        with pytest.raises(InvalidDelivery):
+            store.dead_letter(
+                SCOPE, DeliveryId("1-0"), EmissionId("e1"), reason="poison", delivery_count=count
+            )
+        with pytest.raises(InvalidDelivery):
+            store.observe(SCOPE, None, [], last_delivered=None, oldest_pending=None, pending=count)
+    for cap in (0, -1, "abc", True, 10**5000):  # XADD MAXLEN ~ cap: refused, never sent
+        with pytest.raises(InvalidInput):
+            ProgressStore.from_url(
+                progress_server.url, consumer=names.consumer, namespace="t", receipts_cap=cap
+            )
     assert called == []
     assert progress_client.dbsize() == before
+    store.close()
+
+
+def _scan(client: redis.Redis) -> dict[bytes, object]:
+    """Every key of the progress server with its value (hashes as dicts)."""
+    out: dict[bytes, object] = {}
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        out[key] = client.hgetall(key) if kind == b"hash" else client.dump(key)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("where", "field", "value"),
+    [
+        ("meta", b"floor", b"garbage"),  # a floor that is not a delivery id
+        ("meta", b"floor", b"009-0"),  # leading zeros: compared by length, 10-0 was covered
+        ("meta", b"ver", b"x"),  # HINCRBY failed after the applied mark was written
+        ("applied", b"bogus", b"e?"),  # an applied id the floor cannot be compared with
+        ("emission", b"state", b"done"),  # a state settle never writes: the effect ran again
+        ("emission", b"attempts", b"junk"),  # HINCRBY failed after the state was written
+    ],
+)
+def test_progress_settle_never_writes_is_corrupt_and_nothing_is_written(
+    progress_server, progress_client, names, where, field, value
+):
+    """A (consumer, scope) or an emission holding what settle never writes (another writer,
+    an older layout) is refused with CorruptRecord by every script before it writes
+    anything, and the effect never runs: scripts once failed with a raw Lua error after
+    their first writes, overwrote an unknown emission state and ran the effect again, or
+    covered a delivery by a floor with leading zeros."""
+    store = ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    store.apply(SCOPE, DeliveryId("1-0"), EmissionId("e1"), lambda ctx: None)
+    meta, applied = ProgressKeys(names.namespace, names.consumer).scope(SCOPE.scope_id)[:2]
+    emission = ProgressKeys(names.namespace, names.consumer).emission(EmissionId("e10"))
+    key = {"meta": meta, "applied": applied, "emission": emission}[where]
+    progress_client.hset(key, field, value)
+    before = _scan(progress_client)
+    ran: list[object] = []
+    with pytest.raises(CorruptRecord):
+        store.apply(SCOPE, DeliveryId("10-0"), EmissionId("e10"), ran.append)
+    if where != "emission":
+        with pytest.raises(CorruptRecord):
+            store.observe(
+                SCOPE,
+                None,
+                [DeliveryId("1-0"), DeliveryId("10-0")],
+                last_delivered=DeliveryId("10-0"),
+                oldest_pending=None,
+                pending=1,
+            )
+    assert ran == []
+    assert _scan(progress_client) == before
     store.close()
 
 

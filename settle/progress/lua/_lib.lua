@@ -24,8 +24,15 @@ local function num_lt(a, b)
   return a < b
 end
 
+-- A delivery id as settle writes one: <ms>-<seq>, decimal without leading zeros (num_lt
+-- compares such digits by length); nil for anything else.
 local function parse_id(id)
-  return string.match(id, '^(%d+)-(%d+)$')
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms or (#ms > 1 and string.byte(ms, 1) == 48)
+      or (#seq > 1 and string.byte(seq, 1) == 48) then
+    return nil
+  end
+  return ms, seq
 end
 
 -- a < b for stream entry ids <ms>-<seq>
@@ -34,6 +41,25 @@ local function id_lt(a, b)
   local bm, bs = parse_id(b)
   if am ~= bm then return num_lt(am, bm) end
   return num_lt(as, bs)
+end
+
+-- What settle never writes in the (consumer, scope)'s keys or the emission's, found before
+-- a script writes anything (a script that fails after a write keeps that write): the
+-- reason, or nil. The client raises CorruptRecord on the 'corrupt' reply.
+local function stored_corrupt()
+  local meta = redis.call('HMGET', KEYS[1], 'floor', 'ver')
+  if meta[1] and meta[1] ~= '' and not parse_id(meta[1]) then return 'floor' end
+  if meta[2] and not string.find(meta[2], '^%d+$') then return 'version' end
+  for _, k in ipairs({KEYS[2], KEYS[3], KEYS[4]}) do
+    for _, id in ipairs(redis.call('HKEYS', k)) do
+      if not parse_id(id) then return 'delivery id' end
+    end
+  end
+  local state = redis.call('HGET', KEYS[10], 'state')
+  if state and state ~= 'applying' and state ~= 'applied' then return 'emission state' end
+  local attempts = redis.call('HGET', KEYS[10], 'attempts')
+  if attempts and not string.find(attempts, '^%d+$') then return 'emission attempts' end
+  return nil
 end
 
 local function floor_of()

@@ -9,6 +9,8 @@
 --            another delivery (a duplicate publication, or a stream that lost its data)
 --   fresh    (detail: attempts so far): apply the effect; the emission is marked applying
 local now = now_ms()
+local broken = stored_corrupt()
+if broken then return progress_reply('corrupt', broken) end
 local covered = coverage(ARGV[3])
 if covered then return progress_reply('covered', covered) end
 local state = redis.call('HGET', KEYS[10], 'state')

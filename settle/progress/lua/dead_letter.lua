@@ -7,6 +7,8 @@
 --   dead_lettered (detail: the dead-letter entry id, '' when it was already dead-lettered)
 --   covered       (detail floor | applied): progress says it was applied; not dead-lettered
 local now = now_ms()
+local broken = stored_corrupt()
+if broken then return progress_reply('corrupt', broken) end
 local covered = coverage(ARGV[3])
 if covered == 'dead_lettered' then return progress_reply('dead_lettered', '') end
 if covered then return progress_reply('covered', covered) end

@@ -6,6 +6,8 @@
 -- ARGV[5] reason
 -- Returns progress_reply(code, detail): deferred | covered (detail floor | applied | dead_lettered)
 local now = now_ms()
+local broken = stored_corrupt()
+if broken then return progress_reply('corrupt', broken) end
 local covered = coverage(ARGV[3])
 if covered then return progress_reply('covered', covered) end
 redis.call('HSET', KEYS[6], ARGV[3],

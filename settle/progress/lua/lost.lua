@@ -6,6 +6,8 @@
 -- pending)
 -- Returns progress_reply('lost', comma-separated ids that became gaps now ('' none))
 local now = now_ms()
+local broken = stored_corrupt()
+if broken then return progress_reply('corrupt', broken) end
 local lost = {}
 for i = 3, #ARGV do
   local id = ARGV[i]

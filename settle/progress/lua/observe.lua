@@ -5,6 +5,8 @@
 -- ARGV[6] pending count  ARGV[7..] listed ids, ascending
 -- Returns progress_reply(advanced | unchanged | unproven, floor)
 local now = now_ms()
+local broken = stored_corrupt()
+if broken then return progress_reply('corrupt', broken) end
 local ids = {}
 for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],

@@ -7,6 +7,8 @@
 --            (duplicate: its emission had already been applied; no second effect ran)
 --   covered  (detail floor | applied | dead_lettered): progress already covered it
 local now = now_ms()
+local broken = stored_corrupt()
+if broken then return progress_reply('corrupt', broken) end
 local covered = coverage(ARGV[3])
 if covered then
   if covered ~= 'dead_lettered' then intent(ARGV[3], 'ack', ARGV[4], now) end
