@@ -217,6 +217,7 @@ class AttemptRunner:
         chunk = bytes(message.get("body", b""))
         more = bool(message.get("more_body", False))
         if self._streaming:
+            self._size += len(chunk)  # the size the first client was sent, as WSGI counts it
             if not more:
                 await self._finish()
             await self._forward(message)

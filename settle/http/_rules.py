@@ -299,7 +299,9 @@ class Guard:
         if isinstance(exc, BindingMismatch):
             detail = f"this {header} is in use by another principal; use a new key"
             return self._reject(ProblemKind.KEY_BOUND, detail, level="warning")
-        if isinstance(exc, BackendError | DurabilityError):
+        if isinstance(exc, BackendError | DurabilityError | ConfigurationError):
+            # ConfigurationError: Redis refused settle (credentials in rotation, a cluster
+            # missing slots): for the client, the store is unavailable and nothing ran.
             self.log.error("settle.http.unavailable", error=type(exc).__name__)
             detail = "the idempotency store cannot be reached; nothing was run. Retry later."
             return self._answer(ProblemKind.UNAVAILABLE, detail, retry=True)

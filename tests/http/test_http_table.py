@@ -342,6 +342,9 @@ def test_a_response_over_the_limit_is_sent_once_then_410(endpoint: Endpoint) -> 
     again = client.post("/stream?size=10000", json={}, headers=key_headers("s"))
     assert again.status_code == 410
     assert problem_type(again) == "response-not-stored"
+    # The size the first client was sent, counted alike by ASGI and WSGI (the ASGI path
+    # once stopped counting where the limit was crossed).
+    assert f"its {32 + 10000}-byte response" in again.json()["detail"]
     assert endpoint.ledger.count("/stream") == 1
 
 
@@ -379,3 +382,30 @@ def test_structlog_events_name_each_step_and_never_carry_payloads(endpoint: Endp
     assert "k-log" not in text
     assert "4242424242424242" not in text
     assert "tenant:acme" not in text
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_store_that_refuses_settle_answers_503_and_runs_nothing(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    """Redis refusing settle (here a client configured with another shard count than its
+    namespace's; credentials in rotation or a cluster missing slots alike) is a 503
+    problem with Retry-After, as an unreachable store is, not the server's bare 500."""
+    with contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=4)) as s:
+        s.reserve("elsewhere", {"n": 1}, principal="tenant:acme")
+    ledger = Ledger()
+    with contextlib.ExitStack() as stack:
+        if protocol == "asgi":
+            async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=8)
+            base = stack.enter_context(serve(starlette_app(async_settler, ledger), async_settler))
+        else:
+            settler = stack.enter_context(
+                contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=8))
+            )
+            base = stack.enter_context(serve_wsgi(wsgi_app(settler, ledger)))
+        client = stack.enter_context(httpx.Client(base_url=base, timeout=30))
+        response = client.post("/payments", json={"amount": 1}, headers=key_headers("k"))
+    assert response.status_code == 503
+    assert problem_type(response) == "idempotency-unavailable"
+    assert response.headers["retry-after"]
+    assert ledger.count() == 0
