@@ -169,9 +169,14 @@ def _unmp(blob: bytes, pos: int) -> tuple[Value, int]:
         n = struct.calcsize(fmt)
         return int(struct.unpack(fmt, _take(blob, pos, n))[0]), pos + n
     if 0x90 <= b <= 0x9F:
-        items: list[bytes] = []
+        read: list[Value] = []
         for _ in range(b & 0x0F):
             item, pos = _unmp(blob, pos)
+            read.append(item)
+        while read and read[-1] is None:  # trailing nils: a Lua table does not hold them
+            read.pop()
+        items: list[bytes] = []
+        for item in read:
             if not isinstance(item, bytes):  # corrupt, like every other refusal here
                 raise ValueError("not a settle value: array of non-strings")  # noqa: TRY004
             items.append(item)

@@ -236,11 +236,12 @@ _EXACT = 2**53  # the integers a double (Lua's number) holds exactly are below t
 
 
 def _is_int(value: bytes | None) -> bool:
-    """An integer as settle writes one: decimal digits (and a sign), of a magnitude a double
-    holds exactly (the Lua's ``decimal``; Python's ``int`` alone would take ``1_000``, Lua's
-    ``tonumber`` ``1e3``)."""
+    """An integer as settle writes one: decimal digits (and a sign), at most 20 characters,
+    of a magnitude a double holds exactly (the Lua's ``decimal``; Python's ``int`` alone
+    would take ``1_000``, Lua's ``tonumber`` ``1e3``)."""
     return (
         value is not None
+        and len(value) <= 20
         and _DECIMAL.fullmatch(value) is not None
         and -_EXACT < int(value) < _EXACT
     )

@@ -38,8 +38,10 @@ from settle.cursor.models import (
 __all__ = ["Decision", "View", "check_page", "classify"]
 
 MAX_EVENT_ID_CHARS = 512
-MAX_DIGEST_CHARS = 128
-_DIGEST = re.compile(f"[!-~]{{1,{MAX_DIGEST_CHARS}}}")
+MAX_DIGEST_CHARS = 512
+#: A receipt holds the digest between spaces (split on ASCII whitespace by the scripts):
+#: no ASCII whitespace or control character in it.
+_DIGEST = re.compile(f"[^\\x00-\\x20\\x7f]{{1,{MAX_DIGEST_CHARS}}}")
 MAX_EVENTS_PER_PAGE = 10_000
 MAX_CURSOR_BYTES = 64 << 10
 MAX_SNAPSHOT_CHARS = 256
@@ -149,8 +151,8 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
             # A receipt holds the digest between spaces: one with a space would not read back.
             raise _bad(
                 stream,
-                f"an event's digest must be 1 to {MAX_DIGEST_CHARS} printable ASCII characters "
-                "without spaces (by default settle computes it: a SHA-256 of the payload)",
+                f"an event's digest must be text of 1 to {MAX_DIGEST_CHARS} characters without "
+                "whitespace or control characters (by default settle computes a SHA-256)",
             )
         if ev.position <= last:
             raise _bad(stream, "event positions must strictly increase within a page")

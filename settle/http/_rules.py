@@ -300,11 +300,14 @@ class Guard:
             detail = f"this {header} is in use by another principal; use a new key"
             return self._reject(ProblemKind.KEY_BOUND, detail, level="warning")
         if isinstance(exc, BackendError | DurabilityError | ConfigurationError):
-            # ConfigurationError: Redis refused settle (credentials in rotation, a cluster
-            # missing slots): for the client, the store is unavailable and nothing ran.
             self.log.error("settle.http.unavailable", error=type(exc).__name__)
-            detail = "the idempotency store cannot be reached; nothing was run. Retry later."
-            return self._answer(ProblemKind.UNAVAILABLE, detail, retry=True)
+            if isinstance(exc, ConfigurationError):
+                # Redis refused settle (credentials in rotation, a cluster missing slots,
+                # another shard count): unavailable for the client, an operator's to fix.
+                detail = "the idempotency store refused this service; nothing was run."
+            else:
+                detail = "the idempotency store cannot be reached; nothing was run."
+            return self._answer(ProblemKind.UNAVAILABLE, detail + " Retry later.", retry=True)
         raise exc
 
     def reserved(self, outcome: Reserved | Replay | InProgress) -> Answer | Run:

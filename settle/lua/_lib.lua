@@ -146,8 +146,8 @@ local function num(v)
   return v
 end
 
--- Integers as settle writes them: decimal digits (and a sign) as text, of a magnitude a
--- double holds exactly (tonumber alone would take '1e3', '0x10' or 'inf'; the reference
+-- Integers as settle writes them: decimal digits (and a sign) as text, at most 20 characters,
+-- of a magnitude a double holds exactly (tonumber alone would take '1e3', '0x10' or 'inf'; the reference
 -- model's _is_int is the same test). A record's integer fields are checked as they are read.
 local EXACT = 9007199254740992
 
@@ -156,7 +156,8 @@ local function exact(x)
 end
 
 local function decimal(v)
-  return type(v) == 'string' and string.find(v, '^%-?%d+$') ~= nil and exact(tonumber(v))
+  return type(v) == 'string' and #v <= 20 and string.find(v, '^%-?%d+$') ~= nil
+    and exact(tonumber(v))
 end
 
 local function unint(v)

@@ -66,8 +66,8 @@ def test_reading_a_stream_that_was_never_started(store) -> None:
         (Page([Event("", 1)], b"n"), {}),
         (Page([Event("a", 1)], "n"), {}),  # type: ignore[arg-type]
         (Page([Event("a", 1, digest="x y")], b"n"), {}),  # a receipt holds it between spaces
-        (Page([Event("a", 1, digest="d" * 129)], b"n"), {}),
-        (Page([Event("a", 1, digest="\u00e9")], b"n"), {}),
+        (Page([Event("a", 1, digest="d" * 513)], b"n"), {}),
+        (Page([Event("a", 1, digest="a\tb")], b"n"), {}),
         (Page([Event("a", 1, digest=5)], b"n"), {}),  # type: ignore[arg-type]
         (Page([], b"n", coverage=Coverage(0, 1)), {}),
         (

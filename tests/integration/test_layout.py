@@ -415,6 +415,11 @@ def test_digests_and_attempt_ids_stored_as_their_text_compare_as_that_text(
     blob, _ = _crafted(side, "a", b"completed", fp=[fp])
     side.plant("a", blob)
     assert isinstance(s.reserve("a", REQ, principal=WHO), Replay)
+    blob, _ = _crafted(side, "e", b"completed")
+    fp_e = unpack(blob).record[b"fp"]  # type: ignore[index]
+    blob, _ = _crafted(side, "e", b"completed", fp=[fp_e, None])
+    side.plant("e", blob)  # a trailing nil, which a Lua table cannot hold: ignored by both
+    assert isinstance(s.reserve("e", REQ, principal=WHO), Replay)
 
     digest = hashlib.sha256(PAYLOAD).hexdigest().encode()
     blob, mine = _crafted(side, "b", b"completed", rdig=[digest])
@@ -452,8 +457,17 @@ def test_a_log_without_an_expiry_of_its_own_is_renewed_and_lives_with_the_record
         {"ver": 2**53},  # beyond what a double holds exactly
         {"created": b"0x10"},
         {"fp": [b"9b" * 32, b"junk"]},  # a text form holds one text
+        {"n": b"0" * 4400 + b"1"},  # longer than any integer settle writes
     ],
-    ids=["exponent", "underscores", "n-not-a-number", "ver-2^53", "hex-created", "fp-two-texts"],
+    ids=[
+        "exponent",
+        "underscores",
+        "n-not-a-number",
+        "ver-2^53",
+        "hex-created",
+        "fp-two-texts",
+        "n-4401-digits",
+    ],
 )
 def test_a_crafted_record_with_a_field_settle_never_writes_reads_as_corrupt(
     side: _Legacy, fields: dict[str, Any]

@@ -101,8 +101,8 @@ def test_progress_settle_never_writes_is_corrupt_and_nothing_is_written(
     progress_server, progress_client, names, where, field, value
 ):
     """A (consumer, scope) or an emission holding what settle never writes (another writer,
-    an older layout) is refused with CorruptRecord by every script before it writes
-    anything, and the effect never runs: scripts once failed with a raw Lua error after
+    an older layout) is refused with CorruptRecord by every script that reads it, before
+    it writes anything, and the effect never runs: scripts once failed with a raw Lua error after
     their first writes, overwrote an unknown emission state and ran the effect again, or
     covered a delivery by a floor with leading zeros."""
     store = ProgressStore.from_url(
@@ -115,8 +115,9 @@ def test_progress_settle_never_writes_is_corrupt_and_nothing_is_written(
     progress_client.hset(key, field, value)
     before = _scan(progress_client)
     ran: list[object] = []
-    with pytest.raises(CorruptRecord):
-        store.apply(SCOPE, DeliveryId("10-0"), EmissionId("e10"), ran.append)
+    if where != "applied":  # an applied id is read (compared) by observe's advance only
+        with pytest.raises(CorruptRecord):
+            store.apply(SCOPE, DeliveryId("10-0"), EmissionId("e10"), ran.append)
     if where != "emission":
         with pytest.raises(CorruptRecord):
             store.observe(

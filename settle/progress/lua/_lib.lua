@@ -45,14 +45,18 @@ end
 
 -- What settle never writes in the (consumer, scope)'s keys or the emission's, found before
 -- a script writes anything (a script that fails after a write keeps that write): the
--- reason, or nil. The client raises CorruptRecord on the 'corrupt' reply.
-local function stored_corrupt()
+-- reason, or nil. The client raises CorruptRecord on the 'corrupt' reply. Every script
+-- checks what it reads (the floor, the version, the emission); with scan_ids (observe,
+-- whose advance() compares every applied, resolved and gap id) the ids too.
+local function stored_corrupt(scan_ids)
   local meta = redis.call('HMGET', KEYS[1], 'floor', 'ver')
   if meta[1] and meta[1] ~= '' and not parse_id(meta[1]) then return 'floor' end
   if meta[2] and not string.find(meta[2], '^%d+$') then return 'version' end
-  for _, k in ipairs({KEYS[2], KEYS[3], KEYS[4]}) do
-    for _, id in ipairs(redis.call('HKEYS', k)) do
-      if not parse_id(id) then return 'delivery id' end
+  if scan_ids then
+    for _, k in ipairs({KEYS[2], KEYS[3], KEYS[4]}) do
+      for _, id in ipairs(redis.call('HKEYS', k)) do
+        if not parse_id(id) then return 'delivery id' end
+      end
     end
   end
   local state = redis.call('HGET', KEYS[10], 'state')

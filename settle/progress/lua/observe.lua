@@ -5,7 +5,7 @@
 -- ARGV[6] pending count  ARGV[7..] listed ids, ascending
 -- Returns progress_reply(advanced | unchanged | unproven, floor)
 local now = now_ms()
-local broken = stored_corrupt()
+local broken = stored_corrupt(true)
 if broken then return progress_reply('corrupt', broken) end
 local ids = {}
 for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
