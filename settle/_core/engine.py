@@ -8,7 +8,6 @@ backend, all go through here, so validation, encoding, decoding and logging exis
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,7 @@ from typing import Any
 
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
-from settle._core.layout import stored_arg
+from settle._core.layout import stored_arg, stored_digest
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call
@@ -385,7 +384,7 @@ class Core:
                 "" if expected_version is None else expected_version,
                 stored_arg(r.attempt_id),
                 payload,
-                b"\0" + hashlib.sha256(payload).digest(),  # stored_arg of its hex digest
+                stored_digest(payload),
                 reason,
                 self._retention_ms,
                 self.config.attempt_log_size,

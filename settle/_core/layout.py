@@ -18,6 +18,7 @@ lowercase hex digits are the bytes they spell, other text a one-element array
 
 from __future__ import annotations
 
+import hashlib
 import re
 import struct
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ __all__ = [
     "hexed",
     "pack",
     "stored_arg",
+    "stored_digest",
     "unpack",
 ]
 
@@ -219,6 +221,12 @@ def stored_arg(text: str) -> str | bytes:
     if text.startswith("\0"):
         raise ValueError("a fingerprint, attempt id or digest never starts with NUL")
     return text
+
+
+def stored_digest(data: bytes) -> bytes:
+    """:func:`stored_arg` of the SHA-256 hex digest of ``data``, made from the digest's
+    bytes (no hex round trip: a settlement sends its payload's digest on every call)."""
+    return b"\0" + hashlib.sha256(data).digest()
 
 
 def arg_text(v: bytes) -> bytes:

@@ -15,8 +15,7 @@
 -- it as _lib.lua's unnum does, and a sum of three of them is the sum unrel makes through
 -- text (beyond 2^63, %d writes every number alike, and the head would differ).
 local function whole(x)
-  return type(x) == 'number' and x % 1 == 0 and x > -9007199254740992
-    and x < 9007199254740992
+  return type(x) == 'number' and exact(x)
 end
 
 local function optional(x, kind)

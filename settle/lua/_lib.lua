@@ -146,15 +146,10 @@ local function num(v)
   return v
 end
 
--- Integers as settle writes them: decimal digits (and a sign) as text, at most 20 characters,
--- of a magnitude a double holds exactly (tonumber alone would take '1e3', '0x10' or 'inf'; the reference
--- model's _is_int is the same test). A record's integer fields are checked as they are read.
-local EXACT = 9007199254740992
-
-local function exact(x)
-  return x % 1 == 0 and x > -EXACT and x < EXACT
-end
-
+-- Integers as settle writes them: decimal digits (and a sign) as text, at most 20
+-- characters, of a magnitude a double holds exactly (exact in the prelude; tonumber alone
+-- would take '1e3', '0x10' or 'inf'; the reference model's _is_int is the same test). A
+-- record's integer fields are checked as they are read.
 local function decimal(v)
   return type(v) == 'string' and #v <= 20 and string.find(v, '^%-?%d+$') ~= nil
     and exact(tonumber(v))

@@ -4,6 +4,7 @@ take the few bytes the memory target relies on."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,17 @@ from hypothesis import strategies as st
 
 import settle
 from settle import SettleConfig
-from settle._core.layout import LOG_MAX, WORDS, Packed, arg_text, hexed, pack, stored_arg, unpack
+from settle._core.layout import (
+    LOG_MAX,
+    WORDS,
+    Packed,
+    arg_text,
+    hexed,
+    pack,
+    stored_arg,
+    stored_digest,
+    unpack,
+)
 
 TEXT = st.one_of(
     st.binary(max_size=80),
@@ -132,3 +143,10 @@ def test_an_argument_in_stored_form_stands_for_its_text_and_stores_as_hexed(text
     assert arg_text(wire) == text.encode()
     as_lua = wire[1:] if wire[:1] == b"\0" else [wire]  # the Lua's arg_stored
     assert as_lua == hexed(text.encode())
+
+
+@given(st.binary(max_size=200))
+def test_a_payload_digest_is_sent_as_the_stored_form_of_its_hex_digest(data: bytes) -> None:
+    """A settlement sends its payload's SHA-256 from the digest's bytes: the same argument
+    as ``stored_arg`` of the hex digest the record keeps."""
+    assert stored_digest(data) == stored_arg(hashlib.sha256(data).hexdigest())

@@ -21,6 +21,12 @@ local function now_ms()
   return ms
 end
 
+-- Whether the number x is an integer a double holds exactly: what settle stores as one
+-- (every part's checks of a stored integer use it).
+local function exact(x)
+  return x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992
+end
+
 -- An integer as Redis wants it in a command or a reply (no exponent, no fraction).
 local function int(x)
   return string.format('%d', x)

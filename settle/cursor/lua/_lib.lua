@@ -16,10 +16,10 @@ local WITNESS_ATTRS = {'gen', 'input', 'cdig', 'events', 'succ', 'sdig', 'snap',
 
 -- Whether v is an integer as settle writes one (no sign but '-', no leading zeros, below
 -- 2^53): the scripts compare generations as text, so '01' would never match 1 (the
--- client's _core.py canonical() is the same test).
+-- client's _canonical_int in _core.py is the same test).
 local function canonical_int(v)
   return type(v) == 'string' and (string.find(v, '^%-?[1-9]%d*$') ~= nil or v == '0')
-    and math.abs(tonumber(v)) < 9007199254740992
+    and exact(tonumber(v))
 end
 
 -- (table, flat) for the checkpoint; (nil, {}) when absent; (false, {}) when not a checkpoint.

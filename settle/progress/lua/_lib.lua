@@ -59,10 +59,9 @@ local function stored_corrupt(scan_ids)
       end
     end
   end
-  local state = redis.call('HGET', KEYS[10], 'state')
-  if state and state ~= 'applying' and state ~= 'applied' then return 'emission state' end
-  local attempts = redis.call('HGET', KEYS[10], 'attempts')
-  if attempts and not string.find(attempts, '^%d+$') then return 'emission attempts' end
+  local em = redis.call('HMGET', KEYS[10], 'state', 'attempts')
+  if em[1] and em[1] ~= 'applying' and em[1] ~= 'applied' then return 'emission state' end
+  if em[2] and not string.find(em[2], '^%d+$') then return 'emission attempts' end
   return nil
 end
 
