@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks._scripts import TRIVIAL
+
 __all__ = ["print_report", "publish", "ratios", "table", "targets_table"]
 
 #: A script's server time against the trivial two-command script of the same run: a
@@ -78,7 +80,7 @@ def ratios(rows: list[dict[str, Any]], scripts: dict[str, dict[str, Any]]) -> li
             2.5,
         )
     )
-    trivial = next((c for n, c in scripts.items() if n.startswith("calibration")), None)
+    trivial = scripts.get(TRIVIAL)
     for name, cost in scripts.items():
         if name.startswith("calibration") or trivial is None:
             continue

@@ -16,7 +16,7 @@ from benchmarks._server import CommandStats
 from settle import Reservation, Reserved, Settler
 from settle._runtime.topology import has_functions
 
-__all__ = ["script_costs"]
+__all__ = ["TRIVIAL", "script_costs"]
 
 _ids = itertools.count()
 
@@ -60,27 +60,63 @@ def _path_window(
     }
 
 
-_TRIVIAL = "redis.call('TIME'); return redis.call('GET', KEYS[1])"
+#: The yardstick every script's server time is compared with (benchmarks._report).
+TRIVIAL = "calibration: trivial two-command script (TIME + GET)"
+
+#: The calibration scripts: their name, then their body. Besides the yardstick, the very
+#: commands settle's two write scripts of a pair run, with no rules around them (settle's
+#: state HASH, a missing record read, a settled value of settle's size written): what Redis
+#: itself charges for those calls, which no change to the rules can go below.
+_CALIBRATIONS = {
+    TRIVIAL: "redis.call('TIME'); return redis.call('GET', KEYS[1])",
+    "calibration: reserve (new)'s commands, no rules": (
+        "redis.call('HGET', KEYS[2], 'shards'); redis.call('TIME'); "
+        "redis.call('GET', KEYS[1]); redis.call('HGET', KEYS[2], 'gen'); "
+        "redis.call('HSET', KEYS[2], 'gen', '1764785000000000'); "
+        "redis.call('SET', KEYS[1], ARGV[1], 'PX', '86460000'); return 1"
+    ),
+    "calibration: complete (accepted)'s commands, no rules": (
+        "redis.call('HGET', KEYS[2], 'shards'); redis.call('TIME'); "
+        "redis.call('GET', KEYS[1]); "
+        "redis.call('SET', KEYS[1], ARGV[1], 'PX', '86400000'); return 1"
+    ),
+}
+
+#: A value of the size settle stores for an operation with a 40-byte result (docs/benchmarks.md,
+#: "Memory per settled operation").
+_VALUE = "x" * 230
 
 
-def _trivial(client: redis.Redis, stats: CommandStats, path: str, n: int) -> dict[str, Any]:
-    """The yardstick: what any two-command script costs on this server right now, called
-    the way settle calls its own scripts."""
-    key = "settle-bench:nothing"
+def _calibrations(
+    client: redis.Redis, stats: CommandStats, path: str, n: int
+) -> dict[str, dict[str, Any]]:
+    """The yardstick and the command floors, each called the way settle calls its own
+    scripts on this server right now."""
+    keys = ("settle-bench:{c}:op", "settle-bench:{c}:state")
+    out = {}
     if path == "fcall":
-        library = (
-            "#!lua name=settle_bench\n"
-            "redis.register_function('settle_bench_trivial', function(KEYS, ARGV) "
-            f"{_TRIVIAL} end)"
+        names = {name: f"settle_bench_{i}" for i, name in enumerate(_CALIBRATIONS)}
+        library = "#!lua name=settle_bench\n" + "\n".join(
+            f"redis.register_function('{names[name]}', function(KEYS, ARGV) {body} end)"
+            for name, body in _CALIBRATIONS.items()
         )
         client.function_load(library, replace=True)
-        client.fcall("settle_bench_trivial", 1, key)
-        return _path_window(
-            stats, path, n, lambda: [client.fcall("settle_bench_trivial", 1, key) for _ in range(n)]
+        for name in _CALIBRATIONS:
+            client.fcall(names[name], 2, *keys, _VALUE)
+            out[name] = _path_window(
+                stats,
+                path,
+                n,
+                lambda f=names[name]: [client.fcall(f, 2, *keys, _VALUE) for _ in range(n)],
+            )
+        return out
+    for name, body in _CALIBRATIONS.items():
+        sha = client.script_load(body)
+        client.evalsha(sha, 2, *keys, _VALUE)
+        out[name] = _path_window(
+            stats, path, n, lambda s=sha: [client.evalsha(s, 2, *keys, _VALUE) for _ in range(n)]
         )
-    sha = client.script_load(_TRIVIAL)
-    client.evalsha(sha, 1, key)
-    return _path_window(stats, path, n, lambda: [client.evalsha(sha, 1, key) for _ in range(n)])
+    return out
 
 
 def script_costs(
@@ -122,7 +158,7 @@ def script_costs(
     costs["complete (quarantined: stale generation)"] = _window(
         stats, n, lambda: [settler.complete(r, RESULT) for r in to_mark]
     )
-    costs["calibration: trivial two-command script (TIME + GET)"] = _trivial(client, stats, path, n)
+    costs.update(_calibrations(client, stats, path, n))
     live = _fresh(settler, 1)[0]
     costs["renew"] = _window(stats, n, lambda: [settler.renew(live) for _ in range(n)])
     costs["get"] = _window(stats, n, lambda: [settler.get(done) for _ in range(n)])

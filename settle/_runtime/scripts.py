@@ -100,8 +100,9 @@ class ScriptSet:
         """The library with :data:`_PREFIX` for its name. A script body reads the globals
         KEYS and ARGV and ends in a top-level ``return``: it becomes the body of its
         function's callback, which first points the chunk's ``KEYS`` / ``ARGV`` locals at
-        the call's (part libraries read them too; a function may not set globals, and the
-        server runs one call at a time). Scripts on the same part libraries share one
+        the call's and clears what a head left for its script (``HEAD_*``, see prelude.lua;
+        part libraries read them too; a function may not set globals, and the server runs
+        one call at a time). Scripts on the same part libraries share one
         ``do ... end`` block that defines those libraries once."""
         part = self.part
         out = [
@@ -123,7 +124,7 @@ class ScriptSet:
                     "redis.register_function{",
                     f"  function_name = '{_PREFIX}_{part}_{name}',",
                     "  callback = function(keys, args)",
-                    "KEYS, ARGV = keys, args",
+                    "KEYS, ARGV, HEAD_BLOB, HEAD_NOW, HEAD_US = keys, args, nil, nil, nil",
                     bodies[name],
                     f"end{flags}}}",
                 ]

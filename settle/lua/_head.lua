@@ -30,11 +30,20 @@ local function head_values(ok, ...)
   return nil
 end
 
--- The live record at key as the scripts reply it (the row in _lib.lua's FIELDS order) and
--- its state's word index, or nil when the head is not certain (see above).
-local function head_record(key, now)
+-- The record key's value as GET gives it (false when there is none; redis.pcall, so a key
+-- of another type gives an error table) and, only when it holds a packed value, the server
+-- clock (ms, µs) the head reads for it. The script behind the head reuses both (HEAD_BLOB and
+-- HEAD_NOW in prelude.lua), so a reserve of a new operation runs one GET and one TIME.
+local function head_read(key)
   local blob = redis.pcall('GET', key)
-  if type(blob) ~= 'string' or string.byte(blob, 1) ~= 2 then return nil end
+  if type(blob) == 'string' and string.byte(blob, 1) == 2 then return blob, clock() end
+  return blob
+end
+
+-- The live record in blob (head_read's, of key) as the scripts reply it (the row in
+-- _lib.lua's FIELDS order) and its state's word index, or nil when the head is not certain
+-- (see above).
+local function head_record(key, blob, now)
   local t = head_values(pcall(cmsgpack.unpack, string.sub(blob, 2)))
   if not t then return nil end
   -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp

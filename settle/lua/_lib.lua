@@ -423,10 +423,11 @@ end
 -- of another format, fields missing). st carries the attempt log (see scan_log; as strings
 -- from rare().log_entries()) and what save() needs; log_key is the previous layout's attempt log
 -- (nil for readers of the record only). With lazy, the packed log is left unchecked for
--- load_log() when the caller writes.
-local function load_record(key, log_key, now, lazy)
+-- load_log() when the caller writes. blob, when given, is what redis.pcall('GET', key) gave
+-- the script's head (HEAD_BLOB, see prelude.lua), so the key is not read twice.
+local function load_record(key, log_key, now, lazy, blob)
   local st = {key = key, log_key = log_key, nold = 0, drop = 0, new = {}}
-  local blob = redis.pcall('GET', key)
+  if blob == nil then blob = redis.pcall('GET', key) end
   local rec
   if type(blob) == 'table' then
     if redis.call('TYPE', key)['ok'] ~= 'hash' then return false end

@@ -11,8 +11,9 @@
 --   unclaimed, shard_mismatch (from guard; nothing written).
 local refused = guard()
 if refused then return refused end
-local now, now_us = clock()
-local rec, row, st = load_record(KEYS[1], KEYS[2], now, true)
+local now, now_us = HEAD_NOW, HEAD_US  -- what reserve_head.lua read (see prelude.lua)
+if not now then now, now_us = clock() end
+local rec, row, st = load_record(KEYS[1], KEYS[2], now, true, HEAD_BLOB)
 if rec == false then return {'corrupt', '', now, '', {}} end
 local lease = tonumber(ARGV[5])
 local retention = tonumber(ARGV[6])

@@ -101,7 +101,21 @@ def test_speed_writes_every_case_and_key(speed: tuple[dict[str, Any], str]) -> N
         "renew",
         "get",
     }
+    # The command floors run exactly the commands settle's two write scripts run (a reserve
+    # of a new operation reads its key and the clock once: its head's reads serve it).
+    scripts = result["scripts"]
+    for name in ("reserve (new)", "complete (accepted)"):
+        floor = scripts[f"calibration: {name}'s commands, no rules"]
+        assert floor["commands_inside_per_call"] == scripts[name]["commands_inside_per_call"]
+    assert scripts["reserve (new)"]["commands_inside_per_call"] == {
+        "get": 1.0,
+        "hget": 2.0,
+        "hset": 1.0,
+        "set": 1.0,
+        "time": 1.0,
+    }
     targets = {t["target"] for t in result["targets"]}
+    assert not any("calibration" in t for t in targets)
     assert "decorator replay / peer replay (sync)" in targets
     assert "replay round trips per call (async)" in targets
     # Issue 19's targets, as ratios within the run: every script against the trivial one.

@@ -9,6 +9,12 @@
 -- default (Redis 7 has no other mode), and settle needs 6.2+; reading TIME before a write is
 -- therefore safe, and every replica applies the same writes.
 
+-- What a script's head read for the script behind it (a head: settle._runtime.scripts): the
+-- value at its first key as redis.pcall('GET') gave it, and the clock it read (ms, µs), so
+-- the script reads neither again. nil at the start of every call (a FUNCTION library's
+-- callback clears them); nil in a script without a head, or where the head read nothing.
+local HEAD_BLOB, HEAD_NOW, HEAD_US
+
 -- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
 local function clock()
   local t = redis.call('TIME')
