@@ -3,9 +3,11 @@ are named; payloads, results and principals themselves are never logged.
 
 A principal appears in a log line only as ``binding_digest``: the first 12 hex digits of
 HMAC-SHA256 under a per-deployment secret, ``SETTLE_DIGEST_KEY``; an operation id only as
-``operation_digest`` (16 hex digits under the same secret; SPEC 12). Two lines of one
-principal or operation carry the same digest, so they can be correlated, but the digest
-cannot be reversed with a dictionary of user ids or order numbers without the secret.
+``operation_digest`` (16 hex digits under the same secret; SPEC 12); the other inputs of an
+idempotency key likewise, a delivery progress emission id as ``emission_digest`` and a cursor
+event id as ``event_digest``. Two lines of one principal, operation, emission or event carry
+the same digest, so they can be correlated, but the digest cannot be reversed with a
+dictionary of user ids or order numbers without the secret.
 Without ``SETTLE_DIGEST_KEY`` each process draws a random secret: digests then correlate
 lines of one process only. The digests are for logs only; nothing stored depends on them,
 so the secret can be rotated at any time.
@@ -36,7 +38,9 @@ __all__ = [
     "DIGEST_KEY_ENV",
     "STDLIB_LOGGER",
     "binding_digest",
+    "emission_digest",
     "enabled",
+    "event_digest",
     "logger",
     "operation_digest",
 ]
@@ -136,5 +140,25 @@ def operation_digest(operation_id: str | None) -> str | None:
     ``SETTLE_DIGEST_KEY``."""
     if operation_id is None:
         return None
-    mac = hmac.new(_digest_key(), b"op\0" + operation_id.encode("utf-8"), hashlib.sha256)
+    return _keyed(b"op\0", operation_id)
+
+
+def emission_digest(emission_id: str | None) -> str | None:
+    """A keyed digest of a delivery progress emission id (``settle.progress``), for log
+    lines: the emission id is what the consumer's idempotency key is made of. 16 hex digits
+    under ``SETTLE_DIGEST_KEY``, apart from an operation id's (``settle digest --emission``)."""
+    return None if emission_id is None else _keyed(b"emission\0", emission_id)
+
+
+def event_digest(event_id: str | None) -> str | None:
+    """A keyed digest of a cursor event id (``settle.cursor``), for log lines: the event id
+    is what the handler's idempotency key is made of. 16 hex digits under
+    ``SETTLE_DIGEST_KEY``, apart from an operation id's (``settle digest --event``)."""
+    return None if event_id is None else _keyed(b"event\0", event_id)
+
+
+def _keyed(domain: bytes, value: str) -> str:
+    """16 hex digits of HMAC-SHA256 of ``domain + value``: the domain keeps an emission and an
+    operation of the same text apart."""
+    mac = hmac.new(_digest_key(), domain + value.encode("utf-8"), hashlib.sha256)
     return mac.hexdigest()[:16]

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from settle._log import logger
+from settle._log import event_digest, logger
 from settle._runtime import Call, parse_reply
 from settle.cursor._classify import (
     HELD_REASON,
@@ -494,7 +494,9 @@ class CursorCore:
         reply = self._reply(call, raw)
         event_id = _text(call.args[1])
         log = self._log(_stream(call)).bind(
-            attempt_id=_text(call.args[0]), event_id=event_id, position=call.args[2]
+            attempt_id=_text(call.args[0]),
+            event_digest=event_digest(event_id),
+            position=call.args[2],
         )
         live = reply.detail == "live"
         if reply.code == "recorded":
@@ -563,7 +565,11 @@ class CursorCore:
         if reply.code == "uncovered":
             # Another worker's pending response to the same cursor holds an event this one
             # lacks: this response lost; the other one (or an exact replay of it) goes on.
-            log.info("settle.cursor.lost", at="promote", missing_event=reply.detail)
+            log.info(
+                "settle.cursor.lost",
+                at="promote",
+                missing_event_digest=event_digest(reply.detail),
+            )
             return StepResult(outcome=StepOutcome.LOST, **fields)
         raise CorruptRecord(
             f"promotion of witness {aid} refused ({reply.code} {reply.detail}): its events "

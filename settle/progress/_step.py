@@ -16,6 +16,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from settle._log import emission_digest
 from settle._runtime import Call, RunScript
 from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
 from settle.progress.errors import DeferDelivery, ProviderReset
@@ -119,7 +120,7 @@ def apply(
     of the effect itself comes out as :class:`EffectFailed`, so that the caller never takes
     settle's own errors (a corrupt reply, a bad input) for a failed effect."""
     begun = yield from _progress(core, core.plan_begin(scope, delivery, emission, attempt))
-    log = core.log.bind(delivery=delivery.value, emission=emission.value)
+    log = core.log.bind(delivery=delivery.value, emission_digest=emission_digest(emission.value))
     if begun.code == "covered":
         log.info("settle.progress.covered", by=begun.detail)
         return Applied(
@@ -164,7 +165,7 @@ def dead_letter(
     core.log.warning(
         "settle.progress.dead_lettered",
         delivery=delivery.value,
-        emission=emission.value if emission else None,
+        emission_digest=emission_digest(emission.value if emission else None),
         reason=reason,
         delivery_count=delivery_count,
         outcome=reply.code,
@@ -185,7 +186,7 @@ def defer(
     core.log.info(
         "settle.progress.deferred",
         delivery=delivery.value,
-        emission=emission.value,
+        emission_digest=emission_digest(emission.value),
         reason=reason,
         outcome=reply.code,
     )
@@ -273,7 +274,7 @@ def deliver(
         core.log.warning(
             "settle.progress.effect_failed",
             delivery=delivery.value,
-            emission=emission.value,
+            emission_digest=emission_digest(emission.value),
             error_type=type(failed.error).__name__,
             delivery_count=delivery_count,
         )

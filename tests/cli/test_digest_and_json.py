@@ -106,3 +106,59 @@ def test_the_docs_example_is_what_the_command_prints() -> None:
         "operation_digest=2b0d78f78a61828c",
         "binding_digest=56f259612ca6",
     ]
+
+
+def test_digest_names_the_log_lines_of_an_emission_and_an_event(
+    redis_url: str, namespace: str
+) -> None:
+    """Delivery progress logs an emission id only as ``emission_digest`` and cursor
+    checkpoints an event id only as ``event_digest``: ``settle digest --emission / --event``
+    prints what to search for, under the deployment's SETTLE_DIGEST_KEY."""
+    code = f"""
+import logging, sys
+import redis
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+from settle.cursor import CursorConsumer, CursorStore, Event, Page, ProviderContract
+from settle.progress import ProgressStore, StreamConsumer
+url, ns = {redis_url!r}, {namespace!r}
+store = ProgressStore.from_url(url, consumer="billing", namespace=ns)
+consumer = StreamConsumer(redis.Redis.from_url(url), store, stream=ns + "-orders", group="g")
+consumer.start()
+redis.Redis.from_url(url).xadd(ns + "-orders", {{"emission_id": "EMISSION-77"}})
+consumer.poll(lambda ctx: None)
+cursors = CursorStore.from_url(url, namespace=ns)
+cursors.start("ledger", b"c0")
+fetch = lambda cursor: Page([Event("EVENT-88", 1)], b"c1")
+handle = lambda e, ctx: None
+CursorConsumer(fetch, handle, ProviderContract(), store=cursors, stream="ledger").step()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=cli_env(SETTLE_DIGEST_KEY=SECRET),
+        timeout=60,
+        check=True,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("settle.")]
+    assert lines, done.stderr
+    assert not any("EMISSION-77" in line or "EVENT-88" in line for line in lines), lines
+    fields = {
+        part.split("=", 1)[0]: part.split("=", 1)[1].strip("'")
+        for line in lines
+        for part in line.split()
+        if part.startswith(("emission_digest=", "event_digest="))
+    }
+    printed = settle(
+        "digest",
+        "--emission",
+        "EMISSION-77",
+        "--event",
+        "EVENT-88",
+        env=cli_env(SETTLE_DIGEST_KEY=SECRET),
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.splitlines() == [
+        f"emission_digest={fields['emission_digest']}",
+        f"event_digest={fields['event_digest']}",
+    ]

@@ -5,11 +5,14 @@ record, two workers racing on a sparse stream, and reading receipts."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
+from settle._log import event_digest
 from settle.cursor import (
     CoverageNotProven,
     CursorConsumer,
@@ -243,6 +246,51 @@ def test_the_loser_of_a_race_on_a_sparse_stream_learns_it_lost(
     assert sink.applied() == ["e10", "e20", "e30"]
     a_store.close()
     b_store.close()
+
+
+def test_event_ids_reach_the_logs_only_as_keyed_digests(
+    serve, redis_url: str, namespace: str, http
+) -> None:
+    """An event id is what the handler's idempotency key is made of: every event, at every
+    level (capture_logs takes DEBUG too), names it only as ``event_digest`` (SPEC 12), the
+    event a lost promotion lacks as ``missing_event_digest``. The race above, with ids that
+    cannot occur in a hex digest by chance."""
+    server = serve(page_size=3)
+    p = server.provider
+    p.append(2, gap=10)
+    plain = fetcher(server.url, http)
+
+    def fetch(cursor: bytes) -> Page:
+        page = plain(cursor)
+        events = [dataclasses.replace(e, id=f"EVENTID-{e.id}") for e in page.events]
+        return dataclasses.replace(page, events=events)
+
+    contract = {"positions": "sparse"}
+    a_store = CursorStore.from_url(redis_url, namespace=namespace)
+    b_store = CursorStore.from_url(redis_url, namespace=namespace)
+    a_store.start("s", p.token(0).encode())
+    sink = Sink()
+
+    def b_runs(event: Event, ctx: EventContext) -> None:
+        sink(event, ctx)
+        if event.id == "EVENTID-e20":
+            p.append(1, gap=10)
+            with pytest.raises(Crash):
+                consumer(b_store, fetch, crash_at(sink, "EVENTID-e30"), **contract).step()
+
+    with capture_logs() as logs:
+        assert consumer(a_store, fetch, b_runs, **contract).step().outcome is StepOutcome.LOST
+        drain(consumer(a_store, fetch, sink, **contract))
+    a_store.close()
+    b_store.close()
+    assert sink.applied() == ["EVENTID-e10", "EVENTID-e20", "EVENTID-e30"]
+    for entry in logs:
+        for field, value in entry.items():
+            assert "EVENTID" not in str(value), (entry["event"], field)
+    recorded = {e["event_digest"] for e in logs if e["event"] == "settle.cursor.event_recorded"}
+    assert recorded == {event_digest(f"EVENTID-e{n}") for n in (10, 20, 30)}
+    [lost] = [e for e in logs if e["event"] == "settle.cursor.lost" and e["at"] == "promote"]
+    assert lost["missing_event_digest"] == event_digest("EVENTID-e30")
 
 
 def test_two_threads_racing_on_a_sparse_stream_never_report_a_divergence(

@@ -1,6 +1,8 @@
-"""SPEC 12: log lines carry operation ids and principals only as keyed digests. Every call
-of a logger in settle's source is read: none passes an operation id, a principal, a key or a
-binding as a field (the digests are ``operation_digest`` and ``binding_digest``)."""
+"""SPEC 12: log lines carry operation ids, principals and the other inputs of idempotency
+keys only as keyed digests. Every call of a logger in settle's source is read: none passes an
+operation id, a principal, a key, a binding, a progress emission id or a cursor event id as a
+field (the digests are ``operation_digest``, ``binding_digest``, ``emission_digest`` and
+``event_digest``), and no field that names a digest holds anything else."""
 
 from __future__ import annotations
 
@@ -9,7 +11,22 @@ from pathlib import Path
 
 SETTLE = Path(__file__).resolve().parents[2] / "settle"
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "msg", "bind"}
-FORBIDDEN = {"operation_id", "principal", "binding", "key", "idempotency_key", "request"}
+FORBIDDEN = {
+    "operation_id",
+    "principal",
+    "binding",
+    "key",
+    "idempotency_key",
+    "request",
+    "emission",
+    "emission_id",
+    "event",
+    "event_id",
+    "missing_event",
+    "payload",
+    "cursor",
+}
+DIGESTS = ("binding_digest(", "operation_digest(", "emission_digest(", "event_digest(")
 
 
 def test_no_logger_call_passes_an_operation_id_or_a_principal() -> None:
@@ -21,8 +38,11 @@ def test_no_logger_call_passes_an_operation_id_or_a_principal() -> None:
             if node.func.attr not in LOG_METHODS:
                 continue
             for keyword in node.keywords:
-                if keyword.arg in FORBIDDEN:
-                    value = ast.unparse(keyword.value)
-                    if not value.startswith(("binding_digest(", "operation_digest(")):
-                        found.append(f"{path.relative_to(SETTLE)}:{node.lineno} {keyword.arg}")
+                value = ast.unparse(keyword.value)
+                named = keyword.arg in FORBIDDEN or (
+                    keyword.arg is not None
+                    and keyword.arg.endswith(("emission_digest", "event_digest"))
+                )
+                if named and not value.startswith(DIGESTS):
+                    found.append(f"{path.relative_to(SETTLE)}:{node.lineno} {keyword.arg}")
     assert found == []
