@@ -580,7 +580,7 @@ class AsyncStreamConsumer:
                 started = False
             except BackendError as exc:
                 self.core.log.warning(
-                    "settle.progress.backend_error", worker=self.worker, error=str(exc)[:200]
+                    "settle.progress.backend_error", worker=self.worker, error=type(exc).__name__
                 )
                 started = False
                 await asyncio.sleep(self.retry_pause)

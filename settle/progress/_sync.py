@@ -569,7 +569,7 @@ class StreamConsumer:
                 started = False
             except BackendError as exc:
                 self.core.log.warning(
-                    "settle.progress.backend_error", worker=self.worker, error=str(exc)[:200]
+                    "settle.progress.backend_error", worker=self.worker, error=type(exc).__name__
                 )
                 started = False
                 time.sleep(self.retry_pause)

@@ -3,11 +3,14 @@ settlement planning against durable progress, defer, dead-letter and release."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import redis
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from settle._log import emission_digest
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     ApplyStatus,
@@ -242,3 +245,66 @@ def test_transitions_are_logged_with_stable_names_and_no_payloads(
     assert (settled["delivery"], settled["outcome"], settled["worker"]) == (first, "acked", "w1")
     assert all(e["event"].startswith("settle.progress.") for e in logs)
     assert not any("payload-e1" in repr(e) for e in logs)  # the message body is never logged
+
+
+def test_emission_ids_reach_the_logs_only_as_keyed_digests(
+    names, stream_server, progress_server, stream_client
+):
+    """An emission id is what the consumer's idempotency key is made of: every event, at
+    every level (capture_logs takes DEBUG too), names it only as ``emission_digest`` (SPEC
+    12), whether applied, a duplicate, covered, deferred, failed or dead-lettered."""
+    ok, bad, later = "EMISSIONSECRET-ok", "EMISSIONSECRET-bad", "EMISSIONSECRET-later"
+
+    def effect(ctx: EffectContext) -> None:
+        if ctx.emission.value == bad:
+            raise RuntimeError("cannot apply")
+        if ctx.emission.value == later:
+            raise DeferDelivery("waiting for the account")
+
+    with capture_logs() as logs:
+        consumer = make(names, stream_server, progress_server, claim_idle=0.001, max_deliveries=1)
+        [first, *_] = publish(stream_client, names, [ok, bad, later])
+        for _ in range(3):  # bad: released, then dead-lettered past max_deliveries
+            consumer.poll(effect)
+        publish(stream_client, names, [ok])  # a re-publication: a duplicate
+        consumer.poll(effect)
+        consumer.store.apply(consumer.scope, DeliveryId(first), EmissionId(ok), effect)  # covered
+    for entry in logs:
+        for field, value in entry.items():
+            assert "EMISSIONSECRET" not in str(value), (entry["event"], field)
+    by_event: dict[str, set[str]] = {}
+    for entry in logs:
+        if "emission_digest" in entry:
+            by_event.setdefault(entry["event"], set()).add(entry["emission_digest"])
+    assert by_event == {
+        "settle.progress.applied": {emission_digest(ok)},
+        "settle.progress.duplicate": {emission_digest(ok)},
+        "settle.progress.covered": {emission_digest(ok)},
+        "settle.progress.effect_failed": {emission_digest(bad)},
+        "settle.progress.dead_lettered": {emission_digest(bad)},
+        "settle.progress.deferred": {emission_digest(later)},
+    }
+
+
+def test_a_backend_error_of_the_run_loop_is_logged_by_its_type(
+    names, stream_server, progress_server
+):
+    """``run`` logs a Redis failure it outlives as ``settle.progress.backend_error`` with the
+    error's type, as every other event names an error: never its text (hosts, ports)."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        gone = f"redis://127.0.0.1:{free.getsockname()[1]}/0"  # nothing listens there
+    with capture_logs() as logs:
+        store = ProgressStore.from_url(gone, consumer=names.consumer, namespace=names.namespace)
+        consumer = StreamConsumer(
+            redis.Redis.from_url(stream_server.url),
+            store,
+            stream=names.stream,
+            group=names.group,
+            block=0.01,
+            retry_pause=0.0,
+        )
+        consumer.run(lambda ctx: None, polls=1)
+    [logged] = [e for e in logs if e["event"] == "settle.progress.backend_error"]
+    assert logged["error"] == "BackendError"
+    assert "127.0.0.1" not in repr(logged)
