@@ -180,8 +180,9 @@ class Guard:
     ``outcome`` says what became of a guarded request (None: not guarded, or not decided
     yet): ``executed``, ``replayed``, ``conflict``, ``mismatch``, ``misbound``,
     ``rejected``, ``unavailable``, ``not_replayable``, ``provisional``, ``superseded``,
-    ``timeout``, ``disconnected`` or ``store_failed``. The shells report it (the current
-    HTTP server span, ``settle.http.requests``; docs/observability.md)."""
+    ``timeout``, ``disconnected``, ``store_failed`` or ``error`` (an error let through). The
+    shells report it (the current HTTP server span, ``settle.http.requests``;
+    docs/observability.md)."""
 
     def __init__(
         self, policy: IdempotencyPolicy, namespace: str, lease: float, head: RequestHead
@@ -308,6 +309,7 @@ class Guard:
             else:
                 detail = "the idempotency store cannot be reached; nothing was run."
             return self._answer(ProblemKind.UNAVAILABLE, detail + " Retry later.", retry=True)
+        self.escaping(exc)
         raise exc
 
     def reserved(self, outcome: Reserved | Replay | InProgress) -> Answer | Run:
@@ -328,8 +330,13 @@ class Guard:
         return Run(outcome.reservation, attempt, self.lease)
 
     def replay(self, record: OperationRecord) -> Response:
-        """The record's stored response, or a 410 problem if it was too large to store."""
-        stored = stored_response(record)
+        """The record's stored response, or a 410 problem if it was too large to store.
+        :class:`CorruptRecord` (logged) if the record holds something else."""
+        try:
+            stored = stored_response(record)
+        except CorruptRecord as exc:
+            self.escaping(exc)
+            raise
         if stored.body is None:
             self._info("settle.http.not_replayable", status=stored.status, size=stored.size)
             detail = (
@@ -392,7 +399,8 @@ class Guard:
             self.outcome = self.outcome or "provisional"
             return None
         if verdict is Verdict.QUARANTINED:
-            self.log.warning("settle.http.superseded", kind=settlement.kind, status=stored.status)
+            kind = settlement.kind.value if settlement.kind else None
+            self.log.warning("settle.http.superseded", kind=kind, status=stored.status)
             return self.superseded(settlement.record)
         self._info(
             "settle.http.completed",
@@ -441,6 +449,24 @@ class Guard:
     def renew_failed(self, exc: SettleError) -> None:
         self.log.warning("settle.http.renew_failed", error=type(exc).__name__)
 
+    def escaping(self, exc: SettleError) -> None:
+        """Ready ``exc`` to leave the middleware, which lets it through (the server answers
+        its own 500): log ``settle.http.failed``, set the outcome ``error``, and name the
+        operation in its message by its ``operation_digest`` instead of its id, which holds
+        the client's ``Idempotency-Key`` (an HTTP server instrumentation records an escaping
+        exception's message on its span, an error handler logs it). The id itself stays in
+        ``exc.operation_id`` for code that handles the error."""
+        self.log.error("settle.http.failed", error=type(exc).__name__)
+        self.outcome = "error"
+        op = self._operation
+        if op:
+            named = f"operation_digest={operation_digest(op)}"
+            quoted = repr(op)
+            exc.args = tuple(
+                arg.replace(quoted, named).replace(op, named) if isinstance(arg, str) else arg
+                for arg in exc.args
+            )
+
     # -- helpers -------------------------------------------------------------------------
 
     def _not_stored(self, reservation: Reservation, status: int, size: int) -> Settle:
@@ -467,8 +493,14 @@ def stored_response(record: OperationRecord) -> StoredResponse:
     try:
         return record.value(StoredResponse)
     except (ValueError, ValidationError) as exc:
+        # This error leaves the middleware, and a server span or error log records its
+        # message and chained causes: the message names the digest, never the id (which
+        # holds the client's key; the error's operation_id attribute keeps it), and the
+        # validation error, which quotes the stored value, is not chained.
+        digest = operation_digest(record.operation_id)
         raise CorruptRecord(
-            f"operation {record.operation_id!r} is {record.state} but does not hold a stored "
-            "HTTP response; another writer uses this operation id",
+            f"operation (operation_digest={digest}) is {record.state.value} but does not hold "
+            f"a stored HTTP response ({type(exc).__name__}); another writer uses this "
+            "operation id",
             operation_id=record.operation_id,
-        ) from exc
+        ) from None

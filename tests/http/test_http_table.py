@@ -284,9 +284,9 @@ def test_a_superseded_attempt_answers_with_the_authoritative_response(
 ) -> None:
     """Attempt 1 loses its reservation while it runs (marked provisional, as after a lost
     lease) and attempt 2 completes: attempt 1's response is quarantined and its client gets
-    attempt 2's stored response instead."""
+    attempt 2's stored response instead, and the quarantine kind is logged by its value."""
     client, ledger = endpoint.client, endpoint.ledger
-    with gated_first(endpoint, "k") as late:
+    with capture_logs() as events, gated_first(endpoint, "k") as late:
         op = operation_id("http", "k", "tenant:acme", "principal")
         record = settler.get(op)
         assert record is not None
@@ -308,6 +308,9 @@ def test_a_superseded_attempt_answers_with_the_authoritative_response(
     kinds = [e.kind.value for e in settler.quarantine.list(operation_id=op)]
     assert kinds == ["stale_generation"]
     assert ledger.count("/gated") == 2
+    [superseded] = [e for e in events if e["event"] == "settle.http.superseded"]
+    assert superseded["kind"] == "stale_generation"
+    assert type(superseded["kind"]) is str  # not the enum: rendered as its repr by stdlib
 
 
 def test_two_principals_with_one_key_never_see_each_others_response(

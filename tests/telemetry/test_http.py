@@ -6,15 +6,25 @@ ASGI: a real Starlette app behind a real uvicorn server; WSGI: a real threading 
 from __future__ import annotations
 
 import asyncio
+import io
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import redis
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware as AsgiTelemetry
 from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware as WsgiTelemetry
 from opentelemetry.sdk.trace import ReadableSpan
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
+from settle._log import operation_digest
+from settle.errors import CorruptRecord
+from settle.http.keys import operation_id
+from settle.http.request import fingerprint_request
+from settle.wsgi import IdempotencyMiddleware
+from settle.wsgi.middleware import request_head
 from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
 from tests.telemetry.conftest import Telemetry
 
@@ -106,3 +116,69 @@ async def test_wsgi_outcomes_on_the_server_span(
             await _scenario(client, ledger)
     settler.close()
     _check(otel, namespace)
+
+
+KEY = "IDEMKEY-SECRET-7f3a"
+PRINCIPAL = "tenant:acme"
+
+
+def _environ(body: bytes = b'{"x":1}') -> dict[str, Any]:
+    return {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/pay",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+        "HTTP_IDEMPOTENCY_KEY": KEY,
+    }
+
+
+def _created(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("201 Created", [("Content-Type", "application/json")])
+    return [b"{}"]
+
+
+@pytest.mark.parametrize("corruption", ["not_a_response", "not_a_record"])
+def test_an_error_the_middleware_lets_through_names_the_operation_by_its_digest(
+    redis_url: str, namespace: str, otel: Telemetry, corruption: str
+) -> None:
+    """An error the WSGI middleware lets through (the server answers its own 500) is
+    recorded by the server instrumentation, message and traceback: it names the operation
+    by its digest, never its id (which holds the client's Idempotency-Key); the request is
+    logged as settle.http.failed and counted with the outcome ``error``. Another writer
+    completed the operation id with something else, or its record is not a settle record."""
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=2)
+    op = operation_id("http", KEY, PRINCIPAL, "principal")
+    if corruption == "not_a_response":
+        fingerprint = fingerprint_request(request_head(_environ()), b'{"x":1}')
+        r = settler.reserve(op, None, principal=PRINCIPAL, fingerprint=fingerprint)
+        settler.complete(r.reservation, {"not": "an http response"})
+    else:
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.hset(settler._core.keys.record(op), "x", "y")
+    app = WsgiTelemetry(
+        IdempotencyMiddleware(_created, settler=settler, principal=lambda e: PRINCIPAL)
+    )
+    with capture_logs() as logs, pytest.raises(CorruptRecord) as raised:
+        b"".join(app(_environ(), lambda *a, **k: None))
+    settler.close()
+
+    assert KEY not in str(raised.value)
+    assert f"operation_digest={operation_digest(op)}" in str(raised.value)
+    assert raised.value.operation_id == op  # the id stays on the error for its handler
+    [server] = _server_spans(otel)
+    assert server.attributes is not None
+    assert server.attributes["settle.http.outcome"] == "error"
+    recorded = [ev.attributes for ev in server.events if ev.name == "exception"]
+    assert recorded
+    assert not any(KEY in str(dict(a or {})) for a in recorded)
+    assert otel.count("settle.http.requests", **{"settle.namespace": namespace}) == 1
+    [failed] = [e for e in logs if e["event"] == "settle.http.failed"]
+    assert (failed["error"], failed["operation_digest"]) == ("CorruptRecord", operation_digest(op))
+    assert not any(KEY in repr(e) for e in logs)
