@@ -271,6 +271,7 @@ class Core:
         record = self._record(reply, op)
         # The models below are built from our own decoded record: no second validation.
         if reply.code == "reserved":
+            takeover = reply.detail if reply.detail in ("lease_expired", "provisional") else None
             if log_enabled(INFO):
                 logger.info(
                     "settle.reserve.reserved",
@@ -278,7 +279,8 @@ class Core:
                     operation_digest=operation_digest(op),
                     generation=record.generation,
                     version=record.version,
-                    takeover=reply.detail,
+                    takeover=takeover,  # as Reserved.takeover and the span: None if none
+                    resumed=reply.detail == "resumed",
                     attempt_id=call.attempt_id,
                 )
             reservation = _trusted(
@@ -292,7 +294,6 @@ class Core:
                     "attempt_id": call.attempt_id or "",
                 },
             )
-            takeover = reply.detail if reply.detail in ("lease_expired", "provisional") else None
             return _trusted(
                 Reserved, {"reservation": reservation, "record": record, "takeover": takeover}
             )

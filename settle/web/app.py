@@ -292,7 +292,7 @@ class _Console:
         logger.info(
             "settle.web.resolved",
             quarantine_id=ref,
-            principal=binding_digest(principal),
+            binding_digest=binding_digest(principal),
             already_resolved=done == "already",
         )
         root = _root(request)
@@ -317,7 +317,7 @@ class _Console:
             return self.render(request, "signin.html", 403, next=target, failed=True)
         request.session.clear()  # a fresh session and CSRF token for the signed-in user
         request.session["principal"] = principal
-        logger.info("settle.web.signed_in", principal=binding_digest(principal))
+        logger.info("settle.web.signed_in", binding_digest=binding_digest(principal))
         return RedirectResponse(target, status_code=303)
 
     async def sign_out(self, request: Request) -> Response:

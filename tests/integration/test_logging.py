@@ -87,3 +87,19 @@ def test_the_decorator_and_the_http_guard_log_operation_ids_only_as_digests(
         assert "operation_id" not in entry
     replayed = next(e for e in logs if e["event"] == "settle.operation.replayed")
     assert replayed["operation_digest"] == operation_digest("charge:order-31337")
+
+
+def test_reserved_names_a_takeover_as_the_reservation_and_its_span_do(settler: Settler) -> None:
+    """``settle.reserve.reserved`` carries ``takeover`` as ``Reserved.takeover`` and the
+    span's ``settle.takeover`` do: None for a new reservation, ``provisional`` /
+    ``lease_expired`` for a takeover; ``resumed`` says the same attempt reserved again."""
+    with capture_logs() as logs:
+        first = settler.reserve("order-take-1", {"a": 1}, principal=PRINCIPAL)
+        settler.mark_provisional(first.reservation, "test: failed")
+        second = settler.reserve("order-take-1", {"a": 1}, principal=PRINCIPAL)
+    reserved = [e for e in logs if e["event"] == "settle.reserve.reserved"]
+    assert [(e["takeover"], e["resumed"]) for e in reserved] == [
+        (None, False),
+        ("provisional", False),
+    ]
+    assert [first.takeover, second.takeover] == [None, "provisional"]

@@ -8,8 +8,10 @@ import re
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
+from settle._log import binding_digest
 from settle.web import _query, create_app
 from settle.web._security import CSP
 from tests.web.conftest import TOKEN, client_for
@@ -249,9 +251,10 @@ async def test_sign_in_csrf_and_resolution_record_the_principal(
     assert "not accepted" in wrong.text
     no_csrf = await guarded.post("/signin", data={"token": TOKEN})
     assert no_csrf.status_code == 403
-    ok = await guarded.post(
-        f"/signin?next=/entry/{ref}", data={"token": TOKEN, "csrf": csrf_of(form)}
-    )
+    with capture_logs() as signed_in:
+        ok = await guarded.post(
+            f"/signin?next=/entry/{ref}", data={"token": TOKEN, "csrf": csrf_of(form)}
+        )
     assert ok.status_code == 303
     assert ok.headers["location"] == f"/entry/{ref}"
     cookie = ok.headers["set-cookie"].lower()
@@ -270,10 +273,17 @@ async def test_sign_in_csrf_and_resolution_record_the_principal(
         await guarded.post(f"/entry/{ref}/resolve", data={"note": " ", "csrf": token})
     ).status_code == 400
 
-    done = await guarded.post(
-        f"/entry/{ref}/resolve", data={"note": "voided the late charge", "csrf": token}
-    )
+    with capture_logs() as resolved:
+        done = await guarded.post(
+            f"/entry/{ref}/resolve", data={"note": "voided the late charge", "csrf": token}
+        )
     assert done.status_code == 303
+    # The principal is logged as its keyed digest, under the field every event names it by.
+    for logs, event in ((signed_in, "settle.web.signed_in"), (resolved, "settle.web.resolved")):
+        [entry] = [e for e in logs if e["event"] == event]
+        assert entry["binding_digest"] == binding_digest("alice@finance")
+        assert "principal" not in entry
+        assert "alice@finance" not in repr(entry)
     resolution = writer.quarantine.get(ref).resolution
     assert resolution is not None
     assert resolution.note == "[resolved by alice@finance] voided the late charge"
