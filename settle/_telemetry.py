@@ -19,6 +19,12 @@ What settle reports (docs/observability.md lists every name and attribute):
   with the messaging conventions and ``messaging.client.operation.duration``.
 
 Operation ids, principals, keys and payloads never appear: no hook is given one.
+
+Telemetry never changes what settle does: every call into OpenTelemetry (a span started,
+ended or given attributes, a measurement recorded) is guarded, and an exception from it (a
+span processor or exporter that raises) is dropped and logged as ``settle.telemetry.failed``
+with its class only (:func:`_failed`), so a settle call returns or raises exactly what it
+would without telemetry.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import time
 import weakref
 from typing import Any, Self, TypeVar
 
+from settle._log import logger
+
 __all__ = ["NOOP", "SCOPE", "CallSpan", "telemetry"]
 
 T = TypeVar("T")
@@ -40,6 +48,51 @@ SCOPE = "settle"
 
 #: Exceptions whose class says the outcome of a ``reserve`` (no rule: a name for a metric).
 _REFUSALS = {"FingerprintMismatch": "fingerprint_mismatch", "BindingMismatch": "binding_mismatch"}
+
+#: At most one ``settle.telemetry.failed`` line per exception class in this many seconds: a
+#: broken exporter fails on every call, and its log must not flood the application's.
+_FAILED_EVERY = 60.0
+
+
+class _Failures:
+    """Logs an exception raised inside OpenTelemetry (class only: its message may hold
+    anything), rate-limited per exception class; ``suppressed`` counts the ones not logged
+    since the last line."""
+
+    __slots__ = ("_last", "_lock", "_suppressed")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, error: Exception) -> None:
+        kind = type(error).__qualname__
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < _FAILED_EVERY:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+                return
+            self._last[kind] = now
+            suppressed = self._suppressed.pop(kind, 0)
+        logger.warning("settle.telemetry.failed", error=kind, suppressed=suppressed)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
+
+
+_failed = _Failures()
+
+
+def _quietly(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` into OpenTelemetry; None when it raised (logged by
+    :data:`_failed`): telemetry never changes what settle returns or raises."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001  # a span processor, exporter or reader raised
+        _failed(error)
+        return None
 
 
 class _Nothing:
@@ -58,6 +111,9 @@ class _Nothing:
 
     def done(self, result: T) -> T:
         return result
+
+    def capture(self) -> _Nothing:
+        return self
 
     def _nothing(self, *_: Any) -> None:
         return None
@@ -93,7 +149,11 @@ def telemetry() -> Noop | Otel:
         from opentelemetry import context, metrics, trace  # noqa: PLC0415  # only if installed
     except ImportError:
         return NOOP
-    return Otel(context, metrics, trace)
+    try:
+        return Otel(context, metrics, trace)
+    except Exception as error:  # noqa: BLE001  # a provider that cannot load: report nothing
+        _failed(error)
+        return NOOP
 
 
 # -- OpenTelemetry -------------------------------------------------------------------------
@@ -149,7 +209,7 @@ class _Span:
         self._finish = finish
         self.attributes: dict[str, Any] = {}
         self._start = time.perf_counter()
-        self._token = None if leaf else otel.context.attach(otel.trace.set_span_in_context(span))
+        self._token = None if leaf else otel.attach(span)
 
     def __enter__(self) -> Self:
         return self
@@ -160,18 +220,18 @@ class _Span:
             self.attributes[key] = value
 
     def __exit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
-        try:
-            if kind is not None:
-                self.attributes["error.type"] = kind.__qualname__
-                self.span.set_status(self._otel.trace.StatusCode.ERROR)
-            if self._finish is not None:
-                self._finish(self, kind, time.perf_counter() - self._start)
-        finally:
-            if self._token is not None:
-                self._otel.context.detach(self._token)
-            if self.attributes:
-                self.span.set_attributes(self.attributes)
-            self.span.end()
+        # Each step on its own: one that raises must not leave the span current or unended,
+        # nor replace what the block returned or raised.
+        if kind is not None:
+            self.attributes["error.type"] = kind.__qualname__
+            _quietly(self.span.set_status, self._otel.trace.StatusCode.ERROR)
+        if self._finish is not None:
+            _quietly(self._finish, self, kind, time.perf_counter() - self._start)
+        if self._token is not None:
+            _quietly(self._otel.context.detach, self._token)
+        if self.attributes:
+            _quietly(self.span.set_attributes, self.attributes)
+        _quietly(self.span.end)
 
 
 class _Call(_Span):
@@ -186,7 +246,7 @@ class _Call(_Span):
 
     def done(self, result: T) -> T:
         """Record what ``result`` says (outcome, verdict, kind, takeover) and return it."""
-        self._otel.observe(self, result)
+        _quietly(self._otel.observe, self, result)
         return result
 
 
@@ -205,14 +265,15 @@ class _Operation(_Span):
         """An attempt (a :class:`~settle.attempt.Attempt`) starts running."""
         self.attempt_done()
         self.attempts += 1
-        span = self._otel.tracer.start_span(
+        span = self._otel.start(
             "settle.attempt",
             attributes={
                 "settle.attempt.number": int(attempt.number),
                 "settle.generation": int(attempt.generation),
             },
         )
-        self._current = _Span(self._otel, span)
+        if span is not None:
+            self._current = _Span(self._otel, span)
 
     def ran(self, ran: Any) -> None:
         """What the attempt's function did (the decorator's ``Ran``): its error's class,
@@ -222,9 +283,16 @@ class _Operation(_Span):
             return
         if ran.error is not None:
             current.set("error.type", type(ran.error).__qualname__)
-            current.span.set_status(self._otel.trace.StatusCode.ERROR)
+            _quietly(current.span.set_status, self._otel.trace.StatusCode.ERROR)
         if ran.lost is not None:
             current.set("settle.lease.lost", True)
+
+    def capture(self) -> _Resume | _Nothing:
+        """The current context (the running attempt's span), to be made current again
+        around work another thread does for the attempt (``with captured: ...``): the
+        sync heartbeat's renewals are children of the attempt they renew."""
+        captured = _quietly(self._otel.context.get_current)
+        return _NOTHING if captured is None else _Resume(self._otel, captured)
 
     def attempt_done(self, kind: type[BaseException] | None = None) -> None:
         current, self._current = self._current, None
@@ -294,6 +362,7 @@ _TALLIES: list[_Tally] = []
 def _after_fork() -> None:
     for tally in _TALLIES:
         tally._forked()
+    _failed._forked()
 
 
 if hasattr(os, "register_at_fork"):
@@ -414,10 +483,15 @@ class Otel:
             return False
         if self._globals_unset():
             return True
-        if (
-            type(self.trace.get_tracer_provider()).__name__ in _UNSET_PROVIDERS
-            and type(self._metrics.get_meter_provider()).__name__ in _UNSET_PROVIDERS
-        ):
+        try:
+            unset = (
+                type(self.trace.get_tracer_provider()).__name__ in _UNSET_PROVIDERS
+                and type(self._metrics.get_meter_provider()).__name__ in _UNSET_PROVIDERS
+            )
+        except Exception as error:  # noqa: BLE001  # a provider that cannot load: report nothing
+            _failed(error)
+            return True
+        if unset:
             return True
         self._live = True
         return False
@@ -433,6 +507,17 @@ class Otel:
             and getattr(self._metrics_internal, "_METER_PROVIDER", False) is None
         )
 
+    def start(self, name: str, **options: Any) -> Any:
+        """``tracer.start_span(name, **options)``; None when it raised (logged)."""
+        return _quietly(self.tracer.start_span, name, **options)
+
+    def attach(self, span: Any = None, context: Any = None) -> Any:
+        """Make ``span`` current (or ``context``, a captured context); the token to detach,
+        None when OpenTelemetry raised (logged)."""
+        if span is not None:
+            context = _quietly(self.trace.set_span_in_context, span)
+        return None if context is None else _quietly(self.context.attach, context)
+
     # -- settle calls ----------------------------------------------------------------------
 
     def call(self, name: str, namespace: str, subject: Any = None) -> _Call | _Nothing:
@@ -440,7 +525,9 @@ class Otel:
         a settlement or renewal presents (its generation is recorded)."""
         if self.idle():
             return _NOTHING
-        span = self.tracer.start_span(f"settle.{name}", attributes={"settle.namespace": namespace})
+        span = self.start(f"settle.{name}", attributes={"settle.namespace": namespace})
+        if span is None:
+            return _NOTHING
         call = _Call(self, span, name, namespace)
         generation = getattr(subject, "generation", None)
         if isinstance(generation, int):
@@ -504,8 +591,8 @@ class Otel:
         one would cost as much as the call's own span."""
         if self.idle():
             return _NOTHING
-        parent = self.trace.get_current_span()
-        if not parent.is_recording() and parent.get_span_context().is_valid:
+        sampled_out = _quietly(self._sampled_out)
+        if sampled_out or sampled_out is None:  # None: OpenTelemetry raised
             return _NOTHING
         attributes: dict[str, Any] = {"db.system.name": "redis", "db.operation.name": operation}
         name = operation
@@ -515,19 +602,23 @@ class Otel:
         if batch is not None:
             attributes["db.operation.batch.size"] = batch
         attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
-        span = self.tracer.start_span(name, kind=self._client, attributes=attributes)
-        return _Span(self, span, leaf=True)
+        span = self.start(name, kind=self._client, attributes=attributes)
+        return _NOTHING if span is None else _Span(self, span, leaf=True)
+
+    def _sampled_out(self) -> bool:
+        parent = self.trace.get_current_span()
+        return not parent.is_recording() and bool(parent.get_span_context().is_valid)
 
     # -- the decorator ---------------------------------------------------------------------
 
     def operation(self, namespace: str, function: str) -> _Operation | _Nothing:
         if self.idle():
             return _NOTHING
-        span = self.tracer.start_span(
+        span = self.start(
             "settle.operation",
             attributes={"settle.namespace": namespace, "code.function.name": function},
         )
-        return _Operation(self, span)
+        return _NOTHING if span is None else _Operation(self, span)
 
     # -- HTTP ------------------------------------------------------------------------------
 
@@ -536,7 +627,8 @@ class Otel:
         application's instrumentation) at its start."""
         if self.idle():
             return _NOTHING
-        return _Request(self, self.trace.get_current_span(), namespace)
+        span = _quietly(self.trace.get_current_span)
+        return _NOTHING if span is None else _Request(self, span, namespace)
 
     # -- delivery progress -----------------------------------------------------------------
 
@@ -554,10 +646,8 @@ class Otel:
             "messaging.consumer.group.name": scope.group,
             "settle.progress.consumer": consumer,
         }
-        span = self.tracer.start_span(
-            f"{name} {scope.stream}", kind=self._client, attributes=attributes
-        )
-        return _Settling(self, span, attributes)
+        span = self.start(f"{name} {scope.stream}", kind=self._client, attributes=attributes)
+        return _NOTHING if span is None else _Settling(self, span, attributes)
 
     def finish_settling(
         self, settling: _Settling, kind: type[BaseException] | None, seconds: float
@@ -584,7 +674,11 @@ class _Request:
         self._namespace = namespace
 
     def answered(self, outcome: str | None) -> None:
-        if outcome is not None and self._span.is_recording():
+        if outcome is not None:
+            _quietly(self._answered, outcome)
+
+    def _answered(self, outcome: str) -> None:
+        if self._span.is_recording():
             self._span.set_attribute("settle.http.outcome", outcome)
             self._span.set_attribute("settle.namespace", self._namespace)
 
@@ -593,6 +687,26 @@ class _Request:
             return
         self.answered(outcome)
         self._otel.http.add(self._namespace, outcome)
+
+
+class _Resume:
+    """A captured context, made current for a ``with`` block (in any thread)."""
+
+    __slots__ = ("_context", "_otel", "_token")
+
+    def __init__(self, otel: Otel, context: Any) -> None:
+        self._otel = otel
+        self._context = context
+        self._token: Any = None
+
+    def __enter__(self) -> Self:
+        self._token = self._otel.attach(context=self._context)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _quietly(self._otel.context.detach, token)
 
 
 class _Settling(_Span):
