@@ -190,8 +190,13 @@ class AttemptRunner:
         ):
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
-            except SettleError as exc:
+            except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
                 self._guard.renew_failed(exc)
+            # Anything else too: a heartbeat that stopped would let the lease lapse under a
+            # running handler, and a retry would run it again. (A cancellation is not an
+            # Exception: it stops here.)
+            except Exception as exc:  # noqa: BLE001
+                self._guard.log.warning("settle.http.renew_failed", error=type(exc).__name__)
             else:
                 if not renewal.renewed:
                     self._guard.lease_lost(renewal.reason)

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from settle._log import logger, operation_digest
 from settle._telemetry import telemetry
 from settle.decorator._options import Options
 from settle.decorator._plan import (
@@ -29,7 +28,7 @@ from settle.decorator._plan import (
     TerminalSpec,
 )
 from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
-from settle.errors import InvalidInput, SettleError
+from settle.errors import InvalidInput
 from settle.models import Action, Settlement
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ async def _drive(
                 case Run():
                     call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
                     span.attempt(step.attempt)
-                    ran = await _run(settler, step, fn, call_args, call_kwargs)
+                    ran = await _run(settler, plan, step, fn, call_args, call_kwargs)
                     span.ran(ran)
                     interrupted = ran.interrupted
                     step = plan.ran(step, ran)
@@ -141,6 +140,7 @@ async def _settle(settler: AsyncSettler, step: Settle) -> Settlement:
 
 async def _run(
     settler: AsyncSettler,
+    plan: Plan,
     run: Run,
     fn: Callable[..., Awaitable[Any]],
     args: tuple[Any, ...],
@@ -159,7 +159,9 @@ async def _run(
     interrupted: BaseException | None = None
     scope = asyncio.timeout(run.timeout)
     async with scope:
-        beat = asyncio.create_task(_heartbeat(settler, run, lambda: scope.reschedule(loop.time())))
+        beat = asyncio.create_task(
+            _heartbeat(settler, plan, run, lambda: scope.reschedule(loop.time()))
+        )
         try:
             value = await fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
@@ -179,16 +181,20 @@ async def _run(
     return Ran(value, error, False, lost, interrupted)
 
 
-async def _heartbeat(settler: AsyncSettler, run: Run, on_lost: Callable[[], None]) -> None:
+async def _heartbeat(
+    settler: AsyncSettler, plan: Plan, run: Run, on_lost: Callable[[], None]
+) -> None:
     attempt = run.attempt
     while True:
         await asyncio.sleep(run.heartbeat)
         try:
             renewal = await settler.renew(run.reservation, lease=run.lease)
-        except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
-            logger.warning(
+        # Transient (BackendError, DurabilityError) or anything else: beat on. A heartbeat
+        # that stopped would let the lease lapse under a running function, and a second
+        # caller would run it again. (A cancellation is not an Exception: it stops here.)
+        except Exception as exc:  # noqa: BLE001
+            plan.log.warning(
                 "settle.operation.heartbeat_failed",
-                operation_digest=operation_digest(attempt.operation_id),
                 generation=attempt.generation,
                 error=type(exc).__name__,
             )

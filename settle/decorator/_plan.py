@@ -251,7 +251,7 @@ class Plan:
         self._bound: Any = None
 
     @property
-    def _log(self) -> Any:
+    def log(self) -> Any:
         """The call's logger, bound on first use: most calls log nothing (a first call
         logs nothing, a replay one event that is usually filtered out)."""
         if self._bound is None:
@@ -295,7 +295,7 @@ class Plan:
     def _replay(self, record: OperationRecord) -> Step:
         """The stored outcome (``on_replay`` is told first): a result, or the failure."""
         if log_enabled(INFO):
-            self._log.info("settle.operation.replayed", state=record.state.value)
+            self.log.info("settle.operation.replayed", state=record.state.value)
         if self.policy.on_replay is not None:
             self.policy.on_replay(record)
         failure = record.failure
@@ -321,7 +321,7 @@ class Plan:
             self._waiting_since = now
         waited = now - self._waiting_since
         if waited >= self.policy.wait:
-            self._log.info(
+            self.log.info(
                 "settle.operation.in_progress", generation=outcome.generation, waited=waited
             )
             return Raise(
@@ -348,7 +348,7 @@ class Plan:
         r = run.reservation
         error = ran.error
         if ran.lost is not None:
-            self._log.warning(
+            self.log.warning(
                 "settle.operation.lease_lost", generation=r.generation, reason=ran.lost.reason
             )
         if error is None:
@@ -370,7 +370,7 @@ class Plan:
 
     def settled(self, step: Settle, settlement: Settlement) -> Step:
         if settlement.verdict is Verdict.QUARANTINED:
-            self._log.warning(
+            self.log.warning(
                 "settle.operation.stale",
                 generation=step.reservation.generation,
                 action=step.action.value,
@@ -409,7 +409,7 @@ class Plan:
         state.set_exception((type(error), error, error.__traceback__))
         retrying = self.policy.retry
         if not retrying.retry(state) or retrying.stop(state):
-            self._log.warning(
+            self.log.warning(
                 "settle.operation.gave_up",
                 generation=step.reservation.generation,
                 attempts=state.attempt_number,
@@ -417,7 +417,7 @@ class Plan:
             )
             return Raise(error)
         delay = float(retrying.wait(state))
-        self._log.info(
+        self.log.info(
             "settle.operation.retry_scheduled",
             generation=step.reservation.generation,
             attempt=state.attempt_number,

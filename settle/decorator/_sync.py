@@ -3,6 +3,7 @@ calls; the heartbeat renews the lease from a thread. No rule lives here."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -11,6 +12,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from settle._log import logger, operation_digest
@@ -31,7 +34,7 @@ from settle.decorator._plan import (
     TerminalSpec,
 )
 from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
-from settle.errors import InvalidInput, SettleError
+from settle.errors import InvalidInput
 from settle.models import Action, Settlement
 
 if TYPE_CHECKING:
@@ -103,7 +106,7 @@ def _drive(
                 case Run():
                     call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
                     span.attempt(step.attempt)
-                    ran = _run(beats, step, fn, call_args, call_kwargs)
+                    ran = _run(beats, step, plan, span.capture(), fn, call_args, call_kwargs)
                     span.ran(ran)
                     step = plan.ran(step, ran)
                 case Settle():
@@ -138,15 +141,18 @@ def _settle(settler: Settler, step: Settle) -> Settlement:
 def _run(
     beats: _Heartbeats,
     run: Run,
+    plan: Plan,
+    context: AbstractContextManager[Any],
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Ran:
     """Run ``fn`` in this thread while the heartbeat thread renews the lease every
-    ``run.heartbeat`` seconds. A lost lease is reported through ``run.attempt.lost``: a
-    thread cannot be interrupted, so the function is told and must stop on its own."""
+    ``run.heartbeat`` seconds (in the attempt's telemetry ``context``). A lost lease is
+    reported through ``run.attempt.lost``: a thread cannot be interrupted, so the function
+    is told and must stop on its own."""
     attempt = run.attempt
-    beating = beats.add(run)
+    key = beats.add(run, plan, context)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
@@ -155,7 +161,7 @@ def _run(
     else:
         error = None
     finally:
-        beats.remove(beating)
+        beats.remove(key)
     deadline = attempt.deadline
     timed_out = error is not None and deadline is not None and time.monotonic() >= deadline
     return Ran(value, error, timed_out, attempt._renewal if attempt.lost else None)
@@ -163,6 +169,19 @@ def _run(
 
 #: How long an idle heartbeat thread waits for the next call before it ends (seconds).
 _IDLE_LINGER = 2.0
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+@dataclass(slots=True)  # not frozen: built on every call, and a frozen one costs more
+class _Beating:
+    """A running attempt, as the heartbeat thread renews it."""
+
+    run: Run
+    plan: Plan | None
+    """Its call's plan, whose logger names the call (None: not a decorated call)."""
+    context: AbstractContextManager[Any]
+    """Made current around each renewal (the attempt's telemetry context)."""
 
 
 class _Heartbeats:
@@ -173,7 +192,7 @@ class _Heartbeats:
     def __init__(self, settler: Settler) -> None:
         self._settler = settler
         self._cond = threading.Condition()
-        self._due: dict[int, tuple[float, Run]] = {}
+        self._due: dict[int, tuple[float, _Beating]] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         #: When the thread's wait ends (-inf while it is not waiting: it reads ``_due``
@@ -181,17 +200,22 @@ class _Heartbeats:
         #: thread on every call cost a thread switch per call.
         self._wake_at = -math.inf
 
-    def add(self, run: Run) -> int:
+    def add(
+        self,
+        run: Run,
+        plan: Plan | None = None,
+        context: AbstractContextManager[Any] = _NO_CONTEXT,
+    ) -> int:
+        """Renew ``run``'s lease until :meth:`remove`; ``plan``'s logger names the call in a
+        failed renewal's event, and each renewal runs in ``context`` (the telemetry context
+        of the caller, captured in its thread)."""
+        beating = _Beating(run, plan, context)
         with self._cond:
             key = next(self._ids)
             due = time.monotonic() + run.heartbeat
-            self._due[key] = (due, run)
+            self._due[key] = (due, beating)
             if self._thread is None:
-                self._wake_at = -math.inf
-                self._thread = threading.Thread(
-                    target=self._loop, name="settle-heartbeat", daemon=True
-                )
-                self._thread.start()
+                self._start()
             elif due < self._wake_at:
                 self._cond.notify()
             return key
@@ -200,7 +224,27 @@ class _Heartbeats:
         with self._cond:
             self._due.pop(key, None)
 
+    def _start(self) -> None:
+        """Start the thread (the lock held)."""
+        self._wake_at = -math.inf
+        thread = threading.Thread(target=self._loop, name="settle-heartbeat", daemon=True)
+        thread.start()
+        self._thread = thread
+
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # A thread that died (an exception no beat catches) must not stay registered:
+            # no lease of this function would be renewed again. Attempts still running get
+            # a new thread now (their next renewals are not due before their heartbeat).
+            with self._cond:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                    if self._due:
+                        self._start()
+
+    def _serve(self) -> None:
         idle_since: float | None = None
         while True:
             with self._cond:
@@ -221,11 +265,11 @@ class _Heartbeats:
                         continue
                     idle_since = None
                     self._wait_until(nearest, now)
-                ready = [(k, run) for k, (due, run) in self._due.items() if due <= now]
-                for k, run in ready:
-                    self._due[k] = (now + run.heartbeat, run)
-            for k, run in ready:
-                if not self._beat(run):
+                ready = [(k, beating) for k, (due, beating) in self._due.items() if due <= now]
+                for k, beating in ready:
+                    self._due[k] = (now + beating.run.heartbeat, beating)
+            for k, beating in ready:
+                if not self._beat(beating):
                     self.remove(k)
 
     def _wait_until(self, wake_at: float, now: float) -> None:
@@ -236,15 +280,24 @@ class _Heartbeats:
         finally:
             self._wake_at = -math.inf
 
-    def _beat(self, run: Run) -> bool:
+    def _beat(self, beating: _Beating) -> bool:
         """Renew one lease; False once it is lost (the attempt is told, renewals stop)."""
+        run = beating.run
         attempt = run.attempt
         try:
-            renewal = self._settler.renew(run.reservation, lease=run.lease)
-        except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
-            logger.warning(
+            with beating.context:
+                renewal = self._settler.renew(run.reservation, lease=run.lease)
+        # Transient (BackendError, DurabilityError) or anything else: beat on. A heartbeat
+        # that stopped would let the lease lapse under a running function, and a second
+        # caller would run it again.
+        except Exception as exc:  # noqa: BLE001
+            plan = beating.plan
+            if plan is not None:
+                log = plan.log
+            else:
+                log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
+            log.warning(
                 "settle.operation.heartbeat_failed",
-                operation_digest=operation_digest(attempt.operation_id),
                 generation=attempt.generation,
                 error=type(exc).__name__,
             )
