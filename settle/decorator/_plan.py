@@ -374,7 +374,7 @@ class Plan:
                 "settle.operation.stale",
                 generation=step.reservation.generation,
                 action=step.action.value,
-                kind=settlement.kind,
+                kind=settlement.kind.value if settlement.kind is not None else None,
                 quarantine_id=settlement.quarantine_id,
             )
             self._stale = settlement
