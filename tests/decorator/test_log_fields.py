@@ -21,6 +21,8 @@ from tests.faults.servers import async_client, proxy_to, script_needle, sync_cli
 from tests.faults.tcp_proxy import FaultyProxy
 
 WHO = "tenant:acme"
+#: What a reservation takes from its record (besides the attempt id).
+_RESERVATION = ("operation_id", "fingerprint", "fingerprint_version", "binding", "generation")
 
 
 @pytest.fixture
@@ -83,19 +85,15 @@ async def test_a_failed_async_renewal_names_its_call(proxy: FaultyProxy, namespa
 def test_a_stale_settlement_logs_its_kind_as_text(settler: Settler) -> None:
     @settler.operation(key="op:{n}", principal=WHO, result_type=int)
     def charge(n: int, attempt: Attempt) -> int:
-        # Another worker marks this attempt's generation provisional and takes over: this
-        # attempt's completion is then stale.
+        # This attempt's reservation is marked provisional (as after a lost lease) and
+        # another worker takes over: this attempt's completion is then stale.
         record = settler.get(attempt.operation_id)
         assert record is not None
-        other = Reservation(
-            operation_id=record.operation_id,
-            fingerprint=record.fingerprint,
-            fingerprint_version=record.fingerprint_version,
-            binding=record.binding,
-            generation=record.generation,
-            attempt_id="another-worker",
+        mine = Reservation(
+            **{name: getattr(record, name) for name in _RESERVATION},
+            attempt_id=attempt.attempt_id,
         )
-        settler.mark_provisional(other, reason="taken over")
+        settler.mark_provisional(mine, reason="lease lost")
         settler.reserve(record.operation_id, principal=WHO, fingerprint=record.fingerprint)
         return n
 
