@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
+import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
@@ -30,6 +31,7 @@ from settle import (
     Verdict,
     _telemetry,
 )
+from settle.asgi import IdempotencyMiddleware
 from tests.telemetry.conftest import Telemetry
 
 WHO = "tenant:acme"
@@ -250,6 +252,37 @@ async def test_a_raising_renewal_span_stops_no_async_heartbeat(
     assert effects == [1]
     assert len(otel.spans("settle.renew")) >= 6
     _check_logged_once(logs)
+
+
+@pytest.mark.asyncio
+async def test_a_raising_renewal_span_stops_no_asgi_heartbeat(
+    async_settler: AsyncSettler, otel: Telemetry, broken: Raising
+) -> None:
+    """The HTTP middleware's handler outlives four leases; a retry meanwhile gets 409."""
+    broken.ending.add("settle.renew")
+    runs = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        await receive()
+        runs += 1
+        await asyncio.sleep(4 * 0.6)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"paid"})
+
+    guarded = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: WHO, lease=0.6
+    )
+    transport = httpx.ASGITransport(app=guarded)
+    headers = {"Idempotency-Key": "k1"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        first = asyncio.create_task(client.post("/pay", headers=headers))
+        await asyncio.sleep(1.5)
+        retry = await client.post("/pay", headers=headers)
+        assert retry.status_code == 409
+        assert (await first).status_code == 200
+    assert runs == 1
+    assert len(otel.spans("settle.renew")) >= 6
 
 
 # -- where renewals are in the trace -----------------------------------------------------------
