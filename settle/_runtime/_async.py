@@ -16,6 +16,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from time import monotonic
 from typing import Any, Self
 
 from redis import exceptions as rx
@@ -50,6 +51,7 @@ from settle.errors import (
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "RECHECK_INTERVAL",
     "SOCKET_TIMEOUT",
     "AsyncConnectable",
     "AsyncRunner",
@@ -67,6 +69,10 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": CONNECT_TIMEOUT,
 }
 _CLUSTER_DEFAULTS: dict[str, Any] = {**_CLIENT_DEFAULTS, "require_full_coverage": False}
+#: Seconds between two reads of the primaries' ``maxmemory-policy`` on the call path (one
+#: ``INFO memory``, made by the first call after the interval; docs/operations.md, "Eviction
+#: is refused"). A runner's ``recheck_interval`` attribute overrides it (tests set it to 0).
+RECHECK_INTERVAL = 30.0
 
 
 def client_from_url(url: str) -> Redis:
@@ -204,7 +210,11 @@ class AsyncRunner:
     ) -> None:
         self._set = scripts
         self._durability = durability
-        self._ready = False
+        #: When the server checks last passed (``time.monotonic()``); None: every check of
+        #: :meth:`prepare` is due, before the first call and after evidence that the server
+        #: lost its data or restarted (:meth:`suspect`).
+        self._checked_at: float | None = None
+        self.recheck_interval = RECHECK_INTERVAL
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
         #: The client of a cluster node's URL, replaced by a cluster client: closed when
@@ -223,7 +233,7 @@ class AsyncRunner:
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else lane(client.connection_pool, keep=client in _OWNED)
+            else lane(client.connection_pool, keep=client in _OWNED, dropped=self.suspect)
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -241,15 +251,18 @@ class AsyncRunner:
     # -- start-up --------------------------------------------------------------------------
 
     async def prepare(self) -> dict[str, Any]:
-        """Check the server once before the first call: version (the oldest node's on a
-        cluster), every hash slot served, and a ``maxmemory-policy`` that cannot evict
-        settle's records (every primary's); switch a cluster node's URL to a cluster client.
+        """Check the server before the first call, and again after evidence that it lost
+        its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
+        every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
+        (every primary's and replica's); switch a cluster node's URL to a cluster client.
         Returns the ``INFO server`` it judged."""
         try:
             info: dict[str, Any] = await AsyncRetrying(**retry_options(None))(self._server_info)
             topology.check_server(info)
             if topology.has_functions(info):
                 self._fcall = await AsyncRetrying(**retry_options(None))(self._load_everywhere)
+            if not self._fcall:
+                await AsyncRetrying(**retry_options(None))(self._load_scripts)
             policies: dict[str, str | None] = await AsyncRetrying(**retry_options(None))(
                 self._eviction_policies
             )
@@ -261,8 +274,42 @@ class AsyncRunner:
         if warnings.unread:
             nodes = ",".join(node or "server" for node in warnings.unread)
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
-        self._ready = True
+        self._checked_at = monotonic()
         return info
+
+    def suspect(self) -> None:
+        """Evidence that the server lost its data or restarted (a script's ``unclaimed``
+        reply, NOSCRIPT, a missing FUNCTION library, a dropped connection): every check of
+        :meth:`prepare` runs again before the next call."""
+        self._checked_at = None
+
+    def _due(self) -> bool:
+        checked = self._checked_at
+        return checked is None or monotonic() - checked >= self.recheck_interval
+
+    async def _check(self, call: Call | None) -> None:
+        """The server checks that are due, inline before ``call`` (no thread): all of
+        :meth:`prepare` when :meth:`suspect` (or nothing yet) asked for them, else the
+        primaries' eviction policy, one ``INFO memory``, once ``recheck_interval`` passed. A
+        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent."""
+        with naming(call) if call is not None else contextlib.nullcontext():
+            if self._checked_at is None:
+                await self.prepare()
+                return
+            try:
+                policies: dict[str, str | None] | None = await AsyncRetrying(**retry_options(None))(
+                    self._primary_policies
+                )
+            except (RedisError, RedisClusterException) as exc:
+                raise backend_error(exc, None) from exc
+            health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
+            self._checked_at = monotonic()
+
+    async def _lost(self, call: Call) -> None:
+        """``call`` met evidence that the server lost its data or restarted (NOSCRIPT, a
+        missing library): every check again, now, before the call is sent again."""
+        self.suspect()
+        await self._check(call)
 
     async def _load_everywhere(self) -> bool:
         """Load the library on the server (each primary of a cluster); False when the server
@@ -284,6 +331,23 @@ class AsyncRunner:
             )
             return False
         return True
+
+    async def _load_scripts(self) -> None:
+        """``SCRIPT LOAD`` every script (on each primary of a cluster), so that NOSCRIPT
+        later means the server lost them (a restart, SCRIPT FLUSH) rather than a first use.
+        A user refused SCRIPT LOAD keeps EVALSHA of scripts loaded by someone else."""
+        sources = [script.script for script in self._scripts.values()]
+        try:
+            if isinstance(self.client, RedisCluster):
+                for source in sources:  # redis-py sends SCRIPT LOAD to every primary
+                    await self.client.script_load(source)
+                return
+            async with self.client.pipeline(transaction=False) as pipe:
+                for source in sources:
+                    pipe.script_load(source)
+                await pipe.execute()
+        except rx.NoPermissionError:
+            return
 
     async def _load_library(
         self, call: Call | None = None, *, node: Any = None, client: Redis | None = None
@@ -316,22 +380,14 @@ class AsyncRunner:
         replica the primary, with its own policy) from ``INFO memory`` (CONFIG GET is often
         blocked on managed Redis); ``None`` where INFO is denied, a replica is out of reach,
         or the reply does not say."""
+        found = await self._primary_policies()
+        if found is None:
+            return {"": None}
         if isinstance(self.client, RedisCluster):
-            try:
-                every = RedisCluster.PRIMARIES
-                per_node = _per_node(await self.client.info("memory", target_nodes=every))
-            except rx.ResponseError:  # NOPERM, or INFO renamed away
-                return {"": None}
-            found = {node: health.eviction_policy(info) for node, info in per_node.items()}
             for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
                 probe = Redis(**{**_node_settings(replica), **_probe_options()})
                 found[f"{replica.host}:{replica.port}"] = await _policy_of(probe)
             return found
-        try:
-            primary = await self.client.info("memory")
-        except rx.ResponseError:
-            return {"": None}
-        found = {"": health.eviction_policy(primary)}
         pool = self.client.connection_pool
         settings = topology.passed_on(pool.connection_kwargs, pool.connection_class)
         try:
@@ -345,6 +401,18 @@ class AsyncRunner:
             probe = Redis(**{**settings, **node, **_probe_options()})
             found[f"{host}:{port}"] = await _policy_of(probe, replicating=replid)
         return found
+
+    async def _primary_policies(self) -> dict[str, str | None] | None:
+        """The ``maxmemory_policy`` of the server, or of each primary of a cluster, from
+        ``INFO memory``; None when INFO is denied (NOPERM, or renamed away)."""
+        try:
+            if isinstance(self.client, RedisCluster):
+                every = RedisCluster.PRIMARIES
+                per_node = _per_node(await self.client.info("memory", target_nodes=every))
+                return {node: health.eviction_policy(info) for node, info in per_node.items()}
+            return {"": health.eviction_policy(await self.client.info("memory"))}
+        except rx.ResponseError:
+            return None
 
     async def _server_info(self) -> dict[str, Any]:
         node = self.client
@@ -380,10 +448,17 @@ class AsyncRunner:
     # -- scripts ---------------------------------------------------------------------------
 
     async def run(self, call: Call) -> Any:
-        """Run one script call; its raw reply (the part decodes it)."""
-        if not self._ready:
-            with naming(call):
-                await self.prepare()
+        """Run one script call; its raw reply (the part decodes it). A reply whose code is
+        ``unclaimed`` (a shard's state is gone: a restart without persistence, FLUSHALL,
+        eviction) makes every server check due again before the next call."""
+        reply = await self._call(call)
+        if type(reply) is list and reply and reply[0] in _UNCLAIMED:
+            self.suspect()
+        return reply
+
+    async def _call(self, call: Call) -> Any:
+        if self._due():
+            await self._check(call)
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:
@@ -391,6 +466,8 @@ class AsyncRunner:
                 except (RedisError, RedisClusterException) as exc:
                     if not is_transient(exc):
                         raise
+                    if isinstance(exc, rx.ConnectionError):  # the server may have restarted
+                        self.suspect()  # checked before the next call; a repeat finds NOSCRIPT
                     await asyncio.sleep(first_retry_delay(call, exc))
                 retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return await retrying(self._run_once, call)
@@ -407,13 +484,16 @@ class AsyncRunner:
             except rx.ResponseError as exc:
                 if not _function_missing(exc):
                     raise
-            # A restart without persistence, FUNCTION FLUSH, a new cluster node: load, again.
+            # A restart without persistence, FUNCTION FLUSH, a new cluster node: check the
+            # server again, load, call again.
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+            await self._lost(call)
             await self._load_library(call)
             return await self._fcall_once(call)
         try:
             return await self._evalsha(script.sha, call)
-        except NoScriptError:  # a flushed or restarted server: load once, call again
+        except NoScriptError:  # a flushed or restarted server: check, load once, call again
+            await self._lost(call)
             await self.client.script_load(script.script)
             return await self._evalsha(script.sha, call)
 
@@ -465,10 +545,12 @@ class AsyncRunner:
                 await self._forget_node(node)
                 raise
             if isinstance(reply, NoScriptError):
+                await self._lost(call)
                 await node.script_load(script.script)
                 continue
             if _function_missing(reply):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                await self._lost(call)
                 await self._load_library(client=node)
                 continue
             if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
@@ -534,10 +616,10 @@ class AsyncRunner:
         """Run read calls together: one pipeline on a single server; on a cluster, one call
         at a time (each call's slot may live on another node, and EVALSHA is not pipelined
         across nodes)."""
-        if not self._ready:
-            await self.prepare()
+        if self._due():
+            await self._check(calls[0] if calls else None)
         if self.is_cluster:
-            return [await self.run(call) for call in calls]
+            return [await self._call(call) for call in calls]
         first = calls[0] if calls else None
         with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
             try:
@@ -550,6 +632,7 @@ class AsyncRunner:
             replies = await self._fcall_pipeline(calls)
             if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                await self._lost(calls[0])
                 await self._load_library()
                 replies = await self._fcall_pipeline(calls)
             for reply in replies:
@@ -581,8 +664,8 @@ class AsyncRunner:
         typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
         :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
         call = Call(what, (), ())
-        if not self._ready:
-            await self.prepare()
+        if self._due():
+            await self._check(call)
 
         async def once() -> Any:
             return await send()
@@ -625,8 +708,10 @@ class _Lane:
     (closed by the server, flagged by a maintenance notification). A process forked with
     kept connections leaves them to its parent."""
 
-    def __init__(self, pool: Any, *, keep: bool) -> None:
+    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], None]) -> None:
         self._pool = pool
+        #: Told when a kept connection was found closed by the server (a restart drops it).
+        self._dropped = dropped
         self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
@@ -661,6 +746,7 @@ class _Lane:
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
+            self._dropped()
             await conn.disconnect()
 
     async def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
@@ -746,8 +832,8 @@ class _Pipelined(_Lane):
     the runner repeats. The queue belongs to one event loop: a runner used from another
     loop later (``asyncio.run`` twice) starts afresh."""
 
-    def __init__(self, pool: Any, *, keep: bool) -> None:
-        super().__init__(pool, keep=keep)
+    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], None]) -> None:
+        super().__init__(pool, keep=keep, dropped=dropped)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._in_flight = 0
@@ -858,6 +944,10 @@ def _own(exc: Exception) -> Exception:
 
 
 # unasync: end
+
+
+#: The code of a script's reply that found a shard's state gone (the core's guard in lua/_lib.lua).
+_UNCLAIMED = (b"unclaimed", "unclaimed")
 
 
 def _function_missing(reply: object) -> bool:

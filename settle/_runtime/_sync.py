@@ -17,6 +17,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from time import monotonic
 from typing import Any, Self
 
 from redis import exceptions as rx
@@ -51,6 +52,7 @@ from settle.errors import (
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "RECHECK_INTERVAL",
     "SOCKET_TIMEOUT",
     "Connectable",
     "Runner",
@@ -68,6 +70,10 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": CONNECT_TIMEOUT,
 }
 _CLUSTER_DEFAULTS: dict[str, Any] = {**_CLIENT_DEFAULTS, "require_full_coverage": False}
+#: Seconds between two reads of the primaries' ``maxmemory-policy`` on the call path (one
+#: ``INFO memory``, made by the first call after the interval; docs/operations.md, "Eviction
+#: is refused"). A runner's ``recheck_interval`` attribute overrides it (tests set it to 0).
+RECHECK_INTERVAL = 30.0
 
 
 def client_from_url(url: str) -> Redis:
@@ -205,7 +211,11 @@ class Runner:
     ) -> None:
         self._set = scripts
         self._durability = durability
-        self._ready = False
+        #: When the server checks last passed (``time.monotonic()``); None: every check of
+        #: :meth:`prepare` is due, before the first call and after evidence that the server
+        #: lost its data or restarted (:meth:`suspect`).
+        self._checked_at: float | None = None
+        self.recheck_interval = RECHECK_INTERVAL
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
         #: The client of a cluster node's URL, replaced by a cluster client: closed when
@@ -221,7 +231,7 @@ class Runner:
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else lane(client.connection_pool, keep=client in _OWNED)
+            else lane(client.connection_pool, keep=client in _OWNED, dropped=self.suspect)
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -239,15 +249,18 @@ class Runner:
     # -- start-up --------------------------------------------------------------------------
 
     def prepare(self) -> dict[str, Any]:
-        """Check the server once before the first call: version (the oldest node's on a
-        cluster), every hash slot served, and a ``maxmemory-policy`` that cannot evict
-        settle's records (every primary's); switch a cluster node's URL to a cluster client.
+        """Check the server before the first call, and again after evidence that it lost
+        its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
+        every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
+        (every primary's and replica's); switch a cluster node's URL to a cluster client.
         Returns the ``INFO server`` it judged."""
         try:
             info: dict[str, Any] = Retrying(**retry_options(None))(self._server_info)
             topology.check_server(info)
             if topology.has_functions(info):
                 self._fcall = Retrying(**retry_options(None))(self._load_everywhere)
+            if not self._fcall:
+                Retrying(**retry_options(None))(self._load_scripts)
             policies: dict[str, str | None] = Retrying(**retry_options(None))(
                 self._eviction_policies
             )
@@ -259,8 +272,42 @@ class Runner:
         if warnings.unread:
             nodes = ",".join(node or "server" for node in warnings.unread)
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
-        self._ready = True
+        self._checked_at = monotonic()
         return info
+
+    def suspect(self) -> None:
+        """Evidence that the server lost its data or restarted (a script's ``unclaimed``
+        reply, NOSCRIPT, a missing FUNCTION library, a dropped connection): every check of
+        :meth:`prepare` runs again before the next call."""
+        self._checked_at = None
+
+    def _due(self) -> bool:
+        checked = self._checked_at
+        return checked is None or monotonic() - checked >= self.recheck_interval
+
+    def _check(self, call: Call | None) -> None:
+        """The server checks that are due, inline before ``call`` (no thread): all of
+        :meth:`prepare` when :meth:`suspect` (or nothing yet) asked for them, else the
+        primaries' eviction policy, one ``INFO memory``, once ``recheck_interval`` passed. A
+        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent."""
+        with naming(call) if call is not None else contextlib.nullcontext():
+            if self._checked_at is None:
+                self.prepare()
+                return
+            try:
+                policies: dict[str, str | None] | None = Retrying(**retry_options(None))(
+                    self._primary_policies
+                )
+            except (RedisError, RedisClusterException) as exc:
+                raise backend_error(exc, None) from exc
+            health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
+            self._checked_at = monotonic()
+
+    def _lost(self, call: Call) -> None:
+        """``call`` met evidence that the server lost its data or restarted (NOSCRIPT, a
+        missing library): every check again, now, before the call is sent again."""
+        self.suspect()
+        self._check(call)
 
     def _load_everywhere(self) -> bool:
         """Load the library on the server (each primary of a cluster); False when the server
@@ -282,6 +329,23 @@ class Runner:
             )
             return False
         return True
+
+    def _load_scripts(self) -> None:
+        """``SCRIPT LOAD`` every script (on each primary of a cluster), so that NOSCRIPT
+        later means the server lost them (a restart, SCRIPT FLUSH) rather than a first use.
+        A user refused SCRIPT LOAD keeps EVALSHA of scripts loaded by someone else."""
+        sources = [script.script for script in self._scripts.values()]
+        try:
+            if isinstance(self.client, RedisCluster):
+                for source in sources:  # redis-py sends SCRIPT LOAD to every primary
+                    self.client.script_load(source)
+                return
+            with self.client.pipeline(transaction=False) as pipe:
+                for source in sources:
+                    pipe.script_load(source)
+                pipe.execute()
+        except rx.NoPermissionError:
+            return
 
     def _load_library(
         self, call: Call | None = None, *, node: Any = None, client: Redis | None = None
@@ -314,22 +378,14 @@ class Runner:
         replica the primary, with its own policy) from ``INFO memory`` (CONFIG GET is often
         blocked on managed Redis); ``None`` where INFO is denied, a replica is out of reach,
         or the reply does not say."""
+        found = self._primary_policies()
+        if found is None:
+            return {"": None}
         if isinstance(self.client, RedisCluster):
-            try:
-                every = RedisCluster.PRIMARIES
-                per_node = _per_node(self.client.info("memory", target_nodes=every))
-            except rx.ResponseError:  # NOPERM, or INFO renamed away
-                return {"": None}
-            found = {node: health.eviction_policy(info) for node, info in per_node.items()}
             for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
                 probe = Redis(**{**_node_settings(replica), **_probe_options()})
                 found[f"{replica.host}:{replica.port}"] = _policy_of(probe)
             return found
-        try:
-            primary = self.client.info("memory")
-        except rx.ResponseError:
-            return {"": None}
-        found = {"": health.eviction_policy(primary)}
         pool = self.client.connection_pool
         settings = topology.passed_on(pool.connection_kwargs, pool.connection_class)
         try:
@@ -343,6 +399,18 @@ class Runner:
             probe = Redis(**{**settings, **node, **_probe_options()})
             found[f"{host}:{port}"] = _policy_of(probe, replicating=replid)
         return found
+
+    def _primary_policies(self) -> dict[str, str | None] | None:
+        """The ``maxmemory_policy`` of the server, or of each primary of a cluster, from
+        ``INFO memory``; None when INFO is denied (NOPERM, or renamed away)."""
+        try:
+            if isinstance(self.client, RedisCluster):
+                every = RedisCluster.PRIMARIES
+                per_node = _per_node(self.client.info("memory", target_nodes=every))
+                return {node: health.eviction_policy(info) for node, info in per_node.items()}
+            return {"": health.eviction_policy(self.client.info("memory"))}
+        except rx.ResponseError:
+            return None
 
     def _server_info(self) -> dict[str, Any]:
         node = self.client
@@ -378,10 +446,17 @@ class Runner:
     # -- scripts ---------------------------------------------------------------------------
 
     def run(self, call: Call) -> Any:
-        """Run one script call; its raw reply (the part decodes it)."""
-        if not self._ready:
-            with naming(call):
-                self.prepare()
+        """Run one script call; its raw reply (the part decodes it). A reply whose code is
+        ``unclaimed`` (a shard's state is gone: a restart without persistence, FLUSHALL,
+        eviction) makes every server check due again before the next call."""
+        reply = self._call(call)
+        if type(reply) is list and reply and reply[0] in _UNCLAIMED:
+            self.suspect()
+        return reply
+
+    def _call(self, call: Call) -> Any:
+        if self._due():
+            self._check(call)
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:
@@ -389,6 +464,8 @@ class Runner:
                 except (RedisError, RedisClusterException) as exc:
                     if not is_transient(exc):
                         raise
+                    if isinstance(exc, rx.ConnectionError):  # the server may have restarted
+                        self.suspect()  # checked before the next call; a repeat finds NOSCRIPT
                     time.sleep(first_retry_delay(call, exc))
                 retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return retrying(self._run_once, call)
@@ -405,13 +482,16 @@ class Runner:
             except rx.ResponseError as exc:
                 if not _function_missing(exc):
                     raise
-            # A restart without persistence, FUNCTION FLUSH, a new cluster node: load, again.
+            # A restart without persistence, FUNCTION FLUSH, a new cluster node: check the
+            # server again, load, call again.
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+            self._lost(call)
             self._load_library(call)
             return self._fcall_once(call)
         try:
             return self._evalsha(script.sha, call)
-        except NoScriptError:  # a flushed or restarted server: load once, call again
+        except NoScriptError:  # a flushed or restarted server: check, load once, call again
+            self._lost(call)
             self.client.script_load(script.script)
             return self._evalsha(script.sha, call)
 
@@ -463,10 +543,12 @@ class Runner:
                 self._forget_node(node)
                 raise
             if isinstance(reply, NoScriptError):
+                self._lost(call)
                 node.script_load(script.script)
                 continue
             if _function_missing(reply):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                self._lost(call)
                 self._load_library(client=node)
                 continue
             if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
@@ -532,10 +614,10 @@ class Runner:
         """Run read calls together: one pipeline on a single server; on a cluster, one call
         at a time (each call's slot may live on another node, and EVALSHA is not pipelined
         across nodes)."""
-        if not self._ready:
-            self.prepare()
+        if self._due():
+            self._check(calls[0] if calls else None)
         if self.is_cluster:
-            return [self.run(call) for call in calls]
+            return [self._call(call) for call in calls]
         first = calls[0] if calls else None
         with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
             try:
@@ -548,6 +630,7 @@ class Runner:
             replies = self._fcall_pipeline(calls)
             if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                self._lost(calls[0])
                 self._load_library()
                 replies = self._fcall_pipeline(calls)
             for reply in replies:
@@ -579,8 +662,8 @@ class Runner:
         typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
         :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
         call = Call(what, (), ())
-        if not self._ready:
-            self.prepare()
+        if self._due():
+            self._check(call)
 
         def once() -> Any:
             return send()
@@ -623,8 +706,10 @@ class _Lane:
     (closed by the server, flagged by a maintenance notification). A process forked with
     kept connections leaves them to its parent."""
 
-    def __init__(self, pool: Any, *, keep: bool) -> None:
+    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], None]) -> None:
         self._pool = pool
+        #: Told when a kept connection was found closed by the server (a restart drops it).
+        self._dropped = dropped
         self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
@@ -659,6 +744,7 @@ class _Lane:
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
+            self._dropped()
             conn.disconnect()
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
@@ -727,6 +813,10 @@ def _notifications(pool: Any) -> bool:
     return bool(check()) if check is not None else False
 
 
+
+
+#: The code of a script's reply that found a shard's state gone (the core's guard in lua/_lib.lua).
+_UNCLAIMED = (b"unclaimed", "unclaimed")
 
 
 def _function_missing(reply: object) -> bool:

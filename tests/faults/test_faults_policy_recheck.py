@@ -1,0 +1,199 @@
+"""The eviction check is not made once per process (review of durability, item 1): a part
+started on ``noeviction`` refuses to write once the policy became an evicting one, checked
+again at most every ``recheck_interval`` seconds on the call path, and at once on evidence
+that the server lost its data or restarted (a shard's ``unclaimed`` reply, NOSCRIPT or a
+missing FUNCTION library). Each test starts its own real server and changes its policy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from settle import AsyncSettler, ConfigurationError, Reserved, Settler
+from settle._core.keys import Keys
+from settle.cursor import AsyncCursorStore, CursorStore
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    AsyncProgressStore,
+    DeliveryId,
+    EmissionId,
+    ProgressStore,
+    ProviderScope,
+)
+
+pytestmark = [pytest.mark.faults]
+
+SCOPE = ProviderScope("orders", "billing", "i1")
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    running = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
+    yield running
+    running.close()
+
+
+def _raw(server: EmbeddedRedis) -> redis.Redis:
+    return redis.Redis.from_url(server.url)
+
+
+def _evicting(server: EmbeddedRedis) -> None:
+    with _raw(server) as raw:
+        raw.config_set("maxmemory-policy", "allkeys-lru")
+
+
+def _keys(server: EmbeddedRedis) -> int:
+    with _raw(server) as raw:
+        return int(raw.dbsize())
+
+
+async def _nothing(ctx: object) -> None:
+    return None
+
+
+class _Part:
+    """One part (core, cursor, progress) in one flavour: ``write(i)`` is a call that writes
+    a new key; ``runner`` the part's runner."""
+
+    def __init__(self, flavour: str, part: str, url: str) -> None:
+        self.flavour = flavour
+        self.loop = asyncio.new_event_loop() if flavour == "async" else None
+        sync = flavour == "sync"
+        if part == "settler":
+            self.store: Any = (Settler if sync else AsyncSettler).from_url(
+                url, namespace="recheck", shards=2
+            )
+            self._write = lambda i: self.store.reserve(f"op-{i}", {"n": i}, principal="p")
+        elif part == "cursor":
+            self.store = (CursorStore if sync else AsyncCursorStore).from_url(
+                url, namespace="recheck"
+            )
+            self._write = lambda i: self.store.start(f"stream-{i}", b"c0")
+        else:
+            self.store = (ProgressStore if sync else AsyncProgressStore).from_url(
+                url, consumer="billing", namespace="recheck"
+            )
+            effect = (lambda ctx: None) if sync else _nothing
+            self._write = lambda i: self.store.apply(
+                SCOPE, DeliveryId(f"{i + 1}-1"), EmissionId(f"e{i}"), effect
+            )
+
+    @property
+    def runner(self) -> Any:
+        return self.store._runner
+
+    def _do(self, value: Any) -> Any:
+        return self.loop.run_until_complete(value) if self.loop is not None else value
+
+    def write(self, i: int) -> Any:
+        return self._do(self._write(i))
+
+    def close(self) -> None:
+        self._do(self.store.close() if self.loop is None else self.store.aclose())
+        if self.loop is not None:
+            self.loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.mark.parametrize("part", ["settler", "cursor", "progress"])
+def test_a_policy_changed_at_run_time_is_refused_once_the_interval_passed(
+    server: EmbeddedRedis, flavour: str, part: str
+) -> None:
+    p = _Part(flavour, part, server.url)
+    try:
+        p.runner.recheck_interval = 3600.0
+        p.write(0)
+        _evicting(server)
+        p.write(1)  # within the interval: not read again (docs/operations.md says so)
+        written = _keys(server)
+        p.runner.recheck_interval = 0.0  # the interval has passed
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            p.write(2)
+        assert _keys(server) == written  # nothing was written
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            p.write(3)  # and again on the next call, not once
+        with _raw(server) as raw:
+            raw.config_set("maxmemory-policy", "noeviction")
+        p.write(4)  # set right again: the part writes again
+    finally:
+        p.close()
+
+
+def _lose_shard_state(server: EmbeddedRedis, operation_id: str) -> str:
+    keys = Keys("recheck", 2)
+    state = keys.generation(keys.of(operation_id)[0])
+    with _raw(server) as raw:
+        assert raw.delete(state) == 1
+    return state
+
+
+def test_an_unclaimed_reply_checks_the_server_again_at_once(
+    server: EmbeddedRedis, flavour: str
+) -> None:
+    # The default interval (30 s) has not passed: the 'unclaimed' reply alone (a shard whose
+    # state is gone) makes the next call check the policy, before the shard is claimed.
+    p = _Part(flavour, "settler", server.url)
+    try:
+        first = p.write(0)
+        assert isinstance(first, Reserved)
+        p._do(p.store.complete(first.reservation, {"ok": True}))
+        state = _lose_shard_state(server, "op-0")
+        _evicting(server)
+        written = _keys(server)
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            p._do(p.store.reserve("op-0", {"n": 0}, principal="p"))
+        assert _keys(server) == written
+        with _raw(server) as raw:
+            assert not raw.exists(state)  # the shard was not claimed
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("part", ["settler", "cursor", "progress"])
+def test_scripts_lost_by_the_server_check_it_again_at_once(
+    server: EmbeddedRedis, flavour: str, part: str
+) -> None:
+    # NOSCRIPT (Redis 6.2) or "Function not found" (Redis 7, Valkey) means a restart without
+    # persistence or a flush: what else the server changed is unknown, so it is checked.
+    p = _Part(flavour, part, server.url)
+    try:
+        p.write(0)
+        with _raw(server) as raw:
+            raw.config_set("maxmemory-policy", "allkeys-lru")
+            raw.script_flush()
+            if int(raw.info("server")["redis_version"].split(".")[0]) >= 7:
+                raw.function_flush()
+        written = _keys(server)
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            p.write(1)
+        assert _keys(server) == written
+    finally:
+        p.close()
+
+
+def test_a_dropped_connection_checks_the_server_before_the_next_call(
+    server: EmbeddedRedis, flavour: str
+) -> None:
+    # A kept connection found closed by the server (as a restart closes it) is reconnected,
+    # and the call after the one that found it checks the server first.
+    p = _Part(flavour, "settler", server.url)
+    try:
+        p.write(0)
+        _evicting(server)
+        with _raw(server) as raw:
+            raw.client_kill_filter(_type="normal", skipme=True)
+        time.sleep(0.1)  # the server's FIN reaches the kept connection
+        p.write(1)  # finds its connection closed and reconnects
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            p.write(2)
+    finally:
+        p.close()
