@@ -98,8 +98,13 @@ class AsyncSettler(AsyncConnectable):
         self._checked = True
 
     async def _check_namespace(self) -> None:
-        call = self._core.plan_namespace()
-        self._core.decode_namespace(await self._runner.run(call))
+        # Missing metadata is created only once every surviving shard state agreed with
+        # this client's shard count (SPEC 4; the rules are the core's).
+        if not self._core.decode_namespace(await self._runner.run(self._core.plan_namespace())):
+            checks = self._core.plan_claims(claim=False)
+            self._core.decode_claims(checks, await self._runner.run_many(checks))
+            create = self._core.plan_namespace(create=True)
+            self._core.decode_namespace(await self._runner.run(create))
         claims = self._core.plan_claims()
         self._core.decode_claims(claims, await self._runner.run_many(claims))
 

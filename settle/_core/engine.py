@@ -138,30 +138,44 @@ class Core:
 
     # -- start-up ------------------------------------------------------------------------
 
-    def plan_namespace(self) -> Call:
+    def plan_namespace(self, *, create: bool = False) -> Call:
+        """Check the namespace metadata; ``create`` writes it when it is missing, which a
+        client asks for only after every surviving shard state agreed with its count
+        (``plan_claims(claim=False)``): a client refused by a shard never re-creates the
+        metadata with its own count, locking out every correct client."""
         return Call(
             "namespace",
             (self.keys.meta,),
-            (self.config.shards, FINGERPRINT_VERSION),
+            (self.config.shards, FINGERPRINT_VERSION, "1" if create else "0"),
         )
 
-    def plan_claims(self) -> list[Call]:
+    def plan_claims(self, *, claim: bool = True) -> list[Call]:
         """One ``claim`` per shard, sent right after the namespace metadata was checked: the
-        first write on each shard then needs no second round trip."""
+        first write on each shard then needs no second round trip. ``claim=False`` only
+        checks each surviving shard state's count (a missing one is left missing)."""
+        flag = "1" if claim else "0"
         return [
-            Call("claim", (self.keys.generation(shard),), (self.config.shards, "1"), shard=shard)
+            Call("claim", (self.keys.generation(shard),), (self.config.shards, flag), shard=shard)
             for shard in range(self.config.shards)
         ]
 
     def decode_claims(self, calls: list[Call], raws: list[Any]) -> None:
+        """Raise for a shard claimed for another count (or a state key settle cannot read);
+        an ``unclaimed`` answer to a check (``claim=False``) is a shard with no state yet."""
         for call, raw in zip(calls, raws, strict=True):
-            if self.claim(call, raw) is not None:  # pragma: no cover - the flag is set
-                raise CorruptRecord("a shard claim with the claim flag answered 'unclaimed'")
+            self.claim(call, raw)
 
-    def decode_namespace(self, raw: Any) -> None:
+    def decode_namespace(self, raw: Any) -> bool:
+        """True when the metadata names this client's shard count; False when there is none
+        (asked without ``create``): check the shard states, then create it."""
         reply = codec.parse_reply(raw)
+        if reply.code == "absent":
+            return False
+        if reply.code == "corrupt_state":
+            raise self._corrupt_state(reply.detail, "metadata of the namespace", None)
         if reply.code != "ok":
             raise self._shard_mismatch(reply.detail, "the namespace")
+        return True
 
     def _guarded(
         self, shard: int, keys: tuple[str, ...], args: tuple[Any, ...]
@@ -180,7 +194,22 @@ class Core:
             return replace(call, args=(*call.args[:-1], "1"))
         if code in (b"shard_mismatch", "shard_mismatch"):
             raise self._shard_mismatch(codec.parse_reply(raw).detail, "this shard")
+        if code in (b"corrupt_state", "corrupt_state"):
+            detail = codec.parse_reply(raw).detail
+            raise self._corrupt_state(detail, "state of a shard", call.operation_id)
         return None
+
+    def _corrupt_state(self, key: str, what: str, operation_id: str | None) -> CorruptRecord:
+        logger.error(
+            "settle.namespace.corrupt_state", namespace=self.config.namespace, state_key=key
+        )
+        return CorruptRecord(
+            f"namespace {self.config.namespace!r}: the {what}, key {key!r}, is not a hash "
+            "(something other than settle wrote it); nothing was written. Inspect it with "
+            "redis-cli TYPE / DUMP before repairing or deleting it: settle never overwrites "
+            "what it cannot read.",
+            operation_id=operation_id,
+        )
 
     def _shard_mismatch(self, stored: str, where: str) -> ConfigurationError:
         logger.error(

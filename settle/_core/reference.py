@@ -881,11 +881,16 @@ def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
 
 
 def namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
-    """Record a namespace's shard count on first use and report it after."""
-    ks.hsetnx(keys[0], now, "shards", a[0])
-    ks.hsetnx(keys[0], now, "created", now)
-    ks.hsetnx(keys[0], now, "fpv", a[1])
-    stored = ks.hget(keys[0], now, "shards") or b""
+    """Check a namespace's shard count against its metadata; create missing metadata only
+    when asked to (``a[2] == b"1"``), else answer 'absent' and write nothing."""
+    stored = ks.hget(keys[0], now, "shards")
+    if stored is None:
+        if a[2:3] != [b"1"]:
+            return [b"absent", b"", now, b"", []]
+        ks.hsetnx(keys[0], now, "shards", a[0])
+        ks.hsetnx(keys[0], now, "created", now)
+        ks.hsetnx(keys[0], now, "fpv", a[1])
+        stored = a[0]
     return [b"mismatch" if stored != a[0] else b"ok", stored, now, b"", []]
 
 

@@ -99,8 +99,13 @@ class Settler(Connectable):
         self._checked = True
 
     def _check_namespace(self) -> None:
-        call = self._core.plan_namespace()
-        self._core.decode_namespace(self._runner.run(call))
+        # Missing metadata is created only once every surviving shard state agreed with
+        # this client's shard count (SPEC 4; the rules are the core's).
+        if not self._core.decode_namespace(self._runner.run(self._core.plan_namespace())):
+            checks = self._core.plan_claims(claim=False)
+            self._core.decode_claims(checks, self._runner.run_many(checks))
+            create = self._core.plan_namespace(create=True)
+            self._core.decode_namespace(self._runner.run(create))
         claims = self._core.plan_claims()
         self._core.decode_claims(claims, self._runner.run_many(claims))
 

@@ -578,10 +578,13 @@ end
 -- (never used, or lost: a restart without persistence, FLUSHALL, eviction) is claimed only
 -- by a call that says the client has just checked the namespace metadata (claim flag '1');
 -- otherwise the script answers 'unclaimed' and writes nothing, and the client checks the
--- metadata and calls again. Returns nil when the caller may write, else the reply to return.
+-- metadata and calls again. A state key of another type answers 'corrupt_state' naming it
+-- (something else wrote it; settle never overwrites what it cannot read).
+-- Returns nil when the caller may write, else the reply to return.
 local function guard()
   local key, shards, claim = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
-  local stored = redis.call('HGET', key, 'shards')
+  local stored = redis.pcall('HGET', key, 'shards')
+  if type(stored) == 'table' then return {'corrupt_state', key, now_ms(), '', {}} end
   if not stored then
     if claim ~= '1' then return {'unclaimed', '', now_ms(), '', {}} end
     redis.call('HSET', key, 'shards', shards)
