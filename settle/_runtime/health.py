@@ -195,13 +195,18 @@ def version_finding(per_node: Mapping[str, Mapping[str, Any]]) -> Finding:
 
 
 def persistence_finding(
-    per_node: Mapping[str, Mapping[str, Any]], config: Mapping[str, str | None]
+    per_node: Mapping[str, Mapping[str, Any]],
+    config: Mapping[str, str | None],
+    fsync: Mapping[str, str | None] | None = None,
 ) -> Finding:
     """AOF or RDB on every primary, from ``INFO persistence`` (``aof_enabled``) and the
-    ``save`` setting when CONFIG could be read (``config``: node to its ``save`` or None)."""
-    bare, rdb_only, unknown = [], [], []
+    ``save`` setting when CONFIG could be read (``config``: node to its ``save`` or None);
+    ``fsync``: node to its ``appendfsync`` (None: CONFIG denied), ``no`` is warned about."""
+    bare, rdb_only, unknown, lazy = [], [], [], []
     for node, info in sorted(per_node.items()):
         if _text(info.get("aof_enabled", "0")) == "1":
+            if (fsync or {}).get(node) == "no":
+                lazy.append(node)
             continue
         save = config.get(node)
         if save is None:
@@ -224,6 +229,14 @@ def persistence_finding(
             f"RDB snapshots only on {', '.join(rdb_only)}: a crash loses the writes since the "
             "last snapshot",
             "appendonly yes",
+        )
+    if lazy:
+        return Finding(
+            "persistence",
+            Status.WARN,
+            f"AOF with appendfsync no on {', '.join(lazy)}: a crash of the host loses the writes "
+            "the OS had not flushed to disk yet (up to ~30 s on Linux), completions included",
+            "appendfsync everysec (loses at most ~1 s) or always",
         )
     if unknown:
         return Finding(
@@ -307,16 +320,48 @@ def slots_finding(
 
 
 def namespace_finding(
-    namespace: str, stored_shards: int | None, shards: int | None = None
+    namespace: str,
+    stored_shards: int | None,
+    shards: int | None = None,
+    states: Mapping[int, str] | None = None,
 ) -> Finding:
     """The namespace's metadata (its stored shard count, None when it has none yet) against
-    the shard count the settlers are configured with (``shards``, None: not given)."""
+    the shard states' counts (``states``: shard to the count its state was claimed for, for
+    the states that exist) and the shard count the settlers are configured with (``shards``,
+    None: not given). The shard states decide: they placed the records."""
+    counts = sorted(set((states or {}).values()))
     if stored_shards is None:
+        if len(counts) > 1:
+            return Finding(
+                "namespace",
+                Status.FAIL,
+                f"{namespace!r} has no metadata, and its shard states disagree: "
+                f"{_state_counts(states or {})}",
+                "inspect the shard states (settle:{<ns>:<shard>}:gen); settle never mixes counts",
+            )
+        if counts:
+            return Finding(
+                "namespace",
+                Status.WARN,
+                f"{namespace!r} has no metadata; its shard states say {counts[0]} shards",
+                f"the next settler configured with shards={counts[0]} re-creates it; any other "
+                "count is refused",
+            )
         return Finding(
             "namespace",
             Status.WARN,
             f"{namespace!r} has no metadata yet",
             "check --namespace (the first Settler stores its shard count)",
+        )
+    disagreeing = {s: c for s, c in (states or {}).items() if c != str(stored_shards)}
+    if disagreeing:
+        return Finding(
+            "namespace",
+            Status.FAIL,
+            f"{namespace!r}: the metadata says {stored_shards} shards, shard states say "
+            f"{_state_counts(disagreeing)}: every settler is refused by one or the other",
+            "set the metadata to the shard states' count (HSET settle:{<ns>}:meta shards <n>): "
+            "they placed the records",
         )
     if shards is not None and shards != stored_shards:
         return Finding(
@@ -326,6 +371,17 @@ def namespace_finding(
             f"configure shards={stored_shards}: a settler with another count is refused",
         )
     return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
+
+
+def _state_counts(states: Mapping[int, str]) -> str:
+    by_count: dict[str, list[int]] = {}
+    for shard, count in sorted(states.items()):
+        by_count.setdefault(count, []).append(shard)
+    return "; ".join(
+        f"{count[:20]} (shard{'s' if len(found) > 1 else ''} "
+        f"{', '.join(map(str, found[:8]))}{', ...' if len(found) > 8 else ''})"
+        for count, found in sorted(by_count.items())
+    )
 
 
 def scripts_finding(

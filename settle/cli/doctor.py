@@ -22,6 +22,7 @@ from redis.retry import Retry
 from rich.table import Table
 from rich.text import Text
 
+from settle._core.keys import Keys
 from settle._core.scripts import SCRIPTS
 from settle._runtime import health, topology
 from settle._runtime.health import Finding, Status
@@ -38,6 +39,7 @@ from settle.cli._context import (
     stored_shards,
 )
 from settle.cli._render import console, print_json, visible
+from settle.config import SettleConfig
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
 from settle.errors import ConfigurationError
 from settle.progress._scripts import PROGRESS, STREAM
@@ -125,13 +127,17 @@ def _info(client: redis.Redis, section: str) -> dict[str, Any] | None:
     return reply
 
 
-def _save_rule(client: redis.Redis) -> str | None:
+def _config(client: redis.Redis, name: str) -> str | None:
     try:
-        reply = client.config_get("save")
+        reply = client.config_get(name)
     except ResponseError:  # CONFIG is often blocked on managed Redis
         return None
-    value = reply.get("save") if isinstance(reply, dict) else None
-    return None if value is None else str(value)
+    value = reply.get(name) if isinstance(reply, dict) else None
+    return None if value is None else _text(value)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _failed_scripts(primaries: dict[str, redis.Redis]) -> dict[str, str]:
@@ -197,8 +203,9 @@ def diagnose(
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
         findings.append(health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)}))
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.primaries.items()}
-        saves = {n: _save_rule(c) for n, c in deployment.primaries.items()}
-        findings.append(health.persistence_finding(persistence, saves))
+        saves = {n: _config(c, "save") for n, c in deployment.primaries.items()}
+        fsync = {n: _config(c, "appendfsync") for n, c in deployment.primaries.items()}
+        findings.append(health.persistence_finding(persistence, saves, fsync))
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
@@ -233,22 +240,33 @@ def _slots(deployment: _Deployment) -> Finding:
 
 
 def _namespace(deployment: _Deployment, namespace: str, shards: int | None) -> Finding:
+    if not deployment.cluster:
+        return _namespace_of(deployment.seed, namespace, shards)
+    with redis.RedisCluster.from_url(
+        _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
+    ) as cluster:
+        return _namespace_of(cluster, namespace, shards)
+
+
+def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
+    """The metadata's count against the shard states' (each shard's ``shards`` field, for the
+    shards the metadata, ``--shards`` or the default count name) and ``--shards``."""
     try:
-        stored = _namespace_shards(deployment, namespace)
+        stored = stored_shards(client, namespace)
     except ConfigurationError as exc:  # corrupt metadata: a verdict, not a traceback
         return Finding(
             "namespace", Status.FAIL, str(exc), "inspect the key; settle writes nothing there"
         )
-    return health.namespace_finding(namespace, stored, shards)
-
-
-def _namespace_shards(deployment: _Deployment, namespace: str) -> int | None:
-    if not deployment.cluster:
-        return stored_shards(deployment.seed, namespace)
-    with redis.RedisCluster.from_url(
-        _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
-    ) as cluster:
-        return stored_shards(cluster, namespace)
+    keys = Keys(namespace, 1)
+    states: dict[int, str] = {}
+    for shard in range(max(stored or 0, shards or 0) or SettleConfig().shards):
+        try:
+            count = client.hget(keys.generation(shard), "shards")
+        except ResponseError:  # WRONGTYPE: not what settle writes
+            count = b"(not a hash)"
+        if count is not None:
+            states[shard] = _text(count)
+    return health.namespace_finding(namespace, stored, shards, states)
 
 
 def _node_url(deployment: _Deployment) -> str:

@@ -210,3 +210,36 @@ def test_corrupt_namespace_metadata_is_a_failed_check_not_a_traceback() -> None:
     assert code == 1
     assert checks["namespace"]["status"] == "fail"
     assert "corrupt" in checks["namespace"]["detail"]
+
+
+def test_aof_with_appendfsync_no_warns() -> None:
+    """Found in review: AOF with appendfsync no passed as safe as appendfsync always."""
+    for fsync, status in (("always", "ok"), ("no", "warn")):
+        with EmbeddedRedis(extra_args=["--appendonly", "yes", "--appendfsync", fsync]) as server:
+            _, checks = _doctor(server.url)
+        assert checks["persistence"]["status"] == status, fsync
+    assert "appendfsync no" in checks["persistence"]["detail"]
+    assert "crash" in checks["persistence"]["detail"]
+    assert "everysec" in checks["persistence"]["fix"]
+
+
+def test_metadata_that_disagrees_with_the_shard_states_fails() -> None:
+    """Found in review: metadata lost, then re-created with another count, locks out every
+    settler; doctor compared it with --shards only and reported it ok."""
+    with EmbeddedRedis() as server:
+        with Settler.from_url(server.url, namespace="payments", shards=4) as s:
+            s.check()
+        with redis.Redis.from_url(server.url) as raw:
+            raw.hset("settle:{payments}:meta", "shards", "2")
+            code, checks = _doctor(server.url, "--namespace", "payments")
+            assert code == 1
+            assert checks["namespace"]["status"] == "fail"
+            assert "metadata says 2 shards" in checks["namespace"]["detail"]
+            assert "shard states say 4 (shards 0, 1)" in checks["namespace"]["detail"]
+            assert "HSET" in checks["namespace"]["fix"]
+
+            raw.delete("settle:{payments}:meta")  # lost: the shard states still say 4
+            code, checks = _doctor(server.url, "--namespace", "payments")
+            assert checks["namespace"]["status"] == "warn"
+            assert "shard states say 4 shards" in checks["namespace"]["detail"]
+            assert "shards=4" in checks["namespace"]["fix"]
