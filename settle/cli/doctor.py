@@ -1,7 +1,8 @@
 """``settle doctor``: is this Redis (or Valkey) deployment safe for settle?
 
-Reads each node's ``INFO``, ``CONFIG GET save`` (where allowed), ``CLUSTER SLOTS`` / ``INFO``
-on a cluster, ``TIME``, the namespace's metadata, and loads every settle script with ``SCRIPT
+Reads each node's ``INFO``, ``CONFIG GET save`` and ``appendfsync`` (where allowed),
+``CLUSTER SLOTS`` / ``INFO`` on a cluster, ``TIME``, the namespace's metadata and its shard
+states' counts, and loads every settle script with ``SCRIPT
 LOAD`` (which runs nothing and writes no key). The rules are
 :mod:`settle._runtime.health`'s; this module gathers and renders. Exit 1 on any ``fail``
 (with ``--strict`` on any ``warn`` too), 3 when Redis cannot be reached (docs/cli.md).
