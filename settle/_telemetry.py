@@ -291,8 +291,7 @@ class _Operation(_Span):
         """The current context (the running attempt's span), to be made current again
         around work another thread does for the attempt (``with captured: ...``): the
         sync heartbeat's renewals are children of the attempt they renew."""
-        captured = _quietly(self._otel.context.get_current)
-        return _NOTHING if captured is None else _Resume(self._otel, captured)
+        return _capture(self._otel)
 
     def attempt_done(self, kind: type[BaseException] | None = None) -> None:
         current, self._current = self._current, None
@@ -687,6 +686,17 @@ class _Request:
             return
         self.answered(outcome)
         self._otel.http.add(self._namespace, outcome)
+
+    def capture(self) -> _Resume | _Nothing:
+        """The current context (the request's server span), for the WSGI guard's heartbeat
+        thread: its renewals are children of the request they renew."""
+        return _capture(self._otel)
+
+
+def _capture(otel: Otel) -> _Resume | _Nothing:
+    """The current context, to be made current again in another thread."""
+    captured = _quietly(otel.context.get_current)
+    return _NOTHING if captured is None else _Resume(otel, captured)
 
 
 class _Resume:

@@ -152,7 +152,7 @@ def _run(
     reported through ``run.attempt.lost``: a thread cannot be interrupted, so the function
     is told and must stop on its own."""
     attempt = run.attempt
-    key = beats.add(run, plan, context)
+    key = beats.add(run, plan.log, context)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
@@ -178,8 +178,9 @@ class _Beating:
     """A running attempt, as the heartbeat thread renews it."""
 
     run: Run
-    plan: Plan | None
-    """Its call's plan, whose logger names the call (None: not a decorated call)."""
+    log: Any
+    """The logger bound to its call (the decorator's plan's, the HTTP guard's): a failed
+    renewal's event names the call as the call's own events do. None: an unnamed one."""
     context: AbstractContextManager[Any]
     """Made current around each renewal (the attempt's telemetry context)."""
 
@@ -203,13 +204,13 @@ class _Heartbeats:
     def add(
         self,
         run: Run,
-        plan: Plan | None = None,
+        log: Any = None,
         context: AbstractContextManager[Any] = _NO_CONTEXT,
     ) -> int:
-        """Renew ``run``'s lease until :meth:`remove`; ``plan``'s logger names the call in a
-        failed renewal's event, and each renewal runs in ``context`` (the telemetry context
-        of the caller, captured in its thread)."""
-        beating = _Beating(run, plan, context)
+        """Renew ``run``'s lease until :meth:`remove`; ``log`` (bound to the call) names it
+        in a failed renewal's event, and each renewal runs in ``context`` (the telemetry
+        context of the caller, captured in its thread)."""
+        beating = _Beating(run, log, context)
         with self._cond:
             key = next(self._ids)
             due = time.monotonic() + run.heartbeat
@@ -291,10 +292,8 @@ class _Heartbeats:
         # that stopped would let the lease lapse under a running function, and a second
         # caller would run it again.
         except Exception as exc:  # noqa: BLE001
-            plan = beating.plan
-            if plan is not None:
-                log = plan.log
-            else:
+            log = beating.log
+            if log is None:
                 log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
             log.warning(
                 "settle.operation.heartbeat_failed",

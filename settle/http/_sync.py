@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from contextlib import AbstractContextManager
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -109,13 +110,18 @@ class SyncGuard:
                         else:
                             step = guard.reserved(outcome)
                     case Run():
-                        return self._run(guard, step, exchange)
+                        return self._run(guard, step, exchange, request.capture())
         finally:
             request.finished(guard.outcome)
 
-    def _run(self, guard: Guard, run: Run, exchange: Exchange) -> Response:
+    def _run(
+        self, guard: Guard, run: Run, exchange: Exchange, context: AbstractContextManager[Any]
+    ) -> Response:
+        """Run the handler while the heartbeat thread renews the lease; its failed renewals
+        are logged under the request's logger, its renewals are children of the request's
+        span (``context``)."""
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
-        beating = self._beats.add(beat)
+        beating = self._beats.add(beat, guard.log, context)
         try:
             try:
                 response = exchange.call(run.attempt)
