@@ -215,6 +215,9 @@ class Runner:
         #: :meth:`prepare` is due, before the first call and after evidence that the server
         #: lost its data or restarted (:meth:`suspect`).
         self._checked_at: float | None = None
+        #: Counts the evidence (:meth:`suspect`, :meth:`dropped`): a check during which new
+        #: evidence came read the server as it was before it, and leaves its checks due.
+        self._evidence = 0
         self.recheck_interval = RECHECK_INTERVAL
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
@@ -231,7 +234,7 @@ class Runner:
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else lane(client.connection_pool, keep=client in _OWNED, dropped=self.suspect)
+            else lane(client.connection_pool, keep=client in _OWNED, dropped=self._reconnected)
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -254,13 +257,18 @@ class Runner:
         every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
         (every primary's and replica's); switch a cluster node's URL to a cluster client.
         Returns the ``INFO server`` it judged."""
+        evidence = self._evidence
         try:
             info: dict[str, Any] = Retrying(**retry_options(None))(self._server_info)
             topology.check_server(info)
+            # Decided again on every check: a failover or a rollback may bring a server
+            # without FUNCTION (or one that now refuses FUNCTION LOAD).
+            fcall = False
             if topology.has_functions(info):
-                self._fcall = Retrying(**retry_options(None))(self._load_everywhere)
-            if not self._fcall:
+                fcall = Retrying(**retry_options(None))(self._load_everywhere)
+            if not fcall:
                 Retrying(**retry_options(None))(self._load_scripts)
+            self._fcall = fcall
             policies: dict[str, str | None] = Retrying(**retry_options(None))(
                 self._eviction_policies
             )
@@ -272,14 +280,35 @@ class Runner:
         if warnings.unread:
             nodes = ",".join(node or "server" for node in warnings.unread)
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
-        self._checked_at = monotonic()
+        self._passed(evidence)
         return info
 
     def suspect(self) -> None:
-        """Evidence that the server lost its data or restarted (a script's ``unclaimed``
-        reply, NOSCRIPT, a missing FUNCTION library, a dropped connection): every check of
-        :meth:`prepare` runs again before the next call."""
+        """Evidence that the server lost its data (a script's ``unclaimed`` reply, NOSCRIPT,
+        a missing FUNCTION library): every check of :meth:`prepare` runs again before the
+        next call."""
+        self._evidence += 1
         self._checked_at = None
+
+    def dropped(self) -> None:
+        """Evidence that the server may have restarted (a connection it closed or that
+        failed): the primaries' eviction policy is read again before the next call (a
+        restart that lost the data shows as NOSCRIPT or a missing library: :meth:`suspect`)."""
+        self._evidence += 1
+        if self._checked_at is not None:
+            self._checked_at = float("-inf")
+
+    def _reconnected(self) -> None:
+        """The lane found a kept connection closed by the server (an idle timeout, a
+        restart): checked now, before anything is sent on its replacement."""
+        self.dropped()
+        self._check(None)
+
+    def _passed(self, evidence: int) -> None:
+        """The checks passed, having started when the evidence count was ``evidence``: not
+        due again until the interval, unless evidence came while they ran."""
+        if self._evidence == evidence:
+            self._checked_at = monotonic()
 
     def _due(self) -> bool:
         checked = self._checked_at
@@ -294,6 +323,7 @@ class Runner:
             if self._checked_at is None:
                 self.prepare()
                 return
+            evidence = self._evidence
             try:
                 policies: dict[str, str | None] | None = Retrying(**retry_options(None))(
                     self._primary_policies
@@ -301,7 +331,7 @@ class Runner:
             except (RedisError, RedisClusterException) as exc:
                 raise backend_error(exc, None) from exc
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
-            self._checked_at = monotonic()
+            self._passed(evidence)
 
     def _lost(self, call: Call) -> None:
         """``call`` met evidence that the server lost its data or restarted (NOSCRIPT, a
@@ -455,8 +485,6 @@ class Runner:
         return reply
 
     def _call(self, call: Call) -> Any:
-        if self._due():
-            self._check(call)
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
             try:
                 try:
@@ -464,8 +492,8 @@ class Runner:
                 except (RedisError, RedisClusterException) as exc:
                     if not is_transient(exc):
                         raise
-                    if isinstance(exc, rx.ConnectionError):  # the server may have restarted
-                        self.suspect()  # checked before the next call; a repeat finds NOSCRIPT
+                    if isinstance(exc, rx.ConnectionError):  # the server may have restarted:
+                        self.dropped()  # checked before the repeat (a lost library: NOSCRIPT)
                     time.sleep(first_retry_delay(call, exc))
                 retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return retrying(self._run_once, call)
@@ -473,6 +501,10 @@ class Runner:
                 raise backend_error(exc, call) from exc
 
     def _run_once(self, call: Call) -> Any:
+        """One try of ``call``, after the server checks that are due (before the first try
+        and before a repeat after a dropped connection)."""
+        if self._due():
+            self._check(call)
         script = self._scripts[call.script]
         if self._durability.min_replicas and call.script in self._set.writing:
             return self._run_durable(call)
@@ -706,9 +738,10 @@ class _Lane:
     (closed by the server, flagged by a maintenance notification). A process forked with
     kept connections leaves them to its parent."""
 
-    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], None]) -> None:
+    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], Any]) -> None:
         self._pool = pool
-        #: Told when a kept connection was found closed by the server (a restart drops it).
+        #: Awaited when a kept connection was found closed by the server (a restart drops
+        #: it), before anything is sent on its replacement: the runner checks the server.
         self._dropped = dropped
         self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
@@ -744,8 +777,8 @@ class _Lane:
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
-            self._dropped()
             conn.disconnect()
+            self._dropped()
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
         try:

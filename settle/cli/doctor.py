@@ -261,10 +261,18 @@ def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
     keys = Keys(namespace, 1)
     states: dict[int, str] = {}
     for shard in range(max(stored or 0, shards or 0) or SettleConfig().shards):
+        key = keys.generation(shard)
         try:
-            count = client.hget(keys.generation(shard), "shards")
-        except ResponseError:  # WRONGTYPE: not what settle writes
-            count = b"(not a hash)"
+            count = client.hget(key, "shards")
+        except ResponseError:  # WRONGTYPE: not what settle writes; every settler refuses it
+            return Finding(
+                "namespace",
+                Status.FAIL,
+                f"{namespace!r}: the state of shard {shard}, key {key!r}, is not a hash: every "
+                "settler call on that shard is refused (CorruptRecord)",
+                "inspect the key: settle writes a hash there (gen, shards); restore it or "
+                "delete it (its next write claims the shard again)",
+            )
         if count is not None:
             states[shard] = _text(count)
     return health.namespace_finding(namespace, stored, shards, states)

@@ -243,3 +243,25 @@ def test_metadata_that_disagrees_with_the_shard_states_fails() -> None:
             assert checks["namespace"]["status"] == "warn"
             assert "shard states say 4 shards" in checks["namespace"]["detail"]
             assert "shards=4" in checks["namespace"]["fix"]
+
+
+def test_a_shard_state_of_another_type_fails_naming_the_key() -> None:
+    """Found in review: a shard state that is not a hash was read as a shard count named
+    '(not a hash)' (a warning to configure shards=(not a hash), or a fix to the metadata),
+    where every settler call on that shard is refused."""
+    with EmbeddedRedis() as server:
+        with Settler.from_url(server.url, namespace="payments", shards=4) as s:
+            s.check()
+        with redis.Redis.from_url(server.url) as raw:
+            state = "settle:{payments:1}:gen"
+            raw.delete(state)
+            raw.set(state, "oops")
+            for lost_metadata in (False, True):
+                if lost_metadata:
+                    raw.delete("settle:{payments}:meta")
+                code, checks = _doctor(server.url, "--namespace", "payments")
+                assert code == 1
+                assert checks["namespace"]["status"] == "fail"
+                assert state in checks["namespace"]["detail"]
+                assert "not a hash" in checks["namespace"]["detail"]
+                assert "HSET settle:{<ns>}:meta" not in checks["namespace"]["fix"]

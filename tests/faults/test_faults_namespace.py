@@ -103,6 +103,25 @@ async def test_a_shard_state_of_another_type_is_a_typed_error_naming_it(
     assert _state(redis_client, namespace) == before  # nothing was written
 
 
+async def test_a_replay_on_a_shard_state_of_another_type_is_a_typed_error(
+    make: Any, redis_client: redis.Redis, namespace: str
+) -> None:
+    """The replay of a settled operation is answered by the read head, which checks the
+    shard's claim too: a state of another type is the same typed error there."""
+    s = make(4)
+    r = await s.reserve("op-1", {"a": 1}, principal="p")
+    await s.complete(r.reservation, {"ok": 1})
+    keys = Keys(namespace, 4)
+    state = keys.generation(keys.of("op-1")[0])
+    redis_client.delete(state)
+    redis_client.set(state, "oops")
+    before = _state(redis_client, namespace)
+    with pytest.raises(CorruptRecord, match="is not a hash") as info:
+        await s.reserve("op-1", {"a": 1}, principal="p")
+    assert state in str(info.value)
+    assert _state(redis_client, namespace) == before  # nothing was written
+
+
 async def test_metadata_of_another_type_is_a_typed_error_naming_it(
     make: Any, redis_client: redis.Redis, namespace: str
 ) -> None:

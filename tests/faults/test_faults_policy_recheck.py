@@ -180,20 +180,43 @@ def test_scripts_lost_by_the_server_check_it_again_at_once(
         p.close()
 
 
+@pytest.mark.parametrize("part", ["settler", "cursor", "progress"])
 def test_a_dropped_connection_checks_the_server_before_the_next_call(
-    server: EmbeddedRedis, flavour: str
+    server: EmbeddedRedis, flavour: str, part: str
 ) -> None:
-    # A kept connection found closed by the server (as a restart closes it) is reconnected,
-    # and the call after the one that found it checks the server first.
-    p = _Part(flavour, "settler", server.url)
+    # A kept connection found closed by the server (as a restart closes it): the call that
+    # finds it checks the server before it sends anything on a new connection.
+    p = _Part(flavour, part, server.url)
     try:
         p.write(0)
         _evicting(server)
         with _raw(server) as raw:
             raw.client_kill_filter(_type="normal", skipme=True)
         time.sleep(0.1)  # the server's FIN reaches the kept connection
-        p.write(1)  # finds its connection closed and reconnects
+        before = _keys(server)
         with pytest.raises(ConfigurationError, match="allkeys-lru"):
-            p.write(2)
+            p.write(1)
+        assert _keys(server) == before  # nothing was written
     finally:
         p.close()
+
+
+def test_evidence_during_a_check_leaves_the_checks_due(server: EmbeddedRedis) -> None:
+    """A check that was running when evidence came (a dropped connection, a lost script)
+    read the server as it was before: it must not mark the server checked."""
+    settler = AsyncSettler.from_url(server.url, namespace="recheck", shards=2)
+
+    async def scenario() -> None:
+        runner = settler._runner
+        for evidence in (runner.suspect, runner.dropped):
+            checking = asyncio.create_task(runner.prepare())
+            await asyncio.sleep(0)  # the check is on the wire (INFO server)
+            assert not checking.done()
+            evidence()
+            await checking
+            assert runner._due()
+            await runner.prepare()  # a check with no evidence during it
+            assert not runner._due()
+        await settler.aclose()
+
+    asyncio.run(scenario())
