@@ -258,24 +258,26 @@ class AsyncRunner:
         its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
         every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
         (every primary's and replica's); switch a cluster node's URL to a cluster client.
-        Returns the ``INFO server`` it judged."""
-        evidence = self._evidence
+        Returns the ``INFO server`` it judged. Transient failures are repeated."""
         try:
-            info: dict[str, Any] = await AsyncRetrying(**retry_options(None))(self._server_info)
-            topology.check_server(info)
-            # Decided again on every check: a failover or a rollback may bring a server
-            # without FUNCTION (or one that now refuses FUNCTION LOAD).
-            fcall = False
-            if topology.has_functions(info):
-                fcall = await AsyncRetrying(**retry_options(None))(self._load_everywhere)
-            if not fcall:
-                await AsyncRetrying(**retry_options(None))(self._load_scripts)
-            self._fcall = fcall
-            policies: dict[str, str | None] = await AsyncRetrying(**retry_options(None))(
-                self._eviction_policies
-            )
+            return await AsyncRetrying(**retry_options(None))(self._prepare_once)
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
+
+    async def _prepare_once(self) -> dict[str, Any]:
+        """One try of :meth:`prepare`; a transient failure is raised as it came."""
+        evidence = self._evidence
+        info: dict[str, Any] = await self._server_info()
+        topology.check_server(info)
+        # Decided again on every check: a failover or a rollback may bring a server
+        # without FUNCTION (or one that now refuses FUNCTION LOAD).
+        fcall = False
+        if topology.has_functions(info):
+            fcall = await self._load_everywhere()
+        if not fcall:
+            await self._load_scripts()
+        self._fcall = fcall
+        policies: dict[str, str | None] = await self._eviction_policies()
         warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
         if warnings.allowed:
             logger.warning("settle.backend.eviction_allowed", policy=",".join(warnings.allowed))
@@ -320,18 +322,17 @@ class AsyncRunner:
         """The server checks that are due, inline before ``call`` (no thread): all of
         :meth:`prepare` when :meth:`suspect` (or nothing yet) asked for them, else the
         primaries' eviction policy, one ``INFO memory``, once ``recheck_interval`` passed. A
-        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent."""
+        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent.
+
+        One try, inside one of ``call``'s tries: a transient failure here is that try's
+        failure, repeated and counted by the call's own retries (a check that repeated on
+        its own would multiply them)."""
         with naming(call) if call is not None else contextlib.nullcontext():
             if self._checked_at is None:
-                await self.prepare()
+                await self._prepare_once()
                 return
             evidence = self._evidence
-            try:
-                policies: dict[str, str | None] | None = await AsyncRetrying(**retry_options(None))(
-                    self._primary_policies
-                )
-            except (RedisError, RedisClusterException) as exc:
-                raise backend_error(exc, None) from exc
+            policies = await self._primary_policies()
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
             self._passed(evidence)
 
@@ -648,8 +649,6 @@ class AsyncRunner:
         """Run read calls together: one pipeline on a single server; on a cluster, one call
         at a time (each call's slot may live on another node, and EVALSHA is not pipelined
         across nodes)."""
-        if self._due():
-            await self._check(calls[0] if calls else None)
         if self.is_cluster:
             return [await self._call(call) for call in calls]
         first = calls[0] if calls else None
@@ -660,6 +659,8 @@ class AsyncRunner:
                 raise backend_error(exc, first) from exc
 
     async def _pipeline(self, calls: list[Call]) -> list[Any]:
+        if self._due():  # before each try, as :meth:`_run_once`
+            await self._check(calls[0] if calls else None)
         if self._fcall:
             replies = await self._fcall_pipeline(calls)
             if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
@@ -696,10 +697,10 @@ class AsyncRunner:
         typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
         :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
         call = Call(what, (), ())
-        if self._due():
-            await self._check(call)
 
         async def once() -> Any:
+            if self._due():  # before each try, as :meth:`_run_once`
+                await self._check(call)
             return await send()
 
         with telemetry().redis(self.client, what):

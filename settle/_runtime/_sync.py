@@ -256,24 +256,26 @@ class Runner:
         its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
         every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
         (every primary's and replica's); switch a cluster node's URL to a cluster client.
-        Returns the ``INFO server`` it judged."""
-        evidence = self._evidence
+        Returns the ``INFO server`` it judged. Transient failures are repeated."""
         try:
-            info: dict[str, Any] = Retrying(**retry_options(None))(self._server_info)
-            topology.check_server(info)
-            # Decided again on every check: a failover or a rollback may bring a server
-            # without FUNCTION (or one that now refuses FUNCTION LOAD).
-            fcall = False
-            if topology.has_functions(info):
-                fcall = Retrying(**retry_options(None))(self._load_everywhere)
-            if not fcall:
-                Retrying(**retry_options(None))(self._load_scripts)
-            self._fcall = fcall
-            policies: dict[str, str | None] = Retrying(**retry_options(None))(
-                self._eviction_policies
-            )
+            return Retrying(**retry_options(None))(self._prepare_once)
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
+
+    def _prepare_once(self) -> dict[str, Any]:
+        """One try of :meth:`prepare`; a transient failure is raised as it came."""
+        evidence = self._evidence
+        info: dict[str, Any] = self._server_info()
+        topology.check_server(info)
+        # Decided again on every check: a failover or a rollback may bring a server
+        # without FUNCTION (or one that now refuses FUNCTION LOAD).
+        fcall = False
+        if topology.has_functions(info):
+            fcall = self._load_everywhere()
+        if not fcall:
+            self._load_scripts()
+        self._fcall = fcall
+        policies: dict[str, str | None] = self._eviction_policies()
         warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
         if warnings.allowed:
             logger.warning("settle.backend.eviction_allowed", policy=",".join(warnings.allowed))
@@ -318,18 +320,17 @@ class Runner:
         """The server checks that are due, inline before ``call`` (no thread): all of
         :meth:`prepare` when :meth:`suspect` (or nothing yet) asked for them, else the
         primaries' eviction policy, one ``INFO memory``, once ``recheck_interval`` passed. A
-        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent."""
+        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent.
+
+        One try, inside one of ``call``'s tries: a transient failure here is that try's
+        failure, repeated and counted by the call's own retries (a check that repeated on
+        its own would multiply them)."""
         with naming(call) if call is not None else contextlib.nullcontext():
             if self._checked_at is None:
-                self.prepare()
+                self._prepare_once()
                 return
             evidence = self._evidence
-            try:
-                policies: dict[str, str | None] | None = Retrying(**retry_options(None))(
-                    self._primary_policies
-                )
-            except (RedisError, RedisClusterException) as exc:
-                raise backend_error(exc, None) from exc
+            policies = self._primary_policies()
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
             self._passed(evidence)
 
@@ -646,8 +647,6 @@ class Runner:
         """Run read calls together: one pipeline on a single server; on a cluster, one call
         at a time (each call's slot may live on another node, and EVALSHA is not pipelined
         across nodes)."""
-        if self._due():
-            self._check(calls[0] if calls else None)
         if self.is_cluster:
             return [self._call(call) for call in calls]
         first = calls[0] if calls else None
@@ -658,6 +657,8 @@ class Runner:
                 raise backend_error(exc, first) from exc
 
     def _pipeline(self, calls: list[Call]) -> list[Any]:
+        if self._due():  # before each try, as :meth:`_run_once`
+            self._check(calls[0] if calls else None)
         if self._fcall:
             replies = self._fcall_pipeline(calls)
             if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
@@ -694,10 +695,10 @@ class Runner:
         typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
         :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
         call = Call(what, (), ())
-        if self._due():
-            self._check(call)
 
         def once() -> Any:
+            if self._due():  # before each try, as :meth:`_run_once`
+                self._check(call)
             return send()
 
         with telemetry().redis(self.client, what):
