@@ -55,6 +55,7 @@ RUNTIME_RULES: list[tuple[str, str]] = [
         "from collections.abc import Callable,",
     ),
     (r"Callable\[\[\], Awaitable\[Any\]\]", "Callable[[], Any]"),
+    (r"Awaitable\[None\]", "None"),
     (r"\bAsyncRetrying\b", "Retrying"),
     (r"^import asyncio$", "import time"),
     (r"\basyncio\.sleep\b", "time.sleep"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from time import monotonic
@@ -47,6 +48,7 @@ from settle.errors import (
     ConfigurationError,
     DurabilityError,
     InvalidInput,
+    SettleError,
 )
 
 __all__ = [
@@ -217,6 +219,9 @@ class AsyncRunner:
         #: Counts the evidence (:meth:`suspect`, :meth:`dropped`): a check during which new
         #: evidence came read the server as it was before it, and leaves its checks due.
         self._evidence = 0
+        #: Guards ``_evidence`` and ``_checked_at`` (threads of the sync runtime report
+        #: evidence and end checks at once); never held across the network.
+        self._state = threading.Lock()
         self.recheck_interval = RECHECK_INTERVAL
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
@@ -236,7 +241,13 @@ class AsyncRunner:
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else lane(client.connection_pool, keep=client in _OWNED, dropped=self._reconnected)
+            else lane(
+                client.connection_pool,
+                keep=client in _OWNED,
+                dropped=self.dropped,
+                due=self._due,
+                check=self._check,
+            )
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -264,9 +275,11 @@ class AsyncRunner:
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
 
-    async def _prepare_once(self) -> dict[str, Any]:
-        """One try of :meth:`prepare`; a transient failure is raised as it came."""
-        evidence = self._evidence
+    async def _prepare_once(self, evidence: int | None = None) -> dict[str, Any]:
+        """One try of :meth:`prepare`; a transient failure is raised as it came.
+        ``evidence``: the evidence count the check answers (read when it was found due)."""
+        if evidence is None:
+            evidence = self._evidence
         info: dict[str, Any] = await self._server_info()
         topology.check_server(info)
         # Decided again on every check: a failover or a rollback may bring a server
@@ -291,28 +304,26 @@ class AsyncRunner:
         """Evidence that the server lost its data (a script's ``unclaimed`` reply, NOSCRIPT,
         a missing FUNCTION library): every check of :meth:`prepare` runs again before the
         next call."""
-        self._evidence += 1
-        self._checked_at = None
+        with self._state:
+            self._evidence += 1
+            self._checked_at = None
 
     def dropped(self) -> None:
         """Evidence that the server may have restarted (a connection it closed or that
-        failed): the primaries' eviction policy is read again before the next call (a
-        restart that lost the data shows as NOSCRIPT or a missing library: :meth:`suspect`)."""
-        self._evidence += 1
-        if self._checked_at is not None:
-            self._checked_at = float("-inf")
-
-    async def _reconnected(self) -> None:
-        """The lane found a kept connection closed by the server (an idle timeout, a
-        restart): checked now, before anything is sent on its replacement."""
-        self.dropped()
-        await self._check(None)
+        failed): the primaries' eviction policy is read again before anything more is sent
+        (a restart that lost the data shows as NOSCRIPT or a missing library:
+        :meth:`suspect`)."""
+        with self._state:
+            self._evidence += 1
+            if self._checked_at is not None:
+                self._checked_at = float("-inf")
 
     def _passed(self, evidence: int) -> None:
         """The checks passed, having started when the evidence count was ``evidence``: not
         due again until the interval, unless evidence came while they ran."""
-        if self._evidence == evidence:
-            self._checked_at = monotonic()
+        with self._state:
+            if self._evidence == evidence:
+                self._checked_at = monotonic()
 
     def _due(self) -> bool:
         checked = self._checked_at
@@ -328,10 +339,11 @@ class AsyncRunner:
         failure, repeated and counted by the call's own retries (a check that repeated on
         its own would multiply them)."""
         with naming(call) if call is not None else contextlib.nullcontext():
-            if self._checked_at is None:
-                await self._prepare_once()
+            with self._state:  # what is due, and the evidence it answers, read together
+                evidence, full = self._evidence, self._checked_at is None
+            if full:
+                await self._prepare_once(evidence)
                 return
-            evidence = self._evidence
             policies = await self._primary_policies()
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
             self._passed(evidence)
@@ -495,40 +507,49 @@ class AsyncRunner:
                 except (RedisError, RedisClusterException) as exc:
                     if not is_transient(exc):
                         raise
-                    if isinstance(exc, rx.ConnectionError):  # the server may have restarted:
-                        self.dropped()  # checked before the repeat (a lost library: NOSCRIPT)
                     await asyncio.sleep(first_retry_delay(call, exc))
                 retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return await retrying(self._run_once, call)
             except (RedisError, RedisClusterException) as exc:
                 raise backend_error(exc, call) from exc
+            except SettleError as exc:  # a refusal of a check on the way (the lane's too)
+                if exc.operation_id is None:
+                    exc.operation_id = call.operation_id
+                raise
 
     async def _run_once(self, call: Call) -> Any:
-        """One try of ``call``, after the server checks that are due (before the first try
-        and before a repeat after a dropped connection)."""
-        if self._due():
-            await self._check(call)
-        script = self._scripts[call.script]
-        if self._durability.min_replicas and call.script in self._set.writing:
-            return await self._run_durable(call)
-        if self._fcall:
-            try:
-                return await self._fcall_once(call)
-            except rx.ResponseError as exc:
-                if not _function_missing(exc):
-                    raise
-            # A restart without persistence, FUNCTION FLUSH, a new cluster node: check the
-            # server again, load, call again.
-            logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-            await self._lost(call)
-            await self._load_library(call)
-            return await self._fcall_once(call)
+        """One try of ``call``, after the server checks that are due (before the first try,
+        and before a repeat after a dropped connection: every ConnectionError is evidence
+        that the server may have restarted)."""
         try:
-            return await self._evalsha(script.sha, call)
-        except NoScriptError:  # a flushed or restarted server: check, load once, call again
-            await self._lost(call)
-            await self.client.script_load(script.script)
-            return await self._evalsha(script.sha, call)
+            if self._due():
+                await self._check(call)
+            if self._durability.min_replicas and call.script in self._set.writing:
+                return await self._run_durable(call)
+            if self._fcall:
+                try:
+                    return await self._fcall_once(call)
+                except rx.ResponseError as exc:
+                    if not _function_missing(exc):
+                        raise
+                # A restart without persistence, FUNCTION FLUSH, a new cluster node, a
+                # failover to a server without FUNCTION: check the server again, which
+                # decides FCALL or EVALSHA again; load, call again.
+                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                await self._lost(call)
+                if self._fcall:
+                    await self._load_library(call)
+                    return await self._fcall_once(call)
+            script = self._scripts[call.script]
+            try:
+                return await self._evalsha(script.sha, call)
+            except NoScriptError:  # a flushed or restarted server: check, load once, call again
+                await self._lost(call)
+                await self.client.script_load(script.script)
+                return await self._evalsha(script.sha, call)
+        except rx.ConnectionError as exc:
+            _drop_evidence(self, exc)
+            raise
 
     async def _evalsha(self, sha: str, call: Call) -> Any:
         if self._lane is None:
@@ -583,8 +604,9 @@ class AsyncRunner:
                 continue
             if _function_missing(reply):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                await self._lost(call)
-                await self._load_library(client=node)
+                await self._lost(call)  # decides FCALL or EVALSHA again
+                if self._fcall:
+                    await self._load_library(client=node)
                 continue
             if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
                 assert isinstance(self.client, RedisCluster)
@@ -654,37 +676,43 @@ class AsyncRunner:
         first = calls[0] if calls else None
         with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
             try:
-                return await AsyncRetrying(**retry_options(first))(self._pipeline, calls)
+                replies: list[Any] = await AsyncRetrying(**retry_options(first))(
+                    self._pipeline, calls
+                )
             except (RedisError, RedisClusterException) as exc:
                 raise backend_error(exc, first) from exc
+        # Not checked for 'unclaimed' replies, unlike run(): the namespace's claim planning
+        # expects them (a shard never used), right after its own check of the server.
+        return replies
 
     async def _pipeline(self, calls: list[Call]) -> list[Any]:
-        if self._due():  # before each try, as :meth:`_run_once`
-            await self._check(calls[0] if calls else None)
-        if self._fcall:
-            replies = await self._fcall_pipeline(calls)
-            if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
+        """One try of :meth:`run_many` on a single server (read calls: safe to repeat)."""
+        try:
+            if self._due():  # before each try, as :meth:`_run_once`
+                await self._check(calls[0] if calls else None)
+            replies = await self._send_pipeline(calls)
+            if any(_function_missing(r) or isinstance(r, NoScriptError) for r in replies):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                await self._lost(calls[0])
-                await self._load_library()
-                replies = await self._fcall_pipeline(calls)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-        async with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                await self._scripts[call.script](
-                    keys=list(call.keys),
-                    args=list(call.args),
-                    client=pipe,  # type: ignore[arg-type,unused-ignore]  # redis-py queues it on the pipeline
-                )
-            return list(await pipe.execute())
+                await self._lost(calls[0])  # decides FCALL or EVALSHA again, loads the scripts
+                if self._fcall:
+                    await self._load_library()
+                replies = await self._send_pipeline(calls)
+        except rx.ConnectionError as exc:
+            _drop_evidence(self, exc)
+            raise
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
-    async def _fcall_pipeline(self, calls: list[Call]) -> list[Any]:
+    async def _send_pipeline(self, calls: list[Call]) -> list[Any]:
         async with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
-                pipe.fcall(self._set.function(call.script), len(call.keys), *call.keys, *call.args)
+                keys, n = call.keys, len(call.keys)
+                if self._fcall:
+                    pipe.fcall(self._set.function(call.script), n, *keys, *call.args)
+                else:
+                    pipe.evalsha(self._scripts[call.script].sha, n, *keys, *call.args)
             return list(await pipe.execute(raise_on_error=False))
 
     # -- plain commands --------------------------------------------------------------------
@@ -699,17 +727,33 @@ class AsyncRunner:
         call = Call(what, (), ())
 
         async def once() -> Any:
-            if self._due():  # before each try, as :meth:`_run_once`
-                await self._check(call)
-            return await send()
+            try:
+                if self._due():  # before each try, as :meth:`_run_once`
+                    await self._check(call)
+                return await send()
+            except rx.ConnectionError as exc:
+                _drop_evidence(self, exc)
+                raise
 
         with telemetry().redis(self.client, what):
+            tries = ATTEMPTS
             try:
-                if not repeatable:
-                    return await once()
-                return await AsyncRetrying(**retry_options(call))(once)
+                if repeatable:
+                    return await AsyncRetrying(**retry_options(call))(once)
+                if self._due():  # the check is repeatable even where the command is not
+                    check = Call(f"the server check before {what}", (), ())
+                    try:
+                        await AsyncRetrying(**retry_options(check))(self._check, check)
+                    except (RedisError, RedisClusterException) as exc:
+                        raise backend_error(exc, check) from exc
+                tries = 1
+                try:
+                    return await send()
+                except rx.ConnectionError as exc:
+                    _drop_evidence(self, exc)
+                    raise
             except (RedisError, RedisClusterException) as exc:
-                raise backend_error(exc, call) from exc
+                raise backend_error(exc, call, tries=tries) from exc
 
     async def aclose(self) -> None:
         if self._lane is not None:
@@ -741,11 +785,23 @@ class _Lane:
     (closed by the server, flagged by a maintenance notification). A process forked with
     kept connections leaves them to its parent."""
 
-    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        keep: bool,
+        dropped: Callable[[], None],
+        due: Callable[[], bool],
+        check: Callable[[None], Awaitable[None]],
+    ) -> None:
         self._pool = pool
-        #: Awaited when a kept connection was found closed by the server (a restart drops
-        #: it), before anything is sent on its replacement: the runner checks the server.
+        #: Told when a kept connection was found closed by the server (a restart drops it):
+        #: the runner's checks are then due. Before anything is sent on any connection,
+        #: a due check runs (``check``): also a call that passed the runner's own look at
+        #: ``due`` before another call found the drop waits for it.
         self._dropped = dropped
+        self._due = due
+        self._check_server = check
         self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
@@ -754,25 +810,36 @@ class _Lane:
         return await self._exchange(await self._take(), command)
 
     async def _take(self) -> Any:
-        """A connection ready to send on: a kept one, else one of the pool."""
+        """A connection ready to send on: a kept one, else one of the pool; the server
+        checked first if a check is due (before a connection is held: the check takes one
+        of the pool's, which an application's bounded pool may not have to spare)."""
         if self._pid != os.getpid():  # forked: these sockets are the parent's
             self._idle, self._pid = [], os.getpid()
+        if self._due():
+            await self._check_server(None)
         try:
             conn = self._idle.pop()
         except IndexError:  # none kept (or another thread took the last one)
             return await self._pool.get_connection()
         try:
-            await self._check(conn)
+            stale = await self._check(conn)
         except BaseException:  # cancelled while checking it: kept again, not lost
             self._idle.append(conn)
             raise
+        if stale and self._due():  # found closed by the server: checked before it is used
+            try:
+                await self._check_server(None)  # (kept: the pool is settle's own, unbounded)
+            except BaseException:
+                await self._pool.release(conn)  # closed: the pool connects it again
+                raise
         return conn
 
-    async def _check(self, conn: Any) -> None:
-        """Make a kept connection ready to send on (it connects again before sending)."""
+    async def _check(self, conn: Any) -> bool:
+        """Make a kept connection ready to send on (it connects again before sending);
+        True when the server had closed it (the runner was told)."""
         if _should_reconnect(conn):  # a maintenance notification moved its endpoint
             await conn.disconnect()
-            return
+            return False
         try:
             # Data nobody asked for: a new socket, as the pool does, unless maintenance
             # notifications are on (the data is one, read with the next reply).
@@ -780,8 +847,9 @@ class _Lane:
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
+            self._dropped()  # before the first await: every call from now on checks first
             await conn.disconnect()
-            await self._dropped()
+        return bool(stale)
 
     async def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
         try:
@@ -866,8 +934,16 @@ class _Pipelined(_Lane):
     the runner repeats. The queue belongs to one event loop: a runner used from another
     loop later (``asyncio.run`` twice) starts afresh."""
 
-    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], Awaitable[Any]]) -> None:
-        super().__init__(pool, keep=keep, dropped=dropped)
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        keep: bool,
+        dropped: Callable[[], None],
+        due: Callable[[], bool],
+        check: Callable[[None], Awaitable[None]],
+    ) -> None:
+        super().__init__(pool, keep=keep, dropped=dropped, due=due, check=check)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._in_flight = 0
@@ -984,10 +1060,23 @@ def _own(exc: Exception) -> Exception:
 _UNCLAIMED = (b"unclaimed", "unclaimed")
 
 
+def _drop_evidence(runner: AsyncRunner, exc: rx.ConnectionError) -> None:
+    """A call's ConnectionError: the server may have restarted, unless it is one that is no
+    sign of that (credentials refused, the pool exhausted)."""
+    if is_transient(exc):
+        runner.dropped()
+
+
 def _function_missing(reply: object) -> bool:
     """The server does not hold the library (restarted without persistence, FUNCTION FLUSH,
-    a cluster node that never had it): redis-py raises a bare ResponseError for it."""
-    return isinstance(reply, rx.ResponseError) and str(reply).startswith("Function not found")
+    a cluster node that never had it), or knows no FCALL at all (a failover or a rollback
+    to Redis 6.2): redis-py raises a bare ResponseError for either."""
+    if not isinstance(reply, rx.ResponseError):
+        return False
+    text = str(reply)
+    return text.startswith("Function not found") or (
+        text.lower().startswith("unknown command") and "fcall" in text.lower()
+    )
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
@@ -48,6 +49,7 @@ from settle.errors import (
     ConfigurationError,
     DurabilityError,
     InvalidInput,
+    SettleError,
 )
 
 __all__ = [
@@ -218,6 +220,9 @@ class Runner:
         #: Counts the evidence (:meth:`suspect`, :meth:`dropped`): a check during which new
         #: evidence came read the server as it was before it, and leaves its checks due.
         self._evidence = 0
+        #: Guards ``_evidence`` and ``_checked_at`` (threads of the sync runtime report
+        #: evidence and end checks at once); never held across the network.
+        self._state = threading.Lock()
         self.recheck_interval = RECHECK_INTERVAL
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
@@ -234,7 +239,13 @@ class Runner:
         self._lane = (
             None
             if isinstance(client, RedisCluster)
-            else lane(client.connection_pool, keep=client in _OWNED, dropped=self._reconnected)
+            else lane(
+                client.connection_pool,
+                keep=client in _OWNED,
+                dropped=self.dropped,
+                due=self._due,
+                check=self._check,
+            )
         )
         self._nodes: dict[str, Redis] = {}
         #: A node's connection failed: re-read the cluster's topology before the next call,
@@ -262,9 +273,11 @@ class Runner:
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
 
-    def _prepare_once(self) -> dict[str, Any]:
-        """One try of :meth:`prepare`; a transient failure is raised as it came."""
-        evidence = self._evidence
+    def _prepare_once(self, evidence: int | None = None) -> dict[str, Any]:
+        """One try of :meth:`prepare`; a transient failure is raised as it came.
+        ``evidence``: the evidence count the check answers (read when it was found due)."""
+        if evidence is None:
+            evidence = self._evidence
         info: dict[str, Any] = self._server_info()
         topology.check_server(info)
         # Decided again on every check: a failover or a rollback may bring a server
@@ -289,28 +302,26 @@ class Runner:
         """Evidence that the server lost its data (a script's ``unclaimed`` reply, NOSCRIPT,
         a missing FUNCTION library): every check of :meth:`prepare` runs again before the
         next call."""
-        self._evidence += 1
-        self._checked_at = None
+        with self._state:
+            self._evidence += 1
+            self._checked_at = None
 
     def dropped(self) -> None:
         """Evidence that the server may have restarted (a connection it closed or that
-        failed): the primaries' eviction policy is read again before the next call (a
-        restart that lost the data shows as NOSCRIPT or a missing library: :meth:`suspect`)."""
-        self._evidence += 1
-        if self._checked_at is not None:
-            self._checked_at = float("-inf")
-
-    def _reconnected(self) -> None:
-        """The lane found a kept connection closed by the server (an idle timeout, a
-        restart): checked now, before anything is sent on its replacement."""
-        self.dropped()
-        self._check(None)
+        failed): the primaries' eviction policy is read again before anything more is sent
+        (a restart that lost the data shows as NOSCRIPT or a missing library:
+        :meth:`suspect`)."""
+        with self._state:
+            self._evidence += 1
+            if self._checked_at is not None:
+                self._checked_at = float("-inf")
 
     def _passed(self, evidence: int) -> None:
         """The checks passed, having started when the evidence count was ``evidence``: not
         due again until the interval, unless evidence came while they ran."""
-        if self._evidence == evidence:
-            self._checked_at = monotonic()
+        with self._state:
+            if self._evidence == evidence:
+                self._checked_at = monotonic()
 
     def _due(self) -> bool:
         checked = self._checked_at
@@ -326,10 +337,11 @@ class Runner:
         failure, repeated and counted by the call's own retries (a check that repeated on
         its own would multiply them)."""
         with naming(call) if call is not None else contextlib.nullcontext():
-            if self._checked_at is None:
-                self._prepare_once()
+            with self._state:  # what is due, and the evidence it answers, read together
+                evidence, full = self._evidence, self._checked_at is None
+            if full:
+                self._prepare_once(evidence)
                 return
-            evidence = self._evidence
             policies = self._primary_policies()
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
             self._passed(evidence)
@@ -493,40 +505,49 @@ class Runner:
                 except (RedisError, RedisClusterException) as exc:
                     if not is_transient(exc):
                         raise
-                    if isinstance(exc, rx.ConnectionError):  # the server may have restarted:
-                        self.dropped()  # checked before the repeat (a lost library: NOSCRIPT)
                     time.sleep(first_retry_delay(call, exc))
                 retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return retrying(self._run_once, call)
             except (RedisError, RedisClusterException) as exc:
                 raise backend_error(exc, call) from exc
+            except SettleError as exc:  # a refusal of a check on the way (the lane's too)
+                if exc.operation_id is None:
+                    exc.operation_id = call.operation_id
+                raise
 
     def _run_once(self, call: Call) -> Any:
-        """One try of ``call``, after the server checks that are due (before the first try
-        and before a repeat after a dropped connection)."""
-        if self._due():
-            self._check(call)
-        script = self._scripts[call.script]
-        if self._durability.min_replicas and call.script in self._set.writing:
-            return self._run_durable(call)
-        if self._fcall:
-            try:
-                return self._fcall_once(call)
-            except rx.ResponseError as exc:
-                if not _function_missing(exc):
-                    raise
-            # A restart without persistence, FUNCTION FLUSH, a new cluster node: check the
-            # server again, load, call again.
-            logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-            self._lost(call)
-            self._load_library(call)
-            return self._fcall_once(call)
+        """One try of ``call``, after the server checks that are due (before the first try,
+        and before a repeat after a dropped connection: every ConnectionError is evidence
+        that the server may have restarted)."""
         try:
-            return self._evalsha(script.sha, call)
-        except NoScriptError:  # a flushed or restarted server: check, load once, call again
-            self._lost(call)
-            self.client.script_load(script.script)
-            return self._evalsha(script.sha, call)
+            if self._due():
+                self._check(call)
+            if self._durability.min_replicas and call.script in self._set.writing:
+                return self._run_durable(call)
+            if self._fcall:
+                try:
+                    return self._fcall_once(call)
+                except rx.ResponseError as exc:
+                    if not _function_missing(exc):
+                        raise
+                # A restart without persistence, FUNCTION FLUSH, a new cluster node, a
+                # failover to a server without FUNCTION: check the server again, which
+                # decides FCALL or EVALSHA again; load, call again.
+                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+                self._lost(call)
+                if self._fcall:
+                    self._load_library(call)
+                    return self._fcall_once(call)
+            script = self._scripts[call.script]
+            try:
+                return self._evalsha(script.sha, call)
+            except NoScriptError:  # a flushed or restarted server: check, load once, call again
+                self._lost(call)
+                self.client.script_load(script.script)
+                return self._evalsha(script.sha, call)
+        except rx.ConnectionError as exc:
+            _drop_evidence(self, exc)
+            raise
 
     def _evalsha(self, sha: str, call: Call) -> Any:
         if self._lane is None:
@@ -581,8 +602,9 @@ class Runner:
                 continue
             if _function_missing(reply):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                self._lost(call)
-                self._load_library(client=node)
+                self._lost(call)  # decides FCALL or EVALSHA again
+                if self._fcall:
+                    self._load_library(client=node)
                 continue
             if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
                 assert isinstance(self.client, RedisCluster)
@@ -652,37 +674,43 @@ class Runner:
         first = calls[0] if calls else None
         with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
             try:
-                return Retrying(**retry_options(first))(self._pipeline, calls)
+                replies: list[Any] = Retrying(**retry_options(first))(
+                    self._pipeline, calls
+                )
             except (RedisError, RedisClusterException) as exc:
                 raise backend_error(exc, first) from exc
+        # Not checked for 'unclaimed' replies, unlike run(): the namespace's claim planning
+        # expects them (a shard never used), right after its own check of the server.
+        return replies
 
     def _pipeline(self, calls: list[Call]) -> list[Any]:
-        if self._due():  # before each try, as :meth:`_run_once`
-            self._check(calls[0] if calls else None)
-        if self._fcall:
-            replies = self._fcall_pipeline(calls)
-            if any(_function_missing(r) for r in replies):  # read calls: safe to repeat
+        """One try of :meth:`run_many` on a single server (read calls: safe to repeat)."""
+        try:
+            if self._due():  # before each try, as :meth:`_run_once`
+                self._check(calls[0] if calls else None)
+            replies = self._send_pipeline(calls)
+            if any(_function_missing(r) or isinstance(r, NoScriptError) for r in replies):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                self._lost(calls[0])
-                self._load_library()
-                replies = self._fcall_pipeline(calls)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-        with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                self._scripts[call.script](
-                    keys=list(call.keys),
-                    args=list(call.args),
-                    client=pipe,  # type: ignore[arg-type,unused-ignore]  # redis-py queues it on the pipeline
-                )
-            return list(pipe.execute())
+                self._lost(calls[0])  # decides FCALL or EVALSHA again, loads the scripts
+                if self._fcall:
+                    self._load_library()
+                replies = self._send_pipeline(calls)
+        except rx.ConnectionError as exc:
+            _drop_evidence(self, exc)
+            raise
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
-    def _fcall_pipeline(self, calls: list[Call]) -> list[Any]:
+    def _send_pipeline(self, calls: list[Call]) -> list[Any]:
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
-                pipe.fcall(self._set.function(call.script), len(call.keys), *call.keys, *call.args)
+                keys, n = call.keys, len(call.keys)
+                if self._fcall:
+                    pipe.fcall(self._set.function(call.script), n, *keys, *call.args)
+                else:
+                    pipe.evalsha(self._scripts[call.script].sha, n, *keys, *call.args)
             return list(pipe.execute(raise_on_error=False))
 
     # -- plain commands --------------------------------------------------------------------
@@ -697,17 +725,33 @@ class Runner:
         call = Call(what, (), ())
 
         def once() -> Any:
-            if self._due():  # before each try, as :meth:`_run_once`
-                self._check(call)
-            return send()
+            try:
+                if self._due():  # before each try, as :meth:`_run_once`
+                    self._check(call)
+                return send()
+            except rx.ConnectionError as exc:
+                _drop_evidence(self, exc)
+                raise
 
         with telemetry().redis(self.client, what):
+            tries = ATTEMPTS
             try:
-                if not repeatable:
-                    return once()
-                return Retrying(**retry_options(call))(once)
+                if repeatable:
+                    return Retrying(**retry_options(call))(once)
+                if self._due():  # the check is repeatable even where the command is not
+                    check = Call(f"the server check before {what}", (), ())
+                    try:
+                        Retrying(**retry_options(check))(self._check, check)
+                    except (RedisError, RedisClusterException) as exc:
+                        raise backend_error(exc, check) from exc
+                tries = 1
+                try:
+                    return send()
+                except rx.ConnectionError as exc:
+                    _drop_evidence(self, exc)
+                    raise
             except (RedisError, RedisClusterException) as exc:
-                raise backend_error(exc, call) from exc
+                raise backend_error(exc, call, tries=tries) from exc
 
     def close(self) -> None:
         if self._lane is not None:
@@ -739,11 +783,23 @@ class _Lane:
     (closed by the server, flagged by a maintenance notification). A process forked with
     kept connections leaves them to its parent."""
 
-    def __init__(self, pool: Any, *, keep: bool, dropped: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        keep: bool,
+        dropped: Callable[[], None],
+        due: Callable[[], bool],
+        check: Callable[[None], None],
+    ) -> None:
         self._pool = pool
-        #: Awaited when a kept connection was found closed by the server (a restart drops
-        #: it), before anything is sent on its replacement: the runner checks the server.
+        #: Told when a kept connection was found closed by the server (a restart drops it):
+        #: the runner's checks are then due. Before anything is sent on any connection,
+        #: a due check runs (``check``): also a call that passed the runner's own look at
+        #: ``due`` before another call found the drop waits for it.
         self._dropped = dropped
+        self._due = due
+        self._check_server = check
         self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
@@ -752,25 +808,36 @@ class _Lane:
         return self._exchange(self._take(), command)
 
     def _take(self) -> Any:
-        """A connection ready to send on: a kept one, else one of the pool."""
+        """A connection ready to send on: a kept one, else one of the pool; the server
+        checked first if a check is due (before a connection is held: the check takes one
+        of the pool's, which an application's bounded pool may not have to spare)."""
         if self._pid != os.getpid():  # forked: these sockets are the parent's
             self._idle, self._pid = [], os.getpid()
+        if self._due():
+            self._check_server(None)
         try:
             conn = self._idle.pop()
         except IndexError:  # none kept (or another thread took the last one)
             return self._pool.get_connection()
         try:
-            self._check(conn)
+            stale = self._check(conn)
         except BaseException:  # cancelled while checking it: kept again, not lost
             self._idle.append(conn)
             raise
+        if stale and self._due():  # found closed by the server: checked before it is used
+            try:
+                self._check_server(None)  # (kept: the pool is settle's own, unbounded)
+            except BaseException:
+                self._pool.release(conn)  # closed: the pool connects it again
+                raise
         return conn
 
-    def _check(self, conn: Any) -> None:
-        """Make a kept connection ready to send on (it connects again before sending)."""
+    def _check(self, conn: Any) -> bool:
+        """Make a kept connection ready to send on (it connects again before sending);
+        True when the server had closed it (the runner was told)."""
         if _should_reconnect(conn):  # a maintenance notification moved its endpoint
             conn.disconnect()
-            return
+            return False
         try:
             # Data nobody asked for: a new socket, as the pool does, unless maintenance
             # notifications are on (the data is one, read with the next reply).
@@ -778,8 +845,9 @@ class _Lane:
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
+            self._dropped()  # before the first await: every call from now on checks first
             conn.disconnect()
-            self._dropped()
+        return bool(stale)
 
     def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
         try:
@@ -853,10 +921,23 @@ def _notifications(pool: Any) -> bool:
 _UNCLAIMED = (b"unclaimed", "unclaimed")
 
 
+def _drop_evidence(runner: Runner, exc: rx.ConnectionError) -> None:
+    """A call's ConnectionError: the server may have restarted, unless it is one that is no
+    sign of that (credentials refused, the pool exhausted)."""
+    if is_transient(exc):
+        runner.dropped()
+
+
 def _function_missing(reply: object) -> bool:
     """The server does not hold the library (restarted without persistence, FUNCTION FLUSH,
-    a cluster node that never had it): redis-py raises a bare ResponseError for it."""
-    return isinstance(reply, rx.ResponseError) and str(reply).startswith("Function not found")
+    a cluster node that never had it), or knows no FCALL at all (a failover or a rollback
+    to Redis 6.2): redis-py raises a bare ResponseError for either."""
+    if not isinstance(reply, rx.ResponseError):
+        return False
+    text = str(reply)
+    return text.startswith("Function not found") or (
+        text.lower().startswith("unknown command") and "fcall" in text.lower()
+    )
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

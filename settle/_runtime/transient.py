@@ -68,7 +68,9 @@ def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
         "wait": wait_random_exponential(multiplier=_WAIT_FIRST, max=_WAIT_MAX),
         "retry": retry_if_exception(is_transient),
         "reraise": True,
-        "before_sleep": lambda state: _log_retry(call, state),
+        # The try that failed, counted from the call's first (the shells make the first
+        # try without tenacity and hand it only the repeats: tries = ATTEMPTS - 1).
+        "before_sleep": lambda state: _log_retry(call, state, ATTEMPTS - tries),
     }
 
 
@@ -79,9 +81,9 @@ def first_retry_delay(call: Call | None, exc: BaseException) -> float:
     return delay
 
 
-def _log_retry(call: Call | None, state: RetryCallState) -> None:
+def _log_retry(call: Call | None, state: RetryCallState, before: int) -> None:
     exc = state.outcome.exception() if state.outcome else None
-    _log(call, state.attempt_number + 1, exc, state.upcoming_sleep)
+    _log(call, state.attempt_number + before, exc, state.upcoming_sleep)
 
 
 def _log(call: Call | None, attempt: int, exc: BaseException | None, sleep: float) -> None:
@@ -97,10 +99,13 @@ def _log(call: Call | None, attempt: int, exc: BaseException | None, sleep: floa
     )
 
 
-def backend_error(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) -> SettleError:
+def backend_error(
+    exc: rx.RedisError | rx.RedisClusterException, call: Call | None, *, tries: int = ATTEMPTS
+) -> SettleError:
     """What a Redis failure means to the caller: a misconfiguration (credentials, an
-    incomplete cluster) is a :class:`ConfigurationError`; the rest is a :class:`BackendError`."""
-    error = _classify(exc, call)
+    incomplete cluster) is a :class:`ConfigurationError`; the rest is a :class:`BackendError`.
+    ``tries``: how many times the failed command was sent (1 for one not repeated)."""
+    error = _classify(exc, call, tries)
     logger.error(
         "settle.backend.failed",
         script=call.script if call else None,
@@ -112,7 +117,9 @@ def backend_error(exc: rx.RedisError | rx.RedisClusterException, call: Call | No
     return error
 
 
-def _classify(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) -> SettleError:
+def _classify(
+    exc: rx.RedisError | rx.RedisClusterException, call: Call | None, tries: int
+) -> SettleError:
     what = call.script if call else "a command"
     op = call.operation_id if call else None
     name = f"{exc.__class__.__name__}: {exc}"
@@ -142,7 +149,7 @@ def _classify(exc: rx.RedisError | rx.RedisClusterException, call: Call | None) 
             "every hash slot and wait for cluster_state:ok before starting settle.",
             operation_id=op,
         )
-    retried = f" after {ATTEMPTS} tries" if is_transient(exc) else ""
+    retried = f" after {tries} tries" if is_transient(exc) and tries > 1 else ""
     return BackendError(
         f"Redis failed during {what}{retried}: {name}. Check that the server is reachable; "
         "whether a settlement sent before the failure ran is unknown, and settlement calls "

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 import redis
+from structlog.testing import capture_logs
 
-from settle import AsyncSettler, ConfigurationError, Reserved, Settler
+from settle import AsyncSettler, BackendError, ConfigurationError, Reserved, Settler
 from settle._core.keys import Keys
+from settle._core.scripts import SCRIPTS
 from settle.cursor import AsyncCursorStore, CursorStore
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
@@ -25,6 +27,7 @@ from settle.progress import (
     ProgressStore,
     ProviderScope,
 )
+from tests.faults.servers import proxy_to, script_needle
 
 pytestmark = [pytest.mark.faults]
 
@@ -220,3 +223,92 @@ def test_evidence_during_a_check_leaves_the_checks_due(server: EmbeddedRedis) ->
         await settler.aclose()
 
     asyncio.run(scenario())
+
+
+def _info_calls(server: EmbeddedRedis) -> int:
+    with _raw(server) as raw:
+        stats = raw.info("commandstats")
+    return int(stats.get("cmdstat_info", {}).get("calls", 0))
+
+
+def test_every_repeat_after_a_dropped_connection_checks_first(
+    server: EmbeddedRedis, flavour: str
+) -> None:
+    """Two tries of a call cut in a row: the second repeat is checked too (only the first
+    ConnectionError made the checks due, and the check before the first repeat marked the
+    server checked, so the third try went out unchecked), and the retry events count the
+    call's tries, 1 and 2 of 4."""
+    proxy = proxy_to(server.url, SCRIPTS)
+    p = _Part(flavour, "settler", proxy.url)
+    try:
+        p.write(0)
+        proxy.cut(script_needle(SCRIPTS, "reserve"), "before_request", times=2)
+        with _raw(server) as raw:
+            raw.config_resetstat()
+        with capture_logs() as logs:
+            assert isinstance(p.write(1), Reserved)
+        assert proxy.fired == ["before_request", "before_request"]
+        retries = [e for e in logs if e["event"] == "settle.backend.retrying"]
+        assert [(e["script"], e["attempt"]) for e in retries] == [("reserve", 1), ("reserve", 2)]
+        assert _info_calls(server) >= 2  # a policy read before each of the two repeats
+    finally:
+        p.close()
+        proxy.close()
+
+
+def test_a_server_gone_after_a_drop_fails_the_call_after_its_own_tries(
+    server: EmbeddedRedis, flavour: str
+) -> None:
+    """The check before a repeat is one of the call's tries: a server that stays gone fails
+    the call after four tries in all, each retry event naming the call's script."""
+    proxy = proxy_to(server.url, SCRIPTS)
+    p = _Part(flavour, "settler", proxy.url)
+    try:
+        p.write(0)
+        proxy.close()  # refused from now on, the kept connections dropped
+        with capture_logs() as logs, pytest.raises(BackendError, match="after 4 tries") as info:
+            p.write(1)
+        retries = [e for e in logs if e["event"] == "settle.backend.retrying"]
+        assert [(e["script"], e["attempt"]) for e in retries] == [
+            ("reserve", 1),
+            ("reserve", 2),
+            ("reserve", 3),
+        ]
+        assert info.value.operation_id == "op-1"
+    finally:
+        p.close()
+
+
+def test_a_command_that_is_not_repeated_still_has_its_check_repeated(
+    server: EmbeddedRedis,
+) -> None:
+    """progress reads its deliveries with XREADGROUP, never repeated (a repeat would claim
+    other deliveries): the check before it is repeatable, and a failure of the read itself
+    says it was sent once."""
+    proxy = proxy_to(server.url)
+    store = ProgressStore.from_url(proxy.url, consumer="billing", namespace="recheck")
+    try:
+        runner = store._runner
+        sent: list[int] = []
+
+        def send() -> int:
+            sent.append(1)
+            return 7
+
+        runner.recheck_interval = 0.0  # a check is due before every command
+        proxy.cut("INFO", "before_request")  # the check's first try is cut
+        with capture_logs() as logs:
+            assert runner.command("XREADGROUP", send, repeatable=False) == 7
+        assert sent == [1]
+        assert [e["attempt"] for e in logs if e["event"] == "settle.backend.retrying"] == [1]
+
+        def failing() -> int:
+            raise redis.ConnectionError("cut")
+
+        runner.recheck_interval = 3600.0
+        with pytest.raises(BackendError) as info:
+            runner.command("XREADGROUP", failing, repeatable=False)
+        assert "tries" not in str(info.value)
+    finally:
+        store.close()
+        proxy.close()
