@@ -934,16 +934,8 @@ class _Pipelined(_Lane):
     the runner repeats. The queue belongs to one event loop: a runner used from another
     loop later (``asyncio.run`` twice) starts afresh."""
 
-    def __init__(
-        self,
-        pool: Any,
-        *,
-        keep: bool,
-        dropped: Callable[[], None],
-        due: Callable[[], bool],
-        check: Callable[[None], Awaitable[None]],
-    ) -> None:
-        super().__init__(pool, keep=keep, dropped=dropped, due=due, check=check)
+    def __init__(self, pool: Any, **options: Any) -> None:  # _Lane's
+        super().__init__(pool, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._in_flight = 0
