@@ -21,8 +21,9 @@ def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
         into.put(line)
 
 
-def _stop(proc: subprocess.Popen[str], reader: threading.Thread | None) -> None:
-    """SIGINT (Ctrl-C), then wait for the exit and for the reader to see the end."""
+def _stop(proc: subprocess.Popen[str], reader: threading.Thread | None) -> str:
+    """SIGINT (Ctrl-C), then wait for the exit and for the reader to see the end. Returns
+    what the tail wrote on stderr after its first line, for the failure message."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
     try:
@@ -32,9 +33,11 @@ def _stop(proc: subprocess.Popen[str], reader: threading.Thread | None) -> None:
         proc.wait()
     if reader is not None:
         reader.join(timeout=30)
+    errors = proc.stderr.read() if proc.stderr is not None else ""
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
+    return errors
 
 
 def test_tail_prints_an_entry_written_after_it_started(
@@ -64,8 +67,8 @@ def test_tail_prints_an_entry_written_after_it_started(
         assert entry["kind"] == "stale_generation"
         assert entry["payload"]["json"] == {"charge_id": "ch_late"}
     finally:
-        _stop(proc, reader)
-    assert proc.returncode == 0
+        errors = _stop(proc, reader)
+    assert proc.returncode == 0, errors
     assert out.empty()  # the entry written before it started was not printed
 
 
@@ -90,13 +93,13 @@ def test_tail_table_form_and_filters(
         stale_settlement(cli_settler, "order-a")  # another operation: filtered out
         ref = stale_settlement(cli_settler, "order-b")
         line = out.get(timeout=30)
-        assert ref in line
+        assert ref in line, line
         assert "stale_generation" in line
         assert "op=order-b" in line
     finally:
-        _stop(proc, reader)
-    assert proc.returncode == 0
-    assert out.empty()
+        errors = _stop(proc, reader)
+    assert proc.returncode == 0, errors
+    assert out.empty(), list(out.queue)
 
 
 def test_resolve_keeps_the_evidence(cli_settler: Settler, redis_url: str, namespace: str) -> None:
