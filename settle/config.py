@@ -20,6 +20,11 @@ def _invalid(exc: ValidationError) -> InvalidInput:
     return InvalidInput(f"invalid SettleConfig: {problems}")
 
 
+#: The largest shard count a namespace can have. A client that finds its namespace's
+#: metadata gone looks at every shard state up to it before it creates the metadata again.
+MAX_SHARDS = 4096
+
+
 class SettleConfig(BaseModel):
     """Settings of one namespace.
 
@@ -36,7 +41,7 @@ class SettleConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
-    shards: int = Field(default=16, ge=1, le=4096)
+    shards: int = Field(default=16, ge=1, le=MAX_SHARDS)
     lease: float = Field(default=30.0, gt=0, le=86_400)
     """Seconds a reservation owns the record without renewal (server clock)."""
     retention: float = Field(default=86_400.0, gt=0)

@@ -67,6 +67,11 @@ class MemoryBackend:
     def prepare(self) -> dict[str, Any]:
         return {"redis_version": "7.2.0"}
 
+    def exists(self, keys: tuple[str, ...]) -> int:
+        with self.keyspace.lock:
+            now = self.keyspace.clock()
+            return sum(self.keyspace.type(key, now) != "none" for key in keys)
+
     def close(self) -> None:
         return None
 
@@ -85,6 +90,9 @@ class AsyncMemoryBackend:
 
     async def prepare(self) -> dict[str, Any]:
         return self.sync.prepare()
+
+    async def exists(self, keys: tuple[str, ...]) -> int:
+        return self.sync.exists(keys)
 
     async def aclose(self) -> None:
         return None

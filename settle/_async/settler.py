@@ -51,6 +51,7 @@ class AsyncBackend(Protocol):
     async def run(self, call: Call) -> Any: ...
     async def run_many(self, calls: list[Call]) -> list[Any]: ...
     async def prepare(self) -> dict[str, Any]: ...
+    async def exists(self, keys: tuple[str, ...]) -> int: ...
     async def aclose(self) -> None: ...
 
 
@@ -99,10 +100,13 @@ class AsyncSettler(AsyncConnectable):
 
     async def _check_namespace(self) -> None:
         # Missing metadata is created only once every surviving shard state agreed with
-        # this client's shard count (SPEC 4; the rules are the core's).
+        # this client's shard count and no state beyond it survives (SPEC 4; the rules are
+        # the core's).
         if not self._core.decode_namespace(await self._runner.run(self._core.plan_namespace())):
             checks = self._core.plan_claims(claim=False)
             self._core.decode_claims(checks, await self._runner.run_many(checks))
+            if beyond := self._core.states_beyond():
+                self._core.decode_beyond(await self._runner.exists(beyond))
             create = self._core.plan_namespace(create=True)
             self._core.decode_namespace(await self._runner.run(create))
         claims = self._core.plan_claims()

@@ -21,7 +21,7 @@ from settle._core.layout import stored_arg, stored_digest
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call
-from settle.config import SettleConfig
+from settle.config import MAX_SHARDS, SettleConfig
 from settle.errors import (
     BindingMismatch,
     ConfigurationError,
@@ -164,6 +164,37 @@ class Core:
         an ``unclaimed`` answer to a check (``claim=False``) is a shard with no state yet."""
         for call, raw in zip(calls, raws, strict=True):
             self.claim(call, raw)
+
+    def states_beyond(self) -> tuple[str, ...]:
+        """The state keys of every shard this client does not use, up to the largest count a
+        namespace can have. Asked only when the metadata is missing, before it is created: a
+        client configured with fewer shards than the namespace's sees none of the states of
+        the shards it lacks, so when the metadata and its own shards' states were lost (a
+        node restarted without persistence, with the others intact), the states beyond its
+        count are the only evidence left that the namespace has more shards."""
+        generation = self.keys.generation
+        return tuple(generation(shard) for shard in range(self.config.shards, MAX_SHARDS))
+
+    def decode_beyond(self, found: Any) -> None:
+        """Raise when any of :meth:`states_beyond`'s keys exists (``found``: EXISTS's
+        count): the namespace was used with more shards than this client's, and creating
+        its metadata with this count would send operations to other shards than the ones
+        holding their records, so they would run again."""
+        if not found:
+            return
+        logger.error(
+            "settle.namespace.shard_mismatch",
+            namespace=self.config.namespace,
+            configured=self.config.shards,
+            states_beyond=int(found),
+        )
+        raise ConfigurationError(
+            f"namespace {self.config.namespace!r}: its metadata is missing, and {int(found)} "
+            f"shard state(s) beyond this client's {self.config.shards} shards survive, so the "
+            "namespace was created with more shards; nothing was written. The shard count of "
+            "a namespace never changes: use the stored count (HGET a surviving "
+            "settle:{<namespace>:<shard>}:gen key's field 'shards') or a new namespace."
+        )
 
     def decode_namespace(self, raw: Any) -> bool:
         """True when the metadata names this client's shard count; False when there is none

@@ -717,6 +717,13 @@ class AsyncRunner:
 
     # -- plain commands --------------------------------------------------------------------
 
+    async def exists(self, keys: tuple[str, ...]) -> int:
+        """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
+        per node) on a cluster. A read, repeated on transient failures."""
+        client = self.client
+        found: int = await self.command("EXISTS", lambda: client.exists(*keys))
+        return found
+
     async def command(
         self, what: str, send: Callable[[], Awaitable[Any]], *, repeatable: bool = True
     ) -> Any:

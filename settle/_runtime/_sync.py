@@ -715,6 +715,13 @@ class Runner:
 
     # -- plain commands --------------------------------------------------------------------
 
+    def exists(self, keys: tuple[str, ...]) -> int:
+        """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
+        per node) on a cluster. A read, repeated on transient failures."""
+        client = self.client
+        found: int = self.command("EXISTS", lambda: client.exists(*keys))
+        return found
+
     def command(
         self, what: str, send: Callable[[], Any], *, repeatable: bool = True
     ) -> Any:

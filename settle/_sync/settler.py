@@ -52,6 +52,7 @@ class Backend(Protocol):
     def run(self, call: Call) -> Any: ...
     def run_many(self, calls: list[Call]) -> list[Any]: ...
     def prepare(self) -> dict[str, Any]: ...
+    def exists(self, keys: tuple[str, ...]) -> int: ...
     def close(self) -> None: ...
 
 
@@ -100,10 +101,13 @@ class Settler(Connectable):
 
     def _check_namespace(self) -> None:
         # Missing metadata is created only once every surviving shard state agreed with
-        # this client's shard count (SPEC 4; the rules are the core's).
+        # this client's shard count and no state beyond it survives (SPEC 4; the rules are
+        # the core's).
         if not self._core.decode_namespace(self._runner.run(self._core.plan_namespace())):
             checks = self._core.plan_claims(claim=False)
             self._core.decode_claims(checks, self._runner.run_many(checks))
+            if beyond := self._core.states_beyond():
+                self._core.decode_beyond(self._runner.exists(beyond))
             create = self._core.plan_namespace(create=True)
             self._core.decode_namespace(self._runner.run(create))
         claims = self._core.plan_claims()

@@ -21,7 +21,7 @@ from settle._core.keys import Keys
 from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from settle._sync.settler import Settler
 from settle.cli._render import visible
-from settle.config import SettleConfig
+from settle.config import MAX_SHARDS, SettleConfig
 from settle.demo.server import client_of
 from settle.errors import (
     BackendError,
@@ -50,7 +50,6 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_URL = "redis://localhost:6379/0"
-_MAX_SHARDS = 4096
 DEFAULT_NAMESPACE = "default"
 
 
@@ -96,7 +95,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
     @click.option(
         "--shards",
         envvar="SETTLE_SHARDS",
-        type=click.IntRange(1, _MAX_SHARDS),
+        type=click.IntRange(1, MAX_SHARDS),
         default=None,
         help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
         "namespace's stored count when not given, and refuse a different one.",
@@ -176,10 +175,10 @@ def stored_shards(client: Any, namespace: str) -> int | None:
     if raw is None:
         return None
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= _MAX_SHARDS):
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SHARDS):
         raise ConfigurationError(
             f"the metadata of namespace {namespace!r} is corrupt: key {meta!r} field 'shards' "
-            f"is {text[:40]!r}, not a shard count from 1 to {_MAX_SHARDS}; settle never writes "
+            f"is {text[:40]!r}, not a shard count from 1 to {MAX_SHARDS}; settle never writes "
             "that. Restore the count the namespace was created with (HSET), or use another "
             "namespace"
         )

@@ -428,3 +428,100 @@ def test_every_primary_holds_the_library_and_runs_fcall_on_redis_7(
                 assert "evalsha" not in calls
                 names = [lib[1] for lib in c.function_list(library="settle_*")]
                 assert SCRIPTS.library_name.encode() in names
+
+
+#: The shard count of the misconfigured client. Two, not four: the slots of one namespace's
+#: shard tags differ by fixed XORs (CRC16 is linear), which on three equal nodes never puts
+#: shards 0-3 on one node.
+FEW = 2
+
+
+def _namespace_on_one_node(owner: dict[int, int]) -> tuple[str, int]:
+    """A namespace whose metadata and shards below FEW live on one node (returned), while
+    some of the others live elsewhere: that node's loss takes a FEW-shard client's view."""
+    for k in range(100_000):
+        name = f"partial{k}"
+        low = {owner[key_slot(f"settle:{{{name}:{s}}}:gen".encode())] for s in range(FEW)}
+        node = owner[key_slot(f"settle:{{{name}}}:meta".encode())]
+        high = {owner[key_slot(f"settle:{{{name}:{s}}}:gen".encode())] for s in range(FEW, 16)}
+        if low == {node} and high - {node}:
+            return name, node
+    raise AssertionError("no such namespace")  # pragma: no cover - about 1/9 of names are
+
+
+@pytest.fixture
+def restartable() -> Iterator[LocalCluster]:
+    """A cluster of its own: one of its nodes is killed and restarted empty."""
+    own = LocalCluster(primaries=3).start()
+    yield own
+    own.close()
+
+
+def test_a_node_restarted_empty_never_lets_fewer_shards_recreate_the_metadata(
+    restartable: LocalCluster, flavour: str
+) -> None:
+    """The node holding a 16-shard namespace's metadata and shards 0-1 is killed and comes
+    back without its data (no persistence); the other nodes keep the states and records of
+    the shards they hold. A 2-shard client then finds no metadata and none of its shards'
+    states, but it must not re-create the metadata with its count: operations it would
+    route to shards 0-1 have records on the other nodes, and would run again."""
+    cluster = restartable
+    namespace, node = _namespace_on_one_node(_node_of_slot(cluster))
+    ops = _one_op_per_shard()
+    sixteen = Settler.from_url(cluster.url, namespace=namespace, shards=SHARDS)
+    try:
+        for op in ops.values():
+            assert isinstance(sixteen.reserve(op, REQ, principal=WHO), Reserved)
+        cluster.nodes[node].stop(kill=True)
+        cluster.nodes[node].start()  # same port and nodes.conf: its slots, none of its data
+        cluster.wait_ok()
+        with cluster.client(node) as lost:
+            assert lost.dbsize() == 0
+
+        def keys() -> list[bytes]:
+            found: list[bytes] = []
+            for i in range(len(cluster.nodes)):
+                with cluster.client(i) as c:
+                    found += c.scan_iter(match=f"settle:{{{namespace}*")
+            return sorted(found)
+
+        before = keys()
+        seeds = [f"{host}:{port}" for host, port in cluster.startup_nodes]
+        if flavour == "sync":
+            four = Settler.from_url(cluster.url, namespace=namespace, shards=FEW)
+            try:
+                with pytest.raises(ConfigurationError, match=f"beyond this client's {FEW}"):
+                    four.reserve("order-new", REQ, principal=WHO)
+            finally:
+                four.close()
+        else:
+
+            async def refused() -> None:
+                four = AsyncSettler.from_cluster(seeds, namespace=namespace, shards=FEW)
+                try:
+                    with pytest.raises(ConfigurationError, match=f"beyond this client's {FEW}"):
+                        await four.reserve("order-new", REQ, principal=WHO)
+                finally:
+                    await four.aclose()
+
+            asyncio.run(refused())
+        assert keys() == before  # nothing written on any node, the metadata included
+
+        # The 16-shard client carries on: records on the surviving nodes still answer, and
+        # a shard whose state was lost is claimed again with the metadata re-created as 16.
+        survived = ops[min(_shards_off(cluster, namespace, node))]
+        assert not isinstance(sixteen.reserve(survived, REQ, principal=WHO), Reserved)
+        assert isinstance(sixteen.reserve(ops[0], REQ, principal=WHO), Reserved)
+        with cluster.client(node) as lost:
+            assert lost.hget(f"settle:{{{namespace}}}:meta", "shards") == b"16"
+    finally:
+        sixteen.close()
+
+
+def _shards_off(cluster: LocalCluster, namespace: str, node: int) -> set[int]:
+    owner = _node_of_slot(cluster)
+    return {
+        s
+        for s in range(SHARDS)
+        if owner[key_slot(f"settle:{{{namespace}:{s}}}:gen".encode())] != node
+    }

@@ -10,12 +10,13 @@ re-created by that client.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from settle import ConfigurationError, QuarantineKind, Reserved, Settler, Verdict
+from settle import AsyncSettler, ConfigurationError, QuarantineKind, Reserved, Settler, Verdict
 from settle._core.keys import shard_of
 from settle.embedded import EmbeddedRedis
 
@@ -151,3 +152,57 @@ def test_a_client_with_another_shard_count_never_writes_after_a_flushall(
     finally:
         sixteen.close()
         four.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_client_with_fewer_shards_never_recreates_metadata_its_own_shards_lost(
+    server: EmbeddedRedis, flavour: str
+) -> None:
+    """A 16-shard namespace loses its metadata and the states of shards 0-3 (as when the
+    node holding them restarts without persistence while the others keep theirs). A 4-shard
+    client starting then sees none of its own shards' states, but the states of shards 4-15
+    survive: it must refuse to re-create the metadata, write nothing, and let the 16-shard
+    client carry on, whose surviving records still answer."""
+    sixteen = Settler.from_url(server.url, namespace="partial", shards=16)
+    try:
+        for op in OPS:
+            assert isinstance(sixteen.reserve(op, REQ, principal=WHO), Reserved)
+        keys = sixteen._core.keys
+        with redis.Redis.from_url(server.url) as raw:
+            assert raw.delete(keys.meta, *(keys.generation(s) for s in range(4))) == 5
+            before = sorted(raw.keys("*"))
+
+            if flavour == "sync":
+                four = Settler.from_url(server.url, namespace="partial", shards=4)
+                try:
+                    with pytest.raises(ConfigurationError, match="beyond this client's 4"):
+                        four.check()
+                    with pytest.raises(ConfigurationError, match="beyond this client's 4"):
+                        four.reserve("order-new", REQ, principal=WHO)  # no write either
+                finally:
+                    four.close()
+            else:
+
+                async def refused() -> None:
+                    four = AsyncSettler.from_url(server.url, namespace="partial", shards=4)
+                    try:
+                        with pytest.raises(ConfigurationError, match="beyond this client's 4"):
+                            await four.check()
+                        with pytest.raises(ConfigurationError, match="beyond this client's 4"):
+                            await four.reserve("order-new", REQ, principal=WHO)
+                    finally:
+                        await four.aclose()
+
+                asyncio.run(refused())
+            assert sorted(raw.keys("*")) == before  # nothing written, the metadata included
+
+            # The 16-shard client carries on: a record on a surviving shard still holds its
+            # reservation, and its first write on a shard whose state was lost re-creates
+            # the metadata with its count.
+            held = next(op for op in OPS if shard_of(op, 16) >= 4)
+            assert not isinstance(sixteen.reserve(held, REQ, principal=WHO), Reserved)
+            after = next(f"after-{i}" for i in range(100) if shard_of(f"after-{i}", 16) < 4)
+            assert isinstance(sixteen.reserve(after, REQ, principal=WHO), Reserved)
+            assert raw.hget(keys.meta, "shards") == b"16"
+    finally:
+        sixteen.close()

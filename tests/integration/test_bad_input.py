@@ -8,10 +8,19 @@ from typing import Any
 import pytest
 import redis
 
-from settle import BackendError, ConfigurationError, FingerprintError, SettleError, Settler
+from settle import (
+    BackendError,
+    ConfigurationError,
+    FingerprintError,
+    Reserved,
+    SettleError,
+    Settler,
+)
 from settle._core import layout
+from settle._core.reference import MemoryKeyspace
 from settle.embedded import free_port
 from settle.errors import CorruptRecord, InvalidInput, ResultTooLarge
+from settle.testing import MemorySettler, wall_clock_ms
 
 WHO = "tenant:acme"
 
@@ -170,6 +179,23 @@ def test_a_different_shard_count_for_a_namespace_is_an_error_at_start_up(
         second.reserve("op", {"a": 1}, principal=WHO)
     first.close()
     second.close()
+
+
+def test_the_reference_model_refuses_fewer_shards_when_only_states_beyond_them_survive() -> None:
+    """MemorySettler (the reference model behind the same shells) keeps the rule the Redis
+    runner keeps (tests/faults/test_faults_loss.py): missing metadata is not re-created by a
+    client with fewer shards while states of the shards it lacks survive."""
+    keyspace = MemoryKeyspace(wall_clock_ms)
+    sixteen = MemorySettler(namespace="m", shards=16, keyspace=keyspace)
+    for i in range(40):
+        assert isinstance(sixteen.reserve(f"op-{i}", {"a": 1}, principal=WHO), Reserved)
+    keys = sixteen._core.keys
+    for key in (keys.meta, *(keys.generation(shard) for shard in range(4))):
+        keyspace.delete(key)
+    four = MemorySettler(namespace="m", shards=4, keyspace=keyspace)
+    with pytest.raises(ConfigurationError, match="12 shard state"):
+        four.reserve("op-new", {"a": 1}, principal=WHO)
+    assert keyspace.type(keys.meta, wall_clock_ms()) == "none"
 
 
 def test_config_is_validated() -> None:
