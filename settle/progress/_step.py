@@ -34,7 +34,7 @@ from settle.progress.models import (
     IntentKind,
     SettlementReceipt,
 )
-from settle.progress.planning import authorize_individual
+from settle.progress.planning import authorize_individual, authorize_settlement
 
 __all__ = [
     "RELEASE_IDLE_MS",
@@ -203,9 +203,17 @@ def settle(
     reason: str = "",
     *,
     fenced_count: bool = True,
+    authorize: bool = False,
 ) -> Generator[Instruction, Any, SettlementReceipt]:
     """One fenced settlement on the stream's server, then its receipt in progress (a
-    conclusive answer closes the settle intent)."""
+    conclusive answer closes the settle intent). ``authorize``: for a caller that holds no
+    progress reply of its own (the public ``settle``, ``recover``): durable progress is read
+    first and must authorize ``kind`` for the delivery
+    (:func:`~settle.progress.planning.authorize_settlement`); otherwise
+    :class:`SettlementNotAuthorized` is raised and nothing is written or settled."""
+    if authorize:
+        progress = (yield from _progress(core, core.plan_read(scope))).progress
+        authorize_settlement(progress, authority.delivery, kind)
     yield Settling(scope, kind)
     call = core.plan_stream_settle(
         scope,

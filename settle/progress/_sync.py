@@ -472,7 +472,10 @@ class StreamConsumer:
         *,
         fenced_count: bool = True,
     ) -> SettlementReceipt:
-        """One fenced settlement on the stream's server, then its receipt in progress."""
+        """One fenced settlement on the stream's server, then its receipt in progress.
+        Durable progress must authorize it first (SPEC 10): an acknowledgement or a
+        dead-letter only of a delivery progress covers, a deferral only of one it holds as
+        deferred; else :class:`SettlementNotAuthorized`, and nothing is settled."""
         steps = _step.settle(
             self.core,
             self._scope(),
@@ -481,6 +484,7 @@ class StreamConsumer:
             emission,
             reason,
             fenced_count=fenced_count,
+            authorize=True,
         )
         return self.store.drive(steps, stream=self._runner)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from settle.progress.errors import SettlementNotAuthorized
 from settle.progress.identity import DeliveryId
-from settle.progress.models import Progress
+from settle.progress.models import IntentKind, Progress
 
 __all__ = [
     "Batch",
@@ -25,6 +25,7 @@ __all__ = [
     "authorize_batch",
     "authorize_cumulative",
     "authorize_individual",
+    "authorize_settlement",
     "plan_settlements",
 ]
 
@@ -60,6 +61,24 @@ def authorize_individual(progress: Progress, delivery: DeliveryId) -> Individual
             uncovered=[delivery],
         )
     return Individual(delivery)
+
+
+def authorize_settlement(progress: Progress, delivery: DeliveryId, kind: IntentKind) -> None:
+    """What durable progress must hold before the provider is told ``kind`` for
+    ``delivery`` (SPEC 10): an acknowledgement or a dead-letter removes the delivery from the
+    provider's pending list, so progress must cover it (applied, dead-lettered, or below the
+    floor); a deferral stops its redelivery, so progress must hold it as deferred (or cover
+    it). A release hands it back for redelivery and needs nothing."""
+    if kind is IntentKind.RELEASE or progress.covers(delivery):
+        return
+    if kind is IntentKind.DEFER and any(d.delivery == delivery for d in progress.deferred):
+        return
+    needs = "deferred (defer it first)" if kind is IntentKind.DEFER else "applied or dead-lettered"
+    raise SettlementNotAuthorized(
+        f"delivery {delivery} is not {needs} in durable progress: a {kind.value} would let "
+        "the provider drop it unrecorded; nothing was settled",
+        uncovered=[delivery],
+    )
 
 
 def authorize_cumulative(progress: Progress, through: DeliveryId) -> Cumulative:

@@ -24,6 +24,7 @@ from settle.progress import (
     ProgressStore,
     StreamConsumer,
 )
+from settle.progress.errors import SettlementNotAuthorized
 from settle.progress.identity import SettlementAuthority
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import (
@@ -118,6 +119,43 @@ def test_fenced_ack_refuses_a_delivery_owned_by_another_worker(
         ("b", SettlementOutcome.RECLAIMED, "b", 0),
         ("a", SettlementOutcome.NOT_OWNER, "b", 0),
     ]
+
+
+@pytest.mark.parametrize("kind", [IntentKind.ACK, IntentKind.DEAD_LETTER, IntentKind.DEFER])
+def test_a_settlement_progress_does_not_authorize_is_refused_and_settles_nothing(
+    names, stream_server, progress_server, stream_client, progress_client, kind
+):
+    """The public settle() tells the provider nothing that durable progress does not back
+    (SPEC 10): an ack or a dead-letter of a delivery progress does not cover, or a deferral
+    of one it does not hold as deferred, would drop it from the pending list unrecorded:
+    its effect would never run. Refused, nothing settled, nothing written; a release (hand
+    it back) needs no progress."""
+    c = make(names, stream_server, progress_server, worker="a")
+    [first] = publish(stream_client, names, ["e1"])
+    stream_client.xreadgroup(names.group, "a", {names.stream: ">"})
+    before = c.store.read(c.scope)
+    with pytest.raises(SettlementNotAuthorized) as refused:
+        c.settle(SettlementAuthority("a", DeliveryId(first), 1), kind, EmissionId("e1"))
+    assert refused.value.uncovered == [DeliveryId(first)]
+    assert first in pending_ids(stream_client, names)  # still the worker's to apply
+    assert c.store.read(c.scope) == before  # no receipt, no intent, no version
+    assert c.store.receipts(c.scope) == []
+    assert dead_letters_on_stream(stream_client, names) == []
+    released = c.settle(SettlementAuthority("a", DeliveryId(first), 1), IntentKind.RELEASE)
+    assert released.outcome is SettlementOutcome.RELEASED
+    # Once progress backs it, the same settlement goes through.
+    if kind is IntentKind.DEFER:
+        c.store.defer(c.scope, DeliveryId(first), EmissionId("e1"), reason="later")
+    elif kind is IntentKind.DEAD_LETTER:
+        c.store.dead_letter(
+            c.scope, DeliveryId(first), EmissionId("e1"), reason="poison", delivery_count=1
+        )
+    else:
+        c.store.apply(c.scope, DeliveryId(first), EmissionId("e1"), lambda ctx: None)
+    done = c.settle(SettlementAuthority("a", DeliveryId(first), 1), kind, EmissionId("e1"))
+    assert done.outcome is SettlementOutcome.ACKED
+    assert first not in pending_ids(stream_client, names)
+    c.store.close()
 
 
 def test_effect_failure_releases_then_poison_is_dead_lettered(
