@@ -168,6 +168,43 @@ def test_entries_deleted_while_pending_never_starve_a_live_stuck_one(
     c.close()
 
 
+def test_a_delivery_deleted_while_pending_holds_the_floor_until_it_is_dead_lettered(
+    servers, names, stream_client, progress_client
+) -> None:
+    """A worker takes e0 and dies; the operator deletes e0's entry while it is pending. The
+    next worker applies e1 and e2 before e0 is idle long enough to claim: the listing no
+    longer shows e0, but the provider's pending list does, so the floor must stop below it
+    (progress would otherwise claim e0 applied or dead-lettered, and e0 would later be
+    acknowledged as covered, with no dead-letter evidence). Once claimed, e0 is
+    dead-lettered with reason ``deleted`` and the floor moves on."""
+    effect = Ledger()
+    c = consumer(servers, names, claim_idle=1.0)
+    c.start()
+    ids = publish(stream_client, names, ["e0", "e1", "e2"])
+    stream_client.xreadgroup(names.group, "gone", {names.stream: ">"}, count=1)
+    stream_client.xdel(names.stream, ids[0])
+    c.poll(effect)  # applies e1 and e2; e0 is not idle long enough to claim yet
+    assert effect.runs == {"e1": 1, "e2": 1}
+    progress = c.store.read(c.scope)
+    if redis7(stream_client):
+        # Redis 7's XAUTOCLAIM drops a deleted entry from the pending list whatever its
+        # idle time, and reports it: dead-lettered in the same poll, before the floor moved.
+        assert dead_evidence(progress_client, names) == {ids[0]: "deleted"}
+    else:
+        assert progress.floor is None or progress.floor < DeliveryId(ids[0])
+        assert DeliveryId(ids[0]) in progress.gaps  # below applied ones, not resolved
+    poll_until(c, effect, lambda: not pending_ids(stream_client, names))
+    assert effect.runs == {"e1": 1, "e2": 1}
+    assert dead_evidence(progress_client, names) == {ids[0]: "deleted"}
+    progress = c.store.read(c.scope)
+    assert progress.floor == DeliveryId(ids[2])
+    assert progress.gaps == ()
+    kinds = {r.delivery.value: r.kind for r in c.store.receipts(c.scope)}
+    assert kinds[ids[0]] is IntentKind.DEAD_LETTER
+    assert_nothing_acked_uncovered(stream_client, progress_client, names)
+    c.close()
+
+
 def test_applied_and_recorded_then_deleted_before_its_ack_is_settled_from_progress(
     servers, names, stream_client, progress_client
 ) -> None:

@@ -100,9 +100,12 @@ end
 -- Advance the cumulative floor along a provider listing: the ids that exist after `after`,
 -- ascending and contiguous (XRANGE (after + COUNT n). The floor moves over listed ids that
 -- are applied or dead-lettered and stops at the first one that is not; such an id below
--- the highest applied one is recorded as a gap. Returns 'advanced', 'unchanged' or
--- 'unproven' (the listing starts above the floor, so it proves nothing about the prefix).
-local function advance(after, ids, now)
+-- the highest applied one is recorded as a gap. `oldest` is the provider's oldest pending
+-- id ('' none): a pending delivery the listing does not show (its entry was deleted while
+-- it was pending: XDEL, MAXLEN) is not resolved until it is dead-lettered, so the floor
+-- stops below it too. Returns 'advanced', 'unchanged' or 'unproven' (the listing starts
+-- above the floor, so it proves nothing about the prefix).
+local function advance(after, ids, now, oldest)
   local floor = floor_of()
   if id_lt(floor, after) then return 'unproven' end
   local top = nil
@@ -111,9 +114,16 @@ local function advance(after, ids, now)
       if top == nil or id_lt(top, id) then top = id end
     end
   end
+  local hold = nil
+  if oldest ~= '' and id_lt(floor, oldest) and redis.call('HEXISTS', KEYS[2], oldest) == 0
+      and redis.call('HEXISTS', KEYS[3], oldest) == 0 then
+    hold = oldest
+    if top ~= nil and id_lt(hold, top) then redis.call('HSETNX', KEYS[4], hold, int(now)) end
+  end
   local cur = floor
   local blocked = false
   for _, id in ipairs(ids) do
+    if hold ~= nil and not id_lt(id, hold) then blocked = true end
     if id_lt(floor, id) then
       local done = redis.call('HEXISTS', KEYS[2], id) == 1
         or redis.call('HEXISTS', KEYS[3], id) == 1

@@ -11,6 +11,6 @@ local ids = {}
 for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],
   'pf_pending', ARGV[6], 'pf_at', int(now))
-local code = advance(ARGV[3], ids, now)
+local code = advance(ARGV[3], ids, now, ARGV[5])
 touch(ARGV[1], ARGV[2], now)
 return progress_reply(code, floor_of())
