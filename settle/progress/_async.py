@@ -204,7 +204,9 @@ class AsyncProgressStore(AsyncConnectable):
         oldest_pending: DeliveryId | None,
         pending: int,
     ) -> Progress:
-        """Store the provider floor as observed; advance the floor along ``listing``."""
+        """Store the provider floor as observed; advance the floor along ``listing``. A
+        listing that starts above the floor (``after``) raises :class:`UnprovenListing` and
+        writes nothing."""
         call = self.core.plan_observe(
             scope,
             after,
@@ -213,7 +215,7 @@ class AsyncProgressStore(AsyncConnectable):
             oldest_pending=oldest_pending,
             pending=pending,
         )
-        return self.core.observed(scope, await self.progress(call))
+        return self.core.observed(scope, await self.progress(call), strict=True)
 
     async def read(self, scope: ProviderScope) -> Progress:
         return (await self.progress(self.core.plan_read(scope))).progress

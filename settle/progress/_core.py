@@ -16,7 +16,12 @@ from settle._log import logger
 from settle._runtime import Call, parse_reply
 from settle.errors import BackendError, CorruptRecord, InvalidInput
 from settle.progress._keys import ProgressKeys, StreamKeys
-from settle.progress.errors import InvalidDelivery, ProviderReset, UnprovenListing
+from settle.progress.errors import (
+    InvalidDelivery,
+    ProviderReset,
+    UnprovenListing,
+    check_reason,
+)
 from settle.progress.identity import (
     AttemptId,
     DeliveryId,
@@ -44,8 +49,6 @@ __all__ = [
     "StreamVerdict",
     "parse_entries",
 ]
-
-MAX_REASON = 256
 
 
 def _text(value: Any) -> str:
@@ -87,10 +90,7 @@ def _scope(value: object) -> ProviderScope:
     return value
 
 
-def _reason(value: object) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_REASON:
-        raise InvalidDelivery(f"reason must be a str of 1 to {MAX_REASON} characters")
-    return value
+_reason = check_reason
 
 
 def scope_json(scope: ProviderScope) -> str:
@@ -608,7 +608,18 @@ class ProgressCore:
         last = _text(info["last-delivered-id"]) if info else ""
         return DeliveryId(last) if last and last != "0-0" else None
 
-    def observed(self, scope: ProviderScope, reply: ProgressReply) -> Progress:
+    def observed(
+        self, scope: ProviderScope, reply: ProgressReply, *, strict: bool = False
+    ) -> Progress:
+        """The progress an observation left. ``strict`` (a caller's own listing): one that
+        started above the floor raises :class:`UnprovenListing` (it wrote nothing); the
+        consumer, which lists from the floor it just read, takes it as unchanged."""
+        if strict and reply.code == "unproven":
+            raise UnprovenListing(
+                f"the listing starts above the progress floor ({reply.detail or 'none'}): it "
+                "proves nothing about the deliveries before it; nothing was written. List "
+                "again from the floor."
+            )
         if reply.code == "advanced":
             self.log.info("settle.progress.floor_advanced", stream=scope.stream, floor=reply.detail)
         return reply.progress

@@ -199,7 +199,9 @@ class ProgressStore(Connectable):
         oldest_pending: DeliveryId | None,
         pending: int,
     ) -> Progress:
-        """Store the provider floor as observed; advance the floor along ``listing``."""
+        """Store the provider floor as observed; advance the floor along ``listing``. A
+        listing that starts above the floor (``after``) raises :class:`UnprovenListing` and
+        writes nothing."""
         call = self.core.plan_observe(
             scope,
             after,
@@ -208,7 +210,7 @@ class ProgressStore(Connectable):
             oldest_pending=oldest_pending,
             pending=pending,
         )
-        return self.core.observed(scope, self.progress(call))
+        return self.core.observed(scope, self.progress(call), strict=True)
 
     def read(self, scope: ProviderScope) -> Progress:
         return (self.progress(self.core.plan_read(scope))).progress

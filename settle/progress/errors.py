@@ -19,6 +19,17 @@ __all__ = [
 ]
 
 
+#: The longest reason a deferral or a dead-letter records.
+MAX_REASON = 256
+
+
+def check_reason(value: object) -> str:
+    """A deferral's or a dead-letter's reason: a str of 1 to :data:`MAX_REASON` characters."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_REASON:
+        raise InvalidDelivery(f"reason must be a str of 1 to {MAX_REASON} characters")
+    return value
+
+
 class ProgressError(SettleError):
     """Root of the delivery-progress errors."""
 
@@ -54,5 +65,7 @@ class DeferDelivery(ProgressError):
     deferred (found again with ``Progress.deferred``), then stops its redelivery."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(f"delivery deferred: {reason}")
+        # Checked here, where the effect raises it: a reason progress would refuse after
+        # the effect ran would otherwise stop the consumer with the delivery still pending.
+        super().__init__(f"delivery deferred: {check_reason(reason)}")
         self.reason = reason

@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 MAX_ID_CHARS = 256
-_ENTRY_ID = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+_ENTRY_ID = re.compile(r"\A([0-9]{1,20})-([0-9]{1,20})\Z")
+#: The largest part of a Redis Streams entry id (each is an unsigned 64-bit integer).
+_MAX_PART = 2**64 - 1
 
 
 def check_name(value: object, what: str) -> str:
@@ -77,10 +79,18 @@ class DeliveryId:
         match = _ENTRY_ID.match(self.value) if isinstance(self.value, str) else None
         if match is None:
             raise InvalidDelivery(f"delivery id must look like <ms>-<seq>, got {self.value!r}")
+        ms, seq = int(match.group(1)), int(match.group(2))
+        if ms > _MAX_PART or seq > _MAX_PART or ms == seq == 0:
+            # Redis refuses such ids (0-0 is never an entry's); accepted, one would be
+            # taken for covered, or answered by the provider as an unrelated error.
+            raise InvalidDelivery(
+                f"delivery id must be a Redis Streams entry id above 0-0, each part at most "
+                f"2**64 - 1, got {self.value!r}"
+            )
         # Normalised (no leading zeros), so the Lua scripts can compare ids as digit strings.
-        object.__setattr__(self, "value", f"{int(match.group(1))}-{int(match.group(2))}")
-        object.__setattr__(self, "ms", int(match.group(1)))
-        object.__setattr__(self, "seq", int(match.group(2)))
+        object.__setattr__(self, "value", f"{ms}-{seq}")
+        object.__setattr__(self, "ms", ms)
+        object.__setattr__(self, "seq", seq)
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, DeliveryId):
@@ -119,6 +129,18 @@ class SettlementAuthority:
     worker: str
     delivery: DeliveryId
     delivery_count: int
+
+    def __post_init__(self) -> None:
+        check_name(self.worker, "worker")
+        if not isinstance(self.delivery, DeliveryId):
+            raise InvalidDelivery(
+                f"delivery must be a DeliveryId, got {type(self.delivery).__name__}"
+            )
+        count = self.delivery_count
+        if type(count) is not int or not 0 <= count <= 2**53 - 1:
+            raise InvalidDelivery(
+                f"delivery_count must be an int from 0 to 2**53 - 1, got {count!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

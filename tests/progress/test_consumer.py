@@ -158,6 +158,28 @@ def test_a_settlement_progress_does_not_authorize_is_refused_and_settles_nothing
     c.store.close()
 
 
+def test_a_deferral_with_a_reason_progress_refuses_never_stops_the_consumer(
+    names, stream_server, progress_server, stream_client, progress_client
+):
+    """An effect that raises ``DeferDelivery("")`` (a reason progress would refuse) is an
+    effect that failed: its delivery is released for redelivery and run() carries on. The
+    reason used to be checked only after the effect, which stopped run() with the delivery
+    still pending under its worker."""
+
+    def effect(ctx: EffectContext) -> None:
+        raise DeferDelivery("")
+
+    with capture_logs() as logs:  # (the consumer's logger is bound when it is made)
+        c = make(names, stream_server, progress_server, worker="w1")
+        [first] = publish(stream_client, names, ["e1"])
+        c.run(effect, polls=1)  # returns: nothing escaped
+    failed = [e for e in logs if e["event"] == "settle.progress.effect_failed"]
+    assert [e["error_type"] for e in failed] == ["InvalidDelivery"]
+    assert first in pending_ids(stream_client, names)  # released, to be redelivered
+    assert c.store.read(c.scope).deferred == ()
+    c.store.close()
+
+
 def test_effect_failure_releases_then_poison_is_dead_lettered(
     names, stream_server, progress_server, stream_client, progress_client
 ):

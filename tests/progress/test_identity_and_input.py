@@ -11,7 +11,7 @@ from settle.errors import CorruptRecord, InvalidInput, SettleError
 from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
 from settle.progress._core import ProgressCore
 from settle.progress._keys import ProgressKeys, StreamKeys
-from settle.progress.errors import InvalidDelivery, UnprovenListing
+from settle.progress.errors import DeferDelivery, InvalidDelivery, UnprovenListing
 from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.models import IntentKind
 
@@ -35,6 +35,32 @@ def test_identities_are_distinct_types():
         SCOPE, DeliveryId("1-0"), EmissionId("e"), AttemptId("a1")
     )
     assert authority.worker not in call.args
+
+
+def test_delivery_ids_and_authorities_redis_would_refuse_are_refused_here():
+    """Each part of an entry id is an unsigned 64-bit integer and no entry is 0-0: such ids
+    were taken for covered (0-0, below every floor) or sent to the provider, whose refusal
+    read as a lost group. An authority names a worker and a delivery count."""
+    top = 2**64 - 1
+    assert DeliveryId(f"{top}-{top}").ms == top
+    for bad in ("0-0", f"{top + 1}-0", f"1-{top + 1}", "\u0661-1", "1-1\n", "00-000"):
+        with pytest.raises(InvalidDelivery):
+            DeliveryId(bad)
+    d = DeliveryId("1-1")
+    for worker, delivery, count in (
+        ("", d, 1),
+        ("w\n", d, 1),
+        ("w", "1-1", 1),
+        ("w", d, True),
+        ("w", d, -1),
+        ("w", d, 2**53),
+        ("w", d, 1.0),
+    ):
+        with pytest.raises(InvalidDelivery):
+            SettlementAuthority(worker, delivery, count)  # type: ignore[arg-type]
+    for reason in ("", "x" * 257, None):
+        with pytest.raises(InvalidDelivery):
+            DeferDelivery(reason)  # type: ignore[arg-type]
 
 
 def test_bad_input_raises_before_anything_is_written(progress_server, progress_client, names):
@@ -138,16 +164,18 @@ def test_a_listing_that_starts_above_the_floor_proves_nothing(progress_server, n
         progress_server.url, consumer=names.consumer, namespace=names.namespace
     )
     store.apply(SCOPE, DeliveryId("5-0"), EmissionId("e5"), lambda ctx: None)
-    p = store.observe(
-        SCOPE,
-        DeliveryId("4-0"),
-        [DeliveryId("5-0")],
-        last_delivered=None,
-        oldest_pending=None,
-        pending=0,
-    )
-    assert p.floor is None
-    assert p.applied_above_floor == (DeliveryId("5-0"),)
+    before = store.read(SCOPE)
+    with pytest.raises(UnprovenListing, match="above the progress floor"):
+        store.observe(
+            SCOPE,
+            DeliveryId("4-0"),
+            [DeliveryId("5-0")],
+            last_delivered=DeliveryId("9-0"),
+            oldest_pending=DeliveryId("5-0"),
+            pending=3,
+        )
+    assert store.read(SCOPE) == before  # nothing written: no provider floor, no version
+    assert before.provider_floor is None
     p = store.observe(
         SCOPE,
         None,

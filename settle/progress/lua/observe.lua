@@ -7,6 +7,9 @@
 local now = now_ms()
 local broken = stored_corrupt(true)
 if broken then return progress_reply('corrupt', broken) end
+-- A listing that starts above the floor proves nothing: nothing is written, the provider
+-- floor included (the caller lists again from the floor).
+if id_lt(floor_of(), ARGV[3]) then return progress_reply('unproven', floor_of()) end
 local ids = {}
 for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],
