@@ -169,6 +169,7 @@ class AttemptRunner:
             reason = "exception" if error else "no_response"
             await self._settle(self._guard.failed(self._run, reason))
         if error is not None:
+            self._guard.handler_raised(error)
             raise error
 
     def _start_heartbeat(self) -> None:

@@ -50,7 +50,12 @@ from settle.http.policy import (
     unusable_principal,
 )
 from settle.http.problems import Problem, ProblemKind, Response
-from settle.http.request import RequestHead, RequestTooLarge, fingerprint_request
+from settle.http.request import (
+    RequestHead,
+    RequestMalformed,
+    RequestTooLarge,
+    fingerprint_request,
+)
 from settle.http.stored import StoredResponse, storable_status
 from settle.models import (
     InProgress,
@@ -275,6 +280,9 @@ class Guard:
     def body_too_large(self, exc: RequestTooLarge) -> Answer:
         return self._reject(ProblemKind.REQUEST_TOO_LARGE, str(exc))
 
+    def body_malformed(self, exc: RequestMalformed) -> Answer:
+        return self._reject(ProblemKind.REQUEST_MALFORMED, str(exc))
+
     def disconnected(self) -> None:
         """The client left while its body was being read: nothing is answered or run."""
         self.outcome = "disconnected"
@@ -458,8 +466,15 @@ class Guard:
         ``exc.operation_id`` for code that handles the error."""
         self.log.error("settle.http.failed", error=type(exc).__name__)
         self.outcome = "error"
+        self.handler_raised(exc)
+
+    def handler_raised(self, exc: BaseException) -> None:
+        """Ready the handler's own exception to leave the middleware: where its message
+        quotes the operation id (``attempt.check()``'s ``StaleAttempt`` and ``TimeoutError``
+        do, and so may what the handler built from them), name the operation by its
+        ``operation_digest`` instead, as :meth:`escaping` does for settle's errors."""
         op = self._operation
-        if op:
+        if op and any(isinstance(arg, str) and op in arg for arg in exc.args):
             named = f"operation_digest={operation_digest(op)}"
             quoted = repr(op)
             exc.args = tuple(

@@ -24,7 +24,13 @@ from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run, Settle
 from settle.http.policy import IdempotencyPolicy
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead, RequestTooLarge
+from settle.http.request import (
+    BodyBuffer,
+    ClientDisconnected,
+    RequestHead,
+    RequestMalformed,
+    RequestTooLarge,
+)
 
 if TYPE_CHECKING:
     from settle.attempt import Attempt
@@ -97,6 +103,8 @@ class SyncGuard:
                             body = exchange.body(BodyBuffer(step.limit, head.content_length))
                         except RequestTooLarge as exc:
                             step = guard.body_too_large(exc)
+                        except RequestMalformed as exc:
+                            step = guard.body_malformed(exc)
                         except ClientDisconnected:
                             guard.disconnected()
                             raise
@@ -128,8 +136,9 @@ class SyncGuard:
             except NotReached as refused:
                 self._settle(guard, guard.failed(run, "handler_not_reached"))
                 return refused.response
-            except BaseException:
+            except BaseException as exc:
                 self._settle(guard, guard.failed(run, "exception"))
+                guard.handler_raised(exc)
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)

@@ -23,6 +23,7 @@ class ProblemKind(StrEnum):
     PRINCIPAL_REQUIRED = "principal-required"
     PRINCIPAL_FAILED = "principal-failed"
     REQUEST_TOO_LARGE = "request-too-large"
+    REQUEST_MALFORMED = "request-malformed"
     KEY_REUSED = "idempotency-key-reused"
     KEY_BOUND = "idempotency-key-bound"
     IN_PROGRESS = "request-in-progress"
@@ -46,6 +47,7 @@ _STATUS_TITLE: dict[ProblemKind, tuple[int, str]] = {
     ProblemKind.PRINCIPAL_REQUIRED: (401, "Authentication is required"),
     ProblemKind.PRINCIPAL_FAILED: (500, "The principal of the request could not be determined"),
     ProblemKind.REQUEST_TOO_LARGE: (413, "Request body is too large"),
+    ProblemKind.REQUEST_MALFORMED: (400, "Request body length is malformed"),
     ProblemKind.KEY_REUSED: (422, "Idempotency-Key was used for a different request"),
     ProblemKind.KEY_BOUND: (422, "Idempotency-Key belongs to another principal"),
     ProblemKind.IN_PROGRESS: (409, "A request with this Idempotency-Key is in progress"),

@@ -21,6 +21,7 @@ __all__ = [
     "BodyBuffer",
     "ClientDisconnected",
     "RequestHead",
+    "RequestMalformed",
     "RequestTooLarge",
     "fingerprint_request",
 ]
@@ -31,6 +32,11 @@ REQUEST_FINGERPRINT_FORMAT = 1
 
 class RequestTooLarge(InvalidInput):
     """The request body is over ``max_request_bytes`` (answered with 413)."""
+
+
+class RequestMalformed(InvalidInput):
+    """The request's body cannot be delimited (a WSGI ``CONTENT_LENGTH`` that is not a
+    number): answered with 400, nothing read, reserved or run."""
 
 
 class ClientDisconnected(SettleError):

@@ -18,7 +18,7 @@ from settle.http._sync import SyncGuard, status_line
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead
+from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead, RequestMalformed
 
 if TYPE_CHECKING:
     from settle._sync.settler import Settler
@@ -140,6 +140,13 @@ class _Exchange:
         stream = self._environ["wsgi.input"]
         length = self._environ.get("CONTENT_LENGTH")
         if length:
+            if not (length.isascii() and length.isdigit()):
+                # A server that passes a header such as "abc" or "10, 10" through: the body
+                # cannot be delimited, so nothing is read (RFC 9112 6.3: a 400).
+                raise RequestMalformed(
+                    f"CONTENT_LENGTH is {length[:40]!r}, not a number of bytes: the body "
+                    "cannot be read; nothing was run"
+                )
             remaining = int(length)
             while remaining > 0:
                 chunk = stream.read(min(_CHUNK, remaining))

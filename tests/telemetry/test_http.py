@@ -182,3 +182,71 @@ def test_an_error_the_middleware_lets_through_names_the_operation_by_its_digest(
     [failed] = [e for e in logs if e["event"] == "settle.http.failed"]
     assert (failed["error"], failed["operation_digest"]) == ("CorruptRecord", operation_digest(op))
     assert not any(KEY in repr(e) for e in logs)
+
+
+def test_a_handler_exception_that_quotes_the_operation_names_it_by_its_digest(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``attempt.check()`` raises ``TimeoutError`` / ``StaleAttempt`` naming the operation
+    id, which holds the client's Idempotency-Key; the handler lets it out, and the server
+    instrumentation records its message. The middlewares name the operation by its digest
+    in what leaves them, as they do for settle's own errors."""
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=2)
+    op = operation_id("http", KEY, PRINCIPAL, "principal")
+
+    def slow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = environ["settle"]
+        attempt.deadline = 0.0  # the timeout has passed
+        attempt.check()
+        raise AssertionError("check() let a passed deadline through")
+
+    app = WsgiTelemetry(
+        IdempotencyMiddleware(slow, settler=settler, principal=lambda e: PRINCIPAL, timeout=30)
+    )
+    with pytest.raises(TimeoutError) as raised:
+        b"".join(app(_environ(), lambda *a, **k: None))
+    assert KEY not in str(raised.value)
+    assert f"operation_digest={operation_digest(op)}" in str(raised.value)
+    recorded = [ev.attributes for ev in _server_spans(otel)[0].events if ev.name == "exception"]
+    assert recorded
+    assert not any(KEY in str(dict(a or {})) for a in recorded)
+
+    async def asgi() -> BaseException:
+        from settle.asgi import IdempotencyMiddleware as AsgiMiddleware  # noqa: PLC0415
+
+        async def handler(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            scope["settle"].deadline = 0.0
+            scope["settle"].check()
+
+        a = AsyncSettler.from_url(redis_url, namespace=namespace, shards=2)
+        guarded = AsgiMiddleware(handler, settler=a, principal=lambda scope: PRINCIPAL)
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/pay-asgi",
+            "raw_path": b"/pay-asgi",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", f"{KEY}-asgi".encode())],
+        }
+        sent = [{"type": "http.request", "body": b'{"x":2}', "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return sent.pop(0) if sent else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            return None
+
+        try:
+            await guarded(scope, receive, send)
+        except BaseException as exc:  # what leaves the middleware
+            return exc
+        finally:
+            await a.aclose()
+        raise AssertionError("the handler's TimeoutError did not leave the middleware")
+
+    escaped = asyncio.run(asgi())
+    assert isinstance(escaped, TimeoutError)
+    assert KEY not in str(escaped)
+    asgi_op = operation_id("http", f"{KEY}-asgi", PRINCIPAL, "principal")
+    assert f"operation_digest={operation_digest(asgi_op)}" in str(escaped)
+    settler.close()

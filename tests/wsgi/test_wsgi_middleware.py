@@ -3,6 +3,7 @@ thread, and the configuration of the Django and Flask integrations."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from wsgiref.util import setup_testing_defaults
 
 import httpx
 import pytest
@@ -121,6 +123,42 @@ def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
             whole = client.post("/charge", content=b"x" * 100, headers=KEY)
     assert whole.status_code == 201
     assert runs == [b"x" * 100]  # the whole request, once; never the 10-byte one
+
+
+@pytest.mark.parametrize("length", ["abc", "10, 10", "-5", "1e3"])
+def test_a_content_length_that_is_not_a_number_is_a_400_problem(
+    settler: Settler, length: str
+) -> None:
+    """A server that passes a malformed Content-Length through (wsgiref, Werkzeug's dev
+    server; gunicorn refuses it itself): the body cannot be delimited, so nothing is read,
+    reserved or run, and the client gets a 400 problem rather than the middleware's 500."""
+    runs: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(environ["wsgi.input"].read())
+        start_response("201 Created", [])
+        return [b""]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    environ: dict[str, Any] = {}
+    setup_testing_defaults(environ)
+    key = f"k-{uuid.uuid4().hex}"
+    environ.update(
+        REQUEST_METHOD="POST",
+        PATH_INFO="/charge",
+        CONTENT_LENGTH=length,
+        HTTP_IDEMPOTENCY_KEY=key,
+        HTTP_X_PRINCIPAL="tenant:acme",
+    )
+    environ["wsgi.input"] = io.BytesIO(b"x" * 10)
+    started: list[str] = []
+    body = b"".join(guarded(environ, lambda status, headers, *_: started.append(status)))
+    assert started == ["400 Bad Request"]
+    problem = json.loads(body)
+    assert problem["type"].endswith("request-malformed")
+    assert runs == []
+    ns = settler.config.namespace
+    assert settler._runner.client.keys(f"settle:{{{ns}:*}}:op:*") == []  # nothing reserved
 
 
 def test_works_on_the_in_memory_settler() -> None:
