@@ -25,10 +25,18 @@ class Ago:
     delta: timedelta
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def since_on(value: datetime | Ago | None, server_now: datetime) -> datetime | None:
     """The instant ``--since`` means, given the server's current time."""
     if isinstance(value, Ago):
-        return server_now - value.delta
+        # A duration that reaches before 1970 (or before the year 1) means "from the start":
+        # no entry is older than the stream ids' epoch.
+        try:
+            return max(server_now - value.delta, _EPOCH)
+        except OverflowError:
+            return _EPOCH
     return value
 
 
@@ -45,7 +53,10 @@ class Since(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic
         match = _RELATIVE.match(text)
         if match:
             amount, unit = match.groups()
-            return Ago(timedelta(**{_UNITS[unit]: float(amount)}))
+            try:
+                return Ago(timedelta(**{_UNITS[unit]: float(amount)}))
+            except OverflowError:
+                self.fail(f"{text!r} is longer than a date can reach back", param, ctx)
         try:
             when = datetime.fromisoformat(text)
         except ValueError:
@@ -70,7 +81,10 @@ class Duration(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # gene
         if not match:
             self.fail(f"{value!r} is not a duration (90s, 10m, 2h, 30d)", param, ctx)
         amount, unit = match.groups()
-        return timedelta(**{_UNITS[unit]: float(amount)}).total_seconds()
+        try:
+            return timedelta(**{_UNITS[unit]: float(amount)}).total_seconds()
+        except OverflowError:
+            self.fail(f"{value!r} is longer than a date can reach", param, ctx)
 
 
 SINCE = Since()

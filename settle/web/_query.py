@@ -69,11 +69,22 @@ class Position:
         if match is None:
             raise InvalidInput(f"{ref!r} is not a page cursor (us:shard/ms-seq); start from page 1")
         at_us, shard, ms, seq = (int(g) for g in match.groups())
+        if ms > _MAX_MS or at_us > _MAX_MS * 1000:
+            # No entry is written after year 9999; such a cursor was made by hand, and its
+            # instant is past what a datetime holds.
+            raise InvalidInput(f"{ref!r} is not a page cursor of this console; start from page 1")
         return cls(at_us, ms, seq, shard)
 
     @property
     def ref(self) -> str:
         return f"{self.at_us}:{self.shard}/{self.ms}-{self.seq}"
+
+
+#: The last millisecond a datetime holds (9999-12-31T23:59:59.999Z), less the slack a page
+#: adds to its cursor's.
+_MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _EPOCH) // timedelta(
+    milliseconds=1
+) - 1000
 
 
 def _at_ms(ms: int) -> datetime:

@@ -4,7 +4,8 @@
   from the shipped stylesheet) and headers that keep the pages out of frames and caches.
 - Without an ``authorize`` callable the console is read-only. With one, the sign-in form's
   token is handed to it; the principal it returns is kept in the signed session cookie
-  (Starlette's ``SessionMiddleware``: itsdangerous, HttpOnly, SameSite=Strict).
+  (Starlette's ``SessionMiddleware``: itsdangerous, HttpOnly, SameSite=Lax, so a link from
+  a chat or a ticket keeps the session; every change is a POST with the CSRF token).
 - Every POST carries the session's CSRF token, compared in constant time.
 """
 

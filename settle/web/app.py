@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -106,7 +106,7 @@ def create_app(
             secret_key=secret_key or secrets.token_urlsafe(32),
             session_cookie="settle_console",
             max_age=session_max_age,
-            same_site="strict",
+            same_site="lax",
             https_only=https_only,
         ),
     ]
@@ -283,7 +283,8 @@ class _Console:
                 "The form was stale or not sent by this console; reload the entry and "
                 "resolve it again.",
             )
-        note = form.get("note", "").strip()
+        # The form's textarea lets a line break in (Enter); a note is one line of text.
+        note = " ".join(str(form.get("note", "")).split())
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
         text = f"[resolved by {principal}] {note}"
@@ -349,6 +350,9 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
     if isinstance(since, Ago) or isinstance(until, Ago):
         now = await _query.server_now(settler)
         since, until = since_on(since, now), since_on(until, now)
+    # No entry is older than 1970 (stream ids count milliseconds from it): an earlier bound
+    # means "from the start", not a stream id Redis refuses.
+    since, until = _not_before_epoch(since), _not_before_epoch(until)
     flt = _query.Filter(
         kind=kind,
         operation_id=form["operation"] or None,
@@ -357,6 +361,15 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
         status=status,
     )
     return flt, form
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _not_before_epoch(instant: datetime | None) -> datetime | None:
+    if instant is not None and instant < _EPOCH:
+        return _EPOCH
+    return instant
 
 
 def _query_string(form: dict[str, str], **more: str) -> str:
