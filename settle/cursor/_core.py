@@ -71,6 +71,16 @@ class Reply:
     extra: list[Any]
 
 
+def event_key(namespace: str, stream: str, event_id: str) -> str:
+    """``EventContext.key``: ``<namespace>:<stream>:<event id>``, one key per event. The
+    namespace has no ``:``; a ``:`` or ``%`` in the stream name is written ``%3A`` / ``%25``,
+    so the first two colons always separate the parts (stream ``a:b`` with event ``c`` and
+    stream ``a`` with event ``b:c`` gave the same key, and the second event was taken for
+    the first by the handler's deduplication). A stream name with neither keeps its key."""
+    quoted = stream.replace("%", "%25").replace(":", "%3A")
+    return f"{namespace}:{quoted}:{event_id}"
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What recording one event outcome found."""
@@ -474,7 +484,7 @@ class CursorCore:
             classification=decision.classification,
             # The event's identity only, never its payload: two workers that see one id with
             # different payloads must meet in the user's dedup, not apply both.
-            key=f"{self.namespace}:{stream}:{event.id}",
+            key=event_key(self.namespace, stream, event.id),
         )
 
     def plan_outcome(
@@ -505,6 +515,12 @@ class CursorCore:
         if reply.code == "duplicate":
             log.info("settle.cursor.event_duplicate", live=live)
             return Outcome(recorded=False, live=live)
+        if reply.code == "no_witness" and reply.detail == "gone":
+            # A slow worker: while its handler ran, the checkpoint moved on far enough that
+            # its witness was pruned. The race it lost, not corruption (SPEC 9: a losing
+            # retry never publishes).
+            log.info("settle.cursor.superseded", at="outcome", witness="pruned")
+            return Outcome(recorded=False, live=False)
         if reply.code == "conflict":
             log.warning("settle.cursor.event_conflict")
             ck = view.checkpoint
@@ -559,7 +575,9 @@ class CursorCore:
                 repeated=reply.code == "already",
             )
             return StepResult(outcome=StepOutcome.PROMOTED, **fields)
-        if reply.code in ("stale", "abandoned"):
+        if reply.code in ("stale", "abandoned", "no_witness"):
+            # no_witness: the witness is gone (pruned once the checkpoint moved past it) or
+            # of another generation: the checkpoint moved on, as for stale.
             log.info("settle.cursor.superseded", at="promote")
             return StepResult(outcome=StepOutcome.SUPERSEDED, **fields)
         if reply.code == "uncovered":

@@ -143,3 +143,94 @@ def test_an_inclusive_retry_repeating_only_the_boundary_does_not_pass_a_witnesse
     checkpoint = store.checkpoint("orders")
     assert checkpoint is not None
     assert checkpoint.cursor == b"C41"  # 502 is still ahead, N8 was not promoted
+
+
+def _drive(
+    steps: Any,
+    store: CursorStore,
+    page: Page,
+    handled: list[tuple[str, str]],
+    who: str,
+    *,
+    until: str | None = None,
+    resume: bool = False,
+) -> Any:
+    """Drive one worker's step procedure by hand: run its scripts, hand it ``page``, handle
+    its events; stop before handling event ``until`` (returned) or at the end (the result).
+    ``resume``: go on after a stop (the stopped event counts as handled by the caller)."""
+    from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript  # noqa: PLC0415
+
+    instruction = steps.send(None) if resume else next(steps)
+    while True:
+        if isinstance(instruction, Done):
+            return instruction.result
+        if isinstance(instruction, RunScript):
+            reply = store.run(instruction.call)
+        elif isinstance(instruction, FetchPage):
+            reply = page
+        elif isinstance(instruction, HandleEvent):
+            if instruction.event.id == until:
+                return instruction
+            handled.append((who, instruction.event.id))
+            reply = None
+        else:  # pragma: no cover - the procedure's instructions are the ones above
+            raise AssertionError(instruction)
+        instruction = steps.send(reply)
+
+
+def test_a_coverage_marker_above_the_boundary_never_lets_a_promotion_skip_an_event(
+    store: CursorStore,
+) -> None:
+    """Worker A's response lists e1 e2 e5 with a coverage marker over (2, 10]; worker B's,
+    for the same cursor, lists e1 e2 e4 e5. The marker starts above the applied boundary (0),
+    so it proves nothing about e4: the classification ignores it, and so must the promotion.
+    A finishes first: its promotion used to count B's unsettled e4 as covered, abandon B,
+    and move the checkpoint past e4, which no handler ever saw. Now A's promotion is refused
+    and B's response, which has e4, is completed and promoted."""
+    from settle.cursor import Coverage  # noqa: PLC0415
+    from settle.cursor._step import procedure  # noqa: PLC0415
+
+    contract = ProviderContract(positions="sparse", coverage_watermarks=True)
+    e1, e2, e4, e5 = (Event(f"e{i}", i, {"v": i}) for i in (1, 2, 4, 5))
+    page_a = Page([e1, e2, e5], successor=b"A", coverage=Coverage(2, 10))
+    page_b = Page([e1, e2, e4, e5], successor=b"B")
+    store.start("s", b"0")
+    a, b = procedure(store.core, "s", contract), procedure(store.core, "s", contract)
+    handled: list[tuple[str, str]] = []
+    _drive(a, store, page_a, handled, "A", until="e2")  # A witnessed, applied e1
+    _drive(b, store, page_b, handled, "B", until="e2")  # B witnessed its response
+    handled.append(("A", "e2"))
+    result_a = _drive(a, store, page_a, handled, "A", resume=True)
+    handled.append(("B", "e2"))
+    result_b = _drive(b, store, page_b, handled, "B", resume=True)
+    assert ("B", "e4") in handled  # e4 reached a handler
+    assert {r.event_id for r in store.receipts("s")} >= {"e1", "e2", "e4", "e5"}
+    checkpoint = store.checkpoint("s")
+    assert checkpoint is not None
+    assert (checkpoint.cursor, checkpoint.generation) == (b"B", 2)
+    assert result_a.outcome.value != "promoted"
+    assert result_b.outcome.value == "promoted"
+
+
+def test_event_keys_of_two_streams_never_collide(store: CursorStore) -> None:
+    """``ctx.key`` is ``<namespace>:<stream>:<event id>``; stream ``a:b`` with event ``c``
+    and stream ``a`` with event ``b:c`` made the same key, so a handler deduplicating under
+    it (as the quick start does) never applied the second event. A ``:`` or ``%`` in the
+    stream name is escaped; other names keep the key they always had."""
+    keys: dict[str, str] = {}
+    for stream, event_id in (("a:b", "c"), ("a", "b:c"), ("a%3Ab", "c"), ("orders", "e1")):
+        store.start(stream, b"0")
+        page = Page([Event(event_id, 1, {"v": 1})], successor=b"1")
+
+        def handle(event: Event, ctx: Any, stream: str = stream) -> None:
+            keys[stream] = ctx.key
+
+        consumer = CursorConsumer(
+            lambda _, page=page: page, handle, ProviderContract(), store=store, stream=stream
+        )
+        consumer.step()
+    assert len(set(keys.values())) == 4
+    namespace = store.core.namespace
+    assert keys["orders"] == f"{namespace}:orders:e1"  # unchanged where it was unambiguous
+    assert keys["a:b"] == f"{namespace}:a%3Ab:c"
+    assert keys["a%3Ab"] == f"{namespace}:a%253Ab:c"

@@ -81,3 +81,42 @@ def test_two_workers_race_to_promote_the_same_generation(serve, redis_url, names
         assert won.attempt_id == winner.attempt_id
         # The effect of each event happened once (its idempotency key is shared).
         assert sorted(sink.effects.values()) == ["e1", "e2", "e3"]
+
+
+def test_a_worker_whose_witness_was_pruned_while_it_handled_an_event_is_superseded(
+    redis_url: str, namespace: str
+) -> None:
+    """Worker B is inside its handler when worker A promotes the stream further than
+    ``keep_generations``, which prunes B's witness. B's receipt call then finds no witness:
+    the race it lost, answered as SUPERSEDED (nothing published), not as CorruptRecord after
+    its effect ran, which sent operators looking for corruption that does not exist."""
+    from settle.cursor import Page  # noqa: PLC0415
+
+    log = [Event(f"e{i}", i, {"v": i}) for i in range(1, 50)]
+
+    def fetch(cursor: bytes) -> Page:
+        after = int(cursor.decode())
+        events = [e for e in log if e.position > after][:2]
+        return Page(events, successor=str(events[-1].position if events else after).encode())
+
+    for keep in (1, 3):
+        stream = f"pruned-{keep}"
+        store = CursorStore.from_url(redis_url, namespace=namespace, keep_generations=keep)
+        store.start(stream, b"0")
+        a = CursorConsumer(fetch, lambda e, c: None, ProviderContract(), store=store, stream=stream)
+        handled: list[str] = []
+
+        def slow(event: Event, ctx: EventContext, a=a, keep=keep, handled=handled) -> None:
+            if not handled:
+                for _ in range(keep + 2):  # A moves on; B's witness is pruned
+                    assert a.step().outcome is StepOutcome.PROMOTED
+            handled.append(event.id)
+
+        b = CursorConsumer(fetch, slow, ProviderContract(), store=store, stream=stream)
+        result = b.step()
+        assert result.outcome is StepOutcome.SUPERSEDED
+        assert handled == ["e1"]  # stopped at once: the rest of its response is not handled
+        checkpoint = store.checkpoint(stream)
+        assert checkpoint is not None
+        assert checkpoint.generation == keep + 3
+        store.close()

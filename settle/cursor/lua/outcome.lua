@@ -5,7 +5,8 @@
 -- Returns {code, detail, now, checkpoint, {existing receipt or ''}}:
 --   recorded | duplicate (same id, position and digest already recorded: nothing written)
 --   conflict (another digest or position for this id, or another id at this position)
---   no_witness (the witness does not exist, or does not list this exact event)
+--   no_witness (detail 'gone': the witness does not exist any more, pruned after the
+--               checkpoint moved keep_generations past it; '': it does not list this event)
 -- detail is 'live' while the checkpoint still holds the witness's generation and the
 -- witness is pending, else 'superseded'.
 local now = now_ms()
@@ -13,7 +14,7 @@ local c, flat = load_ckpt(KEYS[1])
 if c == false then return {'corrupt', '', now, {}, {}} end
 local aid = ARGV[1]
 local wgen = wget(KEYS[2], aid, 'gen')
-if not wgen then return {'no_witness', '', now, flat, {''}} end
+if not wgen then return {'no_witness', 'gone', now, flat, {''}} end
 local listed = false
 for _, ev in ipairs(cjson.decode(wget(KEYS[2], aid, 'events'))) do
   if ev[1] == ARGV[2] and ev[2] == tonumber(ARGV[3]) and ev[3] == ARGV[4] then

@@ -42,7 +42,10 @@ local cov = wget(KEYS[2], aid, 'cov')
 local cov_after, cov_through = nil, nil
 if cov and cov ~= '' then
   local pair = cjson.decode(cov)
-  cov_after, cov_through = pair[1], pair[2]
+  -- As the classification (_classify.py, _Rules.coverage): a marker proves the absence of
+  -- events only when it reaches back to the applied boundary; one that starts above it
+  -- proves nothing, and another witness's event inside it must be completed, not skipped.
+  if pair[1] <= tonumber(c.bound) then cov_after, cov_through = pair[1], pair[2] end
 end
 for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.gen, c.gen)) do
   if other ~= aid and wget(KEYS[2], other, 'disp') == 'pending' then
