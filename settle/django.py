@@ -25,6 +25,7 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http.request import RawPostDataException
 
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
@@ -193,6 +194,35 @@ def _driver(overrides: dict[str, Any]) -> SyncGuard:
     return configured_guard({**getattr(settings, "SETTLE", {}), **overrides}, user_principal)
 
 
+def _form_of(request: HttpRequest, buffer: BodyBuffer) -> None:
+    """The fingerprinted stand-in of a multipart body Django already parsed: every field
+    and every file (name, file name, content type, content) in the order Django parsed
+    them, each part length-prefixed so that no two different forms give the same bytes.
+    The same request sent again gives the same bytes; a changed field or file does not.
+    The files are rewound for the view."""
+
+    def part(*items: bytes) -> None:
+        for item in items:
+            buffer.add(b"%d:" % len(item))
+            buffer.add(item)
+
+    for name, values in request.POST.lists():
+        for value in values:
+            part(b"field", name.encode(), value.encode())
+    for name, files in request.FILES.lists():
+        for upload in files:
+            part(
+                b"file",
+                name.encode(),
+                (upload.name or "").encode(),
+                (upload.content_type or "").encode(),
+            )
+            buffer.add(b"%d:" % (upload.size or 0))
+            for chunk in upload.chunks():
+                buffer.add(chunk)
+            upload.seek(0)
+
+
 class _Exchange:
     """One Django request for :class:`~settle.http._sync.SyncGuard`."""
 
@@ -215,7 +245,15 @@ class _Exchange:
         return self._principal(self._request)
 
     def body(self, buffer: BodyBuffer) -> bytes:
-        buffer.add(self._request.body)  # Django keeps it: the view reads it again
+        try:
+            raw = self._request.body  # Django keeps it: the view reads it again
+        except RawPostDataException:
+            # Something parsed this multipart body before settle (CsrfViewMiddleware reads
+            # request.POST for its token; so does REST framework's SessionAuthentication),
+            # and Django keeps no multipart body once parsed: its parsed form stands for it.
+            _form_of(self._request, buffer)
+        else:
+            buffer.add(raw)
         return buffer.body()
 
     def call(self, attempt: Attempt) -> Response:

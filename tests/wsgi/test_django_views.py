@@ -389,6 +389,46 @@ def test_multipart_upload_through_middleware(settle_settings: dict[str, Any]) ->
     assert RUNS == ["u"]
 
 
+def test_multipart_upload_parsed_by_the_csrf_check_before_the_decorator(
+    settle_settings: dict[str, Any],
+) -> None:
+    """CsrfViewMiddleware reads ``request.POST`` for the form's token before a decorated
+    view runs, and Django keeps no multipart body once parsed: settle used to fail every
+    such request with RawPostDataException (a 500; so did REST framework's
+    SessionAuthentication). The parsed form now stands for the body: the retry replays, a
+    changed file is a changed request (422)."""
+
+    @idempotent
+    def upload(request: HttpRequest) -> JsonResponse:
+        RUNS.append("u")
+        body = request.FILES["doc"].read()
+        return JsonResponse({"size": len(body), "name": request.POST["name"]}, status=201)
+
+    csrf = ["django.middleware.csrf.CsrfViewMiddleware"]
+    token = "a" * 32
+
+    def send(client: Client, content: bytes) -> Any:
+        data = {
+            "csrfmiddlewaretoken": token,
+            "name": "n",
+            "doc": SimpleUploadedFile("a.txt", content, content_type="text/plain"),
+        }
+        return client.post("/up", data, **headers("up-csrf"))
+
+    with override_settings(ROOT_URLCONF=urlconf(path("up", upload)), MIDDLEWARE=csrf):
+        client = Client(enforce_csrf_checks=True)
+        client.cookies["csrftoken"] = token
+        first = send(client, b"hello")
+        again = send(client, b"hello")
+        changed = send(client, b"hellO")
+    assert first.status_code == 201, first.content
+    assert first.json() == {"size": 5, "name": "n"}  # the view read the whole file
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert changed.status_code == 422
+    assert RUNS == ["u"]
+
+
 # -- paths Django decoded itself; method_decorator with a list ---------------------------------
 
 MW = ["settle.django.IdempotencyMiddleware"]
