@@ -149,8 +149,9 @@ class CursorCore:
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
-        if isinstance(self.keep_generations, bool) or not 1 <= self.keep_generations <= 10_000:
-            raise InvalidInput("keep_generations must be 1 to 10000")
+        keep = self.keep_generations
+        if type(keep) is not int or not 1 <= keep <= 10_000:  # 1.5 was kept, "5" a TypeError
+            raise InvalidInput(f"keep_generations must be an int from 1 to 10000, got {keep!r}")
         if self.receipt_horizon is not None and (
             isinstance(self.receipt_horizon, bool)
             or not isinstance(self.receipt_horizon, int)

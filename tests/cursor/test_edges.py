@@ -27,6 +27,7 @@ from settle.cursor import (
     StepResult,
 )
 from settle.cursor.models import Disposition
+from settle.errors import InvalidInput
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash, drain, truth
 from tests.cursor.provider import fetcher
@@ -204,6 +205,52 @@ def test_a_successor_already_passed_never_moves_the_checkpoint_back(
     assert result.outcome is StepOutcome.NO_PROGRESS
     assert store.checkpoint("s").boundary == 9
     assert_exactly_once(sink, truth(p))
+
+
+def test_a_recently_passed_cursor_is_recognised_behind_a_long_history(
+    redis_url: str, namespace: str, sink: Sink
+) -> None:
+    """With a large ``keep_generations`` more than 1024 witnesses of earlier generations are
+    kept; the passed cursors were read oldest first and cut at 1024, so a provider looping
+    back to a *recent* cursor was not recognised and the checkpoint moved back. The newest
+    ones are read now."""
+    store = CursorStore.from_url(redis_url, namespace=namespace, keep_generations=2000)
+    log = [Event(f"e{i}", i, {"v": i}) for i in range(1, 1200)]
+    loop: list[bool] = []
+
+    def fetch(cursor: bytes) -> Page:
+        after = int(cursor.decode())
+        if loop:  # the provider answers nothing new, with the cursor of 5 pages ago
+            return Page([], str(after - 5).encode())
+        events = [e for e in log if e.position > after][:1]
+        return Page(events, str(events[-1].position if events else after).encode())
+
+    store.start("long", b"0")
+    c = CursorConsumer(
+        fetch,
+        sink,
+        ProviderContract(empty_page=EmptyPageSemantics.CAUGHT_UP),
+        store=store,
+        stream="long",
+    )
+    for _ in range(1100):
+        assert c.step().outcome is StepOutcome.PROMOTED
+    held = store.checkpoint("long")
+    assert held is not None
+    assert held.cursor == b"1100"
+    loop.append(True)
+    result = c.step()
+    assert result.outcome is StepOutcome.NO_PROGRESS
+    checkpoint = store.checkpoint("long")
+    assert checkpoint is not None
+    assert checkpoint.cursor == b"1100"  # never moved back to 1095
+    store.close()
+
+
+def test_bad_keep_generations_are_refused(redis_url: str, namespace: str) -> None:
+    for keep in (0, 10_001, 1.5, "5", True, None):
+        with pytest.raises(InvalidInput):
+            CursorStore.from_url(redis_url, namespace=namespace, keep_generations=keep)
 
 
 def test_an_empty_answer_without_evidence_is_kept_once_per_successor(store: CursorStore, sink):

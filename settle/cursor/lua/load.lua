@@ -27,8 +27,11 @@ for _, aid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.gen, c.gen)) do
     for _, ev in ipairs(cjson.decode(wget(KEYS[2], aid, 'events'))) do want(ev[1]) end
   end
 end
+-- The cursors of the newest 1024 witnesses of earlier generations (newest first: with a
+-- large keep_generations, oldest first would leave out the recent ones, the likeliest a
+-- provider loops back to).
 local passed, seen = {}, {}
-for _, aid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], c.rgen or '-inf', '(' .. c.gen,
+for _, aid in ipairs(redis.call('ZREVRANGEBYSCORE', KEYS[3], '(' .. c.gen, c.rgen or '-inf',
     'LIMIT', 0, 1024)) do
   local d = wget(KEYS[2], aid, 'cdig')
   if d and not seen[d] then seen[d] = true; passed[#passed + 1] = d end
