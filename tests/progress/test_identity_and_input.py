@@ -8,7 +8,7 @@ import redis
 from redis.crc import key_slot
 
 from settle.errors import CorruptRecord, InvalidInput, SettleError
-from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
+from settle.progress import ApplyStatus, DeliveryId, EmissionId, ProgressStore, ProviderScope
 from settle.progress._core import ProgressCore
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import DeferDelivery, InvalidDelivery, UnprovenListing
@@ -208,3 +208,29 @@ def test_every_script_call_touches_one_slot(stream):
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.script
     assert key_slot(StreamKeys(stream).dead_letters.encode()) == key_slot(stream.encode())
     assert ProgressKeys("t", "billing").tag in core.plan_read(scope).keys[0]
+
+
+def test_a_delivery_id_handed_out_again_for_another_emission_is_not_covered(
+    progress_server, names
+):
+    """The provider hands out one id twice (explicit ids, a stream deleted and made again,
+    a failover that lost the tail): progress holds 5-1 applied as emission A, and 5-1 now
+    carries emission B. Covered by delivery id alone, B was acknowledged and its effect
+    never ran. Above the floor the emission is compared: B is applied, A never twice."""
+    store = ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    ran: list[str] = []
+    d = DeliveryId("5-1")
+    first = store.apply(SCOPE, d, EmissionId("A"), lambda ctx: ran.append(ctx.emission.value))
+    assert first.status is ApplyStatus.APPLIED
+    again = store.apply(SCOPE, d, EmissionId("A"), lambda ctx: ran.append(ctx.emission.value))
+    assert again.status is ApplyStatus.COVERED  # the same delivery again: settled, not run
+    other = store.apply(SCOPE, d, EmissionId("B"), lambda ctx: ran.append(ctx.emission.value))
+    assert other.status is ApplyStatus.APPLIED
+    assert ran == ["A", "B"]
+    old = store.apply(SCOPE, d, EmissionId("A"), lambda ctx: ran.append(ctx.emission.value))
+    assert old.status is not ApplyStatus.APPLIED  # A is applied already: never twice
+    assert ran == ["A", "B"]
+    assert other.progress.covers(d)
+    store.close()

@@ -71,11 +71,19 @@ local function floor_of()
   return f
 end
 
--- 'floor' | 'applied' | 'dead_lettered' | nil
-local function coverage(delivery)
+-- 'floor' | 'applied' | 'dead_lettered' | nil. With `emission`, a delivery applied or
+-- dead-lettered as ANOTHER emission is not covered: the provider handed out one id twice
+-- (explicit ids, a stream deleted and made again, a failover that lost the tail), and the
+-- emission now at that id was never applied (its own emission state still says so). At or
+-- below the floor the emission is no longer kept, and the floor covers it.
+local function coverage(delivery, emission)
   if not id_lt(floor_of(), delivery) then return 'floor' end
-  if redis.call('HEXISTS', KEYS[2], delivery) == 1 then return 'applied' end
-  if redis.call('HEXISTS', KEYS[3], delivery) == 1 then return 'dead_lettered' end
+  local applied = redis.call('HGET', KEYS[2], delivery)
+  if applied and (emission == nil or applied == emission) then return 'applied' end
+  local dead = redis.call('HGET', KEYS[3], delivery)
+  if dead and (emission == nil or dead == emission or dead == '') then
+    return 'dead_lettered'
+  end
   return nil
 end
 

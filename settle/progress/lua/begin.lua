@@ -11,7 +11,7 @@
 local now = now_ms()
 local broken = stored_corrupt()
 if broken then return progress_reply('corrupt', broken) end
-local covered = coverage(ARGV[3])
+local covered = coverage(ARGV[3], ARGV[4])
 if covered then return progress_reply('covered', covered) end
 local state = redis.call('HGET', KEYS[10], 'state')
 if state == 'applied' then

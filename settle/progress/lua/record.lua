@@ -9,7 +9,7 @@
 local now = now_ms()
 local broken = stored_corrupt()
 if broken then return progress_reply('corrupt', broken) end
-local covered = coverage(ARGV[3])
+local covered = coverage(ARGV[3], ARGV[4])
 if covered then
   if covered ~= 'dead_lettered' then intent(ARGV[3], 'ack', ARGV[4], now) end
   if redis.call('HGET', KEYS[10], 'state') ~= 'applied' then
