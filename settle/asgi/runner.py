@@ -8,8 +8,9 @@ for the client going away. The response is captured through ``send``:
   always finds it stored;
 * a response over ``max_response_bytes`` is sent on as it streams; when it ends the
   operation is completed with a "not stored" marker (a retry gets 410, never a re-run);
-* any other status (1xx/3xx, 5xx, 408, 409, 429) is sent on as it streams and the attempt is
-  marked provisional just before its last byte, so the retry runs the handler again.
+* any other status (1xx, 304, 5xx, 408, 409, 429) is sent on as it streams and the attempt
+  is marked provisional just before its last byte, so the retry runs the handler again
+  (other 3xx are finished answers: :func:`~settle.http.stored.storable_status`).
 
 An exception, a timeout or a client disconnect before the last byte marks the attempt
 provisional too; on a timeout or a disconnect the handler task is cancelled first. Work the

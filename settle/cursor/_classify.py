@@ -124,9 +124,15 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
     if not isinstance(successor, bytes) or len(successor) > MAX_CURSOR_BYTES:
         raise _bad(stream, f"successor must be bytes of at most {MAX_CURSOR_BYTES}")
     if page.snapshot is not None and (
-        not isinstance(page.snapshot, str) or not 1 <= len(page.snapshot) <= MAX_SNAPSHOT_CHARS
+        not isinstance(page.snapshot, str)
+        or not 1 <= len(page.snapshot) <= MAX_SNAPSHOT_CHARS
+        or has_control(page.snapshot)  # stored, and shown by the CLI, as event ids are
     ):
-        raise _bad(stream, f"snapshot must be a str of 1 to {MAX_SNAPSHOT_CHARS} characters")
+        raise _bad(
+            stream,
+            f"snapshot must be a str of 1 to {MAX_SNAPSHOT_CHARS} characters without control "
+            "characters",
+        )
     cov = page.coverage
     if cov is not None:
         if not contract.coverage_watermarks:

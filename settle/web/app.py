@@ -238,7 +238,7 @@ class _Console:
                 yield json.dumps(entry_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
 
-        stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")  # UTC, as every time shown
         name = f"quarantine-{stamp}.jsonl"
         return StreamingResponse(
             lines(),

@@ -70,6 +70,7 @@ def test_reading_a_stream_that_was_never_started(store) -> None:
         (Page([Event("a", 1, digest="a\tb")], b"n"), {}),
         (Page([Event("a", 1, digest=5)], b"n"), {}),  # type: ignore[arg-type]
         (Page([], b"n", coverage=Coverage(0, 1)), {}),
+        (Page([Event("a", 1)], b"n", snapshot="s\x1b[2J"), {}),  # stored, shown by the CLI
         (
             Page([], b"n", coverage=Coverage(3, 1)),
             {"coverage_watermarks": True},

@@ -210,9 +210,7 @@ def test_every_script_call_touches_one_slot(stream):
     assert ProgressKeys("t", "billing").tag in core.plan_read(scope).keys[0]
 
 
-def test_a_delivery_id_handed_out_again_for_another_emission_is_not_covered(
-    progress_server, names
-):
+def test_a_delivery_id_handed_out_again_for_another_emission_is_not_covered(progress_server, names):
     """The provider hands out one id twice (explicit ids, a stream deleted and made again,
     a failover that lost the tail): progress holds 5-1 applied as emission A, and 5-1 now
     carries emission B. Covered by delivery id alone, B was acknowledged and its effect
