@@ -516,12 +516,23 @@ class CursorCore:
         if reply.code == "duplicate":
             log.info("settle.cursor.event_duplicate", live=live)
             return Outcome(recorded=False, live=live)
-        if reply.code == "no_witness" and reply.detail == "gone":
+        moved = (
+            reply.checkpoint is not None
+            and reply.checkpoint.generation > view.checkpoint.generation
+        )
+        if reply.code == "no_witness" and reply.detail == "gone" and moved:
             # A slow worker: while its handler ran, the checkpoint moved on far enough that
             # its witness was pruned. The race it lost, not corruption (SPEC 9: a losing
-            # retry never publishes).
+            # retry never publishes). A witness gone while the checkpoint did not move (or
+            # went) is not a race: it falls through to the errors below.
             log.info("settle.cursor.superseded", at="outcome", witness="pruned")
             return Outcome(recorded=False, live=False)
+        if reply.code == "no_witness" and reply.checkpoint is None:
+            raise CheckpointMissing(
+                f"stream {_stream(call)!r} has no checkpoint any more: its keys were deleted "
+                "while this step ran; call start(stream, cursor) again",
+                stream=_stream(call),
+            )
         if reply.code == "conflict":
             log.warning("settle.cursor.event_conflict")
             ck = view.checkpoint
@@ -576,9 +587,7 @@ class CursorCore:
                 repeated=reply.code == "already",
             )
             return StepResult(outcome=StepOutcome.PROMOTED, **fields)
-        if reply.code in ("stale", "abandoned", "no_witness"):
-            # no_witness: the witness is gone (pruned once the checkpoint moved past it) or
-            # of another generation: the checkpoint moved on, as for stale.
+        if reply.code in ("stale", "abandoned"):
             log.info("settle.cursor.superseded", at="promote")
             return StepResult(outcome=StepOutcome.SUPERSEDED, **fields)
         if reply.code == "uncovered":

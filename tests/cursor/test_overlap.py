@@ -17,6 +17,7 @@ from settle.cursor import (
     Event,
     Page,
     ProviderContract,
+    StepOutcome,
 )
 from settle.cursor.errors import ReceiptConflict
 
@@ -208,8 +209,8 @@ def test_a_coverage_marker_above_the_boundary_never_lets_a_promotion_skip_an_eve
     checkpoint = store.checkpoint("s")
     assert checkpoint is not None
     assert (checkpoint.cursor, checkpoint.generation) == (b"B", 2)
-    assert result_a.outcome.value != "promoted"
-    assert result_b.outcome.value == "promoted"
+    assert result_a.outcome is StepOutcome.LOST
+    assert result_b.outcome is StepOutcome.PROMOTED
 
 
 def test_event_keys_of_two_streams_never_collide(store: CursorStore) -> None:

@@ -23,10 +23,13 @@ if c == false then return {'corrupt', '', now, {}, {}} end
 if not c then return {'missing', '', now, {}, {}} end
 local aid = ARGV[3]
 local wgen = wget(KEYS[2], aid, 'gen')
-if not wgen or wgen ~= ARGV[1] then return {'no_witness', '', now, flat, {}} end
 local disp = wget(KEYS[2], aid, 'disp')
-if disp == 'promoted' then return {'already', '', now, flat, {}} end
+if wgen == ARGV[1] and disp == 'promoted' then return {'already', '', now, flat, {}} end
+-- The checkpoint moved on (whatever became of this witness: pruned once it was
+-- keep_generations behind): the race this worker lost.
 if c.gen ~= ARGV[1] or c.cdig ~= ARGV[2] then return {'stale', '', now, flat, {}} end
+-- The checkpoint still holds this generation, so the witness must be there, of it.
+if not wgen or wgen ~= ARGV[1] then return {'no_witness', '', now, flat, {}} end
 if disp ~= 'pending' then return {'abandoned', disp, now, flat, {}} end
 for _, ev in ipairs(cjson.decode(wget(KEYS[2], aid, 'events'))) do
   local v = redis.call('HGET', KEYS[4], ev[1])
