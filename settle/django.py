@@ -199,7 +199,9 @@ def _form_of(request: HttpRequest, buffer: BodyBuffer) -> None:
     and every file (name, file name, content type, content) in the order Django parsed
     them, each part length-prefixed so that no two different forms give the same bytes.
     The same request sent again gives the same bytes; a changed field or file does not.
-    The files are rewound for the view."""
+    What Django's parsing drops is not seen: the order of fields across names (a form is a
+    mapping of lists) and bytes of a field value that are not valid in its charset. The
+    files are rewound for the view."""
 
     def part(*items: bytes) -> None:
         for item in items:
@@ -217,7 +219,9 @@ def _form_of(request: HttpRequest, buffer: BodyBuffer) -> None:
                 (upload.name or "").encode(),
                 (upload.content_type or "").encode(),
             )
-            buffer.add(b"%d:" % (upload.size or 0))
+            size = sum(len(chunk) for chunk in upload.chunks())  # not .size: may be None
+            upload.seek(0)
+            buffer.add(b"%d:" % size)
             for chunk in upload.chunks():
                 buffer.add(chunk)
             upload.seek(0)
@@ -245,13 +249,23 @@ class _Exchange:
         return self._principal(self._request)
 
     def body(self, buffer: BodyBuffer) -> bytes:
+        request = self._request
         try:
-            raw = self._request.body  # Django keeps it: the view reads it again
-        except RawPostDataException:
+            raw = request.body  # Django keeps it: the view reads it again
+        except RawPostDataException as exc:
+            if request.content_type != "multipart/form-data" or not hasattr(request, "_files"):
+                # Read as a stream before settle (request.read(), a signature check): no
+                # copy is left, and two different bodies must never share a fingerprint.
+                raise ConfigurationError(
+                    "the request body was read before settle could fingerprint it, and "
+                    "Django keeps no copy: put settle.django.IdempotencyMiddleware before "
+                    "the middleware that reads it, or read request.body there instead of "
+                    "request.read()"
+                ) from exc
             # Something parsed this multipart body before settle (CsrfViewMiddleware reads
             # request.POST for its token; so does REST framework's SessionAuthentication),
             # and Django keeps no multipart body once parsed: its parsed form stands for it.
-            _form_of(self._request, buffer)
+            _form_of(request, buffer)
         else:
             buffer.add(raw)
         return buffer.body()

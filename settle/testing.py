@@ -67,7 +67,7 @@ class MemoryBackend:
     def prepare(self) -> dict[str, Any]:
         return {"redis_version": "7.2.0"}
 
-    def exists(self, keys: tuple[str, ...]) -> int:
+    def exists(self, keys: tuple[str, ...]) -> int | None:
         with self.keyspace.lock:
             now = self.keyspace.clock()
             return sum(self.keyspace.type(key, now) != "none" for key in keys)
@@ -91,7 +91,7 @@ class AsyncMemoryBackend:
     async def prepare(self) -> dict[str, Any]:
         return self.sync.prepare()
 
-    async def exists(self, keys: tuple[str, ...]) -> int:
+    async def exists(self, keys: tuple[str, ...]) -> int | None:
         return self.sync.exists(keys)
 
     async def aclose(self) -> None:

@@ -179,7 +179,17 @@ class Core:
         """Raise when any of :meth:`states_beyond`'s keys exists (``found``: EXISTS's
         count): the namespace was used with more shards than this client's, and creating
         its metadata with this count would send operations to other shards than the ones
-        holding their records, so they would run again."""
+        holding their records, so they would run again. ``None``: the user's ACL refuses
+        EXISTS; the check is skipped with a warning (as before it existed) rather than
+        refusing every start of a new namespace."""
+        if found is None:
+            logger.warning(
+                "settle.namespace.beyond_unchecked",
+                namespace=self.config.namespace,
+                configured=self.config.shards,
+                reason="EXISTS refused by the ACL",
+            )
+            return
         if not found:
             return
         logger.error(

@@ -292,7 +292,8 @@ class AsyncRunner:
             fcall = await self._load_everywhere()
         if not fcall:
             await self._load_scripts()
-        self._fcall = fcall
+        # A call may have found FCALL unknown while this check ran: that finding stands.
+        self._fcall = fcall and not self._fcall_unknown
         policies: dict[str, str | None] = await self._eviction_policies()
         warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
         if warnings.allowed:
@@ -731,12 +732,20 @@ class AsyncRunner:
 
     # -- plain commands --------------------------------------------------------------------
 
-    async def exists(self, keys: tuple[str, ...]) -> int:
+    async def exists(self, keys: tuple[str, ...]) -> int | None:
         """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
-        per node) on a cluster. A read, repeated on transient failures."""
+        per node) on a cluster. A read, repeated on transient failures. None when the user's
+        ACL refuses EXISTS (the caller decides what an unknown count means)."""
         client = self.client
-        found: int = await self.command("EXISTS", lambda: client.exists(*keys))
-        return found
+
+        async def send() -> int | None:
+            try:
+                found: int = await client.exists(*keys)
+            except rx.NoPermissionError:
+                return None
+            return found
+
+        return await self.command("EXISTS", send)  # type: ignore[no-any-return]
 
     async def command(
         self, what: str, send: Callable[[], Awaitable[Any]], *, repeatable: bool = True

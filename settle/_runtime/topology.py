@@ -88,8 +88,9 @@ def missing_function(reply: object) -> str | None:
     text = str(reply)
     if text.startswith("Function not found"):
         return "library"
-    lowered = text.lower()
-    if lowered.startswith("unknown command") and "fcall" in lowered:
+    # "unknown command 'FCALL', with args beginning with: ..." (Redis 7, Valkey), with
+    # backquotes on 6.2: the command's own name, not a word of its arguments.
+    if text.lower().startswith(("unknown command 'fcall'", "unknown command `fcall`")):
         return "fcall"
     return None
 

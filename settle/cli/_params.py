@@ -30,13 +30,16 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def since_on(value: datetime | Ago | None, server_now: datetime) -> datetime | None:
     """The instant ``--since`` means, given the server's current time."""
+    # An instant before 1970 (or a duration reaching back past it, or past the year 1)
+    # means "from the start": no entry is older than the stream ids' epoch, and Redis
+    # refuses a stream id before it.
     if isinstance(value, Ago):
-        # A duration that reaches before 1970 (or before the year 1) means "from the start":
-        # no entry is older than the stream ids' epoch.
         try:
             return max(server_now - value.delta, _EPOCH)
         except OverflowError:
             return _EPOCH
+    if value is not None and value < _EPOCH:
+        return _EPOCH
     return value
 
 

@@ -472,15 +472,38 @@ class Guard:
         """Ready the handler's own exception to leave the middleware: where its message
         quotes the operation id (``attempt.check()``'s ``StaleAttempt`` and ``TimeoutError``
         do, and so may what the handler built from them), name the operation by its
-        ``operation_digest`` instead, as :meth:`escaping` does for settle's errors."""
+        ``operation_digest`` instead, as :meth:`escaping` does for settle's errors. The
+        exceptions it was raised from (``__cause__``, ``__context__``) and the members of an
+        exception group are rewritten too, and an ``OSError``'s ``strerror`` and file names.
+        A message an exception keeps elsewhere (its own ``__str__``) is left as it is."""
         op = self._operation
-        if op and any(isinstance(arg, str) and op in arg for arg in exc.args):
-            named = f"operation_digest={operation_digest(op)}"
-            quoted = repr(op)
-            exc.args = tuple(
-                arg.replace(quoted, named).replace(op, named) if isinstance(arg, str) else arg
-                for arg in exc.args
-            )
+        if not op:
+            return
+        named = f"operation_digest={operation_digest(op)}"
+        quoted = repr(op)
+
+        def clean(value: object) -> object:
+            if isinstance(value, str) and op in value:
+                return value.replace(quoted, named).replace(op, named)
+            return value
+
+        seen: set[int] = set()
+        todo: list[BaseException | None] = [exc]
+        while todo:
+            current = todo.pop()
+            if current is None or id(current) in seen:
+                continue
+            seen.add(id(current))
+            if any(isinstance(arg, str) and op in arg for arg in current.args):
+                current.args = tuple(clean(arg) for arg in current.args)
+            if isinstance(current, OSError):
+                for name in ("strerror", "filename", "filename2"):
+                    value = getattr(current, name, None)
+                    if isinstance(value, str) and op in value:
+                        setattr(current, name, clean(value))
+            if isinstance(current, BaseExceptionGroup):
+                todo.extend(current.exceptions)
+            todo.extend((current.__cause__, current.__context__))
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -137,8 +137,8 @@ class SyncGuard:
                 self._settle(guard, guard.failed(run, "handler_not_reached"))
                 return refused.response
             except BaseException as exc:
+                guard.handler_raised(exc)  # first: whatever settling it raises chains to it
                 self._settle(guard, guard.failed(run, "exception"))
-                guard.handler_raised(exc)
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)

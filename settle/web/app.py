@@ -347,12 +347,11 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
     if status not in _STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(_STATUSES)}")
     since, until = _instant(form["since"], "since"), _instant(form["until"], "until")
+    now = datetime.now(UTC)  # read only for a duration ago, which takes the server's clock
     if isinstance(since, Ago) or isinstance(until, Ago):
         now = await _query.server_now(settler)
-        since, until = since_on(since, now), since_on(until, now)
-    # No entry is older than 1970 (stream ids count milliseconds from it): an earlier bound
-    # means "from the start", not a stream id Redis refuses.
-    since, until = _not_before_epoch(since), _not_before_epoch(until)
+    # Before 1970 means "from the start" (since_on: stream ids count from it).
+    since, until = since_on(since, now), since_on(until, now)
     flt = _query.Filter(
         kind=kind,
         operation_id=form["operation"] or None,
@@ -361,15 +360,6 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
         status=status,
     )
     return flt, form
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _not_before_epoch(instant: datetime | None) -> datetime | None:
-    if instant is not None and instant < _EPOCH:
-        return _EPOCH
-    return instant
 
 
 def _query_string(form: dict[str, str], **more: str) -> str:

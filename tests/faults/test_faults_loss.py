@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, ConfigurationError, QuarantineKind, Reserved, Settler, Verdict
 from settle._core.keys import shard_of
@@ -206,3 +207,26 @@ def test_a_client_with_fewer_shards_never_recreates_metadata_its_own_shards_lost
             assert raw.hget(keys.meta, "shards") == b"16"
     finally:
         sixteen.close()
+
+
+def test_a_user_whose_acl_refuses_exists_still_starts_a_new_namespace(
+    server: EmbeddedRedis,
+) -> None:
+    """The check of the shard states beyond a client's count sends EXISTS; a user whose ACL
+    refuses it (a scripting-only user, ``-@keyspace``) ran settle before the check existed.
+    It still does: the check is skipped with a warning, never a refusal of every start."""
+    with redis.Redis.from_url(server.url) as raw:
+        raw.acl_setuser(
+            "app",
+            enabled=True,
+            passwords=["+pw"],
+            keys=["*"],
+            commands=["+@all", "-exists"],
+            channels=["*"],
+        )
+    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
+    with capture_logs() as logs, Settler.from_url(url, namespace="acl", shards=4) as settler:
+        assert isinstance(settler.reserve("order-1", REQ, principal=WHO), Reserved)
+    skipped = [e for e in logs if e["event"] == "settle.namespace.beyond_unchecked"]
+    assert len(skipped) == 1
+    assert skipped[0]["reason"] == "EXISTS refused by the ACL"

@@ -211,6 +211,21 @@ def test_a_handler_exception_that_quotes_the_operation_names_it_by_its_digest(
     assert recorded
     assert not any(KEY in str(dict(a or {})) for a in recorded)
 
+    def wrapping(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = environ["settle"]
+        try:
+            raise OSError(5, f"cannot charge {attempt.operation_id}")
+        except OSError as exc:  # the handler wraps it; the traceback shows both
+            raise RuntimeError("payment failed") from exc
+
+    again = IdempotencyMiddleware(wrapping, settler=settler, principal=lambda e: PRINCIPAL)
+    with pytest.raises(RuntimeError) as wrapped:
+        b"".join(again(_environ(), lambda *a, **k: None))  # the same request, retried
+    cause = wrapped.value.__cause__
+    assert isinstance(cause, OSError)
+    assert KEY not in str(cause)  # its strerror, which str() shows, is rewritten too
+    assert "operation_digest=" in str(cause)
+
     async def asgi() -> BaseException:
         from settle.asgi import IdempotencyMiddleware as AsgiMiddleware  # noqa: PLC0415
 

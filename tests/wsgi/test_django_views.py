@@ -429,6 +429,43 @@ def test_multipart_upload_parsed_by_the_csrf_check_before_the_decorator(
     assert RUNS == ["u"]
 
 
+class StreamReader:
+    """A middleware that reads the body as a stream (a webhook signature check)."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        request.signed = request.read()  # type: ignore[attr-defined]
+        return self.get_response(request)
+
+
+def test_a_body_read_as_a_stream_before_settle_is_refused_never_guessed(
+    settle_settings: dict[str, Any],
+) -> None:
+    """Read with ``request.read()`` before settle, a JSON body leaves Django no copy:
+    settle refuses with a ConfigurationError saying what to move, rather than give two
+    different bodies one fingerprint (and replay the first one's response to the second)."""
+
+    @idempotent
+    def charge(request: HttpRequest) -> JsonResponse:
+        RUNS.append("c")
+        return JsonResponse({"ok": True}, status=201)
+
+    middleware = ["tests.wsgi.test_django_views.StreamReader"]
+    with override_settings(ROOT_URLCONF=urlconf(path("charge", charge)), MIDDLEWARE=middleware):
+        client = Client(raise_request_exception=True)
+        for amount in (1, 999):
+            with pytest.raises(ConfigurationError, match="read before settle"):
+                client.post(
+                    "/charge",
+                    {"amount": amount},
+                    content_type="application/json",
+                    **headers("k-stream"),
+                )
+    assert RUNS == []
+
+
 # -- paths Django decoded itself; method_decorator with a list ---------------------------------
 
 MW = ["settle.django.IdempotencyMiddleware"]

@@ -100,16 +100,21 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert len(generations) == 1  # one attempt: the retry never took it over
 
 
-def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
-    """A body shorter than its Content-Length is never run as if it were the request."""
-    runs: list[bytes] = []
+def _recording(runs: list[bytes]) -> Any:
+    """A WSGI app that records each body it reads and answers 201."""
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         runs.append(environ["wsgi.input"].read())
         start_response("201 Created", [])
         return [b""]
 
-    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    return app
+
+
+def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
+    """A body shorter than its Content-Length is never run as if it were the request."""
+    runs: list[bytes] = []
+    guarded = IdempotencyMiddleware(_recording(runs), settler=settler, principal=principal)
     with serve_wsgi(guarded) as base:
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
@@ -125,6 +130,24 @@ def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
     assert runs == [b"x" * 100]  # the whole request, once; never the 10-byte one
 
 
+def _post(guarded: Any, length: str, body: bytes = b"x" * 10) -> tuple[str, bytes]:
+    """Call the middleware as a WSGI server would with ``CONTENT_LENGTH=length``: the
+    status it started and the body it returned."""
+    environ: dict[str, Any] = {}
+    setup_testing_defaults(environ)
+    environ.update(
+        REQUEST_METHOD="POST",
+        PATH_INFO="/charge",
+        CONTENT_LENGTH=length,
+        HTTP_IDEMPOTENCY_KEY=f"k-{uuid.uuid4().hex}",
+        HTTP_X_PRINCIPAL="tenant:acme",
+    )
+    environ["wsgi.input"] = io.BytesIO(body)
+    started: list[str] = []
+    answer = b"".join(guarded(environ, lambda status, headers, *_: started.append(status)))
+    return started[0], answer
+
+
 @pytest.mark.parametrize("length", ["abc", "10, 10", "-5", "1e3"])
 def test_a_content_length_that_is_not_a_number_is_a_400_problem(
     settler: Settler, length: str
@@ -133,32 +156,23 @@ def test_a_content_length_that_is_not_a_number_is_a_400_problem(
     server; gunicorn refuses it itself): the body cannot be delimited, so nothing is read,
     reserved or run, and the client gets a 400 problem rather than the middleware's 500."""
     runs: list[bytes] = []
-
-    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        runs.append(environ["wsgi.input"].read())
-        start_response("201 Created", [])
-        return [b""]
-
-    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
-    environ: dict[str, Any] = {}
-    setup_testing_defaults(environ)
-    key = f"k-{uuid.uuid4().hex}"
-    environ.update(
-        REQUEST_METHOD="POST",
-        PATH_INFO="/charge",
-        CONTENT_LENGTH=length,
-        HTTP_IDEMPOTENCY_KEY=key,
-        HTTP_X_PRINCIPAL="tenant:acme",
-    )
-    environ["wsgi.input"] = io.BytesIO(b"x" * 10)
-    started: list[str] = []
-    body = b"".join(guarded(environ, lambda status, headers, *_: started.append(status)))
-    assert started == ["400 Bad Request"]
+    guarded = IdempotencyMiddleware(_recording(runs), settler=settler, principal=principal)
+    status, body = _post(guarded, length)
+    assert status == "400 Bad Request"
     problem = json.loads(body)
     assert problem["type"].endswith("request-malformed")
     assert runs == []
     ns = settler.config.namespace
     assert settler._runner.client.keys(f"settle:{{{ns}:*}}:op:*") == []  # nothing reserved
+
+
+def test_a_content_length_with_spaces_around_it_is_read(settler: Settler) -> None:
+    """RFC 9110 allows whitespace around a field value, and wsgiref passes ``"10 "`` on."""
+    runs: list[bytes] = []
+    guarded = IdempotencyMiddleware(_recording(runs), settler=settler, principal=principal)
+    for length in ("10 ", " 10"):
+        assert _post(guarded, length)[0] == "201 Created"
+    assert runs == [b"x" * 10, b"x" * 10]
 
 
 def test_works_on_the_in_memory_settler() -> None:
