@@ -44,6 +44,7 @@ from settle.progress.identity import (
     EmissionId,
     ProviderScope,
     SettlementAuthority,
+    check_name,
 )
 from settle.progress.models import (
     Applied,
@@ -53,6 +54,7 @@ from settle.progress.models import (
     SettleIntent,
     SettlementReceipt,
 )
+from settle.progress.planning import authorize_settlement
 
 __all__ = ["AsyncEffect", "AsyncProgressStore", "AsyncStreamConsumer", "Observer", "PollReport"]
 
@@ -270,7 +272,10 @@ class AsyncStreamConsumer:
         self.store = store
         self.stream = stream
         self.group = group
-        self.worker = worker or f"{store.consumer}-{uuid.uuid4().hex[:12]}"
+        # Checked here: a name the settlement authority refuses would otherwise surface
+        # only after XREADGROUP handed this worker a delivery.
+        default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
+        self.worker = check_name(worker or default, "worker")
         self.emission_field = emission_field
         self.max_deliveries = max_deliveries
         self.claim_idle_ms = max(1, round(claim_idle * 1000))
@@ -506,13 +511,17 @@ class AsyncStreamConsumer:
         acknowledgement lost" cut): an intent whose delivery is no longer pending is closed;
         one this worker owns is settled; one owned by another worker is left to XAUTOCLAIM."""
         progress = await self.store.read(await self._started())
-        receipts = []
-        for intent in progress.intents:
-            authority = SettlementAuthority(self.worker, intent.delivery, 0)
-            receipts.append(
-                await self.settle(authority, intent.kind, intent.emission, fenced_count=False)
-            )
-        return receipts
+        return [await self._settle_intent(progress, intent) for intent in progress.intents]
+
+    async def _settle_intent(self, progress: Progress, intent: SettleIntent) -> SettlementReceipt:
+        """Carry out an open settle intent, authorized by the progress it was read from (one
+        read for all of them, not one per intent)."""
+        authorize_settlement(progress, intent.delivery, intent.kind)
+        authority = SettlementAuthority(self.worker, intent.delivery, 0)
+        steps = _step.settle(
+            self.core, self._scope(), authority, intent.kind, intent.emission, fenced_count=False
+        )
+        return await self.store.drive(steps, stream=self._runner)
 
     async def observe(self) -> Progress:
         """Read the provider's floor and a listing after the progress floor; record lost
@@ -529,7 +538,9 @@ class AsyncStreamConsumer:
         if candidates:
             call = self.core.plan_lost(scope, candidates)
             self.core.lost(scope, await self.store.progress(call))
-        call = self.core.plan_observation(scope, after, listed, groups, summary)
+        call = self.core.plan_observation(
+            scope, after, listed, groups, summary, pending, self.listing
+        )
         return self.core.observed(scope, await self.store.progress(call))
 
     async def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
@@ -555,10 +566,7 @@ class AsyncStreamConsumer:
         receipts = []
         for intent, row in zip(stale, rows, strict=True):
             if not row:
-                authority = SettlementAuthority(self.worker, intent.delivery, 0)
-                receipts.append(
-                    await self.settle(authority, intent.kind, intent.emission, fenced_count=False)
-                )
+                receipts.append(await self._settle_intent(progress, intent))
         return receipts
 
     async def _pending_of(self, scope: ProviderScope, intents: list[SettleIntent]) -> list[Any]:

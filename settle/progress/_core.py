@@ -267,13 +267,23 @@ class ProgressCore:
         last_delivered: DeliveryId | None,
         oldest_pending: DeliveryId | None,
         pending: int,
+        held: Sequence[DeliveryId] = (),
+        proven_through: DeliveryId | None = None,
     ) -> Call:
+        """The observe call. ``held``: the group's pending deliveries after the floor (the
+        floor stops below the first one progress has not resolved, listed or not: one whose
+        entry was deleted while it was pending is not in the listing); ``proven_through``:
+        the last of them when the pending listing was cut at its limit (the floor stops
+        there: past it, pending deliveries are unknown). The oldest pending id holds the
+        floor as one of ``held``."""
         start = after.value if after else "0-0"
         previous = after
         for d in listing:
             if not isinstance(d, DeliveryId) or (previous is not None and not previous < d):
                 raise UnprovenListing("a provider listing must be strictly ascending ids")
             previous = d
+        holds = [_delivery(d).value for d in (*([oldest_pending] if oldest_pending else []), *held)]
+        cut = f";{_delivery(proven_through).value}" if proven_through is not None else ""
         return self._call(
             "observe",
             _scope(scope),
@@ -282,6 +292,7 @@ class ProgressCore:
             last_delivered.value if last_delivered else "",
             oldest_pending.value if oldest_pending else "",
             _count(pending, "pending"),
+            ",".join(holds) + cut,
             *(d.value for d in listing),
         )
 
@@ -588,10 +599,14 @@ class ProgressCore:
         listed: Any,
         groups: Any,
         summary: Any,
+        pending: Any = (),
+        limit: int = 0,
     ) -> Call:
         """The observe call for what the provider showed: XRANGE after the progress floor,
-        XINFO GROUPS and the XPENDING summary."""
+        XINFO GROUPS, the XPENDING summary and the group's pending rows after the floor
+        (XPENDING with a range, cut at ``limit`` rows)."""
         oldest = _text(summary.get("min") or "")
+        rows = [DeliveryId(_text(row["message_id"])) for row in pending or []]
         return self.plan_observe(
             scope,
             after,
@@ -599,6 +614,8 @@ class ProgressCore:
             last_delivered=self.last_delivered(scope, groups),
             oldest_pending=DeliveryId(oldest) if oldest else None,
             pending=int(summary.get("pending") or 0),
+            held=rows,
+            proven_through=rows[-1] if rows and len(rows) >= limit > 0 else None,
         )
 
     @staticmethod

@@ -211,7 +211,7 @@ def settle(
     first and must authorize ``kind`` for the delivery
     (:func:`~settle.progress.planning.authorize_settlement`); otherwise
     :class:`SettlementNotAuthorized` is raised and nothing is written or settled."""
-    if authorize:
+    if authorize and kind is not IntentKind.RELEASE:  # a release needs no progress
         progress = (yield from _progress(core, core.plan_read(scope))).progress
         authorize_settlement(progress, authority.delivery, kind)
     yield Settling(scope, kind)

@@ -45,6 +45,7 @@ from settle.progress.identity import (
     EmissionId,
     ProviderScope,
     SettlementAuthority,
+    check_name,
 )
 from settle.progress.models import (
     Applied,
@@ -54,6 +55,7 @@ from settle.progress.models import (
     SettleIntent,
     SettlementReceipt,
 )
+from settle.progress.planning import authorize_settlement
 
 __all__ = ["Effect", "ProgressStore", "StreamConsumer", "Observer", "PollReport"]
 
@@ -265,7 +267,10 @@ class StreamConsumer:
         self.store = store
         self.stream = stream
         self.group = group
-        self.worker = worker or f"{store.consumer}-{uuid.uuid4().hex[:12]}"
+        # Checked here: a name the settlement authority refuses would otherwise surface
+        # only after XREADGROUP handed this worker a delivery.
+        default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
+        self.worker = check_name(worker or default, "worker")
         self.emission_field = emission_field
         self.max_deliveries = max_deliveries
         self.claim_idle_ms = max(1, round(claim_idle * 1000))
@@ -495,13 +500,17 @@ class StreamConsumer:
         acknowledgement lost" cut): an intent whose delivery is no longer pending is closed;
         one this worker owns is settled; one owned by another worker is left to XAUTOCLAIM."""
         progress = self.store.read(self._started())
-        receipts = []
-        for intent in progress.intents:
-            authority = SettlementAuthority(self.worker, intent.delivery, 0)
-            receipts.append(
-                self.settle(authority, intent.kind, intent.emission, fenced_count=False)
-            )
-        return receipts
+        return [self._settle_intent(progress, intent) for intent in progress.intents]
+
+    def _settle_intent(self, progress: Progress, intent: SettleIntent) -> SettlementReceipt:
+        """Carry out an open settle intent, authorized by the progress it was read from (one
+        read for all of them, not one per intent)."""
+        authorize_settlement(progress, intent.delivery, intent.kind)
+        authority = SettlementAuthority(self.worker, intent.delivery, 0)
+        steps = _step.settle(
+            self.core, self._scope(), authority, intent.kind, intent.emission, fenced_count=False
+        )
+        return self.store.drive(steps, stream=self._runner)
 
     def observe(self) -> Progress:
         """Read the provider's floor and a listing after the progress floor; record lost
@@ -518,7 +527,9 @@ class StreamConsumer:
         if candidates:
             call = self.core.plan_lost(scope, candidates)
             self.core.lost(scope, self.store.progress(call))
-        call = self.core.plan_observation(scope, after, listed, groups, summary)
+        call = self.core.plan_observation(
+            scope, after, listed, groups, summary, pending, self.listing
+        )
         return self.core.observed(scope, self.store.progress(call))
 
     def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
@@ -544,10 +555,7 @@ class StreamConsumer:
         receipts = []
         for intent, row in zip(stale, rows, strict=True):
             if not row:
-                authority = SettlementAuthority(self.worker, intent.delivery, 0)
-                receipts.append(
-                    self.settle(authority, intent.kind, intent.emission, fenced_count=False)
-                )
+                receipts.append(self._settle_intent(progress, intent))
         return receipts
 
     def _pending_of(self, scope: ProviderScope, intents: list[SettleIntent]) -> list[Any]:

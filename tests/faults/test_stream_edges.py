@@ -205,6 +205,35 @@ def test_a_delivery_deleted_while_pending_holds_the_floor_until_it_is_dead_lette
     c.close()
 
 
+def test_a_deleted_pending_delivery_behind_an_applied_unacked_one_holds_the_floor(
+    servers, names, stream_client, progress_client
+) -> None:
+    """The oldest pending delivery is applied and recorded but not yet acknowledged (its
+    worker died between the two), and the next pending one's entry was deleted: the
+    summary's oldest pending id is resolved, so it proves nothing about the ones after it.
+    The group's pending rows hold the floor below the deleted one until it is
+    dead-lettered."""
+    effect = Ledger()
+    c = consumer(servers, names, claim_idle=5.0, batch=10)
+    c.start()
+    ids = publish(stream_client, names, ["e0", "e1", "e2", "e3"])
+    stream_client.xreadgroup(names.group, "crash", {names.stream: ">"}, count=1)
+    c.store.apply(c.scope, DeliveryId(ids[0]), EmissionId("e0"), effect)  # no ack: it died
+    stream_client.xreadgroup(names.group, "gone", {names.stream: ">"}, count=1)
+    stream_client.xdel(names.stream, ids[1])
+    c.poll(effect)  # applies e2 and e3; e0 and e1 are not idle long enough to claim
+    assert effect.runs == {"e0": 1, "e2": 1, "e3": 1}
+    progress = c.store.read(c.scope)
+    if redis7(stream_client):
+        # Redis 7's XAUTOCLAIM drops and reports a deleted entry whatever its idle time.
+        assert dead_evidence(progress_client, names) == {ids[1]: "deleted"}
+    else:
+        assert progress.floor is None or progress.floor < DeliveryId(ids[1])
+        assert DeliveryId(ids[1]) in progress.gaps
+    assert_nothing_acked_uncovered(stream_client, progress_client, names)
+    c.close()
+
+
 def test_applied_and_recorded_then_deleted_before_its_ack_is_settled_from_progress(
     servers, names, stream_client, progress_client
 ) -> None:

@@ -8,7 +8,14 @@ import redis
 from redis.crc import key_slot
 
 from settle.errors import CorruptRecord, InvalidInput, SettleError
-from settle.progress import ApplyStatus, DeliveryId, EmissionId, ProgressStore, ProviderScope
+from settle.progress import (
+    ApplyStatus,
+    DeliveryId,
+    EmissionId,
+    ProgressStore,
+    ProviderScope,
+    StreamConsumer,
+)
 from settle.progress._core import ProgressCore
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import DeferDelivery, InvalidDelivery, UnprovenListing
@@ -61,6 +68,32 @@ def test_delivery_ids_and_authorities_redis_would_refuse_are_refused_here():
     for reason in ("", "x" * 257, None):
         with pytest.raises(InvalidDelivery):
             DeferDelivery(reason)  # type: ignore[arg-type]
+
+
+def test_a_worker_name_the_authority_refuses_is_refused_when_the_consumer_is_made(
+    progress_server, names
+):
+    """Checked at handling time only, a bad worker name let XREADGROUP hand the worker a
+    delivery first, then stopped run() with the delivery pending."""
+    store = ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    for worker in ("w" * 300, "a\tb"):
+        with pytest.raises(InvalidDelivery):
+            StreamConsumer(
+                redis.Redis.from_url(progress_server.url),
+                store,
+                stream="s",
+                group="g",
+                worker=worker,
+            )
+    long_consumer = ProgressStore.from_url(progress_server.url, consumer="c" * 256)
+    made = StreamConsumer(
+        redis.Redis.from_url(progress_server.url), long_consumer, stream="s", group="g"
+    )
+    assert len(made.worker) <= 256  # the default name fits too
+    store.close()
+    long_consumer.close()
 
 
 def test_bad_input_raises_before_anything_is_written(progress_server, progress_client, names):
@@ -231,4 +264,19 @@ def test_a_delivery_id_handed_out_again_for_another_emission_is_not_covered(prog
     assert old.status is not ApplyStatus.APPLIED  # A is applied already: never twice
     assert ran == ["A", "B"]
     assert other.progress.covers(d)
+    # Deferring or dead-lettering the id as yet another emission is not "covered" either.
+    assert store.defer(SCOPE, d, EmissionId("C"), reason="later").code == "deferred"
+    assert (
+        store.dead_letter(SCOPE, d, EmissionId("D"), reason="poison", delivery_count=9).code
+        == "dead_lettered"
+    )
+    # A delivery dead-lettered with no known emission (malformed, deleted) covers no
+    # emission that arrives at its id later.
+    e = DeliveryId("6-1")
+    assert store.dead_letter(SCOPE, e, None, reason="malformed", delivery_count=1).code == (
+        "dead_lettered"
+    )
+    late = store.apply(SCOPE, e, EmissionId("E"), lambda ctx: ran.append(ctx.emission.value))
+    assert late.status is ApplyStatus.APPLIED
+    assert ran == ["A", "B", "E"]
     store.close()

@@ -72,7 +72,7 @@ local function floor_of()
 end
 
 -- 'floor' | 'applied' | 'dead_lettered' | nil. With `emission`, a delivery applied or
--- dead-lettered as ANOTHER emission is not covered: the provider handed out one id twice
+-- dead-lettered as ANOTHER emission (or as an unknown one, '') is not covered: the provider handed out one id twice
 -- (explicit ids, a stream deleted and made again, a failover that lost the tail), and the
 -- emission now at that id was never applied (its own emission state still says so). At or
 -- below the floor the emission is no longer kept, and the floor covers it.
@@ -81,9 +81,7 @@ local function coverage(delivery, emission)
   local applied = redis.call('HGET', KEYS[2], delivery)
   if applied and (emission == nil or applied == emission) then return 'applied' end
   local dead = redis.call('HGET', KEYS[3], delivery)
-  if dead and (emission == nil or dead == emission or dead == '') then
-    return 'dead_lettered'
-  end
+  if dead and (emission == nil or dead == emission) then return 'dead_lettered' end
   return nil
 end
 
@@ -108,12 +106,14 @@ end
 -- Advance the cumulative floor along a provider listing: the ids that exist after `after`,
 -- ascending and contiguous (XRANGE (after + COUNT n). The floor moves over listed ids that
 -- are applied or dead-lettered and stops at the first one that is not; such an id below
--- the highest applied one is recorded as a gap. `oldest` is the provider's oldest pending
--- id ('' none): a pending delivery the listing does not show (its entry was deleted while
--- it was pending: XDEL, MAXLEN) is not resolved until it is dead-lettered, so the floor
--- stops below it too. Returns 'advanced', 'unchanged' or 'unproven' (the listing starts
--- above the floor, so it proves nothing about the prefix).
-local function advance(after, ids, now, oldest)
+-- the highest applied one is recorded as a gap. `holds` names the group's pending ids
+-- (comma-separated, then ';' and the last of them when the pending listing was cut, ''
+-- for none): a pending delivery the listing does not show (its entry was deleted while it
+-- was pending: XDEL, MAXLEN) is not resolved until it is dead-lettered or applied, so the
+-- floor stops below the first pending id progress has not resolved, and never passes the
+-- cut. Returns 'advanced', 'unchanged' or 'unproven' (the listing starts above the floor,
+-- so it proves nothing about the prefix).
+local function advance(after, ids, now, holds)
   local floor = floor_of()
   if id_lt(floor, after) then return 'unproven' end
   local top = nil
@@ -122,16 +122,23 @@ local function advance(after, ids, now, oldest)
       if top == nil or id_lt(top, id) then top = id end
     end
   end
+  local list, cut = string.match(holds or '', '^([^;]*);?(.*)$')
   local hold = nil
-  if oldest ~= '' and id_lt(floor, oldest) and redis.call('HEXISTS', KEYS[2], oldest) == 0
-      and redis.call('HEXISTS', KEYS[3], oldest) == 0 then
-    hold = oldest
-    if top ~= nil and id_lt(hold, top) then redis.call('HSETNX', KEYS[4], hold, int(now)) end
+  for p in string.gmatch(list, '[^,]+') do
+    local open = redis.call('HEXISTS', KEYS[2], p) == 0
+      and redis.call('HEXISTS', KEYS[3], p) == 0
+    if open and id_lt(floor, p) and (hold == nil or id_lt(p, hold)) then hold = p end
   end
+  if hold ~= nil and top ~= nil and id_lt(hold, top) then
+    redis.call('HSETNX', KEYS[4], hold, int(now))
+  end
+  if cut == '' then cut = nil end
   local cur = floor
   local blocked = false
   for _, id in ipairs(ids) do
-    if hold ~= nil and not id_lt(id, hold) then blocked = true end
+    if (hold ~= nil and not id_lt(id, hold)) or (cut ~= nil and id_lt(cut, id)) then
+      blocked = true
+    end
     if id_lt(floor, id) then
       local done = redis.call('HEXISTS', KEYS[2], id) == 1
         or redis.call('HEXISTS', KEYS[3], id) == 1

@@ -9,7 +9,10 @@
 local now = now_ms()
 local broken = stored_corrupt()
 if broken then return progress_reply('corrupt', broken) end
-local covered = coverage(ARGV[3])
+-- An unknown emission ('': malformed, or deleted) is compared with nothing.
+local emission = ARGV[4]
+if emission == '' then emission = nil end
+local covered = coverage(ARGV[3], emission)
 if covered == 'dead_lettered' then return progress_reply('dead_lettered', '') end
 if covered then return progress_reply('covered', covered) end
 local id = redis.call('XADD', KEYS[7], '*', 'scope', ARGV[1], 'delivery', ARGV[3],

@@ -8,7 +8,7 @@
 local now = now_ms()
 local broken = stored_corrupt()
 if broken then return progress_reply('corrupt', broken) end
-local covered = coverage(ARGV[3])
+local covered = coverage(ARGV[3], ARGV[4])
 if covered then return progress_reply('covered', covered) end
 redis.call('HSET', KEYS[6], ARGV[3],
   cjson.encode({emission = ARGV[4], reason = ARGV[5], at = now}))

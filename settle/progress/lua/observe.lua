@@ -2,7 +2,10 @@
 -- floor along a provider listing (see advance() in _lib.lua). KEYS: see _lib.lua.
 -- ARGV[1] scope id  ARGV[2] scope JSON  ARGV[3] listing starts after this id ('0-0': start)
 -- ARGV[4] provider last-delivered id ('' unknown)  ARGV[5] oldest pending id ('' none)
--- ARGV[6] pending count  ARGV[7..] listed ids, ascending
+-- ARGV[6] pending count
+-- ARGV[7] the pending ids that hold the floor, comma-separated, then ';' and the id the
+--         pending listing proves nothing past when it was cut ('' none; see advance())
+-- ARGV[8..] listed ids, ascending
 -- Returns progress_reply(advanced | unchanged | unproven, floor)
 local now = now_ms()
 local broken = stored_corrupt(true)
@@ -11,9 +14,9 @@ if broken then return progress_reply('corrupt', broken) end
 -- floor included (the caller lists again from the floor).
 if id_lt(floor_of(), ARGV[3]) then return progress_reply('unproven', floor_of()) end
 local ids = {}
-for i = 7, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 8, #ARGV do ids[#ids + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],
   'pf_pending', ARGV[6], 'pf_at', int(now))
-local code = advance(ARGV[3], ids, now, ARGV[5])
+local code = advance(ARGV[3], ids, now, ARGV[7])
 touch(ARGV[1], ARGV[2], now)
 return progress_reply(code, floor_of())
