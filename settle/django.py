@@ -253,7 +253,12 @@ class _Exchange:
         try:
             raw = request.body  # Django keeps it: the view reads it again
         except RawPostDataException as exc:
-            if request.content_type != "multipart/form-data" or not hasattr(request, "_files"):
+            parsed = request.content_type == "multipart/form-data" and (
+                # A form Django parsed: read as a stream first, or unparseable, it leaves
+                # both empty, and two such bodies must not share one fingerprint.
+                bool(getattr(request, "_post", None)) or bool(getattr(request, "_files", None))
+            )
+            if not parsed:
                 # Read as a stream before settle (request.read(), a signature check): no
                 # copy is left, and two different bodies must never share a fingerprint.
                 raise ConfigurationError(

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,7 +56,9 @@ def _since(fn: Any) -> Any:
 def _start(settler: Settler, since: datetime | Ago | None) -> datetime | None:
     """``--since`` as an instant: a duration ago counts back from the server's clock, the
     clock stream ids and record times are written with (as ``tail`` starts from it)."""
-    return since_on(since, server_now(settler)) if isinstance(since, Ago) else since
+    if isinstance(since, Ago):
+        return since_on(since, server_now(settler))
+    return since_on(since, datetime.now(UTC))  # (the clock is read for a duration only)
 
 
 @quarantine.command("ls")

@@ -545,8 +545,10 @@ class CursorCore:
                 reason="receipt_conflict",
                 attempt_id=_text(call.args[0]),
             )
+        gone = "is gone" if reply.detail == "gone" else "does not list event " + repr(event_id)
         raise CorruptRecord(
-            f"witness {_text(call.args[0])} does not list event {event_id!r}",
+            f"witness {_text(call.args[0])} {gone} while the checkpoint still holds its "
+            "generation: something other than settle changed the stream's keys",
             operation_id=_stream(call),
         )
 

@@ -22,6 +22,7 @@ response stores and what is answered when an attempt lost its reservation: all h
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -474,8 +475,9 @@ class Guard:
         do, and so may what the handler built from them), name the operation by its
         ``operation_digest`` instead, as :meth:`escaping` does for settle's errors. The
         exceptions it was raised from (``__cause__``, ``__context__``) and the members of an
-        exception group are rewritten too, and an ``OSError``'s ``strerror`` and file names.
-        A message an exception keeps elsewhere (its own ``__str__``) is left as it is."""
+        exception group are rewritten too, and an ``OSError``'s ``strerror`` and file names,
+        and notes (``add_note``). A message an exception keeps elsewhere (its own
+        ``__str__``, an exception group's own message) is left as it is."""
         op = self._operation
         if not op:
             return
@@ -494,13 +496,20 @@ class Guard:
             if current is None or id(current) in seen:
                 continue
             seen.add(id(current))
-            if any(isinstance(arg, str) and op in arg for arg in current.args):
-                current.args = tuple(clean(arg) for arg in current.args)
+            # An exception class may refuse a new value (a read-only property): what it
+            # keeps is then left as it is, and the walk goes on (settling comes after it).
+            with contextlib.suppress(AttributeError, TypeError):
+                if any(isinstance(arg, str) and op in arg for arg in current.args):
+                    current.args = tuple(clean(arg) for arg in current.args)
+            notes = getattr(current, "__notes__", None)
+            if isinstance(notes, list):
+                notes[:] = [clean(note) for note in notes]
             if isinstance(current, OSError):
                 for name in ("strerror", "filename", "filename2"):
                     value = getattr(current, name, None)
                     if isinstance(value, str) and op in value:
-                        setattr(current, name, clean(value))
+                        with contextlib.suppress(AttributeError, TypeError):
+                            setattr(current, name, clean(value))
             if isinstance(current, BaseExceptionGroup):
                 todo.extend(current.exceptions)
             todo.extend((current.__cause__, current.__context__))

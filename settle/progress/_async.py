@@ -275,7 +275,7 @@ class AsyncStreamConsumer:
         # Checked here: a name the settlement authority refuses would otherwise surface
         # only after XREADGROUP handed this worker a delivery.
         default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
-        self.worker = check_name(worker or default, "worker")
+        self.worker = check_name(default if worker is None else worker, "worker")
         self.emission_field = emission_field
         self.max_deliveries = max_deliveries
         self.claim_idle_ms = max(1, round(claim_idle * 1000))

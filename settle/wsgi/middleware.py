@@ -138,7 +138,7 @@ class _Exchange:
 
     def body(self, buffer: BodyBuffer) -> bytes:
         stream = self._environ["wsgi.input"]
-        length = (self._environ.get("CONTENT_LENGTH") or "").strip()  # RFC 9110: spaces
+        length = (self._environ.get("CONTENT_LENGTH") or "").strip(" \t")  # RFC 9110 OWS
         if length:
             if not (length.isascii() and length.isdigit()):
                 # A server that passes a header such as "abc" or "10, 10" through: the body

@@ -266,6 +266,9 @@ def test_a_delivery_id_handed_out_again_for_another_emission_is_not_covered(prog
     assert other.progress.covers(d)
     # Deferring or dead-lettering the id as yet another emission is not "covered" either.
     assert store.defer(SCOPE, d, EmissionId("C"), reason="later").code == "deferred"
+    # ... and the floor never passes that deferral, though the id is recorded as applied.
+    held = store.observe(SCOPE, None, [d], last_delivered=d, oldest_pending=None, pending=0)
+    assert held.floor is None
     assert (
         store.dead_letter(SCOPE, d, EmissionId("D"), reason="poison", delivery_count=9).code
         == "dead_lettered"

@@ -216,6 +216,7 @@ def test_a_handler_exception_that_quotes_the_operation_names_it_by_its_digest(
         try:
             raise OSError(5, f"cannot charge {attempt.operation_id}")
         except OSError as exc:  # the handler wraps it; the traceback shows both
+            exc.add_note(f"operation {attempt.operation_id}")
             raise RuntimeError("payment failed") from exc
 
     again = IdempotencyMiddleware(wrapping, settler=settler, principal=lambda e: PRINCIPAL)
@@ -224,6 +225,7 @@ def test_a_handler_exception_that_quotes_the_operation_names_it_by_its_digest(
     cause = wrapped.value.__cause__
     assert isinstance(cause, OSError)
     assert KEY not in str(cause)  # its strerror, which str() shows, is rewritten too
+    assert not any(KEY in note for note in cause.__notes__)
     assert "operation_digest=" in str(cause)
 
     async def asgi() -> BaseException:

@@ -103,6 +103,13 @@ local function progress_reply(code, detail)
     redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6]))
 end
 
+-- Whether the floor may pass `id`: applied or dead-lettered, and not deferred (a deferred
+-- delivery at an id recorded for another emission, handed out again, is not resolved).
+local function resolved(id)
+  return (redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[3], id) == 1)
+    and redis.call('HEXISTS', KEYS[6], id) == 0
+end
+
 -- Advance the cumulative floor along a provider listing: the ids that exist after `after`,
 -- ascending and contiguous (XRANGE (after + COUNT n). The floor moves over listed ids that
 -- are applied or dead-lettered and stops at the first one that is not; such an id below
@@ -125,9 +132,7 @@ local function advance(after, ids, now, holds)
   local list, cut = string.match(holds or '', '^([^;]*);?(.*)$')
   local hold = nil
   for p in string.gmatch(list, '[^,]+') do
-    local open = redis.call('HEXISTS', KEYS[2], p) == 0
-      and redis.call('HEXISTS', KEYS[3], p) == 0
-    if open and id_lt(floor, p) and (hold == nil or id_lt(p, hold)) then hold = p end
+    if not resolved(p) and id_lt(floor, p) and (hold == nil or id_lt(p, hold)) then hold = p end
   end
   if hold ~= nil and top ~= nil and id_lt(hold, top) then
     redis.call('HSETNX', KEYS[4], hold, int(now))
@@ -140,9 +145,7 @@ local function advance(after, ids, now, holds)
       blocked = true
     end
     if id_lt(floor, id) then
-      local done = redis.call('HEXISTS', KEYS[2], id) == 1
-        or redis.call('HEXISTS', KEYS[3], id) == 1
-      if done then
+      if resolved(id) then
         if not blocked then cur = id end
       else
         blocked = true
