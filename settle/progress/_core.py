@@ -90,9 +90,6 @@ def _scope(value: object) -> ProviderScope:
     return value
 
 
-_reason = check_reason
-
-
 def scope_json(scope: ProviderScope) -> str:
     return json.dumps(
         {"stream": scope.stream, "group": scope.group, "incarnation": scope.incarnation},
@@ -225,7 +222,7 @@ class ProgressCore:
             None,
             d.value,
             e.value if e else "",
-            _reason(reason),
+            check_reason(reason),
             _count(delivery_count, "delivery_count"),
         )
 
@@ -233,7 +230,7 @@ class ProgressCore:
         self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, reason: str
     ) -> Call:
         d, e = _delivery(delivery), _emission(emission)
-        return self._call("defer", _scope(scope), None, d.value, e.value, _reason(reason))
+        return self._call("defer", _scope(scope), None, d.value, e.value, check_reason(reason))
 
     def plan_receipt(
         self,

@@ -16,6 +16,7 @@ import redis
 from settle import Settler
 from settle._runtime.topology import has_functions
 from settle.embedded import EmbeddedRedis, find_redis_server
+from tests.acl import app_user
 from tests.cli.conftest import settle
 from tests.cluster.cluster_support import LocalCluster
 
@@ -132,15 +133,7 @@ def test_fewer_replicas_than_min_replicas_fails(safe: EmbeddedRedis) -> None:
 
 def test_a_user_that_may_not_load_scripts_fails() -> None:
     with EmbeddedRedis() as server:
-        with redis.Redis.from_url(server.url) as raw:
-            raw.acl_setuser(
-                "app",
-                enabled=True,
-                passwords=["+pw"],
-                keys=["*"],
-                commands=["+@all", "-@scripting"],
-            )
-        code, checks = _doctor(f"redis://app:pw@127.0.0.1:{server.port}/0")
+        code, checks = _doctor(app_user(server, "+@all", "-@scripting"))
     assert code == 1
     assert checks["scripts"]["status"] == "fail"
     assert "+@scripting" in checks["scripts"]["fix"]
@@ -153,15 +146,9 @@ def test_a_user_that_may_not_load_function_libraries_warns() -> None:
     with EmbeddedRedis() as server:
         with redis.Redis.from_url(server.url) as raw:
             functions = has_functions(raw.info("server"))
-            raw.acl_setuser(
-                "app",
-                enabled=True,
-                passwords=["+pw"],
-                keys=["*"],
-                commands=["+@all", "-function"] if functions else ["+@all"],
-            )
-        code, checks = _doctor(f"redis://app:pw@127.0.0.1:{server.port}/0")
-        strict, _ = _doctor(f"redis://app:pw@127.0.0.1:{server.port}/0", "--strict")
+        url = app_user(server, "+@all", *(["-function"] if functions else []))
+        code, checks = _doctor(url)
+        strict, _ = _doctor(url, "--strict")
     assert code == 0  # warnings only
     if functions:
         assert checks["scripts"]["status"] == "warn"

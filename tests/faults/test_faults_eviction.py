@@ -24,6 +24,7 @@ from settle.progress import (
     ProgressStore,
     ProviderScope,
 )
+from tests.acl import app_user
 
 pytestmark = [pytest.mark.faults]
 
@@ -152,17 +153,8 @@ def test_a_policy_that_cannot_be_read_warns_and_does_not_refuse(
     # A managed Redis may deny INFO memory to the application's user: settle cannot tell
     # the policy, so it says so and goes on (refusing would lock out every such deployment).
     server = servers["allkeys-lru"]
-    with redis.Redis.from_url(server.url) as raw:
-        raw.acl_setuser(
-            "app",
-            enabled=True,
-            passwords=["+pw"],
-            keys=["*"],
-            channels=["*"],
-            commands=["+@all", "-info", "+info|server"],
-        )
+    url = app_user(server, "+@all", "-info", "+info|server")
     try:
-        url = f"redis://app:pw@127.0.0.1:{server.port}/0"
         with capture_logs() as logs:
             _first_call("sync", "settler", url)
         unknown = [e for e in logs if e["event"] == "settle.backend.eviction_unknown"]

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from settle import AsyncSettler, ConfigurationError, QuarantineKind, Reserved, Settler, Verdict
 from settle._core.keys import shard_of
 from settle.embedded import EmbeddedRedis
+from tests.acl import app_user
 
 pytestmark = [pytest.mark.faults]
 
@@ -215,16 +216,7 @@ def test_a_user_whose_acl_refuses_exists_still_starts_a_new_namespace(
     """The check of the shard states beyond a client's count sends EXISTS; a user whose ACL
     refuses it (a scripting-only user, ``-@keyspace``) ran settle before the check existed.
     It still does: the check is skipped with a warning, never a refusal of every start."""
-    with redis.Redis.from_url(server.url) as raw:
-        raw.acl_setuser(
-            "app",
-            enabled=True,
-            passwords=["+pw"],
-            keys=["*"],
-            commands=["+@all", "-exists"],
-            channels=["*"],
-        )
-    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
+    url = app_user(server, "+@all", "-exists")
     with capture_logs() as logs, Settler.from_url(url, namespace="acl", shards=4) as settler:
         assert isinstance(settler.reserve("order-1", REQ, principal=WHO), Reserved)
     skipped = [e for e in logs if e["event"] == "settle.namespace.beyond_unchecked"]

@@ -27,6 +27,7 @@ from settle.progress import (
     ProgressStore,
     ProviderScope,
 )
+from tests.acl import app_user
 from tests.faults.servers import proxy_to, script_needle
 
 pytestmark = [pytest.mark.faults]
@@ -381,15 +382,7 @@ def test_a_server_that_refuses_function_after_a_loss_is_called_with_evalsha(
     with _raw(server) as raw:
         if int(raw.info("server")["redis_version"].split(".")[0]) < 7:
             pytest.skip("FUNCTION libraries exist on Redis 7+ and Valkey only")
-        raw.acl_setuser(
-            "app",
-            enabled=True,
-            passwords=["+pw"],
-            keys=["*"],
-            channels=["*"],
-            commands=["+@all"],
-        )
-    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
+    url = app_user(server, "+@all")
     with Settler.from_url(url, namespace="lanes", shards=2) as settler:
         assert isinstance(settler.reserve("op-0", {"n": 0}, principal="p"), Reserved)
         assert settler._runner._fcall

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from settle import AsyncSettler, ConfigurationError, Settler
 from settle.embedded import EmbeddedRedis
+from tests.acl import app_user
 from tests.cli.conftest import settle
 from tests.cluster.cluster_support import LocalCluster
 
@@ -126,21 +127,14 @@ def test_a_unix_socket_primary_reads_its_tcp_replica() -> None:
         primary.close()
 
 
-def _user(server: EmbeddedRedis, name: str, *commands: str) -> None:
-    with redis.Redis.from_url(server.url) as raw:
-        raw.acl_setuser(
-            name, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=commands
-        )
-
-
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_user_denied_info_on_the_replica_is_warned_about_not_refused(flavour: str) -> None:
     primary = EmbeddedRedis().start()
     replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
     try:
         _wait_linked(primary)
-        _user(primary, "svc", "+@all")
-        _user(replica, "svc", "+@all", "-info")
+        app_user(primary, "+@all", name="svc")
+        app_user(replica, "+@all", "-info", name="svc")
         url = f"redis://svc:pw@127.0.0.1:{primary.port}/0"
         started = time.monotonic()
         with capture_logs() as logs:
@@ -223,7 +217,7 @@ def test_info_replication_denied_is_said_by_the_runner_and_by_doctor() -> None:
     try:
         _wait_linked(primary)
         sections = ["+info|server", "+info|memory", "+info|persistence"]
-        _user(primary, "svc", "+@all", "-info", *sections)
+        app_user(primary, "+@all", "-info", *sections, name="svc")
         url = f"redis://svc:pw@127.0.0.1:{primary.port}/0"
         # The runner judges the primary and warns that its replicas went unread.
         with capture_logs() as logs, Settler.from_url(url, namespace="d", shards=1) as s:

@@ -32,6 +32,7 @@ from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
 from settle.embedded import EmbeddedRedis, find_redis_server
 from settle.progress import ProgressStore
 from settle.progress._scripts import PROGRESS
+from tests.acl import app_user
 from tests.integration.conftest import Awaitable as Blocking
 
 REDIS7 = Path(__file__).resolve().parents[2] / ".ci" / "redis7" / "redis-server"
@@ -226,16 +227,8 @@ def test_a_user_without_function_load_keeps_evalsha(server: EmbeddedRedis) -> No
     ``settle.backend.functions_refused`` once and runs its scripts by EVALSHA."""
     raw = redis.Redis.from_url(server.url)
     functions = _has_functions(raw)
-    raw.acl_setuser(
-        "app",
-        enabled=True,
-        passwords=["+pw"],
-        keys=["*"],
-        commands=["+@all", "-function"] if functions else ["+@all"],
-        channels=["*"],
-    )
+    url = app_user(server, "+@all", *(["-function"] if functions else []))
     raw.config_resetstat()
-    url = f"redis://app:pw@127.0.0.1:{server.port}/0"
     with capture_logs() as logs, Settler.from_url(url, namespace="fn", shards=2) as settler:
         _settle_once(settler, "op")
     refused = [e for e in logs if e["event"] == "settle.backend.functions_refused"]
