@@ -1,7 +1,10 @@
 """Running the handler under a reservation, and settling the reservation from its response.
 
-The handler runs in its own task while a heartbeat renews the lease and a watcher listens
-for the client going away. The response is captured through ``send``:
+The handler runs in the request's own task. A heartbeat renews the lease once the first
+renewal is due, and a listener hears the client go away once the handler has run for
+``LISTEN_AFTER``; a timeout, a disconnect or a lost lease stops the handler by cancelling
+the request's task, as ``asyncio.timeout`` does, and a cancellation from the server is told
+apart from those and passed on. The response is captured through ``send``:
 
 * a finished response (:meth:`Guard.keeps`) is buffered; when its last byte arrives it
   is stored with ``complete`` and only then sent, so a client that saw the whole response
@@ -13,13 +16,14 @@ for the client going away. The response is captured through ``send``:
   (other 3xx are finished answers: :func:`~settle.http.stored.storable_status`).
 
 An exception, a timeout or a client disconnect before the last byte marks the attempt
-provisional too; on a timeout or a disconnect the handler task is cancelled first. Work the
+provisional too; on a timeout or a disconnect the handler is cancelled first. Work the
 app does after its last byte (background tasks) never changes the stored outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from enum import Enum
 
 from settle._async.settler import AsyncSettler
@@ -33,6 +37,11 @@ __all__ = ["AttemptRunner", "send_response"]
 
 #: ASGI extensions that send a response without body messages.
 _FILE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+
+#: Seconds a handler runs before the middleware listens for its client leaving. A listener
+#: is a task of its own: a handler done sooner never needs one. A client gone before then is
+#: noticed then (the handler is stopped and the attempt left provisional all the same).
+LISTEN_AFTER = 0.1
 
 
 class _Phase(Enum):
@@ -63,11 +72,19 @@ class AttemptRunner:
         self._downstream_started = False
         self._stopped = False  # the handler task has ended (after being cancelled)
         self._heartbeat: asyncio.Task[None] | None = None
-        self._heartbeat_ended: asyncio.Future[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._responder: asyncio.Task[None] | None = None
+        self._gone = asyncio.Event()  # the listener heard the client leave
+        self._task: asyncio.Task[object]
+        self._reason: str | None = None  # why _interrupt stopped the handler
+        self._reason_delivered = False  # its cancellation reached the handler
 
     async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         self._send = send
-        gone = asyncio.Event()
+        task = asyncio.current_task()
+        assert task is not None, "an ASGI app runs in a task"
+        self._task = task
+        gone = self._gone
         delivered = False
 
         async def app_receive() -> Message:
@@ -82,27 +99,25 @@ class AttemptRunner:
             return {"type": "http.disconnect"}
 
         loop = asyncio.get_running_loop()
-        watcher = asyncio.create_task(_watch_disconnect(receive, gone))
-        # No heartbeat task until the first renewal is due: most handlers are done before.
-        self._heartbeat_ended = loop.create_future()
-        timer = loop.call_later(self._lease / 3, self._start_heartbeat)
-        app_task = asyncio.create_task(self._call_app(scope, app_receive))
+        # No listener and no heartbeat task until they can matter: most handlers are done
+        # before either starts (docs/http-endpoints.md, "What a request costs").
+        timers = [
+            loop.call_later(LISTEN_AFTER, self._start_listening, receive),
+            loop.call_later(self._lease / 3, self._start_heartbeat),
+        ]
+        if self._policy.timeout is not None:
+            timers.append(loop.call_later(self._policy.timeout, self._interrupt, "timeout"))
         try:
-            await self._supervise(app_task, watcher, self._heartbeat_ended)
-        except asyncio.CancelledError:
-            # The server cancelled us (shutdown, or a server that cancels on disconnect).
-            if self._phase is _Phase.RUNNING:
-                self._phase = _Phase.ABANDONED
-                await _cancel(app_task)
-                self._stopped = True
-                await asyncio.shield(self._settle(self._guard.failed(self._run, "cancelled")))
-            raise
+            await self._run_app(task, scope, app_receive)
         finally:
-            timer.cancel()
-            tasks = [watcher] if self._heartbeat is None else [watcher, self._heartbeat]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for timer in timers:
+                timer.cancel()
+            helpers = [t for t in (self._listener, self._heartbeat) if t is not None]
+            for helper in helpers:
+                helper.cancel()
+            if self._responder is not None:
+                helpers.append(self._responder)  # an answer already on its way: let it go out
+            await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _call_app(self, scope: Scope, receive: Receive) -> None:
         # A guarded response must go through http.response.body messages to be stored:
@@ -118,70 +133,96 @@ class AttemptRunner:
 
     # -- supervision ---------------------------------------------------------------------
 
-    async def _supervise(
-        self,
-        app_task: asyncio.Task[None],
-        watcher: asyncio.Task[None],
-        heartbeat: asyncio.Future[None],
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = self._policy.timeout
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            waiting = {t for t in (app_task, watcher, heartbeat) if not t.done()}
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            done, _ = await asyncio.wait(
-                waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            if app_task in done:
-                await self._handler_ended(app_task)
-                return
-            if self._phase is not _Phase.RUNNING:
-                deadline = None  # the response is out; let the app finish its own work
-                continue
-            if watcher in done:
-                reason = "client_disconnect"
-            elif heartbeat in done:
-                if not self._attempt.lost:
-                    continue  # the heartbeat stopped without a verdict (logged): carry on
-                reason = "lease_lost"
+    async def _run_app(self, task: asyncio.Task[object], scope: Scope, receive: Receive) -> None:
+        """Run the app in this task. A timeout, the client leaving or the lost lease stops it
+        by cancelling this task (:meth:`_interrupt`), as ``asyncio.timeout`` does; a
+        cancellation that is not ours (the server's) is settled and raised."""
+        error: Exception | None = None
+        try:
+            await self._call_app(scope, receive)
+        except asyncio.CancelledError:
+            if self._reason is None and not task.cancelling():
+                # The handler raised it on its own (an awaited task of its was cancelled):
+                # no one is stopping this request, so it ends as a handler without an answer.
+                error = None
+            elif self._reason is None or task.uncancel() > 0:
+                await self._cancelled_from_outside()
+                raise
             else:
-                reason = "timeout"
-            self._phase = _Phase.ABANDONED
-            problem = self._guard.abandoned(reason)
-            if problem is not None and not self._downstream_started:
-                # Answer at the timeout, not when the handler's cleanup ends.
-                await self._respond(problem)
-            # The heartbeat keeps the lease while the handler stops: a retry meanwhile gets
-            # 409, never a second handler running beside this one.
-            await _cancel(app_task)
-            self._stopped = True
-            if reason == "lease_lost":
-                # Another attempt may own the operation now: this one must not settle it.
-                await self._answer_superseded(None)
-                return
-            await self._settle(self._guard.failed(self._run, reason))
+                self._reason_delivered = True
+        except Exception as exc:  # noqa: BLE001  # settled below, then raised to the server
+            error = exc
+        if self._reason is not None:
+            if not self._reason_delivered and await _absorb_cancel(task):
+                await self._cancelled_from_outside()
+                raise asyncio.CancelledError
+            await self._stopped_by(self._reason)  # what it raised while stopping is moot
             return
-
-    async def _handler_ended(self, app_task: asyncio.Task[None]) -> None:
-        error = None if app_task.cancelled() else app_task.exception()
         if self._phase is _Phase.RUNNING:
             self._phase = _Phase.SETTLED
-            reason = "exception" if error else "no_response"
-            await self._settle(self._guard.failed(self._run, reason))
+            await self._settle(
+                self._guard.failed(self._run, "exception" if error else "no_response")
+            )
         if error is not None:
             self._guard.handler_raised(error)
             raise error
 
+    def _interrupt(self, reason: str) -> None:
+        """A timeout, a disconnect or the lost lease while the handler runs: answer now if
+        the guard has an answer, and stop the handler (the cancellation reaches it at the
+        await it is in; after its last byte nothing stops it)."""
+        if self._phase is not _Phase.RUNNING:
+            return
+        self._phase = _Phase.ABANDONED
+        self._reason = reason
+        problem = self._guard.abandoned(reason)
+        if problem is not None and not self._downstream_started:
+            # Answer at the timeout, not when the handler's cleanup ends.
+            self._downstream_started = True
+            self._responder = asyncio.get_running_loop().create_task(self._respond(problem))
+        self._task.cancel()
+
+    async def _stopped_by(self, reason: str) -> None:
+        """The handler stopped after :meth:`_interrupt`: settle the attempt."""
+        self._stopped = True
+        if self._responder is not None:
+            with contextlib.suppress(Exception):  # a client already gone: settle all the same
+                await self._responder
+        if reason == "lease_lost":
+            # Another attempt may own the operation now: this one must not settle it.
+            await self._answer_superseded(None)
+            return
+        # The heartbeat kept the lease while the handler stopped: a retry meanwhile got 409,
+        # never a second handler running beside this one.
+        await self._settle(self._guard.failed(self._run, reason))
+
+    async def _cancelled_from_outside(self) -> None:
+        """The server cancelled the request (shutdown, or a server that cancels on
+        disconnect): a handler that had not finished is settled as provisional."""
+        if self._phase is _Phase.RUNNING or (self._phase is _Phase.ABANDONED and not self._stopped):
+            reason = self._reason or "cancelled"
+            self._phase = _Phase.ABANDONED
+            self._stopped = True
+            if reason != "lease_lost":
+                await asyncio.shield(self._settle(self._guard.failed(self._run, reason)))
+
+    def _start_listening(self, receive: Receive) -> None:
+        """The handler is still running ``LISTEN_AFTER`` seconds in: listen for the client
+        leaving."""
+        self._listener = asyncio.get_running_loop().create_task(self._listen(receive))
+
+    async def _listen(self, receive: Receive) -> None:
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # noqa: BLE001, S110  # a receive that fails: the client is gone
+            pass
+        self._gone.set()
+        self._interrupt("client_disconnect")
+
     def _start_heartbeat(self) -> None:
         """The first renewal is due (``lease / 3`` after the reservation): start renewing."""
         self._heartbeat = asyncio.get_running_loop().create_task(self._renew_lease())
-        self._heartbeat.add_done_callback(self._heartbeat_stopped)
-
-    def _heartbeat_stopped(self, _task: asyncio.Task[None]) -> None:
-        ended = self._heartbeat_ended
-        if ended is not None and not ended.done():
-            ended.set_result(None)
 
     async def _renew_lease(self) -> None:
         """Renew the lease every ``lease / 3`` seconds until the outcome is settled, or until
@@ -203,6 +244,7 @@ class AttemptRunner:
                 if not renewal.renewed:
                     self._guard.lease_lost(renewal.reason)
                     self._attempt.mark_lost(renewal)
+                    self._interrupt("lease_lost")
                     return
             await asyncio.sleep(self._lease / 3)
 
@@ -306,19 +348,11 @@ async def send_response(send: Send, response: Response) -> None:
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            return
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    """Cancel the handler and wait until its task has ended. A sync handler's thread (run by
-    the framework in a thread pool) cannot be interrupted and may go on after that: see
-    docs/http-endpoints.md."""
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # what it raised while stopping changes nothing: it is provisional
+async def _absorb_cancel(task: asyncio.Task[object]) -> bool:
+    """Take back the cancellation :meth:`AttemptRunner._interrupt` requested of ``task``
+    when the handler ended before it reached it (or swallowed it): on Python before 3.13 a
+    cancellation still pending would hit the next await, the settlement's. True if the task
+    is also being cancelled by someone else."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    return task.uncancel() > 0

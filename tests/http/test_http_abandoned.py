@@ -5,11 +5,12 @@ the first (found in review: the lease used to lapse while the handler was still 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from settle import AsyncSettler
+from settle import AsyncSettler, State
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi.keys import operation_id
 
@@ -83,3 +84,208 @@ async def test_a_stopping_handler_keeps_its_key_and_the_timeout_is_answered_on_t
     record = await async_settler.get(operation_id("http", "k1", "tenant:a", "principal"))
     assert record is not None
     assert record.reason == "timeout"
+
+
+# -- the handler runs in the request's own task: every way it is stopped -----------------------
+
+
+def _scope(key: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/pay",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", key)],
+    }
+
+
+class _Client:
+    """One request's receive and send: the body, then (if ``leaves``) an immediate
+    ``http.disconnect``, else nothing more."""
+
+    def __init__(self, *, leaves: bool = False) -> None:
+        self.leaves = leaves
+        self.messages: list[dict[str, Any]] = []
+        self._sent = False
+
+    async def receive(self) -> dict[str, Any]:
+        if not self._sent:
+            self._sent = True
+            return {"type": "http.request", "body": b"x", "more_body": False}
+        if self.leaves:
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def status(self) -> int | None:
+        starts = [m["status"] for m in self.messages if m["type"] == "http.response.start"]
+        return starts[0] if starts else None
+
+
+def _op(key: str) -> str:
+    return operation_id("http", key, "tenant:a", "principal")
+
+
+class _AnswersOnRetry:
+    """An app whose first run does ``first()`` before it answers; every run answers 201
+    with its run number (a first run stopped on the way never answers)."""
+
+    def __init__(self, first: Callable[[], Awaitable[None]]) -> None:
+        self.first = first
+        self.runs = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        self.runs += 1
+        if self.runs == 1:
+            await self.first()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": f"run {self.runs}".encode()})
+
+
+@pytest.mark.parametrize("then", ["answers", "raises"])
+async def test_a_handler_that_ignores_its_timeout_is_not_stored_and_runs_again(
+    async_settler: AsyncSettler, then: str
+) -> None:
+    """The handler swallows the cancellation of its timeout and answers 201 anyway (or
+    raises something else): its client got 504 at the timeout, the late answer is not
+    stored, the settlement is not hit by the cancellation, and a retry runs the handler
+    again. The request's task ends with no cancellation left pending on it."""
+
+    async def ignore_the_timeout() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if then == "raises":
+                raise RuntimeError("cleanup failed") from None
+
+    app = _AnswersOnRetry(ignore_the_timeout)
+
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", timeout=0.2
+    )
+
+    async def request() -> tuple[_Client, int]:
+        client = _Client()
+        async with asyncio.timeout(10):  # an outer deadline, as a server or framework keeps
+            await mw(_scope(b"k-ignore"), client.receive, client.send)
+        await asyncio.sleep(0)  # a cancellation left pending would land here
+        task = asyncio.current_task()
+        assert task is not None
+        return client, task.cancelling()
+
+    first, pending = await asyncio.create_task(request())
+    assert (first.status, pending) == (504, 0)
+    assert [m for m in first.messages if m.get("body") == b"run 1"] == []
+    record = await async_settler.get(_op("k-ignore"))
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+
+    retry, pending = await asyncio.create_task(request())
+    assert (retry.status, pending) == (201, 0)
+    assert app.runs == 2
+    record = await async_settler.get(_op("k-ignore"))
+    assert record is not None
+    assert record.state is State.COMPLETED
+
+
+async def test_a_client_gone_before_the_handler_starts_stops_it(
+    async_settler: AsyncSettler,
+) -> None:
+    """The client disconnects right after its body, before the middleware listens (it
+    starts listening once the handler has run for a moment): the handler is stopped all the
+    same and the attempt is left provisional."""
+    stopped = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    mw = IdempotencyMiddleware(app, settler=async_settler, principal=lambda scope: "tenant:a")
+    client = _Client(leaves=True)
+    async with asyncio.timeout(5):
+        await mw(_scope(b"k-gone"), client.receive, client.send)
+    assert stopped.is_set()
+    assert client.status is None  # nobody to answer
+    record = await async_settler.get(_op("k-gone"))
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "client_disconnect")
+
+
+@pytest.mark.parametrize("when", ["running", "stopping after its timeout"])
+async def test_the_server_cancelling_the_request_leaves_it_provisional(
+    async_settler: AsyncSettler, when: str
+) -> None:
+    """The server cancels the request's task (a shutdown, a server that cancels on
+    disconnect): the handler stops, the attempt is left provisional, and the cancellation
+    reaches the server. Cancelled while the handler still cleans up after its timeout, the
+    504 is out and the attempt is provisional for the timeout."""
+    entered = asyncio.Event()
+    cleaning = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        entered.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cleaning.set()
+            if timeout is not None:
+                await asyncio.sleep(10)  # cleanup the server's own cancellation cuts short
+            raise
+
+    timeout = 0.2 if when != "running" else None
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", timeout=timeout
+    )
+    client = _Client()
+    key = b"k-cancel-" + when.split(maxsplit=1)[0].encode()
+    task = asyncio.create_task(mw(_scope(key), client.receive, client.send))
+    await (entered if when == "running" else cleaning).wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = await async_settler.get(_op(key.decode()))
+    assert record is not None
+    if when == "running":
+        assert (record.state, record.reason) == (State.PROVISIONAL, "cancelled")
+        assert client.status is None
+    else:
+        assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+        assert client.status == 504
+
+
+async def test_a_handler_raising_a_cancellation_of_its_own_is_provisional(
+    async_settler: AsyncSettler,
+) -> None:
+    """A handler that raises CancelledError when nobody cancelled the request (a task it
+    awaited was cancelled) ends without an answer: the attempt is provisional, the request
+    itself is not taken for cancelled, and a retry runs the handler again."""
+
+    async def await_a_cancelled_task() -> None:
+        helper = asyncio.create_task(asyncio.sleep(10))
+        helper.cancel()
+        await helper  # raises CancelledError into the handler
+
+    app = _AnswersOnRetry(await_a_cancelled_task)
+
+    mw = IdempotencyMiddleware(app, settler=async_settler, principal=lambda scope: "tenant:a")
+    first = _Client()
+    await mw(_scope(b"k-own"), first.receive, first.send)
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+    record = await async_settler.get(_op("k-own"))
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "no_response")
+    retry = _Client()
+    await mw(_scope(b"k-own"), retry.receive, retry.send)
+    assert (retry.status, app.runs) == (201, 2)
