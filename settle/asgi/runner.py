@@ -43,6 +43,9 @@ _FILE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"}
 #: noticed then (the handler is stopped and the attempt left provisional all the same).
 LISTEN_AFTER = 0.1
 
+#: Seconds before a stop that found another cancellation in flight looks again.
+_LOOK_AGAIN = 0.01
+
 
 class _Phase(Enum):
     RUNNING = "running"  # the handler has not sent its last byte
@@ -77,7 +80,6 @@ class AttemptRunner:
         self._gone = asyncio.Event()  # the listener heard the client leave
         self._task: asyncio.Task[object]
         self._reason: str | None = None  # why _interrupt stopped the handler
-        self._reason_delivered = False  # its cancellation reached the handler
 
     async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         self._send = send
@@ -134,9 +136,31 @@ class AttemptRunner:
     # -- supervision ---------------------------------------------------------------------
 
     async def _run_app(self, task: asyncio.Task[object], scope: Scope, receive: Receive) -> None:
-        """Run the app in this task. A timeout, the client leaving or the lost lease stops it
-        by cancelling this task (:meth:`_interrupt`), as ``asyncio.timeout`` does; a
-        cancellation that is not ours (the server's) is settled and raised."""
+        """Run the app in this task and settle what it did. A timeout, the client leaving or
+        the lost lease stops it by cancelling this task (:meth:`_interrupt`), as
+        ``asyncio.timeout`` does; a cancellation that is not ours (the server's) is settled
+        and raised."""
+        try:
+            error = await self._app_ended(task, scope, receive)
+            if self._reason is not None:
+                await self._stopped_by(self._reason)  # what it raised while stopping is moot
+                return
+            if self._phase is _Phase.RUNNING:
+                self._phase = _Phase.SETTLED
+                reason = "exception" if error else "no_response"
+                await self._settle(self._guard.failed(self._run, reason))
+        except asyncio.CancelledError:
+            await self._cancelled_from_outside()
+            raise
+        if error is not None:
+            self._guard.handler_raised(error)
+            raise error
+
+    async def _app_ended(
+        self, task: asyncio.Task[object], scope: Scope, receive: Receive
+    ) -> Exception | None:
+        """Call the app; what it raised, if anything. Raises CancelledError only for a
+        cancellation that is not ours, with ours taken back."""
         error: Exception | None = None
         try:
             await self._call_app(scope, receive)
@@ -144,34 +168,28 @@ class AttemptRunner:
             if self._reason is None and not task.cancelling():
                 # The handler raised it on its own (an awaited task of its was cancelled):
                 # no one is stopping this request, so it ends as a handler without an answer.
-                error = None
-            elif self._reason is None or task.uncancel() > 0:
-                await self._cancelled_from_outside()
+                return None
+            if self._reason is None or task.uncancel() > 0:
                 raise
-            else:
-                self._reason_delivered = True
-        except Exception as exc:  # noqa: BLE001  # settled below, then raised to the server
+            return None  # ours, and it reached the handler
+        except Exception as exc:  # noqa: BLE001  # settled, then raised to the server
             error = exc
-        if self._reason is not None:
-            if not self._reason_delivered and await _absorb_cancel(task):
-                await self._cancelled_from_outside()
-                raise asyncio.CancelledError
-            await self._stopped_by(self._reason)  # what it raised while stopping is moot
-            return
-        if self._phase is _Phase.RUNNING:
-            self._phase = _Phase.SETTLED
-            await self._settle(
-                self._guard.failed(self._run, "exception" if error else "no_response")
-            )
-        if error is not None:
-            self._guard.handler_raised(error)
-            raise error
+        if self._reason is not None and await _absorb_cancel(task):
+            raise asyncio.CancelledError
+        return error
 
     def _interrupt(self, reason: str) -> None:
         """A timeout, a disconnect or the lost lease while the handler runs: answer now if
         the guard has an answer, and stop the handler (the cancellation reaches it at the
         await it is in; after its last byte nothing stops it)."""
         if self._phase is not _Phase.RUNNING:
+            return
+        if self._task.cancelling():
+            # Someone else is cancelling the request (the server, or a scope inside the
+            # handler): let that end first, then look again. The server's own cancellation
+            # keeps its reason (`cancelled`) and the handler's cleanup is not cut short.
+            loop = asyncio.get_running_loop()
+            loop.call_later(_LOOK_AGAIN, self._interrupt, reason)
             return
         self._phase = _Phase.ABANDONED
         self._reason = reason
@@ -183,11 +201,9 @@ class AttemptRunner:
         self._task.cancel()
 
     async def _stopped_by(self, reason: str) -> None:
-        """The handler stopped after :meth:`_interrupt`: settle the attempt."""
+        """The handler stopped after :meth:`_interrupt`: settle the attempt (an answer, if
+        any, is on its way already: :meth:`run` waits for it)."""
         self._stopped = True
-        if self._responder is not None:
-            with contextlib.suppress(Exception):  # a client already gone: settle all the same
-                await self._responder
         if reason == "lease_lost":
             # Another attempt may own the operation now: this one must not settle it.
             await self._answer_superseded(None)
@@ -198,13 +214,15 @@ class AttemptRunner:
 
     async def _cancelled_from_outside(self) -> None:
         """The server cancelled the request (shutdown, or a server that cancels on
-        disconnect): a handler that had not finished is settled as provisional."""
+        disconnect): a handler that had not finished, or had not finished stopping, is
+        settled as provisional (a settlement already under way finishes on its own:
+        :meth:`_settle`)."""
         if self._phase is _Phase.RUNNING or (self._phase is _Phase.ABANDONED and not self._stopped):
             reason = self._reason or "cancelled"
             self._phase = _Phase.ABANDONED
             self._stopped = True
             if reason != "lease_lost":
-                await asyncio.shield(self._settle(self._guard.failed(self._run, reason)))
+                await self._settle(self._guard.failed(self._run, reason))
 
     def _start_listening(self, receive: Receive) -> None:
         """The handler is still running ``LISTEN_AFTER`` seconds in: listen for the client
@@ -330,7 +348,20 @@ class AttemptRunner:
     # -- settlement calls ----------------------------------------------------------------
 
     async def _settle(self, step: Settle | None) -> Response | None:
-        """Carry out the guard's settlement; return what to answer instead, if anything."""
+        """Carry out the guard's settlement; return what to answer instead, if anything.
+
+        The server may cancel the request while a settlement is on the wire (its shutdown):
+        the settlement may or may not be written then, so it is sent again, shielded, before
+        the cancellation goes on. A repeat of a written settlement is absorbed (SPEC 2, a
+        repeat after a lost reply), so the record ends settled either way, never pending
+        until its lease runs out with the handler's work done."""
+        try:
+            return await self._settle_steps(step)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._settle_steps(step))
+            raise
+
+    async def _settle_steps(self, step: Settle | None) -> Response | None:
         while step is not None:
             try:
                 settlement = await step.call(self._settler)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from settle import AsyncSettler, State
 from settle.asgi import IdempotencyMiddleware
@@ -289,3 +290,82 @@ async def test_a_handler_raising_a_cancellation_of_its_own_is_provisional(
     retry = _Client()
     await mw(_scope(b"k-own"), retry.receive, retry.send)
     assert (retry.status, app.runs) == (201, 2)
+
+
+async def test_the_server_cancelling_while_the_outcome_is_stored_still_stores_it(
+    async_settler: AsyncSettler, redis_url: str
+) -> None:
+    """The server cancels the request (its shutdown) while the handler's finished response
+    is being stored, on a Redis slow to answer: the settlement is finished all the same, so
+    the record is completed and a retry gets the stored response, never a second run."""
+    admin = aioredis.Redis.from_url(redis_url)
+    request: list[asyncio.Task[None]] = []
+
+    async def slow_store_then_cancel() -> None:
+        await admin.execute_command("CLIENT", "PAUSE", "300", "WRITE")  # complete waits
+        asyncio.get_running_loop().call_later(0.1, request[0].cancel)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        runs.append(1)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        if len(runs) == 1:
+            await slow_store_then_cancel()
+        await send({"type": "http.response.body", "body": b"charged"})
+
+    runs: list[int] = []
+    first = _Client()
+    mw = IdempotencyMiddleware(app, settler=async_settler, principal=lambda scope: "tenant:a")
+    try:
+        request.append(asyncio.create_task(mw(_scope(b"k-shutdown"), first.receive, first.send)))
+        with pytest.raises(asyncio.CancelledError):
+            await request[0]
+    finally:
+        await admin.aclose()
+    record = await async_settler.get(_op("k-shutdown"))
+    assert record is not None
+    assert record.state is State.COMPLETED
+    retry = _Client()
+    await mw(_scope(b"k-shutdown"), retry.receive, retry.send)
+    assert retry.status == 201
+    assert [m.get("body") for m in retry.messages if "body" in m] == [b"charged"]
+    assert len(runs) == 1
+
+
+async def test_a_timeout_during_the_servers_cancellation_does_not_cut_the_cleanup_short(
+    async_settler: AsyncSettler,
+) -> None:
+    """The server cancels the request and the handler cleans up past its timeout: the
+    timeout neither answers through a request being torn down nor cancels the cleanup; the
+    attempt is provisional as cancelled."""
+    entered = asyncio.Event()
+    log: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        entered.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.sleep(0.5)  # rolls back what it started
+                log.append("cleanup finished")
+            except asyncio.CancelledError:
+                log.append("cleanup cut short")
+            raise
+
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", timeout=0.3
+    )
+    client = _Client()
+    task = asyncio.create_task(mw(_scope(b"k-teardown"), client.receive, client.send))
+    await entered.wait()
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert log == ["cleanup finished"]
+    assert client.status is None
+    record = await async_settler.get(_op("k-teardown"))
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "cancelled")
