@@ -131,6 +131,24 @@ def _op(key: str) -> str:
     return operation_id("http", key, "tenant:a", "principal")
 
 
+class _Waits:
+    """An app that waits (a slow downstream call) until it is cancelled, then runs
+    ``cleanup()`` before it stops; ``entered`` is set once it waits."""
+
+    def __init__(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        self.cleanup = cleanup
+        self.entered = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        self.entered.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await self.cleanup()
+            raise
+
+
 class _AnswersOnRetry:
     """An app whose first run does ``first()`` before it answers; every run answers 201
     with its run number (a first run stopped on the way never answers)."""
@@ -229,19 +247,15 @@ async def test_the_server_cancelling_the_request_leaves_it_provisional(
     disconnect): the handler stops, the attempt is left provisional, and the cancellation
     reaches the server. Cancelled while the handler still cleans up after its timeout, the
     504 is out and the attempt is provisional for the timeout."""
-    entered = asyncio.Event()
     cleaning = asyncio.Event()
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await receive()
-        entered.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cleaning.set()
-            if timeout is not None:
-                await asyncio.sleep(10)  # cleanup the server's own cancellation cuts short
-            raise
+    async def cleanup() -> None:
+        cleaning.set()
+        if timeout is not None:
+            await asyncio.sleep(10)  # cleanup the server's own cancellation cuts short
+
+    app = _Waits(cleanup)
+    entered = app.entered
 
     timeout = 0.2 if when != "running" else None
     mw = IdempotencyMiddleware(
@@ -338,28 +352,23 @@ async def test_a_timeout_during_the_servers_cancellation_does_not_cut_the_cleanu
     """The server cancels the request and the handler cleans up past its timeout: the
     timeout neither answers through a request being torn down nor cancels the cleanup; the
     attempt is provisional as cancelled."""
-    entered = asyncio.Event()
     log: list[str] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await receive()
-        entered.set()
+    async def cleanup() -> None:
         try:
-            await asyncio.sleep(10)
+            await asyncio.sleep(0.5)  # rolls back what it started
+            log.append("cleanup finished")
         except asyncio.CancelledError:
-            try:
-                await asyncio.sleep(0.5)  # rolls back what it started
-                log.append("cleanup finished")
-            except asyncio.CancelledError:
-                log.append("cleanup cut short")
-            raise
+            log.append("cleanup cut short")
+
+    app = _Waits(cleanup)
 
     mw = IdempotencyMiddleware(
         app, settler=async_settler, principal=lambda scope: "tenant:a", timeout=0.3
     )
     client = _Client()
     task = asyncio.create_task(mw(_scope(b"k-teardown"), client.receive, client.send))
-    await entered.wait()
+    await app.entered.wait()
     await asyncio.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
