@@ -168,13 +168,20 @@ class _Exchange:
     def call(self, attempt: Attempt) -> Response:
         self._environ["settle"] = attempt
         chunks: list[bytes] = []
+        started = False
 
         def start_response(
             status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
         ) -> Callable[[bytes], object]:
             # Nothing is sent before the whole response is settled, so an error page may
-            # always replace what was started (PEP 3333, exc_info).
-            del exc_info
+            # always replace what was started (PEP 3333, exc_info); without exc_info a second
+            # call is the app's error (PEP 3333: "a fatal error"), as every server treats it.
+            nonlocal started
+            if started and exc_info is None:
+                raise RuntimeError(
+                    "start_response was called a second time without exc_info (PEP 3333)"
+                )
+            started = True
             self.status, self.headers = status, list(headers)
             return chunks.append
 

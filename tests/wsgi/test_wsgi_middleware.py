@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -238,3 +239,35 @@ def test_flask_refuses_a_second_init_app() -> None:
     extension = Idempotency(app, settler=MemorySettler(namespace="twice"), principal=principal)
     with pytest.raises(ConfigurationError, match="already installed"):
         extension.init_app(app)
+
+
+def test_a_second_start_response_without_exc_info_is_the_apps_error(settler: Settler) -> None:
+    """PEP 3333: calling start_response again without exc_info is a fatal error. The app
+    gets it raised (its 500 page never replaces the first answer), the attempt is left
+    provisional, and a retry runs the handler again; with exc_info the error page replaces
+    the first answer."""
+    runs: list[str] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(environ["PATH_INFO"])
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        if len(runs) == 1:
+            start_response("200 OK", [("Content-Type", "text/plain")])  # raises
+        if environ["PATH_INFO"] == "/error-page":
+            try:
+                raise ValueError("the charge failed after the headers were chosen")
+            except ValueError:
+                start_response("503 Service Unavailable", [], sys.exc_info())
+            return [b"try again"]
+        return [b"charged"]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base) as client:
+        failed = client.post("/charge", content=b"x", headers=KEY)
+        retried = client.post("/charge", content=b"x", headers=KEY)
+        paged = client.post("/error-page", content=b"x", headers={**KEY, "Idempotency-Key": "k-2"})
+    assert failed.status_code == 500
+    assert (retried.status_code, retried.content) == (201, b"charged")
+    assert "idempotent-replayed" not in retried.headers
+    assert (paged.status_code, paged.content) == (503, b"try again")
+    assert runs == ["/charge", "/charge", "/error-page"]
