@@ -43,8 +43,10 @@ _FILE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"}
 #: noticed then (the handler is stopped and the attempt left provisional all the same).
 LISTEN_AFTER = 0.1
 
-#: Seconds before a stop that found another cancellation in flight looks again.
+#: Seconds before a stop that found another cancellation in flight looks again, and how
+#: long it waits for that cancellation to end before it stops the handler all the same.
 _LOOK_AGAIN = 0.01
+_WAIT_FOR_OTHERS = 1.0
 
 
 class _Phase(Enum):
@@ -80,6 +82,7 @@ class AttemptRunner:
         self._gone = asyncio.Event()  # the listener heard the client leave
         self._task: asyncio.Task[object]
         self._reason: str | None = None  # why _interrupt stopped the handler
+        self._others_until: float | None = None  # see _interrupt
 
     async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         self._send = send
@@ -142,6 +145,11 @@ class AttemptRunner:
         and raised."""
         try:
             error = await self._app_ended(task, scope, receive)
+            if self._reason is None and self._attempt.lost and self._phase is _Phase.RUNNING:
+                # The lease was lost while another cancellation was in flight (the stop was
+                # put off): another attempt may own the operation, so this one is superseded.
+                self._phase = _Phase.ABANDONED
+                self._reason = "lease_lost"
             if self._reason is not None:
                 await self._stopped_by(self._reason)  # what it raised while stopping is moot
                 return
@@ -184,13 +192,18 @@ class AttemptRunner:
         await it is in; after its last byte nothing stops it)."""
         if self._phase is not _Phase.RUNNING:
             return
+        loop = asyncio.get_running_loop()
         if self._task.cancelling():
             # Someone else is cancelling the request (the server, or a scope inside the
-            # handler): let that end first, then look again. The server's own cancellation
-            # keeps its reason (`cancelled`) and the handler's cleanup is not cut short.
-            loop = asyncio.get_running_loop()
-            loop.call_later(_LOOK_AGAIN, self._interrupt, reason)
-            return
+            # handler): let that end first, then look again, for up to _WAIT_FOR_OTHERS
+            # seconds. The server's own cancellation keeps its reason (`cancelled`) and the
+            # handler's cleanup is not cut short; a handler that swallowed it is stopped all
+            # the same once the wait is over.
+            if self._others_until is None:
+                self._others_until = loop.time() + _WAIT_FOR_OTHERS
+            if loop.time() < self._others_until:
+                loop.call_later(_LOOK_AGAIN, self._interrupt, reason)
+                return
         self._phase = _Phase.ABANDONED
         self._reason = reason
         problem = self._guard.abandoned(reason)
@@ -218,7 +231,7 @@ class AttemptRunner:
         settled as provisional (a settlement already under way finishes on its own:
         :meth:`_settle`)."""
         if self._phase is _Phase.RUNNING or (self._phase is _Phase.ABANDONED and not self._stopped):
-            reason = self._reason or "cancelled"
+            reason = self._reason or ("lease_lost" if self._attempt.lost else "cancelled")
             self._phase = _Phase.ABANDONED
             self._stopped = True
             if reason != "lease_lost":

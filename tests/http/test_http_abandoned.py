@@ -5,6 +5,8 @@ the first (found in review: the lease used to lapse while the handler was still 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -378,3 +380,85 @@ async def test_a_timeout_during_the_servers_cancellation_does_not_cut_the_cleanu
     record = await async_settler.get(_op("k-teardown"))
     assert record is not None
     assert (record.state, record.reason) == (State.PROVISIONAL, "cancelled")
+
+
+async def test_a_lease_lost_during_the_servers_cancellation_settles_nothing(
+    async_settler: AsyncSettler,
+) -> None:
+    """The server cancels a request; while the handler cleans up, its lease runs out, a
+    retry takes the key over and completes, and the heartbeat finds the lease lost. The
+    first attempt is superseded: it settles nothing (no stale settlement in quarantine) and
+    the retry's completion stands."""
+    retried = asyncio.Event()
+
+    async def cleanup() -> None:
+        time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the 0.3 s lease: no renewal
+        cleaning.set()
+        await retried.wait()
+        await asyncio.sleep(0.3)  # the heartbeat runs meanwhile and finds the lease lost
+
+    cleaning = asyncio.Event()
+    app = _Waits(cleanup)
+    first = _Client()
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
+    )
+    task = asyncio.create_task(mw(_scope(b"k-taken"), first.receive, first.send))
+    await app.entered.wait()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await cleaning.wait()
+    answers = IdempotencyMiddleware(
+        _AnswersOnRetry(lambda: asyncio.sleep(0)),
+        settler=async_settler,
+        principal=lambda scope: "tenant:a",
+    )
+    retry = _Client()
+    await answers(_scope(b"k-taken"), retry.receive, retry.send)
+    retried.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert retry.status == 201
+    record = await async_settler.get(_op("k-taken"))
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert await async_settler.quarantine.list(operation_id=_op("k-taken")) == []
+
+
+async def test_a_handler_that_swallows_the_servers_cancellation_still_times_out(
+    async_settler: AsyncSettler,
+) -> None:
+    """The handler catches the server's cancellation and works on: once the stop has waited
+    its while for that cancellation to end, the timeout stops the handler all the same, and
+    the attempt is provisional for the timeout."""
+    entered = asyncio.Event()
+    stopped: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)  # the server's cancellation, swallowed
+        try:
+            await asyncio.sleep(10)  # works on, far past its timeout
+        except asyncio.CancelledError:
+            stopped.append("stopped")
+            raise
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"late"})
+
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", timeout=0.3
+    )
+    client = _Client()
+    task = asyncio.create_task(mw(_scope(b"k-deaf"), client.receive, client.send))
+    await entered.wait()
+    task.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert stopped == ["stopped"]
+    assert client.status == 504
+    record = await async_settler.get(_op("k-deaf"))
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
