@@ -217,8 +217,9 @@ class AttemptRunner:
         """The handler stopped after :meth:`_interrupt`: settle the attempt (an answer, if
         any, is on its way already: :meth:`run` waits for it)."""
         self._stopped = True
-        if reason == "lease_lost":
-            # Another attempt may own the operation now: this one must not settle it.
+        if reason == "lease_lost" or self._attempt.lost:
+            # Another attempt may own the operation now (its lease may also have been lost
+            # while the handler stopped for another reason): this one must not settle it.
             await self._answer_superseded(None)
             return
         # The heartbeat kept the lease while the handler stopped: a retry meanwhile got 409,
@@ -231,7 +232,7 @@ class AttemptRunner:
         settled as provisional (a settlement already under way finishes on its own:
         :meth:`_settle`)."""
         if self._phase is _Phase.RUNNING or (self._phase is _Phase.ABANDONED and not self._stopped):
-            reason = self._reason or ("lease_lost" if self._attempt.lost else "cancelled")
+            reason = "lease_lost" if self._attempt.lost else (self._reason or "cancelled")
             self._phase = _Phase.ABANDONED
             self._stopped = True
             if reason != "lease_lost":

@@ -168,6 +168,47 @@ class _AnswersOnRetry:
         await send({"type": "http.response.body", "body": f"run {self.runs}".encode()})
 
 
+class _OutlastsItsLease:
+    """A handler's cleanup that blocks the loop past a 0.3 s lease (nothing renews it),
+    waits for the retry that took the key over meanwhile, then gives the heartbeat time to
+    find the lease lost, and then runs ``then()``."""
+
+    def __init__(self, then: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.then = then
+        self.cleaning = asyncio.Event()
+        self.retried = asyncio.Event()
+        self.lost = asyncio.Event()
+
+    async def __call__(self) -> None:
+        time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the lease: no renewal
+        self.cleaning.set()
+        await self.retried.wait()
+        await asyncio.sleep(0.3)  # the heartbeat runs meanwhile and finds the lease lost
+        self.lost.set()
+        if self.then is not None:
+            await self.then()
+
+
+async def _takes_over(settler: AsyncSettler, key: bytes) -> _Client:
+    """A retry of ``key`` by another process (its own middleware): it takes the key over
+    once the lease has run out and completes at once."""
+    answers = IdempotencyMiddleware(
+        _AnswersOnRetry(lambda: asyncio.sleep(0)),
+        settler=settler,
+        principal=lambda scope: "tenant:a",
+    )
+    retry = _Client()
+    await answers(_scope(key), retry.receive, retry.send)
+    return retry
+
+
+async def _settled_by_the_retry_alone(settler: AsyncSettler, key: str) -> None:
+    record = await settler.get(_op(key))
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert await settler.quarantine.list(operation_id=_op(key)) == []
+
+
 @pytest.mark.parametrize("then", ["answers", "raises"])
 async def test_a_handler_that_ignores_its_timeout_is_not_stored_and_runs_again(
     async_settler: AsyncSettler, then: str
@@ -389,15 +430,7 @@ async def test_a_lease_lost_during_the_servers_cancellation_settles_nothing(
     retry takes the key over and completes, and the heartbeat finds the lease lost. The
     first attempt is superseded: it settles nothing (no stale settlement in quarantine) and
     the retry's completion stands."""
-    retried = asyncio.Event()
-
-    async def cleanup() -> None:
-        time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the 0.3 s lease: no renewal
-        cleaning.set()
-        await retried.wait()
-        await asyncio.sleep(0.3)  # the heartbeat runs meanwhile and finds the lease lost
-
-    cleaning = asyncio.Event()
+    cleanup = _OutlastsItsLease()
     app = _Waits(cleanup)
     first = _Client()
     mw = IdempotencyMiddleware(
@@ -407,22 +440,13 @@ async def test_a_lease_lost_during_the_servers_cancellation_settles_nothing(
     await app.entered.wait()
     await asyncio.sleep(0.05)
     task.cancel()
-    await cleaning.wait()
-    answers = IdempotencyMiddleware(
-        _AnswersOnRetry(lambda: asyncio.sleep(0)),
-        settler=async_settler,
-        principal=lambda scope: "tenant:a",
-    )
-    retry = _Client()
-    await answers(_scope(b"k-taken"), retry.receive, retry.send)
-    retried.set()
+    await cleanup.cleaning.wait()
+    retry = await _takes_over(async_settler, b"k-taken")
+    cleanup.retried.set()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert retry.status == 201
-    record = await async_settler.get(_op("k-taken"))
-    assert record is not None
-    assert record.state is State.COMPLETED
-    assert await async_settler.quarantine.list(operation_id=_op("k-taken")) == []
+    await _settled_by_the_retry_alone(async_settler, "k-taken")
 
 
 async def test_a_handler_that_swallows_the_servers_cancellation_still_times_out(
@@ -462,3 +486,37 @@ async def test_a_handler_that_swallows_the_servers_cancellation_still_times_out(
     record = await async_settler.get(_op("k-deaf"))
     assert record is not None
     assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+
+
+@pytest.mark.parametrize("then", ["stops", "is cancelled by the server"])
+async def test_a_lease_lost_while_a_timed_out_handler_stops_settles_nothing(
+    async_settler: AsyncSettler, then: str
+) -> None:
+    """The timeout stops the handler (504); its cleanup outlasts the lease, a retry takes
+    the key over and completes, and the heartbeat finds the lease lost. The timed-out
+    attempt then settles nothing, whether it ends its cleanup or the server cancels it
+    meanwhile: no stale settlement lands in quarantine beside the retry's completion."""
+
+    async def still_cleaning() -> None:
+        await asyncio.sleep(10)  # when the server cancels
+
+    cleanup = _OutlastsItsLease(None if then == "stops" else still_cleaning)
+    app = _Waits(cleanup)
+    first = _Client()
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3, timeout=0.2
+    )
+    task = asyncio.create_task(mw(_scope(b"k-lost-stopping"), first.receive, first.send))
+    await cleanup.cleaning.wait()
+    retry = await _takes_over(async_settler, b"k-lost-stopping")
+    cleanup.retried.set()
+    if then != "stops":
+        await cleanup.lost.wait()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        await task
+    assert (first.status, retry.status) == (504, 201)
+    await _settled_by_the_retry_alone(async_settler, "k-lost-stopping")
