@@ -334,7 +334,13 @@ class AttemptRunner:
             step = self._guard.finished(
                 self._run, status, list(self._start.get("headers", [])), body, self._size
             )
-            instead = await self._settle(step)
+            # Nothing to store, and the lease known lost (its stop was put off while another
+            # cancellation ran): another attempt may own the operation, so this one marks
+            # nothing. A response to store still goes to `complete`, which quarantines it if
+            # it is stale and answers with the authoritative one instead.
+            superseded = step.stored is None and self._attempt.lost
+            instead = None if superseded else await self._settle(step)
+            self._phase = _Phase.SETTLED  # the outcome is written: the heartbeat stops
             if body is None:
                 return  # sent on as it streamed: nothing else can be said
             if instead is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, State
 from settle.asgi import IdempotencyMiddleware
@@ -520,3 +521,71 @@ async def test_a_lease_lost_while_a_timed_out_handler_stops_settles_nothing(
         await task
     assert (first.status, retry.status) == (504, 201)
     await _settled_by_the_retry_alone(async_settler, "k-lost-stopping")
+
+
+async def test_a_lease_lost_before_an_unstored_answer_marks_nothing(
+    async_settler: AsyncSettler,
+) -> None:
+    """The server cancels a request; the handler catches it, cleans up past its lease (a
+    retry takes the key over and completes, the heartbeat finds the lease lost) and then
+    answers 503. A 503 is not stored, and the attempt no longer owns the key: it marks
+    nothing, so no stale settlement lands in quarantine; its client still gets the 503."""
+    cleanup = _OutlastsItsLease()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await cleanup()
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b"shutting down"})
+
+    first = _Client()
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
+    )
+    task = asyncio.create_task(mw(_scope(b"k-unstored"), first.receive, first.send))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await cleanup.cleaning.wait()
+    retry = await _takes_over(async_settler, b"k-unstored")
+    cleanup.retried.set()
+    await task  # the handler swallowed the server's cancellation and answered
+    assert (first.status, retry.status) == (503, 201)
+    await _settled_by_the_retry_alone(async_settler, "k-unstored")
+
+
+async def test_a_stored_response_sent_slowly_keeps_its_lease_quiet(
+    async_settler: AsyncSettler,
+) -> None:
+    """A handler that ran past its first renewal is completed, then its buffered response
+    goes out to a slow client: the heartbeat stops at the completion, so it neither reports
+    the finished operation's lease as lost nor marks the attempt lost."""
+    attempts: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        attempts.append(scope["settle"])
+        await asyncio.sleep(0.15)  # past lease / 3: the heartbeat runs
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"charged"})
+
+    class SlowClient(_Client):
+        async def send(self, message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                await asyncio.sleep(0.5)  # several renewals' worth
+            await super().send(message)
+
+    client = SlowClient()
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
+    )
+    with capture_logs() as logs:
+        await mw(_scope(b"k-slow-client"), client.receive, client.send)
+    assert client.status == 201
+    assert [e for e in logs if e["event"] == "settle.http.lease_lost"] == []
+    assert attempts[0].lost is False
+    record = await async_settler.get(_op("k-slow-client"))
+    assert record is not None
+    assert record.state is State.COMPLETED
