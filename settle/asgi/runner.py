@@ -145,13 +145,12 @@ class AttemptRunner:
         and raised."""
         try:
             error = await self._app_ended(task, scope, receive)
-            if self._reason is None and self._attempt.lost and self._phase is _Phase.RUNNING:
-                # The lease was lost while another cancellation was in flight (the stop was
-                # put off): another attempt may own the operation, so this one is superseded.
+            # A lease lost while another cancellation was in flight put its stop off: the
+            # handler ended still RUNNING, and is superseded all the same.
+            if self._reason is not None or (self._attempt.lost and self._phase is _Phase.RUNNING):
                 self._phase = _Phase.ABANDONED
-                self._reason = "lease_lost"
-            if self._reason is not None:
-                await self._stopped_by(self._reason)  # what it raised while stopping is moot
+                # What it raised while stopping is moot.
+                await self._stopped_by(self._reason or "lease_lost")
                 return
             if self._phase is _Phase.RUNNING:
                 self._phase = _Phase.SETTLED
@@ -210,7 +209,7 @@ class AttemptRunner:
         if problem is not None and not self._downstream_started:
             # Answer at the timeout, not when the handler's cleanup ends.
             self._downstream_started = True
-            self._responder = asyncio.get_running_loop().create_task(self._respond(problem))
+            self._responder = loop.create_task(self._respond(problem))
         self._task.cancel()
 
     async def _stopped_by(self, reason: str) -> None:

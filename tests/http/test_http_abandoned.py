@@ -134,6 +134,13 @@ def _op(key: str) -> str:
     return operation_id("http", key, "tenant:a", "principal")
 
 
+async def _state(settler: AsyncSettler, key: str) -> tuple[State, str | None]:
+    """The record's state and reason (it must exist)."""
+    record = await settler.get(_op(key))
+    assert record is not None
+    return record.state, record.reason
+
+
 class _Waits:
     """An app that waits (a slow downstream call) until it is cancelled, then runs
     ``cleanup()`` before it stops; ``entered`` is set once it waits."""
@@ -244,9 +251,7 @@ async def test_a_handler_that_ignores_its_timeout_is_not_stored_and_runs_again(
     first, pending = await asyncio.create_task(request())
     assert (first.status, pending) == (504, 0)
     assert [m for m in first.messages if m.get("body") == b"run 1"] == []
-    record = await async_settler.get(_op("k-ignore"))
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+    assert await _state(async_settler, "k-ignore") == (State.PROVISIONAL, "timeout")
 
     retry, pending = await asyncio.create_task(request())
     assert (retry.status, pending) == (201, 0)
@@ -278,9 +283,7 @@ async def test_a_client_gone_before_the_handler_starts_stops_it(
         await mw(_scope(b"k-gone"), client.receive, client.send)
     assert stopped.is_set()
     assert client.status is None  # nobody to answer
-    record = await async_settler.get(_op("k-gone"))
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "client_disconnect")
+    assert await _state(async_settler, "k-gone") == (State.PROVISIONAL, "client_disconnect")
 
 
 @pytest.mark.parametrize("when", ["running", "stopping after its timeout"])
@@ -342,9 +345,7 @@ async def test_a_handler_raising_a_cancellation_of_its_own_is_provisional(
     task = asyncio.current_task()
     assert task is not None
     assert task.cancelling() == 0
-    record = await async_settler.get(_op("k-own"))
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "no_response")
+    assert await _state(async_settler, "k-own") == (State.PROVISIONAL, "no_response")
     retry = _Client()
     await mw(_scope(b"k-own"), retry.receive, retry.send)
     assert (retry.status, app.runs) == (201, 2)
@@ -419,9 +420,7 @@ async def test_a_timeout_during_the_servers_cancellation_does_not_cut_the_cleanu
         await task
     assert log == ["cleanup finished"]
     assert client.status is None
-    record = await async_settler.get(_op("k-teardown"))
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "cancelled")
+    assert await _state(async_settler, "k-teardown") == (State.PROVISIONAL, "cancelled")
 
 
 async def test_a_lease_lost_during_the_servers_cancellation_settles_nothing(
@@ -484,9 +483,7 @@ async def test_a_handler_that_swallows_the_servers_cancellation_still_times_out(
             await task
     assert stopped == ["stopped"]
     assert client.status == 504
-    record = await async_settler.get(_op("k-deaf"))
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+    assert await _state(async_settler, "k-deaf") == (State.PROVISIONAL, "timeout")
 
 
 @pytest.mark.parametrize("then", ["stops", "is cancelled by the server"])
