@@ -12,8 +12,9 @@
 -- tests/integration/test_read_heads.py holds both paths' replies equal.
 
 -- A whole number a double holds exactly (what settle stores as an integer): int() writes
--- it as _lib.lua's unnum does, and a sum of three of them is the sum unrel makes through
--- text (beyond 2^63, %d writes every number alike, and the head would differ).
+-- it as _lib.lua's unnum does. A sum of them is checked with whole() again where
+-- unpack_value's unrel_int checks it (updated, the lease end); the record's expiry is a sum
+-- unrel makes through text, the same number below 2^63.
 local function whole(x)
   return type(x) == 'number' and exact(x)
 end
@@ -58,6 +59,8 @@ local function head_record(key, blob, now)
     return nil
   end
   local updated = t[8] + t[9]
+  -- unrel_int refuses an updated or a lease end past 2^53 (the record is corrupt)
+  if not whole(updated) or (t[10] ~= nil and not whole(updated + t[10])) then return nil end
   if state == 1 and t[10] == nil then return nil end  -- pending without a lease: corrupt
   if t[15] ~= nil and updated + t[15] <= now then return nil end  -- the record expired
   local lease = false

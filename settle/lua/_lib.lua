@@ -563,7 +563,7 @@ local function observe(st, cap, retention, ttl, aid, gen, action, verdict, detai
   new[#new + 1] = {aid, gen, action, verdict, detail, now}
   local over = st.nold - st.drop + #new - tonumber(cap)
   while over > 0 and st.drop < st.nold do st.drop, over = st.drop + 1, over - 1 end
-  while over > 0 do table.remove(new, 1); over = over - 1 end
+  while over > 0 and #new > 0 do table.remove(new, 1); over = over - 1 end
   if ttl == nil then
     ttl = -2
     if st.rec then ttl = st.rexp and st.rexp - now or -1 end
