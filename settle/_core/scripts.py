@@ -9,11 +9,13 @@ __all__ = ["SCRIPTS", "SCRIPT_NAMES", "WRITING_SCRIPTS", "source"]
 
 _LIB = ("_lib",)
 _SETTLE = ("_lib", "_settle")
+#: reserve.lua issues generations with ``next_generation``, which its head uses too.
+_RESERVE = ("_head", "_lib")
 
 SCRIPTS = ScriptSet(
     "settle",
     {
-        "reserve": _LIB,
+        "reserve": _RESERVE,
         "complete": _SETTLE,
         "fail": _SETTLE,
         "mark_provisional": _SETTLE,
@@ -45,8 +47,13 @@ SCRIPTS = ScriptSet(
     ),
     #: Scripts that never write (``no-writes`` functions on Redis 7+ and Valkey).
     read_only=frozenset({"get", "attempts", "quarantine_read"}),
-    #: Fast paths for the common reads, run before ``_lib`` is defined (``lua/_head.lua``).
-    heads={"get": "get_head", "reserve": "reserve_head"},
+    #: Fast paths for the common calls, run before ``_lib`` is defined (``lua/_head.lua``).
+    heads={
+        "get": "get_head",
+        "reserve": "reserve_head",
+        "complete": "complete_head",
+        "fail": "fail_head",
+    },
     head_libs=("_head",),
 )
 SCRIPT_NAMES = SCRIPTS.names

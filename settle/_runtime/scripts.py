@@ -8,6 +8,8 @@ Two shapes come out of one set of files (SPEC 4):
   EVALSHA); the prelude and the libraries run again on every call. A script with a *head*
   (``heads``: a fast path that answers the common read before any part library is
   defined) is the prelude, the ``head_libs``, the head, then the libraries and the script.
+  A script's own libraries may name a head library (one a head and the whole script both
+  use): it is defined once, with the heads' where the script has a head.
 * :attr:`ScriptSet.library`: one FUNCTION library for Redis 7+ and Valkey, loaded once; the
   prelude and each group of part libraries are defined once at load, and each script body
   becomes one registered function. Its name and every function name carry a hash of the
@@ -39,7 +41,8 @@ class ScriptSet:
     ``read_only`` names the scripts that never write at all (registered with the
     ``no-writes`` flag as functions, so they also run on a full server, as EVAL scripts do).
     ``heads`` maps a script to its head file, which runs first and may answer on its own,
-    using only the prelude and ``head_libs``."""
+    using only the prelude and ``head_libs``. A script whose rules use a head library names
+    it among its own libraries too (it is defined once all the same)."""
 
     package: str
     scripts: Mapping[str, tuple[str, ...]]
@@ -71,7 +74,7 @@ class ScriptSet:
                 [
                     prelude,
                     *((*head_libs, heads[name]) if name in heads else ()),
-                    *(libs[lib] for lib in deps),
+                    *(libs[lib] for lib in deps if name not in heads or lib not in self.head_libs),
                     bodies[name],
                 ]
             )
@@ -114,7 +117,9 @@ class ScriptSet:
         ]
         groups: dict[tuple[str, ...], list[str]] = {}
         for name, deps in self.scripts.items():
-            groups.setdefault(deps, []).append(name)
+            # The head libraries are defined above, once for every script.
+            own = tuple(lib for lib in deps if lib not in self.head_libs)
+            groups.setdefault(own, []).append(name)
         for deps, names in groups.items():
             out.append("do")
             out.extend(libs[lib] for lib in deps)

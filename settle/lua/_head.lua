@@ -1,15 +1,20 @@
--- _head.lua: the read fast path of get.lua and reserve.lua (their *_head.lua files). settle
--- assembles a script with a head as: the runtime's prelude, this file, the head, then the
--- core's libraries and the script's own file (settle._runtime.scripts). So on Redis 6.2,
--- where every EVALSHA defines every helper of _lib.lua again, a read that the head answers
--- defines none of them; as a FUNCTION (Redis 7+, Valkey) the head runs first in the callback.
+-- _head.lua: the fast paths of get.lua, reserve.lua, complete.lua and fail.lua (their
+-- *_head.lua files) and what they share. settle assembles a script with a head as: the
+-- runtime's prelude, this file, the head, then the core's libraries and the script's own file
+-- (settle._runtime.scripts). So on Redis 6.2, where every EVALSHA defines every helper of
+-- _lib.lua again, a call that the head answers defines none of them; as a FUNCTION (Redis 7+,
+-- Valkey) the head runs first in the callback.
 --
 -- A head answers only when it is certain that the whole script would give the very same
--- reply and write nothing: a packed value (see _lib.lua) whose record it checked field by
--- field as unpack_value and valid do. On anything else (no value, the previous layout, a
--- record expired, a field in a form it does not check, a fingerprint or binding that does
--- not match, an unclaimed shard) it answers nil and the whole script runs as before.
--- tests/integration/test_read_heads.py holds both paths' replies equal.
+-- reply and make the very same writes. A read head (get, the replay of reserve) writes
+-- nothing: it answers from a packed value (see _lib.lua) whose record it checked field by
+-- field as unpack_value and valid do. A write head (a new operation's reserve, the accepted
+-- complete or fail) answers only the one case it is built for, in the one form settle's own
+-- calls take, and writes what write, observe and save would. On anything else (no value, the
+-- previous layout, a record expired, a field in a form it does not check, a fingerprint or
+-- binding that does not match, an unclaimed shard) it answers nil and the whole script runs
+-- as before. tests/integration/test_read_heads.py and test_write_heads.py hold both paths'
+-- replies, and the write heads' values, expiries and generations, equal.
 
 -- A whole number a double holds exactly (what settle stores as an integer): int() writes
 -- it as _lib.lua's unnum does. A sum of them is checked with whole() again where
@@ -42,8 +47,8 @@ local function head_read(key)
 end
 
 -- The live record in blob (head_read's, of key) as the scripts reply it (the row in
--- _lib.lua's FIELDS order) and its state's word index, or nil when the head is not certain
--- (see above).
+-- _lib.lua's FIELDS order), its state's word index and the decoded values, or nil when the
+-- head is not certain (see above).
 local function head_record(key, blob, now)
   local t = head_values(pcall(cmsgpack.unpack, string.sub(blob, 2)))
   if not t then return nil end
@@ -68,5 +73,86 @@ local function head_record(key, blob, now)
   local op = string.sub(key, string.find(key, '}:op:', 1, true) + 5)
   return {op, t[1], int(t[2]), t[3], int(t[4]), int(t[5]),
     HEAD_STATES[state], int(t[7]), int(t[8]),
-    int(updated), lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false}, state
+    int(updated), lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false},
+    state, t
+end
+
+-- The next fencing generation of a shard: a hybrid logical clock, max(last + 1, server time
+-- in microseconds). Strictly increasing while the state lives; after the state was lost
+-- (restart without persistence, FLUSHALL, eviction, a failover that lost the latest writes)
+-- it restarts from the server clock, above every generation issued before, as long as the
+-- server clock did not step back and generations were issued no faster than one per
+-- microsecond (docs/concepts.md, "Generations"). Below 2^53 until the year 2255. (Here, not
+-- in _lib.lua: reserve.lua and its head, the only scripts that issue generations, both call it.)
+local function next_generation(key, now_us)
+  local stored_gen = redis.call('HGET', key, 'gen')
+  local last = decimal(stored_gen) and tonumber(stored_gen) or 0
+  local gen = math.max(last + 1, now_us)
+  redis.call('HSET', key, 'gen', int(gen))
+  return int(gen)
+end
+
+-- The most entries a write head packs in one call (see head_settle).
+local HEAD_LOG = 400
+
+-- A word of the attempt log stored as its index (what save() writes for every word).
+local function head_word(x)
+  return whole(x) and x >= 1 and x <= 20
+end
+
+-- complete_head.lua's and fail_head.lua's fast path: the accepted settlement (rule S5) of
+-- the attempt that holds the operation, the most repeated write after a new reserve. It
+-- answers only where _settle.lua's settle(action) would accept and write exactly this: a
+-- live pending or provisional record (head_record) whose fingerprint, version, binding,
+-- generation, attempt id and (when given) version are the caller's, the fingerprint,
+-- attempt id and digest sent as stored bytes; an attempt log still alive whose entries
+-- are all of that attempt and generation (aid and gen left out), its words stored as
+-- indexes (the detail may be ''), with room for one more under the cap; a retention in
+-- the form settle sends; a shard claimed for the caller's shard count. The record becomes
+-- terminal (state word `terminal`) with the result and its digest, the next version, no
+-- lease and no reason, expiring after the retention, and the log gains the entry
+-- `aid gen action accepted '' now`; a value save() writes from this one packs the same
+-- values, so the head packs them too (its commands: GET, TIME, HGET, SET). Returns the
+-- reply, or nil to leave the call to the whole script (which then reuses the value and
+-- clock read here: HEAD_BLOB, HEAD_NOW).
+local function head_settle(action, terminal)
+  HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])
+  local now = HEAD_NOW
+  if not now then return nil end
+  local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)
+  if not row or state > 2 or row[3] ~= ARGV[3] or row[4] ~= ARGV[4] or row[5] ~= ARGV[5]
+      or (ARGV[6] ~= '' and ARGV[6] ~= row[6]) or type(t[11]) ~= 'string'
+      or string.byte(ARGV[2], 1) ~= 0 or t[1] ~= string.sub(ARGV[2], 2)
+      or string.byte(ARGV[7], 1) ~= 0 or t[11] ~= string.sub(ARGV[7], 2)
+      or string.byte(ARGV[9], 1) ~= 0 then
+    return nil
+  end
+  -- (at most HEAD_LOG entries: the log is packed in one cmsgpack.pack call, which takes
+  -- 3000 values at most; save() packs a longer one in parts)
+  local retention, entries = tonumber(ARGV[11]), (t.n - 16) / 6
+  if not (whole(retention) and retention > 0 and retention < 2^40) or entries < 1
+      or entries > HEAD_LOG or entries + 1 > (tonumber(ARGV[12]) or 0) or not whole(t[16])
+      or t[8] + t[16] <= now then
+    return nil
+  end
+  local at = t[8]
+  for i = 17, t.n, 6 do
+    if t[i] ~= nil or t[i + 1] ~= nil or not head_word(t[i + 2]) or not head_word(t[i + 3])
+        or not (head_word(t[i + 4]) or t[i + 4] == '') or not whole(t[i + 5]) then
+      return nil
+    end
+    at = at + t[i + 5]
+    if not whole(at) then return nil end  -- save() would compute it otherwise (rounded)
+  end
+  if redis.pcall('HGET', KEYS[#KEYS], 'shards') ~= ARGV[#ARGV - 1] then return nil end
+  local rdig = string.sub(ARGV[9], 2)
+  -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp
+  redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(t[1], t[2], t[3], t[4], t[5] + 1, terminal,
+      t[7], t[8], now - t[8], nil, t[11], nil, ARGV[8], rdig, retention,
+      now + retention - t[8]) .. cmsgpack.pack(unpack(t, 17, t.n))
+      .. cmsgpack.pack(nil, nil, action, 10, '', now - at),
+    'PX', int(retention))
+  row[6], row[7], row[10], row[11] = int(t[5] + 1), HEAD_STATES[terminal], int(now), false
+  row[13], row[14], row[15] = false, ARGV[8], rdig
+  return {'accepted', '', now, '', row, 0}
 end

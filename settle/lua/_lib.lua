@@ -1,6 +1,6 @@
 -- _lib.lua: the core's helpers, shared by every core script. settle prepends the runtime's
--- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, int, reply) and then this file
--- to each script body when it loads them; it is never run on its own.
+-- prelude (settle/_runtime/lua/prelude.lua: clock, now_ms, exact, int, decimal, reply) and
+-- then this file to each script body when it loads them; it is never run on its own.
 --
 -- A record and its attempt log are ONE packed STRING at the record key (docs/concepts.md,
 -- "The record in Redis"; settle/_core/layout.py is the same format in Python): MAGIC, then
@@ -144,15 +144,6 @@ local function num(v)
   local n = tonumber(v)
   if n and int(n) == v then return n end
   return v
-end
-
--- Integers as settle writes them: decimal digits (and a sign) as text, at most 20
--- characters, of a magnitude a double holds exactly (exact in the prelude; tonumber alone
--- would take '1e3', '0x10' or 'inf'; the reference model's _is_int is the same test). A
--- record's integer fields are checked as they are read.
-local function decimal(v)
-  return type(v) == 'string' and #v <= 20 and string.find(v, '^%-?%d+$') ~= nil
-    and exact(tonumber(v))
 end
 
 local function unint(v)
@@ -592,18 +583,4 @@ local function guard()
     return {'shard_mismatch', stored, now_ms(), '', {}}
   end
   return nil
-end
-
--- The next fencing generation of a shard: a hybrid logical clock, max(last + 1, server time
--- in microseconds). Strictly increasing while the state lives; after the state was lost
--- (restart without persistence, FLUSHALL, eviction, a failover that lost the latest writes)
--- it restarts from the server clock, above every generation issued before, as long as the
--- server clock did not step back and generations were issued no faster than one per
--- microsecond (docs/concepts.md, "Generations"). Below 2^53 until the year 2255.
-local function next_generation(key, now_us)
-  local stored_gen = redis.call('HGET', key, 'gen')
-  local last = decimal(stored_gen) and tonumber(stored_gen) or 0
-  local gen = math.max(last + 1, now_us)
-  redis.call('HSET', key, 'gen', int(gen))
-  return int(gen)
 end

@@ -1,9 +1,17 @@
--- reserve_head.lua: reserve.lua's fast path (see _head.lua) for the replay of a settled
--- operation (rules R4, R5), the one reserve that writes nothing and is the most repeated:
--- a completed or failed record whose fingerprint and binding are the caller's, on a shard
--- claimed for the caller's shard count (what guard() checks first; redis.pcall: a state of
--- another type is an error table, never equal, and guard() answers corrupt_state). Anything
--- else is left to reserve.lua.
+-- reserve_head.lua: reserve.lua's fast paths (see _head.lua), for its two most repeated
+-- calls, on a shard claimed for the caller's shard count (what guard() checks first;
+-- redis.pcall: a state of another type is an error table, never equal, and guard() answers
+-- corrupt_state). Anything else is left to reserve.lua.
+-- * The replay of a settled operation (rules R4, R5), which writes nothing: a completed or
+--   failed record whose fingerprint and binding are the caller's.
+-- * A new operation (rule R1): no value at the key at all, a fingerprint and an attempt id
+--   sent as stored bytes, and a fingerprint version, lease, retention and log cap in the
+--   forms settle sends. The head writes what reserve.lua's write, observe and save would
+--   for it: the pending record and its one attempt log entry, packed as _lib.lua describes
+--   (record fields relative to created; the entry's aid, gen and at equal to the record's).
+--   It runs reserve.lua's commands in reserve.lua's order: GET, HGET, TIME, HGET, HSET, SET.
+--   tests/integration/test_write_heads.py holds its value, its expiry, its reply and the
+--   shard's last generation equal to the whole script's.
 HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])  -- reserve.lua's too (see prelude.lua)
 if HEAD_NOW then
   local row, state = head_record(KEYS[1], HEAD_BLOB, HEAD_NOW)
@@ -11,5 +19,23 @@ if HEAD_NOW then
       and string.byte(ARGV[2], 1) == 0 and row[2] == string.sub(ARGV[2], 2)
       and redis.pcall('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1] then
     return {'replay', row[7], HEAD_NOW, '', row}
+  end
+elseif HEAD_BLOB == false and string.byte(ARGV[2], 1) == 0 and #ARGV[7] > 1
+    and string.byte(ARGV[7], 1) == 0 then
+  local fpv, lease, retention = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  if fpv and int(fpv) == ARGV[3] and whole(lease) and lease > 0 and lease < 2^40
+      and whole(retention) and retention > 0 and retention < 2^40
+      and (tonumber(ARGV[8]) or 0) >= 1
+      and redis.pcall('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1] then
+    local now, now_us = clock()
+    local fp, aid, life = string.sub(ARGV[2], 2), string.sub(ARGV[7], 2), lease + retention
+    local gen = next_generation(KEYS[#KEYS], now_us)
+    -- fp fpv bind gen ver state(pending) n created updated lease aid reason result rdig rexp
+    -- lexp, then the entry: aid gen (both the record's) reserve reserved new at (+0)
+    redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(fp, fpv, ARGV[4], tonumber(gen), 1, 1, 1,
+      now, 0, lease, aid, nil, nil, nil, life, life) .. cmsgpack.pack(nil, nil, 5, 9, 13, 0),
+      'PX', int(life))
+    return {'reserved', 'new', now, '', {ARGV[1], fp, ARGV[3], ARGV[4], gen, '1', 'pending',
+      '1', int(now), int(now), int(now + lease), aid, false, false, false}}
   end
 end

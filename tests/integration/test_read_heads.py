@@ -36,8 +36,8 @@ def _head_only(name: str) -> str:
     """The script settle runs, cut where its head falls through."""
     source = SCRIPTS.source(name)
     whole = WHOLE.source(name)
-    prelude_and_head = source[: len(source) - len(whole) + whole.index("\n-- _lib.lua")]
-    assert prelude_and_head.startswith(whole[: whole.index("\n-- _lib.lua")].split("\n")[0])
+    prelude_and_head = source[: len(source) - len(whole) + whole.index("\n-- _lib.lua: ")]
+    assert prelude_and_head.startswith(whole[: whole.index("\n-- _lib.lua: ")].split("\n")[0])
     return prelude_and_head + f"\nreturn '{FELL_THROUGH.decode()}'\n"
 
 

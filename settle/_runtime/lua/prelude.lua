@@ -38,6 +38,15 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- An integer as settle writes it in text: decimal digits (and a sign), at most 20
+-- characters, of a magnitude a double holds exactly (tonumber alone would take '1e3', '0x10'
+-- or 'inf'; the reference model's _is_int is the same test). The core checks a record's
+-- integer fields and a shard's last generation with it.
+local function decimal(v)
+  return type(v) == 'string' and #v <= 20 and string.find(v, '^%-?%d+$') ~= nil
+    and exact(tonumber(v))
+end
+
 -- The one reply shape: code, detail, the server time in ms, then the part's body.
 local function reply(code, detail, now, ...)
   return {code, detail, now, ...}

@@ -1,0 +1,533 @@
+"""The write fast paths (``reserve_head.lua`` for a new operation, ``complete_head.lua`` and
+``fail_head.lua`` for the accepted settlement of the attempt holding the operation) write
+exactly what the whole script writes and reply what it replies.
+
+Each case sets up a real server (through settle, or by changing one argument or one stored
+value), then runs the call from that same starting point several ways: the head alone (a
+script that ends where the head falls through), the script settle runs (head, then the whole
+script), the whole script without its head and, on Redis 7+ and Valkey, both as FUNCTION
+libraries. The server clock is pinned in every one of them (``TIME`` replaced by a constant),
+so the values written, down to the byte, the keys' expiries, the shard's last generation and
+the replies can be held equal. The cases settle's own calls hit most must be answered by the
+head; those whose answer is not an accepted write never are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from settle import Reservation, Reserved, Settler
+from settle._core.scripts import SCRIPTS
+from tests.integration.test_read_heads import FELL_THROUGH, WHOLE, _float, _head_only, _value, _word
+
+WHO = "tenant:acme"
+REQ = {"order": 7}
+TIME_CALL = "redis.call('TIME')"
+SET_CALL = "redis.call('SET', "
+
+
+@dataclass
+class Case:
+    """Starts from a clean namespace: sets the server up, returns the call's KEYS and ARGV
+    (and the server clock to pin, in ms, when the case needs one)."""
+
+    setup: Callable[[], tuple[Any, ...]]
+    #: The pinned server clock, in ms after the real one when the case is set up.
+    ahead_ms: int = 1_000
+
+
+@pytest.fixture
+def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    s.check()  # claims the shard
+    yield s
+    s.close()
+
+
+def _pinned(source: str, ms: int, writes: str) -> str:
+    """``source`` with the server clock pinned at ``ms`` and every SET it makes also
+    appended, arguments and all (the expiry with them), to the list ``writes``."""
+    seconds, us = divmod(ms * 1000 + 123, 1_000_000)
+    assert TIME_CALL in source
+    assert SET_CALL in source
+    body = source.replace(TIME_CALL, f"{{'{seconds}', '{us}'}}").replace(SET_CALL, "test_set(")
+    shim = (
+        "local function test_set(...)\n"
+        f"  redis.call('RPUSH', '{writes}', cmsgpack.pack(...))\n"
+        f"  return {SET_CALL}...)\n"
+        "end\n"
+    )
+    if body.startswith("#!lua"):  # a library: its first line names it
+        first, rest = body.split("\n", 1)
+        return f"{first}\n{shim}{rest}"
+    return shim + body
+
+
+def _snapshot(client: redis.Redis, keys: tuple[str, ...]) -> dict[str, tuple[bytes, int] | None]:
+    out: dict[str, tuple[bytes, int] | None] = {}
+    for key in keys:
+        dumped = client.dump(key)
+        out[key] = None if dumped is None else (dumped, max(0, client.pttl(key)))
+    return out
+
+
+def _restore(client: redis.Redis, snap: dict[str, tuple[bytes, int] | None]) -> None:
+    client.delete(*snap)
+    for key, kept in snap.items():
+        if kept is not None:
+            client.restore(key, kept[1], kept[0])
+
+
+def _state(client: redis.Redis, keys: tuple[str, ...]) -> list[tuple[str, Any, int]]:
+    """What each key holds (its type and DUMP, read in one MULTI so an expiry cannot fall
+    between them) and its time to live (-1: none, -2: no key). The expiry a script set is
+    compared exactly in the log of its SETs; the time to live is what is left of it."""
+    pipe = client.pipeline(transaction=True)
+    for key in keys:
+        pipe.type(key).dump(key).pttl(key)
+    got = pipe.execute()
+    return [(got[i].decode(), got[i + 1], got[i + 2]) for i in range(0, len(got), 3)]
+
+
+def _same_state(a: list[tuple[str, Any, int]], b: list[tuple[str, Any, int]]) -> bool:
+    """Equal, the times to live within the moments between the runs and the reads (the
+    expiries a script writes are relative to the pinned clock; redis counts them down on
+    its own)."""
+
+    def gone(x: tuple[str, Any, int], y: tuple[str, Any, int]) -> bool:
+        return x[2] == -2 and 0 <= y[2] < 100  # y's expiry came due before x was read
+
+    return all(
+        (x[:2] == y[:2] and (x[2] == y[2] or (x[2] >= 0 and y[2] >= 0 and abs(x[2] - y[2]) < 100)))
+        or gone(x, y)
+        or gone(y, x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+ENTRY = [None, None, _word(b"reserve"), _word(b"reserved"), _word(b"new"), 0]
+
+
+def _pending(
+    r: Reservation, log: list[list[Any]] | None = None, *, created: int, **over: Any
+) -> bytes:
+    """A packed value holding ``r``'s pending record as settle writes it (field order of
+    _lib.lua), with ``over`` in place of its fields and ``log`` of its attempt log (one
+    reserve entry)."""
+    fields: dict[str, Any] = {
+        "fp": bytes.fromhex(r.fingerprint),
+        "fpv": r.fingerprint_version,
+        "bind": r.binding.encode(),
+        "gen": r.generation,
+        "ver": 1,
+        "state": _word(b"pending"),
+        "n": 1,
+        "created": created,
+        "updated": 0,
+        "lease": 30_000,
+        "aid": bytes.fromhex(r.attempt_id),
+        "reason": None,
+        "result": None,
+        "rdig": None,
+        "rexp": 30_000 + 86_400_000,
+        "lexp": 30_000 + 86_400_000,
+    }
+    fields.update(over)
+    return _value(*fields.values(), *(v for e in (log or [ENTRY]) for v in e))
+
+
+def _functions(client: redis.Redis) -> bool:
+    return int(client.info("server")["redis_version"].split(".")[0]) >= 7
+
+
+def _ways(client: redis.Redis, script: str, ms: int, writes: str) -> dict[str, Callable[..., Any]]:
+    """Each way to run ``script`` with the clock pinned at ``ms`` (its SETs logged to
+    ``writes``), head alone first."""
+
+    def evaluated(source: str) -> Callable[..., Any]:
+        pinned = _pinned(source, ms, writes)
+        return lambda keys, args: client.eval(pinned, len(keys), *keys, *args)
+
+    ways = {
+        "head alone": evaluated(_head_only(script)),
+        "as settle runs it": evaluated(SCRIPTS.source(script)),
+        "whole script": evaluated(WHOLE.source(script)),
+    }
+    if _functions(client):
+        for label, library in (("library", SCRIPTS), ("library without heads", WHOLE)):
+            name = f"{library.library_name}p{ms}"
+            text = _pinned(library.library, ms, writes).replace(library.library_name, name)
+            client.function_load(text, replace=True)
+            fn = library.function(script).replace(library.library_name, name)
+            ways[label] = lambda keys, args, fn=fn: client.fcall(fn, len(keys), *keys, *args)
+    return ways
+
+
+def _run(settler: Settler, client: redis.Redis, script: str, cases: dict[str, Case]) -> set[str]:
+    """Runs every case every way, each from the namespace's metadata and its claimed shard as
+    they were at the start; returns the cases the head answered."""
+    pattern = "settle:{" + settler.config.namespace + "*"
+    kept = (b":meta", b":gen")  # the namespace's metadata, the shard's state
+    initial = _snapshot(
+        client, tuple(k.decode() for k in client.scan_iter(match=pattern) if k.endswith(kept))
+    )
+    answered = set()
+    for name, case in cases.items():
+        client.delete(*(k.decode() for k in client.scan_iter(match=pattern)))
+        _restore(client, initial)
+        keys, args, *pin = case.setup()
+        ms = pin[0] if pin else int(time.time() * 1000) + case.ahead_ms
+        writes = keys[0].split("}")[0] + "}:test:writes"  # in the record's slot
+        ways = _ways(client, script, ms, writes)
+        watched = (*dict.fromkeys(keys), writes)
+        start, before = _snapshot(client, watched), _state(client, watched)
+        outcomes = {}
+        for label, run in ways.items():
+            _restore(client, start)
+            try:
+                reply: Any = run(keys, args)
+            except redis.ResponseError as exc:
+                reply = ("error", str(exc).split(" script:")[0])
+            outcomes[label] = (reply, _state(client, watched))
+        _restore(client, start)
+        head_reply, head_state = outcomes.pop("head alone")
+        if head_reply == FELL_THROUGH:
+            assert _same_state(head_state, before), f"{name}: a head that fell through wrote"
+            continue
+        answered.add(name)
+        expected = outcomes["whole script"]
+        assert head_reply == expected[0], name
+        assert _same_state(head_state, expected[1]), (name, head_state, expected[1])
+        for label, (reply, state) in outcomes.items():
+            assert reply == expected[0], (name, label)
+            assert _same_state(state, expected[1]), (name, label, state, expected[1])
+    return answered
+
+
+def _exactly(answered: set[str], must: set[str]) -> None:
+    """The head answered every case in ``must`` (settle's own calls) and no other."""
+    assert must <= answered, must - answered
+    assert answered == must, answered - must
+
+
+def _with(args: tuple[Any, ...], **at: Any) -> list[Any]:
+    out = list(args)
+    for index, value in at.items():
+        out[int(index.lstrip("_"))] = value
+    return out
+
+
+def test_a_new_operation_is_written_by_the_head_as_reserve_writes_it(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    core = settler._core
+
+    def reserve(**at: Any) -> Callable[[], tuple[tuple[str, ...], list[Any]]]:
+        def setup() -> tuple[tuple[str, ...], list[Any]]:
+            call = core.plan_reserve("op", REQ, principal=WHO)
+            return call.keys, _with(call.args, **at)
+
+        return setup
+
+    def then(
+        before: Callable[[redis.Redis, tuple[str, ...]], object], **at: Any
+    ) -> Callable[[], tuple[tuple[str, ...], list[Any]]]:
+        def setup() -> tuple[tuple[str, ...], list[Any]]:
+            keys, args = reserve(**at)()
+            before(redis_client, keys)
+            return keys, args
+
+        return setup
+
+    def settled(_c: redis.Redis, _k: tuple[str, ...]) -> None:
+        got = settler.reserve("op", REQ, principal=WHO)
+        assert isinstance(got, Reserved)
+        settler.complete(got.reservation, {"charge": "ch_1"})
+
+    def pending(_c: redis.Redis, _k: tuple[str, ...]) -> None:
+        settler.reserve("op", REQ, principal=WHO)
+
+    text_aid = core.plan_reserve("op", REQ, principal=WHO, attempt_id="attempt-1").args[6]
+    cases = {
+        "a new operation": Case(reserve()),
+        "another fingerprint version": Case(reserve(_2="2")),
+        "a log cap of one": Case(reserve(_7=1)),
+        "no last generation": Case(then(lambda c, k: c.hdel(k[-1], "gen"))),
+        "a last generation that is not a number": Case(
+            then(lambda c, k: c.hset(k[-1], "gen", "x"))
+        ),
+        "a last generation ahead of the clock": Case(
+            then(lambda c, k: c.hset(k[-1], "gen", str(2**52)))
+        ),
+        "a fingerprint kept as text": Case(reserve(_1="not-hex")),
+        "an attempt id kept as text": Case(reserve(_6=text_aid)),
+        "a fingerprint version of 01": Case(reserve(_2="01")),
+        "a lease of 0": Case(reserve(_4=0)),
+        "a lease of 1.5 ms": Case(reserve(_4="1.5")),
+        "a log cap of 0": Case(reserve(_7=0)),
+        "an unclaimed shard": Case(then(lambda c, k: c.delete(k[-1]))),
+        "an unclaimed shard, claiming": Case(then(lambda c, k: c.delete(k[-1]), _9="1")),
+        "another shard count": Case(reserve(_8=9)),
+        "the previous layout at the key": Case(then(lambda c, k: c.hset(k[0], "fp", "x"))),
+        "another string at the key": Case(then(lambda c, k: c.set(k[0], "hello"))),
+        "a settled operation": Case(then(settled)),
+        "an operation in progress": Case(then(pending)),
+    }
+    answered = _run(settler, redis_client, "reserve", cases)
+    must = {
+        "a settled operation",  # the replay: the head's read path, which writes nothing
+        "a new operation",
+        "another fingerprint version",
+        "a log cap of one",
+        "no last generation",
+        "a last generation that is not a number",
+        "a last generation ahead of the clock",
+    }
+    _exactly(answered, must)
+
+
+@pytest.mark.parametrize("script", ["complete", "fail"])
+def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
+    settler: Settler, redis_client: redis.Redis, script: str
+) -> None:
+    core = settler._core
+
+    def plan(r: Reservation, **kw: Any) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        call = (
+            core.plan_complete(r, {"charge": "ch_1"}, **kw)
+            if script == "complete"
+            else core.plan_fail(r, ValueError("declined"), **kw)
+        )
+        return call.keys, call.args
+
+    def reserved(**kw: Any) -> Reservation:
+        got = settler.reserve("op", REQ, principal=WHO, **kw)
+        assert isinstance(got, Reserved)
+        return got.reservation
+
+    def settle(
+        before: Callable[[], Reservation] = reserved,
+        *,
+        after: Callable[[Reservation], object] = lambda r: None,
+        version: int | None = None,
+        **at: Any,
+    ) -> Callable[[], tuple[Any, ...]]:
+        def setup() -> tuple[Any, ...]:
+            r = before()
+            after(r)
+            keys, args = plan(r, expected_version=version)
+            return keys, _with(args, **at)
+
+        return setup
+
+    def resumed() -> Reservation:
+        first = reserved(attempt_id="0a" * 8)
+        reserved(attempt_id="0a" * 8)
+        return first
+
+    def taken_over() -> Reservation:
+        reserved(lease=0.05)
+        time.sleep(0.1)
+        return reserved()
+
+    def stale() -> Reservation:
+        first = reserved(lease=0.05)
+        time.sleep(0.1)
+        reserved()
+        return first
+
+    def crafted(
+        log: list[list[Any]] | None = None,
+        pin: Callable[[int], int] | None = None,
+        **over: Any,
+    ) -> Callable[[], tuple[Any, ...]]:
+        """The caller's pending record, stored as crafted, created a second ago (a log cap
+        of 1000 to hold it); ``pin`` gives the server clock from its creation time."""
+
+        def setup() -> tuple[Any, ...]:
+            r = reserved()
+            keys, args = plan(r)
+            created = int(time.time() * 1000) - 1_000
+            redis_client.set(keys[0], _pending(r, log, created=created, **over))
+            if pin is None:
+                return keys, _with(args, _11=1000)
+            return keys, _with(args, _11=1000), pin(created)
+
+        return setup
+
+    def misbound_first() -> Reservation:
+        r = reserved()
+        other = r.model_copy(update={"binding": "tenant:other", "attempt_id": "0b" * 16})
+        refused = settler.complete(other, {"charge": "ch_2"})
+        assert refused.verdict.value == "quarantined", refused
+        return r
+
+    big = 2**53 - 1
+    cases = {
+        "crafted": Case(crafted()),
+        "crafted, a detail of ''": Case(crafted([[*ENTRY[:4], b"", 0]])),
+        "crafted, a result and digest while pending": Case(
+            crafted(result=b"x", rdig=bytes.fromhex("ab" * 32))
+        ),
+        "crafted, provisional with a reason": Case(
+            crafted(state=_word(b"provisional"), lease=None, reason=b"timeout")
+        ),
+        "crafted, 400 entries": Case(crafted([ENTRY] * 400)),
+        "crafted, 401 entries": Case(crafted([ENTRY] * 401)),
+        "crafted, 700 entries": Case(crafted([ENTRY] * 700)),
+        "crafted, a lease end past 2^53": Case(crafted(lease=big)),
+        "crafted, updated past 2^53, no expiry": Case(crafted(updated=big, rexp=None)),
+        "crafted, an entry's time past 2^53": Case(crafted([[*ENTRY[:5], big]])),
+        "crafted, an entry's time as a float": Case(crafted([[*ENTRY[:5], _float(0.5)]])),
+        "crafted, an entry naming its attempt": Case(
+            crafted([[bytes.fromhex("0f" * 16), *ENTRY[1:]]])
+        ),
+        "crafted, an entry naming its generation": Case(crafted([[None, 5, *ENTRY[2:]]])),
+        "crafted, a word kept as text": Case(crafted([[None, None, b"reserve", *ENTRY[3:]]])),
+        "crafted, a word out of range": Case(crafted([[None, None, 99, *ENTRY[3:]]])),
+        "crafted, the log expired": Case(crafted(lexp=1)),
+        "crafted, no log expiry": Case(crafted(lexp=None)),
+        "crafted, the record expired": Case(crafted(rexp=1)),
+        "crafted, the record expiring as it settles": Case(
+            crafted(rexp=40_000, pin=lambda created: created + 40_000)
+        ),
+        "crafted, the log expiring as it settles": Case(
+            crafted(lexp=40_000, pin=lambda created: created + 40_000)
+        ),
+        "crafted, the lease ending as it settles": Case(
+            crafted(lease=40_000, pin=lambda created: created + 40_000)
+        ),
+        "after a misbound response was quarantined": Case(settle(misbound_first)),
+        "crafted, a reason word": Case(
+            crafted(state=_word(b"provisional"), lease=None, reason=_word(b"lease_expired"))
+        ),
+        "the attempt's settlement": Case(settle()),
+        "with the version it saw": Case(settle(version=1)),
+        "after the lease ran out": Case(settle(lambda: reserved(lease=0.5)), ahead_ms=2_000),
+        "after the attempt marked it provisional": Case(
+            settle(after=lambda r: settler.mark_provisional(r, "timeout: no answer"), version=2)
+        ),
+        "after the same attempt reserved again": Case(settle(resumed)),
+        "a log cap of two": Case(settle(_11=2)),
+        "a retention of 5 s": Case(settle(_10=5_000)),
+        "a log cap of one": Case(settle(_11=1)),
+        "the attempt that took over": Case(settle(taken_over)),
+        "a stale generation": Case(settle(stale)),
+        "settled already": Case(settle(after=lambda r: settler.complete(r, {"charge": "ch_1"}))),
+        "another version": Case(settle(version=5)),
+        "another principal": Case(settle(_3="tenant:other")),
+        "another fingerprint": Case(settle(_1=b"\0" + b"\x01" * 32)),
+        "another attempt id": Case(settle(_6=b"\0" + b"\x0b" * 16)),
+        "an attempt id kept as text": Case(settle(lambda: reserved(attempt_id="attempt-1"))),
+        "a digest kept as text": Case(settle(_8="not-hex")),
+        "a retention of 0": Case(settle(_10=0)),
+        "another shard count": Case(settle(_14=9)),
+        "no record": Case(settle(after=lambda r: redis_client.delete(core.keys.record("op")))),
+    }
+    answered = _run(settler, redis_client, script, cases)
+    must = {
+        "crafted",
+        "crafted, a detail of ''",
+        "crafted, a result and digest while pending",
+        "crafted, provisional with a reason",
+        "crafted, 400 entries",
+        "crafted, the lease ending as it settles",
+        "the attempt's settlement",
+        "with the version it saw",
+        "after the lease ran out",
+        "after the attempt marked it provisional",
+        "after the same attempt reserved again",
+        "a log cap of two",
+        "a retention of 5 s",
+    }
+    _exactly(answered, must)
+
+
+#: Forms an argument could take in a call settle did not make (settle sends decimal integers).
+FORMS = st.sampled_from(
+    [
+        *("1", "2", "01", "1.0", " 1", "0x1", "1e0", "-0", "-1", "0", "1.5", "inf", "-inf"),
+        *("nan", "9007199254740993", "1099511627776", "abc", ""),
+    ]
+) | st.integers(-(2**60), 2**60).map(str)
+DRAWN = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@DRAWN
+@given(fpv=FORMS, lease=FORMS, retention=FORMS, cap=FORMS)
+def test_a_new_reserve_in_any_argument_form_is_the_whole_scripts(
+    settler: Settler, redis_client: redis.Redis, fpv: str, lease: str, retention: str, cap: str
+) -> None:
+    def setup() -> tuple[tuple[str, ...], list[Any]]:
+        call = settler._core.plan_reserve("op", REQ, principal=WHO)
+        return call.keys, _with(call.args, _2=fpv, _4=lease, _5=retention, _7=cap)
+
+    _run(settler, redis_client, "reserve", {"drawn": Case(setup)})
+
+
+@DRAWN
+@given(
+    script=st.sampled_from(["complete", "fail"]),
+    retention=FORMS,
+    cap=FORMS,
+    version=st.sampled_from(["", "1", "01", "2", " 1", "1.0"]),
+    digest=st.sampled_from([None, "not-hex", b"\0"]),
+)
+def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
+    settler: Settler,
+    redis_client: redis.Redis,
+    script: str,
+    retention: str,
+    cap: str,
+    version: str,
+    digest: str | bytes | None,
+) -> None:
+    def setup() -> tuple[tuple[str, ...], list[Any]]:
+        got = settler.reserve("op", REQ, principal=WHO)
+        assert isinstance(got, Reserved)
+        r = got.reservation
+        call = (
+            settler._core.plan_complete(r, {"charge": "ch_1"})
+            if script == "complete"
+            else settler._core.plan_fail(r, ValueError("declined"))
+        )
+        at: dict[str, Any] = {"_10": retention, "_11": cap, "_5": version}
+        if digest is not None:
+            at["_8"] = digest
+        return call.keys, _with(call.args, **at)
+
+    _run(settler, redis_client, script, {"drawn": Case(setup)})
+
+
+def test_a_call_after_a_head_read_another_key_reads_its_own(settler: Settler) -> None:
+    """A FUNCTION library's callbacks share its locals: what a head read for one call
+    (HEAD_BLOB, HEAD_NOW) must never stand for the key of the next call, here one whose
+    script has no head (mark_provisional reads its record itself)."""
+
+    def reserved(op: str) -> Reservation:
+        got = settler.reserve(op, REQ, principal=WHO)
+        assert isinstance(got, Reserved)
+        return got.reservation
+
+    a, b, c = reserved("a"), reserved("b"), reserved("c")
+    assert settler.complete(a, {"charge": "ch_1"}).verdict.value == "accepted"  # head answers
+    marked = settler.mark_provisional(b, "timeout: no answer")
+    assert marked.verdict.value == "accepted", marked
+    assert marked.record.operation_id == "b"
+    assert marked.record.state.value == "provisional"
+    # a head that read a value and left the call to the rules (a duplicate is absorbed)
+    assert settler.complete(a, {"charge": "ch_1"}).verdict.value == "absorbed"
+    marked = settler.mark_provisional(c, "timeout: no answer")
+    assert marked.verdict.value == "accepted", marked
+    assert marked.record.operation_id == "c"
+    assert marked.record.state.value == "provisional"
