@@ -1,6 +1,8 @@
 """The core's Lua keeps a few tables twice, once as a list and once reversed as a literal
 constructor (one allocation per call instead of a table grown key by key): the two must say
-the same, and the same as the Python that reads what the scripts write."""
+the same, and the same as the Python that reads what the scripts write. The write heads,
+which run before those tables exist, write words as literal indexes: each must be its
+word's."""
 
 from __future__ import annotations
 
@@ -37,3 +39,43 @@ def test_the_field_index_is_fields_reversed_and_the_same_as_the_reply_format() -
     fields = _list("FIELDS")
     assert tuple(fields) == RECORD_FIELDS
     assert _reversed_literal("INDEX") == {f: i for i, f in enumerate(fields, 1)}
+
+
+def _lua(name: str) -> str:
+    return files("settle").joinpath(f"lua/{name}.lua").read_text()
+
+
+def _index(word: str) -> int:
+    return WORDS.index(word.encode()) + 1
+
+
+def test_the_write_heads_store_the_words_they_name() -> None:
+    """The write heads pack words as their WORDS index literally (they run before _lib.lua's
+    table exists): each index must be the word the head means."""
+    for script, action, state in (
+        ("complete", "complete", "completed"),
+        ("fail", "fail", "failed"),
+    ):
+        found = re.search(r"head_settle\((\d+), (\d+)\)", _lua(f"{script}_head"))
+        assert found, script
+        assert (int(found.group(1)), int(found.group(2))) == (_index(action), _index(state))
+    entry = re.search(r"cmsgpack\.pack\(nil, nil, (\d+), (\d+), (\d+), 0\)", _lua("reserve_head"))
+    assert entry
+    assert [int(g) for g in entry.groups()] == [
+        _index("reserve"),
+        _index("reserved"),
+        _index("new"),
+    ]
+    record = re.search(r"tonumber\(gen\), 1, (\d+), 1,", _lua("reserve_head"))
+    assert record
+    assert int(record.group(1)) == _index("pending")
+    head = _lua("_head")
+    accepted = re.search(r"cmsgpack\.pack\(nil, nil, action, (\d+), ''", head)
+    highest = re.search(r"x <= (\d+)\n", head)
+    assert accepted
+    assert highest
+    assert int(accepted.group(1)) == _index("accepted")
+    assert int(highest.group(1)) == len(WORDS)
+    states = re.search(r"^local HEAD_STATES = \{(.*?)\}", head, re.MULTILINE)
+    assert states
+    assert re.findall(r"'([a-z_]+)'", states.group(1)) == [w.decode() for w in WORDS[:4]]
