@@ -9,11 +9,11 @@
 -- reply and make the very same writes. A read head (get, the replay of reserve) writes
 -- nothing: it answers from a packed value (see _lib.lua) whose record it checked field by
 -- field as unpack_value and valid do. A write head (a new operation's reserve, the accepted
--- complete or fail) answers only the one case it is built for, in the one form settle's own
--- calls take, and writes what write, observe and save would. On anything else (no value, the
--- previous layout, a record expired, a field in a form it does not check, a fingerprint or
--- binding that does not match, an unclaimed shard) it answers nil and the whole script runs
--- as before. tests/integration/test_read_heads.py and test_write_heads.py hold both paths'
+-- complete or fail) answers only the one case it is built for, in argument forms whose
+-- outcome it can tell (settle's own calls among them), and writes what write, observe and
+-- save would. On anything else (the previous layout, a record expired, a field in a form it
+-- does not check, a fingerprint or binding that does not match, an unclaimed shard; for a
+-- read head or a settlement, no value) it answers nil and the whole script runs as before. tests/integration/test_read_heads.py and test_write_heads.py hold both paths'
 -- replies, and the write heads' values, expiries and generations, equal.
 
 -- A whole number a double holds exactly (what settle stores as an integer): int() writes
@@ -107,8 +107,9 @@ end
 -- generation, attempt id and (when given) version are the caller's, the fingerprint,
 -- attempt id and digest sent as stored bytes; an attempt log still alive whose entries
 -- are all of that attempt and generation (aid and gen left out), its words stored as
--- indexes (the detail may be ''), with room for one more under the cap; a retention in
--- the form settle sends; a shard claimed for the caller's shard count. The record becomes
+-- indexes (the detail may be ''), at most HEAD_LOG of them and room for one more under the
+-- cap; a retention that is a whole positive number of ms (in whatever text tonumber reads
+-- as one, as the whole script reads it); a shard claimed for the caller's shard count. The record becomes
 -- terminal (state word `terminal`) with the result and its digest, the next version, no
 -- lease and no reason, expiring after the retention, and the log gains the entry
 -- `aid gen action accepted '' now`; a value save() writes from this one packs the same

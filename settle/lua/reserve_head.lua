@@ -1,17 +1,20 @@
 -- reserve_head.lua: reserve.lua's fast paths (see _head.lua), for its two most repeated
--- calls, on a shard claimed for the caller's shard count (what guard() checks first;
--- redis.pcall: a state of another type is an error table, never equal, and guard() answers
--- corrupt_state). Anything else is left to reserve.lua.
+-- calls. KEYS, ARGV and the reply are reserve.lua's. Both need a shard claimed for the
+-- caller's shard count (what guard() checks first; redis.pcall: a state of another type is an
+-- error table, never equal, and guard() answers corrupt_state). Anything else is left to
+-- reserve.lua.
 -- * The replay of a settled operation (rules R4, R5), which writes nothing: a completed or
 --   failed record whose fingerprint and binding are the caller's.
 -- * A new operation (rule R1): no value at the key at all, a fingerprint and an attempt id
---   sent as stored bytes, and a fingerprint version, lease, retention and log cap in the
---   forms settle sends. The head writes what reserve.lua's write, observe and save would
---   for it: the pending record and its one attempt log entry, packed as _lib.lua describes
---   (record fields relative to created; the entry's aid, gen and at equal to the record's).
---   It runs reserve.lua's commands in reserve.lua's order: GET, HGET, TIME, HGET, HSET, SET.
---   tests/integration/test_write_heads.py holds its value, its expiry, its reply and the
---   shard's last generation equal to the whole script's.
+--   sent as stored bytes, a fingerprint version that is a canonical integer, a lease and a
+--   retention that are whole positive numbers of ms and a log cap of at least one (in
+--   whatever text tonumber reads as those, as reserve.lua reads them). The head writes what
+--   reserve.lua's write, observe and save would for it: the pending record and its one
+--   attempt log entry, packed as _lib.lua describes (record fields relative to created; the
+--   entry's aid, gen and at equal to the record's; words as their WORDS index: reserve 5,
+--   reserved 9, new 13). It runs reserve.lua's commands in reserve.lua's order: GET, HGET,
+--   TIME, HGET, HSET, SET. tests/integration/test_write_heads.py holds its value, its expiry,
+--   its reply and the shard's last generation equal to the whole script's.
 HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])  -- reserve.lua's too (see prelude.lua)
 if HEAD_NOW then
   local row, state = head_record(KEYS[1], HEAD_BLOB, HEAD_NOW)
