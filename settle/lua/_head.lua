@@ -13,8 +13,9 @@
 -- outcome it can tell (settle's own calls among them), and writes what write, observe and
 -- save would. On anything else (the previous layout, a record expired, a field in a form it
 -- does not check, a fingerprint or binding that does not match, an unclaimed shard; for a
--- read head or a settlement, no value) it answers nil and the whole script runs as before. tests/integration/test_read_heads.py and test_write_heads.py hold both paths'
--- replies, and the write heads' values, expiries and generations, equal.
+-- read head or a settlement, no value) it answers nil and the whole script runs as before.
+-- tests/integration/test_read_heads.py and test_write_heads.py hold both paths' replies, and
+-- the write heads' values, expiries and generations, equal.
 
 -- A whole number a double holds exactly (what settle stores as an integer): int() writes
 -- it as _lib.lua's unnum does. A sum of them is checked with whole() again where
@@ -92,6 +93,19 @@ local function next_generation(key, now_us)
   return int(gen)
 end
 
+-- Whether the shard is claimed for the caller's shard count, what guard() checks first
+-- (redis.pcall: a state of another type is an error table, never equal, and guard() answers
+-- corrupt_state); a head answers nothing on a shard that is not.
+local function head_claimed()
+  return redis.pcall('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1]
+end
+
+-- A lease or a retention a write head takes: a whole positive number of ms (below 2^40, so
+-- every sum with the clock stays exact).
+local function head_ms(x)
+  return whole(x) and x > 0 and x < 2^40
+end
+
 -- The most entries a write head packs in one call (see head_settle).
 local HEAD_LOG = 400
 
@@ -109,9 +123,9 @@ end
 -- are all of that attempt and generation (aid and gen left out), its words stored as
 -- indexes (the detail may be ''), at most HEAD_LOG of them and room for one more under the
 -- cap; a retention that is a whole positive number of ms (in whatever text tonumber reads
--- as one, as the whole script reads it); a shard claimed for the caller's shard count. The record becomes
--- terminal (state word `terminal`) with the result and its digest, the next version, no
--- lease and no reason, expiring after the retention, and the log gains the entry
+-- as one, as the whole script reads it); a shard claimed for the caller's shard count. The
+-- record becomes terminal (state word `terminal`) with the result and its digest, the next
+-- version, no lease and no reason, expiring after the retention, and the log gains the entry
 -- `aid gen action accepted '' now`; a value save() writes from this one packs the same
 -- values, so the head packs them too (its commands: GET, TIME, HGET, SET). Returns the
 -- reply, or nil to leave the call to the whole script (which then reuses the value and
@@ -131,7 +145,7 @@ local function head_settle(action, terminal)
   -- (at most HEAD_LOG entries: the log is packed in one cmsgpack.pack call, which takes
   -- 3000 values at most; save() packs a longer one in parts)
   local retention, entries = tonumber(ARGV[11]), (t.n - 16) / 6
-  if not (whole(retention) and retention > 0 and retention < 2^40) or entries < 1
+  if not head_ms(retention) or entries < 1
       or entries > HEAD_LOG or entries + 1 > (tonumber(ARGV[12]) or 0) or not whole(t[16])
       or t[8] + t[16] <= now then
     return nil
@@ -145,7 +159,7 @@ local function head_settle(action, terminal)
     at = at + t[i + 5]
     if not whole(at) then return nil end  -- save() would compute it otherwise (rounded)
   end
-  if redis.pcall('HGET', KEYS[#KEYS], 'shards') ~= ARGV[#ARGV - 1] then return nil end
+  if not head_claimed() then return nil end
   local rdig = string.sub(ARGV[9], 2)
   -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp
   redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(t[1], t[2], t[3], t[4], t[5] + 1, terminal,

@@ -1,8 +1,6 @@
 -- reserve_head.lua: reserve.lua's fast paths (see _head.lua), for its two most repeated
 -- calls. KEYS, ARGV and the reply are reserve.lua's. Both need a shard claimed for the
--- caller's shard count (what guard() checks first; redis.pcall: a state of another type is an
--- error table, never equal, and guard() answers corrupt_state). Anything else is left to
--- reserve.lua.
+-- caller's shard count (head_claimed in _head.lua). Anything else is left to reserve.lua.
 -- * The replay of a settled operation (rules R4, R5), which writes nothing: a completed or
 --   failed record whose fingerprint and binding are the caller's.
 -- * A new operation (rule R1): no value at the key at all, a fingerprint and an attempt id
@@ -20,16 +18,14 @@ if HEAD_NOW then
   local row, state = head_record(KEYS[1], HEAD_BLOB, HEAD_NOW)
   if row and state >= 3 and row[3] == ARGV[3] and row[4] == ARGV[4]
       and string.byte(ARGV[2], 1) == 0 and row[2] == string.sub(ARGV[2], 2)
-      and redis.pcall('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1] then
+      and head_claimed() then
     return {'replay', row[7], HEAD_NOW, '', row}
   end
 elseif HEAD_BLOB == false and string.byte(ARGV[2], 1) == 0 and #ARGV[7] > 1
     and string.byte(ARGV[7], 1) == 0 then
   local fpv, lease, retention = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  if fpv and int(fpv) == ARGV[3] and whole(lease) and lease > 0 and lease < 2^40
-      and whole(retention) and retention > 0 and retention < 2^40
-      and (tonumber(ARGV[8]) or 0) >= 1
-      and redis.pcall('HGET', KEYS[#KEYS], 'shards') == ARGV[#ARGV - 1] then
+  if fpv and int(fpv) == ARGV[3] and head_ms(lease) and head_ms(retention)
+      and (tonumber(ARGV[8]) or 0) >= 1 and head_claimed() then
     local now, now_us = clock()
     local fp, aid, life = string.sub(ARGV[2], 2), string.sub(ARGV[7], 2), lease + retention
     local gen = next_generation(KEYS[#KEYS], now_us)
