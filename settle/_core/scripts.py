@@ -53,6 +53,7 @@ SCRIPTS = ScriptSet(
         "reserve": "reserve_head",
         "complete": "complete_head",
         "fail": "fail_head",
+        "renew": "renew_head",
     },
     head_libs=("_head",),
 )

@@ -1,21 +1,22 @@
--- _head.lua: the fast paths of get.lua, reserve.lua, complete.lua and fail.lua (their
--- *_head.lua files) and what they share. settle assembles a script with a head as: the
--- runtime's prelude, this file, the head, then the core's libraries and the script's own file
--- (settle._runtime.scripts). So on Redis 6.2, where every EVALSHA defines every helper of
--- _lib.lua again, a call that the head answers defines none of them; as a FUNCTION (Redis 7+,
--- Valkey) the head runs first in the callback.
+-- _head.lua: the fast paths of get.lua, reserve.lua, complete.lua, fail.lua and renew.lua
+-- (their *_head.lua files) and what they share. settle assembles a script with a head as:
+-- the runtime's prelude, this file, the head, then the core's libraries and the script's own
+-- file (settle._runtime.scripts). So on Redis 6.2, where every EVALSHA defines every helper
+-- of _lib.lua again, a call that the head answers defines none of them; as a FUNCTION (Redis
+-- 7+, Valkey) the head runs first in the callback.
 --
 -- A head answers only when it is certain that the whole script would give the very same
 -- reply and make the very same writes. A read head (get, the replay of reserve) writes
 -- nothing: it answers from a packed value (see _lib.lua) whose record it checked field by
 -- field as unpack_value and valid do. A write head (a new operation's reserve, the accepted
--- complete or fail) answers only the one case it is built for, in argument forms whose
--- outcome it can tell (settle's own calls among them), and writes what write, observe and
--- save would. On anything else (the previous layout, a record expired, a field in a form it
--- does not check, a fingerprint or binding that does not match, an unclaimed shard; for a
--- read head or a settlement, no value) it answers nil and the whole script runs as before.
--- tests/integration/test_read_heads.py and test_write_heads.py hold both paths' replies, and
--- the write heads' values, expiries and generations, equal.
+-- complete or fail, the renewal of a live lease) answers only the one case it is built for,
+-- in argument forms whose outcome it can tell (settle's own calls among them), and writes
+-- what write, observe and save would. On anything else (the previous layout, a record
+-- expired, a field in a form it does not check, a fingerprint or binding that does not
+-- match, an unclaimed shard; for a read head, a settlement or a renewal, no value) it
+-- answers nil and the whole script runs as before. tests/integration/test_read_heads.py and
+-- test_write_heads.py hold both paths' replies, and the write heads' values, expiries and
+-- generations, equal.
 
 -- A whole number a double holds exactly (what settle stores as an integer): int() writes
 -- it as _lib.lua's unnum does. A sum of them is checked with whole() again where
@@ -106,7 +107,7 @@ local function head_ms(x)
   return whole(x) and x > 0 and x < 2^40
 end
 
--- The most entries a write head packs in one call (see head_settle).
+-- The most entries a write head packs in one call (see head_log).
 local HEAD_LOG = 400
 
 -- A word of the attempt log stored as its index (what save() writes for every word).
@@ -114,22 +115,44 @@ local function head_word(x)
   return whole(x) and x >= 1 and x <= 20
 end
 
+-- The attempt log in t (head_record's values) when a write head can pack it again value
+-- for value as save() would: alive at now (its expiry a whole number of ms), one to HEAD_LOG
+-- entries, each of the record's attempt and generation (aid and gen left out), its words
+-- stored as indexes (the detail may be ''), every time a whole number and their running sum
+-- exact. Returns the number of entries and the last entry's time (ms), or nil. (At most
+-- HEAD_LOG entries: a head packs the log in one cmsgpack.pack call, which takes 3000 values
+-- at most; save() packs a longer one in parts.)
+local function head_log(t, now)
+  local entries = (t.n - 16) / 6
+  if entries < 1 or entries > HEAD_LOG or not whole(t[16]) or t[8] + t[16] <= now then
+    return nil
+  end
+  local at = t[8]
+  for i = 17, t.n, 6 do
+    if t[i] ~= nil or t[i + 1] ~= nil or not head_word(t[i + 2]) or not head_word(t[i + 3])
+        or not (head_word(t[i + 4]) or t[i + 4] == '') or not whole(t[i + 5]) then
+      return nil
+    end
+    at = at + t[i + 5]
+    if not whole(at) then return nil end  -- save() would compute it otherwise (rounded)
+  end
+  return entries, at
+end
+
 -- complete_head.lua's and fail_head.lua's fast path: the accepted settlement (rule S5) of
 -- the attempt that holds the operation, the most repeated write after a new reserve. It
 -- answers only where _settle.lua's settle(action) would accept and write exactly this: a
 -- live pending or provisional record (head_record) whose fingerprint, version, binding,
 -- generation, attempt id and (when given) version are the caller's, the fingerprint,
--- attempt id and digest sent as stored bytes; an attempt log still alive whose entries
--- are all of that attempt and generation (aid and gen left out), its words stored as
--- indexes (the detail may be ''), at most HEAD_LOG of them and room for one more under the
--- cap; a retention that is a whole positive number of ms (in whatever text tonumber reads
--- as one, as the whole script reads it); a shard claimed for the caller's shard count. The
--- record becomes terminal (state word `terminal`) with the result and its digest, the next
--- version, no lease and no reason, expiring after the retention, and the log gains the entry
--- `aid gen action accepted '' now`; a value save() writes from this one packs the same
--- values, so the head packs them too (its commands: GET, TIME, HGET, SET). Returns the
--- reply, or nil to leave the call to the whole script (which then reuses the value and
--- clock read here: HEAD_BLOB, HEAD_NOW).
+-- attempt id and digest sent as stored bytes; an attempt log head_log can pack again, with
+-- room for one more entry under the cap; a retention that is a whole positive number of ms
+-- (in whatever text tonumber reads as one, as the whole script reads it); a shard claimed
+-- for the caller's shard count. The record becomes terminal (state word `terminal`) with
+-- the result and its digest, the next version, no lease and no reason, expiring after the
+-- retention, and the log gains the entry `aid gen action accepted '' now`; a value save()
+-- writes from this one packs the same values, so the head packs them too (its commands:
+-- GET, TIME, HGET, SET). Returns the reply, or nil to leave the call to the whole script
+-- (which then reuses the value and clock read here: HEAD_BLOB, HEAD_NOW).
 local function head_settle(action, terminal)
   HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])
   local now = HEAD_NOW
@@ -142,24 +165,11 @@ local function head_settle(action, terminal)
       or string.byte(ARGV[9], 1) ~= 0 then
     return nil
   end
-  -- (at most HEAD_LOG entries: the log is packed in one cmsgpack.pack call, which takes
-  -- 3000 values at most; save() packs a longer one in parts)
-  local retention, entries = tonumber(ARGV[11]), (t.n - 16) / 6
-  if not head_ms(retention) or entries < 1
-      or entries > HEAD_LOG or entries + 1 > (tonumber(ARGV[12]) or 0) or not whole(t[16])
-      or t[8] + t[16] <= now then
+  local retention, entries, at = tonumber(ARGV[11]), head_log(t, now)
+  if not entries or not head_ms(retention) or entries + 1 > (tonumber(ARGV[12]) or 0)
+      or not head_claimed() then
     return nil
   end
-  local at = t[8]
-  for i = 17, t.n, 6 do
-    if t[i] ~= nil or t[i + 1] ~= nil or not head_word(t[i + 2]) or not head_word(t[i + 3])
-        or not (head_word(t[i + 4]) or t[i + 4] == '') or not whole(t[i + 5]) then
-      return nil
-    end
-    at = at + t[i + 5]
-    if not whole(at) then return nil end  -- save() would compute it otherwise (rounded)
-  end
-  if not head_claimed() then return nil end
   local rdig = string.sub(ARGV[9], 2)
   -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp
   redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(t[1], t[2], t[3], t[4], t[5] + 1, terminal,

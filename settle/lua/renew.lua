@@ -9,8 +9,8 @@
 -- stale_generation, not_pending, lease_expired). Misbound callers get no record.
 local refused = guard()
 if refused then return refused end
-local now = now_ms()
-local rec, row, st = load_record(KEYS[1], KEYS[2], now)
+local now = HEAD_NOW or now_ms()  -- HEAD_*: what renew_head.lua read (see prelude.lua)
+local rec, row, st = load_record(KEYS[1], KEYS[2], now, false, HEAD_BLOB)
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'lost', 'unknown_operation', now, '', {}} end  -- rule: N1
 -- rule: N2

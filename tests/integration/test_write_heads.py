@@ -1,6 +1,7 @@
 """The write fast paths (``reserve_head.lua`` for a new operation, ``complete_head.lua`` and
-``fail_head.lua`` for the accepted settlement of the attempt holding the operation) write
-exactly what the whole script writes and reply what it replies.
+``fail_head.lua`` for the accepted settlement of the attempt holding the operation,
+``renew_head.lua`` for its heartbeat) write exactly what the whole script writes and reply
+what it replies.
 
 Each case sets up a real server (through settle, or by changing one argument or one stored
 value), then runs the call from that same starting point several ways: the head alone (a
@@ -265,6 +266,125 @@ def _with(args: tuple[Any, ...], **at: Any) -> list[Any]:
     return out
 
 
+class _Starts:
+    """Starting points the settlement and renewal cases share: the caller's reservation
+    made several ways, and its record replaced by a crafted one. ``plan`` gives the call's
+    KEYS and ARGV for a reservation (and keyword arguments of the planner); ``crafted_at``
+    are the ARGV overrides a crafted record's call needs."""
+
+    def __init__(
+        self,
+        settler: Settler,
+        client: redis.Redis,
+        plan: Callable[..., tuple[tuple[str, ...], tuple[Any, ...]]],
+        **crafted_at: Any,
+    ) -> None:
+        self.settler, self.client, self.plan, self.crafted_at = settler, client, plan, crafted_at
+
+    def reserved(self, **kw: Any) -> Reservation:
+        got = self.settler.reserve("op", REQ, principal=WHO, **kw)
+        assert isinstance(got, Reserved)
+        return got.reservation
+
+    def resumed(self) -> Reservation:
+        """The first reservation of an attempt that reserved again (rule R9)."""
+        first = self.reserved(attempt_id="0a" * 8)
+        self.reserved(attempt_id="0a" * 8)
+        return first
+
+    def taken_over(self) -> Reservation:
+        """The reservation of the attempt that took over an expired lease."""
+        self.reserved(lease=0.05)
+        time.sleep(0.1)
+        return self.reserved()
+
+    def stale(self) -> Reservation:
+        """The reservation of the attempt another one took over from."""
+        first = self.reserved(lease=0.05)
+        time.sleep(0.1)
+        self.reserved()
+        return first
+
+    def call(
+        self,
+        before: Callable[[], Reservation] | None = None,
+        *,
+        after: Callable[[Reservation], object] = lambda r: None,
+        planned: dict[str, Any] | None = None,
+        **at: Any,
+    ) -> Callable[[], tuple[Any, ...]]:
+        """The call of the reservation ``before`` gives (a new one by default), after
+        ``after``, with ARGV overridden by ``at`` (argvN=)."""
+
+        def setup() -> tuple[Any, ...]:
+            r = (before or self.reserved)()
+            after(r)
+            keys, args = self.plan(r, **(planned or {}))
+            return keys, _with(args, **at)
+
+        return setup
+
+    def crafted(
+        self,
+        log: list[list[Any]] | None = None,
+        pin: Callable[[int], int] | None = None,
+        **over: Any,
+    ) -> Callable[[], tuple[Any, ...]]:
+        """The caller's pending record, stored as crafted, created a second ago; ``pin``
+        gives the server clock from its creation time."""
+
+        def setup() -> tuple[Any, ...]:
+            r = self.reserved()
+            keys, args = self.plan(r)
+            created = int(time.time() * 1000) - 1_000
+            self.client.set(keys[0], _pending(r, log, created=created, **over))
+            args = _with(args, **self.crafted_at)
+            return (keys, args) if pin is None else (keys, args, pin(created))
+
+        return setup
+
+
+#: The crafted starting points both the settlement and the renewal heads answer.
+CRAFTED_ANSWERED = {
+    "crafted",
+    "crafted, a detail of ''",
+    "crafted, a result and digest while pending",
+    "crafted, 400 entries",
+}
+
+
+def _crafted_cases(
+    crafted: Callable[..., Callable[[], tuple[Any, ...]]], doing: str
+) -> dict[str, Case]:
+    """The crafted records both write heads on a record take (a settlement, a renewal,
+    ``doing`` it): those in CRAFTED_ANSWERED, and fields or logs in forms they refuse."""
+    big = 2**53 - 1
+    at_40s = {"pin": lambda created: created + 40_000}
+    return {
+        "crafted": Case(crafted()),
+        "crafted, a detail of ''": Case(crafted([[*ENTRY[:4], b"", 0]])),
+        "crafted, a result and digest while pending": Case(
+            crafted(result=b"x", rdig=bytes.fromhex("ab" * 32))
+        ),
+        "crafted, 400 entries": Case(crafted([ENTRY] * 400)),
+        "crafted, 401 entries": Case(crafted([ENTRY] * 401)),
+        "crafted, a lease end past 2^53": Case(crafted(lease=big)),
+        "crafted, updated past 2^53, no expiry": Case(crafted(updated=big, rexp=None)),
+        "crafted, an entry's time past 2^53": Case(crafted([[*ENTRY[:5], big]])),
+        "crafted, an entry naming its attempt": Case(
+            crafted([[bytes.fromhex("0f" * 16), *ENTRY[1:]]])
+        ),
+        "crafted, an entry naming its generation": Case(crafted([[None, 5, *ENTRY[2:]]])),
+        "crafted, a word kept as text": Case(crafted([[None, None, b"reserve", *ENTRY[3:]]])),
+        "crafted, the log expired": Case(crafted(lexp=1)),
+        "crafted, no log expiry": Case(crafted(lexp=None)),
+        "crafted, the record expired": Case(crafted(rexp=1)),
+        f"crafted, the record expiring as it {doing}": Case(crafted(rexp=40_000, **at_40s)),
+        f"crafted, the log expiring as it {doing}": Case(crafted(lexp=40_000, **at_40s)),
+        f"crafted, the lease ending as it {doing}": Case(crafted(lease=40_000, **at_40s)),
+    }
+
+
 def test_a_new_operation_is_written_by_the_head_as_reserve_writes_it(
     settler: Settler, redis_client: redis.Redis
 ) -> None:
@@ -349,60 +469,19 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         )
         return call.keys, call.args
 
-    def reserved(**kw: Any) -> Reservation:
-        got = settler.reserve("op", REQ, principal=WHO, **kw)
-        assert isinstance(got, Reserved)
-        return got.reservation
+    # a crafted record's call with a log cap of 1000 to hold its log
+    starts = _Starts(settler, redis_client, plan, argv12=1000)
+    reserved, crafted = starts.reserved, starts.crafted
+    resumed, taken_over, stale = starts.resumed, starts.taken_over, starts.stale
 
     def settle(
-        before: Callable[[], Reservation] = reserved,
+        before: Callable[[], Reservation] | None = None,
         *,
         after: Callable[[Reservation], object] = lambda r: None,
         version: int | None = None,
         **at: Any,
     ) -> Callable[[], tuple[Any, ...]]:
-        def setup() -> tuple[Any, ...]:
-            r = before()
-            after(r)
-            keys, args = plan(r, expected_version=version)
-            return keys, _with(args, **at)
-
-        return setup
-
-    def resumed() -> Reservation:
-        first = reserved(attempt_id="0a" * 8)
-        reserved(attempt_id="0a" * 8)
-        return first
-
-    def taken_over() -> Reservation:
-        reserved(lease=0.05)
-        time.sleep(0.1)
-        return reserved()
-
-    def stale() -> Reservation:
-        first = reserved(lease=0.05)
-        time.sleep(0.1)
-        reserved()
-        return first
-
-    def crafted(
-        log: list[list[Any]] | None = None,
-        pin: Callable[[int], int] | None = None,
-        **over: Any,
-    ) -> Callable[[], tuple[Any, ...]]:
-        """The caller's pending record, stored as crafted, created a second ago (a log cap
-        of 1000 to hold it); ``pin`` gives the server clock from its creation time."""
-
-        def setup() -> tuple[Any, ...]:
-            r = reserved()
-            keys, args = plan(r)
-            created = int(time.time() * 1000) - 1_000
-            redis_client.set(keys[0], _pending(r, log, created=created, **over))
-            if pin is None:
-                return keys, _with(args, argv12=1000)
-            return keys, _with(args, argv12=1000), pin(created)
-
-        return setup
+        return starts.call(before, after=after, planned={"expected_version": version}, **at)
 
     def misbound_first() -> Reservation:
         r = reserved()
@@ -411,41 +490,14 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         assert refused.verdict.value == "quarantined", refused
         return r
 
-    big = 2**53 - 1
     cases = {
-        "crafted": Case(crafted()),
-        "crafted, a detail of ''": Case(crafted([[*ENTRY[:4], b"", 0]])),
-        "crafted, a result and digest while pending": Case(
-            crafted(result=b"x", rdig=bytes.fromhex("ab" * 32))
-        ),
+        **_crafted_cases(crafted, "settles"),
         "crafted, provisional with a reason": Case(
             crafted(state=_word(b"provisional"), lease=None, reason=b"timeout")
         ),
-        "crafted, 400 entries": Case(crafted([ENTRY] * 400)),
-        "crafted, 401 entries": Case(crafted([ENTRY] * 401)),
         "crafted, 700 entries": Case(crafted([ENTRY] * 700)),
-        "crafted, a lease end past 2^53": Case(crafted(lease=big)),
-        "crafted, updated past 2^53, no expiry": Case(crafted(updated=big, rexp=None)),
-        "crafted, an entry's time past 2^53": Case(crafted([[*ENTRY[:5], big]])),
         "crafted, an entry's time as a float": Case(crafted([[*ENTRY[:5], _float(0.5)]])),
-        "crafted, an entry naming its attempt": Case(
-            crafted([[bytes.fromhex("0f" * 16), *ENTRY[1:]]])
-        ),
-        "crafted, an entry naming its generation": Case(crafted([[None, 5, *ENTRY[2:]]])),
-        "crafted, a word kept as text": Case(crafted([[None, None, b"reserve", *ENTRY[3:]]])),
         "crafted, a word out of range": Case(crafted([[None, None, 99, *ENTRY[3:]]])),
-        "crafted, the log expired": Case(crafted(lexp=1)),
-        "crafted, no log expiry": Case(crafted(lexp=None)),
-        "crafted, the record expired": Case(crafted(rexp=1)),
-        "crafted, the record expiring as it settles": Case(
-            crafted(rexp=40_000, pin=lambda created: created + 40_000)
-        ),
-        "crafted, the log expiring as it settles": Case(
-            crafted(lexp=40_000, pin=lambda created: created + 40_000)
-        ),
-        "crafted, the lease ending as it settles": Case(
-            crafted(lease=40_000, pin=lambda created: created + 40_000)
-        ),
         "after a misbound response was quarantined": Case(settle(misbound_first)),
         "crafted, a reason word": Case(
             crafted(state=_word(b"provisional"), lease=None, reason=_word(b"lease_expired"))
@@ -475,11 +527,8 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
     }
     answered = _run(settler, redis_client, script, cases)
     must = {
-        "crafted",
-        "crafted, a detail of ''",
-        "crafted, a result and digest while pending",
+        *CRAFTED_ANSWERED,
         "crafted, provisional with a reason",
-        "crafted, 400 entries",
         "crafted, the lease ending as it settles",
         "the attempt's settlement",
         "with the version it saw",
@@ -487,6 +536,75 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "after the attempt marked it provisional",
         "after the same attempt reserved again",
         "a log cap of two",
+        "a retention of 5 s",
+    }
+    _exactly(answered, must)
+
+
+def test_a_renewal_is_written_by_the_head_as_renew_writes_it(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    core = settler._core
+
+    def plan(r: Reservation) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        call = core.plan_renew(r)
+        return call.keys, call.args
+
+    starts = _Starts(settler, redis_client, plan)
+    reserved, crafted, renew = starts.reserved, starts.crafted, starts.call
+
+    big = 2**53 - 1
+    ten_days = 10 * 86_400_000
+    cases = {
+        **_crafted_cases(crafted, "renews"),
+        "crafted, the log outliving the record": Case(crafted(lexp=ten_days)),
+        "crafted, updated after created": Case(crafted(updated=500, lease=40_000)),
+        "crafted, no record expiry": Case(crafted(rexp=None)),
+        "crafted, a reason": Case(crafted(reason=b"timeout")),
+        "crafted, a reason word": Case(crafted(reason=_word(b"lease_expired"))),
+        "crafted, no attempt id": Case(crafted(aid=None)),
+        "crafted, a log expiry past 2^53": Case(crafted(lexp=big)),
+        "crafted, the lease ending just after": Case(
+            crafted(lease=40_000, pin=lambda created: created + 39_999)
+        ),
+        "crafted, provisional": Case(
+            crafted(state=_word(b"provisional"), lease=None, reason=b"timeout")
+        ),
+        "the attempt's renewal": Case(renew()),
+        "renewed before": Case(renew(after=settler.renew)),
+        "after the same attempt reserved again": Case(renew(starts.resumed)),
+        "a lease of 1 s": Case(renew(argv5=1_000)),
+        "a retention of 5 s": Case(renew(argv6=5_000)),
+        "the attempt that took over (its log holds the first one's)": Case(
+            renew(starts.taken_over)
+        ),
+        "a stale generation": Case(renew(starts.stale)),
+        "after the lease ran out": Case(renew(lambda: reserved(lease=0.5)), ahead_ms=2_000),
+        "after the attempt marked it provisional": Case(
+            renew(after=lambda r: settler.mark_provisional(r, "timeout: no answer"))
+        ),
+        "settled already": Case(renew(after=lambda r: settler.complete(r, {"charge": "ch_1"}))),
+        "another principal": Case(renew(argv3="tenant:other")),
+        "another fingerprint": Case(renew(argv1=b"\0" + b"\x01" * 32)),
+        "another fingerprint version": Case(renew(argv2="2")),
+        "a fingerprint version of 01": Case(renew(argv2="01")),
+        "another generation": Case(renew(argv4="5")),
+        "a lease of 0": Case(renew(argv5=0)),
+        "a retention of 0": Case(renew(argv6=0)),
+        "another shard count": Case(renew(argv7=9)),
+        "no record": Case(renew(after=lambda r: redis_client.delete(core.keys.record("op")))),
+    }
+    answered = _run(settler, redis_client, "renew", cases)
+    must = {
+        *CRAFTED_ANSWERED,
+        "crafted, the log outliving the record",
+        "crafted, updated after created",
+        "crafted, no record expiry",
+        "crafted, the lease ending just after",
+        "the attempt's renewal",
+        "renewed before",
+        "after the same attempt reserved again",
+        "a lease of 1 s",
         "a retention of 5 s",
     }
     _exactly(answered, must)
@@ -560,6 +678,26 @@ def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
         return call.keys, _with(call.args, **at)
 
     _run(settler, redis_client, script, {"drawn": Case(setup)})
+
+
+@DRAWN
+@given(fpv=FORMS, generation=FORMS, lease=FORMS, retention=FORMS)
+def test_a_renewal_in_any_argument_form_is_the_whole_scripts(
+    settler: Settler,
+    redis_client: redis.Redis,
+    fpv: str,
+    generation: str,
+    lease: str,
+    retention: str,
+) -> None:
+    def setup() -> tuple[tuple[str, ...], list[Any]]:
+        got = settler.reserve("op", REQ, principal=WHO)
+        assert isinstance(got, Reserved)
+        call = settler._core.plan_renew(got.reservation)
+        at = {"argv2": fpv, "argv5": lease, "argv6": retention}
+        return call.keys, _with(call.args, **at, **({"argv4": generation} if generation else {}))
+
+    _run(settler, redis_client, "renew", {"drawn": Case(setup)})
 
 
 def test_a_call_after_a_head_read_another_key_reads_its_own(settler: Settler) -> None:
