@@ -182,12 +182,14 @@ def _guarded(
     meta = request.META
     decoded = (str(meta.get("SCRIPT_NAME", "")), str(meta.get("PATH_INFO", "")))
     head = request_head(meta, driver.policy.header, decoded=decoded)
-    response = driver.handle(head, exchange)
+    try:
+        response = driver.handle(head, exchange)
+    except BaseException:
+        exchange.discard()
+        raise
     if response is None:
         return get_response(request)
-    if response is exchange.response and exchange.django is not None:
-        return exchange.django  # the view's own response object, as it made it
-    return _to_django(response)
+    return exchange.sent(response)
 
 
 def _driver(overrides: dict[str, Any]) -> SyncGuard:
@@ -277,7 +279,9 @@ class _Exchange:
 
     def call(self, attempt: Attempt) -> Response:
         self._request.settle = attempt  # type: ignore[attr-defined]
-        response = self._get_response(self._request)
+        # Kept at once: whatever happens from here on, the view's response is closed once
+        # (:meth:`sent` or :meth:`discard`).
+        response = self.django = self._get_response(self._request)
         render = getattr(response, "render", None)
         if render is not None and not getattr(response, "is_rendered", True):
             render()  # a TemplateResponse or DRF Response returned to a view decorator
@@ -292,15 +296,51 @@ class _Exchange:
                 "or a StreamingHttpResponse, whose content settle can store and replay"
             )
         headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in response.items())
-        self.django = response
         self.response = Response(response.status_code, headers, content)
         if self._reaching and not getattr(self._request, "_settle_reached", False):
             raise NotReached(self.response)
         return self.response
 
+    def sent(self, response: Response) -> HttpResponseBase:
+        """The Django response that goes out for ``response``: the view's own, as it made it
+        (the server closes it), or settle's answer in its place (a superseded attempt's
+        replay or 409), which closes the view's response when the server closes it. Not
+        sooner: closing sends ``request_finished``, whose ``close_old_connections`` would
+        close the database connection under a decorated view's ``ATOMIC_REQUESTS``
+        transaction and roll it back."""
+        view = self.django
+        if view is not None and response is self.response:
+            return view
+        return _to_django(response, replacing=view)
 
-def _to_django(response: Response) -> HttpResponse:
-    out = HttpResponse(response.body, status=response.status)
+    def discard(self) -> None:
+        """An exception leaves settle after the view answered (its streaming body raised
+        while it was collected, or its response cannot be stored): nothing else will send
+        the view's response or close it, so close it now (its files, its iterator's
+        ``close()``; PEP 3333 asks that of whoever consumes it), once."""
+        view, self.django = self.django, None
+        if view is not None:
+            view.close()
+
+
+class _Answer(HttpResponse):
+    """A response settle answers itself; in place of a view's response (``replacing``), it
+    closes that one when the server closes it."""
+
+    replacing: HttpResponseBase | None = None
+
+    def close(self) -> None:
+        replacing, self.replacing = self.replacing, None
+        try:
+            if replacing is not None:
+                replacing.close()
+        finally:
+            super().close()
+
+
+def _to_django(response: Response, replacing: HttpResponseBase | None = None) -> HttpResponse:
+    out = _Answer(response.body, status=response.status)
+    out.replacing = replacing
     del out["Content-Type"]  # only the stored headers, as they were
     for name, value in response.headers:
         out[name.decode("latin-1")] = value.decode("latin-1")

@@ -6,12 +6,14 @@ Django project under gunicorn."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import sys
+import threading
 import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import django
@@ -36,15 +38,20 @@ if not settings.configured:
     )
     django.setup()
 
+import httpx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished
 from django.http import (
     FileResponse,
     HttpRequest,
     HttpResponse,
+    HttpResponseBase,
     JsonResponse,
     StreamingHttpResponse,
 )
+from django.template.response import SimpleTemplateResponse
 from django.test import Client, override_settings
 from django.urls import path
 from django.utils.decorators import method_decorator
@@ -56,9 +63,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 
-from settle import Settler
+from settle import Reservation, Reserved, Settler
 from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
+from tests.http.apps import serve_wsgi
 
 urlpatterns: list[Any] = []
 _modules = itertools.count()
@@ -589,3 +597,212 @@ def test_two_request_paths_rewritten_to_one_are_two_requests(
         other = c.post("/v2/charges", {}, **headers("k-v"))
     assert first.json() == {"version": "/v1"}
     assert other.status_code == 422, (other.status_code, other.content, RUNS)
+
+
+# -- the view's response is closed once, whatever settle does with it ------------------------
+#
+# PEP 3333: whoever consumes an app's iterable calls its close(), however it ends. Django's
+# streaming responses close their iterator (a file, a cursor) in HttpResponseBase.close(),
+# which the server calls on what it sent. A response settle collects and then does not send
+# must be closed by settle. Served here by the stdlib's WSGI server, as in production.
+
+CLOSED: list[str] = []
+
+
+class Chunks:
+    """A streaming body with a ``close()`` (a file, a cursor) that records each call;
+    ``broken``: its source fails after the first chunk."""
+
+    def __init__(self, *parts: bytes, broken: bool = False) -> None:
+        self.parts = parts
+        self.broken = broken
+
+    def __iter__(self) -> Iterator[bytes]:
+        for part in self.parts:
+            yield part
+            if self.broken:
+                raise RuntimeError("the stream's source failed")
+
+    def close(self) -> None:
+        CLOSED.append("body")
+
+
+class ClosedStream(StreamingHttpResponse):
+    def close(self) -> None:
+        CLOSED.append("response")
+        super().close()
+
+
+class Unstorable(HttpResponseBase):
+    """Neither an HttpResponse nor a StreamingHttpResponse: settle refuses to store it."""
+
+    def close(self) -> None:
+        CLOSED.append("response")
+        super().close()
+
+
+class UnrenderableTemplate(SimpleTemplateResponse):
+    @property
+    def rendered_content(self) -> str:
+        raise RuntimeError("the template failed to render")
+
+    def close(self) -> None:
+        CLOSED.append("response")
+        super().close()
+
+
+Post = Callable[[str], httpx.Response]
+
+
+@contextlib.contextmanager
+def served(view: Any, middleware: list[str] | None = None) -> Iterator[Post]:
+    """``view`` at ``/v`` under the stdlib's WSGI server. ``post(key)`` returns once the
+    server has closed what it sent (the end of the request: Django's handler then sends
+    ``request_finished``)."""
+    CLOSED.clear()
+    ended = threading.Semaphore(0)
+
+    def finished(**_: Any) -> None:
+        ended.release()
+
+    request_finished.connect(finished, sender=WSGIHandler)
+    settings = {"ROOT_URLCONF": urlconf(path("v", view)), "ALLOWED_HOSTS": ["127.0.0.1"]}
+    try:
+        with (
+            override_settings(**settings, MIDDLEWARE=middleware or []),
+            serve_wsgi(WSGIHandler()) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+
+            def post(key: str) -> httpx.Response:
+                answer = client.post("/v", content=b"{}", headers=headers_of(key))
+                assert ended.acquire(timeout=10), "the server never closed its response"
+                return answer
+
+            yield post
+    finally:
+        request_finished.disconnect(finished, sender=WSGIHandler)
+
+
+def headers_of(key: str) -> dict[str, str]:
+    return {"Idempotency-Key": key, "X-Principal": "tenant:acme", "Content-Type": "text/plain"}
+
+
+def guarded_by(how: str, view: Any) -> tuple[Any, list[str]]:
+    """``view`` decorated, or plain under the middleware."""
+    if how == "decorator":
+        return idempotent(view), []
+    return view, ["settle.django.IdempotencyMiddleware"]
+
+
+def _breaking_stream() -> HttpResponseBase:
+    return ClosedStream(Chunks(b"charged ", b"twice", broken=True), status=201)
+
+
+@pytest.mark.parametrize(
+    ("how", "make", "closes"),
+    [
+        ("decorator", _breaking_stream, ["body", "response"]),
+        ("middleware", _breaking_stream, ["body", "response"]),
+        ("decorator", lambda: Unstorable(status=201), ["response"]),
+        ("middleware", lambda: Unstorable(status=201), ["response"]),
+        # Under the middleware Django renders it itself, before settle sees it.
+        ("decorator", lambda: UnrenderableTemplate("receipt.html", status=201), ["response"]),
+    ],
+    ids=[
+        "stream-breaks-while-collected-decorator",
+        "stream-breaks-while-collected-middleware",
+        "cannot-be-stored-decorator",
+        "cannot-be-stored-middleware",
+        "render-raises-decorator",
+    ],
+)
+def test_a_view_response_settle_fails_on_is_closed_once(
+    settle_settings: dict[str, Any],
+    how: str,
+    make: Callable[[], HttpResponseBase],
+    closes: list[str],
+) -> None:
+    """Found in review: the view's response was dropped unclosed when collecting it raised
+    (its file or iterator left open until garbage collection). The client gets Django's
+    500, the attempt is provisional (the retry runs the view again) and the view's response
+    is closed once, its streaming body too."""
+
+    def view(request: HttpRequest) -> HttpResponseBase:
+        RUNS.append("v")
+        return make()
+
+    with served(*guarded_by(how, view)) as post:
+        failed = post("k-fails")
+        closed = list(CLOSED)
+        again = post("k-fails")
+    assert failed.status_code == 500
+    assert sorted(closed) == closes
+    assert again.status_code == 500
+    assert RUNS == ["v", "v"]
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_superseded_view_response_is_closed_once_with_settles_answer(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """Found in review: when the attempt lost its reservation while the view ran, settle
+    answered 409 (or the authoritative replay) in its place and dropped the view's response
+    unclosed. It is now closed, once, when the server closes settle's answer (not sooner:
+    closing sends request_finished, which closes the database connection)."""
+    settler: Settler = settle_settings["settler"]
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        record = settler.get(request.settle.operation_id)  # type: ignore[attr-defined]
+        assert record is not None
+        assert record.attempt_id is not None
+        lost = Reservation(
+            operation_id=record.operation_id,
+            fingerprint=record.fingerprint,
+            fingerprint_version=record.fingerprint_version,
+            binding=record.binding,
+            generation=record.generation,
+            attempt_id=record.attempt_id,
+        )
+        # The lease lapsed and a retry took the operation over: this attempt is stale.
+        settler.mark_provisional(lost, "test: the lease was lost")
+        newer = settler.reserve(
+            record.operation_id, principal="tenant:acme", fingerprint=record.fingerprint
+        )
+        assert isinstance(newer, Reserved)
+        return ClosedStream(Chunks(b"stale ", b"charge"), status=201)
+
+    with served(*guarded_by(how, view)) as post:
+        answer = post("k-lost")
+    assert answer.status_code == 409
+    assert answer.json()["type"] == "urn:settle:problem:attempt-superseded"
+    assert sorted(CLOSED) == ["body", "response"]
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+@pytest.mark.parametrize("size", [16, 64 << 10], ids=["stored", "too-large-to-store"])
+def test_a_streaming_view_response_that_goes_out_is_closed_once(
+    settle_settings: dict[str, Any], how: str, size: int
+) -> None:
+    """The view's own response goes out (stored, or over max_response_bytes and completed
+    as not stored): the server closes it, once; settle closes nothing itself. The retry
+    replays (or is 410) without running the view."""
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        return ClosedStream(Chunks(b"a" * size, uuid.uuid4().bytes), status=201)
+
+    limit = {"max_response_bytes": 32 << 10}
+    with (
+        override_settings(SETTLE={**settle_settings, **limit}),
+        served(*guarded_by(how, view)) as post,
+    ):
+        first = post("k-out")
+        closed = list(CLOSED)
+        again = post("k-out")
+    assert first.status_code == 201
+    assert len(first.content) == size + 16
+    assert sorted(closed) == ["body", "response"]
+    assert again.status_code == (201 if size < limit["max_response_bytes"] else 410)
+    assert RUNS == ["v"]
