@@ -18,7 +18,7 @@ import httpx
 import pytest
 from flask import Flask
 
-from settle import Settler
+from settle import Reservation, Reserved, Settler
 from settle.errors import ConfigurationError
 from settle.flask import Idempotency
 from settle.http._sync import configured_guard
@@ -39,12 +39,22 @@ class Body:
     def __init__(self, parts: list[bytes]) -> None:
         self.parts = parts
         self.closed = threading.Event()
+        self.closes = 0
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.parts)
 
     def close(self) -> None:
+        self.closes += 1
         self.closed.set()
+
+
+class BrokenBody(Body):
+    """Its source fails after the first part."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.parts[0]
+        raise RuntimeError("the stream's source failed")
 
 
 def test_the_body_iterable_is_collected_closed_and_replayed(settler: Settler) -> None:
@@ -68,6 +78,57 @@ def test_the_body_iterable_is_collected_closed_and_replayed(settler: Settler) ->
     assert again.headers["idempotent-replayed"] == "true"
     assert len(bodies) == 1
     assert bodies[0].closed.is_set()
+
+
+def _take_over(settler: Settler, operation: str) -> None:
+    """What a lapsed lease and a retry do to a running attempt: a newer one owns it."""
+    record = settler.get(operation)
+    assert record is not None
+    assert record.attempt_id is not None
+    lost = Reservation(
+        operation_id=operation,
+        fingerprint=record.fingerprint,
+        fingerprint_version=record.fingerprint_version,
+        binding=record.binding,
+        generation=record.generation,
+        attempt_id=record.attempt_id,
+    )
+    settler.mark_provisional(lost, "test: the lease was lost")
+    newer = settler.reserve(operation, principal="tenant:acme", fingerprint=record.fingerprint)
+    assert isinstance(newer, Reserved)
+
+
+@pytest.mark.parametrize(
+    ("case", "status"),
+    [("breaks", 500), ("no-start-response", 500), ("superseded", 409), ("too-large", 201)],
+)
+def test_the_body_iterable_is_closed_once_whatever_the_middleware_answers(
+    settler: Settler, case: str, status: int
+) -> None:
+    """PEP 3333: the iterable's close() is called however it ends. The middleware collects
+    it and closes it itself, before it settles: once, also when its source fails, when the
+    app never started a response, when settle answers 409 in its place (the attempt was
+    superseded) and when it is too large to store."""
+    bodies: list[Body] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Body:
+        if case == "superseded":
+            _take_over(settler, current_attempt(environ).operation_id)
+        if case != "no-start-response":
+            start_response("201 Created", [("Content-Type", "text/plain")])
+        size = 8 << 10 if case == "too-large" else 8
+        body = (BrokenBody if case == "breaks" else Body)([b"x" * size, b"y"])
+        bodies.append(body)
+        return body
+
+    guarded = IdempotencyMiddleware(
+        app, settler=settler, principal=principal, max_response_bytes=4 << 10
+    )
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base) as client:
+        answer = client.post("/charge", content=b"x", headers=KEY)
+    assert answer.status_code == status
+    [body] = bodies
+    assert body.closes == 1
 
 
 def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> None:
