@@ -1,13 +1,20 @@
-"""gunicorn as a subprocess on a loopback port, serving the Django or the Flask shop."""
+"""gunicorn as a subprocess on a loopback port, serving the Django or the Flask shop; a
+client that goes away (:func:`reset`) and a watch on what the server does with a response
+(:class:`Sending`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -78,3 +85,46 @@ class Gunicorn:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def connect(base: str) -> socket.socket:
+    """A raw connection to the server at ``base`` (``http://host:port``)."""
+    host, port = base.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)))
+
+
+def reset(sock: socket.socket) -> None:
+    """Close ``sock`` as a client that went away does: at once, with a reset (SO_LINGER 0),
+    nothing read. The server's next write to it fails."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class Sending:
+    """Between a WSGI server and an app: tells when the server gave up the iterable the
+    app returned (its ``close()``, passed on) and whether it was exhausted first. One
+    request at a time."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.closed = threading.Event()
+        self.exhausted = False
+        self._parts: Iterable[bytes] = ()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Sending:
+        self.closed.clear()
+        self.exhausted = False
+        self._parts = self.app(environ, start_response)
+        return self
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._parts
+        self.exhausted = True
+
+    def close(self) -> None:
+        close = getattr(self._parts, "close", None)
+        try:
+            if close is not None:
+                close()
+        finally:
+            self.closed.set()

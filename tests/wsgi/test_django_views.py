@@ -62,11 +62,14 @@ from rest_framework.decorators import api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
+from structlog.testing import capture_logs
 
-from settle import Reservation, Reserved, Settler
+from settle import Reservation, Reserved, Settler, State
 from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
+from settle.http.keys import operation_id
 from tests.http.apps import serve_wsgi
+from tests.wsgi.servers import Sending, connect, reset
 
 urlpatterns: list[Any] = []
 _modules = itertools.count()
@@ -651,37 +654,44 @@ class UnrenderableTemplate(SimpleTemplateResponse):
         super().close()
 
 
-Post = Callable[[str], httpx.Response]
+class Served:
+    """The project under the stdlib's WSGI server at ``base``."""
+
+    def __init__(self, base: str, client: httpx.Client, sending: Sending) -> None:
+        self.base = base
+        self.sending = sending
+        self._client = client
+        self._ended = threading.Semaphore(0)
+
+    def finished(self, **_: Any) -> None:
+        """Django's handler sends request_finished when the server closes its response."""
+        self._ended.release()
+
+    def ended(self) -> None:
+        """Wait until the server has closed what it sent for the next request."""
+        assert self._ended.acquire(timeout=10), "the server never closed its response"
+
+    def post(self, key: str) -> httpx.Response:
+        """POST to ``/v``; returns once the server has closed what it sent."""
+        answer = self._client.post("/v", content=b"{}", headers=headers_of(key))
+        self.ended()
+        return answer
 
 
 @contextlib.contextmanager
-def served(view: Any, middleware: list[str] | None = None) -> Iterator[Post]:
-    """``view`` at ``/v`` under the stdlib's WSGI server. ``post(key)`` returns once the
-    server has closed what it sent (the end of the request: Django's handler then sends
-    ``request_finished``)."""
+def served(view: Any, middleware: list[str] | None = None) -> Iterator[Served]:
+    """``view`` at ``/v`` under the stdlib's WSGI server."""
     CLOSED.clear()
-    ended = threading.Semaphore(0)
-
-    def finished(**_: Any) -> None:
-        ended.release()
-
-    request_finished.connect(finished, sender=WSGIHandler)
     settings = {"ROOT_URLCONF": urlconf(path("v", view)), "ALLOWED_HOSTS": ["127.0.0.1"]}
-    try:
-        with (
-            override_settings(**settings, MIDDLEWARE=middleware or []),
-            serve_wsgi(WSGIHandler()) as base,
-            httpx.Client(base_url=base, timeout=30) as client,
-        ):
-
-            def post(key: str) -> httpx.Response:
-                answer = client.post("/v", content=b"{}", headers=headers_of(key))
-                assert ended.acquire(timeout=10), "the server never closed its response"
-                return answer
-
-            yield post
-    finally:
-        request_finished.disconnect(finished, sender=WSGIHandler)
+    with override_settings(**settings, MIDDLEWARE=middleware or []):
+        sending = Sending(WSGIHandler())
+        with serve_wsgi(sending) as base, httpx.Client(base_url=base, timeout=30) as client:
+            site = Served(base, client, sending)
+            request_finished.connect(site.finished, sender=WSGIHandler)
+            try:
+                yield site
+            finally:
+                request_finished.disconnect(site.finished, sender=WSGIHandler)
 
 
 def headers_of(key: str) -> dict[str, str]:
@@ -732,10 +742,10 @@ def test_a_view_response_settle_fails_on_is_closed_once(
         RUNS.append("v")
         return make()
 
-    with served(*guarded_by(how, view)) as post:
-        failed = post("k-fails")
+    with served(*guarded_by(how, view)) as site:
+        failed = site.post("k-fails")
         closed = list(CLOSED)
-        again = post("k-fails")
+        again = site.post("k-fails")
     assert failed.status_code == 500
     assert sorted(closed) == closes
     assert again.status_code == 500
@@ -773,8 +783,8 @@ def test_a_superseded_view_response_is_closed_once_with_settles_answer(
         assert isinstance(newer, Reserved)
         return ClosedStream(Chunks(b"stale ", b"charge"), status=201)
 
-    with served(*guarded_by(how, view)) as post:
-        answer = post("k-lost")
+    with served(*guarded_by(how, view)) as site:
+        answer = site.post("k-lost")
     assert answer.status_code == 409
     assert answer.json()["type"] == "urn:settle:problem:attempt-superseded"
     assert sorted(CLOSED) == ["body", "response"]
@@ -796,13 +806,58 @@ def test_a_streaming_view_response_that_goes_out_is_closed_once(
     limit = {"max_response_bytes": 32 << 10}
     with (
         override_settings(SETTLE={**settle_settings, **limit}),
-        served(*guarded_by(how, view)) as post,
+        served(*guarded_by(how, view)) as site,
     ):
-        first = post("k-out")
+        first = site.post("k-out")
         closed = list(CLOSED)
-        again = post("k-out")
+        again = site.post("k-out")
     assert first.status_code == 201
     assert len(first.content) == size + 16
     assert sorted(closed) == ["body", "response"]
     assert again.status_code == (201 if size < limit["max_response_bytes"] else 410)
+    assert RUNS == ["v"]
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_client_gone_while_its_response_is_sent_is_no_error(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """The client resets the connection before its response is written: the server's write
+    fails and it closes the view's response unexhausted (once). The response was settled
+    before sending: settle logs nothing at error level, nothing after its
+    ``settle.http.completed``, and leaves the record completed; the retry replays it."""
+    entered, gone = threading.Event(), threading.Event()
+    size = 200 << 10  # more than a socket buffer: the server's write must fail
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        entered.set()
+        assert gone.wait(10)
+        return ClosedStream(Chunks(b"x" * size), status=201)
+
+    with capture_logs() as events, served(*guarded_by(how, view)) as site:
+        sock = connect(site.base)
+        sock.sendall(
+            b"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k-gone\r\n"
+            b"X-Principal: tenant:acme\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 2\r\n\r\n{}"
+        )
+        assert entered.wait(10)
+        reset(sock)
+        gone.set()
+        site.ended()
+        assert not site.sending.exhausted  # its write failed: the client never got it
+        closed, logged = list(CLOSED), list(events)
+        record = settle_settings["settler"].get(
+            operation_id("http", "k-gone", "tenant:acme", "principal")
+        )
+        again = site.post("k-gone")
+    assert sorted(closed) == ["body", "response"]
+    assert [e["event"] for e in logged if e["log_level"] not in ("debug", "info")] == []
+    assert [e["event"] for e in logged][-1] == "settle.http.completed"
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert again.status_code == 201
+    assert again.headers["idempotent-replayed"] == "true"
+    assert len(again.content) == size
     assert RUNS == ["v"]

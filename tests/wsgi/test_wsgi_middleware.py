@@ -17,14 +17,17 @@ from wsgiref.util import setup_testing_defaults
 import httpx
 import pytest
 from flask import Flask
+from structlog.testing import capture_logs
 
-from settle import Reservation, Reserved, Settler
+from settle import Reservation, Reserved, Settler, State
 from settle.errors import ConfigurationError
 from settle.flask import Idempotency
 from settle.http._sync import configured_guard
+from settle.http.keys import operation_id
 from settle.testing import MemorySettler
 from settle.wsgi import IdempotencyMiddleware, current_attempt
 from tests.http.apps import serve_wsgi
+from tests.wsgi.servers import Sending, connect, reset
 
 KEY = {"Idempotency-Key": "k-1", "X-Principal": "tenant:acme"}
 
@@ -160,6 +163,49 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert busy.headers["retry-after"] == "1"
     assert [r.status_code for r in results] == [201]
     assert len(generations) == 1  # one attempt: the retry never took it over
+
+
+def test_a_client_gone_while_its_response_is_sent_is_no_error(settler: Settler) -> None:
+    """The client resets the connection before its response is written: the server's
+    write fails and it closes the iterable unexhausted. The handler's response was settled
+    before sending, so settle logs nothing at error level, nothing after its
+    ``settle.http.completed``, and leaves the record completed: the retry replays it (as
+    under ASGI, where the response is stored before it is sent, too)."""
+    entered, gone = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(current_attempt(environ).generation)
+        entered.set()
+        assert gone.wait(10)
+        start_response("201 Created", [("Content-Type", "application/octet-stream")])
+        return [b"x" * (200 << 10)]  # more than a socket buffer: the write must fail
+
+    server = Sending(IdempotencyMiddleware(app, settler=settler, principal=principal))
+    request = (
+        b"POST /charge HTTP/1.1\r\nHost: t\r\nIdempotency-Key: k-1\r\n"
+        b"X-Principal: tenant:acme\r\nContent-Length: 1\r\n\r\nx"
+    )
+    with capture_logs() as events, serve_wsgi(server) as base:
+        sock = connect(base)
+        sock.sendall(request)
+        assert entered.wait(10)
+        reset(sock)
+        gone.set()
+        assert server.closed.wait(10), "the server never gave the response up"
+        assert not server.exhausted  # its write failed: the client never got the response
+        logged = list(events)
+        record = settler.get(operation_id("http", "k-1", "tenant:acme", "principal"))
+        with httpx.Client(base_url=base) as client:
+            again = client.post("/charge", content=b"x", headers=KEY)
+    assert [e["event"] for e in logged if e["log_level"] not in ("debug", "info")] == []
+    assert [e["event"] for e in logged][-1] == "settle.http.completed"
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert again.status_code == 201
+    assert again.headers["idempotent-replayed"] == "true"
+    assert len(again.content) == 200 << 10
+    assert len(runs) == 1
 
 
 def _recording(runs: list[bytes]) -> Any:
