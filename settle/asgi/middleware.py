@@ -115,7 +115,7 @@ class IdempotencyMiddleware:
                         except RequestTooLarge as exc:
                             step = guard.body_too_large(exc)
                         except ClientDisconnected:
-                            guard.disconnected()
+                            guard.disconnected()  # its client is gone: nothing to send
                             return
                         else:
                             step = guard.body_read(body)

@@ -174,6 +174,7 @@ _OUTCOME = {
     ProblemKind.IN_PROGRESS: "conflict",
     ProblemKind.RESPONSE_NOT_STORED: "not_replayable",
     ProblemKind.UNAVAILABLE: "unavailable",
+    ProblemKind.REQUEST_INCOMPLETE: "disconnected",
 }
 
 
@@ -284,10 +285,18 @@ class Guard:
     def body_malformed(self, exc: RequestMalformed) -> Answer:
         return self._reject(ProblemKind.REQUEST_MALFORMED, str(exc))
 
-    def disconnected(self) -> None:
-        """The client left while its body was being read: nothing is answered or run."""
-        self.outcome = "disconnected"
+    def disconnected(self) -> Answer:
+        """The client stopped sending, or left, before its whole body arrived: nothing is
+        reserved or run, and this is no error (logged at info). The 400 problem is for a
+        shell whose client may still read (WSGI: the body ended early, as it does for a
+        client that only closed its sending side); under ASGI the server said the client
+        is gone, and nothing is sent."""
         self._info("settle.http.disconnected", stage="reading_request")
+        detail = (
+            "the request body ended before the length it declared; nothing was run. Send "
+            f"the whole request again with the same {self.policy.header}."
+        )
+        return self._answer(ProblemKind.REQUEST_INCOMPLETE, detail)
 
     def body_read(self, body: bytes) -> Reserve:
         policy = self.policy

@@ -106,8 +106,7 @@ class SyncGuard:
                         except RequestMalformed as exc:
                             step = guard.body_malformed(exc)
                         except ClientDisconnected:
-                            guard.disconnected()
-                            raise
+                            step = guard.disconnected()
                         else:
                             step = guard.body_read(body)
                     case Reserve():

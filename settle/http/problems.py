@@ -24,6 +24,7 @@ class ProblemKind(StrEnum):
     PRINCIPAL_FAILED = "principal-failed"
     REQUEST_TOO_LARGE = "request-too-large"
     REQUEST_MALFORMED = "request-malformed"
+    REQUEST_INCOMPLETE = "request-incomplete"
     KEY_REUSED = "idempotency-key-reused"
     KEY_BOUND = "idempotency-key-bound"
     IN_PROGRESS = "request-in-progress"
@@ -48,6 +49,7 @@ _STATUS_TITLE: dict[ProblemKind, tuple[int, str]] = {
     ProblemKind.PRINCIPAL_FAILED: (500, "The principal of the request could not be determined"),
     ProblemKind.REQUEST_TOO_LARGE: (413, "Request body is too large"),
     ProblemKind.REQUEST_MALFORMED: (400, "Request body length is malformed"),
+    ProblemKind.REQUEST_INCOMPLETE: (400, "Request body is incomplete"),
     ProblemKind.KEY_REUSED: (422, "Idempotency-Key was used for a different request"),
     ProblemKind.KEY_BOUND: (422, "Idempotency-Key belongs to another principal"),
     ProblemKind.IN_PROGRESS: (409, "A request with this Idempotency-Key is in progress"),

@@ -40,8 +40,9 @@ class RequestMalformed(InvalidInput):
 
 
 class ClientDisconnected(SettleError):
-    """The client went away before its whole body arrived: nothing was reserved or run, and
-    nobody is left to answer. The client may send the request again with the same key."""
+    """The client went away (or stopped sending) before its whole body arrived: nothing was
+    reserved or run. The client may send the request again with the same key. The
+    middlewares answer it themselves (``Guard.disconnected``); it never leaves them."""
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.__doc__ or "")
@@ -74,7 +75,8 @@ class BodyBuffer:
 
     def __init__(self, limit: int, declared: bytes | None) -> None:
         self.limit = limit
-        if declared and declared.strip().isdigit() and int(declared) > limit:
+        self._declared = int(declared) if declared and declared.strip().isdigit() else None
+        if self._declared is not None and self._declared > limit:
             raise self._too_large()
         self._chunks: list[bytes] = []
         self._size = 0
@@ -87,6 +89,17 @@ class BodyBuffer:
 
     def body(self) -> bytes:
         return b"".join(self._chunks)
+
+    def complete(self) -> bytes:
+        """The body, read to its end: :class:`ClientDisconnected` if it is shorter than the
+        length its request declared (a WSGI server hands over what arrived before the
+        client stopped sending or left, as if it were the whole body)."""
+        if self._declared is not None and self._size < self._declared:
+            raise ClientDisconnected(
+                f"the client sent {self._size} of its {self._declared} body bytes and went "
+                "away: nothing was run. It may retry with the same key."
+            )
+        return self.body()
 
     def _too_large(self) -> RequestTooLarge:
         return RequestTooLarge(f"the request body is over the {self.limit}-byte limit")

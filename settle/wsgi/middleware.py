@@ -18,7 +18,7 @@ from settle.http._sync import SyncGuard, status_line
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer, ClientDisconnected, RequestHead, RequestMalformed
+from settle.http.request import BodyBuffer, RequestHead, RequestMalformed
 
 if TYPE_CHECKING:
     from settle._sync.settler import Settler
@@ -151,16 +151,13 @@ class _Exchange:
             while remaining > 0:
                 chunk = stream.read(min(_CHUNK, remaining))
                 if not chunk:
-                    raise ClientDisconnected(
-                        f"the client sent {int(length) - remaining} of its {length} body bytes "
-                        "and went away: nothing was run. It may retry with the same key."
-                    )
+                    break  # the client stopped sending: buffer.complete() tells
                 buffer.add(chunk)
                 remaining -= len(chunk)
         elif self._environ.get("wsgi.input_terminated"):
             while chunk := stream.read(_CHUNK):
                 buffer.add(chunk)
-        body = buffer.body()
+        body = buffer.complete()
         self._environ["wsgi.input"] = io.BytesIO(body)
         self._environ["CONTENT_LENGTH"] = str(len(body))
         return body

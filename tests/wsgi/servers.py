@@ -93,6 +93,22 @@ def connect(base: str) -> socket.socket:
     return socket.create_connection((host, int(port)))
 
 
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The status line and the body of the one response the server sends on ``sock``
+    (framed by its Content-Length, or ended by the server closing)."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = [
+        v for n, _, v in (line.partition(b":") for line in lines) if n.lower() == b"content-length"
+    ]
+    while (not length or len(body) < int(length[0])) and (chunk := sock.recv(65536)):
+        body += chunk
+    return lines[0], body
+
+
 def reset(sock: socket.socket) -> None:
     """Close ``sock`` as a client that went away does: at once, with a reset (SO_LINGER 0),
     nothing read. The server's next write to it fails."""

@@ -7,6 +7,7 @@ outside the server's processes, so the counts survive a killed server.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ import httpx
 import pytest
 import redis
 
-from tests.wsgi.servers import Gunicorn
+from tests.wsgi.servers import Gunicorn, connect, read_answer
 
 CRASH_LEASE = 8.0
 
@@ -210,3 +211,34 @@ def test_a_view_that_crashes_is_run_again_under_a_new_generation(
     assert replay.headers["idempotent-replayed"] == "true"
     first, second = runs(redis_client, namespace)
     assert second["generation"] > first["generation"]
+
+
+@pytest.mark.parametrize("shop", ["flask"], indirect=True)
+def test_a_client_that_stops_sending_mid_body_runs_nothing_and_is_no_error(
+    shop: Gunicorn, redis_client: redis.Redis, namespace: str
+) -> None:
+    """The client sends 10 of its body's bytes and closes its sending side. Found in
+    review: settle raised ClientDisconnected into gunicorn, which logged ``[ERROR] Error
+    handling request`` with a traceback and answered its own 500. Now the client gets a
+    400 ``request-incomplete`` problem, gunicorn logs no error, nothing runs, and the whole
+    request sent again with the key runs once."""
+    key = str(uuid.uuid4())
+    body = json.dumps(PAYMENT).encode()
+    with connect(shop.url) as sock:
+        sock.sendall(
+            b"POST /payments HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b'Authorization: Bearer sk_test_acme\r\nIdempotency-Key: "%s"\r\n'
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (key.encode(), len(body), body[:10])
+        )
+        sock.shutdown(socket.SHUT_WR)
+        status, problem = read_answer(sock)
+    assert status.endswith(b" 400 Bad Request"), (status, problem)
+    assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
+    assert runs(redis_client, namespace) == []
+    typed = {**headers(key), "Content-Type": "application/json"}
+    whole = httpx.post(f"{shop.url}/payments", content=body, headers=typed)
+    assert whole.status_code == 201, whole.text
+    assert "idempotent-replayed" not in whole.headers
+    assert len(runs(redis_client, namespace)) == 1
+    assert "[ERROR]" not in shop.log.read_text()

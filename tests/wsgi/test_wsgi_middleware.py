@@ -27,7 +27,7 @@ from settle.http.keys import operation_id
 from settle.testing import MemorySettler
 from settle.wsgi import IdempotencyMiddleware, current_attempt
 from tests.http.apps import serve_wsgi
-from tests.wsgi.servers import Sending, connect, reset
+from tests.wsgi.servers import Sending, connect, read_answer, reset
 
 KEY = {"Idempotency-Key": "k-1", "X-Principal": "tenant:acme"}
 
@@ -220,20 +220,29 @@ def _recording(runs: list[bytes]) -> Any:
 
 
 def test_a_client_that_leaves_mid_body_runs_nothing(settler: Settler) -> None:
-    """A body shorter than its Content-Length is never run as if it were the request."""
+    """A body shorter than its Content-Length is never run as if it were the request. The
+    client stopped sending (it may still read): it gets a 400 ``request-incomplete``
+    problem, and settle logs ``settle.http.disconnected`` at info, as the ASGI middleware
+    does. Found in review: the middleware raised ClientDisconnected into the server, which
+    logged it as an error with its traceback and answered its own 500."""
     runs: list[bytes] = []
     guarded = IdempotencyMiddleware(_recording(runs), settler=settler, principal=principal)
-    with serve_wsgi(guarded) as base:
-        host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port))) as sock:
+    with capture_logs() as events, serve_wsgi(guarded) as base:
+        with connect(base) as sock:
             sock.sendall(
                 b"POST /charge HTTP/1.1\r\nHost: t\r\nIdempotency-Key: k-1\r\n"
                 b"X-Principal: tenant:acme\r\nContent-Length: 100\r\n\r\n" + b"x" * 10
             )
             sock.shutdown(socket.SHUT_WR)
-            sock.recv(1024)  # the server answers (its 500) or closes: the request is over
+            status, body = read_answer(sock)
+        logged = list(events)
         with httpx.Client(base_url=base) as client:
             whole = client.post("/charge", content=b"x" * 100, headers=KEY)
+    assert status.endswith(b" 400 Bad Request"), status
+    assert json.loads(body)["type"] == "urn:settle:problem:request-incomplete"
+    assert [(e["event"], e["log_level"]) for e in logged if "http" in e["event"]] == [
+        ("settle.http.disconnected", "info")
+    ]
     assert whole.status_code == 201
     assert runs == [b"x" * 100]  # the whole request, once; never the 10-byte one
 
