@@ -273,9 +273,11 @@ class _Exchange:
             # request.POST for its token; so does REST framework's SessionAuthentication),
             # and Django keeps no multipart body once parsed: its parsed form stands for it.
             _form_of(request, buffer)
-        else:
-            buffer.add(raw)
-        return buffer.body()
+            return buffer.body()
+        buffer.add(raw)
+        # Django reads what arrived before a client stopped sending as the whole body
+        # (gunicorn and wsgiref end wsgi.input there): never run the view on a part.
+        return buffer.complete()
 
     def call(self, attempt: Attempt) -> Response:
         self._request.settle = attempt  # type: ignore[attr-defined]

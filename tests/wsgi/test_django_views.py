@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import json
+import socket
 import sys
 import threading
 import types
@@ -69,7 +71,7 @@ from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
 from settle.http.keys import operation_id
 from tests.http.apps import serve_wsgi
-from tests.wsgi.servers import Sending, connect, reset
+from tests.wsgi.servers import Sending, connect, read_answer, reset
 
 urlpatterns: list[Any] = []
 _modules = itertools.count()
@@ -673,7 +675,10 @@ class Served:
 
     def post(self, key: str) -> httpx.Response:
         """POST to ``/v``; returns once the server has closed what it sent."""
-        answer = self._client.post("/v", content=b"{}", headers=headers_of(key))
+        return self.post_body(key, b"{}")
+
+    def post_body(self, key: str, body: bytes) -> httpx.Response:
+        answer = self._client.post("/v", content=body, headers=headers_of(key))
         self.ended()
         return answer
 
@@ -861,3 +866,34 @@ def test_a_client_gone_while_its_response_is_sent_is_no_error(
     assert again.headers["idempotent-replayed"] == "true"
     assert len(again.content) == size
     assert RUNS == ["v"]
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_body_that_ends_before_its_length_runs_nothing(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """The client sends 10 of its 100 body bytes and closes its sending side; the server
+    ends wsgi.input there and Django reads the 10 bytes as the whole body. Found in review:
+    settle fingerprinted and ran the view on them and stored its answer, so the whole
+    request sent again with the key got 422. Now: a 400 ``request-incomplete`` problem,
+    nothing run, and the whole request runs."""
+
+    def view(request: HttpRequest) -> HttpResponse:
+        RUNS.append(request.body.decode())
+        return HttpResponse(f"charged {len(request.body)}", status=201)
+
+    with served(*guarded_by(how, view)) as site:
+        with connect(site.base) as sock:
+            sock.sendall(
+                b"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k-part\r\n"
+                b"X-Principal: tenant:acme\r\nContent-Type: text/plain\r\n"
+                b"Content-Length: 100\r\n\r\n" + b"x" * 10
+            )
+            sock.shutdown(socket.SHUT_WR)
+            status, problem = read_answer(sock)
+        site.ended()
+        whole = site.post_body("k-part", b"x" * 100)
+    assert status.endswith(b" 400 Bad Request"), (status, problem)
+    assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
+    assert (whole.status_code, whole.content) == (201, b"charged 100")
+    assert RUNS == ["x" * 100]

@@ -213,15 +213,15 @@ def test_a_view_that_crashes_is_run_again_under_a_new_generation(
     assert second["generation"] > first["generation"]
 
 
-@pytest.mark.parametrize("shop", ["flask"], indirect=True)
 def test_a_client_that_stops_sending_mid_body_runs_nothing_and_is_no_error(
     shop: Gunicorn, redis_client: redis.Redis, namespace: str
 ) -> None:
     """The client sends 10 of its body's bytes and closes its sending side. Found in
-    review: settle raised ClientDisconnected into gunicorn, which logged ``[ERROR] Error
-    handling request`` with a traceback and answered its own 500. Now the client gets a
-    400 ``request-incomplete`` problem, gunicorn logs no error, nothing runs, and the whole
-    request sent again with the key runs once."""
+    review: under Flask settle raised ClientDisconnected into gunicorn, which logged
+    ``[ERROR] Error handling request`` with a traceback and answered its own 500; Django
+    ran the view on the 10 bytes and stored its 400, so the whole request sent again got
+    422. Now the client gets a 400 ``request-incomplete`` problem, gunicorn logs no error,
+    nothing runs, and the whole request sent again with the key runs once."""
     key = str(uuid.uuid4())
     body = json.dumps(PAYMENT).encode()
     with connect(shop.url) as sock:
