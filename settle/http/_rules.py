@@ -13,7 +13,8 @@ response stores and what is answered when an attempt lost its reservation: all h
             case Answer():    send step.response; done
             case Identify():  step = guard.identified(principal(request))
                               # or guard.principal_failed(exc) if the callable raised
-            case ReadBody():  step = guard.body_read(body)  # or guard.body_too_large(exc)
+            case ReadBody():  step = guard.body_read(body)  # or guard.body_too_large(exc),
+                              # body_malformed(exc), disconnected() if it ended early
             case Reserve():   step = guard.reserved(settler.reserve(...))  # or reserve_failed
             case Run():       run the app with step.attempt, then
                               settle guard.finished(...) and send guard.settled(...) or
