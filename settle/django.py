@@ -16,6 +16,7 @@ The rules are :mod:`settle.http`'s, carried out by the same sync driver as
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -184,12 +185,12 @@ def _guarded(
     head = request_head(meta, driver.policy.header, decoded=decoded)
     try:
         response = driver.handle(head, exchange)
+        if response is not None:
+            return exchange.sent(response)  # may raise: a stored header settle cannot send
     except BaseException:
         exchange.discard()
         raise
-    if response is None:
-        return get_response(request)
-    return exchange.sent(response)
+    return get_response(request)
 
 
 def _driver(overrides: dict[str, Any]) -> SyncGuard:
@@ -306,43 +307,52 @@ class _Exchange:
     def sent(self, response: Response) -> HttpResponseBase:
         """The Django response that goes out for ``response``: the view's own, as it made it
         (the server closes it), or settle's answer in its place (a superseded attempt's
-        replay or 409), which closes the view's response when the server closes it. Not
-        sooner: closing sends ``request_finished``, whose ``close_old_connections`` would
-        close the database connection under a decorated view's ``ATOMIC_REQUESTS``
-        transaction and roll it back."""
+        replay or 409), which takes over the view's resources: the server's one close of
+        the answer releases them and sends ``request_finished`` once."""
         view = self.django
         if view is not None and response is self.response:
             return view
-        return _to_django(response, replacing=view)
+        answer = _to_django(response)
+        if view is not None:
+            self.django = None
+            _closers(answer).extend(_closers(view))
+            _closers(view).clear()
+            view.closed = True
+        return answer
 
     def discard(self) -> None:
         """An exception leaves settle after the view answered (its streaming body raised
         while it was collected, or its response cannot be stored): nothing else will send
-        the view's response or close it, so close it now (its files, its iterator's
+        the view's response, so release its resources now (its files, its iterator's
         ``close()``; PEP 3333 asks that of whoever consumes it), once."""
         view, self.django = self.django, None
         if view is not None:
-            view.close()
+            _release(view)
 
 
-class _Answer(HttpResponse):
-    """A response settle answers itself; in place of a view's response (``replacing``), it
-    closes that one when the server closes it."""
+def _release(response: HttpResponseBase) -> None:
+    """What ``HttpResponseBase.close()`` does, without sending ``request_finished``: the
+    request is not over (the exception goes on through the view's middlewares and
+    Django's error handling). That signal ends it: ``close_old_connections`` closes the
+    database connection (a ``TestCase``'s, or the one an error handler under
+    ``ATOMIC_REQUESTS`` still uses) and ``reset_urlconf`` drops a per-request URLconf.
+    Django's handler sends it once, when the server closes the response that goes out."""
+    for closer in _closers(response):
+        with contextlib.suppress(Exception):  # as HttpResponseBase.close() does
+            closer()
+    _closers(response).clear()
+    response.closed = True
 
-    replacing: HttpResponseBase | None = None
 
-    def close(self) -> None:
-        replacing, self.replacing = self.replacing, None
-        try:
-            if replacing is not None:
-                replacing.close()
-        finally:
-            super().close()
+def _closers(response: HttpResponseBase) -> list[Callable[[], object]]:
+    """What ``close()`` releases: a streaming body's or a file's ``close``, each added by
+    Django as the response took it (not in Django's type stubs)."""
+    closers: list[Callable[[], object]] = response._resource_closers  # type: ignore[attr-defined]
+    return closers
 
 
-def _to_django(response: Response, replacing: HttpResponseBase | None = None) -> HttpResponse:
-    out = _Answer(response.body, status=response.status)
-    out.replacing = replacing
+def _to_django(response: Response) -> HttpResponse:
+    out = HttpResponse(response.body, status=response.status)
     del out["Content-Type"]  # only the stored headers, as they were
     for name, value in response.headers:
         out[name.decode("latin-1")] = value.decode("latin-1")

@@ -604,12 +604,15 @@ def test_two_request_paths_rewritten_to_one_are_two_requests(
     assert other.status_code == 422, (other.status_code, other.content, RUNS)
 
 
-# -- the view's response is closed once, whatever settle does with it ------------------------
+# -- the view's resources are released once, the request finished once ----------------------
 #
 # PEP 3333: whoever consumes an app's iterable calls its close(), however it ends. Django's
-# streaming responses close their iterator (a file, a cursor) in HttpResponseBase.close(),
-# which the server calls on what it sent. A response settle collects and then does not send
-# must be closed by settle. Served here by the stdlib's WSGI server, as in production.
+# responses release what they hold (a streaming iterator's close(), a FileResponse's file)
+# in HttpResponseBase.close(), which the server calls on what it sent, and which sends
+# request_finished: that ends the request (close_old_connections closes the database
+# connection). A response settle collects and then does not send must have its resources
+# released by settle, without ending the request. Served here by the stdlib's WSGI server,
+# as in production.
 
 CLOSED: list[str] = []
 
@@ -632,28 +635,29 @@ class Chunks:
         CLOSED.append("body")
 
 
-class ClosedStream(StreamingHttpResponse):
+class Held(io.BytesIO):
+    """A file a response holds; records each ``close()``."""
+
     def close(self) -> None:
-        CLOSED.append("response")
+        CLOSED.append("file")
         super().close()
+
+
+def holding(response: HttpResponseBase) -> HttpResponseBase:
+    """``response`` holding a file that its ``close()`` closes, as Django registers a
+    FileResponse's file or a streaming body's ``close``."""
+    response._resource_closers.append(Held().close)  # type: ignore[attr-defined]
+    return response
 
 
 class Unstorable(HttpResponseBase):
     """Neither an HttpResponse nor a StreamingHttpResponse: settle refuses to store it."""
-
-    def close(self) -> None:
-        CLOSED.append("response")
-        super().close()
 
 
 class UnrenderableTemplate(SimpleTemplateResponse):
     @property
     def rendered_content(self) -> str:
         raise RuntimeError("the template failed to render")
-
-    def close(self) -> None:
-        CLOSED.append("response")
-        super().close()
 
 
 class Served:
@@ -663,22 +667,39 @@ class Served:
         self.base = base
         self.sending = sending
         self._client = client
-        self._ended = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._finished = 0
+        #: How many times request_finished was sent (by anyone) for each request, in order.
+        self.finishes: list[int] = []
 
     def finished(self, **_: Any) -> None:
-        """Django's handler sends request_finished when the server closes its response."""
-        self._ended.release()
+        """request_finished: Django's handler sends it when the server closes its response."""
+        with self._lock:
+            self._finished += 1
+
+    def finished_so_far(self) -> int:
+        """request_finished signals of the request under way, until now."""
+        with self._lock:
+            return self._finished
 
     def ended(self) -> None:
-        """Wait until the server has closed what it sent for the next request."""
-        assert self._ended.acquire(timeout=10), "the server never closed its response"
+        """Wait until the server has closed what it sent for the request, and count the
+        request_finished signals that request sent."""
+        assert self.sending.closed.wait(10), "the server never closed its response"
+        self.sending.closed.clear()
+        with self._lock:
+            self.finishes.append(self._finished)
+            self._finished = 0
 
     def post(self, key: str) -> httpx.Response:
         """POST to ``/v``; returns once the server has closed what it sent."""
         return self.post_body(key, b"{}")
 
     def post_body(self, key: str, body: bytes) -> httpx.Response:
-        answer = self._client.post("/v", content=body, headers=headers_of(key))
+        return self.send(body, headers_of(key))
+
+    def send(self, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        answer = self._client.post("/v", content=body, headers=headers)
         self.ended()
         return answer
 
@@ -692,11 +713,11 @@ def served(view: Any, middleware: list[str] | None = None) -> Iterator[Served]:
         sending = Sending(WSGIHandler())
         with serve_wsgi(sending) as base, httpx.Client(base_url=base, timeout=30) as client:
             site = Served(base, client, sending)
-            request_finished.connect(site.finished, sender=WSGIHandler)
+            request_finished.connect(site.finished)  # from any sender
             try:
                 yield site
             finally:
-                request_finished.disconnect(site.finished, sender=WSGIHandler)
+                request_finished.disconnect(site.finished)
 
 
 def headers_of(key: str) -> dict[str, str]:
@@ -711,18 +732,18 @@ def guarded_by(how: str, view: Any) -> tuple[Any, list[str]]:
 
 
 def _breaking_stream() -> HttpResponseBase:
-    return ClosedStream(Chunks(b"charged ", b"twice", broken=True), status=201)
+    return StreamingHttpResponse(Chunks(b"charged ", b"twice", broken=True), status=201)
 
 
 @pytest.mark.parametrize(
     ("how", "make", "closes"),
     [
-        ("decorator", _breaking_stream, ["body", "response"]),
-        ("middleware", _breaking_stream, ["body", "response"]),
-        ("decorator", lambda: Unstorable(status=201), ["response"]),
-        ("middleware", lambda: Unstorable(status=201), ["response"]),
+        ("decorator", _breaking_stream, ["body"]),
+        ("middleware", _breaking_stream, ["body"]),
+        ("decorator", lambda: holding(Unstorable(status=201)), ["file"]),
+        ("middleware", lambda: holding(Unstorable(status=201)), ["file"]),
         # Under the middleware Django renders it itself, before settle sees it.
-        ("decorator", lambda: UnrenderableTemplate("receipt.html", status=201), ["response"]),
+        ("decorator", lambda: holding(UnrenderableTemplate("r.html", status=201)), ["file"]),
     ],
     ids=[
         "stream-breaks-while-collected-decorator",
@@ -740,8 +761,10 @@ def test_a_view_response_settle_fails_on_is_closed_once(
 ) -> None:
     """Found in review: the view's response was dropped unclosed when collecting it raised
     (its file or iterator left open until garbage collection). The client gets Django's
-    500, the attempt is provisional (the retry runs the view again) and the view's response
-    is closed once, its streaming body too."""
+    500, the attempt is provisional (the retry runs the view again) and the view's
+    resources (its streaming body, its file) are released once. Found in a second review:
+    settle released them with ``close()``, which sent request_finished in the middle of
+    the request; it is sent once per request, when the server closes the 500."""
 
     def view(request: HttpRequest) -> HttpResponseBase:
         RUNS.append("v")
@@ -755,19 +778,37 @@ def test_a_view_response_settle_fails_on_is_closed_once(
     assert sorted(closed) == closes
     assert again.status_code == 500
     assert RUNS == ["v", "v"]
+    assert site.finishes == [1, 1]
+
+
+def _stale_stream() -> HttpResponseBase:
+    return StreamingHttpResponse(Chunks(b"stale ", b"charge"), status=201)
+
+
+def _stale_file() -> HttpResponseBase:
+    return FileResponse(Held(b"stale charge"), status=201)
 
 
 @pytest.mark.parametrize("how", ["decorator", "middleware"])
-def test_a_superseded_view_response_is_closed_once_with_settles_answer(
-    settle_settings: dict[str, Any], how: str
+@pytest.mark.parametrize(
+    ("make", "closes"), [(_stale_stream, ["body"]), (_stale_file, ["file"])], ids=["stream", "file"]
+)
+def test_a_superseded_view_response_is_released_once_with_settles_answer(
+    settle_settings: dict[str, Any],
+    how: str,
+    make: Callable[[], HttpResponseBase],
+    closes: list[str],
 ) -> None:
     """Found in review: when the attempt lost its reservation while the view ran, settle
     answered 409 (or the authoritative replay) in its place and dropped the view's response
-    unclosed. It is now closed, once, when the server closes settle's answer (not sooner:
-    closing sends request_finished, which closes the database connection)."""
+    unclosed. Its resources (a streaming body, a FileResponse's file) are now released
+    once, when the server closes settle's answer (not sooner: closing sends
+    request_finished, which closes the database connection). Found in a second review:
+    settle's answer closed the view's response and then itself, sending request_finished
+    twice; the request now finishes once."""
     settler: Settler = settle_settings["settler"]
 
-    def view(request: HttpRequest) -> StreamingHttpResponse:
+    def view(request: HttpRequest) -> HttpResponseBase:
         RUNS.append("v")
         record = settler.get(request.settle.operation_id)  # type: ignore[attr-defined]
         assert record is not None
@@ -786,13 +827,14 @@ def test_a_superseded_view_response_is_closed_once_with_settles_answer(
             record.operation_id, principal="tenant:acme", fingerprint=record.fingerprint
         )
         assert isinstance(newer, Reserved)
-        return ClosedStream(Chunks(b"stale ", b"charge"), status=201)
+        return make()
 
     with served(*guarded_by(how, view)) as site:
         answer = site.post("k-lost")
     assert answer.status_code == 409
     assert answer.json()["type"] == "urn:settle:problem:attempt-superseded"
-    assert sorted(CLOSED) == ["body", "response"]
+    assert sorted(CLOSED) == closes
+    assert site.finishes == [1]
 
 
 @pytest.mark.parametrize("how", ["decorator", "middleware"])
@@ -801,12 +843,13 @@ def test_a_streaming_view_response_that_goes_out_is_closed_once(
     settle_settings: dict[str, Any], how: str, size: int
 ) -> None:
     """The view's own response goes out (stored, or over max_response_bytes and completed
-    as not stored): the server closes it, once; settle closes nothing itself. The retry
-    replays (or is 410) without running the view."""
+    as not stored): the server closes it, once (its streaming body released once, the
+    request finished once); settle releases nothing itself. The retry replays (or is 410)
+    without running the view."""
 
     def view(request: HttpRequest) -> StreamingHttpResponse:
         RUNS.append("v")
-        return ClosedStream(Chunks(b"a" * size, uuid.uuid4().bytes), status=201)
+        return StreamingHttpResponse(Chunks(b"a" * size, uuid.uuid4().bytes), status=201)
 
     limit = {"max_response_bytes": 32 << 10}
     with (
@@ -818,9 +861,10 @@ def test_a_streaming_view_response_that_goes_out_is_closed_once(
         again = site.post("k-out")
     assert first.status_code == 201
     assert len(first.content) == size + 16
-    assert sorted(closed) == ["body", "response"]
+    assert sorted(closed) == ["body"]
     assert again.status_code == (201 if size < limit["max_response_bytes"] else 410)
     assert RUNS == ["v"]
+    assert site.finishes == [1, 1]
 
 
 @pytest.mark.parametrize("how", ["decorator", "middleware"])
@@ -838,7 +882,7 @@ def test_a_client_gone_while_its_response_is_sent_is_no_error(
         RUNS.append("v")
         entered.set()
         assert gone.wait(10)
-        return ClosedStream(Chunks(b"x" * size), status=201)
+        return StreamingHttpResponse(Chunks(b"x" * size), status=201)
 
     with capture_logs() as events, served(*guarded_by(how, view)) as site:
         sock = connect(site.base)
@@ -857,7 +901,7 @@ def test_a_client_gone_while_its_response_is_sent_is_no_error(
             operation_id("http", "k-gone", "tenant:acme", "principal")
         )
         again = site.post("k-gone")
-    assert sorted(closed) == ["body", "response"]
+    assert sorted(closed) == ["body"]
     assert [e["event"] for e in logged if e["log_level"] not in ("debug", "info")] == []
     assert [e["event"] for e in logged][-1] == "settle.http.completed"
     assert record is not None
@@ -897,3 +941,56 @@ def test_a_body_that_ends_before_its_length_runs_nothing(
     assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
     assert (whole.status_code, whole.content) == (201, b"charged 100")
     assert RUNS == ["x" * 100]
+    assert site.finishes == [1, 1]
+
+
+SEEN: list[int] = []
+
+
+class Watching:
+    """A middleware outside settle's (as an error handler, a transaction or a per-request
+    URLconf is): records how many times request_finished was sent while the request was
+    still inside it. The request is not over there: that signal closes the database
+    connection (close_old_connections) and drops the request's URLconf (reset_urlconf)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        sent: list[object] = []
+
+        def finished(**_: Any) -> None:
+            sent.append(None)
+
+        request_finished.connect(finished, weak=False, dispatch_uid=f"watch-{id(sent)}")
+        try:
+            return self.get_response(request)
+        finally:
+            request_finished.disconnect(dispatch_uid=f"watch-{id(sent)}")
+            SEEN.append(len(sent))
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_failed_view_response_leaves_the_request_open_to_its_middlewares(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """Found in review: when a decorated view's streaming body raised, settle closed the
+    view's response at once, and close() sends request_finished: the database connection
+    was closed under the middlewares still running (a TestCase failed with 'Cannot operate
+    on a closed database', an error handler under ATOMIC_REQUESTS could not query). settle
+    now releases the body without that signal: nothing finishes the request inside it, the
+    body is released once and the request finishes once, when its 500 is closed."""
+    SEEN.clear()
+
+    def view(request: HttpRequest) -> HttpResponseBase:
+        RUNS.append("v")
+        return _breaking_stream()
+
+    view, inner = guarded_by(how, view)
+    with served(view, ["tests.wsgi.test_django_views.Watching", *inner]) as site:
+        failed = site.post("k-open")
+    assert failed.status_code == 500
+    assert SEEN == [0]
+    assert CLOSED == ["body"]
+    assert site.finishes == [1]
+    assert RUNS == ["v"]
