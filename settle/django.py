@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
+from django.core.handlers.wsgi import LimitedStream
 from django.core.signals import setting_changed
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.request import RawPostDataException
@@ -33,7 +34,7 @@ from settle.errors import ConfigurationError
 from settle.http._sync import NotReached, SyncGuard, configured_guard
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer
+from settle.http.request import BodyBuffer, ClientDisconnected
 from settle.wsgi.middleware import request_head
 
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_principal"]
@@ -253,6 +254,9 @@ class _Exchange:
 
     def body(self, buffer: BodyBuffer) -> bytes:
         request = self._request
+        # Django's stream of the body as the server handed it over, taken before settle
+        # reads request.body (which replaces it with a copy of what it read).
+        stream = getattr(request, "_stream", None)
         try:
             raw = request.body  # Django keeps it: the view reads it again
         except RawPostDataException as exc:
@@ -273,12 +277,12 @@ class _Exchange:
             # Something parsed this multipart body before settle (CsrfViewMiddleware reads
             # request.POST for its token; so does REST framework's SessionAuthentication),
             # and Django keeps no multipart body once parsed: its parsed form stands for it.
+            _refuse_cut(stream)  # Django's parser reads through the stream to its end
             _form_of(request, buffer)
             return buffer.body()
+        _refuse_cut(stream)
         buffer.add(raw)
-        # Django reads what arrived before a client stopped sending as the whole body
-        # (gunicorn and wsgiref end wsgi.input there): never run the view on a part.
-        return buffer.complete()
+        return buffer.body()
 
     def call(self, attempt: Attempt) -> Response:
         self._request.settle = attempt  # type: ignore[attr-defined]
@@ -349,6 +353,28 @@ def _closers(response: HttpResponseBase) -> list[Callable[[], object]]:
     Django as the response took it (not in Django's type stubs)."""
     closers: list[Callable[[], object]] = response._resource_closers  # type: ignore[attr-defined]
     return closers
+
+
+def _refuse_cut(stream: object) -> None:
+    """:class:`ClientDisconnected` if Django's stream of the body stopped short of its
+    ``CONTENT_LENGTH``: gunicorn and wsgiref end ``wsgi.input`` where a client stopped
+    sending or left, and Django reads what arrived as the whole body (its multipart parser
+    too, without complaint), so the view must never run on it. Whoever reads the body
+    through this stream (``request.body``, Django's multipart parser) reads it to its end
+    when it is whole. A stream something replaced before settle (it read ``request.body``,
+    or set ``request._body`` to a decompressed body) says nothing of the wire: settle
+    accepts that body, as Django does."""
+    if not isinstance(stream, LimitedStream):
+        return
+    limit = getattr(stream, "limit", 0)
+    remaining = getattr(stream, "remaining", None)  # Django 4.2
+    if remaining is None:
+        remaining = limit - getattr(stream, "_pos", limit)  # Django 5
+    if remaining > 0:
+        raise ClientDisconnected(
+            f"the client sent {limit - remaining} of its {limit} body bytes and went "
+            "away: nothing was run. It may retry with the same key."
+        )
 
 
 def _to_django(response: Response) -> HttpResponse:

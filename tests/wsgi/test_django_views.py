@@ -7,6 +7,7 @@ Django project under gunicorn."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import itertools
 import json
@@ -994,3 +995,109 @@ def test_a_failed_view_response_leaves_the_request_open_to_its_middlewares(
     assert CLOSED == ["body"]
     assert site.finishes == [1]
     assert RUNS == ["v"]
+
+
+class ReadsTheForm:
+    """A middleware that reads ``request.POST`` before the view, as CsrfViewMiddleware does
+    on every POST."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        request.POST.get("amount")
+        return self.get_response(request)
+
+
+FORM = (
+    b'--B\r\nContent-Disposition: form-data; name="csrfmiddlewaretoken"\r\n\r\n'
+    + b"a" * 32
+    + b'\r\n--B\r\nContent-Disposition: form-data; name="amount"\r\n\r\n100\r\n'
+    b'--B\r\nContent-Disposition: form-data; name="note"\r\n\r\n' + b"n" * 200 + b"\r\n--B--\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("how", "before"),
+    [
+        ("decorator", ["django.middleware.csrf.CsrfViewMiddleware"]),
+        ("middleware", ["tests.wsgi.test_django_views.ReadsTheForm"]),
+    ],
+    ids=["csrf-check-then-decorator", "form-read-then-middleware"],
+)
+def test_a_parsed_multipart_body_that_ends_before_its_length_runs_nothing(
+    settle_settings: dict[str, Any], how: str, before: list[str]
+) -> None:
+    """Found in review: a multipart body parsed before settle (the CSRF check reads
+    request.POST before a decorated view) was fingerprinted from its parsed form, never
+    checked for its end: a client that sent 180 of its bytes and stopped got the view run
+    on the truncated form (Django's parser does not complain), and the whole request sent
+    again with the key got 422. Now: 400 ``request-incomplete``, nothing run, and the whole
+    request runs once."""
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        RUNS.append(request.POST["note"])
+        return HttpResponse(f"charged {request.POST['amount']}", status=201)
+
+    view, inner = guarded_by(how, pay)
+    form = {
+        "Idempotency-Key": "k-form",
+        "X-Principal": "tenant:acme",
+        "Content-Type": "multipart/form-data; boundary=B",
+        "Cookie": "csrftoken=" + "a" * 32,
+    }
+    with served(view, [*before, *inner]) as site:
+        with connect(site.base) as sock:
+            head = "".join(f"{n}: {v}\r\n" for n, v in form.items())
+            sock.sendall(
+                f"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
+                f"Content-Length: {len(FORM)}\r\n\r\n".encode()
+                + FORM[:180]
+            )
+            sock.shutdown(socket.SHUT_WR)
+            status, problem = read_answer(sock)
+        site.ended()
+        whole = site.send(FORM, form)
+    assert status.endswith(b" 400 Bad Request"), (status, problem)
+    assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
+    assert (whole.status_code, whole.content) == (201, b"charged 100")
+    assert RUNS == ["n" * 200]
+
+
+class Gunzips:
+    """The gzip recipe: a middleware that replaces the body with its decompressed bytes,
+    leaving CONTENT_LENGTH at the compressed length."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if request.headers.get("Content-Encoding") == "gzip":
+            request._body = gzip.decompress(request.body)
+        return self.get_response(request)
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_body_a_middleware_replaced_before_settle_runs(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """Found in review: a body a middleware replaced before settle (decompressed, here
+    shorter than the compressed bytes its CONTENT_LENGTH counts) was refused as cut short,
+    400 ``request-incomplete``. Django's stream of the body was read to its end: the view
+    runs, and the retry replays."""
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        RUNS.append(request.body.decode())
+        return HttpResponse(b"charged " + request.body, status=201)
+
+    plain = b'{"amount":100}'
+    body = gzip.compress(plain)
+    assert len(body) > len(plain)
+    view, inner = guarded_by(how, pay)
+    with served(view, ["tests.wsgi.test_django_views.Gunzips", *inner]) as site:
+        sent = {**headers_of("k-gz"), "Content-Encoding": "gzip"}
+        first = site.send(body, sent)
+        again = site.send(body, sent)
+    assert (first.status_code, first.content) == (201, b"charged " + plain), first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert RUNS == ['{"amount":100}']
