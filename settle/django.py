@@ -277,10 +277,10 @@ class _Exchange:
             # Something parsed this multipart body before settle (CsrfViewMiddleware reads
             # request.POST for its token; so does REST framework's SessionAuthentication),
             # and Django keeps no multipart body once parsed: its parsed form stands for it.
-            _refuse_cut(stream)  # Django's parser reads through the stream to its end
+            _refuse_cut(stream, request, None)  # the parser reads the stream to its end
             _form_of(request, buffer)
             return buffer.body()
-        _refuse_cut(stream)
+        _refuse_cut(stream, request, len(raw))
         buffer.add(raw)
         return buffer.body()
 
@@ -355,25 +355,33 @@ def _closers(response: HttpResponseBase) -> list[Callable[[], object]]:
     return closers
 
 
-def _refuse_cut(stream: object) -> None:
-    """:class:`ClientDisconnected` if Django's stream of the body stopped short of its
-    ``CONTENT_LENGTH``: gunicorn and wsgiref end ``wsgi.input`` where a client stopped
-    sending or left, and Django reads what arrived as the whole body (its multipart parser
-    too, without complaint), so the view must never run on it. Whoever reads the body
-    through this stream (``request.body``, Django's multipart parser) reads it to its end
-    when it is whole. A stream something replaced before settle (it read ``request.body``,
-    or set ``request._body`` to a decompressed body) says nothing of the wire: settle
-    accepts that body, as Django does."""
-    if not isinstance(stream, LimitedStream):
-        return
-    limit = getattr(stream, "limit", 0)
-    remaining = getattr(stream, "remaining", None)  # Django 4.2
-    if remaining is None:
-        remaining = limit - getattr(stream, "_pos", limit)  # Django 5
-    if remaining > 0:
+def _refuse_cut(stream: object, request: HttpRequest, got: int | None) -> None:
+    """:class:`ClientDisconnected` if the body stopped short of its ``CONTENT_LENGTH``:
+    gunicorn and wsgiref end ``wsgi.input`` where a client stopped sending or left, and
+    Django reads what arrived as the whole body (its multipart parser too, without
+    complaint), so the view must never run on it. Django's own stream of the body tells:
+    whoever reads the body through it (``request.body``, the multipart parser) reads it to
+    its end when it is whole. A stream something replaced before settle (it read
+    ``request.body``: the CSRF check on a urlencoded form) says nothing of the wire; then
+    the body read (``got`` bytes) is compared with the declared length, unless the request
+    declares a ``Content-Encoding`` (a middleware may have set ``request._body`` to the
+    body decoded, of another length)."""
+    if isinstance(stream, LimitedStream):
+        limit = getattr(stream, "limit", 0)
+        remaining = getattr(stream, "remaining", None)  # Django 4.2
+        if remaining is None:
+            remaining = limit - getattr(stream, "_pos", limit)  # Django 5
+        sent = limit - remaining
+    else:
+        declared = str(request.META.get("CONTENT_LENGTH") or "").strip()
+        encoded = str(request.META.get("HTTP_CONTENT_ENCODING") or "identity").strip()
+        if got is None or not declared.isdigit() or encoded.lower() != "identity":
+            return
+        limit, sent = int(declared), got
+    if sent < limit:
         raise ClientDisconnected(
-            f"the client sent {limit - remaining} of its {limit} body bytes and went "
-            "away: nothing was run. It may retry with the same key."
+            f"the client sent {sent} of its {limit} body bytes and went away: nothing was "
+            "run. It may retry with the same key."
         )
 
 

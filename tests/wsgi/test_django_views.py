@@ -1064,6 +1064,56 @@ def test_a_parsed_multipart_body_that_ends_before_its_length_runs_nothing(
     assert RUNS == ["n" * 200]
 
 
+#: A urlencoded form whose amount a cut would change: 1000 cut after "amount=10".
+URLENCODED = b"csrfmiddlewaretoken=" + b"a" * 32 + b"&note=" + b"n" * 40 + b"&amount=1000"
+
+
+@pytest.mark.parametrize(
+    ("how", "before"),
+    [
+        ("decorator", ["django.middleware.csrf.CsrfViewMiddleware"]),
+        ("middleware", ["tests.wsgi.test_django_views.ReadsTheForm"]),
+    ],
+    ids=["csrf-check-then-decorator", "form-read-then-middleware"],
+)
+def test_a_read_urlencoded_body_that_ends_before_its_length_runs_nothing(
+    settle_settings: dict[str, Any], how: str, before: list[str]
+) -> None:
+    """Found in review: a urlencoded form read before settle (the CSRF check reads
+    request.POST, which reads request.body) leaves no stream of the wire to ask; a client
+    that stopped after "amount=10" of "amount=1000" would have been charged 10. Its length
+    is compared with Content-Length: 400 ``request-incomplete``, nothing run, and the whole
+    request runs once."""
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        RUNS.append(request.POST["amount"])
+        return HttpResponse(f"charged {request.POST['amount']}", status=201)
+
+    view, inner = guarded_by(how, pay)
+    form = {
+        "Idempotency-Key": "k-urlencoded",
+        "X-Principal": "tenant:acme",
+        "Content-Type": "application/x-www-form-urlencoded",
+        "Cookie": "csrftoken=" + "a" * 32,
+    }
+    with served(view, [*before, *inner]) as site:
+        with connect(site.base) as sock:
+            head = "".join(f"{n}: {v}\r\n" for n, v in form.items())
+            sock.sendall(
+                f"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
+                f"Content-Length: {len(URLENCODED)}\r\n\r\n".encode()
+                + URLENCODED[:-2]
+            )
+            sock.shutdown(socket.SHUT_WR)
+            status, problem = read_answer(sock)
+        site.ended()
+        whole = site.send(URLENCODED, form)
+    assert status.endswith(b" 400 Bad Request"), (status, problem)
+    assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
+    assert (whole.status_code, whole.content) == (201, b"charged 1000")
+    assert RUNS == ["1000"]
+
+
 class Gunzips:
     """The gzip recipe: a middleware that replaces the body with its decompressed bytes,
     leaving CONTENT_LENGTH at the compressed length."""
