@@ -193,6 +193,20 @@ class AsyncSettler(AsyncConnectable):
             call = self._core.plan_get(operation_id)
             return self._core.decode_get(call, await self._run(call))
 
+    async def get_many(self, operation_ids: list[str]) -> list[OperationRecord | None]:
+        """The records of several operations, in their order (None where there is none), as
+        :meth:`get` reads each: one script call per shard and 100 records, run together
+        (one round trip on a single server; one per call on a cluster)."""
+        with self._span("get_many"):
+            calls = self._core.plan_get_many(operation_ids)
+            raws = await self._run_many(calls) if calls else []
+            return self._core.decode_get_many(operation_ids, calls, raws)
+
+    async def _run_many(self, calls: list[Call]) -> list[Any]:
+        if not self._checked:
+            await self.check()
+        return await self._runner.run_many(calls)
+
     async def attempts(self, operation_id: str) -> list[AttemptObservation]:
         with self._span("attempts"):
             call = self._core.plan_attempts(operation_id)
@@ -258,9 +272,7 @@ class AsyncQuarantine:
         self._settler = settler
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
-        if not self._settler._checked:
-            await self._settler.check()
-        return await self._settler._runner.run_many(calls)
+        return await self._settler._run_many(calls)
 
     async def list(
         self,

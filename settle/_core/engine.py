@@ -66,6 +66,8 @@ _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 _MAX_REASON = 256
 _VERDICTS = {v.value: v for v in Verdict}
 _QUARANTINE_SCAN_BUDGET = 4096
+#: The most records one ``get_many`` script call reads (all of one shard: one slot).
+GET_MANY = 100
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
@@ -573,6 +575,47 @@ class Core:
         if reply.code == "missing":
             return None
         return self._record(reply, call.operation_id or "")
+
+    def plan_get_many(self, operation_ids: list[str]) -> list[Call]:
+        """Script calls that read the records of ``operation_ids``: one per shard and at
+        most :data:`GET_MANY` records each, so every call touches one slot (a cluster too)
+        and a batch costs a bounded number of calls, not one per record."""
+        if not isinstance(operation_ids, list | tuple):
+            raise InvalidInput(
+                f"get_many takes a list of operation ids, not a {type(operation_ids).__name__}"
+            )
+        by_shard: dict[int, list[str]] = {}
+        for operation_id in dict.fromkeys(operation_ids):
+            op = check_operation_id(operation_id)
+            by_shard.setdefault(shard_of(op, self.keys.shards), []).append(op)
+        return [
+            Call("get_many", tuple(map(self.keys.record, ops[i : i + GET_MANY])), (), shard=s)
+            for s, ops in sorted(by_shard.items())
+            for i in range(0, len(ops), GET_MANY)
+        ]
+
+    def decode_get_many(
+        self, operation_ids: list[str], calls: list[Call], raws: list[Any]
+    ) -> list[OperationRecord | None]:
+        """The records of ``operation_ids`` in their order (None: no record), as
+        :meth:`decode_get` decodes each one."""
+        found: dict[str, OperationRecord | None] = {}
+        for call, raw in zip(calls, raws, strict=True):
+            assert call.shard is not None
+            reply = codec.parse_reply(raw)
+            skip = len(self.keys.tag(call.shard)) + len(":op:")
+            for key, (code, *row) in zip(call.keys, reply.payload, strict=True):
+                op = key[skip:]
+                if code in (b"missing", "missing"):
+                    found[op] = None
+                elif code not in (b"found", "found"):  # 'corrupt'
+                    raise self._corrupt(op)
+                else:
+                    try:
+                        found[op] = codec.decode_record(row[0], reply.now_ms)
+                    except CorruptRecord as exc:
+                        raise self._corrupt(op) from exc
+        return [found[op] for op in operation_ids]
 
     def plan_attempts(self, operation_id: str) -> Call:
         op = check_operation_id(operation_id)

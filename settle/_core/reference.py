@@ -802,6 +802,22 @@ def get(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[A
     return [b"found", b"", now, b"", _row(rec)]
 
 
+def get_many(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
+    """Read several records of one shard at once, each as :func:`get` reads one: a reply per
+    key, ``[found, row]``, ``[missing]`` or ``[corrupt]``."""
+    del a
+    out: list[Any] = []
+    for key in keys:
+        rec, _st = load_record(ks, key, None, now, lazy=True)
+        if rec is False:
+            out.append([b"corrupt"])
+        elif not isinstance(rec, dict):
+            out.append([b"missing"])
+        else:
+            out.append([b"found", _row(rec)])
+    return [b"ok", b"", now, b"", out]
+
+
 def attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Read an operation's attempt log, oldest first (it lives in the record's packed value;
     a record written before that layout keeps it in keys[1])."""
@@ -909,6 +925,7 @@ _SCRIPTS: dict[str, Callable[[MemoryKeyspace, list[str], list[bytes], int], list
     "mark_provisional": mark_provisional,
     "renew": renew,
     "get": get,
+    "get_many": get_many,
     "attempts": attempts,
     "quarantine_read": quarantine_read,
     "quarantine_resolve": quarantine_resolve,

@@ -21,6 +21,7 @@ SCRIPTS = ScriptSet(
         "mark_provisional": _SETTLE,
         "renew": _LIB,
         "get": _LIB,
+        "get_many": _LIB,
         "attempts": _LIB,
         "quarantine_read": _LIB,
         "quarantine_resolve": _LIB,
@@ -46,7 +47,7 @@ SCRIPTS = ScriptSet(
         }
     ),
     #: Scripts that never write (``no-writes`` functions on Redis 7+ and Valkey).
-    read_only=frozenset({"get", "attempts", "quarantine_read"}),
+    read_only=frozenset({"get", "get_many", "attempts", "quarantine_read"}),
     #: Fast paths for the common calls, run before ``_lib`` is defined (``lua/_head.lua``).
     heads={
         "get": "get_head",

@@ -194,6 +194,20 @@ class Settler(Connectable):
             call = self._core.plan_get(operation_id)
             return self._core.decode_get(call, self._run(call))
 
+    def get_many(self, operation_ids: list[str]) -> list[OperationRecord | None]:
+        """The records of several operations, in their order (None where there is none), as
+        :meth:`get` reads each: one script call per shard and 100 records, run together
+        (one round trip on a single server; one per call on a cluster)."""
+        with self._span("get_many"):
+            calls = self._core.plan_get_many(operation_ids)
+            raws = self._run_many(calls) if calls else []
+            return self._core.decode_get_many(operation_ids, calls, raws)
+
+    def _run_many(self, calls: list[Call]) -> list[Any]:
+        if not self._checked:
+            self.check()
+        return self._runner.run_many(calls)
+
     def attempts(self, operation_id: str) -> list[AttemptObservation]:
         with self._span("attempts"):
             call = self._core.plan_attempts(operation_id)
@@ -259,9 +273,7 @@ class Quarantine:
         self._settler = settler
 
     def _run_many(self, calls: list[Call]) -> list[Any]:
-        if not self._settler._checked:
-            self._settler.check()
-        return self._settler._runner.run_many(calls)
+        return self._settler._run_many(calls)
 
     def list(
         self,

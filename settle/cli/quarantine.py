@@ -123,8 +123,17 @@ def show(conn: Connection, entry_id: str, as_json: bool) -> None:
 def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
     """Mark entry ID resolved with a note. The evidence stays; the first note stands."""
     with open_settler(conn) as settler:
-        settler.quarantine.resolve(entry_id, note=note)
+        resolution = settler.quarantine.resolve(entry_id, note=note)
         entry = settler.quarantine.get(entry_id)
+    if resolution.note != note:
+        # First wins: another note was there (the same words are this call's own note, or
+        # a repeat after a lost reply: either way the note on record is this one).
+        click.echo(
+            f"settle: {entry_id} was already resolved at "
+            f"{resolution.at.isoformat(timespec='milliseconds')}; the first note stands and "
+            "this note was not recorded",
+            err=True,
+        )
     if as_json:
         print_json(entry_json(entry))
     else:

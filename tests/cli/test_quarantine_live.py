@@ -130,6 +130,33 @@ def test_resolve_keeps_the_evidence(cli_settler: Settler, redis_url: str, namesp
     assert "refunded ch_late" in table.stdout
 
 
+def test_resolving_again_with_another_note_says_the_first_note_stands(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    # First-wins: a second resolve with another note wrote nothing, and says so on stderr
+    # (it used to say nothing); stdout is still the entry as it is, the exit status 0. The
+    # same note again is this call's own (or a repeat after a lost reply): nothing to say.
+    ref = stale_settlement(cli_settler, "order-11")
+    args = ("--redis-url", redis_url, "--namespace", namespace)
+    first = settle("quarantine", "resolve", ref, "--note", "refunded ch_late", "--json", *args)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == ""
+    stored = cli_settler.quarantine.get(ref).resolution
+    assert stored is not None
+    at = stored.at.isoformat(timespec="milliseconds")
+    for extra in (("--json",), ()):
+        again = settle("quarantine", "resolve", ref, "--note", "a second look", *extra, *args)
+        assert again.returncode == 0, again.stderr
+        assert again.stderr == (
+            f"settle: {ref} was already resolved at {at}; the first note stands and this "
+            "note was not recorded\n"
+        )
+    same = settle("quarantine", "resolve", ref, "--note", "refunded ch_late", *args)
+    assert (same.returncode, same.stderr) == (0, "")
+    assert cli_settler.quarantine.get(ref).resolution == stored
+    assert json.loads(first.stdout) == settle_json("quarantine", "show", ref, *args)
+
+
 def test_resolve_needs_a_note_and_an_existing_entry(
     cli_settler: Settler, redis_url: str, namespace: str
 ) -> None:

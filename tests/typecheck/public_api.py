@@ -74,6 +74,7 @@ def sync_api() -> None:
         assert_type(record.state, State)
     entries = settler.quarantine.list(kind=QuarantineKind.STALE_GENERATION, limit=10)
     assert_type(entries, list[QuarantineEntry])
+    assert_type(settler.get_many(["order-42", "order-43"]), list[OperationRecord | None])
     assert_type(fingerprint({"a": 1}), str)
 
     @settler.operation(key="charge:{order_id}", principal="tenant:acme")
@@ -88,6 +89,7 @@ async def async_api() -> None:
     async with AsyncSettler.from_url("redis://localhost", namespace="payments") as settler:
         r = await settler.reserve("order-42", None, principal="tenant:acme")
         assert_type(r, Reserved | Replay | InProgress)
+        assert_type(await settler.get_many(["order-42"]), list[OperationRecord | None])
         try:
             await settler.get("order-42")
         except (FingerprintMismatch, BindingMismatch, DurabilityError) as exc:
