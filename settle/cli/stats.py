@@ -1,13 +1,15 @@
 """``settle stats``: records by state, quarantine entries by kind and resolution.
 
-Records are found with SCAN over the namespace's record keys and each is read with
-``Settler.get`` (for its effective state: an expired lease reads as provisional). That is
-O(keys in the database) plus one round trip per record: fine for an operator's look at a
-namespace, not for a dashboard polled every second (docs/cli.md).
+Records are found with SCAN over the namespace's record keys and read with
+``Settler.get_many``, 1,000 at a time (for their effective state: an expired lease reads as
+provisional). That is O(keys in the database) plus a round trip per thousand records: fine
+for an operator's look at a namespace, not for a dashboard polled every second
+(docs/cli.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -61,13 +63,20 @@ def record_ids(settler: Settler) -> Iterator[str]:
             yield operation_id
 
 
+#: How many records ``count_records`` reads per ``get_many`` (one script call per shard and
+#: 100 records, sent together).
+RECORD_BATCH = 1000
+
+
 def count_records(settler: Settler) -> Counter[str]:
-    """Records by effective state (a record that expired between SCAN and read is skipped)."""
+    """Records by effective state (a record that expired between SCAN and read is skipped),
+    read :data:`RECORD_BATCH` at a time with ``get_many``, not one script call each."""
     states: Counter[str] = Counter({s.value: 0 for s in State})
-    for operation_id in record_ids(settler):
-        record = settler.get(operation_id)
-        if record is not None:
-            states[record.state.value] += 1
+    ids = iter(record_ids(settler))
+    while batch := list(itertools.islice(ids, RECORD_BATCH)):
+        for record in settler.get_many(batch):
+            if record is not None:
+                states[record.state.value] += 1
     return states
 
 
