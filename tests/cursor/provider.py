@@ -3,14 +3,15 @@ loopback port, opaque random tokens held server-side, and scheduled faults.
 
 GET /page?cursor=<token>  ->  200 {"events": [...], "next": token, "snapshot", "coverage"}
                               410 when the token expired or was revoked
-Faults are queued with ``provider.faults.append(name)`` and consumed one per request:
-``drop`` serves nothing after issuing the successor (the connection is closed), ``empty``
-answers an empty page with a successor at the head (a lagging replica), ``expire`` answers 410,
-``short`` answers the page without its last event and a successor at the head (a truncated
-page from a lagging replica), ``loop`` answers the page with the request's own cursor as the
-successor, ``rewind`` with the cursor the request's cursor was issued for (one already passed).
-``tie_bucket``: positions are ``timestamp * tie_bucket + seq`` and an inclusive page starts at
-the first event of the boundary's timestamp (events tied with the boundary come before it).
+Faults are queued with ``provider.faults.append(name)`` and consumed one per request: ``drop``
+serves nothing after issuing the successor (the connection is closed), ``empty`` answers an
+empty page with a successor at the head (a lagging replica), ``expire`` answers 410, ``short``
+answers the page without its last event (or without the events from ``short_below`` on) and a
+successor at the head (a truncated page from a lagging replica), ``loop`` answers the page with
+the request's own cursor as the successor, ``rewind`` with the cursor the request's cursor was
+issued for (one already passed). ``tie_bucket``: positions are ``timestamp * tie_bucket + seq``
+and an inclusive page starts at the first event of the boundary's timestamp (events tied with
+the boundary come before it).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Provider:
     revoked: set[str] = field(default_factory=set)
     requests: int = 0
     gone: int = 0  # 410 answers
+    #: Where a ``short`` answer cuts the page (None: before its last event).
+    short_below: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- the ground truth -------------------------------------------------------------
@@ -125,7 +128,10 @@ class Provider:
                 return 410, None
             events, nxt = self._page(tok.value, fault == "empty")
             if fault == "short" and events:
-                events = events[:-1]
+                # A lagging replica's copy: what it has of the page, without the event at
+                # ``short_below`` and after (by default the page's last event).
+                below = events[-1].position if self.short_below is None else self.short_below
+                events = [e for e in events if e.position < below]
                 nxt = max(e.position for e in self.log)
             if fault in ("loop", "rewind"):
                 successor = cursor if fault == "loop" else (tok.parent or cursor)

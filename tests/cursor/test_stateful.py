@@ -158,8 +158,15 @@ class CursorMachine(RuleBasedStateMachine):
         if owing:
             self.suspect = True
             self.provider.faults.clear()
+            # The replica lags: it has the pending response's page up to, not including, its
+            # last event (owed: events are handled in order). Not the page as it is now,
+            # whose last event may be one appended since, which no response ever showed: a
+            # page without it and a successor past it is a provider skipping an event no
+            # consumer can see (sparse positions), not a truncated retry.
+            self.provider.short_below = max(e.position for e in owing[0].events)
             self.provider.faults.append("short")
             self.step_with(self.sink)
+            self.provider.short_below = None
 
     @rule()
     def step(self) -> None:
