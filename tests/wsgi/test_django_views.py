@@ -67,12 +67,13 @@ from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 from structlog.testing import capture_logs
 
-from settle import Reservation, Reserved, Settler, State
+from settle import Settler, State
 from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
 from settle.http.keys import operation_id
 from tests.http.apps import serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
+from tests.wsgi.test_wsgi_middleware import _take_over
 
 urlpatterns: list[Any] = []
 _modules = itertools.count()
@@ -811,23 +812,7 @@ def test_a_superseded_view_response_is_released_once_with_settles_answer(
 
     def view(request: HttpRequest) -> HttpResponseBase:
         RUNS.append("v")
-        record = settler.get(request.settle.operation_id)  # type: ignore[attr-defined]
-        assert record is not None
-        assert record.attempt_id is not None
-        lost = Reservation(
-            operation_id=record.operation_id,
-            fingerprint=record.fingerprint,
-            fingerprint_version=record.fingerprint_version,
-            binding=record.binding,
-            generation=record.generation,
-            attempt_id=record.attempt_id,
-        )
-        # The lease lapsed and a retry took the operation over: this attempt is stale.
-        settler.mark_provisional(lost, "test: the lease was lost")
-        newer = settler.reserve(
-            record.operation_id, principal="tenant:acme", fingerprint=record.fingerprint
-        )
-        assert isinstance(newer, Reserved)
+        _take_over(settler, request.settle.operation_id)  # type: ignore[attr-defined]
         return make()
 
     with served(*guarded_by(how, view)) as site:
@@ -1017,6 +1002,25 @@ FORM = (
 )
 
 
+def _cut_then_whole(
+    site: Served, headers: dict[str, str], body: bytes, sent: int
+) -> tuple[bytes, bytes, httpx.Response]:
+    """``body`` declared whole, its first ``sent`` bytes sent and the sending side closed
+    (the client stopped): the status line and body of that answer; then the whole request
+    again, with the same headers."""
+    with connect(site.base) as sock:
+        head = "".join(f"{n}: {v}\r\n" for n, v in headers.items())
+        sock.sendall(
+            f"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:sent]
+        )
+        sock.shutdown(socket.SHUT_WR)
+        status, problem = read_answer(sock)
+    site.ended()
+    return status, problem, site.send(body, headers)
+
+
 @pytest.mark.parametrize(
     ("how", "before"),
     [
@@ -1047,17 +1051,7 @@ def test_a_parsed_multipart_body_that_ends_before_its_length_runs_nothing(
         "Cookie": "csrftoken=" + "a" * 32,
     }
     with served(view, [*before, *inner]) as site:
-        with connect(site.base) as sock:
-            head = "".join(f"{n}: {v}\r\n" for n, v in form.items())
-            sock.sendall(
-                f"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
-                f"Content-Length: {len(FORM)}\r\n\r\n".encode()
-                + FORM[:180]
-            )
-            sock.shutdown(socket.SHUT_WR)
-            status, problem = read_answer(sock)
-        site.ended()
-        whole = site.send(FORM, form)
+        status, problem, whole = _cut_then_whole(site, form, FORM, 180)
     assert status.endswith(b" 400 Bad Request"), (status, problem)
     assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
     assert (whole.status_code, whole.content) == (201, b"charged 100")
@@ -1097,17 +1091,7 @@ def test_a_read_urlencoded_body_that_ends_before_its_length_runs_nothing(
         "Cookie": "csrftoken=" + "a" * 32,
     }
     with served(view, [*before, *inner]) as site:
-        with connect(site.base) as sock:
-            head = "".join(f"{n}: {v}\r\n" for n, v in form.items())
-            sock.sendall(
-                f"POST /v HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}"
-                f"Content-Length: {len(URLENCODED)}\r\n\r\n".encode()
-                + URLENCODED[:-2]
-            )
-            sock.shutdown(socket.SHUT_WR)
-            status, problem = read_answer(sock)
-        site.ended()
-        whole = site.send(URLENCODED, form)
+        status, problem, whole = _cut_then_whole(site, form, URLENCODED, -2)
     assert status.endswith(b" 400 Bad Request"), (status, problem)
     assert json.loads(problem)["type"] == "urn:settle:problem:request-incomplete"
     assert (whole.status_code, whole.content) == (201, b"charged 1000")
