@@ -22,9 +22,17 @@ from settle._sync.settler import Settler
 from settle.cli._context import Connection, connection_options, json_option, open_settler
 from settle.cli._render import add_row, console, new_table, print_json
 from settle.demo.server import client_of
-from settle.models import QuarantineKind, State
+from settle.models import OperationRecord, QuarantineKind, State
 
-__all__ = ["SCAN_COUNT", "count_records", "operation_id_of", "record_key_match", "stats"]
+__all__ = [
+    "RECORD_BATCH",
+    "SCAN_COUNT",
+    "count_records",
+    "operation_id_of",
+    "record_key_match",
+    "stats",
+    "tally",
+]
 
 SCAN_COUNT = 1000
 
@@ -74,10 +82,16 @@ def count_records(settler: Settler) -> Counter[str]:
     states: Counter[str] = Counter({s.value: 0 for s in State})
     ids = iter(record_ids(settler))
     while batch := list(itertools.islice(ids, RECORD_BATCH)):
-        for record in settler.get_many(batch):
-            if record is not None:
-                states[record.state.value] += 1
+        tally(states, settler.get_many(batch))
     return states
+
+
+def tally(states: Counter[str], records: list[OperationRecord | None]) -> None:
+    """Count ``records`` by effective state into ``states`` (None: a record that expired
+    between the SCAN and the read, not counted)."""
+    for record in records:
+        if record is not None:
+            states[record.state.value] += 1
 
 
 def count_quarantine(settler: Settler) -> dict[str, dict[str, int]]:

@@ -20,9 +20,9 @@ from typing import Any
 
 from settle._async.settler import AsyncSettler
 from settle._core.keys import Keys
-from settle.cli.stats import SCAN_COUNT, operation_id_of, record_key_match
+from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
 from settle.errors import InvalidInput
-from settle.models import OperationRecord, QuarantineEntry, QuarantineKind, State
+from settle.models import QuarantineEntry, QuarantineKind, State
 
 __all__ = [
     "Filter",
@@ -248,17 +248,13 @@ async def overview(
     )
 
 
-#: How many records the overview reads per ``get_many`` (a round trip on a single server).
-RECORD_BATCH = 1000
-
-
 async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str], bool]:
-    """Records by effective state, reading at most ``limit`` of them: the CLI's SCAN, then
-    the records found read :data:`RECORD_BATCH` at a time (``get_many``: one script call per
-    shard, so a cluster's slots are read one shard's keys at a time), not one GET each."""
+    """Records by effective state, reading at most ``limit`` of them as ``settle stats``
+    does: the SCAN, then the records found read :data:`RECORD_BATCH` at a time
+    (``get_many``: one script call per shard and 100 records), not one script call each."""
     states: Counter[str] = Counter({s.value: 0 for s in State})
-    found: list[str] = []
-    capped = False
+    batch: list[str] = []
+    seen, capped = 0, False
     client = _client(settler)
     keys = Keys(settler.config.namespace, settler.config.shards)
     async for key in client.scan_iter(
@@ -267,21 +263,17 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
         operation_id = operation_id_of(key, keys)
         if operation_id is None:  # not a record key (an attempt log whose id has "}:op:")
             continue
-        if len(found) >= limit:
+        if seen >= limit:
             capped = True
             break
-        found.append(operation_id)
-        if len(found) % RECORD_BATCH == 0:
-            _tally(states, await settler.get_many(found[-RECORD_BATCH:]))
-    if rest := len(found) % RECORD_BATCH:
-        _tally(states, await settler.get_many(found[-rest:]))
+        seen += 1
+        batch.append(operation_id)
+        if len(batch) == RECORD_BATCH:
+            tally(states, await settler.get_many(batch))
+            batch = []
+    if batch:
+        tally(states, await settler.get_many(batch))
     return states, capped
-
-
-def _tally(states: Counter[str], records: list[OperationRecord | None]) -> None:
-    for record in records:
-        if record is not None:  # expired between the SCAN and the read
-            states[record.state.value] += 1
 
 
 def _client(settler: AsyncSettler) -> Any:
