@@ -54,6 +54,7 @@ SCRIPTS = ScriptSet(
         "reserve": "reserve_head",
         "complete": "complete_head",
         "fail": "fail_head",
+        "mark_provisional": "mark_provisional_head",
         "renew": "renew_head",
     },
     head_libs=("_head",),

@@ -1,15 +1,15 @@
--- _head.lua: the fast paths of get.lua, reserve.lua, complete.lua, fail.lua and renew.lua
--- (their *_head.lua files) and what they share. settle assembles a script with a head as:
--- the runtime's prelude, this file, the head, then the core's libraries and the script's own
--- file (settle._runtime.scripts). So on Redis 6.2, where every EVALSHA defines every helper
--- of _lib.lua again, a call that the head answers defines none of them; as a FUNCTION (Redis
--- 7+, Valkey) the head runs first in the callback.
+-- _head.lua: the fast paths of get.lua, reserve.lua, complete.lua, fail.lua,
+-- mark_provisional.lua and renew.lua (their *_head.lua files) and what they share. settle
+-- assembles a script with a head as: the runtime's prelude, this file, the head, then the
+-- core's libraries and the script's own file (settle._runtime.scripts). So on Redis 6.2,
+-- where every EVALSHA defines every helper of _lib.lua again, a call that the head answers
+-- defines none of them; as a FUNCTION (Redis 7+, Valkey) the head runs first in the callback.
 --
 -- A head answers only when it is certain that the whole script would give the very same
 -- reply and make the very same writes. A read head (get, the replay of reserve) writes
 -- nothing: it answers from a packed value (see _lib.lua) whose record it checked field by
 -- field as unpack_value and valid do. A write head (a new operation's reserve, the accepted
--- complete or fail, the renewal of a live lease) answers only the one case it is built for,
+-- complete, fail or mark_provisional, the renewal of a live lease) answers only the one case it is built for,
 -- in argument forms whose outcome it can tell (settle's own calls among them), and writes
 -- what write, observe and save would. On anything else (the previous layout, a record
 -- expired, a field in a form it does not check, a fingerprint or binding that does not
@@ -139,30 +139,51 @@ local function head_log(t, now)
   return entries, at
 end
 
--- complete_head.lua's and fail_head.lua's fast path: the accepted settlement (rule S5) of
--- the attempt that holds the operation, the most repeated write after a new reserve. It
--- answers only where _settle.lua's settle(action) would accept and write exactly this: a
--- live pending or provisional record (head_record) whose fingerprint, version, binding,
--- generation, attempt id and (when given) version are the caller's, the fingerprint,
--- attempt id and digest sent as stored bytes; an attempt log head_log can pack again, with
--- room for one more entry under the cap; a retention that is a whole positive number of ms
--- (in whatever text tonumber reads as one, as the whole script reads it); a shard claimed
--- for the caller's shard count. The record becomes terminal (state word `terminal`) with
--- the result and its digest, the next version, no lease and no reason, expiring after the
--- retention, and the log gains the entry `aid gen action accepted '' now`; a value save()
--- writes from this one packs the same values, so the head packs them too (its commands:
--- GET, TIME, HGET, SET). Returns the reply, or nil to leave the call to the whole script
--- (which then reuses the value and clock read here: HEAD_BLOB, HEAD_NOW).
+-- The words save() stores as their index (_lib.lua's WORDS, between bars; the unit tests
+-- hold the two equal): a reason that is one of them is left to the rules.
+local HEAD_WORDS = '|pending|provisional|completed|failed|reserve|complete|fail|'
+  .. 'mark_provisional|reserved|accepted|absorbed|quarantined|new|lease_expired|resumed|'
+  .. 'unknown_operation|misbound|stale_generation|version_conflict|conflicting_settlement|'
+
+-- complete_head.lua's, fail_head.lua's and mark_provisional_head.lua's fast path: the
+-- accepted settlement (rules S5, S6, S7) of the attempt that holds the operation, the most
+-- repeated write after a new reserve. It answers only where _settle.lua's settle(action)
+-- would accept and write exactly this: a live pending or provisional record (head_record)
+-- whose fingerprint, version, binding, generation, attempt id and (when given) version are
+-- the caller's, the fingerprint and attempt id sent as stored bytes; an attempt log
+-- head_log can pack again, with room for one more entry under the cap; a retention that
+-- is a whole positive number of ms (in whatever text tonumber reads as one, as the whole
+-- script reads it); a shard claimed for the caller's shard count. A completion or a
+-- failure (state word `terminal`) also needs its digest sent as stored bytes, and makes
+-- the record terminal with the result and its digest and no reason. A mark_provisional
+-- (terminal = 2, provisional) needs a reason that is not one of HEAD_WORDS and, on a
+-- provisional record, not the reason it holds (the same reason again is absorbed, S12);
+-- the record keeps its result and digest and takes the reason. Either way the record gets
+-- the next version, no lease, expiring after the retention, and the log gains the entry
+-- `aid gen action accepted '' now`; a value save() writes from this one packs the same
+-- values, so the head packs them too (its commands: GET, TIME, HGET, SET). Returns the
+-- reply, or nil to leave the call to the whole script (which then reuses the value and
+-- clock read here: HEAD_BLOB, HEAD_NOW).
 local function head_settle(action, terminal)
   HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])
   local now = HEAD_NOW
   if not now then return nil end
   local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)
+  local provisional = terminal == 2
   if not row or state > 2 or row[3] ~= ARGV[3] or row[4] ~= ARGV[4] or row[5] ~= ARGV[5]
       or (ARGV[6] ~= '' and ARGV[6] ~= row[6]) or type(t[11]) ~= 'string'
       or string.byte(ARGV[2], 1) ~= 0 or t[1] ~= string.sub(ARGV[2], 2)
-      or string.byte(ARGV[7], 1) ~= 0 or t[11] ~= string.sub(ARGV[7], 2)
-      or string.byte(ARGV[9], 1) ~= 0 then
+      or string.byte(ARGV[7], 1) ~= 0 or t[11] ~= string.sub(ARGV[7], 2) then
+    return nil
+  end
+  local reason, result, rdig = nil, ARGV[8], string.sub(ARGV[9], 2)
+  if provisional then
+    reason, result, rdig = ARGV[10], t[13], t[14]
+    if string.find(HEAD_WORDS, '|' .. reason .. '|', 1, true)
+        or (state == 2 and t[12] == reason) then
+      return nil
+    end
+  elseif string.byte(ARGV[9], 1) ~= 0 then
     return nil
   end
   local retention, entries, at = tonumber(ARGV[11]), head_log(t, now)
@@ -170,14 +191,13 @@ local function head_settle(action, terminal)
       or not head_claimed() then
     return nil
   end
-  local rdig = string.sub(ARGV[9], 2)
   -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp
   redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(t[1], t[2], t[3], t[4], t[5] + 1, terminal,
-      t[7], t[8], now - t[8], nil, t[11], nil, ARGV[8], rdig, retention,
+      t[7], t[8], now - t[8], nil, t[11], reason, result, rdig, retention,
       now + retention - t[8]) .. cmsgpack.pack(unpack(t, 17, t.n))
       .. cmsgpack.pack(nil, nil, action, 10, '', now - at),
     'PX', int(retention))
   row[6], row[7], row[10], row[11] = int(t[5] + 1), HEAD_STATES[terminal], int(now), false
-  row[13], row[14], row[15] = false, ARGV[8], rdig
+  row[13], row[14], row[15] = reason or false, result or false, rdig or false
   return {'accepted', '', now, '', row, 0}
 end

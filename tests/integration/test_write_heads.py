@@ -1,7 +1,7 @@
-"""The write fast paths (``reserve_head.lua`` for a new operation, ``complete_head.lua`` and
-``fail_head.lua`` for the accepted settlement of the attempt holding the operation,
-``renew_head.lua`` for its heartbeat) write exactly what the whole script writes and reply
-what it replies.
+"""The write fast paths (``reserve_head.lua`` for a new operation, ``complete_head.lua``,
+``fail_head.lua`` and ``mark_provisional_head.lua`` for the accepted settlement of the
+attempt holding the operation, ``renew_head.lua`` for its heartbeat) write exactly what the
+whole script writes and reply what it replies.
 
 Each case sets up a real server (through settle, or by changing one argument or one stored
 value), then runs the call from that same starting point several ways: the head alone (a
@@ -455,19 +455,36 @@ def test_a_new_operation_is_written_by_the_head_as_reserve_writes_it(
     _exactly(answered, must)
 
 
-@pytest.mark.parametrize("script", ["complete", "fail"])
+#: The reason the settlement tests' mark_provisional reports (the decorator's for a call
+#: that timed out).
+REASON = "timeout"
+
+
+def _plan_settlement(
+    settler: Settler, script: str, r: Reservation, **kw: Any
+) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The KEYS and ARGV of ``script`` (complete, fail or mark_provisional) for ``r``."""
+    core = settler._core
+    if script == "complete":
+        call = core.plan_complete(r, {"charge": "ch_1"}, **kw)
+    elif script == "fail":
+        call = core.plan_fail(r, ValueError("declined"), **kw)
+    else:
+        call = core.plan_mark_provisional(r, REASON, **kw)
+    return call.keys, call.args
+
+
+SETTLEMENTS = ["complete", "fail", "mark_provisional"]
+
+
+@pytest.mark.parametrize("script", SETTLEMENTS)
 def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
     settler: Settler, redis_client: redis.Redis, script: str
 ) -> None:
     core = settler._core
 
     def plan(r: Reservation, **kw: Any) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-        call = (
-            core.plan_complete(r, {"charge": "ch_1"}, **kw)
-            if script == "complete"
-            else core.plan_fail(r, ValueError("declined"), **kw)
-        )
-        return call.keys, call.args
+        return _plan_settlement(settler, script, r, **kw)
 
     # a crafted record's call with a log cap of 1000 to hold its log
     starts = _Starts(settler, redis_client, plan, argv12=1000)
@@ -493,7 +510,13 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
     cases = {
         **_crafted_cases(crafted, "settles"),
         "crafted, provisional with a reason": Case(
-            crafted(state=_word(b"provisional"), lease=None, reason=b"timeout")
+            crafted(state=_word(b"provisional"), lease=None, reason=REASON.encode())
+        ),
+        "crafted, provisional with another reason": Case(
+            crafted(state=_word(b"provisional"), lease=None, reason=b"cancelled")
+        ),
+        "crafted, provisional with no reason": Case(
+            crafted(state=_word(b"provisional"), lease=None)
         ),
         "crafted, 700 entries": Case(crafted([ENTRY] * 700)),
         "crafted, an entry's time as a float": Case(crafted([[*ENTRY[:5], _float(0.5)]])),
@@ -508,7 +531,14 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "after the attempt marked it provisional": Case(
             settle(after=lambda r: settler.mark_provisional(r, "timeout: no answer"), version=2)
         ),
+        "after the attempt marked it provisional for the same reason": Case(
+            settle(after=lambda r: settler.mark_provisional(r, REASON), version=2)
+        ),
         "after the same attempt reserved again": Case(settle(resumed)),
+        "a reason of ''": Case(settle(argv10="")),
+        "a reason holding a word and a bar": Case(settle(argv10="failed|x")),
+        "a reason that is a word": Case(settle(argv10="failed")),
+        "a reason that is the last word": Case(settle(argv10="conflicting_settlement")),
         "a log cap of two": Case(settle(argv12=2)),
         "a retention of 5 s": Case(settle(argv11=5_000)),
         "a log cap of one": Case(settle(argv12=1)),
@@ -537,7 +567,22 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "after the same attempt reserved again",
         "a log cap of two",
         "a retention of 5 s",
+        "a reason of ''",
+        "a reason holding a word and a bar",
+        "crafted, provisional with another reason",
+        "crafted, provisional with no reason",
     }
+    if script == "mark_provisional":
+        # the same reason again is absorbed (rule S12), a word is stored as its index: the
+        # rules; the digest of an empty payload is not stored, whatever its form
+        must -= {"crafted, provisional with a reason"}
+        must |= {"a digest kept as text"}
+    else:  # a reason is not stored; the same completion or failure again is absorbed
+        must |= {
+            "after the attempt marked it provisional for the same reason",
+            "a reason that is a word",
+            "a reason that is the last word",
+        }
     _exactly(answered, must)
 
 
@@ -694,11 +739,13 @@ def test_a_new_reserve_in_any_argument_form_is_the_whole_scripts(
 
 @DRAWN
 @given(
-    script=st.sampled_from(["complete", "fail"]),
+    script=st.sampled_from(SETTLEMENTS),
     retention=FORMS,
     cap=FORMS,
     version=st.sampled_from(["", "1", "01", "2", " 1", "1.0"]),
     digest=st.sampled_from([None, "not-hex", b"\0"]),
+    reason=st.sampled_from([None, "", "provisional", "timeout", "|", "error:ValueError"]),
+    marked=st.sampled_from([None, REASON, "provisional"]),
 )
 def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
     settler: Settler,
@@ -708,20 +755,22 @@ def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
     cap: str,
     version: str,
     digest: str | bytes | None,
+    reason: str | None,
+    marked: str | None,
 ) -> None:
     def setup() -> tuple[tuple[str, ...], list[Any]]:
         got = settler.reserve("op", REQ, principal=WHO)
         assert isinstance(got, Reserved)
         r = got.reservation
-        call = (
-            settler._core.plan_complete(r, {"charge": "ch_1"})
-            if script == "complete"
-            else settler._core.plan_fail(r, ValueError("declined"))
-        )
+        if marked is not None:  # marked provisional first (its reason stored as text or word)
+            assert settler.mark_provisional(r, marked).verdict.value == "accepted"
+        keys, args = _plan_settlement(settler, script, r)
         at: dict[str, Any] = {"argv11": retention, "argv12": cap, "argv6": version}
         if digest is not None:
             at["argv9"] = digest
-        return call.keys, _with(call.args, **at)
+        if reason is not None:
+            at["argv10"] = reason
+        return keys, _with(args, **at)
 
     _run(settler, redis_client, script, {"drawn": Case(setup)})
 
@@ -762,8 +811,8 @@ def test_a_renewal_with_its_tuple_in_any_form_is_the_whole_scripts(
 
 def test_a_call_after_a_head_read_another_key_reads_its_own(settler: Settler) -> None:
     """A FUNCTION library's callbacks share its locals: what a head read for one call
-    (HEAD_BLOB, HEAD_NOW) must never stand for the key of the next call, here one whose
-    script has no head (mark_provisional reads its record itself)."""
+    (HEAD_BLOB, HEAD_NOW) must never stand for the key of the next call, whether that
+    call's head answers or leaves it to the rules (a repeated report is absorbed)."""
 
     def reserved(op: str) -> Reservation:
         got = settler.reserve(op, REQ, principal=WHO)
@@ -782,3 +831,8 @@ def test_a_call_after_a_head_read_another_key_reads_its_own(settler: Settler) ->
     assert marked.verdict.value == "accepted", marked
     assert marked.record.operation_id == "c"
     assert marked.record.state.value == "provisional"
+    # the rules after a head that answered for another key (b's repeat is absorbed)
+    again = settler.mark_provisional(b, "timeout: no answer")
+    assert again.verdict.value == "absorbed", again
+    assert again.record.operation_id == "b"
+    assert again.record.state.value == "provisional"

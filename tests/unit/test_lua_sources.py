@@ -55,6 +55,7 @@ def test_the_write_heads_store_the_words_they_name() -> None:
     for script, action, state in (
         ("complete", "complete", "completed"),
         ("fail", "fail", "failed"),
+        ("mark_provisional", "mark_provisional", "provisional"),
     ):
         found = re.search(r"head_settle\((\d+), (\d+)\)", _lua(f"{script}_head"))
         assert found, script
@@ -79,3 +80,9 @@ def test_the_write_heads_store_the_words_they_name() -> None:
     states = re.search(r"^local HEAD_STATES = \{(.*?)\}", head, re.MULTILINE)
     assert states
     assert re.findall(r"'([a-z_]+)'", states.group(1)) == [w.decode() for w in WORDS[:4]]
+    # the words a mark_provisional head leaves to the rules as a reason (save() stores
+    # them as their index): every word, between bars
+    words = re.search(r"^local HEAD_WORDS = ((?:'[|a-z_]*'(?:\s*\.\.\s*)?)+)\n", head, re.M)
+    assert words
+    text = "".join(re.findall(r"'([|a-z_]*)'", words.group(1)))
+    assert text == "|" + "|".join(w.decode() for w in WORDS) + "|"
