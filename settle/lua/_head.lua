@@ -117,26 +117,48 @@ end
 
 -- The attempt log in t (head_record's values) when a write head can pack it again value
 -- for value as save() would: alive at now (its expiry a whole number of ms), one to HEAD_LOG
--- entries, each of the record's attempt and generation (aid and gen left out), its words
--- stored as indexes (the detail may be ''), every time a whole number and their running sum
--- exact. Returns the number of entries and the last entry's time (ms), or nil. (At most
--- HEAD_LOG entries: a head packs the log in one cmsgpack.pack call, which takes 3000 values
--- at most; save() packs a longer one in parts.)
+-- entries, their words stored as indexes (the detail may be ''), every time a whole number
+-- and their running sum exact, an entry's attempt id (when stored: else the previous
+-- entry's) a non-empty string and its generation a whole number. save() encodes the first
+-- entry again against the record's attempt and generation, as nil where they are the same:
+-- one stored as the record's own (a value settle does not write) is left to the scripts.
+-- Returns the number of entries, the last entry's time (ms), attempt id and generation (the
+-- record's where no entry names another), or nil. (At most HEAD_LOG entries: a head packs
+-- the log in one cmsgpack.pack call, which takes 3000 values at most; save() packs a longer
+-- one in parts.)
 local function head_log(t, now)
   local entries = (t.n - 16) / 6
-  if entries < 1 or entries > HEAD_LOG or not whole(t[16]) or t[8] + t[16] <= now then
+  if entries < 1 or entries > HEAD_LOG or not whole(t[16]) or t[8] + t[16] <= now
+      or (t[17] ~= nil and t[17] == t[11]) or (t[18] ~= nil and t[18] == t[4]) then
     return nil
   end
-  local at = t[8]
+  local at, aid, gen = t[8], t[11], t[4]
   for i = 17, t.n, 6 do
-    if t[i] ~= nil or t[i + 1] ~= nil or not head_word(t[i + 2]) or not head_word(t[i + 3])
+    local a, g = t[i], t[i + 1]
+    if a ~= nil then
+      if type(a) ~= 'string' or a == '' then return nil end
+      aid = a
+    end
+    if g ~= nil then
+      if not whole(g) then return nil end
+      gen = g
+    end
+    if not head_word(t[i + 2]) or not head_word(t[i + 3])
         or not (head_word(t[i + 4]) or t[i + 4] == '') or not whole(t[i + 5]) then
       return nil
     end
     at = at + t[i + 5]
     if not whole(at) then return nil end  -- save() would compute it otherwise (rounded)
   end
-  return entries, at
+  return entries, at, aid, gen
+end
+
+-- A log entry's attempt id and generation as save() stores them after an entry of
+-- (last_aid, last_gen): nil where they are the same (all four as stored: strings, numbers).
+local function head_changed(aid, gen, last_aid, last_gen)
+  if aid == last_aid then aid = nil end
+  if gen == last_gen then gen = nil end
+  return aid, gen
 end
 
 -- The words save() stores as their index (_lib.lua's WORDS, between bars; the unit tests
@@ -186,16 +208,17 @@ local function head_settle(action, terminal)
   elseif string.byte(ARGV[9], 1) ~= 0 then
     return nil
   end
-  local retention, entries, at = tonumber(ARGV[11]), head_log(t, now)
+  local retention, entries, at, last_aid, last_gen = tonumber(ARGV[11]), head_log(t, now)
   if not entries or not head_ms(retention) or entries + 1 > (tonumber(ARGV[12]) or 0)
       or not head_claimed() then
     return nil
   end
+  local aid, gen = head_changed(t[11], t[4], last_aid, last_gen)  -- the new entry's
   -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp
   redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(t[1], t[2], t[3], t[4], t[5] + 1, terminal,
       t[7], t[8], now - t[8], nil, t[11], reason, result, rdig, retention,
       now + retention - t[8]) .. cmsgpack.pack(unpack(t, 17, t.n))
-      .. cmsgpack.pack(nil, nil, action, 10, '', now - at),
+      .. cmsgpack.pack(aid, gen, action, 10, '', now - at),
     'PX', int(retention))
   row[6], row[7], row[10], row[11] = int(t[5] + 1), HEAD_STATES[terminal], int(now), false
   row[13], row[14], row[15] = reason or false, result or false, rdig or false

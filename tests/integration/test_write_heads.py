@@ -1,7 +1,7 @@
-"""The write fast paths (``reserve_head.lua`` for a new operation, ``complete_head.lua``,
-``fail_head.lua`` and ``mark_provisional_head.lua`` for the accepted settlement of the
-attempt holding the operation, ``renew_head.lua`` for its heartbeat) write exactly what the
-whole script writes and reply what it replies.
+"""The write fast paths (``reserve_head.lua`` for a new operation and a takeover,
+``complete_head.lua``, ``fail_head.lua`` and ``mark_provisional_head.lua`` for the accepted
+settlement of the attempt holding the operation, ``renew_head.lua`` for its heartbeat)
+write exactly what the whole script writes and reply what it replies.
 
 Each case sets up a real server (through settle, or by changing one argument or one stored
 value), then runs the call from that same starting point several ways: the head alone (a
@@ -145,6 +145,9 @@ def _without_quarantine_ids(
 
 
 ENTRY = [None, None, _word(b"reserve"), _word(b"reserved"), _word(b"new"), 0]
+#: The attempt id and generation of every crafted record (``_Starts.crafted``).
+AID = bytes.fromhex("0c" * 16)
+GEN = 77
 
 
 def _pending(
@@ -330,11 +333,12 @@ class _Starts:
         pin: Callable[[int], int] | None = None,
         **over: Any,
     ) -> Callable[[], tuple[Any, ...]]:
-        """The caller's pending record, stored as crafted, created a second ago; ``pin``
-        gives the server clock from its creation time."""
+        """The caller's pending record, stored as crafted (attempt AID, generation GEN),
+        created a second ago; ``pin`` gives the server clock from its creation time."""
 
         def setup() -> tuple[Any, ...]:
-            r = self.reserved()
+            r = self.reserved(attempt_id=AID.hex())
+            r = r.model_copy(update={"generation": GEN})
             keys, args = self.plan(r)
             created = int(time.time() * 1000) - 1_000
             self.client.set(keys[0], _pending(r, log, created=created, **over))
@@ -344,12 +348,15 @@ class _Starts:
         return setup
 
 
-#: The crafted starting points both the settlement and the renewal heads answer.
+#: The crafted starting points the settlement, renewal and takeover heads all answer.
 CRAFTED_ANSWERED = {
     "crafted",
     "crafted, a detail of ''",
     "crafted, a result and digest while pending",
     "crafted, 400 entries",
+    "crafted, an entry naming its attempt",
+    "crafted, an entry naming its generation",
+    "crafted, another attempt's entry, then its own",
 }
 
 
@@ -360,6 +367,11 @@ def _crafted_cases(
     ``doing`` it): those in CRAFTED_ANSWERED, and fields or logs in forms they refuse."""
     big = 2**53 - 1
     at_40s = {"pin": lambda created: created + 40_000}
+    other = bytes.fromhex("0f" * 16)
+    # another attempt's entry, then one naming the record's attempt and generation (the
+    # crafted record's attempt id is AID, its generation GEN)
+    own_last = [[other, 5, *ENTRY[2:]], [AID, GEN, *ENTRY[2:]]]
+    own_first = [[AID, *ENTRY[1:]]]
     return {
         "crafted": Case(crafted()),
         "crafted, a detail of ''": Case(crafted([[*ENTRY[:4], b"", 0]])),
@@ -375,6 +387,17 @@ def _crafted_cases(
             crafted([[bytes.fromhex("0f" * 16), *ENTRY[1:]]])
         ),
         "crafted, an entry naming its generation": Case(crafted([[None, 5, *ENTRY[2:]]])),
+        "crafted, another attempt's entry, then its own": Case(crafted(own_last)),
+        "crafted, the first entry naming the record's attempt": Case(crafted(own_first)),
+        "crafted, the first entry naming the record's generation": Case(
+            crafted([[None, GEN, *ENTRY[2:]]])
+        ),
+        "crafted, an entry's attempt id kept as text": Case(crafted([[[b"x"], *ENTRY[1:]]])),
+        "crafted, an entry's attempt id empty": Case(crafted([[b"", *ENTRY[1:]]])),
+        "crafted, an entry's generation as text": Case(crafted([[None, b"5", *ENTRY[2:]]])),
+        "crafted, an entry's generation as a float": Case(
+            crafted([[None, _float(5.5), *ENTRY[2:]]])
+        ),
         "crafted, a word kept as text": Case(crafted([[None, None, b"reserve", *ENTRY[3:]]])),
         "crafted, the log expired": Case(crafted(lexp=1)),
         "crafted, no log expiry": Case(crafted(lexp=None)),
@@ -451,6 +474,123 @@ def test_a_new_operation_is_written_by_the_head_as_reserve_writes_it(
         "no last generation",
         "a last generation that is not a number",
         "a last generation ahead of the clock",
+    }
+    _exactly(answered, must)
+
+
+def test_a_takeover_is_written_by_the_head_as_reserve_writes_it(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    core = settler._core
+
+    def plan(_r: Reservation | None, **kw: Any) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """A reserve of the operation by a new attempt (its own id unless ``attempt_id``)."""
+        call = core.plan_reserve("op", REQ, principal=WHO, **kw)
+        return call.keys, call.args
+
+    shard = plan(None)[0][-1]
+    # a crafted record's call with a log cap of 1000 to hold its log
+    starts = _Starts(settler, redis_client, plan, argv8=1000)
+    reserved, take = starts.reserved, starts.call
+
+    def provisional(**kw: Any) -> Callable[[], Reservation]:
+        def before() -> Reservation:
+            r = reserved(**kw)
+            assert settler.mark_provisional(r, "timeout").verdict.value == "accepted"
+            return r
+
+        return before
+
+    def crafted(
+        log: list[list[Any]] | None = None,
+        pin: Callable[[int], int] | None = None,
+        **over: Any,
+    ) -> Callable[[], tuple[Any, ...]]:
+        """A crafted record that was marked provisional (see _Starts.crafted)."""
+        marked = {"state": _word(b"provisional"), "lease": None, "reason": b"timeout"}
+        return starts.crafted(log, pin, **{**marked, **over})
+
+    def twice_taken_over() -> Reservation:
+        first = reserved(lease=0.05)
+        time.sleep(0.1)
+        reserved(lease=0.5)
+        return first
+
+    def quarantined_then_provisional() -> Reservation:
+        r = provisional()()
+        other = r.model_copy(update={"binding": "tenant:other", "attempt_id": "0b" * 16})
+        assert settler.complete(other, {"charge": "ch_2"}).verdict.value == "quarantined"
+        return r
+
+    def settled() -> Reservation:
+        r = reserved()
+        settler.complete(r, {"charge": "ch_1"})
+        return r
+
+    same = "0a" * 16
+    cases = {
+        **_crafted_cases(crafted, "is taken over"),
+        "crafted, pending, its lease ended": Case(starts.crafted(lease=500)),
+        "crafted, pending, its lease live": Case(starts.crafted()),
+        "crafted, pending, its lease ending as it is taken over": Case(
+            starts.crafted(lease=40_000, pin=lambda created: created + 40_000)
+        ),
+        "crafted, pending, its lease ending just after": Case(
+            starts.crafted(lease=40_000, pin=lambda created: created + 39_999)
+        ),
+        "crafted, no attempt id": Case(crafted(aid=None)),
+        "crafted, an empty attempt id": Case(crafted(aid=b"")),
+        "crafted, a reason word": Case(crafted(reason=_word(b"lease_expired"))),
+        "after a provisional report": Case(take(provisional())),
+        "after the lease ran out": Case(take(lambda: reserved(lease=0.5)), ahead_ms=2_000),
+        "the same attempt after its lease ran out": Case(
+            take(lambda: reserved(lease=0.5, attempt_id=same), planned={"attempt_id": same}),
+            ahead_ms=2_000,
+        ),
+        "a second takeover": Case(take(twice_taken_over), ahead_ms=2_000),
+        "after a quarantined response": Case(take(quarantined_then_provisional)),
+        "the log at its cap": Case(take(provisional(), argv8=2)),
+        "the log one below its cap": Case(take(provisional(), argv8=3)),
+        "the shard's last generation lost": Case(
+            take(provisional(), after=lambda r: redis_client.hdel(shard, "gen"))
+        ),
+        "a last generation ahead of the clock": Case(
+            take(provisional(), after=lambda r: redis_client.hset(shard, "gen", str(2**52)))
+        ),
+        "a settled operation": Case(take(settled)),
+        "an operation in progress": Case(take()),
+        "the same attempt again": Case(
+            take(lambda: reserved(attempt_id=same), planned={"attempt_id": same})
+        ),
+        "an attempt id kept as text": Case(
+            take(provisional(), planned={"attempt_id": "attempt-2"})
+        ),
+        "a lease of 0": Case(take(provisional(), argv5=0)),
+        "a retention of 1.5 ms": Case(take(provisional(), argv6="1.5")),
+        "a log cap of 0": Case(take(provisional(), argv8=0)),
+        "another principal": Case(take(provisional(), argv4="tenant:other")),
+        "another fingerprint version": Case(take(provisional(), argv3="2")),
+        "another shard count": Case(take(provisional(), argv9=9)),
+        "an unclaimed shard": Case(take(provisional(), after=lambda r: redis_client.delete(shard))),
+        "an unclaimed shard, claiming": Case(
+            take(provisional(), after=lambda r: redis_client.delete(shard), argv10="1")
+        ),
+    }
+    answered = _run(settler, redis_client, "reserve", cases)
+    must = {
+        *CRAFTED_ANSWERED,
+        "crafted, the lease ending as it is taken over",
+        "crafted, pending, its lease ended",
+        "crafted, pending, its lease ending as it is taken over",
+        "after a provisional report",
+        "after the lease ran out",
+        "the same attempt after its lease ran out",
+        "a second takeover",
+        "after a quarantined response",
+        "the log one below its cap",
+        "the shard's last generation lost",
+        "a last generation ahead of the clock",
+        "a settled operation",  # the replay: the head's read path, which writes nothing
     }
     _exactly(answered, must)
 
@@ -571,6 +711,9 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "a reason holding a word and a bar",
         "crafted, provisional with another reason",
         "crafted, provisional with no reason",
+        # the log holds another attempt's entries
+        "after a misbound response was quarantined",
+        "the attempt that took over",
     }
     if script == "mark_provisional":
         # the same reason again is absorbed (rule S12), a word is stored as its index: the
@@ -697,6 +840,7 @@ def test_a_renewal_is_written_by_the_head_as_renew_writes_it(
         "after the same attempt reserved again",
         "a lease of 1 s",
         "a retention of 5 s",
+        "the attempt that took over (its log holds the first one's)",
     }
     _exactly(answered, must)
 
@@ -732,6 +876,40 @@ def test_a_new_reserve_in_any_argument_form_is_the_whole_scripts(
 ) -> None:
     def setup() -> tuple[tuple[str, ...], list[Any]]:
         call = settler._core.plan_reserve("op", REQ, principal=WHO)
+        return call.keys, _with(call.args, argv3=fpv, argv5=lease, argv6=retention, argv8=cap)
+
+    _run(settler, redis_client, "reserve", {"drawn": Case(setup)})
+
+
+@DRAWN
+@given(
+    # settle's own forms half the time, so the head's write path is drawn often
+    fpv=st.one_of(st.just("1"), FORMS),
+    lease=st.one_of(st.just("30000"), FORMS),
+    retention=st.one_of(st.just("86400000"), FORMS),
+    cap=st.one_of(st.just("1000"), FORMS),
+    marked=st.booleans(),
+    aid=st.sampled_from([None, "attempt-2", "0a" * 16]),
+)
+def test_a_takeover_in_any_argument_form_is_the_whole_scripts(
+    settler: Settler,
+    redis_client: redis.Redis,
+    fpv: str,
+    lease: str,
+    retention: str,
+    cap: str,
+    marked: bool,
+    aid: str | None,
+) -> None:
+    """A reserve of an operation marked provisional, or whose lease ended (the clock is
+    pinned a second ahead), by another attempt or (``0a...``) the same one."""
+
+    def setup() -> tuple[tuple[str, ...], list[Any]]:
+        got = settler.reserve("op", REQ, principal=WHO, lease=0.5, attempt_id="0a" * 16)
+        assert isinstance(got, Reserved)
+        if marked:
+            assert settler.mark_provisional(got.reservation, "timeout").verdict.value == "accepted"
+        call = settler._core.plan_reserve("op", REQ, principal=WHO, attempt_id=aid)
         return call.keys, _with(call.args, argv3=fpv, argv5=lease, argv6=retention, argv8=cap)
 
     _run(settler, redis_client, "reserve", {"drawn": Case(setup)})

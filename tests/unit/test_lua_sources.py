@@ -70,8 +70,23 @@ def test_the_write_heads_store_the_words_they_name() -> None:
     record = re.search(r"tonumber\(gen\), 1, (\d+), 1,", _lua("reserve_head"))
     assert record
     assert int(record.group(1)) == _index("pending")
+    # the takeover: its entry, its two details (word and index), the record's state
+    taken = _lua("reserve_head")
+    entry = re.search(r"cmsgpack\.pack\(new_aid, new_gen, (\d+), (\d+), detail,", taken)
+    assert entry
+    assert [int(g) for g in entry.groups()] == [_index("reserve"), _index("reserved")]
+    details = re.findall(r"detail, word = (\d+), '([a-z_]+)'", taken)
+    assert sorted(details) == sorted(
+        [
+            (str(_index("provisional")), "provisional"),
+            (str(_index("lease_expired")), "lease_expired"),
+        ]
+    )
+    state = re.search(r"cmsgpack\.pack\(t\[1\], t\[2\], t\[3\], g, t\[5\] \+ 1, (\d+),", taken)
+    assert state
+    assert int(state.group(1)) == _index("pending")
     head = _lua("_head")
-    accepted = re.search(r"cmsgpack\.pack\(nil, nil, action, (\d+), ''", head)
+    accepted = re.search(r"cmsgpack\.pack\(aid, gen, action, (\d+), ''", head)
     highest = re.search(r"x <= (\d+)\n", head)
     assert accepted
     assert highest
