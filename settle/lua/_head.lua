@@ -5,16 +5,17 @@
 -- where every EVALSHA defines every helper of _lib.lua again, a call that the head answers
 -- defines none of them; as a FUNCTION (Redis 7+, Valkey) the head runs first in the callback.
 --
--- A head answers only when it is certain that the whole script would give the very same
--- reply and make the very same writes. A read head (get, the replay of reserve) writes
--- nothing: it answers from a packed value (see _lib.lua) whose record it checked field by
--- field as unpack_value and valid do. A write head (a new operation's reserve, the accepted
--- complete, fail or mark_provisional, the renewal of a live lease) answers only the one case it is built for,
--- in argument forms whose outcome it can tell (settle's own calls among them), and writes
--- what write, observe and save would. On anything else (the previous layout, a record
--- expired, a field in a form it does not check, a fingerprint or binding that does not
--- match, an unclaimed shard; for a read head, a settlement or a renewal, no value) it
--- answers nil and the whole script runs as before. tests/integration/test_read_heads.py and
+-- A head answers only when it is certain that the whole script would give the very same reply
+-- and make the very same writes. A read head (get, the replay of reserve) writes nothing: it
+-- answers from a packed value (see _lib.lua) whose record it checked field by field as
+-- unpack_value and valid do. A write head (a new operation's reserve and its takeover, the
+-- accepted complete, fail or mark_provisional, the renewal of a live lease) answers only the
+-- one case it is built for, in argument forms whose outcome it can tell (settle's own calls
+-- among them; never a call with another number of keys or arguments than its script's), and
+-- writes what write, observe and save would. On anything else (the previous layout, a record
+-- expired, a field in a form it does not check, a fingerprint or binding that does not match,
+-- an unclaimed shard; for a read head, a settlement or a renewal, no value) it answers nil and
+-- the whole script runs as before. tests/integration/test_read_heads.py and
 -- test_write_heads.py hold both paths' replies, and the write heads' values, expiries and
 -- generations, equal.
 
@@ -153,20 +154,6 @@ local function head_log(t, now)
   return entries, at, aid, gen
 end
 
--- A log entry's attempt id and generation as save() stores them after an entry of
--- (last_aid, last_gen): nil where they are the same (all four as stored: strings, numbers).
-local function head_changed(aid, gen, last_aid, last_gen)
-  if aid == last_aid then aid = nil end
-  if gen == last_gen then gen = nil end
-  return aid, gen
-end
-
--- The words save() stores as their index (_lib.lua's WORDS, between bars; the unit tests
--- hold the two equal): a reason that is one of them is left to the rules.
-local HEAD_WORDS = '|pending|provisional|completed|failed|reserve|complete|fail|'
-  .. 'mark_provisional|reserved|accepted|absorbed|quarantined|new|lease_expired|resumed|'
-  .. 'unknown_operation|misbound|stale_generation|version_conflict|conflicting_settlement|'
-
 -- complete_head.lua's, fail_head.lua's and mark_provisional_head.lua's fast path: the
 -- accepted settlement (rules S5, S6, S7) of the attempt that holds the operation, the most
 -- repeated write after a new reserve. It answers only where _settle.lua's settle(action)
@@ -178,7 +165,9 @@ local HEAD_WORDS = '|pending|provisional|completed|failed|reserve|complete|fail|
 -- script reads it); a shard claimed for the caller's shard count. A completion or a
 -- failure (state word `terminal`) also needs its digest sent as stored bytes, and makes
 -- the record terminal with the result and its digest and no reason. A mark_provisional
--- (terminal = 2, provisional) needs a reason that is not one of HEAD_WORDS and, on a
+-- (terminal = 2, provisional) needs a reason that is not a word (one save() stores as its
+-- WORDS index: they are listed here between bars, and the unit tests hold the list to
+-- _lib.lua's) and, on a
 -- provisional record, not the reason it holds (the same reason again is absorbed, S12);
 -- the record keeps its result and digest and takes the reason. Either way the record gets
 -- the next version, no lease, expiring after the retention, and the log gains the entry
@@ -187,13 +176,14 @@ local HEAD_WORDS = '|pending|provisional|completed|failed|reserve|complete|fail|
 -- reply, or nil to leave the call to the whole script (which then reuses the value and
 -- clock read here: HEAD_BLOB, HEAD_NOW).
 local function head_settle(action, terminal)
+  if #KEYS ~= 6 or #ARGV ~= 16 then return nil end  -- not _settle.lua's shape: the rules'
   HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])
   local now = HEAD_NOW
   if not now then return nil end
   local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)
   local provisional = terminal == 2
   if not row or state > 2 or row[3] ~= ARGV[3] or row[4] ~= ARGV[4] or row[5] ~= ARGV[5]
-      or (ARGV[6] ~= '' and ARGV[6] ~= row[6]) or type(t[11]) ~= 'string'
+      or (ARGV[6] ~= '' and ARGV[6] ~= row[6]) or type(t[11]) ~= 'string' or t[11] == ''
       or string.byte(ARGV[2], 1) ~= 0 or t[1] ~= string.sub(ARGV[2], 2)
       or string.byte(ARGV[7], 1) ~= 0 or t[11] ~= string.sub(ARGV[7], 2) then
     return nil
@@ -201,7 +191,10 @@ local function head_settle(action, terminal)
   local reason, result, rdig = nil, ARGV[8], string.sub(ARGV[9], 2)
   if provisional then
     reason, result, rdig = ARGV[10], t[13], t[14]
-    if string.find(HEAD_WORDS, '|' .. reason .. '|', 1, true)
+    if string.find('|pending|provisional|completed|failed|reserve|complete|fail|'
+        .. 'mark_provisional|reserved|accepted|absorbed|quarantined|new|lease_expired|resumed|'
+        .. 'unknown_operation|misbound|stale_generation|version_conflict|'
+        .. 'conflicting_settlement|', '|' .. reason .. '|', 1, true)
         or (state == 2 and t[12] == reason) then
       return nil
     end
@@ -213,7 +206,10 @@ local function head_settle(action, terminal)
       or not head_claimed() then
     return nil
   end
-  local aid, gen = head_changed(t[11], t[4], last_aid, last_gen)  -- the new entry's
+  -- the new entry's attempt and generation, stored only where the last entry's differ
+  local aid, gen = t[11], t[4]
+  if aid == last_aid then aid = nil end
+  if gen == last_gen then gen = nil end
   -- fp fpv bind gen ver state n created updated lease aid reason result rdig rexp lexp
   redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(t[1], t[2], t[3], t[4], t[5] + 1, terminal,
       t[7], t[8], now - t[8], nil, t[11], reason, result, rdig, retention,

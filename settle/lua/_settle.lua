@@ -82,7 +82,8 @@ end
 local function settle(action)
   local refused = guard()
   if refused then return refused end
-  -- What complete_head.lua or fail_head.lua read, when it left the call to these rules.
+  -- What the script's head (head_settle in _head.lua) read when it left the call to these
+  -- rules.
   local now, now_us = HEAD_NOW, HEAD_US
   if not now then now, now_us = clock() end
   local rec, row, st = load_record(KEYS[1], KEYS[2], now, false, HEAD_BLOB)

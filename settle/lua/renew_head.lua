@@ -11,7 +11,9 @@
 -- expiry stay (a renewal is not observed), so the head packs them as they are (its
 -- commands: GET, TIME, HGET, SET). Anything else is left to renew.lua, which reuses the
 -- value and clock read here (HEAD_BLOB, HEAD_NOW).
-HEAD_BLOB, HEAD_NOW = head_read(KEYS[1])  -- renew.lua's too (see prelude.lua)
+if #KEYS == 3 and #ARGV == 8 then  -- renew.lua's shape (else the whole script answers)
+  HEAD_BLOB, HEAD_NOW = head_read(KEYS[1])  -- renew.lua's too (see prelude.lua)
+end
 if HEAD_NOW then
   local now = HEAD_NOW
   local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)

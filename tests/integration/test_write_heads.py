@@ -269,6 +269,28 @@ def _with(args: tuple[Any, ...], **at: Any) -> list[Any]:
     return out
 
 
+def _reshaped(setup: Callable[[], tuple[Any, ...]], *, keys: int = 0, args: int = 0) -> Case:
+    """``setup``'s call with ``keys`` extra keys before its last (the shard state's) or,
+    with a negative ``args``, its last arguments cut off: a call in another shape than
+    settle's, which every head must leave to the whole script."""
+
+    def reshaped() -> tuple[Any, ...]:
+        got_keys, got_args, *pin = setup()
+        extra = tuple(f"{got_keys[0]}:extra{i}" for i in range(keys))
+        got_keys = (*got_keys[:-1], *extra, got_keys[-1])
+        return (got_keys, list(got_args)[: len(got_args) + args], *pin)
+
+    return Case(reshaped)
+
+
+#: The shapes _reshaped makes, the names of their cases (never answered by a head).
+RESHAPED = {
+    "an extra key": {"keys": 1},
+    "the last argument left out": {"args": -1},
+    "two arguments left out": {"args": -2},
+}
+
+
 class _Starts:
     """Starting points the settlement and renewal cases share: the caller's reservation
     made several ways, and its record replaced by a crafted one. ``plan`` gives the call's
@@ -326,6 +348,18 @@ class _Starts:
             return keys, _with(args, **at)
 
         return setup
+
+    @staticmethod
+    def crafted_call(
+        setup: Callable[[], tuple[Any, ...]], **at: Any
+    ) -> Callable[[], tuple[Any, ...]]:
+        """A crafted record's call (``setup``, from crafted()) with ARGV overridden by ``at``."""
+
+        def changed() -> tuple[Any, ...]:
+            keys, args, *pin = setup()
+            return (keys, _with(args, **at), *pin)
+
+        return changed
 
     def crafted(
         self,
@@ -441,6 +475,7 @@ def test_a_new_operation_is_written_by_the_head_as_reserve_writes_it(
     text_aid = core.plan_reserve("op", REQ, principal=WHO, attempt_id="attempt-1").args[6]
     cases = {
         "a new operation": Case(reserve()),
+        **{name: _reshaped(reserve(), **shape) for name, shape in RESHAPED.items()},
         "another fingerprint version": Case(reserve(argv3="2")),
         "a log cap of one": Case(reserve(argv8=1)),
         "no last generation": Case(then(lambda c, k: c.hdel(k[-1], "gen"))),
@@ -542,6 +577,11 @@ def test_a_takeover_is_written_by_the_head_as_reserve_writes_it(
         "crafted, an empty attempt id": Case(crafted(aid=b"")),
         "crafted, a reason word": Case(crafted(reason=_word(b"lease_expired"))),
         "after a provisional report": Case(take(provisional())),
+        **{name: _reshaped(take(provisional()), **s) for name, s in RESHAPED.items()},
+        **{
+            f"a settled operation, {name}": _reshaped(take(settled), **s)
+            for name, s in RESHAPED.items()
+        },
         "after the lease ran out": Case(take(lambda: reserved(lease=0.5)), ahead_ms=2_000),
         "the same attempt after its lease ran out": Case(
             take(lambda: reserved(lease=0.5, attempt_id=same), planned={"attempt_id": same}),
@@ -666,6 +706,12 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
             crafted(state=_word(b"provisional"), lease=None, reason=_word(b"lease_expired"))
         ),
         "the attempt's settlement": Case(settle()),
+        **{name: _reshaped(settle(), **shape) for name, shape in RESHAPED.items()},
+        "crafted, an empty attempt id, another attempt's entry": Case(
+            starts.crafted_call(
+                crafted([[bytes.fromhex("0f" * 16), *ENTRY[1:]]], aid=b""), argv7=b"\0"
+            )
+        ),
         "with the version it saw": Case(settle(version=1)),
         "after the lease ran out": Case(settle(lambda: reserved(lease=0.5)), ahead_ms=2_000),
         "after the attempt marked it provisional": Case(
@@ -776,6 +822,7 @@ def test_a_renewal_is_written_by_the_head_as_renew_writes_it(
             crafted(state=_word(b"provisional"), lease=None, reason=b"timeout")
         ),
         "the attempt's renewal": Case(renew()),
+        **{name: _reshaped(renew(), **shape) for name, shape in RESHAPED.items()},
         "renewed before": Case(renew(after=settler.renew)),
         "after the same attempt reserved again": Case(renew(starts.resumed)),
         "a lease of 1 s": Case(renew(argv5=1_000)),
