@@ -562,9 +562,44 @@ def test_a_takeover_is_written_by_the_head_as_reserve_writes_it(
         settler.complete(r, {"charge": "ch_1"})
         return r
 
+    def stale_response_then_provisional() -> Reservation:
+        """The log's last entry is the first attempt's (its stale completion, quarantined)."""
+        first = reserved(lease=0.05, attempt_id=same)
+        time.sleep(0.1)
+        second = reserved()
+        assert settler.mark_provisional(second, "timeout").verdict.value == "accepted"
+        assert settler.complete(first, {"charge": "ch_1"}).verdict.value == "quarantined"
+        return first
+
+    def shard_gen(setup: Callable[[], tuple[Any, ...]], gen: int) -> Callable[[], tuple[Any, ...]]:
+        """``setup``, then the shard's last generation set to ``gen``."""
+
+        def wrapped() -> tuple[Any, ...]:
+            out = setup()
+            redis_client.hset(shard, "gen", str(gen))
+            return out
+
+        return wrapped
+
     same = "0a" * 16
     cases = {
         **_crafted_cases(crafted, "is taken over"),
+        "crafted, pending, updated after created, its lease ending just after": Case(
+            starts.crafted(updated=500, lease=40_000, pin=lambda created: created + 40_499)
+        ),
+        "crafted, pending, updated after created, its lease ending as it is taken over": Case(
+            starts.crafted(updated=500, lease=40_000, pin=lambda created: created + 40_500)
+        ),
+        "crafted, provisional holding a live lease": Case(crafted(lease=40_000)),
+        # an entry naming the generation the takeover issues: stored as nil after it
+        "crafted, the last entry naming the next generation": Case(
+            shard_gen(crafted([ENTRY, [None, 2**52 + 1, *ENTRY[2:]]]), 2**52)
+        ),
+        "an attempt id of no bytes": Case(take(provisional(), argv7=b"\0")),
+        "a log cap that is not a number": Case(take(provisional(), argv8="")),
+        "the first attempt again after its stale response": Case(
+            take(stale_response_then_provisional, planned={"attempt_id": same})
+        ),
         "crafted, pending, its lease ended": Case(starts.crafted(lease=500)),
         "crafted, pending, its lease live": Case(starts.crafted()),
         "crafted, pending, its lease ending as it is taken over": Case(
@@ -631,6 +666,10 @@ def test_a_takeover_is_written_by_the_head_as_reserve_writes_it(
         "the shard's last generation lost",
         "a last generation ahead of the clock",
         "a settled operation",  # the replay: the head's read path, which writes nothing
+        "crafted, pending, updated after created, its lease ending as it is taken over",
+        "crafted, provisional holding a live lease",
+        "crafted, the last entry naming the next generation",
+        "the first attempt again after its stale response",
     }
     _exactly(answered, must)
 
@@ -725,6 +764,12 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "a reason holding a word and a bar": Case(settle(argv10="failed|x")),
         "a reason that is a word": Case(settle(argv10="failed")),
         "a reason that is the last word": Case(settle(argv10="conflicting_settlement")),
+        "a reason that is the first word": Case(settle(argv10="pending")),
+        "a reason with pattern characters": Case(settle(argv10="[timeout")),
+        "crafted, pending with a reason": Case(crafted(reason=REASON.encode())),
+        "crafted, an attempt id of no bytes": Case(
+            starts.crafted_call(crafted(aid=b""), argv7=b"\0")
+        ),
         "a log cap of two": Case(settle(argv12=2)),
         "a retention of 5 s": Case(settle(argv11=5_000)),
         "a log cap of one": Case(settle(argv12=1)),
@@ -760,6 +805,8 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         # the log holds another attempt's entries
         "after a misbound response was quarantined",
         "the attempt that took over",
+        "a reason with pattern characters",
+        "crafted, pending with a reason",
     }
     if script == "mark_provisional":
         # the same reason again is absorbed (rule S12), a word is stored as its index: the
@@ -771,6 +818,7 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
             "after the attempt marked it provisional for the same reason",
             "a reason that is a word",
             "a reason that is the last word",
+            "a reason that is the first word",
         }
     _exactly(answered, must)
 
