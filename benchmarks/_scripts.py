@@ -135,11 +135,18 @@ def script_costs(
     costs["complete (accepted)"] = _window(
         stats, n, lambda: [settler.complete(r, RESULT) for r in pending]
     )
+    # The repeat of a completion whose reply was lost: once per operation, as it happens
+    # (each log: a reserve, a complete) ...
+    costs["complete (absorbed duplicate)"] = _window(
+        stats, n, lambda: [settler.complete(r, RESULT) for r in pending]
+    )
     done = pending[0].operation_id
     costs["reserve (replay)"] = _window(
         stats, n, lambda: [settler.reserve(done, REQUEST, principal=PRINCIPAL) for _ in range(n)]
     )
-    costs["complete (absorbed duplicate)"] = _window(
+    # ... and n times over on one operation, whose log each one adds to until it is full
+    # (attempt_log_size): every one after that drops the oldest entry.
+    costs["complete (absorbed duplicate, log at its cap)"] = _window(
         stats, n, lambda: [settler.complete(pending[0], RESULT) for _ in range(n)]
     )
     to_fail = _fresh(settler, n)

@@ -17,6 +17,7 @@ SCRIPTS = {
     "complete (accepted)",
     "reserve (replay)",
     "complete (absorbed duplicate)",
+    "complete (absorbed duplicate, log at its cap)",
     "fail (accepted)",
     "mark_provisional (accepted)",
     "reserve (takeover of provisional)",

@@ -145,6 +145,8 @@ def _without_quarantine_ids(
 
 
 ENTRY = [None, None, _word(b"reserve"), _word(b"reserved"), _word(b"new"), 0]
+#: A crafted record's result digest that is the digest its settlement's call sends.
+SAME_DIGEST = object()
 #: The attempt id and generation of every crafted record (``_Starts.crafted``).
 AID = bytes.fromhex("0c" * 16)
 GEN = 77
@@ -375,6 +377,8 @@ class _Starts:
             r = r.model_copy(update={"generation": GEN})
             keys, args = self.plan(r)
             created = int(time.time() * 1000) - 1_000
+            if over.get("rdig") is SAME_DIGEST:  # a settlement's own digest (ARGV[9])
+                over["rdig"] = bytes(args[8])[1:]
             self.client.set(keys[0], _pending(r, log, created=created, **over))
             args = _with(args, **self.crafted_at)
             return (keys, args) if pin is None else (keys, args, pin(created))
@@ -719,6 +723,43 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
     ) -> Callable[[], tuple[Any, ...]]:
         return starts.call(before, after=after, planned={"expected_version": version}, **at)
 
+    # the settlement this script's call repeats (a report of an uncertain outcome repeats
+    # none: every settlement absorbs it), the other one, the same one with another payload
+    def same(r: Reservation) -> object:
+        if script == "fail":
+            return settler.fail(r, ValueError("declined"))
+        return settler.complete(r, {"charge": "ch_1"})
+
+    def other(r: Reservation) -> object:
+        if script == "fail":
+            return settler.complete(r, {"charge": "ch_1"})
+        return settler.fail(r, ValueError("declined"))
+
+    def another(r: Reservation) -> object:
+        if script == "fail":
+            return settler.fail(r, ValueError("another"))
+        return settler.complete(r, {"charge": "ch_2"})
+
+    terminal = {
+        "state": _word(b"failed" if script == "fail" else b"completed"),
+        "lease": None,
+        "result": b"x",
+        "rdig": SAME_DIGEST,
+    }
+
+    def digest_behind(setup: Callable[[], tuple[Any, ...]]) -> Callable[[], tuple[Any, ...]]:
+        """``setup``'s call with its digest's bytes sent as text, after another first byte."""
+
+        def changed() -> tuple[Any, ...]:
+            keys, args, *pin = setup()
+            return (keys, _with(args, argv9=b"x" + bytes(args[8])[1:]), *pin)
+
+        return changed
+
+    def settled_crafted(**over: Any) -> Callable[[], tuple[Any, ...]]:
+        """A crafted record that the settlement this call repeats made terminal."""
+        return crafted(**{**terminal, **over})
+
     def misbound_first() -> Reservation:
         r = reserved()
         other = r.model_copy(update={"binding": "tenant:other", "attempt_id": "0b" * 16})
@@ -776,6 +817,50 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "the attempt that took over": Case(settle(taken_over)),
         "a stale generation": Case(settle(stale)),
         "settled already": Case(settle(after=lambda r: settler.complete(r, {"charge": "ch_1"}))),
+        **{
+            f"settled the same way already{name}": Case(settle(after=same, **at))
+            for name, at in {
+                "": {},
+                ", with the version it saw": {"version": 1},
+                ", by another attempt": {"argv7": b"\0" + b"\x0b" * 16},
+                ", the log at its cap": {"argv12": 2},
+                ", the log one below its cap": {"argv12": 3},
+                ", a digest kept as text": {"argv9": "not-hex"},
+                ", an attempt id kept as text": {"argv7": "attempt-1"},
+                ", an attempt id of no bytes": {"argv7": b"\0"},
+                ", a retention of 0": {"argv11": 0},
+                ", a retention of 1.5 ms": {"argv11": "1.5"},
+                ", another shard count": {"argv15": 9},
+                ", another generation": {"argv5": "5"},
+            }.items()
+        },
+        "settled the same way twice already": Case(settle(after=lambda r: [same(r), same(r)])),
+        "settled the other way already": Case(settle(after=other)),
+        "settled the same way with another payload already": Case(settle(after=another)),
+        "crafted, settled the same way": Case(settled_crafted()),
+        "crafted, settled the same way, holding a lease": Case(settled_crafted(lease=40_000)),
+        "crafted, settled the same way, expiring after the retention": Case(
+            settled_crafted(rexp=10 * 86_400_000)
+        ),
+        "crafted, settled the same way, expiring before the retention": Case(
+            settled_crafted(rexp=5_000)
+        ),
+        "crafted, settled the same way, no record expiry": Case(settled_crafted(rexp=None)),
+        "crafted, settled the same way, with a reason": Case(
+            settled_crafted(reason=REASON.encode())
+        ),
+        "crafted, settled the same way, its expiry past 2^53": Case(
+            settled_crafted(rexp=2**53 - 1)
+        ),
+        "crafted, settled the same way, its log expired": Case(settled_crafted(lexp=1)),
+        "crafted, settled the same way, updated after created": Case(settled_crafted(updated=500)),
+        # the other terminal state holding this call's own digest: conflicting (S9)
+        "crafted, settled the other way with the same digest": Case(
+            settled_crafted(state=_word(b"completed" if script == "fail" else b"failed"))
+        ),
+        "crafted, settled the same way, the digest's bytes after another first byte": Case(
+            digest_behind(settled_crafted())
+        ),
         "another version": Case(settle(version=5)),
         "another principal": Case(settle(argv4="tenant:other")),
         "another fingerprint": Case(settle(argv2=b"\0" + b"\x01" * 32)),
@@ -807,12 +892,31 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "the attempt that took over",
         "a reason with pattern characters",
         "crafted, pending with a reason",
+        # a duplicate, absorbed
+        "settled the same way already",
+        "settled the same way already, with the version it saw",
+        "settled the same way already, by another attempt",
+        "settled the same way already, the log one below its cap",
+        "settled the same way twice already",
+        "crafted, settled the same way",
+        "crafted, settled the same way, holding a lease",
+        "crafted, settled the same way, expiring after the retention",
+        "crafted, settled the same way, expiring before the retention",
+        "crafted, settled the same way, updated after created",
     }
     if script == "mark_provisional":
         # the same reason again is absorbed (rule S12), a word is stored as its index: the
         # rules; the digest of an empty payload is not stored, whatever its form
         must -= {"crafted, provisional with a reason"}
-        must |= {"a digest kept as text"}
+        must |= {
+            "a digest kept as text",
+            "settled the same way already, a digest kept as text",
+            "crafted, settled the other way with the same digest",
+            "crafted, settled the same way, the digest's bytes after another first byte",
+            "settled the other way already",
+            "settled the same way with another payload already",
+            "settled already",
+        }
     else:  # a reason is not stored; the same completion or failure again is absorbed
         must |= {
             "after the attempt marked it provisional for the same reason",
@@ -820,6 +924,8 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
             "a reason that is the last word",
             "a reason that is the first word",
         }
+        if script == "complete":
+            must.add("settled already")
     _exactly(answered, must)
 
 
@@ -1013,12 +1119,14 @@ def test_a_takeover_in_any_argument_form_is_the_whole_scripts(
 @DRAWN
 @given(
     script=st.sampled_from(SETTLEMENTS),
-    retention=FORMS,
-    cap=FORMS,
+    # settle's own forms half the time, so the heads' write paths are drawn often
+    retention=st.one_of(st.just("86400000"), FORMS),
+    cap=st.one_of(st.just("64"), FORMS),
     version=st.sampled_from(["", "1", "01", "2", " 1", "1.0"]),
     digest=st.sampled_from([None, "not-hex", b"\0"]),
     reason=st.sampled_from([None, "", "provisional", "timeout", "|", "error:ValueError"]),
     marked=st.sampled_from([None, REASON, "provisional"]),
+    settled=st.sampled_from([None, "complete", "fail"]),
 )
 def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
     settler: Settler,
@@ -1030,6 +1138,7 @@ def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
     digest: str | bytes | None,
     reason: str | None,
     marked: str | None,
+    settled: str | None,
 ) -> None:
     def setup() -> tuple[tuple[str, ...], list[Any]]:
         got = settler.reserve("op", REQ, principal=WHO)
@@ -1037,6 +1146,10 @@ def test_a_settlement_in_any_argument_form_is_the_whole_scripts(
         r = got.reservation
         if marked is not None:  # marked provisional first (its reason stored as text or word)
             assert settler.mark_provisional(r, marked).verdict.value == "accepted"
+        if settled == "complete":  # settled first (the call may repeat it: a duplicate)
+            settler.complete(r, {"charge": "ch_1"})
+        elif settled == "fail":
+            settler.fail(r, ValueError("declined"))
         keys, args = _plan_settlement(settler, script, r)
         at: dict[str, Any] = {"argv11": retention, "argv12": cap, "argv6": version}
         if digest is not None:
