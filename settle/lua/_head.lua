@@ -73,8 +73,9 @@ local function head_record(key, blob, now)
   if t[15] ~= nil and updated + t[15] <= now then return nil end  -- the record expired
   local lease = false
   if t[10] ~= nil then lease = int(updated + t[10]) end
-  local op = string.sub(key, string.find(key, '}:op:', 1, true) + 5)
-  return {op, t[1], int(t[2]), t[3], int(t[4]), int(t[5]),
+  local at = string.find(key, '}:op:', 1, true)
+  if not at then return nil end  -- not a record's key: guard() or load_record() answers
+  return {string.sub(key, at + 5), t[1], int(t[2]), t[3], int(t[4]), int(t[5]),
     HEAD_STATES[state], int(t[7]), int(t[8]),
     int(updated), lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false},
     state, t

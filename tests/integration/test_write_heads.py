@@ -756,6 +756,18 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
 
         return changed
 
+    def renamed(setup: Callable[[], tuple[Any, ...]]) -> Callable[[], tuple[Any, ...]]:
+        """``setup``'s call with its record moved to a key without ``}:op:`` (a hand-made
+        call; the shard's guard refuses it before any rule reads the key)."""
+
+        def moved() -> tuple[Any, ...]:
+            keys, args, *pin = setup()
+            other = keys[0].replace("}:op:", "}:xx:")
+            redis_client.rename(keys[0], other)
+            return ((other, *keys[1:]), args, *pin)
+
+        return moved
+
     def settled_crafted(**over: Any) -> Callable[[], tuple[Any, ...]]:
         """A crafted record that the settlement this call repeats made terminal."""
         return crafted(**{**terminal, **over})
@@ -861,6 +873,23 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "crafted, settled the same way, the digest's bytes after another first byte": Case(
             digest_behind(settled_crafted())
         ),
+        # the new entry names the record's generation after an entry naming another
+        "crafted, settled the same way, the last entry naming another generation": Case(
+            settled_crafted(log=[ENTRY, [None, 5, *ENTRY[2:]]])
+        ),
+        # an empty digest stored (S9 for another digest), or none stored (S9 for '')
+        "crafted, settled with an empty digest": Case(settled_crafted(rdig=b"")),
+        "crafted, settled the same way, an empty digest sent as empty": Case(
+            starts.crafted_call(settled_crafted(rdig=b""), argv9=b"\0")
+        ),
+        "crafted, settled with no digest, an empty digest sent": Case(
+            starts.crafted_call(settled_crafted(rdig=None), argv9=b"\0")
+        ),
+        # a cap tonumber does not read, on a shard the guard refuses (no error there)
+        "a log cap that is not a number, another shard count": Case(settle(argv12="", argv15=9)),
+        "a record at a key that is not a record's, another shard count": Case(
+            renamed(settle(after=same, argv15=9))
+        ),
         "another version": Case(settle(version=5)),
         "another principal": Case(settle(argv4="tenant:other")),
         "another fingerprint": Case(settle(argv2=b"\0" + b"\x01" * 32)),
@@ -903,6 +932,8 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         "crafted, settled the same way, expiring after the retention",
         "crafted, settled the same way, expiring before the retention",
         "crafted, settled the same way, updated after created",
+        "crafted, settled the same way, the last entry naming another generation",
+        "crafted, settled the same way, an empty digest sent as empty",
     }
     if script == "mark_provisional":
         # the same reason again is absorbed (rule S12), a word is stored as its index: the
@@ -916,6 +947,8 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
             "settled the other way already",
             "settled the same way with another payload already",
             "settled already",
+            "crafted, settled with an empty digest",
+            "crafted, settled with no digest, an empty digest sent",
         }
     else:  # a reason is not stored; the same completion or failure again is absorbed
         must |= {
