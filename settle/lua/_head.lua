@@ -119,7 +119,8 @@ end
 
 -- The attempt log in t (head_record's values) when a write head can pack it again value
 -- for value as save() would: alive at now (its expiry a whole number of ms), one to HEAD_LOG
--- entries, their words stored as indexes (the detail may be ''), every time a whole number
+-- entries (and, with a cap, room for one more under it: checked first, so a log at its cap
+-- costs no more than its length), their words stored as indexes (the detail may be ''), every time a whole number
 -- and their running sum exact, an entry's attempt id (when stored: else the previous
 -- entry's) a non-empty string and its generation a whole number. save() encodes the first
 -- entry again against the record's attempt and generation, as nil where they are the same:
@@ -128,9 +129,10 @@ end
 -- record's where no entry names another), or nil. (At most HEAD_LOG entries: a head packs
 -- the log in one cmsgpack.pack call, which takes 3000 values at most; save() packs a longer
 -- one in parts.)
-local function head_log(t, now)
+local function head_log(t, now, cap)
   local entries = (t.n - 16) / 6
-  if entries < 1 or entries > HEAD_LOG or not whole(t[16]) or t[8] + t[16] <= now
+  if entries < 1 or entries > HEAD_LOG or (cap and entries + 1 > cap) or not whole(t[16])
+      or t[8] + t[16] <= now
       or (t[17] ~= nil and t[17] == t[11]) or (t[18] ~= nil and t[18] == t[4]) then
     return nil
   end
@@ -192,9 +194,9 @@ local function head_settle(action, terminal)
       or string.byte(ARGV[7], 1) ~= 0 or #ARGV[7] < 2 then
     return nil
   end
-  local provisional, entries, at, last_aid, last_gen = terminal == 2, head_log(t, now)
-  local retention = tonumber(ARGV[11])
-  if not entries or not head_ms(retention) or entries + 1 > (tonumber(ARGV[12]) or 0) then
+  local retention, cap = tonumber(ARGV[11]), tonumber(ARGV[12]) or 0
+  local provisional, entries, at, last_aid, last_gen = terminal == 2, head_log(t, now, cap)
+  if not entries or not head_ms(retention) then
     return nil
   end
   -- the new entry's attempt and generation, stored only where the last entry's differ

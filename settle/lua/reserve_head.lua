@@ -34,11 +34,13 @@ if HEAD_NOW then
     if state >= 3 then return {'replay', row[7], now, '', row} end
     -- the takeover (R7: a lease that ended; R8: provisional)
     local lease, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
-    local entries, at, last_aid, last_gen = head_log(t, now)
+    local entries, at, last_aid, last_gen
     if (state == 2 or t[8] + t[9] + t[10] <= now) and type(t[11]) == 'string' and t[11] ~= ''
-        and string.byte(ARGV[7], 1) == 0 and #ARGV[7] > 1 and entries
-        and entries + 1 <= (tonumber(ARGV[8]) or 0) and head_ms(lease)
+        and string.byte(ARGV[7], 1) == 0 and #ARGV[7] > 1 and head_ms(lease)
         and head_ms(retention) then
+      entries, at, last_aid, last_gen = head_log(t, now, tonumber(ARGV[8]) or 0)
+    end
+    if entries then
       local aid, life = string.sub(ARGV[7], 2), lease + retention
       local detail, word = 2, 'provisional'  -- WORDS in _lib.lua
       if state == 1 then detail, word = 14, 'lease_expired' end
