@@ -117,18 +117,18 @@ local function head_word(x)
   return whole(x) and x >= 1 and x <= 20
 end
 
--- The attempt log in t (head_record's values) when a write head can pack it again value
--- for value as save() would: alive at now (its expiry a whole number of ms), one to HEAD_LOG
+-- The attempt log in t (head_record's values) when a write head can pack it again value for
+-- value as save() would: alive at now (its expiry a whole number of ms), one to HEAD_LOG
 -- entries (and, with a cap, room for one more under it: checked first, so a log at its cap
--- costs no more than its length), their words stored as indexes (the detail may be ''), every time a whole number
--- and their running sum exact, an entry's attempt id (when stored: else the previous
--- entry's) a non-empty string and its generation a whole number. save() encodes the first
--- entry again against the record's attempt and generation, as nil where they are the same:
--- one stored as the record's own (a value settle does not write) is left to the scripts.
+-- costs no more than its length), their words stored as indexes (the detail may be ''), every
+-- time a whole number and their running sum exact, an entry's attempt id (when stored: else
+-- the previous entry's) a non-empty string and its generation a whole number. save() encodes
+-- the first entry again against the record's attempt and generation, as nil where they are the
+-- same: one stored as the record's own (a value settle does not write) is left to the scripts.
 -- Returns the number of entries, the last entry's time (ms), attempt id and generation (the
--- record's where no entry names another), or nil. (At most HEAD_LOG entries: a head packs
--- the log in one cmsgpack.pack call, which takes 3000 values at most; save() packs a longer
--- one in parts.)
+-- record's where no entry names another), or nil. (At most HEAD_LOG entries: a head packs the
+-- log in one cmsgpack.pack call, which takes 3000 values at most; save() packs a longer one in
+-- parts.)
 local function head_log(t, now, cap)
   local entries = (t.n - 16) / 6
   if entries < 1 or entries > HEAD_LOG or (cap and entries + 1 > cap) or not whole(t[16])

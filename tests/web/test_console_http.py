@@ -349,14 +349,13 @@ async def test_export_streams_the_filter_as_json_lines(
         assert r.headers["content-type"].startswith("application/x-ndjson")
         assert "attachment" in r.headers["content-disposition"]
         lines = [json.loads(line) async for line in r.aiter_lines() if line]
-    assert [line["ref"] for line in lines] == sorted(
-        conflicting_refs,
-        key=lambda ref: (
-            int(ref.split("/")[1].split("-")[0]),
-            int(ref.split("-")[1]),
-            int(ref.split("/")[0]),
-        ),
+    # oldest first, in the listing's order: server time, then stream id, then shard (two
+    # shards' entries in one millisecond are ordered by their microseconds, not their shard)
+    entries = [writer.quarantine.get(ref) for ref in conflicting_refs]
+    expected = sorted(
+        entries, key=lambda e: (e.at, *(int(part) for part in e.id.split("-")), e.shard)
     )
+    assert [line["ref"] for line in lines] == [e.ref for e in expected]
     assert stale not in {line["ref"] for line in lines}
     assert lines[0]["payload"]["json"] == {"charge_id": "ch_2"}
     everything = (await read_only.get("/quarantine.jsonl")).text.splitlines()
