@@ -313,6 +313,14 @@ class _Starts:
         assert isinstance(got, Reserved)
         return got.reservation
 
+    def misbound_response(self, r: Reservation) -> Reservation:
+        """``r``, after a response of another attempt presenting another principal was
+        quarantined (its log then holds an entry naming that attempt)."""
+        other = r.model_copy(update={"binding": "tenant:other", "attempt_id": "0b" * 16})
+        refused = self.settler.complete(other, {"charge": "ch_2"})
+        assert refused.verdict.value == "quarantined", refused
+        return r
+
     def resumed(self) -> Reservation:
         """The first reservation of an attempt that reserved again (rule R9)."""
         first = self.reserved(attempt_id="0a" * 8)
@@ -556,10 +564,7 @@ def test_a_takeover_is_written_by_the_head_as_reserve_writes_it(
         return first
 
     def quarantined_then_provisional() -> Reservation:
-        r = provisional()()
-        other = r.model_copy(update={"binding": "tenant:other", "attempt_id": "0b" * 16})
-        assert settler.complete(other, {"charge": "ch_2"}).verdict.value == "quarantined"
-        return r
+        return starts.misbound_response(provisional()())
 
     def settled() -> Reservation:
         r = reserved()
@@ -773,11 +778,7 @@ def test_an_accepted_settlement_is_written_by_the_head_as_the_rules_write_it(
         return crafted(**{**terminal, **over})
 
     def misbound_first() -> Reservation:
-        r = reserved()
-        other = r.model_copy(update={"binding": "tenant:other", "attempt_id": "0b" * 16})
-        refused = settler.complete(other, {"charge": "ch_2"})
-        assert refused.verdict.value == "quarantined", refused
-        return r
+        return starts.misbound_response(reserved())
 
     cases = {
         **_crafted_cases(crafted, "settles"),
