@@ -8,6 +8,7 @@ backend, all go through here, so validation, encoding, decoding and logging exis
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -48,7 +49,6 @@ from settle.models import (
     TrimResult,
     Verdict,
     _trusted,
-    ms_to_datetime,
 )
 
 __all__ = [
@@ -899,11 +899,14 @@ class _Filter:
         return _Filter(kind.value if kind else "", operation_id or "", bool(unresolved))
 
 
-def _id_key(entry: QuarantineEntry) -> tuple[datetime, int, int, int]:
-    # Server time (microseconds) orders entries of different shards; the stream id, then
-    # the shard, break ties.
+def _id_key(entry: QuarantineEntry) -> tuple[int, int, int]:
+    """The order of a listing across shards: the stream id, then the shard. A stream's ids
+    grow with every entry, also when the server's clock steps back (XADD then takes the
+    last id's millisecond), so this order agrees with each shard's own; an entry's ``at``
+    (the script's TIME) does not, and a listing cut by it could skip an entry of a shard
+    whose ids ran ahead of its clock (docs/console.md, "The pages")."""
     ms, seq = entry.id.split("-")
-    return entry.at, int(ms), int(seq), entry.shard
+    return int(ms), int(seq), entry.shard
 
 
 class QuarantineQuery:
@@ -1114,11 +1117,13 @@ class QuarantineFollower:
                 self._low[call.shard] = "-"
             more = more or not primed or reply.code == "more"
             read_at = reply.now_ms if read_at is None else min(read_at, reply.now_ms)
-        # Anything not yet seen was written after its shard's read, so at or after the
-        # earliest read of this round: entries older than that are complete and in order.
-        cut = ms_to_datetime(read_at) if read_at is not None else None
+        # Anything not yet seen was written after its shard's read, so its stream id is at
+        # or after the earliest read of this round: entries before that are complete and
+        # in order.
         self._held.sort(key=_id_key)
-        ready = [e for e in self._held if cut is not None and e.at < cut]
+        ready = []
+        if read_at is not None:
+            ready = list(itertools.takewhile(lambda e: _id_key(e)[0] < read_at, self._held))
         self._held = self._held[len(ready) :]
         self.idle = not more and not ready
         return ready

@@ -6,7 +6,8 @@ streams are.
 A page is addressed by a cursor: the ``shard/ms-seq`` ref of the last entry shown. The next
 page asks ``quarantine.list`` for entries up to that millisecond and drops the ones at or
 after the cursor, so paging never skips nor repeats an entry, even when entries of several
-shards share one millisecond.
+shards share one millisecond or a server's clock stepped back (the order is the stream ids',
+which never go back, not the entries' recorded times, which may).
 """
 
 from __future__ import annotations
@@ -36,9 +37,6 @@ __all__ = [
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CURSOR = re.compile(r"^(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})$")
-#: How far past the cursor's millisecond a page reads: a stream id's millisecond can be a
-#: little later than the entry's server time (XADD runs after TIME in the same script).
-_SLACK_MS = 2
 #: The most entries one request reads from Redis when a filter is applied here (resolved
 #: only) rather than in the script; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
@@ -48,20 +46,21 @@ _LIST_MAX = 100_000
 @dataclass(frozen=True, order=True, slots=True)
 class Position:
     """Where an entry sits in the console's order, which is the engine's order of a listing
-    across shards: server time in microseconds, then stream id, then shard. (Paging by the
-    stream id alone while the engine cut its listing by time could skip an entry written in
-    the same millisecond on another shard.)"""
+    across shards: stream id, then shard. The cursor also carries the entry's server time
+    (``at_us``, shown in links; cursors made before stream-id order still parse), which
+    takes no part in the order: a shard whose ids ran ahead of its clock (the clock stepped
+    back) would otherwise have entries that fall between two pages."""
 
-    at_us: int
     ms: int
     seq: int
     shard: int
+    at_us: int
 
     @classmethod
     def of(cls, entry: QuarantineEntry) -> Position:
         ms, seq = entry.id.split("-")
         at_us = (entry.at - _EPOCH) // timedelta(microseconds=1)
-        return cls(at_us, int(ms), int(seq), entry.shard)
+        return cls(int(ms), int(seq), entry.shard, at_us)
 
     @classmethod
     def parse(cls, ref: str) -> Position:
@@ -73,15 +72,14 @@ class Position:
             # No entry is written after year 9999; such a cursor was made by hand, and its
             # instant is past what a datetime holds.
             raise InvalidInput(f"{ref!r} is not a page cursor of this console; start from page 1")
-        return cls(at_us, ms, seq, shard)
+        return cls(ms, seq, shard, at_us)
 
     @property
     def ref(self) -> str:
         return f"{self.at_us}:{self.shard}/{self.ms}-{self.seq}"
 
 
-#: The last millisecond a datetime holds (9999-12-31T23:59:59.999Z), less the slack a page
-#: adds to its cursor's.
+#: The last millisecond a datetime holds (9999-12-31T23:59:59.999Z), with a second to spare.
 _MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _EPOCH) // timedelta(
     milliseconds=1
 ) - 1000
@@ -136,10 +134,10 @@ async def page(
     while True:
         since, until = flt.since, flt.until
         if bound is not None and newest_first:
-            edge = _at_ms(bound.ms + _SLACK_MS)
+            edge = _at_ms(bound.ms)
             until = edge if until is None else min(until, edge)
         elif bound is not None:
-            edge = _at_ms(max(0, min(bound.ms, bound.at_us // 1000) - _SLACK_MS))
+            edge = _at_ms(bound.ms)
             since = edge if since is None else max(since, edge)
         limit = min(batch, _LIST_MAX)
         got = await settler.quarantine.list(

@@ -8,9 +8,11 @@ import re
 
 import httpx
 import pytest
+import redis
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
+from settle._core.keys import Keys
 from settle._log import binding_digest
 from settle.web import _query, create_app
 from settle.web._security import CSP
@@ -157,16 +159,9 @@ async def test_paging_walks_every_shard_newest_first_without_gaps_or_repeats(
     assert len(set(seen)) == len(seen)
     shards = {r.split("/")[0] for r in seen}
     assert len(shards) > 1  # the pages really span several shards
-    # The console's order is the engine's across shards: server time (µs), then stream id,
-    # then shard. (Two shards' entries of one millisecond are ordered by their microseconds,
-    # so the stream id and shard alone do not give the order.)
+    # The console's order is the engine's across shards: stream id, then shard.
     keys = [
-        (
-            writer.quarantine.get(r).at,
-            int(r.split("/")[1].split("-")[0]),
-            int(r.split("-")[1]),
-            int(r.split("/")[0]),
-        )
+        (int(r.split("/")[1].split("-")[0]), int(r.split("-")[1]), int(r.split("/")[0]))
         for r in seen
     ]
     assert keys == sorted(keys, reverse=True)
@@ -349,12 +344,9 @@ async def test_export_streams_the_filter_as_json_lines(
         assert r.headers["content-type"].startswith("application/x-ndjson")
         assert "attachment" in r.headers["content-disposition"]
         lines = [json.loads(line) async for line in r.aiter_lines() if line]
-    # oldest first, in the listing's order: server time, then stream id, then shard (two
-    # shards' entries in one millisecond are ordered by their microseconds, not their shard)
+    # oldest first, in the listing's order: stream id, then shard
     entries = [writer.quarantine.get(ref) for ref in conflicting_refs]
-    expected = sorted(
-        entries, key=lambda e: (e.at, *(int(part) for part in e.id.split("-")), e.shard)
-    )
+    expected = sorted(entries, key=lambda e: (*(int(part) for part in e.id.split("-")), e.shard))
     assert [line["ref"] for line in lines] == [e.ref for e in expected]
     assert stale not in {line["ref"] for line in lines}
     assert lines[0]["payload"]["json"] == {"charge_id": "ch_2"}
@@ -396,3 +388,48 @@ async def test_invisible_characters_in_a_note_are_made_visible(
     )
     assert shown in html
     assert "\u202e" not in html
+
+
+async def test_nothing_is_skipped_when_a_shard_ids_ran_ahead_of_its_clock(
+    redis_url: str, writer: Settler, reader: AsyncSettler
+) -> None:
+    # A server whose clock stepped back (NTP, a VM restored) keeps appending after its
+    # stream's last id, so that shard's entries carry ids ahead of their recorded times while
+    # the other shards' do not. XSETID leaves one shard's stream as such a step would.
+    refs = [conflicting(writer, f"order-{i}") for i in range(4)]
+    ahead = int(refs[0].split("/")[0])
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        stream = Keys(writer.config.namespace, 4).quarantine(ahead)
+        last_ms = int(raw.xinfo_stream(stream)["last-generated-id"].decode().split("-")[0])
+        raw.execute_command("XSETID", stream, f"{last_ms + 3_600_000}-0")
+    finally:
+        raw.close()
+    refs += [conflicting(writer, f"order-{i}") for i in range(4, 16)]
+    entries = [writer.quarantine.get(ref) for ref in refs]
+    assert any(e.shard == ahead and e.id.startswith(str(last_ms + 3_600_000)) for e in entries)
+    assert len({e.shard for e in entries}) > 1
+    order = sorted(entries, key=lambda e: (*(int(p) for p in e.id.split("-")), e.shard))
+    newest = [e.ref for e in reversed(order)]
+
+    # The engine's listing is cut in that order: the first k are the first k of the whole.
+    for k in (1, 3, 7, 16):
+        assert [e.ref for e in await reader.quarantine.list(limit=k)] == newest[:k]
+        oldest = await reader.quarantine.list(limit=k, newest_first=False)
+        assert [e.ref for e in oldest] == newest[::-1][:k]
+    # Every page size, both ways: each entry on exactly one page, in that order.
+    for size in (1, 2, 3, 5):
+        for newest_first in (True, False):
+            seen: list[str] = []
+            after = None
+            while True:
+                got = await _query.page(
+                    reader, _query.Filter(), after=after, size=size, newest_first=newest_first
+                )
+                seen += [e.ref for e in got.entries]
+                if got.next is None:
+                    break
+                after = got.next
+            assert seen == (newest if newest_first else newest[::-1]), (size, newest_first)
+    exported = [e.ref async for e in _query.export_entries(reader, _query.Filter(), batch=3)]
+    assert exported == newest[::-1]
