@@ -899,14 +899,17 @@ class _Filter:
         return _Filter(kind.value if kind else "", operation_id or "", bool(unresolved))
 
 
-def _id_key(entry: QuarantineEntry) -> tuple[int, int, int]:
-    """The order of a listing across shards: the stream id, then the shard. A stream's ids
-    grow with every entry, also when the server's clock steps back (XADD then takes the
-    last id's millisecond), so this order agrees with each shard's own; an entry's ``at``
-    (the script's TIME) does not, and a listing cut by it could skip an entry of a shard
-    whose ids ran ahead of its clock (docs/console.md, "The pages")."""
+def _id_key(entry: QuarantineEntry) -> tuple[int, int, datetime, int]:
+    """The order of a listing across shards: the stream id's millisecond and sequence, then
+    the server time (µs) and the shard. A stream's ids grow with every entry, also when the
+    server's clock steps back (XADD then takes the last id's millisecond), so this order
+    agrees with each shard's own and a listing cut in it skips nothing; the server time only
+    orders entries of different shards that share an id's millisecond and sequence, as they
+    were written. Ordered by the server time first, a shard whose ids ran ahead of its clock
+    had entries that a listing or a console page skipped (docs/concepts.md, "The
+    quarantine")."""
     ms, seq = entry.id.split("-")
-    return int(ms), int(seq), entry.shard
+    return int(ms), int(seq), entry.at, entry.shard
 
 
 class QuarantineQuery:

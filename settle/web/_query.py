@@ -6,8 +6,8 @@ streams are.
 A page is addressed by a cursor: the ``shard/ms-seq`` ref of the last entry shown. The next
 page asks ``quarantine.list`` for entries up to that millisecond and drops the ones at or
 after the cursor, so paging never skips nor repeats an entry, even when entries of several
-shards share one millisecond or a server's clock stepped back (the order is the stream ids',
-which never go back, not the entries' recorded times, which may).
+shards share one millisecond or a server's clock stepped back (the order is by stream id
+first, which never goes back, not by the entries' recorded times, which may).
 """
 
 from __future__ import annotations
@@ -46,21 +46,21 @@ _LIST_MAX = 100_000
 @dataclass(frozen=True, order=True, slots=True)
 class Position:
     """Where an entry sits in the console's order, which is the engine's order of a listing
-    across shards: stream id, then shard. The cursor also carries the entry's server time
-    (``at_us``, shown in links; cursors made before stream-id order still parse), which
-    takes no part in the order: a shard whose ids ran ahead of its clock (the clock stepped
-    back) would otherwise have entries that fall between two pages."""
+    across shards: the stream id's millisecond and sequence, then the server time in
+    microseconds, then the shard. The id comes first: a shard whose ids ran ahead of its
+    clock (the clock stepped back) would otherwise have entries that fall between two pages;
+    the time orders entries of different shards with the same id as they were written."""
 
     ms: int
     seq: int
-    shard: int
     at_us: int
+    shard: int
 
     @classmethod
     def of(cls, entry: QuarantineEntry) -> Position:
         ms, seq = entry.id.split("-")
         at_us = (entry.at - _EPOCH) // timedelta(microseconds=1)
-        return cls(int(ms), int(seq), entry.shard, at_us)
+        return cls(int(ms), int(seq), at_us, entry.shard)
 
     @classmethod
     def parse(cls, ref: str) -> Position:
@@ -72,7 +72,7 @@ class Position:
             # No entry is written after year 9999; such a cursor was made by hand, and its
             # instant is past what a datetime holds.
             raise InvalidInput(f"{ref!r} is not a page cursor of this console; start from page 1")
-        return cls(ms, seq, shard, at_us)
+        return cls(ms, seq, at_us, shard)
 
     @property
     def ref(self) -> str:

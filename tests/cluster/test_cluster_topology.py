@@ -138,8 +138,8 @@ def test_quarantine_list_get_and_resolve_gather_every_node(
         f"{(time.perf_counter() - started) * 1000:.1f} ms"
     )
     assert sorted(e.operation_id for e in listed) == sorted(ops.values())
-    # newest first in stream-id order, then shard (docs/concepts.md, "The quarantine")
-    order = [(*map(int, e.id.split("-")), e.shard) for e in listed]
+    # newest first: stream id (ms, seq), then server time, then shard (docs/concepts.md)
+    order = [(*map(int, e.id.split("-")), e.at, e.shard) for e in listed]
     assert order == sorted(order, reverse=True)
     nodes = {owner[key_slot(settler16._core.keys.quarantine(e.shard).encode())] for e in listed}
     assert nodes == set(range(len(cluster.nodes)))  # the listing reached every node

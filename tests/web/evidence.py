@@ -5,12 +5,14 @@ and script in every stored text field the console shows."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 
 from settle import Reserved, Settler
 from settle._core.keys import Keys
 from settle.errors import InvalidInput
+from settle.models import QuarantineEntry
 from tests.cli.helpers import stale_settlement
 
 __all__ = [
@@ -79,3 +81,10 @@ def legacy_note(settler: Settler, ref: str, note: str) -> None:
     seconds, micros = settler.client.time()
     resolution = {"note": note, "at": int(seconds) * 1000 + int(micros) // 1000}
     assert settler.client.hsetnx(resolutions, entry_id, json.dumps(resolution))
+
+
+def listing_order(entry: QuarantineEntry) -> tuple[int, int, datetime, int]:
+    """Where an entry sits in a listing across shards (docs/concepts.md, "The quarantine"):
+    its stream id's millisecond and sequence, then its server time, then its shard."""
+    ms, seq = entry.id.split("-")
+    return int(ms), int(seq), entry.at, entry.shard

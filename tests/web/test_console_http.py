@@ -23,6 +23,7 @@ from tests.web.evidence import (
     conflicting,
     hostile_entry,
     legacy_note,
+    listing_order,
     stale_settlement,
     unknown,
 )
@@ -159,11 +160,10 @@ async def test_paging_walks_every_shard_newest_first_without_gaps_or_repeats(
     assert len(set(seen)) == len(seen)
     shards = {r.split("/")[0] for r in seen}
     assert len(shards) > 1  # the pages really span several shards
-    # The console's order is the engine's across shards: stream id, then shard.
-    keys = [
-        (int(r.split("/")[1].split("-")[0]), int(r.split("-")[1]), int(r.split("/")[0]))
-        for r in seen
-    ]
+    # The console's order is the engine's across shards: the stream id's millisecond and
+    # sequence, then the server time (µs: two shards' entries of one id are ordered as they
+    # were written), then the shard.
+    keys = [listing_order(writer.quarantine.get(r)) for r in seen]
     assert keys == sorted(keys, reverse=True)
 
 
@@ -344,9 +344,9 @@ async def test_export_streams_the_filter_as_json_lines(
         assert r.headers["content-type"].startswith("application/x-ndjson")
         assert "attachment" in r.headers["content-disposition"]
         lines = [json.loads(line) async for line in r.aiter_lines() if line]
-    # oldest first, in the listing's order: stream id, then shard
+    # oldest first, in the listing's order
     entries = [writer.quarantine.get(ref) for ref in conflicting_refs]
-    expected = sorted(entries, key=lambda e: (*(int(part) for part in e.id.split("-")), e.shard))
+    expected = sorted(entries, key=listing_order)
     assert [line["ref"] for line in lines] == [e.ref for e in expected]
     assert stale not in {line["ref"] for line in lines}
     assert lines[0]["payload"]["json"] == {"charge_id": "ch_2"}
@@ -409,7 +409,7 @@ async def test_nothing_is_skipped_when_a_shard_ids_ran_ahead_of_its_clock(
     entries = [writer.quarantine.get(ref) for ref in refs]
     assert any(e.shard == ahead and e.id.startswith(str(last_ms + 3_600_000)) for e in entries)
     assert len({e.shard for e in entries}) > 1
-    order = sorted(entries, key=lambda e: (*(int(p) for p in e.id.split("-")), e.shard))
+    order = sorted(entries, key=listing_order)
     newest = [e.ref for e in reversed(order)]
 
     # The engine's listing is cut in that order: the first k are the first k of the whole.
