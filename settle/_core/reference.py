@@ -880,7 +880,11 @@ def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
     if refused is not None:
         return refused
     low = a[0].decode()
-    high = "+" if a[1] == b"" else f"({now - int(a[1])}-0"
+    high = "+"
+    if a[1] != b"":
+        # an age reaching back before the epoch: no entry has id 0-0 (none is that old)
+        before = now - int(a[1])
+        high = f"({before}-0" if before >= 1 else "0-0"
     everything = a[2] == b"1"
     budget = int(a[3])
     entries = [e for e in ks.xrange(keys[0], now) if _in_range(e[0], low, high)]

@@ -571,16 +571,56 @@ end
 -- otherwise the script answers 'unclaimed' and writes nothing, and the client checks the
 -- metadata and calls again. A state key of another type answers 'corrupt_state' naming it
 -- (something else wrote it; settle never overwrites what it cannot read).
--- Returns nil when the caller may write, else the reply to return.
-local function guard()
+-- Returns nil when the caller may write, else the reply to return. With hold (a call that
+-- may yet refuse an argument, see arg_ms), a claim is not written: guard returns nil, true
+-- and the caller claims (claim_shard) just before its first write, so a refused call writes
+-- nothing; one that writes nothing else claims nothing.
+local function guard(hold)
   local key, shards, claim = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
   local stored = redis.pcall('HGET', key, 'shards')
   if type(stored) == 'table' then return {'corrupt_state', key, now_ms(), '', {}} end
   if not stored then
     if claim ~= '1' then return {'unclaimed', '', now_ms(), '', {}} end
+    if hold then return nil, true end
     redis.call('HSET', key, 'shards', shards)
   elseif stored ~= shards then
     return {'shard_mismatch', stored, now_ms(), '', {}}
   end
   return nil
+end
+
+local function claim_shard()
+  redis.call('HSET', KEYS[#KEYS], 'shards', ARGV[#ARGV - 1])
+end
+
+-- Arguments settle's client never sends, but a call made by hand may: the scripts refuse
+-- one they would use with an error reply naming it, before they write anything (a command
+-- failing later, such as a SET with an expiry Redis refuses, would leave the call's earlier
+-- writes in place: Redis does not undo them). Each returns nil for an argument the script
+-- can use, else the error's text (the caller answers redis.error_reply(text) where it would
+-- use it, and holds guard()'s claim until then). arg_ms: a number of milliseconds (in any
+-- text tonumber reads) of at least 1 and below 2^bits: 52 for a lease, whose end must stay
+-- an exact integer; 62 for a retention, so that every expiry fits Redis's 64-bit integers.
+-- arg_number: any number (an attempt log cap: observe() compares with it). arg_count: a
+-- whole number of at least 1 (a quarantine maxlen, a scan budget: XRANGE counts).
+local function arg_refused(script, i, what, must)
+  return 'ERR settle: ' .. script .. ': ' .. what .. ' (ARGV[' .. i .. ']) must be ' .. must
+end
+
+local function arg_ms(script, i, what, bits)
+  local x = tonumber(ARGV[i] or '')
+  if x and x >= 1 and x < 2 ^ bits then return nil end
+  return arg_refused(script, i, what,
+    'a number of milliseconds of at least 1 and below 2^' .. bits)
+end
+
+local function arg_number(script, i, what)
+  if tonumber(ARGV[i] or '') then return nil end
+  return arg_refused(script, i, what, 'a number')
+end
+
+local function arg_count(script, i, what)
+  local x = tonumber(ARGV[i] or '')
+  if x and x >= 1 and x % 1 == 0 then return nil end
+  return arg_refused(script, i, what, 'a whole number of at least 1')
 end

@@ -80,7 +80,12 @@ local function rules()
 end
 
 local function settle(action)
-  local refused = guard()
+  -- Arguments it cannot use (see arg_ms in _lib.lua), refused before anything is written:
+  -- the retention and the log cap, which every settlement that gets past the record uses,
+  -- and the quarantine maxlen, which only a quarantined one does.
+  local bad = arg_ms(action, 11, 'retention', 62) or arg_number(action, 12, 'log cap')
+  local bad_maxlen = ARGV[14] ~= '' and arg_count(action, 14, 'quarantine maxlen')
+  local refused, held = guard(bad or bad_maxlen)
   if refused then return refused end
   -- What the script's head (head_settle in _head.lua) read when it left the call to these
   -- rules.
@@ -88,6 +93,7 @@ local function settle(action)
   if not now then now, now_us = clock() end
   local rec, row, st = load_record(KEYS[1], KEYS[2], now, false, HEAD_BLOB)
   if rec == false then return {'corrupt', '', now, '', {}} end
+  if bad then return redis.error_reply(bad) end
   local retention = tonumber(ARGV[11])
   local kind = nil
   local verdict = nil
@@ -147,6 +153,8 @@ local function settle(action)
       ttl = retention
     end
   end
+  if kind and bad_maxlen then return redis.error_reply(bad_maxlen) end
+  if held then claim_shard() end  -- held for a maxlen this settlement does not use
   local qid, dropped = '', 0
   if kind then
     verdict = 'quarantined'

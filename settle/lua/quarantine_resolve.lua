@@ -4,10 +4,18 @@
 -- KEYS[3] shard state (see _lib.lua)
 -- ARGV[1] entry id  ARGV[2] note  ARGV[3] shard count  ARGV[4] claim flag
 -- Returns {missing | resolved | already_resolved, '', now, '', {resolution JSON}}.
-local refused = guard()
+-- An entry id XRANGE refuses is answered with an error reply before anything is written
+-- (the claim waits for it: see guard in _lib.lua).
+local refused, held = guard(true)
 if refused then return refused end
 local now = now_ms()
-if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
+local found = redis.pcall('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if found.err then
+  return redis.error_reply(arg_refused('quarantine_resolve', 1, 'entry id',
+    'a stream id: ' .. found.err))
+end
+if held then claim_shard() end
+if #found == 0 then
   return {'missing', '', now, '', {}}
 end
 local res = cjson.encode({note = ARGV[2], at = now})

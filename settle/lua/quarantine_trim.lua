@@ -9,17 +9,35 @@
 -- ARGV[6] claim flag
 -- Returns {more | done, last, now, '', {removed, of which unresolved}}: done when the range
 -- is exhausted; last is the id of the last entry examined ('' if none).
-local refused = guard()
+-- An age, budget or lowest id it cannot use is refused with an error reply (see arg_ms in
+-- _lib.lua) before anything is written: the claim waits for the first XRANGE, which checks
+-- the lowest id; an age reaching back before the epoch leaves nothing old enough.
+local refused, held = guard(true)
 if refused then return refused end
 local now = now_ms()
 local low, high = ARGV[1], '+'
-if ARGV[2] ~= '' then high = '(' .. int(now - tonumber(ARGV[2])) .. '-0' end
+local bad = arg_count('quarantine_trim', 4, 'scan budget')
+if bad then return redis.error_reply(bad) end
+if ARGV[2] ~= '' then
+  local age = tonumber(ARGV[2] or '')
+  if not (age and age >= 0 and age < math.huge) then
+    return redis.error_reply(arg_refused('quarantine_trim', 2, 'minimum age',
+      "'' or a finite number of milliseconds of at least 0"))
+  end
+  high = '0-0'  -- no entry has that id (XADD refuses it): none is that old
+  if now - age >= 1 then high = '(' .. int(now - age) .. '-0' end
+end
 local everything = ARGV[3] == '1'
 local budget = tonumber(ARGV[4])
 local examined, removed, unresolved, last = 0, 0, 0, ''
 while examined < budget do
   local want = math.min(256, budget - examined)
-  local entries = redis.call('XRANGE', KEYS[1], low, high, 'COUNT', want)
+  local entries = redis.pcall('XRANGE', KEYS[1], low, high, 'COUNT', want)
+  if entries.err then  -- only the first can fail: the later ones start after an entry's id
+    return redis.error_reply(arg_refused('quarantine_trim', 1, 'lowest id',
+      "'-' or a stream id, after '(' to resume past it: " .. entries.err))
+  end
+  if held then claim_shard(); held = nil end
   for _, entry in ipairs(entries) do
     examined = examined + 1
     last = entry[1]

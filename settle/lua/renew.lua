@@ -7,7 +7,10 @@
 -- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
 -- response, so it is never quarantined; detail says why (unknown_operation, misbound,
 -- stale_generation, not_pending, lease_expired). Misbound callers get no record.
-local refused = guard()
+-- A lease or retention it cannot use (see arg_ms in _lib.lua) is refused where the lease
+-- would be renewed, before anything is written; a lost lease is answered as before.
+local bad = arg_ms('renew', 5, 'lease', 52) or arg_ms('renew', 6, 'retention', 62)
+local refused = guard(bad)
 if refused then return refused end
 local now = HEAD_NOW or now_ms()  -- HEAD_*: what renew_head.lua read (see prelude.lua)
 local rec, row, st = load_record(KEYS[1], KEYS[2], now, false, HEAD_BLOB)
@@ -20,6 +23,7 @@ end
 if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end  -- rule: N3
 if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', row} end  -- rule: N4
 if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', row} end  -- rule: N5
+if bad then return redis.error_reply(bad) end
 -- rule: N6 (not a transition: the version stays, so the owner's expected_version holds)
 local lease = tonumber(ARGV[5])
 row = write(st, rec, row, {'lease', int(now + lease)})

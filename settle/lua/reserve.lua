@@ -9,7 +9,12 @@
 --   reserved (detail new | lease_expired | provisional | resumed), replay, in_progress,
 --   fingerprint_mismatch, binding_mismatch, corrupt (the last three carry no record),
 --   unclaimed, shard_mismatch (from guard; nothing written).
-local refused = guard()
+-- A lease, retention or log cap it cannot use (see arg_ms in _lib.lua) is refused where the
+-- record would be written, before anything is; a call that answers before that answers as
+-- it did, and claims no shard.
+local bad = arg_ms('reserve', 5, 'lease', 52) or arg_ms('reserve', 6, 'retention', 62)
+  or arg_number('reserve', 8, 'log cap')
+local refused = guard(bad)
 if refused then return refused end
 local now, now_us = HEAD_NOW, HEAD_US  -- what reserve_head.lua read (see prelude.lua)
 if not now then now, now_us = clock() end
@@ -41,6 +46,7 @@ if rec then
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
 end
 if not load_log(st) then return {'corrupt', '', now, '', {}} end
+if bad then return redis.error_reply(bad) end
 local gen = next_generation(KEYS[3], now_us)
 if rec then
   row = write(st, rec, row, {'gen', gen, 'ver', int(tonumber(rec.ver) + 1),

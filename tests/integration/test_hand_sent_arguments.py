@@ -1,0 +1,390 @@
+"""Write scripts called by hand (redis-cli, another client: not settle's, which checks every
+argument) with an argument they cannot use: a lease or retention that is not a number of
+milliseconds the expiry can take, a log cap that is not a number, a quarantine maxlen, trim age
+or scan budget of another form, a stream id Redis refuses. The script answers an error reply
+naming the argument and writes nothing: every key of the namespace keeps its bytes and expiry,
+the shard's generation stays, an unclaimed shard stays unclaimed. Before, such a call claimed
+the shard, raised the generation or appended to the quarantine (even deleted trimmed entries)
+and only then failed: Redis keeps a script's writes before its error.
+
+A call that does not reach the write that would use the argument answers what it answered
+before; forms that worked and that settle's own calls use still work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from settle import Reservation, Reserved, Settler
+from settle._core.scripts import SCRIPTS
+from settle.testing import MemorySettler
+
+WHO = "tenant:acme"
+REQ = {"order": 7}
+REASON = "timeout"
+
+#: A lease or a retention (ms): non-numbers, non-finite, not at least 1, beyond 2^62.
+BAD_MS = ["inf", "-inf", "nan", "0", "-1", "0.5", "", "abc", "1e400", "1e300"]
+#: A lease also below 2^52: a lease end past 2^53 would read as corrupt.
+BAD_LEASE = [*BAD_MS, "9007199254740993"]
+#: An attempt log cap: observe() compares with it as a number.
+BAD_CAP = ["", "abc"]
+#: A quarantine maxlen or a trim's scan budget: a whole number of at least 1.
+BAD_COUNT = ["inf", "-inf", "nan", "0", "-1", "1.5", "", "abc", "1e400"]
+#: A trim's minimum age: '' for none, or a finite number of ms of at least 0.
+BAD_AGE = ["inf", "-inf", "nan", "-1", "abc", "1e400"]
+#: A quarantine maxlen: the same, or '' for none.
+BAD_MAXLEN = [v for v in BAD_COUNT if v]
+#: Stream ids XRANGE refuses.
+BAD_ID = ["abc", "", "(abc", "1-2-3"]
+
+
+@pytest.fixture
+def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    s.check()  # claims the shard
+    yield s
+    s.close()
+
+
+Call = tuple[str, tuple[str, ...], list[Any]]
+
+
+@dataclass
+class Ctx:
+    """The test's settler, a client of its server, and how a call is sent by hand."""
+
+    settler: Settler
+    client: redis.Redis
+    send: Callable[[Call], Any]
+
+
+def _reserved(s: Settler, **kw: Any) -> Reservation:
+    got = s.reserve("op", REQ, principal=WHO, **kw)
+    assert isinstance(got, Reserved)
+    return got.reservation
+
+
+def _settlement(s: Settler, script: str, r: Reservation) -> Call:
+    core = s._core
+    if script == "complete":
+        call = core.plan_complete(r, {"charge": "ch_1"})
+    elif script == "fail":
+        call = core.plan_fail(r, ValueError("declined"))
+    else:
+        call = core.plan_mark_provisional(r, REASON)
+    return script, call.keys, list(call.args)
+
+
+def _new_reserve(c: Ctx) -> Call:
+    call = c.settler._core.plan_reserve("op", REQ, principal=WHO)
+    return "reserve", call.keys, list(call.args)
+
+
+def _takeover(c: Ctx) -> Call:
+    c.settler.mark_provisional(_reserved(c.settler), REASON)
+    return _new_reserve(c)
+
+
+def _renewal(c: Ctx) -> Call:
+    call = c.settler._core.plan_renew(_reserved(c.settler))
+    return "renew", call.keys, list(call.args)
+
+
+def _accepted(script: str) -> Callable[[Ctx], Call]:
+    return lambda c: _settlement(c.settler, script, _reserved(c.settler))
+
+
+def _unknown_operation(script: str) -> Callable[[Ctx], Call]:
+    def setup(c: Ctx) -> Call:
+        planned = _settlement(c.settler, script, _reserved(c.settler))
+        c.client.delete(planned[1][0])  # the record goes: the call meets no operation
+        return planned
+
+    return setup
+
+
+def _stale(script: str) -> Callable[[Ctx], Call]:
+    def setup(c: Ctx) -> Call:
+        r = _reserved(c.settler).model_copy(update={"generation": 5})
+        return _settlement(c.settler, script, r)
+
+    return setup
+
+
+def _repeated(script: str) -> Callable[[Ctx], Call]:
+    """The same settlement again, after it was accepted (absorbed)."""
+
+    def setup(c: Ctx) -> Call:
+        planned = _settlement(c.settler, script, _reserved(c.settler))
+        assert c.send(planned)[0] == b"accepted"
+        return planned
+
+    return setup
+
+
+def _trim(c: Ctx) -> Call:
+    """A trim of a stream holding 300 resolved entries (more than one XRANGE of 256)."""
+    stream, resolutions, _ = c.settler._core.keys.quarantine_keys(0)
+    pipe = c.client.pipeline(transaction=False)
+    for i in range(300):
+        pipe.xadd(stream, {"op": f"op{i}", "kind": "stale_generation"})
+    ids = pipe.execute()
+    c.client.hset(resolutions, mapping=dict.fromkeys(ids, '{"note": "ok"}'))
+    call = c.settler._core._trim_call(0, "-", "", False)
+    return "quarantine_trim", call.keys, list(call.args)
+
+
+def _resolve(c: Ctx) -> Call:
+    s = c.settler
+    s.complete(_reserved(s).model_copy(update={"generation": 5}), {"charge": "ch_2"})
+    entry = next(iter(s.quarantine.scan()))
+    call = s._core.plan_resolve(entry, "checked")
+    return "quarantine_resolve", call.keys, list(call.args)
+
+
+SETTLEMENTS = ("complete", "fail", "mark_provisional")
+
+#: Starting point -> (its setup, {ARGV index (1-based): the values refused there}).
+CASES: dict[str, tuple[Callable[[Ctx], Call], dict[int, list[str]]]] = {
+    "a new reserve": (_new_reserve, {5: BAD_LEASE, 6: BAD_MS, 8: BAD_CAP}),
+    "a takeover": (_takeover, {5: BAD_LEASE, 6: BAD_MS, 8: BAD_CAP}),
+    "a renewal": (_renewal, {5: BAD_LEASE, 6: BAD_MS}),
+    **{
+        f"{script}, accepted": (_accepted(script), {11: BAD_MS, 12: BAD_CAP})
+        for script in SETTLEMENTS
+    },
+    **{
+        f"{script}, repeated": (_repeated(script), {11: BAD_MS, 12: BAD_CAP})
+        for script in SETTLEMENTS
+    },
+    **{
+        f"{script}, unknown operation": (
+            _unknown_operation(script),
+            {11: BAD_MS, 12: BAD_CAP, 14: BAD_MAXLEN},
+        )
+        for script in SETTLEMENTS
+    },
+    **{
+        f"{script}, stale generation": (_stale(script), {11: BAD_MS, 12: BAD_CAP, 14: BAD_MAXLEN})
+        for script in SETTLEMENTS
+    },
+    "a trim": (_trim, {1: BAD_ID, 2: BAD_AGE, 4: [*BAD_COUNT, "256.5"]}),
+    "a resolution": (_resolve, {1: BAD_ID}),
+}
+
+#: What each script calls the argument at each index in its error.
+NAMES = {
+    "reserve": {5: "lease", 6: "retention", 8: "log cap"},
+    "renew": {5: "lease", 6: "retention"},
+    **{s: {11: "retention", 12: "log cap", 14: "quarantine maxlen"} for s in SETTLEMENTS},
+    "quarantine_trim": {1: "lowest id", 2: "minimum age", 4: "scan budget"},
+    "quarantine_resolve": {1: "entry id"},
+}
+
+PARAMS = [
+    pytest.param(case, index, value, id=f"{case}-ARGV[{index}]={value!r}")
+    for case, (_, bad) in CASES.items()
+    for index, values in bad.items()
+    for value in values
+]
+
+
+def _functions(client: redis.Redis) -> bool:
+    return int(client.info("server")["redis_version"].split(".")[0]) >= 7
+
+
+@pytest.fixture(params=["EVAL", "FCALL"])
+def ctx(request: pytest.FixtureRequest, settler: Settler, redis_url: str) -> Iterator[Ctx]:
+    """Calls sent by hand as settle sends them on the server: EVAL of the script's text
+    (what EVALSHA runs on 6.2), or FCALL of settle's function library (Redis 7+, Valkey)."""
+    client = redis.Redis.from_url(redis_url)
+    way = request.param
+    if way == "FCALL":
+        if not _functions(client):
+            client.close()
+            pytest.skip("FUNCTION libraries exist on Redis 7+ and Valkey only")
+        client.function_load(SCRIPTS.library, replace=True)
+
+    def send(call: Call) -> Any:
+        script, keys, args = call
+        if way == "FCALL":
+            return client.fcall(SCRIPTS.function(script), len(keys), *keys, *args)
+        return client.eval(SCRIPTS.source(script), len(keys), *keys, *args)
+
+    yield Ctx(settler, client, send)
+    client.close()
+
+
+def _state(client: redis.Redis, namespace: str) -> dict[bytes, tuple[bytes, int]]:
+    """Every key of the namespace: its DUMP and absolute expiry in ms (-1: none)."""
+    out: dict[bytes, tuple[bytes, int]] = {}
+    for key in client.scan_iter(match="settle:{" + namespace + "*"):
+        pipe = client.pipeline(transaction=True)
+        pipe.dump(key).pttl(key).time()
+        dumped, ttl, (s, us) = pipe.execute()
+        out[key] = (dumped, -1 if ttl < 0 else s * 1000 + us // 1000 + ttl)
+    return out
+
+
+def _same(before: dict[bytes, tuple[bytes, int]], after: dict[bytes, tuple[bytes, int]]) -> None:
+    assert set(after) == set(before)
+    for key, (dumped, expires) in before.items():
+        assert after[key][0] == dumped, key
+        # the same expiry, read a few ms apart (PTTL counts down)
+        assert abs(after[key][1] - expires) <= 5, (key, expires, after[key][1])
+
+
+def _unclaim(client: redis.Redis, call: Call) -> Call:
+    """The call on a shard whose state lost its claim (its generation kept), with the claim
+    flag settle sends once it checked the namespace metadata."""
+    script, keys, args = call
+    client.hdel(keys[-1], "shards")
+    return script, keys, [*args[:-1], "1"]
+
+
+@pytest.mark.parametrize("claimed", [True, False], ids=["claimed", "unclaimed"])
+@pytest.mark.parametrize(("case", "index", "value"), PARAMS)
+def test_an_argument_a_write_cannot_use_is_refused_and_nothing_is_written(
+    ctx: Ctx, namespace: str, case: str, index: int, value: str, claimed: bool
+) -> None:
+    setup, _ = CASES[case]
+    script, keys, args = setup(ctx)
+    args[index - 1] = value
+    call: Call = (script, keys, args)
+    client = ctx.client
+    if not claimed:
+        call = _unclaim(client, call)
+    state_key = keys[-1]
+    generation = client.hget(state_key, "gen")
+    before = _state(client, namespace)
+    with pytest.raises(redis.ResponseError) as info:
+        ctx.send(call)
+    assert client.hget(state_key, "gen") == generation
+    assert client.hexists(state_key, "shards") == claimed
+    _same(before, _state(client, namespace))
+    said = f"settle: {script}: {NAMES[script][index]} (ARGV[{index}]) must be"
+    assert str(info.value).startswith(said), str(info.value)
+
+
+def _reply(ctx: Ctx, call: Call) -> Any:
+    """The reply without its server time."""
+    got = ctx.send(call)
+    return [got[0], got[1], *got[3:]]
+
+
+def _replay(s: Settler) -> None:
+    s.complete(_reserved(s), {"charge": "ch_1"})
+
+
+@pytest.mark.parametrize("claimed", [True, False], ids=["claimed", "unclaimed"])
+@pytest.mark.parametrize(
+    ("name", "setup", "principal", "at"),
+    [
+        ("a replay", _replay, WHO, {5: "inf", 6: "abc"}),
+        ("an operation in progress", _reserved, WHO, {5: "0", 8: ""}),
+        ("another binding", _reserved, "tenant:other", {6: "nan"}),
+    ],
+)
+def test_a_reserve_that_writes_nothing_answers_as_before(
+    ctx: Ctx,
+    namespace: str,
+    name: str,
+    setup: Callable[[Settler], object],
+    principal: str,
+    at: dict[int, str],
+    claimed: bool,
+) -> None:
+    """Its lease, retention and log cap are never used: it answers what it answers with
+    settle's own, and writes nothing (it claims no shard either)."""
+    setup(ctx.settler)
+    planned = ctx.settler._core.plan_reserve("op", REQ, principal=principal, attempt_id="a2")
+    good: Call = ("reserve", planned.keys, list(planned.args))
+    bad: Call = ("reserve", planned.keys, [at.get(i, v) for i, v in enumerate(planned.args, 1)])
+    if not claimed:
+        good, bad = _unclaim(ctx.client, good), _unclaim(ctx.client, bad)
+    before = _state(ctx.client, namespace)
+    answer = _reply(ctx, bad)
+    assert answer[0] in (b"replay", b"in_progress", b"binding_mismatch"), (name, answer)
+    _same(before, _state(ctx.client, namespace))
+    assert answer == _reply(ctx, good)
+
+
+@pytest.mark.parametrize("script", SETTLEMENTS)
+@pytest.mark.parametrize("claimed", [True, False], ids=["claimed", "unclaimed"])
+def test_a_settlement_that_quarantines_nothing_never_reads_its_maxlen(
+    ctx: Ctx, script: str, claimed: bool
+) -> None:
+    """The quarantine maxlen caps the stream a refused response joins: an accepted settlement
+    takes any, and writes (on an unclaimed shard, after claiming it)."""
+    planned = _accepted(script)(ctx)
+    call: Call = (planned[0], planned[1], [*planned[2][:13], "abc", *planned[2][14:]])
+    if not claimed:
+        call = _unclaim(ctx.client, call)
+    assert ctx.send(call)[0] == b"accepted"
+    assert ctx.client.hget(call[1][-1], "shards") == b"1"
+
+
+@pytest.mark.parametrize("case", ["a trim", "a resolution"])
+def test_a_trim_or_resolution_claims_an_unclaimed_shard_as_before(ctx: Ctx, case: str) -> None:
+    """The claim waits for the stream id to be checked, then is written as it was."""
+    setup, _ = CASES[case]
+    call = _unclaim(ctx.client, setup(ctx))
+    assert ctx.send(call)[0] in (b"done", b"resolved")
+    assert ctx.client.hget(call[1][-1], "shards") == b"1"
+
+
+ODD_BUT_USABLE = [
+    ("a new reserve", 5, ["1.0", "1e3", " 1000", "0x3e8", "1.5", "1099511627776"]),
+    ("a new reserve", 6, ["1e6", "1.5", "4e18"]),
+    ("a new reserve", 8, ["0", "-1", "nan", "inf", "-inf", "1e400", "0.5"]),
+    ("a renewal", 5, ["1e3", "1000.5"]),
+    ("a renewal", 6, ["1e6", "1.5"]),
+    ("complete, accepted", 11, ["1e6", "1.5"]),
+    ("complete, accepted", 12, ["0", "nan", "inf"]),
+    ("complete, unknown operation", 14, ["", "1", "1e3", "1e300"]),
+    ("a trim", 2, ["", "0", "0.5", "1e15"]),
+    ("a trim", 4, ["1", "1e3", "4096"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "index", "value"),
+    [
+        pytest.param(case, index, value, id=f"{case}-ARGV[{index}]={value!r}")
+        for case, index, values in ODD_BUT_USABLE
+        for value in values
+    ],
+)
+def test_forms_a_script_could_use_still_work(ctx: Ctx, case: str, index: int, value: str) -> None:
+    """Forms settle never sends that the scripts could use keep working (tonumber reads them
+    as the scripts always did); a trim's age reaching back before the epoch finds nothing that
+    old (it failed on the invalid stream id it made)."""
+    setup, _ = CASES[case]
+    script, keys, args = setup(ctx)
+    args[index - 1] = value
+    got = ctx.send((script, keys, args))
+    assert got[0] in (b"reserved", b"renewed", b"accepted", b"quarantined", b"done", b"more"), got
+
+
+@pytest.mark.parametrize("flavour", ["redis", "model"])
+def test_a_trim_older_than_the_server_clock_finds_nothing(settler: Settler, flavour: str) -> None:
+    """settle's own trim takes ages up to 100 years, further back than the epoch: nothing is
+    that old (its range ended at a negative stream id, which XRANGE refused; the reference
+    model raised on it)."""
+    if flavour == "model":
+        settler = MemorySettler(namespace="trim", shards=1)
+    settler.complete(_reserved(settler).model_copy(update={"generation": 5}), {"charge": "x"})
+    entry = next(iter(settler.quarantine.scan()))
+    settler.quarantine.resolve(entry.id, note="checked")
+    result = settler.quarantine.trim(older_than=100 * 365 * 86_400)
+    assert (result.removed, result.unresolved) == (0, 0)
+    assert settler.quarantine.get(entry.id).id == entry.id
+    time.sleep(0.002)
+    assert settler.quarantine.trim(older_than=0.001).removed == 1
