@@ -23,6 +23,9 @@ def _invalid(exc: ValidationError) -> InvalidInput:
 #: The largest shard count a namespace can have. A client that finds its namespace's
 #: metadata gone looks at every shard state up to it before it creates the metadata again.
 MAX_SHARDS = 4096
+#: The longest retention, in seconds (1000 years): far past any dispute window, and far
+#: below the 2^62 ms the scripts take (an expiry must fit Redis's 64-bit integers).
+MAX_RETENTION = 1000 * 365.25 * 86_400
 
 
 class SettleConfig(BaseModel):
@@ -44,12 +47,13 @@ class SettleConfig(BaseModel):
     shards: int = Field(default=16, ge=1, le=MAX_SHARDS)
     lease: float = Field(default=30.0, gt=0, le=86_400)
     """Seconds a reservation owns the record without renewal (server clock)."""
-    retention: float = Field(default=86_400.0, gt=0)
-    """Seconds a record and its attempt log are kept after their last transition."""
+    retention: float = Field(default=86_400.0, gt=0, le=MAX_RETENTION)
+    """Seconds a record and its attempt log are kept after their last transition (at most
+    1000 years: the scripts refuse an expiry past what Redis's 64-bit integers hold)."""
     max_result_bytes: int = Field(default=1 << 20, ge=1)
     quarantine_payload_bytes: int = Field(default=64 << 10, ge=0)
     """How much of a rejected payload the quarantine keeps (size and SHA-256 always)."""
-    quarantine_maxlen: int | None = Field(default=None, ge=1)
+    quarantine_maxlen: int | None = Field(default=None, ge=1, le=2**53)
     """Cap on each shard's quarantine stream; None keeps every entry (export, then trim)."""
     attempt_log_size: int = Field(default=64, ge=1, le=LOG_MAX)
     """Entries kept in each operation's attempt log (the newest). At most 1000: the log lives

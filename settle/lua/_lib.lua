@@ -572,8 +572,8 @@ end
 -- metadata and calls again. A state key of another type answers 'corrupt_state' naming it
 -- (something else wrote it; settle never overwrites what it cannot read).
 -- Returns nil when the caller may write, else the reply to return. With hold (a call that
--- may yet refuse an argument, see arg_ms), a claim is not written: guard returns nil, true
--- and the caller claims (claim_shard) just before its first write, so a refused call writes
+-- may yet refuse an argument, see arg_refused), a claim is not written: guard returns nil,
+-- true and the caller claims (HSET of its 'shards', as here) just before its first write, so a refused call writes
 -- nothing; one that writes nothing else claims nothing.
 local function guard(hold)
   local key, shards, claim = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
@@ -589,38 +589,31 @@ local function guard(hold)
   return nil
 end
 
-local function claim_shard()
-  redis.call('HSET', KEYS[#KEYS], 'shards', ARGV[#ARGV - 1])
-end
-
 -- Arguments settle's client never sends, but a call made by hand may: the scripts refuse
 -- one they would use with an error reply naming it, before they write anything (a command
 -- failing later, such as a SET with an expiry Redis refuses, would leave the call's earlier
--- writes in place: Redis does not undo them). Each returns nil for an argument the script
--- can use, else the error's text (the caller answers redis.error_reply(text) where it would
--- use it, and holds guard()'s claim until then). arg_ms: a number of milliseconds (in any
--- text tonumber reads) of at least 1 and below 2^bits: 52 for a lease, whose end must stay
--- an exact integer; 62 for a retention, so that every expiry fits Redis's 64-bit integers.
--- arg_number: any number (an attempt log cap: observe() compares with it). arg_count: a
--- whole number of at least 1 (a quarantine maxlen, a scan budget: XRANGE counts).
-local function arg_refused(script, i, what, must)
+-- writes in place: Redis does not undo them). arg_refused returns nil for an argument the
+-- script can use, else the error's text (the caller answers redis.error_reply(text) where
+-- it would use it, and holds guard()'s claim until then). form 'ms': a number of
+-- milliseconds (in any text tonumber reads) of at least 1 and below 2^bits: 52 for a lease,
+-- whose end must stay an exact integer; 62 for a retention, so that every expiry fits
+-- Redis's 64-bit integers. 'number': any number (an attempt log cap: observe() compares
+-- with it). 'count': a whole number of at least 1 (a quarantine maxlen, a scan budget:
+-- XRANGE counts). Any other form is the text of what the argument must be, for a check the
+-- caller made itself. One function, not one per form: on Redis 6.2 every EVALSHA makes each
+-- of _lib.lua's functions again.
+local function arg_refused(script, i, what, form, bits)
+  local x = tonumber(ARGV[i] or '')
+  local must = form
+  if form == 'ms' then
+    if x and x >= 1 and x < 2 ^ bits then return nil end
+    must = 'a number of milliseconds of at least 1 and below 2^' .. bits
+  elseif form == 'number' then
+    if x then return nil end
+    must = 'a number'
+  elseif form == 'count' then
+    if x and x >= 1 and x % 1 == 0 then return nil end
+    must = 'a whole number of at least 1'
+  end
   return 'ERR settle: ' .. script .. ': ' .. what .. ' (ARGV[' .. i .. ']) must be ' .. must
-end
-
-local function arg_ms(script, i, what, bits)
-  local x = tonumber(ARGV[i] or '')
-  if x and x >= 1 and x < 2 ^ bits then return nil end
-  return arg_refused(script, i, what,
-    'a number of milliseconds of at least 1 and below 2^' .. bits)
-end
-
-local function arg_number(script, i, what)
-  if tonumber(ARGV[i] or '') then return nil end
-  return arg_refused(script, i, what, 'a number')
-end
-
-local function arg_count(script, i, what)
-  local x = tonumber(ARGV[i] or '')
-  if x and x >= 1 and x % 1 == 0 then return nil end
-  return arg_refused(script, i, what, 'a whole number of at least 1')
 end

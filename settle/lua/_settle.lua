@@ -80,11 +80,12 @@ local function rules()
 end
 
 local function settle(action)
-  -- Arguments it cannot use (see arg_ms in _lib.lua), refused before anything is written:
-  -- the retention and the log cap, which every settlement that gets past the record uses,
-  -- and the quarantine maxlen, which only a quarantined one does.
-  local bad = arg_ms(action, 11, 'retention', 62) or arg_number(action, 12, 'log cap')
-  local bad_maxlen = ARGV[14] ~= '' and arg_count(action, 14, 'quarantine maxlen')
+  -- Arguments it cannot use (see arg_refused in _lib.lua), refused before anything is
+  -- written: the retention and the log cap, which every settlement that gets past the record
+  -- uses, and the quarantine maxlen, which only a quarantined one does.
+  local bad = arg_refused(action, 11, 'retention', 'ms', 62)
+    or arg_refused(action, 12, 'log cap', 'number')
+  local bad_maxlen = ARGV[14] ~= '' and arg_refused(action, 14, 'quarantine maxlen', 'count')
   local refused, held = guard(bad or bad_maxlen)
   if refused then return refused end
   -- What the script's head (head_settle in _head.lua) read when it left the call to these
@@ -154,7 +155,9 @@ local function settle(action)
     end
   end
   if kind and bad_maxlen then return redis.error_reply(bad_maxlen) end
-  if held then claim_shard() end  -- held for a maxlen this settlement does not use
+  if held then  -- held for a maxlen this settlement does not use
+    redis.call('HSET', KEYS[#KEYS], 'shards', ARGV[#ARGV - 1])
+  end
   local qid, dropped = '', 0
   if kind then
     verdict = 'quarantined'

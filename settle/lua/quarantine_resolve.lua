@@ -11,10 +11,11 @@ if refused then return refused end
 local now = now_ms()
 local found = redis.pcall('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 if found.err then
+  if string.sub(found.err, 1, 9) == 'WRONGTYPE' then return found end  -- not the id's fault
   return redis.error_reply(arg_refused('quarantine_resolve', 1, 'entry id',
     'a stream id: ' .. found.err))
 end
-if held then claim_shard() end
+if held then redis.call('HSET', KEYS[#KEYS], 'shards', ARGV[#ARGV - 1]) end
 if #found == 0 then
   return {'missing', '', now, '', {}}
 end

@@ -9,14 +9,14 @@
 -- ARGV[6] claim flag
 -- Returns {more | done, last, now, '', {removed, of which unresolved}}: done when the range
 -- is exhausted; last is the id of the last entry examined ('' if none).
--- An age, budget or lowest id it cannot use is refused with an error reply (see arg_ms in
--- _lib.lua) before anything is written: the claim waits for the first XRANGE, which checks
+-- An age, budget or lowest id it cannot use is refused with an error reply (see arg_refused
+-- in _lib.lua) before anything is written: the claim waits for the first XRANGE, which checks
 -- the lowest id; an age reaching back before the epoch leaves nothing old enough.
 local refused, held = guard(true)
 if refused then return refused end
 local now = now_ms()
 local low, high = ARGV[1], '+'
-local bad = arg_count('quarantine_trim', 4, 'scan budget')
+local bad = arg_refused('quarantine_trim', 4, 'scan budget', 'count')
 if bad then return redis.error_reply(bad) end
 if ARGV[2] ~= '' then
   local age = tonumber(ARGV[2] or '')
@@ -34,10 +34,11 @@ while examined < budget do
   local want = math.min(256, budget - examined)
   local entries = redis.pcall('XRANGE', KEYS[1], low, high, 'COUNT', want)
   if entries.err then  -- only the first can fail: the later ones start after an entry's id
+    if string.sub(entries.err, 1, 9) == 'WRONGTYPE' then return entries end  -- not the id's
     return redis.error_reply(arg_refused('quarantine_trim', 1, 'lowest id',
       "'-' or a stream id, after '(' to resume past it: " .. entries.err))
   end
-  if held then claim_shard(); held = nil end
+  if held then redis.call('HSET', KEYS[#KEYS], 'shards', ARGV[#ARGV - 1]); held = nil end
   for _, entry in ipairs(entries) do
     examined = examined + 1
     last = entry[1]

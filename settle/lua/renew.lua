@@ -7,9 +7,10 @@
 -- Returns {renewed | lost | corrupt, detail, now, '', record}. A lost lease is not a
 -- response, so it is never quarantined; detail says why (unknown_operation, misbound,
 -- stale_generation, not_pending, lease_expired). Misbound callers get no record.
--- A lease or retention it cannot use (see arg_ms in _lib.lua) is refused where the lease
+-- A lease or retention it cannot use (see arg_refused in _lib.lua) is refused where the lease
 -- would be renewed, before anything is written; a lost lease is answered as before.
-local bad = arg_ms('renew', 5, 'lease', 52) or arg_ms('renew', 6, 'retention', 62)
+local bad = arg_refused('renew', 5, 'lease', 'ms', 52)
+  or arg_refused('renew', 6, 'retention', 'ms', 62)
 local refused = guard(bad)
 if refused then return refused end
 local now = HEAD_NOW or now_ms()  -- HEAD_*: what renew_head.lua read (see prelude.lua)

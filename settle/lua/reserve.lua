@@ -9,11 +9,12 @@
 --   reserved (detail new | lease_expired | provisional | resumed), replay, in_progress,
 --   fingerprint_mismatch, binding_mismatch, corrupt (the last three carry no record),
 --   unclaimed, shard_mismatch (from guard; nothing written).
--- A lease, retention or log cap it cannot use (see arg_ms in _lib.lua) is refused where the
+-- A lease, retention or log cap it cannot use (see arg_refused in _lib.lua) is refused where the
 -- record would be written, before anything is; a call that answers before that answers as
 -- it did, and claims no shard.
-local bad = arg_ms('reserve', 5, 'lease', 52) or arg_ms('reserve', 6, 'retention', 62)
-  or arg_number('reserve', 8, 'log cap')
+local bad = arg_refused('reserve', 5, 'lease', 'ms', 52)
+  or arg_refused('reserve', 6, 'retention', 'ms', 62)
+  or arg_refused('reserve', 8, 'log cap', 'number')
 local refused = guard(bad)
 if refused then return refused end
 local now, now_us = HEAD_NOW, HEAD_US  -- what reserve_head.lua read (see prelude.lua)

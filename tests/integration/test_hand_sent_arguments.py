@@ -30,9 +30,21 @@ REQ = {"order": 7}
 REASON = "timeout"
 
 #: A lease or a retention (ms): non-numbers, non-finite, not at least 1, beyond 2^62.
-BAD_MS = ["inf", "-inf", "nan", "0", "-1", "0.5", "", "abc", "1e400", "1e300"]
+BAD_MS = [
+    "inf",
+    "-inf",
+    "nan",
+    "0",
+    "-1",
+    "0.5",
+    "",
+    "abc",
+    "1e400",
+    "1e300",
+    "4611686018427387904",
+]
 #: A lease also below 2^52: a lease end past 2^53 would read as corrupt.
-BAD_LEASE = [*BAD_MS, "9007199254740993"]
+BAD_LEASE = [*BAD_MS, "9007199254740993", "4503599627370496"]
 #: An attempt log cap: observe() compares with it as a number.
 BAD_CAP = ["", "abc"]
 #: A quarantine maxlen or a trim's scan budget: a whole number of at least 1.
@@ -386,3 +398,32 @@ def test_a_trim_older_than_the_server_clock_finds_nothing(settler: Settler, flav
     assert settler.quarantine.get(entry.id).id == entry.id
     time.sleep(0.002)
     assert settler.quarantine.trim(older_than=0.001).removed == 1
+
+
+@pytest.mark.parametrize(
+    ("index", "value"),
+    [(5, "1"), (5, "4503599627370495"), (6, "1"), (6, "2305843009213693952")],
+    ids=["lease 1 ms", "lease 2^52 - 1 ms", "retention 1 ms", "retention 2^61 ms"],
+)
+def test_the_bounds_a_reserve_takes_are_taken_by_the_whole_script(
+    ctx: Ctx, index: int, value: str
+) -> None:
+    """At the edges of what arg_refused takes, on an unclaimed shard (the head leaves that
+    call to the whole script, so these are its checks): reserved, and the shard claimed."""
+    script, keys, args = _new_reserve(ctx)
+    args[index - 1] = value
+    got = ctx.send(_unclaim(ctx.client, (script, keys, args)))
+    assert got[0] == b"reserved", got
+    assert ctx.client.hget(keys[-1], "shards") == b"1"
+
+
+def test_a_lost_renewal_with_a_lease_it_cannot_use_answers_lost(ctx: Ctx, namespace: str) -> None:
+    """A renewal whose lease is gone answers lost before it would use its lease: a bad lease
+    changes nothing there (the renewal would not have written)."""
+    script, keys, args = _renewal(ctx)
+    args[3] = str(int(args[3]) + 1)  # another generation: rule N3
+    before = _state(ctx.client, namespace)
+    bad = _reply(ctx, (script, keys, [*args[:4], "inf", *args[5:]]))
+    assert bad[:2] == [b"lost", b"stale_generation"]
+    assert bad == _reply(ctx, (script, keys, args))
+    _same(before, _state(ctx.client, namespace))

@@ -33,6 +33,8 @@ from settle.testing import MemorySettler
         ("lease", 0),
         ("lease", 86_401),
         ("retention", -1),
+        ("retention", 1e12),  # past 1000 years
+        ("quarantine_maxlen", 2**53 + 1),
         ("max_result_bytes", 0),
         ("quarantine_payload_bytes", -1),
         ("quarantine_maxlen", 0),
