@@ -9,7 +9,7 @@ shows the model obeys the same SPEC tables as the scripts.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -61,3 +61,13 @@ async def api(flavour: str, redis_url: str, namespace: str) -> AsyncIterator[Any
 @pytest.fixture
 def on_redis(flavour: str) -> bool:
     return flavour != "model"
+
+
+@pytest.fixture
+def one_shard(redis_url: str, namespace: str) -> Iterator[Settler]:
+    """A settler of one shard, already claimed (``check()``): the scripts' tests call that
+    shard's scripts by hand."""
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    s.check()  # claims the shard
+    yield s
+    s.close()

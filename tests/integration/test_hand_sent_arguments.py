@@ -58,11 +58,8 @@ BAD_ID = ["abc", "", "(abc", "1-2-3"]
 
 
 @pytest.fixture
-def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
-    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
-    s.check()  # claims the shard
-    yield s
-    s.close()
+def settler(one_shard: Settler) -> Settler:
+    return one_shard
 
 
 Call = tuple[str, tuple[str, ...], list[Any]]

@@ -49,11 +49,8 @@ class Case:
 
 
 @pytest.fixture
-def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
-    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
-    s.check()  # claims the shard
-    yield s
-    s.close()
+def settler(one_shard: Settler, redis_url: str, namespace: str) -> Iterator[Settler]:
+    yield one_shard
     client = redis.Redis.from_url(redis_url)
     try:  # the pinned libraries the test loaded (named after its namespace)
         if _functions(client):
