@@ -49,6 +49,7 @@ from settle.models import (
     TrimResult,
     Verdict,
     _trusted,
+    ms_to_datetime,
 )
 
 __all__ = [
@@ -640,10 +641,18 @@ class Core:
         unresolved: bool = False,
         limit: int = 100,
         newest_first: bool = True,
+        start: tuple[int, int] | None = None,
     ) -> QuarantineQuery:
+        """``start``: a stream id ``(ms, seq)`` the listing starts at, in its direction,
+        inclusive (the console's cursor: every shard is read from there, and the entries
+        with that very id are the only ones read again)."""
         if not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput("limit must be an int from 1 to 100000")
         low, high = _stream_range(since, until)
+        if start is not None and newest_first:
+            high = _stream_id(min(_id_bound(high, (2**64, 0)), start))
+        elif start is not None:
+            low = _stream_id(max(_id_bound(low, (-1, 0)), start))
         return QuarantineQuery(
             self,
             self._shards_for(operation_id),
@@ -874,6 +883,18 @@ def _stream_range(since: datetime | None, until: datetime | None) -> tuple[str, 
     return low, high
 
 
+def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
+    """An XRANGE bound of :func:`_stream_range` as ``(ms, seq)``; ``open_end`` for '-'/'+'."""
+    if bound in ("-", "+"):
+        return open_end
+    ms, seq = bound.split("-")
+    return int(ms), int(seq)
+
+
+def _stream_id(at: tuple[int, int]) -> str:
+    return "-" if at[0] < 0 else "+" if at[0] >= 2**64 else f"{at[0]}-{at[1]}"
+
+
 def _ms(when: datetime) -> int:
     if when.tzinfo is None:
         raise InvalidInput("since/until must be timezone-aware datetimes")
@@ -910,6 +931,12 @@ def _id_key(entry: QuarantineEntry) -> tuple[int, int, datetime, int]:
     quarantine")."""
     ms, seq = entry.id.split("-")
     return int(ms), int(seq), entry.at, entry.shard
+
+
+def _time_key(entry: QuarantineEntry) -> tuple[datetime, int, int, int]:
+    """A live follow's order: server time (µs), then stream id, then shard."""
+    ms, seq = entry.id.split("-")
+    return entry.at, int(ms), int(seq), entry.shard
 
 
 class QuarantineQuery:
@@ -1120,13 +1147,14 @@ class QuarantineFollower:
                 self._low[call.shard] = "-"
             more = more or not primed or reply.code == "more"
             read_at = reply.now_ms if read_at is None else min(read_at, reply.now_ms)
-        # Anything not yet seen was written after its shard's read, so its stream id is at
-        # or after the earliest read of this round: entries before that are complete and
-        # in order.
-        self._held.sort(key=_id_key)
-        ready = []
-        if read_at is not None:
-            ready = list(itertools.takewhile(lambda e: _id_key(e)[0] < read_at, self._held))
+        # Anything not yet seen was written after its shard's read, so at or after the
+        # earliest read of this round: entries older than that are complete and in order.
+        # By server time, not stream id: a shard whose ids ran ahead of its clock (the clock
+        # stepped back) would have its entries held back for as long as the step. Each
+        # shard is read on from its last id, so no order here can skip an entry.
+        cut = ms_to_datetime(read_at) if read_at is not None else None
+        self._held.sort(key=_time_key)
+        ready = list(itertools.takewhile(lambda e: cut is not None and e.at < cut, self._held))
         self._held = self._held[len(ready) :]
         self.idle = not more and not ready
         return ready

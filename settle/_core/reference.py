@@ -55,7 +55,8 @@ class MemoryKeyspace:
     def now_us(self, now_ms: int) -> int:
         """The server clock in microseconds, strictly increasing like a real server's TIME.
 
-        As ``clock()`` in ``_lib.lua``: the microseconds order quarantine entries across shards.
+        As ``clock()`` in ``_lib.lua``: the microseconds order quarantine entries of different
+        shards with the same stream id, and a live follow.
         """
         self._last_us = max(self._last_us + 1, now_ms * 1000)
         return self._last_us

@@ -573,8 +573,8 @@ end
 -- (something else wrote it; settle never overwrites what it cannot read).
 -- Returns nil when the caller may write, else the reply to return. With hold (a call that
 -- may yet refuse an argument, see arg_refused), a claim is not written: guard returns nil,
--- true and the caller claims (HSET of its 'shards', as here) just before its first write, so a refused call writes
--- nothing; one that writes nothing else claims nothing.
+-- true and the caller claims (HSET of its 'shards', as here) just before its first write,
+-- so a refused call writes nothing; one that writes nothing else claims nothing.
 local function guard(hold)
   local key, shards, claim = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
   local stored = redis.pcall('HGET', key, 'shards')

@@ -4,10 +4,10 @@ quarantine API and reads a bounded number of entries per request, however large 
 streams are.
 
 A page is addressed by a cursor: the ``shard/ms-seq`` ref of the last entry shown. The next
-page asks ``quarantine.list`` for entries up to that millisecond and drops the ones at or
-after the cursor, so paging never skips nor repeats an entry, even when entries of several
-shards share one millisecond or a server's clock stepped back (the order is by stream id
-first, which never goes back, not by the entries' recorded times, which may).
+page lists every shard from that stream id on and drops the entries at or before the cursor
+in the listing's order, so paging never skips nor repeats an entry, even when entries of
+several shards share one millisecond or a server's clock stepped back (the order is by
+stream id first, which never goes back, not by the entries' recorded times, which may).
 """
 
 from __future__ import annotations
@@ -85,12 +85,6 @@ _MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _EPOCH) // t
 ) - 1000
 
 
-def _at_ms(ms: int) -> datetime:
-    """The instant of a millisecond, half a millisecond in, so that the engine's
-    ``int(timestamp * 1000)`` lands on ``ms`` whatever the float rounding."""
-    return _EPOCH + timedelta(milliseconds=ms, microseconds=500)
-
-
 @dataclass(frozen=True, slots=True)
 class Filter:
     """The console's filter: the engine's filters plus ``resolved`` (kept here)."""
@@ -132,29 +126,16 @@ async def page(
     scanned = 0
     batch = size + 1
     while True:
-        since, until = flt.since, flt.until
-        if bound is not None and newest_first:
-            edge = _at_ms(bound.ms)
-            until = edge if until is None else min(until, edge)
-        elif bound is not None:
-            edge = _at_ms(bound.ms)
-            since = edge if since is None else max(since, edge)
         limit = min(batch, _LIST_MAX)
-        got = await settler.quarantine.list(
-            kind=flt.kind,
-            operation_id=flt.operation_id,
-            since=since,
-            until=until,
-            unresolved=flt.status == "unresolved",
-            limit=limit,
-            newest_first=newest_first,
+        got = await _listing(
+            settler, flt, limit, newest_first, None if bound is None else (bound.ms, bound.seq)
         )
         got.sort(key=Position.of, reverse=newest_first)
         fresh = [e for e in got if bound is None or _beyond(Position.of(e), bound, newest_first)]
         exhausted = len(got) < limit
         if not fresh and not exhausted:
-            # Every entry read shares the cursor's millisecond and was shown already: read
-            # more of that millisecond.
+            # Every entry read has the cursor's very stream id (on other shards) and was
+            # shown already: at most one a shard, so a larger read gets past them.
             batch *= 2
             continue
         scanned += len(fresh)
@@ -169,6 +150,33 @@ async def page(
         if scanned >= budget:
             return Page(found, bound.ref, scanned, partial=True)
         batch = size + 1
+
+
+async def _listing(
+    settler: AsyncSettler,
+    flt: Filter,
+    limit: int,
+    newest_first: bool,
+    start: tuple[int, int] | None,
+) -> list[QuarantineEntry]:
+    """``quarantine.list`` with the filter, starting at the cursor's stream id on every
+    shard (bounding by its millisecond alone would read every entry of that millisecond
+    again on each page: after a clock step back, a shard's ids keep one millisecond for as
+    long as the step)."""
+    query = settler._core.quarantine_query(
+        kind=flt.kind,
+        operation_id=flt.operation_id,
+        since=flt.since,
+        until=flt.until,
+        unresolved=flt.status == "unresolved",
+        limit=limit,
+        newest_first=newest_first,
+        start=start,
+    )
+    with settler._span("quarantine.list"):
+        while calls := query.calls():
+            query.feed(calls, await settler.quarantine._run_many(calls))
+        return query.result()
 
 
 def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:

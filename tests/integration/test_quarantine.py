@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from settle import AsyncSettler, QuarantineKind, Reservation, Settler
+from settle._core.keys import shard_of
 from settle.errors import InvalidInput, QuarantineNotFound
 
 WHO = "tenant:acme"
@@ -110,6 +111,39 @@ async def test_follow_yields_entries_written_after_it_started(
     await async_settler.complete(_ghost("after-2"), {"n": 2})
     await asyncio.wait_for(task, timeout=5)
     assert seen == ["after-1", "after-2"]
+
+
+@pytest.mark.asyncio
+async def test_follow_does_not_hold_back_a_shard_whose_ids_ran_ahead_of_its_clock(
+    async_settler: AsyncSettler, redis_client: Any
+) -> None:
+    # After the server's clock stepped back, a stream appends after its last id: that
+    # shard's ids run ahead of the time (XSETID leaves a stream so). A follow that waited
+    # for the clock to pass the ids would show nothing of that shard until it did.
+    seed = await async_settler.complete(_ghost("ahead-0"), {"n": 0})
+    shard = int(seed.quarantine_id.split("/")[0])
+    stream = async_settler._core.keys.quarantine(shard)
+    last_ms = int(seed.quarantine_id.split("/")[1].split("-")[0])
+    redis_client.execute_command("XSETID", stream, f"{last_ms + 3_600_000}-0")
+    others = [op for op in (f"other-{i}" for i in range(40)) if shard_of(op, 4) != shard]
+    ahead = [op for op in (f"ahead-{i}" for i in range(1, 40)) if shard_of(op, 4) == shard]
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async for entry in async_settler.quarantine.follow(poll_interval=0.02):
+            seen.append(entry.operation_id)
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.3)  # let the follower find where "now" is
+    written = [
+        await async_settler.complete(_ghost(op), {"n": 1}) for op in (ahead[0], others[0], ahead[1])
+    ]
+    assert written[0].quarantine_id.split("/")[1].startswith(str(last_ms + 3_600_000))
+    await asyncio.wait_for(task, timeout=5)
+    assert sorted(seen) == sorted([ahead[0], others[0], ahead[1]])
+    assert seen.index(ahead[0]) < seen.index(ahead[1])  # one shard's entries in its order
 
 
 def test_follow_sync_in_a_thread(redis_url: str, namespace: str) -> None:

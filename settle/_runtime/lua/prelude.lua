@@ -15,7 +15,8 @@
 -- callback clears them); nil in a script without a head, or where the head read nothing.
 local HEAD_BLOB, HEAD_NOW, HEAD_US
 
--- The server clock: milliseconds, and microseconds (orders quarantine entries across shards).
+-- The server clock: milliseconds, and microseconds (a quarantine entry's time: it orders the
+-- entries of different shards with the same stream id, and a live follow's).
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
