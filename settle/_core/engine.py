@@ -8,7 +8,6 @@ backend, all go through here, so validation, encoding, decoding and logging exis
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -887,7 +886,7 @@ def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
     """An XRANGE bound of :func:`_stream_range` as ``(ms, seq)``; ``open_end`` for '-'/'+'."""
     if bound in ("-", "+"):
         return open_end
-    ms, seq = bound.split("-")
+    ms, _, seq = bound.rpartition("-")  # a time before 1970 makes a negative ms
     return int(ms), int(seq)
 
 
@@ -1116,7 +1115,9 @@ class QuarantineFollower:
         self._filter = flt
         start = f"{_ms(since)}-0" if since else None
         self._low: dict[int, str | None] = dict.fromkeys(shards, start)
-        self._held: list[QuarantineEntry] = []
+        #: Entries read but not handed out yet, each with the round (``feed``) that read it.
+        self._held: list[tuple[QuarantineEntry, int]] = []
+        self._round = 0
         self.idle = False
 
     def calls(self) -> list[Call]:
@@ -1140,7 +1141,7 @@ class QuarantineFollower:
             reply = codec.parse_reply(raw)
             primed = self._low[call.shard] is not None
             if primed:
-                self._held.extend(self._core._entries(call, reply))
+                self._held.extend((e, self._round) for e in self._core._entries(call, reply))
             if reply.detail:
                 self._low[call.shard] = f"({reply.detail}"
             elif not primed:
@@ -1149,12 +1150,19 @@ class QuarantineFollower:
             read_at = reply.now_ms if read_at is None else min(read_at, reply.now_ms)
         # Anything not yet seen was written after its shard's read, so at or after the
         # earliest read of this round: entries older than that are complete and in order.
-        # By server time, not stream id: a shard whose ids ran ahead of its clock (the clock
-        # stepped back) would have its entries held back for as long as the step. Each
-        # shard is read on from its last id, so no order here can skip an entry.
+        # By server time, not stream id: a shard whose ids ran ahead of its clock would have
+        # its entries held back for as long as that. An entry read in an earlier round goes
+        # out now whatever its time (with every held entry of an earlier time): a clock that
+        # stepped back, or a node behind the others, holds nothing back for longer than one
+        # more read. Each shard is read on from its last id: no order here skips an entry.
         cut = ms_to_datetime(read_at) if read_at is not None else None
-        self._held.sort(key=_time_key)
-        ready = list(itertools.takewhile(lambda e: cut is not None and e.at < cut, self._held))
-        self._held = self._held[len(ready) :]
+        self._held.sort(key=lambda held: _time_key(held[0]))
+        due = 0
+        for i, (entry, read_in) in enumerate(self._held):
+            if read_in < self._round or (cut is not None and entry.at < cut):
+                due = i + 1
+        ready = [entry for entry, _ in self._held[:due]]
+        self._held = self._held[due:]
+        self._round += 1
         self.idle = not more and not ready
         return ready

@@ -53,12 +53,17 @@ class MemoryKeyspace:
         self._last_us = 0
 
     def now_us(self, now_ms: int) -> int:
-        """The server clock in microseconds, strictly increasing like a real server's TIME.
+        """The server clock in microseconds, as a real server's TIME: later within one
+        millisecond, and back with the clock when it steps back.
 
         As ``clock()`` in ``_lib.lua``: the microseconds order quarantine entries of different
         shards with the same stream id, and a live follow.
         """
-        self._last_us = max(self._last_us + 1, now_ms * 1000)
+        start = now_ms * 1000
+        if start <= self._last_us < start + 999:
+            self._last_us += 1
+        else:
+            self._last_us = start
         return self._last_us
 
     # -- keys ----------------------------------------------------------------------------

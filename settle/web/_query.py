@@ -68,7 +68,7 @@ class Position:
         if match is None:
             raise InvalidInput(f"{ref!r} is not a page cursor (us:shard/ms-seq); start from page 1")
         at_us, shard, ms, seq = (int(g) for g in match.groups())
-        if ms > _MAX_MS or at_us > _MAX_MS * 1000:
+        if ms > _MAX_MS or at_us > _MAX_MS * 1000 or seq >= 2**64:
             # No entry is written after year 9999; such a cursor was made by hand, and its
             # instant is past what a datetime holds.
             raise InvalidInput(f"{ref!r} is not a page cursor of this console; start from page 1")

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from settle import AsyncSettler, QuarantineKind, Reservation, Settler
 from settle._core.keys import shard_of
 from settle.errors import InvalidInput, QuarantineNotFound
+from settle.testing import AsyncMemorySettler, ManualClock
 
 WHO = "tenant:acme"
 
@@ -92,24 +93,26 @@ async def test_get_and_resolve_unknown_ids_raise_typed_errors(api: Any) -> None:
         await api.quarantine.list(kind="nonsense")
 
 
+async def _followed(settler: Any, count: int, poll_interval: float) -> list[str]:
+    """The operation ids of the first ``count`` entries a follow of ``settler`` yields."""
+    seen: list[str] = []
+    async for entry in settler.quarantine.follow(poll_interval=poll_interval):
+        seen.append(entry.operation_id)
+        if len(seen) == count:
+            break
+    return seen
+
+
 @pytest.mark.asyncio
 async def test_follow_yields_entries_written_after_it_started(
     async_settler: AsyncSettler,
 ) -> None:
     await _stale(async_settler, "before", {"n": 0})
-    seen: list[str] = []
-
-    async def follow() -> None:
-        async for entry in async_settler.quarantine.follow(poll_interval=0.02):
-            seen.append(entry.operation_id)
-            if len(seen) == 2:
-                return
-
-    task = asyncio.create_task(follow())
+    task = asyncio.create_task(_followed(async_settler, 2, 0.02))
     await asyncio.sleep(0.3)  # let the follower find where "now" is
     await _stale(async_settler, "after-1", {"n": 1})
     await async_settler.complete(_ghost("after-2"), {"n": 2})
-    await asyncio.wait_for(task, timeout=5)
+    seen = await asyncio.wait_for(task, timeout=5)
     assert seen == ["after-1", "after-2"]
 
 
@@ -127,23 +130,32 @@ async def test_follow_does_not_hold_back_a_shard_whose_ids_ran_ahead_of_its_cloc
     redis_client.execute_command("XSETID", stream, f"{last_ms + 3_600_000}-0")
     others = [op for op in (f"other-{i}" for i in range(40)) if shard_of(op, 4) != shard]
     ahead = [op for op in (f"ahead-{i}" for i in range(1, 40)) if shard_of(op, 4) == shard]
-    seen: list[str] = []
-
-    async def follow() -> None:
-        async for entry in async_settler.quarantine.follow(poll_interval=0.02):
-            seen.append(entry.operation_id)
-            if len(seen) == 3:
-                return
-
-    task = asyncio.create_task(follow())
+    task = asyncio.create_task(_followed(async_settler, 3, 0.02))
     await asyncio.sleep(0.3)  # let the follower find where "now" is
     written = [
         await async_settler.complete(_ghost(op), {"n": 1}) for op in (ahead[0], others[0], ahead[1])
     ]
     assert written[0].quarantine_id.split("/")[1].startswith(str(last_ms + 3_600_000))
-    await asyncio.wait_for(task, timeout=5)
+    seen = await asyncio.wait_for(task, timeout=5)
     assert sorted(seen) == sorted([ahead[0], others[0], ahead[1]])
     assert seen.index(ahead[0]) < seen.index(ahead[1])  # one shard's entries in its order
+
+
+@pytest.mark.asyncio
+async def test_follow_hands_out_what_it_read_before_the_clock_stepped_back() -> None:
+    # An entry read just before the server's clock stepped back an hour carries a time the
+    # clock will not pass again for an hour; a follow that waited for it showed nothing of it
+    # (nor of anything written after it) for that long. One more read later it goes out.
+    clock = ManualClock()
+    settler = AsyncMemorySettler(namespace="follow-step", shards=4, clock=clock)
+    task = asyncio.create_task(_followed(settler, 2, 0.01))
+    await asyncio.sleep(0.05)  # let the follower find where "now" is
+    await settler.complete(_ghost("before-the-step"), {"n": 1})
+    await asyncio.sleep(0.05)  # read, and held: the clock has not passed its time
+    clock.now_ms -= 3_600_000
+    await settler.complete(_ghost("after-the-step"), {"n": 2})
+    seen = await asyncio.wait_for(task, timeout=5)
+    assert sorted(seen) == ["after-the-step", "before-the-step"]
 
 
 def test_follow_sync_in_a_thread(redis_url: str, namespace: str) -> None:

@@ -136,6 +136,7 @@ async def test_list_filters_by_kind_operation_and_status(
         "/quarantine?since=99999999999d",
         "/quarantine.jsonl?since=99999999999d",
         "/quarantine?after=99999999999999999999:0/99999999999999999999-0",
+        "/quarantine?after=1:0/1700000000000-18446744073709551616",  # seq past 64 bits
     ):
         response = await read_only.get(query)
         assert response.status_code == 400, (query, response.status_code)
