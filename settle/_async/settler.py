@@ -10,7 +10,7 @@ from typing import Any, Protocol, Self
 
 from redis.asyncio import Redis
 
-from settle._core.engine import Core
+from settle._core.engine import Core, QuarantineQuery
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._async import AsyncConnectable, AsyncRunner
@@ -274,6 +274,14 @@ class AsyncQuarantine:
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         return await self._settler._run_many(calls)
 
+    async def _listed(self, query: QuarantineQuery) -> list[QuarantineEntry]:
+        """Run a planned listing to its end (``list``, and the console's pages, which plan
+        theirs from a cursor)."""
+        with self._settler._span("quarantine.list"):
+            while calls := query.calls():
+                query.feed(calls, await self._run_many(calls))
+            return query.result()
+
     async def list(
         self,
         *,
@@ -294,10 +302,7 @@ class AsyncQuarantine:
             limit=limit,
             newest_first=newest_first,
         )
-        with self._settler._span("quarantine.list"):
-            while calls := query.calls():
-                query.feed(calls, await self._run_many(calls))
-            return query.result()
+        return await self._listed(query)
 
     async def scan(
         self,

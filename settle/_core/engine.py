@@ -649,9 +649,9 @@ class Core:
             raise InvalidInput("limit must be an int from 1 to 100000")
         low, high = _stream_range(since, until)
         if start is not None and newest_first:
-            high = _stream_id(min(_id_bound(high, (2**64, 0)), start))
+            high = "-".join(map(str, min(_id_bound(high, (2**64, 0)), start)))
         elif start is not None:
-            low = _stream_id(max(_id_bound(low, (-1, 0)), start))
+            low = "-".join(map(str, max(_id_bound(low, (-1, 0)), start)))
         return QuarantineQuery(
             self,
             self._shards_for(operation_id),
@@ -888,10 +888,6 @@ def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
         return open_end
     ms, _, seq = bound.rpartition("-")  # a time before 1970 makes a negative ms
     return int(ms), int(seq)
-
-
-def _stream_id(at: tuple[int, int]) -> str:
-    return "-" if at[0] < 0 else "+" if at[0] >= 2**64 else f"{at[0]}-{at[1]}"
 
 
 def _ms(when: datetime) -> int:

@@ -11,7 +11,7 @@ from typing import Any, Protocol, Self
 
 from redis import Redis
 
-from settle._core.engine import Core
+from settle._core.engine import Core, QuarantineQuery
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
@@ -275,6 +275,14 @@ class Quarantine:
     def _run_many(self, calls: list[Call]) -> list[Any]:
         return self._settler._run_many(calls)
 
+    def _listed(self, query: QuarantineQuery) -> list[QuarantineEntry]:
+        """Run a planned listing to its end (``list``, and the console's pages, which plan
+        theirs from a cursor)."""
+        with self._settler._span("quarantine.list"):
+            while calls := query.calls():
+                query.feed(calls, self._run_many(calls))
+            return query.result()
+
     def list(
         self,
         *,
@@ -295,10 +303,7 @@ class Quarantine:
             limit=limit,
             newest_first=newest_first,
         )
-        with self._settler._span("quarantine.list"):
-            while calls := query.calls():
-                query.feed(calls, self._run_many(calls))
-            return query.result()
+        return self._listed(query)
 
     def scan(
         self,

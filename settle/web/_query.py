@@ -163,7 +163,7 @@ async def _listing(
     shard (bounding by its millisecond alone would read every entry of that millisecond
     again on each page: after a clock step back, a shard's ids keep one millisecond for as
     long as the step)."""
-    query = settler._core.quarantine_query(
+    planned = settler._core.quarantine_query(
         kind=flt.kind,
         operation_id=flt.operation_id,
         since=flt.since,
@@ -173,10 +173,7 @@ async def _listing(
         newest_first=newest_first,
         start=start,
     )
-    with settler._span("quarantine.list"):
-        while calls := query.calls():
-            query.feed(calls, await settler.quarantine._run_many(calls))
-        return query.result()
+    return await settler.quarantine._listed(planned)
 
 
 def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:
