@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from settle import Settler
 from settle.demo.plan import draw
 from tests.cli.conftest import DEMO_OPS, DEMO_SEED, Demo, settle, settle_json
 
@@ -137,14 +138,27 @@ def test_inspect_shows_tuple_attempt_log_and_quarantine(
 
 
 def test_inspect_an_operation_without_faults(demo_data: Demo) -> None:
-    plain = next(o for o in draw(DEMO_OPS, DEMO_SEED, "x").orders if not o.faults)
-    # the run tag differs per run: find the operation through the namespace's records
+    # the run tag differs per run: find the operations through the namespace's records
     stats_ops = _operation_ids(demo_data)
-    op = next(i for i in stats_ops if i.endswith(plain.order_id.split("-", 1)[1]))
+    plain = [o for o in draw(DEMO_OPS, DEMO_SEED, "x").orders if not o.faults]
+    ops = [next(i for i in stats_ops if i.endswith(o.order_id.split("-", 1)[1])) for o in plain]
+    # An operation with no injected fault still runs twice when the machine is so loaded that
+    # its provider call outlives the demo's 0.5 s timeout or its worker misses a heartbeat for
+    # the 1 s lease: settle working as it should. Inspect one the library reads as run once.
+    with Settler.from_url(demo_data.url, namespace=demo_data.namespace, shards=4) as reader:
+        once = [
+            (order, op)
+            for order, op in zip(plain, ops, strict=True)
+            if [a.action for a in reader.attempts(op)] == ["reserve", "complete"]
+        ]
+    assert len(once) >= len(plain) // 2, (
+        f"only {len(once)} of {len(plain)} plain operations ran once"
+    )
+    plain_order, op = once[0]
     got = settle_json("inspect", op, *demo_data.args())
     assert got["record"]["state"] == "completed"
     assert got["record"]["reservations"] == 1
-    assert got["record"]["result_json"]["amount"] == plain.request.amount
+    assert got["record"]["result_json"]["amount"] == plain_order.request.amount
     assert got["quarantine"] == []
     assert [a["action"] for a in got["attempts"]] == ["reserve", "complete"]
 
