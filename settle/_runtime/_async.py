@@ -240,6 +240,9 @@ class AsyncRunner:
         lane = _Lane
         # unasync: async-only
         lane = _Pipelined
+        from settle._runtime.cancel_safe import keep_cancellations  # noqa: PLC0415
+
+        keep_cancellations(client)  # Python 3.11: redis-py's sends lose cancellations
         # unasync: end
         self._lane = (
             None

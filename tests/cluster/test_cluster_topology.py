@@ -31,6 +31,7 @@ from settle._core.keys import shard_of
 from settle._core.scripts import SCRIPTS
 from settle._runtime import topology
 from settle.errors import InvalidInput
+from tests.cancelling import lost_cancellations
 from tests.cluster.cluster_support import LocalCluster
 
 pytestmark = [pytest.mark.cluster]
@@ -527,3 +528,26 @@ def _shards_off(cluster: LocalCluster, namespace: str, node: int) -> set[int]:
         for s in range(SHARDS)
         if owner[key_slot(f"settle:{{{namespace}:{s}}}:gen".encode())] != node
     }
+
+
+def test_a_task_calling_a_cluster_settler_stops_when_cancelled(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """Python 3.11: redis-py's sends lost most cancellations (tests/integration/
+    test_cancellation.py); the cluster's node connections keep them too, whether settle was
+    given the cluster or a node's URL (switched to a cluster client on the first call)."""
+
+    async def main() -> None:
+        seeds = [f"{host}:{port}" for host, port in cluster.startup_nodes]
+        for settler in (
+            AsyncSettler.from_cluster(seeds, namespace=namespace, shards=SHARDS),
+            AsyncSettler.from_url(cluster.nodes[0].url, namespace=namespace, shards=SHARDS),
+        ):
+            try:
+                await settler.get("cancel-warm")
+                assert await lost_cancellations(lambda s=settler: s.get("cancel-op")) == 0
+                assert await lost_cancellations(lambda s=settler: s.quarantine.list(limit=5)) == 0
+            finally:
+                await settler.aclose()
+
+    asyncio.run(main())

@@ -26,6 +26,7 @@ from settle import (
 )
 from settle.cursor import CursorStore
 from settle.embedded import EmbeddedRedis
+from tests.cancelling import lost_cancellations
 from tests.faults.sentinel_support import (
     SERVICE,
     SentinelDeployment,
@@ -175,3 +176,23 @@ def test_the_example_in_operations_md_connects(deployment: Deployment) -> None:
         assert settler.client.connection_pool.get_master_address()[1] == deployment.primary.port
     finally:
         settler.close()
+
+
+def test_a_task_calling_a_sentinel_settler_stops_when_cancelled(
+    deployment: Deployment, namespace: str
+) -> None:
+    """Python 3.11: redis-py's sends lost most cancellations (tests/integration/
+    test_cancellation.py); the Sentinel-managed connections keep them too."""
+
+    async def main() -> None:
+        a = AsyncSettler.from_sentinel(
+            deployment.sentinels, service_name=SERVICE, namespace=namespace, shards=4
+        )
+        try:
+            await a.get("cancel-warm")
+            assert await lost_cancellations(lambda: a.get("cancel-op")) == 0
+            assert await lost_cancellations(lambda: a.quarantine.list(limit=5)) == 0
+        finally:
+            await a.aclose()
+
+    asyncio.run(main())
