@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from time import monotonic
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from redis import exceptions as rx
 from redis.asyncio import Redis, RedisCluster
@@ -125,6 +125,21 @@ def sentinel_client(
 #: The clients settle made itself (``from_url``, ``from_sentinel``): their pools serve one
 #: facade, which closes them, so its runner may keep connections between calls (``_Lane``).
 _OWNED: weakref.WeakSet[Redis] = weakref.WeakSet()
+
+
+_C = TypeVar("_C", bound=Redis | RedisCluster)
+
+
+def _cancellable(client: _C) -> _C:
+    """A client the runner uses (given, or one it makes: a cluster node's for the durable
+    path, a replica probe): on asyncio, its sends keep cancellations on Python 3.11
+    (settle/_runtime/cancel_safe.py)."""
+    # unasync: async-only
+    from settle._runtime.cancel_safe import keep_cancellations  # noqa: PLC0415
+
+    keep_cancellations(client)
+    # unasync: end
+    return client
 
 
 def _owned(client: Redis) -> Redis:
@@ -240,10 +255,8 @@ class AsyncRunner:
         lane = _Lane
         # unasync: async-only
         lane = _Pipelined
-        from settle._runtime.cancel_safe import keep_cancellations  # noqa: PLC0415
-
-        keep_cancellations(client)  # Python 3.11: redis-py's sends lose cancellations
         # unasync: end
+        _cancellable(client)
         self._lane = (
             None
             if isinstance(client, RedisCluster)
@@ -446,7 +459,7 @@ class AsyncRunner:
             return {"": None}
         if isinstance(self.client, RedisCluster):
             for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
-                probe = Redis(**{**_node_settings(replica), **_probe_options()})
+                probe = _cancellable(Redis(**{**_node_settings(replica), **_probe_options()}))
                 found[f"{replica.host}:{replica.port}"] = await _policy_of(probe)
             return found
         pool = self.client.connection_pool
@@ -459,7 +472,7 @@ class AsyncRunner:
         replid = replication.get("master_replid")
         for host, port in health.replica_addresses(replication):
             node = {"host": host, "port": port, "decode_responses": False}
-            probe = Redis(**{**settings, **node, **_probe_options()})
+            probe = _cancellable(Redis(**{**settings, **node, **_probe_options()}))
             found[f"{host}:{port}"] = await _policy_of(probe, replicating=replid)
         return found
 
@@ -682,7 +695,7 @@ class AsyncRunner:
             )
         client = self._nodes.get(node.name)
         if client is None:
-            client = self._nodes[node.name] = Redis(**_node_settings(node))
+            client = self._nodes[node.name] = _cancellable(Redis(**_node_settings(node)))
         return client
 
     async def run_many(self, calls: list[Call]) -> list[Any]:

@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from redis import exceptions as rx
 from redis import Redis, RedisCluster
@@ -126,6 +126,16 @@ def sentinel_client(
 #: The clients settle made itself (``from_url``, ``from_sentinel``): their pools serve one
 #: facade, which closes them, so its runner may keep connections between calls (``_Lane``).
 _OWNED: weakref.WeakSet[Redis] = weakref.WeakSet()
+
+
+_C = TypeVar("_C", bound=Redis | RedisCluster)
+
+
+def _cancellable(client: _C) -> _C:
+    """A client the runner uses (given, or one it makes: a cluster node's for the durable
+    path, a replica probe): on asyncio, its sends keep cancellations on Python 3.11
+    (settle/_runtime/cancel_safe.py)."""
+    return client
 
 
 def _owned(client: Redis) -> Redis:
@@ -239,6 +249,7 @@ class Runner:
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
         lane = _Lane
+        _cancellable(client)
         self._lane = (
             None
             if isinstance(client, RedisCluster)
@@ -441,7 +452,7 @@ class Runner:
             return {"": None}
         if isinstance(self.client, RedisCluster):
             for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
-                probe = Redis(**{**_node_settings(replica), **_probe_options()})
+                probe = _cancellable(Redis(**{**_node_settings(replica), **_probe_options()}))
                 found[f"{replica.host}:{replica.port}"] = _policy_of(probe)
             return found
         pool = self.client.connection_pool
@@ -454,7 +465,7 @@ class Runner:
         replid = replication.get("master_replid")
         for host, port in health.replica_addresses(replication):
             node = {"host": host, "port": port, "decode_responses": False}
-            probe = Redis(**{**settings, **node, **_probe_options()})
+            probe = _cancellable(Redis(**{**settings, **node, **_probe_options()}))
             found[f"{host}:{port}"] = _policy_of(probe, replicating=replid)
         return found
 
@@ -677,7 +688,7 @@ class Runner:
             )
         client = self._nodes.get(node.name)
         if client is None:
-            client = self._nodes[node.name] = Redis(**_node_settings(node))
+            client = self._nodes[node.name] = _cancellable(Redis(**_node_settings(node)))
         return client
 
     def run_many(self, calls: list[Call]) -> list[Any]:

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from redis import exceptions as rx
+from redis.asyncio import connection as _connection
 from redis.asyncio.connection import AbstractConnection, Connection
 
 __all__ = ["NEEDED", "keep_cancellations"]
@@ -30,27 +31,35 @@ __all__ = ["NEEDED", "keep_cancellations"]
 NEEDED = (3, 11, 3) <= sys.version_info < (3, 12)
 
 _OWN_SEND = AbstractConnection.send_packed_command
+#: redis-py's DEBUG line for a failed write (``redis.connection`` logger), where it has one.
+_DEBUG_LOG = getattr(_connection, "add_debug_log_for_connection_failure", None)
+
+
+def _debug_log(conn: Any, exc: BaseException) -> None:
+    if _DEBUG_LOG is not None:
+        _DEBUG_LOG(conn, exc, "writing command")
 
 
 async def _send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
     """redis-py's ``AbstractConnection.send_packed_command`` (8.x), with ``asyncio.timeout``
     where it has ``asyncio.wait_for``."""
-    timeout = self.socket_timeout
-    if not timeout:  # no wait_for on redis-py's path either
-        await _OWN_SEND(self, command, check_health)
-        return
     if not self.is_connected:
         await self.connect_check_health(check_health=False)
     if check_health:
         await self.check_health()
+    timeout = self.socket_timeout  # read after both, as redis-py does (notifications move it)
     try:
         if isinstance(command, str):
             command = command.encode()
         if isinstance(command, bytes):
             command = [command]
-        async with asyncio.timeout(timeout):
+        if not timeout:  # no wait_for on redis-py's path either
             await self._send_packed_command(command)
+        else:
+            async with asyncio.timeout(timeout):
+                await self._send_packed_command(command)
     except TimeoutError as exc:
+        _debug_log(self, exc)
         await self.disconnect(nowait=True)
         if exc.errno is not None:  # ETIMEDOUT from the OS: the connection is dead, not slow
             raise rx.ConnectionError(
@@ -58,11 +67,13 @@ async def _send_packed_command(self: Any, command: Any, check_health: bool = Tru
             ) from exc
         raise rx.TimeoutError("Timeout writing to socket") from None
     except OSError as exc:
+        _debug_log(self, exc)
         await self.disconnect(nowait=True)
         number, message = ("UNKNOWN", exc.args[0]) if len(exc.args) == 1 else exc.args[:2]
         raise rx.ConnectionError(f"Error {number} while writing to socket. {message}.") from exc
-    except BaseException:
+    except BaseException as exc:
         # a send cut short (cancelled): the connection may hold part of a command
+        _debug_log(self, exc)
         await self.disconnect(nowait=True)
         raise
 
@@ -107,6 +118,9 @@ def keep_cancellations(client: Any) -> None:
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         _pool(pool)
+        # a Sentinel pool asks its Sentinels for the primary on every new connection
+        for sentinel in getattr(getattr(pool, "sentinel_manager", None), "sentinels", ()):
+            keep_cancellations(sentinel)
     manager = getattr(client, "nodes_manager", None)
     if manager is None:
         return

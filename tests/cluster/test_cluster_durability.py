@@ -6,6 +6,7 @@ and with one replica stopped: only the shards of that replica's primary raise
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ from settle import AsyncSettler, DurabilityError, Reserved, Settler, State, Verd
 from settle._core.keys import Keys
 from settle._core.layout import unpack
 from settle._runtime.topology import has_functions
+from tests.cancelling import lost_cancellations
 from tests.cluster.cluster_support import SLOTS, LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults]
@@ -149,3 +151,24 @@ def test_a_stopped_replica_fails_only_its_primarys_shards(
         assert s.complete(r.reservation, RESULT).verdict is Verdict.ABSORBED
         assert _replica_state(replicated, 1, namespace, op) == b"completed"
     s.close()
+
+
+def test_async_min_replicas_on_a_cluster_keeps_cancellations(
+    replicated: LocalCluster, namespace: str
+) -> None:
+    """Python 3.11: the durable path's per-node clients (each write and its WAIT) sent with
+    redis-py's wait_for and lost 25 of 40 cancellations; they keep them now."""
+
+    async def main() -> None:
+        a = AsyncSettler.from_cluster(
+            replicated.startup_nodes[:2], namespace=namespace, shards=SHARDS, min_replicas=1
+        )
+        n = itertools.count()
+        try:
+            await a.reserve("cancel-warm", REQ, principal=WHO)
+            lost = await lost_cancellations(lambda: a.reserve(f"c-{next(n)}", REQ, principal=WHO))
+            assert lost == 0
+        finally:
+            await a.aclose()
+
+    asyncio.run(main())

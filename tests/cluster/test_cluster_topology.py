@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.asyncio import RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
@@ -549,5 +551,27 @@ def test_a_task_calling_a_cluster_settler_stops_when_cancelled(
                 assert await lost_cancellations(lambda s=settler: s.quarantine.list(limit=5)) == 0
             finally:
                 await settler.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_applications_cluster_client_keeps_cancellations(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """The nodes and connections of a cluster client the application used before it gave it
+    to settle (its node cache filled, connections open on every node) send the same way."""
+
+    async def main() -> None:
+        startup = [ClusterNode(h, p) for h, p in cluster.startup_nodes]
+        client = RedisCluster(startup_nodes=startup, socket_timeout=5.0)
+        try:
+            for i in range(20):
+                await client.get(f"warm-{i}")
+            settler = AsyncSettler(client, namespace=namespace, shards=SHARDS)
+            assert await lost_cancellations(lambda: client.get("warm-1")) == 0
+            assert await lost_cancellations(lambda: settler.get("cancel-op")) == 0
+            await settler.aclose()
+        finally:
+            await client.aclose()
 
     asyncio.run(main())

@@ -182,7 +182,8 @@ def test_a_task_calling_a_sentinel_settler_stops_when_cancelled(
     deployment: Deployment, namespace: str
 ) -> None:
     """Python 3.11: redis-py's sends lost most cancellations (tests/integration/
-    test_cancellation.py); the Sentinel-managed connections keep them too."""
+    test_cancellation.py); the Sentinel-managed connections and the Sentinels' own clients
+    keep them too."""
 
     async def main() -> None:
         a = AsyncSettler.from_sentinel(
@@ -191,6 +192,9 @@ def test_a_task_calling_a_sentinel_settler_stops_when_cancelled(
         try:
             await a.get("cancel-warm")
             assert await lost_cancellations(lambda: a.get("cancel-op")) == 0
+            # what each new connection asks the Sentinels first (after a failover, say)
+            pool = a.client.connection_pool
+            assert await lost_cancellations(pool.get_master_address) == 0
             assert await lost_cancellations(lambda: a.quarantine.list(limit=5)) == 0
         finally:
             await a.aclose()

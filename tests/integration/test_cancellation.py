@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 from typing import Any
 
 import pytest
 import redis.asyncio as aredis
+from redis import exceptions as rx
 from redis.asyncio.connection import Connection
 
 from settle import AsyncSettler
+from settle.embedded import EmbeddedRedis
 from tests.cancelling import ENDS_WITHIN, ROUNDS, lost_cancellations
 
 pytestmark = pytest.mark.asyncio
@@ -99,3 +103,52 @@ async def test_a_connection_class_with_its_own_send_keeps_it(
         await settler.aclose()
         await client.aclose()
         await pool.aclose()
+
+
+def _fate(exc: BaseException | None, conn: Connection) -> tuple[object, ...]:
+    if exc is None:
+        return ("no error", conn.is_connected)
+    return (type(exc), str(exc), exc.__suppress_context__, conn.is_connected)
+
+
+async def _send_to_a_stopped_server(conn: Connection, cancel: bool) -> Any:
+    """Write 64 MiB to a server that reads nothing (SIGSTOP): the send blocks until its
+    socket_timeout, or until the task is cancelled."""
+    big = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$67108864\r\n" + b"x" * (64 << 20) + b"\r\n"
+    send = asyncio.create_task(conn.send_packed_command(big, check_health=False))
+    if cancel:
+        await asyncio.sleep(0.1)
+        send.cancel()
+    try:
+        await send
+    except BaseException as exc:
+        return _fate(exc, conn)
+    return _fate(None, conn)
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["send timeout", "cancelled mid-write"])
+async def test_a_send_that_times_out_or_is_cancelled_ends_as_redis_pys_own(
+    async_settler: AsyncSettler, cancel: bool
+) -> None:
+    await async_settler.get("op:none")
+    ours = async_settler._runner.client.connection_pool.connection_class
+    with EmbeddedRedis() as server:
+        assert server.process is not None
+        conns = [
+            cls(host="127.0.0.1", port=server.port, socket_timeout=0.5)
+            for cls in (ours, Connection)
+        ]
+        for conn in conns:
+            await conn.connect()
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            got, theirs = [await _send_to_a_stopped_server(conn, cancel) for conn in conns]
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+            for conn in conns:
+                await conn.disconnect()
+    assert got == theirs
+    if cancel:
+        assert got == (asyncio.CancelledError, "", False, False)
+    else:
+        assert got == (rx.TimeoutError, "Timeout writing to socket", True, False)
