@@ -53,11 +53,8 @@ async def _send_packed_command(self: Any, command: Any, check_health: bool = Tru
             command = command.encode()
         if isinstance(command, bytes):
             command = [command]
-        if not timeout:  # no wait_for on redis-py's path either
+        async with asyncio.timeout(timeout or None):  # none: redis-py's path has no wait_for
             await self._send_packed_command(command)
-        else:
-            async with asyncio.timeout(timeout):
-                await self._send_packed_command(command)
     except TimeoutError as exc:
         _debug_log(self, exc)
         await self.disconnect(nowait=True)
@@ -94,20 +91,14 @@ def _safe(cls: type) -> type:
     return made
 
 
-def _pool(pool: Any) -> None:
-    """A connection pool's class for new connections, and the connections it holds."""
-    if hasattr(pool, "connection_class"):
-        pool.connection_class = _safe(pool.connection_class)
-    for held in ("_available_connections", "_in_use_connections"):
-        for conn in getattr(pool, held, ()):
+def _holder(holder: Any, *held: str) -> None:
+    """A connection pool or a cluster node: its class for new connections, and the
+    connections it already holds (in the attributes named ``held``)."""
+    if hasattr(holder, "connection_class"):
+        holder.connection_class = _safe(holder.connection_class)
+    for name in held:
+        for conn in getattr(holder, name, ()):
             conn.__class__ = _safe(type(conn))
-
-
-def _node(node: Any) -> None:
-    """A cluster node (its class for new connections, the connections it holds)."""
-    node.connection_class = _safe(node.connection_class)
-    for conn in getattr(node, "_connections", ()):
-        conn.__class__ = _safe(type(conn))
 
 
 def keep_cancellations(client: Any) -> None:
@@ -117,7 +108,7 @@ def keep_cancellations(client: Any) -> None:
         return
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
-        _pool(pool)
+        _holder(pool, "_available_connections", "_in_use_connections")
         # a Sentinel pool asks its Sentinels for the primary on every new connection
         for sentinel in getattr(getattr(pool, "sentinel_manager", None), "sentinels", ()):
             keep_cancellations(sentinel)
@@ -128,4 +119,4 @@ def keep_cancellations(client: Any) -> None:
     kwargs["connection_class"] = _safe(kwargs.get("connection_class", Connection))
     for nodes in (manager.startup_nodes, manager.nodes_cache):
         for node in list(nodes.values()):
-            _node(node)
+            _holder(node, "_connections")
