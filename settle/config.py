@@ -55,10 +55,12 @@ class SettleConfig(BaseModel):
     """How much of a rejected payload the quarantine keeps (size and SHA-256 always)."""
     quarantine_maxlen: int | None = Field(default=None, ge=1, le=2**53)
     """Cap on each shard's quarantine stream; None keeps every entry (export, then trim)."""
-    attempt_log_size: int = Field(default=64, ge=1, le=LOG_MAX)
+    attempt_log_size: int = Field(default=64, ge=2, le=LOG_MAX)
     """Entries kept in each operation's attempt log (the newest). At most 1000: the log lives
     in the record's packed value, which a script decodes whole (Lua's stack holds ~8000
-    values; an entry is 6)."""
+    values; an entry is 6). At least 2: a ``mark_provisional`` repeated after its reply was
+    lost is told from a stale one by its entry in the log (rule S13), and the takeover that
+    may come between the two adds an entry of its own."""
     min_replicas: int = Field(default=0, ge=0)
     """With N > 0 every transition is followed by ``WAIT N replica_timeout``."""
     replica_timeout: float = Field(default=1.0, gt=0)

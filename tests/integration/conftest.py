@@ -44,18 +44,27 @@ def flavour(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture
+def settler_options() -> dict[str, Any]:
+    """More ``SettleConfig`` options for ``api`` (a test parametrizes this name to set them)."""
+    return {}
+
+
 @pytest_asyncio.fixture
-async def api(flavour: str, redis_url: str, namespace: str) -> AsyncIterator[Any]:
+async def api(
+    flavour: str, redis_url: str, namespace: str, settler_options: dict[str, Any]
+) -> AsyncIterator[Any]:
+    opts = {"namespace": namespace, "shards": 4, **settler_options}
     if flavour == "sync":
-        s = Settler.from_url(redis_url, namespace=namespace, shards=4)
+        s = Settler.from_url(redis_url, **opts)
         yield Awaitable(s)
         s.close()
     elif flavour == "async":
-        a = AsyncSettler(aioredis.Redis.from_url(redis_url), namespace=namespace, shards=4)
+        a = AsyncSettler(aioredis.Redis.from_url(redis_url), **opts)
         yield a
         await a.aclose()
     else:
-        yield Awaitable(MemorySettler(namespace=namespace, shards=4))
+        yield Awaitable(MemorySettler(**opts))
 
 
 @pytest.fixture

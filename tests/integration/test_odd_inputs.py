@@ -39,6 +39,7 @@ from settle.testing import MemorySettler
         ("quarantine_payload_bytes", -1),
         ("quarantine_maxlen", 0),
         ("attempt_log_size", 0),
+        ("attempt_log_size", 1),  # S13 needs the entry before a takeover's
         ("attempt_log_size", 10_001),
         ("min_replicas", -1),
         ("replica_timeout", 0),

@@ -147,10 +147,16 @@ async def test_the_same_uncertainty_reported_again_is_absorbed(api: Any) -> None
     assert await api.quarantine.list() == []
 
 
+@pytest.mark.parametrize(
+    "settler_options",
+    [{}, {"attempt_log_size": 2}],  # the default log, and the shortest one allowed
+    ids=["default-log", "shortest-log"],
+)
 async def test_an_accepted_mark_provisional_repeated_after_a_takeover_is_absorbed(
     api: Any,
 ) -> None:
-    """Its first reply was lost; the repeat arrives after another attempt took over."""
+    """Its first reply was lost; the repeat arrives after another attempt took over (the
+    takeover's entry is the log's newest, the accepted one just before it)."""
     old = await _reserved(api)
     await api.mark_provisional(old, reason="timeout")
     new = await _reserved(api)
