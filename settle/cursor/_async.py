@@ -11,7 +11,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner
-from settle.cursor._core import CursorCore
+from settle.cursor._core import STAND_DOWN_FOR, CursorCore
 from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
 from settle.cursor.errors import ProviderCursorExpired
@@ -113,16 +113,22 @@ class AsyncCursorConsumer:
         *,
         store: AsyncCursorStore,
         stream: str,
+        stand_down_for: float = STAND_DOWN_FOR,
     ) -> None:
+        """``stand_down_for``: seconds a pending response of another worker may go without
+        progress while a shorter copy of it stands down (``LOST``); after that the shorter
+        copy stops the stream (``CoverageNotProven``) instead of standing down for good."""
         self._core = store.core
-        self.stream, self.contract = self._core.check_consumer(stream, contract)
+        self.stream, self.contract, self._stand_down_ms = self._core.check_consumer(
+            stream, contract, stand_down_for
+        )
         self.fetch_page = fetch_page
         self.handle_event = handle_event
         self.store = store
 
     async def step(self) -> StepResult:
         """Fetch the page at the checkpoint, apply it, promote its successor."""
-        steps = procedure(self._core, self.stream, self.contract)
+        steps = procedure(self._core, self.stream, self.contract, self._stand_down_ms)
         instruction = next(steps)
         while True:
             match instruction:

@@ -321,10 +321,10 @@ class _Rules:
                 )
         return None
 
-    def truncated_of(self) -> str | None:
-        """A pending response this one is a strict, shorter prefix of, that lists an
-        unsettled event beyond it: the other worker (or an exact replay of that response)
-        must go on; this one stands down."""
+    def truncated_of(self) -> tuple[Witness, WitnessEvent] | None:
+        """A pending response this one is a strict, shorter prefix of, and the first
+        unsettled event it lists beyond it: the other worker (or an exact replay of that
+        response) must go on; this one stands down."""
         mine = witness_events(self.page)
         if not any(e.position > self.boundary for e in mine):
             return None  # nothing new: an empty answer (held, or judged by its evidence)
@@ -333,8 +333,19 @@ class _Rules:
                 for ev in w.events[len(mine) :]:
                     r = self.view.receipts.get(ev.id)
                     if r is None or (r.position, r.digest) != (ev.position, ev.digest):
-                        return w.attempt_id
+                        return w, ev
         return None
+
+    def idle_ms(self, w: Witness) -> int:
+        """How long ``w`` has gone without progress: since it was written or last changed,
+        or since the newest receipt of its events this view holds (server clock)."""
+        last = max(
+            [
+                w.updated_at,
+                *(r.at for e in w.events if (r := self.view.receipts.get(e.id)) is not None),
+            ]
+        )
+        return self.view.now_ms - int(last.timestamp() * 1000)
 
     def sparse_anchor(self) -> bool:
         """A sparse shifted page proves it starts where the applied events end: it opens
@@ -385,8 +396,13 @@ class _Rules:
         return Classification.FIRST, None
 
 
-def classify(stream: str, contract: ProviderContract, view: View, page: Page) -> Decision:
-    """Classify ``page`` (the response to the checkpoint's cursor) for ``view``."""
+def classify(
+    stream: str, contract: ProviderContract, view: View, page: Page, stand_down_ms: int
+) -> Decision:
+    """Classify ``page`` (the response to the checkpoint's cursor) for ``view``. A shorter
+    copy of a pending response stands down (``lost``) while that response made progress in
+    the last ``stand_down_ms``; after that its worker is taken for gone, and the stream
+    stops instead of standing down for good."""
     rules = _Rules(stream, contract, view, page)
 
     def stop(error: CursorDivergence) -> Decision:
@@ -431,11 +447,28 @@ def classify(stream: str, contract: ProviderContract, view: View, page: Page) ->
                 Recovery.STABLE_BOUNDARY,
             )
         )
-    lost = rules.truncated_of()
-    if lost is not None:
+    truncated = rules.truncated_of()
+    if truncated is not None:
         # Two workers, the other one's response saw more (or a lagging replica truncated a
-        # retry): promoting this one could skip what the other holds. Stand down.
-        return Decision(kind, rules.boundary, lost=lost)
+        # retry): promoting this one could skip what the other holds. Stand down, unless
+        # the other one stopped moving: then no retry would ever finish it (its worker
+        # died and the provider now answers shorter pages), and standing down would hold
+        # the stream silently for good.
+        other, owed = truncated
+        idle = rules.idle_ms(other)
+        if idle < stand_down_ms:
+            return Decision(kind, rules.boundary, lost=other.attempt_id)
+        return stop(
+            rules.diverge(
+                CoverageNotProven,
+                f"event {owed.id!r} at position {owed.position}, witnessed in an earlier "
+                f"response to this cursor that made no progress for {idle / 1000:.0f} s, "
+                "is missing from the retry, a shorter page: fetch pages as long as that "
+                "response's, or reset from a stable boundary",
+                "witnessed_event_missing",
+                Recovery.STABLE_BOUNDARY,
+            )
+        )
     if kind is Classification.TOKEN_ROTATION and not contract.rotation_allowed:
         return stop(
             rules.diverge(

@@ -53,9 +53,16 @@ from settle.cursor.models import (
 )
 from settle.errors import CorruptRecord, InvalidInput
 
-__all__ = ["CursorCore", "Outcome", "Reply"]
+__all__ = ["MAX_STAND_DOWN", "STAND_DOWN_FOR", "CursorCore", "Outcome", "Reply"]
 
 _MAX_OUTCOME = 32
+
+#: Seconds another worker's pending response may go without progress (no receipt, no
+#: change) while a shorter copy of it stands down (``LOST``) by default; then its worker is
+#: taken for gone and the shorter copy stops the stream instead (``CoverageNotProven``).
+STAND_DOWN_FOR = 300.0
+#: The most ``stand_down_for`` may be (a week).
+MAX_STAND_DOWN = 7 * 86_400
 
 
 def short(digest: str) -> str:
@@ -162,12 +169,25 @@ class CursorCore:
             )
 
     @staticmethod
-    def check_consumer(stream: str, contract: object) -> tuple[str, ProviderContract]:
+    def check_consumer(
+        stream: str, contract: object, stand_down_for: object
+    ) -> tuple[str, ProviderContract, int]:
+        """The consumer's stream, contract and ``stand_down_for`` in ms, checked."""
         if not isinstance(contract, ProviderContract):
             raise InvalidInput(
                 f"contract must be a settle.cursor.ProviderContract, got {type(contract).__name__}"
             )
-        return check_stream(stream), contract
+        wait = stand_down_for
+        if (
+            isinstance(wait, bool)
+            or not isinstance(wait, int | float)
+            or not 0 < wait <= MAX_STAND_DOWN  # NaN fails both
+        ):
+            raise InvalidInput(
+                f"stand_down_for must be a number of seconds above 0, at most {MAX_STAND_DOWN}, "
+                f"got {wait!r}"
+            )
+        return check_stream(stream), contract, max(1, round(wait * 1000))
 
     def _call(self, script: str, stream: str, *args: str | bytes | int) -> Call:
         s = check_stream(stream)
@@ -391,8 +411,10 @@ class CursorCore:
             self._log(stream).warning("settle.cursor.invalid_response")
             raise
 
-    def classify(self, stream: str, contract: ProviderContract, view: View, page: Page) -> Decision:
-        decision = classify(stream, contract, view, page)
+    def classify(
+        self, stream: str, contract: ProviderContract, view: View, page: Page, stand_down_ms: int
+    ) -> Decision:
+        decision = classify(stream, contract, view, page, stand_down_ms)
         ck = view.checkpoint
         log = self._log(stream).bind(
             generation=ck.generation,

@@ -46,7 +46,7 @@ _RECLASSIFY = 8
 
 
 def procedure(
-    core: CursorCore, stream: str, contract: ProviderContract
+    core: CursorCore, stream: str, contract: ProviderContract, stand_down_ms: int
 ) -> Generator[Instruction, Any, None]:
     """Read the checkpoint, fetch its page, classify, witness, hand over each event that
     has no matching receipt and record its receipt, then promote (SPEC 9)."""
@@ -64,7 +64,7 @@ def procedure(
         if core.moved(first, view):
             yield Done(core.superseded(view, None))
             return
-        decision = core.classify(stream, contract, view, page)
+        decision = core.classify(stream, contract, view, page, stand_down_ms)
         if decision.stalled or decision.lost is not None:
             yield Done(core.stalled(view, decision))
             return

@@ -24,7 +24,10 @@ from settle.cursor.errors import ReceiptConflict, RotationNotAllowed
 from settle.cursor.models import Classification, Disposition, Recovery, WitnessEvent
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
+NOW_MS = int(NOW.timestamp() * 1000)
 G = 9
+#: ``stand_down_for`` in these cases (ms): a minute.
+STAND_DOWN_MS = 60_000
 
 
 def ev(i: int, payload: object = None) -> Event:
@@ -67,7 +70,7 @@ def witness(events: list[Event], successor: bytes, aid: str = "w1", **kw: object
     return Witness(**fields)
 
 
-def view(boundary: int, witnesses=(), receipts=()) -> View:
+def view(boundary: int, witnesses=(), receipts=(), now_ms: int = NOW_MS) -> View:
     ck = Checkpoint(
         stream="s",
         cursor=b"C41",
@@ -78,11 +81,11 @@ def view(boundary: int, witnesses=(), receipts=()) -> View:
         updated_at=NOW,
         promoted_witness=None,
     )
-    return View(ck, tuple(witnesses), {r.event_id: r for r in receipts}, 0)
+    return View(ck, tuple(witnesses), {r.event_id: r for r in receipts}, now_ms)
 
 
 def run(v: View, page: Page, **contract: object):
-    return classify("s", ProviderContract(**contract), v, page)
+    return classify("s", ProviderContract(**contract), v, page, STAND_DOWN_MS)
 
 
 def test_first_response() -> None:
@@ -244,3 +247,41 @@ def test_an_empty_retry_without_evidence_holds_even_after_a_witnessed_page() -> 
     documented = run(v, Page([], b"N-head"), empty_page=EmptyPageSemantics.CAUGHT_UP)
     assert documented.error is not None
     assert documented.error.reason == "witnessed_event_missing"
+
+
+@pytest.mark.parametrize("idle_ms", [0, STAND_DOWN_MS - 1])
+def test_a_shorter_copy_of_a_moving_pending_response_stands_down(idle_ms: int) -> None:
+    """The other worker saw more, or a lagging replica truncated the retry: the full
+    response goes on (LOST), nothing is witnessed."""
+    v = view(500, [witness([ev(501), ev(502), ev(503)], b"N7")], now_ms=NOW_MS + idle_ms)
+    d = run(v, Page([ev(501), ev(502)], b"N5"))
+    assert (d.lost, d.error) == ("w1", None)
+
+
+def test_a_shorter_copy_of_a_pending_response_that_stopped_moving_stops_the_stream() -> None:
+    """Its worker died and the provider now answers shorter pages (a smaller page size):
+    no retry would ever finish that response, so standing down would hold the stream
+    silently for good. The stream stops, naming the recovery."""
+    v = view(500, [witness([ev(501), ev(502), ev(503)], b"N7")], now_ms=NOW_MS + STAND_DOWN_MS)
+    d = run(v, Page([ev(501), ev(502)], b"N5"))
+    assert d.lost is None
+    assert isinstance(d.error, CoverageNotProven)
+    assert (d.error.reason, d.error.recovery) == (
+        "witnessed_event_missing",
+        Recovery.STABLE_BOUNDARY,
+    )
+    assert "'e503' at position 503" in str(d.error)
+    assert d.classification is Classification.DIVERGENT
+
+
+def test_a_receipt_of_the_pending_response_counts_as_its_progress() -> None:
+    """A slow worker applying a long page writes a receipt per event: while they come, a
+    shorter copy stands down, however old the response itself is."""
+    w = witness([ev(501), ev(502), ev(503)], b"N7")
+    late = receipt(ev(501), G).model_copy(
+        update={"at": datetime.fromtimestamp((NOW_MS + STAND_DOWN_MS) / 1000, UTC)}
+    )
+    v = view(500, [w], [late], now_ms=NOW_MS + STAND_DOWN_MS + 10)
+    assert run(v, Page([ev(501), ev(502)], b"N5")).lost == "w1"
+    v = view(500, [w], [late], now_ms=NOW_MS + 2 * STAND_DOWN_MS)
+    assert isinstance(run(v, Page([ev(501), ev(502)], b"N5")).error, CoverageNotProven)

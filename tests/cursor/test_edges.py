@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 
 import httpx
 import pytest
@@ -26,7 +27,7 @@ from settle.cursor import (
     StepOutcome,
     StepResult,
 )
-from settle.cursor.models import Disposition
+from settle.cursor.models import Disposition, Recovery
 from settle.errors import InvalidInput
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash, drain, truth
@@ -76,6 +77,50 @@ def test_a_truncated_retry_never_skips_a_witnessed_event_beyond_its_last_positio
     assert (ck.generation, ck.boundary) == (1, 0)
     drain(consumer(store, fetch, sink, **contract))
     assert_exactly_once(sink, truth(p))  # 30 was not skipped
+
+
+@pytest.mark.parametrize("positions", ["dense", "sparse"])
+def test_a_shorter_page_after_a_crash_stops_the_stream_once_the_response_stopped_moving(
+    serve, store: CursorStore, http, sink, positions: str
+) -> None:
+    """A worker witnessed a page of four and died after the first event; the consumer comes
+    back with a smaller page size. Every retry is a shorter copy of that response, which
+    no retry will finish: it stands down while the response might still be moving, then
+    the stream stops naming the recovery, instead of answering LOST for good. Pages as
+    long as the witnessed one resume it, and every event is applied once."""
+    server = serve(page_size=4)
+    p = server.provider
+    p.append(6)
+    fetch = fetcher(server.url, http)
+    store.start("s", p.token(0).encode())
+    # The provider issues a new token for every answer: the full page again later is a
+    # token rotation of the witnessed one.
+    contract = ProviderContract(positions=positions, rotation_allowed=True)
+    with pytest.raises(Crash):  # witnessed e1..e4, applied e1
+        CursorConsumer(fetch, crash_at(sink, "e2"), contract, store=store, stream="s").step()
+    p.page_size = 2
+
+    def restarted() -> CursorConsumer:
+        return CursorConsumer(fetch, sink, contract, store=store, stream="s", stand_down_for=0.5)
+
+    assert restarted().step().outcome is StepOutcome.LOST
+    time.sleep(0.6)  # the server's clock: no receipt, no change to that response since
+    with capture_logs() as logs, pytest.raises(CoverageNotProven) as info:
+        restarted().run()
+    assert (info.value.reason, info.value.recovery) == (
+        "witnessed_event_missing",
+        Recovery.STABLE_BOUNDARY,
+    )
+    assert [e["reason"] for e in logs if e["event"] == "settle.cursor.diverged"] == [
+        "witnessed_event_missing"
+    ]
+    ck = store.checkpoint("s")
+    assert (ck.generation, ck.boundary) == (1, 0)
+    assert sink.applied() == ["e1"]
+
+    p.page_size = 4  # the page size restored: the witnessed response is resumed
+    drain(restarted())
+    assert_exactly_once(sink, truth(p))
 
 
 def test_a_retry_missing_a_witnessed_event_in_its_middle_stops(

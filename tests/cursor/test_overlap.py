@@ -19,7 +19,10 @@ from settle.cursor import (
     ProviderContract,
     StepOutcome,
 )
+from settle.cursor._core import STAND_DOWN_FOR
 from settle.cursor.errors import ReceiptConflict
+
+STAND_DOWN_MS = int(STAND_DOWN_FOR * 1000)
 
 
 class Crash(Exception):
@@ -196,7 +199,7 @@ def test_a_coverage_marker_above_the_boundary_never_lets_a_promotion_skip_an_eve
     page_a = Page([e1, e2, e5], successor=b"A", coverage=Coverage(2, 10))
     page_b = Page([e1, e2, e4, e5], successor=b"B")
     store.start("s", b"0")
-    a, b = procedure(store.core, "s", contract), procedure(store.core, "s", contract)
+    a, b = (procedure(store.core, "s", contract, STAND_DOWN_MS) for _ in "ab")
     handled: list[tuple[str, str]] = []
     _drive(a, store, page_a, handled, "A", until="e2")  # A witnessed, applied e1
     _drive(b, store, page_b, handled, "B", until="e2")  # B witnessed its response

@@ -236,3 +236,13 @@ def test_a_consumer_rejects_a_bad_stream_or_contract(store) -> None:
         CursorConsumer(lambda c: Page([], c), print, ProviderContract(), store=store, stream="")
     with pytest.raises(InvalidInput):
         CursorConsumer(lambda c: Page([], c), print, {"rotation": True}, store=store, stream="s")
+    for wait in (0, -1, float("nan"), float("inf"), 7 * 86_400 + 1, True, "300", None):
+        with pytest.raises(InvalidInput, match="stand_down_for"):
+            CursorConsumer(
+                lambda c: Page([], c),
+                print,
+                ProviderContract(),
+                store=store,
+                stream="s",
+                stand_down_for=wait,  # type: ignore[arg-type]
+            )
