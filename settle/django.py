@@ -72,7 +72,9 @@ class IdempotencyMiddleware:
 
     Put it after ``CsrfViewMiddleware`` and the authentication middleware: a response that
     another middleware gives before the view is reached (the CSRF check's 403, a 404 of
-    URL resolution) is sent but never stored, so the corrected retry runs the view.
+    URL resolution) is sent but never stored, so the same request sent again runs the view
+    once what refused it is put right outside the request (the token in ``X-CSRFToken``);
+    a changed request (the token added to the form body) is a 422, as always.
     """
 
     def __init__(self, get_response: GetResponse, **overrides: Any) -> None:

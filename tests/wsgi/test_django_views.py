@@ -52,6 +52,7 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
+    HttpResponseRedirect,
     JsonResponse,
     StreamingHttpResponse,
 )
@@ -213,6 +214,40 @@ def test_csrf_refusal_does_not_consume_the_key(settle_settings: dict[str, Any]) 
         retried.status_code,
         retried.get("Idempotent-Replayed"),
     )
+
+
+def test_csrf_refusal_then_a_token_added_to_the_body_is_a_changed_request(
+    settle_settings: dict[str, Any],
+) -> None:
+    """The key stays bound to the request the CSRF check refused: the token added to the
+    form body (``csrfmiddlewaretoken``) makes another request, 422 as any changed body, and
+    the view does not run; the record is neither released nor rebound (an earlier attempt
+    under the key may have run the view). The same form with the token in X-CSRFToken is
+    the same request, and runs the view (docs/http-endpoints.md, Django, "Order")."""
+
+    def checkout(request: HttpRequest) -> HttpResponseBase:
+        RUNS.append("checkout")
+        return HttpResponseRedirect("/receipt/1")
+
+    middleware = [
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "settle.django.IdempotencyMiddleware",
+    ]
+    form = {"amount": "10"}
+    conf = urlconf(path("checkout", checkout))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=middleware):
+        client = Client(enforce_csrf_checks=True)
+        refused = client.post("/checkout", form, **headers("k-form"))
+        token = "a" * 32
+        client.cookies["csrftoken"] = token
+        in_body = {**form, "csrfmiddlewaretoken": token}
+        changed = client.post("/checkout", in_body, **headers("k-form"))
+        in_header = client.post("/checkout", form, HTTP_X_CSRFTOKEN=token, **headers("k-form"))
+    assert refused.status_code == 403
+    assert changed.status_code == 422
+    assert changed.json()["type"] == "urn:settle:problem:idempotency-key-reused"
+    assert in_header.status_code == 302
+    assert RUNS == ["checkout"]
 
 
 # -- 5. an async view: refused when decorated (settle.django guards sync views) -------------
