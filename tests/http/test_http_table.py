@@ -559,3 +559,38 @@ def test_a_takeover_after_a_large_response_started_streaming_is_quarantined(
     op = operation_id("http", "k-late", "tenant:acme", "principal")
     assert [e.kind.value for e in settler.quarantine.list(operation_id=op)] == ["stale_generation"]
     assert problem_type(retried) == "request-in-progress"  # the newer attempt's
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_global_key_tells_another_principal_whether_it_guessed_the_request(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    """What docs/http-endpoints.md says of ``key_scope="global"`` (step 2), and why its keys
+    must be unguessable: another principal never gets the stored response, but gets
+    idempotency-key-bound for the first principal's exact request and
+    idempotency-key-reused for any other (the request is compared first, SPEC 2)."""
+    ledger = Ledger()
+    with contextlib.ExitStack() as stack:
+        if protocol == "asgi":
+            async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+            app = starlette_app(async_settler, ledger, key_scope="global")
+            base = stack.enter_context(serve(app, async_settler))
+        else:
+            settler = stack.enter_context(
+                contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=4))
+            )
+            base = stack.enter_context(serve_wsgi(wsgi_app(settler, ledger, key_scope="global")))
+        client = stack.enter_context(httpx.Client(base_url=base, timeout=30))
+
+        def pay(amount: int, principal: str) -> httpx.Response:
+            headers = key_headers("order-42", principal)
+            return client.post("/payments", json={"amount": amount}, headers=headers)
+
+        first = pay(4200, "tenant:acme")
+        right_guess = pay(4200, "tenant:evil")
+        wrong_guess = pay(1, "tenant:evil")
+    assert first.status_code == 201
+    assert (right_guess.status_code, problem_type(right_guess)) == (422, "idempotency-key-bound")
+    assert (wrong_guess.status_code, problem_type(wrong_guess)) == (422, "idempotency-key-reused")
+    assert first.content not in (right_guess.content, wrong_guess.content)
+    assert ledger.count("/payments") == 1
