@@ -18,10 +18,11 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, Reservation, Settler
+from settle import AsyncSettler, Reservation, Reserved, Settler, State
 from settle._log import operation_digest
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi import current_attempt as asgi_attempt
+from settle.http._sync import status_line
 from settle.http.keys import operation_id
 from settle.http.stored import StoredResponse
 from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
@@ -457,10 +458,11 @@ def _large_endpoint(
     sizes: list[int],
     supersede: Callable[[str], None],
     before: int = 0,
+    status: int = 201,
 ) -> httpx.Client:
-    """An endpoint that answers 201 with ``sizes`` bytes of ``s``, in one message (ASGI) or
-    chunk (WSGI) each, and calls ``supersede(operation_id)`` before its message ``before``
-    (0: before its response starts)."""
+    """An endpoint that answers ``status`` with ``sizes`` bytes of ``s``, in one message
+    (ASGI) or chunk (WSGI) each, and calls ``supersede(operation_id)`` before its message
+    ``before`` (0: before its response starts)."""
     if protocol == "asgi":
 
         async def asgi(scope: Any, receive: Any, send: Any) -> None:
@@ -470,7 +472,7 @@ def _large_endpoint(
             if before == 0:
                 supersede(operation)
             headers = [(b"content-type", b"text/plain")]
-            await send({"type": "http.response.start", "status": 201, "headers": headers})
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             for i, size in enumerate(sizes, 1):
                 if i == before:
                     supersede(operation)
@@ -488,7 +490,7 @@ def _large_endpoint(
             operation = wsgi_attempt(environ).operation_id
             if before == 0:
                 supersede(operation)
-            start_response("201 Created", [("Content-Type", "text/plain")])
+            start_response(status_line(status), [("Content-Type", "text/plain")])
             for i, size in enumerate(sizes, 1):
                 if i == before:
                     supersede(operation)
@@ -559,6 +561,28 @@ def test_a_takeover_after_a_large_response_started_streaming_is_quarantined(
     op = operation_id("http", "k-late", "tenant:acme", "principal")
     assert [e.kind.value for e in settler.quarantine.list(operation_id=op)] == ["stale_generation"]
     assert problem_type(retried) == "request-in-progress"  # the newer attempt's
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_superseded_attempts_unstored_answer_goes_out_as_it_was_sent(
+    protocol: str, redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """A status that is never stored (here a 503) goes out as the stale attempt sent it
+    (under ASGI it streams from its first byte): it tells the client to retry, and the
+    record stays the newer attempt's (docs/http-endpoints.md, "What is stored, what runs
+    again")."""
+    newer: list[Reserved] = []
+
+    def supersede(operation: str) -> None:
+        newer.append(_take_over(settler, operation))
+
+    with contextlib.ExitStack() as stack:
+        client = _large_endpoint(stack, protocol, redis_url, namespace, [10], supersede, 0, 503)
+        response = client.post("/charge", content=b"{}", headers=key_headers("k-503"))
+    assert (response.status_code, response.content) == (503, b"s" * 10)
+    record = settler.get(operation_id("http", "k-503", "tenant:acme", "principal"))
+    assert record is not None
+    assert (record.state, record.generation) == (State.PENDING, newer[0].reservation.generation)
 
 
 @pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
