@@ -47,10 +47,10 @@ from settle.wsgi.middleware import request_head
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_principal"]
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
+GetResponse = Callable[[HttpRequest], HttpResponseBase]
 
 #: Bytes read from the body's stream at a time.
 _CHUNK = 64 << 10
-GetResponse = Callable[[HttpRequest], HttpResponseBase]
 
 
 def user_principal(request: HttpRequest) -> str | None:
@@ -370,7 +370,8 @@ def _unread_body(request: HttpRequest, stream: Any, buffer: BodyBuffer) -> bytes
     except OSError as exc:  # as Django's request.body: a 400, nothing reserved
         raise UnreadablePostError(*exc.args) from exc
     raw = buffer.body()
-    stream.close()
+    # Not closed: the server's stream (Django 4.2's has no close(); an ASGI body file is
+    # closed by Django's handler when the request ends).
     request._stream = io.BytesIO(raw)
     return raw
 
