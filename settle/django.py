@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,7 +27,13 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
 from django.core.signals import setting_changed
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    StreamingHttpResponse,
+    UnreadablePostError,
+)
 from django.http.request import RawPostDataException
 
 from settle.attempt import Attempt
@@ -41,6 +48,9 @@ __all__ = ["IdempotencyMiddleware", "idempotent", "user_principal"]
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 GetResponse = Callable[[HttpRequest], HttpResponseBase]
+
+#: Bytes read from the body's stream at a time.
+_CHUNK = 64 << 10
 
 
 def user_principal(request: HttpRequest) -> str | None:
@@ -62,7 +72,9 @@ class IdempotencyMiddleware:
 
     Put it after ``CsrfViewMiddleware`` and the authentication middleware: a response that
     another middleware gives before the view is reached (the CSRF check's 403, a 404 of
-    URL resolution) is sent but never stored, so the corrected retry runs the view.
+    URL resolution) is sent but never stored, so the same request sent again runs the view
+    once what refused it is put right outside the request (the token in ``X-CSRFToken``);
+    a changed request (the token added to the form body) is a 422, as always.
     """
 
     def __init__(self, get_response: GetResponse, **overrides: Any) -> None:
@@ -254,11 +266,12 @@ class _Exchange:
 
     def body(self, buffer: BodyBuffer) -> bytes:
         request = self._request
-        # Django's stream of the body as the server handed it over, taken before settle
-        # reads request.body (which replaces it with a copy of what it read).
-        stream = getattr(request, "_stream", None)
+        # Django's own request (a REST framework Request wraps it) and its stream of the
+        # body as the server handed it over.
+        django = request if isinstance(request, HttpRequest) else request._request
+        stream = getattr(django, "_stream", None)
         try:
-            raw = request.body  # Django keeps it: the view reads it again
+            raw = _unread_body(django, stream, buffer)
         except RawPostDataException as exc:
             parsed = request.content_type == "multipart/form-data" and (
                 # A form Django parsed: read as a stream first, or unparseable, it leaves
@@ -281,8 +294,7 @@ class _Exchange:
             _form_of(request, buffer)
             return buffer.body()
         _refuse_cut(stream, request, len(raw))
-        buffer.add(raw)
-        return buffer.body()
+        return raw
 
     def call(self, attempt: Attempt) -> Response:
         self._request.settle = attempt  # type: ignore[attr-defined]
@@ -332,6 +344,36 @@ class _Exchange:
         view, self.django = self.django, None
         if view is not None:
             _release(view)
+
+
+def _unread_body(request: HttpRequest, stream: Any, buffer: BodyBuffer) -> bytes:
+    """The body, read into ``buffer`` (under ``max_request_bytes``), and the request left
+    as if it had not been read: the view's ``request.body``, ``request.POST`` and
+    ``request.FILES`` read it from a copy as Django reads it, with Django's own limits
+    (``DATA_UPLOAD_MAX_MEMORY_SIZE`` on ``request.body`` and on a form's fields, never on
+    its files; the numbers of fields and files). ``request.body`` would apply the first of
+    those to the whole body, an upload's files included, before the view could say
+    otherwise. A body Django has read already (``request.body``) is that copy;
+    :class:`RawPostDataException` if it was read as a stream or parsed, with no copy left.
+    """
+    if hasattr(request, "_body"):
+        raw: bytes = request._body
+        buffer.add(raw)
+        return buffer.body()
+    if getattr(request, "_read_started", False) or stream is None:
+        raise RawPostDataException(
+            "You cannot access body after reading from request's data stream"
+        )
+    try:
+        while chunk := stream.read(_CHUNK):
+            buffer.add(chunk)
+    except OSError as exc:  # as Django's request.body: a 400, nothing reserved
+        raise UnreadablePostError(*exc.args) from exc
+    raw = buffer.body()
+    # Not closed: the server's stream (Django 4.2's has no close(); an ASGI body file is
+    # closed by Django's handler when the request ends).
+    request._stream = io.BytesIO(raw)
+    return raw
 
 
 def _release(response: HttpResponseBase) -> None:

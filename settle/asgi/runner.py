@@ -10,7 +10,11 @@ apart from those and passed on. The response is captured through ``send``:
   is stored with ``complete`` and only then sent, so a client that saw the whole response
   always finds it stored;
 * a response over ``max_response_bytes`` is sent on as it streams; when it ends the
-  operation is completed with a "not stored" marker (a retry gets 410, never a re-run);
+  operation is completed with a "not stored" marker (a retry gets 410, never a re-run).
+  Until some of it is sent it is held back, so a superseded attempt still answers with the
+  authoritative response or a 409: one that crosses the limit with its last byte waits for
+  ``complete``; one with more to come waits for a renewal that says the attempt still owns
+  the operation;
 * any other status (1xx, 304, 5xx, 408, 409, 429) is sent on as it streams and the attempt
   is marked provisional just before its last byte, so the retry runs the handler again
   (other 3xx are finished answers: :func:`~settle.http.stored.storable_status`).
@@ -75,6 +79,7 @@ class AttemptRunner:
         self._size = 0
         self._streaming = False  # the response is being sent on as it arrives
         self._downstream_started = False
+        self._replaced = False  # a superseded attempt's answer went out in its place
         self._stopped = False  # the handler task has ended (after being cancelled)
         self._heartbeat: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -305,26 +310,57 @@ class AttemptRunner:
         self._chunks.append(chunk)
         self._size += len(chunk)
         assert self._start is not None
-        if not self._guard.keeps(int(self._start["status"]), self._size):
-            self._streaming = True
+        if self._guard.keeps(int(self._start["status"]), self._size):
             if not more:
                 await self._finish()
-            await self._forward(self._start)
-            await self._forward(
-                {"type": "http.response.body", "body": b"".join(self._chunks), "more_body": more}
-            )
-            self._chunks.clear()
             return
+        # Over max_response_bytes: never stored, and sent on from here. Nothing is out yet:
+        # a superseded attempt still answers with the authoritative response or a 409
+        # (by _finish when this is the last byte, by _still_owned when more follows).
+        self._streaming = True
         if not more:
             await self._finish()
+            return
+        owned = await self._still_owned()
+        if self._reason is not None:
+            return  # timed out or the client left while the store was asked (_interrupt)
+        if owned:
+            await self._forward(self._start)
+            await self._forward(
+                {"type": "http.response.body", "body": b"".join(self._chunks), "more_body": True}
+            )
+        self._chunks.clear()
 
     async def _forward(self, message: Message) -> None:
+        if self._replaced:
+            return  # the client got settle's answer instead: the rest of this one is dropped
         assert self._send is not None
         self._downstream_started = True
         await self._send(message)
 
+    async def _still_owned(self) -> bool:
+        """A response over the limit is about to be sent on before its last byte, so before
+        ``complete`` can say whether this attempt still owns the operation: ask with a
+        renewal first (one round trip, for such responses only). When a newer attempt owns
+        it, the client gets what :meth:`Guard.superseded` answers and the rest of this
+        response is dropped; it is still settled at its last byte (quarantined: the
+        evidence). A store that cannot be asked sends the response on, as before."""
+        try:
+            renewal = await self._settler.renew(self._reservation, lease=self._lease)
+        except SettleError as exc:
+            self._guard.renew_failed(exc)
+            return True
+        if renewal.renewed:
+            return True
+        self._guard.lease_lost(renewal.reason)
+        self._attempt.mark_lost(renewal)
+        await self._answer_superseded(renewal.record)
+        self._replaced = True
+        return False
+
     async def _finish(self) -> None:
-        """The handler sent its last byte: settle, then (if buffered) send the response."""
+        """The handler sent its last byte: settle, then send what is held back (the
+        buffered response, or the answer that replaces it)."""
         self._phase = _Phase.FINISHING
         assert self._start is not None
         status = int(self._start["status"])
@@ -340,13 +376,17 @@ class AttemptRunner:
             superseded = step.stored is None and self._attempt.lost
             instead = None if superseded else await self._settle(step)
             self._phase = _Phase.SETTLED  # the outcome is written: the heartbeat stops
-            if body is None:
-                return  # sent on as it streamed: nothing else can be said
+            if self._downstream_started:
+                return  # sent on as it streamed (or answered already): nothing else to say
             if instead is not None:
                 await self._answer(instead)
                 return
+            # Held back until now: a response within the limit, or one that crossed it
+            # with its last byte.
+            held = b"".join(self._chunks)
+            self._chunks.clear()
             await self._forward(self._start)
-            await self._forward({"type": "http.response.body", "body": body, "more_body": False})
+            await self._forward({"type": "http.response.body", "body": held, "more_body": False})
         finally:
             self._phase = _Phase.SETTLED
 

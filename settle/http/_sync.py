@@ -47,7 +47,8 @@ class NotReached(Exception):  # a signal between a shell and the driver
     """What :meth:`Exchange.call` raises when the application answered before the guarded
     handler ran (a Django middleware's refusal, e.g. the CSRF check's 403; a 404 of URL
     resolution): ``response`` is sent as it is and never stored, so the key stays usable
-    (the attempt is marked provisional: nothing ran under it)."""
+    for the same request (the attempt is marked provisional: nothing ran under it; the
+    record keeps its fingerprint, so a changed request is still a 422)."""
 
     def __init__(self, response: Response) -> None:
         super().__init__("the guarded handler was not reached")

@@ -65,7 +65,10 @@ class IdempotencyPolicy:
     ``require_key``: True (every guarded path needs a key, 400 without one), False (a key is
     used when sent, requests without one pass unguarded), or the glob patterns of the paths
     that need one. ``lease`` defaults to the settler's; the record's retention is the
-    settler's ``SettleConfig.retention``.
+    settler's ``SettleConfig.retention``. ``key_scope="global"`` puts every principal's
+    keys in one space: they must be unguessable (random, a UUIDv4), since another
+    principal's 422 tells whether it guessed the request made with a key
+    (docs/http-endpoints.md, "What the middleware does").
     """
 
     principal: PrincipalFn

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +18,26 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, Reservation, Settler
+from settle import AsyncSettler, Reservation, Reserved, Settler, State
 from settle._log import operation_digest
+from settle.asgi import IdempotencyMiddleware
+from settle.asgi import current_attempt as asgi_attempt
+from settle.http._sync import status_line
 from settle.http.keys import operation_id
-from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
+from settle.http.stored import StoredResponse
+from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
+from settle.wsgi import current_attempt as wsgi_attempt
+from tests.http.apps import (
+    Ledger,
+    key_headers,
+    principal_from_environ,
+    principal_from_header,
+    serve,
+    serve_wsgi,
+    starlette_app,
+    wsgi_app,
+)
+from tests.wsgi.test_wsgi_middleware import _take_over
 
 #: Small limits so that the 413 and 410 cases stay small.
 OPTIONS = {"max_request_bytes": 4096, "max_response_bytes": 4096}
@@ -412,3 +428,193 @@ def test_a_store_that_refuses_settle_answers_503_and_runs_nothing(
     assert problem_type(response) == "idempotency-unavailable"
     assert response.headers["retry-after"]
     assert ledger.count() == 0
+
+
+#: The handler's own (stale) response over max_response_bytes, in messages of these sizes:
+#: the limit is crossed by the one message, by the last, by the first of several, by one
+#: in the middle.
+LARGE = {
+    "one-message": [10_000],
+    "crossed-by-the-last": [3000, 3000],
+    "crossed-by-the-first": [5000, 100, 100],
+    "crossed-in-the-middle": [2000, 3000, 100],
+}
+
+
+def _supersede(settler: Settler, operation: str, *, complete: bool) -> None:
+    """What a lapsed lease and a retry do to a running attempt: a newer one owns the key
+    (and, ``complete``, has stored its 200 ``newer``)."""
+    newer = _take_over(settler, operation)
+    if complete:
+        stored = StoredResponse.capture(200, [(b"content-type", b"text/plain")], b"newer", [])
+        settler.complete(newer.reservation, stored)
+
+
+def _large_endpoint(
+    stack: contextlib.ExitStack,
+    protocol: str,
+    redis_url: str,
+    namespace: str,
+    sizes: list[int],
+    supersede: Callable[[str], None],
+    before: int = 0,
+    status: int = 201,
+) -> httpx.Client:
+    """An endpoint that answers ``status`` with ``sizes`` bytes of ``s``, in one message
+    (ASGI) or chunk (WSGI) each, and calls ``supersede(operation_id)`` before its message
+    ``before`` (0: before its response starts)."""
+    if protocol == "asgi":
+
+        async def asgi(scope: Any, receive: Any, send: Any) -> None:
+            while (await receive()).get("more_body"):
+                pass
+            operation = asgi_attempt(scope).operation_id
+            if before == 0:
+                supersede(operation)
+            headers = [(b"content-type", b"text/plain")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            for i, size in enumerate(sizes, 1):
+                if i == before:
+                    supersede(operation)
+                more = i < len(sizes)
+                await send({"type": "http.response.body", "body": b"s" * size, "more_body": more})
+
+        async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        guarded = IdempotencyMiddleware(
+            asgi, settler=async_settler, principal=principal_from_header, **OPTIONS
+        )
+        base = stack.enter_context(serve(guarded, async_settler))
+    else:
+
+        def wsgi(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+            operation = wsgi_attempt(environ).operation_id
+            if before == 0:
+                supersede(operation)
+            start_response(status_line(status), [("Content-Type", "text/plain")])
+            for i, size in enumerate(sizes, 1):
+                if i == before:
+                    supersede(operation)
+                yield b"s" * size
+
+        settler = stack.enter_context(
+            contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=4))
+        )
+        app = WSGIMiddleware(wsgi, settler=settler, principal=principal_from_environ, **OPTIONS)
+        base = stack.enter_context(serve_wsgi(app))
+    return stack.enter_context(httpx.Client(base_url=base, timeout=30))
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+@pytest.mark.parametrize("sizes", LARGE.values(), ids=LARGE.keys())
+@pytest.mark.parametrize("newer", ["pending", "completed"])
+def test_a_superseded_attempt_over_the_response_limit_never_sends_its_own_response(
+    protocol: str, sizes: list[int], newer: str, redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """A newer attempt took the key over before the stale one answered, with a response
+    over max_response_bytes: whichever message crosses the limit, nothing of the stale
+    response has gone out, so its client gets the newer attempt's stored response, or 409
+    attempt-superseded while it runs, as under WSGI; the stale response is quarantined.
+    (ASGI sent its one-message or last-message 201 after the quarantine.)"""
+
+    def supersede(operation: str) -> None:
+        _supersede(settler, operation, complete=newer == "completed")
+
+    with contextlib.ExitStack() as stack:
+        client = _large_endpoint(stack, protocol, redis_url, namespace, sizes, supersede)
+        response = client.post("/charge", content=b"{}", headers=key_headers("k-large"))
+    assert b"s" * 100 not in response.content
+    if newer == "completed":
+        assert (response.status_code, response.content) == (200, b"newer")
+        assert response.headers["idempotent-replayed"] == "true"
+    else:
+        assert problem_type(response) == "attempt-superseded"
+        assert response.status_code == 409
+    op = operation_id("http", "k-large", "tenant:acme", "principal")
+    [entry] = settler.quarantine.list(operation_id=op)
+    assert entry.kind.value == "stale_generation"
+    assert entry.payload is not None
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_takeover_after_a_large_response_started_streaming_is_quarantined(
+    protocol: str, redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """The newer attempt takes over after the limit was crossed and the stale response's
+    start and first bytes went out (under ASGI it streams from there): that client gets the
+    stale response whole, as docs/http-endpoints.md says, since nothing else can be said
+    once a status is out; the record is not touched (the stale settlement is quarantined)
+    and the next request with the key gets the authoritative outcome. WSGI collects the
+    response whole before it sends it, so its client gets the 409."""
+    sizes = LARGE["crossed-by-the-first"]
+
+    def supersede(operation: str) -> None:
+        _supersede(settler, operation, complete=False)
+
+    with contextlib.ExitStack() as stack:
+        client = _large_endpoint(stack, protocol, redis_url, namespace, sizes, supersede, 2)
+        response = client.post("/charge", content=b"{}", headers=key_headers("k-late"))
+        retried = client.post("/charge", content=b"{}", headers=key_headers("k-late"))
+    if protocol == "asgi":
+        assert (response.status_code, response.content) == (201, b"s" * sum(sizes))
+    else:
+        assert problem_type(response) == "attempt-superseded"
+    op = operation_id("http", "k-late", "tenant:acme", "principal")
+    assert [e.kind.value for e in settler.quarantine.list(operation_id=op)] == ["stale_generation"]
+    assert problem_type(retried) == "request-in-progress"  # the newer attempt's
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_superseded_attempts_unstored_answer_goes_out_as_it_was_sent(
+    protocol: str, redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """A status that is never stored (here a 503) goes out as the stale attempt sent it
+    (under ASGI it streams from its first byte): it tells the client to retry, and the
+    record stays the newer attempt's (docs/http-endpoints.md, "What is stored, what runs
+    again")."""
+    newer: list[Reserved] = []
+
+    def supersede(operation: str) -> None:
+        newer.append(_take_over(settler, operation))
+
+    with contextlib.ExitStack() as stack:
+        client = _large_endpoint(stack, protocol, redis_url, namespace, [10], supersede, 0, 503)
+        response = client.post("/charge", content=b"{}", headers=key_headers("k-503"))
+    assert (response.status_code, response.content) == (503, b"s" * 10)
+    record = settler.get(operation_id("http", "k-503", "tenant:acme", "principal"))
+    assert record is not None
+    assert (record.state, record.generation) == (State.PENDING, newer[0].reservation.generation)
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_global_key_tells_another_principal_whether_it_guessed_the_request(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    """What docs/http-endpoints.md says of ``key_scope="global"`` (step 2), and why its keys
+    must be unguessable: another principal never gets the stored response, but gets
+    idempotency-key-bound for the first principal's exact request and
+    idempotency-key-reused for any other (the request is compared first, SPEC 2)."""
+    ledger = Ledger()
+    with contextlib.ExitStack() as stack:
+        if protocol == "asgi":
+            async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+            app = starlette_app(async_settler, ledger, key_scope="global")
+            base = stack.enter_context(serve(app, async_settler))
+        else:
+            settler = stack.enter_context(
+                contextlib.closing(Settler.from_url(redis_url, namespace=namespace, shards=4))
+            )
+            base = stack.enter_context(serve_wsgi(wsgi_app(settler, ledger, key_scope="global")))
+        client = stack.enter_context(httpx.Client(base_url=base, timeout=30))
+
+        def pay(amount: int, principal: str) -> httpx.Response:
+            headers = key_headers("order-42", principal)
+            return client.post("/payments", json={"amount": amount}, headers=headers)
+
+        first = pay(4200, "tenant:acme")
+        right_guess = pay(4200, "tenant:evil")
+        wrong_guess = pay(1, "tenant:evil")
+    assert first.status_code == 201
+    assert (right_guess.status_code, problem_type(right_guess)) == (422, "idempotency-key-bound")
+    assert (wrong_guess.status_code, problem_type(wrong_guess)) == (422, "idempotency-key-reused")
+    assert first.content not in (right_guess.content, wrong_guess.content)
+    assert ledger.count("/payments") == 1

@@ -43,6 +43,7 @@ if not settings.configured:
 
 import httpx
 import pytest
+from django.core.exceptions import RequestDataTooBig
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished
@@ -51,6 +52,7 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
+    HttpResponseRedirect,
     JsonResponse,
     StreamingHttpResponse,
 )
@@ -212,6 +214,40 @@ def test_csrf_refusal_does_not_consume_the_key(settle_settings: dict[str, Any]) 
         retried.status_code,
         retried.get("Idempotent-Replayed"),
     )
+
+
+def test_csrf_refusal_then_a_token_added_to_the_body_is_a_changed_request(
+    settle_settings: dict[str, Any],
+) -> None:
+    """The key stays bound to the request the CSRF check refused: the token added to the
+    form body (``csrfmiddlewaretoken``) makes another request, 422 as any changed body, and
+    the view does not run; the record is neither released nor rebound (an earlier attempt
+    under the key may have run the view). The same form with the token in X-CSRFToken is
+    the same request, and runs the view (docs/http-endpoints.md, Django, "Order")."""
+
+    def checkout(request: HttpRequest) -> HttpResponseBase:
+        RUNS.append("checkout")
+        return HttpResponseRedirect("/receipt/1")
+
+    middleware = [
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "settle.django.IdempotencyMiddleware",
+    ]
+    form = {"amount": "10"}
+    conf = urlconf(path("checkout", checkout))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=middleware):
+        client = Client(enforce_csrf_checks=True)
+        refused = client.post("/checkout", form, **headers("k-form"))
+        token = "a" * 32
+        client.cookies["csrftoken"] = token
+        in_body = {**form, "csrfmiddlewaretoken": token}
+        changed = client.post("/checkout", in_body, **headers("k-form"))
+        in_header = client.post("/checkout", form, HTTP_X_CSRFTOKEN=token, **headers("k-form"))
+    assert refused.status_code == 403
+    assert changed.status_code == 422
+    assert changed.json()["type"] == "urn:settle:problem:idempotency-key-reused"
+    assert in_header.status_code == 302
+    assert RUNS == ["checkout"]
 
 
 # -- 5. an async view: refused when decorated (settle.django guards sync views) -------------
@@ -402,6 +438,75 @@ def test_multipart_upload_through_middleware(settle_settings: dict[str, Any]) ->
     assert first.json()["size"] == 5
     assert again.content == first.content
     assert RUNS == ["u"]
+
+
+BIG = 3 << 20  # over Django's DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB)
+
+
+def measured(request: HttpRequest) -> JsonResponse:
+    """What a view gets of a large body: its size, or its own 413 when Django refuses it
+    (``RequestDataTooBig``, from ``request.body`` or from a form's fields)."""
+    RUNS.append("measured")
+    try:
+        if request.content_type == "application/json":
+            size = len(json.loads(request.body)["pad"])
+        else:
+            size = sum(len(v) for v in request.POST.values())
+            size += sum(f.size or 0 for f in request.FILES.values())
+    except RequestDataTooBig:
+        return JsonResponse({"refused": "too big"}, status=413)
+    return JsonResponse({"size": size}, status=201)
+
+
+LARGE_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
+    "file": lambda: {"data": {"doc": SimpleUploadedFile("a.bin", b"x" * BIG)}},
+    "form-field": lambda: {"data": {"note": "x" * BIG}},
+    "json": lambda: {"data": {"pad": "x" * BIG}, "content_type": "application/json"},
+    "urlencoded": lambda: {
+        "data": "pad=" + "x" * BIG,
+        "content_type": "application/x-www-form-urlencoded",
+    },
+}
+
+
+@pytest.mark.parametrize("body", LARGE_BODIES.values(), ids=LARGE_BODIES.keys())
+def test_a_large_body_gets_what_django_alone_gives_the_view(
+    settle_settings: dict[str, Any], body: Callable[[], dict[str, Any]]
+) -> None:
+    """settle reads the body under its own ``max_request_bytes`` (raised here to 8 MiB)
+    and leaves it for the view to read as Django would: Django's DATA_UPLOAD_MAX_MEMORY_SIZE
+    applies where it does without settle (``request.body``, a form's fields), never to an
+    upload's files. settle used to read ``request.body`` itself, so every body over 2.5 MB
+    got Django's bare 400 before the view, a 3 MB file upload included."""
+    conf = urlconf(path("big", measured))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=[]):
+        bare = Client().post("/big", **body(), **headers("bare"))
+    mw = ["settle.django.IdempotencyMiddleware"]
+    options = {**settle_settings, "max_request_bytes": 8 << 20}
+    RUNS.clear()
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=options):
+        guarded = Client().post("/big", **body(), **headers("big"))
+        again = Client().post("/big", **body(), **headers("big"))
+    assert (guarded.status_code, guarded.content) == (bare.status_code, bare.content)
+    assert again.content == guarded.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert RUNS == ["measured"]
+
+
+def test_a_body_over_max_request_bytes_is_refused_by_settle(
+    settle_settings: dict[str, Any],
+) -> None:
+    """Read under settle's own limit: a body over ``max_request_bytes`` is settle's 413
+    problem, whatever Django's limits say, and the view never runs."""
+    mw = ["settle.django.IdempotencyMiddleware"]
+    options = {**settle_settings, "max_request_bytes": 1 << 20}
+    conf = urlconf(path("big", measured))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=options):
+        data = {"doc": SimpleUploadedFile("a.bin", b"x" * (2 << 20))}
+        refused = Client().post("/big", data, **headers("too-big"))
+    assert refused.status_code == 413
+    assert refused.json()["type"] == "urn:settle:problem:request-too-large"
+    assert RUNS == []
 
 
 def test_multipart_upload_parsed_by_the_csrf_check_before_the_decorator(

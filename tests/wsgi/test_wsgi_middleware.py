@@ -83,8 +83,9 @@ def test_the_body_iterable_is_collected_closed_and_replayed(settler: Settler) ->
     assert bodies[0].closed.is_set()
 
 
-def _take_over(settler: Settler, operation: str) -> None:
-    """What a lapsed lease and a retry do to a running attempt: a newer one owns it."""
+def _take_over(settler: Settler, operation: str) -> Reserved:
+    """What a lapsed lease and a retry do to a running attempt: a newer one owns it (its
+    reservation is returned)."""
     record = settler.get(operation)
     assert record is not None
     assert record.attempt_id is not None
@@ -99,6 +100,7 @@ def _take_over(settler: Settler, operation: str) -> None:
     settler.mark_provisional(lost, "test: the lease was lost")
     newer = settler.reserve(operation, principal="tenant:acme", fingerprint=record.fingerprint)
     assert isinstance(newer, Reserved)
+    return newer
 
 
 @pytest.mark.parametrize(
