@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from settle._async.settler import AsyncSettler
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
-from settle.cli._render import entry_json, record_json
+from settle.cli._render import entry_json, json_line, record_json
 from settle.errors import (
     BackendError,
     ConfigurationError,
@@ -235,7 +235,7 @@ class _Console:
             count = 0
             async for entry in _query.export_entries(self.settler, flt):
                 count += 1
-                yield json.dumps(entry_json(entry)) + "\n"
+                yield json_line(entry_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")  # UTC, as every time shown
