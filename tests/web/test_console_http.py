@@ -467,3 +467,16 @@ async def test_stored_bytes_that_are_not_strict_json_are_shown_as_text(
     assert len(lines) == 4
     assert all(line["payload"]["json"] is None for line in lines)
 
+
+async def test_invisible_format_characters_are_marked_as_the_cli_escapes_them(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # U+061C (a bidi mark) and tag characters (invisible text) were written raw; the CLI
+    # escaped them. One rule now decides for both.
+    hidden = "acct\u061c-42 \U000e0049\U000e0047\U000e004e\tend"
+    ref = conflicting(writer, "order-tags", {"to": hidden})
+    html = (await read_only.get(f"/entry/{ref}")).text
+    mark = '<span class="ctl" title="control character">{}</span>'
+    assert "acct" + mark.format("\\u061c") + "-42 " + mark.format("\\U000e0049") in html
+    assert "\u061c" not in html
+    assert not any(0xE0000 <= ord(ch) <= 0xE007F for ch in html)
