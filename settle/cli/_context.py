@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import unquote_plus
 
 import click
 import structlog
@@ -147,13 +148,25 @@ def errors_as_exit_codes(conn: Connection | None = None) -> Iterator[None]:
 
 
 def _redacted(url: str) -> str:
-    """The URL without its password, for error messages."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"
+    """The URL without its secrets, for what a command prints: the password of the
+    userinfo, the value of every query parameter redis-py takes a password from
+    (``?password=``, ``?ssl_password=``), and any fragment (never read, so perhaps the
+    tail of a password with a ``#`` in it) become ``***``."""
+    url, hash_, _ = url.partition("#")
+    head, query_sep, query = url.partition("?")
+    scheme, sep, rest = head.partition("://")
+    if sep and "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        head = f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"
+    if query_sep:
+        query = "&".join(_redacted_parameter(p) for p in query.split("&"))
+    return head + query_sep + query + ("#***" if hash_ else "")
+
+
+def _redacted_parameter(parameter: str) -> str:
+    name, eq, _ = parameter.partition("=")
+    return f"{name}=***" if eq and "password" in unquote_plus(name).lower() else parameter
 
 
 def stored_shards(client: Any, namespace: str) -> int | None:
