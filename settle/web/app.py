@@ -230,10 +230,18 @@ class _Console:
 
     async def export(self, request: Request) -> Response:
         flt, _ = await _filter(request, self.settler)
+        entries = aiter(_query.export_entries(self.settler, flt))
+        # Read the first entry before the response starts, so that an error on the first
+        # page (Redis down, an entry settle cannot decode) is an error page, not a 200
+        # whose download breaks off.
+        first = await anext(entries, None)
 
         async def lines() -> AsyncIterator[str]:
             count = 0
-            async for entry in _query.export_entries(self.settler, flt):
+            if first is not None:
+                count += 1
+                yield json_line(entry_json(first)) + "\n"
+            async for entry in entries:
                 count += 1
                 yield json_line(entry_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)

@@ -188,6 +188,25 @@ def test_quarantine_id_above_2_64_is_a_usage_error(
     assert done.returncode == 1  # the largest id is well formed, and not found
 
 
+def test_a_quarantine_entry_settle_cannot_decode_is_one_clear_line(
+    cli_settler: Settler, redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    # A foreign entry (or one of a newer settle's kinds) used to print a KeyError traceback.
+    qid = _late_bytes(cli_settler, "op-late", b"{}", "p")
+    shard = int(qid.split("/")[0])
+    stream = Keys(namespace, cli_settler.config.shards).quarantine(shard)
+    foreign = f"{shard}/{redis_client.xadd(stream, {'garbage': '1'}).decode()}"
+    args = _args(redis_url, namespace)
+    for cmd in (("quarantine", "ls"), ("quarantine", "export"), ("stats",)):
+        done = settle(*cmd, *args)
+        assert done.returncode == 1, (cmd, done.stderr)
+        assert done.stderr.startswith(f"settle: quarantine entry {foreign} cannot be decoded")
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    # What filters it out (another operation) still reads.
+    assert settle("quarantine", "show", qid, *args).returncode == 0
+    assert settle("inspect", "op-late", *args).returncode == 0
+
+
 def test_corrupt_namespace_metadata_is_one_clear_line(
     cli_settler: Settler, redis_url: str, namespace: str, redis_client: redis.Redis
 ) -> None:

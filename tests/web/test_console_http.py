@@ -480,3 +480,21 @@ async def test_invisible_format_characters_are_marked_as_the_cli_escapes_them(
     assert "acct" + mark.format("\\u061c") + "-42 " + mark.format("\\U000e0049") in html
     assert "\u061c" not in html
     assert not any(0xE0000 <= ord(ch) <= 0xE007F for ch in html)
+
+
+async def test_an_entry_settle_cannot_decode_is_an_error_page_naming_it(
+    writer: Settler, read_only: httpx.AsyncClient, redis_url: str
+) -> None:
+    # A foreign entry (or one of a newer settle's kinds) used to answer a bare 500.
+    ref = conflicting(writer, "order-1")
+    shard = int(ref.split("/")[0])
+    stream = Keys(writer.config.namespace, writer.config.shards).quarantine(shard)
+    with redis.Redis.from_url(redis_url) as raw:
+        foreign = f"{shard}/{raw.xadd(stream, {'op': 'x', 'kind': 'from_the_future'}).decode()}"
+    for path in ("/", "/quarantine", "/quarantine.jsonl", f"/entry/{foreign}"):
+        response = await read_only.get(path)
+        assert response.status_code == 500, path
+        assert response.headers["content-security-policy"] == CSP
+        assert f"quarantine entry {foreign} cannot be decoded" in response.text, path
+        assert "run one settle version" in response.text.lower()
+    assert (await read_only.get(f"/entry/{ref}")).status_code == 200
