@@ -14,6 +14,7 @@ from urllib.parse import unquote_plus
 import click
 import structlog
 from pydantic import ValidationError
+from redis import ConnectionPool
 from redis.exceptions import RedisError, ResponseError
 
 from settle._core.keys import Keys
@@ -38,10 +39,12 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "Connection",
+    "checked_url",
     "configure_logging",
     "connection_options",
     "connection_options_for",
     "errors_as_exit_codes",
+    "exit_code_of",
     "fail",
     "json_option",
     "open_settler",
@@ -231,10 +234,27 @@ def settings(options: dict[str, Any]) -> SettleConfig:
         raise InvalidInput(problems) from exc
 
 
+def checked_url(url: str) -> str:
+    """``url`` when redis-py can build a connection from it, else :class:`InvalidInput`
+    (exit 2). Nothing is connected: a query parameter redis-py passes on but no connection
+    takes (``?foo=1``, ``ssl_password`` without TLS) would otherwise be a ``TypeError`` at
+    the first command."""
+    try:
+        ConnectionPool.from_url(url).make_connection()
+    except ValueError as exc:
+        raise InvalidInput(f"bad --redis-url {_redacted(url)}: {exc}") from None
+    except TypeError as exc:  # "...__init__() got an unexpected keyword argument 'foo'"
+        raise InvalidInput(
+            f"bad --redis-url {_redacted(url)}: a query parameter no Redis connection takes ({exc})"
+        ) from None
+    return url
+
+
 def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
     config = settings(options)
+    url = checked_url(conn.url)
     try:
-        return Settler.from_url(conn.url, config)
+        return Settler.from_url(url, config)
     except ValueError as exc:  # a malformed URL: InvalidInput, redis-py's ValueError under it
         reason = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
         raise InvalidInput(f"bad --redis-url {_redacted(conn.url)}: {reason}") from exc

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from settle._exit import EXIT_FAILED
-from settle.cli._context import exit_code_of, fail
+from settle.cli._context import checked_url, exit_code_of, fail
 from settle.cli._render import add_row, console, new_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
@@ -83,7 +83,7 @@ def _store(redis_url: str, namespace: str) -> Iterator[CursorStore]:
     """A store on ``redis_url``; a settle error is one line and the exit code every command
     gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`)."""
     try:
-        store = CursorStore.from_url(redis_url, namespace=namespace)
+        store = CursorStore.from_url(checked_url(redis_url), namespace=namespace)
     except SettleError as exc:
         fail(str(exc), exit_code_of(exc))
     try:

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from settle._exit import EXIT_FAILED
-from settle.cli._context import exit_code_of, fail
+from settle.cli._context import checked_url, exit_code_of, fail
 from settle.cli._render import console, fields_table
 from settle.errors import SettleError
 from settle.progress._sync import ProgressStore
@@ -72,7 +72,9 @@ def progress() -> None:
 def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
     try:
-        store = ProgressStore.from_url(redis_url, consumer=consumer, namespace=namespace)
+        store = ProgressStore.from_url(
+            checked_url(redis_url), consumer=consumer, namespace=namespace
+        )
         try:
             scopes = store.show()
         finally:

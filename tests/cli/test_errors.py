@@ -70,6 +70,30 @@ def test_malformed_url_is_a_usage_error() -> None:
     assert done.stderr.startswith("settle: bad --redis-url http://example.invalid/")
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("stats",), ("doctor",), ("cursor", "show", "s"), ("progress", "show", "c"), ("web",)],
+)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:x/0?password=s3cret",  # a port that is not a number
+        "redis://127.0.0.1:1/0?password=s3cret&socket_timout=1",  # an option nothing takes
+        "redis://127.0.0.1:1/0?password=s3cret&ssl_password=k",  # a TLS option without TLS
+    ],
+)
+def test_a_malformed_url_is_one_usage_line_in_every_command(
+    command: tuple[str, ...], url: str
+) -> None:
+    # An unknown query parameter was a TypeError traceback at the first command (redis-py
+    # passes it on to the connection), and doctor printed a traceback for any bad URL.
+    done = settle(*command, "--redis-url", url)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("settle: bad --redis-url redis://127.0.0.1:"), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "s3cret" not in done.stderr
+
+
 def test_password_is_not_echoed(redis_url: str) -> None:
     port = _closed_port()
     done = settle("stats", "--redis-url", f"redis://app:s3cret@127.0.0.1:{port}/0")
