@@ -167,7 +167,8 @@ class ConfigurationError(SettleError):
 
 
 class CorruptRecord(SettleError):
-    """The record in Redis is not a settle record (wrong type or missing fields).
+    """The record in Redis is not a settle record (wrong type or missing fields), or a
+    quarantine entry is not one this settle version can read (the message names it).
 
     Nothing was written. Inspect the key; settle never overwrites what it cannot read.
     """

@@ -302,6 +302,23 @@ def decode_resolution(raw: Any) -> Resolution | None:
 def decode_quarantine_entry(
     shard: int, entry_id: Any, flat: Sequence[Any], res: Any
 ) -> QuarantineEntry:
+    """One quarantine stream entry and its resolution. An entry settle cannot read (fields
+    missing or not what settle writes, a kind or action this version does not know) is a
+    :class:`CorruptRecord` naming it, as ``shard/id``."""
+    try:
+        return _quarantine_entry(shard, entry_id, flat, res)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # UnicodeDecodeError too
+        ident = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id
+        ref = f"{shard}/{ident}"
+        problem = f"no field {exc}" if isinstance(exc, KeyError) else _first_line(exc)
+        raise CorruptRecord(f"quarantine entry {ref} cannot be decoded: {problem}") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _quarantine_entry(shard: int, entry_id: Any, flat: Sequence[Any], res: Any) -> QuarantineEntry:
     raw = _fields(flat)
     payload = raw.pop("payload", b"")
     f = {k: _text(v) for k, v in raw.items()}

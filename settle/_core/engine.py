@@ -820,10 +820,17 @@ class Core:
 
     def _entries(self, call: Call, reply: codec.Reply) -> list[QuarantineEntry]:
         assert call.shard is not None
-        return [
-            codec.decode_quarantine_entry(call.shard, entry_id, flat, res)
-            for entry_id, flat, res in reply.payload
-        ]
+        try:
+            return [
+                codec.decode_quarantine_entry(call.shard, entry_id, flat, res)
+                for entry_id, flat, res in reply.payload
+            ]
+        except CorruptRecord as exc:
+            raise CorruptRecord(
+                f"{exc} (stream {self.keys.quarantine(call.shard)!r}); this settle version "
+                "never writes such an entry: another version or another program did. Run "
+                "one settle version against a namespace, or inspect it with redis-cli XRANGE"
+            ) from exc
 
     def _record(self, reply: codec.Reply, op: str) -> OperationRecord:
         if reply.code == "corrupt" or not reply.payload:

@@ -9,10 +9,12 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import unquote_plus
 
 import click
 import structlog
 from pydantic import ValidationError
+from redis import ConnectionPool
 from redis.exceptions import RedisError, ResponseError
 
 from settle._core.keys import Keys
@@ -37,10 +39,12 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "Connection",
+    "checked_url",
     "configure_logging",
     "connection_options",
     "connection_options_for",
     "errors_as_exit_codes",
+    "exit_code_of",
     "fail",
     "json_option",
     "open_settler",
@@ -147,13 +151,25 @@ def errors_as_exit_codes(conn: Connection | None = None) -> Iterator[None]:
 
 
 def _redacted(url: str) -> str:
-    """The URL without its password, for error messages."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"
+    """The URL without its secrets, for what a command prints: the password of the
+    userinfo, the value of every query parameter redis-py takes a password from
+    (``?password=``, ``?ssl_password=``), and any fragment (never read, so perhaps the
+    tail of a password with a ``#`` in it) become ``***``."""
+    url, hash_, _ = url.partition("#")
+    head, query_sep, query = url.partition("?")
+    scheme, sep, rest = head.partition("://")
+    if sep and "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        head = f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"
+    if query_sep:
+        query = "&".join(_redacted_parameter(p) for p in query.split("&"))
+    return head + query_sep + query + ("#***" if hash_ else "")
+
+
+def _redacted_parameter(parameter: str) -> str:
+    name, eq, _ = parameter.partition("=")
+    return f"{name}=***" if eq and "password" in unquote_plus(name).lower() else parameter
 
 
 def stored_shards(client: Any, namespace: str) -> int | None:
@@ -218,10 +234,27 @@ def settings(options: dict[str, Any]) -> SettleConfig:
         raise InvalidInput(problems) from exc
 
 
+def checked_url(url: str) -> str:
+    """``url`` when redis-py can build a connection from it, else :class:`InvalidInput`
+    (exit 2). Nothing is connected: a query parameter redis-py passes on but no connection
+    takes (``?foo=1``, ``ssl_password`` without TLS) would otherwise be a ``TypeError`` at
+    the first command."""
+    try:
+        ConnectionPool.from_url(url).make_connection()
+    except ValueError as exc:
+        raise InvalidInput(f"bad --redis-url {_redacted(url)}: {exc}") from None
+    except TypeError as exc:  # "...__init__() got an unexpected keyword argument 'foo'"
+        raise InvalidInput(
+            f"bad --redis-url {_redacted(url)}: a query parameter no Redis connection takes ({exc})"
+        ) from None
+    return url
+
+
 def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
     config = settings(options)
+    url = checked_url(conn.url)
     try:
-        return Settler.from_url(conn.url, config)
+        return Settler.from_url(url, config)
     except ValueError as exc:  # a malformed URL: InvalidInput, redis-py's ValueError under it
         reason = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
         raise InvalidInput(f"bad --redis-url {_redacted(conn.url)}: {reason}") from exc

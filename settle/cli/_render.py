@@ -5,12 +5,15 @@ Every stored value is shown as literal text: the consoles here interpret no rich
 (``[/terms]``, ``[link=...]``), no emoji codes and highlight nothing, every cell is a
 :class:`rich.text.Text` and every control character (terminal escapes, bidi overrides,
 line separators) is shown as a visible escape such as ``\\x1b`` by :func:`visible`. JSON
-output escapes them already (``ensure_ascii``).
+output escapes them already (``ensure_ascii``), and is always strict JSON: stored bytes are
+shown as parsed JSON only when they are JSON a reader can take (no ``NaN`` or ``Infinity``,
+no nesting deeper than :data:`MAX_JSON_DEPTH`), else as the text they are.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import unicodedata
@@ -33,7 +36,10 @@ __all__ = [
     "entry_json",
     "entry_line",
     "entry_table",
+    "escape_char",
     "fields_table",
+    "hidden",
+    "json_line",
     "literal",
     "new_table",
     "print_json",
@@ -51,7 +57,13 @@ _PREVIEW = 120
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
-def _escape(ch: str) -> str:
+def hidden(ch: str) -> bool:
+    """Whether ``ch`` is never written as it is (the CLI and the console share this rule)."""
+    return unicodedata.category(ch) in _HIDDEN_CATEGORIES
+
+
+def escape_char(ch: str) -> str:
+    """The visible escape of one character: ``\\x1b``, ``\\u202e``, ``\\U000e0041``."""
     code = ord(ch)
     if code <= 0xFF:
         return f"\\x{code:02x}"
@@ -65,9 +77,7 @@ def visible(text: str) -> str:
     ``\\u2028``); everything else, markup-like brackets included, is kept as it is."""
     if text.isascii() and text.isprintable():
         return text
-    return "".join(
-        _escape(ch) if unicodedata.category(ch) in _HIDDEN_CATEGORIES else ch for ch in text
-    )
+    return "".join(escape_char(ch) if hidden(ch) else ch for ch in text)
 
 
 def literal(value: object, style: str = "") -> Text:
@@ -97,7 +107,12 @@ def console(*, stderr: bool = False) -> Console:
 
 
 def print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False))
+    click.echo(json.dumps(value, indent=2, sort_keys=False, allow_nan=False))
+
+
+def json_line(value: Any) -> str:
+    """``value`` as one line of strict JSON (JSON lines: export, tail)."""
+    return json.dumps(value, allow_nan=False)
 
 
 def _when(value: datetime | None) -> str:
@@ -109,14 +124,46 @@ def _short(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+#: Stored JSON nested deeper than this is shown as text: it could not be written back out
+#: (or read by the next tool) without running out of stack.
+MAX_JSON_DEPTH = 200
+
+
+def _not_json(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: Python reads it as infinity, which JSON has no word for
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests at most ``limit`` deep, walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
 def _decoded(data: bytes | None) -> Any:
-    """Stored bytes as JSON when they are JSON (results are pydantic JSON), else None."""
+    """Stored bytes as JSON when they are strict JSON (results are pydantic JSON), else
+    None: bytes that are not UTF-8 or not JSON, ``NaN`` / ``Infinity`` (Python reads them,
+    JSON has no such values), or nesting too deep to write back out."""
     if data is None:
         return None
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, ValueError):
+        value = json.loads(data, parse_constant=_not_json, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
+    return value if _depth_within(value, MAX_JSON_DEPTH) else None
 
 
 def _preview(data: bytes | None) -> str:

@@ -14,11 +14,12 @@ from typing import Any, TypeVar
 
 import click
 
-from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
+from settle._exit import EXIT_FAILED
+from settle.cli._context import checked_url, exit_code_of, fail
 from settle.cli._render import add_row, console, new_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
-from settle.errors import BackendError, SettleError
+from settle.errors import SettleError
 
 __all__ = ["checkpoint_json", "cursor", "witness_json"]
 
@@ -77,26 +78,18 @@ def _connection(fn: F) -> F:
     )(fn)
 
 
-class _NotFound(click.ClickException):
-    exit_code = EXIT_NOT_FOUND
-
-
-class _Unavailable(click.ClickException):
-    exit_code = EXIT_UNAVAILABLE
-
-
 @contextlib.contextmanager
 def _store(redis_url: str, namespace: str) -> Iterator[CursorStore]:
+    """A store on ``redis_url``; a settle error is one line and the exit code every command
+    gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`)."""
     try:
-        store = CursorStore.from_url(redis_url, namespace=namespace)
+        store = CursorStore.from_url(checked_url(redis_url), namespace=namespace)
     except SettleError as exc:
-        raise _NotFound(str(exc)) from exc
+        fail(str(exc), exit_code_of(exc))
     try:
         yield store
-    except BackendError as exc:
-        raise _Unavailable(str(exc)) from exc
     except SettleError as exc:
-        raise _NotFound(str(exc)) from exc
+        fail(str(exc), exit_code_of(exc))
     finally:
         store.close()
 
@@ -115,7 +108,7 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
     with _store(redis_url, namespace) as store:
         ck = store.checkpoint(stream)
     if ck is None:
-        raise _NotFound(f"stream {stream!r} has no checkpoint in namespace {namespace!r}")
+        fail(f"stream {stream!r} has no checkpoint in namespace {namespace!r}", EXIT_NOT_FOUND)
     data = checkpoint_json(ck)
     if as_json:
         click.echo(json.dumps(data))

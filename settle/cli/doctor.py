@@ -34,7 +34,9 @@ from settle.cli._context import (
     EXIT_UNAVAILABLE,
     Connection,
     _redacted,
+    checked_url,
     connection_options,
+    errors_as_exit_codes,
     fail,
     json_option,
     stored_shards,
@@ -307,6 +309,8 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
     """Check a Redis or Valkey deployment for settle: version, eviction policy, persistence,
     replicas, cluster slots, the namespace, scripts and clocks. Exit 1 on a failed check
     (--strict: on a warning too)."""
+    with errors_as_exit_codes():  # a malformed URL: one line, exit 2
+        checked_url(conn.url)
     try:
         findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
     except (RedisError, RedisClusterException, OSError) as exc:

@@ -5,15 +5,14 @@
 from __future__ import annotations
 
 import json
-import sys
-from typing import NoReturn
 
 import click
 from rich.table import Table
 
-from settle._exit import EXIT_FAILED, EXIT_UNAVAILABLE
-from settle.cli._render import console, fields_table, visible
-from settle.errors import BackendError, SettleError
+from settle._exit import EXIT_FAILED
+from settle.cli._context import checked_url, exit_code_of, fail
+from settle.cli._render import console, fields_table
+from settle.errors import SettleError
 from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
 from settle.progress.models import Progress
@@ -54,11 +53,6 @@ def _table(p: Progress) -> Table:
     return fields_table(f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", rows)
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"settle: {visible(message)}", err=True)
-    sys.exit(code)
-
-
 @click.group(name="progress")
 def progress() -> None:
     """Delivery progress of broker consumers (SPEC §10)."""
@@ -78,17 +72,17 @@ def progress() -> None:
 def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
     try:
-        store = ProgressStore.from_url(redis_url, consumer=consumer, namespace=namespace)
+        store = ProgressStore.from_url(
+            checked_url(redis_url), consumer=consumer, namespace=namespace
+        )
         try:
             scopes = store.show()
         finally:
             store.close()
-    except BackendError as exc:
-        _fail(str(exc), EXIT_UNAVAILABLE)
-    except SettleError as exc:
-        _fail(str(exc), EXIT_FAILED)
+    except SettleError as exc:  # 2 for bad input, 3 for Redis, as every command
+        fail(str(exc), exit_code_of(exc))
     if not scopes:
-        _fail(f"no progress recorded for consumer {consumer!r} in {namespace!r}", EXIT_FAILED)
+        fail(f"no progress recorded for consumer {consumer!r} in {namespace!r}", EXIT_FAILED)
     if as_json:
         click.echo(json.dumps([p.to_json() for p in scopes], indent=2))
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,6 +21,7 @@ from settle.cli._render import (
     entry_json,
     entry_line,
     entry_table,
+    json_line,
     print_json,
 )
 from settle.demo.server import server_now
@@ -183,7 +183,7 @@ def tail(
         try:
             for entry in follow:
                 if as_json:
-                    click.echo(json.dumps(entry_json(entry)))
+                    click.echo(json_line(entry_json(entry)))
                 else:
                     click.echo(entry_line(entry))
                 sys.stdout.flush()
@@ -303,7 +303,7 @@ def _write(
     for entry in entries:
         if limit is not None and count >= limit:
             break
-        fh.write(json.dumps(entry_json(entry)) + "\n")
+        fh.write(json_line(entry_json(entry)) + "\n")
         count += 1
         if show_progress and count % _PROGRESS_EVERY == 0:
             click.echo(f"\rexported {count} entries...", err=True, nl=False)

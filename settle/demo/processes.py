@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from settle._log import logger
 from settle.demo.plan import Order
+from settle.demo.worker import REDIS_URL_ENV
 
 __all__ = ["DemoError", "WorkerProcess"]
 
@@ -39,8 +40,6 @@ class WorkerProcess:
             sys.executable,
             "-m",
             "settle.demo.worker",
-            "--redis-url",
-            redis_url,
             "--namespace",
             namespace,
             "--shards",
@@ -50,6 +49,9 @@ class WorkerProcess:
             "--lease",
             str(lease),
         ]
+        # The URL may hold a password: in the environment, not on the command line, which
+        # every user of the machine can read (ps, /proc/PID/cmdline).
+        self._env = {**os.environ, REDIS_URL_ENV: redis_url}
         self._process: subprocess.Popen[str] | None = None
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._log = logger.bind(namespace=namespace)
@@ -69,6 +71,7 @@ class WorkerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=self._env,
         )
         stdout = self.process.stdout
         assert stdout is not None

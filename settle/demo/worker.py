@@ -2,8 +2,11 @@
 has charged, stops before settling and waits for the demo to crash it (SIGKILL) or freeze
 it (SIGSTOP ... SIGCONT, then ``go`` on stdin).
 
-    python -m settle.demo.worker --redis-url URL --namespace NS --shards N \\
+    SETTLE_DEMO_REDIS_URL=URL python -m settle.demo.worker --namespace NS --shards N \\
         --provider URL --lease SECONDS < orders (one JSON line), then "go"
+
+The Redis URL comes in the environment (it may hold a password, and a command line is
+readable by every user of the machine).
 
 Speaks JSON lines on stdout: ``charged`` per order once the provider charged, then one
 ``stale`` / ``result`` / ``error`` per order. It exits when stdin closes.
@@ -26,7 +29,10 @@ from settle.attempt import Attempt
 from settle.demo.charge import ChargeRequest, make_charge
 from settle.errors import StaleAttempt
 
-__all__ = ["main"]
+__all__ = ["REDIS_URL_ENV", "main"]
+
+#: The environment variable the demo passes the Redis URL in.
+REDIS_URL_ENV = "SETTLE_DEMO_REDIS_URL"
 
 _print_lock = threading.Lock()
 
@@ -39,7 +45,6 @@ def emit(**fields: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m settle.demo.worker")
-    parser.add_argument("--redis-url", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--shards", type=int, required=True)
     parser.add_argument("--provider", required=True)
@@ -62,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
         emit(event="charged", order_id=request.order_id, generation=attempt.generation)
         go.wait()
 
-    settler = Settler.from_url(args.redis_url, namespace=args.namespace, shards=args.shards)
+    settler = Settler.from_url(
+        os.environ[REDIS_URL_ENV], namespace=args.namespace, shards=args.shards
+    )
     charge = make_charge(settler, args.provider, lease=args.lease, wait=0.0, after=charged)
 
     def run(order: dict[str, Any]) -> None:

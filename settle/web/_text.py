@@ -8,42 +8,43 @@ pretty JSON, text or a hex dump, and the overview's chart drawn as SVG on the se
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import groupby
 from typing import Any
 
 from markupsafe import Markup, escape
 
+from settle.cli._render import escape_char, hidden
+
 __all__ = ["PayloadView", "chart_svg", "payload_view", "visible", "visible_text", "when"]
 
-# C0 and C1 controls, DEL, zero-width and bidi formatting characters, separators, BOM.
-_OTHERS = r"\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
-_ALL = re.compile(r"([\x00-\x1f" + _OTHERS + "])")
-_KEEP_LINES = re.compile(r"([\x00-\x08\x0b-\x1f" + _OTHERS + "])")  # keeps \t and \n
 _MARK = Markup('<span class="ctl" title="control character">{}</span>')
+_LINES = frozenset("\t\n")
 
 
-def _code(char: str) -> str:
-    n = ord(char)
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
-
-
-def _mark(pattern: re.Pattern[str], text: str) -> Markup:
-    parts = pattern.split(text)
-    out = [escape(p) if i % 2 == 0 else _MARK.format(_code(p)) for i, p in enumerate(parts)]
+def _mark(text: str, keep: frozenset[str] = frozenset()) -> Markup:
+    """``text`` escaped, each character the CLI would not write as it is (one rule,
+    :func:`settle.cli._render.hidden`) marked as its escape, except those in ``keep``."""
+    out: list[Markup] = []
+    for masked, run in groupby(text, key=lambda ch: ch not in keep and hidden(ch)):
+        if masked:
+            out.extend(_MARK.format(escape_char(ch)) for ch in run)
+        else:
+            out.append(escape("".join(run)))
     return Markup("").join(out)
 
 
 def visible(value: Any) -> Markup:
-    """A one-line value (operation id, principal, note) escaped, every control character
-    shown as a marked ``\\xNN`` / ``\\uNNNN``, line breaks included."""
-    return _mark(_ALL, "" if value is None else str(value))
+    """A one-line value (operation id, principal, note) escaped, every control or
+    invisible character shown as a marked ``\\xNN`` / ``\\uNNNN`` / ``\\UNNNNNNNN``, line
+    breaks included."""
+    return _mark("" if value is None else str(value))
 
 
 def visible_text(value: str) -> Markup:
     """Like :func:`visible`, but newlines and tabs are kept (for ``<pre>`` blocks)."""
-    return _mark(_KEEP_LINES, value)
+    return _mark(value, _LINES)
 
 
 def when(value: datetime | None) -> str:

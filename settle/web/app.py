@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from settle._async.settler import AsyncSettler
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
-from settle.cli._render import entry_json, record_json
+from settle.cli._render import entry_json, json_line, record_json
 from settle.errors import (
     BackendError,
     ConfigurationError,
@@ -230,12 +230,20 @@ class _Console:
 
     async def export(self, request: Request) -> Response:
         flt, _ = await _filter(request, self.settler)
+        entries = aiter(_query.export_entries(self.settler, flt))
+        # Read the first entry before the response starts, so that an error on the first
+        # page (Redis down, an entry settle cannot decode) is an error page, not a 200
+        # whose download breaks off.
+        first = await anext(entries, None)
 
         async def lines() -> AsyncIterator[str]:
             count = 0
-            async for entry in _query.export_entries(self.settler, flt):
+            if first is not None:
                 count += 1
-                yield json.dumps(entry_json(entry)) + "\n"
+                yield json_line(entry_json(first)) + "\n"
+            async for entry in entries:
+                count += 1
+                yield json_line(entry_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")  # UTC, as every time shown

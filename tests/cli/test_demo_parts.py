@@ -3,11 +3,14 @@ of an order as a duplicate, and the runner is usable as a library."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from settle.attempt import Attempt
 from settle.demo import DemoOptions, Fault, run_demo
 from settle.demo.charge import ChargeRequest, ProviderError, post_charge
+from settle.demo.processes import WorkerProcess
 from settle.demo.provider import Provider
 
 
@@ -52,3 +55,21 @@ def test_run_demo_as_a_library(redis_url: str, namespace: str) -> None:
     assert report.operations == 6
     for fault in Fault:
         assert report.faults[fault.value].observed == report.faults[fault.value].injected == 1
+
+
+def test_a_worker_process_gets_the_redis_url_outside_its_command_line(
+    redis_url: str, namespace: str
+) -> None:
+    # The URL may hold a password; any user of the machine reads a command line (ps).
+    url = redis_url.replace("redis://", "redis://app:s3cret-in-url@")  # never connects here
+    worker = WorkerProcess(
+        redis_url=url, namespace=namespace, shards=4, provider_url="http://127.0.0.1:9", lease=1
+    )
+    try:
+        worker.start([])  # no orders: it waits on stdin, running
+        cmdline = Path(f"/proc/{worker.process.pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{worker.process.pid}/environ").read_bytes()
+    finally:
+        worker.kill()
+    assert b"s3cret-in-url" not in cmdline
+    assert f"SETTLE_DEMO_REDIS_URL={url}".encode() in environ.split(b"\0")

@@ -252,3 +252,25 @@ def test_a_shard_state_of_another_type_fails_naming_the_key() -> None:
                 assert state in checks["namespace"]["detail"]
                 assert "not a hash" in checks["namespace"]["detail"]
                 assert "HSET settle:{<ns>}:meta" not in checks["namespace"]["fix"]
+
+
+def test_a_password_in_the_url_query_is_shown_as_stars() -> None:
+    # redis-py reads ?password= as it reads the userinfo's; doctor printed it in clear in
+    # its title and in --json "url".
+    with EmbeddedRedis() as server:
+        with redis.Redis.from_url(server.url) as raw:
+            raw.acl_setuser(
+                "ops",
+                enabled=True,
+                passwords=["+pw-secret-42"],
+                keys=["*"],
+                channels=["*"],
+                commands=["+@all"],
+            )
+        url = f"redis://127.0.0.1:{server.port}/0?username=ops&password=pw-secret-42"
+        done = settle("doctor", "--redis-url", url, "--json")
+        table = settle("doctor", "--redis-url", url)
+    assert "pw-secret-42" not in done.stdout + done.stderr + table.stdout + table.stderr
+    report = json.loads(done.stdout)
+    assert report["url"] == f"redis://127.0.0.1:{server.port}/0?username=ops&password=***"
+    assert "password=***" in table.stdout

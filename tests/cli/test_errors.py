@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from settle import Reserved, Settler
+from settle.cli._context import _redacted
 from tests.cli.conftest import cli_env, settle
 
 
@@ -69,12 +70,64 @@ def test_malformed_url_is_a_usage_error() -> None:
     assert done.stderr.startswith("settle: bad --redis-url http://example.invalid/")
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("stats",), ("doctor",), ("cursor", "show", "s"), ("progress", "show", "c"), ("web",)],
+)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:x/0?password=s3cret",  # a port that is not a number
+        "redis://127.0.0.1:1/0?password=s3cret&socket_timout=1",  # an option nothing takes
+        "redis://127.0.0.1:1/0?password=s3cret&ssl_password=k",  # a TLS option without TLS
+    ],
+)
+def test_a_malformed_url_is_one_usage_line_in_every_command(
+    command: tuple[str, ...], url: str
+) -> None:
+    # An unknown query parameter was a TypeError traceback at the first command (redis-py
+    # passes it on to the connection), and doctor printed a traceback for any bad URL.
+    done = settle(*command, "--redis-url", url)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("settle: bad --redis-url redis://127.0.0.1:"), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "s3cret" not in done.stderr
+
+
 def test_password_is_not_echoed(redis_url: str) -> None:
     port = _closed_port()
     done = settle("stats", "--redis-url", f"redis://app:s3cret@127.0.0.1:{port}/0")
     assert done.returncode == 3
     assert "s3cret" not in done.stderr
     assert f"redis://app:***@127.0.0.1:{port}/0" in done.stderr
+
+
+def test_a_password_in_the_url_query_is_not_echoed() -> None:
+    # redis-py takes ?password= (and ?ssl_password=) like the userinfo password.
+    port = _closed_port()
+    url = f"redis://127.0.0.1:{port}/0?db=0&password=s3cret-q"
+    done = settle("stats", "--redis-url", url)
+    assert done.returncode == 3
+    assert "s3cret" not in done.stderr
+    assert f"redis://127.0.0.1:{port}/0?db=0&password=*** " in done.stderr
+    malformed = settle("stats", "--redis-url", "redis://127.0.0.1:x/0?password=s3cret-q")
+    assert malformed.returncode == 2
+    assert "s3cret" not in malformed.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://h/0?password=p%40ss#w0rd", "redis://h/0?password=***#***"),
+        ("redis://h/0?password=p@ss", "redis://h/0?password=***"),
+        ("redis://:pa/ss@h/0", "redis://:***@h/0"),
+        ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
+        ("redis://app@h/0?PassWord=p", "redis://app@h/0?PassWord=***"),
+        ("rediss://h/0?ssl_password=k3y&db=2", "rediss://h/0?ssl_password=***&db=2"),
+    ],
+)
+def test_every_password_in_a_url_is_redacted(url: str, shown: str) -> None:
+    assert _redacted(url) == shown
 
 
 def test_missing_namespace_exits_3_and_creates_nothing(redis_url: str, namespace: str) -> None:

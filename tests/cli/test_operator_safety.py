@@ -5,6 +5,7 @@ metadata get one clear line and the documented exit code. All through the consol
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pty
@@ -13,6 +14,7 @@ import sys
 import time
 from datetime import timedelta
 
+import pytest
 import redis
 
 from settle import Reserved, Settler
@@ -84,6 +86,54 @@ def test_inspect_and_quarantine_show_stored_values_as_literal_text(
     assert data["presented"]["binding"] == principal
 
 
+#: Stored bytes Python's json module reads but no JSON reader takes back (NaN, Infinity,
+#: a number too large for a float), or cannot write out again (nesting 3000 deep).
+NOT_STRICT_JSON = (b"[" * 3000, b'{"x": NaN}', b'{"x": -Infinity}', b'{"x": 1e400}')
+
+
+def _strict(text: str) -> object:
+    """``text`` parsed as JSON that jq or a browser would take."""
+
+    def refuse(name: str) -> object:
+        raise AssertionError(f"{name} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _completed(settler: Settler, operation_id: str, result: bytes) -> None:
+    r = settler.reserve(operation_id, {"n": 1}, principal="p", lease=5)
+    assert isinstance(r, Reserved)
+    settler.complete(r.reservation, result)
+
+
+@pytest.mark.parametrize("stored", NOT_STRICT_JSON, ids=["deep", "nan", "-inf", "1e400"])
+def test_stored_bytes_that_are_not_strict_json_are_shown_as_text_in_json_output(
+    cli_settler: Settler, redis_url: str, namespace: str, stored: bytes
+) -> None:
+    # One such result or payload used to end --json output in a RecursionError traceback,
+    # or put NaN / Infinity in it, which jq and JSON.parse refuse.
+    args = _args(redis_url, namespace)
+    _completed(cli_settler, "op-result", stored)
+    qid = _late_bytes(cli_settler, "op-late", stored, "p")
+    _late_bytes(cli_settler, "op-fine", b'{"fine": true}', "p")
+
+    done = settle("inspect", "op-result", *args, "--json")
+    assert done.returncode == 0, done.stderr[-300:]
+    record = _strict(done.stdout)["record"]  # type: ignore[index]
+    assert record["result_json"] is None
+    assert base64.b64decode(record["result"]) == stored  # shown as the bytes it is
+
+    for cmd in (("quarantine", "ls", "--json"), ("quarantine", "show", qid, "--json")):
+        done = settle(*cmd, *args)
+        assert done.returncode == 0, (cmd, done.stderr[-300:])
+        _strict(done.stdout)
+    export = settle("quarantine", "export", *args)
+    assert export.returncode == 0, export.stderr[-300:]
+    lines = [_strict(line) for line in export.stdout.splitlines()]
+    payloads = {line["operation_id"]: line["payload"]["json"] for line in lines}  # type: ignore[index]
+    assert payloads == {"op-late": None, "op-fine": {"fine": True}}
+
+
 def test_unknown_operation_with_controls_is_one_visible_line(
     redis_url: str, namespace: str, cli_settler: Settler
 ) -> None:
@@ -136,6 +186,25 @@ def test_quarantine_id_above_2_64_is_a_usage_error(
         assert "cannot reach" not in done.stderr
     done = settle("quarantine", "show", "0/18446744073709551615-0", *_args(redis_url, namespace))
     assert done.returncode == 1  # the largest id is well formed, and not found
+
+
+def test_a_quarantine_entry_settle_cannot_decode_is_one_clear_line(
+    cli_settler: Settler, redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    # A foreign entry (or one of a newer settle's kinds) used to print a KeyError traceback.
+    qid = _late_bytes(cli_settler, "op-late", b"{}", "p")
+    shard = int(qid.split("/")[0])
+    stream = Keys(namespace, cli_settler.config.shards).quarantine(shard)
+    foreign = f"{shard}/{redis_client.xadd(stream, {'garbage': '1'}).decode()}"
+    args = _args(redis_url, namespace)
+    for cmd in (("quarantine", "ls"), ("quarantine", "export"), ("stats",)):
+        done = settle(*cmd, *args)
+        assert done.returncode == 1, (cmd, done.stderr)
+        assert done.stderr.startswith(f"settle: quarantine entry {foreign} cannot be decoded")
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    # What filters it out (another operation) still reads.
+    assert settle("quarantine", "show", qid, *args).returncode == 0
+    assert settle("inspect", "op-late", *args).returncode == 0
 
 
 def test_corrupt_namespace_metadata_is_one_clear_line(

@@ -100,7 +100,7 @@ def test_unknown_stream_is_an_error(redis_url, namespace):
     assert proc.returncode == 1
     assert "no checkpoint" in proc.stderr
     bad = cli(redis_url, namespace, "witnesses", "a{b}")
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # a name settle refuses is bad input (usage), not a missing stream
     assert "braces" in bad.stderr
 
 

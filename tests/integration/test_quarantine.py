@@ -8,11 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from settle import AsyncSettler, QuarantineKind, Reservation, Settler
-from settle._core.keys import shard_of
-from settle.errors import InvalidInput, QuarantineNotFound
+from settle._core.keys import Keys, shard_of
+from settle.errors import CorruptRecord, InvalidInput, QuarantineNotFound
 from settle.testing import AsyncMemorySettler, ManualClock
 
 WHO = "tenant:acme"
@@ -198,3 +199,49 @@ async def test_payload_is_capped_with_full_size_and_digest(redis_url: str, names
     assert entry.payload.truncated
     assert entry.payload.size > 1000
     await s.aclose()
+
+
+_FOREIGN = {
+    "fields missing": {"garbage": "1"},
+    "a newer kind": {
+        "op": "op-n",
+        "kind": "kind_of_a_newer_version",
+        "action": "complete",
+        "fp": "0" * 64,
+        "fpv": "1",
+        "bind": WHO,
+        "gen": "1",
+        "psize": "0",
+        "pdig": "0" * 64,
+        "aid": "a",
+        "at": "1",
+    },
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fields", list(_FOREIGN.values()), ids=list(_FOREIGN))
+async def test_an_entry_settle_cannot_decode_is_a_corrupt_record_naming_it(
+    settler: Settler, async_settler: AsyncSettler, redis_url: str, fields: dict[str, str]
+) -> None:
+    # Used to raise a bare KeyError / ValueError from every listing.
+    real = settler.complete(_ghost("op-a"), {"n": 1})
+    assert real.quarantine_id is not None
+    shard = int(real.quarantine_id.split("/")[0])
+    stream = Keys(settler.config.namespace, settler.config.shards).quarantine(shard)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        foreign = f"{shard}/{client.xadd(stream, fields).decode()}"  # type: ignore[arg-type]
+    finally:
+        client.close()
+    with pytest.raises(CorruptRecord, match=f"quarantine entry {foreign} cannot be decoded") as e:
+        settler.quarantine.list()
+    assert repr(stream) in str(e.value)
+    assert "run one settle version" in str(e.value).lower()
+    with pytest.raises(CorruptRecord, match=foreign):
+        list(settler.quarantine.scan())
+    with pytest.raises(CorruptRecord, match=foreign):
+        settler.quarantine.get(foreign)
+    with pytest.raises(CorruptRecord, match=foreign):
+        await async_settler.quarantine.list()
+    assert settler.quarantine.get(real.quarantine_id).operation_id == "op-a"

@@ -3,9 +3,13 @@ loopback port, a real redis-server."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import click
 import httpx
 
 from settle import Settler
+from settle.cli.web import web
 from settle.web._security import CSP
 from tests.cli.conftest import settle
 from tests.web.evidence import conflicting, stale_settlement
@@ -13,6 +17,7 @@ from tests.web.server import free_port, settle_web
 from tests.web.test_console_http import csrf_of
 
 TOKEN = "cli-token-7f3a"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "console.md"
 
 
 def test_without_a_token_the_console_is_read_only(redis_url: str, writer: Settler) -> None:
@@ -67,3 +72,13 @@ def test_a_missing_namespace_is_refused_before_serving(redis_url: str) -> None:
     )
     assert done.returncode == 3
     assert "does not exist" in done.stderr
+
+
+def test_every_option_of_settle_web_is_documented_where_the_proxy_advice_is() -> None:
+    # --allow-host was in no doc, while docs/console.md sent users behind a reverse proxy,
+    # whose Host header the console then refused (400) on every request.
+    text = DOC.read_text(encoding="utf-8")
+    options = [o for p in web.params if isinstance(p, click.Option) for o in p.opts]
+    assert [o for o in options if o.startswith("--") and f"`{o}" not in text] == []
+    proxy = text[text.index("behind a reverse proxy") :][:600]
+    assert "--allow-host" in proxy

@@ -11,7 +11,7 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, Settler
+from settle import AsyncSettler, Reserved, Settler
 from settle._core.keys import Keys
 from settle._log import binding_digest
 from settle.web import _query, create_app
@@ -434,3 +434,67 @@ async def test_nothing_is_skipped_when_a_shard_ids_ran_ahead_of_its_clock(
             assert seen == (newest if newest_first else newest[::-1]), (size, newest_first)
     exported = [e.ref async for e in _query.export_entries(reader, _query.Filter(), batch=3)]
     assert exported == newest[::-1]
+
+
+async def test_stored_bytes_that_are_not_strict_json_are_shown_as_text(
+    redis_url: str, writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # Nesting 3000 deep used to answer the entry page and the export with a bare 500
+    # (RecursionError); NaN / Infinity went into the export, which JSON readers refuse.
+    uncapped = Settler.from_url(redis_url, namespace=writer.config.namespace, shards=4)
+    try:
+        deep = b"[" * 3000
+        r = uncapped.reserve("order-deep", {"amount": 1}, principal="tenant:acme", lease=5)
+        assert isinstance(r, Reserved)
+        uncapped.complete(r.reservation, deep)  # the record's result
+        late = uncapped.complete(r.reservation, deep + b"]")  # the quarantined payload
+        assert late.quarantine_id is not None
+        for n, stored in enumerate((b'{"x": NaN}', b'{"x": Infinity}', b'{"x": 1e400}')):
+            conflicting(uncapped, f"order-nan-{n}", stored)
+    finally:
+        uncapped.close()
+    page = await read_only.get(f"/entry/{late.quarantine_id}")
+    assert page.status_code == 200
+    assert "<small>text</small>" in page.text
+    assert "[[[[" in page.text
+
+    def refuse(name: str) -> object:
+        raise AssertionError(f"{name} in the export")
+
+    export = await read_only.get("/quarantine.jsonl")
+    assert export.status_code == 200
+    lines = [json.loads(line, parse_constant=refuse) for line in export.text.splitlines()]
+    assert len(lines) == 4
+    assert all(line["payload"]["json"] is None for line in lines)
+
+
+async def test_invisible_format_characters_are_marked_as_the_cli_escapes_them(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # U+061C (a bidi mark) and tag characters (invisible text) were written raw; the CLI
+    # escaped them. One rule now decides for both.
+    hidden = "acct\u061c-42 \U000e0049\U000e0047\U000e004e\tend"
+    ref = conflicting(writer, "order-tags", {"to": hidden})
+    html = (await read_only.get(f"/entry/{ref}")).text
+    mark = '<span class="ctl" title="control character">{}</span>'
+    assert "acct" + mark.format("\\u061c") + "-42 " + mark.format("\\U000e0049") in html
+    assert "\u061c" not in html
+    assert not any(0xE0000 <= ord(ch) <= 0xE007F for ch in html)
+
+
+async def test_an_entry_settle_cannot_decode_is_an_error_page_naming_it(
+    writer: Settler, read_only: httpx.AsyncClient, redis_url: str
+) -> None:
+    # A foreign entry (or one of a newer settle's kinds) used to answer a bare 500.
+    ref = conflicting(writer, "order-1")
+    shard = int(ref.split("/")[0])
+    stream = Keys(writer.config.namespace, writer.config.shards).quarantine(shard)
+    with redis.Redis.from_url(redis_url) as raw:
+        foreign = f"{shard}/{raw.xadd(stream, {'op': 'x', 'kind': 'from_the_future'}).decode()}"
+    for path in ("/", "/quarantine", "/quarantine.jsonl", f"/entry/{foreign}"):
+        response = await read_only.get(path)
+        assert response.status_code == 500, path
+        assert response.headers["content-security-policy"] == CSP
+        assert f"quarantine entry {foreign} cannot be decoded" in response.text, path
+        assert "run one settle version" in response.text.lower()
+    assert (await read_only.get(f"/entry/{ref}")).status_code == 200
