@@ -83,9 +83,19 @@ def client_from_url(url: str) -> Redis:
     socket timeouts (a ``redis://`` URL of a cluster node becomes a cluster client on the
     runner's first call)."""
     try:
-        return _owned(Redis.from_url(url, **_CLIENT_DEFAULTS))
+        client = Redis.from_url(url, **_CLIENT_DEFAULTS)
+        # One connection object built, nothing connected: redis-py passes a query parameter
+        # it does not know on to the connection (``?socket_timout=1``), a TypeError at the
+        # first command otherwise.
+        pool = client.connection_pool
+        pool.connection_class(**pool.connection_kwargs)
     except ValueError as exc:  # redis-py's own: an unknown scheme, a port that is no number
         raise InvalidInput(f"the Redis URL is not usable: {exc}") from exc
+    except TypeError as exc:  # "...__init__() got an unexpected keyword argument 'foo'"
+        raise InvalidInput(
+            f"the Redis URL has a query parameter no Redis connection takes ({exc})"
+        ) from None
+    return _owned(client)
 
 
 def cluster_client(

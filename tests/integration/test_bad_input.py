@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from settle import (
+    AsyncSettler,
     BackendError,
     ConfigurationError,
     FingerprintError,
@@ -196,6 +197,24 @@ def test_the_reference_model_refuses_fewer_shards_when_only_states_beyond_them_s
     with pytest.raises(ConfigurationError, match="12 shard state"):
         four.reserve("op-new", {"a": 1}, principal=WHO)
     assert keyspace.type(keys.meta, wall_clock_ms()) == "none"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:1/0?socket_timout=1",  # a typo of socket_timeout
+        "redis://127.0.0.1:1/0?ssl_password=secret-x",  # a TLS option without TLS
+        "redis://127.0.0.1:notaport/0",
+        "ftp://127.0.0.1:1/0",
+    ],
+)
+def test_a_redis_url_no_connection_can_be_made_from_is_refused_up_front(url: str) -> None:
+    """Refused when the settler is made, naming no password, not as a TypeError at the
+    first command."""
+    for make in (Settler.from_url, AsyncSettler.from_url):
+        with pytest.raises(InvalidInput, match="Redis URL") as info:
+            make(url, namespace="ns")
+        assert "secret-x" not in str(info.value)
 
 
 def test_config_is_validated() -> None:
