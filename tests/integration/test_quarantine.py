@@ -245,3 +245,23 @@ async def test_an_entry_settle_cannot_decode_is_a_corrupt_record_naming_it(
     with pytest.raises(CorruptRecord, match=foreign):
         await async_settler.quarantine.list()
     assert settler.quarantine.get(real.quarantine_id).operation_id == "op-a"
+
+
+def test_a_resolution_settle_cannot_decode_is_a_corrupt_record_naming_it(
+    settler: Settler, redis_url: str
+) -> None:
+    """Written by another program: resolving the entry again is refused with the entry
+    named (its read, before the resolve, decodes the resolution too)."""
+    real = settler.complete(_ghost("op-r"), {"n": 1})
+    assert real.quarantine_id is not None
+    shard, entry_id = real.quarantine_id.split("/")
+    resolutions = Keys(settler.config.namespace, settler.config.shards).resolutions(int(shard))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.hset(resolutions, entry_id, "not json")
+    finally:
+        client.close()
+    with pytest.raises(CorruptRecord, match=f"quarantine entry {real.quarantine_id}"):
+        settler.quarantine.resolve(real.quarantine_id, note="checked")
+    with pytest.raises(CorruptRecord, match=f"quarantine entry {real.quarantine_id}"):
+        settler.quarantine.get(real.quarantine_id)
