@@ -107,6 +107,9 @@ class Decision:
     """No progress: nothing new, and the successor is the cursor held now or one passed
     before. Nothing is witnessed or promoted."""
     error: CursorDivergence | None = None
+    unrecorded: bool = False
+    """With ``error``: raise it without keeping this response as an abandoned witness (the
+    pending response it falls short of is the evidence)."""
 
 
 def _bad(stream: str, message: str) -> InvalidResponse:
@@ -321,24 +324,27 @@ class _Rules:
                 )
         return None
 
-    def truncated_of(self) -> tuple[Witness, WitnessEvent] | None:
-        """A pending response this one is a strict, shorter prefix of, and the first
-        unsettled event it lists beyond it: the other worker (or an exact replay of that
-        response) must go on; this one stands down."""
+    def truncated_of(self) -> list[tuple[Witness, WitnessEvent]]:
+        """The pending responses this one is a strict, shorter prefix of, each with the
+        first unsettled event it lists beyond it: the other worker (or an exact replay of
+        that response) must go on; this one stands down."""
         mine = witness_events(self.page)
         if not any(e.position > self.boundary for e in mine):
-            return None  # nothing new: an empty answer (held, or judged by its evidence)
+            return []  # nothing new: an empty answer (held, or judged by its evidence)
+        found = []
         for w in self.view.pending:
             if len(mine) < len(w.events) and w.events[: len(mine)] == mine:
                 for ev in w.events[len(mine) :]:
                     r = self.view.receipts.get(ev.id)
                     if r is None or (r.position, r.digest) != (ev.position, ev.digest):
-                        return w, ev
-        return None
+                        found.append((w, ev))
+                        break
+        return found
 
     def idle_ms(self, w: Witness) -> int:
-        """How long ``w`` has gone without progress: since it was written or last changed,
-        or since the newest receipt of its events this view holds (server clock)."""
+        """How long ``w`` has gone without progress: since it was written or last resumed,
+        or since the newest receipt of its events (the view holds every receipt of its
+        generation's witnesses' events; server clock)."""
         last = max(
             [
                 w.updated_at,
@@ -447,27 +453,32 @@ def classify(
                 Recovery.STABLE_BOUNDARY,
             )
         )
-    truncated = rules.truncated_of()
-    if truncated is not None:
+    truncated = sorted(rules.truncated_of(), key=lambda found: rules.idle_ms(found[0]))
+    if truncated:
         # Two workers, the other one's response saw more (or a lagging replica truncated a
         # retry): promoting this one could skip what the other holds. Stand down, unless
-        # the other one stopped moving: then no retry would ever finish it (its worker
-        # died and the provider now answers shorter pages), and standing down would hold
-        # the stream silently for good.
-        other, owed = truncated
+        # every such response stopped moving: then no retry would ever finish one (their
+        # workers died and the provider now answers shorter pages), and standing down would
+        # hold the stream silently for good. Nothing is witnessed either way: the pending
+        # response is the evidence, and a retry that rotates its token would otherwise
+        # leave one more abandoned witness each time.
+        other, owed = truncated[0]  # the one that moved last
         idle = rules.idle_ms(other)
         if idle < stand_down_ms:
             return Decision(kind, rules.boundary, lost=other.attempt_id)
-        return stop(
-            rules.diverge(
+        return Decision(
+            Classification.DIVERGENT,
+            view.checkpoint.boundary,
+            unrecorded=True,
+            error=rules.diverge(
                 CoverageNotProven,
                 f"event {owed.id!r} at position {owed.position}, witnessed in an earlier "
-                f"response to this cursor that made no progress for {idle / 1000:.0f} s, "
+                f"response to this cursor that made no progress for {idle / 1000:.1f} s, "
                 "is missing from the retry, a shorter page: fetch pages as long as that "
                 "response's, or reset from a stable boundary",
                 "witnessed_event_missing",
                 Recovery.STABLE_BOUNDARY,
-            )
+            ),
         )
     if kind is Classification.TOKEN_ROTATION and not contract.rotation_allowed:
         return stop(

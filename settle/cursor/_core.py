@@ -510,6 +510,20 @@ class CursorCore:
             key=event_key(self.namespace, stream, event.id),
         )
 
+    def plan_resume(self, stream: str, attempt_id: str, generation: int) -> Call:
+        return self._call("resume", stream, attempt_id, generation)
+
+    def decode_resume(self, call: Call, raw: Any) -> bool:
+        """Whether the witness was resumed (still pending at the generation the step read);
+        else another worker moved the checkpoint on meanwhile."""
+        reply = self._reply(call, raw)
+        log = self._log(_stream(call)).bind(attempt_id=_text(call.args[0]))
+        if reply.code == "resumed":
+            log.info("settle.cursor.resumed")
+            return True
+        log.info("settle.cursor.superseded", at="resume")
+        return False
+
     def plan_outcome(
         self, stream: str, attempt_id: str, event: Event, outcome: str = "applied"
     ) -> Call:

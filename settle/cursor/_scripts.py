@@ -12,8 +12,19 @@ _LIB = ("_lib",)
 SCRIPTS = ScriptSet(
     "settle.cursor",
     dict.fromkeys(
-        ("init", "load", "witness", "outcome", "promote", "reset", "witnesses", "receipts"), _LIB
+        (
+            "init",
+            "load",
+            "witness",
+            "resume",
+            "outcome",
+            "promote",
+            "reset",
+            "witnesses",
+            "receipts",
+        ),
+        _LIB,
     ),
-    writing=frozenset({"init", "witness", "outcome", "promote", "reset"}),
+    writing=frozenset({"init", "witness", "resume", "outcome", "promote", "reset"}),
     read_only=frozenset({"load", "witnesses", "receipts"}),
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from settle._runtime import RunScript
+from settle.cursor._classify import View
 from settle.cursor._core import CursorCore, WitnessesChanged
 from settle.cursor.errors import CursorError, ProviderCursorExpired
 from settle.cursor.models import Event, EventContext, ProviderContract, StepResult
@@ -45,6 +46,16 @@ Instruction = RunScript | FetchPage | HandleEvent | Done
 _RECLASSIFY = 8
 
 
+def _resume(
+    core: CursorCore, stream: str, view: View, attempt_id: str
+) -> Generator[Instruction, Any, bool]:
+    """Mark a pending response resumed: that is its progress, so a shorter copy of it
+    stands down from now on (``stand_down_for``), however long it lay idle before. False
+    when the checkpoint moved on meanwhile."""
+    call = core.plan_resume(stream, attempt_id, view.checkpoint.generation)
+    return core.decode_resume(call, (yield RunScript(call)))
+
+
 def procedure(
     core: CursorCore, stream: str, contract: ProviderContract, stand_down_ms: int
 ) -> Generator[Instruction, Any, None]:
@@ -65,6 +76,8 @@ def procedure(
             yield Done(core.superseded(view, None))
             return
         decision = core.classify(stream, contract, view, page, stand_down_ms)
+        if decision.unrecorded:
+            raise core.diverged(decision, None)
         if decision.stalled or decision.lost is not None:
             yield Done(core.stalled(view, decision))
             return
@@ -73,6 +86,9 @@ def procedure(
             return
         aid = decision.resume
         if aid is not None:
+            if decision.error is None and not (yield from _resume(core, stream, view, aid)):
+                yield Done(core.superseded(view, decision))
+                return
             break
         call = core.plan_witness(stream, view, page, decision)
         try:

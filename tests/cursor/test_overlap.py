@@ -5,9 +5,12 @@ run after it would be (found in review: it used to be judged against what it saw
 
 from __future__ import annotations
 
+import itertools
+import time
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from settle.cursor import (
     CoverageNotProven,
@@ -238,3 +241,113 @@ def test_event_keys_of_two_streams_never_collide(store: CursorStore) -> None:
     assert keys["orders"] == f"{namespace}:orders:e1"  # unchanged where it was unambiguous
     assert keys["a:b"] == f"{namespace}:a%3Ab:c"
     assert keys["a%3Ab"] == f"{namespace}:a%253Ab:c"
+
+
+# -- a shorter copy of a pending response: it stands down while that response moves --------
+
+SPARSE = ProviderContract(positions="sparse")
+
+
+def _ev(i: int) -> Event:
+    return Event(f"e{i}", i, {"v": i})
+
+
+def _shorter(store: CursorStore, successor: Any = b"N2", **contract: Any) -> CursorConsumer:
+    """A worker whose provider answers e1 e2 only (a smaller page size, a lagging replica),
+    with ``stand_down_for`` of 0.3 s."""
+    return CursorConsumer(
+        lambda _: Page([_ev(1), _ev(2)], successor() if callable(successor) else successor),
+        lambda e, c: None,
+        ProviderContract(positions="sparse", **contract),
+        store=store,
+        stream="s",
+        stand_down_for=0.3,
+    )
+
+
+def test_a_worker_resuming_an_idle_response_makes_a_shorter_copy_stand_down(
+    store: CursorStore,
+) -> None:
+    """A witnessed e1..e4 and died in e2's handler; long after, R resumes that response by
+    an exact replay and is in e2's handler now. The resume is that response's progress: B's
+    shorter copy stands down (LOST) instead of stopping the stream under a live worker, and
+    R promotes."""
+    from settle.cursor._step import HandleEvent, procedure  # noqa: PLC0415
+
+    page = Page([_ev(1), _ev(2), _ev(3), _ev(4)], b"N4")
+    store.start("s", b"C0")
+    handled: list[tuple[str, str]] = []
+    a = procedure(store.core, "s", SPARSE, STAND_DOWN_MS)
+    assert isinstance(_drive(a, store, page, handled, "A", until="e2"), HandleEvent)
+    a.close()  # A died in e2's handler
+    time.sleep(0.5)  # longer than B's stand_down_for: nothing happened to A's response
+    with pytest.raises(CoverageNotProven):  # no worker on it: B stops the stream
+        _shorter(store).step()
+
+    r = procedure(store.core, "s", SPARSE, STAND_DOWN_MS)
+    with capture_logs() as logs:
+        assert isinstance(_drive(r, store, page, handled, "R", until="e2"), HandleEvent)
+    assert [e["event"] for e in logs if e["event"] == "settle.cursor.resumed"] == [
+        "settle.cursor.resumed"
+    ]
+    assert _shorter(store).step().outcome is StepOutcome.LOST
+    handled.append(("R", "e2"))
+    assert _drive(r, store, page, handled, "R", resume=True).outcome is StepOutcome.PROMOTED
+    assert [e for who, e in handled if who != "A"] == ["e2", "e3", "e4"]
+
+
+def test_an_idle_response_never_hides_a_moving_longer_one(redis_url: str, namespace: str) -> None:
+    """W1 (e1 e2 e3) died long ago after e1; W2 (e1..e4: the provider had one more event)
+    was witnessed just now and is in e2's handler. B's e1 e2 is a shorter copy of both: W2
+    is moving, so B stands down, whichever of the two the view lists first (both orders are
+    run: the witnesses are listed by attempt id, which is random)."""
+    from settle.cursor._step import HandleEvent, procedure  # noqa: PLC0415
+
+    orders = set()
+    for attempt in range(60):
+        store = CursorStore.from_url(redis_url, namespace=f"{namespace}-{attempt}")
+        try:
+            store.start("s", b"C0")
+            handled: list[tuple[str, str]] = []
+            w1 = procedure(store.core, "s", SPARSE, STAND_DOWN_MS)
+            _drive(w1, store, Page([_ev(1), _ev(2), _ev(3)], b"N3"), handled, "W1", until="e2")
+            w1.close()
+            time.sleep(0.35)
+            w2 = procedure(store.core, "s", SPARSE, STAND_DOWN_MS)
+            at = _drive(
+                w2, store, Page([_ev(1), _ev(2), _ev(3), _ev(4)], b"N4"), handled, "W2", until="e2"
+            )
+            assert isinstance(at, HandleEvent)
+            by_id = sorted(store.witnesses("s"), key=lambda w: w.attempt_id)
+            orders.add(tuple(len(w.events) for w in by_id))
+            assert _shorter(store).step().outcome is StepOutcome.LOST
+        finally:
+            store.close()
+        if len(orders) == 2:
+            return
+    raise AssertionError(f"only the orders {orders} came up")
+
+
+def test_a_stopped_stream_writes_nothing_however_often_a_rotating_provider_is_asked(
+    store: CursorStore,
+) -> None:
+    """After the stand-down time every retry stops the stream; a provider that issues a new
+    token on every answer must not leave an abandoned witness per retry (every step loads
+    them all)."""
+    from settle.cursor._step import procedure  # noqa: PLC0415
+
+    store.start("s", b"C0")
+    a = procedure(store.core, "s", SPARSE, STAND_DOWN_MS)
+    _drive(a, store, Page([_ev(1), _ev(2), _ev(3), _ev(4)], b"N4"), [], "A", until="e2")
+    a.close()
+    time.sleep(0.35)
+    tokens = itertools.count()
+
+    def rotating() -> bytes:  # a new token on every answer
+        return f"T{next(tokens)}".encode()
+
+    b = _shorter(store, rotating, rotation_allowed=True)
+    for _ in range(10):
+        with pytest.raises(CoverageNotProven):
+            b.step()
+    assert len(store.witnesses("s", limit=1000)) == 1  # A's, pending
