@@ -26,6 +26,7 @@ from settle.attempt import Attempt
 from settle.errors import InvalidInput
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
+from tests.decorator.split_cluster import SHARDS, split_cluster
 
 
 def test_timeout_after_provider_success_is_retried_into_one_effect(
@@ -193,6 +194,55 @@ def test_heartbeat_renews_a_call_that_starts_while_the_thread_idles(
     provider.charged.clear()
     time.sleep(0.5)  # past the warm call's first beat: the thread now lingers, idle
     _outlives_its_lease(settler, provider, charge, "o-8")
+
+
+def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_renewal() -> None:
+    """Found in audit: one thread renewed the leases of a function's running attempts one
+    after another, so a renewal sent to a frozen cluster primary (held for the socket
+    timeout, once per try) held up the renewals of an attempt on a healthy primary: its
+    lease lapsed under its running function and a second worker ran the function again."""
+    with split_cluster() as split:
+        first = Settler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        other = Settler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        first.check()  # the start-up checks read every primary: before one is frozen
+        other.check()
+        runs: list[str] = []
+
+        @first.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=1.5, wait=0)
+        def charge(op: str) -> str:
+            runs.append(op)
+            time.sleep(4.0)
+            return op
+
+        @other.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=1.5, wait=0)
+        def charge_elsewhere(op: str) -> str:
+            runs.append(op)
+            return op
+
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                on_frozen = pool.submit(charge, split.frozen_op)
+                on_healthy = pool.submit(charge, split.healthy_op)
+                deadline = time.monotonic() + 10
+                while len(runs) < 2:
+                    assert time.monotonic() < deadline, "the attempts never started"
+                    time.sleep(0.01)
+                split.freeze()
+                try:
+                    time.sleep(2.5)  # past the lease (1.5 s): only its renewals keep it owned
+                    with pytest.raises(OperationInProgress):
+                        charge_elsewhere(split.healthy_op)
+                finally:
+                    split.thaw()  # before the pool waits for the attempt on that primary
+                assert on_healthy.result() == split.healthy_op
+                on_frozen.exception()  # its lease lapsed while frozen: whatever it got
+            assert runs.count(split.healthy_op) == 1, runs
+            record = first.get(split.healthy_op)
+            assert record is not None
+            assert record.reservations == 1
+        finally:
+            first.close()
+            other.close()
 
 
 def test_methods_pydantic_types_and_signature_are_kept(
