@@ -77,6 +77,8 @@ ReplayHook = Callable[[OperationRecord], object]
 """Called with the stored record when a call's outcome is replayed, not computed."""
 TerminalSpec = tuple[type[BaseException], ...] | type[BaseException]
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
 _POLL_FIRST = 0.02
 _POLL_MAX = 0.5
 
@@ -353,11 +355,12 @@ class Plan:
             )
         if error is None:
             value = ran.value
-            # bytes are stored as they are only for a function declared -> bytes, the one
-            # type a replay hands them back as is; any other type reads JSON back.
+            # bytes (or a bytearray, a memoryview) are stored as they are only for a
+            # function declared -> bytes, the one type a replay hands them back as (bytes);
+            # any other type reads JSON back.
             stored = value
-            if isinstance(value, bytes) and self._declared() is not bytes:
-                stored = AsJson(value)
+            if isinstance(value, _BYTES_LIKE) and self._declared() is not bytes:
+                stored = AsJson(bytes(value))
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
         if isinstance(error, self.policy.terminal):
             return Settle(Action.FAIL, r, error=error)
