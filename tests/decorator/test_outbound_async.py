@@ -23,9 +23,9 @@ from settle import (
 )
 from settle.attempt import Attempt
 from settle.errors import InvalidInput
+from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, async_charge
 from tests.decorator.provider import Provider
-from tests.decorator.split_cluster import SHARDS, split_cluster
 
 pytestmark = pytest.mark.asyncio
 

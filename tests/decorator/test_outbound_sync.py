@@ -24,9 +24,9 @@ from settle import (
 )
 from settle.attempt import Attempt
 from settle.errors import InvalidInput
+from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
-from tests.decorator.split_cluster import SHARDS, split_cluster
 
 
 def test_timeout_after_provider_success_is_retried_into_one_effect(
@@ -223,17 +223,12 @@ def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_renewal() -> None:
             with ThreadPoolExecutor(2) as pool:
                 on_frozen = pool.submit(charge, split.frozen_op)
                 on_healthy = pool.submit(charge, split.healthy_op)
-                deadline = time.monotonic() + 10
-                while len(runs) < 2:
-                    assert time.monotonic() < deadline, "the attempts never started"
-                    time.sleep(0.01)
-                split.freeze()
-                try:
-                    time.sleep(2.5)  # past the lease (1.5 s): only its renewals keep it owned
-                    with pytest.raises(OperationInProgress):
-                        charge_elsewhere(split.healthy_op)
-                finally:
-                    split.thaw()  # before the pool waits for the attempt on that primary
+                # 2.5 s: past the lease (1.5 s), only its renewals keep the attempt owned
+                with (
+                    split.frozen_after(lambda: len(runs) == 2, 2.5),
+                    pytest.raises(OperationInProgress),
+                ):
+                    charge_elsewhere(split.healthy_op)
                 assert on_healthy.result() == split.healthy_op
                 on_frozen.exception()  # its lease lapsed while frozen: whatever it got
             assert runs.count(split.healthy_op) == 1, runs
