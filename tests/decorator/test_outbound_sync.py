@@ -353,6 +353,27 @@ def test_an_idle_decorated_function_keeps_no_heartbeat_thread(settler: Settler) 
     assert job(3) == 3  # and a later call starts one again
 
 
+def test_the_renewer_threads_end_too_once_no_call_runs(settler: Settler) -> None:
+    """Renewals are sent from renewer threads (one held by a hung server holds up no
+    other); they linger for the next renewal, then end like the scheduler."""
+    before = {t for t in threading.enumerate() if t.name == "settle-heartbeat"}
+    renewers: set[threading.Thread] = set()
+
+    @settler.operation(key="long:{n}", principal=PRINCIPAL, lease=0.3)
+    def job(n: int) -> int:
+        time.sleep(0.5)  # several renewals (every 0.1 s)
+        renewers.update(t for t in threading.enumerate() if t.name == "settle-heartbeat")
+        return n
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(job, range(3))) == [0, 1, 2]
+    assert len(renewers - before) >= 2  # the scheduler and at least one renewer
+    deadline = time.monotonic() + 10
+    while {t for t in threading.enumerate() if t.name == "settle-heartbeat"} - before:
+        assert time.monotonic() < deadline, "a heartbeat thread never ended"
+        time.sleep(0.02)
+
+
 def test_back_to_back_calls_share_one_heartbeat_thread(settler: Settler) -> None:
     """A thread started for every call cost more than the call's two round trips: an idle
     heartbeat thread lingers a moment for the next call before it ends."""
