@@ -142,14 +142,15 @@ class AsJson:
 
 def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
     """Serialize a result with pydantic; ``bytes`` pass through unchanged (unless wrapped
-    in :class:`AsJson`). Bytes inside a result are stored as UTF-8 text, pydantic's JSON
-    default, which is how a model or a dataclass reads them back on replay (a model that
-    sets ``ser_json_bytes`` keeps its own setting both ways); bytes that are not UTF-8
-    cannot be, and are refused. NaN and the infinities have no JSON form and are refused,
-    as they are in requests. A refused result writes nothing (it would be stored as invalid
-    JSON, or replayed as something else)."""
-    if isinstance(result, bytes):
-        data = result
+    in :class:`AsJson`), and so do ``bytearray`` and ``memoryview``, stored as the bytes
+    they hold (a replay reads ``bytes`` back). Bytes inside a result are stored as UTF-8
+    text, pydantic's JSON default, which is how a model or a dataclass reads them back on
+    replay (a model that sets ``ser_json_bytes`` keeps its own setting both ways); bytes
+    that are not UTF-8 cannot be, and are refused. NaN and the infinities have no JSON
+    form and are refused, as they are in requests. A refused result writes nothing (it
+    would be stored as invalid JSON, or replayed as something else)."""
+    if isinstance(result, bytes | bytearray | memoryview):
+        data = bytes(result)
     else:
         if isinstance(result, AsJson):
             result = result.value

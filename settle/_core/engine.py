@@ -52,6 +52,7 @@ from settle.models import (
 )
 
 __all__ = [
+    "MAX_LEASE",
     "Call",
     "Core",
     "QuarantineFollower",
@@ -70,12 +71,16 @@ _QUARANTINE_SCAN_BUDGET = 4096
 GET_MANY = 100
 
 
+#: The longest lease a reservation or a renewal may ask for (seconds).
+MAX_LEASE = 86_400
+
+
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number of seconds", operation_id=operation_id)
-    if not 0 < value <= 86_400:
+    if not 0 < value <= MAX_LEASE:
         raise InvalidInput(
-            f"{what} must be more than 0 and at most 86400 seconds, got {value}",
+            f"{what} must be more than 0 and at most {MAX_LEASE} seconds, got {value}",
             operation_id=operation_id,
         )
     return max(1, round(value * 1000))

@@ -16,6 +16,8 @@ happened. Every decision (replay, wait, retry, settle, give up) lives here, once
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import random
 import time
@@ -28,6 +30,7 @@ import tenacity
 from pydantic import ValidationError
 
 from settle._core.codec import AsJson
+from settle._core.engine import MAX_LEASE
 from settle._log import enabled as log_enabled
 from settle._log import logger, operation_digest
 from settle.attempt import Attempt
@@ -76,6 +79,8 @@ RetrySpec = tenacity.BaseRetrying
 ReplayHook = Callable[[OperationRecord], object]
 """Called with the stored record when a call's outcome is replayed, not computed."""
 TerminalSpec = tuple[type[BaseException], ...] | type[BaseException]
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
 
 _POLL_FIRST = 0.02
 _POLL_MAX = 0.5
@@ -193,33 +198,35 @@ class Policy:
             raise InvalidInput(
                 "retry must be a tenacity.Retrying(stop=..., wait=..., retry=...) policy"
             )
-        _check_seconds("lease", lease, zero=False)
-        if timeout is not None:
-            _check_seconds("timeout", timeout, zero=False)
-        _check_seconds("wait", wait, zero=True)
         if on_replay is not None and not callable(on_replay):
             raise InvalidInput("on_replay must be a callable taking the replayed record")
         return Policy(
             namespace,
-            float(lease),
-            timeout,
+            _seconds("lease", lease, zero=False, most=MAX_LEASE),
+            None if timeout is None else _seconds("timeout", timeout, zero=False),
             retry,
             tuple(terminal),
-            wait,
+            _seconds("wait", wait, zero=True),
             result_type,
             on_replay,
         )
 
 
-def _check_seconds(name: str, value: object, *, zero: bool) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
+def _seconds(name: str, value: object, *, zero: bool, most: float = math.inf) -> float:
+    """``value`` as a finite number of seconds more than 0 (at least 0 with ``zero``) and at
+    most ``most``. NaN is refused: it passes no comparison, so a check made of ``value < 0``
+    lets it through (a NaN ``wait`` never gives up, a NaN ``timeout`` never fires)."""
+    seconds = math.nan
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        with contextlib.suppress(OverflowError):  # an int too large for a float
+            seconds = float(value)
+    if not (math.isfinite(seconds) and 0 <= seconds <= most) or (seconds == 0 and not zero):
         least = "at least" if zero else "more than"
-        raise InvalidInput(f"{name} must be a number of seconds {least} 0, got {value!r}")
+        most_ = "" if most == math.inf else f" and at most {most:g}"
+        raise InvalidInput(
+            f"{name} must be a finite number of seconds {least} 0{most_}, got {value!r}"
+        )
+    return seconds
 
 
 # -- the plan ----------------------------------------------------------------------------
@@ -353,11 +360,12 @@ class Plan:
             )
         if error is None:
             value = ran.value
-            # bytes are stored as they are only for a function declared -> bytes, the one
-            # type a replay hands them back as is; any other type reads JSON back.
+            # bytes (or a bytearray, a memoryview) are stored as they are only for a
+            # function declared -> bytes, the one type a replay hands them back as (bytes);
+            # any other type reads JSON back.
             stored = value
-            if isinstance(value, bytes) and self._declared() is not bytes:
-                stored = AsJson(value)
+            if isinstance(value, _BYTES_LIKE) and self._declared() is not bytes:
+                stored = AsJson(bytes(value))
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
         if isinstance(error, self.policy.terminal):
             return Settle(Action.FAIL, r, error=error)

@@ -3,6 +3,7 @@ calls; the heartbeat renews the lease from a thread. No rule lives here."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
@@ -167,7 +168,8 @@ def _run(
     return Ran(value, error, timed_out, attempt._renewal if attempt.lost else None)
 
 
-#: How long an idle heartbeat thread waits for the next call before it ends (seconds).
+#: How long an idle heartbeat thread (the scheduler, a renewer) waits for work before it
+#: ends (seconds).
 _IDLE_LINGER = 2.0
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -175,7 +177,7 @@ _NO_CONTEXT = contextlib.nullcontext()
 
 @dataclass(slots=True)  # not frozen: built on every call, and a frozen one costs more
 class _Beating:
-    """A running attempt, as the heartbeat thread renews it."""
+    """A running attempt, as the heartbeat threads renew it."""
 
     run: Run
     log: Any
@@ -186,17 +188,34 @@ class _Beating:
 
 
 class _Heartbeats:
-    """One daemon thread per decorated function renews the lease of each of its running
-    attempts every ``run.heartbeat`` seconds, and ends when none is running. (A thread
-    started and joined around every call cost more than the call's two round trips.)"""
+    """Renews the lease of each running attempt of one decorated function (or one HTTP
+    guard) every ``run.heartbeat`` seconds, from threads that end when none is running.
+
+    One scheduler thread keeps the due times and hands each due renewal to a renewer
+    thread; a renewer is started only when none is free, and lingers for the next. So no
+    renewal waits for another: a renewal held up by a hung server (a frozen cluster primary
+    holds it for the socket timeout, once per try) delays no other attempt's, whose lease
+    would lapse under its running function and let a second worker run it again. An
+    attempt has at most one renewal in flight; its next is due ``run.heartbeat`` after that
+    one was sent. (A thread per call cost more than the call's two round trips: a call that
+    ends before its first renewal starts no thread, and back-to-back calls share them.)"""
 
     def __init__(self, settler: Settler) -> None:
         self._settler = settler
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        """The scheduler waits on it (for a nearer due time)."""
+        self._work = threading.Condition(lock)
+        """Free renewers wait on it (for a renewal in ``_jobs``)."""
         self._due: dict[int, tuple[float, _Beating]] = {}
+        self._flying: dict[int, _Beating] = {}
+        """Attempts with a renewal handed to a renewer (not in ``_due`` until it returns)."""
+        self._jobs: collections.deque[tuple[int, _Beating]] = collections.deque()
+        self._free = 0
+        """Renewers waiting for a job: each takes one from ``_jobs`` before it ends."""
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
-        #: When the thread's wait ends (-inf while it is not waiting: it reads ``_due``
+        #: When the scheduler's wait ends (-inf while it is not waiting: it reads ``_due``
         #: before it waits again). A new attempt due later needs no wake-up: waking the
         #: thread on every call cost a thread switch per call.
         self._wake_at = -math.inf
@@ -213,20 +232,24 @@ class _Heartbeats:
         beating = _Beating(run, log, context)
         with self._cond:
             key = next(self._ids)
-            due = time.monotonic() + run.heartbeat
-            self._due[key] = (due, beating)
-            if self._thread is None:
-                self._start()
-            elif due < self._wake_at:
-                self._cond.notify()
+            self._schedule(key, beating, time.monotonic() + run.heartbeat)
             return key
 
     def remove(self, key: int) -> None:
         with self._cond:
             self._due.pop(key, None)
+            self._flying.pop(key, None)
+
+    def _schedule(self, key: int, beating: _Beating, due: float) -> None:
+        """Put ``beating``'s next renewal at ``due`` (the lock held)."""
+        self._due[key] = (due, beating)
+        if self._thread is None:
+            self._start()
+        elif due < self._wake_at:
+            self._cond.notify()
 
     def _start(self) -> None:
-        """Start the thread (the lock held)."""
+        """Start the scheduler thread (the lock held)."""
         self._wake_at = -math.inf
         thread = threading.Thread(target=self._loop, name="settle-heartbeat", daemon=True)
         thread.start()
@@ -242,44 +265,82 @@ class _Heartbeats:
             with self._cond:
                 if self._thread is threading.current_thread():
                     self._thread = None
-                    if self._due:
+                    if self._due or self._flying:
                         self._start()
 
     def _serve(self) -> None:
         idle_since: float | None = None
-        while True:
-            with self._cond:
-                while True:
-                    now = time.monotonic()
-                    nearest = min((due for due, _ in self._due.values()), default=None)
-                    if nearest is not None and nearest <= now:
-                        break
-                    if nearest is None:
-                        # Nothing running: linger a moment for the next call (back-to-back
-                        # calls would otherwise start a thread each), then end, so an idle
-                        # decorated function (or a closed settler) keeps no thread.
-                        idle_since = now if idle_since is None else idle_since
-                        if now - idle_since >= _IDLE_LINGER:
-                            self._thread = None
-                            return
-                        self._wait_until(idle_since + _IDLE_LINGER, now)
-                        continue
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                nearest = min((due for due, _ in self._due.values()), default=None)
+                if nearest is not None and nearest <= now:
                     idle_since = None
-                    self._wait_until(nearest, now)
-                ready = [(k, beating) for k, (due, beating) in self._due.items() if due <= now]
-                for k, beating in ready:
-                    self._due[k] = (now + beating.run.heartbeat, beating)
-            for k, beating in ready:
-                if not self._beat(beating):
-                    self.remove(k)
+                    self._hand_out(now)
+                    continue
+                if nearest is None:
+                    if self._flying:  # renewals still out: their attempts are running
+                        idle_since = None
+                        self._wait_until(now + _IDLE_LINGER, now)
+                        continue
+                    # Nothing running: linger a moment for the next call (back-to-back
+                    # calls would otherwise start a thread each), then end, so an idle
+                    # decorated function (or a closed settler) keeps no thread.
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= _IDLE_LINGER:
+                        self._thread = None
+                        return
+                    self._wait_until(idle_since + _IDLE_LINGER, now)
+                    continue
+                idle_since = None
+                self._wait_until(nearest, now)
+
+    def _hand_out(self, now: float) -> None:
+        """Give each due renewal to a free renewer, or a new one (the lock held)."""
+        for key, (due, beating) in list(self._due.items()):
+            if due > now:
+                continue
+            del self._due[key]
+            self._flying[key] = beating
+            self._jobs.append((key, beating))
+            if len(self._jobs) > self._free:
+                threading.Thread(target=self._renewer, name="settle-heartbeat", daemon=True).start()
+            else:
+                self._work.notify()
 
     def _wait_until(self, wake_at: float, now: float) -> None:
-        """Wait (the lock held) until ``wake_at``, or until ``add`` brings a nearer due."""
+        """Wait (the lock held) until ``wake_at``, or until a nearer due is scheduled."""
         self._wake_at = wake_at
         try:
             self._cond.wait(wake_at - now)
         finally:
             self._wake_at = -math.inf
+
+    def _renewer(self) -> None:
+        """Carry out renewals from ``_jobs``, each outside the lock (so renewers run side
+        by side); end after ``_IDLE_LINGER`` without one."""
+        while (job := self._next_job()) is not None:
+            key, beating = job
+            sent = time.monotonic()
+            alive = True
+            try:
+                alive = self._beat(beating)
+            finally:
+                with self._cond:
+                    # Still running (not removed meanwhile) and not lost: renew again one
+                    # heartbeat after this renewal was sent (at once if that has passed).
+                    if self._flying.pop(key, None) is not None and alive:
+                        self._schedule(key, beating, sent + beating.run.heartbeat)
+
+    def _next_job(self) -> tuple[int, _Beating] | None:
+        with self._cond:
+            if not self._jobs:
+                self._free += 1
+                try:
+                    self._work.wait(_IDLE_LINGER)
+                finally:
+                    self._free -= 1
+            return self._jobs.popleft() if self._jobs else None
 
     def _beat(self, beating: _Beating) -> bool:
         """Renew one lease; False once it is lost (the attempt is told, renewals stop)."""

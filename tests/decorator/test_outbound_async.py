@@ -23,6 +23,7 @@ from settle import (
 )
 from settle.attempt import Attempt
 from settle.errors import InvalidInput
+from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, async_charge
 from tests.decorator.provider import Provider
 
@@ -155,6 +156,54 @@ async def test_heartbeat_keeps_a_lease_shorter_than_the_work(
     assert record is not None
     assert record.reservations == 1
     assert record.value(Receipt) == receipt
+
+
+async def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_renewal() -> None:
+    """The sync decorator's heartbeat thread once renewed attempts one after another (a
+    renewal held by a frozen cluster primary let another attempt's lease lapse); each async
+    attempt renews from its own task, and this holds it so."""
+    with split_cluster() as split:
+        first = AsyncSettler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        other = AsyncSettler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        await first.check()  # the start-up checks read every primary: before one is frozen
+        await other.check()
+        runs: list[str] = []
+        both_running = asyncio.Event()
+
+        @first.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=1.5, wait=0)
+        async def charge(op: str) -> str:
+            runs.append(op)
+            if len(runs) == 2:
+                both_running.set()
+            await asyncio.sleep(4.0)
+            return op
+
+        @other.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=1.5, wait=0)
+        async def charge_elsewhere(op: str) -> str:
+            runs.append(op)
+            return op
+
+        try:
+            on_frozen = asyncio.create_task(charge(split.frozen_op))
+            on_healthy = asyncio.create_task(charge(split.healthy_op))
+            await asyncio.wait_for(both_running.wait(), 10)
+            split.freeze()
+            try:
+                await asyncio.sleep(2.5)  # past the lease (1.5 s): only renewals keep it owned
+                with pytest.raises(OperationInProgress):
+                    await charge_elsewhere(split.healthy_op)
+            finally:
+                split.thaw()
+            assert await on_healthy == split.healthy_op
+            await asyncio.wait({on_frozen})  # its lease lapsed while frozen: whatever it got
+            on_frozen.exception()
+            assert runs.count(split.healthy_op) == 1, runs
+            record = await first.get(split.healthy_op)
+            assert record is not None
+            assert record.reservations == 1
+        finally:
+            await first.aclose()
+            await other.aclose()
 
 
 def _take_over(settler: Settler, started: threading.Event, done: threading.Event) -> None:

@@ -24,6 +24,7 @@ from settle import (
 )
 from settle.attempt import Attempt
 from settle.errors import InvalidInput
+from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
 
@@ -195,6 +196,50 @@ def test_heartbeat_renews_a_call_that_starts_while_the_thread_idles(
     _outlives_its_lease(settler, provider, charge, "o-8")
 
 
+def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_renewal() -> None:
+    """Found in audit: one thread renewed the leases of a function's running attempts one
+    after another, so a renewal sent to a frozen cluster primary (held for the socket
+    timeout, once per try) held up the renewals of an attempt on a healthy primary: its
+    lease lapsed under its running function and a second worker ran the function again."""
+    with split_cluster() as split:
+        first = Settler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        other = Settler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        first.check()  # the start-up checks read every primary: before one is frozen
+        other.check()
+        runs: list[str] = []
+
+        @first.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=1.5, wait=0)
+        def charge(op: str) -> str:
+            runs.append(op)
+            time.sleep(4.0)
+            return op
+
+        @other.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=1.5, wait=0)
+        def charge_elsewhere(op: str) -> str:
+            runs.append(op)
+            return op
+
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                on_frozen = pool.submit(charge, split.frozen_op)
+                on_healthy = pool.submit(charge, split.healthy_op)
+                # 2.5 s: past the lease (1.5 s), only its renewals keep the attempt owned
+                with (
+                    split.frozen_after(lambda: len(runs) == 2, 2.5),
+                    pytest.raises(OperationInProgress),
+                ):
+                    charge_elsewhere(split.healthy_op)
+                assert on_healthy.result() == split.healthy_op
+                on_frozen.exception()  # its lease lapsed while frozen: whatever it got
+            assert runs.count(split.healthy_op) == 1, runs
+            record = first.get(split.healthy_op)
+            assert record is not None
+            assert record.reservations == 1
+        finally:
+            first.close()
+            other.close()
+
+
 def test_methods_pydantic_types_and_signature_are_kept(
     settler: Settler, provider: Provider
 ) -> None:
@@ -306,6 +351,27 @@ def test_an_idle_decorated_function_keeps_no_heartbeat_thread(settler: Settler) 
         assert time.monotonic() < deadline, "the heartbeat thread never ended"
         time.sleep(0.02)
     assert job(3) == 3  # and a later call starts one again
+
+
+def test_the_renewer_threads_end_too_once_no_call_runs(settler: Settler) -> None:
+    """Renewals are sent from renewer threads (one held by a hung server holds up no
+    other); they linger for the next renewal, then end like the scheduler."""
+    before = {t for t in threading.enumerate() if t.name == "settle-heartbeat"}
+    renewers: set[threading.Thread] = set()
+
+    @settler.operation(key="long:{n}", principal=PRINCIPAL, lease=0.3)
+    def job(n: int) -> int:
+        time.sleep(0.5)  # several renewals (every 0.1 s)
+        renewers.update(t for t in threading.enumerate() if t.name == "settle-heartbeat")
+        return n
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(job, range(3))) == [0, 1, 2]
+    assert len(renewers - before) >= 2  # the scheduler and at least one renewer
+    deadline = time.monotonic() + 10
+    while {t for t in threading.enumerate() if t.name == "settle-heartbeat"} - before:
+        assert time.monotonic() < deadline, "a heartbeat thread never ended"
+        time.sleep(0.02)
 
 
 def test_back_to_back_calls_share_one_heartbeat_thread(settler: Settler) -> None:

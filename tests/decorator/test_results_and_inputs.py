@@ -77,6 +77,28 @@ def test_plain_bytes_keep_any_binary_data(settler: Settler) -> None:
     assert raw(1) == raw(1) == b"%PDF \x00\xff"
 
 
+@pytest.mark.parametrize("kind", [bytearray, memoryview])
+@pytest.mark.parametrize("data", [b"\x00\x01abc", b"%PDF \x00\xff"], ids=["text", "binary"])
+def test_a_bytearray_or_memoryview_result_replays_as_its_bytes(
+    settler: Settler, kind: Any, data: bytes
+) -> None:
+    """Found in audit: only ``bytes`` were stored as they are. A bytearray returned under
+    ``-> bytes`` was stored as JSON, and its replay was that JSON text (or, not UTF-8, the
+    completion was refused and the function ran again on the next call)."""
+    runs: list[int] = []
+
+    @settler.operation(key="blob:{n}", principal=P)
+    def blob(n: int) -> bytes:
+        runs.append(n)
+        return kind(data)  # type: ignore[no-any-return]
+
+    assert bytes(blob(1)) == data
+    replay = blob(1)
+    assert runs == [1]
+    assert type(replay) is bytes
+    assert replay == data
+
+
 def test_binary_data_a_replay_could_not_give_back_is_refused_with_a_typed_error(
     settler: Settler,
 ) -> None:
@@ -116,6 +138,25 @@ async def test_async_results_replay_as_committed(async_settler: AsyncSettler) ->
 
     assert await sign(1) == await sign(1) == SignedReceipt("ch-1", b"abc")
     assert await blob(1) == await blob(1) == b'"hi"'
+
+
+@pytest.mark.asyncio
+async def test_async_a_bytearray_result_replays_as_its_bytes(async_settler: AsyncSettler) -> None:
+    """Found in audit: a bytearray that is not UTF-8 text, returned under ``-> bytes``, had
+    its completion refused (FingerprintError), the operation left provisional, and the next
+    call ran the function again."""
+    runs: list[int] = []
+
+    @async_settler.operation(key="ablob2:{n}", principal=P)
+    async def blob(n: int) -> bytes:
+        runs.append(n)
+        return bytearray(b"PDF-1.7\xff")
+
+    assert await blob(1) == b"PDF-1.7\xff"
+    replay = await blob(1)
+    assert runs == [1]
+    assert type(replay) is bytes
+    assert replay == b"PDF-1.7\xff"
 
 
 # -- ids and requests that cannot be derived -------------------------------------------------

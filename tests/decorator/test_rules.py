@@ -3,6 +3,7 @@ is moved by hand: leases expire exactly when a test says so. No Redis needed."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from settle import (
     StaleAttempt,
     State,
 )
+from settle._core.engine import MAX_LEASE
 from settle.attempt import Attempt
 from settle.errors import InvalidInput
 from settle.testing import ManualClock, MemorySettler
@@ -226,18 +228,43 @@ def test_callable_key_principal_and_fingerprint(memory: Settler) -> None:
         {"timeout": -1},
         {"timeout": 0},
         {"wait": "soon"},
+        {"wait": -1},
         {"retry": tenacity.stop_after_attempt(3)},
         {"terminal": (ValueError, "CardDeclined")},
         {"key": 42},
         {"principal": None},
+        # Found in audit: NaN passed every check (``value < 0`` is False for it): a NaN
+        # wait never gave up, a NaN timeout never fired; a lease past the core's range
+        # failed only on each call.
+        {"lease": math.nan},
+        {"timeout": math.nan},
+        {"wait": math.nan},
+        {"lease": math.inf},
+        {"timeout": math.inf},
+        {"wait": math.inf},
+        {"lease": MAX_LEASE + 1},
+        {"lease": 10**400},
+        {"timeout": 10**400},
     ],
 )
 def test_bad_options_are_refused_when_decorating(
     memory: Settler, options: dict[str, object]
 ) -> None:
     settings: dict[str, object] = {"key": "job", "principal": P, **options}
+
+    def job() -> None:  # a function that is fine: only the options are wrong
+        raise AssertionError("never run")
+
     with pytest.raises(InvalidInput):
-        memory.operation(**settings)(lambda: None)  # type: ignore[arg-type]
+        memory.operation(**settings)(job)  # type: ignore[arg-type]
+
+
+def test_the_longest_lease_and_a_zero_wait_are_accepted(memory: Settler) -> None:
+    @memory.operation(key="job", principal=P, lease=MAX_LEASE, wait=0, timeout=1e6)
+    def job() -> int:
+        return 1
+
+    assert job() == 1
 
 
 def test_a_stored_result_that_no_longer_fits_the_return_type_is_a_typed_error(

@@ -3,6 +3,7 @@ thread, and the configuration of the Django and Flask integrations."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import socket
@@ -11,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
@@ -26,6 +28,7 @@ from settle.http._sync import configured_guard
 from settle.http.keys import operation_id
 from settle.testing import MemorySettler
 from settle.wsgi import IdempotencyMiddleware, current_attempt
+from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.http.apps import serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
 
@@ -165,6 +168,46 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert busy.headers["retry-after"] == "1"
     assert [r.status_code for r in results] == [201]
     assert len(generations) == 1  # one attempt: the retry never took it over
+
+
+def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_request() -> None:
+    """Found in audit (the decorator's heartbeat, which the guard shares): renewals were
+    sent one after another, so one held by a frozen cluster primary let the lease of a
+    request on a healthy primary lapse, and its retry ran the handler a second time."""
+    scoped = functools.partial(operation_id, "http", principal="tenant:acme", scope="principal")
+    with split_cluster(scoped) as split:
+        settler = Settler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
+        settler.check()  # the start-up checks read every primary: before one is frozen
+        runs: list[str] = []
+
+        def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+            runs.append(environ["HTTP_IDEMPOTENCY_KEY"])
+            time.sleep(4.0)
+            start_response("201 Created", [("Content-Type", "text/plain")])
+            return [b"charged"]
+
+        guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=1.5)
+
+        def post(client: httpx.Client, key: str) -> int:
+            headers = {**KEY, "Idempotency-Key": key}
+            return client.post("/charge", content=b"x", headers=headers).status_code
+
+        try:
+            with (
+                serve_wsgi(guarded) as base,
+                httpx.Client(base_url=base, timeout=60) as client,
+                ThreadPoolExecutor(2) as pool,
+            ):
+                on_frozen = pool.submit(post, client, split.frozen_op)
+                on_healthy = pool.submit(post, client, split.healthy_op)
+                # 2.5 s: past the lease (1.5 s), only its renewals keep the request's
+                with split.frozen_after(lambda: len(runs) == 2, 2.5):
+                    assert post(client, split.healthy_op) == 409
+                assert on_healthy.result() == 201
+                on_frozen.exception()  # its lease lapsed while frozen: whatever it got
+            assert runs.count(split.healthy_op) == 1, runs
+        finally:
+            settler.close()
 
 
 def test_a_client_gone_while_its_response_is_sent_is_no_error(settler: Settler) -> None:

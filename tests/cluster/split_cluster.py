@@ -1,0 +1,91 @@
+"""A 3-primary Redis Cluster whose first primary can be frozen (SIGSTOP, as a GC-paused VM
+or a partition hangs it), and two operation ids of one namespace: one on that primary, one
+on a healthy primary. For the heartbeat tests: a renewal held by the frozen primary must
+not hold up the healthy one's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from redis.crc import key_slot
+
+from settle._core.keys import Keys
+from tests.cluster.cluster_support import SLOTS, LocalCluster
+
+SHARDS = 16
+PRIMARIES = 3
+
+
+@dataclass
+class SplitCluster:
+    cluster: LocalCluster
+    namespace: str
+    frozen_op: str
+    """A name (an operation id, or what ``op_of`` makes one of) whose keys live on
+    primary 0, the one :meth:`freeze` stops."""
+    healthy_op: str
+    """A name whose keys live on primary 1, which keeps answering."""
+
+    @property
+    def seeds(self) -> list[tuple[str, int]]:
+        return self.cluster.startup_nodes
+
+    @contextmanager
+    def frozen_after(self, started: Callable[[], bool], seconds: float) -> Iterator[None]:
+        """Once ``started()`` (polled from this thread), freeze primary 0 for ``seconds``,
+        then run the block while it is still frozen; thaw it after the block, whatever
+        happened (before a test waits for anything on that primary)."""
+        deadline = time.monotonic() + 10
+        while not started():
+            assert time.monotonic() < deadline, "the attempts never started"
+            time.sleep(0.01)
+        self.freeze()
+        try:
+            time.sleep(seconds)
+            yield
+        finally:
+            self.thaw()
+
+    def freeze(self) -> None:
+        os.kill(self._pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self._pid, signal.SIGCONT)
+
+    @property
+    def _pid(self) -> int:
+        process = self.cluster.nodes[0].process
+        assert process is not None
+        return process.pid
+
+
+@contextmanager
+def split_cluster(op_of: Callable[[str], str] = str) -> Iterator[SplitCluster]:
+    """``op_of`` turns a name into the operation id it stands for (an HTTP guard's
+    idempotency key into its scoped id); by default a name is the operation id."""
+    # Without full coverage required, the healthy primaries serve while one is frozen.
+    cluster = LocalCluster(
+        primaries=PRIMARIES, extra_args=["--cluster-require-full-coverage", "no"]
+    ).start()
+    namespace = f"split{uuid.uuid4().hex[:8]}"
+    keys = Keys(namespace, SHARDS)
+    by_primary: dict[int, str] = {}
+    for i in range(10_000):
+        op = f"charge-{i}"
+        _, record, _ = keys.of(op_of(op))
+        primary = min(key_slot(record.encode()) // (SLOTS // PRIMARIES), PRIMARIES - 1)
+        by_primary.setdefault(primary, op)
+        if 0 in by_primary and 1 in by_primary:
+            break
+    split = SplitCluster(cluster, namespace, by_primary[0], by_primary[1])
+    try:
+        yield split
+    finally:
+        split.thaw()
+        cluster.close()
