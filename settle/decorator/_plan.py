@@ -401,6 +401,12 @@ class Plan:
         outcome is uncertain, so the attempt is marked provisional and the error raised."""
         if step.action is Action.MARK_PROVISIONAL:
             return Raise(error)
+        self.log.warning(
+            "settle.operation.unstorable",
+            generation=step.reservation.generation,
+            action=step.action.value,
+            error_type=type(error).__name__,
+        )
         self._after_provisional = error
         return Settle(
             Action.MARK_PROVISIONAL, step.reservation, error=error, reason="unstorable_outcome"

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import tenacity
+from structlog.testing import capture_logs
 
 from settle import (
     BindingMismatch,
@@ -195,11 +196,18 @@ def test_an_unstorable_result_leaves_the_operation_provisional(memory: Settler) 
     def job(n: int) -> object:
         return object()  # no JSON form: the effect happened, its result cannot be stored
 
-    with pytest.raises(FingerprintError):
+    with capture_logs() as logs, pytest.raises(FingerprintError):
         job(1)
     record = memory.get("job:1")
     assert record is not None
     assert (record.state, record.reason) == (State.PROVISIONAL, "unstorable_outcome")
+    [event] = [e for e in logs if e["event"] == "settle.operation.unstorable"]
+    assert (event["log_level"], event["action"], event["error_type"]) == (
+        "warning",
+        "complete",
+        "FingerprintError",
+    )
+    assert event["generation"] == record.generation
 
 
 def test_callable_key_principal_and_fingerprint(memory: Settler) -> None:
