@@ -135,17 +135,20 @@ def _one_line(text: str) -> str:
 
 
 @contextlib.contextmanager
-def errors_as_exit_codes(conn: Connection | None = None) -> Iterator[None]:
-    """Turn a :class:`SettleError` into one line on stderr and its exit code."""
+def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iterator[None]:
+    """Turn a :class:`SettleError` into one line on stderr and its exit code. A Redis
+    failure names what the command was doing (``task``: "read the checkpoint of 's'"), not
+    the script it ran."""
     try:
         yield
     except BackendError as exc:
         where = f" at {redacted(conn.url)}" if conn is not None else ""
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        doing = f" to {task}" if task else ""
         if exc.code:  # Redis answered, with an error: it was reached
-            fail(f"Redis{where} refused the command ({_one_line(detail)})", EXIT_UNAVAILABLE)
-        fail(f"cannot reach Redis{where} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+            fail(f"Redis{where} refused the command{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+        fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
         fail(_one_line(str(exc)), exit_code_of(exc))
 
