@@ -304,11 +304,14 @@ def decode_quarantine_entry(
     shard: int, entry_id: Any, flat: Sequence[Any], res: Any
 ) -> QuarantineEntry:
     """One quarantine stream entry and its resolution. An entry settle cannot read (fields
-    missing or not what settle writes, a kind or action this version does not know) is a
-    :class:`CorruptRecord` naming it, as ``shard/id``."""
+    missing or not what settle writes, a kind or action this version does not know, a
+    resolution too deeply nested to parse) is a :class:`CorruptRecord` naming it, as
+    ``shard/id``."""
     try:
         return _quarantine_entry(shard, entry_id, flat, res)
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # UnicodeDecodeError too
+    # UnicodeDecodeError is a ValueError; RecursionError is json's answer to a resolution
+    # nested deeper than the interpreter's stack (another program wrote it).
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
         ident = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id
         ref = f"{shard}/{ident}"
         problem = f"no field {exc}" if isinstance(exc, KeyError) else _first_line(exc)

@@ -30,7 +30,7 @@ from redis.exceptions import AskError, NoScriptError, RedisClusterException, Red
 from tenacity import AsyncRetrying
 
 from settle._log import logger, operation_digest
-from settle._runtime import health, topology
+from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, naming
 from settle._runtime.options import Durability
 from settle._runtime.packing import pack_command
@@ -88,11 +88,11 @@ def client_from_url(url: str) -> Redis:
         # first command otherwise.
         pool = client.connection_pool
         pool.connection_class(**pool.connection_kwargs)
-    except ValueError as exc:  # redis-py's own: an unknown scheme, a port that is no number
-        raise InvalidInput(f"the Redis URL is not usable: {exc}") from exc
-    except TypeError as exc:  # "...__init__() got an unexpected keyword argument 'foo'"
+    # ValueError, TypeError: parsing; RedisError: the connection's constructor refused a
+    # query value (?protocol=9). redis-py's text may quote the password: it is dropped.
+    except (ValueError, TypeError, RedisError) as exc:
         raise InvalidInput(
-            f"the Redis URL has a query parameter no Redis connection takes ({exc})"
+            f"the Redis URL {urls.redacted(url)} is not usable: {urls.url_problem(exc)}"
         ) from None
     return _owned(client)
 
@@ -110,8 +110,11 @@ def cluster_client(
         return RedisCluster(startup_nodes=startup, **kwargs)
     except (RedisError, RedisClusterException) as exc:
         raise backend_error(exc, None) from exc
-    except ValueError as exc:  # redis-py's own: a port that is no number, an unknown scheme
-        raise InvalidInput(f"the Redis Cluster URL is not usable: {exc}") from exc
+    except ValueError as exc:  # redis-py's text may quote the password: dropped
+        where = "" if url is None else f" {urls.redacted(url)}"
+        raise InvalidInput(
+            f"the Redis Cluster URL{where} is not usable: {urls.url_problem(exc)}"
+        ) from None
 
 
 def sentinel_client(

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from redis.exceptions import ResponseError
 
+from settle._runtime.urls import redacted, url_problem
 from settle.errors import ConfigurationError, InvalidInput
 
 __all__ = [
@@ -101,7 +102,12 @@ def parse_seed_nodes(
     """``(url, [])`` for one node's ``redis://`` / ``rediss://`` URL, else ``(None, seeds)``
     for ``"host:port"`` strings or ``(host, port)`` pairs."""
     if isinstance(nodes, str):
-        scheme = urlsplit(nodes).scheme
+        try:
+            scheme = urlsplit(nodes).scheme
+        except ValueError as exc:  # its text may quote the netloc, password and all
+            raise InvalidInput(
+                f"the Redis Cluster URL {redacted(nodes)} is not usable: {url_problem(exc)}"
+            ) from None
         if scheme in ("redis", "rediss"):
             return nodes, []
         if scheme:
@@ -117,6 +123,11 @@ def parse_seed_nodes(
 
 def _seed(node: object) -> tuple[str, int]:
     if isinstance(node, str):
+        if "@" in node or "/" in node:  # a URL in a list: perhaps with a password
+            raise InvalidInput(
+                f"cluster node {redacted(node)} is not 'host:port' (a URL is given alone, "
+                "not in a list)"
+            )
         host, sep, port_text = node.rpartition(":")
         if not sep or not host or not port_text.isdigit():
             raise InvalidInput(f"cluster node {node!r} is not 'host:port'")

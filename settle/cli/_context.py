@@ -9,7 +9,6 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import unquote_plus
 
 import click
 import structlog
@@ -21,6 +20,7 @@ from settle._core.keys import Keys
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from settle._runtime.urls import redacted, url_problem
 from settle._sync.settler import Settler
 from settle.cli._render import visible
 from settle.config import MAX_SHARDS, SettleConfig
@@ -135,41 +135,22 @@ def _one_line(text: str) -> str:
 
 
 @contextlib.contextmanager
-def errors_as_exit_codes(conn: Connection | None = None) -> Iterator[None]:
-    """Turn a :class:`SettleError` into one line on stderr and its exit code."""
+def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iterator[None]:
+    """Turn a :class:`SettleError` into one line on stderr and its exit code. A Redis
+    failure names what the command was doing (``task``: "read the checkpoint of 's'"), not
+    the script it ran."""
     try:
         yield
     except BackendError as exc:
-        where = f" at {_redacted(conn.url)}" if conn is not None else ""
+        where = f" at {redacted(conn.url)}" if conn is not None else ""
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        doing = f" to {task}" if task else ""
         if exc.code:  # Redis answered, with an error: it was reached
-            fail(f"Redis{where} refused the command ({_one_line(detail)})", EXIT_UNAVAILABLE)
-        fail(f"cannot reach Redis{where} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+            fail(f"Redis{where} refused the command{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+        fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
         fail(_one_line(str(exc)), exit_code_of(exc))
-
-
-def _redacted(url: str) -> str:
-    """The URL without its secrets, for what a command prints: the password of the
-    userinfo, the value of every query parameter redis-py takes a password from
-    (``?password=``, ``?ssl_password=``), and any fragment (never read, so perhaps the
-    tail of a password with a ``#`` in it) become ``***``."""
-    url, hash_, _ = url.partition("#")
-    head, query_sep, query = url.partition("?")
-    scheme, sep, rest = head.partition("://")
-    if sep and "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        head = f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"
-    if query_sep:
-        query = "&".join(_redacted_parameter(p) for p in query.split("&"))
-    return head + query_sep + query + ("#***" if hash_ else "")
-
-
-def _redacted_parameter(parameter: str) -> str:
-    name, eq, _ = parameter.partition("=")
-    return f"{name}=***" if eq and "password" in unquote_plus(name).lower() else parameter
 
 
 def stored_shards(client: Any, namespace: str) -> int | None:
@@ -238,26 +219,20 @@ def checked_url(url: str) -> str:
     """``url`` when redis-py can build a connection from it, else :class:`InvalidInput`
     (exit 2). Nothing is connected: a query parameter redis-py passes on but no connection
     takes (``?foo=1``, ``ssl_password`` without TLS) would otherwise be a ``TypeError`` at
-    the first command."""
+    the first command. The message shows the URL redacted and says what is wrong in fixed
+    words, never redis-py's own (which can quote the password)."""
     try:
         ConnectionPool.from_url(url).make_connection()
-    except ValueError as exc:
-        raise InvalidInput(f"bad --redis-url {_redacted(url)}: {exc}") from None
-    except TypeError as exc:  # "...__init__() got an unexpected keyword argument 'foo'"
-        raise InvalidInput(
-            f"bad --redis-url {_redacted(url)}: a query parameter no Redis connection takes ({exc})"
-        ) from None
+    # ValueError, TypeError: parsing; RedisError: a query value the connection's
+    # constructor refuses (?protocol=9). redis-py's text may quote the password: dropped.
+    except (ValueError, TypeError, RedisError) as exc:
+        raise InvalidInput(f"bad --redis-url {redacted(url)}: {url_problem(exc)}") from None
     return url
 
 
 def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
     config = settings(options)
-    url = checked_url(conn.url)
-    try:
-        return Settler.from_url(url, config)
-    except ValueError as exc:  # a malformed URL: InvalidInput, redis-py's ValueError under it
-        reason = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
-        raise InvalidInput(f"bad --redis-url {_redacted(conn.url)}: {reason}") from exc
+    return Settler.from_url(checked_url(conn.url), config)
 
 
 def _shards(conn: Connection, *, create: bool) -> int | None:
@@ -277,7 +252,7 @@ def _shards(conn: Connection, *, create: bool) -> int | None:
         if create:
             return conn.shards
         raise ConfigurationError(
-            f"namespace {conn.namespace!r} does not exist at {_redacted(conn.url)} "
+            f"namespace {conn.namespace!r} does not exist at {redacted(conn.url)} "
             "(nothing was ever written to it); check --namespace / SETTLE_NAMESPACE"
         )
     if conn.shards is not None and conn.shards != stored:

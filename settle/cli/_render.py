@@ -6,12 +6,13 @@ Every stored value is shown as literal text: the consoles here interpret no rich
 :class:`rich.text.Text` and every control character (terminal escapes, bidi overrides,
 line separators) is shown as a visible escape such as ``\\x1b`` by :func:`visible`. JSON
 output escapes them already (``ensure_ascii``), and is always strict JSON: stored bytes are
-shown as parsed JSON only when they are JSON a reader can take (no ``NaN`` or ``Infinity``,
-no nesting deeper than :data:`MAX_JSON_DEPTH`), else as the text they are.
+shown as parsed JSON only when a strict reader takes them as Python reads them (see
+:func:`_decoded`), else as the bytes they are.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
@@ -127,6 +128,9 @@ def _short(value: datetime) -> str:
 #: Stored JSON nested deeper than this is shown as text: it could not be written back out
 #: (or read by the next tool) without running out of stack.
 MAX_JSON_DEPTH = 200
+#: Decimal digits of the largest finite double (about 1.8e308): an integer with more is
+#: beyond a double's range, refused before Python converts it (quadratic in its length).
+_MAX_INT_DIGITS = 309
 
 
 def _not_json(text: str) -> Any:
@@ -137,6 +141,24 @@ def _finite(text: str) -> float:
     value = float(text)
     if math.isinf(value):  # 1e400: Python reads it as infinity, which JSON has no word for
         raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _int_in_range(text: str) -> int:
+    """An integer a double reader (jq, ``JSON.parse``) reads as a number, not as infinity:
+    the same bound as :func:`_finite`, so ``1`` and 400 zeros is refused as ``1e400`` is."""
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS or math.isinf(float(text)):
+        raise ValueError("an integer beyond a double's range")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object without a repeated key: ``{"amount": 1, "amount": 1000}`` would otherwise
+    be shown as ``{"amount": 1000}``, the first value silently gone from the evidence (and
+    another reader may keep the first)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("a key repeated in one object")
     return value
 
 
@@ -154,14 +176,29 @@ def _depth_within(value: Any, limit: int) -> bool:
 
 
 def _decoded(data: bytes | None) -> Any:
-    """Stored bytes as JSON when they are strict JSON (results are pydantic JSON), else
-    None: bytes that are not UTF-8 or not JSON, ``NaN`` / ``Infinity`` (Python reads them,
-    JSON has no such values), or nesting too deep to write back out."""
+    """Stored bytes as JSON when they are strict JSON (results are pydantic JSON), else None.
+
+    Strict means what a strict reader (RFC 8259 over UTF-8, as jq or ``JSON.parse`` after a
+    UTF-8 decode) takes and reads as Python would, where ``json.loads(bytes)`` is lenient:
+    the bytes are UTF-8 (not UTF-16 or UTF-32, whose encoding Python guesses, and no encoded
+    surrogate), with no byte order mark; no ``NaN`` / ``Infinity`` and no number beyond a
+    double's range (Python reads them, JSON has no such values); no key twice in one object
+    (Python keeps the last value, another reader the first); nesting at most
+    :data:`MAX_JSON_DEPTH` deep, so it can be written back out. Every check is linear."""
     if data is None:
         return None
     try:
-        value = json.loads(data, parse_constant=_not_json, parse_float=_finite)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        text = data.decode("utf-8")  # strict: refuses surrogates encoded as UTF-8
+        if text.startswith("\ufeff"):
+            return None
+        value = json.loads(
+            text,
+            parse_constant=_not_json,
+            parse_float=_finite,
+            parse_int=_int_in_range,
+            object_pairs_hook=_unique_keys,
+        )
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     return value if _depth_within(value, MAX_JSON_DEPTH) else None
 
@@ -173,14 +210,24 @@ def _preview(data: bytes | None) -> str:
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "…"
 
 
+def _base64(data: bytes) -> str:
+    """Standard base64 (RFC 4648 section 4), which ``base64 -d``, jq's ``@base64d`` and
+    ``atob`` read. pydantic's ``"base64"`` is the URL-safe alphabet (``-`` and ``_``), which
+    they refuse, or, like Python's ``b64decode``, silently decode to other bytes."""
+    return base64.b64encode(data).decode("ascii")
+
+
 def record_json(record: OperationRecord) -> dict[str, Any]:
     out = record.model_dump(mode="json")
+    if record.result is not None:
+        out["result"] = _base64(record.result)
     out["result_json"] = _decoded(record.result)
     return out
 
 
 def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
     out: dict[str, Any] = {"ref": entry.ref, **entry.model_dump(mode="json")}
+    out["payload"]["data"] = _base64(entry.payload.data)
     out["payload"]["truncated"] = entry.payload.truncated
     out["payload"]["json"] = _decoded(entry.payload.data)
     return out

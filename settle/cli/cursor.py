@@ -15,11 +15,10 @@ from typing import Any, TypeVar
 import click
 
 from settle._exit import EXIT_FAILED
-from settle.cli._context import checked_url, exit_code_of, fail
+from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
 from settle.cli._render import add_row, console, new_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
-from settle.errors import SettleError
 
 __all__ = ["checkpoint_json", "cursor", "witness_json"]
 
@@ -79,19 +78,16 @@ def _connection(fn: F) -> F:
 
 
 @contextlib.contextmanager
-def _store(redis_url: str, namespace: str) -> Iterator[CursorStore]:
+def _store(redis_url: str, namespace: str, task: str) -> Iterator[CursorStore]:
     """A store on ``redis_url``; a settle error is one line and the exit code every command
-    gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`)."""
-    try:
+    gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`),
+    a Redis failure naming ``task``, what the user asked for."""
+    with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
         store = CursorStore.from_url(checked_url(redis_url), namespace=namespace)
-    except SettleError as exc:
-        fail(str(exc), exit_code_of(exc))
-    try:
-        yield store
-    except SettleError as exc:
-        fail(str(exc), exit_code_of(exc))
-    finally:
-        store.close()
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 @click.group("cursor")
@@ -105,7 +101,7 @@ def cursor() -> None:
 @_connection
 def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
     """The checkpoint of STREAM: cursor digest, generation, applied boundary."""
-    with _store(redis_url, namespace) as store:
+    with _store(redis_url, namespace, f"read the checkpoint of stream {stream!r}") as store:
         ck = store.checkpoint(stream)
     if ck is None:
         fail(f"stream {stream!r} has no checkpoint in namespace {namespace!r}", EXIT_NOT_FOUND)
@@ -126,7 +122,7 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
 @_connection
 def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace: str) -> None:
     """The newest response witnesses of STREAM, newest generation first."""
-    with _store(redis_url, namespace) as store:
+    with _store(redis_url, namespace, f"read the witnesses of stream {stream!r}") as store:
         found = store.witnesses(stream, limit=limit)
     if as_json:
         for w in found:

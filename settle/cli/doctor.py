@@ -28,12 +28,12 @@ from settle._core.scripts import SCRIPTS
 from settle._runtime import health, topology
 from settle._runtime.health import Finding, Status
 from settle._runtime.scripts import ScriptSet
+from settle._runtime.urls import redacted
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     Connection,
-    _redacted,
     checked_url,
     connection_options,
     errors_as_exit_codes,
@@ -315,7 +315,7 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
         findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
     except (RedisError, RedisClusterException, OSError) as exc:
         fail(
-            f"cannot reach Redis at {_redacted(conn.url)} ({type(exc).__name__}: {exc})",
+            f"cannot reach Redis at {redacted(conn.url)} ({type(exc).__name__}: {exc})",
             EXIT_UNAVAILABLE,
         )
     failed = any(f.status is Status.FAIL for f in findings)
@@ -323,14 +323,14 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
     if as_json:
         print_json(
             {
-                "url": _redacted(conn.url),
+                "url": redacted(conn.url),
                 "namespace": conn.namespace,
                 "ok": not failed and not (strict and warned),
                 "checks": [f.as_dict() for f in findings],
             }
         )
     else:
-        table = Table(title=f"settle doctor: {_redacted(conn.url)}", title_justify="left")
+        table = Table(title=f"settle doctor: {redacted(conn.url)}", title_justify="left")
         for column in ("check", "status", "seen", "what to change"):
             table.add_column(column, overflow="fold")
         for f in findings:

@@ -10,9 +10,8 @@ import click
 from rich.table import Table
 
 from settle._exit import EXIT_FAILED
-from settle.cli._context import checked_url, exit_code_of, fail
+from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
 from settle.cli._render import console, fields_table
-from settle.errors import SettleError
 from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
 from settle.progress.models import Progress
@@ -71,7 +70,9 @@ def progress() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
-    try:
+    # 2 for bad input, 3 for Redis, as every command
+    task = f"read the progress of consumer {consumer!r}"
+    with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
         store = ProgressStore.from_url(
             checked_url(redis_url), consumer=consumer, namespace=namespace
         )
@@ -79,8 +80,6 @@ def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
             scopes = store.show()
         finally:
             store.close()
-    except SettleError as exc:  # 2 for bad input, 3 for Redis, as every command
-        fail(str(exc), exit_code_of(exc))
     if not scopes:
         fail(f"no progress recorded for consumer {consumer!r} in {namespace!r}", EXIT_FAILED)
     if as_json:

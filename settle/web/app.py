@@ -9,7 +9,6 @@ granted at sign-in, and a CSRF token.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -38,7 +37,7 @@ from settle.errors import (
     QuarantineNotFound,
     SettleError,
 )
-from settle.models import QuarantineKind, State
+from settle.models import OperationRecord, QuarantineKind, State
 from settle.web import _query
 from settle.web._security import (
     Authorize,
@@ -48,7 +47,7 @@ from settle.web._security import (
     principal_of,
     sign_in,
 )
-from settle.web._text import chart_svg, payload_view, visible, visible_text, when
+from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
 __all__ = ["create_app"]
 
@@ -267,7 +266,7 @@ class _Console:
             entry=entry,
             payload=payload_view(entry.payload.data, data["payload"]["json"]),
             record=record,
-            record_result=_result_text(record_json(record)) if record else None,
+            record_result=_result_view(record),
             attempts=attempts,
             related=[e for e in related if e.ref != entry.ref],
             done=request.query_params.get("done"),
@@ -424,9 +423,10 @@ def _root(request: Request) -> str:
     return str(request.scope.get("root_path", ""))
 
 
-def _result_text(record: dict[str, Any]) -> str | None:
-    """The stored result: pretty JSON when it is JSON, else the text."""
-    if record.get("result_json") is not None:
-        return json.dumps(record["result_json"], indent=2, ensure_ascii=False)
-    result = record.get("result")
-    return None if result is None else str(result)
+def _result_view(record: OperationRecord | None) -> PayloadView | None:
+    """The record's stored result shown as a payload is (pretty JSON when it is strict
+    JSON, else its text with invisible characters marked, else a hex dump), never as the
+    base64 of its JSON form."""
+    if record is None or record.result is None:
+        return None
+    return payload_view(record.result, record_json(record)["result_json"])

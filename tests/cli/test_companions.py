@@ -44,15 +44,15 @@ def _bad_inputs(command: tuple[str, ...], name: str, redis_url: str) -> list[tup
 
 
 @pytest.mark.parametrize(
-    ("command", "name"),
+    ("command", "name", "asked"),
     [
-        (("cursor", "show"), "orders"),
-        (("cursor", "witnesses"), "orders"),
-        (("progress", "show"), "billing"),
+        (("cursor", "show"), "orders", "to read the checkpoint of stream 'orders'"),
+        (("cursor", "witnesses"), "orders", "to read the witnesses of stream 'orders'"),
+        (("progress", "show"), "billing", "to read the progress of consumer 'billing'"),
     ],
 )
 def test_bad_input_is_a_usage_error_not_a_missing_stream(
-    settle_bin: Path, redis_url: str, command: tuple[str, ...], name: str
+    settle_bin: Path, redis_url: str, command: tuple[str, ...], name: str, asked: str
 ) -> None:
     # Each exited 1 ("no such stream") instead of 2 (usage), as docs/cursor-checkpoints.md
     # and docs/cli.md promise.
@@ -64,3 +64,7 @@ def test_bad_input_is_a_usage_error_not_a_missing_stream(
         assert len(done.stderr.splitlines()) == 1, done.stderr
     unreachable = settle(*command, name, "--redis-url", "redis://127.0.0.1:1/0")
     assert unreachable.returncode == 3, unreachable.stderr
+    # It said "Redis failed during witnesses" (the script) for `cursor show`.
+    assert unreachable.stderr.startswith(
+        f"settle: cannot reach Redis at redis://127.0.0.1:1/0 {asked} (ConnectionError"
+    ), unreachable.stderr

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from settle import Reserved, Settler
-from settle.cli._context import _redacted
+from settle._runtime.urls import redacted
 from tests.cli.conftest import cli_env, settle
 
 
@@ -94,6 +94,47 @@ def test_a_malformed_url_is_one_usage_line_in_every_command(
     assert "s3cret" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("stats",), ("doctor",), ("cursor", "show", "s"), ("progress", "show", "c"), ("web",)],
+)
+@pytest.mark.parametrize(
+    ("url", "secret", "problem"),
+    [
+        # A '?', '#' or '/' typed unencoded in a password: redis-py reads the password's
+        # start as the port, and its message quoted it ("... as 'pa'").
+        ("redis://app:pa?ss-s3cret@127.0.0.1:6379/0", "pa", "the port is not a number"),
+        ("redis://app:s3cret#tail@127.0.0.1:6379/0", "s3cret", "the port is not a number"),
+        ("redis://app:s3cret/tail@127.0.0.1:6379/0", "s3cret", "the port is not a number"),
+        ("redis:/app:s3cret@127.0.0.1:6379/0", "s3cret", "an unknown scheme"),  # one slash
+        # urllib's message quoted the whole netloc, password and all
+        ("redis://app:s3cret\uff03@127.0.0.1:6379/0", "s3cret", "characters no host"),
+    ],
+)
+def test_a_malformed_url_never_prints_its_password(
+    command: tuple[str, ...], url: str, secret: str, problem: str
+) -> None:
+    done = settle(*command, "--redis-url", url)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert secret not in done.stderr.replace("redis://app:***@", ""), done.stderr
+    assert problem in done.stderr
+
+
+def test_a_query_value_a_connection_refuses_is_a_usage_error() -> None:
+    # A RedisError from the connection's constructor: a traceback in every command.
+    for url, problem in [
+        ("redis://127.0.0.1:1/0?protocol=9", "'protocol' is not 2 or 3"),
+        ("rediss://127.0.0.1:1/0?ssl_cert_reqs=bogus", "'ssl_cert_reqs' is not valid"),
+    ]:
+        done = settle("stats", "--redis-url", url)
+        assert done.returncode == 2, done.stderr
+        assert (
+            done.stderr
+            == f"settle: bad --redis-url {url}: the value of the query parameter {problem}\n"
+        )
+
+
 def test_password_is_not_echoed(redis_url: str) -> None:
     port = _closed_port()
     done = settle("stats", "--redis-url", f"redis://app:s3cret@127.0.0.1:{port}/0")
@@ -124,10 +165,27 @@ def test_a_password_in_the_url_query_is_not_echoed() -> None:
         ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
         ("redis://app@h/0?PassWord=p", "redis://app@h/0?PassWord=***"),
         ("rediss://h/0?ssl_password=k3y&db=2", "rediss://h/0?ssl_password=***&db=2"),
+        ("redis://h/0?pass%77ord=k3y", "redis://h/0?pass%77ord=***"),  # percent-encoded
+        # The userinfo runs to the last '@': a '?', '#' or '/' in the password stays in it.
+        ("redis://app:pa?ss-s3cret@127.0.0.1:6379/0", "redis://app:***@127.0.0.1:6379/0"),
+        ("redis://app:s3cret#tail@h:6379/0", "redis://app:***@h:6379/0"),
+        ("redis://app:s3cret/tail@h:6379/0?db=1", "redis://app:***@h:6379/0?db=1"),
+        ("redis://app:a@b@h/0", "redis://app:***@h/0"),
+        # ... unless that '@' may be in a password query value, or in the user: only the
+        # scheme is shown, as it is when the URL has no scheme://.
+        ("redis://h:6379/0?password=a@c", "redis://***"),
+        ("redis://h:6379/0?pass%77ord=a@c", "redis://***"),
+        ("redis://h:6379/0?password=a#b@c", "redis://***"),
+        ("redis://h/0?password=a:b@c", "redis://***"),
+        ("redis:/app:s3cret@h:6379/0", "redis:***"),
+        ("redis:app:s3cret@h", "redis:***"),
+        ("app:s3cret@h:6379", "app:***"),
+        ("//app:s3cret@h:6379", "***"),
+        ("http://example.invalid/", "http://example.invalid/"),
     ],
 )
 def test_every_password_in_a_url_is_redacted(url: str, shown: str) -> None:
-    assert _redacted(url) == shown
+    assert redacted(url) == shown
 
 
 def test_missing_namespace_exits_3_and_creates_nothing(redis_url: str, namespace: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import traceback
 from typing import Any
 
 import pytest
@@ -206,15 +207,26 @@ def test_the_reference_model_refuses_fewer_shards_when_only_states_beyond_them_s
         "redis://127.0.0.1:1/0?ssl_password=secret-x",  # a TLS option without TLS
         "redis://127.0.0.1:notaport/0",
         "ftp://127.0.0.1:1/0",
+        "redis://127.0.0.1:1/0?protocol=9",  # a RedisError from the connection
+        # redis-py's messages quoted the password: "... cast to integer value as 'secret'"
+        "redis://app:secret-x?y@127.0.0.1:6379/0",
+        "redis://app:secret-x#y@127.0.0.1:6379/0",
+        "redis://app:secret-x/y@127.0.0.1:6379/0",
+        "redis://app:secret-x\uff03@127.0.0.1:6379/0",  # "netloc '...' contains invalid"
+        "redis:/app:secret-x@127.0.0.1:6379/0",
     ],
 )
 def test_a_redis_url_no_connection_can_be_made_from_is_refused_up_front(url: str) -> None:
-    """Refused when the settler is made, naming no password, not as a TypeError at the
-    first command."""
+    """Refused when the settler is made, naming no password (nor chaining redis-py's error
+    that quotes it), not as a TypeError at the first command."""
     for make in (Settler.from_url, AsyncSettler.from_url):
         with pytest.raises(InvalidInput, match="Redis URL") as info:
             make(url, namespace="ns")
-        assert "secret-x" not in str(info.value)
+        assert "secret-x" not in "".join(traceback.format_exception(info.value))
+    if url.startswith("redis://app:"):
+        with pytest.raises(InvalidInput, match="Redis Cluster URL") as info:
+            Settler.from_cluster(url, namespace="ns")
+        assert "secret-x" not in "".join(traceback.format_exception(info.value))
 
 
 def test_config_is_validated() -> None:

@@ -247,8 +247,14 @@ async def test_an_entry_settle_cannot_decode_is_a_corrupt_record_naming_it(
     assert settler.quarantine.get(real.quarantine_id).operation_id == "op-a"
 
 
+@pytest.mark.parametrize(
+    "resolution",
+    # Nested deeper than the interpreter's stack: a bare RecursionError from json.
+    ["not json", "[" * 100_000],
+    ids=["not json", "nested 100000 deep"],
+)
 def test_a_resolution_settle_cannot_decode_is_a_corrupt_record_naming_it(
-    settler: Settler, redis_url: str
+    settler: Settler, redis_url: str, resolution: str
 ) -> None:
     """Written by another program: resolving the entry again is refused with the entry
     named (its read, before the resolve, decodes the resolution too)."""
@@ -258,7 +264,7 @@ def test_a_resolution_settle_cannot_decode_is_a_corrupt_record_naming_it(
     resolutions = Keys(settler.config.namespace, settler.config.shards).resolutions(int(shard))
     client = redis.Redis.from_url(redis_url)
     try:
-        client.hset(resolutions, entry_id, "not json")
+        client.hset(resolutions, entry_id, resolution)
     finally:
         client.close()
     with pytest.raises(CorruptRecord, match=f"quarantine entry {real.quarantine_id}"):

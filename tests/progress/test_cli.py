@@ -82,4 +82,6 @@ def test_show_unknown_consumer_and_unreachable_server(progress_server):
     assert "no progress recorded" in missing.output
     bad = CliRunner().invoke(progress, ["show", "x", "--redis-url", "redis://127.0.0.1:1/0"])
     assert bad.exit_code == 3
-    assert "Redis failed" in bad.output
+    assert "cannot reach Redis at redis://127.0.0.1:1/0 to read the progress of consumer 'x'" in (
+        bad.output
+    )

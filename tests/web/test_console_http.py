@@ -498,3 +498,33 @@ async def test_an_entry_settle_cannot_decode_is_an_error_page_naming_it(
         assert f"quarantine entry {foreign} cannot be decoded" in response.text, path
         assert "run one settle version" in response.text.lower()
     assert (await read_only.get(f"/entry/{ref}")).status_code == 200
+
+
+async def test_a_result_that_is_not_strict_json_is_shown_as_its_text(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    """The record's result {"x": NaN} is not JSON to settle: the entry page showed it as
+    the base64 of its JSON form; it is shown as the payload is, as text, a tab kept and an
+    invisible character marked."""
+    r = writer.reserve("order-nan-result", {"amount": 1}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, b'{"x": NaN,\t"y": "a\x1bb"}')
+    late = writer.complete(r.reservation, {"charge_id": "ch_2"})
+    assert late.quarantine_id is not None
+    html = (await read_only.get(f"/entry/{late.quarantine_id}")).text
+    assert "eyJ4Ijog" not in html  # the base64 of the stored bytes
+    assert "stored result (text)" in html
+    mark = '<span class="ctl" title="control character">\\x1b</span>'
+    assert "{&#34;x&#34;: NaN,\t&#34;y&#34;: &#34;a" + mark + "b&#34;}" in html
+
+
+async def test_tabs_and_line_breaks_in_a_text_payload_are_kept(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    """In a <pre> block a tab and a line break are layout, not hidden characters."""
+    ref = conflicting(writer, "order-tsv", b"id\tamount\nch_2\t990\r\n")
+    html = (await read_only.get(f"/entry/{ref}")).text
+    assert "<small>text</small>" in html
+    assert "id\tamount\nch_2\t990" in html
+    assert '<span class="ctl" title="control character">\\x0d</span>' in html
+    assert "\\x09" not in html

@@ -1,0 +1,118 @@
+"""Redis URLs in messages: the URL with its secrets hidden, and what redis-py found wrong
+with one, in fixed words.
+
+Every message, log line or span that names a Redis URL goes through :func:`redacted`; a
+``ValueError`` or ``TypeError`` redis-py raised while parsing one is described by
+:func:`url_problem`, never pasted: its text can quote a part of the URL (``Port could not be
+cast to integer value as 's3cret'``, ``netloc '...' contains invalid characters``), and so a
+password typed with a ``/``, ``?`` or ``#`` in it.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote_plus
+
+__all__ = ["redacted", "url_problem"]
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+#: Characters that end a URL's authority: a password that holds one unencoded moves it.
+_AUTHORITY_ENDS = ("/", "?", "#")
+
+
+def redacted(url: str) -> str:
+    """``url`` without its secrets, for a message: the password of the userinfo, the value
+    of every query parameter redis-py takes a password from (``?password=``,
+    ``?ssl_password=``) and any fragment (never read, so perhaps the tail of a password
+    with a ``#`` in it) become ``***``.
+
+    The userinfo is everything between ``scheme://`` and the *last* ``@``, so a ``/``,
+    ``?`` or ``#`` typed unencoded in a password stays inside it. When that reading and
+    the usual one (an ``@`` inside a password query value) could each hide a secret the
+    other shows, or the URL has no ``scheme://``, only the scheme is shown: ``redis://***``,
+    ``redis:***``."""
+    scheme = _SCHEME.match(url)
+    if scheme is None or url[scheme.end() : scheme.end() + 1] != ":":
+        return "***"
+    if url[scheme.end() : scheme.end() + 3] != "://":
+        return f"{scheme.group()}:***"
+    head, rest = url[: scheme.end() + 3], url[scheme.end() + 3 :]
+    userinfo, at, location = rest.rpartition("@")
+    if not at or ":" not in userinfo:  # no password in a userinfo: only the query's
+        return head + _redacted_location(rest)
+    user = userinfo.partition(":")[0]
+    if any(ch in user for ch in _AUTHORITY_ENDS) or _in_password_parameter(userinfo):
+        return head + "***"
+    return f"{head}{user}:***@{_redacted_location(location)}"
+
+
+def _redacted_location(location: str) -> str:
+    """``host[:port][/path][?query][#fragment]`` with password parameters and the
+    fragment hidden."""
+    location, hash_, _ = location.partition("#")
+    path, query_sep, query = location.partition("?")
+    if query_sep:
+        query = "&".join(_redacted_parameter(p) for p in query.split("&"))
+    return path + query_sep + query + ("#***" if hash_ else "")
+
+
+def _redacted_parameter(parameter: str) -> str:
+    name, eq, _ = parameter.partition("=")
+    return f"{name}=***" if eq and _is_password(name) else parameter
+
+
+def _is_password(name: str) -> bool:
+    return "password" in unquote_plus(name).lower()
+
+
+def _in_password_parameter(before_at: str) -> bool:
+    """Whether the ``@`` that follows ``before_at`` is, read the usual way (the authority
+    ends at the first ``/``, ``?`` or ``#``), inside the value of a password parameter: then
+    what follows the ``@`` is part of that password, not a host to show."""
+    _, query_sep, query = before_at.partition("?")
+    if not query_sep:
+        return False
+    name, eq, _ = query.split("&")[-1].partition("=")
+    return bool(eq) and _is_password(name)
+
+
+#: Words in redis-py's ValueError messages (and urllib's, which it passes on), each with
+#: the fixed words that describe it without quoting the URL.
+_PROBLEMS = (
+    (
+        "Redis URL must specify one of the following schemes",
+        "an unknown scheme (a Redis URL starts with redis://, rediss:// or unix://)",
+    ),
+    ("Port could not be cast to integer", "the port is not a number"),
+    ("Port out of range", "the port is not from 0 to 65535"),
+    ("Invalid IPv6 URL", "a '[' or ']' without its pair"),
+    ("under NFKC normalization", "characters no host or userinfo may hold"),
+    ("does not appear to be an IPv4 or IPv6 address", "a host in [] that is no IP address"),
+    # redis-py's RedisError from a connection's constructor: a query value it refuses
+    ("protocol must be", "the value of the query parameter 'protocol' is not 2 or 3"),
+    (
+        "Invalid SSL Certificate Requirements Flag",
+        "the value of the query parameter 'ssl_cert_reqs' is not valid",
+    ),
+)
+_INVALID_VALUE = re.compile(r"Invalid value for '(\w+)' in connection URL")
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def url_problem(exc: Exception) -> str:
+    """What redis-py found wrong with a URL (a ``ValueError`` or ``TypeError`` from parsing
+    it, a ``RedisError`` from building a connection of it), in words that quote no part of
+    it but the name of a query parameter: ``the port is not a number``, ``an unknown scheme
+    (...)``, ``a query parameter no Redis connection takes ('socket_timout')``."""
+    text = str(exc)
+    if isinstance(exc, TypeError):  # "...__init__() got an unexpected keyword argument 'x'"
+        name = _UNEXPECTED.search(text)
+        named = f" ({name.group(1)!r})" if name else ""
+        return f"a query parameter no Redis connection takes{named}"
+    for words, problem in _PROBLEMS:
+        if words in text:
+            return problem
+    name = _INVALID_VALUE.search(text)
+    if name:
+        return f"the value of the query parameter {name.group(1)!r} is not valid"
+    return "it cannot be parsed as a Redis URL"
