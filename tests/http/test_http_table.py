@@ -23,6 +23,7 @@ from settle import AsyncSettler, Reserved, Settler, State
 from settle._log import operation_digest
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi import current_attempt as asgi_attempt
+from settle.embedded import EmbeddedRedis
 from settle.http._sync import status_line
 from settle.http.keys import operation_id
 from settle.http.stored import StoredResponse
@@ -592,6 +593,54 @@ def test_a_lapsed_lease_without_a_takeover_still_gets_its_large_response(
         LARGE["crossed-in-the-middle"],
     )
     assert ("settle.http.lease_lapsed" in events) is asked  # the renewal before the first byte
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+@pytest.mark.parametrize("sizes", LARGE.values(), ids=LARGE.keys())
+def test_a_large_response_goes_out_when_redis_is_down_before_its_first_byte(
+    protocol: str, sizes: list[int], namespace: str
+) -> None:
+    """The store goes away after the reservation, before the response: the renewal before
+    a large response's first byte cannot be asked, and the response goes on (an unanswered
+    renewal is not a newer attempt); nothing can be stored anyway."""
+    server = EmbeddedRedis().start()
+    try:
+        with contextlib.ExitStack() as stack:
+            client = _large_endpoint(
+                stack, protocol, server.url, namespace, sizes, lambda _: server.stop(kill=True)
+            )
+            response = client.post("/charge", content=b"{}", headers=key_headers("k-down"))
+    finally:
+        server.close()
+    assert (response.status_code, response.content) == (201, b"s" * sum(sizes))
+
+
+def test_the_handler_learns_its_attempt_was_superseded_by_the_renewal_before_its_first_byte(
+    redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """Once the renewal asked before a large response's first byte found a newer attempt,
+    the handler's ``attempt.lost`` is True (so ``attempt.check()`` between its chunks
+    stops it), and its client gets the 409."""
+    seen: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        attempt = asgi_attempt(scope)
+        _take_over(settler, attempt.operation_id)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"s" * 5000, "more_body": True})
+        seen.append(attempt.lost)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    guarded = IdempotencyMiddleware(
+        app, settler=async_settler, principal=principal_from_header, **OPTIONS
+    )
+    with serve(guarded, async_settler) as base, httpx.Client(base_url=base, timeout=30) as client:
+        response = client.post("/charge", content=b"{}", headers=key_headers("k-lost"))
+    assert problem_type(response) == "attempt-superseded"
+    assert seen == [True]
 
 
 @pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
