@@ -509,6 +509,47 @@ def test_a_body_over_max_request_bytes_is_refused_by_settle(
     assert RUNS == []
 
 
+def reads_the_body(request: HttpRequest) -> JsonResponse:
+    """A view that reads the body and the form with no guard against Django's limits."""
+    RUNS.append("reads")
+    return JsonResponse({"size": len(request.body), "fields": len(request.POST)}, status=201)
+
+
+REFUSED_BODIES: dict[str, dict[str, Any]] = {
+    # request.body over DATA_UPLOAD_MAX_MEMORY_SIZE: RequestDataTooBig
+    "too-big": {"data": {"pad": "x" * BIG}, "content_type": "application/json"},
+    # request.POST over DATA_UPLOAD_MAX_NUMBER_FIELDS (lowered to 2): TooManyFieldsSent
+    "too-many-fields": {"data": {"a": "1", "b": "2", "c": "3"}},
+}
+
+
+@pytest.mark.parametrize("guard", ["middleware", "decorator"])
+@pytest.mark.parametrize("body", REFUSED_BODIES.values(), ids=REFUSED_BODIES.keys())
+def test_a_view_that_djangos_body_limits_refuse_has_its_400_stored(
+    settle_settings: dict[str, Any], guard: str, body: dict[str, Any]
+) -> None:
+    """The view reads a body Django's own limits refuse: Django answers 400, and that 400
+    is the view's answer, stored as any 4xx and replayed (docs/http-endpoints.md, "Body
+    limits"), under the middleware and under ``@idempotent`` alike. (The decorator saw the
+    exception, left the attempt provisional and ran the view again on every retry.)"""
+    limits = {"DATA_UPLOAD_MAX_NUMBER_FIELDS": 2}
+    with override_settings(ROOT_URLCONF=urlconf(path("r", reads_the_body)), **limits):
+        bare = Client().post("/r", **body, **headers("bare"))
+    RUNS.clear()
+    view = idempotent(reads_the_body) if guard == "decorator" else reads_the_body
+    mw = ["settle.django.IdempotencyMiddleware"] if guard == "middleware" else []
+    options = {**settle_settings, "max_request_bytes": 8 << 20}
+    conf = urlconf(path("r", view))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=options, **limits):
+        first = Client().post("/r", **body, **headers("k-refused"))
+        again = Client().post("/r", **body, **headers("k-refused"))
+    assert bare.status_code == 400
+    assert (first.status_code, first.content) == (bare.status_code, bare.content)
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert RUNS == ["reads"]
+
+
 def test_multipart_upload_parsed_by_the_csrf_check_before_the_decorator(
     settle_settings: dict[str, Any],
 ) -> None:
