@@ -517,6 +517,13 @@ def reads_the_body(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"size": len(request.body), "fields": len(request.POST)}, status=201)
 
 
+class ReadsTheBodyAPIView(APIView):
+    @method_decorator(idempotent)
+    def post(self, request: Any) -> Response:
+        RUNS.append("reads")
+        return Response({"size": len(request.body), "fields": len(request.POST)}, status=201)
+
+
 REFUSED_BODIES: dict[str, dict[str, Any]] = {
     # request.body over DATA_UPLOAD_MAX_MEMORY_SIZE: RequestDataTooBig
     "too-big": {"data": {"pad": "x" * BIG}, "content_type": "application/json"},
@@ -525,20 +532,25 @@ REFUSED_BODIES: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("guard", ["middleware", "decorator"])
+@pytest.mark.parametrize("guard", ["middleware", "decorator", "rest-framework"])
 @pytest.mark.parametrize("body", REFUSED_BODIES.values(), ids=REFUSED_BODIES.keys())
 def test_a_view_that_djangos_body_limits_refuse_has_its_400_stored(
     settle_settings: dict[str, Any], guard: str, body: dict[str, Any]
 ) -> None:
     """The view reads a body Django's own limits refuse: Django answers 400, and that 400
     is the view's answer, stored as any 4xx and replayed (docs/http-endpoints.md, "Body
-    limits"), under the middleware and under ``@idempotent`` alike. (The decorator saw the
-    exception, left the attempt provisional and ran the view again on every retry.)"""
+    limits"), under the middleware and under ``@idempotent`` alike, on a REST framework
+    handler too. (The decorator saw the exception, left the attempt provisional and ran the
+    view again on every retry.)"""
     limits = {"DATA_UPLOAD_MAX_NUMBER_FIELDS": 2}
     with override_settings(ROOT_URLCONF=urlconf(path("r", reads_the_body)), **limits):
         bare = Client().post("/r", **body, **headers("bare"))
     RUNS.clear()
-    view = idempotent(reads_the_body) if guard == "decorator" else reads_the_body
+    views = {
+        "decorator": idempotent(reads_the_body),
+        "rest-framework": ReadsTheBodyAPIView.as_view(),
+    }
+    view = views.get(guard, reads_the_body)
     mw = ["settle.django.IdempotencyMiddleware"] if guard == "middleware" else []
     options = {**settle_settings, "max_request_bytes": 8 << 20}
     conf = urlconf(path("r", view))
