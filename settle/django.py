@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.core.handlers.exception import response_for_exception
 from django.core.handlers.wsgi import LimitedStream
 from django.core.signals import setting_changed
 from django.http import (
@@ -51,6 +53,11 @@ GetResponse = Callable[[HttpRequest], HttpResponseBase]
 
 #: Bytes read from the body's stream at a time.
 _CHUNK = 64 << 10
+
+#: What Django raises when its own limits refuse a body (``DATA_UPLOAD_MAX_MEMORY_SIZE``,
+#: ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, ``DATA_UPLOAD_MAX_NUMBER_FILES``): its 400, wherever
+#: it escapes a view.
+_REFUSED_BODY = (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)
 
 
 def user_principal(request: HttpRequest) -> str | None:
@@ -171,11 +178,20 @@ def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Get
     """The decorated view's call. A REST framework view's handler method (decorated with
     ``method_decorator``) returns a ``Response`` the view finalizes only after the decorator
     returned: it is finalized here (its renderer chosen) so that it can be rendered and
-    stored; the view's own finalizing then leaves it as it is."""
+    stored; the view's own finalizing then leaves it as it is. A body Django's limits
+    refuse is answered with Django's own 400, stored as under the middleware."""
     finalize = getattr(_bound(view)[1], "finalize_response", None)
 
     def call(request: HttpRequest) -> HttpResponseBase:
-        response: HttpResponseBase = view(request, *args, **kwargs)
+        try:
+            response: HttpResponseBase = view(request, *args, **kwargs)
+        except _REFUSED_BODY as exc:
+            # The view read a body Django's limits refuse. Django answers it with a 400
+            # wherever it escapes, so the middleware's get_response returns that 400 and it
+            # is stored as any 4xx: the decorator asks Django for the same answer, so that
+            # the view is not run again on every retry, as after an exception.
+            django = request if isinstance(request, HttpRequest) else request._request
+            response = response_for_exception(django, exc)
         if finalize is not None and not hasattr(response, "accepted_renderer"):
             response = finalize(request, response, *args, **kwargs)
         return response

@@ -341,8 +341,9 @@ class AttemptRunner:
     async def _still_owned(self) -> bool:
         """A response over the limit is about to be sent on before its last byte, so before
         ``complete`` can say whether this attempt still owns the operation: ask with a
-        renewal first (one round trip, for such responses only). When a newer attempt owns
-        it, the client gets what :meth:`Guard.superseded` answers and the rest of this
+        renewal first (one round trip, for such responses only). A lease that only lapsed,
+        with no newer attempt, still owns it (:meth:`Guard.still_owns`). When a newer attempt
+        owns it, the client gets what :meth:`Guard.superseded` answers and the rest of this
         response is dropped; it is still settled at its last byte (quarantined: the
         evidence). A store that cannot be asked sends the response on, as before."""
         try:
@@ -350,9 +351,8 @@ class AttemptRunner:
         except SettleError as exc:
             self._guard.renew_failed(exc)
             return True
-        if renewal.renewed:
+        if self._guard.still_owns(self._run, renewal):
             return True
-        self._guard.lease_lost(renewal.reason)
         self._attempt.mark_lost(renewal)
         await self._answer_superseded(renewal.record)
         self._replaced = True

@@ -62,6 +62,7 @@ from settle.http.stored import StoredResponse, storable_status
 from settle.models import (
     InProgress,
     OperationRecord,
+    Renewal,
     Replay,
     Reservation,
     Reserved,
@@ -461,6 +462,27 @@ class Guard:
         return Problem(ProblemKind.TIMEOUT, detail, self.policy.retry_after).response(
             self.policy.problem_type_base
         )
+
+    def still_owns(self, run: Run, renewal: Renewal) -> bool:
+        """Whether ``run`` still owns its operation, as the renewal asked before a response
+        over the limit is sent on says. It does when the lease was renewed, and also when the
+        lease only lapsed with the record still at this attempt's generation (``lease_expired``:
+        no newer attempt took the key): ``complete`` accepts this generation's settlement of
+        such a record (SPEC 2), so the operation ends completed with this response, and a
+        client answered 409 instead would lose it (every retry gets 410). Otherwise the lease
+        is lost, and logged."""
+        if renewal.renewed:
+            return True
+        record = renewal.record
+        if (
+            renewal.reason == "lease_expired"
+            and record is not None
+            and record.generation == run.reservation.generation
+        ):
+            self.log.warning("settle.http.lease_lapsed", reason=renewal.reason)
+            return True
+        self.lease_lost(renewal.reason)
+        return False
 
     def lease_lost(self, reason: str | None) -> None:
         self.log.warning("settle.http.lease_lost", reason=reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +19,11 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, Reservation, Reserved, Settler, State
+from settle import AsyncSettler, Reserved, Settler, State
 from settle._log import operation_digest
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi import current_attempt as asgi_attempt
+from settle.embedded import EmbeddedRedis
 from settle.http._sync import status_line
 from settle.http.keys import operation_id
 from settle.http.stored import StoredResponse
@@ -37,7 +39,7 @@ from tests.http.apps import (
     starlette_app,
     wsgi_app,
 )
-from tests.wsgi.test_wsgi_middleware import _take_over
+from tests.wsgi.test_wsgi_middleware import _holder, _take_over
 
 #: Small limits so that the 413 and 410 cases stay small.
 OPTIONS = {"max_request_bytes": 4096, "max_response_bytes": 4096}
@@ -304,18 +306,7 @@ def test_a_superseded_attempt_answers_with_the_authoritative_response(
     client, ledger = endpoint.client, endpoint.ledger
     with capture_logs() as events, gated_first(endpoint, "k") as late:
         op = operation_id("http", "k", "tenant:acme", "principal")
-        record = settler.get(op)
-        assert record is not None
-        assert record.attempt_id is not None
-        reservation = Reservation(
-            operation_id=op,
-            fingerprint=record.fingerprint,
-            fingerprint_version=record.fingerprint_version,
-            binding=record.binding,
-            generation=record.generation,
-            attempt_id=record.attempt_id,
-        )
-        settler.mark_provisional(reservation, "test: lease lost")
+        settler.mark_provisional(_holder(settler, op), "test: lease lost")
         second = client.post("/gated", json={}, headers=key_headers("k"))
     assert second.status_code == 201
     assert [r.status_code for r in late] == [201]
@@ -561,6 +552,95 @@ def test_a_takeover_after_a_large_response_started_streaming_is_quarantined(
     op = operation_id("http", "k-late", "tenant:acme", "principal")
     assert [e.kind.value for e in settler.quarantine.list(operation_id=op)] == ["stale_generation"]
     assert problem_type(retried) == "request-in-progress"  # the newer attempt's
+
+
+def _lapse(settler: Settler, operation: str) -> None:
+    """The running attempt's lease lapses on the server's clock (a long pause, a blocked
+    loop, a slow Redis) and nobody takes the key over: the record stays pending at the
+    attempt's generation, its lease passed."""
+    assert settler.renew(_holder(settler, operation), lease=0.05).renewed
+    time.sleep(0.15)
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+@pytest.mark.parametrize("sizes", LARGE.values(), ids=LARGE.keys())
+def test_a_lapsed_lease_without_a_takeover_still_gets_its_large_response(
+    protocol: str, sizes: list[int], redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """The renewal asked before a large response goes on finds the lease lapsed, but no
+    newer attempt: the attempt still owns the operation (its ``complete`` of the "not
+    stored" marker is accepted, SPEC 2), so its client gets the response, as under WSGI,
+    and a retry gets 410. (ASGI answered 409 attempt-superseded, then completed the
+    operation with the marker: the response was lost for good, every retry got 410.)"""
+    with contextlib.ExitStack() as stack:
+        client = _large_endpoint(
+            stack, protocol, redis_url, namespace, sizes, lambda op: _lapse(settler, op)
+        )
+        with capture_logs() as logs:
+            first = client.post("/charge", content=b"{}", headers=key_headers("k-lapse"))
+        retried = client.post("/charge", content=b"{}", headers=key_headers("k-lapse"))
+    assert (first.status_code, first.content) == (201, b"s" * sum(sizes))
+    assert problem_type(retried) == "response-not-stored"
+    op = operation_id("http", "k-lapse", "tenant:acme", "principal")
+    record = settler.get(op)
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert settler.quarantine.list(operation_id=op) == []
+    events = [e["event"] for e in logs]
+    assert "settle.http.lease_lost" not in events
+    asked = protocol == "asgi" and sizes in (
+        LARGE["crossed-by-the-first"],
+        LARGE["crossed-in-the-middle"],
+    )
+    assert ("settle.http.lease_lapsed" in events) is asked  # the renewal before the first byte
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+@pytest.mark.parametrize("sizes", LARGE.values(), ids=LARGE.keys())
+def test_a_large_response_goes_out_when_redis_is_down_before_its_first_byte(
+    protocol: str, sizes: list[int], namespace: str
+) -> None:
+    """The store goes away after the reservation, before the response: the renewal before
+    a large response's first byte cannot be asked, and the response goes on (an unanswered
+    renewal is not a newer attempt); nothing can be stored anyway."""
+    server = EmbeddedRedis().start()
+    try:
+        with contextlib.ExitStack() as stack:
+            client = _large_endpoint(
+                stack, protocol, server.url, namespace, sizes, lambda _: server.stop(kill=True)
+            )
+            response = client.post("/charge", content=b"{}", headers=key_headers("k-down"))
+    finally:
+        server.close()
+    assert (response.status_code, response.content) == (201, b"s" * sum(sizes))
+
+
+def test_the_handler_learns_its_attempt_was_superseded_by_the_renewal_before_its_first_byte(
+    redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """Once the renewal asked before a large response's first byte found a newer attempt,
+    the handler's ``attempt.lost`` is True (so ``attempt.check()`` between its chunks
+    stops it), and its client gets the 409."""
+    seen: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        attempt = asgi_attempt(scope)
+        _take_over(settler, attempt.operation_id)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"s" * 5000, "more_body": True})
+        seen.append(attempt.lost)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    guarded = IdempotencyMiddleware(
+        app, settler=async_settler, principal=principal_from_header, **OPTIONS
+    )
+    with serve(guarded, async_settler) as base, httpx.Client(base_url=base, timeout=30) as client:
+        response = client.post("/charge", content=b"{}", headers=key_headers("k-lost"))
+    assert problem_type(response) == "attempt-superseded"
+    assert seen == [True]
 
 
 @pytest.mark.parametrize("protocol", ["asgi", "wsgi"])

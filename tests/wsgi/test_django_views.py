@@ -14,6 +14,7 @@ import json
 import socket
 import sys
 import threading
+import tracemalloc
 import types
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ import httpx
 import pytest
 from django.core.exceptions import RequestDataTooBig
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished
 from django.http import (
@@ -69,11 +71,11 @@ from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 from structlog.testing import capture_logs
 
-from settle import Settler, State
+from settle import AsyncSettler, Settler, State
 from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
 from settle.http.keys import operation_id
-from tests.http.apps import serve_wsgi
+from tests.http.apps import serve, serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
 from tests.wsgi.test_wsgi_middleware import _take_over
 
@@ -506,6 +508,94 @@ def test_a_body_over_max_request_bytes_is_refused_by_settle(
         refused = Client().post("/big", data, **headers("too-big"))
     assert refused.status_code == 413
     assert refused.json()["type"] == "urn:settle:problem:request-too-large"
+    assert RUNS == []
+
+
+def reads_the_body(request: HttpRequest) -> JsonResponse:
+    """A view that reads the body and the form with no guard against Django's limits."""
+    RUNS.append("reads")
+    return JsonResponse({"size": len(request.body), "fields": len(request.POST)}, status=201)
+
+
+class ReadsTheBodyAPIView(APIView):
+    @method_decorator(idempotent)
+    def post(self, request: Any) -> Response:
+        RUNS.append("reads")
+        return Response({"size": len(request.body), "fields": len(request.POST)}, status=201)
+
+
+REFUSED_BODIES: dict[str, dict[str, Any]] = {
+    # request.body over DATA_UPLOAD_MAX_MEMORY_SIZE: RequestDataTooBig
+    "too-big": {"data": {"pad": "x" * BIG}, "content_type": "application/json"},
+    # request.POST over DATA_UPLOAD_MAX_NUMBER_FIELDS (lowered to 2): TooManyFieldsSent
+    "too-many-fields": {"data": {"a": "1", "b": "2", "c": "3"}},
+}
+
+
+@pytest.mark.parametrize("guard", ["middleware", "decorator", "rest-framework"])
+@pytest.mark.parametrize("body", REFUSED_BODIES.values(), ids=REFUSED_BODIES.keys())
+def test_a_view_that_djangos_body_limits_refuse_has_its_400_stored(
+    settle_settings: dict[str, Any], guard: str, body: dict[str, Any]
+) -> None:
+    """The view reads a body Django's own limits refuse: Django answers 400, and that 400
+    is the view's answer, stored as any 4xx and replayed (docs/http-endpoints.md, "Body
+    limits"), under the middleware and under ``@idempotent`` alike, on a REST framework
+    handler too. (The decorator saw the exception, left the attempt provisional and ran the
+    view again on every retry.)"""
+    limits = {"DATA_UPLOAD_MAX_NUMBER_FIELDS": 2}
+    with override_settings(ROOT_URLCONF=urlconf(path("r", reads_the_body)), **limits):
+        bare = Client().post("/r", **body, **headers("bare"))
+    RUNS.clear()
+    views = {
+        "decorator": idempotent(reads_the_body),
+        "rest-framework": ReadsTheBodyAPIView.as_view(),
+    }
+    view = views.get(guard, reads_the_body)
+    mw = ["settle.django.IdempotencyMiddleware"] if guard == "middleware" else []
+    options = {**settle_settings, "max_request_bytes": 8 << 20}
+    conf = urlconf(path("r", view))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=options, **limits):
+        first = Client().post("/r", **body, **headers("k-refused"))
+        again = Client().post("/r", **body, **headers("k-refused"))
+    assert bare.status_code == 400
+    assert (first.status_code, first.content) == (bare.status_code, bare.content)
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert RUNS == ["reads"]
+
+
+def _chunked(data: bytes) -> Iterator[bytes]:
+    """``data`` as a request body of unknown length (sent chunked)."""
+    for start in range(0, len(data), 64 << 10):
+        yield data[start : start + (64 << 10)]
+
+
+def test_a_chunked_body_over_max_request_bytes_is_never_read_whole(
+    settle_settings: dict[str, Any], redis_url: str, namespace: str
+) -> None:
+    """Under Django's ASGI handler a chunked body (no Content-Length) of 40 MB is spooled
+    to disk before the middleware runs; settle reads it from there under
+    ``max_request_bytes`` (1 MiB here), a chunk at a time, and answers its 413 without
+    ever holding the whole body in memory."""
+    body = b"x" * (40 << 20)
+    options = {**settle_settings, "max_request_bytes": 1 << 20}
+    conf = urlconf(path("r", reads_the_body))
+    mw = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=options):
+        unused = AsyncSettler.from_url(redis_url, namespace=namespace)  # serve() closes it
+        with serve(ASGIHandler(), unused) as base, httpx.Client(base_url=base, timeout=60) as c:
+            sent = {"Content-Type": "application/octet-stream", "Idempotency-Key": "k-chunked"}
+            tracemalloc.start()
+            try:
+                response = c.post(
+                    "/r", content=_chunked(body), headers={**sent, "X-Principal": "tenant:acme"}
+                )
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    assert response.status_code == 413
+    assert response.json()["type"] == "urn:settle:problem:request-too-large"
+    assert peak < 16 << 20, peak
     assert RUNS == []
 
 

@@ -86,13 +86,12 @@ def test_the_body_iterable_is_collected_closed_and_replayed(settler: Settler) ->
     assert bodies[0].closed.is_set()
 
 
-def _take_over(settler: Settler, operation: str) -> Reserved:
-    """What a lapsed lease and a retry do to a running attempt: a newer one owns it (its
-    reservation is returned)."""
+def _holder(settler: Settler, operation: str) -> Reservation:
+    """The reservation of the attempt that holds ``operation`` now (read from its record)."""
     record = settler.get(operation)
     assert record is not None
     assert record.attempt_id is not None
-    lost = Reservation(
+    return Reservation(
         operation_id=operation,
         fingerprint=record.fingerprint,
         fingerprint_version=record.fingerprint_version,
@@ -100,8 +99,14 @@ def _take_over(settler: Settler, operation: str) -> Reserved:
         generation=record.generation,
         attempt_id=record.attempt_id,
     )
+
+
+def _take_over(settler: Settler, operation: str) -> Reserved:
+    """What a lapsed lease and a retry do to a running attempt: a newer one owns it (its
+    reservation is returned)."""
+    lost = _holder(settler, operation)
     settler.mark_provisional(lost, "test: the lease was lost")
-    newer = settler.reserve(operation, principal="tenant:acme", fingerprint=record.fingerprint)
+    newer = settler.reserve(operation, principal="tenant:acme", fingerprint=lost.fingerprint)
     assert isinstance(newer, Reserved)
     return newer
 
