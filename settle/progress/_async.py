@@ -26,7 +26,13 @@ from settle._runtime._async import AsyncConnectable, AsyncRunner, client_from_ur
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
-from settle.progress._core import ProgressCore, ProgressReply, StreamEntry, StreamVerdict
+from settle.progress._core import (
+    ConsumerOptions,
+    ProgressCore,
+    ProgressReply,
+    StreamEntry,
+    StreamVerdict,
+)
 from settle.progress._keys import StreamKeys
 from settle.progress._scripts import PROGRESS, STREAM
 from settle.progress._step import (
@@ -269,20 +275,23 @@ class AsyncStreamConsumer:
         replica_timeout: float = 1.0,
         allow_eviction: bool = False,
     ) -> None:
+        # Checked here, before anything is sent: a bad option would otherwise surface only
+        # after XREADGROUP handed this worker deliveries (dead-lettering them all, say), and
+        # so would a name the settlement authority refuses.
+        self.options = ConsumerOptions.check(
+            emission_field=emission_field,
+            max_deliveries=max_deliveries,
+            claim_idle=claim_idle,
+            batch=batch,
+            block=block,
+            listing=listing,
+            retry_pause=retry_pause,
+        )
+        default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
+        self.worker = check_name(default if worker is None else worker, "worker")
         self.store = store
         self.stream = stream
         self.group = group
-        # Checked here: a name the settlement authority refuses would otherwise surface
-        # only after XREADGROUP handed this worker a delivery.
-        default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
-        self.worker = check_name(default if worker is None else worker, "worker")
-        self.emission_field = emission_field
-        self.max_deliveries = max_deliveries
-        self.claim_idle_ms = max(1, round(claim_idle * 1000))
-        self.batch = batch
-        self.block_ms = max(1, round(block * 1000))
-        self.listing = listing
-        self.retry_pause = retry_pause
         self.core = store.core
         self.scope: ProviderScope | None = None
         self._claim_from = "0-0"
@@ -388,7 +397,11 @@ class AsyncStreamConsumer:
         raw = await self._command(
             "XREADGROUP",
             lambda: self.client.xreadgroup(
-                scope.group, self.worker, {scope.stream: ">"}, count=self.batch, block=self.block_ms
+                scope.group,
+                self.worker,
+                {scope.stream: ">"},
+                count=self.options.batch,
+                block=self.options.block_ms,
             ),
             repeatable=False,
         )
@@ -408,7 +421,12 @@ class AsyncStreamConsumer:
         raw = await self._command(
             "XAUTOCLAIM",
             lambda: self.client.xautoclaim(
-                scope.stream, scope.group, self.worker, self.claim_idle_ms, start, self.batch
+                scope.stream,
+                scope.group,
+                self.worker,
+                self.options.claim_idle_ms,
+                start,
+                self.options.batch,
             ),
             # Repeated after a transient failure, like every read of the stream. When the
             # lost call had already claimed entries, the repeat does not return them: they
@@ -448,7 +466,7 @@ class AsyncStreamConsumer:
                 scope.group,
                 min=start,
                 max="+" if stop == "0-0" else f"({stop}",
-                count=self.batch * 4 + 16,
+                count=self.options.batch * 4 + 16,
                 consumername=self.worker,
             ),
         )
@@ -476,8 +494,8 @@ class AsyncStreamConsumer:
             self.worker,
             entry,
             delivery_count,
-            emission_field=self.emission_field,
-            max_deliveries=self.max_deliveries,
+            emission_field=self.options.emission_field,
+            max_deliveries=self.options.max_deliveries,
         )
         return await self.store.drive(steps, effect, self._runner)
 
@@ -519,7 +537,13 @@ class AsyncStreamConsumer:
         authorize_settlement(progress, intent.delivery, intent.kind)
         authority = SettlementAuthority(self.worker, intent.delivery, 0)
         steps = _step.settle(
-            self.core, self._scope(), authority, intent.kind, intent.emission, fenced_count=False
+            self.core,
+            self._scope(),
+            authority,
+            intent.kind,
+            intent.emission,
+            intent.reason,
+            fenced_count=False,
         )
         return await self.store.drive(steps, stream=self._runner)
 
@@ -534,12 +558,12 @@ class AsyncStreamConsumer:
             "XRANGE", lambda: self._listing(scope, after)
         )
         last = self.core.last_delivered(scope, groups)
-        candidates = self.core.lost_candidates(listed, last, pending, self.listing)
+        candidates = self.core.lost_candidates(listed, last, pending, self.options.listing)
         if candidates:
             call = self.core.plan_lost(scope, candidates)
             self.core.lost(scope, await self.store.progress(call))
         call = self.core.plan_observation(
-            scope, after, listed, groups, summary, pending, self.listing
+            scope, after, listed, groups, summary, pending, self.options.listing
         )
         return self.core.observed(scope, await self.store.progress(call))
 
@@ -548,17 +572,17 @@ class AsyncStreamConsumer:
         # delivery handed out in between is above it, never taken for lost.
         low = f"({after.value}" if after else "-"
         async with self.client.pipeline(transaction=False) as pipe:
-            pipe.xrange(scope.stream, low, "+", self.listing)
+            pipe.xrange(scope.stream, low, "+", self.options.listing)
             pipe.xinfo_groups(scope.stream)
             pipe.xpending(scope.stream, scope.group)
-            pipe.xpending_range(scope.stream, scope.group, low, "+", self.listing)
+            pipe.xpending_range(scope.stream, scope.group, low, "+", self.options.listing)
             return list(await pipe.execute())
 
     async def _orphans(self, progress: Progress) -> list[SettlementReceipt]:
         """Close the settle intents older than ``claim_idle`` whose delivery is pending for
         no worker (its consumer was deleted, or the ack's reply was lost): the provider
         answers ``not_pending`` and the receipt closes the intent."""
-        stale = self.core.stale_intents(progress, self.claim_idle_ms)
+        stale = self.core.stale_intents(progress, self.options.claim_idle_ms)
         if not stale:
             return []
         scope = self._scope()
@@ -597,5 +621,5 @@ class AsyncStreamConsumer:
                     "settle.progress.backend_error", worker=self.worker, error=type(exc).__name__
                 )
                 started = False
-                await asyncio.sleep(self.retry_pause)
+                await asyncio.sleep(self.options.retry_pause)
             done += 1

@@ -5,6 +5,7 @@ this plans (one core, two thin shells)."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from settle.progress.models import (
 )
 
 __all__ = [
+    "ConsumerOptions",
     "Disposition",
     "ProgressCore",
     "ProgressReply",
@@ -155,6 +157,9 @@ def _raw(value: Any) -> bytes:
     return bytes(value) if isinstance(value, bytes | bytearray) else str(value).encode()
 
 
+#: The reason of a dead_letter or defer intent written before intents kept their reason.
+UNKNOWN_REASON = "unknown"
+
 #: The most settlement receipts a consumer's stream keeps (``XADD MAXLEN ~``).
 MAX_RECEIPTS_CAP = 10_000_000
 
@@ -166,6 +171,80 @@ def _count(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
         raise InvalidDelivery(f"{what} must be an int from 0 to 2**53 - 1")
     return value
+
+
+#: The most entries one XREADGROUP / XAUTOCLAIM asks for (Redis 7 allocates room for COUNT
+#: ids per XAUTOCLAIM, and the pending rows read after it are a few times as many).
+MAX_BATCH = 10_000
+#: The most rows one observation lists (stream entries, pending rows): each is an argument
+#: of the observe script.
+MAX_LISTING = 100_000
+#: The longest wait an option gives in milliseconds (Redis reads times as 64-bit ints).
+_MAX_MS = 2**53 - 1
+
+
+def _option_int(value: object, what: str, top: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        raise InvalidInput(f"{what} must be an int from 1 to {top}, got {value!r}")
+    return value
+
+
+def _option_seconds(value: object, what: str, *, zero: bool) -> float:
+    least = "0 or more" if zero else "more than 0"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not (value >= 0 if zero else value > 0)
+        or value * 1000 > _MAX_MS
+    ):
+        raise InvalidInput(f"{what} must be a finite number of seconds, {least}, got {value!r}")
+    return float(value)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    """A stream consumer's options, checked when it is made: a bad one raises
+    :class:`~settle.errors.InvalidInput` before anything is sent (SPEC 11). Times the
+    consumer sends to Redis are in whole milliseconds, at least 1."""
+
+    emission_field: str
+    max_deliveries: int
+    claim_idle_ms: int
+    batch: int
+    block_ms: int
+    listing: int
+    retry_pause: float
+
+    @classmethod
+    def check(
+        cls,
+        *,
+        emission_field: object,
+        max_deliveries: object,
+        claim_idle: object,
+        batch: object,
+        block: object,
+        listing: object,
+        retry_pause: object,
+    ) -> ConsumerOptions:
+        if not isinstance(emission_field, str) or not emission_field:
+            raise InvalidInput(
+                f"emission_field must be a non-empty str (a field name), got {emission_field!r}"
+            )
+        return cls(
+            emission_field=emission_field,
+            max_deliveries=_option_int(max_deliveries, "max_deliveries", 2**53 - 1),
+            claim_idle_ms=_ms(_option_seconds(claim_idle, "claim_idle", zero=False)),
+            batch=_option_int(batch, "batch", MAX_BATCH),
+            block_ms=_ms(_option_seconds(block, "block", zero=True)),
+            listing=_option_int(listing, "listing", MAX_LISTING),
+            retry_pause=_option_seconds(retry_pause, "retry_pause", zero=True),
+        )
 
 
 @dataclass
@@ -189,7 +268,11 @@ class ProgressCore:
     def _call(
         self, script: str, scope: ProviderScope, emission: EmissionId | None, *args: str | int
     ) -> Call:
-        keys = (*self.keys.scope(scope.scope_id), self.keys.emission(emission))
+        keys = (
+            *self.keys.scope(scope.scope_id),
+            self.keys.emission(emission),
+            self.keys.holds(scope.scope_id),
+        )
         return Call(
             script, keys, (scope.scope_id, scope_json(scope), *args), operation_id=self.consumer
         )
@@ -391,12 +474,14 @@ class ProgressCore:
         open_intents = []
         for d, text in _flat(intents).items():
             item = json.loads(text)
+            kind = IntentKind(item["kind"])
             open_intents.append(
                 SettleIntent(
                     DeliveryId(d),
-                    IntentKind(item["kind"]),
+                    kind,
                     EmissionId(item["emission"]) if item.get("emission") else None,
                     _dt(item["at"]),
+                    item.get("reason") or ("" if kind is IntentKind.ACK else UNKNOWN_REASON),
                 )
             )
         deferrals = []

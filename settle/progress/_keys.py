@@ -50,13 +50,18 @@ class ProgressKeys:
         return f"{self.tag}:scopes"
 
     def scope(self, scope_id: str) -> tuple[str, ...]:
-        """meta, applied, resolved, gaps, intents, deferred, dead, receipts, scopes."""
+        """meta, applied, resolved, gaps, intents, deferred, dead, receipts, scopes (the
+        scripts' KEYS[1..9]; the emission is KEYS[10], :meth:`holds` KEYS[11])."""
         base = f"{self.tag}:s:{scope_id}"
         parts = ("meta", "applied", "resolved", "gaps", "intents", "deferred", "dead", "receipts")
         return (*(f"{base}:{p}" for p in parts), self.scopes)
 
     def emission(self, emission: EmissionId | None) -> str:
         return f"{self.tag}:em:{emission.value}" if emission else f"{self.tag}:em-none"
+
+    def holds(self, scope_id: str) -> str:
+        """The scope's index of its gaps and deferrals (a ZSET; see ``lua/_lib.lua``)."""
+        return f"{self.tag}:s:{scope_id}:holds"
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,10 +68,15 @@ class ProviderFloor:
 
 @dataclass(frozen=True, slots=True)
 class SettleIntent:
+    """A settlement progress holds to be done. ``reason``: a dead_letter's or a defer's
+    (``recover()`` writes it in the stream-side dead-letter entry); ``'unknown'`` for one
+    written before intents kept their reason; ``''`` for an ack."""
+
     delivery: DeliveryId
     kind: IntentKind
     emission: EmissionId | None
     since: datetime
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +94,10 @@ class Progress:
     ``floor``: every delivery at or below it is applied or dead-lettered (cumulative).
     ``applied_above_floor``: exact applied deliveries above the floor.
     ``dead_lettered_above_floor``: quarantined deliveries above the floor (resolved, not applied).
-    ``gaps``: deliveries known to exist below an applied one and not applied: they stop the
-    floor, so a later position never implies the prefix.
+    ``gaps``: deliveries known to exist below an applied one and not applied (or handed out
+    and lost): they stop the floor, so a later position never implies the prefix, until
+    each is applied or dead-lettered, whether or not its stream entry is still there.
+    ``deferred``: deliveries set aside, unapplied: each stops the floor the same way.
     ``provider_floor``: the provider's own state, as last observed.
     ``replay_from``: where a replay of this scope must start.
     """
@@ -109,9 +116,11 @@ class Progress:
     updated_at: datetime | None
 
     def covers(self, delivery: DeliveryId) -> bool:
-        """Whether durable progress covers ``delivery`` (applied or dead-lettered)."""
+        """Whether durable progress covers ``delivery`` (applied or dead-lettered). Not a
+        deferral at or below the floor: the floor never passes one, but an earlier settle
+        let it pass one whose entry was trimmed, still unapplied."""
         if self.floor is not None and delivery <= self.floor:
-            return True
+            return all(d.delivery != delivery for d in self.deferred)
         return delivery in self.applied_above_floor or delivery in self.dead_lettered_above_floor
 
     def to_json(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ settlement planning against durable progress, defer, dead-letter and release."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -24,6 +25,7 @@ from settle.progress import (
     ProgressStore,
     StreamConsumer,
 )
+from settle.progress._keys import ProgressKeys
 from settle.progress.errors import SettlementNotAuthorized
 from settle.progress.identity import SettlementAuthority
 from settle.progress.models import SettlementOutcome
@@ -246,6 +248,45 @@ def test_malformed_delivery_is_dead_lettered_before_the_provider_is_told(
     ]
     assert consumer.store.read(consumer.scope).floor == DeliveryId(bad)
     assert dead_letters_on_stream(stream_client, names)[0]["reason"] == "malformed"
+
+
+@pytest.mark.parametrize("written", ["now", "before intents kept a reason"])
+def test_recover_tells_the_provider_why_a_delivery_was_dead_lettered(
+    written, names, stream_server, progress_server, stream_client, progress_client
+):
+    """The worker died after the dead letter was durable in progress and before the
+    provider was told; restarted under its name, recover() writes the stream-side
+    dead-letter entry with the reason progress recorded ('unknown' for an intent an
+    earlier settle wrote without one)."""
+    consumer = make(names, stream_server, progress_server, worker="w1")
+    [entry] = publish(stream_client, names, ["poison"])
+    stream_client.xreadgroup(names.group, "w1", {names.stream: ">"}, count=1)
+    delivery = DeliveryId(entry)
+    consumer.store.dead_letter(
+        consumer.scope, delivery, EmissionId("poison"), reason="delivery_limit", delivery_count=6
+    )
+    [intent] = consumer.store.read(consumer.scope).intents
+    assert (intent.kind, intent.reason) == (IntentKind.DEAD_LETTER, "delivery_limit")
+    if written != "now":
+        key = ProgressKeys(names.namespace, names.consumer).scope(consumer.scope.scope_id)[4]
+        old = json.loads(progress_client.hget(key, entry))
+        del old["reason"]
+        progress_client.hset(key, entry, json.dumps(old))
+    [receipt] = consumer.recover()
+    assert receipt.outcome is SettlementOutcome.ACKED
+    [dead] = dead_letters_on_stream(stream_client, names)
+    assert dead["reason"] == ("delivery_limit" if written == "now" else "unknown")
+    assert pending_ids(stream_client, names) == {}
+    consumer.close()
+
+
+def test_an_ack_intent_has_no_reason(names, stream_server, progress_server, stream_client):
+    consumer = make(names, stream_server, progress_server)
+    [entry] = publish(stream_client, names, ["e1"])
+    consumer.store.apply(consumer.scope, DeliveryId(entry), EmissionId("e1"), lambda ctx: None)
+    [intent] = consumer.store.read(consumer.scope).intents
+    assert (intent.kind, intent.reason) == (IntentKind.ACK, "")
+    consumer.close()
 
 
 def test_scripts_survive_a_flushed_script_cache(

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
+    DeferDelivery,
     DeliveryId,
     EffectContext,
     EmissionId,
@@ -87,14 +88,91 @@ def test_floor_and_gaps_follow_the_listing(progress_server, exist, ops):
         store.close()
 
 
+held_ops = st.lists(
+    st.tuples(st.sampled_from(["apply", "dead", "defer", "trim", "observe"]), st.integers(0, 63)),
+    max_size=40,
+)
+
+
+@given(exist=st.sets(st.integers(0, 40), min_size=1, max_size=16), ops=held_ops)
+def test_the_floor_never_passes_a_gap_or_a_deferral_whatever_is_trimmed(
+    progress_server, exist, ops
+):
+    """Deferrals and trims (an entry gone from every later listing) drawn among the rest: a
+    deferral or a recorded gap is never at or below the floor, and a gap once reported
+    stays reported until its delivery is applied or dead-lettered; the floor still moves
+    as far as the listing proves short of them."""
+    store = ProgressStore.from_url(
+        progress_server.url, consumer=f"p{uuid.uuid4().hex[:10]}", namespace="prop"
+    )
+    ids = [DeliveryId(f"100-{n}") for n in sorted(exist)]
+    existing = list(ids)
+    applied: set[DeliveryId] = set()
+    dead: set[DeliveryId] = set()  # dead-lettered with no known emission
+    deferred: set[DeliveryId] = set()
+    reported: set[DeliveryId] = set()  # gaps reported and not resolved since
+    floor: DeliveryId | None = None
+
+    def covered(d: DeliveryId) -> bool:  # for its own emission, e<seq>
+        return (floor is not None and d <= floor) or d in applied
+
+    try:
+        for op, k in [*ops, ("observe", 0)]:
+            d = ids[k % len(ids)]
+            if op == "apply":
+                store.apply(SCOPE, d, EmissionId(f"e{d.seq}"), lambda ctx: None)
+                if not covered(d):
+                    applied.add(d)
+                    deferred.discard(d)
+                    reported.discard(d)
+            elif op == "dead":
+                store.dead_letter(SCOPE, d, None, reason="poison", delivery_count=9)
+                if not covered(d) and d not in dead:
+                    dead.add(d)
+                    deferred.discard(d)
+                    reported.discard(d)
+            elif op == "defer":
+                reply = store.defer(SCOPE, d, EmissionId(f"e{d.seq}"), reason="later")
+                # An id dead-lettered with no known emission covers none: it is deferred.
+                assert reply.code == ("covered" if covered(d) else "deferred")
+                if reply.code == "deferred":
+                    deferred.add(d)
+            elif op == "trim":
+                if d in existing:
+                    existing.remove(d)
+            else:
+                listing = [x for x in existing if floor is None or floor < x]
+                p = store.observe(
+                    SCOPE, floor, listing, last_delivered=None, oldest_pending=None, pending=0
+                )
+                floor = p.floor
+                assert {x.delivery for x in p.deferred} == deferred
+                assert reported <= set(p.gaps)  # a gap goes only once resolved
+                reported = set(p.gaps)
+                held = reported | deferred
+                assert all(floor is None or floor < h for h in held)
+                # (the dead letter of an unknown emission covers the id for settling)
+                assert not any(p.covers(h) for h in deferred - dead)
+                resolved = (applied | dead) - deferred
+                assert {x for x in existing if floor is not None and x <= floor} <= resolved
+                above = [x for x in existing if floor is None or floor < x]
+                # As far as the listing proves: the next listed delivery is not resolved,
+                # or a gap or a deferral below it holds the floor.
+                assert not above or above[0] not in resolved or any(h < above[0] for h in held)
+    finally:
+        store.close()
+
+
 class StreamEdgesMachine(RuleBasedStateMachine):
     """A real stream and consumer group on one redis-server, progress on another. Hypothesis
     draws publications, polls, a worker that dies holding deliveries, and operator actions
     on the group: XDEL and MAXLEN trimming (of pending entries or not), XGROUP DELCONSUMER
-    of the dead worker, XGROUP SETID forward and back. After every step: no effect twice,
-    nothing acknowledged before durable progress covered it, and every entry at or below the
-    floor applied or dead-lettered. At the end, every delivery has a recorded outcome:
-    applied and settled, dead-lettered as deleted, or a reported gap holding the floor."""
+    of the dead worker, XGROUP SETID forward and back; and effects that defer their delivery,
+    applied later by hand. After every step: no effect twice, nothing acknowledged before
+    durable progress covered it, every entry at or below the floor applied or dead-lettered,
+    every deferral above the floor, and a reported gap gone only once progress covers it. At
+    the end, every delivery has a recorded outcome: applied and settled, dead-lettered as
+    deleted, a reported gap holding the floor, or a deferral holding it."""
 
     urls: tuple[str, str]
 
@@ -107,6 +185,8 @@ class StreamEdgesMachine(RuleBasedStateMachine):
         self.runs: Counter[str] = Counter()
         self.published: dict[str, str] = {}  # delivery id -> emission id
         self.deleted: set[str] = set()
+        self.to_defer: set[str] = set()  # emissions whose effect defers them, once
+        self.reported: set[str] = set()  # the gaps progress reported last
         store = ProgressStore.from_url(self.urls[1], consumer=self.names.consumer, namespace="prop")
         self.consumer = StreamConsumer(
             redis.Redis.from_url(self.urls[0]),
@@ -121,6 +201,9 @@ class StreamEdgesMachine(RuleBasedStateMachine):
         self.consumer.start()
 
     def effect(self, ctx: EffectContext) -> None:
+        if ctx.emission.value in self.to_defer:
+            self.to_defer.discard(ctx.emission.value)
+            raise DeferDelivery("later")
         self.runs[ctx.emission.value] += 1
 
     def existing(self) -> list[str]:
@@ -135,6 +218,18 @@ class StreamEdgesMachine(RuleBasedStateMachine):
             strict=True,
         ):
             self.published[d] = e
+
+    @rule()
+    def defer_the_next_publication(self) -> None:
+        self.to_defer.add(f"e{len(self.published)}")
+
+    @rule(k=st.integers(0, 63))
+    def apply_a_deferral(self, k: int) -> None:
+        assert self.consumer.scope is not None
+        deferred = self.consumer.store.read(self.consumer.scope).deferred
+        if deferred:
+            d = deferred[k % len(deferred)]
+            self.consumer.store.apply(self.consumer.scope, d.delivery, d.emission, self.effect)
 
     @rule()
     def poll(self) -> None:
@@ -181,18 +276,30 @@ class StreamEdgesMachine(RuleBasedStateMachine):
     @invariant()
     def outcomes_hold(self) -> None:
         assert all(n == 1 for n in self.runs.values()), self.runs  # never an effect twice
-        # Nothing acknowledged before durable progress covered it. (The group's own view,
-        # "delivered and not pending", is no witness here: DELCONSUMER and SETID drop
-        # entries from it that nobody acknowledged. The receipts are.)
+        # Nothing acknowledged before durable progress covered it, or held it as deferred.
+        # (The group's own view, "delivered and not pending", is no witness here:
+        # DELCONSUMER and SETID drop entries from it that nobody acknowledged. The receipts
+        # are.)
+        assert self.consumer.scope is not None
+        p = self.consumer.store.read(self.consumer.scope)
         for r in receipts(self.progress, self.names):
             if r["outcome"] == "acked":
-                assert progress_covers(self.progress, self.names, r["delivery"]), r
-        assert self.consumer.scope is not None
-        floor = self.consumer.store.read(self.consumer.scope).floor
+                held = r["kind"] == "defer" and DeliveryId(r["delivery"]) in {
+                    x.delivery for x in p.deferred
+                }
+                assert held or progress_covers(self.progress, self.names, r["delivery"]), r
+        floor = p.floor
         dead = self.dead()
         for d in self.existing():
             if floor is not None and not floor < DeliveryId(d):
                 assert self.published[d] in self.runs or d in dead, d
+        for x in p.deferred:  # whether its entry is still there or not
+            assert floor is None or floor < x.delivery, x
+        gaps = {g.value for g in p.gaps}
+        for g in self.reported - gaps:  # resolved, or the floor passed a gap: which it must not
+            assert progress_covers(self.progress, self.names, g), g
+        assert all(floor is None or floor < DeliveryId(g) for g in gaps)
+        self.reported = gaps
 
     def teardown(self) -> None:
         try:
@@ -209,9 +316,13 @@ class StreamEdgesMachine(RuleBasedStateMachine):
             assert not p.intents
             dead = self.dead()
             gaps = {g.value for g in p.gaps}
+            deferred = {x.delivery.value for x in p.deferred}
             for d, e in self.published.items():
                 if e in self.runs:
                     continue  # applied (once) and settled
+                if d in deferred:  # set aside, still unapplied: it holds the floor
+                    assert p.floor is None or p.floor < DeliveryId(d)
+                    continue
                 if d in dead:  # deleted while pending (or redelivered past the limit by SETID)
                     assert dead[d] in ("deleted", "delivery_limit")
                     assert dead[d] != "deleted" or d in self.deleted

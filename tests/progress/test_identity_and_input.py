@@ -3,24 +3,30 @@ keys that share one hash slot per script, and the generated sync shell kept in s
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import redis
+import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from settle.errors import CorruptRecord, InvalidInput, SettleError
 from settle.progress import (
     ApplyStatus,
+    AsyncProgressStore,
+    AsyncStreamConsumer,
     DeliveryId,
     EmissionId,
     ProgressStore,
     ProviderScope,
     StreamConsumer,
 )
-from settle.progress._core import ProgressCore
+from settle.progress._core import MAX_BATCH, MAX_LISTING, ProgressCore
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import DeferDelivery, InvalidDelivery, UnprovenListing
 from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.models import IntentKind
+from tests.progress.harness import publish
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
 
@@ -94,6 +100,70 @@ def test_a_worker_name_the_authority_refuses_is_refused_when_the_consumer_is_mad
     assert len(made.worker) <= 256  # the default name fits too
     store.close()
     long_consumer.close()
+
+
+BAD_OPTIONS = [
+    *({"max_deliveries": v} for v in (0, -1, "5", True, 5.0, None)),
+    *({"batch": v} for v in (0, -1, True, 1.5, "32", MAX_BATCH + 1)),
+    *({"listing": v} for v in (0, True, "512", MAX_LISTING + 1)),
+    *({"claim_idle": v} for v in (0, -1.0, math.nan, math.inf, "30", True, None, 1e300)),
+    *({"block": v} for v in (-0.5, math.nan, math.inf, "1")),
+    *({"retry_pause": v} for v in (-1, math.nan, math.inf)),
+    *({"emission_field": v} for v in (b"emission_id", "", None, 5)),
+]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("option", BAD_OPTIONS, ids=repr)
+async def test_a_bad_consumer_option_is_refused_when_the_consumer_is_made(
+    flavour, option, stream_server, progress_server, stream_client, progress_client, names
+):
+    """Accepted, these dead-lettered every delivery (max_deliveries below 1, a bytes
+    emission_field), failed every poll (batch or listing 0), raised a TypeError with the
+    delivery already pending (a str max_deliveries), or became 1 ms (claim_idle -1)."""
+    publish(stream_client, names, ["e1"])
+    store_type, consumer_type, client_type = {
+        "sync": (ProgressStore, StreamConsumer, redis.Redis),
+        "async": (AsyncProgressStore, AsyncStreamConsumer, aioredis.Redis),
+    }[flavour]
+    store = store_type.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    client = client_type.from_url(stream_server.url)
+    [what] = option
+    with pytest.raises(InvalidInput, match=what):
+        consumer_type(client, store, stream=names.stream, group=names.group, **option)
+    if flavour == "async":
+        await store.aclose()
+        await client.aclose()
+    else:
+        store.close()
+        client.close()
+    # Nothing was sent: no group, no incarnation marker, no progress.
+    assert stream_client.xinfo_groups(names.stream) == []
+    assert not stream_client.exists(StreamKeys(names.stream).incarnation)
+    tag = ProgressKeys(names.namespace, names.consumer).tag
+    assert list(progress_client.scan_iter(match=f"{tag}*")) == []
+
+
+def test_the_least_consumer_options_are_accepted(progress_server, names):
+    store = ProgressStore.from_url(progress_server.url, consumer=names.consumer)
+    with StreamConsumer(
+        redis.Redis.from_url(progress_server.url),
+        store,
+        stream="s",
+        group="g",
+        emission_field="e",
+        max_deliveries=1,
+        claim_idle=0.0001,
+        batch=1,
+        block=0,
+        listing=1,
+        retry_pause=0,
+    ) as made:
+        assert (made.options.claim_idle_ms, made.options.block_ms) == (1, 1)
+        assert made.options.retry_pause == 0.0
 
 
 def test_bad_input_raises_before_anything_is_written(progress_server, progress_client, names):

@@ -8,12 +8,17 @@
 --   KEYS[2] applied    HASH  delivery id -> emission id   (exact applied deliveries above floor)
 --   KEYS[3] resolved   HASH  delivery id -> emission id   (dead-lettered deliveries above floor)
 --   KEYS[4] gaps       HASH  delivery id -> first seen ms (known unapplied ids below an applied one)
---   KEYS[5] intents    HASH  delivery id -> JSON {kind, emission, at}   (the settle-intent log)
+--   KEYS[5] intents    HASH  delivery id -> JSON {kind, emission, reason, at}   (the settle-intent
+--                            log; reason: a dead_letter's or a defer's, absent in older intents)
 --   KEYS[6] deferred   HASH  delivery id -> JSON {emission, reason, at}
 --   KEYS[7] dead       STREAM dead-letter evidence (never trimmed by settle)
 --   KEYS[8] receipts   STREAM settlement receipts (what the provider said), capped
 --   KEYS[9] scopes     HASH  scope id -> JSON scope (the consumer's scope index)
 --   KEYS[10] emission  HASH  state (applying | applied), scope, delivery, attempt, attempts, at
+--   KEYS[11] holds     ZSET  the ids of KEYS[4] and KEYS[6] (gaps and deferrals: unresolved),
+--                            each as hold_member(id), all at score 0, so ZRANGEBYLEX gives the
+--                            smallest; and the member 'built' (it sorts after every id): the
+--                            index holds every gap and deferral (see holds_index())
 -- Every script returns the runtime's one shape with this body (progress_reply below):
 -- {code, detail, now_ms, meta, applied, resolved, gaps, intents, deferred}
 -- (the last six as flat field/value lists, gaps as a list of ids).
@@ -75,9 +80,15 @@ end
 -- dead-lettered as ANOTHER emission (or as an unknown one, '') is not covered: the provider handed out one id twice
 -- (explicit ids, a stream deleted and made again, a failover that lost the tail), and the
 -- emission now at that id was never applied (its own emission state still says so). At or
--- below the floor the emission is no longer kept, and the floor covers it.
+-- below the floor the emission is no longer kept, and the floor covers it, unless it is
+-- still deferred: the floor never passes a deferral (advance()), but an earlier settle let
+-- it pass one whose entry was trimmed; still unapplied, it is not covered, so applying
+-- (or dead-lettering) it does what it would have done above the floor.
 local function coverage(delivery, emission)
-  if not id_lt(floor_of(), delivery) then return 'floor' end
+  if not id_lt(floor_of(), delivery) then
+    if redis.call('HEXISTS', KEYS[6], delivery) == 1 then return nil end
+    return 'floor'
+  end
   local applied = redis.call('HGET', KEYS[2], delivery)
   if applied and (emission == nil or applied == emission) then return 'applied' end
   local dead = redis.call('HGET', KEYS[3], delivery)
@@ -91,9 +102,73 @@ local function touch(scope_id, scope_json, now)
   redis.call('HSET', KEYS[1], 'updated', int(now))
 end
 
-local function intent(delivery, kind, emission, now)
+-- `reason`: a dead_letter's or a defer's (the stream-side dead-letter entry of a dead_letter
+-- intent carried out by recover() names it); nil for an ack.
+local function intent(delivery, kind, emission, now, reason)
   redis.call('HSET', KEYS[5], delivery,
-    cjson.encode({kind = kind, emission = emission, at = now}))
+    cjson.encode({kind = kind, emission = emission, reason = reason, at = now}))
+end
+
+-- A delivery id as a member of the holds index: both parts zero-padded to 20 digits (a part
+-- is at most 2^64 - 1), so the members' lexical order is the ids' order.
+local function hold_member(id)
+  local ms, seq = parse_id(id)
+  return string.rep('0', 20 - #ms) .. ms .. '-' .. string.rep('0', 20 - #seq) .. seq
+end
+
+-- Hold the floor below `id`, a gap or a deferral, until it is resolved (unhold()).
+local function add_hold(id)
+  redis.call('ZADD', KEYS[11], 0, hold_member(id))
+end
+
+-- Record `id` as a gap first seen `now`, holding the floor; 1 when it was not one yet.
+local function gap(id, now)
+  add_hold(id)
+  return redis.call('HSETNX', KEYS[4], id, int(now))
+end
+
+-- `id` is applied or dead-lettered: no longer a gap or a deferral, and no longer held.
+local function unhold(id)
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('HDEL', KEYS[6], id)
+  redis.call('ZREM', KEYS[11], hold_member(id))
+end
+
+-- Build the holds index of a scope written before settle kept one (or whose index was
+-- deleted): every gap and deferral above the floor, then 'built'. Once, before the caller
+-- writes anything else; the reason when a stored id is not one settle writes (nothing is
+-- written then), else nil.
+local function holds_index()
+  if redis.call('ZSCORE', KEYS[11], 'built') then return nil end
+  local floor = floor_of()
+  local members = {}
+  for _, k in ipairs({KEYS[4], KEYS[6]}) do
+    for _, id in ipairs(redis.call('HKEYS', k)) do
+      if not parse_id(id) then return 'delivery id' end
+      if id_lt(floor, id) then members[#members + 1] = hold_member(id) end
+    end
+  end
+  for _, m in ipairs(members) do redis.call('ZADD', KEYS[11], 0, m) end
+  redis.call('ZADD', KEYS[11], 0, 'built')
+  return nil
+end
+
+-- The smallest gap or deferral above `floor`, or nil, read from the holds index. A member
+-- that names neither (removed by hand, or resolved by an older settle) is dropped: the gaps
+-- and deferrals are the record, the index only finds their smallest.
+local function first_hold(floor)
+  local low = '(' .. hold_member(floor)
+  while true do
+    local m = redis.call('ZRANGEBYLEX', KEYS[11], low, '+', 'LIMIT', 0, 1)[1]
+    if m == nil or m == 'built' then return nil end
+    local ms, seq = string.match(m, '^0*(%d+)-0*(%d+)$')
+    local id = ms and (ms .. '-' .. seq)
+    if id and (redis.call('HEXISTS', KEYS[4], id) == 1
+        or redis.call('HEXISTS', KEYS[6], id) == 1) then
+      return id
+    end
+    redis.call('ZREM', KEYS[11], m)
+  end
 end
 
 local function progress_reply(code, detail)
@@ -118,8 +193,11 @@ end
 -- for none): a pending delivery the listing does not show (its entry was deleted while it
 -- was pending: XDEL, MAXLEN) is not resolved until it is dead-lettered or applied, so the
 -- floor stops below the first pending id progress has not resolved, and never passes the
--- cut. Returns 'advanced', 'unchanged' or 'unproven' (the listing starts above the floor,
--- so it proves nothing about the prefix).
+-- cut. Nor does it pass a recorded gap or deferral, listed or not: a deferral's entry was
+-- acknowledged, and a lost one's is pending for nobody, so a trim or an XDEL removes them
+-- like any settled entry (first_hold(): the smallest, from the holds index, which the
+-- caller has built: holds_index()). Returns 'advanced', 'unchanged' or 'unproven' (the
+-- listing starts above the floor, so it proves nothing about the prefix).
 local function advance(after, ids, now, holds)
   local floor = floor_of()
   if id_lt(floor, after) then return 'unproven' end
@@ -134,9 +212,9 @@ local function advance(after, ids, now, holds)
   for p in string.gmatch(list, '[^,]+') do
     if not resolved(p) and id_lt(floor, p) and (hold == nil or id_lt(p, hold)) then hold = p end
   end
-  if hold ~= nil and top ~= nil and id_lt(hold, top) then
-    redis.call('HSETNX', KEYS[4], hold, int(now))
-  end
+  if hold ~= nil and top ~= nil and id_lt(hold, top) then gap(hold, now) end
+  local held = first_hold(floor)
+  if held ~= nil and (hold == nil or id_lt(held, hold)) then hold = held end
   if cut == '' then cut = nil end
   local cur = floor
   local blocked = false
@@ -149,7 +227,7 @@ local function advance(after, ids, now, holds)
         if not blocked then cur = id end
       else
         blocked = true
-        if top ~= nil and id_lt(id, top) then redis.call('HSETNX', KEYS[4], id, int(now)) end
+        if top ~= nil and id_lt(id, top) then gap(id, now) end
       end
     end
   end

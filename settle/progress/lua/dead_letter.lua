@@ -17,9 +17,9 @@ if covered == 'dead_lettered' then return progress_reply('dead_lettered', '') en
 if covered then return progress_reply('covered', covered) end
 local id = redis.call('XADD', KEYS[7], '*', 'scope', ARGV[1], 'delivery', ARGV[3],
   'emission', ARGV[4], 'reason', ARGV[5], 'deliveries', ARGV[6], 'at', int(now))
-redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
-redis.call('HDEL', KEYS[4], ARGV[3])
-redis.call('HDEL', KEYS[6], ARGV[3])
-intent(ARGV[3], 'dead_letter', ARGV[4], now)
+-- At or below the floor only a deferral the floor passed before it was held (coverage()).
+if id_lt(floor_of(), ARGV[3]) then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
+unhold(ARGV[3])
+intent(ARGV[3], 'dead_letter', ARGV[4], now, ARGV[5])
 touch(ARGV[1], ARGV[2], now)
 return progress_reply('dead_lettered', id)

@@ -12,6 +12,7 @@ local covered = coverage(ARGV[3], ARGV[4])
 if covered then return progress_reply('covered', covered) end
 redis.call('HSET', KEYS[6], ARGV[3],
   cjson.encode({emission = ARGV[4], reason = ARGV[5], at = now}))
-intent(ARGV[3], 'defer', ARGV[4], now)
+add_hold(ARGV[3])
+intent(ARGV[3], 'defer', ARGV[4], now, ARGV[5])
 touch(ARGV[1], ARGV[2], now)
 return progress_reply('deferred', '')

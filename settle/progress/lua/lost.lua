@@ -12,7 +12,7 @@ local lost = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
   if not coverage(id) and redis.call('HEXISTS', KEYS[6], id) == 0 then
-    if redis.call('HSETNX', KEYS[4], id, int(now)) == 1 then lost[#lost + 1] = id end
+    if gap(id, now) == 1 then lost[#lost + 1] = id end
   end
 end
 if #lost > 0 then touch(ARGV[1], ARGV[2], now) end

@@ -13,6 +13,8 @@ if broken then return progress_reply('corrupt', broken) end
 -- A listing that starts above the floor proves nothing: nothing is written, the provider
 -- floor included (the caller lists again from the floor).
 if id_lt(floor_of(), ARGV[3]) then return progress_reply('unproven', floor_of()) end
+broken = holds_index()
+if broken then return progress_reply('corrupt', broken) end
 local ids = {}
 for i = 8, #ARGV do ids[#ids + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'pf_last', ARGV[4], 'pf_oldest', ARGV[5],

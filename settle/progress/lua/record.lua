@@ -28,9 +28,9 @@ else
   redis.call('HSET', KEYS[10], 'state', 'applied', 'scope', ARGV[1], 'delivery', ARGV[3],
     'attempt', ARGV[5], 'at', int(now))
 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-redis.call('HDEL', KEYS[4], ARGV[3])
-redis.call('HDEL', KEYS[6], ARGV[3])
+-- At or below the floor only a deferral the floor passed before it was held (coverage()).
+if id_lt(floor_of(), ARGV[3]) then redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) end
+unhold(ARGV[3])
 intent(ARGV[3], 'ack', ARGV[4], now)
 touch(ARGV[1], ARGV[2], now)
 return progress_reply('recorded', detail)
