@@ -194,9 +194,9 @@ def _option_seconds(value: object, what: str, *, zero: bool) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
+        or value * 1000 > _MAX_MS  # first: math.isfinite(10**400) raises OverflowError
         or not math.isfinite(value)
         or not (value >= 0 if zero else value > 0)
-        or value * 1000 > _MAX_MS
     ):
         raise InvalidInput(f"{what} must be a finite number of seconds, {least}, got {value!r}")
     return float(value)

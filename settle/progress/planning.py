@@ -81,6 +81,12 @@ def authorize_settlement(progress: Progress, delivery: DeliveryId, kind: IntentK
     )
 
 
+def _deferred_through(progress: Progress, through: DeliveryId) -> list[DeliveryId]:
+    """Deferrals at or below ``through``: at or below the floor too only where an earlier
+    settle let the floor pass a trimmed one, which stays uncovered until it is applied."""
+    return sorted(d.delivery for d in progress.deferred if d.delivery <= through)
+
+
 def authorize_cumulative(progress: Progress, through: DeliveryId) -> Cumulative:
     if progress.floor is None or progress.floor < through:
         uncovered = [g for g in progress.gaps if g <= through]
@@ -88,6 +94,14 @@ def authorize_cumulative(progress: Progress, through: DeliveryId) -> Cumulative:
             f"a cumulative settlement through {through} passes the floor {progress.floor}; "
             "settle at most through the floor (gaps stop it)",
             uncovered=uncovered or [through],
+        )
+    deferred = _deferred_through(progress, through)
+    if deferred:
+        raise SettlementNotAuthorized(
+            f"a cumulative settlement through {through} passes {len(deferred)} deferred "
+            "delivery(ies) not applied yet (an earlier settle let the floor pass them); "
+            "settle them one by one",
+            uncovered=deferred,
         )
     return Cumulative(through)
 
@@ -118,7 +132,12 @@ def plan_settlements(
     covered = [d for d in ordered if progress.covers(d)]
     withheld = tuple(d for d in ordered if not progress.covers(d))
     floor = progress.floor
-    if cumulative and floor is not None and any(d <= floor for d in covered):
+    if (
+        cumulative
+        and floor is not None
+        and any(d <= floor for d in covered)
+        and not _deferred_through(progress, floor)
+    ):
         settlements.append(authorize_cumulative(progress, floor))
         covered = [d for d in covered if floor < d]
     for start in range(0, len(covered), max(1, batch_size)):

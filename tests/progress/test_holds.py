@@ -30,9 +30,12 @@ from settle.progress import (
     EmissionId,
     ProgressStore,
     ProviderScope,
+    SettlementNotAuthorized,
     StreamConsumer,
+    plan_settlements,
 )
 from settle.progress._keys import ProgressKeys
+from settle.progress.planning import Cumulative, authorize_cumulative
 from tests.integration.conftest import Awaitable
 from tests.progress.harness import Names, publish
 
@@ -248,8 +251,17 @@ def test_a_deferral_the_floor_passed_before_it_was_held_can_still_be_applied(
         progress_client.hdel(gaps, ids[1])
         progress_client.delete(keys.holds(scope.scope_id))
 
-        [deferred] = store.read(scope).deferred
-        assert not store.read(scope).covers(deferred.delivery)
+        progress = store.read(scope)
+        [deferred] = progress.deferred
+        assert not progress.covers(deferred.delivery)
+        # No cumulative settlement passes it either (a plan settles the others one by one).
+        pending = [DeliveryId(i) for i in ids]
+        plan = plan_settlements(progress, pending, cumulative=True)
+        assert plan.withheld == (deferred.delivery,)
+        assert not any(isinstance(s, Cumulative) for s in plan.settlements)
+        with pytest.raises(SettlementNotAuthorized) as refused:
+            authorize_cumulative(progress, DeliveryId(ids[2]))
+        assert refused.value.uncovered == [deferred.delivery]
         ran: list[str] = []
         done = store.apply(scope, deferred.delivery, deferred.emission, lambda ctx: ran.append("x"))
         assert done.status is ApplyStatus.APPLIED
@@ -280,3 +292,39 @@ def test_the_holds_index_names_only_ids_settle_writes(
             store.observe(scope, None, [], last_delivered=None, oldest_pending=None, pending=0)
         assert progress_client.hgetall(meta) == before
         assert not progress_client.zscore(keys.holds(scope.scope_id), "built")
+
+
+def _observe(store: ProgressStore, scope: ProviderScope, after: str | None, ids: list[str]) -> Any:
+    listed = [DeliveryId(i) for i in ids]
+    return store.observe(
+        scope,
+        DeliveryId(after) if after else None,
+        listed,
+        last_delivered=listed[-1],
+        oldest_pending=None,
+        pending=0,
+    )
+
+
+@pytest.mark.parametrize("hold", ["deferral", "lost delivery"])
+def test_a_hold_made_after_the_index_was_built_holds_the_floor_once_trimmed(
+    names: Names, progress_server: EmbeddedRedis, hold: str
+) -> None:
+    """The index is built by the first observation; a deferral (defer) or a lost delivery
+    (a gap an observation records) made after it must enter it, or the floor passes it
+    once its entry is trimmed."""
+    scope = ProviderScope("orders", "billing", "inc1")
+    noop: Callable[[EffectContext], None] = lambda ctx: None  # noqa: E731
+    with ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    ) as store:
+        store.apply(scope, DeliveryId("1-0"), EmissionId("e1"), noop)
+        assert _observe(store, scope, None, ["1-0"]).floor == DeliveryId("1-0")  # built
+        if hold == "deferral":
+            store.defer(scope, DeliveryId("2-0"), EmissionId("e2"), reason="wait")
+        store.apply(scope, DeliveryId("3-0"), EmissionId("e3"), noop)
+        if hold == "lost delivery":  # listed, unapplied, nobody's pending: a gap
+            assert _observe(store, scope, "1-0", ["2-0", "3-0"]).gaps == (DeliveryId("2-0"),)
+        progress = _observe(store, scope, "1-0", ["3-0"])  # 2-0's entry trimmed
+        assert progress.floor == DeliveryId("1-0")
+        assert not progress.covers(DeliveryId("2-0"))

@@ -109,6 +109,8 @@ BAD_OPTIONS = [
     *({"claim_idle": v} for v in (0, -1.0, math.nan, math.inf, "30", True, None, 1e300)),
     *({"block": v} for v in (-0.5, math.nan, math.inf, "1")),
     *({"retry_pause": v} for v in (-1, math.nan, math.inf)),
+    # an int no float holds: math.isfinite raised OverflowError on it
+    *({name: 10**400} for name in ("claim_idle", "block", "retry_pause")),
     *({"emission_field": v} for v in (b"emission_id", "", None, 5)),
 ]
 
