@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -30,6 +31,7 @@ from settle import (
     State,
 )
 from settle.attempt import Attempt
+from settle.decorator import _sync
 from settle.errors import InvalidInput
 from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
@@ -424,6 +426,19 @@ def _script_calls(client: redis.Redis) -> int:
     stats = client.info("commandstats")
     names = ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval")
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
+
+
+def test_the_docs_give_the_renewers_cap_and_wait() -> None:
+    """docs/outbound-calls.md and docs/http-endpoints.md say how many renewers a function
+    runs and how long a renewal waits for a busy one before another is started."""
+    root = Path(__file__).resolve().parents[2] / "docs"
+    outbound = " ".join((root / "outbound-calls.md").read_text().split())
+    http = " ".join((root / "http-endpoints.md").read_text().split())
+    wait = f"{round(_sync._SPARE_AFTER * 1000)} ms"
+    assert f"at most {_sync.MAX_RENEWERS} renewers" in outbound
+    assert f"waited {wait} for a busy one" in outbound
+    assert f"up to {_sync.MAX_RENEWERS} renewer threads" in http
+    assert f"only by the {wait} a renewal waits" in http
 
 
 def test_a_call_shorter_than_a_third_of_its_lease_starts_no_renewer(settler: Settler) -> None:
