@@ -698,6 +698,8 @@ def test_a_call_whose_heartbeat_cannot_start_leaves_no_renewal_behind(
 
 
 _STRANDED = """
+from structlog.testing import capture_logs
+
 @settler.operation(key="x:{n}", principal=PRINCIPAL, name="x", lease=0.6)
 def job(n: int) -> int:
     runs.append("job")
@@ -705,11 +707,14 @@ def job(n: int) -> int:
     return n
 
 t = threading.Thread(target=job, args=(1,))
-t.start()  # its scheduler starts at once; its first renewal is due at 0.2 s
-time.sleep(0.05)
-exhaust()  # for a moment no thread can be started
-time.sleep(0.3)  # past the first renewal's due time
-restore()
+with capture_logs() as logs:  # the call's logger is bound as it starts
+    t.start()  # its scheduler starts at once; its first renewal is due at 0.2 s
+    time.sleep(0.05)
+    exhaust()  # for a moment no thread can be started
+    time.sleep(0.3)  # past the first renewal's due time
+    restore()
+failed = [e for e in logs if e["event"] == "settle.operation.heartbeat_failed"]
+print("logged", sorted({e["error"] for e in failed}))
 time.sleep(1.0)  # threads are available again for a second: well past the lease
 try:
     elsewhere(1)
@@ -726,5 +731,8 @@ def test_a_moment_without_threads_stops_no_attempt_s_renewals(
     """Found in review: a due renewal was queued for a new renewer thread; when it could
     not be started the scheduler died (and could not restart itself), the renewal was
     never handed out again, the lease lapsed under the running function and a second
-    worker ran it. Now the renewal is due again a moment later, and the scheduler lives."""
-    assert _without_threads(_STRANDED, redis_url, namespace).strip() == "job"
+    worker ran it. Now the renewal is due again a moment later (each failed start logged),
+    and the scheduler lives."""
+    out = _without_threads(_STRANDED, redis_url, namespace).splitlines()
+    assert "logged ['RuntimeError']" in out, out
+    assert out[-1] == "job", out
