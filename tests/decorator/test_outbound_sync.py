@@ -32,10 +32,12 @@ from settle import (
 )
 from settle.attempt import Attempt
 from settle.decorator import _sync
+from settle.embedded import EmbeddedRedis
 from settle.errors import InvalidInput
 from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
+from tests.faults.servers import frozen
 
 #: What a reservation takes from its record (besides the attempt id).
 _RESERVATION = ("operation_id", "fingerprint", "fingerprint_version", "binding", "generation")
@@ -439,6 +441,51 @@ def test_the_docs_give_the_renewers_cap_and_wait() -> None:
     assert f"waited {wait} for a busy one" in outbound
     assert f"up to {_sync.MAX_RENEWERS} renewer threads" in http
     assert f"only by the {wait} a renewal waits" in http
+
+
+def test_renewers_held_by_a_hung_server_stop_at_the_cap() -> None:
+    """Every renewal sent to a hung server is held (for the socket timeout): the scheduler
+    starts a spare renewer for each renewal that waited for a busy one, up to
+    ``MAX_RENEWERS``; the renewals due beyond it queue for the next free renewer."""
+    calls = _sync.MAX_RENEWERS + 16
+    server = EmbeddedRedis().start()
+    settler = Settler.from_url(server.url, namespace="cap", shards=4)
+    before = _heartbeat_threads()
+    peak = 0
+    running = threading.Semaphore(0)
+
+    @settler.operation(
+        key="cap:{n}",
+        principal=PRINCIPAL,
+        lease=3.0,
+        retry=tenacity.Retrying(stop=tenacity.stop_after_attempt(1)),
+    )
+    def job(n: int) -> int:
+        running.release()
+        time.sleep(4.5)  # renewals due from 1 s on, held while the server is frozen
+        return n
+
+    def call(n: int) -> None:
+        with contextlib.suppress(Exception):  # leases lapsed while frozen: whatever it got
+            job(n)
+
+    try:
+        settler.check()
+        with ThreadPoolExecutor(calls) as pool:
+            for n in range(calls):
+                pool.submit(call, n)
+            for _ in range(calls):
+                assert running.acquire(timeout=30)
+            with frozen(server):
+                deadline = time.monotonic() + 3.5  # room for every renewal's spare, but one
+                while time.monotonic() < deadline:
+                    peak = max(peak, len(_heartbeat_threads() - before))
+                    time.sleep(0.01)
+    finally:
+        settler.close()
+        server.close()
+    # the scheduler and the renewers: spares were started for the hung renewals, up to the cap
+    assert 10 <= peak <= 1 + _sync.MAX_RENEWERS, f"{peak} heartbeat threads"
 
 
 def test_a_call_shorter_than_a_third_of_its_lease_starts_no_renewer(settler: Settler) -> None:
