@@ -309,18 +309,29 @@ class _Heartbeats:
 
     def _loop(self) -> None:
         try:
-            self._serve()
+            while True:
+                try:
+                    self._serve()
+                except Exception as exc:  # noqa: BLE001  # no beat's error: serve on
+                    # A scheduler that died would renew no lease of this function again,
+                    # and a new thread may not start (no memory, a pids limit): this one
+                    # serves on, a moment later.
+                    logger.warning("settle.operation.heartbeat_failed", error=type(exc).__name__)
+                    time.sleep(_START_RETRY)
+                else:
+                    return
         finally:
-            # A thread that died (an exception no beat catches) must not stay registered:
-            # no lease of this function would be renewed again. Attempts still running get
-            # a new thread now (their next renewals are not due before their heartbeat).
+            # A thread that ended otherwise must not stay registered: no lease of this
+            # function would be renewed again. Attempts still running get a new thread now
+            # (their next renewals are not due before their heartbeat); one that cannot be
+            # started is started by the next call or returning renewal.
             with self._cond:
                 if self._thread is threading.current_thread():
                     self._thread = None
                     if self._due or self._flying:
                         try:
                             self._start()
-                        except Exception as exc:  # noqa: BLE001  # the next add starts one
+                        except Exception as exc:  # noqa: BLE001
                             logger.warning(
                                 "settle.operation.heartbeat_failed", error=type(exc).__name__
                             )
