@@ -9,9 +9,11 @@ import functools
 import inspect
 import itertools
 import math
+import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from settle.models import Action, Settlement
 
 if TYPE_CHECKING:
     from settle._sync.settler import Settler
+    from settle.models import Renewal
 
 __all__ = [
     "KeySpec",
@@ -172,7 +175,25 @@ def _run(
 #: ends (seconds).
 _IDLE_LINGER = 2.0
 
+#: How long a handed-out renewal waits in the queue for a busy renewer before the
+#: scheduler starts another (seconds). On a healthy server a renewer frees up in well
+#: under a millisecond, so a burst of calls shares one; a renewal held by a hung server
+#: holds up another for no longer than this.
+_SPARE_AFTER = 0.05
+
+#: The most renewer threads one decorated function (or HTTP guard) runs at once. At the
+#: cap, due renewals queue for the next free renewer: renewals held by hung servers (up to
+#: this many) then hold up the others.
+MAX_RENEWERS = 32
+
+#: After a thread cannot be started (no memory, a pids limit), how long before a renewal
+#: is handed out again (seconds): well inside the lease's remaining two thirds.
+_START_RETRY = 0.05
+
 _NO_CONTEXT = contextlib.nullcontext()
+
+#: Every heartbeat of this process: a forked child resets them (see ``_after_fork``).
+_ALL_HEARTBEATS: weakref.WeakSet[_Heartbeats] = weakref.WeakSet()
 
 
 @dataclass(slots=True)  # not frozen: built on every call, and a frozen one costs more
@@ -186,34 +207,58 @@ class _Beating:
     context: AbstractContextManager[Any]
     """Made current around each renewal (the attempt's telemetry context)."""
 
+    def warn(self, error: BaseException) -> None:
+        """Log ``settle.operation.heartbeat_failed`` for this attempt (``error``'s class)."""
+        attempt = self.run.attempt
+        log = self.log
+        if log is None:
+            log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
+        log.warning(
+            "settle.operation.heartbeat_failed",
+            generation=attempt.generation,
+            error=type(error).__name__,
+        )
+
 
 class _Heartbeats:
     """Renews the lease of each running attempt of one decorated function (or one HTTP
     guard) every ``run.heartbeat`` seconds, from threads that end when none is running.
 
-    One scheduler thread keeps the due times and hands each due renewal to a renewer
-    thread; a renewer is started only when none is free, and lingers for the next. So no
-    renewal waits for another: a renewal held up by a hung server (a frozen cluster primary
-    holds it for the socket timeout, once per try) delays no other attempt's, whose lease
-    would lapse under its running function and let a second worker run it again. An
-    attempt has at most one renewal in flight; its next is due ``run.heartbeat`` after that
-    one was sent. (A thread per call cost more than the call's two round trips: a call that
-    ends before its first renewal starts no thread, and back-to-back calls share them.)"""
+    One scheduler thread keeps the due times and queues each due renewal for the renewer
+    threads. It starts the first renewer at once, and another only when a queued renewal
+    has waited ``_SPARE_AFTER`` for a busy one (up to ``MAX_RENEWERS``); a renewer lingers
+    ``_IDLE_LINGER`` for the next. So a burst of calls on a healthy server shares one
+    renewer, and a renewal held up by a hung server (a frozen cluster primary holds it for
+    the socket timeout, once per try) holds up no other attempt's for longer than
+    ``_SPARE_AFTER``: that lease would lapse under its running function and let a second
+    worker run it again. An attempt has at most one renewal in flight; its next is due
+    ``run.heartbeat`` after that one was sent. (A thread per call cost more than the call's
+    two round trips: a call that ends before its first renewal starts no renewer, and
+    back-to-back calls share the threads.)
+
+    A thread that cannot be started (no memory, a pids limit) is logged and costs no
+    attempt its renewals: the renewals it was for are due again ``_START_RETRY`` later."""
 
     def __init__(self, settler: Settler) -> None:
         self._settler = settler
+        self._ids = itertools.count()
+        self._reset()
+        _ALL_HEARTBEATS.add(self)
+
+    def _reset(self) -> None:
+        """Start empty: no thread, no attempt (also in a forked child: ``_after_fork``)."""
         lock = threading.Lock()
         self._cond = threading.Condition(lock)
         """The scheduler waits on it (for a nearer due time)."""
         self._work = threading.Condition(lock)
-        """Free renewers wait on it (for a renewal in ``_jobs``)."""
+        """Idle renewers wait on it (for a renewal in ``_jobs``)."""
         self._due: dict[int, tuple[float, _Beating]] = {}
         self._flying: dict[int, _Beating] = {}
-        """Attempts with a renewal handed to a renewer (not in ``_due`` until it returns)."""
-        self._jobs: collections.deque[tuple[int, _Beating]] = collections.deque()
-        self._free = 0
-        """Renewers waiting for a job: each takes one from ``_jobs`` before it ends."""
-        self._ids = itertools.count()
+        """Attempts with a renewal queued or being sent (not in ``_due`` until it returns)."""
+        self._jobs: collections.deque[tuple[int, _Beating, float]] = collections.deque()
+        """Queued renewals: the key, its attempt, when it was queued."""
+        self._renewers = 0
+        """Renewer threads started and not ended."""
         self._thread: threading.Thread | None = None
         #: When the scheduler's wait ends (-inf while it is not waiting: it reads ``_due``
         #: before it waits again). A new attempt due later needs no wake-up: waking the
@@ -228,11 +273,18 @@ class _Heartbeats:
     ) -> int:
         """Renew ``run``'s lease until :meth:`remove`; ``log`` (bound to the call) names it
         in a failed renewal's event, and each renewal runs in ``context`` (the telemetry
-        context of the caller, captured in its thread)."""
+        context of the caller, captured in its thread). Raises when the scheduler thread
+        cannot be started, and then keeps nothing of ``run``."""
         beating = _Beating(run, log, context)
         with self._cond:
             key = next(self._ids)
-            self._schedule(key, beating, time.monotonic() + run.heartbeat)
+            try:
+                self._schedule(key, beating, time.monotonic() + run.heartbeat)
+            except BaseException:
+                # The caller will not run (nor call remove): renewing its lease later would
+                # keep an abandoned operation in progress for the life of the process.
+                del self._due[key]
+                raise
             return key
 
     def remove(self, key: int) -> None:
@@ -249,7 +301,7 @@ class _Heartbeats:
             self._cond.notify()
 
     def _start(self) -> None:
-        """Start the scheduler thread (the lock held)."""
+        """Start the scheduler thread (the lock held: it is started once per busy spell)."""
         self._wake_at = -math.inf
         thread = threading.Thread(target=self._loop, name="settle-heartbeat", daemon=True)
         thread.start()
@@ -257,16 +309,32 @@ class _Heartbeats:
 
     def _loop(self) -> None:
         try:
-            self._serve()
+            while True:
+                try:
+                    self._serve()
+                except Exception as exc:  # noqa: BLE001  # no beat's error: serve on
+                    # A scheduler that died would renew no lease of this function again,
+                    # and a new thread may not start (no memory, a pids limit): this one
+                    # serves on, a moment later.
+                    logger.warning("settle.operation.heartbeat_failed", error=type(exc).__name__)
+                    time.sleep(_START_RETRY)
+                else:
+                    return
         finally:
-            # A thread that died (an exception no beat catches) must not stay registered:
-            # no lease of this function would be renewed again. Attempts still running get
-            # a new thread now (their next renewals are not due before their heartbeat).
+            # A thread that ended otherwise must not stay registered: no lease of this
+            # function would be renewed again. Attempts still running get a new thread now
+            # (their next renewals are not due before their heartbeat); one that cannot be
+            # started is started by the next call or returning renewal.
             with self._cond:
                 if self._thread is threading.current_thread():
                     self._thread = None
                     if self._due or self._flying:
-                        self._start()
+                        try:
+                            self._start()
+                        except Exception as exc:  # noqa: BLE001
+                            logger.warning(
+                                "settle.operation.heartbeat_failed", error=type(exc).__name__
+                            )
 
     def _serve(self) -> None:
         idle_since: float | None = None
@@ -278,10 +346,16 @@ class _Heartbeats:
                     idle_since = None
                     self._hand_out(now)
                     continue
+                spare_at = self._spare_at()
+                if spare_at is not None and spare_at <= now:
+                    idle_since = None
+                    self._add_renewer()
+                    continue
                 if nearest is None:
                     if self._flying:  # renewals still out: their attempts are running
                         idle_since = None
-                        self._wait_until(now + _IDLE_LINGER, now)
+                        wake_at = now + _IDLE_LINGER if spare_at is None else spare_at
+                        self._wait_until(wake_at, now)
                         continue
                     # Nothing running: linger a moment for the next call (back-to-back
                     # calls would otherwise start a thread each), then end, so an idle
@@ -293,20 +367,55 @@ class _Heartbeats:
                     self._wait_until(idle_since + _IDLE_LINGER, now)
                     continue
                 idle_since = None
-                self._wait_until(nearest, now)
+                self._wait_until(nearest if spare_at is None else min(nearest, spare_at), now)
 
     def _hand_out(self, now: float) -> None:
-        """Give each due renewal to a free renewer, or a new one (the lock held)."""
+        """Queue each due renewal for the renewers (the lock held)."""
         for key, (due, beating) in list(self._due.items()):
             if due > now:
                 continue
             del self._due[key]
             self._flying[key] = beating
-            self._jobs.append((key, beating))
-            if len(self._jobs) > self._free:
-                threading.Thread(target=self._renewer, name="settle-heartbeat", daemon=True).start()
-            else:
-                self._work.notify()
+            self._jobs.append((key, beating, now))
+            self._work.notify()
+
+    def _spare_at(self) -> float | None:
+        """When to start another renewer for the queued renewals (the lock held): at once
+        when there is none, ``_SPARE_AFTER`` after the oldest was queued while the running
+        ones are busy; None when none is needed (or the cap is reached)."""
+        jobs = self._jobs
+        while jobs and jobs[0][0] not in self._flying:  # its call ended: not sent
+            jobs.popleft()
+        if not jobs or self._renewers >= MAX_RENEWERS:
+            return None
+        if self._renewers == 0:
+            return -math.inf
+        return jobs[0][2] + _SPARE_AFTER
+
+    def _add_renewer(self) -> None:
+        """Start a renewer thread, the lock released meanwhile (the lock held). When it
+        cannot be started, the queued renewals go back to ``_due``, ``_START_RETRY`` later:
+        they are not lost, and the scheduler lives on."""
+        self._renewers += 1
+        thread = threading.Thread(target=self._renewer, name="settle-heartbeat", daemon=True)
+        self._cond.release()
+        try:
+            thread.start()
+        except Exception as exc:  # noqa: BLE001  # RuntimeError: can't start new thread
+            error: Exception | None = exc
+        else:
+            error = None
+        finally:
+            self._cond.acquire()
+        if error is None:
+            return
+        self._renewers -= 1
+        retry = time.monotonic() + _START_RETRY
+        while self._jobs:
+            key, beating, _ = self._jobs.popleft()
+            if self._flying.pop(key, None) is not None:
+                self._due[key] = (retry, beating)
+                beating.warn(error)
 
     def _wait_until(self, wake_at: float, now: float) -> None:
         """Wait (the lock held) until ``wake_at``, or until a nearer due is scheduled."""
@@ -322,47 +431,64 @@ class _Heartbeats:
         while (job := self._next_job()) is not None:
             key, beating = job
             sent = time.monotonic()
-            alive = True
+            renewal = None
             try:
-                alive = self._beat(beating)
+                renewal = self._beat(beating)
             finally:
                 with self._cond:
-                    # Still running (not removed meanwhile) and not lost: renew again one
-                    # heartbeat after this renewal was sent (at once if that has passed).
-                    if self._flying.pop(key, None) is not None and alive:
-                        self._schedule(key, beating, sent + beating.run.heartbeat)
+                    # Only while the call runs (not removed meanwhile): a renewal that
+                    # comes back after the call settled finds it not pending, and must not
+                    # mark the finished attempt lost. Renew again one heartbeat after this
+                    # renewal was sent (at once if that has passed), unless it is lost.
+                    if self._flying.pop(key, None) is not None:
+                        if renewal is not None and not renewal.renewed:
+                            beating.run.attempt.mark_lost(renewal)
+                        else:
+                            self._reschedule(key, beating, sent + beating.run.heartbeat)
+
+    def _reschedule(self, key: int, beating: _Beating, due: float) -> None:
+        """:meth:`_schedule` from a renewer (the lock held): a scheduler that cannot be
+        started now is started by the next call (the renewer lives on)."""
+        try:
+            self._schedule(key, beating, due)
+        except Exception as exc:  # noqa: BLE001
+            beating.warn(exc)
 
     def _next_job(self) -> tuple[int, _Beating] | None:
         with self._cond:
-            if not self._jobs:
-                self._free += 1
-                try:
-                    self._work.wait(_IDLE_LINGER)
-                finally:
-                    self._free -= 1
-            return self._jobs.popleft() if self._jobs else None
+            deadline = time.monotonic() + _IDLE_LINGER
+            while True:
+                while self._jobs:
+                    key, beating, _ = self._jobs.popleft()
+                    if key in self._flying:  # else its call ended: nothing to renew
+                        return key, beating
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._renewers -= 1
+                    return None
+                self._work.wait(left)
 
-    def _beat(self, beating: _Beating) -> bool:
-        """Renew one lease; False once it is lost (the attempt is told, renewals stop)."""
+    def _beat(self, beating: _Beating) -> Renewal | None:
+        """Renew one lease: the reply, or None when the renewal failed (it is logged, and
+        the next one follows: a heartbeat that stopped would let the lease lapse under a
+        running function, and a second caller would run it again)."""
         run = beating.run
-        attempt = run.attempt
         try:
             with beating.context:
-                renewal = self._settler.renew(run.reservation, lease=run.lease)
-        # Transient (BackendError, DurabilityError) or anything else: beat on. A heartbeat
-        # that stopped would let the lease lapse under a running function, and a second
-        # caller would run it again.
+                return self._settler.renew(run.reservation, lease=run.lease)
+        # Transient (BackendError, DurabilityError) or anything else: beat on.
         except Exception as exc:  # noqa: BLE001
-            log = beating.log
-            if log is None:
-                log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
-            log.warning(
-                "settle.operation.heartbeat_failed",
-                generation=attempt.generation,
-                error=type(exc).__name__,
-            )
-            return True
-        if not renewal.renewed:
-            attempt.mark_lost(renewal)
-            return False
-        return True
+            beating.warn(exc)
+            return None
+
+
+def _after_fork() -> None:
+    """In a forked child: none of the parent's threads exist, nor do the calls they ran.
+    Each heartbeat starts empty (new locks, no thread). The parent's attempts are dropped,
+    not renewed: the parent renews its own, and a child renewing them would keep an
+    attempt owned that no thread of its runs (for ever, should the parent die)."""
+    for beats in list(_ALL_HEARTBEATS):
+        beats._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork)

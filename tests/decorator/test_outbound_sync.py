@@ -3,14 +3,20 @@ real Redis. The async twin is test_outbound_async.py (written by hand: it really
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import tenacity
 from pydantic import BaseModel
 
@@ -19,14 +25,22 @@ from settle import (
     FingerprintMismatch,
     OperationFailed,
     OperationInProgress,
+    Reservation,
+    SettleError,
     Settler,
     State,
 )
 from settle.attempt import Attempt
+from settle.decorator import _sync
+from settle.embedded import EmbeddedRedis
 from settle.errors import InvalidInput
 from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
+from tests.faults.servers import frozen
+
+#: What a reservation takes from its record (besides the attempt id).
+_RESERVATION = ("operation_id", "fingerprint", "fingerprint_version", "binding", "generation")
 
 
 def test_timeout_after_provider_success_is_retried_into_one_effect(
@@ -403,3 +417,370 @@ def test_a_bytes_result_is_replayed_byte_for_byte(settler: Settler) -> None:
     first = render(1)
     assert render(1) == first
     assert calls == 1
+
+
+def _heartbeat_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "settle-heartbeat"}
+
+
+def _script_calls(client: redis.Redis) -> int:
+    """Script calls the server has run (FCALL on Redis 7+ and Valkey, EVALSHA on 6.2)."""
+    stats = client.info("commandstats")
+    names = ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
+
+
+def test_the_docs_give_the_renewers_cap_and_wait() -> None:
+    """docs/outbound-calls.md and docs/http-endpoints.md say how many renewers a function
+    runs and how long a renewal waits for a busy one before another is started."""
+    root = Path(__file__).resolve().parents[2] / "docs"
+    outbound = " ".join((root / "outbound-calls.md").read_text().split())
+    http = " ".join((root / "http-endpoints.md").read_text().split())
+    wait = f"{round(_sync._SPARE_AFTER * 1000)} ms"
+    assert f"at most {_sync.MAX_RENEWERS} renewers" in outbound
+    assert f"waited {wait} for a busy one" in outbound
+    assert f"up to {_sync.MAX_RENEWERS} renewer threads" in http
+    assert f"only by the {wait} a renewal waits" in http
+
+
+def test_renewers_held_by_a_hung_server_stop_at_the_cap() -> None:
+    """Every renewal sent to a hung server is held (for the socket timeout): the scheduler
+    starts a spare renewer for each renewal that waited for a busy one, up to
+    ``MAX_RENEWERS``; the renewals due beyond it queue for the next free renewer."""
+    calls = _sync.MAX_RENEWERS + 16
+    server = EmbeddedRedis().start()
+    settler = Settler.from_url(server.url, namespace="cap", shards=4)
+    before = _heartbeat_threads()
+    peak = 0
+    running = threading.Semaphore(0)
+
+    @settler.operation(
+        key="cap:{n}",
+        principal=PRINCIPAL,
+        lease=3.0,
+        retry=tenacity.Retrying(stop=tenacity.stop_after_attempt(1)),
+    )
+    def job(n: int) -> int:
+        running.release()
+        time.sleep(4.5)  # renewals due from 1 s on, held while the server is frozen
+        return n
+
+    def call(n: int) -> None:
+        with contextlib.suppress(Exception):  # leases lapsed while frozen: whatever it got
+            job(n)
+
+    try:
+        settler.check()
+        with ThreadPoolExecutor(calls) as pool:
+            for n in range(calls):
+                pool.submit(call, n)
+            for _ in range(calls):
+                assert running.acquire(timeout=30)
+            with frozen(server):
+                deadline = time.monotonic() + 3.5  # room for every renewal's spare, but one
+                while time.monotonic() < deadline:
+                    peak = max(peak, len(_heartbeat_threads() - before))
+                    time.sleep(0.01)
+    finally:
+        settler.close()
+        server.close()
+    # the scheduler and the renewers: spares were started for the hung renewals, up to the cap
+    assert 10 <= peak <= 1 + _sync.MAX_RENEWERS, f"{peak} heartbeat threads"
+
+
+def test_a_call_shorter_than_a_third_of_its_lease_starts_no_renewer(settler: Settler) -> None:
+    """A call that ends before its first renewal (due ``lease / 3`` after it starts)
+    starts the scheduler only, never a renewer."""
+    seen: set[threading.Thread] = set()
+
+    @settler.operation(key="short:{n}", principal=PRINCIPAL, lease=3.0)
+    def job(n: int) -> int:
+        time.sleep(0.3)  # well under lease / 3 (1 s)
+        seen.update(_heartbeat_threads())
+        return n
+
+    before = set(threading.enumerate())
+    for n in range(3):
+        assert job(n) == n
+    seen -= before
+    assert len(seen) == 1, f"{len(seen)} heartbeat threads: the scheduler and renewers"
+
+
+def test_a_burst_of_calls_on_a_healthy_redis_shares_its_renewers(settler: Settler) -> None:
+    """Found in review: calls started together are due together, and the scheduler started
+    a renewer for each renewal it handed out before any came back free (16 to 76 threads
+    for 80 calls on a healthy server). A spare renewer is started only for a renewal that
+    waited ``_SPARE_AFTER`` for a busy one."""
+    calls = 80
+    peak = 0
+    stop = threading.Event()
+    before = _heartbeat_threads()  # other functions' threads may still linger
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, len(_heartbeat_threads() - before))
+            time.sleep(0.002)
+
+    gate = threading.Barrier(calls)
+
+    @settler.operation(key="burst:{n}", principal=PRINCIPAL, lease=1.5)
+    def job(n: int) -> int:
+        time.sleep(0.9)  # one renewal each, at 0.5 s
+        return n
+
+    def call(n: int) -> int:
+        gate.wait()
+        return job(n)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(calls) as pool:
+            assert sorted(pool.map(call, range(calls))) == list(range(calls))
+    finally:
+        stop.set()
+        sampler.join()
+    # the scheduler and one renewer; a few spares on a loaded machine
+    assert peak <= 10, f"{peak} heartbeat threads for {calls} calls on a healthy Redis"
+
+
+def test_a_call_in_a_forked_child_is_renewed(settler: Settler, redis_url: str) -> None:
+    """Found in review: a decorated function called in the parent (a warm-up, gunicorn
+    --preload) within the scheduler's linger, then the process forks: the child inherited
+    ``_thread`` (a thread that does not exist in it), never started a scheduler, never
+    renewed, and the lease lapsed under the child's running call: a second worker ran it
+    again."""
+    runs: list[str] = []
+
+    @settler.operation(key="fork:{n}", principal=PRINCIPAL, name="fork", lease=0.6)
+    def job(n: int, seconds: float) -> int:
+        runs.append("job")
+        time.sleep(seconds)
+        return n
+
+    assert job(0, 0.0) == 0  # a warm-up in the parent: its scheduler lingers 2 s
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            other = Settler.from_url(redis_url, namespace=settler.config.namespace, shards=4)
+
+            @other.operation(key="fork:{n}", principal=PRINCIPAL, name="fork", lease=0.6, wait=0)
+            def elsewhere(n: int, seconds: float) -> int:
+                runs.append("elsewhere")
+                return n
+
+            t = threading.Thread(target=job, args=(1, 1.8))
+            t.start()
+            time.sleep(1.3)  # twice the lease: only renewals keep the attempt owned
+            try:
+                elsewhere(1, 1.8)
+            except Exception as exc:
+                runs.append(type(exc).__name__)
+            t.join()
+            os.write(write, ",".join(runs).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    out = os.read(read, 1000).decode()
+    os.close(read)
+    assert status == 0, out
+    assert out == "job,job,OperationInProgress", f"in the child: {out}"
+
+
+def test_a_completed_attempt_is_never_marked_lost(settler: Settler) -> None:
+    """Found in review: a renewal handed out just as the call ended (queued, or already
+    sent) still ran after ``remove``, reached Redis after the completion, found the
+    operation settled, and marked the finished attempt lost (a quarter of them)."""
+    attempts: list[Attempt] = []
+
+    @settler.operation(key="edge:{n}", principal=PRINCIPAL, lease=0.3)
+    def job(n: int, attempt: Attempt = Attempt.INJECTED) -> int:
+        attempts.append(attempt)
+        time.sleep(0.1)  # ends as its first renewal is due (lease / 3)
+        return n
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sorted(pool.map(job, range(400))) == list(range(400))
+    time.sleep(0.5)  # renewals still out come back
+    lost = [(a.generation, a.lost_reason) for a in attempts if a.lost]
+    assert not lost, f"{len(lost)} of {len(attempts)} completed attempts marked lost: {lost[:3]}"
+
+
+def test_a_lost_attempt_is_not_renewed_again(settler: Settler, redis_client: redis.Redis) -> None:
+    """Once a renewal finds the lease lost the attempt is told and its renewals stop (each
+    would find it lost again)."""
+    sent: list[int] = []
+
+    @settler.operation(key="lost:{n}", principal=PRINCIPAL, lease=0.3)
+    def job(n: int, attempt: Attempt = Attempt.INJECTED) -> int:
+        record = settler.get(attempt.operation_id)
+        assert record is not None
+        mine = Reservation(
+            **{name: getattr(record, name) for name in _RESERVATION},
+            attempt_id=attempt.attempt_id,
+        )
+        settler.mark_provisional(mine, reason="lease lost")  # the next renewal finds it lost
+        deadline = time.monotonic() + 10
+        while not attempt.lost:
+            assert time.monotonic() < deadline, "no renewal found the lease lost"
+            time.sleep(0.01)
+        before = _script_calls(redis_client)
+        time.sleep(1.0)  # ten heartbeats (0.1 s)
+        sent.append(_script_calls(redis_client) - before)
+        return n
+
+    with contextlib.suppress(SettleError):  # whatever the lost attempt's call ends with
+        job(1)
+    assert sent == [0], f"{sent[0]} renewals of a lost attempt"
+
+
+def test_renewals_are_sent_a_third_of_the_lease_apart(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    """A 2.4 s call under a 0.6 s lease is renewed every 0.2 s: about 12 times (a delayed
+    one delays the next, so a loaded machine sends fewer; 2/3 of the lease apart: 6)."""
+    sent: list[int] = []
+
+    @settler.operation(key="spacing:{n}", principal=PRINCIPAL, lease=0.6)
+    def job(n: int) -> int:
+        before = _script_calls(redis_client)
+        time.sleep(2.4)
+        sent.append(_script_calls(redis_client) - before)
+        return n
+
+    assert job(1) == 1
+    assert 8 <= sent[0] <= 13, f"{sent[0]} renewals in 2.4 s under a 0.6 s lease"
+
+
+_WITHOUT_THREADS = r"""
+import resource, sys, threading, time
+from settle import Settler, OperationInProgress
+from tests.decorator.payments import PRINCIPAL
+
+url, ns = sys.argv[1], sys.argv[2]
+settler = Settler.from_url(url, namespace=ns, shards=4)
+other = Settler.from_url(url, namespace=ns, shards=4)
+settler.check(); other.check()
+runs = []
+release = threading.Event()
+fillers = []
+
+def exhaust():
+    # No thread can be started (a container's pids limit, a process's address space):
+    # made real with the address-space limit, each new thread's stack is refused.
+    vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (vm + 6 * 2**20, resource.RLIM_INFINITY))
+    try:
+        while True:
+            f = threading.Thread(target=release.wait)
+            f.start()
+            fillers.append(f)
+    except RuntimeError:
+        pass
+
+def restore():
+    release.set()
+    for f in fillers:
+        f.join()
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+@other.operation(key="x:{n}", principal=PRINCIPAL, name="x", lease=0.6, wait=0)
+def elsewhere(n: int) -> int:
+    runs.append("elsewhere")
+    return n
+"""
+
+
+def _without_threads(script: str, redis_url: str, namespace: str) -> str:
+    """What ``script`` prints, run after ``_WITHOUT_THREADS`` in a process of its own."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_THREADS + script, redis_url, namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MALLOC_ARENA_MAX": "1"},
+        check=False,
+    )
+    assert out.returncode == 0, (out.stdout, out.stderr[-2000:])
+    return out.stdout
+
+
+_EXHAUSTED = """
+@settler.operation(key="x:{n}", principal=PRINCIPAL, name="x", lease=0.6)
+def job(n: int) -> int:
+    return n
+
+exhaust()
+try:
+    job(1)
+except RuntimeError as exc:
+    print("job(1) raised", exc)
+else:
+    print("job(1) returned")
+restore()
+assert job(2) == 2  # any later call starts the scheduler again
+time.sleep(2.0)  # three leases: nothing runs op 1 any more
+try:
+    elsewhere(1)
+    print("op 1 free")
+except OperationInProgress:
+    print("op 1 STILL IN PROGRESS")
+"""
+
+
+def test_a_call_whose_heartbeat_cannot_start_leaves_no_renewal_behind(
+    redis_url: str, namespace: str
+) -> None:
+    """Found in review: ``add`` put the attempt in ``_due`` before it started the
+    scheduler; when no thread could be started it raised, ``_run`` never reached its
+    ``try`` nor called ``remove``: the next scheduler renewed that abandoned attempt's lease
+    for as long as the process lived (its operation in progress for ever)."""
+    out = _without_threads(_EXHAUSTED, redis_url, namespace)
+    assert "job(1) raised" in out, out
+    assert "op 1 free" in out, out
+
+
+_STRANDED = """
+from structlog.testing import capture_logs
+
+@settler.operation(key="x:{n}", principal=PRINCIPAL, name="x", lease=0.6)
+def job(n: int) -> int:
+    runs.append("job")
+    time.sleep(2.0)
+    return n
+
+t = threading.Thread(target=job, args=(1,))
+with capture_logs() as logs:  # the call's logger is bound as it starts
+    t.start()  # its scheduler starts at once; its first renewal is due at 0.2 s
+    time.sleep(0.05)
+    exhaust()  # for a moment no thread can be started
+    time.sleep(0.3)  # past the first renewal's due time
+    restore()
+failed = [e for e in logs if e["event"] == "settle.operation.heartbeat_failed"]
+print("logged", sorted({e["error"] for e in failed}))
+time.sleep(1.0)  # threads are available again for a second: well past the lease
+try:
+    elsewhere(1)
+except OperationInProgress:
+    pass
+t.join()
+print(",".join(runs))
+"""
+
+
+def test_a_moment_without_threads_stops_no_attempt_s_renewals(
+    redis_url: str, namespace: str
+) -> None:
+    """Found in review: a due renewal was queued for a new renewer thread; when it could
+    not be started the scheduler died (and could not restart itself), the renewal was
+    never handed out again, the lease lapsed under the running function and a second
+    worker ran it. Now the renewal is due again a moment later (each failed start logged),
+    and the scheduler lives."""
+    out = _without_threads(_STRANDED, redis_url, namespace).splitlines()
+    assert "logged ['RuntimeError']" in out, out
+    assert out[-1] == "job", out

@@ -396,3 +396,26 @@ def test_str_or_bytes_in_the_second_of_two_dataclasses_is_always_refused() -> No
                 if not _ambiguous(tuple.__class_getitem__(pair), {}):
                     missed.append((combo, b))
     assert not missed, f"{len(missed)} of 126 not refused, e.g. {missed[:2]}"
+
+
+def test_a_bytearray_under_optional_bytes_replays_as_bytes(settler: Settler) -> None:
+    """Found in review (a surviving mutant: ``isinstance(value, bytes)`` in Plan.ran): a
+    bytes-like result under a type other than ``bytes`` is stored as JSON, and replays as
+    the bytes it held, not the raw object."""
+    runs: list[int] = []
+
+    @settler.operation(key="ob:{n}", principal=P)
+    def blob(n: int) -> bytes | None:
+        runs.append(n)
+        return bytearray(b"abc")
+
+    @settler.operation(key="ob2:{n}", principal=P)
+    def blob2(n: int) -> typing.Optional[bytes]:  # noqa: UP045  # the spelling matters
+        runs.append(n)
+        return memoryview(b"xyz")
+
+    assert blob(1) == b"abc"
+    assert blob(1) == b"abc"
+    assert blob2(1) == b"xyz"
+    assert blob2(1) == b"xyz"
+    assert runs == [1, 1]
