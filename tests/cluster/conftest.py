@@ -52,14 +52,24 @@ def flavour(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture
+def settler_options() -> dict[str, Any]:
+    """More ``SettleConfig`` options for ``api`` (a test parametrizes this name to set them),
+    as in tests/integration."""
+    return {}
+
+
 @pytest_asyncio.fixture
-async def api(flavour: str, cluster: LocalCluster, namespace: str) -> AsyncIterator[Any]:
+async def api(
+    flavour: str, cluster: LocalCluster, namespace: str, settler_options: dict[str, Any]
+) -> AsyncIterator[Any]:
+    opts = {"namespace": namespace, "shards": 4, **settler_options}
     if flavour == "sync":
-        s = Settler.from_url(cluster.url, namespace=namespace, shards=4)
+        s = Settler.from_url(cluster.url, **opts)
         yield Awaitable(s)
         s.close()
     else:
         seeds = [f"{host}:{port}" for host, port in cluster.startup_nodes]
-        a = AsyncSettler.from_cluster(seeds, namespace=namespace, shards=4)
+        a = AsyncSettler.from_cluster(seeds, **opts)
         yield a
         await a.aclose()
