@@ -208,16 +208,20 @@ class _Beating:
     """Made current around each renewal (the attempt's telemetry context)."""
 
     def warn(self, error: BaseException) -> None:
-        """Log ``settle.operation.heartbeat_failed`` for this attempt (``error``'s class)."""
+        """Log ``settle.operation.heartbeat_failed`` for this attempt (``error``'s class).
+        A log line that cannot be written (an application's processor that raises, a closed
+        stream) is dropped: it must not end the renewer thread that logs it, least of all
+        in an outage, when every renewal fails and is logged."""
         attempt = self.run.attempt
         log = self.log
-        if log is None:
-            log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
-        log.warning(
-            "settle.operation.heartbeat_failed",
-            generation=attempt.generation,
-            error=type(error).__name__,
-        )
+        with contextlib.suppress(Exception):
+            if log is None:
+                log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
+            log.warning(
+                "settle.operation.heartbeat_failed",
+                generation=attempt.generation,
+                error=type(error).__name__,
+            )
 
 
 class _Heartbeats:
@@ -427,7 +431,18 @@ class _Heartbeats:
 
     def _renewer(self) -> None:
         """Carry out renewals from ``_jobs``, each outside the lock (so renewers run side
-        by side); end after ``_IDLE_LINGER`` without one."""
+        by side); end after ``_IDLE_LINGER`` without one. A renewer that ends any other way
+        (an error it did not expect) is counted out too, and the scheduler told: else the
+        count would keep counting it, and at the cap no renewer would start again."""
+        try:
+            self._serve_jobs()
+        except BaseException:
+            with self._cond:
+                self._renewers -= 1
+                self._cond.notify()
+            raise
+
+    def _serve_jobs(self) -> None:
         while (job := self._next_job()) is not None:
             key, beating = job
             sent = time.monotonic()

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -784,3 +785,58 @@ def test_a_moment_without_threads_stops_no_attempt_s_renewals(
     out = _without_threads(_STRANDED, redis_url, namespace).splitlines()
     assert "logged ['RuntimeError']" in out, out
     assert out[-1] == "job", out
+
+
+def test_a_log_line_that_cannot_be_written_stops_no_renewal() -> None:
+    """In an outage every renewal fails and is logged as heartbeat_failed; a log pipeline
+    that raises then (an application's processor, a closed stream) used to end the renewer
+    thread that logged without counting it out, and after MAX_RENEWERS of them no renewer
+    ever started again for that function: its leases lapsed once Redis came back. The line
+    is dropped now, and renewals go on."""
+    import structlog  # noqa: PLC0415
+
+    server = EmbeddedRedis().start()
+    settler = Settler.from_url(server.url, namespace="log-raises", shards=4)
+    settler.check()
+    raising = threading.Event()
+    raising.set()
+    logged: list[float] = []
+
+    def processor(_logger: object, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("event") == "settle.operation.heartbeat_failed":
+            if raising.is_set():
+                raise ValueError("I/O operation on closed file")
+            logged.append(time.monotonic())
+        raise structlog.DropEvent
+
+    gate = threading.Barrier(8)
+    calls = 8
+
+    @settler.operation(
+        key="ld:{n}",
+        principal=PRINCIPAL,
+        lease=0.3,  # a renewal every 0.1 s per call
+        retry=tenacity.Retrying(stop=tenacity.stop_after_attempt(1)),
+    )
+    def job(n: int) -> int:
+        if gate.wait() == 0:
+            server.close()  # every renewal fails from now on (connection refused)
+        time.sleep(6.0)  # 8 calls x ~60 failed renewals whose log lines raise
+        raising.clear()  # the log pipeline works again
+        time.sleep(1.0)
+        return n
+
+    def call(n: int) -> None:
+        with contextlib.suppress(Exception):  # the completion fails: Redis is gone
+            job(n)
+
+    structlog.configure(processors=[processor])
+    try:
+        with ThreadPoolExecutor(calls) as pool:
+            list(pool.map(call, range(calls)))
+    finally:
+        structlog.reset_defaults()
+        settler.close()
+    # ~80 renewals were due in the last second (8 calls, every 0.1 s); before, the renewers
+    # had all died at the cap and none ran.
+    assert len(logged) >= calls, f"{len(logged)} renewals tried after logging recovered"
