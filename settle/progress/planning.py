@@ -2,7 +2,8 @@
 
 - individual: one delivery, covered by progress (applied or dead-lettered);
 - cumulative: everything up to a position; authorized only up to the cumulative floor, so it
-  never passes a gap (a later applied delivery never implies the prefix);
+  never passes a gap (a later applied delivery never implies the prefix), and never past a
+  deferral an earlier settle's floor passed (it is not covered until it is applied);
 - batch: several deliveries at once; every member must be covered.
 Negative settlement (release), defer and dead-letter are separate operations with their own
 durable records; they are never planned from progress.
@@ -126,7 +127,8 @@ def plan_settlements(
     batch_size: int = 64,
 ) -> SettlementPlan:
     """Plan settlements for ``pending`` deliveries: a cumulative one through the floor when
-    the provider supports it, then batches of the covered ones above it."""
+    the provider supports it (none when a deferral lies at or below the floor), then
+    batches of the covered ones above it."""
     ordered = sorted(set(pending))
     settlements: list[Individual | Cumulative | Batch] = []
     covered = [d for d in ordered if progress.covers(d)]
