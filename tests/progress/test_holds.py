@@ -185,29 +185,40 @@ async def test_a_trimmed_lost_delivery_keeps_its_gap_until_it_is_dead_lettered(
     assert progress.gaps == ()
 
 
-def test_a_scope_written_before_the_holds_index_is_indexed_on_its_next_observation(
-    names, stream_server, progress_server, stream_client, progress_client
-) -> None:
-    ids = publish(stream_client, names, ["e1", "later", "e3", "e4"])
+def _stream_consumer(
+    names: Names, stream_server: EmbeddedRedis, progress_server: EmbeddedRedis
+) -> tuple[ProgressStore, StreamConsumer]:
+    """A sync consumer of the test's stream and the progress store under it."""
     store = ProgressStore.from_url(
         progress_server.url, consumer=names.consumer, namespace=names.namespace
     )
-    with StreamConsumer(
+    consumer = StreamConsumer(
         redis.Redis.from_url(stream_server.url),
         store,
         stream=names.stream,
         group=names.group,
         block=0.01,
-    ) as c:
+    )
+    return store, consumer
+
+
+def _defer_later(ctx: EffectContext) -> None:
+    """The effect: the emission named ``later`` is deferred, every other one applied."""
+    if ctx.emission.value == "later":
+        raise DeferDelivery("waiting")
+
+
+def test_a_scope_written_before_the_holds_index_is_indexed_on_its_next_observation(
+    names, stream_server, progress_server, stream_client, progress_client
+) -> None:
+    ids = publish(stream_client, names, ["e1", "later", "e3", "e4"])
+    _, consumer = _stream_consumer(names, stream_server, progress_server)
+    with consumer as c:
         scope = c.start()
         keys = ProgressKeys(names.namespace, names.consumer)
         holds = keys.holds(scope.scope_id)
 
-        def run(ctx: EffectContext) -> None:
-            if ctx.emission.value == "later":
-                raise DeferDelivery("waiting")
-
-        c.poll(run)
+        c.poll(_defer_later)
         # The old layout: the deferral and its gap in their hashes, no index.
         progress_client.delete(holds)
         trim("xdel", stream_client, names, ids[1])
@@ -225,23 +236,11 @@ def test_a_deferral_the_floor_passed_before_it_was_held_can_still_be_applied(
     """Progress written by an earlier settle, whose floor passed a trimmed deferral: it
     is not covered, so applying it runs its effect (and keeps the floor where it is)."""
     ids = publish(stream_client, names, ["e1", "later", "e3"])
-    store = ProgressStore.from_url(
-        progress_server.url, consumer=names.consumer, namespace=names.namespace
-    )
-    with StreamConsumer(
-        redis.Redis.from_url(stream_server.url),
-        store,
-        stream=names.stream,
-        group=names.group,
-        block=0.01,
-    ) as c:
+    store, consumer = _stream_consumer(names, stream_server, progress_server)
+    with consumer as c:
         scope = c.start()
 
-        def run(ctx: EffectContext) -> None:
-            if ctx.emission.value == "later":
-                raise DeferDelivery("waiting")
-
-        c.poll(run)
+        c.poll(_defer_later)
         # What the earlier settle left after the trim: the floor past the deferral, the
         # records at or below it deleted, no holds index.
         keys = ProgressKeys(names.namespace, names.consumer)
