@@ -247,6 +247,10 @@ class Runner:
         #: evidence and end checks at once); never held across the network.
         self._state = threading.Lock()
         self.recheck_interval = RECHECK_INTERVAL
+        #: A cluster's periodic recheck, per primary: node name -> (the evidence count and
+        #: the ``monotonic()`` time of its last passed check). A call rechecks only the
+        #: primary that holds its key, so a hung primary holds up only its own calls.
+        self._node_checked: dict[str, tuple[int, float]] = {}
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
         #: The server answered FCALL with "unknown command" (renamed or disabled, or a
@@ -358,8 +362,10 @@ class Runner:
     def _check(self, call: Call | None) -> None:
         """The server checks that are due, inline before ``call`` (no thread): all of
         :meth:`prepare` when :meth:`suspect` (or nothing yet) asked for them, else the
-        primaries' eviction policy, one ``INFO memory``, once ``recheck_interval`` passed. A
-        refusal raises the start-up's :class:`ConfigurationError`; the call is not sent.
+        eviction policy, one ``INFO memory``, once ``recheck_interval`` passed: of the
+        server, or on a cluster of the primary that holds ``call``'s key (every primary for a
+        call without keys; a hung primary must not fail the calls of the others). A refusal
+        raises the start-up's :class:`ConfigurationError`; the call is not sent.
 
         One try, inside one of ``call``'s tries: a transient failure here is that try's
         failure, repeated and counted by the call's own retries (a check that repeated on
@@ -370,9 +376,33 @@ class Runner:
             if full:
                 self._prepare_once(evidence)
                 return
-            policies = self._primary_policies()
+            node = self._node_of(call)
+            if node is not None and self._node_fresh(node.name, evidence):
+                return
+            policies = self._primary_policies(node)
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
-            self._passed(evidence)
+            if node is None:
+                self._passed(evidence)
+            else:
+                with self._state:
+                    self._node_checked[node.name] = (evidence, monotonic())
+
+    def _node_of(self, call: Call | None) -> Any:
+        """The cluster primary that serves ``call``'s key, whose policy its periodic recheck
+        reads; None on a single server, or for a call without keys (every primary is read)."""
+        if call is None or not call.keys or not isinstance(self.client, RedisCluster):
+            return None
+        return self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+
+    def _node_fresh(self, name: str, evidence: int) -> bool:
+        """Whether the primary ``name`` passed a recheck since the last evidence, within
+        ``recheck_interval``."""
+        stamp = self._node_checked.get(name)
+        return (
+            stamp is not None
+            and stamp[0] == evidence
+            and monotonic() - stamp[1] < self.recheck_interval
+        )
 
     def _function_missing(self, reply: object) -> bool:
         """Whether ``reply`` says the server does not hold the library, or knows no FCALL;
@@ -482,10 +512,14 @@ class Runner:
             found[f"{host}:{port}"] = _policy_of(probe, replicating=replid)
         return found
 
-    def _primary_policies(self) -> dict[str, str | None] | None:
-        """The ``maxmemory_policy`` of the server, or of each primary of a cluster, from
-        ``INFO memory``; None when INFO is denied (NOPERM, or renamed away)."""
+    def _primary_policies(self, node: Any = None) -> dict[str, str | None] | None:
+        """The ``maxmemory_policy`` of the server, or of each primary of a cluster (only of
+        ``node``, one of them, when given), from ``INFO memory``; None when INFO is denied
+        (NOPERM, or renamed away)."""
         try:
+            if node is not None:
+                info = self.client.info("memory", target_nodes=node)  # type: ignore[call-arg,unused-ignore]
+                return {str(node.name): health.eviction_policy(info)}
             if isinstance(self.client, RedisCluster):
                 every = RedisCluster.PRIMARIES
                 per_node = _per_node(self.client.info("memory", target_nodes=every))
