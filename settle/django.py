@@ -25,17 +25,19 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
 from django.core.handlers.exception import response_for_exception
 from django.core.handlers.wsgi import LimitedStream
 from django.core.signals import setting_changed
 from django.http import (
+    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
     StreamingHttpResponse,
     UnreadablePostError,
 )
+from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 
 from settle.attempt import Attempt
@@ -54,10 +56,11 @@ GetResponse = Callable[[HttpRequest], HttpResponseBase]
 #: Bytes read from the body's stream at a time.
 _CHUNK = 64 << 10
 
-#: What Django raises when its own limits refuse a body (``DATA_UPLOAD_MAX_MEMORY_SIZE``,
-#: ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, ``DATA_UPLOAD_MAX_NUMBER_FILES``): its 400, wherever
-#: it escapes a view.
-_REFUSED_BODY = (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)
+#: What Django itself answers with a 4xx wherever it escapes a view (its handler's
+#: ``response_for_exception``): ``Http404``, ``PermissionDenied`` (403), ``BadRequest``,
+#: ``MultiPartParserError`` and ``SuspiciousOperation`` (400; a body its own limits refuse,
+#: ``DATA_UPLOAD_MAX_MEMORY_SIZE`` and the like, among them). Any other exception is its 500.
+_DJANGO_4XX = (Http404, PermissionDenied, BadRequest, MultiPartParserError, SuspiciousOperation)
 
 
 def user_principal(request: HttpRequest) -> str | None:
@@ -178,18 +181,19 @@ def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Get
     """The decorated view's call. A REST framework view's handler method (decorated with
     ``method_decorator``) returns a ``Response`` the view finalizes only after the decorator
     returned: it is finalized here (its renderer chosen) so that it can be rendered and
-    stored; the view's own finalizing then leaves it as it is. A body Django's limits
-    refuse is answered with Django's own 400, stored as under the middleware."""
+    stored; the view's own finalizing then leaves it as it is. An exception Django answers
+    with a 4xx (a 404, a 403, a body its limits refuse) gets Django's own answer, stored as
+    under the middleware."""
     finalize = getattr(_bound(view)[1], "finalize_response", None)
 
     def call(request: HttpRequest) -> HttpResponseBase:
         try:
             response: HttpResponseBase = view(request, *args, **kwargs)
-        except _REFUSED_BODY as exc:
-            # The view read a body Django's limits refuse. Django answers it with a 400
-            # wherever it escapes, so the middleware's get_response returns that 400 and it
-            # is stored as any 4xx: the decorator asks Django for the same answer, so that
-            # the view is not run again on every retry, as after an exception.
+        except _DJANGO_4XX as exc:
+            # Django answers these with a 4xx wherever they escape, so the middleware's
+            # get_response returns that 4xx and it is stored as any: the decorator asks
+            # Django for the same answer, so that the view is not run again on every retry,
+            # as after an exception (which Django answers with a 500).
             django = request if isinstance(request, HttpRequest) else request._request
             response = response_for_exception(django, exc)
         if finalize is not None and not hasattr(response, "accepted_renderer"):

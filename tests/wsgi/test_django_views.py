@@ -44,13 +44,19 @@ if not settings.configured:
 
 import httpx
 import pytest
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import (
+    BadRequest,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished
 from django.http import (
     FileResponse,
+    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
@@ -562,6 +568,43 @@ def test_a_view_that_djangos_body_limits_refuse_has_its_400_stored(
     assert again.content == first.content
     assert again["Idempotent-Replayed"] == "true"
     assert RUNS == ["reads"]
+
+
+DJANGO_4XX: dict[str, Exception] = {
+    "Http404": Http404("no such payment"),
+    "PermissionDenied": PermissionDenied(),
+    "BadRequest": BadRequest(),
+    "SuspiciousOperation": SuspiciousOperation("a forged field"),
+}
+
+
+@pytest.mark.parametrize("guard", ["middleware", "decorator"])
+@pytest.mark.parametrize("raised", DJANGO_4XX.values(), ids=DJANGO_4XX.keys())
+def test_an_exception_django_answers_with_a_4xx_has_that_answer_stored(
+    settle_settings: dict[str, Any], guard: str, raised: Exception
+) -> None:
+    """A view raises an exception Django answers with a 4xx (404, 403, 400): that answer is
+    the view's, stored and replayed under the middleware and under ``@idempotent`` alike.
+    (The decorator saw the exception first and left the attempt provisional, so a retry ran
+    the view again where the middleware replayed the 4xx.)"""
+
+    def refuses(request: HttpRequest) -> HttpResponse:
+        RUNS.append("refuses")
+        raise raised
+
+    with override_settings(ROOT_URLCONF=urlconf(path("r", refuses)), MIDDLEWARE=[]):
+        bare = Client().post("/r", {"a": "1"}, **headers("bare"))
+    RUNS.clear()
+    view = idempotent(refuses) if guard == "decorator" else refuses
+    mw = ["settle.django.IdempotencyMiddleware"] if guard == "middleware" else []
+    with override_settings(ROOT_URLCONF=urlconf(path("r", view)), MIDDLEWARE=mw):
+        first = Client().post("/r", {"a": "1"}, **headers("k-4xx"))
+        again = Client().post("/r", {"a": "1"}, **headers("k-4xx"))
+    assert 400 <= bare.status_code < 500
+    assert (first.status_code, first.content) == (bare.status_code, bare.content)
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert RUNS == ["refuses"]
 
 
 def _chunked(data: bytes) -> Iterator[bytes]:
