@@ -384,8 +384,21 @@ class Runner:
             if node is None:
                 self._passed(evidence)
             else:
-                with self._state:
-                    self._node_checked[node.name] = (evidence, monotonic())
+                self._node_passed(node.name, evidence)
+
+    def _node_passed(self, name: str, evidence: int) -> None:
+        """The cluster primary ``name`` passed its recheck; once every primary has, since
+        the last evidence, the checks are not due again until the oldest of those rechecks
+        is ``recheck_interval`` old (calls skip the per-call lookup of their primary)."""
+        assert isinstance(self.client, RedisCluster)
+        primaries = [p.name for p in self.client.get_primaries()]  # type: ignore[no-untyped-call,unused-ignore]
+        with self._state:
+            self._node_checked[name] = (evidence, monotonic())
+            stamps = [self._node_checked.get(primary) for primary in primaries]
+            times = [stamp[1] for stamp in stamps if stamp is not None and stamp[0] == evidence]
+            every = primaries and len(times) == len(primaries)
+            if every and self._evidence == evidence and self._checked_at is not None:
+                self._checked_at = min(times)
 
     def _node_of(self, call: Call | None) -> Any:
         """The cluster primary that serves ``call``'s key, whose policy its periodic recheck

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from redis.crc import key_slot
 
 from settle import AsyncSettler, BackendError, ConfigurationError, Reserved, Settler, State
 from settle._core.keys import Keys
-from tests.cluster.split_cluster import SHARDS, SplitCluster, split_cluster
+from tests.cluster.cluster_support import SLOTS
+from tests.cluster.split_cluster import PRIMARIES, SHARDS, SplitCluster, split_cluster
 from tests.integration.conftest import Awaitable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
@@ -107,3 +109,21 @@ async def test_a_primary_is_read_once_per_interval_and_the_others_not_at_all(
         await api.get(split.healthy_op)
     # Each node's count also holds the INFO that read ``before``.
     assert [_info_calls(split, i) - before[i] - 1 for i in range(3)] == [0, 1, 0]
+    assert runner._due()  # primaries 0 and 2 are still due
+    for op in (split.frozen_op, _op_on(split, 2), split.frozen_op, split.healthy_op):
+        await api.get(op)
+    assert [_info_calls(split, i) - before[i] - 2 for i in range(3)] == [1, 1, 1]
+    # Every primary passed: no call looks its primary up again until the oldest recheck
+    # is an interval old.
+    assert not runner._due()
+
+
+def _op_on(split: SplitCluster, primary: int) -> str:
+    """An operation id of the namespace whose record lives on ``primary``."""
+    keys = Keys(split.namespace, SHARDS)
+    for i in range(10_000):
+        op = f"elsewhere-{i}"
+        slot = key_slot(keys.record(op).encode())
+        if min(slot // (SLOTS // PRIMARIES), PRIMARIES - 1) == primary:
+            return op
+    raise AssertionError(f"no operation id on primary {primary}")
