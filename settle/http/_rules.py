@@ -62,6 +62,7 @@ from settle.http.stored import StoredResponse, storable_status
 from settle.models import (
     InProgress,
     OperationRecord,
+    QuarantineKind,
     Renewal,
     Replay,
     Reservation,
@@ -417,6 +418,16 @@ class Guard:
         if stored is None:
             self._info("settle.http.provisional", reason=step.reason, verdict=verdict.value)
             self.outcome = self.outcome or "provisional"
+            return None
+        if verdict is Verdict.QUARANTINED and settlement.kind is QuarantineKind.UNKNOWN_OPERATION:
+            # The operation has no record any more (Redis lost it while the handler ran: a
+            # restart without persistence, a FLUSHALL, a failover; or it was deleted). No
+            # other attempt owns it, and nothing remembers that the handler ran: a 409 that
+            # invites a retry would run it again. The client gets the handler's own response
+            # (not stored, as when the store fails: a retry with the same key runs the
+            # handler again, as after any loss), and the loss is logged.
+            self.log.error("settle.http.record_lost", status=stored.status)
+            self.outcome = "store_failed"
             return None
         if verdict is Verdict.QUARANTINED:
             kind = settlement.kind.value if settlement.kind else None
