@@ -537,11 +537,19 @@ class AsyncRunner:
     async def run(self, call: Call) -> Any:
         """Run one script call; its raw reply (the part decodes it). A reply whose code is
         ``unclaimed`` (a shard's state is gone: a restart without persistence, FLUSHALL,
-        eviction) makes every server check due again before the next call."""
+        eviction), or a reply of a script of the set's ``gone`` without the state its caller
+        had read, makes every server check due again before the next call."""
         reply = await self._call(call)
-        if type(reply) is list and reply and reply[0] in _UNCLAIMED:
+        if type(reply) is list and reply and self._lost_data(call, reply):
             self.suspect()
         return reply
+
+    def _lost_data(self, call: Call, reply: list[Any]) -> bool:
+        """Whether ``reply`` says the server lost data: ``unclaimed``, or no state in the
+        reply of a script of the set's ``gone`` (its caller had just read that state)."""
+        if reply[0] in _UNCLAIMED:
+            return True
+        return call.script in self._set.gone and len(reply) > 3 and not reply[3]
 
     async def _call(self, call: Call) -> Any:
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
