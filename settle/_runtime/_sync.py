@@ -39,6 +39,7 @@ from settle._runtime.scripts import ScriptSet
 from settle._runtime.transient import (
     ATTEMPTS,
     backend_error,
+    error_code,
     first_retry_delay,
     is_transient,
     retry_options,
@@ -813,6 +814,11 @@ class Runner:
                     _drop_evidence(self, exc)
                     raise
             except (RedisError, RedisClusterException) as exc:
+                if error_code(exc) == "NOGROUP":
+                    # A consumer group a part made (before any command on it) is gone: the
+                    # server lost its data (a FLUSHALL, a restart without persistence) or
+                    # the stream was deleted. Checked again before the group is made anew.
+                    self.suspect()
                 raise backend_error(exc, call, tries=tries) from exc
 
     def close(self) -> None:
