@@ -480,9 +480,12 @@ class Guard:
         lease only lapsed with the record still at this attempt's generation (``lease_expired``:
         no newer attempt took the key): ``complete`` accepts this generation's settlement of
         such a record (SPEC 2), so the operation ends completed with this response, and a
-        client answered 409 instead would lose it (every retry gets 410). Otherwise the lease
-        is lost, and logged."""
-        if renewal.renewed:
+        client answered 409 instead would lose it (every retry gets 410). It does too when
+        the record is gone (``unknown_operation``: Redis lost it while the handler ran): no
+        other attempt owns the key, and a 409 would send the client back to run the handler
+        again (``settled`` then logs ``settle.http.record_lost``). Otherwise the lease is
+        lost, and logged."""
+        if renewal.renewed or renewal.reason == QuarantineKind.UNKNOWN_OPERATION.value:
             return True
         record = renewal.record
         if (

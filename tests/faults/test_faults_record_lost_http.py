@@ -83,3 +83,36 @@ def test_a_handler_whose_record_was_lost_answers_its_response_not_a_retry_invita
             await settler.aclose()
 
     asyncio.run(main())
+
+
+def test_a_large_response_whose_record_was_lost_streams_on_not_a_retry_invitation(
+    server: EmbeddedRedis,
+) -> None:
+    """The same loss, for a response over ``max_response_bytes`` that must be sent on
+    before its end: the renewal asked first finds no record (``unknown_operation``), so no
+    newer attempt owns the key; the client gets the handler's response, not a 409."""
+
+    async def main() -> None:
+        settler = AsyncSettler.from_url(server.url, namespace="lost-http", shards=2)
+        runs = 0
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            nonlocal runs
+            await receive()
+            runs += 1
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await asyncio.to_thread(lambda: (server.stop(kill=True), server.start()))
+            await send({"type": "http.response.body", "body": b"x" * 64, "more_body": True})
+            await send({"type": "http.response.body", "body": b"y" * 64})
+
+        mw = IdempotencyMiddleware(
+            app, settler=settler, principal=lambda scope: "tenant:a", max_response_bytes=32
+        )
+        try:
+            status, headers, body = await _post(mw, b"k-lost-large")
+            assert runs == 1
+            assert (status, body) == (200, b"x" * 64 + b"y" * 64), (status, headers, body)
+        finally:
+            await settler.aclose()
+
+    asyncio.run(main())
