@@ -38,6 +38,7 @@ from settle._runtime.scripts import ScriptSet
 from settle._runtime.transient import (
     ATTEMPTS,
     backend_error,
+    error_code,
     first_retry_delay,
     is_transient,
     retry_options,
@@ -584,11 +585,19 @@ class AsyncRunner:
     async def run(self, call: Call) -> Any:
         """Run one script call; its raw reply (the part decodes it). A reply whose code is
         ``unclaimed`` (a shard's state is gone: a restart without persistence, FLUSHALL,
-        eviction) makes every server check due again before the next call."""
+        eviction), or a reply of a script of the set's ``gone`` without the state its caller
+        had read, makes every server check due again before the next call."""
         reply = await self._call(call)
-        if type(reply) is list and reply and reply[0] in _UNCLAIMED:
+        if type(reply) is list and reply and self._lost_data(call, reply):
             self.suspect()
         return reply
+
+    def _lost_data(self, call: Call, reply: list[Any]) -> bool:
+        """Whether ``reply`` says the server lost data: ``unclaimed``, or no state in the
+        reply of a script of the set's ``gone`` (its caller had just read that state)."""
+        if reply[0] in _UNCLAIMED:
+            return True
+        return call.script in self._set.gone and len(reply) > 3 and not reply[3]
 
     async def _call(self, call: Call) -> Any:
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
@@ -859,6 +868,11 @@ class AsyncRunner:
                     _drop_evidence(self, exc)
                     raise
             except (RedisError, RedisClusterException) as exc:
+                if error_code(exc) == "NOGROUP":
+                    # A consumer group a part made (before any command on it) is gone: the
+                    # server lost its data (a FLUSHALL, a restart without persistence) or
+                    # the stream was deleted. Checked again before the group is made anew.
+                    self.suspect()
                 raise backend_error(exc, call, tries=tries) from exc
 
     async def aclose(self) -> None:

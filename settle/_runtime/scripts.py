@@ -42,7 +42,12 @@ class ScriptSet:
     ``no-writes`` flag as functions, so they also run on a full server, as EVAL scripts do).
     ``heads`` maps a script to its head file, which runs first and may answer on its own,
     using only the prelude and ``head_libs``. A script whose rules use a head library names
-    it among its own libraries too (it is defined once all the same)."""
+    it among its own libraries too (it is defined once all the same).
+    ``gone`` names the scripts a part calls only on state it has just read (the cursor's
+    checkpoint, the first element of their reply's body): a reply of theirs in which that
+    state is empty says the server lost it meanwhile (a FLUSHALL, a restart without
+    persistence, a DEL), evidence on which the runner checks the server again before its
+    next call, as on the core's ``unclaimed`` reply."""
 
     package: str
     scripts: Mapping[str, tuple[str, ...]]
@@ -50,13 +55,14 @@ class ScriptSet:
     read_only: frozenset[str] = frozenset()
     heads: Mapping[str, str] = field(default_factory=dict)
     head_libs: tuple[str, ...] = ()
+    gone: frozenset[str] = frozenset()
     sources: dict[str, str] = field(init=False, repr=False, compare=False)
     library: str = field(init=False, repr=False, compare=False)
     library_name: str = field(init=False, repr=False, compare=False)
     functions: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        unknown = (self.writing | self.read_only) - set(self.scripts)
+        unknown = (self.writing | self.read_only | self.gone) - set(self.scripts)
         if unknown:
             raise ValueError(f"scripts that are not in the set: {sorted(unknown)}")
         if set(self.heads) - set(self.scripts):

@@ -27,4 +27,7 @@ SCRIPTS = ScriptSet(
     ),
     writing=frozenset({"init", "witness", "resume", "outcome", "promote", "reset"}),
     read_only=frozenset({"load", "witnesses", "receipts"}),
+    #: Called only after ``load`` found the checkpoint: one that answers without it says the
+    #: server lost the stream's keys during the step (ScriptSet.gone).
+    gone=frozenset({"witness", "resume", "outcome", "promote"}),
 )

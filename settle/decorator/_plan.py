@@ -452,10 +452,22 @@ class Plan:
             if stale is not None
             else "its lease was lost"
         )
+        advice = (
+            "use the authoritative record (StaleAttempt.record), or call again to get the "
+            "committed outcome"
+        )
+        if record is None:
+            # Nothing in Redis remembers the operation (a restart without persistence, a
+            # FLUSHALL, a failover that lost it, a DEL): no outcome was committed, and a
+            # new call reserves afresh and runs the function again.
+            advice = (
+                "the operation has no record any more (Redis lost it or it was deleted), so "
+                "nothing remembers that the function ran: calling again runs it again, with "
+                "the same Attempt.idempotency_key for the downstream service to deduplicate"
+            )
         error = StaleAttempt(
             f"this attempt of operation {operation_id!r} lost: {what}. Its result was not "
-            "committed; use the authoritative record (StaleAttempt.record), or call again "
-            "to get the committed outcome",
+            f"committed; {advice}",
             operation_id=operation_id,
             record=record,
             quarantine_id=stale.quarantine_id if stale is not None else None,

@@ -62,6 +62,7 @@ from settle.http.stored import StoredResponse, storable_status
 from settle.models import (
     InProgress,
     OperationRecord,
+    QuarantineKind,
     Renewal,
     Replay,
     Reservation,
@@ -418,6 +419,16 @@ class Guard:
             self._info("settle.http.provisional", reason=step.reason, verdict=verdict.value)
             self.outcome = self.outcome or "provisional"
             return None
+        if verdict is Verdict.QUARANTINED and settlement.kind is QuarantineKind.UNKNOWN_OPERATION:
+            # The operation has no record any more (Redis lost it while the handler ran: a
+            # restart without persistence, a FLUSHALL, a failover; or it was deleted). No
+            # other attempt owns it, and nothing remembers that the handler ran: a 409 that
+            # invites a retry would run it again. The client gets the handler's own response
+            # (not stored, as when the store fails: a retry with the same key runs the
+            # handler again, as after any loss), and the loss is logged.
+            self.log.error("settle.http.record_lost", status=stored.status)
+            self.outcome = "store_failed"
+            return None
         if verdict is Verdict.QUARANTINED:
             kind = settlement.kind.value if settlement.kind else None
             self.log.warning("settle.http.superseded", kind=kind, status=stored.status)
@@ -469,9 +480,12 @@ class Guard:
         lease only lapsed with the record still at this attempt's generation (``lease_expired``:
         no newer attempt took the key): ``complete`` accepts this generation's settlement of
         such a record (SPEC 2), so the operation ends completed with this response, and a
-        client answered 409 instead would lose it (every retry gets 410). Otherwise the lease
-        is lost, and logged."""
-        if renewal.renewed:
+        client answered 409 instead would lose it (every retry gets 410). It does too when
+        the record is gone (``unknown_operation``: Redis lost it while the handler ran): no
+        other attempt owns the key, and a 409 would send the client back to run the handler
+        again (``settled`` then logs ``settle.http.record_lost``). Otherwise the lease is
+        lost, and logged."""
+        if renewal.renewed or renewal.reason == QuarantineKind.UNKNOWN_OPERATION.value:
             return True
         record = renewal.record
         if (

@@ -1,0 +1,118 @@
+"""An HTTP handler whose record Redis lost while it ran (SPEC §7: a handler that completed is
+never executed again for the same key): the server restarts without persistence between the
+reserve and the store of the response. The handler ran (the payment is made); its settlement
+is quarantined as ``unknown_operation``. Answering 409 with ``Retry-After`` ("retry with the
+same key to get the authoritative outcome") sends a compliant client straight back, and the
+retry runs the handler a second time: nothing remembers the first run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from settle import AsyncSettler
+from settle.asgi import IdempotencyMiddleware
+from settle.embedded import EmbeddedRedis
+
+pytestmark = [pytest.mark.faults]
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as s:  # persistence off: a restart comes back empty
+        yield s
+
+
+async def _post(mw: Any, key: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/pay",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", key), (b"content-type", b"application/json")],
+    }
+    sent = False
+    start: dict[str, Any] = {}
+    body: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b'{"amount": 10}', "more_body": False}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            body.append(message.get("body", b""))
+
+    await mw(scope, receive, send)
+    return start["status"], dict(start.get("headers", [])), b"".join(body)
+
+
+def test_a_handler_whose_record_was_lost_answers_its_response_not_a_retry_invitation(
+    server: EmbeddedRedis,
+) -> None:
+    async def main() -> None:
+        settler = AsyncSettler.from_url(server.url, namespace="lost-http", shards=2)
+        runs = 0
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            nonlocal runs
+            await receive()
+            runs += 1
+            if runs == 1:  # the charge is made; then Redis forgets the reservation
+                await asyncio.to_thread(lambda: (server.stop(kill=True), server.start()))
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"charged": 10}'})
+
+        mw = IdempotencyMiddleware(app, settler=settler, principal=lambda scope: "tenant:a")
+        try:
+            status, headers, body = await _post(mw, b"k-lost")
+            assert runs == 1
+            # The handler's own outcome, not an invitation to run it again.
+            assert (status, body) == (201, b'{"charged": 10}'), (status, headers, body)
+            assert b"retry-after" not in headers
+        finally:
+            await settler.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_large_response_whose_record_was_lost_streams_on_not_a_retry_invitation(
+    server: EmbeddedRedis,
+) -> None:
+    """The same loss, for a response over ``max_response_bytes`` that must be sent on
+    before its end: the renewal asked first finds no record (``unknown_operation``), so no
+    newer attempt owns the key; the client gets the handler's response, not a 409."""
+
+    async def main() -> None:
+        settler = AsyncSettler.from_url(server.url, namespace="lost-http", shards=2)
+        runs = 0
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            nonlocal runs
+            await receive()
+            runs += 1
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await asyncio.to_thread(lambda: (server.stop(kill=True), server.start()))
+            await send({"type": "http.response.body", "body": b"x" * 64, "more_body": True})
+            await send({"type": "http.response.body", "body": b"y" * 64})
+
+        mw = IdempotencyMiddleware(
+            app, settler=settler, principal=lambda scope: "tenant:a", max_response_bytes=32
+        )
+        try:
+            status, headers, body = await _post(mw, b"k-lost-large")
+            assert runs == 1
+            assert (status, body) == (200, b"x" * 64 + b"y" * 64), (status, headers, body)
+        finally:
+            await settler.aclose()
+
+    asyncio.run(main())
