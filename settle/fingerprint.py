@@ -77,7 +77,7 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
         walk.plain = False
         return value
     if isinstance(value, BaseModel):
-        return _to_json_value(value.model_dump(mode="json"), walk, depth + 1)
+        return _to_json_value(_model_json(value), walk, depth + 1)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _to_json_value(_dataclass_json(value), walk, depth + 1)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -115,6 +115,37 @@ def _object(value: Mapping[Any, Any], walk: _Walk, depth: int) -> dict[str, Any]
         else:
             out[key] = _to_json_value(item, walk, depth + 1)
     return out
+
+
+def _model_json(model: BaseModel) -> Any:
+    """A pydantic model as pydantic's JSON mode dumps it. Sets are refused first, as
+    anywhere in a request: JSON mode writes a set as a list in its iteration order, which
+    differs between processes (string hashes are salted per process), so a retry from
+    another worker would not match. A model pydantic cannot dump (bytes that are not UTF-8,
+    an object it does not know) has no canonical form either."""
+    if _holds_set(model.model_dump(mode="python"), 0):
+        raise FingerprintError(
+            f"{type(model).__name__} holds a set, which has no canonical JSON form (its order "
+            "differs between processes); use a sorted list or tuple"
+        )
+    try:
+        return model.model_dump(mode="json")
+    except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
+        raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
+
+
+def _holds_set(value: Any, depth: int) -> bool:
+    """Whether a model's Python-mode dump holds a set or a frozenset (at any depth the
+    fingerprint accepts; deeper is refused by the walk that follows)."""
+    if isinstance(value, set | frozenset):
+        return True
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_set(item, depth + 1) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_set(item, depth + 1) for item in value)
+    return False
 
 
 def _dataclass_json(value: Any) -> dict[str, Any]:
