@@ -150,20 +150,31 @@ def _holds_set(value: Any, depth: int) -> bool:
 
 def _dataclass_json(value: Any) -> dict[str, Any]:
     """A dataclass instance as an object of its fields, each converted as in a request; a
-    field value that is no JSON type (a datetime, a UUID, an enum...) is dumped as pydantic
-    dumps it in JSON mode. Sets stay refused: their order differs between processes."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(value):
-        item = getattr(value, f.name)
-        if not isinstance(item, _JSON_TYPES) and not dataclasses.is_dataclass(item):
-            try:
-                item = pydantic_core.to_jsonable_python(item, bytes_mode="base64")
-            except pydantic_core.PydanticSerializationError as exc:
-                raise FingerprintError(
-                    f"{type(value).__name__}.{f.name} has no canonical JSON form: {exc}"
-                ) from exc
-        out[f.name] = item
-    return out
+    value that is no JSON type (a datetime, a UUID, an enum...), in a field or in a list,
+    tuple or dict in it, is dumped as pydantic dumps it in JSON mode, as a pydantic model's
+    field of that type is. Sets stay refused: their order differs between processes."""
+    name = type(value).__name__
+    return {
+        f.name: _field_json(getattr(value, f.name), f"{name}.{f.name}", 0)
+        for f in dataclasses.fields(value)
+    }
+
+
+def _field_json(item: Any, where: str, depth: int) -> Any:
+    """``item`` with each value in it that is no JSON type (nor a dataclass, nor a model,
+    converted by the walk) dumped by pydantic in JSON mode."""
+    if isinstance(item, _JSON_TYPES) or dataclasses.is_dataclass(item):
+        if depth > _MAX_DEPTH:  # the walk refuses it
+            return item
+        if isinstance(item, Mapping):
+            return {key: _field_json(v, where, depth + 1) for key, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [_field_json(v, where, depth + 1) for v in item]
+        return item
+    try:
+        return pydantic_core.to_jsonable_python(item, bytes_mode="base64")
+    except pydantic_core.PydanticSerializationError as exc:
+        raise FingerprintError(f"{where} has no canonical JSON form: {exc}") from exc
 
 
 def canonical_json(value: Any) -> bytes:

@@ -5,15 +5,20 @@ form is refused with settle's typed error before anything runs or is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
+from decimal import Decimal
+from enum import Enum
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 from pydantic import BaseModel
 
-from settle import FingerprintError, Settler, fingerprint
+from settle import FingerprintError, FingerprintMismatch, Settler, fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,3 +88,56 @@ def test_a_model_pydantic_cannot_dump_is_a_fingerprint_error_and_nothing_runs(
         settler.reserve("ship:o-1", request_, principal="tenant:acme")
     assert runs == []
     assert settler.get("ship:o-1") is None
+
+
+class Channel(Enum):
+    WEB = "web"
+    POS = "pos"
+
+
+@dataclasses.dataclass
+class Refund:
+    refund_id: str
+    amounts: list[Decimal]
+    seen_at: dict[str, datetime]
+    payments: tuple[UUID, ...]
+    channels: list[Channel]
+
+
+class RefundModel(BaseModel):
+    refund_id: str
+    amounts: list[Decimal]
+    seen_at: dict[str, datetime]
+    payments: tuple[UUID, ...]
+    channels: list[Channel]
+
+
+def test_a_dataclass_holding_containers_of_datetimes_and_uuids_is_fingerprinted_like_a_model(
+    settler: Settler,
+) -> None:
+    """docs/outbound-calls.md: dataclass arguments are fingerprinted like pydantic models,
+    in pydantic's JSON mode. The values inside a list or dict field too (powertools'
+    ``test_new_types_support_persistent_replay_and_payload_validation``)."""
+    request = Refund(
+        refund_id="r-1",
+        amounts=[Decimal("10.10"), Decimal("0.90")],
+        seen_at={"created": datetime(2024, 3, 20, 14, 30, tzinfo=UTC)},
+        payments=(UUID("12345678-1234-5678-1234-567812345678"),),
+        channels=[Channel.WEB],
+    )
+    model = RefundModel.model_validate(dataclasses.asdict(request))
+    assert fingerprint(request) == fingerprint(model)
+    runs: list[Refund] = []
+
+    @settler.operation(key="refund:{refund.refund_id}", principal="tenant:acme")
+    def refund(refund: Refund) -> str:
+        runs.append(refund)
+        return "refunded"
+
+    assert refund(request) == "refunded"
+    assert refund(dataclasses.replace(request)) == "refunded"  # replayed
+    assert len(runs) == 1
+    with pytest.raises(FingerprintMismatch):
+        refund(dataclasses.replace(request, channels=[Channel.POS]))
+    with pytest.raises(FingerprintError):  # a set inside stays refused
+        fingerprint(dataclasses.replace(request, seen_at={"created": {1, 2}}))
