@@ -118,18 +118,21 @@ def _object(value: Mapping[Any, Any], walk: _Walk, depth: int) -> dict[str, Any]
 
 
 def _model_json(model: BaseModel) -> Any:
-    """A pydantic model as pydantic's JSON mode dumps it. Sets are refused first, as
-    anywhere in a request: JSON mode writes a set as a list in its iteration order, which
-    differs between processes (string hashes are salted per process), so a retry from
-    another worker would not match. A model pydantic cannot dump (bytes that are not UTF-8,
-    an object it does not know) has no canonical form either."""
-    if _holds_set(model.model_dump(mode="python"), 0):
+    """A pydantic model as pydantic's JSON mode dumps it, every value in it by its own
+    class (``serialize_as_any``): a field declared as a base model that holds a subclass
+    (``method: PaymentMethod`` holding a ``Card``) is dumped with the subclass's fields,
+    else two requests that differ only there would share a fingerprint. Sets are refused
+    first, as anywhere in a request: JSON mode writes a set as a list in its iteration
+    order, which differs between processes (string hashes are salted per process), so a
+    retry from another worker would not match. A model pydantic cannot dump (bytes that
+    are not UTF-8, an object it does not know) has no canonical form either."""
+    if _holds_set(model.model_dump(mode="python", serialize_as_any=True), 0):
         raise FingerprintError(
             f"{type(model).__name__} holds a set, which has no canonical JSON form (its order "
             "differs between processes); use a sorted list or tuple"
         )
     try:
-        return model.model_dump(mode="json")
+        return model.model_dump(mode="json", serialize_as_any=True)
     except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
         raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
 

@@ -141,3 +141,37 @@ def test_a_dataclass_holding_containers_of_datetimes_and_uuids_is_fingerprinted_
         refund(dataclasses.replace(request, channels=[Channel.POS]))
     with pytest.raises(FingerprintError):  # a set inside stays refused
         fingerprint(dataclasses.replace(request, seen_at={"created": {1, 2}}))
+
+
+class PaymentMethod(BaseModel):
+    kind: str
+
+
+class Card(PaymentMethod):
+    last4: str
+
+
+class Charge(BaseModel):
+    order_id: str
+    amount: int
+    method: PaymentMethod
+
+
+def test_a_subclass_in_a_models_field_is_part_of_the_request(settler: Settler) -> None:
+    """A field declared as a base model holding a subclass: pydantic dumps it as the base,
+    so a charge to another card had the first charge's fingerprint and was answered with
+    its result. A changed request is never the same operation (SPEC 2)."""
+    first = Charge(order_id="o-1", amount=4999, method=Card(kind="card", last4="4242"))
+    other = Charge(order_id="o-1", amount=4999, method=Card(kind="card", last4="1111"))
+    assert fingerprint(first) != fingerprint(other)
+    runs: list[Charge] = []
+
+    @settler.operation(key="charge:{request.order_id}", principal="tenant:acme")
+    def charge(request: Charge) -> str:
+        runs.append(request)
+        return f"charged {request.method}"
+
+    charge(first)
+    with pytest.raises(FingerprintMismatch):
+        charge(other)
+    assert runs == [first]
