@@ -16,6 +16,7 @@ import tenacity
 from pydantic import BaseModel
 
 from settle import FingerprintMismatch, OperationRecord, Settler
+from settle.errors import InvalidInput
 
 P = "tenant:acme"
 RETRY = tenacity.Retrying(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.01))
@@ -130,3 +131,28 @@ def test_extra_positional_and_keyword_arguments_are_part_of_the_request(
     with pytest.raises(FingerprintMismatch):
         handle("a", "b", record={"id": 1}, is_record=False)
     assert runs == [("a", "b")]
+
+
+class Ledger:
+    """Not a pydantic model nor a dataclass: pydantic has no schema for it."""
+
+    def __init__(self, balance: int) -> None:
+        self.balance = balance
+
+
+def test_a_result_type_pydantic_cannot_store_is_refused_when_decorated(settler: Settler) -> None:
+    """powertools refuses an output type its serializer cannot handle when the function is
+    decorated (``test_idempotent_function_serialization_pydantic_failure_bad_type``). Here
+    every call ran the function, could not store its result and left the operation
+    provisional, so the next call ran the effect again."""
+    runs: list[int] = []
+
+    def post_entry(n: int) -> Ledger:
+        runs.append(n)
+        return Ledger(n)
+
+    with pytest.raises(InvalidInput, match="Ledger"):
+        settler.operation(key="entry:{n}", principal=P)(post_entry)
+    with pytest.raises(InvalidInput, match="Ledger"):
+        settler.operation(key="entry:{n}", principal=P, result_type=Ledger)(post_entry)
+    assert runs == []
