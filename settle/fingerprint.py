@@ -126,15 +126,17 @@ def _model_json(model: BaseModel) -> Any:
     order, which differs between processes (string hashes are salted per process), so a
     retry from another worker would not match. A model pydantic cannot dump (bytes that
     are not UTF-8, an object it does not know) has no canonical form either."""
-    if _holds_set(model.model_dump(mode="python", serialize_as_any=True), 0):
+    try:
+        python = model.model_dump(mode="python", serialize_as_any=True)
+        dumped = model.model_dump(mode="json", serialize_as_any=True)
+    except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
+        raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
+    if _holds_set(python, 0):
         raise FingerprintError(
             f"{type(model).__name__} holds a set, which has no canonical JSON form (its order "
             "differs between processes); use a sorted list or tuple"
         )
-    try:
-        return model.model_dump(mode="json", serialize_as_any=True)
-    except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
-        raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
+    return dumped
 
 
 def _holds_set(value: Any, depth: int) -> bool:
