@@ -77,7 +77,7 @@ def _to_json_value(value: Any, walk: _Walk, depth: int = 0) -> Any:
         walk.plain = False
         return value
     if isinstance(value, BaseModel):
-        return _to_json_value(value.model_dump(mode="json"), walk, depth + 1)
+        return _to_json_value(_model_json(value), walk, depth + 1)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _to_json_value(_dataclass_json(value), walk, depth + 1)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -117,22 +117,69 @@ def _object(value: Mapping[Any, Any], walk: _Walk, depth: int) -> dict[str, Any]
     return out
 
 
+def _model_json(model: BaseModel) -> Any:
+    """A pydantic model as pydantic's JSON mode dumps it, every value in it by its own
+    class (``serialize_as_any``): a field declared as a base model that holds a subclass
+    (``method: PaymentMethod`` holding a ``Card``) is dumped with the subclass's fields,
+    else two requests that differ only there would share a fingerprint. Sets are refused
+    first, as anywhere in a request: JSON mode writes a set as a list in its iteration
+    order, which differs between processes (string hashes are salted per process), so a
+    retry from another worker would not match. A model pydantic cannot dump (bytes that
+    are not UTF-8, an object it does not know) has no canonical form either."""
+    try:
+        python = model.model_dump(mode="python", serialize_as_any=True)
+        dumped = model.model_dump(mode="json", serialize_as_any=True)
+    except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
+        raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
+    if _holds_set(python, 0):
+        raise FingerprintError(
+            f"{type(model).__name__} holds a set, which has no canonical JSON form (its order "
+            "differs between processes); use a sorted list or tuple"
+        )
+    return dumped
+
+
+def _holds_set(value: Any, depth: int) -> bool:
+    """Whether a model's Python-mode dump holds a set or a frozenset (at any depth the
+    fingerprint accepts; deeper is refused by the walk that follows)."""
+    if isinstance(value, set | frozenset):
+        return True
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_set(item, depth + 1) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_set(item, depth + 1) for item in value)
+    return False
+
+
 def _dataclass_json(value: Any) -> dict[str, Any]:
     """A dataclass instance as an object of its fields, each converted as in a request; a
-    field value that is no JSON type (a datetime, a UUID, an enum...) is dumped as pydantic
-    dumps it in JSON mode. Sets stay refused: their order differs between processes."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(value):
-        item = getattr(value, f.name)
-        if not isinstance(item, _JSON_TYPES) and not dataclasses.is_dataclass(item):
-            try:
-                item = pydantic_core.to_jsonable_python(item, bytes_mode="base64")
-            except pydantic_core.PydanticSerializationError as exc:
-                raise FingerprintError(
-                    f"{type(value).__name__}.{f.name} has no canonical JSON form: {exc}"
-                ) from exc
-        out[f.name] = item
-    return out
+    value that is no JSON type (a datetime, a UUID, an enum...), in a field or in a list,
+    tuple or dict in it, is dumped as pydantic dumps it in JSON mode, as a pydantic model's
+    field of that type is. Sets stay refused: their order differs between processes."""
+    name = type(value).__name__
+    return {
+        f.name: _field_json(getattr(value, f.name), f"{name}.{f.name}", 0)
+        for f in dataclasses.fields(value)
+    }
+
+
+def _field_json(item: Any, where: str, depth: int) -> Any:
+    """``item`` with each value in it that is no JSON type (nor a dataclass, nor a model,
+    converted by the walk) dumped by pydantic in JSON mode."""
+    if isinstance(item, _JSON_TYPES) or dataclasses.is_dataclass(item):
+        if depth > _MAX_DEPTH:  # the walk refuses it
+            return item
+        if isinstance(item, Mapping):
+            return {key: _field_json(v, where, depth + 1) for key, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [_field_json(v, where, depth + 1) for v in item]
+        return item
+    try:
+        return pydantic_core.to_jsonable_python(item, bytes_mode="base64")
+    except pydantic_core.PydanticSerializationError as exc:
+        raise FingerprintError(f"{where} has no canonical JSON form: {exc}") from exc
 
 
 def canonical_json(value: Any) -> bytes:

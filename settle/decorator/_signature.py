@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
+from pydantic import PydanticSchemaGenerationError, TypeAdapter
+
 from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
 from settle.fingerprint import fingerprint as canonical_fingerprint
@@ -109,6 +111,7 @@ class Signature:
             )
         hints = self._hints(strict=False)
         _check_replayable(self.fn, self.result_type or hints.get("return"))
+        _check_storable(self.fn, self.result_type or hints.get("return"))
         skip = set()
         params = list(self.signature.parameters.values())
         if params and params[0].name in ("self", "cls"):
@@ -260,6 +263,23 @@ def _check_replayable(fn: Callable[..., Any], declared: Any) -> None:
             "cannot tell str from bytes (both are stored as a JSON string); use one of them "
             "(-> bytes alone keeps any bytes as they are)"
         )
+
+
+def _check_storable(fn: Callable[..., Any], declared: Any) -> None:
+    """A result type pydantic has no schema for (an arbitrary class, a pandas frame, an
+    iterator) can be neither stored nor replayed: every call would run the function (its
+    effect happens), fail to store its result and leave the operation provisional, and the
+    next call would run it again. Refused when decorated, as a missing annotation is."""
+    if declared is None:
+        return
+    try:
+        TypeAdapter(declared)
+    except PydanticSchemaGenerationError as exc:
+        raise InvalidInput(
+            f"{fn.__qualname__} declares {declared!r}, which pydantic can neither store nor "
+            "validate, so no result of it could be replayed; return a pydantic model, a "
+            "dataclass or JSON values, or declare what is stored with result_type="
+        ) from exc
 
 
 def _ambiguous(declared: Any, seen: dict[int, Any]) -> bool:
