@@ -10,6 +10,7 @@ from settle.progress._sync import ProgressStore, StreamConsumer
 from settle.progress.errors import (
     DeferDelivery,
     ProgressError,
+    ProgressLost,
     ProviderReset,
     SettlementNotAuthorized,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "PollReport",
     "Progress",
     "ProgressError",
+    "ProgressLost",
     "ProgressStore",
     "ProviderReset",
     "ProviderScope",
