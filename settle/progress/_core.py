@@ -647,14 +647,16 @@ class ProgressCore:
             )
         if reply.code == "acknowledged":
             self.log.error("settle.progress.state_lost", **fields)
+            mark = StreamKeys(scope.stream).acknowledged
             raise ProgressLost(
                 f"the progress server has no progress of consumer {self.consumer!r} for scope "
                 f"{scope}, whose deliveries were acknowledged: it lost that progress (a "
-                "restart without persistence, FLUSHALL, a DEL). Nothing was written. Stop the "
-                "workers of the group, delete the incarnation marker "
-                f"{StreamKeys(scope.stream).incarnation!r} and the consumer group, then start "
-                "again: every entry still in the stream is applied again under its "
-                "idempotency key (docs/delivery-progress.md, 'Progress lost')",
+                "restart without persistence, FLUSHALL, a DEL). Nothing was written. To go "
+                f"on, stop the workers of group {scope.group!r}, run on the stream's server "
+                f"XGROUP DESTROY {scope.stream} {scope.group} and HDEL {mark} "
+                f"{self.mark_field(scope)}, then start them again: every entry still in the "
+                "stream is applied again under its idempotency key "
+                "(docs/delivery-progress.md, 'Progress lost')",
                 scope=scope,
                 operation_id=self.consumer,
             )

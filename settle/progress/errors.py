@@ -68,10 +68,11 @@ class ProgressLost(ProgressError):
     progress, settle cannot tell applied deliveries from lost ones, and emissions applied
     before would run their effects again. ``scope`` is the scope whose progress is gone.
 
-    To go on (docs/delivery-progress.md, "Progress lost"): stop the workers of the group,
-    delete the stream's incarnation marker and the consumer group, and start them again:
-    a new incarnation scope is opened and every entry still in the stream is handed out
-    again, applied again under its idempotency key (effects must honour it)."""
+    To go on (docs/delivery-progress.md, "Progress lost"; the message names the keys): stop
+    the workers of the group, destroy the consumer group and delete this consumer's field of
+    the stream's acknowledged mark, and start them again: the group is made again from the
+    start of the stream, the scope is created anew, and every entry still in the stream is
+    handed out again and applied again under its idempotency key (effects must honour it)."""
 
     def __init__(
         self, message: str, *, scope: ProviderScope, operation_id: str | None = None

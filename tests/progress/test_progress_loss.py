@@ -11,6 +11,7 @@ every entry again under its idempotency key, and the floor moves again."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -98,7 +99,7 @@ def _check_refusal(
 ) -> None:
     assert error.scope == scope
     assert error.operation_id == names.consumer
-    assert "incarnation" in str(error)  # it says what to do next
+    assert "XGROUP DESTROY" in str(error)  # it says what to do next
     [event] = _events(logs, "settle.progress.state_lost")
     assert event["log_level"] == "error"
     assert (event["scope"], event["stream"], event["group"]) == (
@@ -154,32 +155,42 @@ def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_k
     names: Names,
     stream_server: EmbeddedRedis,
     own_progress_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
 ) -> None:
-    """docs/delivery-progress.md, "Progress lost": stop the workers, delete the incarnation
-    marker and the consumer group, start again."""
-    effect = Ledger()
+    """docs/delivery-progress.md, "Progress lost": stop the workers, destroy the group and
+    delete the consumer's field of the acknowledged mark, start again. Another group of the
+    same stream, whose progress (on another server) is whole, is left alone."""
+    effect, audit = Ledger(), Ledger()
     consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    other = Names(names.stream, "audit", f"{names.consumer}-audit", names.namespace)
+    second = _consumer(other, stream_server.url, progress_server.url)
     try:
         ids = publish(stream_client, names, [f"e{i}" for i in range(4)])
         consumer.poll(effect)
-        old = consumer.scope
+        second.poll(audit)
+        old, audit_scope = consumer.scope, second.scope
         keys_before = dict(effect.keys)
         with redis.Redis.from_url(own_progress_server.url) as raw:
             raw.flushall()
         ids += publish(stream_client, names, ["e4"])
-        with pytest.raises(ProgressLost):
+        with pytest.raises(ProgressLost) as caught:
             consumer.poll(effect)
 
-        # The operator's two commands (the worker has stopped: the error ended it).
-        stream_client.delete(f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+        # The operator's two commands, as the error names them (the worker has stopped:
+        # the error ended it).
+        mark = f"settle:{{{names.stream}}}:acked:{names.stream}"
+        field = json.dumps([names.namespace, names.consumer, names.group])
+        assert f"XGROUP DESTROY {names.stream} {names.group}" in str(caught.value)
+        assert f"HDEL {mark} {field}" in str(caught.value)
         stream_client.xgroup_destroy(names.stream, names.group)
+        assert stream_client.hdel(mark, field) == 1
 
         scope = consumer.start()
         for _ in range(3):
             consumer.poll(effect)
-        assert scope != old
+        assert scope == old  # the same incarnation: its progress is made anew
         progress = consumer.store.read(scope)
         assert progress.floor == DeliveryId(ids[-1])  # the floor moves again
         assert (progress.gaps, progress.applied_above_floor, progress.intents) == ((), (), ())
@@ -192,7 +203,15 @@ def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_k
         assert {k: v for k, v in effect.keys.items() if v != "e4"} == keys_before
         assert _events(logs, "settle.progress.lost") == []
         assert len(_events(logs, "settle.progress.state_lost")) == 1  # the refusal only
+
+        second.poll(audit)  # the other group: same scope, nothing applied twice
+        assert second.scope == audit_scope
+        assert audit_scope is not None
+        audited = second.store.read(audit_scope)
+        assert (audited.floor, audited.gaps) == (DeliveryId(ids[-1]), ())
+        assert audit.invocations == Counter({f"e{i}": 1 for i in range(5)})
     finally:
+        second.close()
         consumer.close()
 
 
