@@ -10,7 +10,6 @@ from settle.progress._sync import ProgressStore, StreamConsumer
 from settle.progress.errors import (
     DeferDelivery,
     ProgressError,
-    ProgressLost,
     ProviderReset,
     SettlementNotAuthorized,
 )
@@ -45,7 +44,6 @@ __all__ = [
     "PollReport",
     "Progress",
     "ProgressError",
-    "ProgressLost",
     "ProgressStore",
     "ProviderReset",
     "ProviderScope",

@@ -654,7 +654,7 @@ class ProgressCore:
                 "restart without persistence, FLUSHALL, a DEL). Nothing was written. To go "
                 f"on, stop the workers of group {scope.group!r}, run on the stream's server "
                 f"XGROUP DESTROY {scope.stream} {scope.group} and HDEL {mark} "
-                f"{self.mark_field(scope)}, then start them again: every entry still in the "
+                f"'{self.mark_field(scope)}', then start them again: every entry still in the "
                 "stream is applied again under its idempotency key "
                 "(docs/delivery-progress.md, 'Progress lost')",
                 scope=scope,

@@ -29,12 +29,12 @@ from settle.progress import (
     EffectContext,
     EmissionId,
     IntentKind,
-    ProgressLost,
     ProgressStore,
     ProviderScope,
     StreamConsumer,
 )
 from settle.progress._core import ProgressCore, StreamVerdict
+from settle.progress.errors import ProgressLost
 from settle.progress.identity import AttemptId
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import Names, pending_ids, publish, settled_ids
@@ -183,7 +183,7 @@ def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_k
         mark = f"settle:{{{names.stream}}}:acked:{names.stream}"
         field = json.dumps([names.namespace, names.consumer, names.group])
         assert f"XGROUP DESTROY {names.stream} {names.group}" in str(caught.value)
-        assert f"HDEL {mark} {field}" in str(caught.value)
+        assert f"HDEL {mark} '{field}'" in str(caught.value)
         stream_client.xgroup_destroy(names.stream, names.group)
         assert stream_client.hdel(mark, field) == 1
 
