@@ -21,6 +21,7 @@ import redis
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from settle import ConfigurationError
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     AsyncProgressStore,
@@ -300,6 +301,35 @@ def test_a_scope_with_no_acknowledgement_is_claimed_whatever_other_groups_acknow
         second.close()
         consumer.close()
         flush.close()
+
+
+def test_a_scope_is_made_again_only_after_the_progress_server_is_checked(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """'unclaimed' is evidence that the progress server may have lost data: before the call
+    that creates the scope again, the runtime checks the server, so a scope is never made
+    again on a server that now evicts (FLUSHALL, then CONFIG SET maxmemory-policy)."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        consumer.poll(effect)  # nothing to deliver: the scope is made, nothing acknowledged
+        scope = consumer.scope
+        assert scope is not None
+        assert consumer.store.read(scope).provider_floor is not None
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+            raw.config_set("maxmemory-policy", "allkeys-lru")
+        publish(stream_client, names, ["c0"])
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            consumer.poll(effect)
+        assert _tagged(own_progress_server, names) == []
+        assert effect.invocations == Counter()  # the effect never ran on the evicting server
+    finally:
+        consumer.close()
 
 
 WRITERS = ["begin", "record", "dead_letter", "defer", "receipt", "observe", "lost"]
