@@ -4,7 +4,8 @@
 --
 -- Every progress script of one (consumer, scope) takes the same KEYS, all under the
 -- consumer's hash tag {<namespace>:progress:<consumer>} (one slot, so Cluster-safe):
---   KEYS[1] meta       HASH  floor, replay, pf_last, pf_oldest, pf_pending, pf_at, ver, updated
+--   KEYS[1] meta       HASH  floor, replay, pf_last, pf_oldest, pf_pending, pf_at, ver, updated,
+--                            claimed (ms: when the scope's state was created; see unclaimed())
 --   KEYS[2] applied    HASH  delivery id -> emission id   (exact applied deliveries above floor)
 --   KEYS[3] resolved   HASH  delivery id -> emission id   (dead-lettered deliveries above floor)
 --   KEYS[4] gaps       HASH  delivery id -> first seen ms (known unapplied ids below an applied one)
