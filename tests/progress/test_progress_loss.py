@@ -18,13 +18,11 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
 from settle import ConfigurationError
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
-    AsyncProgressStore,
     AsyncStreamConsumer,
     DeliveryId,
     EffectContext,
@@ -42,11 +40,10 @@ from tests.progress.harness import Names, pending_ids, publish, settled_ids
 
 
 @pytest.fixture
-def own_progress_server() -> Iterator[EmbeddedRedis]:
-    """A progress server of this test alone: it is restarted or flushed."""
-    server = EmbeddedRedis().start()
-    yield server
-    server.close()
+def own_progress_server(primary: EmbeddedRedis) -> EmbeddedRedis:
+    """A progress server of this test alone, as it is restarted or flushed (the fresh
+    server of tests/faults/servers.py)."""
+    return primary
 
 
 @pytest.fixture
@@ -82,11 +79,13 @@ def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"] == name]
 
 
-def _consumer(names: Names, stream_url: str, progress_url: str) -> StreamConsumer:
-    store = ProgressStore.from_url(progress_url, consumer=names.consumer, namespace=names.namespace)
-    return StreamConsumer(
-        redis.Redis.from_url(stream_url),
-        store,
+def _consumer(names: Names, stream_url: str, progress_url: str, kind: Any = StreamConsumer) -> Any:
+    """A ``kind`` (StreamConsumer, AsyncStreamConsumer) of ``names``, worker ``w1``."""
+    return kind.from_urls(
+        stream_url,
+        progress_url,
+        consumer=names.consumer,
+        namespace=names.namespace,
         stream=names.stream,
         group=names.group,
         worker="w1",
@@ -224,16 +223,8 @@ async def test_async_consumer_refuses_progress_lost_to_a_flushall(
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
 ) -> None:
-    store = AsyncProgressStore.from_url(
-        own_progress_server.url, consumer=names.consumer, namespace=names.namespace
-    )
-    consumer = AsyncStreamConsumer(
-        aioredis.Redis.from_url(stream_server.url),
-        store,
-        stream=names.stream,
-        group=names.group,
-        block=0.01,
-    )
+    consumer = _consumer(names, stream_server.url, own_progress_server.url, AsyncStreamConsumer)
+    store = consumer.store
     runs: list[str] = []
 
     async def effect(ctx: EffectContext) -> None:
