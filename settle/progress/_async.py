@@ -164,9 +164,18 @@ class AsyncProgressStore(AsyncConnectable):
     ) -> Applied:
         """Apply a delivery: consult progress; run ``effect`` unless the delivery or its
         emission is already applied; then record progress durably (and open its settle
-        intent). Only the returned progress authorizes settling the delivery."""
+        intent). Only the returned progress authorizes settling the delivery. Like every
+        write of the store's own, it creates the scope's progress when there is none (the
+        store has no stream server to ask whether that progress was lost: a
+        ``StreamConsumer`` asks)."""
         steps = _step.apply(
-            self.core, scope, delivery, emission, attempt or AttemptId.new(), dict(fields or {})
+            self.core,
+            scope,
+            delivery,
+            emission,
+            attempt or AttemptId.new(),
+            dict(fields or {}),
+            claim=True,
         )
         return await self.drive(steps, effect)
 
@@ -181,14 +190,18 @@ class AsyncProgressStore(AsyncConnectable):
     ) -> ProgressReply:
         """Quarantine a delivery durably (evidence + dead_letter intent) before the provider
         is told."""
-        steps = _step.dead_letter(self.core, scope, delivery, emission, reason, delivery_count)
+        steps = _step.dead_letter(
+            self.core, scope, delivery, emission, reason, delivery_count, claim=True
+        )
         return await self.drive(steps)
 
     async def defer(
         self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, *, reason: str
     ) -> ProgressReply:
         """Set a delivery aside durably (unapplied) before the provider stops redelivering it."""
-        return await self.drive(_step.defer(self.core, scope, delivery, emission, reason))
+        return await self.drive(
+            _step.defer(self.core, scope, delivery, emission, reason, claim=True)
+        )
 
     async def record_receipt(
         self,
@@ -199,7 +212,8 @@ class AsyncProgressStore(AsyncConnectable):
         worker: str,
     ) -> SettlementReceipt:
         """Record what the provider said; a conclusive answer closes the settle intent."""
-        reply = await self.progress(self.core.plan_receipt(scope, delivery, kind, verdict, worker))
+        call = self.core.plan_receipt(scope, delivery, kind, verdict, worker)
+        reply = await self.drive(_step.progress(self.core, call, claim=True))
         return self.core.receipt(delivery, kind, verdict, worker, reply)
 
     async def observe(
@@ -223,7 +237,8 @@ class AsyncProgressStore(AsyncConnectable):
             oldest_pending=oldest_pending,
             pending=pending,
         )
-        return self.core.observed(scope, await self.progress(call), strict=True)
+        reply = await self.drive(_step.progress(self.core, call, claim=True))
+        return self.core.observed(scope, reply, strict=True)
 
     async def read(self, scope: ProviderScope) -> Progress:
         return (await self.progress(self.core.plan_read(scope))).progress
@@ -560,12 +575,18 @@ class AsyncStreamConsumer:
         last = self.core.last_delivered(scope, groups)
         candidates = self.core.lost_candidates(listed, last, pending, self.options.listing)
         if candidates:
-            call = self.core.plan_lost(scope, candidates)
-            self.core.lost(scope, await self.store.progress(call))
+            self.core.lost(scope, await self._progress(self.core.plan_lost(scope, candidates)))
         call = self.core.plan_observation(
             scope, after, listed, groups, summary, pending, self.options.listing
         )
-        return self.core.observed(scope, await self.store.progress(call))
+        return self.core.observed(scope, await self._progress(call))
+
+    async def _progress(self, call: Call) -> ProgressReply:
+        """A progress call of this consumer: progress found missing is checked on the
+        stream's server (``_step.progress``), so lost progress raises ``ProgressLost``."""
+        return await self.store.drive(
+            _step.progress(self.core, call, claim=False), stream=self._runner
+        )
 
     async def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
         # In this order: the last-delivered id is read before the pending list, so a

@@ -4,6 +4,7 @@ this plans (one core, two thin shells)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -19,6 +20,7 @@ from settle.errors import BackendError, CorruptRecord, InvalidInput
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import (
     InvalidDelivery,
+    ProgressLost,
     ProviderReset,
     UnprovenListing,
     check_reason,
@@ -273,9 +275,26 @@ class ProgressCore:
             self.keys.emission(emission),
             self.keys.holds(scope.scope_id),
         )
+        # ARGV[3], the claim flag, is '' as planned: claiming() sets it (see _lib.lua).
         return Call(
-            script, keys, (scope.scope_id, scope_json(scope), *args), operation_id=self.consumer
+            script,
+            keys,
+            (scope.scope_id, scope_json(scope), "", *args),
+            operation_id=self.consumer,
         )
+
+    @staticmethod
+    def claiming(call: Call) -> Call:
+        """``call`` with its claim flag set: it creates the scope's state when there is none
+        (``unclaimed()`` in ``lua/_lib.lua``). Only for a caller that may: the store's own
+        calls, or a stream consumer right after :meth:`evidence` found the scope unused."""
+        return dataclasses.replace(call, args=(*call.args[:2], "1", *call.args[3:]))
+
+    @staticmethod
+    def scope_of(call: Call) -> ProviderScope:
+        """The scope a planned progress call is about (its ARGV[2])."""
+        data = json.loads(_text(call.args[1]))
+        return ProviderScope(data["stream"], data["group"], data["incarnation"])
 
     def plan_begin(
         self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, attempt: AttemptId
@@ -441,8 +460,7 @@ class ProgressCore:
         try:
             meta, applied, resolved, gaps, intents, deferred = reply.body
             scope_id = call.args[0]
-            data = json.loads(_text(call.args[1]))
-            scope = ProviderScope(data["stream"], data["group"], data["incarnation"])
+            scope = self.scope_of(call)
             if scope.scope_id != scope_id:
                 raise CorruptRecord("scope id does not match its scope")
             progress = self._progress(
@@ -581,7 +599,7 @@ class ProgressCore:
         keys = StreamKeys(scope.stream)
         return Call(
             "stream_settle",
-            (scope.stream, keys.dead_letters, keys.incarnation),
+            (scope.stream, keys.dead_letters, keys.incarnation, keys.acknowledged),
             (
                 scope.group,
                 authority.worker,
@@ -592,9 +610,59 @@ class ProgressCore:
                 reason,
                 release_idle_ms,
                 scope.incarnation,
+                self.mark_field(scope),
             ),
             operation_id=self.consumer,
         )
+
+    def mark_field(self, scope: ProviderScope) -> str:
+        """The field of the stream's acknowledged mark for this consumer and ``scope``'s
+        group (``lua/stream_settle.lua``)."""
+        return json.dumps([self.namespace, self.consumer, scope.group])
+
+    def plan_evidence(self, scope: ProviderScope) -> Call:
+        """Ask the stream's server whether ``scope``'s incarnation had a delivery of this
+        consumer's group acknowledged (``lua/stream_evidence.lua``)."""
+        keys = StreamKeys(scope.stream)
+        return Call(
+            "stream_evidence",
+            (keys.incarnation, keys.acknowledged),
+            (self.mark_field(scope), scope.incarnation),
+            operation_id=self.consumer,
+        )
+
+    def evidence(self, scope: ProviderScope, call: Call, raw: Any) -> None:
+        """Decide on the stream's evidence about a scope the progress server has no state
+        for: returns when the scope is unused (its state may be created); raises
+        :class:`ProgressLost` when deliveries of it were acknowledged (its progress existed
+        and is gone: nothing is written), :class:`ProviderReset` when the stream is no
+        longer that incarnation."""
+        reply = parse_reply(raw, call, body=0)
+        fields = {"scope": str(scope), "stream": scope.stream, "group": scope.group}
+        if reply.code == "no_group":
+            self.log.warning("settle.progress.provider_reset", **fields)
+            raise ProviderReset(
+                f"stream {scope.stream!r} is no longer incarnation {scope.incarnation!r}; start "
+                "again (a new incarnation scope is opened)"
+            )
+        if reply.code == "acknowledged":
+            self.log.error("settle.progress.state_lost", **fields)
+            mark = StreamKeys(scope.stream).acknowledged
+            raise ProgressLost(
+                f"the progress server has no progress of consumer {self.consumer!r} for scope "
+                f"{scope}, whose deliveries were acknowledged: it lost that progress (a "
+                "restart without persistence, FLUSHALL, a DEL). Nothing was written. To go "
+                f"on, stop the workers of group {scope.group!r}, run on the stream's server "
+                f"XGROUP DESTROY {scope.stream} {scope.group} and HDEL {mark} "
+                f"'{self.mark_field(scope)}', then start them again: every entry still in the "
+                "stream is applied again under its idempotency key "
+                "(docs/delivery-progress.md, 'Progress lost')",
+                scope=scope,
+                operation_id=self.consumer,
+            )
+        if reply.code != "unused":
+            raise CorruptRecord(f"unknown stream evidence {reply.code!r}")
+        self.log.info("settle.progress.scope_claimed", **fields)
 
     def decode_stream_settle(self, call: Call, raw: Any) -> StreamVerdict:
         reply = parse_reply(raw, call, body=2)

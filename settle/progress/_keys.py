@@ -85,5 +85,12 @@ class StreamKeys:
         return f"settle:{{{self.tag}}}:incarnation:{self.stream}"
 
     @property
+    def acknowledged(self) -> str:
+        """The acknowledged mark: a hash, one field per progress consumer and group, whose
+        value is the last incarnation in which one of their deliveries was acknowledged
+        (``lua/stream_settle.lua``)."""
+        return f"settle:{{{self.tag}}}:acked:{self.stream}"
+
+    @property
     def dead_letters(self) -> str:
         return f"settle:{{{self.tag}}}:dead:{self.stream}"

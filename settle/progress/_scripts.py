@@ -23,6 +23,7 @@ PROGRESS = ScriptSet(
 )
 STREAM = ScriptSet(
     "settle.progress",
-    {"stream_scope": (), "stream_settle": ()},
+    {"stream_scope": (), "stream_settle": (), "stream_evidence": ()},
     writing=frozenset({"stream_scope", "stream_settle"}),
+    read_only=frozenset({"stream_evidence"}),
 )

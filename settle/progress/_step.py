@@ -48,6 +48,7 @@ __all__ = [
     "dead_letter",
     "defer",
     "deliver",
+    "progress",
     "settle",
     "vanished",
 ]
@@ -100,7 +101,24 @@ Instruction = RunScript | RunStreamScript | RunEffect | Notify | Settling
 Steps = Generator[Instruction, Any, Any]
 
 
-def _progress(core: ProgressCore, call: Call) -> Generator[Instruction, Any, ProgressReply]:
+def progress(
+    core: ProgressCore, call: Call, *, claim: bool
+) -> Generator[Instruction, Any, ProgressReply]:
+    """Run one planned progress call. With ``claim`` (the store's own calls: it has no
+    stream server to ask) the call creates the scope's state when there is none. Without it
+    (a stream consumer), a reply ``unclaimed`` (no state: a new scope, or progress the
+    server lost) is checked against the stream's server first: a scope whose incarnation
+    had deliveries acknowledged raises :class:`ProgressLost` and nothing is written;
+    otherwise the call is sent again, claiming the new scope."""
+    if claim:
+        call = core.claiming(call)
+    reply = core.decode(call, (yield RunScript(call)))
+    if reply.code != "unclaimed":
+        return reply
+    scope = core.scope_of(call)
+    check = core.plan_evidence(scope)
+    core.evidence(scope, check, (yield RunStreamScript(check)))
+    call = core.claiming(call)
     return core.decode(call, (yield RunScript(call)))
 
 
@@ -112,14 +130,18 @@ def apply(
     attempt: AttemptId,
     fields: dict[str, bytes],
     *,
+    claim: bool,
     mark_effect_failures: bool = False,
 ) -> Generator[Instruction, Any, Applied]:
     """Consult progress; run the effect unless the delivery or its emission is already
     applied; then record progress durably (and open its settle intent). Only the returned
     progress authorizes settling the delivery. With ``mark_effect_failures`` an exception
     of the effect itself comes out as :class:`EffectFailed`, so that the caller never takes
-    settle's own errors (a corrupt reply, a bad input) for a failed effect."""
-    begun = yield from _progress(core, core.plan_begin(scope, delivery, emission, attempt))
+    settle's own errors (a corrupt reply, a bad input) for a failed effect. ``claim``: see
+    :func:`progress`."""
+    begun = yield from progress(
+        core, core.plan_begin(scope, delivery, emission, attempt), claim=claim
+    )
     log = core.log.bind(delivery=delivery.value, emission_digest=emission_digest(emission.value))
     if begun.code == "covered":
         log.info("settle.progress.covered", by=begun.detail)
@@ -141,7 +163,9 @@ def apply(
                 raise EffectFailed(exc) from exc
             raise
         yield Notify("effect_applied", delivery)
-    recorded = yield from _progress(core, core.plan_record(scope, delivery, emission, attempt))
+    recorded = yield from progress(
+        core, core.plan_record(scope, delivery, emission, attempt), claim=claim
+    )
     yield Notify("progress_recorded", delivery)
     status = ApplyStatus.APPLIED if recorded.detail == "applied" else ApplyStatus.DUPLICATE
     if recorded.code == "covered":
@@ -157,11 +181,13 @@ def dead_letter(
     emission: EmissionId | None,
     reason: str,
     delivery_count: int,
+    *,
+    claim: bool,
 ) -> Generator[Instruction, Any, ProgressReply]:
     """Quarantine a delivery durably (evidence + dead_letter intent) before the provider
-    is told."""
+    is told. ``claim``: see :func:`progress`."""
     call = core.plan_dead_letter(scope, delivery, emission, reason, delivery_count)
-    reply = yield from _progress(core, call)
+    reply = yield from progress(core, call, claim=claim)
     core.log.warning(
         "settle.progress.dead_lettered",
         delivery=delivery.value,
@@ -180,9 +206,13 @@ def defer(
     delivery: DeliveryId,
     emission: EmissionId,
     reason: str,
+    *,
+    claim: bool,
 ) -> Generator[Instruction, Any, ProgressReply]:
-    """Set a delivery aside durably (unapplied) before the provider stops redelivering it."""
-    reply = yield from _progress(core, core.plan_defer(scope, delivery, emission, reason))
+    """Set a delivery aside durably (unapplied) before the provider stops redelivering it.
+    ``claim``: see :func:`progress`."""
+    call = core.plan_defer(scope, delivery, emission, reason)
+    reply = yield from progress(core, call, claim=claim)
     core.log.info(
         "settle.progress.deferred",
         delivery=delivery.value,
@@ -212,8 +242,8 @@ def settle(
     (:func:`~settle.progress.planning.authorize_settlement`); otherwise
     :class:`SettlementNotAuthorized` is raised and nothing is written or settled."""
     if authorize and kind is not IntentKind.RELEASE:  # a release needs no progress
-        progress = (yield from _progress(core, core.plan_read(scope))).progress
-        authorize_settlement(progress, authority.delivery, kind)
+        read = yield from progress(core, core.plan_read(scope), claim=False)
+        authorize_settlement(read.progress, authority.delivery, kind)
     yield Settling(scope, kind)
     call = core.plan_stream_settle(
         scope,
@@ -227,8 +257,8 @@ def settle(
     verdict = core.decode_stream_settle(call, (yield RunStreamScript(call)))
     yield Notify("provider_answered", authority.delivery)
     worker = authority.worker
-    recorded = yield from _progress(
-        core, core.plan_receipt(scope, authority.delivery, kind, verdict, worker)
+    recorded = yield from progress(
+        core, core.plan_receipt(scope, authority.delivery, kind, verdict, worker), claim=False
     )
     receipt = core.receipt(authority.delivery, kind, verdict, worker, recorded)
     core.check_group(verdict, scope)
@@ -253,7 +283,9 @@ def deliver(
     disposition, emission = core.disposition(entry, delivery_count, emission_field, max_deliveries)
     if disposition is not Disposition.APPLY or emission is None:
         reason = "malformed" if disposition is Disposition.MALFORMED else "delivery_limit"
-        reply = yield from dead_letter(core, scope, delivery, emission, reason, delivery_count)
+        reply = yield from dead_letter(
+            core, scope, delivery, emission, reason, delivery_count, claim=False
+        )
         if reply.code == "dead_lettered":
             return (
                 yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason)
@@ -269,10 +301,11 @@ def deliver(
             emission,
             AttemptId.new(),
             dict(entry.fields),
+            claim=False,
             mark_effect_failures=True,
         )
     except DeferDelivery as signal:
-        reply = yield from defer(core, scope, delivery, emission, signal.reason)
+        reply = yield from defer(core, scope, delivery, emission, signal.reason, claim=False)
         if reply.code != "deferred":
             return None
         return (
@@ -318,7 +351,9 @@ def vanished(
         delivery_count=delivery_count,
     )
     authority = SettlementAuthority(worker, delivery, delivery_count)
-    reply = yield from dead_letter(core, scope, delivery, None, "deleted", delivery_count)
+    reply = yield from dead_letter(
+        core, scope, delivery, None, "deleted", delivery_count, claim=False
+    )
     if reply.code == "dead_lettered":
         return (
             yield from settle(

@@ -159,9 +159,18 @@ class ProgressStore(Connectable):
     ) -> Applied:
         """Apply a delivery: consult progress; run ``effect`` unless the delivery or its
         emission is already applied; then record progress durably (and open its settle
-        intent). Only the returned progress authorizes settling the delivery."""
+        intent). Only the returned progress authorizes settling the delivery. Like every
+        write of the store's own, it creates the scope's progress when there is none (the
+        store has no stream server to ask whether that progress was lost: a
+        ``StreamConsumer`` asks)."""
         steps = _step.apply(
-            self.core, scope, delivery, emission, attempt or AttemptId.new(), dict(fields or {})
+            self.core,
+            scope,
+            delivery,
+            emission,
+            attempt or AttemptId.new(),
+            dict(fields or {}),
+            claim=True,
         )
         return self.drive(steps, effect)
 
@@ -176,14 +185,18 @@ class ProgressStore(Connectable):
     ) -> ProgressReply:
         """Quarantine a delivery durably (evidence + dead_letter intent) before the provider
         is told."""
-        steps = _step.dead_letter(self.core, scope, delivery, emission, reason, delivery_count)
+        steps = _step.dead_letter(
+            self.core, scope, delivery, emission, reason, delivery_count, claim=True
+        )
         return self.drive(steps)
 
     def defer(
         self, scope: ProviderScope, delivery: DeliveryId, emission: EmissionId, *, reason: str
     ) -> ProgressReply:
         """Set a delivery aside durably (unapplied) before the provider stops redelivering it."""
-        return self.drive(_step.defer(self.core, scope, delivery, emission, reason))
+        return self.drive(
+            _step.defer(self.core, scope, delivery, emission, reason, claim=True)
+        )
 
     def record_receipt(
         self,
@@ -194,7 +207,8 @@ class ProgressStore(Connectable):
         worker: str,
     ) -> SettlementReceipt:
         """Record what the provider said; a conclusive answer closes the settle intent."""
-        reply = self.progress(self.core.plan_receipt(scope, delivery, kind, verdict, worker))
+        call = self.core.plan_receipt(scope, delivery, kind, verdict, worker)
+        reply = self.drive(_step.progress(self.core, call, claim=True))
         return self.core.receipt(delivery, kind, verdict, worker, reply)
 
     def observe(
@@ -218,7 +232,8 @@ class ProgressStore(Connectable):
             oldest_pending=oldest_pending,
             pending=pending,
         )
-        return self.core.observed(scope, self.progress(call), strict=True)
+        reply = self.drive(_step.progress(self.core, call, claim=True))
+        return self.core.observed(scope, reply, strict=True)
 
     def read(self, scope: ProviderScope) -> Progress:
         return (self.progress(self.core.plan_read(scope))).progress
@@ -549,12 +564,18 @@ class StreamConsumer:
         last = self.core.last_delivered(scope, groups)
         candidates = self.core.lost_candidates(listed, last, pending, self.options.listing)
         if candidates:
-            call = self.core.plan_lost(scope, candidates)
-            self.core.lost(scope, self.store.progress(call))
+            self.core.lost(scope, self._progress(self.core.plan_lost(scope, candidates)))
         call = self.core.plan_observation(
             scope, after, listed, groups, summary, pending, self.options.listing
         )
-        return self.core.observed(scope, self.store.progress(call))
+        return self.core.observed(scope, self._progress(call))
+
+    def _progress(self, call: Call) -> ProgressReply:
+        """A progress call of this consumer: progress found missing is checked on the
+        stream's server (``_step.progress``), so lost progress raises ``ProgressLost``."""
+        return self.store.drive(
+            _step.progress(self.core, call, claim=False), stream=self._runner
+        )
 
     def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
         # In this order: the last-delivered id is read before the pending list, so a

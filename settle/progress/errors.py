@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 from settle.errors import InvalidInput, SettleError
 
 if TYPE_CHECKING:
-    from settle.progress.identity import DeliveryId
+    from settle.progress.identity import DeliveryId, ProviderScope
 
 __all__ = [
     "DeferDelivery",
     "InvalidDelivery",
     "ProgressError",
+    "ProgressLost",
     "ProviderReset",
     "SettlementNotAuthorized",
     "UnprovenListing",
@@ -58,6 +59,26 @@ class ProviderReset(ProgressError):
     """The provider lost the consumer group (e.g. the stream's server restarted without
     persistence). Call ``start()`` again: a new incarnation scope is opened, and effects
     already applied are recognised by their emission ids."""
+
+
+class ProgressLost(ProgressError):
+    """The progress server has no state for a scope whose deliveries were acknowledged (the
+    stream's server says so): it lost the consumer's progress (a restart without
+    persistence, FLUSHALL, a DEL, an evicting server). Nothing was written: without that
+    progress, settle cannot tell applied deliveries from lost ones, and emissions applied
+    before would run their effects again. ``scope`` is the scope whose progress is gone.
+
+    To go on (docs/delivery-progress.md, "Progress lost"; the message names the keys): stop
+    the workers of the group, destroy the consumer group and delete this consumer's field of
+    the stream's acknowledged mark, and start them again: the group is made again from the
+    start of the stream, the scope is created anew, and every entry still in the stream is
+    handed out again and applied again under its idempotency key (effects must honour it)."""
+
+    def __init__(
+        self, message: str, *, scope: ProviderScope, operation_id: str | None = None
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.scope = scope
 
 
 class DeferDelivery(ProgressError):

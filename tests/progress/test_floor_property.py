@@ -31,7 +31,8 @@ from settle.progress import (
     ProviderScope,
     StreamConsumer,
 )
-from settle.progress._keys import ProgressKeys
+from settle.progress._keys import ProgressKeys, StreamKeys
+from settle.progress.errors import ProgressLost
 from tests.progress.harness import (
     Names,
     pending_ids,
@@ -167,8 +168,12 @@ class StreamEdgesMachine(RuleBasedStateMachine):
     """A real stream and consumer group on one redis-server, progress on another. Hypothesis
     draws publications, polls, a worker that dies holding deliveries, and operator actions
     on the group: XDEL and MAXLEN trimming (of pending entries or not), XGROUP DELCONSUMER
-    of the dead worker, XGROUP SETID forward and back; and effects that defer their delivery,
-    applied later by hand. After every step: no effect twice, nothing acknowledged before
+    of the dead worker, XGROUP SETID forward and back; effects that defer their delivery,
+    applied later by hand; and the progress server losing its data (FLUSHALL), refused with
+    ProgressLost exactly when the incarnation had a delivery acknowledged, then gone on from
+    as docs/delivery-progress.md says ("Progress lost": the group is destroyed, the
+    consumer's mark deleted, and every entry is applied again). After every step: no effect
+    twice (since the last loss of progress), nothing acknowledged before
     durable progress covered it, every entry at or below the floor applied or dead-lettered,
     every deferral above the floor, and a reported gap gone only once progress covers it. At
     the end, every delivery has a recorded outcome: applied and settled, dead-lettered as
@@ -182,7 +187,8 @@ class StreamEdgesMachine(RuleBasedStateMachine):
         self.names = Names(f"m-{tag}", "billing", f"m-{tag}", "prop")
         self.stream = redis.Redis.from_url(self.urls[0])
         self.progress = redis.Redis.from_url(self.urls[1])
-        self.runs: Counter[str] = Counter()
+        self.runs: Counter[str] = Counter()  # since progress was last lost
+        self.ever: set[str] = set()  # every emission whose effect ran
         self.published: dict[str, str] = {}  # delivery id -> emission id
         self.deleted: set[str] = set()
         self.to_defer: set[str] = set()  # emissions whose effect defers them, once
@@ -205,6 +211,7 @@ class StreamEdgesMachine(RuleBasedStateMachine):
             self.to_defer.discard(ctx.emission.value)
             raise DeferDelivery("later")
         self.runs[ctx.emission.value] += 1
+        self.ever.add(ctx.emission.value)
 
     def existing(self) -> list[str]:
         return [i.decode() for i, _ in self.stream.xrange(self.names.stream)]
@@ -265,6 +272,31 @@ class StreamEdgesMachine(RuleBasedStateMachine):
         target = "0" if back or not ids else ids[k % len(ids)]
         self.stream.xgroup_setid(self.names.stream, self.names.group, target)
 
+    @rule()
+    def progress_server_loses_its_data(self) -> None:
+        """FLUSHALL of the progress server, then a poll: refused (ProgressLost, nothing
+        written) exactly when this incarnation had a delivery of the group acknowledged;
+        otherwise the scope is created anew. After a refusal, the documented way on."""
+        scope = self.consumer.scope
+        assert scope is not None
+        mark = StreamKeys(self.names.stream).acknowledged
+        field = self.consumer.core.mark_field(scope)
+        acknowledged = self.stream.hget(mark, field) == scope.incarnation.encode()
+        self.progress.flushall()
+        self.runs.clear()  # emissions applied before may run again, under their keys
+        self.reported = set()  # the gaps were progress too
+        time.sleep(0.012)
+        try:
+            self.consumer.poll(self.effect)
+        except ProgressLost:
+            assert acknowledged
+            assert not self.progress.keys(f"*{self.names.consumer}*")  # nothing written
+            self.stream.xgroup_destroy(self.names.stream, self.names.group)
+            self.stream.hdel(mark, field)
+            assert self.consumer.start() == scope
+        else:
+            assert not acknowledged
+
     def dead(self) -> dict[str, str]:
         keys = ProgressKeys("prop", self.names.consumer)
         out = {}
@@ -318,8 +350,8 @@ class StreamEdgesMachine(RuleBasedStateMachine):
             gaps = {g.value for g in p.gaps}
             deferred = {x.delivery.value for x in p.deferred}
             for d, e in self.published.items():
-                if e in self.runs:
-                    continue  # applied (once) and settled
+                if e in self.ever:
+                    continue  # applied (once since progress was last lost) and settled
                 if d in deferred:  # set aside, still unapplied: it holds the floor
                     assert p.floor is None or p.floor < DeliveryId(d)
                     continue

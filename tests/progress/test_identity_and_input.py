@@ -308,6 +308,7 @@ def test_every_script_call_touches_one_slot(stream):
         core.plan_scopes(),
         core.plan_stream_scope(stream, "g"),
         core.plan_stream_settle(scope, SettlementAuthority("w", d, 1), IntentKind.ACK),
+        core.plan_evidence(scope),
     ]
     for call in calls:
         assert len({key_slot(k.encode()) for k in call.keys}) == 1, call.script

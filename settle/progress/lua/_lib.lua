@@ -4,7 +4,8 @@
 --
 -- Every progress script of one (consumer, scope) takes the same KEYS, all under the
 -- consumer's hash tag {<namespace>:progress:<consumer>} (one slot, so Cluster-safe):
---   KEYS[1] meta       HASH  floor, replay, pf_last, pf_oldest, pf_pending, pf_at, ver, updated
+--   KEYS[1] meta       HASH  floor, replay, pf_last, pf_oldest, pf_pending, pf_at, ver, updated,
+--                            claimed (ms: when the scope's state was created; see unclaimed())
 --   KEYS[2] applied    HASH  delivery id -> emission id   (exact applied deliveries above floor)
 --   KEYS[3] resolved   HASH  delivery id -> emission id   (dead-lettered deliveries above floor)
 --   KEYS[4] gaps       HASH  delivery id -> first seen ms (known unapplied ids below an applied one)
@@ -19,6 +20,13 @@
 --                            each as hold_member(id), all at score 0, so ZRANGEBYLEX gives the
 --                            smallest; and the member 'built' (it sorts after every id): the
 --                            index holds every gap and deferral (see holds_index())
+-- Every writing script's ARGV starts ARGV[1] scope id, ARGV[2] scope JSON, ARGV[3] the claim
+-- flag: '1' when the caller may create the scope's state (the store's own calls, or a stream
+-- consumer that has just checked on the stream's server that this incarnation never had a
+-- delivery of its group acknowledged), '' otherwise. A scope's state exists once its meta
+-- (KEYS[1]) does. A writing script on a scope with no state and no flag writes nothing and
+-- answers 'unclaimed' (claimed() below): the state is new, or the progress server lost it
+-- (a restart without persistence, FLUSHALL, a DEL), and only the caller can tell which.
 -- Every script returns the runtime's one shape with this body (progress_reply below):
 -- {code, detail, now_ms, meta, applied, resolved, gaps, intents, deferred}
 -- (the last six as flat field/value lists, gaps as a list of ids).
@@ -68,6 +76,16 @@ local function stored_corrupt(scan_ids)
   if em[1] and em[1] ~= 'applying' and em[1] ~= 'applied' then return 'emission state' end
   if em[2] and not string.find(em[2], '^%d+$') then return 'emission attempts' end
   return nil
+end
+
+-- Whether the scope has no state and the call may not create it (the script then answers
+-- 'unclaimed' and writes nothing). With the flag, the scope's state is created now: its
+-- meta records when it was claimed, at version 0.
+local function unclaimed(flag, now)
+  if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+  if flag ~= '1' then return true end
+  redis.call('HSET', KEYS[1], 'claimed', int(now), 'ver', 0)
+  return false
 end
 
 local function floor_of()

@@ -1,0 +1,368 @@
+"""The progress server loses its data (a restart without persistence, FLUSHALL) while the
+stream's server keeps the stream, the group and the acknowledgements: on real servers, sync
+and async.
+
+Before, every delivery applied and acknowledged before the loss became a gap reported as
+lost (``settle.progress.lost``: "handed out and will never come again"), the floor never
+moved again, and nothing said that progress itself was lost. Now the consumer refuses:
+:class:`ProgressLost`, a ``settle.progress.state_lost`` event, nothing written; and the
+documented way to go on (delete the incarnation marker and the group, start again) applies
+every entry again under its idempotency key, and the floor moves again."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from settle import ConfigurationError
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    AsyncStreamConsumer,
+    DeliveryId,
+    EffectContext,
+    EmissionId,
+    IntentKind,
+    ProgressStore,
+    ProviderScope,
+    StreamConsumer,
+)
+from settle.progress._core import ProgressCore, StreamVerdict
+from settle.progress.errors import ProgressLost
+from settle.progress.identity import AttemptId
+from settle.progress.models import SettlementOutcome
+from tests.progress.harness import Names, pending_ids, publish, settled_ids
+
+
+@pytest.fixture
+def own_progress_server(primary: EmbeddedRedis) -> EmbeddedRedis:
+    """A progress server of this test alone, as it is restarted or flushed (the fresh
+    server of tests/faults/servers.py)."""
+    return primary
+
+
+@pytest.fixture
+def logs() -> Iterator[list[dict[str, Any]]]:
+    """The structlog events of the whole test (a consumer binds its logger when it is
+    made, so capturing must begin before)."""
+    with capture_logs() as captured:
+        yield captured
+
+
+class Ledger:
+    """The effect's own store: idempotent under the idempotency key, as the docs ask."""
+
+    def __init__(self) -> None:
+        self.invocations: Counter[str] = Counter()  # emission -> times the effect ran
+        self.held: Counter[str] = Counter()  # emission -> times the effect took hold
+        self.keys: dict[str, str] = {}  # idempotency key -> emission
+
+    def __call__(self, ctx: EffectContext) -> None:
+        self.invocations[ctx.emission.value] += 1
+        if ctx.idempotency_key not in self.keys:
+            self.keys[ctx.idempotency_key] = ctx.emission.value
+            self.held[ctx.emission.value] += 1
+
+
+def _tagged(server: EmbeddedRedis, names: Names) -> list[bytes]:
+    """Every key of the consumer's progress on ``server``, read from the server itself."""
+    with redis.Redis.from_url(server.url) as raw:
+        return list(raw.scan_iter(match=f"settle:{{{names.namespace}:progress:{names.consumer}}}*"))
+
+
+def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def _consumer(names: Names, stream_url: str, progress_url: str, kind: Any = StreamConsumer) -> Any:
+    """A ``kind`` (StreamConsumer, AsyncStreamConsumer) of ``names``, worker ``w1``."""
+    return kind.from_urls(
+        stream_url,
+        progress_url,
+        consumer=names.consumer,
+        namespace=names.namespace,
+        stream=names.stream,
+        group=names.group,
+        worker="w1",
+        block=0.01,
+        claim_idle=0.05,
+    )
+
+
+def _check_refusal(
+    logs: list[dict[str, Any]], error: ProgressLost, scope: ProviderScope, names: Names
+) -> None:
+    assert error.scope == scope
+    assert error.operation_id == names.consumer
+    assert "XGROUP DESTROY" in str(error)  # it says what to do next
+    [event] = _events(logs, "settle.progress.state_lost")
+    assert event["log_level"] == "error"
+    assert (event["scope"], event["stream"], event["group"]) == (
+        str(scope),
+        scope.stream,
+        names.group,
+    )
+    assert event["consumer"] == names.consumer
+    # Nothing reported as lost: the deliveries were applied and acknowledged.
+    assert _events(logs, "settle.progress.lost") == []
+
+
+def test_progress_lost_in_a_restart_is_refused_not_reported_as_lost_deliveries(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        ids = publish(stream_client, names, [f"e{i}" for i in range(4)])
+        consumer.poll(effect)
+        scope = consumer.scope
+        assert scope is not None
+        assert consumer.store.read(scope).floor == DeliveryId(ids[-1])
+        assert settled_ids(stream_client, names) == set(ids)
+
+        own_progress_server.stop(kill=True)  # no AOF, no RDB: it comes back empty
+        own_progress_server.start()
+        [late] = publish(stream_client, names, ["e4"])
+        with pytest.raises(ProgressLost) as caught:
+            consumer.poll(effect)
+        _check_refusal(logs, caught.value, scope, names)
+        # Nothing written on the progress server: no gap, no applied set, no floor to guess.
+        assert _tagged(own_progress_server, names) == []
+        progress = consumer.store.read(scope)
+        assert (progress.gaps, progress.floor, progress.applied_above_floor) == ((), None, ())
+        # The effect of the new delivery did not run; it stays pending, unacknowledged.
+        assert effect.invocations == Counter({f"e{i}": 1 for i in range(4)})
+        assert late in pending_ids(stream_client, names)
+        assert settled_ids(stream_client, names) == set(ids)
+        # run() does not go on guessing either: the error ends it.
+        with pytest.raises(ProgressLost):
+            consumer.run(effect, polls=3)
+        assert _tagged(own_progress_server, names) == []
+    finally:
+        consumer.close()
+
+
+def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_key(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """docs/delivery-progress.md, "Progress lost": stop the workers, destroy the group and
+    delete the consumer's field of the acknowledged mark, start again. Another group of the
+    same stream, whose progress (on another server) is whole, is left alone."""
+    effect, audit = Ledger(), Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    other = Names(names.stream, "audit", f"{names.consumer}-audit", names.namespace)
+    second = _consumer(other, stream_server.url, progress_server.url)
+    try:
+        ids = publish(stream_client, names, [f"e{i}" for i in range(4)])
+        consumer.poll(effect)
+        second.poll(audit)
+        old, audit_scope = consumer.scope, second.scope
+        keys_before = dict(effect.keys)
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        ids += publish(stream_client, names, ["e4"])
+        with pytest.raises(ProgressLost) as caught:
+            consumer.poll(effect)
+
+        # The operator's two commands, as the error names them (the worker has stopped:
+        # the error ended it).
+        mark = f"settle:{{{names.stream}}}:acked:{names.stream}"
+        field = json.dumps([names.namespace, names.consumer, names.group])
+        assert f"XGROUP DESTROY {names.stream} {names.group}" in str(caught.value)
+        assert f"HDEL {mark} '{field}'" in str(caught.value)
+        stream_client.xgroup_destroy(names.stream, names.group)
+        assert stream_client.hdel(mark, field) == 1
+
+        scope = consumer.start()
+        for _ in range(3):
+            consumer.poll(effect)
+        assert scope == old  # the same incarnation: its progress is made anew
+        progress = consumer.store.read(scope)
+        assert progress.floor == DeliveryId(ids[-1])  # the floor moves again
+        assert (progress.gaps, progress.applied_above_floor, progress.intents) == ((), (), ())
+        assert pending_ids(stream_client, names) == {}
+        assert settled_ids(stream_client, names) == set(ids)
+        # Every entry was handed out again and its effect ran again with the same
+        # idempotency key, so each took hold once.
+        assert effect.held == Counter({f"e{i}": 1 for i in range(5)})
+        assert effect.invocations == Counter({**{f"e{i}": 2 for i in range(4)}, "e4": 1})
+        assert {k: v for k, v in effect.keys.items() if v != "e4"} == keys_before
+        assert _events(logs, "settle.progress.lost") == []
+        assert len(_events(logs, "settle.progress.state_lost")) == 1  # the refusal only
+
+        second.poll(audit)  # the other group: same scope, nothing applied twice
+        assert second.scope == audit_scope
+        assert audit_scope is not None
+        audited = second.store.read(audit_scope)
+        assert (audited.floor, audited.gaps) == (DeliveryId(ids[-1]), ())
+        assert audit.invocations == Counter({f"e{i}": 1 for i in range(5)})
+    finally:
+        second.close()
+        consumer.close()
+
+
+@pytest.mark.asyncio
+async def test_async_consumer_refuses_progress_lost_to_a_flushall(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    consumer = _consumer(names, stream_server.url, own_progress_server.url, AsyncStreamConsumer)
+    store = consumer.store
+    runs: list[str] = []
+
+    async def effect(ctx: EffectContext) -> None:
+        runs.append(ctx.emission.value)
+
+    try:
+        ids = publish(stream_client, names, ["a0", "a1"])
+        await consumer.poll(effect)
+        scope = consumer.scope
+        assert scope is not None
+        assert (await store.read(scope)).floor == DeliveryId(ids[-1])
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        publish(stream_client, names, ["a2"])
+        with pytest.raises(ProgressLost) as caught:
+            await consumer.poll(effect)
+        _check_refusal(logs, caught.value, scope, names)
+        assert _tagged(own_progress_server, names) == []
+        assert runs == ["a0", "a1"]
+        with pytest.raises(ProgressLost):
+            await consumer.run(effect, polls=2)
+    finally:
+        await consumer.aclose()
+
+
+def test_a_scope_with_no_acknowledgement_is_claimed_whatever_other_groups_acknowledged(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """No acknowledgement of this consumer's group in this incarnation: nothing was settled
+    on the strength of missing progress, so its state is created: progress lost while the
+    first effect ran (the delivery is recorded and acknowledged), or a new consumer of a
+    stream another group has acknowledged from. A consumer whose own acknowledgement is on
+    the stream's server is refused."""
+    flush = redis.Redis.from_url(own_progress_server.url)
+    effect = Ledger()
+
+    def losing(ctx: EffectContext) -> None:
+        effect(ctx)
+        if ctx.emission.value == "n0":
+            flush.flushall()  # between begin and record of the scope's first delivery
+
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    other = Names(names.stream, "audit", f"{names.consumer}-other", names.namespace)
+    second = _consumer(other, stream_server.url, own_progress_server.url)
+    try:
+        scope = consumer.start()
+        ids = publish(stream_client, names, ["n0"])
+        consumer.poll(losing)
+        claimed = [e["scope"] for e in _events(logs, "settle.progress.scope_claimed")]
+        assert claimed == [str(scope), str(scope)]  # at begin, and again at record
+        assert consumer.store.read(scope).floor == DeliveryId(ids[0])
+        assert effect.invocations == Counter({"n0": 1})
+        assert settled_ids(stream_client, names) == set(ids)
+
+        flush.flushall()
+        second.poll(effect)  # a new group and consumer: claimed, not refused
+        assert second.store.read(second.scope).floor == DeliveryId(ids[0])  # type: ignore[arg-type]
+        with pytest.raises(ProgressLost):
+            consumer.poll(effect)
+    finally:
+        second.close()
+        consumer.close()
+        flush.close()
+
+
+def test_a_scope_is_made_again_only_after_the_progress_server_is_checked(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """'unclaimed' is evidence that the progress server may have lost data: before the call
+    that creates the scope again, the runtime checks the server, so a scope is never made
+    again on a server that now evicts (FLUSHALL, then CONFIG SET maxmemory-policy)."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        consumer.poll(effect)  # nothing to deliver: the scope is made, nothing acknowledged
+        scope = consumer.scope
+        assert scope is not None
+        assert consumer.store.read(scope).provider_floor is not None
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+            raw.config_set("maxmemory-policy", "allkeys-lru")
+        publish(stream_client, names, ["c0"])
+        with pytest.raises(ConfigurationError, match="allkeys-lru"):
+            consumer.poll(effect)
+        assert _tagged(own_progress_server, names) == []
+        assert effect.invocations == Counter()  # the effect never ran on the evicting server
+    finally:
+        consumer.close()
+
+
+WRITERS = ["begin", "record", "dead_letter", "defer", "receipt", "observe", "lost"]
+
+
+def _plan(core: ProgressCore, script: str, scope: ProviderScope) -> Any:
+    d, e, a = DeliveryId("5-0"), EmissionId("e5"), AttemptId("a1")
+    verdict = StreamVerdict(SettlementOutcome.ACKED, "w1", 1, 1)
+    return {
+        "begin": lambda: core.plan_begin(scope, d, e, a),
+        "record": lambda: core.plan_record(scope, d, e, a),
+        "dead_letter": lambda: core.plan_dead_letter(scope, d, e, "poison", 9),
+        "defer": lambda: core.plan_defer(scope, d, e, "later"),
+        "receipt": lambda: core.plan_receipt(scope, d, IntentKind.ACK, verdict, "w1"),
+        "observe": lambda: core.plan_observe(
+            scope, None, [d], last_delivered=d, oldest_pending=None, pending=0
+        ),
+        "lost": lambda: core.plan_lost(scope, [d]),
+    }[script]()
+
+
+@pytest.mark.parametrize("script", WRITERS)
+def test_a_write_without_the_claim_flag_on_a_scope_with_no_state_writes_nothing(
+    script: str, names: Names, own_progress_server: EmbeddedRedis
+) -> None:
+    """The scripts' contract (lua/_lib.lua, unclaimed()): no state and no claim flag ->
+    'unclaimed', nothing written; with the flag the scope's state is created."""
+    store = ProgressStore.from_url(
+        own_progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    scope = ProviderScope(names.stream, names.group, "inc1")
+    try:
+        call = _plan(store.core, script, scope)
+        reply = store.progress(call)
+        assert reply.code == "unclaimed"
+        assert _tagged(own_progress_server, names) == []
+        reply = store.progress(store.core.claiming(call))
+        assert reply.code not in ("unclaimed", "corrupt")
+        meta = store.core.keys.scope(scope.scope_id)[0]
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            assert raw.hget(meta, "claimed") is not None
+            # A scope with state needs no flag any more.
+            assert store.progress(_plan(store.core, script, scope)).code != "unclaimed"
+    finally:
+        store.close()
