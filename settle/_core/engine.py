@@ -590,8 +590,9 @@ class Core:
                 f"get_many takes a list of operation ids, not a {type(operation_ids).__name__}"
             )
         by_shard: dict[int, list[str]] = {}
-        for operation_id in dict.fromkeys(operation_ids):
-            op = check_operation_id(operation_id)
+        # Each id is checked before the duplicates go: an unhashable one (a list) is
+        # InvalidInput, not the TypeError of the dict that drops them.
+        for op in dict.fromkeys([check_operation_id(o) for o in operation_ids]):
             by_shard.setdefault(shard_of(op, self.keys.shards), []).append(op)
         return [
             Call("get_many", tuple(map(self.keys.record, ops[i : i + GET_MANY])), (), shard=s)
@@ -650,7 +651,7 @@ class Core:
         """``start``: a stream id ``(ms, seq)`` the listing starts at, in its direction,
         inclusive (the console's cursor: every shard is read from there, and the entries
         with that very id are the only ones read again)."""
-        if not isinstance(limit, int) or not 1 <= limit <= 100_000:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput("limit must be an int from 1 to 100000")
         low, high = _stream_range(since, until)
         if start is not None and newest_first:
@@ -889,8 +890,8 @@ def _fingerprint_of(request: Any, op: str) -> str:
 
 def _stream_range(since: datetime | None, until: datetime | None) -> tuple[str, str]:
     """XRANGE bounds of ``[since, until]`` (either end open when None)."""
-    low = f"{_ms(since)}-0" if since else "-"
-    high = f"{_ms(until)}-{2**64 - 1}" if until else "+"
+    low = f"{_ms(since)}-0" if since is not None else "-"
+    high = f"{_ms(until)}-{2**64 - 1}" if until is not None else "+"
     return low, high
 
 
@@ -903,9 +904,13 @@ def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
 
 
 def _ms(when: datetime) -> int:
+    if not isinstance(when, datetime):
+        raise InvalidInput(f"since/until must be datetimes, got {type(when).__name__}")
     if when.tzinfo is None:
         raise InvalidInput("since/until must be timezone-aware datetimes")
-    return int(when.timestamp() * 1000)
+    # An instant before 1970 is the stream ids' epoch: no entry is older, and Redis
+    # refuses a negative stream id (the CLI's --since does the same, settle/cli/_params.py).
+    return max(0, int(when.timestamp() * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1121,7 +1126,7 @@ class QuarantineFollower:
     def __init__(self, core: Core, shards: list[int], flt: _Filter, since: datetime | None) -> None:
         self._core = core
         self._filter = flt
-        start = f"{_ms(since)}-0" if since else None
+        start = f"{_ms(since)}-0" if since is not None else None
         self._low: dict[int, str | None] = dict.fromkeys(shards, start)
         #: Entries read but not handed out yet, each with the round (``feed``) that read it.
         self._held: list[tuple[QuarantineEntry, int]] = []

@@ -1,0 +1,109 @@
+"""Bad input to the Settler's public calls gets settle's typed error and writes nothing.
+
+Each case here used to escape as a builtin error (TypeError, AttributeError, ValueError) or
+as a BackendError about Redis, or was accepted and failed every later call.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import redis
+
+from settle import Settler
+from settle.errors import FingerprintError, InvalidInput
+
+
+def _namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, bytes | None]:
+    return {k: client.dump(k) for k in client.scan_iter(match=f"settle:{{{namespace}*")}
+
+
+def test_get_many_with_an_unhashable_id_is_invalid_input(settler: Settler) -> None:
+    with pytest.raises(InvalidInput, match="operation id must be a str"):
+        settler.get_many(["op-1", ["op-2"]])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bound", ["since", "until"])
+@pytest.mark.parametrize("value", ["2026-01-01", 1_700_000_000, 0])
+def test_quarantine_bounds_that_are_no_datetime_are_invalid_input(
+    settler: Settler, bound: str, value: Any
+) -> None:
+    with pytest.raises(InvalidInput, match="since/until must be datetimes"):
+        settler.quarantine.list(**{bound: value})
+    with pytest.raises(InvalidInput, match="since/until must be datetimes"):
+        list(settler.quarantine.scan(**{bound: value}))
+
+
+def test_quarantine_since_before_1970_reads_from_the_start(settler: Settler) -> None:
+    """Redis refuses a negative stream id: a BackendError ("Redis failed") came out of a
+    listing that only asked for entries since 1960. No entry is older than 1970."""
+    op = "late-op"
+    first = settler.reserve(op, {"n": 1}, principal="p", lease=0.05)
+    settler.mark_provisional(first.reservation, "timeout")  # type: ignore[union-attr]
+    second = settler.reserve(op, {"n": 1}, principal="p")
+    settler.complete(second.reservation, {"ok": True})  # type: ignore[union-attr]
+    late = settler.complete(first.reservation, {"ok": False})  # type: ignore[union-attr]
+    assert late.quarantine_id is not None
+    old = datetime(1960, 1, 1, tzinfo=UTC)
+    assert [e.ref for e in settler.quarantine.list(since=old)] == [late.quarantine_id]
+    assert [e.ref for e in settler.quarantine.scan(since=old)] == [late.quarantine_id]
+    assert settler.quarantine.list(until=old) == []
+
+
+def test_quarantine_list_limit_true_is_invalid_input(settler: Settler) -> None:
+    with pytest.raises(InvalidInput, match="limit"):
+        settler.quarantine.list(limit=True)
+
+
+def _nested(depth: int) -> list[Any]:
+    root: list[Any] = []
+    cur = root
+    for _ in range(depth):
+        cur.append([])
+        cur = cur[0]
+    return root
+
+
+def _circular() -> list[Any]:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+class _Refused(Exception):
+    pass
+
+
+def _with_data(data: Any) -> _Refused:
+    exc = _Refused("declined")
+    exc.settle_data = data  # type: ignore[attr-defined]
+    return exc
+
+
+@pytest.mark.parametrize(
+    "error",
+    [_circular(), _nested(2000), _with_data(_circular())],
+    ids=["circular", "deep", "exception-data-circular"],
+)
+def test_fail_with_unstorable_data_is_fingerprint_error_and_writes_nothing(
+    settler: Settler, redis_client: redis.Redis, namespace: str, error: Any
+) -> None:
+    """``complete`` refused such results with FingerprintError; ``fail`` let pydantic's
+    ValueError out."""
+    reserved = settler.reserve("op", {"n": 1}, principal="p")
+    before = _namespace_keys(redis_client, namespace)
+    with pytest.raises(FingerprintError):
+        settler.fail(reserved.reservation, error)  # type: ignore[union-attr]
+    assert _namespace_keys(redis_client, namespace) == before
+
+
+def test_request_with_an_integer_too_long_to_print_is_fingerprint_error(
+    settler: Settler, redis_client: redis.Redis, namespace: str
+) -> None:
+    settler.check()
+    before = _namespace_keys(redis_client, namespace)
+    with pytest.raises(FingerprintError):
+        settler.reserve("op", {"amount": 10**5000}, principal="p")
+    assert _namespace_keys(redis_client, namespace) == before
