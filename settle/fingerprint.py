@@ -199,7 +199,8 @@ def canonical_json(value: Any) -> bytes:
             pass
     try:
         return rfc8785.dumps(converted)
-    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
+    # ValueError: an integer past Python's int-to-str digit limit (4300 by default).
+    except (rfc8785.CanonicalizationError, ValueError) as exc:
         raise FingerprintError(f"request has no canonical JSON form: {exc}") from exc
 
 

@@ -202,7 +202,9 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
         else:
             failure = StoredFailure(error_type="failure", message="", data=error)
         dumped = failure.model_dump(mode="json")
-    except pydantic_core.PydanticSerializationError as exc:
+    # PydanticSerializationError: an unknown object; ValueError: data that nests past
+    # pydantic's depth limit or refers to itself (as a result's is, in encode_result).
+    except (pydantic_core.PydanticSerializationError, ValueError) as exc:
         raise FingerprintError(
             f"the failure cannot be serialized to JSON: {exc}; give fail() an exception, a "
             "model or plain JSON data",

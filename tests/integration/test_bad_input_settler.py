@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from settle import Settler
-from settle.errors import FingerprintError, InvalidInput
+from settle import SettleConfig, Settler
+from settle.errors import ConfigurationError, FingerprintError, InvalidInput
 
 
 def _namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, bytes | None]:
