@@ -83,6 +83,8 @@ def client_from_url(url: str) -> Redis:
     """A binary-safe client for a ``redis://`` / ``rediss://`` / ``unix://`` URL, with
     socket timeouts (a ``redis://`` URL of a cluster node becomes a cluster client on the
     runner's first call)."""
+    if not isinstance(url, str):
+        raise InvalidInput(f"the Redis URL must be a str, got {type(url).__name__}")
     try:
         client = Redis.from_url(url, **_CLIENT_DEFAULTS)
         # One connection object built, nothing connected: redis-py passes a query parameter
@@ -128,6 +130,11 @@ def sentinel_client(
     """A binary-safe client of the primary that the Sentinels name ``service_name``: each new
     connection asks them again, so after a failover it reaches the promoted replica (and a
     demoted primary's READONLY reply drops the connection)."""
+    if not isinstance(sentinels, list | tuple):
+        raise InvalidInput(
+            f"give the Sentinels as a list of 'host:port' or (host, port), not a "
+            f"{type(sentinels).__name__}"
+        )
     url, seeds = topology.parse_seed_nodes(list(sentinels))
     if url is not None:  # pragma: no cover - a list never parses as one URL
         raise ConfigurationError("give the Sentinels as 'host:port' or (host, port)")

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 from settle.errors import ConfigurationError
 
-__all__ = ["Durability"]
+__all__ = ["MAX_MIN_REPLICAS", "Durability"]
+
+#: The most replicas a write may wait for: ``WAIT`` takes a signed 64-bit count.
+MAX_MIN_REPLICAS = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +32,11 @@ class Durability:
             raise ConfigurationError("min_replicas must be a whole number of replicas")
         if not isinstance(self.allow_eviction, bool):
             raise ConfigurationError("allow_eviction must be True or False")
-        if self.min_replicas < 0:
-            raise ConfigurationError(f"min_replicas must be 0 or more, got {self.min_replicas}")
+        if not 0 <= self.min_replicas <= MAX_MIN_REPLICAS:
+            # A larger count was accepted here and failed every write (WAIT refuses it).
+            raise ConfigurationError(
+                f"min_replicas must be 0 to {MAX_MIN_REPLICAS}, got {self.min_replicas}"
+            )
         if isinstance(self.replica_timeout, bool) or not isinstance(
             self.replica_timeout, int | float
         ):

@@ -115,6 +115,11 @@ def parse_seed_nodes(
                 f"a cluster URL must start with redis:// or rediss://, got {scheme}://"
             )
         nodes = [nodes]
+    if not isinstance(nodes, list | tuple):
+        raise InvalidInput(
+            "give the nodes as one URL, or a list of 'host:port' or (host, port), "
+            f"not a {type(nodes).__name__}"
+        )
     seeds = [_seed(node) for node in nodes]
     if not seeds:
         raise InvalidInput("give at least one cluster node (a URL, 'host:port' or (host, port))")

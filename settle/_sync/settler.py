@@ -27,6 +27,7 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
+from settle.errors import InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -377,6 +378,11 @@ class Quarantine:
 
 
 def _config(config: SettleConfig | None, options: dict[str, Any]) -> SettleConfig:
+    if config is not None and not isinstance(config, SettleConfig):
+        raise InvalidInput(
+            f"config must be a SettleConfig, got {type(config).__name__}; pass the settings "
+            "as keyword arguments or as SettleConfig(...)"
+        )
     if config is not None:
         return SettleConfig(**{**config.model_dump(), **options}) if options else config
     return SettleConfig(**options)

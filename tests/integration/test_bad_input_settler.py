@@ -107,3 +107,29 @@ def test_request_with_an_integer_too_long_to_print_is_fingerprint_error(
     with pytest.raises(FingerprintError):
         settler.reserve("op", {"amount": 10**5000}, principal="p")
     assert _namespace_keys(redis_client, namespace) == before
+
+
+@pytest.mark.parametrize("url", [None, 6379, b"redis://localhost"])
+def test_from_url_with_no_str_is_invalid_input(url: Any) -> None:
+    with pytest.raises(InvalidInput, match="must be a str"):
+        Settler.from_url(url)
+
+
+def test_from_cluster_and_from_sentinel_with_no_nodes_are_invalid_input() -> None:
+    with pytest.raises(InvalidInput):
+        Settler.from_cluster(None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        Settler.from_sentinel(None, service_name="main")  # type: ignore[arg-type]
+
+
+def test_config_that_is_no_settle_config_is_invalid_input(redis_url: str) -> None:
+    with pytest.raises(InvalidInput, match="config must be a SettleConfig"):
+        Settler(redis.Redis.from_url(redis_url), {"shards": 4})  # type: ignore[arg-type]
+    # the documented forms still work
+    Settler(redis.Redis.from_url(redis_url), SettleConfig(shards=4)).close()
+
+
+def test_min_replicas_past_what_wait_takes_is_refused_up_front(redis_url: str) -> None:
+    """It was accepted, and every call then failed with a BackendError from WAIT."""
+    with pytest.raises(ConfigurationError, match="min_replicas"):
+        Settler.from_url(redis_url, min_replicas=2**63)
