@@ -8,6 +8,7 @@ shell can first keep the response as an abandoned witness and then raise it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from settle.cursor._keys import has_control
@@ -140,8 +141,12 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
     if cov is not None:
         if not contract.coverage_watermarks:
             raise _bad(stream, "a coverage marker, but the contract declares no watermarks")
+        if not isinstance(cov, Coverage):
+            raise _bad(stream, f"coverage must be settle.cursor.Coverage, got {type(cov).__name__}")
         if not (_is_position(cov.after) and _is_position(cov.through)) or cov.after > cov.through:
             raise _bad(stream, "coverage needs integer positions with after <= through")
+    if isinstance(page.events, str | bytes) or not isinstance(page.events, Iterable):
+        raise _bad(stream, f"events must be a list of Event, got {type(page.events).__name__}")
     events = list(page.events)
     if len(events) > MAX_EVENTS_PER_PAGE:
         raise _bad(stream, f"more than {MAX_EVENTS_PER_PAGE} events")

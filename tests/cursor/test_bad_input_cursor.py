@@ -1,0 +1,48 @@
+"""A page of the wrong shape from ``fetch_page`` is an InvalidResponse and writes nothing.
+
+``events`` that cannot be iterated, and a coverage marker that is no ``Coverage``, let a
+TypeError / AttributeError out of the page check instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from settle.cursor import CursorConsumer, CursorStore, Page, ProviderContract
+from settle.cursor.errors import InvalidResponse
+
+
+def _keys(client: redis.Redis, namespace: str) -> dict[bytes, bytes | None]:
+    return {k: client.dump(k) for k in client.scan_iter(match=f"settle:{{{namespace}:*")}
+
+
+@pytest.mark.parametrize(
+    ("page", "contract"),
+    [
+        (Page(None, b"next"), ProviderContract()),  # type: ignore[arg-type]
+        (Page(3, b"next"), ProviderContract()),  # type: ignore[arg-type]
+        (Page([], b"next", coverage=(0, 5)), ProviderContract(coverage_watermarks=True)),  # type: ignore[arg-type]
+        (Page([], b"next", coverage={"after": 0}), ProviderContract(coverage_watermarks=True)),  # type: ignore[arg-type]
+    ],
+    ids=["events-none", "events-int", "coverage-tuple", "coverage-dict"],
+)
+def test_a_page_of_the_wrong_shape_is_invalid_response_and_writes_nothing(
+    store: CursorStore,
+    redis_client: redis.Redis,
+    namespace: str,
+    page: Page,
+    contract: ProviderContract,
+) -> None:
+    store.start("orders", b"first")
+    before = _keys(redis_client, namespace)
+
+    def fetch(cursor: bytes) -> Any:
+        return page
+
+    consumer = CursorConsumer(fetch, lambda e, c: None, contract, store=store, stream="orders")
+    with pytest.raises(InvalidResponse):
+        consumer.step()
+    assert _keys(redis_client, namespace) == before
