@@ -32,6 +32,7 @@ from settle.progress._core import (
     ProgressReply,
     StreamEntry,
     StreamVerdict,
+    check_apply,
 )
 from settle.progress._keys import StreamKeys
 from settle.progress._scripts import PROGRESS, STREAM
@@ -168,13 +169,14 @@ class AsyncProgressStore(AsyncConnectable):
         write of the store's own, it creates the scope's progress when there is none (the
         store has no stream server to ask whether that progress was lost: a
         ``StreamConsumer`` asks)."""
+        checked = check_apply(effect, fields)
         steps = _step.apply(
             self.core,
             scope,
             delivery,
             emission,
             attempt or AttemptId.new(),
-            dict(fields or {}),
+            checked,
             claim=True,
         )
         return await self.drive(steps, effect)

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -92,6 +92,20 @@ def _scope(value: object) -> ProviderScope:
     if not isinstance(value, ProviderScope):
         raise InvalidDelivery(f"expected a ProviderScope, got {type(value).__name__}")
     return value
+
+
+def check_apply(effect: object, fields: object) -> dict[str, bytes]:
+    """``apply``'s effect and fields, checked before anything is sent: a bad one would
+    otherwise come out of the effect's call after ``begin`` claimed the emission."""
+    if not callable(effect):
+        raise InvalidDelivery(
+            f"effect must be a callable taking an EffectContext, got {type(effect).__name__}"
+        )
+    if fields is not None and not isinstance(fields, Mapping):
+        raise InvalidDelivery(
+            f"fields must be a mapping of field name to bytes, got {type(fields).__name__}"
+        )
+    return dict(fields or {})
 
 
 def scope_json(scope: ProviderScope) -> str:
@@ -342,6 +356,11 @@ class ProgressCore:
         verdict: StreamVerdict,
         worker: str,
     ) -> Call:
+        if not isinstance(kind, IntentKind):
+            raise InvalidDelivery(f"expected an IntentKind, got {type(kind).__name__}")
+        if not isinstance(verdict, StreamVerdict):
+            raise InvalidDelivery(f"expected a StreamVerdict, got {type(verdict).__name__}")
+        check_name(worker, "worker")
         return self._call(
             "receipt",
             _scope(scope),
@@ -375,6 +394,15 @@ class ProgressCore:
         the last of them when the pending listing was cut at its limit (the floor stops
         there: past it, pending deliveries are unknown). The oldest pending id holds the
         floor as one of ``held``."""
+        if after is not None:
+            _delivery(after)
+        if isinstance(listing, str | bytes) or not isinstance(listing, Sequence):
+            raise InvalidDelivery(
+                f"listing must be a list of DeliveryId, got {type(listing).__name__}"
+            )
+        for bound in (last_delivered, oldest_pending):
+            if bound is not None:
+                _delivery(bound)
         start = after.value if after else "0-0"
         previous = after
         for d in listing:

@@ -1,0 +1,80 @@
+"""ProgressStore's calls refuse arguments of the wrong type with InvalidDelivery (an
+InvalidInput) before anything is sent. ``apply`` with an effect that is no callable used to
+claim the emission (``begin`` ran) and then let a TypeError out; ``observe`` and
+``record_receipt`` let TypeError / AttributeError out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
+from settle.progress.errors import InvalidDelivery
+from settle.progress.models import IntentKind
+from tests.progress.harness import Names
+
+SCOPE = ProviderScope("orders", "billing", "inc1")
+
+
+def _keys(client: redis.Redis) -> dict[bytes, bytes | None]:
+    return {k: client.dump(k) for k in client.scan_iter()}
+
+
+@pytest.fixture
+def store(progress_client: redis.Redis, names: Names) -> ProgressStore:
+    return ProgressStore(progress_client, consumer=names.consumer, namespace=names.namespace)
+
+
+@pytest.mark.parametrize(
+    ("effect", "fields"),
+    [(None, None), ("not callable", None), (lambda ctx: None, [("amount", b"1")])],
+    ids=["effect-none", "effect-str", "fields-list"],
+)
+def test_apply_with_a_bad_effect_or_fields_writes_nothing(
+    store: ProgressStore, progress_client: redis.Redis, effect: Any, fields: Any
+) -> None:
+    before = _keys(progress_client)
+    with pytest.raises(InvalidDelivery):
+        store.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), effect, fields=fields)
+    assert _keys(progress_client) == before
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"listing": None},
+        {"listing": "1-1"},
+        {"after": "1-0"},
+        {"last_delivered": "1-0"},
+    ],
+    ids=["listing-none", "listing-str", "after-str", "last-delivered-str"],
+)
+def test_observe_with_ids_of_the_wrong_type_is_invalid_delivery(
+    store: ProgressStore, progress_client: redis.Redis, options: dict[str, Any]
+) -> None:
+    call: dict[str, Any] = {
+        "after": None,
+        "listing": [],
+        "last_delivered": None,
+        "oldest_pending": None,
+        "pending": 0,
+        **options,
+    }
+    after, listing = call.pop("after"), call.pop("listing")
+    before = _keys(progress_client)
+    with pytest.raises(InvalidDelivery):
+        store.observe(SCOPE, after, listing, **call)
+    assert _keys(progress_client) == before
+
+
+def test_record_receipt_with_a_kind_of_the_wrong_type_is_invalid_delivery(
+    store: ProgressStore, progress_client: redis.Redis
+) -> None:
+    before = _keys(progress_client)
+    with pytest.raises(InvalidDelivery):
+        store.record_receipt(SCOPE, DeliveryId("1-1"), "ack", None, "w1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidDelivery):
+        store.record_receipt(SCOPE, DeliveryId("1-1"), IntentKind.ACK, None, "w1")  # type: ignore[arg-type]
+    assert _keys(progress_client) == before
