@@ -41,6 +41,8 @@ class Coverage(Enum):
 def _globs(value: Iterable[str], what: str) -> tuple[str, ...]:
     if isinstance(value, str):
         raise ConfigurationError(f"{what} must be a list of path patterns, not one string")
+    if not isinstance(value, Iterable):
+        raise ConfigurationError(f"{what} must be a list of path patterns")
     patterns = tuple(value)
     if not all(isinstance(p, str) and p.startswith("/") for p in patterns):
         raise ConfigurationError(f"{what} must hold path patterns starting with '/'")
@@ -51,6 +53,39 @@ def _one_or_many(value: Iterable[str]) -> tuple[str, ...]:
     """One name or pattern given as a plain str is that one (``methods="POST"``), never its
     characters."""
     return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _loose(value: Any) -> Any:
+    """:func:`_one_or_many` of what is a str or iterable; anything else as it is, for the
+    policy's own check to name."""
+    return _one_or_many(value) if isinstance(value, str | Iterable) else value
+
+
+def _names(value: object, what: str) -> tuple[str, ...]:
+    """:func:`_one_or_many` of an option that must hold names (methods, headers)."""
+    if not isinstance(value, str | Iterable):
+        raise ConfigurationError(f"{what} must be a name or a list of names")
+    names = _one_or_many(value)
+    if not all(isinstance(n, str) for n in names):
+        raise ConfigurationError(f"{what} must hold names (str)")
+    return names
+
+
+def _check_types(policy: IdempotencyPolicy) -> None:
+    """The options' types, before their values are compared: a str where a number belongs
+    was a TypeError, and a float one (NaN, 1.5) compared False with every size, so that a
+    NaN ``max_request_bytes`` read any body and a NaN ``max_response_bytes`` stored none."""
+    for name in ("header", "operation_prefix", "problem_type_base"):
+        if not isinstance(getattr(policy, name), str):
+            raise ConfigurationError(f"{name} must be a str")
+    for name in ("max_key_length", "max_request_bytes", "max_response_bytes", "retry_after"):
+        value = getattr(policy, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
+    for name in ("lease", "timeout"):
+        value = getattr(policy, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
 
 
 def _matches(patterns: tuple[str, ...], path: str) -> bool:
@@ -91,8 +126,9 @@ class IdempotencyPolicy:
     def __post_init__(self) -> None:
         if not callable(self.principal):
             raise ConfigurationError("principal must be a callable: request -> str | None")
+        _check_types(self)
         set_ = object.__setattr__
-        set_(self, "methods", frozenset(m.upper() for m in _one_or_many(self.methods)))
+        set_(self, "methods", frozenset(m.upper() for m in _names(self.methods, "methods")))
         if self.paths is not None:
             set_(self, "paths", _globs(self.paths, "paths"))
         if not isinstance(self.require_key, bool):
@@ -115,7 +151,7 @@ class IdempotencyPolicy:
             raise ConfigurationError("max_request_bytes and max_response_bytes must be >= 0")
         if self.retry_after < 0:
             raise ConfigurationError("retry_after must be >= 0 seconds")
-        allowed = frozenset(h.lower() for h in _one_or_many(self.replay_headers))
+        allowed = frozenset(h.lower() for h in _names(self.replay_headers, "replay_headers"))
         if refused := sorted(allowed & FORBIDDEN_REPLAY_HEADERS):
             raise ConfigurationError(
                 f"replay_headers must not contain {', '.join(refused)}: cookies belong to one "
@@ -149,10 +185,10 @@ class IdempotencyPolicy:
             )
         return cls(
             principal=principal,
-            methods=frozenset(_one_or_many(methods)),
-            paths=None if paths is None else _one_or_many(paths),
-            require_key=require_key if isinstance(require_key, bool) else _one_or_many(require_key),
-            replay_headers=frozenset(_one_or_many(replay_headers)),
+            methods=_loose(methods),
+            paths=None if paths is None else _loose(paths),
+            require_key=require_key if isinstance(require_key, bool) else _loose(require_key),
+            replay_headers=_loose(replay_headers),
             **options,
         )
 
