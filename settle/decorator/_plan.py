@@ -190,6 +190,10 @@ class Policy:
     ) -> Policy:
         if isinstance(terminal, type):
             terminal = (terminal,)
+        try:  # once: a generator checked by all() was empty by the time it was kept
+            terminal = tuple(terminal)
+        except TypeError:
+            raise InvalidInput("terminal must be exception types") from None
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in terminal):
             raise InvalidInput("terminal must be exception types")
         if retry is None:

@@ -121,6 +121,7 @@ class Signature:
                 self.attempt_param = param.name
                 skip.add(param.name)
         self._skip = frozenset(skip)
+        self._check_template(params)
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         self._required = tuple(
             p.name
@@ -235,6 +236,26 @@ class Signature:
                 f"{self.fn.__qualname__}: the {what} must be a str, got {type(value).__name__}"
             )
         return value
+
+    def _check_template(self, params: list[inspect.Parameter]) -> None:
+        """A key template is formatted over the arguments by name: an empty one, a
+        positional field (``{0}``, ``{}``) or one naming no parameter fails every call, so
+        it is refused here, when the function is decorated."""
+        if not isinstance(self.key, str):
+            return
+        if not self.key:
+            raise InvalidInput("key template must not be empty")
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return  # **kwargs: any name may be passed
+        names = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+        for field_name in self._key_fields:
+            root = re.split(r"[.\[]", field_name, maxsplit=1)[0]
+            if root not in names:
+                raise InvalidInput(
+                    f"key template {self.key!r}: {{{field_name}}} names no parameter of "
+                    f"{self.fn.__qualname__} (fields are parameters by name, such as "
+                    "{request.order_id})"
+                )
 
     def _check_key_fields(self, arguments: dict[str, Any]) -> None:
         """A key template's field that is None or empty would give every such call one

@@ -1,0 +1,61 @@
+"""Decorator options that can only fail are refused when the function is decorated, and
+a ``terminal`` given as any iterable is kept whole.
+
+A key template naming no parameter (``{y}``), a positional field (``{0}``) or an empty
+template was accepted and then failed every call. ``terminal`` given as a generator was
+consumed by its own check and kept empty: the function's terminal error was then taken for
+an uncertain outcome, retried, and left the operation provisional instead of failed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tenacity
+
+from settle import Settler
+from settle.errors import InvalidInput, OperationFailed
+from settle.models import State
+
+
+@pytest.mark.parametrize("key", ["charge:{order}", "charge:{0}", "charge:{}", ""])
+def test_a_key_template_that_fails_every_call_is_refused_when_decorating(
+    settler: Settler, key: str
+) -> None:
+    with pytest.raises(InvalidInput, match="key template"):
+
+        @settler.operation(key=key, principal="tenant:a")
+        def charge(order_id: str) -> str:
+            return order_id
+
+
+class Declined(Exception):
+    pass
+
+
+def test_terminal_given_as_a_generator_stores_the_failure(settler: Settler) -> None:
+    calls = []
+
+    @settler.operation(
+        key="charge:{order_id}",
+        principal="tenant:a",
+        terminal=(t for t in [Declined]),
+        retry=tenacity.Retrying(stop=tenacity.stop_after_attempt(3), reraise=True),
+    )
+    def charge(order_id: str) -> str:
+        calls.append(order_id)
+        raise Declined("card declined")
+
+    with pytest.raises(OperationFailed):
+        charge("o-1")
+    assert calls == ["o-1"]
+    record = settler.get("charge:o-1")
+    assert record is not None
+    assert record.state is State.FAILED
+
+
+def test_terminal_that_is_not_iterable_is_invalid_input(settler: Settler) -> None:
+    with pytest.raises(InvalidInput, match="terminal"):
+
+        @settler.operation(key="charge:{order_id}", principal="tenant:a", terminal=None)  # type: ignore[arg-type]
+        def charge(order_id: str) -> str:
+            return order_id
