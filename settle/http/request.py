@@ -75,7 +75,10 @@ class BodyBuffer:
 
     def __init__(self, limit: int, declared: bytes | None) -> None:
         self.limit = limit
-        self._declared = int(declared) if declared and declared.strip().isdigit() else None
+        digits = declared.strip() if declared else b""
+        if digits.isdigit() and len(digits) > 20:  # past any body (int() refuses 4300 digits)
+            raise self._too_large()
+        self._declared = int(digits) if digits.isdigit() else None
         if self._declared is not None and self._declared > limit:
             raise self._too_large()
         self._chunks: list[bytes] = []

@@ -5,7 +5,7 @@ A str where a number belongs, None where names belong, or a header of another ty
 TypeError / AttributeError out; a NaN (or fractional) size or Retry-After was accepted and
 then compared False with every size: a NaN ``max_request_bytes`` read bodies of any size
 (no 413), a NaN ``max_response_bytes`` stored no response, a NaN ``retry_after`` was sent
-as ``Retry-After: nan``.
+as ``Retry-After: nan``. And a Content-Length too long for int() to parse was a 500.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from settle import AsyncSettler
+from settle.asgi import IdempotencyMiddleware
+from settle.asgi._types import Message, Receive, Scope, Send
 from settle.errors import ConfigurationError
 from settle.http import IdempotencyPolicy
 
@@ -44,3 +47,37 @@ from settle.http import IdempotencyPolicy
 def test_an_option_of_the_wrong_type_is_a_configuration_error(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         IdempotencyPolicy.configure(principal=lambda request: "tenant:a", **options)
+
+
+@pytest.mark.asyncio
+async def test_a_content_length_too_long_to_parse_is_a_413(async_settler: AsyncSettler) -> None:
+    """A Content-Length of thousands of digits let int()'s ValueError out of the middleware
+    (a 500 from the server) instead of the 413 any over-long body gets."""
+    ran: list[Scope] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        ran.append(scope)
+
+    guard = IdempotencyMiddleware(app, settler=async_settler, principal=lambda scope: "tenant:a")
+    headers = [(b"idempotency-key", b"k-1"), (b"content-length", b"9" * 5000)]
+    scope: Scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/payments",
+        "raw_path": b"/payments",
+        "query_string": b"",
+        "headers": headers,
+        "http_version": "1.1",
+        "root_path": "",
+    }
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await guard(scope, receive, send)
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [413]
+    assert ran == []
