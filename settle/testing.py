@@ -23,6 +23,7 @@ from settle._core.reference import MemoryKeyspace, run_script
 from settle._runtime import Call
 from settle._sync.settler import Settler
 from settle.config import SettleConfig
+from settle.errors import InvalidInput
 
 __all__ = [
     "AsyncMemoryBackend",
@@ -99,6 +100,11 @@ class AsyncMemoryBackend:
 
 
 def _settings(config: SettleConfig | None, options: dict[str, Any]) -> SettleConfig:
+    if config is not None and not isinstance(config, SettleConfig):
+        raise InvalidInput(
+            f"config must be a SettleConfig, got {type(config).__name__}; pass the settings "
+            "as keyword arguments or as SettleConfig(...)"
+        )
     if config is None:
         return SettleConfig(**options)
     return SettleConfig(**{**config.model_dump(), **options})

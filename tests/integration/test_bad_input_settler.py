@@ -14,6 +14,7 @@ import redis
 
 from settle import SettleConfig, Settler
 from settle.errors import ConfigurationError, FingerprintError, InvalidInput
+from settle.testing import AsyncMemorySettler, MemorySettler
 
 
 def _namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, bytes | None]:
@@ -127,6 +128,10 @@ def test_config_that_is_no_settle_config_is_invalid_input(redis_url: str) -> Non
         Settler(redis.Redis.from_url(redis_url), {"shards": 4})  # type: ignore[arg-type]
     # the documented forms still work
     Settler(redis.Redis.from_url(redis_url), SettleConfig(shards=4)).close()
+    with pytest.raises(InvalidInput, match="config must be a SettleConfig"):
+        MemorySettler({"shards": 4})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="config must be a SettleConfig"):
+        AsyncMemorySettler({"shards": 4})  # type: ignore[arg-type]
 
 
 def test_min_replicas_past_what_wait_takes_is_refused_up_front(redis_url: str) -> None:
