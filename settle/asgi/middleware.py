@@ -17,7 +17,7 @@ from settle._telemetry import telemetry
 from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
-from settle.errors import SettleError
+from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run
 from settle.http.keys import KeyScope
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -59,6 +59,11 @@ class IdempotencyMiddleware:
         operation_prefix: str = "http",
         problem_type_base: str = DEFAULT_PROBLEM_TYPE_BASE,
     ) -> None:
+        if not isinstance(settler, AsyncSettler):  # a Settler's replies cannot be awaited
+            raise ConfigurationError(
+                f"settler must be a settle.AsyncSettler, got {type(settler).__name__} (a "
+                "Settler guards WSGI apps: settle.wsgi.IdempotencyMiddleware)"
+            )
         self.app = app
         self.settler = settler
         self.policy = IdempotencyPolicy.configure(

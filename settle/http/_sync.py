@@ -74,6 +74,11 @@ class SyncGuard:
     """Carries out the guard's steps with blocking calls; one per middleware."""
 
     def __init__(self, settler: Settler, policy: IdempotencyPolicy) -> None:
+        if not isinstance(settler, Settler):  # an AsyncSettler's calls would go unawaited
+            raise ConfigurationError(
+                f"settler must be a settle.Settler, got {type(settler).__name__} (an "
+                "AsyncSettler guards ASGI apps: settle.asgi.IdempotencyMiddleware)"
+            )
         policy.check_store(settler.config.max_result_bytes)
         self.settler = settler
         self.policy = policy

@@ -5,7 +5,8 @@ A str where a number belongs, None where names belong, or a header of another ty
 TypeError / AttributeError out; a NaN (or fractional) size or Retry-After was accepted and
 then compared False with every size: a NaN ``max_request_bytes`` read bodies of any size
 (no 413), a NaN ``max_response_bytes`` stored no response, a NaN ``retry_after`` was sent
-as ``Retry-After: nan``. And a Content-Length too long for int() to parse was a 500.
+as ``Retry-After: nan``. A Content-Length too long for int() to parse was a 500, and a
+settler of the wrong flavour (sync for ASGI, async for WSGI) failed only on each request.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import math
 from typing import Any
 
 import pytest
+import redis
 
-from settle import AsyncSettler
+from settle import AsyncSettler, Settler
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi._types import Message, Receive, Scope, Send
 from settle.errors import ConfigurationError
 from settle.http import IdempotencyPolicy
+from settle.wsgi import IdempotencyMiddleware as WSGIIdempotencyMiddleware
 
 
 @pytest.mark.parametrize(
@@ -81,3 +84,29 @@ async def test_a_content_length_too_long_to_parse_is_a_413(async_settler: AsyncS
     await guard(scope, receive, send)
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [413]
     assert ran == []
+
+
+@pytest.mark.asyncio
+async def test_the_asgi_guard_refuses_a_sync_settler(
+    settler: Settler, redis_client: redis.Redis, namespace: str
+) -> None:
+    """It was accepted; every guarded request then wrote a pending record (reserve ran)
+    and failed with TypeError awaiting the reply: a 500, every time."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("not reached")
+
+    with pytest.raises(ConfigurationError, match="AsyncSettler"):
+        IdempotencyMiddleware(app, settler=settler, principal=lambda scope: "tenant:a")  # type: ignore[arg-type]
+    assert list(redis_client.scan_iter(match=f"settle:{{{namespace}*")) == []
+
+
+def test_the_wsgi_guard_refuses_an_async_settler(async_settler: AsyncSettler) -> None:
+    """It was accepted; every guarded request then failed with AttributeError on the
+    unawaited coroutine of reserve()."""
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        raise AssertionError("not reached")
+
+    with pytest.raises(ConfigurationError, match=r"settle\.Settler"):
+        WSGIIdempotencyMiddleware(app, settler=async_settler, principal=lambda environ: "a")  # type: ignore[arg-type]
