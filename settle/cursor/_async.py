@@ -26,6 +26,7 @@ from settle.cursor.models import (
     StepResult,
     Witness,
 )
+from settle.errors import InvalidInput
 
 __all__ = ["AsyncCursorConsumer", "AsyncCursorStore"]
 
@@ -118,6 +119,10 @@ class AsyncCursorConsumer:
         """``stand_down_for``: seconds a pending response of another worker may go without
         progress while a shorter copy of it stands down (``LOST``); after that the shorter
         copy stops the stream (``CoverageNotProven``) instead of standing down for good."""
+        if not isinstance(store, AsyncCursorStore):  # the other flavour's replies differ
+            raise InvalidInput(
+                f"store must be a settle.cursor.AsyncCursorStore, got {type(store).__name__}"
+            )
         self._core = store.core
         self.stream, self.contract, self._stand_down_ms = self._core.check_consumer(
             stream, contract, stand_down_for

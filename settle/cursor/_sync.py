@@ -27,6 +27,7 @@ from settle.cursor.models import (
     StepResult,
     Witness,
 )
+from settle.errors import InvalidInput
 
 __all__ = ["CursorConsumer", "CursorStore"]
 
@@ -113,6 +114,10 @@ class CursorConsumer:
         """``stand_down_for``: seconds a pending response of another worker may go without
         progress while a shorter copy of it stands down (``LOST``); after that the shorter
         copy stops the stream (``CoverageNotProven``) instead of standing down for good."""
+        if not isinstance(store, CursorStore):  # the other flavour's replies differ
+            raise InvalidInput(
+                f"store must be a settle.cursor.CursorStore, got {type(store).__name__}"
+            )
         self._core = store.core
         self.stream, self.contract, self._stand_down_ms = self._core.check_consumer(
             stream, contract, stand_down_for

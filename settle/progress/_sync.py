@@ -45,7 +45,7 @@ from settle.progress._step import (
     RunStreamScript,
     Settling,
 )
-from settle.progress.errors import ProviderReset
+from settle.progress.errors import InvalidDelivery, ProviderReset
 from settle.progress.identity import (
     AttemptId,
     DeliveryId,
@@ -299,6 +299,10 @@ class StreamConsumer:
             listing=listing,
             retry_pause=retry_pause,
         )
+        if not isinstance(store, ProgressStore):  # the other flavour's replies differ
+            raise InvalidDelivery(
+                f"store must be a settle.progress.ProgressStore, got {type(store).__name__}"
+            )
         default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
         self.worker = check_name(default if worker is None else worker, "worker")
         self.store = store

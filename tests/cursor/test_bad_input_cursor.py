@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
-from settle.cursor import CursorConsumer, CursorStore, Page, ProviderContract
+from settle.cursor import AsyncCursorStore, CursorConsumer, CursorStore, Page, ProviderContract
 from settle.cursor.errors import InvalidResponse
+from settle.errors import InvalidInput
 
 
 def _keys(client: redis.Redis, namespace: str) -> dict[bytes, bytes | None]:
@@ -46,3 +48,25 @@ def test_a_page_of_the_wrong_shape_is_invalid_response_and_writes_nothing(
     with pytest.raises(InvalidResponse):
         consumer.step()
     assert _keys(redis_client, namespace) == before
+
+
+def test_a_consumer_refuses_a_store_of_the_other_flavour(redis_url: str, namespace: str) -> None:
+    """A CursorConsumer given an AsyncCursorStore ran its first step against an unawaited
+    coroutine and blamed the server: CorruptRecord, "another settle version"."""
+    store = AsyncCursorStore(aioredis.Redis.from_url(redis_url), namespace=namespace)
+    with pytest.raises(InvalidInput, match="CursorStore"):
+        CursorConsumer(
+            lambda cursor: Page([], b"n"),
+            lambda event, context: None,
+            ProviderContract(),
+            store=store,  # type: ignore[arg-type]
+            stream="orders",
+        )
+    with pytest.raises(InvalidInput, match="CursorStore"):
+        CursorConsumer(
+            lambda cursor: Page([], b"n"),
+            lambda event, context: None,
+            ProviderContract(),
+            store=None,  # type: ignore[arg-type]
+            stream="orders",
+        )

@@ -9,8 +9,17 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
-from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    AsyncProgressStore,
+    DeliveryId,
+    EmissionId,
+    ProgressStore,
+    ProviderScope,
+    StreamConsumer,
+)
 from settle.progress.errors import InvalidDelivery
 from settle.progress.models import IntentKind
 from tests.progress.harness import Names
@@ -78,3 +87,18 @@ def test_record_receipt_with_a_kind_of_the_wrong_type_is_invalid_delivery(
     with pytest.raises(InvalidDelivery):
         store.record_receipt(SCOPE, DeliveryId("1-1"), IntentKind.ACK, None, "w1")  # type: ignore[arg-type]
     assert _keys(progress_client) == before
+
+
+def test_a_stream_consumer_refuses_a_store_of_the_other_flavour(
+    stream_client: redis.Redis, progress_server: EmbeddedRedis, names: Names
+) -> None:
+    """A StreamConsumer given an AsyncProgressStore opened the scope on the stream's server
+    (its group and incarnation written) and then failed with AttributeError on an unawaited
+    coroutine, on every poll."""
+    store = AsyncProgressStore(aioredis.Redis.from_url(progress_server.url), consumer="c")
+    before = _keys(stream_client)
+    with pytest.raises(InvalidDelivery, match="ProgressStore"):
+        StreamConsumer(stream_client, store, stream=names.stream, group=names.group)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDelivery, match="ProgressStore"):
+        StreamConsumer(stream_client, None, stream=names.stream, group=names.group)  # type: ignore[arg-type]
+    assert _keys(stream_client) == before
