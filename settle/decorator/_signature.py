@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter
 
+from settle._core.keys import check_binding
 from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
 from settle.fingerprint import fingerprint as canonical_fingerprint
@@ -87,6 +88,8 @@ class Signature:
             raise InvalidInput("key must be a str.format template or a callable")
         if not (isinstance(self.principal, str) or callable(self.principal)):
             raise InvalidInput("principal must be a str or a callable")
+        if isinstance(self.principal, str):
+            check_binding(self.principal)  # "" or a control character: every call would fail
         if self.fingerprint is not None and not callable(self.fingerprint):
             raise InvalidInput("fingerprint must be a callable returning the request")
         if self.name is None:

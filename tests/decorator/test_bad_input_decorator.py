@@ -1,8 +1,9 @@
 """Decorator options that can only fail are refused when the function is decorated, and
 a ``terminal`` given as any iterable is kept whole.
 
-A key template naming no parameter (``{y}``), a positional field (``{0}``) or an empty
-template was accepted and then failed every call. ``terminal`` given as a generator was
+A key template naming no parameter (``{y}``), a positional field (``{0}``), an empty
+template, or a principal str no record can hold (empty, a line break, over 1024 characters)
+was accepted and then failed every call. ``terminal`` given as a generator was
 consumed by its own check and kept empty: the function's terminal error was then taken for
 an uncertain outcome, retried, and left the operation provisional instead of failed.
 """
@@ -15,6 +16,17 @@ import tenacity
 from settle import Settler
 from settle.errors import InvalidInput, OperationFailed
 from settle.models import State
+
+
+@pytest.mark.parametrize("principal", ["", "tenant\na", "x" * 1025])
+def test_a_principal_no_call_can_use_is_refused_when_decorating(
+    settler: Settler, principal: str
+) -> None:
+    with pytest.raises(InvalidInput, match="principal"):
+
+        @settler.operation(key="charge:{order_id}", principal=principal)
+        def charge(order_id: str) -> str:
+            return order_id
 
 
 @pytest.mark.parametrize("key", ["charge:{order}", "charge:{0}", "charge:{}", ""])
