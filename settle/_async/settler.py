@@ -366,7 +366,11 @@ class AsyncQuarantine:
     ) -> AsyncIterator[QuarantineEntry]:
         """Yield entries written from now (or ``since``) on, oldest first, until closed."""
         follower = self._settler._core.quarantine_follower(
-            kind=kind, operation_id=operation_id, unresolved=unresolved, since=since
+            kind=kind,
+            operation_id=operation_id,
+            unresolved=unresolved,
+            since=since,
+            poll_interval=poll_interval,
         )
         while True:
             calls = follower.calls()

@@ -695,7 +695,18 @@ class Core:
         operation_id: str | None = None,
         unresolved: bool = False,
         since: datetime | None = None,
+        poll_interval: float = 0.5,
     ) -> QuarantineFollower:
+        """``poll_interval`` is only checked here (the shell sleeps it): a bad one failed
+        with the sleep's own error once the follower was first idle."""
+        if (
+            isinstance(poll_interval, bool)
+            or not isinstance(poll_interval, int | float)
+            or not 0 <= poll_interval <= 3600  # NaN fails too
+        ):
+            raise InvalidInput(
+                f"poll_interval must be a number of seconds from 0 to 3600, got {poll_interval!r}"
+            )
         return QuarantineFollower(
             self, self._shards_for(operation_id), _Filter.of(kind, operation_id, unresolved), since
         )

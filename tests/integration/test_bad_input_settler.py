@@ -6,6 +6,7 @@ as a BackendError about Redis, or was accepted and failed every later call.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -138,3 +139,13 @@ def test_min_replicas_past_what_wait_takes_is_refused_up_front(redis_url: str) -
     """It was accepted, and every call then failed with a BackendError from WAIT."""
     with pytest.raises(ConfigurationError, match="min_replicas"):
         Settler.from_url(redis_url, min_replicas=2**63)
+
+
+@pytest.mark.parametrize("poll_interval", [-1, math.nan, math.inf, "1", None])
+def test_quarantine_follow_with_a_bad_poll_interval_is_invalid_input(
+    settler: Settler, poll_interval: Any
+) -> None:
+    """It failed with time.sleep's own ValueError / TypeError / OverflowError once the
+    follower was first idle."""
+    with pytest.raises(InvalidInput, match="poll_interval"):
+        next(iter(settler.quarantine.follow(poll_interval=poll_interval)))
