@@ -108,10 +108,20 @@ def _check_reservation(reservation: object) -> Reservation:
         )
     op = check_operation_id(reservation.operation_id)
     check_binding(reservation.binding, op)
-    if not _HEX64.match(reservation.fingerprint) or not _ATTEMPT_ID.match(reservation.attempt_id):
+    fp, aid = reservation.fingerprint, reservation.attempt_id
+    if not (
+        isinstance(fp, str) and _HEX64.match(fp) and isinstance(aid, str) and _ATTEMPT_ID.match(aid)
+    ):
         raise InvalidInput("reservation has a malformed fingerprint or attempt_id", operation_id=op)
-    if reservation.generation < 1:
-        raise InvalidInput("reservation generation must be at least 1", operation_id=op)
+    # model_construct / model_copy(update=...) skip the model's own checks: a str or a bool
+    # was a TypeError or a BackendError, a number past 2**53 (no script issues one, nor
+    # holds one exactly) was judged by the script and quarantined.
+    for name in ("generation", "fingerprint_version"):
+        value = getattr(reservation, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**53:
+            raise InvalidInput(
+                f"reservation {name} must be an int from 1 to 2**53 - 1", operation_id=op
+            )
     return reservation
 
 

@@ -149,3 +149,32 @@ def test_quarantine_follow_with_a_bad_poll_interval_is_invalid_input(
     follower was first idle."""
     with pytest.raises(InvalidInput, match="poll_interval"):
         next(iter(settler.quarantine.follow(poll_interval=poll_interval)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"fingerprint": 5},
+        {"attempt_id": None},
+        {"generation": "1"},
+        {"generation": True},
+        {"generation": 2**80},
+        {"fingerprint_version": "x"},
+        {"fingerprint_version": 2**80},
+    ],
+    ids=lambda change: "-".join(f"{k}={v!r}"[:30] for k, v in change.items()),
+)
+def test_a_reservation_with_fields_of_the_wrong_type_is_invalid_input_and_writes_nothing(
+    settler: Settler, redis_client: redis.Redis, namespace: str, change: dict[str, Any]
+) -> None:
+    """model_copy(update=...) and model_construct skip the model's checks. Such a
+    reservation raised TypeError, a BackendError (a bool sent to Redis), or was judged by the
+    script and its settlement quarantined (a generation or fingerprint version past 2**53)."""
+    reserved = settler.reserve("op", {"n": 1}, principal="p")
+    forged = reserved.reservation.model_copy(update=change)  # type: ignore[union-attr]
+    before = _namespace_keys(redis_client, namespace)
+    with pytest.raises(InvalidInput, match="reservation"):
+        settler.complete(forged, {"ok": True})
+    with pytest.raises(InvalidInput, match="reservation"):
+        settler.renew(forged)
+    assert _namespace_keys(redis_client, namespace) == before
