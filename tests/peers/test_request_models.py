@@ -220,3 +220,38 @@ def test_a_models_own_serializers_make_its_fingerprint(settler: Settler) -> None
     assert runs == [first]
     with pytest.raises(FingerprintMismatch):
         transfer(first.model_copy(update={"account": Account("B-2")}))
+
+
+class Order(BaseModel):
+    order_id: str
+    charge: Charge
+
+
+class Basket(BaseModel):
+    basket_id: str
+    charges: list[Charge]
+
+
+def test_a_subclass_deeper_in_a_model_is_part_of_the_request() -> None:
+    """The subclass is held by a model inside the model, or by a list of them: still the
+    request's (two charges to different cards are two requests)."""
+    card = Card(kind="card", last4="4242")
+    other = Card(kind="card", last4="1111")
+    first = Charge(order_id="o-1", amount=4999, method=card)
+    second = first.model_copy(update={"method": other})
+    assert fingerprint(Order(order_id="o-1", charge=first)) != fingerprint(
+        Order(order_id="o-1", charge=second)
+    )
+    assert fingerprint(Basket(basket_id="b-1", charges=[first])) != fingerprint(
+        Basket(basket_id="b-1", charges=[second])
+    )
+
+
+class Grouped(BaseModel):
+    order_id: str
+    groups: list[frozenset[str]]
+
+
+def test_a_set_inside_a_list_in_a_model_is_refused() -> None:
+    with pytest.raises(FingerprintError):
+        fingerprint(Grouped(order_id="o-1", groups=[frozenset({"gift", "express"})]))
