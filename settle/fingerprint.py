@@ -152,17 +152,32 @@ def _holds_subclass(model: BaseModel, depth: int) -> bool:
     the value's own class anyway."""
     if depth > _MAX_DEPTH:
         return False
-    for name, info in type(model).model_fields.items():
-        if info.exclude is True:
-            continue
-        declared = _named_models(info.annotation, set())
+    for name, declared in _declared_models(type(model)):
         if _held_subclass(getattr(model, name, None), declared, depth + 1):
             return True
     return False
 
 
-def _held_subclass(value: Any, declared: set[type], depth: int) -> bool:
-    if depth > _MAX_DEPTH:
+#: Per model class: each dumped field and the model classes its annotation names.
+_DECLARED: dict[type[BaseModel], tuple[tuple[str, frozenset[type]], ...]] = {}
+
+
+def _declared_models(cls: type[BaseModel]) -> tuple[tuple[str, frozenset[type]], ...]:
+    found = _DECLARED.get(cls)
+    if found is None:
+        found = tuple(
+            (name, frozenset(_named_models(info.annotation, set())))
+            for name, info in cls.model_fields.items()
+            if info.exclude is not True
+        )
+        if len(_DECLARED) >= 4096:  # classes made at runtime (generic parametrizations)
+            _DECLARED.clear()
+        _DECLARED[cls] = found
+    return found
+
+
+def _held_subclass(value: Any, declared: frozenset[type], depth: int) -> bool:
+    if depth > _MAX_DEPTH or value is None or isinstance(value, str | int | float):
         return False
     if isinstance(value, BaseModel):
         if declared and type(value) not in declared:
