@@ -25,4 +25,7 @@ STREAM = ScriptSet(
     "settle.progress",
     {"stream_scope": (), "stream_settle": ()},
     writing=frozenset({"stream_scope", "stream_settle"}),
+    #: The group or the stream a delivery was read from is gone at its settlement: the
+    #: stream server lost its data (or the stream was deleted), as a NOGROUP says.
+    lost=frozenset({"no_group"}),
 )
