@@ -64,6 +64,7 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
+from django.http.multipartparser import MultiPartParserError
 from django.template.response import SimpleTemplateResponse
 from django.test import Client, override_settings
 from django.urls import path
@@ -575,6 +576,7 @@ DJANGO_4XX: dict[str, Exception] = {
     "PermissionDenied": PermissionDenied(),
     "BadRequest": BadRequest(),
     "SuspiciousOperation": SuspiciousOperation("a forged field"),
+    "MultiPartParserError": MultiPartParserError("a malformed multipart body"),
 }
 
 
