@@ -184,7 +184,9 @@ def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Get
     stored; the view's own finalizing then leaves it as it is. An exception Django answers
     with a 4xx (a 404, a 403, a body its limits refuse) gets Django's own answer, stored as
     under the middleware."""
-    finalize = getattr(_bound(view)[1], "finalize_response", None)
+    instance = _bound(view)[1]
+    finalize = getattr(instance, "finalize_response", None)
+    handle = getattr(instance, "handle_exception", None)
 
     def call(request: HttpRequest) -> HttpResponseBase:
         try:
@@ -193,14 +195,31 @@ def _finalizing(view: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Get
             # Django answers these with a 4xx wherever they escape, so the middleware's
             # get_response returns that 4xx and it is stored as any: the decorator asks
             # Django for the same answer, so that the view is not run again on every retry,
-            # as after an exception (which Django answers with a 500).
-            django = request if isinstance(request, HttpRequest) else request._request
-            response = response_for_exception(django, exc)
+            # as after an exception (which Django answers with a 500). A REST framework
+            # view answers Http404 and PermissionDenied itself (its JSON through its
+            # renderer): the client gets, and the store keeps, that answer; it re-raises
+            # what it does not handle, answered by Django then.
+            answer = _drf_answer(handle, exc) if handle is not None else None
+            if answer is None:
+                django = request if isinstance(request, HttpRequest) else request._request
+                answer = response_for_exception(django, exc)
+            response = answer
         if finalize is not None and not hasattr(response, "accepted_renderer"):
             response = finalize(request, response, *args, **kwargs)
         return response
 
     return call
+
+
+def _drf_answer(handle: Callable[[Exception], Any], exc: Exception) -> Any:
+    """A REST framework view's own response to ``exc`` (its ``handle_exception``, as its
+    ``dispatch`` would ask), or None when it does not handle ``exc`` (it re-raises it)."""
+    try:
+        return handle(exc)
+    except _DJANGO_4XX as again:
+        if again is not exc:
+            raise
+        return None
 
 
 def _guarded(

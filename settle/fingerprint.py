@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,9 +127,14 @@ def _model_json(model: BaseModel) -> Any:
     order, which differs between processes (string hashes are salted per process), so a
     retry from another worker would not match. A model pydantic cannot dump (bytes that
     are not UTF-8, an object it does not know) has no canonical form either."""
+    # Only a model that holds a subclass is dumped with serialize_as_any: it drops the
+    # serializers a model declares in Annotated (PlainSerializer, WrapSerializer) and
+    # json_encoders, so every other model would get another fingerprint than the one its
+    # operations were reserved under (and one only such a serializer can write is refused).
+    as_any = _holds_subclass(model, 0)
     try:
-        python = model.model_dump(mode="python", serialize_as_any=True)
-        dumped = model.model_dump(mode="json", serialize_as_any=True)
+        python = model.model_dump(mode="python", serialize_as_any=as_any)
+        dumped = model.model_dump(mode="json", serialize_as_any=as_any)
     except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
         raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
     if _holds_set(python, 0):
@@ -137,6 +143,62 @@ def _model_json(model: BaseModel) -> Any:
             "differs between processes); use a sorted list or tuple"
         )
     return dumped
+
+
+def _holds_subclass(model: BaseModel, depth: int) -> bool:
+    """Whether a field of ``model`` (or of a model in it) holds a model of a class its
+    annotation does not name (a subclass of the declared one), which pydantic's JSON mode
+    would dump by the declared class. A field typed ``Any`` (no model named) is dumped by
+    the value's own class anyway."""
+    if depth > _MAX_DEPTH:
+        return False
+    for name, declared in _declared_models(type(model)):
+        if _held_subclass(getattr(model, name, None), declared, depth + 1):
+            return True
+    return False
+
+
+#: Per model class: each dumped field and the model classes its annotation names.
+_DECLARED: dict[type[BaseModel], tuple[tuple[str, frozenset[type]], ...]] = {}
+
+
+def _declared_models(cls: type[BaseModel]) -> tuple[tuple[str, frozenset[type]], ...]:
+    found = _DECLARED.get(cls)
+    if found is None:
+        found = tuple(
+            (name, frozenset(_named_models(info.annotation, set())))
+            for name, info in cls.model_fields.items()
+            if info.exclude is not True
+        )
+        if len(_DECLARED) >= 4096:  # classes made at runtime (generic parametrizations)
+            _DECLARED.clear()
+        _DECLARED[cls] = found
+    return found
+
+
+def _held_subclass(value: Any, declared: frozenset[type], depth: int) -> bool:
+    if depth > _MAX_DEPTH or value is None or isinstance(value, str | int | float):
+        return False
+    if isinstance(value, BaseModel):
+        if declared and type(value) not in declared:
+            return True
+        return _holds_subclass(value, depth)
+    if isinstance(value, Mapping):
+        return any(_held_subclass(item, declared, depth + 1) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_held_subclass(item, declared, depth + 1) for item in value)
+    return False
+
+
+def _named_models(annotation: Any, out: set[type]) -> set[type]:
+    """The model classes ``annotation`` names, at any depth (in Optional, unions, lists,
+    dicts, Annotated, a generic model's parameters)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        out.add(annotation)
+    for arg in typing.get_args(annotation):
+        if not isinstance(arg, str | int | float | bool | bytes) and arg is not None:
+            _named_models(arg, out)
+    return out
 
 
 def _holds_set(value: Any, depth: int) -> bool:

@@ -593,10 +593,17 @@ class Runner:
         return reply
 
     def _lost_data(self, call: Call, reply: list[Any]) -> bool:
-        """Whether ``reply`` says the server lost data: ``unclaimed``, or no state in the
-        reply of a script of the set's ``gone`` (its caller had just read that state)."""
-        if reply[0] in _UNCLAIMED:
+        """Whether ``reply`` says the server lost data: ``unclaimed`` or a code of the set's
+        ``lost``, or no state in the reply of a script of the set's ``gone`` (its caller had
+        just read that state)."""
+        code = reply[0]
+        if code in _UNCLAIMED:
             return True
+        if self._set.lost:
+            if isinstance(code, bytes):
+                code = code.decode("utf-8", "replace")
+            if code in self._set.lost:
+                return True
         return call.script in self._set.gone and len(reply) > 3 and not reply[3]
 
     def _call(self, call: Call) -> Any:

@@ -47,7 +47,9 @@ class ScriptSet:
     checkpoint, the first element of their reply's body): a reply of theirs in which that
     state is empty says the server lost it meanwhile (a FLUSHALL, a restart without
     persistence, a DEL), evidence on which the runner checks the server again before its
-    next call, as on the core's ``unclaimed`` reply."""
+    next call, as on the core's ``unclaimed`` reply. ``lost`` names reply codes (the
+    reply's first element) of the set's scripts that are the same evidence (the stream
+    settlement's ``no_group``: the group it read the delivery from is gone)."""
 
     package: str
     scripts: Mapping[str, tuple[str, ...]]
@@ -56,6 +58,7 @@ class ScriptSet:
     heads: Mapping[str, str] = field(default_factory=dict)
     head_libs: tuple[str, ...] = ()
     gone: frozenset[str] = frozenset()
+    lost: frozenset[str] = frozenset()
     sources: dict[str, str] = field(init=False, repr=False, compare=False)
     library: str = field(init=False, repr=False, compare=False)
     library_name: str = field(init=False, repr=False, compare=False)

@@ -35,7 +35,7 @@ from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.errors import SettleError
 from settle.http._rules import Guard, Run, Settle
 from settle.http.problems import Response
-from settle.models import OperationRecord
+from settle.models import OperationRecord, QuarantineKind
 
 __all__ = ["AttemptRunner", "send_response"]
 
@@ -277,7 +277,14 @@ class AttemptRunner:
             except Exception as exc:  # noqa: BLE001
                 self._guard.log.warning("settle.http.renew_failed", error=type(exc).__name__)
             else:
-                if not renewal.renewed:
+                if not renewal.renewed and renewal.reason == QuarantineKind.UNKNOWN_OPERATION.value:
+                    # The record is gone (Redis lost it while the handler ran): no other
+                    # attempt owns the key, and nothing remembers that the handler ran, so
+                    # stopping it and answering 409 would send the client back to run it
+                    # again. It runs on; its response is sent unstored at settlement
+                    # (settle.http.record_lost), as when the loss is found there.
+                    self._guard.log.warning("settle.http.renew_failed", reason=renewal.reason)
+                elif not renewal.renewed:
                     self._guard.lease_lost(renewal.reason)
                     self._attempt.mark_lost(renewal)
                     self._interrupt("lease_lost")

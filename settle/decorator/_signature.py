@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
-from pydantic import PydanticSchemaGenerationError, TypeAdapter
+from pydantic import PydanticUserError, TypeAdapter
 
 from settle._core.keys import check_binding
 from settle.attempt import Attempt
@@ -293,12 +293,14 @@ def _check_storable(fn: Callable[..., Any], declared: Any) -> None:
     """A result type pydantic has no schema for (an arbitrary class, a pandas frame, an
     iterator) can be neither stored nor replayed: every call would run the function (its
     effect happens), fail to store its result and leave the operation provisional, and the
-    next call would run it again. Refused when decorated, as a missing annotation is."""
-    if declared is None:
+    next call would run it again. Refused when decorated, as a missing annotation is. A
+    function that never returns (``NoReturn``, ``Never``: it only raises, its definite
+    failures stored and replayed) stores no result, so it needs no schema."""
+    if declared is None or declared is typing.NoReturn or declared is typing.Never:
         return
     try:
         TypeAdapter(declared)
-    except PydanticSchemaGenerationError as exc:
+    except PydanticUserError as exc:  # no schema (PydanticSchemaGenerationError), Self
         raise InvalidInput(
             f"{fn.__qualname__} declares {declared!r}, which pydantic can neither store nor "
             "validate, so no result of it could be replayed; return a pydantic model, a "

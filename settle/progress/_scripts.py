@@ -26,4 +26,7 @@ STREAM = ScriptSet(
     {"stream_scope": (), "stream_settle": (), "stream_evidence": ()},
     writing=frozenset({"stream_scope", "stream_settle"}),
     read_only=frozenset({"stream_evidence"}),
+    #: The group or the stream a delivery was read from is gone at its settlement: the
+    #: stream server lost its data (or the stream was deleted), as a NOGROUP says.
+    lost=frozenset({"no_group"}),
 )

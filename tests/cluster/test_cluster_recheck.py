@@ -6,6 +6,7 @@ evicting policy set at runtime on a primary is still refused before a call write
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -127,3 +128,66 @@ def _op_on(split: SplitCluster, primary: int) -> str:
         if min(slot // (SLOTS // PRIMARIES), PRIMARIES - 1) == primary:
             return op
     raise AssertionError(f"no operation id on primary {primary}")
+
+
+def _age(runner: Any, seconds: float) -> None:
+    """Every primary's last recheck ``seconds`` older (white box: time passing)."""
+    with runner._state:
+        for name, (evidence, at) in list(runner._node_checked.items()):
+            runner._node_checked[name] = (evidence, at - seconds)
+
+
+def _set_policy(split: SplitCluster, index: int, policy: str) -> None:
+    with split.cluster.client(index) as c:
+        c.config_set("maxmemory-policy", policy)
+
+
+async def test_a_primary_that_passed_is_read_again_once_its_recheck_is_an_interval_old(
+    split: SplitCluster, settled: tuple[Any, Any]
+) -> None:
+    """A primary's policy changed to an evicting one after its last recheck is refused by
+    the first call there once that recheck is ``recheck_interval`` old, as on a single
+    server: a primary that passed once is not exempt from the periodic recheck."""
+    api, runner = settled
+    runner.recheck_interval = 3600.0
+    runner._checked_at -= 3600.0
+    await api.get(split.healthy_op)  # primary 1 passes its recheck
+    _set_policy(split, 1, "allkeys-lru")
+    _age(runner, 3600.0)  # an interval later
+    with pytest.raises(ConfigurationError, match="allkeys-lru"):
+        await api.reserve(split.healthy_op, {"n": 1}, principal="p")
+
+
+async def test_evidence_of_a_restart_rechecks_a_primary_that_passed_within_the_interval(
+    split: SplitCluster, settled: tuple[Any, Any]
+) -> None:
+    """A dropped connection is evidence that a server may have restarted (with another
+    configuration): the primary's policy is read again before anything more is sent there
+    (docs/operations.md), even when it passed a recheck moments before."""
+    api, runner = settled
+    runner.recheck_interval = 3600.0
+    runner._checked_at -= 3600.0
+    await api.get(split.healthy_op)  # primary 1 passes its recheck
+    _set_policy(split, 1, "allkeys-lru")  # it restarted as a cache
+    runner.dropped()  # what a ConnectionError on the way reports
+    with pytest.raises(ConfigurationError, match="allkeys-lru"):
+        await api.reserve(split.healthy_op, {"n": 1}, principal="p")
+
+
+async def test_once_every_primary_passed_the_oldest_recheck_sets_when_the_next_is_due(
+    split: SplitCluster, settled: tuple[Any, Any]
+) -> None:
+    """Primaries rechecked at different times: the checks are due again when the oldest
+    recheck is an interval old, not the newest (a primary would go unread for up to two
+    intervals)."""
+    api, runner = settled
+    runner.recheck_interval = 3600.0
+    runner._checked_at -= 3600.0
+    await api.get(split.frozen_op)  # primary 0 first...
+    _age(runner, 3599.0)  # ...3599 s ago
+    await api.get(_op_on(split, 2))
+    await api.get(split.healthy_op)  # every primary passed
+    _set_policy(split, 0, "allkeys-lru")
+    await asyncio.sleep(1.1)  # primary 0's recheck is an interval old
+    with pytest.raises(ConfigurationError, match="allkeys-lru"):
+        await api.reserve(split.frozen_op, {"n": 1}, principal="p")

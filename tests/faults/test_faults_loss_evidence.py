@@ -185,3 +185,28 @@ def test_a_consumer_group_lost_checks_the_stream_server_before_it_is_made_again_
             progress.close()
 
     asyncio.run(main())
+
+
+def test_a_consumer_group_lost_while_a_delivery_ran_checks_the_stream_server_first() -> None:
+    """The stream server loses its data while the effect of a delivery runs (between
+    XREADGROUP and the settlement): the settlement's ``no_group`` reply is the same evidence
+    of lost data as a NOGROUP, so the start() that ProviderReset asks for is refused on the
+    evicting server instead of re-creating the group and its incarnation there."""
+    stream = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
+    progress = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
+    try:
+        with redis.Redis.from_url(stream.url) as raw:
+            raw.xadd("orders", {"emission_id": "e0"})
+        store = ProgressStore.from_url(progress.url, consumer="billing")
+        with StreamConsumer(
+            redis.Redis.from_url(stream.url), store, stream="orders", group="billing", block=0.01
+        ) as consumer:
+            with pytest.raises(ProviderReset):
+                consumer.poll(lambda ctx: _flush_stream_server(stream))
+            with pytest.raises(ConfigurationError, match="allkeys-lru"):
+                consumer.start()  # what ProviderReset (and run()) does next
+            with redis.Redis.from_url(stream.url) as raw:
+                assert raw.keys("settle:*") == []  # no incarnation made on the evicting server
+    finally:
+        stream.close()
+        progress.close()

@@ -116,3 +116,41 @@ def test_a_large_response_whose_record_was_lost_streams_on_not_a_retry_invitatio
             await settler.aclose()
 
     asyncio.run(main())
+
+
+def test_a_record_lost_before_a_lease_renewal_does_not_cancel_the_handler(
+    server: EmbeddedRedis,
+) -> None:
+    """The same loss, noticed by the periodic lease renewal while the handler still runs
+    (a handler longer than a third of the lease): the renewal finds no record
+    (``unknown_operation``), so no newer attempt owns the key. Cancelling the handler and
+    answering 409 with ``Retry-After`` sends the client back to run it again (the charge is
+    made); the handler runs to its end and its response goes out, unstored."""
+
+    async def main() -> None:
+        settler = AsyncSettler.from_url(server.url, namespace="lost-http", shards=2)
+        runs = 0
+        finished = 0
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            nonlocal runs, finished
+            await receive()
+            runs += 1
+            await asyncio.to_thread(lambda: (server.stop(kill=True), server.start()))
+            await asyncio.sleep(1.0)  # renewals every 0.2 s find no record
+            finished += 1
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"charged": 10}'})
+
+        mw = IdempotencyMiddleware(
+            app, settler=settler, principal=lambda scope: "tenant:a", lease=0.6
+        )
+        try:
+            status, headers, body = await _post(mw, b"k-lost-renewal")
+            assert (runs, finished) == (1, 1)
+            assert (status, body) == (201, b'{"charged": 10}'), (status, headers, body)
+            assert b"retry-after" not in headers
+        finally:
+            await settler.aclose()
+
+    asyncio.run(main())

@@ -8,14 +8,14 @@ import dataclasses
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Any, Never, NoReturn, Self
 from uuid import UUID
 
 import pytest
 import tenacity
 from pydantic import BaseModel
 
-from settle import FingerprintMismatch, OperationRecord, Settler
+from settle import FingerprintMismatch, OperationFailed, OperationRecord, Settler
 from settle.errors import InvalidInput
 
 P = "tenant:acme"
@@ -156,3 +156,44 @@ def test_a_result_type_pydantic_cannot_store_is_refused_when_decorated(settler: 
     with pytest.raises(InvalidInput, match="Ledger"):
         settler.operation(key="entry:{n}", principal=P, result_type=Ledger)(post_entry)
     assert runs == []
+
+
+class Declined(Exception):
+    """The provider's definite no."""
+
+
+def test_a_function_that_only_ever_fails_definitely_may_declare_never(settler: Settler) -> None:
+    """``-> NoReturn`` (or ``Never``): a function that always raises, its definite failures
+    (``terminal``) stored and replayed as OperationFailed. No result is ever stored or
+    validated, so there is nothing pydantic must have a schema for: decorating it worked,
+    and must still."""
+    runs: list[str] = []
+
+    @settler.operation(key="void:{payment_id}", principal=P, terminal=(Declined,))
+    def void(payment_id: str) -> NoReturn:
+        runs.append(payment_id)
+        raise Declined("already settled")
+
+    @settler.operation(key="void2:{payment_id}", principal=P, terminal=(Declined,))
+    def void2(payment_id: str) -> Never:
+        raise Declined("already settled")
+
+    with pytest.raises((Declined, OperationFailed)):
+        void("p-1")
+    with pytest.raises(OperationFailed):
+        void("p-1")
+    assert runs == ["p-1"]
+    with pytest.raises((Declined, OperationFailed)):
+        void2("p-1")
+
+
+def test_a_result_type_pydantic_rejects_is_refused_with_settles_error(settler: Settler) -> None:
+    """``-> Self`` on a decorated method: pydantic cannot validate a replay into it. The
+    decoration is refused with settle's InvalidInput (a SettleError, as for every other
+    unstorable result type), not pydantic's own PydanticUserError."""
+    with pytest.raises(InvalidInput, match="Self"):
+
+        class Ledger:
+            @settler.operation(key="renew:{name}", principal=P)
+            def renew(self, name: str) -> Self:
+                return self

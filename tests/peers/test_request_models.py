@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from enum import Enum
 from pathlib import Path
+from typing import Annotated
 from uuid import UUID
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, PlainSerializer
 
 from settle import FingerprintError, FingerprintMismatch, Settler, fingerprint
 
@@ -175,3 +176,82 @@ def test_a_subclass_in_a_models_field_is_part_of_the_request(settler: Settler) -
     with pytest.raises(FingerprintMismatch):
         charge(other)
     assert runs == [first]
+
+
+Money = Annotated[Decimal, PlainSerializer(lambda amount: f"{amount:.2f}", return_type=str)]
+
+
+class Account:
+    """A domain object pydantic does not know; the model says how to write it."""
+
+    def __init__(self, number: str) -> None:
+        self.number = number
+
+
+class Transfer(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    transfer_id: str
+    amount: Money
+    fees: list[Money]
+    account: Annotated[Account, PlainSerializer(lambda a: a.number, return_type=str)]
+
+
+def test_a_models_own_serializers_make_its_fingerprint(settler: Settler) -> None:
+    """SPEC 1: a pydantic model is dumped with ``mode="json"`` first, its own serializers
+    (``PlainSerializer`` in ``Annotated``) included: its fingerprint is that of its JSON
+    dump, as before subclasses were counted (an operation reserved before a deploy must
+    match its retry after it). A field whose type only its serializer can write (an
+    arbitrary class) is fingerprinted, not refused, and two requests the model writes
+    alike (1.5 and 1.50 at two decimals) are the same request."""
+    first = Transfer(
+        transfer_id="t-1", amount=Decimal("1.5"), fees=[Decimal("0.2")], account=Account("A-1")
+    )
+    assert fingerprint(first) == fingerprint(first.model_dump(mode="json"))
+    runs: list[Transfer] = []
+
+    @settler.operation(key="transfer:{request.transfer_id}", principal="tenant:acme")
+    def transfer(request: Transfer) -> str:
+        runs.append(request)
+        return "sent"
+
+    assert transfer(first) == "sent"
+    same = first.model_copy(update={"amount": Decimal("1.50"), "fees": [Decimal("0.20")]})
+    assert transfer(same) == "sent"  # replayed
+    assert runs == [first]
+    with pytest.raises(FingerprintMismatch):
+        transfer(first.model_copy(update={"account": Account("B-2")}))
+
+
+class Order(BaseModel):
+    order_id: str
+    charge: Charge
+
+
+class Basket(BaseModel):
+    basket_id: str
+    charges: list[Charge]
+
+
+def test_a_subclass_deeper_in_a_model_is_part_of_the_request() -> None:
+    """The subclass is held by a model inside the model, or by a list of them: still the
+    request's (two charges to different cards are two requests)."""
+    card = Card(kind="card", last4="4242")
+    other = Card(kind="card", last4="1111")
+    first = Charge(order_id="o-1", amount=4999, method=card)
+    second = first.model_copy(update={"method": other})
+    assert fingerprint(Order(order_id="o-1", charge=first)) != fingerprint(
+        Order(order_id="o-1", charge=second)
+    )
+    assert fingerprint(Basket(basket_id="b-1", charges=[first])) != fingerprint(
+        Basket(basket_id="b-1", charges=[second])
+    )
+
+
+class Grouped(BaseModel):
+    order_id: str
+    groups: list[frozenset[str]]
+
+
+def test_a_set_inside_a_list_in_a_model_is_refused() -> None:
+    with pytest.raises(FingerprintError):
+        fingerprint(Grouped(order_id="o-1", groups=[frozenset({"gift", "express"})]))

@@ -64,6 +64,7 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
+from django.http.multipartparser import MultiPartParserError
 from django.template.response import SimpleTemplateResponse
 from django.test import Client, override_settings
 from django.urls import path
@@ -575,6 +576,7 @@ DJANGO_4XX: dict[str, Exception] = {
     "PermissionDenied": PermissionDenied(),
     "BadRequest": BadRequest(),
     "SuspiciousOperation": SuspiciousOperation("a forged field"),
+    "MultiPartParserError": MultiPartParserError("a malformed multipart body"),
 }
 
 
@@ -1373,3 +1375,45 @@ def test_a_body_a_middleware_replaced_before_settle_runs(
     assert (first.status_code, first.content) == (201, b"charged " + plain), first.content
     assert again.headers["idempotent-replayed"] == "true"
     assert RUNS == ['{"amount":100}']
+
+
+class RefusesAPIView(APIView):
+    """A REST framework handler that raises what Django answers with a 4xx, as
+    ``self.get_object()`` (``get_object_or_404``) and ``self.check_permissions`` do."""
+
+    raised: Exception = Http404()
+
+    def post(self, request: Any) -> Response:
+        RUNS.append("refuses")
+        raise self.raised
+
+
+class GuardedRefusesAPIView(RefusesAPIView):
+    @method_decorator(idempotent)
+    def post(self, request: Any) -> Response:
+        return super().post(request)
+
+
+@pytest.mark.parametrize(
+    "raised", [Http404("no such payment"), PermissionDenied()], ids=["Http404", "PermissionDenied"]
+)
+def test_a_rest_framework_handler_keeps_its_own_4xx_under_the_decorator(
+    settle_settings: dict[str, Any], raised: Exception
+) -> None:
+    """REST framework answers Http404 and PermissionDenied from a handler with its own
+    response (JSON ``{"detail": ...}`` through the view's renderer), not Django's HTML page.
+    Decorating the handler with ``@idempotent`` must not change the answer the client gets:
+    it is that JSON response, stored and replayed."""
+    RefusesAPIView.raised = raised
+    with override_settings(ROOT_URLCONF=urlconf(path("r", RefusesAPIView.as_view()))):
+        bare = Client().post("/r", {}, **headers("bare"))
+    RUNS.clear()
+    with override_settings(ROOT_URLCONF=urlconf(path("r", GuardedRefusesAPIView.as_view()))):
+        first = Client().post("/r", {}, **headers("k-drf-4xx"))
+        again = Client().post("/r", {}, **headers("k-drf-4xx"))
+    assert bare["Content-Type"] == "application/json"
+    assert (first.status_code, first.content) == (bare.status_code, bare.content)
+    assert first["Content-Type"] == "application/json"
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert RUNS == ["refuses"]
