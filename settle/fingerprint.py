@@ -122,11 +122,11 @@ def _model_json(model: BaseModel) -> Any:
     """A pydantic model as pydantic's JSON mode dumps it, every value in it by its own
     class (``serialize_as_any``): a field declared as a base model that holds a subclass
     (``method: PaymentMethod`` holding a ``Card``) is dumped with the subclass's fields,
-    else two requests that differ only there would share a fingerprint. Sets are refused
-    first, as anywhere in a request: JSON mode writes a set as a list in its iteration
+    else two requests that differ only there would share a fingerprint. Sets are put in
+    one order (:func:`_ordered_sets`): JSON mode writes a set as a list in its iteration
     order, which differs between processes (string hashes are salted per process), so a
     retry from another worker would not match. A model pydantic cannot dump (bytes that
-    are not UTF-8, an object it does not know) has no canonical form either."""
+    are not UTF-8, an object it does not know) has no canonical form."""
     # Only a model that holds a subclass is dumped with serialize_as_any: it drops the
     # serializers a model declares in Annotated (PlainSerializer, WrapSerializer) and
     # json_encoders, so every other model would get another fingerprint than the one its
@@ -137,12 +137,7 @@ def _model_json(model: BaseModel) -> Any:
         dumped = model.model_dump(mode="json", serialize_as_any=as_any)
     except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
         raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
-    if _holds_set(python, 0):
-        raise FingerprintError(
-            f"{type(model).__name__} holds a set, which has no canonical JSON form (its order "
-            "differs between processes); use a sorted list or tuple"
-        )
-    return dumped
+    return _ordered_sets(python, dumped, 0)
 
 
 def _holds_subclass(model: BaseModel, depth: int) -> bool:
@@ -201,18 +196,45 @@ def _named_models(annotation: Any, out: set[type]) -> set[type]:
     return out
 
 
-def _holds_set(value: Any, depth: int) -> bool:
-    """Whether a model's Python-mode dump holds a set or a frozenset (at any depth the
-    fingerprint accepts; deeper is refused by the walk that follows)."""
-    if isinstance(value, set | frozenset):
-        return True
+def _ordered_sets(python: Any, dumped: Any, depth: int) -> Any:
+    """``dumped`` (a model's JSON-mode dump) with each list that pydantic made of a set or a
+    frozenset (found at the same place in its Python-mode dump) in one order: JSON mode
+    writes a set in its iteration order, which follows the per-process string hash, so the
+    same request would get another fingerprint in another worker. Strings are sorted as
+    strings and numbers as numbers (the order of a set of small ints, and of a serializer
+    that returns ``sorted(...)``), anything else by its canonical JSON. A set a serializer
+    turned into something other than a list is left as it made it."""
     if depth > _MAX_DEPTH:
-        return False
-    if isinstance(value, dict):
-        return any(_holds_set(item, depth + 1) for item in value.values())
-    if isinstance(value, list | tuple):
-        return any(_holds_set(item, depth + 1) for item in value)
-    return False
+        return dumped
+    if isinstance(python, set | frozenset):
+        if isinstance(dumped, list) and len(dumped) == len(python):
+            return sorted(dumped, key=_set_order(dumped))
+        return dumped
+    if isinstance(python, dict) and isinstance(dumped, dict):
+        out = dict(dumped)
+        for key, item in python.items():
+            name = key if isinstance(key, str) else str(key) if type(key) is int else None
+            if name is not None and name in out:
+                out[name] = _ordered_sets(item, out[name], depth + 1)
+        return out
+    if isinstance(python, list | tuple) and isinstance(dumped, list) and len(python) == len(dumped):
+        return [_ordered_sets(a, b, depth + 1) for a, b in zip(python, dumped, strict=True)]
+    return dumped
+
+
+def _set_order(items: list[Any]) -> Any:
+    if all(type(item) is str for item in items):
+        return None
+    if all(type(item) in (int, float) for item in items):
+        return None
+    return _canonical_key
+
+
+def _canonical_key(item: Any) -> bytes:
+    try:
+        return rfc8785.dumps(item)
+    except (ValueError, TypeError):  # NaN and the like: refused by the walk after
+        return repr(item).encode("utf-8", "backslashreplace")
 
 
 def _dataclass_json(value: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Annotated
 from uuid import UUID
 
 import pytest
-from pydantic import BaseModel, ConfigDict, PlainSerializer
+from pydantic import BaseModel, ConfigDict, PlainSerializer, field_serializer
 
 from settle import FingerprintError, FingerprintMismatch, Settler, fingerprint
 
@@ -63,9 +63,49 @@ def test_a_model_holding_a_set_fingerprints_alike_in_every_process() -> None:
         )
         outputs.add(done.stdout.strip())
     assert len(outputs) == 1, outputs
-    # SPEC 1: a set has no canonical JSON form, inside a model as anywhere else.
-    with pytest.raises(FingerprintError):
-        fingerprint(Tagged(order_id="o-1", tags={"gift"}))
+    # The set is written in one order: the request as a sorted list.
+    tagged = Tagged(order_id="o-1", tags={"gift", "express", "fragile", "eu"})
+    assert fingerprint(tagged) == fingerprint(
+        {"order_id": "o-1", "tags": ["eu", "express", "fragile", "gift"]}
+    )
+    assert outputs == {fingerprint(tagged)}
+
+
+class Sized(BaseModel):
+    order_id: str
+    sizes: frozenset[int]
+    lines: list[set[str]]
+
+
+class SortedBySerializer(BaseModel):
+    order_id: str
+    tags: set[str]
+
+    @field_serializer("tags", when_used="json")
+    def _sorted(self, tags: set[str]) -> list[str]:
+        return sorted(tags)
+
+
+def test_sets_in_a_model_are_ordered_not_refused() -> None:
+    """A model holding sets is fingerprinted, never refused (it was, for a while, breaking
+    every call of a model that worked): strings sorted as strings, numbers as numbers (the
+    order a set of small ints iterates in, so their fingerprints stay what they were), sets
+    inside lists too; a serializer that sorts the set itself gives the fingerprint it gave
+    before."""
+    sized = Sized(order_id="o-1", sizes=frozenset({10, 2, 33}), lines=[{"b", "a"}, {"c"}])
+    assert fingerprint(sized) == fingerprint(
+        {"order_id": "o-1", "sizes": [2, 10, 33], "lines": [["a", "b"], ["c"]]}
+    )
+    small = Sized(order_id="o-1", sizes=frozenset({3, 1, 2}), lines=[])
+    assert fingerprint(small) == fingerprint(
+        {"order_id": "o-1", "sizes": list(frozenset({3, 1, 2})), "lines": []}
+    )
+    by_serializer = SortedBySerializer(order_id="o-1", tags={"z", "a", "m"})
+    assert (
+        fingerprint(by_serializer)
+        == fingerprint(by_serializer.model_dump(mode="json"))
+        == fingerprint({"order_id": "o-1", "tags": ["a", "m", "z"]})
+    )
 
 
 @pytest.mark.parametrize(
@@ -252,6 +292,6 @@ class Grouped(BaseModel):
     groups: list[frozenset[str]]
 
 
-def test_a_set_inside_a_list_in_a_model_is_refused() -> None:
-    with pytest.raises(FingerprintError):
-        fingerprint(Grouped(order_id="o-1", groups=[frozenset({"gift", "express"})]))
+def test_a_set_inside_a_list_in_a_model_is_ordered() -> None:
+    grouped = Grouped(order_id="o-1", groups=[frozenset({"gift", "express"})])
+    assert fingerprint(grouped) == fingerprint({"order_id": "o-1", "groups": [["express", "gift"]]})
