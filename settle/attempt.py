@@ -124,9 +124,16 @@ class Attempt:
             record: OperationRecord | None = None
             if self._renewal is not None:
                 record = self._renewal.record
+            advice = "stop and let the current owner settle it"
+            if self.lost_reason == "unknown_operation":
+                # Nothing owns it: Redis lost the record (or it was deleted) while this ran.
+                advice = (
+                    "the operation has no record any more (Redis lost it or it was deleted), "
+                    "so nothing remembers this attempt: stop; a new call runs it again"
+                )
             raise StaleAttempt(
                 f"attempt {self.generation} of operation {self.operation_id!r} lost its lease "
-                f"({self.lost_reason}); stop and let the current owner settle it",
+                f"({self.lost_reason}); {advice}",
                 operation_id=self.operation_id,
                 record=record,
             )

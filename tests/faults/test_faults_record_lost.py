@@ -8,11 +8,12 @@ committed outcome": there is none, and following that advice pays twice."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from settle import AsyncSettler, Settler, StaleAttempt
+from settle import AsyncSettler, Attempt, Settler, StaleAttempt
 from settle.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.faults]
@@ -81,3 +82,35 @@ def test_a_record_lost_while_the_function_ran_says_a_new_call_runs_it_again_asyn
             await settler.aclose()
 
     asyncio.run(main())
+
+
+def test_attempt_check_after_the_record_was_lost_names_no_owner(server: EmbeddedRedis) -> None:
+    """The heartbeat finds the record gone (``unknown_operation``) while the function runs:
+    ``attempt.check()`` stops it, and its message must not send it to wait for "the current
+    owner": there is none, and a new call runs the function again."""
+    settler = Settler.from_url(server.url, namespace="lost", shards=2)
+    seen: list[StaleAttempt] = []
+
+    @settler.operation(key=lambda order: order, principal=lambda order: "tenant:acme", lease=0.6)
+    def charge(order: str, attempt: Attempt = Attempt.INJECTED) -> dict[str, str]:
+        _restart_empty(server)
+        deadline = time.monotonic() + 10
+        while not attempt.lost:
+            assert time.monotonic() < deadline, "the heartbeat never found the record gone"
+            time.sleep(0.02)
+        try:
+            attempt.check()
+        except StaleAttempt as exc:
+            seen.append(exc)
+            raise
+        return {"charged": order}
+
+    try:
+        with pytest.raises(StaleAttempt):
+            charge("order-2")
+        (error,) = seen
+        assert error.record is None
+        assert "current owner" not in str(error)
+        assert "runs it again" in str(error)
+    finally:
+        settler.close()
