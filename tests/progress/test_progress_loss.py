@@ -366,3 +366,62 @@ def test_a_write_without_the_claim_flag_on_a_scope_with_no_state_writes_nothing(
             assert store.progress(_plan(store.core, script, scope)).code != "unclaimed"
     finally:
         store.close()
+
+
+def test_two_workers_of_a_new_group_starting_at_once_are_not_refused(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """Two workers of a group start together on a new scope. Worker b finds no state;
+    before it asks the stream's server, worker a (which found no state too, asked, and
+    created it) applies and acknowledges a delivery. Worker b must then find the scope a
+    made, not take a's acknowledgement for progress that was lost: the scope's progress
+    is whole, nothing was lost (found in review: b raised ProgressLost and its run()
+    stopped)."""
+    effect = Ledger()
+
+    def worker(name: str) -> StreamConsumer:
+        return StreamConsumer.from_urls(
+            stream_server.url,
+            own_progress_server.url,
+            consumer=names.consumer,
+            namespace=names.namespace,
+            stream=names.stream,
+            group=names.group,
+            worker=name,
+            block=0.01,
+            batch=1,
+        )
+
+    a, b = worker("a"), worker("b")
+    try:
+        ids = publish(stream_client, names, ["r0", "r1"])
+        a.start()
+        b.start()
+        # b is cut between its 'unclaimed' reply and its question to the stream's server:
+        # the moment a does its whole delivery (the race of two workers starting at once).
+        runner = b._runner
+        ask = runner.run
+        cut: list[str] = []
+
+        def run(call: Any) -> Any:
+            if call.script == "stream_evidence" and not cut:
+                cut.append(call.script)
+                a.poll(effect)  # reads r1 (b holds r0), claims the scope, acknowledges r1
+                assert settled_ids(stream_client, names) == {ids[1]}
+            return ask(call)
+
+        runner.run = run  # type: ignore[method-assign]
+        b.poll(effect)  # r0: begin finds no state, then asks
+        assert cut == ["stream_evidence"]
+        assert _events(logs, "settle.progress.state_lost") == []
+        a.poll(effect)
+        assert settled_ids(stream_client, names) == set(ids)
+        assert effect.invocations == Counter({"r0": 1, "r1": 1})
+        assert a.store.read(a.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
+    finally:
+        b.close()
+        a.close()
