@@ -12,6 +12,7 @@ every entry again under its idempotency key, and the floor moves again."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from settle import ConfigurationError
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     AsyncStreamConsumer,
+    DeferDelivery,
     DeliveryId,
     EffectContext,
     EmissionId,
@@ -425,3 +427,91 @@ def test_two_workers_of_a_new_group_starting_at_once_are_not_refused(
     finally:
         b.close()
         a.close()
+
+
+LATER_WRITES = ["dead_letter_malformed", "dead_letter_vanished", "defer", "receipt"]
+
+
+@pytest.mark.parametrize("write", LATER_WRITES)
+def test_every_write_of_the_consumer_after_the_loss_is_refused(
+    write: str,
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+) -> None:
+    """Not only the first write of an applied delivery: the consumer's dead-letter of a
+    malformed delivery or of one whose entry was deleted while pending, its deferral, and
+    its receipt after an acknowledgement each find the scope's progress gone and are
+    refused with nothing written (with the claim flag they would make the scope anew from
+    that one write, and the next observation would report every delivery acknowledged
+    before as lost, as before the guard)."""
+    flush = redis.Redis.from_url(own_progress_server.url)
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    effect = Ledger()
+    try:
+        publish(stream_client, names, ["w0"])
+        consumer.poll(effect)  # applied and acknowledged: the mark is on the stream's server
+        assert consumer.scope is not None
+        if write == "dead_letter_malformed":
+            flush.flushall()
+            stream_client.xadd(names.stream, {"body": "no emission id"})
+            poll = lambda: consumer.poll(effect)  # noqa: E731
+        elif write == "dead_letter_vanished":
+            [gone] = publish(stream_client, names, ["w1"])
+            stream_client.xreadgroup(names.group, "dead", {names.stream: ">"})
+            stream_client.xdel(names.stream, gone)  # deleted while pending for "dead"
+            flush.flushall()
+            time.sleep(0.1)  # past claim_idle: XAUTOCLAIM finds it deleted
+            poll = lambda: consumer.poll(effect)  # noqa: E731
+        elif write == "defer":
+            publish(stream_client, names, ["w1"])
+
+            def defer(ctx: EffectContext) -> None:
+                flush.flushall()  # lost while the effect ran, after begin
+                raise DeferDelivery("later")
+
+            poll = lambda: consumer.poll(defer)  # noqa: E731
+        else:
+            publish(stream_client, names, ["w1"])
+
+            def answered(step: str, _delivery: DeliveryId) -> None:
+                if step == "provider_answered":
+                    flush.flushall()  # lost between the acknowledgement and its receipt
+
+            consumer.store.observer = answered
+            poll = lambda: consumer.poll(effect)  # noqa: E731
+        with pytest.raises(ProgressLost):
+            poll()
+        assert _tagged(own_progress_server, names) == []
+    finally:
+        consumer.close()
+        flush.close()
+
+
+def test_a_stream_started_over_with_its_marker_is_not_taken_for_lost_progress(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """docs/delivery-progress.md: "when you delete a stream to start it over, delete its
+    incarnation marker with it". The acknowledged mark still names the old incarnation; the
+    new incarnation's scope had nothing acknowledged, so it is claimed, not refused."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        publish(stream_client, names, ["s0", "s1"])
+        consumer.poll(effect)
+        old = consumer.scope
+        stream_client.delete(names.stream, f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+        ids = publish(stream_client, names, ["s2"])
+        consumer.run(effect, polls=3)  # NOGROUP: a new incarnation scope
+        assert consumer.scope is not None
+        assert consumer.scope != old
+        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
+        assert effect.invocations == Counter({"s0": 1, "s1": 1, "s2": 1})
+        assert _events(logs, "settle.progress.state_lost") == []
+    finally:
+        consumer.close()
