@@ -94,6 +94,18 @@ def _scope(value: object) -> ProviderScope:
     return value
 
 
+def _cli(arg: str, *, quote: bool = False) -> str:
+    """``arg`` as redis-cli reads it back exactly (one argument of a command the operator
+    runs as written): bare when it is plain, else in single quotes (everything literal),
+    else, when it holds a single quote or ends in a backslash, in double quotes with
+    backslashes and double quotes escaped."""
+    if not quote and arg and not any(c.isspace() or c in "'\"\\" for c in arg):
+        return arg
+    if "'" not in arg and not arg.endswith("\\"):
+        return f"'{arg}'"
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def scope_json(scope: ProviderScope) -> str:
     return json.dumps(
         {"stream": scope.stream, "group": scope.group, "incarnation": scope.incarnation},
@@ -664,9 +676,9 @@ class ProgressCore:
             f"{scope}, whose deliveries were acknowledged: it lost that progress (a "
             "restart without persistence, FLUSHALL, a DEL). Nothing was written. To go "
             f"on, stop the workers of group {scope.group!r}, run on the stream's server "
-            f"XGROUP DESTROY {scope.stream} {scope.group} and HDEL {mark} "
-            f"'{self.mark_field(scope)}', then start them again: every entry still in the "
-            "stream is applied again under its idempotency key "
+            f"XGROUP DESTROY {_cli(scope.stream)} {_cli(scope.group)} and HDEL {_cli(mark)} "
+            f"{_cli(self.mark_field(scope), quote=True)}, then start them again: every entry "
+            "still in the stream is applied again under its idempotency key "
             "(docs/delivery-progress.md, 'Progress lost')",
             scope=scope,
             operation_id=self.consumer,

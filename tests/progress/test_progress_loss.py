@@ -12,9 +12,14 @@ every entry again under its idempotency key, and the floor moves again."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -513,5 +518,47 @@ def test_a_stream_started_over_with_its_marker_is_not_taken_for_lost_progress(
         assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
         assert effect.invocations == Counter({"s0": 1, "s1": 1, "s2": 1})
         assert _events(logs, "settle.progress.state_lost") == []
+    finally:
+        consumer.close()
+
+
+def test_the_commands_the_refusal_names_work_as_written_for_any_names(
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+) -> None:
+    """The error's message is what the operator runs (redis-cli, as docs/delivery-progress.md
+    shows them): with a stream, a group and a consumer whose names hold spaces, quotes and
+    non-ASCII letters, the two commands, run as written, destroy the group and delete the
+    mark's field, and the workers go on (found in review: the names were written bare or
+    in single quotes that a quote in the name ends, so the commands failed or hit the
+    wrong keys)."""
+    tag = uuid.uuid4().hex[:8]
+    names = Names(f"orders {tag}", "eu 'west'", f"o'neil café {tag}", "t")
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    effect = Ledger()
+    try:
+        ids = publish(stream_client, names, ["q0", "q1"])
+        consumer.poll(effect)
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        with pytest.raises(ProgressLost) as caught:
+            consumer.poll(effect)
+        said = str(caught.value)
+        destroy = said[said.index("XGROUP DESTROY ") : said.index(" and HDEL ")]
+        delete = said[said.index("HDEL ") : said.index(", then start them again")]
+        cli = shutil.which("redis-cli") or str(Path(sys.executable).with_name("redis-cli"))
+        out = subprocess.run(
+            [cli, "-p", str(stream_server.port)],
+            input=f"{destroy}\n{delete}\n",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        assert out == ["1", "1"], (destroy, delete, out)  # the group destroyed, the field deleted
+        consumer.start()
+        consumer.poll(effect)
+        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
     finally:
         consumer.close()
