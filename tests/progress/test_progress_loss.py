@@ -40,7 +40,7 @@ from settle.progress import (
     StreamConsumer,
 )
 from settle.progress._core import ProgressCore, StreamVerdict
-from settle.progress.errors import ProgressLost
+from settle.progress.errors import ProgressLost, ProviderReset
 from settle.progress.identity import AttemptId
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import Names, pending_ids, publish, settled_ids
@@ -560,5 +560,36 @@ def test_the_commands_the_refusal_names_work_as_written_for_any_names(
         consumer.start()
         consumer.poll(effect)
         assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
+    finally:
+        consumer.close()
+
+
+def test_a_scope_whose_marker_was_deleted_before_its_first_write_is_reset_not_claimed(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """The scope has no state yet and its incarnation marker is deleted before the first
+    write: the stream's server answers that it is no longer that incarnation
+    (``ProviderReset``, which ``run()`` goes on from with the new incarnation's scope); the
+    old scope is never made on the progress server."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        old = consumer.start()
+        stream_client.delete(f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+        ids = publish(stream_client, names, ["z0"])
+        with pytest.raises(ProviderReset):
+            consumer.poll(effect)  # z0's first write: no state, and the marker is gone
+        assert effect.invocations == Counter()
+        consumer.run(effect, polls=3)
+        assert consumer.scope is not None
+        assert consumer.scope != old
+        assert consumer.store.scopes() == [consumer.scope]  # the old scope never made
+        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
+        assert effect.invocations == Counter({"z0": 1})
+        assert [e["scope"] for e in _events(logs, "settle.progress.provider_reset")] == [str(old)]
     finally:
         consumer.close()
