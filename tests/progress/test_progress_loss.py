@@ -593,3 +593,32 @@ def test_a_scope_whose_marker_was_deleted_before_its_first_write_is_reset_not_cl
         assert [e["scope"] for e in _events(logs, "settle.progress.provider_reset")] == [str(old)]
     finally:
         consumer.close()
+
+
+def test_a_scope_that_only_dead_lettered_is_refused_after_the_loss(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """A dead-letter acknowledges too (its evidence was in progress before): a scope whose
+    only settled delivery was dead-lettered is refused after the loss, not made anew (it
+    would report the dead-lettered delivery as lost and hold the floor below it)."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        bad = stream_client.xadd(names.stream, {"body": "no emission id"}).decode()
+        consumer.poll(effect)
+        assert settled_ids(stream_client, names) == {bad}
+        assert stream_client.xlen(consumer.dead_letter_key) == 1
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        publish(stream_client, names, ["d1"])
+        with pytest.raises(ProgressLost):
+            consumer.poll(effect)
+        assert _tagged(own_progress_server, names) == []
+        assert effect.invocations == Counter()
+        assert _events(logs, "settle.progress.lost") == []
+    finally:
+        consumer.close()
