@@ -108,6 +108,18 @@ def check_apply(effect: object, fields: object) -> dict[str, bytes]:
     return dict(fields or {})
 
 
+def _cli(arg: str, *, quote: bool = False) -> str:
+    """``arg`` as redis-cli reads it back exactly (one argument of a command the operator
+    runs as written): bare when it is plain, else in single quotes (everything literal),
+    else, when it holds a single quote or ends in a backslash, in double quotes with
+    backslashes and double quotes escaped."""
+    if not quote and arg and not any(c.isspace() or c in "'\"\\" for c in arg):
+        return arg
+    if "'" not in arg and not arg.endswith("\\"):
+        return f"'{arg}'"
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def scope_json(scope: ProviderScope) -> str:
     return json.dumps(
         {"stream": scope.stream, "group": scope.group, "incarnation": scope.incarnation},
@@ -659,12 +671,13 @@ class ProgressCore:
             operation_id=self.consumer,
         )
 
-    def evidence(self, scope: ProviderScope, call: Call, raw: Any) -> None:
-        """Decide on the stream's evidence about a scope the progress server has no state
-        for: returns when the scope is unused (its state may be created); raises
-        :class:`ProgressLost` when deliveries of it were acknowledged (its progress existed
-        and is gone: nothing is written), :class:`ProviderReset` when the stream is no
-        longer that incarnation."""
+    def evidence(self, scope: ProviderScope, call: Call, raw: Any) -> bool:
+        """Decide on the stream's evidence about a scope the progress server had no state
+        for: False when the scope is unused (its state may be created); True when
+        deliveries of it were acknowledged (its progress existed: lost, unless another
+        worker of the group created it since the call found none, which the caller asks
+        the progress server again; :meth:`progress_lost`); raises :class:`ProviderReset`
+        when the stream is no longer that incarnation."""
         reply = parse_reply(raw, call, body=0)
         fields = {"scope": str(scope), "stream": scope.stream, "group": scope.group}
         if reply.code == "no_group":
@@ -674,23 +687,30 @@ class ProgressCore:
                 "again (a new incarnation scope is opened)"
             )
         if reply.code == "acknowledged":
-            self.log.error("settle.progress.state_lost", **fields)
-            mark = StreamKeys(scope.stream).acknowledged
-            raise ProgressLost(
-                f"the progress server has no progress of consumer {self.consumer!r} for scope "
-                f"{scope}, whose deliveries were acknowledged: it lost that progress (a "
-                "restart without persistence, FLUSHALL, a DEL). Nothing was written. To go "
-                f"on, stop the workers of group {scope.group!r}, run on the stream's server "
-                f"XGROUP DESTROY {scope.stream} {scope.group} and HDEL {mark} "
-                f"'{self.mark_field(scope)}', then start them again: every entry still in the "
-                "stream is applied again under its idempotency key "
-                "(docs/delivery-progress.md, 'Progress lost')",
-                scope=scope,
-                operation_id=self.consumer,
-            )
+            return True
         if reply.code != "unused":
             raise CorruptRecord(f"unknown stream evidence {reply.code!r}")
         self.log.info("settle.progress.scope_claimed", **fields)
+        return False
+
+    def progress_lost(self, scope: ProviderScope) -> NoReturn:
+        """Refuse a scope whose deliveries were acknowledged and whose progress the
+        progress server no longer has: :class:`ProgressLost` (nothing was written)."""
+        fields = {"scope": str(scope), "stream": scope.stream, "group": scope.group}
+        self.log.error("settle.progress.state_lost", **fields)
+        mark = StreamKeys(scope.stream).acknowledged
+        raise ProgressLost(
+            f"the progress server has no progress of consumer {self.consumer!r} for scope "
+            f"{scope}, whose deliveries were acknowledged: it lost that progress (a "
+            "restart without persistence, FLUSHALL, a DEL). Nothing was written. To go "
+            f"on, stop the workers of group {scope.group!r}, run on the stream's server "
+            f"XGROUP DESTROY {_cli(scope.stream)} {_cli(scope.group)} and HDEL {_cli(mark)} "
+            f"{_cli(self.mark_field(scope), quote=True)}, then start them again: every entry "
+            "still in the stream is applied again under its idempotency key "
+            "(docs/delivery-progress.md, 'Progress lost')",
+            scope=scope,
+            operation_id=self.consumer,
+        )
 
     def decode_stream_settle(self, call: Call, raw: Any) -> StreamVerdict:
         reply = parse_reply(raw, call, body=2)

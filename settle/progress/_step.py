@@ -108,7 +108,8 @@ def progress(
     stream server to ask) the call creates the scope's state when there is none. Without it
     (a stream consumer), a reply ``unclaimed`` (no state: a new scope, or progress the
     server lost) is checked against the stream's server first: a scope whose incarnation
-    had deliveries acknowledged raises :class:`ProgressLost` and nothing is written;
+    had deliveries acknowledged raises :class:`ProgressLost` and nothing is written
+    (unless the call, sent again, finds the state another worker created meanwhile);
     otherwise the call is sent again, claiming the new scope."""
     if claim:
         call = core.claiming(call)
@@ -117,7 +118,14 @@ def progress(
         return reply
     scope = core.scope_of(call)
     check = core.plan_evidence(scope)
-    core.evidence(scope, check, (yield RunStreamScript(check)))
+    if core.evidence(scope, check, (yield RunStreamScript(check))):
+        # Acknowledged: the scope had state. Another worker of the group may have created
+        # it (and acknowledged a delivery) after this call found none: asked again, only a
+        # scope still without state is progress the server lost.
+        reply = core.decode(call, (yield RunScript(call)))
+        if reply.code != "unclaimed":
+            return reply
+        core.progress_lost(scope)
     call = core.claiming(call)
     return core.decode(call, (yield RunScript(call)))
 

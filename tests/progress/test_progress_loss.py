@@ -12,8 +12,14 @@ every entry again under its idempotency key, and the floor moves again."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +30,7 @@ from settle import ConfigurationError
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     AsyncStreamConsumer,
+    DeferDelivery,
     DeliveryId,
     EffectContext,
     EmissionId,
@@ -33,7 +40,7 @@ from settle.progress import (
     StreamConsumer,
 )
 from settle.progress._core import ProgressCore, StreamVerdict
-from settle.progress.errors import ProgressLost
+from settle.progress.errors import ProgressLost, ProviderReset
 from settle.progress.identity import AttemptId
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import Names, pending_ids, publish, settled_ids
@@ -366,3 +373,252 @@ def test_a_write_without_the_claim_flag_on_a_scope_with_no_state_writes_nothing(
             assert store.progress(_plan(store.core, script, scope)).code != "unclaimed"
     finally:
         store.close()
+
+
+def test_two_workers_of_a_new_group_starting_at_once_are_not_refused(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """Two workers of a group start together on a new scope. Worker b finds no state;
+    before it asks the stream's server, worker a (which found no state too, asked, and
+    created it) applies and acknowledges a delivery. Worker b must then find the scope a
+    made, not take a's acknowledgement for progress that was lost: the scope's progress
+    is whole, nothing was lost (found in review: b raised ProgressLost and its run()
+    stopped)."""
+    effect = Ledger()
+
+    def worker(name: str) -> StreamConsumer:
+        return StreamConsumer.from_urls(
+            stream_server.url,
+            own_progress_server.url,
+            consumer=names.consumer,
+            namespace=names.namespace,
+            stream=names.stream,
+            group=names.group,
+            worker=name,
+            block=0.01,
+            batch=1,
+        )
+
+    a, b = worker("a"), worker("b")
+    try:
+        ids = publish(stream_client, names, ["r0", "r1"])
+        a.start()
+        b.start()
+        # b is cut between its 'unclaimed' reply and its question to the stream's server:
+        # the moment a does its whole delivery (the race of two workers starting at once).
+        runner = b._runner
+        ask = runner.run
+        cut: list[str] = []
+
+        def run(call: Any) -> Any:
+            if call.script == "stream_evidence" and not cut:
+                cut.append(call.script)
+                a.poll(effect)  # reads r1 (b holds r0), claims the scope, acknowledges r1
+                assert settled_ids(stream_client, names) == {ids[1]}
+            return ask(call)
+
+        runner.run = run  # type: ignore[method-assign]
+        b.poll(effect)  # r0: begin finds no state, then asks
+        assert cut == ["stream_evidence"]
+        assert _events(logs, "settle.progress.state_lost") == []
+        a.poll(effect)
+        assert settled_ids(stream_client, names) == set(ids)
+        assert effect.invocations == Counter({"r0": 1, "r1": 1})
+        assert a.store.read(a.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
+    finally:
+        b.close()
+        a.close()
+
+
+LATER_WRITES = ["dead_letter_malformed", "dead_letter_vanished", "defer", "receipt"]
+
+
+@pytest.mark.parametrize("write", LATER_WRITES)
+def test_every_write_of_the_consumer_after_the_loss_is_refused(
+    write: str,
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+) -> None:
+    """Not only the first write of an applied delivery: the consumer's dead-letter of a
+    malformed delivery or of one whose entry was deleted while pending, its deferral, and
+    its receipt after an acknowledgement each find the scope's progress gone and are
+    refused with nothing written (with the claim flag they would make the scope anew from
+    that one write, and the next observation would report every delivery acknowledged
+    before as lost, as before the guard)."""
+    flush = redis.Redis.from_url(own_progress_server.url)
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    effect = Ledger()
+    try:
+        publish(stream_client, names, ["w0"])
+        consumer.poll(effect)  # applied and acknowledged: the mark is on the stream's server
+        assert consumer.scope is not None
+        if write == "dead_letter_malformed":
+            flush.flushall()
+            stream_client.xadd(names.stream, {"body": "no emission id"})
+            poll = lambda: consumer.poll(effect)  # noqa: E731
+        elif write == "dead_letter_vanished":
+            [gone] = publish(stream_client, names, ["w1"])
+            stream_client.xreadgroup(names.group, "dead", {names.stream: ">"})
+            stream_client.xdel(names.stream, gone)  # deleted while pending for "dead"
+            flush.flushall()
+            time.sleep(0.1)  # past claim_idle: XAUTOCLAIM finds it deleted
+            poll = lambda: consumer.poll(effect)  # noqa: E731
+        elif write == "defer":
+            publish(stream_client, names, ["w1"])
+
+            def defer(ctx: EffectContext) -> None:
+                flush.flushall()  # lost while the effect ran, after begin
+                raise DeferDelivery("later")
+
+            poll = lambda: consumer.poll(defer)  # noqa: E731
+        else:
+            publish(stream_client, names, ["w1"])
+
+            def answered(step: str, _delivery: DeliveryId) -> None:
+                if step == "provider_answered":
+                    flush.flushall()  # lost between the acknowledgement and its receipt
+
+            consumer.store.observer = answered
+            poll = lambda: consumer.poll(effect)  # noqa: E731
+        with pytest.raises(ProgressLost):
+            poll()
+        assert _tagged(own_progress_server, names) == []
+    finally:
+        consumer.close()
+        flush.close()
+
+
+def test_a_stream_started_over_with_its_marker_is_not_taken_for_lost_progress(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """docs/delivery-progress.md: "when you delete a stream to start it over, delete its
+    incarnation marker with it". The acknowledged mark still names the old incarnation; the
+    new incarnation's scope had nothing acknowledged, so it is claimed, not refused."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        publish(stream_client, names, ["s0", "s1"])
+        consumer.poll(effect)
+        old = consumer.scope
+        stream_client.delete(names.stream, f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+        ids = publish(stream_client, names, ["s2"])
+        consumer.run(effect, polls=3)  # NOGROUP: a new incarnation scope
+        assert consumer.scope is not None
+        assert consumer.scope != old
+        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
+        assert effect.invocations == Counter({"s0": 1, "s1": 1, "s2": 1})
+        assert _events(logs, "settle.progress.state_lost") == []
+    finally:
+        consumer.close()
+
+
+def test_the_commands_the_refusal_names_work_as_written_for_any_names(
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+) -> None:
+    """The error's message is what the operator runs (redis-cli, as docs/delivery-progress.md
+    shows them): with a stream, a group and a consumer whose names hold spaces, quotes and
+    non-ASCII letters, the two commands, run as written, destroy the group and delete the
+    mark's field, and the workers go on (found in review: the names were written bare or
+    in single quotes that a quote in the name ends, so the commands failed or hit the
+    wrong keys)."""
+    tag = uuid.uuid4().hex[:8]
+    names = Names(f"orders {tag}", "eu 'west'", f"o'neil café {tag}", "t")
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    effect = Ledger()
+    try:
+        ids = publish(stream_client, names, ["q0", "q1"])
+        consumer.poll(effect)
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        with pytest.raises(ProgressLost) as caught:
+            consumer.poll(effect)
+        said = str(caught.value)
+        destroy = said[said.index("XGROUP DESTROY ") : said.index(" and HDEL ")]
+        delete = said[said.index("HDEL ") : said.index(", then start them again")]
+        cli = shutil.which("redis-cli") or str(Path(sys.executable).with_name("redis-cli"))
+        out = subprocess.run(
+            [cli, "-p", str(stream_server.port)],
+            input=f"{destroy}\n{delete}\n",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        assert out == ["1", "1"], (destroy, delete, out)  # the group destroyed, the field deleted
+        consumer.start()
+        consumer.poll(effect)
+        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
+    finally:
+        consumer.close()
+
+
+def test_a_scope_whose_marker_was_deleted_before_its_first_write_is_reset_not_claimed(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """The scope has no state yet and its incarnation marker is deleted before the first
+    write: the stream's server answers that it is no longer that incarnation
+    (``ProviderReset``, which ``run()`` goes on from with the new incarnation's scope); the
+    old scope is never made on the progress server."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        old = consumer.start()
+        stream_client.delete(f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+        ids = publish(stream_client, names, ["z0"])
+        with pytest.raises(ProviderReset):
+            consumer.poll(effect)  # z0's first write: no state, and the marker is gone
+        assert effect.invocations == Counter()
+        consumer.run(effect, polls=3)
+        assert consumer.scope is not None
+        assert consumer.scope != old
+        assert consumer.store.scopes() == [consumer.scope]  # the old scope never made
+        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
+        assert effect.invocations == Counter({"z0": 1})
+        assert [e["scope"] for e in _events(logs, "settle.progress.provider_reset")] == [str(old)]
+    finally:
+        consumer.close()
+
+
+def test_a_scope_that_only_dead_lettered_is_refused_after_the_loss(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """A dead-letter acknowledges too (its evidence was in progress before): a scope whose
+    only settled delivery was dead-lettered is refused after the loss, not made anew (it
+    would report the dead-lettered delivery as lost and hold the floor below it)."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        bad = stream_client.xadd(names.stream, {"body": "no emission id"}).decode()
+        consumer.poll(effect)
+        assert settled_ids(stream_client, names) == {bad}
+        assert stream_client.xlen(consumer.dead_letter_key) == 1
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        publish(stream_client, names, ["d1"])
+        with pytest.raises(ProgressLost):
+            consumer.poll(effect)
+        assert _tagged(own_progress_server, names) == []
+        assert effect.invocations == Counter()
+        assert _events(logs, "settle.progress.lost") == []
+    finally:
+        consumer.close()
