@@ -157,23 +157,27 @@ async def test_a_step_returns_once_the_replica_holds_what_it_wrote(
 ) -> None:
     first = provider.provider.token(0)
     async with shell(flavour, primary.url, provider, sink, **durable(namespace)) as s:
-        await s.store.start(STREAM, first.encode())
+        started_at = await s.store.start(STREAM, first.encode())
         # The replica has the checkpoint the moment start() returned.
         on_replica = stored(replica, namespace)
         assert on_replica["checkpoint"][b"cursor"] == first.encode()
-        assert on_replica["checkpoint"][b"gen"] == b"1"
+        assert on_replica["checkpoint"][b"gen"] == str(started_at.generation).encode()
 
         started = time.perf_counter()
         result = await s.consumer.step()
         FIGURES[f"cursor step of 3 events + WAIT 1 replica ({flavour}, loopback)"] = (
             f"{(time.perf_counter() - started) * 1000:.1f} ms"
         )
-        assert (result.outcome, result.applied, result.generation) == (StepOutcome.PROMOTED, 3, 2)
+        assert (result.outcome, result.applied, result.generation) == (
+            StepOutcome.PROMOTED,
+            3,
+            started_at.generation + 1,
+        )
         # The witness, the three receipts and the promoted checkpoint: all on the replica when
         # step() returned, exactly as the primary holds them.
         on_replica = stored(replica, namespace)
         assert on_replica == stored(primary, namespace)
-        assert on_replica["checkpoint"][b"gen"] == b"2"
+        assert on_replica["checkpoint"][b"gen"] == str(result.generation).encode()
         assert on_replica["checkpoint"][b"waid"] == result.attempt_id.encode()
         assert set(on_replica["receipts"]) == {b"e1", b"e2", b"e3"}
         assert on_replica["witnesses"][f"{result.attempt_id}|disp".encode()] == b"promoted"
@@ -192,8 +196,8 @@ async def test_a_replica_that_does_not_acknowledge_turns_the_first_write_into_a_
 ) -> None:
     p = provider.provider
     async with shell(flavour, primary.url, provider, sink, **durable(namespace)) as s:
-        await s.store.start(STREAM, p.token(0).encode())
-        assert (await s.consumer.step()).generation == 2
+        g0 = (await s.store.start(STREAM, p.token(0).encode())).generation
+        assert (await s.consumer.step()).generation == g0 + 1
         returned = stored(primary, namespace)
         p.append(3)
 
@@ -208,7 +212,7 @@ async def test_a_replica_that_does_not_acknowledge_turns_the_first_write_into_a_
                 await s.consumer.step()
             elapsed = time.perf_counter() - started
             # Reading the checkpoint never waits; writing a new stream waits as well.
-            assert (await s.store.checkpoint(STREAM)).generation == 2
+            assert (await s.store.checkpoint(STREAM)).generation == g0 + 1
             with pytest.raises(DurabilityError):
                 await s.store.start("another", b"c0")
         FIGURES[f"cursor step with the replica {how} ({flavour}, replica_timeout=0.3 s)"] = (
@@ -238,7 +242,7 @@ async def test_a_replica_that_does_not_acknowledge_turns_the_first_write_into_a_
                 StepOutcome.PROMOTED,
                 Classification.EXACT_REPLAY,
             )
-            assert (result.applied, result.generation) == (3, 3)
+            assert (result.applied, result.generation) == (3, g0 + 2)
             assert stored(replica, namespace) == stored(primary, namespace)
             assert sink.applied() == [f"e{i}" for i in range(1, 7)]
             assert max(sink.calls.values()) == 1
@@ -316,12 +320,12 @@ async def test_a_cut_write_is_repeated_and_the_step_ends_as_without_the_cut(
             result = await s.consumer.step()
         assert proxy.fired == [at]
         assert retried(logs) == [(script, 1)]
-        assert (start.generation, start.cursor) == (1, first)
+        assert start.cursor == first
         assert (result.outcome, result.classification) == (
             StepOutcome.PROMOTED,
             Classification.FIRST,
         )
-        assert (result.applied, result.skipped, result.generation) == (3, 0, 2)
+        assert (result.applied, result.skipped, result.generation) == (3, 0, start.generation + 1)
         # Each event handed over once; one witness, promoted; three receipts.
         assert sink.applied() == ["e1", "e2", "e3"]
         assert max(sink.calls.values()) == 1
@@ -387,14 +391,14 @@ async def test_a_cut_on_the_durable_path_is_repeated_and_acknowledged(
     proxy = proxy_to(primary.url, SCRIPTS)
     try:
         async with shell(flavour, proxy.port, provider, sink, **durable(namespace)) as s:
-            await s.store.start(STREAM, provider.provider.token(0).encode())
+            g0 = (await s.store.start(STREAM, provider.provider.token(0).encode())).generation
             proxy.cut(script_needle(SCRIPTS, "promote"), "after_request")
             with capture_logs() as logs:
                 result = await s.consumer.step()
             assert proxy.fired == ["after_request"]
             assert retried(logs) == [("promote", 1)]
-            assert (result.outcome, result.generation) == (StepOutcome.PROMOTED, 2)
+            assert (result.outcome, result.generation) == (StepOutcome.PROMOTED, g0 + 1)
             assert stored(replica, namespace) == stored(primary, namespace)
-            assert stored(replica, namespace)["checkpoint"][b"gen"] == b"2"
+            assert stored(replica, namespace)["checkpoint"][b"gen"] == str(g0 + 1).encode()
     finally:
         proxy.close()

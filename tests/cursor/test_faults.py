@@ -100,7 +100,7 @@ def test_rotation_against_the_contract_stops(serve, store: CursorStore, http, si
     server = serve(page_size=3, rotate=True)
     server.provider.append(4)
     fetch = fetcher(server.url, http)
-    store.start("s", server.provider.token(0).encode())
+    g0 = store.start("s", server.provider.token(0).encode()).generation
     with pytest.raises(Crash):
         consumer(store, fetch, crash_at(sink, "e2")).step()
 
@@ -108,7 +108,7 @@ def test_rotation_against_the_contract_stops(serve, store: CursorStore, http, si
         consumer(store, fetch, sink).step()
 
     assert info.value.recovery is Recovery.STABLE_BOUNDARY
-    assert store.checkpoint("s").generation == 1
+    assert store.checkpoint("s").generation == g0
     assert sink.applied() == ["e1"]
 
 
@@ -161,7 +161,7 @@ def test_same_id_with_a_changed_payload(serve, store, http, sink) -> None:
     server = serve(page_size=3)
     server.provider.append(5)
     fetch = fetcher(server.url, http)
-    store.start("s", server.provider.token(0).encode())
+    g0 = store.start("s", server.provider.token(0).encode()).generation
     with pytest.raises(Crash):
         consumer(store, fetch, crash_at(sink, "e3")).step()
     server.provider.mutate("e2")  # applied already
@@ -171,7 +171,7 @@ def test_same_id_with_a_changed_payload(serve, store, http, sink) -> None:
 
     assert info.value.recovery is Recovery.FRESH_SNAPSHOT
     assert info.value.reason == "changed_payload"
-    assert store.checkpoint("s").generation == 1
+    assert store.checkpoint("s").generation == g0
     assert sink.applied() == ["e1", "e2"]
 
 
@@ -196,7 +196,7 @@ def test_expired_cursor_by_ttl_is_never_sent(serve, store, http, sink) -> None:
     server = serve(page_size=3)
     server.provider.append(2)
     fetch = fetcher(server.url, http)
-    store.start("s", server.provider.token(0).encode())
+    g0 = store.start("s", server.provider.token(0).encode()).generation
     time.sleep(0.3)
     before = server.provider.requests
 
@@ -205,7 +205,7 @@ def test_expired_cursor_by_ttl_is_never_sent(serve, store, http, sink) -> None:
 
     assert server.provider.requests == before
     assert info.value.recovery is Recovery.STABLE_BOUNDARY
-    assert store.checkpoint("s").generation == 1
+    assert store.checkpoint("s").generation == g0
 
 
 def test_expired_cursor_reported_by_the_provider(serve, store, http, sink) -> None:
@@ -214,15 +214,15 @@ def test_expired_cursor_reported_by_the_provider(serve, store, http, sink) -> No
     p.append(5)
     p.faults.extend([None, "expire"])
     fetch = fetcher(server.url, http)
-    store.start("s", p.token(0).encode())
+    g0 = store.start("s", p.token(0).encode()).generation
     consumer(store, fetch, sink).step()
 
     with pytest.raises(CursorExpired):
         consumer(store, fetch, sink).step()
 
     ck = store.checkpoint("s")
-    assert (ck.generation, ck.boundary) == (2, 3)
-    store.reset("s", cursor=p.token(3).encode(), boundary=3, expected_generation=2)
+    assert (ck.generation, ck.boundary) == (g0 + 1, 3)
+    store.reset("s", cursor=p.token(3).encode(), boundary=3, expected_generation=g0 + 1)
     drain(consumer(store, fetch, sink))
     assert_exactly_once(sink, truth(p))
 
@@ -233,13 +233,13 @@ def test_empty_page_without_evidence_holds(serve, store, http, sink) -> None:
     p.append(4)
     p.faults.append("empty")  # a lagging replica: no events, no watermark
     fetch = fetcher(server.url, http)
-    store.start("s", p.token(0).encode())
+    g0 = store.start("s", p.token(0).encode()).generation
 
     result = consumer(store, fetch, sink, coverage_watermarks=True).step()
 
     assert result.outcome is StepOutcome.HELD
     ck = store.checkpoint("s")
-    assert (ck.generation, ck.boundary) == (1, 0)
+    assert (ck.generation, ck.boundary) == (g0, 0)
     # The empty response is on record (pending, never promoted), so the evidence exists.
     [held] = store.witnesses("s")
     assert (held.events, held.disposition, held.reason) == ((), Disposition.PENDING, "held")
@@ -253,14 +253,14 @@ def test_empty_page_with_a_watermark_advances(serve, store, http, sink) -> None:
     p = server.provider
     p.append(3)
     fetch = fetcher(server.url, http)
-    store.start("s", p.token(0).encode())
+    g0 = store.start("s", p.token(0).encode()).generation
     c = consumer(store, fetch, sink, coverage_watermarks=True)
     c.step()
 
     result = c.step()  # empty, with coverage (3, 3] bound to this response
 
     assert result.outcome is StepOutcome.PROMOTED
-    assert (result.generation, result.boundary) == (3, 3)
+    assert (result.generation, result.boundary) == (g0 + 2, 3)
     [empty, _] = store.witnesses("s")
     assert empty.events == ()
     assert empty.coverage == (3, 3)
@@ -287,7 +287,7 @@ def test_sparse_positions_without_coverage_prove_nothing(serve, store, http, sin
     p = server.provider
     p.append(3, gap=10)  # 10, 20, 30
     fetch = fetcher(server.url, http)
-    store.start("s", p.token(0).encode())
+    g0 = store.start("s", p.token(0).encode()).generation
     with pytest.raises(Crash):
         consumer(store, fetch, crash_at(sink, "e10"), positions="sparse").step()
     p.insert(5)  # the retry returns 5, 10, 20: nothing ties it to the applied boundary
@@ -296,7 +296,7 @@ def test_sparse_positions_without_coverage_prove_nothing(serve, store, http, sin
         consumer(store, fetch, sink, positions="sparse").step()
 
     assert info.value.reason == "sparse_unproven"
-    assert store.checkpoint("s").generation == 1
+    assert store.checkpoint("s").generation == g0
     assert sink.applied() == []
 
 

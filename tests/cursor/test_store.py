@@ -4,6 +4,7 @@ flushed script cache, cursors never reach the logs, the sync shell does not drif
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from settle.cursor import (
     ProviderContract,
 )
 from settle.cursor._keys import stream_keys
-from settle.cursor.errors import CheckpointMissing, InvalidResponse
+from settle.cursor.errors import CheckpointMissing, CursorError, InvalidResponse
 from settle.cursor.models import Recovery
 from settle.errors import CorruptRecord, InvalidInput, SettleError
 from tests.cursor.provider import fetcher
@@ -80,7 +81,7 @@ def test_reading_a_stream_that_was_never_started(store) -> None:
 def test_an_invalid_page_is_rejected_before_anything_is_written(
     store, redis_client, namespace, page, contract
 ) -> None:
-    store.start("s", b"c")
+    g0 = store.start("s", b"c").generation
     before = keys_of(redis_client, namespace)
     handled = []
     c = CursorConsumer(
@@ -94,7 +95,7 @@ def test_an_invalid_page_is_rejected_before_anything_is_written(
         c.step()
     assert keys_of(redis_client, namespace) == before
     assert handled == []
-    assert store.checkpoint("s").generation == 1
+    assert store.checkpoint("s").generation == g0
 
 
 def test_every_key_of_a_stream_shares_one_hash_tag() -> None:
@@ -213,14 +214,14 @@ def test_old_witnesses_and_receipts_are_pruned_at_promotion(
         page = [e for e in log if e.position > after][:1]
         return Page(page, str(page[-1].position if page else after).encode())
 
-    store.start("s", b"0")
+    g0 = store.start("s", b"0").generation
     CursorConsumer(fetch, sink, ProviderContract(), store=store, stream="s").run()
     ck = store.checkpoint("s")
-    assert (ck.generation, ck.boundary) == (11, 10)
+    assert (ck.generation, ck.boundary) == (g0 + 10, 10)
     witnesses = store.witnesses("s", limit=100)
-    assert sorted(w.generation for w in witnesses if w.reason != "held") == [9, 10]
+    assert sorted(w.generation for w in witnesses if w.reason != "held") == [g0 + 8, g0 + 9]
     # The last, empty answer is on record at generation 11 (held, never promoted).
-    assert [(w.generation, w.events) for w in witnesses if w.reason == "held"] == [(11, ())]
+    assert [(w.generation, w.events) for w in witnesses if w.reason == "held"] == [(g0 + 10, ())]
     _, _, _, receipts, _ = stream_keys(namespace, "s")
     assert sorted(redis_client.hkeys(receipts)) == [b"e10", b"e7", b"e8", b"e9"]
     store.close()
@@ -246,3 +247,30 @@ def test_a_consumer_rejects_a_bad_stream_or_contract(store) -> None:
                 stream="s",
                 stand_down_for=wait,  # type: ignore[arg-type]
             )
+
+
+def test_a_checkpoint_made_again_after_a_loss_never_issues_an_earlier_generation(
+    store: CursorStore, redis_client: redis.Redis, namespace: str
+) -> None:
+    """SPEC 1: a generation is never issued twice in a namespace, not after what held it was
+    lost. Redis loses every key of the stream (a restart without persistence, FLUSHALL, a
+    DEL by hand); the next start() makes the checkpoint again, at a generation above every
+    one issued before, so a reset (or any compare-and-swap) decided before the loss is
+    refused instead of landing on the new checkpoint. A checkpoint's first generation used
+    to be 1 every time."""
+    first = store.start("s", b"c0")
+    ck = store.reset("s", cursor=b"c1", boundary=1, expected_generation=first.generation)
+    ck = store.reset("s", cursor=b"c2", boundary=2, expected_generation=ck.generation)
+    issued = ck.generation
+    time.sleep(0.002)  # a real loss takes longer than a millisecond of the server clock
+    redis_client.delete(*keys_of(redis_client, namespace))
+
+    again = store.start("s", b"c0")
+    assert again.generation > issued
+    with pytest.raises(CursorError):  # decided on the checkpoint before the loss
+        store.reset("s", cursor=b"c9", boundary=9, expected_generation=issued)
+    assert store.checkpoint("s").generation == again.generation
+    # The first generation comes from the server clock (its milliseconds x 1000).
+    seconds, micros = redis_client.time()
+    assert again.generation <= (seconds * 1000 + micros // 1000) * 1000
+    assert again.generation > (seconds - 60) * 1000 * 1000

@@ -25,11 +25,15 @@ from tests.cursor.helpers import Crash
 from tests.cursor.provider import Entry, fetcher
 
 
-def _generation_9_at_c41(store: CursorStore, stream: str) -> None:
+def _generation_9_at_c41(store: CursorStore, stream: str) -> int:
+    """The checkpoint at C41, eight generations after its first (the SPEC's generation 9):
+    returns the number of generation 1 (a checkpoint's first comes from the server clock)."""
     ck = store.start(stream, b"C41", boundary=500)
-    for g in range(1, 9):
+    first = ck.generation
+    for g in range(first, first + 8):
         ck = store.reset(stream, cursor=b"C41", boundary=500, expected_generation=g)
-    assert (ck.cursor, ck.generation, ck.boundary) == (b"C41", 9, 500)
+    assert (ck.cursor, ck.generation - first, ck.boundary) == (b"C41", 8, 500)
+    return first
 
 
 @pytest.fixture
@@ -39,12 +43,12 @@ def example(serve, store: CursorStore, http: httpx.Client):
     p.log = [Entry("501", 501, {"v": 501}), Entry("502", 502, {"v": 502})]
     p.token(500, name="C41")
     p.names.extend(["N7", "N8"])
-    _generation_9_at_c41(store, "orders")
-    return server, fetcher(server.url, http)
+    g9 = _generation_9_at_c41(store, "orders") + 8  # the SPEC's generation 9
+    return server, fetcher(server.url, http), g9
 
 
 def test_n8_is_promoted_never_n7(example, store: CursorStore, sink: Sink) -> None:
-    server, fetch = example
+    server, fetch, g9 = example
     calls = {"n": 0}
 
     def crash_after_501(event: Event, ctx: EventContext) -> None:
@@ -57,7 +61,7 @@ def test_n8_is_promoted_never_n7(example, store: CursorStore, sink: Sink) -> Non
     with pytest.raises(Crash):
         first.step()
     [w7] = store.witnesses("orders")
-    assert (w7.successor, w7.disposition, w7.generation) == (b"N7", Disposition.PENDING, 9)
+    assert (w7.successor, w7.disposition, w7.generation) == (b"N7", Disposition.PENDING, g9)
     assert [e.id for e in w7.events] == ["501", "502"]
     assert store.checkpoint("orders").cursor == b"C41"
 
@@ -69,7 +73,7 @@ def test_n8_is_promoted_never_n7(example, store: CursorStore, sink: Sink) -> Non
     assert result.classification is Classification.SHIFTED_PAGE
     assert (result.applied, result.skipped) == (2, 1)  # 501 was satisfied by its receipt
     ck = store.checkpoint("orders")
-    assert (ck.cursor, ck.generation, ck.boundary) == (b"N8", 10, 503)
+    assert (ck.cursor, ck.generation, ck.boundary) == (b"N8", g9 + 1, 503)
     by_successor = {w.successor: w for w in store.witnesses("orders")}
     assert by_successor[b"N8"].disposition is Disposition.PROMOTED
     assert by_successor[b"N7"].disposition is Disposition.ABANDONED
@@ -80,7 +84,7 @@ def test_n8_is_promoted_never_n7(example, store: CursorStore, sink: Sink) -> Non
 def test_retry_that_omits_502_stops_without_advancing(
     example, store: CursorStore, sink: Sink
 ) -> None:
-    server, fetch = example
+    server, fetch, g9 = example
 
     def crash_at_502(event: Event, ctx: EventContext) -> None:
         if event.id == "502":
@@ -99,7 +103,7 @@ def test_retry_that_omits_502_stops_without_advancing(
     assert info.value.recovery is Recovery.STABLE_BOUNDARY
     assert "reset(" in str(info.value)
     ck = store.checkpoint("orders")
-    assert (ck.cursor, ck.generation, ck.boundary) == (b"C41", 9, 500)
+    assert (ck.cursor, ck.generation, ck.boundary) == (b"C41", g9, 500)
     assert sink.applied() == ["501"]  # 503 was never handed over
     by_successor = {w.successor: w for w in store.witnesses("orders")}
     assert by_successor[b"N8"].disposition is Disposition.ABANDONED
@@ -112,4 +116,4 @@ def test_retry_that_omits_502_stops_without_advancing(
         restarted.step()
     assert again.value.attempt_id == by_successor[b"N8"].attempt_id
     assert len(store.witnesses("orders")) == 2
-    assert store.checkpoint("orders").generation == 9
+    assert store.checkpoint("orders").generation == g9
