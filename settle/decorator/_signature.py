@@ -250,7 +250,8 @@ class Signature:
             raise InvalidInput("key template must not be empty")
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             return  # **kwargs: any name may be passed
-        names = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+        # *args is bound by its name too: "{args[0]}" formats the first positional extra.
+        names = {p.name for p in params}
         for field_name in self._key_fields:
             root = re.split(r"[.\[]", field_name, maxsplit=1)[0]
             if root not in names:
