@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     AsyncProgressStore,
+    AsyncStreamConsumer,
     DeliveryId,
     EmissionId,
     ProgressStore,
@@ -102,3 +103,19 @@ def test_a_stream_consumer_refuses_a_store_of_the_other_flavour(
     with pytest.raises(InvalidDelivery, match="ProgressStore"):
         StreamConsumer(stream_client, None, stream=names.stream, group=names.group)  # type: ignore[arg-type]
     assert _keys(stream_client) == before
+
+
+@pytest.mark.asyncio
+async def test_an_async_stream_consumer_refuses_a_sync_store(
+    stream_server: EmbeddedRedis, progress_server: EmbeddedRedis, names: Names
+) -> None:
+    """The asyncio twin of the check above: an AsyncStreamConsumer given a ProgressStore
+    would await its plain replies."""
+    store = ProgressStore(redis.Redis.from_url(progress_server.url), consumer="c")
+    client = aioredis.Redis.from_url(stream_server.url)
+    try:
+        with pytest.raises(InvalidDelivery, match="AsyncProgressStore"):
+            AsyncStreamConsumer(client, store, stream=names.stream, group=names.group)  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+        store.close()
