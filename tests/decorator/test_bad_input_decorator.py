@@ -98,3 +98,22 @@ def test_a_key_template_indexing_star_args_still_works(settler: Settler) -> None
         record = settler.get(operation_id)
         assert record is not None
         assert record.state is State.COMPLETED
+
+
+def test_a_key_template_over_star_star_kwargs_names_them_by_kwargs(settler: Settler) -> None:
+    """A name passed through ``**kwargs`` is bound inside ``kwargs``: ``{order_id}`` failed
+    every call (KeyError) and is refused when decorating; ``{kwargs[order_id]}`` works."""
+    with pytest.raises(InvalidInput, match="key template"):
+
+        @settler.operation(key="charge:{order_id}", principal="tenant:a")
+        def charge(**kwargs: str) -> str:
+            return kwargs["order_id"]
+
+    @settler.operation(key="charge:{kwargs[order_id]}", principal="tenant:a")
+    def charge_by_kwargs(**kwargs: str) -> str:
+        return "ch_" + kwargs["order_id"]
+
+    assert charge_by_kwargs(order_id="o-3") == "ch_o-3"
+    record = settler.get("charge:o-3")
+    assert record is not None
+    assert record.state is State.COMPLETED
