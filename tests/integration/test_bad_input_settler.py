@@ -143,7 +143,7 @@ def test_min_replicas_past_what_wait_takes_is_refused_up_front(redis_url: str) -
         Settler.from_url(redis_url, min_replicas=2**63)
 
 
-@pytest.mark.parametrize("poll_interval", [-1, math.nan, math.inf, "1", None])
+@pytest.mark.parametrize("poll_interval", [-1, math.nan, math.inf, "1", None, True])
 def test_quarantine_follow_with_a_bad_poll_interval_is_invalid_input(
     settler: Settler, poll_interval: Any
 ) -> None:

@@ -21,8 +21,9 @@ from settle.progress import (
     ProviderScope,
     StreamConsumer,
 )
+from settle.progress._core import StreamVerdict
 from settle.progress.errors import InvalidDelivery
-from settle.progress.models import IntentKind
+from settle.progress.models import IntentKind, SettlementOutcome
 from tests.progress.harness import Names
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
@@ -119,3 +120,20 @@ async def test_an_async_stream_consumer_refuses_a_sync_store(
     finally:
         await client.aclose()
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "worker"),
+    [("ack", "w1"), (IntentKind.ACK, ""), (IntentKind.ACK, "w\n1"), (IntentKind.ACK, 7)],
+    ids=["kind-str", "worker-empty", "worker-line-break", "worker-int"],
+)
+def test_record_receipt_checks_kind_and_worker_with_a_good_verdict(
+    store: ProgressStore, progress_client: redis.Redis, kind: Any, worker: Any
+) -> None:
+    """Each argument on its own (the test above gives a bad verdict too, which is refused
+    whatever the kind): a worker no receipt can name is refused, not stored."""
+    verdict = StreamVerdict(SettlementOutcome.ACKED, None, 1, 1)
+    before = _keys(progress_client)
+    with pytest.raises(InvalidDelivery):
+        store.record_receipt(SCOPE, DeliveryId("1-1"), kind, verdict, worker)
+    assert _keys(progress_client) == before
