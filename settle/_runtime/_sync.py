@@ -17,7 +17,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import monotonic
 from typing import Any, Self, TypeVar
 
@@ -130,7 +130,8 @@ def sentinel_client(
     """A binary-safe client of the primary that the Sentinels name ``service_name``: each new
     connection asks them again, so after a failover it reaches the promoted replica (and a
     demoted primary's READONLY reply drops the connection)."""
-    if not isinstance(sentinels, list | tuple):
+    # Any iterable of Sentinels (a set, a generator) was read before; one str is no list.
+    if isinstance(sentinels, str | bytes) or not isinstance(sentinels, Iterable):
         raise InvalidInput(
             f"give the Sentinels as a list of 'host:port' or (host, port), not a "
             f"{type(sentinels).__name__}"

@@ -115,7 +115,8 @@ def parse_seed_nodes(
                 f"a cluster URL must start with redis:// or rediss://, got {scheme}://"
             )
         nodes = [nodes]
-    if not isinstance(nodes, list | tuple):
+    # Any iterable of nodes (a generator, a set) was read before; None or a number is not.
+    if isinstance(nodes, bytes) or not isinstance(nodes, Iterable):
         raise InvalidInput(
             "give the nodes as one URL, or a list of 'host:port' or (host, port), "
             f"not a {type(nodes).__name__}"

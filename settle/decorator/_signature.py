@@ -248,9 +248,9 @@ class Signature:
             return
         if not self.key:
             raise InvalidInput("key template must not be empty")
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return  # **kwargs: any name may be passed
-        names = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+        # *args and **kwargs are bound by their names: "{args[0]}", "{kwargs[order_id]}"
+        # (a name passed through **kwargs is no field of its own: "{order_id}" fails).
+        names = {p.name for p in params}
         for field_name in self._key_fields:
             root = re.split(r"[.\[]", field_name, maxsplit=1)[0]
             if root not in names:

@@ -80,6 +80,11 @@ def _check_types(policy: IdempotencyPolicy) -> None:
             raise ConfigurationError(f"{name} must be a str")
     for name in ("max_key_length", "max_request_bytes", "max_response_bytes", "retry_after"):
         value = getattr(policy, name)
+        # A whole float (1e6, 2.0) worked before and is kept, as the int it is (a
+        # Retry-After of 2.0 was sent as "2.0"); NaN, inf and 1.5 are not whole numbers.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+            object.__setattr__(policy, name, value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
     for name in ("lease", "timeout"):

@@ -575,3 +575,18 @@ def test_an_applications_cluster_client_keeps_cancellations(
             await client.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("form", ["generator", "set"])
+def test_from_cluster_reads_seed_nodes_from_any_iterable(
+    cluster: LocalCluster, namespace: str, form: str
+) -> None:
+    """A generator or a set of seed nodes connected before the up-front type check (which
+    took only a list or tuple); None or a number stays InvalidInput."""
+    seeds = [f"127.0.0.1:{n.port}" for n in cluster.nodes]
+    given: Any = (s for s in seeds) if form == "generator" else set(seeds)
+    with Settler.from_cluster(given, namespace=namespace, shards=SHARDS) as s:
+        assert isinstance(s.reserve("op", REQ, principal=WHO), Reserved)
+    for bad in (None, 6379):
+        with pytest.raises(InvalidInput):
+            Settler.from_cluster(bad)

@@ -12,7 +12,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from settle.cursor import AsyncCursorStore, CursorConsumer, CursorStore, Page, ProviderContract
+from settle.cursor import (
+    AsyncCursorConsumer,
+    AsyncCursorStore,
+    CursorConsumer,
+    CursorStore,
+    Page,
+    ProviderContract,
+)
 from settle.cursor.errors import InvalidResponse
 from settle.errors import InvalidInput
 
@@ -70,3 +77,25 @@ def test_a_consumer_refuses_a_store_of_the_other_flavour(redis_url: str, namespa
             store=None,  # type: ignore[arg-type]
             stream="orders",
         )
+
+
+@pytest.mark.asyncio
+async def test_an_async_consumer_refuses_a_sync_store(store: CursorStore) -> None:
+    """The asyncio twin of the check above: an AsyncCursorConsumer given a CursorStore
+    would await its plain replies."""
+    with pytest.raises(InvalidInput, match="AsyncCursorStore"):
+        AsyncCursorConsumer(
+            _async_fetch,
+            _async_handle,
+            ProviderContract(),
+            store=store,  # type: ignore[arg-type]
+            stream="orders",
+        )
+
+
+async def _async_fetch(cursor: bytes) -> Page:
+    return Page([], b"n")
+
+
+async def _async_handle(event: Any, context: Any) -> None:
+    return None

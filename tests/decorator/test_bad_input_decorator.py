@@ -10,6 +10,8 @@ an uncertain outcome, retried, and left the operation provisional instead of fai
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import tenacity
 
@@ -44,6 +46,11 @@ class Declined(Exception):
     pass
 
 
+@dataclasses.dataclass
+class Order:
+    order_id: str
+
+
 def test_terminal_given_as_a_generator_stores_the_failure(settler: Settler) -> None:
     calls = []
 
@@ -71,3 +78,42 @@ def test_terminal_that_is_not_iterable_is_invalid_input(settler: Settler) -> Non
         @settler.operation(key="charge:{order_id}", principal="tenant:a", terminal=None)  # type: ignore[arg-type]
         def charge(order_id: str) -> str:
             return order_id
+
+
+def test_a_key_template_indexing_star_args_still_works(settler: Settler) -> None:
+    """``*args`` is bound by its name: ``{args[0]}`` / ``{items[0].order_id}`` formatted the
+    key before the decoration-time template check, which must not refuse them."""
+
+    @settler.operation(key="charge:{args[0]}", principal="tenant:a")
+    def charge(*args: str) -> str:
+        return "ch_" + args[0]
+
+    @settler.operation(key="refund:{orders[0].order_id}", principal="tenant:a")
+    def refund(*orders: Order) -> str:
+        return "rf_" + orders[0].order_id
+
+    assert charge("o-1") == "ch_o-1"
+    assert refund(Order("o-2")) == "rf_o-2"
+    for operation_id in ("charge:o-1", "refund:o-2"):
+        record = settler.get(operation_id)
+        assert record is not None
+        assert record.state is State.COMPLETED
+
+
+def test_a_key_template_over_star_star_kwargs_names_them_by_kwargs(settler: Settler) -> None:
+    """A name passed through ``**kwargs`` is bound inside ``kwargs``: ``{order_id}`` failed
+    every call (KeyError) and is refused when decorating; ``{kwargs[order_id]}`` works."""
+    with pytest.raises(InvalidInput, match="key template"):
+
+        @settler.operation(key="charge:{order_id}", principal="tenant:a")
+        def charge(**kwargs: str) -> str:
+            return kwargs["order_id"]
+
+    @settler.operation(key="charge:{kwargs[order_id]}", principal="tenant:a")
+    def charge_by_kwargs(**kwargs: str) -> str:
+        return "ch_" + kwargs["order_id"]
+
+    assert charge_by_kwargs(order_id="o-3") == "ch_o-3"
+    record = settler.get("charge:o-3")
+    assert record is not None
+    assert record.state is State.COMPLETED

@@ -110,3 +110,53 @@ def test_the_wsgi_guard_refuses_an_async_settler(async_settler: AsyncSettler) ->
 
     with pytest.raises(ConfigurationError, match=r"settle\.Settler"):
         WSGIIdempotencyMiddleware(app, settler=async_settler, principal=lambda environ: "a")  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_whole_float_size_and_retry_after_still_work(async_settler: AsyncSettler) -> None:
+    """``max_request_bytes=1e3`` (or ``1e6``) and ``retry_after=2.0`` were accepted and
+    enforced before the option types were checked: a whole float is a whole number, kept as
+    its int (NaN, inf and 1.5 stay refused)."""
+    ran: list[bytes] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        ran.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = IdempotencyMiddleware(
+        app,
+        settler=async_settler,
+        principal=lambda scope: "tenant:a",
+        max_request_bytes=1e3,
+        max_response_bytes=65536.0,
+        retry_after=2.0,
+    )
+    assert guard.policy.max_request_bytes == 1000
+    assert guard.policy.retry_after == 2
+
+    async def post(key: bytes, body: bytes) -> int:
+        scope: Scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/payments",
+            "raw_path": b"/payments",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", key), (b"content-length", str(len(body)).encode())],
+            "http_version": "1.1",
+            "root_path": "",
+        }
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        await guard(scope, receive, send)
+        return next(m["status"] for m in sent if m["type"] == "http.response.start")
+
+    assert await post(b"k-small", b"{}") == 201
+    assert await post(b"k-large", b"x" * 1001) == 413
+    assert ran == [b"{}"]

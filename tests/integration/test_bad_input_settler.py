@@ -6,14 +6,16 @@ as a BackendError about Redis, or was accepted and failed every later call.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
-from settle import SettleConfig, Settler
+from settle import AsyncSettler, SettleConfig, Settler
 from settle.errors import ConfigurationError, FingerprintError, InvalidInput
 from settle.testing import AsyncMemorySettler, MemorySettler
 
@@ -141,7 +143,7 @@ def test_min_replicas_past_what_wait_takes_is_refused_up_front(redis_url: str) -
         Settler.from_url(redis_url, min_replicas=2**63)
 
 
-@pytest.mark.parametrize("poll_interval", [-1, math.nan, math.inf, "1", None])
+@pytest.mark.parametrize("poll_interval", [-1, math.nan, math.inf, "1", None, True])
 def test_quarantine_follow_with_a_bad_poll_interval_is_invalid_input(
     settler: Settler, poll_interval: Any
 ) -> None:
@@ -177,4 +179,48 @@ def test_a_reservation_with_fields_of_the_wrong_type_is_invalid_input_and_writes
         settler.complete(forged, {"ok": True})
     with pytest.raises(InvalidInput, match="reservation"):
         settler.renew(forged)
+    assert _namespace_keys(redis_client, namespace) == before
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("poll_interval", [math.nan, "1"])
+async def test_async_quarantine_follow_with_a_bad_poll_interval_is_invalid_input(
+    async_settler: AsyncSettler, poll_interval: Any
+) -> None:
+    """The asyncio twin: AsyncQuarantine.follow hands poll_interval to the same check (a
+    follower that never got it slept NaN seconds: no error, no end)."""
+    follow = aiter(async_settler.quarantine.follow(poll_interval=poll_interval))
+    with pytest.raises(InvalidInput, match="poll_interval"):
+        await asyncio.wait_for(anext(follow), timeout=5)
+
+
+@pytest.mark.asyncio
+async def test_async_settler_config_that_is_no_settle_config_is_invalid_input(
+    redis_url: str,
+) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    with pytest.raises(InvalidInput, match="config must be a SettleConfig"):
+        AsyncSettler(client, {"shards": 4})  # type: ignore[arg-type]
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"generation": 0},
+        {"generation": 2**53},
+        {"fingerprint_version": 0},
+        {"fingerprint_version": 2**53},
+    ],
+    ids=lambda change: "-".join(f"{k}={v!r}" for k, v in change.items()),
+)
+def test_a_reservation_number_just_out_of_range_is_invalid_input(
+    settler: Settler, redis_client: redis.Redis, namespace: str, change: dict[str, Any]
+) -> None:
+    """The bounds of the generation / fingerprint_version check: 1 to 2**53 - 1."""
+    reserved = settler.reserve("op", {"n": 1}, principal="p")
+    forged = reserved.reservation.model_copy(update=change)  # type: ignore[union-attr]
+    before = _namespace_keys(redis_client, namespace)
+    with pytest.raises(InvalidInput, match="reservation"):
+        settler.complete(forged, {"ok": True})
     assert _namespace_keys(redis_client, namespace) == before

@@ -14,14 +14,16 @@ import redis.asyncio as aioredis
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     AsyncProgressStore,
+    AsyncStreamConsumer,
     DeliveryId,
     EmissionId,
     ProgressStore,
     ProviderScope,
     StreamConsumer,
 )
+from settle.progress._core import StreamVerdict
 from settle.progress.errors import InvalidDelivery
-from settle.progress.models import IntentKind
+from settle.progress.models import IntentKind, SettlementOutcome
 from tests.progress.harness import Names
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
@@ -102,3 +104,36 @@ def test_a_stream_consumer_refuses_a_store_of_the_other_flavour(
     with pytest.raises(InvalidDelivery, match="ProgressStore"):
         StreamConsumer(stream_client, None, stream=names.stream, group=names.group)  # type: ignore[arg-type]
     assert _keys(stream_client) == before
+
+
+@pytest.mark.asyncio
+async def test_an_async_stream_consumer_refuses_a_sync_store(
+    stream_server: EmbeddedRedis, progress_server: EmbeddedRedis, names: Names
+) -> None:
+    """The asyncio twin of the check above: an AsyncStreamConsumer given a ProgressStore
+    would await its plain replies."""
+    store = ProgressStore(redis.Redis.from_url(progress_server.url), consumer="c")
+    client = aioredis.Redis.from_url(stream_server.url)
+    try:
+        with pytest.raises(InvalidDelivery, match="AsyncProgressStore"):
+            AsyncStreamConsumer(client, store, stream=names.stream, group=names.group)  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "worker"),
+    [("ack", "w1"), (IntentKind.ACK, ""), (IntentKind.ACK, "w\n1"), (IntentKind.ACK, 7)],
+    ids=["kind-str", "worker-empty", "worker-line-break", "worker-int"],
+)
+def test_record_receipt_checks_kind_and_worker_with_a_good_verdict(
+    store: ProgressStore, progress_client: redis.Redis, kind: Any, worker: Any
+) -> None:
+    """Each argument on its own (the test above gives a bad verdict too, which is refused
+    whatever the kind): a worker no receipt can name is refused, not stored."""
+    verdict = StreamVerdict(SettlementOutcome.ACKED, None, 1, 1)
+    before = _keys(progress_client)
+    with pytest.raises(InvalidDelivery):
+        store.record_receipt(SCOPE, DeliveryId("1-1"), kind, verdict, worker)
+    assert _keys(progress_client) == before
