@@ -135,9 +135,11 @@ def _model_json(model: BaseModel) -> Any:
     try:
         python = model.model_dump(mode="python", serialize_as_any=as_any)
         dumped = model.model_dump(mode="json", serialize_as_any=as_any)
-    except ValueError as exc:  # PydanticSerializationError, UnicodeDecodeError
+    except (ValueError, TypeError) as exc:
+        # PydanticSerializationError, UnicodeDecodeError; TypeError: a set of models, whose
+        # Python-mode dump would be a set of dicts.
         raise FingerprintError(f"{type(model).__name__} has no canonical JSON form: {exc}") from exc
-    return _ordered_sets(python, dumped, 0)
+    return _ordered_sets(python, dumped, 0, type(model).__name__)
 
 
 def _holds_subclass(model: BaseModel, depth: int) -> bool:
@@ -196,30 +198,62 @@ def _named_models(annotation: Any, out: set[type]) -> set[type]:
     return out
 
 
-def _ordered_sets(python: Any, dumped: Any, depth: int) -> Any:
+def _ordered_sets(python: Any, dumped: Any, depth: int, name: str) -> Any:
     """``dumped`` (a model's JSON-mode dump) with each list that pydantic made of a set or a
     frozenset (found at the same place in its Python-mode dump) in one order: JSON mode
     writes a set in its iteration order, which follows the per-process string hash, so the
     same request would get another fingerprint in another worker. Strings are sorted as
     strings and numbers as numbers (the order of a set of small ints, and of a serializer
     that returns ``sorted(...)``), anything else by its canonical JSON. A set a serializer
-    turned into something other than a list is left as it made it."""
+    turned into something other than a list is left as it made it. A set holding a set (a
+    frozenset of frozensets) is refused: its items' own order cannot be found (the two dumps
+    iterate different copies), and sorting them as lists would confuse them with tuples."""
     if depth > _MAX_DEPTH:
         return dumped
     if isinstance(python, set | frozenset):
         if isinstance(dumped, list) and len(dumped) == len(python):
+            if any(_holds_set(item, depth + 1) for item in python):
+                raise FingerprintError(
+                    f"{name} holds a set of sets, which has no canonical JSON form; "
+                    "use a set of sorted tuples"
+                )
             return sorted(dumped, key=_set_order(dumped))
         return dumped
     if isinstance(python, dict) and isinstance(dumped, dict):
         out = dict(dumped)
+        if len(python) == len(dumped) and not all(type(key) is str for key in python):
+            # Keys JSON mode rewrites (an Enum, a UUID, a bool, a datetime): both dumps
+            # iterate the same dict, so its items pair up in order.
+            for (_, item), key in zip(python.items(), dumped, strict=True):
+                out[key] = _ordered_sets(item, out[key], depth + 1, name)
+            return out
         for key, item in python.items():
-            name = key if isinstance(key, str) else str(key) if type(key) is int else None
-            if name is not None and name in out:
-                out[name] = _ordered_sets(item, out[name], depth + 1)
+            found = key if isinstance(key, str) else str(key) if type(key) is int else None
+            if found is not None and found in out:
+                out[found] = _ordered_sets(item, out[found], depth + 1, name)
+            elif not isinstance(key, str) and _holds_set(item, depth + 1):
+                raise FingerprintError(
+                    f"{name} holds a set under a dict key its JSON form merges with another "
+                    "key, which has no canonical JSON form; use distinct string keys"
+                )
         return out
     if isinstance(python, list | tuple) and isinstance(dumped, list) and len(python) == len(dumped):
-        return [_ordered_sets(a, b, depth + 1) for a, b in zip(python, dumped, strict=True)]
+        return [_ordered_sets(a, b, depth + 1, name) for a, b in zip(python, dumped, strict=True)]
     return dumped
+
+
+def _holds_set(value: Any, depth: int) -> bool:
+    """Whether a Python-mode dump holds a set or a frozenset (at any depth the fingerprint
+    accepts; deeper is refused by the walk that follows)."""
+    if isinstance(value, set | frozenset):
+        return True
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_set(item, depth + 1) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_set(item, depth + 1) for item in value)
+    return False
 
 
 def _set_order(items: list[Any]) -> Any:
