@@ -270,7 +270,28 @@ def test_a_checkpoint_made_again_after_a_loss_never_issues_an_earlier_generation
     with pytest.raises(CursorError):  # decided on the checkpoint before the loss
         store.reset("s", cursor=b"c9", boundary=9, expected_generation=issued)
     assert store.checkpoint("s").generation == again.generation
-    # The first generation comes from the server clock (its milliseconds x 1000).
+    # The first generation comes from the server clock (its microseconds).
     seconds, micros = redis_client.time()
-    assert again.generation <= (seconds * 1000 + micros // 1000) * 1000
+    assert again.generation <= seconds * 1_000_000 + micros
     assert again.generation > (seconds - 60) * 1000 * 1000
+
+
+def test_a_checkpoint_lost_and_made_again_within_a_millisecond_issues_no_earlier_generation(
+    store: CursorStore, redis_client: redis.Redis, namespace: str
+) -> None:
+    """SPEC 1 without the sleep: a program that deletes a stream's keys and starts it again
+    at once (a rebuild by hand, an admin routine) does it well within a millisecond of the
+    server clock. The generations the lost checkpoint issued (its first, and one more per
+    reset) must still all be below the new checkpoint's first, else a reset decided before
+    the loss lands on the new checkpoint."""
+    for i in range(40):
+        stream = f"quick-{i}"
+        ck = store.start(stream, b"c0")
+        ck = store.reset(stream, cursor=b"c1", boundary=1, expected_generation=ck.generation)
+        ck = store.reset(stream, cursor=b"c2", boundary=2, expected_generation=ck.generation)
+        issued = ck.generation
+        redis_client.delete(*stream_keys(namespace, stream))
+        again = store.start(stream, b"c0")
+        assert again.generation > issued, (i, issued, again.generation)
+        with pytest.raises(CursorError):  # decided on the checkpoint before the loss
+            store.reset(stream, cursor=b"c9", boundary=9, expected_generation=issued)
