@@ -212,7 +212,7 @@ def _ordered_sets(python: Any, dumped: Any, depth: int, name: str) -> Any:
         return dumped
     if isinstance(python, set | frozenset):
         if isinstance(dumped, list) and len(dumped) == len(python):
-            if any(_holds_set(item, depth + 1) for item in python):
+            if any(type(item) is not str and _holds_set(item, depth + 1) for item in python):
                 raise FingerprintError(
                     f"{name} holds a set of sets, which has no canonical JSON form; "
                     "use a set of sorted tuples"
@@ -221,24 +221,35 @@ def _ordered_sets(python: Any, dumped: Any, depth: int, name: str) -> Any:
         return dumped
     if isinstance(python, dict) and isinstance(dumped, dict):
         out = dict(dumped)
-        if len(python) == len(dumped) and not all(type(key) is str for key in python):
-            # Keys JSON mode rewrites (an Enum, a UUID, a bool, a datetime): both dumps
-            # iterate the same dict, so its items pair up in order.
-            for (_, item), key in zip(python.items(), dumped, strict=True):
-                out[key] = _ordered_sets(item, out[key], depth + 1, name)
-            return out
         for key, item in python.items():
-            found = key if isinstance(key, str) else str(key) if type(key) is int else None
-            if found is not None and found in out:
-                out[found] = _ordered_sets(item, out[found], depth + 1, name)
-            elif not isinstance(key, str) and _holds_set(item, depth + 1):
-                raise FingerprintError(
-                    f"{name} holds a set under a dict key its JSON form merges with another "
-                    "key, which has no canonical JSON form; use distinct string keys"
-                )
+            if isinstance(key, str) and key in out:
+                out[key] = _ordered_sets(item, out[key], depth + 1, name)
+            elif type(key) is int and str(key) in out:
+                out[str(key)] = _ordered_sets(item, out[str(key)], depth + 1, name)
+            elif not isinstance(key, str):
+                return _ordered_by_position(python, dumped, depth, name)
         return out
     if isinstance(python, list | tuple) and isinstance(dumped, list) and len(python) == len(dumped):
         return [_ordered_sets(a, b, depth + 1, name) for a, b in zip(python, dumped, strict=True)]
+    return dumped
+
+
+def _ordered_by_position(
+    python: dict[Any, Any], dumped: dict[str, Any], depth: int, name: str
+) -> Any:
+    """A dict whose keys JSON mode rewrites (an Enum, a UUID, a bool, a datetime): both
+    dumps iterate the same dict, so its items pair up in order. When JSON mode merged two
+    keys into one (``1`` and ``"1"``), a set under them cannot be placed: refused."""
+    if len(python) == len(dumped):
+        out = dict(dumped)
+        for (_, item), key in zip(python.items(), dumped, strict=True):
+            out[key] = _ordered_sets(item, out[key], depth + 1, name)
+        return out
+    if _holds_set(python, depth):
+        raise FingerprintError(
+            f"{name} holds a set under a dict key its JSON form merges with another key, "
+            "which has no canonical JSON form; use distinct string keys"
+        )
     return dumped
 
 
