@@ -9,6 +9,8 @@ granted at sign-in, and a CSRF token.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -56,6 +58,21 @@ _PAGE_SIZES = (10, 25, 50, 100, 200)
 _STATUSES = ("all", "unresolved", "resolved")
 
 
+def _console_key(secret_key: str, namespace: str) -> str:
+    """The key that signs this console's sessions: derived from ``secret_key`` and the
+    namespace, so that a session signed in on one console is not a session of another
+    mounted with the same key (it would resolve there under a principal that console
+    never granted)."""
+    message = b"settle-console-session:" + namespace.encode("utf-8")
+    return hmac.new(secret_key.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def _console_cookie(namespace: str) -> str:
+    """The session cookie's name, one per namespace, so that signing in on one console does
+    not overwrite (sign out of) another's session in the same browser."""
+    return "settle_console_" + hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:12]
+
+
 def create_app(
     settler: AsyncSettler,
     *,
@@ -82,6 +99,7 @@ def create_app(
     entries, and says so when it stopped there. The settler stays the caller's to close.
     """
     console = _Console(settler, authorize, record_limit, overview_limit)
+    namespace = settler.config.namespace
     routes = [
         Route("/", console.overview, name="overview"),
         Route("/quarantine", console.listing, name="quarantine"),
@@ -102,8 +120,8 @@ def create_app(
         Middleware(SecurityHeaders),
         Middleware(
             SessionMiddleware,
-            secret_key=secret_key or secrets.token_urlsafe(32),
-            session_cookie="settle_console",
+            secret_key=_console_key(secret_key or secrets.token_urlsafe(32), namespace),
+            session_cookie=_console_cookie(namespace),
             max_age=session_max_age,
             same_site="lax",
             https_only=https_only,

@@ -9,12 +9,14 @@ import re
 import httpx
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.routing import Mount
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Reserved, Settler
 from settle._core.keys import Keys
 from settle._log import binding_digest
-from settle.web import _query, create_app
+from settle.web import _query, create_app, token_authorizer
 from settle.web._security import CSP
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import (
@@ -277,7 +279,7 @@ async def test_sign_in_csrf_and_resolution_record_the_principal(
     assert ok.status_code == 303
     assert ok.headers["location"] == f"/entry/{ref}"
     cookie = ok.headers["set-cookie"].lower()
-    assert cookie.startswith("settle_console=")
+    assert cookie.startswith("settle_console_")  # one name per namespace
     assert "httponly" in cookie
     assert "samesite=lax" in cookie  # a link from a chat keeps the session (docs/console.md)
 
@@ -528,3 +530,67 @@ async def test_tabs_and_line_breaks_in_a_text_payload_are_kept(
     assert "id\tamount\nch_2\t990" in html
     assert '<span class="ctl" title="control character">\\x0d</span>' in html
     assert "\\x09" not in html
+
+
+async def test_a_sign_in_on_one_console_is_no_session_of_another_mounted_with_the_same_key(
+    redis_url: str, namespace: str
+) -> None:
+    """Two consoles in one service (``/payments`` and ``/refunds``, other namespaces), one
+    ``secret_key`` from the environment, as the docs' FastAPI example has it: a sign-in to
+    ``/payments`` was a session of ``/refunds`` too (same cookie, same key), which showed
+    "signed in as" the payments principal and recorded resolutions under it, although the
+    refunds console never granted it."""
+    refunds_ns = f"{namespace}-refunds"
+    payments = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    refunds = AsyncSettler.from_url(redis_url, namespace=refunds_ns, shards=4)
+    writer = Settler.from_url(redis_url, namespace=refunds_ns, shards=4)
+    try:
+        ref = stale_settlement(writer, "order-refund")
+        shared = "one-key-for-every-console"
+        app = Starlette(
+            routes=[
+                Mount(
+                    "/payments",
+                    create_app(
+                        payments,
+                        authorize=token_authorizer(TOKEN, "intern@support"),
+                        secret_key=shared,
+                    ),
+                ),
+                Mount(
+                    "/refunds",
+                    create_app(
+                        refunds,
+                        authorize=token_authorizer("refunds-token", "lead@refunds"),
+                        secret_key=shared,
+                    ),
+                ),
+            ]
+        )
+        async with client_for(app) as browser:
+            form = (await browser.get("/payments/signin")).text
+            signed = await browser.post(
+                "/payments/signin", data={"token": TOKEN, "csrf": csrf_of(form)}
+            )
+            assert signed.status_code == 303
+            assert "signed in as intern@support" in (await browser.get("/payments/")).text
+
+            page = (await browser.get(f"/refunds/entry/{ref}")).text
+            assert "signed in as" not in page
+            assert "<textarea" not in page
+            # Refused even with this console's own valid CSRF token: nobody signed in here.
+            form = (await browser.get("/refunds/signin")).text
+            refused = await browser.post(
+                f"/refunds/entry/{ref}/resolve", data={"note": "refunded", "csrf": csrf_of(form)}
+            )
+            assert refused.status_code == 403
+            assert writer.quarantine.get(ref).resolution is None
+            # Signing in to /refunds does not sign the browser out of /payments.
+            token = {"token": "refunds-token", "csrf": csrf_of(form)}
+            assert (await browser.post("/refunds/signin", data=token)).status_code == 303
+            assert "signed in as lead@refunds" in (await browser.get(f"/refunds/entry/{ref}")).text
+            assert "signed in as intern@support" in (await browser.get("/payments/")).text
+    finally:
+        writer.close()
+        await payments.aclose()
+        await refunds.aclose()
