@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -127,10 +128,10 @@ def _flush_stream_server(server: EmbeddedRedis) -> None:
         raw.xadd("orders", {"emission_id": "e1"})  # the producer carries on
 
 
-def test_a_consumer_group_lost_checks_the_stream_server_before_it_is_made_again() -> None:
-    """NOGROUP for the group settle made is the stream server's evidence of lost data: the
-    consumer's start() that opens the new incarnation is refused on an evicting server, as
-    the core's first write after a FLUSHALL is, instead of re-creating the group there."""
+@contextmanager
+def _consumer_of_one_entry() -> Iterator[tuple[EmbeddedRedis, StreamConsumer]]:
+    """A stream server holding one entry of ``orders``, and a consumer of it whose progress
+    is on a server of its own (both noeviction until a test says otherwise)."""
     stream = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
     progress = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
     try:
@@ -140,17 +141,31 @@ def test_a_consumer_group_lost_checks_the_stream_server_before_it_is_made_again(
         with StreamConsumer(
             redis.Redis.from_url(stream.url), store, stream="orders", group="billing", block=0.01
         ) as consumer:
-            assert len(consumer.poll(lambda ctx: None).handled) == 1
-            _flush_stream_server(stream)
-            with pytest.raises(ProviderReset):
-                consumer.poll(lambda ctx: None)
-            with pytest.raises(ConfigurationError, match="allkeys-lru"):
-                consumer.start()  # what ProviderReset (and run()) does next
-            with redis.Redis.from_url(stream.url) as raw:
-                assert raw.keys("settle:*") == []  # no incarnation made on the evicting server
+            yield stream, consumer
     finally:
         stream.close()
         progress.close()
+
+
+def _refused_on_the_cache(stream: EmbeddedRedis, consumer: StreamConsumer) -> None:
+    """What ProviderReset (and run()) does next, start(), is refused on the evicting server,
+    and no incarnation is made there."""
+    with pytest.raises(ConfigurationError, match="allkeys-lru"):
+        consumer.start()
+    with redis.Redis.from_url(stream.url) as raw:
+        assert raw.keys("settle:*") == []
+
+
+def test_a_consumer_group_lost_checks_the_stream_server_before_it_is_made_again() -> None:
+    """NOGROUP for the group settle made is the stream server's evidence of lost data: the
+    consumer's start() that opens the new incarnation is refused on an evicting server, as
+    the core's first write after a FLUSHALL is, instead of re-creating the group there."""
+    with _consumer_of_one_entry() as (stream, consumer):
+        assert len(consumer.poll(lambda ctx: None).handled) == 1
+        _flush_stream_server(stream)
+        with pytest.raises(ProviderReset):
+            consumer.poll(lambda ctx: None)
+        _refused_on_the_cache(stream, consumer)
 
 
 def test_a_consumer_group_lost_checks_the_stream_server_before_it_is_made_again_async() -> None:
@@ -192,21 +207,7 @@ def test_a_consumer_group_lost_while_a_delivery_ran_checks_the_stream_server_fir
     XREADGROUP and the settlement): the settlement's ``no_group`` reply is the same evidence
     of lost data as a NOGROUP, so the start() that ProviderReset asks for is refused on the
     evicting server instead of re-creating the group and its incarnation there."""
-    stream = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
-    progress = EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]).start()
-    try:
-        with redis.Redis.from_url(stream.url) as raw:
-            raw.xadd("orders", {"emission_id": "e0"})
-        store = ProgressStore.from_url(progress.url, consumer="billing")
-        with StreamConsumer(
-            redis.Redis.from_url(stream.url), store, stream="orders", group="billing", block=0.01
-        ) as consumer:
-            with pytest.raises(ProviderReset):
-                consumer.poll(lambda ctx: _flush_stream_server(stream))
-            with pytest.raises(ConfigurationError, match="allkeys-lru"):
-                consumer.start()  # what ProviderReset (and run()) does next
-            with redis.Redis.from_url(stream.url) as raw:
-                assert raw.keys("settle:*") == []  # no incarnation made on the evicting server
-    finally:
-        stream.close()
-        progress.close()
+    with _consumer_of_one_entry() as (stream, consumer):
+        with pytest.raises(ProviderReset):
+            consumer.poll(lambda ctx: _flush_stream_server(stream))
+        _refused_on_the_cache(stream, consumer)
