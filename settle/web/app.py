@@ -44,10 +44,13 @@ from settle.web import _query
 from settle.web._security import (
     Authorize,
     SecurityHeaders,
+    Sessions,
+    SignedIn,
     csrf_ok,
     csrf_token,
     principal_of,
     sign_in,
+    signed_in,
 )
 from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
@@ -98,7 +101,8 @@ def create_app(
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
     entries, and says so when it stopped there. The settler stays the caller's to close.
     """
-    console = _Console(settler, authorize, record_limit, overview_limit)
+    sessions = Sessions(settler, session_max_age) if authorize is not None else None
+    console = _Console(settler, authorize, sessions, record_limit, overview_limit)
     namespace = settler.config.namespace
     routes = [
         Route("/", console.overview, name="overview"),
@@ -126,6 +130,7 @@ def create_app(
             same_site="lax",
             https_only=https_only,
         ),
+        Middleware(SignedIn, sessions=sessions),
     ]
     return Starlette(
         routes=routes,
@@ -154,11 +159,13 @@ class _Console:
         self,
         settler: AsyncSettler,
         authorize: Authorize | None,
+        sessions: Sessions | None,
         record_limit: int,
         overview_limit: int,
     ) -> None:
         self.settler = settler
         self.authorize = authorize
+        self.sessions = sessions
         self.record_limit = record_limit
         self.overview_limit = overview_limit
 
@@ -297,7 +304,7 @@ class _Console:
             return self.refuse(
                 request, 403, "read_only", "This console is read-only: nobody can resolve here."
             )
-        principal = principal_of(request)
+        principal = signed_in(request)  # Redis cannot say who: refused (503), fail closed
         if principal is None:
             return self.refuse(request, 403, "signed_out", "Sign in to resolve entries.")
         if not csrf_ok(request, form):
@@ -325,7 +332,7 @@ class _Console:
         return RedirectResponse(f"{root}/entry/{ref}?done={done}", status_code=303)
 
     async def sign_in(self, request: Request) -> Response:
-        if self.authorize is None:
+        if self.authorize is None or self.sessions is None:  # both or neither
             return self.refuse(
                 request, 404, "read_only", "This console is read-only: there is no sign-in."
             )
@@ -341,8 +348,10 @@ class _Console:
         if principal is None:
             logger.warning("settle.web.sign_in_refused")
             return self.render(request, "signin.html", 403, next=target, failed=True)
-        request.session.clear()  # a fresh session and CSRF token for the signed-in user
-        request.session["principal"] = principal
+        csrf = secrets.token_urlsafe(32)  # a fresh session and CSRF token for the user
+        sid = await self.sessions.start(principal, csrf)  # Redis down: the error page
+        request.session.clear()
+        request.session.update(sid=sid, csrf=csrf)
         logger.info("settle.web.signed_in", binding_digest=binding_digest(principal))
         return RedirectResponse(target, status_code=303)
 
@@ -350,6 +359,17 @@ class _Console:
         form = await _form(request)
         if not csrf_ok(request, form):
             return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+        sid = request.session.get("sid")
+        if self.sessions is not None and isinstance(sid, str):
+            try:
+                await self.sessions.end(sid)
+            except SettleError as exc:
+                logger.warning("settle.web.sign_out_failed", error=type(exc).__name__)
+                message = (
+                    "Could not sign out: Redis cannot be reached, so the session is still "
+                    "signed in. Retry in a moment."
+                )
+                return self.render(request, "error.html", 503, status=503, message=message)
         request.session.clear()
         root = _root(request)
         return RedirectResponse(f"{root}/", status_code=303)

@@ -4,6 +4,7 @@ Real apps (httpx ASGITransport) on real redis-servers, one of them stopped by th
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -12,13 +13,14 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 import pytest_asyncio
+import redis
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
 from settle.web import create_app
 from settle.web._security import CSP
 from tests.web.conftest import TOKEN, client_for
-from tests.web.evidence import conflicting
+from tests.web.evidence import conflicting, stale_settlement
 from tests.web.test_console_http import csrf_of
 
 PRINCIPAL = "alice@finance"
@@ -65,6 +67,108 @@ async def app(reader: AsyncSettler) -> object:
     return create_app(reader, authorize=people)
 
 
+@pytest.mark.asyncio
+async def test_a_copied_cookie_resolves_nothing_after_sign_out(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """The session was a signed cookie and nothing else: a copy of it (a shared machine, a
+    proxy log, malware) kept resolving entries as the principal for 8 hours after sign-out.
+    It names a session in Redis now, which sign-out deletes."""
+    ref = stale_settlement(writer, "order-copied")
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert f"signed in as {PRINCIPAL}" in page
+        csrf = csrf_of(page)
+        async with copy_of(browser, app) as thief:
+            assert (await browser.post("/signout", data={"csrf": csrf})).status_code == 303
+            replay = await resolve(thief, ref, "refunded twice", csrf)
+            assert replay.status_code == 403
+            assert "Sign in to resolve" in replay.text
+            assert writer.quarantine.get(ref).resolution is None
+            shown = (await thief.get(f"/entry/{ref}")).text
+            assert "signed in as" not in shown
+            assert "<textarea" not in shown
+            assert "Sign in" in shown
+
+
+@pytest.mark.asyncio
+async def test_the_session_in_redis_holds_digests_only_and_lasts_the_max_age(
+    writer: Settler, reader: AsyncSettler, redis_url: str
+) -> None:
+    app = create_app(reader, authorize=people, session_max_age=600)
+    ns = writer.config.namespace
+    async with signed_in(app) as browser:
+        page = (await browser.get("/")).text
+        stored = session_of(browser)
+        sid, csrf = stored["sid"], stored["csrf"]
+        assert isinstance(sid, str)
+        assert isinstance(csrf, str)
+        assert "principal" not in stored  # who is signed in is Redis's to say
+        with redis.Redis.from_url(redis_url) as raw:
+            keys = [k.decode() for k in raw.scan_iter(match=f"settle:{{{ns}}}:console:*")]
+            [key] = keys
+            assert 0 < raw.ttl(key) <= 600
+            blob = raw.get(key)
+            assert blob is not None
+            assert sid not in key
+            assert sid.encode() not in blob
+            assert csrf.encode() not in blob
+            assert PRINCIPAL.encode() in blob  # whom the session resolves as
+        assert (await browser.post("/signout", data={"csrf": csrf_of(page)})).status_code == 303
+        with redis.Redis.from_url(redis_url) as raw:
+            assert list(raw.scan_iter(match=f"settle:{{{ns}}}:console:session:*")) == []
+
+
+@pytest.mark.asyncio
+async def test_a_session_ends_when_its_max_age_passes_in_redis(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    ref = stale_settlement(writer, "order-expired")
+    app = create_app(reader, authorize=people, session_max_age=1)
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert "signed in as" in page
+        await asyncio.sleep(1.5)
+        async with copy_of(browser, app) as thief:
+            refused = await resolve(thief, ref, "too late", csrf_of(page))
+            assert refused.status_code == 403
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_ending_every_session_of_a_principal(writer: Settler, reader: AsyncSettler) -> None:
+    """After revoking alice's token, her sessions in every browser end at once; bob's do
+    not."""
+    from settle.web import end_sessions  # noqa: PLC0415  (new: the test fails without it)
+
+    ref = stale_settlement(writer, "order-revoked")
+    app = create_app(reader, authorize=people)
+    async with (
+        signed_in(app) as laptop,
+        signed_in(app) as phone,
+        signed_in(app, "bob-token-5e1") as bob,
+    ):
+        pages = [(await b.get(f"/entry/{ref}")).text for b in (laptop, phone, bob)]
+        assert f"signed in as {PRINCIPAL}" in pages[0]
+        assert f"signed in as {PRINCIPAL}" in pages[1]
+        assert "signed in as bob@finance" in pages[2]
+        await end_sessions(reader, PRINCIPAL)
+        for browser, page in ((laptop, pages[0]), (phone, pages[1])):
+            refused = await resolve(browser, ref, "refunded", csrf_of(page))
+            assert refused.status_code == 403
+            assert "signed in as" not in (await browser.get("/")).text
+        assert writer.quarantine.get(ref).resolution is None
+        # A sign-in after the end is a new session, as is bob's, untouched.
+        assert "signed in as bob@finance" in (await bob.get("/")).text
+        done = await resolve(bob, ref, "refunded ch_2", csrf_of(pages[2]))
+        assert done.status_code == 303
+    async with signed_in(app) as again:
+        assert f"signed in as {PRINCIPAL}" in (await again.get("/")).text
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == "[resolved by bob@finance] refunded ch_2"
+
+
 # -- Redis unreachable -------------------------------------------------------------------
 
 
@@ -105,3 +209,26 @@ async def test_with_redis_down_the_overview_and_duration_filters_answer_503(
         doomed.stop(kill=True)
         for path in ("/", "/?window=7d", "/quarantine?since=1h", "/quarantine.jsonl?until=2h"):
             assert_error_page(await browser.get(path), 503)
+
+
+@pytest.mark.asyncio
+async def test_with_redis_down_a_resolve_is_refused_with_the_error_page(
+    doomed: EmbeddedRedis, doomed_reader: AsyncSettler
+) -> None:
+    """The session cannot be checked: the POST is refused (fail closed), and the page says
+    why instead of a traceback."""
+    app = create_app(doomed_reader, authorize=people)
+    ref = (await doomed_reader.quarantine.list(limit=1))[0].ref
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        doomed.stop(kill=True)
+        refused = await resolve(browser, ref, "refunded", csrf_of(page))
+        assert_error_page(refused, 503)
+        signout = await browser.post("/signout", data={"csrf": csrf_of(page)})
+        assert_error_page(signout, 503)
+        assert "still" in signout.text  # the session was not ended: it says so
+        async with client_for(app) as other:  # a sign-in cannot start a session either
+            form = (await other.get("/signin")).text
+            data = {"token": TOKEN, "csrf": csrf_of(form)}
+            assert_error_page(await other.post("/signin", data=data), 503)
+            assert "signed in as" not in (await other.get("/signin")).text
