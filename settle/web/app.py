@@ -285,6 +285,10 @@ class _Console:
         attempts = await self.settler.attempts(entry.operation_id)
         related = await self.settler.quarantine.list(operation_id=entry.operation_id, limit=20)
         data = entry_json(entry)
+        # The notice of a resolve is the redirect's own (kept in the signed session for
+        # the next page), never a query parameter a crafted link could carry.
+        flash = request.session.pop("done", None) if self.authorize is not None else None
+        done = flash.get("outcome") if isinstance(flash, dict) and flash.get("ref") == ref else None
         return self.render(
             request,
             "entry.html",
@@ -294,7 +298,7 @@ class _Console:
             record_result=_result_view(record),
             attempts=attempts,
             related=[e for e in related if e.ref != entry.ref],
-            done=request.query_params.get("done"),
+            done=done,
         )
 
     async def resolve(self, request: Request) -> Response:
@@ -328,8 +332,9 @@ class _Console:
             binding_digest=binding_digest(principal),
             already_resolved=done == "already",
         )
+        request.session["done"] = {"ref": ref, "outcome": done}
         root = _root(request)
-        return RedirectResponse(f"{root}/entry/{ref}?done={done}", status_code=303)
+        return RedirectResponse(f"{root}/entry/{ref}", status_code=303)
 
     async def sign_in(self, request: Request) -> Response:
         if self.authorize is None or self.sessions is None:  # both or neither

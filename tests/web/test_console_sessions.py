@@ -232,3 +232,24 @@ async def test_with_redis_down_a_resolve_is_refused_with_the_error_page(
             data = {"token": TOKEN, "csrf": csrf_of(form)}
             assert_error_page(await other.post("/signin", data=data), 503)
             assert "signed in as" not in (await other.get("/signin")).text
+
+
+# -- notices, notes, forms ---------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_crafted_link_shows_no_resolved_notice(writer: Settler, app: object) -> None:
+    ref = stale_settlement(writer, "order-crafted")
+    async with signed_in(app) as browser:
+        for done in ("resolved", "already"):
+            page = (await browser.get(f"/entry/{ref}", params={"done": done})).text
+            assert "Resolved. The evidence is kept" not in page
+            assert "already resolved" not in page
+        page = (await browser.get(f"/entry/{ref}")).text
+        done = await resolve(browser, ref, "voided", csrf_of(page))
+        assert done.status_code == 303
+        assert "done=" not in done.headers["location"]
+        shown = (await browser.get(done.headers["location"])).text
+        assert "Resolved. The evidence is kept" in shown
+        # Said once, after the resolve; not again on a reload, not on another entry.
+        assert "Resolved. The evidence is kept" not in (await browser.get(f"/entry/{ref}")).text
