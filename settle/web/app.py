@@ -29,6 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
+from settle._core.engine import MAX_NOTE_CHARS
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, json_line, record_json
@@ -56,7 +57,9 @@ from settle.web._text import PayloadView, chart_svg, payload_view, visible, visi
 
 __all__ = ["create_app"]
 
-_FORM_LIMIT = 16 * 1024
+#: Any note the engine accepts fits: 4 096 characters of up to 4 bytes of UTF-8, each byte
+#: 3 characters urlencoded (48 KiB), and the CSRF token.
+_FORM_LIMIT = 64 * 1024
 _PAGE_SIZES = (10, 25, 50, 100, 200)
 _STATUSES = ("all", "unresolved", "resolved")
 
@@ -324,6 +327,13 @@ class _Console:
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
         text = f"[resolved by {principal}] {note}"
+        if len(text) > MAX_NOTE_CHARS:
+            room = MAX_NOTE_CHARS - len(text) + len(note)
+            raise InvalidInput(
+                f"the note is {len(note)} characters; at most {room} characters fit (a note "
+                f"holds {MAX_NOTE_CHARS}, with the [resolved by ...] prefix); shorten it, "
+                "nothing was resolved"
+            )
         resolution = await self.settler.quarantine.resolve(ref, note=text)
         done = "resolved" if resolution.note == text else "already"
         logger.info(
@@ -446,7 +456,9 @@ async def _form(request: Request) -> dict[str, str]:
     async for chunk in request.stream():
         body += chunk
         if len(body) > _FORM_LIMIT:
-            raise InvalidInput("the form is larger than 16 KiB; shorten the note")
+            raise InvalidInput(
+                f"the form is larger than {_FORM_LIMIT // 1024} KiB; shorten the note"
+            )
     try:
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
     except UnicodeDecodeError:

@@ -253,3 +253,32 @@ async def test_a_crafted_link_shows_no_resolved_notice(writer: Settler, app: obj
         assert "Resolved. The evidence is kept" in shown
         # Said once, after the resolve; not again on a reload, not on another entry.
         assert "Resolved. The evidence is kept" not in (await browser.get(f"/entry/{ref}")).text
+
+
+@pytest.mark.asyncio
+async def test_any_note_the_engine_accepts_fits_the_form(writer: Settler, app: object) -> None:
+    """A 3,600-character Cyrillic note (7,200 bytes, ~21,600 urlencoded) was refused as
+    "larger than 16 KiB"; a note of 4,096 four-byte characters is ~49 KB urlencoded."""
+    cyrillic = stale_settlement(writer, "order-cyrillic")
+    widest = stale_settlement(writer, "order-widest")
+    too_long = stale_settlement(writer, "order-too-long")
+    prefix = f"[resolved by {PRINCIPAL}] "
+    room = 4096 - len(prefix)
+    async with signed_in(app) as browser:
+        csrf = csrf_of((await browser.get("/")).text)
+        note = "возврат " * 450  # 3,600 characters
+        assert (await resolve(browser, cyrillic, note, csrf)).status_code == 303
+        stored = writer.quarantine.get(cyrillic).resolution
+        assert stored is not None
+        assert stored.note == prefix + note.strip()
+
+        emoji = "\U0001f600" * room  # 4 bytes of UTF-8 each, 12 characters urlencoded
+        assert (await resolve(browser, widest, emoji, csrf)).status_code == 303
+        stored = writer.quarantine.get(widest).resolution
+        assert stored is not None
+        assert len(stored.note) == 4096
+
+        refused = await resolve(browser, too_long, emoji + "\U0001f600", csrf)
+        assert_error_page(refused, 400)
+        assert f"at most {room} characters" in refused.text
+        assert writer.quarantine.get(too_long).resolution is None
