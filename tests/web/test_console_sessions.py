@@ -19,8 +19,9 @@ from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
 from settle.web import create_app
 from settle.web._security import CSP
+from tests.cli.conftest import settle
 from tests.web.conftest import TOKEN, client_for
-from tests.web.evidence import conflicting, stale_settlement
+from tests.web.evidence import conflicting, legacy_note, stale_settlement
 from tests.web.test_console_http import csrf_of
 
 PRINCIPAL = "alice@finance"
@@ -253,6 +254,34 @@ async def test_a_crafted_link_shows_no_resolved_notice(writer: Settler, app: obj
         assert "Resolved. The evidence is kept" in shown
         # Said once, after the resolve; not again on a reload, not on another entry.
         assert "Resolved. The evidence is kept" not in (await browser.get(f"/entry/{ref}")).text
+
+
+@pytest.mark.asyncio
+async def test_a_stored_note_with_line_breaks_is_shown_as_the_cli_shows_it(
+    writer: Settler, read_only: httpx.AsyncClient, redis_url: str
+) -> None:
+    """SPEC 8: stored values are literal text with control characters visible. The CLI
+    showed a note's line break as \\x0a; the console broke the line, so a note could
+    look like two notes, or push a forged second line under the first."""
+    ref = conflicting(writer, "order-lines")
+    legacy_note(writer, ref, "[resolved by ana] refunded\n[resolved by lead] approved\ttab")
+    cli = settle(
+        "quarantine",
+        "show",
+        ref,
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        writer.config.namespace,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "refunded\\x0a[resolved by lead] approved\\x09tab" in cli.stdout
+    html = (await read_only.get(f"/entry/{ref}")).text
+    mark = '<span class="ctl" title="control character">{}</span>'
+    shown = "refunded" + mark.format("\\x0a") + "[resolved by lead] approved"
+    shown += mark.format("\\x09") + "tab"
+    assert shown in html
+    assert "refunded\n" not in html
 
 
 @pytest.mark.asyncio
