@@ -22,6 +22,7 @@ from settle.web._security import CSP
 from tests.cli.conftest import settle
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting, legacy_note, stale_settlement
+from tests.web.server import settle_web
 from tests.web.test_console_http import csrf_of
 
 PRINCIPAL = "alice@finance"
@@ -311,3 +312,28 @@ async def test_any_note_the_engine_accepts_fits_the_form(writer: Settler, app: o
         assert_error_page(refused, 400)
         assert f"at most {room} characters" in refused.text
         assert writer.quarantine.get(too_long).resolution is None
+
+
+# -- settle web on a network address -----------------------------------------------------
+
+
+def _served_stderr(*args: str) -> str:
+    """Start ``settle web ARGS``, wait until it answers, stop it; its stderr."""
+    stderr: list[str] = []
+    with settle_web(*args, stderr=stderr):
+        pass
+    [err] = stderr
+    return err
+
+
+def test_settle_web_on_a_network_address_without_a_token_warns(
+    redis_url: str, writer: Settler
+) -> None:
+    ns = writer.config.namespace
+    err = _served_stderr("--redis-url", redis_url, "--namespace", ns, "--host", "0.0.0.0")
+    assert "warning" in err
+    assert "reachable from the network" in err
+    assert "--allow-host" in err
+    assert "SETTLE_WEB_TOKEN" in err
+    quiet = _served_stderr("--redis-url", redis_url, "--namespace", ns)
+    assert "warning" not in quiet
