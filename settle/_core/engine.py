@@ -53,6 +53,7 @@ from settle.models import (
 
 __all__ = [
     "MAX_LEASE",
+    "MAX_NOTE_CHARS",
     "Call",
     "Core",
     "QuarantineFollower",
@@ -73,6 +74,8 @@ GET_MANY = 100
 
 #: The longest lease a reservation or a renewal may ask for (seconds).
 MAX_LEASE = 86_400
+#: The longest resolution note, in characters (code points) of any kind.
+MAX_NOTE_CHARS = 4096
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
@@ -754,8 +757,8 @@ class Core:
         return found[0]
 
     def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
-        if not isinstance(note, str) or not 1 <= len(note) <= 4096:
-            raise InvalidInput("note must be a str of 1 to 4096 characters")
+        if not isinstance(note, str) or not 1 <= len(note) <= MAX_NOTE_CHARS:
+            raise InvalidInput(f"note must be a str of 1 to {MAX_NOTE_CHARS} characters")
         if has_control(note):
             raise InvalidInput(
                 "note must not contain control characters or line breaks: write it on one "

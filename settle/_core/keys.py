@@ -86,6 +86,16 @@ class Keys:
     def meta(self) -> str:
         return f"settle:{{{self.namespace}}}:meta"
 
+    def console_session(self, digest: str) -> str:
+        """A sign-in of the console (settle.web), named by the SHA-256 of its session id
+        (the id itself is only in the browser's cookie); it expires with the session."""
+        return f"settle:{{{self.namespace}}}:console:session:{digest}"
+
+    def console_signouts(self, digest: str) -> str:
+        """How many times every session of one principal (named by its SHA-256) was ended;
+        a session started under an older count is over."""
+        return f"settle:{{{self.namespace}}}:console:signouts:{digest}"
+
     def of(self, operation_id: str) -> tuple[int, str, str]:
         """(shard, record key, attempt log key) of an operation, hashing its id once. The
         attempt log lives inside the record's packed value; its own key is the previous

@@ -222,6 +222,14 @@ class AsyncConnectable:
         """The redis-py client this runs on (``None`` for ``settle.testing``'s model)."""
         return getattr(self._runner, "client", None)
 
+    async def _command(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        """One plain, repeatable command that ``send()`` issues on :attr:`client`, with the
+        runner's retries and error mapping: a Redis failure reaches the caller as settle's
+        :class:`~settle.errors.BackendError` (or ``ConfigurationError``), never as
+        redis-py's own error. For settle's tools that read beside the scripts (the console:
+        the server's clock, its sessions)."""
+        return await self._runner.command(what, send)
+
     async def __aenter__(self) -> Self:
         return self
 

@@ -12,6 +12,8 @@ finds this attempt's accepted ``mark_provisional`` in the attempt log.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from redis import exceptions as rx
@@ -25,6 +27,7 @@ __all__ = [
     "ATTEMPTS",
     "backend_error",
     "error_code",
+    "failures_as_settle_errors",
     "first_retry_delay",
     "is_transient",
     "retry_options",
@@ -115,6 +118,17 @@ def backend_error(
         raised=type(error).__name__,
     )
     return error
+
+
+@contextmanager
+def failures_as_settle_errors(what: str) -> Iterator[None]:
+    """A Redis failure inside the block raised as :func:`backend_error` makes it, for work
+    that is not one command the runner can send (walking a SCAN cursor): every Redis error
+    that reaches a caller is settle's, never redis-py's own."""
+    try:
+        yield
+    except (rx.RedisError, rx.RedisClusterException) as exc:
+        raise backend_error(exc, Call(what, (), ())) from exc
 
 
 def _classify(

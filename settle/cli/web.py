@@ -98,6 +98,15 @@ def web(
             "plain HTTP; serve it behind a TLS proxy",
             err=True,
         )
+    elif not _loopback(host):
+        click.echo(
+            f"settle web: warning: the console on {host} is reachable from the network, "
+            "and reading needs no sign-in: anyone who reaches it reads every payload and "
+            "principal of the quarantine. Listen on 127.0.0.1 behind a reverse proxy that "
+            "authenticates (name it with --allow-host); --token or SETTLE_WEB_TOKEN only "
+            "guards resolving",
+            err=True,
+        )
 
     async def serve() -> None:
         try:

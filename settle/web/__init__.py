@@ -10,7 +10,7 @@ from __future__ import annotations
 from settle.errors import ConfigurationError
 
 try:
-    from settle.web._security import token_authorizer
+    from settle.web._security import end_sessions, token_authorizer
     from settle.web.app import create_app
 except ImportError as exc:  # starlette or jinja2 missing
     raise ConfigurationError(
@@ -18,4 +18,4 @@ except ImportError as exc:  # starlette or jinja2 missing
         "pip install 'settle-sdk[web]'"
     ) from exc
 
-__all__ = ["create_app", "token_authorizer"]
+__all__ = ["create_app", "end_sessions", "token_authorizer"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from settle._async.settler import AsyncSettler
 from settle._core.keys import Keys
+from settle._runtime.transient import failures_as_settle_errors
 from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
 from settle.errors import InvalidInput
 from settle.models import QuarantineEntry, QuarantineKind, State
@@ -260,20 +261,21 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
     seen, capped = 0, False
     client = _client(settler)
     keys = Keys(settler.config.namespace, settler.config.shards)
-    async for key in client.scan_iter(
-        match=record_key_match(settler.config.namespace), count=SCAN_COUNT
-    ):
-        operation_id = operation_id_of(key, keys)
-        if operation_id is None:  # not a record key (an attempt log whose id has "}:op:")
-            continue
-        if seen >= limit:
-            capped = True
-            break
-        seen += 1
-        batch.append(operation_id)
-        if len(batch) == RECORD_BATCH:
-            tally(states, await settler.get_many(batch))
-            batch = []
+    with failures_as_settle_errors("SCAN"):  # Redis down: a BackendError (503), not a 500
+        async for key in client.scan_iter(
+            match=record_key_match(settler.config.namespace), count=SCAN_COUNT
+        ):
+            operation_id = operation_id_of(key, keys)
+            if operation_id is None:  # not a record key (an attempt log whose id has "}:op:")
+                continue
+            if seen >= limit:
+                capped = True
+                break
+            seen += 1
+            batch.append(operation_id)
+            if len(batch) == RECORD_BATCH:
+                tally(states, await settler.get_many(batch))
+                batch = []
     if batch:
         tally(states, await settler.get_many(batch))
     return states, capped
@@ -286,5 +288,5 @@ def _client(settler: AsyncSettler) -> Any:
 
 async def server_now(settler: AsyncSettler) -> datetime:
     """The server's clock: quarantine stream ids and entry times are server time."""
-    seconds, micros = await _client(settler).time()
+    seconds, micros = await settler._command("TIME", _client(settler).time)
     return datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, tz=UTC)

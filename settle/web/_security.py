@@ -1,33 +1,53 @@
-"""The console's safety: response headers on every response, who may resolve, CSRF tokens.
+"""The console's safety: response headers on every response, who may resolve, CSRF tokens,
+and sign-ins that can end.
 
 - Every response carries a strict Content-Security-Policy (no script at all, styles only
   from the shipped stylesheet) and headers that keep the pages out of frames and caches.
 - Without an ``authorize`` callable the console is read-only. With one, the sign-in form's
-  token is handed to it; the principal it returns is kept in the signed session cookie
-  (Starlette's ``SessionMiddleware``: itsdangerous, HttpOnly, SameSite=Lax, so a link from
-  a chat or a ticket keeps the session; every change is a POST with the CSRF token).
+  token is handed to it; the principal it returns is kept in the settler's Redis, in a
+  session named by the SHA-256 of a random id (:class:`Sessions`). The browser holds that
+  id and the CSRF token in the signed session cookie (Starlette's ``SessionMiddleware``:
+  itsdangerous, HttpOnly, SameSite=Lax, so a link from a chat or a ticket keeps the
+  session). A cookie alone grants nothing: sign-out deletes the session, and
+  :func:`end_sessions` ends every session of a principal, so a copy of the cookie taken
+  before is worthless after.
+- Every request's sign-in is asked of Redis (:class:`SignedIn`); when Redis cannot say, the
+  page shows the user signed out and a POST that changes something is refused (fail closed).
 - Every POST carries the session's CSRF token, compared in constant time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import inspect
+import json
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from settle._async.settler import AsyncSettler
+from settle._core.keys import Keys
+from settle._log import binding_digest, logger
+from settle.errors import ConfigurationError, SettleError
+
 __all__ = [
     "CSP",
     "Authorize",
     "SecurityHeaders",
+    "Sessions",
+    "SignIn",
+    "SignedIn",
     "csrf_ok",
     "csrf_token",
+    "end_sessions",
     "principal_of",
     "sign_in",
+    "signed_in",
     "token_authorizer",
 ]
 
@@ -92,9 +112,155 @@ async def sign_in(authorize: Authorize, token: str) -> str | None:
     return granted if isinstance(granted, str) and granted else None
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _keys(settler: AsyncSettler) -> Keys:
+    return Keys(settler.config.namespace, settler.config.shards)
+
+
+async def _signouts(settler: AsyncSettler, principal: str) -> int | None:
+    """How many times every session of ``principal`` was ended (0: never), or None when
+    the count is not one the console wrote."""
+    key = _keys(settler).console_signouts(_digest(principal))
+    raw = await settler._command("GET", lambda: settler.client.get(key))
+    if raw is None:
+        return 0
+    text = raw.decode("ascii", errors="replace") if isinstance(raw, bytes) else str(raw)
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+async def end_sessions(settler: AsyncSettler, principal: str) -> None:
+    """End every console session of ``principal`` in ``settler``'s namespace, in every
+    browser and every process serving the console: after revoking the token that granted
+    it, so that a session started with the token (or a copy of its cookie) resolves nothing
+    more. A sign-in after this call starts a session as usual.
+
+    Raises :class:`~settle.errors.BackendError` when Redis cannot be reached (then nothing
+    ended: call it again)."""
+    key = _keys(settler).console_signouts(_digest(principal))
+    # Repeated after a lost reply it counts twice, which ends the same sessions.
+    await settler._command("INCR", lambda: settler.client.incr(key))
+    logger.info("settle.web.sessions_ended", binding_digest=binding_digest(principal))
+
+
+class Sessions:
+    """Console sign-ins kept in the settler's Redis, beside the namespace's metadata (hash
+    tag ``{<namespace>}``: one slot, also on a cluster), for ``max_age`` seconds.
+
+    The key is named by the SHA-256 of the session id, and holds the principal, the SHA-256
+    of the session's CSRF token and the principal's sign-out count at sign-in
+    (:func:`end_sessions` raises it, which ends every older session). The raw id and token
+    are only in the browser's cookie."""
+
+    def __init__(self, settler: AsyncSettler, max_age: int) -> None:
+        self.settler = settler
+        self.max_age = max_age
+
+    def _key(self, sid: str) -> str:
+        return _keys(self.settler).console_session(_digest(sid))
+
+    async def start(self, principal: str, csrf: str) -> str:
+        """A new session of ``principal`` whose forms carry ``csrf``; its id."""
+        sid = secrets.token_urlsafe(32)
+        count = await _signouts(self.settler, principal)
+        if count is None:
+            key = _keys(self.settler).console_signouts(_digest(principal))
+            raise ConfigurationError(
+                f"the console's sign-out count at {key!r} is not a number settle wrote, so no "
+                "session of this principal can start or end; SET it to a number larger than "
+                "any it held (1000000)"
+            )
+        value = json.dumps({"principal": principal, "csrf": _digest(csrf), "signouts": count})
+        key, client = self._key(sid), self.settler.client
+        await self.settler._command("SET", lambda: client.set(key, value, ex=self.max_age))
+        return sid
+
+    async def principal(self, sid: str, csrf: str) -> str | None:
+        """Whom session ``sid`` (with the cookie's ``csrf``) resolves as; None when it
+        was signed out, ended, expired, or never started here."""
+        key, client = self._key(sid), self.settler.client
+        raw = await self.settler._command("GET", lambda: client.get(key))
+        if raw is None:
+            return None
+        try:
+            stored = json.loads(raw)
+            principal, digest, count = stored["principal"], stored["csrf"], stored["signouts"]
+        except (ValueError, TypeError, KeyError):
+            return None  # not what the console writes: no session
+        if not (isinstance(principal, str) and isinstance(digest, str)):
+            return None
+        if not hmac.compare_digest(digest.encode(), _digest(csrf).encode()):
+            return None
+        if count is None or await _signouts(self.settler, principal) != count:
+            return None  # every session of the principal was ended since
+        return principal
+
+    async def end(self, sid: str) -> None:
+        key, client = self._key(sid), self.settler.client
+        await self.settler._command("DEL", lambda: client.delete(key))
+
+
+@dataclass(frozen=True, slots=True)
+class SignIn:
+    """Who the request's session resolves as: ``principal`` (None: signed out), or the
+    failure that kept Redis from saying (then the request is shown signed out, and a POST
+    that changes something is refused)."""
+
+    principal: str | None
+    failure: SettleError | None = None
+
+
+_SIGN_IN = "settle.web.sign_in"
+_SIGNED_OUT = SignIn(None)
+
+
+class SignedIn:
+    """Pure ASGI, inside ``SessionMiddleware``: asks :class:`Sessions` who the session
+    cookie's sign-in is, once per request (static files aside). A session Redis no longer
+    holds is cleared from the cookie: the browser is signed out."""
+
+    def __init__(self, app: ASGIApp, sessions: Sessions | None) -> None:
+        self.app = app
+        self.sessions = sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[_SIGN_IN] = await self._check(scope)
+        await self.app(scope, receive, send)
+
+    async def _check(self, scope: Scope) -> SignIn:
+        session = scope.get("session")
+        path = scope["path"][len(scope.get("root_path", "")) :]
+        if self.sessions is None or not session or path.startswith("/static/"):
+            return _SIGNED_OUT
+        sid, csrf = session.get("sid"), session.get("csrf")
+        if not (isinstance(sid, str) and isinstance(csrf, str)):
+            return _SIGNED_OUT
+        try:
+            principal = await self.sessions.principal(sid, csrf)
+        except SettleError as exc:
+            logger.warning("settle.web.session_unchecked", error=type(exc).__name__)
+            return SignIn(None, exc)
+        if principal is None:
+            session.clear()  # ended, expired or unknown: a fresh, signed-out session
+        return SignIn(principal)
+
+
 def principal_of(request: Request) -> str | None:
-    value = request.session.get("principal")
-    return value if isinstance(value, str) else None
+    """Whom the request's session resolves as, for display (None when Redis cannot say)."""
+    found = request.scope.get(_SIGN_IN, _SIGNED_OUT)
+    return found.principal if isinstance(found, SignIn) else None
+
+
+def signed_in(request: Request) -> str | None:
+    """Like :func:`principal_of`, for a request that changes something: when Redis could
+    not say who is signed in, its error is raised (fail closed: nothing changes)."""
+    found = request.scope.get(_SIGN_IN, _SIGNED_OUT)
+    if isinstance(found, SignIn) and found.failure is not None:
+        raise found.failure
+    return principal_of(request)
 
 
 def csrf_token(request: Request) -> str:

@@ -29,6 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
+from settle._core.engine import MAX_NOTE_CHARS
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, json_line, record_json
@@ -44,16 +45,21 @@ from settle.web import _query
 from settle.web._security import (
     Authorize,
     SecurityHeaders,
+    Sessions,
+    SignedIn,
     csrf_ok,
     csrf_token,
     principal_of,
     sign_in,
+    signed_in,
 )
 from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
 __all__ = ["create_app"]
 
-_FORM_LIMIT = 16 * 1024
+#: Any note the engine accepts fits: 4 096 characters of up to 4 bytes of UTF-8, each byte
+#: 3 characters urlencoded (48 KiB), and the CSRF token.
+_FORM_LIMIT = 64 * 1024
 _PAGE_SIZES = (10, 25, 50, 100, 200)
 _STATUSES = ("all", "unresolved", "resolved")
 
@@ -98,7 +104,8 @@ def create_app(
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
     entries, and says so when it stopped there. The settler stays the caller's to close.
     """
-    console = _Console(settler, authorize, record_limit, overview_limit)
+    sessions = Sessions(settler, session_max_age) if authorize is not None else None
+    console = _Console(settler, authorize, sessions, record_limit, overview_limit)
     namespace = settler.config.namespace
     routes = [
         Route("/", console.overview, name="overview"),
@@ -126,6 +133,7 @@ def create_app(
             same_site="lax",
             https_only=https_only,
         ),
+        Middleware(SignedIn, sessions=sessions),
     ]
     return Starlette(
         routes=routes,
@@ -154,11 +162,13 @@ class _Console:
         self,
         settler: AsyncSettler,
         authorize: Authorize | None,
+        sessions: Sessions | None,
         record_limit: int,
         overview_limit: int,
     ) -> None:
         self.settler = settler
         self.authorize = authorize
+        self.sessions = sessions
         self.record_limit = record_limit
         self.overview_limit = overview_limit
 
@@ -278,6 +288,10 @@ class _Console:
         attempts = await self.settler.attempts(entry.operation_id)
         related = await self.settler.quarantine.list(operation_id=entry.operation_id, limit=20)
         data = entry_json(entry)
+        # The notice of a resolve is the redirect's own (kept in the signed session for
+        # the next page), never a query parameter a crafted link could carry.
+        flash = request.session.pop("done", None) if self.authorize is not None else None
+        done = flash.get("outcome") if isinstance(flash, dict) and flash.get("ref") == ref else None
         return self.render(
             request,
             "entry.html",
@@ -287,7 +301,7 @@ class _Console:
             record_result=_result_view(record),
             attempts=attempts,
             related=[e for e in related if e.ref != entry.ref],
-            done=request.query_params.get("done"),
+            done=done,
         )
 
     async def resolve(self, request: Request) -> Response:
@@ -297,7 +311,7 @@ class _Console:
             return self.refuse(
                 request, 403, "read_only", "This console is read-only: nobody can resolve here."
             )
-        principal = principal_of(request)
+        principal = signed_in(request)  # Redis cannot say who: refused (503), fail closed
         if principal is None:
             return self.refuse(request, 403, "signed_out", "Sign in to resolve entries.")
         if not csrf_ok(request, form):
@@ -313,6 +327,13 @@ class _Console:
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
         text = f"[resolved by {principal}] {note}"
+        if len(text) > MAX_NOTE_CHARS:
+            room = MAX_NOTE_CHARS - len(text) + len(note)
+            raise InvalidInput(
+                f"the note is {len(note)} characters; at most {room} characters fit (a note "
+                f"holds {MAX_NOTE_CHARS}, with the [resolved by ...] prefix); shorten it, "
+                "nothing was resolved"
+            )
         resolution = await self.settler.quarantine.resolve(ref, note=text)
         done = "resolved" if resolution.note == text else "already"
         logger.info(
@@ -321,11 +342,12 @@ class _Console:
             binding_digest=binding_digest(principal),
             already_resolved=done == "already",
         )
+        request.session["done"] = {"ref": ref, "outcome": done}
         root = _root(request)
-        return RedirectResponse(f"{root}/entry/{ref}?done={done}", status_code=303)
+        return RedirectResponse(f"{root}/entry/{ref}", status_code=303)
 
     async def sign_in(self, request: Request) -> Response:
-        if self.authorize is None:
+        if self.authorize is None or self.sessions is None:  # both or neither
             return self.refuse(
                 request, 404, "read_only", "This console is read-only: there is no sign-in."
             )
@@ -341,8 +363,10 @@ class _Console:
         if principal is None:
             logger.warning("settle.web.sign_in_refused")
             return self.render(request, "signin.html", 403, next=target, failed=True)
-        request.session.clear()  # a fresh session and CSRF token for the signed-in user
-        request.session["principal"] = principal
+        csrf = secrets.token_urlsafe(32)  # a fresh session and CSRF token for the user
+        sid = await self.sessions.start(principal, csrf)  # Redis down: the error page
+        request.session.clear()
+        request.session.update(sid=sid, csrf=csrf)
         logger.info("settle.web.signed_in", binding_digest=binding_digest(principal))
         return RedirectResponse(target, status_code=303)
 
@@ -350,6 +374,17 @@ class _Console:
         form = await _form(request)
         if not csrf_ok(request, form):
             return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+        sid = request.session.get("sid")
+        if self.sessions is not None and isinstance(sid, str):
+            try:
+                await self.sessions.end(sid)
+            except SettleError as exc:
+                logger.warning("settle.web.sign_out_failed", error=type(exc).__name__)
+                message = (
+                    "Could not sign out: Redis cannot be reached, so the session is still "
+                    "signed in. Retry in a moment."
+                )
+                return self.render(request, "error.html", 503, status=503, message=message)
         request.session.clear()
         root = _root(request)
         return RedirectResponse(f"{root}/", status_code=303)
@@ -421,7 +456,9 @@ async def _form(request: Request) -> dict[str, str]:
     async for chunk in request.stream():
         body += chunk
         if len(body) > _FORM_LIMIT:
-            raise InvalidInput("the form is larger than 16 KiB; shorten the note")
+            raise InvalidInput(
+                f"the form is larger than {_FORM_LIMIT // 1024} KiB; shorten the note"
+            )
     try:
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
     except UnicodeDecodeError:

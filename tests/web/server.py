@@ -24,8 +24,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def settle_web(*args: str, token: str | None = None) -> Iterator[str]:
-    """Run ``settle web ARGS --port <free>``; yield its base URL."""
+def settle_web(
+    *args: str, token: str | None = None, stderr: list[str] | None = None
+) -> Iterator[str]:
+    """Run ``settle web ARGS --port <free>``; yield its base URL. What it wrote on stderr
+    is appended to ``stderr`` once it stopped."""
     port = free_port()
     env = cli_env()
     env.pop("SETTLE_WEB_TOKEN", None)
@@ -62,7 +65,6 @@ def settle_web(*args: str, token: str | None = None) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
-        if proc.stderr:
-            proc.stderr.close()
+        _, err = proc.communicate()
+        if stderr is not None:
+            stderr.append(err)

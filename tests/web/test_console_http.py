@@ -387,7 +387,8 @@ async def test_invisible_characters_in_a_note_are_made_visible(
         + "desufer ton"
         + mark.format("\\u200b")
         + mark.format("\\x0d")
-        + "\nsecond line"
+        + mark.format("\\x0a")  # one line, as the CLI shows it (SPEC 8)
+        + "second line"
     )
     assert shown in html
     assert "\u202e" not in html

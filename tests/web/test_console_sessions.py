@@ -1,0 +1,339 @@
+"""Console sessions kept in Redis, so that they can end: sign-out, ending every session of
+a principal, expiry, Redis unreachable; and the notices, notes and forms of a resolution.
+Real apps (httpx ASGITransport) on real redis-servers, one of them stopped by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+import pytest_asyncio
+import redis
+
+from settle import AsyncSettler, Settler
+from settle.embedded import EmbeddedRedis
+from settle.web import create_app
+from settle.web._security import CSP
+from tests.cli.conftest import settle
+from tests.web.conftest import TOKEN, client_for
+from tests.web.evidence import conflicting, legacy_note, stale_settlement
+from tests.web.server import settle_web
+from tests.web.test_console_http import csrf_of
+
+PRINCIPAL = "alice@finance"
+#: Two people, two tokens: ending one's sessions leaves the other's.
+PEOPLE = {TOKEN: PRINCIPAL, "bob-token-5e1": "bob@finance"}
+
+
+def people(token: str) -> str | None:
+    return PEOPLE.get(token)
+
+
+def session_of(client: httpx.AsyncClient) -> dict[str, object]:
+    """What the signed session cookie holds (itsdangerous: base64 JSON, timestamp, MAC)."""
+    [value] = [v for k, v in client.cookies.items() if k.startswith("settle_console_")]
+    data = value.split(".")[0]
+    decoded: dict[str, object] = json.loads(base64.b64decode(data + "=" * (-len(data) % 4)))
+    return decoded
+
+
+@contextlib.asynccontextmanager
+async def signed_in(app: object, token: str = TOKEN) -> AsyncIterator[httpx.AsyncClient]:
+    """A browser signed in to ``app``."""
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        done = await browser.post("/signin", data={"token": token, "csrf": csrf_of(form)})
+        assert done.status_code == 303
+        yield browser
+
+
+def copy_of(browser: httpx.AsyncClient, app: object) -> httpx.AsyncClient:
+    """Another client holding a copy of ``browser``'s cookie (a cookie taken from it)."""
+    thief = client_for(app)
+    for name, value in browser.cookies.items():
+        thief.cookies.set(name, value)
+    return thief
+
+
+async def resolve(browser: httpx.AsyncClient, ref: str, note: str, csrf: str) -> httpx.Response:
+    return await browser.post(f"/entry/{ref}/resolve", data={"note": note, "csrf": csrf})
+
+
+@pytest_asyncio.fixture
+async def app(reader: AsyncSettler) -> object:
+    return create_app(reader, authorize=people)
+
+
+@pytest.mark.asyncio
+async def test_a_copied_cookie_resolves_nothing_after_sign_out(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """The session was a signed cookie and nothing else: a copy of it (a shared machine, a
+    proxy log, malware) kept resolving entries as the principal for 8 hours after sign-out.
+    It names a session in Redis now, which sign-out deletes."""
+    ref = stale_settlement(writer, "order-copied")
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert f"signed in as {PRINCIPAL}" in page
+        csrf = csrf_of(page)
+        async with copy_of(browser, app) as thief:
+            assert (await browser.post("/signout", data={"csrf": csrf})).status_code == 303
+            replay = await resolve(thief, ref, "refunded twice", csrf)
+            assert replay.status_code == 403
+            assert "Sign in to resolve" in replay.text
+            assert writer.quarantine.get(ref).resolution is None
+            shown = (await thief.get(f"/entry/{ref}")).text
+            assert "signed in as" not in shown
+            assert "<textarea" not in shown
+            assert "Sign in" in shown
+
+
+@pytest.mark.asyncio
+async def test_the_session_in_redis_holds_digests_only_and_lasts_the_max_age(
+    writer: Settler, reader: AsyncSettler, redis_url: str
+) -> None:
+    app = create_app(reader, authorize=people, session_max_age=600)
+    ns = writer.config.namespace
+    async with signed_in(app) as browser:
+        page = (await browser.get("/")).text
+        stored = session_of(browser)
+        sid, csrf = stored["sid"], stored["csrf"]
+        assert isinstance(sid, str)
+        assert isinstance(csrf, str)
+        assert "principal" not in stored  # who is signed in is Redis's to say
+        with redis.Redis.from_url(redis_url) as raw:
+            keys = [k.decode() for k in raw.scan_iter(match=f"settle:{{{ns}}}:console:*")]
+            [key] = keys
+            assert 0 < raw.ttl(key) <= 600
+            blob = raw.get(key)
+            assert blob is not None
+            assert sid not in key
+            assert sid.encode() not in blob
+            assert csrf.encode() not in blob
+            assert PRINCIPAL.encode() in blob  # whom the session resolves as
+        assert (await browser.post("/signout", data={"csrf": csrf_of(page)})).status_code == 303
+        with redis.Redis.from_url(redis_url) as raw:
+            assert list(raw.scan_iter(match=f"settle:{{{ns}}}:console:session:*")) == []
+
+
+@pytest.mark.asyncio
+async def test_a_session_ends_when_its_max_age_passes_in_redis(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    ref = stale_settlement(writer, "order-expired")
+    app = create_app(reader, authorize=people, session_max_age=1)
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert "signed in as" in page
+        await asyncio.sleep(1.5)
+        async with copy_of(browser, app) as thief:
+            refused = await resolve(thief, ref, "too late", csrf_of(page))
+            assert refused.status_code == 403
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_ending_every_session_of_a_principal(writer: Settler, reader: AsyncSettler) -> None:
+    """After revoking alice's token, her sessions in every browser end at once; bob's do
+    not."""
+    from settle.web import end_sessions  # noqa: PLC0415  (new: the test fails without it)
+
+    ref = stale_settlement(writer, "order-revoked")
+    app = create_app(reader, authorize=people)
+    async with (
+        signed_in(app) as laptop,
+        signed_in(app) as phone,
+        signed_in(app, "bob-token-5e1") as bob,
+    ):
+        pages = [(await b.get(f"/entry/{ref}")).text for b in (laptop, phone, bob)]
+        assert f"signed in as {PRINCIPAL}" in pages[0]
+        assert f"signed in as {PRINCIPAL}" in pages[1]
+        assert "signed in as bob@finance" in pages[2]
+        await end_sessions(reader, PRINCIPAL)
+        for browser, page in ((laptop, pages[0]), (phone, pages[1])):
+            refused = await resolve(browser, ref, "refunded", csrf_of(page))
+            assert refused.status_code == 403
+            assert "signed in as" not in (await browser.get("/")).text
+        assert writer.quarantine.get(ref).resolution is None
+        # A sign-in after the end is a new session, as is bob's, untouched.
+        assert "signed in as bob@finance" in (await bob.get("/")).text
+        done = await resolve(bob, ref, "refunded ch_2", csrf_of(pages[2]))
+        assert done.status_code == 303
+    async with signed_in(app) as again:
+        assert f"signed in as {PRINCIPAL}" in (await again.get("/")).text
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == "[resolved by bob@finance] refunded ch_2"
+
+
+# -- Redis unreachable -------------------------------------------------------------------
+
+
+@pytest.fixture
+def doomed() -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own, which the test kills."""
+    server = EmbeddedRedis().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest_asyncio.fixture
+async def doomed_reader(doomed: EmbeddedRedis, namespace: str) -> AsyncIterator[AsyncSettler]:
+    with Settler.from_url(doomed.url, namespace=namespace, shards=4) as w:
+        w.check()
+        conflicting(w, "order-doomed")
+    s = AsyncSettler.from_url(doomed.url, namespace=namespace, shards=4)
+    yield s
+    await s.aclose()
+
+
+def assert_error_page(response: httpx.Response, status: int) -> None:
+    assert response.status_code == status, response.text[:400]
+    assert response.headers["content-security-policy"] == CSP  # the console's own page
+    assert '<p class="notice error">' in response.text
+
+
+@pytest.mark.asyncio
+async def test_with_redis_down_the_overview_and_duration_filters_answer_503(
+    doomed: EmbeddedRedis, doomed_reader: AsyncSettler
+) -> None:
+    """A bare 500 before: the server's clock (TIME) and the record count (SCAN) were read
+    with redis-py's own errors, which the console did not know."""
+    async with client_for(create_app(doomed_reader)) as browser:
+        assert (await browser.get("/")).status_code == 200
+        doomed.stop(kill=True)
+        for path in ("/", "/?window=7d", "/quarantine?since=1h", "/quarantine.jsonl?until=2h"):
+            assert_error_page(await browser.get(path), 503)
+
+
+@pytest.mark.asyncio
+async def test_with_redis_down_a_resolve_is_refused_with_the_error_page(
+    doomed: EmbeddedRedis, doomed_reader: AsyncSettler
+) -> None:
+    """The session cannot be checked: the POST is refused (fail closed), and the page says
+    why instead of a traceback."""
+    app = create_app(doomed_reader, authorize=people)
+    ref = (await doomed_reader.quarantine.list(limit=1))[0].ref
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        doomed.stop(kill=True)
+        refused = await resolve(browser, ref, "refunded", csrf_of(page))
+        assert_error_page(refused, 503)
+        signout = await browser.post("/signout", data={"csrf": csrf_of(page)})
+        assert_error_page(signout, 503)
+        assert "still" in signout.text  # the session was not ended: it says so
+        async with client_for(app) as other:  # a sign-in cannot start a session either
+            form = (await other.get("/signin")).text
+            data = {"token": TOKEN, "csrf": csrf_of(form)}
+            assert_error_page(await other.post("/signin", data=data), 503)
+            assert "signed in as" not in (await other.get("/signin")).text
+
+
+# -- notices, notes, forms ---------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_crafted_link_shows_no_resolved_notice(writer: Settler, app: object) -> None:
+    ref = stale_settlement(writer, "order-crafted")
+    async with signed_in(app) as browser:
+        for done in ("resolved", "already"):
+            page = (await browser.get(f"/entry/{ref}", params={"done": done})).text
+            assert "Resolved. The evidence is kept" not in page
+            assert "already resolved" not in page
+        page = (await browser.get(f"/entry/{ref}")).text
+        done = await resolve(browser, ref, "voided", csrf_of(page))
+        assert done.status_code == 303
+        assert "done=" not in done.headers["location"]
+        shown = (await browser.get(done.headers["location"])).text
+        assert "Resolved. The evidence is kept" in shown
+        # Said once, after the resolve; not again on a reload, not on another entry.
+        assert "Resolved. The evidence is kept" not in (await browser.get(f"/entry/{ref}")).text
+
+
+@pytest.mark.asyncio
+async def test_a_stored_note_with_line_breaks_is_shown_as_the_cli_shows_it(
+    writer: Settler, read_only: httpx.AsyncClient, redis_url: str
+) -> None:
+    """SPEC 8: stored values are literal text with control characters visible. The CLI
+    showed a note's line break as \\x0a; the console broke the line, so a note could
+    look like two notes, or push a forged second line under the first."""
+    ref = conflicting(writer, "order-lines")
+    legacy_note(writer, ref, "[resolved by ana] refunded\n[resolved by lead] approved\ttab")
+    cli = settle(
+        "quarantine",
+        "show",
+        ref,
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        writer.config.namespace,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "refunded\\x0a[resolved by lead] approved\\x09tab" in cli.stdout
+    html = (await read_only.get(f"/entry/{ref}")).text
+    mark = '<span class="ctl" title="control character">{}</span>'
+    shown = "refunded" + mark.format("\\x0a") + "[resolved by lead] approved"
+    shown += mark.format("\\x09") + "tab"
+    assert shown in html
+    assert "refunded\n" not in html
+
+
+@pytest.mark.asyncio
+async def test_any_note_the_engine_accepts_fits_the_form(writer: Settler, app: object) -> None:
+    """A 3,600-character Cyrillic note (7,200 bytes, ~21,600 urlencoded) was refused as
+    "larger than 16 KiB"; a note of 4,096 four-byte characters is ~49 KB urlencoded."""
+    cyrillic = stale_settlement(writer, "order-cyrillic")
+    widest = stale_settlement(writer, "order-widest")
+    too_long = stale_settlement(writer, "order-too-long")
+    prefix = f"[resolved by {PRINCIPAL}] "
+    room = 4096 - len(prefix)
+    async with signed_in(app) as browser:
+        csrf = csrf_of((await browser.get("/")).text)
+        note = "возврат " * 450  # 3,600 characters
+        assert (await resolve(browser, cyrillic, note, csrf)).status_code == 303
+        stored = writer.quarantine.get(cyrillic).resolution
+        assert stored is not None
+        assert stored.note == prefix + note.strip()
+
+        emoji = "\U0001f600" * room  # 4 bytes of UTF-8 each, 12 characters urlencoded
+        assert (await resolve(browser, widest, emoji, csrf)).status_code == 303
+        stored = writer.quarantine.get(widest).resolution
+        assert stored is not None
+        assert len(stored.note) == 4096
+
+        refused = await resolve(browser, too_long, emoji + "\U0001f600", csrf)
+        assert_error_page(refused, 400)
+        assert f"at most {room} characters" in refused.text
+        assert writer.quarantine.get(too_long).resolution is None
+
+
+# -- settle web on a network address -----------------------------------------------------
+
+
+def _served_stderr(*args: str) -> str:
+    """Start ``settle web ARGS``, wait until it answers, stop it; its stderr."""
+    stderr: list[str] = []
+    with settle_web(*args, stderr=stderr):
+        pass
+    [err] = stderr
+    return err
+
+
+def test_settle_web_on_a_network_address_without_a_token_warns(
+    redis_url: str, writer: Settler
+) -> None:
+    ns = writer.config.namespace
+    err = _served_stderr("--redis-url", redis_url, "--namespace", ns, "--host", "0.0.0.0")
+    assert "warning" in err
+    assert "reachable from the network" in err
+    assert "--allow-host" in err
+    assert "SETTLE_WEB_TOKEN" in err
+    quiet = _served_stderr("--redis-url", redis_url, "--namespace", ns)
+    assert "warning" not in quiet
