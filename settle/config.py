@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from settle._core.layout import LOG_MAX
-from settle.errors import InvalidInput
+from settle._input import InputModel
 
 __all__ = ["SettleConfig"]
-
-
-def _invalid(exc: ValidationError) -> InvalidInput:
-    """pydantic's verdict as settle's typed error: one clause per bad field."""
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
-    )
-    return InvalidInput(f"invalid SettleConfig: {problems}")
 
 
 #: The largest shard count a namespace can have. A client that finds its namespace's
@@ -28,7 +18,7 @@ MAX_SHARDS = 4096
 MAX_RETENTION = 1000 * 365.25 * 86_400
 
 
-class SettleConfig(BaseModel):
+class SettleConfig(InputModel):
     """Settings of one namespace.
 
     ``shards`` is fixed when the namespace is first used; a different value later is an
@@ -68,26 +58,6 @@ class SettleConfig(BaseModel):
     """Accept a server whose ``maxmemory-policy`` may evict settle's records (refused at
     start-up otherwise; a warning is logged once). An evicted completed record runs its
     operation again: use ``noeviction``."""
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise _invalid(exc) from exc
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> SettleConfig:
-        try:
-            return super().model_validate(obj, *args, **kwargs)
-        except ValidationError as exc:
-            raise _invalid(exc) from exc
-
-    @classmethod
-    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> SettleConfig:
-        try:
-            return super().model_validate_json(json_data, *args, **kwargs)
-        except ValidationError as exc:
-            raise _invalid(exc) from exc
 
     @model_validator(mode="after")
     def _retention_covers_lease(self) -> SettleConfig:

@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, Protocol, Self
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from settle._core.engine import Core, QuarantineQuery
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._async import AsyncConnectable, AsyncRunner
+from settle._runtime.options import check_client
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._async import (
@@ -62,8 +63,9 @@ class AsyncSettler(AsyncConnectable):
     _runner: AsyncBackend
 
     def __init__(
-        self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
+        self, client: Redis | RedisCluster, config: SettleConfig | None = None, **options: Any
     ) -> None:
+        check_client(client, (Redis, RedisCluster), type(self).__name__)
         resolved = _config(config, options)
         durability = Durability(
             resolved.min_replicas, resolved.replica_timeout, resolved.allow_eviction

@@ -25,7 +25,7 @@ from redis import exceptions as rx
 from redis.asyncio import connection as _connection
 from redis.asyncio.connection import AbstractConnection, Connection
 
-__all__ = ["NEEDED", "keep_cancellations"]
+__all__ = ["NEEDED", "keep_cancellations", "write_error"]
 
 #: Python 3.11 from 3.11.3 (whose ``asyncio.timeout`` redis-py itself uses for reads).
 NEEDED = (3, 11, 3) <= sys.version_info < (3, 12)
@@ -66,13 +66,24 @@ async def _send_packed_command(self: Any, command: Any, check_health: bool = Tru
     except OSError as exc:
         _debug_log(self, exc)
         await self.disconnect(nowait=True)
-        number, message = ("UNKNOWN", exc.args[0]) if len(exc.args) == 1 else exc.args[:2]
-        raise rx.ConnectionError(f"Error {number} while writing to socket. {message}.") from exc
+        raise write_error(exc) from exc
     except BaseException as exc:
         # a send cut short (cancelled): the connection may hold part of a command
         _debug_log(self, exc)
         await self.disconnect(nowait=True)
         raise
+
+
+def write_error(exc: OSError) -> rx.ConnectionError:
+    """A failed write as redis-py reports it, a ``ConnectionError`` (transient: the runtime
+    repeats the call, then raises ``BackendError``), whatever ``exc.args`` holds. redis-py's
+    own mapping unpacks ``exc.args[:2]``, so an ``OSError()`` without arguments became a
+    ``ValueError`` there."""
+    if len(exc.args) >= 2:
+        number, message = exc.args[:2]
+    else:
+        number, message = "UNKNOWN", (exc.args[0] if exc.args else type(exc).__name__)
+    return rx.ConnectionError(f"Error {number} while writing to socket. {message}.")
 
 
 #: Each connection class, made once with the send above (a class per class, not per client).

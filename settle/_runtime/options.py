@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settle.errors import ConfigurationError
+from settle.errors import ConfigurationError, InvalidInput
 
-__all__ = ["MAX_MIN_REPLICAS", "Durability"]
+__all__ = ["MAX_MIN_REPLICAS", "Durability", "check_client"]
 
 #: The most replicas a write may wait for: ``WAIT`` takes a signed 64-bit count.
 MAX_MIN_REPLICAS = 2**63 - 1
@@ -50,3 +50,20 @@ class Durability:
     @property
     def wait_ms(self) -> int:
         return max(1, round(self.replica_timeout * 1000))
+
+
+def check_client(client: object, kinds: tuple[type, ...], owner: str) -> None:
+    """Refuse, before anything is built, a ``client`` that is none of ``kinds`` (the redis-py
+    clients of the owner's flavour): ``None``, a URL, the other flavour's client. It was
+    taken, and failed later with an ``AttributeError`` or a coroutine never awaited."""
+    if isinstance(client, kinds):
+        return
+    names = " or ".join(
+        f"{'redis.asyncio' if k.__module__.startswith('redis.asyncio') else 'redis'}.{k.__name__}"
+        for k in kinds
+    )
+    got = type(client)
+    raise InvalidInput(
+        f"{owner} needs a {names} client, got {got.__module__}.{got.__qualname__}; "
+        f"build one with {owner}.from_url(url)"
+    )

@@ -5,15 +5,18 @@ Every message, log line or span that names a Redis URL goes through :func:`redac
 ``ValueError`` or ``TypeError`` redis-py raised while parsing one is described by
 :func:`url_problem`, never pasted: its text can quote a part of the URL (``Port could not be
 cast to integer value as 's3cret'``, ``netloc '...' contains invalid characters``), and so a
-password typed with a ``/``, ``?`` or ``#`` in it.
+password typed with a ``/``, ``?`` or ``#`` in it. :func:`check` refuses such a password
+where redis-py parses the URL without complaint (``redis://:123/rest@host:6379/0`` is, to
+redis-py, port 123 of localhost, no password), before anything connects and quotes it.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 from urllib.parse import unquote_plus
 
-__all__ = ["redacted", "url_problem"]
+__all__ = ["check", "redacted", "url_problem"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 #: Characters that end a URL's authority: a password that holds one unencoded moves it.
@@ -37,13 +40,39 @@ def redacted(url: str) -> str:
     if url[scheme.end() : scheme.end() + 3] != "://":
         return f"{scheme.group()}:***"
     head, rest = url[: scheme.end() + 3], url[scheme.end() + 3 :]
-    userinfo, at, location = rest.rpartition("@")
-    if not at or ":" not in userinfo:  # no password in a userinfo: only the query's
+    found = _userinfo(rest)
+    if found is None:  # no password in a userinfo: only the query's
         return head + _redacted_location(rest)
-    user = userinfo.partition(":")[0]
-    if any(ch in user for ch in _AUTHORITY_ENDS) or _in_password_parameter(userinfo):
+    if not found:
         return head + "***"
+    user, _, location = found
     return f"{head}{user}:***@{_redacted_location(location)}"
+
+
+def check(url: str) -> None:
+    """Raise ``ValueError`` (described by :func:`url_problem`) for a URL whose password holds
+    an unencoded ``/``, ``?`` or ``#``: redis-py ends the host part there, and would connect to
+    the host named by the user name (or localhost) at a port read from the password, with no
+    password; its connection errors would then quote both."""
+    scheme = _SCHEME.match(url)
+    if scheme is None or url[scheme.end() : scheme.end() + 3] != "://":
+        return
+    found = _userinfo(url[scheme.end() + 3 :])
+    if found and any(ch in found[1] for ch in _AUTHORITY_ENDS):
+        raise ValueError(_UNENCODED)
+
+
+def _userinfo(rest: str) -> tuple[str, str, str] | Literal[False] | None:
+    """``(user, password, location)`` of what follows ``scheme://``, the userinfo read up to
+    the *last* ``@``; None when that userinfo holds no password; False when the usual reading
+    (an ``@`` inside a password query value) could hold a secret this one shows."""
+    userinfo, at, location = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return None
+    user, _, password = userinfo.partition(":")
+    if any(ch in user for ch in _AUTHORITY_ENDS) or _in_password_parameter(userinfo):
+        return False
+    return user, password, location
 
 
 def _redacted_location(location: str) -> str:
@@ -76,9 +105,17 @@ def _in_password_parameter(before_at: str) -> bool:
     return bool(eq) and _is_password(name)
 
 
+#: :func:`check`'s ValueError (its own words: they quote nothing of the URL).
+_UNENCODED = "a password with an unencoded '/', '?' or '#'"
+
 #: Words in redis-py's ValueError messages (and urllib's, which it passes on), each with
 #: the fixed words that describe it without quoting the URL.
 _PROBLEMS = (
+    (
+        _UNENCODED,
+        "the password holds a '/', '?' or '#', which ends the host part of a URL: "
+        "percent-encode it (%2F, %3F, %23)",
+    ),
     (
         "Redis URL must specify one of the following schemes",
         "an unknown scheme (a Redis URL starts with redis://, rediss:// or unix://)",

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Protocol, Self
 
-from redis import Redis
+from redis import Redis, RedisCluster
 
 from settle._core.engine import Core, QuarantineQuery
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
+from settle._runtime.options import check_client
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._sync import (
@@ -63,8 +64,9 @@ class Settler(Connectable):
     _runner: Backend
 
     def __init__(
-        self, client: Redis | Any, config: SettleConfig | None = None, **options: Any
+        self, client: Redis | RedisCluster, config: SettleConfig | None = None, **options: Any
     ) -> None:
+        check_client(client, (Redis, RedisCluster), type(self).__name__)
         resolved = _config(config, options)
         durability = Durability(
             resolved.min_replicas, resolved.replica_timeout, resolved.allow_eviction

@@ -20,7 +20,7 @@ from settle._core.keys import Keys
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from settle._runtime.urls import redacted, url_problem
+from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
 from settle.cli._render import visible
 from settle.config import MAX_SHARDS, SettleConfig
@@ -219,10 +219,13 @@ def checked_url(url: str) -> str:
     """``url`` when redis-py can build a connection from it, else :class:`InvalidInput`
     (exit 2). Nothing is connected: a query parameter redis-py passes on but no connection
     takes (``?foo=1``, ``ssl_password`` without TLS) would otherwise be a ``TypeError`` at
-    the first command. The message shows the URL redacted and says what is wrong in fixed
-    words, never redis-py's own (which can quote the password)."""
+    the first command; a password with an unencoded ``/``, ``?`` or ``#`` would connect to a
+    port read from the password (:func:`~settle._runtime.urls.check`). The message shows the
+    URL redacted and says what is wrong in fixed words, never redis-py's own (which can quote
+    the password)."""
     try:
         ConnectionPool.from_url(url).make_connection()
+        check(url)  # parsed, but a part of the password read as the port (or the path)
     # ValueError, TypeError: parsing; RedisError: a query value the connection's
     # constructor refuses (?protocol=9). redis-py's text may quote the password: dropped.
     except (ValueError, TypeError, RedisError) as exc:

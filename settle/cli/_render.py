@@ -41,6 +41,7 @@ __all__ = [
     "fields_table",
     "hidden",
     "json_line",
+    "keep_whole",
     "literal",
     "new_table",
     "print_json",
@@ -231,6 +232,22 @@ def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
     out["payload"]["truncated"] = entry.payload.truncated
     out["payload"]["json"] = _decoded(entry.payload.data)
     return out
+
+
+def keep_whole(table: Table, *headers: str) -> Table:
+    """The one rule of the CLI's tables: the cells of the columns named (generations, ids,
+    digests: what a user copies into a command) are never folded, wrapped or cut short, in
+    an 80-column terminal too; every other column wraps into the width that is left. Call
+    it once the rows are in."""
+    for column in table.columns:
+        if column.header in headers:
+            column.no_wrap = True
+            column.min_width = max(
+                (Text(str(c)).cell_len for c in (column.header, *column.cells)), default=1
+            )
+        else:
+            column.overflow = "fold"
+    return table
 
 
 def fields_table(title: str, rows: Sequence[tuple[str, object]]) -> Table:

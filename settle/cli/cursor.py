@@ -16,7 +16,7 @@ import click
 
 from settle._exit import EXIT_FAILED
 from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
-from settle.cli._render import add_row, console, new_table
+from settle.cli._render import add_row, console, keep_whole, new_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
 
@@ -110,9 +110,11 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
         click.echo(json.dumps(data))
         return
     table = new_table(f"checkpoint of {stream}", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
     for key, value in data.items():
         add_row(table, key, "" if value is None else value)
-    console().print(table)
+    console().print(keep_whole(table, "value"))
 
 
 @cursor.command("witnesses")
@@ -155,7 +157,7 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
             w.disposition.value,
             w.reason,
         )
-    console().print(table)
+    console().print(keep_whole(table, "gen", "attempt", "successor"))
 
 
 if __name__ == "__main__":

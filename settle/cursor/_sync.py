@@ -12,6 +12,7 @@ from redis import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._sync import Connectable, Runner
+from settle._runtime.options import check_client
 from settle.cursor._core import STAND_DOWN_FOR, CursorCore
 from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
@@ -46,7 +47,7 @@ class CursorStore(Connectable):
 
     def __init__(
         self,
-        client: Redis | RedisCluster | Any,
+        client: Redis | RedisCluster,
         *,
         namespace: str = "default",
         keep_generations: int = 64,
@@ -55,6 +56,7 @@ class CursorStore(Connectable):
         replica_timeout: float = 1.0,
         allow_eviction: bool = False,
     ) -> None:
+        check_client(client, (Redis, RedisCluster), type(self).__name__)
         self.core = CursorCore(namespace, keep_generations, receipt_horizon)
         self._runner = Runner(
             client, SCRIPTS, Durability(min_replicas, replica_timeout, allow_eviction)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from settle._input import InputModel
 from settle.fingerprint import canonical_json
 
 __all__ = [
@@ -60,8 +61,11 @@ class EmptyPageSemantics(StrEnum):
     response, and its successor resumes exactly there."""
 
 
-class ProviderContract(BaseModel):
-    """What the provider guarantees; the checks follow it and never assume more."""
+class ProviderContract(InputModel):
+    """What the provider guarantees; the checks follow it and never assume more.
+
+    A bad value raises :class:`~settle.errors.InvalidInput` naming the field (pydantic's
+    ``ValidationError`` is its ``__cause__``), as ``SettleConfig`` does."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,7 +1,15 @@
-"""Writing quarantine evidence with the Python API, for the CLI to read."""
+"""Writing quarantine evidence with the Python API, for the CLI to read; running a command in
+a terminal of a given width."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import termios
 import time
 
 from settle import Reserved, Settler
@@ -18,3 +26,32 @@ def stale_settlement(settler: Settler, operation_id: str) -> str:
     late = settler.complete(first.reservation, {"charge_id": "ch_late"})
     assert late.quarantine_id is not None
     return late.quarantine_id
+
+
+def in_terminal(args: list[str], env: dict[str, str], columns: int = 80) -> str:
+    """What ``args`` prints to a real terminal (a pseudo-terminal) ``columns`` wide, with
+    ``COLUMNS`` set as a shell sets it: rich lays its tables out for that width only on a
+    terminal (piped output is at least 200 wide)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(
+        args,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env={**env, "COLUMNS": str(columns), "TERM": "dumb"},
+    )
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the command ended and closed its side
+            break
+        if not data:
+            break
+        out += data
+    assert proc.wait(timeout=60) == 0, out
+    os.close(leader)
+    # as the user reads it: without the styles' escape codes and the terminal's \r
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.decode()).replace("\r\n", "\n")

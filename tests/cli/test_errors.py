@@ -247,3 +247,48 @@ def test_demo_adopts_an_existing_namespace_shard_count(
     report = json.loads(done.stdout)
     assert report["shards"] == 4
     assert report["duplicate_effects"] == 0
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("stats",),
+        ("doctor",),
+        ("inspect", "op"),
+        ("cursor", "show", "s"),
+        ("progress", "show", "c"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("template", "code"),
+    [
+        ("redis://:123/rest@127.0.0.1:{port}/0", 2),
+        ("redis://app:123/rest@127.0.0.1:{port}/0", 2),
+        ("redis://:123?rest@127.0.0.1:{port}/0", 2),
+        ("redis://:123#rest@127.0.0.1:{port}/0", 2),
+        # the query's password is read whole by redis-py: tried, at a closed port (exit 3)
+        ("redis://127.0.0.1:{closed}/0?password=123/rest", 3),
+    ],
+)
+def test_a_password_with_a_slash_is_never_shown_as_the_port(
+    redis_url: str, command: tuple[str, ...], template: str, code: int
+) -> None:
+    """redis-py ends the host part at the password's '/' and connected to port 123 without
+    a password: "cannot reach Redis at redis://:***@127.0.0.1:6379/0 (ConnectionError:
+    Error 111 connecting to localhost:123...)" showed the password's start as the port (and a
+    user name as the host). Now it is refused before anything connects, naming the host and
+    port the URL means and none of the password."""
+    port = (
+        redis_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0] if code == 2 else str(_closed_port())
+    )
+    url = template.format(port=port, closed=port)
+    done = settle(*command, "--redis-url", url)
+    assert done.returncode == code, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"@127.0.0.1:{port}/0" in done.stderr or f"//127.0.0.1:{port}/0?" in done.stderr
+    shown = done.stderr.replace(f"127.0.0.1:{port}", "HOST")
+    assert "123" not in shown, done.stderr
+    assert "rest" not in shown, done.stderr
+    assert "localhost" not in shown, done.stderr
+    if code == 2:
+        assert "percent-encode it (%2F, %3F, %23)" in done.stderr

@@ -6,11 +6,13 @@ TypeError / AttributeError out of the page check instead.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from settle.cursor import (
     AsyncCursorConsumer,
@@ -21,7 +23,7 @@ from settle.cursor import (
     ProviderContract,
 )
 from settle.cursor.errors import InvalidResponse
-from settle.errors import InvalidInput
+from settle.errors import InvalidInput, SettleError
 
 
 def _keys(client: redis.Redis, namespace: str) -> dict[bytes, bytes | None]:
@@ -99,3 +101,29 @@ async def _async_fetch(cursor: bytes) -> Page:
 
 async def _async_handle(event: Any, context: Any) -> None:
     return None
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"cursor_ttl": 0}, "cursor_ttl"),
+        ({"boundary": "both"}, "boundary"),
+        ({"positions": 3}, "positions"),
+        ({"empty_page": "maybe"}, "empty_page"),
+        ({"rotation_allowd": True}, "rotation_allowd"),
+    ],
+)
+def test_a_contract_with_a_bad_value_is_invalid_input_naming_the_field(
+    values: dict[str, Any], field: str
+) -> None:
+    """pydantic's ValidationError came out, where every other bad input of settle is
+    InvalidInput (as SettleConfig's is): ``except SettleError`` let it through."""
+    for build in (
+        lambda: ProviderContract(**values),
+        lambda: ProviderContract.model_validate(values),
+        lambda: ProviderContract.model_validate_json(json.dumps(values)),
+    ):
+        with pytest.raises(InvalidInput, match=f"invalid ProviderContract: {field}") as caught:
+            build()
+        assert isinstance(caught.value, SettleError)
+        assert isinstance(caught.value.__cause__, ValidationError)

@@ -12,6 +12,7 @@ import pytest
 
 from settle.cursor import CursorConsumer, CursorStore, Event, EventContext, ProviderContract
 from settle.embedded import free_port
+from tests.cli.helpers import in_terminal
 from tests.cursor.helpers import Crash
 from tests.cursor.provider import fetcher
 
@@ -121,3 +122,25 @@ def test_options_on_the_command_override_the_environment(stream_with_history, re
     proc = cli(redis_url, "other-namespace", "show", "orders", "--namespace", ns, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stream"] == "orders"
+
+
+def test_an_80_column_terminal_shows_generations_and_digests_whole(
+    stream_with_history, redis_url, namespace
+):
+    """At 80 columns rich cut the 16-digit generations to ``17964…`` (and the cursor digest
+    to ``d0f6…``): nothing a user could copy into ``reset --expected-generation``."""
+    env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+    ck = stream_with_history.checkpoint("orders")
+    found = stream_with_history.witnesses("orders")
+    assert len(str(ck.generation)) == 16
+    cmd = [sys.executable, "-c", "from settle.cli import main; main()", "cursor"]
+    listed = in_terminal([*cmd, "witnesses", "orders"], env)
+    assert max(len(line) for line in listed.splitlines()) <= 80, listed
+    for w in found:
+        assert str(w.generation) in listed, listed
+        assert w.attempt_id[:12] in listed, listed
+        assert w.successor_digest[:16] in listed, listed
+    shown = in_terminal([*cmd, "show", "orders"], env)
+    assert max(len(line) for line in shown.splitlines()) <= 80, shown
+    for whole in (str(ck.generation), ck.cursor_digest, str(ck.promoted_witness)):
+        assert whole in shown, shown

@@ -16,6 +16,7 @@ import redis
 import redis.asyncio as aioredis
 
 from settle import AsyncSettler, SettleConfig, Settler
+from settle.cursor import AsyncCursorStore, CursorStore
 from settle.errors import ConfigurationError, FingerprintError, InvalidInput
 from settle.testing import AsyncMemorySettler, MemorySettler
 
@@ -224,3 +225,30 @@ def test_a_reservation_number_just_out_of_range_is_invalid_input(
     with pytest.raises(InvalidInput, match="reservation"):
         settler.complete(forged, {"ok": True})
     assert _namespace_keys(redis_client, namespace) == before
+
+
+def test_a_client_that_is_no_redis_client_of_the_flavour_is_invalid_input(redis_url: str) -> None:
+    """``Settler(None)``, a URL given where a client goes, or the other flavour's client:
+    an AttributeError came out of the runner (or a sync settler took an asyncio client and
+    failed at its first call). Each constructor now says what it needs."""
+    sync_client = redis.Redis.from_url(redis_url)
+    async_client = aioredis.Redis.from_url(redis_url)
+    cases: list[tuple[Any, Any, str]] = [
+        (Settler, async_client, "Settler needs a redis.Redis or redis.RedisCluster client"),
+        (AsyncSettler, sync_client, "AsyncSettler needs a redis.asyncio.Redis or"),
+        (CursorStore, async_client, "CursorStore needs a redis.Redis or"),
+        (AsyncCursorStore, sync_client, "AsyncCursorStore needs a redis.asyncio.Redis or"),
+    ]
+    try:
+        for build, other_flavour, needs in cases:
+            for wrong in (None, redis_url, other_flavour):
+                with pytest.raises(InvalidInput, match=needs) as caught:
+                    build(wrong)
+                assert type(wrong).__name__ in str(caught.value)
+                assert "from_url(url)" in str(caught.value)
+        # the clients of each flavour are still taken
+        Settler(sync_client).close()
+        CursorStore(redis.Redis.from_url(redis_url)).close()
+    finally:
+        sync_client.close()
+        asyncio.run(async_client.aclose())
