@@ -4,17 +4,26 @@ quarantine page reads about as many entries as it shows, however many shards the
 
 from __future__ import annotations
 
+import contextlib
 import html as html_lib
 import re
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+import pytest_asyncio
+import redis
 
-from settle import Reserved, Settler
+from settle import AsyncSettler, Reserved, Settler
+from settle.models import Reservation
+from settle.web import _query, create_app
 from settle.web._text import VIEW_LIMIT
-from tests.web.evidence import conflicting
+from tests.web.conftest import client_for
+from tests.web.evidence import conflicting, listing_order
 
 pytestmark = pytest.mark.asyncio
+
+_REF = re.compile(r'<td class="mono nowrap"><a href="/entry/(\d+/\d+-\d+)">')
 
 _PRE = re.compile(r'<pre class="payload">(.*?)</pre>', re.DOTALL)
 
@@ -112,3 +121,135 @@ async def test_a_deeply_nested_result_renders_a_page_of_bounded_size(
     assert len(shown_result) > VIEW_LIMIT // 2
     more = len(result) - len(shown_result)
     assert f"{more} bytes more" in page
+
+
+# -- what a page reads ---------------------------------------------------------------------
+
+SHARDS = 16
+PAYLOAD = 16 * 1024
+
+
+@pytest.fixture
+def sharded(redis_url: str, namespace: str) -> Iterator[Settler]:
+    """A namespace of 16 shards holding 16 KiB payloads (the fixtures' writer keeps 256
+    bytes on 4 shards, too little to see what a page reads)."""
+    s = Settler.from_url(redis_url, namespace=namespace, shards=SHARDS)
+    s.check()
+    yield s
+    s.close()
+
+
+def ghosts(settler: Settler, count: int) -> list[str]:
+    """``count`` responses of operations that have no record, each a quarantine entry with
+    a 16 KiB payload, spread over every shard; their refs."""
+    refs = []
+    for n in range(count):
+        late = Reservation(
+            operation_id=f"ghost-{n}",
+            fingerprint="a" * 64,
+            fingerprint_version=1,
+            binding="tenant:acme",
+            generation=7,
+            attempt_id=f"w-{n}",
+        )
+        settled = settler.complete(late, b"x" * PAYLOAD)
+        assert settled.quarantine_id is not None
+        refs.append(settled.quarantine_id)
+    assert len({r.split("/")[0] for r in refs}) == SHARDS
+    return refs
+
+
+@contextlib.contextmanager
+def bytes_sent(redis_url: str) -> Iterator[list[int]]:
+    """The bytes the test's own redis-server sent its clients while the block ran (only
+    this test talks to it meanwhile): what the console read, payloads included."""
+    with redis.Redis.from_url(redis_url) as raw:
+        before = int(raw.info("stats")["total_net_output_bytes"])
+        sent: list[int] = []
+        yield sent
+        sent.append(int(raw.info("stats")["total_net_output_bytes"]) - before)
+
+
+def read_bound(entries: int) -> int:
+    """What reading ``entries`` entries may cost: their payloads and 4 KiB each besides."""
+    return entries * (PAYLOAD + 4096)
+
+
+@pytest_asyncio.fixture
+async def sharded_reader(
+    redis_url: str, namespace: str, sharded: Settler
+) -> AsyncIterator[AsyncSettler]:
+    del sharded  # the namespace exists before the console opens it
+    s = AsyncSettler.from_url(redis_url, namespace=namespace, shards=SHARDS)
+    yield s
+    await s.aclose()
+
+
+@pytest_asyncio.fixture
+async def sharded_console(sharded_reader: AsyncSettler) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(create_app(sharded_reader, overview_limit=20)) as client:
+        yield client
+
+
+async def test_a_page_reads_about_as_many_entries_as_it_shows(
+    redis_url: str, sharded: Settler, sharded_console: httpx.AsyncClient
+) -> None:
+    # A page read `size + 1` entries, payloads included, from EVERY shard and kept one
+    # page of them: 16 shards and a page of 200 decoded 3,182 entries (198 MiB) to show
+    # 200. A page of N now reads at most 2(N + 1) + one entry a shard.
+    refs = ghosts(sharded, 13 * SHARDS)
+    entries = [sharded.quarantine.get(ref) for ref in refs]
+    newest = [e.ref for e in sorted(entries, key=listing_order, reverse=True)]
+    shown: list[str] = []
+    href = "/quarantine?size=10"
+    for _ in range(3):
+        with bytes_sent(redis_url) as sent:
+            page = await sharded_console.get(href)
+        assert page.status_code == 200
+        assert sent[0] <= read_bound(2 * (11 + SHARDS) + SHARDS), sent[0]
+        shown += _REF.findall(page.text)
+        href = "/quarantine" + html_lib.unescape(
+            re.findall(r'href="(\?[^"]+)">Older', page.text)[0]
+        )
+    assert shown == newest[:30]  # every entry once, in the listing's order
+
+
+async def test_a_status_filter_stops_at_its_budget_and_goes_on_from_there(
+    redis_url: str, sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # status=resolved read `size + 1` entries from every shard per step and checked the
+    # budget after each: 16 shards read 704 entries for a budget of 40. status=unresolved
+    # was filtered in the script, which read every entry of every shard for one page.
+    refs = ghosts(sharded, 13 * SHARDS)
+    for ref in refs[::2]:
+        sharded.quarantine.resolve(ref, note="harmless")
+    for status, matching in (("resolved", refs[::2]), ("unresolved", refs[1::2])):
+        flt = _query.Filter(status=status)
+        found: list[str] = []
+        scanned = 0
+        after = None
+        while True:
+            with bytes_sent(redis_url) as sent:
+                got = await _query.page(sharded_reader, flt, after=after, size=100, budget=40)
+            assert got.scanned <= 40
+            assert sent[0] <= read_bound(2 * (40 + SHARDS) + SHARDS), sent[0]
+            found += [e.ref for e in got.entries]
+            scanned += got.scanned
+            if got.next is None:
+                break
+            assert got.partial  # it stopped at its budget, and says so
+            after = got.next
+        assert sorted(found) == sorted(matching)
+        assert scanned == len(refs)  # every entry read once over the pages
+
+
+async def test_the_overview_reads_its_limit_in_total_not_per_shard(
+    redis_url: str, sharded: Settler, sharded_console: httpx.AsyncClient
+) -> None:
+    # overview_limit=20 read 20 entries from each of 16 shards (320) to count 20.
+    ghosts(sharded, 13 * SHARDS)
+    with bytes_sent(redis_url) as sent:
+        page = await sharded_console.get("/?window=1h")
+    assert page.status_code == 200
+    assert "Counted the newest 20 entries of the window only." in page.text
+    assert sent[0] <= read_bound(2 * 20 + SHARDS), sent[0]
