@@ -8,6 +8,8 @@ import contextlib
 import html as html_lib
 import re
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
@@ -253,3 +255,54 @@ async def test_the_overview_reads_its_limit_in_total_not_per_shard(
     assert page.status_code == 200
     assert "Counted the newest 20 entries of the window only." in page.text
     assert sent[0] <= read_bound(2 * 20 + SHARDS), sent[0]
+
+
+# -- links that say where the rest is --------------------------------------------------------
+
+
+async def test_an_entry_page_says_when_the_operation_has_more_entries_than_it_lists(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # The other entries of the operation were cut at 20 without a word.
+    r = writer.reserve("order-many", {"amount": 990}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, {"charge_id": "ch_1"})
+    refs = []
+    for n in range(23):
+        late = writer.complete(r.reservation, {"charge_id": f"ch_late_{n}"})
+        assert late.quarantine_id is not None
+        refs.append(late.quarantine_id)
+    page = (await read_only.get(f"/entry/{refs[0]}")).text
+    assert "Showing the newest 20; there are more" in page
+    assert '<a href="/quarantine?operation=order-many">every entry of this operation</a>' in page
+    # One more than shown is no longer silent, and fewer than the cut says nothing.
+    page = (await read_only.get(f"/entry/{refs[-1]}")).text
+    assert "there are more" in page
+    few = conflicting(writer, "order-few")
+    assert "there are more" not in (await read_only.get(f"/entry/{few}")).text
+
+
+async def test_the_older_link_keeps_the_window_a_duration_ago_resolved_to(
+    writer: Settler, reader: AsyncSettler, read_only: httpx.AsyncClient
+) -> None:
+    # since=6s was counted again from the server's clock on every page: following "Older"
+    # a few seconds later showed another window than the first page's.
+    for n in range(12):
+        conflicting(writer, f"order-window-{n}")
+    first = await read_only.get("/quarantine?since=1h&size=10")
+    links = re.findall(r'href="(\?[^"]+)">Older', first.text)
+    assert len(links) == 1
+    params = parse_qs(urlparse(html_lib.unescape(links[0])).query)
+    assert "1h" not in params["since"]
+    pinned = datetime.fromisoformat(params["since"][0])
+    now = await _query.server_now(reader)
+    assert abs((now - timedelta(hours=1) - pinned).total_seconds()) < 30
+    assert form_value(first.text, "since") == "1h"  # the form still says what was typed
+    older = await read_only.get("/quarantine" + html_lib.unescape(links[0]))
+    assert len(_REF.findall(first.text)) + len(_REF.findall(older.text)) == 12
+
+
+def form_value(page: str, name: str) -> str:
+    match = re.search(rf'name="{name}" value="([^"]*)"', page)
+    assert match
+    return html_lib.unescape(match.group(1))
