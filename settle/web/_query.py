@@ -38,8 +38,8 @@ __all__ = [
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CURSOR = re.compile(r"^(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})$")
-#: The most entries one request reads from Redis when a filter is applied here (resolved
-#: only) rather than in the script; the page then ends early with a cursor to go on.
+#: The most entries one page reads from Redis when its status filter (applied here rather
+#: than in the script) keeps few of them; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
 _LIST_MAX = 100_000
 
@@ -88,7 +88,8 @@ _MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _EPOCH) // t
 
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """The console's filter: the engine's filters plus ``resolved`` (kept here)."""
+    """The console's filter: the engine's filters (kind, operation, time range) plus the
+    status, kept here so that a page's reading stays within its budget."""
 
     kind: QuarantineKind | None = None
     operation_id: str | None = None
@@ -97,7 +98,9 @@ class Filter:
     status: str = "all"  # all | unresolved | resolved
 
     def keeps(self, entry: QuarantineEntry) -> bool:
-        return self.status != "resolved" or entry.resolution is not None
+        if self.status == "all":
+            return True
+        return (entry.resolution is not None) == (self.status == "resolved")
 
 
 @dataclass(slots=True)
@@ -111,6 +114,12 @@ class Page:
     partial: bool = False
 
 
+#: Entries a page with a status filter reads at a time (at least a page and one more):
+#: the filter may keep few of them, and a read of one page's worth at a time would take
+#: hundreds of round trips to reach :data:`SCAN_BUDGET`.
+FILTER_BATCH = 100
+
+
 async def page(
     settler: AsyncSettler,
     flt: Filter,
@@ -121,36 +130,46 @@ async def page(
     budget: int = SCAN_BUDGET,
 ) -> Page:
     """Up to ``size`` entries matching ``flt`` that come after the cursor ``after`` in the
-    chosen order, and the cursor of the page that follows (None at the end)."""
+    chosen order, and the cursor of the page that follows (None at the end).
+
+    At most ``budget`` entries are read for the page: the status filter is applied here,
+    and a page that did not fill within the budget ends early with a cursor to go on from
+    (``partial``). Each listing asks for what the page still needs (one more to know that
+    there is a next page; :data:`FILTER_BATCH` when a status filter may drop entries), so a
+    page reads about as many entries as it shows, not that many from every shard."""
     bound = Position.parse(after) if after else None
     found: list[QuarantineEntry] = []
     scanned = 0
-    batch = size + 1
+    wanted = size + 1 if flt.status == "all" else max(size + 1, FILTER_BATCH)
+    extra = 0
     while True:
-        limit = min(batch, _LIST_MAX)
+        # What the page still may read (scanned < budget here), and the entries of the
+        # cursor's very stream id on other shards (at most one a shard), read again and
+        # dropped below; more when every entry read was one of those.
+        again = 0 if bound is None else settler.config.shards
+        limit = min(min(wanted, budget - scanned) + again + extra, _LIST_MAX)
         got = await _listing(
             settler, flt, limit, newest_first, None if bound is None else (bound.ms, bound.seq)
         )
-        got.sort(key=Position.of, reverse=newest_first)
         fresh = [e for e in got if bound is None or _beyond(Position.of(e), bound, newest_first)]
         exhausted = len(got) < limit
         if not fresh and not exhausted:
             # Every entry read has the cursor's very stream id (on other shards) and was
             # shown already: at most one a shard, so a larger read gets past them.
-            batch *= 2
+            extra = max(2 * extra, wanted)
             continue
-        scanned += len(fresh)
-        for entry in fresh:
+        for n, entry in enumerate(fresh, 1):
+            scanned += 1
             if flt.keeps(entry):
                 found.append(entry)
             if len(found) > size:
                 return Page(found[:size], Position.of(found[size - 1]).ref, scanned)
+            if scanned >= budget and not (exhausted and n == len(fresh)):
+                return Page(found, Position.of(entry).ref, scanned, partial=True)
         if exhausted:
             return Page(found, None, scanned)
         bound = Position.of(fresh[-1])
-        if scanned >= budget:
-            return Page(found, bound.ref, scanned, partial=True)
-        batch = size + 1
+        extra = 0
 
 
 async def _listing(
@@ -160,16 +179,17 @@ async def _listing(
     newest_first: bool,
     start: tuple[int, int] | None,
 ) -> list[QuarantineEntry]:
-    """``quarantine.list`` with the filter, starting at the cursor's stream id on every
-    shard (bounding by its millisecond alone would read every entry of that millisecond
-    again on each page: after a clock step back, a shard's ids keep one millisecond for as
-    long as the step)."""
+    """``quarantine.list`` with the engine's filters, starting at the cursor's stream id on
+    every shard (bounding by its millisecond alone would read every entry of that
+    millisecond again on each page: after a clock step back, a shard's ids keep one
+    millisecond for as long as the step). The status is filtered by :func:`page`, within
+    its budget: filtered in the script, a page of unresolved entries among a million
+    resolved ones read all of them."""
     planned = settler._core.quarantine_query(
         kind=flt.kind,
         operation_id=flt.operation_id,
         since=flt.since,
         until=flt.until,
-        unresolved=flt.status == "unresolved",
         limit=limit,
         newest_first=newest_first,
         start=start,

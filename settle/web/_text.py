@@ -1,13 +1,14 @@
 """Stored values as text a person can read and a browser never runs.
 
 Templates autoescape everything; these helpers add what escaping alone does not: control
-and invisible characters (including bidi overrides) made visible, a payload shown as
-pretty JSON, text or a hex dump, and the overview's chart drawn as SVG on the server.
+and invisible characters (including bidi overrides) made visible, a payload shown as its
+stored text (JSON re-indented, never re-serialized) or a hex dump within a bounded size,
+and the overview's chart drawn as SVG on the server.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import groupby
@@ -54,34 +55,118 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+#: The most HTML one payload view renders (the entry page has two: the payload and the
+#: operation's stored result): a view that would be longer shows the stored text up to
+#: this size and says how many bytes it left out (docs/console.md, "The pages").
+VIEW_LIMIT = 256 * 1024
+#: Whitespace between JSON tokens (RFC 8259): the only characters re-indenting changes.
+_JSON_SPACE = " \t\n\r"
+#: A token of strict JSON text: a string, a structural character, a bare scalar (number,
+#: true, false, null), or whitespace between them.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]|[^ \t\n\r{}\[\],:"]+|[ \t\n\r]+')
+#: Characters of stored text marked or escaped together (a view stops between two pieces).
+_PIECE = 256
+
+
 @dataclass(frozen=True, slots=True)
 class PayloadView:
     form: str  # json | text | bytes | empty
     body: Markup
+    #: Stored bytes left out because the view reached :data:`VIEW_LIMIT` (export to see all).
+    more: int = 0
+    #: True when the JSON is shown re-indented (only whitespace between tokens changed).
+    reindented: bool = False
 
 
 def payload_view(data: bytes, decoded: Any) -> PayloadView:
-    """Pretty JSON when the stored bytes are JSON (``decoded`` is what ``entry_json``
-    parsed), UTF-8 text when they are text, a hex dump otherwise."""
+    """The stored bytes as they are: UTF-8 text with invisible characters marked (by the
+    CLI's rule), else a hex dump. Strict JSON (``decoded`` is what ``entry_json`` parsed, or
+    the text is ``null``) is re-indented when the result fits in the view: only whitespace
+    between tokens changes, every string, number and key is the stored text. Never more
+    than :data:`VIEW_LIMIT` of HTML: past it, the stored text is cut and ``more`` says how
+    many bytes were left out."""
     if not data:
         return PayloadView("empty", Markup(""))
-    if decoded is not None or data.strip() == b"null":
-        pretty = json.dumps(decoded, indent=2, ensure_ascii=False, sort_keys=False)
-        return PayloadView("json", visible_text(pretty))
     try:
-        return PayloadView("text", visible_text(data.decode("utf-8")))
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return PayloadView("bytes", escape(_hexdump(data)))
+        dump, shown = _hexdump(data, VIEW_LIMIT)
+        return PayloadView("bytes", dump, len(data) - shown)
+    form = "text"
+    if decoded is not None or text.strip(_JSON_SPACE) == "null":
+        form = "json"
+        pretty = _reindent(text, VIEW_LIMIT)
+        if pretty is not None:
+            body, shown = _marked(pretty, _LINES, VIEW_LIMIT)
+            if shown == len(pretty):
+                return PayloadView(form, body, reindented=pretty != text)
+    body, shown = _marked(text, _LINES, VIEW_LIMIT)
+    return PayloadView(form, body, len(data) - len(text[:shown].encode("utf-8")))
 
 
-def _hexdump(data: bytes) -> str:
-    lines = []
+def _reindent(text: str, limit: int) -> str | None:
+    """Strict JSON ``text`` indented by two spaces a level (as ``json.dumps(indent=2)``
+    lays it out), every token copied as it is stored; None once it grows past ``limit``
+    characters (deep nesting indents every line: the layout could be far larger than the
+    text)."""
+    out: list[str] = []
+    size = depth = 0
+    opened = False  # the last lexeme opened an object or array
+    for match in _JSON_TOKEN.finditer(text):
+        lexeme = match.group()
+        if lexeme[0] in _JSON_SPACE:
+            continue
+        if lexeme in ("]", "}"):
+            depth -= 1
+            piece = lexeme if opened else "\n" + "  " * depth + lexeme
+        else:
+            piece = ("\n" + "  " * depth if opened else "") + lexeme
+            if lexeme == ",":
+                piece += "\n" + "  " * depth
+            elif lexeme == ":":
+                piece += " "
+            elif lexeme in ("[", "{"):
+                depth += 1
+        opened = lexeme in ("[", "{")
+        out.append(piece)
+        size += len(piece)
+        if size > limit:
+            return None
+    return "".join(out)
+
+
+def _marked(text: str, keep: frozenset[str], limit: int) -> tuple[Markup, int]:
+    """:func:`_mark` of as much of ``text`` as fits in ``limit`` characters of HTML, and
+    how many characters of ``text`` that is (stopping between two pieces)."""
+    out: list[Markup] = []
+    size = shown = 0
+    for start in range(0, len(text), _PIECE):
+        piece = text[start : start + _PIECE]
+        html = _mark(piece, keep)
+        if size + len(html) > limit:
+            break
+        out.append(html)
+        size += len(html)
+        shown += len(piece)
+    return Markup("").join(out), shown
+
+
+def _hexdump(data: bytes, limit: int) -> tuple[Markup, int]:
+    """A hex dump of as many 16-byte lines of ``data`` as fit in ``limit`` characters of
+    HTML, and how many bytes it shows."""
+    lines: list[Markup] = []
+    size = shown = 0
     for offset in range(0, len(data), 16):
         chunk = data[offset : offset + 16]
         hexes = " ".join(f"{b:02x}" for b in chunk)
         text = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in chunk)
-        lines.append(f"{offset:08x}  {hexes:<47}  |{text}|")
-    return "\n".join(lines)
+        line = escape(f"{offset:08x}  {hexes:<47}  |{text}|\n")
+        if size + len(line) > limit:
+            break
+        lines.append(line)
+        size += len(line)
+        shown += len(chunk)
+    return Markup("").join(lines).rstrip("\n"), shown
 
 
 def chart_svg(

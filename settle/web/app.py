@@ -62,6 +62,8 @@ __all__ = ["create_app"]
 _FORM_LIMIT = 64 * 1024
 _PAGE_SIZES = (10, 25, 50, 100, 200)
 _STATUSES = ("all", "unresolved", "resolved")
+#: The other entries of an operation an entry page lists (newest first; it links to the rest).
+_RELATED = 20
 
 
 def _console_key(secret_key: str, namespace: str) -> str:
@@ -239,7 +241,10 @@ class _Console:
         result = await _query.page(self.settler, flt, after=after, size=size)
         next_href = None
         if result.next is not None:
-            next_href = _query_string(form, size=str(size), after=result.next)
+            # A duration ago ("since=6s") is pinned to the instant this page resolved it to:
+            # counted again on the next page, the window would move under the reader.
+            pinned = _pinned(form, flt)
+            next_href = _query_string(pinned, size=str(size), after=result.next)
         return self.render(
             request,
             "quarantine.html",
@@ -286,7 +291,11 @@ class _Console:
         entry = await self.settler.quarantine.get(ref)
         record = await self.settler.get(entry.operation_id)
         attempts = await self.settler.attempts(entry.operation_id)
-        related = await self.settler.quarantine.list(operation_id=entry.operation_id, limit=20)
+        # One more than shown besides this entry: whether there are more to link to.
+        related = await self.settler.quarantine.list(
+            operation_id=entry.operation_id, limit=_RELATED + 2
+        )
+        others = [e for e in related if e.ref != entry.ref]
         data = entry_json(entry)
         # The notice of a resolve is the redirect's own (kept in the signed session for
         # the next page), never a query parameter a crafted link could carry.
@@ -300,7 +309,8 @@ class _Console:
             record=record,
             record_result=_result_view(record),
             attempts=attempts,
-            related=[e for e in related if e.ref != entry.ref],
+            related=others[:_RELATED],
+            related_more=len(others) > _RELATED,
             done=done,
         )
 
@@ -420,6 +430,16 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
         status=status,
     )
     return flt, form
+
+
+def _pinned(form: dict[str, str], flt: _query.Filter) -> dict[str, str]:
+    """``form`` with each duration ago (``since=6s``) replaced by the instant ``flt``
+    resolved it to, in ISO 8601."""
+    pinned = dict(form)
+    for name, instant in (("since", flt.since), ("until", flt.until)):
+        if instant is not None and isinstance(_instant(form[name], name), Ago):
+            pinned[name] = instant.isoformat()
+    return pinned
 
 
 def _query_string(form: dict[str, str], **more: str) -> str:

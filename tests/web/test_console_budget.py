@@ -1,0 +1,308 @@
+"""What one console request costs and shows, on a real redis-server: a payload view is the
+stored text (JSON re-indented at most, never re-serialized) within a bounded size, and a
+quarantine page reads about as many entries as it shows, however many shards there are."""
+
+from __future__ import annotations
+
+import contextlib
+import html as html_lib
+import re
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+import pytest
+import pytest_asyncio
+import redis
+
+from settle import AsyncSettler, Reserved, Settler
+from settle.models import Reservation
+from settle.web import _query, create_app
+from settle.web._text import VIEW_LIMIT
+from tests.web.conftest import client_for
+from tests.web.evidence import conflicting, listing_order
+
+pytestmark = pytest.mark.asyncio
+
+_REF = re.compile(r'<td class="mono nowrap"><a href="/entry/(\d+/\d+-\d+)">')
+
+_PRE = re.compile(r'<pre class="payload">(.*?)</pre>', re.DOTALL)
+
+
+def payload_of(page: str) -> str:
+    """The first payload view of an entry page, as the text a browser shows."""
+    match = _PRE.search(page)
+    assert match, "the page shows no payload"
+    return html_lib.unescape(match.group(1))
+
+
+async def test_a_number_is_shown_as_it_is_stored_not_as_python_reads_it(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # json.loads then json.dumps showed 12345678901234567.89 as 1.2345678901234568e+16:
+    # another amount than the provider sent, on the page people settle disputes from.
+    ref = conflicting(writer, "order-big-number", b'{"amount":12345678901234567.89,"n":1.50}')
+    page = (await read_only.get(f"/entry/{ref}")).text
+    assert "<small>json</small>" in page
+    shown = payload_of(page)
+    assert "12345678901234567.89" in shown
+    assert "1.50" in shown
+    assert "e+16" not in page
+    # Re-indented only: the stored text once the whitespace between tokens is dropped.
+    assert "".join(shown.split()) == '{"amount":12345678901234567.89,"n":1.50}'
+    assert "only the whitespace between JSON tokens differs" in page
+
+
+async def test_a_payload_that_only_looks_like_null_is_shown_as_stored(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # A form feed is no JSON whitespace: b"\x0cnull" is not JSON, and was shown as "null".
+    ref = conflicting(writer, "order-form-feed", b"\x0cnull")
+    page = (await read_only.get(f"/entry/{ref}")).text
+    assert "<small>text</small>" in page
+    mark = '<span class="ctl" title="control character">\\x0c</span>'
+    assert f'<pre class="payload">{mark}null</pre>' in page
+    # JSON null itself (JSON whitespace around it) is JSON, and shown as stored.
+    ref = conflicting(writer, "order-null", b" null\n")
+    page = (await read_only.get(f"/entry/{ref}")).text
+    assert "<small>json</small>" in page
+    assert payload_of(page) == "null"
+
+
+async def test_strings_and_escapes_keep_their_stored_spelling(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    stored = b'{"to":"caf\\u00e9 \\/ ok","list":[],"o":{},"deep":[[1e2]]}'
+    ref = conflicting(writer, "order-escapes", stored)
+    shown = payload_of((await read_only.get(f"/entry/{ref}")).text)
+    assert '"caf\\u00e9 \\/ ok"' in shown
+    assert '"list": []' in shown
+    assert '"o": {}' in shown
+    assert "1e2" in shown
+    assert "".join(shown.split()) == "".join(stored.decode().split())
+
+
+def _deep_json(size: int) -> bytes:
+    """Strict JSON of about ``size`` bytes, nested 150 deep many times over: indented two
+    spaces a level, it is hundreds of times its own size."""
+    item = b"[" * 150 + b"0" + b"]" * 150
+    count = size // (len(item) + 1)
+    return b"[" + b",".join([item] * count) + b"]"
+
+
+async def test_a_deeply_nested_result_renders_a_page_of_bounded_size(
+    redis_url: str, writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # A 900 KB stored result of nested arrays rendered a 180 MB page (24 s of CPU on the
+    # event loop). The view is the stored text, cut at VIEW_LIMIT with the bytes left out.
+    uncapped = Settler.from_url(redis_url, namespace=writer.config.namespace, shards=4)
+    try:
+        result = _deep_json(900_000)
+        payload = _deep_json(60_000)
+        r = uncapped.reserve("order-deep-big", {"amount": 1}, principal="tenant:acme", lease=5)
+        assert isinstance(r, Reserved)
+        uncapped.complete(r.reservation, result)
+        late = uncapped.complete(r.reservation, payload)
+        assert late.quarantine_id is not None
+    finally:
+        uncapped.close()
+    response = await read_only.get(f"/entry/{late.quarantine_id}")
+    assert response.status_code == 200
+    page = response.text
+    # Two views (payload and stored result) of at most VIEW_LIMIT each, and the rest.
+    assert len(response.content) < 2 * VIEW_LIMIT + 64 * 1024
+    views = [html_lib.unescape(v) for v in _PRE.findall(page)]
+    assert len(views) == 2
+    shown_payload, shown_result = views
+    # The payload fits as it is stored, but not re-indented (150 levels): stored text.
+    assert shown_payload == payload.decode()
+    assert "bytes more" not in page.split("stored result")[0]
+    # The result is cut: a prefix of the stored text, and the rest counted.
+    assert result.decode().startswith(shown_result)
+    assert len(shown_result) > VIEW_LIMIT // 2
+    more = len(result) - len(shown_result)
+    assert f"{more} bytes more" in page
+
+
+# -- what a page reads ---------------------------------------------------------------------
+
+SHARDS = 16
+PAYLOAD = 16 * 1024
+
+
+@pytest.fixture
+def sharded(redis_url: str, namespace: str) -> Iterator[Settler]:
+    """A namespace of 16 shards holding 16 KiB payloads (the fixtures' writer keeps 256
+    bytes on 4 shards, too little to see what a page reads)."""
+    s = Settler.from_url(redis_url, namespace=namespace, shards=SHARDS)
+    s.check()
+    yield s
+    s.close()
+
+
+def ghosts(settler: Settler, count: int) -> list[str]:
+    """``count`` responses of operations that have no record, each a quarantine entry with
+    a 16 KiB payload, spread over every shard; their refs."""
+    refs = []
+    for n in range(count):
+        late = Reservation(
+            operation_id=f"ghost-{n}",
+            fingerprint="a" * 64,
+            fingerprint_version=1,
+            binding="tenant:acme",
+            generation=7,
+            attempt_id=f"w-{n}",
+        )
+        settled = settler.complete(late, b"x" * PAYLOAD)
+        assert settled.quarantine_id is not None
+        refs.append(settled.quarantine_id)
+    assert len({r.split("/")[0] for r in refs}) == SHARDS
+    return refs
+
+
+@contextlib.contextmanager
+def bytes_sent(redis_url: str) -> Iterator[list[int]]:
+    """The bytes the test's own redis-server sent its clients while the block ran (only
+    this test talks to it meanwhile): what the console read, payloads included."""
+    with redis.Redis.from_url(redis_url) as raw:
+        before = int(raw.info("stats")["total_net_output_bytes"])
+        sent: list[int] = []
+        yield sent
+        sent.append(int(raw.info("stats")["total_net_output_bytes"]) - before)
+
+
+def read_bound(entries: int) -> int:
+    """What reading ``entries`` entries may cost: their payloads and 4 KiB each besides."""
+    return entries * (PAYLOAD + 4096)
+
+
+@pytest_asyncio.fixture
+async def sharded_reader(
+    redis_url: str, namespace: str, sharded: Settler
+) -> AsyncIterator[AsyncSettler]:
+    del sharded  # the namespace exists before the console opens it
+    s = AsyncSettler.from_url(redis_url, namespace=namespace, shards=SHARDS)
+    yield s
+    await s.aclose()
+
+
+@pytest_asyncio.fixture
+async def sharded_console(sharded_reader: AsyncSettler) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(create_app(sharded_reader, overview_limit=20)) as client:
+        yield client
+
+
+async def test_a_page_reads_about_as_many_entries_as_it_shows(
+    redis_url: str, sharded: Settler, sharded_console: httpx.AsyncClient
+) -> None:
+    # A page read `size + 1` entries, payloads included, from EVERY shard and kept one
+    # page of them: 16 shards and a page of 200 decoded 3,182 entries (198 MiB) to show
+    # 200. A page of N now reads at most 2(N + 1) + one entry a shard.
+    refs = ghosts(sharded, 13 * SHARDS)
+    entries = [sharded.quarantine.get(ref) for ref in refs]
+    newest = [e.ref for e in sorted(entries, key=listing_order, reverse=True)]
+    shown: list[str] = []
+    href = "/quarantine?size=10"
+    for _ in range(3):
+        with bytes_sent(redis_url) as sent:
+            page = await sharded_console.get(href)
+        assert page.status_code == 200
+        assert sent[0] <= read_bound(2 * (11 + SHARDS) + SHARDS), sent[0]
+        shown += _REF.findall(page.text)
+        href = "/quarantine" + html_lib.unescape(
+            re.findall(r'href="(\?[^"]+)">Older', page.text)[0]
+        )
+    assert shown == newest[:30]  # every entry once, in the listing's order
+
+
+async def test_a_status_filter_stops_at_its_budget_and_goes_on_from_there(
+    redis_url: str, sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # status=resolved read `size + 1` entries from every shard per step and checked the
+    # budget after each: 16 shards read 704 entries for a budget of 40. status=unresolved
+    # was filtered in the script, which read every entry of every shard for one page.
+    refs = ghosts(sharded, 13 * SHARDS)
+    for ref in refs[::2]:
+        sharded.quarantine.resolve(ref, note="harmless")
+    for status, matching in (("resolved", refs[::2]), ("unresolved", refs[1::2])):
+        flt = _query.Filter(status=status)
+        found: list[str] = []
+        scanned = 0
+        after = None
+        while True:
+            with bytes_sent(redis_url) as sent:
+                got = await _query.page(sharded_reader, flt, after=after, size=100, budget=40)
+            assert got.scanned <= 40
+            assert sent[0] <= read_bound(2 * (40 + SHARDS) + SHARDS), sent[0]
+            found += [e.ref for e in got.entries]
+            scanned += got.scanned
+            if got.next is None:
+                break
+            assert got.partial  # it stopped at its budget, and says so
+            after = got.next
+        assert sorted(found) == sorted(matching)
+        assert scanned == len(refs)  # every entry read once over the pages
+
+
+async def test_the_overview_reads_its_limit_in_total_not_per_shard(
+    redis_url: str, sharded: Settler, sharded_console: httpx.AsyncClient
+) -> None:
+    # overview_limit=20 read 20 entries from each of 16 shards (320) to count 20.
+    ghosts(sharded, 13 * SHARDS)
+    with bytes_sent(redis_url) as sent:
+        page = await sharded_console.get("/?window=1h")
+    assert page.status_code == 200
+    assert "Counted the newest 20 entries of the window only." in page.text
+    assert sent[0] <= read_bound(2 * 20 + SHARDS), sent[0]
+
+
+# -- links that say where the rest is --------------------------------------------------------
+
+
+async def test_an_entry_page_says_when_the_operation_has_more_entries_than_it_lists(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # The other entries of the operation were cut at 20 without a word.
+    r = writer.reserve("order-many", {"amount": 990}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, {"charge_id": "ch_1"})
+    refs = []
+    for n in range(23):
+        late = writer.complete(r.reservation, {"charge_id": f"ch_late_{n}"})
+        assert late.quarantine_id is not None
+        refs.append(late.quarantine_id)
+    page = (await read_only.get(f"/entry/{refs[0]}")).text
+    assert "Showing the newest 20; there are more" in page
+    assert '<a href="/quarantine?operation=order-many">every entry of this operation</a>' in page
+    # One more than shown is no longer silent, and fewer than the cut says nothing.
+    page = (await read_only.get(f"/entry/{refs[-1]}")).text
+    assert "there are more" in page
+    few = conflicting(writer, "order-few")
+    assert "there are more" not in (await read_only.get(f"/entry/{few}")).text
+
+
+async def test_the_older_link_keeps_the_window_a_duration_ago_resolved_to(
+    writer: Settler, reader: AsyncSettler, read_only: httpx.AsyncClient
+) -> None:
+    # since=6s was counted again from the server's clock on every page: following "Older"
+    # a few seconds later showed another window than the first page's.
+    for n in range(12):
+        conflicting(writer, f"order-window-{n}")
+    first = await read_only.get("/quarantine?since=1h&size=10")
+    links = re.findall(r'href="(\?[^"]+)">Older', first.text)
+    assert len(links) == 1
+    params = parse_qs(urlparse(html_lib.unescape(links[0])).query)
+    assert "1h" not in params["since"]
+    pinned = datetime.fromisoformat(params["since"][0])
+    now = await _query.server_now(reader)
+    assert abs((now - timedelta(hours=1) - pinned).total_seconds()) < 30
+    assert form_value(first.text, "since") == "1h"  # the form still says what was typed
+    older = await read_only.get("/quarantine" + html_lib.unescape(links[0]))
+    assert len(_REF.findall(first.text)) + len(_REF.findall(older.text)) == 12
+
+
+def form_value(page: str, name: str) -> str:
+    match = re.search(rf'name="{name}" value="([^"]*)"', page)
+    assert match
+    return html_lib.unescape(match.group(1))
