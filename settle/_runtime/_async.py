@@ -836,9 +836,8 @@ class AsyncRunner:
         """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
         per node) on a cluster. A read, repeated on transient failures. None when the user's
         ACL refuses EXISTS (the caller decides what an unknown count means)."""
-        client = self.client
 
-        async def send() -> int | None:
+        async def send(client: Any) -> int | None:
             try:
                 found: int = await client.exists(*keys)
             except rx.NoPermissionError:
@@ -848,19 +847,29 @@ class AsyncRunner:
         return await self.command("EXISTS", send)  # type: ignore[no-any-return]
 
     async def command(
-        self, what: str, send: Callable[[], Awaitable[Any]], *, repeatable: bool = True
+        self,
+        what: str,
+        send: Callable[[Any], Awaitable[Any]],
+        *,
+        key: str | None = None,
+        repeatable: bool = True,
     ) -> Any:
-        """Run one plain command (``send()`` issues it on :attr:`client`) with the same
-        error mapping as scripts: transient failures repeated when ``repeatable``, then a
-        typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
-        :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
-        call = Call(what, (), ())
+        """Run one plain command (``send(client)`` issues it, or a pipeline of commands on
+        ``key`` alone, on the client it is given) with the same error mapping as scripts:
+        transient failures repeated when ``repeatable``, then a typed
+        :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
+        :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code.
+
+        With ``key`` on a cluster, ``send`` gets the client of the node that serves the
+        key's slot (:meth:`_routed`) and the periodic recheck reads that primary alone: a
+        hung primary holds up only the commands on its own slots."""
+        call = Call(what, (key,) if key is not None else (), ())
 
         async def once() -> Any:
             try:
                 if self._due():  # before each try, as :meth:`_run_once`
                     await self._check(call)
-                return await send()
+                return await self._routed(call, send)
             except rx.ConnectionError as exc:
                 _drop_evidence(self, exc)
                 raise
@@ -871,14 +880,14 @@ class AsyncRunner:
                 if repeatable:
                     return await AsyncRetrying(**retry_options(call))(once)
                 if self._due():  # the check is repeatable even where the command is not
-                    check = Call(f"the server check before {what}", (), ())
+                    check = Call(f"the server check before {what}", call.keys, ())
                     try:
                         await AsyncRetrying(**retry_options(check))(self._check, check)
                     except (RedisError, RedisClusterException) as exc:
                         raise backend_error(exc, check) from exc
                 tries = 1
                 try:
-                    return await send()
+                    return await self._routed(call, send)
                 except rx.ConnectionError as exc:
                     _drop_evidence(self, exc)
                     raise
@@ -889,6 +898,34 @@ class AsyncRunner:
                     # the stream was deleted. Checked again before the group is made anew.
                     self.suspect()
                 raise backend_error(exc, call, tries=tries) from exc
+
+    async def _routed(self, call: Call, send: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``send`` on the client of the cluster node that serves ``call``'s key; on a
+        single server, or for a call without keys, on :attr:`client`.
+
+        redis-py's cluster client finds the key of a command it cannot parse on its own
+        (XREADGROUP's, after STREAMS; FCALL's) by asking a node (COMMAND GETKEYS), the same
+        node whichever slot the key is in: when that node hangs, every such command waits
+        its socket timeout, on each try, whichever primary serves it. The key is known:
+        the command goes to its node's own client, as the durable path's script calls do
+        (:meth:`_node_for`), and a failed connection makes the next try read the topology
+        again (:meth:`_forget_node`). A node that redirects (MOVED, ASK: the slot moved or
+        is moving) ran nothing: the command goes once more through the cluster client,
+        which follows the redirection, and the next try reads the topology again."""
+        if not call.keys or not isinstance(self.client, RedisCluster):
+            return await send(self.client)
+        if self._stale_topology:
+            await self.client.nodes_manager.initialize()
+            self._stale_topology = False
+        node = self._node_for(call)
+        try:
+            return await send(node)
+        except (rx.ConnectionError, rx.TimeoutError):
+            await self._forget_node(node)
+            raise
+        except AskError:  # MovedError is one
+            self._stale_topology = True
+        return await send(self.client)
 
     async def aclose(self) -> None:
         if self._lane is not None:
