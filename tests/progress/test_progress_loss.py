@@ -41,7 +41,7 @@ from settle.progress import (
 )
 from settle.progress._core import ProgressCore, StreamVerdict
 from settle.progress.errors import ProgressLost, ProviderReset
-from settle.progress.identity import AttemptId
+from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import Names, pending_ids, publish, settled_ids
 
@@ -253,6 +253,73 @@ async def test_async_consumer_refuses_progress_lost_to_a_flushall(
         assert runs == ["a0", "a1"]
         with pytest.raises(ProgressLost):
             await consumer.run(effect, polls=2)
+    finally:
+        await consumer.aclose()
+
+
+@pytest.mark.parametrize("kind", [IntentKind.ACK, IntentKind.DEAD_LETTER, IntentKind.DEFER])
+def test_a_hand_called_settlement_on_lost_progress_raises_progress_lost(
+    kind: IntentKind,
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """``consumer.settle(...)`` is authorized by durable progress: when that progress was
+    lost (the scope's deliveries were acknowledged), it is refused as poll() refuses it,
+    :class:`ProgressLost` with the way on and a ``settle.progress.state_lost`` event, not
+    ``SettlementNotAuthorized`` (which said the delivery was not covered, and nothing of
+    the loss). Nothing is settled, nothing written."""
+    effect = Ledger()
+    consumer = _consumer(names, stream_server.url, own_progress_server.url)
+    try:
+        publish(stream_client, names, ["h0"])
+        consumer.poll(effect)  # applied and acknowledged: the mark is on the stream's server
+        scope = consumer.scope
+        assert scope is not None
+        [held] = publish(stream_client, names, ["h1"])
+        stream_client.xreadgroup(names.group, "w1", {names.stream: ">"})  # w1 holds h1
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        authority = SettlementAuthority("w1", DeliveryId(held), 1)
+        with pytest.raises(ProgressLost) as caught:
+            consumer.settle(authority, kind, EmissionId("h1"), "by hand")
+        _check_refusal(logs, caught.value, scope, names)
+        assert _tagged(own_progress_server, names) == []
+        assert pending_ids(stream_client, names) == {held: ("w1", 1)}  # not settled
+    finally:
+        consumer.close()
+
+
+@pytest.mark.asyncio
+async def test_async_hand_called_settlement_on_lost_progress_raises_progress_lost(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    consumer = _consumer(names, stream_server.url, own_progress_server.url, AsyncStreamConsumer)
+
+    async def effect(ctx: EffectContext) -> None:
+        return None
+
+    try:
+        publish(stream_client, names, ["h0"])
+        await consumer.poll(effect)
+        scope = consumer.scope
+        assert scope is not None
+        [held] = publish(stream_client, names, ["h1"])
+        stream_client.xreadgroup(names.group, "w1", {names.stream: ">"})
+        with redis.Redis.from_url(own_progress_server.url) as raw:
+            raw.flushall()
+        authority = SettlementAuthority("w1", DeliveryId(held), 1)
+        with pytest.raises(ProgressLost) as caught:
+            await consumer.settle(authority, IntentKind.ACK, EmissionId("h1"))
+        _check_refusal(logs, caught.value, scope, names)
+        assert _tagged(own_progress_server, names) == []
+        assert pending_ids(stream_client, names) == {held: ("w1", 1)}
     finally:
         await consumer.aclose()
 
