@@ -86,6 +86,7 @@ def client_from_url(url: str) -> Redis:
     if not isinstance(url, str):
         raise InvalidInput(f"the Redis URL must be a str, got {type(url).__name__}")
     try:
+        urls.check(url)  # a password holding "/": redis-py would take part of it as the port
         client = Redis.from_url(url, **_CLIENT_DEFAULTS)
         # One connection object built, nothing connected: redis-py passes a query parameter
         # it does not know on to the connection (``?socket_timout=1``), a TypeError at the
@@ -218,13 +219,16 @@ class Connectable:
         """The redis-py client this runs on (``None`` for ``settle.testing``'s model)."""
         return getattr(self._runner, "client", None)
 
-    def _command(self, what: str, send: Callable[[], Any]) -> Any:
-        """One plain, repeatable command that ``send()`` issues on :attr:`client`, with the
-        runner's retries and error mapping: a Redis failure reaches the caller as settle's
+    def _command(
+        self, what: str, send: Callable[[Any], Any], *, key: str | None = None
+    ) -> Any:
+        """One plain, repeatable command that ``send(client)`` issues on the client it is
+        given (on a cluster, ``key``'s node's own when ``key`` is named), with the runner's
+        retries and error mapping: a Redis failure reaches the caller as settle's
         :class:`~settle.errors.BackendError` (or ``ConfigurationError``), never as
         redis-py's own error. For settle's tools that read beside the scripts (the console:
         the server's clock, its sessions)."""
-        return self._runner.command(what, send)
+        return self._runner.command(what, send, key=key)
 
     def __enter__(self) -> Self:
         return self
@@ -837,9 +841,8 @@ class Runner:
         """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
         per node) on a cluster. A read, repeated on transient failures. None when the user's
         ACL refuses EXISTS (the caller decides what an unknown count means)."""
-        client = self.client
 
-        def send() -> int | None:
+        def send(client: Any) -> int | None:
             try:
                 found: int = client.exists(*keys)
             except rx.NoPermissionError:
@@ -849,19 +852,29 @@ class Runner:
         return self.command("EXISTS", send)  # type: ignore[no-any-return]
 
     def command(
-        self, what: str, send: Callable[[], Any], *, repeatable: bool = True
+        self,
+        what: str,
+        send: Callable[[Any], Any],
+        *,
+        key: str | None = None,
+        repeatable: bool = True,
     ) -> Any:
-        """Run one plain command (``send()`` issues it on :attr:`client`) with the same
-        error mapping as scripts: transient failures repeated when ``repeatable``, then a
-        typed :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
-        :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code."""
-        call = Call(what, (), ())
+        """Run one plain command (``send(client)`` issues it, or a pipeline of commands on
+        ``key`` alone, on the client it is given) with the same error mapping as scripts:
+        transient failures repeated when ``repeatable``, then a typed
+        :class:`~settle.errors.SettleError`. A Redis error reply reaches the caller as
+        :class:`~settle.errors.BackendError` whose ``code`` is the reply's error code.
+
+        With ``key`` on a cluster, ``send`` gets the client of the node that serves the
+        key's slot (:meth:`_routed`) and the periodic recheck reads that primary alone: a
+        hung primary holds up only the commands on its own slots."""
+        call = Call(what, (key,) if key is not None else (), ())
 
         def once() -> Any:
             try:
                 if self._due():  # before each try, as :meth:`_run_once`
                     self._check(call)
-                return send()
+                return self._routed(call, send)
             except rx.ConnectionError as exc:
                 _drop_evidence(self, exc)
                 raise
@@ -872,14 +885,14 @@ class Runner:
                 if repeatable:
                     return Retrying(**retry_options(call))(once)
                 if self._due():  # the check is repeatable even where the command is not
-                    check = Call(f"the server check before {what}", (), ())
+                    check = Call(f"the server check before {what}", call.keys, ())
                     try:
                         Retrying(**retry_options(check))(self._check, check)
                     except (RedisError, RedisClusterException) as exc:
                         raise backend_error(exc, check) from exc
                 tries = 1
                 try:
-                    return send()
+                    return self._routed(call, send)
                 except rx.ConnectionError as exc:
                     _drop_evidence(self, exc)
                     raise
@@ -890,6 +903,34 @@ class Runner:
                     # the stream was deleted. Checked again before the group is made anew.
                     self.suspect()
                 raise backend_error(exc, call, tries=tries) from exc
+
+    def _routed(self, call: Call, send: Callable[[Any], Any]) -> Any:
+        """``send`` on the client of the cluster node that serves ``call``'s key; on a
+        single server, or for a call without keys, on :attr:`client`.
+
+        redis-py's cluster client finds the key of a command it cannot parse on its own
+        (XREADGROUP's, after STREAMS; FCALL's) by asking a node (COMMAND GETKEYS), the same
+        node whichever slot the key is in: when that node hangs, every such command waits
+        its socket timeout, on each try, whichever primary serves it. The key is known:
+        the command goes to its node's own client, as the durable path's script calls do
+        (:meth:`_node_for`), and a failed connection makes the next try read the topology
+        again (:meth:`_forget_node`). A node that redirects (MOVED, ASK: the slot moved or
+        is moving) ran nothing: the command goes once more through the cluster client,
+        which follows the redirection, and the next try reads the topology again."""
+        if not call.keys or not isinstance(self.client, RedisCluster):
+            return send(self.client)
+        if self._stale_topology:
+            self.client.nodes_manager.initialize()
+            self._stale_topology = False
+        node = self._node_for(call)
+        try:
+            return send(node)
+        except (rx.ConnectionError, rx.TimeoutError):
+            self._forget_node(node)
+            raise
+        except AskError:  # MovedError is one
+            self._stale_topology = True
+        return send(self.client)
 
     def close(self) -> None:
         if self._lane is not None:

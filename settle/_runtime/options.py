@@ -52,7 +52,9 @@ class Durability:
         return max(1, round(self.replica_timeout * 1000))
 
 
-def check_client(client: object, kinds: tuple[type, ...], owner: str) -> None:
+def check_client(
+    client: object, kinds: tuple[type, ...], owner: str, build: str = "from_url(url)"
+) -> None:
     """Refuse, before anything is built, a ``client`` that is none of ``kinds`` (the redis-py
     clients of the owner's flavour): ``None``, a URL, the other flavour's client. It was
     taken, and failed later with an ``AttributeError`` or a coroutine never awaited."""
@@ -65,5 +67,5 @@ def check_client(client: object, kinds: tuple[type, ...], owner: str) -> None:
     got = type(client)
     raise InvalidInput(
         f"{owner} needs a {names} client, got {got.__module__}.{got.__qualname__}; "
-        f"build one with {owner}.from_url(url)"
+        f"build one with {owner}.{build}"
     )

@@ -23,6 +23,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner, client_from_url
+from settle._runtime.options import check_client
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -99,6 +100,7 @@ class AsyncProgressStore(AsyncConnectable):
         replica_timeout: float = 1.0,
         allow_eviction: bool = False,
     ) -> None:
+        check_client(client, (Redis, RedisCluster), type(self).__name__)
         self.core = ProgressCore(namespace, consumer, receipts_cap)
         self.consumer = consumer
         self.observer = observer or _noop
@@ -308,6 +310,12 @@ class AsyncStreamConsumer:
             raise InvalidDelivery(
                 f"store must be a settle.progress.AsyncProgressStore, got {type(store).__name__}"
             )
+        check_client(
+            client,
+            (Redis, RedisCluster),
+            type(self).__name__,
+            "from_urls(stream_url, progress_url, consumer=...)",
+        )
         default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
         self.worker = check_name(default if worker is None else worker, "worker")
         self.store = store
@@ -377,11 +385,15 @@ class AsyncStreamConsumer:
     async def _started(self) -> ProviderScope:
         return self.scope if self.scope is not None else await self.start()
 
-    async def _command(self, what: str, send: Callable[[], Awaitable[Any]], **kw: Any) -> Any:
+    async def _command(self, what: str, send: Callable[[Any], Awaitable[Any]], **kw: Any) -> Any:
+        """A command (or a pipeline of them) on the scope's stream, which ``send(client)``
+        issues on the client the runtime gives it: on a cluster, the client of the node
+        that serves the stream's slot, whatever other node hangs."""
+        scope = self._scope()
         try:
-            return await self._runner.command(what, send, **kw)
+            return await self._runner.command(what, send, key=scope.stream, **kw)
         except BackendError as exc:
-            self.core.raise_stream_failure(exc, self._scope())
+            self.core.raise_stream_failure(exc, scope)
 
     async def start(self) -> ProviderScope:
         """Ensure the group exists and open the scope of the stream's current incarnation."""
@@ -417,7 +429,7 @@ class AsyncStreamConsumer:
         # worker and come back through XAUTOCLAIM.
         raw = await self._command(
             "XREADGROUP",
-            lambda: self.client.xreadgroup(
+            lambda client: client.xreadgroup(
                 scope.group,
                 self.worker,
                 {scope.stream: ">"},
@@ -441,7 +453,7 @@ class AsyncStreamConsumer:
         start = self._claim_from
         raw = await self._command(
             "XAUTOCLAIM",
-            lambda: self.client.xautoclaim(
+            lambda client: client.xautoclaim(
                 scope.stream,
                 scope.group,
                 self.worker,
@@ -463,7 +475,7 @@ class AsyncStreamConsumer:
             return [], vanished
         pending = await self._command(
             "XPENDING",
-            lambda: self.client.xpending_range(
+            lambda client: client.xpending_range(
                 scope.stream,
                 scope.group,
                 min=entries[0].delivery.value,
@@ -482,7 +494,7 @@ class AsyncStreamConsumer:
     ) -> list[tuple[DeliveryId, int]]:
         rows = await self._command(
             "XPENDING",
-            lambda: self.client.xpending_range(
+            lambda client: client.xpending_range(
                 scope.stream,
                 scope.group,
                 min=start,
@@ -491,11 +503,11 @@ class AsyncStreamConsumer:
                 consumername=self.worker,
             ),
         )
-        present = await self._command("XRANGE", lambda: self._entries(scope, rows))
+        present = await self._command("XRANGE", lambda client: self._entries(client, scope, rows))
         return self.core.vanished(rows, present, claimed)
 
-    async def _entries(self, scope: ProviderScope, rows: list[Any]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
+    async def _entries(self, client: Any, scope: ProviderScope, rows: list[Any]) -> list[Any]:
+        async with client.pipeline(transaction=False) as pipe:
             for row in rows:
                 pipe.xrange(scope.stream, row["message_id"], row["message_id"])
             return list(await pipe.execute())
@@ -576,7 +588,7 @@ class AsyncStreamConsumer:
         scope = await self._started()
         after = (await self.store.read(scope)).floor
         listed, groups, summary, pending = await self._command(
-            "XRANGE", lambda: self._listing(scope, after)
+            "XRANGE", lambda client: self._listing(client, scope, after)
         )
         last = self.core.last_delivered(scope, groups)
         candidates = self.core.lost_candidates(listed, last, pending, self.options.listing)
@@ -594,11 +606,13 @@ class AsyncStreamConsumer:
             _step.progress(self.core, call, claim=False), stream=self._runner
         )
 
-    async def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
+    async def _listing(
+        self, client: Any, scope: ProviderScope, after: DeliveryId | None
+    ) -> list[Any]:
         # In this order: the last-delivered id is read before the pending list, so a
         # delivery handed out in between is above it, never taken for lost.
         low = f"({after.value}" if after else "-"
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with client.pipeline(transaction=False) as pipe:
             pipe.xrange(scope.stream, low, "+", self.options.listing)
             pipe.xinfo_groups(scope.stream)
             pipe.xpending(scope.stream, scope.group)
@@ -613,15 +627,19 @@ class AsyncStreamConsumer:
         if not stale:
             return []
         scope = self._scope()
-        rows = await self._command("XPENDING", lambda: self._pending_of(scope, stale))
+        rows = await self._command(
+            "XPENDING", lambda client: self._pending_of(client, scope, stale)
+        )
         receipts = []
         for intent, row in zip(stale, rows, strict=True):
             if not row:
                 receipts.append(await self._settle_intent(progress, intent))
         return receipts
 
-    async def _pending_of(self, scope: ProviderScope, intents: list[SettleIntent]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
+    async def _pending_of(
+        self, client: Any, scope: ProviderScope, intents: list[SettleIntent]
+    ) -> list[Any]:
+        async with client.pipeline(transaction=False) as pipe:
             for intent in intents:
                 d = intent.delivery.value
                 pipe.xpending_range(scope.stream, scope.group, d, d, 1)

@@ -491,12 +491,19 @@ class ProgressCore:
         return sorted(out, key=str)
 
     def decode(self, call: Call, raw: Any) -> ProgressReply:
+        """A progress script's reply. A read that found no state for the scope (no meta:
+        its state is new, or the progress server lost it) answers ``unclaimed``, as a write
+        that found none does, so that ``_step.progress`` asks the stream's server which one
+        it is for both (the read still wrote nothing, and its progress is empty)."""
         reply = parse_reply(raw, call, body=6)
         if reply.code == "corrupt":  # found before the script wrote anything
             raise CorruptRecord(
                 f"the progress of consumer {self.consumer!r} holds a {reply.detail} settle "
                 "never writes; nothing was written"
             )
+        code = reply.code
+        if call.script == "read" and not reply.body[0]:
+            code = "unclaimed"
         try:
             meta, applied, resolved, gaps, intents, deferred = reply.body
             scope_id = call.args[0]
@@ -508,7 +515,7 @@ class ProgressCore:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptRecord(f"progress reply cannot be decoded: {exc}") from exc
-        return ProgressReply(reply.code, reply.detail, progress)
+        return ProgressReply(code, reply.detail, progress)
 
     def _progress(
         self,

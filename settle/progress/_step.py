@@ -110,7 +110,10 @@ def progress(
     server lost) is checked against the stream's server first: a scope whose incarnation
     had deliveries acknowledged raises :class:`ProgressLost` and nothing is written
     (unless the call, sent again, finds the state another worker created meanwhile);
-    otherwise the call is sent again, claiming the new scope."""
+    otherwise the call is sent again, claiming the new scope. A read (the authorization
+    of a hand-called settlement) answers ``unclaimed`` too when it finds no state, and
+    meets the same rule; it creates nothing, and a new scope's empty progress is its
+    answer."""
     if claim:
         call = core.claiming(call)
     reply = core.decode(call, (yield RunScript(call)))
@@ -126,6 +129,8 @@ def progress(
         if reply.code != "unclaimed":
             return reply
         core.progress_lost(scope)
+    if call.script == "read":
+        return reply
     call = core.claiming(call)
     return core.decode(call, (yield RunScript(call)))
 

@@ -24,6 +24,7 @@ from redis import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._sync import Connectable, Runner, client_from_url
+from settle._runtime.options import check_client
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -100,6 +101,7 @@ class ProgressStore(Connectable):
         replica_timeout: float = 1.0,
         allow_eviction: bool = False,
     ) -> None:
+        check_client(client, (Redis, RedisCluster), type(self).__name__)
         self.core = ProgressCore(namespace, consumer, receipts_cap)
         self.consumer = consumer
         self.observer = observer or _noop
@@ -303,6 +305,12 @@ class StreamConsumer:
             raise InvalidDelivery(
                 f"store must be a settle.progress.ProgressStore, got {type(store).__name__}"
             )
+        check_client(
+            client,
+            (Redis, RedisCluster),
+            type(self).__name__,
+            "from_urls(stream_url, progress_url, consumer=...)",
+        )
         default = f"{store.consumer[:240]}-{uuid.uuid4().hex[:12]}"
         self.worker = check_name(default if worker is None else worker, "worker")
         self.store = store
@@ -366,11 +374,15 @@ class StreamConsumer:
     def _started(self) -> ProviderScope:
         return self.scope if self.scope is not None else self.start()
 
-    def _command(self, what: str, send: Callable[[], Any], **kw: Any) -> Any:
+    def _command(self, what: str, send: Callable[[Any], Any], **kw: Any) -> Any:
+        """A command (or a pipeline of them) on the scope's stream, which ``send(client)``
+        issues on the client the runtime gives it: on a cluster, the client of the node
+        that serves the stream's slot, whatever other node hangs."""
+        scope = self._scope()
         try:
-            return self._runner.command(what, send, **kw)
+            return self._runner.command(what, send, key=scope.stream, **kw)
         except BackendError as exc:
-            self.core.raise_stream_failure(exc, self._scope())
+            self.core.raise_stream_failure(exc, scope)
 
     def start(self) -> ProviderScope:
         """Ensure the group exists and open the scope of the stream's current incarnation."""
@@ -406,7 +418,7 @@ class StreamConsumer:
         # worker and come back through XAUTOCLAIM.
         raw = self._command(
             "XREADGROUP",
-            lambda: self.client.xreadgroup(
+            lambda client: client.xreadgroup(
                 scope.group,
                 self.worker,
                 {scope.stream: ">"},
@@ -430,7 +442,7 @@ class StreamConsumer:
         start = self._claim_from
         raw = self._command(
             "XAUTOCLAIM",
-            lambda: self.client.xautoclaim(
+            lambda client: client.xautoclaim(
                 scope.stream,
                 scope.group,
                 self.worker,
@@ -452,7 +464,7 @@ class StreamConsumer:
             return [], vanished
         pending = self._command(
             "XPENDING",
-            lambda: self.client.xpending_range(
+            lambda client: client.xpending_range(
                 scope.stream,
                 scope.group,
                 min=entries[0].delivery.value,
@@ -471,7 +483,7 @@ class StreamConsumer:
     ) -> list[tuple[DeliveryId, int]]:
         rows = self._command(
             "XPENDING",
-            lambda: self.client.xpending_range(
+            lambda client: client.xpending_range(
                 scope.stream,
                 scope.group,
                 min=start,
@@ -480,11 +492,11 @@ class StreamConsumer:
                 consumername=self.worker,
             ),
         )
-        present = self._command("XRANGE", lambda: self._entries(scope, rows))
+        present = self._command("XRANGE", lambda client: self._entries(client, scope, rows))
         return self.core.vanished(rows, present, claimed)
 
-    def _entries(self, scope: ProviderScope, rows: list[Any]) -> list[Any]:
-        with self.client.pipeline(transaction=False) as pipe:
+    def _entries(self, client: Any, scope: ProviderScope, rows: list[Any]) -> list[Any]:
+        with client.pipeline(transaction=False) as pipe:
             for row in rows:
                 pipe.xrange(scope.stream, row["message_id"], row["message_id"])
             return list(pipe.execute())
@@ -565,7 +577,7 @@ class StreamConsumer:
         scope = self._started()
         after = (self.store.read(scope)).floor
         listed, groups, summary, pending = self._command(
-            "XRANGE", lambda: self._listing(scope, after)
+            "XRANGE", lambda client: self._listing(client, scope, after)
         )
         last = self.core.last_delivered(scope, groups)
         candidates = self.core.lost_candidates(listed, last, pending, self.options.listing)
@@ -583,11 +595,13 @@ class StreamConsumer:
             _step.progress(self.core, call, claim=False), stream=self._runner
         )
 
-    def _listing(self, scope: ProviderScope, after: DeliveryId | None) -> list[Any]:
+    def _listing(
+        self, client: Any, scope: ProviderScope, after: DeliveryId | None
+    ) -> list[Any]:
         # In this order: the last-delivered id is read before the pending list, so a
         # delivery handed out in between is above it, never taken for lost.
         low = f"({after.value}" if after else "-"
-        with self.client.pipeline(transaction=False) as pipe:
+        with client.pipeline(transaction=False) as pipe:
             pipe.xrange(scope.stream, low, "+", self.options.listing)
             pipe.xinfo_groups(scope.stream)
             pipe.xpending(scope.stream, scope.group)
@@ -602,15 +616,19 @@ class StreamConsumer:
         if not stale:
             return []
         scope = self._scope()
-        rows = self._command("XPENDING", lambda: self._pending_of(scope, stale))
+        rows = self._command(
+            "XPENDING", lambda client: self._pending_of(client, scope, stale)
+        )
         receipts = []
         for intent, row in zip(stale, rows, strict=True):
             if not row:
                 receipts.append(self._settle_intent(progress, intent))
         return receipts
 
-    def _pending_of(self, scope: ProviderScope, intents: list[SettleIntent]) -> list[Any]:
-        with self.client.pipeline(transaction=False) as pipe:
+    def _pending_of(
+        self, client: Any, scope: ProviderScope, intents: list[SettleIntent]
+    ) -> list[Any]:
+        with client.pipeline(transaction=False) as pipe:
             for intent in intents:
                 d = intent.delivery.value
                 pipe.xpending_range(scope.stream, scope.group, d, d, 1)

@@ -308,5 +308,5 @@ def _client(settler: AsyncSettler) -> Any:
 
 async def server_now(settler: AsyncSettler) -> datetime:
     """The server's clock: quarantine stream ids and entry times are server time."""
-    seconds, micros = await settler._command("TIME", _client(settler).time)
+    seconds, micros = await settler._command("TIME", lambda client: client.time())
     return datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, tz=UTC)

@@ -124,7 +124,7 @@ async def _signouts(settler: AsyncSettler, principal: str) -> int | None:
     """How many times every session of ``principal`` was ended (0: never), or None when
     the count is not one the console wrote."""
     key = _keys(settler).console_signouts(_digest(principal))
-    raw = await settler._command("GET", lambda: settler.client.get(key))
+    raw = await settler._command("GET", lambda c: c.get(key), key=key)
     if raw is None:
         return 0
     text = raw.decode("ascii", errors="replace") if isinstance(raw, bytes) else str(raw)
@@ -141,7 +141,7 @@ async def end_sessions(settler: AsyncSettler, principal: str) -> None:
     ended: call it again)."""
     key = _keys(settler).console_signouts(_digest(principal))
     # Repeated after a lost reply it counts twice, which ends the same sessions.
-    await settler._command("INCR", lambda: settler.client.incr(key))
+    await settler._command("INCR", lambda c: c.incr(key), key=key)
     logger.info("settle.web.sessions_ended", binding_digest=binding_digest(principal))
 
 
@@ -173,15 +173,15 @@ class Sessions:
                 "any it held (1000000)"
             )
         value = json.dumps({"principal": principal, "csrf": _digest(csrf), "signouts": count})
-        key, client = self._key(sid), self.settler.client
-        await self.settler._command("SET", lambda: client.set(key, value, ex=self.max_age))
+        key = self._key(sid)
+        await self.settler._command("SET", lambda c: c.set(key, value, ex=self.max_age), key=key)
         return sid
 
     async def principal(self, sid: str, csrf: str) -> str | None:
         """Whom session ``sid`` (with the cookie's ``csrf``) resolves as; None when it
         was signed out, ended, expired, or never started here."""
-        key, client = self._key(sid), self.settler.client
-        raw = await self.settler._command("GET", lambda: client.get(key))
+        key = self._key(sid)
+        raw = await self.settler._command("GET", lambda c: c.get(key), key=key)
         if raw is None:
             return None
         try:
@@ -198,8 +198,8 @@ class Sessions:
         return principal
 
     async def end(self, sid: str) -> None:
-        key, client = self._key(sid), self.settler.client
-        await self.settler._command("DEL", lambda: client.delete(key))
+        key = self._key(sid)
+        await self.settler._command("DEL", lambda c: c.delete(key), key=key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,12 @@ CLUSTER MEET), so no ``redis-cli`` is needed and the same code works on Redis 6.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import redis
@@ -137,6 +140,28 @@ class LocalCluster:
             if index < self.primaries:
                 return int(c.info("replication")["connected_slaves"]) == self.replicas
             return c.info("replication").get("master_link_status") == "up"
+
+    def freeze(self, index: int) -> None:
+        """Stop node ``index`` (SIGSTOP, as a GC-paused VM or a partition hangs it): its
+        sockets stay open and it answers nothing until :meth:`thaw`."""
+        os.kill(self._pid(index), signal.SIGSTOP)
+
+    def thaw(self, index: int) -> None:
+        os.kill(self._pid(index), signal.SIGCONT)
+
+    @contextmanager
+    def frozen(self, index: int) -> Iterator[None]:
+        """Node ``index`` frozen for the block, thawed after it whatever happened."""
+        self.freeze(index)
+        try:
+            yield
+        finally:
+            self.thaw(index)
+
+    def _pid(self, index: int) -> int:
+        process = self.nodes[index].process
+        assert process is not None
+        return process.pid
 
     def close(self) -> None:
         for node in self.nodes:

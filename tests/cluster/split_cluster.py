@@ -5,8 +5,6 @@ not hold up the healthy one's."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,16 +51,10 @@ class SplitCluster:
             self.thaw()
 
     def freeze(self) -> None:
-        os.kill(self._pid, signal.SIGSTOP)
+        self.cluster.freeze(0)
 
     def thaw(self) -> None:
-        os.kill(self._pid, signal.SIGCONT)
-
-    @property
-    def _pid(self) -> int:
-        process = self.cluster.nodes[0].process
-        assert process is not None
-        return process.pid
+        self.cluster.thaw(0)
 
 
 @contextmanager

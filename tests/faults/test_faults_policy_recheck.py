@@ -292,7 +292,7 @@ def test_a_command_that_is_not_repeated_still_has_its_check_repeated(
         runner = store._runner
         sent: list[int] = []
 
-        def send() -> int:
+        def send(_client: object) -> int:
             sent.append(1)
             return 7
 
@@ -303,7 +303,7 @@ def test_a_command_that_is_not_repeated_still_has_its_check_repeated(
         assert sent == [1]
         assert [e["attempt"] for e in logs if e["event"] == "settle.backend.retrying"] == [1]
 
-        def failing() -> int:
+        def failing(_client: object) -> int:
             raise redis.ConnectionError("cut")
 
         runner.recheck_interval = 3600.0

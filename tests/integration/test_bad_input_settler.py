@@ -18,6 +18,12 @@ import redis.asyncio as aioredis
 from settle import AsyncSettler, SettleConfig, Settler
 from settle.cursor import AsyncCursorStore, CursorStore
 from settle.errors import ConfigurationError, FingerprintError, InvalidInput
+from settle.progress import (
+    AsyncProgressStore,
+    AsyncStreamConsumer,
+    ProgressStore,
+    StreamConsumer,
+)
 from settle.testing import AsyncMemorySettler, MemorySettler
 
 
@@ -252,3 +258,74 @@ def test_a_client_that_is_no_redis_client_of_the_flavour_is_invalid_input(redis_
     finally:
         sync_client.close()
         asyncio.run(async_client.aclose())
+
+
+def test_a_progress_store_or_consumer_given_no_client_of_its_flavour_is_invalid_input(
+    redis_url: str,
+) -> None:
+    """The delivery-progress part refuses the same clients, naming how to build the right
+    one; a ``ProgressStore(None)`` raised a bare AttributeError from inside the runner."""
+    sync_client = redis.Redis.from_url(redis_url)
+    async_client = aioredis.Redis.from_url(redis_url)
+    store = ProgressStore(redis.Redis.from_url(redis_url), consumer="c")
+    async_store = AsyncProgressStore(aioredis.Redis.from_url(redis_url), consumer="c")
+    cases: list[tuple[Any, Any, str, str]] = [
+        (
+            lambda c: ProgressStore(c, consumer="c"),
+            async_client,
+            "ProgressStore needs a redis.Redis",
+            "from_url(url)",
+        ),
+        (
+            lambda c: AsyncProgressStore(c, consumer="c"),
+            sync_client,
+            "AsyncProgressStore needs a redis.asyncio.Redis",
+            "from_url(url)",
+        ),
+        (
+            lambda c: StreamConsumer(c, store, stream="s", group="g"),
+            async_client,
+            "StreamConsumer needs a redis.Redis",
+            "from_urls(stream_url, progress_url",
+        ),
+        (
+            lambda c: AsyncStreamConsumer(c, async_store, stream="s", group="g"),
+            sync_client,
+            "AsyncStreamConsumer needs a redis.asyncio.Redis",
+            "from_urls(stream_url, progress_url",
+        ),
+    ]
+    try:
+        for build, other_flavour, needs, how in cases:
+            for wrong in (None, redis_url, other_flavour):
+                with pytest.raises(InvalidInput, match=needs) as caught:
+                    build(wrong)
+                assert type(wrong).__name__ in str(caught.value)
+                assert how in str(caught.value)
+    finally:
+        store.close()
+        sync_client.close()
+
+        async def close() -> None:
+            await async_store.aclose()
+            await async_client.aclose()
+
+        asyncio.run(close())
+
+
+@pytest.mark.parametrize("password", ["123/rest", "a?b", "x#1"])
+def test_from_url_refuses_a_password_redis_py_would_read_as_a_port(
+    redis_url: str, password: str
+) -> None:
+    """``Settler.from_url("redis://:123/rest@host:6379/0")``: redis-py ends the host at the
+    password's ``/`` and connected to localhost:123 with no password; the error then quoted
+    the password's start as the port. The URL is refused before connecting, naming none of
+    the password."""
+    host_port = redis_url.split("://", 1)[1].split("/", 1)[0]
+    url = f"redis://:{password}@{host_port}/0"
+    for build in (Settler.from_url, AsyncSettler.from_url):
+        with pytest.raises(InvalidInput, match="percent-encode") as caught:
+            build(url)
+        message = str(caught.value)
+        for part in (password, password[:3], password[-3:]):
+            assert part not in message

@@ -18,11 +18,12 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 import redis
 from structlog.testing import capture_logs
 
@@ -41,7 +42,7 @@ from settle.progress import (
 )
 from settle.progress._core import ProgressCore, StreamVerdict
 from settle.progress.errors import ProgressLost, ProviderReset
-from settle.progress.identity import AttemptId
+from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import Names, pending_ids, publish, settled_ids
 
@@ -101,6 +102,44 @@ def _consumer(names: Names, stream_url: str, progress_url: str, kind: Any = Stre
     )
 
 
+@pytest.fixture
+def effect() -> Ledger:
+    return Ledger()
+
+
+@pytest.fixture
+def consumer(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    logs: list[dict[str, Any]],
+) -> Iterator[Any]:
+    """The sync consumer under test (worker ``w1``), its progress on the server it loses;
+    made once ``logs`` captures (it binds its logger when it is made)."""
+    made = _consumer(names, stream_server.url, own_progress_server.url)
+    yield made
+    made.close()
+
+
+@pytest_asyncio.fixture
+async def async_consumer(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    own_progress_server: EmbeddedRedis,
+    logs: list[dict[str, Any]],
+) -> AsyncIterator[Any]:
+    """The async consumer under test, as ``consumer``."""
+    made = _consumer(names, stream_server.url, own_progress_server.url, AsyncStreamConsumer)
+    yield made
+    await made.aclose()
+
+
+def _lose(server: EmbeddedRedis) -> None:
+    """The loss: the progress server's FLUSHALL (the stream's server keeps everything)."""
+    with redis.Redis.from_url(server.url) as raw:
+        raw.flushall()
+
+
 def _check_refusal(
     logs: list[dict[str, Any]], error: ProgressLost, scope: ProviderScope, names: Names
 ) -> None:
@@ -121,45 +160,42 @@ def _check_refusal(
 
 def test_progress_lost_in_a_restart_is_refused_not_reported_as_lost_deliveries(
     names: Names,
-    stream_server: EmbeddedRedis,
+    consumer: Any,
+    effect: Ledger,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
 ) -> None:
-    effect = Ledger()
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    try:
-        ids = publish(stream_client, names, [f"e{i}" for i in range(4)])
-        consumer.poll(effect)
-        scope = consumer.scope
-        assert scope is not None
-        assert consumer.store.read(scope).floor == DeliveryId(ids[-1])
-        assert settled_ids(stream_client, names) == set(ids)
+    ids = publish(stream_client, names, [f"e{i}" for i in range(4)])
+    consumer.poll(effect)
+    scope = consumer.scope
+    assert scope is not None
+    assert consumer.store.read(scope).floor == DeliveryId(ids[-1])
+    assert settled_ids(stream_client, names) == set(ids)
 
-        own_progress_server.stop(kill=True)  # no AOF, no RDB: it comes back empty
-        own_progress_server.start()
-        [late] = publish(stream_client, names, ["e4"])
-        with pytest.raises(ProgressLost) as caught:
-            consumer.poll(effect)
-        _check_refusal(logs, caught.value, scope, names)
-        # Nothing written on the progress server: no gap, no applied set, no floor to guess.
-        assert _tagged(own_progress_server, names) == []
-        progress = consumer.store.read(scope)
-        assert (progress.gaps, progress.floor, progress.applied_above_floor) == ((), None, ())
-        # The effect of the new delivery did not run; it stays pending, unacknowledged.
-        assert effect.invocations == Counter({f"e{i}": 1 for i in range(4)})
-        assert late in pending_ids(stream_client, names)
-        assert settled_ids(stream_client, names) == set(ids)
-        # run() does not go on guessing either: the error ends it.
-        with pytest.raises(ProgressLost):
-            consumer.run(effect, polls=3)
-        assert _tagged(own_progress_server, names) == []
-    finally:
-        consumer.close()
+    own_progress_server.stop(kill=True)  # no AOF, no RDB: it comes back empty
+    own_progress_server.start()
+    [late] = publish(stream_client, names, ["e4"])
+    with pytest.raises(ProgressLost) as caught:
+        consumer.poll(effect)
+    _check_refusal(logs, caught.value, scope, names)
+    # Nothing written on the progress server: no gap, no applied set, no floor to guess.
+    assert _tagged(own_progress_server, names) == []
+    progress = consumer.store.read(scope)
+    assert (progress.gaps, progress.floor, progress.applied_above_floor) == ((), None, ())
+    # The effect of the new delivery did not run; it stays pending, unacknowledged.
+    assert effect.invocations == Counter({f"e{i}": 1 for i in range(4)})
+    assert late in pending_ids(stream_client, names)
+    assert settled_ids(stream_client, names) == set(ids)
+    # run() does not go on guessing either: the error ends it.
+    with pytest.raises(ProgressLost):
+        consumer.run(effect, polls=3)
+    assert _tagged(own_progress_server, names) == []
 
 
 def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_key(
     names: Names,
+    consumer: Any,
     stream_server: EmbeddedRedis,
     own_progress_server: EmbeddedRedis,
     progress_server: EmbeddedRedis,
@@ -170,7 +206,6 @@ def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_k
     delete the consumer's field of the acknowledged mark, start again. Another group of the
     same stream, whose progress (on another server) is whole, is left alone."""
     effect, audit = Ledger(), Ledger()
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
     other = Names(names.stream, "audit", f"{names.consumer}-audit", names.namespace)
     second = _consumer(other, stream_server.url, progress_server.url)
     try:
@@ -179,8 +214,7 @@ def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_k
         second.poll(audit)
         old, audit_scope = consumer.scope, second.scope
         keys_before = dict(effect.keys)
-        with redis.Redis.from_url(own_progress_server.url) as raw:
-            raw.flushall()
+        _lose(own_progress_server)
         ids += publish(stream_client, names, ["e4"])
         with pytest.raises(ProgressLost) as caught:
             consumer.poll(effect)
@@ -219,46 +253,109 @@ def test_the_documented_way_on_applies_every_entry_again_under_its_idempotency_k
         assert audit.invocations == Counter({f"e{i}": 1 for i in range(5)})
     finally:
         second.close()
-        consumer.close()
 
 
 @pytest.mark.asyncio
 async def test_async_consumer_refuses_progress_lost_to_a_flushall(
     names: Names,
-    stream_server: EmbeddedRedis,
+    async_consumer: Any,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
 ) -> None:
-    consumer = _consumer(names, stream_server.url, own_progress_server.url, AsyncStreamConsumer)
-    store = consumer.store
+    store = async_consumer.store
     runs: list[str] = []
 
     async def effect(ctx: EffectContext) -> None:
         runs.append(ctx.emission.value)
 
-    try:
-        ids = publish(stream_client, names, ["a0", "a1"])
-        await consumer.poll(effect)
-        scope = consumer.scope
-        assert scope is not None
-        assert (await store.read(scope)).floor == DeliveryId(ids[-1])
-        with redis.Redis.from_url(own_progress_server.url) as raw:
-            raw.flushall()
-        publish(stream_client, names, ["a2"])
-        with pytest.raises(ProgressLost) as caught:
-            await consumer.poll(effect)
-        _check_refusal(logs, caught.value, scope, names)
-        assert _tagged(own_progress_server, names) == []
-        assert runs == ["a0", "a1"]
-        with pytest.raises(ProgressLost):
-            await consumer.run(effect, polls=2)
-    finally:
-        await consumer.aclose()
+    ids = publish(stream_client, names, ["a0", "a1"])
+    await async_consumer.poll(effect)
+    scope = async_consumer.scope
+    assert scope is not None
+    assert (await store.read(scope)).floor == DeliveryId(ids[-1])
+    _lose(own_progress_server)
+    publish(stream_client, names, ["a2"])
+    with pytest.raises(ProgressLost) as caught:
+        await async_consumer.poll(effect)
+    _check_refusal(logs, caught.value, scope, names)
+    assert _tagged(own_progress_server, names) == []
+    assert runs == ["a0", "a1"]
+    with pytest.raises(ProgressLost):
+        await async_consumer.run(effect, polls=2)
+
+
+@pytest.mark.parametrize("kind", [IntentKind.ACK, IntentKind.DEAD_LETTER, IntentKind.DEFER])
+def test_a_hand_called_settlement_on_lost_progress_raises_progress_lost(
+    kind: IntentKind,
+    names: Names,
+    consumer: Any,
+    effect: Ledger,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """``consumer.settle(...)`` is authorized by durable progress: when that progress was
+    lost (the scope's deliveries were acknowledged), it is refused as poll() refuses it,
+    :class:`ProgressLost` with the way on and a ``settle.progress.state_lost`` event, not
+    ``SettlementNotAuthorized`` (which said the delivery was not covered, and nothing of
+    the loss). Nothing is settled, nothing written."""
+    publish(stream_client, names, ["h0"])
+    consumer.poll(effect)  # applied and acknowledged: the mark is on the stream's server
+    scope = consumer.scope
+    assert scope is not None
+    authority = _held_then_lost(stream_client, names, own_progress_server)
+    with pytest.raises(ProgressLost) as caught:
+        consumer.settle(authority, kind, EmissionId("h1"), "by hand")
+    _check_refusal(logs, caught.value, scope, names)
+    _check_unsettled(authority, stream_client, names, own_progress_server)
+
+
+def _held_then_lost(
+    stream_client: redis.Redis, names: Names, server: EmbeddedRedis
+) -> SettlementAuthority:
+    """Worker ``w1`` holds a new delivery (h1, read, not settled), then the loss: the
+    authority of a settlement of it by hand."""
+    [held] = publish(stream_client, names, ["h1"])
+    stream_client.xreadgroup(names.group, "w1", {names.stream: ">"})
+    _lose(server)
+    return SettlementAuthority("w1", DeliveryId(held), 1)
+
+
+def _check_unsettled(
+    authority: SettlementAuthority, stream_client: redis.Redis, names: Names, server: EmbeddedRedis
+) -> None:
+    """Nothing written to progress, and the delivery still pending for its worker."""
+    assert _tagged(server, names) == []
+    assert pending_ids(stream_client, names) == {authority.delivery.value: ("w1", 1)}
+
+
+@pytest.mark.asyncio
+async def test_async_hand_called_settlement_on_lost_progress_raises_progress_lost(
+    names: Names,
+    async_consumer: Any,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    async def effect(ctx: EffectContext) -> None:
+        return None
+
+    publish(stream_client, names, ["h0"])
+    await async_consumer.poll(effect)
+    scope = async_consumer.scope
+    assert scope is not None
+    authority = _held_then_lost(stream_client, names, own_progress_server)
+    with pytest.raises(ProgressLost) as caught:
+        await async_consumer.settle(authority, IntentKind.ACK, EmissionId("h1"))
+    _check_refusal(logs, caught.value, scope, names)
+    _check_unsettled(authority, stream_client, names, own_progress_server)
 
 
 def test_a_scope_with_no_acknowledgement_is_claimed_whatever_other_groups_acknowledged(
     names: Names,
+    consumer: Any,
+    effect: Ledger,
     stream_server: EmbeddedRedis,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
@@ -269,15 +366,12 @@ def test_a_scope_with_no_acknowledgement_is_claimed_whatever_other_groups_acknow
     first effect ran (the delivery is recorded and acknowledged), or a new consumer of a
     stream another group has acknowledged from. A consumer whose own acknowledgement is on
     the stream's server is refused."""
-    flush = redis.Redis.from_url(own_progress_server.url)
-    effect = Ledger()
 
     def losing(ctx: EffectContext) -> None:
         effect(ctx)
         if ctx.emission.value == "n0":
-            flush.flushall()  # between begin and record of the scope's first delivery
+            _lose(own_progress_server)  # between begin and record of the scope's first delivery
 
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
     other = Names(names.stream, "audit", f"{names.consumer}-other", names.namespace)
     second = _consumer(other, stream_server.url, own_progress_server.url)
     try:
@@ -290,20 +384,19 @@ def test_a_scope_with_no_acknowledgement_is_claimed_whatever_other_groups_acknow
         assert effect.invocations == Counter({"n0": 1})
         assert settled_ids(stream_client, names) == set(ids)
 
-        flush.flushall()
+        _lose(own_progress_server)
         second.poll(effect)  # a new group and consumer: claimed, not refused
         assert second.store.read(second.scope).floor == DeliveryId(ids[0])  # type: ignore[arg-type]
         with pytest.raises(ProgressLost):
             consumer.poll(effect)
     finally:
         second.close()
-        consumer.close()
-        flush.close()
 
 
 def test_a_scope_is_made_again_only_after_the_progress_server_is_checked(
     names: Names,
-    stream_server: EmbeddedRedis,
+    consumer: Any,
+    effect: Ledger,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
@@ -311,23 +404,18 @@ def test_a_scope_is_made_again_only_after_the_progress_server_is_checked(
     """'unclaimed' is evidence that the progress server may have lost data: before the call
     that creates the scope again, the runtime checks the server, so a scope is never made
     again on a server that now evicts (FLUSHALL, then CONFIG SET maxmemory-policy)."""
-    effect = Ledger()
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    try:
-        consumer.poll(effect)  # nothing to deliver: the scope is made, nothing acknowledged
-        scope = consumer.scope
-        assert scope is not None
-        assert consumer.store.read(scope).provider_floor is not None
-        with redis.Redis.from_url(own_progress_server.url) as raw:
-            raw.flushall()
-            raw.config_set("maxmemory-policy", "allkeys-lru")
-        publish(stream_client, names, ["c0"])
-        with pytest.raises(ConfigurationError, match="allkeys-lru"):
-            consumer.poll(effect)
-        assert _tagged(own_progress_server, names) == []
-        assert effect.invocations == Counter()  # the effect never ran on the evicting server
-    finally:
-        consumer.close()
+    consumer.poll(effect)  # nothing to deliver: the scope is made, nothing acknowledged
+    scope = consumer.scope
+    assert scope is not None
+    assert consumer.store.read(scope).provider_floor is not None
+    with redis.Redis.from_url(own_progress_server.url) as raw:
+        raw.flushall()
+        raw.config_set("maxmemory-policy", "allkeys-lru")
+    publish(stream_client, names, ["c0"])
+    with pytest.raises(ConfigurationError, match="allkeys-lru"):
+        consumer.poll(effect)
+    assert _tagged(own_progress_server, names) == []
+    assert effect.invocations == Counter()  # the effect never ran on the evicting server
 
 
 WRITERS = ["begin", "record", "dead_letter", "defer", "receipt", "observe", "lost"]
@@ -441,7 +529,8 @@ LATER_WRITES = ["dead_letter_malformed", "dead_letter_vanished", "defer", "recei
 def test_every_write_of_the_consumer_after_the_loss_is_refused(
     write: str,
     names: Names,
-    stream_server: EmbeddedRedis,
+    consumer: Any,
+    effect: Ledger,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
 ) -> None:
@@ -451,52 +540,46 @@ def test_every_write_of_the_consumer_after_the_loss_is_refused(
     refused with nothing written (with the claim flag they would make the scope anew from
     that one write, and the next observation would report every delivery acknowledged
     before as lost, as before the guard)."""
-    flush = redis.Redis.from_url(own_progress_server.url)
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    effect = Ledger()
-    try:
-        publish(stream_client, names, ["w0"])
-        consumer.poll(effect)  # applied and acknowledged: the mark is on the stream's server
-        assert consumer.scope is not None
-        if write == "dead_letter_malformed":
-            flush.flushall()
-            stream_client.xadd(names.stream, {"body": "no emission id"})
-            poll = lambda: consumer.poll(effect)  # noqa: E731
-        elif write == "dead_letter_vanished":
-            [gone] = publish(stream_client, names, ["w1"])
-            stream_client.xreadgroup(names.group, "dead", {names.stream: ">"})
-            stream_client.xdel(names.stream, gone)  # deleted while pending for "dead"
-            flush.flushall()
-            time.sleep(0.1)  # past claim_idle: XAUTOCLAIM finds it deleted
-            poll = lambda: consumer.poll(effect)  # noqa: E731
-        elif write == "defer":
-            publish(stream_client, names, ["w1"])
+    publish(stream_client, names, ["w0"])
+    consumer.poll(effect)  # applied and acknowledged: the mark is on the stream's server
+    assert consumer.scope is not None
+    if write == "dead_letter_malformed":
+        _lose(own_progress_server)
+        stream_client.xadd(names.stream, {"body": "no emission id"})
+        poll = lambda: consumer.poll(effect)  # noqa: E731
+    elif write == "dead_letter_vanished":
+        [gone] = publish(stream_client, names, ["w1"])
+        stream_client.xreadgroup(names.group, "dead", {names.stream: ">"})
+        stream_client.xdel(names.stream, gone)  # deleted while pending for "dead"
+        _lose(own_progress_server)
+        time.sleep(0.1)  # past claim_idle: XAUTOCLAIM finds it deleted
+        poll = lambda: consumer.poll(effect)  # noqa: E731
+    elif write == "defer":
+        publish(stream_client, names, ["w1"])
 
-            def defer(ctx: EffectContext) -> None:
-                flush.flushall()  # lost while the effect ran, after begin
-                raise DeferDelivery("later")
+        def defer(ctx: EffectContext) -> None:
+            _lose(own_progress_server)  # lost while the effect ran, after begin
+            raise DeferDelivery("later")
 
-            poll = lambda: consumer.poll(defer)  # noqa: E731
-        else:
-            publish(stream_client, names, ["w1"])
+        poll = lambda: consumer.poll(defer)  # noqa: E731
+    else:
+        publish(stream_client, names, ["w1"])
 
-            def answered(step: str, _delivery: DeliveryId) -> None:
-                if step == "provider_answered":
-                    flush.flushall()  # lost between the acknowledgement and its receipt
+        def answered(step: str, _delivery: DeliveryId) -> None:
+            if step == "provider_answered":
+                _lose(own_progress_server)  # lost between the acknowledgement and its receipt
 
-            consumer.store.observer = answered
-            poll = lambda: consumer.poll(effect)  # noqa: E731
-        with pytest.raises(ProgressLost):
-            poll()
-        assert _tagged(own_progress_server, names) == []
-    finally:
-        consumer.close()
-        flush.close()
+        consumer.store.observer = answered
+        poll = lambda: consumer.poll(effect)  # noqa: E731
+    with pytest.raises(ProgressLost):
+        poll()
+    assert _tagged(own_progress_server, names) == []
 
 
 def test_a_stream_started_over_with_its_marker_is_not_taken_for_lost_progress(
     names: Names,
-    stream_server: EmbeddedRedis,
+    consumer: Any,
+    effect: Ledger,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
@@ -504,25 +587,29 @@ def test_a_stream_started_over_with_its_marker_is_not_taken_for_lost_progress(
     """docs/delivery-progress.md: "when you delete a stream to start it over, delete its
     incarnation marker with it". The acknowledged mark still names the old incarnation; the
     new incarnation's scope had nothing acknowledged, so it is claimed, not refused."""
-    effect = Ledger()
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    try:
-        publish(stream_client, names, ["s0", "s1"])
-        consumer.poll(effect)
-        old = consumer.scope
-        stream_client.delete(names.stream, f"settle:{{{names.stream}}}:incarnation:{names.stream}")
-        ids = publish(stream_client, names, ["s2"])
-        consumer.run(effect, polls=3)  # NOGROUP: a new incarnation scope
-        assert consumer.scope is not None
-        assert consumer.scope != old
-        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
-        assert effect.invocations == Counter({"s0": 1, "s1": 1, "s2": 1})
-        assert _events(logs, "settle.progress.state_lost") == []
-    finally:
-        consumer.close()
+    publish(stream_client, names, ["s0", "s1"])
+    consumer.poll(effect)
+    old = consumer.scope
+    stream_client.delete(names.stream, f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+    ids = publish(stream_client, names, ["s2"])
+    consumer.run(effect, polls=3)  # NOGROUP: a new incarnation scope
+    assert consumer.scope is not None
+    assert consumer.scope != old
+    assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
+    assert effect.invocations == Counter({"s0": 1, "s1": 1, "s2": 1})
+    assert _events(logs, "settle.progress.state_lost") == []
 
 
+_TAG = uuid.uuid4().hex[:8]
+#: A stream, a group and a consumer whose names hold spaces, quotes and non-ASCII letters.
+_AWKWARD = Names(f"orders {_TAG}", "eu 'west'", f"o'neil café {_TAG}", "t")
+
+
+@pytest.mark.parametrize("names", [_AWKWARD], ids=["awkward-names"])
 def test_the_commands_the_refusal_names_work_as_written_for_any_names(
+    names: Names,
+    consumer: Any,
+    effect: Ledger,
     stream_server: EmbeddedRedis,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
@@ -533,40 +620,33 @@ def test_the_commands_the_refusal_names_work_as_written_for_any_names(
     mark's field, and the workers go on (found in review: the names were written bare or
     in single quotes that a quote in the name ends, so the commands failed or hit the
     wrong keys)."""
-    tag = uuid.uuid4().hex[:8]
-    names = Names(f"orders {tag}", "eu 'west'", f"o'neil café {tag}", "t")
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    effect = Ledger()
-    try:
-        ids = publish(stream_client, names, ["q0", "q1"])
+    ids = publish(stream_client, names, ["q0", "q1"])
+    consumer.poll(effect)
+    _lose(own_progress_server)
+    with pytest.raises(ProgressLost) as caught:
         consumer.poll(effect)
-        with redis.Redis.from_url(own_progress_server.url) as raw:
-            raw.flushall()
-        with pytest.raises(ProgressLost) as caught:
-            consumer.poll(effect)
-        said = str(caught.value)
-        destroy = said[said.index("XGROUP DESTROY ") : said.index(" and HDEL ")]
-        delete = said[said.index("HDEL ") : said.index(", then start them again")]
-        cli = shutil.which("redis-cli") or str(Path(sys.executable).with_name("redis-cli"))
-        out = subprocess.run(
-            [cli, "-p", str(stream_server.port)],
-            input=f"{destroy}\n{delete}\n",
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.split()
-        assert out == ["1", "1"], (destroy, delete, out)  # the group destroyed, the field deleted
-        consumer.start()
-        consumer.poll(effect)
-        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
-    finally:
-        consumer.close()
+    said = str(caught.value)
+    destroy = said[said.index("XGROUP DESTROY ") : said.index(" and HDEL ")]
+    delete = said[said.index("HDEL ") : said.index(", then start them again")]
+    cli = shutil.which("redis-cli") or str(Path(sys.executable).with_name("redis-cli"))
+    out = subprocess.run(
+        [cli, "-p", str(stream_server.port)],
+        input=f"{destroy}\n{delete}\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
+    assert out == ["1", "1"], (destroy, delete, out)  # the group destroyed, the field deleted
+    consumer.start()
+    consumer.poll(effect)
+    assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[-1])  # type: ignore[arg-type]
 
 
 def test_a_scope_whose_marker_was_deleted_before_its_first_write_is_reset_not_claimed(
     names: Names,
-    stream_server: EmbeddedRedis,
+    consumer: Any,
+    effect: Ledger,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
@@ -575,29 +655,25 @@ def test_a_scope_whose_marker_was_deleted_before_its_first_write_is_reset_not_cl
     write: the stream's server answers that it is no longer that incarnation
     (``ProviderReset``, which ``run()`` goes on from with the new incarnation's scope); the
     old scope is never made on the progress server."""
-    effect = Ledger()
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    try:
-        old = consumer.start()
-        stream_client.delete(f"settle:{{{names.stream}}}:incarnation:{names.stream}")
-        ids = publish(stream_client, names, ["z0"])
-        with pytest.raises(ProviderReset):
-            consumer.poll(effect)  # z0's first write: no state, and the marker is gone
-        assert effect.invocations == Counter()
-        consumer.run(effect, polls=3)
-        assert consumer.scope is not None
-        assert consumer.scope != old
-        assert consumer.store.scopes() == [consumer.scope]  # the old scope never made
-        assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
-        assert effect.invocations == Counter({"z0": 1})
-        assert [e["scope"] for e in _events(logs, "settle.progress.provider_reset")] == [str(old)]
-    finally:
-        consumer.close()
+    old = consumer.start()
+    stream_client.delete(f"settle:{{{names.stream}}}:incarnation:{names.stream}")
+    ids = publish(stream_client, names, ["z0"])
+    with pytest.raises(ProviderReset):
+        consumer.poll(effect)  # z0's first write: no state, and the marker is gone
+    assert effect.invocations == Counter()
+    consumer.run(effect, polls=3)
+    assert consumer.scope is not None
+    assert consumer.scope != old
+    assert consumer.store.scopes() == [consumer.scope]  # the old scope never made
+    assert consumer.store.read(consumer.scope).floor == DeliveryId(ids[0])
+    assert effect.invocations == Counter({"z0": 1})
+    assert [e["scope"] for e in _events(logs, "settle.progress.provider_reset")] == [str(old)]
 
 
 def test_a_scope_that_only_dead_lettered_is_refused_after_the_loss(
     names: Names,
-    stream_server: EmbeddedRedis,
+    consumer: Any,
+    effect: Ledger,
     own_progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     logs: list[dict[str, Any]],
@@ -605,20 +681,14 @@ def test_a_scope_that_only_dead_lettered_is_refused_after_the_loss(
     """A dead-letter acknowledges too (its evidence was in progress before): a scope whose
     only settled delivery was dead-lettered is refused after the loss, not made anew (it
     would report the dead-lettered delivery as lost and hold the floor below it)."""
-    effect = Ledger()
-    consumer = _consumer(names, stream_server.url, own_progress_server.url)
-    try:
-        bad = stream_client.xadd(names.stream, {"body": "no emission id"}).decode()
+    bad = stream_client.xadd(names.stream, {"body": "no emission id"}).decode()
+    consumer.poll(effect)
+    assert settled_ids(stream_client, names) == {bad}
+    assert stream_client.xlen(consumer.dead_letter_key) == 1
+    _lose(own_progress_server)
+    publish(stream_client, names, ["d1"])
+    with pytest.raises(ProgressLost):
         consumer.poll(effect)
-        assert settled_ids(stream_client, names) == {bad}
-        assert stream_client.xlen(consumer.dead_letter_key) == 1
-        with redis.Redis.from_url(own_progress_server.url) as raw:
-            raw.flushall()
-        publish(stream_client, names, ["d1"])
-        with pytest.raises(ProgressLost):
-            consumer.poll(effect)
-        assert _tagged(own_progress_server, names) == []
-        assert effect.invocations == Counter()
-        assert _events(logs, "settle.progress.lost") == []
-    finally:
-        consumer.close()
+    assert _tagged(own_progress_server, names) == []
+    assert effect.invocations == Counter()
+    assert _events(logs, "settle.progress.lost") == []
