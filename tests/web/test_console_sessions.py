@@ -337,3 +337,105 @@ def test_settle_web_on_a_network_address_without_a_token_warns(
     assert "SETTLE_WEB_TOKEN" in err
     quiet = _served_stderr("--redis-url", redis_url, "--namespace", ns)
     assert "warning" not in quiet
+
+
+# -- review: sessions a sign-in replaces, end_sessions's arguments, the network warning ------
+
+
+def _session_keys(redis_url: str, namespace: str) -> list[bytes]:
+    with redis.Redis.from_url(redis_url) as raw:
+        return list(raw.scan_iter(match=f"settle:{{{namespace}}}:console:session:*"))
+
+
+@pytest.mark.asyncio
+async def test_signing_in_again_ends_the_session_it_replaces(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """bob signs in on the browser alice left signed in (a shared machine): the browser is
+    bob's, and alice's session must end with it. It lived on in Redis until its max age, so
+    a copy of alice's cookie kept resolving entries as alice after the browser left her."""
+    ref = stale_settlement(writer, "order-replaced")
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert f"signed in as {PRINCIPAL}" in page
+        async with copy_of(browser, app) as thief:
+            form = (await browser.get("/signin")).text
+            data = {"token": "bob-token-5e1", "csrf": csrf_of(form)}
+            assert (await browser.post("/signin", data=data)).status_code == 303
+            assert "signed in as bob@finance" in (await browser.get("/")).text
+            replay = await resolve(thief, ref, "refunded twice", csrf_of(page))
+            assert replay.status_code == 403
+            assert f"signed in as {PRINCIPAL}" not in (await thief.get("/")).text
+        assert len(_session_keys(redis_url, writer.config.namespace)) == 1  # bob's alone
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_a_refused_sign_in_leaves_the_session_signed_in(writer: Settler, app: object) -> None:
+    """Only a sign-in that starts a session ends the one it replaces: a mistyped token on
+    the sign-in page signs nobody out."""
+    async with signed_in(app) as browser:
+        form = (await browser.get("/signin")).text
+        data = {"token": "mistyped", "csrf": csrf_of(form)}
+        assert (await browser.post("/signin", data=data)).status_code == 403
+        assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+
+
+@pytest.mark.asyncio
+async def test_end_sessions_refuses_a_sync_settler_before_writing(
+    writer: Settler, redis_url: str
+) -> None:
+    """end_sessions(Settler) ran its INCR, then failed with "object int can't be used in
+    'await' expression": the sessions had ended, but the caller saw a TypeError and could
+    not tell. It refuses with a typed error saying what to pass, and writes nothing."""
+    from settle.errors import InvalidInput  # noqa: PLC0415
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    for settler, principal in ((writer, PRINCIPAL), (None, PRINCIPAL)):
+        with pytest.raises(InvalidInput, match="AsyncSettler"):
+            await end_sessions(settler, principal)  # type: ignore[arg-type]
+    with redis.Redis.from_url(redis_url) as raw:
+        ns = writer.config.namespace
+        assert list(raw.scan_iter(match=f"settle:{{{ns}}}:console:*")) == []
+
+
+@pytest.mark.asyncio
+async def test_end_sessions_refuses_a_principal_no_sign_in_grants(
+    reader: AsyncSettler, redis_url: str
+) -> None:
+    """A sign-in grants only a non-empty str; end_sessions(settler, "") or of None (a
+    lookup that found nobody) ended nobody and said nothing."""
+    from settle.errors import InvalidInput  # noqa: PLC0415
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    for principal in ("", None, 42):
+        with pytest.raises(InvalidInput, match="principal"):
+            await end_sessions(reader, principal)  # type: ignore[arg-type]
+    with redis.Redis.from_url(redis_url) as raw:
+        ns = reader.config.namespace
+        assert list(raw.scan_iter(match=f"settle:{{{ns}}}:console:*")) == []
+
+
+def test_settle_web_on_a_network_address_with_a_token_warns_that_reading_is_open(
+    redis_url: str, writer: Settler
+) -> None:
+    """A token guards resolving only; reading still needs no sign-in. With --token the
+    network warning was left out (only the clear-text one was given), though the one who
+    set a token is the one likely to think the console is closed."""
+    ns = writer.config.namespace
+    stderr: list[str] = []
+    with settle_web(
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        ns,
+        "--host",
+        "0.0.0.0",
+        token=TOKEN,
+        stderr=stderr,
+    ):
+        pass
+    [err] = stderr
+    assert "clear text" in err
+    assert "reachable from the network" in err
+    assert "reading needs no sign-in" in err
