@@ -98,7 +98,7 @@ def web(
             "plain HTTP; serve it behind a TLS proxy",
             err=True,
         )
-    elif not _loopback(host):
+    if not _loopback(host):  # with a token too: it guards resolving, never reading
         click.echo(
             f"settle web: warning: the console on {host} is reachable from the network, "
             "and reading needs no sign-in: anyone who reaches it reads every payload and "

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from settle._async.settler import AsyncSettler
 from settle._core.keys import Keys
 from settle._log import binding_digest, logger
-from settle.errors import ConfigurationError, SettleError
+from settle.errors import ConfigurationError, InvalidInput, SettleError
 
 __all__ = [
     "CSP",
@@ -138,7 +138,18 @@ async def end_sessions(settler: AsyncSettler, principal: str) -> None:
     more. A sign-in after this call starts a session as usual.
 
     Raises :class:`~settle.errors.BackendError` when Redis cannot be reached (then nothing
-    ended: call it again)."""
+    ended: call it again), and :class:`~settle.errors.InvalidInput`, writing nothing, for
+    anything but an :class:`~settle.AsyncSettler` and a principal a sign-in can grant."""
+    if not isinstance(settler, AsyncSettler):
+        # A sync Settler ran the INCR, then the await failed with a bare TypeError.
+        raise InvalidInput(
+            f"end_sessions takes an AsyncSettler, not {type(settler).__name__}: from sync "
+            "code, asyncio.run(end_sessions(AsyncSettler.from_url(...), principal))"
+        )
+    if not (isinstance(principal, str) and principal):
+        raise InvalidInput(
+            f"the principal must be the non-empty str a sign-in granted, not {principal!r}"
+        )
     key = _keys(settler).console_signouts(_digest(principal))
     # Repeated after a lost reply it counts twice, which ends the same sessions.
     await settler._command("INCR", lambda c: c.incr(key), key=key)

@@ -373,6 +373,11 @@ class _Console:
         if principal is None:
             logger.warning("settle.web.sign_in_refused")
             return self.render(request, "signin.html", 403, next=target, failed=True)
+        replaced = request.session.get("sid")
+        if isinstance(replaced, str):
+            # The browser leaves the session it held (another user on a shared machine):
+            # it ends, or a copy of its cookie would act on until its max age.
+            await self.sessions.end(replaced)  # Redis down: the error page, nothing changed
         csrf = secrets.token_urlsafe(32)  # a fresh session and CSRF token for the user
         sid = await self.sessions.start(principal, csrf)  # Redis down: the error page
         request.session.clear()

@@ -117,3 +117,35 @@ async def test_the_overview_counts_records_on_every_node_in_few_calls(
     )
     assert capped.records_capped
     assert sum(capped.records.values()) == 50
+
+
+async def test_console_sessions_start_resolve_and_end_on_a_cluster(
+    writer: Settler, reader: AsyncSettler, namespace: str
+) -> None:
+    """The sessions' keys carry the namespace's hash tag: a sign-in, a resolve and
+    end_sessions run on the cluster client, each on the one node of that slot."""
+    from settle.web import create_app, end_sessions  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+    from tests.web.evidence import stale_settlement  # noqa: PLC0415
+    from tests.web.test_console_http import csrf_of  # noqa: PLC0415
+
+    ref = stale_settlement(writer, "order-on-cluster")
+    app = create_app(reader, authorize=lambda token: "ana" if token == "t0k" else None)
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        signed = await browser.post("/signin", data={"token": "t0k", "csrf": csrf_of(form)})
+        assert signed.status_code == 303
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert "signed in as ana" in page
+        await end_sessions(reader, "ana")
+        data = {"note": "refunded", "csrf": csrf_of(page)}
+        assert (await browser.post(f"/entry/{ref}/resolve", data=data)).status_code == 403
+        form = (await browser.get("/signin")).text
+        signed = await browser.post("/signin", data={"token": "t0k", "csrf": csrf_of(form)})
+        assert signed.status_code == 303
+        page = (await browser.get(f"/entry/{ref}")).text
+        data = {"note": "refunded", "csrf": csrf_of(page)}
+        assert (await browser.post(f"/entry/{ref}/resolve", data=data)).status_code == 303
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == "[resolved by ana] refunded"

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import itsdangerous
 import pytest
 import pytest_asyncio
 import redis
@@ -19,6 +21,7 @@ from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
 from settle.web import create_app
 from settle.web._security import CSP
+from settle.web.app import _console_key
 from tests.cli.conftest import settle
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting, legacy_note, stale_settlement
@@ -337,3 +340,313 @@ def test_settle_web_on_a_network_address_without_a_token_warns(
     assert "SETTLE_WEB_TOKEN" in err
     quiet = _served_stderr("--redis-url", redis_url, "--namespace", ns)
     assert "warning" not in quiet
+
+
+# -- review: sessions a sign-in replaces, end_sessions's arguments, the network warning ------
+
+
+def _session_keys(redis_url: str, namespace: str) -> list[bytes]:
+    with redis.Redis.from_url(redis_url) as raw:
+        return list(raw.scan_iter(match=f"settle:{{{namespace}}}:console:session:*"))
+
+
+@pytest.mark.asyncio
+async def test_signing_in_again_ends_the_session_it_replaces(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """bob signs in on the browser alice left signed in (a shared machine): the browser is
+    bob's, and alice's session must end with it. It lived on in Redis until its max age, so
+    a copy of alice's cookie kept resolving entries as alice after the browser left her."""
+    ref = stale_settlement(writer, "order-replaced")
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert f"signed in as {PRINCIPAL}" in page
+        async with copy_of(browser, app) as thief:
+            form = (await browser.get("/signin")).text
+            data = {"token": "bob-token-5e1", "csrf": csrf_of(form)}
+            assert (await browser.post("/signin", data=data)).status_code == 303
+            assert "signed in as bob@finance" in (await browser.get("/")).text
+            replay = await resolve(thief, ref, "refunded twice", csrf_of(page))
+            assert replay.status_code == 403
+            assert f"signed in as {PRINCIPAL}" not in (await thief.get("/")).text
+        assert len(_session_keys(redis_url, writer.config.namespace)) == 1  # bob's alone
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_a_refused_sign_in_leaves_the_session_signed_in(writer: Settler, app: object) -> None:
+    """Only a sign-in that starts a session ends the one it replaces: a mistyped token on
+    the sign-in page signs nobody out."""
+    async with signed_in(app) as browser:
+        form = (await browser.get("/signin")).text
+        data = {"token": "mistyped", "csrf": csrf_of(form)}
+        assert (await browser.post("/signin", data=data)).status_code == 403
+        assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+
+
+@pytest.mark.asyncio
+async def test_end_sessions_refuses_a_sync_settler_before_writing(
+    writer: Settler, redis_url: str
+) -> None:
+    """end_sessions(Settler) ran its INCR, then failed with "object int can't be used in
+    'await' expression": the sessions had ended, but the caller saw a TypeError and could
+    not tell. It refuses with a typed error saying what to pass, and writes nothing."""
+    from settle.errors import InvalidInput  # noqa: PLC0415
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    for settler, principal in ((writer, PRINCIPAL), (None, PRINCIPAL)):
+        with pytest.raises(InvalidInput, match="AsyncSettler"):
+            await end_sessions(settler, principal)  # type: ignore[arg-type]
+    with redis.Redis.from_url(redis_url) as raw:
+        ns = writer.config.namespace
+        assert list(raw.scan_iter(match=f"settle:{{{ns}}}:console:*")) == []
+
+
+@pytest.mark.asyncio
+async def test_end_sessions_refuses_a_principal_no_sign_in_grants(
+    reader: AsyncSettler, redis_url: str
+) -> None:
+    """A sign-in grants only a non-empty str; end_sessions(settler, "") or of None (a
+    lookup that found nobody) ended nobody and said nothing."""
+    from settle.errors import InvalidInput  # noqa: PLC0415
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    for principal in ("", None, 42):
+        with pytest.raises(InvalidInput, match="principal"):
+            await end_sessions(reader, principal)  # type: ignore[arg-type]
+    with redis.Redis.from_url(redis_url) as raw:
+        ns = reader.config.namespace
+        assert list(raw.scan_iter(match=f"settle:{{{ns}}}:console:*")) == []
+
+
+def test_settle_web_on_a_network_address_with_a_token_warns_that_reading_is_open(
+    redis_url: str, writer: Settler
+) -> None:
+    """A token guards resolving only; reading still needs no sign-in. With --token the
+    network warning was left out (only the clear-text one was given), though the one who
+    set a token is the one likely to think the console is closed."""
+    ns = writer.config.namespace
+    stderr: list[str] = []
+    with settle_web(
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        ns,
+        "--host",
+        "0.0.0.0",
+        token=TOKEN,
+        stderr=stderr,
+    ):
+        pass
+    [err] = stderr
+    assert "clear text" in err
+    assert "reachable from the network" in err
+    assert "reading needs no sign-in" in err
+
+
+# -- review: what the mutants of the session code showed untested ------------------------
+
+
+def _session_key(namespace: str, browser: httpx.AsyncClient) -> str:
+    """The Redis key of ``browser``'s session (named by the SHA-256 of its id)."""
+    sid = session_of(browser)["sid"]
+    assert isinstance(sid, str)
+    return f"settle:{{{namespace}}}:console:session:{hashlib.sha256(sid.encode()).hexdigest()}"
+
+
+def _signouts_key(namespace: str, principal: str) -> str:
+    digest = hashlib.sha256(principal.encode()).hexdigest()
+    return f"settle:{{{namespace}}}:console:signouts:{digest}"
+
+
+def _holds_a_session(browser: httpx.AsyncClient) -> bool:
+    cookies = [k for k in browser.cookies if k.startswith("settle_console_")]
+    return bool(cookies) and "sid" in session_of(browser)
+
+
+@pytest.mark.asyncio
+async def test_a_sign_out_count_settle_did_not_write_signs_out_and_refuses_sign_in(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """A count that is not a number (written by something else) cannot say which sessions
+    ended: every session of the principal is over and no new one starts (503 naming the
+    key), rather than reading it as 0, which would bring back every ended session."""
+    ref = stale_settlement(writer, "order-garbled-count")
+    ns = writer.config.namespace
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.set(_signouts_key(ns, PRINCIPAL), "garbled")
+        assert "signed in as" not in (await browser.get("/")).text
+        assert (await resolve(browser, ref, "refunded", csrf_of(page))).status_code == 403
+        form = (await browser.get("/signin")).text
+        refused = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+        assert_error_page(refused, 503)
+        assert "console:signouts:" in refused.text
+        assert "signed in as" not in (await browser.get("/")).text
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_a_sign_out_count_lower_than_the_sessions_ends_it(
+    writer: Settler, reader: AsyncSettler, app: object, redis_url: str
+) -> None:
+    """A session holds only while the principal's count is the one it started under: a
+    lower one (the count was lost: DEL, a failover) ends it as surely as a higher one."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    await end_sessions(reader, PRINCIPAL)
+    await end_sessions(reader, PRINCIPAL)
+    async with signed_in(app) as browser:  # started under count 2
+        assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.delete(_signouts_key(writer.config.namespace, PRINCIPAL))
+        assert "signed in as" not in (await browser.get("/")).text
+
+
+@pytest.mark.asyncio
+async def test_a_cookie_naming_a_session_with_another_csrf_token_resolves_nothing(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    """The CSRF token is the session's own, its SHA-256 kept in Redis: a cookie that names
+    a live session but carries another token (pieced together with a leaked secret_key)
+    is no sign-in, though its form and cookie tokens agree."""
+    ref = stale_settlement(writer, "order-pieced")
+    secret = "a-secret-key-that-leaked"
+    app = create_app(reader, authorize=people, secret_key=secret)
+    async with signed_in(app) as browser:
+        [(name, _)] = [(k, v) for k, v in browser.cookies.items() if k.startswith("settle_")]
+        forged_csrf = "chosen-by-the-forger"
+        forged = {**session_of(browser), "csrf": forged_csrf}
+        signer = itsdangerous.TimestampSigner(_console_key(secret, writer.config.namespace))
+        value = signer.sign(base64.b64encode(json.dumps(forged).encode())).decode()
+        async with client_for(app) as forger:
+            forger.cookies.set(name, value)
+            assert "signed in as" not in (await forger.get("/")).text
+            refused = await resolve(forger, ref, "refunded", forged_csrf)
+            assert refused.status_code == 403
+        assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_a_session_value_settle_did_not_write_is_no_sign_in(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """Whatever sits at a session's key that the console did not write (not JSON, other
+    types) signs the browser out: no 500, no principal taken from it."""
+    ns = writer.config.namespace
+    async with signed_in(app) as browser:
+        key = _session_key(ns, browser)
+        csrf = session_of(browser)["csrf"]
+        assert isinstance(csrf, str)
+        digest = hashlib.sha256(csrf.encode()).hexdigest()
+        blobs = [
+            b"not json",
+            b"[1, 2]",
+            b'"a string"',
+            json.dumps({"principal": PRINCIPAL, "csrf": digest}).encode(),
+            json.dumps({"principal": [PRINCIPAL], "csrf": digest, "signouts": 0}).encode(),
+            json.dumps({"principal": PRINCIPAL, "csrf": 7, "signouts": 0}).encode(),
+        ]
+        [cookie] = [c for c in browser.cookies.jar if c.name.startswith("settle_")]
+        for blob in blobs:
+            with redis.Redis.from_url(redis_url) as raw:
+                raw.set(key, blob)
+            browser.cookies.jar.set_cookie(cookie)  # the session's cookie, every time
+            page = await browser.get("/")
+            assert page.status_code == 200, (blob, page.text[:300])
+            assert "signed in as" not in page.text, blob
+            assert not _holds_a_session(browser), blob  # the cookie forgot it
+
+
+@pytest.mark.asyncio
+async def test_a_cookie_forgets_a_session_that_ended(
+    writer: Settler, reader: AsyncSettler, app: object
+) -> None:
+    """After sign-out, and on the next page after end_sessions, the browser's cookie holds
+    no session id (nor its CSRF token): nothing of the ended session is sent again."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    async with signed_in(app) as browser:
+        page = (await browser.get("/")).text
+        assert _holds_a_session(browser)
+        assert (await browser.post("/signout", data={"csrf": csrf_of(page)})).status_code == 303
+        assert not _holds_a_session(browser)
+    async with signed_in(app) as browser:
+        assert _holds_a_session(browser)
+        await end_sessions(reader, PRINCIPAL)
+        assert "signed in as" not in (await browser.get("/")).text
+        assert not _holds_a_session(browser)
+
+
+@pytest.mark.asyncio
+async def test_a_resolve_notice_does_not_outlive_the_sign_in(writer: Settler, app: object) -> None:
+    """alice resolves and leaves before the entry shows again; bob signs in on the same
+    browser and opens the entry: "Resolved. The evidence is kept with your note." is not
+    his to read (a sign-in starts a session with nothing of the one before)."""
+    ref = stale_settlement(writer, "order-left-behind")
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        done = await resolve(browser, ref, "voided", csrf_of(page))
+        assert done.status_code == 303  # not followed: alice closed the tab
+        form = (await browser.get("/signin")).text
+        data = {"token": "bob-token-5e1", "csrf": csrf_of(form)}
+        assert (await browser.post("/signin", data=data)).status_code == 303
+        shown = (await browser.get(f"/entry/{ref}")).text
+        assert "signed in as bob@finance" in shown
+        assert "Resolved. The evidence is kept" not in shown
+
+
+@pytest.mark.asyncio
+async def test_a_form_larger_than_64_kib_is_refused_before_it_is_read_whole(
+    writer: Settler, app: object
+) -> None:
+    """The form is read in chunks and refused (400) once past 64 KiB: a 16 MiB body sent
+    in 16 KiB chunks is not read to its end, and nothing is resolved."""
+    ref = stale_settlement(writer, "order-huge-form")
+    pulled = 0
+
+    async def body(csrf: str) -> AsyncIterator[bytes]:
+        nonlocal pulled
+        yield f"csrf={csrf}&note=".encode()
+        for _ in range(1024):
+            pulled += 1
+            yield b"x" * 16 * 1024
+
+    async with signed_in(app) as browser:
+        csrf = csrf_of((await browser.get("/")).text)
+        refused = await browser.post(
+            f"/entry/{ref}/resolve",
+            content=body(csrf),
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert_error_page(refused, 400)
+        assert "larger than 64 KiB" in refused.text
+        assert pulled <= 8, pulled
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_with_scan_refused_the_overview_answers_503(
+    doomed: EmbeddedRedis, namespace: str
+) -> None:
+    """A Redis error while walking the records (here an ACL user without SCAN, whose TIME
+    and scripts work) is settle's BackendError and the error page with 503, not a 500."""
+    with redis.Redis.from_url(doomed.url) as raw:
+        raw.acl_setuser(
+            "console", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-scan"]
+        )
+    url = doomed.url.replace("redis://", "redis://console:pw@", 1)
+    with Settler.from_url(doomed.url, namespace=namespace, shards=4) as w:
+        w.check()
+        conflicting(w, "order-no-scan")
+    settler = AsyncSettler.from_url(url, namespace=namespace, shards=4)
+    try:
+        async with client_for(create_app(settler)) as browser:
+            assert (await browser.get("/quarantine")).status_code == 200  # no SCAN there
+            page = await browser.get("/")
+            assert_error_page(page, 503)
+            assert "NOPERM" in page.text or "permission" in page.text.lower()
+    finally:
+        await settler.aclose()
