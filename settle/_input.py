@@ -9,7 +9,7 @@ bad field, from its constructor and from ``model_validate`` / ``model_validate_j
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,6 +26,28 @@ def _invalid(model: type[BaseModel], exc: ValidationError) -> InvalidInput:
     return InvalidInput(f"invalid {model.__name__}: {problems}")
 
 
+def _raised_by_init(exc: ValidationError) -> InvalidInput | None:
+    """The :class:`InvalidInput` our ``__init__`` raised, when ``exc`` only wraps it.
+
+    pydantic builds a model whose class defines ``__init__`` through that ``__init__``, from
+    ``model_validate`` too: the ``InvalidInput`` it raised (a ``ValueError``) came back as a
+    ``ValidationError`` of the whole model, and was wrapped again (``invalid X: settings:
+    Value error, invalid X: field: ...``, the field-by-field ``ValidationError`` lost)."""
+    errors = exc.errors()
+    if len(errors) == 1 and not errors[0]["loc"]:
+        inner = errors[0].get("ctx", {}).get("error")
+        if isinstance(inner, InvalidInput):
+            return inner
+    return None
+
+
+def _reraise(model: type[BaseModel], exc: ValidationError) -> NoReturn:
+    inner = _raised_by_init(exc)
+    if inner is not None:
+        raise inner from inner.__cause__
+    raise _invalid(model, exc) from exc
+
+
 class InputModel(BaseModel):
     """A model built from user input: a bad value is :class:`~settle.errors.InvalidInput`."""
 
@@ -40,11 +62,11 @@ class InputModel(BaseModel):
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
-            raise _invalid(cls, exc) from exc
+            _reraise(cls, exc)
 
     @classmethod
     def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate_json(json_data, *args, **kwargs)
         except ValidationError as exc:
-            raise _invalid(cls, exc) from exc
+            _reraise(cls, exc)

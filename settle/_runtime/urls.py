@@ -53,7 +53,8 @@ def check(url: str) -> None:
     """Raise ``ValueError`` (described by :func:`url_problem`) for a URL whose password holds
     an unencoded ``/``, ``?`` or ``#``: redis-py ends the host part there, and would connect to
     the host named by the user name (or localhost) at a port read from the password, with no
-    password; its connection errors would then quote both."""
+    password; its connection errors would then quote both. An ``@`` in a query value
+    (``?client_name=a@b``) is not taken for the end of a password."""
     scheme = _SCHEME.match(url)
     if scheme is None or url[scheme.end() : scheme.end() + 3] != "://":
         return
@@ -65,12 +66,13 @@ def check(url: str) -> None:
 def _userinfo(rest: str) -> tuple[str, str, str] | Literal[False] | None:
     """``(user, password, location)`` of what follows ``scheme://``, the userinfo read up to
     the *last* ``@``; None when that userinfo holds no password; False when the usual reading
-    (an ``@`` inside a password query value) could hold a secret this one shows."""
+    (an ``@`` inside a query value: ``?client_name=a@b``, ``?password=a@b``) could hold a
+    secret this one shows, or the user part holds a ``/``, ``?`` or ``#``."""
     userinfo, at, location = rest.rpartition("@")
     if not at or ":" not in userinfo:
         return None
     user, _, password = userinfo.partition(":")
-    if any(ch in user for ch in _AUTHORITY_ENDS) or _in_password_parameter(userinfo):
+    if any(ch in user for ch in _AUTHORITY_ENDS) or _in_parameter(userinfo):
         return False
     return user, password, location
 
@@ -94,15 +96,16 @@ def _is_password(name: str) -> bool:
     return "password" in unquote_plus(name).lower()
 
 
-def _in_password_parameter(before_at: str) -> bool:
+def _in_parameter(before_at: str) -> bool:
     """Whether the ``@`` that follows ``before_at`` is, read the usual way (the authority
-    ends at the first ``/``, ``?`` or ``#``), inside the value of a password parameter: then
-    what follows the ``@`` is part of that password, not a host to show."""
+    ends at the first ``/``, ``?`` or ``#``), inside the value of a query parameter: then
+    what follows the ``@`` is part of that value, not a host to show. A password parameter's
+    value would be shown (``?password=a@b``); so would a later one's
+    (``?username=a@b&password=k``), after what looks like a host."""
     _, query_sep, query = before_at.partition("?")
     if not query_sep:
         return False
-    name, eq, _ = query.split("&")[-1].partition("=")
-    return bool(eq) and _is_password(name)
+    return "=" in query.split("&")[-1]
 
 
 #: :func:`check`'s ValueError (its own words: they quote nothing of the URL).

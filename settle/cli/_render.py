@@ -234,17 +234,32 @@ def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
     return out
 
 
+#: The widest a column :func:`keep_whole` keeps may be: a SHA-256 digest in hex. A longer
+#: cell in it is free text (a stream name, up to 256 characters), folded to this width.
+WHOLE_WIDTH = 64
+
+
 def keep_whole(table: Table, *headers: str) -> Table:
     """The one rule of the CLI's tables: the cells of the columns named (generations, ids,
     digests: what a user copies into a command) are never folded, wrapped or cut short, in
     an 80-column terminal too; every other column wraps into the width that is left. Call
-    it once the rows are in."""
+    it once the rows are in.
+
+    A kept column is as wide as its widest cell up to :data:`WHOLE_WIDTH`; a wider cell
+    folds at that width. Kept whole, a 100-character stream name in ``cursor show``'s value
+    column took the whole terminal: the field column was squeezed to nothing and the
+    table's right edge cut off."""
     for column in table.columns:
         if column.header in headers:
+            widths = [Text(str(c)).cell_len for c in (column.header, *column.cells)]
             column.no_wrap = True
-            column.min_width = max(
-                (Text(str(c)).cell_len for c in (column.header, *column.cells)), default=1
-            )
+            column.min_width = min(max(widths, default=1), WHOLE_WIDTH)
+            if max(widths, default=1) > WHOLE_WIDTH:
+                column.max_width = WHOLE_WIDTH
+                for cell in column.cells:
+                    if isinstance(cell, Text) and cell.cell_len > WHOLE_WIDTH:
+                        cell.no_wrap = False
+                        cell.overflow = "fold"
         else:
             column.overflow = "fold"
     return table

@@ -177,6 +177,9 @@ def test_a_password_in_the_url_query_is_not_echoed() -> None:
         ("redis://h:6379/0?pass%77ord=a@c", "redis://***"),
         ("redis://h:6379/0?password=a#b@c", "redis://***"),
         ("redis://h/0?password=a:b@c", "redis://***"),
+        # ... or in any other query value, before a password parameter the '@' would move
+        ("redis://h:6379/0?username=a@c&password=k3y", "redis://***"),
+        ("redis://:pw@h:6379/0?client_name=a@c", "redis://***"),
         ("redis:/app:s3cret@h:6379/0", "redis:***"),
         ("redis:app:s3cret@h", "redis:***"),
         ("app:s3cret@h:6379", "app:***"),
@@ -292,3 +295,24 @@ def test_a_password_with_a_slash_is_never_shown_as_the_port(
     assert "localhost" not in shown, done.stderr
     if code == 2:
         assert "percent-encode it (%2F, %3F, %23)" in done.stderr
+
+
+def test_an_at_sign_in_a_query_value_is_not_the_end_of_a_password(
+    settler: Settler, redis_url: str, namespace: str
+) -> None:
+    """The userinfo was read up to the last '@', wherever it stood: a valid URL with a
+    client name or an ACL user name holding an '@' in its query (``?client_name=billing@eu1``)
+    was refused by every command as "the password holds a '/'..." although it has no
+    password, and the refusal showed the query's ``password=`` after the '@' in clear."""
+    r = settler.reserve("order-at", {"a": 1}, principal="tenant:x")
+    assert isinstance(r, Reserved)
+    url = f"{redis_url}?client_name=billing@eu1"
+    done = settle("inspect", "order-at", "--json", "--namespace", namespace, "--redis-url", url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["operation_id"] == "order-at"
+    # a user the server does not know: refused by Redis (exit 3), the password never shown
+    port = redis_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
+    url = f"redis://127.0.0.1:{port}/0?username=alice@corp.example&password=s3cret-q"
+    denied = settle("stats", "--namespace", namespace, "--redis-url", url)
+    assert denied.returncode == 3, denied.stderr
+    assert "s3cret" not in denied.stderr, denied.stderr

@@ -14,6 +14,7 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from settle.config import SettleConfig
 from settle.cursor import (
     AsyncCursorConsumer,
     AsyncCursorStore,
@@ -127,3 +128,26 @@ def test_a_contract_with_a_bad_value_is_invalid_input_naming_the_field(
             build()
         assert isinstance(caught.value, SettleError)
         assert isinstance(caught.value.__cause__, ValidationError)
+
+
+@pytest.mark.parametrize("model", [ProviderContract, SettleConfig])
+def test_model_validate_names_the_field_once_as_the_constructor_does(model: Any) -> None:
+    """pydantic builds a model with its own ``__init__`` through it from ``model_validate``
+    too, so the ``InvalidInput`` raised there came back wrapped once more: ``invalid
+    ProviderContract: settings: Value error, invalid ProviderContract: cursor_ttl: ...``, with
+    a ``__cause__`` that named no field."""
+    values = {"cursor_ttl": 0} if model is ProviderContract else {"shards": 0}
+    field = next(iter(values))
+    with pytest.raises(InvalidInput) as direct:
+        model(**values)
+    for build in (
+        lambda: model.model_validate(values),
+        lambda: model.model_validate_json(json.dumps(values)),
+    ):
+        with pytest.raises(InvalidInput) as caught:
+            build()
+        assert str(caught.value) == str(direct.value)
+        assert str(caught.value).startswith(f"invalid {model.__name__}: {field}: ")
+        cause = caught.value.__cause__
+        assert isinstance(cause, ValidationError)
+        assert [e["loc"] for e in cause.errors()] == [(field,)]

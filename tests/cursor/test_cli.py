@@ -144,3 +144,31 @@ def test_an_80_column_terminal_shows_generations_and_digests_whole(
     assert max(len(line) for line in shown.splitlines()) <= 80, shown
     for whole in (str(ck.generation), ck.cursor_digest, str(ck.promoted_witness)):
         assert whole in shown, shown
+
+
+def test_a_long_stream_name_leaves_the_field_names_in_an_80_column_terminal(
+    store: CursorStore, redis_url, namespace
+):
+    """The value column of ``cursor show`` was kept as wide as its widest cell: a stream name
+    of 100 characters or more (up to 256 are allowed) took the whole terminal, the field
+    column shrank to nothing (no ``generation``, no ``cursor_digest`` label) and the table's
+    right edge was cut off. The long name folds; the digest and generation stay whole."""
+    stream = "orders-" + "x" * 113
+    ck = store.start(stream, b"first-cursor")
+    env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+    cmd = [sys.executable, "-c", "from settle.cli import main; main()", "cursor"]
+    shown = in_terminal([*cmd, "show", stream], env)
+    rows = [line for line in shown.splitlines() if line.startswith("│")]
+    assert max(len(line) for line in shown.splitlines()) <= 80, shown
+    assert all(line.endswith("│") for line in rows), shown
+    labels = [line.split("│")[1].strip() for line in rows]
+    assert labels[0] == "stream", shown
+    # the field names fold into the width left: every letter of each is there
+    for field in ("cursor_digest", "generation", "promoted_witness", "updated_at"):
+        assert field in "".join(labels), shown
+    assert str(ck.generation) in shown, shown
+    assert ck.cursor_digest in shown, shown
+    # the name, folded over the value cells of its row, is all there
+    digest_row = next(i for i, line in enumerate(rows) if ck.cursor_digest in line)
+    folded = "".join(line.split("│")[2].strip() for line in rows[:digest_row])
+    assert folded == stream, shown
