@@ -15,14 +15,17 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import shutil
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -30,6 +33,7 @@ from rich.text import Text
 from settle.models import AttemptObservation, OperationRecord, QuarantineEntry
 
 __all__ = [
+    "Listing",
     "add_row",
     "attempts_table",
     "console",
@@ -41,10 +45,11 @@ __all__ = [
     "fields_table",
     "hidden",
     "json_line",
-    "keep_whole",
     "literal",
     "new_table",
     "print_json",
+    "print_table",
+    "print_text",
     "record_json",
     "record_table",
     "visible",
@@ -87,25 +92,48 @@ def literal(value: object, style: str = "") -> Text:
     return Text(visible(str(value)), style=style)
 
 
-def new_table(title: object = None, **options: Any) -> Table:
-    """A table whose title is literal text (titles name operations, streams...)."""
-    return Table(title=None if title is None else literal(title), **options)
+def new_table(title: object = None, *, whole: Collection[str] = (), **options: Any) -> Listing:
+    """A table whose title is literal text (titles name operations, streams...), and whose
+    columns (or fields) named ``whole`` are never broken (:func:`print_table`)."""
+    return Listing(title=None if title is None else literal(title), whole=whole, **options)
 
 
 def console(*, stderr: bool = False) -> Console:
-    """A console that does not squeeze tables to 80 columns when output is piped, and
-    interprets nothing it prints: no markup, no emoji codes, no highlighting (style with
-    :class:`rich.text.Text`)."""
+    """A console as wide as the terminal it writes to, or 200 columns when output is piped
+    (:func:`print_table` widens it further for a table that needs more), that interprets
+    nothing it prints: no markup, no emoji codes, no highlighting (style with
+    :class:`rich.text.Text`).
+
+    On a terminal the width is ``COLUMNS`` when set (as rich reads it), else the
+    terminal's; rich's own guess gave a ``TERM=dumb`` terminal 80 columns, however narrow."""
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else max(shutil.get_terminal_size((200, 24)).columns, 200)
+    if stream.isatty():
+        size = _terminal_size(stream)
+    else:
+        columns = max(shutil.get_terminal_size((200, 24)).columns, 200)
+        size = os.terminal_size((columns, 24))
     return Console(
         file=stream,
-        width=width,
+        width=size.columns,
+        height=size.lines,
         markup=False,
         emoji=False,
         highlight=False,
         soft_wrap=False,
     )
+
+
+def _terminal_size(stream: TextIO) -> os.terminal_size:
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError):  # not a real terminal after all (a test's StringIO)
+        size = os.terminal_size((80, 24))
+    columns, lines = (size.columns or 80), (size.lines or 24)
+    for name in ("COLUMNS", "LINES"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            columns, lines = (int(value), lines) if name == "COLUMNS" else (columns, int(value))
+    return os.terminal_size((columns, lines))
 
 
 def print_json(value: Any) -> None:
@@ -234,40 +262,193 @@ def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
     return out
 
 
-#: The widest a column :func:`keep_whole` keeps may be: a SHA-256 digest in hex. A longer
-#: cell in it is free text (a stream name, up to 256 characters), folded to this width.
-WHOLE_WIDTH = 64
+class Listing(Table):
+    """A rich table that knows which of its values a user copies into the next command (ids,
+    operation ids, generations, attempt ids, digests): ``whole`` names those columns by
+    header or, in a table of fields (no header: field names, then values), those fields.
+    Print it with :func:`print_table`."""
+
+    def __init__(self, *args: Any, whole: Collection[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.whole = frozenset(whole)
 
 
-def keep_whole(table: Table, *headers: str) -> Table:
-    """The one rule of the CLI's tables: the cells of the columns named (generations, ids,
-    digests: what a user copies into a command) are never folded, wrapped or cut short, in
-    an 80-column terminal too; every other column wraps into the width that is left. Call
-    it once the rows are in.
+def _plain(value: object) -> str:
+    return value.plain if isinstance(value, Text) else str(value)
 
-    A kept column is as wide as its widest cell up to :data:`WHOLE_WIDTH`; a wider cell
-    folds at that width. Kept whole, a 100-character stream name in ``cursor show``'s value
-    column took the whole terminal: the field column was squeezed to nothing and the
-    table's right edge cut off."""
-    for column in table.columns:
-        if column.header in headers:
-            widths = [Text(str(c)).cell_len for c in (column.header, *column.cells)]
-            column.no_wrap = True
-            column.min_width = min(max(widths, default=1), WHOLE_WIDTH)
-            if max(widths, default=1) > WHOLE_WIDTH:
-                column.max_width = WHOLE_WIDTH
-                for cell in column.cells:
-                    if isinstance(cell, Text) and cell.cell_len > WHOLE_WIDTH:
-                        cell.no_wrap = False
-                        cell.overflow = "fold"
+
+def _pieces(text: str, whole: bool) -> list[str]:
+    """What a line break may not go through: a whole value, else each word."""
+    return [text] if whole else text.split(" ")
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The text of a table: its column headers, its rows, which cells are whole, and whether
+    it is a table of fields (printed as one block whose labels are its first column)."""
+
+    headers: list[str]
+    rows: list[list[str]]
+    whole: list[list[bool]]
+    fields: bool
+
+    @classmethod
+    def of(cls, table: Table) -> _Grid:
+        names = table.whole if isinstance(table, Listing) else frozenset()
+        headers = [_plain(column.header) for column in table.columns]
+        columns = [[_plain(cell) for cell in column.cells] for column in table.columns]
+        rows = [list(row) for row in zip(*columns, strict=True)]
+        fields = not table.show_header
+        if fields:
+            whole = [[i > 0 and row[0] in names for i in range(len(row))] for row in rows]
         else:
-            column.overflow = "fold"
-    return table
+            whole = [[header in names for header in headers] for _ in rows]
+        return cls(headers, rows, whole, fields)
+
+    def measure(self) -> tuple[list[int], list[int]]:
+        """Per column, the narrowest it can be without breaking a whole value or a word
+        (a header wraps at its spaces), and the width of its widest cell."""
+        narrowest, widest = [], []
+        for c, header in enumerate(self.headers):
+            heads = [] if self.fields else [header]
+            cells = [(row[c], self.whole[r][c]) for r, row in enumerate(self.rows)]
+            pieces = [p for text, whole in cells for p in _pieces(text, whole)]
+            pieces += [p for text in heads for p in text.split(" ")]
+            narrowest.append(max((cell_len(p) for p in pieces), default=1) or 1)
+            widest.append(max((cell_len(t) for t in [*heads, *(t for t, _ in cells)]), default=1))
+        return narrowest, [max(w, n) for w, n in zip(widest, narrowest, strict=True)]
 
 
-def fields_table(title: str, rows: Sequence[tuple[str, object]]) -> Table:
-    """Two columns, field and value, every cell literal."""
-    table = new_table(title, show_header=False, title_justify="left")
+def _chrome(table: Table) -> int:
+    """Columns a table's borders and cell padding take (the tables here pad every cell)."""
+    n = len(table.columns)
+    padding = table.padding[1] + table.padding[3]
+    borders = (n - 1 + (2 if table.show_edge else 0)) if table.box else 0
+    return n * padding + borders
+
+
+def _spread(narrowest: list[int], widest: list[int], room: int) -> list[int]:
+    """Column widths from the narrowest, the room left given to the narrowest column still
+    short of its widest cell, one column at a time: short columns are shown whole first."""
+    widths = list(narrowest)
+    left = room - sum(widths)
+    while left > 0:
+        short = [i for i, w in enumerate(widths) if w < widest[i]]
+        if not short:
+            break
+        widths[min(short, key=lambda i: widths[i])] += 1
+        left -= 1
+    return widths
+
+
+def _lines(label: str | None, value: str, whole: bool, indent: int, width: int) -> list[str]:
+    """``label: value`` as lines ``width`` wide, the value from column ``indent``, wrapped at
+    its spaces (a whole value: not at all). A word or whole value wider than the room beside
+    the label goes on a line of its own, indented two columns, or from the first column when
+    even that is too narrow: it is never broken. The terminal wraps a line wider than itself,
+    and copies it back as one line (docs/cli.md, "Narrow terminals").
+
+    Without a label (a title), the text starts at column 0 and ``indent`` is 0."""
+    room = max(width - indent, 1)
+    head = "" if label is None else f"{label}:".ljust(indent)
+    out: list[str] = []
+    current: str | None = None  # the words of the line being filled
+
+    def flush() -> None:
+        nonlocal current
+        if not out and (current or label is not None):  # the label's line
+            out.append(head + current if current else head.rstrip())
+        elif out and current:
+            out.append(" " * indent + current)
+        current = None
+
+    for piece in _pieces(value, whole):
+        if cell_len(piece) > room:
+            flush()
+            out.append(("  " if indent and cell_len(piece) <= width - 2 else "") + piece)
+        elif current is None:
+            current = piece
+        elif cell_len(current) + 1 + cell_len(piece) <= room:
+            current = f"{current} {piece}"
+        else:
+            flush()
+            current = piece
+    if current is not None or not out:
+        flush()
+    return out
+
+
+def print_text(out: Console, text: str) -> None:
+    """One message (stored values in it made visible), wrapped at its spaces only."""
+    _print_wrapped(out, visible(text), out.width)
+
+
+def _print_wrapped(out: Console, text: str, width: int, style: str = "") -> None:
+    for line in _lines(None, text, False, 0, width):
+        out.print(Text(line, style=style), soft_wrap=True)
+
+
+def print_table(out: Console, table: Table) -> None:
+    """The one layout rule of the CLI's tables: a value a user copies into the next command
+    (the columns or fields a :class:`Listing` names whole) is never broken, cut short or
+    ellipsized, and no word of the others is broken.
+
+    The table is printed when it fits the terminal so: whole columns as wide as their widest
+    cell, the others at least as wide as their longest word (they wrap at spaces). When it
+    does not (``quarantine ls`` in 80 columns), each row is printed as a block of
+    ``field: value`` lines instead, a blank line after each, as ``psql``'s expanded mode
+    does. Piped output is a table always, as wide as it needs to be (200 columns at least),
+    so that a script that reads it sees the same layout whatever the terminal it ran in."""
+    grid = _Grid.of(table)
+    narrowest, widest = grid.measure()
+    chrome = _chrome(table)
+    need = sum(narrowest) + chrome
+    width = out.width if out.is_terminal else max(out.width, need)
+    title = "" if table.title is None else _plain(table.title)
+    if need > width:
+        _print_blocks(out, grid, title, width)
+        return
+    widths = _spread(narrowest, widest, width - chrome)
+    for column, w in zip(table.columns, widths, strict=True):
+        column.width, column.min_width, column.max_width = w, None, None
+        column.no_wrap, column.overflow = False, "fold"
+    if cell_len(title) > sum(widths) + chrome:  # rich would fold it at the table's width
+        table.title = None
+        _print_wrapped(out, title, width, "table.title")
+    wide, out.width = out.width, width
+    try:
+        out.print(table)
+    finally:
+        out.width = wide
+
+
+def _print_blocks(out: Console, grid: _Grid, title: str, width: int) -> None:
+    if title:
+        _print_wrapped(out, title, width, "table.title")
+    if grid.fields:
+        labels = [row[0] for row in grid.rows]
+        blocks = [[(row[0], row[-1], grid.whole[r][-1]) for r, row in enumerate(grid.rows)]]
+    else:
+        labels = grid.headers
+        blocks = [
+            list(zip(grid.headers, row, grid.whole[r], strict=True))
+            for r, row in enumerate(grid.rows)
+        ]
+        out.print()
+    indent = max((cell_len(label) for label in labels), default=0) + 2
+    for block in blocks:
+        for label, value, whole in block:
+            for line in _lines(label, value, whole, indent, width):
+                out.print(Text(line), soft_wrap=True)
+        out.print()
+
+
+def fields_table(
+    title: str, rows: Sequence[tuple[str, object]], whole: Collection[str] = ()
+) -> Listing:
+    """Two columns, field and value, every cell literal; the fields named ``whole`` are
+    never broken (:func:`print_table`)."""
+    table = new_table(title, whole=whole, show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for name, value in rows:
@@ -280,7 +461,7 @@ def add_row(table: Table, *cells: object, style: str = "") -> None:
     table.add_row(*(literal(c) for c in cells), style=style or None)
 
 
-def record_table(record: OperationRecord) -> Table:
+def record_table(record: OperationRecord) -> Listing:
     state = record.state.value + (f" ({record.reason})" if record.reason else "")
     lease = _when(record.lease_expires_at) if record.lease_expires_at else "-"
     return fields_table(
@@ -299,11 +480,14 @@ def record_table(record: OperationRecord) -> Table:
             ("result", _preview(record.result)),
             ("result sha256", record.result_digest or "-"),
         ],
+        whole=("fingerprint", "binding", "generation", "attempt id", "result sha256"),
     )
 
 
-def attempts_table(attempts: list[AttemptObservation]) -> Table:
-    table = new_table("attempt log (oldest first)", title_justify="left")
+def attempts_table(attempts: list[AttemptObservation]) -> Listing:
+    table = new_table(
+        "attempt log (oldest first)", whole=("generation", "attempt id"), title_justify="left"
+    )
     for column in ("at (UTC)", "generation", "action", "verdict", "detail", "attempt id"):
         table.add_column(column, no_wrap=True)
     for a in attempts:
@@ -319,8 +503,9 @@ def attempts_table(attempts: list[AttemptObservation]) -> Table:
     return table
 
 
-def entries_table(entries: list[QuarantineEntry], title: str = "quarantine") -> Table:
-    table = new_table(title, title_justify="left")
+def entries_table(entries: list[QuarantineEntry], title: str = "quarantine") -> Listing:
+    whole = ("id", "operation", "presented gen", "current")
+    table = new_table(title, whole=whole, title_justify="left")
     for column in (
         "id",
         "at (UTC)",
@@ -354,7 +539,7 @@ def _current(e: QuarantineEntry) -> str:
     return "-" if c is None else f"{c.state.value} gen {c.generation} v{c.version}"
 
 
-def entry_table(e: QuarantineEntry) -> Table:
+def entry_table(e: QuarantineEntry) -> Listing:
     p = e.presented
     rows = [
         ("operation", e.operation_id),
@@ -380,7 +565,15 @@ def entry_table(e: QuarantineEntry) -> Table:
             else f"{_when(e.resolution.at)}: {e.resolution.note}",
         ),
     ]
-    return fields_table(f"quarantine entry {e.ref}", rows)
+    whole = (
+        "operation",
+        "attempt id",
+        "presented generation",
+        "presented binding",
+        "presented fingerprint",
+        "current record",
+    )
+    return fields_table(f"quarantine entry {e.ref}", rows, whole)
 
 
 def entry_line(e: QuarantineEntry) -> str:

@@ -16,7 +16,7 @@ import click
 
 from settle._exit import EXIT_FAILED
 from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
-from settle.cli._render import add_row, console, keep_whole, new_table
+from settle.cli._render import add_row, console, new_table, print_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
 
@@ -109,12 +109,13 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
     if as_json:
         click.echo(json.dumps(data))
         return
-    table = new_table(f"checkpoint of {stream}", show_header=False)
+    whole = ("stream", "cursor_digest", "generation", "boundary", "promoted_witness")
+    table = new_table(f"checkpoint of {stream}", whole=whole, show_header=False)
     table.add_column("field")
     table.add_column("value")
     for key, value in data.items():
         add_row(table, key, "" if value is None else value)
-    console().print(keep_whole(table, "value"))
+    print_table(console(), table)
 
 
 @cursor.command("witnesses")
@@ -130,7 +131,7 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
         for w in found:
             click.echo(json.dumps(witness_json(w)))
         return
-    table = new_table(f"witnesses of {stream}")
+    table = new_table(f"witnesses of {stream}", whole=("gen", "attempt", "successor"))
     for column in (
         "gen",
         "attempt",
@@ -157,7 +158,7 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
             w.disposition.value,
             w.reason,
         )
-    console().print(keep_whole(table, "gen", "attempt", "successor"))
+    print_table(console(), table)
 
 
 if __name__ == "__main__":

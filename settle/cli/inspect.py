@@ -17,8 +17,9 @@ from settle.cli._render import (
     console,
     entries_table,
     entry_json,
-    literal,
     print_json,
+    print_table,
+    print_text,
     record_json,
     record_table,
 )
@@ -59,11 +60,11 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
         return
     out = console()
     if record is None:
-        out.print(literal(f"operation {operation_id}: no record (expired or never reserved)"))
+        print_text(out, f"operation {operation_id}: no record (expired or never reserved)")
     else:
-        out.print(record_table(record))
-    out.print(attempts_table(attempts))
+        print_table(out, record_table(record))
+    print_table(out, attempts_table(attempts))
     if entries:
-        out.print(entries_table(entries, f"quarantine entries of {operation_id}"))
+        print_table(out, entries_table(entries, f"quarantine entries of {operation_id}"))
     else:
-        out.print(literal(f"no quarantine entries for {operation_id}"))
+        print_text(out, f"no quarantine entries for {operation_id}")

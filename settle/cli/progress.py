@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import click
-from rich.table import Table
 
 from settle._exit import EXIT_FAILED
 from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
-from settle.cli._render import console, fields_table
+from settle.cli._render import Listing, console, fields_table, print_table
 from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
 from settle.progress.models import Progress
@@ -26,7 +25,7 @@ def _ids(ids: tuple[DeliveryId, ...], limit: int = 12) -> str:
     return shown + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
 
 
-def _table(p: Progress) -> Table:
+def _table(p: Progress) -> Listing:
     pf = p.provider_floor
     rows = [
         ("incarnation", p.scope.incarnation),
@@ -49,7 +48,8 @@ def _table(p: Progress) -> Table:
         ("deferred", _ids(tuple(d.delivery for d in p.deferred))),
         ("version", str(p.version)),
     ]
-    return fields_table(f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", rows)
+    whole = ("incarnation", "floor", "version")
+    return fields_table(f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", rows, whole)
 
 
 @click.group(name="progress")
@@ -87,7 +87,7 @@ def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
         return
     out = console()
     for p in scopes:
-        out.print(_table(p))
+        print_table(out, _table(p))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from settle.cli._render import (
     entry_table,
     json_line,
     print_json,
+    print_table,
 )
 from settle.demo.server import server_now
 from settle.models import QuarantineEntry
@@ -98,7 +99,7 @@ def ls(
     if not entries:
         out.print("no matching quarantine entries")
         return
-    out.print(entries_table(entries, f"quarantine of {conn.namespace} (newest first)"))
+    print_table(out, entries_table(entries, f"quarantine of {conn.namespace} (newest first)"))
 
 
 @quarantine.command("show")
@@ -112,7 +113,7 @@ def show(conn: Connection, entry_id: str, as_json: bool) -> None:
     if as_json:
         print_json(entry_json(entry))
     else:
-        console().print(entry_table(entry))
+        print_table(console(), entry_table(entry))
 
 
 @quarantine.command("resolve")
@@ -137,7 +138,7 @@ def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
     if as_json:
         print_json(entry_json(entry))
     else:
-        console().print(entry_table(entry))
+        print_table(console(), entry_table(entry))
 
 
 @quarantine.command("tail")

@@ -20,7 +20,7 @@ import click
 from settle._core.keys import Keys
 from settle._sync.settler import Settler
 from settle.cli._context import Connection, connection_options, json_option, open_settler
-from settle.cli._render import add_row, console, new_table, print_json
+from settle.cli._render import add_row, console, new_table, print_json, print_table
 from settle.demo.server import client_of
 from settle.models import OperationRecord, QuarantineKind, State
 
@@ -134,7 +134,7 @@ def stats(conn: Connection, as_json: bool) -> None:
     for state, n in states.items():
         add_row(records, state, n)
     add_row(records, "total", report["records"]["total"], style="bold")
-    out.print(records)
+    print_table(out, records)
     quarantined = new_table(f"quarantine of {conn.namespace}", title_justify="left")
     for column in ("kind", "unresolved", "resolved"):
         quarantined.add_column(column, justify="left" if column == "kind" else "right")
@@ -142,4 +142,4 @@ def stats(conn: Connection, as_json: bool) -> None:
         add_row(quarantined, kind, counts["unresolved"], counts["resolved"])
     q = report["quarantine"]
     add_row(quarantined, "total", q["unresolved"], q["total"] - q["unresolved"], style="bold")
-    out.print(quarantined)
+    print_table(out, quarantined)

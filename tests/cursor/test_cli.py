@@ -146,29 +146,58 @@ def test_an_80_column_terminal_shows_generations_and_digests_whole(
         assert whole in shown, shown
 
 
+def test_a_60_column_terminal_shows_generations_and_digests_whole(
+    stream_with_history, redis_url, namespace
+):
+    """At 60 columns the witnesses' table needed more than the terminal even with every
+    other column folded to nothing, and a 64-digit digest is wider than the terminal itself:
+    each is printed whole, the digest on a line of its own for the terminal to wrap."""
+    env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+    ck = stream_with_history.checkpoint("orders")
+    found = stream_with_history.witnesses("orders")
+    cmd = [sys.executable, "-c", "from settle.cli import main; main()", "cursor"]
+    listed = in_terminal([*cmd, "witnesses", "orders"], env, columns=60)
+    assert "…" not in listed, listed
+    assert max(len(line) for line in listed.splitlines()) <= 60, listed
+    for w in found:
+        for whole in (str(w.generation), w.attempt_id[:12], w.successor_digest[:16]):
+            assert whole in listed, listed
+        assert w.disposition.value in listed, listed
+    shown = in_terminal([*cmd, "show", "orders"], env, columns=60)
+    lines = shown.splitlines()
+    assert all(len(line) <= 60 or line == ck.cursor_digest for line in lines), shown
+    for whole in (str(ck.generation), ck.cursor_digest, str(ck.promoted_witness)):
+        assert any(whole in line for line in lines), shown
+
+
 def test_a_long_stream_name_leaves_the_field_names_in_an_80_column_terminal(
     store: CursorStore, redis_url, namespace
 ):
     """The value column of ``cursor show`` was kept as wide as its widest cell: a stream name
     of 100 characters or more (up to 256 are allowed) took the whole terminal, the field
     column shrank to nothing (no ``generation``, no ``cursor_digest`` label) and the table's
-    right edge was cut off. The long name folds; the digest and generation stay whole."""
+    right edge was cut off. Every field name is there, whole, with its value; the digest and
+    generation stay whole, and so does the name: on a line of its own, never broken (the
+    terminal wraps it, and copies it back as one line), where it was folded at 64 columns
+    between table borders."""
     stream = "orders-" + "x" * 113
     ck = store.start(stream, b"first-cursor")
     env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
     cmd = [sys.executable, "-c", "from settle.cli import main; main()", "cursor"]
     shown = in_terminal([*cmd, "show", stream], env)
-    rows = [line for line in shown.splitlines() if line.startswith("│")]
-    assert max(len(line) for line in shown.splitlines()) <= 80, shown
-    assert all(line.endswith("│") for line in rows), shown
-    labels = [line.split("│")[1].strip() for line in rows]
-    assert labels[0] == "stream", shown
-    # the field names fold into the width left: every letter of each is there
-    for field in ("cursor_digest", "generation", "promoted_witness", "updated_at"):
-        assert field in "".join(labels), shown
-    assert str(ck.generation) in shown, shown
-    assert ck.cursor_digest in shown, shown
-    # the name, folded over the value cells of its row, is all there
-    digest_row = next(i for i, line in enumerate(rows) if ck.cursor_digest in line)
-    folded = "".join(line.split("│")[2].strip() for line in rows[:digest_row])
-    assert folded == stream, shown
+    lines = shown.splitlines()
+    assert all(len(line) <= 80 or line == stream for line in lines), shown
+    assert lines.count(stream) == 2, shown  # the title's and the stream field's
+    labels = [line.split(":", 1)[0] for line in lines if line[:1].isalpha() and ":" in line]
+    assert labels == [
+        "stream",
+        "cursor_digest",
+        "cursor_bytes",
+        "generation",
+        "boundary",
+        "promoted_witness",
+        "created_at",
+        "updated_at",
+    ], shown
+    assert any(line.strip() == ck.cursor_digest for line in lines), shown
+    assert f"generation:       {ck.generation}" in lines, shown

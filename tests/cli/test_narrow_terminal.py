@@ -1,0 +1,185 @@
+"""In a terminal 80 or 60 columns wide, every id, operation id, generation, attempt id and
+digest a user copies into the next command is printed whole, on one line, and no other line
+is wider than the terminal (docs/cli.md, "Narrow terminals"). Real operations settled
+through a real Settler, read by the ``settle`` command in a real pseudo-terminal."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterable
+
+import pytest
+
+from settle import Reserved, Settler
+from settle.models import OperationRecord, QuarantineEntry
+from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
+from tests.cli.conftest import settle
+from tests.cli.helpers import in_terminal, stale_settlement
+
+CLI = [sys.executable, "-c", "from settle.cli import main; main()"]
+#: An operation id with spaces, too long to stand beside its label at 60 columns: it must
+#: not be wrapped at its spaces.
+SPACED = "refund: invoice 2026-12-0077 of merchant m5, line 3"
+
+WIDTHS = pytest.mark.parametrize("columns", [80, 60])
+
+
+def assert_whole(out: str, columns: int, values: Iterable[str]) -> None:
+    """Each value is on one line, nothing is ellipsized, and every line fits the terminal
+    but one that holds a single value wider than the room it has (a 64-digit digest at 60
+    columns), which settle leaves whole for the terminal to wrap."""
+    whole = set(values)
+    lines = out.splitlines()
+    assert "…" not in out, out
+    for value in whole:
+        assert any(value in line for line in lines), f"{value!r} not whole on a line:\n{out}"
+    for line in lines:
+        assert len(line) <= columns or line.strip() in whole, f"{line!r} is too wide:\n{out}"
+
+
+@pytest.fixture
+def env(redis_url: str, namespace: str) -> dict[str, str]:
+    return {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+
+
+@pytest.fixture
+def entries(cli_settler: Settler) -> list[QuarantineEntry]:
+    """Two late responses after a takeover, each quarantined; 16-digit generations."""
+    refs = [stale_settlement(cli_settler, op) for op in ("charge:26e120-0032", SPACED)]
+    return [cli_settler.quarantine.get(ref) for ref in refs]
+
+
+def _record_values(record: OperationRecord) -> list[str]:
+    assert record.result_digest is not None
+    assert record.attempt_id is not None
+    return [
+        f"{record.fingerprint} (v{record.fingerprint_version})",
+        record.binding,
+        str(record.generation),
+        record.attempt_id,
+        record.result_digest,
+    ]
+
+
+def _entry_values(e: QuarantineEntry) -> list[str]:
+    assert e.current is not None
+    return [
+        e.ref,
+        e.operation_id,
+        str(e.presented.generation),
+        f"{e.current.state.value} gen {e.current.generation} v{e.current.version}",
+    ]
+
+
+@WIDTHS
+def test_inspect_keeps_generations_attempt_ids_and_digests_whole(
+    cli_settler: Settler, entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """At 80 columns the attempt log showed ``17964793…`` for each generation and
+    ``757859a04909ec3857427059…`` for each attempt id, and folded the fingerprint and the
+    result sha256 over two table rows."""
+    for e in entries:
+        record = cli_settler.get(e.operation_id)
+        assert record is not None
+        assert len(str(record.generation)) == 16
+        attempts = cli_settler.attempts(e.operation_id)
+        out = in_terminal([*CLI, "inspect", e.operation_id], env, columns)
+        values = [*_record_values(record), *_entry_values(e)]
+        values += [str(a.generation) for a in attempts] + [a.attempt_id for a in attempts]
+        assert_whole(out, columns, values)
+        assert "lease_expired" in out, out
+        assert "stale_generation" in out, out
+
+
+@WIDTHS
+def test_quarantine_ls_keeps_ids_operations_and_generations_whole(
+    entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """The id, operation and generation columns alone need more than 80 columns: rich cut
+    the id to ``4/1796…``, the operation to ``charge…`` and the generation to ``17964…``
+    (and dropped the action column), nothing ``quarantine show`` could be given."""
+    out = in_terminal([*CLI, "quarantine", "ls"], env, columns)
+    assert_whole(out, columns, [v for e in entries for v in _entry_values(e)])
+    assert out.count("stale_generation") == len(entries), out
+    assert out.count("complete\n") == len(entries), out  # the action, in each block
+
+
+@WIDTHS
+def test_quarantine_show_and_resolve_keep_the_evidence_whole(
+    entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """``show`` folded the presented fingerprint and the payload's sha256 over two rows."""
+    note = "late receipt names the committed charge ch_new; nothing to refund " * 3
+    for e in entries:
+        values = [
+            *_entry_values(e),
+            e.attempt_id,
+            e.presented.binding,
+            f"{e.presented.fingerprint} (v{e.presented.fingerprint_version})",
+            e.payload.sha256,
+        ]
+        shown = in_terminal([*CLI, "quarantine", "show", e.ref], env, columns)
+        assert_whole(shown, columns, values)
+        resolved = in_terminal([*CLI, "quarantine", "resolve", e.ref, "--note", note], env, columns)
+        assert_whole(resolved, columns, values)
+        # the note wraps at its spaces, every word of it there
+        assert note.split() == resolved.split("resolution:", 1)[1].split()[1:], resolved
+
+
+@WIDTHS
+def test_stats_keeps_the_namespace_whole(redis_url: str, columns: int) -> None:
+    """A namespace may be 64 characters: the title ``quarantine of <namespace>`` was folded
+    at the table's width, the name cut in two."""
+    namespace = f"settlements-eu-west-1-production-{uuid.uuid4().hex}"[:64]
+    with Settler.from_url(redis_url, namespace=namespace, shards=2) as settler:
+        settler.check()
+        done = settler.reserve("charge:1", {"amount": 1}, principal="tenant:acme")
+        assert isinstance(done, Reserved)
+        settler.complete(done.reservation, {"charge_id": "ch_1"})
+    env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+    out = in_terminal([*CLI, "stats"], env, columns)
+    assert_whole(out, columns, [namespace, "conflicting_settlement"])
+    assert "completed" in out, out
+
+
+@WIDTHS
+def test_progress_show_keeps_the_incarnation_and_floor_whole(
+    redis_url: str, env: dict[str, str], columns: int
+) -> None:
+    """The value column was what was left of 80 columns beside ``dead-lettered above
+    floor``: a 50-character incarnation was folded over two rows."""
+    consumer = f"billing-{uuid.uuid4().hex[:8]}"
+    incarnation = f"orders-eu-west-1@{uuid.uuid4().hex}"
+    scope = ProviderScope("orders", "billing", incarnation)
+    store = ProgressStore.from_url(redis_url, consumer=consumer, namespace="progress")
+    try:
+        ids = [DeliveryId(f"1796479646423-{n}") for n in range(1, 6)]
+        for n in (0, 2, 3):
+            store.apply(scope, ids[n], EmissionId(f"e{n}"), lambda ctx: None)
+        store.observe(scope, None, ids, last_delivered=ids[-1], oldest_pending=ids[1], pending=1)
+    finally:
+        store.close()
+    out = in_terminal([*CLI, "progress", "show", consumer, "--namespace", "progress"], env, columns)
+    assert_whole(out, columns, [incarnation, ids[0].value, ids[2].value, ids[3].value])
+    assert f"{consumer} @ orders/billing" in out, out
+
+
+def test_an_operation_id_wider_than_the_terminal_is_written_whole(
+    cli_settler: Settler, env: dict[str, str], redis_url: str, namespace: str
+) -> None:
+    """Operation ids may be 256 characters: wider than any terminal here, and wider than
+    the 200 columns piped output had, where rich cut it (and the id beside it) with ``…``.
+    In a terminal it is a line of its own, for the terminal to wrap; piped, the table is as
+    wide as the id, one row per entry still."""
+    operation_id = "charge:" + "order-2026-12-0077/" * 13
+    operation_id += "x" * (256 - len(operation_id))
+    ref = stale_settlement(cli_settler, operation_id)
+    out = in_terminal([*CLI, "quarantine", "ls"], env, 80)
+    assert_whole(out, 80, [operation_id, ref])
+    assert operation_id in [line.strip() for line in out.splitlines()], out
+    piped = settle("quarantine", "ls", "--redis-url", redis_url, "--namespace", namespace)
+    assert piped.returncode == 0, piped.stderr
+    assert "…" not in piped.stdout, piped.stdout
+    assert any(ref in line and operation_id in line for line in piped.stdout.splitlines())
