@@ -17,11 +17,10 @@ import pytest_asyncio
 import redis
 
 from settle import AsyncSettler, Reserved, Settler
-from settle.models import Reservation
 from settle.web import _query, create_app
 from settle.web._text import VIEW_LIMIT
 from tests.web.conftest import client_for
-from tests.web.evidence import conflicting, listing_order
+from tests.web.evidence import conflicting, ghost_of, listing_order
 
 pytestmark = pytest.mark.asyncio
 
@@ -144,21 +143,18 @@ def sharded(redis_url: str, namespace: str) -> Iterator[Settler]:
 def ghosts(settler: Settler, count: int) -> list[str]:
     """``count`` responses of operations that have no record, each a quarantine entry with
     a 16 KiB payload, spread over every shard; their refs."""
-    refs = []
-    for n in range(count):
-        late = Reservation(
-            operation_id=f"ghost-{n}",
-            fingerprint="a" * 64,
-            fingerprint_version=1,
-            binding="tenant:acme",
-            generation=7,
-            attempt_id=f"w-{n}",
-        )
-        settled = settler.complete(late, b"x" * PAYLOAD)
-        assert settled.quarantine_id is not None
-        refs.append(settled.quarantine_id)
+    refs = [ghost(settler, str(n)) for n in range(count)]
     assert len({r.split("/")[0] for r in refs}) == SHARDS
     return refs
+
+
+def ghost(settler: Settler, name: str) -> str:
+    """A response of operation ``ghost-<name>``, which has no record: a quarantine entry
+    with a 16 KiB payload; its ref."""
+    late = ghost_of(name)
+    settled = settler.complete(late, b"x" * PAYLOAD)
+    assert settled.quarantine_id is not None
+    return settled.quarantine_id
 
 
 @contextlib.contextmanager
@@ -243,6 +239,39 @@ async def test_a_status_filter_stops_at_its_budget_and_goes_on_from_there(
             after = got.next
         assert sorted(found) == sorted(matching)
         assert scanned == len(refs)  # every entry read once over the pages
+
+
+async def test_a_page_that_read_every_entry_within_its_budget_is_the_last(
+    sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # A status page that read the last entry just as its budget ran out said it stopped
+    # early ("Read 40 entries to find these") and linked to an Older page that was empty:
+    # it took a listing of exactly what it still could read for one with more to come.
+    refs = ghosts(sharded, 40)
+    for ref in refs[:3]:
+        sharded.quarantine.resolve(ref, note="harmless")
+    for status, matching in (("unresolved", refs[3:]), ("resolved", refs[:3])):
+        for newest_first in (True, False):
+            got = await _query.page(
+                sharded_reader,
+                _query.Filter(status=status),
+                size=100,
+                budget=40,
+                newest_first=newest_first,
+            )
+            assert sorted(e.ref for e in got.entries) == sorted(matching)
+            assert got.scanned == 40
+            assert (got.next, got.partial) == (None, False)
+    # One entry more than the budget: the page stops, and the next one holds the rest.
+    extra = ghost(sharded, "extra")
+    got = await _query.page(sharded_reader, _query.Filter(status="unresolved"), size=100, budget=40)
+    assert got.partial
+    assert got.next is not None
+    rest = await _query.page(
+        sharded_reader, _query.Filter(status="unresolved"), after=got.next, size=100, budget=40
+    )
+    assert sorted(e.ref for e in got.entries + rest.entries) == sorted([*refs[3:], extra])
+    assert (rest.next, rest.partial) == (None, False)
 
 
 async def test_the_overview_reads_its_limit_in_total_not_per_shard(
