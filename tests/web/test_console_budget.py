@@ -124,6 +124,29 @@ async def test_a_deeply_nested_result_renders_a_page_of_bounded_size(
     assert f"{more} bytes more" in page
 
 
+async def test_an_entry_page_of_a_non_ascii_result_stays_within_its_bound(
+    redis_url: str, writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # VIEW_LIMIT was counted in characters: a stored result of 900 KB of "€" (three bytes
+    # each) rendered a view of 768 KiB, three times the 256 KiB the page promises.
+    uncapped = Settler.from_url(redis_url, namespace=writer.config.namespace, shards=4)
+    try:
+        result = ("€" * 300_000).encode()
+        r = uncapped.reserve("order-euros", {"amount": 1}, principal="tenant:acme", lease=5)
+        assert isinstance(r, Reserved)
+        uncapped.complete(r.reservation, result)
+        late = uncapped.complete(r.reservation, b"late")
+        assert late.quarantine_id is not None
+    finally:
+        uncapped.close()
+    response = await read_only.get(f"/entry/{late.quarantine_id}")
+    assert response.status_code == 200
+    assert len(response.content) < VIEW_LIMIT + 64 * 1024
+    shown = html_lib.unescape(_PRE.findall(response.text)[1])
+    assert result.decode().startswith(shown)
+    assert f"{len(result) - len(shown.encode())} bytes more" in response.text
+
+
 # -- what a page reads ---------------------------------------------------------------------
 
 SHARDS = 16
