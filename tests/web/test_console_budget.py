@@ -316,14 +316,7 @@ async def test_an_entry_page_says_when_the_operation_has_more_entries_than_it_li
     writer: Settler, read_only: httpx.AsyncClient
 ) -> None:
     # The other entries of the operation were cut at 20 without a word.
-    r = writer.reserve("order-many", {"amount": 990}, principal="tenant:acme", lease=5)
-    assert isinstance(r, Reserved)
-    writer.complete(r.reservation, {"charge_id": "ch_1"})
-    refs = []
-    for n in range(23):
-        late = writer.complete(r.reservation, {"charge_id": f"ch_late_{n}"})
-        assert late.quarantine_id is not None
-        refs.append(late.quarantine_id)
+    refs = late_refs(writer, "order-many", 23)
     page = (await read_only.get(f"/entry/{refs[0]}")).text
     assert "Showing the newest 20; there are more" in page
     assert '<a href="/quarantine?operation=order-many">every entry of this operation</a>' in page
@@ -339,19 +332,58 @@ async def test_the_older_link_keeps_the_window_a_duration_ago_resolved_to(
 ) -> None:
     # since=6s was counted again from the server's clock on every page: following "Older"
     # a few seconds later showed another window than the first page's.
-    for n in range(12):
-        conflicting(writer, f"order-window-{n}")
-    first = await read_only.get("/quarantine?since=1h&size=10")
-    links = re.findall(r'href="(\?[^"]+)">Older', first.text)
-    assert len(links) == 1
-    params = parse_qs(urlparse(html_lib.unescape(links[0])).query)
+    first, older, params = await two_pages(writer, read_only, "since=1h")
     assert "1h" not in params["since"]
     pinned = datetime.fromisoformat(params["since"][0])
     now = await _query.server_now(reader)
     assert abs((now - timedelta(hours=1) - pinned).total_seconds()) < 30
     assert form_value(first.text, "since") == "1h"  # the form still says what was typed
-    older = await read_only.get("/quarantine" + html_lib.unescape(links[0]))
     assert len(_REF.findall(first.text)) + len(_REF.findall(older.text)) == 12
+
+
+async def test_an_entry_page_with_exactly_twenty_others_says_nothing_more(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    refs = late_refs(writer, "order-21", 21)
+    for ref in (refs[0], refs[-1]):  # the oldest and the newest: 20 others either way
+        page = (await read_only.get(f"/entry/{ref}")).text
+        assert len(re.findall(r'href="/entry/', page)) >= 20
+        assert "there are more" not in page
+
+
+async def test_the_older_link_keeps_an_until_a_duration_ago_too(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    first, older, params = await two_pages(writer, read_only, "until=0s")
+    assert datetime.fromisoformat(params["until"][0]).tzinfo is not None
+    assert len(_REF.findall(first.text)) + len(_REF.findall(older.text)) == 12
+
+
+def late_refs(writer: Settler, operation_id: str, count: int) -> list[str]:
+    """``count`` late successes of one completed operation: its quarantine entries' refs."""
+    r = writer.reserve(operation_id, {"amount": 990}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, {"charge_id": "ch_1"})
+    refs = []
+    for n in range(count):
+        late = writer.complete(r.reservation, {"charge_id": f"ch_late_{n}"})
+        assert late.quarantine_id is not None
+        refs.append(late.quarantine_id)
+    return refs
+
+
+async def two_pages(
+    writer: Settler, read_only: httpx.AsyncClient, query: str
+) -> tuple[httpx.Response, httpx.Response, dict[str, list[str]]]:
+    """12 entries listed 10 a page with filter ``query``: the first page, the one its
+    Older link leads to, and that link's parameters."""
+    for n in range(12):
+        conflicting(writer, f"order-{query}-{n}")
+    first = await read_only.get(f"/quarantine?{query}&size=10")
+    links = re.findall(r'href="(\?[^"]+)">Older', first.text)
+    assert len(links) == 1
+    older = await read_only.get("/quarantine" + html_lib.unescape(links[0]))
+    return first, older, parse_qs(urlparse(html_lib.unescape(links[0])).query)
 
 
 def form_value(page: str, name: str) -> str:
