@@ -143,9 +143,10 @@ async def page(
     wanted = size + 1 if flt.status == "all" else max(size + 1, FILTER_BATCH)
     extra = 0
     while True:
-        # What the page still may read (scanned < budget here), and the entries of the
-        # cursor's very stream id on other shards (at most one a shard), read again and
-        # dropped below; more when every entry read was one of those.
+        # What the page still may read, and the entries of the cursor's very stream id on
+        # other shards (at most one a shard), read again and dropped below; more when every
+        # entry read was one of those. With the budget spent, that listing only tells
+        # whether an entry is left (the page then ends early) or none (it is the last).
         again = 0 if bound is None else settler.config.shards
         limit = min(min(wanted, budget - scanned) + again + extra, _LIST_MAX)
         got = await _listing(
@@ -158,17 +159,23 @@ async def page(
             # shown already: at most one a shard, so a larger read gets past them.
             extra = max(2 * extra, wanted)
             continue
-        for n, entry in enumerate(fresh, 1):
+        for entry in fresh:
+            if scanned >= budget:
+                # The budget is spent and an entry is left: the page ends early and the
+                # next one goes on after the last entry read. Checked before reading one,
+                # not after: a listing of exactly what the page still could read may hold
+                # the last entry there is, and a page that read it said it stopped early
+                # and linked to an empty page.
+                assert bound is not None  # an entry was read: scanned >= budget >= 1
+                return Page(found, bound.ref, scanned, partial=True)
             scanned += 1
+            bound = Position.of(entry)
             if flt.keeps(entry):
                 found.append(entry)
             if len(found) > size:
                 return Page(found[:size], Position.of(found[size - 1]).ref, scanned)
-            if scanned >= budget and not (exhausted and n == len(fresh)):
-                return Page(found, Position.of(entry).ref, scanned, partial=True)
         if exhausted:
             return Page(found, None, scanned)
-        bound = Position.of(fresh[-1])
         extra = 0
 
 

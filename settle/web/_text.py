@@ -55,9 +55,9 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-#: The most HTML one payload view renders (the entry page has two: the payload and the
-#: operation's stored result): a view that would be longer shows the stored text up to
-#: this size and says how many bytes it left out (docs/console.md, "The pages").
+#: The most HTML one payload view renders, in bytes of UTF-8 (the entry page has two: the
+#: payload and the operation's stored result): a view that would be longer shows the stored
+#: text up to this size and says how many bytes it left out (docs/console.md, "The pages").
 VIEW_LIMIT = 256 * 1024
 #: Whitespace between JSON tokens (RFC 8259): the only characters re-indenting changes.
 _JSON_SPACE = " \t\n\r"
@@ -136,17 +136,19 @@ def _reindent(text: str, limit: int) -> str | None:
 
 
 def _marked(text: str, keep: frozenset[str], limit: int) -> tuple[Markup, int]:
-    """:func:`_mark` of as much of ``text`` as fits in ``limit`` characters of HTML, and
-    how many characters of ``text`` that is (stopping between two pieces)."""
+    """:func:`_mark` of as much of ``text`` as fits in ``limit`` bytes of HTML (UTF-8, as
+    the page is sent: counted in characters, a view of four-byte characters was four times
+    the limit), and how many characters of ``text`` that is (stopping between two pieces)."""
     out: list[Markup] = []
     size = shown = 0
     for start in range(0, len(text), _PIECE):
         piece = text[start : start + _PIECE]
         html = _mark(piece, keep)
-        if size + len(html) > limit:
+        length = len(html) if html.isascii() else len(html.encode("utf-8"))
+        if size + length > limit:
             break
         out.append(html)
-        size += len(html)
+        size += length
         shown += len(piece)
     return Markup("").join(out), shown
 

@@ -12,12 +12,13 @@ import pytest
 from settle import Reserved, Settler
 from settle._core.keys import Keys
 from settle.errors import InvalidInput
-from settle.models import QuarantineEntry
+from settle.models import QuarantineEntry, Reservation
 from tests.cli.helpers import stale_settlement
 
 __all__ = [
     "HOSTILE",
     "conflicting",
+    "ghost_of",
     "hostile_entry",
     "legacy_note",
     "misbound",
@@ -39,6 +40,19 @@ def conflicting(settler: Settler, operation_id: str, result: object = None) -> s
     late = settler.complete(r.reservation, result if result is not None else {"charge_id": "ch_2"})
     assert late.quarantine_id is not None
     return late.quarantine_id
+
+
+def ghost_of(name: str) -> Reservation:
+    """A reservation of operation ``ghost-<name>``, which has no record: settling it makes
+    an unknown_operation quarantine entry."""
+    return Reservation(
+        operation_id=f"ghost-{name}",
+        fingerprint="a" * 64,
+        fingerprint_version=1,
+        binding="tenant:acme",
+        generation=7,
+        attempt_id=f"w-{name}",
+    )
 
 
 def misbound(settler: Settler, operation_id: str, binding: str, result: object) -> str:

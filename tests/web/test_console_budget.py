@@ -17,11 +17,10 @@ import pytest_asyncio
 import redis
 
 from settle import AsyncSettler, Reserved, Settler
-from settle.models import Reservation
 from settle.web import _query, create_app
 from settle.web._text import VIEW_LIMIT
 from tests.web.conftest import client_for
-from tests.web.evidence import conflicting, listing_order
+from tests.web.evidence import conflicting, ghost_of, listing_order
 
 pytestmark = pytest.mark.asyncio
 
@@ -125,6 +124,29 @@ async def test_a_deeply_nested_result_renders_a_page_of_bounded_size(
     assert f"{more} bytes more" in page
 
 
+async def test_an_entry_page_of_a_non_ascii_result_stays_within_its_bound(
+    redis_url: str, writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    # VIEW_LIMIT was counted in characters: a stored result of 900 KB of "€" (three bytes
+    # each) rendered a view of 768 KiB, three times the 256 KiB the page promises.
+    uncapped = Settler.from_url(redis_url, namespace=writer.config.namespace, shards=4)
+    try:
+        result = ("€" * 300_000).encode()
+        r = uncapped.reserve("order-euros", {"amount": 1}, principal="tenant:acme", lease=5)
+        assert isinstance(r, Reserved)
+        uncapped.complete(r.reservation, result)
+        late = uncapped.complete(r.reservation, b"late")
+        assert late.quarantine_id is not None
+    finally:
+        uncapped.close()
+    response = await read_only.get(f"/entry/{late.quarantine_id}")
+    assert response.status_code == 200
+    assert len(response.content) < VIEW_LIMIT + 64 * 1024
+    shown = html_lib.unescape(_PRE.findall(response.text)[1])
+    assert result.decode().startswith(shown)
+    assert f"{len(result) - len(shown.encode())} bytes more" in response.text
+
+
 # -- what a page reads ---------------------------------------------------------------------
 
 SHARDS = 16
@@ -144,21 +166,18 @@ def sharded(redis_url: str, namespace: str) -> Iterator[Settler]:
 def ghosts(settler: Settler, count: int) -> list[str]:
     """``count`` responses of operations that have no record, each a quarantine entry with
     a 16 KiB payload, spread over every shard; their refs."""
-    refs = []
-    for n in range(count):
-        late = Reservation(
-            operation_id=f"ghost-{n}",
-            fingerprint="a" * 64,
-            fingerprint_version=1,
-            binding="tenant:acme",
-            generation=7,
-            attempt_id=f"w-{n}",
-        )
-        settled = settler.complete(late, b"x" * PAYLOAD)
-        assert settled.quarantine_id is not None
-        refs.append(settled.quarantine_id)
+    refs = [ghost(settler, str(n)) for n in range(count)]
     assert len({r.split("/")[0] for r in refs}) == SHARDS
     return refs
+
+
+def ghost(settler: Settler, name: str) -> str:
+    """A response of operation ``ghost-<name>``, which has no record: a quarantine entry
+    with a 16 KiB payload; its ref."""
+    late = ghost_of(name)
+    settled = settler.complete(late, b"x" * PAYLOAD)
+    assert settled.quarantine_id is not None
+    return settled.quarantine_id
 
 
 @contextlib.contextmanager
@@ -245,6 +264,39 @@ async def test_a_status_filter_stops_at_its_budget_and_goes_on_from_there(
         assert scanned == len(refs)  # every entry read once over the pages
 
 
+async def test_a_page_that_read_every_entry_within_its_budget_is_the_last(
+    sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # A status page that read the last entry just as its budget ran out said it stopped
+    # early ("Read 40 entries to find these") and linked to an Older page that was empty:
+    # it took a listing of exactly what it still could read for one with more to come.
+    refs = ghosts(sharded, 40)
+    for ref in refs[:3]:
+        sharded.quarantine.resolve(ref, note="harmless")
+    for status, matching in (("unresolved", refs[3:]), ("resolved", refs[:3])):
+        for newest_first in (True, False):
+            got = await _query.page(
+                sharded_reader,
+                _query.Filter(status=status),
+                size=100,
+                budget=40,
+                newest_first=newest_first,
+            )
+            assert sorted(e.ref for e in got.entries) == sorted(matching)
+            assert got.scanned == 40
+            assert (got.next, got.partial) == (None, False)
+    # One entry more than the budget: the page stops, and the next one holds the rest.
+    extra = ghost(sharded, "extra")
+    got = await _query.page(sharded_reader, _query.Filter(status="unresolved"), size=100, budget=40)
+    assert got.partial
+    assert got.next is not None
+    rest = await _query.page(
+        sharded_reader, _query.Filter(status="unresolved"), after=got.next, size=100, budget=40
+    )
+    assert sorted(e.ref for e in got.entries + rest.entries) == sorted([*refs[3:], extra])
+    assert (rest.next, rest.partial) == (None, False)
+
+
 async def test_the_overview_reads_its_limit_in_total_not_per_shard(
     redis_url: str, sharded: Settler, sharded_console: httpx.AsyncClient
 ) -> None:
@@ -264,14 +316,7 @@ async def test_an_entry_page_says_when_the_operation_has_more_entries_than_it_li
     writer: Settler, read_only: httpx.AsyncClient
 ) -> None:
     # The other entries of the operation were cut at 20 without a word.
-    r = writer.reserve("order-many", {"amount": 990}, principal="tenant:acme", lease=5)
-    assert isinstance(r, Reserved)
-    writer.complete(r.reservation, {"charge_id": "ch_1"})
-    refs = []
-    for n in range(23):
-        late = writer.complete(r.reservation, {"charge_id": f"ch_late_{n}"})
-        assert late.quarantine_id is not None
-        refs.append(late.quarantine_id)
+    refs = late_refs(writer, "order-many", 23)
     page = (await read_only.get(f"/entry/{refs[0]}")).text
     assert "Showing the newest 20; there are more" in page
     assert '<a href="/quarantine?operation=order-many">every entry of this operation</a>' in page
@@ -287,19 +332,58 @@ async def test_the_older_link_keeps_the_window_a_duration_ago_resolved_to(
 ) -> None:
     # since=6s was counted again from the server's clock on every page: following "Older"
     # a few seconds later showed another window than the first page's.
-    for n in range(12):
-        conflicting(writer, f"order-window-{n}")
-    first = await read_only.get("/quarantine?since=1h&size=10")
-    links = re.findall(r'href="(\?[^"]+)">Older', first.text)
-    assert len(links) == 1
-    params = parse_qs(urlparse(html_lib.unescape(links[0])).query)
+    first, older, params = await two_pages(writer, read_only, "since=1h")
     assert "1h" not in params["since"]
     pinned = datetime.fromisoformat(params["since"][0])
     now = await _query.server_now(reader)
     assert abs((now - timedelta(hours=1) - pinned).total_seconds()) < 30
     assert form_value(first.text, "since") == "1h"  # the form still says what was typed
-    older = await read_only.get("/quarantine" + html_lib.unescape(links[0]))
     assert len(_REF.findall(first.text)) + len(_REF.findall(older.text)) == 12
+
+
+async def test_an_entry_page_with_exactly_twenty_others_says_nothing_more(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    refs = late_refs(writer, "order-21", 21)
+    for ref in (refs[0], refs[-1]):  # the oldest and the newest: 20 others either way
+        page = (await read_only.get(f"/entry/{ref}")).text
+        assert len(re.findall(r'href="/entry/', page)) >= 20
+        assert "there are more" not in page
+
+
+async def test_the_older_link_keeps_an_until_a_duration_ago_too(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    first, older, params = await two_pages(writer, read_only, "until=0s")
+    assert datetime.fromisoformat(params["until"][0]).tzinfo is not None
+    assert len(_REF.findall(first.text)) + len(_REF.findall(older.text)) == 12
+
+
+def late_refs(writer: Settler, operation_id: str, count: int) -> list[str]:
+    """``count`` late successes of one completed operation: its quarantine entries' refs."""
+    r = writer.reserve(operation_id, {"amount": 990}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, {"charge_id": "ch_1"})
+    refs = []
+    for n in range(count):
+        late = writer.complete(r.reservation, {"charge_id": f"ch_late_{n}"})
+        assert late.quarantine_id is not None
+        refs.append(late.quarantine_id)
+    return refs
+
+
+async def two_pages(
+    writer: Settler, read_only: httpx.AsyncClient, query: str
+) -> tuple[httpx.Response, httpx.Response, dict[str, list[str]]]:
+    """12 entries listed 10 a page with filter ``query``: the first page, the one its
+    Older link leads to, and that link's parameters."""
+    for n in range(12):
+        conflicting(writer, f"order-{query}-{n}")
+    first = await read_only.get(f"/quarantine?{query}&size=10")
+    links = re.findall(r'href="(\?[^"]+)">Older', first.text)
+    assert len(links) == 1
+    older = await read_only.get("/quarantine" + html_lib.unescape(links[0]))
+    return first, older, parse_qs(urlparse(html_lib.unescape(links[0])).query)
 
 
 def form_value(page: str, name: str) -> str:

@@ -8,25 +8,17 @@ from typing import Any
 
 import pytest
 
-from settle.models import Reservation
 from settle.testing import AsyncMemorySettler, ManualClock
 from settle.web import _query
 from settle.web._query import Filter, export_entries, page
-from tests.web.evidence import listing_order
+from tests.web.evidence import ghost_of, listing_order
 
 pytestmark = pytest.mark.asyncio
 
 
 async def _ghost(settler: AsyncMemorySettler, n: int) -> str:
     """A response for an operation that has no record: one quarantine entry, its ref."""
-    late = Reservation(
-        operation_id=f"ghost-{n}",
-        fingerprint="a" * 64,
-        fingerprint_version=1,
-        binding="tenant:acme",
-        generation=7,
-        attempt_id=f"w-{n}",
-    )
+    late = ghost_of(str(n))
     settled = await settler.complete(late, {"n": n})
     assert settled.quarantine_id is not None
     return settled.quarantine_id
