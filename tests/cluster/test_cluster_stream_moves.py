@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from settle._runtime import _async as runtime_async
 from settle._runtime import _sync as runtime_sync
 from settle.errors import BackendError
-from settle.progress._keys import ProgressKeys
+from settle.progress._keys import ProgressKeys, StreamKeys
+from settle.progress.identity import DeliveryId
 from tests.cluster.cluster_support import LocalCluster, primary_of
 from tests.cluster.stream_support import Worker, stream_worker
 
@@ -56,6 +58,15 @@ def replicated() -> Iterator[LocalCluster]:
     running = LocalCluster(
         primaries=PRIMARIES, replicas=1, extra_args=["--cluster-require-full-coverage", "no"]
     ).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture
+def plain() -> Iterator[LocalCluster]:
+    running = LocalCluster(primaries=PRIMARIES).start()
     try:
         yield running
     finally:
@@ -126,5 +137,67 @@ async def test_a_consumer_follows_its_stream_to_the_replica_promoted_for_a_hung_
             assert followed < FOLLOW_BOUND, f"{followed:.1f} s after the promotion"
             with replicated.client(replica) as promoted:
                 assert promoted.xpending(worker.stream, "billing")["pending"] == 0
+    finally:
+        await worker.close()
+
+
+def _migrate(cluster: LocalCluster, slot: int, source: int, target: int) -> None:
+    """Start moving ``slot`` from primary ``source`` to ``target`` and move its keys: the
+    slot is still the source's, which answers ASK for each of them."""
+    with cluster.client(source) as src, cluster.client(target) as dst:
+        src_id = src.execute_command("CLUSTER MYID").decode()
+        dst_id = dst.execute_command("CLUSTER MYID").decode()
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+        assert keys
+        port = cluster.nodes[target].port
+        src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
+
+
+def _migrated(cluster: LocalCluster, slot: int, target: int) -> None:
+    """End the move: every primary gives ``slot`` to ``target``."""
+    with cluster.client(target) as dst:
+        dst_id = dst.execute_command("CLUSTER MYID").decode()
+    for i in range(cluster.primaries):
+        with cluster.client(i) as c:
+            c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_consumer_follows_its_stream_through_a_resharding(
+    plain: LocalCluster, flavour: str
+) -> None:
+    """While the stream's slot migrates (its keys already on the target: the source answers
+    ASK), the consumer reads the stream (observe(): its listing, group and pending list);
+    once the slot has moved (MOVED), a poll handles what was added and settles it on the
+    target. Either redirection failed the call with a BackendError when it was not sent
+    again through the cluster client. (A poll mid-migration still fails: a script on keys
+    of which some do not exist, such as the dead-letter stream, is refused with TRYAGAIN by
+    both nodes until the slot has moved: Redis Cluster's rule, not the runner's.)"""
+    worker = await _worker(plain, flavour)
+    slot = key_slot(worker.stream.encode())
+    assert key_slot(StreamKeys(worker.stream).incarnation.encode()) == slot
+    try:
+        with plain.client(0) as source:
+            first = DeliveryId(source.xadd(worker.stream, {"emission_id": "e0"}).decode())
+        await worker.poll()  # the runner now knows primary 0's client for the slot
+        assert worker.runs == ["e0"]
+        _migrate(plain, slot, 0, 2)
+        with plain.client(2) as target:
+            target.execute_command("ASKING")  # this connection only: the slot is importing
+            target.xadd(worker.stream, {"emission_id": "e1"})
+        progress = await worker.call("observe")
+        assert progress.floor == first
+        assert progress.provider_floor is not None
+        assert progress.provider_floor.last_delivered == first  # e1 not handed out yet
+        assert progress.provider_floor.pending == 0
+        _migrated(plain, slot, 2)
+        with plain.client(2) as target:
+            target.xadd(worker.stream, {"emission_id": "e2"})
+        await worker.poll()
+        assert worker.runs == ["e0", "e1", "e2"]
+        with plain.client(2) as target:
+            assert target.xpending(worker.stream, "billing")["pending"] == 0
     finally:
         await worker.close()
