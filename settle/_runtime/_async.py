@@ -791,7 +791,14 @@ class AsyncRunner:
             )
         client = self._nodes.get(node.name)
         if client is None:
-            client = self._nodes[node.name] = _cancellable(Redis(**_node_settings(node)))
+            # No retries of redis-py's own, as redis-py gives the cluster client's node
+            # connections: a timeout or a dropped connection must reach the runner, which
+            # forgets the node (:meth:`_forget_node`) and repeats only what may be repeated.
+            # redis-py's default Retry (10 tries, on timeouts too) waited 11 socket timeouts
+            # per try on a hung primary whose replica had taken over, and sent XREADGROUP
+            # again after a lost reply.
+            settings = {**_node_settings(node), "retry": Retry(NoBackoff(), 0)}
+            client = self._nodes[node.name] = _cancellable(Redis(**settings))
         return client
 
     async def run_many(self, calls: list[Call]) -> list[Any]:

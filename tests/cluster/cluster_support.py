@@ -15,11 +15,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import redis
+from redis.crc import key_slot
 
 from settle.embedded import EmbeddedRedis, free_port
 
 SLOTS = 16384
 BUS_OFFSET = 10000  # a node also listens on port + 10000 for the cluster bus
+
+
+def primary_of(key: str, primaries: int) -> int:
+    """The index of the primary of a :class:`LocalCluster` of ``primaries`` that serves
+    ``key``'s slot (before any slot moves)."""
+    return min(key_slot(key.encode()) // (SLOTS // primaries), primaries - 1)
 
 
 def cluster_port() -> int:

@@ -16,19 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from redis.crc import key_slot
 
 from settle._runtime import _async as runtime_async
 from settle._runtime import _sync as runtime_sync
-from settle.progress import (
-    AsyncProgressStore,
-    AsyncStreamConsumer,
-    EffectContext,
-    ProgressStore,
-    StreamConsumer,
-)
 from settle.progress._keys import ProgressKeys
-from tests.cluster.cluster_support import SLOTS, LocalCluster
+from tests.cluster.cluster_support import LocalCluster, primary_of
+from tests.cluster.stream_support import Worker, stream_worker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
 
@@ -53,34 +46,23 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 @dataclass
-class Hung:
-    """A consumer (``call`` runs a method of it off the event loop) whose stream and
-    progress live on healthy primaries, and the primary its cluster client asks for keys
-    (``frozen``, the test freezes it)."""
+class Hung(Worker):
+    """A consumer whose stream and progress live on healthy primaries, and the primary its
+    cluster client asks for keys (``frozen``, the test freezes it)."""
 
-    frozen: int
-    stream: str
-    consumer: Any
-    runs: list[str]
-    effect: Any
-    call: Callable[..., Any]
+    frozen: int = -1
 
     async def within_liveness(self, method: str, *args: Any) -> Any:
         return await asyncio.wait_for(self.call(method, *args), LIVENESS)
 
 
-def _primary_of(key: str) -> int:
-    return min(key_slot(key.encode()) // (SLOTS // PRIMARIES), PRIMARIES - 1)
-
-
 def _named(make: Callable[[int], str], key: Callable[[str], str], avoid: int) -> str:
     """The first name ``make(i)`` whose ``key`` is not on primary ``avoid``."""
-    return next(n for n in map(make, range(10_000)) if _primary_of(key(n)) != avoid)
+    return next(n for n in map(make, range(10_000)) if primary_of(key(n), PRIMARIES) != avoid)
 
 
 async def _hung(cluster: LocalCluster, flavour: str) -> Hung:
     seeds = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
-    runs: list[str] = []
     if flavour == "sync":
         client: Any = runtime_sync.cluster_client(seeds)
     else:
@@ -89,43 +71,14 @@ async def _hung(cluster: LocalCluster, flavour: str) -> Hung:
     # The node redis-py asks for a command's keys (COMMAND GETKEYS) is its default node.
     default = client.get_default_node()
     frozen = [node.port for node in cluster.nodes].index(default.port)
-    stream = _named(lambda i: f"orders-{i}", str, frozen)
-    consumer_name = _named(
-        lambda i: f"billing-{i}", lambda c: ProgressKeys(NAMESPACE, c).tag, frozen
+    worker = stream_worker(
+        client,
+        flavour,
+        stream=_named(lambda i: f"orders-{i}", str, frozen),
+        consumer=_named(lambda i: f"billing-{i}", lambda c: ProgressKeys(NAMESPACE, c).tag, frozen),
+        namespace=NAMESPACE,
     )
-    options: dict[str, Any] = {
-        "stream": stream,
-        "group": "billing",
-        "worker": "w1",
-        "block": 0.01,
-        "claim_idle": 0.05,
-    }
-    if flavour == "sync":
-        store = ProgressStore(client, consumer=consumer_name, namespace=NAMESPACE)
-        consumer: Any = StreamConsumer(client, store, **options)
-
-        def effect(ctx: EffectContext) -> None:
-            runs.append(ctx.emission.value)
-
-        async def call(method: str, *args: Any) -> Any:  # off the loop: its timeout fires
-            return await asyncio.to_thread(getattr(consumer, method), *args)
-    else:
-        store_a = AsyncProgressStore(client, consumer=consumer_name, namespace=NAMESPACE)
-        consumer = AsyncStreamConsumer(client, store_a, **options)
-
-        async def effect(ctx: EffectContext) -> None:  # type: ignore[misc]
-            runs.append(ctx.emission.value)
-
-        async def call(method: str, *args: Any) -> Any:
-            return await getattr(consumer, method)(*args)
-
-    return Hung(frozen, stream, consumer, runs, effect, call)
-
-
-async def _close(hung: Hung) -> None:
-    closing = hung.consumer.close()
-    if asyncio.iscoroutine(closing):
-        await closing
+    return Hung(worker.stream, worker.consumer, worker.runs, worker.effect, worker.call, frozen)
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
@@ -134,7 +87,7 @@ async def test_a_hung_primary_does_not_stall_a_consumer_whose_stream_is_on_anoth
 ) -> None:
     hung = await _hung(cluster, flavour)
     effect = hung.effect
-    raw = cluster.client(_primary_of(hung.stream))
+    raw = cluster.client(primary_of(hung.stream, PRIMARIES))
     try:
         raw.xadd(hung.stream, {"emission_id": "e0"})
         await hung.call("poll", effect)  # started: the start-up checks read every node
@@ -155,4 +108,4 @@ async def test_a_hung_primary_does_not_stall_a_consumer_whose_stream_is_on_anoth
         assert raw.xpending(hung.stream, "billing")["pending"] == 0  # all acknowledged
     finally:
         raw.close()
-        await _close(hung)
+        await hung.close()
