@@ -1114,23 +1114,42 @@ def _drop_evidence(runner: Runner, exc: rx.ConnectionError) -> None:
         runner.dropped()
 
 
-def _check_wait_fits(client: Any, durability: Durability) -> None:
-    """``WAIT`` blocks the connection for up to ``replica_timeout``: a socket timeout that
-    ends sooner turns every durable write into a timeout, repeated, then a BackendError
-    instead of the DurabilityError it is. Refuse the combination up front."""
-    if not durability.min_replicas:
-        return
+def _socket_timeout(client: Any) -> float | None:
+    """The socket timeout ``client``'s connections are made with (seconds), or None."""
     if isinstance(client, RedisCluster):
         given = client.nodes_manager.connection_kwargs
     else:
         pool = getattr(client, "connection_pool", None)
         given = getattr(pool, "connection_kwargs", {})
     timeout = given.get("socket_timeout")
-    if timeout is not None and durability.replica_timeout >= float(timeout):
+    return None if timeout is None else float(timeout)
+
+
+def _check_wait_fits(client: Any, durability: Durability) -> None:
+    """``WAIT`` blocks the connection for up to ``replica_timeout``: a socket timeout that
+    ends sooner turns every durable write into a timeout, repeated, then a BackendError
+    instead of the DurabilityError it is. Refuse the combination up front."""
+    if not durability.min_replicas:
+        return
+    timeout = _socket_timeout(client)
+    if timeout is not None and durability.replica_timeout >= timeout:
         raise ConfigurationError(
             f"replica_timeout ({durability.replica_timeout} s) must be shorter than the "
             f"client's socket timeout ({timeout} s): WAIT holds the connection that long. "
             "Lower replica_timeout or raise socket_timeout."
+        )
+
+
+def check_block_fits(client: Any, block: float) -> None:
+    """``XREADGROUP ... BLOCK`` holds the connection for up to ``block`` seconds when the
+    stream has nothing new: a socket timeout that ends sooner turns every idle poll into a
+    timeout (then a BackendError). Refuse the combination up front."""
+    timeout = _socket_timeout(client)
+    if timeout is not None and block >= timeout:
+        raise ConfigurationError(
+            f"block ({block} s) must be shorter than the stream client's socket timeout "
+            f"({timeout} s): an idle poll holds the connection that long. Lower block or "
+            "raise socket_timeout."
         )
 
 

@@ -22,7 +22,12 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
-from settle._runtime._async import AsyncConnectable, AsyncRunner, client_from_url
+from settle._runtime._async import (
+    AsyncConnectable,
+    AsyncRunner,
+    check_block_fits,
+    client_from_url,
+)
 from settle._runtime.options import check_client
 from settle._telemetry import telemetry
 from settle.errors import BackendError
@@ -324,6 +329,7 @@ class AsyncStreamConsumer:
         self.core = store.core
         self.scope: ProviderScope | None = None
         self._claim_from = "0-0"
+        check_block_fits(client, self.options.block_ms / 1000)
         self._runner = AsyncRunner(
             client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
         )

@@ -12,6 +12,7 @@ import redis
 import redis.asyncio as aioredis
 
 from settle.embedded import EmbeddedRedis
+from settle.errors import ConfigurationError
 from settle.progress import (
     AsyncProgressStore,
     AsyncStreamConsumer,
@@ -137,3 +138,36 @@ def test_record_receipt_checks_kind_and_worker_with_a_good_verdict(
     with pytest.raises(InvalidDelivery):
         store.record_receipt(SCOPE, DeliveryId("1-1"), kind, verdict, worker)
     assert _keys(progress_client) == before
+
+
+@pytest.mark.parametrize("block", [1.0, 2.5])
+def test_a_block_the_socket_timeout_would_cut_is_refused_up_front(
+    stream_server: EmbeddedRedis, store: ProgressStore, names: Names, block: float
+) -> None:
+    """``block`` at or over the stream client's socket timeout: every poll that found
+    nothing new waited on XREADGROUP past the timeout, so an idle consumer raised
+    BackendError on every poll. Refused when the consumer is made, nothing written; a
+    shorter block is taken."""
+    client = redis.Redis.from_url(stream_server.url, socket_timeout=1.0)
+    before = _keys(client)
+    try:
+        with pytest.raises(ConfigurationError, match=r"block \(.*socket timeout \(1\.0 s\)"):
+            StreamConsumer(client, store, stream=names.stream, group=names.group, block=block)
+        assert _keys(client) == before
+        StreamConsumer(client, store, stream=names.stream, group=names.group, block=0.5).close()
+    finally:
+        client.close()
+
+
+@pytest.mark.asyncio
+async def test_an_async_consumer_refuses_a_block_the_socket_timeout_would_cut(
+    stream_server: EmbeddedRedis, progress_server: EmbeddedRedis, names: Names
+) -> None:
+    store = AsyncProgressStore(aioredis.Redis.from_url(progress_server.url), consumer="c")
+    client = aioredis.Redis.from_url(stream_server.url, socket_timeout=0.5)
+    try:
+        with pytest.raises(ConfigurationError, match="block"):
+            AsyncStreamConsumer(client, store, stream=names.stream, group=names.group, block=1.0)
+    finally:
+        await client.aclose()
+        await store.aclose()
