@@ -697,8 +697,13 @@ class ProgressCore:
             return True
         if reply.code != "unused":
             raise CorruptRecord(f"unknown stream evidence {reply.code!r}")
-        self.log.info("settle.progress.scope_claimed", **fields)
         return False
+
+    def scope_claimed(self, scope: ProviderScope) -> None:
+        """Log that ``scope``'s state is being created, the stream having shown it unused
+        (not for a read, which creates nothing)."""
+        fields = {"scope": str(scope), "stream": scope.stream, "group": scope.group}
+        self.log.info("settle.progress.scope_claimed", **fields)
 
     def progress_lost(self, scope: ProviderScope) -> NoReturn:
         """Refuse a scope whose deliveries were acknowledged and whose progress the

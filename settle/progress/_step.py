@@ -131,6 +131,7 @@ def progress(
         core.progress_lost(scope)
     if call.script == "read":
         return reply
+    core.scope_claimed(scope)
     call = core.claiming(call)
     return core.decode(call, (yield RunScript(call)))
 

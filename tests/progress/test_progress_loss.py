@@ -41,7 +41,7 @@ from settle.progress import (
     StreamConsumer,
 )
 from settle.progress._core import ProgressCore, StreamVerdict
-from settle.progress.errors import ProgressLost, ProviderReset
+from settle.progress.errors import ProgressLost, ProviderReset, SettlementNotAuthorized
 from settle.progress.identity import AttemptId, SettlementAuthority
 from settle.progress.models import SettlementOutcome
 from tests.progress.harness import Names, pending_ids, publish, settled_ids
@@ -328,6 +328,27 @@ def _check_unsettled(
     """Nothing written to progress, and the delivery still pending for its worker."""
     assert _tagged(server, names) == []
     assert pending_ids(stream_client, names) == {authority.delivery.value: ("w1", 1)}
+
+
+def test_a_hand_called_settlement_on_a_new_scope_claims_nothing_and_says_so(
+    names: Names,
+    consumer: Any,
+    own_progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    logs: list[dict[str, Any]],
+) -> None:
+    """On a scope nothing was applied in (the stream shows it unused), a settlement by hand
+    is not authorized (no durable progress covers the delivery) and creates nothing; the
+    log said ``settle.progress.scope_claimed`` for it all the same, a claim an operator
+    would look for in the progress server and not find."""
+    consumer.start()
+    [held] = publish(stream_client, names, ["h0"])
+    stream_client.xreadgroup(names.group, "w1", {names.stream: ">"})
+    authority = SettlementAuthority("w1", DeliveryId(held), 1)
+    with pytest.raises(SettlementNotAuthorized):
+        consumer.settle(authority, IntentKind.ACK, EmissionId("h0"), "by hand")
+    assert _events(logs, "settle.progress.scope_claimed") == []
+    _check_unsettled(authority, stream_client, names, own_progress_server)
 
 
 @pytest.mark.asyncio
