@@ -21,6 +21,7 @@ __all__ = [
     "OperationRecord",
     "PresentedTuple",
     "QuarantineEntry",
+    "QuarantineHeader",
     "QuarantineKind",
     "QuarantinedPayload",
     "Renewal",
@@ -363,4 +364,23 @@ class QuarantineEntry(BaseModel):
     @property
     def ref(self) -> str:
         """``shard/id``: names the entry unambiguously across shards."""
+        return f"{self.shard}/{self.id}"
+
+
+class QuarantineHeader(BaseModel):
+    """What an entry is counted by, from ``quarantine.headers()``: its id, kind, time and
+    whether it is resolved. Nothing else of the entry is read (no payload, operation or
+    note): get the entry itself with ``quarantine.get(header.ref)``."""
+
+    model_config = _FROZEN
+
+    id: str
+    shard: int
+    kind: QuarantineKind
+    at: datetime
+    resolved: bool
+
+    @property
+    def ref(self) -> str:
+        """``shard/id``, as :attr:`QuarantineEntry.ref`."""
         return f"{self.shard}/{self.id}"

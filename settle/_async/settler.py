@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -33,6 +33,7 @@ from settle.models import (
     InProgress,
     OperationRecord,
     QuarantineEntry,
+    QuarantineHeader,
     QuarantineKind,
     Renewal,
     Replay,
@@ -45,6 +46,9 @@ from settle.models import (
 )
 
 __all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
+
+#: What a quarantine listing lists.
+E = TypeVar("E", QuarantineEntry, QuarantineHeader)
 
 
 class AsyncBackend(Protocol):
@@ -277,13 +281,39 @@ class AsyncQuarantine:
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         return await self._settler._run_many(calls)
 
-    async def _listed(self, query: QuarantineQuery) -> list[QuarantineEntry]:
-        """Run a planned listing to its end (``list``, and the console's pages, which plan
-        theirs from a cursor)."""
+    async def _listed(self, query: QuarantineQuery[E]) -> list[E]:
+        """Run a planned listing to its end (``list``, ``headers``, and the console's pages,
+        which plan theirs from a cursor)."""
         with self._settler._span("quarantine.list"):
             while calls := query.calls():
                 query.feed(calls, await self._run_many(calls))
             return query.result()
+
+    async def headers(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        unresolved: bool = False,
+        limit: int = 100,
+        newest_first: bool = True,
+    ) -> list[QuarantineHeader]:
+        """The entries ``list`` would return, as headers: id, kind, time and whether
+        resolved, and nothing else. Redis sends no payload (up to
+        ``quarantine_payload_bytes`` an entry) and no other field: what counting entries by
+        kind, time or status needs (the console's overview)."""
+        query = self._settler._core.quarantine_query(
+            kind=kind,
+            operation_id=operation_id,
+            since=since,
+            until=until,
+            unresolved=unresolved,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        return await self._listed(query.headers())
 
     async def list(
         self,

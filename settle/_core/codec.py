@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import pydantic_core
@@ -26,6 +27,7 @@ from settle.models import (
     PresentedTuple,
     QuarantinedPayload,
     QuarantineEntry,
+    QuarantineHeader,
     QuarantineKind,
     Resolution,
     State,
@@ -41,6 +43,7 @@ __all__ = [
     "Reply",
     "decode_attempts",
     "decode_quarantine_entry",
+    "decode_quarantine_header",
     "decode_record",
     "digest",
     "encode_failure",
@@ -314,10 +317,33 @@ def decode_quarantine_entry(
     # UnicodeDecodeError is a ValueError; RecursionError is json's answer to a resolution
     # nested deeper than the interpreter's stack (another program wrote it).
     except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
-        ident = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id
-        ref = f"{shard}/{ident}"
-        problem = f"no field {exc}" if isinstance(exc, KeyError) else _first_line(exc)
-        raise CorruptRecord(f"quarantine entry {ref} cannot be decoded: {problem}") from exc
+        raise _undecodable(shard, entry_id, exc) from exc
+
+
+def _undecodable(shard: int, entry_id: Any, exc: Exception) -> CorruptRecord:
+    """The error of an entry settle cannot read, naming it as ``shard/id``."""
+    ident = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id
+    problem = f"no field {exc}" if isinstance(exc, KeyError) else _first_line(exc)
+    return CorruptRecord(f"quarantine entry {shard}/{ident} cannot be decoded: {problem}")
+
+
+def decode_quarantine_header(
+    shard: int, entry_id: Any, flat: Sequence[Any], resolved: Any
+) -> QuarantineHeader:
+    """One header of a headers-only read (quarantine_read.lua, ARGV[9]): the entry's kind and
+    time fields, and ``1`` when it is resolved. Undecodable as
+    :func:`decode_quarantine_entry` says."""
+    try:
+        f = {k: _text(v) for k, v in _fields(flat).items()}
+        return QuarantineHeader(
+            id=_text(entry_id),
+            shard=shard,
+            kind=QuarantineKind(f["kind"]),
+            at=_entry_time(f),
+            resolved=bool(resolved),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise _undecodable(shard, entry_id, exc) from exc
 
 
 def _first_line(exc: Exception) -> str:
@@ -350,6 +376,11 @@ def _quarantine_entry(shard: int, entry_id: Any, flat: Sequence[Any], res: Any) 
         payload=QuarantinedPayload(data=bytes(payload), size=int(f["psize"]), sha256=f["pdig"]),
         reason=f.get("reason") or None,
         attempt_id=f["aid"],
-        at=us_to_datetime(int(f["us"])) if "us" in f else ms_to_datetime(int(f["at"])),
+        at=_entry_time(f),
         resolution=decode_resolution(res),
     )
+
+
+def _entry_time(f: dict[str, str]) -> datetime:
+    """An entry's server time: ``us`` (µs), or ``at`` (ms) of an entry written before."""
+    return us_to_datetime(int(f["us"])) if "us" in f else ms_to_datetime(int(f["at"]))

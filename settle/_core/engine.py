@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from logging import DEBUG, INFO
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
@@ -37,6 +38,7 @@ from settle.models import (
     InProgress,
     OperationRecord,
     QuarantineEntry,
+    QuarantineHeader,
     QuarantineKind,
     Renewal,
     Replay,
@@ -660,10 +662,11 @@ class Core:
         limit: int = 100,
         newest_first: bool = True,
         start: tuple[int, int] | None = None,
-    ) -> QuarantineQuery:
+    ) -> QuarantineQuery[QuarantineEntry]:
         """``start``: a stream id ``(ms, seq)`` the listing starts at, in its direction,
         inclusive (the console's cursor: every shard is read from there, and the entries
-        with that very id are the only ones read again)."""
+        with that very id are the only ones read again). :meth:`QuarantineQuery.headers`
+        plans the same listing of headers."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput("limit must be an int from 1 to 100000")
         low, high = _stream_range(since, until)
@@ -673,6 +676,8 @@ class Core:
             low = "-".join(map(str, max(_id_bound(low, (-1, 0)), start)))
         return QuarantineQuery(
             self,
+            self._entries,
+            False,
             self._shards_for(operation_id),
             _Filter.of(kind, operation_id, unresolved),
             low,
@@ -830,8 +835,18 @@ class Core:
         return [shard_of(check_operation_id(operation_id), self.keys.shards)]
 
     def _read_call(
-        self, shard: int, low: str, high: str, limit: int, budget: int, flt: _Filter, newest: bool
+        self,
+        shard: int,
+        low: str,
+        high: str,
+        limit: int,
+        budget: int,
+        flt: _Filter,
+        newest: bool,
+        headers: bool = False,
     ) -> Call:
+        """A read of one shard's quarantine (quarantine_read.lua); ``headers``: each match
+        without its payload and other fields, for :meth:`_headers`."""
         return Call(
             "quarantine_read",
             (self.keys.quarantine(shard), self.keys.resolutions(shard)),
@@ -844,16 +859,25 @@ class Core:
                 flt.operation_id,
                 "1" if flt.unresolved else "0",
                 "1" if newest else "0",
+                "1" if headers else "0",
             ),
             shard=shard,
         )
 
     def _entries(self, call: Call, reply: codec.Reply) -> list[QuarantineEntry]:
+        return self._decoded(call, reply, codec.decode_quarantine_entry)
+
+    def _headers(self, call: Call, reply: codec.Reply) -> list[QuarantineHeader]:
+        return self._decoded(call, reply, codec.decode_quarantine_header)
+
+    def _decoded(
+        self, call: Call, reply: codec.Reply, decode: Callable[[int, Any, Any, Any], _T]
+    ) -> list[_T]:
+        """A read's matches, each ``[id, fields, resolution]``, decoded by ``decode``."""
         assert call.shard is not None
         try:
             return [
-                codec.decode_quarantine_entry(call.shard, entry_id, flat, res)
-                for entry_id, flat, res in reply.payload
+                decode(call.shard, entry_id, flat, res) for entry_id, flat, res in reply.payload
             ]
         except CorruptRecord as exc:
             raise CorruptRecord(
@@ -956,7 +980,22 @@ class _Filter:
         return _Filter(kind.value if kind else "", operation_id or "", bool(unresolved))
 
 
-def _id_key(entry: QuarantineEntry) -> tuple[int, int, datetime, int]:
+class _Listed(Protocol):
+    """What a listing orders its items by: an entry or a header."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def shard(self) -> int: ...
+    @property
+    def at(self) -> datetime: ...
+
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=_Listed)
+
+
+def _id_key(entry: _Listed) -> tuple[int, int, datetime, int]:
     """The order of a listing across shards: the stream id's millisecond and sequence, then
     the server time (µs) and the shard. A stream's ids grow with every entry, also when the
     server's clock steps back (XADD then takes the last id's millisecond), so this order
@@ -975,8 +1014,9 @@ def _time_key(entry: QuarantineEntry) -> tuple[datetime, int, int, int]:
     return entry.at, int(ms), int(seq), entry.shard
 
 
-class QuarantineQuery:
-    """A filtered listing across shards, merged as it is read.
+class QuarantineQuery(Generic[_E]):
+    """A filtered listing across shards, merged as it is read: of entries, or of headers
+    (``headers``: the script sends each match's kind, time and status only).
 
     Drive it with ``while calls := q.calls(): q.feed(calls, run_many(calls))``, then
     ``q.result()``. Each shard is read in chunks of the entries still wanted shared out
@@ -989,6 +1029,8 @@ class QuarantineQuery:
     def __init__(
         self,
         core: Core,
+        decode: Callable[[Call, codec.Reply], list[_E]],
+        headers: bool,
         shards: list[int],
         flt: _Filter,
         low: str,
@@ -997,14 +1039,22 @@ class QuarantineQuery:
         newest_first: bool,
     ) -> None:
         self._core = core
+        self._decode = decode
+        self._headers = headers
         self._filter = flt
         self._limit = limit
         self._newest = newest_first
+        self._plan = (shards, flt, low, high, limit, newest_first)
         #: The shards still being read, and the range of each left to read.
         self._bounds = dict.fromkeys(shards, (low, high))
         #: Entries read and not taken yet, in each shard's order.
-        self._held: dict[int, list[QuarantineEntry]] = {s: [] for s in shards}
-        self._taken: list[QuarantineEntry] = []
+        self._held: dict[int, list[_E]] = {s: [] for s in shards}
+        self._taken: list[_E] = []
+
+    def headers(self) -> QuarantineQuery[QuarantineHeader]:
+        """The same listing, not read yet, of headers: the script leaves every field of a
+        match out but its kind and time, and sends whether it is resolved."""
+        return QuarantineQuery(self._core, self._core._headers, True, *self._plan)
 
     def calls(self) -> list[Call]:
         """A chunk of every shard still being read that holds nothing (none once the
@@ -1015,7 +1065,14 @@ class QuarantineQuery:
         chunk = -(-want // max(1, len(self._bounds)))  # ceil: the shards share what is wanted
         return [
             self._core._read_call(
-                s, low, high, chunk, _QUARANTINE_SCAN_BUDGET, self._filter, self._newest
+                s,
+                low,
+                high,
+                chunk,
+                _QUARANTINE_SCAN_BUDGET,
+                self._filter,
+                self._newest,
+                self._headers,
             )
             for s, (low, high) in self._bounds.items()
             if not self._held[s]
@@ -1025,7 +1082,7 @@ class QuarantineQuery:
         for call, raw in zip(calls, raws, strict=True):
             assert call.shard is not None
             reply = codec.parse_reply(raw)
-            self._held[call.shard].extend(self._core._entries(call, reply))
+            self._held[call.shard].extend(self._decode(call, reply))
             low, high = self._bounds[call.shard]
             if reply.code == "done":
                 del self._bounds[call.shard]
@@ -1048,7 +1105,7 @@ class QuarantineQuery:
             first = pick(heads, key=lambda s: _id_key(self._held[s][0]))
             self._taken.append(self._held[first].pop(0))
 
-    def result(self) -> list[QuarantineEntry]:
+    def result(self) -> list[_E]:
         return self._taken
 
 

@@ -834,12 +834,22 @@ def attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> l
     return [b"ok", b"", now, b"", entries(st)]
 
 
+#: The fields of a quarantine entry a header read returns (quarantine_read.lua, ARGV[9]).
+_HEADER = frozenset({b"kind", b"at", b"us"})
+
+
 def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Read one shard's quarantine stream with the filters applied here, so a filtered listing
-    does not ship every entry to the client."""
+    does not ship every entry to the client. ``a[8] == b"1"``: headers only, each match
+    ``[id, [kind, at and us fields as stored], b"1" if resolved else b""]``."""
     low, high = a[0].decode(), a[1].decode()
     limit, budget = int(a[2]), int(a[3])
     kind, op, unresolved, newest = a[4], a[5], a[6] == b"1", a[7] == b"1"
+    headers = a[8:9] == [b"1"]
+    if a[8:9] not in ([], [b"0"], [b"1"]):
+        raise ValueError(
+            f"quarantine_read: headers flag (ARGV[9]) must be '1' or '0', got {a[8]!r}"
+        )
     entries = [e for e in ks.xrange(keys[0], now) if _in_range(e[0], low, high)]
     if newest:
         entries.reverse()
@@ -858,7 +868,13 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
             and (not op or f[b"op"] == op)
             and (not unresolved or res == b"")
         ):
-            out.append([entry_id, list(flat), res])
+            if headers:
+                kept = [
+                    x for i in range(0, len(flat), 2) if flat[i] in _HEADER for x in flat[i : i + 2]
+                ]
+                out.append([entry_id, kept, b"1" if res else b""])
+            else:
+                out.append([entry_id, list(flat), res])
     if len(out) >= limit and examined < len(entries):
         return [b"more", last, now, b"", out]
     return [b"done", last, now, b"", out]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 from redis import Redis, RedisCluster
 
@@ -34,6 +34,7 @@ from settle.models import (
     InProgress,
     OperationRecord,
     QuarantineEntry,
+    QuarantineHeader,
     QuarantineKind,
     Renewal,
     Replay,
@@ -46,6 +47,9 @@ from settle.models import (
 )
 
 __all__ = ["Backend", "Quarantine", "Settler"]
+
+#: What a quarantine listing lists.
+E = TypeVar("E", QuarantineEntry, QuarantineHeader)
 
 
 class Backend(Protocol):
@@ -278,13 +282,39 @@ class Quarantine:
     def _run_many(self, calls: list[Call]) -> list[Any]:
         return self._settler._run_many(calls)
 
-    def _listed(self, query: QuarantineQuery) -> list[QuarantineEntry]:
-        """Run a planned listing to its end (``list``, and the console's pages, which plan
-        theirs from a cursor)."""
+    def _listed(self, query: QuarantineQuery[E]) -> list[E]:
+        """Run a planned listing to its end (``list``, ``headers``, and the console's pages,
+        which plan theirs from a cursor)."""
         with self._settler._span("quarantine.list"):
             while calls := query.calls():
                 query.feed(calls, self._run_many(calls))
             return query.result()
+
+    def headers(
+        self,
+        *,
+        kind: QuarantineKind | str | None = None,
+        operation_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        unresolved: bool = False,
+        limit: int = 100,
+        newest_first: bool = True,
+    ) -> list[QuarantineHeader]:
+        """The entries ``list`` would return, as headers: id, kind, time and whether
+        resolved, and nothing else. Redis sends no payload (up to
+        ``quarantine_payload_bytes`` an entry) and no other field: what counting entries by
+        kind, time or status needs (the console's overview)."""
+        query = self._settler._core.quarantine_query(
+            kind=kind,
+            operation_id=operation_id,
+            since=since,
+            until=until,
+            unresolved=unresolved,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        return self._listed(query.headers())
 
     def list(
         self,

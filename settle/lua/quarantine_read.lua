@@ -4,10 +4,18 @@
 -- ARGV[1] lowest id ('-' or '(' id for exclusive)  ARGV[2] highest id ('+' or '(' id)
 -- ARGV[3] max matches  ARGV[4] scan budget (entries examined in this call)
 -- ARGV[5] kind ('' any)  ARGV[6] operation id ('' any)  ARGV[7] '1': unresolved only
--- ARGV[8] '1': newest first
+-- ARGV[8] '1': newest first  ARGV[9] '1': headers only, '0' or absent: whole entries
 -- Returns {more | done, last, now, '', matches}: done when the range is exhausted; last is the
 -- id of the last entry examined ('' if none); a match is {id, {field, value, ...}, resolution
--- JSON or ''}.
+-- JSON or ''}. A header is {id, {field, value, ...} of the fields kind, at and us only (as
+-- stored, in their order), '1' if resolved else ''}: what a count by kind, time and status
+-- needs, without the payload (up to quarantine_payload_bytes an entry) or anything else.
+-- A headers flag of another form is refused with an error reply (see arg_refused in _lib.lua).
+local headers = ARGV[9] == '1'
+if not (headers or ARGV[9] == nil or ARGV[9] == '0') then
+  return redis.error_reply(arg_refused('quarantine_read', 9, 'headers flag',
+    "'1' (headers only) or '0' (whole entries)"))
+end
 local now = now_ms()
 local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
 local low, high = ARGV[1], ARGV[2]
@@ -32,7 +40,19 @@ while #out < limit and examined < budget do
     local res = redis.call('HGET', KEYS[2], e[1]) or ''
     if (ARGV[5] == '' or f.kind == ARGV[5]) and (ARGV[6] == '' or f.op == ARGV[6])
         and (ARGV[7] ~= '1' or res == '') then
-      table.insert(out, {e[1], e[2], res})
+      if headers then
+        local h = {}
+        for i = 1, #e[2], 2 do
+          local name = e[2][i]
+          if name == 'kind' or name == 'at' or name == 'us' then
+            h[#h + 1] = name
+            h[#h + 1] = e[2][i + 1]
+          end
+        end
+        table.insert(out, {e[1], h, res ~= '' and '1' or ''})
+      else
+        table.insert(out, {e[1], e[2], res})
+      end
       if #out >= limit then break end
     end
   end

@@ -254,14 +254,15 @@ async def overview(
     entry_limit: int,
 ) -> Overview:
     """Records by state (at most ``record_limit`` records read), and the quarantine of the
-    last ``window`` by kind and over time (at most ``entry_limit`` entries read)."""
+    last ``window`` by kind and over time (at most ``entry_limit`` entries read, as headers:
+    kind, time and status, never a payload)."""
     states, capped = await _count_records(settler, record_limit)
     length, step = WINDOWS[window]
     since = now - length
-    entries = await settler.quarantine.list(since=since, limit=entry_limit)
+    entries = await settler.quarantine.headers(since=since, limit=entry_limit)
     by_kind = {k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind}
     for e in entries:
-        by_kind[e.kind.value]["resolved" if e.resolution else "unresolved"] += 1
+        by_kind[e.kind.value]["resolved" if e.resolved else "unresolved"] += 1
     n = int(length / step)
     counts = [0] * n
     for e in entries:

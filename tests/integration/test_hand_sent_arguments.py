@@ -424,3 +424,31 @@ def test_a_lost_renewal_with_a_lease_it_cannot_use_answers_lost(ctx: Ctx, namesp
     assert bad[:2] == [b"lost", b"stale_generation"]
     assert bad == _reply(ctx, (script, keys, args))
     _same(before, _state(ctx.client, namespace))
+
+
+@pytest.mark.parametrize("flag", ["", "2", "yes", "1 "])
+def test_a_quarantine_read_refuses_a_headers_flag_it_cannot_use(ctx: Ctx, flag: str) -> None:
+    # ARGV[9] '1' reads headers (kind, time, resolved) and '0' or none whole entries; any
+    # other value is an error reply naming it, not a read of either kind.
+    ref = ctx.settler.complete(_ghost(), b"late").quarantine_id
+    assert ref is not None
+    call = ctx.settler._core.plan_quarantine_lookup(ref)[0]
+    planned: Call = ("quarantine_read", call.keys, list(call.args))
+    whole = ctx.send((planned[0], planned[1], planned[2][:8]))
+    assert ctx.send(planned)[4] == whole[4]  # settle's own call says "0": whole entries
+    assert b"payload" in whole[4][0][1]
+    header = ctx.send((planned[0], planned[1], [*planned[2][:8], "1"]))
+    assert header[4][0][1][::2] == [b"kind", b"at", b"us"]
+    with pytest.raises(redis.ResponseError, match=r"headers flag \(ARGV\[9\]\)"):
+        ctx.send((planned[0], planned[1], [*planned[2][:8], flag]))
+
+
+def _ghost() -> Reservation:
+    return Reservation(
+        operation_id="ghost",
+        fingerprint="a" * 64,
+        fingerprint_version=1,
+        binding=WHO,
+        generation=7,
+        attempt_id="w-ghost",
+    )

@@ -338,6 +338,17 @@ class ScriptsMatchModel(RuleBasedStateMachine):
             return out
 
         assert self.gens.translate(norm(real_q)) == norm(model_q)
+        # Headers (quarantine_read's ARGV[9]): the same entries, their kind, time and status
+        # only, read by the script and by the model alike.
+        real_h = self.real.quarantine.headers(limit=500, newest_first=False)
+        model_h = self.model.quarantine.headers(limit=500, newest_first=False)
+        assert [h.model_dump(exclude={"id", "at"}) for h in real_h] == [
+            h.model_dump(exclude={"id", "at"}) for h in model_h
+        ]
+        for listed, headers in ((real_q, real_h), (model_q, model_h)):
+            assert [(h.ref, h.kind, h.at, h.resolved) for h in headers] == [
+                (e.ref, e.kind, e.at, e.resolution is not None) for e in listed
+            ]
 
 
 def test_lua_scripts_match_the_reference_model(redis_url: str) -> None:

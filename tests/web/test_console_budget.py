@@ -309,6 +309,74 @@ async def test_the_overview_reads_its_limit_in_total_not_per_shard(
     assert sent[0] <= read_bound(2 * 20 + SHARDS), sent[0]
 
 
+BIG = 64 * 1024  # quarantine_payload_bytes' default: what a busy quarantine keeps per entry
+
+
+async def test_the_overview_counts_headers_and_reads_no_payload(
+    redis_url: str, sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # The overview listed up to overview_limit (10 000) entries WITH their payloads to count
+    # kinds and times: 200 entries of 64 KiB sent 12.5 MiB for one page view, and 10 000
+    # would have been 640 MiB built in Redis and decoded by the console. It reads headers.
+    refs = [sharded.complete(ghost_of(f"big-{n}"), b"x" * BIG).quarantine_id for n in range(170)]
+    refs += [conflicting(sharded, f"order-big-{n}", b"y" * BIG) for n in range(30)]
+    for ref in refs[::3]:
+        assert ref is not None
+        sharded.quarantine.resolve(ref, note="checked")
+    assert len({str(ref).split("/")[0] for ref in refs}) == SHARDS
+    payloads = len(refs) * BIG
+    async with client_for(create_app(sharded_reader)) as console:  # overview_limit 10 000
+        with bytes_sent(redis_url) as sent:
+            page = await console.get("/?window=1h")
+    assert page.status_code == 200
+    assert "Counted the newest" not in page.text  # every entry of the window counted
+    assert sent[0] < payloads // 50, sent[0]  # headers: about 100 bytes an entry
+    # The counts are those of a full listing, also when the limit cuts the window short.
+    now = await _query.server_now(sharded_reader)
+    for limit in (10_000, 50):
+        data = await _query.overview(
+            sharded_reader, window="1h", now=now, record_limit=10_000, entry_limit=limit
+        )
+        full = await sharded_reader.quarantine.list(since=data.since, limit=limit)
+        assert data.sample == len(full) == min(limit, len(refs))
+        by_kind = {k: {"unresolved": 0, "resolved": 0} for k in data.by_kind}
+        for e in full:
+            by_kind[e.kind.value]["resolved" if e.resolution else "unresolved"] += 1
+        assert data.by_kind == by_kind
+        assert by_kind["unknown_operation"]["resolved"] > 0
+        assert by_kind["conflicting_settlement"]["unresolved"] > 0
+        step = data.buckets[1][0] - data.buckets[0][0]
+        times = [start for start, _ in data.buckets]
+        counts = [0] * len(times)
+        for e in full:
+            counts[min(max(int((e.at - data.since) / step), 0), len(times) - 1)] += 1
+        assert data.buckets == list(zip(times, counts, strict=True))
+        assert sum(counts) == len(full)
+
+
+async def test_quarantine_headers_are_the_listing_without_the_rest(
+    sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # Headers list the entries `list` lists, with the same filters, order and limit.
+    refs = ghosts(sharded, 2 * SHARDS)
+    refs += [conflicting(sharded, f"order-h-{n}", b"late") for n in range(5)]
+    for ref in refs[::4]:
+        sharded.quarantine.resolve(ref, note="checked")
+    for kw in (
+        {},
+        {"newest_first": False, "limit": 7},
+        {"kind": "conflicting_settlement"},
+        {"unresolved": True, "limit": 20},
+        {"operation_id": "order-h-3"},
+    ):
+        listed = await sharded_reader.quarantine.list(**kw)  # type: ignore[arg-type]
+        headers = await sharded_reader.quarantine.headers(**kw)  # type: ignore[arg-type]
+        assert [(h.ref, h.kind, h.at, h.resolved) for h in headers] == [
+            (e.ref, e.kind, e.at, e.resolution is not None) for e in listed
+        ]
+        assert not any(hasattr(h, "payload") for h in headers)
+
+
 # -- links that say where the rest is --------------------------------------------------------
 
 
