@@ -57,6 +57,9 @@ class EmbeddedRedis:
         directory: str | None = None,
     ) -> None:
         self.binary = binary or find_redis_server()
+        # A port it chose itself, it may choose again: another process can take a free
+        # port between free_port() and the server's bind (parallel test workers do).
+        self._own_port = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self._own_dir = directory is None
@@ -68,6 +71,15 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        for _ in range(4 if self._own_port else 1):
+            if self._start_once(timeout):
+                return self
+            self.port = free_port()  # taken since it was free: choose another
+        raise ConfigurationError(f"redis-server found every port it chose taken ({self.port})")
+
+    def _start_once(self, timeout: float) -> bool:
+        """Start the server on ``self.port``: True once it answers, False when the port is
+        taken (by a server of another process, or as the server binds)."""
         args = [
             self.binary,
             "--port",
@@ -93,23 +105,37 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ConfigurationError(
-                    f"redis-server exited with {self.process.returncode}: "
-                    f"{(self.directory / 'redis.log').read_text(errors='replace')[-500:]}"
-                )
-            if self._ping():
-                return self
+                tail = (self.directory / "redis.log").read_text(errors="replace")[-500:]
+                self.process = None
+                if "Address already in use" in tail and self._own_port:
+                    return False
+                raise ConfigurationError(f"redis-server exited with an error: {tail}")
+            answering = self._answering_pid()
+            if answering == self.process.pid:
+                return True
+            if answering is not None and self._own_port:
+                self.stop()  # another process's server holds the port
+                return False
             time.sleep(0.02)
         self.stop()
         raise ConfigurationError(f"redis-server did not answer on port {self.port}")
 
-    def _ping(self) -> bool:
+    def _answering_pid(self) -> int | None:
+        """The process id of the redis-server answering on ``self.port``, None when none
+        answers yet. A server of another process can hold a port chosen as free."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                sock.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"\r\nprocess_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return None
+                    reply += chunk
         except OSError:
-            return False
+            return None
+        line = reply.split(b"\r\nprocess_id:", 1)[1].split(b"\r\n", 1)[0]
+        return int(line) if line.isdigit() else None
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:
