@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, settings
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
+from tests.faults.figures import FIGURES, WORKER_OUTPUT, summary
 
 settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -26,6 +28,22 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    summary(terminalreporter)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A pytest-xdist worker (`-n`): its figures go to the controller, which prints them.
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[WORKER_OUTPUT] = dict(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    FIGURES.update(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT, {}))
 
 
 @pytest.fixture(scope="session")

@@ -16,17 +16,13 @@ import pytest_asyncio
 
 from settle import AsyncSettler, Settler
 from tests.cluster.cluster_support import LocalCluster
-from tests.faults.figures import FIGURES, summary
+from tests.faults.figures import FIGURES
 from tests.integration.conftest import Awaitable
 
 
 @pytest.fixture
 def figures() -> dict[str, str]:
     return FIGURES
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")

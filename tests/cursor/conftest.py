@@ -11,7 +11,6 @@ import pytest
 
 from settle.cursor import CursorStore, Event, EventContext
 from tests.cursor.provider import Provider, ProviderServer
-from tests.faults.figures import summary
 from tests.faults.servers import primary, replica  # noqa: F401 - fixtures of test_durability
 
 
@@ -63,7 +62,3 @@ def serve() -> Iterator[Callable[..., ProviderServer]]:
 @pytest.fixture
 def sink() -> Sink:
     return Sink()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    summary(terminalreporter)  # the figures test_durability.py measures

@@ -13,7 +13,7 @@ import redis
 
 from settle import AsyncSettler, Settler
 from settle._core.scripts import SCRIPT_NAMES, source
-from tests.faults.figures import FIGURES, summary
+from tests.faults.figures import FIGURES
 from tests.faults.servers import async_client, sync_client
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.integration.conftest import Awaitable
@@ -22,10 +22,6 @@ from tests.integration.conftest import Awaitable
 @pytest.fixture
 def figures() -> dict[str, str]:
     return FIGURES
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    summary(terminalreporter)
 
 
 @pytest.fixture

@@ -1,19 +1,20 @@
 """Measurements the fault and cluster tests take on the way (never asserted: no wall-clock
 assertions), printed in a "settle figures" section at the end of the run;
-docs/operations.md quotes them."""
+docs/operations.md quotes them. Under pytest-xdist each worker hands its figures to the
+controller when it ends (tests/conftest.py), which prints them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 FIGURES: dict[str, str] = {}
-_printed = False
+
+#: The key of a worker's figures in what pytest-xdist carries back to the controller.
+WORKER_OUTPUT = "settle_figures"
 
 
 def summary(terminalreporter: Any) -> None:
-    global _printed  # noqa: PLW0603 - one section per run, however many conftests call this
-    if FIGURES and not _printed:
-        _printed = True
+    if FIGURES:
         terminalreporter.section("settle figures")
         for name, value in sorted(FIGURES.items()):
             terminalreporter.write_line(f"{name}: {value}")

@@ -528,9 +528,11 @@ async def test_a_lease_lost_before_an_unstored_answer_marks_nothing(
     answers 503. A 503 is not stored, and the attempt no longer owns the key: it marks
     nothing, so no stale settlement lands in quarantine; its client still gets the 503."""
     cleanup = _OutlastsItsLease()
+    entered = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
+        entered.set()
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
@@ -543,7 +545,9 @@ async def test_a_lease_lost_before_an_unstored_answer_marks_nothing(
         app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
     )
     task = asyncio.create_task(mw(_scope(b"k-unstored"), first.receive, first.send))
-    await asyncio.sleep(0.05)
+    # The cancellation must reach the handler, not the reservation before it (a loaded
+    # machine can take longer than any fixed pause to reserve).
+    await entered.wait()
     task.cancel()
     await cleanup.cleaning.wait()
     retry = await _takes_over(async_settler, b"k-unstored")

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
 
 from settle.embedded import EmbeddedRedis
-from tests.faults.figures import summary
 from tests.faults.servers import primary, replica  # noqa: F401 - fixtures of test_durability
 from tests.progress.harness import Names
 
@@ -49,7 +47,3 @@ def progress_client(progress_server: EmbeddedRedis) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(progress_server.url)
     yield client
     client.close()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    summary(terminalreporter)  # the figures test_durability.py measures
