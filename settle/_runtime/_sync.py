@@ -887,16 +887,27 @@ class Runner:
     # -- plain commands --------------------------------------------------------------------
 
     def exists(self, keys: tuple[str, ...]) -> int | None:
-        """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
-        per node) on a cluster. A read, repeated on transient failures. None when the user's
-        ACL refuses EXISTS (the caller decides what an unknown count means)."""
+        """How many of ``keys`` exist: one EXISTS on a single server, one per key (pipelined
+        per node by redis-py) on a cluster. A read, repeated on transient failures. None when
+        the user's ACL refuses EXISTS (the caller decides what an unknown count means).
+
+        Not one EXISTS per slot, as redis-py's cluster ``exists`` sends: while a slot
+        migrates, its importing node serves a command of one key after ASK, but refuses one
+        of several keys it does not all hold with TRYAGAIN until the slot has moved, and
+        redis-py gives up after 16 tries (ClusterError, "TTL exhausted")."""
 
         def send(client: Any) -> int | None:
             try:
-                found: int = client.exists(*keys)
+                if not isinstance(client, RedisCluster):
+                    found: int = client.exists(*keys)
+                    return found
+                with client.pipeline() as pipe:  # type: ignore[no-untyped-call,unused-ignore]
+                    for key in keys:
+                        pipe.exists(key)
+                    counts: list[int] = pipe.execute()
+                return sum(counts)
             except rx.NoPermissionError:
                 return None
-            return found
 
         return self.command("EXISTS", send)  # type: ignore[no-any-return]
 

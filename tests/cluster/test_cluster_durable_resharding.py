@@ -13,6 +13,7 @@ Cluster's rule for a split slot): transient, repeated by the call's own retries.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -214,3 +215,43 @@ async def test_a_durable_settlement_follows_its_slot_to_the_node_it_moved_to(
         assert record.state is State.COMPLETED
     assert replicated.keys_in_slot(source, slot) == []
     assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
+
+
+def _namespace_sharing_a_slot(prefix: str) -> tuple[str, int]:
+    """A namespace and a slot that holds two or more of the state keys beyond its shard
+    count, and none of the keys it uses (its metadata, its shards')."""
+    for i in range(1000):
+        keys = Keys(f"{prefix}b{i}", SHARDS)
+        used = {key_slot(keys.meta.encode())}
+        used |= {key_slot(keys.generation(shard).encode()) for shard in range(SHARDS)}
+        beyond = Counter(
+            key_slot(keys.generation(shard).encode()) for shard in range(SHARDS, MAX_SHARDS)
+        )
+        shared = [slot for slot, n in beyond.items() if n >= 2 and slot not in used]
+        if shared:
+            return keys.namespace, shared[0]
+    raise AssertionError("no namespace found")  # pragma: no cover
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("min_replicas", [0, 1])
+async def test_a_new_namespace_starts_while_a_slot_of_its_unused_shards_migrates(
+    replicated: LocalCluster, namespace: str, flavour: str, min_replicas: int
+) -> None:
+    """A namespace's first start asks whether any shard state beyond its shard count exists
+    (EXISTS of up to 4,092 keys, on hundreds of slots): during a resharding, one of those
+    slots migrates. redis-py sent the keys of one slot in one EXISTS; the importing node
+    refuses several keys it does not hold with TRYAGAIN until the slot has moved, and the
+    first start raised BackendError ("TTL exhausted"), with or without ``min_replicas``.
+    One EXISTS per key is served there after ASK."""
+    ns, slot = _namespace_sharing_a_slot(namespace)
+    source = replicated.serving(slot)
+    target = 1 - source
+    replicated.migrate(slot, source, target)
+    try:
+        async with _settler(replicated, flavour, ns, min_replicas=min_replicas) as s:
+            r = await s.reserve("op", REQ, principal=WHO)
+            assert isinstance(r, Reserved)
+            assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
+    finally:
+        replicated.migrated(slot, target)
