@@ -72,6 +72,10 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": CONNECT_TIMEOUT,
 }
 _CLUSTER_DEFAULTS: dict[str, Any] = {**_CLIENT_DEFAULTS, "require_full_coverage": False}
+#: Tries of one durable call on a cluster before it gives up: a node may answer with a
+#: redirection or a lost script and run nothing. The longest path that ends: NOSCRIPT on the
+#: slot's node, its ASK, NOSCRIPT on the importing node, the call.
+_DURABLE_TRIES = 4
 #: Seconds between two reads of the primaries' ``maxmemory-policy`` on the call path (one
 #: ``INFO memory``, made by the first call after the interval; docs/operations.md, "Eviction
 #: is refused"). A runner's ``recheck_interval`` attribute overrides it (tests set it to 0).
@@ -704,24 +708,37 @@ class AsyncRunner:
             raise
 
     async def _run_durable(self, call: Call) -> Any:
-        # The script and WAIT must share one connection: WAIT counts that connection's
-        # writes. On a cluster it is a connection to the node that serves the call's slot.
+        """One try of a writing ``call`` followed by ``WAIT min_replicas``. The script and
+        WAIT share one connection (WAIT counts that connection's writes): on a cluster, to
+        the node that serves the call's slot, or to the node an ASK names.
+
+        A cluster node that answers the script with a redirection ran nothing; the rules are
+        those redis-py's cluster client follows on the other path (:meth:`_fcall_once`,
+        :meth:`_evalsha`). MOVED (the slot moved): read the topology again, send to the
+        slot's node. ASK (the slot is migrating and the keys are on the importing node): a
+        topology read still names the migrating node, so ASKING, the script and WAIT go to
+        the importing node, in one pipeline on one connection. TRYAGAIN (a migrating slot
+        whose keys are split between the two nodes: a script's keys that do not exist yet
+        count as elsewhere) is transient: the call's own retries repeat it."""
         script = self._scripts[call.script]
         function = self._set.function(call.script)
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
-        for _ in range(3):
+        asked: Redis | None = None  # the importing node an ASK named, for the next try
+        for _ in range(_DURABLE_TRIES):
             if self._stale_topology and isinstance(self.client, RedisCluster):
                 await self.client.nodes_manager.initialize()
                 self._stale_topology = False
-            node = self._node_for(call)
+            node = asked or self._node_for(call)
             try:
                 async with node.pipeline(transaction=False) as pipe:
+                    if asked is not None:  # lets the next command (the script) in
+                        pipe.execute_command("ASKING")  # type: ignore[no-untyped-call,unused-ignore]
                     if self._fcall:
                         pipe.fcall(function, len(call.keys), *call.keys, *call.args)
                     else:
                         pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
                     pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
-                    reply, acks = await pipe.execute(raise_on_error=False)
+                    *_, reply, acks = await pipe.execute(raise_on_error=False)
             except (rx.ConnectionError, rx.TimeoutError):
                 await self._forget_node(node)
                 raise
@@ -735,9 +752,13 @@ class AsyncRunner:
                 if self._fcall:
                     await self._load_library(client=node)
                 continue
-            if isinstance(reply, AskError):  # the slot moved (MOVED) or is moving (ASK)
+            if isinstance(reply, rx.MovedError):  # the slot moved: its node is another
                 assert isinstance(self.client, RedisCluster)
                 await self.client.nodes_manager.initialize()
+                asked = None
+                continue
+            if isinstance(reply, AskError):  # the slot is migrating, the keys have moved
+                asked = await self._asked(node, reply)
                 continue
             if isinstance(reply, Exception):
                 raise reply
@@ -789,6 +810,27 @@ class AsyncRunner:
                 f"{call.script}: no node serves the slot of {call.keys[0]!r}",
                 operation_id=call.operation_id,
             )
+        return self._client_of(node)
+
+    async def _asked(self, node: Redis, error: AskError) -> Redis:
+        """The client of the node an ASK from ``node`` names: the importing node of a
+        migrating slot (redis-py's ``ASK <slot> :<port>`` without a host: ``node``'s host)."""
+        assert isinstance(self.client, RedisCluster)
+        host = error.host or node.connection_pool.connection_kwargs["host"]
+        host, port = self.client.nodes_manager.remap_host_port(host, error.port)
+        target = self.client.get_node(host=host, port=port)  # type: ignore[no-untyped-call,unused-ignore]
+        if target is None:  # a node added since the topology was read
+            await self.client.nodes_manager.initialize()
+            target = self.client.get_node(host=host, port=port)  # type: ignore[no-untyped-call,unused-ignore]
+        if target is None:
+            raise BackendError(
+                f"the cluster redirected to {host}:{port} (ASK), a node it does not list; "
+                "nothing was written, the call is safe to repeat"
+            )
+        return self._client_of(target)
+
+    def _client_of(self, node: Any) -> Redis:
+        """The runner's own client of the cluster node ``node`` (made once per node)."""
         client = self._nodes.get(node.name)
         if client is None:
             # No retries of redis-py's own, as redis-py gives the cluster client's node
@@ -852,16 +894,27 @@ class AsyncRunner:
     # -- plain commands --------------------------------------------------------------------
 
     async def exists(self, keys: tuple[str, ...]) -> int | None:
-        """How many of ``keys`` exist: one EXISTS on a single server, one per slot (pipelined
-        per node) on a cluster. A read, repeated on transient failures. None when the user's
-        ACL refuses EXISTS (the caller decides what an unknown count means)."""
+        """How many of ``keys`` exist: one EXISTS on a single server, one per key (pipelined
+        per node by redis-py) on a cluster. A read, repeated on transient failures. None when
+        the user's ACL refuses EXISTS (the caller decides what an unknown count means).
+
+        Not one EXISTS per slot, as redis-py's cluster ``exists`` sends: while a slot
+        migrates, its importing node serves a command of one key after ASK, but refuses one
+        of several keys it does not all hold with TRYAGAIN until the slot has moved, and
+        redis-py gives up after 16 tries (ClusterError, "TTL exhausted")."""
 
         async def send(client: Any) -> int | None:
             try:
-                found: int = await client.exists(*keys)
+                if not isinstance(client, RedisCluster):
+                    found: int = await client.exists(*keys)
+                    return found
+                async with client.pipeline() as pipe:  # type: ignore[no-untyped-call,unused-ignore]
+                    for key in keys:
+                        pipe.exists(key)
+                    counts: list[int] = await pipe.execute()
+                return sum(counts)
             except rx.NoPermissionError:
                 return None
-            return found
 
         return await self.command("EXISTS", send)  # type: ignore[no-any-return]
 

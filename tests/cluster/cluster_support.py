@@ -148,6 +148,46 @@ class LocalCluster:
                 return int(c.info("replication")["connected_slaves"]) == self.replicas
             return c.info("replication").get("master_link_status") == "up"
 
+    def node_id(self, index: int) -> str:
+        with self.client(index) as c:
+            return str(c.execute_command("CLUSTER MYID").decode())
+
+    def serving(self, slot: int) -> int:
+        """The index of the primary that serves ``slot`` now (as node 0 sees it)."""
+        with self.client(0) as c:
+            ranges = c.execute_command("CLUSTER SLOTS")
+        port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+        return next(i for i in range(self.primaries) if self.nodes[i].port == port)
+
+    def keys_in_slot(self, index: int, slot: int) -> list[str]:
+        """The keys of ``slot`` that node ``index`` (a primary or a replica) holds itself."""
+        with self.client(index) as c:
+            keys = c.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+        return sorted(k.decode() if isinstance(k, bytes) else k for k in keys)
+
+    def migrate(self, slot: int, source: int, target: int) -> list[str]:
+        """Start moving ``slot`` from primary ``source`` to ``target`` (IMPORTING, then
+        MIGRATING, as redis-cli's resharding does) and move the keys it holds: the slot is
+        still the source's, which answers ASK for every key it does not hold. Returns the
+        keys moved."""
+        target_id, source_id = self.node_id(target), self.node_id(source)
+        with self.client(source) as src, self.client(target) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        keys = self.keys_in_slot(source, slot)
+        if keys:
+            port = self.nodes[target].port
+            with self.client(source) as src:
+                src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
+        return keys
+
+    def migrated(self, slot: int, target: int) -> None:
+        """End the move of :meth:`migrate`: every primary gives ``slot`` to ``target``."""
+        target_id = self.node_id(target)
+        for i in range(self.primaries):
+            with self.client(i) as c:
+                c.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+
     def freeze(self, index: int) -> None:
         """Stop node ``index`` (SIGSTOP, as a GC-paused VM or a partition hangs it): its
         sockets stay open and it answers nothing until :meth:`thaw`."""

@@ -141,29 +141,6 @@ async def test_a_consumer_follows_its_stream_to_the_replica_promoted_for_a_hung_
         await worker.close()
 
 
-def _migrate(cluster: LocalCluster, slot: int, source: int, target: int) -> None:
-    """Start moving ``slot`` from primary ``source`` to ``target`` and move its keys: the
-    slot is still the source's, which answers ASK for each of them."""
-    with cluster.client(source) as src, cluster.client(target) as dst:
-        src_id = src.execute_command("CLUSTER MYID").decode()
-        dst_id = dst.execute_command("CLUSTER MYID").decode()
-        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
-        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
-        keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
-        assert keys
-        port = cluster.nodes[target].port
-        src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
-
-
-def _migrated(cluster: LocalCluster, slot: int, target: int) -> None:
-    """End the move: every primary gives ``slot`` to ``target``."""
-    with cluster.client(target) as dst:
-        dst_id = dst.execute_command("CLUSTER MYID").decode()
-    for i in range(cluster.primaries):
-        with cluster.client(i) as c:
-            c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
-
-
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 async def test_a_consumer_follows_its_stream_through_a_resharding(
     plain: LocalCluster, flavour: str
@@ -183,7 +160,7 @@ async def test_a_consumer_follows_its_stream_through_a_resharding(
             first = DeliveryId(source.xadd(worker.stream, {"emission_id": "e0"}).decode())
         await worker.poll()  # the runner now knows primary 0's client for the slot
         assert worker.runs == ["e0"]
-        _migrate(plain, slot, 0, 2)
+        assert plain.migrate(slot, 0, 2)  # the stream and its group moved: ASK
         with plain.client(2) as target:
             target.execute_command("ASKING")  # this connection only: the slot is importing
             target.xadd(worker.stream, {"emission_id": "e1"})
@@ -192,7 +169,7 @@ async def test_a_consumer_follows_its_stream_through_a_resharding(
         assert progress.provider_floor is not None
         assert progress.provider_floor.last_delivered == first  # e1 not handed out yet
         assert progress.provider_floor.pending == 0
-        _migrated(plain, slot, 2)
+        plain.migrated(slot, 2)
         with plain.client(2) as target:
             target.xadd(worker.stream, {"emission_id": "e2"})
         await worker.poll()

@@ -1,0 +1,257 @@
+"""``min_replicas`` on a Redis Cluster during a resharding: each write runs with its WAIT on one
+connection (WAIT counts that connection's writes), to the node that holds the call's keys.
+
+While a slot migrates, the slot is still the migrating node's: it answers ASK for a key it no
+longer holds, and a topology read names it again. The runner read the topology again on ASK
+as on MOVED, three times, and raised BackendError ("kept moving the slot"): a Settler with
+``min_replicas`` whose namespace metadata was being resharded could not reserve, and a
+settlement of a migrating slot failed at once. It now sends ASKING, the script and WAIT to
+the importing node in one pipeline; MOVED still reads the topology again. A script some of
+whose keys are missing on the importing node is refused there with TRYAGAIN (Redis
+Cluster's rule for a split slot): transient, repeated by the call's own retries."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+from structlog.testing import capture_logs
+
+from settle import AsyncSettler, ConfigurationError, Reserved, Settler, State, Verdict
+from settle._core.keys import Keys
+from settle._core.layout import unpack
+from settle.config import MAX_SHARDS
+from tests.cluster.cluster_support import LocalCluster
+from tests.integration.conftest import Awaitable
+
+pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
+
+REQ = {"amount": 1000}
+WHO = "tenant:acme"
+RESULT = {"ok": True}
+SHARDS = 4
+#: How long a replica may take to learn from the cluster bus that its primary now serves a
+#: slot (it redirects reads of that slot until then); a bound for a loaded machine.
+GOSSIP_BOUND = 10.0
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[LocalCluster]:
+    """2 primaries with a replica each. Tests move slots: each works in its own namespace
+    and asks the cluster which primary serves a slot."""
+    running = LocalCluster(primaries=2, replicas=1).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@asynccontextmanager
+async def _settler(
+    cluster: LocalCluster, flavour: str, namespace: str, **options: Any
+) -> AsyncIterator[Any]:
+    """A settler of ``flavour`` on the cluster (the sync one's methods awaitable)."""
+    options = {"namespace": namespace, "shards": SHARDS, **options}
+    if flavour == "sync":
+        s = Settler.from_cluster(cluster.url, **options)
+        try:
+            yield Awaitable(s)
+        finally:
+            s.close()
+    else:
+        a = AsyncSettler.from_cluster(cluster.startup_nodes[:2], **options)
+        try:
+            yield a
+        finally:
+            await a.aclose()
+
+
+def _namespace(prefix: str) -> str:
+    """A namespace whose metadata key has a slot of its own: none of its shards' keys share
+    it, nor the state keys beyond its shard count (up to MAX_SHARDS) that a first start reads
+    with EXISTS (two or more of those in a migrating slot is another case, its own test)."""
+    for i in range(1000):
+        keys = Keys(f"{prefix}m{i}", SHARDS)
+        shards = {key_slot(keys.generation(shard).encode()) for shard in range(MAX_SHARDS)}
+        if key_slot(keys.meta.encode()) not in shards:
+            return keys.namespace
+    raise AssertionError("no namespace found")  # pragma: no cover
+
+
+def _record_on_replica(cluster: LocalCluster, primary: int, key: str) -> dict[bytes, Any]:
+    """The record ``key`` as the replica of ``primary`` holds it, read once the replica
+    knows its primary serves the key's slot."""
+    index = cluster.replica_of(primary)
+    deadline = time.monotonic() + GOSSIP_BOUND
+    with redis.Redis(port=cluster.nodes[index].port, single_connection_client=True) as replica:
+        replica.execute_command("READONLY")  # let a cluster replica answer reads itself
+        while True:
+            try:
+                stored = replica.get(key)
+                break
+            except redis.exceptions.MovedError:
+                assert time.monotonic() < deadline, f"the replica still redirects {key}"
+                time.sleep(0.1)
+    assert stored is not None
+    record = unpack(stored).record
+    assert record is not None
+    return record
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("created", ["before", "during"])
+async def test_a_durable_call_runs_on_the_importing_node_of_its_migrating_slot(
+    replicated: LocalCluster, namespace: str, flavour: str, created: str
+) -> None:
+    """The namespace metadata's slot migrates, its key (if any yet) already on the importing
+    node: a Settler with ``min_replicas`` checks (and, first used, creates) the metadata
+    there, then reserves and completes. The metadata is on the importing node and its
+    replica alone when the call returns, and a settler made after the migration ended
+    finds it. Raised BackendError before, for a namespace created before or during the
+    move."""
+    ns = _namespace(namespace)
+    meta = Keys(ns, SHARDS).meta
+    slot = key_slot(meta.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    if created == "before":
+        async with _settler(replicated, "sync", ns) as first:
+            assert isinstance(await first.reserve("before", REQ, principal=WHO), Reserved)
+    moved = replicated.migrate(slot, source, target)
+    assert moved == ([meta] if created == "before" else [])
+    async with _settler(replicated, flavour, ns, min_replicas=1) as s:
+        r = await s.reserve("during", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        held = {i: replicated.keys_in_slot(i, slot) for i in range(len(replicated.nodes))}
+        assert held == {
+            source: [],
+            replicated.replica_of(source): [],
+            target: [meta],
+            replicated.replica_of(target): [meta],
+        }
+        assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
+    replicated.migrated(slot, target)
+    async with _settler(replicated, flavour, ns, min_replicas=1) as later:
+        record = await later.get("during")
+        assert record is not None
+        assert record.state is State.COMPLETED
+    # The metadata found, with the shard count it was created for: another count is refused.
+    async with _settler(replicated, "sync", ns, shards=SHARDS + 1) as other:
+        with pytest.raises(ConfigurationError, match="created for 4 shards"):
+            await other.reserve("other", REQ, principal=WHO)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_durable_settlement_waits_out_the_migration_of_its_slot(
+    replicated: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """The record's slot migrates, its keys on the importing node: the settlement follows
+    ASK there, where Redis refuses it with TRYAGAIN (the script's keys that do not exist yet
+    count as not moved); the migration ends before the repeat, which the old node answers
+    with MOVED. Settled once, on the node that now serves the slot. Raised BackendError
+    before, at the first ASK, without a repeat."""
+    ns = _namespace(namespace)
+    record_key = Keys(ns, SHARDS).record("op")
+    slot = key_slot(record_key.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    ended: list[str] = []
+
+    def end_the_migration(_: Any, __: str, event: MutableMapping[str, Any]) -> Any:
+        """At the call's first repeat after TRYAGAIN, the resharding gives the slot to the
+        importing node (as redis-cli's does once it has moved the keys)."""
+        if event["event"] == "settle.backend.retrying" and not ended:
+            ended.append(event["error"])
+            replicated.migrated(slot, target)
+        return event
+
+    async with _settler(replicated, flavour, ns, min_replicas=1) as s:
+        r = await s.reserve("op", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        assert record_key in replicated.migrate(slot, source, target)
+        with capture_logs(processors=[end_the_migration]) as logs:
+            settled = await s.complete(r.reservation, RESULT)
+        assert settled.verdict is Verdict.ACCEPTED
+        assert ended == ["TryAgainError"]
+        assert not [e for e in logs if e["event"] == "settle.backend.failed"]
+    assert replicated.keys_in_slot(source, slot) == []
+    assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
+    async with _settler(replicated, flavour, ns) as later:
+        record = await later.get("op")
+        assert record is not None
+        assert record.state is State.COMPLETED
+        attempts = await later.attempts("op")
+        assert [(a.action, a.verdict) for a in attempts if a.action == "complete"] == [
+            ("complete", "accepted")
+        ]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_durable_settlement_follows_its_slot_to_the_node_it_moved_to(
+    replicated: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """The record's slot moved after the runner last read the topology: the old node
+    answers MOVED, the runner reads the topology again and settles on the new node (the
+    write and its WAIT there)."""
+    ns = _namespace(namespace)
+    record_key = Keys(ns, SHARDS).record("op")
+    slot = key_slot(record_key.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    async with _settler(replicated, flavour, ns, min_replicas=1) as s:
+        r = await s.reserve("op", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        assert record_key in replicated.migrate(slot, source, target)
+        replicated.migrated(slot, target)
+        assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
+        record = await s.get("op")
+        assert record is not None
+        assert record.state is State.COMPLETED
+    assert replicated.keys_in_slot(source, slot) == []
+    assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
+
+
+def _namespace_sharing_a_slot(prefix: str) -> tuple[str, int]:
+    """A namespace and a slot that holds two or more of the state keys beyond its shard
+    count, and none of the keys it uses (its metadata, its shards')."""
+    for i in range(1000):
+        keys = Keys(f"{prefix}b{i}", SHARDS)
+        used = {key_slot(keys.meta.encode())}
+        used |= {key_slot(keys.generation(shard).encode()) for shard in range(SHARDS)}
+        beyond = Counter(
+            key_slot(keys.generation(shard).encode()) for shard in range(SHARDS, MAX_SHARDS)
+        )
+        shared = [slot for slot, n in beyond.items() if n >= 2 and slot not in used]
+        if shared:
+            return keys.namespace, shared[0]
+    raise AssertionError("no namespace found")  # pragma: no cover
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("min_replicas", [0, 1])
+async def test_a_new_namespace_starts_while_a_slot_of_its_unused_shards_migrates(
+    replicated: LocalCluster, namespace: str, flavour: str, min_replicas: int
+) -> None:
+    """A namespace's first start asks whether any shard state beyond its shard count exists
+    (EXISTS of up to 4,092 keys, on hundreds of slots): during a resharding, one of those
+    slots migrates. redis-py sent the keys of one slot in one EXISTS; the importing node
+    refuses several keys it does not hold with TRYAGAIN until the slot has moved, and the
+    first start raised BackendError ("TTL exhausted"), with or without ``min_replicas``.
+    One EXISTS per key is served there after ASK."""
+    ns, slot = _namespace_sharing_a_slot(namespace)
+    source = replicated.serving(slot)
+    target = 1 - source
+    replicated.migrate(slot, source, target)
+    try:
+        async with _settler(replicated, flavour, ns, min_replicas=min_replicas) as s:
+            r = await s.reserve("op", REQ, principal=WHO)
+            assert isinstance(r, Reserved)
+            assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
+    finally:
+        replicated.migrated(slot, target)
