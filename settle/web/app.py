@@ -52,6 +52,7 @@ from settle.web._security import (
     principal_of,
     sign_in,
     signed_in,
+    signed_out,
 )
 from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
@@ -388,7 +389,12 @@ class _Console:
     async def sign_out(self, request: Request) -> Response:
         form = await _form(request)
         if not csrf_ok(request, form):
-            return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+            if not signed_out(request):  # a live session: only its own forms sign it out
+                return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+            # Its session is over (signed out in another tab, ended, expired), and so was
+            # the CSRF token the form carried: signing out of it changes nothing, so the
+            # form does what it says rather than answer 403.
+            logger.info("settle.web.signed_out_already")
         sid = request.session.get("sid")
         if self.sessions is not None and isinstance(sid, str):
             try:

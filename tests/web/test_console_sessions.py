@@ -738,3 +738,61 @@ async def test_a_session_started_before_epochs_is_no_sign_in(
             raw.set(key, json.dumps(old), keepttl=True)
         assert "signed in as" not in (await browser.get("/")).text
         assert not _holds_a_session(browser)
+
+
+async def _sign_out_form(browser: httpx.AsyncClient) -> str:
+    """The CSRF token of the sign-out form of a page loaded now (a tab left open)."""
+    page = (await browser.get("/")).text
+    assert 'action="/signout"' in page
+    return csrf_of(page)
+
+
+@pytest.mark.asyncio
+async def test_a_sign_out_form_of_a_session_that_is_over_signs_out(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    """A sign-out form loaded before its session ended (signed out in another tab,
+    end_sessions, expired) answered 403 "The form was stale": the user asked to sign out
+    and was told to reload. Signing out of a dead session changes nothing, so it signs out:
+    the cookie forgets the session and the signed-out page shows."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    app = create_app(reader, authorize=people, session_max_age=1)
+    async with signed_in(app) as browser:  # another tab signed out first
+        stale = await _sign_out_form(browser)
+        assert (await browser.post("/signout", data={"csrf": stale})).status_code == 303
+        done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303, done.text[:300]
+        assert done.headers["location"] == "/"
+        assert not _holds_a_session(browser)
+        assert "Sign in to resolve" in (await browser.get("/")).text
+    async with signed_in(app) as browser:  # end_sessions ran
+        stale = await _sign_out_form(browser)
+        await end_sessions(reader, PRINCIPAL)
+        done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303, done.text[:300]
+        assert not _holds_a_session(browser)
+    async with signed_in(app) as browser:  # the session expired
+        stale = await _sign_out_form(browser)
+        await asyncio.sleep(1.5)
+        done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303, done.text[:300]
+        assert "Sign in to resolve" in (await browser.get(done.headers["location"])).text
+
+
+@pytest.mark.asyncio
+async def test_a_live_session_is_signed_out_only_with_its_csrf_token(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """A sign-out of a live session still needs the session's own CSRF token (a page of
+    another site cannot sign the user out); a wrong one changes nothing."""
+    async with signed_in(app) as browser:
+        csrf = await _sign_out_form(browser)
+        for forged in ({"csrf": "chosen-by-another-site"}, {}):
+            refused = await browser.post("/signout", data=forged)
+            assert_error_page(refused, 403)
+            assert "stale" in refused.text
+        assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+        assert _session_keys(redis_url, writer.config.namespace)
+        assert (await browser.post("/signout", data={"csrf": csrf})).status_code == 303
+        assert _session_keys(redis_url, writer.config.namespace) == []
