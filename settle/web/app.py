@@ -107,6 +107,17 @@ def create_app(
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
     entries, and says so when it stopped there. The settler stays the caller's to close.
     """
+    if (
+        isinstance(session_max_age, bool)
+        or not isinstance(session_max_age, int)
+        or session_max_age <= 0
+    ):
+        # 0 or less was taken here, and every sign-in failed later with a 503 that named
+        # no option (Redis refuses the session's expiry).
+        raise InvalidInput(
+            "session_max_age must be a whole number of seconds above 0 (how long a sign-in "
+            f"lasts), got {session_max_age!r}"
+        )
     sessions = Sessions(settler, session_max_age) if authorize is not None else None
     console = _Console(settler, authorize, sessions, record_limit, overview_limit)
     namespace = settler.config.namespace

@@ -796,3 +796,18 @@ async def test_a_live_session_is_signed_out_only_with_its_csrf_token(
         assert _session_keys(redis_url, writer.config.namespace)
         assert (await browser.post("/signout", data={"csrf": csrf})).status_code == 303
         assert _session_keys(redis_url, writer.config.namespace) == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("max_age", [0, -1, -3600, 1.5, "3600", True, None])
+async def test_a_session_max_age_that_is_no_duration_is_refused_when_the_app_is_made(
+    reader: AsyncSettler, max_age: object
+) -> None:
+    """session_max_age=0 (or less) was taken, and every sign-in then failed with a 503 that
+    named no option (Redis refused the session's expiry). It is refused at create_app, with
+    settle's InvalidInput naming the option, read-only or not."""
+    from settle.errors import InvalidInput  # noqa: PLC0415
+
+    for authorize in (people, None):
+        with pytest.raises(InvalidInput, match="session_max_age"):
+            create_app(reader, authorize=authorize, session_max_age=max_age)  # type: ignore[arg-type]
