@@ -91,10 +91,12 @@ class Keys:
         (the id itself is only in the browser's cookie); it expires with the session."""
         return f"settle:{{{self.namespace}}}:console:session:{digest}"
 
-    def console_signouts(self, digest: str) -> str:
-        """How many times every session of one principal (named by its SHA-256) was ended;
-        a session started under an older count is over."""
-        return f"settle:{{{self.namespace}}}:console:signouts:{digest}"
+    @property
+    def console_epochs(self) -> str:
+        """The console's principals' epochs: a hash from the SHA-256 of a principal to a
+        random value made at its first sign-in and replaced by ``end_sessions``; a session
+        holds only while it equals the one it started under (a lost one ends them all)."""
+        return f"settle:{{{self.namespace}}}:console:epochs"
 
     def of(self, operation_id: str) -> tuple[int, str, str]:
         """(shard, record key, attempt log key) of an operation, hashing its id once. The

@@ -9,8 +9,9 @@ and sign-ins that can end.
   id and the CSRF token in the signed session cookie (Starlette's ``SessionMiddleware``:
   itsdangerous, HttpOnly, SameSite=Lax, so a link from a chat or a ticket keeps the
   session). A cookie alone grants nothing: sign-out deletes the session, and
-  :func:`end_sessions` ends every session of a principal, so a copy of the cookie taken
-  before is worthless after.
+  :func:`end_sessions` ends every session of a principal (a session holds only under its
+  principal's current epoch, and a lost epoch ends them all: fail closed), so a copy of
+  the cookie taken before is worthless after.
 - Every request's sign-in is asked of Redis (:class:`SignedIn`); when Redis cannot say, the
   page shows the user signed out and a POST that changes something is refused (fail closed).
 - Every POST carries the session's CSRF token, compared in constant time.
@@ -25,6 +26,7 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Any
 
 from starlette.requests import Request
@@ -48,6 +50,7 @@ __all__ = [
     "principal_of",
     "sign_in",
     "signed_in",
+    "signed_out",
     "token_authorizer",
 ]
 
@@ -120,15 +123,23 @@ def _keys(settler: AsyncSettler) -> Keys:
     return Keys(settler.config.namespace, settler.config.shards)
 
 
-async def _signouts(settler: AsyncSettler, principal: str) -> int | None:
-    """How many times every session of ``principal`` was ended (0: never), or None when
-    the count is not one the console wrote."""
-    key = _keys(settler).console_signouts(_digest(principal))
-    raw = await settler._command("GET", lambda c: c.get(key), key=key)
-    if raw is None:
-        return 0
-    text = raw.decode("ascii", errors="replace") if isinstance(raw, bytes) else str(raw)
-    return int(text) if text.isascii() and text.isdigit() else None
+def _script(name: str) -> str:
+    return (files("settle.web") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+#: The scripts of the sessions (settle/web/lua/*.lua; KEYS, ARGV and replies in each header).
+_CHECK = _script("session_check")
+_START = _script("session_start")
+
+
+def _new_epoch() -> str:
+    """A principal's epoch: random, so that one made after the last was lost (a DEL, a
+    failover, an eviction) never equals one an ended session holds."""
+    return secrets.token_hex(16)
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
 async def end_sessions(settler: AsyncSettler, principal: str) -> None:
@@ -141,7 +152,7 @@ async def end_sessions(settler: AsyncSettler, principal: str) -> None:
     ended: call it again), and :class:`~settle.errors.InvalidInput`, writing nothing, for
     anything but an :class:`~settle.AsyncSettler` and a principal a sign-in can grant."""
     if not isinstance(settler, AsyncSettler):
-        # A sync Settler ran the INCR, then the await failed with a bare TypeError.
+        # A sync Settler ran the write, then the await failed with a bare TypeError.
         raise InvalidInput(
             f"end_sessions takes an AsyncSettler, not {type(settler).__name__}: from sync "
             "code, asyncio.run(end_sessions(AsyncSettler.from_url(...), principal))"
@@ -150,9 +161,9 @@ async def end_sessions(settler: AsyncSettler, principal: str) -> None:
         raise InvalidInput(
             f"the principal must be the non-empty str a sign-in granted, not {principal!r}"
         )
-    key = _keys(settler).console_signouts(_digest(principal))
-    # Repeated after a lost reply it counts twice, which ends the same sessions.
-    await settler._command("INCR", lambda c: c.incr(key), key=key)
+    key, field, epoch = _keys(settler).console_epochs, _digest(principal), _new_epoch()
+    # A new epoch, which no session holds; repeated after a lost reply, another one.
+    await settler._command("HSET", lambda c: c.hset(key, field, epoch), key=key)
     logger.info("settle.web.sessions_ended", binding_digest=binding_digest(principal))
 
 
@@ -160,10 +171,12 @@ class Sessions:
     """Console sign-ins kept in the settler's Redis, beside the namespace's metadata (hash
     tag ``{<namespace>}``: one slot, also on a cluster), for ``max_age`` seconds.
 
-    The key is named by the SHA-256 of the session id, and holds the principal, the SHA-256
-    of the session's CSRF token and the principal's sign-out count at sign-in
-    (:func:`end_sessions` raises it, which ends every older session). The raw id and token
-    are only in the browser's cookie."""
+    The key is named by the SHA-256 of the session id, and holds the principal, its
+    SHA-256, the SHA-256 of the session's CSRF token and the principal's epoch at sign-in
+    (``console_epochs``). A session holds while that epoch is the principal's current one:
+    :func:`end_sessions` replaces it, and a lost one (a DEL, a failover, an eviction) is
+    made anew at the next sign-in, so that either way every older session is over (fail
+    closed). The raw id and token are only in the browser's cookie."""
 
     def __init__(self, settler: AsyncSettler, max_age: int) -> None:
         self.settler = settler
@@ -175,37 +188,42 @@ class Sessions:
     async def start(self, principal: str, csrf: str) -> str:
         """A new session of ``principal`` whose forms carry ``csrf``; its id."""
         sid = secrets.token_urlsafe(32)
-        count = await _signouts(self.settler, principal)
-        if count is None:
-            key = _keys(self.settler).console_signouts(_digest(principal))
+        keys = [self._key(sid), _keys(self.settler).console_epochs]
+        args = [principal, _digest(principal), _digest(csrf), _new_epoch(), self.max_age]
+        reply = await self.settler._command(
+            "EVALSHA", lambda c: c.register_script(_START)(keys, args), key=keys[0]
+        )
+        if _text(reply[0]) != "started":
             raise ConfigurationError(
-                f"the console's sign-out count at {key!r} is not a number settle wrote, so no "
-                "session of this principal can start or end; SET it to a number larger than "
-                "any it held (1000000)"
+                f"the console's epoch of this principal (field {args[1]} of {keys[1]!r}) is "
+                "not one settle wrote, so no session of it can start; call "
+                "settle.web.end_sessions(settler, principal), or HDEL that field (either "
+                "way every session of the principal is over, as it already is)"
             )
-        value = json.dumps({"principal": principal, "csrf": _digest(csrf), "signouts": count})
-        key = self._key(sid)
-        await self.settler._command("SET", lambda c: c.set(key, value, ex=self.max_age), key=key)
         return sid
 
     async def principal(self, sid: str, csrf: str) -> str | None:
         """Whom session ``sid`` (with the cookie's ``csrf``) resolves as; None when it
-        was signed out, ended, expired, or never started here."""
-        key = self._key(sid)
-        raw = await self.settler._command("GET", lambda c: c.get(key), key=key)
-        if raw is None:
-            return None
+        was signed out, ended, expired, or never started here. One round trip."""
+        keys = [self._key(sid), _keys(self.settler).console_epochs]
+        reply = await self.settler._command(
+            "EVALSHA", lambda c: c.register_script(_CHECK)(keys, []), key=keys[0]
+        )
+        if len(reply) != 2:
+            return None  # no session, or not one the console writes
         try:
-            stored = json.loads(raw)
-            principal, digest, count = stored["principal"], stored["csrf"], stored["signouts"]
+            stored = json.loads(reply[0])
+            principal, pd, digest, epoch = (stored[k] for k in ("principal", "pd", "csrf", "epoch"))
         except (ValueError, TypeError, KeyError):
             return None  # not what the console writes: no session
-        if not (isinstance(principal, str) and isinstance(digest, str)):
+        if not isinstance(principal, str) or not all(
+            isinstance(f, str) for f in (pd, digest, epoch)
+        ):
             return None
         if not hmac.compare_digest(digest.encode(), _digest(csrf).encode()):
             return None
-        if count is None or await _signouts(self.settler, principal) != count:
-            return None  # every session of the principal was ended since
+        if pd != _digest(principal) or not epoch or epoch != _text(reply[1]):
+            return None  # every session of the principal was ended since (or its epoch lost)
         return principal
 
     async def end(self, sid: str) -> None:
@@ -272,6 +290,13 @@ def signed_in(request: Request) -> str | None:
     if isinstance(found, SignIn) and found.failure is not None:
         raise found.failure
     return principal_of(request)
+
+
+def signed_out(request: Request) -> bool:
+    """Whether Redis said that the request's browser holds no live session (False when it
+    holds one, and when Redis could not say)."""
+    found = request.scope.get(_SIGN_IN, _SIGNED_OUT)
+    return isinstance(found, SignIn) and found.principal is None and found.failure is None
 
 
 def csrf_token(request: Request) -> str:

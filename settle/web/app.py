@@ -52,6 +52,7 @@ from settle.web._security import (
     principal_of,
     sign_in,
     signed_in,
+    signed_out,
 )
 from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
@@ -106,6 +107,17 @@ def create_app(
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
     entries, and says so when it stopped there. The settler stays the caller's to close.
     """
+    if (
+        isinstance(session_max_age, bool)
+        or not isinstance(session_max_age, int)
+        or session_max_age <= 0
+    ):
+        # 0 or less was taken here, and every sign-in failed later with a 503 that named
+        # no option (Redis refuses the session's expiry).
+        raise InvalidInput(
+            "session_max_age must be a whole number of seconds above 0 (how long a sign-in "
+            f"lasts), got {session_max_age!r}"
+        )
     sessions = Sessions(settler, session_max_age) if authorize is not None else None
     console = _Console(settler, authorize, sessions, record_limit, overview_limit)
     namespace = settler.config.namespace
@@ -388,7 +400,12 @@ class _Console:
     async def sign_out(self, request: Request) -> Response:
         form = await _form(request)
         if not csrf_ok(request, form):
-            return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+            if not signed_out(request):  # a live session: only its own forms sign it out
+                return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
+            # Its session is over (signed out in another tab, ended, expired), and so was
+            # the CSRF token the form carried: signing out of it changes nothing, so the
+            # form does what it says rather than answer 403.
+            logger.info("settle.web.signed_out_already")
         sid = request.session.get("sid")
         if self.sessions is not None and isinstance(sid, str):
             try:

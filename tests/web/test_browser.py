@@ -150,3 +150,34 @@ def test_an_operator_reads_filters_and_resolves_in_a_real_browser(
     resolution = writer.quarantine.get(ref).resolution
     assert resolution is not None
     assert resolution.note.startswith("[resolved by ana@support] harmless probe <img")
+
+
+def test_signing_out_in_a_tab_left_open_after_another_signed_out(
+    redis_url: str, writer: Settler, chromium: webdriver.Chrome
+) -> None:
+    """Two tabs signed in; the user signs out in one, then clicks "Sign out" in the other,
+    whose page still shows it. That answered 403 "The form was stale; reload and retry.";
+    the user meant to sign out and is signed out: the tab shows the signed-out overview."""
+    driver = chromium
+    ns = writer.config.namespace
+    with settle_web("--redis-url", redis_url, "--namespace", ns, token=TOKEN) as url:
+        driver.get(url + "/signin")
+        password = driver.find_element(By.CSS_SELECTOR, "input[type=password]")
+        password.send_keys(TOKEN)
+        password.submit()
+        _loaded(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".badge.signed"))
+        first = driver.current_window_handle
+        driver.switch_to.new_window("tab")
+        driver.get(url + "/")
+        assert "signed in as operator" in driver.find_element(By.CSS_SELECTOR, ".badge.signed").text
+        driver.find_element(By.CSS_SELECTOR, "form.inline button").click()
+        _loaded(driver, lambda d: d.find_elements(By.LINK_TEXT, "Sign in to resolve"))
+
+        driver.switch_to.window(first)  # still shows the sign-out form of the ended session
+        driver.find_element(By.CSS_SELECTOR, "form.inline button").click()
+        _loaded(driver, lambda d: d.find_elements(By.LINK_TEXT, "Sign in to resolve"))
+        assert driver.find_element(By.TAG_NAME, "h1").text == "Overview"
+        assert driver.find_elements(By.CSS_SELECTOR, ".notice.error") == []
+        assert driver.find_elements(By.CSS_SELECTOR, ".badge.signed") == []
+        logs = driver.get_log("browser")
+    assert [e["message"] for e in logs if e["level"] == "SEVERE"] == []

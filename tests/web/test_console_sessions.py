@@ -111,7 +111,14 @@ async def test_the_session_in_redis_holds_digests_only_and_lasts_the_max_age(
         assert "principal" not in stored  # who is signed in is Redis's to say
         with redis.Redis.from_url(redis_url) as raw:
             keys = [k.decode() for k in raw.scan_iter(match=f"settle:{{{ns}}}:console:*")]
-            [key] = keys
+            [key] = [k for k in keys if ":console:session:" in k]
+            # Beside it, the principal's epoch: named by its digest, kept without expiry.
+            assert sorted(keys) == sorted([key, f"settle:{{{ns}}}:console:epochs"])
+            epochs = raw.hgetall(f"settle:{{{ns}}}:console:epochs")
+            digest = hashlib.sha256(PRINCIPAL.encode()).hexdigest().encode()
+            assert list(epochs) == [digest]
+            assert len(epochs[digest]) == 32
+            assert raw.ttl(f"settle:{{{ns}}}:console:epochs") == -1
             assert 0 < raw.ttl(key) <= 600
             blob = raw.get(key)
             assert blob is not None
@@ -454,9 +461,13 @@ def _session_key(namespace: str, browser: httpx.AsyncClient) -> str:
     return f"settle:{{{namespace}}}:console:session:{hashlib.sha256(sid.encode()).hexdigest()}"
 
 
-def _signouts_key(namespace: str, principal: str) -> str:
-    digest = hashlib.sha256(principal.encode()).hexdigest()
-    return f"settle:{{{namespace}}}:console:signouts:{digest}"
+def _epochs_key(namespace: str) -> str:
+    """The hash of the principals' epochs (a field per SHA-256 of a principal)."""
+    return f"settle:{{{namespace}}}:console:epochs"
+
+
+def _epoch_field(principal: str) -> str:
+    return hashlib.sha256(principal.encode()).hexdigest()
 
 
 def _holds_a_session(browser: httpx.AsyncClient) -> bool:
@@ -465,42 +476,42 @@ def _holds_a_session(browser: httpx.AsyncClient) -> bool:
 
 
 @pytest.mark.asyncio
-async def test_a_sign_out_count_settle_did_not_write_signs_out_and_refuses_sign_in(
+async def test_an_epoch_settle_did_not_write_signs_out_and_refuses_sign_in(
     writer: Settler, app: object, redis_url: str
 ) -> None:
-    """A count that is not a number (written by something else) cannot say which sessions
-    ended: every session of the principal is over and no new one starts (503 naming the
-    key), rather than reading it as 0, which would bring back every ended session."""
+    """An epoch that is not one settle writes (written by something else) cannot say which
+    sessions hold: every session of the principal is over and no new one starts (503 naming
+    the key) until end_sessions replaces it."""
     ref = stale_settlement(writer, "order-garbled-count")
     ns = writer.config.namespace
     async with signed_in(app) as browser:
         page = (await browser.get(f"/entry/{ref}")).text
         with redis.Redis.from_url(redis_url) as raw:
-            raw.set(_signouts_key(ns, PRINCIPAL), "garbled")
+            raw.hset(_epochs_key(ns), _epoch_field(PRINCIPAL), "garbled")
         assert "signed in as" not in (await browser.get("/")).text
         assert (await resolve(browser, ref, "refunded", csrf_of(page))).status_code == 403
         form = (await browser.get("/signin")).text
         refused = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
         assert_error_page(refused, 503)
-        assert "console:signouts:" in refused.text
+        assert "console:epochs" in refused.text
         assert "signed in as" not in (await browser.get("/")).text
     assert writer.quarantine.get(ref).resolution is None
 
 
 @pytest.mark.asyncio
-async def test_a_sign_out_count_lower_than_the_sessions_ends_it(
+async def test_a_lost_epoch_ends_the_sessions_started_under_it(
     writer: Settler, reader: AsyncSettler, app: object, redis_url: str
 ) -> None:
-    """A session holds only while the principal's count is the one it started under: a
-    lower one (the count was lost: DEL, a failover) ends it as surely as a higher one."""
+    """A session holds only while the principal's epoch is the one it started under: a
+    lost one (HDEL, a failover) ends it as surely as a new one from end_sessions."""
     from settle.web import end_sessions  # noqa: PLC0415
 
     await end_sessions(reader, PRINCIPAL)
     await end_sessions(reader, PRINCIPAL)
-    async with signed_in(app) as browser:  # started under count 2
+    async with signed_in(app) as browser:  # started under the third epoch
         assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
         with redis.Redis.from_url(redis_url) as raw:
-            raw.delete(_signouts_key(writer.config.namespace, PRINCIPAL))
+            raw.hdel(_epochs_key(writer.config.namespace), _epoch_field(PRINCIPAL))
         assert "signed in as" not in (await browser.get("/")).text
 
 
@@ -650,3 +661,153 @@ async def test_with_scan_refused_the_overview_answers_503(
             assert "NOPERM" in page.text or "permission" in page.text.lower()
     finally:
         await settler.aclose()
+
+
+# -- review: sessions fail closed, stale sign-out forms, the max age -----------------------
+
+
+def _lose_what_ends_sessions(redis_url: str, namespace: str) -> None:
+    """Every console key but the sessions themselves is lost (a DEL, a failover to a
+    replica without it, an eviction): what records which sessions were ended."""
+    with redis.Redis.from_url(redis_url) as raw:
+        for key in raw.scan_iter(match=f"settle:{{{namespace}}}:console:*"):
+            if b":console:session:" not in key:
+                raw.delete(key)
+
+
+@pytest.mark.asyncio
+async def test_sessions_that_end_sessions_ended_stay_ended_when_redis_loses_its_record(
+    writer: Settler, reader: AsyncSettler, app: object, redis_url: str
+) -> None:
+    """alice's token leaked and end_sessions ended her sessions; then the sign-out counter
+    was lost (a DEL, a failover that lost the INCR, an eviction). The copy of her cookie
+    resolved entries again: the session had recorded count 0, and a missing counter read
+    as 0. A session now holds only under its principal's current epoch, and a lost epoch
+    ends every session of the principal (fail closed); a sign-in after that works."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    ref = stale_settlement(writer, "order-revived")
+    ns = writer.config.namespace
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        assert f"signed in as {PRINCIPAL}" in page
+        async with copy_of(browser, app) as thief:
+            await end_sessions(reader, PRINCIPAL)
+            async with copy_of(thief, app) as peek:  # the thief's own cookie unchanged
+                assert "signed in as" not in (await peek.get("/")).text
+            _lose_what_ends_sessions(redis_url, ns)
+            assert _session_keys(redis_url, ns)  # the ended session itself is still there
+            replay = await resolve(thief, ref, "refunded twice", csrf_of(page))
+            assert replay.status_code == 403
+            assert "signed in as" not in (await thief.get("/")).text
+    assert writer.quarantine.get(ref).resolution is None
+    async with signed_in(app) as again:  # a new epoch: signing in works as before
+        page = (await again.get(f"/entry/{ref}")).text
+        assert f"signed in as {PRINCIPAL}" in page
+        assert (await resolve(again, ref, "refunded ch_9", csrf_of(page))).status_code == 303
+
+
+@pytest.mark.asyncio
+async def test_losing_the_record_of_ended_sessions_ends_every_session(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """Whether a session was ended cannot be told once Redis lost what records it, so every
+    session of every principal is over (fail closed), not taken as never ended."""
+    ns = writer.config.namespace
+    async with signed_in(app) as alice, signed_in(app, "bob-token-5e1") as bob:
+        assert f"signed in as {PRINCIPAL}" in (await alice.get("/")).text
+        assert "signed in as bob@finance" in (await bob.get("/")).text
+        _lose_what_ends_sessions(redis_url, ns)
+        assert "signed in as" not in (await alice.get("/")).text
+        assert "signed in as" not in (await bob.get("/")).text
+
+
+@pytest.mark.asyncio
+async def test_a_session_started_before_epochs_is_no_sign_in(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """The upgrade (CHANGELOG): a session stored before epochs, which recorded a sign-out
+    count, is over: the browser shows the sign-in link and its cookie forgets it."""
+    async with signed_in(app) as browser:
+        csrf = session_of(browser)["csrf"]
+        assert isinstance(csrf, str)
+        digest = hashlib.sha256(csrf.encode()).hexdigest()
+        old = {"principal": PRINCIPAL, "csrf": digest, "signouts": 0}
+        with redis.Redis.from_url(redis_url) as raw:
+            key = _session_key(writer.config.namespace, browser)
+            raw.set(key, json.dumps(old), keepttl=True)
+        assert "signed in as" not in (await browser.get("/")).text
+        assert not _holds_a_session(browser)
+
+
+async def _sign_out_form(browser: httpx.AsyncClient) -> str:
+    """The CSRF token of the sign-out form of a page loaded now (a tab left open)."""
+    page = (await browser.get("/")).text
+    assert 'action="/signout"' in page
+    return csrf_of(page)
+
+
+@pytest.mark.asyncio
+async def test_a_sign_out_form_of_a_session_that_is_over_signs_out(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    """A sign-out form loaded before its session ended (signed out in another tab,
+    end_sessions, expired) answered 403 "The form was stale": the user asked to sign out
+    and was told to reload. Signing out of a dead session changes nothing, so it signs out:
+    the cookie forgets the session and the signed-out page shows."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    app = create_app(reader, authorize=people, session_max_age=1)
+    async with signed_in(app) as browser:  # another tab signed out first
+        stale = await _sign_out_form(browser)
+        assert (await browser.post("/signout", data={"csrf": stale})).status_code == 303
+        done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303, done.text[:300]
+        assert done.headers["location"] == "/"
+        assert not _holds_a_session(browser)
+        assert "Sign in to resolve" in (await browser.get("/")).text
+    async with signed_in(app) as browser:  # end_sessions ran
+        stale = await _sign_out_form(browser)
+        await end_sessions(reader, PRINCIPAL)
+        done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303, done.text[:300]
+        assert not _holds_a_session(browser)
+    async with signed_in(app) as browser:  # the session expired
+        stale = await _sign_out_form(browser)
+        await asyncio.sleep(1.5)
+        done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303, done.text[:300]
+        assert "Sign in to resolve" in (await browser.get(done.headers["location"])).text
+
+
+@pytest.mark.asyncio
+async def test_a_live_session_is_signed_out_only_with_its_csrf_token(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """A sign-out of a live session still needs the session's own CSRF token (a page of
+    another site cannot sign the user out); a wrong one changes nothing."""
+    async with signed_in(app) as browser:
+        csrf = await _sign_out_form(browser)
+        for forged in ({"csrf": "chosen-by-another-site"}, {}):
+            refused = await browser.post("/signout", data=forged)
+            assert_error_page(refused, 403)
+            assert "stale" in refused.text
+        assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+        assert _session_keys(redis_url, writer.config.namespace)
+        assert (await browser.post("/signout", data={"csrf": csrf})).status_code == 303
+        assert _session_keys(redis_url, writer.config.namespace) == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("max_age", [0, -1, -3600, 1.5, "3600", True, None])
+async def test_a_session_max_age_that_is_no_duration_is_refused_when_the_app_is_made(
+    reader: AsyncSettler, max_age: object
+) -> None:
+    """session_max_age=0 (or less) was taken, and every sign-in then failed with a 503 that
+    named no option (Redis refused the session's expiry). It is refused at create_app, with
+    settle's InvalidInput naming the option, read-only or not."""
+    from settle.errors import InvalidInput  # noqa: PLC0415
+
+    for authorize in (people, None):
+        with pytest.raises(InvalidInput, match="session_max_age"):
+            create_app(reader, authorize=authorize, session_max_age=max_age)  # type: ignore[arg-type]
