@@ -49,7 +49,7 @@ class LocalSentinel(EmbeddedRedis):
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._ping():
+            if self._answering_pid() == self.process.pid:  # its own, not another's
                 return self
             time.sleep(0.02)
         raise RuntimeError("the sentinel did not answer")
