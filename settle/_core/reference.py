@@ -856,28 +856,40 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
     out: list[Any] = []
     last = b""
     examined = 0
-    for entry_id, flat in entries:
-        if len(out) >= limit or examined >= budget:
-            return [b"more", last, now, b"", out]
-        examined += 1
-        last = entry_id
-        f = dict(zip(flat[::2], flat[1::2], strict=True))
-        res = ks.hget(keys[1], now, entry_id) or b""
-        if (
-            (not kind or f[b"kind"] == kind)
-            and (not op or f[b"op"] == op)
-            and (not unresolved or res == b"")
-        ):
-            if headers:
-                kept = [
-                    x for i in range(0, len(flat), 2) if flat[i] in _HEADER for x in flat[i : i + 2]
-                ]
-                out.append([entry_id, kept, b"1" if res else b""])
-            else:
-                out.append([entry_id, list(flat), res])
-    if len(out) >= limit and examined < len(entries):
-        return [b"more", last, now, b"", out]
-    return [b"done", last, now, b"", out]
+    # The script's loop: XRANGE chunks of at most 256, up to the budget, each examined until
+    # the matches reach the limit; ``done`` only once a chunk came back short (the range is
+    # read to its end), so a read that stops at its limit or budget on the range's last
+    # entry says ``more``, as the script's does.
+    while len(out) < limit and examined < budget:
+        want = min(256, budget - examined)
+        chunk = entries[examined : examined + want]
+        used = 0
+        for entry_id, flat in chunk:
+            used += 1
+            examined += 1
+            last = entry_id
+            f = dict(zip(flat[::2], flat[1::2], strict=True))
+            res = ks.hget(keys[1], now, entry_id) or b""
+            if (
+                (not kind or f[b"kind"] == kind)
+                and (not op or f[b"op"] == op)
+                and (not unresolved or res == b"")
+            ):
+                if headers:
+                    kept = [
+                        x
+                        for i in range(0, len(flat), 2)
+                        if flat[i] in _HEADER
+                        for x in flat[i : i + 2]
+                    ]
+                    out.append([entry_id, kept, b"1" if res else b""])
+                else:
+                    out.append([entry_id, list(flat), res])
+                if len(out) >= limit:
+                    break
+        if len(chunk) < want and used == len(chunk):
+            return [b"done", last, now, b"", out]
+    return [b"more", last, now, b"", out]
 
 
 def quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
