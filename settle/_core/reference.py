@@ -834,6 +834,38 @@ def attempts(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> l
     return [b"ok", b"", now, b"", entries(st)]
 
 
+def _lua_number(raw: bytes) -> float | None:
+    """Lua's ``tonumber`` of a script argument: C's strtod (decimal or hex digits, an
+    exponent, inf, nan; spaces around), else None. Python's ``int`` would refuse ``1e3`` and
+    ``0x10``; its ``float`` alone takes ``1_000`` and not hex."""
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if "_" in text:
+        return None
+    hexed = text.strip().lstrip("+-")[:2] in ("0x", "0X")
+    try:
+        return float.fromhex(text) if hexed else float(text)
+    except ValueError:
+        return None
+
+
+def _refused(script: str, i: int, what: str, must: str) -> ValueError:
+    """The error of an argument a script refuses (arg_refused in _lib.lua): its text, which
+    Redis sends as the error reply."""
+    return ValueError(f"ERR settle: {script}: {what} (ARGV[{i}]) must be {must}")
+
+
+def _count(a: list[bytes], i: int, script: str, what: str) -> int:
+    """ARGV[i] in arg_refused's 'count' form: a whole number of at least 1 (in any text
+    tonumber reads), or refused."""
+    x = _lua_number(a[i - 1]) if len(a) >= i else None
+    if x is None or not (x >= 1 and x % 1 == 0):  # inf % 1 is nan, as in Lua
+        raise _refused(script, i, what, "a whole number of at least 1")
+    return int(x)
+
+
 #: The fields of a quarantine entry a header read returns (quarantine_read.lua, ARGV[9]).
 _HEADER = frozenset({b"kind", b"at", b"us"})
 
@@ -843,12 +875,13 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
     does not ship every entry to the client. ``a[8] == b"1"``: headers only, each match
     ``[id, [kind, at and us fields as stored], b"1" if resolved else b""]``."""
     low, high = a[0].decode(), a[1].decode()
-    limit, budget = int(a[2]), int(a[3])
+    limit = _count(a, 3, "quarantine_read", "max matches")
+    budget = _count(a, 4, "quarantine_read", "scan budget")
     kind, op, unresolved, newest = a[4], a[5], a[6] == b"1", a[7] == b"1"
     headers = a[8:9] == [b"1"]
     if a[8:9] not in ([], [b"0"], [b"1"]):
-        raise ValueError(
-            f"quarantine_read: headers flag (ARGV[9]) must be '1' or '0', got {a[8]!r}"
+        raise _refused(
+            "quarantine_read", 9, "headers flag", "'1' (headers only) or '0' (whole entries)"
         )
     entries = [e for e in ks.xrange(keys[0], now) if _in_range(e[0], low, high)]
     if newest:
@@ -856,28 +889,40 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
     out: list[Any] = []
     last = b""
     examined = 0
-    for entry_id, flat in entries:
-        if len(out) >= limit or examined >= budget:
-            return [b"more", last, now, b"", out]
-        examined += 1
-        last = entry_id
-        f = dict(zip(flat[::2], flat[1::2], strict=True))
-        res = ks.hget(keys[1], now, entry_id) or b""
-        if (
-            (not kind or f[b"kind"] == kind)
-            and (not op or f[b"op"] == op)
-            and (not unresolved or res == b"")
-        ):
-            if headers:
-                kept = [
-                    x for i in range(0, len(flat), 2) if flat[i] in _HEADER for x in flat[i : i + 2]
-                ]
-                out.append([entry_id, kept, b"1" if res else b""])
-            else:
-                out.append([entry_id, list(flat), res])
-    if len(out) >= limit and examined < len(entries):
-        return [b"more", last, now, b"", out]
-    return [b"done", last, now, b"", out]
+    # The script's loop: XRANGE chunks of at most 256, up to the budget, each examined until
+    # the matches reach the limit; ``done`` only once a chunk came back short (the range is
+    # read to its end), so a read that stops at its limit or budget on the range's last
+    # entry says ``more``, as the script's does.
+    while len(out) < limit and examined < budget:
+        want = min(256, budget - examined)
+        chunk = entries[examined : examined + want]
+        used = 0
+        for entry_id, flat in chunk:
+            used += 1
+            examined += 1
+            last = entry_id
+            f = dict(zip(flat[::2], flat[1::2], strict=True))
+            res = ks.hget(keys[1], now, entry_id) or b""
+            if (
+                (not kind or f[b"kind"] == kind)
+                and (not op or f[b"op"] == op)
+                and (not unresolved or res == b"")
+            ):
+                if headers:
+                    kept = [
+                        x
+                        for i in range(0, len(flat), 2)
+                        if flat[i] in _HEADER
+                        for x in flat[i : i + 2]
+                    ]
+                    out.append([entry_id, kept, b"1" if res else b""])
+                else:
+                    out.append([entry_id, list(flat), res])
+                if len(out) >= limit:
+                    break
+        if len(chunk) < want and used == len(chunk):
+            return [b"done", last, now, b"", out]
+    return [b"more", last, now, b"", out]
 
 
 def quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:

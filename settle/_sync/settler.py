@@ -282,6 +282,29 @@ class Quarantine:
     def _run_many(self, calls: list[Call]) -> list[Any]:
         return self._settler._run_many(calls)
 
+    def _query(
+        self,
+        kind: QuarantineKind | str | None,
+        operation_id: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        unresolved: bool,
+        limit: int,
+        newest_first: bool,
+    ) -> QuarantineQuery[QuarantineEntry]:
+        """The listing ``list`` and ``headers`` plan from the same filters (each method
+        spells them out, with their defaults, for type checkers and the docs)."""
+        core = self._settler._core
+        return core.quarantine_query(
+            kind=kind,
+            operation_id=operation_id,
+            since=since,
+            until=until,
+            unresolved=unresolved,
+            limit=limit,
+            newest_first=newest_first,
+        )
+
     def _listed(self, query: QuarantineQuery[E]) -> list[E]:
         """Run a planned listing to its end (``list``, ``headers``, and the console's pages,
         which plan theirs from a cursor)."""
@@ -305,16 +328,8 @@ class Quarantine:
         resolved, and nothing else. Redis sends no payload (up to
         ``quarantine_payload_bytes`` an entry) and no other field: what counting entries by
         kind, time or status needs (the console's overview)."""
-        query = self._settler._core.quarantine_query(
-            kind=kind,
-            operation_id=operation_id,
-            since=since,
-            until=until,
-            unresolved=unresolved,
-            limit=limit,
-            newest_first=newest_first,
-        )
-        return self._listed(query.headers())
+        filters = (kind, operation_id, since, until, unresolved, limit, newest_first)
+        return self._listed(self._query(*filters).headers())
 
     def list(
         self,
@@ -327,16 +342,8 @@ class Quarantine:
         limit: int = 100,
         newest_first: bool = True,
     ) -> list[QuarantineEntry]:
-        query = self._settler._core.quarantine_query(
-            kind=kind,
-            operation_id=operation_id,
-            since=since,
-            until=until,
-            unresolved=unresolved,
-            limit=limit,
-            newest_first=newest_first,
-        )
-        return self._listed(query)
+        filters = (kind, operation_id, since, until, unresolved, limit, newest_first)
+        return self._listed(self._query(*filters))
 
     def scan(
         self,

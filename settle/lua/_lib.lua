@@ -598,8 +598,8 @@ end
 -- milliseconds (in any text tonumber reads) of at least 1 and below 2^bits: 52 for a lease,
 -- whose end must stay an exact integer; 62 for a retention, so that every expiry fits
 -- Redis's 64-bit integers. 'number': any number (an attempt log cap: observe() compares
--- with it). 'count': a whole number of at least 1 (a quarantine maxlen, a scan budget:
--- XRANGE counts). Any other form is the text of what the argument must be, for a check the
+-- with it). 'count': a whole number of at least 1 (a quarantine maxlen, a scan budget, a
+-- read's max matches: XRANGE counts). Any other form is the text of what the argument must be, for a check the
 -- caller made itself. One function, not one per form: on Redis 6.2 every EVALSHA makes each
 -- of _lib.lua's functions again.
 local function arg_refused(script, i, what, form, bits)

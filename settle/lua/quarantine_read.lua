@@ -10,7 +10,14 @@
 -- JSON or ''}. A header is {id, {field, value, ...} of the fields kind, at and us only (as
 -- stored, in their order), '1' if resolved else ''}: what a count by kind, time and status
 -- needs, without the payload (up to quarantine_payload_bytes an entry) or anything else.
--- A headers flag of another form is refused with an error reply (see arg_refused in _lib.lua).
+-- A max matches or scan budget that is not a whole number of at least 1, or a headers flag of
+-- another form, is refused with an error reply (see arg_refused in _lib.lua): a count of 0 or
+-- below (or nan) answered 'more' with nothing examined and no id to resume after, 1.5
+-- matches read 2, a budget of 1.5 failed inside XRANGE, and a non-number failed comparing
+-- with nil.
+local bad = arg_refused('quarantine_read', 3, 'max matches', 'count')
+  or arg_refused('quarantine_read', 4, 'scan budget', 'count')
+if bad then return redis.error_reply(bad) end
 local headers = ARGV[9] == '1'
 if not (headers or ARGV[9] == nil or ARGV[9] == '0') then
   return redis.error_reply(arg_refused('quarantine_read', 9, 'headers flag',

@@ -9,10 +9,15 @@ and only then failed: Redis keeps a script's writes before its error.
 
 A call that does not reach the write that would use the argument answers what it answered
 before; forms that worked and that settle's own calls use still work.
+
+The quarantine read writes nothing, but refuses what it cannot use the same way, and the
+reference model refuses it with the same text: a max matches or scan budget that is not a
+whole number of at least 1, a headers flag other than '1' or '0'.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +27,7 @@ import pytest
 import redis
 
 from settle import Reservation, Reserved, Settler
+from settle._core.reference import run_script
 from settle._core.scripts import SCRIPTS
 from settle.testing import MemorySettler
 
@@ -452,3 +458,66 @@ def _ghost() -> Reservation:
         generation=7,
         attempt_id="w-ghost",
     )
+
+
+#: A quarantine read's max matches or scan budget sent by hand: not a whole number of at least
+#: 1. Before: 0, -1, nan or -inf answered 'more' with nothing examined and no id to resume
+#: after; 1.5 matches read 2; a budget of 1.5 failed inside XRANGE ("value is not an
+#: integer"); '' or 'abc' failed comparing a number with nil.
+BAD_READ_COUNT = [*BAD_COUNT, "2.5", "-0x3"]
+
+
+def _read_both(ctx: Ctx) -> tuple[Call, Callable[[Call], Any]]:
+    """A quarantine read of a shard holding three entries, planned by settle (whole
+    entries), and how the reference model answers a call of it (on its own three)."""
+    model = MemorySettler(namespace="read", shards=1)
+    for n in range(3):
+        for s in (ctx.settler, model):
+            s.complete(_ghost().model_copy(update={"attempt_id": f"w-{n}"}), b"late")
+    call = ctx.settler._core.quarantine_query(limit=3).calls()[0]
+    keys = model._core.quarantine_query(limit=3).calls()[0].keys
+
+    def on_model(planned: Call) -> Any:
+        return run_script(model._runner.keyspace, planned[0], list(keys), planned[2])  # type: ignore[attr-defined]
+
+    return ("quarantine_read", call.keys, list(call.args)), on_model
+
+
+@pytest.mark.parametrize("index", [3, 4], ids=["max matches", "scan budget"])
+@pytest.mark.parametrize("value", BAD_READ_COUNT)
+def test_a_quarantine_read_refuses_a_count_it_cannot_use(ctx: Ctx, index: int, value: str) -> None:
+    # The script and the reference model refuse it alike, with an error naming it.
+    planned, on_model = _read_both(ctx)
+    planned[2][index - 1] = value
+    what = {3: "max matches", 4: "scan budget"}[index]
+    said = f"settle: quarantine_read: {what} (ARGV[{index}]) must be a whole number of at least 1"
+    with pytest.raises(redis.ResponseError) as info:
+        ctx.send(planned)
+    assert str(info.value).startswith(said), str(info.value)
+    with pytest.raises(ValueError, match=re.escape(said)):
+        on_model(planned)
+
+
+@pytest.mark.parametrize("value", ["3", "3.0", "1e3", " 3", "3 ", "0x3", "4096"])
+@pytest.mark.parametrize("index", [3, 4], ids=["max matches", "scan budget"])
+def test_a_quarantine_read_takes_any_form_of_a_whole_count(
+    ctx: Ctx, index: int, value: str
+) -> None:
+    # What tonumber reads as a whole number of at least 1 still reads, on both alike: the
+    # three entries ('more' where the budget ended on the last: no chunk came back short).
+    planned, on_model = _read_both(ctx)
+    planned[2][index - 1] = value
+    real, model = ctx.send(planned), on_model(planned)
+    assert (real[0], len(real[4])) == (model[0], len(model[4])), (real, model)
+    assert len(real[4]) == 3
+
+
+@pytest.mark.parametrize("flag", ["", "2", "yes", "1 "])
+def test_the_model_refuses_a_headers_flag_as_the_script_does(ctx: Ctx, flag: str) -> None:
+    planned, on_model = _read_both(ctx)
+    bad: Call = (planned[0], planned[1], [*planned[2][:8], flag])
+    with pytest.raises(redis.ResponseError) as info:
+        ctx.send(bad)
+    with pytest.raises(ValueError, match=r"headers flag \(ARGV\[9\]\) must be") as refused:
+        on_model(bad)
+    assert f"ERR {info.value}" == str(refused.value)

@@ -377,6 +377,60 @@ async def test_quarantine_headers_are_the_listing_without_the_rest(
         assert not any(hasattr(h, "payload") for h in headers)
 
 
+def _copies(settler: Settler, ref: str, times: list[tuple[int, int]]) -> list[str]:
+    """Copies of entry ``ref`` on another shard (its stream empty), written by hand as
+    settle writes an entry: each a stream id of ``ms`` and a server time of ``us`` (they
+    differ where the server's clock stepped back: a stream's ids never go back). The
+    original goes. Their refs."""
+    shard, entry_id = ref.split("/")
+    keys = settler._core.keys
+    raw = settler.client
+    ((_, fields),) = raw.xrange(keys.quarantine(int(shard)), entry_id, entry_id)
+    raw.xdel(keys.quarantine(int(shard)), entry_id)
+    other = (int(shard) + 1) % SHARDS
+    refs = []
+    for n, (ms, us) in enumerate(times):
+        copy = {**fields, b"aid": f"w-copy-{n}".encode(), b"at": ms, b"us": us}
+        added = raw.xadd(keys.quarantine(other), copy, id=f"{ms}-{n}")
+        refs.append(f"{other}/{added.decode()}")
+    return refs
+
+
+async def test_the_overview_counts_the_window_by_each_entrys_server_time(
+    sharded: Settler, sharded_reader: AsyncSettler
+) -> None:
+    # The window is read by stream id, and each header counted in the bucket of its server
+    # time: an entry older than the window is not counted; one late in a 5-minute bucket
+    # stays in it; one whose server time fell before the window (the clock stepped back,
+    # its id did not) counts in the first bucket, not the last.
+    now = await _query.server_now(sharded_reader)
+    since = now - timedelta(hours=1)
+    ms = int(since.timestamp() * 1000)
+    minute = 60_000
+    refs = _copies(
+        sharded,
+        ghost(sharded, "timed"),
+        [
+            (ms - 60 * minute, (ms - 60 * minute) * 1000),  # an hour before the window
+            (ms + 10 * minute, (ms - 10 * minute) * 1000),  # server time before the window
+            (ms + 19 * minute, (ms + 19 * minute) * 1000 + 999),  # bucket 3, near its end
+        ],
+    )
+    sharded.quarantine.resolve(refs[2], note="checked")
+    headers = await sharded_reader.quarantine.headers(since=since)
+    assert [h.ref for h in headers] == refs[:0:-1]
+    # the server time to the microsecond (us), in a header as in the entry
+    listed = await sharded_reader.quarantine.list(since=since)
+    assert [h.at for h in headers] == [e.at for e in listed]
+    assert headers[0].at.microsecond % 1000 == 999
+    data = await _query.overview(
+        sharded_reader, window="1h", now=now, record_limit=100, entry_limit=100
+    )
+    assert data.sample == 2
+    assert data.by_kind["unknown_operation"] == {"unresolved": 1, "resolved": 1}
+    assert [count for _, count in data.buckets] == [1, 0, 0, 1, *[0] * 8]
+
+
 # -- links that say where the rest is --------------------------------------------------------
 
 

@@ -1,0 +1,115 @@
+"""quarantine_read.lua held against the reference model reply for reply.
+
+The same stream (the same ids, fields and resolutions) is written to a real redis-server and
+to the model's keyspace, and every combination of the read's arguments is sent to both: the
+replies must be equal but for the server time. The listings of the state machine
+(test_scripts_vs_model.py) only compare what the engine makes of the replies; here the code
+(``more`` or ``done``), the last id examined and every match as sent are compared, for whole
+entries and headers, so a model that sent a header's whole entry, or a note where the flag
+is, or said ``done`` where the script says ``more``, is caught.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from settle._core.keys import Keys
+from settle._core.reference import MemoryKeyspace, run_script
+from settle._core.scripts import SCRIPTS
+
+T0 = 1_700_000_000_000
+KINDS = ("unknown_operation", "misbound", "conflicting_settlement")
+
+
+def _fields(n: int) -> list[bytes]:
+    """An entry as settle writes one (a few with a current record), a payload of its own."""
+    fields = [
+        b"op",
+        f"op-{n % 4}".encode(),
+        b"kind",
+        KINDS[n % 3].encode(),
+        b"action",
+        b"complete",
+        b"aid",
+        f"a-{n}".encode(),
+        b"payload",
+        b"\x00payload " * 20 + bytes([n]),
+        b"psize",
+        b"201",
+        b"at",
+        str(T0 + n).encode(),
+        b"us",
+        str((T0 + n) * 1000 + n).encode(),
+    ]
+    if n % 5 == 0:
+        fields += [b"cstate", b"completed", b"cgen", b"7", b"cver", b"2"]
+    if n == 3:  # written before entries carried ``us``
+        del fields[14:16]
+    return fields
+
+
+@pytest.fixture
+def streams(redis_url: str, namespace: str) -> Iterator[tuple[redis.Redis, MemoryKeyspace, Keys]]:
+    """12 entries (two sharing a millisecond), every third resolved with a note, on both."""
+    client = redis.Redis.from_url(redis_url)
+    ks = MemoryKeyspace(lambda: T0 + 100)
+    keys = Keys(namespace, 1)
+    stream, resolutions = keys.quarantine(0), keys.resolutions(0)
+    for n in range(12):
+        entry_id = ks.xadd(stream, T0 + n - (n == 5), _fields(n))
+        flat = _fields(n)
+        client.xadd(stream, dict(zip(flat[::2], flat[1::2], strict=True)), id=entry_id)
+        if n % 3 == 1:
+            note = json.dumps({"note": f"checked {n} " + "x" * 300, "at": T0 + 50})
+            ks.hset(resolutions, T0 + 50, entry_id, note.encode())
+            client.hset(resolutions, entry_id, note)
+    yield client, ks, keys
+    client.close()
+
+
+def _lua(client: redis.Redis, keys: tuple[str, ...], args: list[str]) -> Any:
+    if int(client.info("server")["redis_version"].split(".")[0]) >= 7:
+        client.function_load(SCRIPTS.library, replace=True)
+        return client.fcall(SCRIPTS.function("quarantine_read"), len(keys), *keys, *args)
+    return client.eval(SCRIPTS.source("quarantine_read"), len(keys), *keys, *args)
+
+
+def _no_time(reply: list[Any]) -> list[Any]:
+    return [reply[0], reply[1], *reply[3:]]
+
+
+GRID = list(
+    itertools.product(
+        ["-", f"({T0 + 3}-0"],  # low
+        ["1", "2", "3", "7", "12", "100"],  # max matches
+        ["1", "3", "7", "11", "12", "4096"],  # scan budget
+        ["", "misbound"],  # kind
+        ["", "op-1"],  # operation
+        ["0", "1"],  # unresolved only
+        ["0", "1"],  # newest first
+        [None, "0", "1"],  # headers flag (None: absent, as settle sent before)
+    )
+)
+
+
+def test_every_read_answers_what_the_model_answers(
+    streams: tuple[redis.Redis, MemoryKeyspace, Keys],
+) -> None:
+    client, ks, keys = streams
+    call_keys = (keys.quarantine(0), keys.resolutions(0))
+    differ = []
+    for low, limit, budget, kind, op, unresolved, newest, headers in GRID:
+        args = [low, "+", limit, budget, kind, op, unresolved, newest]
+        if headers is not None:
+            args.append(headers)
+        real = _no_time(_lua(client, call_keys, args))
+        model = _no_time(run_script(ks, "quarantine_read", list(call_keys), args))
+        if real != model:
+            differ.append((args, real[:2], model[:2]))
+    assert not differ, differ[:5]
