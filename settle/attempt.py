@@ -39,8 +39,10 @@ class Attempt:
       namespace, the principal and the operation id, never from the generation). Send it
       as the downstream ``Idempotency-Key`` so that the provider deduplicates the retry
       that follows a timeout after its success;
-    - ``lost`` / :meth:`check`: the heartbeat could not renew the lease. Another worker
-      may own the operation now; stop and do not start new effects.
+    - ``lost`` / :meth:`check`: the heartbeat found the lease lost (taken over by a newer
+      attempt, settled, or its record gone). Another worker may own the operation now; stop
+      and do not start new effects. A lease that only lapsed, with no newer attempt, is not
+      lost: the attempt still owns the operation and its settlement is accepted.
     - ``deadline`` / :meth:`remaining`: the ``timeout`` as a ``time.monotonic()`` instant.
       A sync function cannot be interrupted, so pass ``remaining()`` to your client.
     """
@@ -104,7 +106,9 @@ class Attempt:
 
     @property
     def lost(self) -> bool:
-        """True once a heartbeat found the lease lost (taken over, settled or expired)."""
+        """True once a heartbeat found the lease lost (taken over, settled or gone; not a
+        lease that only lapsed with no newer attempt: :meth:`Renewal.lapsed
+        <settle.models.Renewal.lapsed>`)."""
         return self._lost
 
     @property

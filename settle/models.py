@@ -249,8 +249,10 @@ class InProgress(BaseModel):
 class Renewal(BaseModel):
     """What a heartbeat found: the lease extended, or lost (``reason`` says why).
 
-    A lost lease is never quarantined (a heartbeat is not a response), but the attempt must
+    A lost lease is never quarantined (a heartbeat is not a response), and the attempt must
     stop: its settlement will be quarantined unless it is still the current generation.
+    Except when the lease only :meth:`lapsed`: nobody took the key over, so the attempt
+    still owns it and runs on.
     """
 
     model_config = _FROZEN
@@ -259,6 +261,23 @@ class Renewal(BaseModel):
     reason: str | None = None
     lease_expires_at: datetime | None = None
     record: OperationRecord | None = None
+
+    def lapsed(self, generation: int) -> bool:
+        """Whether the lease of the attempt of ``generation`` only lapsed: not renewed
+        (``lease_expired``) with the record still pending at that generation, so no newer
+        attempt took the key over. Such an attempt is not lost, and is not stopped: its
+        ``complete`` or ``fail`` is accepted (SPEC 2), where stopping it half-way would
+        leave its effect uncertain and its retry would run it again. Its heartbeat beats on
+        (the lease is not extended: a caller may take the key over now, and the next
+        renewal then finds ``stale_generation``). The one home of this rule: the
+        decorator's heartbeats and the HTTP middleware's all ask it."""
+        record = self.record
+        return (
+            not self.renewed
+            and self.reason == "lease_expired"
+            and record is not None
+            and record.generation == generation
+        )
 
 
 class Settlement(BaseModel):

@@ -284,8 +284,10 @@ class AttemptRunner:
                     # again. It runs on; its response is sent unstored at settlement
                     # (settle.http.record_lost), as when the loss is found there.
                     self._guard.log.warning("settle.http.renew_failed", reason=renewal.reason)
-                elif not renewal.renewed:
-                    self._guard.lease_lost(renewal.reason)
+                elif not self._guard.still_owns(self._run, renewal):
+                    # A lease that only lapsed is not lost (still_owns logs it): nobody took
+                    # the key over, so the handler runs on, and a later renewal that finds a
+                    # takeover stops it.
                     self._attempt.mark_lost(renewal)
                     self._interrupt("lease_lost")
                     return

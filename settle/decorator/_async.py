@@ -1,6 +1,7 @@
 """The async driver: carries out the :class:`~settle.decorator._plan.Plan` with awaits;
-the heartbeat renews the lease from a task and, when it finds the lease lost, cancels the
-function (through the ``timeout`` scope). No rule lives here."""
+the heartbeat renews the lease from a task and, when it finds the lease lost (not merely
+lapsed: :meth:`~settle.models.Renewal.lapsed`), cancels the function (through the
+``timeout`` scope). No rule lives here."""
 
 from __future__ import annotations
 
@@ -199,7 +200,17 @@ async def _heartbeat(
                 error=type(exc).__name__,
             )
             continue
-        if not renewal.renewed:
-            attempt.mark_lost(renewal)
-            on_lost()
-            return
+        if renewal.renewed:
+            continue
+        if renewal.lapsed(attempt.generation):
+            # Nobody took the key over: the function runs on (its settlement is accepted),
+            # and a later renewal that finds a takeover stops it.
+            plan.log.warning(
+                "settle.operation.lease_lapsed",
+                generation=attempt.generation,
+                reason=renewal.reason,
+            )
+            continue
+        attempt.mark_lost(renewal)
+        on_lost()
+        return

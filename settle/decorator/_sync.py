@@ -212,16 +212,20 @@ class _Beating:
         A log line that cannot be written (an application's processor that raises, a closed
         stream) is dropped: it must not end the renewer thread that logs it, least of all
         in an outage, when every renewal fails and is logged."""
+        self._warn("settle.operation.heartbeat_failed", error=type(error).__name__)
+
+    def lapsed(self, renewal: Renewal) -> None:
+        """Log ``settle.operation.lease_lapsed`` for this attempt (dropped as :meth:`warn`'s
+        line is when it cannot be written)."""
+        self._warn("settle.operation.lease_lapsed", reason=renewal.reason)
+
+    def _warn(self, event: str, **fields: Any) -> None:
         attempt = self.run.attempt
         log = self.log
         with contextlib.suppress(Exception):
             if log is None:
                 log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
-            log.warning(
-                "settle.operation.heartbeat_failed",
-                generation=attempt.generation,
-                error=type(error).__name__,
-            )
+            log.warning(event, generation=attempt.generation, **fields)
 
 
 class _Heartbeats:
@@ -456,7 +460,7 @@ class _Heartbeats:
                     # mark the finished attempt lost. Renew again one heartbeat after this
                     # renewal was sent (at once if that has passed), unless it is lost.
                     if self._flying.pop(key, None) is not None:
-                        if renewal is not None and not renewal.renewed:
+                        if renewal is not None:
                             beating.run.attempt.mark_lost(renewal)
                         else:
                             self._reschedule(key, beating, sent + beating.run.heartbeat)
@@ -484,17 +488,25 @@ class _Heartbeats:
                 self._work.wait(left)
 
     def _beat(self, beating: _Beating) -> Renewal | None:
-        """Renew one lease: the reply, or None when the renewal failed (it is logged, and
-        the next one follows: a heartbeat that stopped would let the lease lapse under a
-        running function, and a second caller would run it again)."""
+        """Renew one lease: the reply that finds it lost, or None when the attempt runs on
+        and the next renewal follows: renewed; only lapsed (logged: nobody took the key over,
+        so its function is not told to stop, and a later renewal that finds a takeover
+        does); or failed (logged: a heartbeat that stopped would let the lease lapse under
+        a running function, and a second caller would run it again)."""
         run = beating.run
         try:
             with beating.context:
-                return self._settler.renew(run.reservation, lease=run.lease)
+                renewal = self._settler.renew(run.reservation, lease=run.lease)
         # Transient (BackendError, DurabilityError) or anything else: beat on.
         except Exception as exc:  # noqa: BLE001
             beating.warn(exc)
             return None
+        if renewal.renewed:
+            return None
+        if renewal.lapsed(run.attempt.generation):
+            beating.lapsed(renewal)
+            return None
+        return renewal
 
 
 def _after_fork() -> None:

@@ -475,24 +475,21 @@ class Guard:
         )
 
     def still_owns(self, run: Run, renewal: Renewal) -> bool:
-        """Whether ``run`` still owns its operation, as the renewal asked before a response
-        over the limit is sent on says. It does when the lease was renewed, and also when the
-        lease only lapsed with the record still at this attempt's generation (``lease_expired``:
-        no newer attempt took the key): ``complete`` accepts this generation's settlement of
-        such a record (SPEC 2), so the operation ends completed with this response, and a
-        client answered 409 instead would lose it (every retry gets 410). It does too when
-        the record is gone (``unknown_operation``: Redis lost it while the handler ran): no
-        other attempt owns the key, and a 409 would send the client back to run the handler
-        again (``settled`` then logs ``settle.http.record_lost``). Otherwise the lease is
-        lost, and logged."""
+        """Whether ``run`` still owns its operation, as a renewal says (the heartbeat's, or
+        the one asked before a response over the limit is sent on). It does when the lease
+        was renewed, and also when the lease only lapsed with the record still at this
+        attempt's generation (:meth:`Renewal.lapsed <settle.models.Renewal.lapsed>`: no newer
+        attempt took the key, logged): ``complete`` accepts this generation's settlement of
+        such a record (SPEC 2), so the handler runs on and the operation ends completed with
+        its response, where a handler stopped half-way would be run again by the retry, and
+        a client answered 409 instead would lose the response (every retry gets 410). It
+        does too when the record is gone (``unknown_operation``: Redis lost it while the
+        handler ran): no other attempt owns the key, and a 409 would send the client back to
+        run the handler again (``settled`` then logs ``settle.http.record_lost``).
+        Otherwise the lease is lost, and logged."""
         if renewal.renewed or renewal.reason == QuarantineKind.UNKNOWN_OPERATION.value:
             return True
-        record = renewal.record
-        if (
-            renewal.reason == "lease_expired"
-            and record is not None
-            and record.generation == run.reservation.generation
-        ):
+        if renewal.lapsed(run.reservation.generation):
             self.log.warning("settle.http.lease_lapsed", reason=renewal.reason)
             return True
         self.lease_lost(renewal.reason)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 import tenacity
+from structlog.testing import capture_logs
 
 from settle import (
     AsyncSettler,
@@ -221,6 +224,24 @@ def _take_over(settler: Settler, started: threading.Event, done: threading.Event
         done.set()
 
 
+async def _stale_beside_a_takeover(
+    job: Callable[[int], Awaitable[str]],
+    settler: Settler,
+    started: threading.Event,
+    done: threading.Event,
+) -> StaleAttempt:
+    """Call ``job(1)`` while another worker takes it over (:func:`_take_over`): what it
+    raises, which must be ``StaleAttempt``."""
+    worker = threading.Thread(target=_take_over, args=(settler, started, done))
+    worker.start()
+    try:
+        with pytest.raises(StaleAttempt) as info:
+            await job(1)
+    finally:
+        worker.join()
+    return info.value
+
+
 async def test_lost_lease_cancels_the_function_and_nothing_is_committed(
     async_settler: AsyncSettler, settler: Settler
 ) -> None:
@@ -238,20 +259,14 @@ async def test_lost_lease_cancels_the_function_and_nothing_is_committed(
             raise
         return "first"
 
-    worker = threading.Thread(target=_take_over, args=(settler, started, done))
-    worker.start()
-    try:
-        with pytest.raises(StaleAttempt) as info:
-            await job(1)
-    finally:
-        worker.join()
+    stale = await _stale_beside_a_takeover(job, settler, started, done)
 
     assert seen == [True]  # cancelled because the heartbeat found the lease lost
-    record = info.value.record
+    record = stale.record
     assert record is not None
     assert record.state is State.COMPLETED
     assert record.value(str) == "second"
-    assert info.value.quarantine_id is None  # it settled nothing
+    assert stale.quarantine_id is None  # it settled nothing
     assert await async_settler.quarantine.list(operation_id="job:1") == []
 
 
@@ -266,22 +281,101 @@ async def test_late_completion_after_a_takeover_is_quarantined(
         done.wait(10)  # blocks the event loop, so the heartbeat cannot renew
         return "first"  # ... and the late result is presented at once
 
-    worker = threading.Thread(target=_take_over, args=(settler, started, done))
-    worker.start()
-    try:
-        with pytest.raises(StaleAttempt) as info:
-            await job(1)
-    finally:
-        worker.join()
+    stale = await _stale_beside_a_takeover(job, settler, started, done)
 
-    record = info.value.record
+    record = stale.record
     assert record is not None
     assert record.value(str) == "second"
     entries = await async_settler.quarantine.list(operation_id="job:1")
     assert [(e.kind, e.payload.data) for e in entries] == [
         (QuarantineKind.STALE_GENERATION, b'"first"')
     ]
-    assert info.value.quarantine_id == entries[0].ref
+    assert stale.quarantine_id == entries[0].ref
+    assert await job(1) == "second"  # the committed result, replayed
+
+
+async def test_a_lease_that_only_lapsed_lets_the_function_finish_and_commit(
+    async_settler: AsyncSettler,
+) -> None:
+    """Found in review: a function that held the loop past its lease (blocking work, a GC
+    pause) was cancelled by its next heartbeat, which found the lease lapsed, though nobody
+    had taken the key over: its effect was left uncertain and the caller's retry ran it
+    again. Its ``complete`` is accepted at its own generation (SPEC 2), so it now runs on
+    and its result is committed."""
+    runs: list[bool] = []
+
+    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.3)
+    async def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+        time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the lease: no renewal
+        await asyncio.sleep(0.3)  # the heartbeat runs meanwhile and finds the lease lapsed
+        attempt.check()  # not lost: nobody took the key over
+        runs.append(attempt.lost)
+        return "charged"
+
+    with capture_logs() as logs:
+        assert await job(1) == "charged"
+    assert await job(1) == "charged"  # replayed
+
+    assert runs == [False]
+    events = [e["event"] for e in logs]
+    assert "settle.operation.lease_lapsed" in events
+    assert "settle.operation.lease_lost" not in events
+    record = await async_settler.get("job:1")
+    assert record is not None
+    assert (record.state, record.reservations) == (State.COMPLETED, 1)
+    assert record.value(str) == "charged"
+    assert await async_settler.quarantine.list(operation_id="job:1") == []
+
+
+@pytest.mark.parametrize("then", ["works on", "returns"])
+async def test_a_takeover_after_the_lease_lapsed_still_stops_the_attempt(
+    async_settler: AsyncSettler, settler: Settler, then: str
+) -> None:
+    """The heartbeat finds the lease lapsed and lets the function run on; then another
+    worker takes the key over and completes it. A function that works on is cancelled at
+    its next heartbeat (it settles nothing); one that returns first has its late
+    completion quarantined. The caller gets ``StaleAttempt`` either way."""
+    started, done = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    @async_settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.3)
+    async def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+        time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the lease: no renewal
+        await asyncio.sleep(0.3)  # the heartbeat finds the lease lapsed: it runs on
+        seen.append(attempt.lost)
+        started.set()
+        if then == "returns":
+            done.wait(10)  # blocks the loop while the other worker takes over
+            return "first"  # ... and the late result is presented at once
+        try:
+            await asyncio.sleep(10)  # the other worker takes over meanwhile
+        except asyncio.CancelledError:
+            seen.append(attempt.lost)
+            raise
+        return "first"
+
+    with capture_logs() as logs:
+        stale = await _stale_beside_a_takeover(job, settler, started, done)
+
+    events = [e["event"] for e in logs]
+    assert "settle.operation.lease_lapsed" in events
+    record = stale.record
+    assert record is not None
+    assert (record.state, record.value(str)) == (State.COMPLETED, "second")
+    entries = await async_settler.quarantine.list(operation_id="job:1")
+    if then == "works on":
+        assert seen == [False, True]  # cancelled because the heartbeat found the takeover
+        assert events.index("settle.operation.lease_lapsed") < events.index(
+            "settle.operation.lease_lost"
+        )
+        assert stale.quarantine_id is None  # it settled nothing
+        assert entries == []
+    else:
+        assert seen == [False]
+        assert [(e.kind, e.payload.data) for e in entries] == [
+            (QuarantineKind.STALE_GENERATION, b'"first"')
+        ]
+        assert stale.quarantine_id == entries[0].ref
     assert await job(1) == "second"  # the committed result, replayed
 
 

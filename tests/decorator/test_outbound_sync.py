@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,15 +20,18 @@ import pytest
 import redis
 import tenacity
 from pydantic import BaseModel
+from structlog.testing import capture_logs
 
 from settle import (
     FingerprintError,
     FingerprintMismatch,
     OperationFailed,
     OperationInProgress,
+    QuarantineKind,
     Reservation,
     SettleError,
     Settler,
+    StaleAttempt,
     State,
 )
 from settle.attempt import Attempt
@@ -38,7 +41,7 @@ from settle.errors import InvalidInput
 from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, sync_charge
 from tests.decorator.provider import Provider
-from tests.faults.servers import frozen
+from tests.faults.servers import frozen, lapse_under, until
 
 #: What a reservation takes from its record (besides the attempt id).
 _RESERVATION = ("operation_id", "fingerprint", "fingerprint_version", "binding", "generation")
@@ -487,6 +490,97 @@ def test_renewers_held_by_a_hung_server_stop_at_the_cap() -> None:
         server.close()
     # the scheduler and the renewers: spares were started for the hung renewals, up to the cap
     assert 10 <= peak <= 1 + _sync.MAX_RENEWERS, f"{peak} heartbeat threads"
+
+
+@pytest.fixture
+def freezable(namespace: str) -> Iterator[tuple[EmbeddedRedis, Settler]]:
+    """A redis-server of the test's own (to freeze past a lease) and a settler on it."""
+    server = EmbeddedRedis().start()
+    settler = Settler.from_url(server.url, namespace=namespace, shards=4)
+    try:
+        yield server, settler
+    finally:
+        settler.close()
+        server.close()
+
+
+def test_a_lease_that_only_lapsed_lets_the_function_finish_and_commit(
+    freezable: tuple[EmbeddedRedis, Settler],
+) -> None:
+    """Found in review: the heartbeat that found a lease lapsed (its renewal held past it)
+    marked the attempt lost, though nobody had taken the key over: ``attempt.check()``
+    told the function to stop half-way, its effect left uncertain, and the caller's retry
+    ran it again. Its ``complete`` is accepted at its own generation (SPEC 2), so the
+    attempt is no longer lost: the function runs on and its result is committed."""
+    server, settler = freezable
+    runs: list[bool] = []
+
+    @settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.6)
+    def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+        lapse_under(server, attempt, logs)
+        attempt.check()  # not lost: nobody took the key over
+        time.sleep(0.3)  # more work: the heartbeat beats on
+        attempt.check()
+        runs.append(attempt.lost)
+        return "charged"
+
+    with capture_logs() as logs:
+        assert job(1) == "charged"
+    assert job(1) == "charged"  # replayed
+
+    assert runs == [False]
+    events = [e["event"] for e in logs]
+    assert "settle.operation.lease_lapsed" in events
+    assert "settle.operation.lease_lost" not in events
+    record = settler.get("job:1")
+    assert record is not None
+    assert (record.state, record.reservations) == (State.COMPLETED, 1)
+    assert record.value(str) == "charged"
+    assert settler.quarantine.list(operation_id="job:1") == []
+
+
+def test_a_takeover_after_the_lease_lapsed_still_tells_the_function_to_stop(
+    freezable: tuple[EmbeddedRedis, Settler], namespace: str
+) -> None:
+    """The heartbeat finds the lease lapsed and lets the function run on, renewing on;
+    then another worker takes the key over and completes it. The next renewal finds the
+    takeover: ``attempt.check()`` raises ``StaleAttempt``, and a result presented all the
+    same is quarantined; the caller gets ``StaleAttempt``."""
+    server, settler = freezable
+    seen: list[object] = []
+
+    with contextlib.closing(Settler.from_url(server.url, namespace=namespace, shards=4)) as other:
+
+        @other.operation(key="job:{n}", principal=PRINCIPAL, name="job", wait=30)
+        def job_elsewhere(n: int) -> str:
+            return "second"
+
+        @settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.6)
+        def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+            lapse_under(server, attempt, logs)
+            seen.append(attempt.lost)
+            assert job_elsewhere(n) == "second"  # another worker takes the key over
+            assert until(lambda: attempt.lost)  # the next renewal finds it
+            seen.append(attempt.lost_reason)
+            with pytest.raises(StaleAttempt):
+                attempt.check()
+            return "first"  # presented all the same
+
+        with capture_logs() as logs, pytest.raises(StaleAttempt) as info:
+            job(1)
+
+    assert seen == [False, "stale_generation"]
+    record = info.value.record
+    assert record is not None
+    assert (record.state, record.value(str)) == (State.COMPLETED, "second")
+    entries = settler.quarantine.list(operation_id="job:1")
+    assert [(e.kind, e.payload.data) for e in entries] == [
+        (QuarantineKind.STALE_GENERATION, b'"first"')
+    ]
+    assert info.value.quarantine_id == entries[0].ref
+    events = [e["event"] for e in logs]
+    assert "settle.operation.lease_lapsed" in events
+    assert job(1) == "second"  # the committed result, replayed
 
 
 def test_a_call_shorter_than_a_third_of_its_lease_starts_no_renewer(settler: Settler) -> None:

@@ -11,8 +11,9 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import redis
@@ -22,6 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from settle._runtime import ScriptSet
+from settle.attempt import Attempt
 from settle.embedded import EmbeddedRedis
 from tests.faults.tcp_proxy import FaultyProxy
 
@@ -31,6 +33,7 @@ __all__ = [
     "SOCKET_TIMEOUT",
     "async_client",
     "frozen",
+    "lapse_under",
     "primary",
     "proxy_to",
     "replica",
@@ -38,6 +41,7 @@ __all__ = [
     "script_needle",
     "script_sha",
     "sync_client",
+    "until",
     "wait_replicas",
 ]
 
@@ -104,6 +108,27 @@ def frozen(server: EmbeddedRedis) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def lapse_under(server: EmbeddedRedis, attempt: Attempt, logs: list[dict[str, Any]]) -> None:
+    """Hold ``server`` (frozen) past the 0.6 s lease of the running ``attempt``, renewed by the
+    sync heartbeat threads (a slow Redis: the renewal waits; a GC pause holds it the same
+    way), then wait for the heartbeat's answer: the lease lapsed with nobody taking the key
+    over (``settle.operation.lease_lapsed`` in the captured ``logs``), or the attempt lost."""
+    with frozen(server):
+        time.sleep(1.2)
+    lapsed = "settle.operation.lease_lapsed"
+    assert until(lambda: attempt.lost or any(e["event"] == lapsed for e in logs))
+
+
+def until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether ``condition()`` came true within ``seconds`` (polled every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def script_sha(scripts: ScriptSet, name: str) -> str:

@@ -14,9 +14,10 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, State
+from settle import AsyncSettler, Reserved, Settler, State
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi.keys import operation_id
+from settle.http.stored import StoredResponse
 
 pytestmark = pytest.mark.asyncio
 
@@ -588,5 +589,139 @@ async def test_a_stored_response_sent_slowly_keeps_its_lease_quiet(
     assert [e for e in logs if e["event"] == "settle.http.lease_lost"] == []
     assert attempts[0].lost is False
     record = await async_settler.get(_op("k-slow-client"))
+    assert record is not None
+    assert record.state is State.COMPLETED
+
+
+# -- a lease that lapsed: no newer attempt, nothing to stop -------------------------------------
+
+
+class _Lapses:
+    """An app that holds the loop past its 0.3 s lease (blocking work, a GC pause: nothing
+    renews it), then works on while the heartbeat finds the lease lapsed, ``then()``, and
+    answers 201 ``charged`` (``runs`` counts its runs, ``attempts`` keeps its attempts)."""
+
+    def __init__(self, then: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.then = then
+        self.runs = 0
+        self.attempts: list[Any] = []
+        self.lapsed = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        self.runs += 1
+        self.attempts.append(scope["settle"])
+        time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the lease: no renewal
+        await asyncio.sleep(0.3)  # the heartbeat runs meanwhile and finds the lease lapsed
+        self.lapsed.set()
+        if self.then is not None:
+            await self.then()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"charged"})
+
+
+async def test_a_handler_whose_lease_only_lapsed_finishes_and_is_stored(
+    async_settler: AsyncSettler,
+) -> None:
+    """Found in review: a handler that held the loop past its lease was stopped by the
+    heartbeat, which found the lease lapsed though nobody had taken the key over: a payment
+    stopped half-way, 409 to its client, and the retry ran the handler again. Its
+    ``complete`` is accepted at its own generation (SPEC 2), as the renewal before a large
+    response already held: the handler now runs on, and its response is stored and sent."""
+    app = _Lapses()
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
+    )
+    first = _Client()
+    with capture_logs() as logs:
+        await mw(_scope(b"k-lapsed"), first.receive, first.send)
+    retry = _Client()
+    await mw(_scope(b"k-lapsed"), retry.receive, retry.send)
+
+    assert (first.status, first.messages[-1]["body"]) == (201, b"charged")
+    assert (retry.status, retry.messages[-1]["body"]) == (201, b"charged")
+    assert (b"idempotent-replayed", b"true") in retry.messages[0]["headers"]
+    assert app.runs == 1
+    assert app.attempts[0].lost is False
+    events = [e["event"] for e in logs]
+    assert "settle.http.lease_lapsed" in events
+    assert "settle.http.lease_lost" not in events
+    assert "settle.http.abandoned" not in events
+    record = await async_settler.get(_op("k-lapsed"))
+    assert record is not None
+    assert (record.state, record.reservations) == (State.COMPLETED, 1)
+    assert await async_settler.quarantine.list(operation_id=_op("k-lapsed")) == []
+
+
+async def test_a_takeover_after_the_lease_lapsed_still_stops_the_handler(
+    async_settler: AsyncSettler,
+) -> None:
+    """The heartbeat finds the lease lapsed and lets the handler run on; then a retry takes
+    the key over and completes it. The next renewal finds the takeover: the handler is
+    stopped and its client answered 409 ``attempt-superseded``, as for any lost lease; the
+    retry's completion stands."""
+    stopped: list[bool] = []
+
+    async def works_on() -> None:
+        try:
+            await asyncio.sleep(10)  # the retry takes the key over meanwhile
+        except asyncio.CancelledError:
+            stopped.append(True)
+            raise
+
+    app = _Lapses(works_on)
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
+    )
+    first = _Client()
+    with capture_logs() as logs:
+        task = asyncio.create_task(mw(_scope(b"k-lapsed-taken"), first.receive, first.send))
+        lapsed = asyncio.create_task(app.lapsed.wait())
+        await asyncio.wait({task, lapsed}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        lapsed.cancel()
+        assert app.lapsed.is_set(), "the heartbeat stopped the handler at the lapse"
+        retry = await _takes_over(async_settler, b"k-lapsed-taken")
+        async with asyncio.timeout(5):
+            await task
+
+    assert stopped == [True]
+    assert app.attempts[0].lost is True
+    assert (first.status, retry.status) == (409, 201)
+    events = [e["event"] for e in logs]
+    assert events.index("settle.http.lease_lapsed") < events.index("settle.http.lease_lost")
+    await _settled_by_the_retry_alone(async_settler, "k-lapsed-taken")
+
+
+async def test_a_late_answer_after_the_lease_lapsed_and_was_taken_over_is_quarantined(
+    async_settler: AsyncSettler, settler: Settler
+) -> None:
+    """The heartbeat finds the lease lapsed and lets the handler run on; another worker
+    takes the key over and stores its response before the next renewal, and the handler
+    answers: its late settlement is quarantined and its client gets the stored response."""
+
+    async def taken_over() -> None:
+        # Blocks the loop: no renewal finds the takeover before the handler answers.
+        op = _op("k-lapsed-late")
+        record = settler.get(op)
+        assert record is not None
+        newer = settler.reserve(op, principal="tenant:a", fingerprint=record.fingerprint)
+        assert isinstance(newer, Reserved)
+        assert newer.takeover == "lease_expired"
+        stored = StoredResponse.capture(200, [(b"content-type", b"text/plain")], b"newer", [])
+        settler.complete(newer.reservation, stored)
+
+    app = _Lapses(taken_over)
+    mw = IdempotencyMiddleware(
+        app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
+    )
+    first = _Client()
+    with capture_logs() as logs:
+        await mw(_scope(b"k-lapsed-late"), first.receive, first.send)
+
+    assert (first.status, first.messages[-1]["body"]) == (200, b"newer")
+    assert "settle.http.lease_lapsed" in [e["event"] for e in logs]
+    [entry] = await async_settler.quarantine.list(operation_id=_op("k-lapsed-late"))
+    assert entry.kind.value == "stale_generation"
+    record = await async_settler.get(_op("k-lapsed-late"))
     assert record is not None
     assert record.state is State.COMPLETED

@@ -22,6 +22,7 @@ from flask import Flask
 from structlog.testing import capture_logs
 
 from settle import Reservation, Reserved, Settler, State
+from settle.embedded import EmbeddedRedis
 from settle.errors import ConfigurationError
 from settle.flask import Idempotency
 from settle.http._sync import configured_guard
@@ -29,6 +30,7 @@ from settle.http.keys import operation_id
 from settle.testing import MemorySettler
 from settle.wsgi import IdempotencyMiddleware, current_attempt
 from tests.cluster.split_cluster import SHARDS, split_cluster
+from tests.faults.servers import lapse_under
 from tests.http.apps import serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
 
@@ -173,6 +175,47 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert busy.headers["retry-after"] == "1"
     assert [r.status_code for r in results] == [201]
     assert len(generations) == 1  # one attempt: the retry never took it over
+
+
+def test_a_handler_whose_lease_only_lapsed_is_not_told_to_stop(namespace: str) -> None:
+    """Found in review: the heartbeat that found a lease lapsed (its renewal held past it by
+    a slow Redis) marked the attempt lost though nobody had taken the key over, so a handler
+    that calls ``attempt.check()`` between steps stopped half-way (here a 500) and the
+    retry ran it again. Its ``complete`` is accepted at its own generation: it now runs on
+    and its response is stored."""
+    server = EmbeddedRedis().start()
+    settler = Settler.from_url(server.url, namespace=namespace, shards=4)
+    generations: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        generations.append(attempt.generation)
+        lapse_under(server, attempt, logs)
+        attempt.check()  # not lost: nobody took the key over
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"charged"]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=0.6)
+    try:
+        with (
+            capture_logs() as logs,
+            serve_wsgi(guarded) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+            first = client.post("/charge", content=b"x", headers=KEY)
+            again = client.post("/charge", content=b"x", headers=KEY)
+        record = settler.get(operation_id("http", "k-1", "tenant:acme", "principal"))
+    finally:
+        settler.close()
+        server.close()
+    assert (first.status_code, first.content) == (201, b"charged")
+    assert (again.content, again.headers["idempotent-replayed"]) == (b"charged", "true")
+    assert len(generations) == 1
+    assert record is not None
+    assert record.state is State.COMPLETED
+    events = [e["event"] for e in logs]
+    assert "settle.operation.lease_lapsed" in events
+    assert "settle.http.superseded" not in events
 
 
 def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_request() -> None:
