@@ -183,3 +183,54 @@ def test_an_operation_id_wider_than_the_terminal_is_written_whole(
     assert piped.returncode == 0, piped.stderr
     assert "…" not in piped.stdout, piped.stdout
     assert any(ref in line and operation_id in line for line in piped.stdout.splitlines())
+
+
+#: An operation id with spaces, wider than 80 columns beside ``operation``.
+LONG_SPACED = "refund: invoice 2026-12-0077 of merchant m5, lines 3 and 4 of 7 (EUR 1,250.00)"
+
+
+@WIDTHS
+def test_inspect_keeps_an_operation_id_with_spaces_whole_in_its_titles(
+    cli_settler: Settler, env: dict[str, str], columns: int
+) -> None:
+    """The record's operation id is printed in titles and messages only (``operation ...``,
+    ``no quarantine entries for ...``), which were wrapped at its spaces: half the id on
+    one line, half on the next. Now it is whole on a line, as every value a user copies."""
+    done = cli_settler.reserve(LONG_SPACED, {"amount": 1250}, principal="tenant:acme")
+    assert isinstance(done, Reserved)
+    cli_settler.complete(done.reservation, {"charge_id": "ch_1"})
+    record = cli_settler.get(LONG_SPACED)
+    assert record is not None
+    out = in_terminal([*CLI, "inspect", LONG_SPACED], env, columns)
+    assert_whole(out, columns, [LONG_SPACED, *_record_values(record)])
+    assert out.count(LONG_SPACED) == 2, out  # the record's title and the last message
+    # a response for an operation that has no record: a message and a quarantine entry
+    seed = cli_settler.reserve("charge:seed", {"amount": 1}, principal="tenant:acme")
+    assert isinstance(seed, Reserved)
+    stray = seed.reservation.model_copy(update={"operation_id": f"{LONG_SPACED} (stray)"})
+    late = cli_settler.complete(stray, {"charge_id": "ch_stray"})
+    assert late.quarantine_id is not None
+    out = in_terminal([*CLI, "inspect", stray.operation_id], env, columns)
+    assert_whole(out, columns, [stray.operation_id, late.quarantine_id])
+    assert out.count(stray.operation_id) == 3, out  # no record, the entries' title, the entry
+    assert "no record" in out, out
+
+
+@WIDTHS
+def test_progress_show_keeps_a_consumer_with_spaces_whole_in_its_title(
+    redis_url: str, env: dict[str, str], columns: int
+) -> None:
+    """The consumer is named in the title only (``<consumer> @ <stream>/<group>``), which was
+    wrapped at the name's spaces: ``progress show`` could not be given it back. A name wider
+    than the terminal is on a line of its own, for the terminal to wrap."""
+    consumer = "billing workers of merchant m5 in eu-west-1 and eu-central-1, refunds and payouts"
+    consumer += f" {uuid.uuid4().hex[:8]}"
+    scope = ProviderScope("orders", "billing", "orders@1")
+    store = ProgressStore.from_url(redis_url, consumer=consumer, namespace="progress")
+    try:
+        store.apply(scope, DeliveryId("1796479646423-1"), EmissionId("e1"), lambda ctx: None)
+    finally:
+        store.close()
+    out = in_terminal([*CLI, "progress", "show", consumer, "--namespace", "progress"], env, columns)
+    assert_whole(out, columns, [consumer, "1796479646423-1"])
+    assert "orders/billing" in out, out
