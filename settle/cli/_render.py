@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import click
 from rich.cells import cell_len
@@ -140,7 +140,7 @@ def console(*, stderr: bool = False) -> Console:
     On a terminal the width is ``COLUMNS`` when set (as rich reads it), else the
     terminal's; rich's own guess gave a ``TERM=dumb`` terminal 80 columns, however narrow."""
     stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
+    if _on_terminal(stream):
         size = _terminal_size(stream)
     else:
         columns = max(shutil.get_terminal_size((200, 24)).columns, 200)
@@ -154,6 +154,17 @@ def console(*, stderr: bool = False) -> Console:
         highlight=False,
         soft_wrap=False,
     )
+
+
+def _on_terminal(stream: IO[str]) -> bool:
+    """Whether output goes to a terminal, which decides both its width (:func:`console`) and
+    its layout (:func:`print_table`). Not rich's ``is_terminal``: ``FORCE_COLOR`` and
+    ``TTY_COMPATIBLE`` change that, and they ask for colours (which they get), not for a
+    terminal's layout in a pipe or a pipe's in a terminal."""
+    try:
+        return stream.isatty()
+    except ValueError:  # closed
+        return False
 
 
 def _terminal_size(stream: TextIO) -> os.terminal_size:
@@ -445,7 +456,7 @@ def print_table(out: Console, table: Table) -> None:
     narrowest, widest = grid.measure()
     chrome = _chrome(table)
     need = sum(narrowest) + chrome
-    width = out.width if out.is_terminal else max(out.width, need)
+    width = out.width if _on_terminal(out.file) else max(out.width, need)
     title = "" if table.title is None else _plain(table.title)
     words = table.title_words if isinstance(table, Listing) else None
     words = title.split(" ") if words is None else words

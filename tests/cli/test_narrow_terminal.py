@@ -6,6 +6,7 @@ through a real Settler, read by the ``settle`` command in a real pseudo-terminal
 from __future__ import annotations
 
 import os
+import re
 import sys
 import uuid
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ import pytest
 from settle import Reserved, Settler
 from settle.models import OperationRecord, QuarantineEntry
 from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
-from tests.cli.conftest import settle
+from tests.cli.conftest import cli_env, settle
 from tests.cli.helpers import in_terminal, stale_settlement
 
 CLI = [sys.executable, "-c", "from settle.cli import main; main()"]
@@ -234,3 +235,38 @@ def test_progress_show_keeps_a_consumer_with_spaces_whole_in_its_title(
     out = in_terminal([*CLI, "progress", "show", consumer, "--namespace", "progress"], env, columns)
     assert_whole(out, columns, [consumer, "1796479646423-1"])
     assert "orders/billing" in out, out
+
+
+def _strip_styles(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+@pytest.mark.parametrize("variable", ["FORCE_COLOR", "TTY_COMPATIBLE"])
+def test_piped_output_is_a_table_when_colours_are_forced(
+    cli_settler: Settler, redis_url: str, namespace: str, variable: str
+) -> None:
+    """``FORCE_COLOR=1`` (set in many CI jobs for coloured logs) or ``TTY_COMPATIBLE=1``
+    made rich call a pipe a terminal, and the table of a 256-character operation id was
+    printed as blocks (no longer one row per entry) in a pipe, where docs/cli.md promises a
+    table always. Colours are what they ask for, and what they get."""
+    operation_id = "charge:" + "order-2026-12-0077/" * 13
+    operation_id += "x" * (256 - len(operation_id))
+    ref = stale_settlement(cli_settler, operation_id)
+    env = cli_env(**{variable: "1"})
+    piped = settle("quarantine", "ls", "--redis-url", redis_url, "--namespace", namespace, env=env)
+    assert piped.returncode == 0, piped.stderr
+    lines = _strip_styles(piped.stdout).splitlines()
+    assert any(ref in line and operation_id in line for line in lines), piped.stdout
+    assert not any(line.startswith("id:") for line in lines), piped.stdout
+
+
+@WIDTHS
+def test_a_terminal_gets_the_terminal_layout_when_rich_is_told_otherwise(
+    entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """``TTY_COMPATIBLE=0`` or an empty ``FORCE_COLOR`` made rich call the terminal a pipe:
+    ``quarantine ls`` was printed as a table as wide as a pipe's, wider than the terminal,
+    which wrapped each row of it over the next lines."""
+    for variable, value in (("TTY_COMPATIBLE", "0"), ("FORCE_COLOR", "")):
+        out = in_terminal([*CLI, "quarantine", "ls"], {**env, variable: value}, columns)
+        assert_whole(out, columns, [v for e in entries for v in _entry_values(e)])
