@@ -450,13 +450,14 @@ def print_table(out: Console, table: Table) -> None:
     cell, the others at least as wide as their longest word (they wrap at spaces). When it
     does not (``quarantine ls`` in 80 columns), each row is printed as a block of
     ``field: value`` lines instead, a blank line after each, as ``psql``'s expanded mode
-    does. Piped output is a table always, as wide as it needs to be (200 columns at least),
-    so that a script that reads it sees the same layout whatever the terminal it ran in."""
+    does. Piped output is a table always, as wide as its widest row (200 columns at least),
+    so that a script that reads it sees one line per row, whatever the terminal it ran in."""
     grid = _Grid.of(table)
     narrowest, widest = grid.measure()
     chrome = _chrome(table)
     need = sum(narrowest) + chrome
-    width = out.width if _on_terminal(out.file) else max(out.width, need)
+    # piped: a row is one line, every cell whole, for the script that reads it (grep, awk)
+    width = out.width if _on_terminal(out.file) else max(out.width, sum(widest) + chrome)
     title = "" if table.title is None else _plain(table.title)
     words = table.title_words if isinstance(table, Listing) else None
     words = title.split(" ") if words is None else words

@@ -10,8 +10,10 @@ import re
 import sys
 import uuid
 from collections.abc import Iterable
+from datetime import UTC
 
 import pytest
+from rich.cells import cell_len
 
 from settle import Reserved, Settler
 from settle.models import OperationRecord, QuarantineEntry
@@ -24,7 +26,7 @@ CLI = [sys.executable, "-c", "from settle.cli import main; main()"]
 #: not be wrapped at its spaces.
 SPACED = "refund: invoice 2026-12-0077 of merchant m5, line 3"
 
-WIDTHS = pytest.mark.parametrize("columns", [80, 60])
+WIDTHS = pytest.mark.parametrize("columns", [80, 60, 40])
 
 
 def assert_whole(out: str, columns: int, values: Iterable[str]) -> None:
@@ -270,3 +272,70 @@ def test_a_terminal_gets_the_terminal_layout_when_rich_is_told_otherwise(
     for variable, value in (("TTY_COMPATIBLE", "0"), ("FORCE_COLOR", "")):
         out = in_terminal([*CLI, "quarantine", "ls"], {**env, variable: value}, columns)
         assert_whole(out, columns, [v for e in entries for v in _entry_values(e)])
+
+
+@WIDTHS
+def test_the_width_is_the_terminals_under_term_dumb_without_columns(
+    entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """Under ``TERM=dumb`` rich takes 80 columns whatever the terminal, when ``COLUMNS`` is
+    not set (a shell sets it, but does not export it): settle asks the terminal."""
+    out = in_terminal([*CLI, "quarantine", "ls"], env, columns, unset_columns=True)
+    assert_whole(out, columns, [v for e in entries for v in _entry_values(e)])
+    wide = in_terminal([*CLI, "quarantine", "ls"], env, 200, unset_columns=True)
+    assert "┃ id" in wide, wide  # a table, 200 columns wide
+
+
+def test_columns_is_the_width_when_set(entries: list[QuarantineEntry], env: dict[str, str]) -> None:
+    """``COLUMNS=60 settle ...`` lays the output out for 60 columns in a wider terminal (a
+    pane beside the one it runs in, a screenshot for a runbook), as rich does."""
+    out = in_terminal([*CLI, "quarantine", "ls"], env, 200, env_columns=60)
+    assert_whole(out, 60, [v for e in entries for v in _entry_values(e)])
+    assert "id:" in out, out
+
+
+def test_piped_output_is_one_line_per_entry_at_least_200_columns_wide(
+    entries: list[QuarantineEntry], redis_url: str, namespace: str
+) -> None:
+    """A script reading ``quarantine ls | ...`` gets one line per entry, every cell of it
+    whole (the time too, which wraps at its space in a narrower table), whatever the width
+    of the terminal it ran in: piped output is at least 200 columns wide."""
+    env = {k: v for k, v in cli_env().items() if k not in ("COLUMNS", "LINES")}
+    piped = settle("quarantine", "ls", "--redis-url", redis_url, "--namespace", namespace, env=env)
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.splitlines()
+    for e in entries:
+        cells = [*_entry_values(e), e.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]]
+        assert any(all(cell in line for cell in cells) for line in lines), piped.stdout
+
+
+def test_blocks_align_values_and_indent_a_value_too_wide_for_its_label(
+    entries: list[QuarantineEntry], cli_settler: Settler, env: dict[str, str]
+) -> None:
+    """The block layout docs/cli.md shows: values aligned two columns after the longest
+    label, a value too wide for the room beside its label on the next line indented two
+    columns, a blank line after each block."""
+    e = entries[0]
+    record = cli_settler.get(e.operation_id)
+    assert record is not None
+    out = in_terminal([*CLI, "inspect", e.operation_id], env, 80)
+    lines = out.splitlines()
+    assert f"generation:    {record.generation}" in lines, out  # "result sha256" + 2
+    fingerprint = f"{record.fingerprint} (v{record.fingerprint_version})"  # 69 > 80 - 15
+    assert lines[lines.index("fingerprint:") + 1] == f"  {fingerprint}", out
+    listed = in_terminal([*CLI, "quarantine", "ls"], env, 80)
+    assert listed.count("resolved:      no\n\nid:") == len(entries) - 1, listed
+
+
+@pytest.mark.parametrize("columns", [180, 200])
+def test_wide_characters_are_measured_as_the_terminal_shows_them(
+    cli_settler: Settler, env: dict[str, str], columns: int
+) -> None:
+    """An operation id in CJK takes two columns a character: measured by its length, the
+    table of ``quarantine ls`` seemed to fit 180 columns and the id was folded in it."""
+    operation_id = "返金:請求書-2026-12-0077-加盟店m5-明細3"
+    ref = stale_settlement(cli_settler, operation_id)
+    out = in_terminal([*CLI, "quarantine", "ls"], env, columns)
+    assert any(operation_id in line for line in out.splitlines()), out
+    assert any(ref in line for line in out.splitlines()), out
+    assert all(cell_len(line) <= columns for line in out.splitlines()), out
