@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import click
 from rich.cells import cell_len
@@ -34,6 +34,8 @@ from settle.models import AttemptObservation, OperationRecord, QuarantineEntry
 
 __all__ = [
     "Listing",
+    "Phrase",
+    "Whole",
     "add_row",
     "attempts_table",
     "console",
@@ -92,10 +94,41 @@ def literal(value: object, style: str = "") -> Text:
     return Text(visible(str(value)), style=style)
 
 
-def new_table(title: object = None, *, whole: Collection[str] = (), **options: Any) -> Listing:
-    """A table whose title is literal text (titles name operations, streams...), and whose
-    columns (or fields) named ``whole`` are never broken (:func:`print_table`)."""
-    return Listing(title=None if title is None else literal(title), whole=whole, **options)
+@dataclass(frozen=True)
+class Whole:
+    """A value a user copies (an operation id, a stream name) inside a title or a message:
+    a line never breaks it, not even at its spaces (:func:`print_table`, :func:`print_text`)."""
+
+    value: object
+
+
+#: A title or a message: text, which wraps at its spaces, and values kept :class:`Whole`.
+Phrase = str | Whole | tuple[str | Whole, ...]
+
+
+def _words(phrase: Phrase) -> list[str]:
+    """What a line break may not go through, made visible: each word of the text, and each
+    :class:`Whole` value with the text that touches it (``id:``)."""
+    words = [""]
+    for part in phrase if isinstance(phrase, tuple) else (phrase,):
+        if isinstance(part, Whole):
+            words[-1] += visible(str(part.value))
+        else:
+            first, *rest = visible(part).split(" ")
+            words[-1] += first
+            words.extend(rest)
+    return words
+
+
+def new_table(
+    title: Phrase | None = None, *, whole: Collection[str] = (), **options: Any
+) -> Listing:
+    """A table whose title is literal text (titles name operations, streams...: mark them
+    :class:`Whole`), and whose columns (or fields) named ``whole`` are never broken
+    (:func:`print_table`)."""
+    words = None if title is None else _words(title)
+    text = None if words is None else Text(" ".join(words))
+    return Listing(title=text, whole=whole, title_words=words, **options)
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -107,7 +140,7 @@ def console(*, stderr: bool = False) -> Console:
     On a terminal the width is ``COLUMNS`` when set (as rich reads it), else the
     terminal's; rich's own guess gave a ``TERM=dumb`` terminal 80 columns, however narrow."""
     stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
+    if _on_terminal(stream):
         size = _terminal_size(stream)
     else:
         columns = max(shutil.get_terminal_size((200, 24)).columns, 200)
@@ -121,6 +154,17 @@ def console(*, stderr: bool = False) -> Console:
         highlight=False,
         soft_wrap=False,
     )
+
+
+def _on_terminal(stream: IO[str]) -> bool:
+    """Whether output goes to a terminal, which decides both its width (:func:`console`) and
+    its layout (:func:`print_table`). Not rich's ``is_terminal``: ``FORCE_COLOR`` and
+    ``TTY_COMPATIBLE`` change that, and they ask for colours (which they get), not for a
+    terminal's layout in a pipe or a pipe's in a terminal."""
+    try:
+        return stream.isatty()
+    except ValueError:  # closed
+        return False
 
 
 def _terminal_size(stream: TextIO) -> os.terminal_size:
@@ -265,12 +309,20 @@ def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
 class Listing(Table):
     """A rich table that knows which of its values a user copies into the next command (ids,
     operation ids, generations, attempt ids, digests): ``whole`` names those columns by
-    header or, in a table of fields (no header: field names, then values), those fields.
+    header or, in a table of fields (no header: field names, then values), those fields;
+    ``title_words`` are the pieces its title wraps between (:func:`new_table`).
     Print it with :func:`print_table`."""
 
-    def __init__(self, *args: Any, whole: Collection[str] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        whole: Collection[str] = (),
+        title_words: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.whole = frozenset(whole)
+        self.title_words = None if title_words is None else list(title_words)
 
 
 def _plain(value: object) -> str:
@@ -279,7 +331,7 @@ def _plain(value: object) -> str:
 
 def _pieces(text: str, whole: bool) -> list[str]:
     """What a line break may not go through: a whole value, else each word."""
-    return [text] if whole else text.split(" ")
+    return _words(Whole(text) if whole else text)
 
 
 @dataclass(frozen=True)
@@ -341,12 +393,12 @@ def _spread(narrowest: list[int], widest: list[int], room: int) -> list[int]:
     return widths
 
 
-def _lines(label: str | None, value: str, whole: bool, indent: int, width: int) -> list[str]:
-    """``label: value`` as lines ``width`` wide, the value from column ``indent``, wrapped at
-    its spaces (a whole value: not at all). A word or whole value wider than the room beside
-    the label goes on a line of its own, indented two columns, or from the first column when
-    even that is too narrow: it is never broken. The terminal wraps a line wider than itself,
-    and copies it back as one line (docs/cli.md, "Narrow terminals").
+def _lines(label: str | None, pieces: list[str], indent: int, width: int) -> list[str]:
+    """``label: value`` as lines ``width`` wide, the value (its :func:`_pieces`) from column
+    ``indent``, wrapped between its pieces only (a whole value is one). A piece wider than
+    the room beside the label goes on a line of its own, indented two columns, or from the
+    first column when even that is too narrow: it is never broken. The terminal wraps a line
+    wider than itself, and copies it back as one line (docs/cli.md, "Narrow terminals").
 
     Without a label (a title), the text starts at column 0 and ``indent`` is 0."""
     room = max(width - indent, 1)
@@ -362,7 +414,7 @@ def _lines(label: str | None, value: str, whole: bool, indent: int, width: int) 
             out.append(" " * indent + current)
         current = None
 
-    for piece in _pieces(value, whole):
+    for piece in pieces:
         if cell_len(piece) > room:
             flush()
             out.append(("  " if indent and cell_len(piece) <= width - 2 else "") + piece)
@@ -378,13 +430,14 @@ def _lines(label: str | None, value: str, whole: bool, indent: int, width: int) 
     return out
 
 
-def print_text(out: Console, text: str) -> None:
-    """One message (stored values in it made visible), wrapped at its spaces only."""
-    _print_wrapped(out, visible(text), out.width)
+def print_text(out: Console, message: Phrase) -> None:
+    """One message (stored values in it made visible), wrapped at its spaces only, never in
+    a :class:`Whole` value."""
+    _print_wrapped(out, _words(message), out.width)
 
 
-def _print_wrapped(out: Console, text: str, width: int, style: str = "") -> None:
-    for line in _lines(None, text, False, 0, width):
+def _print_wrapped(out: Console, words: list[str], width: int, style: str = "") -> None:
+    for line in _lines(None, words, 0, width):
         out.print(Text(line, style=style), soft_wrap=True)
 
 
@@ -397,16 +450,19 @@ def print_table(out: Console, table: Table) -> None:
     cell, the others at least as wide as their longest word (they wrap at spaces). When it
     does not (``quarantine ls`` in 80 columns), each row is printed as a block of
     ``field: value`` lines instead, a blank line after each, as ``psql``'s expanded mode
-    does. Piped output is a table always, as wide as it needs to be (200 columns at least),
-    so that a script that reads it sees the same layout whatever the terminal it ran in."""
+    does. Piped output is a table always, as wide as its widest row (200 columns at least),
+    so that a script that reads it sees one line per row, whatever the terminal it ran in."""
     grid = _Grid.of(table)
     narrowest, widest = grid.measure()
     chrome = _chrome(table)
     need = sum(narrowest) + chrome
-    width = out.width if out.is_terminal else max(out.width, need)
+    # piped: a row is one line, every cell whole, for the script that reads it (grep, awk)
+    width = out.width if _on_terminal(out.file) else max(out.width, sum(widest) + chrome)
     title = "" if table.title is None else _plain(table.title)
+    words = table.title_words if isinstance(table, Listing) else None
+    words = title.split(" ") if words is None else words
     if need > width:
-        _print_blocks(out, grid, title, width)
+        _print_blocks(out, grid, words if title else [], width)
         return
     widths = _spread(narrowest, widest, width - chrome)
     for column, w in zip(table.columns, widths, strict=True):
@@ -414,7 +470,7 @@ def print_table(out: Console, table: Table) -> None:
         column.no_wrap, column.overflow = False, "fold"
     if cell_len(title) > sum(widths) + chrome:  # rich would fold it at the table's width
         table.title = None
-        _print_wrapped(out, title, width, "table.title")
+        _print_wrapped(out, words, width, "table.title")
     wide, out.width = out.width, width
     try:
         out.print(table)
@@ -422,7 +478,7 @@ def print_table(out: Console, table: Table) -> None:
         out.width = wide
 
 
-def _print_blocks(out: Console, grid: _Grid, title: str, width: int) -> None:
+def _print_blocks(out: Console, grid: _Grid, title: list[str], width: int) -> None:
     if title:
         _print_wrapped(out, title, width, "table.title")
     if grid.fields:
@@ -438,13 +494,13 @@ def _print_blocks(out: Console, grid: _Grid, title: str, width: int) -> None:
     indent = max((cell_len(label) for label in labels), default=0) + 2
     for block in blocks:
         for label, value, whole in block:
-            for line in _lines(label, value, whole, indent, width):
+            for line in _lines(label, _pieces(value, whole), indent, width):
                 out.print(Text(line), soft_wrap=True)
         out.print()
 
 
 def fields_table(
-    title: str, rows: Sequence[tuple[str, object]], whole: Collection[str] = ()
+    title: Phrase, rows: Sequence[tuple[str, object]], whole: Collection[str] = ()
 ) -> Listing:
     """Two columns, field and value, every cell literal; the fields named ``whole`` are
     never broken (:func:`print_table`)."""
@@ -465,7 +521,7 @@ def record_table(record: OperationRecord) -> Listing:
     state = record.state.value + (f" ({record.reason})" if record.reason else "")
     lease = _when(record.lease_expires_at) if record.lease_expires_at else "-"
     return fields_table(
-        f"operation {record.operation_id}",
+        ("operation ", Whole(record.operation_id)),
         [
             ("state", state),
             ("fingerprint", f"{record.fingerprint} (v{record.fingerprint_version})"),
@@ -503,7 +559,7 @@ def attempts_table(attempts: list[AttemptObservation]) -> Listing:
     return table
 
 
-def entries_table(entries: list[QuarantineEntry], title: str = "quarantine") -> Listing:
+def entries_table(entries: list[QuarantineEntry], title: Phrase = "quarantine") -> Listing:
     whole = ("id", "operation", "presented gen", "current")
     table = new_table(title, whole=whole, title_justify="left")
     for column in (
@@ -573,7 +629,7 @@ def entry_table(e: QuarantineEntry) -> Listing:
         "presented fingerprint",
         "current record",
     )
-    return fields_table(f"quarantine entry {e.ref}", rows, whole)
+    return fields_table(("quarantine entry ", Whole(e.ref)), rows, whole)
 
 
 def entry_line(e: QuarantineEntry) -> str:

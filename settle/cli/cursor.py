@@ -16,7 +16,7 @@ import click
 
 from settle._exit import EXIT_FAILED
 from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
-from settle.cli._render import add_row, console, new_table, print_table
+from settle.cli._render import Whole, add_row, console, new_table, print_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
 
@@ -110,7 +110,7 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
         click.echo(json.dumps(data))
         return
     whole = ("stream", "cursor_digest", "generation", "boundary", "promoted_witness")
-    table = new_table(f"checkpoint of {stream}", whole=whole, show_header=False)
+    table = new_table(("checkpoint of ", Whole(stream)), whole=whole, show_header=False)
     table.add_column("field")
     table.add_column("value")
     for key, value in data.items():
@@ -131,7 +131,7 @@ def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace:
         for w in found:
             click.echo(json.dumps(witness_json(w)))
         return
-    table = new_table(f"witnesses of {stream}", whole=("gen", "attempt", "successor"))
+    table = new_table(("witnesses of ", Whole(stream)), whole=("gen", "attempt", "successor"))
     for column in (
         "gen",
         "attempt",

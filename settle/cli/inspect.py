@@ -13,6 +13,7 @@ from settle.cli._context import (
     open_settler,
 )
 from settle.cli._render import (
+    Whole,
     attempts_table,
     console,
     entries_table,
@@ -60,11 +61,13 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
         return
     out = console()
     if record is None:
-        print_text(out, f"operation {operation_id}: no record (expired or never reserved)")
+        print_text(
+            out, ("no record of operation ", Whole(operation_id), " (expired or never reserved)")
+        )
     else:
         print_table(out, record_table(record))
     print_table(out, attempts_table(attempts))
     if entries:
-        print_table(out, entries_table(entries, f"quarantine entries of {operation_id}"))
+        print_table(out, entries_table(entries, ("quarantine entries of ", Whole(operation_id))))
     else:
-        print_text(out, f"no quarantine entries for {operation_id}")
+        print_text(out, ("no quarantine entries for ", Whole(operation_id)))

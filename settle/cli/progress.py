@@ -10,7 +10,7 @@ import click
 
 from settle._exit import EXIT_FAILED
 from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
-from settle.cli._render import Listing, console, fields_table, print_table
+from settle.cli._render import Listing, Whole, console, fields_table, print_table
 from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
 from settle.progress.models import Progress
@@ -49,7 +49,8 @@ def _table(p: Progress) -> Listing:
         ("version", str(p.version)),
     ]
     whole = ("incarnation", "floor", "version")
-    return fields_table(f"{p.consumer} @ {p.scope.stream}/{p.scope.group}", rows, whole)
+    title = (Whole(p.consumer), " @ ", Whole(f"{p.scope.stream}/{p.scope.group}"))
+    return fields_table(title, rows, whole)
 
 
 @click.group(name="progress")

@@ -28,19 +28,25 @@ def stale_settlement(settler: Settler, operation_id: str) -> str:
     return late.quarantine_id
 
 
-def in_terminal(args: list[str], env: dict[str, str], columns: int = 80) -> str:
+def in_terminal(
+    args: list[str],
+    env: dict[str, str],
+    columns: int = 80,
+    *,
+    env_columns: int | None = None,
+    unset_columns: bool = False,
+) -> str:
     """What ``args`` prints to a real terminal (a pseudo-terminal) ``columns`` wide, with
-    ``COLUMNS`` set as a shell sets it: rich lays its tables out for that width only on a
-    terminal (piped output is at least 200 wide)."""
+    ``COLUMNS`` set as a shell sets it (``env_columns`` when given, not set at all with
+    ``unset_columns``): rich lays its tables out for that width only on a terminal (piped
+    output is at least 200 wide)."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    proc = subprocess.Popen(
-        args,
-        stdin=follower,
-        stdout=follower,
-        stderr=follower,
-        env={**env, "COLUMNS": str(columns), "TERM": "dumb"},
-    )
+    env = {**env, "COLUMNS": str(env_columns or columns), "TERM": "dumb"}
+    if unset_columns:
+        del env["COLUMNS"]
+        env.pop("LINES", None)
+    proc = subprocess.Popen(args, stdin=follower, stdout=follower, stderr=follower, env=env)
     os.close(follower)
     out = b""
     while True:

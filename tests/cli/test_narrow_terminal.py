@@ -6,16 +6,19 @@ through a real Settler, read by the ``settle`` command in a real pseudo-terminal
 from __future__ import annotations
 
 import os
+import re
 import sys
 import uuid
 from collections.abc import Iterable
+from datetime import UTC
 
 import pytest
+from rich.cells import cell_len
 
 from settle import Reserved, Settler
 from settle.models import OperationRecord, QuarantineEntry
 from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
-from tests.cli.conftest import settle
+from tests.cli.conftest import cli_env, settle
 from tests.cli.helpers import in_terminal, stale_settlement
 
 CLI = [sys.executable, "-c", "from settle.cli import main; main()"]
@@ -23,7 +26,7 @@ CLI = [sys.executable, "-c", "from settle.cli import main; main()"]
 #: not be wrapped at its spaces.
 SPACED = "refund: invoice 2026-12-0077 of merchant m5, line 3"
 
-WIDTHS = pytest.mark.parametrize("columns", [80, 60])
+WIDTHS = pytest.mark.parametrize("columns", [80, 60, 40])
 
 
 def assert_whole(out: str, columns: int, values: Iterable[str]) -> None:
@@ -183,3 +186,156 @@ def test_an_operation_id_wider_than_the_terminal_is_written_whole(
     assert piped.returncode == 0, piped.stderr
     assert "…" not in piped.stdout, piped.stdout
     assert any(ref in line and operation_id in line for line in piped.stdout.splitlines())
+
+
+#: An operation id with spaces, wider than 80 columns beside ``operation``.
+LONG_SPACED = "refund: invoice 2026-12-0077 of merchant m5, lines 3 and 4 of 7 (EUR 1,250.00)"
+
+
+@WIDTHS
+def test_inspect_keeps_an_operation_id_with_spaces_whole_in_its_titles(
+    cli_settler: Settler, env: dict[str, str], columns: int
+) -> None:
+    """The record's operation id is printed in titles and messages only (``operation ...``,
+    ``no quarantine entries for ...``), which were wrapped at its spaces: half the id on
+    one line, half on the next. Now it is whole on a line, as every value a user copies."""
+    done = cli_settler.reserve(LONG_SPACED, {"amount": 1250}, principal="tenant:acme")
+    assert isinstance(done, Reserved)
+    cli_settler.complete(done.reservation, {"charge_id": "ch_1"})
+    record = cli_settler.get(LONG_SPACED)
+    assert record is not None
+    out = in_terminal([*CLI, "inspect", LONG_SPACED], env, columns)
+    assert_whole(out, columns, [LONG_SPACED, *_record_values(record)])
+    assert out.count(LONG_SPACED) == 2, out  # the record's title and the last message
+    # a response for an operation that has no record: a message and a quarantine entry
+    seed = cli_settler.reserve("charge:seed", {"amount": 1}, principal="tenant:acme")
+    assert isinstance(seed, Reserved)
+    stray = seed.reservation.model_copy(update={"operation_id": f"{LONG_SPACED} (stray)"})
+    late = cli_settler.complete(stray, {"charge_id": "ch_stray"})
+    assert late.quarantine_id is not None
+    out = in_terminal([*CLI, "inspect", stray.operation_id], env, columns)
+    assert_whole(out, columns, [stray.operation_id, late.quarantine_id])
+    assert out.count(stray.operation_id) == 3, out  # no record, the entries' title, the entry
+    assert "no record" in out, out
+
+
+@WIDTHS
+def test_progress_show_keeps_a_consumer_with_spaces_whole_in_its_title(
+    redis_url: str, env: dict[str, str], columns: int
+) -> None:
+    """The consumer is named in the title only (``<consumer> @ <stream>/<group>``), which was
+    wrapped at the name's spaces: ``progress show`` could not be given it back. A name wider
+    than the terminal is on a line of its own, for the terminal to wrap."""
+    consumer = "billing workers of merchant m5 in eu-west-1 and eu-central-1, refunds and payouts"
+    consumer += f" {uuid.uuid4().hex[:8]}"
+    scope = ProviderScope("orders", "billing", "orders@1")
+    store = ProgressStore.from_url(redis_url, consumer=consumer, namespace="progress")
+    try:
+        store.apply(scope, DeliveryId("1796479646423-1"), EmissionId("e1"), lambda ctx: None)
+    finally:
+        store.close()
+    out = in_terminal([*CLI, "progress", "show", consumer, "--namespace", "progress"], env, columns)
+    assert_whole(out, columns, [consumer, "1796479646423-1"])
+    assert "orders/billing" in out, out
+
+
+def _strip_styles(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+@pytest.mark.parametrize("variable", ["FORCE_COLOR", "TTY_COMPATIBLE"])
+def test_piped_output_is_a_table_when_colours_are_forced(
+    cli_settler: Settler, redis_url: str, namespace: str, variable: str
+) -> None:
+    """``FORCE_COLOR=1`` (set in many CI jobs for coloured logs) or ``TTY_COMPATIBLE=1``
+    made rich call a pipe a terminal, and the table of a 256-character operation id was
+    printed as blocks (no longer one row per entry) in a pipe, where docs/cli.md promises a
+    table always. Colours are what they ask for, and what they get."""
+    operation_id = "charge:" + "order-2026-12-0077/" * 13
+    operation_id += "x" * (256 - len(operation_id))
+    ref = stale_settlement(cli_settler, operation_id)
+    env = cli_env(**{variable: "1"})
+    piped = settle("quarantine", "ls", "--redis-url", redis_url, "--namespace", namespace, env=env)
+    assert piped.returncode == 0, piped.stderr
+    lines = _strip_styles(piped.stdout).splitlines()
+    assert any(ref in line and operation_id in line for line in lines), piped.stdout
+    assert not any(line.startswith("id:") for line in lines), piped.stdout
+
+
+@WIDTHS
+def test_a_terminal_gets_the_terminal_layout_when_rich_is_told_otherwise(
+    entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """``TTY_COMPATIBLE=0`` or an empty ``FORCE_COLOR`` made rich call the terminal a pipe:
+    ``quarantine ls`` was printed as a table as wide as a pipe's, wider than the terminal,
+    which wrapped each row of it over the next lines."""
+    for variable, value in (("TTY_COMPATIBLE", "0"), ("FORCE_COLOR", "")):
+        out = in_terminal([*CLI, "quarantine", "ls"], {**env, variable: value}, columns)
+        assert_whole(out, columns, [v for e in entries for v in _entry_values(e)])
+
+
+@WIDTHS
+def test_the_width_is_the_terminals_under_term_dumb_without_columns(
+    entries: list[QuarantineEntry], env: dict[str, str], columns: int
+) -> None:
+    """Under ``TERM=dumb`` rich takes 80 columns whatever the terminal, when ``COLUMNS`` is
+    not set (a shell sets it, but does not export it): settle asks the terminal."""
+    out = in_terminal([*CLI, "quarantine", "ls"], env, columns, unset_columns=True)
+    assert_whole(out, columns, [v for e in entries for v in _entry_values(e)])
+    wide = in_terminal([*CLI, "quarantine", "ls"], env, 200, unset_columns=True)
+    assert "┃ id" in wide, wide  # a table, 200 columns wide
+
+
+def test_columns_is_the_width_when_set(entries: list[QuarantineEntry], env: dict[str, str]) -> None:
+    """``COLUMNS=60 settle ...`` lays the output out for 60 columns in a wider terminal (a
+    pane beside the one it runs in, a screenshot for a runbook), as rich does."""
+    out = in_terminal([*CLI, "quarantine", "ls"], env, 200, env_columns=60)
+    assert_whole(out, 60, [v for e in entries for v in _entry_values(e)])
+    assert "id:" in out, out
+
+
+def test_piped_output_is_one_line_per_entry_at_least_200_columns_wide(
+    entries: list[QuarantineEntry], redis_url: str, namespace: str
+) -> None:
+    """A script reading ``quarantine ls | ...`` gets one line per entry, every cell of it
+    whole (the time too, which wraps at its space in a narrower table), whatever the width
+    of the terminal it ran in: piped output is at least 200 columns wide."""
+    env = {k: v for k, v in cli_env().items() if k not in ("COLUMNS", "LINES")}
+    piped = settle("quarantine", "ls", "--redis-url", redis_url, "--namespace", namespace, env=env)
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.splitlines()
+    for e in entries:
+        cells = [*_entry_values(e), e.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]]
+        assert any(all(cell in line for cell in cells) for line in lines), piped.stdout
+
+
+def test_blocks_align_values_and_indent_a_value_too_wide_for_its_label(
+    entries: list[QuarantineEntry], cli_settler: Settler, env: dict[str, str]
+) -> None:
+    """The block layout docs/cli.md shows: values aligned two columns after the longest
+    label, a value too wide for the room beside its label on the next line indented two
+    columns, a blank line after each block."""
+    e = entries[0]
+    record = cli_settler.get(e.operation_id)
+    assert record is not None
+    out = in_terminal([*CLI, "inspect", e.operation_id], env, 80)
+    lines = out.splitlines()
+    assert f"generation:    {record.generation}" in lines, out  # "result sha256" + 2
+    fingerprint = f"{record.fingerprint} (v{record.fingerprint_version})"  # 69 > 80 - 15
+    assert lines[lines.index("fingerprint:") + 1] == f"  {fingerprint}", out
+    listed = in_terminal([*CLI, "quarantine", "ls"], env, 80)
+    assert listed.count("resolved:      no\n\nid:") == len(entries) - 1, listed
+
+
+@pytest.mark.parametrize("columns", [180, 200])
+def test_wide_characters_are_measured_as_the_terminal_shows_them(
+    cli_settler: Settler, env: dict[str, str], columns: int
+) -> None:
+    """An operation id in CJK takes two columns a character: measured by its length, the
+    table of ``quarantine ls`` seemed to fit 180 columns and the id was folded in it."""
+    operation_id = "返金:請求書-2026-12-0077-加盟店m5-明細3"
+    ref = stale_settlement(cli_settler, operation_id)
+    out = in_terminal([*CLI, "quarantine", "ls"], env, columns)
+    assert any(operation_id in line for line in out.splitlines()), out
+    assert any(ref in line for line in out.splitlines()), out
+    assert all(cell_len(line) <= columns for line in out.splitlines()), out

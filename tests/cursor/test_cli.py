@@ -201,3 +201,24 @@ def test_a_long_stream_name_leaves_the_field_names_in_an_80_column_terminal(
     ], shown
     assert any(line.strip() == ck.cursor_digest for line in lines), shown
     assert f"generation:       {ck.generation}" in lines, shown
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_a_stream_name_with_spaces_is_whole_in_the_titles(
+    store: CursorStore, redis_url, namespace, columns
+):
+    """Stream names may hold spaces: ``checkpoint of <stream>`` and ``witnesses of
+    <stream>`` were wrapped at them, half the name on each line. The name is whole on a line
+    of its own now, in the title as in the ``stream`` field."""
+    stream = "orders of merchant m5 in eu-west-1: refunds, chargebacks and payouts"
+    ck = store.start(stream, b"first-cursor")
+    env = {**os.environ, "SETTLE_REDIS_URL": redis_url, "SETTLE_NAMESPACE": namespace}
+    cmd = [sys.executable, "-c", "from settle.cli import main; main()", "cursor"]
+    shown = in_terminal([*cmd, "show", stream], env, columns)
+    lines = [line.strip() for line in shown.splitlines()]
+    assert lines.count(stream) == 2, shown  # the title's and the stream field's
+    listed = in_terminal([*cmd, "witnesses", stream], env, columns)
+    assert stream in [line.strip() for line in listed.splitlines()], listed
+    for out in (shown, listed):
+        wider = (stream, ck.cursor_digest)  # a line of its own each, the terminal wraps it
+        assert all(len(line) <= columns or line in wider for line in out.splitlines()), out
