@@ -1,5 +1,6 @@
-"""Pydantic models a user builds (settings, a provider's contract) refuse bad values with
-settle's typed error, not pydantic's.
+"""What every part refuses in a user's input: control characters in names (:func:`has_control`),
+and, in pydantic models a user builds (settings, a provider's contract), bad values raised
+as settle's typed error, not pydantic's.
 
 A model that derives from :class:`InputModel` raises :class:`~settle.errors.InvalidInput`
 (a ``SettleError`` and a ``ValueError``, as pydantic's ``ValidationError`` is) naming each
@@ -9,13 +10,28 @@ bad field, from its constructor and from ``model_validate`` / ``model_validate_j
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, NoReturn, Self
 
 from pydantic import BaseModel, ValidationError
 
 from settle.errors import InvalidInput
 
-__all__ = ["InputModel"]
+__all__ = ["InputModel", "has_control"]
+
+#: Refused in every name and text settle stores and shows (operation ids, principals,
+#: reasons, notes; cursor streams and event ids; progress ids and consumer names): control
+#: characters (C0, C1, DEL), format characters (bidi overrides, zero-width joiners),
+#: surrogates, and the line and paragraph separators U+2028 / U+2029 (the other Unicode
+#: line breaks, CR, LF, VT, FF and NEL, are control characters already).
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a character that :data:`_REFUSED_CATEGORIES` refuses."""
+    if text.isascii():  # the common case, in C: printable ASCII has no control character
+        return not text.isprintable()
+    return any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in text)
 
 
 def _invalid(model: type[BaseModel], exc: ValidationError) -> InvalidInput:

@@ -7,29 +7,15 @@ tag ``{<namespace>:<shard>}``, so each script touches one slot and runs on Redis
 from __future__ import annotations
 
 import hashlib
-import unicodedata
 from dataclasses import dataclass
 
+from settle._input import has_control
 from settle.errors import InvalidInput
 
 __all__ = ["MAX_BINDING_CHARS", "MAX_OPERATION_ID_CHARS", "Keys", "has_control", "shard_of"]
 
 MAX_OPERATION_ID_CHARS = 256
 MAX_BINDING_CHARS = 1024
-
-
-#: Refused in operation ids, principals, reasons and notes: control characters (C0, C1,
-#: DEL), format characters (bidi overrides, zero-width joiners), surrogates, and the line
-#: and paragraph separators U+2028 / U+2029 (the other Unicode line breaks, CR, LF, VT,
-#: FF and NEL, are control characters already).
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def has_control(text: str) -> bool:
-    """Whether ``text`` holds a character that :data:`_REFUSED_CATEGORIES` refuses."""
-    if text.isascii():  # the common case, in C: printable ASCII has no control character
-        return not text.isprintable()
-    return any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in text)
 
 
 def check_operation_id(operation_id: object) -> str:

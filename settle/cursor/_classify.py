@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from settle.cursor._keys import has_control
+from settle._input import has_control
 from settle.cursor.errors import (
     CoverageNotProven,
     CursorDivergence,

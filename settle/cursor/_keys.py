@@ -7,18 +7,14 @@ touches one slot and runs unchanged on Redis Cluster.
 from __future__ import annotations
 
 import re
-import unicodedata
 
+from settle._input import has_control
 from settle.errors import InvalidInput
 
 __all__ = ["MAX_STREAM_CHARS", "check_namespace", "check_stream", "stream_keys"]
 
 MAX_STREAM_CHARS = 256
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-
-
-def has_control(text: str) -> bool:
-    return any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in text)
 
 
 def check_namespace(namespace: object) -> str:

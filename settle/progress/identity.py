@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from functools import total_ordering
 
+from settle._input import has_control
 from settle.progress.errors import InvalidDelivery
 
 __all__ = [
@@ -48,7 +48,7 @@ def check_name(value: object, what: str) -> str:
         raise InvalidDelivery(f"{what} must be a str, got {type(value).__name__}")
     if not 1 <= len(value) <= MAX_ID_CHARS:
         raise InvalidDelivery(f"{what} must be 1 to {MAX_ID_CHARS} characters, got {len(value)}")
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
+    if has_control(value):
         raise InvalidDelivery(f"{what} must not contain control characters")
     return value
 

@@ -46,6 +46,17 @@ def test_bad_stream_names_and_cursors_write_nothing(store, redis_client, namespa
     assert keys_of(redis_client, namespace) == []
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029"])
+def test_a_stream_name_with_a_line_separator_writes_nothing(
+    store, redis_client, namespace, separator
+) -> None:
+    """U+2028 / U+2029 break a line in a log viewer or a terminal as LF does: refused in a
+    stream name as in an operation id (one rule for every part)."""
+    with pytest.raises(InvalidInput, match="control characters"):
+        store.start(f"orders{separator}2", b"c")
+    assert keys_of(redis_client, namespace) == []
+
+
 def test_reading_a_stream_that_was_never_started(store) -> None:
     assert store.checkpoint("never") is None
     c = CursorConsumer(
@@ -72,6 +83,8 @@ def test_reading_a_stream_that_was_never_started(store) -> None:
         (Page([Event("a", 1, digest=5)], b"n"), {}),  # type: ignore[arg-type]
         (Page([], b"n", coverage=Coverage(0, 1)), {}),
         (Page([Event("a", 1)], b"n", snapshot="s\x1b[2J"), {}),  # stored, shown by the CLI
+        (Page([Event("a\u2028b", 1)], b"n"), {}),  # a line separator breaks a log line too
+        (Page([Event("a", 1)], b"n", snapshot="s\u2029"), {}),
         (
             Page([], b"n", coverage=Coverage(3, 1)),
             {"coverage_watermarks": True},

@@ -76,6 +76,21 @@ def test_delivery_ids_and_authorities_redis_would_refuse_are_refused_here():
             DeferDelivery(reason)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u202e"])
+def test_names_with_a_line_separator_or_a_bidi_override_are_refused(separator):
+    """U+2028 / U+2029 break a line in a log viewer or a terminal as LF does, and a bidi
+    override reorders what an operator reads: refused in every progress name, as in an
+    operation id (one rule for every part)."""
+    d = DeliveryId("1-1")
+    for make in (
+        lambda: EmissionId(f"e{separator}1"),
+        lambda: AttemptId(f"a{separator}1"),
+        lambda: SettlementAuthority(f"w{separator}", d, 1),
+    ):
+        with pytest.raises(InvalidDelivery, match="control characters"):
+            make()
+
+
 def test_a_worker_name_the_authority_refuses_is_refused_when_the_consumer_is_made(
     progress_server, names
 ):
