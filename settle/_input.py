@@ -10,10 +10,12 @@ bad field, from its constructor and from ``model_validate`` / ``model_validate_j
 
 from __future__ import annotations
 
+import types
+import typing
 import unicodedata
 from typing import Any, NoReturn, Self
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from settle.errors import InvalidInput
 
@@ -64,8 +66,29 @@ def _reraise(model: type[BaseModel], exc: ValidationError) -> NoReturn:
     raise _invalid(model, exc) from exc
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field of this annotation holds a bool (``bool``, ``bool | None``)."""
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_bool(arg) for arg in typing.get_args(annotation))
+    return False
+
+
 class InputModel(BaseModel):
-    """A model built from user input: a bad value is :class:`~settle.errors.InvalidInput`."""
+    """A model built from user input: a bad value is :class:`~settle.errors.InvalidInput`.
+
+    pydantic's lax mode reads ``"16"`` as 16 (settings from the environment are text), but
+    also ``True`` as 1: a bool is refused where the field is no bool (``shards=True`` was one
+    shard, ``lease=True`` a one-second lease)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name
+        if isinstance(value, bool) and name and not _takes_bool(cls.model_fields[name].annotation):
+            raise ValueError(f"must not be a bool (got {value})")
+        return value
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -112,6 +112,7 @@ async def _async_handle(event: Any, context: Any) -> None:
         ({"positions": 3}, "positions"),
         ({"empty_page": "maybe"}, "empty_page"),
         ({"rotation_allowd": True}, "rotation_allowd"),
+        ({"cursor_ttl": True}, "cursor_ttl"),  # was a one-second cursor lifetime
     ],
 )
 def test_a_contract_with_a_bad_value_is_invalid_input_naming_the_field(

@@ -44,6 +44,12 @@ from settle.testing import MemorySettler
         ("min_replicas", -1),
         ("replica_timeout", 0),
         ("no_such_field", 1),
+        # A bool is no number: read as 1 it made one shard, a one-second lease, a cap of 1.
+        ("shards", True),
+        ("lease", True),
+        ("retention", True),
+        ("quarantine_maxlen", True),
+        ("min_replicas", False),
     ],
 )
 def test_every_bad_config_field_is_a_settle_error(field: str, value: Any) -> None:
@@ -67,6 +73,11 @@ def test_config_across_fields_and_through_the_settlers(redis_url: str) -> None:
     with pytest.raises(InvalidInput, match="shards"):
         MemorySettler(shards=0)
     assert SettleConfig(namespace="ok.ns-1", shards=4).shards == 4
+    # Settings read from the environment are text: a number written out still counts.
+    assert SettleConfig(shards="4", lease="2.5").model_dump(include={"shards", "lease"}) == {
+        "shards": 4,
+        "lease": 2.5,
+    }
 
 
 NON_FINITE = [float("nan"), float("inf"), float("-inf")]
