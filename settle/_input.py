@@ -109,3 +109,10 @@ class InputModel(BaseModel):
             return super().model_validate_json(json_data, *args, **kwargs)
         except ValidationError as exc:
             _reraise(cls, exc)
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_strings(obj, *args, **kwargs)
+        except ValidationError as exc:
+            _reraise(cls, exc)
