@@ -34,6 +34,7 @@ CORE_RULES: list[tuple[str, str]] = [
     (r"\bAsyncOperation\b", "Operation"),
     (r"settle\.decorator\._async\b", "settle.decorator._sync"),
     (r"\basync def\b", "def"),
+    (r"\basync for\b", "for"),
     (r"\bawait ", ""),
     (r"__aenter__", "__enter__"),
     (r"\baclose\b", "close"),

@@ -10,7 +10,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
-from settle._core.engine import Core, QuarantineQuery
+from settle._core.engine import Core, QuarantineQuery, QuarantineScan
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._async import AsyncConnectable, AsyncRunner
@@ -358,6 +358,12 @@ class AsyncQuarantine:
         scan = self._settler._core.quarantine_scan(
             kind=kind, operation_id=operation_id, since=since, until=until, unresolved=unresolved
         )
+        async for entry in self._scanned(scan):
+            yield entry
+
+    async def _scanned(self, scan: QuarantineScan[E]) -> AsyncIterator[E]:
+        """Run a planned walk to its end, a page at a time (``scan``, and ``settle stats``,
+        which walks headers: ``quarantine_scan().headers()``, no payload read)."""
         while not scan.finished:
             calls = scan.calls()
             if calls:

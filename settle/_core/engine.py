@@ -676,8 +676,7 @@ class Core:
             low = "-".join(map(str, max(_id_bound(low, (-1, 0)), start)))
         return QuarantineQuery(
             self,
-            self._entries,
-            False,
+            _Reads(False, self._entries),
             self._shards_for(operation_id),
             _Filter.of(kind, operation_id, unresolved),
             low,
@@ -694,12 +693,14 @@ class Core:
         since: datetime | None = None,
         until: datetime | None = None,
         unresolved: bool = False,
-    ) -> QuarantineScan:
+    ) -> QuarantineScan[QuarantineEntry]:
         """Every matching entry, oldest first, read in pages: memory stays bounded by
-        :data:`SCAN_HELD` entries whatever the quarantine holds."""
+        :data:`SCAN_HELD` entries whatever the quarantine holds. :meth:`QuarantineScan.headers`
+        plans the same walk of headers."""
         low, high = _stream_range(since, until)
         return QuarantineScan(
             self,
+            _Reads(False, self._entries),
             self._shards_for(operation_id),
             _Filter.of(kind, operation_id, unresolved),
             low,
@@ -995,6 +996,15 @@ _T = TypeVar("_T")
 _E = TypeVar("_E", bound=_Listed)
 
 
+@dataclass(frozen=True, slots=True)
+class _Reads(Generic[_E]):
+    """What a listing or a walk reads of each match: whole entries, or headers (the
+    script's headers flag), and how a read's reply decodes into them."""
+
+    headers: bool
+    decode: Callable[[Call, codec.Reply], list[_E]]
+
+
 def _id_key(entry: _Listed) -> tuple[int, int, datetime, int]:
     """The order of a listing across shards: the stream id's millisecond and sequence, then
     the server time (µs) and the shard. A stream's ids grow with every entry, also when the
@@ -1029,8 +1039,7 @@ class QuarantineQuery(Generic[_E]):
     def __init__(
         self,
         core: Core,
-        decode: Callable[[Call, codec.Reply], list[_E]],
-        headers: bool,
+        reads: _Reads[_E],
         shards: list[int],
         flt: _Filter,
         low: str,
@@ -1039,8 +1048,7 @@ class QuarantineQuery(Generic[_E]):
         newest_first: bool,
     ) -> None:
         self._core = core
-        self._decode = decode
-        self._headers = headers
+        self._reads = reads
         self._filter = flt
         self._limit = limit
         self._newest = newest_first
@@ -1054,7 +1062,7 @@ class QuarantineQuery(Generic[_E]):
     def headers(self) -> QuarantineQuery[QuarantineHeader]:
         """The same listing, not read yet, of headers: the script leaves every field of a
         match out but its kind and time, and sends whether it is resolved."""
-        return QuarantineQuery(self._core, self._core._headers, True, *self._plan)
+        return QuarantineQuery(self._core, _Reads(True, self._core._headers), *self._plan)
 
     def calls(self) -> list[Call]:
         """A chunk of every shard still being read that holds nothing (none once the
@@ -1072,7 +1080,7 @@ class QuarantineQuery(Generic[_E]):
                 _QUARANTINE_SCAN_BUDGET,
                 self._filter,
                 self._newest,
-                self._headers,
+                self._reads.headers,
             )
             for s, (low, high) in self._bounds.items()
             if not self._held[s]
@@ -1082,7 +1090,7 @@ class QuarantineQuery(Generic[_E]):
         for call, raw in zip(calls, raws, strict=True):
             assert call.shard is not None
             reply = codec.parse_reply(raw)
-            self._held[call.shard].extend(self._decode(call, reply))
+            self._held[call.shard].extend(self._reads.decode(call, reply))
             low, high = self._bounds[call.shard]
             if reply.code == "done":
                 del self._bounds[call.shard]
@@ -1113,8 +1121,9 @@ class QuarantineQuery(Generic[_E]):
 SCAN_HELD = 512
 
 
-class QuarantineScan:
-    """Every matching entry of every shard, oldest first, in bounded memory.
+class QuarantineScan(Generic[_E]):
+    """Every matching entry of every shard, oldest first, in bounded memory: of entries, or
+    of headers (``headers``: the script sends each match's kind, time and status only).
 
     Drive it with ``while not s.finished: calls = s.calls(); if calls: s.feed(calls,
     run_many(calls)); yield from s.ready()``. Each shard is read a page at a time (at most
@@ -1122,14 +1131,24 @@ class QuarantineScan:
     still being read has a page that starts after it, so the merge is in order.
     """
 
-    def __init__(self, core: Core, shards: list[int], flt: _Filter, low: str, high: str) -> None:
+    def __init__(
+        self, core: Core, reads: _Reads[_E], shards: list[int], flt: _Filter, low: str, high: str
+    ) -> None:
         self._core = core
+        self._reads = reads
         self._filter = flt
+        self._plan = (shards, flt, low, high)
         self._high = high
         self._page = max(4, SCAN_HELD // max(1, len(shards)))
         self._low: dict[int, str] = dict.fromkeys(shards, low)
-        self._held: dict[int, list[QuarantineEntry]] = {s: [] for s in shards}
+        self._held: dict[int, list[_E]] = {s: [] for s in shards}
         self._open = set(shards)  # shards not read to the end yet
+
+    def headers(self) -> QuarantineScan[QuarantineHeader]:
+        """The same walk, not read yet, of headers: the script leaves every field of a
+        match out but its kind and time, and sends whether it is resolved (what a count
+        needs: ``settle stats`` reads these)."""
+        return QuarantineScan(self._core, _Reads(True, self._core._headers), *self._plan)
 
     @property
     def finished(self) -> bool:
@@ -1146,6 +1165,7 @@ class QuarantineScan:
                 _QUARANTINE_SCAN_BUDGET,
                 self._filter,
                 False,
+                self._reads.headers,
             )
             for s in sorted(self._open)
             if not self._held[s]
@@ -1155,15 +1175,15 @@ class QuarantineScan:
         for call, raw in zip(calls, raws, strict=True):
             assert call.shard is not None
             reply = codec.parse_reply(raw)
-            self._held[call.shard].extend(self._core._entries(call, reply))
+            self._held[call.shard].extend(self._reads.decode(call, reply))
             if reply.code == "done":
                 self._open.discard(call.shard)
             else:
                 self._low[call.shard] = f"({reply.detail}"
 
-    def ready(self) -> list[QuarantineEntry]:
+    def ready(self) -> list[_E]:
         """Entries that can be handed out in order now (the oldest first)."""
-        out: list[QuarantineEntry] = []
+        out: list[_E] = []
         while True:
             if any(not self._held[s] for s in self._open):
                 return out  # an open shard must be read before anything newer goes out

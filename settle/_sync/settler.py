@@ -11,7 +11,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from redis import Redis, RedisCluster
 
-from settle._core.engine import Core, QuarantineQuery
+from settle._core.engine import Core, QuarantineQuery, QuarantineScan
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
@@ -359,6 +359,12 @@ class Quarantine:
         scan = self._settler._core.quarantine_scan(
             kind=kind, operation_id=operation_id, since=since, until=until, unresolved=unresolved
         )
+        for entry in self._scanned(scan):
+            yield entry
+
+    def _scanned(self, scan: QuarantineScan[E]) -> Iterator[E]:
+        """Run a planned walk to its end, a page at a time (``scan``, and ``settle stats``,
+        which walks headers: ``quarantine_scan().headers()``, no payload read)."""
         while not scan.finished:
             calls = scan.calls()
             if calls:

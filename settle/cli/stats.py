@@ -95,12 +95,15 @@ def tally(states: Counter[str], records: list[OperationRecord | None]) -> None:
 
 
 def count_quarantine(settler: Settler) -> dict[str, dict[str, int]]:
-    """Every quarantine entry by kind and resolution, streamed (no cap, bounded memory)."""
+    """Every quarantine entry by kind and resolution, streamed (no cap, bounded memory) as
+    headers: Redis sends each entry's kind, time and status, never its payload (up to
+    ``quarantine_payload_bytes`` an entry), so the count costs a few dozen bytes an entry."""
     kinds: dict[str, dict[str, int]] = {
         k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind
     }
-    for e in settler.quarantine.scan():
-        kinds[e.kind.value]["resolved" if e.resolution else "unresolved"] += 1
+    walk = settler._core.quarantine_scan().headers()
+    for h in settler.quarantine._scanned(walk):
+        kinds[h.kind.value]["resolved" if h.resolved else "unresolved"] += 1
     return kinds
 
 

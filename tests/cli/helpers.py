@@ -1,8 +1,9 @@
 """Writing quarantine evidence with the Python API, for the CLI to read; running a command in
-a terminal of a given width."""
+a terminal of a given width; the bytes a redis-server sent while a command read it."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
@@ -11,8 +12,22 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
+
+import redis
 
 from settle import Reserved, Settler
+
+
+@contextlib.contextmanager
+def bytes_sent(redis_url: str) -> Iterator[list[int]]:
+    """The bytes the redis-server sent its clients while the block ran (only the test
+    talks to it meanwhile): what was read, payloads included. ``sent[0]`` after the block."""
+    with redis.Redis.from_url(redis_url) as raw:
+        before = int(raw.info("stats")["total_net_output_bytes"])
+        sent: list[int] = []
+        yield sent
+        sent.append(int(raw.info("stats")["total_net_output_bytes"]) - before)
 
 
 def stale_settlement(settler: Settler, operation_id: str) -> str:

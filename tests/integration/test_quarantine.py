@@ -57,6 +57,38 @@ async def test_list_filters_by_kind_operation_and_resolution(api: Any) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_walk_of_headers_is_the_scan_without_the_rest(
+    settler: Settler, async_settler: AsyncSettler
+) -> None:
+    # What `settle stats` counts from: the walk of scan(), each entry as its header.
+    refs = [settler.complete(_ghost(f"op-{n}"), {"n": n}).quarantine_id for n in range(9)]
+    assert len({shard_of(f"op-{n}", 4) for n in range(9)}) > 1
+    for ref in refs[::3]:
+        assert ref is not None
+        settler.quarantine.resolve(ref, note="seen")
+    await _stale(async_settler, "op-late", {"n": 9})
+    for filters in (
+        {},
+        {"unresolved": True},
+        {"kind": QuarantineKind.STALE_GENERATION},
+        {"operation_id": "op-4"},
+    ):
+        want = [
+            (e.ref, e.kind, e.at, e.resolution is not None)
+            for e in settler.quarantine.scan(**filters)  # type: ignore[arg-type]
+        ]
+        assert want
+        walk = settler._core.quarantine_scan(**filters).headers()  # type: ignore[arg-type]
+        got = [(h.ref, h.kind, h.at, h.resolved) for h in settler.quarantine._scanned(walk)]
+        assert got == want, filters
+        walk = async_settler._core.quarantine_scan(**filters).headers()  # type: ignore[arg-type]
+        got = [
+            (h.ref, h.kind, h.at, h.resolved) async for h in async_settler.quarantine._scanned(walk)
+        ]
+        assert got == want, filters
+
+
+@pytest.mark.asyncio
 async def test_list_filters_by_time(api: Any) -> None:
     await _stale(api, "op-a", {"n": 1})
     await asyncio.sleep(0.02)

@@ -4,7 +4,6 @@ quarantine page reads about as many entries as it shows, however many shards the
 
 from __future__ import annotations
 
-import contextlib
 import html as html_lib
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -14,11 +13,11 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 import pytest_asyncio
-import redis
 
 from settle import AsyncSettler, Reserved, Settler
 from settle.web import _query, create_app
 from settle.web._text import VIEW_LIMIT
+from tests.cli.helpers import bytes_sent
 from tests.web.conftest import client_for
 from tests.web.evidence import conflicting, ghost_of, listing_order
 
@@ -178,17 +177,6 @@ def ghost(settler: Settler, name: str) -> str:
     settled = settler.complete(late, b"x" * PAYLOAD)
     assert settled.quarantine_id is not None
     return settled.quarantine_id
-
-
-@contextlib.contextmanager
-def bytes_sent(redis_url: str) -> Iterator[list[int]]:
-    """The bytes the test's own redis-server sent its clients while the block ran (only
-    this test talks to it meanwhile): what the console read, payloads included."""
-    with redis.Redis.from_url(redis_url) as raw:
-        before = int(raw.info("stats")["total_net_output_bytes"])
-        sent: list[int] = []
-        yield sent
-        sent.append(int(raw.info("stats")["total_net_output_bytes"]) - before)
 
 
 def read_bound(entries: int) -> int:

@@ -254,6 +254,11 @@ def test_every_listing_is_the_reference(
             assert _refs(list(settler.quarantine.scan(**engine, unresolved=unresolved))) == _refs(
                 want
             )
+            # The walk `settle stats` counts from: the same entries, as headers.
+            walk = settler._core.quarantine_scan(**engine, unresolved=unresolved).headers()
+            assert [
+                (h.ref, h.kind, h.at, h.resolved) for h in settler.quarantine._scanned(walk)
+            ] == [(e.ref, e.kind, e.at, e.resolution is not None) for e in want]
     finally:
         settler.close()
     for newest in (True, False):
