@@ -23,7 +23,15 @@ import redis
 from redis.crc import key_slot
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, ConfigurationError, Reserved, Settler, State, Verdict
+from settle import (
+    AsyncSettler,
+    ConfigurationError,
+    DurabilityError,
+    Reserved,
+    Settler,
+    State,
+    Verdict,
+)
 from settle._core.keys import Keys
 from settle._core.layout import unpack
 from settle.config import MAX_SHARDS
@@ -148,14 +156,19 @@ async def test_a_durable_call_runs_on_the_importing_node_of_its_migrating_slot(
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize(("min_replicas", "refusal"), [(1, "TryAgainError"), (0, "ClusterError")])
 async def test_a_durable_settlement_waits_out_the_migration_of_its_slot(
-    replicated: LocalCluster, namespace: str, flavour: str
+    replicated: LocalCluster, namespace: str, flavour: str, min_replicas: int, refusal: str
 ) -> None:
     """The record's slot migrates, its keys on the importing node: the settlement follows
     ASK there, where Redis refuses it with TRYAGAIN (the script's keys that do not exist yet
     count as not moved); the migration ends before the repeat, which the old node answers
     with MOVED. Settled once, on the node that now serves the slot. Raised BackendError
-    before, at the first ASK, without a repeat."""
+    before, at the first ASK, without a repeat.
+
+    Without ``min_replicas`` the same: redis-py follows ASK and repeats TRYAGAIN itself, 16
+    times in about 0.1 s, then raises ClusterError ("TTL exhausted"), which settle repeats
+    like TRYAGAIN (nothing ran). It raised BackendError at once, unrepeated."""
     ns = _namespace(namespace)
     record_key = Keys(ns, SHARDS).record("op")
     slot = key_slot(record_key.encode())
@@ -171,17 +184,18 @@ async def test_a_durable_settlement_waits_out_the_migration_of_its_slot(
             replicated.migrated(slot, target)
         return event
 
-    async with _settler(replicated, flavour, ns, min_replicas=1) as s:
+    async with _settler(replicated, flavour, ns, min_replicas=min_replicas) as s:
         r = await s.reserve("op", REQ, principal=WHO)
         assert isinstance(r, Reserved)
         assert record_key in replicated.migrate(slot, source, target)
         with capture_logs(processors=[end_the_migration]) as logs:
             settled = await s.complete(r.reservation, RESULT)
         assert settled.verdict is Verdict.ACCEPTED
-        assert ended == ["TryAgainError"]
+        assert ended == [refusal]
         assert not [e for e in logs if e["event"] == "settle.backend.failed"]
     assert replicated.keys_in_slot(source, slot) == []
-    assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
+    if min_replicas:  # acknowledged by the replica when the call returned
+        assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
     async with _settler(replicated, flavour, ns) as later:
         record = await later.get("op")
         assert record is not None
@@ -255,3 +269,111 @@ async def test_a_new_namespace_starts_while_a_slot_of_its_unused_shards_migrates
             assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
     finally:
         replicated.migrated(slot, target)
+
+
+def _replica_gone(cluster: LocalCluster, primary: int) -> None:
+    """Wait until ``primary`` no longer lists its (stopped) replica."""
+    deadline = time.monotonic() + GOSSIP_BOUND
+    with cluster.client(primary) as c:
+        while c.info("replication")["connected_slaves"]:
+            assert time.monotonic() < deadline, "the primary still lists its replica"
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_durable_write_on_the_importing_node_waits_for_that_nodes_replica(
+    replicated: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """WAIT counts the replicas of the node that ran the write: after ASK, the importing
+    node's, not the migrating node's. With the importing node's replica stopped, the first
+    call (the namespace metadata's check, on the importing node after ASK) raises
+    DurabilityError, 0 of 1: the migrating node's replica, up all along, is not counted for
+    it. Once the replica is back, the settler carries on."""
+    ns = _namespace(namespace)
+    meta = Keys(ns, SHARDS).meta
+    slot = key_slot(meta.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    assert replicated.migrate(slot, source, target) == []
+    replica = replicated.nodes[replicated.replica_of(target)]
+    try:
+        replica.stop(kill=True)
+        try:
+            _replica_gone(replicated, target)
+            async with _settler(replicated, flavour, ns, min_replicas=1, replica_timeout=0.3) as s:
+                with pytest.raises(DurabilityError) as info:
+                    await s.reserve("op", REQ, principal=WHO)
+                assert (info.value.acknowledged, info.value.required) == (0, 1)
+            assert replicated.keys_in_slot(source, slot) == []
+        finally:
+            replica.start()  # same port and nodes.conf: it rejoins as the target's replica
+            replicated.wait_ok()
+        async with _settler(replicated, flavour, ns, min_replicas=1) as s:
+            assert isinstance(await s.reserve("op", REQ, principal=WHO), Reserved)
+    finally:
+        replicated.migrated(slot, target)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_new_namespace_counts_the_states_beyond_its_count_on_an_importing_node(
+    replicated: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """A namespace used with 16 shards lost its metadata and the states of shards 0-3; a
+    client configured with 4 finds the other states with EXISTS, one of them on the
+    importing node of its migrating slot (served after ASK), and refuses to create the
+    metadata, naming how many survive. Nothing is written."""
+    ns = _namespace(namespace)
+    sixteen = Keys(ns, 16)
+    async with _settler(replicated, "sync", ns, shards=16) as s:
+        assert isinstance(await s.reserve("op", REQ, principal=WHO), Reserved)
+    with redis.RedisCluster(host="127.0.0.1", port=replicated.nodes[0].port) as raw:
+        raw.delete(sixteen.meta, *(sixteen.generation(shard) for shard in range(SHARDS)))
+        beyond = [sixteen.generation(shard) for shard in range(SHARDS, 16)]
+        surviving = sum(raw.exists(key) for key in beyond)
+    assert surviving >= 2
+    slot = key_slot(beyond[0].encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    assert beyond[0] in replicated.migrate(slot, source, target)
+    try:
+        async with _settler(replicated, flavour, ns) as four:
+            with pytest.raises(ConfigurationError, match=f"and {surviving} shard state"):
+                await four.reserve("new", REQ, principal=WHO)
+    finally:
+        replicated.migrated(slot, target)
+    meta_slot = key_slot(sixteen.meta.encode())
+    assert [replicated.keys_in_slot(i, meta_slot) for i in range(2)] == [[], []]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_cluster_user_whose_acl_refuses_exists_still_starts_a_new_namespace(
+    replicated: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """The cluster's EXISTS per key, pipelined: a user whose ACL refuses EXISTS still starts
+    a new namespace, the check skipped with one warning (as on a single server)."""
+    user = f"noexists{flavour}"
+    for node in replicated.nodes:
+        with redis.Redis(port=node.port) as c:
+            c.acl_setuser(
+                user,
+                enabled=True,
+                passwords=["+pw"],
+                keys=["*"],
+                channels=["*"],
+                commands=["+@all", "-exists"],
+            )
+    url = f"redis://{user}:pw@127.0.0.1:{replicated.nodes[0].port}/0"
+    try:
+        with capture_logs() as logs:
+            if flavour == "sync":
+                with Settler.from_cluster(url, namespace=namespace, shards=SHARDS) as s:
+                    assert isinstance(s.reserve("op", REQ, principal=WHO), Reserved)
+            else:
+                async with AsyncSettler.from_cluster(url, namespace=namespace, shards=SHARDS) as a:
+                    assert isinstance(await a.reserve("op", REQ, principal=WHO), Reserved)
+        skipped = [e for e in logs if e["event"] == "settle.namespace.beyond_unchecked"]
+        assert [e["reason"] for e in skipped] == ["EXISTS refused by the ACL"]
+    finally:
+        for node in replicated.nodes:
+            with redis.Redis(port=node.port) as c:
+                c.acl_deluser(user)
