@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler
 from settle.asgi import IdempotencyMiddleware
@@ -146,8 +147,13 @@ def test_a_record_lost_before_a_lease_renewal_does_not_cancel_the_handler(
             app, settler=settler, principal=lambda scope: "tenant:a", lease=0.6
         )
         try:
-            status, headers, body = await _post(mw, b"k-lost-renewal")
+            with capture_logs() as logs:
+                status, headers, body = await _post(mw, b"k-lost-renewal")
             assert (runs, finished) == (1, 1)
+            # Told apart from a lost lease in the logs: the record was gone, nobody took over.
+            failed = [e for e in logs if e["event"] == "settle.http.renew_failed"]
+            assert "unknown_operation" in [e.get("reason") for e in failed]
+            assert "settle.http.lease_lost" not in [e["event"] for e in logs]
             assert (status, body) == (201, b'{"charged": 10}'), (status, headers, body)
             assert b"retry-after" not in headers
         finally:

@@ -262,3 +262,8 @@ async def test_renew_reports_lost_and_quarantines_nothing(api: Any, why: str) ->
     assert not renewal.renewed
     assert renewal.reason == why
     assert await api.quarantine.list() == []
+    # Only a lease that passed with the record still at this attempt's generation lapsed
+    # (nobody took the key over: settle's heartbeats let the attempt run on); an attempt
+    # of another generation, or a record taken over, settled or of another caller, is lost.
+    assert renewal.lapsed(r.generation) is (why == "lease_expired")
+    assert not renewal.lapsed(r.generation + 1)
