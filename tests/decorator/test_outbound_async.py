@@ -337,9 +337,11 @@ async def test_a_takeover_after_the_lease_lapsed_still_stops_the_attempt(
     completion quarantined. The caller gets ``StaleAttempt`` either way."""
     started, done = threading.Event(), threading.Event()
     seen: list[bool] = []
+    generations: list[int] = []
 
     @async_settler.operation(key="job:{n}", principal=PRINCIPAL, name="job", lease=0.3)
     async def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+        generations.append(attempt.generation)
         time.sleep(0.45)  # noqa: ASYNC251  # blocks the loop past the lease: no renewal
         await asyncio.sleep(0.3)  # the heartbeat finds the lease lapsed: it runs on
         seen.append(attempt.lost)
@@ -361,6 +363,12 @@ async def test_a_takeover_after_the_lease_lapsed_still_stops_the_attempt(
     assert "settle.operation.lease_lapsed" in events
     record = stale.record
     assert record is not None
+    if then == "works on":
+        # Stopped by the renewal that found the takeover: the record it read then is the
+        # newer attempt's, still pending or already completed (the other worker races it).
+        assert record.generation > generations[0]
+        record = await async_settler.get("job:1")  # the other worker has finished now
+        assert record is not None
     assert (record.state, record.value(str)) == (State.COMPLETED, "second")
     entries = await async_settler.quarantine.list(operation_id="job:1")
     if then == "works on":
