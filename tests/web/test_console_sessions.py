@@ -811,3 +811,59 @@ async def test_a_session_max_age_that_is_no_duration_is_refused_when_the_app_is_
     for authorize in (people, None):
         with pytest.raises(InvalidInput, match="session_max_age"):
             create_app(reader, authorize=authorize, session_max_age=max_age)  # type: ignore[arg-type]
+
+
+# -- review: a sign-out Redis could not check ---------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_stale_sign_out_form_while_redis_is_down_says_redis_cannot_be_reached(
+    doomed: EmbeddedRedis, doomed_reader: AsyncSettler
+) -> None:
+    """With Redis down, a sign-out form without the session's token answered 403 "The form
+    was stale; reload and retry.": reloading shows the user signed out (Redis cannot say)
+    and changes nothing. Whether the session is over cannot be told, so nothing is signed
+    out (fail closed), and the page says why: Redis, 503, the session still signed in."""
+    app = create_app(doomed_reader, authorize=people)
+    async with signed_in(app) as browser:
+        await _sign_out_form(browser)
+        doomed.stop(kill=True)
+        for stale in ({"csrf": "a-form-of-an-ended-session"}, {}):
+            refused = await browser.post("/signout", data=stale)
+            assert_error_page(refused, 503)
+            assert "Redis cannot be reached" in refused.text
+            assert "still signed in" in refused.text
+            assert _holds_a_session(browser)  # kept, to sign out when Redis is back
+
+
+@pytest.mark.asyncio
+async def test_a_session_redis_could_not_check_is_not_signed_out_without_its_token(
+    doomed: EmbeddedRedis, namespace: str
+) -> None:
+    """The sign-out of a session that is over needs no CSRF token; one Redis could not
+    check (here a user whose ACL refuses the check's script but allows DEL) is not known
+    to be over, so a form without its token deletes nothing: the session stays."""
+    with redis.Redis.from_url(doomed.url) as raw:
+        raw.acl_setuser(
+            "no-scripts",
+            enabled=True,
+            passwords=["+pw"],
+            keys=["*"],
+            commands=["+@all", "-evalsha", "-eval", "-script"],
+        )
+    url = doomed.url.replace("redis://", "redis://no-scripts:pw@", 1)
+    full = AsyncSettler.from_url(doomed.url, namespace=namespace, shards=4)
+    limited = AsyncSettler.from_url(url, namespace=namespace, shards=4)
+    secret = "one-key-for-both-processes"
+    try:
+        async with signed_in(create_app(full, authorize=people, secret_key=secret)) as browser:
+            crippled = create_app(limited, authorize=people, secret_key=secret)
+            async with copy_of(browser, crippled) as other:
+                refused = await other.post("/signout", data={"csrf": "not-the-session's"})
+                assert_error_page(refused, 503)
+                assert "still signed in" in refused.text
+            assert _session_keys(doomed.url, namespace)
+            assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+    finally:
+        await limited.aclose()
+        await full.aclose()
