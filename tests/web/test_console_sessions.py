@@ -639,17 +639,23 @@ async def test_a_form_larger_than_64_kib_is_refused_before_it_is_read_whole(
     assert writer.quarantine.get(ref).resolution is None
 
 
+def _user_without(url: str, *refused: str) -> str:
+    """The URL of a Redis user (made on ``url``'s server) allowed every command but
+    ``refused`` (ACL rules such as ``-scan``)."""
+    with redis.Redis.from_url(url) as raw:
+        raw.acl_setuser(
+            "console", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", *refused]
+        )
+    return url.replace("redis://", "redis://console:pw@", 1)
+
+
 @pytest.mark.asyncio
 async def test_with_scan_refused_the_overview_answers_503(
     doomed: EmbeddedRedis, namespace: str
 ) -> None:
     """A Redis error while walking the records (here an ACL user without SCAN, whose TIME
     and scripts work) is settle's BackendError and the error page with 503, not a 500."""
-    with redis.Redis.from_url(doomed.url) as raw:
-        raw.acl_setuser(
-            "console", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-scan"]
-        )
-    url = doomed.url.replace("redis://", "redis://console:pw@", 1)
+    url = _user_without(doomed.url, "-scan")
     with Settler.from_url(doomed.url, namespace=namespace, shards=4) as w:
         w.check()
         conflicting(w, "order-no-scan")
@@ -927,15 +933,7 @@ async def test_a_session_redis_could_not_check_is_not_signed_out_without_its_tok
     """The sign-out of a session that is over needs no CSRF token; one Redis could not
     check (here a user whose ACL refuses the check's script but allows DEL) is not known
     to be over, so a form without its token deletes nothing: the session stays."""
-    with redis.Redis.from_url(doomed.url) as raw:
-        raw.acl_setuser(
-            "no-scripts",
-            enabled=True,
-            passwords=["+pw"],
-            keys=["*"],
-            commands=["+@all", "-evalsha", "-eval", "-script"],
-        )
-    url = doomed.url.replace("redis://", "redis://no-scripts:pw@", 1)
+    url = _user_without(doomed.url, "-evalsha", "-eval", "-script")
     full = AsyncSettler.from_url(doomed.url, namespace=namespace, shards=4)
     limited = AsyncSettler.from_url(url, namespace=namespace, shards=4)
     secret = "one-key-for-both-processes"
