@@ -50,7 +50,6 @@ __all__ = [
     "principal_of",
     "sign_in",
     "signed_in",
-    "signed_out",
     "token_authorizer",
 ]
 
@@ -290,13 +289,6 @@ def signed_in(request: Request) -> str | None:
     if isinstance(found, SignIn) and found.failure is not None:
         raise found.failure
     return principal_of(request)
-
-
-def signed_out(request: Request) -> bool:
-    """Whether Redis said that the request's browser holds no live session (False when it
-    holds one, and when Redis could not say)."""
-    found = request.scope.get(_SIGN_IN, _SIGNED_OUT)
-    return isinstance(found, SignIn) and found.principal is None and found.failure is None
 
 
 def csrf_token(request: Request) -> str:

@@ -52,7 +52,6 @@ from settle.web._security import (
     principal_of,
     sign_in,
     signed_in,
-    signed_out,
 )
 from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
@@ -400,7 +399,13 @@ class _Console:
     async def sign_out(self, request: Request) -> Response:
         form = await _form(request)
         if not csrf_ok(request, form):
-            if not signed_out(request):  # a live session: only its own forms sign it out
+            try:
+                live = signed_in(request) is not None
+            except SettleError as exc:
+                # Redis could not say whether the session is over: a form without its
+                # token signs out nothing (fail closed), and the page says why, not "stale".
+                return self.not_signed_out(request, exc)
+            if live:  # a live session: only its own forms sign it out
                 return self.refuse(request, 403, "csrf", "The form was stale; reload and retry.")
             # Its session is over (signed out in another tab, ended, expired), and so was
             # the CSRF token the form carried: signing out of it changes nothing, so the
@@ -411,15 +416,18 @@ class _Console:
             try:
                 await self.sessions.end(sid)
             except SettleError as exc:
-                logger.warning("settle.web.sign_out_failed", error=type(exc).__name__)
-                message = (
-                    "Could not sign out: Redis cannot be reached, so the session is still "
-                    "signed in. Retry in a moment."
-                )
-                return self.render(request, "error.html", 503, status=503, message=message)
+                return self.not_signed_out(request, exc)
         request.session.clear()
         root = _root(request)
         return RedirectResponse(f"{root}/", status_code=303)
+
+    def not_signed_out(self, request: Request, exc: SettleError) -> HTMLResponse:
+        logger.warning("settle.web.sign_out_failed", error=type(exc).__name__)
+        message = (
+            "Could not sign out: Redis cannot be reached, so the session is still signed "
+            "in. Retry in a moment."
+        )
+        return self.render(request, "error.html", 503, status=503, message=message)
 
 
 async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filter, dict[str, str]]:

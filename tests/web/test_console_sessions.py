@@ -16,6 +16,7 @@ import itsdangerous
 import pytest
 import pytest_asyncio
 import redis
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
@@ -638,17 +639,23 @@ async def test_a_form_larger_than_64_kib_is_refused_before_it_is_read_whole(
     assert writer.quarantine.get(ref).resolution is None
 
 
+def _user_without(url: str, *refused: str) -> str:
+    """The URL of a Redis user (made on ``url``'s server) allowed every command but
+    ``refused`` (ACL rules such as ``-scan``)."""
+    with redis.Redis.from_url(url) as raw:
+        raw.acl_setuser(
+            "console", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", *refused]
+        )
+    return url.replace("redis://", "redis://console:pw@", 1)
+
+
 @pytest.mark.asyncio
 async def test_with_scan_refused_the_overview_answers_503(
     doomed: EmbeddedRedis, namespace: str
 ) -> None:
     """A Redis error while walking the records (here an ACL user without SCAN, whose TIME
     and scripts work) is settle's BackendError and the error page with 503, not a 500."""
-    with redis.Redis.from_url(doomed.url) as raw:
-        raw.acl_setuser(
-            "console", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-scan"]
-        )
-    url = doomed.url.replace("redis://", "redis://console:pw@", 1)
+    url = _user_without(doomed.url, "-scan")
     with Settler.from_url(doomed.url, namespace=namespace, shards=4) as w:
         w.check()
         conflicting(w, "order-no-scan")
@@ -811,3 +818,180 @@ async def test_a_session_max_age_that_is_no_duration_is_refused_when_the_app_is_
     for authorize in (people, None):
         with pytest.raises(InvalidInput, match="session_max_age"):
             create_app(reader, authorize=authorize, session_max_age=max_age)  # type: ignore[arg-type]
+
+
+# -- review: what the mutants of the epochs change showed untested -----------------------
+
+
+@pytest.mark.asyncio
+async def test_a_session_a_lost_epoch_ended_stays_over_after_its_principal_signs_in_again(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """alice's epoch is lost (a DEL, a failover, an eviction), which ends a copy of her
+    cookie; she signs in again, which makes her a new epoch. The copy must stay over: an
+    epoch made again equal to the lost one (not random) would bring it back."""
+    ref = stale_settlement(writer, "order-epoch-again")
+    ns = writer.config.namespace
+    async with signed_in(app) as browser:
+        page = (await browser.get(f"/entry/{ref}")).text
+        async with copy_of(browser, app) as thief:
+            _lose_what_ends_sessions(redis_url, ns)
+            async with signed_in(app) as again:
+                assert f"signed in as {PRINCIPAL}" in (await again.get("/")).text
+            assert "signed in as" not in (await thief.get("/")).text
+            replay = await resolve(thief, ref, "refunded twice", csrf_of(page))
+            assert replay.status_code == 403
+    assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_a_session_value_naming_another_principal_resolves_as_nobody(
+    writer: Settler, reader: AsyncSettler, app: object, redis_url: str
+) -> None:
+    """A session value that pairs bob with alice's digest and current epoch (bob's own
+    sessions were ended) does not resolve as bob; nor one whose empty epoch matches
+    alice's lost one, nor one with fields of the wrong type (no 500): the browser is
+    signed out."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    ns = writer.config.namespace
+    alice = _epoch_field(PRINCIPAL)
+    async with signed_in(app) as browser:
+        await end_sessions(reader, "bob@finance")
+        csrf = session_of(browser)["csrf"]
+        assert isinstance(csrf, str)
+        digest = hashlib.sha256(csrf.encode()).hexdigest()
+        key = _session_key(ns, browser)
+        with redis.Redis.from_url(redis_url) as raw:
+            epoch = raw.hget(_epochs_key(ns), alice)
+        assert epoch is not None
+        current = {"principal": PRINCIPAL, "pd": alice, "csrf": digest, "epoch": epoch.decode()}
+        crafted = [
+            ({**current, "principal": "bob@finance"}, False),
+            ({**current, "epoch": ""}, True),  # alice's epoch lost: both "" if compared
+            ({**current, "csrf": 7}, False),
+            ({**current, "principal": [PRINCIPAL]}, False),
+            ({**current, "epoch": 7}, False),
+        ]
+        [cookie] = [c for c in browser.cookies.jar if c.name.startswith("settle_")]
+        for value, lose_epoch in crafted:
+            with redis.Redis.from_url(redis_url) as raw:
+                raw.set(key, json.dumps(value), ex=600)
+                if lose_epoch:
+                    raw.hdel(_epochs_key(ns), alice)
+            browser.cookies.jar.set_cookie(cookie)  # the session's cookie, every time
+            page = await browser.get("/")
+            assert page.status_code == 200, (value, page.text[:300])
+            assert "signed in as" not in page.text, value
+            assert not _holds_a_session(browser), value
+
+
+@pytest.mark.asyncio
+async def test_every_epoch_that_is_not_32_lowercase_hex_digits_refuses_sign_in(
+    writer: Settler, app: object, redis_url: str
+) -> None:
+    """docs/console.md: an epoch settle did not write (too short, too long, upper case,
+    not hex, empty) starts no session: the sign-in answers 503 naming the key."""
+    ns = writer.config.namespace
+    for garbled in ("1", "0" * 31, "0" * 33, "A" * 32, "0" * 31 + "g", ""):
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.hset(_epochs_key(ns), _epoch_field(PRINCIPAL), garbled)
+        async with client_for(app) as browser:
+            form = (await browser.get("/signin")).text
+            data = {"token": TOKEN, "csrf": csrf_of(form)}
+            refused = await browser.post("/signin", data=data)
+            assert_error_page(refused, 503)
+            assert "console:epochs" in refused.text, garbled
+            assert "signed in as" not in (await browser.get("/")).text, garbled
+    assert _session_keys(redis_url, ns) == []
+
+
+@pytest.mark.asyncio
+async def test_a_stale_sign_out_form_while_redis_is_down_says_redis_cannot_be_reached(
+    doomed: EmbeddedRedis, doomed_reader: AsyncSettler
+) -> None:
+    """With Redis down, a sign-out form without the session's token answered 403 "The form
+    was stale; reload and retry.": reloading shows the user signed out (Redis cannot say)
+    and changes nothing. Whether the session is over cannot be told, so nothing is signed
+    out (fail closed), and the page says why: Redis, 503, the session still signed in."""
+    app = create_app(doomed_reader, authorize=people)
+    async with signed_in(app) as browser:
+        await _sign_out_form(browser)
+        doomed.stop(kill=True)
+        for stale in ({"csrf": "a-form-of-an-ended-session"}, {}):
+            refused = await browser.post("/signout", data=stale)
+            assert_error_page(refused, 503)
+            assert "Redis cannot be reached" in refused.text
+            assert "still signed in" in refused.text
+            assert _holds_a_session(browser)  # kept, to sign out when Redis is back
+
+
+@pytest.mark.asyncio
+async def test_a_session_redis_could_not_check_is_not_signed_out_without_its_token(
+    doomed: EmbeddedRedis, namespace: str
+) -> None:
+    """The sign-out of a session that is over needs no CSRF token; one Redis could not
+    check (here a user whose ACL refuses the check's script but allows DEL) is not known
+    to be over, so a form without its token deletes nothing: the session stays."""
+    url = _user_without(doomed.url, "-evalsha", "-eval", "-script")
+    full = AsyncSettler.from_url(doomed.url, namespace=namespace, shards=4)
+    limited = AsyncSettler.from_url(url, namespace=namespace, shards=4)
+    secret = "one-key-for-both-processes"
+    try:
+        async with signed_in(create_app(full, authorize=people, secret_key=secret)) as browser:
+            crippled = create_app(limited, authorize=people, secret_key=secret)
+            async with copy_of(browser, crippled) as other:
+                refused = await other.post("/signout", data={"csrf": "not-the-session's"})
+                assert_error_page(refused, 503)
+                assert "still signed in" in refused.text
+            assert _session_keys(doomed.url, namespace)
+            assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+    finally:
+        await limited.aclose()
+        await full.aclose()
+
+
+@pytest.mark.asyncio
+async def test_sessions_hold_after_script_flush_and_for_a_principal_of_any_text(
+    writer: Settler, reader: AsyncSettler, redis_url: str
+) -> None:
+    """The session scripts are loaded again when Redis forgot them (SCRIPT FLUSH, a restart,
+    a failover: NOSCRIPT); a principal with quotes, slashes, control characters and
+    non-ASCII text round-trips through the session's JSON, and end_sessions ends it."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    odd = 'ana/ops "lead" \\ ✓ \U0001f600\x00\x7f'
+    tokens = {TOKEN: odd}
+    app = create_app(reader, authorize=tokens.get)
+    async with signed_in(app) as browser:
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.script_flush()
+        page = await browser.get("/")
+        assert page.status_code == 200
+        assert "signed in as ana/ops &#34;lead&#34;" in page.text
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.script_flush()
+        async with signed_in(app) as other:  # a sign-in after the flush
+            assert "signed in as ana/ops" in (await other.get("/")).text
+            await end_sessions(reader, odd)
+            assert "signed in as" not in (await other.get("/")).text
+        assert "signed in as" not in (await browser.get("/")).text
+
+
+@pytest.mark.asyncio
+async def test_a_sign_out_of_a_session_that_is_over_is_logged_not_refused(
+    writer: Settler, reader: AsyncSettler, app: object
+) -> None:
+    """docs/console.md's logs: the sign-out of a session already over logs
+    settle.web.signed_out_already, not a refusal."""
+    from settle.web import end_sessions  # noqa: PLC0415
+
+    async with signed_in(app) as browser:
+        stale = await _sign_out_form(browser)
+        await end_sessions(reader, PRINCIPAL)
+        with capture_logs() as logs:
+            done = await browser.post("/signout", data={"csrf": stale})
+        assert done.status_code == 303
+        events = [e["event"] for e in logs]
+        assert "settle.web.signed_out_already" in events
+        assert "settle.web.refused" not in events
