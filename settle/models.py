@@ -140,6 +140,12 @@ def _adapter(type_: Any) -> TypeAdapter[Any]:
         return TypeAdapter(type_)
 
 
+def _validated(data: bytes, type_: Any) -> Any:
+    """A stored result (JSON) validated into ``type_``: what every replay hands back, and
+    what the decorator checks a first call's result by before returning it."""
+    return _adapter(type_).validate_json(data)
+
+
 class Reservation(BaseModel):
     """The immutable tuple one attempt owns: ``(operation_id, fingerprint, binding, generation)``.
 
@@ -195,7 +201,7 @@ class OperationRecord(BaseModel):
         """Decode the stored result (for ``completed``) into ``type_`` with pydantic."""
         if self.state is not State.COMPLETED or self.result is None:
             raise ValueError(f"operation {self.operation_id!r} is {self.state}, not completed")
-        return cast("T", _adapter(type_).validate_json(self.result))
+        return cast("T", _validated(self.result, type_))
 
     @property
     def failure(self) -> StoredFailure | None:

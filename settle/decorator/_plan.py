@@ -20,6 +20,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,15 +28,21 @@ from logging import INFO
 from typing import Any
 
 import tenacity
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from settle._core.codec import AsJson
+from settle._core.codec import AsJson, encode_result
 from settle._core.engine import MAX_LEASE
 from settle._log import enabled as log_enabled
 from settle._log import logger, operation_digest
 from settle.attempt import Attempt
 from settle.decorator._signature import CallIdentity
-from settle.errors import InvalidInput, OperationFailed, OperationInProgress, StaleAttempt
+from settle.errors import (
+    InvalidInput,
+    OperationFailed,
+    OperationInProgress,
+    SettleError,
+    StaleAttempt,
+)
 from settle.models import (
     Action,
     InProgress,
@@ -47,6 +54,7 @@ from settle.models import (
     Settlement,
     StoredFailure,
     Verdict,
+    _validated,
 )
 
 __all__ = [
@@ -258,6 +266,7 @@ class Plan:
         self._ran: Ran | None = None
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
+        self._mismatch: tuple[InvalidInput, ValidationError] | None = None
         self._fn_name = fn.__name__
         self._bound: Any = None
 
@@ -313,18 +322,12 @@ class Plan:
         if failure is not None:
             return Raise(_failed(record.operation_id, failure))
         result_type = self.policy.result_type()
-        if result_type is bytes and record.result is not None:
-            return Return(record.result)  # bytes are stored as they are, not as JSON
-        try:
+        if record.result is None:  # not for a completed record: value() says what it is
             return Return(record.value(result_type))
+        try:
+            return Return(_replayed(result_type, record.result))
         except ValidationError as exc:
-            error = InvalidInput(
-                f"the stored result of operation {record.operation_id!r} does not validate "
-                f"into {result_type!r} (did the return type change since it was stored?); "
-                f"pass the type it was stored as in result_type=: {exc}",
-                operation_id=record.operation_id,
-            )
-            return Raise(error, exc)
+            return Raise(_mismatch(record.operation_id, result_type, exc), exc)
 
     def _in_progress(self, outcome: InProgress) -> Step:
         now = self._clock()
@@ -363,20 +366,38 @@ class Plan:
                 "settle.operation.lease_lost", generation=r.generation, reason=ran.lost.reason
             )
         if error is None:
-            value = ran.value
-            # bytes (or a bytearray, a memoryview) are stored as they are only for a
-            # function declared -> bytes, the one type a replay hands them back as (bytes);
-            # any other type reads JSON back.
-            stored = value
-            if isinstance(value, _BYTES_LIKE) and self._declared() is not bytes:
-                stored = AsJson(bytes(value))
-            return Settle(Action.COMPLETE, r, result=value, stored=stored)
+            return self._complete(r, ran.value)
         if isinstance(error, self.policy.terminal):
             return Settle(Action.FAIL, r, error=error)
         if ran.lost is not None:
             # No result to report and another worker may own the operation: settle nothing.
             return Read(r.operation_id)
         return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
+
+    def _complete(self, r: Reservation, value: Any) -> Settle:
+        """Store ``value``, checked first as every replay will read it back (the first call
+        must not return what its replays refuse). A value that does not validate into the
+        declared type is stored all the same (the effect happened: a retry must not run the
+        function again); :meth:`settled` then raises what a replay raises."""
+        declared = self._declared()
+        # bytes (or a bytearray, a memoryview) are stored as they are only for a function
+        # declared -> bytes, the one type a replay hands them back as, unchecked (bytes);
+        # any other type reads JSON back.
+        if declared is bytes:
+            return Settle(Action.COMPLETE, r, result=value, stored=value)
+        stored = AsJson(bytes(value)) if isinstance(value, _BYTES_LIKE) else value
+        # An unresolved type (None) cannot be checked: the replay says what is wrong.
+        if declared is None or _replays_as_is(declared, value):
+            return Settle(Action.COMPLETE, r, result=value, stored=stored)
+        try:  # the JSON the settlement stores: encoded once, here, and stored as it is
+            data = encode_result(stored, sys.maxsize, r.operation_id)
+        except SettleError:  # no JSON form: the settlement refuses it, as it always did
+            return Settle(Action.COMPLETE, r, result=value, stored=stored)
+        try:
+            _replayed(declared, data)
+        except ValidationError as exc:
+            self._mismatch = (_mismatch(r.operation_id, declared, exc), exc)
+        return Settle(Action.COMPLETE, r, result=value, stored=data)
 
     # -- settle --------------------------------------------------------------------------
 
@@ -392,6 +413,15 @@ class Plan:
             self._stale = settlement
             return Read(step.reservation.operation_id)
         if step.action is Action.COMPLETE:
+            if self._mismatch is not None:
+                error, cause = self._mismatch
+                self.log.warning(
+                    "settle.operation.result_mismatch",
+                    generation=step.reservation.generation,
+                    result_type=repr(self.policy.result_type()),
+                    errors=cause.error_count(),
+                )
+                return Raise(error, cause)
             return Return(step.result)
         assert step.error is not None
         if step.action is Action.FAIL:
@@ -496,6 +526,47 @@ def _reason(ran: Ran) -> str:
     if not isinstance(error, Exception):
         return "cancelled"
     return f"error:{type(error).__name__}"[:256]
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _replays_as_is(declared: Any, value: Any) -> bool:
+    """Whether ``value`` certainly validates into ``declared``, so the check can be
+    skipped (the first call's hot path): ``Any``, an instance of the declared pydantic
+    model (validated when it was built), or a JSON scalar of exactly the declared type."""
+    if declared is Any:
+        return True
+    if type(value) is declared and declared in _SCALARS:
+        return True
+    return (
+        isinstance(declared, type)
+        and issubclass(declared, BaseModel)
+        and isinstance(value, declared)
+    )
+
+
+def _replayed(result_type: Any, data: bytes) -> Any:
+    """The one rule of what a call hands back from the stored ``data``: the bytes as they
+    are for a function declared ``-> bytes``, else the JSON validated into ``result_type``
+    (a :class:`ValidationError` when it does not). A replay returns it; the first call
+    checks its result by it, so that it never returns what its replays would refuse."""
+    if result_type is bytes:
+        return data  # bytes are stored as they are, not as JSON
+    return _validated(data, result_type)
+
+
+def _mismatch(operation_id: str, result_type: Any, exc: ValidationError) -> InvalidInput:
+    """What every call of an operation whose stored result does not validate raises."""
+    return InvalidInput(
+        f"the stored result of operation {operation_id!r} does not validate into "
+        f"{result_type!r}, the type its calls return: the function returned something "
+        "else, or its return type changed since it was stored. The result is stored and "
+        "the operation will not run again under this id; make the function return its "
+        "declared type, or pass the type it returns (was stored as) in result_type=: "
+        f"{exc}",
+        operation_id=operation_id,
+    )
 
 
 def _failed(operation_id: str, failure: StoredFailure) -> OperationFailed:

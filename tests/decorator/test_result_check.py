@@ -1,0 +1,225 @@
+"""A first call returns what every replay of it will (SPEC 6: a replay re-validates the
+stored result into the declared return type). A result that does not validate into that
+type used to reach its first caller and be stored, and every retry of it (a timeout, a
+duplicate delivery) then raised ``InvalidInput``: a fault no test calling once could see.
+Now the result is checked when the function returns, by the replay's own rule: it is
+stored all the same (the effect happened; a retry must not run the function again), the
+first call raises the replay's ``InvalidInput``, and a warning names the operation, never
+the value. Real Redis, sync and async shells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from structlog.testing import capture_logs
+
+from settle import AsyncSettler, OperationRecord, Settler, State
+from settle._log import operation_digest
+from settle.errors import InvalidInput
+from settle.testing import MemorySettler
+
+P = "tenant:acme"
+MISMATCH = "settle.operation.result_mismatch"
+
+
+class Charge(BaseModel):
+    id: str
+    amount: int
+
+
+class Gold(Charge):
+    tier: str = "gold"
+
+
+#: Results that do not validate into ``Charge``: a required field missing, a str for an int.
+WRONG: list[dict[str, Any]] = [{"id": "ch_secret_1"}, {"id": "ch_1", "amount": "secret-lots"}]
+
+
+def _check_refused(error: pytest.ExceptionInfo[InvalidInput], operation_id: str) -> None:
+    message = str(error.value)
+    assert error.value.operation_id == operation_id
+    assert "does not validate into" in message
+    assert "Charge" in message
+    assert "the result is stored" in message.lower()
+    assert "will not run again" in message
+    assert "result_type=" in message
+
+
+def _check_logged(
+    logs: list[dict[str, Any]], record: OperationRecord, wrong: dict[str, Any]
+) -> None:
+    (event,) = [e for e in logs if e["event"] == MISMATCH]
+    assert event["log_level"] == "warning"
+    operation_id = record.operation_id
+    assert event["operation_digest"] == operation_digest(operation_id)
+    assert event["generation"] == record.generation
+    assert event["function"] == "charge"
+    assert operation_id not in repr(event)
+    for value in wrong.values():
+        assert str(value) not in repr(event)  # never the result
+
+
+@pytest.mark.parametrize("wrong", WRONG)
+def test_a_result_that_its_replays_would_refuse_is_stored_and_refused_at_once(
+    settler: Settler, wrong: dict[str, Any]
+) -> None:
+    runs: list[str] = []
+
+    @settler.operation(key="charge:{order}", principal=P)
+    def charge(order: str) -> Charge:
+        runs.append(order)
+        return wrong  # type: ignore[return-value]  # the fault under test
+
+    with capture_logs() as logs, pytest.raises(InvalidInput) as first:
+        charge("o1")
+    _check_refused(first, "charge:o1")
+    record = settler.get("charge:o1")
+    assert record is not None
+    _check_logged(logs, record, wrong)
+    assert record.state is State.COMPLETED  # stored: a retry does not run it again
+    assert record.value(dict[str, Any]) == wrong
+    with capture_logs() as logs, pytest.raises(InvalidInput) as replay:
+        charge("o1")
+    assert str(replay.value) == str(first.value)  # the same error, every call
+    assert runs == ["o1"]
+    assert [e for e in logs if e["event"] == MISMATCH] == []  # told once, when stored
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("wrong", WRONG)
+async def test_async_a_result_that_its_replays_would_refuse_is_stored_and_refused_at_once(
+    async_settler: AsyncSettler, wrong: dict[str, Any]
+) -> None:
+    runs: list[str] = []
+
+    @async_settler.operation(key="charge:{order}", principal=P)
+    async def charge(order: str) -> Charge:
+        runs.append(order)
+        return wrong  # type: ignore[return-value]  # the fault under test
+
+    with capture_logs() as logs, pytest.raises(InvalidInput) as first:
+        await charge("o1")
+    _check_refused(first, "charge:o1")
+    record = await async_settler.get("charge:o1")
+    assert record is not None
+    _check_logged(logs, record, wrong)
+    assert record.state is State.COMPLETED
+    assert record.value(dict[str, Any]) == wrong
+    with pytest.raises(InvalidInput) as replay:
+        await charge("o1")
+    assert str(replay.value) == str(first.value)
+    assert runs == ["o1"]
+
+
+def test_the_memory_settler_refuses_it_at_once_too() -> None:
+    s = MemorySettler()
+    runs: list[str] = []
+
+    @s.operation(key=lambda order: order, principal="t")
+    def charge(order: str) -> Charge:
+        runs.append(order)
+        return {"id": "ch_1"}  # type: ignore[return-value]  # the fault under test
+
+    with pytest.raises(InvalidInput) as first:
+        charge("o1")
+    with pytest.raises(InvalidInput) as replay:
+        charge("o1")
+    assert str(replay.value) == str(first.value)
+    assert runs == ["o1"]
+
+
+def test_result_type_given_is_the_type_checked(settler: Settler) -> None:
+    @settler.operation(key="loose:{n}", principal=P, result_type=dict[str, Any])
+    def loose(n: int) -> Charge:
+        return {"id": "ch_1"}  # type: ignore[return-value]  # stored and replayed as a dict
+
+    @settler.operation(key="strict:{n}", principal=P, result_type=Charge)
+    def strict(n: int) -> dict[str, Any]:
+        return {"id": "ch_1"}
+
+    assert loose(1) == loose(1) == {"id": "ch_1"}
+    with pytest.raises(InvalidInput, match="Charge"):
+        strict(1)
+
+
+def test_results_that_validate_behave_as_before(settler: Settler) -> None:
+    """A model instance is returned as it is (the same object), a dict that validates
+    into the model as the dict (its replays give the model), primitives, None and bytes
+    as they are; each is stored once and replayed."""
+    runs: list[str] = []
+    model = Charge(id="ch_1", amount=5)
+    gold = Gold(id="ch_2", amount=7)
+
+    @settler.operation(key="model:{n}", principal=P)
+    def as_model(n: int) -> Charge:
+        runs.append("model")
+        return model if n == 1 else gold
+
+    @settler.operation(key="dict:{n}", principal=P)
+    def as_dict(n: int) -> Charge:
+        runs.append("dict")
+        return {"id": "ch_1", "amount": "5"}  # type: ignore[return-value]  # validates
+
+    @settler.operation(key="count:{n}", principal=P)
+    def count(n: int) -> int:
+        runs.append("count")
+        return n * 2
+
+    @settler.operation(key="ratio:{n}", principal=P)
+    def ratio(n: int) -> float:
+        runs.append("ratio")
+        return n  # an int validates into float
+
+    @settler.operation(key="nothing:{n}", principal=P)
+    def nothing(n: int) -> None:
+        runs.append("nothing")
+
+    @settler.operation(key="raw:{n}", principal=P)
+    def raw(n: int) -> bytes:
+        runs.append("raw")
+        return b"%PDF \x00\xff"
+
+    @settler.operation(key="items:{n}", principal=P)
+    def items(n: int) -> list[Charge]:
+        runs.append("items")
+        return [model, {"id": "ch_3", "amount": 1}]  # type: ignore[list-item]  # validates
+
+    assert as_model(1) is model
+    assert as_model(1) == model
+    assert as_model(2) is gold
+    assert as_model(2) == Charge(id="ch_2", amount=7)  # replayed as the declared model
+    assert as_dict(1) == {"id": "ch_1", "amount": "5"}  # the first call: as returned
+    assert as_dict(1) == Charge(id="ch_1", amount=5)
+    assert count(3) == count(3) == 6
+    assert ratio(3) == ratio(3) == 3
+    assert nothing(1) is None
+    assert nothing(1) is None
+    assert raw(1) == raw(1) == b"%PDF \x00\xff"
+    assert items(1)[1] == {"id": "ch_3", "amount": 1}
+    assert items(1) == [model, Charge(id="ch_3", amount=1)]
+    assert runs == ["model", "model", "dict", "count", "ratio", "nothing", "raw", "items"]
+
+
+@pytest.mark.asyncio
+async def test_async_results_that_validate_behave_as_before(async_settler: AsyncSettler) -> None:
+    model = Charge(id="ch_1", amount=5)
+
+    @async_settler.operation(key="model:{n}", principal=P)
+    async def as_model(n: int) -> Charge:
+        return model
+
+    @async_settler.operation(key="dict:{n}", principal=P)
+    async def as_dict(n: int) -> Charge:
+        return {"id": "ch_1", "amount": 5}  # type: ignore[return-value]  # validates
+
+    @async_settler.operation(key="text:{n}", principal=P)
+    async def text(n: int) -> str:
+        return f"t{n}"
+
+    assert await as_model(1) is model
+    assert await as_model(1) == model
+    assert await as_dict(1) == {"id": "ch_1", "amount": 5}
+    assert await as_dict(1) == model
+    assert await text(1) == await text(1) == "t1"
