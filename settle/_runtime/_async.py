@@ -238,6 +238,12 @@ class AsyncConnectable:
         the server's clock, its sessions)."""
         return await self._runner.command(what, send, key=key)
 
+    async def _companion(self, scripts: ScriptSet) -> AsyncRunner:
+        """A runner of another part's ``scripts`` on this facade's client and durability
+        (the console's sessions on its settler; :meth:`AsyncRunner.companion`)."""
+        runner: AsyncRunner = await self._runner.companion(scripts)
+        return runner
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -261,9 +267,17 @@ class AsyncRunner:
     """
 
     def __init__(
-        self, client: Redis | RedisCluster, scripts: ScriptSet, durability: Durability
+        self,
+        client: Redis | RedisCluster,
+        scripts: ScriptSet,
+        durability: Durability,
+        *,
+        _owner: AsyncRunner | None = None,
     ) -> None:
         self._set = scripts
+        #: The runner whose client this one runs on (:meth:`companion`): that one keeps
+        #: connections, holds the cluster nodes' clients and closes them all.
+        self._owner = _owner
         self._durability = durability
         #: When the server checks last passed (``time.monotonic()``); None: every check of
         #: :meth:`prepare` is due, before the first call and after evidence that the server
@@ -304,13 +318,13 @@ class AsyncRunner:
             if isinstance(client, RedisCluster)
             else lane(
                 client.connection_pool,
-                keep=client in _OWNED,
+                keep=client in _OWNED and self._owner is None,
                 dropped=self.dropped,
                 due=self._due,
                 check=self._check,
             )
         )
-        self._nodes: dict[str, Redis] = {}
+        self._nodes: dict[str, Redis] = {} if self._owner is None else self._owner._nodes
         #: A node's connection failed: re-read the cluster's topology before the next call,
         #: so a failover's promoted replica is found (the durable path keeps its own
         #: per-node clients, which redis-py's own refresh does not reach).
@@ -322,6 +336,18 @@ class AsyncRunner:
     @property
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)
+
+    async def companion(self, scripts: ScriptSet) -> AsyncRunner:
+        """A runner of another part's ``scripts`` on this runner's client, with its
+        durability (the console's sessions on its settler's): FCALL or EVALSHA, reloads,
+        retries, routing and ``WAIT`` as every settle call. This runner checks the server
+        first when nothing did yet (a cluster node's URL becomes the cluster client both run
+        on). The companion owns nothing: it keeps no connection of the pool between calls,
+        its cluster nodes' clients are this runner's, and closing it closes nothing (this
+        runner closes them all)."""
+        if self._checked_at is None:
+            await self.prepare()
+        return AsyncRunner(self.client, scripts, self._durability, _owner=self)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -1002,6 +1028,8 @@ class AsyncRunner:
     async def aclose(self) -> None:
         if self._lane is not None:
             await self._lane.aclose()
+        if self._owner is not None:
+            return  # the client and the nodes' clients are the owner's to close
         for node in [*self._nodes.values(), *self._retired]:
             await node.aclose()
         await self.client.aclose()

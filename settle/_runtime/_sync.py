@@ -234,6 +234,12 @@ class Connectable:
         the server's clock, its sessions)."""
         return self._runner.command(what, send, key=key)
 
+    def _companion(self, scripts: ScriptSet) -> Runner:
+        """A runner of another part's ``scripts`` on this facade's client and durability
+        (the console's sessions on its settler; :meth:`Runner.companion`)."""
+        runner: Runner = self._runner.companion(scripts)
+        return runner
+
     def __enter__(self) -> Self:
         return self
 
@@ -257,9 +263,17 @@ class Runner:
     """
 
     def __init__(
-        self, client: Redis | RedisCluster, scripts: ScriptSet, durability: Durability
+        self,
+        client: Redis | RedisCluster,
+        scripts: ScriptSet,
+        durability: Durability,
+        *,
+        _owner: Runner | None = None,
     ) -> None:
         self._set = scripts
+        #: The runner whose client this one runs on (:meth:`companion`): that one keeps
+        #: connections, holds the cluster nodes' clients and closes them all.
+        self._owner = _owner
         self._durability = durability
         #: When the server checks last passed (``time.monotonic()``); None: every check of
         #: :meth:`prepare` is due, before the first call and after evidence that the server
@@ -297,13 +311,13 @@ class Runner:
             if isinstance(client, RedisCluster)
             else lane(
                 client.connection_pool,
-                keep=client in _OWNED,
+                keep=client in _OWNED and self._owner is None,
                 dropped=self.dropped,
                 due=self._due,
                 check=self._check,
             )
         )
-        self._nodes: dict[str, Redis] = {}
+        self._nodes: dict[str, Redis] = {} if self._owner is None else self._owner._nodes
         #: A node's connection failed: re-read the cluster's topology before the next call,
         #: so a failover's promoted replica is found (the durable path keeps its own
         #: per-node clients, which redis-py's own refresh does not reach).
@@ -315,6 +329,18 @@ class Runner:
     @property
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)
+
+    def companion(self, scripts: ScriptSet) -> Runner:
+        """A runner of another part's ``scripts`` on this runner's client, with its
+        durability (the console's sessions on its settler's): FCALL or EVALSHA, reloads,
+        retries, routing and ``WAIT`` as every settle call. This runner checks the server
+        first when nothing did yet (a cluster node's URL becomes the cluster client both run
+        on). The companion owns nothing: it keeps no connection of the pool between calls,
+        its cluster nodes' clients are this runner's, and closing it closes nothing (this
+        runner closes them all)."""
+        if self._checked_at is None:
+            self.prepare()
+        return Runner(self.client, scripts, self._durability, _owner=self)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -995,6 +1021,8 @@ class Runner:
     def close(self) -> None:
         if self._lane is not None:
             self._lane.close()
+        if self._owner is not None:
+            return  # the client and the nodes' clients are the owner's to close
         for node in [*self._nodes.values(), *self._retired]:
             node.close()
         self.client.close()
