@@ -26,7 +26,6 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib.resources import files
 from typing import Any
 
 from starlette.requests import Request
@@ -35,7 +34,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from settle._async.settler import AsyncSettler
 from settle._core.keys import Keys
 from settle._log import binding_digest, logger
+from settle._runtime import Call
+from settle._runtime._async import AsyncRunner
 from settle.errors import ConfigurationError, InvalidInput, SettleError
+from settle.web._scripts import SCRIPTS
 
 __all__ = [
     "CSP",
@@ -122,15 +124,6 @@ def _keys(settler: AsyncSettler) -> Keys:
     return Keys(settler.config.namespace, settler.config.shards)
 
 
-def _script(name: str) -> str:
-    return (files("settle.web") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-
-
-#: The scripts of the sessions (settle/web/lua/*.lua; KEYS, ARGV and replies in each header).
-_CHECK = _script("session_check")
-_START = _script("session_start")
-
-
 def _new_epoch() -> str:
     """A principal's epoch: random, so that one made after the last was lost (a DEL, a
     failover, an eviction) never equals one an ended session holds."""
@@ -180,18 +173,32 @@ class Sessions:
     def __init__(self, settler: AsyncSettler, max_age: int) -> None:
         self.settler = settler
         self.max_age = max_age
+        #: Runs the session scripts on the settler's client (made at the first call).
+        self._runner: AsyncRunner | None = None
 
     def _key(self, sid: str) -> str:
         return _keys(self.settler).console_session(_digest(sid))
+
+    async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
+        """Run one session script through the runtime, as settle runs its own: FCALL or
+        EVALSHA, reloaded when the server lost it, ``WAIT`` after a sign-in with
+        ``min_replicas``."""
+        if self._runner is None:
+            self._runner = await self.settler._companion(SCRIPTS)
+        return await self._runner.run(Call(script, tuple(keys), tuple(args)))
 
     async def start(self, principal: str, csrf: str) -> str:
         """A new session of ``principal`` whose forms carry ``csrf``; its id."""
         sid = secrets.token_urlsafe(32)
         keys = [self._key(sid), _keys(self.settler).console_epochs]
-        args = [principal, _digest(principal), _digest(csrf), _new_epoch(), self.max_age]
-        reply = await self.settler._command(
-            "EVALSHA", lambda c: c.register_script(_START)(keys, args), key=keys[0]
-        )
+        args: list[str | int] = [
+            principal,
+            _digest(principal),
+            _digest(csrf),
+            _new_epoch(),
+            self.max_age,
+        ]
+        reply = await self._run("session_start", keys, args)
         if _text(reply[0]) != "started":
             raise ConfigurationError(
                 f"the console's epoch of this principal (field {args[1]} of {keys[1]!r}) is "
@@ -205,9 +212,7 @@ class Sessions:
         """Whom session ``sid`` (with the cookie's ``csrf``) resolves as; None when it
         was signed out, ended, expired, or never started here. One round trip."""
         keys = [self._key(sid), _keys(self.settler).console_epochs]
-        reply = await self.settler._command(
-            "EVALSHA", lambda c: c.register_script(_CHECK)(keys, []), key=keys[0]
-        )
+        reply = await self._run("session_check", keys, [])
         if len(reply) != 2:
             return None  # no session, or not one the console writes
         try:

