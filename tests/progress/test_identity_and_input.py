@@ -76,11 +76,12 @@ def test_delivery_ids_and_authorities_redis_would_refuse_are_refused_here():
             DeferDelivery(reason)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u202e"])
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u202e", "\x85", "\ud800"])
 def test_names_with_a_line_separator_or_a_bidi_override_are_refused(separator):
-    """U+2028 / U+2029 break a line in a log viewer or a terminal as LF does, and a bidi
-    override reorders what an operator reads: refused in every progress name, as in an
-    operation id (one rule for every part)."""
+    """U+2028 / U+2029 break a line in a log viewer or a terminal as LF does (and NEL,
+    U+0085, a control character beyond ASCII), and a bidi override reorders what an operator
+    reads; a lone surrogate cannot be encoded to be stored: refused in every progress name,
+    as in an operation id (one rule for every part)."""
     d = DeliveryId("1-1")
     for make in (
         lambda: EmissionId(f"e{separator}1"),
@@ -371,3 +372,13 @@ def test_a_delivery_id_handed_out_again_for_another_emission_is_not_covered(prog
     assert late.status is ApplyStatus.APPLIED
     assert ran == ["A", "B", "E"]
     store.close()
+
+
+def test_names_in_any_script_with_emoji_and_spaces_are_accepted():
+    """The rule refuses control and format characters only: letters of any script, emoji,
+    a no-break space are names as any other."""
+    d = DeliveryId("1-1")
+    for name in ("注文 東京", "café\u00a0crème", "🎉 order", "Ω-7"):
+        assert EmissionId(name).value == name
+        assert AttemptId(name).value == name
+        assert SettlementAuthority(name, d, 1).worker == name
