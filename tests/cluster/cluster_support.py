@@ -18,6 +18,7 @@ import redis
 from redis.crc import key_slot
 
 from settle.embedded import EmbeddedRedis, free_port
+from settle.errors import ConfigurationError
 
 SLOTS = 16384
 BUS_OFFSET = 10000  # a node also listens on port + 10000 for the cluster bus
@@ -69,22 +70,35 @@ class LocalCluster:
     def replica_of(self, primary: int, j: int = 0) -> int:
         return self.primaries + primary * self.replicas + j
 
+    def _start_node(self) -> EmbeddedRedis:
+        """A cluster node on a free port pair (port, port + 10000). Another process (a
+        parallel test worker) can take either between cluster_port() and the node's bind:
+        the node then refuses to start, and another pair is chosen."""
+        for tries_left in range(3, -1, -1):
+            node = EmbeddedRedis(
+                port=cluster_port(),
+                extra_args=[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    *self.extra_args,
+                ],
+            )
+            try:
+                return node.start()
+            except ConfigurationError:
+                node.close()
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")
+
     def start(self, timeout: float = 20.0) -> LocalCluster:
         try:
             for _ in range(self.primaries * (1 + self.replicas)):
-                node = EmbeddedRedis(
-                    port=cluster_port(),
-                    extra_args=[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                        *self.extra_args,
-                    ],
-                )
-                self.nodes.append(node.start())
+                self.nodes.append(self._start_node())
             per = SLOTS // self.primaries
             for i in range(self.primaries):
                 low = i * per
