@@ -275,3 +275,22 @@ def test_an_instance_of_the_declared_model_its_replays_refuse_is_refused_at_once
             call(1)
         assert str(replay.value) == str(first.value)
     assert runs == ["closed", "hidden", "built"]
+
+
+def test_a_return_type_that_cannot_be_resolved_is_not_checked_at_the_first_call(
+    settler: Settler,
+) -> None:
+    """An annotation naming a class that does not exist cannot be checked: the function
+    ran, so its result is stored and returned, and the replay says what is wrong with the
+    type (not that the result fails to validate into some other type)."""
+
+    @settler.operation(key="unresolved:{n}", principal=P)
+    def unresolved(n: int) -> NoSuchCharge:  # type: ignore[name-defined]  # noqa: F821
+        return {"id": "ch_1"}
+
+    assert unresolved(1) == {"id": "ch_1"}
+    record = settler.get("unresolved:1")
+    assert record is not None
+    assert record.state is State.COMPLETED
+    with pytest.raises(InvalidInput, match="cannot resolve the return annotation"):
+        unresolved(1)
