@@ -28,7 +28,7 @@ from logging import INFO
 from typing import Any
 
 import tenacity
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from settle._core.codec import AsJson, encode_result
 from settle._core.engine import MAX_LEASE
@@ -533,17 +533,12 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 def _replays_as_is(declared: Any, value: Any) -> bool:
     """Whether ``value`` certainly validates into ``declared``, so the check can be
-    skipped (the first call's hot path): ``Any``, an instance of the declared pydantic
-    model (validated when it was built), or a JSON scalar of exactly the declared type."""
-    if declared is Any:
-        return True
-    if type(value) is declared and declared in _SCALARS:
-        return True
-    return (
-        isinstance(declared, type)
-        and issubclass(declared, BaseModel)
-        and isinstance(value, declared)
-    )
+    skipped (the first call's hot path): ``Any``, or a JSON scalar of exactly the declared
+    type. An instance of the declared pydantic model is checked all the same: its JSON need
+    not validate back (a subclass's extra field where extras are forbidden, a required
+    field with ``exclude=True``, an instance from ``model_construct`` or assigned a bad
+    value after it was built)."""
+    return declared is Any or (type(value) is declared and declared in _SCALARS)
 
 
 def _replayed(result_type: Any, data: bytes) -> Any:

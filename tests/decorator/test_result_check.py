@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, OperationRecord, Settler, State
@@ -223,3 +223,74 @@ async def test_async_results_that_validate_behave_as_before(async_settler: Async
     assert await as_dict(1) == {"id": "ch_1", "amount": 5}
     assert await as_dict(1) == model
     assert await text(1) == await text(1) == "t1"
+
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+
+
+class ClosedPlus(Closed):
+    note: str = "extra"
+
+
+class Hidden(BaseModel):
+    id: str
+    secret: str = Field(exclude=True)  # never serialized: the stored JSON lacks it
+
+
+def test_an_instance_of_the_declared_model_its_replays_refuse_is_refused_at_once(
+    settler: Settler,
+) -> None:
+    """An instance of the declared model is no proof its replays validate: a subclass's
+    extra field into a model that forbids extras, a required field left out of the JSON
+    (``exclude=True``), an instance built with ``model_construct`` (never validated).
+    Each is stored, and its first call raises what its replays raise."""
+    runs: list[str] = []
+
+    @settler.operation(key="closed:{n}", principal=P)
+    def closed(n: int) -> Closed:
+        runs.append("closed")
+        return ClosedPlus(id="ch_1")
+
+    @settler.operation(key="hidden:{n}", principal=P)
+    def hidden(n: int) -> Hidden:
+        runs.append("hidden")
+        return Hidden(id="ch_1", secret="s")
+
+    @settler.operation(key="built:{n}", principal=P)
+    def built(n: int) -> Charge:
+        runs.append("built")
+        return Charge.model_construct(id="ch_1")
+
+    for call, operation_id in ((closed, "closed:1"), (hidden, "hidden:1"), (built, "built:1")):
+        with capture_logs() as logs, pytest.raises(InvalidInput) as first:
+            call(1)
+        assert first.value.operation_id == operation_id
+        assert [e["event"] for e in logs if e["event"] == MISMATCH] == [MISMATCH]
+        record = settler.get(operation_id)
+        assert record is not None
+        assert record.state is State.COMPLETED
+        with pytest.raises(InvalidInput) as replay:
+            call(1)
+        assert str(replay.value) == str(first.value)
+    assert runs == ["closed", "hidden", "built"]
+
+
+def test_a_return_type_that_cannot_be_resolved_is_not_checked_at_the_first_call(
+    settler: Settler,
+) -> None:
+    """An annotation naming a class that does not exist cannot be checked: the function
+    ran, so its result is stored and returned, and the replay says what is wrong with the
+    type (not that the result fails to validate into some other type)."""
+
+    @settler.operation(key="unresolved:{n}", principal=P)
+    def unresolved(n: int) -> NoSuchCharge:  # type: ignore[name-defined]  # noqa: F821
+        return {"id": "ch_1"}
+
+    assert unresolved(1) == {"id": "ch_1"}
+    record = settler.get("unresolved:1")
+    assert record is not None
+    assert record.state is State.COMPLETED
+    with pytest.raises(InvalidInput, match="cannot resolve the return annotation"):
+        unresolved(1)
