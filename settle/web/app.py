@@ -36,6 +36,7 @@ from settle.cli._render import entry_json, json_line, record_json
 from settle.errors import (
     BackendError,
     ConfigurationError,
+    DurabilityError,
     InvalidInput,
     QuarantineNotFound,
     SettleError,
@@ -214,8 +215,11 @@ class _Console:
             status = 404
         elif isinstance(exc, InvalidInput):
             status = 400
-        elif isinstance(exc, BackendError | ConfigurationError):
-            status = 503  # Redis unreachable, or the namespace does not fit: say which
+        elif isinstance(exc, BackendError | ConfigurationError | DurabilityError):
+            # Redis unreachable, the namespace does not fit, or too few replicas
+            # acknowledged a write (min_replicas): the service cannot serve this now, and
+            # the page says which; a 500 would read as a fault of the console itself.
+            status = 503
         else:
             status = 500
         logger.warning("settle.web.failed", error=type(exc).__name__, status=status)

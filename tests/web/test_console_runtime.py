@@ -105,7 +105,7 @@ async def test_with_min_replicas_a_sign_in_waits_for_the_replicas(
 ) -> None:
     """With ``min_replicas`` a sign-in is followed by WAIT, as every settle write: on a
     server with no replica, too few acknowledge, and the sign-in is refused with the error
-    page naming the DurabilityError (500, as the console answers it on a resolve) rather
+    page naming the DurabilityError (503: the service cannot confirm the write now) rather
     than signed in on a write a failover may lose."""
     with Settler.from_url(redis_url, namespace=namespace, shards=4) as writer:
         writer.check()
@@ -118,7 +118,7 @@ async def test_with_min_replicas_a_sign_in_waits_for_the_replicas(
         async with client_for(create_app(settler, authorize=people)) as browser:
             form = (await browser.get("/signin")).text
             refused = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
-            assert_error_page(refused, 500)
+            assert_error_page(refused, 503)
             assert "replicas acknowledged" in refused.text
             assert "signed in as" not in (await browser.get("/")).text
         with redis.Redis.from_url(redis_url) as raw:
