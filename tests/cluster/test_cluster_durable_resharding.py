@@ -35,6 +35,7 @@ from settle import (
 from settle._core.keys import Keys
 from settle._core.layout import unpack
 from settle.config import MAX_SHARDS
+from tests.acl import app_user
 from tests.cluster.cluster_support import LocalCluster
 from tests.integration.conftest import Awaitable
 
@@ -352,17 +353,8 @@ async def test_a_cluster_user_whose_acl_refuses_exists_still_starts_a_new_namesp
     """The cluster's EXISTS per key, pipelined: a user whose ACL refuses EXISTS still starts
     a new namespace, the check skipped with one warning (as on a single server)."""
     user = f"noexists{flavour}"
-    for node in replicated.nodes:
-        with redis.Redis(port=node.port) as c:
-            c.acl_setuser(
-                user,
-                enabled=True,
-                passwords=["+pw"],
-                keys=["*"],
-                channels=["*"],
-                commands=["+@all", "-exists"],
-            )
-    url = f"redis://{user}:pw@127.0.0.1:{replicated.nodes[0].port}/0"
+    urls = [app_user(node, "+@all", "-exists", name=user) for node in replicated.nodes]
+    url = urls[0]  # the user is on every node: a cluster client reaches them all
     try:
         with capture_logs() as logs:
             if flavour == "sync":
