@@ -738,7 +738,9 @@ class Runner:
         topology read still names the migrating node, so ASKING, the script and WAIT go to
         the importing node, in one pipeline on one connection. TRYAGAIN (a migrating slot
         whose keys are split between the two nodes: a script's keys that do not exist yet
-        count as elsewhere) is transient: the call's own retries repeat it."""
+        count as elsewhere) is transient: the call's own retries repeat it. An error reply
+        to ASKING itself (an ACL user not allowed it: NOPERM) is raised as it is: the script
+        after it ran nothing."""
         script = self._scripts[call.script]
         function = self._set.function(call.script)
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
@@ -757,10 +759,14 @@ class Runner:
                     else:
                         pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
                     pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
-                    *_, reply, acks = pipe.execute(raise_on_error=False)
+                    *asking, reply, acks = pipe.execute(raise_on_error=False)
             except (rx.ConnectionError, rx.TimeoutError):
                 self._forget_node(node)
                 raise
+            if asking and isinstance(asking[0], Exception):
+                # ASKING refused (a NOPERM of an ACL without it): the script after it was
+                # redirected unrun, and would be on every try; the refusal is the error.
+                raise asking[0]
             if isinstance(reply, NoScriptError):
                 self._lost(call)
                 node.script_load(script.script)

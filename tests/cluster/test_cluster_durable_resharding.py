@@ -63,18 +63,19 @@ def replicated() -> Iterator[LocalCluster]:
 
 @asynccontextmanager
 async def _settler(
-    cluster: LocalCluster, flavour: str, namespace: str, **options: Any
+    cluster: LocalCluster, flavour: str, namespace: str, url: str = "", **options: Any
 ) -> AsyncIterator[Any]:
-    """A settler of ``flavour`` on the cluster (the sync one's methods awaitable)."""
+    """A settler of ``flavour`` on the cluster (the sync one's methods awaitable), as the
+    user of ``url`` if given."""
     options = {"namespace": namespace, "shards": SHARDS, **options}
     if flavour == "sync":
-        s = Settler.from_cluster(cluster.url, **options)
+        s = Settler.from_cluster(url or cluster.url, **options)
         try:
             yield Awaitable(s)
         finally:
             s.close()
     else:
-        a = AsyncSettler.from_cluster(cluster.startup_nodes[:2], **options)
+        a = AsyncSettler.from_cluster(url or cluster.startup_nodes[:2], **options)
         try:
             yield a
         finally:
@@ -369,3 +370,57 @@ async def test_a_cluster_user_whose_acl_refuses_exists_still_starts_a_new_namesp
         for node in replicated.nodes:
             with redis.Redis(port=node.port) as c:
                 c.acl_deluser(user)
+
+
+def _slot_contents(cluster: LocalCluster, index: int, slot: int) -> dict[str, bytes | None]:
+    """Every key of ``slot`` on node ``index`` and its DUMP (ASKING before each read: the
+    node may be importing the slot, which it redirects otherwise)."""
+    contents: dict[str, bytes | None] = {}
+    with redis.Redis(port=cluster.nodes[index].port, single_connection_client=True) as c:
+        for key in cluster.keys_in_slot(index, slot):
+            c.execute_command("ASKING")
+            contents[key] = c.dump(key)
+    return contents
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_durable_settlement_by_a_user_refused_asking_raises_the_refusal(
+    replicated: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """A user whose ACL refuses ASKING settles a record whose slot migrates: the importing
+    node answers ASKING with NOPERM, and the script after it with MOVED (it ran nothing).
+    The runner dropped ASKING's reply, went round ASK and MOVED until its tries ran out and
+    raised BackendError ("kept moving the slot"), which reads as a cluster fault. It raises
+    the refusal, a ConfigurationError naming ASKING, as for any NOPERM; nothing is written
+    on the importing node."""
+    ns = _namespace(namespace)
+    record_key = Keys(ns, SHARDS).record("op")
+    slot = key_slot(record_key.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    user = f"noasking{flavour}"
+    urls = [app_user(node, "+@all", "-asking", name=user) for node in replicated.nodes]
+    url = urls[0]  # the user is on every node: a cluster client reaches them all
+    try:
+        async with _settler(replicated, flavour, ns, url=url, min_replicas=1) as s:
+            r = await s.reserve("op", REQ, principal=WHO)  # no slot migrates yet
+            assert isinstance(r, Reserved)
+            assert record_key in replicated.migrate(slot, source, target)
+            before = _slot_contents(replicated, target, slot)
+            with pytest.raises(ConfigurationError) as info:
+                await s.complete(r.reservation, RESULT)
+        message = str(info.value)
+        assert "'asking'" in message.lower()
+        assert "NoPermissionError" in message
+        assert "kept moving" not in message
+        assert _slot_contents(replicated, target, slot) == before
+        assert replicated.keys_in_slot(source, slot) == []
+    finally:
+        replicated.migrated(slot, target)
+        for node in replicated.nodes:
+            with redis.Redis(port=node.port) as c:
+                c.acl_deluser(user)
+    async with _settler(replicated, flavour, ns) as later:
+        record = await later.get("op")
+        assert record is not None
+        assert record.state is State.PENDING
