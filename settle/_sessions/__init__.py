@@ -15,7 +15,9 @@ __all__ = ["SCRIPTS"]
 
 SCRIPTS = ScriptSet(
     "settle._sessions",
-    {"session_check": (), "session_start": ()},
-    writing=frozenset({"session_start"}),
+    {"session_check": (), "session_start": (), "session_end": (), "epoch_renew": ()},
+    #: Followed by WAIT with the settler's min_replicas: a failover must not lose a sign-in,
+    #: nor revive a session a sign-out or end_sessions ended.
+    writing=frozenset({"session_start", "session_end", "epoch_renew"}),
     read_only=frozenset({"session_check"}),
 )

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import redis
 
-from settle import AsyncSettler, Settler
+from settle import AsyncSettler, DurabilityError, Settler
 from settle.embedded import EmbeddedRedis
-from settle.web import create_app
+from settle.web import create_app, end_sessions
 from settle.web._security import Sessions
 from tests.acl import app_user
 from tests.cli.conftest import settle
+from tests.faults.servers import REPLICA_TIMEOUT, replica_of, wait_replicas
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
@@ -159,3 +160,41 @@ async def test_with_min_replicas_a_session_check_does_not_wait(
     finally:
         await plain.aclose()
         await durable.aclose()
+
+
+@pytest.mark.asyncio
+async def test_with_min_replicas_sign_out_and_end_sessions_wait_for_the_replicas(
+    namespace: str,
+) -> None:
+    """``end_sessions`` is what an operator runs after a leaked session, and a sign-out
+    ends one: with ``min_replicas`` both are followed by WAIT, as a sign-in is. With the
+    replica gone, ``end_sessions`` raises DurabilityError and a sign-out answers the 503
+    error page, where both wrote on the primary alone and returned as if done (a failover
+    to the replica then revived the sessions)."""
+    primary = EmbeddedRedis().start()
+    replica = replica_of(primary)
+    try:
+        wait_replicas(primary, 1)
+        with _writer(primary, namespace):  # the namespace exists before the console opens
+            pass
+        durable = {"min_replicas": 1, "replica_timeout": REPLICA_TIMEOUT}
+        settler = AsyncSettler.from_url(primary.url, namespace=namespace, shards=4, **durable)
+        try:
+            app = create_app(settler, authorize=people)
+            async with signed_in(app) as browser:
+                await end_sessions(settler, PRINCIPAL)  # the replica acknowledges it
+                assert "signed in as" not in (await browser.get("/")).text
+            async with signed_in(app) as browser:
+                replica.close()
+                page = (await browser.get("/")).text
+                out = await browser.post("/signout", data={"csrf": csrf_of(page)})
+                assert_error_page(out, 503)
+                assert "DurabilityError" in out.text
+                with pytest.raises(DurabilityError) as raised:
+                    await end_sessions(settler, PRINCIPAL)
+                assert (raised.value.acknowledged, raised.value.required) == (0, 1)
+        finally:
+            await settler.aclose()
+    finally:
+        replica.close()
+        primary.close()
