@@ -303,6 +303,8 @@ class AsyncRunner:
         #: replaced and again at :meth:`aclose` (a concurrent first call may still have
         #: been using one of its connections when it was first closed, and returns it later).
         self._retired: list[Redis] = []
+        #: The companions made on this runner (:meth:`companion`), one per script set.
+        self._companions: dict[str, AsyncRunner] = {}
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -344,10 +346,15 @@ class AsyncRunner:
         first when nothing did yet (a cluster node's URL becomes the cluster client both run
         on). The companion owns nothing: it keeps no connection of the pool between calls,
         its cluster nodes' clients are this runner's, and closing it closes nothing (this
-        runner closes them all)."""
+        runner closes them all). One per script set: asked again (another console on the
+        same settler, every ``end_sessions``), the same one, whose server checks passed."""
         if self._checked_at is None:
             await self.prepare()
-        return AsyncRunner(self.client, scripts, self._durability, _owner=self)
+        found = self._companions.get(scripts.library_name)
+        if found is None:
+            found = AsyncRunner(self.client, scripts, self._durability, _owner=self)
+            self._companions[scripts.library_name] = found
+        return found
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -1047,6 +1054,8 @@ class AsyncRunner:
         return await send(self.client)
 
     async def aclose(self) -> None:
+        for companion in self._companions.values():
+            await companion.aclose()
         if self._lane is not None:
             await self._lane.aclose()
         if self._owner is not None:

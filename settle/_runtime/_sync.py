@@ -299,6 +299,8 @@ class Runner:
         #: replaced and again at :meth:`close` (a concurrent first call may still have
         #: been using one of its connections when it was first closed, and returns it later).
         self._retired: list[Redis] = []
+        #: The companions made on this runner (:meth:`companion`), one per script set.
+        self._companions: dict[str, Runner] = {}
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -337,10 +339,15 @@ class Runner:
         first when nothing did yet (a cluster node's URL becomes the cluster client both run
         on). The companion owns nothing: it keeps no connection of the pool between calls,
         its cluster nodes' clients are this runner's, and closing it closes nothing (this
-        runner closes them all)."""
+        runner closes them all). One per script set: asked again (another console on the
+        same settler, every ``end_sessions``), the same one, whose server checks passed."""
         if self._checked_at is None:
             self.prepare()
-        return Runner(self.client, scripts, self._durability, _owner=self)
+        found = self._companions.get(scripts.library_name)
+        if found is None:
+            found = Runner(self.client, scripts, self._durability, _owner=self)
+            self._companions[scripts.library_name] = found
+        return found
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -1040,6 +1047,8 @@ class Runner:
         return send(self.client)
 
     def close(self) -> None:
+        for companion in self._companions.values():
+            companion.close()
         if self._lane is not None:
             self._lane.close()
         if self._owner is not None:

@@ -198,3 +198,32 @@ async def test_with_min_replicas_sign_out_and_end_sessions_wait_for_the_replicas
     finally:
         replica.close()
         primary.close()
+
+
+def _info_calls(server: EmbeddedRedis) -> int:
+    with redis.Redis.from_url(server.url) as raw:
+        return int(raw.info("commandstats").get("cmdstat_info", {}).get("calls", 0))
+
+
+@pytest.mark.asyncio
+async def test_consoles_and_end_sessions_on_one_settler_check_the_server_once(
+    namespace: str,
+) -> None:
+    """Every console on a settler (and, since it runs a script, every ``end_sessions``) ran
+    the settler's server checks again, INFO server, memory and replication and a probe of
+    each replica, at its first call: the checks are the settler's, made once until they
+    are due again."""
+    with EmbeddedRedis() as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            async with signed_in(create_app(settler, authorize=people)) as browser:
+                await browser.get("/")  # the settler and its console's scripts are ready
+            before = _info_calls(server)
+            for _ in range(3):
+                async with signed_in(create_app(settler, authorize=people)) as browser:
+                    assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+                await end_sessions(settler, PRINCIPAL)
+            assert _info_calls(server) == before + 1  # the INFO that read ``before``
+        finally:
+            await settler.aclose()
