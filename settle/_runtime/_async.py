@@ -303,6 +303,8 @@ class AsyncRunner:
         #: replaced and again at :meth:`aclose` (a concurrent first call may still have
         #: been using one of its connections when it was first closed, and returns it later).
         self._retired: list[Redis] = []
+        #: The companions made on this runner (:meth:`companion`), one per script set.
+        self._companions: dict[str, AsyncRunner] = {}
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -344,10 +346,15 @@ class AsyncRunner:
         first when nothing did yet (a cluster node's URL becomes the cluster client both run
         on). The companion owns nothing: it keeps no connection of the pool between calls,
         its cluster nodes' clients are this runner's, and closing it closes nothing (this
-        runner closes them all)."""
+        runner closes them all). One per script set: asked again (another console on the
+        same settler, every ``end_sessions``), the same one, whose server checks passed."""
         if self._checked_at is None:
             await self.prepare()
-        return AsyncRunner(self.client, scripts, self._durability, _owner=self)
+        found = self._companions.get(scripts.library_name)
+        if found is None:
+            found = AsyncRunner(self.client, scripts, self._durability, _owner=self)
+            self._companions[scripts.library_name] = found
+        return found
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -493,8 +500,10 @@ class AsyncRunner:
         await self._check(call)
 
     async def _load_everywhere(self) -> bool:
-        """Load the library on the server (each primary of a cluster); False when the server
-        refuses FUNCTION (an ACL without it, a renamed command): the runner keeps EVALSHA."""
+        """Load the library on the server (each primary of a cluster); when the server
+        refuses FUNCTION LOAD (an ACL without it, a renamed command), the library another
+        user loaded there (``settle doctor`` run by an admin) is called all the same; False
+        when it is not there, or cannot be listed: the runner keeps EVALSHA."""
         try:
             if isinstance(self.client, RedisCluster):
                 for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
@@ -505,6 +514,8 @@ class AsyncRunner:
             text = str(exc)
             if not isinstance(exc, rx.NoPermissionError) and "unknown" not in text.lower():
                 raise
+            if await self._preloaded():
+                return True
             logger.warning(
                 "settle.backend.functions_refused",
                 library=self._set.library_name,
@@ -512,6 +523,23 @@ class AsyncRunner:
             )
             return False
         return True
+
+    async def _preloaded(self) -> bool:
+        """Whether ``FUNCTION LIST`` shows the library on the server (on each primary of a
+        cluster); False when FUNCTION LIST is refused too."""
+        name = self._set.library_name
+        try:
+            if isinstance(self.client, RedisCluster):
+                for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                    listed = await self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                        "FUNCTION", "LIST", "LIBRARYNAME", name, target_nodes=node
+                    )
+                    if not topology.lists_library(listed, name):
+                        return False
+                return True
+            return topology.lists_library(await self.client.function_list(name), name)
+        except rx.ResponseError:
+            return False
 
     async def _load_scripts(self) -> None:
         """``SCRIPT LOAD`` every script (on each primary of a cluster), so that NOSCRIPT
@@ -1032,6 +1060,8 @@ class AsyncRunner:
         return await send(self.client)
 
     async def aclose(self) -> None:
+        for companion in self._companions.values():
+            await companion.aclose()
         if self._lane is not None:
             await self._lane.aclose()
         if self._owner is not None:

@@ -299,6 +299,8 @@ class Runner:
         #: replaced and again at :meth:`close` (a concurrent first call may still have
         #: been using one of its connections when it was first closed, and returns it later).
         self._retired: list[Redis] = []
+        #: The companions made on this runner (:meth:`companion`), one per script set.
+        self._companions: dict[str, Runner] = {}
         _check_wait_fits(client, durability)
         self._use(client)
 
@@ -337,10 +339,15 @@ class Runner:
         first when nothing did yet (a cluster node's URL becomes the cluster client both run
         on). The companion owns nothing: it keeps no connection of the pool between calls,
         its cluster nodes' clients are this runner's, and closing it closes nothing (this
-        runner closes them all)."""
+        runner closes them all). One per script set: asked again (another console on the
+        same settler, every ``end_sessions``), the same one, whose server checks passed."""
         if self._checked_at is None:
             self.prepare()
-        return Runner(self.client, scripts, self._durability, _owner=self)
+        found = self._companions.get(scripts.library_name)
+        if found is None:
+            found = Runner(self.client, scripts, self._durability, _owner=self)
+            self._companions[scripts.library_name] = found
+        return found
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -486,8 +493,10 @@ class Runner:
         self._check(call)
 
     def _load_everywhere(self) -> bool:
-        """Load the library on the server (each primary of a cluster); False when the server
-        refuses FUNCTION (an ACL without it, a renamed command): the runner keeps EVALSHA."""
+        """Load the library on the server (each primary of a cluster); when the server
+        refuses FUNCTION LOAD (an ACL without it, a renamed command), the library another
+        user loaded there (``settle doctor`` run by an admin) is called all the same; False
+        when it is not there, or cannot be listed: the runner keeps EVALSHA."""
         try:
             if isinstance(self.client, RedisCluster):
                 for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
@@ -498,6 +507,8 @@ class Runner:
             text = str(exc)
             if not isinstance(exc, rx.NoPermissionError) and "unknown" not in text.lower():
                 raise
+            if self._preloaded():
+                return True
             logger.warning(
                 "settle.backend.functions_refused",
                 library=self._set.library_name,
@@ -505,6 +516,23 @@ class Runner:
             )
             return False
         return True
+
+    def _preloaded(self) -> bool:
+        """Whether ``FUNCTION LIST`` shows the library on the server (on each primary of a
+        cluster); False when FUNCTION LIST is refused too."""
+        name = self._set.library_name
+        try:
+            if isinstance(self.client, RedisCluster):
+                for node in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
+                    listed = self.client.execute_command(  # type: ignore[no-untyped-call,unused-ignore]
+                        "FUNCTION", "LIST", "LIBRARYNAME", name, target_nodes=node
+                    )
+                    if not topology.lists_library(listed, name):
+                        return False
+                return True
+            return topology.lists_library(self.client.function_list(name), name)
+        except rx.ResponseError:
+            return False
 
     def _load_scripts(self) -> None:
         """``SCRIPT LOAD`` every script (on each primary of a cluster), so that NOSCRIPT
@@ -1025,6 +1053,8 @@ class Runner:
         return send(self.client)
 
     def close(self) -> None:
+        for companion in self._companions.values():
+            companion.close()
         if self._lane is not None:
             self._lane.close()
         if self._owner is not None:

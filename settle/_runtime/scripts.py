@@ -147,8 +147,9 @@ class ScriptSet:
 
     @property
     def part(self) -> str:
-        """The part's short name in function names: core, cursor, progress."""
-        last = self.package.rsplit(".", 1)[-1]
+        """The part's short name in function names: core, cursor, progress, sessions (of
+        a private package, ``settle._sessions``, without its underscore)."""
+        last = self.package.rsplit(".", 1)[-1].lstrip("_")
         return "core" if last == "settle" else last
 
     @property

@@ -21,6 +21,7 @@ __all__ = [
     "check_server",
     "has_functions",
     "is_cluster_mode",
+    "lists_library",
     "missing_function",
     "missing_slot_ranges",
     "oldest_node_info",
@@ -76,6 +77,22 @@ def has_functions(info: Mapping[str, Any]) -> bool:
     """Whether the server (the oldest node of a cluster) runs FUNCTION libraries (SPEC 4:
     Redis 7+ and Valkey do; 6.2 keeps EVALSHA)."""
     return parse_server_version(info) >= FUNCTIONS_SINCE
+
+
+def lists_library(reply: object, name: str) -> bool:
+    """Whether a ``FUNCTION LIST`` reply names the library ``name`` (each library a map, or
+    a flat list of fields and values as RESP2 sends it)."""
+    for entry in reply if isinstance(reply, list) else ():
+        if isinstance(entry, Mapping):
+            fields = dict(entry)
+        elif isinstance(entry, list):
+            fields = dict(zip(entry[::2], entry[1::2], strict=False))
+        else:
+            continue
+        found = fields.get(b"library_name", fields.get("library_name"))
+        if found is not None and _text(found) == name:
+            return True
+    return False
 
 
 def missing_function(reply: object) -> str | None:

@@ -2,8 +2,9 @@
 
 Reads each node's ``INFO``, ``CONFIG GET save`` and ``appendfsync`` (where allowed),
 ``CLUSTER SLOTS`` / ``INFO`` on a cluster, ``TIME``, the namespace's metadata and its shard
-states' counts, and loads every settle script with ``SCRIPT
-LOAD`` (which runs nothing and writes no key). The rules are
+states' counts, and loads every settle script (the console's sessions' too) with ``SCRIPT
+LOAD`` and, on Redis 7+ and Valkey, every library with ``FUNCTION LOAD`` (which run nothing
+and write no key; an admin's run leaves them for a user that may not load them). The rules are
 :mod:`settle._runtime.health`'s; this module gathers and renders. Exit 1 on any ``fail``
 (with ``--strict`` on any ``warn`` too), 3 when Redis cannot be reached (docs/cli.md).
 """
@@ -29,6 +30,7 @@ from settle._runtime import health, topology
 from settle._runtime.health import Finding, Status
 from settle._runtime.scripts import ScriptSet
 from settle._runtime.urls import redacted
+from settle._sessions import SCRIPTS as CONSOLE_SCRIPTS
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -49,7 +51,9 @@ from settle.progress._scripts import PROGRESS, STREAM
 
 __all__ = ["diagnose", "doctor"]
 
-_SCRIPT_SETS: tuple[ScriptSet, ...] = (SCRIPTS, CURSOR_SCRIPTS, PROGRESS, STREAM)
+#: Every script set settle runs: the core's, the cursor's, progress's and its stream's, and
+#: the console's sessions' (settle._sessions: importable without the ``web`` extra).
+_SCRIPT_SETS: tuple[ScriptSet, ...] = (SCRIPTS, CURSOR_SCRIPTS, PROGRESS, STREAM, CONSOLE_SCRIPTS)
 _TIMEOUT = 5.0
 #: Connection settings the seed's client passes on to the other nodes' clients.
 

@@ -36,8 +36,8 @@ from settle._core.keys import Keys
 from settle._log import binding_digest, logger
 from settle._runtime import Call
 from settle._runtime._async import AsyncRunner
+from settle._sessions import SCRIPTS
 from settle.errors import ConfigurationError, InvalidInput, SettleError
-from settle.web._scripts import SCRIPTS
 
 __all__ = [
     "CSP",
@@ -141,8 +141,11 @@ async def end_sessions(settler: AsyncSettler, principal: str) -> None:
     more. A sign-in after this call starts a session as usual.
 
     Raises :class:`~settle.errors.BackendError` when Redis cannot be reached (then nothing
-    ended: call it again), and :class:`~settle.errors.InvalidInput`, writing nothing, for
-    anything but an :class:`~settle.AsyncSettler` and a principal a sign-in can grant."""
+    ended: call it again); with the settler's ``min_replicas``,
+    :class:`~settle.errors.DurabilityError` when too few replicas acknowledged the new
+    epoch in ``replica_timeout`` (the primary ended the sessions, a failover now may bring
+    them back: call it again); and :class:`~settle.errors.InvalidInput`, writing nothing,
+    for anything but an :class:`~settle.AsyncSettler` and a principal a sign-in can grant."""
     if not isinstance(settler, AsyncSettler):
         # A sync Settler ran the write, then the await failed with a bare TypeError.
         raise InvalidInput(
@@ -153,9 +156,11 @@ async def end_sessions(settler: AsyncSettler, principal: str) -> None:
         raise InvalidInput(
             f"the principal must be the non-empty str a sign-in granted, not {principal!r}"
         )
-    key, field, epoch = _keys(settler).console_epochs, _digest(principal), _new_epoch()
     # A new epoch, which no session holds; repeated after a lost reply, another one.
-    await settler._command("HSET", lambda c: c.hset(key, field, epoch), key=key)
+    renew = Call(
+        "epoch_renew", (_keys(settler).console_epochs,), (_digest(principal), _new_epoch())
+    )
+    await (await settler._companion(SCRIPTS)).run(renew)
     logger.info("settle.web.sessions_ended", binding_digest=binding_digest(principal))
 
 
@@ -181,8 +186,8 @@ class Sessions:
 
     async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
         """Run one session script through the runtime, as settle runs its own: FCALL or
-        EVALSHA, reloaded when the server lost it, ``WAIT`` after a sign-in with
-        ``min_replicas``."""
+        EVALSHA, reloaded when the server lost it, ``WAIT`` after a write (a sign-in, a
+        sign-out) with ``min_replicas``."""
         if self._runner is None:
             self._runner = await self.settler._companion(SCRIPTS)
         return await self._runner.run(Call(script, tuple(keys), tuple(args)))
@@ -231,8 +236,9 @@ class Sessions:
         return principal
 
     async def end(self, sid: str) -> None:
-        key = self._key(sid)
-        await self.settler._command("DEL", lambda c: c.delete(key), key=key)
+        """End session ``sid`` (sign-out); with ``min_replicas``, a
+        :class:`~settle.errors.DurabilityError` when too few replicas acknowledged it."""
+        await self._run("session_end", [self._key(sid)], [])
 
 
 @dataclass(frozen=True, slots=True)

@@ -428,8 +428,12 @@ class _Console:
     def not_signed_out(self, request: Request, exc: SettleError) -> HTMLResponse:
         logger.warning("settle.web.sign_out_failed", error=type(exc).__name__)
         message = (
-            "Could not sign out: Redis cannot be reached, so the session is still signed "
-            "in. Retry in a moment."
+            # The primary ended the session; a failover before a replica has it revives it.
+            f"Could not confirm the sign-out ({type(exc).__name__}: {exc}): a failover now "
+            "could bring the session back. Retry in a moment."
+            if isinstance(exc, DurabilityError)
+            else "Could not sign out: Redis cannot be reached, so the session is still "
+            "signed in. Retry in a moment."
         )
         return self.render(request, "error.html", 503, status=503, message=message)
 

