@@ -159,3 +159,53 @@ def test_a_refused_requirepass_line_is_not_quoted_with_its_password() -> None:
         server.start()
     assert PASSWORD not in str(info.value)
     server.close()
+
+
+def test_the_password_is_not_on_the_servers_command_line() -> None:
+    """Every local user can read a process's command line (ps, /proc/PID/cmdline), and
+    redis-server showed ``--requirepass PASSWORD`` there until it replaced it with its
+    title, and always with ``--set-proc-title no``. The server reads it from a file only its
+    owner could read, gone once the server answers; the url still connects."""
+    with EmbeddedRedis(extra_args=["--requirepass", PASSWORD, "--set-proc-title", "no"]) as s:
+        assert s.process is not None
+        with open(f"/proc/{s.process.pid}/cmdline", "rb") as shown:
+            cmdline = shown.read()
+        assert b"--set-proc-title" in cmdline  # its arguments, not a title
+        assert PASSWORD.encode() not in cmdline
+        assert [p.name for p in s.directory.iterdir() if p.name != "redis.log"] == []
+        with redis.Redis.from_url(s.url) as client:
+            assert client.ping() is True
+
+
+def _redis_quoted(word: str) -> str:
+    """``word`` as redis-server quotes it in a line of its configuration (sdscatrepr)."""
+    named = {
+        0x5C: "\\\\",
+        0x22: '\\"',
+        0x0A: "\\n",
+        0x0D: "\\r",
+        0x09: "\\t",
+        0x07: "\\a",
+        0x08: "\\b",
+    }
+    return "".join(
+        named.get(b, chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}") for b in word.encode()
+    )
+
+
+@pytest.mark.parametrize("password", ["pässwörd €", 'q"uo\\te\tx', "long" * 150])
+def test_a_refused_line_shows_no_password_in_redis_servers_quoting_either(
+    password: str,
+) -> None:
+    """redis-server quotes a line it refuses with its own escapes (``\\xc3`` for a byte
+    outside ASCII, ``\\"``, ``\\t``), and the error showed the password so, or the end of a
+    long one cut from the start of the log's tail."""
+    server = EmbeddedRedis(extra_args=["--requirepass", password, "extra"])
+    with pytest.raises(ConfigurationError, match="extra") as info:
+        server.start()
+    message = str(info.value)
+    for form in (password, _redis_quoted(password)):
+        assert not [
+            form[at : at + 8] for at in range(len(form) - 7) if form[at : at + 8] in message
+        ]
+    server.close()
