@@ -77,6 +77,23 @@ def _config_word(word: str) -> bytes:
     return b'"' + b"".join(plain) + b'"'
 
 
+def _as_quoted(word: str) -> str:
+    """``word`` as redis-server quotes it in a configuration line it refuses (sdscatrepr:
+    a byte outside printable ASCII as ``\\xNN``, ``\\"``, ``\\t``...)."""
+    named = {
+        0x5C: "\\\\",
+        0x22: '\\"',
+        0x0A: "\\n",
+        0x0D: "\\r",
+        0x09: "\\t",
+        0x07: "\\a",
+        0x08: "\\b",
+    }
+    return "".join(
+        named.get(b, chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}") for b in word.encode()
+    )
+
+
 def _encoded(command: Sequence[str]) -> bytes:
     """``command`` in the Redis protocol (any byte in its arguments, spaces too)."""
     parts = [f"*{len(command)}\r\n".encode()]
@@ -197,13 +214,14 @@ class EmbeddedRedis:
             if self.process.poll() is not None:
                 with (self.directory / "redis.log").open("rb") as written:
                     written.seek(before)
-                    tail = written.read().decode(errors="replace")[-500:]
+                    text = written.read().decode(errors="replace")
                 self.process = None
-                if "Address already in use" in tail and self._own_port:
+                if "Address already in use" in text[-500:] and self._own_port:
                     return False
                 if self._password:  # a line it quotes with the same password (--masterauth)
-                    tail = tail.replace(self._password, "***")
-                raise ConfigurationError(f"redis-server exited with an error: {tail}")
+                    for shown in (self._password, _as_quoted(self._password)):
+                        text = text.replace(shown, "***")  # before the cut: all of it
+                raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
             answering = self._answering_pid()
             if answering == self.process.pid:
                 # Its own server; it answers INFO while it loads a dataset (a directory with
