@@ -5,11 +5,12 @@ wheel (Redis 6.2), so a fresh machine with only Python can run settle end to end
 Persistence is off unless asked for; the server dies with the object (or the process).
 
 A password given as ``--requirepass PASSWORD`` in ``extra_args`` is used to check the server
-as it starts, and is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()`` and the
-errors never show it. A password set any other way (an ACL user, ``--aclfile``,
-``--include``) cannot be read: the server refuses the checks, and ``start()`` raises
-:class:`ConfigurationError` naming the refusal (NOAUTH, WRONGPASS) rather than waiting out
-its timeout.
+as it starts, and is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the
+errors and redis-server's command line (which every local user can read) never show it: the
+server reads it from a file only its owner can read, removed once the server has started.
+A password set any other way (an ACL user, ``--aclfile``, ``--include``) cannot be read: the
+server refuses the checks, and ``start()`` raises :class:`ConfigurationError` naming the
+refusal (NOAUTH, WRONGPASS) rather than waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -66,6 +67,31 @@ def _password(args: Sequence[str]) -> str | None:
         if arg == "--requirepass":
             found = args[at + 1]
     return found or None
+
+
+def _config_word(word: str) -> bytes:
+    """``word`` as one quoted argument of a redis-server configuration line (any byte)."""
+    plain = (
+        b"%c" % b if 0x20 < b < 0x7F and b not in b'"\\' else b"\\x%02x" % b for b in word.encode()
+    )
+    return b'"' + b"".join(plain) + b'"'
+
+
+def _as_quoted(word: str) -> str:
+    """``word`` as redis-server quotes it in a configuration line it refuses (sdscatrepr:
+    a byte outside printable ASCII as ``\\xNN``, ``\\"``, ``\\t``...)."""
+    named = {
+        0x5C: "\\\\",
+        0x22: '\\"',
+        0x0A: "\\n",
+        0x0D: "\\r",
+        0x09: "\\t",
+        0x07: "\\a",
+        0x08: "\\b",
+    }
+    return "".join(
+        named.get(b, chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}") for b in word.encode()
+    )
 
 
 def _encoded(command: Sequence[str]) -> bytes:
@@ -126,6 +152,37 @@ class EmbeddedRedis:
     def _start_once(self, timeout: float) -> bool:
         """Start the server on ``self.port``: True once it answers, False when the port is
         taken (by a server of another process, or as the server binds)."""
+        files: list[Path] = []
+        try:
+            return self._run(timeout, files)
+        finally:  # read when the server starts: no longer needed once it answers or is gone
+            for path in files:
+                path.unlink(missing_ok=True)
+
+    def _arguments(self, files: list[Path]) -> list[str]:
+        """``extra_args``, each ``--requirepass PASSWORD`` as ``--include FILE`` of a file
+        (added to ``files``) that only this user can read: a process's command line is
+        anyone's to read (ps, /proc/PID/cmdline), and redis-server shows its arguments there
+        until it replaces them with its title (and always with ``--set-proc-title no``)."""
+        given, arguments = self.extra_args, []
+        at = 0
+        while at < len(given):
+            if given[at] == "--requirepass" and at + 1 < len(given):
+                path = self.directory / f"requirepass-{len(files)}.conf"
+                path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
+                files.append(path)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as config:
+                    config.write(b"requirepass " + _config_word(given[at + 1]) + b"\n")
+                arguments += ["--include", str(path)]
+                at += 2
+            else:
+                arguments.append(given[at])
+                at += 1
+        return arguments
+
+    def _run(self, timeout: float, files: list[Path]) -> bool:
+        """:meth:`_start_once`, the files it writes for the server added to ``files``."""
         args = [
             self.binary,
             "--port",
@@ -142,7 +199,7 @@ class EmbeddedRedis:
             "no",
             "--loglevel",
             "warning",
-            *self.extra_args,
+            *self._arguments(files),
         ]
         log = (self.directory / "redis.log").open("ab")
         # Only what this server writes is its error: a directory given keeps the log of
@@ -157,13 +214,14 @@ class EmbeddedRedis:
             if self.process.poll() is not None:
                 with (self.directory / "redis.log").open("rb") as written:
                     written.seek(before)
-                    tail = written.read().decode(errors="replace")[-500:]
+                    text = written.read().decode(errors="replace")
                 self.process = None
-                if "Address already in use" in tail and self._own_port:
+                if "Address already in use" in text[-500:] and self._own_port:
                     return False
-                if self._password:  # a configuration line it quotes (requirepass's own)
-                    tail = tail.replace(self._password, "***")
-                raise ConfigurationError(f"redis-server exited with an error: {tail}")
+                if self._password:  # a line it quotes with the same password (--masterauth)
+                    for shown in (self._password, _as_quoted(self._password)):
+                        text = text.replace(shown, "***")  # before the cut: all of it
+                raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
             answering = self._answering_pid()
             if answering == self.process.pid:
                 # Its own server; it answers INFO while it loads a dataset (a directory with
