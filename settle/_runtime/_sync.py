@@ -791,9 +791,11 @@ class Runner:
             except (rx.ConnectionError, rx.TimeoutError):
                 self._forget_node(node)
                 raise
-            if asking and isinstance(asking[0], Exception):
+            if asking and isinstance(asking[0], Exception) and isinstance(reply, Exception):
                 # ASKING refused (a NOPERM of an ACL without it): the script after it was
-                # redirected unrun, and would be on every try; the refusal is the error.
+                # redirected unrun, and would be on every try; the refusal is the error. A
+                # script that ran anyway (the slot became the importing node's own between
+                # the topology read and the call) wrote: its reply is the answer.
                 raise asking[0]
             if isinstance(reply, NoScriptError):
                 self._lost(call)
