@@ -87,6 +87,40 @@ async def test_after_doctor_a_user_that_may_not_load_functions_signs_in(
 
 
 @pytest.mark.asyncio
+async def test_a_console_that_may_not_load_its_library_signs_in_again_once_an_admin_did(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """A user that may call FCALL and list the libraries, but neither load one nor run
+    EVAL / EVALSHA: the server loses the console's library (FUNCTION FLUSH here, a restart
+    without persistence), and a sign-in is refused with 503 meanwhile. An admin runs
+    ``settle doctor``: the same console signs in again. It kept EVALSHA, refused, for the
+    life of the process: every sign-in answered 503 until the application restarted."""
+    doctor = settle("doctor", "--redis-url", valkey.url)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    url = app_user(valkey, *NO_EVAL, "-function", "+function|list")
+    with _writer(valkey, namespace):
+        settler = AsyncSettler.from_url(url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            async with signed_in(app) as browser:
+                assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+            with redis.Redis.from_url(valkey.url) as raw:
+                raw.function_flush()
+            async with client_for(app) as browser:
+                form = (await browser.get("/signin")).text
+                refused = await browser.post(
+                    "/signin", data={"token": TOKEN, "csrf": csrf_of(form)}
+                )
+                assert_error_page(refused, 503)
+            doctor = settle("doctor", "--redis-url", valkey.url)
+            assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+            async with signed_in(app) as browser:
+                assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+        finally:
+            await settler.aclose()
+
+
+@pytest.mark.asyncio
 async def test_sessions_hold_after_function_flush_and_script_flush(
     valkey: EmbeddedRedis, namespace: str
 ) -> None:
