@@ -79,11 +79,18 @@ async def test_after_doctor_a_user_that_may_not_load_functions_signs_in(
     may call FCALL (and list the libraries) but neither load a library nor run EVAL /
     EVALSHA signs in, resolves and signs out. Doctor left the console's library out, and a
     runner that could not load a library ran EVALSHA even when it was there: the sign-in
-    answered 503 naming evalsha."""
+    answered 503 naming evalsha. The library is found at the start-up's check, before any
+    call: no EVALSHA is tried and refused (each refusal is an ACL LOG entry an admin reads
+    as an attack or a misconfiguration)."""
     doctor = settle("doctor", "--redis-url", valkey.url)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     url = app_user(valkey, *NO_EVAL, "-function", "+function|list")
+    with redis.Redis.from_url(valkey.url) as raw:
+        raw.config_resetstat()
     await _sign_in_resolve_and_sign_out(valkey, url, namespace)
+    with redis.Redis.from_url(valkey.url) as raw:
+        calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
+    assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
 
 
 @pytest.mark.asyncio
