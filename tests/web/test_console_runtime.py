@@ -79,11 +79,52 @@ async def test_after_doctor_a_user_that_may_not_load_functions_signs_in(
     may call FCALL (and list the libraries) but neither load a library nor run EVAL /
     EVALSHA signs in, resolves and signs out. Doctor left the console's library out, and a
     runner that could not load a library ran EVALSHA even when it was there: the sign-in
-    answered 503 naming evalsha."""
+    answered 503 naming evalsha. The library is found at the start-up's check, before any
+    call: no EVALSHA is tried and refused (each refusal is an ACL LOG entry an admin reads
+    as an attack or a misconfiguration)."""
     doctor = settle("doctor", "--redis-url", valkey.url)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     url = app_user(valkey, *NO_EVAL, "-function", "+function|list")
+    with redis.Redis.from_url(valkey.url) as raw:
+        raw.config_resetstat()
     await _sign_in_resolve_and_sign_out(valkey, url, namespace)
+    with redis.Redis.from_url(valkey.url) as raw:
+        calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
+    assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
+
+
+@pytest.mark.asyncio
+async def test_a_console_that_may_not_load_its_library_signs_in_again_once_an_admin_did(
+    valkey: EmbeddedRedis, namespace: str
+) -> None:
+    """A user that may call FCALL and list the libraries, but neither load one nor run
+    EVAL / EVALSHA: the server loses the console's library (FUNCTION FLUSH here, a restart
+    without persistence), and a sign-in is refused with 503 meanwhile. An admin runs
+    ``settle doctor``: the same console signs in again. It kept EVALSHA, refused, for the
+    life of the process: every sign-in answered 503 until the application restarted."""
+    doctor = settle("doctor", "--redis-url", valkey.url)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    url = app_user(valkey, *NO_EVAL, "-function", "+function|list")
+    with _writer(valkey, namespace):
+        settler = AsyncSettler.from_url(url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            async with signed_in(app) as browser:
+                assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+            with redis.Redis.from_url(valkey.url) as raw:
+                raw.function_flush()
+            async with client_for(app) as browser:
+                form = (await browser.get("/signin")).text
+                refused = await browser.post(
+                    "/signin", data={"token": TOKEN, "csrf": csrf_of(form)}
+                )
+                assert_error_page(refused, 503)
+            doctor = settle("doctor", "--redis-url", valkey.url)
+            assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+            async with signed_in(app) as browser:
+                assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+        finally:
+            await settler.aclose()
 
 
 @pytest.mark.asyncio
