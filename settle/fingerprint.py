@@ -339,8 +339,14 @@ def canonical_json(value: Any) -> bytes:
     same way (pydantic's JSON mode, field by field); bytes become base64 strings.
     Raises :class:`FingerprintError` for NaN, infinities, sets and unknown objects.
     """
+    return _canonical(value, 0)
+
+
+def _canonical(value: Any, depth: int) -> bytes:
+    """:func:`canonical_json` of ``value`` found at ``depth`` in the value fingerprinted (the
+    depth limit counts from there)."""
     walk = _Walk()
-    converted = _to_json_value(value, walk)
+    converted = _to_json_value(value, walk, depth)
     if walk.plain:
         text = _encode_plain(converted)
         try:
@@ -357,3 +363,21 @@ def canonical_json(value: Any) -> bytes:
 def fingerprint(value: Any) -> str:
     """Return the SHA-256 hex digest of the canonical JSON of ``value``."""
     return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def call_fingerprint(function: str) -> Callable[[Any], str]:
+    """``lambda request: fingerprint({"function": function, "request": request})``, the
+    fingerprint of a decorated function's call, with what never changes written once. The
+    canonical JSON of that object is ``{"function":<function>,"request":<request>}`` (its two
+    keys in order, each value in its own canonical form), so only the request is walked and
+    encoded on each call, from the depth it has in the object: the same bytes, the same
+    errors (a test holds the two equal)."""
+    try:
+        head = b'{"function":' + canonical_json(function) + b',"request":'
+    except FingerprintError:  # every call raises it, as the whole object's fingerprint would
+        return lambda request: fingerprint({"function": function, "request": request})
+
+    def of(request: Any) -> str:
+        return hashlib.sha256(head + _canonical(request, 1) + b"}").hexdigest()
+
+    return of

@@ -18,7 +18,7 @@ from pydantic import PydanticUserError, TypeAdapter
 from settle._core.keys import check_binding
 from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
-from settle.fingerprint import fingerprint as canonical_fingerprint
+from settle.fingerprint import call_fingerprint
 
 __all__ = ["CallIdentity", "KeySpec", "PrincipalSpec", "RequestSpec", "Signature"]
 
@@ -83,6 +83,7 @@ class Signature:
     _key_fields: tuple[str, ...] = field(init=False, default=())
     _required: tuple[str, ...] = field(init=False, default=())
     _binder: _Binder | None = field(init=False, default=None)
+    _fingerprint_of: Callable[[Any], str] = field(init=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.key, str) or callable(self.key)):
@@ -99,6 +100,7 @@ class Signature:
             raise InvalidInput(
                 "name must be a non-empty str (functions sharing it share operations)"
             )
+        self._fingerprint_of = call_fingerprint(self.name)
         if isinstance(self.key, str):
             try:
                 parsed = list(_FORMATTER.parse(self.key))
@@ -180,7 +182,7 @@ class Signature:
         else:
             request = {k: v for k, v in arguments.items() if k not in self._skip}
         try:
-            digest = canonical_fingerprint({"function": self.name, "request": request})
+            digest = self._fingerprint_of(request)  # of {"function": name, "request": request}
         except SettleError as exc:
             exc.operation_id = operation_id
             raise
