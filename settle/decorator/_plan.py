@@ -260,14 +260,17 @@ class Plan:
         self.identity = identity
         self._clock = clock
         self._rng = rng
-        self._retry_state = tenacity.RetryCallState(policy.retry, fn, (), {})
+        # The retry policy's state is made at the first retry decision, which most calls
+        # never reach; its delays count from the call's start all the same.
+        self._started = time.monotonic()
+        self._retry_state: tenacity.RetryCallState | None = None
+        self._fn = fn
         self._waiting_since: float | None = None
         self._polls = 0
         self._ran: Ran | None = None
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
         self._mismatch: tuple[InvalidInput, ValidationError] | None = None
-        self._fn_name = fn.__name__
         self._bound: Any = None
 
     @property
@@ -278,7 +281,7 @@ class Plan:
             self._bound = logger.bind(
                 namespace=self.policy.namespace,
                 operation_digest=operation_digest(self.identity.operation_id),
-                function=self._fn_name,
+                function=self._fn.__name__,
             )
         return self._bound
 
@@ -454,6 +457,9 @@ class Plan:
         if not isinstance(error, Exception):  # cancelled or interrupted: the caller stops
             return Raise(error)
         state = self._retry_state
+        if state is None:
+            state = self._retry_state = tenacity.RetryCallState(self.policy.retry, self._fn, (), {})
+            state.start_time = self._started
         state.set_exception((type(error), error, error.__traceback__))
         retrying = self.policy.retry
         if not retrying.retry(state) or retrying.stop(state):
