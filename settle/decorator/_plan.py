@@ -535,16 +535,27 @@ def _reason(ran: Ran) -> str:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_DICT_OF_ANY = dict[str, Any]
+_LIST_OF_ANY = list[Any]
 
 
 def _replays_as_is(declared: Any, value: Any) -> bool:
     """Whether ``value`` certainly validates into ``declared``, so the check can be
-    skipped (the first call's hot path): ``Any``, or a JSON scalar of exactly the declared
-    type. An instance of the declared pydantic model is checked all the same: its JSON need
-    not validate back (a subclass's extra field where extras are forbidden, a required
-    field with ``exclude=True``, an instance from ``model_construct`` or assigned a bad
-    value after it was built)."""
-    return declared is Any or (type(value) is declared and declared in _SCALARS)
+    skipped (the first call's hot path): ``Any``; a JSON scalar of exactly the declared
+    type; a dict declared ``dict`` or ``dict[str, Any]``, a list declared ``list`` or
+    ``list[Any]`` (its JSON is an object, whose keys are strings, or an array, and any value
+    validates into ``Any``). An instance of the declared pydantic model is checked all the
+    same: its JSON need not validate back (a subclass's extra field where extras are
+    forbidden, a required field with ``exclude=True``, an instance from ``model_construct``
+    or assigned a bad value after it was built)."""
+    if declared is Any:
+        return True
+    kind = type(value)
+    if kind is dict:
+        return declared is dict or declared == _DICT_OF_ANY
+    if kind is list:
+        return declared is list or declared == _LIST_OF_ANY
+    return kind is declared and declared in _SCALARS
 
 
 def _replayed(result_type: Any, data: bytes) -> Any:
