@@ -260,14 +260,17 @@ class Plan:
         self.identity = identity
         self._clock = clock
         self._rng = rng
-        self._retry_state = tenacity.RetryCallState(policy.retry, fn, (), {})
+        # The retry policy's state is made at the first retry decision, which most calls
+        # never reach; its delays count from the call's start all the same.
+        self._started = time.monotonic()
+        self._retry_state: tenacity.RetryCallState | None = None
+        self._fn = fn
         self._waiting_since: float | None = None
         self._polls = 0
         self._ran: Ran | None = None
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
         self._mismatch: tuple[InvalidInput, ValidationError] | None = None
-        self._fn_name = fn.__name__
         self._bound: Any = None
 
     @property
@@ -278,7 +281,7 @@ class Plan:
             self._bound = logger.bind(
                 namespace=self.policy.namespace,
                 operation_digest=operation_digest(self.identity.operation_id),
-                function=self._fn_name,
+                function=self._fn.__name__,
             )
         return self._bound
 
@@ -454,6 +457,9 @@ class Plan:
         if not isinstance(error, Exception):  # cancelled or interrupted: the caller stops
             return Raise(error)
         state = self._retry_state
+        if state is None:
+            state = self._retry_state = tenacity.RetryCallState(self.policy.retry, self._fn, (), {})
+            state.start_time = self._started
         state.set_exception((type(error), error, error.__traceback__))
         retrying = self.policy.retry
         if not retrying.retry(state) or retrying.stop(state):
@@ -529,16 +535,27 @@ def _reason(ran: Ran) -> str:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_DICT_OF_ANY = dict[str, Any]
+_LIST_OF_ANY = list[Any]
 
 
 def _replays_as_is(declared: Any, value: Any) -> bool:
     """Whether ``value`` certainly validates into ``declared``, so the check can be
-    skipped (the first call's hot path): ``Any``, or a JSON scalar of exactly the declared
-    type. An instance of the declared pydantic model is checked all the same: its JSON need
-    not validate back (a subclass's extra field where extras are forbidden, a required
-    field with ``exclude=True``, an instance from ``model_construct`` or assigned a bad
-    value after it was built)."""
-    return declared is Any or (type(value) is declared and declared in _SCALARS)
+    skipped (the first call's hot path): ``Any``; a JSON scalar of exactly the declared
+    type; a dict declared ``dict`` or ``dict[str, Any]``, a list declared ``list`` or
+    ``list[Any]`` (its JSON is an object, whose keys are strings, or an array, and any value
+    validates into ``Any``). An instance of the declared pydantic model is checked all the
+    same: its JSON need not validate back (a subclass's extra field where extras are
+    forbidden, a required field with ``exclude=True``, an instance from ``model_construct``
+    or assigned a bad value after it was built)."""
+    if declared is Any:
+        return True
+    kind = type(value)
+    if kind is dict:
+        return declared is dict or declared == _DICT_OF_ANY
+    if kind is list:
+        return declared is list or declared == _LIST_OF_ANY
+    return kind is declared and declared in _SCALARS
 
 
 def _replayed(result_type: Any, data: bytes) -> Any:

@@ -18,7 +18,7 @@ from pydantic import PydanticUserError, TypeAdapter
 from settle._core.keys import check_binding
 from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
-from settle.fingerprint import fingerprint as canonical_fingerprint
+from settle.fingerprint import call_fingerprint
 
 __all__ = ["CallIdentity", "KeySpec", "PrincipalSpec", "RequestSpec", "Signature"]
 
@@ -82,6 +82,8 @@ class Signature:
     _skip: frozenset[str] = field(init=False, default=frozenset())
     _key_fields: tuple[str, ...] = field(init=False, default=())
     _required: tuple[str, ...] = field(init=False, default=())
+    _binder: _Binder | None = field(init=False, default=None)
+    _fingerprint_of: Callable[[Any], str] = field(init=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.key, str) or callable(self.key)):
@@ -98,6 +100,7 @@ class Signature:
             raise InvalidInput(
                 "name must be a non-empty str (functions sharing it share operations)"
             )
+        self._fingerprint_of = call_fingerprint(self.name)
         if isinstance(self.key, str):
             try:
                 parsed = list(_FORMATTER.parse(self.key))
@@ -133,6 +136,7 @@ class Signature:
             and p.kind not in variadic
             and p.name != self.attempt_param
         )
+        self._binder = _Binder.of(self.signature, self.attempt_param)
 
     def _hints(self, *, strict: bool) -> dict[str, Any]:
         try:
@@ -161,8 +165,10 @@ class Signature:
     def identify(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallIdentity:
         """Derive the operation id, the request fingerprint and the principal of a call.
         Raises an :class:`InvalidInput` (nothing is written) when one cannot be derived."""
-        bound = self._bind(args, kwargs)
-        arguments = {k: v for k, v in bound.arguments.items() if k != self.attempt_param}
+        bound = self._binder(args, kwargs) if self._binder is not None else None
+        if bound is None:
+            bound = self._bind(args, kwargs).arguments
+        arguments = {k: v for k, v in bound.items() if k != self.attempt_param}
         operation_id = self._derive("key", self.key, args, kwargs, arguments)
         principal = self._derive("principal", self.principal, args, kwargs, None)
         if self.fingerprint is not None:
@@ -176,7 +182,7 @@ class Signature:
         else:
             request = {k: v for k, v in arguments.items() if k not in self._skip}
         try:
-            digest = canonical_fingerprint({"function": self.name, "request": request})
+            digest = self._fingerprint_of(request)  # of {"function": name, "request": request}
         except SettleError as exc:
             exc.operation_id = operation_id
             raise
@@ -274,6 +280,63 @@ class Signature:
 
 
 _FORMATTER = string.Formatter()
+_EMPTY = inspect.Parameter.empty
+
+
+@dataclass(frozen=True, slots=True)
+class _Binder:
+    """What ``bind_partial(*args, **kwargs)`` then ``apply_defaults()`` binds, for a function
+    without ``*args`` or ``**kwargs``, in a few dict operations (inspect's binding was about
+    a tenth of a decorated replay's instructions). ``None`` for a call it does not bind
+    plainly (too many positional arguments, an unknown keyword, one given twice or a
+    positional-only one by keyword, a parameter with no default left out other than the
+    ``Attempt``'s, the ``Attempt``'s given a value), which :meth:`Signature._bind` then binds
+    with inspect and refuses as it always did. A property test holds it to inspect's
+    binding."""
+
+    params: tuple[tuple[str, Any, bool], ...]
+    """Each parameter in order: its name, its default, whether a keyword may give it."""
+    positional: int
+    """How many may be given by position (they come first)."""
+    attempt: str | None
+    """The ``Attempt``'s parameter: it may be left out with no default, and a caller must
+    not give it (but ``Attempt.INJECTED``)."""
+
+    @staticmethod
+    def of(signature: inspect.Signature, attempt: str | None) -> _Binder | None:
+        kinds = inspect.Parameter
+        params = list(signature.parameters.values())
+        if any(p.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD) for p in params):
+            return None
+        return _Binder(
+            tuple((p.name, p.default, p.kind is not kinds.POSITIONAL_ONLY) for p in params),
+            sum(p.kind is not kinds.KEYWORD_ONLY for p in params),
+            attempt,
+        )
+
+    def __call__(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+        given = len(args)
+        if given > self.positional:
+            return None
+        bound: dict[str, Any] = {}
+        taken = 0
+        attempt = self.attempt
+        for i, (name, default, by_keyword) in enumerate(self.params):
+            if i < given:  # the positional parameters come first
+                value = bound[name] = args[i]
+            elif by_keyword and name in kwargs:
+                value = bound[name] = kwargs[name]
+                taken += 1
+            elif default is not _EMPTY:
+                bound[name] = default
+                continue
+            elif name == attempt:
+                continue
+            else:
+                return None
+            if name == attempt and value is not Attempt.INJECTED:
+                return None
+        return bound if taken == len(kwargs) else None
 
 
 def _check_replayable(fn: Callable[..., Any], declared: Any) -> None:

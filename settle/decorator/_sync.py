@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast
 
 from settle._log import logger, operation_digest
 from settle._telemetry import telemetry
@@ -156,7 +156,7 @@ def _run(
     reported through ``run.attempt.lost``: a thread cannot be interrupted, so the function
     is told and must stop on its own."""
     attempt = run.attempt
-    key = beats.add(run, plan.log, context)
+    key = beats.add(run, plan, context)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
@@ -196,14 +196,24 @@ _NO_CONTEXT = contextlib.nullcontext()
 _ALL_HEARTBEATS: weakref.WeakSet[_Heartbeats] = weakref.WeakSet()
 
 
+class _Logs(Protocol):
+    """What names a call in its events: the decorator's plan, the HTTP guard."""
+
+    @property
+    def log(self) -> Any:
+        """The logger bound to the call (bound on first use)."""
+
+
 @dataclass(slots=True)  # not frozen: built on every call, and a frozen one costs more
 class _Beating:
     """A running attempt, as the heartbeat threads renew it."""
 
     run: Run
-    log: Any
-    """The logger bound to its call (the decorator's plan's, the HTTP guard's): a failed
-    renewal's event names the call as the call's own events do. None: an unnamed one."""
+    owner: _Logs | None
+    """Its call's plan (or HTTP guard), whose ``log`` names the call in a failed renewal's
+    event as the call's own events do; read only then: binding it (an HMAC of the
+    operation id) on every call cost more than a call that logs nothing needs. None: an
+    unnamed one."""
     context: AbstractContextManager[Any]
     """Made current around each renewal (the attempt's telemetry context)."""
 
@@ -221,10 +231,12 @@ class _Beating:
 
     def _warn(self, event: str, **fields: Any) -> None:
         attempt = self.run.attempt
-        log = self.log
+        owner = self.owner
         with contextlib.suppress(Exception):
-            if log is None:
+            if owner is None:
                 log = logger.bind(operation_digest=operation_digest(attempt.operation_id))
+            else:
+                log = owner.log
             log.warning(event, generation=attempt.generation, **fields)
 
 
@@ -276,14 +288,14 @@ class _Heartbeats:
     def add(
         self,
         run: Run,
-        log: Any = None,
+        owner: _Logs | None = None,
         context: AbstractContextManager[Any] = _NO_CONTEXT,
     ) -> int:
-        """Renew ``run``'s lease until :meth:`remove`; ``log`` (bound to the call) names it
-        in a failed renewal's event, and each renewal runs in ``context`` (the telemetry
+        """Renew ``run``'s lease until :meth:`remove`; ``owner.log`` (bound to the call)
+        names it in a failed renewal's event, and each renewal runs in ``context`` (the telemetry
         context of the caller, captured in its thread). Raises when the scheduler thread
         cannot be started, and then keeps nothing of ``run``."""
-        beating = _Beating(run, log, context)
+        beating = _Beating(run, owner, context)
         with self._cond:
             key = next(self._ids)
             try:

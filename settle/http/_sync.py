@@ -134,7 +134,7 @@ class SyncGuard:
         are logged under the request's logger, its renewals are children of the request's
         span (``context``)."""
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
-        beating = self._beats.add(beat, guard.log, context)
+        beating = self._beats.add(beat, guard, context)
         try:
             try:
                 response = exchange.call(run.attempt)

@@ -86,6 +86,27 @@ def test_an_error_the_policy_does_not_retry_is_raised_and_left_provisional(
     assert calls == [1]
 
 
+def test_a_retry_delay_limit_counts_from_the_calls_start(memory: Settler) -> None:
+    """``stop_after_delay`` counts from the start of the call, not from its first failure:
+    a first attempt that ran past the limit is not retried."""
+    calls = []
+
+    @memory.operation(
+        key="job:{n}",
+        principal=P,
+        retry=tenacity.Retrying(stop=tenacity.stop_after_delay(0.05), wait=NO_WAIT),
+    )
+    def job(n: int) -> int:
+        calls.append(n)
+        if len(calls) == 1:
+            time.sleep(0.1)  # the first attempt alone outlasts the limit
+        raise ConnectionError("down")
+
+    with pytest.raises(ConnectionError):
+        job(1)
+    assert calls == [1]
+
+
 def test_default_policy_makes_three_attempts(memory: Settler) -> None:
     calls = []
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -16,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from settle import FingerprintError, fingerprint
-from settle.fingerprint import canonical_json
+from settle.fingerprint import call_fingerprint, canonical_json
 
 
 class Charge(BaseModel):
@@ -134,3 +137,73 @@ def test_non_ascii_keys_and_floats_take_the_reference_path() -> None:
     assert canonical_json(value) == (
         '{"big":9007199254740991,"x":1.5,"\U0001f600":1,"\ue000":2}'.encode()
     )
+
+
+@dataclasses.dataclass
+class Order:
+    order_id: str
+    amount: int
+    when: datetime.date
+    tags: tuple[str, ...] = ()
+
+
+def _nested(depth: int) -> object:
+    value: object = "leaf"
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def _outcome(make: Callable[[], str]) -> tuple[str, str]:
+    """What a fingerprint gives: its digest, or the error it raises and its message."""
+    try:
+        return ("digest", make())
+    except FingerprintError as exc:
+        return ("error", str(exc))
+
+
+odd_values = st.one_of(
+    st.floats(),  # NaN and infinities too
+    st.integers(),  # past 2**53
+    st.binary(max_size=8),
+    st.text(max_size=4),  # lone surrogates too
+    st.builds(Charge, amount=st.integers(0, 10**6), currency=st.text(max_size=3)),
+    st.builds(
+        Order,
+        order_id=st.text(max_size=4),
+        amount=st.integers(),
+        when=st.dates(),
+        tags=st.lists(st.text(max_size=2), max_size=2).map(tuple),
+    ),
+    st.frozensets(st.integers(), max_size=2),
+    st.sampled_from([_nested(62), _nested(63), _nested(64), Decimal("1.5"), {1: "int key"}]),
+)
+requests = st.recursive(
+    json_values | odd_values,
+    lambda children: (
+        st.lists(children, max_size=3).map(lambda items: items if len(items) != 2 else tuple(items))
+        | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(name=st.text(min_size=1, max_size=12), request=requests)
+def test_a_calls_fingerprint_is_the_fingerprint_of_its_function_and_request(
+    name: str, request: object
+) -> None:
+    """The decorator fingerprints ``{"function": name, "request": request}`` with the name's
+    part written once: the same digest, or the same error, for every request."""
+    framed = call_fingerprint(name)
+    assert _outcome(lambda: framed(request)) == _outcome(
+        lambda: fingerprint({"function": name, "request": request})
+    )
+
+
+def test_the_depth_limit_counts_from_the_whole_object() -> None:
+    # {"function", "request"} is one level: a request nested 63 deep is the limit.
+    assert call_fingerprint("f")(_nested(63)) == fingerprint(
+        {"function": "f", "request": _nested(63)}
+    )
+    with pytest.raises(FingerprintError, match="deeper than 64"):
+        call_fingerprint("f")(_nested(64))

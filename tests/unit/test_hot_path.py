@@ -5,6 +5,7 @@ dropped."""
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,11 +21,12 @@ from redis.connection import Connection
 from structlog.testing import capture_logs
 
 from settle._core import codec
+from settle._core.codec import encode_result
 from settle._core.engine import Core
 from settle._log import STDLIB_LOGGER, enabled
 from settle._runtime.packing import pack_command
 from settle.config import SettleConfig
-from settle.decorator._plan import _uuid4_hex
+from settle.decorator._plan import _replayed, _replays_as_is, _uuid4_hex
 from settle.models import (
     Action,
     InProgress,
@@ -330,3 +332,45 @@ def test_a_decorated_calls_attempt_id_is_a_version_4_uuid() -> None:
         assert parsed.hex == hexed
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
+
+
+results = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.binary(max_size=4).map(lambda b: b.hex().encode()),  # bytes that are UTF-8 text
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.tuples(children, children)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+DECLARED = [Any, dict, dict[str, Any], list, list[Any], str, int, float, bool, type(None)]
+
+
+@given(value=results, declared=st.sampled_from(DECLARED))
+def test_a_result_the_first_call_does_not_check_validates_into_its_type(
+    value: Any, declared: Any
+) -> None:
+    """The first call skips the result check only where its JSON certainly validates
+    into the declared type (as a replay reads it back); the check would have passed."""
+    if _replays_as_is(declared, value):
+        _replayed(declared, encode_result(value, sys.maxsize, "op-1"))
+
+
+def test_a_container_declared_of_something_else_is_checked() -> None:
+    assert _replays_as_is(dict[str, Any], {"a": 1})
+    assert _replays_as_is(list, [1])
+    for declared, value in [
+        (dict[str, int], {"a": 1}),
+        (dict[int, Any], {1: 1}),
+        (list[int], [1]),
+        (list[Any], (1,)),
+        (dict[str, Any], [("a", 1)]),
+        (list, {"a": 1}),
+        (Any | None, 1),
+    ]:
+        assert not _replays_as_is(declared, value), (declared, value)
