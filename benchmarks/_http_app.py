@@ -3,17 +3,28 @@ pydantic body in, a small pydantic body out, 201), bare or behind an idempotency
 served by uvicorn with one worker in this process:
 
     python -m benchmarks._http_app VARIANT REDIS_URL PORT NAMESPACE
+    python -m benchmarks._http_app --in-process VARIANT MODE REQUESTS REDIS_URL
 
 ``VARIANT`` is ``bare`` (no middleware), ``settle`` (:class:`settle.asgi.IdempotencyMiddleware`
 as docs/http-endpoints.md sets it up) or ``peer`` (the ``fastapi-idempotency`` middleware on
 :class:`RedisStore`, a Redis store of its ``Store`` protocol with one Lua script per call:
 the package ships only an in-process store and a Tortoise ORM one).
+
+``--in-process`` drives the same app without a server: ``REQUESTS`` raw ASGI calls from 32
+concurrent tasks (the body and headers of ``benchmarks.http``; ``MODE`` ``none``, ``new``
+or ``replay``) after a warm-up, and prints the CPU time per request. Run under valgrind,
+``REQUESTS`` minus ``0`` counts the instructions of a request (docs/benchmarks.md, "HTTP
+endpoints over a real server"); ``SETTLE_LISTEN_AFTER_SCALE`` stretches the middleware's
+0.1 s before it listens for a disconnect as much as valgrind slows the run down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -197,9 +208,101 @@ def build(variant: str, url: str, namespace: str) -> FastAPI:
     return app
 
 
+# -- in-process ------------------------------------------------------------------------------
+
+
+def _scope(key: str | None, body: bytes) -> dict[str, Any]:
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"content-length", str(len(body)).encode()),
+        (b"content-type", b"application/json"),
+        (b"authorization", b"Bearer sk_test_acme"),
+    ]
+    if key is not None:
+        headers.append((b"idempotency-key", key.encode()))
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000),
+        "scheme": "http",
+        "method": "POST",
+        "root_path": "",
+        "path": PATH,
+        "raw_path": PATH.encode(),
+        "query_string": b"",
+        "headers": headers,
+        "state": {},
+    }
+
+
+async def _requests(app: Any, keys: list[str | None], body: bytes, tasks: int = 32) -> None:
+    """``keys`` (None: no key) as raw ASGI calls from ``tasks`` concurrent tasks; each must
+    answer 201."""
+    todo = iter(keys)
+
+    async def one(key: str | None) -> None:
+        sent: list[Any] = []
+        delivered = False
+
+        async def receive() -> Any:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client never leaves
+            return {"type": "http.disconnect"}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await app(_scope(key, body), receive, send)
+        if sent[0]["status"] != 201:
+            raise RuntimeError(f"the app answered {sent[0]['status']}")
+
+    async def worker() -> None:
+        for key in todo:
+            await one(key)
+
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+
+
+def in_process(variant: str, mode: str, requests: int, url: str) -> float:
+    """CPU seconds per request of ``requests`` driven in this process (after 200 warm-up
+    requests; a replay's key completed before them)."""
+    import settle.asgi.runner  # noqa: PLC0415
+
+    settle.asgi.runner.LISTEN_AFTER *= float(os.environ.get("SETTLE_LISTEN_AFTER_SCALE", "1"))
+    body = json.dumps({"amount": 1250, "currency": "EUR", "customer": "cus_42"}).encode()
+    app = build(variant, url, f"inproc-{uuid.uuid4().hex[:8]}")
+    prefix = uuid.uuid4().hex[:12]
+
+    def keys(n: int, run: str) -> list[str | None]:
+        if mode == "none":
+            return [None] * n
+        return [prefix if mode == "replay" else f"{prefix}-{run}-{i}" for i in range(n)]
+
+    loop = asyncio.new_event_loop()
+    try:
+        if mode == "replay":
+            loop.run_until_complete(_requests(app, keys(1, "first"), body, tasks=1))
+        loop.run_until_complete(_requests(app, keys(200, "warm"), body))
+        cpu = time.process_time()
+        loop.run_until_complete(_requests(app, keys(requests, "measured"), body))
+        return (time.process_time() - cpu) / max(requests, 1)
+    finally:
+        loop.close()
+
+
 def main(argv: list[str]) -> int:
-    variant, url, port, namespace = argv
     quiet_logs()
+    if argv[:1] == ["--in-process"]:
+        variant, mode, requests, url = argv[1:]
+        per_request = in_process(variant, mode, int(requests), url)
+        print(json.dumps({"variant": variant, "mode": mode, "cpu_us": per_request * 1e6}))
+        return 0
+    variant, url, port, namespace = argv
     uvicorn.run(
         build(variant, url, namespace),
         host="127.0.0.1",

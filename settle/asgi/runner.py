@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from enum import Enum
 
 from settle._async.settler import AsyncSettler
@@ -88,6 +89,8 @@ class AttemptRunner:
         self._task: asyncio.Task[object]
         self._reason: str | None = None  # why _interrupt stopped the handler
         self._others_until: float | None = None  # see _interrupt
+        self._receive: Receive
+        self._timer: asyncio.TimerHandle  # the listener's or the heartbeat's: see run
 
     async def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         self._send = send
@@ -110,24 +113,32 @@ class AttemptRunner:
 
         loop = asyncio.get_running_loop()
         # No listener and no heartbeat task until they can matter: most handlers are done
-        # before either starts (docs/http-endpoints.md, "What a request costs").
-        timers = [
-            loop.call_later(LISTEN_AFTER, self._start_listening, receive),
-            loop.call_later(self._lease / 3, self._start_heartbeat),
-        ]
+        # before either starts (docs/http-endpoints.md, "What a request costs"). One timer
+        # at a time: the first of the two is due, then it schedules the other.
+        self._receive = receive
+        now = loop.time()
+        listen_at, beat_at = now + LISTEN_AFTER, now + self._lease / 3
+        listen, beat = self._start_listening, self._start_heartbeat
+        if listen_at <= beat_at:
+            self._timer = loop.call_at(listen_at, self._due, listen, beat, beat_at)
+        else:
+            self._timer = loop.call_at(beat_at, self._due, beat, listen, listen_at)
+        timeout = None
         if self._policy.timeout is not None:
-            timers.append(loop.call_later(self._policy.timeout, self._interrupt, "timeout"))
+            timeout = loop.call_later(self._policy.timeout, self._interrupt, "timeout")
         try:
             await self._run_app(task, scope, app_receive)
         finally:
-            for timer in timers:
-                timer.cancel()
+            self._timer.cancel()
+            if timeout is not None:
+                timeout.cancel()
             helpers = [t for t in (self._listener, self._heartbeat) if t is not None]
             for helper in helpers:
                 helper.cancel()
             if self._responder is not None:
                 helpers.append(self._responder)  # an answer already on its way: let it go out
-            await asyncio.gather(*helpers, return_exceptions=True)
+            if helpers:
+                await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _call_app(self, scope: Scope, receive: Receive) -> None:
         # A guarded response must go through http.response.body messages to be stored:
@@ -242,10 +253,15 @@ class AttemptRunner:
             if reason != "lease_lost":
                 await self._settle(self._guard.failed(self._run, reason))
 
-    def _start_listening(self, receive: Receive) -> None:
+    def _due(self, start: Callable[[], None], then: Callable[[], None], then_at: float) -> None:
+        """The first of the listener and the heartbeat is due: start it, and time the other."""
+        start()
+        self._timer = asyncio.get_running_loop().call_at(then_at, then)
+
+    def _start_listening(self) -> None:
         """The handler is still running ``LISTEN_AFTER`` seconds in: listen for the client
         leaving."""
-        self._listener = asyncio.get_running_loop().create_task(self._listen(receive))
+        self._listener = asyncio.get_running_loop().create_task(self._listen(self._receive))
 
     async def _listen(self, receive: Receive) -> None:
         try:

@@ -161,7 +161,12 @@ _cached = functools.lru_cache(maxsize=512)(_head_json)
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return _PLAIN.encode(value)
+
+
+#: ``json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)``, built
+#: once (``json.dumps`` with options builds an encoder per call).
+_PLAIN = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _query(raw: bytes) -> list[list[str]]:
@@ -205,28 +210,20 @@ def _canonical_json_body(body: bytes) -> bytes | None:
     """
     if body.count(b"{") + body.count(b"[") > _MAX_DEPTH:
         return _canonical_json_walked(body)  # may nest too deep: settle.fingerprint checks
-    plain = _Plain()
     try:
-        value = json.loads(
-            body,
-            object_pairs_hook=plain.on_object,
-            parse_constant=_no_constant,
-            parse_float=plain.on_float,
-            parse_int=plain.on_int,
-        )
+        # json.loads(body, ...) itself, with decoders built once (it builds one per call).
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        value = _PLAIN_DECODER.decode(text)
+    except _NotPlain:
+        return _canonical_json_walked(body)
     except (ValueError, RecursionError):
         return None
-    if plain.plain:
-        # What canonical_json writes for a plain value (no floats, safe integers, ASCII
-        # keys), without its walk: the parser's hooks saw every number and key already.
-        try:
-            return _dumps(value).encode("utf-8")
-        except UnicodeEncodeError:
-            pass
+    # What canonical_json writes for a plain value (no floats, safe integers, ASCII keys),
+    # without its walk: the parser's hooks saw every number and key already.
     try:
-        return canonical_json(value)
-    except (RecursionError, FingerprintError):
-        return None
+        return _PLAIN.encode(value).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: canonical_json's reference encoder says so
+        return _canonical(value)
 
 
 #: settle.fingerprint refuses values nested deeper than this; a body with fewer brackets
@@ -235,40 +232,43 @@ _MAX_DEPTH = 64
 _SAFE_INT = 2**53 - 1
 
 
-class _Plain:
-    """The parser's hooks: duplicate keys refused; ``plain`` turns False on a float, an
-    integer outside +-(2**53 - 1) or a non-ASCII object key (settle.fingerprint's rule)."""
+class _NotPlain(Exception):  # a signal between the hooks and their caller
+    """A float, an integer outside +-(2**53 - 1) or a non-ASCII object key: the body is
+    parsed again and written by :func:`settle.fingerprint.canonical_json`."""
 
-    __slots__ = ("plain",)
 
-    def __init__(self) -> None:
-        self.plain = True
+def _plain_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = _no_duplicates(pairs)
+    for key in out:
+        if not key.isascii():
+            raise _NotPlain
+    return out
 
-    def on_object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out = dict(pairs)
-        if len(out) != len(pairs):
-            raise ValueError("duplicate object key")
-        if self.plain and not all(key.isascii() for key in out):
-            self.plain = False
-        return out
 
-    def on_float(self, text: str) -> float:
-        self.plain = False
-        return float(text)
+def _plain_float(_: str) -> float:
+    raise _NotPlain
 
-    def on_int(self, text: str) -> int:
-        value = int(text)
-        if len(text) > 15 and not -_SAFE_INT <= value <= _SAFE_INT:
-            self.plain = False
-        return value
+
+def _plain_int(text: str) -> int:
+    value = int(text)
+    if len(text) > 15 and not -_SAFE_INT <= value <= _SAFE_INT:
+        raise _NotPlain
+    return value
+
+
+def _canonical(value: Any) -> bytes | None:
+    try:
+        return canonical_json(value)
+    except (RecursionError, FingerprintError):
+        return None
 
 
 def _canonical_json_walked(body: bytes) -> bytes | None:
     try:
-        value = json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-        return canonical_json(value)
-    except (ValueError, RecursionError, FingerprintError):
+        value = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except (ValueError, RecursionError):
         return None
+    return _canonical(value)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -280,3 +280,16 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+#: The parser of a body that :data:`_PLAIN` can write: its hooks raise :class:`_NotPlain`
+#: on anything else (the stdlib's own ``json.loads`` shares one decoder between threads
+#: too: its hooks here keep no state).
+_PLAIN_DECODER = json.JSONDecoder(
+    object_pairs_hook=_plain_object,
+    parse_constant=_no_constant,
+    parse_float=_plain_float,
+    parse_int=_plain_int,
+)
+#: ``json.loads(..., object_pairs_hook=_no_duplicates, parse_constant=_no_constant)``.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)

@@ -127,6 +127,18 @@ def test_a_json_body_fingerprints_as_settle_fingerprint_does(
         b"[" * 5000 + b"]" * 5000,
         b'{"b": [1, {"c": null}], "a": "\\u2028"}',
         b"\xff\xfe",
+        # The parser's hooks stop at the first float, big integer or non-ASCII key and the
+        # body is parsed again: what comes after must still decide it.
+        b'{"a": 1.5, "a": 2}',
+        b"[1.5, NaN]",
+        b'{"\xc3\xa9": 1, "\xc3\xa9": 2}',
+        b'[123456789012345678, {"a": 1, "a": 1}]',
+        b'[1.5, "\\ud800"]',
+        b"[1.5, 2",
+        # json.loads' own encodings: a UTF-8 BOM, UTF-16 and UTF-32.
+        b'\xef\xbb\xbf{"a": 1}',
+        '{"b": [1, 2], "a": "\u00e9"}'.encode("utf-16"),
+        '{"a": 1}'.encode("utf-32-le"),
     ],
 )
 def test_edge_bodies_fingerprint_as_settle_fingerprint_does(body: bytes) -> None:
