@@ -18,7 +18,7 @@ __all__ = ["KeyScope", "MalformedKey", "operation_id", "operation_id_overhead", 
 
 KeyScope = Literal["principal", "global"]
 
-_BARE = re.compile(r"^[\x21-\x7e]+$")
+_BARE = re.compile(r"[\x21-\x7e]+")
 _SCOPE_DIGEST_CHARS = 32
 
 
@@ -45,7 +45,7 @@ def parse_key(values: list[bytes], max_length: int) -> str:
 
 
 def _bare(text: str) -> str:
-    if not _BARE.match(text) or any(ch in text for ch in '",;\\'):
+    if not _BARE.fullmatch(text) or any(ch in text for ch in '",;\\'):
         raise MalformedKey(
             'the Idempotency-Key must be a quoted string ("...") or one token of visible '
             "ASCII without quotes, commas, semicolons or backslashes"

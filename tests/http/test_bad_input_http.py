@@ -63,6 +63,12 @@ async def test_a_content_length_too_long_to_parse_is_a_413(async_settler: AsyncS
 
     guard = IdempotencyMiddleware(app, settler=async_settler, principal=lambda scope: "tenant:a")
     headers = [(b"idempotency-key", b"k-1"), (b"content-length", b"9" * 5000)]
+    assert await _statuses(guard, headers) == [413]
+    assert ran == []
+
+
+async def _statuses(guard: IdempotencyMiddleware, headers: list[tuple[bytes, bytes]]) -> list[int]:
+    """The statuses ``guard`` answers a POST /payments of ``{}`` with ``headers``."""
     scope: Scope = {
         "type": "http",
         "method": "POST",
@@ -82,7 +88,27 @@ async def test_a_content_length_too_long_to_parse_is_a_413(async_settler: AsyncS
         sent.append(message)
 
     await guard(scope, receive, send)
-    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [413]
+    return [m["status"] for m in sent if m["type"] == "http.response.start"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("key", [b"k-1\n", b"k-1\r\n", b'"k-1"\n'])
+async def test_a_key_ending_in_a_line_break_is_a_400_and_runs_nothing(
+    async_settler: AsyncSettler, key: bytes
+) -> None:
+    """A bare key with a trailing newline (``k-1\\n``, which an ASGI server that does not
+    check header values passes on) was taken for the key ``'k-1\\n'``, whose control
+    character the core then refused with an InvalidInput that escaped the middleware: a
+    500 from the server, for the client's own mistake. A key is visible ASCII: 400, and
+    the handler does not run."""
+    ran: list[Scope] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        ran.append(scope)
+
+    guard = IdempotencyMiddleware(app, settler=async_settler, principal=lambda scope: "tenant:a")
+    headers = [(b"idempotency-key", key), (b"content-length", b"2")]
+    assert await _statuses(guard, headers) == [400]
     assert ran == []
 
 

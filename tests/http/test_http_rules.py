@@ -33,7 +33,20 @@ def test_keys_that_parse(raw: bytes, key: str) -> None:
 
 @pytest.mark.parametrize(
     "values",
-    [[], [b""], [b'""'], [b"a b"], [b"a,b"], [b'"a"b"'], [b'"a\\b"'], [b"\xff"], [b"a", b"a"]],
+    [
+        [],
+        [b""],
+        [b'""'],
+        [b"a b"],
+        [b"a,b"],
+        [b'"a"b"'],
+        [b'"a\\b"'],
+        [b"\xff"],
+        [b"a", b"a"],
+        [b"a\n"],
+        [b"a\r"],
+        [b"\na"],
+    ],
 )
 def test_keys_that_do_not(values: list[bytes]) -> None:
     with pytest.raises(MalformedKey) as info:
