@@ -64,9 +64,9 @@ __all__ = [
     "QuarantineTrim",
 ]
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
-_ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+_ATTEMPT_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 _MAX_REASON = 256
 _VERDICTS = {v.value: v for v in Verdict}
 _QUARANTINE_SCAN_BUDGET = 4096
@@ -115,7 +115,10 @@ def _check_reservation(reservation: object) -> Reservation:
     check_binding(reservation.binding, op)
     fp, aid = reservation.fingerprint, reservation.attempt_id
     if not (
-        isinstance(fp, str) and _HEX64.match(fp) and isinstance(aid, str) and _ATTEMPT_ID.match(aid)
+        isinstance(fp, str)
+        and _HEX64.fullmatch(fp)
+        and isinstance(aid, str)
+        and _ATTEMPT_ID.fullmatch(aid)
     ):
         raise InvalidInput("reservation has a malformed fingerprint or attempt_id", operation_id=op)
     # model_construct / model_copy(update=...) skip the model's own checks: a str or a bool
@@ -304,12 +307,12 @@ class Core:
         lease_ms = self._lease_ms if lease is None else _check_seconds(lease, "lease", op)
         if fingerprint is None:
             fp = _fingerprint_of(request, op)
-        elif isinstance(fingerprint, str) and _HEX64.match(fingerprint):
+        elif isinstance(fingerprint, str) and _HEX64.fullmatch(fingerprint):
             fp = fingerprint
         else:
             raise InvalidInput("fingerprint must be 64 lowercase hex digits", operation_id=op)
         if attempt_id is not None and not (
-            isinstance(attempt_id, str) and _ATTEMPT_ID.match(attempt_id)
+            isinstance(attempt_id, str) and _ATTEMPT_ID.fullmatch(attempt_id)
         ):
             raise InvalidInput(
                 "attempt_id must be 1 to 64 characters of A-Z a-z 0-9 _ . : -", operation_id=op

@@ -13,7 +13,7 @@ from settle.models import QuarantineKind
 
 __all__ = ["KIND", "SINCE", "Ago", "since_on"]
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])", re.ASCII)
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
@@ -53,7 +53,7 @@ class Since(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # generic
         if isinstance(value, datetime | Ago):
             return value
         text = str(value).strip()
-        match = _RELATIVE.match(text)
+        match = _RELATIVE.fullmatch(text)
         if match:
             amount, unit = match.groups()
             try:
@@ -80,7 +80,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # gene
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, float):
             return value
-        match = _RELATIVE.match(str(value).strip())
+        match = _RELATIVE.fullmatch(str(value).strip())
         if not match:
             self.fail(f"{value!r} is not a duration (90s, 10m, 2h, 30d)", param, ctx)
         amount, unit = match.groups()

@@ -36,7 +36,7 @@ class CallIdentity:
     principal: str
 
 
-_ATTEMPT_NAME = re.compile(r"^(?:[\w.]+\.)?Attempt(?:\s*\|\s*None)?$")
+_ATTEMPT_NAME = re.compile(r"(?:[\w.]+\.)?Attempt(?:\s*\|\s*None)?")
 
 
 def _is_attempt(param: inspect.Parameter, hint: Any) -> bool:
@@ -45,7 +45,7 @@ def _is_attempt(param: inspect.Parameter, hint: Any) -> bool:
     if param.default is Attempt.INJECTED or hint is Attempt:
         return True
     if isinstance(hint, str):
-        return bool(_ATTEMPT_NAME.match(hint.strip().strip("'\"")))
+        return bool(_ATTEMPT_NAME.fullmatch(hint.strip().strip("'\"")))
     return any(arg is Attempt for arg in typing.get_args(hint))
 
 

@@ -15,7 +15,7 @@ from settle.progress.identity import EmissionId, check_name
 
 __all__ = ["ProgressKeys", "StreamKeys"]
 
-_NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def _hash_tag(key: str) -> str | None:
@@ -35,7 +35,7 @@ class ProgressKeys:
     consumer: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.namespace, str) or not _NAMESPACE.match(self.namespace):
+        if not isinstance(self.namespace, str) or not _NAMESPACE.fullmatch(self.namespace):
             raise InvalidDelivery("namespace must be 1-64 characters of [A-Za-z0-9_.-]")
         check_name(self.consumer, "consumer")
         if "{" in self.consumer or "}" in self.consumer:

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_CURSOR = re.compile(r"^(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})$")
+_CURSOR = re.compile(r"(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})", re.ASCII)
 #: The most entries one page reads from Redis when its status filter (applied here rather
 #: than in the script) keeps few of them; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
@@ -65,7 +65,7 @@ class Position:
 
     @classmethod
     def parse(cls, ref: str) -> Position:
-        match = _CURSOR.match(ref)
+        match = _CURSOR.fullmatch(ref)
         if match is None:
             raise InvalidInput(f"{ref!r} is not a page cursor (us:shard/ms-seq); start from page 1")
         at_us, shard, ms, seq = (int(g) for g in match.groups())

@@ -154,3 +154,11 @@ def test_model_validate_names_the_field_once_as_the_constructor_does(model: Any)
         cause = caught.value.__cause__
         assert isinstance(cause, ValidationError)
         assert [e["loc"] for e in cause.errors()] == [(field,)]
+
+
+@pytest.mark.parametrize("bad", ["ns\n", "ns\r", "n s", ""])
+def test_a_store_refuses_a_namespace_with_a_line_break(redis_url: str, bad: str) -> None:
+    """``'ns\\n'`` passed the namespace pattern (its ``$`` matches before a final newline):
+    every key of the store then held a line feed."""
+    with pytest.raises(InvalidInput, match="namespace"):
+        CursorStore(redis.Redis.from_url(redis_url), namespace=bad)

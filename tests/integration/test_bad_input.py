@@ -53,6 +53,28 @@ def test_bad_principals_raise_and_write_nothing(
     assert _keys(redis_client, namespace) == set()
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"fingerprint": "ab" * 32 + "\n"},
+        {"fingerprint": "AB" * 32},
+        {"attempt_id": "a1\n"},
+        {"attempt_id": "a|b"},
+    ],
+    ids=repr,
+)
+def test_a_fingerprint_or_attempt_id_given_to_reserve_is_checked_whole(
+    settler: Settler, redis_client: redis.Redis, namespace: str, given: dict[str, str]
+) -> None:
+    """A trailing line feed passed the pattern's ``$`` (which matches before a final
+    newline): an attempt id ``'a1\\n'`` was stored with its control character (shown in
+    the attempt log, the CLI, the quarantine), a fingerprint with one taken as the digest
+    without it. Both refused; nothing written."""
+    with pytest.raises(InvalidInput):
+        settler.reserve("op", {"a": 1}, principal=WHO, **given)
+    assert _keys(redis_client, namespace) == set()
+
+
 @pytest.mark.parametrize("lease", [0, -1, 86_401, float("nan"), "30", True])
 def test_bad_leases_raise_and_write_nothing(
     settler: Settler, redis_client: redis.Redis, namespace: str, lease: Any
@@ -241,7 +263,9 @@ def test_config_is_validated() -> None:
     [
         {"attempt_id": "a|b"},
         {"attempt_id": "x" * 100_000},
+        {"attempt_id": "a1\n"},
         {"fingerprint": "nothex"},
+        {"fingerprint": "ab" * 32 + "\n"},
         {"binding": ""},
         {"generation": 0},
     ],

@@ -171,3 +171,13 @@ async def test_an_async_consumer_refuses_a_block_the_socket_timeout_would_cut(
     finally:
         await client.aclose()
         await store.aclose()
+
+
+@pytest.mark.parametrize("bad", ["ns\n", "ns\r", "n s", ""])
+def test_a_store_refuses_a_namespace_with_a_line_break(
+    progress_client: redis.Redis, bad: str
+) -> None:
+    """``'ns\\n'`` passed the namespace pattern (its ``$`` matches before a final newline):
+    every key of the store then held a line feed."""
+    with pytest.raises(InvalidDelivery, match="namespace"):
+        ProgressStore(progress_client, consumer="w1", namespace=bad)
