@@ -37,13 +37,18 @@ def _events(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
 
 
 def _check_heartbeat_failed(logs: list[dict[str, Any]], namespace: str) -> None:
-    (failed,) = _events(logs, "settle.operation.heartbeat_failed")
-    assert failed["namespace"] == namespace
-    assert failed["function"] == "charge"
-    assert failed["error"] == "BackendError"
-    assert isinstance(failed["generation"], int)
-    assert isinstance(failed["operation_digest"], str)
-    assert "op:1" not in repr(failed)
+    """Every failed renewal names its call. One is cut on purpose; on a loaded machine the
+    cut renewal's retries can end before every cut was used (their budget is the lease's
+    time), and the next renewal then meets the rest: it must name its call too."""
+    failures = _events(logs, "settle.operation.heartbeat_failed")
+    assert failures
+    for failed in failures:
+        assert failed["namespace"] == namespace
+        assert failed["function"] == "charge"
+        assert failed["error"] == "BackendError"
+        assert isinstance(failed["generation"], int)
+        assert isinstance(failed["operation_digest"], str)
+        assert "op:1" not in repr(failed)
 
 
 def test_a_failed_renewal_names_its_call(proxy: FaultyProxy, namespace: str) -> None:
