@@ -390,16 +390,20 @@ class Plan:
             return Settle(Action.COMPLETE, r, result=value, stored=value)
         stored = AsJson(bytes(value)) if isinstance(value, _BYTES_LIKE) else value
         # An unresolved type (None) cannot be checked: the replay says what is wrong.
-        if declared is None or _replays_as_is(declared, value):
+        if declared is None:
+            return Settle(Action.COMPLETE, r, result=value, stored=stored)
+        as_is = _replays_as_is(declared, value)
+        if as_is and _parses_back_scalar(value):
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
         try:  # the JSON the settlement stores: encoded once, here, and stored as it is
             data = encode_result(stored, sys.maxsize, r.operation_id)
         except SettleError:  # no JSON form: the settlement refuses it, as it always did
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
-        try:
-            _replayed(declared, data)
-        except ValidationError as exc:
-            self._mismatch = (_mismatch(r.operation_id, declared, exc), exc)
+        if not (as_is and _parses_back(data)):
+            try:
+                _replayed(declared, data)
+            except ValidationError as exc:
+                self._mismatch = (_mismatch(r.operation_id, declared, exc), exc)
         return Settle(Action.COMPLETE, r, result=value, stored=data)
 
     # -- settle --------------------------------------------------------------------------
@@ -540,14 +544,15 @@ _LIST_OF_ANY = list[Any]
 
 
 def _replays_as_is(declared: Any, value: Any) -> bool:
-    """Whether ``value`` certainly validates into ``declared``, so the check can be
-    skipped (the first call's hot path): ``Any``; a JSON scalar of exactly the declared
-    type; a dict declared ``dict`` or ``dict[str, Any]``, a list declared ``list`` or
-    ``list[Any]`` (its JSON is an object, whose keys are strings, or an array, and any value
-    validates into ``Any``). An instance of the declared pydantic model is checked all the
-    same: its JSON need not validate back (a subclass's extra field where extras are
-    forbidden, a required field with ``exclude=True``, an instance from ``model_construct``
-    or assigned a bad value after it was built)."""
+    """Whether ``value`` certainly validates into ``declared`` once its JSON is parsed
+    back (:func:`_parses_back`), so the check can be skipped (the first call's hot path):
+    ``Any``; a JSON scalar of exactly the declared type; a dict declared ``dict`` or
+    ``dict[str, Any]``, a list declared ``list`` or ``list[Any]`` (its JSON is an object,
+    whose keys are strings, or an array, and any value validates into ``Any``). An instance
+    of the declared pydantic model is checked all the same: its JSON need not validate back
+    (a subclass's extra field where extras are forbidden, a required field with
+    ``exclude=True``, an instance from ``model_construct`` or assigned a bad value after it
+    was built)."""
     if declared is Any:
         return True
     kind = type(value)
@@ -556,6 +561,31 @@ def _replays_as_is(declared: Any, value: Any) -> bool:
     if kind is list:
         return declared is list or declared == _LIST_OF_ANY
     return kind is declared and declared in _SCALARS
+
+
+#: What pydantic's JSON parser (jiter), which a replay reads the stored JSON with, refuses
+#: although pydantic writes it: containers nested more than 200 deep, an integer of more
+#: than 4300 digits (its own limit, whatever ``sys.set_int_max_str_digits`` says). Tests hold
+#: both limits (tests/decorator/test_result_check.py).
+_PARSER_DEPTH = 200
+_PARSER_DIGITS = 4300
+_PARSER_INT = 10**_PARSER_DIGITS
+
+
+def _parses_back_scalar(value: Any) -> bool:
+    """Whether ``value`` is a JSON scalar the parser reads back (it writes no container,
+    and an int is of at most 4300 digits), so it need not be encoded to be sure."""
+    kind = type(value)
+    if kind is int:
+        return bool(-_PARSER_INT < value < _PARSER_INT)
+    return kind in _SCALARS
+
+
+def _parses_back(data: bytes) -> bool:
+    """Whether the parser certainly reads ``data`` back: JSON of at most 4300 bytes holds
+    no longer integer, and with at most 200 brackets it nests no deeper (two C scans; a
+    bracket in a string only sends the result to the full check)."""
+    return len(data) <= _PARSER_DIGITS and data.count(b"[") + data.count(b"{") <= _PARSER_DEPTH
 
 
 def _replayed(result_type: Any, data: bytes) -> Any:

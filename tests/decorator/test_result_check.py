@@ -294,3 +294,73 @@ def test_a_return_type_that_cannot_be_resolved_is_not_checked_at_the_first_call(
     assert record.state is State.COMPLETED
     with pytest.raises(InvalidInput, match="cannot resolve the return annotation"):
         unresolved(1)
+
+
+def _nested(depth: int, leaf: Any = 1) -> Any:
+    """``depth`` containers one in another, dicts and lists in turn."""
+    value = leaf
+    for level in range(depth):
+        value = {"n": value} if level % 2 else [value]
+    return value
+
+
+#: What pydantic's JSON parser (a replay's) refuses although pydantic writes it: containers
+#: nested more than 200 deep, an integer of more than 4300 digits.
+UNREADABLE: list[tuple[Any, Any]] = [
+    (dict[str, Any], {"deep": _nested(201)}),
+    (dict, {"deep": _nested(201)}),
+    (list[Any], [_nested(201)]),
+    (list, [_nested(201)]),
+    (Any, _nested(201)),
+    (dict[str, Any], {"n": 10**4300}),
+    (list[Any], [10**4300]),
+    (int, 10**4300),
+    (Any, -(10**4300)),
+]
+#: The most they read back.
+READABLE: list[tuple[Any, Any]] = [
+    (dict[str, Any], {"deep": _nested(199)}),
+    (list[Any], [_nested(199)]),
+    (Any, _nested(200)),
+    (dict[str, Any], {"n": 10**4300 - 1}),
+    (int, 10**4300 - 1),
+    (Any, -(10**4300) + 1),
+]
+
+
+@pytest.mark.parametrize(("declared", "wrong"), UNREADABLE, ids=range(len(UNREADABLE)))
+def test_a_result_a_replay_cannot_parse_is_stored_and_refused_at_once(
+    settler: Settler, declared: Any, wrong: Any
+) -> None:
+    """A first call whose result (of its declared type, even ``Any``, ``dict[str, Any]``
+    or ``list``, whose checks are skipped) a replay cannot read back raises what its replays
+    raise; it used to return the value, and every retry then raised ``InvalidInput``."""
+    runs: list[str] = []
+
+    @settler.operation(key="deep:{order}", principal=P, result_type=declared)
+    def deep(order: str) -> Any:
+        runs.append(order)
+        return wrong
+
+    with pytest.raises(InvalidInput, match="does not validate into") as first:
+        deep("o1")
+    assert first.value.operation_id == "deep:o1"
+    record = settler.get("deep:o1")
+    assert record is not None
+    assert record.state is State.COMPLETED  # stored: a retry does not run it again
+    with pytest.raises(InvalidInput) as replay:
+        deep("o1")
+    assert str(replay.value) == str(first.value)
+    assert runs == ["o1"]
+
+
+@pytest.mark.parametrize(("declared", "value"), READABLE, ids=range(len(READABLE)))
+def test_a_result_at_the_most_a_replay_parses_is_returned_and_replayed(
+    settler: Settler, declared: Any, value: Any
+) -> None:
+    @settler.operation(key="deep:{order}", principal=P, result_type=declared)
+    def deep(order: str) -> Any:
+        return value
+
+    assert deep("o1") == value
+    assert deep("o1") == value  # the replay

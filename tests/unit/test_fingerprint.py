@@ -207,3 +207,16 @@ def test_the_depth_limit_counts_from_the_whole_object() -> None:
     )
     with pytest.raises(FingerprintError, match="deeper than 64"):
         call_fingerprint("f")(_nested(64))
+
+
+def test_a_name_with_no_canonical_form_refuses_each_call_as_before() -> None:
+    """A name that has no canonical JSON (a lone surrogate: hypothesis's text never draws
+    one) is refused on each call, with fingerprint()'s own error, not when the function is
+    decorated: a function decorated before keeps decorating."""
+    framed = call_fingerprint("f\ud800")
+    for request in ({"a": 1}, None, [1.5]):
+        with pytest.raises(FingerprintError) as error:
+            framed(request)
+        with pytest.raises(FingerprintError) as whole:
+            fingerprint({"function": "f\ud800", "request": request})
+        assert str(error.value) == str(whole.value)

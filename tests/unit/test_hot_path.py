@@ -21,12 +21,18 @@ from redis.connection import Connection
 from structlog.testing import capture_logs
 
 from settle._core import codec
-from settle._core.codec import encode_result
+from settle._core.codec import AsJson, encode_result
 from settle._core.engine import Core
 from settle._log import STDLIB_LOGGER, enabled
 from settle._runtime.packing import pack_command
 from settle.config import SettleConfig
-from settle.decorator._plan import _replayed, _replays_as_is, _uuid4_hex
+from settle.decorator._plan import (
+    _parses_back,
+    _parses_back_scalar,
+    _replayed,
+    _replays_as_is,
+    _uuid4_hex,
+)
 from settle.models import (
     Action,
     InProgress,
@@ -356,9 +362,14 @@ def test_a_result_the_first_call_does_not_check_validates_into_its_type(
     value: Any, declared: Any
 ) -> None:
     """The first call skips the result check only where its JSON certainly validates
-    into the declared type (as a replay reads it back); the check would have passed."""
-    if _replays_as_is(declared, value):
-        _replayed(declared, encode_result(value, sys.maxsize, "op-1"))
+    into the declared type (as a replay reads it back); the check would have passed. Bytes
+    are stored as JSON (a base64 string) as ``Plan._complete`` stores them for any type
+    but ``bytes``: stored as they are, ``b""`` is no JSON (this test failed on it)."""
+    if not _replays_as_is(declared, value):
+        return
+    data = encode_result(AsJson(value) if isinstance(value, bytes) else value, sys.maxsize, "op")
+    if _parses_back_scalar(value) or _parses_back(data):
+        _replayed(declared, data)
 
 
 def test_a_container_declared_of_something_else_is_checked() -> None:
