@@ -42,6 +42,18 @@ def key_headers(key: str | None, principal: str | None = "tenant:acme") -> dict[
     return headers
 
 
+def post_scope(key: bytes) -> dict[str, Any]:
+    """The ASGI scope of a ``POST /pay`` with the idempotency key ``key``, for a test that
+    calls the middleware itself, without a server."""
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/pay",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", key)],
+    }
+
+
 def principal_from_header(scope: Any) -> str | None:
     """Test stand-in for authentication: the principal named by ``X-Principal``."""
     for name, value in scope["headers"]:

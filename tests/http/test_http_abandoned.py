@@ -18,6 +18,7 @@ from settle import AsyncSettler, Reserved, Settler, State
 from settle.asgi import IdempotencyMiddleware
 from settle.asgi.keys import operation_id
 from settle.http.stored import StoredResponse
+from tests.http.apps import post_scope as _scope
 
 pytestmark = pytest.mark.asyncio
 
@@ -92,16 +93,6 @@ async def test_a_stopping_handler_keeps_its_key_and_the_timeout_is_answered_on_t
 
 
 # -- the handler runs in the request's own task: every way it is stopped -----------------------
-
-
-def _scope(key: bytes) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": "POST",
-        "path": "/pay",
-        "query_string": b"",
-        "headers": [(b"idempotency-key", key)],
-    }
 
 
 class _Client:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from settle.errors import FingerprintError
 from settle.fingerprint import canonical_json, fingerprint
 from settle.http.request import (
+    _MAX_DEPTH,
     RequestHead,
     _content_type,
     _is_json,
@@ -139,6 +142,17 @@ def test_a_json_body_fingerprints_as_settle_fingerprint_does(
         b'\xef\xbb\xbf{"a": 1}',
         '{"b": [1, 2], "a": "\u00e9"}'.encode("utf-16"),
         '{"a": 1}'.encode("utf-32-le"),
+        # The integer bounds of the hooks' stop: 2**53 and -(2**53) have no I-JSON form.
+        b"9007199254740991",
+        b"9007199254740992",
+        b"-9007199254740992",
+        b"[-0, 1E2, 1e2, -0.0, 1e-400]",
+        # Non-ASCII keys stop the hooks: RFC 8785 sorts keys by UTF-16 code units, in which
+        # U+10000 (a surrogate pair) comes before U+FFFF; code point order is the reverse.
+        '{"\uffff": 1, "\U00010000": 2}'.encode(),
+        # A body parsed again after a stop is decoded as json.loads decodes it.
+        '{"b": 1.5, "a": "\u00e9"}'.encode("utf-16"),
+        b'\xef\xbb\xbf[1.5, {"\xc3\xa9": 2}]',
     ],
 )
 def test_edge_bodies_fingerprint_as_settle_fingerprint_does(body: bytes) -> None:
@@ -166,3 +180,44 @@ def test_a_long_request_line_fingerprints_the_same_uncached() -> None:
     for path, query in (("/" + "p" * 600, b""), ("/payments", b"q=" + b"v" * 600)):
         head = _head(path, query, b"application/json")
         assert outcome(fingerprint_request, head, body) == outcome(reference, head, body)
+
+
+def test_bodies_fingerprinted_on_many_threads_at_once_never_mix() -> None:
+    """The WSGI middleware fingerprints requests on many threads at once, through one
+    shared JSON decoder and encoder: their hooks keep no state, so a body's fingerprint
+    never depends on what another thread parses meanwhile (a float seen in one body must
+    not send another to the raw-bytes fallback, nor the reverse)."""
+    plain = ",".join(f'"k{i}": {i}' for i in range(300))
+    # What stops the hooks first (then a long parse, during which other threads start and
+    # stop their own), or last; 1.0 is "1.0" to json.dumps, 1 in RFC 8785.
+    bodies = [f"{{{plain}}}".encode(), f"{{{plain}, ".encode()]
+    for stop in ('"z": 1.0', '"z": {"\u00e9": 1}', '"z": 9007199254740993', '"z": NaN'):
+        bodies += [f"{{{stop}, {plain}}}".encode(), f"{{{plain}, {stop}}}".encode()]
+    bodies += [f'{{{plain}, "k0": 1}}'.encode(), f'{{{plain}, "z": "\\ud800"}}'.encode()]
+    # Few brackets: the shared plain parser reads them (not the walk of deep bodies).
+    assert all(body.count(b"{") + body.count(b"[") <= _MAX_DEPTH for body in bodies)
+    head = _head(content_type=b"application/json")
+    expected = [fingerprint_request(head, body) for body in bodies]
+    threads = 8
+    start = threading.Barrier(threads)
+    mixed: list[tuple[int, str]] = []
+
+    def fingerprint_many(offset: int) -> None:
+        start.wait()
+        for n in range(200):
+            i = (offset + n) % len(bodies)
+            got = fingerprint_request(head, bodies[i])
+            if got != expected[i]:
+                mixed.append((i, got))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads inside the parser's hooks
+    try:
+        workers = [threading.Thread(target=fingerprint_many, args=(k,)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert mixed == []
