@@ -498,8 +498,9 @@ def _instant(text: str, name: str) -> datetime | Ago | None:
 
 def _size(request: Request) -> int:
     text = request.query_params.get("size", "50")
-    # Length first: int() refuses 4300 digits with a ValueError (a 500).
-    if not (text.isdigit() and len(text) <= 6) or int(text) not in _PAGE_SIZES:
+    # Length first: int() refuses 4300 digits with a ValueError (a 500). ASCII: isdigit()
+    # is true of superscripts (int() refuses them) and of every script's digits.
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) not in _PAGE_SIZES:
         raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
     return int(text)
 
