@@ -175,7 +175,8 @@ def _terminal_size(stream: TextIO) -> os.terminal_size:
     columns, lines = (size.columns or 80), (size.lines or 24)
     for name in ("COLUMNS", "LINES"):
         value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
+        # ASCII: isdigit() is true of superscripts, which int() refuses.
+        if value.isascii() and value.isdigit() and int(value) > 0:
             columns, lines = (int(value), lines) if name == "COLUMNS" else (columns, int(value))
     return os.terminal_size((columns, lines))
 

@@ -339,3 +339,14 @@ def test_wide_characters_are_measured_as_the_terminal_shows_them(
     assert any(operation_id in line for line in out.splitlines()), out
     assert any(ref in line for line in out.splitlines()), out
     assert all(cell_len(line) <= columns for line in out.splitlines()), out
+
+
+def test_a_lines_of_a_superscript_digit_is_the_terminals_own(
+    entries: list[QuarantineEntry], env: dict[str, str]
+) -> None:
+    r"""``LINES`` (and ``COLUMNS``) were read when ``str.isdigit()``, which is true of
+    superscripts: ``LINES=\u00b2`` made every command that prints to a terminal end in
+    int()'s ValueError (a traceback, exit 1). Only ASCII digits are a size; else the
+    terminal's own."""
+    out = in_terminal([*CLI, "quarantine", "ls"], {**env, "LINES": "\u00b2"}, 60)
+    assert_whole(out, 60, [v for e in entries for v in _entry_values(e)])
