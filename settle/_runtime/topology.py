@@ -152,7 +152,9 @@ def _seed(node: object) -> tuple[str, int]:
                 "not in a list)"
             )
         host, sep, port_text = node.rpartition(":")
-        if not sep or not host or not port_text.isdigit():
+        # ASCII: isdigit() is true of superscripts (int() refuses them) and of every
+        # script's digits (int() reads them: another port than the text shows).
+        if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
             raise InvalidInput(f"cluster node {node!r} is not 'host:port'")
         node = (host.strip("[]"), int(port_text))
     if (

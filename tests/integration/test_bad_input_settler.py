@@ -329,3 +329,16 @@ def test_from_url_refuses_a_password_redis_py_would_read_as_a_port(
         message = str(caught.value)
         for part in (password, password[:3], password[-3:]):
             assert part not in message
+
+
+@pytest.mark.parametrize("port", ["\u00b2", "\u0667\u0660\u0660\u0660", "\uff17\uff10\uff10\uff10"])
+def test_a_node_port_in_other_digits_is_invalid_input(port: str) -> None:
+    r"""A seed node's port was checked with ``str.isdigit()``, true of superscripts and of
+    every script's digits: ``'127.0.0.1:\u00b2'`` escaped as int()'s bare ValueError (no
+    SettleError), and ``'127.0.0.1:\u0667\u0660\u0660\u0660'`` (Arabic-Indic) was taken for
+    port 7000. A port is ASCII digits, as in every URL."""
+    node = f"127.0.0.1:{port}"
+    with pytest.raises(InvalidInput, match="is not 'host:port'"):
+        Settler.from_cluster([node])
+    with pytest.raises(InvalidInput, match="is not 'host:port'"):
+        Settler.from_sentinel([node], service_name="main")
