@@ -4,16 +4,20 @@ server lost it, and followed by ``WAIT`` with ``min_replicas`` (docs/console.md)
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import redis
 
-from settle import AsyncSettler, DurabilityError, Settler
+from settle import AsyncSettler, ConfigurationError, DurabilityError, Reserved, Settler
+from settle._core.scripts import SCRIPTS
+from settle._sessions import SCRIPTS as SESSION_SCRIPTS
 from settle.embedded import EmbeddedRedis
 from settle.web import create_app, end_sessions
 from settle.web._security import Sessions
 from tests.acl import app_user
 from tests.cli.conftest import settle
 from tests.faults.servers import REPLICA_TIMEOUT, replica_of, wait_replicas
+from tests.integration.test_functions import _libraries
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
@@ -268,3 +272,101 @@ async def test_consoles_and_end_sessions_on_one_settler_check_the_server_once(
             assert _info_calls(server) == before + 1  # the INFO that read ``before``
         finally:
             await settler.aclose()
+
+
+async def _sign_in(app: object) -> httpx.Response:
+    """A new sign-in to ``app``: the POST's answer (303 when it signed in)."""
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        return await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+
+
+@pytest.mark.asyncio
+async def test_an_evicting_policy_the_settler_found_refuses_the_next_sign_in(
+    namespace: str,
+) -> None:
+    """The console's sessions run on a companion of the settler's runner: it kept server
+    checks of its own, so once the settler's call found the server emptied and evicting
+    (a restart with another config) and refused, the console still signed people in, on
+    the evicting server, until its own recheck 30 s later. The checks are one: the next
+    sign-in is refused the same way, at once."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            assert (await _sign_in(app)).status_code == 303  # the console's scripts are ready
+            first = await settler.reserve("op-0", {"n": 0}, principal="p")
+            await settler.complete(first.reservation, {"ok": True})
+            with redis.Redis.from_url(server.url) as raw:
+                raw.flushall()
+                raw.config_set("maxmemory-policy", "allkeys-lru")
+            with pytest.raises(ConfigurationError, match="allkeys-lru"):
+                await settler.reserve("op-0", {"n": 0}, principal="p")
+            with redis.Redis.from_url(server.url) as raw:
+                written = int(raw.dbsize())
+            refused = await _sign_in(app)
+            assert_error_page(refused, 503)
+            assert "allkeys-lru" in refused.text
+            with redis.Redis.from_url(server.url) as raw:
+                assert int(raw.dbsize()) == written  # no session was written
+        finally:
+            await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_suspicion_of_the_settlers_runner_is_the_consoles_too(namespace: str) -> None:
+    """Evidence that the server lost its data, found by the settler's runner (here its
+    ``suspect()``, as a lost script or an ``unclaimed`` reply raise it), makes the
+    console's next sign-in check the server first: an evicting policy refuses it."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            assert (await _sign_in(app)).status_code == 303
+            with redis.Redis.from_url(server.url) as raw:
+                raw.config_set("maxmemory-policy", "allkeys-lru")
+            settler._runner.suspect()
+            refused = await _sign_in(app)
+            assert_error_page(refused, 503)
+            assert "allkeys-lru" in refused.text
+        finally:
+            await settler.aclose()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("first", ["settler", "console"])
+async def test_after_a_restart_without_persistence_both_load_their_own_scripts(
+    valkey: EmbeddedRedis, namespace: str, first: str
+) -> None:
+    """The server restarted without persistence (libraries, scripts and records gone). One
+    runner notices and checks the server again; the other, which shares those checks, must
+    still load its own library: the console signs in after the settler noticed, and the
+    settler settles after the console noticed."""
+    _writer(valkey, namespace).close()
+    settler = AsyncSettler.from_url(valkey.url, namespace=namespace, shards=4)
+    try:
+        app = create_app(settler, authorize=people)
+        assert (await _sign_in(app)).status_code == 303
+        done = await settler.reserve("op-0", {"n": 0}, principal="p")
+        await settler.complete(done.reservation, {"ok": True})
+        valkey.stop()
+        valkey.start()  # persistence off: the records, the scripts and the libraries are gone
+        with redis.Redis.from_url(valkey.url) as raw:
+            assert raw.function_list() == []
+        order = ["settler", "console"] if first == "settler" else ["console", "settler"]
+        for who in order:
+            if who == "console":
+                async with signed_in(app) as browser:
+                    assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+            else:
+                settled = await settler.reserve("op-1", {"n": 1}, principal="p")
+                assert isinstance(settled, Reserved)
+                await settler.complete(settled.reservation, {"ok": True})
+        with redis.Redis.from_url(valkey.url) as raw:
+            libraries = _libraries(raw)
+        assert SCRIPTS.library_name in libraries
+        assert SESSION_SCRIPTS.library_name in libraries
+    finally:
+        await settler.aclose()
