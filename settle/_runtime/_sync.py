@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 import contextlib
 import os
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import monotonic
@@ -33,6 +32,7 @@ from tenacity import Retrying
 from settle._log import logger, operation_digest
 from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, naming
+from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
 from settle._runtime.packing import pack_command
 from settle._runtime.scripts import ScriptSet
@@ -275,21 +275,15 @@ class Runner:
         #: connections, holds the cluster nodes' clients and closes them all.
         self._owner = _owner
         self._durability = durability
-        #: When the server checks last passed (``time.monotonic()``); None: every check of
-        #: :meth:`prepare` is due, before the first call and after evidence that the server
-        #: lost its data or restarted (:meth:`suspect`).
-        self._checked_at: float | None = None
-        #: Counts the evidence (:meth:`suspect`, :meth:`dropped`): a check during which new
-        #: evidence came read the server as it was before it, and leaves its checks due.
-        self._evidence = 0
-        #: Guards ``_evidence`` and ``_checked_at`` (threads of the sync runtime report
-        #: evidence and end checks at once); never held across the network.
-        self._state = threading.Lock()
-        self.recheck_interval = RECHECK_INTERVAL
-        #: A cluster's periodic recheck, per primary: node name -> (the evidence count and
-        #: the ``monotonic()`` time of its last passed check). A call rechecks only the
-        #: primary that holds its key, so a hung primary holds up only its own calls.
-        self._node_checked: dict[str, tuple[int, float]] = {}
+        #: The server checks' state, shared with the companions (:meth:`companion`): a
+        #: check, or evidence, found by any of them is seen by all.
+        self._checks: ServerChecks = (
+            ServerChecks(RECHECK_INTERVAL) if _owner is None else _owner._checks
+        )
+        #: The count of :meth:`suspect` calls (``ServerChecks.losses``) after which this runner
+        #: last loaded its own scripts (the full check, :meth:`_prepare_once`); another
+        #: count, or None: this runner's full check is due, whatever the others did.
+        self._loaded: int | None = None
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
         #: The server answered FCALL with "unknown command" (renamed or disabled, or a
@@ -344,9 +338,12 @@ class Runner:
         first when nothing did yet (a cluster node's URL becomes the cluster client both run
         on). The companion owns nothing: it keeps no connection of the pool between calls,
         its cluster nodes' clients are this runner's, and closing it closes nothing (this
-        runner closes them all). One per script set: asked again (another console on the
-        same settler, every ``end_sessions``), the same one, whose server checks passed."""
-        if self._checked_at is None:
+        runner closes them all). It shares this runner's server checks (:meth:`suspect`,
+        the recheck): a check or evidence of either is the other's too; what belongs to
+        its script set (FCALL or EVALSHA, its scripts loaded) is its own. One per script
+        set: asked again (another console on the same settler, every ``end_sessions``), the
+        same one, whose scripts are loaded."""
+        if self._checks.checked_at is None:
             self.prepare()
         found = self._companions.get(scripts.library_name)
         if found is None:
@@ -370,8 +367,10 @@ class Runner:
     def _prepare_once(self, evidence: int | None = None) -> dict[str, Any]:
         """One try of :meth:`prepare`; a transient failure is raised as it came.
         ``evidence``: the evidence count the check answers (read when it was found due)."""
-        if evidence is None:
-            evidence = self._evidence
+        with self._checks.lock:
+            losses = self._checks.losses
+            if evidence is None:
+                evidence = self._checks.evidence
         info: dict[str, Any] = self._server_info()
         topology.check_server(info)
         # Decided again on every check: a failover or a rollback may bring a server
@@ -391,36 +390,54 @@ class Runner:
             nodes = ",".join(node or "server" for node in warnings.unread)
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
         self._passed(evidence)
+        self._loaded = losses
         return info
 
     def suspect(self) -> None:
         """Evidence that the server lost its data (a script's ``unclaimed`` reply, NOSCRIPT,
         a missing FUNCTION library): every check of :meth:`prepare` runs again before the
-        next call."""
-        with self._state:
-            self._evidence += 1
-            self._checked_at = None
+        next call, of this runner and of those that share its client (:meth:`companion`),
+        each loading its own scripts again."""
+        with self._checks.lock:
+            self._checks.evidence += 1
+            self._checks.losses += 1
+            self._checks.checked_at = None
 
     def dropped(self) -> None:
         """Evidence that the server may have restarted (a connection it closed or that
         failed): the primaries' eviction policy is read again before anything more is sent
         (a restart that lost the data shows as NOSCRIPT or a missing library:
         :meth:`suspect`)."""
-        with self._state:
-            self._evidence += 1
-            if self._checked_at is not None:
-                self._checked_at = float("-inf")
+        checks = self._checks
+        with checks.lock:
+            checks.evidence += 1
+            if checks.checked_at is not None:
+                checks.checked_at = float("-inf")
 
     def _passed(self, evidence: int) -> None:
         """The checks passed, having started when the evidence count was ``evidence``: not
         due again until the interval, unless evidence came while they ran."""
-        with self._state:
-            if self._evidence == evidence:
-                self._checked_at = monotonic()
+        with self._checks.lock:
+            if self._checks.evidence == evidence:
+                self._checks.checked_at = monotonic()
+
+    @property
+    def recheck_interval(self) -> float:
+        """Seconds between two reads of the eviction policy on the call path
+        (:data:`RECHECK_INTERVAL`), of this runner and those that share its client."""
+        return self._checks.interval
+
+    @recheck_interval.setter
+    def recheck_interval(self, seconds: float) -> None:
+        self._checks.interval = seconds
 
     def _due(self) -> bool:
-        checked = self._checked_at
-        return checked is None or monotonic() - checked >= self.recheck_interval
+        checked = self._checks.checked_at
+        return (
+            checked is None
+            or self._loaded != self._checks.losses
+            or monotonic() - checked >= self._checks.interval
+        )
 
     def _check(self, call: Call | None) -> None:
         """The server checks that are due, inline before ``call`` (no thread): all of
@@ -434,8 +451,10 @@ class Runner:
         failure, repeated and counted by the call's own retries (a check that repeated on
         its own would multiply them)."""
         with naming(call) if call is not None else contextlib.nullcontext():
-            with self._state:  # what is due, and the evidence it answers, read together
-                evidence, full = self._evidence, self._checked_at is None
+            checks = self._checks
+            with checks.lock:  # what is due, and the evidence it answers, read together
+                evidence = checks.evidence
+                full = checks.checked_at is None or self._loaded != checks.losses
             if full:
                 self._prepare_once(evidence)
                 return
@@ -455,13 +474,14 @@ class Runner:
         is ``recheck_interval`` old (calls skip the per-call lookup of their primary)."""
         assert isinstance(self.client, RedisCluster)
         primaries = [p.name for p in self.client.get_primaries()]  # type: ignore[no-untyped-call,unused-ignore]
-        with self._state:
-            self._node_checked[name] = (evidence, monotonic())
-            stamps = [self._node_checked.get(primary) for primary in primaries]
+        checks = self._checks
+        with checks.lock:
+            checks.nodes[name] = (evidence, monotonic())
+            stamps = [checks.nodes.get(primary) for primary in primaries]
             times = [stamp[1] for stamp in stamps if stamp is not None and stamp[0] == evidence]
             every = primaries and len(times) == len(primaries)
-            if every and self._evidence == evidence and self._checked_at is not None:
-                self._checked_at = min(times)
+            if every and checks.evidence == evidence and checks.checked_at is not None:
+                checks.checked_at = min(times)
 
     def _node_of(self, call: Call | None) -> Any:
         """The cluster primary that serves ``call``'s key, whose policy its periodic recheck
@@ -473,11 +493,11 @@ class Runner:
     def _node_fresh(self, name: str, evidence: int) -> bool:
         """Whether the primary ``name`` passed a recheck since the last evidence, within
         ``recheck_interval``."""
-        stamp = self._node_checked.get(name)
+        stamp = self._checks.nodes.get(name)
         return (
             stamp is not None
             and stamp[0] == evidence
-            and monotonic() - stamp[1] < self.recheck_interval
+            and monotonic() - stamp[1] < self._checks.interval
         )
 
     def _function_missing(self, reply: object) -> bool:

