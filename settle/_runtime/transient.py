@@ -147,6 +147,19 @@ def _classify(
     what = call.script if call else "a command"
     op = call.operation_id if call else None
     name = f"{exc.__class__.__name__}: {exc}"
+    if isinstance(exc, rx.NoPermissionError) and any(
+        f"'{command}" in str(exc).lower() for command in ("evalsha", "fcall", "function", "script")
+    ):
+        # A user whose ACL lets it run settle's scripts neither way: what to do is not a
+        # credential but a library an admin loads, or one more command allowed.
+        return ConfigurationError(
+            f"Redis refused to run settle's scripts during {what} ({name}): this user may "
+            "call them neither as a FUNCTION library (FCALL of a library loaded on every "
+            "primary; an admin loads settle's libraries with `settle doctor`) nor by "
+            'EVALSHA. Load the libraries, or allow FCALL or EVALSHA (docs/operations.md, "ACLs"); '
+            "nothing was written.",
+            operation_id=op,
+        )
     if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError | rx.NoPermissionError) or (
         "NOAUTH" in str(exc) or "WRONGPASS" in str(exc)
     ):

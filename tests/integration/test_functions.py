@@ -380,8 +380,9 @@ def test_a_user_that_may_not_load_the_library_calls_it_again_once_an_admin_reloa
             lambda: api.reserve("after", REQ, principal=WHO),  # with WAIT: min_replicas
         ):
             raw.function_flush()
-            with pytest.raises(ConfigurationError, match="evalsha"):
+            with pytest.raises(ConfigurationError, match="evalsha") as refused:
                 await first()
+            assert "settle doctor" in str(refused.value)  # what to do, not "credentials"
             raw.function_load(SCRIPTS.library)  # what settle doctor does, as an admin
             await first()
         assert (await api.get("after")).state is State.PENDING
