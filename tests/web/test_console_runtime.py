@@ -40,6 +40,12 @@ def _writer(server: EmbeddedRedis, namespace: str) -> Settler:
     return writer
 
 
+def _commands_run(server: EmbeddedRedis) -> set[str]:
+    """The commands ``server`` ran since its statistics were last reset."""
+    with redis.Redis.from_url(server.url) as raw:
+        return {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
+
+
 async def _sign_in_resolve_and_sign_out(server: EmbeddedRedis, url: str, namespace: str) -> None:
     """As the Redis user of ``url``, a console signs in, resolves an entry (the note is
     stored) and signs out."""
@@ -71,9 +77,7 @@ async def test_a_user_allowed_fcall_but_not_evalsha_signs_in_resolves_and_signs_
     but not EVAL / EVALSHA could sign nobody in: the session scripts ran as EVALSHA, and
     the sign-in answered 503 naming evalsha. They run through settle's runner now."""
     await _sign_in_resolve_and_sign_out(valkey, app_user(valkey, *NO_EVAL), namespace)
-    with redis.Redis.from_url(valkey.url) as raw:
-        calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
-    assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
+    assert not _commands_run(valkey) & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
 
 
 @pytest.mark.asyncio
@@ -93,9 +97,7 @@ async def test_after_doctor_a_user_that_may_not_load_functions_signs_in(
     with redis.Redis.from_url(valkey.url) as raw:
         raw.config_resetstat()
     await _sign_in_resolve_and_sign_out(valkey, url, namespace)
-    with redis.Redis.from_url(valkey.url) as raw:
-        calls = {k.removeprefix("cmdstat_") for k in raw.info("commandstats")}
-    assert not calls & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
+    assert not _commands_run(valkey) & {"eval", "evalsha", "eval_ro", "evalsha_ro"}
 
 
 @pytest.mark.asyncio
