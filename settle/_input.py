@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from settle.errors import InvalidInput
 
-__all__ = ["InputModel", "has_control"]
+__all__ = ["InputModel", "has_control", "is_decimal"]
 
 #: Refused in every name and text settle stores and shows (operation ids, principals,
 #: reasons, notes; cursor streams and event ids; progress ids and consumer names): control
@@ -27,6 +27,13 @@ __all__ = ["InputModel", "has_control"]
 #: surrogates, and the line and paragraph separators U+2028 / U+2029 (the other Unicode
 #: line breaks, CR, LF, VT, FF and NEL, are control characters already).
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: what ``int()`` reads as the number the
+    text shows. ``str.isdigit()`` alone is true of superscripts (``int()`` refuses them) and
+    of every script's digits (``int()`` reads them: a number the text does not show)."""
+    return text.isascii() and text.isdigit()
 
 
 def has_control(text: str) -> bool:

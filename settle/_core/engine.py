@@ -19,6 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
 from settle._core.layout import stored_arg, stored_digest
+from settle._input import is_decimal
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call
@@ -738,9 +739,7 @@ class Core:
         if not isinstance(ref, str):
             raise InvalidInput("quarantine id must be a str such as '3/1733130000000-0'")
         shard_text, _, entry_id = ref.rpartition("/")
-        if not _STREAM_ID.fullmatch(entry_id) or (
-            shard_text and not (shard_text.isascii() and shard_text.isdigit())
-        ):
+        if not _STREAM_ID.fullmatch(entry_id) or (shard_text and not is_decimal(shard_text)):
             raise InvalidInput(f"{ref!r} is not a quarantine id (shard/ms-seq or ms-seq)")
         if any(int(part) >= 2**64 for part in entry_id.split("-")):
             raise InvalidInput(

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from redis.exceptions import ResponseError
 
+from settle._input import is_decimal
 from settle._runtime.urls import redacted, url_problem
 from settle.errors import ConfigurationError, InvalidInput
 
@@ -152,9 +153,7 @@ def _seed(node: object) -> tuple[str, int]:
                 "not in a list)"
             )
         host, sep, port_text = node.rpartition(":")
-        # ASCII: isdigit() is true of superscripts (int() refuses them) and of every
-        # script's digits (int() reads them: another port than the text shows).
-        if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
+        if not sep or not host or not is_decimal(port_text):
             raise InvalidInput(f"cluster node {node!r} is not 'host:port'")
         node = (host.strip("[]"), int(port_text))
     if (

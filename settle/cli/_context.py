@@ -17,9 +17,10 @@ from redis import ConnectionPool
 from redis.exceptions import RedisError, ResponseError
 
 from settle._core.keys import Keys
+from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
-from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from settle._input import is_decimal
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
 from settle.cli._render import visible
@@ -172,7 +173,7 @@ def stored_shards(client: Any, namespace: str) -> int | None:
     if raw is None:
         return None
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SHARDS):
+    if not (is_decimal(text) and 1 <= int(text) <= MAX_SHARDS):
         raise ConfigurationError(
             f"the metadata of namespace {namespace!r} is corrupt: key {meta!r} field 'shards' "
             f"is {text[:40]!r}, not a shard count from 1 to {MAX_SHARDS}; settle never writes "

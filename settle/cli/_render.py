@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from settle._input import is_decimal
 from settle.models import AttemptObservation, OperationRecord, QuarantineEntry
 
 __all__ = [
@@ -175,8 +176,7 @@ def _terminal_size(stream: TextIO) -> os.terminal_size:
     columns, lines = (size.columns or 80), (size.lines or 24)
     for name in ("COLUMNS", "LINES"):
         value = os.environ.get(name, "")
-        # ASCII: isdigit() is true of superscripts, which int() refuses.
-        if value.isascii() and value.isdigit() and int(value) > 0:
+        if is_decimal(value) and int(value) > 0:
             columns, lines = (int(value), lines) if name == "COLUMNS" else (columns, int(value))
     return os.terminal_size((columns, lines))
 

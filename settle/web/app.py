@@ -30,6 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
 from settle._core.engine import MAX_NOTE_CHARS
+from settle._input import is_decimal
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, json_line, record_json
@@ -498,9 +499,8 @@ def _instant(text: str, name: str) -> datetime | Ago | None:
 
 def _size(request: Request) -> int:
     text = request.query_params.get("size", "50")
-    # Length first: int() refuses 4300 digits with a ValueError (a 500). ASCII: isdigit()
-    # is true of superscripts (int() refuses them) and of every script's digits.
-    if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) not in _PAGE_SIZES:
+    # Length first: int() refuses 4300 digits with a ValueError (a 500).
+    if not (is_decimal(text) and len(text) <= 6) or int(text) not in _PAGE_SIZES:
         raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
     return int(text)
 

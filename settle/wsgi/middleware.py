@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from settle._input import is_decimal
 from settle.http._sync import SyncGuard, status_line
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -140,7 +141,7 @@ class _Exchange:
         stream = self._environ["wsgi.input"]
         length = (self._environ.get("CONTENT_LENGTH") or "").strip(" \t")  # RFC 9110 OWS
         if length:
-            if not (length.isascii() and length.isdigit()):
+            if not is_decimal(length):
                 # A server that passes a header such as "abc" or "10, 10" through: the body
                 # cannot be delimited, so nothing is read (RFC 9112 6.3: a 400).
                 raise RequestMalformed(
