@@ -28,7 +28,13 @@ from settle.decorator._plan import (
     Sleep,
     TerminalSpec,
 )
-from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
+from settle.decorator._signature import (
+    KeySpec,
+    PrincipalSpec,
+    RequestSpec,
+    Signature,
+    check_decorable,
+)
 from settle.errors import InvalidInput
 from settle.models import Action, Settlement
 
@@ -57,6 +63,7 @@ class AsyncOperation:
         self._options = options
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        check_decorable(fn)
         if not inspect.iscoroutinefunction(fn):
             raise InvalidInput(
                 f"{getattr(fn, '__qualname__', fn)!s} is not a coroutine function: decorate "

@@ -36,7 +36,13 @@ from settle.decorator._plan import (
     Sleep,
     TerminalSpec,
 )
-from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
+from settle.decorator._signature import (
+    KeySpec,
+    PrincipalSpec,
+    RequestSpec,
+    Signature,
+    check_decorable,
+)
 from settle.errors import InvalidInput
 from settle.models import Action, Settlement
 
@@ -66,6 +72,7 @@ class Operation:
         self._options = options
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        check_decorable(fn)
         if inspect.iscoroutinefunction(fn):
             raise InvalidInput(
                 f"{fn.__qualname__} is async: decorate it with AsyncSettler.operation"
