@@ -185,8 +185,9 @@ async def _run(
         interrupted = None
         if isinstance(error, asyncio.CancelledError):
             error = TimeoutError(f"operation {attempt.operation_id!r}: the attempt was stopped")
-        return Ran(None if error else value, error, lost is None and error is not None, lost)
-    return Ran(value, error, False, lost, interrupted)
+        timed_out = lost is None and error is not None
+        return Ran(None if error else value, error, timed_out, lost, stopped=error is not None)
+    return Ran(value, error, False, lost, interrupted, stopped=attempt.stopped_by(error))
 
 
 async def _heartbeat(

@@ -175,7 +175,8 @@ def _run(
         beats.remove(key)
     deadline = attempt.deadline
     timed_out = error is not None and deadline is not None and time.monotonic() >= deadline
-    return Ran(value, error, timed_out, attempt._renewal if attempt.lost else None)
+    lost = attempt._renewal if attempt.lost else None
+    return Ran(value, error, timed_out, lost, stopped=attempt.stopped_by(error))
 
 
 #: How long an idle heartbeat thread (the scheduler, a renewer) waits for work before it
