@@ -53,6 +53,7 @@ class Attempt:
     __slots__ = (
         "_lost",
         "_renewal",
+        "_stop",
         "attempt_id",
         "deadline",
         "generation",
@@ -81,6 +82,7 @@ class Attempt:
         #: ``threading.Event`` (which costs a Condition and a Lock per attempt): nothing waits.
         self._lost = False
         self._renewal: Renewal | None = None
+        self._stop: BaseException | None = None
 
     @classmethod
     def for_reservation(
@@ -135,14 +137,24 @@ class Attempt:
                     "the operation has no record any more (Redis lost it or it was deleted), "
                     "so nothing remembers this attempt: stop; a new call runs it again"
                 )
-            raise StaleAttempt(
+            self._stop = StaleAttempt(
                 f"attempt {self.generation} of operation {self.operation_id!r} lost its lease "
                 f"({self.lost_reason}); {advice}",
                 operation_id=self.operation_id,
                 record=record,
             )
+            raise self._stop
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise TimeoutError(f"operation {self.operation_id!r}: the attempt's timeout passed")
+            self._stop = TimeoutError(
+                f"operation {self.operation_id!r}: the attempt's timeout passed"
+            )
+            raise self._stop
+
+    def stopped_by(self, error: BaseException | None) -> bool:
+        """Whether ``error`` is what :meth:`check` raised to stop this attempt (a lost lease,
+        the timeout): settle's signal, never the function's definite answer, whatever
+        ``terminal`` lists."""
+        return error is not None and error is self._stop
 
     def mark_lost(self, renewal: Renewal) -> None:
         """Record that the lease is lost (called by the heartbeat that found out)."""

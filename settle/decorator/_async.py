@@ -28,7 +28,13 @@ from settle.decorator._plan import (
     Sleep,
     TerminalSpec,
 )
-from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
+from settle.decorator._signature import (
+    KeySpec,
+    PrincipalSpec,
+    RequestSpec,
+    Signature,
+    check_decorable,
+)
 from settle.errors import InvalidInput
 from settle.models import Action, Settlement
 
@@ -57,6 +63,7 @@ class AsyncOperation:
         self._options = options
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        check_decorable(fn)
         if not inspect.iscoroutinefunction(fn):
             raise InvalidInput(
                 f"{getattr(fn, '__qualname__', fn)!s} is not a coroutine function: decorate "
@@ -178,8 +185,9 @@ async def _run(
         interrupted = None
         if isinstance(error, asyncio.CancelledError):
             error = TimeoutError(f"operation {attempt.operation_id!r}: the attempt was stopped")
-        return Ran(None if error else value, error, lost is None and error is not None, lost)
-    return Ran(value, error, False, lost, interrupted)
+        timed_out = lost is None and error is not None
+        return Ran(None if error else value, error, timed_out, lost, stopped=error is not None)
+    return Ran(value, error, False, lost, interrupted, stopped=attempt.stopped_by(error))
 
 
 async def _heartbeat(

@@ -165,6 +165,12 @@ class Ran:
     interrupted: BaseException | None = None
     """A cancellation of the caller that arrived after the function had finished: the
     outcome is settled first, then the cancellation is raised."""
+    stopped: bool = False
+    """settle stopped the function (its ``timeout``, a lost lease: the async timeout scope,
+    or :meth:`Attempt.check`): its error says so and is no definite answer, so it is never
+    stored as a failure, even when ``terminal`` lists its class (``TimeoutError`` is an
+    ``OSError``, an ``Exception``). Its effect may have happened: SPEC 6 makes it
+    provisional."""
 
 
 # -- policy ------------------------------------------------------------------------------
@@ -370,7 +376,7 @@ class Plan:
             )
         if error is None:
             return self._complete(r, ran.value)
-        if isinstance(error, self.policy.terminal):
+        if isinstance(error, self.policy.terminal) and not ran.stopped:
             return Settle(Action.FAIL, r, error=error)
         if ran.lost is not None:
             # No result to report and another worker may own the operation: settle nothing.

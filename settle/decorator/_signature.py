@@ -4,6 +4,7 @@ each call's arguments: operation id, request (for the fingerprint), principal, t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import string
@@ -20,7 +21,14 @@ from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
 from settle.fingerprint import call_fingerprint
 
-__all__ = ["CallIdentity", "KeySpec", "PrincipalSpec", "RequestSpec", "Signature"]
+__all__ = [
+    "CallIdentity",
+    "KeySpec",
+    "PrincipalSpec",
+    "RequestSpec",
+    "Signature",
+    "check_decorable",
+]
 
 KeySpec = str | Callable[..., str]
 PrincipalSpec = str | Callable[..., str]
@@ -34,6 +42,48 @@ class CallIdentity:
     operation_id: str
     fingerprint: str
     principal: str
+
+
+def check_decorable(fn: object) -> None:
+    """Refuse what ``@settler.operation`` cannot settle, with what to do instead, before
+    anything is derived from it:
+
+    - a generator function (sync or async): its call returns at once, before its body
+      has run, so the settlement would be about an unstarted generator and its effects
+      would happen later, unsettled, outside the lease;
+    - a ``functools.partial``: the arguments it binds are not parameters of its
+      signature, so they would be missing from the request fingerprint (two partials of
+      one function would replay each other's results), and it has no name to tell it
+      apart by;
+    - a ``classmethod`` object (decorated below ``@classmethod``) or another object that
+      is not a function or method."""
+    if isinstance(fn, classmethod):
+        raise InvalidInput(
+            "@settler.operation is given a classmethod object: put @classmethod above "
+            "@settler.operation, which decorates the function itself"
+        )
+    if isinstance(fn, functools.partial):
+        raise InvalidInput(
+            f"@settler.operation cannot decorate functools.partial({_named(fn.func)}, ...): "
+            "the arguments a partial binds are not part of the request fingerprint; "
+            "decorate a def that calls the function with them as parameters"
+        )
+    if not callable(fn) or not isinstance(getattr(fn, "__qualname__", None), str):
+        raise InvalidInput(
+            f"@settler.operation decorates a function or a method, not {type(fn).__name__} "
+            "objects: decorate a def (or async def) that calls it"
+        )
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
+        raise InvalidInput(
+            f"{_named(fn)} is {kind} function: its call returns before its body runs, "
+            "so nothing it does could be settled; decorate a function that returns the "
+            "result (a list of the items, say)"
+        )
+
+
+def _named(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", type(fn).__name__))
 
 
 _ATTEMPT_NAME = re.compile(r"(?:[\w.]+\.)?Attempt(?:\s*\|\s*None)?")

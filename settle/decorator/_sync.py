@@ -36,7 +36,13 @@ from settle.decorator._plan import (
     Sleep,
     TerminalSpec,
 )
-from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
+from settle.decorator._signature import (
+    KeySpec,
+    PrincipalSpec,
+    RequestSpec,
+    Signature,
+    check_decorable,
+)
 from settle.errors import InvalidInput
 from settle.models import Action, Settlement
 
@@ -66,6 +72,7 @@ class Operation:
         self._options = options
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        check_decorable(fn)
         if inspect.iscoroutinefunction(fn):
             raise InvalidInput(
                 f"{fn.__qualname__} is async: decorate it with AsyncSettler.operation"
@@ -168,7 +175,8 @@ def _run(
         beats.remove(key)
     deadline = attempt.deadline
     timed_out = error is not None and deadline is not None and time.monotonic() >= deadline
-    return Ran(value, error, timed_out, attempt._renewal if attempt.lost else None)
+    lost = attempt._renewal if attempt.lost else None
+    return Ran(value, error, timed_out, lost, stopped=attempt.stopped_by(error))
 
 
 #: How long an idle heartbeat thread (the scheduler, a renewer) waits for work before it
