@@ -196,7 +196,9 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
             kind = type(error)
             data = getattr(error, "settle_data", None)
             failure = StoredFailure(
-                error_type=f"{kind.__module__}.{kind.__qualname__}", message=str(error), data=data
+                error_type=f"{kind.__module__}.{kind.__qualname__}",
+                message=_message(error),
+                data=data,
             )
         elif isinstance(error, BaseModel):
             failure = StoredFailure(
@@ -214,6 +216,16 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
             operation_id=op,
         ) from exc
     return encode_result(dumped, limit, op)
+
+
+def _message(error: BaseException) -> str:
+    """An exception's text for its stored failure. An exception whose ``__str__`` raises is
+    still the function's definite answer: it is stored (with a placeholder text, as
+    ``traceback`` prints it), never left to escape the settlement with the record pending."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - any error of a user's __str__, whatever it is
+        return f"<exception str() failed: {type(error).__qualname__}>"
 
 
 def _fields(flat: Sequence[Any]) -> dict[str, Any]:
