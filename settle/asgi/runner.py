@@ -323,6 +323,10 @@ class AttemptRunner:
             await self._forward(message)
             return
         if kind == "http.response.start":
+            headers = message.get("headers", ())
+            if not isinstance(headers, list | tuple):
+                # Any iterable of pairs (ASGI): read once here, for the store and the server.
+                message = {**message, "headers": list(headers)}
             self._start = message
             if not self._guard.keeps(int(message["status"]), 0):
                 self._streaming = True

@@ -4,6 +4,7 @@ uvicorn's to report (as without settle), never a settlement of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -108,3 +109,34 @@ async def test_a_body_sent_before_the_start_is_uvicorns_error_and_runs_again(
     record = settler.get(operation_id("http", "k-2", TENANT, "principal"))
     assert record is not None
     assert (record.state, record.reason) == (State.PROVISIONAL, "exception")
+
+
+async def test_response_headers_given_as_an_iterator_reach_the_first_client(
+    redis_url: str, namespace: str
+) -> None:
+    """ASGI's ``headers`` is any iterable of pairs: a generator's headers reach the first
+    client as they do without settle, and are the ones stored and replayed."""
+
+    def headers() -> Iterator[tuple[bytes, bytes]]:
+        yield b"content-type", b"application/json"
+        yield b"location", b"/payments/p-1"
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await body_of(receive)
+        await send({"type": "http.response.start", "status": 201, "headers": headers()})
+        await send({"type": "http.response.body", "body": b'{"id":"p-1"}'})
+
+    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    with serve(guarded(app, app_settler), app_settler) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            bare = await client.post("/open", content=b"x")
+            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-3"})
+            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-3"})
+
+    for response in (bare, first, again):
+        assert response.status_code == 201
+        assert response.headers["content-type"] == "application/json"
+        assert response.headers["location"] == "/payments/p-1"
+        assert response.content == b'{"id":"p-1"}'
+    assert "idempotent-replayed" not in first.headers
+    assert again.headers["idempotent-replayed"] == "true"
