@@ -43,6 +43,7 @@ from django.http.request import RawPostDataException
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
 from settle.http._sync import NotReached, SyncGuard, configured_guard
+from settle.http.attempt import held_by_a_guard
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer, ClientDisconnected
@@ -228,6 +229,13 @@ def _guarded(
     if isinstance(getattr(request, "settle", None), Attempt):
         # An outer guard (the middleware, around a decorated view) holds this request's
         # operation: a second one would find it in progress and answer 409 forever.
+        return get_response(request)
+    django = request if isinstance(request, HttpRequest) else request._request
+    scope = getattr(django, "scope", None)  # Django's ASGIRequest
+    if isinstance(scope, dict) and held_by_a_guard(scope):
+        # So does settle.asgi.IdempotencyMiddleware around Django's ASGIHandler: the view
+        # runs under its attempt, in request.settle as under settle's own guard.
+        request.settle = scope["settle"]  # type: ignore[attr-defined]
         return get_response(request)
     exchange = _Exchange(request, get_response, driver.policy.principal, reaching=reaching)
     # Django decoded the path itself and wrote it back into META: hand it over as text (the

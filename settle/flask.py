@@ -41,8 +41,8 @@ class Idempotency:
 
     def init_app(self, app: Flask) -> None:
         if "settle" in app.extensions:
-            # A second guard around the first would reserve the same key again, find its
-            # own reservation in progress and answer 409 to every guarded request.
+            # A second guard around the first guards nothing more (it passes the first's
+            # requests through) and would only hide a second, different configuration.
             raise ConfigurationError(
                 "settle's Idempotency is already installed on this app: call init_app once "
                 "(Idempotency(app) already calls it)"

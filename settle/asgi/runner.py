@@ -315,7 +315,18 @@ class AttemptRunner:
         if self._phase is _Phase.ABANDONED:
             return  # the client left or the attempt timed out: nobody reads this
         kind = message["type"]
+        if self._phase is _Phase.SETTLED or (kind == "http.response.body" and self._start is None):
+            # Out of ASGI's order (a body before its start; anything but trailers after the
+            # last body): the server refuses it as it would without settle, and it settles
+            # nothing (a second settlement would quarantine a "conflicting" response that
+            # never went out).
+            await self._forward(message)
+            return
         if kind == "http.response.start":
+            headers = message.get("headers", ())
+            if not isinstance(headers, list | tuple):
+                # Any iterable of pairs (ASGI): read once here, for the store and the server.
+                message = {**message, "headers": list(headers)}
             self._start = message
             if not self._guard.keeps(int(message["status"]), 0):
                 self._streaming = True

@@ -315,3 +315,54 @@ def test_wsgi_under_a_script_name_guards_its_routes_and_keeps_mounts_apart(
     assert again[1].get("idempotent-replayed") == "true"
     assert other[0].startswith("422")
     assert calls == ["/payments"]
+
+
+# -- 5. a guard inside a guard: the inner one found the key in progress, forever -------------
+
+
+def test_a_guarded_app_mounted_under_a_guarded_app_runs_its_handler_once(
+    redis_url: str, namespace: str
+) -> None:
+    """A guarded sub-application mounted in a guarded application (a package that ships
+    its routes with the middleware, under a project that guards every route): the outer
+    guard holds the key, so the inner one passes the request through under the outer's
+    attempt, as settle.django's decorator does under its middleware. It reserved the same
+    key, found it in progress and answered 409 to every attempt: nothing could be paid."""
+    calls: list[str] = []
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    app = Starlette(
+        routes=[Mount("/v1", app=_sub("payment", calls, settler))],
+        middleware=[
+            Middleware(IdempotencyMiddleware, settler=settler, principal=principal_from_header)
+        ],
+    )
+    headers = {**TENANT, "Idempotency-Key": "nested-1"}
+    with serve(app, settler) as base, httpx.Client(base_url=base, timeout=30) as client:
+        first = client.post("/v1/create", json={"amount": 100}, headers=headers)
+        again = client.post("/v1/create", json={"amount": 100}, headers=headers)
+        changed = client.post("/v1/create", json={"amount": 999}, headers=headers)
+    assert (first.status_code, first.json()) == (201, {"created": "payment"}), first.text
+    assert "idempotent-replayed" not in first.headers
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert changed.status_code == 422  # still guarded: by the outer guard
+    assert calls == ["payment"]
+
+
+def test_a_wsgi_guard_inside_a_wsgi_guard_runs_the_app_once(sync_settler: Settler) -> None:
+    """WSGI: the same, for one middleware wrapped in another (a guarded sub-application
+    dispatched to by a guarded project)."""
+    calls: list[str] = []
+    inner = WSGIMiddleware(
+        _wsgi_charge_app(calls), settler=sync_settler, principal=principal_from_environ
+    )
+    app = WSGIMiddleware(inner, settler=sync_settler, principal=principal_from_environ)
+    headers = {**TENANT, "Idempotency-Key": "nested-w-1"}
+    with serve_wsgi(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        first = client.post("/payments", json={"amount": 100}, headers=headers)
+        again = client.post("/payments", json={"amount": 100}, headers=headers)
+    assert first.status_code == 201, first.text
+    assert "idempotent-replayed" not in first.headers
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert calls == ["/payments"]

@@ -79,6 +79,7 @@ from rest_framework.viewsets import ViewSet
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler, State
+from settle.asgi import IdempotencyMiddleware as ASGIGuard
 from settle.django import _VIEW_GUARDS, idempotent
 from settle.errors import ConfigurationError
 from settle.http.keys import operation_id
@@ -1417,3 +1418,37 @@ def test_a_rest_framework_handler_keeps_its_own_4xx_under_the_decorator(
     assert again.content == first.content
     assert again["Idempotent-Replayed"] == "true"
     assert RUNS == ["refuses"]
+
+
+def test_django_under_the_asgi_guard_runs_its_view_once_and_finds_its_attempt(
+    settle_settings: dict[str, Any], redis_url: str, namespace: str
+) -> None:
+    """A Django project moved to ASGI: ``settle.asgi.IdempotencyMiddleware`` around
+    Django's ``ASGIHandler`` (as the docs advise for async views), with
+    ``settle.django.IdempotencyMiddleware`` still in ``MIDDLEWARE``. The Django guard
+    reserved the key the ASGI guard held, found it in progress and answered 409 to every
+    request. It now passes the request through, and the view finds the ASGI guard's
+    attempt in ``request.settle``."""
+    generations: list[int] = []
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        generations.append(request.settle.generation)  # type: ignore[attr-defined]
+        return HttpResponse(f"charged {uuid.uuid4().hex}".encode(), status=201)
+
+    def tenant(scope: Any) -> str:
+        return "tenant:acme"
+
+    conf = urlconf(path("pay", pay))
+    mw = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw):
+        outer = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        app = ASGIGuard(ASGIHandler(), settler=outer, principal=tenant)
+        with serve(app, outer) as base, httpx.Client(base_url=base, timeout=30) as c:
+            sent = {"Idempotency-Key": "k-asgi", "X-Principal": "tenant:acme"}
+            first = c.post("/pay", content=b"{}", headers=sent)
+            again = c.post("/pay", content=b"{}", headers=sent)
+    assert first.status_code == 201, first.text
+    assert "idempotent-replayed" not in first.headers
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert len(generations) == 1
