@@ -40,6 +40,7 @@ from django.http import (
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 
+from settle._input import is_decimal
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
 from settle.http._sync import NotReached, SyncGuard, configured_guard
@@ -464,7 +465,7 @@ def _refuse_cut(stream: object, request: HttpRequest, got: int | None) -> None:
     else:
         declared = str(request.META.get("CONTENT_LENGTH") or "").strip()
         encoded = str(request.META.get("HTTP_CONTENT_ENCODING") or "identity").strip()
-        if got is None or not declared.isdigit() or encoded.lower() != "identity":
+        if got is None or not is_decimal(declared) or encoded.lower() != "identity":
             return
         limit, sent = int(declared), got
     if sent < limit:
