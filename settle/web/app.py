@@ -430,13 +430,18 @@ class _Console:
         logger.warning("settle.web.sign_out_failed", error=type(exc).__name__)
         message = (
             # The primary ended the session; a failover before a replica has it revives it.
-            f"Could not confirm the sign-out ({type(exc).__name__}: {exc}): a failover now "
-            "could bring the session back. Retry in a moment."
+            # The error's own text is written for settlements ("read the record back").
+            "The sign-out is not confirmed. The session was ended on the Redis primary, "
+            "but too few of its replicas confirmed it in time: if a replica takes over "
+            "now, this session could be signed in again. Sign out again; if this keeps "
+            "happening, ask an operator to end your sessions once the replicas are back."
             if isinstance(exc, DurabilityError)
             else "Could not sign out: Redis cannot be reached, so the session is still "
             "signed in. Retry in a moment."
         )
-        return self.render(request, "error.html", 503, status=503, message=message)
+        return self.render(
+            request, "error.html", 503, status=503, message=message, sign_out_again=True
+        )
 
 
 async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filter, dict[str, str]]:

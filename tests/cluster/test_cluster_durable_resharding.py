@@ -25,6 +25,7 @@ from structlog.testing import capture_logs
 
 from settle import (
     AsyncSettler,
+    BackendError,
     ConfigurationError,
     DurabilityError,
     Reserved,
@@ -34,6 +35,7 @@ from settle import (
 )
 from settle._core.keys import Keys
 from settle._core.layout import unpack
+from settle._runtime.transient import ATTEMPTS, TRYAGAIN_PAUSE, TRYAGAIN_SENDS
 from settle.config import MAX_SHARDS
 from tests.acl import app_user
 from tests.cluster.cluster_support import LocalCluster
@@ -431,5 +433,56 @@ async def test_a_durable_settlement_by_a_user_refused_asking_raises_the_refusal(
                 c.acl_deluser(user)
     async with _settler(replicated, flavour, ns) as later:
         record = await later.get("op")
+        assert record is not None
+        assert record.state is State.PENDING
+
+
+def _tryagains(cluster: LocalCluster, index: int) -> int:
+    """How many TRYAGAIN refusals node ``index`` has answered (``INFO errorstats``)."""
+    with cluster.client(index) as node:
+        stats = node.info("errorstats").get("errorstat_TRYAGAIN", {})
+    return int(stats.get("count", 0))
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("min_replicas", [0, 1])
+async def test_a_slot_that_stays_split_gets_the_same_tryagain_budget_on_either_path(
+    replicated: LocalCluster, namespace: str, flavour: str, min_replicas: int
+) -> None:
+    """A settlement whose slot stays split between two nodes (a migration held: the record
+    moved, the attempt log not) is refused with TRYAGAIN on every send. Without
+    ``min_replicas`` redis-py sends it up to 16 times a try, pausing 0.05 s from the ninth,
+    and settle makes 4 tries; the durable path sent it once a try: 4 sends in ~0.3 s, where
+    the other path waits ~1 s and more for the migration to end. Both keep one budget now
+    (settle._runtime.transient: TRYAGAIN_SENDS sends a try, TRYAGAIN_PAUSE, ATTEMPTS tries)
+    and raise BackendError at its end, nothing written."""
+    ns = _namespace(namespace)
+    record_key = Keys(ns, SHARDS).record("op")
+    slot = key_slot(record_key.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    async with _settler(replicated, flavour, ns, min_replicas=min_replicas) as s:
+        r = await s.reserve("op", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        assert record_key in replicated.migrate(slot, source, target)
+        try:
+            before = _tryagains(replicated, target)
+            started = time.monotonic()
+            with capture_logs() as logs, pytest.raises(BackendError, match="after 4 tries"):
+                await s.complete(r.reservation, RESULT)
+            took = time.monotonic() - started
+            refused = _tryagains(replicated, target) - before
+        finally:
+            replicated.migrated(slot, target)
+        retries = [e for e in logs if e["event"] == "settle.backend.retrying"]
+        assert [e["attempt"] for e in retries] == list(range(1, ATTEMPTS))
+        # Every send of every try was refused, within the budget; the durable path spends
+        # all of it (it stays on the importing node), redis-py spends part of it on the
+        # redirections around each TRYAGAIN (MOVED back to the slot's owner, then ASK).
+        assert ATTEMPTS < refused <= ATTEMPTS * TRYAGAIN_SENDS
+        if min_replicas:
+            assert refused == ATTEMPTS * TRYAGAIN_SENDS
+            assert took >= ATTEMPTS * (TRYAGAIN_SENDS // 2 - 1) * TRYAGAIN_PAUSE
+        record = await s.get("op")
         assert record is not None
         assert record.state is State.PENDING

