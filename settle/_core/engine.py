@@ -774,15 +774,25 @@ class Core:
             raise InvalidInput(f"quarantine id {ref!r} is ambiguous; use one of: {refs}")
         return found[0]
 
-    def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
+    def check_note(self, note: object, operation_id: str | None = None) -> str:
+        """A resolution note, checked before its entry is looked up: a bad note is
+        ``InvalidInput`` whether or not the entry exists (it was ``QuarantineNotFound`` for a
+        missing one, exit 1 in the CLI instead of 2, after a read)."""
         if not isinstance(note, str) or not 1 <= len(note) <= MAX_NOTE_CHARS:
-            raise InvalidInput(f"note must be a str of 1 to {MAX_NOTE_CHARS} characters")
+            raise InvalidInput(
+                f"note must be a str of 1 to {MAX_NOTE_CHARS} characters",
+                operation_id=operation_id,
+            )
         if has_control(note):
             raise InvalidInput(
                 "note must not contain control characters or line breaks: write it on one "
                 "line (it is kept with the evidence and shown to operators as it is)",
-                operation_id=entry.operation_id,
+                operation_id=operation_id,
             )
+        return note
+
+    def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
+        self.check_note(note, entry.operation_id)
         keys, args = self._guarded(
             entry.shard,
             (self.keys.quarantine(entry.shard), self.keys.resolutions(entry.shard)),
