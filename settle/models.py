@@ -167,7 +167,10 @@ class Reservation(BaseModel):
 class StoredFailure(BaseModel):
     """A definite failure as it is stored and replayed."""
 
-    model_config = _FROZEN
+    # NaN and the infinities in ``data`` dump as themselves, not as null (pydantic's JSON
+    # mode default for an ``Any`` field): ``fail()`` then refuses them as ``complete()``
+    # refuses them in a result, instead of storing ``{"amount": null}`` for NaN.
+    model_config = ConfigDict(**_FROZEN, ser_json_inf_nan="constants")
 
     error_type: str
     message: str
