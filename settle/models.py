@@ -11,7 +11,9 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from settle.errors import InvalidInput
 
 __all__ = [
     "Action",
@@ -165,7 +167,10 @@ class Reservation(BaseModel):
 class StoredFailure(BaseModel):
     """A definite failure as it is stored and replayed."""
 
-    model_config = _FROZEN
+    # NaN and the infinities in ``data`` dump as themselves, not as null (pydantic's JSON
+    # mode default for an ``Any`` field): ``fail()`` then refuses them as ``complete()``
+    # refuses them in a result, instead of storing ``{"amount": null}`` for NaN.
+    model_config = ConfigDict(**_FROZEN, ser_json_inf_nan="constants")
 
     error_type: str
     message: str
@@ -198,10 +203,33 @@ class OperationRecord(BaseModel):
     updated_at: datetime
 
     def value(self, type_: type[T] | Any = Any) -> T:
-        """Decode the stored result (for ``completed``) into ``type_`` with pydantic."""
+        """The stored result (for ``completed``) validated into ``type_`` with pydantic;
+        with ``bytes``, the stored bytes as they are (a result completed as ``bytes`` is
+        stored so, as the decorator replays a function declared ``-> bytes``).
+
+        Raises :class:`~settle.errors.InvalidInput` (a ``ValueError``) naming the operation
+        when the record holds no result (another state: a failed record's failure is
+        :attr:`failure`) or the result does not validate into ``type_``."""
+        op = self.operation_id
         if self.state is not State.COMPLETED or self.result is None:
-            raise ValueError(f"operation {self.operation_id!r} is {self.state}, not completed")
-        return cast("T", _validated(self.result, type_))
+            what = (
+                "its stored failure is .failure"
+                if self.state is State.FAILED
+                else "it has no result yet: reserve it again to replay it once it completed"
+            )
+            raise InvalidInput(
+                f"operation {op!r} is {self.state.value}, not completed: {what}",
+                operation_id=op,
+            )
+        if type_ is bytes:
+            return cast("T", self.result)
+        try:
+            return cast("T", _validated(self.result, type_))
+        except ValidationError as exc:
+            raise InvalidInput(
+                f"the stored result of operation {op!r} does not validate into {type_!r}: {exc}",
+                operation_id=op,
+            ) from exc
 
     @property
     def failure(self) -> StoredFailure | None:

@@ -143,7 +143,7 @@ class AsJson:
     value: Any
 
 
-def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
+def encode_result(result: Any, limit: int, operation_id: str, what: str = "result") -> bytes:
     """Serialize a result with pydantic; ``bytes`` pass through unchanged (unless wrapped
     in :class:`AsJson`), and so do ``bytearray`` and ``memoryview``, stored as the bytes
     they hold (a replay reads ``bytes`` back). Bytes inside a result are stored as UTF-8
@@ -151,7 +151,8 @@ def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
     replay (a model that sets ``ser_json_bytes`` keeps its own setting both ways); bytes
     that are not UTF-8 cannot be, and are refused. NaN and the infinities have no JSON
     form and are refused, as they are in requests. A refused result writes nothing (it
-    would be stored as invalid JSON, or replayed as something else)."""
+    would be stored as invalid JSON, or replayed as something else). ``what`` names it in
+    the errors: :func:`encode_failure` stores a failure through here too."""
     if isinstance(result, bytes | bytearray | memoryview):
         data = bytes(result)
     else:
@@ -173,12 +174,12 @@ def encode_result(result: Any, limit: int, operation_id: str) -> bytes:
         constant = _non_finite(data)
         if constant is not None:
             raise FingerprintError(
-                f"result holds {constant}, which has no JSON form; store it as a string or None",
+                f"{what} holds {constant}, which has no JSON form; store it as a string or None",
                 operation_id=operation_id,
             )
     if len(data) > limit:
         raise ResultTooLarge(
-            f"result is {len(data)} bytes, over the {limit}-byte limit; store a reference "
+            f"{what} is {len(data)} bytes, over the {limit}-byte limit; store a reference "
             "to it instead",
             operation_id=operation_id,
         )
@@ -215,7 +216,7 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
             "model or plain JSON data",
             operation_id=op,
         ) from exc
-    return encode_result(dumped, limit, op)
+    return encode_result(dumped, limit, op, "failure")
 
 
 def _message(error: BaseException) -> str:

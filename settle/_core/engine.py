@@ -92,6 +92,15 @@ def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
     return max(1, round(value * 1000))
 
 
+def _check_flag(value: object, name: str) -> bool:
+    """A yes/no option: True or False only. Read by its truth value, the string "false" (a
+    setting from a config file, an environment variable, a form) was yes: ``trim`` then
+    deleted the unresolved evidence it was told to keep."""
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _check_reason(reason: object, operation_id: str) -> str:
     if not isinstance(reason, str) or not 1 <= len(reason) <= _MAX_REASON:
         raise InvalidInput(
@@ -673,6 +682,7 @@ class Core:
         plans the same listing of headers."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput("limit must be an int from 1 to 100000")
+        _check_flag(newest_first, "newest_first")
         low, high = _stream_range(since, until)
         if start is not None and newest_first:
             high = "-".join(map(str, min(_id_bound(high, (2**64, 0)), start)))
@@ -764,15 +774,25 @@ class Core:
             raise InvalidInput(f"quarantine id {ref!r} is ambiguous; use one of: {refs}")
         return found[0]
 
-    def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
+    def check_note(self, note: object, operation_id: str | None = None) -> str:
+        """A resolution note, checked before its entry is looked up: a bad note is
+        ``InvalidInput`` whether or not the entry exists (it was ``QuarantineNotFound`` for a
+        missing one, exit 1 in the CLI instead of 2, after a read)."""
         if not isinstance(note, str) or not 1 <= len(note) <= MAX_NOTE_CHARS:
-            raise InvalidInput(f"note must be a str of 1 to {MAX_NOTE_CHARS} characters")
+            raise InvalidInput(
+                f"note must be a str of 1 to {MAX_NOTE_CHARS} characters",
+                operation_id=operation_id,
+            )
         if has_control(note):
             raise InvalidInput(
                 "note must not contain control characters or line breaks: write it on one "
                 "line (it is kept with the evidence and shown to operators as it is)",
-                operation_id=entry.operation_id,
+                operation_id=operation_id,
             )
+        return note
+
+    def plan_resolve(self, entry: QuarantineEntry, note: str) -> Call:
+        self.check_note(note, entry.operation_id)
         keys, args = self._guarded(
             entry.shard,
             (self.keys.quarantine(entry.shard), self.keys.resolutions(entry.shard)),
@@ -808,6 +828,7 @@ class Core:
         """Explicit retention: resolved entries (older than ``older_than`` seconds on the
         server clock, when given) go with their resolutions; unresolved evidence only with
         ``include_unresolved=True``, which needs ``older_than``."""
+        _check_flag(include_unresolved, "include_unresolved")
         age_ms = ""
         if older_than is not None:
             if isinstance(older_than, bool) or not isinstance(older_than, int | float):
@@ -980,7 +1001,9 @@ class _Filter:
             except ValueError:
                 known = ", ".join(k.value for k in QuarantineKind)
                 raise InvalidInput(f"unknown quarantine kind {kind!r}; one of: {known}") from None
-        return _Filter(kind.value if kind else "", operation_id or "", bool(unresolved))
+        return _Filter(
+            kind.value if kind else "", operation_id or "", _check_flag(unresolved, "unresolved")
+        )
 
 
 class _Listed(Protocol):

@@ -382,6 +382,7 @@ class Quarantine:
 
     def resolve(self, quarantine_id: str, *, note: str) -> Resolution:
         """Mark an entry resolved with a note; the evidence stays. The first note stands."""
+        self._settler._core.check_note(note)
         with self._settler._span("quarantine.resolve"):
             entry = self.get(quarantine_id)
             call = self._settler._core.plan_resolve(entry, note)
