@@ -199,7 +199,15 @@ class EffectContext:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.consumer}:{self.emission.value}"
+        """``<consumer>:<emission id>``, one key per (consumer, emission). A ``:`` or ``%``
+        in the consumer name is written ``%3A`` / ``%25``, so the first colon always
+        separates the two (consumer ``billing:eu`` with emission ``order-1`` and consumer
+        ``billing`` with emission ``eu:order-1`` gave the same key, and an effect store
+        deduplicating by it skipped the second effect). A name with neither keeps its key;
+        the emission id is never escaped (cursor keys escape the stream the same way:
+        ``settle.cursor._core.event_key``)."""
+        consumer = self.consumer.replace("%", "%25").replace(":", "%3A")
+        return f"{consumer}:{self.emission.value}"
 
 
 @dataclass(frozen=True, slots=True)
