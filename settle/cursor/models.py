@@ -100,8 +100,9 @@ class ProviderContract(InputModel):
 class Event:
     """One event of a response: a stable id, its immutable source position, its payload.
 
-    The payload is only digested (SHA-256 of the bytes, or of the canonical JSON of any
-    other value); it is never stored or logged.
+    The payload is only digested (SHA-256 of the bytes, whether ``bytes``, ``bytearray``
+    or ``memoryview`` holds them, or of the canonical JSON of any other value); it is never
+    stored or logged.
     """
 
     id: str
@@ -111,8 +112,12 @@ class Event:
 
     def __post_init__(self) -> None:
         if not self.digest:
-            data = self.payload if isinstance(self.payload, bytes) else None
-            raw = data if data is not None else canonical_json(self.payload)
+            # The same bytes have one digest whatever bytes-like type a client hands them in
+            # (canonical JSON would take a bytearray for a base64 string).
+            data = (
+                self.payload if isinstance(self.payload, bytes | bytearray | memoryview) else None
+            )
+            raw = bytes(data) if data is not None else canonical_json(self.payload)
             object.__setattr__(self, "digest", hashlib.sha256(raw).hexdigest())
 
 
