@@ -23,14 +23,12 @@ from settle.progress import (
     EffectContext,
     EmissionId,
     IntentKind,
-    Progress,
     ProgressStore,
-    ProviderScope,
     StreamConsumer,
     plan_settlements,
 )
 from settle.progress.errors import InvalidDelivery
-from settle.progress.identity import ReplayCursor, SettlementAuthority
+from settle.progress.identity import SettlementAuthority
 from settle.progress.planning import (
     authorize_batch,
     authorize_cumulative,
@@ -38,28 +36,9 @@ from settle.progress.planning import (
     authorize_settlement,
 )
 from tests.progress.harness import Names, pending_ids, publish
+from tests.progress.test_planning import d, progress
 
-SCOPE = ProviderScope("orders", "billing", "inc1")
-
-
-def d(n: int) -> DeliveryId:
-    return DeliveryId(f"1000-{n}")
-
-
-PROGRESS = Progress(
-    consumer="billing",
-    scope=SCOPE,
-    floor=d(3),
-    applied_above_floor=(d(5),),
-    dead_lettered_above_floor=(),
-    gaps=(d(4),),
-    provider_floor=None,
-    replay_from=ReplayCursor(d(3)),
-    intents=(),
-    deferred=(),
-    version=1,
-    updated_at=None,
-)
+PROGRESS = progress(3, applied=(5,), gaps=(4,))
 
 BAD: list[tuple[str, Callable[[], Any]]] = [
     ("plan: a str id", lambda: plan_settlements(PROGRESS, ["1000-1"])),  # type: ignore[list-item]
