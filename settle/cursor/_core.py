@@ -382,7 +382,7 @@ class CursorCore:
     def plan_receipts(self, stream: str, after: int | None, limit: int) -> Call:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be 1 to 10000", operation_id=stream)
-        low = "" if after is None else _position(after, "after", stream)
+        low = "" if after is None else _position(after, "after", stream, low=NOTHING_APPLIED)
         return self._call("receipts", stream, low, limit)
 
     def decode_receipts(self, call: Call, raw: Any) -> list[Receipt]:

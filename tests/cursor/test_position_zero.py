@@ -54,6 +54,8 @@ def test_the_event_at_position_0_is_applied_after_a_start_at_boundary_minus_1(
     assert max(sink.calls.values()) == 1
     assert store.checkpoint("s").boundary == 6  # type: ignore[union-attr]
     assert [r.position for r in store.receipts("s")] == list(range(7))
+    # Read from the boundary it started at, as from any boundary.
+    assert [r.position for r in store.receipts("s", after=checkpoint.boundary)] == list(range(7))
 
 
 def test_the_default_boundary_still_counts_position_0_as_applied(
