@@ -167,6 +167,8 @@ class AsyncCursorConsumer:
             before = results[-1].boundary if results else None
             result = await self.step()
             results.append(result)
+            if result.outcome is StepOutcome.SUPERSEDED:
+                continue  # another worker moved the checkpoint: the next step reads it
             if result.outcome in _STOP or result.applied + result.skipped == 0:
                 break
             if result.applied == 0 and result.boundary == before:

@@ -21,6 +21,7 @@ from settle.cursor.errors import (
 )
 from settle.cursor.models import (
     MAX_POSITION,
+    NOTHING_APPLIED,
     Checkpoint,
     Classification,
     Coverage,
@@ -143,8 +144,15 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
             raise _bad(stream, "a coverage marker, but the contract declares no watermarks")
         if not isinstance(cov, Coverage):
             raise _bad(stream, f"coverage must be settle.cursor.Coverage, got {type(cov).__name__}")
-        if not (_is_position(cov.after) and _is_position(cov.through)) or cov.after > cov.through:
-            raise _bad(stream, "coverage needs integer positions with after <= through")
+        if (
+            not (_is_position(cov.after, low=NOTHING_APPLIED) and _is_position(cov.through))
+            or cov.after > cov.through
+        ):
+            raise _bad(
+                stream,
+                "coverage needs integer positions with after <= through (after -1: from "
+                "position 0 on)",
+            )
     if isinstance(page.events, str | bytes) or not isinstance(page.events, Iterable):
         raise _bad(stream, f"events must be a list of Event, got {type(page.events).__name__}")
     events = list(page.events)
@@ -177,8 +185,8 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
     return Page(tuple(events), successor, page.snapshot, cov)
 
 
-def _is_position(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_POSITION
+def _is_position(value: object, *, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_POSITION
 
 
 def witness_events(page: Page) -> tuple[WitnessEvent, ...]:

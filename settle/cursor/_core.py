@@ -35,6 +35,7 @@ from settle.cursor.errors import (
 )
 from settle.cursor.models import (
     MAX_POSITION,
+    NOTHING_APPLIED,
     Checkpoint,
     Classification,
     Disposition,
@@ -124,10 +125,17 @@ def _cursor(value: object, what: str, stream: str) -> bytes:
     return value
 
 
-def _position(value: object, what: str, stream: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_POSITION:
-        raise InvalidInput(f"{what} must be an integer in [0, 2**53 - 1]", operation_id=stream)
+def _position(value: object, what: str, stream: str, *, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_POSITION:
+        raise InvalidInput(f"{what} must be an integer in [{low}, 2**53 - 1]", operation_id=stream)
     return value
+
+
+def _boundary(value: object, stream: str) -> int:
+    """An applied boundary: the highest position applied, or ``NOTHING_APPLIED`` (-1) for a
+    stream none of whose positions is applied yet, position 0 included (a provider that
+    counts from 0)."""
+    return _position(value, "boundary", stream, low=NOTHING_APPLIED)
 
 
 class WitnessesChanged(Exception):
@@ -280,7 +288,7 @@ class CursorCore:
 
     def plan_start(self, stream: str, cursor: bytes, boundary: int = 0) -> Call:
         c = _cursor(cursor, "cursor", stream)
-        b = _position(boundary, "boundary", stream)
+        b = _boundary(boundary, stream)
         return self._call("init", stream, stream, c, cursor_digest(c), b)
 
     def decode_start(self, call: Call, raw: Any) -> Checkpoint:
@@ -315,7 +323,7 @@ class CursorCore:
         self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
     ) -> Call:
         c = _cursor(cursor, "cursor", stream)
-        b = _position(boundary, "boundary", stream)
+        b = _boundary(boundary, stream)
         g = _position(expected_generation, "expected_generation", stream)
         return self._call("reset", stream, g, c, cursor_digest(c), b)
 
@@ -374,7 +382,7 @@ class CursorCore:
     def plan_receipts(self, stream: str, after: int | None, limit: int) -> Call:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be 1 to 10000", operation_id=stream)
-        low = "" if after is None else _position(after, "after", stream)
+        low = "" if after is None else _position(after, "after", stream, low=NOTHING_APPLIED)
         return self._call("receipts", stream, low, limit)
 
     def decode_receipts(self, call: Call, raw: Any) -> list[Receipt]:

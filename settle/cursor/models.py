@@ -20,6 +20,7 @@ from settle._input import InputModel
 from settle.fingerprint import canonical_json
 
 __all__ = [
+    "NOTHING_APPLIED",
     "Checkpoint",
     "Classification",
     "Coverage",
@@ -40,6 +41,11 @@ __all__ = [
 
 MAX_POSITION = (1 << 53) - 1
 """Positions are kept as Redis sorted-set scores (doubles): exact up to 2**53 - 1."""
+NOTHING_APPLIED = -1
+"""The applied boundary of a stream none of whose positions is applied yet, position 0
+included: ``start(stream, cursor, boundary=NOTHING_APPLIED)`` for a provider whose positions
+start at 0 (the default boundary 0 counts position 0 as applied); also the lowest ``after``
+of a :class:`Coverage` marker, which then covers every position from 0."""
 
 
 def cursor_digest(cursor: bytes) -> str:
@@ -94,8 +100,9 @@ class ProviderContract(InputModel):
 class Event:
     """One event of a response: a stable id, its immutable source position, its payload.
 
-    The payload is only digested (SHA-256 of the bytes, or of the canonical JSON of any
-    other value); it is never stored or logged.
+    The payload is only digested (SHA-256 of the bytes, whether ``bytes``, ``bytearray``
+    or ``memoryview`` holds them, or of the canonical JSON of any other value); it is never
+    stored or logged.
     """
 
     id: str
@@ -105,15 +112,19 @@ class Event:
 
     def __post_init__(self) -> None:
         if not self.digest:
-            data = self.payload if isinstance(self.payload, bytes) else None
-            raw = data if data is not None else canonical_json(self.payload)
+            # The same bytes have one digest whatever bytes-like type a client hands them in
+            # (canonical JSON would take a bytearray for a base64 string).
+            data = (
+                self.payload if isinstance(self.payload, bytes | bytearray | memoryview) else None
+            )
+            raw = bytes(data) if data is not None else canonical_json(self.payload)
             object.__setattr__(self, "digest", hashlib.sha256(raw).hexdigest())
 
 
 @dataclass(frozen=True, slots=True)
 class Coverage:
     """The provider's coverage watermark: this response holds every event with a position
-    in ``(after, through]``."""
+    in ``(after, through]`` (``after`` -1: from position 0 on)."""
 
     after: int
     through: int
@@ -172,7 +183,8 @@ class Checkpoint(_Model):
     cursor_digest: str
     generation: int
     boundary: int
-    """The applied boundary: the highest position applied (or proven empty) so far."""
+    """The applied boundary: the highest position applied (or proven empty) so far; -1
+    (``NOTHING_APPLIED``) while none is, position 0 included."""
     created_at: datetime
     updated_at: datetime
     promoted_witness: str | None

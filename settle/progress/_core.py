@@ -34,6 +34,7 @@ from settle.progress.identity import (
     SettlementAuthority,
     check_name,
 )
+from settle.progress.identity import check_delivery as _delivery
 from settle.progress.models import (
     DeferredDelivery,
     IntentKind,
@@ -42,6 +43,7 @@ from settle.progress.models import (
     SettleIntent,
     SettlementOutcome,
     SettlementReceipt,
+    check_kind,
 )
 
 __all__ = [
@@ -70,12 +72,6 @@ def _dt(ms: str | int) -> datetime:
 
 # Identities are never taken as plain strings: a delivery id passed where an emission id
 # belongs (or the reverse) is the mix-up SPEC 10 forbids, so it is refused, not converted.
-def _delivery(value: object) -> DeliveryId:
-    if isinstance(value, DeliveryId):
-        return value
-    raise InvalidDelivery(f"expected a DeliveryId, got {type(value).__name__}")
-
-
 def _emission(value: object) -> EmissionId:
     if isinstance(value, EmissionId):
         return value
@@ -368,8 +364,7 @@ class ProgressCore:
         verdict: StreamVerdict,
         worker: str,
     ) -> Call:
-        if not isinstance(kind, IntentKind):
-            raise InvalidDelivery(f"expected an IntentKind, got {type(kind).__name__}")
+        check_kind(kind)
         if not isinstance(verdict, StreamVerdict):
             raise InvalidDelivery(f"expected a StreamVerdict, got {type(verdict).__name__}")
         check_name(worker, "worker")

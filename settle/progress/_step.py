@@ -19,7 +19,7 @@ from typing import Any
 from settle._log import emission_digest
 from settle._runtime import Call, RunScript
 from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
-from settle.progress.errors import DeferDelivery, ProviderReset
+from settle.progress.errors import DeferDelivery, InvalidDelivery, ProviderReset
 from settle.progress.identity import (
     AttemptId,
     DeliveryId,
@@ -33,6 +33,7 @@ from settle.progress.models import (
     EffectContext,
     IntentKind,
     SettlementReceipt,
+    check_kind,
 )
 from settle.progress.planning import authorize_individual, authorize_settlement
 
@@ -254,7 +255,12 @@ def settle(
     progress reply of its own (the public ``settle``, ``recover``): durable progress is read
     first and must authorize ``kind`` for the delivery
     (:func:`~settle.progress.planning.authorize_settlement`); otherwise
-    :class:`SettlementNotAuthorized` is raised and nothing is written or settled."""
+    :class:`SettlementNotAuthorized` is raised and nothing is written or settled. A kind
+    or an authority of the wrong type is :class:`InvalidDelivery`, before anything is
+    sent (the string ``"ack"`` would reach the provider, as ``IntentKind.ACK`` equals it)."""
+    check_kind(kind)
+    if not isinstance(authority, SettlementAuthority):
+        raise InvalidDelivery(f"expected a SettlementAuthority, got {type(authority).__name__}")
     if authorize and kind is not IntentKind.RELEASE:  # a release needs no progress
         read = yield from progress(core, core.plan_read(scope), claim=False)
         authorize_settlement(read.progress, authority.delivery, kind)

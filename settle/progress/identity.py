@@ -101,6 +101,14 @@ class DeliveryId:
         return self.value
 
 
+def check_delivery(value: object) -> DeliveryId:
+    """``value`` when it is a :class:`DeliveryId`; :class:`InvalidDelivery` otherwise (a
+    plain string is never taken for one)."""
+    if isinstance(value, DeliveryId):
+        return value
+    raise InvalidDelivery(f"expected a DeliveryId, got {type(value).__name__}")
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptId:
     """One attempt at one delivery (a fresh one each time a worker takes it up)."""

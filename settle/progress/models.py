@@ -8,12 +8,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from settle.progress.errors import InvalidDelivery
 from settle.progress.identity import (
     AttemptId,
     DeliveryId,
     EmissionId,
     ProviderScope,
     ReplayCursor,
+    check_delivery,
 )
 
 __all__ = [
@@ -37,6 +39,14 @@ class IntentKind(StrEnum):
     DEAD_LETTER = "dead_letter"  # quarantined: move it to the dead-letter stream, then ack
     DEFER = "defer"  # set aside (durably recorded): stop redelivery, keep it unapplied
     RELEASE = "release"  # negative settlement: hand it back for redelivery now
+
+
+def check_kind(value: object) -> IntentKind:
+    """``value`` when it is an :class:`IntentKind`; :class:`InvalidDelivery` otherwise (the
+    string ``"ack"`` is not taken for one)."""
+    if isinstance(value, IntentKind):
+        return value
+    raise InvalidDelivery(f"expected an IntentKind, got {type(value).__name__}")
 
 
 class SettlementOutcome(StrEnum):
@@ -119,6 +129,7 @@ class Progress:
         """Whether durable progress covers ``delivery`` (applied or dead-lettered). Not a
         deferral at or below the floor: the floor never passes one, but an earlier settle
         let it pass one whose entry was trimmed, still unapplied."""
+        delivery = check_delivery(delivery)
         if self.floor is not None and delivery <= self.floor:
             return all(d.delivery != delivery for d in self.deferred)
         return delivery in self.applied_above_floor or delivery in self.dead_lettered_above_floor
@@ -199,7 +210,15 @@ class EffectContext:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.consumer}:{self.emission.value}"
+        """``<consumer>:<emission id>``, one key per (consumer, emission). A ``:`` or ``%``
+        in the consumer name is written ``%3A`` / ``%25``, so the first colon always
+        separates the two (consumer ``billing:eu`` with emission ``order-1`` and consumer
+        ``billing`` with emission ``eu:order-1`` gave the same key, and an effect store
+        deduplicating by it skipped the second effect). A name with neither keeps its key;
+        the emission id is never escaped (cursor keys escape the stream the same way:
+        ``settle.cursor._core.event_key``)."""
+        consumer = self.consumer.replace("%", "%25").replace(":", "%3A")
+        return f"{consumer}:{self.emission.value}"
 
 
 @dataclass(frozen=True, slots=True)

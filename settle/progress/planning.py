@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from settle.progress.errors import SettlementNotAuthorized
-from settle.progress.identity import DeliveryId
-from settle.progress.models import IntentKind, Progress
+from settle.errors import InvalidInput
+from settle.progress.errors import InvalidDelivery, SettlementNotAuthorized
+from settle.progress.identity import DeliveryId, check_delivery
+from settle.progress.models import IntentKind, Progress, check_kind
 
 __all__ = [
     "Batch",
@@ -55,7 +56,23 @@ class SettlementPlan:
     withheld: tuple[DeliveryId, ...]
 
 
+def _progress(value: object) -> Progress:
+    if isinstance(value, Progress):
+        return value
+    raise InvalidDelivery(f"expected a Progress (store.read(scope)), got {type(value).__name__}")
+
+
+def _deliveries(values: object, what: str) -> list[DeliveryId]:
+    """Every member of ``values`` as a :class:`DeliveryId` (a str is not a list of ids)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidDelivery(
+            f"{what} must be an iterable of DeliveryId, got {type(values).__name__}"
+        )
+    return [check_delivery(v) for v in values]
+
+
 def authorize_individual(progress: Progress, delivery: DeliveryId) -> Individual:
+    progress, delivery = _progress(progress), check_delivery(delivery)
     if not progress.covers(delivery):
         raise SettlementNotAuthorized(
             f"delivery {delivery} is not covered by durable progress; apply it first",
@@ -70,6 +87,7 @@ def authorize_settlement(progress: Progress, delivery: DeliveryId, kind: IntentK
     provider's pending list, so progress must cover it (applied, dead-lettered, or below the
     floor); a deferral stops its redelivery, so progress must hold it as deferred (or cover
     it). A release hands it back for redelivery and needs nothing."""
+    progress, delivery, kind = _progress(progress), check_delivery(delivery), check_kind(kind)
     if kind is IntentKind.RELEASE or progress.covers(delivery):
         return
     if kind is IntentKind.DEFER and any(d.delivery == delivery for d in progress.deferred):
@@ -89,6 +107,7 @@ def _deferred_through(progress: Progress, through: DeliveryId) -> list[DeliveryI
 
 
 def authorize_cumulative(progress: Progress, through: DeliveryId) -> Cumulative:
+    progress, through = _progress(progress), check_delivery(through)
     if progress.floor is None or progress.floor < through:
         uncovered = [g for g in progress.gaps if g <= through]
         raise SettlementNotAuthorized(
@@ -108,7 +127,8 @@ def authorize_cumulative(progress: Progress, through: DeliveryId) -> Cumulative:
 
 
 def authorize_batch(progress: Progress, members: Iterable[DeliveryId]) -> Batch:
-    ordered = tuple(sorted(set(members)))
+    progress = _progress(progress)
+    ordered = tuple(sorted(set(_deliveries(members, "members"))))
     uncovered = [d for d in ordered if not progress.covers(d)]
     if uncovered:
         raise SettlementNotAuthorized(
@@ -128,8 +148,13 @@ def plan_settlements(
 ) -> SettlementPlan:
     """Plan settlements for ``pending`` deliveries: a cumulative one through the floor when
     the provider supports it (none when a deferral lies at or below the floor), then
-    batches of the covered ones above it."""
-    ordered = sorted(set(pending))
+    batches of the covered ones above it. ``batch_size``: an int (below 1 is 1)."""
+    progress = _progress(progress)
+    if not isinstance(cumulative, bool):
+        raise InvalidInput(f"cumulative must be a bool, got {type(cumulative).__name__}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise InvalidInput(f"batch_size must be an int, got {type(batch_size).__name__}")
+    ordered = sorted(set(_deliveries(pending, "pending")))
     settlements: list[Individual | Cumulative | Batch] = []
     covered = [d for d in ordered if progress.covers(d)]
     withheld = tuple(d for d in ordered if not progress.covers(d))

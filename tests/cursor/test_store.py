@@ -40,7 +40,7 @@ def test_bad_stream_names_and_cursors_write_nothing(store, redis_client, namespa
     for cursor in ["text", None, b"x" * (64 << 10 + 1)]:
         with pytest.raises(InvalidInput):
             store.start("s", cursor)  # type: ignore[arg-type]
-    for boundary in [-1, 1.5, True, 1 << 53]:
+    for boundary in [-2, 1.5, True, 1 << 53]:  # -1 is "nothing applied yet"
         with pytest.raises(InvalidInput):
             store.start("s", b"c", boundary=boundary)  # type: ignore[arg-type]
     assert keys_of(redis_client, namespace) == []

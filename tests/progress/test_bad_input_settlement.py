@@ -1,0 +1,112 @@
+"""Bad input to settlement planning and to a hand-called settlement is a typed error
+(``InvalidDelivery``, an ``InvalidInput``) and settles nothing: real stream and progress
+servers for the settlement, the pure planning functions as exported.
+
+Before, a delivery id given as a plain string, a ``batch_size`` of 2.5 or a ``pending``
+of None escaped planning as Python's ``TypeError``, and a kind given as the string
+``"ack"`` escaped ``settle()`` as ``AttributeError`` or, for a covered delivery, was
+acknowledged on the stream's server before its receipt was refused: the provider was told,
+progress kept no receipt, and the caller got an error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from settle.embedded import EmbeddedRedis
+from settle.errors import InvalidInput, SettleError
+from settle.progress import (
+    DeliveryId,
+    EffectContext,
+    EmissionId,
+    IntentKind,
+    ProgressStore,
+    StreamConsumer,
+    plan_settlements,
+)
+from settle.progress.errors import InvalidDelivery
+from settle.progress.identity import SettlementAuthority
+from settle.progress.planning import (
+    authorize_batch,
+    authorize_cumulative,
+    authorize_individual,
+    authorize_settlement,
+)
+from tests.progress.harness import Names, pending_ids, publish
+from tests.progress.test_planning import d, progress
+
+PROGRESS = progress(3, applied=(5,), gaps=(4,))
+
+BAD: list[tuple[str, Callable[[], Any]]] = [
+    ("plan: a str id", lambda: plan_settlements(PROGRESS, ["1000-1"])),  # type: ignore[list-item]
+    ("plan: pending None", lambda: plan_settlements(PROGRESS, None)),  # type: ignore[arg-type]
+    ("plan: pending a str", lambda: plan_settlements(PROGRESS, "1000-1")),  # type: ignore[arg-type]
+    ("plan: batch 2.5", lambda: plan_settlements(PROGRESS, [d(1)], batch_size=2.5)),  # type: ignore[arg-type]
+    ("plan: batch True", lambda: plan_settlements(PROGRESS, [d(1)], batch_size=True)),
+    ("plan: cumulative 'no'", lambda: plan_settlements(PROGRESS, [d(1)], cumulative="no")),  # type: ignore[arg-type]
+    ("plan: not a Progress", lambda: plan_settlements({}, [d(1)])),  # type: ignore[arg-type]
+    ("individual: a str id", lambda: authorize_individual(PROGRESS, "1000-1")),  # type: ignore[arg-type]
+    ("cumulative: a str id", lambda: authorize_cumulative(PROGRESS, "1000-1")),  # type: ignore[arg-type]
+    ("batch: str ids", lambda: authorize_batch(PROGRESS, ["1000-1"])),  # type: ignore[list-item]
+    ("batch: one str", lambda: authorize_batch(PROGRESS, "1000-1")),  # type: ignore[arg-type]
+    ("settlement: kind 'ack'", lambda: authorize_settlement(PROGRESS, d(1), "ack")),  # type: ignore[arg-type]
+    ("settlement: kind 'defer'", lambda: authorize_settlement(PROGRESS, d(4), "defer")),  # type: ignore[arg-type]
+    ("settlement: a str id", lambda: authorize_settlement(PROGRESS, "1-1", IntentKind.ACK)),  # type: ignore[arg-type]
+    ("covers: a str id", lambda: PROGRESS.covers("1000-1")),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize(("what", "call"), BAD, ids=[what for what, _ in BAD])
+def test_bad_input_to_planning_is_a_typed_error(what: str, call: Callable[[], Any]) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        call()
+    assert isinstance(caught.value, SettleError)
+
+
+def test_good_input_still_plans_as_before() -> None:
+    plan = plan_settlements(PROGRESS, (d(1), d(5), d(4)), cumulative=True, batch_size=0)
+    assert [type(s).__name__ for s in plan.settlements] == ["Cumulative", "Individual"]
+    assert plan.withheld == (d(4),)
+    assert authorize_batch(PROGRESS, iter([d(5), d(2)])).members == (d(2), d(5))
+
+
+@pytest.mark.parametrize("kind", ["ack", "release", None])
+def test_a_settlement_by_hand_with_a_kind_of_the_wrong_type_settles_nothing(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    kind: Any,
+) -> None:
+    store = ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    with StreamConsumer(
+        redis.Redis.from_url(stream_server.url),
+        store,
+        stream=names.stream,
+        group=names.group,
+        block=0.01,
+    ) as consumer:
+        consumer.start()
+        (delivery,) = publish(stream_client, names, ["e1"])
+        # The delivery is applied and recorded (covered) but its ack never went out: the
+        # worker died before it. It is pending for this worker.
+        stream_client.xreadgroup(names.group, consumer.worker, {names.stream: ">"})
+
+        def effect(ctx: EffectContext) -> None:
+            pass
+
+        store.apply(consumer.scope, DeliveryId(delivery), EmissionId("e1"), effect)  # type: ignore[arg-type]
+        receipts = store.receipts(consumer.scope)  # type: ignore[arg-type]
+        authority = SettlementAuthority(consumer.worker, DeliveryId(delivery), 1)
+        with pytest.raises(InvalidDelivery, match="IntentKind"):
+            consumer.settle(authority, kind)
+        assert delivery in pending_ids(stream_client, names)  # the provider was told nothing
+        assert store.receipts(consumer.scope) == receipts  # type: ignore[arg-type]
+        with pytest.raises(InvalidDelivery, match="SettlementAuthority"):
+            consumer.settle((consumer.worker, delivery, 1), IntentKind.ACK)  # type: ignore[arg-type]
+        assert delivery in pending_ids(stream_client, names)
