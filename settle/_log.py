@@ -78,12 +78,29 @@ _configured = structlog.get_logger(STDLIB_LOGGER)
 
 class _Logger:
     """Chooses at each use: the application's structlog configuration when it has one,
-    else the standard library logger ``settle``."""
+    else the standard library logger ``settle``. A bound logger (:meth:`bind`) chooses at
+    each use too: a store or consumer made at start-up binds its logger once, and an
+    application that configures structlog after that must still get its events (they went
+    to the standard library logger, where nothing was written)."""
 
-    __slots__ = ()
+    __slots__ = ("_context", "_quiet")
+
+    def __init__(self, context: dict[str, Any] | None = None) -> None:
+        self._context = context or {}
+        self._quiet: Any = None  # the standard library route, bound once (it never changes)
+
+    def bind(self, **fields: Any) -> _Logger:
+        return _Logger({**self._context, **fields})
 
     def __getattr__(self, name: str) -> Any:
-        target = _configured if structlog.is_configured() else _quiet
+        if structlog.is_configured():
+            # Bound at each use: the application may configure structlog again (its
+            # processors are read when a logger is bound).
+            target = _configured.bind(**self._context) if self._context else _configured
+        else:
+            if self._quiet is None:
+                self._quiet = _quiet.bind(**self._context) if self._context else _quiet
+            target = self._quiet
         return getattr(target, name)
 
 

@@ -187,3 +187,65 @@ def test_a_provider_named_by_the_environment_is_used() -> None:
     check that nothing is set must not take it for idle."""
     done = _run(ENV_PROVIDER)
     assert done.returncode == 0, done.stderr
+
+
+# An application that configures structlog after it made its settle objects still gets their
+# events. A ``ProgressStore`` binds its logger (namespace, consumer) when it is made, at
+# start-up; that logger kept the route of that moment, the standard library logger
+# ``settle``, so an application that configured structlog in ``main()`` afterwards got none
+# of the store's events (they went to a ``NullHandler``).
+
+POLL = """
+import redis
+from settle.embedded import EmbeddedRedis
+from settle.progress import ProgressStore, StreamConsumer
+
+with EmbeddedRedis() as stream_server, EmbeddedRedis() as progress_server:
+    producer = redis.Redis.from_url(stream_server.url)
+    producer.xadd("orders", {"emission_id": "order-1", "amount": 1})
+    store = ProgressStore.from_url(progress_server.url, namespace="late", consumer="billing")
+    configure()  # the application's logging set-up, after its objects were made
+    with StreamConsumer(
+        redis.Redis.from_url(stream_server.url), store, stream="orders", group="billing"
+    ) as consumer:
+        consumer.poll(lambda ctx: None)
+    producer.close()
+"""
+
+
+def _run_late(configure: str) -> subprocess.CompletedProcess[str]:
+    """``POLL``, the application's ``configure()`` defined first."""
+    return _run(configure + POLL)
+
+
+def test_structlog_configured_after_the_store_was_made_gets_its_events() -> None:
+    done = _run_late(
+        "import structlog\n"
+        "def configure():\n"
+        "    structlog.configure(processors=[structlog.processors.JSONRenderer()])\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"event": "settle.progress.applied"' in done.stdout, done.stdout + done.stderr
+    assert '"event": "settle.progress.settled"' in done.stdout
+    applied = next(line for line in done.stdout.splitlines() if "progress.applied" in line)
+    assert '"namespace": "late"' in applied
+    assert '"consumer": "billing"' in applied
+    assert '"emission_digest": ' in applied  # bound again per delivery, and kept
+
+
+def test_a_bound_logger_still_names_the_settle_line_that_logged() -> None:
+    """Unconfigured structlog: the events of a bound logger reach the standard library
+    logger ``settle`` with their bound fields, the record naming settle's own module."""
+    done = _run_late(
+        "import logging\n"
+        "def configure():\n"
+        "    logging.basicConfig(level=logging.INFO,\n"
+        "                        format='%(module)s %(settle_event)s %(settle_fields)s')\n"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    applied = next(line for line in lines if " settle.progress.applied " in line)
+    assert applied.startswith("_step settle.progress.applied {'namespace': 'late'"), applied
+    assert "'consumer': 'billing'" in applied
+    settled = next(line for line in lines if " settle.progress.settled " in line)
+    assert settled.startswith("_core settle.progress.settled "), settled
