@@ -515,8 +515,12 @@ class AsyncRunner:
         missing = topology.missing_function(reply)
         if missing == "fcall" and not self._fcall_unknown:
             self._fcall_unknown = True
-            library, error = self._set.library_name, str(reply).split(",", 1)[0]
-            logger.warning("settle.backend.functions_refused", library=library, error=error)
+            logger.warning(
+                "settle.backend.functions_refused",
+                library=self._set.library_name,
+                reason="unknown_command",
+                error=type(reply).__name__,
+            )
         return missing is not None
 
     async def _lost(self, call: Call) -> None:
@@ -542,10 +546,12 @@ class AsyncRunner:
                 raise
             if await self._preloaded():
                 return True
+            refused = isinstance(exc, rx.NoPermissionError)
             logger.warning(
                 "settle.backend.functions_refused",
                 library=self._set.library_name,
-                error=text.split("\n", 1)[0],
+                reason="no_permission" if refused else "unknown_command",
+                error=type(exc).__name__,
             )
             self._load_refused = True
             return False

@@ -508,8 +508,12 @@ class Runner:
         missing = topology.missing_function(reply)
         if missing == "fcall" and not self._fcall_unknown:
             self._fcall_unknown = True
-            library, error = self._set.library_name, str(reply).split(",", 1)[0]
-            logger.warning("settle.backend.functions_refused", library=library, error=error)
+            logger.warning(
+                "settle.backend.functions_refused",
+                library=self._set.library_name,
+                reason="unknown_command",
+                error=type(reply).__name__,
+            )
         return missing is not None
 
     def _lost(self, call: Call) -> None:
@@ -535,10 +539,12 @@ class Runner:
                 raise
             if self._preloaded():
                 return True
+            refused = isinstance(exc, rx.NoPermissionError)
             logger.warning(
                 "settle.backend.functions_refused",
                 library=self._set.library_name,
-                error=text.split("\n", 1)[0],
+                reason="no_permission" if refused else "unknown_command",
+                error=type(exc).__name__,
             )
             self._load_refused = True
             return False
