@@ -44,7 +44,6 @@ from settle._input import is_decimal
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
 from settle.http._sync import NotReached, SyncGuard, configured_guard
-from settle.http.attempt import held_by_a_guard
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer, ClientDisconnected
@@ -227,17 +226,18 @@ def _drf_answer(handle: Callable[[Exception], Any], exc: Exception) -> Any:
 def _guarded(
     driver: SyncGuard, request: HttpRequest, get_response: GetResponse, *, reaching: bool = False
 ) -> HttpResponseBase:
-    if isinstance(getattr(request, "settle", None), Attempt):
-        # An outer guard (the middleware, around a decorated view) holds this request's
-        # operation: a second one would find it in progress and answer 409 forever.
-        return get_response(request)
-    django = request if isinstance(request, HttpRequest) else request._request
-    scope = getattr(django, "scope", None)  # Django's ASGIRequest
-    if isinstance(scope, dict) and held_by_a_guard(scope):
-        # So does settle.asgi.IdempotencyMiddleware around Django's ASGIHandler: the view
-        # runs under its attempt, in request.settle as under settle's own guard.
-        request.settle = scope["settle"]  # type: ignore[attr-defined]
-        return get_response(request)
+    # An outer guard's attempt (the middleware around a decorated view, or
+    # settle.asgi.IdempotencyMiddleware around Django's ASGIHandler): the guard passes the
+    # request through when that attempt is of the operation it would reserve (a second
+    # reservation would find it in progress and answer 409 forever).
+    held = getattr(request, "settle", None)
+    if not isinstance(held, Attempt):
+        django = request if isinstance(request, HttpRequest) else request._request
+        scope = getattr(django, "scope", None)  # Django's ASGIRequest
+        held = scope.get("settle") if isinstance(scope, dict) else None
+        if isinstance(held, Attempt):
+            # The view runs under it, in request.settle as under settle's own guard.
+            request.settle = held  # type: ignore[attr-defined]
     exchange = _Exchange(request, get_response, driver.policy.principal, reaching=reaching)
     # Django decoded the path itself and wrote it back into META: hand it over as text (the
     # request as it came; request.path_info may have been rewritten by a middleware).
@@ -245,7 +245,7 @@ def _guarded(
     decoded = (str(meta.get("SCRIPT_NAME", "")), str(meta.get("PATH_INFO", "")))
     head = request_head(meta, driver.policy.header, decoded=decoded)
     try:
-        response = driver.handle(head, exchange)
+        response = driver.handle(head, exchange, held)
         if response is not None:
             return exchange.sent(response)  # may raise: a stored header settle cannot send
     except BaseException:

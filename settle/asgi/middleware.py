@@ -19,7 +19,6 @@ from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
 from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run
-from settle.http.attempt import held_by_a_guard
 from settle.http.keys import KeyScope
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE
@@ -87,12 +86,12 @@ class IdempotencyMiddleware:
         self.policy.check_store(settler.config.max_result_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or held_by_a_guard(scope):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         config = self.settler.config
         head = request_head(scope, self.policy.header_bytes)
-        guard = Guard(self.policy, config.namespace, config.lease, head)
+        guard = Guard(self.policy, config.namespace, config.lease, head, scope.get("settle"))
         request = telemetry().http_request(config.namespace)
         if request:
             send = _reporting(send, guard, request)

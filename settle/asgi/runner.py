@@ -322,6 +322,15 @@ class AttemptRunner:
             # never went out).
             await self._forward(message)
             return
+        if kind == "http.response.start" and self._start is not None:
+            if self._downstream_started:
+                await self._forward(message)  # the server saw the first: it refuses this one
+                return
+            # The first is held back, so the server would take this one in its place: refused
+            # here as the server refuses it (one start per response), and the first stands.
+            raise RuntimeError(
+                "Expected ASGI message 'http.response.body', but got 'http.response.start'."
+            )
         if kind == "http.response.start":
             headers = message.get("headers", ())
             if not isinstance(headers, list | tuple):

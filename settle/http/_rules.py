@@ -9,7 +9,7 @@ response stores and what is answered when an attempt lost its reservation: all h
     step = guard.start()
     while True:
         match step:
-            case Forward():   call the app unguarded
+            case Forward():   call the app as it is (not guarded here)
             case Answer():    send step.response; done
             case Identify():  step = guard.identified(principal(request))
                               # or guard.principal_failed(exc) if the callable raised
@@ -95,7 +95,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """The request is not guarded: call the app as it is."""
+    """The request is not guarded here (not covered, or an outer guard runs its very
+    operation: :meth:`Guard.identified`): call the app as it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +196,17 @@ class Guard:
     docs/observability.md)."""
 
     def __init__(
-        self, policy: IdempotencyPolicy, namespace: str, lease: float, head: RequestHead
+        self,
+        policy: IdempotencyPolicy,
+        namespace: str,
+        lease: float,
+        head: RequestHead,
+        held: object = None,
     ) -> None:
         self.policy = policy
+        # What the request carries under "settle" (the scope, the environ, request.settle):
+        # an outer guard's attempt, when it runs this request already (see identified).
+        self._held = held if isinstance(held, Attempt) else None
         self.namespace = namespace
         self.lease = policy.lease or lease
         self.head = head
@@ -270,7 +279,18 @@ class Guard:
             detail = "authenticate: a guarded request is bound to the principal that sent it"
             return self._reject(ProblemKind.PRINCIPAL_REQUIRED, detail)
         self._principal = value
-        return ReadBody(self.policy.max_request_bytes)
+        policy = self.policy
+        op = operation_id(policy.operation_prefix, self._key, value, policy.key_scope)
+        self._operation = op
+        self._log = None
+        if self._held is not None and self._held.operation_id == op:
+            # An outer guard (a guarded application this one is mounted in, a middleware
+            # around this one) runs this very operation: reserving it again would find it in
+            # progress and answer 409 to every attempt. The request runs under the outer
+            # attempt. Another operation (another header, prefix, key scope or principal)
+            # is guarded here as any other, so that no key of this guard goes unreserved.
+            return Forward()
+        return ReadBody(policy.max_request_bytes)
 
     def principal_failed(self, exc: BaseException) -> Answer:
         """The principal callable raised (or returned something other than ``str | None``):
@@ -302,11 +322,10 @@ class Guard:
         return self._answer(ProblemKind.REQUEST_INCOMPLETE, detail)
 
     def body_read(self, body: bytes) -> Reserve:
-        policy = self.policy
-        op = operation_id(policy.operation_prefix, self._key, self._principal, policy.key_scope)
-        self._operation = op
-        self._log = None
-        return Reserve(op, self._principal, fingerprint_request(self.head, body), policy.lease)
+        op = self._operation
+        assert op is not None, "identified() names the operation before the body is read"
+        fingerprint = fingerprint_request(self.head, body)
+        return Reserve(op, self._principal, fingerprint, self.policy.lease)
 
     # -- the reservation -----------------------------------------------------------------
 

@@ -84,10 +84,11 @@ class SyncGuard:
         self.policy = policy
         self._beats = _Heartbeats(settler)
 
-    def handle(self, head: RequestHead, exchange: Exchange) -> Response | None:
-        """The response to send, or None when the request is not guarded (call the app)."""
+    def handle(self, head: RequestHead, exchange: Exchange, held: object = None) -> Response | None:
+        """The response to send, or None when the request is not guarded (call the app).
+        ``held``: what the request carries under ``"settle"`` (an outer guard's attempt)."""
         config = self.settler.config
-        guard = Guard(self.policy, config.namespace, config.lease, head)
+        guard = Guard(self.policy, config.namespace, config.lease, head, held)
         request = telemetry().http_request(config.namespace)
         try:
             step = guard.start()

@@ -13,7 +13,7 @@ from typing import Any
 
 from settle.attempt import Attempt
 
-__all__ = ["current_attempt", "held_by_a_guard"]
+__all__ = ["current_attempt"]
 
 
 def current_attempt(scope: Mapping[str, Any], where: str = "scope['settle']") -> Attempt:
@@ -32,12 +32,3 @@ def current_attempt(scope: Mapping[str, Any], where: str = "scope['settle']") ->
     if not isinstance(attempt, Attempt):
         raise TypeError(f"{where} holds a {type(attempt).__name__}, not an Attempt")
     return attempt
-
-
-def held_by_a_guard(scope: Mapping[str, Any]) -> bool:
-    """Whether an outer guard runs this request already (its :class:`~settle.Attempt` is in
-    the ASGI scope or WSGI environ): a guarded application mounted in a guarded one. An
-    inner guard then passes the request through under that attempt, as a Django view
-    decorator does under the middleware; reserving the same key again would find it in
-    progress and answer 409 to every attempt."""
-    return isinstance(scope.get("settle"), Attempt)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from settle._input import is_decimal
 from settle.http._sync import SyncGuard, status_line
 from settle.http.attempt import current_attempt as _current_attempt
-from settle.http.attempt import held_by_a_guard
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer, RequestHead, RequestMalformed
@@ -65,10 +64,9 @@ class IdempotencyMiddleware:
         self._driver = driver
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        if held_by_a_guard(environ):
-            return self.app(environ, start_response)
         exchange = _Exchange(self.app, self.policy.principal, environ)
-        response = self._driver.handle(request_head(environ, self.policy.header), exchange)
+        head = request_head(environ, self.policy.header)
+        response = self._driver.handle(head, exchange, environ.get("settle"))
         if response is None:
             return self.app(environ, start_response)
         if response is exchange.response:

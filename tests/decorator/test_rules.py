@@ -149,6 +149,38 @@ def test_sync_function_is_told_its_lease_is_lost(memory: Settler, clock: ManualC
     assert memory.quarantine.list(operation_id="job:1") == []
 
 
+def test_a_lost_lease_is_no_definite_failure_whatever_terminal_lists(
+    memory: Settler, clock: ManualClock
+) -> None:
+    """``attempt.check()``'s StaleAttempt is settle's signal to stop, not the function's
+    answer: with ``terminal=(Exception,)`` it is not stored as a failure (a ``fail()`` of a
+    superseded attempt, quarantined as a conflicting settlement); the newer attempt's
+    result stands."""
+
+    @memory.operation(key="job:{n}", principal=P, name="job", wait=0)  # another worker's job
+    def takeover(n: int) -> str:
+        return "second"
+
+    @memory.operation(key="job:{n}", principal=P, name="job", lease=0.3, terminal=(Exception,))
+    def job(n: int, attempt: Attempt = Attempt.INJECTED) -> str:
+        clock.advance(1)
+        assert takeover(n) == "second"
+        for _ in range(500):  # the heartbeat notices within lease / 3
+            if attempt.lost:
+                break
+            time.sleep(0.01)
+        attempt.check()  # raises StaleAttempt
+        return "first"
+
+    with pytest.raises(StaleAttempt) as info:
+        job(1)
+
+    assert info.value.record is not None
+    assert info.value.record.value(str) == "second"
+    assert memory.quarantine.list(operation_id="job:1") == []
+    assert job(1) == "second"
+
+
 def test_a_result_returned_after_a_takeover_is_quarantined_not_returned(
     memory: Settler, clock: ManualClock
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -85,6 +86,14 @@ def test_a_callable_object_is_refused(settler: Settler) -> None:
 
     with pytest.raises(InvalidInput, match="Charger objects"):
         settler.operation(key="charge:{order}", principal="tenant:a")(Charger())
+
+
+def test_an_object_that_cannot_be_called_is_refused(settler: Settler) -> None:
+    """Refused by what it is, not by its name: an object with a ``__qualname__`` that
+    cannot be called is no function either."""
+    named = SimpleNamespace(__qualname__="charge")
+    with pytest.raises(InvalidInput, match="not SimpleNamespace objects"):
+        settler.operation(key="charge:{order}", principal="tenant:a")(named)
 
 
 def test_a_classmethod_object_is_refused_with_the_order_to_use(settler: Settler) -> None:

@@ -140,3 +140,38 @@ async def test_response_headers_given_as_an_iterator_reach_the_first_client(
         assert response.content == b'{"id":"p-1"}'
     assert "idempotent-replayed" not in first.headers
     assert again.headers["idempotent-replayed"] == "true"
+
+
+async def test_a_second_start_is_refused_and_the_first_one_stands(
+    redis_url: str, namespace: str, settler: Settler
+) -> None:
+    """A handler that sends ``http.response.start`` twice: uvicorn refuses the second with a
+    RuntimeError and the first is the response. The middleware, holding the first back to
+    store it, took the second in its place without a word: the client got, and the store
+    kept, a status the server would never have sent."""
+    refused: dict[str, str] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await body_of(receive)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        except RuntimeError as exc:
+            refused[scope["path"]] = str(exc)
+        await send({"type": "http.response.body", "body": b"paid"})
+
+    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    with serve(guarded(app, app_settler), app_settler) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            bare = await client.post("/open", content=b"x")  # not guarded: uvicorn alone
+            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-4"})
+            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-4"})
+
+    assert (bare.status_code, bare.content) == (201, b"paid")
+    assert (first.status_code, first.content) == (201, b"paid")
+    assert (again.status_code, again.content) == (201, b"paid")
+    assert again.headers["idempotent-replayed"] == "true"
+    assert refused["/pay"] == refused["/open"]
+    record = settler.get(operation_id("http", "k-4", TENANT, "principal"))
+    assert record is not None
+    assert record.value(StoredResponse).status == 201

@@ -366,3 +366,81 @@ def test_a_wsgi_guard_inside_a_wsgi_guard_runs_the_app_once(sync_settler: Settle
     assert (again.status_code, again.content) == (201, first.content)
     assert again.headers["idempotent-replayed"] == "true"
     assert calls == ["/payments"]
+
+
+def test_an_inner_guard_of_another_operation_still_guards_it(
+    redis_url: str, namespace: str
+) -> None:
+    """The pass-through is for the operation the outer guard holds, and no other. A refunds
+    sub-application guards its refunds by its own header (``X-Refund-Key``) under a project
+    that guards every POST by ``Idempotency-Key`` when one is sent (a client SDK sends a
+    fresh one on every call). The application retries the refund as a new call: a new
+    ``Idempotency-Key``, the same refund key. The inner guard passed every request the outer
+    one held through, whatever its own key: it reserved nothing, and the retry refunded
+    again."""
+    calls: list[str] = []
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+
+    async def refund(request: Request) -> JSONResponse:
+        await request.body()
+        calls.append("refund")
+        return JSONResponse({"refund": uuid.uuid4().hex}, status_code=201)
+
+    refunds = Starlette(routes=[Route("/create", refund, methods=["POST"])])
+    refunds.user_middleware.insert(
+        0,
+        Middleware(
+            IdempotencyMiddleware,
+            settler=settler,
+            principal=principal_from_header,
+            header="X-Refund-Key",
+        ),
+    )
+    app = Starlette(
+        routes=[Mount("/refunds", app=refunds)],
+        middleware=[
+            Middleware(
+                IdempotencyMiddleware,
+                settler=settler,
+                principal=principal_from_header,
+                require_key=False,
+            )
+        ],
+    )
+    with serve(app, settler) as base:
+        _sent_twice_as_new_calls(base, "/refunds/create", "X-Refund-Key")
+    assert calls == ["refund"]
+
+
+def _sent_twice_as_new_calls(base: str, path: str, own_header: str) -> None:
+    """The same request twice: the inner guard's key the same, the outer's new each time.
+    The second is the first's response, replayed."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        first, again = (
+            client.post(
+                path,
+                json={"amount": 100},
+                headers={**TENANT, own_header: "own-1", "Idempotency-Key": sdk_key},
+            )
+            for sdk_key in ("sdk-1", "sdk-2")
+        )
+    assert first.status_code == 201, first.text
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+def test_a_wsgi_inner_guard_of_another_operation_still_guards_it(sync_settler: Settler) -> None:
+    """WSGI: the same, for one middleware wrapped in another with its own header."""
+    calls: list[str] = []
+    inner = WSGIMiddleware(
+        _wsgi_charge_app(calls),
+        settler=sync_settler,
+        principal=principal_from_environ,
+        header="X-Charge-Key",
+    )
+    app = WSGIMiddleware(
+        inner, settler=sync_settler, principal=principal_from_environ, require_key=False
+    )
+    with serve_wsgi(app) as base:
+        _sent_twice_as_new_calls(base, "/payments", "X-Charge-Key")
+    assert calls == ["/payments"]

@@ -1452,3 +1452,46 @@ def test_django_under_the_asgi_guard_runs_its_view_once_and_finds_its_attempt(
     assert (again.status_code, again.content) == (201, first.content)
     assert again.headers["idempotent-replayed"] == "true"
     assert len(generations) == 1
+
+
+def test_django_under_the_asgi_guard_still_guards_its_own_key(
+    settle_settings: dict[str, Any], redis_url: str, namespace: str
+) -> None:
+    """The pass-through is for the ASGI guard's own operation only. A Django guard that keys
+    charges by its own header (``X-Charge-Key``) under an ASGI guard that keys every POST by
+    ``Idempotency-Key`` when one is sent: a charge retried as a new call (a new
+    ``Idempotency-Key``, the same charge key) ran the view again, because the Django guard
+    passed through whatever the ASGI guard held. It guards its own key now."""
+    runs: list[str] = []
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        runs.append("pay")
+        return HttpResponse(f"charged {uuid.uuid4().hex}".encode(), status=201)
+
+    def tenant(scope: Any) -> str:
+        return "tenant:acme"
+
+    conf = urlconf(path("pay", pay))
+    mw = ["settle.django.IdempotencyMiddleware"]
+    own = {**settle_settings, "header": "X-Charge-Key"}
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=own):
+        outer = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        app = ASGIGuard(ASGIHandler(), settler=outer, principal=tenant, require_key=False)
+        with serve(app, outer) as base, httpx.Client(base_url=base, timeout=30) as c:
+            sent = [
+                c.post(
+                    "/pay",
+                    content=b"{}",
+                    headers={
+                        "X-Charge-Key": "c-1",
+                        "Idempotency-Key": sdk_key,
+                        "X-Principal": "tenant:acme",
+                    },
+                )
+                for sdk_key in ("sdk-1", "sdk-2")
+            ]
+    first, again = sent
+    assert first.status_code == 201, first.text
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert runs == ["pay"]
