@@ -106,8 +106,10 @@ def idempotent(view: View | None = None, **options: Any) -> Any:
 
     Also a method decorator (``@method_decorator(idempotent)`` on a class-based view's
     ``post``, a REST framework ``APIView`` or ``ViewSet`` action). A view that the
-    middleware guards too runs under the middleware's guard only. Async views are refused:
-    guard them with :class:`settle.asgi.IdempotencyMiddleware` under ASGI."""
+    middleware guards too runs under the middleware's guard only, when both key the same
+    operation (header, principal, ``key_scope``, ``operation_prefix``); a decorator that
+    keys another reserves that one as well. Async views are refused: guard them with
+    :class:`settle.asgi.IdempotencyMiddleware` under ASGI."""
 
     def decorate(view: View) -> View:
         if iscoroutinefunction(view) or getattr(view, "view_is_async", False):

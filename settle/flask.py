@@ -41,8 +41,11 @@ class Idempotency:
 
     def init_app(self, app: Flask) -> None:
         if "settle" in app.extensions:
-            # A second guard around the first guards nothing more (it passes the first's
-            # requests through) and would only hide a second, different configuration.
+            # A second guard would wrap the first. The inner one passes a request through
+            # only when the outer runs its very operation (the same header, principal,
+            # key_scope and operation_prefix: Guard.identified in settle.http._rules); any
+            # other configuration reserves its own key too, and the request runs under two
+            # records with two sets of limits. One configuration per app.
             raise ConfigurationError(
                 "settle's Idempotency is already installed on this app: call init_app once "
                 "(Idempotency(app) already calls it)"

@@ -34,7 +34,8 @@ class IdempotencyMiddleware:
     ``principal`` maps the ASGI scope to the authenticated principal (return None for an
     unauthenticated request: 401). Keys are scoped per principal unless ``key_scope`` is
     ``"global"``; the principal is also stored as the record's binding and checked on every
-    request, so no principal can receive another principal's response. See
+    request, so no principal can receive another principal's response. ``www_authenticate``
+    is the challenge that 401 sends (``'Bearer realm="api"'``; None: none). See
     :class:`~settle.http.policy.IdempotencyPolicy` for every option.
     """
 
@@ -58,6 +59,7 @@ class IdempotencyMiddleware:
         retry_after: int = 1,
         operation_prefix: str = "http",
         problem_type_base: str = DEFAULT_PROBLEM_TYPE_BASE,
+        www_authenticate: str | None = None,
     ) -> None:
         if not isinstance(settler, AsyncSettler):  # a Settler's replies cannot be awaited
             raise ConfigurationError(
@@ -82,6 +84,7 @@ class IdempotencyMiddleware:
             retry_after=retry_after,
             operation_prefix=operation_prefix,
             problem_type_base=problem_type_base,
+            www_authenticate=www_authenticate,
         )
         self.policy.check_store(settler.config.max_result_bytes)
 

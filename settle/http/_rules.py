@@ -593,8 +593,11 @@ class Guard:
 
     def _answer(self, kind: ProblemKind, detail: str, *, retry: bool = False) -> Answer:
         self.outcome = _OUTCOME.get(kind, "rejected")
-        problem = Problem(kind, detail, self.policy.retry_after if retry else None)
-        return Answer(problem.response(self.policy.problem_type_base))
+        policy = self.policy
+        # RFC 9110 15.5.2: a 401 carries a challenge; the application names it (policy).
+        challenge = policy.www_authenticate if kind.status == 401 else None
+        problem = Problem(kind, detail, policy.retry_after if retry else None, challenge)
+        return Answer(problem.response(policy.problem_type_base))
 
 
 def stored_response(record: OperationRecord) -> StoredResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -28,6 +29,10 @@ authenticated principal (None: not authenticated -> 401). Only ASGI may return a
 
 _MAX_OPERATION_ID = 256
 _BASE64_HEADROOM = 16 << 10  # stored headers and the JSON envelope around the body
+
+#: A challenge (RFC 9110 11.6.1): an auth-scheme (a token), then, after a space or a comma,
+#: its parameters or further challenges; visible ASCII and spaces only, no line break.
+_CHALLENGE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+(?:[ ,][ -~]*)?")
 
 
 class Coverage(Enum):
@@ -93,6 +98,23 @@ def _check_types(policy: IdempotencyPolicy) -> None:
             raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
 
 
+def _check_challenge(value: object) -> None:
+    """``www_authenticate``: None, or the challenge a 401 sends as it is, a header value."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"www_authenticate must be a str such as 'Bearer realm=\"api\"', or None; got "
+            f"{type(value).__name__}"
+        )
+    if not _CHALLENGE.fullmatch(value) or value.endswith(" "):
+        raise ConfigurationError(
+            "www_authenticate must be a challenge: an auth-scheme, then its parameters after "
+            "a space or a comma (such as 'Bearer realm=\"api\"'), in visible ASCII and "
+            "spaces, with no line breaks or other control characters (RFC 9110 11.6.1)"
+        )
+
+
 def _matches(patterns: tuple[str, ...], path: str) -> bool:
     return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
@@ -108,7 +130,10 @@ class IdempotencyPolicy:
     settler's ``SettleConfig.retention``. ``key_scope="global"`` puts every principal's
     keys in one space: they must be unguessable (random, a UUIDv4), since another
     principal's 422 tells whether it guessed the request made with a key
-    (docs/http-endpoints.md, "What the middleware does").
+    (docs/http-endpoints.md, "What the middleware does"). ``www_authenticate``: the
+    challenge the 401 ``principal-required`` sends in its ``WWW-Authenticate`` header
+    (``'Bearer realm="api"'``); None sends none, for settle cannot know the application's
+    scheme (docs/http-endpoints.md, "The 401 and its challenge").
     """
 
     principal: PrincipalFn
@@ -126,6 +151,7 @@ class IdempotencyPolicy:
     retry_after: int = 1
     operation_prefix: str = "http"
     problem_type_base: str = DEFAULT_PROBLEM_TYPE_BASE
+    www_authenticate: str | None = None
     header_bytes: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +189,7 @@ class IdempotencyPolicy:
                 "client and framing headers are recomputed on replay"
             )
         set_(self, "replay_headers", allowed)
+        _check_challenge(self.www_authenticate)
 
     @classmethod
     def configure(

@@ -77,6 +77,8 @@ class Problem:
     kind: ProblemKind
     detail: str
     retry_after: int | None = None
+    #: The challenge of a 401 (``WWW-Authenticate``), a header value checked by the policy.
+    www_authenticate: str | None = None
 
     def body(self, type_base: str) -> bytes:
         document = {
@@ -95,6 +97,8 @@ class Problem:
         ]
         if self.retry_after is not None:
             headers.append((b"retry-after", str(self.retry_after).encode("ascii")))
+        if self.www_authenticate is not None:
+            headers.append((b"www-authenticate", self.www_authenticate.encode("ascii")))
         return headers
 
     def response(self, type_base: str) -> Response:

@@ -80,6 +80,7 @@ async def test_the_documented_payment_endpoint(
                 "/payments", json=payment, headers={"Idempotency-Key": "x"}
             )
             assert anonymous.status_code == 401
+            assert anonymous.headers["www-authenticate"] == 'Bearer realm="payments"'
         assert len(provider.charges) == 2  # one per tenant, none for the replay
     finally:
         await settler.aclose()

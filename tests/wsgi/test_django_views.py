@@ -81,6 +81,7 @@ from structlog.testing import capture_logs
 from settle import AsyncSettler, Settler, State
 from settle.asgi import IdempotencyMiddleware as ASGIGuard
 from settle.django import _VIEW_GUARDS, idempotent
+from settle.django import IdempotencyMiddleware as DjangoGuard
 from settle.errors import ConfigurationError
 from settle.http.keys import operation_id
 from tests.http.apps import serve, serve_wsgi
@@ -1495,3 +1496,49 @@ def test_django_under_the_asgi_guard_still_guards_its_own_key(
     assert (again.status_code, again.content) == (201, first.content)
     assert again.headers["idempotent-replayed"] == "true"
     assert runs == ["pay"]
+
+
+# -- the 401's challenge (RFC 9110 15.5.2: WWW-Authenticate) --------------------------------
+
+
+@pytest.mark.parametrize("guard", ["middleware", "decorator"])
+def test_the_401_carries_the_configured_challenge(
+    settle_settings: dict[str, Any], guard: str
+) -> None:
+    """The 401 ``principal-required`` went out without ``WWW-Authenticate``, which a 401
+    must carry. ``www_authenticate`` names the challenge; it is on that 401 only, never on
+    the view's response or its replay."""
+    challenge = 'Bearer realm="shop"'
+
+    def create(request: HttpRequest) -> JsonResponse:
+        RUNS.append("create")
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    own = {**settle_settings, "www_authenticate": challenge}
+    if guard == "middleware":
+        conf, mw = urlconf(path("c", create)), ["settle.django.IdempotencyMiddleware"]
+    else:
+        conf, mw = urlconf(path("c", idempotent(www_authenticate=challenge)(create))), []
+        own = settle_settings
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=own):
+        c = Client()
+        anonymous = c.post("/c", {}, HTTP_IDEMPOTENCY_KEY="k-1")
+        first = c.post("/c", {}, **headers("k-1"))
+        again = c.post("/c", {}, **headers("k-1"))
+    assert anonymous.status_code == 401
+    assert anonymous["WWW-Authenticate"] == challenge
+    assert anonymous.json()["type"] == "urn:settle:problem:principal-required"
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.content == first.content
+    assert not first.has_header("WWW-Authenticate")
+    assert not again.has_header("WWW-Authenticate")
+    assert RUNS == ["create"]
+
+
+def test_a_challenge_with_a_line_break_is_refused(settle_settings: dict[str, Any]) -> None:
+    bad = {**settle_settings, "www_authenticate": 'Bearer realm="shop"\r\nSet-Cookie: a=b'}
+    with (
+        override_settings(SETTLE=bad),
+        pytest.raises(ConfigurationError, match="www_authenticate must"),
+    ):
+        DjangoGuard(lambda request: HttpResponse())
