@@ -92,6 +92,13 @@ def _acl_password(rules: Sequence[str]) -> str | None:
     return next((p for p in passwords if p), None)
 
 
+def _directive(arg: str) -> str | None:
+    """``requirepass`` or ``user`` when ``arg`` names that directive, in any case, as
+    redis-server reads its directives (``--USER`` is ``--user``); None otherwise."""
+    name = arg.lower()
+    return name[2:] if name in {"--requirepass", "--user"} else None
+
+
 def _password(args: Sequence[str]) -> str | None:
     """The password redis-server's arguments give its default user: that of the last
     ``--user default ...`` if there is one (the server applies it after any requirepass,
@@ -99,22 +106,23 @@ def _password(args: Sequence[str]) -> str | None:
     with an empty one, or ``nopass``."""
     required, default_user, acl = None, False, None
     for at, arg in enumerate(args[:-1]):
-        if arg == "--requirepass":
+        if _directive(arg) == "requirepass":
             required = args[at + 1] or None
-        elif arg == "--user" and args[at + 1] == "default":
+        elif _directive(arg) == "user" and args[at + 1] == "default":
             default_user, acl = True, _acl_password(_user_words(args, at)[1:])
     return acl if default_user else required
 
 
 def _secrets(args: Sequence[str]) -> list[str]:
     """Every password in redis-server's arguments, to hide in what it prints: that of each
-    ``--requirepass`` and each ``>PASSWORD`` of each ``--user``."""
+    ``--requirepass`` and each ``>PASSWORD`` or ``<PASSWORD`` (a removal, which
+    redis-server quotes when the user has no such password) of each ``--user``."""
     found = []
     for at, arg in enumerate(args[:-1]):
-        if arg == "--requirepass":
+        if _directive(arg) == "requirepass":
             found.append(args[at + 1])
-        elif arg == "--user":
-            found += [word[1:] for word in _user_words(args, at) if word.startswith(">")]
+        elif _directive(arg) == "user":
+            found += [word[1:] for word in _user_words(args, at) if word[:1] in {">", "<"}]
     return [word for word in found if word]
 
 
@@ -218,8 +226,8 @@ class EmbeddedRedis:
         given, arguments = self.extra_args, []
         at = 0
         while at < len(given):
-            if given[at] in {"--requirepass", "--user"} and at + 1 < len(given):
-                directive = given[at][2:]  # the file is named after it, as errors quote it
+            directive = _directive(given[at])  # the file is named after it, as errors quote it
+            if directive is not None and at + 1 < len(given):
                 words = _user_words(given, at) if directive == "user" else [given[at + 1]]
                 path = self.directory / f"{directive}-{len(files)}.conf"
                 path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
