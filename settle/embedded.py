@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -307,17 +308,21 @@ class EmbeddedRedis:
         """``redis.log`` in the directory, for appending, readable by its owner only: it
         holds what redis-server says of its configuration (a line it refuses, quoted), and
         a directory the user chose may be readable by others. A log an older version left
-        readable is made private too; one of another user, or a link, is refused."""
+        readable is made private too; one of another user, a link or no regular file (a
+        FIFO: open() would wait for a reader, who would get the lines) is refused."""
         path = self.directory / "redis.log"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            # O_NONBLOCK: a FIFO nobody reads is ENXIO, not a wait (no effect on a file)
+            fd = os.open(path, flags, 0o600)
         except OSError as exc:
             raise ConfigurationError(f"cannot write redis-server's log {path}: {exc}") from exc
         mode = os.fstat(fd)
-        if mode.st_uid != os.geteuid():
+        if mode.st_uid != os.geteuid() or not stat.S_ISREG(mode.st_mode):
             os.close(fd)
             raise ConfigurationError(
-                f"redis-server's log {path} belongs to another user: choose a directory of your own"
+                f"redis-server's log {path} belongs to another user or is no regular file: "
+                "choose a directory of your own"
             )
         if mode.st_mode & 0o077:
             os.fchmod(fd, 0o600)

@@ -299,6 +299,26 @@ def test_a_log_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
         server.close()
 
 
+@pytest.mark.timeout(20)  # it waited for a reader forever
+@pytest.mark.parametrize("reader", [False, True])
+def test_a_log_that_is_a_fifo_is_refused_at_once(tmp_path: Path, reader: bool) -> None:
+    """A ``redis.log`` that is a FIFO (planted in a shared directory) made start() wait in
+    open() until someone read it, then gave the server's lines to that reader: start()
+    refuses a log that is no regular file, at once, and starts nothing."""
+    fifo = tmp_path / "redis.log"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if reader else None
+    server = EmbeddedRedis(directory=str(tmp_path))
+    try:
+        with pytest.raises(ConfigurationError, match=r"redis\.log"):
+            server.start()
+        assert server.process is None
+    finally:
+        server.close()
+        if held is not None:
+            os.close(held)
+
+
 BINARIES = [
     pytest.param(None, id="bundled-redis-6.2"),
     pytest.param(str(get_binary_path()), id="valkey"),
