@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -92,6 +93,13 @@ def _acl_password(rules: Sequence[str]) -> str | None:
     return next((p for p in passwords if p), None)
 
 
+def _directive(arg: str) -> str | None:
+    """``requirepass`` or ``user`` when ``arg`` names that directive, in any case, as
+    redis-server reads its directives (``--USER`` is ``--user``); None otherwise."""
+    name = arg.lower()
+    return name[2:] if name in {"--requirepass", "--user"} else None
+
+
 def _password(args: Sequence[str]) -> str | None:
     """The password redis-server's arguments give its default user: that of the last
     ``--user default ...`` if there is one (the server applies it after any requirepass,
@@ -99,22 +107,23 @@ def _password(args: Sequence[str]) -> str | None:
     with an empty one, or ``nopass``."""
     required, default_user, acl = None, False, None
     for at, arg in enumerate(args[:-1]):
-        if arg == "--requirepass":
+        if _directive(arg) == "requirepass":
             required = args[at + 1] or None
-        elif arg == "--user" and args[at + 1] == "default":
+        elif _directive(arg) == "user" and args[at + 1] == "default":
             default_user, acl = True, _acl_password(_user_words(args, at)[1:])
     return acl if default_user else required
 
 
 def _secrets(args: Sequence[str]) -> list[str]:
     """Every password in redis-server's arguments, to hide in what it prints: that of each
-    ``--requirepass`` and each ``>PASSWORD`` of each ``--user``."""
+    ``--requirepass`` and each ``>PASSWORD`` or ``<PASSWORD`` (a removal, which
+    redis-server quotes when the user has no such password) of each ``--user``."""
     found = []
     for at, arg in enumerate(args[:-1]):
-        if arg == "--requirepass":
+        if _directive(arg) == "requirepass":
             found.append(args[at + 1])
-        elif arg == "--user":
-            found += [word[1:] for word in _user_words(args, at) if word.startswith(">")]
+        elif _directive(arg) == "user":
+            found += [word[1:] for word in _user_words(args, at) if word[:1] in {">", "<"}]
     return [word for word in found if word]
 
 
@@ -218,8 +227,8 @@ class EmbeddedRedis:
         given, arguments = self.extra_args, []
         at = 0
         while at < len(given):
-            if given[at] in {"--requirepass", "--user"} and at + 1 < len(given):
-                directive = given[at][2:]  # the file is named after it, as errors quote it
+            directive = _directive(given[at])  # the file is named after it, as errors quote it
+            if directive is not None and at + 1 < len(given):
                 words = _user_words(given, at) if directive == "user" else [given[at + 1]]
                 path = self.directory / f"{directive}-{len(files)}.conf"
                 path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
@@ -299,17 +308,21 @@ class EmbeddedRedis:
         """``redis.log`` in the directory, for appending, readable by its owner only: it
         holds what redis-server says of its configuration (a line it refuses, quoted), and
         a directory the user chose may be readable by others. A log an older version left
-        readable is made private too; one of another user, or a link, is refused."""
+        readable is made private too; one of another user, a link or no regular file (a
+        FIFO: open() would wait for a reader, who would get the lines) is refused."""
         path = self.directory / "redis.log"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            # O_NONBLOCK: a FIFO nobody reads is ENXIO, not a wait (no effect on a file)
+            fd = os.open(path, flags, 0o600)
         except OSError as exc:
             raise ConfigurationError(f"cannot write redis-server's log {path}: {exc}") from exc
         mode = os.fstat(fd)
-        if mode.st_uid != os.geteuid():
+        if mode.st_uid != os.geteuid() or not stat.S_ISREG(mode.st_mode):
             os.close(fd)
             raise ConfigurationError(
-                f"redis-server's log {path} belongs to another user: choose a directory of your own"
+                f"redis-server's log {path} belongs to another user or is no regular file: "
+                "choose a directory of your own"
             )
         if mode.st_mode & 0o077:
             os.fchmod(fd, 0o600)

@@ -820,7 +820,8 @@ class Runner:
         whose keys are split between the two nodes: a script's keys that do not exist yet
         count as elsewhere) is sent again as redis-py's cluster client does on the other path
         (``TRYAGAIN_SENDS``, :func:`~settle._runtime.transient.tryagain_pause`), then is
-        transient: the call's own retries repeat it. An error reply
+        transient: the call's own retries repeat it; a refused send whose WAIT came back
+        short (it waited ``replica_timeout``) is not sent again within the try. An error reply
         to ASKING itself (an ACL user not allowed it: NOPERM) is raised as it is: the script
         after it ran nothing."""
         script = self._scripts[call.script]
@@ -855,7 +856,7 @@ class Runner:
                 raise asking[0]
             if isinstance(reply, rx.TryAgainError):  # nothing ran: the same node again
                 refused += 1
-                _pause_after(reply, refused)
+                _pause_after(reply, refused, acks, need)
                 continue
             redirected += 1
             if self._send_again(call, node, reply):
@@ -1319,10 +1320,14 @@ def _socket_timeout(client: Any) -> float | None:
     return None if timeout is None else float(timeout)
 
 
-def _pause_after(refusal: rx.TryAgainError, refused: int) -> None:
+def _pause_after(refusal: rx.TryAgainError, refused: int, acks: Any, need: int) -> None:
     """Wait before a call's next send after its ``refused``-th TRYAGAIN of this try, as
-    TRYAGAIN's budget says; raise ``refusal`` (transient) when the try has spent it."""
-    pause = tryagain_pause(refused)
+    TRYAGAIN's budget says; raise ``refusal`` (transient) when the try has spent it, or
+    when the refused send's WAIT, which runs all the same, acknowledged fewer than
+    ``need`` (too few replicas connected): it waited ``replica_timeout``, as each send
+    again would (16 sends a try made a call wait 64 of them, where one a try waited 4)."""
+    short = not isinstance(acks, Exception) and int(acks) < need
+    pause = None if short else tryagain_pause(refused)
     if pause is None:
         raise refusal
     time.sleep(pause)

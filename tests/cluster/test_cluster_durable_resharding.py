@@ -486,3 +486,54 @@ async def test_a_slot_that_stays_split_gets_the_same_tryagain_budget_on_either_p
         record = await s.get("op")
         assert record is not None
         assert record.state is State.PENDING
+
+
+def _replicas_gone(cluster: LocalCluster, index: int) -> None:
+    """Wait until primary ``index`` has no replica connected (one was killed)."""
+    deadline = time.monotonic() + GOSSIP_BOUND
+    while True:
+        with cluster.client(index) as node:
+            if not int(node.info("replication")["connected_slaves"]):
+                return
+        assert time.monotonic() < deadline, "the killed replica is still connected"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_split_slot_with_too_few_replicas_connected_costs_one_wait_a_try(
+    namespace: str, flavour: str
+) -> None:
+    """A send refused with TRYAGAIN still runs the WAIT of its pipeline, which, with the
+    importing node's replica gone, waits ``replica_timeout``. The durable path sent the call
+    again up to 16 times a try, each send waiting it: with ``replica_timeout=0.5`` a
+    settlement whose slot stayed split took 35 s to raise BackendError (64 waits; 64 s and
+    more at the default 1 s) where it took 2 s before TRYAGAIN had a budget. A refused send
+    whose WAIT came back short ends its try now: one wait a try, BackendError after the 4
+    tries, nothing written."""
+    timeout = 0.5
+    cluster = LocalCluster(primaries=2, replicas=1).start()
+    try:
+        ns = _namespace(namespace)
+        record_key = Keys(ns, SHARDS).record("op")
+        slot = key_slot(record_key.encode())
+        source = cluster.serving(slot)
+        target = 1 - source
+        durable = {"min_replicas": 1, "replica_timeout": timeout}
+        async with _settler(cluster, flavour, ns, **durable) as s:
+            r = await s.reserve("op", REQ, principal=WHO)
+            assert isinstance(r, Reserved)
+            cluster.nodes[cluster.replica_of(target)].stop(kill=True)
+            _replicas_gone(cluster, target)
+            assert record_key in cluster.migrate(slot, source, target)
+            before = _tryagains(cluster, target)
+            started = time.monotonic()
+            with pytest.raises(BackendError, match="after 4 tries"):
+                await s.complete(r.reservation, RESULT)
+            took = time.monotonic() - started
+            assert _tryagains(cluster, target) - before == ATTEMPTS  # one send a try
+            assert took < TRYAGAIN_SENDS * timeout  # 64 sends took 32 s and more
+            record = await s.get("op")
+            assert record is not None
+            assert record.state is State.PENDING
+    finally:
+        cluster.close()

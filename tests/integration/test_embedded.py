@@ -299,6 +299,26 @@ def test_a_log_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
         server.close()
 
 
+@pytest.mark.timeout(20)  # it waited for a reader forever
+@pytest.mark.parametrize("reader", [False, True])
+def test_a_log_that_is_a_fifo_is_refused_at_once(tmp_path: Path, reader: bool) -> None:
+    """A ``redis.log`` that is a FIFO (planted in a shared directory) made start() wait in
+    open() until someone read it, then gave the server's lines to that reader: start()
+    refuses a log that is no regular file, at once, and starts nothing."""
+    fifo = tmp_path / "redis.log"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if reader else None
+    server = EmbeddedRedis(directory=str(tmp_path))
+    try:
+        with pytest.raises(ConfigurationError, match=r"redis\.log"):
+            server.start()
+        assert server.process is None
+    finally:
+        server.close()
+        if held is not None:
+            os.close(held)
+
+
 BINARIES = [
     pytest.param(None, id="bundled-redis-6.2"),
     pytest.param(str(get_binary_path()), id="valkey"),
@@ -343,6 +363,13 @@ GONE = hashlib.sha256(b"gone").hexdigest()
         (["--user", "default", "on", "nopass", ">ours"], "ours"),
         (["--user", "default", "on", ">ours", "nopass"], None),
         (["--user", "default", "on", ">gone", f"!{GONE}", ">ours"], "ours"),
+        # keywords in any case, as redis-server reads them; reset takes the passwords too
+        (["--user", "default", "on", ">gone", "reset", "on", ">ours"], "ours"),
+        (["--user", "default", "on", ">gone", "ResetPass", ">ours"], "ours"),
+        (["--user", "default", "on", ">ours", "NOPASS"], None),
+        # an empty password is one the url cannot carry; a rule with a dash is a rule
+        (["--user", "default", "on", ">", ">ours"], "ours"),
+        (["--user", "default", "on", "-@all", ">ours"], "ours"),
     ],
 )
 def test_the_password_is_the_one_the_servers_acl_rules_leave(
@@ -414,3 +441,83 @@ def test_another_users_password_is_on_no_command_line_nor_refused_line(
         assert running.process is not None
         with open(f"/proc/{running.process.pid}/cmdline", "rb") as shown:
             assert password.encode() not in shown.read()
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_a_password_a_refused_removal_names_is_not_shown(binary: str | None) -> None:
+    """``<PASSWORD`` removes a password (``>new <old``, rotating it); redis-server refuses
+    the removal of one the user does not have, and quotes the line, the 6.2 binary also the
+    rule (``Error in user declaration '<old'``): the error showed the old password."""
+    old = "rotated-out-secret"
+    given = ["--user", "default", "on", f"<{old}", ">ours", "~*", "+@all"]
+    server = EmbeddedRedis(binary=binary, extra_args=given)
+    try:
+        with pytest.raises(ConfigurationError, match="does not exist") as info:
+            server.start()
+        assert old not in str(info.value)
+        assert "ours" not in str(info.value)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--USER", "default", "on", f">{PASSWORD}", "~*", "+@all"],
+        ["--RequirePass", PASSWORD],
+    ],
+    ids=["USER", "RequirePass"],
+)
+def test_directive_names_are_read_in_any_case_as_redis_server_reads_them(
+    given: list[str], namespace: str
+) -> None:
+    """redis-server takes ``--USER`` and ``--RequirePass`` as ``--user`` and
+    ``--requirepass``; EmbeddedRedis read only the lower-case names, so the password was
+    left on the command line (for every local user to read) and the checks, sent without
+    it, were refused: start() failed with NOAUTH. It is read in any case now."""
+    with EmbeddedRedis(extra_args=[*given, "--set-proc-title", "no"]) as server:
+        assert server.process is not None
+        assert quote(PASSWORD, safe="") in server.url
+        _served_with_its_password_only(server, namespace)
+        with open(f"/proc/{server.process.pid}/cmdline", "rb") as shown:
+            assert PASSWORD.encode() not in shown.read()
+
+
+def test_an_empty_password_hides_nothing_in_an_error() -> None:
+    """An empty ``--requirepass`` is no secret to hide: the error about a refused line is
+    the server's text, not one with ``***`` between every character."""
+    server = EmbeddedRedis(extra_args=["--requirepass", "", "--user", "a", "on", ">", "bogus"])
+    try:
+        with pytest.raises(ConfigurationError, match="FATAL CONFIG FILE ERROR"):
+            server.start()
+    finally:
+        server.close()
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_a_log_its_group_can_read_is_made_private_too(tmp_path: Path) -> None:
+    (tmp_path / "redis.log").write_text("")
+    (tmp_path / "redis.log").chmod(0o640)
+    with EmbeddedRedis(directory=str(tmp_path)) as server:
+        assert server.process is not None
+    assert stat.S_IMODE((tmp_path / "redis.log").stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_log_of_another_user_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """A ``redis.log`` another user left writable in the directory (a shared one) would
+    be read back into start()'s errors and made the server's output: start() refuses it,
+    starts nothing, and neither writes to it nor changes its mode."""
+    log = tmp_path / "redis.log"
+    log.write_text("theirs\n")
+    log.chmod(0o666)
+    os.chown(log, 65534, 65534)
+    server = EmbeddedRedis(directory=str(tmp_path))
+    try:
+        with pytest.raises(ConfigurationError, match="belongs to another user"):
+            server.start()
+        assert server.process is None
+        assert log.read_text() == "theirs\n"
+        assert stat.S_IMODE(log.stat().st_mode) == 0o666
+    finally:
+        server.close()

@@ -27,6 +27,7 @@ from tests.web.test_console_sessions import (
     assert_error_page,
     people,
     resolve,
+    sign_out_again,
     signed_in,
 )
 
@@ -269,6 +270,9 @@ async def test_an_unconfirmed_sign_out_says_what_it_means_for_the_session(
         settler = AsyncSettler.from_url(primary.url, namespace=namespace, shards=4, **durable)
         try:
             async with signed_in(create_app(settler, authorize=people)) as browser:
+                stale = await browser.post("/signout", data={"csrf": "not-the-session's"})
+                assert_error_page(stale, 403)  # a live session's forged form: no button
+                assert "Sign out again" not in stale.text
                 replica.close()
                 page = (await browser.get("/")).text
                 out = await browser.post("/signout", data={"csrf": csrf_of(page)})
@@ -285,10 +289,12 @@ async def test_an_unconfirmed_sign_out_says_what_it_means_for_the_session(
                 for internal in ("DurabilityError", "read the record back", "session_end"):
                     assert internal not in text, internal
                 assert 'action="/signout"' in out.text
+                button = sign_out_again(out)  # the page's own button, the session's token
+                assert button == csrf_of(page)
 
                 replica = replica_of(primary)
                 wait_replicas(primary, 1)
-                again = await browser.post("/signout", data={"csrf": csrf_of(out.text)})
+                again = await browser.post("/signout", data={"csrf": button})
                 assert again.status_code == 303
                 assert "signed in as" not in (await browser.get("/")).text
         finally:

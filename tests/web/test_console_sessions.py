@@ -9,6 +9,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -210,6 +211,18 @@ def assert_error_page(response: httpx.Response, status: int) -> None:
     assert response.status_code == status, response.text[:400]
     assert response.headers["content-security-policy"] == CSP  # the console's own page
     assert '<p class="notice error">' in response.text
+
+
+def sign_out_again(response: httpx.Response) -> str:
+    """The CSRF token of the page's own "Sign out again" button: a form of its main part
+    (not the header's "Sign out", shown while the session still resolves) posting to
+    /signout."""
+    main = response.text.split("<main>", 1)[1].split("</main>", 1)[0]
+    forms = [f for f in re.findall(r"<form\b.*?</form>", main, re.S) if "Sign out again" in f]
+    assert len(forms) == 1, main
+    assert 'method="post" action="/signout"' in forms[0]
+    assert re.search(r'<button type="submit">\s*Sign out again\s*</button>', forms[0])
+    return csrf_of(forms[0])
 
 
 @pytest.mark.asyncio
@@ -925,6 +938,8 @@ async def test_a_stale_sign_out_form_while_redis_is_down_says_redis_cannot_be_re
             assert "Redis cannot be reached" in refused.text
             assert "still signed in" in refused.text
             assert _holds_a_session(browser)  # kept, to sign out when Redis is back
+            # the page's button signs this session out, with the session's own token
+            assert sign_out_again(refused) == session_of(browser)["csrf"]
 
 
 @pytest.mark.asyncio
