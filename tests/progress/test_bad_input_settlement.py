@@ -59,6 +59,14 @@ BAD: list[tuple[str, Callable[[], Any]]] = [
     ("settlement: kind 'defer'", lambda: authorize_settlement(PROGRESS, d(4), "defer")),  # type: ignore[arg-type]
     ("settlement: a str id", lambda: authorize_settlement(PROGRESS, "1-1", IntentKind.ACK)),  # type: ignore[arg-type]
     ("covers: a str id", lambda: PROGRESS.covers("1000-1")),  # type: ignore[arg-type]
+    # A release needs no progress, but its delivery is still a DeliveryId.
+    ("release: a str id", lambda: authorize_settlement(PROGRESS, "1-1", IntentKind.RELEASE)),  # type: ignore[arg-type]
+    # An empty str is no list of ids either (iterated, it held none: an empty plan).
+    ("plan: pending ''", lambda: plan_settlements(PROGRESS, "")),  # type: ignore[arg-type]
+    ("batch: members ''", lambda: authorize_batch(PROGRESS, "")),  # type: ignore[arg-type]
+    ("batch: members None", lambda: authorize_batch(PROGRESS, None)),  # type: ignore[arg-type]
+    ("individual: not a Progress", lambda: authorize_individual({}, d(1))),  # type: ignore[arg-type]
+    ("batch: not a Progress", lambda: authorize_batch({}, [d(1)])),  # type: ignore[arg-type]
 ]
 
 
