@@ -1,6 +1,7 @@
 """What every part refuses in a user's input: control characters in names (:func:`has_control`),
 and, in pydantic models a user builds (settings, a provider's contract), bad values raised
-as settle's typed error, not pydantic's.
+as settle's typed error, not pydantic's. Also the one way a name is written into a key made
+of parts (:func:`key_part`).
 
 A model that derives from :class:`InputModel` raises :class:`~settle.errors.InvalidInput`
 (a ``SettleError`` and a ``ValueError``, as pydantic's ``ValidationError`` is) naming each
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from settle.errors import InvalidInput
 
-__all__ = ["InputModel", "has_control", "is_decimal"]
+__all__ = ["InputModel", "has_control", "is_decimal", "key_part"]
 
 #: Refused in every name and text settle stores and shows (operation ids, principals,
 #: reasons, notes; cursor streams and event ids; progress ids and consumer names): control
@@ -41,6 +42,15 @@ def has_control(text: str) -> bool:
     if text.isascii():  # the common case, in C: printable ASCII has no control character
         return not text.isprintable()
     return any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in text)
+
+
+def key_part(name: str) -> str:
+    """``name`` as a part of an idempotency key whose parts a ``:`` separates (a cursor's
+    ``EventContext.key``, delivery progress's ``EffectContext.idempotency_key``): a ``%``
+    is written ``%25`` and a ``:`` ``%3A``, so the part holds no ``:`` and two names never
+    give the same key (``billing:eu`` + ``order-1`` and ``billing`` + ``eu:order-1`` did).
+    A name with neither is unchanged, and so are the keys made of it."""
+    return name.replace("%", "%25").replace(":", "%3A")
 
 
 def _invalid(model: type[BaseModel], exc: ValidationError) -> InvalidInput:

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from settle._input import key_part
 from settle._log import event_digest, logger
 from settle._runtime import Call, parse_reply
 from settle.cursor._classify import (
@@ -85,8 +86,7 @@ def event_key(namespace: str, stream: str, event_id: str) -> str:
     so the first two colons always separate the parts (stream ``a:b`` with event ``c`` and
     stream ``a`` with event ``b:c`` gave the same key, and the second event was taken for
     the first by the handler's deduplication). A stream name with neither keeps its key."""
-    quoted = stream.replace("%", "%25").replace(":", "%3A")
-    return f"{namespace}:{quoted}:{event_id}"
+    return f"{namespace}:{key_part(stream)}:{event_id}"
 
 
 @dataclass(frozen=True, slots=True)

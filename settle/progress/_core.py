@@ -632,6 +632,18 @@ class ProgressCore:
         reason: str = "",
         release_idle_ms: int = 0,
     ) -> Call:
+        """The fenced settlement on the stream's server. Every argument is checked here,
+        before anything is read or sent (a kind given as the string ``"ack"`` equals
+        ``IntentKind.ACK``, and a ``fenced_count`` of 0 would settle unfenced)."""
+        check_kind(kind)
+        if not isinstance(authority, SettlementAuthority):
+            raise InvalidDelivery(f"expected a SettlementAuthority, got {type(authority).__name__}")
+        if not isinstance(fenced_count, bool):
+            raise InvalidDelivery(f"fenced_count must be a bool, got {type(fenced_count).__name__}")
+        if emission is not None:
+            _emission(emission)
+        if reason != "":
+            check_reason(reason)
         mode = {
             IntentKind.ACK: "ack",
             IntentKind.DEFER: "ack",

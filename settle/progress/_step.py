@@ -19,7 +19,7 @@ from typing import Any
 from settle._log import emission_digest
 from settle._runtime import Call, RunScript
 from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
-from settle.progress.errors import DeferDelivery, InvalidDelivery, ProviderReset
+from settle.progress.errors import DeferDelivery, ProviderReset
 from settle.progress.identity import (
     AttemptId,
     DeliveryId,
@@ -33,7 +33,6 @@ from settle.progress.models import (
     EffectContext,
     IntentKind,
     SettlementReceipt,
-    check_kind,
 )
 from settle.progress.planning import authorize_individual, authorize_settlement
 
@@ -255,16 +254,11 @@ def settle(
     progress reply of its own (the public ``settle``, ``recover``): durable progress is read
     first and must authorize ``kind`` for the delivery
     (:func:`~settle.progress.planning.authorize_settlement`); otherwise
-    :class:`SettlementNotAuthorized` is raised and nothing is written or settled. A kind
-    or an authority of the wrong type is :class:`InvalidDelivery`, before anything is
-    sent (the string ``"ack"`` would reach the provider, as ``IntentKind.ACK`` equals it)."""
-    check_kind(kind)
-    if not isinstance(authority, SettlementAuthority):
-        raise InvalidDelivery(f"expected a SettlementAuthority, got {type(authority).__name__}")
-    if authorize and kind is not IntentKind.RELEASE:  # a release needs no progress
-        read = yield from progress(core, core.plan_read(scope), claim=False)
-        authorize_settlement(read.progress, authority.delivery, kind)
-    yield Settling(scope, kind)
+    :class:`SettlementNotAuthorized` is raised and nothing is written or settled. An
+    argument of the wrong type (a kind given as the string ``"ack"``, an emission as a
+    str, a ``fenced_count`` that is not a bool, a reason that is not a str of at most
+    ``MAX_REASON`` characters) is :class:`InvalidDelivery`, before anything is read or
+    sent: the settlement is planned first."""
     call = core.plan_stream_settle(
         scope,
         authority,
@@ -274,6 +268,10 @@ def settle(
         reason=reason,
         release_idle_ms=RELEASE_IDLE_MS,
     )
+    if authorize and kind is not IntentKind.RELEASE:  # a release needs no progress
+        read = yield from progress(core, core.plan_read(scope), claim=False)
+        authorize_settlement(read.progress, authority.delivery, kind)
+    yield Settling(scope, kind)
     verdict = core.decode_stream_settle(call, (yield RunStreamScript(call)))
     yield Notify("provider_answered", authority.delivery)
     worker = authority.worker

@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from settle._input import key_part
 from settle.progress.errors import InvalidDelivery
 from settle.progress.identity import (
     AttemptId,
@@ -215,10 +216,9 @@ class EffectContext:
         separates the two (consumer ``billing:eu`` with emission ``order-1`` and consumer
         ``billing`` with emission ``eu:order-1`` gave the same key, and an effect store
         deduplicating by it skipped the second effect). A name with neither keeps its key;
-        the emission id is never escaped (cursor keys escape the stream the same way:
-        ``settle.cursor._core.event_key``)."""
-        consumer = self.consumer.replace("%", "%25").replace(":", "%3A")
-        return f"{consumer}:{self.emission.value}"
+        the emission id is never escaped (cursor keys escape the stream by the same rule,
+        :func:`settle._input.key_part`)."""
+        return f"{key_part(self.consumer)}:{self.emission.value}"
 
 
 @dataclass(frozen=True, slots=True)

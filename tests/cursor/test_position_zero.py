@@ -117,16 +117,42 @@ def test_a_coverage_marker_from_minus_1_proves_an_empty_zero_based_log(store: Cu
 
 @pytest.mark.parametrize("boundary", [-2, -(2**53)])
 def test_a_boundary_below_minus_1_is_refused(store: CursorStore, boundary: int) -> None:
-    with pytest.raises(InvalidInput, match="boundary"):
+    with pytest.raises(InvalidInput, match=r"boundary must be an integer in \[-1, 2\*\*53 - 1\]"):
         store.start("s", b"c", boundary=boundary)
     assert store.checkpoint("s") is None
 
 
-def test_a_coverage_marker_below_minus_1_is_an_invalid_response(store: CursorStore) -> None:
+@pytest.mark.parametrize("boundary", [-2, -(2**53)])
+def test_a_reset_below_minus_1_is_refused_and_the_checkpoint_kept(
+    store: CursorStore, boundary: int
+) -> None:
+    ck = store.start("s", b"c", boundary=-1)
+    with pytest.raises(InvalidInput, match="boundary"):
+        store.reset("s", cursor=b"d", boundary=boundary, expected_generation=ck.generation)
+    assert store.checkpoint("s") == ck
+
+
+def test_receipts_after_below_minus_1_is_refused(store: CursorStore) -> None:
+    """``after=-1`` reads from position 0; nothing lies below it to read from."""
+    store.start("s", b"c", boundary=-1)
+    assert store.receipts("s", after=-1) == []
+    with pytest.raises(InvalidInput, match=r"after must be an integer in \[-1, 2\*\*53 - 1\]"):
+        store.receipts("s", after=-2)
+
+
+@pytest.mark.parametrize(
+    "coverage",
+    [Coverage(-2, 4), Coverage(-1, -1)],
+    ids=["after below -1", "through below 0"],
+)
+def test_a_coverage_marker_below_minus_1_is_an_invalid_response(
+    store: CursorStore, coverage: Coverage
+) -> None:
+    """Only ``after`` may be -1: ``through`` is a position, 0 or more."""
     contract = ProviderContract(coverage_watermarks=True)
     store.start("s", b"start", boundary=-1)
     consumer = CursorConsumer(
-        lambda c: Page([], successor=b"x", coverage=Coverage(-2, 4)),
+        lambda c: Page([], successor=b"x", coverage=coverage),
         lambda e, ctx: None,
         contract,
         store=store,

@@ -14,15 +14,22 @@ import uuid
 import pytest
 import redis
 import redis.asyncio as aioredis
+from hypothesis import given
+from hypothesis import strategies as st
 
+from settle._input import key_part
+from settle.cursor._core import event_key
 from settle.embedded import EmbeddedRedis
 from settle.progress import (
     AsyncProgressStore,
     AsyncStreamConsumer,
+    DeliveryId,
     EffectContext,
+    EmissionId,
     ProgressStore,
     StreamConsumer,
 )
+from settle.progress.identity import AttemptId
 
 #: Two progress consumers (each with a consumer group of its own) on one stream.
 CONSUMERS = ("billing", "billing:eu")
@@ -99,3 +106,24 @@ async def test_the_key_escapes_a_colon_or_percent_in_the_consumer_name(
     ) as worker:
         await worker.poll(effect)
     assert keys == [key]
+
+
+@given(
+    first=st.tuples(st.text(min_size=1), st.text(min_size=1)),
+    second=st.tuples(st.text(min_size=1), st.text(min_size=1)),
+)
+def test_one_escaping_rule_makes_both_keys_and_no_two_names_share_one(
+    first: tuple[str, str], second: tuple[str, str]
+) -> None:
+    """The cursor's ``EventContext.key`` and progress's ``idempotency_key`` write a name by
+    the one rule (``settle._input.key_part``), and two (name, id) pairs give one key only
+    when they are the same pair."""
+
+    def progress_key(name: str, emission: str) -> str:
+        return f"{key_part(name)}:{emission}"
+
+    assert event_key("ns", first[0], first[1]) == f"ns:{progress_key(*first)}"
+    if first != second:
+        assert progress_key(*first) != progress_key(*second)
+    ctx = EffectContext("billing:eu%", EmissionId("a:b"), DeliveryId("1-1"), AttemptId.new())
+    assert ctx.idempotency_key == f"{key_part('billing:eu%')}:a:b" == "billing%3Aeu%25:a:b"

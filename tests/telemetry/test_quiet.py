@@ -249,3 +249,39 @@ def test_a_bound_logger_still_names_the_settle_line_that_logged() -> None:
     assert "'consumer': 'billing'" in applied
     settled = next(line for line in lines if " settle.progress.settled " in line)
     assert settled.startswith("_core settle.progress.settled "), settled
+
+
+# The route is chosen at each event, not at a bound logger's first one: a consumer that
+# logged before the application configured structlog (its scope opened at start-up) still
+# sends its later events to structlog, also with ``cache_logger_on_first_use=True``.
+
+STARTED_THEN_CONFIGURED = """
+import redis
+import structlog
+from settle.embedded import EmbeddedRedis
+from settle.progress import ProgressStore, StreamConsumer
+
+with EmbeddedRedis() as stream_server, EmbeddedRedis() as progress_server:
+    producer = redis.Redis.from_url(stream_server.url)
+    producer.xadd("orders", {"emission_id": "order-1", "amount": 1})
+    store = ProgressStore.from_url(progress_server.url, namespace="early", consumer="billing")
+    with StreamConsumer(
+        redis.Redis.from_url(stream_server.url), store, stream="orders", group="billing"
+    ) as consumer:
+        consumer.start()  # settle.progress.scope_opened: structlog is not configured yet
+        structlog.configure(
+            processors=[structlog.processors.JSONRenderer()], cache_logger_on_first_use=True
+        )
+        consumer.poll(lambda ctx: None)
+    producer.close()
+"""
+
+
+def test_a_bound_logger_used_before_structlog_was_configured_follows_it_after() -> None:
+    done = _run(STARTED_THEN_CONFIGURED)
+    assert done.returncode == 0, done.stderr
+    assert "settle.progress.scope_opened" not in done.stdout  # the quiet route, then
+    # Logged by the same bound logger as scope_opened (the consumer's), after.
+    settled = next(line for line in done.stdout.splitlines() if "progress.settled" in line)
+    assert '"namespace": "early"' in settled
+    assert '"consumer": "billing"' in settled
