@@ -23,7 +23,7 @@ from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABL
 from settle._input import is_decimal
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
-from settle.cli._render import visible
+from settle.cli._render import visible_message
 from settle.config import MAX_SHARDS, SettleConfig
 from settle.demo.server import client_of
 from settle.errors import (
@@ -118,7 +118,7 @@ def json_option(fn: F) -> F:
 
 def fail(message: str, code: int) -> NoReturn:
     """Print one line on stderr (control characters made visible) and exit with ``code``."""
-    click.echo(f"settle: {visible(message)}", err=True)
+    click.echo(f"settle: {visible_message(message)}", err=True)
     sys.exit(code)
 
 

@@ -23,7 +23,7 @@ from settle.cli._context import (
     open_settler,
     settings,
 )
-from settle.cli._render import console, print_json, visible
+from settle.cli._render import console, print_json, visible_message
 from settle.demo import DemoError, DemoOptions, DemoReport, Fault, run_demo
 from settle.demo.plan import MIN_OPS
 from settle.embedded import EmbeddedRedis
@@ -194,4 +194,4 @@ def _print(report: DemoReport) -> None:
     out.print(faults)
     for check in report.checks:
         mark = ("ok  ", "green") if check.ok else ("FAIL", "red")
-        out.print(Text.assemble(mark, f" {check.name} ({visible(check.detail)})"))
+        out.print(Text.assemble(mark, f" {check.name} ({visible_message(check.detail)})"))
