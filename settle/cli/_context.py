@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -49,6 +49,7 @@ __all__ = [
     "fail",
     "json_option",
     "open_settler",
+    "options_named",
     "settings",
 ]
 
@@ -152,6 +153,24 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
         fail(_one_line(str(exc)), exit_code_of(exc))
+
+
+@contextlib.contextmanager
+def options_named(options: Mapping[str, str]) -> Iterator[None]:
+    """The library's refusal of a value the user gave as an option, said of that option:
+    the library names its argument (``older_than must be more than 0 seconds...``), which
+    the user never typed, so ``options`` maps those names to the options that fed them
+    (``{"older_than": "--before"}``) and the refusal reads ``bad --before: must be more
+    than 0 seconds...`` (exit 2, as every bad input; the checks stay the library's)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        message = str(exc)
+        for name, option in options.items():
+            if message.startswith(f"{name} "):
+                said = f"bad {option}: {message.removeprefix(f'{name} ')}"
+                raise InvalidInput(said, operation_id=exc.operation_id) from exc
+        raise
 
 
 def stored_shards(client: Any, namespace: str) -> int | None:

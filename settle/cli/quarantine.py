@@ -13,7 +13,13 @@ from typing import IO, Any
 import click
 
 from settle._sync.settler import Settler
-from settle.cli._context import Connection, connection_options, json_option, open_settler
+from settle.cli._context import (
+    Connection,
+    connection_options,
+    json_option,
+    open_settler,
+    options_named,
+)
 from settle.cli._params import DURATION, KIND, SINCE, Ago, since_on
 from settle.cli._render import (
     console,
@@ -34,6 +40,10 @@ __all__ = ["quarantine"]
 @click.group("quarantine")
 def quarantine() -> None:
     """Rejected responses kept as evidence: list, show, follow, resolve, export, trim."""
+
+
+#: What the library calls the values of the filter options (``_filters``).
+_FILTERS = {"operation id": "--operation"}
 
 
 def _filters(fn: Any) -> Any:
@@ -84,7 +94,7 @@ def ls(
     as_json: bool,
 ) -> None:
     """Quarantine entries, newest first (at most --limit in all)."""
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named(_FILTERS):
         entries = settler.quarantine.list(
             kind=kind,
             operation_id=operation_id,
@@ -123,7 +133,7 @@ def show(conn: Connection, entry_id: str, as_json: bool) -> None:
 @json_option
 def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
     """Mark entry ID resolved with a note. The evidence stays; the first note stands."""
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named({"note": "--note"}):
         resolution = settler.quarantine.resolve(entry_id, note=note)
         entry = settler.quarantine.get(entry_id)
     if resolution.note != note:
@@ -165,7 +175,7 @@ def tail(
     """Follow new entries live (from now, or --since) until Ctrl-C; one line each
     (a JSON object each with --json). Ctrl-C ends it with exit 0."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the tail
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named(_FILTERS):
         # Start at the server's clock (stream ids are server time), so that every entry
         # written after the "following" line is printed, whatever the local clock says.
         start = _start(settler, since) or server_now(settler)
@@ -236,7 +246,7 @@ def export(
     page at a time: memory stays bounded however many entries there are."""
     if show_progress is None:
         show_progress = sys.stderr.isatty()
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named(_FILTERS):
         entries = settler.quarantine.scan(
             kind=kind,
             operation_id=operation_id,
@@ -284,7 +294,7 @@ def trim(
         raise click.UsageError("say what to trim: --resolved and/or --before DURATION")
     if include_unresolved and older_than is None:
         raise click.UsageError("--include-unresolved needs --before DURATION")
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named({"older_than": "--before"}):
         done = settler.quarantine.trim(older_than=older_than, include_unresolved=include_unresolved)
     if as_json:
         print_json(done.model_dump())

@@ -3,8 +3,11 @@ line), not a traceback."""
 
 from __future__ import annotations
 
+import pytest
+
 from settle import Settler
 from tests.cli.conftest import settle
+from tests.cli.helpers import stale_settlement
 
 
 def test_quarantine_tail_with_a_nan_interval_exits_2(
@@ -30,5 +33,44 @@ def test_quarantine_resolve_with_a_bad_note_exits_2_for_an_id_with_no_entry(
     for note in ("", "two\nlines"):
         done = settle("quarantine", "resolve", "0/1-0", "--note", note, *connection)
         assert done.returncode == 2, done.stderr
-        assert "note must" in done.stderr
+        assert "bad --note: must" in done.stderr
         assert "no quarantine entry" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "library_word"),
+    [
+        (("quarantine", "trim", "--before", "0s"), "--before", "older_than"),
+        (("quarantine", "trim", "--resolved", "--before", "40000d"), "--before", "older_than"),
+        (
+            ("quarantine", "trim", "--before", "40000d", "--include-unresolved"),
+            "--before",
+            "older_than",
+        ),
+        (("quarantine", "resolve", "0/1-0", "--note", ""), "--note", "note must"),
+        (("quarantine", "ls", "--operation", ""), "--operation", "operation id"),
+        (("quarantine", "ls", "--operation", "a" * 257), "--operation", "operation id"),
+        (("quarantine", "export", "--operation", "a\x1bb"), "--operation", "operation id"),
+        (("quarantine", "tail", "--operation", "a\nb"), "--operation", "operation id"),
+    ],
+)
+def test_a_value_the_library_refuses_is_said_of_the_option_the_user_typed(
+    cli_settler: Settler,
+    redis_url: str,
+    namespace: str,
+    args: tuple[str, ...],
+    option: str,
+    library_word: str,
+) -> None:
+    """``trim --before 0s`` said "older_than must be more than 0 seconds and at most 100
+    years": the library's argument, which the user never typed. Every option whose value
+    the library checks is named in the refusal (exit 2), and nothing is changed."""
+    kept = stale_settlement(cli_settler, "order-resolved")
+    cli_settler.quarantine.resolve(kept, note="refunded")
+    connection = ("--redis-url", redis_url, "--namespace", namespace)
+    done = settle(*args, *connection, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert f"settle: bad {option}: must " in done.stderr
+    assert library_word not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert [e.ref for e in cli_settler.quarantine.list()] == [kept]
