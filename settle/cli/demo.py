@@ -23,6 +23,7 @@ from settle.cli._context import (
     open_settler,
     settings,
 )
+from settle.cli._params import FiniteRange
 from settle.cli._render import console, print_json, visible_message
 from settle.demo import DemoError, DemoOptions, DemoReport, Fault, run_demo
 from settle.demo.plan import MIN_OPS
@@ -66,7 +67,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the workload.")
 @click.option(
     "--lease",
-    type=click.FloatRange(0.2, 30),
+    type=FiniteRange(0.2, 30),
     default=1.0,
     show_default=True,
     help="Lease in seconds: how soon a crashed or frozen worker is taken over.",

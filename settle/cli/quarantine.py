@@ -20,7 +20,7 @@ from settle.cli._context import (
     open_settler,
     options_named,
 )
-from settle.cli._params import DURATION, KIND, SINCE, Ago, since_on
+from settle.cli._params import DURATION, KIND, SINCE, Ago, FiniteRange, since_on
 from settle.cli._render import (
     console,
     entries_table,
@@ -156,7 +156,7 @@ def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
 @_since
 @click.option(
     "--interval",
-    type=click.FloatRange(0.05, 60),
+    type=FiniteRange(0.05, 60),
     default=0.5,
     show_default=True,
     help="Seconds between polls when idle.",

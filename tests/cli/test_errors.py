@@ -29,6 +29,8 @@ def _closed_port() -> int:
         (("inspect",), "Missing argument 'OPERATION_ID'"),
         (("demo", "--ops", "1"), "Invalid value for '--ops'"),
         (("demo", "--workers", "0"), "Invalid value for '--workers'"),
+        (("demo", "--lease", "nan"), "Invalid value for '--lease': nan is not in the range"),
+        (("quarantine", "tail", "--interval", "nan"), "Invalid value for '--interval': nan"),
         (("stats", "--shards", "0"), "Invalid value for '--shards'"),
         (("nosuchcommand",), "No such command"),
         (("stats", "--namespace", "bad ns"), "settle: bad --namespace: String should match"),
