@@ -40,6 +40,7 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "Connection",
+    "checked_namespace",
     "checked_url",
     "configure_logging",
     "connection_options",
@@ -233,6 +234,13 @@ def settings(options: dict[str, Any]) -> SettleConfig:
             raise
         problems = "; ".join(f"bad --{e['loc'][0]}: {e['msg']}" for e in cause.errors())
         raise InvalidInput(problems) from exc
+
+
+def checked_namespace(namespace: str) -> str:
+    """``namespace`` when settle takes it, else :class:`InvalidInput` (exit 2) that says what
+    a namespace may hold: ``bad --namespace: must be 1 to 64 characters of ...`` (the one
+    rule, :class:`SettleConfig`'s), for the commands that open no :class:`Settler`."""
+    return settings({"namespace": namespace}).namespace
 
 
 def checked_url(url: str) -> str:
