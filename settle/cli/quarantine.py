@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -247,12 +248,17 @@ def export(
     if show_progress is None:
         show_progress = sys.stderr.isatty()
     with open_settler(conn) as settler, options_named(_FILTERS):
-        entries = settler.quarantine.scan(
+        scan = settler.quarantine.scan(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
             unresolved=unresolved,
         )
+        # The filters are checked, and the first page read, before --output is opened: a
+        # refused --operation or an unreachable Redis leaves the file as it was, where
+        # opening it first emptied it.
+        first = next(scan, None)
+        entries = scan if first is None else itertools.chain([first], scan)
         if output is None:
             try:
                 _write(sys.stdout, entries, limit, show_progress)

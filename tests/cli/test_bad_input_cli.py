@@ -3,6 +3,9 @@ line), not a traceback."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from settle import Settler
@@ -76,3 +79,23 @@ def test_a_value_the_library_refuses_is_said_of_the_option_the_user_typed(
     assert library_word not in done.stderr
     assert "Traceback" not in done.stderr
     assert [e.ref for e in cli_settler.quarantine.list()] == [kept]
+
+
+def test_export_refused_for_a_bad_filter_leaves_the_output_file_as_it_was(
+    cli_settler: Settler, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """``export --operation '' -o yesterday.jsonl`` opened (emptied) the file, then was
+    refused: bad input changed the user's earlier export. The filters are checked first."""
+    stale_settlement(cli_settler, "order-1")
+    connection = ("--redis-url", redis_url, "--namespace", namespace)
+    earlier = tmp_path / "yesterday.jsonl"
+    earlier.write_text('{"kept": true}\n')
+    done = settle("quarantine", "export", "--operation", "", "-o", str(earlier), *connection)
+    assert done.returncode == 2, done.stderr
+    assert earlier.read_text() == '{"kept": true}\n'
+
+    done = settle("quarantine", "export", "--operation", "order-1", "-o", str(earlier), *connection)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["operation_id"] for line in earlier.read_text().splitlines()] == [
+        "order-1"
+    ]
