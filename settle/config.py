@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, model_validator
+import re
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from settle._core.layout import LOG_MAX
 from settle._input import InputModel
 
-__all__ = ["SettleConfig"]
+__all__ = ["NAMESPACE_RULE", "SettleConfig"]
 
 
 #: The largest shard count a namespace can have. A client that finds its namespace's
@@ -16,6 +19,10 @@ MAX_SHARDS = 4096
 #: The longest retention, in seconds (1000 years): far past any dispute window, and far
 #: below the 2^62 ms the scripts take (an expiry must fit Redis's 64-bit integers).
 MAX_RETENTION = 1000 * 365.25 * 86_400
+#: What a namespace may hold (it is part of every key name), and that rule in words, for
+#: the error that refuses one.
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+NAMESPACE_RULE = "1 to 64 characters of A-Z a-z 0-9 _ . -"
 
 
 class SettleConfig(InputModel):
@@ -33,7 +40,7 @@ class SettleConfig(InputModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    namespace: str = "default"
     shards: int = Field(default=16, ge=1, le=MAX_SHARDS)
     lease: float = Field(default=30.0, gt=0, le=86_400)
     """Seconds a reservation owns the record without renewal (server clock)."""
@@ -58,6 +65,13 @@ class SettleConfig(InputModel):
     """Accept a server whose ``maxmemory-policy`` may evict settle's records (refused at
     start-up otherwise; a warning is logged once). An evicted completed record runs its
     operation again: use ``noeviction``."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not _NAMESPACE.fullmatch(value):
+            raise PydanticCustomError("namespace", "must be {rule}", {"rule": NAMESPACE_RULE})
+        return value
 
     @model_validator(mode="after")
     def _retention_covers_lease(self) -> SettleConfig:

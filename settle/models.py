@@ -142,9 +142,15 @@ def _adapter(type_: Any) -> TypeAdapter[Any]:
         return TypeAdapter(type_)
 
 
-def _validated(data: bytes, type_: Any) -> Any:
-    """A stored result (JSON) validated into ``type_``: what every replay hands back, and
-    what the decorator checks a first call's result by before returning it."""
+def _replayed(type_: Any, data: bytes) -> Any:
+    """The one rule of what a stored result ``data`` is handed back as: the bytes as they
+    are for ``bytes`` (a result completed as bytes is stored so, not as JSON), else the JSON
+    validated into ``type_`` (a :class:`ValidationError` when it does not). What
+    :meth:`OperationRecord.value` returns, what every replay of a decorated function returns,
+    and what the decorator checks a first call's result by, so that it never returns what
+    its replays would refuse."""
+    if type_ is bytes:
+        return data
     return _adapter(type_).validate_json(data)
 
 
@@ -221,10 +227,8 @@ class OperationRecord(BaseModel):
                 f"operation {op!r} is {self.state.value}, not completed: {what}",
                 operation_id=op,
             )
-        if type_ is bytes:
-            return cast("T", self.result)
         try:
-            return cast("T", _validated(self.result, type_))
+            return cast("T", _replayed(type_, self.result))
         except ValidationError as exc:
             raise InvalidInput(
                 f"the stored result of operation {op!r} does not validate into {type_!r}: {exc}",

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -23,7 +23,7 @@ from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABL
 from settle._input import is_decimal
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
-from settle.cli._render import visible
+from settle.cli._render import visible_message
 from settle.config import MAX_SHARDS, SettleConfig
 from settle.demo.server import client_of
 from settle.errors import (
@@ -40,6 +40,7 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "Connection",
+    "checked_namespace",
     "checked_url",
     "configure_logging",
     "connection_options",
@@ -49,6 +50,7 @@ __all__ = [
     "fail",
     "json_option",
     "open_settler",
+    "options_named",
     "settings",
 ]
 
@@ -118,7 +120,7 @@ def json_option(fn: F) -> F:
 
 def fail(message: str, code: int) -> NoReturn:
     """Print one line on stderr (control characters made visible) and exit with ``code``."""
-    click.echo(f"settle: {visible(message)}", err=True)
+    click.echo(f"settle: {visible_message(message)}", err=True)
     sys.exit(code)
 
 
@@ -152,6 +154,24 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
         fail(_one_line(str(exc)), exit_code_of(exc))
+
+
+@contextlib.contextmanager
+def options_named(options: Mapping[str, str]) -> Iterator[None]:
+    """The library's refusal of a value the user gave as an option, said of that option:
+    the library names its argument (``older_than must be more than 0 seconds...``), which
+    the user never typed, so ``options`` maps those names to the options that fed them
+    (``{"older_than": "--before"}``) and the refusal reads ``bad --before: must be more
+    than 0 seconds...`` (exit 2, as every bad input; the checks stay the library's)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        message = str(exc)
+        for name, option in options.items():
+            if message.startswith(f"{name} "):
+                said = f"bad {option}: {message.removeprefix(f'{name} ')}"
+                raise InvalidInput(said, operation_id=exc.operation_id) from exc
+        raise
 
 
 def stored_shards(client: Any, namespace: str) -> int | None:
@@ -214,6 +234,13 @@ def settings(options: dict[str, Any]) -> SettleConfig:
             raise
         problems = "; ".join(f"bad --{e['loc'][0]}: {e['msg']}" for e in cause.errors())
         raise InvalidInput(problems) from exc
+
+
+def checked_namespace(namespace: str) -> str:
+    """``namespace`` when settle takes it, else :class:`InvalidInput` (exit 2) that says what
+    a namespace may hold: ``bad --namespace: must be 1 to 64 characters of ...`` (the one
+    rule, :class:`SettleConfig`'s), for the commands that open no :class:`Settler`."""
+    return settings({"namespace": namespace}).namespace
 
 
 def checked_url(url: str) -> str:

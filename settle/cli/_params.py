@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,7 @@ import click
 
 from settle.models import QuarantineKind
 
-__all__ = ["KIND", "SINCE", "Ago", "since_on"]
+__all__ = ["KIND", "SINCE", "Ago", "FiniteRange", "since_on"]
 
 _RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])", re.ASCII)
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -88,6 +89,19 @@ class Duration(click.ParamType):  # type: ignore[type-arg,unused-ignore]  # gene
             return timedelta(**{_UNITS[unit]: float(amount)}).total_seconds()
         except OverflowError:
             self.fail(f"{value!r} is longer than a date can reach", param, ctx)
+
+
+class FiniteRange(click.FloatRange):
+    """click's ``FloatRange`` that refuses NaN as it refuses a number out of its range:
+    every comparison with NaN is False, so click's let ``--interval nan`` through, and the
+    library then refused it in its own words, with its own range (``poll_interval must be a
+    number of seconds from 0 to 3600``), not the option's."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{number} is not in the range {self._describe_range()}.", param, ctx)
+        return number
 
 
 SINCE = Since()

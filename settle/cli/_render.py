@@ -4,10 +4,10 @@ plain JSON (one shape per command, documented in docs/cli.md) for scripts.
 Every stored value is shown as literal text: the consoles here interpret no rich markup
 (``[/terms]``, ``[link=...]``), no emoji codes and highlight nothing, every cell is a
 :class:`rich.text.Text` and every control character (terminal escapes, bidi overrides,
-line separators) is shown as a visible escape such as ``\\x1b`` by :func:`visible`. JSON
-output escapes them already (``ensure_ascii``), and is always strict JSON: stored bytes are
-shown as parsed JSON only when a strict reader takes them as Python reads them (see
-:func:`_decoded`), else as the bytes they are.
+line separators) is shown as a visible escape such as ``\\x1b``, a backslash as ``\\\\``
+(:func:`visible`). JSON output escapes them already (``ensure_ascii``), and is always strict
+JSON: stored bytes are shown as parsed JSON only when a strict reader takes them as Python
+reads them (see :func:`_decoded`), else as the bytes they are.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ __all__ = [
     "record_json",
     "record_table",
     "visible",
+    "visible_message",
 ]
 
 _PREVIEW = 120
@@ -83,15 +84,26 @@ def escape_char(ch: str) -> str:
 
 
 def visible(text: str) -> str:
-    """``text`` with every control character replaced by a visible escape (``\\x1b``,
-    ``\\u2028``); everything else, markup-like brackets included, is kept as it is."""
+    """A stored value as literal text that reads back one way: every control character
+    replaced by a visible escape (``\\x1b``, ``\\u2028``) and every backslash doubled, so
+    an id holding the four characters ``\\x1b`` shows as ``\\\\x1b``, never as the escape of
+    ESC (as Python's ``repr`` does). Everything else, markup-like brackets included, is kept
+    as it is."""
+    return visible_message(text.replace("\\", "\\\\"))
+
+
+def visible_message(text: str) -> str:
+    """One of settle's own messages with every control character made visible and its
+    backslashes kept: a stored value in a message is quoted with ``repr``, which doubled them
+    already (``no operation 'a\\\\x1b'``), and :func:`visible` would double them again."""
     if text.isascii() and text.isprintable():
         return text
     return "".join(escape_char(ch) if hidden(ch) else ch for ch in text)
 
 
 def literal(value: object, style: str = "") -> Text:
-    """A stored (or any untrusted) value as a rich cell: literal text, controls visible."""
+    """A stored (or any untrusted) value as a rich cell: literal text, controls visible,
+    backslashes doubled (:func:`visible`)."""
     return Text(visible(str(value)), style=style)
 
 

@@ -15,7 +15,13 @@ from typing import Any, TypeVar
 import click
 
 from settle._exit import EXIT_FAILED
-from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
+from settle.cli._context import (
+    Connection,
+    checked_namespace,
+    checked_url,
+    errors_as_exit_codes,
+    fail,
+)
 from settle.cli._render import Whole, add_row, console, new_table, print_table
 from settle.cursor._sync import CursorStore
 from settle.cursor.models import Checkpoint, Witness
@@ -83,7 +89,7 @@ def _store(redis_url: str, namespace: str, task: str) -> Iterator[CursorStore]:
     gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`),
     a Redis failure naming ``task``, what the user asked for."""
     with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
-        store = CursorStore.from_url(checked_url(redis_url), namespace=namespace)
+        store = CursorStore.from_url(checked_url(redis_url), namespace=checked_namespace(namespace))
         try:
             yield store
         finally:

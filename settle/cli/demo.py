@@ -23,7 +23,8 @@ from settle.cli._context import (
     open_settler,
     settings,
 )
-from settle.cli._render import console, print_json, visible
+from settle.cli._params import FiniteRange
+from settle.cli._render import console, print_json, visible_message
 from settle.demo import DemoError, DemoOptions, DemoReport, Fault, run_demo
 from settle.demo.plan import MIN_OPS
 from settle.embedded import EmbeddedRedis
@@ -66,7 +67,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the workload.")
 @click.option(
     "--lease",
-    type=click.FloatRange(0.2, 30),
+    type=FiniteRange(0.2, 30),
     default=1.0,
     show_default=True,
     help="Lease in seconds: how soon a crashed or frozen worker is taken over.",
@@ -194,4 +195,4 @@ def _print(report: DemoReport) -> None:
     out.print(faults)
     for check in report.checks:
         mark = ("ok  ", "green") if check.ok else ("FAIL", "red")
-        out.print(Text.assemble(mark, f" {check.name} ({visible(check.detail)})"))
+        out.print(Text.assemble(mark, f" {check.name} ({visible_message(check.detail)})"))

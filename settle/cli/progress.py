@@ -9,7 +9,13 @@ import json
 import click
 
 from settle._exit import EXIT_FAILED
-from settle.cli._context import Connection, checked_url, errors_as_exit_codes, fail
+from settle.cli._context import (
+    Connection,
+    checked_namespace,
+    checked_url,
+    errors_as_exit_codes,
+    fail,
+)
 from settle.cli._render import Listing, Whole, console, fields_table, print_table
 from settle.progress._sync import ProgressStore
 from settle.progress.identity import DeliveryId
@@ -75,7 +81,7 @@ def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
     task = f"read the progress of consumer {consumer!r}"
     with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
         store = ProgressStore.from_url(
-            checked_url(redis_url), consumer=consumer, namespace=namespace
+            checked_url(redis_url), consumer=consumer, namespace=checked_namespace(namespace)
         )
         try:
             scopes = store.show()

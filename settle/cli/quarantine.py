@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -13,8 +14,14 @@ from typing import IO, Any
 import click
 
 from settle._sync.settler import Settler
-from settle.cli._context import Connection, connection_options, json_option, open_settler
-from settle.cli._params import DURATION, KIND, SINCE, Ago, since_on
+from settle.cli._context import (
+    Connection,
+    connection_options,
+    json_option,
+    open_settler,
+    options_named,
+)
+from settle.cli._params import DURATION, KIND, SINCE, Ago, FiniteRange, since_on
 from settle.cli._render import (
     console,
     entries_table,
@@ -34,6 +41,10 @@ __all__ = ["quarantine"]
 @click.group("quarantine")
 def quarantine() -> None:
     """Rejected responses kept as evidence: list, show, follow, resolve, export, trim."""
+
+
+#: What the library calls the values of the filter options (``_filters``).
+_FILTERS = {"operation id": "--operation"}
 
 
 def _filters(fn: Any) -> Any:
@@ -84,7 +95,7 @@ def ls(
     as_json: bool,
 ) -> None:
     """Quarantine entries, newest first (at most --limit in all)."""
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named(_FILTERS):
         entries = settler.quarantine.list(
             kind=kind,
             operation_id=operation_id,
@@ -123,7 +134,7 @@ def show(conn: Connection, entry_id: str, as_json: bool) -> None:
 @json_option
 def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
     """Mark entry ID resolved with a note. The evidence stays; the first note stands."""
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named({"note": "--note"}):
         resolution = settler.quarantine.resolve(entry_id, note=note)
         entry = settler.quarantine.get(entry_id)
     if resolution.note != note:
@@ -146,7 +157,7 @@ def resolve(conn: Connection, entry_id: str, note: str, as_json: bool) -> None:
 @_since
 @click.option(
     "--interval",
-    type=click.FloatRange(0.05, 60),
+    type=FiniteRange(0.05, 60),
     default=0.5,
     show_default=True,
     help="Seconds between polls when idle.",
@@ -165,7 +176,7 @@ def tail(
     """Follow new entries live (from now, or --since) until Ctrl-C; one line each
     (a JSON object each with --json). Ctrl-C ends it with exit 0."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the tail
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named(_FILTERS):
         # Start at the server's clock (stream ids are server time), so that every entry
         # written after the "following" line is printed, whatever the local clock says.
         start = _start(settler, since) or server_now(settler)
@@ -236,13 +247,18 @@ def export(
     page at a time: memory stays bounded however many entries there are."""
     if show_progress is None:
         show_progress = sys.stderr.isatty()
-    with open_settler(conn) as settler:
-        entries = settler.quarantine.scan(
+    with open_settler(conn) as settler, options_named(_FILTERS):
+        scan = settler.quarantine.scan(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
             unresolved=unresolved,
         )
+        # The filters are checked, and the first page read, before --output is opened: a
+        # refused --operation or an unreachable Redis leaves the file as it was, where
+        # opening it first emptied it.
+        first = next(scan, None)
+        entries = scan if first is None else itertools.chain([first], scan)
         if output is None:
             try:
                 _write(sys.stdout, entries, limit, show_progress)
@@ -284,7 +300,7 @@ def trim(
         raise click.UsageError("say what to trim: --resolved and/or --before DURATION")
     if include_unresolved and older_than is None:
         raise click.UsageError("--include-unresolved needs --before DURATION")
-    with open_settler(conn) as settler:
+    with open_settler(conn) as settler, options_named({"older_than": "--before"}):
         done = settler.quarantine.trim(older_than=older_than, include_unresolved=include_unresolved)
     if as_json:
         print_json(done.model_dump())

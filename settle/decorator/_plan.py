@@ -54,7 +54,7 @@ from settle.models import (
     Settlement,
     StoredFailure,
     Verdict,
-    _validated,
+    _replayed,
 )
 
 __all__ = [
@@ -592,16 +592,6 @@ def _parses_back(data: bytes) -> bool:
     no longer integer, and with at most 200 brackets it nests no deeper (two C scans; a
     bracket in a string only sends the result to the full check)."""
     return len(data) <= _PARSER_DIGITS and data.count(b"[") + data.count(b"{") <= _PARSER_DEPTH
-
-
-def _replayed(result_type: Any, data: bytes) -> Any:
-    """The one rule of what a call hands back from the stored ``data``: the bytes as they
-    are for a function declared ``-> bytes``, else the JSON validated into ``result_type``
-    (a :class:`ValidationError` when it does not). A replay returns it; the first call
-    checks its result by it, so that it never returns what its replays would refuse."""
-    if result_type is bytes:
-        return data  # bytes are stored as they are, not as JSON
-    return _validated(data, result_type)
 
 
 def _mismatch(operation_id: str, result_type: Any, exc: ValidationError) -> InvalidInput:

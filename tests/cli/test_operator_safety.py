@@ -86,6 +86,46 @@ def test_inspect_and_quarantine_show_stored_values_as_literal_text(
     assert data["presented"]["binding"] == principal
 
 
+def test_a_stored_backslash_is_shown_doubled_so_it_never_reads_as_an_escape(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    """SPEC 8: control characters are shown as visible escapes, so a stored backslash must
+    be shown doubled: a result holding the four characters ``\\x1b`` looked the same as one
+    holding ESC, and an operation id (which may hold a backslash, never a control) looked
+    like one with a control character in it."""
+    op = "order\\x1b[2J:\\1"
+    late = b"ESC \x1b, not ESC \\x1b"
+    qid = _late_bytes(cli_settler, op, late, "p")
+    cli_settler.quarantine.resolve(qid, note="refunded C:\\x07 \\")
+    args = _args(redis_url, namespace)
+    shown_op = "order\\\\x1b[2J:\\\\1"
+    shown_late = "ESC \\x1b, not ESC \\\\x1b"
+
+    for command in (("inspect", op), ("quarantine", "show", qid), ("quarantine", "ls")):
+        shown = settle(*command, *args)
+        assert shown.returncode == 0, shown.stderr
+        assert shown_op in shown.stdout, command
+    entry = settle("quarantine", "show", qid, *args).stdout
+    assert shown_late in entry
+    assert "refunded C:\\\\x07 \\\\" in entry
+
+    _completed(cli_settler, "stored-result", late)
+    result = settle("inspect", "stored-result", *args)
+    assert result.returncode == 0, result.stderr
+    assert shown_late in result.stdout
+    assert "\x1b" not in result.stdout
+
+    # JSON output is JSON: the values are intact
+    data = settle_json("quarantine", "show", qid, *args)
+    assert data["operation_id"] == op
+    assert base64.b64decode(data["payload"]["data"]) == late
+
+    # a message quotes the id with repr, which doubles the backslash once, not twice
+    missing = settle("inspect", "nope\\x1b", *args)
+    assert missing.returncode == 1
+    assert "no operation 'nope\\\\x1b' in namespace" in missing.stderr
+
+
 #: Stored bytes Python's json module reads but no JSON reader takes back (NaN, Infinity,
 #: a number too large for a float), cannot write out again (nesting 3000 deep, or one past
 #: the limit of 200), or reads otherwise than a strict reader (UTF-8 JSON, RFC 8259 /

@@ -11,12 +11,20 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from settle import FingerprintError, Reserved, SettleConfig, SettleError, Settler
+from settle import (
+    AsyncSettler,
+    FingerprintError,
+    Reserved,
+    SettleConfig,
+    SettleError,
+    Settler,
+)
 from settle.errors import InvalidInput
 from settle.testing import MemorySettler
 
@@ -63,6 +71,28 @@ def test_every_bad_config_field_is_a_settle_error(field: str, value: Any) -> Non
     assert isinstance(error.__cause__, ValidationError)
     with pytest.raises(InvalidInput):
         SettleConfig.model_validate({field: value})
+
+
+@pytest.mark.parametrize("namespace", ["bad ns", "", "n" * 65, "ns\n", "né", "a:b", "{tag}"])
+def test_a_bad_namespace_is_refused_with_what_a_namespace_may_hold(
+    redis_url: str, namespace: str
+) -> None:
+    """The refusal said pydantic's regex (String should match pattern '^[A-Za-z0-9_.\\-]
+    {1,64}$'); it says, in words, what a namespace may hold."""
+    said = "invalid SettleConfig: namespace: must be 1 to 64 characters of A-Z a-z 0-9 _ . -"
+    makers: list[Callable[[], object]] = [
+        lambda: SettleConfig(namespace=namespace),
+        lambda: SettleConfig.model_validate({"namespace": namespace}),
+        lambda: Settler.from_url(redis_url, namespace=namespace),
+        lambda: AsyncSettler.from_url(redis_url, namespace=namespace),
+        lambda: MemorySettler(namespace=namespace),
+    ]
+    for make in makers:
+        with pytest.raises(InvalidInput) as info:
+            make()
+        assert str(info.value) == said
+    for good in ("n", "n" * 64, "Tenant_1.prod-eu"):
+        assert SettleConfig(namespace=good).namespace == good
 
 
 def test_config_across_fields_and_through_the_settlers(redis_url: str) -> None:
