@@ -154,6 +154,18 @@ def _replayed(type_: Any, data: bytes) -> Any:
     return _adapter(type_).validate_json(data)
 
 
+def _where_it_fails(exc: ValidationError) -> str:
+    """What a stored result's validation error says, without the stored values pydantic's
+    text quotes (``input_value=...``): the message is read, logged and recorded by others,
+    a receipt's data is not theirs. The error itself stays the ``__cause__``."""
+    problems = [
+        f"{'.'.join(map(str, e['loc'])) or '(the result)'}: {e['msg']}"
+        for e in exc.errors(include_input=False, include_url=False)[:3]
+    ]
+    more = exc.error_count() - len(problems)
+    return "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
+
+
 class Reservation(BaseModel):
     """The immutable tuple one attempt owns: ``(operation_id, fingerprint, binding, generation)``.
 
@@ -231,7 +243,8 @@ class OperationRecord(BaseModel):
             return cast("T", _replayed(type_, self.result))
         except ValidationError as exc:
             raise InvalidInput(
-                f"the stored result of operation {op!r} does not validate into {type_!r}: {exc}",
+                f"the stored result of operation {op!r} does not validate into {type_!r}: "
+                f"{_where_it_fails(exc)}",
                 operation_id=op,
             ) from exc
 

@@ -55,6 +55,7 @@ from settle.models import (
     StoredFailure,
     Verdict,
     _replayed,
+    _where_it_fails,
 )
 
 __all__ = [
@@ -602,7 +603,7 @@ def _mismatch(operation_id: str, result_type: Any, exc: ValidationError) -> Inva
         "else, or its return type changed since it was stored. The result is stored and "
         "the operation will not run again under this id; make the function return its "
         "declared type, or pass the type it returns (was stored as) in result_type=: "
-        f"{exc}",
+        f"{_where_it_fails(exc)}",
         operation_id=operation_id,
     )
 
