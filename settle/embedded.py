@@ -230,19 +230,32 @@ class EmbeddedRedis:
             directive = _directive(given[at])  # the file is named after it, as errors quote it
             if directive is not None and at + 1 < len(given):
                 words = _user_words(given, at) if directive == "user" else [given[at + 1]]
-                path = self.directory / f"{directive}-{len(files)}.conf"
-                path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
-                files.append(path)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as config:
-                    line = b" ".join([directive.encode(), *map(_config_word, words)])
-                    config.write(line + b"\n")
-                arguments += ["--include", str(path)]
+                line = b" ".join([directive.encode(), *map(_config_word, words)])
+                arguments += ["--include", str(self._private_file(directive, line, files))]
                 at += 1 + len(words)
             else:
                 arguments.append(given[at])
                 at += 1
         return arguments
+
+    def _private_file(self, directive: str, line: bytes, files: list[Path]) -> Path:
+        """A file in the directory that only this user can read, holding ``line`` (added to
+        ``files``, to remove). A directory that will not take it (missing, not writable, no
+        directory) is a :class:`ConfigurationError` saying what to change."""
+        path = self.directory / f"{directive}-{len(files)}.conf"
+        try:
+            path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            files.append(path)  # ours to remove only once made
+            with os.fdopen(fd, "wb") as config:
+                config.write(line + b"\n")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot write the private file redis-server reads its {directive} line from "
+                f"in the directory {self.directory} ({exc.strerror or exc}): give a directory "
+                "this user can write, or none (a new private one is made)"
+            ) from exc
+        return path
 
     def _run(self, timeout: float, files: list[Path]) -> bool:
         """:meth:`_start_once`, the files it writes for the server added to ``files``."""
