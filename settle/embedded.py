@@ -239,13 +239,14 @@ class EmbeddedRedis:
         return arguments
 
     def _private_file(self, directive: str, line: bytes, files: list[Path]) -> Path:
-        """A file in the directory that only this user can read, holding ``line`` (added to
-        ``files``, to remove). A directory that will not take it (missing, not writable, no
-        directory) is a :class:`ConfigurationError` saying what to change."""
-        path = self.directory / f"{directive}-{len(files)}.conf"
+        """A new file in the directory that only this user can read, holding ``line``
+        (added to ``files``, to remove). Its name is its own (``requirepass-RANDOM.conf``,
+        made with O_EXCL): another start in the same directory at the same time neither
+        replaces nor removes it. A directory that will not take it (missing, not
+        writable, no directory) is a :class:`ConfigurationError` saying what to change."""
         try:
-            path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd, name = tempfile.mkstemp(prefix=f"{directive}-", suffix=".conf", dir=self.directory)
+            path = Path(name)
             files.append(path)  # ours to remove only once made
             with os.fdopen(fd, "wb") as config:
                 config.write(line + b"\n")
