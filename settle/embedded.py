@@ -10,11 +10,15 @@ A password given in ``extra_args`` as ``--requirepass PASSWORD``, or as the defa
 any requirepass, to a user it resets first), is used to check the server as it starts, and
 is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the errors and
 redis-server's command line (which every local user can read) never show it nor the
-passwords of any other ``--user``: the server reads those arguments from a file only its
-owner can read, removed once the server has started. A password set any other way (another
-ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be read: the server refuses the
-checks, and ``start()`` raises :class:`ConfigurationError` naming the refusal (NOAUTH,
-WRONGPASS, NOPERM) rather than waiting out its timeout.
+passwords of any other ``--user``, of ``--masterauth PASSWORD`` or of
+``--tls-key-file-pass`` / ``--tls-client-key-file-pass``: the server reads those arguments
+from a file only its owner can read (one of its own for each start), removed once the
+server has started. Each directive and each of its words is an argument of its own:
+``"--requirepass PASSWORD"`` in one argument (which redis-server would read from its
+command line) is refused with :class:`ConfigurationError`. A password set any other way
+(another ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be read: the server
+refuses the checks, and ``start()`` raises :class:`ConfigurationError` naming the refusal
+(NOAUTH, WRONGPASS, NOPERM) rather than waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -93,11 +97,36 @@ def _acl_password(rules: Sequence[str]) -> str | None:
     return next((p for p in passwords if p), None)
 
 
+#: The directives whose words are passwords (a ``--user``'s ``>PASSWORD`` rules among them):
+#: the server reads each from a file only its owner can read, never from its command line.
+_SECRET_DIRECTIVES = frozenset(
+    {"requirepass", "masterauth", "tls-key-file-pass", "tls-client-key-file-pass", "user"}
+)
+
+#: What redis-server takes for the space between the words of a configuration line.
+_SPACES = " \t\n\v\f\r"
+
+
 def _directive(arg: str) -> str | None:
-    """``requirepass`` or ``user`` when ``arg`` names that directive, in any case, as
+    """The directive of :data:`_SECRET_DIRECTIVES` that ``arg`` names, in any case, as
     redis-server reads its directives (``--USER`` is ``--user``); None otherwise."""
     name = arg.lower()
-    return name[2:] if name in {"--requirepass", "--user"} else None
+    return name[2:] if name[:2] == "--" and name[2:] in _SECRET_DIRECTIVES else None
+
+
+def _joined_directive(arg: str) -> str | None:
+    """The directive of :data:`_SECRET_DIRECTIVES` that ``arg`` gives with its words in one
+    argument (``"--requirepass PASSWORD"``), None if none: redis-server reads an argument
+    that starts with ``--`` as the text of a configuration line (split into words at its
+    spaces, a newline starting another line), from its command line."""
+    if arg[:2] != "--" or not any(space in arg for space in _SPACES):
+        return None
+    unquoted = str.maketrans(_SPACES, " " * len(_SPACES), "\"'\\")  # a quoted name counts
+    for line in arg[2:].split("\n"):
+        name = line.translate(unquoted).strip(" ").split(" ", 1)[0].lower()
+        if name in _SECRET_DIRECTIVES:
+            return name
+    return None
 
 
 def _password(args: Sequence[str]) -> str | None:
@@ -116,11 +145,12 @@ def _password(args: Sequence[str]) -> str | None:
 
 def _secrets(args: Sequence[str]) -> list[str]:
     """Every password in redis-server's arguments, to hide in what it prints: that of each
-    ``--requirepass`` and each ``>PASSWORD`` or ``<PASSWORD`` (a removal, which
-    redis-server quotes when the user has no such password) of each ``--user``."""
+    ``--requirepass``, ``--masterauth`` and TLS key passphrase, and each ``>PASSWORD`` or
+    ``<PASSWORD`` (a removal, which redis-server quotes when the user has no such
+    password) of each ``--user``."""
     found = []
     for at, arg in enumerate(args[:-1]):
-        if _directive(arg) == "requirepass":
+        if _directive(arg) not in {None, "user"}:
             found.append(args[at + 1])
         elif _directive(arg) == "user":
             found += [word[1:] for word in _user_words(args, at) if word[:1] in {">", "<"}]
@@ -185,6 +215,16 @@ class EmbeddedRedis:
         self._own_port = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        for arg in self.extra_args:
+            joined = _joined_directive(arg)
+            if joined is not None:
+                raise ConfigurationError(
+                    f"extra_args gives {joined} with its words in one argument, which "
+                    "redis-server would read from its command line (every local user can "
+                    f"read it: ps, /proc/PID/cmdline): give --{joined} and each word as an "
+                    "argument of its own, as in ['--requirepass', PASSWORD] or ['--user', "
+                    "NAME, 'on', '>PASSWORD', '~*', '+@all']"
+                )
         self._password = _password(self.extra_args)
         self._secrets = _secrets(self.extra_args)
         self._own_dir = directory is None
@@ -219,11 +259,12 @@ class EmbeddedRedis:
                 path.unlink(missing_ok=True)
 
     def _arguments(self, files: list[Path]) -> list[str]:
-        """``extra_args``, each ``--requirepass PASSWORD`` and each ``--user NAME RULES...``
-        as ``--include FILE`` of a file (added to ``files``) that only this user can read:
-        a process's command line is anyone's to read (ps, /proc/PID/cmdline), and
-        redis-server shows its arguments there until it replaces them with its title (and
-        always with ``--set-proc-title no``)."""
+        """``extra_args``, each ``--requirepass PASSWORD``, ``--masterauth PASSWORD``,
+        ``--tls-key-file-pass`` / ``--tls-client-key-file-pass PASSPHRASE`` and each
+        ``--user NAME RULES...`` as ``--include FILE`` of a file (added to ``files``) that
+        only this user can read: a process's command line is anyone's to read (ps,
+        /proc/PID/cmdline), and redis-server shows its arguments there until it replaces
+        them with its title (and always with ``--set-proc-title no``)."""
         given, arguments = self.extra_args, []
         at = 0
         while at < len(given):

