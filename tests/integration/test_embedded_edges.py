@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -275,3 +276,46 @@ def test_other_directives_in_one_argument_still_start(given: list[str]) -> None:
         redis.Redis.from_url(server.url) as client,
     ):
         assert client.ping() is True
+
+
+@pytest.mark.timeout(60)
+def test_an_error_is_read_from_the_servers_own_log_not_one_swapped_in(tmp_path: Path) -> None:
+    """A server that exits while it starts has its lines read back into the error; they
+    were read from ``redis.log`` by its path, so a link put in its place meanwhile (in a
+    shared directory) was followed, and the error showed the file it points to. They are
+    read through the log start() opened: the server's own, whatever the path is now."""
+    with EmbeddedRedis(directory=str(tmp_path)) as first, redis.Redis.from_url(first.url) as c:
+        c.mset({f"k{n}": "v" * 100 for n in range(3000)})
+        c.save()
+    secret = tmp_path / "not-the-log"  # longer than the log: read from the log's offset on
+    secret.write_text("other lines\n" * 10_000 + "TOP-SECRET-CONTENT\n")
+    # 10 ms a key: the server loads its dump for 30 s, start() waiting until it answers
+    server = EmbeddedRedis(directory=str(tmp_path), extra_args=["--key-load-delay", "10000"])
+    raised: list[BaseException | None] = [None]
+
+    def start() -> None:
+        try:
+            server.start(timeout=50)
+        except Exception as exc:  # reported by the test, whatever it is
+            raised[0] = exc
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while server.process is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process = server.process
+        assert process is not None
+        log = tmp_path / "redis.log"
+        log.rename(tmp_path / "redis.log.moved")
+        log.symlink_to(secret)
+        process.kill()  # it exits as it starts, the log's path now a link
+        thread.join(timeout=30)
+    finally:
+        server.stop(kill=True)
+        thread.join(timeout=30)
+    assert isinstance(raised[0], ConfigurationError)
+    assert "exited" in str(raised[0])
+    assert "TOP-SECRET" not in str(raised[0])
+    assert secret.read_text().endswith("\nTOP-SECRET-CONTENT\n")
