@@ -804,6 +804,27 @@ class AsyncRunner:
         except rx.ConnectionError as exc:
             _drop_evidence(self, exc)
             raise
+        except rx.ResponseError as exc:
+            if not topology.demoted(exc):
+                raise
+            await self._demoted(call)
+            raise rx.ConnectionError(
+                f"{call.script}: the server answered READONLY: it is a replica now (a failover "
+                "demoted it); nothing was written"
+            ) from exc
+
+    async def _demoted(self, call: Call) -> None:
+        """``call`` found the server a read-only replica (a failover demoted the primary
+        while settle kept connections to it): every check again before the next try, on
+        connections made anew. The connections kept idle are closed, so a Sentinel-managed
+        client asks the Sentinels for the primary again (redis-py drops a connection itself
+        on a bare READONLY, not on Redis 6.2's script error that carries it); a client of a
+        URL finds a replica there and is refused (:func:`health.check_primary`)."""
+        logger.warning("settle.backend.primary_demoted", script=call.script)
+        self.suspect()
+        if self._lane is not None and not isinstance(self.client, RedisCluster):
+            await self._lane.release_idle()
+            await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _evalsha(self, sha: str, call: Call) -> Any:
         if self._lane is None:
@@ -1282,10 +1303,14 @@ class _Lane:
         else:
             await self._pool.release(conn)  # which reconnects one a notification flagged
 
-    async def aclose(self) -> None:
+    async def release_idle(self) -> None:
+        """Hand the kept connections back to the pool (whose idle ones the caller closes)."""
         if self._pid == os.getpid():
             await self._give_all_back()
         self._idle = []
+
+    async def aclose(self) -> None:
+        await self.release_idle()
 
     async def _give_all_back(self) -> None:
         """Hand every kept connection back to the pool (closing, or a new event loop)."""
