@@ -335,16 +335,23 @@ def replicas_finding(
 
 
 def slots_finding(
-    served: Mapping[str, Iterable[tuple[int, int]]] | None, states: Mapping[str, str]
+    served: Mapping[str, Iterable[tuple[int, int]]] | None,
+    states: Mapping[str, str],
+    down: Iterable[str] = (),
 ) -> Finding:
     """Hash-slot coverage as each node sees it (``CLUSTER SLOTS`` of each node; ``None``
-    when the server is not a cluster) and each node's ``cluster_state``."""
+    when the server is not a cluster), each node's ``cluster_state``, and the primaries
+    that hold slots and do not answer or are flagged failing (``down``: ``fail`` or
+    ``fail?`` in ``CLUSTER NODES``), whose slots no node serves until a replica takes over."""
     if served is None:
         return Finding("cluster slots", Status.OK, "not a cluster")
     missing = sorted({r for ranges in served.values() for r in missing_slot_ranges(ranges)})
     failing = sorted(node for node, state in states.items() if state != "ok")
-    if missing or failing:
+    gone = sorted(down)
+    if missing or failing or gone:
         parts = []
+        if gone:
+            parts.append(f"primary down (not answering, or flagged failing): {', '.join(gone)}")
         if missing:
             shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in missing[:4])
             parts.append(f"unserved slots {shown}")
@@ -354,7 +361,8 @@ def slots_finding(
             "cluster slots",
             Status.FAIL,
             "; ".join(parts),
-            "assign every slot (redis-cli --cluster fix) and wait for cluster_state:ok",
+            ("bring the failing primary back, or fail over to its replica; " if gone else "")
+            + "assign every slot (redis-cli --cluster fix) and wait for cluster_state:ok",
         )
     return Finding("cluster slots", Status.OK, f"16384 slots served, {len(states)} nodes")
 
