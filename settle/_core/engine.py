@@ -267,6 +267,8 @@ class Core:
         another shard count raises :class:`ConfigurationError`: nothing was written."""
         code = raw[0] if isinstance(raw, list | tuple) and raw else None
         if code in (b"unclaimed", "unclaimed") and call.args[-1] == "0":
+            if call.script != "claim":
+                self._state_lost(call)
             return replace(call, args=(*call.args[:-1], "1"))
         if code in (b"shard_mismatch", "shard_mismatch"):
             raise self._shard_mismatch(codec.parse_reply(raw).detail, "this shard")
@@ -274,6 +276,22 @@ class Core:
             detail = codec.parse_reply(raw).detail
             raise self._corrupt_state(detail, "state of a shard", call.operation_id)
         return None
+
+    def _state_lost(self, call: Call) -> None:
+        """A write found its shard's state gone. The shells claim every shard before their
+        first write (``plan_claims``), so Redis lost it since: a restart without
+        persistence, a FLUSHALL, an eviction, a failover that dropped writes, or a DEL. The
+        shard is claimed again and the call goes on (generations stay above every earlier
+        one: docs/concepts.md, "Generations"), but the shard's records may be gone with it,
+        and an operation whose completed record was lost runs again on its next retry:
+        an operator must hear of it (docs/operations.md, "When Redis forgets")."""
+        logger.error(
+            "settle.namespace.state_lost",
+            namespace=self.config.namespace,
+            state_key=call.keys[-1],
+            script=call.script,
+            operation_digest=operation_digest(call.operation_id) if call.operation_id else None,
+        )
 
     def _corrupt_state(self, key: str, what: str, operation_id: str | None) -> CorruptRecord:
         logger.error(

@@ -23,7 +23,7 @@ from redis import exceptions as rx
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError, NoScriptError, RedisClusterException, RedisError
 from tenacity import AsyncRetrying
@@ -381,6 +381,7 @@ class AsyncRunner:
                 evidence = self._checks.evidence
         info: dict[str, Any] = await self._server_info()
         topology.check_server(info)
+        replication = await self._replication()  # a replica is refused before anything
         # Decided again on every check: a failover or a rollback may bring a server
         # without FUNCTION (or one that now refuses FUNCTION LOAD).
         fcall = self._load_refused = False
@@ -390,7 +391,7 @@ class AsyncRunner:
             await self._load_scripts()
         # A call may have found FCALL unknown while this check ran: that finding stands.
         self._fcall = fcall and not self._fcall_unknown
-        policies: dict[str, str | None] = await self._eviction_policies()
+        policies: dict[str, str | None] = await self._eviction_policies(replication)
         warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
         if warnings.allowed:
             logger.warning("settle.backend.eviction_allowed", policy=",".join(warnings.allowed))
@@ -632,11 +633,36 @@ class AsyncRunner:
             if "already exists" not in str(exc):
                 raise
 
-    async def _eviction_policies(self) -> dict[str, str | None]:
+    async def _replication(self) -> dict[str, Any] | None:
+        """``INFO replication`` of a standalone (or Sentinel-managed) server, None on a
+        cluster (whose client writes to primaries only) or when INFO is denied. A server
+        that is a replica is refused (:func:`health.check_primary`): one named by the URL
+        with :class:`ConfigurationError`; one the Sentinels name (a failover under way, or
+        their view not updated yet) with a transient ``ConnectionError``, after closing the
+        pool's idle connections, so the call's next try asks the Sentinels again."""
+        if isinstance(self.client, RedisCluster):
+            return None
+        try:
+            replication: dict[str, Any] = await self.client.info("replication")
+        except rx.ResponseError:
+            return None
+        if health.replica_of(replication) is not None and _sentinel_managed(self.client):
+            await self.client.connection_pool.disconnect(inuse_connections=False)
+            raise rx.ConnectionError(
+                f"the Sentinels name a replica of {health.replica_of(replication)} as the "
+                "primary (a failover under way?)"
+            )
+        health.check_primary(replication)
+        return replication
+
+    async def _eviction_policies(
+        self, replication: Mapping[str, Any] | None
+    ) -> dict[str, str | None]:
         """The ``maxmemory_policy`` of each primary and of each replica (a failover makes a
         replica the primary, with its own policy) from ``INFO memory`` (CONFIG GET is often
         blocked on managed Redis); ``None`` where INFO is denied, a replica is out of reach,
-        or the reply does not say."""
+        or the reply does not say. ``replication``: a standalone server's ``INFO
+        replication`` (:meth:`_replication`; None: denied), which lists its replicas."""
         found = await self._primary_policies()
         if found is None:
             return {"": None}
@@ -647,9 +673,7 @@ class AsyncRunner:
             return found
         pool = self.client.connection_pool
         settings = topology.passed_on(pool.connection_kwargs, pool.connection_class)
-        try:
-            replication = await self.client.info("replication")
-        except rx.ResponseError:  # the primary's policy is still judged; say what was not
+        if replication is None:  # the primary's policy is still judged; say what was not
             found["its replicas (INFO replication denied)"] = None
             return found
         replid = replication.get("master_replid")
@@ -787,6 +811,27 @@ class AsyncRunner:
         except rx.ConnectionError as exc:
             _drop_evidence(self, exc)
             raise
+        except rx.ResponseError as exc:
+            if not topology.demoted(exc):
+                raise
+            await self._demoted(call)
+            raise rx.ConnectionError(
+                f"{call.script}: the server answered READONLY: it is a replica now (a failover "
+                "demoted it); nothing was written"
+            ) from exc
+
+    async def _demoted(self, call: Call) -> None:
+        """``call`` found the server a read-only replica (a failover demoted the primary
+        while settle kept connections to it): every check again before the next try, on
+        connections made anew. The connections kept idle are closed, so a Sentinel-managed
+        client asks the Sentinels for the primary again (redis-py drops a connection itself
+        on a bare READONLY, not on Redis 6.2's script error that carries it); a client of a
+        URL finds a replica there and is refused (:func:`health.check_primary`)."""
+        logger.warning("settle.backend.primary_demoted", script=call.script)
+        self.suspect()
+        if self._lane is not None and not isinstance(self.client, RedisCluster):
+            await self._lane.release_idle()
+            await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _evalsha(self, sha: str, call: Call) -> Any:
         if self._lane is None:
@@ -1275,10 +1320,14 @@ class _Lane:
         else:
             await self._pool.release(conn)  # which reconnects one a notification flagged
 
-    async def aclose(self) -> None:
+    async def release_idle(self) -> None:
+        """Hand the kept connections back to the pool (whose idle ones the caller closes)."""
         if self._pid == os.getpid():
             await self._give_all_back()
         self._idle = []
+
+    async def aclose(self) -> None:
+        await self.release_idle()
 
     async def _give_all_back(self) -> None:
         """Hand every kept connection back to the pool (closing, or a new event loop)."""
@@ -1443,6 +1492,12 @@ def _drop_evidence(runner: AsyncRunner, exc: rx.ConnectionError) -> None:
     sign of that (credentials refused, the pool exhausted)."""
     if is_transient(exc):
         runner.dropped()
+
+
+def _sentinel_managed(client: Redis) -> bool:
+    """Whether ``client`` reaches the primary the Sentinels name (``from_sentinel``, or a
+    client of redis-py's ``Sentinel.master_for``)."""
+    return isinstance(client.connection_pool, SentinelConnectionPool)
 
 
 def _socket_timeout(client: Any) -> float | None:

@@ -28,6 +28,7 @@ __all__ = [
     "Finding",
     "Status",
     "check_eviction",
+    "check_primary",
     "clock_finding",
     "eviction_finding",
     "eviction_policy",
@@ -35,6 +36,7 @@ __all__ = [
     "namespace_finding",
     "persistence_finding",
     "replica_addresses",
+    "replica_of",
     "replicas_finding",
     "replicates",
     "scripts_finding",
@@ -109,6 +111,29 @@ def replicates(info_replication: Mapping[str, Any], replid: Any) -> bool:
     if _text(info_replication.get("master_replid", "")) == _text(replid):
         return True
     return _text(info_replication.get("master_link_status", "")) != "up"
+
+
+def replica_of(info_replication: Mapping[str, Any]) -> str | None:
+    """``host:port`` of the primary that the node whose ``INFO replication`` this is
+    replicates, or None when the node is a primary."""
+    if _text(info_replication.get("role", "")) not in ("slave", "replica"):
+        return None
+    host = _text(info_replication.get("master_host", "?"))
+    return f"{host}:{_text(info_replication.get('master_port', '?'))}"
+
+
+def check_primary(info_replication: Mapping[str, Any]) -> None:
+    """Refuse a server that is a replica (its ``INFO replication``): a read-only one refuses
+    every settle write, a writable one (``replica-read-only no``) loses them at its next sync
+    with its primary. A URL of a replica (a provider's reader endpoint), or a primary that a
+    failover demoted."""
+    primary = replica_of(info_replication)
+    if primary is not None:
+        raise ConfigurationError(
+            f"the server is a replica of {primary}, not a primary: a replica refuses settle's "
+            "writes (read-only), or loses them at its next sync with its primary. Connect to "
+            "the primary (or use from_sentinel, which follows failovers); nothing was written."
+        )
 
 
 def is_evicting(policy: str) -> bool:
@@ -252,7 +277,22 @@ def replicas_finding(
     per_primary: Mapping[str, Mapping[str, Any] | None], min_replicas: int
 ) -> Finding:
     """Connected replicas of each primary (``INFO replication``; None: denied) against
-    ``min_replicas``."""
+    ``min_replicas``. A "primary" that is a replica (the URL names one) fails: settle's
+    writes are refused there (or lost, on a writable replica)."""
+    demoted = {
+        node: primary
+        for node, info in per_primary.items()
+        if info is not None and (primary := replica_of(info)) is not None
+    }
+    if demoted:
+        shown = ", ".join(f"{node} is a replica of {primary}" for node, primary in demoted.items())
+        return Finding(
+            "replicas",
+            Status.FAIL,
+            f"{shown}, not a primary: every settle write is refused (read-only) or lost at "
+            "its next sync with the primary",
+            "point --redis-url (and the settlers) at the primary, or use from_sentinel",
+        )
     unread = sorted(node for node, info in per_primary.items() if info is None)
     counts = {
         node: int(_text(info.get("connected_slaves", 0)))
@@ -295,16 +335,23 @@ def replicas_finding(
 
 
 def slots_finding(
-    served: Mapping[str, Iterable[tuple[int, int]]] | None, states: Mapping[str, str]
+    served: Mapping[str, Iterable[tuple[int, int]]] | None,
+    states: Mapping[str, str],
+    down: Iterable[str] = (),
 ) -> Finding:
     """Hash-slot coverage as each node sees it (``CLUSTER SLOTS`` of each node; ``None``
-    when the server is not a cluster) and each node's ``cluster_state``."""
+    when the server is not a cluster), each node's ``cluster_state``, and the primaries
+    that hold slots and do not answer or are flagged failing (``down``: ``fail`` or
+    ``fail?`` in ``CLUSTER NODES``), whose slots no node serves until a replica takes over."""
     if served is None:
         return Finding("cluster slots", Status.OK, "not a cluster")
     missing = sorted({r for ranges in served.values() for r in missing_slot_ranges(ranges)})
     failing = sorted(node for node, state in states.items() if state != "ok")
-    if missing or failing:
+    gone = sorted(down)
+    if missing or failing or gone:
         parts = []
+        if gone:
+            parts.append(f"primary down (not answering, or flagged failing): {', '.join(gone)}")
         if missing:
             shown = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in missing[:4])
             parts.append(f"unserved slots {shown}")
@@ -314,7 +361,8 @@ def slots_finding(
             "cluster slots",
             Status.FAIL,
             "; ".join(parts),
-            "assign every slot (redis-cli --cluster fix) and wait for cluster_state:ok",
+            ("bring the failing primary back, or fail over to its replica; " if gone else "")
+            + "assign every slot (redis-cli --cluster fix) and wait for cluster_state:ok",
         )
     return Finding("cluster slots", Status.OK, f"16384 slots served, {len(states)} nodes")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from redis.exceptions import ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
 
 from settle._input import is_decimal
 from settle._runtime.urls import redacted, url_problem
@@ -20,6 +20,7 @@ __all__ = [
     "MIN_SERVER_VERSION",
     "check_cluster",
     "check_server",
+    "demoted",
     "has_functions",
     "is_cluster_mode",
     "lists_library",
@@ -112,6 +113,17 @@ def missing_function(reply: object) -> str | None:
     if text.lower().startswith(("unknown command 'fcall'", "unknown command `fcall`")):
         return "fcall"
     return None
+
+
+def demoted(reply: object) -> bool:
+    """Whether an error reply says the server is a read-only replica: ``READONLY`` (redis-py
+    raises ReadOnlyError), or Redis 6.2's script error that carries it ("Error running script
+    ...: -READONLY You can't write against a read only replica."), which redis-py raises as a
+    bare ResponseError, so its Sentinel connections do not drop it as they drop the former.
+    A script refused so wrote nothing (a replica refuses every write)."""
+    if isinstance(reply, ReadOnlyError):
+        return True
+    return isinstance(reply, ResponseError) and "-READONLY You can't write" in str(reply)
 
 
 def parse_seed_nodes(

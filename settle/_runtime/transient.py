@@ -32,6 +32,7 @@ __all__ = [
     "failures_as_settle_errors",
     "first_retry_delay",
     "is_transient",
+    "refused_write",
     "retry_options",
     "tryagain_pause",
 ]
@@ -83,6 +84,45 @@ def error_code(exc: BaseException) -> str:
         return ""
     word = str(exc.args[0]).split(" ", 1)[0]
     return word if word.isupper() else "ERR"
+
+
+#: Error codes with which a server refuses every write while a condition of its own lasts:
+#: what the condition is, and when a repeat can succeed. A script meets them at its first
+#: write (the condition does not change while a script runs), so it wrote nothing.
+_REFUSED_WRITES = {
+    "OOM": (
+        "it is full (used memory above maxmemory, with maxmemory-policy noeviction)",
+        "memory is freed or maxmemory raised (docs/operations.md sizes it from the retention)",
+    ),
+    "NOREPLICAS": (
+        "it has fewer good replicas than its min-replicas-to-write",
+        "its replicas are connected and caught up again",
+    ),
+    "MISCONF": (
+        "it cannot save its RDB snapshot and stops writes (stop-writes-on-bgsave-error)",
+        "its snapshot saves again (see its log: disk full, permissions)",
+    ),
+}
+
+
+def refused_write(exc: BaseException) -> str | None:
+    """The code of an error reply with which the server refused a write for a condition of
+    its own (``OOM``, ``NOREPLICAS``, ``MISCONF``): the reply's own code, or on Redis 6.2 the
+    code inside a script's error ("Error running script ...: -OOM command not allowed...");
+    None for any other failure."""
+    if isinstance(exc, rx.OutOfMemoryError):  # redis-py drops the code from its text
+        return "OOM"
+    if not isinstance(exc, rx.ResponseError):
+        return None
+    code = error_code(exc)
+    if code in _REFUSED_WRITES:
+        return code
+    text = str(exc)
+    if text.startswith("Error running script"):
+        for refused in _REFUSED_WRITES:
+            if f": -{refused} " in text:
+                return refused
+    return None
 
 
 def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
@@ -208,6 +248,15 @@ def _classify(
             f"the Redis Cluster cannot serve every settle key during {what} ({name}). Assign "
             "every hash slot and wait for cluster_state:ok before starting settle.",
             operation_id=op,
+        )
+    refused = refused_write(exc)
+    if refused is not None:
+        code, (why, when) = refused, _REFUSED_WRITES[refused]
+        return BackendError(
+            f"Redis refused to write during {what} ({name}): {why}. Nothing was written, and "
+            f"the call is safe to repeat with the same arguments once {when}.",
+            operation_id=op,
+            code=code,
         )
     retried = f" after {tries} tries" if is_transient(exc) and tries > 1 else ""
     return BackendError(

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 import redis
+from redis import exceptions as rx
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
@@ -68,6 +69,9 @@ class _Deployment:
     replicas: dict[str, redis.Redis] = field(default_factory=dict)
     unread: list[str] = field(default_factory=list)
     cluster: bool = False
+    #: Cluster primaries that serve slots and are flagged failing (``fail``, ``fail?``) or
+    #: do not answer: not asked.
+    down: list[str] = field(default_factory=list)
 
     def add_replica(self, host: str, port: int, settings: dict[str, Any], replid: Any) -> None:
         """Keep a client of the replica at ``host:port`` when it answers in one try (redis-py's
@@ -116,10 +120,25 @@ def _connect(url: str) -> _Deployment:
     for name, node in nodes.items():
         flags = str(node.get("flags", "")).split(",")
         host, _, port = name.split("@", 1)[0].rpartition(":")
-        if "fail" in flags or "noaddr" in flags or not port.isdigit() or port == "0":
+        # A primary that holds slots (one that failed, whose replica took over, holds none)
+        serving = "master" in flags and bool(node.get("slots"))
+        if "fail" in flags or "fail?" in flags:
+            if serving:
+                found.down.append(f"{host or '127.0.0.1'}:{port}")
+            continue
+        if "noaddr" in flags or not port.isdigit() or port == "0":
             continue
         if "master" in flags:
             where = {"host": host or "127.0.0.1", "port": int(port)}
+            # One try (as a replica's): a primary that does not answer is down, also before
+            # the cluster flags it (its cluster-node-timeout).
+            with redis.Redis(**{**settings, **where, "retry": Retry(NoBackoff(), 0)}) as probe:
+                try:
+                    probe.ping()
+                except (RedisError, OSError):
+                    if serving:
+                        found.down.append(f"{host or '127.0.0.1'}:{port}")
+                    continue
             found.primaries[f"{host}:{port}"] = redis.Redis(**{**settings, **where})
         else:
             found.add_replica(host or "127.0.0.1", int(port), settings, None)
@@ -243,16 +262,25 @@ def _slots(deployment: _Deployment) -> Finding:
         )
         state = client.cluster("INFO").get("cluster_state", "")
         states[name] = state.decode() if isinstance(state, bytes) else str(state)
-    return health.slots_finding(served, states)
+    return health.slots_finding(served, states, deployment.down)
 
 
 def _namespace(deployment: _Deployment, namespace: str, shards: int | None) -> Finding:
     if not deployment.cluster:
         return _namespace_of(deployment.seed, namespace, shards)
-    with redis.RedisCluster.from_url(
-        _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
-    ) as cluster:
-        return _namespace_of(cluster, namespace, shards)
+    try:
+        with redis.RedisCluster.from_url(
+            _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
+        ) as cluster:
+            return _namespace_of(cluster, namespace, shards)
+    except (rx.ConnectionError, rx.TimeoutError, rx.ClusterError, RedisClusterException) as exc:
+        # a primary down, the cluster down: the slots check says which
+        return Finding(
+            "namespace",
+            Status.WARN,
+            f"{namespace!r} could not be read ({type(exc).__name__}: {exc})",
+            "bring every slot back (see cluster slots), then run doctor again",
+        )
 
 
 def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:

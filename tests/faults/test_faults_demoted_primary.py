@@ -1,0 +1,216 @@
+"""A server that is not a primary: a URL that names a replica (a provider's reader endpoint,
+a typo in a port), and a primary demoted while settle holds connections to it (a Sentinel's
+graceful failover, ``SENTINEL FAILOVER``, or a partition healed: the old primary is alive
+and becomes a replica of the promoted one).
+
+settle refuses a replica before the first write with a ConfigurationError naming its
+primary (a replica refuses every write, or loses it at its next sync), ``settle doctor``
+fails it, and a Sentinel-managed settler follows a demotion to the promoted node: Redis 6.2
+answers a script's write on a demoted primary with a script error that carries READONLY,
+which redis-py's Sentinel connections did not drop, so every later call of the settler
+failed on the demoted node for as long as the process lived."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from settle import (
+    AsyncSettler,
+    ConfigurationError,
+    Replay,
+    Reserved,
+    Settler,
+    State,
+    Verdict,
+)
+from settle.embedded import EmbeddedRedis
+from tests.cli.conftest import settle
+from tests.faults.sentinel_support import (
+    SERVICE,
+    SentinelDeployment,
+    acknowledges,
+    sentinel_deployment,
+)
+from tests.faults.servers import replica_of, wait_replicas
+
+pytestmark = [pytest.mark.faults]
+
+REQ = {"amount": 1000}
+WHO = "tenant:acme"
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    """A primary and its replica, in sync."""
+    with EmbeddedRedis() as primary:
+        replica = replica_of(primary)
+        try:
+            wait_replicas(primary, 1)
+            yield primary, replica
+        finally:
+            replica.close()
+
+
+def _keys(server: EmbeddedRedis) -> list[bytes]:
+    with redis.Redis(port=server.port) as raw:
+        return list(raw.scan_iter("settle:*"))
+
+
+def test_a_settler_on_a_replicas_url_is_refused_before_the_first_write(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    primary, replica = pair
+    # It used to be a BackendError ("check that the server is reachable") from a script's
+    # READONLY, on every call.
+    s = Settler.from_url(replica.url, namespace=namespace, shards=2)
+    try:
+        with pytest.raises(
+            ConfigurationError, match=f"replica of 127.0.0.1:{primary.port}"
+        ) as info:
+            s.reserve("op-1", REQ, principal=WHO)
+    finally:
+        s.close()
+    assert "Connect to the primary" in str(info.value)
+    assert _keys(primary) == []
+    assert _keys(replica) == []
+
+
+@pytest.mark.asyncio
+async def test_an_async_settler_on_a_writable_replica_is_refused_too(namespace: str) -> None:
+    # A writable replica (replica-read-only no) would take the writes, and lose them at its
+    # next sync with its primary: a completed record that vanishes.
+    with (
+        EmbeddedRedis() as primary,
+        EmbeddedRedis(
+            extra_args=["--replicaof", "127.0.0.1", str(primary.port), "--replica-read-only", "no"]
+        ) as writable,
+    ):
+        wait_replicas(primary, 1)
+        a = AsyncSettler.from_url(writable.url, namespace=namespace, shards=2)
+        try:
+            with pytest.raises(ConfigurationError, match="replica of"):
+                await a.reserve("op-1", REQ, principal=WHO)
+        finally:
+            await a.aclose()
+        assert _keys(writable) == []
+
+
+def test_doctor_fails_a_replicas_url(pair: tuple[EmbeddedRedis, EmbeddedRedis]) -> None:
+    primary, replica = pair
+    done = settle("doctor", "--redis-url", replica.url, "--json")
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert done.returncode == 1, checks  # it used to pass (a warning: "0 replicas")
+    assert checks["replicas"]["status"] == "fail"
+    assert f"is a replica of 127.0.0.1:{primary.port}" in checks["replicas"]["detail"]
+    assert "primary" in checks["replicas"]["fix"]
+
+
+def test_a_primary_demoted_under_a_url_client_is_refused_by_name(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    primary, replica = pair
+    s = Settler.from_url(primary.url, namespace=namespace, shards=2)
+    try:
+        held = s.reserve("op-1", REQ, principal=WHO)
+        assert isinstance(held, Reserved)
+        # A manual failover without Sentinel: the replica is promoted, the primary demoted.
+        with redis.Redis(port=replica.port) as raw:
+            raw.execute_command("REPLICAOF", "NO", "ONE")
+        with redis.Redis(port=primary.port) as raw:
+            raw.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+        with pytest.raises(ConfigurationError, match=f"replica of 127.0.0.1:{replica.port}"):
+            s.complete(held.reservation, {"charge": "ch_1"})
+    finally:
+        s.close()
+
+
+class _Deployment(SentinelDeployment):
+    def fail_over(self) -> None:
+        """A graceful failover (both nodes alive): the Sentinel promotes the replica and
+        makes the old primary its replica."""
+        deadline = time.monotonic() + 30
+        with self.sentinel.client() as c:
+            while True:
+                try:
+                    c.execute_command("SENTINEL", "FAILOVER", SERVICE)
+                    break
+                except redis.ResponseError:  # NOGOODSLAVE: the replica not seen as ready yet
+                    assert time.monotonic() < deadline, "the Sentinel never failed over"
+                    time.sleep(0.2)
+        self.sentinel.wait(lambda: self.sentinel.switched_to(self.replica.port), "failover")
+        with redis.Redis(port=self.primary.port) as c:
+            while c.info("replication")["role"] != "slave":
+                assert time.monotonic() < deadline, "the old primary was never demoted"
+                time.sleep(0.05)
+        # The demoted node replicates the promoted one (min_replicas=1 is then acknowledged).
+        while not acknowledges(self.replica):
+            assert time.monotonic() < deadline, "the demoted node never synced"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def deployment() -> Iterator[_Deployment]:
+    with sentinel_deployment() as running:
+        yield _Deployment(running.primary, running.replica, running.sentinel, running.link)
+
+
+def _on(server: EmbeddedRedis, key: str) -> bool:
+    with redis.Redis(port=server.port) as raw:
+        return any(key.encode() in k for k in raw.scan_iter("settle:*"))
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1])
+def test_a_sentinel_settler_follows_a_graceful_failover(
+    deployment: _Deployment, namespace: str, min_replicas: int
+) -> None:
+    options: dict[str, Any] = {"namespace": namespace, "shards": 2, "min_replicas": min_replicas}
+    s = Settler.from_sentinel(deployment.sentinels, service_name=SERVICE, **options)
+    try:
+        held = s.reserve("op-1", REQ, principal=WHO)
+        assert isinstance(held, Reserved)
+        deployment.fail_over()
+        # The settler's kept connection still reaches the demoted node: the write is refused
+        # there (READONLY, nothing written), and settle repeats it on the promoted one.
+        assert s.complete(held.reservation, {"charge": "ch_1"}).verdict is Verdict.ACCEPTED
+        fresh = s.reserve("op-2", REQ, principal=WHO)
+        assert isinstance(fresh, Reserved)
+        assert _on(deployment.replica, "op-2")
+        replay = s.reserve("op-1", REQ, principal=WHO)
+        assert isinstance(replay, Replay)
+        record = s.get("op-1")
+        assert record is not None
+        assert record.state is State.COMPLETED
+    finally:
+        s.close()
+
+
+def test_an_async_sentinel_settler_follows_a_graceful_failover(
+    deployment: _Deployment, namespace: str
+) -> None:
+    async def main() -> None:
+        a = AsyncSettler.from_sentinel(
+            deployment.sentinels, service_name=SERVICE, namespace=namespace, shards=2
+        )
+        try:
+            held = await a.reserve("op-1", REQ, principal=WHO)
+            assert isinstance(held, Reserved)
+            await asyncio.to_thread(deployment.fail_over)
+            settled = await a.complete(held.reservation, {"charge": "ch_1"})
+            assert settled.verdict is Verdict.ACCEPTED
+            # Concurrent calls after the demotion: each reaches the promoted node.
+            fresh = await asyncio.gather(
+                *(a.reserve(f"op-{n}", REQ, principal=WHO) for n in range(2, 8))
+            )
+            assert all(isinstance(r, Reserved) for r in fresh)
+        finally:
+            await a.aclose()
+
+    asyncio.run(main())
+    assert _on(deployment.replica, "op-7")

@@ -1,0 +1,90 @@
+"""A server that refuses writes for a condition of its own: full (``OOM`` under
+``noeviction``, what settle asks for), short of the replicas its ``min-replicas-to-write``
+asks for (``NOREPLICAS``). The error is typed (BackendError with the code), says that
+nothing was written and when a repeat can succeed, and the repeat then succeeds.
+
+It used to say "Check that the server is reachable; whether a settlement sent before the
+failure ran is unknown": the server had answered, and the outcome was known (on Redis 6.2
+the code also read ``ERR``: it is inside the script's error there)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from settle import AsyncSettler, BackendError, Reserved, Settler
+from settle.embedded import EmbeddedRedis
+
+pytestmark = [pytest.mark.faults]
+
+REQ = {"amount": 1000}
+WHO = "tenant:acme"
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as s:
+        yield s
+
+
+def _fill(server: EmbeddedRedis) -> None:
+    """Data of another client, then maxmemory well below what the server uses (with
+    noeviction, nothing is evicted: every write is refused)."""
+    with redis.Redis(port=server.port) as raw:
+        for n in range(100):
+            raw.set(f"filler:{n}", "x" * 4096)
+        used = int(raw.info("memory")["used_memory"])
+        raw.config_set("maxmemory", used - 200_000)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            raw.set("filler:probe", "x")
+
+
+def _empty(server: EmbeddedRedis) -> None:
+    with redis.Redis(port=server.port) as raw:
+        raw.config_set("maxmemory", 0)
+
+
+def test_a_full_server_says_nothing_was_written_and_the_repeat_succeeds(
+    server: EmbeddedRedis, namespace: str
+) -> None:
+    with Settler.from_url(server.url, namespace=namespace, shards=2) as settler:
+        _fill(server)
+        with pytest.raises(BackendError) as info:
+            settler.reserve("op-1", REQ, principal=WHO)
+        assert info.value.code == "OOM"
+        text = str(info.value)
+        assert "Redis refused to write during reserve" in text
+        assert "Nothing was written" in text
+        assert "maxmemory" in text
+        assert "reachable" not in text
+        _empty(server)
+        assert settler.get("op-1") is None  # nothing was written indeed
+        assert isinstance(settler.reserve("op-1", REQ, principal=WHO), Reserved)
+
+
+def test_too_few_replicas_for_min_replicas_to_write_says_so(
+    server: EmbeddedRedis, namespace: str
+) -> None:
+    async def main() -> None:
+        async with AsyncSettler.from_url(server.url, namespace=namespace, shards=2) as a:
+            held = await a.reserve("op-1", REQ, principal=WHO)
+            assert isinstance(held, Reserved)
+            with redis.Redis(port=server.port) as raw:
+                raw.config_set("min-replicas-to-write", 1)
+            with pytest.raises(BackendError) as info:
+                await a.complete(held.reservation, {"charge": "ch_1"})
+            assert info.value.code == "NOREPLICAS"
+            assert "min-replicas-to-write" in str(info.value)
+            assert "Nothing was written" in str(info.value)
+            record = await a.get("op-1")
+            assert record is not None
+            assert record.state.value == "pending"  # the completion did not happen
+            with redis.Redis(port=server.port) as raw:
+                raw.config_set("min-replicas-to-write", 0)
+            settled = await a.complete(held.reservation, {"charge": "ch_1"})
+            assert settled.verdict.value == "accepted"
+
+    asyncio.run(main())
