@@ -9,8 +9,9 @@ from pydantic_core import PydanticCustomError
 
 from settle._core.layout import LOG_MAX
 from settle._input import InputModel
+from settle.errors import InvalidInput
 
-__all__ = ["NAMESPACE_RULE", "SettleConfig"]
+__all__ = ["NAMESPACE_RULE", "SettleConfig", "check_namespace"]
 
 
 #: The largest shard count a namespace can have. A client that finds its namespace's
@@ -23,6 +24,15 @@ MAX_RETENTION = 1000 * 365.25 * 86_400
 #: the error that refuses one.
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 NAMESPACE_RULE = "1 to 64 characters of A-Z a-z 0-9 _ . -"
+
+
+def check_namespace(namespace: object, error: type[InvalidInput] = InvalidInput) -> str:
+    """``namespace`` when settle takes it, else ``error`` that says :data:`NAMESPACE_RULE`:
+    the one rule of the stores that take a namespace without a :class:`SettleConfig` (the
+    cursor store's, and the progress store's with its own :class:`InvalidInput` subclass)."""
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise error(f"namespace must be {NAMESPACE_RULE}")
+    return namespace
 
 
 class SettleConfig(InputModel):

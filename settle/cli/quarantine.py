@@ -180,13 +180,17 @@ def tail(
         # Start at the server's clock (stream ids are server time), so that every entry
         # written after the "following" line is printed, whatever the local clock says.
         start = _start(settler, since) or server_now(settler)
-        follow = settler.quarantine.follow(
-            kind=kind,
-            operation_id=operation_id,
-            unresolved=unresolved,
-            since=start,
-            poll_interval=interval,
-        )
+        filters: dict[str, Any] = {
+            "kind": kind,
+            "operation_id": operation_id,
+            "unresolved": unresolved,
+            "since": start,
+            "poll_interval": interval,
+        }
+        # follow() checks its filters at its first poll, after the "following" line: the
+        # follower it makes is made here first (no I/O), so a refused filter is said alone.
+        settler._core.quarantine_follower(**filters)
+        follow = settler.quarantine.follow(**filters)
         click.echo(
             f"following the quarantine of {conn.namespace} from {start.isoformat()} "
             "(Ctrl-C to stop)",

@@ -14,9 +14,20 @@ import secrets
 import click
 
 from settle._async.settler import AsyncSettler
-from settle.cli._context import EXIT_UNAVAILABLE, Connection, connection_options, fail, open_settler
+from settle.cli._context import (
+    EXIT_UNAVAILABLE,
+    Connection,
+    connection_options,
+    errors_as_exit_codes,
+    fail,
+    open_settler,
+    options_named,
+)
 
 __all__ = ["web"]
+
+#: What the console's checks call the values of the options (``options_named``).
+_OPTIONS = {"principal": "--principal", "token": "--token", "allowed_hosts": "--allow-host"}
 
 
 @click.command("web")
@@ -64,17 +75,24 @@ def web(
         import uvicorn  # noqa: PLC0415  (optional: the 'web' extra)
 
         from settle.web import create_app, token_authorizer  # noqa: PLC0415
-        from settle.web.app import LOOPBACK_HOSTS  # noqa: PLC0415
+        from settle.web._security import check_principal  # noqa: PLC0415
+        from settle.web.app import LOOPBACK_HOSTS, check_allowed_hosts  # noqa: PLC0415
     except ImportError as exc:
         fail(
             f"settle web needs the 'web' extra ({exc.name} is missing): "
             "pip install 'settle-sdk[web]'",
             EXIT_UNAVAILABLE,
         )
+    # Each option by the rule it meets later, before anything is served: a --principal the
+    # console cannot write into a note, a --token no sign-in form can send, an --allow-host
+    # pattern Starlette refuses at the first request (every page 500) are exit 2.
+    with errors_as_exit_codes(conn), options_named(_OPTIONS):
+        authorize = token_authorizer(token, principal) if token else None
+        check_principal(principal)
+        check_allowed_hosts(allow_hosts)
     with open_settler(conn) as probe:  # the namespace exists; its stored shard count
         config = probe.config
     settler = AsyncSettler.from_url(conn.url, config)
-    authorize = token_authorizer(token, principal) if token else None
     hosts = [*LOOPBACK_HOSTS, host, *allow_hosts]
     app = create_app(
         settler,

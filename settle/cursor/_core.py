@@ -17,6 +17,7 @@ from typing import Any
 from settle._input import key_part
 from settle._log import event_digest, logger
 from settle._runtime import Call, parse_reply
+from settle.config import check_namespace
 from settle.cursor._classify import (
     HELD_REASON,
     Decision,
@@ -25,7 +26,7 @@ from settle.cursor._classify import (
     classify,
     witness_events,
 )
-from settle.cursor._keys import check_namespace, check_stream, stream_keys
+from settle.cursor._keys import check_stream, stream_keys
 from settle.cursor.errors import (
     CheckpointMissing,
     CursorDivergence,

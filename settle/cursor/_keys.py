@@ -6,21 +6,12 @@ touches one slot and runs unchanged on Redis Cluster.
 
 from __future__ import annotations
 
-import re
-
 from settle._input import has_control
 from settle.errors import InvalidInput
 
-__all__ = ["MAX_STREAM_CHARS", "check_namespace", "check_stream", "stream_keys"]
+__all__ = ["MAX_STREAM_CHARS", "check_stream", "stream_keys"]
 
 MAX_STREAM_CHARS = 256
-_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def check_namespace(namespace: object) -> str:
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise InvalidInput("namespace must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
-    return namespace
 
 
 def check_stream(stream: object) -> str:

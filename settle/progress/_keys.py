@@ -7,15 +7,13 @@ dead-letter stream share the stream key's slot, so the stream scripts do too.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from settle.config import check_namespace
 from settle.progress.errors import InvalidDelivery
 from settle.progress.identity import EmissionId, check_name
 
 __all__ = ["ProgressKeys", "StreamKeys"]
-
-_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def _hash_tag(key: str) -> str | None:
@@ -35,8 +33,7 @@ class ProgressKeys:
     consumer: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.namespace, str) or not _NAMESPACE.fullmatch(self.namespace):
-            raise InvalidDelivery("namespace must be 1-64 characters of [A-Za-z0-9_.-]")
+        check_namespace(self.namespace, InvalidDelivery)
         check_name(self.consumer, "consumer")
         if "{" in self.consumer or "}" in self.consumer:
             raise InvalidDelivery("consumer must not contain braces (it is a hash tag)")

@@ -32,7 +32,9 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from settle._async.settler import AsyncSettler
+from settle._core.engine import MAX_NOTE_CHARS
 from settle._core.keys import Keys
+from settle._input import has_control
 from settle._log import binding_digest, logger
 from settle._runtime import Call
 from settle._runtime._async import AsyncRunner
@@ -41,15 +43,18 @@ from settle.errors import ConfigurationError, InvalidInput, SettleError
 
 __all__ = [
     "CSP",
+    "MAX_PRINCIPAL_CHARS",
     "Authorize",
     "SecurityHeaders",
     "Sessions",
     "SignIn",
     "SignedIn",
+    "check_principal",
     "csrf_ok",
     "csrf_token",
     "end_sessions",
     "principal_of",
+    "resolved_by",
     "sign_in",
     "signed_in",
     "token_authorizer",
@@ -93,13 +98,51 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+#: What the console writes before the note a user typed: who resolved the entry.
+_RESOLVED_BY = "[resolved by {}] "
+#: The longest principal the console can resolve as: its prefix leaves room for a note.
+MAX_PRINCIPAL_CHARS = MAX_NOTE_CHARS - len(_RESOLVED_BY.format("")) - 1
+
+
+def check_principal(principal: object) -> str:
+    """``principal`` when the console can resolve as it, else :class:`InvalidInput`.
+
+    It is written into every resolution note (:func:`resolved_by`), which must be one line
+    of at most ``MAX_NOTE_CHARS`` characters: a principal with a line break (or any control
+    character), or one that leaves no room for a note, could sign in and resolve nothing
+    (every resolve was refused, in words about the note the user typed)."""
+    if (
+        not isinstance(principal, str)
+        or not 1 <= len(principal) <= MAX_PRINCIPAL_CHARS
+        or has_control(principal)
+    ):
+        raise InvalidInput(
+            f"principal must be 1 to {MAX_PRINCIPAL_CHARS} characters on one line, without "
+            "control characters (it is written into every resolution note: "
+            f"{_RESOLVED_BY.format('<principal>')}<note>)"
+        )
+    return principal
+
+
+def resolved_by(principal: str, note: str) -> str:
+    """The note the console records: ``[resolved by <principal>] <note>``."""
+    return _RESOLVED_BY.format(check_principal(principal)) + note
+
+
 def token_authorizer(token: str, principal: str = "operator") -> Callable[[str], str | None]:
     """An ``authorize`` for one shared token: the right token grants ``principal``.
 
     The comparison takes the same time whatever the typed token shares with the real one.
+    A token a sign-in form cannot send (empty, or with a line break, a control character or
+    a lone surrogate) and a principal :func:`check_principal` refuses are
+    :class:`InvalidInput` (a ``ValueError``) here, not a console nobody can sign in to.
     """
-    if not token:
-        raise ValueError("the token must not be empty")
+    if not isinstance(token, str) or not token or has_control(token):
+        raise InvalidInput(
+            "token must not be empty, and must not contain line breaks or control "
+            "characters (a sign-in form cannot send them)"
+        )
+    check_principal(principal)
     expected = token.encode("utf-8")
 
     def authorize(typed: str) -> str | None:

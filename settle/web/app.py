@@ -52,12 +52,13 @@ from settle.web._security import (
     csrf_ok,
     csrf_token,
     principal_of,
+    resolved_by,
     sign_in,
     signed_in,
 )
 from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
 
-__all__ = ["create_app"]
+__all__ = ["LOOPBACK_HOSTS", "check_allowed_hosts", "create_app"]
 
 #: Any note the engine accepts fits: 4 096 characters of up to 4 bytes of UTF-8, each byte
 #: 3 characters urlencoded (48 KiB), and the CSRF token.
@@ -119,6 +120,7 @@ def create_app(
             "session_max_age must be a whole number of seconds above 0 (how long a sign-in "
             f"lasts), got {session_max_age!r}"
         )
+    hosts = check_allowed_hosts(allowed_hosts or list(LOOPBACK_HOSTS))
     sessions = Sessions(settler, session_max_age) if authorize is not None else None
     console = _Console(settler, authorize, sessions, record_limit, overview_limit)
     namespace = settler.config.namespace
@@ -138,7 +140,7 @@ def create_app(
         Mount("/static", StaticFiles(packages=[("settle.web", "static")]), name="static"),
     ]
     middleware = [
-        Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or list(LOOPBACK_HOSTS)),
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
         Middleware(SecurityHeaders),
         Middleware(
             SessionMiddleware,
@@ -159,6 +161,29 @@ def create_app(
 
 #: The Host header values a console serves by default: loopback only.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+async def _unused(scope: Any, receive: Any, send: Any) -> None:
+    """The app a :class:`TrustedHostMiddleware` is built around only to check its hosts."""
+
+
+def check_allowed_hosts(hosts: object) -> list[str]:
+    """``hosts`` when Starlette's ``TrustedHostMiddleware`` takes each of them, else
+    :class:`InvalidInput` naming the first it refuses. Starlette builds the middleware at
+    the first request: a pattern it refuses (``a*b``, ``*example.com``) made a console that
+    answered every request with 500."""
+    if not isinstance(hosts, list | tuple) or not all(isinstance(h, str) for h in hosts):
+        raise InvalidInput("allowed_hosts must be a list of str (Host header values)")
+    for host in hosts:
+        try:
+            TrustedHostMiddleware(_unused, allowed_hosts=[host])
+        except AssertionError:
+            raise InvalidInput(
+                "allowed_hosts must be host names, '*.' and a domain (any of its "
+                f"subdomains), or '*' (any host); {host!r} is none of them"
+            ) from None
+    return list(hosts)
+
 
 _ENV = Environment(
     loader=PackageLoader("settle.web", "templates"),
@@ -352,7 +377,7 @@ class _Console:
         note = " ".join(str(form.get("note", "")).split())
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
-        text = f"[resolved by {principal}] {note}"
+        text = resolved_by(principal, note)
         if len(text) > MAX_NOTE_CHARS:
             room = MAX_NOTE_CHARS - len(text) + len(note)
             raise InvalidInput(

@@ -99,3 +99,19 @@ def test_export_refused_for_a_bad_filter_leaves_the_output_file_as_it_was(
     assert [json.loads(line)["operation_id"] for line in earlier.read_text().splitlines()] == [
         "order-1"
     ]
+
+
+@pytest.mark.parametrize("operation", ["", "a\nb", "a" * 257])
+def test_tail_refused_for_a_bad_filter_prints_nothing_before_the_refusal(
+    cli_settler: Settler, redis_url: str, namespace: str, operation: str
+) -> None:
+    """``tail --operation ''`` printed "following the quarantine of ... (Ctrl-C to stop)",
+    then was refused: the follower checks its filters at its first poll, after the line. A
+    refused filter is said alone (exit 2), and nothing is printed before it."""
+    connection = ("--redis-url", redis_url, "--namespace", namespace)
+    done = settle("quarantine", "tail", "--operation", operation, *connection, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert "following" not in done.stderr
+    assert done.stderr.startswith("settle: bad --operation: must "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

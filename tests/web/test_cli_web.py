@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 import httpx
+import pytest
 
 from settle import Settler
 from settle.cli.web import web
@@ -82,3 +83,58 @@ def test_every_option_of_settle_web_is_documented_where_the_proxy_advice_is() ->
     assert [o for o in options if o.startswith("--") and f"`{o}" not in text] == []
     proxy = text[text.index("behind a reverse proxy") :][:600]
     assert "--allow-host" in proxy
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("--token", "x", "--principal", "a\nb"), "--principal"),
+        (("--token", "x", "--principal", ""), "--principal"),
+        (("--token", "x", "--principal", "p" * 5000), "--principal"),
+        (("--principal", "ops\tbob"), "--principal"),
+        (("--token", "cli-token\r"), "--token"),
+        (("--token", "\udcff"), "--token"),  # a byte that is no UTF-8: a lone surrogate
+        (("--allow-host", "a*b.example.com"), "--allow-host"),
+        (("--allow-host", "*example.com"), "--allow-host"),
+    ],
+)
+def test_an_option_the_console_cannot_use_is_refused_at_start_up(
+    redis_url: str, writer: Settler, args: tuple[str, ...], option: str
+) -> None:
+    """``settle web --token x --principal $'a\\nb'`` served a console whose every resolve
+    was refused (the principal goes into the note, which is one line); a token with a line
+    break one nobody could sign in to (a password field cannot send it), a token that is no
+    UTF-8 a traceback; ``--allow-host 'a*b'`` one whose every page was a 500 (Starlette
+    checks the patterns at the first request). Each is refused before anything is served:
+    exit 2, the option named, nothing else said."""
+    ns = writer.config.namespace
+    connection = ("--redis-url", redis_url, "--namespace", ns, "--port", str(free_port()))
+    done = settle("web", *connection, *args, timeout=20)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"settle: bad {option}: must "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "cli-token" not in done.stderr  # a token is never shown
+
+
+def test_the_options_the_console_can_use_start_it(redis_url: str, writer: Settler) -> None:
+    """The start-up checks refuse only what the console cannot use: a principal with
+    spaces and non-ASCII letters, wildcard hosts Starlette takes."""
+    ns = writer.config.namespace
+    with settle_web(
+        "--redis-url",
+        redis_url,
+        "--namespace",
+        ns,
+        "--principal",
+        "Zoë Ortiz (support)",
+        "--allow-host",
+        "*.internal.example.com",
+        "--allow-host",
+        "settle.example.com",
+        token=TOKEN,
+    ) as url:
+        assert httpx.get(url + "/").status_code == 200
+        served = httpx.get(url + "/", headers={"host": "eu.internal.example.com"})
+        assert served.status_code == 200
+        assert httpx.get(url + "/", headers={"host": "evil.example"}).status_code == 400

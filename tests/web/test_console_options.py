@@ -1,0 +1,100 @@
+"""What ``create_app`` and ``token_authorizer`` are given is checked when they are called,
+by the rule the console applies later, not at the first request or the first resolve."""
+
+from __future__ import annotations
+
+import pytest
+
+from settle import AsyncSettler, Settler
+from settle.errors import InvalidInput
+from settle.web import create_app, token_authorizer
+from settle.web._security import MAX_PRINCIPAL_CHARS
+from tests.web.conftest import TOKEN, client_for
+from tests.web.evidence import stale_settlement
+from tests.web.test_console_http import csrf_of
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("pattern", ["a*b.example.com", "*example.com", "example.*"])
+async def test_create_app_refuses_a_host_pattern_starlette_refuses(
+    reader: AsyncSettler, pattern: str
+) -> None:
+    """Starlette builds its middleware at the first request: ``allowed_hosts=['a*b']``
+    made an app that answered every request with 500 (an AssertionError)."""
+    with pytest.raises(InvalidInput, match="allowed_hosts must be") as caught:
+        create_app(reader, allowed_hosts=["localhost", pattern])
+    assert repr(pattern) in str(caught.value)
+
+
+@pytest.mark.asyncio
+async def test_create_app_takes_the_host_patterns_starlette_takes(reader: AsyncSettler) -> None:
+    served = [
+        (["*"], "anything.example"),
+        (["*.example.com", "console.example.com"], "eu.example.com"),
+        (["*.example.com", "console.example.com"], "console.example.com"),
+        ([], "localhost"),  # the default: loopback names
+        (None, "localhost"),
+    ]
+    for hosts, host in served:
+        async with client_for(create_app(reader, allowed_hosts=hosts)) as client:
+            assert (await client.get("/", headers={"host": host})).status_code == 200, hosts
+
+
+@pytest.mark.parametrize(
+    "principal", ["", "a\nb", "ops\tbob", "x\u202e", "p" * (MAX_PRINCIPAL_CHARS + 1), None]
+)
+def test_token_authorizer_refuses_a_principal_no_note_can_carry(principal: object) -> None:
+    with pytest.raises(InvalidInput, match=r"^principal must be "):
+        token_authorizer(TOKEN, principal)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("token", ["", "tok\n", "tok\r", "\udcff", "a\x00b"])
+def test_token_authorizer_refuses_a_token_no_sign_in_form_can_send(token: str) -> None:
+    with pytest.raises(InvalidInput, match=r"^token must not be empty") as caught:
+        token_authorizer(token)
+    assert isinstance(caught.value, ValueError)  # as the empty token's refusal always was
+
+
+@pytest.mark.asyncio
+async def test_a_principal_that_fills_the_note_still_resolves(
+    reader: AsyncSettler, writer: Settler
+) -> None:
+    """The longest principal leaves room for a one-character note, and resolves."""
+    longest = "p" * MAX_PRINCIPAL_CHARS
+    ref = stale_settlement(writer, "order-long-principal")
+    app = create_app(reader, authorize=token_authorizer(TOKEN, longest))
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+        page = (await browser.get(f"/entry/{ref}")).text
+        done = await browser.post(
+            f"/entry/{ref}/resolve", data={"note": "x", "csrf": csrf_of(page)}
+        )
+        assert done.status_code == 303
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == f"[resolved by {longest}] x"
+
+
+@pytest.mark.asyncio
+async def test_a_principal_no_note_can_carry_is_said_at_resolve_not_blamed_on_the_note(
+    reader: AsyncSettler, writer: Settler
+) -> None:
+    """An ``authorize`` of one's own granted ``'a\\nb'``: every resolve was refused with
+    "note must not contain control characters or line breaks", of a note typed on one
+    line. The console says what is wrong (the principal), by the rule ``settle web`` checks
+    its --principal with, and nothing is resolved."""
+    ref = stale_settlement(writer, "order-bad-principal")
+    app = create_app(reader, authorize=lambda typed: "a\nb" if typed == TOKEN else None)
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        signed = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+        assert signed.status_code == 303
+        page = (await browser.get(f"/entry/{ref}")).text
+        refused = await browser.post(
+            f"/entry/{ref}/resolve", data={"note": "refunded", "csrf": csrf_of(page)}
+        )
+    assert refused.status_code == 400
+    assert "principal must be" in refused.text
+    assert "note must not" not in refused.text
+    assert writer.quarantine.get(ref).resolution is None
