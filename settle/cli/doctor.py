@@ -37,6 +37,7 @@ from settle.cli._context import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     Connection,
+    checked_namespace,
     checked_url,
     connection_options,
     errors_as_exit_codes,
@@ -44,7 +45,7 @@ from settle.cli._context import (
     json_option,
     stored_shards,
 )
-from settle.cli._render import console, print_json, visible
+from settle.cli._render import console, print_json, visible_message
 from settle.config import SettleConfig
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
 from settle.errors import ConfigurationError
@@ -341,8 +342,9 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
     """Check a Redis or Valkey deployment for settle: version, eviction policy, persistence,
     replicas, cluster slots, the namespace, scripts and clocks. Exit 1 on a failed check
     (--strict: on a warning too)."""
-    with errors_as_exit_codes():  # a malformed URL: one line, exit 2
+    with errors_as_exit_codes():  # a malformed URL or namespace: one line, exit 2
         checked_url(conn.url)
+        checked_namespace(conn.namespace)
     try:
         findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
     except (RedisError, RedisClusterException, OSError) as exc:
@@ -367,6 +369,6 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
             table.add_column(column, overflow="fold")
         for f in findings:
             status = Text(f.status.value, style=_STYLE[f.status])
-            table.add_row(f.check, status, visible(f.detail), f.fix)
+            table.add_row(f.check, status, visible_message(f.detail), f.fix)
         console().print(table)
     sys.exit(EXIT_FAILED if failed or (strict and warned) else EXIT_OK)

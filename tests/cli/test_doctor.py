@@ -329,3 +329,15 @@ def test_doctor_runs_without_the_web_extra(valkey: EmbeddedRedis) -> None:
     with redis.Redis.from_url(valkey.url) as raw:
         libraries = {entry[1].decode() for entry in raw.function_list()}
     assert CONSOLE_SCRIPTS.library_name in libraries
+
+
+@pytest.mark.parametrize("namespace", ["a b", "", "x" * 65, "pay{ments}"])
+def test_a_namespace_settle_cannot_use_is_refused_before_anything_is_checked(
+    safe: EmbeddedRedis, namespace: str
+) -> None:
+    """doctor warned "'a b' has no metadata yet" for a namespace every settler refuses: a
+    deployment check that passes with a namespace the services cannot be started with."""
+    done = settle("doctor", "--redis-url", safe.url, "--namespace", namespace, "--json")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "bad --namespace: must be 1 to 64 characters" in done.stderr
