@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -309,3 +311,36 @@ def test_a_sentinel_that_names_a_replica_is_a_transient_failure_not_a_refusal(
             if sentinel is not None:
                 sentinel.close()
             replica.close()
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_busy_sentinel_settler_follows_a_graceful_failover_on_every_server(
+    binary: str | None, namespace: str
+) -> None:
+    # Redis 7 and Valkey answer a demoted primary's script with a bare READONLY, which
+    # redis-py's Sentinel connection turns into a ConnectionError of its own ("The previous
+    # master is now a slave") after dropping that one connection: the settler's other kept
+    # connections still reached the demoted node, and a call that met four of them in a row
+    # failed with a BackendError.
+    with sentinel_deployment(binary) as running:
+        deployment = _Deployment(running.primary, running.replica, running.sentinel, running.link)
+        s = Settler.from_sentinel(
+            deployment.sentinels, service_name=SERVICE, namespace=namespace, shards=2
+        )
+        try:
+            start = threading.Barrier(8)
+
+            def reserve(n: int) -> Reserved:
+                start.wait()
+                held = s.reserve(f"op-{n}", REQ, principal=WHO)
+                assert isinstance(held, Reserved)
+                return held
+
+            with ThreadPoolExecutor(8) as pool:  # the settler keeps a connection per thread
+                held = list(pool.map(reserve, range(8)))
+            deployment.fail_over()
+            for one in held:  # one after the other: each may meet a kept connection
+                assert s.complete(one.reservation, {"charge": "ch"}).verdict is Verdict.ACCEPTED
+            assert _on(deployment.replica, "op-7")
+        finally:
+            s.close()
