@@ -338,6 +338,10 @@ def test_a_busy_sentinel_settler_follows_a_graceful_failover_on_every_server(
 
             with ThreadPoolExecutor(8) as pool:  # the settler keeps a connection per thread
                 held = list(pool.map(reserve, range(8)))
+            # The replica has every reservation (SENTINEL FAILOVER does not wait for it).
+            deadline = time.monotonic() + 10
+            while not acknowledges(deployment.primary):
+                assert time.monotonic() < deadline, "the replica never caught up"
             deployment.fail_over()
             for one in held:  # one after the other: each may meet a kept connection
                 assert s.complete(one.reservation, {"charge": "ch"}).verdict is Verdict.ACCEPTED
