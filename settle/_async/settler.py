@@ -128,10 +128,11 @@ class AsyncSettler(AsyncConnectable):
         if not self._checked:
             with naming(call):
                 await self.check()
+        mark = self._core.loss_mark()
         raw = await self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
         # metadata was checked again (SPEC 4; the rule is the core's).
-        if (claiming := self._core.claim(call, raw)) is not None:
+        if (claiming := self._core.claim(call, raw, mark)) is not None:
             await self._check_namespace()
             raw = await self._runner.run(claiming)
             self._core.claim(claiming, raw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -154,6 +155,13 @@ class Core:
     _shard_keys: dict[int, tuple[str, str, str, str]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
+    #: Losses of a shard's state said (``settle.namespace.state_lost``), and whether the
+    #: last one's shards are not all claimed again yet: see :meth:`loss_mark`.
+    _losses_said: int = field(init=False, repr=False, compare=False, default=0)
+    _reclaiming: bool = field(init=False, repr=False, compare=False, default=False)
+    _loss_lock: threading.Lock = field(
+        init=False, repr=False, compare=False, default_factory=threading.Lock
+    )
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.namespace, self.config.shards)
@@ -199,6 +207,8 @@ class Core:
         an ``unclaimed`` answer to a check (``claim=False``) is a shard with no state yet."""
         for call, raw in zip(calls, raws, strict=True):
             self.claim(call, raw)
+        if calls and calls[0].args[-1] == "1":  # every shard claimed (again)
+            self._reclaiming = False
 
     def states_beyond(self) -> tuple[str, ...]:
         """The state keys of every shard this client does not use, up to the largest count a
@@ -260,14 +270,33 @@ class Core:
         lua/_lib.lua): the shard's state key last, then the shard count and claim flag."""
         return (*keys, self._keys_of_shard(shard)[3]), (*args, self.config.shards, "0")
 
-    def claim(self, call: Call, raw: Any) -> Call | None:
+    def loss_mark(self) -> int:
+        """Taken just before a call is sent and given back to :meth:`claim` with its reply:
+        a call that finds its shard's state gone says so only when no loss was said since
+        it was sent, and none is being handled (the shards of the last one said are not all
+        claimed again yet: -1). A busy process finds a loss with every call it has in
+        flight: the first says it; the others found the same loss."""
+        return -1 if self._reclaiming else self._losses_said
+
+    def _first_to_find(self, mark: int | None) -> bool:
+        if mark is None:  # a caller that took no mark: said
+            return True
+        with self._loss_lock:
+            if mark != self._losses_said:
+                return False
+            self._losses_said += 1
+            self._reclaiming = True
+            return True
+
+    def claim(self, call: Call, raw: Any, mark: int | None = None) -> Call | None:
         """After a writing call: None when it ran; the same call with the claim flag set
         when its shard had no state (never used, or lost), to be sent again once the
         namespace metadata has been checked (``plan_namespace``). A shard claimed for
-        another shard count raises :class:`ConfigurationError`: nothing was written."""
+        another shard count raises :class:`ConfigurationError`: nothing was written.
+        ``mark``: :meth:`loss_mark` before the call was sent."""
         code = raw[0] if isinstance(raw, list | tuple) and raw else None
         if code in (b"unclaimed", "unclaimed") and call.args[-1] == "0":
-            if call.script != "claim":
+            if call.script != "claim" and self._first_to_find(mark):
                 self._state_lost(call)
             return replace(call, args=(*call.args[:-1], "1"))
         if code in (b"shard_mismatch", "shard_mismatch"):

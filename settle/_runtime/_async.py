@@ -810,6 +810,11 @@ class AsyncRunner:
                 return await self._fcall_once(call)
         except rx.ConnectionError as exc:
             _drop_evidence(self, exc)
+            # redis-py's Sentinel connection turns a bare READONLY (Redis 7+, Valkey) into a
+            # ConnectionError of its own, dropping that one connection: the others kept are
+            # the demoted node's too.
+            if topology.demoted(exc.__context__):
+                await self._demoted(call)
             raise
         except rx.ResponseError as exc:
             if not topology.demoted(exc):

@@ -803,6 +803,11 @@ class Runner:
                 return self._fcall_once(call)
         except rx.ConnectionError as exc:
             _drop_evidence(self, exc)
+            # redis-py's Sentinel connection turns a bare READONLY (Redis 7+, Valkey) into a
+            # ConnectionError of its own, dropping that one connection: the others kept are
+            # the demoted node's too.
+            if topology.demoted(exc.__context__):
+                self._demoted(call)
             raise
         except rx.ResponseError as exc:
             if not topology.demoted(exc):

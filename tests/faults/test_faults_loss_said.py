@@ -12,7 +12,9 @@ reservation (``settle.reserve.reserved``), nothing else."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -144,3 +146,46 @@ def test_a_restore_of_an_older_dump_goes_back_in_time_but_never_hands_out_an_old
     assert isinstance(again, Reserved)
     assert again.reservation.generation > issued  # the fencing token never goes back
     assert _lost(logs) == []
+
+
+def test_a_loss_found_by_every_call_in_flight_is_said_once(server: EmbeddedRedis) -> None:
+    # A busy process finds a loss with every call it had in flight: each used to log its
+    # own error (sixteen threads, sixteen alerts for one FLUSHALL). The first says it;
+    # the calls sent before the shards were claimed again found the same loss.
+    with Settler.from_url(server.url, namespace="paid", shards=4) as settler:
+        for n in range(16):
+            assert isinstance(settler.reserve(f"op-{n}", REQ, principal=WHO), Reserved)
+        with redis.Redis(port=server.port) as raw:
+            raw.flushall()
+        start = threading.Barrier(16)
+
+        def retry(n: int) -> None:
+            start.wait()
+            assert isinstance(settler.reserve(f"op-{n}", REQ, principal=WHO), Reserved)
+
+        with capture_logs() as logs, ThreadPoolExecutor(16) as pool:
+            list(pool.map(retry, range(16)))
+        assert len(_lost(logs)) == 1
+        # A later loss is another: said again.
+        with redis.Redis(port=server.port) as raw:
+            raw.flushall()
+        with capture_logs() as later:
+            assert isinstance(settler.reserve("op-0", REQ, principal=WHO), Reserved)
+        assert len(_lost(later)) == 1
+
+
+def test_an_async_settler_says_a_loss_its_concurrent_calls_found_once(
+    server: EmbeddedRedis,
+) -> None:
+    async def main() -> list[dict[str, Any]]:
+        async with AsyncSettler.from_url(server.url, namespace="paid", shards=4) as a:
+            ops = [f"op-{n}" for n in range(16)]
+            await asyncio.gather(*(a.reserve(op, REQ, principal=WHO) for op in ops))
+            with redis.Redis(port=server.port) as raw:
+                raw.flushall()
+            with capture_logs() as logs:
+                again = await asyncio.gather(*(a.reserve(op, REQ, principal=WHO) for op in ops))
+            assert all(isinstance(r, Reserved) for r in again)
+            return logs
+
+    assert len(_lost(asyncio.run(main()))) == 1

@@ -60,3 +60,13 @@ def test_a_replica_in_its_first_sync_is_judged_another_server_is_not() -> None:
     assert health.replicates(syncing, "p" * 40)
     assert not health.replicates(others, "p" * 40)
     assert not health.replicates({"role": "master", "master_replid": "p" * 40}, "p" * 40)
+
+
+def test_a_primary_down_says_what_to_do_about_it_and_the_rest_keeps_its_fix() -> None:
+    every = {"a:1": [(0, 16383)]}
+    down = health.slots_finding(every, {"a:1": "ok"}, ["b:2"])
+    assert down.status is Status.FAIL
+    assert "primary down (not answering, or flagged failing): b:2" in down.detail
+    assert down.fix.startswith("bring the failing primary back, or fail over to its replica")
+    unserved = health.slots_finding({"a:1": [(0, 100)]}, {"a:1": "fail"})
+    assert unserved.fix.startswith("assign every slot")  # nothing down: not said
