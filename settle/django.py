@@ -44,6 +44,7 @@ from settle._input import is_decimal
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
 from settle.http._sync import NotReached, SyncGuard, configured_guard
+from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
 from settle.http.request import BodyBuffer, ClientDisconnected
@@ -228,18 +229,20 @@ def _drf_answer(handle: Callable[[Exception], Any], exc: Exception) -> Any:
 def _guarded(
     driver: SyncGuard, request: HttpRequest, get_response: GetResponse, *, reaching: bool = False
 ) -> HttpResponseBase:
-    # An outer guard's attempt (the middleware around a decorated view, or
-    # settle.asgi.IdempotencyMiddleware around Django's ASGIHandler): the guard passes the
-    # request through when that attempt is of the operation it would reserve (a second
-    # reservation would find it in progress and answer 409 forever).
-    held = getattr(request, "settle", None)
-    if not isinstance(held, Attempt):
-        django = request if isinstance(request, HttpRequest) else request._request
-        scope = getattr(django, "scope", None)  # Django's ASGIRequest
-        held = scope.get("settle") if isinstance(scope, dict) else None
-        if isinstance(held, Attempt):
-            # The view runs under it, in request.settle as under settle's own guard.
-            request.settle = held  # type: ignore[attr-defined]
+    # The outer guards' attempts (settle.asgi.IdempotencyMiddleware around Django's
+    # ASGIHandler, in its scope; settle.wsgi's around its WSGIHandler, in the environ that
+    # is request.META; the middleware around a decorated view, in request.settle): the guard
+    # passes the request through when one of them is of the operation it would reserve (a
+    # second reservation would find it in progress and answer 409 forever).
+    django = request if isinstance(request, HttpRequest) else request._request
+    scope = getattr(django, "scope", None)  # Django's ASGIRequest
+    held = held_attempts(scope if isinstance(scope, dict) else django.META)
+    own = getattr(request, "settle", None)
+    if isinstance(own, Attempt):
+        held = (*held, own)
+    elif held:
+        # The view runs under it, in request.settle as under settle's own guard.
+        request.settle = held[-1]  # type: ignore[attr-defined]
     exchange = _Exchange(request, get_response, driver.policy.principal, reaching=reaching)
     # Django decoded the path itself and wrote it back into META: hand it over as text (the
     # request as it came; request.path_info may have been rewritten by a middleware).

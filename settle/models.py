@@ -9,9 +9,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core.core_schema import ErrorType
 
 from settle.errors import InvalidInput
 
@@ -154,16 +155,62 @@ def _replayed(type_: Any, data: bytes) -> Any:
     return _adapter(type_).validate_json(data)
 
 
-def _where_it_fails(exc: ValidationError) -> str:
+#: pydantic's messages that may quote the stored data, in words that do not: a tagged
+#: union's names the tag it found, an application's validator says what it likes.
+_QUOTING = {
+    "union_tag_invalid": "Input tag found using {discriminator} does not match any of the "
+    "expected tags: {expected_tags}",
+    "value_error": "a validator refused it (value_error)",
+    "assertion_error": "a validator's assertion failed (assertion_error)",
+    "uuid_parsing": "Input should be a valid UUID",
+}
+_BUILT_IN = frozenset(get_args(ErrorType))
+
+
+def _where_it_fails(exc: ValidationError, type_: Any) -> str:
     """What a stored result's validation error says, without the stored values pydantic's
     text quotes (``input_value=...``): the message is read, logged and recorded by others,
-    a receipt's data is not theirs. The error itself stays the ``__cause__``."""
-    problems = [
-        f"{'.'.join(map(str, e['loc'])) or '(the result)'}: {e['msg']}"
-        for e in exc.errors(include_input=False, include_url=False)[:3]
-    ]
+    a receipt's data is not theirs. A location names what ``type_`` declares (a field, a
+    union's member) and the positions in a list; any other part is a key the data holds (a
+    dict's, a field the model does not have) and reads ``<key>``. A message that may quote
+    the data is said in settle's words (:data:`_QUOTING`). The error stays the
+    ``__cause__``."""
+    declared = _declared_names(type_)
+    problems = []
+    for e in exc.errors(include_input=False, include_url=False)[:3]:
+        where = ".".join(
+            str(part) if isinstance(part, int) or part in declared else "<key>" for part in e["loc"]
+        )
+        kind = e["type"]
+        if kind in _QUOTING:
+            said = _QUOTING[kind].format(**e.get("ctx", {}))
+        elif kind in _BUILT_IN:
+            said = e["msg"]
+        else:  # an application's PydanticCustomError: its text is its own
+            said = f"a validator refused it ({kind})"
+        problems.append(f"{where or '(the result)'}: {said}")
     more = exc.error_count() - len(problems)
     return "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _declared_names(type_: Any) -> frozenset[str]:
+    """Every name ``type_``'s validation schema holds (its fields and their aliases, its
+    unions' members and tags, its types' names, pydantic's ``[key]``): the parts of an
+    error's location that are not the stored data's own."""
+    names = {"[key]"}
+    stack: list[Any] = [_adapter(type_).core_schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            names.add(node)
+        elif isinstance(node, type):
+            names.add(node.__name__)
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return frozenset(names)
 
 
 class Reservation(BaseModel):
@@ -244,7 +291,7 @@ class OperationRecord(BaseModel):
         except ValidationError as exc:
             raise InvalidInput(
                 f"the stored result of operation {op!r} does not validate into {type_!r}: "
-                f"{_where_it_fails(exc)}",
+                f"{_where_it_fails(exc, type_)}",
                 operation_id=op,
             ) from exc
 

@@ -19,6 +19,7 @@ from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
 from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run
+from settle.http.attempt import held_attempts
 from settle.http.keys import KeyScope
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import DEFAULT_PROBLEM_TYPE_BASE
@@ -94,7 +95,7 @@ class IdempotencyMiddleware:
             return
         config = self.settler.config
         head = request_head(scope, self.policy.header_bytes)
-        guard = Guard(self.policy, config.namespace, config.lease, head, scope.get("settle"))
+        guard = Guard(self.policy, config.namespace, config.lease, head, held_attempts(scope))
         request = telemetry().http_request(config.namespace)
         if request:
             send = _reporting(send, guard, request)

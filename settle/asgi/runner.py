@@ -35,6 +35,7 @@ from settle._async.settler import AsyncSettler
 from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.errors import SettleError
 from settle.http._rules import Guard, Run, Settle
+from settle.http.attempt import carrying
 from settle.http.problems import Response
 from settle.models import OperationRecord, QuarantineKind
 
@@ -148,8 +149,12 @@ class AttemptRunner:
         extensions = {
             k: v for k, v in (scope.get("extensions") or {}).items() if k not in _FILE_SENDS
         }
+        # The handler finds this guard's attempt in scope["settle"]; a guard inside finds
+        # every guard's around it (held_attempts).
         await self._app(
-            {**scope, "extensions": extensions, "settle": self._attempt}, receive, self._capture
+            {**scope, "extensions": extensions, **carrying(scope, self._attempt)},
+            receive,
+            self._capture,
         )
 
     # -- supervision ---------------------------------------------------------------------

@@ -603,7 +603,7 @@ def _mismatch(operation_id: str, result_type: Any, exc: ValidationError) -> Inva
         "else, or its return type changed since it was stored. The result is stored and "
         "the operation will not run again under this id; make the function return its "
         "declared type, or pass the type it returns (was stored as) in result_type=: "
-        f"{_where_it_fails(exc)}",
+        f"{_where_it_fails(exc, result_type)}",
         operation_id=operation_id,
     )
 

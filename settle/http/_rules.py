@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -201,12 +201,13 @@ class Guard:
         namespace: str,
         lease: float,
         head: RequestHead,
-        held: object = None,
+        held: Iterable[Attempt] = (),
     ) -> None:
         self.policy = policy
-        # What the request carries under "settle" (the scope, the environ, request.settle):
-        # an outer guard's attempt, when it runs this request already (see identified).
-        self._held = held if isinstance(held, Attempt) else None
+        # The operations of the guards that run this request already (held_attempts in
+        # settle.http.attempt: a guarded application this one is mounted in, a middleware
+        # around this one, each of them when there are several; see identified).
+        self._held = frozenset(a.operation_id for a in held)
         self.namespace = namespace
         self.lease = policy.lease or lease
         self.head = head
@@ -283,12 +284,13 @@ class Guard:
         op = operation_id(policy.operation_prefix, self._key, value, policy.key_scope)
         self._operation = op
         self._log = None
-        if self._held is not None and self._held.operation_id == op:
+        if op in self._held:
             # An outer guard (a guarded application this one is mounted in, a middleware
-            # around this one) runs this very operation: reserving it again would find it in
-            # progress and answer 409 to every attempt. The request runs under the outer
-            # attempt. Another operation (another header, prefix, key scope or principal)
-            # is guarded here as any other, so that no key of this guard goes unreserved.
+            # around this one, whatever guards are between them) runs this very operation:
+            # reserving it again would find it in progress and answer 409 to every attempt.
+            # The request runs under the outer attempt. Another operation (another header,
+            # prefix, key scope or principal) is guarded here as any other, so that no key
+            # of this guard goes unreserved.
             return Forward()
         return ReadBody(policy.max_request_bytes)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
@@ -84,9 +85,12 @@ class SyncGuard:
         self.policy = policy
         self._beats = _Heartbeats(settler)
 
-    def handle(self, head: RequestHead, exchange: Exchange, held: object = None) -> Response | None:
+    def handle(
+        self, head: RequestHead, exchange: Exchange, held: Iterable[Attempt] = ()
+    ) -> Response | None:
         """The response to send, or None when the request is not guarded (call the app).
-        ``held``: what the request carries under ``"settle"`` (an outer guard's attempt)."""
+        ``held``: the attempts of the guards that run the request already
+        (:func:`settle.http.attempt.held_attempts`)."""
         config = self.settler.config
         guard = Guard(self.policy, config.namespace, config.lease, head, held)
         request = telemetry().http_request(config.namespace)

@@ -13,7 +13,12 @@ from typing import Any
 
 from settle.attempt import Attempt
 
-__all__ = ["current_attempt"]
+__all__ = ["OUTER", "carrying", "current_attempt", "held_attempts"]
+
+#: Where a guard that runs a request keeps, in its scope or environ, the attempts of the
+#: guards that run it already (outermost first); ``"settle"`` holds its own, the one the
+#: handler uses. A guard inside them all finds each of their operations there.
+OUTER = "settle.outer"
 
 
 def current_attempt(scope: Mapping[str, Any], where: str = "scope['settle']") -> Attempt:
@@ -32,3 +37,23 @@ def current_attempt(scope: Mapping[str, Any], where: str = "scope['settle']") ->
     if not isinstance(attempt, Attempt):
         raise TypeError(f"{where} holds a {type(attempt).__name__}, not an Attempt")
     return attempt
+
+
+def held_attempts(carrier: Mapping[str, Any]) -> tuple[Attempt, ...]:
+    """The attempts of every guard that runs this request already, outermost first, from
+    its ASGI scope or WSGI environ (``"settle"`` and :data:`OUTER`). A guard passes the
+    request through when it would reserve one of their operations (reserving it again would
+    find it in progress and answer 409 to every attempt): the nearest guard's alone is not
+    enough, for a guard between them may key another operation."""
+    outer = carrier.get(OUTER)
+    held = [a for a in outer if isinstance(a, Attempt)] if isinstance(outer, tuple) else []
+    attempt = carrier.get("settle")
+    if isinstance(attempt, Attempt):
+        held.append(attempt)
+    return tuple(held)
+
+
+def carrying(carrier: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
+    """What a guard that runs a request under ``attempt`` puts in its scope or environ: its
+    attempt in ``"settle"``, and those of the guards around it in :data:`OUTER`."""
+    return {OUTER: held_attempts(carrier), "settle": attempt}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
 from settle.http._sync import SyncGuard, status_line
+from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
 from settle.http.problems import Response
@@ -66,7 +67,7 @@ class IdempotencyMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         exchange = _Exchange(self.app, self.policy.principal, environ)
         head = request_head(environ, self.policy.header)
-        response = self._driver.handle(head, exchange, environ.get("settle"))
+        response = self._driver.handle(head, exchange, held_attempts(environ))
         if response is None:
             return self.app(environ, start_response)
         if response is exchange.response:
@@ -165,7 +166,7 @@ class _Exchange:
         return body
 
     def call(self, attempt: Attempt) -> Response:
-        self._environ["settle"] = attempt
+        self._environ.update(carrying(self._environ, attempt))  # environ["settle"]: attempt
         chunks: list[bytes] = []
         started = False
 

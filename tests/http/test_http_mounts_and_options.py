@@ -444,3 +444,59 @@ def test_a_wsgi_inner_guard_of_another_operation_still_guards_it(sync_settler: S
     with serve_wsgi(app) as base:
         _sent_twice_as_new_calls(base, "/payments", "X-Charge-Key")
     assert calls == ["/payments"]
+
+
+def test_a_wsgi_guard_under_two_guards_passes_through_the_outer_ones_operation(
+    sync_settler: Settler,
+) -> None:
+    """Three guards: the outer and the innermost key the same operation (the
+    ``Idempotency-Key``), the middle one its own (``X-Charge-Key``), so that the environ
+    holds the middle one's attempt when the innermost looks. The innermost saw only that
+    one, reserved the outer guard's operation again, found it in progress and answered 409
+    to every request: it passes through any outer guard's operation now."""
+    calls: list[str] = []
+    innermost = WSGIMiddleware(
+        _wsgi_charge_app(calls), settler=sync_settler, principal=principal_from_environ
+    )
+    middle = WSGIMiddleware(
+        innermost,
+        settler=sync_settler,
+        principal=principal_from_environ,
+        header="X-Charge-Key",
+    )
+    app = WSGIMiddleware(middle, settler=sync_settler, principal=principal_from_environ)
+    with serve_wsgi(app) as base:
+        _run_once_under_three_guards(base, "/payments")
+    assert calls == ["/payments"]
+
+
+def test_an_asgi_guard_under_two_guards_passes_through_the_outer_ones_operation(
+    redis_url: str, namespace: str
+) -> None:
+    """ASGI: the same, for three guarded applications mounted one in another; the middle
+    one keys its own operation, and its attempt is the one in ``scope["settle"]``."""
+    calls: list[str] = []
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+
+    def guarded(app: Any, **options: Any) -> Any:
+        return IdempotencyMiddleware(
+            app, settler=settler, principal=principal_from_header, **options
+        )
+
+    innermost = guarded(_charge_app(calls))
+    middle = Starlette(routes=[Mount("/m", app=guarded(innermost, header="X-Charge-Key"))])
+    app = guarded(Starlette(routes=[Mount("/v1", app=middle)]))
+    with serve(app, settler) as base:
+        _run_once_under_three_guards(base, "/v1/m/payments")
+    assert calls == ["/v1/m/payments"]
+
+
+def _run_once_under_three_guards(base: str, path: str) -> None:
+    """The same request twice, with both keys: the first is answered (never 409), the
+    second is its response replayed."""
+    sent = {**TENANT, "Idempotency-Key": "outer-1", "X-Charge-Key": "middle-1"}
+    with httpx.Client(base_url=base, timeout=30) as client:
+        first, again = (client.post(path, json={"amount": 1}, headers=sent) for _ in "12")
+    assert first.status_code == 201, first.text
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"

@@ -148,6 +148,7 @@ BAD_CHALLENGES = [
     pytest.param('Bearer realm="api"\r\nSet-Cookie: session=evil', id="header-injection"),
     pytest.param('Bearer realm="api"\n', id="trailing-newline"),
     pytest.param('Bearer\trealm="api"', id="tab"),
+    pytest.param('Bearer realm="api",\terror="invalid_token"', id="tab-between-parameters"),
     pytest.param('Bearer realm="api\x00"', id="nul"),
     pytest.param('Bearer realm="caf\u00e9"', id="non-ascii"),
     pytest.param('realm="api"', id="no-scheme"),
@@ -190,7 +191,15 @@ async def test_the_asgi_and_wsgi_guards_refuse_a_bad_challenge(
 
 @pytest.mark.parametrize(
     "challenge",
-    ["Bearer", 'Bearer realm="api"', 'Basic realm="api", charset="UTF-8"', "Negotiate abc+/="],
+    [
+        "Bearer",
+        'Bearer realm="api"',
+        'Basic realm="api", charset="UTF-8"',
+        "Negotiate abc+/=",
+        "Bearer abc==",  # a token68
+        'Negotiate, Basic realm="api"',  # a scheme alone, then another challenge
+        'Bearer realm="a \\"b\\", c", error="invalid_token", Basic realm="b"',  # \" and a comma
+    ],
 )
 def test_a_challenge_is_taken_as_given(challenge: str) -> None:
     policy = IdempotencyPolicy.configure(principal=_asgi_principal, www_authenticate=challenge)

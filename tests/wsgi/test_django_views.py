@@ -84,6 +84,7 @@ from settle.django import _VIEW_GUARDS, idempotent
 from settle.django import IdempotencyMiddleware as DjangoGuard
 from settle.errors import ConfigurationError
 from settle.http.keys import operation_id
+from settle.wsgi import IdempotencyMiddleware as WSGIGuard
 from tests.http.apps import serve, serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
 from tests.wsgi.test_wsgi_middleware import _take_over
@@ -1542,3 +1543,70 @@ def test_a_challenge_with_a_line_break_is_refused(settle_settings: dict[str, Any
         pytest.raises(ConfigurationError, match="www_authenticate must"),
     ):
         DjangoGuard(lambda request: HttpResponse())
+
+
+def test_django_under_the_wsgi_guard_runs_its_view_once_and_finds_its_attempt(
+    settle_settings: dict[str, Any], settler: Settler
+) -> None:
+    """As under the ASGI guard, so under ``settle.wsgi.IdempotencyMiddleware`` around
+    Django's ``WSGIHandler`` with ``settle.django.IdempotencyMiddleware`` in ``MIDDLEWARE``
+    as well: the Django guard saw nothing of the WSGI guard's attempt (it is in the environ,
+    Django's ``request.META``), reserved its operation again, found it in progress and
+    answered 409 to every request. It passes the request through now, and the view finds
+    the WSGI guard's attempt in ``request.settle``."""
+    generations: list[int] = []
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        generations.append(request.settle.generation)  # type: ignore[attr-defined]
+        return HttpResponse(f"charged {uuid.uuid4().hex}".encode(), status=201)
+
+    conf = urlconf(path("pay", pay))
+    mw = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw):
+        app = WSGIGuard(WSGIHandler(), settler=settler, principal=_environ_principal)
+        with serve_wsgi(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+            sent = {"Idempotency-Key": "k-wsgi", "X-Principal": "tenant:acme"}
+            first = c.post("/pay", content=b"{}", headers=sent)
+            again = c.post("/pay", content=b"{}", headers=sent)
+    assert first.status_code == 201, first.text
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert len(generations) == 1
+
+
+def _environ_principal(environ: Any) -> str | None:
+    return environ.get("HTTP_X_PRINCIPAL")
+
+
+def test_a_decorated_view_under_two_guards_passes_through_the_outer_ones_operation(
+    settle_settings: dict[str, Any], redis_url: str, namespace: str
+) -> None:
+    """Three guards: the ASGI guard and ``@idempotent`` key the same operation (the
+    ``Idempotency-Key``), Django's middleware between them its own (``X-Charge-Key``). The
+    decorator saw only the middleware's attempt in ``request.settle``, reserved the ASGI
+    guard's operation again, found it in progress and answered 409 to every request."""
+    runs: list[str] = []
+    view = idempotent(header="Idempotency-Key")(_charging(runs))
+    conf, mw = urlconf(path("pay", view)), ["settle.django.IdempotencyMiddleware"]
+    own = {**settle_settings, "header": "X-Charge-Key"}
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=mw, SETTLE=own):
+        outer = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        app = ASGIGuard(ASGIHandler(), settler=outer, principal=lambda scope: "tenant:acme")
+        with serve(app, outer) as base, httpx.Client(base_url=base, timeout=30) as c:
+            sent = {"X-Charge-Key": "c-3", "Idempotency-Key": "k-3", "X-Principal": "tenant:acme"}
+            first = c.post("/pay", content=b"{}", headers=sent)
+            again = c.post("/pay", content=b"{}", headers=sent)
+    assert first.status_code == 201, first.text
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert runs == ["pay"]
+
+
+def _charging(runs: list[str]) -> Callable[[HttpRequest], HttpResponse]:
+    """A view whose every run is one charge, named in ``runs``."""
+
+    def pay(request: HttpRequest) -> HttpResponse:
+        runs.append("pay")
+        return HttpResponse(f"charged {uuid.uuid4().hex}".encode(), status=201)
+
+    return pay
