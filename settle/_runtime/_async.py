@@ -1326,10 +1326,14 @@ class _Lane:
             await self._pool.release(conn)  # which reconnects one a notification flagged
 
     async def release_idle(self) -> None:
-        """Hand the kept connections back to the pool (whose idle ones the caller closes)."""
+        """Hand the kept connections back to the pool (whose idle ones the caller closes).
+        A connection handed back to the lane meanwhile (another thread or task ending its
+        call while this one releases, as a demotion does mid-life) stays kept, never dropped
+        unreleased; a forked child's inherited ones are the parent's: only forgotten."""
         if self._pid == os.getpid():
             await self._give_all_back()
-        self._idle = []
+        else:
+            self._idle = []
 
     async def aclose(self) -> None:
         await self.release_idle()

@@ -1319,10 +1319,14 @@ class _Lane:
             self._pool.release(conn)  # which reconnects one a notification flagged
 
     def release_idle(self) -> None:
-        """Hand the kept connections back to the pool (whose idle ones the caller closes)."""
+        """Hand the kept connections back to the pool (whose idle ones the caller closes).
+        A connection handed back to the lane meanwhile (another thread or task ending its
+        call while this one releases, as a demotion does mid-life) stays kept, never dropped
+        unreleased; a forked child's inherited ones are the parent's: only forgotten."""
         if self._pid == os.getpid():
             self._give_all_back()
-        self._idle = []
+        else:
+            self._idle = []
 
     def close(self) -> None:
         self.release_idle()
