@@ -32,7 +32,15 @@ _BASE64_HEADROOM = 16 << 10  # stored headers and the JSON envelope around the b
 
 #: A challenge (RFC 9110 11.6.1): an auth-scheme (a token), then, after a space or a comma,
 #: its parameters or further challenges; visible ASCII and spaces only, no line break.
-_CHALLENGE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+(?:[ ,][ -~]*)?")
+# RFC 9110 11.6.1: challenge = auth-scheme [ 1*SP ( token68 / #auth-param ) ], the header a
+# comma-separated list of them; auth-param = token BWS "=" BWS ( token / quoted-string ).
+# Spaces only as whitespace (a tab, like every control character, is refused).
+_TCHARS = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
+_PARAM = rf"{_TCHARS} *= *(?:{_TCHARS}|{_QUOTED})"
+_PARAMS = rf"{_PARAM}(?: *, *{_PARAM})*"
+_ONE_CHALLENGE = rf"{_TCHARS}(?: +(?:[A-Za-z0-9\-._~+/]+=*|{_PARAMS}))?"
+_CHALLENGE = re.compile(rf"{_ONE_CHALLENGE}(?: *, *{_ONE_CHALLENGE})*")
 
 
 class Coverage(Enum):
@@ -107,11 +115,13 @@ def _check_challenge(value: object) -> None:
             f"www_authenticate must be a str such as 'Bearer realm=\"api\"', or None; got "
             f"{type(value).__name__}"
         )
-    if not _CHALLENGE.fullmatch(value) or value.endswith(" "):
+    if not _CHALLENGE.fullmatch(value):
         raise ConfigurationError(
-            "www_authenticate must be a challenge: an auth-scheme, then its parameters after "
-            "a space or a comma (such as 'Bearer realm=\"api\"'), in visible ASCII and "
-            "spaces, with no line breaks or other control characters (RFC 9110 11.6.1)"
+            "www_authenticate must be one or more challenges as RFC 9110 11.6.1 writes them: "
+            "an auth-scheme, then a token68 or name=value parameters (a value a token or a "
+            "closed quoted-string), challenges separated by commas (such as 'Bearer "
+            "realm=\"api\"' or 'Negotiate, Basic realm=\"api\"'), in visible ASCII and "
+            "spaces, with no line breaks or other control characters"
         )
 
 

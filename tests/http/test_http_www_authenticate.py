@@ -158,6 +158,12 @@ BAD_CHALLENGES = [
     pytest.param(b"Bearer", id="bytes"),
     pytest.param(["Bearer"], id="list"),
     pytest.param(1, id="int"),
+    # RFC 9110 11.6.1's grammar, not only its characters:
+    pytest.param('Bearer realm="api', id="unclosed-quoted-string"),
+    pytest.param("Bearer,realm=x", id="a-parameter-with-no-scheme"),
+    pytest.param('Bearer realm="a" error="b"', id="parameters-without-a-comma"),
+    pytest.param('Bearer realm="a"x', id="text-after-a-quoted-string"),
+    pytest.param("Bearer realm=a b", id="a-value-with-a-space-unquoted"),
 ]
 
 
@@ -199,6 +205,8 @@ async def test_the_asgi_and_wsgi_guards_refuse_a_bad_challenge(
         "Bearer abc==",  # a token68
         'Negotiate, Basic realm="api"',  # a scheme alone, then another challenge
         'Bearer realm="a \\"b\\", c", error="invalid_token", Basic realm="b"',  # \" and a comma
+        'Digest realm="x", qop="auth,auth-int", nonce="abc", Bearer',
+        "Bearer realm = api",  # BWS around "="
     ],
 )
 def test_a_challenge_is_taken_as_given(challenge: str) -> None:
