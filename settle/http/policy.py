@@ -120,7 +120,7 @@ def _check_challenge(value: object) -> None:
             "www_authenticate must be one or more challenges as RFC 9110 11.6.1 writes them: "
             "an auth-scheme, then a token68 or name=value parameters (a value a token or a "
             "closed quoted-string), challenges separated by commas (such as 'Bearer "
-            "realm=\"api\"' or 'Negotiate, Basic realm=\"api\"'), in visible ASCII and "
+            'realm="api"\' or \'Negotiate, Basic realm="api"\'), in visible ASCII and '
             "spaces, with no line breaks or other control characters"
         )
 
