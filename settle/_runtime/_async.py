@@ -813,7 +813,7 @@ class AsyncRunner:
             # redis-py's Sentinel connection turns a bare READONLY (Redis 7+, Valkey) into a
             # ConnectionError of its own, dropping that one connection: the others kept are
             # the demoted node's too.
-            if topology.demoted(exc.__context__):
+            if topology.demoted_behind(exc):
                 await self._demoted(call)
             raise
         except rx.ResponseError as exc:

@@ -126,6 +126,23 @@ def demoted(reply: object) -> bool:
     return isinstance(reply, ResponseError) and "-READONLY You can't write" in str(reply)
 
 
+def demoted_behind(error: BaseException) -> bool:
+    """Whether a connection error was caused by a demotion (:func:`demoted`): redis-py's
+    Sentinel connection raises its own ConnectionError from the READONLY it met, and the
+    pipelined lane hands each call of a batch a copy of the batch's error (``__cause__``)."""
+    seen: set[int] = set()
+    todo = [error.__cause__, error.__context__]
+    while todo:
+        found = todo.pop()
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        if demoted(found):
+            return True
+        todo += [found.__cause__, found.__context__]
+    return False
+
+
 def parse_seed_nodes(
     nodes: str | Sequence[str | tuple[str, int]],
 ) -> tuple[str | None, list[tuple[str, int]]]:
