@@ -751,17 +751,28 @@ class Runner:
 
     def _call(self, call: Call) -> Any:
         with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
-            try:
+            lost: list[BaseException] = []  # tries whose reply was lost: they may have run
+
+            def once(call: Call) -> Any:
                 try:
                     return self._run_once(call)
+                except (rx.ConnectionError, rx.TimeoutError) as exc:
+                    lost.append(exc)
+                    raise
+
+            try:
+                try:
+                    return once(call)
                 except (RedisError, RedisClusterException) as exc:
                     if not is_transient(exc):
                         raise
                     time.sleep(first_retry_delay(call, exc))
                 retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
-                return retrying(self._run_once, call)
+                return retrying(once, call)
             except (RedisError, RedisClusterException) as exc:
-                raise backend_error(exc, call) from exc
+                raise backend_error(
+                    exc, call, earlier_unknown=any(e is not exc for e in lost)
+                ) from exc
             except SettleError as exc:  # a refusal of a check on the way (the lane's too)
                 if exc.operation_id is None:
                     exc.operation_id = call.operation_id

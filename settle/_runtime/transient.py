@@ -176,12 +176,18 @@ def _log(call: Call | None, attempt: int, exc: BaseException | None, sleep: floa
 
 
 def backend_error(
-    exc: rx.RedisError | rx.RedisClusterException, call: Call | None, *, tries: int = ATTEMPTS
+    exc: rx.RedisError | rx.RedisClusterException,
+    call: Call | None,
+    *,
+    tries: int = ATTEMPTS,
+    earlier_unknown: bool = False,
 ) -> SettleError:
     """What a Redis failure means to the caller: a misconfiguration (credentials, an
     incomplete cluster) is a :class:`ConfigurationError`; the rest is a :class:`BackendError`.
-    ``tries``: how many times the failed command was sent (1 for one not repeated)."""
-    error = _classify(exc, call, tries)
+    ``tries``: how many times the failed command was sent (1 for one not repeated);
+    ``earlier_unknown``: an earlier try of the call lost its reply, so it may have run, and
+    a refusal of the last try says nothing of it."""
+    error = _classify(exc, call, tries, earlier_unknown)
     logger.error(
         "settle.backend.failed",
         script=call.script if call else None,
@@ -205,7 +211,10 @@ def failures_as_settle_errors(what: str) -> Iterator[None]:
 
 
 def _classify(
-    exc: rx.RedisError | rx.RedisClusterException, call: Call | None, tries: int
+    exc: rx.RedisError | rx.RedisClusterException,
+    call: Call | None,
+    tries: int,
+    earlier_unknown: bool = False,
 ) -> SettleError:
     what = call.script if call else "a command"
     op = call.operation_id if call else None
@@ -252,9 +261,15 @@ def _classify(
     refused = refused_write(exc)
     if refused is not None:
         code, (why, when) = refused, _REFUSED_WRITES[refused]
+        written = (
+            "This try wrote nothing, but an earlier try's reply was lost, so whether that one "
+            "ran is unknown (read the record back)"
+            if earlier_unknown
+            else "Nothing was written"
+        )
         return BackendError(
-            f"Redis refused to write during {what} ({name}): {why}. Nothing was written, and "
-            f"the call is safe to repeat with the same arguments once {when}.",
+            f"Redis refused to write during {what} ({name}): {why}. {written}, and the call "
+            f"is safe to repeat with the same arguments once {when}.",
             operation_id=op,
             code=code,
         )

@@ -1,0 +1,84 @@
+"""A refusal of a repeat says nothing of the try whose reply was lost.
+
+A settlement's first try ran and its reply was lost on the way back (a partition: the
+reply withheld until the client's socket timeout); settle repeated the call, and by then
+the server refused writes (full, ``OOM``). The error said "Nothing was written" while the
+record was completed: true of the refused try, not of the call. It says now that this try
+wrote nothing and that an earlier try's outcome is unknown (read the record back), and the
+repeat is still safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from settle import BackendError, Reserved, Settler
+from settle._core.scripts import SCRIPTS
+from settle.embedded import EmbeddedRedis
+from settle.models import State
+from tests.faults.servers import proxy_to, script_needle, sync_client
+
+pytestmark = [pytest.mark.faults]
+
+
+def _fill_once_completed(server: EmbeddedRedis, namespace: str, stop: threading.Event) -> None:
+    """Once the first try has completed the record on the server (its reply withheld), the
+    server refuses every write: maxmemory below what it uses, under noeviction."""
+    with Settler.from_url(server.url, namespace=namespace, shards=2) as observer:
+        while not stop.is_set():
+            record = observer.get("op-1")
+            if record is not None and record.state is State.COMPLETED:
+                with redis.Redis(port=server.port) as raw:
+                    raw.config_set("maxmemory", 1)
+                return
+            time.sleep(0.002)
+
+
+@pytest.fixture(params=["default", "valkey"])
+def server(request: pytest.FixtureRequest) -> Iterator[EmbeddedRedis]:
+    """The session's server kind (EVALSHA on 6.2) and Valkey (FCALL)."""
+    if request.param == "valkey":
+        yield request.getfixturevalue("valkey")
+        return
+    with EmbeddedRedis() as started:
+        yield started
+
+
+def test_a_refused_repeat_after_a_lost_reply_does_not_say_nothing_was_written(
+    server: EmbeddedRedis,
+) -> None:
+    namespace = f"n{uuid.uuid4().hex[:8]}"
+    proxy = proxy_to(server.url, SCRIPTS)
+    stop = threading.Event()
+    try:
+        with Settler(sync_client(proxy.port), namespace=namespace, shards=2) as settler:
+            held = settler.reserve("op-1", {"amount": 1}, principal="tenant:a")
+            assert isinstance(held, Reserved)
+            watcher = threading.Thread(target=_fill_once_completed, args=(server, namespace, stop))
+            watcher.start()
+            proxy.cut(script_needle(SCRIPTS, "complete"), "stall")
+            with pytest.raises(BackendError) as info:
+                settler.complete(held.reservation, {"charge": "ch_1"})
+            watcher.join(10)
+            assert proxy.fired == ["stall"]
+            assert info.value.code == "OOM"
+            text = str(info.value)
+            assert "Nothing was written" not in text
+            assert "whether that one ran is unknown" in text
+            with redis.Redis(port=server.port) as raw:
+                raw.config_set("maxmemory", 0)
+            record = settler.get("op-1")
+            assert record is not None
+            assert record.state is State.COMPLETED  # the lost try had run
+            again = settler.complete(held.reservation, {"charge": "ch_1"})  # still safe
+            assert again.record is not None
+            assert again.record.state is State.COMPLETED
+    finally:
+        stop.set()
+        proxy.close()
