@@ -319,3 +319,22 @@ def test_an_error_is_read_from_the_servers_own_log_not_one_swapped_in(tmp_path: 
     assert "exited" in str(raised[0])
     assert "TOP-SECRET" not in str(raised[0])
     assert secret.read_text().endswith("\nTOP-SECRET-CONTENT\n")
+
+
+def test_a_valkey_primaryauth_password_is_not_on_the_servers_command_line() -> None:
+    """Valkey names ``masterauth`` ``primaryauth`` (``masterauth`` is its alias): given so,
+    the password went on the command line (every local user's to read), and in one
+    argument it was not refused. It is read from the private file, as ``--masterauth`` is."""
+    binary = str(get_binary_path())
+    given = ["--primaryauth", PASSWORD, "--set-proc-title", "no"]
+    with (
+        EmbeddedRedis(binary=binary, extra_args=given) as server,
+        redis.Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        assert b"--set-proc-title" in _cmdline(server)  # its arguments, not a title
+        assert PASSWORD.encode() not in _cmdline(server)
+        assert client.config_get("primaryauth") == {"primaryauth": PASSWORD}
+        assert [p.name for p in server.directory.iterdir()] == ["redis.log"]
+    with pytest.raises(ConfigurationError, match="an argument of its own") as info:
+        EmbeddedRedis(binary=binary, extra_args=[f"--primaryauth {PASSWORD}"])
+    assert "s3cret" not in str(info.value)
