@@ -10,15 +10,15 @@ A password given in ``extra_args`` as ``--requirepass PASSWORD``, or as the defa
 any requirepass, to a user it resets first), is used to check the server as it starts, and
 is in ``url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``); ``repr()``, the errors and
 redis-server's command line (which every local user can read) never show it nor the
-passwords of any other ``--user``, of ``--masterauth PASSWORD`` or of
-``--tls-key-file-pass`` / ``--tls-client-key-file-pass``: the server reads those arguments
-from a file only its owner can read (one of its own for each start), removed once the
-server has started. Each directive and each of its words is an argument of its own:
-``"--requirepass PASSWORD"`` in one argument (which redis-server would read from its
-command line) is refused with :class:`ConfigurationError`. A password set any other way
-(another ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be read: the server
-refuses the checks, and ``start()`` raises :class:`ConfigurationError` naming the refusal
-(NOAUTH, WRONGPASS, NOPERM) rather than waiting out its timeout.
+passwords of any other ``--user``, of ``--masterauth PASSWORD`` (Valkey's
+``--primaryauth``) or of ``--tls-key-file-pass`` / ``--tls-client-key-file-pass``: the
+server reads those arguments from a file only its owner can read (one of its own for each
+start), removed once the server has started. Each directive and each of its words is an
+argument of its own: ``"--requirepass PASSWORD"`` in one argument (which redis-server
+would read from its command line) is refused with :class:`ConfigurationError`. A password
+set any other way (another ACL user, a ``#HASH``, ``--aclfile``, ``--include``) cannot be
+read: the server refuses the checks, and ``start()`` raises :class:`ConfigurationError`
+naming the refusal (NOAUTH, WRONGPASS, NOPERM) rather than waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -98,8 +98,16 @@ def _acl_password(rules: Sequence[str]) -> str | None:
 
 #: The directives whose words are passwords (a ``--user``'s ``>PASSWORD`` rules among them):
 #: the server reads each from a file only its owner can read, never from its command line.
+#: Valkey's ``primaryauth`` is its name of ``masterauth``.
 _SECRET_DIRECTIVES = frozenset(
-    {"requirepass", "masterauth", "tls-key-file-pass", "tls-client-key-file-pass", "user"}
+    {
+        "requirepass",
+        "masterauth",
+        "primaryauth",
+        "tls-key-file-pass",
+        "tls-client-key-file-pass",
+        "user",
+    }
 )
 
 #: What redis-server takes for the space between the words of a configuration line.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -167,11 +168,21 @@ async def _unused(scope: Any, receive: Any, send: Any) -> None:
     """The app a :class:`TrustedHostMiddleware` is built around only to check its hosts."""
 
 
+def _host_header(host: str) -> str:
+    """``host`` as a ``Host`` header names it: an IPv6 address in brackets, as browsers
+    send it and Starlette compares it (``[2001:db8::1]``); any other name as it is."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
 def check_allowed_hosts(hosts: object) -> list[str]:
-    """``hosts`` when Starlette's ``TrustedHostMiddleware`` takes each of them, else
-    :class:`InvalidInput` naming the first it refuses. Starlette builds the middleware at
-    the first request: a pattern it refuses (``a*b``, ``*example.com``) made a console that
-    answered every request with 500."""
+    """``hosts`` when Starlette's ``TrustedHostMiddleware`` takes each of them, an IPv6
+    address written in brackets (:func:`_host_header`), else :class:`InvalidInput` naming
+    the first it refuses. Starlette builds the middleware at the first request: a pattern
+    it refuses (``a*b``, ``*example.com``) made a console that answered every request with
+    500; an IPv6 address without brackets one that answered 400 at that address."""
     if not isinstance(hosts, list | tuple) or not all(isinstance(h, str) for h in hosts):
         raise InvalidInput("allowed_hosts must be a list of str (Host header values)")
     for host in hosts:
@@ -182,7 +193,7 @@ def check_allowed_hosts(hosts: object) -> list[str]:
                 "allowed_hosts must be host names, '*.' and a domain (any of its "
                 f"subdomains), or '*' (any host); {host!r} is none of them"
             ) from None
-    return list(hosts)
+    return [_host_header(host) for host in hosts]
 
 
 _ENV = Environment(

@@ -14,6 +14,7 @@ from typing import IO
 from settle import Settler
 from tests.cli.conftest import cli_env, settle, settle_json
 from tests.cli.helpers import stale_settlement
+from tests.web.evidence import unknown
 
 
 def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
@@ -96,6 +97,38 @@ def test_tail_table_form_and_filters(
         assert ref in line, line
         assert "stale_generation" in line
         assert "op=order-b" in line
+    finally:
+        errors = _stop(proc, reader)
+    assert proc.returncode == 0, errors
+    assert out.empty(), list(out.queue)
+
+
+def test_tail_follows_one_kind_in_json(
+    settle_bin: Path, cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    """``--kind`` reaches the follower (its filters are checked first, then followed):
+    an entry of another kind written meanwhile is not printed."""
+    kind = ("--kind", "unknown_operation")
+    proc = subprocess.Popen(
+        [str(settle_bin), "quarantine", "tail", *kind, "--json", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace),
+    )
+    out: queue.Queue[str] = queue.Queue()
+    reader = None
+    try:
+        assert proc.stderr is not None
+        assert proc.stdout is not None
+        ready = proc.stderr.readline()
+        assert ready.startswith(f"following the quarantine of {namespace} from "), ready
+        reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
+        reader.start()
+        stale_settlement(cli_settler, "order-stale")  # another kind: filtered out
+        ref = unknown(cli_settler, "order-unknown")
+        entry = json.loads(out.get(timeout=30))
+        assert (entry["ref"], entry["kind"]) == (ref, "unknown_operation")
     finally:
         errors = _stop(proc, reader)
     assert proc.returncode == 0, errors

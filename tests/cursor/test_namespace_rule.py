@@ -6,15 +6,21 @@ The progress store once kept its own copy, worded ``1-64 characters of [A-Za-z0-
 
 from __future__ import annotations
 
+import re
+import string
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
-from settle.config import NAMESPACE_RULE, SettleConfig
+from settle.config import NAMESPACE_RULE, SettleConfig, check_namespace
 from settle.cursor import CursorStore
 from settle.errors import InvalidInput
 from settle.progress import ProgressStore
+from settle.progress._keys import ProgressKeys
+from settle.progress.errors import InvalidDelivery
 
 GOOD = ["a", "A-z_0.9", "-", ".", "_", "x" * 64, "default"]
 BAD = [
@@ -77,3 +83,31 @@ def test_the_stores_refuse_a_namespace_that_is_no_str_in_the_same_words(
         with pytest.raises(InvalidInput) as caught:
             _parts(client)[part](bad)  # type: ignore[arg-type]
         assert str(caught.value) == f"namespace must be {NAMESPACE_RULE}", part
+
+
+#: The pattern each part held before they shared one (settings, cursor, progress: 755b6b9).
+OLD_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+NAMESPACE_TEXT = st.one_of(
+    st.text(alphabet=string.ascii_letters + string.digits + "_.-", min_size=0, max_size=70),
+    st.text(max_size=70),
+    st.text(alphabet=string.ascii_letters + "_.-\n\r\t :{}/\u00e9\u0661\uff41", max_size=70),
+)
+
+
+@given(NAMESPACE_TEXT)
+def test_every_part_takes_what_its_old_pattern_took_and_nothing_else(namespace: str) -> None:
+    """Sharing the rule changed no part's accepted set: settings, the cursor store's check
+    and the progress store's keys take a name exactly when the pattern each had took it."""
+    taken = OLD_PATTERN.fullmatch(namespace) is not None
+    parts: dict[str, Callable[[], object]] = {
+        "settings": lambda: SettleConfig(namespace=namespace),
+        "cursor": lambda: check_namespace(namespace),
+        "progress": lambda: ProgressKeys(namespace=namespace, consumer="w1"),
+    }
+    for part, build in parts.items():
+        if taken:
+            build()
+        else:
+            error = InvalidDelivery if part == "progress" else InvalidInput
+            with pytest.raises(error):
+                build()

@@ -71,3 +71,19 @@ def test_misconfiguration_is_a_configuration_error_and_never_repeated(
 ) -> None:
     assert not is_transient(exc)
     assert isinstance(backend_error(exc, CALL), ConfigurationError)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a script's own error naming a refusal's code, not a refusal by the server
+        "Error running script (call to f_1): @user_script:3: user_script:3: Script attempted "
+        "to access nonexistent global variable 'OOM'",
+        "Error running script (call to f_1): @user_script:3: bad argument NOREPLICAS",
+    ],
+)
+def test_a_scripts_own_error_naming_a_refusal_code_is_no_refused_write(text: str) -> None:
+    error = backend_error(rx.ResponseError(text), CALL)
+    assert isinstance(error, BackendError)
+    assert error.code == "ERR"
+    assert "Nothing was written" not in str(error)

@@ -189,3 +189,27 @@ def test_an_async_settler_says_a_loss_its_concurrent_calls_found_once(
             return logs
 
     assert len(_lost(asyncio.run(main()))) == 1
+
+
+def test_a_completion_made_after_the_restored_dump_is_gone_and_its_retry_runs_again(
+    server: EmbeddedRedis,
+) -> None:
+    """docs/operations.md ("When Redis forgets") says of a restore of an older dump: a
+    completion made after it is gone, and its retry runs again. The test above held every
+    other claim of that row, not this one."""
+    with Settler.from_url(server.url, namespace="dump", shards=2) as settler:
+        before = settler.reserve("before", REQ, principal=WHO)
+        assert isinstance(before, Reserved)
+        with redis.Redis(port=server.port) as raw:
+            raw.save()  # the dump: "after" not reserved yet
+        after = settler.reserve("after", REQ, principal=WHO)
+        assert isinstance(after, Reserved)
+        settler.complete(after.reservation, {"charge": "ch_after"})
+        server.stop(kill=True)
+        server.start()  # loads the dump
+        with capture_logs() as logs:
+            assert settler.get("after") is None  # the completion is gone
+            again = settler.reserve("after", REQ, principal=WHO)
+    assert isinstance(again, Reserved)  # its retry runs again (the charge would repeat)
+    assert again.reservation.generation > after.reservation.generation
+    assert _lost(logs) == []  # the states exist: settle sees no loss, says nothing

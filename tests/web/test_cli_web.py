@@ -138,3 +138,17 @@ def test_the_options_the_console_can_use_start_it(redis_url: str, writer: Settle
         served = httpx.get(url + "/", headers={"host": "eu.internal.example.com"})
         assert served.status_code == 200
         assert httpx.get(url + "/", headers={"host": "evil.example"}).status_code == 400
+
+
+def test_an_ipv6_allow_host_serves_its_host_header(redis_url: str, writer: Settler) -> None:
+    """``--allow-host 2001:db8::5`` (an address, as ``--host`` takes it) was taken and
+    matched nothing: a browser sends ``Host: [2001:db8::5]:PORT``, and got 400."""
+    ns = writer.config.namespace
+    with settle_web(
+        "--redis-url", redis_url, "--namespace", ns, "--allow-host", "2001:db8::5"
+    ) as url:
+        port = url.rsplit(":", 1)[1]
+        served = httpx.get(url + "/", headers={"host": f"[2001:db8::5]:{port}"})
+        assert served.status_code == 200
+        other = httpx.get(url + "/", headers={"host": f"[2001:db8::6]:{port}"})
+        assert other.status_code == 400

@@ -98,3 +98,17 @@ async def test_a_principal_no_note_can_carry_is_said_at_resolve_not_blamed_on_th
     assert "principal must be" in refused.text
     assert "note must not" not in refused.text
     assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+async def test_an_ipv6_address_among_the_hosts_serves_its_host_header(
+    reader: AsyncSettler,
+) -> None:
+    """A browser sends an IPv6 address in brackets (``Host: [2001:db8::1]:8000``), which
+    Starlette compares whole: ``allowed_hosts=['2001:db8::1']`` (and ``settle web --host
+    2001:db8::1``) made a console that answered 400 to every request at that address."""
+    app = create_app(reader, allowed_hosts=["2001:db8::1", "[2001:db8::2]"])
+    async with client_for(app) as client:
+        for host in ("[2001:db8::1]:8000", "[2001:db8::1]", "[2001:db8::2]:8000"):
+            assert (await client.get("/", headers={"host": host})).status_code == 200, host
+        assert (await client.get("/", headers={"host": "[2001:db8::3]"})).status_code == 400
