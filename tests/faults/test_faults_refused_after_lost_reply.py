@@ -10,6 +10,7 @@ repeat is still safe.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -18,11 +19,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from settle import BackendError, Reserved, Settler
+from settle import AsyncSettler, BackendError, Reserved, Settler
 from settle._core.scripts import SCRIPTS
 from settle.embedded import EmbeddedRedis
 from settle.models import State
-from tests.faults.servers import proxy_to, script_needle, sync_client
+from tests.faults.servers import async_client, proxy_to, script_needle, sync_client
 
 pytestmark = [pytest.mark.faults]
 
@@ -79,6 +80,40 @@ def test_a_refused_repeat_after_a_lost_reply_does_not_say_nothing_was_written(
             again = settler.complete(held.reservation, {"charge": "ch_1"})  # still safe
             assert again.record is not None
             assert again.record.state is State.COMPLETED
+    finally:
+        stop.set()
+        proxy.close()
+
+
+@pytest.mark.asyncio
+async def test_a_refused_repeat_after_a_lost_reply_says_so_on_asyncio(
+    server: EmbeddedRedis,
+) -> None:
+    """The asyncio runner (its own source: the sync one is generated from it) and its
+    pipelined lane: the same call, the same truth about the earlier try."""
+    namespace = f"n{uuid.uuid4().hex[:8]}"
+    proxy = proxy_to(server.url, SCRIPTS)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_fill_once_completed, args=(server, namespace, stop))
+    try:
+        async with AsyncSettler(async_client(proxy.port), namespace=namespace, shards=2) as settler:
+            held = await settler.reserve("op-1", {"amount": 1}, principal="tenant:a")
+            assert isinstance(held, Reserved)
+            watcher.start()
+            proxy.cut(script_needle(SCRIPTS, "complete"), "stall")
+            with pytest.raises(BackendError) as info:
+                await settler.complete(held.reservation, {"charge": "ch_1"})
+            await asyncio.to_thread(watcher.join, 10)
+            assert proxy.fired == ["stall"]
+            assert info.value.code == "OOM"
+            text = str(info.value)
+            assert "Nothing was written" not in text
+            assert "whether that one ran is unknown" in text
+            with redis.Redis(port=server.port) as raw:
+                raw.config_set("maxmemory", 0)
+            record = await settler.get("op-1")
+            assert record is not None
+            assert record.state is State.COMPLETED  # the lost try had run
     finally:
         stop.set()
         proxy.close()
