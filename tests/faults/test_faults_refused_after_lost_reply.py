@@ -18,12 +18,24 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from settle import AsyncSettler, BackendError, Reserved, Settler
 from settle._core.scripts import SCRIPTS
 from settle.embedded import EmbeddedRedis
 from settle.models import State
-from tests.faults.servers import async_client, proxy_to, script_needle, sync_client
+from tests.faults.servers import (
+    SOCKET_TIMEOUT,
+    async_client,
+    proxy_to,
+    script_needle,
+    sync_client,
+)
+
+#: Whose repeat: settle's (redis-py's own retries off), or the connection's own retry policy
+#: (redis-py's default, on a client an application makes), which sends the call again on the
+#: same lane before settle sees the lost reply.
+RETRIES = pytest.mark.parametrize("connection_retries", [False, True], ids=["settle", "redis-py"])
 
 pytestmark = [pytest.mark.faults]
 
@@ -51,14 +63,20 @@ def server(request: pytest.FixtureRequest) -> Iterator[EmbeddedRedis]:
         yield started
 
 
+@RETRIES
 def test_a_refused_repeat_after_a_lost_reply_does_not_say_nothing_was_written(
-    server: EmbeddedRedis,
+    server: EmbeddedRedis, connection_retries: bool
 ) -> None:
     namespace = f"n{uuid.uuid4().hex[:8]}"
     proxy = proxy_to(server.url, SCRIPTS)
     stop = threading.Event()
     try:
-        with Settler(sync_client(proxy.port), namespace=namespace, shards=2) as settler:
+        client = (
+            redis.Redis(port=proxy.port, socket_timeout=SOCKET_TIMEOUT)
+            if connection_retries
+            else sync_client(proxy.port)
+        )
+        with Settler(client, namespace=namespace, shards=2) as settler:
             held = settler.reserve("op-1", {"amount": 1}, principal="tenant:a")
             assert isinstance(held, Reserved)
             watcher = threading.Thread(target=_fill_once_completed, args=(server, namespace, stop))
@@ -86,8 +104,9 @@ def test_a_refused_repeat_after_a_lost_reply_does_not_say_nothing_was_written(
 
 
 @pytest.mark.asyncio
+@RETRIES
 async def test_a_refused_repeat_after_a_lost_reply_says_so_on_asyncio(
-    server: EmbeddedRedis,
+    server: EmbeddedRedis, connection_retries: bool
 ) -> None:
     """The asyncio runner (its own source: the sync one is generated from it) and its
     pipelined lane: the same call, the same truth about the earlier try."""
@@ -96,7 +115,12 @@ async def test_a_refused_repeat_after_a_lost_reply_says_so_on_asyncio(
     stop = threading.Event()
     watcher = threading.Thread(target=_fill_once_completed, args=(server, namespace, stop))
     try:
-        async with AsyncSettler(async_client(proxy.port), namespace=namespace, shards=2) as settler:
+        client = (
+            aioredis.Redis(port=proxy.port, socket_timeout=SOCKET_TIMEOUT)
+            if connection_retries
+            else async_client(proxy.port)
+        )
+        async with AsyncSettler(client, namespace=namespace, shards=2) as settler:
             held = await settler.reserve("op-1", {"amount": 1}, principal="tenant:a")
             assert isinstance(held, Reserved)
             watcher.start()
