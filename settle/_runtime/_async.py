@@ -1466,13 +1466,18 @@ class _Pipelined(_Lane):
                 try:
                     reply = await conn.read_response()
                 except rx.ResponseError as exc:  # this call's error reply, read whole
+                    if lost:  # a refusal of the repeat says nothing of the send before it
+                        exc.__cause__ = lost[-1]
                     if not future.done():
                         future.set_exception(exc)
                     continue
                 if not future.done():
                     future.set_result(reply)
 
-        async def failed(_: Exception) -> None:
+        lost: list[Exception] = []  # sends of the batch whose replies were lost
+
+        async def failed(error: Exception) -> None:
+            lost.append(error)
             await conn.disconnect()
 
         try:

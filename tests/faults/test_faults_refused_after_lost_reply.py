@@ -141,3 +141,52 @@ async def test_a_refused_repeat_after_a_lost_reply_says_so_on_asyncio(
     finally:
         stop.set()
         proxy.close()
+
+
+def _fill_once_all_completed(
+    server: EmbeddedRedis, namespace: str, ops: list[str], stop: threading.Event
+) -> None:
+    """:func:`_fill_once_completed` for several operations: once all are completed."""
+    with Settler.from_url(server.url, namespace=namespace, shards=2) as observer:
+        while not stop.is_set():
+            records = [observer.get(op) for op in ops]
+            if all(r is not None and r.state is State.COMPLETED for r in records):
+                with redis.Redis(port=server.port) as raw:
+                    raw.config_set("maxmemory", 1)
+                return
+            time.sleep(0.002)
+
+
+@pytest.mark.asyncio
+async def test_a_pipelined_batch_sent_again_by_the_connection_says_so(
+    server: EmbeddedRedis,
+) -> None:
+    """Concurrent calls on asyncio go out in one pipelined batch; the connection's own retry
+    sends the whole batch again after its replies were lost: each call's refusal says the
+    earlier send's outcome is unknown."""
+    namespace = f"n{uuid.uuid4().hex[:8]}"
+    proxy = proxy_to(server.url, SCRIPTS)
+    stop = threading.Event()
+    ops = [f"op-{n}" for n in range(4)]
+    watcher = threading.Thread(target=_fill_once_all_completed, args=(server, namespace, ops, stop))
+    try:
+        client = aioredis.Redis(port=proxy.port, socket_timeout=SOCKET_TIMEOUT)
+        async with AsyncSettler(client, namespace=namespace, shards=2) as settler:
+            held = [await settler.reserve(op, {"amount": 1}, principal="tenant:a") for op in ops]
+            assert all(isinstance(one, Reserved) for one in held)
+            watcher.start()
+            proxy.cut(script_needle(SCRIPTS, "complete"), "stall", times=2)
+            outcomes = await asyncio.gather(
+                *(settler.complete(one.reservation, {"charge": "ch"}) for one in held),  # type: ignore[union-attr]
+                return_exceptions=True,
+            )
+            await asyncio.to_thread(watcher.join, 10)
+            assert proxy.fired == ["stall", "stall"]  # the first call's send, then the batch's
+            for outcome in outcomes:
+                assert isinstance(outcome, BackendError)
+                assert outcome.code == "OOM"
+                assert "Nothing was written" not in str(outcome)
+                assert "whether that one ran is unknown" in str(outcome)
+    finally:
+        stop.set()
+        proxy.close()
