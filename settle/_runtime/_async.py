@@ -766,6 +766,10 @@ class AsyncRunner:
                 except (rx.ConnectionError, rx.TimeoutError) as exc:
                     lost.append(exc)
                     raise
+                except rx.ResponseError as exc:  # the lane sent it again after a lost reply
+                    if isinstance(exc.__cause__, (rx.ConnectionError, rx.TimeoutError)):
+                        lost.append(exc.__cause__)
+                    raise
 
             try:
                 try:
@@ -1309,15 +1313,20 @@ class _Lane:
             await conn.send_packed_command(packed)
             return await conn.read_response()
 
-        async def failed(_: Exception) -> None:
+        lost: list[Exception] = []  # sends whose reply was lost: they may have run
+
+        async def failed(error: Exception) -> None:
+            lost.append(error)
             await conn.disconnect()
 
         try:
             # The connection's own retry policy, as redis-py's execute_command applies it
             # (a new socket after a dropped one; none on the clients settle makes).
             reply = await conn.retry.call_with_retry(once, failed)
-        except rx.ResponseError:  # the whole reply was read: the connection is sound
+        except rx.ResponseError as exc:  # the whole reply was read: the connection is sound
             await self._give_back(conn)
+            if lost:  # a refusal of the repeat says nothing of the send before it
+                raise exc from lost[-1]
             raise
         except BaseException:
             await self._drop(conn)
@@ -1457,13 +1466,18 @@ class _Pipelined(_Lane):
                 try:
                     reply = await conn.read_response()
                 except rx.ResponseError as exc:  # this call's error reply, read whole
+                    if lost:  # a refusal of the repeat says nothing of the send before it
+                        exc.__cause__ = lost[-1]
                     if not future.done():
                         future.set_exception(exc)
                     continue
                 if not future.done():
                     future.set_result(reply)
 
-        async def failed(_: Exception) -> None:
+        lost: list[Exception] = []  # sends of the batch whose replies were lost
+
+        async def failed(error: Exception) -> None:
+            lost.append(error)
             await conn.disconnect()
 
         try:

@@ -759,6 +759,10 @@ class Runner:
                 except (rx.ConnectionError, rx.TimeoutError) as exc:
                     lost.append(exc)
                     raise
+                except rx.ResponseError as exc:  # the lane sent it again after a lost reply
+                    if isinstance(exc.__cause__, (rx.ConnectionError, rx.TimeoutError)):
+                        lost.append(exc.__cause__)
+                    raise
 
             try:
                 try:
@@ -1302,15 +1306,20 @@ class _Lane:
             conn.send_packed_command(packed)
             return conn.read_response()
 
-        def failed(_: Exception) -> None:
+        lost: list[Exception] = []  # sends whose reply was lost: they may have run
+
+        def failed(error: Exception) -> None:
+            lost.append(error)
             conn.disconnect()
 
         try:
             # The connection's own retry policy, as redis-py's execute_command applies it
             # (a new socket after a dropped one; none on the clients settle makes).
             reply = conn.retry.call_with_retry(once, failed)
-        except rx.ResponseError:  # the whole reply was read: the connection is sound
+        except rx.ResponseError as exc:  # the whole reply was read: the connection is sound
             self._give_back(conn)
+            if lost:  # a refusal of the repeat says nothing of the send before it
+                raise exc from lost[-1]
             raise
         except BaseException:
             self._drop(conn)

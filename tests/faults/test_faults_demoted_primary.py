@@ -348,3 +348,43 @@ def test_a_busy_sentinel_settler_follows_a_graceful_failover_on_every_server(
             assert _on(deployment.replica, "op-7")
         finally:
             s.close()
+
+
+@pytest.mark.parametrize("binary", _binaries())
+def test_a_busy_async_sentinel_settler_follows_a_graceful_failover_on_every_server(
+    binary: str | None, namespace: str
+) -> None:
+    # The asyncio lane pipelines concurrent calls: a batch that met the bare READONLY hands
+    # each call a copy of the Sentinel connection's ConnectionError (the READONLY two links
+    # behind it), and every call of the failed batches is repeated on the promoted node.
+    # (Looking one link back only passes this too: each repeat's dropped connection and
+    # the Sentinels' answer reach the promoted node within the call's tries.)
+    async def main(deployment: _Deployment) -> None:
+        a = AsyncSettler.from_sentinel(
+            deployment.sentinels, service_name=SERVICE, namespace=namespace, shards=2
+        )
+        try:
+            held = await asyncio.gather(
+                *(a.reserve(f"op-{n}", REQ, principal=WHO) for n in range(16))
+            )
+            assert all(isinstance(one, Reserved) for one in held)
+            deadline = time.monotonic() + 10
+            while not acknowledges(deployment.primary):
+                assert time.monotonic() < deadline, "the replica never caught up"
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(deployment.fail_over)
+            settled = await asyncio.gather(  # concurrent calls, pipelined in batches
+                *(a.complete(one.reservation, {"charge": "ch"}) for one in held)  # type: ignore[union-attr]
+            )
+            assert all(one.verdict is Verdict.ACCEPTED for one in settled)
+            fresh = await asyncio.gather(
+                *(a.reserve(f"op-{n}", REQ, principal=WHO) for n in range(16, 32))
+            )
+            assert all(isinstance(one, Reserved) for one in fresh)
+        finally:
+            await a.aclose()
+
+    with sentinel_deployment(binary) as running:
+        deployment = _Deployment(running.primary, running.replica, running.sentinel, running.link)
+        asyncio.run(main(deployment))
+        assert _on(deployment.replica, "op-31")

@@ -164,6 +164,13 @@ BAD_CHALLENGES = [
     pytest.param('Bearer realm="a" error="b"', id="parameters-without-a-comma"),
     pytest.param('Bearer realm="a"x', id="text-after-a-quoted-string"),
     pytest.param("Bearer realm=a b", id="a-value-with-a-space-unquoted"),
+    pytest.param('Bearer realm="a\\"', id="a-closing-quote-escaped-leaves-it-unclosed"),
+    pytest.param('Bearer realm=, error="x"', id="a-parameter-with-no-value"),
+    pytest.param('Bearer realm="api", error=', id="a-later-parameter-with-no-value"),
+    pytest.param('Bearer realm "api"', id="a-parameter-with-no-equals-sign"),
+    pytest.param('Bearer realm="api",', id="a-trailing-comma"),
+    pytest.param("Bearer a=b=c", id="an-equals-sign-inside-a-token68"),
+    pytest.param(", Bearer", id="a-leading-comma"),
 ]
 
 
@@ -207,6 +214,10 @@ async def test_the_asgi_and_wsgi_guards_refuse_a_bad_challenge(
         'Bearer realm="a \\"b\\", c", error="invalid_token", Basic realm="b"',  # \" and a comma
         'Digest realm="x", qop="auth,auth-int", nonce="abc", Bearer',
         "Bearer realm = api",  # BWS around "="
+        'Bearer realm=""',  # an empty quoted-string
+        'Bearer realm="a\\ b"',  # a quoted-pair of a space
+        "Bearer a~b",  # a token68 with "~"
+        "X-Token.v2 key_id=k-1",  # tchars beyond letters in a scheme, a name and a value
     ],
 )
 def test_a_challenge_is_taken_as_given(challenge: str) -> None:

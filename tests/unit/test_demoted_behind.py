@@ -49,3 +49,12 @@ def test_other_connection_errors_are_not() -> None:
     looped = RedisConnectionError("a")
     looped.__cause__ = looped
     assert not demoted_behind(looped)
+
+
+def test_a_readonly_any_number_of_causes_behind_is_a_demotion() -> None:
+    """Every link is followed, ``__cause__`` as ``__context__``: a copy of a copy."""
+    inner = RedisConnectionError("previous master is now a slave")
+    inner.__cause__ = ReadOnlyError("READONLY You can't write against a read only replica.")
+    outer = RedisConnectionError(*inner.args)
+    outer.__cause__ = inner
+    assert demoted_behind(outer)
