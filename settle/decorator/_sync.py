@@ -183,11 +183,21 @@ def _run(
 #: ends (seconds).
 _IDLE_LINGER = 2.0
 
-#: How long a handed-out renewal waits in the queue for a busy renewer before the
-#: scheduler starts another (seconds). On a healthy server a renewer frees up in well
-#: under a millisecond, so a burst of calls shares one; a renewal held by a hung server
+#: How long a renewal being sent has taken when its renewer counts as held (by a hung
+#: server), and how long a queued renewal waits while every renewer is held before the
+#: scheduler starts another (seconds). On a healthy server a renewal takes well under a
+#: millisecond, so a burst of calls shares one renewer; a renewal held by a hung server
 #: holds up another for no longer than this.
 _SPARE_AFTER = 0.05
+
+#: The share of its heartbeat a queued renewal may wait, or be expected to wait for the
+#: renewers that are not held at the pace they have been sending renewals (a loaded
+#: machine, a slow server), before the scheduler starts another: half leaves half the
+#: lease before it would lapse.
+_SLOW_QUEUE = 0.5
+
+#: The weight of the latest renewal's time in the renewers' pace (a moving average).
+_PACE_WEIGHT = 0.2
 
 #: The most renewer threads one decorated function (or HTTP guard) runs at once. At the
 #: cap, due renewals queue for the next free renewer: renewals held by hung servers (up to
@@ -253,16 +263,30 @@ class _Heartbeats:
     guard) every ``run.heartbeat`` seconds, from threads that end when none is running.
 
     One scheduler thread keeps the due times and queues each due renewal for the renewer
-    threads. It starts the first renewer at once, and another only when a queued renewal
-    has waited ``_SPARE_AFTER`` for a busy one (up to ``MAX_RENEWERS``); a renewer lingers
-    ``_IDLE_LINGER`` for the next. So a burst of calls on a healthy server shares one
-    renewer, and a renewal held up by a hung server (a frozen cluster primary holds it for
-    the socket timeout, once per try) holds up no other attempt's for longer than
-    ``_SPARE_AFTER``: that lease would lapse under its running function and let a second
-    worker run it again. An attempt has at most one renewal in flight; its next is due
-    ``run.heartbeat`` after that one was sent. (A thread per call cost more than the call's
-    two round trips: a call that ends before its first renewal starts no renewer, and
-    back-to-back calls share the threads.)
+    threads. It starts the first renewer at once, and another (up to ``MAX_RENEWERS``, one
+    at a time: none while a renewer started is not yet at the queue) only when
+
+    - a queued renewal has waited ``_SPARE_AFTER`` and every renewer is held (in a renewal
+      sent ``_SPARE_AFTER`` ago or more): a renewer started for it is not held before
+      ``_SPARE_AFTER``, so a stalled server gets one more per ``_SPARE_AFTER``;
+    - at the pace the renewers have been sending renewals, the ones not held would leave
+      the newest queued renewal waiting more than ``_SLOW_QUEUE`` of its heartbeat; or
+    - a queued renewal has waited ``_SLOW_QUEUE`` of its heartbeat, whatever the renewers
+      do: its lease's margin is being spent.
+
+    A renewer lingers ``_IDLE_LINGER`` for the next. So a burst of calls shares one
+    renewer on a healthy server and a few on a loaded machine or through a stall of the
+    server (where a spare for every renewal that waited ``_SPARE_AFTER`` started a thread
+    per queued renewal, up to the cap, for a stall of a tenth of a second); and a renewal
+    held up by a hung server (a frozen cluster primary holds it for the socket timeout,
+    once per try) holds up another attempt's by ``_SPARE_AFTER`` for each held renewal
+    queued before it, and by no more than ``_SLOW_QUEUE`` of its heartbeat (and a thread
+    start): that lease would lapse under its running function and let a second worker run
+    it again.
+    An attempt has at most one renewal in flight; its next is due ``run.heartbeat`` after
+    that one was sent. (A thread per call cost more than the call's two round trips: a
+    call that ends before its first renewal starts no renewer, and back-to-back calls
+    share the threads.)
 
     A thread that cannot be started (no memory, a pids limit) is logged and costs no
     attempt its renewals: the renewals it was for are due again ``_START_RETRY`` later."""
@@ -287,6 +311,12 @@ class _Heartbeats:
         """Queued renewals: the key, its attempt, when it was queued."""
         self._renewers = 0
         """Renewer threads started and not ended."""
+        self._starting = 0
+        """Renewer threads started that have not taken a renewal yet."""
+        self._sending: dict[int, float] = {}
+        """Renewals being sent: the key, when it was taken from the queue."""
+        self._pace = 0.0
+        """A moving average of the time a renewal takes (0: none sent yet)."""
         self._thread: threading.Thread | None = None
         #: When the scheduler's wait ends (-inf while it is not waiting: it reads ``_due``
         #: before it waits again). A new attempt due later needs no wake-up: waking the
@@ -374,7 +404,7 @@ class _Heartbeats:
                     idle_since = None
                     self._hand_out(now)
                     continue
-                spare_at = self._spare_at()
+                spare_at = self._spare_at(now)
                 if spare_at is not None and spare_at <= now:
                     idle_since = None
                     self._add_renewer()
@@ -407,24 +437,42 @@ class _Heartbeats:
             self._jobs.append((key, beating, now))
             self._work.notify()
 
-    def _spare_at(self) -> float | None:
+    def _spare_at(self, now: float) -> float | None:
         """When to start another renewer for the queued renewals (the lock held): at once
-        when there is none, ``_SPARE_AFTER`` after the oldest was queued while the running
-        ones are busy; None when none is needed (or the cap is reached)."""
+        (-inf) when there is none, or when the class's rules call for one; else when to look
+        again (when the oldest will have waited ``_SPARE_AFTER`` or a renewal being sent
+        will count as held). None when none is needed: no renewal queued, a renewer
+        started and on its way to the queue, the cap reached."""
         jobs = self._jobs
         while jobs and jobs[0][0] not in self._flying:  # its call ended: not sent
             jobs.popleft()
-        if not jobs or self._renewers >= MAX_RENEWERS:
+        if not jobs or self._starting or self._renewers >= MAX_RENEWERS:
             return None
         if self._renewers == 0:
             return -math.inf
-        return jobs[0][2] + _SPARE_AFTER
+        _, oldest, queued = jobs[0]
+        late = queued + _SLOW_QUEUE * oldest.run.heartbeat
+        if now >= late:  # its lease's margin is being spent: whatever the renewers do
+            return -math.inf
+        held = sum(1 for sent in self._sending.values() if now - sent >= _SPARE_AFTER)
+        free = self._renewers - held
+        if free <= 0:
+            if now - queued >= _SPARE_AFTER:
+                return -math.inf
+        elif self._pace:
+            _, newest, last = jobs[-1]
+            expected = now - last + len(jobs) * self._pace / free
+            if expected > _SLOW_QUEUE * newest.run.heartbeat:
+                return -math.inf
+        looks = (t + _SPARE_AFTER for t in (queued, *self._sending.values()))
+        return min((t for t in looks if t > now), default=min(late, now + _SPARE_AFTER))
 
     def _add_renewer(self) -> None:
         """Start a renewer thread, the lock released meanwhile (the lock held). When it
         cannot be started, the queued renewals go back to ``_due``, ``_START_RETRY`` later:
         they are not lost, and the scheduler lives on."""
         self._renewers += 1
+        self._starting += 1
         thread = threading.Thread(target=self._renewer, name="settle-heartbeat", daemon=True)
         self._cond.release()
         try:
@@ -438,6 +486,7 @@ class _Heartbeats:
         if error is None:
             return
         self._renewers -= 1
+        self._starting -= 1
         retry = time.monotonic() + _START_RETRY
         while self._jobs:
             key, beating, _ = self._jobs.popleft()
@@ -458,23 +507,28 @@ class _Heartbeats:
         by side); end after ``_IDLE_LINGER`` without one. A renewer that ends any other way
         (an error it did not expect) is counted out too, and the scheduler told: else the
         count would keep counting it, and at the cap no renewer would start again."""
+        starting = [True]  # until it takes its first renewal (or ends)
         try:
-            self._serve_jobs()
+            self._serve_jobs(starting)
         except BaseException:
             with self._cond:
                 self._renewers -= 1
+                if starting[0]:
+                    self._starting -= 1
                 self._cond.notify()
             raise
 
-    def _serve_jobs(self) -> None:
-        while (job := self._next_job()) is not None:
-            key, beating = job
-            sent = time.monotonic()
+    def _serve_jobs(self, starting: list[bool]) -> None:
+        while (job := self._next_job(starting)) is not None:
+            key, beating, sent = job
             renewal = None
             try:
                 renewal = self._beat(beating)
             finally:
                 with self._cond:
+                    took = time.monotonic() - self._sending.pop(key, sent)
+                    pace = self._pace
+                    self._pace = took if not pace else pace + _PACE_WEIGHT * (took - pace)
                     # Only while the call runs (not removed meanwhile): a renewal that
                     # comes back after the call settled finds it not pending, and must not
                     # mark the finished attempt lost. Renew again one heartbeat after this
@@ -493,19 +547,35 @@ class _Heartbeats:
         except Exception as exc:  # noqa: BLE001
             beating.warn(exc)
 
-    def _next_job(self) -> tuple[int, _Beating] | None:
+    def _next_job(self, starting: list[bool]) -> tuple[int, _Beating, float] | None:
+        """The next queued renewal and when it was taken (counted as being sent), or None
+        after ``_IDLE_LINGER`` without one (the renewer is counted out). A renewer's first
+        renewal tells the scheduler, which starts no spare while one is on its way to the
+        queue, when more are queued."""
         with self._cond:
             deadline = time.monotonic() + _IDLE_LINGER
             while True:
                 while self._jobs:
                     key, beating, _ = self._jobs.popleft()
                     if key in self._flying:  # else its call ended: nothing to renew
-                        return key, beating
+                        if starting[0]:
+                            self._arrived(starting)
+                            if self._jobs:
+                                self._cond.notify()
+                        taken = self._sending[key] = time.monotonic()
+                        return key, beating, taken
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._renewers -= 1
+                    if starting[0]:
+                        self._arrived(starting)
                     return None
                 self._work.wait(left)
+
+    def _arrived(self, starting: list[bool]) -> None:
+        """Count a started renewer as no longer on its way to the queue (the lock held)."""
+        starting[0] = False
+        self._starting -= 1
 
     def _beat(self, beating: _Beating) -> Renewal | None:
         """Renew one lease: the reply that finds it lost, or None when the attempt runs on

@@ -10,6 +10,8 @@
 - ``mid_reply``: the request runs and half of the first reply chunk reaches the client.
 - ``stall``: the request runs and the reply is withheld until the client gives up (a
   client ``socket_timeout``), as on a network partition.
+- ``slow``: the request reaches the server ``proxy.slow_by`` seconds late (its
+  connection's later requests wait behind it), as from a loaded machine or a slow link.
 
 ``fired`` lists the faults that happened, so a test can check its fault really struck.
 """
@@ -19,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-Point = Literal["before_request", "after_request", "mid_reply", "stall"]
+Point = Literal["before_request", "after_request", "mid_reply", "stall", "slow"]
 
 
 @dataclass
@@ -61,6 +64,8 @@ class FaultyProxy:
         self._links: list[_Link] = []
         self._lock = threading.Lock()
         self.fired: list[Point] = []
+        self.slow_by = 0.01
+        """How late a ``slow`` request reaches the server (seconds)."""
 
     @property
     def url(self) -> str:
@@ -139,7 +144,9 @@ class FaultyProxy:
             at = self._take(chunk)
             if at == "before_request":
                 break
-            if at is not None:
+            if at == "slow":
+                time.sleep(self.slow_by)
+            elif at is not None:
                 link.swallow = at
             try:
                 link.upstream.sendall(chunk)
