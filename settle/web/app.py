@@ -484,7 +484,10 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
     """The filter of a list or export request, and its query parameters as given; a
     duration ago counts back from the server's clock, as in the CLI."""
     q = request.query_params
-    form = {k: q.get(k, "").strip() for k in ("kind", "operation", "since", "until", "status")}
+    form = {k: q.get(k, "").strip() for k in ("kind", "since", "until", "status")}
+    # An operation id is matched as it is: one may start or end with a space, and stripped,
+    # the filter listed (and exported) another operation's entries under this one's name.
+    form["operation"] = q.get("operation", "")
     kind = None
     if form["kind"]:
         try:
