@@ -141,8 +141,9 @@ def create_app(
         Mount("/static", StaticFiles(packages=[("settle.web", "static")]), name="static"),
     ]
     middleware = [
-        Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+        # Outermost: the 400 of a Host the console does not serve carries the headers too.
         Middleware(SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
         Middleware(
             SessionMiddleware,
             secret_key=_console_key(secret_key or secrets.token_urlsafe(32), namespace),

@@ -12,15 +12,25 @@ import httpx
 import pytest
 
 from settle import Settler
+from settle.web._security import CSP
 from tests.web.evidence import conflicting
+from tests.web.server import settle_web
 
-pytestmark = pytest.mark.asyncio
+#: What docs/console.md says every response of the console carries.
+SECURITY_HEADERS = {
+    "content-security-policy": CSP,
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
 
 
 def refs_in(html: str) -> list[str]:
     return re.findall(r'<td class="mono nowrap"><a href="/entry/(\d+/\d+-\d+)">', html)
 
 
+@pytest.mark.asyncio
 async def test_an_operation_filter_lists_that_operation_spaces_and_all(
     writer: Settler, read_only: httpx.AsyncClient
 ) -> None:
@@ -42,3 +52,20 @@ async def test_an_operation_filter_lists_that_operation_spaces_and_all(
     assert link is not None
     again = await read_only.get(link.group(1).replace("&amp;", "&"))
     assert [json.loads(line)["ref"] for line in again.text.splitlines()] == [spaced]
+
+
+def test_a_refused_host_gets_the_security_headers_too(redis_url: str, writer: Settler) -> None:
+    """docs/console.md: every response carries the CSP, X-Frame-Options, nosniff,
+    Referrer-Policy and no-store. The 400 of a ``Host`` the console does not serve (DNS
+    rebinding) carried none of them: the host check ran before the headers were added."""
+    ns = writer.config.namespace
+    with settle_web("--redis-url", redis_url, "--namespace", ns) as url:
+        for host in ("rebound.example", "127.0.0.1.", "localhost:80@evil"):
+            refused = httpx.get(url + "/quarantine", headers={"host": host})
+            assert refused.status_code == 400, host
+            for name, value in SECURITY_HEADERS.items():
+                assert refused.headers.get(name) == value, (host, name)
+        served = httpx.get(url + "/quarantine")
+        assert served.status_code == 200
+        for name, value in SECURITY_HEADERS.items():
+            assert served.headers[name] == value
