@@ -16,7 +16,7 @@ import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, parse_qsl, urlencode
 
 import click
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -484,7 +484,7 @@ class _Console:
 async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filter, dict[str, str]]:
     """The filter of a list or export request, and its query parameters as given; a
     duration ago counts back from the server's clock, as in the CLI."""
-    q = request.query_params
+    q = _query_params(request)
     form = {k: q.get(k, "").strip() for k in ("kind", "since", "until", "status")}
     # An operation id is matched as it is: one may start or end with a space, and stripped,
     # the filter listed (and exported) another operation's entries under this one's name.
@@ -514,6 +514,19 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
         status=status,
     )
     return flt, form
+
+
+def _query_params(request: Request) -> dict[str, str]:
+    """The query's parameters (the last value of each, as Starlette's), read as UTF-8 or
+    refused: Starlette reads a percent escape that is not UTF-8 as U+FFFD, so a filter of
+    ``order-7%FF`` listed the entries of operation ``order-7\ufffd``, another one."""
+    try:
+        raw = request.scope.get("query_string", b"").decode("utf-8")
+        return dict(parse_qsl(raw, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            "the filter is not UTF-8 (a percent escape spells bytes that are no text)"
+        ) from None
 
 
 def _pinned(form: dict[str, str], flt: _query.Filter) -> dict[str, str]:
@@ -564,9 +577,11 @@ async def _form(request: Request) -> dict[str, str]:
                 f"the form is larger than {_FORM_LIMIT // 1024} KiB; shorten the note"
             )
     try:
-        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        # Strict: a percent escape that spells no UTF-8 (note=refunded%FF) was read as
+        # U+FFFD, and the entry resolved with a note nobody sent.
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, errors="strict")
     except UnicodeDecodeError:
-        raise InvalidInput("the form is not UTF-8") from None
+        raise InvalidInput("the form is not UTF-8; nothing was changed") from None
     return {k: v[0] for k, v in fields.items()}
 
 

@@ -11,10 +11,13 @@ import re
 import httpx
 import pytest
 
-from settle import Settler
+from settle import AsyncSettler, Settler
+from settle.web import create_app, token_authorizer
 from settle.web._security import CSP
+from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.server import settle_web
+from tests.web.test_console_http import csrf_of
 
 #: What docs/console.md says every response of the console carries.
 SECURITY_HEADERS = {
@@ -69,3 +72,34 @@ def test_a_refused_host_gets_the_security_headers_too(redis_url: str, writer: Se
         assert served.status_code == 200
         for name, value in SECURITY_HEADERS.items():
             assert served.headers[name] == value
+
+
+@pytest.mark.asyncio
+async def test_a_note_or_filter_that_is_not_utf8_is_refused_not_altered(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    """A form's body was checked for UTF-8, but not what its percent escapes spell:
+    ``note=refunded%FF`` resolved the entry with the note ``refunded\\ufffd``, a note
+    nobody sent, and ``?operation=order-7%FF`` listed the entries of another operation id
+    (``order-7\\ufffd``). Both are a 400 now, and nothing is resolved."""
+    ref = conflicting(writer, "order-7")
+    conflicting(writer, "order-7\ufffd")
+    app = create_app(reader, authorize=token_authorizer(TOKEN, "alice@finance"))
+    async with client_for(app) as browser:
+        form = (await browser.get("/signin")).text
+        signed = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+        assert signed.status_code == 303
+        csrf = csrf_of((await browser.get(f"/entry/{ref}")).text)
+        for body in (f"note=refunded%FF&csrf={csrf}", f"csrf={csrf}&note=%C3%28"):
+            refused = await browser.post(
+                f"/entry/{ref}/resolve",
+                content=body.encode(),
+                headers={"content-type": "application/x-www-form-urlencoded"},
+            )
+            assert refused.status_code == 400, refused.text
+            assert "not UTF-8" in refused.text
+        assert writer.quarantine.get(ref).resolution is None
+        for query in ("operation=order-7%FF", "since=1h%FF", "operation=%C3%28"):
+            listed = await browser.get("/quarantine?" + query)
+            assert listed.status_code == 400, query
+            assert "not UTF-8" in listed.text
