@@ -10,14 +10,21 @@ import re
 
 import httpx
 import pytest
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from settle import AsyncSettler, Settler
 from settle.web import create_app, token_authorizer
 from settle.web._security import CSP
+from tests.web import test_browser
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.server import settle_web
 from tests.web.test_console_http import csrf_of
+
+#: The browser tests' headless Chromium, as a fixture of this module too.
+chromium = test_browser.chromium
 
 #: What docs/console.md says every response of the console carries.
 SECURITY_HEADERS = {
@@ -103,3 +110,35 @@ async def test_a_note_or_filter_that_is_not_utf8_is_refused_not_altered(
             listed = await browser.get("/quarantine?" + query)
             assert listed.status_code == 400, query
             assert "not UTF-8" in listed.text
+
+
+def test_the_note_box_takes_every_note_that_fits(
+    redis_url: str, writer: Settler, chromium: webdriver.Chrome
+) -> None:
+    """docs/console.md: the note box takes what fits in a note (4,096 characters with the
+    ``[resolved by ...]`` prefix). It had ``maxlength="3800"``: typing stopped there, and a
+    pasted note lost its end without a word, so the resolution recorded another note than
+    the one written. The server refuses a note too long, saying how many characters fit."""
+    ref = conflicting(writer, "order-long-note")
+    principal = "ops"
+    room = 4096 - len(f"[resolved by {principal}] ")
+    note = ("refund ch_2 " * 400)[: room - 6] + " done."  # 4,076 characters
+    assert len(note) == room
+    ns = writer.config.namespace
+    driver = chromium
+    with settle_web(
+        "--redis-url", redis_url, "--namespace", ns, "--principal", principal, token=TOKEN
+    ) as url:
+        driver.get(f"{url}/signin?next=/entry/{ref}")
+        password = driver.find_element(By.CSS_SELECTOR, "input[type=password]")
+        password.send_keys(TOKEN)
+        password.submit()
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.ID, "note"))
+        box = driver.find_element(By.ID, "note")
+        box.send_keys(note)
+        assert box.get_property("value") == note  # the box took all of it
+        driver.find_element(By.CSS_SELECTOR, "form.resolve button").click()
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "pre.note"))
+    resolution = writer.quarantine.get(ref).resolution
+    assert resolution is not None
+    assert resolution.note == f"[resolved by {principal}] {note}"
