@@ -475,6 +475,10 @@ class _Console:
             if isinstance(exc, DurabilityError)
             else "Could not sign out: Redis cannot be reached, so the session is still "
             "signed in. Retry in a moment."
+            if isinstance(exc, BackendError)
+            # Reached, and refused: a replica now (a failover), a user its ACL refuses.
+            # "Cannot be reached" sent the operator looking for a network fault.
+            else f"Could not sign out, so the session is still signed in: {exc}"
         )
         return self.render(
             request, "error.html", 503, status=503, message=message, sign_out_again=True

@@ -10,21 +10,25 @@ import re
 
 import httpx
 import pytest
+import redis
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from settle import AsyncSettler, Settler
+from settle.embedded import EmbeddedRedis
 from settle.web import create_app, token_authorizer
 from settle.web._security import CSP
-from tests.web import test_browser
-from tests.web.conftest import TOKEN, client_for
+from tests.web import test_browser, test_console_sessions
+from tests.web.conftest import TOKEN
 from tests.web.evidence import conflicting
 from tests.web.server import settle_web
 from tests.web.test_console_http import csrf_of
 
 #: The browser tests' headless Chromium, as a fixture of this module too.
 chromium = test_browser.chromium
+#: A redis-server of the test's own (which the test may stop or turn into a replica).
+doomed = test_console_sessions.doomed
 
 #: What docs/console.md says every response of the console carries.
 SECURITY_HEADERS = {
@@ -92,10 +96,7 @@ async def test_a_note_or_filter_that_is_not_utf8_is_refused_not_altered(
     ref = conflicting(writer, "order-7")
     conflicting(writer, "order-7\ufffd")
     app = create_app(reader, authorize=token_authorizer(TOKEN, "alice@finance"))
-    async with client_for(app) as browser:
-        form = (await browser.get("/signin")).text
-        signed = await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
-        assert signed.status_code == 303
+    async with test_console_sessions.signed_in(app) as browser:
         csrf = csrf_of((await browser.get(f"/entry/{ref}")).text)
         for body in (f"note=refunded%FF&csrf={csrf}", f"csrf={csrf}&note=%C3%28"):
             refused = await browser.post(
@@ -142,3 +143,33 @@ def test_the_note_box_takes_every_note_that_fits(
     resolution = writer.quarantine.get(ref).resolution
     assert resolution is not None
     assert resolution.note == f"[resolved by {principal}] {note}"
+
+
+@pytest.mark.asyncio
+async def test_a_sign_out_a_replica_refused_says_so_not_that_redis_is_unreachable(
+    doomed: EmbeddedRedis, namespace: str
+) -> None:
+    """The console's Redis became a replica (a failover, a REPLICAOF) while a user was
+    signed in: the sign-out answered 503 "Redis cannot be reached", sending the operator
+    to look for a network fault while the server answered, and refused, as a replica. The
+    page says what Redis said now, and that the session is still signed in."""
+    with Settler.from_url(doomed.url, namespace=namespace, shards=2) as w:
+        w.check()
+    reader = AsyncSettler.from_url(doomed.url, namespace=namespace, shards=2)
+    try:
+        app = create_app(reader, authorize=token_authorizer(TOKEN, "alice@finance"))
+        async with test_console_sessions.signed_in(app) as browser:
+            csrf = csrf_of((await browser.get("/")).text)
+            with redis.Redis.from_url(doomed.url) as raw:
+                raw.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary that is not there
+                refused = await browser.post("/signout", data={"csrf": csrf})
+                assert refused.status_code == 503
+                assert "cannot be reached" not in refused.text
+                assert "replica" in refused.text
+                assert "still signed in" in refused.text
+                raw.execute_command("REPLICAOF", "NO", "ONE")
+            # It was: the session holds, and signs out once the server is a primary again.
+            done = await browser.post("/signout", data={"csrf": csrf})
+            assert done.status_code == 303
+    finally:
+        await reader.aclose()
