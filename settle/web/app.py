@@ -143,7 +143,8 @@ def create_app(
     middleware = [
         # Outermost: the 400 of a Host the console does not serve carries the headers too.
         Middleware(SecurityHeaders),
-        Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+        # No www_redirect: a name not served is a 400, never a redirect to one that is.
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
         Middleware(
             SessionMiddleware,
             secret_key=_console_key(secret_key or secrets.token_urlsafe(32), namespace),

@@ -173,3 +173,22 @@ async def test_a_sign_out_a_replica_refused_says_so_not_that_redis_is_unreachabl
             assert done.status_code == 303
     finally:
         await reader.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_host_the_console_does_not_serve_is_refused_not_redirected(
+    reader: AsyncSettler,
+) -> None:
+    """docs/console.md: any ``Host`` the console does not serve gets 400. With
+    ``www.console.example`` allowed, ``console.example`` was redirected (307) there by
+    Starlette's ``www_redirect``, to ``http://`` whatever the proxy's scheme: a page the
+    console never served answered, on a name nobody allowed."""
+    app = create_app(reader, allowed_hosts=["www.console.example"])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="https://console.example") as c:
+        refused = await c.get("/quarantine")
+        assert refused.status_code == 400
+        assert "location" not in refused.headers
+        assert refused.headers["content-security-policy"] == CSP
+    async with httpx.AsyncClient(transport=transport, base_url="https://www.console.example") as c:
+        assert (await c.get("/quarantine")).status_code == 200
