@@ -121,6 +121,10 @@ def create_app(
             "session_max_age must be a whole number of seconds above 0 (how long a sign-in "
             f"lasts), got {session_max_age!r}"
         )
+    # Checked here, not at the first overview: "100" was a bare 500 there (a str compared
+    # with an int), 0 a 400 that blamed the reader's filter.
+    _check_limit("record_limit", record_limit, None)
+    _check_limit("overview_limit", overview_limit, _query._LIST_MAX)
     hosts = check_allowed_hosts(allowed_hosts or list(LOOPBACK_HOSTS))
     sessions = Sessions(settler, session_max_age) if authorize is not None else None
     console = _Console(settler, authorize, sessions, record_limit, overview_limit)
@@ -160,6 +164,22 @@ def create_app(
         middleware=middleware,
         exception_handlers={SettleError: console.failed},
     )
+
+
+def _check_limit(name: str, value: object, most: int | None) -> None:
+    """:class:`InvalidInput` naming ``name`` unless ``value`` is a whole number from 1 (to
+    ``most``, when given)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 1
+        or (most is not None and value > most)
+    ):
+        bound = f"from 1 to {most}" if most is not None else "above 0"
+        raise InvalidInput(
+            f"{name} must be a whole number {bound} (how many the overview reads at most), "
+            f"got {value!r}"
+        )
 
 
 #: The Host header values a console serves by default: loopback only.

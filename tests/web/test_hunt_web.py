@@ -17,6 +17,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
+from settle.errors import InvalidInput
 from settle.web import create_app, token_authorizer
 from settle.web._security import CSP
 from tests.web import test_browser, test_console_sessions
@@ -192,3 +193,18 @@ async def test_a_host_the_console_does_not_serve_is_refused_not_redirected(
         assert refused.headers["content-security-policy"] == CSP
     async with httpx.AsyncClient(transport=transport, base_url="https://www.console.example") as c:
         assert (await c.get("/quarantine")).status_code == 200
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("option", ["record_limit", "overview_limit"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, "100", True, None])
+async def test_an_overview_limit_that_is_no_count_is_refused_when_the_app_is_made(
+    reader: AsyncSettler, option: str, value: object
+) -> None:
+    """``session_max_age`` was checked when the app was made, the overview's limits not:
+    ``record_limit="100"`` made a console whose overview was a bare 500 (a str compared
+    with an int), ``overview_limit=0`` one whose overview was a 400 blaming the reader's
+    filter. Both are refused by ``create_app`` now, naming the option."""
+    with pytest.raises(InvalidInput, match=option):
+        create_app(reader, **{option: value})
+    assert create_app(reader, **{option: 1}) is not None
