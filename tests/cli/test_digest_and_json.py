@@ -4,12 +4,13 @@ installed console script, against the session's real redis-server."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from settle import Settler
+from settle import Reserved, Settler
 from tests.cli.conftest import cli_env, settle
 from tests.cli.helpers import stale_settlement
 
@@ -162,3 +163,28 @@ CursorConsumer(fetch, handle, ProviderContract(), store=cursors, stream="ledger"
         f"emission_digest={fields['emission_digest']}",
         f"event_digest={fields['event_digest']}",
     ]
+
+
+def test_a_truncated_payload_is_not_shown_as_json(redis_url: str, namespace: str) -> None:
+    """Found in review: ``payload.json`` decoded the kept bytes of a truncated payload, so a
+    payload whose first 256 bytes parse (``{"a": 1}`` and spaces, then more) was exported as
+    the JSON ``{"a": 1}``: a value the response never was (the whole payload is no JSON at
+    all). A truncated payload's ``json`` is null; its kept bytes are in ``data``."""
+    writer = Settler.from_url(redis_url, namespace=namespace, quarantine_payload_bytes=256)
+    try:
+        r = writer.reserve("charge:cut-1", {"amount": 1}, principal="tenant:acme", lease=5)
+        assert isinstance(r, Reserved)
+        writer.complete(r.reservation, {"charge_id": "ch_1"})
+        late = writer.complete(r.reservation, b'{"a": 1}' + b" " * 300 + b"and more")
+        assert late.quarantine_id is not None
+    finally:
+        writer.close()
+    conn = ("--redis-url", redis_url, "--namespace", namespace, "--json")
+    shown = json.loads(settle("quarantine", "show", late.quarantine_id, *conn).stdout)
+    exported = [
+        json.loads(line) for line in settle("quarantine", "export", *conn).stdout.splitlines()
+    ]
+    for entry in (shown, exported[0]):
+        assert entry["payload"]["truncated"] is True
+        assert entry["payload"]["json"] is None
+        assert base64.b64decode(entry["payload"]["data"]) == b'{"a": 1}' + b" " * 248

@@ -391,3 +391,28 @@ def test_a_joined_directive_after_spaces_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="an argument of its own") as info:
         EmbeddedRedis(extra_args=[f"--  requirepass {PASSWORD}"])
     assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["missing", "not executable", "a directory"])
+def test_a_binary_it_cannot_run_is_a_configuration_error(tmp_path: Path, kind: str) -> None:
+    """Found in review: ``binary=`` (or ``SETTLE_REDIS_SERVER``) naming a path that is not a
+    program raised the bare ``FileNotFoundError`` / ``PermissionError`` of ``subprocess``
+    from ``start()``, past every caller that handles settle's errors (``settle demo``
+    among them). It is a ConfigurationError naming the binary, and the private file its
+    password went to is removed."""
+    binary = tmp_path / "redis-server"
+    if kind == "not executable":
+        binary.write_text("#!/bin/sh\nexit 0\n")
+        binary.chmod(0o600)
+    elif kind == "a directory":
+        binary.mkdir()
+    directory = tmp_path / "data"
+    directory.mkdir()
+    server = EmbeddedRedis(
+        binary=str(binary), directory=str(directory), extra_args=["--requirepass", PASSWORD]
+    )
+    with pytest.raises(ConfigurationError, match="cannot run the redis-server binary") as err:
+        server.start()
+    assert str(binary) in str(err.value)
+    assert server.process is None
+    assert not [p for p in directory.iterdir() if p.name.startswith("requirepass-")]
