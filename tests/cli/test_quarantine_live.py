@@ -8,6 +8,9 @@ import queue
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -41,12 +44,18 @@ def _stop(proc: subprocess.Popen[str], reader: threading.Thread | None) -> str:
     return errors
 
 
-def test_tail_prints_an_entry_written_after_it_started(
-    settle_bin: Path, cli_settler: Settler, redis_url: str, namespace: str
-) -> None:
-    stale_settlement(cli_settler, "order-before")  # already there: not printed
+@dataclass
+class _Tail:
+    ready: str  # its first line on stderr, said once it follows
+    out: queue.Queue[str]  # its stdout, a line at a time
+
+
+@contextmanager
+def _tail(settle_bin: Path, redis_url: str, namespace: str, *options: str) -> Iterator[_Tail]:
+    """``settle quarantine tail *options`` (every 0.1 s) through the console script, once it
+    follows; stopped with Ctrl-C at the end, where it must exit 0."""
     proc = subprocess.Popen(
-        [str(settle_bin), "quarantine", "tail", "--json", "--interval", "0.1"],
+        [str(settle_bin), "quarantine", "tail", *options, "--interval", "0.1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -58,49 +67,40 @@ def test_tail_prints_an_entry_written_after_it_started(
         assert proc.stderr is not None
         assert proc.stdout is not None
         ready = proc.stderr.readline()
-        assert ready.startswith(f"following the quarantine of {namespace} from "), ready
         reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
         reader.start()
+        yield _Tail(ready, out)
+    finally:
+        errors = _stop(proc, reader)
+    assert proc.returncode == 0, errors
+
+
+def test_tail_prints_an_entry_written_after_it_started(
+    settle_bin: Path, cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    stale_settlement(cli_settler, "order-before")  # already there: not printed
+    with _tail(settle_bin, redis_url, namespace, "--json") as tail:
+        assert tail.ready.startswith(f"following the quarantine of {namespace} from "), tail.ready
         ref = stale_settlement(cli_settler, "order-after")
-        entry = json.loads(out.get(timeout=30))
+        entry = json.loads(tail.out.get(timeout=30))
         assert entry["ref"] == ref
         assert entry["operation_id"] == "order-after"
         assert entry["kind"] == "stale_generation"
         assert entry["payload"]["json"] == {"charge_id": "ch_late"}
-    finally:
-        errors = _stop(proc, reader)
-    assert proc.returncode == 0, errors
-    assert out.empty()  # the entry written before it started was not printed
+    assert tail.out.empty()  # the entry written before it started was not printed
 
 
 def test_tail_table_form_and_filters(
     settle_bin: Path, cli_settler: Settler, redis_url: str, namespace: str
 ) -> None:
-    proc = subprocess.Popen(
-        [str(settle_bin), "quarantine", "tail", "--operation", "order-b", "--interval", "0.1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace),
-    )
-    out: queue.Queue[str] = queue.Queue()
-    reader = None
-    try:
-        assert proc.stderr is not None
-        assert proc.stdout is not None
-        proc.stderr.readline()
-        reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
-        reader.start()
+    with _tail(settle_bin, redis_url, namespace, "--operation", "order-b") as tail:
         stale_settlement(cli_settler, "order-a")  # another operation: filtered out
         ref = stale_settlement(cli_settler, "order-b")
-        line = out.get(timeout=30)
+        line = tail.out.get(timeout=30)
         assert ref in line, line
         assert "stale_generation" in line
         assert "op=order-b" in line
-    finally:
-        errors = _stop(proc, reader)
-    assert proc.returncode == 0, errors
-    assert out.empty(), list(out.queue)
+    assert tail.out.empty(), list(tail.out.queue)
 
 
 def test_tail_follows_one_kind_in_json(
@@ -109,30 +109,13 @@ def test_tail_follows_one_kind_in_json(
     """``--kind`` reaches the follower (its filters are checked first, then followed):
     an entry of another kind written meanwhile is not printed."""
     kind = ("--kind", "unknown_operation")
-    proc = subprocess.Popen(
-        [str(settle_bin), "quarantine", "tail", *kind, "--json", "--interval", "0.1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace),
-    )
-    out: queue.Queue[str] = queue.Queue()
-    reader = None
-    try:
-        assert proc.stderr is not None
-        assert proc.stdout is not None
-        ready = proc.stderr.readline()
-        assert ready.startswith(f"following the quarantine of {namespace} from "), ready
-        reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
-        reader.start()
+    with _tail(settle_bin, redis_url, namespace, *kind, "--json") as tail:
+        assert tail.ready.startswith(f"following the quarantine of {namespace} from "), tail.ready
         stale_settlement(cli_settler, "order-stale")  # another kind: filtered out
         ref = unknown(cli_settler, "order-unknown")
-        entry = json.loads(out.get(timeout=30))
+        entry = json.loads(tail.out.get(timeout=30))
         assert (entry["ref"], entry["kind"]) == (ref, "unknown_operation")
-    finally:
-        errors = _stop(proc, reader)
-    assert proc.returncode == 0, errors
-    assert out.empty(), list(out.queue)
+    assert tail.out.empty(), list(tail.out.queue)
 
 
 def test_resolve_keeps_the_evidence(cli_settler: Settler, redis_url: str, namespace: str) -> None:

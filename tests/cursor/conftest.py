@@ -28,6 +28,10 @@ class Sink:
             self.effects[ctx.key] = event.id
             self.order.append(event.id)
 
+    async def handle(self, event: Event, ctx: EventContext) -> None:
+        """The same, as an async consumer's handler."""
+        self(event, ctx)
+
     def applied(self) -> list[str]:
         return list(self.order)
 

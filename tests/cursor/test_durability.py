@@ -27,8 +27,6 @@ from settle.cursor import (
     AsyncCursorStore,
     CursorConsumer,
     CursorStore,
-    Event,
-    EventContext,
     ProviderContract,
     StepOutcome,
 )
@@ -97,9 +95,6 @@ async def shell(
             yield Shell(Awaitable(store), Awaitable(consumer))
         return
 
-    async def handle(event: Event, ctx: EventContext) -> None:
-        sink(event, ctx)
-
     astore = (
         AsyncCursorStore.from_url(target, **options)
         if isinstance(target, str)
@@ -107,7 +102,7 @@ async def shell(
     )
     async with astore, httpx.AsyncClient(timeout=5.0) as ahttp:
         afetch = async_fetcher(provider.url, ahttp)
-        aconsumer = AsyncCursorConsumer(afetch, handle, contract, store=astore, stream=STREAM)
+        aconsumer = AsyncCursorConsumer(afetch, sink.handle, contract, store=astore, stream=STREAM)
         yield Shell(astore, aconsumer)
 
 

@@ -176,10 +176,9 @@ async def test_the_async_store_starts_a_zero_based_stream_too(
         await store.start("s", first.encode(), boundary=-1)
         fetch = async_fetcher(server.url, client)
 
-        async def handle(event: Event, ctx: EventContext) -> None:
-            sink(event, ctx)
-
-        consumer = AsyncCursorConsumer(fetch, handle, ProviderContract(), store=store, stream="s")
+        consumer = AsyncCursorConsumer(
+            fetch, sink.handle, ProviderContract(), store=store, stream="s"
+        )
         await consumer.run()
         assert sink.applied() == [f"e{i}" for i in range(7)]
         assert (await store.checkpoint("s")).boundary == 6  # type: ignore[union-attr]

@@ -17,7 +17,6 @@ from settle.cursor import (
     CursorConsumer,
     CursorStore,
     Event,
-    EventContext,
     Page,
     ProviderContract,
     StepOutcome,
@@ -67,9 +66,6 @@ def test_run_goes_on_after_a_step_another_worker_superseded(
 async def test_async_run_goes_on_after_a_step_another_worker_superseded(
     redis_url: str, namespace: str, sink: Sink
 ) -> None:
-    async def handle(event: Event, ctx: EventContext) -> None:
-        sink(event, ctx)
-
     async def fetch_a(cursor: bytes) -> Page:
         return page_at(cursor)
 
@@ -78,7 +74,9 @@ async def test_async_run_goes_on_after_a_step_another_worker_superseded(
         AsyncCursorStore.from_url(redis_url, namespace=namespace) as store_b,
     ):
         await store_a.start("s", b"after:0")
-        other = AsyncCursorConsumer(fetch_a, handle, ProviderContract(), store=store_a, stream="s")
+        other = AsyncCursorConsumer(
+            fetch_a, sink.handle, ProviderContract(), store=store_a, stream="s"
+        )
         raced = {"done": False}
 
         async def fetch_b(cursor: bytes) -> Page:
@@ -87,7 +85,9 @@ async def test_async_run_goes_on_after_a_step_another_worker_superseded(
                 assert (await other.step()).outcome is StepOutcome.PROMOTED
             return page_at(cursor)
 
-        worker = AsyncCursorConsumer(fetch_b, handle, ProviderContract(), store=store_b, stream="s")
+        worker = AsyncCursorConsumer(
+            fetch_b, sink.handle, ProviderContract(), store=store_b, stream="s"
+        )
         results = await worker.run()
         assert [r.outcome for r in results] == [
             StepOutcome.SUPERSEDED,

@@ -70,6 +70,15 @@ def _keys(server: EmbeddedRedis) -> list[bytes]:
         return list(raw.scan_iter("settle:*"))
 
 
+def _switch(*, promoted: EmbeddedRedis, demoted: EmbeddedRedis) -> None:
+    """A manual failover without Sentinel: ``promoted`` becomes the primary, ``demoted``
+    its replica."""
+    with redis.Redis(port=promoted.port) as raw:
+        raw.execute_command("REPLICAOF", "NO", "ONE")
+    with redis.Redis(port=demoted.port) as raw:
+        raw.execute_command("REPLICAOF", "127.0.0.1", str(promoted.port))
+
+
 def test_a_settler_on_a_replicas_url_is_refused_before_the_first_write(
     pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
 ) -> None:
@@ -127,11 +136,7 @@ def test_a_primary_demoted_under_a_url_client_is_refused_by_name(
     try:
         held = s.reserve("op-1", REQ, principal=WHO)
         assert isinstance(held, Reserved)
-        # A manual failover without Sentinel: the replica is promoted, the primary demoted.
-        with redis.Redis(port=replica.port) as raw:
-            raw.execute_command("REPLICAOF", "NO", "ONE")
-        with redis.Redis(port=primary.port) as raw:
-            raw.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+        _switch(promoted=replica, demoted=primary)
         with pytest.raises(ConfigurationError, match=f"replica of 127.0.0.1:{replica.port}"):
             s.complete(held.reservation, {"charge": "ch_1"})
     finally:
@@ -254,10 +259,7 @@ def test_a_demoted_primary_is_refused_on_every_server_and_the_refusal_does_not_s
                 held = s.reserve("op-1", REQ, principal=WHO)
                 assert isinstance(held, Reserved)
                 wait_replicas(primary, 1)  # the reservation is on the replica too
-                with redis.Redis(port=replica.port) as raw:
-                    raw.execute_command("REPLICAOF", "NO", "ONE")
-                with redis.Redis(port=primary.port) as raw:
-                    raw.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+                _switch(promoted=replica, demoted=primary)
                 with (
                     capture_logs() as logs,
                     pytest.raises(ConfigurationError, match=f"replica of 127.0.0.1:{replica.port}"),
@@ -267,10 +269,7 @@ def test_a_demoted_primary_is_refused_on_every_server_and_the_refusal_does_not_s
                 assert [e["script"] for e in said] == ["complete"]
                 assert "op-1" not in str(said)
                 # The old primary is promoted again: the same settler settles there.
-                with redis.Redis(port=primary.port) as raw:
-                    raw.execute_command("REPLICAOF", "NO", "ONE")
-                with redis.Redis(port=replica.port) as raw:
-                    raw.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+                _switch(promoted=primary, demoted=replica)
                 settled = s.complete(held.reservation, {"charge": "ch_1"})
                 assert settled.verdict is Verdict.ACCEPTED
             finally:

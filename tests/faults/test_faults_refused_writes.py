@@ -54,22 +54,32 @@ def _empty(server: EmbeddedRedis) -> None:
         raw.config_set("maxmemory", 0)
 
 
+def _refused_reserve(settler: Settler, code: str, condition: str) -> None:
+    """``reserve`` is refused with the server's ``code``: the error names the ``condition``
+    and says that nothing was written, not that the server may be unreachable."""
+    with pytest.raises(BackendError) as info:
+        settler.reserve("op-1", REQ, principal=WHO)
+    assert info.value.code == code
+    text = str(info.value)
+    assert "Redis refused to write during reserve" in text
+    assert condition in text
+    assert "Nothing was written" in text
+    assert "reachable" not in text
+
+
+def _nothing_was_written_and_the_repeat_succeeds(settler: Settler) -> None:
+    assert settler.get("op-1") is None  # nothing was written indeed
+    assert isinstance(settler.reserve("op-1", REQ, principal=WHO), Reserved)
+
+
 def test_a_full_server_says_nothing_was_written_and_the_repeat_succeeds(
     server: EmbeddedRedis, namespace: str
 ) -> None:
     with Settler.from_url(server.url, namespace=namespace, shards=2) as settler:
         _fill(server)
-        with pytest.raises(BackendError) as info:
-            settler.reserve("op-1", REQ, principal=WHO)
-        assert info.value.code == "OOM"
-        text = str(info.value)
-        assert "Redis refused to write during reserve" in text
-        assert "Nothing was written" in text
-        assert "maxmemory" in text
-        assert "reachable" not in text
+        _refused_reserve(settler, "OOM", "maxmemory")
         _empty(server)
-        assert settler.get("op-1") is None  # nothing was written indeed
-        assert isinstance(settler.reserve("op-1", REQ, principal=WHO), Reserved)
+        _nothing_was_written_and_the_repeat_succeeds(settler)
 
 
 def test_too_few_replicas_for_min_replicas_to_write_says_so(
@@ -117,16 +127,8 @@ def test_a_server_that_cannot_save_its_snapshot_says_nothing_was_written(
             dump.mkdir()
             raw.bgsave()
             _snapshot_status(raw, "err")
-            with pytest.raises(BackendError) as info:
-                settler.reserve("op-1", REQ, principal=WHO)
-            assert info.value.code == "MISCONF"
-            text = str(info.value)
-            assert "Redis refused to write during reserve" in text
-            assert "stop-writes-on-bgsave-error" in text
-            assert "Nothing was written" in text
-            assert "reachable" not in text
+            _refused_reserve(settler, "MISCONF", "stop-writes-on-bgsave-error")
             dump.rmdir()
             raw.bgsave()
             _snapshot_status(raw, "ok")
-        assert settler.get("op-1") is None  # nothing was written indeed
-        assert isinstance(settler.reserve("op-1", REQ, principal=WHO), Reserved)
+        _nothing_was_written_and_the_repeat_succeeds(settler)
