@@ -22,6 +22,7 @@ from settle.embedded import EmbeddedRedis, find_redis_server
 from tests.acl import app_user
 from tests.cli.conftest import cli_env, settle
 from tests.cluster.cluster_support import LocalCluster
+from tests.faults.servers import acks
 
 
 def _doctor(url: str, *args: str) -> tuple[int, dict[str, Any]]:
@@ -34,7 +35,7 @@ def _doctor(url: str, *args: str) -> tuple[int, dict[str, Any]]:
 def _wait_replica(primary: EmbeddedRedis) -> None:
     with redis.Redis.from_url(primary.url) as c:
         deadline = time.monotonic() + 10
-        while int(c.execute_command("WAIT", 1, 200)) < 1:
+        while acks(c) < 1:
             assert time.monotonic() < deadline, "the replica never synced"
 
 

@@ -30,6 +30,20 @@ def primary_of(key: str, primaries: int) -> int:
     return min(key_slot(key.encode()) // (SLOTS // primaries), primaries - 1)
 
 
+def node_acks(client: redis.Redis, replicas: int = 1, timeout_ms: int = 1000) -> int:
+    """``tests.faults.servers.acks`` for a cluster node: how many replicas have every write
+    it took so far. The write WAIT needs on its own connection (Valkey answers one that
+    wrote nothing at once) is a key of a slot the node serves, found by the MOVED of the
+    others: on a cluster node a PUBLISH goes by the cluster bus, not to its replicas."""
+    for n in range(SLOTS):
+        try:
+            client.set(f"settle-tests:wait:{n}", b"", px=60_000)
+        except redis.exceptions.MovedError:
+            continue
+        return int(client.execute_command("WAIT", replicas, timeout_ms))
+    raise AssertionError("the node serves no slot")
+
+
 def cluster_port() -> int:
     """A free port whose cluster-bus port (port + 10000) is free too."""
     for _ in range(200):

@@ -26,7 +26,7 @@ from settle import (
     Verdict,
 )
 from settle._core.keys import Keys
-from tests.cluster.cluster_support import SLOTS, LocalCluster
+from tests.cluster.cluster_support import SLOTS, LocalCluster, node_acks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults]
 
@@ -74,7 +74,7 @@ def _rejoined(cluster: LocalCluster) -> bool:
         if info["role"] != "slave" or info.get("master_link_status") != "up":
             return False
     with redis.Redis(port=cluster.nodes[cluster.replica_of(0)].port, socket_timeout=1) as c:
-        return int(c.execute_command("WAIT", 1, 1000)) == 1
+        return node_acks(c) == 1
 
 
 def _until(ok: Callable[[], bool], bound: float) -> float:
@@ -121,7 +121,7 @@ def test_sync_settler_follows_the_promoted_replica(
         assert s.complete(r.reservation, {"ok": op}).verdict is Verdict.ACCEPTED
     if min_replicas == 0:  # no WAIT in settle: make sure the replica has them before the kill
         with replicated.client(0) as c:
-            assert int(c.execute_command("WAIT", 1, 5000)) == 1
+            assert node_acks(c, timeout_ms=5000) == 1
 
     def transition(op: str) -> None:
         r = s.reserve(op, REQ, principal=WHO)

@@ -25,7 +25,7 @@ from settle._runtime import _sync as runtime_sync
 from settle.errors import BackendError
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.identity import DeliveryId
-from tests.cluster.cluster_support import LocalCluster, primary_of
+from tests.cluster.cluster_support import LocalCluster, node_acks, primary_of
 from tests.cluster.stream_support import Worker, stream_worker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
@@ -120,7 +120,7 @@ async def test_a_consumer_follows_its_stream_to_the_replica_promoted_for_a_hung_
             await worker.poll()
             assert worker.runs == ["e0"]
             # What the primary holds (the group, its acknowledgement) is on the replica.
-            assert int(primary.execute_command("WAIT", 1, 5000)) == 1
+            assert node_acks(primary, timeout_ms=5000) == 1
         with replicated.frozen(0):
             await _until(lambda: _promoted(replicated, replica), FAILOVER_BOUND)
             with replicated.client(replica) as promoted:

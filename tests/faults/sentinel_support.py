@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from settle.embedded import EmbeddedRedis, free_port
+from tests.faults.servers import acks
 from tests.faults.tcp_proxy import FaultyProxy
 
 SERVICE = "settle-primary"
@@ -89,7 +90,7 @@ def acknowledges(primary: EmbeddedRedis) -> bool:
     primary (yet, or any more: Sentinel may still be reconfiguring it) or does not answer."""
     with redis.Redis(port=primary.port, socket_timeout=2) as c:
         try:
-            return int(c.execute_command("WAIT", 1, 200)) >= 1
+            return acks(c) >= 1
         except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError):
             return False
 

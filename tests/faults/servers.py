@@ -58,6 +58,18 @@ def replica_of(primary: EmbeddedRedis) -> EmbeddedRedis:
     return EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
 
 
+def acks(client: redis.Redis, replicas: int = 1, timeout_ms: int = 200) -> int:
+    """How many replicas (up to ``replicas``) have every write the server took so far:
+    WAIT's answer. WAIT counts only the writes of its own connection, and Valkey answers a
+    connection that wrote nothing at once, whatever its replicas hold (a graceful failover
+    made then lost a reservation another connection wrote): this one writes first, a
+    PUBLISH, which goes to the replicas in the stream of writes and touches no key. Not on
+    a cluster node, where a PUBLISH goes by the cluster bus instead
+    (``tests.cluster.cluster_support.node_acks``)."""
+    client.publish("settle-tests:wait", b"")
+    return int(client.execute_command("WAIT", replicas, timeout_ms))
+
+
 def wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 10.0) -> None:
     with redis.Redis.from_url(primary.url) as raw:
         deadline = time.monotonic() + timeout

@@ -44,7 +44,7 @@ from tests.faults.sentinel_support import (
     acknowledges,
     sentinel_deployment,
 )
-from tests.faults.servers import replica_of, wait_replicas
+from tests.faults.servers import acks, replica_of, wait_replicas
 from tests.progress.harness import redis_binaries
 
 pytestmark = [pytest.mark.faults]
@@ -151,7 +151,7 @@ class _Deployment(SentinelDeployment):
         the failover (a loss docs/operations.md describes apart), not followed."""
         deadline = time.monotonic() + 30
         with redis.Redis(port=self.primary.port) as c:
-            assert int(c.execute_command("WAIT", 1, 10_000)) >= 1, "the replica never synced"
+            assert acks(c, timeout_ms=10_000) >= 1, "the replica never synced"
         with self.sentinel.client() as c:
             while True:
                 try:

@@ -25,6 +25,7 @@ from settle.progress import (
     ProviderScope,
 )
 from tests.acl import app_user
+from tests.faults.servers import acks
 
 pytestmark = [pytest.mark.faults]
 
@@ -225,9 +226,9 @@ def replicated() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
     try:
         with redis.Redis.from_url(primary.url) as raw:  # synced: WAIT is acknowledged
             for _ in range(100):
-                if int(raw.execute_command("WAIT", 1, 100)) == 1:
+                if acks(raw, timeout_ms=100) == 1:
                     break
-            assert int(raw.execute_command("WAIT", 1, 100)) == 1
+            assert acks(raw, timeout_ms=100) == 1
         yield primary, replica
     finally:
         replica.close()

@@ -23,6 +23,7 @@ from settle.embedded import EmbeddedRedis
 from tests.acl import app_user
 from tests.cli.conftest import settle
 from tests.cluster.cluster_support import LocalCluster
+from tests.faults.servers import acks
 
 pytestmark = [pytest.mark.faults]
 
@@ -31,7 +32,7 @@ def _wait_linked(primary: EmbeddedRedis, n: int = 1) -> None:
     with redis.Redis.from_url(primary.url) as raw:
         deadline = time.monotonic() + 10
         # Online: synced, so the replica follows the primary's replication id.
-        while int(raw.execute_command("WAIT", n, 100)) < n:
+        while acks(raw, n, 100) < n:
             assert time.monotonic() < deadline
             time.sleep(0.05)
 
