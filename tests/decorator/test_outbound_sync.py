@@ -267,10 +267,11 @@ def test_a_renewal_held_by_a_hung_primary_holds_up_no_other_renewal() -> None:
             other.close()
 
 
-def _first_renewal_wait(settler: Settler, op: str, heartbeat: float) -> float:
-    """Called in the running call of ``op``: how long after it fell due its first renewal
-    was sent (seconds; inf when none came in time), from the lease end that renewal moved
-    on, on the server's clock."""
+def _first_renewal_wait(settler: Settler, op: str, lease: float) -> float:
+    """Called as the running call of ``op`` starts: how long after it fell due (a third of
+    ``lease`` later) its first renewal was sent, in seconds (inf when none came in time),
+    from the lease end that renewal set on the server's clock (this machine's)."""
+    due = time.time() + lease / 3
 
     def lease_end() -> float:
         record = settler.get(op)
@@ -279,18 +280,17 @@ def _first_renewal_wait(settler: Settler, op: str, heartbeat: float) -> float:
         return record.lease_expires_at.timestamp()
 
     reserved = lease_end()
-    deadline = time.monotonic() + 3 * heartbeat
     while (renewed := lease_end()) == reserved:
-        if time.monotonic() > deadline:
+        if time.time() > due + lease:
             return math.inf
         time.sleep(0.01)
-    return renewed - reserved - heartbeat
+    return renewed - lease - due
 
 
-def _queued_behind_held(held: int) -> float:
+def _queued_behind_held(held: int, lease: float) -> float:
     """Run ``held`` calls on a cluster primary that is frozen before their renewals fall due
     (each renewal is held), then a call on a healthy primary, whose renewal falls due after
-    theirs: how long after it fell due it was sent (its lease 3 s, its heartbeat 1 s)."""
+    theirs: how long after it fell due it was sent. Every call's lease is ``lease``."""
     with split_cluster() as split:
         settler = Settler.from_cluster(split.seeds, namespace=split.namespace, shards=SHARDS)
         settler.check()  # the start-up checks read every primary: before one is frozen
@@ -298,10 +298,10 @@ def _queued_behind_held(held: int) -> float:
         done = threading.Event()
         waits: list[float] = []
 
-        @settler.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=3.0, wait=0)
+        @settler.operation(key="{op}", principal=PRINCIPAL, name="charge", lease=lease, wait=0)
         def charge(op: str) -> str:
             if op == split.healthy_op:
-                waits.append(_first_renewal_wait(settler, op, 1.0))
+                waits.append(_first_renewal_wait(settler, op, lease))
                 done.set()
             else:
                 running.release()
@@ -313,7 +313,7 @@ def _queued_behind_held(held: int) -> float:
                 on_frozen = [pool.submit(charge, op) for op in split.frozen_ops(held)]
                 for _ in on_frozen:
                     assert running.acquire(timeout=10)
-                split.freeze()  # before the first renewal falls due, 1 s after its reserve
+                split.freeze()  # before the first renewal falls due, a third of the lease in
                 try:
                     healthy = pool.submit(charge, split.healthy_op)
                     assert healthy.result(timeout=30) == split.healthy_op
@@ -331,20 +331,20 @@ def test_a_renewal_queued_behind_a_held_one_waits_only_for_a_spare() -> None:
     """Found in review: with every renewer held by a frozen primary, a spare is started once
     a queued renewal has waited ``_SPARE_AFTER``; a scheduler that started none before the
     renewal had waited half its heartbeat (or waited until its next due time) passed every
-    test, its renewal sent 0.5 s late instead of 50 ms (docs/outbound-calls.md)."""
-    wait = _queued_behind_held(1)
-    # 50 ms and a thread start; half its heartbeat (0.5 s) without the spare
-    assert wait < 0.3, f"the renewal behind a held one was sent {wait:.3f} s late"
+    test, its renewal sent half a heartbeat late instead of 50 ms (docs/outbound-calls.md)."""
+    wait = _queued_behind_held(1, lease=6.0)
+    # 50 ms and a thread start; half its heartbeat (1 s) without the spare
+    assert wait < 0.5, f"the renewal behind a held one was sent {wait:.3f} s late"
 
 
 def test_a_renewal_queued_behind_many_held_ones_waits_no_more_than_half_its_heartbeat() -> None:
     """Found in review: renewals held by a frozen primary queued ahead of another each
     delay it by ``_SPARE_AFTER`` (a spare at a time, once every renewer is held): 30 of
-    them, 1.5 s, would spend most of its lease's margin, and a few more all of it. Once the
-    oldest queued renewal has waited half its heartbeat, spares are started one right after
-    another: no scheduler without that rule failed a test."""
-    wait = _queued_behind_held(30)
-    # half its heartbeat (0.5 s) and 30 thread starts; ~1.5 s without the rule
+    them, 1.5 s, would spend most of its lease's margin (1.6 s), and a few more all of it.
+    Once the oldest queued renewal has waited half its heartbeat, spares are started one
+    right after another: no scheduler without that rule failed a test."""
+    wait = _queued_behind_held(30, lease=2.4)
+    # half its heartbeat (0.4 s) and 30 thread starts; ~1.5 s without the rule
     assert wait < 1.0, f"the renewal behind 30 held ones was sent {wait:.3f} s late"
 
 
