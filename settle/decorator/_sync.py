@@ -187,7 +187,8 @@ _IDLE_LINGER = 2.0
 #: server), and how long a queued renewal waits while every renewer is held before the
 #: scheduler starts another (seconds). On a healthy server a renewal takes well under a
 #: millisecond, so a burst of calls shares one renewer; a renewal held by a hung server
-#: holds up another for no longer than this.
+#: holds up another by this for each held renewal queued before it (and by no more than
+#: ``_SLOW_QUEUE`` of its heartbeat).
 _SPARE_AFTER = 0.05
 
 #: The share of its heartbeat a queued renewal may wait, or be expected to wait for the

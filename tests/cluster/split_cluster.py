@@ -5,6 +5,7 @@ not hold up the healthy one's."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +30,12 @@ class SplitCluster:
     primary 0, the one :meth:`freeze` stops."""
     healthy_op: str
     """A name whose keys live on primary 1, which keeps answering."""
+    op_of: Callable[[str], str] = str
+    """What turns a name into the operation id it stands for."""
+
+    def frozen_ops(self, count: int) -> list[str]:
+        """``count`` names whose keys live on primary 0 (``frozen_op`` first)."""
+        return _names_on(self.namespace, self.op_of, 0, count)
 
     @property
     def seeds(self) -> list[tuple[str, int]]:
@@ -66,18 +73,24 @@ def split_cluster(op_of: Callable[[str], str] = str) -> Iterator[SplitCluster]:
         primaries=PRIMARIES, extra_args=["--cluster-require-full-coverage", "no"]
     ).start()
     namespace = f"split{uuid.uuid4().hex[:8]}"
-    keys = Keys(namespace, SHARDS)
-    by_primary: dict[int, str] = {}
-    for i in range(10_000):
-        op = f"charge-{i}"
-        _, record, _ = keys.of(op_of(op))
-        primary = min(key_slot(record.encode()) // (SLOTS // PRIMARIES), PRIMARIES - 1)
-        by_primary.setdefault(primary, op)
-        if 0 in by_primary and 1 in by_primary:
-            break
-    split = SplitCluster(cluster, namespace, by_primary[0], by_primary[1])
+    frozen_op, healthy_op = (_names_on(namespace, op_of, p, 1)[0] for p in (0, 1))
+    split = SplitCluster(cluster, namespace, frozen_op, healthy_op, op_of)
     try:
         yield split
     finally:
         split.thaw()
         cluster.close()
+
+
+def _names_on(namespace: str, op_of: Callable[[str], str], primary: int, count: int) -> list[str]:
+    """The first ``count`` names ``charge-<i>`` whose keys live on ``primary``."""
+    keys = Keys(namespace, SHARDS)
+    names: list[str] = []
+    for i in itertools.count():
+        op = f"charge-{i}"
+        _, record, _ = keys.of(op_of(op))
+        if min(key_slot(record.encode()) // (SLOTS // PRIMARIES), PRIMARIES - 1) == primary:
+            names.append(op)
+            if len(names) == count:
+                return names
+    raise AssertionError("unreachable")
