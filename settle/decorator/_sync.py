@@ -317,7 +317,7 @@ class _Heartbeats:
         self._sending: dict[int, float] = {}
         """Renewals being sent: the key, when it was taken from the queue."""
         self._pace = 0.0
-        """A moving average of the time a renewal takes (0: none sent yet)."""
+        """A moving average of the time a renewal not held takes (0: none sent yet)."""
         self._thread: threading.Thread | None = None
         #: When the scheduler's wait ends (-inf while it is not waiting: it reads ``_due``
         #: before it waits again). A new attempt due later needs no wake-up: waking the
@@ -472,9 +472,11 @@ class _Heartbeats:
         """Start a renewer thread, the lock released meanwhile (the lock held). When it
         cannot be started, the queued renewals go back to ``_due``, ``_START_RETRY`` later:
         they are not lost, and the scheduler lives on."""
+        # Made before it is counted: a thread that cannot even be made (MemoryError) counted
+        # as on its way to the queue would hold every later spare back for good.
+        thread = threading.Thread(target=self._renewer, name="settle-heartbeat", daemon=True)
         self._renewers += 1
         self._starting += 1
-        thread = threading.Thread(target=self._renewer, name="settle-heartbeat", daemon=True)
         self._cond.release()
         try:
             thread.start()
@@ -528,8 +530,9 @@ class _Heartbeats:
             finally:
                 with self._cond:
                     took = time.monotonic() - self._sending.pop(key, sent)
-                    pace = self._pace
-                    self._pace = took if not pace else pace + _PACE_WEIGHT * (took - pace)
+                    if took < _SPARE_AFTER:  # a held one is no pace: the held rule counts it
+                        pace = self._pace
+                        self._pace = took if not pace else pace + _PACE_WEIGHT * (took - pace)
                     # Only while the call runs (not removed meanwhile): a renewal that
                     # comes back after the call settled finds it not pending, and must not
                     # mark the finished attempt lost. Renew again one heartbeat after this
