@@ -496,9 +496,11 @@ class _Console:
             if isinstance(exc, DurabilityError)
             else "Could not sign out: Redis cannot be reached, so the session is still "
             "signed in. Retry in a moment."
-            if isinstance(exc, BackendError)
-            # Reached, and refused: a replica now (a failover), a user its ACL refuses.
-            # "Cannot be reached" sent the operator looking for a network fault.
+            # No error code: no answer (a connection lost or refused, a timeout).
+            if isinstance(exc, BackendError) and not exc.code
+            # Reached, and refused: a replica now (a failover), a user its ACL refuses, a
+            # write it refuses (NOREPLICAS, OOM, MISCONF). "Cannot be reached" sent the
+            # operator looking for a network fault.
             else f"Could not sign out, so the session is still signed in: {exc}"
         )
         return self.render(

@@ -146,14 +146,31 @@ def test_the_note_box_takes_every_note_that_fits(
     assert resolution.note == f"[resolved by {principal}] {note}"
 
 
+#: Ways a Redis that answers refuses a sign-out: the command that makes it refuse, the one
+#: that undoes it, and a word of its answer the page shows.
+REFUSALS = {
+    # A replica of a primary that is not there.
+    "a replica": (("REPLICAOF", "127.0.0.1", "1"), ("REPLICAOF", "NO", "ONE"), "replica"),
+    "a refused write": (
+        ("CONFIG", "SET", "min-replicas-to-write", "1"),  # and no replica: NOREPLICAS
+        ("CONFIG", "SET", "min-replicas-to-write", "0"),
+        "NOREPLICAS",
+    ),
+}
+
+
 @pytest.mark.asyncio
-async def test_a_sign_out_a_replica_refused_says_so_not_that_redis_is_unreachable(
-    doomed: EmbeddedRedis, namespace: str
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+async def test_a_sign_out_a_server_refused_says_what_it_answered_not_that_it_is_unreachable(
+    doomed: EmbeddedRedis, namespace: str, refusal: str
 ) -> None:
     """The console's Redis became a replica (a failover, a REPLICAOF) while a user was
     signed in: the sign-out answered 503 "Redis cannot be reached", sending the operator
     to look for a network fault while the server answered, and refused, as a replica. The
-    page says what Redis said now, and that the session is still signed in."""
+    page says what Redis said now, and that the session is still signed in. A write the
+    server refused (NOREPLICAS here; OOM and MISCONF alike) still said "cannot be
+    reached" after that fix: found in review."""
+    refuse, undo, answered = REFUSALS[refusal]
     with Settler.from_url(doomed.url, namespace=namespace, shards=2) as w:
         w.check()
     reader = AsyncSettler.from_url(doomed.url, namespace=namespace, shards=2)
@@ -162,14 +179,14 @@ async def test_a_sign_out_a_replica_refused_says_so_not_that_redis_is_unreachabl
         async with test_console_sessions.signed_in(app) as browser:
             csrf = csrf_of((await browser.get("/")).text)
             with redis.Redis.from_url(doomed.url) as raw:
-                raw.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary that is not there
+                raw.execute_command(*refuse)
                 refused = await browser.post("/signout", data={"csrf": csrf})
                 assert refused.status_code == 503
                 assert "cannot be reached" not in refused.text
-                assert "replica" in refused.text
+                assert answered in refused.text
                 assert "still signed in" in refused.text
-                raw.execute_command("REPLICAOF", "NO", "ONE")
-            # It was: the session holds, and signs out once the server is a primary again.
+                raw.execute_command(*undo)
+            # It was: the session holds, and signs out once the server writes again.
             done = await browser.post("/signout", data={"csrf": csrf})
             assert done.status_code == 303
     finally:
