@@ -260,7 +260,7 @@ class _Console:
             can_resolve=self.authorize is not None and principal is not None,
             # A read-only console sets no cookie at all.
             csrf=csrf_token(request) if self.authorize is not None else "",
-            path=request.url.path,
+            path=_path(request),
             **context,
         )
         return HTMLResponse(html, status_code=status_code)
@@ -287,7 +287,7 @@ class _Console:
     # -- pages -----------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
-        window = request.query_params.get("window", "24h")
+        window = _query_params(request).get("window", "24h")
         if window not in _query.WINDOWS:
             raise InvalidInput(f"window must be one of {', '.join(_query.WINDOWS)}")
         data = await _query.overview(
@@ -309,9 +309,10 @@ class _Console:
         )
 
     async def listing(self, request: Request) -> Response:
-        flt, form = await _filter(request, self.settler)
-        size = _size(request)
-        after = request.query_params.get("after") or None
+        q = _query_params(request)
+        flt, form = await _filter(q, self.settler)
+        size = _size(q)
+        after = q.get("after") or None
         result = await _query.page(self.settler, flt, after=after, size=size)
         next_href = None
         if result.next is not None:
@@ -335,7 +336,7 @@ class _Console:
         )
 
     async def export(self, request: Request) -> Response:
-        flt, _ = await _filter(request, self.settler)
+        flt, _ = await _filter(_query_params(request), self.settler)
         entries = aiter(_query.export_entries(self.settler, flt))
         # Read the first entry before the response starts, so that an error on the first
         # page (Redis down, an entry settle cannot decode) is an error page, not a 200
@@ -435,7 +436,7 @@ class _Console:
             return self.refuse(
                 request, 404, "read_only", "This console is read-only: there is no sign-in."
             )
-        target = _local(request.query_params.get("next", ""), request)
+        target = _local(_query_params(request).get("next", ""), request)
         if request.method == "GET":
             return self.render(request, "signin.html", next=target, failed=False)
         form = await _form(request)
@@ -508,10 +509,10 @@ class _Console:
         )
 
 
-async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filter, dict[str, str]]:
-    """The filter of a list or export request, and its query parameters as given; a
-    duration ago counts back from the server's clock, as in the CLI."""
-    q = _query_params(request)
+async def _filter(q: dict[str, str], settler: AsyncSettler) -> tuple[_query.Filter, dict[str, str]]:
+    """The filter of a list or export request's query parameters ``q``
+    (:func:`_query_params`), and those parameters as given; a duration ago counts back from
+    the server's clock, as in the CLI."""
     form = {k: q.get(k, "").strip() for k in ("kind", "since", "until", "status")}
     # An operation id is matched as it is: one may start or end with a space, and stripped,
     # the filter listed (and exported) another operation's entries under this one's name.
@@ -544,15 +545,17 @@ async def _filter(request: Request, settler: AsyncSettler) -> tuple[_query.Filte
 
 
 def _query_params(request: Request) -> dict[str, str]:
-    """The query's parameters (the last value of each, as Starlette's), read as UTF-8 or
-    refused: Starlette reads a percent escape that is not UTF-8 as U+FFFD, so a filter of
-    ``order-7%FF`` listed the entries of operation ``order-7\ufffd``, another one."""
+    """The query's parameters (the last value of each, a blank one kept, as Starlette's),
+    read as UTF-8 or refused: Starlette reads a percent escape that is not UTF-8 as U+FFFD,
+    so a filter of ``order-7%FF`` listed the entries of operation ``order-7\ufffd``, another
+    one. Every parameter the console reads comes from here, never ``request.query_params``:
+    the sign-in's ``next=/quarantine?operation=order-7%FF`` led there too."""
     try:
         raw = request.scope.get("query_string", b"").decode("utf-8")
         return dict(parse_qsl(raw, keep_blank_values=True, errors="strict"))
     except UnicodeDecodeError:
         raise InvalidInput(
-            "the filter is not UTF-8 (a percent escape spells bytes that are no text)"
+            "the query is not UTF-8 (a percent escape spells bytes that are no text)"
         ) from None
 
 
@@ -582,8 +585,8 @@ def _instant(text: str, name: str) -> datetime | Ago | None:
     return value
 
 
-def _size(request: Request) -> int:
-    text = request.query_params.get("size", "50")
+def _size(q: dict[str, str]) -> int:
+    text = q.get("size", "50")
     # Length first: int() refuses 4300 digits with a ValueError (a 500).
     if not (is_decimal(text) and len(text) <= 6) or int(text) not in _PAGE_SIZES:
         raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
@@ -623,6 +626,14 @@ def _local(target: str, request: Request) -> str:
 def _root(request: Request) -> str:
     """The path the console is mounted at ("" when served on its own)."""
     return str(request.scope.get("root_path", ""))
+
+
+def _path(request: Request) -> str:
+    """The request's path (the mount's prefix included), never read from ``request.url``:
+    Starlette decodes the query as UTF-8 to make it, and a byte that is none, which an ASGI
+    server may pass on unescaped, made every page a bare 500 (the one that refuses it with
+    400 included)."""
+    return str(request.scope["path"])
 
 
 def _result_view(record: OperationRecord | None) -> PayloadView | None:

@@ -1,9 +1,13 @@
-"""What a review of the console's acceptance fixes checked: the refused sign-out's page,
-which now shows what Redis answered, shows no secret. Real apps on real redis-servers."""
+"""What a review of the console's acceptance fixes found: query parameters that still
+escaped the UTF-8 rule (the sign-in's next, the page size and cursor, the overview's
+window, the query of every page's own URL), and that the refused sign-out's page, which
+now shows what Redis answered, shows no secret. Real apps on real redis-servers."""
 
 from __future__ import annotations
 
+import re
 import secrets
+from typing import Any
 
 import pytest
 import redis
@@ -14,6 +18,7 @@ from settle.embedded import EmbeddedRedis
 from settle.web import create_app, token_authorizer
 from tests.web import test_console_sessions
 from tests.web.conftest import TOKEN
+from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
 from tests.web.test_console_sessions import session_of
 
@@ -21,6 +26,85 @@ from tests.web.test_console_sessions import session_of
 doomed = test_console_sessions.doomed
 
 pytestmark = pytest.mark.asyncio
+
+
+def refs_in(html: str) -> list[str]:
+    return re.findall(r'<td class="mono nowrap"><a href="/entry/(\d+/\d+-\d+)">', html)
+
+
+async def test_a_sign_in_whose_next_is_not_utf8_is_refused_not_sent_elsewhere(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    """The filter refused a percent escape that spells no UTF-8, but the sign-in's ``next``
+    still read it as U+FFFD: ``/signin?next=/quarantine?operation=order-7%FF`` signed in and
+    went on to the entries of operation ``order-7\\ufffd``, another one. It is a 400 now, as
+    is every other parameter the console reads (page size, cursor, overview window)."""
+    conflicting(writer, "order-7\ufffd")
+    app = create_app(reader, authorize=token_authorizer(TOKEN, "alice@finance"))
+    async with test_console_sessions.signed_in(app) as browser:
+        refused = await browser.get("/signin?next=/quarantine?operation=order-7%FF")
+        assert refused.status_code == 400, refused.text[:300]
+        assert "not UTF-8" in refused.text
+        for query in ("/quarantine?size=50%FF", "/quarantine?after=%FF", "/?window=24h%FF"):
+            refused = await browser.get(query)
+            assert refused.status_code == 400, query
+            assert "not UTF-8" in refused.text, query
+        # A next that is text still leads where it says.
+        form = (await browser.get("/signin?next=/quarantine?operation=order-7")).text
+        assert "next=/quarantine%3Foperation%3Dorder-7" in form
+
+
+async def _asgi_get(app: Any, path: str, query: bytes) -> tuple[int, str]:
+    """GET ``path?query`` with ``query`` as raw bytes, as an ASGI server passes on a
+    request target a client sent unescaped (httpx escapes it before the app sees it)."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": query,
+        "headers": [(b"host", b"localhost")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 80),
+    }
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body.decode()
+
+
+async def test_raw_utf8_in_a_query_is_read_as_utf8_and_other_bytes_refused(
+    writer: Settler, reader: AsyncSettler
+) -> None:
+    """A query whose bytes came unescaped (an ASGI server passes them as sent) is read as
+    UTF-8: ``operation=café`` lists the entries of ``café``, where Starlette's reader
+    (Latin-1) looked for ``cafÃ©``; bytes that are no UTF-8 are refused, as their
+    percent escapes are (every page was a bare 500 with them: Starlette's ``request.url``,
+    which the pages read their path from, decodes the query as UTF-8)."""
+    ref = conflicting(writer, "café")
+    app = create_app(reader)
+    status, html = await _asgi_get(app, "/quarantine", "operation=café".encode())
+    assert status == 200
+    assert refs_in(html) == [ref]
+    status, html = await _asgi_get(app, "/quarantine", b"operation=caf\xe9")
+    assert status == 400  # was a bare 500: Starlette's request.url decodes the query
+    assert "not UTF-8" in html
+    # A page that reads no parameter is served whatever its query holds.
+    status, html = await _asgi_get(app, f"/entry/{ref}", b"from=\xff")
+    assert status == 200
+    assert "café" in html
 
 
 async def test_a_refused_sign_out_shows_no_password_nor_session_id(
