@@ -1,6 +1,7 @@
 """What a review of the console's acceptance fixes found: query parameters that still
 escaped the UTF-8 rule (the sign-in's next, the page size and cursor, the overview's
-window, the query of every page's own URL), and that the refused sign-out's page, which
+window, the query of every page's own URL), rules no test held (the last of a repeated
+parameter, the overview limits' bounds), and that the refused sign-out's page, which
 now shows what Redis answered, shows no secret. Real apps on real redis-servers."""
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import re
 import secrets
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
 from settle import AsyncSettler, Settler
 from settle._runtime.topology import has_functions
 from settle.embedded import EmbeddedRedis
+from settle.errors import InvalidInput
 from settle.web import create_app, token_authorizer
 from tests.web import test_console_sessions
 from tests.web.conftest import TOKEN
@@ -105,6 +108,36 @@ async def test_raw_utf8_in_a_query_is_read_as_utf8_and_other_bytes_refused(
     status, html = await _asgi_get(app, f"/entry/{ref}", b"from=\xff")
     assert status == 200
     assert "café" in html
+
+
+async def test_a_repeated_query_parameter_is_read_as_its_last_value(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    """The console reads the last of a repeated parameter, as Starlette did before its own
+    reader (and as it still reads ``size``): a link that adds ``&operation=...`` to a
+    filtered page lists the operation added, and exports it."""
+    first = conflicting(writer, "order-first")
+    last = conflicting(writer, "order-last")
+    query = "operation=order-first&size=10&operation=order-last&size=25"
+    listed = await read_only.get("/quarantine?" + query)
+    assert listed.status_code == 200
+    assert refs_in(listed.text) == [last]
+    assert 'name="operation" value="order-last"' in listed.text
+    assert re.search(r"<option selected>25</option>", listed.text)
+    exported = await read_only.get("/quarantine.jsonl?" + query)
+    assert first not in exported.text
+    assert [line for line in exported.text.splitlines() if last in line]
+
+
+async def test_the_overview_limits_take_every_count_the_docs_allow(reader: AsyncSettler) -> None:
+    """docs/console.md: ``record_limit`` and ``overview_limit`` are whole numbers above 0,
+    ``overview_limit`` at most 100 000 (what one quarantine read returns). The refusals
+    were held by a test, the bounds not: 100 000 must be taken, 100 001 refused, and a
+    ``record_limit`` has no upper bound."""
+    assert create_app(reader, overview_limit=100_000) is not None
+    with pytest.raises(InvalidInput, match=r"overview_limit .* from 1 to 100000"):
+        create_app(reader, overview_limit=100_001)
+    assert create_app(reader, record_limit=10**9) is not None
 
 
 async def test_a_refused_sign_out_shows_no_password_nor_session_id(
