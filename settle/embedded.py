@@ -499,7 +499,15 @@ class EmbeddedRedis:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedRedis:
-        return self.start() if self.process is None else self
+        if self.process is not None:
+            return self
+        try:
+            return self.start()
+        except BaseException:
+            # __exit__ does not run for a failed __enter__: the private directory made for
+            # the server (its log inside) was left behind by every start that failed.
+            self.close()
+            raise
 
     def __exit__(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -416,3 +417,58 @@ def test_a_binary_it_cannot_run_is_a_configuration_error(tmp_path: Path, kind: s
     assert str(binary) in str(err.value)
     assert server.process is None
     assert not [p for p in directory.iterdir() if p.name.startswith("requirepass-")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [("missing", "No such file or directory"), ("a directory", "Permission denied")],
+)
+def test_a_server_that_cannot_start_in_a_with_leaves_no_directory(
+    tmp_path: Path, kind: str, why: str
+) -> None:
+    """Found in review: ``with EmbeddedRedis(...)`` whose start failed (here a binary it
+    cannot run) left the private directory it had made, its log inside, in the temporary
+    directory: ``__exit__`` does not run after a failed ``__enter__``. It is removed now,
+    and the error says why the binary did not run (the OS's words, not its errno)."""
+    binary = tmp_path / "redis-server"
+    if kind == "a directory":
+        binary.mkdir()
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    script = (
+        "from settle.embedded import EmbeddedRedis\n"
+        "from settle.errors import ConfigurationError\n"
+        "try:\n"
+        f"    with EmbeddedRedis(binary={str(binary)!r}):\n"
+        "        raise SystemExit('started')\n"
+        "except ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(temp)}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"cannot run the redis-server binary {str(binary)!r} ({why})" in done.stdout
+    assert list(temp.iterdir()) == []
+
+
+def test_a_started_server_entered_is_the_same_server() -> None:
+    """``with server:`` on a server already started is that server, not a second process
+    started beside it (and left running, orphaned, when the block ends)."""
+    server = EmbeddedRedis().start()
+    try:
+        assert server.process is not None
+        pid, port = server.process.pid, server.port
+        with server as entered:
+            assert entered is server
+            assert server.process is not None
+            assert (server.process.pid, server.port) == (pid, port)
+        assert server.process is None
+    finally:
+        server.close()
