@@ -78,13 +78,14 @@ class PayloadView:
     reindented: bool = False
 
 
-def payload_view(data: bytes, decoded: Any) -> PayloadView:
+def payload_view(data: bytes, decoded: Any, *, whole: bool = True) -> PayloadView:
     """The stored bytes as they are: UTF-8 text with invisible characters marked (by the
     CLI's rule), else a hex dump. Strict JSON (``decoded`` is what ``entry_json`` parsed, or
     the text is ``null``) is re-indented when the result fits in the view: only whitespace
-    between tokens changes, every string, number and key is the stored text. Never more
-    than :data:`VIEW_LIMIT` of HTML: past it, the stored text is cut and ``more`` says how
-    many bytes were left out."""
+    between tokens changes, every string, number and key is the stored text. Bytes that are
+    not ``whole`` (a truncated payload's kept bytes) are never JSON, whatever they read as.
+    Never more than :data:`VIEW_LIMIT` of HTML: past it, the stored text is cut and
+    ``more`` says how many bytes were left out."""
     if not data:
         return PayloadView("empty", Markup(""))
     try:
@@ -93,7 +94,9 @@ def payload_view(data: bytes, decoded: Any) -> PayloadView:
         dump, shown = _hexdump(data, VIEW_LIMIT)
         return PayloadView("bytes", dump, len(data) - shown)
     form = "text"
-    if decoded is not None or text.strip(_JSON_SPACE) == "null":
+    # ``decoded`` is None for a cut payload, but kept bytes that read ``null`` would pass
+    # the check of the JSON null: a cut payload was shown as the JSON ``null``.
+    if whole and (decoded is not None or text.strip(_JSON_SPACE) == "null"):
         form = "json"
         pretty = _reindent(text, VIEW_LIMIT)
         if pretty is not None:

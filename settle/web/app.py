@@ -380,7 +380,9 @@ class _Console:
             request,
             "entry.html",
             entry=entry,
-            payload=payload_view(entry.payload.data, data["payload"]["json"]),
+            payload=payload_view(
+                entry.payload.data, data["payload"]["json"], whole=not entry.payload.truncated
+            ),
             record=record,
             record_result=_result_view(record),
             attempts=attempts,

@@ -1,8 +1,9 @@
 """What a review of the console's acceptance fixes found: query parameters that still
 escaped the UTF-8 rule (the sign-in's next, the page size and cursor, the overview's
 window, the query of every page's own URL), rules no test held (the last of a repeated
-parameter, the overview limits' bounds), and that the refused sign-out's page, which
-now shows what Redis answered, shows no secret. Real apps on real redis-servers."""
+parameter, the overview limits' bounds), a truncated payload still shown as JSON, and
+that the refused sign-out's page, which now shows what Redis answered, shows no secret.
+Real apps on real redis-servers."""
 
 from __future__ import annotations
 
@@ -181,3 +182,21 @@ async def test_a_refused_sign_out_shows_no_password_nor_session_id(
     finally:
         await limited.aclose()
         await full.aclose()
+
+
+@pytest.mark.parametrize("kept", [b'{"a": 1}', b"null"])
+async def test_a_truncated_payload_is_shown_as_text_whatever_its_kept_bytes_read_as(
+    writer: Settler, read_only: httpx.AsyncClient, kept: bytes
+) -> None:
+    """A truncated payload is no JSON, whatever its kept bytes read as (``payload.json`` is
+    null since the review of the CLI's export). The entry page still took kept bytes that
+    read ``null`` (and spaces up to the cut) for JSON: labelled ``json``, re-indented to
+    ``null`` and said to differ only in whitespace, of a payload that was not ``null``."""
+    payload = kept + b" " * 300 + b"and more"
+    ref = conflicting(writer, f"order-cut-{kept[0]}", payload)
+    page = await read_only.get(f"/entry/{ref}")
+    assert page.status_code == 200
+    section = page.text.split("<h2>Payload ", 1)[1].split("<h2>", 1)[0]
+    assert section.startswith("<small>text</small></h2>")
+    assert "Re-indented" not in section
+    assert "truncated: 256 of" in section
