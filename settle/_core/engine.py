@@ -80,6 +80,9 @@ GET_MANY = 100
 MAX_LEASE = 86_400
 #: The longest resolution note, in characters (code points) of any kind.
 MAX_NOTE_CHARS = 4096
+#: The most quarantine entries one listing returns (``quarantine.list(limit=...)``, the
+#: CLI's ``--limit``, the console's overview).
+MAX_LISTING = 100_000
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
@@ -727,8 +730,8 @@ class Core:
         inclusive (the console's cursor: every shard is read from there, and the entries
         with that very id are the only ones read again). :meth:`QuarantineQuery.headers`
         plans the same listing of headers."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
-            raise InvalidInput("limit must be an int from 1 to 100000")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTING:
+            raise InvalidInput(f"limit must be an int from 1 to {MAX_LISTING}")
         _check_flag(newest_first, "newest_first")
         low, high = _stream_range(since, until)
         if start is not None and newest_first:

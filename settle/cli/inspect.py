@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from settle._core.engine import MAX_LISTING
 from settle.cli._context import (
     EXIT_FAILED,
     Connection,
@@ -32,7 +33,7 @@ __all__ = ["inspect"]
 @click.argument("operation_id")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 100_000),
+    type=click.IntRange(1, MAX_LISTING),
     default=100,
     show_default=True,
     help="At most this many quarantine entries (newest first).",

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 import click
 
+from settle._core.engine import MAX_LISTING
 from settle._sync.settler import Settler
 from settle.cli._context import (
     Connection,
@@ -78,7 +79,7 @@ def _start(settler: Settler, since: datetime | Ago | None) -> datetime | None:
 @_since
 @click.option(
     "--limit",
-    type=click.IntRange(1, 100_000),
+    type=click.IntRange(1, MAX_LISTING),
     default=50,
     show_default=True,
     help="At most this many entries in all (the newest), across shards.",

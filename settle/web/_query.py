@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from settle._async.settler import AsyncSettler
+from settle._core.engine import MAX_LISTING
 from settle._core.keys import Keys
 from settle._runtime.transient import failures_as_settle_errors
 from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
@@ -41,7 +42,7 @@ _CURSOR = re.compile(r"(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})", re.ASCII)
 #: The most entries one page reads from Redis when its status filter (applied here rather
 #: than in the script) keeps few of them; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
-_LIST_MAX = 100_000
+_LIST_MAX = MAX_LISTING
 
 
 @dataclass(frozen=True, order=True, slots=True)
