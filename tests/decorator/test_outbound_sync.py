@@ -183,19 +183,24 @@ def test_fifty_concurrent_callers_get_one_effect(
         assert all(e.operation_id == "charge:o-6" for e in busy)
 
 
+#: The lease of the calls that outlive it: long enough that a loaded machine (CI's two cores
+#: under four test workers) does not hold a renewal past it (1 s lapsed there).
+_OUTLIVED = 2.0
+
+
 def _outlives_its_lease(
     settler: Settler, provider: Provider, charge: Callable[..., Receipt], order: str
 ) -> None:
-    """A 2 s call under a 1 s lease stays owned (another caller finds it in progress
-    after the lease) and settles once: only the heartbeat can keep it."""
-    provider.script(order, "slow:2")
+    """A call twice as long as its lease (``_OUTLIVED``) stays owned (another caller finds
+    it in progress after the lease) and settles once: only the heartbeat can keep it."""
+    provider.script(order, f"slow:{2 * _OUTLIVED:g}")
     request = ChargeRequest(order_id=order, amount=100)
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(charge, request)
         assert provider.charged.wait(5)
-        time.sleep(1.3)  # past the lease: only the heartbeat keeps the operation owned
+        time.sleep(1.3 * _OUTLIVED)  # past the lease: only the heartbeat keeps it owned
         with pytest.raises(OperationInProgress):
-            sync_charge(settler, provider.url, lease=1.0, wait=0)(request)
+            sync_charge(settler, provider.url, lease=_OUTLIVED, wait=0)(request)
         receipt = first.result()
 
     record = settler.get(f"charge:{order}")
@@ -208,7 +213,8 @@ def _outlives_its_lease(
 def test_heartbeat_keeps_a_lease_shorter_than_the_work(
     settler: Settler, provider: Provider
 ) -> None:
-    _outlives_its_lease(settler, provider, sync_charge(settler, provider.url, lease=1.0), "o-7")
+    charge = sync_charge(settler, provider.url, lease=_OUTLIVED)
+    _outlives_its_lease(settler, provider, charge, "o-7")
 
 
 def test_heartbeat_renews_a_call_that_starts_while_the_thread_idles(
@@ -216,10 +222,10 @@ def test_heartbeat_renews_a_call_that_starts_while_the_thread_idles(
 ) -> None:
     """The heartbeat thread of a function lingers between calls; a call whose lease is
     due before the thread's wait ends must wake it, or its lease expires mid-work."""
-    charge = sync_charge(settler, provider.url, lease=1.0)
+    charge = sync_charge(settler, provider.url, lease=_OUTLIVED)
     charge(ChargeRequest(order_id="o-8-warm", amount=1))
     provider.charged.clear()
-    time.sleep(0.5)  # past the warm call's first beat: the thread now lingers, idle
+    time.sleep(0.4 * _OUTLIVED)  # past a first beat's time (lease / 3): the thread lingers
     _outlives_its_lease(settler, provider, charge, "o-8")
 
 
@@ -820,7 +826,7 @@ def test_a_call_in_a_forked_child_is_renewed(settler: Settler, redis_url: str) -
     again."""
     runs: list[str] = []
 
-    @settler.operation(key="fork:{n}", principal=PRINCIPAL, name="fork", lease=0.6)
+    @settler.operation(key="fork:{n}", principal=PRINCIPAL, name="fork", lease=1.2)
     def job(n: int, seconds: float) -> int:
         runs.append("job")
         time.sleep(seconds)
@@ -834,16 +840,16 @@ def test_a_call_in_a_forked_child_is_renewed(settler: Settler, redis_url: str) -
         try:
             other = Settler.from_url(redis_url, namespace=settler.config.namespace, shards=4)
 
-            @other.operation(key="fork:{n}", principal=PRINCIPAL, name="fork", lease=0.6, wait=0)
+            @other.operation(key="fork:{n}", principal=PRINCIPAL, name="fork", lease=1.2, wait=0)
             def elsewhere(n: int, seconds: float) -> int:
                 runs.append("elsewhere")
                 return n
 
-            t = threading.Thread(target=job, args=(1, 1.8))
+            t = threading.Thread(target=job, args=(1, 3.6))
             t.start()
-            time.sleep(1.3)  # twice the lease: only renewals keep the attempt owned
+            time.sleep(2.6)  # twice the lease: only renewals keep the attempt owned
             try:
-                elsewhere(1, 1.8)
+                elsewhere(1, 3.6)
             except Exception as exc:
                 runs.append(type(exc).__name__)
             t.join()
