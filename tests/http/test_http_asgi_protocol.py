@@ -38,6 +38,20 @@ def guarded(app: Any, settler: AsyncSettler) -> Any:
     return IdempotencyMiddleware(app, settler=settler, principal=tenant, paths=["/pay"])
 
 
+async def bare_first_again(
+    app: Any, redis_url: str, namespace: str, key: str
+) -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+    """``app`` under a real uvicorn: a POST to ``/open`` (not guarded: uvicorn alone), then
+    two to ``/pay`` (guarded) with the Idempotency-Key ``key``."""
+    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    with serve(guarded(app, app_settler), app_settler) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            bare = await client.post("/open", content=b"x")
+            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": key})
+            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": key})
+    return bare, first, again
+
+
 async def test_a_body_sent_after_the_last_one_is_uvicorns_error_and_settles_nothing(
     redis_url: str, namespace: str, settler: Settler
 ) -> None:
@@ -55,12 +69,7 @@ async def test_a_body_sent_after_the_last_one_is_uvicorns_error_and_settles_noth
         except RuntimeError as exc:
             refused[scope["path"]] = str(exc)
 
-    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
-    with serve(guarded(app, app_settler), app_settler) as base:
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-1"})
-            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-1"})
-            bare = await client.post("/open", content=b"x")  # not guarded: uvicorn alone
+    bare, first, again = await bare_first_again(app, redis_url, namespace, "k-1")
 
     assert (first.status_code, first.content) == (201, b"first")
     assert (bare.status_code, bare.content) == (201, b"first")
@@ -94,12 +103,7 @@ async def test_a_body_sent_before_the_start_is_uvicorns_error_and_runs_again(
             refused.append((type(exc).__name__, str(exc)))
             raise
 
-    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
-    with serve(guarded(app, app_settler), app_settler) as base:
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            bare = await client.post("/open", content=b"x")  # not guarded: uvicorn alone
-            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-2"})
-            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-2"})
+    bare, first, again = await bare_first_again(app, redis_url, namespace, "k-2")
 
     assert bare.status_code == first.status_code == again.status_code == 500
     assert refused[0][0] == "RuntimeError"
@@ -126,12 +130,7 @@ async def test_response_headers_given_as_an_iterator_reach_the_first_client(
         await send({"type": "http.response.start", "status": 201, "headers": headers()})
         await send({"type": "http.response.body", "body": b'{"id":"p-1"}'})
 
-    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
-    with serve(guarded(app, app_settler), app_settler) as base:
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            bare = await client.post("/open", content=b"x")
-            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-3"})
-            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-3"})
+    bare, first, again = await bare_first_again(app, redis_url, namespace, "k-3")
 
     for response in (bare, first, again):
         assert response.status_code == 201
@@ -160,12 +159,7 @@ async def test_a_second_start_is_refused_and_the_first_one_stands(
             refused[scope["path"]] = str(exc)
         await send({"type": "http.response.body", "body": b"paid"})
 
-    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
-    with serve(guarded(app, app_settler), app_settler) as base:
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            bare = await client.post("/open", content=b"x")  # not guarded: uvicorn alone
-            first = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-4"})
-            again = await client.post("/pay", content=b"x", headers={"Idempotency-Key": "k-4"})
+    bare, first, again = await bare_first_again(app, redis_url, namespace, "k-4")
 
     assert (bare.status_code, bare.content) == (201, b"paid")
     assert (first.status_code, first.content) == (201, b"paid")
