@@ -193,6 +193,9 @@ class Core:
             "namespace",
             (self.keys.meta,),
             (self.config.shards, FINGERPRINT_VERSION, "1" if create else "0"),
+            # The check alone writes nothing: no WAIT, so a settler started while its
+            # replicas are down still reads (min_replicas).
+            reads_only=not create,
         )
 
     def plan_claims(self, *, claim: bool = True) -> list[Call]:

@@ -34,7 +34,7 @@ from settle._runtime.calls import Call, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
 from settle._runtime.packing import pack_command
-from settle._runtime.scripts import ScriptSet
+from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
     backend_error,
@@ -796,7 +796,11 @@ class AsyncRunner:
         try:
             if self._due():
                 await self._check(call)
-            if self._durability.min_replicas and call.script in self._set.writing:
+            if (
+                self._durability.min_replicas
+                and call.script in self._set.writing
+                and not call.reads_only
+            ):
                 return await self._run_durable(call)
             if self._fcall:
                 try:
@@ -879,26 +883,27 @@ class AsyncRunner:
             raise
 
     async def _run_durable(self, call: Call) -> Any:
-        """One try of a writing ``call`` followed by ``WAIT min_replicas``. The script and
-        WAIT share one connection (WAIT counts that connection's writes): on a cluster, to
-        the node that serves the call's slot, or to the node an ASK names.
+        """One try of a writing ``call`` followed by the probe and ``WAIT min_replicas``
+        (:meth:`_queue_durable`). The script, the probe and WAIT share one connection (WAIT
+        counts that connection's writes): on a cluster, to the node that serves the call's
+        slot, or to the node an ASK names. A probe refused after the script ran raises
+        :class:`DurabilityError`: the replicas may lack what the script read.
 
         A cluster node that answers the script with a redirection ran nothing; the rules are
         those redis-py's cluster client follows on the other path (:meth:`_fcall_once`,
         :meth:`_evalsha`). MOVED (the slot moved): read the topology again, send to the
         slot's node. ASK (the slot is migrating and the keys are on the importing node): a
-        topology read still names the migrating node, so ASKING, the script and WAIT go to
-        the importing node, in one pipeline on one connection. TRYAGAIN (a migrating slot
-        whose keys are split between the two nodes: a script's keys that do not exist yet
-        count as elsewhere) is sent again as redis-py's cluster client does on the other path
-        (``TRYAGAIN_SENDS``, :func:`~settle._runtime.transient.tryagain_pause`), then is
-        transient: the call's own retries repeat it; a refused send whose WAIT came back
-        short (it waited ``replica_timeout``) is not sent again within the try. An error reply
-        to ASKING itself (an ACL user not allowed it: NOPERM) is raised as it is: the script
-        after it ran nothing."""
-        script = self._scripts[call.script]
-        function = self._set.function(call.script)
-        need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
+        topology read still names the migrating node, so ASKING and the script, ASKING and
+        the probe, and WAIT go to the importing node, in one pipeline on one connection.
+        TRYAGAIN (a migrating slot whose keys are split between the two nodes: a script's
+        keys that do not exist yet count as elsewhere) is sent again as redis-py's cluster
+        client does on the other path (``TRYAGAIN_SENDS``,
+        :func:`~settle._runtime.transient.tryagain_pause`), then is transient: the call's own
+        retries repeat it; a refused send whose WAIT came back short (it waited
+        ``replica_timeout``) is not sent again within the try. An error reply to ASKING
+        itself (an ACL user not allowed it: NOPERM) is raised as it is: the script after it
+        ran nothing."""
+        need = self._durability.min_replicas
         asked: Redis | None = None  # the importing node an ASK named, for the next try
         refused = 0  # sends of this try refused with TRYAGAIN
         redirected = 0
@@ -909,23 +914,18 @@ class AsyncRunner:
             node = asked or self._node_for(call)
             try:
                 async with node.pipeline(transaction=False) as pipe:
-                    if asked is not None:  # lets the next command (the script) in
-                        pipe.execute_command("ASKING")  # type: ignore[no-untyped-call,unused-ignore]
-                    if self._fcall:
-                        pipe.fcall(function, len(call.keys), *call.keys, *call.args)
-                    else:
-                        pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
-                    pipe.execute_command("WAIT", need, wait_ms)  # type: ignore[no-untyped-call,unused-ignore]
-                    *asking, reply, acks = await pipe.execute(raise_on_error=False)
+                    self._queue_durable(pipe, call, asking=asked is not None)
+                    replies = await pipe.execute(raise_on_error=False)
             except (rx.ConnectionError, rx.TimeoutError):
                 await self._forget_node(node)
                 raise
-            if asking and isinstance(asking[0], Exception) and isinstance(reply, Exception):
+            asking, reply, probed, acks = _durable_replies(replies, asking=asked is not None)
+            if isinstance(asking, Exception) and isinstance(reply, Exception):
                 # ASKING refused (a NOPERM of an ACL without it): the script after it was
                 # redirected unrun, and would be on every try; the refusal is the error. A
                 # script that ran anyway (the slot became the importing node's own between
                 # the topology read and the call) wrote: its reply is the answer.
-                raise asking[0]
+                raise asking
             if isinstance(reply, rx.TryAgainError):  # nothing ran: the same node again
                 refused += 1
                 await _pause_after(reply, refused, acks, need)
@@ -945,27 +945,65 @@ class AsyncRunner:
                 raise reply
             if isinstance(acks, Exception):
                 raise acks
+            if isinstance(probed, Exception):
+                if isinstance(probed, NoScriptError) or self._function_missing(probed):
+                    self.suspect()  # lost since the script ran: checked and loaded again
+                raise self._not_durable(call, int(acks), probed)
             if int(acks) < need:
-                logger.error(
-                    "settle.backend.durability_failed",
-                    script=call.script,
-                    operation_digest=operation_digest(call.operation_id),
-                    attempt_id=call.attempt_id,
-                    acknowledged=int(acks),
-                    required=need,
-                )
-                raise DurabilityError(
-                    f"{call.script}: {acks} of {need} replicas acknowledged within "
-                    f"{wait_ms} ms; the outcome is uncertain, read the record back",
-                    operation_id=call.operation_id,
-                    acknowledged=int(acks),
-                    required=need,
-                )
+                raise self._not_durable(call, int(acks))
             return reply
         raise BackendError(
             f"{call.script}: the server kept losing its scripts or moving the slot; "
             "the outcome is uncertain, read the record back",
             operation_id=call.operation_id,
+        )
+
+    def _queue_durable(self, pipe: Any, call: Call, *, asking: bool) -> None:
+        """Queue on ``pipe`` the durable path's commands for ``call``: the script, then the
+        runtime's :data:`~settle._runtime.scripts.WAIT_PROBE` in the call's slot, then
+        ``WAIT``. WAIT waits for its connection's last write; on Valkey and Redis 7.2+ a
+        script that wrote nothing (a replay, an absorbed repeat) leaves that where it was,
+        so WAIT could acknowledge the record the script read (another client's write)
+        before any replica had it; the probe always writes. With ``asking``, an ``ASKING``
+        before each script (it lets one command in)."""
+        probe = (wait_probe_key(call.keys[0]),)
+        for name, keys, args in ((call.script, call.keys, call.args), (WAIT_PROBE, probe, ())):
+            if asking:
+                pipe.execute_command("ASKING")
+            if self._fcall:
+                pipe.fcall(self._set.function(name), len(keys), *keys, *args)
+            else:
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        pipe.execute_command("WAIT", self._durability.min_replicas, self._durability.wait_ms)
+
+    def _not_durable(
+        self, call: Call, acks: int, probe_refused: Exception | None = None
+    ) -> DurabilityError:
+        """The :class:`DurabilityError` of ``call``, whose script ran: ``acks`` replicas
+        acknowledged, or the probe that makes WAIT cover the script's reads was refused
+        (``probe_refused``: a slot that migrates under it, an ACL without its key, a server
+        that lost the probe since the script ran): the replicas may lack what it read."""
+        need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
+        logger.error(
+            "settle.backend.durability_failed",
+            script=call.script,
+            operation_digest=operation_digest(call.operation_id),
+            attempt_id=call.attempt_id,
+            acknowledged=acks,
+            required=need,
+            probe_refused=None if probe_refused is None else type(probe_refused).__name__,
+        )
+        if probe_refused is not None:
+            why = (
+                f"the write that makes WAIT cover it was refused ({_probe_refusal(probe_refused)})"
+            )
+        else:
+            why = f"{acks} of {need} replicas acknowledged within {wait_ms} ms"
+        return DurabilityError(
+            f"{call.script}: {why}; the outcome is uncertain, read the record back",
+            operation_id=call.operation_id,
+            acknowledged=acks,
+            required=need,
         )
 
     async def _send_again(self, call: Call, node: Redis, reply: object) -> bool:
@@ -976,7 +1014,8 @@ class AsyncRunner:
         listed now (:meth:`_listed_since`: FCALL)."""
         if isinstance(reply, NoScriptError):
             await self._lost(call)
-            await node.script_load(self._scripts[call.script].script)
+            for name in (call.script, WAIT_PROBE):
+                await node.script_load(self._scripts[name].script)
             return True
         if self._function_missing(reply):
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)
@@ -1543,6 +1582,23 @@ def _socket_timeout(client: Any) -> float | None:
         given = getattr(pool, "connection_kwargs", {})
     timeout = given.get("socket_timeout")
     return None if timeout is None else float(timeout)
+
+
+def _durable_replies(replies: Sequence[Any], *, asking: bool) -> tuple[Any, Any, Any, Any]:
+    """The durable pipeline's replies (:meth:`AsyncRunner._queue_durable`): the first
+    ASKING's (None without), the script's, the probe's, WAIT's."""
+    if asking:
+        first, reply, _, probed, acks = replies
+        return first, reply, probed, acks
+    reply, probed, acks = replies
+    return None, reply, probed, acks
+
+
+def _probe_refusal(refusal: Exception) -> str:
+    """What refused the probe, in words for a :class:`DurabilityError`."""
+    if isinstance(refusal, rx.AskError | rx.MovedError | rx.TryAgainError):
+        return f"its slot is moving to another node: {type(refusal).__name__}"
+    return f"{type(refusal).__name__}: {refusal}"
 
 
 async def _pause_after(refusal: rx.TryAgainError, refused: int, acks: Any, need: int) -> None:

@@ -19,7 +19,10 @@ class Call:
     ``operation_id`` is what errors and logs name as the subject of the call: the operation
     id in the core, the stream in ``settle.cursor``, the consumer in ``settle.progress``.
     ``action`` and ``shard`` are the core's (a settlement's action, a quarantine read's
-    shard); the companions leave them empty.
+    shard); the companions leave them empty. ``reads_only`` marks a call of a writing
+    script whose arguments let it write nothing (the namespace check that does not create
+    the metadata): with ``min_replicas`` it runs without WAIT, as a read does, so a settler
+    started while its replicas are down still reads.
     """
 
     script: str
@@ -29,6 +32,7 @@ class Call:
     attempt_id: str | None = None
     action: Any = None
     shard: int | None = None
+    reads_only: bool = False
 
 
 @contextmanager

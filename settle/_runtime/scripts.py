@@ -24,10 +24,24 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 
-__all__ = ["ScriptSet"]
+from settle._runtime.topology import hash_tag
+
+__all__ = ["WAIT_PROBE", "ScriptSet", "wait_probe_key"]
 
 #: Stands for ``settle_<hash>`` in the library's text until its hash is known.
 _PREFIX = "@@settle@@"
+
+#: The runtime's own script in every set: the write after a writing script that makes its
+#: ``WAIT`` cover every earlier write of the server (``lua/wait_probe.lua``).
+WAIT_PROBE = "wait_probe"
+
+
+def wait_probe_key(key: str) -> str:
+    """The key :data:`WAIT_PROBE` writes for a call whose first key is ``key``: in its slot
+    (its hash tag, or the whole key when it has none), under ``settle:`` as every key an ACL
+    grants settle. Every part's keys carry a tag, or (a user's stream) have no ``}`` when
+    they have none, so the tag written here is the one Redis Cluster reads."""
+    return f"settle:{{{hash_tag(key) or key}}}:wait"
 
 
 def _read(package: str, name: str) -> str:
@@ -49,7 +63,10 @@ class ScriptSet:
     persistence, a DEL), evidence on which the runner checks the server again before its
     next call, as on the core's ``unclaimed`` reply. ``lost`` names reply codes (the
     reply's first element) of the set's scripts that are the same evidence (the stream
-    settlement's ``no_group``: the group it read the delivery from is gone)."""
+    settlement's ``no_group``: the group it read the delivery from is gone).
+
+    Every set also holds the runtime's :data:`WAIT_PROBE` (added here; a part never calls
+    it): with ``min_replicas`` the runner sends it between a writing script and its WAIT."""
 
     package: str
     scripts: Mapping[str, tuple[str, ...]]
@@ -73,13 +90,21 @@ class ScriptSet:
             raise ValueError(f"heads of scripts that are not in the set: {unknown_heads}")
         if self.writing & self.read_only:
             raise ValueError(f"scripts both writing and read-only: {self.writing & self.read_only}")
+        if self.scripts.get(WAIT_PROBE, ()) != ():  # () is a set's copy (``replace``)
+            raise ValueError(f"{WAIT_PROBE!r} is the runtime's own script in every set")
+        object.__setattr__(self, "scripts", {**self.scripts, WAIT_PROBE: ()})
         prelude = _read("settle._runtime", "prelude")
         libs = {lib: _read(self.package, lib) for deps in self.scripts.values() for lib in deps}
         head_libs = [_read(self.package, lib) for lib in self.head_libs]
         heads = {name: _read(self.package, head) for name, head in self.heads.items()}
-        bodies = {name: _read(self.package, name) for name in self.scripts}
+        bodies = {
+            name: _read("settle._runtime" if name == WAIT_PROBE else self.package, name)
+            for name in self.scripts
+        }
         built = {
-            name: "\n".join(
+            name: bodies[name]  # a write alone: no helper of the prelude
+            if name == WAIT_PROBE
+            else "\n".join(
                 [
                     prelude,
                     *((*head_libs, heads[name]) if name in heads else ()),
@@ -133,7 +158,15 @@ class ScriptSet:
             out.append("do")
             out.extend(libs[lib] for lib in deps)
             for name in names:
-                flags = ", flags = {'no-writes'}" if name in self.read_only else ""
+                flags = (
+                    ", flags = {'no-writes'}"
+                    if name in self.read_only
+                    # Runs on a full server too: its PEXPIRE grows nothing, and a tag's
+                    # first probe makes one small key (see lua/wait_probe.lua).
+                    else ", flags = {'allow-oom'}"
+                    if name == WAIT_PROBE
+                    else ""
+                )
                 out += [
                     "redis.register_function{",
                     f"  function_name = '{_PREFIX}_{part}_{name}',",

@@ -22,6 +22,7 @@ __all__ = [
     "check_server",
     "demoted",
     "has_functions",
+    "hash_tag",
     "is_cluster_mode",
     "lists_library",
     "missing_function",
@@ -263,3 +264,15 @@ def passed_on(given: Mapping[str, Any], kind: type | None) -> dict[str, Any]:
     if kind is not None and "SSL" in kind.__name__:
         settings["ssl"] = True
     return settings
+
+
+def hash_tag(key: str) -> str | None:
+    """The part of ``key`` Redis Cluster hashes when it has a non-empty ``{...}`` (the text
+    between its first ``{`` and the first ``}`` after it), None when the whole key is."""
+    start = key.find("{")
+    if start < 0:
+        return None
+    end = key.find("}", start + 1)
+    if end <= start + 1:
+        return None
+    return key[start + 1 : end]

@@ -9,22 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from settle._runtime.topology import hash_tag
 from settle.config import check_namespace
 from settle.progress.errors import InvalidDelivery
 from settle.progress.identity import EmissionId, check_name
 
 __all__ = ["ProgressKeys", "StreamKeys"]
-
-
-def _hash_tag(key: str) -> str | None:
-    """The part of ``key`` Redis Cluster hashes when it has a non-empty ``{...}``."""
-    start = key.find("{")
-    if start < 0:
-        return None
-    end = key.find("}", start + 1)
-    if end <= start + 1:
-        return None
-    return key[start + 1 : end]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +57,7 @@ class StreamKeys:
 
     def __post_init__(self) -> None:
         check_name(self.stream, "stream")
-        if _hash_tag(self.stream) is None and "}" in self.stream:
+        if hash_tag(self.stream) is None and "}" in self.stream:
             raise InvalidDelivery(
                 "a stream name with '}' needs a hash tag ({...}) so settle's keys can share "
                 "its slot"
@@ -75,7 +65,7 @@ class StreamKeys:
 
     @property
     def tag(self) -> str:
-        return _hash_tag(self.stream) or self.stream
+        return hash_tag(self.stream) or self.stream
 
     @property
     def incarnation(self) -> str:

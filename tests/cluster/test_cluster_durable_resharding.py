@@ -33,8 +33,13 @@ from settle import (
     State,
     Verdict,
 )
+from settle._core.engine import FINGERPRINT_VERSION
 from settle._core.keys import Keys
 from settle._core.layout import unpack
+from settle._core.scripts import SCRIPTS
+from settle._runtime import Call, Durability
+from settle._runtime._sync import Runner, cluster_client
+from settle._runtime.scripts import wait_probe_key
 from settle._runtime.transient import ATTEMPTS, TRYAGAIN_PAUSE, TRYAGAIN_SENDS
 from settle.config import MAX_SHARDS
 from tests.acl import app_user
@@ -141,11 +146,15 @@ async def test_a_durable_call_runs_on_the_importing_node_of_its_migrating_slot(
         r = await s.reserve("during", REQ, principal=WHO)
         assert isinstance(r, Reserved)
         held = {i: replicated.keys_in_slot(i, slot) for i in range(len(replicated.nodes))}
+        # Creating the metadata waited: the probe after the script (its ASKING too) wrote
+        # on the importing node as well. Checking metadata that is there writes nothing
+        # and sends no WAIT (Call.reads_only).
+        there = [meta] if created == "before" else sorted([meta, wait_probe_key(meta)])
         assert held == {
             source: [],
             replicated.replica_of(source): [],
-            target: [meta],
-            replicated.replica_of(target): [meta],
+            target: there,
+            replicated.replica_of(target): there,
         }
         assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
     replicated.migrated(slot, target)
@@ -157,6 +166,47 @@ async def test_a_durable_call_runs_on_the_importing_node_of_its_migrating_slot(
     async with _settler(replicated, "sync", ns, shards=SHARDS + 1) as other:
         with pytest.raises(ConfigurationError, match="created for 4 shards"):
             await other.reserve("other", REQ, principal=WHO)
+
+
+async def test_a_script_whose_probe_key_moved_ahead_of_what_it_read_is_a_durability_error(
+    replicated: LocalCluster, namespace: str
+) -> None:
+    """A migration that has moved the slot's probe key (``settle:{<tag>}:wait``) and not yet
+    the key a writing script reads: the script runs on the migrating node, which holds its
+    key, writes nothing there (the namespace metadata is as it expects), and its probe is
+    answered with ASK (a key that node no longer holds). WAIT would then cover the
+    connection's earlier writes only, not what the script read: the call raises
+    DurabilityError saying the slot is moving. Once the slot has moved, the same call is
+    acknowledged. (The runner's rule for any writing script; the settler sends this check
+    without WAIT. A record's slot cannot show it: its scripts' keys that do not exist make
+    the migrating node answer TRYAGAIN first.)"""
+    ns = _namespace(namespace)
+    meta = Keys(ns, SHARDS).meta
+    probe = wait_probe_key(meta)
+    slot = key_slot(meta.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    durability = Durability(min_replicas=1, replica_timeout=0.3)
+    runner = Runner(cluster_client(replicated.url, None), SCRIPTS, durability)
+    try:
+        create = Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "1"))
+        check = Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "0"))
+        assert runner.run(create)[0] == b"ok"
+        assert replicated.keys_in_slot(source, slot) == sorted([meta, probe])
+        with replicated.client(source) as src, replicated.client(target) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", replicated.node_id(source))
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", replicated.node_id(target))
+            port = replicated.nodes[target].port
+            src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", probe)
+        with capture_logs() as logs, pytest.raises(DurabilityError, match="slot is moving"):
+            runner.run(check)
+        refused = [e for e in logs if e["event"] == "settle.backend.durability_failed"]
+        assert [(e["script"], e["probe_refused"]) for e in refused] == [("namespace", "AskError")]
+        assert replicated.migrate(slot, source, target) == [meta]
+        replicated.migrated(slot, target)
+        assert runner.run(check)[0] == b"ok"
+    finally:
+        runner.close()
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])

