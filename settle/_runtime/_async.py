@@ -948,7 +948,7 @@ class AsyncRunner:
             if isinstance(probed, Exception):
                 if isinstance(probed, NoScriptError) or self._function_missing(probed):
                     self.suspect()  # lost since the script ran: checked and loaded again
-                raise self._not_durable(call, int(acks), probed)
+                raise self._not_durable(call, 0, probed)
             if int(acks) < need:
                 raise self._not_durable(call, int(acks))
             return reply
@@ -982,7 +982,8 @@ class AsyncRunner:
         """The :class:`DurabilityError` of ``call``, whose script ran: ``acks`` replicas
         acknowledged, or the probe that makes WAIT cover the script's reads was refused
         (``probe_refused``: a slot that migrates under it, an ACL without its key, a server
-        that lost the probe since the script ran): the replicas may lack what it read."""
+        that lost the probe since the script ran): the replicas may lack what it read, and
+        no replica is known to hold it (``acks`` 0: WAIT's count was of other writes)."""
         need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
         logger.error(
             "settle.backend.durability_failed",

@@ -119,6 +119,9 @@ def test_a_probe_the_server_refuses_is_a_durability_error_not_a_silent_answer(
         settler.close()
     assert "the write that makes WAIT cover it was refused" in str(refused.value)
     assert "uncertain" in str(refused.value)
+    # WAIT's count was of the connection's other writes: no replica is known to hold what
+    # the script read, whatever WAIT answered after the refused probe.
+    assert (refused.value.acknowledged, refused.value.required) == (0, 1)
     failed = [e for e in logs if e["event"] == "settle.backend.durability_failed"]
     assert [e["probe_refused"] for e in failed] == ["ResponseError"]
 
