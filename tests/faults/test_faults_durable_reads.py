@@ -9,6 +9,7 @@ primaries and replicas, Redis and Valkey, a replica frozen with SIGSTOP."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,6 +153,38 @@ def test_a_settler_started_while_its_replica_is_down_still_reads(
         assert record.state.value == "completed"
         with pytest.raises(DurabilityError):
             later.reserve("another", REQ, principal=WHO)
+
+
+def test_a_write_that_takes_the_server_past_maxmemory_is_acknowledged(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """A completion that the server ran under ``maxmemory`` and whose own write took it past
+    the limit: the probe after it must still run (a function with ``allow-oom``; an EVAL
+    script's PEXPIRE, which grows nothing), or such a write, done and replicated, would be
+    said to be uncertain. The limit is raised 50 KB at a time from below what the call's
+    own 400 KB of arguments need: the first completion the server runs stores 400 KB past
+    a limit it was at most 50 KB under."""
+    primary, replica = pair
+    answers: list[object] = []
+    refusals: list[str] = []
+    with _durable(primary.url, namespace) as settler, redis.Redis(port=primary.port) as raw:
+        try:
+            for n, room in enumerate(range(300_000, 2_000_000, 50_000)):
+                reservation = settler.reserve(f"paid-{n}", REQ, principal=WHO).reservation
+                raw.config_set("maxmemory", int(raw.info("memory")["used_memory"]) + room)
+                big = {"charge": "ch_1", "blob": os.urandom(200_000).hex()}
+                try:
+                    answers.append(settler.complete(reservation, big).verdict)
+                except BackendError as refused:  # the script did not start: nothing written
+                    refusals.append(str(refused))
+                    raw.config_set("maxmemory", 0)
+                    continue
+                break
+        finally:
+            raw.config_set("maxmemory", 0)
+    assert answers == [Verdict.ACCEPTED]
+    assert all("maxmemory" in text for text in refusals), refusals
+    assert _stored_state(replica, namespace, f"paid-{n}") == b"completed"
 
 
 def test_a_probe_missing_from_the_script_cache_is_loaded_and_sent_again(
