@@ -587,3 +587,42 @@ async def test_a_split_slot_with_too_few_replicas_connected_costs_one_wait_a_try
             assert record.state is State.PENDING
     finally:
         cluster.close()
+
+
+async def test_a_probe_refused_on_the_importing_node_is_a_durability_error(
+    replicated: LocalCluster, namespace: str
+) -> None:
+    """ASK: the script runs on the importing node and the probe after it (behind its own
+    ASKING) is refused there, by an ACL without PEXPIRE. The call raises DurabilityError
+    naming the refusal, as on a node that serves its slot: the reply after the script's is
+    the second ASKING's OK, and taking that for the probe's acknowledged a script whose
+    reads no WAIT covered."""
+    ns = _namespace(namespace)
+    meta = Keys(ns, SHARDS).meta
+    slot = key_slot(meta.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    durability = Durability(min_replicas=1, replica_timeout=0.3)
+    user = "nopexpire"
+    urls = [app_user(node, "+@all", "-pexpire", name=user) for node in replicated.nodes]
+    admin = Runner(cluster_client(replicated.url, None), SCRIPTS, durability)
+    runner = Runner(cluster_client(urls[0], None), SCRIPTS, durability)
+    try:
+        assert admin.run(Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "1")))[0] == b"ok"
+        assert meta in replicated.migrate(slot, source, target)  # ASK for it from now on
+        check = Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "0"))
+        with capture_logs() as logs, pytest.raises(DurabilityError, match="was refused") as info:
+            runner.run(check)
+        assert (info.value.acknowledged, info.value.required) == (0, 1)
+        refused = [e for e in logs if e["event"] == "settle.backend.durability_failed"]
+        assert [(e["script"], e["probe_refused"]) for e in refused] == [
+            ("namespace", "ResponseError")
+        ]
+        assert replicated.keys_in_slot(source, slot) == []  # it ran on the importing node
+    finally:
+        replicated.migrated(slot, target)
+        runner.close()
+        admin.close()
+        for node in replicated.nodes:
+            with redis.Redis(port=node.port) as c:
+                c.acl_deluser(user)
