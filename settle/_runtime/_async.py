@@ -973,7 +973,8 @@ class AsyncRunner:
         (it lets one command in)."""
         probe = (wait_probe_key(call.keys[0]),)
         own = ((call.script, call.keys, call.args),) if script else ()
-        for name, keys, args in (*own, (WAIT_PROBE, probe, ())):
+        # Behind ASKING the probe leaves no key the migrating node may hold (wait_probe.lua).
+        for name, keys, args in (*own, (WAIT_PROBE, probe, ("1",) if asking else ())):
             if asking:
                 pipe.execute_command("ASKING")
             if self._fcall:

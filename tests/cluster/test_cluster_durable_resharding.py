@@ -41,6 +41,7 @@ from settle._runtime import Call, Durability
 from settle._runtime._sync import Runner, cluster_client
 from settle._runtime.scripts import wait_probe_key
 from settle._runtime.transient import ATTEMPTS, TRYAGAIN_PAUSE, TRYAGAIN_SENDS
+from settle._sessions import SCRIPTS as SESSIONS
 from settle.config import MAX_SHARDS
 from tests.acl import app_user
 from tests.cluster.cluster_support import LocalCluster
@@ -147,14 +148,13 @@ async def test_a_durable_call_runs_on_the_importing_node_of_its_migrating_slot(
         assert isinstance(r, Reserved)
         held = {i: replicated.keys_in_slot(i, slot) for i in range(len(replicated.nodes))}
         # Creating the metadata waited: the probe after the script (its ASKING too) wrote
-        # on the importing node as well. Checking metadata that is there writes nothing
-        # and sends no WAIT (Call.reads_only).
-        there = [meta] if created == "before" else sorted([meta, wait_probe_key(meta)])
+        # on the importing node as well, and left no key there (wait_probe.lua). Checking
+        # metadata that is there writes nothing and sends no WAIT (Call.reads_only).
         assert held == {
             source: [],
             replicated.replica_of(source): [],
-            target: there,
-            replicated.replica_of(target): there,
+            target: [meta],
+            replicated.replica_of(target): [meta],
         }
         assert (await s.complete(r.reservation, RESULT)).verdict is Verdict.ACCEPTED
     replicated.migrated(slot, target)
@@ -626,3 +626,38 @@ async def test_a_probe_refused_on_the_importing_node_is_a_durability_error(
         for node in replicated.nodes:
             with redis.Redis(port=node.port) as c:
                 c.acl_deluser(user)
+
+
+async def test_a_probe_behind_asking_leaves_no_key_the_migrating_node_still_holds(
+    replicated: LocalCluster, namespace: str
+) -> None:
+    """A slot migrates while its probe key (``settle:{<tag>}:wait``) is still on the
+    migrating node, and a durable call whose keys do not exist there yet runs on the
+    importing node (ASK; here the console's first epoch of a namespace). Its probe, behind
+    ASKING, wrote the key there too: both nodes held it, and the resharding tool's MIGRATE
+    of the migrating node's keys (without REPLACE) failed with BUSYKEY. The probe behind
+    ASKING now writes and deletes a missing key: the call is acknowledged, the importing
+    node holds only the call's key, and the keys move."""
+    keys = Keys(_namespace(namespace), SHARDS)
+    meta, probe = keys.meta, wait_probe_key(keys.meta)
+    slot = key_slot(meta.encode())
+    source = replicated.serving(slot)
+    target = 1 - source
+    durability = Durability(min_replicas=1, replica_timeout=0.3)
+    core = Runner(cluster_client(replicated.url, None), SCRIPTS, durability)
+    sessions = Runner(cluster_client(replicated.url, None), SESSIONS, durability)
+    try:
+        assert core.run(Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "1")))[0] == b"ok"
+        assert replicated.keys_in_slot(source, slot) == sorted([meta, probe])
+        with replicated.client(source) as src, replicated.client(target) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", replicated.node_id(source))
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", replicated.node_id(target))
+        renew = Call("epoch_renew", (keys.console_epochs,), ("d" * 64, "epoch-1"))
+        assert sessions.run(renew) == [b"renewed"]
+        assert replicated.keys_in_slot(target, slot) == [keys.console_epochs]
+        assert replicated.migrate(slot, source, target) == sorted([meta, probe])
+        replicated.migrated(slot, target)
+        assert replicated.keys_in_slot(source, slot) == []
+    finally:
+        core.close()
+        sessions.close()

@@ -11,7 +11,11 @@
 -- stream, a progress consumer), kept a week after its last use. PEXPIRE of the existing key
 -- is a write that is allowed on a full server (it is not deny-oom); only the first probe of a
 -- tag creates it.
+-- ARGV[1] '1': sent behind ASKING to the importing node of a migrating slot, whose key may
+-- still be on the migrating node: a missing one is written and deleted (two writes, no key),
+-- so the two nodes never both hold it (a MIGRATE without REPLACE would fail with BUSYKEY).
 if redis.call('PEXPIRE', KEYS[1], 604800000) == 0 then
   redis.call('SET', KEYS[1], '', 'PX', 604800000)
+  if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
 end
 return 1
