@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from settle._runtime.scripts import wait_probe_key
 from settle._runtime.topology import hash_tag
 from settle.config import check_namespace
 from settle.progress.errors import InvalidDelivery
@@ -61,6 +62,11 @@ class StreamKeys:
             raise InvalidDelivery(
                 "a stream name with '}' needs a hash tag ({...}) so settle's keys can share "
                 "its slot"
+            )
+        if self.stream == wait_probe_key(self.stream):
+            raise InvalidDelivery(
+                f"stream {self.stream!r} is the key settle's min_replicas probe writes (it "
+                "would set the stream to expire): name the stream otherwise"
             )
 
     @property

@@ -181,3 +181,24 @@ def test_a_store_refuses_a_namespace_with_a_line_break(
     every key of the store then held a line feed."""
     with pytest.raises(InvalidDelivery, match="namespace"):
         ProgressStore(progress_client, consumer="w1", namespace=bad)
+
+
+@pytest.mark.parametrize("name", ["settle:{orders}:wait", "settle:{orders}:waiting"])
+def test_a_stream_named_as_the_durability_probe_is_refused_before_anything_is_written(
+    stream_client: redis.Redis, store: ProgressStore, names: Names, name: str
+) -> None:
+    """With ``min_replicas`` every writing script is followed by a probe that sets its
+    slot's ``settle:{<tag>}:wait`` key to expire in a week (docs/operations.md): a stream of
+    that very name would be set to expire, entries and groups with it. Refused as a name,
+    before the scope is opened; a stream whose name only starts as the probe's is another
+    key, and is taken."""
+    stream_client.xgroup_create(name, names.group, id="0", mkstream=True)
+    before = _keys(stream_client)
+    consumer = StreamConsumer(stream_client, store, stream=name, group=names.group)
+    if name == "settle:{orders}:wait":
+        with pytest.raises(InvalidDelivery, match="probe"):
+            consumer.start()
+        assert _keys(stream_client) == before
+        assert stream_client.pttl(name) == -1
+    else:
+        assert consumer.start().stream == name
