@@ -6,6 +6,7 @@ lapsed: :meth:`~settle.models.Renewal.lapsed`), cancels the function (through th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import sys
@@ -19,6 +20,7 @@ from settle.decorator._plan import (
     Raise,
     Ran,
     Read,
+    Release,
     ReplayHook,
     Reserve,
     RetrySpec,
@@ -35,7 +37,7 @@ from settle.decorator._signature import (
     Signature,
     check_decorable,
 )
-from settle.errors import InvalidInput
+from settle.errors import DurabilityError, InvalidInput, SettleError
 from settle.models import Action, Settlement
 
 if TYPE_CHECKING:
@@ -96,15 +98,18 @@ async def _drive(
         while True:
             match step:
                 case Reserve():
-                    step = plan.reserved(
-                        await settler.reserve(
+                    try:
+                        outcome = await settler.reserve(
                             step.identity.operation_id,
                             principal=step.identity.principal,
                             fingerprint=step.identity.fingerprint,
                             lease=step.lease,
                             attempt_id=step.attempt_id,
                         )
-                    )
+                    except DurabilityError as exc:
+                        step = plan.reserve_unconfirmed(step, exc)
+                    else:
+                        step = plan.reserved(outcome)
                 case Run():
                     call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
                     span.attempt(step.attempt)
@@ -122,6 +127,11 @@ async def _drive(
                         step = plan.settled(step, settlement)
                 case Read():
                     step = plan.read(await settler.get(step.operation_id))
+                case Release():
+                    # On the primary at least; the caller gets the reserve's error either way.
+                    with contextlib.suppress(SettleError):
+                        await settler.mark_provisional(step.reservation, step.reason)
+                    step = plan.released()
                 case Sleep():
                     span.attempt_done()
                     await asyncio.sleep(step.seconds)

@@ -37,6 +37,7 @@ from settle._log import logger, operation_digest
 from settle.attempt import Attempt
 from settle.decorator._signature import CallIdentity
 from settle.errors import (
+    DurabilityError,
     InvalidInput,
     OperationFailed,
     OperationInProgress,
@@ -52,6 +53,7 @@ from settle.models import (
     Reservation,
     Reserved,
     Settlement,
+    State,
     StoredFailure,
     Verdict,
     _replayed,
@@ -136,6 +138,17 @@ class Read:
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    """Mark provisional ``reservation``, this call's own, whose ``reserve`` raised
+    :class:`DurabilityError`: the function did not run, and the primary must not tell the
+    next call that it is running until the lease ends. Whatever the settlement answers,
+    :meth:`Plan.released` says what the caller gets."""
+
+    reservation: Reservation
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     seconds: float
 
@@ -151,7 +164,7 @@ class Raise:
     cause: BaseException | None = None
 
 
-Step = Reserve | Run | Settle | Read | Sleep | Return | Raise
+Step = Reserve | Run | Settle | Read | Release | Sleep | Return | Raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +291,8 @@ class Plan:
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
         self._mismatch: tuple[InvalidInput, ValidationError] | None = None
+        # A reserve that raised DurabilityError: its attempt id and the error.
+        self._unconfirmed: tuple[str, DurabilityError] | None = None
         self._bound: Any = None
 
     @property
@@ -313,6 +328,29 @@ class Plan:
         attempt = Attempt.for_reservation(outcome, self.policy.namespace, deadline)
         lease = self.policy.lease
         return Run(r, attempt, timeout, lease, heartbeat=lease / 3)
+
+    def reserve_unconfirmed(self, step: Reserve, error: DurabilityError) -> Step:
+        """``reserve`` raised :class:`DurabilityError`: no replica is known to hold what it
+        wrote or read, so the function does not run. A reservation it wrote (a new key, a
+        takeover) would hold the key for the whole lease while nothing runs, and every
+        call until then would be told ``OperationInProgress``: read the record to find
+        it, then release it (:meth:`read`)."""
+        self._unconfirmed = (step.attempt_id, error)
+        return Read(step.identity.operation_id)
+
+    def released(self) -> Step:
+        assert self._unconfirmed is not None
+        return Raise(self._unconfirmed[1])
+
+    def _release(self, record: OperationRecord | None, attempt_id: str) -> Step:
+        assert self._unconfirmed is not None
+        if (
+            record is None or record.state is not State.PENDING or record.attempt_id != attempt_id
+        ):  # a replay, another caller's attempt, or nothing: nothing of this call's holds it
+            return Raise(self._unconfirmed[1])
+        self.log.warning("settle.operation.reserve_unconfirmed", generation=record.generation)
+        held = {name: getattr(record, name) for name in Reservation.model_fields}
+        return Release(Reservation(**held), "unconfirmed_reservation")
 
     def _declared(self) -> Any:
         """The declared result type, or None when it cannot be resolved (the function has
@@ -496,6 +534,8 @@ class Plan:
     # -- read ----------------------------------------------------------------------------
 
     def read(self, record: OperationRecord | None) -> Step:
+        if self._unconfirmed is not None:
+            return self._release(record, self._unconfirmed[0])
         operation_id = self.identity.operation_id
         stale = self._stale
         what = (

@@ -27,6 +27,7 @@ from settle.decorator._plan import (
     Raise,
     Ran,
     Read,
+    Release,
     ReplayHook,
     Reserve,
     RetrySpec,
@@ -43,7 +44,7 @@ from settle.decorator._signature import (
     Signature,
     check_decorable,
 )
-from settle.errors import InvalidInput
+from settle.errors import DurabilityError, InvalidInput, SettleError
 from settle.models import Action, Settlement
 
 if TYPE_CHECKING:
@@ -105,15 +106,18 @@ def _drive(
         while True:
             match step:
                 case Reserve():
-                    step = plan.reserved(
-                        settler.reserve(
+                    try:
+                        outcome = settler.reserve(
                             step.identity.operation_id,
                             principal=step.identity.principal,
                             fingerprint=step.identity.fingerprint,
                             lease=step.lease,
                             attempt_id=step.attempt_id,
                         )
-                    )
+                    except DurabilityError as exc:
+                        step = plan.reserve_unconfirmed(step, exc)
+                    else:
+                        step = plan.reserved(outcome)
                 case Run():
                     call_args, call_kwargs = signature.inject(args, kwargs, step.attempt)
                     span.attempt(step.attempt)
@@ -129,6 +133,11 @@ def _drive(
                         step = plan.settled(step, settlement)
                 case Read():
                     step = plan.read(settler.get(step.operation_id))
+                case Release():
+                    # On the primary at least; the caller gets the reserve's error either way.
+                    with contextlib.suppress(SettleError):
+                        settler.mark_provisional(step.reservation, step.reason)
+                    step = plan.released()
                 case Sleep():
                     span.attempt_done()
                     time.sleep(step.seconds)

@@ -1,0 +1,80 @@
+"""``min_replicas`` seen through settle's surfaces (the decorator, the HTTP guards) while a
+replica is down: a ``reserve`` that raises ``DurabilityError``, on a key already completed
+(a replay, which writes nothing but the probe) and on a new key (whose reservation the
+primary holds). Real primaries and replicas, Redis and Valkey, a replica frozen with
+SIGSTOP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from settle import AsyncSettler, DurabilityError, Settler, State
+from settle.embedded import EmbeddedRedis
+from tests.faults.servers import REPLICA_TIMEOUT, frozen
+from tests.faults.test_faults_durable_reads import pair
+
+__all__ = ["pair"]
+
+pytestmark = [pytest.mark.faults]
+
+
+def _options() -> dict[str, Any]:
+    return {"shards": 4, "min_replicas": 1, "replica_timeout": REPLICA_TIMEOUT}
+
+
+def test_a_decorated_call_whose_reservation_was_not_acknowledged_runs_once_the_replica_is_back(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """The reservation of a new key is on the primary when ``reserve`` raises
+    ``DurabilityError`` and the function does not run. It used to hold the key for the whole
+    lease: once the replica was back, the caller's next call waited ``wait`` and got
+    ``OperationInProgress`` ("being run by attempt ..."), though nothing ran it. The call
+    releases its own reservation: the next call runs the function, once."""
+    primary, replica = pair
+    runs: list[str] = []
+    with Settler.from_url(primary.url, namespace=namespace, **_options()) as settler:
+
+        @settler.operation(key="charge:{order}", principal="tenant:acme", wait=1.0)
+        def charge(order: str) -> dict[str, str]:
+            runs.append(order)
+            return {"charge": f"ch_{order}"}
+
+        assert charge("1") == {"charge": "ch_1"}
+        with frozen(replica):
+            with pytest.raises(DurabilityError):  # a replay: the function does not run again
+                charge("1")
+            with pytest.raises(DurabilityError):  # a new key: it does not run either
+                charge("2")
+        assert runs == ["1"]
+        record = settler.get("charge:2")
+        assert record is not None
+        assert record.state is State.PROVISIONAL
+        assert charge("1") == {"charge": "ch_1"}
+        assert charge("2") == {"charge": "ch_2"}
+        assert runs == ["1", "2"]
+
+
+@pytest.mark.asyncio
+async def test_an_async_decorated_call_whose_reservation_was_not_acknowledged_runs_once_back(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    primary, replica = pair
+    runs: list[str] = []
+    settler = AsyncSettler.from_url(primary.url, namespace=namespace, **_options())
+    try:
+
+        @settler.operation(key="charge:{order}", principal="tenant:acme", wait=1.0)
+        async def charge(order: str) -> dict[str, str]:
+            runs.append(order)
+            return {"charge": f"ch_{order}"}
+
+        assert await charge("1") == {"charge": "ch_1"}  # the namespace is written
+        with frozen(replica), pytest.raises(DurabilityError):
+            await charge("2")
+        assert runs == ["1"]
+        assert await charge("2") == {"charge": "ch_2"}
+        assert runs == ["1", "2"]
+    finally:
+        await settler.aclose()
