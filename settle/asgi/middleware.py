@@ -8,6 +8,7 @@ is :class:`settle.http._rules.Guard`'s; this shell only carries its steps out ov
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -18,7 +19,7 @@ from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.asgi.request import ClientDisconnected, read_body, request_head
 from settle.asgi.runner import AttemptRunner, send_response
 from settle.errors import ConfigurationError, SettleError
-from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run
+from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Release, Reserve, Run
 from settle.http.attempt import held_attempts
 from settle.http.keys import KeyScope
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -135,12 +136,23 @@ class IdempotencyMiddleware:
                             step = guard.reserve_failed(exc)
                         else:
                             step = guard.reserved(outcome)
+                    case Release():
+                        step = await self._release(guard, step)
                     case Run():
                         runner = AttemptRunner(self.app, self.settler, guard, step)
                         await runner.run(scope, receive, send, body)
                         return
         finally:
             request.finished(guard.outcome)
+
+    async def _release(self, guard: Guard, step: Release) -> Answer:
+        """Mark provisional the reservation ``step`` finds this request holds, if any; the
+        guard's 503 stands whatever that answers."""
+        with contextlib.suppress(SettleError):
+            own = step.reservation(await self.settler.get(step.operation_id))
+            if own is not None:
+                await self.settler.mark_provisional(own, step.reason)
+        return guard.released()
 
 
 def _reporting(send: Send, guard: Guard, request: Any) -> Send:

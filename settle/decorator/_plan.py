@@ -344,13 +344,11 @@ class Plan:
 
     def _release(self, record: OperationRecord | None, attempt_id: str) -> Step:
         assert self._unconfirmed is not None
-        if (
-            record is None or record.state is not State.PENDING or record.attempt_id != attempt_id
-        ):  # a replay, another caller's attempt, or nothing: nothing of this call's holds it
+        reservation = own_reservation(record, attempt_id)
+        if reservation is None:
             return Raise(self._unconfirmed[1])
-        self.log.warning("settle.operation.reserve_unconfirmed", generation=record.generation)
-        held = {name: getattr(record, name) for name in Reservation.model_fields}
-        return Release(Reservation(**held), "unconfirmed_reservation")
+        self.log.warning("settle.operation.reserve_unconfirmed", generation=reservation.generation)
+        return Release(reservation, UNCONFIRMED)
 
     def _declared(self) -> Any:
         """The declared result type, or None when it cannot be resolved (the function has
@@ -565,6 +563,20 @@ class Plan:
         )
         cause = self._ran.error if self._ran is not None else None
         return Raise(error, cause)
+
+
+#: The reason a reservation whose ``reserve`` raised DurabilityError is marked provisional.
+UNCONFIRMED = "unconfirmed_reservation"
+
+
+def own_reservation(record: OperationRecord | None, attempt_id: str) -> Reservation | None:
+    """The reservation ``record`` holds for the attempt ``attempt_id``, still pending: what
+    a ``reserve`` that raised :class:`DurabilityError` wrote (a new key, a takeover). None
+    for a replay, another caller's attempt, or no record: nothing of this attempt holds
+    the key."""
+    if record is None or record.state is not State.PENDING or record.attempt_id != attempt_id:
+        return None
+    return Reservation(**{name: getattr(record, name) for name in Reservation.model_fields})
 
 
 def _uuid4_hex() -> str:

@@ -16,6 +16,8 @@ response stores and what is answered when an attempt lost its reservation: all h
             case ReadBody():  step = guard.body_read(body)  # or guard.body_too_large(exc),
                               # body_malformed(exc), disconnected() if it ended early
             case Reserve():   step = guard.reserved(settler.reserve(...))  # or reserve_failed
+            case Release():   mark provisional step.reservation(settler.get(...)) if any,
+                              then step = guard.released()
             case Run():       run the app with step.attempt, then
                               settle guard.finished(...) and send guard.settled(...) or
                               the handler's own response
@@ -34,6 +36,7 @@ from pydantic import ValidationError
 
 from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
+from settle.decorator._plan import UNCONFIRMED, _uuid4_hex, own_reservation
 from settle.errors import (
     BackendError,
     BindingMismatch,
@@ -82,6 +85,7 @@ __all__ = [
     "Guard",
     "Identify",
     "ReadBody",
+    "Release",
     "Reserve",
     "Run",
     "Settle",
@@ -124,6 +128,7 @@ class Reserve:
     principal: str
     fingerprint: str
     lease: float | None
+    attempt_id: str
 
     @overload
     def call(self, settler: AsyncSettler) -> Awaitable[Reserved | Replay | InProgress]: ...
@@ -136,7 +141,24 @@ class Reserve:
             principal=self.principal,
             fingerprint=self.fingerprint,
             lease=self.lease,
+            attempt_id=self.attempt_id,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """``reserve`` raised :class:`DurabilityError`: read the record (``operation_id``) and
+    mark provisional (``reason``) the reservation it holds for this request
+    (:meth:`reservation`), if any; whatever that answers, feed :meth:`Guard.released`. The
+    handler did not run: a reservation left pending would answer every retry 409 (in
+    progress) until its lease ends, with nothing running it."""
+
+    operation_id: str
+    attempt_id: str
+    reason: str = UNCONFIRMED
+
+    def reservation(self, record: OperationRecord | None) -> Reservation | None:
+        return own_reservation(record, self.attempt_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +191,7 @@ class Settle:
         return settler.complete(self.reservation, self.stored)
 
 
-Step = Forward | Answer | Identify | ReadBody | Reserve | Run
+Step = Forward | Answer | Identify | ReadBody | Reserve | Release | Run
 
 #: What a problem answer says of the request, as ``Guard.outcome`` (any other: "rejected").
 _OUTCOME = {
@@ -222,6 +244,8 @@ class Guard:
         self._key = ""
         self._principal = ""
         self._operation: str | None = None
+        self._reserving: Reserve | None = None
+        self._unconfirmed: DurabilityError | None = None
         self.outcome: str | None = None
 
     @property
@@ -327,11 +351,12 @@ class Guard:
         op = self._operation
         assert op is not None, "identified() names the operation before the body is read"
         fingerprint = fingerprint_request(self.head, body)
-        return Reserve(op, self._principal, fingerprint, self.policy.lease)
+        self._reserving = Reserve(op, self._principal, fingerprint, self.policy.lease, _uuid4_hex())
+        return self._reserving
 
     # -- the reservation -----------------------------------------------------------------
 
-    def reserve_failed(self, exc: SettleError) -> Answer:
+    def reserve_failed(self, exc: SettleError) -> Answer | Release:
         header = self.policy.header
         if isinstance(exc, FingerprintMismatch):
             detail = (
@@ -342,17 +367,36 @@ class Guard:
         if isinstance(exc, BindingMismatch):
             detail = f"this {header} is in use by another principal; use a new key"
             return self._reject(ProblemKind.KEY_BOUND, detail, level="warning")
+        if isinstance(exc, DurabilityError) and self._reserving is not None:
+            self._unconfirmed = exc
+            return Release(self._reserving.operation_id, self._reserving.attempt_id)
         if isinstance(exc, BackendError | DurabilityError | ConfigurationError):
-            self.log.error("settle.http.unavailable", error=type(exc).__name__)
-            if isinstance(exc, ConfigurationError):
-                # Redis refused settle (credentials in rotation, a cluster missing slots,
-                # another shard count): unavailable for the client, an operator's to fix.
-                detail = "the idempotency store refused this service; nothing was run."
-            else:
-                detail = "the idempotency store cannot be reached; nothing was run."
-            return self._answer(ProblemKind.UNAVAILABLE, detail + " Retry later.", retry=True)
+            return self._unavailable(exc)
         self.escaping(exc)
         raise exc
+
+    def released(self) -> Answer:
+        """The 503 of a ``reserve`` that raised :class:`DurabilityError`, after
+        :class:`Release`."""
+        assert self._unconfirmed is not None, "released() follows reserve_failed()"
+        return self._unavailable(self._unconfirmed)
+
+    def _unavailable(self, exc: SettleError) -> Answer:
+        self.log.error("settle.http.unavailable", error=type(exc).__name__)
+        if isinstance(exc, ConfigurationError):
+            # Redis refused settle (credentials in rotation, a cluster missing slots,
+            # another shard count): unavailable for the client, an operator's to fix.
+            detail = "the idempotency store refused this service; nothing was run."
+        elif isinstance(exc, DurabilityError):
+            # Reached, and it answered (a replay, a new reservation): no replica confirmed
+            # holding the record, so the handler does not run and nothing is replayed.
+            detail = (
+                "the idempotency store could not confirm that its replicas hold this "
+                "request's record; the handler did not run for this request."
+            )
+        else:
+            detail = "the idempotency store cannot be reached; nothing was run."
+        return self._answer(ProblemKind.UNAVAILABLE, detail + " Retry later.", retry=True)
 
     def reserved(self, outcome: Reserved | Replay | InProgress) -> Answer | Run:
         if isinstance(outcome, Replay):

@@ -10,6 +10,7 @@ a superseded attempt is quarantined. No rule lives here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from collections.abc import Iterable
@@ -22,7 +23,17 @@ from settle._telemetry import telemetry
 from settle.decorator._plan import Run as HeartbeatRun
 from settle.decorator._sync import _Heartbeats
 from settle.errors import ConfigurationError, SettleError
-from settle.http._rules import Answer, Forward, Guard, Identify, ReadBody, Reserve, Run, Settle
+from settle.http._rules import (
+    Answer,
+    Forward,
+    Guard,
+    Identify,
+    ReadBody,
+    Release,
+    Reserve,
+    Run,
+    Settle,
+)
 from settle.http.policy import IdempotencyPolicy
 from settle.http.problems import Response
 from settle.http.request import (
@@ -127,6 +138,8 @@ class SyncGuard:
                             step = guard.reserve_failed(exc)
                         else:
                             step = guard.reserved(outcome)
+                    case Release():
+                        step = self._release(guard, step)
                     case Run():
                         return self._run(guard, step, exchange, request.capture())
         finally:
@@ -156,6 +169,15 @@ class SyncGuard:
         finally:
             self._beats.remove(beating)
         return response if instead is None else instead
+
+    def _release(self, guard: Guard, step: Release) -> Answer:
+        """Mark provisional the reservation ``step`` finds this request holds, if any; the
+        guard's 503 stands whatever that answers."""
+        with contextlib.suppress(SettleError):
+            own = step.reservation(self.settler.get(step.operation_id))
+            if own is not None:
+                self.settler.mark_provisional(own, step.reason)
+        return guard.released()
 
     def _settle(self, guard: Guard, step: Settle | None) -> Response | None:
         """Carry out the guard's settlement; return what to answer instead, if anything."""

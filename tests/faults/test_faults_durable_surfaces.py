@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from settle import AsyncSettler, DurabilityError, Settler, State
 from settle.embedded import EmbeddedRedis
 from tests.faults.servers import REPLICA_TIMEOUT, frozen
 from tests.faults.test_faults_durable_reads import pair
+from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
 
 __all__ = ["pair"]
 
@@ -78,3 +80,48 @@ async def test_an_async_decorated_call_whose_reservation_was_not_acknowledged_ru
         assert runs == ["1", "2"]
     finally:
         await settler.aclose()
+
+
+def _guarded_calls(base: str, path: str, ledger: Ledger, replica: EmbeddedRedis) -> None:
+    """A request run once, then while the replica is down its replay and a new key's
+    request, then both again once the replica is back: what each client sees."""
+    body = {"amount": 1000}
+    with httpx.Client(base_url=base, timeout=10) as client:
+        first = client.post(path, json=body, headers=key_headers("paid"))
+        assert first.status_code == 201
+        with frozen(replica):
+            for key in ("paid", "new"):
+                answer = client.post(path, json=body, headers=key_headers(key))
+                assert answer.status_code == 503, (key, answer.text)
+                assert answer.headers["retry-after"] == "1"
+                detail = answer.json()["detail"]
+                # It was reached and answered: no replica confirmed the record, so the
+                # handler did not run for this request (the replay's had, before).
+                assert "cannot be reached" not in detail, detail
+                assert "replicas" in detail, detail
+        assert ledger.count(path) == 1
+        replayed = client.post(path, json=body, headers=key_headers("paid"))
+        assert (replayed.status_code, replayed.content) == (201, first.content)
+        # The new key's reservation, written while the replica was down, is not left to
+        # answer "still being processed" (409) until its lease ends: the retry runs it.
+        retried = client.post(path, json=body, headers=key_headers("new"))
+        assert retried.status_code == 201, retried.text
+        assert ledger.count(path) == 2
+
+
+@pytest.mark.parametrize("shell", ["wsgi", "asgi"])
+def test_a_request_whose_reservation_was_not_acknowledged_runs_on_its_retry(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, shell: str
+) -> None:
+    """The sync shell (WSGI, and the Django and Flask integrations on it) and the ASGI one
+    (Starlette under uvicorn)."""
+    primary, replica = pair
+    ledger = Ledger()
+    if shell == "wsgi":
+        settler = Settler.from_url(primary.url, namespace=namespace, **_options())
+        with settler, serve_wsgi(wsgi_app(settler, ledger)) as base:
+            _guarded_calls(base, "/payments", ledger, replica)
+        return
+    durable = AsyncSettler.from_url(primary.url, namespace=namespace, **_options())
+    with serve(starlette_app(durable, ledger), durable) as base:
+        _guarded_calls(base, "/payments", ledger, replica)
