@@ -204,8 +204,15 @@ async def _heartbeat(
     settler: AsyncSettler, plan: Plan, run: Run, on_lost: Callable[[], None]
 ) -> None:
     attempt = run.attempt
+    loop = asyncio.get_running_loop()
+    due = loop.time() + run.heartbeat
     while True:
-        await asyncio.sleep(run.heartbeat)
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        # The next renewal is due a heartbeat after this one is sent, not after it returns
+        # (as the sync heartbeat's): a renewal that waits (min_replicas: up to
+        # replica_timeout for a slow replica) would otherwise push every later one back by
+        # its wait, and the lease would lapse between renewals under the running function.
+        due = loop.time() + run.heartbeat
         try:
             renewal = await settler.renew(run.reservation, lease=run.lease)
         # Transient (BackendError, DurabilityError) or anything else: beat on. A heartbeat

@@ -6,6 +6,7 @@ SIGSTOP."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -125,3 +126,45 @@ def test_a_request_whose_reservation_was_not_acknowledged_runs_on_its_retry(
     durable = AsyncSettler.from_url(primary.url, namespace=namespace, **_options())
     with serve(starlette_app(durable, ledger), durable) as base:
         _guarded_calls(base, "/payments", ledger, replica)
+
+
+@pytest.mark.asyncio
+async def test_an_async_heartbeat_whose_renewals_wait_for_a_replica_keeps_the_lease(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """With ``min_replicas`` a renewal waits up to ``replica_timeout`` for the replica. The
+    async heartbeat slept ``lease / 3`` after each renewal returned, so a renewal that
+    waited pushed every later one back: with a 0.9 s wait on a 1.2 s lease, renewals went
+    1.3 s apart and the lease lapsed between them under the running function (another
+    caller could take the key over). The sync heartbeat sends the next one ``lease / 3``
+    after the last was sent; so does the async one now."""
+    primary, replica = pair
+    settler = AsyncSettler.from_url(
+        primary.url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=0.9
+    )
+    reasons: list[str | None] = []  # of every read of the record while the function ran
+    try:
+        assert await settler.get("charge") is None  # the namespace is written, acknowledged
+
+        @settler.operation(key="charge", principal="tenant:acme", lease=1.2)
+        async def charge() -> str:
+            with frozen(replica):  # every renewal waits replica_timeout, then raises
+                await asyncio.sleep(3.5)
+            return "ch_1"
+
+        async def watch() -> None:
+            while True:
+                record = await settler.get("charge")  # a read: it never waits
+                if record is not None:
+                    reasons.append(record.reason)
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            assert await charge() == "ch_1"
+        finally:
+            watcher.cancel()
+        assert len(reasons) > 100, reasons
+        assert "lease_expired" not in reasons
+    finally:
+        await settler.aclose()
