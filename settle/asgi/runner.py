@@ -285,9 +285,13 @@ class AttemptRunner:
         """Renew the lease every ``lease / 3`` seconds until the outcome is settled, or until
         an abandoned handler has stopped (not while background tasks run after the
         response)."""
+        loop = asyncio.get_running_loop()
         while not (
             self._phase is _Phase.SETTLED or (self._phase is _Phase.ABANDONED and self._stopped)
         ):
+            # Due a heartbeat after this one is sent, not after it returns: a renewal that
+            # waits (min_replicas: up to replica_timeout) would push every later one back.
+            due = loop.time() + self._lease / 3
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
             except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
@@ -312,7 +316,7 @@ class AttemptRunner:
                     self._attempt.mark_lost(renewal)
                     self._interrupt("lease_lost")
                     return
-            await asyncio.sleep(self._lease / 3)
+            await asyncio.sleep(max(0.0, due - loop.time()))
 
     # -- capturing the response ----------------------------------------------------------
 

@@ -7,16 +7,32 @@ SIGSTOP."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
 from settle import AsyncSettler, DurabilityError, Settler, State
+from settle.asgi import IdempotencyMiddleware
 from settle.embedded import EmbeddedRedis
+from settle.http.keys import operation_id
 from tests.faults.servers import REPLICA_TIMEOUT, frozen
 from tests.faults.test_faults_durable_reads import pair
-from tests.http.apps import Ledger, key_headers, serve, serve_wsgi, starlette_app, wsgi_app
+from tests.http.apps import (
+    Ledger,
+    key_headers,
+    principal_from_header,
+    serve,
+    serve_wsgi,
+    starlette_app,
+    wsgi_app,
+)
 
 __all__ = ["pair"]
 
@@ -168,3 +184,51 @@ async def test_an_async_heartbeat_whose_renewals_wait_for_a_replica_keeps_the_le
         assert "lease_expired" not in reasons
     finally:
         await settler.aclose()
+
+
+def test_an_asgi_request_whose_renewals_wait_for_a_replica_keeps_its_lease(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """The ASGI guard's heartbeat, as the async decorator's: it slept ``lease / 3`` after
+    each renewal returned, so renewals that waited 0.9 s for a stopped replica went 1.3 s
+    apart on a 1.2 s lease, which lapsed under the running handler."""
+    primary, replica = pair
+    reasons: list[str | None] = []
+
+    async def slow(request: Request) -> Response:
+        with frozen(replica):  # every renewal waits replica_timeout, then raises
+            await asyncio.sleep(3.5)
+        return PlainTextResponse("done", status_code=201)
+
+    durable = AsyncSettler.from_url(
+        primary.url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=0.9
+    )
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/slow", slow, methods=["POST"])]),
+        settler=durable,
+        principal=principal_from_header,
+        lease=1.2,
+    )
+    op = operation_id("http", "slow-1", "tenant:acme", "principal")
+    stop = threading.Event()
+    with Settler.from_url(primary.url, namespace=namespace, shards=4) as reader:
+
+        def watch() -> None:
+            while not stop.is_set():
+                record = reader.get(op)  # a read on the primary: it never waits
+                if record is not None:
+                    reasons.append(record.reason)
+                time.sleep(0.01)
+
+        with serve(app, durable) as base, httpx.Client(base_url=base, timeout=10) as client:
+            assert reader.get(op) is None  # the namespace, written and acknowledged
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
+            finally:
+                stop.set()
+                watcher.join()
+    assert answer.status_code == 201, answer.text
+    assert len(reasons) > 100, reasons
+    assert "lease_expired" not in reasons
