@@ -28,6 +28,7 @@ from settle.decorator._plan import (
     Run,
     Settle,
     Sleep,
+    Step,
     TerminalSpec,
 )
 from settle.decorator._signature import (
@@ -126,7 +127,7 @@ async def _drive(
                     else:
                         step = plan.settled(step, settlement)
                 case Read():
-                    step = plan.read(await settler.get(step.operation_id))
+                    step = await _read(settler, plan, step)
                 case Release():
                     # On the primary at least; the caller gets the reserve's error either way.
                     with contextlib.suppress(SettleError):
@@ -146,6 +147,19 @@ async def _drive(
                     if step.cause is None:
                         raise step.error
                     raise step.error from step.cause
+
+
+async def _read(settler: AsyncSettler, plan: Plan, step: Read) -> Step:
+    """A :class:`Read` step: the record, as the plan reads it; after a ``reserve`` that
+    raised :class:`DurabilityError` (the read is only to release this call's reservation),
+    that error, whatever the read answers."""
+    try:
+        record = await settler.get(step.operation_id)
+    except SettleError:
+        if not plan.releasing:
+            raise
+        return plan.released()
+    return plan.read(record)
 
 
 async def _settle(settler: AsyncSettler, step: Settle) -> Settlement:

@@ -338,7 +338,15 @@ class Plan:
         self._unconfirmed = (step.attempt_id, error)
         return Read(step.identity.operation_id)
 
+    @property
+    def releasing(self) -> bool:
+        """Whether this call's ``reserve`` raised :class:`DurabilityError` (its record is
+        read, and its reservation released, only to raise that error after)."""
+        return self._unconfirmed is not None
+
     def released(self) -> Step:
+        """The reserve's :class:`DurabilityError`, whatever the release (the read of the
+        record included) answered."""
         assert self._unconfirmed is not None
         return Raise(self._unconfirmed[1])
 

@@ -35,6 +35,7 @@ from settle.decorator._plan import (
     Run,
     Settle,
     Sleep,
+    Step,
     TerminalSpec,
 )
 from settle.decorator._signature import (
@@ -132,7 +133,7 @@ def _drive(
                     else:
                         step = plan.settled(step, settlement)
                 case Read():
-                    step = plan.read(settler.get(step.operation_id))
+                    step = _read(settler, plan, step)
                 case Release():
                     # On the primary at least; the caller gets the reserve's error either way.
                     with contextlib.suppress(SettleError):
@@ -148,6 +149,19 @@ def _drive(
                     if step.cause is None:
                         raise step.error
                     raise step.error from step.cause
+
+
+def _read(settler: Settler, plan: Plan, step: Read) -> Step:
+    """A :class:`Read` step: the record, as the plan reads it; after a ``reserve`` that
+    raised :class:`DurabilityError` (the read is only to release this call's reservation),
+    that error, whatever the read answers."""
+    try:
+        record = settler.get(step.operation_id)
+    except SettleError:
+        if not plan.releasing:
+            raise
+        return plan.released()
+    return plan.read(record)
 
 
 def _settle(settler: Settler, step: Settle) -> Settlement:

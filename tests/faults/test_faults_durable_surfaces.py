@@ -19,10 +19,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from settle import AsyncSettler, DurabilityError, Settler, State
+from settle._core.scripts import SCRIPTS
 from settle.asgi import IdempotencyMiddleware
 from settle.embedded import EmbeddedRedis
 from settle.http.keys import operation_id
-from tests.faults.servers import REPLICA_TIMEOUT, frozen
+from tests.faults.servers import REPLICA_TIMEOUT, frozen, script_needle
+from tests.faults.tcp_proxy import FaultyProxy
 from tests.faults.test_faults_durable_reads import pair
 from tests.http.apps import (
     Ledger,
@@ -73,6 +75,49 @@ def test_a_decorated_call_whose_reservation_was_not_acknowledged_runs_once_the_r
         assert charge("1") == {"charge": "ch_1"}
         assert charge("2") == {"charge": "ch_2"}
         assert runs == ["1", "2"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_decorated_call_raises_the_reserves_durability_error_when_the_release_cannot_read(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, flavour: str
+) -> None:
+    """The release reads the record before it marks its reservation provisional; a read
+    that fails (here a proxy drops every ``get``: the primary out of reach for reads) must
+    not replace what the caller is told, the ``DurabilityError`` of its ``reserve`` (a
+    caller that catches it to retry later got a ``BackendError`` instead)."""
+    primary, replica = pair
+    proxy = FaultyProxy(primary.port).start()
+    runs: list[str] = []
+    try:
+        if flavour == "sync":
+            with Settler.from_url(proxy.url, namespace=namespace, **_options()) as settler:
+
+                @settler.operation(key="charge:{order}", principal="tenant:acme", wait=1.0)
+                def charge(order: str) -> str:
+                    runs.append(order)
+                    return order
+
+                charge("0")
+                proxy.cut(script_needle(SCRIPTS, "get"), "before_request", times=100)
+                with frozen(replica), pytest.raises(DurabilityError):
+                    charge("1")
+        else:
+            async with AsyncSettler.from_url(proxy.url, namespace=namespace, **_options()) as a:
+
+                @a.operation(key="charge:{order}", principal="tenant:acme", wait=1.0)
+                async def acharge(order: str) -> str:
+                    runs.append(order)
+                    return order
+
+                await acharge("0")
+                proxy.cut(script_needle(SCRIPTS, "get"), "before_request", times=100)
+                with frozen(replica), pytest.raises(DurabilityError):
+                    await acharge("1")
+        assert runs == ["0"]
+        assert "before_request" in proxy.fired  # the release's read was cut indeed
+    finally:
+        proxy.close()
 
 
 @pytest.mark.asyncio
