@@ -1035,9 +1035,8 @@ class AsyncRunner:
         EVALSHA again; loaded again on ``node``), or an EVALSHA refused where the library is
         listed now (:meth:`_listed_since`: FCALL)."""
         if isinstance(reply, NoScriptError):
-            await self._lost(call)
-            for name in (call.script, WAIT_PROBE):
-                await node.script_load(self._scripts[name].script)
+            await self._lost(call)  # its checks load every script, the probe included
+            await node.script_load(self._scripts[call.script].script)
             return True
         if self._function_missing(reply):
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)

@@ -1028,9 +1028,8 @@ class Runner:
         EVALSHA again; loaded again on ``node``), or an EVALSHA refused where the library is
         listed now (:meth:`_listed_since`: FCALL)."""
         if isinstance(reply, NoScriptError):
-            self._lost(call)
-            for name in (call.script, WAIT_PROBE):
-                node.script_load(self._scripts[name].script)
+            self._lost(call)  # its checks load every script, the probe included
+            node.script_load(self._scripts[call.script].script)
             return True
         if self._function_missing(reply):
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)

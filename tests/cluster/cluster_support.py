@@ -198,16 +198,24 @@ class LocalCluster:
         MIGRATING, as redis-cli's resharding does) and move the keys it holds: the slot is
         still the source's, which answers ASK for every key it does not hold. Returns the
         keys moved."""
+        self.start_migrating(slot, source, target)
+        keys = self.keys_in_slot(source, slot)
+        if keys:
+            self.move_keys(source, target, keys)
+        return keys
+
+    def start_migrating(self, slot: int, source: int, target: int) -> None:
+        """Mark ``slot`` IMPORTING on ``target`` and MIGRATING on ``source``, moving no key."""
         target_id, source_id = self.node_id(target), self.node_id(source)
         with self.client(source) as src, self.client(target) as dst:
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
             src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
-        keys = self.keys_in_slot(source, slot)
-        if keys:
-            port = self.nodes[target].port
-            with self.client(source) as src:
-                src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
-        return keys
+
+    def move_keys(self, source: int, target: int, keys: list[str]) -> None:
+        """MIGRATE ``keys`` from node ``source`` to node ``target`` (no REPLACE)."""
+        port = self.nodes[target].port
+        with self.client(source) as src:
+            src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
 
     def migrated(self, slot: int, target: int) -> None:
         """End the move of :meth:`migrate`: every primary gives ``slot`` to ``target``."""

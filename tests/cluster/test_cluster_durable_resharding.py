@@ -193,11 +193,8 @@ async def test_a_script_whose_probe_key_moved_ahead_of_what_it_read_is_a_durabil
         check = Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "0"))
         assert runner.run(create)[0] == b"ok"
         assert replicated.keys_in_slot(source, slot) == sorted([meta, probe])
-        with replicated.client(source) as src, replicated.client(target) as dst:
-            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", replicated.node_id(source))
-            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", replicated.node_id(target))
-            port = replicated.nodes[target].port
-            src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", probe)
+        replicated.start_migrating(slot, source, target)
+        replicated.move_keys(source, target, [probe])
         with capture_logs() as logs, pytest.raises(DurabilityError, match="slot is moving"):
             runner.run(check)
         refused = [e for e in logs if e["event"] == "settle.backend.durability_failed"]
@@ -649,9 +646,7 @@ async def test_a_probe_behind_asking_leaves_no_key_the_migrating_node_still_hold
     try:
         assert core.run(Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "1")))[0] == b"ok"
         assert replicated.keys_in_slot(source, slot) == sorted([meta, probe])
-        with replicated.client(source) as src, replicated.client(target) as dst:
-            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", replicated.node_id(source))
-            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", replicated.node_id(target))
+        replicated.start_migrating(slot, source, target)
         renew = Call("epoch_renew", (keys.console_epochs,), ("d" * 64, "epoch-1"))
         assert sessions.run(renew) == [b"renewed"]
         assert replicated.keys_in_slot(target, slot) == [keys.console_epochs]
