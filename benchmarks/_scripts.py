@@ -80,6 +80,31 @@ _CALIBRATIONS = {
         "redis.call('GET', KEYS[1]); "
         "redis.call('SET', KEYS[1], ARGV[1], 'PX', '86400000'); return 1"
     ),
+    "calibration: no commands, a reserve's 3 keys and 10 arguments": "return 1",
+}
+
+#: A calibration called with other keys and arguments than the pair's (``_calibrations``):
+#: the empty script gets as many as settle's reserve sends, of the same sizes, so its row is
+#: what the call's shape alone costs (parsing them, making each a Lua string).
+_SHAPES: dict[str, tuple[int, tuple[str, ...]]] = {
+    "calibration: no commands, a reserve's 3 keys and 10 arguments": (
+        3,
+        (
+            "settle:{bench:5}:op:order-000042",
+            "settle:{bench:5}:log:order-000042",
+            "settle:{bench:5}:gen",
+            "order-000042",
+            "\0" + "f" * 32,
+            "1",
+            "alice",
+            "30000",
+            "86400000",
+            "\0" + "a" * 16,
+            "64",
+            "16",
+            "0",
+        ),
+    ),
 }
 
 #: A value of the size settle stores for an operation with a 40-byte result (docs/benchmarks.md,
@@ -92,7 +117,7 @@ def _calibrations(
 ) -> dict[str, dict[str, Any]]:
     """The yardstick and the command floors, each called the way settle calls its own
     scripts on this server right now."""
-    keys = ("settle-bench:{c}:op", "settle-bench:{c}:state")
+    pair = (2, ("settle-bench:{c}:op", "settle-bench:{c}:state", _VALUE))
     out = {}
     if path == "fcall":
         names = {name: f"settle_bench_{i}" for i, name in enumerate(_CALIBRATIONS)}
@@ -102,19 +127,24 @@ def _calibrations(
         )
         client.function_load(library, replace=True)
         for name in _CALIBRATIONS:
-            client.fcall(names[name], 2, *keys, _VALUE)
+            nkeys, args = _SHAPES.get(name, pair)
+            client.fcall(names[name], nkeys, *args)
             out[name] = _path_window(
                 stats,
                 path,
                 n,
-                lambda f=names[name]: [client.fcall(f, 2, *keys, _VALUE) for _ in range(n)],
+                lambda f=names[name], k=nkeys, a=args: [client.fcall(f, k, *a) for _ in range(n)],
             )
         return out
     for name, body in _CALIBRATIONS.items():
+        nkeys, args = _SHAPES.get(name, pair)
         sha = client.script_load(body)
-        client.evalsha(sha, 2, *keys, _VALUE)
+        client.evalsha(sha, nkeys, *args)
         out[name] = _path_window(
-            stats, path, n, lambda s=sha: [client.evalsha(s, 2, *keys, _VALUE) for _ in range(n)]
+            stats,
+            path,
+            n,
+            lambda s=sha, k=nkeys, a=args: [client.evalsha(s, k, *a) for _ in range(n)],
         )
     return out
 

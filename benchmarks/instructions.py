@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ from benchmarks._server import CommandStats, machine, quiet_logs
 from settle import Settler
 from settle.embedded import EmbeddedRedis, find_redis_server
 
-__all__ = ["count", "main"]
+__all__ = ["InstructionStats", "command", "count", "counted_server", "main"]
 
 #: The script call commands whose windows are counted (the path settle takes on the server).
 _PATHS = ("evalsha", "fcall")
@@ -81,8 +83,12 @@ def _control(option: str, pid: str) -> None:
     subprocess.run(["callgrind_control", option, pid], check=True, capture_output=True)
 
 
-def count(calls: int, binary: str | None = None) -> dict[str, Any]:
-    """Every script path's instructions per call on a redis-server run under callgrind."""
+@contextmanager
+def counted_server(
+    binary: str | None = None,
+) -> Iterator[tuple[EmbeddedRedis, InstructionStats, str]]:
+    """A redis-server (``binary``, else the one the tests use) run under callgrind, the
+    windows' counter and the binary's path."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
     with tempfile.TemporaryDirectory(prefix="settle-instructions-") as tmp:
@@ -99,16 +105,24 @@ def count(calls: int, binary: str | None = None) -> dict[str, Any]:
         with EmbeddedRedis(binary=str(wrapper)).start(timeout=120) as server:
             assert server.process is not None
             stats = InstructionStats(server.url, server.process.pid, dumps)
-            settler = Settler.from_url(server.url, namespace="instructions")
-            client = redis.Redis.from_url(server.url)
             try:
-                settler.check()
-                costs = script_costs(settler, client, stats, calls)
-                described = machine(server)
+                yield server, stats, real
             finally:
-                settler.close()
-                client.close()
                 stats.close()
+
+
+def count(calls: int, binary: str | None = None) -> dict[str, Any]:
+    """Every script path's instructions per call on a redis-server run under callgrind."""
+    with counted_server(binary) as (server, stats, real):
+        settler = Settler.from_url(server.url, namespace="instructions")
+        client = redis.Redis.from_url(server.url)
+        try:
+            settler.check()
+            costs = script_costs(settler, client, stats, calls)
+            described = machine(server)
+        finally:
+            settler.close()
+            client.close()
     described["redis_binary"] = real
     trivial = costs[TRIVIAL]["usec_per_call"]
     rows = []
@@ -140,21 +154,37 @@ def _print(result: dict[str, Any]) -> None:
     print(table(["script", "instructions per call", "x trivial script", "goal", "met"], body))
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__)
-    parser.add_argument("--calls", type=int, default=200, help="calls per script path")
+def command(
+    argv: list[str] | None,
+    prog: str,
+    description: str | None,
+    calls: tuple[int, str],
+    measure: Callable[[int], dict[str, Any]],
+    report: Callable[[dict[str, Any]], None],
+) -> int:
+    """A counting benchmark's command line: ``--calls`` (``calls``: its default and help)
+    and ``--json``; it measures, prints the report and writes the figures."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--calls", type=int, default=calls[0], help=calls[1])
     parser.add_argument("--json", help="also write the figures to this file")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    args = parser.parse_args(argv)
     quiet_logs()
-    result = count(args.calls)
-    _print(result)
+    result = measure(args.calls)
+    report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command(
+        argv,
+        "python -m benchmarks.instructions",
+        __doc__,
+        (200, "calls per script path"),
+        count,
+        _print,
+    )
 
 
 if __name__ == "__main__":

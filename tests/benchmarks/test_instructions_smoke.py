@@ -47,3 +47,25 @@ def test_instructions_counts_every_script_path_against_the_trivial_script(tmp_pa
         assert row["met"] == (row["x_trivial"] <= row["goal"])
         assert name in printed
     assert "instructions per call" in printed
+
+
+def test_anatomy_counts_a_replay_step_by_step_and_its_last_step_is_settles_reply(
+    tmp_path: Path,
+) -> None:
+    """``python -m benchmarks.anatomy`` cuts settle's own replay script after each step of
+    its head and counts each cut on a real server under callgrind; it refuses to report
+    when the last cut does not reply what settle's script replies (the cuts would then not
+    be the replay's)."""
+    from benchmarks.anatomy import STEPS  # noqa: PLC0415
+
+    assert shutil.which("valgrind"), "valgrind is not installed: apt-get install valgrind"
+    out = tmp_path / "anatomy.json"
+    printed = _run("benchmarks.anatomy", "--calls=10", f"--json={out}")
+    result = json.loads(out.read_text())
+    steps = [row["step"] for row in result["rows"]]
+    assert steps == [TRIVIAL, *(name for name, _ in STEPS), "settle's replay (the script it sends)"]
+    counts = {row["step"]: row["instructions_per_call"] for row in result["rows"]}
+    # the whole replay does everything the call alone does, and far more
+    assert counts[steps[-1]] > 2 * counts[STEPS[0][0]] > 0
+    for name in steps:
+        assert name in printed
