@@ -624,7 +624,9 @@ class Core:
                 self._retention_ms,
             ),
         )
-        return Call("renew", keys, args, operation_id=op, attempt_id=r.attempt_id)
+        # A lost lease (rules N1-N5) writes nothing and stops the attempt: it stands without
+        # replicas (Call.stops), so a takeover stops a fenced-off attempt at once.
+        return Call("renew", keys, args, operation_id=op, attempt_id=r.attempt_id, stops=("lost",))
 
     def decode_renew(self, call: Call, raw: Any) -> Renewal:
         reply = codec.parse_reply(raw)

