@@ -37,7 +37,7 @@ from settle.errors import SettleError
 from settle.http._rules import Guard, Run, Settle
 from settle.http.attempt import carrying
 from settle.http.problems import Response
-from settle.models import OperationRecord, QuarantineKind
+from settle.models import OperationRecord
 
 __all__ = ["AttemptRunner", "send_response"]
 
@@ -302,17 +302,12 @@ class AttemptRunner:
             except Exception as exc:  # noqa: BLE001
                 self._guard.log.warning("settle.http.renew_failed", error=type(exc).__name__)
             else:
-                if not renewal.renewed and renewal.reason == QuarantineKind.UNKNOWN_OPERATION.value:
-                    # The record is gone (Redis lost it while the handler ran): no other
-                    # attempt owns the key, and nothing remembers that the handler ran, so
-                    # stopping it and answering 409 would send the client back to run it
-                    # again. It runs on; its response is sent unstored at settlement
-                    # (settle.http.record_lost), as when the loss is found there.
-                    self._guard.log.warning("settle.http.renew_failed", reason=renewal.reason)
-                elif not self._guard.still_owns(self._run, renewal):
-                    # A lease that only lapsed is not lost (still_owns logs it): nobody took
-                    # the key over, so the handler runs on, and a later renewal that finds a
-                    # takeover stops it.
+                # A record gone (Redis lost it while the handler ran: Guard.record_gone) or
+                # a lease that only lapsed (still_owns) is not lost, and each is logged:
+                # nobody took the key over, so the handler runs on, and a later renewal that
+                # finds a takeover stops it.
+                gone = self._guard.record_gone(renewal)
+                if not gone and not self._guard.still_owns(self._run, renewal):
                     self._attempt.mark_lost(renewal)
                     self._interrupt("lease_lost")
                     return

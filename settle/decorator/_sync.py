@@ -258,6 +258,10 @@ class _Beating:
     unnamed one."""
     context: AbstractContextManager[Any]
     """Made current around each renewal (the attempt's telemetry context)."""
+    runs_on: Callable[[Renewal], bool] | None = None
+    """Asked of a renewal that did not renew (and did not only lapse): True when the
+    attempt is not lost all the same and its function runs on unmarked (the HTTP guard's
+    ``Guard.record_gone``: the record is gone, nobody else owns the key). None: lost."""
 
     def warn(self, error: BaseException) -> None:
         """Log ``settle.operation.heartbeat_failed`` for this attempt (``error``'s class).
@@ -352,12 +356,14 @@ class _Heartbeats:
         run: Run,
         owner: _Logs | None = None,
         context: AbstractContextManager[Any] = _NO_CONTEXT,
+        runs_on: Callable[[Renewal], bool] | None = None,
     ) -> int:
         """Renew ``run``'s lease until :meth:`remove`; ``owner.log`` (bound to the call)
         names it in a failed renewal's event, and each renewal runs in ``context`` (the telemetry
-        context of the caller, captured in its thread). Raises when the scheduler thread
-        cannot be started, and then keeps nothing of ``run``."""
-        beating = _Beating(run, owner, context)
+        context of the caller, captured in its thread). ``runs_on`` (see
+        :attr:`_Beating.runs_on`) may keep an attempt a renewal did not renew. Raises when the
+        scheduler thread cannot be started, and then keeps nothing of ``run``."""
+        beating = _Beating(run, owner, context, runs_on)
         with self._cond:
             key = next(self._ids)
             try:
@@ -608,8 +614,9 @@ class _Heartbeats:
         """Renew one lease: the reply that finds it lost, or None when the attempt runs on
         and the next renewal follows: renewed; only lapsed (logged: nobody took the key over,
         so its function is not told to stop, and a later renewal that finds a takeover
-        does); or failed (logged: a heartbeat that stopped would let the lease lapse under
-        a running function, and a second caller would run it again)."""
+        does); kept by ``beating.runs_on``; or failed (logged: a heartbeat that stopped
+        would let the lease lapse under a running function, and a second caller would run
+        it again)."""
         run = beating.run
         try:
             with beating.context:
@@ -622,6 +629,8 @@ class _Heartbeats:
             return None
         if renewal.lapsed(run.attempt.generation):
             beating.lapsed(renewal)
+            return None
+        if beating.runs_on is not None and beating.runs_on(renewal):
             return None
         return renewal
 

@@ -560,6 +560,19 @@ class Guard:
         self.lease_lost(renewal.reason)
         return False
 
+    def record_gone(self, renewal: Renewal) -> bool:
+        """Whether a periodic renewal that did not renew found the record gone
+        (``unknown_operation``: Redis lost it while the handler ran; logged as
+        ``settle.http.renew_failed`` with that reason). No other attempt owns the key, and
+        nothing remembers that the handler ran: stopping it (ASGI), or marking its attempt
+        lost so that ``attempt.check()`` raises (WSGI), would answer the client an error
+        that sends it back to run the handler again. The handler runs on, unmarked; its
+        response is sent unstored at settlement (``settle.http.record_lost``)."""
+        if renewal.renewed or renewal.reason != QuarantineKind.UNKNOWN_OPERATION.value:
+            return False
+        self.log.warning("settle.http.renew_failed", reason=renewal.reason)
+        return True
+
     def lease_lost(self, reason: str | None) -> None:
         self.log.warning("settle.http.lease_lost", reason=reason)
 

@@ -152,7 +152,8 @@ class SyncGuard:
         are logged under the request's logger, its renewals are children of the request's
         span (``context``)."""
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
-        beating = self._beats.add(beat, guard, context)
+        # A renewal that finds the record gone leaves the attempt unmarked, as under ASGI.
+        beating = self._beats.add(beat, guard, context, runs_on=guard.record_gone)
         try:
             try:
                 response = exchange.call(run.attempt)

@@ -174,20 +174,25 @@ class _Exchange:
             status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
         ) -> Callable[[bytes], object]:
             # Nothing is sent before the whole response is settled, so an error page may
-            # always replace what was started (PEP 3333, exc_info); without exc_info a second
-            # call is the app's error (PEP 3333: "a fatal error"), as every server treats it.
+            # always replace what was started (PEP 3333, exc_info), body included: what the
+            # app wrote or yielded of the response it abandons is dropped, never stored and
+            # replayed in front of the error page. Without exc_info a second call is the
+            # app's error (PEP 3333: "a fatal error"), as every server treats it.
             nonlocal started
             if started and exc_info is None:
                 raise RuntimeError(
                     "start_response was called a second time without exc_info (PEP 3333)"
                 )
+            if started:
+                chunks.clear()
             started = True
             self.status, self.headers = status, list(headers)
             return chunks.append
 
         result = self._app(self._environ, start_response)
         try:
-            chunks.extend(result)
+            for chunk in result:  # one at a time: an error page may clear what came before
+                chunks.append(chunk)
         finally:
             close = getattr(result, "close", None)
             if close is not None:

@@ -8,15 +8,20 @@ retry runs the handler a second time: nothing remembers the first run."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler
+from settle import AsyncSettler, Settler
 from settle.asgi import IdempotencyMiddleware
 from settle.embedded import EmbeddedRedis
+from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
+from settle.wsgi import current_attempt
+from tests.http.apps import serve_wsgi
 
 pytestmark = [pytest.mark.faults]
 
@@ -160,3 +165,45 @@ def test_a_record_lost_before_a_lease_renewal_does_not_cancel_the_handler(
             await settler.aclose()
 
     asyncio.run(main())
+
+
+def test_under_wsgi_a_record_lost_before_a_lease_renewal_leaves_the_attempt_unmarked(
+    server: EmbeddedRedis,
+) -> None:
+    """Found in a hunt: the same loss under the WSGI guard, whose heartbeat thread marked
+    the attempt lost when a renewal found no record. A sync handler that calls
+    ``attempt.check()`` between its steps (as docs/http-endpoints.md advises) raised
+    ``StaleAttempt`` after its charge, its client got the server's 500, and the client's
+    retry ran the charge again; under ASGI the same handler runs on and its client gets its
+    201. The attempt stays unmarked and the response goes out, unstored, as under ASGI."""
+    settler = Settler.from_url(server.url, namespace="lost-wsgi", shards=2)
+    runs: list[bool] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        environ["wsgi.input"].read()
+        server.stop(kill=True)
+        server.start()
+        time.sleep(1.0)  # renewals every 0.2 s find no record
+        runs.append(attempt.lost)
+        attempt.check()  # before the next step: the lease is not lost
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"charged": 10}']
+
+    guarded = WSGIMiddleware(app, settler=settler, principal=lambda environ: "tenant:a", lease=0.6)
+    try:
+        with capture_logs() as logs, serve_wsgi(guarded) as base:
+            answer = httpx.post(
+                f"{base}/pay",
+                content=b'{"amount": 10}',
+                headers={"Idempotency-Key": "k-lost-wsgi", "Content-Type": "application/json"},
+                timeout=30,
+            )
+        assert runs == [False]
+        assert (answer.status_code, answer.content) == (201, b'{"charged": 10}')
+        assert "retry-after" not in answer.headers
+        failed = [e for e in logs if e["event"] == "settle.http.renew_failed"]
+        assert "unknown_operation" in [e.get("reason") for e in failed]
+        assert "settle.http.record_lost" in [e["event"] for e in logs]
+    finally:
+        settler.close()

@@ -480,3 +480,48 @@ def test_a_second_start_response_without_exc_info_is_the_apps_error(settler: Set
     assert "idempotent-replayed" not in retried.headers
     assert (paged.status_code, paged.content) == (503, b"try again")
     assert runs == ["/charge", "/charge", "/error-page"]
+
+
+def test_an_error_page_started_with_exc_info_replaces_the_body_already_produced(
+    settler: Settler,
+) -> None:
+    """Found in a hunt: an app (or an error-page middleware inside the guard) that wrote or
+    yielded part of its response, then called start_response again with exc_info, had its
+    402 stored and replayed as the abandoned bytes followed by the error page. The error
+    page replaces the whole response: status, headers and body."""
+
+    def charge(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        yield b"charged ch_1;"
+        raise ValueError("declined by the bank")
+
+    def error_pages(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        try:
+            yield from charge(environ, start_response)
+        except ValueError:
+            start_response("402 Payment Required", [("Content-Type", "text/plain")], sys.exc_info())
+            yield b"card declined"
+
+    def writer(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        write = start_response("201 Created", [("Content-Type", "text/plain")])
+        write(b"charged ch_2;")
+        try:
+            raise ValueError("declined by the bank")
+        except ValueError:
+            start_response("402 Payment Required", [("Content-Type", "text/plain")], sys.exc_info())
+        return [b"card declined"]
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ["PATH_INFO"] == "/written":
+            return writer(environ, start_response)
+        return error_pages(environ, start_response)
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal)
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base) as client:
+        for path in ("/yielded", "/written"):
+            headers = {**KEY, "Idempotency-Key": f"k{path[1:]}"}
+            first = client.post(path, content=b"x", headers=headers)
+            again = client.post(path, content=b"x", headers=headers)
+            assert (first.status_code, first.content) == (402, b"card declined")
+            assert (again.status_code, again.content) == (402, b"card declined")
+            assert again.headers["idempotent-replayed"] == "true"
