@@ -20,6 +20,7 @@ from settle.cursor import (
     AsyncCursorStore,
     CursorConsumer,
     CursorStore,
+    Event,
     Page,
     ProviderContract,
 )
@@ -162,3 +163,59 @@ def test_a_store_refuses_a_namespace_with_a_line_break(redis_url: str, bad: str)
     every key of the store then held a line feed."""
     with pytest.raises(InvalidInput, match="namespace"):
         CursorStore(redis.Redis.from_url(redis_url), namespace=bad)
+
+
+_BAD_DIGESTS = ["\ud800abc", "a\x85b", "a\u2028b", "a\u00a0b", "a\u200bb"]
+_BAD_DIGEST_IDS = ["lone-surrogate", "c1-control-nel", "line-separator", "no-break-space", "zwsp"]
+
+
+@pytest.mark.parametrize("digest", _BAD_DIGESTS, ids=_BAD_DIGEST_IDS)
+def test_an_event_digest_with_a_control_or_space_character_is_refused_before_its_handler(
+    store: CursorStore, redis_client: redis.Redis, namespace: str, digest: str
+) -> None:
+    """The docs promise a digest of text "without whitespace or control characters". A lone
+    surrogate was let through: the witness was written, the handler ran, then the receipt
+    failed with a bare UnicodeEncodeError (and again on every retry); C1 controls, line
+    separators and Unicode spaces were stored in the receipt as they were."""
+    store.start("orders", b"first")
+    before = _keys(redis_client, namespace)
+    handled: list[str] = []
+
+    def fetch(cursor: bytes) -> Page:
+        return Page([Event("evt-1", 1, {"a": 1}, digest=digest)], b"next")
+
+    consumer = CursorConsumer(
+        fetch, lambda e, c: handled.append(e.id), ProviderContract(), store=store, stream="orders"
+    )
+    with pytest.raises(InvalidResponse, match="digest"):
+        consumer.step()
+    assert handled == []
+    assert _keys(redis_client, namespace) == before
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("digest", _BAD_DIGESTS, ids=_BAD_DIGEST_IDS)
+async def test_the_async_consumer_refuses_the_same_digests(
+    redis_url: str, redis_client: redis.Redis, namespace: str, digest: str
+) -> None:
+    store = AsyncCursorStore(aioredis.Redis.from_url(redis_url), namespace=namespace)
+    try:
+        await store.start("orders", b"first")
+        before = _keys(redis_client, namespace)
+        handled: list[str] = []
+
+        async def fetch(cursor: bytes) -> Page:
+            return Page([Event("evt-1", 1, {"a": 1}, digest=digest)], b"next")
+
+        async def handle(event: Event, context: Any) -> None:
+            handled.append(event.id)
+
+        consumer = AsyncCursorConsumer(
+            fetch, handle, ProviderContract(), store=store, stream="orders"
+        )
+        with pytest.raises(InvalidResponse, match="digest"):
+            await consumer.step()
+        assert handled == []
+        assert _keys(redis_client, namespace) == before
+    finally:
+        await store.aclose()
