@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from settle.embedded import EmbeddedRedis
-from settle.errors import ConfigurationError
+from settle.errors import ConfigurationError, InvalidInput
 from settle.progress import (
     AsyncProgressStore,
     AsyncStreamConsumer,
@@ -27,7 +27,7 @@ from settle.progress import (
 from settle.progress._core import StreamVerdict
 from settle.progress._keys import ProgressKeys
 from settle.progress.errors import DeferDelivery, InvalidDelivery
-from settle.progress.models import IntentKind, SettlementOutcome
+from settle.progress.models import ApplyStatus, IntentKind, SettlementOutcome
 from tests.progress.harness import Names
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
@@ -296,3 +296,44 @@ def test_recover_carries_out_an_intent_whose_reason_was_recorded_before_the_chec
     assert receipt.outcome is SettlementOutcome.ACKED
     [(_, fields)] = stream_client.xrange(c.dead_letter_key)
     assert fields[b"reason"] == b"a\\nb"
+
+
+def test_an_async_effect_given_to_the_sync_consumer_is_refused_and_its_delivery_kept(
+    stream_client: redis.Redis, store: ProgressStore, names: Names
+) -> None:
+    """The sync shell called an ``async def`` effect and never awaited it: the effect did
+    not run, yet progress recorded the delivery applied, the emission applied (a later
+    publication of it a duplicate) and the provider acknowledged it: lost for good, with a
+    RuntimeWarning. Now ``poll()`` raises InvalidInput, nothing is recorded or
+    acknowledged, and a worker whose effect runs applies the delivery."""
+    stream_client.xadd(names.stream, {"emission_id": "order-1", "amount": "5"})
+
+    async def effect(ctx: EffectContext) -> None:
+        raise AssertionError("never awaited")  # pragma: no cover
+
+    with StreamConsumer(
+        stream_client, store, stream=names.stream, group=names.group, claim_idle=0.001
+    ) as consumer:
+        with pytest.raises(InvalidInput, match="AsyncStreamConsumer"):
+            consumer.poll(effect)  # type: ignore[arg-type]
+        assert stream_client.xpending(names.stream, names.group)["pending"] == 1
+        scope = consumer.scope
+        assert scope is not None
+        assert store.read(scope).applied_above_floor == ()
+
+        ran: list[str] = []
+        report = consumer.poll(lambda ctx: ran.append(ctx.idempotency_key))
+    assert ran == [f"{names.consumer}:order-1"]
+    assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+
+
+def test_the_store_refuses_an_async_effect_and_applies_it_later(store: ProgressStore) -> None:
+    async def effect(ctx: EffectContext) -> None:
+        raise AssertionError("never awaited")  # pragma: no cover
+
+    with pytest.raises(InvalidInput, match="never awaited"):
+        store.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), effect)  # type: ignore[arg-type]
+    ran: list[str] = []
+    applied = store.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), lambda c: ran.append("x"))
+    assert applied.status is ApplyStatus.APPLIED
+    assert ran == ["x"]
