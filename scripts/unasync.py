@@ -108,7 +108,7 @@ PROGRESS_RULES: list[tuple[str, str]] = [
         "from collections.abc import Callable, Generator",
     ),
     (r"Callable\[\[Any\], Awaitable\[Any\]\]", "Callable[[Any], Any]"),
-    (r"Awaitable\[None\]", "None"),
+    (r"Awaitable\[object\]", "object"),
     (r"\bAsyncRunner\b", "Runner"),
     (r"\bAsyncConnectable\b", "Connectable"),
     (r"settle\._runtime\._async\b", "settle._runtime._sync"),

@@ -11,6 +11,7 @@ bad field, from its constructor and from ``model_validate`` / ``model_validate_j
 
 from __future__ import annotations
 
+import inspect
 import types
 import typing
 import unicodedata
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from settle.errors import InvalidInput
 
-__all__ = ["InputModel", "has_control", "is_decimal", "key_part"]
+__all__ = ["InputModel", "has_control", "is_decimal", "key_part", "refuse_unawaited"]
 
 #: Refused in every name and text settle stores and shows (operation ids, principals,
 #: reasons, notes; cursor streams and event ids; progress ids and consumer names): control
@@ -42,6 +43,23 @@ def has_control(text: str) -> bool:
     if text.isascii():  # the common case, in C: printable ASCII has no control character
         return not text.isprintable()
     return any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in text)
+
+
+def refuse_unawaited(result: object, what: str, shell: str, operation_id: str) -> None:
+    """Raise :class:`InvalidInput` when the user's callback (a cursor's ``handle_event``, a
+    delivery's effect) returned an awaitable: an ``async def`` given to a sync consumer (or
+    an async one that returned a coroutine it did not await). Its work never ran, and
+    recording it as done would skip it for good; the coroutine is closed, and nothing is
+    recorded for it."""
+    if not inspect.isawaitable(result):
+        return
+    if inspect.iscoroutine(result):
+        result.close()
+    raise InvalidInput(
+        f"{what} returned an awaitable, which was never awaited: it did not run, and "
+        f"nothing was recorded for it. An async {what} needs {shell}",
+        operation_id=operation_id,
+    )
 
 
 def key_part(name: str) -> str:

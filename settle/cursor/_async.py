@@ -160,17 +160,18 @@ class AsyncCursorConsumer:
         ``NO_PROGRESS`` (a loop) or ``LOST`` (another worker's response must go on), or
         after a step that applied nothing new and did not move the applied boundary (its
         page had no events, or only events already applied). ``PROMOTED`` with progress and
-        ``SUPERSEDED`` (the next step reads the new checkpoint) go on. Divergences and
-        errors propagate."""
+        ``SUPERSEDED`` (the next step reads the new checkpoint) go on: an empty page whose
+        coverage marker moved the boundary is progress. Divergences and errors propagate."""
         results: list[StepResult] = []
+        # The boundary before the first step, so that an empty page that moved it (a coverage
+        # marker) goes on: taken for "nothing new", it stopped run() one empty window on.
+        start = await self.store.checkpoint(self.stream)
         for _ in range(max_steps):
-            before = results[-1].boundary if results else None
+            before = results[-1].boundary if results else start.boundary if start else None
             result = await self.step()
             results.append(result)
             if result.outcome is StepOutcome.SUPERSEDED:
                 continue  # another worker moved the checkpoint: the next step reads it
-            if result.outcome in _STOP or result.applied + result.skipped == 0:
-                break
-            if result.applied == 0 and result.boundary == before:
+            if result.outcome in _STOP or (result.applied == 0 and result.boundary == before):
                 break
         return results

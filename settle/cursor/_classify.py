@@ -169,8 +169,16 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
             raise _bad(stream, "event ids must not contain control characters")
         if not _is_position(ev.position):
             raise _bad(stream, f"event positions must be integers in [0, {MAX_POSITION}]")
-        if not (isinstance(ev.digest, str) and _DIGEST.fullmatch(ev.digest)):
+        if not (
+            isinstance(ev.digest, str)
+            and _DIGEST.fullmatch(ev.digest)
+            and not has_control(ev.digest)
+            and not any(ch.isspace() for ch in ev.digest)
+        ):
             # A receipt holds the digest between spaces: one with a space would not read back.
+            # A lone surrogate cannot be sent to Redis at all: it failed the event's receipt
+            # (UnicodeEncodeError) after its handler ran, on every retry. Refused with every
+            # control, format and line-separator character, as in event ids.
             raise _bad(
                 stream,
                 f"an event's digest must be text of 1 to {MAX_DIGEST_CHARS} characters without "

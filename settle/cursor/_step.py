@@ -12,11 +12,12 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from settle._input import refuse_unawaited
 from settle._runtime import RunScript
-from settle.cursor._classify import View
+from settle.cursor._classify import Decision, View
 from settle.cursor._core import CursorCore, WitnessesChanged
 from settle.cursor.errors import CursorError, ProviderCursorExpired
-from settle.cursor.models import Event, EventContext, ProviderContract, StepResult
+from settle.cursor.models import Event, EventContext, Page, ProviderContract, StepResult
 
 __all__ = ["Done", "FetchPage", "HandleEvent", "Instruction", "RunScript", "procedure"]
 
@@ -54,6 +55,27 @@ def _resume(
     when the checkpoint moved on meanwhile."""
     call = core.plan_resume(stream, attempt_id, view.checkpoint.generation)
     return core.decode_resume(call, (yield RunScript(call)))
+
+
+def _hand_over(
+    core: CursorCore, stream: str, view: View, aid: str, decision: Decision, page: Page
+) -> Generator[Instruction, Any, tuple[int, int, bool]]:
+    """Hand each event without a matching receipt to ``handle_event``, then record its
+    receipt: (applied, skipped, live); not live when the checkpoint moved on meanwhile."""
+    applied = skipped = 0
+    for event in page.events:
+        if view.satisfied(event):
+            skipped += 1
+            continue
+        handing = HandleEvent(event, core.context(stream, view, aid, decision, event))
+        # An awaitable back (an async handler in the sync shell) never ran: no receipt.
+        refuse_unawaited((yield handing), "handle_event", "AsyncCursorConsumer", stream)
+        call = core.plan_outcome(stream, aid, event)
+        outcome = core.decode_outcome(call, (yield RunScript(call)), view)
+        applied += 1
+        if not outcome.live:
+            return applied, skipped, False
+    return applied, skipped, True
 
 
 def procedure(
@@ -110,17 +132,9 @@ def procedure(
         )
     if decision.error is not None:
         raise core.diverged(decision, aid)
-    applied = skipped = 0
-    for event in page.events:
-        if view.satisfied(event):
-            skipped += 1
-            continue
-        yield HandleEvent(event, core.context(stream, view, aid, decision, event))
-        call = core.plan_outcome(stream, aid, event)
-        outcome = core.decode_outcome(call, (yield RunScript(call)), view)
-        applied += 1
-        if not outcome.live:
-            yield Done(core.superseded(view, decision, applied, skipped))
-            return
+    applied, skipped, live = yield from _hand_over(core, stream, view, aid, decision, page)
+    if not live:
+        yield Done(core.superseded(view, decision, applied, skipped))
+        return
     call = core.plan_promote(stream, view, aid)
     yield Done(core.decode_promote(call, (yield RunScript(call)), decision, applied, skipped))

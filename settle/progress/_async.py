@@ -71,7 +71,7 @@ from settle.progress.planning import authorize_settlement
 
 __all__ = ["AsyncEffect", "AsyncProgressStore", "AsyncStreamConsumer", "Observer", "PollReport"]
 
-AsyncEffect = Callable[[EffectContext], Awaitable[None]]
+AsyncEffect = Callable[[EffectContext], Awaitable[object]]
 #: Called at each step of a delivery (``effect_applied``, ``progress_recorded``, ...): for
 #: metrics and tracing, and for tests that cut a worker at an exact step.
 Observer = Callable[[str, DeliveryId], None]
@@ -147,7 +147,7 @@ class AsyncProgressStore(AsyncConnectable):
                         reply = await stream.run(call)
                     case RunEffect(context=context):
                         try:
-                            await effect(context)
+                            reply = await effect(context)
                         except Exception as exc:  # noqa: BLE001 - the procedure decides
                             error = exc
                     case Notify(step=step, delivery=delivery):

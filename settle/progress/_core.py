@@ -24,6 +24,7 @@ from settle.progress.errors import (
     ProviderReset,
     UnprovenListing,
     check_reason,
+    recorded_reason,
 )
 from settle.progress.identity import (
     AttemptId,
@@ -541,7 +542,8 @@ class ProgressCore:
                     kind,
                     EmissionId(item["emission"]) if item.get("emission") else None,
                     _dt(item["at"]),
-                    item.get("reason") or ("" if kind is IntentKind.ACK else UNKNOWN_REASON),
+                    recorded_reason(item.get("reason") or "")
+                    or ("" if kind is IntentKind.ACK else UNKNOWN_REASON),
                 )
             )
         deferrals = []
@@ -549,7 +551,10 @@ class ProgressCore:
             item = json.loads(text)
             deferrals.append(
                 DeferredDelivery(
-                    DeliveryId(d), EmissionId(item["emission"]), item["reason"], _dt(item["at"])
+                    DeliveryId(d),
+                    EmissionId(item["emission"]),
+                    recorded_reason(item["reason"]),
+                    _dt(item["at"]),
                 )
             )
         return Progress(

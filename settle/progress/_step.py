@@ -16,6 +16,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from settle._input import refuse_unawaited
 from settle._log import emission_digest
 from settle._runtime import Call, RunScript
 from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
@@ -169,13 +170,18 @@ def apply(
         )
     if begun.code == "fresh":
         try:
-            yield RunEffect(EffectContext(core.consumer, emission, delivery, attempt, fields))
+            done = yield RunEffect(
+                EffectContext(core.consumer, emission, delivery, attempt, fields)
+            )
         except (DeferDelivery, ProviderReset):
             raise
         except Exception as exc:
             if mark_effect_failures:
                 raise EffectFailed(exc) from exc
             raise
+        # Not the effect's failure (it never ran): the worker stops, the delivery stays
+        # pending, unrecorded, for a worker whose effect runs.
+        refuse_unawaited(done, "effect", "AsyncStreamConsumer / AsyncProgressStore", core.consumer)
         yield Notify("effect_applied", delivery)
     recorded = yield from progress(
         core, core.plan_record(scope, delivery, emission, attempt), claim=claim

@@ -72,7 +72,7 @@ from settle.progress.planning import authorize_settlement
 
 __all__ = ["Effect", "ProgressStore", "StreamConsumer", "Observer", "PollReport"]
 
-Effect = Callable[[EffectContext], None]
+Effect = Callable[[EffectContext], object]
 #: Called at each step of a delivery (``effect_applied``, ``progress_recorded``, ...): for
 #: metrics and tracing, and for tests that cut a worker at an exact step.
 Observer = Callable[[str, DeliveryId], None]
@@ -142,7 +142,7 @@ class ProgressStore(Connectable):
                         reply = stream.run(call)
                     case RunEffect(context=context):
                         try:
-                            effect(context)
+                            reply = effect(context)
                         except Exception as exc:  # noqa: BLE001 - the procedure decides
                             error = exc
                     case Notify(step=step, delivery=delivery):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from settle._input import has_control
 from settle.errors import InvalidInput, SettleError
 
 if TYPE_CHECKING:
@@ -25,10 +26,28 @@ MAX_REASON = 256
 
 
 def check_reason(value: object) -> str:
-    """A deferral's or a dead-letter's reason: a str of 1 to :data:`MAX_REASON` characters."""
+    """A deferral's or a dead-letter's reason: a str of 1 to :data:`MAX_REASON` characters
+    without control characters (settle's one rule, :func:`settle._input.has_control`, as
+    for the core's reasons): it is stored, logged and shown to operators as it is, and a
+    lone surrogate cannot be sent to Redis at all."""
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_REASON:
         raise InvalidDelivery(f"reason must be a str of 1 to {MAX_REASON} characters")
+    if has_control(value):
+        raise InvalidDelivery(
+            "reason must not contain control characters or line separators (it is shown to "
+            "operators as it is)"
+        )
     return value
+
+
+def recorded_reason(value: str) -> str:
+    """A reason read back from progress, as :func:`check_reason` takes it again (``recover()``
+    sends an intent's reason with its settlement): one recorded before reasons were checked
+    for control characters comes back with them escaped (``\\n``), cut to
+    :data:`MAX_REASON`."""
+    if not has_control(value):
+        return value
+    return value.encode("unicode_escape").decode("ascii")[:MAX_REASON]
 
 
 class ProgressError(SettleError):

@@ -20,8 +20,10 @@ from settle.cursor import (
     AsyncCursorStore,
     CursorConsumer,
     CursorStore,
+    Event,
     Page,
     ProviderContract,
+    StepOutcome,
 )
 from settle.cursor.errors import InvalidResponse
 from settle.errors import InvalidInput, SettleError
@@ -162,3 +164,116 @@ def test_a_store_refuses_a_namespace_with_a_line_break(redis_url: str, bad: str)
     every key of the store then held a line feed."""
     with pytest.raises(InvalidInput, match="namespace"):
         CursorStore(redis.Redis.from_url(redis_url), namespace=bad)
+
+
+_BAD_DIGESTS = ["\ud800abc", "a\x85b", "a\u2028b", "a\u00a0b", "a\u200bb"]
+_BAD_DIGEST_IDS = ["lone-surrogate", "c1-control-nel", "line-separator", "no-break-space", "zwsp"]
+
+
+@pytest.mark.parametrize("digest", _BAD_DIGESTS, ids=_BAD_DIGEST_IDS)
+def test_an_event_digest_with_a_control_or_space_character_is_refused_before_its_handler(
+    store: CursorStore, redis_client: redis.Redis, namespace: str, digest: str
+) -> None:
+    """The docs promise a digest of text "without whitespace or control characters". A lone
+    surrogate was let through: the witness was written, the handler ran, then the receipt
+    failed with a bare UnicodeEncodeError (and again on every retry); C1 controls, line
+    separators and Unicode spaces were stored in the receipt as they were."""
+    store.start("orders", b"first")
+    before = _keys(redis_client, namespace)
+    handled: list[str] = []
+
+    def fetch(cursor: bytes) -> Page:
+        return Page([Event("evt-1", 1, {"a": 1}, digest=digest)], b"next")
+
+    consumer = CursorConsumer(
+        fetch, lambda e, c: handled.append(e.id), ProviderContract(), store=store, stream="orders"
+    )
+    with pytest.raises(InvalidResponse, match="digest"):
+        consumer.step()
+    assert handled == []
+    assert _keys(redis_client, namespace) == before
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("digest", _BAD_DIGESTS, ids=_BAD_DIGEST_IDS)
+async def test_the_async_consumer_refuses_the_same_digests(
+    redis_url: str, redis_client: redis.Redis, namespace: str, digest: str
+) -> None:
+    store = AsyncCursorStore(aioredis.Redis.from_url(redis_url), namespace=namespace)
+    try:
+        await store.start("orders", b"first")
+        before = _keys(redis_client, namespace)
+        handled: list[str] = []
+
+        async def fetch(cursor: bytes) -> Page:
+            return Page([Event("evt-1", 1, {"a": 1}, digest=digest)], b"next")
+
+        async def handle(event: Event, context: Any) -> None:
+            handled.append(event.id)
+
+        consumer = AsyncCursorConsumer(
+            fetch, handle, ProviderContract(), store=store, stream="orders"
+        )
+        with pytest.raises(InvalidResponse, match="digest"):
+            await consumer.step()
+        assert handled == []
+        assert _keys(redis_client, namespace) == before
+    finally:
+        await store.aclose()
+
+
+def test_an_async_handler_given_to_the_sync_consumer_is_refused_and_its_event_not_skipped(
+    store: CursorStore,
+) -> None:
+    """``handle_event`` returned a coroutine the sync consumer never awaited: the handler
+    did not run, yet the event got its receipt and the checkpoint moved past it, skipped
+    for good (a RuntimeWarning was all that showed). Now the step raises InvalidInput with
+    no receipt written, and a handler that runs applies the event on the next step."""
+    store.start("orders", b"first")
+    page = Page([Event("evt-1", 1, {"amount": 10})], b"next")
+
+    async def handle(event: Event, context: Any) -> None:
+        raise AssertionError("never awaited")  # pragma: no cover
+
+    def fetch(cursor: bytes) -> Page:
+        return page if cursor == b"first" else Page([], cursor)
+
+    consumer = CursorConsumer(fetch, handle, ProviderContract(), store=store, stream="orders")
+    with pytest.raises(InvalidInput, match="AsyncCursorConsumer"):
+        consumer.step()
+    assert store.receipts("orders") == []
+    checkpoint = store.checkpoint("orders")
+    assert checkpoint is not None
+    assert checkpoint.cursor == b"first"
+
+    handled: list[str] = []
+    consumer.handle_event = lambda event, context: handled.append(event.id)
+    assert consumer.step().outcome is StepOutcome.PROMOTED
+    assert handled == ["evt-1"]
+
+
+@pytest.mark.asyncio
+async def test_an_async_handler_that_returns_an_unawaited_coroutine_is_refused(
+    redis_url: str, namespace: str
+) -> None:
+    store = AsyncCursorStore(aioredis.Redis.from_url(redis_url), namespace=namespace)
+    try:
+        await store.start("orders", b"first")
+
+        async def effect() -> None:
+            raise AssertionError("never awaited")  # pragma: no cover
+
+        async def handle(event: Event, context: Any) -> Any:
+            return effect()  # the await forgotten
+
+        async def fetch(cursor: bytes) -> Page:
+            return Page([Event("evt-1", 1, {"amount": 10})], b"next")
+
+        consumer = AsyncCursorConsumer(
+            fetch, handle, ProviderContract(), store=store, stream="orders"
+        )
+        with pytest.raises(InvalidInput, match="never awaited"):
+            await consumer.step()
+        assert await store.receipts("orders") == []
+    finally:
+        await store.aclose()

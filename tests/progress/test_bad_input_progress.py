@@ -5,6 +5,7 @@ claim the emission (``begin`` ran) and then let a TypeError out; ``observe`` and
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,19 +13,21 @@ import redis
 import redis.asyncio as aioredis
 
 from settle.embedded import EmbeddedRedis
-from settle.errors import ConfigurationError
+from settle.errors import ConfigurationError, InvalidInput
 from settle.progress import (
     AsyncProgressStore,
     AsyncStreamConsumer,
     DeliveryId,
+    EffectContext,
     EmissionId,
     ProgressStore,
     ProviderScope,
     StreamConsumer,
 )
 from settle.progress._core import StreamVerdict
-from settle.progress.errors import InvalidDelivery
-from settle.progress.models import IntentKind, SettlementOutcome
+from settle.progress._keys import ProgressKeys
+from settle.progress.errors import DeferDelivery, InvalidDelivery
+from settle.progress.models import ApplyStatus, IntentKind, SettlementOutcome
 from tests.progress.harness import Names
 
 SCOPE = ProviderScope("orders", "billing", "inc1")
@@ -202,3 +205,135 @@ def test_a_stream_named_as_the_durability_probe_is_refused_before_anything_is_wr
         assert stream_client.pttl(name) == -1
     else:
         assert consumer.start().stream == name
+
+
+_BAD_REASONS = ["line\nfeed", "\x1b[31mred", "para\u2029graph", "lone \ud800 surrogate"]
+_BAD_REASON_IDS = ["line-feed", "escape", "paragraph-separator", "lone-surrogate"]
+
+
+@pytest.mark.parametrize("reason", _BAD_REASONS, ids=_BAD_REASON_IDS)
+def test_a_reason_with_a_control_character_is_refused_and_writes_nothing(
+    store: ProgressStore, progress_client: redis.Redis, reason: str
+) -> None:
+    """A deferral's or a dead letter's reason is stored, logged and shown to operators as it
+    is. Control characters and line separators were stored (the core refuses them in its
+    reasons); a lone surrogate got past the check and failed the script call with a bare
+    UnicodeEncodeError."""
+    before = _keys(progress_client)
+    with pytest.raises(InvalidDelivery, match="reason"):
+        store.defer(SCOPE, DeliveryId("1-1"), EmissionId("e1"), reason=reason)
+    with pytest.raises(InvalidDelivery, match="reason"):
+        store.dead_letter(
+            SCOPE, DeliveryId("1-2"), EmissionId("e2"), reason=reason, delivery_count=1
+        )
+    with pytest.raises(InvalidDelivery, match="reason"):
+        DeferDelivery(reason)
+    assert _keys(progress_client) == before
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("reason", _BAD_REASONS, ids=_BAD_REASON_IDS)
+async def test_the_async_store_refuses_the_same_reasons(
+    progress_server: EmbeddedRedis, progress_client: redis.Redis, names: Names, reason: str
+) -> None:
+    store = AsyncProgressStore(
+        aioredis.Redis.from_url(progress_server.url),
+        consumer=names.consumer,
+        namespace=names.namespace,
+    )
+    try:
+        before = _keys(progress_client)
+        with pytest.raises(InvalidDelivery, match="reason"):
+            await store.defer(SCOPE, DeliveryId("1-1"), EmissionId("e1"), reason=reason)
+        with pytest.raises(InvalidDelivery, match="reason"):
+            await store.dead_letter(
+                SCOPE, DeliveryId("1-2"), EmissionId("e2"), reason=reason, delivery_count=1
+            )
+        assert _keys(progress_client) == before
+    finally:
+        await store.aclose()
+
+
+def test_an_effect_deferring_with_a_surrogate_in_its_reason_does_not_stop_the_worker(
+    stream_client: redis.Redis, store: ProgressStore, names: Names
+) -> None:
+    """A reason built from a message (text decoded with ``surrogateescape``, say) was
+    accepted by ``DeferDelivery``; the defer script then raised UnicodeEncodeError out of
+    ``poll()``, which ``run()`` does not survive. Now the effect's ``DeferDelivery(...)``
+    itself is refused, so the effect failed: its delivery is released and comes again."""
+    stream_client.xadd(names.stream, {"emission_id": "order-1", "note": b"\xff"})
+
+    def effect(ctx: EffectContext) -> None:
+        raise DeferDelivery("bad note " + ctx.fields["note"].decode("utf-8", "surrogateescape"))
+
+    with StreamConsumer(stream_client, store, stream=names.stream, group=names.group) as c:
+        report = c.poll(effect)
+        progress = store.read(c.scope)  # type: ignore[arg-type]
+    assert len(report.handled) == 1
+    assert progress.deferred == ()
+    assert stream_client.xpending(names.stream, names.group)["pending"] == 1  # released
+
+
+def test_recover_carries_out_an_intent_whose_reason_was_recorded_before_the_check(
+    stream_client: redis.Redis,
+    progress_client: redis.Redis,
+    store: ProgressStore,
+    names: Names,
+) -> None:
+    """An open dead-letter intent recorded with a line feed in its reason (by a settle that
+    did not check reasons yet) is read back with it escaped, and ``recover()`` carries it
+    out: the refused reason does not stop recovery."""
+    delivery = DeliveryId(stream_client.xadd(names.stream, {"emission_id": "order-1"}).decode())
+    with StreamConsumer(stream_client, store, stream=names.stream, group=names.group) as c:
+        scope = c.start()
+        stream_client.xreadgroup(names.group, c.worker, {names.stream: ">"})
+        store.dead_letter(scope, delivery, EmissionId("order-1"), reason="x", delivery_count=1)
+        intents = ProgressKeys(names.namespace, names.consumer).scope(scope.scope_id)[4]
+        item = json.loads(progress_client.hget(intents, delivery.value))  # type: ignore[arg-type]
+        progress_client.hset(intents, delivery.value, json.dumps({**item, "reason": "a\nb"}))
+        assert [i.reason for i in store.read(scope).intents] == ["a\\nb"]
+        [receipt] = c.recover()
+    assert receipt.outcome is SettlementOutcome.ACKED
+    [(_, fields)] = stream_client.xrange(c.dead_letter_key)
+    assert fields[b"reason"] == b"a\\nb"
+
+
+def test_an_async_effect_given_to_the_sync_consumer_is_refused_and_its_delivery_kept(
+    stream_client: redis.Redis, store: ProgressStore, names: Names
+) -> None:
+    """The sync shell called an ``async def`` effect and never awaited it: the effect did
+    not run, yet progress recorded the delivery applied, the emission applied (a later
+    publication of it a duplicate) and the provider acknowledged it: lost for good, with a
+    RuntimeWarning. Now ``poll()`` raises InvalidInput, nothing is recorded or
+    acknowledged, and a worker whose effect runs applies the delivery."""
+    stream_client.xadd(names.stream, {"emission_id": "order-1", "amount": "5"})
+
+    async def effect(ctx: EffectContext) -> None:
+        raise AssertionError("never awaited")  # pragma: no cover
+
+    with StreamConsumer(
+        stream_client, store, stream=names.stream, group=names.group, claim_idle=0.001
+    ) as consumer:
+        with pytest.raises(InvalidInput, match="AsyncStreamConsumer"):
+            consumer.poll(effect)  # type: ignore[arg-type]
+        assert stream_client.xpending(names.stream, names.group)["pending"] == 1
+        scope = consumer.scope
+        assert scope is not None
+        assert store.read(scope).applied_above_floor == ()
+
+        ran: list[str] = []
+        report = consumer.poll(lambda ctx: ran.append(ctx.idempotency_key))
+    assert ran == [f"{names.consumer}:order-1"]
+    assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+
+
+def test_the_store_refuses_an_async_effect_and_applies_it_later(store: ProgressStore) -> None:
+    async def effect(ctx: EffectContext) -> None:
+        raise AssertionError("never awaited")  # pragma: no cover
+
+    with pytest.raises(InvalidInput, match="never awaited"):
+        store.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), effect)  # type: ignore[arg-type]
+    ran: list[str] = []
+    applied = store.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), lambda c: ran.append("x"))
+    assert applied.status is ApplyStatus.APPLIED
+    assert ran == ["x"]
