@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from settle.errors import InvalidInput
 
-__all__ = ["InputModel", "has_control", "is_decimal", "key_part", "refuse_unawaited"]
+__all__ = ["InputModel", "awaited", "has_control", "is_decimal", "key_part", "refuse_unawaited"]
 
 #: Refused in every name and text settle stores and shows (operation ids, principals,
 #: reasons, notes; cursor streams and event ids; progress ids and consumer names): control
@@ -60,6 +60,17 @@ def refuse_unawaited(result: object, what: str, shell: str, operation_id: str) -
         f"nothing was recorded for it. An async {what} needs {shell}",
         operation_id=operation_id,
     )
+
+
+async def awaited(result: Any) -> Any:
+    """What the user's callback gave an async consumer (a cursor's ``handle_event``, a
+    delivery's effect), awaited when it is awaitable. A plain function's work is done when
+    it returns: its value stands as it is, where awaiting it would raise ``TypeError``
+    after the work, and a delivery's effect would be taken as failed, released and run
+    again on every redelivery."""
+    if inspect.isawaitable(result):
+        return await result
+    return result
 
 
 def key_part(name: str) -> str:

@@ -9,6 +9,10 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 
+# unasync: async-only
+from settle._input import awaited
+
+# unasync: end
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner
 from settle._runtime.options import check_client
@@ -144,7 +148,10 @@ class AsyncCursorConsumer:
                 case RunScript(call=call):
                     reply = await self.store.run(call)
                 case HandleEvent(event=event, context=context):
-                    reply = await self.handle_event(event, context)
+                    reply = self.handle_event(event, context)
+                    # unasync: async-only
+                    reply = await awaited(reply)  # a plain handler ran: its value stands
+                    # unasync: end
                 case FetchPage(cursor=cursor):
                     try:
                         reply = await self.fetch_page(cursor)

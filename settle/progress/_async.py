@@ -21,6 +21,10 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
+# unasync: async-only
+from settle._input import awaited
+
+# unasync: end
 from settle._runtime import Call, Durability
 from settle._runtime._async import (
     AsyncConnectable,
@@ -147,7 +151,10 @@ class AsyncProgressStore(AsyncConnectable):
                         reply = await stream.run(call)
                     case RunEffect(context=context):
                         try:
-                            reply = await effect(context)
+                            reply = effect(context)
+                            # unasync: async-only
+                            reply = await awaited(reply)  # a plain effect ran: it stands
+                            # unasync: end
                         except Exception as exc:  # noqa: BLE001 - the procedure decides
                             error = exc
                     case Notify(step=step, delivery=delivery):

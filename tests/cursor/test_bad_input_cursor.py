@@ -277,3 +277,39 @@ async def test_an_async_handler_that_returns_an_unawaited_coroutine_is_refused(
         assert await store.receipts("orders") == []
     finally:
         await store.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_plain_handler_given_to_the_async_consumer_applies_its_event_once(
+    redis_url: str, namespace: str
+) -> None:
+    """A plain function given as the async consumer's ``handle_event`` has handled the
+    event when it returns: awaiting its ``None`` raised TypeError after the work, no
+    receipt was written, and every later step handed the event over again. Its value now
+    stands: the event is handled once, its receipt written, the checkpoint moved on."""
+    store = AsyncCursorStore(aioredis.Redis.from_url(redis_url), namespace=namespace)
+    try:
+        await store.start("orders", b"first")
+        handled: list[str] = []
+
+        async def fetch(cursor: bytes) -> Page:
+            if cursor == b"first":
+                return Page([Event("evt-1", 1, {"amount": 10})], b"next")
+            return Page([], cursor)
+
+        consumer = AsyncCursorConsumer(
+            fetch,
+            lambda event, context: handled.append(event.id),  # type: ignore[arg-type,func-returns-value]
+            ProviderContract(),
+            store=store,
+            stream="orders",
+        )
+        assert (await consumer.step()).outcome is StepOutcome.PROMOTED
+        await consumer.run(max_steps=5)
+        assert handled == ["evt-1"]
+        assert [r.event_id for r in await store.receipts("orders")] == ["evt-1"]
+        checkpoint = await store.checkpoint("orders")
+        assert checkpoint is not None
+        assert checkpoint.cursor == b"next"
+    finally:
+        await store.aclose()

@@ -337,3 +337,46 @@ def test_the_store_refuses_an_async_effect_and_applies_it_later(store: ProgressS
     applied = store.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), lambda c: ran.append("x"))
     assert applied.status is ApplyStatus.APPLIED
     assert ran == ["x"]
+
+
+@pytest.mark.asyncio
+async def test_a_plain_effect_given_to_the_async_consumer_runs_once_and_is_recorded(
+    stream_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    names: Names,
+) -> None:
+    """A plain function given as the async consumer's effect has done its work when it
+    returns. Awaiting its ``None`` raised TypeError after the work: the effect was taken as
+    failed, the delivery released, and every redelivery ran the effect again until it was
+    dead-lettered. Its value now stands: the effect runs once, the delivery is applied and
+    acknowledged, and the store's ``apply`` takes one as well."""
+    stream_client.xadd(names.stream, {"emission_id": "order-1", "amount": "5"})
+    store = AsyncProgressStore(
+        aioredis.Redis.from_url(progress_server.url),
+        consumer=names.consumer,
+        namespace=names.namespace,
+    )
+    client = aioredis.Redis.from_url(stream_server.url)
+    ran: list[str] = []
+    try:
+        async with AsyncStreamConsumer(
+            client, store, stream=names.stream, group=names.group, claim_idle=0.001
+        ) as consumer:
+            report = await consumer.poll(lambda ctx: ran.append(ctx.idempotency_key))  # type: ignore[arg-type,func-returns-value]
+            assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+            again = await consumer.poll(lambda ctx: ran.append("again"))  # type: ignore[arg-type,func-returns-value]
+            assert again.receipts == []
+        assert ran == [f"{names.consumer}:order-1"]
+        assert stream_client.xpending(names.stream, names.group)["pending"] == 0
+        applied = await store.apply(
+            SCOPE,
+            DeliveryId("1-1"),
+            EmissionId("e1"),
+            lambda c: ran.append("apply"),  # type: ignore[arg-type,func-returns-value]
+        )
+        assert applied.status is ApplyStatus.APPLIED
+        assert ran[-1] == "apply"
+    finally:
+        await client.aclose()
+        await store.aclose()
