@@ -93,9 +93,13 @@ def _floor_signals(ratio: float) -> Callable[[str, Callable[[], Any]], Any]:
     global providers (settle's hooks stay idle)."""
     from opentelemetry import context, trace  # noqa: PLC0415  # only in the floor modes
 
+    from settle._telemetry import CALL_BUCKETS  # noqa: PLC0415  # settle's own buckets
+
     tracing, metering = _providers(ratio)
     tracer = tracing.get_tracer("floor")
-    histogram = metering.get_meter("floor").create_histogram("floor.duration", "s")
+    histogram = metering.get_meter("floor").create_histogram(
+        "floor.duration", "s", explicit_bucket_boundaries_advisory=CALL_BUCKETS
+    )
     client = trace.SpanKind.CLIENT
     redis = {
         "db.system.name": "redis",

@@ -44,6 +44,12 @@ def _check(otel: Telemetry, names: Names, stream_port: int) -> None:
         "messaging.destination.name": names.stream,
     }
     assert otel.count("messaging.client.operation.duration", **group) == 2
+    # The boundaries (seconds) the messaging semantic conventions give this histogram: the
+    # SDK's default ones, made for milliseconds, put every settlement in (0, 5 s].
+    for point in otel.points("messaging.client.operation.duration", **group):
+        assert list(point.explicit_bounds) == [
+            0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+        ]  # fmt: skip
     for kind, outcome in (("ack", "acked"), ("release", "released")):
         attrs = {"messaging.operation.name": kind, "settle.outcome": outcome}
         assert otel.count("settle.progress.settlements", **group, **attrs) == 1
