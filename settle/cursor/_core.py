@@ -207,23 +207,37 @@ class CursorCore:
 
     # -- replies --------------------------------------------------------------------------
 
-    def _reply(self, call: Call, raw: Any) -> Reply:
+    def _reply(self, call: Call, raw: Any, *, reading: bool = False) -> Reply:
+        """The script's reply; :class:`CorruptRecord` or :class:`CheckpointMissing` (each
+        logged, unless ``reading``: a caller that only asks whether the checkpoint exists)."""
         reply = parse_reply(raw, call, body=2)
         code, (ckpt, extra) = reply.code, reply.body
         if code == "corrupt":
-            self._log(_stream(call)).error("settle.cursor.corrupt", script=call.script)
-            raise CorruptRecord(
+            raise self._corrupt(
+                call,
                 f"the checkpoint of stream {_stream(call)!r} is not a settle checkpoint; "
                 "inspect the key, nothing was written",
-                operation_id=_stream(call),
             )
         checkpoint = self._checkpoint(ckpt) if ckpt else None
         if code == "missing" or (checkpoint is None and code not in ("no_witness",)):
-            raise CheckpointMissing(
+            raise self._missing(
+                call,
                 f"stream {_stream(call)!r} has no checkpoint: call start(stream, cursor) first",
-                stream=_stream(call),
+                reading=reading,
             )
         return Reply(code, reply.detail, reply.now_ms, checkpoint, list(extra or []))
+
+    def _corrupt(self, call: Call, message: str) -> CorruptRecord:
+        """A stream's keys hold what settle did not write: logged, nothing written."""
+        self._log(_stream(call)).error("settle.cursor.corrupt", script=call.script)
+        return CorruptRecord(message, operation_id=_stream(call))
+
+    def _missing(self, call: Call, message: str, *, reading: bool = False) -> CheckpointMissing:
+        """The stream has no checkpoint (never started, or its keys were lost: a restart
+        without persistence, FLUSHALL, a key deleted): logged, unless only ``reading``."""
+        if not reading:
+            self._log(_stream(call)).warning("settle.cursor.checkpoint_missing", script=call.script)
+        return CheckpointMissing(message, stream=_stream(call))
 
     def _checkpoint(self, flat: list[Any]) -> Checkpoint:
         f = _fields(flat)
@@ -311,7 +325,7 @@ class CursorCore:
 
     def decode_checkpoint(self, call: Call, raw: Any) -> Checkpoint | None:
         try:
-            reply = self._reply(call, raw)
+            reply = self._reply(call, raw, reading=True)
         except CheckpointMissing:
             return None
         return reply.checkpoint
@@ -573,10 +587,10 @@ class CursorCore:
             log.info("settle.cursor.superseded", at="outcome", witness="pruned")
             return Outcome(recorded=False, live=False)
         if reply.code == "no_witness" and reply.checkpoint is None:
-            raise CheckpointMissing(
+            raise self._missing(
+                call,
                 f"stream {_stream(call)!r} has no checkpoint any more: its keys were deleted "
                 "while this step ran; call start(stream, cursor) again",
-                stream=_stream(call),
             )
         if reply.code == "conflict":
             log.warning("settle.cursor.event_conflict")
@@ -591,10 +605,10 @@ class CursorCore:
                 attempt_id=_text(call.args[0]),
             )
         gone = "is gone" if reply.detail == "gone" else "does not list event " + repr(event_id)
-        raise CorruptRecord(
+        raise self._corrupt(
+            call,
             f"witness {_text(call.args[0])} {gone} while the checkpoint still holds its "
             "generation: something other than settle changed the stream's keys",
-            operation_id=_stream(call),
         )
 
     def plan_promote(self, stream: str, view: View, attempt_id: str) -> Call:
@@ -646,10 +660,10 @@ class CursorCore:
                 missing_event_digest=event_digest(reply.detail),
             )
             return StepResult(outcome=StepOutcome.LOST, **fields)
-        raise CorruptRecord(
+        raise self._corrupt(
+            call,
             f"promotion of witness {aid} refused ({reply.code} {reply.detail}): its events "
             "lack matching receipts",
-            operation_id=_stream(call),
         )
 
     def held(self, view: View, decision: Decision) -> StepResult:

@@ -71,7 +71,6 @@ from settle.progress.models import (
     SettleIntent,
     SettlementReceipt,
 )
-from settle.progress.planning import authorize_settlement
 
 __all__ = ["AsyncEffect", "AsyncProgressStore", "AsyncStreamConsumer", "Observer", "PollReport"]
 
@@ -580,7 +579,7 @@ class AsyncStreamConsumer:
     async def _settle_intent(self, progress: Progress, intent: SettleIntent) -> SettlementReceipt:
         """Carry out an open settle intent, authorized by the progress it was read from (one
         read for all of them, not one per intent)."""
-        authorize_settlement(progress, intent.delivery, intent.kind)
+        _step.authorized(self.core, progress, intent.delivery, intent.kind)
         authority = SettlementAuthority(self.worker, intent.delivery, 0)
         steps = _step.settle(
             self.core,

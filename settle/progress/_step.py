@@ -20,7 +20,7 @@ from settle._input import refuse_unawaited
 from settle._log import emission_digest
 from settle._runtime import Call, RunScript
 from settle.progress._core import Disposition, ProgressCore, ProgressReply, StreamEntry
-from settle.progress.errors import DeferDelivery, ProviderReset
+from settle.progress.errors import DeferDelivery, ProviderReset, SettlementNotAuthorized
 from settle.progress.identity import (
     AttemptId,
     DeliveryId,
@@ -33,6 +33,7 @@ from settle.progress.models import (
     ApplyStatus,
     EffectContext,
     IntentKind,
+    Progress,
     SettlementReceipt,
 )
 from settle.progress.planning import authorize_individual, authorize_settlement
@@ -244,6 +245,19 @@ def defer(
     return reply
 
 
+def authorized(core: ProgressCore, read: Progress, delivery: DeliveryId, kind: IntentKind) -> None:
+    """:func:`~settle.progress.planning.authorize_settlement`, its refusal logged
+    (``settle.progress.settle_unauthorized``): the provider is not told ``kind`` for a
+    delivery durable progress does not hold so (SPEC 10)."""
+    try:
+        authorize_settlement(read, delivery, kind)
+    except SettlementNotAuthorized:
+        core.log.warning(
+            "settle.progress.settle_unauthorized", delivery=str(delivery), kind=kind.value
+        )
+        raise
+
+
 def settle(
     core: ProgressCore,
     scope: ProviderScope,
@@ -276,7 +290,7 @@ def settle(
     )
     if authorize and kind is not IntentKind.RELEASE:  # a release needs no progress
         read = yield from progress(core, core.plan_read(scope), claim=False)
-        authorize_settlement(read.progress, authority.delivery, kind)
+        authorized(core, read.progress, authority.delivery, kind)
     yield Settling(scope, kind)
     verdict = core.decode_stream_settle(call, (yield RunStreamScript(call)))
     yield Notify("provider_answered", authority.delivery)

@@ -136,9 +136,12 @@ def test_a_settlement_progress_does_not_authorize_is_refused_and_settles_nothing
     [first] = publish(stream_client, names, ["e1"])
     stream_client.xreadgroup(names.group, "a", {names.stream: ">"})
     before = c.store.read(c.scope)
-    with pytest.raises(SettlementNotAuthorized) as refused:
+    with capture_logs() as logs, pytest.raises(SettlementNotAuthorized) as refused:
         c.settle(SettlementAuthority("a", DeliveryId(first), 1), kind, EmissionId("e1"))
     assert refused.value.uncovered == [DeliveryId(first)]
+    # the refusal is said, with the delivery and the kind (docs/observability.md)
+    [said] = [e for e in logs if e["event"] == "settle.progress.settle_unauthorized"]
+    assert (said["log_level"], said["delivery"], said["kind"]) == ("warning", first, kind.value)
     assert first in pending_ids(stream_client, names)  # still the worker's to apply
     assert c.store.read(c.scope) == before  # no receipt, no intent, no version
     assert c.store.receipts(c.scope) == []
