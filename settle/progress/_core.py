@@ -261,6 +261,14 @@ class ConsumerOptions:
             raise InvalidInput(
                 f"emission_field must be a non-empty str (a field name), got {emission_field!r}"
             )
+        try:
+            emission_field.encode("utf-8")
+        except UnicodeEncodeError:
+            # No stream field is named so (a lone surrogate has no UTF-8): every delivery
+            # would be malformed, and dead-lettered.
+            raise InvalidInput(
+                f"emission_field must be text UTF-8 can encode, got {emission_field!r}"
+            ) from None
         return cls(
             emission_field=emission_field,
             max_deliveries=_option_int(max_deliveries, "max_deliveries", 2**53 - 1),

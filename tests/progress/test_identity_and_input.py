@@ -127,7 +127,8 @@ BAD_OPTIONS = [
     *({"retry_pause": v} for v in (-1, math.nan, math.inf)),
     # an int no float holds: math.isfinite raised OverflowError on it
     *({name: 10**400} for name in ("claim_idle", "block", "retry_pause")),
-    *({"emission_field": v} for v in (b"emission_id", "", None, 5)),
+    # a lone surrogate names no stream field: every delivery would be dead-lettered
+    *({"emission_field": v} for v in (b"emission_id", "", None, 5, "emission_\udc80")),
 ]
 
 
