@@ -201,6 +201,8 @@ _OUTCOME = {
     ProblemKind.RESPONSE_NOT_STORED: "not_replayable",
     ProblemKind.UNAVAILABLE: "unavailable",
     ProblemKind.REQUEST_INCOMPLETE: "disconnected",
+    # the server's fault, not the client's: the app's principal callable raised (a 500)
+    ProblemKind.PRINCIPAL_FAILED: "principal_failed",
 }
 
 

@@ -118,6 +118,31 @@ async def test_wsgi_outcomes_on_the_server_span(
     _check(otel, namespace)
 
 
+@pytest.mark.asyncio
+async def test_a_principal_callable_that_raises_is_its_own_outcome_not_a_rejection(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """The app's principal callable raised: a 500 problem, the server's fault. Counted as
+    ``rejected`` (the client's: no key, malformed, too large) it hid an outage of the
+    authentication behind what looks like bad clients on the dashboard."""
+
+    def principal(scope: Any) -> str | None:
+        raise RuntimeError("the identity provider is down")
+
+    ledger = Ledger()
+    app_settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    app = AsgiTelemetry(starlette_app(app_settler, ledger, principal=principal))
+    with serve(app, app_settler) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            sent = await client.post("/payments", json={"a": 1}, headers=key_headers("k-1"))
+    assert sent.status_code == 500
+    [span] = _server_spans(otel)
+    assert span.attributes["settle.http.outcome"] == "principal_failed"
+    n = {"settle.namespace": namespace, "settle.http.outcome": "principal_failed"}
+    assert otel.count("settle.http.requests", **n) == 1
+    assert ledger.effects == []
+
+
 KEY = "IDEMKEY-SECRET-7f3a"
 PRINCIPAL = "tenant:acme"
 
