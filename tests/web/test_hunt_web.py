@@ -67,6 +67,11 @@ async def test_an_operation_filter_lists_that_operation_spaces_and_all(
     assert link is not None
     again = await read_only.get(link.group(1).replace("&amp;", "&"))
     assert [json.loads(line)["ref"] for line in again.text.splitlines()] == [spaced]
+    # A stray space that matches nothing is pointed out, not silently an empty page.
+    stray = await read_only.get("/quarantine?operation=order-1%20")
+    assert refs_in(stray.text) == []
+    assert "starts or ends with a space" in stray.text
+    assert "starts or ends with a space" not in listed.text  # it matched: no hint
 
 
 def test_a_refused_host_gets_the_security_headers_too(redis_url: str, writer: Settler) -> None:
