@@ -350,7 +350,9 @@ class Renewal(BaseModel):
     A lost lease is never quarantined (a heartbeat is not a response), and the attempt must
     stop: its settlement will be quarantined unless it is still the current generation.
     Except when the lease only :meth:`lapsed`: nobody took the key over, so the attempt
-    still owns it and runs on.
+    still owns it and runs on. With ``min_replicas``, a lost renewal no replica acknowledged
+    carries no ``record`` (but for a lapsed lease): what the primary showed may not survive a
+    failover.
     """
 
     model_config = _FROZEN

@@ -23,7 +23,7 @@ from settle._core.layout import stored_arg, stored_digest
 from settle._input import is_decimal
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
-from settle._runtime.calls import Call
+from settle._runtime.calls import Call, Unacknowledged
 from settle.config import MAX_SHARDS, SettleConfig
 from settle.errors import (
     BindingMismatch,
@@ -629,11 +629,18 @@ class Core:
         return Call("renew", keys, args, operation_id=op, attempt_id=r.attempt_id, stops=("lost",))
 
     def decode_renew(self, call: Call, raw: Any) -> Renewal:
-        reply = codec.parse_reply(raw)
+        unacknowledged = isinstance(raw, Unacknowledged)  # lost, and no replica confirmed it
+        reply = codec.parse_reply(raw.reply if unacknowledged else raw)
         op = call.operation_id or ""
         if reply.code == "corrupt":
             raise self._corrupt(op)
         record = self._record(reply, op) if reply.payload else None
+        if unacknowledged and reply.detail != "lease_expired":
+            # The record the primary showed (another attempt's completion, say) may not
+            # survive a failover: the verdict stops the attempt, and nothing of the record is
+            # handed on (an HTTP guard would replay it). A lease that only lapsed keeps its
+            # record: it is this attempt's own, and says the attempt runs on (lapsed).
+            record = None
         renewed = reply.code == "renewed"
         # A renewal is a heartbeat: its event (and the digest's HMAC) only when it is written.
         if not renewed or log_enabled(DEBUG):

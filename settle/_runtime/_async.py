@@ -30,7 +30,7 @@ from tenacity import AsyncRetrying
 
 from settle._log import logger, operation_digest
 from settle._runtime import health, topology, urls
-from settle._runtime.calls import Call, naming
+from settle._runtime.calls import Call, Unacknowledged, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
 from settle._runtime.packing import pack_command
@@ -738,7 +738,8 @@ class AsyncRunner:
         eviction), or a reply of a script of the set's ``gone`` without the state its caller
         had read, makes every server check due again before the next call."""
         reply = await self._call(call)
-        if type(reply) is list and reply and self._lost_data(call, reply):
+        body = reply.reply if isinstance(reply, Unacknowledged) else reply
+        if type(body) is list and body and self._lost_data(call, body):
             self.suspect()
         return reply
 
@@ -958,7 +959,7 @@ class AsyncRunner:
             else:
                 return reply
             if call.stops_caller(reply):  # a verdict that wrote nothing and stops the caller
-                return reply
+                return Unacknowledged(reply)
             raise error
         raise BackendError(
             f"{call.script}: the server kept losing its scripts or moving the slot; "

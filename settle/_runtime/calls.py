@@ -9,7 +9,7 @@ from typing import Any
 
 from settle.errors import CorruptRecord, SettleError
 
-__all__ = ["Call", "Reply", "RunScript", "naming", "parse_reply"]
+__all__ = ["Call", "Reply", "RunScript", "Unacknowledged", "naming", "parse_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +24,10 @@ class Call:
     the metadata): with ``min_replicas`` it runs without WAIT, as a read does, so a settler
     started while its replicas are down still reads. ``stops`` names the reply codes that
     only tell the caller to stop (a renewal's ``lost``: the lease is someone else's, or gone):
-    such a reply wrote nothing, and stopping is safe whatever the replicas hold, so with
-    ``min_replicas`` it is returned even when no replica acknowledged the call (a replica
-    down would otherwise keep a fenced-off attempt running until it is back).
+    such a reply wrote nothing, and stopping never puts two attempts on the operation at once,
+    so with ``min_replicas`` it is returned, as :class:`Unacknowledged`, even when no replica
+    acknowledged the call (a replica down would otherwise keep a fenced-off attempt running
+    until it is back, where without ``min_replicas`` its next renewal stops it).
     """
 
     script: str
@@ -45,6 +46,16 @@ class Call:
             return False
         code = reply[0]
         return (code.decode() if isinstance(code, bytes) else code) in self.stops
+
+
+@dataclass(frozen=True, slots=True)
+class Unacknowledged:
+    """A stopping verdict (:attr:`Call.stops`) the durable runner returns though too few
+    replicas acknowledged the call: ``reply`` as the script gave it. What the primary showed
+    (another attempt's completion, say) may not survive a failover: the verdict stops the
+    caller, and the decoder hands on no more of it than stopping needs."""
+
+    reply: Any
 
 
 @contextmanager

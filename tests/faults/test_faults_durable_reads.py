@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,10 +219,11 @@ def test_a_renewal_that_finds_its_lease_taken_over_stops_the_attempt_while_repli
 ) -> None:
     """A takeover the replica acknowledged, then the replica went down: the fenced-off
     attempt's next renewal finds another generation on the primary. It wrote nothing, and
-    stopping is safe whatever the replicas hold, so the heartbeat is told ``lost`` at once
-    (as without ``min_replicas``), not a ``DurabilityError`` that it beats on through,
-    keeping the fenced-off attempt running until the replica is back. A renewal that extends
-    a lease wrote, and still raises."""
+    stopping never runs two attempts at once, so the heartbeat is told ``lost`` at once (as
+    without ``min_replicas``), not a ``DurabilityError`` that it beats on through, keeping
+    the fenced-off attempt running until the replica is back. The new holder's completion,
+    which no replica holds, is not handed on with it (an HTTP guard would have replayed it
+    to its client). A renewal that extends a lease wrote, and still raises."""
     primary, replica = pair
     with _durable(primary.url, namespace) as old, _durable(primary.url, namespace) as new:
         first = old.reserve("paid", REQ, principal=WHO).reservation
@@ -230,16 +232,70 @@ def test_a_renewal_that_finds_its_lease_taken_over_stops_the_attempt_while_repli
         assert isinstance(taken, Reserved)
         assert taken.reservation.generation > first.generation
         with frozen(replica):
+            with pytest.raises(DurabilityError):  # the new holder's renewal wrote
+                new.renew(taken.reservation)
             with capture_logs() as logs:
                 renewal = old.renew(first)
             assert not renewal.renewed
             assert renewal.reason == "stale_generation"
             assert not renewal.lapsed(first.generation)
+            assert renewal.record is None
             # the replicas' state is still said, for the operator
             assert [e["script"] for e in logs if e["event"] == "settle.backend.durability_failed"]
-            with pytest.raises(DurabilityError):  # the new holder's renewal wrote
-                new.renew(taken.reservation)
-        assert new.renew(taken.reservation).renewed
+            with pytest.raises(DurabilityError):
+                new.complete(taken.reservation, RESULT)  # on the primary alone
+            completed = old.renew(first)
+            assert completed.reason == "stale_generation"
+            assert completed.record is None  # not the completion no replica holds
+        # Acknowledged, the record is handed on as before.
+        assert old.renew(first).record is not None
+
+
+@pytest.mark.parametrize("reason", ["not_pending", "unknown_operation", "lease_expired"])
+def test_every_lost_renewal_stands_while_replicas_are_down(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, reason: str
+) -> None:
+    """Each reason a renewal is lost for (the record settled, gone, or the lease over) is
+    answered while the replica is down, as without ``min_replicas``. A lease that only
+    lapsed keeps its record: it is the attempt's own, and says the attempt runs on."""
+    primary, replica = pair
+    with _durable(primary.url, namespace) as settler:
+        reservation = settler.reserve("paid", REQ, principal=WHO, lease=0.2).reservation
+        if reason == "not_pending":
+            settler.mark_provisional(reservation, "timeout")
+        elif reason == "lease_expired":
+            time.sleep(0.3)
+        with frozen(replica):
+            if reason == "unknown_operation":
+                raw = redis.Redis.from_url(primary.url)
+                for key in raw.scan_iter(match=f"settle:{{{namespace}:*}}:op:paid"):
+                    raw.delete(key)
+                raw.close()
+            renewal = settler.renew(reservation)
+        assert not renewal.renewed
+        assert renewal.reason == reason
+        assert renewal.lapsed(reservation.generation) == (reason == "lease_expired")
+        assert (renewal.record is not None) == (reason == "lease_expired")
+
+
+def test_a_lost_renewal_stands_when_the_server_refuses_the_probe(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """An ACL that refuses the probe makes every durable call uncertain, but a renewal that
+    found its lease taken over still stops its attempt: it wrote nothing."""
+    primary, _ = pair
+    with Settler.from_url(primary.url, namespace=namespace, shards=4) as plain:
+        first = plain.reserve("paid", REQ, principal=WHO).reservation
+        plain.mark_provisional(first, "timeout")
+        taken = plain.reserve("paid", REQ, principal=WHO)
+        assert isinstance(taken, Reserved)
+    url = app_user(primary, "+@all", "-pexpire")
+    with _durable(url, namespace) as settler:
+        renewal = settler.renew(first)
+        assert renewal.reason == "stale_generation"
+        assert renewal.record is None
+        with pytest.raises(DurabilityError):
+            settler.renew(taken.reservation)
 
 
 @pytest.mark.asyncio
@@ -260,5 +316,6 @@ async def test_an_async_renewal_that_finds_its_lease_taken_over_stops_while_repl
             renewal = await settler.renew(first)
             assert not renewal.renewed
             assert renewal.reason == "stale_generation"
+            assert renewal.record is None
             with pytest.raises(DurabilityError):
                 await settler.renew(taken.reservation)
