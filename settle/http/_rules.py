@@ -572,7 +572,10 @@ class Guard:
         response is sent unstored at settlement (``settle.http.record_lost``)."""
         if renewal.renewed or renewal.reason != QuarantineKind.UNKNOWN_OPERATION.value:
             return False
-        self.log.warning("settle.http.renew_failed", reason=renewal.reason)
+        # The sync guards ask this from a renewer thread: a line that cannot be written (a
+        # processor that raises) must neither end that thread nor change the answer.
+        with contextlib.suppress(Exception):
+            self.log.warning("settle.http.renew_failed", reason=renewal.reason)
         return True
 
     def lease_lost(self, reason: str | None) -> None:

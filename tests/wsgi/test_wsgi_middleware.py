@@ -177,6 +177,71 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
     assert len(generations) == 1  # one attempt: the retry never took it over
 
 
+def test_a_takeover_while_the_handler_runs_marks_its_attempt_lost(settler: Settler) -> None:
+    """The heartbeat's renewal that finds a newer attempt holding the key marks the running
+    attempt lost (``attempt.lost``, ``attempt.check()`` raises), so a handler that checks
+    between its steps stops before its next side effect. Only a record gone or a lease that
+    only lapsed lets it run on."""
+    seen: list[bool] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        _take_over(settler, attempt.operation_id)
+        deadline = time.monotonic() + 5
+        while not attempt.lost and time.monotonic() < deadline:
+            time.sleep(0.02)  # the next renewal (lease / 3) finds the takeover
+        seen.append(attempt.lost)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"charged"]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=0.6)
+    with serve_wsgi(guarded) as base, httpx.Client(base_url=base, timeout=30) as client:
+        answer = client.post("/charge", content=b"x", headers=KEY)
+    assert seen == [True]
+    assert answer.status_code == 409  # superseded: its response is not the operation's
+
+
+def test_a_record_gone_whose_log_line_cannot_be_written_ends_no_renewer(
+    settler: Settler, redis_client: Any
+) -> None:
+    """A renewal that finds the record gone (Redis lost it while the handler ran) is logged
+    from the renewer thread as ``settle.http.renew_failed``; a log pipeline that raises then
+    (an application's processor, a closed stream) ended that thread with a traceback on
+    every renewal. The line is dropped, the handler runs on, no thread dies."""
+    import structlog  # noqa: PLC0415
+
+    died: list[threading.ExceptHookArgs] = []
+    seen: list[str] = []
+
+    def processor(_logger: object, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("event") == "settle.http.renew_failed":
+            seen.append(event["event"])
+            raise ValueError("I/O operation on closed file")
+        raise structlog.DropEvent
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        for key in redis_client.scan_iter(match=f"*:op:{attempt.operation_id}"):
+            redis_client.delete(key)  # what a restart without persistence does
+        time.sleep(1.0)  # five renewals, each finding the record gone
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"lost" if attempt.lost else b"ran on"]
+
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=0.6)
+    hook = threading.excepthook
+    threading.excepthook = died.append
+    structlog.configure(processors=[processor])
+    try:
+        with serve_wsgi(guarded) as base, httpx.Client(base_url=base, timeout=30) as client:
+            answer = client.post("/charge", content=b"x", headers=KEY)
+    finally:
+        structlog.reset_defaults()
+        threading.excepthook = hook
+    assert seen  # the renewals found the record gone and tried to say so
+    assert answer.content == b"ran on"
+    assert died == []
+
+
 def test_a_handler_whose_lease_only_lapsed_is_not_told_to_stop(namespace: str) -> None:
     """Found in review: the heartbeat that found a lease lapsed (its renewal held past it by
     a slow Redis) marked the attempt lost though nobody had taken the key over, so a handler
