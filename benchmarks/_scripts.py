@@ -112,12 +112,17 @@ _SHAPES: dict[str, tuple[int, tuple[str, ...]]] = {
 _VALUE = "x" * 230
 
 
+#: How the yardstick and the command floors are called: their number of keys, then the keys
+#: and the argument (a value of settle's size).
+PAIR_SHAPE = (2, "settle-bench:{c}:op", "settle-bench:{c}:state", _VALUE)
+
+
 def _calibrations(
     client: redis.Redis, stats: CommandStats, path: str, n: int
 ) -> dict[str, dict[str, Any]]:
     """The yardstick and the command floors, each called the way settle calls its own
     scripts on this server right now."""
-    pair = (2, ("settle-bench:{c}:op", "settle-bench:{c}:state", _VALUE))
+    pair = (PAIR_SHAPE[0], PAIR_SHAPE[1:])
     out = {}
     if path == "fcall":
         names = {name: f"settle_bench_{i}" for i, name in enumerate(_CALIBRATIONS)}

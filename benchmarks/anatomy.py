@@ -25,7 +25,7 @@ import redis
 
 from benchmarks._cases import PRINCIPAL, REQUEST, RESULT
 from benchmarks._report import table
-from benchmarks._scripts import TRIVIAL, _path_window
+from benchmarks._scripts import _CALIBRATIONS, PAIR_SHAPE, TRIVIAL, _path_window
 from benchmarks._server import machine
 from benchmarks.instructions import command, counted_server
 from settle import Reserved, Settler
@@ -37,21 +37,24 @@ _READ = "HEAD_BLOB, HEAD_NOW, HEAD_US = head_read(KEYS[1])\n"
 _UNPACK = "local t = head_values(pcall(cmsgpack.unpack, string.sub(HEAD_BLOB, 2)))\n"
 _RECORD = "local row, state, t = head_record(KEYS[1], HEAD_BLOB, HEAD_NOW)\n"
 _CLAIMED = "local claimed = head_claimed()\n"
+#: Stands for the head's own text (``reserve_head.lua`` as it is) in a step.
+_HEAD = "<reserve_head.lua>"
 
 #: Each step: its name, then the Lua run after the helpers are defined (``None``: nothing,
-#: not even the helpers). Cumulative: a step runs every earlier one's work too.
+#: not even the helpers; the first step is called without keys or arguments, every other
+#: with the replay's). Cumulative: a step runs every earlier one's work too. The last runs
+#: the head itself, which answers the replay: settle's own path, but for the libraries the
+#: whole script defines after the head (never reached on a replay).
 STEPS: tuple[tuple[str, str | None], ...] = (
-    ("the call alone: 3 keys, 10 arguments, `return 1`", None),
+    ("an empty script (`return 1`), no keys or arguments", None),
+    ("+ a replay's 3 keys and 10 arguments", None),
     ("+ the prelude's and _head.lua's helpers defined", "return 1"),
     ("+ the record's GET", "local blob = redis.pcall('GET', KEYS[1])\nreturn 1"),
     ("+ the clock (TIME)", _READ + "return 1"),
     ("+ the value unpacked (cmsgpack)", _READ + _UNPACK + "return 1"),
     ("+ the record checked, its reply row built", _READ + _RECORD + "return 1"),
     ("+ the shard's claim checked (HGET)", _READ + _RECORD + _CLAIMED + "return 1"),
-    (
-        "+ the reply",
-        _READ + _RECORD + _CLAIMED + "return {'replay', row[7], HEAD_NOW, '', row}",
-    ),
+    ("+ the caller's checks and the reply: the head as it is", _HEAD),
 )
 _WHOLE = "settle's replay (the script it sends)"
 
@@ -62,13 +65,17 @@ def cuts() -> dict[str, str]:
     source = SCRIPTS.source("reserve")
     head = resources.files("settle").joinpath("lua", "reserve_head.lua").read_text()
     helpers = source[: source.index(head)]
-    out = {name: "return 1" if lua is None else helpers + "\n" + lua for name, lua in STEPS}
+    out = {
+        name: "return 1" if lua is None else helpers + "\n" + lua.replace(_HEAD, head)
+        for name, lua in STEPS
+    }
     out[_WHOLE] = source
     return out
 
 
 def measure(calls: int, binary: str | None = None) -> dict[str, Any]:
-    """Every step's instructions per call, and the trivial script's, on one server."""
+    """Every step's instructions per call, and the trivial script's (called as
+    ``benchmarks.instructions`` calls it), on one server."""
     with counted_server(binary) as (server, stats, real):
         settler = Settler.from_url(server.url, namespace="anatomy")
         client = redis.Redis.from_url(server.url)
@@ -79,15 +86,13 @@ def measure(calls: int, binary: str | None = None) -> dict[str, Any]:
             settler.complete(got.reservation, RESULT)
             # the replay's very keys and arguments, as settle sends them
             call = settler._core.plan_reserve("anatomy-1", REQUEST, principal=PRINCIPAL)
-            keys, args = list(call.keys), list(call.args)
-            rows = []
-            replies = {}
-            trivial = client.script_load("redis.call('TIME'); return redis.call('GET', KEYS[1])")
-            for name, script in [(TRIVIAL, None), *cuts().items()]:
-                if script is None:
-                    sha, shape = trivial, (2, "settle-bench:{c}:op", "settle-bench:{c}:state", "x")
-                else:
-                    sha, shape = client.script_load(script), (len(keys), *keys, *args)
+            replay = (len(call.keys), *call.keys, *call.args)
+            shapes: dict[str, tuple[Any, ...]] = {STEPS[0][0]: (0,)}
+            scripts = {TRIVIAL: _CALIBRATIONS[TRIVIAL], **cuts()}
+            rows, replies, inner = [], {}, {}
+            for name, script in scripts.items():
+                sha = client.script_load(script)
+                shape = PAIR_SHAPE if name == TRIVIAL else shapes.get(name, replay)
                 replies[name] = client.evalsha(sha, *shape)
                 window = _path_window(
                     stats,
@@ -95,15 +100,19 @@ def measure(calls: int, binary: str | None = None) -> dict[str, Any]:
                     calls,
                     lambda s=sha, a=shape: [client.evalsha(s, *a) for _ in range(calls)],
                 )
+                inner[name] = window["commands_inside_per_call"]
                 rows.append({"step": name, "instructions_per_call": round(window["usec_per_call"])})
             described = machine(server)
         finally:
             settler.close()
             client.close()
-    last, whole = replies[STEPS[-1][0]], replies[_WHOLE]
-    # the steps cut settle's own replay: their last one replies what it does (but the clock)
-    if last[:2] != [b"replay", b"completed"] or last[3:] != whole[3:]:
-        raise AssertionError(f"the cut replay replied {last!r}, settle's {whole!r}")
+    last = STEPS[-1][0]
+    # The last cut runs settle's own head: it replies what settle's script does (but the
+    # clock) and runs the same commands inside.
+    if replies[last][:2] != [b"replay", b"completed"] or replies[last][3:] != replies[_WHOLE][3:]:
+        raise AssertionError(f"the cut replay replied {replies[last]!r}, not settle's")
+    if inner[last] != inner[_WHOLE]:
+        raise AssertionError(f"the cut replay ran {inner[last]}, settle's {inner[_WHOLE]}")
     described["redis_binary"] = real
     return {"machine": described, "calls": calls, "rows": rows}
 
@@ -128,7 +137,7 @@ def _print(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return command(
-        argv, "python -m benchmarks.anatomy", __doc__, (300, "calls per step"), measure, _print
+        argv, "python -m benchmarks.anatomy", __doc__, (1000, "calls per step"), measure, _print
     )
 
 
