@@ -152,7 +152,8 @@ def _replayed(type_: Any, data: bytes) -> Any:
     its replays would refuse."""
     if type_ is bytes:
         return data
-    return _adapter(type_).validate_json(data)
+    # By name, as a result is stored (encode_result), or by alias, as it was stored before.
+    return _adapter(type_).validate_json(data, by_alias=True, by_name=True)
 
 
 #: pydantic's messages that may quote the stored data, in words that do not: a tagged

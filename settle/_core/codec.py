@@ -149,17 +149,26 @@ def encode_result(result: Any, limit: int, operation_id: str, what: str = "resul
     they hold (a replay reads ``bytes`` back). Bytes inside a result are stored as UTF-8
     text, pydantic's JSON default, which is how a model or a dataclass reads them back on
     replay (a model that sets ``ser_json_bytes`` keeps its own setting both ways); bytes
-    that are not UTF-8 cannot be, and are refused. NaN and the infinities have no JSON
-    form and are refused, as they are in requests. A refused result writes nothing (it
-    would be stored as invalid JSON, or replayed as something else). ``what`` names it in
-    the errors: :func:`encode_failure` stores a failure through here too."""
+    that are not UTF-8 cannot be, and are refused. A model is stored by field name, its
+    computed fields left out, so that its replay validates it back (a replay reads a field
+    by name or by alias, so a result stored by alias before still replays). NaN and the
+    infinities have no JSON form and are refused, as they are in requests. A refused result
+    writes nothing (it would be stored as invalid JSON, or replayed as something else).
+    ``what`` names it in the errors: :func:`encode_failure` stores a failure through here
+    too."""
     if isinstance(result, bytes | bytearray | memoryview):
         data = bytes(result)
     else:
         if isinstance(result, AsJson):
             result = result.value
         try:
-            data = pydantic_core.to_json(result, inf_nan_mode="constants")
+            # In the form pydantic validates back (a replay reads it into the declared
+            # type): fields by name, which a model reads whatever its aliases (a
+            # validation_alias, a serialization_alias); computed fields left out (a model
+            # that forbids extras refuses them); a Json field as its JSON text.
+            data = pydantic_core.to_json(
+                result, inf_nan_mode="constants", by_alias=False, round_trip=True
+            )
         except pydantic_core.PydanticSerializationError as exc:
             if "invalid utf-8 sequence" in str(exc):  # bytes; a lone surrogate in a str is not
                 raise FingerprintError(

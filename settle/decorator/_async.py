@@ -183,9 +183,13 @@ async def _run(
 
     Whatever ``fn`` did is returned to be settled: a cancellation of the caller that lands
     while the heartbeat is being stopped, after ``fn`` finished, is kept in
-    ``Ran.interrupted`` and raised only after the settlement."""
+    ``Ran.interrupted`` and raised only after the settlement. So is one that lands while
+    the ``timeout`` (or the lost lease) stops ``fn`` (in its cleanup, say): the caller has
+    gone, so the attempt is cancelled, not timed out, and not retried."""
     loop = asyncio.get_running_loop()
     attempt = run.attempt
+    task = asyncio.current_task()
+    requested = task.cancelling() if task is not None else 0
     value: Any = None
     error: BaseException | None = None
     interrupted: BaseException | None = None
@@ -205,7 +209,16 @@ async def _run(
             except asyncio.CancelledError as exc:  # the caller, after fn had finished
                 interrupted = exc
     lost = attempt._renewal if attempt.lost else None
-    if scope.expired():  # our own timeout (or the lost lease) cancelled fn, not the caller
+    if scope.expired():  # our own timeout (or the lost lease) cancelled fn
+        # The scope withdrew its own cancellation as it ended: one still requested is the
+        # caller's, who asked to stop meanwhile. What fn did is settled, then it is raised.
+        if task is not None and task.cancelling() > requested:
+            if interrupted is None:
+                caller = isinstance(error, asyncio.CancelledError)
+                interrupted = error if caller else asyncio.CancelledError()
+            if error is None:
+                return Ran(value, None, False, lost, interrupted)
+            return Ran(None, interrupted, False, lost, interrupted, stopped=True)
         interrupted = None
         if isinstance(error, asyncio.CancelledError):
             error = TimeoutError(f"operation {attempt.operation_id!r}: the attempt was stopped")

@@ -1,0 +1,125 @@
+"""A result of the declared model replays as the model it was (SPEC 6: a replay
+re-validates the stored result into the declared return type). A model whose JSON dump
+pydantic does not read back by default (a field with a ``validation_alias`` to parse a
+provider's answer, a ``serialization_alias``, a computed field in a model that forbids
+extras, a ``Json[...]`` field) was stored in that dump, and its first call raised
+``InvalidInput`` after the charge, every retry too: the function had returned exactly its
+declared type, and no ``result_type=`` could repair it. Now a result is stored in the form
+pydantic validates back (fields by name, computed fields left out, ``Json`` fields as
+their JSON text) and read by name or by alias, so a record stored before, by alias, still
+replays. Real Redis, sync and async shells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, Json, computed_field
+
+from settle import AsyncSettler, Reserved, Settler, State
+
+P = "customer:c-7"
+
+
+class ProviderReceipt(BaseModel):
+    """Parsed from the provider's answer, whose fields are named otherwise."""
+
+    charge_id: str = Field(validation_alias="id")
+    amount: int
+
+
+class OutboundReceipt(BaseModel):
+    """Written for another service in camelCase."""
+
+    charge_id: str = Field(serialization_alias="chargeId")
+    amount: int
+
+
+class StrictReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    net: int
+    fee: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def gross(self) -> int:
+        return self.net + self.fee
+
+
+class RawReceipt(BaseModel):
+    charge_id: str
+    provider_answer: Json[dict[str, Any]]
+
+
+class Camel(BaseModel):
+    charge_id: str = Field(alias="chargeId")
+
+
+RESULTS: list[BaseModel] = [
+    ProviderReceipt.model_validate({"id": "ch_1", "amount": 4999}),
+    OutboundReceipt(charge_id="ch_2", amount=4999),
+    StrictReceipt(net=4900, fee=99),
+    RawReceipt.model_validate({"charge_id": "ch_3", "provider_answer": '{"status": "ok"}'}),
+]
+IDS = [type(value).__name__ for value in RESULTS]
+
+
+@pytest.mark.parametrize("value", RESULTS, ids=IDS)
+def test_a_model_whose_dump_does_not_validate_back_is_returned_and_replayed(
+    settler: Settler, value: BaseModel
+) -> None:
+    runs: list[int] = []
+    model = type(value)
+
+    @settler.operation(key="charge:{order}", principal=P, result_type=model)
+    def charge(order: int) -> Any:
+        runs.append(order)
+        return value
+
+    assert charge(1) is value
+    replayed = charge(1)
+    assert type(replayed) is model
+    assert replayed == value
+    assert runs == [1]
+    record = settler.get("charge:1")
+    assert record is not None
+    assert record.state is State.COMPLETED
+    assert record.value(model) == value
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("value", RESULTS, ids=IDS)
+async def test_async_a_model_whose_dump_does_not_validate_back_is_returned_and_replayed(
+    async_settler: AsyncSettler, value: BaseModel
+) -> None:
+    runs: list[int] = []
+    model = type(value)
+
+    @async_settler.operation(key="charge:{order}", principal=P, result_type=model)
+    async def charge(order: int) -> Any:
+        runs.append(order)
+        return value
+
+    assert await charge(1) is value
+    replayed = await charge(1)
+    assert type(replayed) is model
+    assert replayed == value
+    assert runs == [1]
+
+
+def test_a_result_stored_by_alias_before_still_replays(settler: Settler) -> None:
+    """Results used to be stored by alias: such a record still replays."""
+    reserved = settler.reserve("charge:old", principal=P, fingerprint="f" * 64)
+    assert isinstance(reserved, Reserved)
+    settler.complete(reserved.reservation, b'{"chargeId": "ch_old"}')
+    record = settler.get("charge:old")
+    assert record is not None
+    assert record.value(Camel) == Camel(chargeId="ch_old")
+    # and a new one is stored by name, which the model reads back too
+    reserved = settler.reserve("charge:new", principal=P, fingerprint="f" * 64)
+    assert isinstance(reserved, Reserved)
+    settler.complete(reserved.reservation, Camel(chargeId="ch_new"))
+    record = settler.get("charge:new")
+    assert record is not None
+    assert record.value(Camel) == Camel(chargeId="ch_new")
