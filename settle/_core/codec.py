@@ -225,7 +225,45 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
             "model or plain JSON data",
             operation_id=op,
         ) from exc
-    return encode_result(dumped, limit, op, "failure")
+    try:
+        return encode_result(dumped, limit, op, "failure")
+    except ResultTooLarge:
+        shortened = _shortened(dumped, limit, op)
+        if shortened is None:
+            raise
+        return shortened
+
+
+def _shortened(dumped: dict[str, Any], limit: int, op: str) -> bytes | None:
+    """The failure ``dumped`` with its message cut to fit ``limit``, or None when it cannot
+    fit however short the message (its data is too large). A failure is the function's
+    definite answer (a decline): refused whole for a long message (a provider's HTML error
+    page), it was lost, the operation left provisional, and the next call ran the function
+    again. Its type and data are kept whole; the message keeps its beginning and says how
+    long it was."""
+    message = dumped.get("message")
+    if not isinstance(message, str) or not message:
+        return None
+    note = f" [settle: message cut from {len(message)} characters to fit max_result_bytes]"
+
+    def fits(n: int) -> bytes | None:
+        try:
+            return encode_result({**dumped, "message": message[:n] + note}, limit, op, "failure")
+        except ResultTooLarge:
+            return None
+
+    best = fits(0)
+    if best is None:
+        return None
+    low, high = 0, len(message)  # fits(low); the longest cut that fits, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        found = fits(mid)
+        if found is None:
+            high = mid - 1
+        else:
+            low, best = mid, found
+    return best
 
 
 def _message(error: BaseException) -> str:
