@@ -421,12 +421,33 @@ class Plan:
             )
         if error is None:
             return self._complete(r, ran.value)
-        if isinstance(error, self.policy.terminal) and not ran.stopped:
-            return Settle(Action.FAIL, r, error=error)
+        definite = self._definite(error)
+        if definite is not None and not ran.stopped:
+            return Settle(Action.FAIL, r, error=definite)
         if ran.lost is not None:
             # No result to report and another worker may own the operation: settle nothing.
             return Read(r.operation_id)
         return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
+
+    def _definite(self, error: BaseException) -> BaseException | None:
+        """The failure to store for ``error`` when it is a definite answer: a ``terminal``
+        exception, or a group (a ``TaskGroup``'s) whose every exception is one: the group's
+        one exception itself, or the group of them. None: the outcome is uncertain (a
+        group with any other exception in it)."""
+        terminal = self.policy.terminal
+        if isinstance(error, terminal):
+            return error
+        if not isinstance(error, BaseExceptionGroup) or not terminal:
+            return None
+        matched, rest = error.split(terminal)
+        if matched is None or rest is not None:
+            return None
+        while len(matched.exceptions) == 1:
+            only = matched.exceptions[0]
+            if not isinstance(only, BaseExceptionGroup):
+                return only
+            matched = only
+        return matched
 
     def _complete(self, r: Reservation, value: Any) -> Settle:
         """Store ``value``, checked first as every replay will read it back (the first call
