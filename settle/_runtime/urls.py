@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import unquote_plus
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 __all__ = ["check", "redacted", "url_problem"]
 
@@ -54,13 +54,27 @@ def check(url: str) -> None:
     an unencoded ``/``, ``?`` or ``#``: redis-py ends the host part there, and would connect to
     the host named by the user name (or localhost) at a port read from the password, with no
     password; its connection errors would then quote both. An ``@`` in a query value
-    (``?client_name=a@b``) is not taken for the end of a password."""
+    (``?client_name=a@b``) is not taken for the end of a password.
+
+    Also refused: a URL that is no UTF-8 text (a byte of another encoding, from the command
+    line or the environment: redis-py failed to send it with a ``UnicodeEncodeError``), and a
+    ``redis://`` path that is not a database number, which redis-py ignores or misreads
+    (``/O`` for ``/0`` connected to database 0, ``/1/2`` to database 12)."""
+    if not url.isascii():
+        try:
+            url.encode("utf-8")
+        except UnicodeEncodeError:  # bytes of no UTF-8 text, from argv or the environment
+            raise ValueError(_NOT_TEXT) from None
     scheme = _SCHEME.match(url)
     if scheme is None or url[scheme.end() : scheme.end() + 3] != "://":
         return
     found = _userinfo(url[scheme.end() + 3 :])
     if found and any(ch in found[1] for ch in _AUTHORITY_ENDS):
         raise ValueError(_UNENCODED)
+    if scheme.group().lower() in _TCP_SCHEMES and not _DATABASE.fullmatch(
+        unquote(urlsplit(url).path)
+    ):
+        raise ValueError(_NOT_A_DATABASE)
 
 
 def _userinfo(rest: str) -> tuple[str, str, str] | Literal[False] | None:
@@ -108,8 +122,13 @@ def _in_parameter(before_at: str) -> bool:
     return "=" in query.split("&")[-1]
 
 
-#: :func:`check`'s ValueError (its own words: they quote nothing of the URL).
+#: :func:`check`'s ValueErrors (their own words: they quote nothing of the URL).
 _UNENCODED = "a password with an unencoded '/', '?' or '#'"
+_NOT_TEXT = "a URL that is not UTF-8 text"
+_NOT_A_DATABASE = "a database path that is not a number"
+#: The schemes whose path is a database number (``unix://``'s is the socket's path).
+_TCP_SCHEMES = ("redis", "rediss")
+_DATABASE = re.compile(r"/?[0-9]*", re.ASCII)
 
 #: Words in redis-py's ValueError messages (and urllib's, which it passes on), each with
 #: the fixed words that describe it without quoting the URL.
@@ -118,6 +137,11 @@ _PROBLEMS = (
         _UNENCODED,
         "the password holds a '/', '?' or '#', which ends the host part of a URL: "
         "percent-encode it (%2F, %3F, %23)",
+    ),
+    (_NOT_TEXT, "it holds bytes that are not UTF-8 text"),
+    (
+        _NOT_A_DATABASE,
+        "the path is not a database number (redis://host:port/0 is database 0)",
     ),
     (
         "Redis URL must specify one of the following schemes",
