@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -264,12 +263,9 @@ def export(
         # opening it first emptied it.
         first = next(scan, None)
         entries = scan if first is None else itertools.chain([first], scan)
-        if output is None:
-            try:
-                _write(sys.stdout, entries, limit, show_progress)
-                sys.stdout.flush()
-            except BrokenPipeError:  # the reader stopped (| head): a normal end, exit 0
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if output is None:  # a reader that stops (| head) ends it quietly (settle.cli.main)
+            _write(sys.stdout, entries, limit, show_progress)
+            sys.stdout.flush()
             return
         with output.open("w", encoding="utf-8") as fh:
             count = _write(fh, entries, limit, show_progress)
