@@ -371,4 +371,38 @@ def test_a_url_path_that_is_no_database_number_is_a_usage_error(
     )
     with pytest.raises(InvalidInput, match="the path is not a database number"):
         Settler.from_url(base + path, namespace=namespace)
-    assert settle("stats", "--redis-url", base + "/0", "--namespace", namespace).returncode == 0
+    for fine in ("/0", "/", "", "/0 "):  # redis-py reads "0 " as 0 (int() strips it)
+        done = settle("stats", "--redis-url", base + fine, "--namespace", namespace)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "socket_timeout=-1",
+        "socket_timeout=nan",
+        "socket_timeout=inf",
+        "socket_timeout=0",
+        "socket_connect_timeout=-1",
+        "socket_connect_timeout=1e400",
+        "socket_connect_timeout=90000",
+    ],
+)
+def test_a_socket_timeout_out_of_range_in_the_url_is_a_usage_error(
+    settler: Settler, redis_url: str, namespace: str, query: str
+) -> None:
+    # redis-py takes any float and the socket refused it at connect: a ValueError
+    # (-1, nan) or OverflowError (inf) traceback; 0 made the socket non-blocking.
+    settler.check()
+    url = f"{redis_url}?{query}&password=s3cret"
+    done = settle("stats", "--redis-url", url, "--namespace", namespace)
+    assert done.returncode == 2, done.stderr
+    name = query.split("=", maxsplit=1)[0]
+    assert done.stderr == (
+        f"settle: bad --redis-url {redis_url}?{query}&password=***: the value of the query "
+        f"parameter '{name}' is not a number of seconds above 0 and at most 86400\n"
+    )
+    with pytest.raises(InvalidInput, match=f"'{name}' is not a number of seconds"):
+        Settler.from_url(url, namespace=namespace)
+    fine = f"{redis_url}?{name}=2.5"
+    assert settle("stats", "--redis-url", fine, "--namespace", namespace).returncode == 0
