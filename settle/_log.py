@@ -141,7 +141,9 @@ DIGEST_KEY_ENV = "SETTLE_DIGEST_KEY"
 @functools.cache
 def _digest_key() -> bytes:
     configured = os.environ.get(DIGEST_KEY_ENV, "")
-    return configured.encode("utf-8") if configured else secrets.token_bytes(32)
+    # The bytes as set: a byte of no UTF-8 text (Python decodes the environment with
+    # surrogateescape) is itself, where encoding strictly raised at the first digest.
+    return configured.encode("utf-8", "surrogateescape") if configured else secrets.token_bytes(32)
 
 
 def binding_digest(binding: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import unquote_plus
+from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
 
 __all__ = ["check", "redacted", "url_problem"]
 
@@ -54,13 +54,44 @@ def check(url: str) -> None:
     an unencoded ``/``, ``?`` or ``#``: redis-py ends the host part there, and would connect to
     the host named by the user name (or localhost) at a port read from the password, with no
     password; its connection errors would then quote both. An ``@`` in a query value
-    (``?client_name=a@b``) is not taken for the end of a password."""
+    (``?client_name=a@b``) is not taken for the end of a password.
+
+    Also refused: a URL that is no UTF-8 text (a byte of another encoding, from the command
+    line or the environment: redis-py failed to send it with a ``UnicodeEncodeError``), and a
+    ``redis://`` path that is not a database number, which redis-py ignores or misreads
+    (``/O`` for ``/0`` connected to database 0, ``/1/2`` to database 12), and a
+    ``socket_timeout`` or ``socket_connect_timeout`` that is not more than 0 seconds and
+    finite (at most a day), which the socket refused with a traceback at connect."""
+    if not url.isascii():
+        try:
+            url.encode("utf-8")
+        except UnicodeEncodeError:  # bytes of no UTF-8 text, from argv or the environment
+            raise ValueError(_NOT_TEXT) from None
     scheme = _SCHEME.match(url)
     if scheme is None or url[scheme.end() : scheme.end() + 3] != "://":
         return
     found = _userinfo(url[scheme.end() + 3 :])
     if found and any(ch in found[1] for ch in _AUTHORITY_ENDS):
         raise ValueError(_UNENCODED)
+    parts = urlsplit(url)
+    # redis-py drops every "/" of the path and reads the rest with int(), or ignores it
+    if scheme.group().lower() in _TCP_SCHEMES and not _DATABASE.fullmatch(
+        unquote(parts.path).removeprefix("/").strip()
+    ):
+        raise ValueError(_NOT_A_DATABASE)
+    for name, values in parse_qs(parts.query).items():
+        if name in _TIMEOUTS and not _seconds(unquote(values[0])):
+            # redis-py takes any float, and the socket refused it at connect (-1, nan: a
+            # ValueError traceback; inf: an OverflowError); 0 made it non-blocking
+            raise ValueError(f"a timeout out of range in {name!r}")
+
+
+def _seconds(text: str) -> bool:
+    """Whether ``text`` is a number of seconds a socket timeout can be: more than 0, finite."""
+    try:
+        return 0 < float(text) < _MAX_TIMEOUT
+    except ValueError:
+        return False
 
 
 def _userinfo(rest: str) -> tuple[str, str, str] | Literal[False] | None:
@@ -108,8 +139,17 @@ def _in_parameter(before_at: str) -> bool:
     return "=" in query.split("&")[-1]
 
 
-#: :func:`check`'s ValueError (its own words: they quote nothing of the URL).
+#: :func:`check`'s ValueErrors (their own words: they quote nothing of the URL).
 _UNENCODED = "a password with an unencoded '/', '?' or '#'"
+_NOT_TEXT = "a URL that is not UTF-8 text"
+_NOT_A_DATABASE = "a database path that is not a number"
+#: The schemes whose path is a database number (``unix://``'s is the socket's path).
+_TCP_SCHEMES = ("redis", "rediss")
+_DATABASE = re.compile(r"[0-9]*", re.ASCII)
+#: The query parameters redis-py passes to the socket as a timeout (seconds), and the
+#: largest one settle takes (a day: a socket takes no infinite one).
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
+_MAX_TIMEOUT = 86400.0
 
 #: Words in redis-py's ValueError messages (and urllib's, which it passes on), each with
 #: the fixed words that describe it without quoting the URL.
@@ -118,6 +158,11 @@ _PROBLEMS = (
         _UNENCODED,
         "the password holds a '/', '?' or '#', which ends the host part of a URL: "
         "percent-encode it (%2F, %3F, %23)",
+    ),
+    (_NOT_TEXT, "it holds bytes that are not UTF-8 text"),
+    (
+        _NOT_A_DATABASE,
+        "the path is not a database number (redis://host:port/0 is database 0)",
     ),
     (
         "Redis URL must specify one of the following schemes",
@@ -136,6 +181,7 @@ _PROBLEMS = (
     ),
 )
 _INVALID_VALUE = re.compile(r"Invalid value for '(\w+)' in connection URL")
+_BAD_TIMEOUT = re.compile(r"a timeout out of range in '(\w+)'")
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
@@ -152,6 +198,12 @@ def url_problem(exc: Exception) -> str:
     for words, problem in _PROBLEMS:
         if words in text:
             return problem
+    name = _BAD_TIMEOUT.search(text)
+    if name:
+        return (
+            f"the value of the query parameter {name.group(1)!r} is not a number of seconds "
+            f"above 0 and at most {_MAX_TIMEOUT:.0f}"
+        )
     name = _INVALID_VALUE.search(text)
     if name:
         return f"the value of the query parameter {name.group(1)!r} is not valid"

@@ -39,6 +39,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
+    "EXIT_WHEN_READER_STOPS",
     "Connection",
     "checked_namespace",
     "checked_url",
@@ -55,6 +56,10 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``ctx.meta`` key: the exit code when the reader of stdout stops (``| head``) before the
+#: command ends, where that is not 0: the demo's failed check (``settle.cli.main``).
+EXIT_WHEN_READER_STOPS = "settle.exit_when_reader_stops"
 
 DEFAULT_URL = "redis://localhost:6379/0"
 DEFAULT_NAMESPACE = "default"

@@ -158,7 +158,7 @@ def console(*, stderr: bool = False) -> Console:
     else:
         columns = max(shutil.get_terminal_size((200, 24)).columns, 200)
         size = os.terminal_size((columns, 24))
-    return Console(
+    return _Console(
         file=stream,
         width=size.columns,
         height=size.lines,
@@ -167,6 +167,16 @@ def console(*, stderr: bool = False) -> Console:
         highlight=False,
         soft_wrap=False,
     )
+
+
+class _Console(Console):
+    """rich's console, but a reader that stopped (``| head``) ends the command as every
+    command's output does (``settle.cli.main``: quietly, exit 0): rich's own handling
+    exits 1, which the docs give to "not found"."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def _on_terminal(stream: IO[str]) -> bool:

@@ -15,6 +15,7 @@ from rich.text import Text
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_WHEN_READER_STOPS,
     Connection,
     connection_options_for,
     errors_as_exit_codes,
@@ -122,6 +123,8 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
     finally:
         if embedded is not None:
             embedded.close()
+    if not report.ok:  # also when the reader of the report stops early (| head)
+        click.get_current_context().meta[EXIT_WHEN_READER_STOPS] = EXIT_FAILED
     if as_json:
         print_json(report.model_dump(mode="json"))
     else:

@@ -66,6 +66,14 @@ def digest(
         )
     if not (operation_ids or principals or emissions or events):
         fail("give at least one operation id, --principal, --emission or --event", EXIT_USAGE)
+    for name, values in (
+        ("OPERATION_ID", operation_ids),
+        ("--principal", principals),
+        ("--emission", emissions),
+        ("--event", events),
+    ):
+        for value in values:
+            _check_text(name, value)
     rows = [("operation_digest", op, operation_digest(op)) for op in operation_ids]
     rows += [("binding_digest", p, binding_digest(p)) for p in principals]
     rows += [("emission_digest", e, emission_digest(e)) for e in emissions]
@@ -75,3 +83,13 @@ def digest(
         return
     for field, _value, value_digest in rows:
         click.echo(f"{field}={value_digest}")
+
+
+def _check_text(name: str, value: str) -> None:
+    """Refuse (exit 2) a value holding bytes that are not UTF-8 text (the shell passed them
+    as they were; Python keeps them as lone surrogates): no id settle stores holds them, and
+    its digest could not be computed (a UnicodeEncodeError traceback)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        fail(f"bad {name} {value!r}: it holds bytes that are not UTF-8 text", EXIT_USAGE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -16,8 +17,11 @@ import click
 from settle._core.engine import MAX_LISTING
 from settle._sync.settler import Settler
 from settle.cli._context import (
+    EXIT_FAILED,
+    EXIT_USAGE,
     Connection,
     connection_options,
+    fail,
     json_option,
     open_settler,
     options_named,
@@ -264,14 +268,14 @@ def export(
         # opening it first emptied it.
         first = next(scan, None)
         entries = scan if first is None else itertools.chain([first], scan)
-        if output is None:
-            try:
-                _write(sys.stdout, entries, limit, show_progress)
-                sys.stdout.flush()
-            except BrokenPipeError:  # the reader stopped (| head): a normal end, exit 0
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if output is None:  # a reader that stops (| head) ends it quietly (settle.cli.main)
+            _write(sys.stdout, entries, limit, show_progress)
             return
-        with output.open("w", encoding="utf-8") as fh:
+        try:
+            fh = output.open("w", encoding="utf-8")
+        except OSError as exc:  # a missing directory, a read-only file system
+            fail(f"cannot write --output {output}: {exc.strerror or exc}", EXIT_USAGE)
+        with fh:
             count = _write(fh, entries, limit, show_progress)
     click.echo(f"exported {count} entries to {output}", err=True)
 
@@ -322,13 +326,35 @@ def _write(
     """Write entries as JSON lines, at most ``limit``; with ``show_progress``, a running
     count on stderr every thousand entries. Returns how many were written."""
     count = 0
-    for entry in entries:
-        if limit is not None and count >= limit:
-            break
-        fh.write(json_line(entry_json(entry)) + "\n")
-        count += 1
-        if show_progress and count % _PROGRESS_EVERY == 0:
-            click.echo(f"\rexported {count} entries...", err=True, nl=False)
+    try:
+        for entry in entries:
+            if limit is not None and count >= limit:
+                break
+            fh.write(json_line(entry_json(entry)) + "\n")
+            count += 1
+            if show_progress and count % _PROGRESS_EVERY == 0:
+                click.echo(f"\rexported {count} entries...", err=True, nl=False)
+        fh.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a full disk: the export is not whole, and must say so
+        _discard(fh)
+        where = "stdout" if fh is sys.stdout else fh.name
+        fail(
+            f"the export to {where} is incomplete: a write failed ({exc.strerror or exc}); "
+            "export again before trimming anything",
+            EXIT_FAILED,
+        )
     if show_progress and count >= _PROGRESS_EVERY:
         click.echo(f"\rexported {count} entries   ", err=True)
     return count
+
+
+def _discard(fh: IO[str]) -> None:
+    """Drop what could not be written, so that closing the file (or the flush of stdout
+    at exit) does not fail again over the message that says so."""
+    if fh is sys.stdout:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return
+    with contextlib.suppress(OSError):
+        fh.close()

@@ -4,12 +4,13 @@ line), not a traceback."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from settle import Settler
-from tests.cli.conftest import settle
+from tests.cli.conftest import SETTLE, cli_env, settle
 from tests.cli.helpers import stale_settlement
 
 
@@ -115,3 +116,36 @@ def test_tail_refused_for_a_bad_filter_prints_nothing_before_the_refusal(
     assert "following" not in done.stderr
     assert done.stderr.startswith("settle: bad --operation: must "), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_export_that_cannot_be_written_says_so_in_one_line(
+    settler: Settler, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """An --output in a missing directory, and a full disk, ended the export in a traceback
+    (FileNotFoundError, OSError ENOSPC): on a full disk one might not read it as an export
+    that is not whole, and trim what it left out."""
+    stale_settlement(settler, "charge:full-disk")
+    connection = ("--redis-url", redis_url, "--namespace", namespace, "--shards", "4")
+    missing = tmp_path / "no-such-dir" / "q.jsonl"
+    done = settle("quarantine", "export", "--output", str(missing), *connection)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == f"settle: cannot write --output {missing}: No such file or directory\n"
+    if not Path("/dev/full").exists():
+        return
+    done = settle("quarantine", "export", "--output", "/dev/full", *connection)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        "settle: the export to /dev/full is incomplete: a write failed (No space left on "
+        "device); export again before trimming anything\n"
+    )
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [str(SETTLE), "quarantine", "export", *connection],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("settle: the export to stdout is incomplete: a write failed")

@@ -5,6 +5,8 @@ installed console script, against the session's real redis-server."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import subprocess
 import sys
@@ -17,7 +19,9 @@ from tests.cli.helpers import stale_settlement
 SECRET = "a-deployment-secret"
 
 
-def _logged_digests(redis_url: str, namespace: str, operation_id: str) -> list[str]:
+def _logged_digests(
+    redis_url: str, namespace: str, operation_id: str, key: str | bytes = SECRET
+) -> list[str]:
     """The operation_digest of every line a fresh process logs for one operation, under
     SETTLE_DIGEST_KEY (a fresh process: the key is read once per process)."""
     code = f"""
@@ -33,7 +37,7 @@ s.close()
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env=cli_env(SETTLE_DIGEST_KEY=SECRET),
+        env=cli_env(SETTLE_DIGEST_KEY=key),  # type: ignore[arg-type]
         timeout=60,
         check=True,
     )
@@ -62,6 +66,36 @@ def test_digest_names_the_log_lines_of_an_operation(redis_url: str, namespace: s
     rows = json.loads(as_json.stdout)
     assert [r["field"] for r in rows] == ["operation_digest", "binding_digest"]
     assert rows[0]["digest"] == logged[0]
+
+
+def test_a_digest_key_that_is_not_utf8_digests_as_its_bytes(redis_url: str, namespace: str) -> None:
+    # A secret of random bytes in the environment: every digest (settle digest, and the
+    # first log line of an application) ended in a UnicodeEncodeError traceback.
+    key = b"\xff\xfe-random-secret-\x80"
+    op = "order-8813"
+    logged = _logged_digests(redis_url, namespace, op, key=key)
+    done = settle("digest", op, env=cli_env(SETTLE_DIGEST_KEY=key))  # type: ignore[arg-type]
+    assert done.returncode == 0, done.stderr
+    expected = hmac.new(key, b"op\0" + op.encode(), hashlib.sha256).hexdigest()[:16]
+    assert done.stdout == f"operation_digest={expected}\n"
+    assert set(logged) == {expected}
+
+
+def test_digest_of_a_value_that_is_not_utf8_is_a_usage_error() -> None:
+    # The shell passes bytes of another encoding as they are: the digest could not be
+    # computed, a UnicodeEncodeError traceback. No id settle stores holds them.
+    env = cli_env(SETTLE_DIGEST_KEY=SECRET)
+    for args, name in [
+        ((b"order-\xe9",), "OPERATION_ID"),
+        (("order-1", "--principal", b"caf\xe9"), "--principal"),
+        (("--emission", b"\xff"), "--emission"),
+        (("--event", b"e\xff"), "--event"),
+    ]:
+        done = settle("digest", *args, env=env)  # type: ignore[arg-type]
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"settle: bad {name} '"), done.stderr
+        assert done.stderr.endswith("': it holds bytes that are not UTF-8 text\n"), done.stderr
+        assert done.stdout == ""
 
 
 def test_digest_without_the_deployment_secret_is_refused() -> None:

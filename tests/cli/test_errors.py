@@ -10,6 +10,7 @@ import pytest
 
 from settle import Reserved, Settler
 from settle._runtime.urls import redacted
+from settle.errors import InvalidInput
 from tests.cli.conftest import cli_env, settle
 
 #: What every command says of a namespace settle does not take: in words, not pydantic's
@@ -334,3 +335,74 @@ def test_an_at_sign_in_a_query_value_is_not_the_end_of_a_password(
     denied = settle("stats", "--namespace", namespace, "--redis-url", url)
     assert denied.returncode == 3, denied.stderr
     assert "s3cret" not in denied.stderr, denied.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("stats",), ("doctor",), ("cursor", "show", "s"), ("progress", "show", "c"), ("web",)],
+)
+def test_a_url_that_is_not_utf8_is_a_usage_error(command: tuple[str, ...], redis_url: str) -> None:
+    # A byte of another encoding in the password (a Latin-1 terminal, a copied secret):
+    # redis-py failed to send it to the server it reached, a UnicodeEncodeError traceback.
+    server = redis_url.removeprefix("redis://").rsplit("/", 1)[0]
+    url = f"redis://app:s3cr\xe9t@{server}/0".encode("latin-1")
+    done = settle(*command, "--redis-url", url)  # type: ignore[arg-type]
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"settle: bad --redis-url redis://app:***@{server}/0: "
+        "it holds bytes that are not UTF-8 text\n"
+    )
+
+
+@pytest.mark.parametrize("path", ["/O", "/db0", "/1/2", "/0x"])
+def test_a_url_path_that_is_no_database_number_is_a_usage_error(
+    settler: Settler, redis_url: str, namespace: str, path: str
+) -> None:
+    # redis-py ignores a path that is not a number (/O, a typo of /0, read database 0) and
+    # drops the slashes of another (/1/2 is database 12): a command read another database
+    # than the one typed, or said the namespace did not exist there.
+    settler.check()  # the namespace exists, in database 0
+    base = redis_url.rsplit("/", 1)[0]
+    done = settle("stats", "--redis-url", base + path, "--namespace", namespace)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"settle: bad --redis-url {base}{path}: the path is not a database number "
+        "(redis://host:port/0 is database 0)\n"
+    )
+    with pytest.raises(InvalidInput, match="the path is not a database number"):
+        Settler.from_url(base + path, namespace=namespace)
+    for fine in ("/0", "/", "", "/0 "):  # redis-py reads "0 " as 0 (int() strips it)
+        done = settle("stats", "--redis-url", base + fine, "--namespace", namespace)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "socket_timeout=-1",
+        "socket_timeout=nan",
+        "socket_timeout=inf",
+        "socket_timeout=0",
+        "socket_connect_timeout=-1",
+        "socket_connect_timeout=1e400",
+        "socket_connect_timeout=90000",
+    ],
+)
+def test_a_socket_timeout_out_of_range_in_the_url_is_a_usage_error(
+    settler: Settler, redis_url: str, namespace: str, query: str
+) -> None:
+    # redis-py takes any float and the socket refused it at connect: a ValueError
+    # (-1, nan) or OverflowError (inf) traceback; 0 made the socket non-blocking.
+    settler.check()
+    url = f"{redis_url}?{query}&password=s3cret"
+    done = settle("stats", "--redis-url", url, "--namespace", namespace)
+    assert done.returncode == 2, done.stderr
+    name = query.split("=", maxsplit=1)[0]
+    assert done.stderr == (
+        f"settle: bad --redis-url {redis_url}?{query}&password=***: the value of the query "
+        f"parameter '{name}' is not a number of seconds above 0 and at most 86400\n"
+    )
+    with pytest.raises(InvalidInput, match=f"'{name}' is not a number of seconds"):
+        Settler.from_url(url, namespace=namespace)
+    fine = f"{redis_url}?{name}=2.5"
+    assert settle("stats", "--redis-url", fine, "--namespace", namespace).returncode == 0
