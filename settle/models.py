@@ -6,6 +6,7 @@ are decoded on demand with pydantic (:meth:`OperationRecord.value`).
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
@@ -152,8 +153,59 @@ def _replayed(type_: Any, data: bytes) -> Any:
     its replays would refuse."""
     if type_ is bytes:
         return data
-    # By name, as a result is stored (encode_result), or by alias, as it was stored before.
-    return _adapter(type_).validate_json(data, by_alias=True, by_name=True)
+    adapter = _adapter(type_)
+    first: ValidationError | None = None
+    if not _stored_by_alias(type_, data):
+        # By name, as a result is stored (encode_result): only by name, so a field whose
+        # alias is another field's name (``charge_id`` read from the provider's ``id``,
+        # beside the receipt's own ``id``) takes its own value, not the other's.
+        try:
+            return adapter.validate_json(data, by_alias=False, by_name=True)
+        except ValidationError as exc:
+            first = exc
+    # As settle stored results before (by alias), read by alias or by name.
+    try:
+        return adapter.validate_json(data, by_alias=True, by_name=True)
+    except ValidationError:
+        if first is None:
+            raise
+        raise first from None
+
+
+def _stored_by_alias(type_: Any, data: bytes) -> bool:
+    """Whether ``data`` is a model stored by alias, as settle stored results before: its
+    object has a key that is an alias of the declared model's and no field's name. Read by
+    name, a field with a default would silently take the default there."""
+    keys = _alias_keys(type_)
+    if not keys or not data.startswith(b"{"):
+        return False
+    try:
+        stored = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(stored, dict) and not keys.isdisjoint(stored)
+
+
+def _alias_keys(type_: Any) -> frozenset[str]:
+    """The aliases of a model's fields that are no field's name (empty for another type)."""
+    try:
+        return _cached_alias_keys(type_)
+    except TypeError:  # an unhashable type expression: no model
+        return frozenset()
+
+
+@lru_cache(maxsize=512)
+def _cached_alias_keys(type_: Any) -> frozenset[str]:
+    if not (isinstance(type_, type) and issubclass(type_, BaseModel)):
+        return frozenset()
+    fields = type_.model_fields
+    aliases = {
+        alias
+        for info in fields.values()
+        for alias in (info.alias, info.validation_alias, info.serialization_alias)
+        if isinstance(alias, str)
+    }
+    return frozenset(aliases - set(fields))
 
 
 #: pydantic's messages that may quote the stored data, in words that do not: a tagged

@@ -123,3 +123,19 @@ def test_a_result_stored_by_alias_before_still_replays(settler: Settler) -> None
     record = settler.get("charge:new")
     assert record is not None
     assert record.value(Camel) == Camel(chargeId="ch_new")
+
+
+class Defaulted(BaseModel):
+    charge_id: str = Field("", alias="chargeId")
+    amount: int = 0
+
+
+def test_a_result_stored_by_alias_before_keeps_its_defaulted_fields(settler: Settler) -> None:
+    """Read by name alone, a record stored by alias (before this version) with a defaulted
+    aliased field would silently replay the default: it is read by alias."""
+    reserved = settler.reserve("charge:old-default", principal=P, fingerprint="e" * 64)
+    assert isinstance(reserved, Reserved)
+    settler.complete(reserved.reservation, b'{"chargeId": "ch_old", "amount": 5}')
+    record = settler.get("charge:old-default")
+    assert record is not None
+    assert record.value(Defaulted) == Defaulted(chargeId="ch_old", amount=5)
