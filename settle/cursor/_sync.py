@@ -33,6 +33,11 @@ from settle.errors import InvalidInput
 __all__ = ["CursorConsumer", "CursorStore"]
 
 _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
+#: The empty windows in a row one ``run()`` goes over (pages with no event whose coverage
+#: marker moved the boundary): a feed's quiet stretch is crossed, and a provider whose marker
+#: follows the clock (every fetch covers up to "now", empty) is not fetched ``max_steps``
+#: times for nothing new.
+EMPTY_WINDOWS = 10
 
 FetchPageFn = Callable[[bytes], Page]
 HandleEventFn = Callable[[Event, EventContext], object]
@@ -156,11 +161,14 @@ class CursorConsumer:
         after a step that applied nothing new and did not move the applied boundary (its
         page had no events, or only events already applied). ``PROMOTED`` with progress and
         ``SUPERSEDED`` (the next step reads the new checkpoint) go on: an empty page whose
-        coverage marker moved the boundary is progress. Divergences and errors propagate."""
+        coverage marker moved the boundary is progress, up to ``EMPTY_WINDOWS`` of them in a
+        row (a provider whose marker follows the clock moves it on every fetch). Divergences
+        and errors propagate."""
         results: list[StepResult] = []
         # The boundary before the first step, so that an empty page that moved it (a coverage
         # marker) goes on: taken for "nothing new", it stopped run() one empty window on.
         start = self.store.checkpoint(self.stream)
+        empty = 0  # empty windows in a row
         for _ in range(max_steps):
             before = results[-1].boundary if results else start.boundary if start else None
             result = self.step()
@@ -168,5 +176,8 @@ class CursorConsumer:
             if result.outcome is StepOutcome.SUPERSEDED:
                 continue  # another worker moved the checkpoint: the next step reads it
             if result.outcome in _STOP or (result.applied == 0 and result.boundary == before):
+                break
+            empty = empty + 1 if result.applied + result.skipped == 0 else 0
+            if empty >= EMPTY_WINDOWS:
                 break
         return results
