@@ -47,7 +47,11 @@ def recorded_reason(value: str) -> str:
     :data:`MAX_REASON`."""
     if not has_control(value):
         return value
-    return value.encode("unicode_escape").decode("ascii")[:MAX_REASON]
+    # Only the characters check_reason refuses are escaped: "für\n" reads "für\\n".
+    escaped = "".join(
+        ch.encode("unicode_escape").decode("ascii") if has_control(ch) else ch for ch in value
+    )
+    return escaped[:MAX_REASON]
 
 
 class ProgressError(SettleError):

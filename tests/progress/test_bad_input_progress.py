@@ -26,7 +26,7 @@ from settle.progress import (
 )
 from settle.progress._core import StreamVerdict
 from settle.progress._keys import ProgressKeys
-from settle.progress.errors import DeferDelivery, InvalidDelivery
+from settle.progress.errors import DeferDelivery, InvalidDelivery, check_reason, recorded_reason
 from settle.progress.models import ApplyStatus, IntentKind, SettlementOutcome
 from tests.progress.harness import Names
 
@@ -380,3 +380,17 @@ async def test_a_plain_effect_given_to_the_async_consumer_runs_once_and_is_recor
     finally:
         await client.aclose()
         await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "read"),
+    [("für\nbar", "für\\nbar"), ("\u2028x", "\\u2028x"), ("\n" * 256, "\\n" * 128)],
+    ids=["non-ascii-kept", "line-separator", "cut-to-the-limit"],
+)
+def test_a_reason_recorded_before_is_read_back_as_check_reason_takes_it(
+    recorded: str, read: str
+) -> None:
+    """Only what ``check_reason`` refuses is escaped (a word in another script stays as it
+    is), and the escaped reason is cut to its limit, so ``recover()`` can send it."""
+    assert recorded_reason(recorded) == read
+    assert check_reason(recorded_reason(recorded)) == read
