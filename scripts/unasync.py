@@ -88,6 +88,8 @@ CURSOR_RULES: list[tuple[str, str]] = [
     (r"\bAsyncRunner\b", "Runner"),
     (r"\bAsyncConnectable\b", "Connectable"),
     (r"settle\._runtime\._async\b", "settle._runtime._sync"),
+    (r"Awaitable\[object\] \| object", "object"),  # the async shell takes a plain handler too
+    (r"^#: An ``async def`` handler, or a plain function .*", "#: A plain function."),
     (r"Awaitable\[(\w+)\]", r"\1"),
     (r"from collections\.abc import Awaitable, Callable", "from collections.abc import Callable"),
     (r"\bAsyncCursorConsumer\b", "CursorConsumer"),
@@ -108,7 +110,8 @@ PROGRESS_RULES: list[tuple[str, str]] = [
         "from collections.abc import Callable, Generator",
     ),
     (r"Callable\[\[Any\], Awaitable\[Any\]\]", "Callable[[Any], Any]"),
-    (r"Awaitable\[object\]", "object"),
+    (r"Awaitable\[object\] \| object", "object"),  # the async shell takes a plain effect too
+    (r"^#: An ``async def`` effect, or a plain function .*", "#: A plain function."),
     (r"\bAsyncRunner\b", "Runner"),
     (r"\bAsyncConnectable\b", "Connectable"),
     (r"settle\._runtime\._async\b", "settle._runtime._sync"),

@@ -43,7 +43,8 @@ _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 EMPTY_WINDOWS = 10
 
 AsyncFetchPageFn = Callable[[bytes], Awaitable[Page]]
-AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object]]
+#: An ``async def`` handler, or a plain function (its value stands: it ran).
+AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object] | object]
 
 
 class AsyncCursorStore(AsyncConnectable):

@@ -40,6 +40,7 @@ _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 EMPTY_WINDOWS = 10
 
 FetchPageFn = Callable[[bytes], Page]
+#: A plain function.
 HandleEventFn = Callable[[Event, EventContext], object]
 
 

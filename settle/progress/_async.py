@@ -74,7 +74,8 @@ from settle.progress.models import (
 
 __all__ = ["AsyncEffect", "AsyncProgressStore", "AsyncStreamConsumer", "Observer", "PollReport"]
 
-AsyncEffect = Callable[[EffectContext], Awaitable[object]]
+#: An ``async def`` effect, or a plain function (its value stands: it ran).
+AsyncEffect = Callable[[EffectContext], Awaitable[object] | object]
 #: Called at each step of a delivery (``effect_applied``, ``progress_recorded``, ...): for
 #: metrics and tracing, and for tests that cut a worker at an exact step.
 Observer = Callable[[str, DeliveryId], None]

@@ -71,6 +71,7 @@ from settle.progress.models import (
 
 __all__ = ["Effect", "ProgressStore", "StreamConsumer", "Observer", "PollReport"]
 
+#: A plain function.
 Effect = Callable[[EffectContext], object]
 #: Called at each step of a delivery (``effect_applied``, ``progress_recorded``, ...): for
 #: metrics and tracing, and for tests that cut a worker at an exact step.

@@ -31,6 +31,7 @@ from settle import (
     fingerprint,
 )
 from settle.cursor import (
+    AsyncCursorConsumer,
     AsyncCursorStore,
     CursorConsumer,
     CursorStore,
@@ -43,8 +44,11 @@ from settle.cursor import (
 from settle.progress import (
     Applied,
     AsyncProgressStore,
+    DeliveryId,
     EffectContext,
+    EmissionId,
     ProgressStore,
+    ProviderScope,
     StreamConsumer,
 )
 
@@ -132,6 +136,21 @@ async def async_companions() -> None:
         assert_type(other, AsyncProgressStore)
     cursors = AsyncCursorStore.from_url("redis://x")
     assert_type(await cursors.receipts("s"), list[Receipt])
+
+    # The async shells take a plain function too (its value stands: it ran).
+    async def fetch(cursor: bytes) -> Page:
+        return Page([], cursor)
+
+    def handle(event: Event, context: object) -> None:
+        return None
+
+    AsyncCursorConsumer(fetch, handle, ProviderContract(), store=cursors, stream="s")
+
+    def effect(context: EffectContext) -> None:
+        return None
+
+    scope = ProviderScope("orders", "billing", "inc1")
+    assert_type(await store.apply(scope, DeliveryId("1-1"), EmissionId("e1"), effect), Applied)
     await cursors.aclose()
     assert_type(Applied, type[Applied])
     assert_type(settle.__version__, str)
