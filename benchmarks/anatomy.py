@@ -11,7 +11,7 @@ record checked and its reply row built, the shard check, the reply. Each step's 
 cumulative; the last line is settle's own script, whose reply the steps' last one must equal.
 
 Every cut is sent with EVALSHA, on every server (on Redis 7+ and Valkey settle calls its
-FUNCTION library, which defines the helpers once, at load: there the second step costs
+FUNCTION library, which defines the helpers once, at load: there the helpers step costs
 nothing per call). It needs valgrind (``apt-get install valgrind``).
 """
 
