@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,7 +220,8 @@ class CursorCore:
                 f"the checkpoint of stream {_stream(call)!r} is not a settle checkpoint; "
                 "inspect the key, nothing was written",
             )
-        checkpoint = self._checkpoint(ckpt) if ckpt else None
+        with self._reading(call):
+            checkpoint = self._checkpoint(ckpt) if ckpt else None
         if code == "missing" or (checkpoint is None and code not in ("no_witness",)):
             raise self._missing(
                 call,
@@ -226,6 +229,16 @@ class CursorCore:
                 reading=reading,
             )
         return Reply(code, reply.detail, reply.now_ms, checkpoint, list(extra or []))
+
+    @contextmanager
+    def _reading(self, call: Call) -> Iterator[None]:
+        """Decoding what ``call``'s script read: a checkpoint, witness or receipt that does
+        not read as settle writes it is :class:`CorruptRecord`, logged as the others are."""
+        try:
+            yield
+        except CorruptRecord:
+            self._log(_stream(call)).error("settle.cursor.corrupt", script=call.script)
+            raise
 
     def _corrupt(self, call: Call, message: str) -> CorruptRecord:
         """A stream's keys hold what settle did not write: logged, nothing written."""
@@ -332,7 +345,8 @@ class CursorCore:
 
     def decode_witnesses(self, call: Call, raw: Any) -> list[Witness]:
         reply = self._reply(call, raw)
-        return [self._witness(list(w)) for w in reply.extra]
+        with self._reading(call):
+            return [self._witness(list(w)) for w in reply.extra]
 
     def plan_reset(
         self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
@@ -386,13 +400,14 @@ class CursorCore:
         assert reply.checkpoint is not None
         witnesses, receipts, passed = [*reply.extra, [], [], []][:3]
         flat = _fields(list(receipts))
-        return View(
-            checkpoint=reply.checkpoint,
-            witnesses=tuple(self._witness(list(w)) for w in witnesses),
-            receipts={k: self._receipt(k, v) for k, v in flat.items()},
-            now_ms=reply.now_ms,
-            passed=frozenset(_text(d) for d in passed or []),
-        )
+        with self._reading(call):
+            return View(
+                checkpoint=reply.checkpoint,
+                witnesses=tuple(self._witness(list(w)) for w in witnesses),
+                receipts={k: self._receipt(k, v) for k, v in flat.items()},
+                now_ms=reply.now_ms,
+                passed=frozenset(_text(d) for d in passed or []),
+            )
 
     def plan_receipts(self, stream: str, after: int | None, limit: int) -> Call:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
@@ -402,7 +417,8 @@ class CursorCore:
 
     def decode_receipts(self, call: Call, raw: Any) -> list[Receipt]:
         reply = self._reply(call, raw)
-        return [self._receipt(k, v) for k, v in _fields(reply.extra).items()]
+        with self._reading(call):
+            return [self._receipt(k, v) for k, v in _fields(reply.extra).items()]
 
     def check_expiry(self, stream: str, contract: ProviderContract, view: View) -> None:
         ttl = contract.cursor_ttl

@@ -71,3 +71,31 @@ def test_a_witness_deleted_under_its_checkpoint_is_said_to_be_corrupt(
     [said] = _events(logs, "settle.cursor.corrupt")
     assert said["log_level"] == "error"
     assert said["script"] == "outcome"
+
+
+def test_a_witness_that_does_not_read_as_settle_writes_it_is_said_to_be_corrupt(
+    store: CursorStore, redis_client: redis.Redis, namespace: str
+) -> None:
+    """A witness's events changed by hand into text that is no JSON list: CorruptRecord
+    from reading the witnesses, and the same event as every other corruption."""
+    store.start("orders", b"first")
+    consumer = CursorConsumer(
+        lambda cursor: (
+            Page([Event("evt-1", 1, {"amount": 10})], b"next")
+            if cursor == b"first"
+            else Page([], cursor)
+        ),
+        lambda event, context: None,
+        ProviderContract(),
+        store=store,
+        stream="orders",
+    )
+    consumer.step()
+    [key] = redis_client.scan_iter(match=f"settle:{{{namespace}:*}}:wit")
+    [field] = [f for f in redis_client.hkeys(key) if f.endswith(b"|events")]
+    redis_client.hset(key, field, "not json")
+    with capture_logs() as logs, pytest.raises(CorruptRecord):
+        store.witnesses("orders")
+    [said] = _events(logs, "settle.cursor.corrupt")
+    assert said["log_level"] == "error"
+    assert said["script"] == "witnesses"
