@@ -242,8 +242,9 @@ def _classify(
         )
     if "DB index is out of range" in str(exc):  # Valkey 9 cluster nodes answer this to SELECT
         return ConfigurationError(
-            "the database in the URL does not exist on the server; a Redis Cluster node has "
-            "only database 0: connect to redis://host:port/0 or use from_cluster()",
+            "the database in the URL does not exist on the server (a server has as many as "
+            "its `databases` setting says, 16 by default, numbered from 0; a Redis Cluster "
+            "node has only database 0: connect to redis://host:port/0 or use from_cluster())",
             operation_id=op,
         )
     if "SELECT is not allowed in cluster mode" in str(exc):

@@ -221,6 +221,17 @@ def test_missing_namespace_exits_3_and_creates_nothing(redis_url: str, namespace
     assert again.returncode == 3  # the read did not create the namespace
 
 
+def test_a_database_the_server_does_not_have_is_said_for_a_standalone_server(
+    redis_url: str, namespace: str
+) -> None:
+    """``/99`` on a standalone server: its message spoke of a Redis Cluster node alone."""
+    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+    done = settle("stats", "--redis-url", f"{base}/99", "--namespace", namespace)
+    assert done.returncode == 3
+    assert "the database in the URL does not exist on the server" in done.stderr
+    assert "16 by default, numbered from 0" in done.stderr
+
+
 def test_shard_count_mismatch_exits_3(settler: Settler, redis_url: str, namespace: str) -> None:
     settler.check()  # the namespace exists with 4 shards
     args = ("--redis-url", redis_url, "--namespace", namespace)
