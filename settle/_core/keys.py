@@ -30,7 +30,8 @@ def check_operation_id(operation_id: object) -> str:
     if has_control(operation_id):
         raise InvalidInput(
             "operation id must not contain control characters or line separators "
-            "(U+0000-U+001F, U+007F-U+009F, U+2028, U+2029, format characters)",
+            "(U+0000-U+001F, U+007F-U+009F, U+2028, U+2029, format characters), nor a lone "
+            "surrogate (bytes that were not UTF-8 text)",
             operation_id=operation_id,
         )
     return operation_id
@@ -47,7 +48,9 @@ def check_binding(binding: object, operation_id: str | None = None) -> str:
         )
     if has_control(binding):
         raise InvalidInput(
-            "principal must not contain control characters", operation_id=operation_id
+            "principal must not contain control characters, nor a lone surrogate (bytes that "
+            "were not UTF-8 text)",
+            operation_id=operation_id,
         )
     return binding
 

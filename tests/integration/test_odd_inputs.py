@@ -199,6 +199,17 @@ def test_operation_ids_refuse_line_breaks_and_separators(
     assert not redis_client.keys(f"*{settler.config.namespace}*:op:*")
 
 
+def test_an_id_or_principal_from_bytes_that_were_not_utf8_is_refused_in_those_words(
+    settler: Settler,
+) -> None:
+    """A lone surrogate (argv or the environment decoded with surrogateescape) is refused as
+    text that was not UTF-8, not only as a "control character" the caller cannot see."""
+    with pytest.raises(InvalidInput, match="not UTF-8 text"):
+        settler.reserve("order-\udcff", {"a": 1}, principal="p")
+    with pytest.raises(InvalidInput, match="not UTF-8 text"):
+        settler.reserve("order-1", {"a": 1}, principal="tenant-\udcff")
+
+
 def test_confusable_ids_are_distinct_operations(settler: Settler) -> None:
     """Ids are compared code point by code point, never normalized (docs/concepts.md)."""
     nfc, nfd = "caf\u00e9", "cafe\u0301"
