@@ -154,58 +154,68 @@ def _replayed(type_: Any, data: bytes) -> Any:
     if type_ is bytes:
         return data
     adapter = _adapter(type_)
+    if not _aliased(type_):
+        return adapter.validate_json(data)  # one form, by name and by alias alike
+    # Stored by field name (encode_result), or by alias by settle before this version: the
+    # reading whose own form is the stored JSON, so that neither a field whose alias is
+    # another field's name, nor an extra named like an alias, nor a default filled in for
+    # a field stored under its alias, changes what a replay returns.
     first: ValidationError | None = None
-    if not _stored_by_alias(type_, data):
-        # By name, as a result is stored (encode_result): only by name, so a field whose
-        # alias is another field's name (``charge_id`` read from the provider's ``id``,
-        # beside the receipt's own ``id``) takes its own value, not the other's.
-        try:
-            return adapter.validate_json(data, by_alias=False, by_name=True)
-        except ValidationError as exc:
-            first = exc
-    # As settle stored results before (by alias), read by alias or by name.
     try:
-        return adapter.validate_json(data, by_alias=True, by_name=True)
+        by_name = adapter.validate_json(data, by_alias=False, by_name=True)
+    except ValidationError as exc:
+        by_name, first = _NONE, exc
+    else:
+        if _is_form(adapter, by_name, data, by_alias=False):
+            return by_name  # stored by name (encode_result): read back as it was
+    # Stored by alias by settle before: a reading whose alias form is the stored JSON.
+    try:
+        by_alias = adapter.validate_json(data, by_alias=True, by_name=True)
     except ValidationError:
-        if first is None:
-            raise
-        raise first from None
+        by_alias = _NONE
+    if by_alias is not _NONE and _is_form(adapter, by_alias, data, by_alias=True):
+        return by_alias
+    if first is not None:
+        raise first
+    return by_name  # neither form is exact (a validator that normalises): by name
 
 
-def _stored_by_alias(type_: Any, data: bytes) -> bool:
-    """Whether ``data`` is a model stored by alias, as settle stored results before: its
-    object has a key that is an alias of the declared model's and no field's name. Read by
-    name, a field with a default would silently take the default there."""
-    keys = _alias_keys(type_)
-    if not keys or not data.startswith(b"{"):
-        return False
+#: No reading (the read failed).
+_NONE: Any = object()
+
+
+def _is_form(adapter: TypeAdapter[Any], value: Any, data: bytes, *, by_alias: bool) -> bool:
+    """Whether ``value`` dumped as settle stores a result (by name, round trip), or as it
+    stored one before (by alias, computed fields included), is the stored JSON ``data``."""
     try:
-        stored = json.loads(data)
-    except ValueError:
+        again = adapter.dump_json(value, by_alias=by_alias, round_trip=not by_alias)
+        return bool(json.loads(again) == json.loads(data))
+    except Exception:  # noqa: BLE001 - no form to compare: not this one
         return False
-    return isinstance(stored, dict) and not keys.isdisjoint(stored)
 
 
-def _alias_keys(type_: Any) -> frozenset[str]:
-    """The aliases of a model's fields that are no field's name (empty for another type)."""
+def _aliased(type_: Any) -> bool:
+    """Whether a field anywhere in ``type_`` has an alias: only there do the stored form (by
+    field name) and the form settle stored before (by alias) differ."""
     try:
-        return _cached_alias_keys(type_)
-    except TypeError:  # an unhashable type expression: no model
-        return frozenset()
+        return _cached_aliased(type_)
+    except TypeError:  # an unhashable type expression
+        return _has_alias(_adapter(type_).core_schema)
 
 
 @lru_cache(maxsize=512)
-def _cached_alias_keys(type_: Any) -> frozenset[str]:
-    if not (isinstance(type_, type) and issubclass(type_, BaseModel)):
-        return frozenset()
-    fields = type_.model_fields
-    aliases = {
-        alias
-        for info in fields.values()
-        for alias in (info.alias, info.validation_alias, info.serialization_alias)
-        if isinstance(alias, str)
-    }
-    return frozenset(aliases - set(fields))
+def _cached_aliased(type_: Any) -> bool:
+    return _has_alias(_adapter(type_).core_schema)
+
+
+def _has_alias(node: Any) -> bool:
+    if isinstance(node, dict):
+        if node.get("validation_alias") is not None or node.get("serialization_alias"):
+            return True
+        return any(_has_alias(value) for value in node.values())
+    if isinstance(node, list | tuple):
+        return any(_has_alias(value) for value in node)
+    return False
 
 
 #: pydantic's messages that may quote the stored data, in words that do not: a tagged

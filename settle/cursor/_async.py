@@ -190,7 +190,7 @@ class AsyncCursorConsumer:
                 continue  # another worker moved the checkpoint: the next step reads it
             if result.outcome in _STOP or (result.applied == 0 and result.boundary == before):
                 break
-            empty = empty + 1 if result.applied + result.skipped == 0 else 0
+            empty = empty + 1 if result.applied == 0 else 0
             if empty >= EMPTY_WINDOWS:
                 break
         return results

@@ -54,7 +54,10 @@ def cursor_digest(cursor: bytes) -> str:
 
 
 def ms_datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError) as exc:  # a time no clock gives: not what settle wrote
+        raise ValueError(f"time out of range: {ms}") from exc
 
 
 class EmptyPageSemantics(StrEnum):

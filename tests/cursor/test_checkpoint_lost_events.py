@@ -20,6 +20,23 @@ def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"] == name]
 
 
+def _consumed(store: CursorStore) -> CursorConsumer:
+    store.start("orders", b"first")
+    consumer = CursorConsumer(
+        lambda cursor: (
+            Page([Event("evt-1", 1, {"amount": 10})], b"next")
+            if cursor == b"first"
+            else Page([], cursor)
+        ),
+        lambda event, context: None,
+        ProviderContract(),
+        store=store,
+        stream="orders",
+    )
+    consumer.step()
+    return consumer
+
+
 def test_a_step_on_a_stream_whose_checkpoint_was_lost_says_so(
     store: CursorStore, redis_client: redis.Redis, namespace: str
 ) -> None:
@@ -78,19 +95,7 @@ def test_a_witness_that_does_not_read_as_settle_writes_it_is_said_to_be_corrupt(
 ) -> None:
     """A witness's events changed by hand into text that is no JSON list: CorruptRecord
     from reading the witnesses, and the same event as every other corruption."""
-    store.start("orders", b"first")
-    consumer = CursorConsumer(
-        lambda cursor: (
-            Page([Event("evt-1", 1, {"amount": 10})], b"next")
-            if cursor == b"first"
-            else Page([], cursor)
-        ),
-        lambda event, context: None,
-        ProviderContract(),
-        store=store,
-        stream="orders",
-    )
-    consumer.step()
+    _consumed(store)
     [key] = redis_client.scan_iter(match=f"settle:{{{namespace}:*}}:wit")
     [field] = [f for f in redis_client.hkeys(key) if f.endswith(b"|events")]
     redis_client.hset(key, field, "not json")
@@ -99,3 +104,30 @@ def test_a_witness_that_does_not_read_as_settle_writes_it_is_said_to_be_corrupt(
     [said] = _events(logs, "settle.cursor.corrupt")
     assert said["log_level"] == "error"
     assert said["script"] == "witnesses"
+
+
+# A time no clock gives (a receipt's or the checkpoint's, changed by hand) escaped as a bare
+# OSError, with no CorruptRecord and no event (review).
+def test_a_receipt_whose_time_is_out_of_range_is_said_to_be_corrupt(
+    store: CursorStore, redis_client: redis.Redis, namespace: str
+) -> None:
+    _consumed(store)
+    key = f"settle:{{{namespace}:cursor:orders}}:rcpt"
+    value = redis_client.hget(key, "evt-1")
+    assert value is not None
+    parts = value.split(b" ")
+    redis_client.hset(key, "evt-1", b" ".join([*parts[:-1], b"99999999999999999999"]))
+    with capture_logs() as logs, pytest.raises(CorruptRecord):
+        store.receipts("orders")
+    [said] = _events(logs, "settle.cursor.corrupt")
+    assert said["script"] == "receipts"
+
+
+def test_a_checkpoint_whose_time_is_out_of_range_is_said_to_be_corrupt(
+    store: CursorStore, redis_client: redis.Redis, namespace: str
+) -> None:
+    _consumed(store)
+    redis_client.hset(f"settle:{{{namespace}:cursor:orders}}:ckpt", "updated", "9" * 20)
+    with capture_logs() as logs, pytest.raises(CorruptRecord):
+        store.checkpoint("orders")
+    assert len(_events(logs, "settle.cursor.corrupt")) == 1

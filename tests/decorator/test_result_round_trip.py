@@ -139,3 +139,25 @@ def test_a_result_stored_by_alias_before_keeps_its_defaulted_fields(settler: Set
     record = settler.get("charge:old-default")
     assert record is not None
     assert record.value(Defaulted) == Defaulted(chargeId="ch_old", amount=5)
+
+
+class Labelled(BaseModel):
+    charge_id: str = Field(alias="chargeId")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def label(self) -> str:
+        return self.charge_id.upper()
+
+
+def test_a_result_stored_by_alias_before_with_a_computed_field_still_replays(
+    settler: Settler,
+) -> None:
+    """The older settle stored a model by alias with its computed fields: that form is
+    recognised as it was written."""
+    reserved = settler.reserve("charge:old-computed", principal=P, fingerprint="d" * 64)
+    assert isinstance(reserved, Reserved)
+    settler.complete(reserved.reservation, b'{"chargeId": "ch_old", "label": "CH_OLD"}')
+    record = settler.get("charge:old-computed")
+    assert record is not None
+    assert record.value(Labelled) == Labelled(chargeId="ch_old")
