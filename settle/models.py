@@ -189,9 +189,21 @@ def _is_form(adapter: TypeAdapter[Any], value: Any, data: bytes, *, by_alias: bo
     stored one before (by alias, computed fields included), is the stored JSON ``data``."""
     try:
         again = adapter.dump_json(value, by_alias=by_alias, round_trip=not by_alias)
-        return bool(json.loads(again) == json.loads(data))
+        return bool(_unordered(json.loads(again)) == _unordered(json.loads(data)))
     except Exception:  # noqa: BLE001 - no form to compare: not this one
         return False
+
+
+def _unordered(value: Any) -> Any:
+    """``value`` (parsed JSON) with every list in one order: a set's items are dumped in
+    the order the process hashes them, which differs between the writer and the reader.
+    The readings compared differ by which field took which key, never by order alone."""
+    if isinstance(value, dict):
+        return {key: _unordered(item) for key, item in value.items()}
+    if isinstance(value, list):
+        items = [_unordered(item) for item in value]
+        return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
+    return value
 
 
 def _aliased(type_: Any) -> bool:

@@ -161,3 +161,22 @@ def test_a_result_stored_by_alias_before_with_a_computed_field_still_replays(
     record = settler.get("charge:old-computed")
     assert record is not None
     assert record.value(Labelled) == Labelled(chargeId="ch_old")
+
+
+class Tagged(BaseModel):
+    charge_id: str = Field(alias="chargeId")
+    tags: set[str]
+
+
+def test_a_result_stored_by_alias_before_with_a_set_still_replays(settler: Settler) -> None:
+    """A set is dumped in the order its process hashes it: the reading of an older record
+    is recognised whatever the order its items were stored in."""
+    stored = b'{"chargeId": "ch_old", "tags": ["zeta", "alpha", "mid", "beta", "omega"]}'
+    reserved = settler.reserve("charge:old-set", principal=P, fingerprint="c" * 64)
+    assert isinstance(reserved, Reserved)
+    settler.complete(reserved.reservation, stored)
+    record = settler.get("charge:old-set")
+    assert record is not None
+    value = record.value(Tagged)
+    assert value.charge_id == "ch_old"
+    assert value.tags == {"zeta", "alpha", "mid", "beta", "omega"}
