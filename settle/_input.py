@@ -21,7 +21,15 @@ from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from settle.errors import InvalidInput
 
-__all__ = ["InputModel", "awaited", "has_control", "is_decimal", "key_part", "refuse_unawaited"]
+__all__ = [
+    "InputModel",
+    "awaited",
+    "has_control",
+    "is_decimal",
+    "is_utf8",
+    "key_part",
+    "refuse_unawaited",
+]
 
 #: Refused in every name and text settle stores and shows (operation ids, principals,
 #: reasons, notes; cursor streams and event ids; progress ids and consumer names): control
@@ -29,6 +37,18 @@ __all__ = ["InputModel", "awaited", "has_control", "is_decimal", "key_part", "re
 #: surrogates, and the line and paragraph separators U+2028 / U+2029 (the other Unicode
 #: line breaks, CR, LF, VT, FF and NEL, are control characters already).
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: no lone surrogate, which is how Python keeps bytes
+    that were not UTF-8 text (argv, the environment: ``surrogateescape``)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_decimal(text: str) -> bool:

@@ -16,6 +16,8 @@ import re
 from typing import Literal
 from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
 
+from settle._input import is_utf8
+
 __all__ = ["check", "redacted", "url_problem"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
@@ -62,11 +64,8 @@ def check(url: str) -> None:
     (``/O`` for ``/0`` connected to database 0, ``/1/2`` to database 12), and a
     ``socket_timeout`` or ``socket_connect_timeout`` that is not more than 0 seconds and
     finite (at most a day), which the socket refused with a traceback at connect."""
-    if not url.isascii():
-        try:
-            url.encode("utf-8")
-        except UnicodeEncodeError:  # bytes of no UTF-8 text, from argv or the environment
-            raise ValueError(_NOT_TEXT) from None
+    if not is_utf8(url):  # bytes of no UTF-8 text, from argv or the environment
+        raise ValueError(_NOT_TEXT)
     scheme = _SCHEME.match(url)
     if scheme is None or url[scheme.end() : scheme.end() + 3] != "://":
         return

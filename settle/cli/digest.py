@@ -14,6 +14,7 @@ import os
 import click
 
 from settle._exit import EXIT_USAGE
+from settle._input import is_utf8
 from settle._log import (
     DIGEST_KEY_ENV,
     binding_digest,
@@ -89,7 +90,5 @@ def _check_text(name: str, value: str) -> None:
     """Refuse (exit 2) a value holding bytes that are not UTF-8 text (the shell passed them
     as they were; Python keeps them as lone surrogates): no id settle stores holds them, and
     its digest could not be computed (a UnicodeEncodeError traceback)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_utf8(value):
         fail(f"bad {name} {value!r}: it holds bytes that are not UTF-8 text", EXIT_USAGE)

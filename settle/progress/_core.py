@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NoReturn
 
+from settle._input import is_utf8
 from settle._log import logger
 from settle._runtime import Call, parse_reply
 from settle.errors import BackendError, CorruptRecord, InvalidInput
@@ -261,14 +262,12 @@ class ConsumerOptions:
             raise InvalidInput(
                 f"emission_field must be a non-empty str (a field name), got {emission_field!r}"
             )
-        try:
-            emission_field.encode("utf-8")
-        except UnicodeEncodeError:
+        if not is_utf8(emission_field):
             # No stream field is named so (a lone surrogate has no UTF-8): every delivery
             # would be malformed, and dead-lettered.
             raise InvalidInput(
                 f"emission_field must be text UTF-8 can encode, got {emission_field!r}"
-            ) from None
+            )
         return cls(
             emission_field=emission_field,
             max_deliveries=_option_int(max_deliveries, "max_deliveries", 2**53 - 1),
