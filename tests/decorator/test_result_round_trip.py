@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, Json, computed_field
 
-from settle import AsyncSettler, Reserved, Settler, State
+from settle import AsyncSettler, OperationRecord, Reserved, Settler, State
 
 P = "customer:c-7"
 
@@ -108,20 +108,23 @@ async def test_async_a_model_whose_dump_does_not_validate_back_is_returned_and_r
     assert runs == [1]
 
 
+def _stored(settler: Settler, operation_id: str, result: object) -> OperationRecord:
+    """The record of ``operation_id`` completed with ``result`` (bytes: stored as they are,
+    as an older settle stored a model by alias)."""
+    reserved = settler.reserve(operation_id, principal=P, fingerprint="f" * 64)
+    assert isinstance(reserved, Reserved)
+    settler.complete(reserved.reservation, result)
+    record = settler.get(operation_id)
+    assert record is not None
+    return record
+
+
 def test_a_result_stored_by_alias_before_still_replays(settler: Settler) -> None:
     """Results used to be stored by alias: such a record still replays."""
-    reserved = settler.reserve("charge:old", principal=P, fingerprint="f" * 64)
-    assert isinstance(reserved, Reserved)
-    settler.complete(reserved.reservation, b'{"chargeId": "ch_old"}')
-    record = settler.get("charge:old")
-    assert record is not None
+    record = _stored(settler, "charge:old", b'{"chargeId": "ch_old"}')
     assert record.value(Camel) == Camel(chargeId="ch_old")
     # and a new one is stored by name, which the model reads back too
-    reserved = settler.reserve("charge:new", principal=P, fingerprint="f" * 64)
-    assert isinstance(reserved, Reserved)
-    settler.complete(reserved.reservation, Camel(chargeId="ch_new"))
-    record = settler.get("charge:new")
-    assert record is not None
+    record = _stored(settler, "charge:new", Camel(chargeId="ch_new"))
     assert record.value(Camel) == Camel(chargeId="ch_new")
 
 
@@ -133,11 +136,7 @@ class Defaulted(BaseModel):
 def test_a_result_stored_by_alias_before_keeps_its_defaulted_fields(settler: Settler) -> None:
     """Read by name alone, a record stored by alias (before this version) with a defaulted
     aliased field would silently replay the default: it is read by alias."""
-    reserved = settler.reserve("charge:old-default", principal=P, fingerprint="e" * 64)
-    assert isinstance(reserved, Reserved)
-    settler.complete(reserved.reservation, b'{"chargeId": "ch_old", "amount": 5}')
-    record = settler.get("charge:old-default")
-    assert record is not None
+    record = _stored(settler, "charge:old-default", b'{"chargeId": "ch_old", "amount": 5}')
     assert record.value(Defaulted) == Defaulted(chargeId="ch_old", amount=5)
 
 
@@ -155,11 +154,7 @@ def test_a_result_stored_by_alias_before_with_a_computed_field_still_replays(
 ) -> None:
     """The older settle stored a model by alias with its computed fields: that form is
     recognised as it was written."""
-    reserved = settler.reserve("charge:old-computed", principal=P, fingerprint="d" * 64)
-    assert isinstance(reserved, Reserved)
-    settler.complete(reserved.reservation, b'{"chargeId": "ch_old", "label": "CH_OLD"}')
-    record = settler.get("charge:old-computed")
-    assert record is not None
+    record = _stored(settler, "charge:old-computed", b'{"chargeId": "ch_old", "label": "CH_OLD"}')
     assert record.value(Labelled) == Labelled(chargeId="ch_old")
 
 
@@ -172,11 +167,7 @@ def test_a_result_stored_by_alias_before_with_a_set_still_replays(settler: Settl
     """A set is dumped in the order its process hashes it: the reading of an older record
     is recognised whatever the order its items were stored in."""
     stored = b'{"chargeId": "ch_old", "tags": ["zeta", "alpha", "mid", "beta", "omega"]}'
-    reserved = settler.reserve("charge:old-set", principal=P, fingerprint="c" * 64)
-    assert isinstance(reserved, Reserved)
-    settler.complete(reserved.reservation, stored)
-    record = settler.get("charge:old-set")
-    assert record is not None
+    record = _stored(settler, "charge:old-set", stored)
     value = record.value(Tagged)
     assert value.charge_id == "ch_old"
     assert value.tags == {"zeta", "alpha", "mid", "beta", "omega"}
