@@ -130,7 +130,9 @@ def test_generations_are_never_reused_after_a_record_expired(
         assert time.monotonic() < deadline, "record never expired"
         time.sleep(0.02)
     assert s.attempts("op") == []  # the attempt log expires with the record
-    second = s.reserve("op", {"a different": "request"}, principal="someone else")
+    # A lease that outlives the check below: with the settler's 0.05 s lease and 0.1 s
+    # retention this record itself expired first on a loaded machine (unknown_operation).
+    second = s.reserve("op", {"a different": "request"}, principal="someone else", lease=30)
     assert isinstance(second, Reserved)
     assert second.reservation.generation > first.reservation.generation
     # the old generation's late response is quarantined, never merged into the new record
