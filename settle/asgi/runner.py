@@ -302,6 +302,10 @@ class AttemptRunner:
             except Exception as exc:  # noqa: BLE001
                 self._guard.log.warning("settle.http.renew_failed", error=type(exc).__name__)
             else:
+                if self._phase in (_Phase.FINISHING, _Phase.SETTLED):
+                    # The settlement is under way or written, and decides: a renewal sent as
+                    # it was (pipelined behind it) reads the completed record, not a loss.
+                    return
                 # A record gone (Redis lost it while the handler ran: Guard.record_gone) or
                 # a lease that only lapsed (still_owns) is not lost, and each is logged:
                 # nobody took the key over, so the handler runs on, and a later renewal that
