@@ -155,12 +155,12 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
         attempt = current_attempt(environ)
         generations.append(attempt.generation)
         started.set()
-        time.sleep(1.5)
+        time.sleep(3.0)
         assert not attempt.lost
         start_response("201 Created", [("Content-Type", "application/json")])
         return [json.dumps({"generation": attempt.generation}).encode()]
 
-    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=0.5)
+    guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, lease=1.0)
     with serve_wsgi(guarded) as base, httpx.Client(base_url=base, timeout=30) as client:
         results: list[httpx.Response] = []
         first = threading.Thread(
@@ -168,7 +168,7 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_handler(settler: Settler) -> No
         )
         first.start()
         assert started.wait(10)
-        time.sleep(1.0)  # two leases: only the heartbeat keeps the first attempt's
+        time.sleep(2.0)  # two leases: only the heartbeat keeps the first attempt's
         busy = client.post("/charge", content=b"x", headers=KEY)
         first.join(10)
     assert busy.status_code == 409
