@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any, TypeVar, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 from pydantic_core.core_schema import ErrorType
 
 from settle.errors import InvalidInput
@@ -156,6 +157,9 @@ def _replayed(type_: Any, data: bytes) -> Any:
     adapter = _adapter(type_)
     if not _aliased(type_):
         return adapter.validate_json(data)  # one form, by name and by alias alike
+    # Only a model with an alias can be stored naming a key twice (a field and an extra
+    # named like it, codec.repeated_key): no reading is the result stored, refused.
+    _refuse_repeated_keys(data)
     # Stored by field name (encode_result), or by alias by settle before this version: the
     # reading whose own form is the stored JSON, so that neither a field whose alias is
     # another field's name, nor an extra named like an alias, nor a default filled in for
@@ -179,6 +183,36 @@ def _replayed(type_: Any, data: bytes) -> Any:
         raise first
     return by_name  # neither form is exact (a validator that normalises): by name
 
+
+def _refuse_repeated_keys(data: bytes) -> None:
+    """Raise a :class:`ValidationError` (``repeated_key``) when an object of the JSON
+    ``data`` names a key twice (a parser keeps one of the two values)."""
+    try:
+        json.loads(data, object_pairs_hook=_once)
+    except _RepeatedKey:
+        raise ValidationError.from_exception_data(
+            "stored result",
+            [{"type": PydanticCustomError("repeated_key", _REPEATED), "loc": (), "input": None}],
+        ) from None
+    except ValueError:
+        pass  # not JSON: validation says what is wrong with it
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _RepeatedKey
+    return found
+
+
+_REPEATED = (
+    "the stored JSON names a key twice (a model's field and an extra named like it), "
+    "so no reading of it is the result stored"
+)
 
 #: No reading (the read failed).
 _NONE: Any = object()
@@ -238,6 +272,7 @@ _QUOTING = {
     "value_error": "a validator refused it (value_error)",
     "assertion_error": "a validator's assertion failed (assertion_error)",
     "uuid_parsing": "Input should be a valid UUID",
+    "repeated_key": _REPEATED,
 }
 _BUILT_IN = frozenset(get_args(ErrorType))
 

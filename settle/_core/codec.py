@@ -49,6 +49,7 @@ __all__ = [
     "encode_failure",
     "encode_result",
     "parse_reply",
+    "repeated_key",
 ]
 
 
@@ -143,7 +144,43 @@ class AsJson:
     value: Any
 
 
-def encode_result(result: Any, limit: int, operation_id: str, what: str = "result") -> bytes:
+def repeated_key(value: Any) -> str | None:
+    """Where ``value``'s stored form (by field name) would name a key twice, as
+    ``Model.field``, or None: a model that keeps extras (``extra="allow"``) built from an
+    answer that held both a field's alias and its name keeps the name as an extra, and
+    dumped by name the field and the extra are one key twice. No JSON reading gives that
+    model back (a parser keeps one of the two). Models are looked for inside models, dicts,
+    lists and tuples: only a model holds extras."""
+    if isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        extra = value.__pydantic_extra__ or {}
+        for key in extra:
+            field = fields.get(key)
+            if field is not None and not field.exclude:
+                return f"{type(value).__qualname__}.{key}"
+        items: Any = (*value.__dict__.values(), *extra.values())
+    elif isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        return None
+    for item in items:
+        if isinstance(item, BaseModel | dict | list | tuple):
+            found = repeated_key(item)
+            if found is not None:
+                return found
+    return None
+
+
+def encode_result(
+    result: Any,
+    limit: int,
+    operation_id: str,
+    what: str = "result",
+    *,
+    repeated: bool = False,
+) -> bytes:
     """Serialize a result with pydantic; ``bytes`` pass through unchanged (unless wrapped
     in :class:`AsJson`), and so do ``bytearray`` and ``memoryview``, stored as the bytes
     they hold (a replay reads ``bytes`` back). Bytes inside a result are stored as UTF-8
@@ -152,10 +189,13 @@ def encode_result(result: Any, limit: int, operation_id: str, what: str = "resul
     that are not UTF-8 cannot be, and are refused. A model is stored by field name, its
     computed fields left out, so that its replay validates it back (a replay reads a field
     by name or by alias, so a result stored by alias before still replays). NaN and the
-    infinities have no JSON form and are refused, as they are in requests. A refused result
-    writes nothing (it would be stored as invalid JSON, or replayed as something else).
-    ``what`` names it in the errors: :func:`encode_failure` stores a failure through here
-    too."""
+    infinities have no JSON form and are refused, as they are in requests. So is a result
+    whose stored form would name a key twice (:func:`repeated_key`: a replay would read
+    one of the two values into the field), unless ``repeated`` (the decorator, whose paid
+    call already ran: it stores the result, and its first call and every replay refuse
+    it, docs/outbound-calls.md). A refused result writes nothing (it would be stored as
+    invalid JSON, or replayed as something else). ``what`` names it in the errors:
+    :func:`encode_failure` stores a failure through here too."""
     if isinstance(result, bytes | bytearray | memoryview):
         data = bytes(result)
     else:
@@ -184,6 +224,15 @@ def encode_result(result: Any, limit: int, operation_id: str, what: str = "resul
         if constant is not None:
             raise FingerprintError(
                 f"{what} holds {constant}, which has no JSON form; store it as a string or None",
+                operation_id=operation_id,
+            )
+        twice = None if repeated else repeated_key(result)
+        if twice is not None:
+            raise FingerprintError(
+                f"{what} cannot be stored so that it reads back: {twice} is both a field and "
+                "an extra (a model that allows extras, built from an answer that held the "
+                "field's alias and its name), and its JSON would name that key twice. Drop "
+                "the extra, or declare the model with extra='ignore'",
                 operation_id=operation_id,
             )
     if len(data) > limit:

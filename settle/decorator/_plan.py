@@ -468,7 +468,10 @@ class Plan:
         if as_is and _parses_back_scalar(value):
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
         try:  # the JSON the settlement stores: encoded once, here, and stored as it is
-            data = encode_result(stored, sys.maxsize, r.operation_id)
+            # A key named twice (codec.repeated_key) is stored all the same: the paid call
+            # ran, and a result refused now would leave the operation provisional and run
+            # it again. Its check below refuses it, as every replay does.
+            data = encode_result(stored, sys.maxsize, r.operation_id, repeated=True)
         except SettleError:  # no JSON form: the settlement refuses it, as it always did
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
         if not (as_is and _parses_back(data)):

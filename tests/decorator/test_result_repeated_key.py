@@ -1,0 +1,96 @@
+"""A model that keeps extras (``extra="allow"``), built from a provider's answer that held
+both a field's alias and its name, keeps the name as an extra: dumped by field name, its
+JSON names that key twice. It was stored so, and every replay read the extra's value into
+the field (a parser keeps the last of the two), where the first call had returned the
+alias's: the caller of a replay got another amount, with no error. No stored form reads
+back as that model, and the paid call has run: the decorator stores the result (the
+function does not run again) and its first call and every replay raise ``InvalidInput``;
+``complete()`` refuses it before anything is written. Real Redis (docs/outbound-calls.md)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from settle import AsyncSettler, Reserved, Settler, State
+from settle.errors import FingerprintError, InvalidInput
+
+P = "customer:c-7"
+
+
+class Charge(BaseModel):
+    """Keeps what the provider sends beyond its fields; the provider calls ``amount``
+    ``amt``."""
+
+    model_config = ConfigDict(extra="allow")
+    amount: int = Field(alias="amt")
+
+
+ANSWER = {"amt": 500, "amount": 7}  # the provider's answer: both the alias and the name
+
+
+def test_a_result_naming_a_key_twice_is_stored_and_refused_on_every_call(
+    settler: Settler,
+) -> None:
+    runs: list[int] = []
+
+    @settler.operation(key="charge:{order}", principal=P)
+    def charge(order: int) -> Charge:
+        runs.append(order)
+        return Charge.model_validate(ANSWER)
+
+    with pytest.raises(InvalidInput, match=r"names a key twice") as first:
+        charge(1)
+    with pytest.raises(InvalidInput, match=r"names a key twice") as replay:
+        charge(1)
+    assert runs == [1]  # stored: the paid call is not run again
+    assert str(replay.value) == str(first.value)
+    record = settler.get("charge:1")
+    assert record is not None
+    assert record.state is State.COMPLETED
+    with pytest.raises(InvalidInput, match=r"names a key twice"):
+        record.value(Charge)
+
+
+@pytest.mark.asyncio
+async def test_async_a_result_naming_a_key_twice_is_stored_and_refused_on_every_call(
+    async_settler: AsyncSettler,
+) -> None:
+    runs: list[int] = []
+
+    @async_settler.operation(key="charge:{order}", principal=P)
+    async def charge(order: int) -> list[Charge]:
+        runs.append(order)
+        return [Charge.model_validate(ANSWER)]
+
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match=r"names a key twice"):
+            await charge(2)
+    assert runs == [2]
+
+
+def test_complete_refuses_a_result_naming_a_key_twice_and_writes_nothing(
+    settler: Settler,
+) -> None:
+    reserved = settler.reserve("charge:direct", principal=P, fingerprint="e" * 64)
+    assert isinstance(reserved, Reserved)
+    with pytest.raises(FingerprintError, match=r"Charge\.amount is both a field and an extra"):
+        settler.complete(reserved.reservation, {"charge": Charge.model_validate(ANSWER)})
+    record = settler.get("charge:direct")
+    assert record is not None
+    assert record.state is State.PENDING
+    assert record.result is None
+
+
+def test_a_model_with_an_alias_and_extras_still_replays_as_itself(settler: Settler) -> None:
+    runs: list[int] = []
+
+    @settler.operation(key="charge:{order}", principal=P)
+    def charge(order: int) -> Charge:
+        runs.append(order)
+        return Charge.model_validate({"amt": 500, "currency": "eur"})
+
+    first = charge(3)
+    assert charge(3) == first
+    assert (first.amount, first.model_extra) == (500, {"currency": "eur"})
+    assert runs == [3]
