@@ -505,6 +505,10 @@ class Settlement(BaseModel):
     record: OperationRecord | None
     quarantine_id: str | None = None
     kind: QuarantineKind | None = None
+    quarantine_repeated: bool = False
+    """``QUARANTINED`` only: the same rejected response (the same attempt, action, payload
+    digest and tuple) was quarantined before, and ``quarantine_id`` is that entry's: it
+    stays one entry (SPEC 3), nothing was appended."""
 
 
 class AttemptObservation(BaseModel):

@@ -83,6 +83,7 @@ class Reply(NamedTuple):
     quarantine_id: str
     payload: list[Any]
     dropped: int = 0  # settlements: unresolved entries quarantine_maxlen pushed out
+    repeated: bool = False  # settlements: the quarantine id is an earlier entry's
 
 
 def _text(value: Any) -> str:
@@ -93,8 +94,9 @@ def _text(value: Any) -> str:
 
 def parse_reply(raw: Any) -> Reply:
     """The core's body of the one reply shape: ``quarantine_id, payload`` (and, from a
-    settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped)."""
-    if type(raw) is list and 5 <= len(raw) <= 6:  # every reply of a core script
+    settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped,
+    then 1 when its quarantine id is an earlier entry's: the same rejected response again)."""
+    if type(raw) is list and 5 <= len(raw) <= 7:  # every reply of a core script
         try:
             code, detail, now_ms, qid, payload, *rest = raw
             return Reply(
@@ -104,15 +106,19 @@ def parse_reply(raw: Any) -> Reply:
                 _text(qid),
                 list(payload or []),
                 int(rest[0]) if rest else 0,
+                len(rest) > 1 and int(rest[1]) == 1,
             )
         except (TypeError, ValueError, UnicodeDecodeError):
             pass  # the general path below raises what it raises for this reply
     reply = runtime_reply(raw)
-    if len(reply.body) not in (2, 3):
+    if len(reply.body) not in (2, 3, 4):
         reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape
     qid, payload, *rest = reply.body
     dropped = int(rest[0]) if rest else 0
-    return Reply(reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []), dropped)
+    repeated = len(rest) > 1 and int(rest[1]) == 1
+    return Reply(
+        reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []), dropped, repeated
+    )
 
 
 def digest(data: bytes) -> str:
