@@ -250,10 +250,24 @@ def encode_result(
     return data
 
 
+#: The longest failure message stored whole, in characters. A longer one (a provider's HTML
+#: error page quoted in the exception) is cut to it by every worker, whatever its
+#: ``max_result_bytes``: the stored failure is the same bytes from every worker, so the same
+#: decline settled again by a worker with another cap is absorbed, not quarantined as a
+#: conflicting settlement. 2048 characters are at most ~12 KiB of JSON (a control character
+#: is written as ``\uXXXX``).
+MESSAGE_MAX = 2048
+#: The shorter cuts, tried in turn, of a failure that does not fit a small cap with a message
+#: of ``MESSAGE_MAX`` characters (or its whole shorter message): fixed lengths, so that the
+#: workers whose caps take the same cut store the same bytes.
+_SHORTER_CUTS = (1024, 512, 256, 128, 64, 32, 16, 0)
+
+
 def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: str) -> bytes:
     """Turn an exception (or a failure description) into a stored failure. Data with no
     JSON form (an arbitrary object, also as an exception's ``settle_data``) is refused with
-    :class:`FingerprintError`, as a result's is: nothing is written."""
+    :class:`FingerprintError`, as a result's is: nothing is written. A message longer than
+    :data:`MESSAGE_MAX` characters is cut to it (:func:`_cut`)."""
     try:
         if isinstance(error, StoredFailure):
             failure = error
@@ -280,45 +294,45 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
             "model or plain JSON data",
             operation_id=op,
         ) from exc
-    try:
+    message = dumped.get("message")
+    if not isinstance(message, str):
         return encode_result(dumped, limit, op, "failure")
+    try:
+        if len(message) <= MESSAGE_MAX:
+            return encode_result(dumped, limit, op, "failure")
+        return encode_result(_cut(dumped, message, MESSAGE_MAX, ""), limit, op, "failure")
     except ResultTooLarge:
-        shortened = _shortened(dumped, limit, op)
+        shortened = _shortened(dumped, message, limit, op)
         if shortened is None:
             raise
         return shortened
 
 
-def _shortened(dumped: dict[str, Any], limit: int, op: str) -> bytes | None:
-    """The failure ``dumped`` with its message cut to fit ``limit``, or None when it cannot
-    fit however short the message (its data is too large). A failure is the function's
-    definite answer (a decline): refused whole for a long message (a provider's HTML error
-    page), it was lost, the operation left provisional, and the next call ran the function
-    again. Its type and data are kept whole; the message keeps its beginning and says how
-    long it was."""
-    message = dumped.get("message")
-    if not isinstance(message, str) or not message:
-        return None
-    note = f" [settle: message cut from {len(message)} characters to fit max_result_bytes]"
+def _cut(dumped: dict[str, Any], message: str, n: int, why: str) -> dict[str, Any]:
+    """The failure ``dumped`` with its message's first ``n`` characters and a note that says
+    how long it was (and ``why``, when a cap asked for a shorter cut)."""
+    return {
+        **dumped,
+        "message": f"{message[:n]} [settle: message cut from {len(message)} characters{why}]",
+    }
 
-    def fits(n: int) -> bytes | None:
+
+def _shortened(dumped: dict[str, Any], message: str, limit: int, op: str) -> bytes | None:
+    """The failure ``dumped`` with its message cut to fit ``limit``: the longest of
+    :data:`_SHORTER_CUTS` that fits, or None when none does (its data is too large). A
+    failure is the function's definite answer (a decline): refused whole for a long message
+    (a provider's HTML error page), it was lost, the operation left provisional, and the
+    next call ran the function again. Its type and data are kept whole; the message keeps
+    its beginning and says how long it was. Workers with caps this small may store other
+    cuts of the same decline (docs/outbound-calls.md)."""
+    below = min(len(message), MESSAGE_MAX)
+    for n in (n for n in _SHORTER_CUTS if n < below):
+        failure = _cut(dumped, message, n, " to fit max_result_bytes")
         try:
-            return encode_result({**dumped, "message": message[:n] + note}, limit, op, "failure")
+            return encode_result(failure, limit, op, "failure")
         except ResultTooLarge:
-            return None
-
-    best = fits(0)
-    if best is None:
-        return None
-    low, high = 0, len(message)  # fits(low); the longest cut that fits, by bisection
-    while low < high:
-        mid = (low + high + 1) // 2
-        found = fits(mid)
-        if found is None:
-            high = mid - 1
-        else:
-            low, best = mid, found
-    return best
+            continue
+    return None
 
 
 def _message(error: BaseException) -> str:
