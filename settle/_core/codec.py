@@ -150,29 +150,36 @@ class AsJson:
     value: Any
 
 
+#: Types a stored result holds that hold no model (walked past by :func:`repeated_key`).
+_LEAVES = frozenset({str, int, float, bool, type(None), bytes})
+
+
 def repeated_key(value: Any) -> str | None:
     """Where ``value``'s stored form (by field name) would name a key twice, as
     ``Model.field``, or None: a model that keeps extras (``extra="allow"``) built from an
     answer that held both a field's alias and its name keeps the name as an extra, and
     dumped by name the field and the extra are one key twice. No JSON reading gives that
     model back (a parser keeps one of the two). Models are looked for inside models, dicts,
-    lists and tuples: only a model holds extras."""
-    if isinstance(value, BaseModel):
-        fields = type(value).model_fields
+    lists and tuples (a walk that steps over their scalars: a fraction of the encoding's
+    own time)."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        items: Any = value
+    elif kind is dict:
+        items = value.values()
+    elif kind in _LEAVES or not isinstance(value, BaseModel):
+        return None
+    else:
+        fields = kind.model_fields
         extra = value.__pydantic_extra__ or {}
         for key in extra:
             field = fields.get(key)
             if field is not None and not field.exclude:
-                return f"{type(value).__qualname__}.{key}"
-        items: Any = (*value.__dict__.values(), *extra.values())
-    elif isinstance(value, dict):
-        items = value.values()
-    elif isinstance(value, list | tuple):
-        items = value
-    else:
-        return None
+                return f"{kind.__qualname__}.{key}"
+        items = (*value.__dict__.values(), *extra.values())
+    leaves = _LEAVES
     for item in items:
-        if isinstance(item, BaseModel | dict | list | tuple):
+        if type(item) not in leaves:
             found = repeated_key(item)
             if found is not None:
                 return found
