@@ -7,9 +7,11 @@ redis-py hands strings over as bytes. Everything here is pure.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -150,8 +152,35 @@ class AsJson:
     value: Any
 
 
-#: Types a stored result holds that hold no model (walked past by :func:`repeated_key`).
-_LEAVES = frozenset({str, int, float, bool, type(None), bytes})
+#: How :func:`repeated_key` walks a value of each type: past it (a scalar), into a model,
+#: into a mapping's values, a dataclass's fields, or a list's (tuple's, set's) items, as
+#: pydantic stores each one. Filled in per type on first sight (:func:`_walk_of`), so that a
+#: scalar of any type (a datetime, a Decimal, an enum) is stepped over at the cost of a look-up.
+_LEAF, _MODEL, _MAPPING, _DATACLASS, _ITEMS = range(5)
+_WALK: dict[type, int] = {
+    **dict.fromkeys((str, int, float, bool, type(None), bytes), _LEAF),
+    dict: _MAPPING,
+    list: _ITEMS,
+    tuple: _ITEMS,
+}
+#: Types remembered at most (a program that makes model classes on the fly).
+_WALK_MAX = 4096
+
+
+def _walk_of(kind: type) -> int:
+    if issubclass(kind, BaseModel):
+        walk = _MODEL
+    elif issubclass(kind, Mapping):
+        walk = _MAPPING  # an OrderedDict, a defaultdict
+    elif dataclasses.is_dataclass(kind):
+        walk = _DATACLASS
+    elif issubclass(kind, list | tuple | set | frozenset | deque):
+        walk = _ITEMS
+    else:
+        walk = _LEAF  # a str subclass, a datetime, an enum...
+    if len(_WALK) < _WALK_MAX:
+        _WALK[kind] = walk
+    return walk
 
 
 def repeated_key(value: Any) -> str | None:
@@ -159,16 +188,22 @@ def repeated_key(value: Any) -> str | None:
     ``Model.field``, or None: a model that keeps extras (``extra="allow"``) built from an
     answer that held both a field's alias and its name keeps the name as an extra, and
     dumped by name the field and the extra are one key twice. No JSON reading gives that
-    model back (a parser keeps one of the two). Models are looked for inside models, dicts,
-    lists and tuples (a walk that steps over their scalars: a fraction of the encoding's
-    own time)."""
+    model back (a parser keeps one of the two). Models are looked for wherever pydantic
+    stores one (in models, mappings, dataclasses, lists, tuples, sets), in a walk that
+    steps over scalars by their type (:data:`_WALK`): a fraction of the encoding's time."""
     kind = type(value)
-    if kind is list or kind is tuple:
-        items: Any = value
-    elif kind is dict:
+    walk = _WALK.get(kind)
+    if walk is None:
+        walk = _walk_of(kind)
+    items: Any
+    if walk == _ITEMS:
+        items = value
+    elif walk == _MAPPING:
         items = value.values()
-    elif kind in _LEAVES or not isinstance(value, BaseModel):
+    elif walk == _LEAF:
         return None
+    elif walk == _DATACLASS:
+        items = [getattr(value, f.name) for f in dataclasses.fields(value)]
     else:
         fields = kind.model_fields
         extra = value.__pydantic_extra__ or {}
@@ -177,9 +212,9 @@ def repeated_key(value: Any) -> str | None:
             if field is not None and not field.exclude:
                 return f"{kind.__qualname__}.{key}"
         items = (*value.__dict__.values(), *extra.values())
-    leaves = _LEAVES
+    walks = _WALK
     for item in items:
-        if type(item) not in leaves:
+        if walks.get(type(item)) != _LEAF:
             found = repeated_key(item)
             if found is not None:
                 return found

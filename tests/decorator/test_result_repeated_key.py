@@ -9,6 +9,10 @@ function does not run again) and its first call and every replay raise ``Invalid
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
+
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,3 +98,32 @@ def test_a_model_with_an_alias_and_extras_still_replays_as_itself(settler: Settl
     assert charge(3) == first
     assert (first.amount, first.model_extra) == (500, {"currency": "eur"})
     assert runs == [3]
+
+
+@dataclasses.dataclass
+class Receipt:
+    charge: Charge
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        lambda c: OrderedDict(charge=c),
+        lambda c: defaultdict(list, charges=[c]),
+        Receipt,
+        lambda c: deque([c]),
+    ],
+    ids=["OrderedDict", "defaultdict", "dataclass", "deque"],
+)
+def test_complete_refuses_the_model_inside_any_container_pydantic_stores(
+    settler: Settler, holder: Callable[[Charge], object]
+) -> None:
+    # pydantic stores a dict subclass, a dataclass or a deque as JSON like a dict or a list:
+    # the model inside names its key twice all the same.
+    reserved = settler.reserve("charge:held", principal=P, fingerprint="f" * 64)
+    assert isinstance(reserved, Reserved)
+    with pytest.raises(FingerprintError, match=r"Charge\.amount is both a field and an extra"):
+        settler.complete(reserved.reservation, holder(Charge.model_validate(ANSWER)))
+    record = settler.get("charge:held")
+    assert record is not None
+    assert record.state is State.PENDING
