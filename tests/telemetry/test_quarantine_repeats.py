@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Reserved, Settler, Verdict
 from settle.testing import MemorySettler
@@ -76,3 +77,15 @@ def test_a_different_rejected_response_is_a_new_entry(
     n = {"settle.namespace": namespace}
     assert otel.count("settle.quarantine.entries", **n, **KIND) == 2
     assert otel.count("settle.quarantine.repeats", **n) == 0
+
+
+def test_the_quarantined_log_line_says_whether_it_repeats_an_entry(settler: Settler) -> None:
+    r = settler.reserve("op-1", {"amount": 5}, principal=P)
+    assert isinstance(r, Reserved)
+    settler.complete(r.reservation, {"receipt": "a"})
+    with capture_logs() as logs:
+        for _ in range(3):
+            settler.complete(r.reservation, {"receipt": "b"})
+    quarantined = [e for e in logs if e["event"] == "settle.settlement.quarantined"]
+    assert [e["repeated"] for e in quarantined] == [False, True, True]
+    assert len({e["quarantine_id"] for e in quarantined}) == 1
