@@ -7,6 +7,7 @@ are decoded on demand with pydantic (:meth:`OperationRecord.value`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
@@ -155,11 +156,14 @@ def _replayed(type_: Any, data: bytes) -> Any:
     if type_ is bytes:
         return data
     adapter = _adapter(type_)
-    if not _aliased(type_):
+    aliased = _aliased(type_)
+    if aliased or _open(type_):
+        # A key named twice (a model's field and an extra named like it, codec.repeated_key)
+        # is stored only from a model with an alias, declared or held where any value goes:
+        # no reading is the result stored, refused.
+        _refuse_repeated_keys(data)
+    if not aliased:
         return adapter.validate_json(data)  # one form, by name and by alias alike
-    # Only a model with an alias can be stored naming a key twice (a field and an extra
-    # named like it, codec.repeated_key): no reading is the result stored, refused.
-    _refuse_repeated_keys(data)
     # Stored by field name (encode_result), or by alias by settle before this version: the
     # reading whose own form is the stored JSON, so that neither a field whose alias is
     # another field's name, nor an extra named like an alias, nor a default filled in for
@@ -243,25 +247,43 @@ def _unordered(value: Any) -> Any:
 def _aliased(type_: Any) -> bool:
     """Whether a field anywhere in ``type_`` has an alias: only there do the stored form (by
     field name) and the form settle stored before (by alias) differ."""
+    return _schema_has(type_, "alias")
+
+
+def _open(type_: Any) -> bool:
+    """Whether ``type_`` takes any value somewhere (``Any``, a bare ``dict`` or ``list``, the
+    extras of a model that allows them): a function may return a model there that its
+    declared type does not name."""
+    return _schema_has(type_, "any")
+
+
+def _schema_has(type_: Any, what: str) -> bool:
     try:
-        return _cached_aliased(type_)
+        return _cached_schema_has(type_, what)
     except TypeError:  # an unhashable type expression
-        return _has_alias(_adapter(type_).core_schema)
+        return _holds(_adapter(type_).core_schema, _NODE_TESTS[what])
 
 
-@lru_cache(maxsize=512)
-def _cached_aliased(type_: Any) -> bool:
-    return _has_alias(_adapter(type_).core_schema)
+@lru_cache(maxsize=1024)
+def _cached_schema_has(type_: Any, what: str) -> bool:
+    return _holds(_adapter(type_).core_schema, _NODE_TESTS[what])
 
 
-def _has_alias(node: Any) -> bool:
+def _holds(node: Any, test: Callable[[dict[str, Any]], bool]) -> bool:
+    """Whether a node of the core schema ``node`` passes ``test``."""
     if isinstance(node, dict):
-        if node.get("validation_alias") is not None or node.get("serialization_alias"):
-            return True
-        return any(_has_alias(value) for value in node.values())
+        return test(node) or any(_holds(value, test) for value in node.values())
     if isinstance(node, list | tuple):
-        return any(_has_alias(value) for value in node)
+        return any(_holds(value, test) for value in node)
     return False
+
+
+_NODE_TESTS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "alias": lambda node: (
+        node.get("validation_alias") is not None or bool(node.get("serialization_alias"))
+    ),
+    "any": lambda node: node.get("type") == "any" or node.get("extra_fields_behavior") == "allow",
+}
 
 
 #: pydantic's messages that may quote the stored data, in words that do not: a tagged

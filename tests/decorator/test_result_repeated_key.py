@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
@@ -127,3 +128,59 @@ def test_complete_refuses_the_model_inside_any_container_pydantic_stores(
     record = settler.get("charge:held")
     assert record is not None
     assert record.state is State.PENDING
+
+
+class Envelope(BaseModel):
+    """Keeps what it is given beyond its fields, and has no alias of its own."""
+
+    model_config = ConfigDict(extra="allow")
+    id: int
+
+
+def _charge() -> Charge:
+    return Charge.model_validate(ANSWER)
+
+
+# Declared types that name no aliased model but take any value somewhere: the function may
+# return such a model there. The first call returned it (amount 500) and every replay read
+# the extra's value (amount 7), with no error.
+_OPEN = [
+    pytest.param(Any, _charge, id="Any"),
+    pytest.param(dict[str, Any], lambda: {"charge": _charge()}, id="dict[str, Any]"),
+    pytest.param(list, lambda: [_charge()], id="list"),
+    pytest.param(Envelope, lambda: Envelope(id=1, charge=_charge()), id="model-extras"),
+]
+
+
+@pytest.mark.parametrize(("declared", "build"), _OPEN)
+def test_a_result_naming_a_key_twice_where_any_value_goes_is_refused_on_every_call(
+    settler: Settler, declared: Any, build: Callable[[], object]
+) -> None:
+    runs: list[int] = []
+
+    @settler.operation(key="open:{order}", principal=P, result_type=declared)
+    def charge(order: int) -> Any:
+        runs.append(order)
+        return build()
+
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match=r"names a key twice"):
+            charge(4)
+    assert runs == [4]
+    record = settler.get("open:4")
+    assert record is not None
+    with pytest.raises(InvalidInput, match=r"names a key twice"):
+        record.value(declared)
+
+
+@pytest.mark.asyncio
+async def test_async_a_result_naming_a_key_twice_declared_any_is_refused(
+    async_settler: AsyncSettler,
+) -> None:
+    @async_settler.operation(key="open:{order}", principal=P)
+    async def charge(order: int) -> dict[str, Any]:
+        return {"charge": _charge()}
+
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match=r"names a key twice"):
+            await charge(5)
