@@ -15,6 +15,7 @@ import inspect
 import types
 import typing
 import unicodedata
+from collections.abc import Mapping
 from typing import Any, NoReturn, Self
 
 from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
@@ -132,6 +133,13 @@ def _reraise(model: type[BaseModel], exc: ValidationError) -> NoReturn:
     raise _invalid(model, exc) from exc
 
 
+def _shown(value: object) -> str:
+    """``value`` in an error: its type, and a short repr (a setting may hold a secret, but
+    one given to a bool field is a mistake, and its first characters help find it)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:20] + '...' if len(text) > 20 else text}"
+
+
 def _takes_bool(annotation: Any) -> bool:
     """Whether a field of this annotation holds a bool (``bool``, ``bool | None``)."""
     if annotation is bool:
@@ -141,19 +149,45 @@ def _takes_bool(annotation: Any) -> bool:
     return False
 
 
+#: What a bool setting takes as text (``model_validate_strings``, case aside): pydantic's
+#: lax mode also reads ``"yes"``, ``"on"``, ``"1"`` and ``"y"``, so a typo or a value
+#: meant for another setting became a promise.
+_BOOL_TEXT = {"true": True, "false": False}
+
+
 class InputModel(BaseModel):
     """A model built from user input: a bad value is :class:`~settle.errors.InvalidInput`.
 
     pydantic's lax mode reads ``"16"`` as 16 (settings from the environment are text), but
     also ``True`` as 1: a bool is refused where the field is no bool (``shards=True`` was one
-    shard, ``lease=True`` a one-second lease)."""
+    shard, ``lease=True`` a one-second lease). The other way round too: a bool field takes
+    ``True`` or ``False`` only (JSON ``true`` / ``false``; the text ``"true"`` / ``"false"``
+    from ``model_validate_strings``), where lax mode read ``"yes"``, ``1`` or ``1.0`` as True:
+    a bool of a setting or a provider contract is a promise (``rotation_allowed``,
+    ``allow_eviction``), never guessed from another type."""
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+    def _bool_only_for_a_bool(cls, value: Any, info: ValidationInfo) -> Any:
         name = info.field_name
-        if isinstance(value, bool) and name and not _takes_bool(cls.model_fields[name].annotation):
-            raise ValueError(f"must not be a bool (got {value})")
+        if not name or value is None:  # None: pydantic's own check, whether None is allowed
+            return value
+        takes_bool = _takes_bool(cls.model_fields[name].annotation)
+        if isinstance(value, bool):
+            if not takes_bool:
+                raise ValueError(f"must not be a bool (got {value})")
+            return value
+        if takes_bool:
+            raise ValueError(f"must be True or False, got {_shown(value)}")
+        return value
+
+    @classmethod
+    def _bool_text(cls, name: object, value: object) -> object:
+        """``value`` of field ``name`` as text: ``"true"`` / ``"false"`` (case aside) as the
+        bool for a bool field, any other value as it is (a bool field refuses it)."""
+        field = cls.model_fields.get(name) if isinstance(name, str) else None
+        if field is not None and isinstance(value, str) and _takes_bool(field.annotation):
+            return _BOOL_TEXT.get(value.lower(), value)
         return value
 
     def __init__(self, **data: Any) -> None:
@@ -178,6 +212,8 @@ class InputModel(BaseModel):
 
     @classmethod
     def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        if isinstance(obj, Mapping):  # a bool field's text, read here and nowhere else
+            obj = {k: cls._bool_text(k, v) for k, v in obj.items()}
         try:
             return super().model_validate_strings(obj, *args, **kwargs)
         except ValidationError as exc:

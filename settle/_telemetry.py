@@ -469,7 +469,14 @@ class Otel:
             meter,
             "settle.quarantine.entries",
             "{entry}",
-            "Responses quarantined, by kind",
+            "Quarantine entries written, by kind",
+            (_NS, "settle.quarantine.kind", "settle.action"),
+        )
+        self.quarantine_repeats = _Tally(
+            meter,
+            "settle.quarantine.repeats",
+            "{delivery}",
+            "Rejected responses delivered again (kept as their first entry), by kind",
             (_NS, "settle.quarantine.kind", "settle.action"),
         )
         self.takeovers = _Tally(
@@ -603,7 +610,12 @@ class Otel:
             self.settlements.add(ns, action, verdict)
             if result.kind is not None:
                 call.set("settle.quarantine.kind", result.kind.value)
-                self.quarantined.add(ns, result.kind.value, action)
+                # A repeat of a rejected response stays one entry (SPEC 3): not counted again.
+                if result.quarantine_repeated:
+                    call.set("settle.quarantine.repeated", True)
+                    self.quarantine_repeats.add(ns, result.kind.value, action)
+                else:
+                    self.quarantined.add(ns, result.kind.value, action)
         elif kind == "Renewal":
             call.set("settle.outcome", "renewed" if result.renewed else "lost")
             if not result.renewed:

@@ -7,12 +7,14 @@ are decoded on demand with pydantic (:meth:`OperationRecord.value`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from typing import Any, TypeVar, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 from pydantic_core.core_schema import ErrorType
 
 from settle.errors import InvalidInput
@@ -154,7 +156,13 @@ def _replayed(type_: Any, data: bytes) -> Any:
     if type_ is bytes:
         return data
     adapter = _adapter(type_)
-    if not _aliased(type_):
+    aliased = _aliased(type_)
+    if aliased or _open(type_):
+        # A key named twice (a model's field and an extra named like it, codec.repeated_key)
+        # is stored only from a model with an alias, declared or held where any value goes:
+        # no reading is the result stored, refused.
+        _refuse_repeated_keys(data)
+    if not aliased:
         return adapter.validate_json(data)  # one form, by name and by alias alike
     # Stored by field name (encode_result), or by alias by settle before this version: the
     # reading whose own form is the stored JSON, so that neither a field whose alias is
@@ -179,6 +187,36 @@ def _replayed(type_: Any, data: bytes) -> Any:
         raise first
     return by_name  # neither form is exact (a validator that normalises): by name
 
+
+def _refuse_repeated_keys(data: bytes) -> None:
+    """Raise a :class:`ValidationError` (``repeated_key``) when an object of the JSON
+    ``data`` names a key twice (a parser keeps one of the two values)."""
+    try:
+        json.loads(data, object_pairs_hook=_once)
+    except _RepeatedKey:
+        raise ValidationError.from_exception_data(
+            "stored result",
+            [{"type": PydanticCustomError("repeated_key", _REPEATED), "loc": (), "input": None}],
+        ) from None
+    except ValueError:
+        pass  # not JSON: validation says what is wrong with it
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _RepeatedKey
+    return found
+
+
+_REPEATED = (
+    "the stored JSON names a key twice (a model's field and an extra named like it), "
+    "so no reading of it is the result stored"
+)
 
 #: No reading (the read failed).
 _NONE: Any = object()
@@ -209,25 +247,43 @@ def _unordered(value: Any) -> Any:
 def _aliased(type_: Any) -> bool:
     """Whether a field anywhere in ``type_`` has an alias: only there do the stored form (by
     field name) and the form settle stored before (by alias) differ."""
+    return _schema_has(type_, "alias")
+
+
+def _open(type_: Any) -> bool:
+    """Whether ``type_`` takes any value somewhere (``Any``, a bare ``dict`` or ``list``, the
+    extras of a model that allows them): a function may return a model there that its
+    declared type does not name."""
+    return _schema_has(type_, "any")
+
+
+def _schema_has(type_: Any, what: str) -> bool:
     try:
-        return _cached_aliased(type_)
+        return _cached_schema_has(type_, what)
     except TypeError:  # an unhashable type expression
-        return _has_alias(_adapter(type_).core_schema)
+        return _holds(_adapter(type_).core_schema, _NODE_TESTS[what])
 
 
-@lru_cache(maxsize=512)
-def _cached_aliased(type_: Any) -> bool:
-    return _has_alias(_adapter(type_).core_schema)
+@lru_cache(maxsize=1024)
+def _cached_schema_has(type_: Any, what: str) -> bool:
+    return _holds(_adapter(type_).core_schema, _NODE_TESTS[what])
 
 
-def _has_alias(node: Any) -> bool:
+def _holds(node: Any, test: Callable[[dict[str, Any]], bool]) -> bool:
+    """Whether a node of the core schema ``node`` passes ``test``."""
     if isinstance(node, dict):
-        if node.get("validation_alias") is not None or node.get("serialization_alias"):
-            return True
-        return any(_has_alias(value) for value in node.values())
+        return test(node) or any(_holds(value, test) for value in node.values())
     if isinstance(node, list | tuple):
-        return any(_has_alias(value) for value in node)
+        return any(_holds(value, test) for value in node)
     return False
+
+
+_NODE_TESTS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "alias": lambda node: (
+        node.get("validation_alias") is not None or bool(node.get("serialization_alias"))
+    ),
+    "any": lambda node: node.get("type") == "any" or node.get("extra_fields_behavior") == "allow",
+}
 
 
 #: pydantic's messages that may quote the stored data, in words that do not: a tagged
@@ -238,6 +294,7 @@ _QUOTING = {
     "value_error": "a validator refused it (value_error)",
     "assertion_error": "a validator's assertion failed (assertion_error)",
     "uuid_parsing": "Input should be a valid UUID",
+    "repeated_key": _REPEATED,
 }
 _BUILT_IN = frozenset(get_args(ErrorType))
 
@@ -470,6 +527,10 @@ class Settlement(BaseModel):
     record: OperationRecord | None
     quarantine_id: str | None = None
     kind: QuarantineKind | None = None
+    quarantine_repeated: bool = False
+    """``QUARANTINED`` only: the same rejected response (the same attempt, action, payload
+    digest and tuple) was quarantined before, and ``quarantine_id`` is that entry's: it
+    stays one entry (SPEC 3), nothing was appended."""
 
 
 class AttemptObservation(BaseModel):

@@ -7,9 +7,11 @@ redis-py hands strings over as bytes. Everything here is pure.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -49,6 +51,7 @@ __all__ = [
     "encode_failure",
     "encode_result",
     "parse_reply",
+    "repeated_key",
 ]
 
 
@@ -82,6 +85,7 @@ class Reply(NamedTuple):
     quarantine_id: str
     payload: list[Any]
     dropped: int = 0  # settlements: unresolved entries quarantine_maxlen pushed out
+    repeated: bool = False  # settlements: the quarantine id is an earlier entry's
 
 
 def _text(value: Any) -> str:
@@ -92,8 +96,9 @@ def _text(value: Any) -> str:
 
 def parse_reply(raw: Any) -> Reply:
     """The core's body of the one reply shape: ``quarantine_id, payload`` (and, from a
-    settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped)."""
-    if type(raw) is list and 5 <= len(raw) <= 6:  # every reply of a core script
+    settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped,
+    then 1 when its quarantine id is an earlier entry's: the same rejected response again)."""
+    if type(raw) is list and 5 <= len(raw) <= 7:  # every reply of a core script
         try:
             code, detail, now_ms, qid, payload, *rest = raw
             return Reply(
@@ -103,15 +108,19 @@ def parse_reply(raw: Any) -> Reply:
                 _text(qid),
                 list(payload or []),
                 int(rest[0]) if rest else 0,
+                len(rest) > 1 and int(rest[1]) == 1,
             )
         except (TypeError, ValueError, UnicodeDecodeError):
             pass  # the general path below raises what it raises for this reply
     reply = runtime_reply(raw)
-    if len(reply.body) not in (2, 3):
+    if len(reply.body) not in (2, 3, 4):
         reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape
     qid, payload, *rest = reply.body
     dropped = int(rest[0]) if rest else 0
-    return Reply(reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []), dropped)
+    repeated = len(rest) > 1 and int(rest[1]) == 1
+    return Reply(
+        reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []), dropped, repeated
+    )
 
 
 def digest(data: bytes) -> str:
@@ -143,7 +152,83 @@ class AsJson:
     value: Any
 
 
-def encode_result(result: Any, limit: int, operation_id: str, what: str = "result") -> bytes:
+#: How :func:`repeated_key` walks a value of each type: past it (a scalar), into a model,
+#: into a mapping's values, a dataclass's fields, or a list's (tuple's, set's) items, as
+#: pydantic stores each one. Filled in per type on first sight (:func:`_walk_of`), so that a
+#: scalar of any type (a datetime, a Decimal, an enum) is stepped over at the cost of a look-up.
+_LEAF, _MODEL, _MAPPING, _DATACLASS, _ITEMS = range(5)
+_WALK: dict[type, int] = {
+    **dict.fromkeys((str, int, float, bool, type(None), bytes), _LEAF),
+    dict: _MAPPING,
+    list: _ITEMS,
+    tuple: _ITEMS,
+}
+#: Types remembered at most (a program that makes model classes on the fly).
+_WALK_MAX = 4096
+
+
+def _walk_of(kind: type) -> int:
+    if issubclass(kind, BaseModel):
+        walk = _MODEL
+    elif issubclass(kind, Mapping):
+        walk = _MAPPING  # an OrderedDict, a defaultdict
+    elif dataclasses.is_dataclass(kind):
+        walk = _DATACLASS
+    elif issubclass(kind, list | tuple | set | frozenset | deque):
+        walk = _ITEMS
+    else:
+        walk = _LEAF  # a str subclass, a datetime, an enum...
+    if len(_WALK) < _WALK_MAX:
+        _WALK[kind] = walk
+    return walk
+
+
+def repeated_key(value: Any) -> str | None:
+    """Where ``value``'s stored form (by field name) would name a key twice, as
+    ``Model.field``, or None: a model that keeps extras (``extra="allow"``) built from an
+    answer that held both a field's alias and its name keeps the name as an extra, and
+    dumped by name the field and the extra are one key twice. No JSON reading gives that
+    model back (a parser keeps one of the two). Models are looked for wherever pydantic
+    stores one (in models, mappings, dataclasses, lists, tuples, sets), in a walk that
+    steps over scalars by their type (:data:`_WALK`): a fraction of the encoding's time."""
+    kind = type(value)
+    walk = _WALK.get(kind)
+    if walk is None:
+        walk = _walk_of(kind)
+    items: Any
+    if walk == _ITEMS:
+        items = value
+    elif walk == _MAPPING:
+        items = value.values()
+    elif walk == _LEAF:
+        return None
+    elif walk == _DATACLASS:
+        items = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    else:
+        fields = kind.model_fields
+        extra = value.__pydantic_extra__ or {}
+        for key in extra:
+            field = fields.get(key)
+            if field is not None and not field.exclude:
+                return f"{kind.__qualname__}.{key}"
+        items = (*value.__dict__.values(), *extra.values())
+    walks = _WALK
+    for item in items:
+        if walks.get(type(item)) != _LEAF:
+            found = repeated_key(item)
+            if found is not None:
+                return found
+    return None
+
+
+def encode_result(
+    result: Any,
+    limit: int,
+    operation_id: str,
+    what: str = "result",
+    *,
+    repeated: bool = False,
+) -> bytes:
     """Serialize a result with pydantic; ``bytes`` pass through unchanged (unless wrapped
     in :class:`AsJson`), and so do ``bytearray`` and ``memoryview``, stored as the bytes
     they hold (a replay reads ``bytes`` back). Bytes inside a result are stored as UTF-8
@@ -152,10 +237,13 @@ def encode_result(result: Any, limit: int, operation_id: str, what: str = "resul
     that are not UTF-8 cannot be, and are refused. A model is stored by field name, its
     computed fields left out, so that its replay validates it back (a replay reads a field
     by name or by alias, so a result stored by alias before still replays). NaN and the
-    infinities have no JSON form and are refused, as they are in requests. A refused result
-    writes nothing (it would be stored as invalid JSON, or replayed as something else).
-    ``what`` names it in the errors: :func:`encode_failure` stores a failure through here
-    too."""
+    infinities have no JSON form and are refused, as they are in requests. So is a result
+    whose stored form would name a key twice (:func:`repeated_key`: a replay would read
+    one of the two values into the field), unless ``repeated`` (the decorator, whose paid
+    call already ran: it stores the result, and its first call and every replay refuse
+    it, docs/outbound-calls.md). A refused result writes nothing (it would be stored as
+    invalid JSON, or replayed as something else). ``what`` names it in the errors:
+    :func:`encode_failure` stores a failure through here too."""
     if isinstance(result, bytes | bytearray | memoryview):
         data = bytes(result)
     else:
@@ -186,6 +274,15 @@ def encode_result(result: Any, limit: int, operation_id: str, what: str = "resul
                 f"{what} holds {constant}, which has no JSON form; store it as a string or None",
                 operation_id=operation_id,
             )
+        twice = None if repeated else repeated_key(result)
+        if twice is not None:
+            raise FingerprintError(
+                f"{what} cannot be stored so that it reads back: {twice} is both a field and "
+                "an extra (a model that allows extras, built from an answer that held the "
+                "field's alias and its name), and its JSON would name that key twice. Drop "
+                "the extra, or declare the model with extra='ignore'",
+                operation_id=operation_id,
+            )
     if len(data) > limit:
         raise ResultTooLarge(
             f"{what} is {len(data)} bytes, over the {limit}-byte limit; store a reference "
@@ -195,10 +292,24 @@ def encode_result(result: Any, limit: int, operation_id: str, what: str = "resul
     return data
 
 
+#: The longest failure message stored whole, in characters. A longer one (a provider's HTML
+#: error page quoted in the exception) is cut to it by every worker, whatever its
+#: ``max_result_bytes``: the stored failure is the same bytes from every worker, so the same
+#: decline settled again by a worker with another cap is absorbed, not quarantined as a
+#: conflicting settlement. 2048 characters are at most ~12 KiB of JSON (a control character
+#: is written as ``\uXXXX``).
+MESSAGE_MAX = 2048
+#: The shorter cuts, tried in turn, of a failure that does not fit a small cap with a message
+#: of ``MESSAGE_MAX`` characters (or its whole shorter message): fixed lengths, so that the
+#: workers whose caps take the same cut store the same bytes.
+_SHORTER_CUTS = (1024, 512, 256, 128, 64, 32, 16, 0)
+
+
 def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: str) -> bytes:
     """Turn an exception (or a failure description) into a stored failure. Data with no
     JSON form (an arbitrary object, also as an exception's ``settle_data``) is refused with
-    :class:`FingerprintError`, as a result's is: nothing is written."""
+    :class:`FingerprintError`, as a result's is: nothing is written. A message longer than
+    :data:`MESSAGE_MAX` characters is cut to it (:func:`_cut`)."""
     try:
         if isinstance(error, StoredFailure):
             failure = error
@@ -225,45 +336,45 @@ def encode_failure(error: BaseException | StoredFailure | Any, limit: int, op: s
             "model or plain JSON data",
             operation_id=op,
         ) from exc
-    try:
+    message = dumped.get("message")
+    if not isinstance(message, str):
         return encode_result(dumped, limit, op, "failure")
+    try:
+        if len(message) <= MESSAGE_MAX:
+            return encode_result(dumped, limit, op, "failure")
+        return encode_result(_cut(dumped, message, MESSAGE_MAX, ""), limit, op, "failure")
     except ResultTooLarge:
-        shortened = _shortened(dumped, limit, op)
+        shortened = _shortened(dumped, message, limit, op)
         if shortened is None:
             raise
         return shortened
 
 
-def _shortened(dumped: dict[str, Any], limit: int, op: str) -> bytes | None:
-    """The failure ``dumped`` with its message cut to fit ``limit``, or None when it cannot
-    fit however short the message (its data is too large). A failure is the function's
-    definite answer (a decline): refused whole for a long message (a provider's HTML error
-    page), it was lost, the operation left provisional, and the next call ran the function
-    again. Its type and data are kept whole; the message keeps its beginning and says how
-    long it was."""
-    message = dumped.get("message")
-    if not isinstance(message, str) or not message:
-        return None
-    note = f" [settle: message cut from {len(message)} characters to fit max_result_bytes]"
+def _cut(dumped: dict[str, Any], message: str, n: int, why: str) -> dict[str, Any]:
+    """The failure ``dumped`` with its message's first ``n`` characters and a note that says
+    how long it was (and ``why``, when a cap asked for a shorter cut)."""
+    return {
+        **dumped,
+        "message": f"{message[:n]} [settle: message cut from {len(message)} characters{why}]",
+    }
 
-    def fits(n: int) -> bytes | None:
+
+def _shortened(dumped: dict[str, Any], message: str, limit: int, op: str) -> bytes | None:
+    """The failure ``dumped`` with its message cut to fit ``limit``: the longest of
+    :data:`_SHORTER_CUTS` that fits, or None when none does (its data is too large). A
+    failure is the function's definite answer (a decline): refused whole for a long message
+    (a provider's HTML error page), it was lost, the operation left provisional, and the
+    next call ran the function again. Its type and data are kept whole; the message keeps
+    its beginning and says how long it was. Workers with caps this small may store other
+    cuts of the same decline (docs/outbound-calls.md)."""
+    below = min(len(message), MESSAGE_MAX)
+    for n in (n for n in _SHORTER_CUTS if n < below):
+        failure = _cut(dumped, message, n, " to fit max_result_bytes")
         try:
-            return encode_result({**dumped, "message": message[:n] + note}, limit, op, "failure")
+            return encode_result(failure, limit, op, "failure")
         except ResultTooLarge:
-            return None
-
-    best = fits(0)
-    if best is None:
-        return None
-    low, high = 0, len(message)  # fits(low); the longest cut that fits, by bisection
-    while low < high:
-        mid = (low + high + 1) // 2
-        found = fits(mid)
-        if found is None:
-            high = mid - 1
-        else:
-            low, best = mid, found
-    return best
+            continue
+    return None
 
 
 def _message(error: BaseException) -> str:

@@ -579,7 +579,7 @@ class Core:
         record = self._record(reply, op) if reply.payload else None
         qid = f"{call.shard}/{reply.quarantine_id}" if reply.quarantine_id else None
         if verdict is not Verdict.QUARANTINED and not log_enabled(INFO):
-            return _settlement(verdict, call.action, op, record, qid, kind)
+            return _settlement(verdict, call.action, op, record, qid, kind, reply.repeated)
         fields: dict[str, Any] = {
             "namespace": self.config.namespace,
             "operation_digest": operation_digest(op),
@@ -591,7 +591,11 @@ class Core:
             fields.update(state=record.state.value, version=record.version)
         if verdict is Verdict.QUARANTINED:
             logger.warning(
-                "settle.settlement.quarantined", kind=reply.detail, quarantine_id=qid, **fields
+                "settle.settlement.quarantined",
+                kind=reply.detail,
+                quarantine_id=qid,
+                repeated=reply.repeated,
+                **fields,
             )
             if reply.dropped:
                 logger.warning(
@@ -603,7 +607,7 @@ class Core:
                 )
         else:
             logger.info(f"settle.settlement.{verdict.value}", **fields)
-        return _settlement(verdict, call.action, op, record, qid, kind)
+        return _settlement(verdict, call.action, op, record, qid, kind, reply.repeated)
 
     # -- renew, get, attempts ------------------------------------------------------------
 
@@ -1000,6 +1004,7 @@ def _settlement(
     record: OperationRecord | None,
     qid: str | None,
     kind: QuarantineKind | None,
+    repeated: bool = False,
 ) -> Settlement:
     return _trusted(
         Settlement,
@@ -1010,6 +1015,7 @@ def _settlement(
             "record": record,
             "quarantine_id": qid,
             "kind": kind,
+            "quarantine_repeated": repeated,
         },
     )
 

@@ -612,15 +612,16 @@ def quarantine(
     action: str,
     rec: dict[bytes, bytes] | None,
     now: int,
-) -> tuple[bytes, int]:
+) -> tuple[bytes, int, bool]:
     """Append the rejected response to the shard's quarantine stream, once: the same response
-    delivered again gets the id of its first entry. Returns (entry id, unresolved dropped)."""
+    delivered again gets the id of its first entry. Returns (entry id, unresolved dropped,
+    whether it is that repeat)."""
     payload = a[7]
     presented = [a[6], action, a[8], a[9], a[4], a[1], a[2], a[3], a[0], a[5]]
     ident = identity(dict(zip(_IDENTITY, (_b(v) for v in presented), strict=True)))
     known = ks.hget(keys[4], now, ident)
     if known is not None and any(eid == known for eid, _ in ks.xrange(keys[2], now)):
-        return known, 0
+        return known, 0, True
     fields: dict[str, Any] = {
         "op": a[0],
         "kind": kind,
@@ -644,8 +645,8 @@ def quarantine(
     entry_id = ks.xadd(keys[2], now, flat)
     ks.hset(keys[4], now, ident, entry_id)
     if not a[13]:
-        return entry_id, 0
-    return entry_id, cap_stream(ks, keys, int(a[13]), now)
+        return entry_id, 0, False
+    return entry_id, cap_stream(ks, keys, int(a[13]), now), False
 
 
 def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
@@ -732,19 +733,17 @@ def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now
                 )
             st.rexp = now + retention
             ttl = retention
-    qid, dropped = b"", 0
+    qid, dropped, repeated = b"", 0, False
     if kind:
         verdict = "quarantined"
-        qid, dropped = quarantine(
+        qid, dropped, repeated = quarantine(
             ks, keys, a, kind, action, rec if isinstance(rec, dict) else None, now
         )
     observe(st, a[11], retention, ttl, a[6], a[4], action, verdict, kind, now)
     save(ks, st, now)
     # rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
-    if rec is None or kind == "misbound":
-        return [verdict.encode(), kind.encode(), now, qid, [], dropped]
-    assert isinstance(rec, dict)
-    return [verdict.encode(), kind.encode(), now, qid, _row(rec), dropped]
+    row = [] if not isinstance(rec, dict) or kind == "misbound" else _row(rec)
+    return [verdict.encode(), kind.encode(), now, qid, row, dropped] + ([1] if repeated else [])
 
 
 def complete(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:

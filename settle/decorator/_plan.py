@@ -30,7 +30,7 @@ from typing import Any
 import tenacity
 from pydantic import ValidationError
 
-from settle._core.codec import AsJson, encode_result
+from settle._core.codec import AsJson, encode_result, repeated_key
 from settle._core.engine import MAX_LEASE
 from settle._log import enabled as log_enabled
 from settle._log import logger, operation_digest
@@ -468,10 +468,15 @@ class Plan:
         if as_is and _parses_back_scalar(value):
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
         try:  # the JSON the settlement stores: encoded once, here, and stored as it is
-            data = encode_result(stored, sys.maxsize, r.operation_id)
+            # A key named twice (codec.repeated_key) is stored all the same: the paid call
+            # ran, and a result refused now would leave the operation provisional and run
+            # it again. Its check below refuses it, as every replay does.
+            data = encode_result(stored, sys.maxsize, r.operation_id, repeated=True)
         except SettleError:  # no JSON form: the settlement refuses it, as it always did
             return Settle(Action.COMPLETE, r, result=value, stored=stored)
-        if not (as_is and _parses_back(data)):
+        # The check is skipped only for what certainly reads back as it is, which a key
+        # named twice (in a model held where any value goes) never does.
+        if not (as_is and _parses_back(data) and repeated_key(stored) is None):
             try:
                 _replayed(declared, data)
             except ValidationError as exc:

@@ -11,10 +11,12 @@
 -- ARGV[13] quarantine payload cap     ARGV[14] quarantine maxlen ('' for none)
 -- ARGV[15] shard count  ARGV[16] claim flag
 -- (the fingerprint, attempt id and digest in stored form: arg_stored in _lib.lua)
--- Returns {verdict, kind, now, quarantine id, record, dropped}: verdict accepted | absorbed |
--- quarantined | corrupt (or unclaimed | shard_mismatch from guard, nothing written); the
--- record row is omitted when none exists or the tuple is misbound; dropped counts the
--- unresolved entries quarantine_maxlen pushed out of the stream in this call (0 normally).
+-- Returns {verdict, kind, now, quarantine id, record, dropped[, 1]}: verdict accepted |
+-- absorbed | quarantined | corrupt (or unclaimed | shard_mismatch from guard, nothing
+-- written); the record row is omitted when none exists or the tuple is misbound; dropped
+-- counts the unresolved entries quarantine_maxlen pushed out of the stream in this call (0
+-- normally); a trailing 1 says the quarantine id is an earlier entry's (the same rejected
+-- response delivered again: nothing was appended).
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
@@ -49,7 +51,8 @@ local function rules()
   end
 
   -- Append the rejected response to the shard's quarantine stream, once: the same response
-  -- delivered again gets the id of its first entry. Returns (entry id, unresolved dropped).
+  -- delivered again gets the id of its first entry. Returns (entry id, unresolved dropped,
+  -- 1 for that repeat: nil when the entry is new).
   function r.quarantine(kind, action, rec, now, now_us)
     local payload = ARGV[8]
     local cap = tonumber(ARGV[13])
@@ -58,7 +61,7 @@ local function rules()
     local ident = rare().identity({aid = aid, action = action, pdig = pdig, reason = ARGV[10],
       gen = ARGV[5], fp = fp, fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
     local known = redis.call('HGET', KEYS[5], ident)
-    if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0 end
+    if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0, 1 end
     local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
       'fp', fp, 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
       'aid', aid, 'reason', ARGV[10],
@@ -158,14 +161,15 @@ local function settle(action)
   if held then  -- held for a maxlen this settlement does not use
     redis.call('HSET', KEYS[#KEYS], 'shards', ARGV[#ARGV - 1])
   end
-  local qid, dropped = '', 0
+  local qid, dropped, repeated = '', 0, nil
   if kind then
     verdict = 'quarantined'
-    qid, dropped = rules().quarantine(kind, action, rec, now, now_us)
+    qid, dropped, repeated = rules().quarantine(kind, action, rec, now, now_us)
   end
   observe(st, ARGV[12], retention, ttl, aid, ARGV[5], action, verdict, kind or '', now)
   save(st, now)
   -- rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
-  if not rec or kind == 'misbound' then return {verdict, kind or '', now, qid, {}, dropped} end
+  if not rec or kind == 'misbound' then row = {} end
+  if repeated then return {verdict, kind or '', now, qid, row, dropped, 1} end
   return {verdict, kind or '', now, qid, row, dropped}
 end

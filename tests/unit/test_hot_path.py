@@ -174,6 +174,7 @@ def test_settlements_equal_model_construct(core: Core) -> None:
         Settlement.model_construct(
             verdict=Verdict.ACCEPTED, action=Action.COMPLETE, operation_id="op-1",
             record=codec.decode_record(done, NOW), quarantine_id=None, kind=None,
+            quarantine_repeated=False,
         ),
     )  # fmt: skip
 
