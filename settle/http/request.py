@@ -114,6 +114,16 @@ def fingerprint_request(head: RequestHead, body: bytes) -> str:
     # Request lines of a usual size are cached; a long one is not kept in memory.
     rest = _head_json(*parts) if sum(map(len, parts)) > _CACHED_HEAD_CHARS else _cached(*parts)
     media_type = rest[0]
+    if body and media_type.startswith("multipart/"):
+        form = _multipart_body(head.content_type, body)
+        if form is not None:
+            # Its boundary is framing, made anew by the client for every body it builds (a
+            # retry builds it again): the parts stand for the body, and the boundary
+            # parameter is left out of the content type.
+            description = _description(head)
+            media, params = description["content_type"]
+            description["content_type"] = [media, [p for p in params if p[0] != "boundary"]]
+            return fingerprint({**description, "body": form})
     body_part = _body(media_type, body)
     if rest[1] is None:  # a lone surrogate in the path: the reference encoder says so
         return fingerprint({**_description(head), "body": body_part})
@@ -196,6 +206,59 @@ def _body(media_type: str, body: bytes) -> dict[str, str]:
         if canonical is not None:
             return {"kind": "json", "sha256": hashlib.sha256(canonical).hexdigest()}
     return {"kind": "raw", "sha256": hashlib.sha256(body).hexdigest()}
+
+
+def _multipart_body(content_type: bytes, body: bytes) -> dict[str, str] | None:
+    """The parts of a multipart body framed by the boundary of its content type, in order,
+    each its header lines (names lowercased, values stripped) and the SHA-256 of its
+    content; None when the boundary does not frame the body (then it is compared byte for
+    byte, under its boundary). The preamble, the epilogue and the padding after a delimiter
+    are not content (RFC 2046 5.1.1): an application's parser drops them too."""
+    boundaries = [value for name, value in _content_type(content_type)[1] if name == "boundary"]
+    if len(boundaries) != 1 or not boundaries[0]:
+        return None  # none, or two: which frames the body is not for settle to guess
+    parts = _multipart_parts(body, boundaries[0].encode("latin-1"))
+    if parts is None:
+        return None
+    canonical = _PLAIN.encode(parts).encode("utf-8")
+    return {"kind": "multipart", "sha256": hashlib.sha256(canonical).hexdigest()}
+
+
+def _multipart_parts(body: bytes, boundary: bytes) -> list[list[Any]] | None:
+    delimiter = b"--" + boundary
+    if body.startswith(delimiter):
+        at = len(delimiter)
+    else:
+        first = body.find(b"\r\n" + delimiter)  # after a preamble
+        if first < 0:
+            return None
+        at = first + 2 + len(delimiter)
+    parts: list[list[Any]] = []
+    while True:
+        if body.startswith(b"--", at):  # the close delimiter: what follows is the epilogue
+            return parts or None
+        line_end = body.find(b"\r\n", at)
+        if line_end < 0 or body[at:line_end].strip(b" \t"):
+            return None  # a delimiter is followed by padding and a line break, nothing else
+        start = line_end + 2
+        end = body.find(b"\r\n" + delimiter, start)
+        if end < 0:
+            return None  # never closed: a body cut short, or not this boundary's
+        part = body[start:end]
+        if part.startswith(b"\r\n"):
+            head, content = b"", part[2:]
+        else:
+            head, blank, content = part.partition(b"\r\n\r\n")
+            if not blank:
+                return None
+        headers = []
+        for line in head.split(b"\r\n") if head else ():
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name != name.strip(b" \t") or b" " in name:
+                return None  # not a header line (or a folded one)
+            headers.append([name.decode("latin-1").lower(), value.strip(b" \t").decode("latin-1")])
+        parts.append([headers, hashlib.sha256(content).hexdigest()])
+        at = end + 2 + len(delimiter)
 
 
 def _is_json(media_type: str) -> bool:

@@ -1,0 +1,167 @@
+"""A multipart upload retried by a client that builds its body again, under real servers
+(uvicorn for ASGI, the stdlib's WSGI server) on a real Redis.
+
+Every HTTP client library makes a new random boundary each time it builds a multipart body
+(httpx, requests and urllib3, browsers, Stripe's SDKs), and a client retries a request by
+making the same call again: the same form, under another boundary. The boundary is framing
+(RFC 2046 5.1.1, RFC 7578 4.1): no application sees it. settle compared multipart bodies
+byte for byte, the boundary parameter of the content type included, so every such retry was
+a "different request": 422 ``idempotency-key-reused``, and the client could never learn
+the outcome of its upload (SPEC 7: the same request under the same key gets the stored
+response). A changed form (a field, a file's name, type or bytes, the parts' order) is
+still another request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from settle import AsyncSettler, Settler
+from settle.asgi import IdempotencyMiddleware
+from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
+from tests.http.apps import principal_from_environ, principal_from_header, serve, serve_wsgi
+
+TENANT = {"X-Principal": "tenant:acme"}
+
+
+def _asgi_app(calls: list[str]) -> Starlette:
+    async def upload(request: Request) -> Response:
+        body = await request.body()
+        calls.append(request.headers["content-type"])
+        return JSONResponse({"id": f"file_{uuid.uuid4().hex}", "size": len(body)}, 201)
+
+    return Starlette(routes=[Route("/files", upload, methods=["POST"])])
+
+
+def _wsgi_app(calls: list[str]) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        calls.append(environ["CONTENT_TYPE"])
+        data = {"id": f"file_{uuid.uuid4().hex}", "size": len(body)}
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [json.dumps(data).encode()]
+
+    return app
+
+
+@contextlib.contextmanager
+def _server(protocol: str, redis_url: str, namespace: str, calls: list[str]) -> Iterator[str]:
+    if protocol == "asgi":
+        settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+        app = _asgi_app(calls)
+        middleware = Middleware(
+            IdempotencyMiddleware, settler=settler, principal=principal_from_header
+        )
+        app.user_middleware.insert(0, middleware)
+        with serve(app, settler) as base:
+            yield base
+        return
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as sync:
+        guarded = WSGIMiddleware(_wsgi_app(calls), settler=sync, principal=principal_from_environ)
+        with serve_wsgi(guarded) as base:
+            yield base
+
+
+def _upload(
+    client: httpx.Client,
+    key: str,
+    *,
+    purpose: str = "dispute_evidence",
+    name: str = "receipt.pdf",
+    media: str = "application/pdf",
+    content: bytes = b"%PDF-1.7 receipt 42",
+    file_first: bool = False,
+) -> httpx.Response:
+    """One call of the client's upload: httpx builds the body anew, with a new boundary."""
+    files = {"document": (name, content, media)}
+    headers = {**TENANT, "Idempotency-Key": key}
+    if file_first:  # the file part before the field part
+        request = client.build_request("POST", "/files", files=files, headers=headers)
+        body = request.read()
+        boundary = request.headers["content-type"].split("boundary=")[1].encode()
+        parts = body.split(b"--" + boundary)
+        field = b'\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n' + purpose.encode()
+        reordered = b"--" + boundary + parts[1] + b"--" + boundary + field + b"\r\n"
+        reordered += b"--" + boundary + b"--\r\n"
+        return client.post(
+            "/files",
+            content=reordered,
+            headers={**headers, "Content-Type": request.headers["content-type"]},
+        )
+    return client.post("/files", data={"purpose": purpose}, files=files, headers=headers)
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_multipart_upload_built_again_for_its_retry_is_the_same_request(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    calls: list[str] = []
+    with (
+        _server(protocol, redis_url, namespace, calls) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        first = _upload(client, "upload-1")
+        again = _upload(client, "upload-1")
+        boundaries = {r.request.headers["content-type"] for r in (first, again)}
+        assert len(boundaries) == 2, "httpx made a new boundary for the retry"
+        assert first.status_code == 201, first.text
+        assert again.status_code == 201, again.text
+        assert again.headers.get("idempotent-replayed") == "true"
+        assert again.content == first.content
+        assert len(calls) == 1, "the upload ran once"
+
+        # Anything the application reads of the form makes another request.
+        changes: list[dict[str, Any]] = [
+            {"purpose": "identity_document"},
+            {"name": "receipt-2.pdf"},
+            {"media": "image/png"},
+            {"content": b"%PDF-1.7 receipt 43"},
+            {"file_first": True},
+        ]
+        for change in changes:
+            response = _upload(client, "upload-1", **change)
+            assert response.status_code == 422, (change, response.status_code, response.text)
+            assert response.json()["type"] == "urn:settle:problem:idempotency-key-reused"
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_bodies_that_only_look_like_multipart_stay_apart(
+    protocol: str, redis_url: str, namespace: str
+) -> None:
+    """A body its boundary does not frame (no closing delimiter, bare LF line ends) is
+    compared byte for byte under its boundary, as before: two such bodies under two
+    boundaries are two requests, whatever the application makes of them."""
+    calls: list[str] = []
+    body = b'--B\r\nContent-Disposition: form-data; name="a"\r\n\r\n1\r\n'  # never closed
+    lf = b'--B\nContent-Disposition: form-data; name="a"\n\n1\n--B--\n'  # LF line ends
+    with (
+        _server(protocol, redis_url, namespace, calls) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        for n, content in enumerate((body, lf)):
+            headers = {**TENANT, "Idempotency-Key": f"odd-{n}"}
+            first = client.post(
+                "/files",
+                content=content,
+                headers={**headers, "Content-Type": "multipart/form-data; boundary=B"},
+            )
+            other = client.post(
+                "/files",
+                content=content,
+                headers={**headers, "Content-Type": "multipart/form-data; boundary=C"},
+            )
+            assert first.headers.get("idempotent-replayed") is None
+            assert other.status_code == 422, other.text
