@@ -20,6 +20,7 @@ from settle.fingerprint import canonical_json, fingerprint
 __all__ = [
     "BodyBuffer",
     "ClientDisconnected",
+    "ParsedForm",
     "RequestHead",
     "RequestMalformed",
     "RequestTooLarge",
@@ -108,6 +109,14 @@ class BodyBuffer:
         return RequestTooLarge(f"the request body is over the {self.limit}-byte limit")
 
 
+class ParsedForm(bytes):
+    """What stands for a multipart body that a framework parsed before settle could read it
+    (Django, once something read ``request.POST``): its fields and files, each
+    length-prefixed. It is compared as it is, as a form, without the boundary of the
+    request's content type: the boundary framed bytes that are gone, and a client makes a
+    new one each time it builds the body."""
+
+
 def fingerprint_request(head: RequestHead, body: bytes) -> str:
     """The fingerprint of a request: same value for the same request, in any process."""
     parts = (head.method, head.path, head.query, head.content_type)
@@ -115,7 +124,13 @@ def fingerprint_request(head: RequestHead, body: bytes) -> str:
     rest = _head_json(*parts) if sum(map(len, parts)) > _CACHED_HEAD_CHARS else _cached(*parts)
     media_type = rest[0]
     if body and media_type.startswith("multipart/"):
-        form = _multipart_body(head.content_type, body)
+        if isinstance(body, ParsedForm):
+            form: dict[str, str] | None = {
+                "kind": "form",
+                "sha256": hashlib.sha256(body).hexdigest(),
+            }
+        else:
+            form = _multipart_body(head.content_type, body)
         if form is not None:
             # Its boundary is framing, made anew by the client for every body it builds (a
             # retry builds it again): the parts stand for the body, and the boundary
