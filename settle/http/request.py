@@ -2,8 +2,9 @@
 
 The fingerprint covers the method, the path, the query (parameters in a stable order), the
 content type and the canonical body: RFC 8785 (JCS) canonical JSON for JSON bodies, so key
-order and whitespace do not matter, and the raw bytes otherwise. It is the SHA-256 of the JCS
-form of that description (:func:`settle.fingerprint`).
+order and whitespace do not matter; the parts of a multipart body its boundary frames, without
+the boundary (a client makes a new one each time it builds the body); and the raw bytes
+otherwise. It is the SHA-256 of the JCS form of that description (:func:`settle.fingerprint`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ __all__ = [
     "fingerprint_request",
 ]
 
-#: Bump when the description below changes: old records then no longer match (422).
+#: Bump when the description below changes: old records then no longer match (422). (A new
+#: body kind, such as ``multipart``, changes only the requests of that kind: not bumped.)
 REQUEST_FINGERPRINT_FORMAT = 1
 
 
