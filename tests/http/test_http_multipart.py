@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from settle import AsyncSettler, Settler
 from settle.asgi import IdempotencyMiddleware
+from settle.http.request import RequestHead, fingerprint_request
 from settle.wsgi import IdempotencyMiddleware as WSGIMiddleware
 from tests.http.apps import principal_from_environ, principal_from_header, serve, serve_wsgi
 
@@ -165,3 +166,39 @@ def test_bodies_that_only_look_like_multipart_stay_apart(
             )
             assert first.headers.get("idempotent-replayed") is None
             assert other.status_code == 422, other.text
+
+
+def _form(boundary: str, parts: list[bytes], *, preamble: bytes = b"", tail: bytes = b"") -> bytes:
+    delimiter = b"--" + boundary.encode()
+    body = preamble + b"".join(delimiter + b"\r\n" + part + b"\r\n" for part in parts)
+    return body + delimiter + b"--" + tail
+
+
+def _fp(boundary: str, body: bytes) -> str:
+    content_type = f"multipart/form-data; boundary={boundary}".encode()
+    return fingerprint_request(RequestHead("POST", "/files", b"", content_type, ()), body)
+
+
+def test_what_frames_the_parts_is_not_compared_and_what_they_hold_is() -> None:
+    """The fingerprint of the parts (RFC 2046 5.1.1): the boundary, a preamble, an epilogue
+    and padding after a delimiter are framing; a header line's name case is not meaning."""
+    part = b'Content-Disposition: form-data; name="a"\r\n\r\n1'
+    same = _fp("B", _form("B", [part]))
+    assert _fp("C", _form("C", [part], preamble=b"ignored\r\n", tail=b"\r\nignored")) == same
+    padded = _form("D", [part]).replace(b"--D\r\n", b"--D \t\r\n", 1)
+    assert _fp("D", padded) == same
+    assert (
+        _fp("E", _form("E", [part.replace(b"Content-Disposition", b"content-disposition")])) == same
+    )
+    assert _fp("F", _form("F", [part.replace(b"1", b"2")])) != same
+    assert _fp("G", _form("G", [part.replace(b'"a"', b'"b"')])) != same
+    assert _fp("H", _form("H", [part, part])) != same
+
+
+def test_a_form_of_more_parts_than_any_client_sends_is_compared_byte_for_byte() -> None:
+    """Walking a crafted body of a hundred thousand empty parts cost half a second; past
+    1000 parts (Django's own limit on a form's fields) the body is compared as it is."""
+    many = [b'Content-Disposition: form-data; name="a"\r\n\r\n1'] * 1000
+    assert _fp("B", _form("B", many)) == _fp("C", _form("C", many))
+    more = [*many, many[0]]
+    assert _fp("B", _form("B", more)) != _fp("C", _form("C", more))
