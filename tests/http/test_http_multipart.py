@@ -15,6 +15,7 @@ still another request.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import uuid
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from werkzeug.formparser import parse_form_data
 
 from settle import AsyncSettler, Settler
 from settle.asgi import IdempotencyMiddleware
@@ -202,3 +204,82 @@ def test_a_form_of_more_parts_than_any_client_sends_is_compared_byte_for_byte() 
     assert _fp("B", _form("B", many)) == _fp("C", _form("C", many))
     more = [*many, many[0]]
     assert _fp("B", _form("B", more)) != _fp("C", _form("C", more))
+
+
+#: Two forms that differ in what the application reads (the amount) but not in the parts
+#: framed by the first delimiter line break and the close delimiter: Werkzeug (Flask) and
+#: Django find a delimiter without its line break (after a preamble's text) and Django reads
+#: parts past the close delimiter; both parse a bare LF as a line end in a part's head.
+_HIDDEN = {
+    "in-preamble": lambda amount: (
+        b'junk--B\r\nContent-Disposition: form-data; name="amount"\r\n\r\n%b\r\n'
+        b'--B\r\nContent-Disposition: form-data; name="x"\r\n\r\n1\r\n--B--\r\n' % amount
+    ),
+    "in-epilogue": lambda amount: (
+        b'--B\r\nContent-Disposition: form-data; name="x"\r\n\r\n1\r\n--B--\r\n'
+        b'--B\r\nContent-Disposition: form-data; name="amount"\r\n\r\n%b\r\n--B--\r\n' % amount
+    ),
+    "lf-in-a-head": lambda amount: (
+        b'--B\r\nContent-Disposition: form-data; name="note"\n\nX\r\n'
+        b"%b\r\n\r\nrest\r\n--B--\r\n" % (b"AMOUNT:1" if amount == b"100" else b"amount: 1")
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(_HIDDEN))
+@pytest.mark.parametrize("protocol", ["asgi", "wsgi"])
+def test_a_form_changed_outside_the_parts_settle_reads_is_another_request(
+    protocol: str, where: str, redis_url: str, namespace: str
+) -> None:
+    """The parts settle compares must be all the application can read: a body that holds
+    its delimiter anywhere but at the delimiters settle read (a preamble, an epilogue, a
+    part's content), or a bare CR or LF in a part's head, is compared byte for byte.
+    Otherwise a changed amount under the same key got the first payment's stored response
+    (a replay), not 422."""
+    first, changed = _HIDDEN[where](b"100"), _HIDDEN[where](b"999")
+    assert _werkzeug_form(first) != _werkzeug_form(changed) or where == "in-epilogue"
+    calls: list[str] = []
+    headers = {**TENANT, "Idempotency-Key": f"hidden-{where}"}
+    headers["Content-Type"] = "multipart/form-data; boundary=B"
+    with (
+        _server(protocol, redis_url, namespace, calls) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        answered = client.post("/files", content=first, headers=headers)
+        again = client.post("/files", content=changed, headers=headers)
+    assert answered.status_code == 201, answered.text
+    assert again.status_code == 422, (again.status_code, again.headers, again.text)
+    assert again.json()["type"] == "urn:settle:problem:idempotency-key-reused"
+    assert len(calls) == 1
+
+
+def _werkzeug_form(body: bytes) -> dict[str, list[str]]:
+    """The form Flask reads of ``body`` (boundary ``B``)."""
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "CONTENT_TYPE": "multipart/form-data; boundary=B",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+    }
+    return dict(parse_form_data(environ)[1].lists())
+
+
+def test_a_delimiter_outside_the_framing_or_a_bare_line_end_in_a_head_is_not_framing() -> None:
+    """Unit view of the test above: each such body is compared byte for byte (its
+    fingerprint then changes with the boundary), and one delimiter in a part's content or
+    a bare CR in a head is enough."""
+    part = b'Content-Disposition: form-data; name="a"\r\n\r\n1'
+    assert _fp("B", _form("B", [part])) == _fp("C", _form("C", [part]))
+    # The same content under C, where "--B" is no delimiter: Django splits it under B.
+    inside = [part + b" --B inside"]
+    assert _fp("B", _form("B", inside)) != _fp("C", _form("C", inside))
+    odd = {
+        "cr-in-head": [part.replace(b"\r\n\r\n", b"\rX: y\r\n\r\n")],
+        "lf-in-head": [part.replace(b"\r\n\r\n", b"\nX: y\r\n\r\n")],
+    }
+    for name, parts in odd.items():
+        body = _form("B", parts)
+        assert _fp("B", body) != _fp("C", body.replace(b"--B", b"--C")), name
+    for where, make in _HIDDEN.items():
+        body = make(b"100")
+        assert _fp("B", body) != _fp("C", body.replace(b"--B", b"--C")), where
