@@ -231,7 +231,10 @@ def _multipart_body(content_type: bytes, body: bytes) -> dict[str, str] | None:
     every item length-prefixed; None when the boundary does not frame the body (then it is
     compared byte for byte, under its boundary). The preamble, the epilogue and the padding
     after a delimiter are not content (RFC 2046 5.1.1): an application's parser drops them
-    too."""
+    too. Only a body every parser frames alike is read so: its delimiter nowhere but at the
+    delimiters read (not in the preamble, a part or the epilogue), CR LF the only line end
+    of a part's head; any other is compared byte for byte, as a changed body that settle's
+    reading and the application's differ on must never replay."""
     boundaries = [value for name, value in _content_type(content_type)[1] if name == "boundary"]
     if len(boundaries) != 1 or not boundaries[0]:
         return None  # none, or two: which frames the body is not for settle to guess
@@ -253,7 +256,10 @@ def _multipart_digest(body: bytes, boundary: bytes) -> str | None:
     parts = 0
     while True:
         if body.startswith(b"--", at):  # the close delimiter: what follows is the epilogue
-            return digest.hexdigest() if parts else None
+            # Its delimiter nowhere else: Werkzeug and Django find one without its line
+            # break (in a preamble, in a part's content), and Django reads past the close.
+            framed = parts > 0 and body.count(delimiter) == parts + 1
+            return digest.hexdigest() if framed else None
         line_end = body.find(b"\r\n", at)
         if line_end < 0 or body[at:line_end].strip(b" \t"):
             return None  # a delimiter is followed by padding and a line break, nothing else
@@ -275,6 +281,8 @@ def _multipart_digest(body: bytes, boundary: bytes) -> str | None:
             name, colon, value = line.partition(b":")
             if not colon or not name or name != name.strip(b" \t") or b" " in name:
                 return None  # not a header line (or a folded one)
+            if b"\r" in line or b"\n" in line:
+                return None  # a bare line end, one to Werkzeug and Django: not ours to read
             name, value = name.lower(), value.strip(b" \t")
             digest.update(b"%d:%b%d:%b" % (len(name), name, len(value), value))
         digest.update(b"%d:" % (end - content))
