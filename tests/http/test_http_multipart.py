@@ -276,6 +276,10 @@ def test_a_delimiter_outside_the_framing_or_a_bare_line_end_in_a_head_is_not_fra
     odd = {
         "cr-in-head": [part.replace(b"\r\n\r\n", b"\rX: y\r\n\r\n")],
         "lf-in-head": [part.replace(b"\r\n\r\n", b"\nX: y\r\n\r\n")],
+        # A folded line goes on the value before it (Werkzeug): its name case is meaning.
+        "folded-line": [part.replace(b"\r\n\r\n", b"\r\n X: y\r\n\r\n")],
+        "no-name": [part.replace(b"\r\n\r\n", b"\r\n: y\r\n\r\n")],
+        "space-in-name": [part.replace(b"\r\n\r\n", b"\r\nX Y: y\r\n\r\n")],
     }
     for name, parts in odd.items():
         body = _form("B", parts)
@@ -283,3 +287,23 @@ def test_a_delimiter_outside_the_framing_or_a_bare_line_end_in_a_head_is_not_fra
     for where, make in _HIDDEN.items():
         body = make(b"100")
         assert _fp("B", body) != _fp("C", body.replace(b"--B", b"--C")), where
+
+
+def test_the_parts_are_told_apart_and_only_framing_is_dropped() -> None:
+    """The parts of two forms never run together (a part's head against the parts before
+    and after it); the blanks around a header value are no meaning (RFC 9110 5.5); two
+    ``boundary`` parameters leave the body compared byte for byte, both of them included
+    (which one an application's parser takes is its own)."""
+    headed = [b"X: y\r\n\r\nabc"]
+    headless = [b"\r\nx", b"\r\ny", b"\r\nabc"]
+    assert _fp("B", _form("B", headed)) != _fp("B", _form("B", headless))
+    part = b'Content-Disposition: form-data; name="a"\r\n\r\n1'
+    blanks = part.replace(b": ", b":  \t").replace(b"\r\n\r\n", b" \r\n\r\n")
+    assert _fp("B", _form("B", [blanks])) == _fp("C", _form("C", [part]))
+
+    def two(second: str) -> str:
+        content_type = f"multipart/form-data; boundary=B; boundary={second}".encode()
+        head = RequestHead("POST", "/files", b"", content_type, ())
+        return fingerprint_request(head, _form("B", [part]))
+
+    assert two("C") != two("D")
