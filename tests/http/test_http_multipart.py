@@ -278,6 +278,7 @@ def test_a_delimiter_outside_the_framing_or_a_bare_line_end_in_a_head_is_not_fra
         "lf-in-head": [part.replace(b"\r\n\r\n", b"\nX: y\r\n\r\n")],
         # A folded line goes on the value before it (Werkzeug): its name case is meaning.
         "folded-line": [part.replace(b"\r\n\r\n", b"\r\n X: y\r\n\r\n")],
+        "tab-folded-line": [part.replace(b"\r\n\r\n", b"\r\n\tX: y\r\n\r\n")],
         "no-name": [part.replace(b"\r\n\r\n", b"\r\n: y\r\n\r\n")],
         "space-in-name": [part.replace(b"\r\n\r\n", b"\r\nX Y: y\r\n\r\n")],
     }

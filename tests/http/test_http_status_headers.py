@@ -46,6 +46,9 @@ CASES: dict[str, tuple[int, list[tuple[str, str]]]] = {
     "/range": (416, [("Content-Range", "bytes */100")]),
     "/partial": (206, [("Content-Range", "bytes 0-9/100")]),
     "/receipt": (303, [("Location", "/receipts/rc_1")]),
+    # The redirects that keep the method: a POST sent on to where the payment is taken.
+    "/temporary": (307, [("Location", "/v2/payments")]),
+    "/moved": (308, [("Location", "/v2/payments")]),
 }
 
 
