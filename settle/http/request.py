@@ -17,6 +17,7 @@ from typing import Any
 
 from settle.errors import FingerprintError, InvalidInput, SettleError
 from settle.fingerprint import canonical_json, fingerprint
+from settle.http.multipart import multipart_digest
 
 __all__ = [
     "BodyBuffer",
@@ -238,65 +239,8 @@ def _multipart_body(content_type: bytes, body: bytes) -> dict[str, str] | None:
     boundaries = [value for name, value in _content_type(content_type)[1] if name == "boundary"]
     if len(boundaries) != 1 or not boundaries[0]:
         return None  # none, or two: which frames the body is not for settle to guess
-    digest = _multipart_digest(body, boundaries[0].encode("latin-1"))
+    digest = multipart_digest(body, boundaries[0].encode("latin-1"))
     return None if digest is None else {"kind": "multipart", "sha256": digest}
-
-
-def _multipart_digest(body: bytes, boundary: bytes) -> str | None:
-    delimiter = b"--" + boundary
-    if body.startswith(delimiter):
-        at = len(delimiter)
-    else:
-        first = body.find(b"\r\n" + delimiter)  # after a preamble
-        if first < 0:
-            return None
-        at = first + 2 + len(delimiter)
-    view = memoryview(body)
-    digest = hashlib.sha256()
-    parts = 0
-    while True:
-        if body.startswith(b"--", at):  # the close delimiter: what follows is the epilogue
-            # Its delimiter nowhere else: Werkzeug and Django find one without its line
-            # break (in a preamble, in a part's content), and Django reads past the close.
-            framed = parts > 0 and body.count(delimiter) == parts + 1
-            return digest.hexdigest() if framed else None
-        line_end = body.find(b"\r\n", at)
-        if line_end < 0 or body[at:line_end].strip(b" \t"):
-            return None  # a delimiter is followed by padding and a line break, nothing else
-        start = line_end + 2
-        end = body.find(b"\r\n" + delimiter, start)
-        if end < 0:
-            return None  # never closed: a body cut short, or not this boundary's
-        if body.startswith(b"\r\n", start):  # no header lines
-            lines: list[bytes] = []
-            content = start + 2
-        else:
-            blank = body.find(b"\r\n\r\n", start, end)
-            if blank < 0:
-                return None
-            lines = body[start:blank].split(b"\r\n")
-            content = blank + 4
-        digest.update(b"part %d\n" % len(lines))
-        for line in lines:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip(b" \t") or b" " in name:
-                return None  # not a header line (or a folded one)
-            if b"\r" in line or b"\n" in line:
-                return None  # a bare line end, one to Werkzeug and Django: not ours to read
-            name, value = name.lower(), value.strip(b" \t")
-            digest.update(b"%d:%b%d:%b" % (len(name), name, len(value), value))
-        digest.update(b"%d:" % (end - content))
-        digest.update(view[content:end])
-        parts += 1
-        if parts > _MAX_PARTS:
-            return None  # compared byte for byte: a form of this size is no client's retry
-        at = end + 2 + len(delimiter)
-
-
-#: Parts past which a multipart body is compared byte for byte (Django's own limit on the
-#: fields of a form, DATA_UPLOAD_MAX_NUMBER_FIELDS): a crafted body of a million empty parts
-#: cost half a second to walk, a raw one a millisecond.
-_MAX_PARTS = 1000
 
 
 def _is_json(media_type: str) -> bool:
