@@ -738,6 +738,41 @@ def test_a_multipart_upload_built_again_under_a_new_boundary_replays(
     assert RUNS == ["u"]
 
 
+def test_a_form_changed_past_its_close_delimiter_is_another_request(
+    settle_settings: dict[str, Any],
+) -> None:
+    """Django's multipart parser reads parts after the close delimiter (an epilogue, to RFC
+    2046, and to settle's reading of the parts): a changed amount there under the same key
+    is another request (422), not the first payment's replay."""
+    amounts: list[str] = []
+
+    def pay(request: HttpRequest) -> JsonResponse:
+        amounts.append(request.POST["amount"])
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    def body(amount: bytes) -> bytes:
+        return (
+            b'--B\r\nContent-Disposition: form-data; name="note"\r\n\r\nx\r\n--B--\r\n'
+            b'--B\r\nContent-Disposition: form-data; name="amount"\r\n\r\n%b\r\n--B--\r\n' % amount
+        )
+
+    mw = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=urlconf(path("pay", pay)), MIDDLEWARE=mw):
+        client = Client()
+        sent = [
+            client.post(
+                "/pay",
+                body(amount),
+                content_type="multipart/form-data; boundary=B",
+                **headers("pay-epilogue"),
+            )
+            for amount in (b"100", b"999")
+        ]
+    assert sent[0].status_code == 201, sent[0].content
+    assert amounts == ["100"], "Django read the part past the close delimiter"
+    assert sent[1].status_code == 422, (sent[1].status_code, sent[1].content)
+
+
 class StreamReader:
     """A middleware that reads the body as a stream (a webhook signature check)."""
 
