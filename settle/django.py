@@ -47,7 +47,7 @@ from settle.http._sync import NotReached, SyncGuard, configured_guard
 from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
-from settle.http.request import BodyBuffer, ClientDisconnected
+from settle.http.request import BodyBuffer, ClientDisconnected, ParsedForm
 from settle.wsgi.middleware import request_head
 
 __all__ = ["IdempotencyMiddleware", "idempotent", "user_principal"]
@@ -345,7 +345,9 @@ class _Exchange:
             # and Django keeps no multipart body once parsed: its parsed form stands for it.
             _refuse_cut(stream, request, None)  # the parser reads the stream to its end
             _form_of(request, buffer)
-            return buffer.body()
+            # Compared as a form, without the boundary: the client makes a new one each
+            # time it builds the body (a retry), and the bytes it framed are gone.
+            return ParsedForm(buffer.body())
         _refuse_cut(stream, request, len(raw))
         return raw
 

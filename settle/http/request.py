@@ -2,8 +2,9 @@
 
 The fingerprint covers the method, the path, the query (parameters in a stable order), the
 content type and the canonical body: RFC 8785 (JCS) canonical JSON for JSON bodies, so key
-order and whitespace do not matter, and the raw bytes otherwise. It is the SHA-256 of the JCS
-form of that description (:func:`settle.fingerprint`).
+order and whitespace do not matter; the parts of a multipart body its boundary frames, without
+the boundary (a client makes a new one each time it builds the body); and the raw bytes
+otherwise. It is the SHA-256 of the JCS form of that description (:func:`settle.fingerprint`).
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ from typing import Any
 
 from settle.errors import FingerprintError, InvalidInput, SettleError
 from settle.fingerprint import canonical_json, fingerprint
+from settle.http.multipart import multipart_digest
 
 __all__ = [
     "BodyBuffer",
     "ClientDisconnected",
+    "ParsedForm",
     "RequestHead",
     "RequestMalformed",
     "RequestTooLarge",
     "fingerprint_request",
 ]
 
-#: Bump when the description below changes: old records then no longer match (422).
+#: Bump when the description below changes: old records then no longer match (422). (A new
+#: body kind, such as ``multipart``, changes only the requests of that kind: not bumped.)
 REQUEST_FINGERPRINT_FORMAT = 1
 
 
@@ -108,12 +112,36 @@ class BodyBuffer:
         return RequestTooLarge(f"the request body is over the {self.limit}-byte limit")
 
 
+class ParsedForm(bytes):
+    """What stands for a multipart body that a framework parsed before settle could read it
+    (Django, once something read ``request.POST``): its fields and files, each
+    length-prefixed. It is compared as it is, as a form, without the boundary of the
+    request's content type: the boundary framed bytes that are gone, and a client makes a
+    new one each time it builds the body."""
+
+
 def fingerprint_request(head: RequestHead, body: bytes) -> str:
     """The fingerprint of a request: same value for the same request, in any process."""
     parts = (head.method, head.path, head.query, head.content_type)
     # Request lines of a usual size are cached; a long one is not kept in memory.
     rest = _head_json(*parts) if sum(map(len, parts)) > _CACHED_HEAD_CHARS else _cached(*parts)
     media_type = rest[0]
+    if body and media_type.startswith("multipart/"):
+        if isinstance(body, ParsedForm):
+            form: dict[str, str] | None = {
+                "kind": "form",
+                "sha256": hashlib.sha256(body).hexdigest(),
+            }
+        else:
+            form = _multipart_body(head.content_type, body)
+        if form is not None:
+            # Its boundary is framing, made anew by the client for every body it builds (a
+            # retry builds it again): the parts stand for the body, and the boundary
+            # parameter is left out of the content type.
+            description = _description(head)
+            media, params = description["content_type"]
+            description["content_type"] = [media, [p for p in params if p[0] != "boundary"]]
+            return fingerprint({**description, "body": form})
     body_part = _body(media_type, body)
     if rest[1] is None:  # a lone surrogate in the path: the reference encoder says so
         return fingerprint({**_description(head), "body": body_part})
@@ -196,6 +224,23 @@ def _body(media_type: str, body: bytes) -> dict[str, str]:
         if canonical is not None:
             return {"kind": "json", "sha256": hashlib.sha256(canonical).hexdigest()}
     return {"kind": "raw", "sha256": hashlib.sha256(body).hexdigest()}
+
+
+def _multipart_body(content_type: bytes, body: bytes) -> dict[str, str] | None:
+    """The parts of a multipart body framed by the boundary of its content type, in order,
+    each its header lines (names lowercased, values stripped) and its content, hashed with
+    every item length-prefixed; None when the boundary does not frame the body (then it is
+    compared byte for byte, under its boundary). The preamble, the epilogue and the padding
+    after a delimiter are not content (RFC 2046 5.1.1): an application's parser drops them
+    too. Only a body every parser frames alike is read so: its delimiter nowhere but at the
+    delimiters read (not in the preamble, a part or the epilogue), CR LF the only line end
+    of a part's head; any other is compared byte for byte, as a changed body that settle's
+    reading and the application's differ on must never replay."""
+    boundaries = [value for name, value in _content_type(content_type)[1] if name == "boundary"]
+    if len(boundaries) != 1 or not boundaries[0]:
+        return None  # none, or two: which frames the body is not for settle to guess
+    digest = multipart_digest(body, boundaries[0].encode("latin-1"))
+    return None if digest is None else {"kind": "multipart", "sha256": digest}
 
 
 def _is_json(media_type: str) -> bool:

@@ -1,7 +1,8 @@
 """What is stored for a finished response, and how it is replayed.
 
 A stored response keeps the status, the allow-listed headers (values as the handler sent
-them, names lowercased, in order) and the body (base64 in the record). A response over
+them, names lowercased, in order), the headers its status cannot go without
+(:data:`STATUS_HEADERS`) and the body (base64 in the record). A response over
 ``max_response_bytes`` is recorded without headers and body (``body is None``): the handler
 completed, its response cannot be replayed, and a retry gets a 410 problem instead of
 running the handler again.
@@ -18,6 +19,7 @@ __all__ = [
     "DEFAULT_REPLAY_HEADERS",
     "FORBIDDEN_REPLAY_HEADERS",
     "REPLAYED_HEADER",
+    "STATUS_HEADERS",
     "StoredResponse",
     "storable_status",
 ]
@@ -57,6 +59,22 @@ FORBIDDEN_REPLAY_HEADERS = frozenset(
     }
 )
 
+#: The headers RFC 9110 makes part of a status, stored with a response of that status
+#: whatever ``replay_headers`` lists: a 401 MUST carry its challenges (15.5.2), a 405 the
+#: methods it allows (15.5.6), a 206 its range (15.3.7), a 416 the length it refers to
+#: (15.5.17), and a redirect where to go (15.4). A replay without them is not the response
+#: the first client got, and a client that follows a challenge, an ``Allow`` or a redirect
+#: could no longer tell what to do. (A 201's ``Location`` is not one of them: a 201 without
+#: it names the target URI, RFC 9110 15.3.2, so an own list may leave it out.)
+_WHERE = frozenset({"location"})
+STATUS_HEADERS: dict[int, frozenset[str]] = {
+    206: frozenset({"content-range"}),
+    **dict.fromkeys((300, 301, 302, 303, 307, 308), _WHERE),
+    401: frozenset({"www-authenticate"}),
+    405: frozenset({"allow"}),
+    416: frozenset({"content-range"}),
+}
+
 _NOT_FINISHED_4XX = frozenset({408, 409, 429})
 
 
@@ -87,7 +105,8 @@ class StoredResponse(BaseModel):
     format: Literal[1] = 1
     status: int
     headers: tuple[tuple[str, str], ...] = ()
-    """Allow-listed headers (names lowercased, values latin-1 decoded), in the order sent."""
+    """Allow-listed headers and those its status needs (:data:`STATUS_HEADERS`), names
+    lowercased, values latin-1 decoded, in the order sent."""
     body: bytes | None
     """None: the response was over the size limit and was sent but not stored."""
     size: int
@@ -97,10 +116,11 @@ class StoredResponse(BaseModel):
     def capture(
         cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes, allowed: Collection[str]
     ) -> StoredResponse:
+        needed = STATUS_HEADERS.get(status, frozenset())
         kept = tuple(
-            (name.decode("latin-1").lower(), value.decode("latin-1"))
+            (lower, value.decode("latin-1"))
             for name, value in headers
-            if name.decode("latin-1").lower() in allowed
+            if (lower := name.decode("latin-1").lower()) in allowed or lower in needed
         )
         return cls(status=status, headers=kept, body=body, size=len(body))
 

@@ -67,6 +67,7 @@ from django.http import (
 from django.http.multipartparser import MultiPartParserError
 from django.template.response import SimpleTemplateResponse
 from django.test import Client, override_settings
+from django.test.client import encode_multipart
 from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -685,6 +686,91 @@ def test_multipart_upload_parsed_by_the_csrf_check_before_the_decorator(
     assert again["Idempotent-Replayed"] == "true"
     assert changed.status_code == 422
     assert RUNS == ["u"]
+
+
+@pytest.mark.parametrize("parsed", [False, True], ids=["raw-body", "form-parsed-before"])
+def test_a_multipart_upload_built_again_under_a_new_boundary_replays(
+    settle_settings: dict[str, Any], parsed: bool
+) -> None:
+    """A client library makes a new random boundary every time it builds a multipart body
+    (requests, httpx, a browser; Django's test client alone keeps one), and a client
+    retries by building the body again. The boundary is framing: the retry is the same
+    request, and it got 422. Raw (the middleware reads the body) and parsed before settle
+    (the CSRF check reads request.POST before a decorated view) alike."""
+
+    def upload(request: HttpRequest) -> JsonResponse:
+        RUNS.append("u")
+        body = request.FILES["doc"].read()
+        return JsonResponse({"size": len(body), "id": uuid.uuid4().hex}, status=201)
+
+    token = "a" * 32
+    if parsed:
+        view: Any = idempotent(upload)
+        mw = ["django.middleware.csrf.CsrfViewMiddleware"]
+    else:
+        view = upload
+        mw = ["settle.django.IdempotencyMiddleware"]
+
+    def send(client: Client, content: bytes, boundary: str) -> Any:
+        data = {
+            "csrfmiddlewaretoken": token,
+            "name": "n",
+            "doc": SimpleUploadedFile("a.txt", content, content_type="text/plain"),
+        }
+        return client.post(
+            "/up",
+            encode_multipart(boundary, data),
+            content_type=f"multipart/form-data; boundary={boundary}",
+            **headers(f"up-boundary-{parsed}"),
+        )
+
+    with override_settings(ROOT_URLCONF=urlconf(path("up", view)), MIDDLEWARE=mw):
+        client = Client(enforce_csrf_checks=parsed)
+        client.cookies["csrftoken"] = token
+        first = send(client, b"hello", uuid.uuid4().hex)
+        again = send(client, b"hello", uuid.uuid4().hex)
+        changed = send(client, b"hellO", uuid.uuid4().hex)
+    assert first.status_code == 201, first.content
+    assert again.status_code == 201, again.content
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert changed.status_code == 422
+    assert RUNS == ["u"]
+
+
+def test_a_form_changed_past_its_close_delimiter_is_another_request(
+    settle_settings: dict[str, Any],
+) -> None:
+    """Django's multipart parser reads parts after the close delimiter (an epilogue, to RFC
+    2046, and to settle's reading of the parts): a changed amount there under the same key
+    is another request (422), not the first payment's replay."""
+    amounts: list[str] = []
+
+    def pay(request: HttpRequest) -> JsonResponse:
+        amounts.append(request.POST["amount"])
+        return JsonResponse({"id": uuid.uuid4().hex}, status=201)
+
+    def body(amount: bytes) -> bytes:
+        return (
+            b'--B\r\nContent-Disposition: form-data; name="note"\r\n\r\nx\r\n--B--\r\n'
+            b'--B\r\nContent-Disposition: form-data; name="amount"\r\n\r\n%b\r\n--B--\r\n' % amount
+        )
+
+    mw = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=urlconf(path("pay", pay)), MIDDLEWARE=mw):
+        client = Client()
+        sent = [
+            client.post(
+                "/pay",
+                body(amount),
+                content_type="multipart/form-data; boundary=B",
+                **headers("pay-epilogue"),
+            )
+            for amount in (b"100", b"999")
+        ]
+    assert sent[0].status_code == 201, sent[0].content
+    assert amounts == ["100"], "Django read the part past the close delimiter"
+    assert sent[1].status_code == 422, (sent[1].status_code, sent[1].content)
 
 
 class StreamReader:
