@@ -18,8 +18,9 @@ from typing import Any
 
 from redis import exceptions as rx
 from redis.cluster import RedisCluster
-from tenacity import RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import RetryCallState, retry_if_exception, stop_after_attempt
 
+from settle._jitter import OwnRandomExponentialWait
 from settle._log import logger, operation_digest
 from settle._runtime.calls import Call
 from settle.errors import BackendError, ConfigurationError, SettleError
@@ -133,7 +134,7 @@ def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
     """
     return {
         "stop": stop_after_attempt(tries),
-        "wait": wait_random_exponential(multiplier=_WAIT_FIRST, max=_WAIT_MAX),
+        "wait": OwnRandomExponentialWait(multiplier=_WAIT_FIRST, max=_WAIT_MAX),
         "retry": retry_if_exception(is_transient),
         "reraise": True,
         # The try that failed, counted from the call's first (the shells make the first

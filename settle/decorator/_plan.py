@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from pydantic import ValidationError
 
 from settle._core.codec import AsJson, encode_result, repeated_key
 from settle._core.engine import MAX_LEASE
+from settle._jitter import OwnRandomWait, draw
 from settle._log import enabled as log_enabled
 from settle._log import logger, operation_digest
 from settle.attempt import Attempt
@@ -82,7 +82,7 @@ __all__ = [
 #: terminal. Pass your own ``tenacity.Retrying(...)`` as ``retry=`` to change it.
 DEFAULT_RETRY = tenacity.Retrying(
     stop=tenacity.stop_after_attempt(3),
-    wait=tenacity.wait_exponential(multiplier=0.1, max=2.0) + tenacity.wait_random(0, 0.1),
+    wait=tenacity.wait_exponential(multiplier=0.1, max=2.0) + OwnRandomWait(0, 0.1),
     retry=tenacity.retry_if_exception_type(Exception),
 )
 
@@ -274,7 +274,7 @@ class Plan:
         *,
         fn: Callable[..., Any],
         clock: Callable[[], float] = time.monotonic,
-        rng: Callable[[], float] = random.random,
+        rng: Callable[[], float] = draw,
     ) -> None:
         self.policy = policy
         self.identity = identity

@@ -1,0 +1,126 @@
+"""settle's jitter leaves the process's shared ``random`` state alone.
+
+Its retries and polls ran on ``random``'s shared generator (tenacity's random waits draw
+from it), in the caller's thread and in heartbeat threads: an application's seeded
+sequence moved whenever settle retried, and hypothesis, which watches that state while it
+draws, failed an unrelated property test as unreliable (seen in this suite: a heartbeat
+thread of an earlier test retried while ``tests/unit/test_layout.py`` drew its example)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+
+import pytest
+import redis
+import tenacity
+
+from settle import AsyncSettler, OperationInProgress, Settler
+from settle._jitter import draw
+from settle._runtime.transient import retry_options
+
+PRINCIPAL = "tenant:acme"
+
+
+class Flaky(Exception):
+    """An uncertain failure: the decorator's default policy retries it."""
+
+
+def test_a_retried_call_leaves_the_shared_random_state_alone(settler: Settler) -> None:
+    tries: list[int] = []
+
+    @settler.operation(key="charge:{n}", principal=PRINCIPAL)
+    def charge(n: int) -> int:
+        tries.append(n)
+        if len(tries) < 3:
+            raise Flaky("timed out")
+        return n
+
+    random.seed(1234)
+    before = random.getstate()
+    assert charge(7) == 7
+    assert len(tries) == 3  # two waits with jitter between the three tries
+    assert random.getstate() == before
+
+
+@pytest.mark.asyncio
+async def test_a_retried_async_call_leaves_the_shared_random_state_alone(
+    async_settler: AsyncSettler,
+) -> None:
+    tries: list[int] = []
+
+    @async_settler.operation(key="charge:{n}", principal=PRINCIPAL)
+    async def charge(n: int) -> int:
+        tries.append(n)
+        if len(tries) < 3:
+            raise Flaky("timed out")
+        return n
+
+    random.seed(1234)
+    before = random.getstate()
+    assert await charge(7) == 7
+    assert len(tries) == 3
+    assert random.getstate() == before
+
+
+def test_waiting_on_a_running_operation_leaves_the_shared_random_state_alone(
+    settler: Settler,
+) -> None:
+    """The polls of a call that waits for another attempt back off with jitter."""
+    running, release = threading.Event(), threading.Event()
+
+    @settler.operation(key="charge:{n}", principal=PRINCIPAL, wait=0.5)
+    def charge(n: int) -> int:
+        running.set()
+        release.wait(30)
+        return n
+
+    first = threading.Thread(target=charge, args=(7,))
+    first.start()
+    try:
+        assert running.wait(30)
+        random.seed(1234)
+        before = random.getstate()
+        with pytest.raises(OperationInProgress):
+            charge(7)  # polls for 0.5 s, then gives up
+        assert random.getstate() == before
+    finally:
+        release.set()
+        first.join(30)
+
+
+def test_the_runtimes_retries_leave_the_shared_random_state_alone() -> None:
+    """The jittered waits between a script call's repeats after a dropped connection."""
+    failures = iter([redis.ConnectionError("dropped"), redis.ConnectionError("dropped")])
+
+    def call() -> str:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return "ok"
+
+    random.seed(1234)
+    before = random.getstate()
+    assert tenacity.Retrying(**retry_options(None))(call) == "ok"
+    assert random.getstate() == before
+
+
+def _child_draws(out: multiprocessing.Queue[list[float]]) -> None:
+    out.put([draw() for _ in range(4)])
+
+
+def test_forked_processes_draw_their_own_jitter() -> None:
+    """A forked worker starts from its parent's generator: without a new seed parent and
+    children would back off in step, each retry storm hitting Redis at once."""
+    context = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue[list[float]] = context.Queue()
+    children = [context.Process(target=_child_draws, args=(out,)) for _ in range(2)]
+    for child in children:
+        child.start()
+    drawn = [out.get(timeout=30) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    mine = [draw() for _ in range(4)]
+    assert drawn[0] != drawn[1]
+    assert mine not in drawn
