@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
 from settle._core.engine import MAX_NOTE_CHARS
+from settle._core.keys import check_operation_id
 from settle._input import is_decimal
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
@@ -364,13 +365,20 @@ class _Console:
     async def entry(self, request: Request) -> Response:
         ref = _ref(request)
         entry = await self.settler.quarantine.get(ref)
-        record = await self.settler.get(entry.operation_id)
-        attempts = await self.settler.attempts(entry.operation_id)
-        # One more than shown besides this entry: whether there are more to link to.
-        related = await self.settler.quarantine.list(
-            operation_id=entry.operation_id, limit=_RELATED + 2
-        )
-        others = [e for e in related if e.ref != entry.ref]
+        record, attempts, others = None, [], []
+        # An id settle refuses today (a line break, a bidi override, too long: written by
+        # an earlier version or another program) has no record, attempt log or filter
+        # settle can read; asked for them, the page was a 400 blaming the reader, and the
+        # entry could be neither seen nor resolved (the CLI shows it).
+        readable = _readable_id(entry.operation_id)
+        if readable:
+            record = await self.settler.get(entry.operation_id)
+            attempts = await self.settler.attempts(entry.operation_id)
+            # One more than shown besides this entry: whether there are more to link to.
+            related = await self.settler.quarantine.list(
+                operation_id=entry.operation_id, limit=_RELATED + 2
+            )
+            others = [e for e in related if e.ref != entry.ref]
         data = entry_json(entry)
         # The notice of a resolve is the redirect's own (kept in the signed session for
         # the next page), never a query parameter a crafted link could carry.
@@ -388,6 +396,7 @@ class _Console:
             attempts=attempts,
             related=others[:_RELATED],
             related_more=len(others) > _RELATED,
+            readable=readable,
             done=done,
         )
 
@@ -593,6 +602,15 @@ def _size(q: dict[str, str]) -> int:
     if not (is_decimal(text) and len(text) <= 6) or int(text) not in _PAGE_SIZES:
         raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
     return int(text)
+
+
+def _readable_id(operation_id: str) -> bool:
+    """Whether settle's API takes ``operation_id`` (and so can read its record)."""
+    try:
+        check_operation_id(operation_id)
+    except InvalidInput:
+        return False
+    return True
 
 
 def _ref(request: Request) -> str:

@@ -1,0 +1,70 @@
+"""What a hunt of the console as its users and as an attacker found: stored values settle
+no longer writes (an operation id with a line break or a bidi override, written by an
+earlier version or another program) shown and resolvable as the CLI shows and resolves
+them. Real apps (httpx ASGITransport) on the session's redis-server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import redis
+
+from settle import Settler
+from settle._core.keys import Keys
+from tests.web.conftest import TOKEN
+from tests.web.evidence import conflicting
+from tests.web.test_console_http import csrf_of
+
+pytestmark = pytest.mark.asyncio
+
+#: Operation ids settle refuses today but an earlier version or another program stored.
+LEGACY_IDS = {
+    "line break": "order-\n<b>7</b>\x1b[2J",
+    "bidi override": "order-\u202egnp.exe",
+    "too long": "order-" + "L" * 300,
+}
+
+
+def legacy_entry(writer: Settler, redis_url: str, operation_id: str) -> str:
+    """A quarantine entry like one settle writes, but of ``operation_id``, which settle's
+    API refuses (a copy of a real entry with its ``op`` field replaced)."""
+    ref = conflicting(writer, "order-template")
+    shard, entry_id = ref.split("/")
+    stream = Keys(writer.config.namespace, writer.config.shards).quarantine(int(shard))
+    with redis.Redis.from_url(redis_url) as raw:
+        [(_, fields)] = raw.xrange(stream, entry_id, entry_id)
+        copy = {**fields, b"op": operation_id.encode("utf-8")}
+        return f"{shard}/{raw.xadd(stream, copy).decode()}"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", list(LEGACY_IDS))
+async def test_an_entry_of_an_operation_id_settle_refuses_today_is_shown_and_resolved(
+    writer: Settler, guarded: httpx.AsyncClient, redis_url: str, name: str
+) -> None:
+    """The entry page read the operation's record with the stored id, which settle's API
+    refuses, and answered 400 "operation id must not contain control characters": a
+    finance user could neither see the evidence (the CLI's ``quarantine show`` shows it)
+    nor resolve it. The page shows the entry, says why there is no record, and resolves."""
+    operation_id = LEGACY_IDS[name]
+    ref = legacy_entry(writer, redis_url, operation_id)
+    page = await guarded.get(f"/entry/{ref}")
+    assert page.status_code == 200, page.text
+    assert "operation id must" not in page.text
+    assert "no record or attempt log can be read" in page.text
+    assert "<b>7</b>" not in page.text  # stored text, never markup
+    form = (await guarded.get("/signin")).text
+    signed = await guarded.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+    assert signed.status_code == 303
+    page = await guarded.get(f"/entry/{ref}")
+    assert page.status_code == 200
+    resolved = await guarded.post(
+        f"/entry/{ref}/resolve", data={"csrf": csrf_of(page.text), "note": "harmless"}
+    )
+    assert resolved.status_code == 303, resolved.text
+    after = await guarded.get(resolved.headers["location"])
+    assert after.status_code == 200
+    assert "[resolved by alice@finance] harmless" in after.text
+    entry = writer.quarantine.get(ref)
+    assert entry.resolution is not None
+    assert entry.resolution.note == "[resolved by alice@finance] harmless"
+    assert entry.operation_id == operation_id  # the evidence unchanged
