@@ -51,6 +51,7 @@ from settle.web._security import (
     SecurityHeaders,
     Sessions,
     SignedIn,
+    add_security_headers,
     csrf_ok,
     csrf_token,
     principal_of,
@@ -163,7 +164,9 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={SettleError: console.failed},
+        # Exception: the page of a fault settle did not foresee (the service's own
+        # authorize failing); Starlette's was a bare text without the headers.
+        exception_handlers={SettleError: console.failed, Exception: console.crashed},
     )
 
 
@@ -284,6 +287,24 @@ class _Console:
             status = 500
         logger.warning("settle.web.failed", error=type(exc).__name__, status=status)
         return self.render(request, "error.html", status, status=status, message=str(exc))
+
+    async def crashed(self, request: Request, exc: Exception) -> Response:
+        """The error page of an exception settle does not raise. Starlette sends it from
+        its outermost middleware, outside :class:`SecurityHeaders` and the session's:
+        the headers are added here, and the page names the exception's type only (its
+        text may hold what a user typed); the server's log has the traceback."""
+        logger.warning("settle.web.failed", error=type(exc).__name__, status=500)
+        message = (
+            f"The console failed ({type(exc).__name__}) and could not answer this request; "
+            "the server's log has the details. Reload to see what stands."
+        )
+        try:
+            response: Response = self.render(
+                request, "error.html", 500, status=500, message=message
+            )
+        except Exception:  # noqa: BLE001 - the page of a failure must not fail
+            response = HTMLResponse(f"<!doctype html><title>500</title><p>{message}</p>", 500)
+        return add_security_headers(response)
 
     # -- pages -----------------------------------------------------------------------
 

@@ -9,11 +9,13 @@ import httpx
 import pytest
 import redis
 
-from settle import Settler
+from settle import AsyncSettler, Settler
 from settle._core.keys import Keys
+from settle.web import create_app
 from tests.web.conftest import TOKEN
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
+from tests.web.test_hunt_web import SECURITY_HEADERS
 
 pytestmark = pytest.mark.asyncio
 
@@ -68,3 +70,29 @@ async def test_an_entry_of_an_operation_id_settle_refuses_today_is_shown_and_res
     assert entry.resolution is not None
     assert entry.resolution.note == "[resolved by alice@finance] harmless"
     assert entry.operation_id == operation_id  # the evidence unchanged
+
+
+async def test_an_unexpected_failure_is_an_error_page_with_the_security_headers(
+    reader: AsyncSettler,
+) -> None:
+    """docs/console.md: every response carries the CSP, X-Frame-Options, nosniff,
+    Referrer-Policy and no-store. An exception settle does not raise (here the service's
+    own ``authorize`` failing: its directory down) answered Starlette's bare "Internal
+    Server Error" in plain text without any of them. It is the console's error page, with
+    the headers, naming the exception's type and never its text (which may hold a secret)."""
+
+    def authorize(token: str) -> str | None:
+        raise RuntimeError(f"directory down while checking {token}")
+
+    app = create_app(reader, authorize=authorize)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        form = (await client.get("/signin")).text
+        failed = await client.post("/signin", data={"token": "t0ken-typed", "csrf": csrf_of(form)})
+    assert failed.status_code == 500
+    for name, value in SECURITY_HEADERS.items():
+        assert failed.headers.get(name) == value, name
+    assert failed.headers["content-type"].startswith("text/html")
+    assert "RuntimeError" in failed.text
+    assert "t0ken-typed" not in failed.text  # the exception's text is not shown
+    assert "Back to the quarantine" in failed.text
