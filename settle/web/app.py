@@ -52,6 +52,7 @@ from settle.web._security import (
     Sessions,
     SignedIn,
     add_security_headers,
+    check_principal,
     csrf_ok,
     csrf_token,
     principal_of,
@@ -262,6 +263,9 @@ class _Console:
             principal=principal,
             can_sign_in=self.authorize is not None,
             can_resolve=self.authorize is not None and principal is not None,
+            # Whom authorize granted, when no resolution note can name it (the form is
+            # replaced by what to fix; a POST is refused with 503, not blamed on the note).
+            unfit_principal=principal is not None and _unfit(principal),
             # A read-only console sets no cookie at all.
             csrf=csrf_token(request) if self.authorize is not None else "",
             path=_path(request),
@@ -443,6 +447,13 @@ class _Console:
         note = " ".join(str(form.get("note", "")).split())
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
+        if _unfit(principal):
+            # The service's authorize granted it: a 400 blamed the note the user typed.
+            raise ConfigurationError(
+                f"this console cannot resolve as the principal you are signed in as: "
+                f"{_unfit(principal)} The service's authorize must grant another; nothing "
+                "was resolved."
+            )
         text = resolved_by(principal, note)
         if len(text) > MAX_NOTE_CHARS:
             room = MAX_NOTE_CHARS - len(text) + len(note)
@@ -623,6 +634,15 @@ def _size(q: dict[str, str]) -> int:
     if not (is_decimal(text) and len(text) <= 6) or int(text) not in _PAGE_SIZES:
         raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
     return int(text)
+
+
+def _unfit(principal: str) -> str:
+    """Why ``principal`` cannot be written into a resolution note ("" when it can)."""
+    try:
+        check_principal(principal)
+    except InvalidInput as exc:
+        return str(exc)
+    return ""
 
 
 def _readable_id(operation_id: str) -> bool:

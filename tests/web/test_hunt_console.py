@@ -12,7 +12,7 @@ import redis
 from settle import AsyncSettler, Settler
 from settle._core.keys import Keys
 from settle.web import create_app
-from tests.web.conftest import TOKEN
+from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
 from tests.web.test_console_http import csrf_of
 from tests.web.test_hunt_web import SECURITY_HEADERS
@@ -96,3 +96,31 @@ async def test_an_unexpected_failure_is_an_error_page_with_the_security_headers(
     assert "RuntimeError" in failed.text
     assert "t0ken-typed" not in failed.text  # the exception's text is not shown
     assert "Back to the quarantine" in failed.text
+
+
+@pytest.mark.parametrize("granted", ["ana\nbob", "a" * 5000])
+async def test_a_principal_no_note_can_hold_is_told_at_the_entry_not_blamed_on_the_note(
+    writer: Settler, reader: AsyncSettler, granted: str
+) -> None:
+    """A service's ``authorize`` that grants a principal the console cannot write into a
+    resolution note (a line break, longer than a note) signed the user in, showed the
+    resolve form, and every resolve was a 400 saying the principal must be on one line,
+    as if the user had typed something wrong. The entry page says, instead of the form,
+    that this principal cannot resolve and what must change; a POST is refused with 503
+    (the service's configuration), and nothing is resolved."""
+    ref = conflicting(writer, "order-principal")
+    app = create_app(reader, authorize=lambda token: granted if token == TOKEN else None)
+    async with client_for(app) as client:
+        form = (await client.get("/signin")).text
+        signed = await client.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+        assert signed.status_code == 303
+        page = await client.get(f"/entry/{ref}")
+        assert "which no resolution note can name" in page.text
+        assert "authorize must grant another principal" in page.text
+        assert 'name="note"' not in page.text  # no resolve form
+        refused = await client.post(
+            f"/entry/{ref}/resolve", data={"csrf": csrf_of(page.text), "note": "refunded"}
+        )
+        assert refused.status_code == 503, refused.text
+        assert "cannot resolve as the principal you are signed in as" in refused.text
+    assert writer.quarantine.get(ref).resolution is None
