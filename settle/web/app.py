@@ -269,6 +269,7 @@ class _Console:
             # A read-only console sets no cookie at all.
             csrf=csrf_token(request) if self.authorize is not None else "",
             path=_path(request),
+            here=_here(request),
             **context,
         )
         return HTMLResponse(html, status_code=status_code)
@@ -695,6 +696,17 @@ def _path(request: Request) -> str:
     server may pass on unescaped, made every page a bare 500 (the one that refuses it with
     400 included)."""
     return str(request.scope["path"])
+
+
+def _here(request: Request) -> str:
+    """The page as requested, its query included: where a sign-in returns to (the path
+    alone lost a list's filter). A query that is no UTF-8 (its page is a 400) is left out."""
+    try:
+        query = _query_params(request)
+    except InvalidInput:
+        query = {}
+    path = _path(request)
+    return path + "?" + urlencode(query) if query else path
 
 
 def _result_view(record: OperationRecord | None) -> PayloadView | None:

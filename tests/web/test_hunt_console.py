@@ -5,6 +5,9 @@ them. Real apps (httpx ASGITransport) on the session's redis-server."""
 
 from __future__ import annotations
 
+import html
+import re
+
 import httpx
 import pytest
 import redis
@@ -124,3 +127,32 @@ async def test_a_principal_no_note_can_hold_is_told_at_the_entry_not_blamed_on_t
         assert refused.status_code == 503, refused.text
         assert "cannot resolve as the principal you are signed in as" in refused.text
     assert writer.quarantine.get(ref).resolution is None
+
+
+async def test_signing_in_from_a_filtered_list_returns_to_that_filter(
+    writer: Settler, guarded: httpx.AsyncClient
+) -> None:
+    """ "Sign in to resolve" on a filtered list (the unresolved entries of one kind, an
+    operation) came back to the whole quarantine, unfiltered: the link's ``next`` was the
+    page's path without its query. It is the page as it was, filter included."""
+    ref = conflicting(writer, "order-filtered")
+    here = "/quarantine?kind=conflicting_settlement&operation=order-filtered&status=unresolved"
+    page = await guarded.get(here)
+    link = re.search(r'href="(/signin\?next=[^"]*)"', page.text)
+    assert link is not None
+    form = await guarded.get(html.unescape(link.group(1)))
+    action = re.search(r'<form method="post" action="([^"]*)"', form.text)
+    assert action is not None
+    signed = await guarded.post(
+        html.unescape(action.group(1)), data={"token": TOKEN, "csrf": csrf_of(form.text)}
+    )
+    assert signed.status_code == 303
+    assert signed.headers["location"] == here
+    back = await guarded.get(signed.headers["location"])
+    assert ref in back.text
+    assert "signed in as alice@finance" in back.text
+    # A query that is no UTF-8 is not carried into the link (its page is a 400).
+    bad = await guarded.get("/quarantine?operation=order-7%FF")
+    assert bad.status_code == 400
+    assert "%FF" not in bad.text
+    assert "%25FF" not in bad.text
