@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import unicodedata
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 from settle._async.settler import AsyncSettler
 from settle._core.engine import MAX_NOTE_CHARS
 from settle._core.keys import check_operation_id
-from settle._input import is_decimal
+from settle._input import has_control, is_decimal
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, json_line, record_json
@@ -448,6 +449,8 @@ class _Console:
         note = " ".join(str(form.get("note", "")).split())
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
+        if has_control(note):
+            raise InvalidInput(_refused_in_note(note))
         if _unfit(principal):
             # The service's authorize granted it: a 400 blamed the note the user typed.
             raise ConfigurationError(
@@ -635,6 +638,25 @@ def _size(q: dict[str, str]) -> int:
     if not (is_decimal(text) and len(text) <= 6) or int(text) not in _PAGE_SIZES:
         raise InvalidInput(f"size must be one of {', '.join(map(str, _PAGE_SIZES))}")
     return int(text)
+
+
+def _refused_in_note(note: str) -> str:
+    """Which characters of ``note`` settle refuses in a note, each named with where it is:
+    invisible ones (a zero-width non-joiner of Persian spelling, an emoji's joiner, a
+    direction mark), which the engine's words, "control characters or line breaks", did
+    not let the user find."""
+    found: dict[str, int] = {}
+    for at, ch in enumerate(note, 1):
+        if ch not in found and has_control(ch):
+            found[ch] = at
+    named = "; ".join(
+        f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')} (character {at})"
+        for ch, at in list(found.items())[:5]
+    )
+    return (
+        f"the note holds characters settle does not keep in a note, invisible ones "
+        f"included: {named}. Remove them and resolve again; nothing was resolved."
+    )
 
 
 def _unfit(principal: str) -> str:

@@ -156,3 +156,37 @@ async def test_signing_in_from_a_filtered_list_returns_to_that_filter(
     assert bad.status_code == 400
     assert "%FF" not in bad.text
     assert "%25FF" not in bad.text
+
+
+@pytest.mark.parametrize(
+    ("note", "named"),
+    [
+        # Persian spelling: the non-joiner between the two parts of a word.
+        (
+            "refund sent \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+            "U+200C ZERO WIDTH NON-JOINER",
+        ),
+        ("checked with \u202eevil", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+        ("family \U0001f468\u200d\U0001f469", "U+200D ZERO WIDTH JOINER"),
+    ],
+)
+async def test_a_note_settle_refuses_is_refused_naming_the_character(
+    writer: Settler, guarded: httpx.AsyncClient, note: str, named: str
+) -> None:
+    """A note with an invisible formatting character (the zero-width non-joiner of Persian
+    spelling, an emoji's joiner, a bidi override) is refused, as settle refuses it in every
+    note, but the 400 said "must not contain control characters or line breaks" of a note
+    that, as typed, holds neither: the user could not tell what to change. It names the
+    character and where it is; nothing is resolved."""
+    ref = conflicting(writer, "order-note")
+    form = (await guarded.get("/signin")).text
+    await guarded.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+    page = await guarded.get(f"/entry/{ref}")
+    refused = await guarded.post(
+        f"/entry/{ref}/resolve", data={"csrf": csrf_of(page.text), "note": note}
+    )
+    assert refused.status_code == 400
+    text = html.unescape(refused.text)
+    assert named in text
+    assert "nothing was resolved" in text
+    assert writer.quarantine.get(ref).resolution is None
