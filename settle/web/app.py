@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import shlex
 import unicodedata
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -231,7 +232,9 @@ _ENV = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.filters.update(visible=visible, visible_text=visible_text, when=when)
+# shell_word: an operation id in a command the reader pastes into a shell, quoted (it comes
+# from outside: unquoted, "order-$(...)" ran its commands).
+_ENV.filters.update(visible=visible, visible_text=visible_text, when=when, shell_word=shlex.quote)
 
 
 class _Console:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import html
 import re
+import shlex
 
 import httpx
 import pytest
 import redis
 
-from settle import AsyncSettler, Settler
+from settle import AsyncSettler, Reserved, Settler
 from settle._core.keys import Keys
 from settle.web import create_app
 from tests.web.conftest import TOKEN, client_for
@@ -190,3 +191,24 @@ async def test_a_note_settle_refuses_is_refused_naming_the_character(
     assert named in text
     assert "nothing was resolved" in text
     assert writer.quarantine.get(ref).resolution is None
+
+
+async def test_the_inspect_command_an_entry_suggests_runs_on_that_operation_only(
+    writer: Settler, read_only: httpx.AsyncClient
+) -> None:
+    """A stored result past what a view shows ends in "settle inspect OPERATION_ID --json
+    shows all", for the reader to paste into a shell. The operation id, which comes from
+    outside (a client's idempotency key), was written in unquoted: pasted, an id such as
+    ``order-$(touch /tmp/x); id`` ran its commands. The id is quoted for a POSIX shell, so
+    the command is settle inspect of that one operation."""
+    operation_id = "order-$(touch /tmp/settle-pwned) `id`; echo 'x' \\ done"
+    r = writer.reserve(operation_id, {"amount": 1}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, {"blob": "z" * (300 * 1024)})  # past VIEW_LIMIT
+    late = writer.complete(r.reservation, {"charge_id": "ch_2"})
+    assert late.quarantine_id is not None
+    page = (await read_only.get(f"/entry/{late.quarantine_id}")).text
+    shown = re.search(r"<code>(settle inspect .*?)</code> shows all", page)
+    assert shown is not None
+    command = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
+    assert shlex.split(command) == ["settle", "inspect", operation_id, "--json"]
