@@ -193,15 +193,19 @@ async def test_a_note_settle_refuses_is_refused_naming_the_character(
     assert writer.quarantine.get(ref).resolution is None
 
 
+@pytest.mark.parametrize(
+    "operation_id",
+    ["order-$(touch /tmp/settle-pwned) `id`; echo 'x' \\ done", "--redis-url=redis://elsewhere"],
+)
 async def test_the_inspect_command_an_entry_suggests_runs_on_that_operation_only(
-    writer: Settler, read_only: httpx.AsyncClient
+    writer: Settler, read_only: httpx.AsyncClient, operation_id: str
 ) -> None:
     """A stored result past what a view shows ends in "settle inspect OPERATION_ID --json
     shows all", for the reader to paste into a shell. The operation id, which comes from
     outside (a client's idempotency key), was written in unquoted: pasted, an id such as
-    ``order-$(touch /tmp/x); id`` ran its commands. The id is quoted for a POSIX shell, so
-    the command is settle inspect of that one operation."""
-    operation_id = "order-$(touch /tmp/settle-pwned) `id`; echo 'x' \\ done"
+    ``order-$(touch /tmp/x); id`` ran its commands, and one such as ``--redis-url=...``
+    was read as an option. The id is quoted for a POSIX shell, after ``--``, so the
+    command is settle inspect of that one operation."""
     r = writer.reserve(operation_id, {"amount": 1}, principal="tenant:acme", lease=5)
     assert isinstance(r, Reserved)
     writer.complete(r.reservation, {"blob": "z" * (300 * 1024)})  # past VIEW_LIMIT
@@ -211,4 +215,4 @@ async def test_the_inspect_command_an_entry_suggests_runs_on_that_operation_only
     shown = re.search(r"<code>(settle inspect .*?)</code> shows all", page)
     assert shown is not None
     command = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
-    assert shlex.split(command) == ["settle", "inspect", operation_id, "--json"]
+    assert shlex.split(command) == ["settle", "inspect", "--json", "--", operation_id]
