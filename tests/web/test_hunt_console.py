@@ -1,7 +1,9 @@
 """What a hunt of the console as its users and as an attacker found: stored values settle
 no longer writes (an operation id with a line break or a bidi override, written by an
 earlier version or another program) shown and resolvable as the CLI shows and resolves
-them. Real apps (httpx ASGITransport) on the session's redis-server."""
+them; a resolve form of a principal no note can hold; a note refused without saying why; a
+sign-in that lost the filter; a shell command with an unquoted id. Real apps (httpx
+ASGITransport, and settle web with headless Chromium) on the session's redis-server."""
 
 from __future__ import annotations
 
@@ -12,16 +14,24 @@ import shlex
 import httpx
 import pytest
 import redis
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from settle import AsyncSettler, Reserved, Settler
 from settle._core.keys import Keys
 from settle.web import create_app
+from tests.web import test_browser
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
+from tests.web.server import settle_web
+from tests.web.test_browser import _loaded
 from tests.web.test_console_http import csrf_of
 from tests.web.test_hunt_web import SECURITY_HEADERS
 
-pytestmark = pytest.mark.asyncio
+#: The browser tests' headless Chromium, as a fixture of this module too.
+chromium = test_browser.chromium
+
 
 #: Operation ids settle refuses today but an earlier version or another program stored.
 LEGACY_IDS = {
@@ -43,6 +53,7 @@ def legacy_entry(writer: Settler, redis_url: str, operation_id: str) -> str:
         return f"{shard}/{raw.xadd(stream, copy).decode()}"  # type: ignore[arg-type]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("name", list(LEGACY_IDS))
 async def test_an_entry_of_an_operation_id_settle_refuses_today_is_shown_and_resolved(
     writer: Settler, guarded: httpx.AsyncClient, redis_url: str, name: str
@@ -76,6 +87,7 @@ async def test_an_entry_of_an_operation_id_settle_refuses_today_is_shown_and_res
     assert entry.operation_id == operation_id  # the evidence unchanged
 
 
+@pytest.mark.asyncio
 async def test_an_unexpected_failure_is_an_error_page_with_the_security_headers(
     reader: AsyncSettler,
 ) -> None:
@@ -102,6 +114,7 @@ async def test_an_unexpected_failure_is_an_error_page_with_the_security_headers(
     assert "Back to the quarantine" in failed.text
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("granted", ["ana\nbob", "a" * 5000])
 async def test_a_principal_no_note_can_hold_is_told_at_the_entry_not_blamed_on_the_note(
     writer: Settler, reader: AsyncSettler, granted: str
@@ -130,6 +143,7 @@ async def test_a_principal_no_note_can_hold_is_told_at_the_entry_not_blamed_on_t
     assert writer.quarantine.get(ref).resolution is None
 
 
+@pytest.mark.asyncio
 async def test_signing_in_from_a_filtered_list_returns_to_that_filter(
     writer: Settler, guarded: httpx.AsyncClient
 ) -> None:
@@ -159,6 +173,7 @@ async def test_signing_in_from_a_filtered_list_returns_to_that_filter(
     assert "%25FF" not in bad.text
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("note", "named"),
     [
@@ -193,6 +208,7 @@ async def test_a_note_settle_refuses_is_refused_naming_the_character(
     assert writer.quarantine.get(ref).resolution is None
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     "operation_id",
     ["order-$(touch /tmp/settle-pwned) `id`; echo 'x' \\ done", "--redis-url=redis://elsewhere"],
@@ -216,3 +232,46 @@ async def test_the_inspect_command_an_entry_suggests_runs_on_that_operation_only
     assert shown is not None
     command = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
     assert shlex.split(command) == ["settle", "inspect", "--json", "--", operation_id]
+
+
+def test_in_a_real_browser_sign_in_keeps_the_filter_and_a_legacy_entry_resolves(
+    redis_url: str, writer: Settler, chromium: webdriver.Chrome
+) -> None:
+    """``settle web`` and headless Chromium: "Sign in to resolve" on the unresolved
+    entries of one kind comes back to that list, and the entry of an operation id settle
+    refuses today (a line break and markup in it: another program's) opens, shows the id
+    marked, and resolves."""
+    legacy = legacy_entry(writer, redis_url, LEGACY_IDS["line break"])
+    ns = writer.config.namespace
+    driver = chromium
+    with settle_web(
+        "--redis-url", redis_url, "--namespace", ns, "--principal", "ana@support", token=TOKEN
+    ) as url:
+        listing = url + "/quarantine?kind=conflicting_settlement&status=unresolved"
+        driver.get(listing)
+        driver.find_element(By.LINK_TEXT, "Sign in to resolve").click()
+        _loaded(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "input[type=password]"))
+        password = driver.find_element(By.CSS_SELECTOR, "input[type=password]")
+        password.send_keys(TOKEN)
+        password.submit()
+        _loaded(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".badge.signed"))
+        assert driver.current_url == listing
+        assert Select(driver.find_element(By.NAME, "status")).first_selected_option.text == (
+            "unresolved"
+        )
+
+        driver.find_element(By.XPATH, f"//a[text()='{legacy}']").click()
+        _loaded(driver, lambda d: d.find_elements(By.ID, "note"))
+        title = driver.find_element(By.CSS_SELECTOR, "h1 .op-title").text
+        assert title == "order-\\x0a<b>7</b>\\x1b[2J"
+        assert "no record or attempt log can be read" in driver.page_source
+        driver.find_element(By.ID, "note").send_keys("written by the old importer; harmless")
+        driver.find_element(By.CSS_SELECTOR, "form.resolve button").click()
+        _loaded(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".notice.ok"))
+        shown = driver.find_element(By.CSS_SELECTOR, "pre.note").text
+        assert shown == "[resolved by ana@support] written by the old importer; harmless"
+        test_browser.no_script_ran(driver)
+        logs = driver.get_log("browser")
+    assert [e["message"] for e in logs if e["level"] == "SEVERE"] == []
+    resolution = writer.quarantine.get(legacy).resolution
+    assert resolution is not None
