@@ -275,3 +275,17 @@ def test_in_a_real_browser_sign_in_keeps_the_filter_and_a_legacy_entry_resolves(
     assert [e["message"] for e in logs if e["level"] == "SEVERE"] == []
     resolution = writer.quarantine.get(legacy).resolution
     assert resolution is not None
+
+
+def test_settle_web_on_an_ipv6_address_prints_a_url_a_browser_opens(
+    redis_url: str, writer: Settler
+) -> None:
+    """``settle web --host ::1`` printed ``http://::1:PORT/``, which no browser or terminal
+    takes for a URL (the address's colons run into the port's). It prints
+    ``http://[::1]:PORT/``, and the console answers there."""
+    stderr: list[str] = []
+    where = ["--redis-url", redis_url, "--namespace", writer.config.namespace]
+    with settle_web(*where, host="::1", stderr=stderr) as url:
+        assert url.startswith("http://[::1]:")
+        assert httpx.get(url + "/", timeout=10).status_code == 200
+    assert f"on {url}/ " in stderr[0], stderr[0]
