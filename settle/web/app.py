@@ -267,8 +267,8 @@ class _Console:
             principal=principal,
             can_sign_in=self.authorize is not None,
             can_resolve=self.authorize is not None and principal is not None,
-            # Whom authorize granted, when no resolution note can name it (the form is
-            # replaced by what to fix; a POST is refused with 503, not blamed on the note).
+            # Why no resolution note can name whom authorize granted ("" when one can): the
+            # resolve form is replaced by what to fix (a POST is refused with 400 saying so).
             unfit_principal=principal is not None and _unfit(principal),
             # A read-only console sets no cookie at all.
             csrf=csrf_token(request) if self.authorize is not None else "",
@@ -455,8 +455,8 @@ class _Console:
         if has_control(note):
             raise InvalidInput(_refused_in_note(note))
         if _unfit(principal):
-            # The service's authorize granted it: a 400 blamed the note the user typed.
-            raise ConfigurationError(
+            # The service's authorize granted it; the page showed no resolve form for it.
+            raise InvalidInput(
                 f"this console cannot resolve as the principal you are signed in as: "
                 f"{_unfit(principal)} The service's authorize must grant another; nothing "
                 "was resolved."

@@ -116,15 +116,14 @@ async def test_an_unexpected_failure_is_an_error_page_with_the_security_headers(
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("granted", ["ana\nbob", "a" * 5000])
-async def test_a_principal_no_note_can_hold_is_told_at_the_entry_not_blamed_on_the_note(
+async def test_a_principal_no_note_can_hold_gets_no_resolve_form_but_what_to_change(
     writer: Settler, reader: AsyncSettler, granted: str
 ) -> None:
     """A service's ``authorize`` that grants a principal the console cannot write into a
-    resolution note (a line break, longer than a note) signed the user in, showed the
-    resolve form, and every resolve was a 400 saying the principal must be on one line,
-    as if the user had typed something wrong. The entry page says, instead of the form,
-    that this principal cannot resolve and what must change; a POST is refused with 503
-    (the service's configuration), and nothing is resolved."""
+    resolution note (a line break, longer than a note) signed the user in and showed the
+    resolve form; the user typed a note, and only then learnt (a 400) that nothing could
+    be resolved as that principal. The entry page says so instead of the form, and what
+    must change; a POST is still refused with 400 naming the principal, nothing resolved."""
     ref = conflicting(writer, "order-principal")
     app = create_app(reader, authorize=lambda token: granted if token == TOKEN else None)
     async with client_for(app) as client:
@@ -138,8 +137,9 @@ async def test_a_principal_no_note_can_hold_is_told_at_the_entry_not_blamed_on_t
         refused = await client.post(
             f"/entry/{ref}/resolve", data={"csrf": csrf_of(page.text), "note": "refunded"}
         )
-        assert refused.status_code == 503, refused.text
+        assert refused.status_code == 400, refused.text
         assert "cannot resolve as the principal you are signed in as" in refused.text
+        assert "principal must be" in refused.text
     assert writer.quarantine.get(ref).resolution is None
 
 
