@@ -469,7 +469,23 @@ class _Console:
                 f"holds {MAX_NOTE_CHARS}, with the [resolved by ...] prefix); shorten it, "
                 "nothing was resolved"
             )
-        resolution = await self.settler.quarantine.resolve(ref, note=text)
+        try:
+            resolution = await self.settler.quarantine.resolve(ref, note=text)
+        except (DurabilityError, BackendError) as exc:
+            # The resolve may have been written (on the primary, unconfirmed; or before the
+            # reply was lost): the error's own words were for a program ("read the record
+            # back"), and the reader needs to know what to do.
+            logger.warning("settle.web.failed", error=type(exc).__name__, status=503)
+            return self.render(
+                request,
+                "error.html",
+                503,
+                status=503,
+                message=(
+                    f"The resolution is not confirmed ({exc}). It may or may not stand: "
+                    "reload the entry to see. Resolving again with the same note is safe."
+                ),
+            )
         done = "resolved" if resolution.note == text else "already"
         logger.info(
             "settle.web.resolved",

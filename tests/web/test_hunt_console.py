@@ -20,7 +20,7 @@ from selenium.webdriver.support.ui import Select
 
 from settle import AsyncSettler, Reserved, Settler
 from settle._core.keys import Keys
-from settle.web import create_app
+from settle.web import create_app, token_authorizer
 from tests.web import test_browser
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
@@ -289,3 +289,45 @@ def test_settle_web_on_an_ipv6_address_prints_a_url_a_browser_opens(
         assert url.startswith("http://[::1]:")
         assert httpx.get(url + "/", timeout=10).status_code == 200
     assert f"on {url}/ " in stderr[0], stderr[0]
+
+
+@pytest.mark.asyncio
+async def test_a_resolve_too_few_replicas_confirmed_says_to_reload_to_see_if_it_stands(
+    redis_url: str, namespace: str, writer: Settler
+) -> None:
+    """With ``min_replicas`` and no replica to confirm, a resolve is written on the primary
+    and unconfirmed. The page said "quarantine_resolve: 0 of 1 replicas acknowledged ...;
+    read the record back", words for a program, where docs/console.md promises "a
+    resolution may or may not stand, reload to see". It says that (503), and that
+    resolving again with the same note is safe."""
+    ref = conflicting(writer, "order-unconfirmed")
+    plain = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    durable = AsyncSettler.from_url(
+        redis_url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=0.2
+    )
+    authorize = token_authorizer(TOKEN, "alice@finance")
+    try:
+        # Signed in on a console without min_replicas (a sign-in waits for the replicas
+        # too); the same session resolves on one with it (same key and namespace).
+        signing = create_app(plain, authorize=authorize, secret_key="shared")
+        resolving = create_app(durable, authorize=authorize, secret_key="shared")
+        async with client_for(signing) as first:
+            form = (await first.get("/signin")).text
+            await first.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+            cookies = first.cookies
+        async with client_for(resolving) as second:
+            second.cookies = cookies
+            page = await second.get(f"/entry/{ref}")
+            refused = await second.post(
+                f"/entry/{ref}/resolve", data={"csrf": csrf_of(page.text), "note": "refunded"}
+            )
+    finally:
+        await plain.aclose()
+        await durable.aclose()
+    assert refused.status_code == 503
+    text = html.unescape(refused.text)
+    assert "may or may not stand" in text
+    assert "reload the entry to see" in text
+    assert "0 of 1 replicas acknowledged" in text  # what Redis answered, still said
+    resolution = writer.quarantine.get(ref).resolution  # the primary has it
+    assert resolution is not None
