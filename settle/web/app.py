@@ -449,11 +449,12 @@ class _Console:
                 "resolve it again.",
             )
         # The form's textarea lets a line break in (Enter); a note is one line of text.
-        note = " ".join(str(form.get("note", "")).split())
+        typed = str(form.get("note", ""))
+        note = " ".join(typed.split())
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
         if has_control(note):
-            raise InvalidInput(_refused_in_note(note))
+            raise InvalidInput(_refused_in_note(typed))
         if _unfit(principal):
             # The service's authorize granted it; the page showed no resolve form for it.
             raise InvalidInput(
@@ -659,14 +660,15 @@ def _size(q: dict[str, str]) -> int:
     return int(text)
 
 
-def _refused_in_note(note: str) -> str:
-    """Which characters of ``note`` settle refuses in a note, each named with where it is:
-    invisible ones (a zero-width non-joiner of Persian spelling, an emoji's joiner, a
-    direction mark), which the engine's words, "control characters or line breaks", did
-    not let the user find."""
+def _refused_in_note(typed: str) -> str:
+    """Which characters of the note box's ``typed`` text settle refuses in a note, each
+    named with where it is in the box (a line break, which a browser sends as CRLF, one
+    character; whitespace, which the note folds, never refused): invisible ones (a
+    zero-width non-joiner of Persian spelling, an emoji's joiner, a direction mark), which
+    the engine's words, "control characters or line breaks", did not let the user find."""
     found: dict[str, int] = {}
-    for at, ch in enumerate(note, 1):
-        if ch not in found and has_control(ch):
+    for at, ch in enumerate(typed.replace("\r\n", "\n"), 1):
+        if ch not in found and not ch.isspace() and has_control(ch):
             found[ch] = at
     named = "; ".join(
         f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')} (character {at})"

@@ -331,3 +331,28 @@ async def test_a_resolve_too_few_replicas_confirmed_says_to_reload_to_see_if_it_
     assert "0 of 1 replicas acknowledged" in text  # what Redis answered, still said
     resolution = writer.quarantine.get(ref).resolution  # the primary has it
     assert resolution is not None
+
+
+@pytest.mark.asyncio
+async def test_a_refused_note_names_where_each_character_is_in_the_note_as_typed(
+    writer: Settler, guarded: httpx.AsyncClient
+) -> None:
+    """The 400 of a note with an invisible character says where it is, counted in the box
+    as the user typed it (a line break one character): the position was counted in the note
+    after its line breaks and runs of spaces were folded, so past a line break (or leading
+    spaces) it pointed at another character. Each character is named once, at its first place."""
+    ref = conflicting(writer, "order-where")
+    form = (await guarded.get("/signin")).text
+    await guarded.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+    page = await guarded.get(f"/entry/{ref}")
+    # A browser sends the box's line breaks as CRLF: each is one character in the box.
+    typed = "  ok\r\n\r\nab\u200ccd\u202eef\u200cgh"  # U+200C is character 9, U+202E 12
+    refused = await guarded.post(
+        f"/entry/{ref}/resolve", data={"csrf": csrf_of(page.text), "note": typed}
+    )
+    assert refused.status_code == 400
+    text = html.unescape(refused.text)
+    assert "U+200C ZERO WIDTH NON-JOINER (character 9)" in text
+    assert "U+202E RIGHT-TO-LEFT OVERRIDE (character 12)" in text
+    assert text.count("U+200C") == 1
+    assert writer.quarantine.get(ref).resolution is None
