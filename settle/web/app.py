@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-import shlex
 import unicodedata
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -62,7 +61,15 @@ from settle.web._security import (
     sign_in,
     signed_in,
 )
-from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
+from settle.web._text import (
+    PayloadView,
+    chart_svg,
+    payload_view,
+    shell_word,
+    visible,
+    visible_text,
+    when,
+)
 
 __all__ = ["LOOPBACK_HOSTS", "check_allowed_hosts", "create_app"]
 
@@ -232,9 +239,8 @@ _ENV = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-# shell_word: an operation id in a command the reader pastes into a shell, quoted (it comes
-# from outside: unquoted, "order-$(...)" ran its commands).
-_ENV.filters.update(visible=visible, visible_text=visible_text, when=when, shell_word=shlex.quote)
+# shell_word: an operation id in a command the reader pastes into a shell.
+_ENV.filters.update(visible=visible, visible_text=visible_text, when=when, shell_word=shell_word)
 
 
 class _Console:

@@ -7,6 +7,7 @@ ASGITransport, and settle web with headless Chromium) on the session's redis-ser
 
 from __future__ import annotations
 
+import asyncio
 import html
 import re
 import shlex
@@ -208,6 +209,20 @@ async def test_a_note_settle_refuses_is_refused_naming_the_character(
     assert writer.quarantine.get(ref).resolution is None
 
 
+async def _inspect_command(writer: Settler, read_only: httpx.AsyncClient, operation_id: str) -> str:
+    """The ``settle inspect`` command the entry page of an operation whose stored result is
+    past what a view shows suggests, as the reader copies it."""
+    r = writer.reserve(operation_id, {"amount": 1}, principal="tenant:acme", lease=5)
+    assert isinstance(r, Reserved)
+    writer.complete(r.reservation, {"blob": "z" * (300 * 1024)})  # past VIEW_LIMIT
+    late = writer.complete(r.reservation, {"charge_id": "ch_2"})
+    assert late.quarantine_id is not None
+    page = (await read_only.get(f"/entry/{late.quarantine_id}")).text
+    shown = re.search(r"<code>(settle inspect .*?)</code> shows all", page)
+    assert shown is not None
+    return html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     "operation_id",
@@ -222,15 +237,7 @@ async def test_the_inspect_command_an_entry_suggests_runs_on_that_operation_only
     ``order-$(touch /tmp/x); id`` ran its commands, and one such as ``--redis-url=...``
     was read as an option. The id is quoted for a POSIX shell, after ``--``, so the
     command is settle inspect of that one operation."""
-    r = writer.reserve(operation_id, {"amount": 1}, principal="tenant:acme", lease=5)
-    assert isinstance(r, Reserved)
-    writer.complete(r.reservation, {"blob": "z" * (300 * 1024)})  # past VIEW_LIMIT
-    late = writer.complete(r.reservation, {"charge_id": "ch_2"})
-    assert late.quarantine_id is not None
-    page = (await read_only.get(f"/entry/{late.quarantine_id}")).text
-    shown = re.search(r"<code>(settle inspect .*?)</code> shows all", page)
-    assert shown is not None
-    command = html.unescape(re.sub(r"<[^>]+>", "", shown.group(1)))
+    command = await _inspect_command(writer, read_only, operation_id)
     assert shlex.split(command) == ["settle", "inspect", "--json", "--", operation_id]
 
 
@@ -356,3 +363,29 @@ async def test_a_refused_note_names_where_each_character_is_in_the_note_as_typed
     assert "U+202E RIGHT-TO-LEFT OVERRIDE (character 12)" in text
     assert text.count("U+200C") == 1
     assert writer.quarantine.get(ref).resolution is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "operation_id",
+    ["order-\ue000", "order-\U0003fffe 50%\\n 'x'", "-\U000f0000$(id)"],
+)
+async def test_the_inspect_command_names_an_id_the_page_marks_as_it_is_stored(
+    writer: Settler, read_only: httpx.AsyncClient, operation_id: str
+) -> None:
+    """An operation id settle takes may hold a character the page marks rather than shows
+    (private use, unassigned: ``\\ue000``). The suggested ``settle inspect`` command wrote
+    the id quoted but marked: pasted, it inspected ``order-\\ue000`` as typed, another
+    operation. Run by a POSIX shell (dash), the command gives settle the stored id."""
+    command = await _inspect_command(writer, read_only, operation_id)
+    # The shell runs the pasted command with a printf in place of settle that writes each
+    # argument it gets.
+    shell = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        "printf '%s\\0' " + command.removeprefix("settle "),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    argv, _ = await shell.communicate()
+    assert shell.returncode == 0
+    assert argv.split(b"\0")[:-1] == [b"inspect", b"--json", b"--", operation_id.encode()]
