@@ -21,6 +21,7 @@ from selenium.webdriver.support.ui import Select
 
 from settle import AsyncSettler, Reserved, Settler
 from settle._core.keys import Keys
+from settle.embedded import EmbeddedRedis
 from settle.web import create_app, token_authorizer
 from tests.web import test_browser
 from tests.web.conftest import TOKEN, client_for
@@ -389,3 +390,38 @@ async def test_the_inspect_command_names_an_id_the_page_marks_as_it_is_stored(
     argv, _ = await shell.communicate()
     assert shell.returncode == 0
     assert argv.split(b"\0")[:-1] == [b"inspect", b"--json", b"--", operation_id.encode()]
+
+
+@pytest.mark.asyncio
+async def test_a_resolve_during_which_redis_failed_says_to_reload_to_see_if_it_stands(
+    namespace: str,
+) -> None:
+    """A resolve during which Redis failed (here: out of memory, so the write is refused
+    while the session's read still answers) may stand or not, as an unconfirmed one: the
+    page says so (503), and that resolving again with the same note is safe, not only the
+    library's words."""
+    with EmbeddedRedis().start() as server:
+        with Settler.from_url(server.url, namespace=namespace, shards=4) as writer:
+            ref = conflicting(writer, "order-paused")
+        settler = AsyncSettler.from_url(server.url, namespace=namespace, shards=4)
+        try:
+            app = create_app(settler, authorize=token_authorizer(TOKEN, "alice@finance"))
+            async with client_for(app) as client:
+                form = (await client.get("/signin")).text
+                await client.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+                page = await client.get(f"/entry/{ref}")
+                with redis.Redis.from_url(server.url) as raw:
+                    raw.config_set("maxmemory", 1)  # noeviction: every write refused
+                    try:
+                        failed = await client.post(
+                            f"/entry/{ref}/resolve",
+                            data={"csrf": csrf_of(page.text), "note": "refunded"},
+                        )
+                    finally:
+                        raw.config_set("maxmemory", 0)
+        finally:
+            await settler.aclose()
+    assert failed.status_code == 503, failed.text[:400]
+    text = html.unescape(failed.text)
+    assert "may or may not stand" in text
+    assert "Resolving again with the same note is safe" in text
