@@ -749,7 +749,12 @@ def _path(request: Request) -> str:
 
 def _here(request: Request) -> str:
     """The page as requested, its query included: where a sign-in returns to (the path
-    alone lost a list's filter). A query that is no UTF-8 (its page is a 400) is left out."""
+    alone lost a list's filter). A query that is no UTF-8 (its page is a 400) is left out.
+    The answer of a form (a resolve refused as its session was over) returns to the page
+    the form was on: its POST-only address answered 405 after the sign-in."""
+    if request.method not in ("GET", "HEAD"):
+        is_entry = "entry_id" in request.scope.get("path_params", {})
+        return f"{_root(request)}/entry/{_ref(request)}" if is_entry else f"{_root(request)}/"
     try:
         query = _query_params(request)
     except InvalidInput:

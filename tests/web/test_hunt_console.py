@@ -145,6 +145,20 @@ async def test_a_principal_no_note_can_hold_gets_no_resolve_form_but_what_to_cha
     assert writer.quarantine.get(ref).resolution is None
 
 
+async def _sign_in_by_the_link(client: httpx.AsyncClient, page: str) -> httpx.Response:
+    """Follow ``page``'s "Sign in" link and sign in there, as a user does: the answer (303)."""
+    link = re.search(r'href="(/signin\?next=[^"]*)"', page)
+    assert link is not None
+    form = await client.get(html.unescape(link.group(1)))
+    action = re.search(r'<form method="post" action="([^"]*)"', form.text)
+    assert action is not None
+    signed = await client.post(
+        html.unescape(action.group(1)), data={"token": TOKEN, "csrf": csrf_of(form.text)}
+    )
+    assert signed.status_code == 303
+    return signed
+
+
 @pytest.mark.asyncio
 async def test_signing_in_from_a_filtered_list_returns_to_that_filter(
     writer: Settler, guarded: httpx.AsyncClient
@@ -155,15 +169,7 @@ async def test_signing_in_from_a_filtered_list_returns_to_that_filter(
     ref = conflicting(writer, "order-filtered")
     here = "/quarantine?kind=conflicting_settlement&operation=order-filtered&status=unresolved"
     page = await guarded.get(here)
-    link = re.search(r'href="(/signin\?next=[^"]*)"', page.text)
-    assert link is not None
-    form = await guarded.get(html.unescape(link.group(1)))
-    action = re.search(r'<form method="post" action="([^"]*)"', form.text)
-    assert action is not None
-    signed = await guarded.post(
-        html.unescape(action.group(1)), data={"token": TOKEN, "csrf": csrf_of(form.text)}
-    )
-    assert signed.status_code == 303
+    signed = await _sign_in_by_the_link(guarded, page.text)
     assert signed.headers["location"] == here
     back = await guarded.get(signed.headers["location"])
     assert ref in back.text
@@ -425,3 +431,21 @@ async def test_a_resolve_during_which_redis_failed_says_to_reload_to_see_if_it_s
     text = html.unescape(failed.text)
     assert "may or may not stand" in text
     assert "Resolving again with the same note is safe" in text
+
+
+@pytest.mark.asyncio
+async def test_signing_in_from_a_refused_resolve_returns_to_the_entry(
+    writer: Settler, guarded: httpx.AsyncClient
+) -> None:
+    """A resolve whose session was over (expired, signed out in another tab) is refused,
+    and its page offers "Sign in to resolve". That link's ``next`` was the address the
+    form posted to, ``/entry/REF/resolve``, which only takes a POST: after signing in the
+    user got a bare 405, not the entry. It returns to the entry, its resolve form there."""
+    ref = conflicting(writer, "order-expired")
+    refused = await guarded.post(f"/entry/{ref}/resolve", data={"csrf": "old", "note": "x"})
+    assert refused.status_code == 403
+    signed = await _sign_in_by_the_link(guarded, refused.text)
+    assert signed.headers["location"] == f"/entry/{ref}"
+    back = await guarded.get(signed.headers["location"])
+    assert back.status_code == 200
+    assert 'name="note"' in back.text
