@@ -449,3 +449,19 @@ async def test_signing_in_from_a_refused_resolve_returns_to_the_entry(
     back = await guarded.get(signed.headers["location"])
     assert back.status_code == 200
     assert 'name="note"' in back.text
+
+
+@pytest.mark.asyncio
+async def test_the_entry_of_an_id_settle_refuses_never_says_its_record_does_not_exist(
+    writer: Settler, read_only: httpx.AsyncClient, redis_url: str
+) -> None:
+    """The entry of an operation id settle refuses today says no record or attempt log can
+    be read for it, but its record and attempt sections said "No record: it never existed
+    or its retention passed" and "the record expired or never existed": evidence a reader
+    takes as fact, of a record settle did not look for (the program that wrote the id may
+    well hold one). They say it was not read, and why."""
+    ref = legacy_entry(writer, redis_url, LEGACY_IDS["bidi override"])
+    page = (await read_only.get(f"/entry/{ref}")).text
+    assert "never existed" not in page
+    assert "expired" not in page
+    assert page.count("not read: settle does not accept this operation id") == 3
