@@ -76,7 +76,11 @@ def web(
 
         from settle.web import create_app, token_authorizer  # noqa: PLC0415
         from settle.web._security import check_principal  # noqa: PLC0415
-        from settle.web.app import LOOPBACK_HOSTS, check_allowed_hosts  # noqa: PLC0415
+        from settle.web.app import (  # noqa: PLC0415
+            LOOPBACK_HOSTS,
+            _host_header,
+            check_allowed_hosts,
+        )
     except ImportError as exc:
         fail(
             f"settle web needs the 'web' extra ({exc.name} is missing): "
@@ -106,7 +110,9 @@ def web(
     )
     mode = f"resolving as {principal!r} after sign-in" if token else "read-only (no --token)"
     click.echo(
-        f"settle web: the quarantine console of {conn.namespace} on http://{host}:{port}/ "
+        # An IPv6 address in brackets: http://::1:8321/ is no URL a browser opens.
+        f"settle web: the quarantine console of {conn.namespace} on "
+        f"http://{_host_header(host)}:{port}/ "
         f"({mode}); Ctrl-C to stop",
         err=True,
     )

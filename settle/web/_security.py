@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from settle._async.settler import AsyncSettler
@@ -49,6 +50,7 @@ __all__ = [
     "Sessions",
     "SignIn",
     "SignedIn",
+    "add_security_headers",
     "check_principal",
     "csrf_ok",
     "csrf_token",
@@ -76,6 +78,15 @@ _SET = {name for name, _ in _HEADERS}
 
 #: Given the token typed in the sign-in form, the principal it grants, or None.
 Authorize = Callable[[str], "str | Awaitable[str | None] | None"]
+
+
+def add_security_headers(response: Response) -> Response:
+    """``response`` with the headers above: for a response sent outside
+    :class:`SecurityHeaders` (Starlette sends the one of an unexpected exception from
+    its outermost middleware)."""
+    for name, value in _HEADERS:
+        response.headers[name.decode()] = value.decode()
+    return response
 
 
 class SecurityHeaders:

@@ -9,6 +9,7 @@ and the overview's chart drawn as SVG on the server.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import groupby
@@ -18,7 +19,15 @@ from markupsafe import Markup, escape
 
 from settle.cli._render import escape_char, hidden
 
-__all__ = ["PayloadView", "chart_svg", "payload_view", "visible", "visible_text", "when"]
+__all__ = [
+    "PayloadView",
+    "chart_svg",
+    "payload_view",
+    "shell_word",
+    "visible",
+    "visible_text",
+    "when",
+]
 
 _MARK = Markup('<span class="ctl" title="control character">{}</span>')
 _LINES = frozenset("\t\n")
@@ -46,6 +55,26 @@ def visible(value: Any) -> Markup:
 def visible_text(value: str) -> Markup:
     """Like :func:`visible`, but newlines and tabs are kept (for ``<pre>`` blocks)."""
     return _mark(value, _LINES)
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a command the reader pastes into a POSIX shell: quoted (an
+    operation id comes from outside: unquoted, ``order-$(...)`` ran its commands). A
+    character the page marks rather than shows (private use, unassigned) is spelt by
+    ``printf`` as its UTF-8 bytes: marked, the pasted command named another operation."""
+    if not any(hidden(ch) for ch in text):
+        return shlex.quote(text)
+    spelt = "".join(_PRINTF.get(ch, ch) if not hidden(ch) else _octal(ch) for ch in text)
+    return f'"$(printf -- {shlex.quote(spelt)})"'
+
+
+#: What a ``printf`` format reads as an escape or a conversion, written as itself.
+_PRINTF = {"\\": "\\\\", "%": "%%"}
+
+
+def _octal(ch: str) -> str:
+    """``ch`` as ``printf``'s octal escapes of its UTF-8 bytes."""
+    return "".join(f"\\{byte:03o}" for byte in ch.encode("utf-8", "surrogatepass"))
 
 
 def when(value: datetime | None) -> str:

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import unicodedata
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -31,7 +32,8 @@ from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
 from settle._core.engine import MAX_NOTE_CHARS
-from settle._input import is_decimal
+from settle._core.keys import check_operation_id
+from settle._input import has_control, is_decimal
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, json_line, record_json
@@ -50,6 +52,8 @@ from settle.web._security import (
     SecurityHeaders,
     Sessions,
     SignedIn,
+    add_security_headers,
+    check_principal,
     csrf_ok,
     csrf_token,
     principal_of,
@@ -57,7 +61,15 @@ from settle.web._security import (
     sign_in,
     signed_in,
 )
-from settle.web._text import PayloadView, chart_svg, payload_view, visible, visible_text, when
+from settle.web._text import (
+    PayloadView,
+    chart_svg,
+    payload_view,
+    shell_word,
+    visible,
+    visible_text,
+    when,
+)
 
 __all__ = ["LOOPBACK_HOSTS", "check_allowed_hosts", "create_app"]
 
@@ -162,7 +174,9 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={SettleError: console.failed},
+        # Exception: the page of a fault settle did not foresee (the service's own
+        # authorize failing); Starlette's was a bare text without the headers.
+        exception_handlers={SettleError: console.failed, Exception: console.crashed},
     )
 
 
@@ -225,7 +239,8 @@ _ENV = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.filters.update(visible=visible, visible_text=visible_text, when=when)
+# shell_word: an operation id in a command the reader pastes into a shell.
+_ENV.filters.update(visible=visible, visible_text=visible_text, when=when, shell_word=shell_word)
 
 
 class _Console:
@@ -258,9 +273,13 @@ class _Console:
             principal=principal,
             can_sign_in=self.authorize is not None,
             can_resolve=self.authorize is not None and principal is not None,
+            # Why no resolution note can name whom authorize granted ("" when one can): the
+            # resolve form is replaced by what to fix (a POST is refused with 400 saying so).
+            unfit_principal=principal is not None and _unfit(principal),
             # A read-only console sets no cookie at all.
             csrf=csrf_token(request) if self.authorize is not None else "",
             path=_path(request),
+            here=_here(request),
             **context,
         )
         return HTMLResponse(html, status_code=status_code)
@@ -283,6 +302,24 @@ class _Console:
             status = 500
         logger.warning("settle.web.failed", error=type(exc).__name__, status=status)
         return self.render(request, "error.html", status, status=status, message=str(exc))
+
+    async def crashed(self, request: Request, exc: Exception) -> Response:
+        """The error page of an exception settle does not raise. Starlette sends it from
+        its outermost middleware, outside :class:`SecurityHeaders` and the session's:
+        the headers are added here, and the page names the exception's type only (its
+        text may hold what a user typed); the server's log has the traceback."""
+        logger.warning("settle.web.failed", error=type(exc).__name__, status=500)
+        message = (
+            f"The console failed ({type(exc).__name__}) and could not answer this request; "
+            "the server's log has the details. Reload to see what stands."
+        )
+        try:
+            response: Response = self.render(
+                request, "error.html", 500, status=500, message=message
+            )
+        except Exception:  # noqa: BLE001 - the page of a failure must not fail
+            response = HTMLResponse(f"<!doctype html><title>500</title><p>{message}</p>", 500)
+        return add_security_headers(response)
 
     # -- pages -----------------------------------------------------------------------
 
@@ -364,13 +401,20 @@ class _Console:
     async def entry(self, request: Request) -> Response:
         ref = _ref(request)
         entry = await self.settler.quarantine.get(ref)
-        record = await self.settler.get(entry.operation_id)
-        attempts = await self.settler.attempts(entry.operation_id)
-        # One more than shown besides this entry: whether there are more to link to.
-        related = await self.settler.quarantine.list(
-            operation_id=entry.operation_id, limit=_RELATED + 2
-        )
-        others = [e for e in related if e.ref != entry.ref]
+        record, attempts, others = None, [], []
+        # An id settle refuses today (a line break, a bidi override, too long: written by
+        # an earlier version or another program) has no record, attempt log or filter
+        # settle can read; asked for them, the page was a 400 blaming the reader, and the
+        # entry could be neither seen nor resolved (the CLI shows it).
+        readable = _readable_id(entry.operation_id)
+        if readable:
+            record = await self.settler.get(entry.operation_id)
+            attempts = await self.settler.attempts(entry.operation_id)
+            # One more than shown besides this entry: whether there are more to link to.
+            related = await self.settler.quarantine.list(
+                operation_id=entry.operation_id, limit=_RELATED + 2
+            )
+            others = [e for e in related if e.ref != entry.ref]
         data = entry_json(entry)
         # The notice of a resolve is the redirect's own (kept in the signed session for
         # the next page), never a query parameter a crafted link could carry.
@@ -388,6 +432,7 @@ class _Console:
             attempts=attempts,
             related=others[:_RELATED],
             related_more=len(others) > _RELATED,
+            readable=readable,
             done=done,
         )
 
@@ -410,9 +455,19 @@ class _Console:
                 "resolve it again.",
             )
         # The form's textarea lets a line break in (Enter); a note is one line of text.
-        note = " ".join(str(form.get("note", "")).split())
+        typed = str(form.get("note", ""))
+        note = " ".join(typed.split())
         if not note:
             raise InvalidInput("a resolution needs a note saying what was decided")
+        if has_control(note):
+            raise InvalidInput(_refused_in_note(typed))
+        if _unfit(principal):
+            # The service's authorize granted it; the page showed no resolve form for it.
+            raise InvalidInput(
+                f"this console cannot resolve as the principal you are signed in as: "
+                f"{_unfit(principal)} The service's authorize must grant another; nothing "
+                "was resolved."
+            )
         text = resolved_by(principal, note)
         if len(text) > MAX_NOTE_CHARS:
             room = MAX_NOTE_CHARS - len(text) + len(note)
@@ -421,7 +476,23 @@ class _Console:
                 f"holds {MAX_NOTE_CHARS}, with the [resolved by ...] prefix); shorten it, "
                 "nothing was resolved"
             )
-        resolution = await self.settler.quarantine.resolve(ref, note=text)
+        try:
+            resolution = await self.settler.quarantine.resolve(ref, note=text)
+        except (DurabilityError, BackendError) as exc:
+            # The resolve may have been written (on the primary, unconfirmed; or before the
+            # reply was lost): the error's own words were for a program ("read the record
+            # back"), and the reader needs to know what to do.
+            logger.warning("settle.web.failed", error=type(exc).__name__, status=503)
+            return self.render(
+                request,
+                "error.html",
+                503,
+                status=503,
+                message=(
+                    f"The resolution is not confirmed ({exc}). It may or may not stand: "
+                    "reload the entry to see. Resolving again with the same note is safe."
+                ),
+            )
         done = "resolved" if resolution.note == text else "already"
         logger.info(
             "settle.web.resolved",
@@ -595,6 +666,44 @@ def _size(q: dict[str, str]) -> int:
     return int(text)
 
 
+def _refused_in_note(typed: str) -> str:
+    """Which characters of the note box's ``typed`` text settle refuses in a note, each
+    named with where it is in the box (a line break, which a browser sends as CRLF, one
+    character; whitespace, which the note folds, never refused): invisible ones (a
+    zero-width non-joiner of Persian spelling, an emoji's joiner, a direction mark), which
+    the engine's words, "control characters or line breaks", did not let the user find."""
+    found: dict[str, int] = {}
+    for at, ch in enumerate(typed.replace("\r\n", "\n"), 1):
+        if ch not in found and not ch.isspace() and has_control(ch):
+            found[ch] = at
+    named = "; ".join(
+        f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')} (character {at})"
+        for ch, at in list(found.items())[:5]
+    )
+    return (
+        f"the note holds characters settle does not keep in a note, invisible ones "
+        f"included: {named}. Remove them and resolve again; nothing was resolved."
+    )
+
+
+def _unfit(principal: str) -> str:
+    """Why ``principal`` cannot be written into a resolution note ("" when it can)."""
+    try:
+        check_principal(principal)
+    except InvalidInput as exc:
+        return str(exc)
+    return ""
+
+
+def _readable_id(operation_id: str) -> bool:
+    """Whether settle's API takes ``operation_id`` (and so can read its record)."""
+    try:
+        check_operation_id(operation_id)
+    except InvalidInput:
+        return False
+    return True
+
+
 def _ref(request: Request) -> str:
     return f"{request.path_params['shard']}/{request.path_params['entry_id']}"
 
@@ -636,6 +745,22 @@ def _path(request: Request) -> str:
     server may pass on unescaped, made every page a bare 500 (the one that refuses it with
     400 included)."""
     return str(request.scope["path"])
+
+
+def _here(request: Request) -> str:
+    """The page as requested, its query included: where a sign-in returns to (the path
+    alone lost a list's filter). A query that is no UTF-8 (its page is a 400) is left out.
+    The answer of a form (a resolve refused as its session was over) returns to the page
+    the form was on: its POST-only address answered 405 after the sign-in."""
+    if request.method not in ("GET", "HEAD"):
+        is_entry = "entry_id" in request.scope.get("path_params", {})
+        return f"{_root(request)}/entry/{_ref(request)}" if is_entry else f"{_root(request)}/"
+    try:
+        query = _query_params(request)
+    except InvalidInput:
+        query = {}
+    path = _path(request)
+    return path + "?" + urlencode(query) if query else path
 
 
 def _result_view(record: OperationRecord | None) -> PayloadView | None:

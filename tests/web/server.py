@@ -25,11 +25,13 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def settle_web(
-    *args: str, token: str | None = None, stderr: list[str] | None = None
+    *args: str, token: str | None = None, stderr: list[str] | None = None, host: str = ""
 ) -> Iterator[str]:
-    """Run ``settle web ARGS --port <free>``; yield its base URL. What it wrote on stderr
-    is appended to ``stderr`` once it stopped."""
+    """Run ``settle web ARGS --port <free>`` (and ``--host HOST`` when given); yield its
+    base URL. What it wrote on stderr is appended to ``stderr`` once it stopped."""
     port = free_port()
+    if host:
+        args = (*args, "--host", host)
     env = cli_env()
     env.pop("SETTLE_WEB_TOKEN", None)
     if token is not None:
@@ -41,7 +43,8 @@ def settle_web(
         stderr=subprocess.PIPE,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
+    address = host or "127.0.0.1"
+    url = f"http://{f'[{address}]' if ':' in address else address}:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:
