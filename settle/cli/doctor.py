@@ -229,10 +229,11 @@ def diagnose(
         memory = {n: _info(c, "memory") for n, c in deployment.nodes.items()}
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
         findings.append(health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)}))
-        persistence = {n: _info(c, "persistence") or {} for n, c in deployment.primaries.items()}
-        saves = {n: _config(c, "save") for n, c in deployment.primaries.items()}
-        fsync = {n: _config(c, "appendfsync") for n, c in deployment.primaries.items()}
-        findings.append(health.persistence_finding(persistence, saves, fsync))
+        # Replicas too: a failover makes one the primary, with the persistence it has.
+        persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
+        saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
+        fsync = {n: _config(c, "appendfsync") for n, c in deployment.nodes.items()}
+        findings.append(health.persistence_finding(persistence, saves, fsync, deployment.replicas))
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))

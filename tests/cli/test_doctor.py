@@ -41,9 +41,11 @@ def _wait_replica(primary: EmbeddedRedis) -> None:
 
 @pytest.fixture(scope="module")
 def safe() -> Iterator[EmbeddedRedis]:
-    """AOF, one replica, noeviction, and a namespace in use: what docs/operations.md asks."""
+    """AOF, one replica, noeviction, and a namespace in use: what docs/operations.md asks.
+    The replica has AOF too: a failover makes it the primary, with the persistence it has."""
     primary = EmbeddedRedis(extra_args=["--appendonly", "yes"]).start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    replica_args = ["--appendonly", "yes", "--replicaof", "127.0.0.1", str(primary.port)]
+    replica = EmbeddedRedis(extra_args=replica_args).start()
     try:
         _wait_replica(primary)
         with Settler.from_url(primary.url, namespace="payments", shards=8, min_replicas=1) as s:
@@ -119,6 +121,35 @@ def test_rdb_snapshots_only_warn() -> None:
         _, checks = _doctor(server.url)
     assert checks["persistence"]["status"] == "warn"
     assert "RDB snapshots only" in checks["persistence"]["detail"]
+
+
+def test_a_replica_without_persistence_warns_by_name() -> None:
+    # A failover makes the replica the primary, with the persistence it has: its next restart
+    # would lose every record, and doctor is the place to hear it before the failover.
+    with EmbeddedRedis(extra_args=["--appendonly", "yes"]) as primary:
+        replica_args = ["--replicaof", "127.0.0.1", str(primary.port)]
+        with EmbeddedRedis(extra_args=replica_args) as replica:  # --save "" --appendonly no
+            _wait_replica(primary)
+            code, checks = _doctor(primary.url)
+            strict, _ = _doctor(primary.url, "--strict")
+    assert checks["persistence"]["status"] == "warn"
+    assert f"127.0.0.1:{replica.port}" in checks["persistence"]["detail"]
+    assert "failover" in checks["persistence"]["detail"]
+    assert "appendonly yes" in checks["persistence"]["fix"]
+    assert (code, strict) == (0, 1)
+
+
+def test_a_replica_with_rdb_snapshots_only_warns_by_name() -> None:
+    with EmbeddedRedis(extra_args=["--appendonly", "yes"]) as primary:
+        replica_args = ["--save", "60", "1", "--replicaof", "127.0.0.1", str(primary.port)]
+        with EmbeddedRedis(extra_args=replica_args) as replica:
+            _wait_replica(primary)
+            _, checks = _doctor(primary.url)
+    assert checks["persistence"]["status"] == "warn"
+    assert (
+        f"RDB snapshots only on replica 127.0.0.1:{replica.port}"
+        in (checks["persistence"]["detail"])
+    )
 
 
 def test_a_shard_count_other_than_the_namespaces_fails(safe: EmbeddedRedis) -> None:
