@@ -24,7 +24,7 @@ from settle._input import is_decimal
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call, Unacknowledged
-from settle.config import MAX_SHARDS, SettleConfig
+from settle.config import CLAIM_GRACE_MS, MAX_SHARDS, SettleConfig
 from settle.errors import (
     BindingMismatch,
     ConfigurationError,
@@ -83,10 +83,6 @@ MAX_NOTE_CHARS = 4096
 #: The most quarantine entries one listing returns (``quarantine.list(limit=...)``, the
 #: CLI's ``--limit``, the console's overview).
 MAX_LISTING = 100_000
-#: How old (ms, server clock) the namespace metadata must be for a shard state that a
-#: settler's start-up has to make to count as lost: the metadata's creator claims every
-#: shard right after making it, and a settler started meanwhile finds some unclaimed.
-CLAIM_GRACE_MS = 300_000
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:

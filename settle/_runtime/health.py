@@ -19,6 +19,7 @@ from settle._runtime.topology import (
     missing_slot_ranges,
     parse_server_version,
 )
+from settle.config import CLAIM_GRACE_MS
 from settle.errors import ConfigurationError
 
 __all__ = [
@@ -401,11 +402,15 @@ def namespace_finding(
     stored_shards: int | None,
     shards: int | None = None,
     states: Mapping[int, str] | None = None,
+    meta_age_ms: int | None = None,
 ) -> Finding:
     """The namespace's metadata (its stored shard count, None when it has none yet) against
     the shard states' counts (``states``: shard to the count its state was claimed for, for
     the states that exist) and the shard count the settlers are configured with (``shards``,
-    None: not given). The shard states decide: they placed the records."""
+    None: not given). The shard states decide: they placed the records. ``meta_age_ms``:
+    how old the metadata is on the server clock (None: unknown); a shard of the namespace
+    without state under metadata older than :data:`CLAIM_GRACE_MS` was lost (its creator claimed
+    every shard right after making it), its records with it."""
     counts = sorted(set((states or {}).values()))
     if stored_shards is None:
         if len(counts) > 1:
@@ -446,6 +451,20 @@ def namespace_finding(
             Status.FAIL,
             f"{namespace!r} has {stored_shards} shards, --shards is {shards}",
             f"configure shards={stored_shards}: a settler with another count is refused",
+        )
+    lost = [s for s in range(stored_shards) if s not in (states or {})]
+    if lost and meta_age_ms is not None and meta_age_ms >= CLAIM_GRACE_MS:
+        shown = ", ".join(map(str, lost[:8])) + (", ..." if len(lost) > 8 else "")
+        many = len(lost) > 1
+        return Finding(
+            "namespace",
+            Status.WARN,
+            f"{namespace!r}: {stored_shards} shards, {len(lost)} without state (shard"
+            f"{'s' if many else ''} {shown}): Redis lost {'them' if many else 'it'} and "
+            f"{'their' if many else 'its'} records (a node restarted without persistence, a "
+            "FLUSHALL of one node, a DEL): an operation completed there runs again on its retry",
+            "find what lost the data (the node's log, its persistence); the next settler "
+            "claims the shards again and logs settle.namespace.state_lost",
         )
     return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
 

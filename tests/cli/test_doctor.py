@@ -245,6 +245,26 @@ def test_aof_with_appendfsync_no_warns() -> None:
     assert "everysec" in checks["persistence"]["fix"]
 
 
+def test_shard_states_lost_under_surviving_metadata_warn() -> None:
+    """Hunt: the states of some shards gone while the metadata survived (one cluster node
+    restarted without persistence, a DEL) took their records with them; doctor said ok."""
+    with EmbeddedRedis() as server:
+        with Settler.from_url(server.url, namespace="payments", shards=4) as s:
+            s.check()
+        with redis.Redis.from_url(server.url) as raw:
+            seconds, _ = raw.time()  # first used 10 minutes ago
+            raw.hset("settle:{payments}:meta", "created", seconds * 1000 - 600_000)
+            raw.delete("settle:{payments:1}:gen", "settle:{payments:3}:gen")
+            code, checks = _doctor(server.url, "--namespace", "payments")
+            assert (code, checks["namespace"]["status"]) == (0, "warn")
+            assert "2 without state (shards 1, 3)" in checks["namespace"]["detail"]
+            assert "lost them" in checks["namespace"]["detail"]
+            # A namespace made moments ago may still be claiming its shards: nothing said.
+            raw.hset("settle:{payments}:meta", "created", seconds * 1000)
+            _, checks = _doctor(server.url, "--namespace", "payments")
+            assert checks["namespace"]["status"] == "ok"
+
+
 def test_metadata_that_disagrees_with_the_shard_states_fails() -> None:
     """Found in review: metadata lost, then re-created with another count, locks out every
     settler; doctor compared it with --shards only and reported it ok."""
