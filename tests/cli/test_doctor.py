@@ -393,3 +393,24 @@ def test_a_namespace_settle_cannot_use_is_refused_before_anything_is_checked(
     assert done.returncode == 2
     assert done.stdout == ""
     assert "bad --namespace: must be 1 to 64 characters" in done.stderr
+
+
+def test_shard_states_lost_on_one_cluster_node_warn() -> None:
+    """Found in review: the lost-state warning was tried on a single server only; on a
+    cluster the metadata and the shard states live on other nodes, and the metadata's age is
+    read with a TIME routed to the metadata's node."""
+    cluster = LocalCluster(primaries=3).start()
+    try:
+        with Settler.from_cluster(cluster.url, namespace="payments", shards=4) as s:
+            s.check()
+        with redis.RedisCluster.from_url(cluster.url) as raw:
+            _, checks = _doctor(cluster.url, "--namespace", "payments")
+            assert checks["namespace"]["status"] == "ok", checks["namespace"]
+            seconds, _ = raw.time(target_nodes=raw.get_node_from_key("settle:{payments}:meta"))
+            raw.hset("settle:{payments}:meta", "created", seconds * 1000 - 600_000)
+            raw.delete("settle:{payments:2}:gen")
+            code, checks = _doctor(cluster.url, "--namespace", "payments")
+    finally:
+        cluster.close()
+    assert (code, checks["namespace"]["status"]) == (0, "warn"), checks["namespace"]
+    assert "1 without state (shard 2)" in checks["namespace"]["detail"]
