@@ -483,7 +483,10 @@ class AsyncRunner:
             if node is None:
                 self._passed(evidence, policies or ())
             else:
+                promoted = checks.unjudged(node)
                 self._node_passed(node.name, evidence)
+                if promoted:
+                    await self._forget_demoted(str(node.name))
 
     def _node_passed(self, name: str, evidence: int) -> None:
         """The cluster primary ``name`` passed its recheck; once every primary has, since
@@ -500,6 +503,29 @@ class AsyncRunner:
             every = primaries and len(times) == len(primaries)
             if every and checks.evidence == evidence and checks.checked_at is not None:
                 checks.checked_at = min(times)
+
+    async def _forget_demoted(self, promoted: str) -> None:
+        """A primary the checks never read took calls: a failover promoted it (or it was
+        added). Every other primary they read is asked its role (``INFO replication``); one
+        that answers as a replica (demoted by that failover), or does not answer, is read
+        again before its next call: a failback may promote it again after its policy
+        changed while it was a replica, and redis-py would follow on its own. Its own view
+        of which nodes are primaries lags such a failover (a demoted node may still be
+        listed), so the ones it lists are asked; one it no longer lists is not (a dead
+        node would hold the call up until its timeout)."""
+        assert isinstance(self.client, RedisCluster)
+        listed = {p.name: p for p in self.client.get_primaries()}  # type: ignore[no-untyped-call,unused-ignore]
+        for name in sorted(self._checks.judged - {promoted}):
+            node = listed.get(name)
+            role = None
+            if node is not None:
+                try:
+                    info = await self.client.info("replication", target_nodes=node)  # type: ignore[call-arg,unused-ignore]
+                    role = info.get("role")
+                except (RedisError, RedisClusterException, OSError):
+                    role = None
+            if role != "master":
+                self._checks.forget(name)
 
     def _node_of(self, call: Call | None) -> Any:
         """The cluster primary that serves ``call``'s key, whose policy its periodic recheck

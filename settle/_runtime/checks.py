@@ -50,3 +50,10 @@ class ServerChecks:
         policy is read at start-up only, and may have been changed since (or the replica
         attached since): that primary is checked before the first call routed to it."""
         return node is not None and str(node.name) not in self.judged
+
+    def forget(self, name: str) -> None:
+        """The cluster node ``name`` is no longer known to be a primary the checks read:
+        its policy is read again before the next call routed to it."""
+        with self.lock:
+            self.judged.discard(name)
+            self.nodes.pop(name, None)

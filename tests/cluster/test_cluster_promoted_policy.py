@@ -116,12 +116,6 @@ def _take_over(cluster: LocalCluster, index: int) -> None:
     _until(lambda: _role(cluster, index) == "master", FAILOVER_BOUND)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed (review of hunt-durable): ServerChecks.judged keeps a name for good, "
-    "and redis-py's own view of which nodes are primaries lags a failover it followed, so "
-    "pruning judged by it did not hold either",
-)
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 async def test_a_failback_to_a_primary_made_evicting_while_it_was_a_replica_is_refused(
     replicated: LocalCluster, namespace: str, flavour: str
