@@ -17,6 +17,10 @@ __all__ = ["NAMESPACE_RULE", "SettleConfig", "check_namespace"]
 #: The largest shard count a namespace can have. A client that finds its namespace's
 #: metadata gone looks at every shard state up to it before it creates the metadata again.
 MAX_SHARDS = 4096
+#: How old (ms, server clock) a namespace's metadata must be for a shard without state to
+#: count as lost: the metadata's creator claims every shard right after making it, and a
+#: settler started meanwhile (or ``settle doctor``) finds some not claimed yet.
+CLAIM_GRACE_MS = 300_000
 #: The longest retention, in seconds (1000 years): far past any dispute window, and far
 #: below the 2^62 ms the scripts take (an expiry must fit Redis's 64-bit integers).
 MAX_RETENTION = 1000 * 365.25 * 86_400

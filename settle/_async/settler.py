@@ -102,10 +102,10 @@ class AsyncSettler(AsyncConnectable):
         if self._checked:
             return
         await self._runner.prepare()
-        await self._check_namespace()
+        await self._check_namespace(starting=True)
         self._checked = True
 
-    async def _check_namespace(self) -> None:
+    async def _check_namespace(self, *, starting: bool = False) -> None:
         # Missing metadata is created only once every surviving shard state agreed with
         # this client's shard count and no state beyond it survives (SPEC 4; the rules are
         # the core's).
@@ -117,7 +117,7 @@ class AsyncSettler(AsyncConnectable):
             create = self._core.plan_namespace(create=True)
             self._core.decode_namespace(await self._runner.run(create))
         claims = self._core.plan_claims()
-        self._core.decode_claims(claims, await self._runner.run_many(claims))
+        self._core.decode_claims(claims, await self._runner.run_many(claims), starting=starting)
 
     def _span(self, name: str, reservation: Reservation | None = None) -> CallSpan:
         """The span (and duration) of one settle call; ``span.done(result)`` records what

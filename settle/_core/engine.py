@@ -24,7 +24,7 @@ from settle._input import is_decimal
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call, Unacknowledged
-from settle.config import MAX_SHARDS, SettleConfig
+from settle.config import CLAIM_GRACE_MS, MAX_SHARDS, SettleConfig
 from settle.errors import (
     BindingMismatch,
     ConfigurationError,
@@ -165,6 +165,9 @@ class Core:
     _loss_lock: threading.Lock = field(
         init=False, repr=False, compare=False, default_factory=threading.Lock
     )
+    #: The namespace metadata's age in ms on the server clock when last checked (None: it
+    #: has no ``created``, or was not found): see :meth:`decode_claims`.
+    _meta_age_ms: int | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.config.namespace, self.config.shards)
@@ -208,13 +211,29 @@ class Core:
             for shard in range(self.config.shards)
         ]
 
-    def decode_claims(self, calls: list[Call], raws: list[Any]) -> None:
+    def decode_claims(self, calls: list[Call], raws: list[Any], *, starting: bool = False) -> None:
         """Raise for a shard claimed for another count (or a state key settle cannot read);
-        an ``unclaimed`` answer to a check (``claim=False``) is a shard with no state yet."""
+        an ``unclaimed`` answer to a check (``claim=False``) is a shard with no state yet.
+
+        ``starting``: the claims of a settler's start-up. A shard whose state they had to
+        make, under metadata older than :data:`CLAIM_GRACE_MS` (its creator claimed every
+        shard right after making it), was lost, its records with it: said once
+        (:meth:`_state_lost`), as a write that finds a state gone says it. The metadata
+        outlives the shard states where one cluster node restarted empty or a DEL took
+        them; a settler running then says it at its first write, one started after said
+        nothing, and a retry of an operation whose completion was lost ran again."""
         for call, raw in zip(calls, raws, strict=True):
             self.claim(call, raw)
-        if calls and calls[0].args[-1] == "1":  # every shard claimed (again)
-            self._reclaiming = False
+        if not calls or calls[0].args[-1] != "1":
+            return
+        self._reclaiming = False  # every shard claimed (again)
+        age = self._meta_age_ms
+        if not starting or age is None or age < CLAIM_GRACE_MS:
+            return
+        for call, raw in zip(calls, raws, strict=True):
+            if codec.parse_reply(raw).detail == "claimed":
+                self._state_lost(call)
+                return
 
     def states_beyond(self) -> tuple[str, ...]:
         """The state keys of every shard this client does not use, up to the largest count a
@@ -261,8 +280,11 @@ class Core:
         """True when the metadata names this client's shard count; False when there is none
         (asked without ``create``): check the shard states, then create it."""
         reply = codec.parse_reply(raw)
+        self._meta_age_ms = None
         if reply.code == "absent":
             return False
+        if reply.code == "ok" and reply.quarantine_id.isdigit():  # the metadata's ``created``
+            self._meta_age_ms = reply.now_ms - int(reply.quarantine_id)
         if reply.code == "corrupt_state":
             raise self._corrupt_state(reply.detail, "metadata of the namespace", None)
         if reply.code != "ok":

@@ -977,15 +977,20 @@ def namespace(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> 
         ks.hsetnx(keys[0], now, "created", now)
         ks.hsetnx(keys[0], now, "fpv", a[1])
         stored = a[0]
-    return [b"mismatch" if stored != a[0] else b"ok", stored, now, b"", []]
+    if stored != a[0]:
+        return [b"mismatch", stored, now, b"", []]
+    created = ks.hget(keys[0], now, "created")
+    return [b"ok", stored, now, b"" if created is None else created, []]
 
 
 def claim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
-    """Claim one shard for the namespace's shard count at start-up (claim.lua)."""
+    """Claim one shard for the namespace's shard count at start-up (claim.lua): detail
+    ``claimed`` when this call made the state."""
+    had = ks.hget(keys[0], now, "shards") is not None
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
-    return [b"ok", b"", now, b"", []]
+    return [b"ok", b"" if had else b"claimed", now, b"", []]
 
 
 _SCRIPTS: dict[str, Callable[[MemoryKeyspace, list[str], list[bytes], int], list[Any]]] = {

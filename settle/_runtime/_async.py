@@ -391,14 +391,14 @@ class AsyncRunner:
             await self._load_scripts()
         # A call may have found FCALL unknown while this check ran: that finding stands.
         self._fcall = fcall and not self._fcall_unknown
-        policies: dict[str, str | None] = await self._eviction_policies(replication)
+        policies, primaries = await self._eviction_policies(replication)
         warnings = health.check_eviction(policies, allow=self._durability.allow_eviction)
         if warnings.allowed:
             logger.warning("settle.backend.eviction_allowed", policy=",".join(warnings.allowed))
         if warnings.unread:
             nodes = ",".join(node or "server" for node in warnings.unread)
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
-        self._passed(evidence)
+        self._passed(evidence, primaries)
         self._loaded = losses
         return info
 
@@ -423,12 +423,15 @@ class AsyncRunner:
             if checks.checked_at is not None:
                 checks.checked_at = float("-inf")
 
-    def _passed(self, evidence: int) -> None:
+    def _passed(self, evidence: int, primaries: Iterable[str] = ()) -> None:
         """The checks passed, having started when the evidence count was ``evidence``: not
-        due again until the interval, unless evidence came while they ran."""
+        due again until the interval, unless evidence came while they ran. ``primaries``:
+        the cluster primaries whose policy they read (:meth:`ServerChecks.unjudged`)."""
         with self._checks.lock:
             if self._checks.evidence == evidence:
                 self._checks.checked_at = monotonic()
+            if isinstance(self.client, RedisCluster):
+                self._checks.judged.update(primaries)
 
     @property
     def recheck_interval(self) -> float:
@@ -439,6 +442,11 @@ class AsyncRunner:
     @recheck_interval.setter
     def recheck_interval(self, seconds: float) -> None:
         self._checks.interval = seconds
+
+    def _needs_check(self, call: Call | None) -> bool:
+        """Whether :meth:`_check` runs before ``call``: the checks are due, or ``call``'s
+        key is on a cluster primary they never read (:meth:`ServerChecks.unjudged`)."""
+        return self._due() or self._checks.unjudged(self._node_of(call))
 
     def _due(self) -> bool:
         checked = self._checks.checked_at
@@ -473,9 +481,12 @@ class AsyncRunner:
             policies = await self._primary_policies(node)
             health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
             if node is None:
-                self._passed(evidence)
+                self._passed(evidence, policies or ())
             else:
+                promoted = checks.unjudged(node)
                 self._node_passed(node.name, evidence)
+                if promoted:
+                    await self._forget_demoted(str(node.name))
 
     def _node_passed(self, name: str, evidence: int) -> None:
         """The cluster primary ``name`` passed its recheck; once every primary has, since
@@ -486,11 +497,35 @@ class AsyncRunner:
         checks = self._checks
         with checks.lock:
             checks.nodes[name] = (evidence, monotonic())
+            checks.judged.add(name)
             stamps = [checks.nodes.get(primary) for primary in primaries]
             times = [stamp[1] for stamp in stamps if stamp is not None and stamp[0] == evidence]
             every = primaries and len(times) == len(primaries)
             if every and checks.evidence == evidence and checks.checked_at is not None:
                 checks.checked_at = min(times)
+
+    async def _forget_demoted(self, promoted: str) -> None:
+        """A primary the checks never read took calls: a failover promoted it (or it was
+        added). Every other primary they read is asked its role (``INFO replication``); one
+        that answers as a replica (demoted by that failover), or does not answer, is read
+        again before its next call: a failback may promote it again after its policy
+        changed while it was a replica, and redis-py would follow on its own. Its own view
+        of which nodes are primaries lags such a failover (a demoted node may still be
+        listed), so the ones it lists are asked; one it no longer lists is not (a dead
+        node would hold the call up until its timeout)."""
+        assert isinstance(self.client, RedisCluster)
+        listed = {p.name: p for p in self.client.get_primaries()}  # type: ignore[no-untyped-call,unused-ignore]
+        for name in sorted(self._checks.judged - {promoted}):
+            node = listed.get(name)
+            role = None
+            if node is not None:
+                try:
+                    info = await self.client.info("replication", target_nodes=node)  # type: ignore[call-arg,unused-ignore]
+                    role = info.get("role")
+                except (RedisError, RedisClusterException, OSError):
+                    role = None
+            if role != "master":
+                self._checks.forget(name)
 
     def _node_of(self, call: Call | None) -> Any:
         """The cluster primary that serves ``call``'s key, whose policy its periodic recheck
@@ -657,31 +692,33 @@ class AsyncRunner:
 
     async def _eviction_policies(
         self, replication: Mapping[str, Any] | None
-    ) -> dict[str, str | None]:
+    ) -> tuple[dict[str, str | None], list[str]]:
         """The ``maxmemory_policy`` of each primary and of each replica (a failover makes a
         replica the primary, with its own policy) from ``INFO memory`` (CONFIG GET is often
         blocked on managed Redis); ``None`` where INFO is denied, a replica is out of reach,
-        or the reply does not say. ``replication``: a standalone server's ``INFO
-        replication`` (:meth:`_replication`; None: denied), which lists its replicas."""
+        or the reply does not say; and the names of the primaries read. ``replication``: a
+        standalone server's ``INFO replication`` (:meth:`_replication`; None: denied), which
+        lists its replicas."""
         found = await self._primary_policies()
         if found is None:
-            return {"": None}
+            return {"": None}, []
+        primaries = list(found)
         if isinstance(self.client, RedisCluster):
             for replica in self.client.get_replicas():  # type: ignore[no-untyped-call,unused-ignore]
                 probe = _cancellable(Redis(**{**_node_settings(replica), **_probe_options()}))
                 found[f"{replica.host}:{replica.port}"] = await _policy_of(probe)
-            return found
+            return found, primaries
         pool = self.client.connection_pool
         settings = topology.passed_on(pool.connection_kwargs, pool.connection_class)
         if replication is None:  # the primary's policy is still judged; say what was not
             found["its replicas (INFO replication denied)"] = None
-            return found
+            return found, primaries
         replid = replication.get("master_replid")
         for host, port in health.replica_addresses(replication):
             node = {"host": host, "port": port, "decode_responses": False}
             probe = _cancellable(Redis(**{**settings, **node, **_probe_options()}))
             found[f"{host}:{port}"] = await _policy_of(probe, replicating=replid)
-        return found
+        return found, primaries
 
     async def _primary_policies(self, node: Any = None) -> dict[str, str | None] | None:
         """The ``maxmemory_policy`` of the server, or of each primary of a cluster (only of
@@ -795,7 +832,7 @@ class AsyncRunner:
         and before a repeat after a dropped connection: every ConnectionError is evidence
         that the server may have restarted)."""
         try:
-            if self._due():
+            if self._needs_check(call):
                 await self._check(call)
             if (
                 self._durability.min_replicas
@@ -1128,7 +1165,7 @@ class AsyncRunner:
     async def _pipeline(self, calls: list[Call]) -> list[Any]:
         """One try of :meth:`run_many` on a single server (read calls: safe to repeat)."""
         try:
-            if self._due():  # before each try, as :meth:`_run_once`
+            if self._needs_check(calls[0] if calls else None):  # as :meth:`_run_once`
                 await self._check(calls[0] if calls else None)
             replies = await self._send_pipeline(calls)
             if any(self._function_missing(r) or isinstance(r, NoScriptError) for r in replies):
@@ -1207,7 +1244,7 @@ class AsyncRunner:
 
         async def once() -> Any:
             try:
-                if self._due():  # before each try, as :meth:`_run_once`
+                if self._needs_check(call):  # before each try, as :meth:`_run_once`
                     await self._check(call)
                 return await self._routed(call, send)
             except rx.ConnectionError as exc:
@@ -1219,7 +1256,7 @@ class AsyncRunner:
             try:
                 if repeatable:
                     return await AsyncRetrying(**retry_options(call))(once)
-                if self._due():  # the check is repeatable even where the command is not
+                if self._needs_check(call):  # repeatable even where the command is not
                     check = Call(f"the server check before {what}", call.keys, ())
                     try:
                         await AsyncRetrying(**retry_options(check))(self._check, check)

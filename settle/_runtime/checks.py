@@ -8,6 +8,7 @@ settler's calls are, and the other way round. No I/O; the runner reads and write
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 __all__ = ["ServerChecks"]
 
@@ -36,3 +37,23 @@ class ServerChecks:
         #: the ``monotonic()`` time of its last passed check). A call rechecks only the
         #: primary that holds its key, so a hung primary holds up only its own calls.
         self.nodes: dict[str, tuple[int, float]] = {}
+        #: The cluster primaries whose policy a check ever read (the start-up's, a recheck's):
+        #: a call to any other (a replica a failover promoted, a primary added since) checks
+        #: it first, however recent the last check.
+        self.judged: set[str] = set()
+
+    def unjudged(self, node: Any) -> bool:
+        """Whether the cluster primary ``node`` (None: a single server, or a call without
+        a key) was never read by a check: a replica a failover promoted (redis-py follows a
+        failover on its own, reading the slot map again and repeating the command on the
+        promoted node before settle sees an error), or a primary added since. A replica's
+        policy is read at start-up only, and may have been changed since (or the replica
+        attached since): that primary is checked before the first call routed to it."""
+        return node is not None and str(node.name) not in self.judged
+
+    def forget(self, name: str) -> None:
+        """The cluster node ``name`` is no longer known to be a primary the checks read:
+        its policy is read again before the next call routed to it."""
+        with self.lock:
+            self.judged.discard(name)
+            self.nodes.pop(name, None)

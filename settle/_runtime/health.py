@@ -19,6 +19,7 @@ from settle._runtime.topology import (
     missing_slot_ranges,
     parse_server_version,
 )
+from settle.config import CLAIM_GRACE_MS
 from settle.errors import ConfigurationError
 
 __all__ = [
@@ -223,14 +224,40 @@ def persistence_finding(
     per_node: Mapping[str, Mapping[str, Any]],
     config: Mapping[str, str | None],
     fsync: Mapping[str, str | None] | None = None,
+    replicas: Iterable[str] = (),
 ) -> Finding:
-    """AOF or RDB on every primary, from ``INFO persistence`` (``aof_enabled``) and the
+    """AOF or RDB on every node, from ``INFO persistence`` (``aof_enabled``) and the
     ``save`` setting when CONFIG could be read (``config``: node to its ``save`` or None);
-    ``fsync``: node to its ``appendfsync`` (None: CONFIG denied), ``no`` is warned about."""
+    ``fsync``: node to its ``appendfsync`` (None: CONFIG denied), ``no`` is warned about.
+    ``replicas``: the nodes of ``per_node`` that are replicas, judged by the same rules once
+    the primaries pass: a failover makes a replica the primary with the persistence it has,
+    so a replica without AOF is a restart away from losing every record."""
+    standby = set(replicas)
+    primaries = {n: i for n, i in per_node.items() if n not in standby}
+    found = _persistence(primaries, config, fsync or {}, "", "")
+    if found is None:
+        others = {n: i for n, i in per_node.items() if n in standby}
+        found = _persistence(others, config, fsync or {}, "replica ", _AFTER_FAILOVER)
+    return found or Finding("persistence", Status.OK, "AOF on every primary and replica")
+
+
+#: What a replica's missing persistence costs: nothing until it is promoted.
+_AFTER_FAILOVER = " once a failover makes it the primary"
+
+
+def _persistence(
+    per_node: Mapping[str, Mapping[str, Any]],
+    config: Mapping[str, str | None],
+    fsync: Mapping[str, str | None],
+    role: str,
+    when: str,
+) -> Finding | None:
+    """The first persistence problem of ``per_node`` (``role`` and ``when`` name replicas and
+    when their problem costs), or None."""
     bare, rdb_only, unknown, lazy = [], [], [], []
     for node, info in sorted(per_node.items()):
         if _text(info.get("aof_enabled", "0")) == "1":
-            if (fsync or {}).get(node) == "no":
+            if fsync.get(node) == "no":
                 lazy.append(node)
             continue
         save = config.get(node)
@@ -244,33 +271,36 @@ def persistence_finding(
         return Finding(
             "persistence",
             Status.WARN,
-            f"no AOF, no RDB save rule on {', '.join(bare)}: a restart loses every record",
+            f"no AOF, no RDB save rule on {role}{', '.join(bare)}: a restart loses every "
+            f"record{when}",
             "appendonly yes (appendfsync always or everysec)",
         )
     if rdb_only:
         return Finding(
             "persistence",
             Status.WARN,
-            f"RDB snapshots only on {', '.join(rdb_only)}: a crash loses the writes since the "
-            "last snapshot",
+            f"RDB snapshots only on {role}{', '.join(rdb_only)}: a crash loses the writes since "
+            f"the last snapshot{when}",
             "appendonly yes",
         )
     if lazy:
         return Finding(
             "persistence",
             Status.WARN,
-            f"AOF with appendfsync no on {', '.join(lazy)}: a crash of the host loses the writes "
-            "the OS had not flushed to disk yet (up to ~30 s on Linux), completions included",
+            f"AOF with appendfsync no on {role}{', '.join(lazy)}: a crash of the host loses the "
+            "writes the OS had not flushed to disk yet (up to ~30 s on Linux), completions "
+            f"included{when}",
             "appendfsync everysec (loses at most ~1 s) or always",
         )
     if unknown:
         return Finding(
             "persistence",
             Status.WARN,
-            f"no AOF on {', '.join(unknown)}; its RDB save rule could not be read (CONFIG denied)",
+            f"no AOF on {role}{', '.join(unknown)}; its RDB save rule could not be read (CONFIG "
+            "denied)",
             "appendonly yes, or check the provider's snapshot settings and use min_replicas",
         )
-    return Finding("persistence", Status.OK, "AOF on every primary")
+    return None
 
 
 def replicas_finding(
@@ -372,11 +402,15 @@ def namespace_finding(
     stored_shards: int | None,
     shards: int | None = None,
     states: Mapping[int, str] | None = None,
+    meta_age_ms: int | None = None,
 ) -> Finding:
     """The namespace's metadata (its stored shard count, None when it has none yet) against
     the shard states' counts (``states``: shard to the count its state was claimed for, for
     the states that exist) and the shard count the settlers are configured with (``shards``,
-    None: not given). The shard states decide: they placed the records."""
+    None: not given). The shard states decide: they placed the records. ``meta_age_ms``:
+    how old the metadata is on the server clock (None: unknown); a shard of the namespace
+    without state under metadata older than :data:`CLAIM_GRACE_MS` was lost (its creator claimed
+    every shard right after making it), its records with it."""
     counts = sorted(set((states or {}).values()))
     if stored_shards is None:
         if len(counts) > 1:
@@ -417,6 +451,20 @@ def namespace_finding(
             Status.FAIL,
             f"{namespace!r} has {stored_shards} shards, --shards is {shards}",
             f"configure shards={stored_shards}: a settler with another count is refused",
+        )
+    lost = [s for s in range(stored_shards) if s not in (states or {})]
+    if lost and meta_age_ms is not None and meta_age_ms >= CLAIM_GRACE_MS:
+        shown = ", ".join(map(str, lost[:8])) + (", ..." if len(lost) > 8 else "")
+        many = len(lost) > 1
+        return Finding(
+            "namespace",
+            Status.WARN,
+            f"{namespace!r}: {stored_shards} shards, {len(lost)} without state (shard"
+            f"{'s' if many else ''} {shown}): Redis lost {'them' if many else 'it'} and "
+            f"{'their' if many else 'its'} records (a node restarted without persistence, a "
+            "FLUSHALL of one node, a DEL): an operation completed there runs again on its retry",
+            "find what lost the data (the node's log, its persistence); the next settler "
+            "claims the shards again and logs settle.namespace.state_lost",
         )
     return Finding("namespace", Status.OK, f"{namespace!r}: {stored_shards} shards")
 

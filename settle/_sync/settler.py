@@ -103,10 +103,10 @@ class Settler(Connectable):
         if self._checked:
             return
         self._runner.prepare()
-        self._check_namespace()
+        self._check_namespace(starting=True)
         self._checked = True
 
-    def _check_namespace(self) -> None:
+    def _check_namespace(self, *, starting: bool = False) -> None:
         # Missing metadata is created only once every surviving shard state agreed with
         # this client's shard count and no state beyond it survives (SPEC 4; the rules are
         # the core's).
@@ -118,7 +118,7 @@ class Settler(Connectable):
             create = self._core.plan_namespace(create=True)
             self._core.decode_namespace(self._runner.run(create))
         claims = self._core.plan_claims()
-        self._core.decode_claims(claims, self._runner.run_many(claims))
+        self._core.decode_claims(claims, self._runner.run_many(claims), starting=starting)
 
     def _span(self, name: str, reservation: Reservation | None = None) -> CallSpan:
         """The span (and duration) of one settle call; ``span.done(result)`` records what

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from settle._core.keys import Keys
 from settle._core.scripts import SCRIPTS
+from settle._input import is_decimal
 from settle._runtime import health, topology
 from settle._runtime.health import Finding, Status
 from settle._runtime.scripts import ScriptSet
@@ -229,10 +230,11 @@ def diagnose(
         memory = {n: _info(c, "memory") for n, c in deployment.nodes.items()}
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
         findings.append(health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)}))
-        persistence = {n: _info(c, "persistence") or {} for n, c in deployment.primaries.items()}
-        saves = {n: _config(c, "save") for n, c in deployment.primaries.items()}
-        fsync = {n: _config(c, "appendfsync") for n, c in deployment.primaries.items()}
-        findings.append(health.persistence_finding(persistence, saves, fsync))
+        # Replicas too: a failover makes one the primary, with the persistence it has.
+        persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
+        saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
+        fsync = {n: _config(c, "appendfsync") for n, c in deployment.nodes.items()}
+        findings.append(health.persistence_finding(persistence, saves, fsync, deployment.replicas))
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
@@ -310,7 +312,22 @@ def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
             )
         if count is not None:
             states[shard] = _text(count)
-    return health.namespace_finding(namespace, stored, shards, states)
+    return health.namespace_finding(namespace, stored, shards, states, _meta_age(client, namespace))
+
+
+def _meta_age(client: Any, namespace: str) -> int | None:
+    """How old the namespace's metadata is (ms, the server clock of the node that holds it),
+    from its ``created``; None when it has none."""
+    meta = Keys(namespace, 1).meta
+    created = client.hget(meta, "created")
+    if created is None or not is_decimal(_text(created)):
+        return None
+    if isinstance(client, redis.RedisCluster):
+        node = client.get_node_from_key(meta)  # type: ignore[no-untyped-call,unused-ignore]
+        seconds, micros = client.time(target_nodes=node)
+    else:
+        seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000 - int(_text(created))
 
 
 def _node_url(deployment: _Deployment) -> str:

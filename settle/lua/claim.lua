@@ -6,7 +6,10 @@
 -- KEYS[1] the shard's state key (settle:{<ns>:<shard>}:gen)
 -- ARGV[1] shard count  ARGV[2] claim flag ('1': the metadata was just checked)
 -- Returns {ok | shard_mismatch | unclaimed | corrupt_state, stored shard count on a mismatch
--- (corrupt_state: the key), now, '', {}}.
+-- (corrupt_state: the key; ok: 'claimed' when this call made the state, else ''), now, '',
+-- {}}. A state made under metadata older than its creator's claims is a loss (engine.py).
+-- HGET, as guard reads it (a user's ACL may refuse EXISTS): a state always holds 'shards'.
+local had = redis.pcall('HGET', KEYS[1], 'shards')
 local refused = guard()
 if refused then return refused end
-return {'ok', '', now_ms(), '', {}}
+return {'ok', had and '' or 'claimed', now_ms(), '', {}}

@@ -6,7 +6,7 @@
 -- ARGV[1] shard count  ARGV[2] fingerprint version
 -- ARGV[3] create: '1' writes missing metadata; '0' answers 'absent' and writes nothing
 -- Returns {ok | mismatch | absent | corrupt_state, stored shard count (corrupt_state: the
--- key), now, '', {}}.
+-- key), now, the metadata's 'created' (ms; '' when it has none), {}}.
 local now = now_ms()
 local stored = redis.pcall('HGET', KEYS[1], 'shards')
 if type(stored) == 'table' then return {'corrupt_state', KEYS[1], now, '', {}} end
@@ -18,4 +18,4 @@ if not stored then
   stored = ARGV[1]
 end
 if stored ~= ARGV[1] then return {'mismatch', stored, now, '', {}} end
-return {'ok', stored, now, '', {}}
+return {'ok', stored, now, redis.call('HGET', KEYS[1], 'created') or '', {}}

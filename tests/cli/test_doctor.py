@@ -41,9 +41,11 @@ def _wait_replica(primary: EmbeddedRedis) -> None:
 
 @pytest.fixture(scope="module")
 def safe() -> Iterator[EmbeddedRedis]:
-    """AOF, one replica, noeviction, and a namespace in use: what docs/operations.md asks."""
+    """AOF, one replica, noeviction, and a namespace in use: what docs/operations.md asks.
+    The replica has AOF too: a failover makes it the primary, with the persistence it has."""
     primary = EmbeddedRedis(extra_args=["--appendonly", "yes"]).start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    replica_args = ["--appendonly", "yes", "--replicaof", "127.0.0.1", str(primary.port)]
+    replica = EmbeddedRedis(extra_args=replica_args).start()
     try:
         _wait_replica(primary)
         with Settler.from_url(primary.url, namespace="payments", shards=8, min_replicas=1) as s:
@@ -119,6 +121,35 @@ def test_rdb_snapshots_only_warn() -> None:
         _, checks = _doctor(server.url)
     assert checks["persistence"]["status"] == "warn"
     assert "RDB snapshots only" in checks["persistence"]["detail"]
+
+
+def test_a_replica_without_persistence_warns_by_name() -> None:
+    # A failover makes the replica the primary, with the persistence it has: its next restart
+    # would lose every record, and doctor is the place to hear it before the failover.
+    with EmbeddedRedis(extra_args=["--appendonly", "yes"]) as primary:
+        replica_args = ["--replicaof", "127.0.0.1", str(primary.port)]
+        with EmbeddedRedis(extra_args=replica_args) as replica:  # --save "" --appendonly no
+            _wait_replica(primary)
+            code, checks = _doctor(primary.url)
+            strict, _ = _doctor(primary.url, "--strict")
+    assert checks["persistence"]["status"] == "warn"
+    assert f"127.0.0.1:{replica.port}" in checks["persistence"]["detail"]
+    assert "failover" in checks["persistence"]["detail"]
+    assert "appendonly yes" in checks["persistence"]["fix"]
+    assert (code, strict) == (0, 1)
+
+
+def test_a_replica_with_rdb_snapshots_only_warns_by_name() -> None:
+    with EmbeddedRedis(extra_args=["--appendonly", "yes"]) as primary:
+        replica_args = ["--save", "60", "1", "--replicaof", "127.0.0.1", str(primary.port)]
+        with EmbeddedRedis(extra_args=replica_args) as replica:
+            _wait_replica(primary)
+            _, checks = _doctor(primary.url)
+    assert checks["persistence"]["status"] == "warn"
+    assert (
+        f"RDB snapshots only on replica 127.0.0.1:{replica.port}"
+        in (checks["persistence"]["detail"])
+    )
 
 
 def test_a_shard_count_other_than_the_namespaces_fails(safe: EmbeddedRedis) -> None:
@@ -212,6 +243,26 @@ def test_aof_with_appendfsync_no_warns() -> None:
     assert "appendfsync no" in checks["persistence"]["detail"]
     assert "crash" in checks["persistence"]["detail"]
     assert "everysec" in checks["persistence"]["fix"]
+
+
+def test_shard_states_lost_under_surviving_metadata_warn() -> None:
+    """Hunt: the states of some shards gone while the metadata survived (one cluster node
+    restarted without persistence, a DEL) took their records with them; doctor said ok."""
+    with EmbeddedRedis() as server:
+        with Settler.from_url(server.url, namespace="payments", shards=4) as s:
+            s.check()
+        with redis.Redis.from_url(server.url) as raw:
+            seconds, _ = raw.time()  # first used 10 minutes ago
+            raw.hset("settle:{payments}:meta", "created", seconds * 1000 - 600_000)
+            raw.delete("settle:{payments:1}:gen", "settle:{payments:3}:gen")
+            code, checks = _doctor(server.url, "--namespace", "payments")
+            assert (code, checks["namespace"]["status"]) == (0, "warn")
+            assert "2 without state (shards 1, 3)" in checks["namespace"]["detail"]
+            assert "lost them" in checks["namespace"]["detail"]
+            # A namespace made moments ago may still be claiming its shards: nothing said.
+            raw.hset("settle:{payments}:meta", "created", seconds * 1000)
+            _, checks = _doctor(server.url, "--namespace", "payments")
+            assert checks["namespace"]["status"] == "ok"
 
 
 def test_metadata_that_disagrees_with_the_shard_states_fails() -> None:
@@ -342,3 +393,24 @@ def test_a_namespace_settle_cannot_use_is_refused_before_anything_is_checked(
     assert done.returncode == 2
     assert done.stdout == ""
     assert "bad --namespace: must be 1 to 64 characters" in done.stderr
+
+
+def test_shard_states_lost_on_one_cluster_node_warn() -> None:
+    """Found in review: the lost-state warning was tried on a single server only; on a
+    cluster the metadata and the shard states live on other nodes, and the metadata's age is
+    read with a TIME routed to the metadata's node."""
+    cluster = LocalCluster(primaries=3).start()
+    try:
+        with Settler.from_cluster(cluster.url, namespace="payments", shards=4) as s:
+            s.check()
+        with redis.RedisCluster.from_url(cluster.url) as raw:
+            _, checks = _doctor(cluster.url, "--namespace", "payments")
+            assert checks["namespace"]["status"] == "ok", checks["namespace"]
+            seconds, _ = raw.time(target_nodes=raw.get_node_from_key("settle:{payments}:meta"))
+            raw.hset("settle:{payments}:meta", "created", seconds * 1000 - 600_000)
+            raw.delete("settle:{payments:2}:gen")
+            code, checks = _doctor(cluster.url, "--namespace", "payments")
+    finally:
+        cluster.close()
+    assert (code, checks["namespace"]["status"]) == (0, "warn"), checks["namespace"]
+    assert "1 without state (shard 2)" in checks["namespace"]["detail"]
