@@ -4,8 +4,10 @@ library error into one clear line on stderr, and connecting to an existing names
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -41,6 +43,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_WHEN_READER_STOPS",
     "Connection",
+    "OutputGroup",
     "checked_namespace",
     "checked_url",
     "configure_logging",
@@ -63,6 +66,118 @@ EXIT_WHEN_READER_STOPS = "settle.exit_when_reader_stops"
 
 DEFAULT_URL = "redis://localhost:6379/0"
 DEFAULT_NAMESPACE = "default"
+
+
+class _OutputFailed(OSError):
+    """A write to stdout failed (a full disk, ``> /dev/full``): told apart from every other
+    ``OSError`` by :class:`_Stdout`, which raises it."""
+
+
+class _Stdout:
+    """``sys.stdout`` whose failed writes are :class:`_OutputFailed` (a reader that stopped
+    stays ``BrokenPipeError``, which ends a command quietly); everything else is the
+    stream's own."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with _as_output_failure():
+            return int(self._stream.write(text))
+
+    def writelines(self, lines: Any) -> None:
+        with _as_output_failure():
+            self._stream.writelines(lines)
+
+    def flush(self) -> None:
+        with _as_output_failure():
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _as_output_failure() -> Iterator[None]:
+    try:
+        yield
+    except (BrokenPipeError, _OutputFailed):
+        raise
+    except OSError as exc:
+        raise _OutputFailed(exc.errno, exc.strerror) from exc
+
+
+def _guard_stdout() -> None:
+    stream: Any = sys.stdout
+    if stream is not None and not isinstance(stream, _Stdout):
+        sys.stdout = _Stdout(stream)
+
+
+def _flush_stdout() -> None:
+    stream: Any = sys.stdout
+    if stream is not None:
+        stream.flush()
+
+
+def _drop_stdout() -> None:
+    """What is still buffered for stdout goes nowhere, so the flush at exit does not fail
+    again (after a reader that stopped, or a failed write that was said)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _reader_gone(code: int) -> NoReturn:
+    _drop_stdout()
+    sys.exit(code)
+
+
+class OutputGroup(click.Group):
+    """A group whose output never ends in a traceback: ``settle`` and the companion groups
+    run alone (``python -m settle.cli.cursor``).
+
+    A program reading the output that stops (``settle inspect ... | head -3``, ``settle
+    --help | head -0``) ends the command quietly with exit 0, as ``git log | head`` does, in
+    every command and in help: click's own handling exits 1, the code the docs give to "not
+    found", and a script under ``set -o pipefail`` took it for that. A write that fails
+    otherwise (a full disk, ``> /dev/full``) is one line on stderr and exit 1, as
+    ``quarantine export`` says it (docs/cli.md, "Exit codes")."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        _guard_stdout()
+        exiting: SystemExit | None = None
+        try:
+            try:
+                done = super().main(*args, **kwargs)
+            except SystemExit as exc:  # standalone (the console script): always
+                exiting = exc
+            _flush_stdout()  # what is still buffered: a failure is said here, not at exit
+        except BrokenPipeError:  # the reader stopped before the last flush: the code stands
+            _reader_gone(exiting.code if exiting and isinstance(exiting.code, int) else EXIT_OK)
+        except _OutputFailed as exc:
+            _drop_stdout()
+            with contextlib.suppress(OSError):  # stderr full too: the exit code says it
+                fail(
+                    "the output to stdout is incomplete: a write failed "
+                    f"({exc.strerror or os.strerror(exc.errno or errno.EIO)})",
+                    EXIT_FAILED,
+                )
+            sys.exit(EXIT_FAILED)
+        if exiting is not None:
+            raise exiting
+        return done
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        # --help and --version print while the arguments are parsed, before invoke
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            _reader_gone(EXIT_OK)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _reader_gone(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
 
 
 class Connection:
