@@ -273,7 +273,19 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
             fail(f"Redis{where} refused the command{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
-        fail(_one_line(str(exc)), exit_code_of(exc))
+        fail(_one_line(_at_server(str(exc), conn)), exit_code_of(exc))
+
+
+def _at_server(message: str, conn: Connection | None) -> str:
+    """A refusal by Redis (``Redis refused settle's credentials ...``, ``... to run settle's
+    scripts ...``) naming the server, its password shown as ``***``: the library's words do
+    not say which, and an operator with several URLs at hand could not tell."""
+    if conn is None or not message.startswith(_REFUSED):
+        return message
+    return f"Redis at {redacted(conn.url)} refused {message.removeprefix(_REFUSED)}"
+
+
+_REFUSED = "Redis refused "
 
 
 @contextlib.contextmanager

@@ -347,6 +347,13 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
         checked_namespace(conn.namespace)
     try:
         findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
+    except (rx.AuthenticationError, rx.AuthorizationError) as exc:  # reached, and refused
+        fail(
+            f"Redis at {redacted(conn.url)} refused settle's credentials "
+            f"({type(exc).__name__}: {exc}). Check the user name and password in the URL "
+            "(or the ACL rules of that user)",
+            EXIT_UNAVAILABLE,
+        )
     except (RedisError, RedisClusterException, OSError) as exc:
         fail(
             f"cannot reach Redis at {redacted(conn.url)} ({type(exc).__name__}: {exc})",
