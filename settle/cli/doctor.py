@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import click
 import redis
@@ -316,7 +317,9 @@ def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
 def _node_url(deployment: _Deployment) -> str:
     kwargs = deployment.seed.connection_pool.connection_kwargs
     user, password = kwargs.get("username"), kwargs.get("password")
-    creds = f"{user or ''}:{password}@" if password else ""
+    # percent-encoded, as the user's URL had them: a password holding '@', '/' or '#' put
+    # back as it is named another host (a part of the password), another database
+    creds = f"{quote(user or '', safe='')}:{quote(password, safe='')}@" if password else ""
     scheme = (
         "rediss" if "SSL" in deployment.seed.connection_pool.connection_class.__name__ else "redis"
     )
