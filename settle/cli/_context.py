@@ -140,7 +140,8 @@ class OutputGroup(click.Group):
     every command and in help: click's own handling exits 1, the code the docs give to "not
     found", and a script under ``set -o pipefail`` took it for that. A write that fails
     otherwise (a full disk, ``> /dev/full``) is one line on stderr and exit 1, as
-    ``quarantine export`` says it (docs/cli.md, "Exit codes")."""
+    ``quarantine export`` says it (docs/cli.md, "Exit codes"). Ctrl-C is ``settle:
+    interrupted`` and exit 130 (``quarantine tail`` ends with 0, the demo says more)."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         _guard_stdout()
@@ -178,6 +179,8 @@ class OutputGroup(click.Group):
             return super().invoke(ctx)
         except BrokenPipeError:
             _reader_gone(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
+        except KeyboardInterrupt:  # click's "Aborted!" exits 1, the code for "not found"
+            fail("interrupted", EXIT_INTERRUPTED)
 
 
 class Connection:

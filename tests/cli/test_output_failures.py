@@ -1,13 +1,16 @@
 """Output that cannot be written: a full disk (``> /dev/full``) ends every command with one
 line and exit 1, as ``quarantine export`` always did, never a Python traceback; help and the
 version written into a pipe whose reader is gone end quietly with exit 0, as every command's
-output does (tests/cli/test_reader_stops.py)."""
+output does (tests/cli/test_reader_stops.py); Ctrl-C is exit 130, as in the demo."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -120,3 +123,40 @@ def test_help_into_a_closed_pipe_ends_quietly_with_exit_0(args: tuple[str, ...])
 def test_the_companion_groups_run_alone_end_quietly_when_their_reader_stops(module: str) -> None:
     done = _reader_gone("--help", module=module)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("stats",),
+        ("inspect", "charge:1"),
+        ("quarantine", "ls"),
+        ("quarantine", "export"),
+        ("doctor",),
+        ("cursor", "show", "orders"),
+        ("progress", "show", "billing"),
+    ],
+    ids=" ".join,
+)
+def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, ...]) -> None:
+    """Ctrl-C printed click's "Aborted!" and exited 1, the code for "not found" (for doctor
+    "a check failed", for export "incomplete"): a script could not tell an interrupted run
+    from an answer. It exits 130, as the demo does."""
+    with socket.socket() as silent:  # accepts, never answers: the command waits
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        proc = subprocess.Popen(
+            [str(SETTLE), *command, "--redis-url", url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        connection, _ = silent.accept()
+        with connection:
+            time.sleep(0.2)  # the command sent its first request and waits for the reply
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")
