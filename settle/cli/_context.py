@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import logging
 import os
 import sys
@@ -76,25 +77,41 @@ class _OutputFailed(OSError):
 class _Stdout:
     """``sys.stdout`` whose failed writes are :class:`_OutputFailed` (a reader that stopped
     stays ``BrokenPipeError``, which ends a command quietly); everything else is the
-    stream's own."""
+    stream's own. ``stream`` None: stdout was closed when settle started (``>&-``, where
+    Python has no ``sys.stdout``), and every write fails, where a table ended in an
+    ``AttributeError`` and JSON or help went nowhere with exit 0."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
+    def _open(self) -> Any:
+        if self._stream is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        return self._stream
+
     def write(self, text: str) -> int:
         with _as_output_failure():
-            return int(self._stream.write(text))
+            return int(self._open().write(text))
 
     def writelines(self, lines: Any) -> None:
         with _as_output_failure():
-            self._stream.writelines(lines)
+            self._open().writelines(lines)
 
     def flush(self) -> None:
-        with _as_output_failure():
-            self._stream.flush()
+        if self._stream is not None:  # closed: nothing was written, nothing to flush
+            with _as_output_failure():
+                self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and bool(self._stream.isatty())
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise io.UnsupportedOperation("stdout is closed")
+        return int(self._stream.fileno())
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+        return getattr(self._stream, name)  # closed (None): an AttributeError
 
 
 @contextlib.contextmanager
@@ -109,7 +126,7 @@ def _as_output_failure() -> Iterator[None]:
 
 def _guard_stdout() -> None:
     stream: Any = sys.stdout
-    if stream is not None and not isinstance(stream, _Stdout):
+    if not isinstance(stream, _Stdout):
         sys.stdout = _Stdout(stream)
 
 

@@ -160,3 +160,28 @@ def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, 
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("stats",), ("stats", "--json"), ("quarantine", "ls"), ("--help",), ("--version",)],
+    ids=" ".join,
+)
+def test_a_closed_stdout_is_one_line_and_exit_1(
+    cli_settler: Settler, redis_url: str, namespace: str, args: tuple[str, ...]
+) -> None:
+    """``settle stats >&-``: the table ended in an AttributeError traceback, and ``--json``
+    or ``--help`` exited 0 having printed nothing anywhere."""
+    stale_settlement(cli_settler, "charge:closed-1")
+    connection = () if args[0].startswith("--") else ("--redis-url", redis_url)
+    done = subprocess.run(
+        [str(SETTLE), *args, *connection, *(("--namespace", namespace) if connection else ())],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.close(1),  # as the shell's >&- leaves it
+    )
+    said = "settle: the output to stdout is incomplete: a write failed (stdout is closed)\n"
+    assert (done.returncode, done.stderr) == (1, said)
