@@ -50,6 +50,7 @@ __all__ = [
     "configure_logging",
     "connection_options",
     "connection_options_for",
+    "drop_stdout",
     "errors_as_exit_codes",
     "exit_code_of",
     "fail",
@@ -136,15 +137,16 @@ def _flush_stdout() -> None:
         stream.flush()
 
 
-def _drop_stdout() -> None:
+def drop_stdout() -> None:
     """What is still buffered for stdout goes nowhere, so the flush at exit does not fail
-    again (after a reader that stopped, or a failed write that was said)."""
+    again (after a reader that stopped, or a failed write that was said); stdout closed
+    (``>&-``): there is nothing to drop."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _reader_gone(code: int) -> NoReturn:
-    _drop_stdout()
+    drop_stdout()
     sys.exit(code)
 
 
@@ -172,7 +174,7 @@ class OutputGroup(click.Group):
         except BrokenPipeError:  # the reader stopped before the last flush: the code stands
             _reader_gone(exiting.code if exiting and isinstance(exiting.code, int) else EXIT_OK)
         except _OutputFailed as exc:
-            _drop_stdout()
+            drop_stdout()
             with contextlib.suppress(OSError):  # stderr full too: the exit code says it
                 fail(
                     "the output to stdout is incomplete: a write failed "

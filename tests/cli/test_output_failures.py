@@ -162,9 +162,28 @@ def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, 
     assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")
 
 
+def _stdout_closed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SETTLE), *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.close(1),  # as the shell's >&- leaves it
+    )
+
+
 @pytest.mark.parametrize(
     "args",
-    [("stats",), ("stats", "--json"), ("quarantine", "ls"), ("--help",), ("--version",)],
+    [
+        ("stats",),
+        ("stats", "--json"),
+        ("quarantine", "ls"),
+        ("quarantine", "tail", "--since", "1d"),
+        ("--help",),
+        ("--version",),
+    ],
     ids=" ".join,
 )
 def test_a_closed_stdout_is_one_line_and_exit_1(
@@ -174,14 +193,26 @@ def test_a_closed_stdout_is_one_line_and_exit_1(
     or ``--help`` exited 0 having printed nothing anywhere."""
     stale_settlement(cli_settler, "charge:closed-1")
     connection = () if args[0].startswith("--") else ("--redis-url", redis_url)
-    done = subprocess.run(
-        [str(SETTLE), *args, *connection, *(("--namespace", namespace) if connection else ())],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-        timeout=120,
-        check=False,
-        preexec_fn=lambda: os.close(1),  # as the shell's >&- leaves it
+    done = _stdout_closed(*args, *connection, *(("--namespace", namespace) if connection else ()))
+    said = "settle: the output to stdout is incomplete: a write failed (stdout is closed)"
+    lines = done.stderr.splitlines()
+    if "tail" in args:  # its "following the quarantine of ..." line comes first
+        lines = lines[1:]
+    assert (done.returncode, lines) == (1, [said])
+
+
+def test_export_into_a_closed_stdout_says_the_export_is_incomplete(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    """``settle quarantine export >&-``: the export's own failure message, as on a full disk,
+    never a traceback (it ended in ``io.UnsupportedOperation: stdout is closed``, raised
+    while the export dropped what it could not write)."""
+    stale_settlement(cli_settler, "charge:closed-export")
+    done = _stdout_closed(
+        "quarantine", "export", "--redis-url", redis_url, "--namespace", namespace
     )
-    said = "settle: the output to stdout is incomplete: a write failed (stdout is closed)\n"
+    said = (
+        "settle: the export to stdout is incomplete: a write failed (stdout is closed); "
+        "export again before trimming anything\n"
+    )
     assert (done.returncode, done.stderr) == (1, said)
