@@ -66,3 +66,20 @@ def test_text_that_looks_like_an_escaped_byte_reads_one_way(
     done = settle("inspect", "charge:bin-2", "--redis-url", redis_url, "--namespace", namespace)
     assert done.returncode == 0, done.stderr
     assert "\\u0085 \\x85 \ufffd" in done.stdout
+
+
+def test_a_long_value_is_cut_after_its_first_120_characters_not_bytes(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    """The preview of a long stored value is its first 120 characters, a byte that is not
+    UTF-8 counting as one: cut at 120 bytes, two-byte characters showed half as many and a
+    character cut in two looked like two stored bytes that are not UTF-8 (``\\xc3``)."""
+    stored = b"\xff" + ("é" * 200).encode()
+    r = cli_settler.reserve("charge:bin-3", {"n": 1}, principal="p")
+    assert isinstance(r, Reserved)
+    cli_settler.complete(r.reservation, stored)
+    done = settle("inspect", "charge:bin-3", "--redis-url", redis_url, "--namespace", namespace)
+    assert done.returncode == 0, done.stderr
+    shown = "\\xff" + "é" * 119 + "…"
+    assert shown in done.stdout
+    assert "é" * 120 not in done.stdout
