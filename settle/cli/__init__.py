@@ -9,15 +9,10 @@ namespace missing or misconfigured, 130 interrupted (see docs/cli.md).
 
 from __future__ import annotations
 
-import os
-import sys
-from typing import Any
-
 import click
 
 from settle import __version__
-from settle._exit import EXIT_OK
-from settle.cli._context import EXIT_WHEN_READER_STOPS, configure_logging
+from settle.cli._context import OutputGroup, configure_logging
 from settle.cli.cursor import cursor
 from settle.cli.demo import demo
 from settle.cli.digest import digest
@@ -31,22 +26,7 @@ from settle.cli.web import web
 __all__ = ["main"]
 
 
-class _Settle(click.Group):
-    """The ``settle`` group: output read by a program that stopped reading (``settle
-    inspect ... | head -3``, ``export | head -1``) ends the command quietly with exit 0, as
-    ``git log | head`` does, in every command. click's own handling exits 1, the code the
-    docs give to "not found", and a script under ``set -o pipefail`` took it for that."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError:
-            # What is still buffered goes nowhere, and the flush at exit does not fail.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
-
-
-@click.group(cls=_Settle, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OutputGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="settle")
 @click.option(
     "-v",

@@ -4,8 +4,11 @@ library error into one clear line on stderr, and connecting to an existing names
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import io
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -41,11 +44,13 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_WHEN_READER_STOPS",
     "Connection",
+    "OutputGroup",
     "checked_namespace",
     "checked_url",
     "configure_logging",
     "connection_options",
     "connection_options_for",
+    "drop_stdout",
     "errors_as_exit_codes",
     "exit_code_of",
     "fail",
@@ -63,6 +68,138 @@ EXIT_WHEN_READER_STOPS = "settle.exit_when_reader_stops"
 
 DEFAULT_URL = "redis://localhost:6379/0"
 DEFAULT_NAMESPACE = "default"
+
+
+class _OutputFailed(OSError):
+    """A write to stdout failed (a full disk, ``> /dev/full``): told apart from every other
+    ``OSError`` by :class:`_Stdout`, which raises it."""
+
+
+class _Stdout:
+    """``sys.stdout`` whose failed writes are :class:`_OutputFailed` (a reader that stopped
+    stays ``BrokenPipeError``, which ends a command quietly); everything else is the
+    stream's own. ``stream`` None: stdout was closed when settle started (``>&-``, where
+    Python has no ``sys.stdout``), and every write fails, where a table ended in an
+    ``AttributeError`` and JSON or help went nowhere with exit 0."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _open(self) -> Any:
+        if self._stream is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        return self._stream
+
+    def write(self, text: str) -> int:
+        with _as_output_failure():
+            return int(self._open().write(text))
+
+    def writelines(self, lines: Any) -> None:
+        with _as_output_failure():
+            self._open().writelines(lines)
+
+    def flush(self) -> None:
+        if self._stream is not None:  # closed: nothing was written, nothing to flush
+            with _as_output_failure():
+                self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and bool(self._stream.isatty())
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise io.UnsupportedOperation("stdout is closed")
+        return int(self._stream.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)  # closed (None): an AttributeError
+
+
+@contextlib.contextmanager
+def _as_output_failure() -> Iterator[None]:
+    try:
+        yield
+    except (BrokenPipeError, _OutputFailed):
+        raise
+    except OSError as exc:
+        raise _OutputFailed(exc.errno, exc.strerror) from exc
+
+
+def _guard_stdout() -> None:
+    stream: Any = sys.stdout
+    if not isinstance(stream, _Stdout):
+        sys.stdout = _Stdout(stream)
+
+
+def _flush_stdout() -> None:
+    stream: Any = sys.stdout
+    if stream is not None:
+        stream.flush()
+
+
+def drop_stdout() -> None:
+    """What is still buffered for stdout goes nowhere, so the flush at exit does not fail
+    again (after a reader that stopped, or a failed write that was said); stdout closed
+    (``>&-``): there is nothing to drop."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _reader_gone(code: int) -> NoReturn:
+    drop_stdout()
+    sys.exit(code)
+
+
+class OutputGroup(click.Group):
+    """A group whose output never ends in a traceback: ``settle`` and the companion groups
+    run alone (``python -m settle.cli.cursor``).
+
+    A program reading the output that stops (``settle inspect ... | head -3``, ``settle
+    --help | head -0``) ends the command quietly with exit 0, as ``git log | head`` does, in
+    every command and in help: click's own handling exits 1, the code the docs give to "not
+    found", and a script under ``set -o pipefail`` took it for that. A write that fails
+    otherwise (a full disk, ``> /dev/full``) is one line on stderr and exit 1, as
+    ``quarantine export`` says it (docs/cli.md, "Exit codes"). Ctrl-C is ``settle:
+    interrupted`` and exit 130 (``quarantine tail`` ends with 0, the demo says more)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        _guard_stdout()
+        exiting: SystemExit | None = None
+        try:
+            try:
+                done = super().main(*args, **kwargs)
+            except SystemExit as exc:  # standalone (the console script): always
+                exiting = exc
+            _flush_stdout()  # what is still buffered: a failure is said here, not at exit
+        except BrokenPipeError:  # the reader stopped before the last flush: the code stands
+            _reader_gone(exiting.code if exiting and isinstance(exiting.code, int) else EXIT_OK)
+        except _OutputFailed as exc:
+            drop_stdout()
+            with contextlib.suppress(OSError):  # stderr full too: the exit code says it
+                fail(
+                    "the output to stdout is incomplete: a write failed "
+                    f"({exc.strerror or os.strerror(exc.errno or errno.EIO)})",
+                    EXIT_FAILED,
+                )
+            sys.exit(EXIT_FAILED)
+        if exiting is not None:
+            raise exiting
+        return done
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        # --help and --version print while the arguments are parsed, before invoke
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            _reader_gone(EXIT_OK)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _reader_gone(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
+        except KeyboardInterrupt:  # click's "Aborted!" exits 1, the code for "not found"
+            fail("interrupted", EXIT_INTERRUPTED)
 
 
 class Connection:
@@ -158,7 +295,19 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
             fail(f"Redis{where} refused the command{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
-        fail(_one_line(str(exc)), exit_code_of(exc))
+        fail(_one_line(_at_server(str(exc), conn)), exit_code_of(exc))
+
+
+def _at_server(message: str, conn: Connection | None) -> str:
+    """A refusal by Redis (``Redis refused settle's credentials ...``, ``... to run settle's
+    scripts ...``) naming the server, its password shown as ``***``: the library's words do
+    not say which, and an operator with several URLs at hand could not tell."""
+    if conn is None or not message.startswith(_REFUSED):
+        return message
+    return f"Redis at {redacted(conn.url)} refused {message.removeprefix(_REFUSED)}"
+
+
+_REFUSED = "Redis refused "
 
 
 @contextlib.contextmanager

@@ -56,6 +56,7 @@ __all__ = [
     "record_json",
     "record_table",
     "visible",
+    "visible_bytes",
     "visible_message",
 ]
 
@@ -74,9 +75,11 @@ def hidden(ch: str) -> bool:
 
 
 def escape_char(ch: str) -> str:
-    """The visible escape of one character: ``\\x1b``, ``\\u202e``, ``\\U000e0041``."""
+    """The visible escape of one character: ``\\x1b``, ``\\u0085``, ``\\u202e``,
+    ``\\U000e0041``. ``\\x`` is for ASCII only: ``\\x80`` to ``\\xff`` are the stored bytes
+    that are not UTF-8 text (:func:`visible_bytes`), never a character."""
     code = ord(ch)
-    if code <= 0xFF:
+    if code <= 0x7F:
         return f"\\x{code:02x}"
     if code <= 0xFFFF:
         return f"\\u{code:04x}"
@@ -92,6 +95,19 @@ def visible(text: str) -> str:
     return visible_message(text.replace("\\", "\\\\"))
 
 
+def visible_bytes(data: bytes) -> str:
+    """Stored bytes as literal text that reads back one way: their UTF-8 text as
+    :func:`visible` shows it, and each byte that is not part of UTF-8 text as ``\\xNN``
+    (``b"ok \\xff"`` shows as ``ok \\xff``), never as U+FFFD, which stood for any such
+    byte and for itself."""
+    text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8: U+DC80-DCFF
+    if text.isascii() and text.isprintable():
+        return text.replace("\\", "\\\\")
+    return "".join(
+        f"\\x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else visible(ch) for ch in text
+    )
+
+
 def visible_message(text: str) -> str:
     """One of settle's own messages with every control character made visible and its
     backslashes kept: a stored value in a message is quoted with ``repr``, which doubled them
@@ -103,7 +119,9 @@ def visible_message(text: str) -> str:
 
 def literal(value: object, style: str = "") -> Text:
     """A stored (or any untrusted) value as a rich cell: literal text, controls visible,
-    backslashes doubled (:func:`visible`)."""
+    backslashes doubled (:func:`visible`); ``bytes`` as :func:`visible_bytes` shows them."""
+    if isinstance(value, bytes):
+        return Text(visible_bytes(value), style=style)
     return Text(visible(str(value)), style=style)
 
 
@@ -299,11 +317,15 @@ def _decoded(data: bytes | None) -> Any:
     return value if _depth_within(value, MAX_JSON_DEPTH) else None
 
 
-def _preview(data: bytes | None) -> str:
+def _preview(data: bytes | None) -> bytes | str:
+    """The first :data:`_PREVIEW` characters of stored bytes (a byte that is not UTF-8
+    counts as one), as bytes: a cell shows them exactly (:func:`literal`)."""
     if data is None:
         return "-"
-    text = data.decode("utf-8", errors="replace")
-    return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "…"
+    text = data.decode("utf-8", "surrogateescape")
+    if len(text) <= _PREVIEW:
+        return data
+    return text[:_PREVIEW].encode("utf-8", "surrogateescape") + "…".encode()
 
 
 def _base64(data: bytes) -> str:

@@ -17,6 +17,7 @@ import click
 from settle._exit import EXIT_FAILED
 from settle.cli._context import (
     Connection,
+    OutputGroup,
     checked_namespace,
     checked_url,
     errors_as_exit_codes,
@@ -96,7 +97,7 @@ def _store(redis_url: str, namespace: str, task: str) -> Iterator[CursorStore]:
             store.close()
 
 
-@click.group("cursor")
+@click.group("cursor", cls=OutputGroup)
 def cursor() -> None:
     """Cursor checkpoints: the checkpoint of a stream and its response witnesses."""
 

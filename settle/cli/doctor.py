@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import click
 import redis
@@ -333,7 +334,9 @@ def _meta_age(client: Any, namespace: str) -> int | None:
 def _node_url(deployment: _Deployment) -> str:
     kwargs = deployment.seed.connection_pool.connection_kwargs
     user, password = kwargs.get("username"), kwargs.get("password")
-    creds = f"{user or ''}:{password}@" if password else ""
+    # percent-encoded, as the user's URL had them: a password holding '@', '/' or '#' put
+    # back as it is named another host (a part of the password), another database
+    creds = f"{quote(user or '', safe='')}:{quote(password, safe='')}@" if password else ""
     scheme = (
         "rediss" if "SSL" in deployment.seed.connection_pool.connection_class.__name__ else "redis"
     )
@@ -364,6 +367,13 @@ def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> 
         checked_namespace(conn.namespace)
     try:
         findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
+    except (rx.AuthenticationError, rx.AuthorizationError) as exc:  # reached, and refused
+        fail(
+            f"Redis at {redacted(conn.url)} refused settle's credentials "
+            f"({type(exc).__name__}: {exc}). Check the user name and password in the URL "
+            "(or the ACL rules of that user)",
+            EXIT_UNAVAILABLE,
+        )
     except (RedisError, RedisClusterException, OSError) as exc:
         fail(
             f"cannot reach Redis at {redacted(conn.url)} ({type(exc).__name__}: {exc})",

@@ -11,6 +11,7 @@ import click
 from settle._exit import EXIT_FAILED
 from settle.cli._context import (
     Connection,
+    OutputGroup,
     checked_namespace,
     checked_url,
     errors_as_exit_codes,
@@ -59,7 +60,7 @@ def _table(p: Progress) -> Listing:
     return fields_table(title, rows, whole)
 
 
-@click.group(name="progress")
+@click.group(name="progress", cls=OutputGroup)
 def progress() -> None:
     """Delivery progress of broker consumers (SPEC §10)."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from settle.cli._context import (
     EXIT_USAGE,
     Connection,
     connection_options,
+    drop_stdout,
     fail,
     json_option,
     open_settler,
@@ -354,7 +354,7 @@ def _discard(fh: IO[str]) -> None:
     """Drop what could not be written, so that closing the file (or the flush of stdout
     at exit) does not fail again over the message that says so."""
     if fh is sys.stdout:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        drop_stdout()
         return
     with contextlib.suppress(OSError):
         fh.close()

@@ -8,14 +8,17 @@ Listens on 127.0.0.1 by default: put a TLS-terminating proxy in front before exp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import secrets
+import socket
 
 import click
 
 from settle._async.settler import AsyncSettler
 from settle.cli._context import (
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     Connection,
     connection_options,
     errors_as_exit_codes,
@@ -96,6 +99,8 @@ def web(
         check_allowed_hosts(allow_hosts)
     with open_settler(conn) as probe:  # the namespace exists; its stored shard count
         config = probe.config
+    listening = _listen(host, port)  # before anything is announced
+    port = listening[0].getsockname()[1]  # --port 0: the one it got
     settler = AsyncSettler.from_url(conn.url, config)
     hosts = [*LOOPBACK_HOSTS, host, *allow_hosts]
     app = create_app(
@@ -134,7 +139,7 @@ def web(
 
     async def serve() -> None:
         try:
-            await server.serve()
+            await server.serve(sockets=listening)
         finally:
             await settler.aclose()
 
@@ -148,3 +153,29 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address of ``host`` (as uvicorn would bind them), ``port 0``
+    one port for all. An address the console cannot listen on (a port in use, a host that
+    does not resolve) is one line and exit 2: uvicorn said it in its own log format after
+    the console was announced on it, and exited 3 ("Redis unreachable")."""
+    listening: list[socket.socket] = []
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, found_address in dict.fromkeys(found):
+            address = found_address
+            sock = socket.socket(family, kind, proto)
+            listening.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # each family on its own socket, as asyncio does
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if len(listening) > 1:  # --port 0: the port the first address got
+                address = (address[0], listening[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+    except OSError as exc:  # socket.gaierror included
+        for sock in listening:
+            with contextlib.suppress(OSError):
+                sock.close()
+        fail(f"cannot listen on {host}:{port} (--host, --port): {exc.strerror or exc}", EXIT_USAGE)
+    return listening

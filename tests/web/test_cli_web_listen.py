@@ -1,0 +1,75 @@
+"""``settle web`` listens before it says where: an address it cannot listen on (a port in
+use, a host that does not resolve) is one line and exit 2 before anything is announced,
+and ``--port 0`` announces the port it got."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+
+import httpx
+
+from settle import Settler
+from tests.cli.conftest import SETTLE, cli_env, settle
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_anything_is_announced(
+    redis_url: str, namespace: str, writer: Settler
+) -> None:
+    del writer
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        connection = ("--redis-url", redis_url, "--namespace", namespace)
+        done = settle("web", *connection, "--port", str(port))
+    # It announced "the quarantine console of ... on http://127.0.0.1:PORT/", then uvicorn's
+    # "ERROR:    [Errno 98] error while attempting to bind ...", and exited 3 ("Redis
+    # unreachable" in docs/cli.md).
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"settle: cannot listen on 127.0.0.1:{port} (--host, --port): Address already in use\n"
+    )
+
+
+def test_a_host_that_does_not_resolve_is_one_line_and_exit_2(
+    redis_url: str, namespace: str, writer: Settler
+) -> None:
+    del writer
+    done = settle(
+        "web", "--redis-url", redis_url, "--namespace", namespace, "--host", "no-such-host.invalid"
+    )
+    assert done.returncode == 2, done.stderr
+    said = "settle: cannot listen on no-such-host.invalid:8321 (--host, --port): "
+    assert done.stderr.startswith(said), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_port_0_announces_the_port_it_listens_on(
+    redis_url: str, namespace: str, writer: Settler
+) -> None:
+    del writer
+    proc = subprocess.Popen(
+        [str(SETTLE), "web", "--redis-url", redis_url, "--namespace", namespace, "--port", "0"],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        announced = proc.stderr.readline()
+        # It said "on http://127.0.0.1:0/", where nothing listens.
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)/ ", announced)
+        assert found is not None, announced
+        assert found.group(1) != "0", announced
+        page = httpx.get(f"http://127.0.0.1:{found.group(1)}/static/console.css", timeout=10)
+        assert page.status_code == 200
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=10)
+        assert proc.stderr is not None
+        proc.stderr.close()
