@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import secrets
 import socket
+from typing import Any
 
 import click
 
@@ -160,22 +162,56 @@ def _listen(host: str, port: int) -> list[socket.socket]:
     one port for all. An address the console cannot listen on (a port in use, a host that
     does not resolve) is one line and exit 2: uvicorn said it in its own log format after
     the console was announced on it, and exited 3 ("Redis unreachable")."""
-    listening: list[socket.socket] = []
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        for family, kind, proto, _, found_address in dict.fromkeys(found):
-            address = found_address
-            sock = socket.socket(family, kind, proto)
-            listening.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # each family on its own socket, as asyncio does
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if len(listening) > 1:  # --port 0: the port the first address got
-                address = (address[0], listening[0].getsockname()[1], *address[2:])
-            sock.bind(address)
+        return bind_each(
+            [(family, kind, proto, address) for family, kind, proto, _, address in found]
+        )
     except OSError as exc:  # socket.gaierror included
+        fail(f"cannot listen on {host}:{port} (--host, --port): {exc.strerror or exc}", EXIT_USAGE)
+
+
+#: An address of a family the host has turned off (``localhost`` resolving to ``::1`` in a
+#: container without IPv6): skipped when another address binds, as asyncio does since 3.12.
+_UNAVAILABLE = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT})
+
+
+def bind_each(addresses: list[tuple[int, int, int, Any]]) -> list[socket.socket]:
+    """A socket bound to each of ``addresses`` (``getaddrinfo``'s family, type, protocol and
+    address), duplicates once, port 0 the first bound one's port for all; an address not
+    available on this host is skipped unless none binds. Raises ``OSError`` (every socket
+    made is closed)."""
+    listening: list[socket.socket] = []
+    unavailable: OSError | None = None
+    try:
+        for family, kind, proto, found_address in dict.fromkeys(addresses):
+            address = found_address
+            if listening:  # --port 0: the port the first address got
+                address = (address[0], listening[0].getsockname()[1], *address[2:])
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError as exc:
+                if exc.errno not in _UNAVAILABLE:
+                    raise
+                unavailable = exc
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # each family on its own socket, as asyncio does
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+            except OSError as exc:
+                sock.close()
+                if exc.errno not in _UNAVAILABLE:
+                    raise
+                unavailable = exc
+                continue
+            listening.append(sock)
+        if not listening:
+            raise unavailable or OSError(errno.EADDRNOTAVAIL, "no address to listen on")
+    except OSError:
         for sock in listening:
             with contextlib.suppress(OSError):
                 sock.close()
-        fail(f"cannot listen on {host}:{port} (--host, --port): {exc.strerror or exc}", EXIT_USAGE)
+        raise
     return listening

@@ -4,6 +4,7 @@ and ``--port 0`` announces the port it got."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -11,8 +12,10 @@ import socket
 import subprocess
 
 import httpx
+import pytest
 
 from settle import Settler
+from settle.cli.web import bind_each
 from tests.cli.conftest import SETTLE, cli_env, settle
 
 
@@ -73,3 +76,45 @@ def test_port_0_announces_the_port_it_listens_on(
         proc.wait(timeout=10)
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+# An address no interface of this host holds (TEST-NET-1): binding it fails with
+# EADDRNOTAVAIL, as ``::1`` does where IPv6 is turned off.
+_NOT_HERE = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, ("192.0.2.1", 0))
+_LOOPBACK = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, ("127.0.0.1", 0))
+
+
+def test_an_address_this_host_does_not_hold_is_skipped_when_another_binds() -> None:
+    """Found in review: ``--host localhost`` resolving to ``::1`` and ``127.0.0.1`` in a
+    container without IPv6 exited 2, where uvicorn (asyncio, since 3.12) listened on the
+    address that binds."""
+    for addresses in ([_NOT_HERE, _LOOPBACK], [_LOOPBACK, _NOT_HERE]):
+        listening = bind_each(addresses)
+        try:
+            assert [s.getsockname()[0] for s in listening] == ["127.0.0.1"]
+            listening[0].listen()  # as uvicorn does with the sockets it is given
+            with socket.create_connection(listening[0].getsockname()[:2], timeout=5):
+                pass
+        finally:
+            for sock in listening:
+                sock.close()
+
+
+def test_no_address_that_binds_is_refused() -> None:
+    with pytest.raises(OSError, match="assign") as refused:
+        bind_each([_NOT_HERE])
+    assert refused.value.errno == errno.EADDRNOTAVAIL
+
+
+def test_a_port_in_use_on_any_address_is_refused_and_nothing_stays_bound() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        first = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, ("127.0.0.2", port))
+        busy = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, ("127.0.0.1", port))
+        with pytest.raises(OSError, match="in use") as refused:
+            bind_each([first, busy])
+        assert refused.value.errno == errno.EADDRINUSE
+    with socket.socket() as again:  # the first address's socket was closed
+        again.bind(("127.0.0.2", port))
