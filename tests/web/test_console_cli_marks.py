@@ -35,3 +35,10 @@ async def test_a_c1_control_is_marked_alike_on_the_page_and_in_the_cli(
         assert "\\x85" not in page  # a stored byte's escape, never a character's
         assert "\u0085" not in page
         assert "\u202e" not in page
+
+
+async def test_the_footer_names_both_marks(read_only: httpx.AsyncClient) -> None:
+    """Every page's footer said control characters appear as ``\\xNN``; a C1 control is
+    ``\\u0085`` since the shared escape changed, and a bidi override was always ``\\u202e``."""
+    html = (await read_only.get("/")).text
+    assert '<span class="ctl">\\xNN</span> or <span class="ctl">\\uNNNN</span>' in html
