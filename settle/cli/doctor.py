@@ -235,7 +235,11 @@ def diagnose(
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
         saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
         fsync = {n: _config(c, "appendfsync") for n, c in deployment.nodes.items()}
-        findings.append(health.persistence_finding(persistence, saves, fsync, deployment.replicas))
+        findings.append(
+            health.persistence_finding(
+                persistence, saves, fsync, deployment.replicas, deployment.unread
+            )
+        )
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
