@@ -225,19 +225,29 @@ def persistence_finding(
     config: Mapping[str, str | None],
     fsync: Mapping[str, str | None] | None = None,
     replicas: Iterable[str] = (),
+    unread: Iterable[str] = (),
 ) -> Finding:
     """AOF or RDB on every node, from ``INFO persistence`` (``aof_enabled``) and the
     ``save`` setting when CONFIG could be read (``config``: node to its ``save`` or None);
     ``fsync``: node to its ``appendfsync`` (None: CONFIG denied), ``no`` is warned about.
     ``replicas``: the nodes of ``per_node`` that are replicas, judged by the same rules once
     the primaries pass: a failover makes a replica the primary with the persistence it has,
-    so a replica without AOF is a restart away from losing every record."""
+    so a replica without AOF is a restart away from losing every record. ``unread``: replicas
+    that could not be asked (not in ``per_node``), named once every node read passes, never
+    said to have AOF."""
     standby = set(replicas)
     primaries = {n: i for n, i in per_node.items() if n not in standby}
     found = _persistence(primaries, config, fsync or {}, "", "")
     if found is None:
         others = {n: i for n, i in per_node.items() if n in standby}
         found = _persistence(others, config, fsync or {}, "replica ", _AFTER_FAILOVER)
+    if found is None and (missing := sorted(unread)):
+        return Finding(
+            "persistence",
+            Status.WARN,
+            f"persistence could not be read on {', '.join(missing)}; AOF on every other node",
+            "check that replica (see eviction), then run doctor again",
+        )
     return found or Finding("persistence", Status.OK, "AOF on every primary and replica")
 
 

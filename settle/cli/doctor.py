@@ -235,7 +235,11 @@ def diagnose(
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
         saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
         fsync = {n: _config(c, "appendfsync") for n, c in deployment.nodes.items()}
-        findings.append(health.persistence_finding(persistence, saves, fsync, deployment.replicas))
+        findings.append(
+            health.persistence_finding(
+                persistence, saves, fsync, deployment.replicas, deployment.unread
+            )
+        )
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
@@ -318,16 +322,20 @@ def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
 
 def _meta_age(client: Any, namespace: str) -> int | None:
     """How old the namespace's metadata is (ms, the server clock of the node that holds it),
-    from its ``created``; None when it has none."""
+    from its ``created``; None when it has none, or when ``TIME`` is denied (the clocks check
+    warns of that; a denial here made doctor end as "cannot reach Redis")."""
     meta = Keys(namespace, 1).meta
     created = client.hget(meta, "created")
     if created is None or not is_decimal(_text(created)):
         return None
-    if isinstance(client, redis.RedisCluster):
-        node = client.get_node_from_key(meta)  # type: ignore[no-untyped-call,unused-ignore]
-        seconds, micros = client.time(target_nodes=node)
-    else:
-        seconds, micros = client.time()
+    try:
+        if isinstance(client, redis.RedisCluster):
+            node = client.get_node_from_key(meta)  # type: ignore[no-untyped-call,unused-ignore]
+            seconds, micros = client.time(target_nodes=node)
+        else:
+            seconds, micros = client.time()
+    except ResponseError:  # TIME denied for this user
+        return None
     return int(seconds) * 1000 + int(micros) // 1000 - int(_text(created))
 
 
