@@ -518,7 +518,9 @@ class AsyncRunner:
         read it and ask the others again, for good)."""
         assert isinstance(self.client, RedisCluster)
         listed = {p.name: p for p in self.client.get_primaries()}  # type: ignore[no-untyped-call,unused-ignore]
-        for name in sorted(self._checks.judged - {promoted}):
+        with self._checks.lock:  # the sync runtime's threads add to it meanwhile
+            judged = sorted(self._checks.judged - {promoted})
+        for name in judged:
             node = listed.get(name)
             if node is None or await _role_of(node) not in ("master", _REFUSED):
                 self._checks.forget(name)
