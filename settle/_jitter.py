@@ -37,4 +37,4 @@ class OwnRandomExponentialWait(wait_random_exponential):
 
     def __call__(self, retry_state: RetryCallState) -> float:
         high = super(wait_random_exponential, self).__call__(retry_state)
-        return _RANDOM.uniform(0, high)
+        return _RANDOM.uniform(self.min, high)

@@ -511,20 +511,18 @@ class AsyncRunner:
         again before its next call: a failback may promote it again after its policy
         changed while it was a replica, and redis-py would follow on its own. Its own view
         of which nodes are primaries lags such a failover (a demoted node may still be
-        listed), so the ones it lists are asked; one it no longer lists is not (a dead
-        node would hold the call up until its timeout)."""
+        listed), so the ones it lists are asked, each through a probe of one try of at most
+        2 s (a hung one must not hold the call up for the client's timeouts and retries);
+        one it no longer lists is not asked. One that refuses INFO keeps its place: its
+        role is unknown, as its policy was (forgotten, every call on another primary would
+        read it and ask the others again, for good)."""
         assert isinstance(self.client, RedisCluster)
         listed = {p.name: p for p in self.client.get_primaries()}  # type: ignore[no-untyped-call,unused-ignore]
-        for name in sorted(self._checks.judged - {promoted}):
+        with self._checks.lock:  # the sync runtime's threads add to it meanwhile
+            judged = sorted(self._checks.judged - {promoted})
+        for name in judged:
             node = listed.get(name)
-            role = None
-            if node is not None:
-                try:
-                    info = await self.client.info("replication", target_nodes=node)  # type: ignore[call-arg,unused-ignore]
-                    role = info.get("role")
-                except (RedisError, RedisClusterException, OSError):
-                    role = None
-            if role != "master":
+            if node is None or await _role_of(node) not in ("master", _REFUSED):
                 self._checks.forget(name)
 
     def _node_of(self, call: Call | None) -> Any:
@@ -1721,6 +1719,25 @@ def _probe_options() -> dict[str, Any]:
     retries: redis-py's default would make one out of reach cost ~25 s); one that does not
     answer, or refuses the credentials, is warned about."""
     return {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 0)}
+
+
+#: :func:`_role_of` of a node that refuses ``INFO replication`` (NOPERM, renamed away).
+_REFUSED = "refused"
+
+
+async def _role_of(node: Any) -> str | None:
+    """The role of the cluster node ``node`` (``master``, ``slave``) through a probe of its
+    own (:func:`_probe_options`), closed after; :data:`_REFUSED` when it refuses INFO, None
+    when it cannot be reached."""
+    probe = _cancellable(Redis(**{**_node_settings(node), **_probe_options()}))
+    try:
+        return str((await probe.info("replication")).get("role"))
+    except rx.ResponseError:
+        return _REFUSED
+    except (RedisError, OSError):
+        return None
+    finally:
+        await probe.aclose()
 
 
 async def _policy_of(probe: Redis, *, replicating: Any = None) -> str | None:

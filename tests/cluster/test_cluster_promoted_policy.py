@@ -10,6 +10,7 @@ primaries with 1 replica each, the primary killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -17,9 +18,11 @@ import redis
 
 from settle import AsyncSettler, BackendError, ConfigurationError, Reserved, Settler
 from settle._core.keys import Keys
+from tests.acl import app_user
 from tests.cluster import test_cluster_failover
 from tests.cluster.cluster_support import LocalCluster
 from tests.cluster.test_cluster_failover import FAILOVER_BOUND, SHARDS, _ops_on, _until
+from tests.faults.servers import frozen
 from tests.integration.conftest import Awaitable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
@@ -141,5 +144,89 @@ async def test_a_failback_to_a_primary_made_evicting_while_it_was_a_replica_is_r
         refusal, _, landed = await _until_refused(api, ops)
         assert f"allkeys-lru on 127.0.0.1:{replicated.nodes[0].port}" in str(refusal)
         assert len(landed) <= 1  # only the call during which redis-py followed the failover
+    finally:
+        await close()
+
+
+def _info_refused(cluster: LocalCluster, user: str) -> int:
+    """How many times the cluster's nodes refused ``user`` an INFO (their ACL LOG)."""
+    refused = 0
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port, socket_timeout=2) as c:
+            for entry in c.acl_log():
+                if entry.get("username") == user and entry.get("object") == "info":
+                    refused += int(entry.get("count", 1))
+    return refused
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_user_refused_info_checks_each_primary_once_not_on_every_call(
+    cluster: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """Found in review: a user whose ACL refuses INFO (its policy then unknown, warned
+    about, and the calls go on) asked every other primary its role whenever a call reached
+    a primary the checks had not read, was refused, and forgot them all: each call on
+    another primary than the last checked its own again and asked the others again,
+    forever (two more round trips per call, and a warning each time). A role that cannot
+    be read is unknown, as the policy is: the primary stays judged."""
+    user = f"noinfo{flavour}"
+    urls = [app_user(node, "+@all", "-info", "+info|server", name=user) for node in cluster.nodes]
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port) as c:
+            c.acl_log_reset()
+    opts: dict[str, Any] = {"namespace": namespace, "shards": SHARDS}
+    try:
+        if flavour == "sync":
+            sync = Settler.from_cluster(urls[0], **opts)
+            api: Any = Awaitable(sync)
+            runner, close = sync._runner, sync.close
+        else:
+            api = AsyncSettler.from_cluster(urls[0], **opts)
+            runner, close = api._runner, None
+        runner.recheck_interval = 3600.0  # only the checks of primaries never read
+        on_0, on_1 = _ops_on(0, namespace, 8, "a"), _ops_on(1, namespace, 8, "b")
+        for first, second in zip(on_0[:2], on_1[:2], strict=True):  # each primary read once
+            await api.reserve(first, REQ, principal=WHO)
+            await api.reserve(second, REQ, principal=WHO)
+        settled = _info_refused(cluster, user)
+        for first, second in zip(on_0[2:], on_1[2:], strict=True):
+            assert isinstance(await api.reserve(first, REQ, principal=WHO), Reserved)
+            assert isinstance(await api.reserve(second, REQ, principal=WHO), Reserved)
+        assert _info_refused(cluster, user) == settled  # no INFO asked again
+        if close is not None:
+            close()
+        else:
+            await api.aclose()
+    finally:
+        for node in cluster.nodes:
+            with redis.Redis(port=node.port) as c:
+                c.acl_deluser(user)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_hung_primary_holds_the_check_of_a_new_primary_up_for_seconds_only(
+    cluster: LocalCluster, namespace: str, flavour: str
+) -> None:
+    """Found in review: the first call on a primary the checks never read (a replica a
+    failover promoted, a primary added) asks every other primary read before its role,
+    through the cluster client: a hung one that redis-py still lists held that call up for
+    the client's 30 s socket timeout and redis-py's retries on it. Each is asked in one try
+    of at most 2 s; the hung one is read again before its own next call."""
+    api, runner, close = _open(cluster, namespace, flavour)
+    ops = _ops_on(1, namespace, 2, "op")
+    try:
+        for index in range(3):
+            assert isinstance(
+                await api.reserve(_ops_on(index, namespace, 1, "w")[0], REQ, principal=WHO),
+                Reserved,
+            )
+        runner.recheck_interval = 3600.0
+        port = cluster.nodes[1].port
+        (name,) = [p.name for p in runner.client.get_primaries() if p.port == port]
+        runner._checks.forget(name)  # a primary the checks never read, as an added one
+        with frozen(cluster.nodes[2]):
+            started = time.monotonic()
+            assert isinstance(await api.reserve(ops[0], REQ, principal=WHO), Reserved)
+            assert time.monotonic() - started < 10.0
     finally:
         await close()

@@ -11,14 +11,17 @@ from __future__ import annotations
 import multiprocessing
 import random
 import threading
+from typing import Any
 
 import pytest
 import redis
 import tenacity
 
-from settle import AsyncSettler, OperationInProgress, Settler
-from settle._jitter import draw
+from settle import AsyncSettler, OperationInProgress, Reserved, Settler
+from settle._jitter import OwnRandomExponentialWait, draw
 from settle._runtime.transient import retry_options
+from tests.faults.servers import proxy_to
+from tests.integration.conftest import Awaitable
 
 PRINCIPAL = "tenant:acme"
 
@@ -124,3 +127,50 @@ def test_forked_processes_draw_their_own_jitter() -> None:
     mine = [draw() for _ in range(4)]
     assert drawn[0] != drawn[1]
     assert mine not in drawn
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_dropped_connection_of_a_client_settle_made_leaves_the_shared_state_alone(
+    redis_url: str, namespace: str, flavour: str
+) -> None:
+    """Found in review: the clients settle makes (``from_url``, ``from_cluster``,
+    ``from_sentinel``) kept redis-py's default retry, whose backoff draws its jitter from
+    the shared generator when redis-py repeats a command after a dropped connection (in
+    the caller's thread, in heartbeat threads)."""
+    proxy = proxy_to(redis_url)
+    try:
+        if flavour == "sync":
+            sync = Settler.from_url(proxy.url, namespace=namespace, shards=4)
+            api: Any = Awaitable(sync)
+            close: Any = sync.close
+        else:
+            api = AsyncSettler.from_url(proxy.url, namespace=namespace, shards=4)
+            close = api.aclose
+        try:
+            assert isinstance(await api.reserve("warm", {"n": 1}, principal=PRINCIPAL), Reserved)
+            proxy.cut(b"dropped-op", "before_request")
+            random.seed(1234)
+            before = random.getstate()
+            assert isinstance(
+                await api.reserve("dropped-op", {"n": 1}, principal=PRINCIPAL), Reserved
+            )
+            assert proxy.fired  # the connection did drop
+            assert random.getstate() == before
+        finally:
+            result = close()
+            if result is not None:
+                await result
+    finally:
+        proxy.close()
+
+
+def test_settles_exponential_jitter_keeps_tenacitys_floor() -> None:
+    """Found in review: settle's copy of ``wait_random_exponential`` drew from 0 where
+    tenacity draws from its ``min``: a floor given to it was ignored."""
+    wait = OwnRandomExponentialWait(multiplier=1, min=5, max=10)
+    state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
+    state.attempt_number = 1
+    waits = [wait(state) for _ in range(200)]
+    assert min(waits) >= 5
+    assert max(waits) <= 10
