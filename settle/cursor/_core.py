@@ -349,20 +349,52 @@ class CursorCore:
             return [self._witness(list(w)) for w in reply.extra]
 
     def plan_reset(
-        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+        self,
+        stream: str,
+        *,
+        cursor: bytes,
+        boundary: int,
+        expected_generation: int,
+        reapply_pruned: bool = False,
     ) -> Call:
         c = _cursor(cursor, "cursor", stream)
         b = _boundary(boundary, stream)
         g = _position(expected_generation, "expected_generation", stream)
-        return self._call("reset", stream, g, c, cursor_digest(c), b)
+        if not isinstance(reapply_pruned, bool):
+            raise InvalidInput(
+                f"reapply_pruned must be True or False, got {type(reapply_pruned).__name__}",
+                operation_id=stream,
+            )
+        return self._call("reset", stream, g, c, cursor_digest(c), b, "1" if reapply_pruned else "")
 
     def decode_reset(self, call: Call, raw: Any) -> Checkpoint:
         reply = self._reply(call, raw)
         assert reply.checkpoint is not None
         log = self._log(_stream(call))
+        if reply.code == "pruned":
+            # Receipts above the boundary asked for were pruned (receipt_horizon): their
+            # events would come to handle_event again as new. Refused unless asked for.
+            pruned = int(reply.detail)
+            log.warning(
+                "settle.cursor.reset_rejected",
+                reason="receipts_pruned",
+                expected_generation=call.args[0],
+                generation=reply.checkpoint.generation,
+                boundary=call.args[3],
+                pruned=pruned,
+            )
+            raise CursorError(
+                f"stream {_stream(call)!r}: the receipts of events up to position {pruned} "
+                f"were pruned (receipt_horizon), so a reset to boundary {call.args[3]!s} would "
+                "hand those above it to handle_event again as new: nothing was reset; reset "
+                f"to a boundary of at least {pruned}, or pass reapply_pruned=True if "
+                "handle_event is idempotent under ctx.key",
+                stream=_stream(call),
+            )
         if reply.code != "reset":
             log.warning(
                 "settle.cursor.reset_rejected",
+                reason="generation",
                 expected_generation=call.args[0],
                 generation=reply.checkpoint.generation,
             )

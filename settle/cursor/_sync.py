@@ -95,11 +95,26 @@ class CursorStore(Connectable):
         return self.core.decode_receipts(call, self.run(call))
 
     def reset(
-        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+        self,
+        stream: str,
+        *,
+        cursor: bytes,
+        boundary: int,
+        expected_generation: int,
+        reapply_pruned: bool = False,
     ) -> Checkpoint:
-        """Recovery after a divergence or an expired cursor (see the error's ``recovery``)."""
+        """Recovery after a divergence or an expired cursor (see the error's ``recovery``).
+
+        A boundary below a position whose receipt ``receipt_horizon`` pruned is refused
+        (``CursorError``, nothing reset): those events would reach ``handle_event`` again
+        as new. ``reapply_pruned=True`` accepts that (the handler is idempotent under
+        ``ctx.key``)."""
         call = self.core.plan_reset(
-            stream, cursor=cursor, boundary=boundary, expected_generation=expected_generation
+            stream,
+            cursor=cursor,
+            boundary=boundary,
+            expected_generation=expected_generation,
+            reapply_pruned=reapply_pruned,
         )
         return self.core.decode_reset(call, self.run(call))
 

@@ -5,6 +5,7 @@
 -- Every script gets the same five keys, all under the stream's hash tag
 -- settle:{<namespace>:cursor:<stream>}, so each call touches one slot (Redis Cluster safe):
 --   KEYS[1] checkpoint HASH  stream cursor cdig gen bound created updated waid [rgen]
+--                            [pruned]
 --   KEYS[2] witnesses HASH   '<aid>|<attr>' for attr in WITNESS_ATTRS
 --   KEYS[3] witness index    ZSET member aid, score generation
 --   KEYS[4] receipts HASH    event id -> 'pos digest gen aid outcome at_ms'

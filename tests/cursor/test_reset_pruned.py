@@ -1,0 +1,145 @@
+"""A reset below the receipts ``receipt_horizon`` pruned (real Redis, sync and async).
+
+The docs' recovery ("receipts stay, so events applied before are recognised and not applied
+twice") holds only where receipts are kept. With ``receipt_horizon``, a reset to a fresh
+snapshot's first cursor, or to any boundary below a pruned receipt, handed every event whose
+receipt was pruned to ``handle_event`` again as new, with nothing said. It is refused now
+(``CursorError``, ``settle.cursor.reset_rejected`` with reason ``receipts_pruned``, nothing
+reset) unless the caller accepts it with ``reapply_pruned=True``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from structlog.testing import capture_logs
+
+from settle.cursor import (
+    AsyncCursorConsumer,
+    AsyncCursorStore,
+    CursorConsumer,
+    CursorError,
+    CursorStore,
+    Event,
+    EventContext,
+    Page,
+    ProviderContract,
+)
+from settle.errors import InvalidInput
+
+LOG = [Event(f"e{i}", i, {"n": i}) for i in range(1, 11)]
+
+
+def fetch(cursor: bytes) -> Page:
+    after = int(cursor)
+    page = [e for e in LOG if e.position > after][:2]
+    return Page(page, str(page[-1].position if page else after).encode())
+
+
+async def afetch(cursor: bytes) -> Page:
+    return fetch(cursor)
+
+
+def test_a_reset_below_pruned_receipts_is_refused_and_nothing_is_applied_twice(
+    redis_url: str, namespace: str
+) -> None:
+    calls: Counter[str] = Counter()
+
+    def handle(event: Event, ctx: EventContext) -> None:
+        calls[event.id] += 1
+
+    with CursorStore.from_url(redis_url, namespace=namespace, receipt_horizon=3) as store:
+        store.start("s", b"0")
+        consumer = CursorConsumer(fetch, handle, ProviderContract(), store=store, stream="s")
+        consumer.run()
+        ck = store.checkpoint("s")
+        assert ck is not None
+        assert ck.boundary == 10
+        assert [r.event_id for r in store.receipts("s", after=-1)] == ["e7", "e8", "e9", "e10"]
+
+        # A fresh snapshot from the start, and a boundary just below the pruned e6: refused.
+        for boundary in (0, 5):
+            with capture_logs() as logs, pytest.raises(CursorError, match="reapply_pruned"):
+                store.reset(
+                    "s",
+                    cursor=str(boundary).encode(),
+                    boundary=boundary,
+                    expected_generation=ck.generation,
+                )
+            [rejected] = [e for e in logs if e["event"] == "settle.cursor.reset_rejected"]
+            assert (rejected["reason"], rejected["pruned"], rejected["boundary"]) == (
+                "receipts_pruned",
+                6,
+                boundary,
+            )
+            assert store.checkpoint("s") == ck  # nothing reset
+        consumer.run()
+        assert set(calls.values()) == {1}
+
+        # At the highest pruned position: every event above it still has its receipt.
+        again = store.reset("s", cursor=b"6", boundary=6, expected_generation=ck.generation)
+        assert again.generation == ck.generation + 1
+        consumer.run()
+        assert calls == Counter({e.id: 1 for e in LOG})
+
+        # Asked for: the pruned events come again (the handler is idempotent under ctx.key).
+        ck = store.checkpoint("s")
+        assert ck is not None
+        store.reset(
+            "s", cursor=b"0", boundary=0, expected_generation=ck.generation, reapply_pruned=True
+        )
+        consumer.run()
+        assert [calls[e.id] for e in LOG] == [2] * 6 + [1] * 4
+
+
+def test_reapply_pruned_takes_a_bool_only(store: CursorStore) -> None:
+    ck = store.start("s", b"0")
+    for bad in ("yes", 1, None):
+        with pytest.raises(InvalidInput, match="reapply_pruned"):
+            store.reset(
+                "s",
+                cursor=b"1",
+                boundary=0,
+                expected_generation=ck.generation,
+                reapply_pruned=bad,  # type: ignore[arg-type]
+            )
+    assert store.checkpoint("s") == ck
+
+
+def test_without_a_horizon_nothing_is_pruned_and_any_reset_is_taken(store: CursorStore) -> None:
+    calls: Counter[str] = Counter()
+
+    def handle(event: Event, ctx: EventContext) -> None:
+        calls[event.id] += 1
+
+    store.start("s", b"0")
+    consumer = CursorConsumer(fetch, handle, ProviderContract(), store=store, stream="s")
+    consumer.run()
+    ck = store.checkpoint("s")
+    assert ck is not None
+    store.reset("s", cursor=b"0", boundary=0, expected_generation=ck.generation)
+    consumer.run()
+    assert calls == Counter({e.id: 1 for e in LOG})  # every receipt kept: none again
+
+
+@pytest.mark.asyncio
+async def test_the_async_store_refuses_it_alike(redis_url: str, namespace: str) -> None:
+    calls: Counter[str] = Counter()
+
+    async def handle(event: Event, ctx: EventContext) -> None:
+        calls[event.id] += 1
+
+    async with AsyncCursorStore.from_url(
+        redis_url, namespace=namespace, receipt_horizon=3
+    ) as store:
+        await store.start("s", b"0")
+        consumer = AsyncCursorConsumer(afetch, handle, ProviderContract(), store=store, stream="s")
+        await consumer.run()
+        ck = await store.checkpoint("s")
+        assert ck is not None
+        with pytest.raises(CursorError, match="up to position 6"):
+            await store.reset("s", cursor=b"0", boundary=0, expected_generation=ck.generation)
+        assert await store.checkpoint("s") == ck
+        await consumer.run()
+        assert calls == Counter({e.id: 1 for e in LOG})
