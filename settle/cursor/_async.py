@@ -169,10 +169,14 @@ class AsyncCursorConsumer:
                 case RunScript(call=call):
                     reply = await self.store.run(call)
                 case HandleEvent(event=event, context=context):
-                    reply = self.handle_event(event, context)
-                    # unasync: async-only
-                    reply = await awaited(reply)  # a plain handler ran: its value stands
-                    # unasync: end
+                    try:
+                        reply = self.handle_event(event, context)
+                        # unasync: async-only
+                        reply = await awaited(reply)  # a plain handler ran: its value stands
+                        # unasync: end
+                    except Exception as exc:  # noqa: BLE001 - the handler's own: said, raised
+                        instruction = steps.throw(exc)
+                        continue
                 case FetchPage(cursor=cursor):
                     try:
                         reply = await self.fetch_page(cursor)

@@ -581,6 +581,17 @@ class CursorCore:
             key=event_key(self.namespace, stream, event.id),
         )
 
+    def handler_failed(self, stream: str, attempt_id: str, event: Event, error: Exception) -> None:
+        """``handle_event`` raised: logged (the error's type only, never its text: it may
+        hold the payload), and the step raises it; the event has no receipt."""
+        self._log(stream).warning(
+            "settle.cursor.handler_failed",
+            attempt_id=attempt_id,
+            event_digest=event_digest(event.id),
+            position=event.position,
+            error_type=type(error).__name__,
+        )
+
     def plan_resume(self, stream: str, attempt_id: str, generation: int) -> Call:
         return self._call("resume", stream, attempt_id, generation)
 

@@ -160,7 +160,11 @@ class CursorConsumer:
                 case RunScript(call=call):
                     reply = self.store.run(call)
                 case HandleEvent(event=event, context=context):
-                    reply = self.handle_event(event, context)
+                    try:
+                        reply = self.handle_event(event, context)
+                    except Exception as exc:  # noqa: BLE001 - the handler's own: said, raised
+                        instruction = steps.throw(exc)
+                        continue
                 case FetchPage(cursor=cursor):
                     try:
                         reply = self.fetch_page(cursor)
