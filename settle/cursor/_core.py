@@ -478,8 +478,8 @@ class CursorCore:
     def check_page(self, stream: str, contract: ProviderContract, page: object) -> Page:
         try:
             return check_page(stream, contract, page)
-        except InvalidResponse:
-            self._log(stream).warning("settle.cursor.invalid_response")
+        except InvalidResponse as exc:
+            self._log(stream).warning("settle.cursor.invalid_response", reason=exc.reason)
             raise
 
     def classify(
