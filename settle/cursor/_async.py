@@ -42,7 +42,8 @@ _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 #: times for nothing new.
 EMPTY_WINDOWS = 10
 
-AsyncFetchPageFn = Callable[[bytes], Awaitable[Page]]
+#: An ``async def`` fetch_page, or a plain function (its page stands).
+AsyncFetchPageFn = Callable[[bytes], Awaitable[Page] | Page]
 #: An ``async def`` handler, or a plain function (its value stands: it ran).
 AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object] | object]
 
@@ -179,7 +180,10 @@ class AsyncCursorConsumer:
                         continue
                 case FetchPage(cursor=cursor):
                     try:
-                        reply = await self.fetch_page(cursor)
+                        reply = self.fetch_page(cursor)
+                        # unasync: async-only
+                        reply = await awaited(reply)  # a plain fetch_page's page stands
+                        # unasync: end
                     except ProviderCursorExpired as exc:
                         instruction = steps.throw(exc)
                         continue

@@ -7,6 +7,7 @@ shell can first keep the response as an abandoned witness and then raise it.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -123,6 +124,17 @@ def _bad(stream: str, reason: str, message: str) -> InvalidResponse:
 def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
     """Validate what ``fetch_page`` returned; raise :class:`InvalidResponse` (nothing
     written) when it is not a page the contract allows."""
+    if inspect.isawaitable(page):
+        # An async fetch_page given to the sync consumer: it never ran (closed, so nothing
+        # warns later of a coroutine never awaited).
+        if inspect.iscoroutine(page):
+            page.close()
+        raise _bad(
+            stream,
+            "awaitable",
+            "fetch_page returned an awaitable, which was never awaited: it did not run. An "
+            "async fetch_page needs AsyncCursorConsumer",
+        )
     if not isinstance(page, Page):
         raise _bad(stream, "not_a_page", f"expected settle.cursor.Page, got {type(page).__name__}")
     successor = page.successor

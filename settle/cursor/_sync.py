@@ -39,6 +39,7 @@ _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 #: times for nothing new.
 EMPTY_WINDOWS = 10
 
+#: A plain function.
 FetchPageFn = Callable[[bytes], Page]
 #: A plain function.
 HandleEventFn = Callable[[Event, EventContext], object]
