@@ -403,11 +403,14 @@ class CursorCore:
                 f"{call.args[0]!s}: nothing was reset; read the checkpoint again and decide again",
                 stream=_stream(call),
             )
+        # reapply_pruned let the boundary below pruned receipts: their events come again.
+        again = {"pruned": int(reply.detail)} if reply.detail else {}
         log.warning(
             "settle.cursor.reset",
             generation=reply.checkpoint.generation,
             cursor_digest=short(reply.checkpoint.cursor_digest),
             boundary=reply.checkpoint.boundary,
+            **again,
         )
         return reply.checkpoint
 

@@ -78,7 +78,10 @@ def test_a_reset_below_pruned_receipts_is_refused_and_nothing_is_applied_twice(
         assert set(calls.values()) == {1}
 
         # At the highest pruned position: every event above it still has its receipt.
-        again = store.reset("s", cursor=b"6", boundary=6, expected_generation=ck.generation)
+        with capture_logs() as logs:
+            again = store.reset("s", cursor=b"6", boundary=6, expected_generation=ck.generation)
+        [reset] = [e for e in logs if e["event"] == "settle.cursor.reset"]
+        assert "pruned" not in reset  # nothing comes again
         assert again.generation == ck.generation + 1
         consumer.run()
         assert calls == Counter({e.id: 1 for e in LOG})
@@ -86,9 +89,12 @@ def test_a_reset_below_pruned_receipts_is_refused_and_nothing_is_applied_twice(
         # Asked for: the pruned events come again (the handler is idempotent under ctx.key).
         ck = store.checkpoint("s")
         assert ck is not None
-        store.reset(
-            "s", cursor=b"0", boundary=0, expected_generation=ck.generation, reapply_pruned=True
-        )
+        with capture_logs() as logs:
+            store.reset(
+                "s", cursor=b"0", boundary=0, expected_generation=ck.generation, reapply_pruned=True
+            )
+        [reset] = [e for e in logs if e["event"] == "settle.cursor.reset"]
+        assert (reset["boundary"], reset["pruned"]) == (0, 6)  # said: e1..e6 come again
         consumer.run()
         assert [calls[e.id] for e in LOG] == [2] * 6 + [1] * 4
 
