@@ -137,3 +137,84 @@ PROGRESS_APPLY_EVENTS = {
     "settle.progress.duplicate",
     "settle.progress.covered",
 }
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_duplicate_whose_record_reply_was_lost_is_still_a_duplicate(
+    flavour: str, progress_proxy: FaultyProxy, names: Names
+) -> None:
+    """A second delivery of an emission applied under another one runs no effect: its
+    ``record`` (reply lost, repeated by the runtime) meets its own first try. It is
+    ``DUPLICATE`` (no effect ran, the emission was applied as 1-1), as it is when the reply
+    arrives; it was ``COVERED``."""
+    ran: list[str] = []
+
+    def effect(ctx: EffectContext) -> None:
+        ran.append(ctx.delivery.value)
+
+    async def aeffect(ctx: EffectContext) -> None:
+        effect(ctx)
+
+    options: dict[str, Any] = {"consumer": names.consumer, "namespace": names.namespace}
+    if flavour == "sync":
+        store: Any = Awaitable(ProgressStore(sync_client(progress_proxy.port), **options))
+    else:
+        store = AsyncProgressStore(async_client(progress_proxy.port), **options)
+    scope = ProviderScope(names.stream, names.group, "i1")
+    run = effect if flavour == "sync" else aeffect
+    try:
+        first = await store.apply(scope, DeliveryId("1-1"), EmissionId("order-1"), run)
+        assert first.status is ApplyStatus.APPLIED
+        progress_proxy.cut(script_needle(PROGRESS, "record"), "mid_reply")  # type: ignore[arg-type]
+        with capture_logs() as logs:
+            second = await store.apply(scope, DeliveryId("1-2"), EmissionId("order-1"), run)
+        assert progress_proxy.fired == ["mid_reply"]
+        assert ran == ["1-1"]  # no second effect
+        assert second.status is ApplyStatus.DUPLICATE
+        events = [e["event"] for e in logs if e["event"] in PROGRESS_APPLY_EVENTS]
+        assert events == ["settle.progress.duplicate"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_an_effect_whose_delivery_was_dead_lettered_meanwhile_is_covered(
+    flavour: str, progress_server: EmbeddedRedis, names: Names
+) -> None:
+    """The one ``COVERED`` after an effect ran (docs/delivery-progress.md): another worker
+    dead-lettered the delivery while the effect ran."""
+    options: dict[str, Any] = {"consumer": names.consumer, "namespace": names.namespace}
+    other = ProgressStore.from_url(progress_server.url, **options)
+    if flavour == "sync":
+        store: Any = Awaitable(ProgressStore.from_url(progress_server.url, **options))
+    else:
+        store = AsyncProgressStore.from_url(progress_server.url, **options)
+    scope = ProviderScope(names.stream, names.group, "i1")
+    ran: list[str] = []
+
+    def effect(ctx: EffectContext) -> None:
+        ran.append(ctx.delivery.value)
+        other.dead_letter(
+            scope, ctx.delivery, ctx.emission, reason="max_deliveries", delivery_count=3
+        )
+
+    async def aeffect(ctx: EffectContext) -> None:
+        effect(ctx)
+
+    try:
+        with capture_logs() as logs:
+            applied = await store.apply(
+                scope,
+                DeliveryId("1-1"),
+                EmissionId("order-1"),
+                effect if flavour == "sync" else aeffect,
+            )
+        assert ran == ["1-1"]
+        assert applied.status is ApplyStatus.COVERED
+        events = [e["event"] for e in logs if e["event"] in PROGRESS_APPLY_EVENTS]
+        assert events == ["settle.progress.covered"]
+    finally:
+        await store.close()
+        other.close()
