@@ -149,3 +149,33 @@ async def test_the_async_store_refuses_it_alike(redis_url: str, namespace: str) 
         assert await store.checkpoint("s") == ck
         await consumer.run()
         assert calls == Counter({e.id: 1 for e in LOG})
+
+
+def test_the_highest_pruned_position_is_kept_when_reapplied_receipts_are_pruned_again(
+    redis_url: str, namespace: str
+) -> None:
+    """After a reset with ``reapply_pruned``, the events come again and their new receipts
+    are pruned again, lower than before: the checkpoint keeps the highest pruned position
+    (8), so a reset to 5 stays refused while e6..e8 have no receipt (a checkpoint that took
+    the last pruning's position, 2, let it through and handed them over again)."""
+    with CursorStore.from_url(redis_url, namespace=namespace, receipt_horizon=1) as store:
+        store.start("s", b"0")
+        consumer = CursorConsumer(
+            fetch, lambda e, ctx: None, ProviderContract(), store=store, stream="s"
+        )
+        consumer.run()
+        ck = store.checkpoint("s")
+        assert ck is not None
+        store.reset(
+            "s", cursor=b"0", boundary=0, expected_generation=ck.generation, reapply_pruned=True
+        )
+        consumer.run(max_steps=2)  # to boundary 4: e1 and e2 pruned again
+        ck = store.checkpoint("s")
+        assert ck is not None
+        assert ck.boundary == 4
+        assert [r.event_id for r in store.receipts("s", after=-1)] == ["e3", "e4", "e9", "e10"]
+        with capture_logs() as logs, pytest.raises(CursorError, match="up to position 8"):
+            store.reset("s", cursor=b"5", boundary=5, expected_generation=ck.generation)
+        [rejected] = [e for e in logs if e["event"] == "settle.cursor.reset_rejected"]
+        assert rejected["pruned"] == 8
+        assert store.checkpoint("s") == ck
