@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import redis
 from structlog.testing import capture_logs
 
 from settle.cursor import (
@@ -26,7 +27,8 @@ from settle.cursor import (
     Page,
     ProviderContract,
 )
-from settle.errors import InvalidInput
+from settle.cursor._keys import stream_keys
+from settle.errors import CorruptRecord, InvalidInput
 
 LOG = [Event(f"e{i}", i, {"n": i}) for i in range(1, 11)]
 
@@ -179,3 +181,20 @@ def test_the_highest_pruned_position_is_kept_when_reapplied_receipts_are_pruned_
         [rejected] = [e for e in logs if e["event"] == "settle.cursor.reset_rejected"]
         assert rejected["pruned"] == 8
         assert store.checkpoint("s") == ck
+
+
+def test_a_pruned_field_that_is_no_integer_is_a_corrupt_checkpoint(
+    store: CursorStore, redis_url: str
+) -> None:
+    """A checkpoint whose ``pruned`` is not an integer settle wrote (changed by hand): the
+    reset is ``CorruptRecord``, logged, nothing written; it was a Lua error, a
+    ``BackendError`` saying the server may be unreachable."""
+    ck = store.start("s", b"0")
+    key = stream_keys(store.core.namespace, "s")[0]
+    with redis.Redis.from_url(redis_url) as raw:
+        raw.hset(key, "pruned", "junk")
+        before = raw.hgetall(key)
+        with capture_logs() as logs, pytest.raises(CorruptRecord):
+            store.reset("s", cursor=b"1", boundary=0, expected_generation=ck.generation)
+        assert [e["script"] for e in logs if e["event"] == "settle.cursor.corrupt"] == ["reset"]
+        assert raw.hgetall(key) == before

@@ -32,7 +32,8 @@ local function load_ckpt(key)
   local flat = redis.call('HGETALL', key)
   local c = {}
   for i = 1, #flat, 2 do c[flat[i]] = flat[i + 1] end
-  if c.cursor == nil or not canonical_int(c.gen) or not canonical_int(c.bound) then
+  if c.cursor == nil or not canonical_int(c.gen) or not canonical_int(c.bound)
+      or (c.pruned ~= nil and not canonical_int(c.pruned)) then
     return false, {}
   end
   return c, flat
