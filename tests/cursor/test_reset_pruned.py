@@ -198,3 +198,19 @@ def test_a_pruned_field_that_is_no_integer_is_a_corrupt_checkpoint(
             store.reset("s", cursor=b"1", boundary=0, expected_generation=ck.generation)
         assert [e["script"] for e in logs if e["event"] == "settle.cursor.corrupt"] == ["reset"]
         assert raw.hgetall(key) == before
+
+
+def test_a_reset_naming_another_generation_is_rejected_with_its_reason(
+    store: CursorStore,
+) -> None:
+    """``settle.cursor.reset_rejected`` has two reasons now; the older one says so too."""
+    ck = store.start("s", b"0")
+    with capture_logs() as logs, pytest.raises(CursorError, match="nothing was reset"):
+        store.reset("s", cursor=b"1", boundary=0, expected_generation=ck.generation - 1)
+    [rejected] = [e for e in logs if e["event"] == "settle.cursor.reset_rejected"]
+    assert (rejected["reason"], rejected["expected_generation"], rejected["generation"]) == (
+        "generation",
+        ck.generation - 1,
+        ck.generation,
+    )
+    assert store.checkpoint("s") == ck
