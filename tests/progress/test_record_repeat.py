@@ -43,6 +43,15 @@ def progress_proxy(progress_server: EmbeddedRedis) -> Iterator[FaultyProxy]:
     running.close()
 
 
+def through(proxy: FaultyProxy, names: Names, flavour: str) -> Any:
+    """A progress store of ``flavour`` whose connections go through ``proxy`` (the sync one
+    presented with coroutine methods, so that one test body serves both)."""
+    options: dict[str, Any] = {"consumer": names.consumer, "namespace": names.namespace}
+    if flavour == "sync":
+        return Awaitable(ProgressStore(sync_client(proxy.port), **options))
+    return AsyncProgressStore(async_client(proxy.port), **options)
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.parametrize("at", ["after_request", "mid_reply"])
@@ -57,11 +66,7 @@ async def test_a_record_repeated_after_its_lost_reply_reports_the_effect_applied
     async def aeffect(ctx: EffectContext) -> None:
         effect(ctx)
 
-    options: dict[str, Any] = {"consumer": names.consumer, "namespace": names.namespace}
-    if flavour == "sync":
-        store: Any = Awaitable(ProgressStore(sync_client(progress_proxy.port), **options))
-    else:
-        store = AsyncProgressStore(async_client(progress_proxy.port), **options)
+    store = through(progress_proxy, names, flavour)
     scope = ProviderScope(names.stream, names.group, "i1")
     try:
         progress_proxy.cut(script_needle(PROGRESS, "record"), at)  # type: ignore[arg-type]
@@ -156,11 +161,7 @@ async def test_a_duplicate_whose_record_reply_was_lost_is_still_a_duplicate(
     async def aeffect(ctx: EffectContext) -> None:
         effect(ctx)
 
-    options: dict[str, Any] = {"consumer": names.consumer, "namespace": names.namespace}
-    if flavour == "sync":
-        store: Any = Awaitable(ProgressStore(sync_client(progress_proxy.port), **options))
-    else:
-        store = AsyncProgressStore(async_client(progress_proxy.port), **options)
+    store = through(progress_proxy, names, flavour)
     scope = ProviderScope(names.stream, names.group, "i1")
     run = effect if flavour == "sync" else aeffect
     try:
