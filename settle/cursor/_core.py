@@ -387,7 +387,9 @@ class CursorCore:
                 f"stream {_stream(call)!r}: the receipts of events up to position {pruned} "
                 f"were pruned (receipt_horizon), so a reset to boundary {call.args[3]!s} would "
                 "hand those above it to handle_event again as new: nothing was reset; reset "
-                f"to a boundary of at least {pruned}, or pass reapply_pruned=True if "
+                f"to a boundary of at least {pruned} with a cursor whose page starts after "
+                f"position {pruned} (a stable boundary: a page that shows a pruned event "
+                "again stops the stream, CoverageNotProven), or pass reapply_pruned=True if "
                 "handle_event is idempotent under ctx.key",
                 stream=_stream(call),
             )

@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from settle.cursor import (
     AsyncCursorConsumer,
     AsyncCursorStore,
+    CoverageNotProven,
     CursorConsumer,
     CursorError,
     CursorStore,
@@ -214,3 +215,28 @@ def test_a_reset_naming_another_generation_is_rejected_with_its_reason(
         ck.generation,
     )
     assert store.checkpoint("s") == ck
+
+
+def test_the_refusal_says_the_cursor_must_start_after_the_pruned_position(
+    redis_url: str, namespace: str
+) -> None:
+    """Following the refusal's advice with a fresh snapshot's first cursor (a boundary at
+    the pruned position, a page from the start) stops the stream at the first pruned event
+    (``CoverageNotProven``, ``below_boundary``): it has no receipt. The advice says so: a
+    cursor whose page starts after that position (a stable boundary), or
+    ``reapply_pruned=True``; it said only "a boundary of at least 6"."""
+    with CursorStore.from_url(redis_url, namespace=namespace, receipt_horizon=3) as store:
+        store.start("s", b"0")
+        consumer = CursorConsumer(
+            fetch, lambda e, ctx: None, ProviderContract(), store=store, stream="s"
+        )
+        consumer.run()
+        ck = store.checkpoint("s")
+        assert ck is not None
+        with pytest.raises(CursorError) as refused:
+            store.reset("s", cursor=b"0", boundary=0, expected_generation=ck.generation)
+        assert "a cursor whose page starts after position 6" in str(refused.value)
+        store.reset("s", cursor=b"0", boundary=6, expected_generation=ck.generation)
+        with pytest.raises(CoverageNotProven) as stopped:
+            consumer.step()
+        assert stopped.value.reason == "below_boundary"
