@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from settle.cursor import (
     AsyncCursorConsumer,
     AsyncCursorStore,
+    Checkpoint,
     CoverageNotProven,
     CursorConsumer,
     CursorError,
@@ -42,6 +43,18 @@ def fetch(cursor: bytes) -> Page:
 
 async def afetch(cursor: bytes) -> Page:
     return fetch(cursor)
+
+
+def applied_to_the_end(store: CursorStore) -> tuple[CursorConsumer, Checkpoint]:
+    """Stream "s" started and run through LOG by a handler that does nothing."""
+    store.start("s", b"0")
+    consumer = CursorConsumer(
+        fetch, lambda e, ctx: None, ProviderContract(), store=store, stream="s"
+    )
+    consumer.run()
+    ck = store.checkpoint("s")
+    assert ck is not None
+    return consumer, ck
 
 
 def test_a_reset_below_pruned_receipts_is_refused_and_nothing_is_applied_twice(
@@ -162,13 +175,7 @@ def test_the_highest_pruned_position_is_kept_when_reapplied_receipts_are_pruned_
     (8), so a reset to 5 stays refused while e6..e8 have no receipt (a checkpoint that took
     the last pruning's position, 2, let it through and handed them over again)."""
     with CursorStore.from_url(redis_url, namespace=namespace, receipt_horizon=1) as store:
-        store.start("s", b"0")
-        consumer = CursorConsumer(
-            fetch, lambda e, ctx: None, ProviderContract(), store=store, stream="s"
-        )
-        consumer.run()
-        ck = store.checkpoint("s")
-        assert ck is not None
+        consumer, ck = applied_to_the_end(store)
         store.reset(
             "s", cursor=b"0", boundary=0, expected_generation=ck.generation, reapply_pruned=True
         )
@@ -226,13 +233,7 @@ def test_the_refusal_says_the_cursor_must_start_after_the_pruned_position(
     cursor whose page starts after that position (a stable boundary), or
     ``reapply_pruned=True``; it said only "a boundary of at least 6"."""
     with CursorStore.from_url(redis_url, namespace=namespace, receipt_horizon=3) as store:
-        store.start("s", b"0")
-        consumer = CursorConsumer(
-            fetch, lambda e, ctx: None, ProviderContract(), store=store, stream="s"
-        )
-        consumer.run()
-        ck = store.checkpoint("s")
-        assert ck is not None
+        consumer, ck = applied_to_the_end(store)
         with pytest.raises(CursorError) as refused:
             store.reset("s", cursor=b"0", boundary=0, expected_generation=ck.generation)
         assert "a cursor whose page starts after position 6" in str(refused.value)
