@@ -90,7 +90,8 @@ CURSOR_RULES: list[tuple[str, str]] = [
     (r"settle\._runtime\._async\b", "settle._runtime._sync"),
     (r"Awaitable\[object\] \| object", "object"),  # the async shell takes a plain handler too
     (r"^#: An ``async def`` handler, or a plain function .*", "#: A plain function."),
-    (r"Awaitable\[(\w+)\]", r"\1"),
+    (r"Awaitable\[Page\] \| Page", "Page"),  # and a plain fetch_page
+    (r"^#: An ``async def`` fetch_page, or a plain function .*", "#: A plain function."),
     (r"from collections\.abc import Awaitable, Callable", "from collections.abc import Callable"),
     (r"\bAsyncCursorConsumer\b", "CursorConsumer"),
     (r"\bAsyncCursorStore\b", "CursorStore"),

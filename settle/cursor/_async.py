@@ -42,7 +42,8 @@ _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 #: times for nothing new.
 EMPTY_WINDOWS = 10
 
-AsyncFetchPageFn = Callable[[bytes], Awaitable[Page]]
+#: An ``async def`` fetch_page, or a plain function (its page stands).
+AsyncFetchPageFn = Callable[[bytes], Awaitable[Page] | Page]
 #: An ``async def`` handler, or a plain function (its value stands: it ran).
 AsyncHandleEventFn = Callable[[Event, EventContext], Awaitable[object] | object]
 
@@ -104,11 +105,26 @@ class AsyncCursorStore(AsyncConnectable):
         return self.core.decode_receipts(call, await self.run(call))
 
     async def reset(
-        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+        self,
+        stream: str,
+        *,
+        cursor: bytes,
+        boundary: int,
+        expected_generation: int,
+        reapply_pruned: bool = False,
     ) -> Checkpoint:
-        """Recovery after a divergence or an expired cursor (see the error's ``recovery``)."""
+        """Recovery after a divergence or an expired cursor (see the error's ``recovery``).
+
+        A boundary below a position whose receipt ``receipt_horizon`` pruned is refused
+        (``CursorError``, nothing reset): those events would reach ``handle_event`` again
+        as new. ``reapply_pruned=True`` accepts that (the handler is idempotent under
+        ``ctx.key``)."""
         call = self.core.plan_reset(
-            stream, cursor=cursor, boundary=boundary, expected_generation=expected_generation
+            stream,
+            cursor=cursor,
+            boundary=boundary,
+            expected_generation=expected_generation,
+            reapply_pruned=reapply_pruned,
         )
         return self.core.decode_reset(call, await self.run(call))
 
@@ -154,13 +170,20 @@ class AsyncCursorConsumer:
                 case RunScript(call=call):
                     reply = await self.store.run(call)
                 case HandleEvent(event=event, context=context):
-                    reply = self.handle_event(event, context)
-                    # unasync: async-only
-                    reply = await awaited(reply)  # a plain handler ran: its value stands
-                    # unasync: end
+                    try:
+                        reply = self.handle_event(event, context)
+                        # unasync: async-only
+                        reply = await awaited(reply)  # a plain handler ran: its value stands
+                        # unasync: end
+                    except Exception as exc:  # noqa: BLE001 - the handler's own: said, raised
+                        instruction = steps.throw(exc)
+                        continue
                 case FetchPage(cursor=cursor):
                     try:
-                        reply = await self.fetch_page(cursor)
+                        reply = self.fetch_page(cursor)
+                        # unasync: async-only
+                        reply = await awaited(reply)  # a plain fetch_page's page stands
+                        # unasync: end
                     except ProviderCursorExpired as exc:
                         instruction = steps.throw(exc)
                         continue

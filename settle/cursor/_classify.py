@@ -7,6 +7,7 @@ shell can first keep the response as an abandoned witness and then raise it.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -114,20 +115,33 @@ class Decision:
     pending response it falls short of is the evidence)."""
 
 
-def _bad(stream: str, message: str) -> InvalidResponse:
-    return InvalidResponse(f"fetch_page returned an invalid page: {message}", stream=stream)
+def _bad(stream: str, reason: str, message: str) -> InvalidResponse:
+    return InvalidResponse(
+        f"fetch_page returned an invalid page: {message}", stream=stream, reason=reason
+    )
 
 
 def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
     """Validate what ``fetch_page`` returned; raise :class:`InvalidResponse` (nothing
     written) when it is not a page the contract allows."""
+    if inspect.isawaitable(page):
+        # An async fetch_page given to the sync consumer: it never ran (closed, so nothing
+        # warns later of a coroutine never awaited).
+        if inspect.iscoroutine(page):
+            page.close()
+        raise _bad(
+            stream,
+            "awaitable",
+            "fetch_page returned an awaitable, which was never awaited: it did not run. An "
+            "async fetch_page needs AsyncCursorConsumer",
+        )
     if not isinstance(page, Page):
-        raise _bad(stream, f"expected settle.cursor.Page, got {type(page).__name__}")
+        raise _bad(stream, "not_a_page", f"expected settle.cursor.Page, got {type(page).__name__}")
     successor = page.successor
     if isinstance(successor, bytearray | memoryview):
         successor = bytes(successor)
     if not isinstance(successor, bytes) or len(successor) > MAX_CURSOR_BYTES:
-        raise _bad(stream, f"successor must be bytes of at most {MAX_CURSOR_BYTES}")
+        raise _bad(stream, "successor", f"successor must be bytes of at most {MAX_CURSOR_BYTES}")
     if page.snapshot is not None and (
         not isinstance(page.snapshot, str)
         or not 1 <= len(page.snapshot) <= MAX_SNAPSHOT_CHARS
@@ -135,40 +149,58 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
     ):
         raise _bad(
             stream,
+            "snapshot",
             f"snapshot must be a str of 1 to {MAX_SNAPSHOT_CHARS} characters without control "
             "characters",
         )
     cov = page.coverage
     if cov is not None:
         if not contract.coverage_watermarks:
-            raise _bad(stream, "a coverage marker, but the contract declares no watermarks")
+            raise _bad(
+                stream,
+                "coverage_undeclared",
+                "a coverage marker, but the contract declares no watermarks",
+            )
         if not isinstance(cov, Coverage):
-            raise _bad(stream, f"coverage must be settle.cursor.Coverage, got {type(cov).__name__}")
+            raise _bad(
+                stream,
+                "coverage",
+                f"coverage must be settle.cursor.Coverage, got {type(cov).__name__}",
+            )
         if (
             not (_is_position(cov.after, low=NOTHING_APPLIED) and _is_position(cov.through))
             or cov.after > cov.through
         ):
             raise _bad(
                 stream,
+                "coverage",
                 "coverage needs integer positions with after <= through (after -1: from "
                 "position 0 on)",
             )
     if isinstance(page.events, str | bytes) or not isinstance(page.events, Iterable):
-        raise _bad(stream, f"events must be a list of Event, got {type(page.events).__name__}")
+        raise _bad(
+            stream, "events", f"events must be a list of Event, got {type(page.events).__name__}"
+        )
     events = list(page.events)
     if len(events) > MAX_EVENTS_PER_PAGE:
-        raise _bad(stream, f"more than {MAX_EVENTS_PER_PAGE} events")
+        raise _bad(stream, "too_many_events", f"more than {MAX_EVENTS_PER_PAGE} events")
     seen: set[str] = set()
     last = -1
     for ev in events:
         if not isinstance(ev, Event):
-            raise _bad(stream, f"events must be settle.cursor.Event, got {type(ev).__name__}")
+            raise _bad(
+                stream, "events", f"events must be settle.cursor.Event, got {type(ev).__name__}"
+            )
         if not isinstance(ev.id, str) or not 1 <= len(ev.id) <= MAX_EVENT_ID_CHARS:
-            raise _bad(stream, f"event ids must be str of 1 to {MAX_EVENT_ID_CHARS} characters")
+            raise _bad(
+                stream, "event_id", f"event ids must be str of 1 to {MAX_EVENT_ID_CHARS} characters"
+            )
         if has_control(ev.id):
-            raise _bad(stream, "event ids must not contain control characters")
+            raise _bad(stream, "event_id", "event ids must not contain control characters")
         if not _is_position(ev.position):
-            raise _bad(stream, f"event positions must be integers in [0, {MAX_POSITION}]")
+            raise _bad(
+                stream, "position", f"event positions must be integers in [0, {MAX_POSITION}]"
+            )
         if not (
             isinstance(ev.digest, str)
             and _DIGEST.fullmatch(ev.digest)
@@ -181,13 +213,19 @@ def check_page(stream: str, contract: ProviderContract, page: object) -> Page:
             # control, format and line-separator character, as in event ids.
             raise _bad(
                 stream,
+                "digest",
                 f"an event's digest must be text of 1 to {MAX_DIGEST_CHARS} characters without "
                 "whitespace or control characters (by default settle computes a SHA-256)",
             )
         if ev.position <= last:
-            raise _bad(stream, "event positions must strictly increase within a page")
+            raise _bad(
+                stream,
+                "positions_not_increasing",
+                "event positions must strictly increase within a page (a provider that lists "
+                "newest first, as Stripe's events list does, is reversed by fetch_page)",
+            )
         if ev.id in seen:
-            raise _bad(stream, "an event id appears twice in one page")
+            raise _bad(stream, "duplicate_event_id", "an event id appears twice in one page")
         seen.add(ev.id)
         last = ev.position
     return Page(tuple(events), successor, page.snapshot, cov)

@@ -349,20 +349,54 @@ class CursorCore:
             return [self._witness(list(w)) for w in reply.extra]
 
     def plan_reset(
-        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+        self,
+        stream: str,
+        *,
+        cursor: bytes,
+        boundary: int,
+        expected_generation: int,
+        reapply_pruned: bool = False,
     ) -> Call:
         c = _cursor(cursor, "cursor", stream)
         b = _boundary(boundary, stream)
         g = _position(expected_generation, "expected_generation", stream)
-        return self._call("reset", stream, g, c, cursor_digest(c), b)
+        if not isinstance(reapply_pruned, bool):
+            raise InvalidInput(
+                f"reapply_pruned must be True or False, got {type(reapply_pruned).__name__}",
+                operation_id=stream,
+            )
+        return self._call("reset", stream, g, c, cursor_digest(c), b, "1" if reapply_pruned else "")
 
     def decode_reset(self, call: Call, raw: Any) -> Checkpoint:
         reply = self._reply(call, raw)
         assert reply.checkpoint is not None
         log = self._log(_stream(call))
+        if reply.code == "pruned":
+            # Receipts above the boundary asked for were pruned (receipt_horizon): their
+            # events would come to handle_event again as new. Refused unless asked for.
+            pruned = int(reply.detail)
+            log.warning(
+                "settle.cursor.reset_rejected",
+                reason="receipts_pruned",
+                expected_generation=call.args[0],
+                generation=reply.checkpoint.generation,
+                boundary=call.args[3],
+                pruned=pruned,
+            )
+            raise CursorError(
+                f"stream {_stream(call)!r}: the receipts of events up to position {pruned} "
+                f"were pruned (receipt_horizon), so a reset to boundary {call.args[3]!s} would "
+                "hand those above it to handle_event again as new: nothing was reset; reset "
+                f"to a boundary of at least {pruned} with a cursor whose page starts after "
+                f"position {pruned} (a stable boundary: a page that shows a pruned event "
+                "again stops the stream, CoverageNotProven), or pass reapply_pruned=True if "
+                "handle_event is idempotent under ctx.key",
+                stream=_stream(call),
+            )
         if reply.code != "reset":
             log.warning(
                 "settle.cursor.reset_rejected",
+                reason="generation",
                 expected_generation=call.args[0],
                 generation=reply.checkpoint.generation,
             )
@@ -371,11 +405,14 @@ class CursorCore:
                 f"{call.args[0]!s}: nothing was reset; read the checkpoint again and decide again",
                 stream=_stream(call),
             )
+        # reapply_pruned let the boundary below pruned receipts: their events come again.
+        again = {"pruned": int(reply.detail)} if reply.detail else {}
         log.warning(
             "settle.cursor.reset",
             generation=reply.checkpoint.generation,
             cursor_digest=short(reply.checkpoint.cursor_digest),
             boundary=reply.checkpoint.boundary,
+            **again,
         )
         return reply.checkpoint
 
@@ -446,8 +483,8 @@ class CursorCore:
     def check_page(self, stream: str, contract: ProviderContract, page: object) -> Page:
         try:
             return check_page(stream, contract, page)
-        except InvalidResponse:
-            self._log(stream).warning("settle.cursor.invalid_response")
+        except InvalidResponse as exc:
+            self._log(stream).warning("settle.cursor.invalid_response", reason=exc.reason)
             raise
 
     def classify(
@@ -547,6 +584,17 @@ class CursorCore:
             # The event's identity only, never its payload: two workers that see one id with
             # different payloads must meet in the user's dedup, not apply both.
             key=event_key(self.namespace, stream, event.id),
+        )
+
+    def handler_failed(self, stream: str, attempt_id: str, event: Event, error: Exception) -> None:
+        """``handle_event`` raised: logged (the error's type only, never its text: it may
+        hold the payload), and the step raises it; the event has no receipt."""
+        self._log(stream).warning(
+            "settle.cursor.handler_failed",
+            attempt_id=attempt_id,
+            event_digest=event_digest(event.id),
+            position=event.position,
+            error_type=type(error).__name__,
         )
 
     def plan_resume(self, stream: str, attempt_id: str, generation: int) -> Call:

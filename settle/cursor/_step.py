@@ -31,6 +31,8 @@ class FetchPage:
 
 @dataclass(frozen=True, slots=True)
 class HandleEvent:
+    """Call ``handle_event(event, context)``; throw its exception back in if it raises."""
+
     event: Event
     context: EventContext
 
@@ -68,8 +70,15 @@ def _hand_over(
             skipped += 1
             continue
         handing = HandleEvent(event, core.context(stream, view, aid, decision, event))
+        try:
+            handled = yield handing
+        except Exception as exc:
+            # The step stops here, its response pending: the next step resumes it and hands
+            # this event over again (the ones before it have their receipts).
+            core.handler_failed(stream, aid, event, exc)
+            raise
         # An awaitable back (an async handler in the sync shell) never ran: no receipt.
-        refuse_unawaited((yield handing), "handle_event", "AsyncCursorConsumer", stream)
+        refuse_unawaited(handled, "handle_event", "AsyncCursorConsumer", stream)
         call = core.plan_outcome(stream, aid, event)
         outcome = core.decode_outcome(call, (yield RunScript(call)), view)
         applied += 1

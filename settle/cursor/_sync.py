@@ -39,6 +39,7 @@ _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 #: times for nothing new.
 EMPTY_WINDOWS = 10
 
+#: A plain function.
 FetchPageFn = Callable[[bytes], Page]
 #: A plain function.
 HandleEventFn = Callable[[Event, EventContext], object]
@@ -95,11 +96,26 @@ class CursorStore(Connectable):
         return self.core.decode_receipts(call, self.run(call))
 
     def reset(
-        self, stream: str, *, cursor: bytes, boundary: int, expected_generation: int
+        self,
+        stream: str,
+        *,
+        cursor: bytes,
+        boundary: int,
+        expected_generation: int,
+        reapply_pruned: bool = False,
     ) -> Checkpoint:
-        """Recovery after a divergence or an expired cursor (see the error's ``recovery``)."""
+        """Recovery after a divergence or an expired cursor (see the error's ``recovery``).
+
+        A boundary below a position whose receipt ``receipt_horizon`` pruned is refused
+        (``CursorError``, nothing reset): those events would reach ``handle_event`` again
+        as new. ``reapply_pruned=True`` accepts that (the handler is idempotent under
+        ``ctx.key``)."""
         call = self.core.plan_reset(
-            stream, cursor=cursor, boundary=boundary, expected_generation=expected_generation
+            stream,
+            cursor=cursor,
+            boundary=boundary,
+            expected_generation=expected_generation,
+            reapply_pruned=reapply_pruned,
         )
         return self.core.decode_reset(call, self.run(call))
 
@@ -145,7 +161,11 @@ class CursorConsumer:
                 case RunScript(call=call):
                     reply = self.store.run(call)
                 case HandleEvent(event=event, context=context):
-                    reply = self.handle_event(event, context)
+                    try:
+                        reply = self.handle_event(event, context)
+                    except Exception as exc:  # noqa: BLE001 - the handler's own: said, raised
+                        instruction = steps.throw(exc)
+                        continue
                 case FetchPage(cursor=cursor):
                     try:
                         reply = self.fetch_page(cursor)

@@ -50,8 +50,14 @@ class InvalidResponse(CursorError, InvalidInput):
     """``fetch_page`` returned something the contract does not allow (positions not
     increasing, a repeated id, a coverage marker the contract does not declare...).
 
-    Nothing was written. Fix ``fetch_page`` or the declared contract.
+    Nothing was written. Fix ``fetch_page`` or the declared contract. ``reason`` names what
+    was wrong (``positions_not_increasing``, ``duplicate_event_id``...; the log event
+    ``settle.cursor.invalid_response`` carries it too).
     """
+
+    def __init__(self, message: str, *, stream: str | None, reason: str = "invalid") -> None:
+        super().__init__(message, stream=stream)
+        self.reason = reason
 
 
 class CheckpointMissing(CursorError, LookupError):

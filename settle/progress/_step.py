@@ -190,7 +190,18 @@ def apply(
     yield Notify("progress_recorded", delivery)
     status = ApplyStatus.APPLIED if recorded.detail == "applied" else ApplyStatus.DUPLICATE
     if recorded.code == "covered":
-        status = ApplyStatus.COVERED
+        # Progress covered the delivery when it was recorded: this attempt's own first try
+        # did (a repeat after a lost reply), or another worker recorded it meanwhile (this
+        # worker's claim lapsed). Whatever the cause, the status says what this call did:
+        # its effect ran (APPLIED), or its emission was applied under another delivery
+        # (DUPLICATE). COVERED, "no effect ran", only when neither holds, or when another
+        # worker dead-lettered the delivery meanwhile.
+        if begun.code == "applied":
+            status = ApplyStatus.DUPLICATE
+        elif begun.code == "fresh" and recorded.detail != "dead_lettered":
+            status = ApplyStatus.APPLIED
+        else:
+            status = ApplyStatus.COVERED
     log.info(f"settle.progress.{status.value}", attempt=attempt.value)
     return Applied(status, delivery, emission, attempt, recorded.progress)
 

@@ -9,12 +9,13 @@ import httpx
 import pytest
 from redis.cluster import RedisCluster
 
-from settle.cursor import CursorConsumer, CursorStore, ProviderContract
+from settle.cursor import CursorConsumer, CursorError, CursorStore, ProviderContract
 from settle.cursor.models import Disposition
 from tests.cluster.cluster_support import LocalCluster
 from tests.cursor.conftest import Sink
 from tests.cursor.helpers import Crash, drain, truth
 from tests.cursor.provider import fetcher
+from tests.cursor.test_reset_pruned import fetch
 
 pytestmark = pytest.mark.cluster
 
@@ -64,4 +65,30 @@ def test_streams_on_every_primary_run_the_whole_procedure(cluster, serve, namesp
                 (),
                 ck.generation,
             )
+    store.close()
+
+
+def test_a_reset_below_pruned_receipts_is_refused_on_every_primary(cluster, namespace) -> None:
+    """The pruned position promote keeps and reset reads is one more field of the
+    checkpoint, in the stream's slot, on every primary."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    store = CursorStore(client, namespace=namespace, receipt_horizon=3)
+    streams = [f"pruned-{i}" for i in range(12)]
+    owners = {
+        client.nodes_manager.get_node_from_slot(
+            client.keyslot(f"settle:{{{namespace}:cursor:{s}}}:ckpt")
+        ).port
+        for s in streams
+    }
+    assert len(owners) == 3
+    for stream in streams:
+        store.start(stream, b"0")
+        CursorConsumer(
+            fetch, lambda e, ctx: None, ProviderContract(), store=store, stream=stream
+        ).run()
+        ck = store.checkpoint(stream)
+        assert ck is not None
+        with pytest.raises(CursorError, match="up to position 6"):
+            store.reset(stream, cursor=b"0", boundary=0, expected_generation=ck.generation)
+        assert store.checkpoint(stream) == ck
     store.close()

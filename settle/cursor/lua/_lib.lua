@@ -5,6 +5,7 @@
 -- Every script gets the same five keys, all under the stream's hash tag
 -- settle:{<namespace>:cursor:<stream>}, so each call touches one slot (Redis Cluster safe):
 --   KEYS[1] checkpoint HASH  stream cursor cdig gen bound created updated waid [rgen]
+--                            [pruned]
 --   KEYS[2] witnesses HASH   '<aid>|<attr>' for attr in WITNESS_ATTRS
 --   KEYS[3] witness index    ZSET member aid, score generation
 --   KEYS[4] receipts HASH    event id -> 'pos digest gen aid outcome at_ms'
@@ -31,7 +32,8 @@ local function load_ckpt(key)
   local flat = redis.call('HGETALL', key)
   local c = {}
   for i = 1, #flat, 2 do c[flat[i]] = flat[i + 1] end
-  if c.cursor == nil or not canonical_int(c.gen) or not canonical_int(c.bound) then
+  if c.cursor == nil or not canonical_int(c.gen) or not canonical_int(c.bound)
+      or (c.pruned ~= nil and not canonical_int(c.pruned)) then
     return false, {}
   end
   return c, flat

@@ -6,7 +6,8 @@
 -- event it lists has a receipt with the same id, position and digest: the checkpoint takes
 -- the witness's successor verbatim, generation G+1 and the witness's next boundary; the
 -- witness becomes promoted and every other pending witness of G abandoned. Then bounded
--- pruning of old witnesses and of receipts below the horizon. Every event another pending
+-- pruning of old witnesses and of receipts below the horizon (the checkpoint's 'pruned'
+-- keeps the highest position whose receipt went). Every event another pending
 -- witness of G lists (an empty 'held' one lists none) and that has no matching receipt must
 -- be listed by this witness or lie inside its coverage marker: a successor is opaque, so
 -- promoting a response that lacks it could skip it for good.
@@ -87,10 +88,18 @@ for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. int(gen
 end
 local horizon = tonumber(ARGV[5])
 if horizon > 0 then
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf',
-      '(' .. int(tonumber(nbound) - horizon), 'LIMIT', 0, 256)) do
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('ZREM', KEYS[5], id)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf',
+      '(' .. int(tonumber(nbound) - horizon), 'WITHSCORES', 'LIMIT', 0, 256)
+  for i = 1, #gone, 2 do
+    redis.call('HDEL', KEYS[4], gone[i])
+    redis.call('ZREM', KEYS[5], gone[i])
+  end
+  -- 'pruned': the highest position whose receipt is gone. A reset to a boundary below it
+  -- would hand those events over again as new (reset.lua refuses it unless told).
+  if #gone > 0 then
+    local top = tonumber(gone[#gone])
+    local was = tonumber(redis.call('HGET', KEYS[1], 'pruned') or '')
+    if not was or top > was then redis.call('HSET', KEYS[1], 'pruned', int(top)) end
   end
 end
 local _, promoted = load_ckpt(KEYS[1])
