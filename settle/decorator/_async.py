@@ -199,7 +199,8 @@ async def _run(
             _heartbeat(settler, plan, run, lambda: scope.reschedule(loop.time()))
         )
         try:
-            value = await fn(*args, **kwargs)
+            with plan.running(run.reservation.generation):
+                value = await fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
             error = exc
         finally:

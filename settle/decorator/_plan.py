@@ -21,7 +21,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any
@@ -95,6 +96,21 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 _POLL_FIRST = 0.02
 _POLL_MAX = 0.5
+
+#: The attempts (namespace, operation id, generation) running in this context: the thread
+#: that runs one, or its asyncio task and the tasks (and ``to_thread`` calls) it starts,
+#: which copy the context. A call there that finds one of them holding the lease is a call
+#: of the operation inside its own attempt, which could only wait for itself.
+_RUNNING: ContextVar[frozenset[tuple[str, str, int]]] = ContextVar(
+    "settle_running_operations", default=frozenset()
+)
+
+
+class Reentered(InvalidInput):
+    """An operation was called inside its own attempt (recursion, or a task the attempt
+    awaits) while that attempt holds the lease: refused, with nothing written. The attempt
+    that made the call is marked provisional and raises it without a retry, which would
+    only meet it again."""
 
 
 # -- instructions --------------------------------------------------------------------------
@@ -310,6 +326,18 @@ class Plan:
     def start(self) -> Step:
         return self._reserve()
 
+    @contextlib.contextmanager
+    def running(self, generation: int) -> Iterator[None]:
+        """Around the function's run under ``generation``: a call of this operation inside
+        it that finds this attempt holding the lease is refused (:meth:`_in_progress`) instead
+        of waiting for the attempt that made it."""
+        held = (self.policy.namespace, self.identity.operation_id, generation)
+        token = _RUNNING.set(_RUNNING.get() | {held})
+        try:
+            yield
+        finally:
+            _RUNNING.reset(token)
+
     def _reserve(self) -> Reserve:
         return Reserve(self.identity, self.policy.lease, _uuid4_hex())
 
@@ -384,6 +412,18 @@ class Plan:
             return Raise(_mismatch(record.operation_id, result_type, exc), exc)
 
     def _in_progress(self, outcome: InProgress) -> Step:
+        operation_id = outcome.operation_id
+        if (self.policy.namespace, operation_id, outcome.generation) in _RUNNING.get():
+            self.log.warning("settle.operation.reentered", generation=outcome.generation)
+            return Raise(
+                Reentered(
+                    f"operation {operation_id!r} was called inside its own attempt "
+                    f"{outcome.generation} (recursion, or a task the attempt awaits): it "
+                    "would wait for itself. Call it once, or give the inner call an "
+                    "operation id of its own",
+                    operation_id=operation_id,
+                )
+            )
         now = self._clock()
         if self._waiting_since is None:
             self._waiting_since = now
@@ -421,6 +461,10 @@ class Plan:
             )
         if error is None:
             return self._complete(r, ran.value)
+        if isinstance(error, Reentered) and error.operation_id == r.operation_id:
+            # Its own call inside it: every retry would meet the same refusal.
+            self._after_provisional = error
+            return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
         definite = self._definite(error)
         if definite is not None and not ran.stopped:
             return Settle(Action.FAIL, r, error=definite)

@@ -188,7 +188,8 @@ def _run(
     attempt = run.attempt
     key = beats.add(run, plan, context)
     try:
-        value = fn(*args, **kwargs)
+        with plan.running(run.reservation.generation):
+            value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
         error: BaseException | None = exc
         value = None
