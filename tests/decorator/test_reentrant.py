@@ -12,7 +12,9 @@ runs and some 15 s of waiting for itself, then ``OperationInProgress``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from structlog.testing import capture_logs
@@ -42,6 +44,25 @@ def test_a_sync_operation_called_inside_itself_is_refused_at_once(settler: Settl
     assert [e["event"] for e in logs if e["event"] == "settle.operation.reentered"] == [
         "settle.operation.reentered"
     ]
+
+
+def test_a_thread_run_in_the_attempts_context_is_refused_too(settler: Settler) -> None:
+    runs: list[int] = []
+
+    @settler.operation(key="refund:{order}", principal="tenant:a")
+    def refund(order: str, depth: int) -> int:
+        runs.append(depth)
+        if depth == 0:
+            return 0
+        with ThreadPoolExecutor(1) as pool:  # a real thread, in a copy of the context
+            context = contextvars.copy_context()
+            return pool.submit(context.run, refund, order, depth).result() + 1
+
+    started = time.monotonic()
+    with pytest.raises(InvalidInput, match="inside its own attempt"):
+        refund("A-5", 1)
+    assert time.monotonic() - started < 2.0
+    assert runs == [1]
 
 
 def test_other_operations_inside_one_and_its_later_calls_run_as_before(settler: Settler) -> None:
