@@ -21,6 +21,8 @@ import math
 import os
 import sys
 import time
+import types
+import typing
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -307,6 +309,8 @@ class Plan:
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
         self._mismatch: tuple[InvalidInput, ValidationError] | None = None
+        # A result of one arm of a declared union that reads back as another: the classes.
+        self._ambiguous: tuple[type, type] | None = None
         # A reserve that raised DurabilityError: its attempt id and the error.
         self._unconfirmed: tuple[str, DurabilityError] | None = None
         self._bound: Any = None
@@ -522,9 +526,12 @@ class Plan:
         # named twice (in a model held where any value goes) never does.
         if not (as_is and _parses_back(data) and repeated_key(stored) is None):
             try:
-                _replayed(declared, data)
+                back = _replayed(declared, data)
             except ValidationError as exc:
                 self._mismatch = (_mismatch(r.operation_id, declared, exc), exc)
+            else:
+                if _read_as_another_arm(declared, value, back):
+                    self._ambiguous = (type(value), type(back))
         return Settle(Action.COMPLETE, r, result=value, stored=data)
 
     # -- settle --------------------------------------------------------------------------
@@ -550,6 +557,8 @@ class Plan:
                     errors=cause.error_count(),
                 )
                 return Raise(error, cause)
+            if self._ambiguous is not None:
+                return Raise(self._read_as_another(step.reservation))
             return Return(step.result)
         assert step.error is not None
         if step.action is Action.FAIL:
@@ -557,6 +566,29 @@ class Plan:
             failure = failure or StoredFailure(error_type=type(step.error).__name__, message="")
             return Raise(_failed(step.reservation.operation_id, failure), step.error)
         return self._retry_or_raise(step)
+
+    def _read_as_another(self, r: Reservation) -> InvalidInput:
+        """What the first call raises when its result, of one arm of the declared union,
+        reads back as another: its replays would return the other."""
+        assert self._ambiguous is not None
+        returned, replayed = (kind.__name__ for kind in self._ambiguous)
+        result_type = self.policy.result_type()
+        self.log.warning(
+            "settle.operation.result_ambiguous",
+            generation=r.generation,
+            result_type=repr(result_type),
+            returned_type=returned,
+            replayed_type=replayed,
+        )
+        return InvalidInput(
+            f"the result of operation {r.operation_id!r}, of type {returned}, reads back as "
+            f"{replayed} under {result_type!r}, the type its calls return: the union cannot "
+            f"tell their stored JSON apart, so its replays would return {replayed}. The "
+            "result is stored and the operation will not run again under this id; give the "
+            "union a discriminator (a Literal field in each arm, Field(discriminator=...)), "
+            "or pass the one type the function returns in result_type=",
+            operation_id=r.operation_id,
+        )
 
     def settle_failed(self, step: Settle, error: BaseException) -> Step:
         """The settlement could not even be sent (a result that cannot be stored): the
@@ -716,6 +748,17 @@ def _parses_back_scalar(value: Any) -> bool:
     if kind is int:
         return bool(-_PARSER_INT < value < _PARSER_INT)
     return kind in _SCALARS
+
+
+def _read_as_another_arm(declared: Any, value: Any, back: Any) -> bool:
+    """Whether ``value``, of one arm of the union ``declared`` (``Wallet | Card``,
+    ``UUID | str``, ``list[str] | tuple[str, ...]``), was read back (``back``) as another."""
+    if typing.get_origin(declared) not in (typing.Union, types.UnionType):
+        return False
+    kind = type(value)
+    if type(back) is kind:
+        return False
+    return any((typing.get_origin(arm) or arm) is kind for arm in typing.get_args(declared))
 
 
 def _parses_back(data: bytes) -> bool:
