@@ -124,6 +124,8 @@ async def _drive(
                         settlement = await asyncio.shield(_settle(settler, step))
                     except InvalidInput as exc:
                         step = plan.settle_failed(step, exc)
+                    except SettleError as exc:  # unreachable, too few replicas
+                        step = plan.settle_raised(step, exc)
                     else:
                         step = plan.settled(step, settlement)
                 case Read():

@@ -590,6 +590,26 @@ class Plan:
             operation_id=r.operation_id,
         )
 
+    def settle_raised(self, step: Settle, error: SettleError) -> Step:
+        """The settlement call raised (Redis unreachable: ``BackendError``; too few
+        replicas: ``DurabilityError``): the caller gets that error, told what the function
+        did, whose outcome may not be stored. Its exception is the error's ``__context__``
+        (a decline is a definite answer the caller would otherwise never see)."""
+        if self._after_provisional is not None:
+            what = f"returned a result that cannot be stored ({type(step.error).__name__})"
+        elif step.action is Action.COMPLETE:
+            what = "returned a result"
+        else:
+            what = f"raised {type(step.error).__name__}"
+            error.__context__ = step.error
+        error.add_note(
+            f"settle: the function of this attempt (generation {step.reservation.generation}) "
+            f"{what}, and its settlement ({step.action.value}) failed: that outcome may not "
+            "be stored. The record keeps the attempt's lease until it passes; a call after "
+            "that runs the function again, with the same Attempt.idempotency_key"
+        )
+        return Raise(error)
+
     def settle_failed(self, step: Settle, error: BaseException) -> Step:
         """The settlement could not even be sent (a result that cannot be stored): the
         outcome is uncertain, so the attempt is marked provisional and the error raised."""

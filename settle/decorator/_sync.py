@@ -130,6 +130,8 @@ def _drive(
                         settlement = _settle(settler, step)
                     except InvalidInput as exc:
                         step = plan.settle_failed(step, exc)
+                    except SettleError as exc:  # unreachable, too few replicas
+                        step = plan.settle_raised(step, exc)
                     else:
                         step = plan.settled(step, settlement)
                 case Read():

@@ -1,0 +1,83 @@
+"""When the settlement of an attempt cannot be sent (Redis killed while the function ran),
+the error the caller gets still says what the function did: a card declined (a
+``terminal`` exception), an error, or a result, none of them stored.
+
+Before, the caller got the ``BackendError`` of the settlement alone: the function's own
+exception was in none of its ``__cause__`` / ``__context__`` links nor its text, so a
+decline (a definite answer) could not be told from a charge that went through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from settle import AsyncSettler, Settler
+from settle.embedded import EmbeddedRedis
+from settle.errors import BackendError
+
+
+class CardDeclined(Exception):
+    pass
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    redis_server = EmbeddedRedis().start()
+    try:
+        yield redis_server
+    finally:
+        redis_server.close()
+
+
+def _notes(error: BaseException) -> str:
+    return " ".join(getattr(error, "__notes__", []))
+
+
+def test_a_decline_whose_failure_cannot_be_stored_is_in_the_error(server: EmbeddedRedis) -> None:
+    settler = Settler.from_url(server.url, namespace="unsettled", shards=1)
+
+    @settler.operation(key="charge:{order}", principal="tenant:a", terminal=(CardDeclined,))
+    def charge(order: str) -> str:
+        server.close()  # Redis dies while the provider answers
+        raise CardDeclined("insufficient funds")
+
+    with pytest.raises(BackendError) as info:
+        charge("A-1")
+    assert isinstance(info.value.__context__, CardDeclined)
+    assert "CardDeclined" in _notes(info.value)
+    assert "may not be stored" in _notes(info.value)
+    settler.close()
+
+
+def test_a_result_that_cannot_be_stored_is_said_in_the_error(server: EmbeddedRedis) -> None:
+    settler = Settler.from_url(server.url, namespace="unsettled", shards=1)
+
+    @settler.operation(key="charge:{order}", principal="tenant:a")
+    def charge(order: str) -> str:
+        server.close()
+        return "ch_1"
+
+    with pytest.raises(BackendError) as info:
+        charge("A-2")
+    assert "returned a result" in _notes(info.value)
+    settler.close()
+
+
+@pytest.mark.asyncio
+async def test_an_async_error_whose_settlement_fails_is_in_the_error(
+    server: EmbeddedRedis,
+) -> None:
+    settler = AsyncSettler.from_url(server.url, namespace="unsettled", shards=1)
+
+    @settler.operation(key="charge:{order}", principal="tenant:a")
+    async def charge(order: str) -> str:
+        server.close()
+        raise ValueError("provider answered 500")
+
+    with pytest.raises(BackendError) as info:
+        await charge("A-3")
+    assert isinstance(info.value.__context__, ValueError)
+    assert "ValueError" in _notes(info.value)
+    await settler.aclose()
