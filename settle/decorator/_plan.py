@@ -481,8 +481,13 @@ class Plan:
         """The failure to store for ``error`` when it is a definite answer: a ``terminal``
         exception, or a group (a ``TaskGroup``'s) whose every exception is one: the group's
         one exception itself, or the group of them. None: the outcome is uncertain (a
-        group with any other exception in it)."""
+        group with any other exception in it). A cancellation, an interrupt or an exit (no
+        ``Exception``: ``CancelledError``, ``KeyboardInterrupt``, ``SystemExit``, a group
+        holding one) is never an answer, whatever ``terminal`` lists (``BaseException``):
+        stored, it would replay a Ctrl-C as the operation's outcome forever."""
         terminal = self.policy.terminal
+        if not isinstance(error, Exception):
+            return None
         if isinstance(error, terminal):
             return error
         if not isinstance(error, BaseExceptionGroup) or not terminal:
