@@ -600,7 +600,7 @@ class Plan:
         replicas: ``DurabilityError``): the caller gets that error, told what the function
         did, whose outcome may not be stored. Its exception is the error's ``__context__``
         (a decline is a definite answer the caller would otherwise never see)."""
-        if self._after_provisional is not None:
+        if step.reason == _UNSTORABLE:
             what = f"returned a result that cannot be stored ({type(step.error).__name__})"
         elif step.action is Action.COMPLETE:
             what = "returned a result"
@@ -627,9 +627,7 @@ class Plan:
             error_type=type(error).__name__,
         )
         self._after_provisional = error
-        return Settle(
-            Action.MARK_PROVISIONAL, step.reservation, error=error, reason="unstorable_outcome"
-        )
+        return Settle(Action.MARK_PROVISIONAL, step.reservation, error=error, reason=_UNSTORABLE)
 
     def _retry_or_raise(self, step: Settle) -> Step:
         error = step.error
@@ -699,6 +697,9 @@ class Plan:
         cause = self._ran.error if self._ran is not None else None
         return Raise(error, cause)
 
+
+#: The reason an attempt whose result or failure cannot be stored is marked provisional.
+_UNSTORABLE = "unstorable_outcome"
 
 #: The reason a reservation whose ``reserve`` raised DurabilityError is marked provisional.
 UNCONFIRMED = "unconfirmed_reservation"
