@@ -465,8 +465,9 @@ class Plan:
             )
         if error is None:
             return self._complete(r, ran.value)
-        if isinstance(error, Reentered) and error.operation_id == r.operation_id:
-            # Its own call inside it: every retry would meet the same refusal.
+        if _reentered(error):
+            # A call of this operation, or of one whose attempt runs this one, inside its
+            # own attempt: every retry would meet the same refusal, and it is no answer.
             self._after_provisional = error
             return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
         definite = self._definite(error)
@@ -722,6 +723,15 @@ def _uuid4_hex() -> str:
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
     return raw.hex()
+
+
+def _reentered(error: BaseException) -> bool:
+    """Whether ``error`` is, or holds (a ``TaskGroup``'s group), a call refused as made
+    inside its own attempt: of this operation, or of one whose attempt runs this one (A
+    runs B, B calls A), which stays in progress while this one retries."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.subgroup(Reentered) is not None
+    return isinstance(error, Reentered)
 
 
 def _reason(ran: Ran) -> str:
