@@ -600,21 +600,31 @@ class Plan:
         """The settlement call raised (Redis unreachable: ``BackendError``; too few
         replicas: ``DurabilityError``): the caller gets that error, told what the function
         did, whose outcome may not be stored. Its exception is the error's ``__context__``
-        (a decline is a definite answer the caller would otherwise never see)."""
+        (a decline is a definite answer the caller would otherwise never see). A
+        cancellation, an interrupt or an exit is raised itself, the error its
+        ``__context__``: a Ctrl-C turned into a ``BackendError`` is caught as one and the
+        program runs on, and a cancelled task must end cancelled."""
         if step.reason == _UNSTORABLE:
             what = f"returned a result that cannot be stored ({type(step.error).__name__})"
         elif step.action is Action.COMPLETE:
             what = "returned a result"
         else:
             what = f"raised {type(step.error).__name__}"
-            error.__context__ = step.error
-        error.add_note(
+        note = (
             f"settle: the function of this attempt (generation {step.reservation.generation}) "
             f"{what}, and its settlement ({step.action.value}) failed: that outcome may not "
             "be stored. The record keeps the attempt's lease until it passes; a call after "
             "that runs the function again, with the same Attempt.idempotency_key"
         )
-        return Raise(error)
+        # Whichever is raised, the other is its __context__ (one way: no cycle).
+        raised: BaseException = error
+        other = step.error
+        if step.error is not None and not isinstance(step.error, Exception):
+            raised, other = step.error, error
+        if step.reason != _UNSTORABLE and step.action is not Action.COMPLETE:
+            raised.__context__ = other
+        raised.add_note(note)
+        return Raise(raised)
 
     def settle_failed(self, step: Settle, error: BaseException) -> Step:
         """The settlement could not even be sent (a result that cannot be stored): the
