@@ -14,10 +14,12 @@ replays would not.
 
 from __future__ import annotations
 
+import typing
 import uuid
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler, State
@@ -90,5 +92,34 @@ async def test_an_async_union_arm_replayed_as_another_is_refused_too(
     assert "Card" in str(info.value)
     assert "Wallet" in str(info.value)
     record = await async_settler.get("method:A-7")
+    assert record is not None
+    assert record.state is State.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("declared", "value"),
+    [
+        # Annotated (a description, a title: not a discriminator) around the union.
+        (Annotated[Wallet | Card, Field(description="how it was paid")], Card(last4="4242")),
+        (typing.Optional[typing.Union[Wallet, Card]], Card(last4="4242")),  # noqa: UP007, UP045
+        (Wallet | dict[str, Any], {"last4": "4242"}),  # an arm of a generic class
+        (list[str] | tuple[str, ...], ("ch_1", "ch_2")),  # a tuple's JSON is an array
+    ],
+    ids=["annotated", "typing-union", "dict-arm", "tuple-arm"],
+)
+def test_every_spelling_of_the_union_is_checked(
+    settler: Settler, declared: Any, value: Any
+) -> None:
+    runs: list[str] = []
+
+    @settler.operation(key="method:{order}", principal="tenant:a", result_type=declared)
+    def method(order: str) -> Any:
+        runs.append(order)
+        return value
+
+    with pytest.raises(InvalidInput, match="cannot tell"):
+        method("A-8")
+    assert runs == ["A-8"]
+    record = settler.get("method:A-8")
     assert record is not None
     assert record.state is State.COMPLETED
