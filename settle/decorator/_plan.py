@@ -798,13 +798,25 @@ def _parses_back_scalar(value: Any) -> bool:
 
 def _read_as_another_arm(declared: Any, value: Any, back: Any) -> bool:
     """Whether ``value``, of one arm of the union ``declared`` (``Wallet | Card``,
-    ``UUID | str``, ``list[str] | tuple[str, ...]``), was read back (``back``) as another."""
-    if typing.get_origin(declared) not in (typing.Union, types.UnionType):
-        return False
+    ``UUID | str``, ``list[str] | tuple[str, ...]``, under ``Annotated`` too), was read back
+    (``back``) as another."""
     kind = type(value)
     if type(back) is kind:
         return False
-    return any((typing.get_origin(arm) or arm) is kind for arm in typing.get_args(declared))
+    arms = _arm_classes(declared)
+    return len(arms) > 1 and any(arm is kind for arm in arms)
+
+
+def _arm_classes(declared: Any) -> list[Any]:
+    """The classes of the arms of ``declared``, a union or not: its ``Annotated`` metadata
+    and the unions it holds unwrapped, a generic arm's origin (``dict[str, Any]``:
+    ``dict``)."""
+    origin = typing.get_origin(declared)
+    if origin is typing.Annotated:
+        return _arm_classes(typing.get_args(declared)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [kind for arm in typing.get_args(declared) for kind in _arm_classes(arm)]
+    return [origin or declared]
 
 
 def _parses_back(data: bytes) -> bool:
