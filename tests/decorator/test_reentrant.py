@@ -20,7 +20,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler, State
-from settle.errors import InvalidInput
+from settle.decorator._plan import _RUNNING
+from settle.errors import InvalidInput, OperationFailed
 
 
 def test_a_sync_operation_called_inside_itself_is_refused_at_once(settler: Settler) -> None:
@@ -119,3 +120,22 @@ async def test_concurrent_async_calls_of_one_operation_still_wait_for_each_other
     # Sibling tasks started by the caller, not by the attempt: one runs, the others wait.
     assert await asyncio.gather(*(refund("A-4") for _ in range(5))) == ["A-4"] * 5
     assert runs == ["A-4"]
+
+
+def test_an_attempt_is_remembered_only_while_it_runs(settler: Settler) -> None:
+    """The mark an attempt leaves in its context is gone when it ends, however it ends: a
+    call of the operation after it, in the same thread, while its record still names that
+    attempt (its settlement could not be sent), must wait as any other caller's, not be
+    refused as a call inside it."""
+
+    @settler.operation(key="refund:{order}", principal="tenant:a", terminal=(LookupError,))
+    def refund(order: str, fail: bool) -> str:
+        assert _RUNNING.get()  # marked while it runs
+        if fail:
+            raise LookupError(order)
+        return order
+
+    assert refund("A-6", False) == "A-6"
+    with pytest.raises(OperationFailed):
+        refund("A-7", True)
+    assert _RUNNING.get() == frozenset()
