@@ -98,3 +98,52 @@ async def test_an_async_operation_in_between_is_not_retried(
     with pytest.raises(InvalidInput, match="inside its own attempt"):
         await place("A-3")
     assert runs == ["place", "capture"]
+
+
+class RefundError(Exception):
+    """A payment code's own error, that wraps whatever went wrong beneath it."""
+
+
+@pytest.mark.parametrize("terminal", [(), (RefundError,)])
+def test_a_refusal_wrapped_in_the_functions_own_error_is_not_retried(
+    settler: Settler, terminal: tuple[type[BaseException], ...]
+) -> None:
+    runs: list[int] = []
+
+    @settler.operation(key="refund:{order}", principal="tenant:a", retry=FAST, terminal=terminal)
+    def refund(order: str, depth: int) -> int:
+        runs.append(depth)
+        if depth == 0:
+            return 0
+        try:
+            return refund(order, depth) + 1
+        except Exception as exc:
+            raise RefundError(f"refund of {order} failed") from exc
+
+    with pytest.raises(RefundError):
+        refund("A-4", 1)
+    assert runs == [1]
+    record = settler.get("refund:A-4")
+    assert record is not None
+    assert record.state is State.PROVISIONAL  # no definite failure: a retry would succeed
+
+
+@pytest.mark.asyncio
+async def test_an_async_refusal_replaced_by_another_error_is_not_retried(
+    async_settler: AsyncSettler,
+) -> None:
+    runs: list[int] = []
+
+    @async_settler.operation(key="refund:{order}", principal="tenant:a", retry=FAST)
+    async def refund(order: str, depth: int) -> int:
+        runs.append(depth)
+        if depth == 0:
+            return 0
+        try:
+            return await refund(order, depth) + 1
+        except InvalidInput:
+            raise RefundError(f"refund of {order} failed") from None
+
+    with pytest.raises(RefundError):
+        await refund("A-5", 1)
+    assert runs == [1]
