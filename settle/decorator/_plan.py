@@ -99,13 +99,23 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 _POLL_FIRST = 0.02
 _POLL_MAX = 0.5
 
-#: The attempts (namespace, operation id, generation) running in this context: the thread
-#: that runs one, or its asyncio task and the tasks (and ``to_thread`` calls) it starts,
-#: which copy the context. A call there that finds one of them holding the lease is a call
-#: of the operation inside its own attempt, which could only wait for itself.
-_RUNNING: ContextVar[frozenset[tuple[str, str, int]]] = ContextVar(
-    "settle_running_operations", default=frozenset()
-)
+
+@dataclass(slots=True)
+class _Held:
+    """An attempt (namespace, operation id, generation) running in this context; ``refused``
+    once a call made inside it was refused (:class:`Reentered`), however its function then
+    reports that (the refusal itself, wrapped in its own error, in a ``TaskGroup``'s
+    group): every retry of it would meet the refusal again."""
+
+    key: tuple[str, str, int]
+    refused: bool = False
+
+
+#: The attempts running in this context, outermost first: the thread that runs one, or its
+#: asyncio task and the tasks (and ``to_thread`` calls) it starts, which copy the context.
+#: A call there that finds one of them holding the lease is a call of the operation inside
+#: its own attempt, which could only wait for itself.
+_RUNNING: ContextVar[tuple[_Held, ...]] = ContextVar("settle_running_operations", default=())
 
 
 class Reentered(InvalidInput):
@@ -311,6 +321,8 @@ class Plan:
         self._mismatch: tuple[InvalidInput, ValidationError] | None = None
         # A result of one arm of a declared union that reads back as another: the classes.
         self._ambiguous: tuple[type, type] | None = None
+        # The attempt running (or last run) in this call's context.
+        self._held: _Held | None = None
         # A reserve that raised DurabilityError: its attempt id and the error.
         self._unconfirmed: tuple[str, DurabilityError] | None = None
         self._bound: Any = None
@@ -335,8 +347,8 @@ class Plan:
         """Around the function's run under ``generation``: a call of this operation inside
         it that finds this attempt holding the lease is refused (:meth:`_in_progress`) instead
         of waiting for the attempt that made it."""
-        held = (self.policy.namespace, self.identity.operation_id, generation)
-        token = _RUNNING.set(_RUNNING.get() | {held})
+        held = self._held = _Held((self.policy.namespace, self.identity.operation_id, generation))
+        token = _RUNNING.set((*_RUNNING.get(), held))
         try:
             yield
         finally:
@@ -417,7 +429,11 @@ class Plan:
 
     def _in_progress(self, outcome: InProgress) -> Step:
         operation_id = outcome.operation_id
-        if (self.policy.namespace, operation_id, outcome.generation) in _RUNNING.get():
+        running = _RUNNING.get()
+        key = (self.policy.namespace, operation_id, outcome.generation)
+        if any(held.key == key for held in running):
+            for held in running:  # the attempt called and every one it runs inside
+                held.refused = True
             self.log.warning("settle.operation.reentered", generation=outcome.generation)
             return Raise(
                 Reentered(
@@ -465,9 +481,10 @@ class Plan:
             )
         if error is None:
             return self._complete(r, ran.value)
-        if _reentered(error):
-            # A call of this operation, or of one whose attempt runs this one, inside its
-            # own attempt: every retry would meet the same refusal, and it is no answer.
+        if self._held is not None and self._held.refused:
+            # A call inside this attempt was refused as made inside its own attempt (of
+            # this operation, or of one this attempt runs inside): every retry would meet
+            # the same refusal, and whatever the function made of it is no answer.
             self._after_provisional = error
             return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
         definite = self._definite(error)
@@ -733,15 +750,6 @@ def _uuid4_hex() -> str:
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
     return raw.hex()
-
-
-def _reentered(error: BaseException) -> bool:
-    """Whether ``error`` is, or holds (a ``TaskGroup``'s group), a call refused as made
-    inside its own attempt: of this operation, or of one whose attempt runs this one (A
-    runs B, B calls A), which stays in progress while this one retries."""
-    if isinstance(error, BaseExceptionGroup):
-        return error.subgroup(Reentered) is not None
-    return isinstance(error, Reentered)
 
 
 def _reason(ran: Ran) -> str:

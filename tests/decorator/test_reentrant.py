@@ -138,4 +138,4 @@ def test_an_attempt_is_remembered_only_while_it_runs(settler: Settler) -> None:
     assert refund("A-6", False) == "A-6"
     with pytest.raises(OperationFailed):
         refund("A-7", True)
-    assert _RUNNING.get() == frozenset()
+    assert _RUNNING.get() == ()
