@@ -616,8 +616,9 @@ class Plan:
     def settle_raised(self, step: Settle, error: SettleError) -> Step:
         """The settlement call raised (Redis unreachable: ``BackendError``; too few
         replicas: ``DurabilityError``): the caller gets that error, told what the function
-        did, whose outcome may not be stored. Its exception is the error's ``__context__``
-        (a decline is a definite answer the caller would otherwise never see). A
+        did, whose outcome may not be stored. Its exception (or the error that says why its
+        result cannot be stored) is the error's ``__context__`` (a decline is a definite
+        answer the caller would otherwise never see). A
         cancellation, an interrupt or an exit is raised itself, the error its
         ``__context__``: a Ctrl-C turned into a ``BackendError`` is caught as one and the
         program runs on, and a cancelled task must end cancelled."""
@@ -630,15 +631,16 @@ class Plan:
         note = (
             f"settle: the function of this attempt (generation {step.reservation.generation}) "
             f"{what}, and its settlement ({step.action.value}) failed: that outcome may not "
-            "be stored. The record keeps the attempt's lease until it passes; a call after "
-            "that runs the function again, with the same Attempt.idempotency_key"
+            "be stored. If it was not, the record keeps the attempt's lease until it passes, "
+            "and a call after that runs the function again, with the same "
+            "Attempt.idempotency_key"
         )
         # Whichever is raised, the other is its __context__ (one way: no cycle).
         raised: BaseException = error
         other = step.error
         if step.error is not None and not isinstance(step.error, Exception):
             raised, other = step.error, error
-        if step.reason != _UNSTORABLE and step.action is not Action.COMPLETE:
+        if step.action is not Action.COMPLETE:  # what it raised, or why it cannot be stored
             raised.__context__ = other
         raised.add_note(note)
         return Raise(raised)

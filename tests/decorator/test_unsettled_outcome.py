@@ -16,7 +16,7 @@ import pytest
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
-from settle.errors import BackendError
+from settle.errors import BackendError, ResultTooLarge
 
 
 class CardDeclined(Exception):
@@ -95,6 +95,7 @@ def test_an_unstorable_result_whose_release_fails_says_so(server: EmbeddedRedis)
     with pytest.raises(BackendError) as info:
         charge("A-4")
     assert "returned a result that cannot be stored (ResultTooLarge)" in _notes(info.value)
+    assert isinstance(info.value.__context__, ResultTooLarge)  # its size and the limit
     settler.close()
 
 
