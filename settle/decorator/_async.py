@@ -124,6 +124,8 @@ async def _drive(
                         settlement = await asyncio.shield(_settle(settler, step))
                     except InvalidInput as exc:
                         step = plan.settle_failed(step, exc)
+                    except SettleError as exc:  # unreachable, too few replicas
+                        step = plan.settle_raised(step, exc)
                     else:
                         step = plan.settled(step, settlement)
                 case Read():
@@ -199,7 +201,8 @@ async def _run(
             _heartbeat(settler, plan, run, lambda: scope.reschedule(loop.time()))
         )
         try:
-            value = await fn(*args, **kwargs)
+            with plan.running(run.reservation.generation):
+                value = await fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
             error = exc
         finally:

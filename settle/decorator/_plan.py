@@ -21,7 +21,10 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any
@@ -95,6 +98,31 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 _POLL_FIRST = 0.02
 _POLL_MAX = 0.5
+
+
+@dataclass(slots=True)
+class _Held:
+    """An attempt (namespace, operation id, generation) running in this context; ``refused``
+    once a call made inside it was refused (:class:`Reentered`), however its function then
+    reports that (the refusal itself, wrapped in its own error, in a ``TaskGroup``'s
+    group): every retry of it would meet the refusal again."""
+
+    key: tuple[str, str, int]
+    refused: bool = False
+
+
+#: The attempts running in this context, outermost first: the thread that runs one, or its
+#: asyncio task and the tasks (and ``to_thread`` calls) it starts, which copy the context.
+#: A call there that finds one of them holding the lease is a call of the operation inside
+#: its own attempt, which could only wait for itself.
+_RUNNING: ContextVar[tuple[_Held, ...]] = ContextVar("settle_running_operations", default=())
+
+
+class Reentered(InvalidInput):
+    """An operation was called inside its own attempt (recursion, or a task the attempt
+    awaits) while that attempt holds the lease: refused, with nothing written. The attempt
+    that made the call is marked provisional and raises it without a retry, which would
+    only meet it again."""
 
 
 # -- instructions --------------------------------------------------------------------------
@@ -291,6 +319,10 @@ class Plan:
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
         self._mismatch: tuple[InvalidInput, ValidationError] | None = None
+        # A result of one arm of a declared union that reads back as another: the classes.
+        self._ambiguous: tuple[type, type] | None = None
+        # The attempt running (or last run) in this call's context.
+        self._held: _Held | None = None
         # A reserve that raised DurabilityError: its attempt id and the error.
         self._unconfirmed: tuple[str, DurabilityError] | None = None
         self._bound: Any = None
@@ -309,6 +341,18 @@ class Plan:
 
     def start(self) -> Step:
         return self._reserve()
+
+    @contextlib.contextmanager
+    def running(self, generation: int) -> Iterator[None]:
+        """Around the function's run under ``generation``: a call of this operation inside
+        it that finds this attempt holding the lease is refused (:meth:`_in_progress`) instead
+        of waiting for the attempt that made it."""
+        held = self._held = _Held((self.policy.namespace, self.identity.operation_id, generation))
+        token = _RUNNING.set((*_RUNNING.get(), held))
+        try:
+            yield
+        finally:
+            _RUNNING.reset(token)
 
     def _reserve(self) -> Reserve:
         return Reserve(self.identity, self.policy.lease, _uuid4_hex())
@@ -384,6 +428,22 @@ class Plan:
             return Raise(_mismatch(record.operation_id, result_type, exc), exc)
 
     def _in_progress(self, outcome: InProgress) -> Step:
+        operation_id = outcome.operation_id
+        running = _RUNNING.get()
+        key = (self.policy.namespace, operation_id, outcome.generation)
+        if any(held.key == key for held in running):
+            for held in running:  # the attempt called and every one it runs inside
+                held.refused = True
+            self.log.warning("settle.operation.reentered", generation=outcome.generation)
+            return Raise(
+                Reentered(
+                    f"operation {operation_id!r} was called inside its own attempt "
+                    f"{outcome.generation} (recursion, or a task the attempt awaits): it "
+                    "would wait for itself. Call it once, or give the inner call an "
+                    "operation id of its own",
+                    operation_id=operation_id,
+                )
+            )
         now = self._clock()
         if self._waiting_since is None:
             self._waiting_since = now
@@ -421,6 +481,12 @@ class Plan:
             )
         if error is None:
             return self._complete(r, ran.value)
+        if self._held is not None and self._held.refused:
+            # A call inside this attempt was refused as made inside its own attempt (of
+            # this operation, or of one this attempt runs inside): every retry would meet
+            # the same refusal, and whatever the function made of it is no answer.
+            self._after_provisional = error
+            return Settle(Action.MARK_PROVISIONAL, r, error=error, reason=_reason(ran))
         definite = self._definite(error)
         if definite is not None and not ran.stopped:
             return Settle(Action.FAIL, r, error=definite)
@@ -433,8 +499,13 @@ class Plan:
         """The failure to store for ``error`` when it is a definite answer: a ``terminal``
         exception, or a group (a ``TaskGroup``'s) whose every exception is one: the group's
         one exception itself, or the group of them. None: the outcome is uncertain (a
-        group with any other exception in it)."""
+        group with any other exception in it). A cancellation, an interrupt or an exit (no
+        ``Exception``: ``CancelledError``, ``KeyboardInterrupt``, ``SystemExit``, a group
+        holding one) is never an answer, whatever ``terminal`` lists (``BaseException``):
+        stored, it would replay a Ctrl-C as the operation's outcome forever."""
         terminal = self.policy.terminal
+        if not isinstance(error, Exception):
+            return None
         if isinstance(error, terminal):
             return error
         if not isinstance(error, BaseExceptionGroup) or not terminal:
@@ -478,9 +549,12 @@ class Plan:
         # named twice (in a model held where any value goes) never does.
         if not (as_is and _parses_back(data) and repeated_key(stored) is None):
             try:
-                _replayed(declared, data)
+                back = _replayed(declared, data)
             except ValidationError as exc:
                 self._mismatch = (_mismatch(r.operation_id, declared, exc), exc)
+            else:
+                if _read_as_another_arm(declared, value, back):
+                    self._ambiguous = (type(value), type(back))
         return Settle(Action.COMPLETE, r, result=value, stored=data)
 
     # -- settle --------------------------------------------------------------------------
@@ -506,6 +580,8 @@ class Plan:
                     errors=cause.error_count(),
                 )
                 return Raise(error, cause)
+            if self._ambiguous is not None:
+                return Raise(self._read_as_another(step.reservation))
             return Return(step.result)
         assert step.error is not None
         if step.action is Action.FAIL:
@@ -513,6 +589,61 @@ class Plan:
             failure = failure or StoredFailure(error_type=type(step.error).__name__, message="")
             return Raise(_failed(step.reservation.operation_id, failure), step.error)
         return self._retry_or_raise(step)
+
+    def _read_as_another(self, r: Reservation) -> InvalidInput:
+        """What the first call raises when its result, of one arm of the declared union,
+        reads back as another: its replays would return the other."""
+        assert self._ambiguous is not None
+        returned, replayed = (kind.__name__ for kind in self._ambiguous)
+        result_type = self.policy.result_type()
+        self.log.warning(
+            "settle.operation.result_ambiguous",
+            generation=r.generation,
+            result_type=repr(result_type),
+            returned_type=returned,
+            replayed_type=replayed,
+        )
+        return InvalidInput(
+            f"the result of operation {r.operation_id!r}, of type {returned}, reads back as "
+            f"{replayed} under {result_type!r}, the type its calls return: the union cannot "
+            f"tell their stored JSON apart, so its replays would return {replayed}. The "
+            "result is stored and the operation will not run again under this id; give the "
+            "union a discriminator (a Literal field in each arm, Field(discriminator=...)), "
+            "or pass the one type the function returns in result_type=",
+            operation_id=r.operation_id,
+        )
+
+    def settle_raised(self, step: Settle, error: SettleError) -> Step:
+        """The settlement call raised (Redis unreachable: ``BackendError``; too few
+        replicas: ``DurabilityError``): the caller gets that error, told what the function
+        did, whose outcome may not be stored. Its exception (or the error that says why its
+        result cannot be stored) is the error's ``__context__`` (a decline is a definite
+        answer the caller would otherwise never see). A
+        cancellation, an interrupt or an exit is raised itself, the error its
+        ``__context__``: a Ctrl-C turned into a ``BackendError`` is caught as one and the
+        program runs on, and a cancelled task must end cancelled."""
+        if step.reason == _UNSTORABLE:
+            what = f"returned a result that cannot be stored ({type(step.error).__name__})"
+        elif step.action is Action.COMPLETE:
+            what = "returned a result"
+        else:
+            what = f"raised {type(step.error).__name__}"
+        note = (
+            f"settle: the function of this attempt (generation {step.reservation.generation}) "
+            f"{what}, and its settlement ({step.action.value}) failed: that outcome may not "
+            "be stored. If it was not, the record keeps the attempt's lease until it passes, "
+            "and a call after that runs the function again, with the same "
+            "Attempt.idempotency_key"
+        )
+        # Whichever is raised, the other is its __context__ (one way: no cycle).
+        raised: BaseException = error
+        other = step.error
+        if step.error is not None and not isinstance(step.error, Exception):
+            raised, other = step.error, error
+        if step.action is not Action.COMPLETE:  # what it raised, or why it cannot be stored
+            raised.__context__ = other
+        raised.add_note(note)
+        return Raise(raised)
 
     def settle_failed(self, step: Settle, error: BaseException) -> Step:
         """The settlement could not even be sent (a result that cannot be stored): the
@@ -526,9 +657,7 @@ class Plan:
             error_type=type(error).__name__,
         )
         self._after_provisional = error
-        return Settle(
-            Action.MARK_PROVISIONAL, step.reservation, error=error, reason="unstorable_outcome"
-        )
+        return Settle(Action.MARK_PROVISIONAL, step.reservation, error=error, reason=_UNSTORABLE)
 
     def _retry_or_raise(self, step: Settle) -> Step:
         error = step.error
@@ -598,6 +727,9 @@ class Plan:
         cause = self._ran.error if self._ran is not None else None
         return Raise(error, cause)
 
+
+#: The reason an attempt whose result or failure cannot be stored is marked provisional.
+_UNSTORABLE = "unstorable_outcome"
 
 #: The reason a reservation whose ``reserve`` raised DurabilityError is marked provisional.
 UNCONFIRMED = "unconfirmed_reservation"
@@ -672,6 +804,29 @@ def _parses_back_scalar(value: Any) -> bool:
     if kind is int:
         return bool(-_PARSER_INT < value < _PARSER_INT)
     return kind in _SCALARS
+
+
+def _read_as_another_arm(declared: Any, value: Any, back: Any) -> bool:
+    """Whether ``value``, of one arm of the union ``declared`` (``Wallet | Card``,
+    ``UUID | str``, ``list[str] | tuple[str, ...]``, under ``Annotated`` too), was read back
+    (``back``) as another."""
+    kind = type(value)
+    if type(back) is kind:
+        return False
+    arms = _arm_classes(declared)
+    return len(arms) > 1 and any(arm is kind for arm in arms)
+
+
+def _arm_classes(declared: Any) -> list[Any]:
+    """The classes of the arms of ``declared``, a union or not: its ``Annotated`` metadata
+    and the unions it holds unwrapped, a generic arm's origin (``dict[str, Any]``:
+    ``dict``)."""
+    origin = typing.get_origin(declared)
+    if origin is typing.Annotated:
+        return _arm_classes(typing.get_args(declared)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [kind for arm in typing.get_args(declared) for kind in _arm_classes(arm)]
+    return [origin or declared]
 
 
 def _parses_back(data: bytes) -> bool:

@@ -130,6 +130,8 @@ def _drive(
                         settlement = _settle(settler, step)
                     except InvalidInput as exc:
                         step = plan.settle_failed(step, exc)
+                    except SettleError as exc:  # unreachable, too few replicas
+                        step = plan.settle_raised(step, exc)
                     else:
                         step = plan.settled(step, settlement)
                 case Read():
@@ -188,7 +190,8 @@ def _run(
     attempt = run.attempt
     key = beats.add(run, plan, context)
     try:
-        value = fn(*args, **kwargs)
+        with plan.running(run.reservation.generation):
+            value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
         error: BaseException | None = exc
         value = None
