@@ -447,11 +447,12 @@ class Runner:
         return self._due() or (self._cluster and self._checks.unjudged(self._node_of(call)))
 
     def _due(self) -> bool:
-        checked = self._checks.checked_at
+        checks = self._checks  # read before every script call: one look-up
+        checked = checks.checked_at
         return (
             checked is None
-            or self._loaded != self._checks.losses
-            or monotonic() - checked >= self._checks.interval
+            or self._loaded != checks.losses
+            or monotonic() - checked >= checks.interval
         )
 
     def _check(self, call: Call | None) -> None:
