@@ -205,13 +205,17 @@ def repeated_key(value: Any) -> str | None:
     elif walk == _DATACLASS:
         items = [getattr(value, f.name) for f in dataclasses.fields(value)]
     else:
-        fields = kind.model_fields
-        extra = value.__pydantic_extra__ or {}
-        for key in extra:
-            field = fields.get(key)
-            if field is not None and not field.exclude:
-                return f"{kind.__qualname__}.{key}"
-        items = (*value.__dict__.values(), *extra.values())
+        extra = value.__pydantic_extra__
+        if extra:
+            # The class's own map (``model_fields`` is the same, through a descriptor).
+            fields = kind.__pydantic_fields__
+            for key in extra:
+                field = fields.get(key)
+                if field is not None and not field.exclude:
+                    return f"{kind.__qualname__}.{key}"
+            items = (*value.__dict__.values(), *extra.values())
+        else:
+            items = value.__dict__.values()
     walks = _WALK
     for item in items:
         if walks.get(type(item)) != _LEAF:

@@ -306,6 +306,10 @@ class Runner:
 
     def _use(self, client: Redis | RedisCluster) -> None:
         self.client = client
+        #: Whether ``client`` is a cluster client, read once: redis-py's ``RedisCluster`` is
+        #: a ``Protocol`` class, whose ``isinstance`` runs typing's Python-level check, and
+        #: every call asks (:meth:`_node_of`).
+        self._cluster = isinstance(client, RedisCluster)
         lane = _Lane
         _cancellable(client)
         self._lane = (
@@ -439,14 +443,16 @@ class Runner:
     def _needs_check(self, call: Call | None) -> bool:
         """Whether :meth:`_check` runs before ``call``: the checks are due, or ``call``'s
         key is on a cluster primary they never read (:meth:`ServerChecks.unjudged`)."""
-        return self._due() or self._checks.unjudged(self._node_of(call))
+        # Only a cluster client has primaries of its own to judge (checked first: cheap).
+        return self._due() or (self._cluster and self._checks.unjudged(self._node_of(call)))
 
     def _due(self) -> bool:
-        checked = self._checks.checked_at
+        checks = self._checks  # read before every script call: one look-up
+        checked = checks.checked_at
         return (
             checked is None
-            or self._loaded != self._checks.losses
-            or monotonic() - checked >= self._checks.interval
+            or self._loaded != checks.losses
+            or monotonic() - checked >= checks.interval
         )
 
     def _check(self, call: Call | None) -> None:
@@ -521,8 +527,9 @@ class Runner:
     def _node_of(self, call: Call | None) -> Any:
         """The cluster primary that serves ``call``'s key, whose policy its periodic recheck
         reads; None on a single server, or for a call without keys (every primary is read)."""
-        if call is None or not call.keys or not isinstance(self.client, RedisCluster):
+        if call is None or not call.keys or not self._cluster:
             return None
+        assert isinstance(self.client, RedisCluster)
         return self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
 
     def _node_fresh(self, name: str, evidence: int) -> bool:
@@ -792,18 +799,17 @@ class Runner:
             def once(call: Call) -> Any:
                 try:
                     return self._run_once(call)
-                except (rx.ConnectionError, rx.TimeoutError) as exc:
-                    lost.append(exc)
-                    raise
-                except rx.ResponseError as exc:  # the lane sent it again after a lost reply
-                    if isinstance(exc.__cause__, (rx.ConnectionError, rx.TimeoutError)):
-                        lost.append(exc.__cause__)
+                except RedisError as exc:
+                    _note_lost(lost, exc)
                     raise
 
             try:
                 try:
-                    return once(call)
+                    # The first try without once's frame (every call makes it; few repeat).
+                    return self._run_once(call)
                 except (RedisError, RedisClusterException) as exc:
+                    if isinstance(exc, RedisError):
+                        _note_lost(lost, exc)
                     if not is_transient(exc):
                         raise
                     time.sleep(first_retry_delay(call, exc))
@@ -1478,6 +1484,17 @@ def _notifications(pool: Any) -> bool:
 
 #: The code of a script's reply that found a shard's state gone (the core's guard in lua/_lib.lua).
 _UNCLAIMED = (b"unclaimed", "unclaimed")
+
+
+def _note_lost(lost: list[BaseException], exc: RedisError) -> None:
+    """Add to ``lost`` the failure of a try whose reply was lost (it may have run): a
+    dropped connection or a timeout, or the error of the lane's repeat after one."""
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError)):
+        lost.append(exc)
+    elif isinstance(exc, rx.ResponseError) and isinstance(
+        exc.__cause__, (rx.ConnectionError, rx.TimeoutError)
+    ):
+        lost.append(exc.__cause__)  # the lane sent it again after a lost reply
 
 
 def _drop_evidence(runner: Runner, exc: rx.ConnectionError) -> None:

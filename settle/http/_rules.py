@@ -193,6 +193,9 @@ class Settle:
 
 Step = Forward | Answer | Identify | ReadBody | Reserve | Release | Run
 
+#: No guard runs the request already (most requests): ``Guard._held``.
+_NONE_HELD: frozenset[str] = frozenset()
+
 #: What a problem answer says of the request, as ``Guard.outcome`` (any other: "rejected").
 _OUTCOME = {
     ProblemKind.KEY_REUSED: "mismatch",
@@ -231,7 +234,7 @@ class Guard:
         # The operations of the guards that run this request already (held_attempts in
         # settle.http.attempt: a guarded application this one is mounted in, a middleware
         # around this one, each of them when there are several; see identified).
-        self._held = frozenset(a.operation_id for a in held)
+        self._held = frozenset(a.operation_id for a in held) if held else _NONE_HELD
         self.namespace = namespace
         self.lease = policy.lease or lease
         self.head = head

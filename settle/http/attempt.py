@@ -45,6 +45,8 @@ def held_attempts(carrier: Mapping[str, Any]) -> tuple[Attempt, ...]:
     request through when it would reserve one of their operations (reserving it again would
     find it in progress and answer 409 to every attempt): the nearest guard's alone is not
     enough, for a guard between them may key another operation."""
+    if "settle" not in carrier and OUTER not in carrier:
+        return ()  # no guard runs it (most requests): nothing to read
     outer = carrier.get(OUTER)
     held = [a for a in outer if isinstance(a, Attempt)] if isinstance(outer, tuple) else []
     attempt = carrier.get("settle")

@@ -125,8 +125,20 @@ def _check_challenge(value: object) -> None:
         )
 
 
-def _matches(patterns: tuple[str, ...], path: str) -> bool:
-    return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+def _no_path(_path: str) -> bool:
+    """The matcher of no patterns (``paths=None``, ``require_key`` True or False)."""
+    return False
+
+
+def _matcher(patterns: tuple[str, ...] | None) -> Callable[[str], object]:
+    """Whether a path matches any of ``patterns`` (as ``fnmatch.fnmatchcase`` does), built
+    once: a set of literal paths, or one regular expression of every pattern (each
+    ``fnmatch.translate`` ends the match at the end of the path)."""
+    if not patterns:
+        return _no_path  # a module function, not a lambda: a policy still pickles
+    if not any(c in p for p in patterns for c in "*?["):
+        return frozenset(patterns).__contains__
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,8 @@ class IdempotencyPolicy:
     problem_type_base: str = DEFAULT_PROBLEM_TYPE_BASE
     www_authenticate: str | None = None
     header_bytes: bytes = field(init=False, repr=False)
+    _guards_path: Callable[[str], object] = field(init=False, repr=False, compare=False)
+    _requires_key: Callable[[str], object] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not callable(self.principal):
@@ -174,6 +188,9 @@ class IdempotencyPolicy:
             set_(self, "paths", _globs(self.paths, "paths"))
         if not isinstance(self.require_key, bool):
             set_(self, "require_key", _globs(self.require_key, "require_key"))
+        set_(self, "_guards_path", _matcher(self.paths))
+        required = self.require_key
+        set_(self, "_requires_key", _matcher(required if isinstance(required, tuple) else None))
         if not self.header or not self.header.isascii() or ":" in self.header:
             raise ConfigurationError("header must be an ASCII header name")
         set_(self, "header_bytes", self.header.lower().encode("ascii"))
@@ -217,9 +234,7 @@ class IdempotencyPolicy:
         ``options`` are the other fields (``header``, ``key_scope``, ``lease``, ...); an
         unknown one is a :class:`ConfigurationError`.
         """
-        unknown = sorted(
-            set(options) - {f for f in cls.__dataclass_fields__ if f != "header_bytes"}
-        )
+        unknown = sorted(set(options) - {n for n, f in cls.__dataclass_fields__.items() if f.init})
         if unknown:
             raise ConfigurationError(
                 f"unknown option {', '.join(unknown)}; the options are listed in "
@@ -249,13 +264,15 @@ class IdempotencyPolicy:
         sub-application's route wherever it is mounted; ``/v1/payments`` the whole path)."""
         if method.upper() not in self.methods:
             return Coverage.UNGUARDED
-        paths = (path,) if route is None or route == path else (path, route)
-        if self.paths is not None and not any(_matches(self.paths, p) for p in paths):
-            return Coverage.UNGUARDED
-        required = self.require_key
-        if required is True or (
-            isinstance(required, tuple) and any(_matches(required, p) for p in paths)
+        # Matched by the matchers built once (__post_init__), not pattern by pattern.
+        inside = route if route is not None and route != path else None
+        matches = self._guards_path
+        if self.paths is not None and not (
+            matches(path) or (inside is not None and matches(inside))
         ):
+            return Coverage.UNGUARDED
+        required, matches = self.require_key, self._requires_key
+        if required is True or matches(path) or (inside is not None and matches(inside)):
             return Coverage.KEY_REQUIRED
         return Coverage.KEY_OPTIONAL
 

@@ -130,6 +130,56 @@ def test_complete_refuses_the_model_inside_any_container_pydantic_stores(
     assert record.state is State.PENDING
 
 
+class Holder(BaseModel):
+    """A model with no extras, whose field takes any value."""
+
+    charge: Any
+
+
+class Batch(BaseModel):
+    """Keeps extras, and holds its charges in a field of its own."""
+
+    model_config = ConfigDict(extra="allow")
+    charges: list[Any]
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        lambda c: Holder(charge=c),
+        lambda c: Envelope(id=1, charge=c),
+        lambda c: Batch(charges=[c], note="kept"),
+    ],
+    ids=["model-field", "model-extra", "model-with-extras-field"],
+)
+def test_complete_refuses_the_model_inside_another_model(
+    settler: Settler, holder: Callable[[Charge], object]
+) -> None:
+    """The walk steps into a model's fields, and into its extras, whether it keeps extras
+    or not: the model inside names its key twice all the same."""
+    reserved = settler.reserve("charge:nested", principal=P, fingerprint="a" * 64)
+    assert isinstance(reserved, Reserved)
+    with pytest.raises(FingerprintError, match=r"Charge\.amount is both a field and an extra"):
+        settler.complete(reserved.reservation, holder(Charge.model_validate(ANSWER)))
+    record = settler.get("charge:nested")
+    assert record is not None
+    assert record.state is State.PENDING
+
+
+def test_complete_stores_models_whose_extras_name_no_field(settler: Settler) -> None:
+    """Extras named like no field, and a charge built from its alias alone, are stored."""
+    reserved = settler.reserve("charge:clean", principal=P, fingerprint="b" * 64)
+    assert isinstance(reserved, Reserved)
+    clean = Charge.model_validate({"amt": 500, "currency": "eur"})
+    settler.complete(
+        reserved.reservation,
+        Batch(charges=[clean], note="kept", envelope=Envelope(id=2, memo="m")),
+    )
+    record = settler.get("charge:clean")
+    assert record is not None
+    assert record.state is State.COMPLETED
+
+
 class Envelope(BaseModel):
     """Keeps what it is given beyond its fields, and has no alias of its own."""
 
