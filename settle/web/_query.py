@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from settle._async.settler import AsyncSettler
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
 from settle._core.keys import Keys
 from settle._runtime.transient import failures_as_settle_errors
@@ -29,6 +30,7 @@ from settle.models import QuarantineEntry, QuarantineKind, State
 
 __all__ = [
     "Filter",
+    "Listed",
     "Overview",
     "Page",
     "Position",
@@ -43,6 +45,9 @@ _CURSOR = re.compile(r"(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})", re.ASCII)
 #: than in the script) keeps few of them; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
 _LIST_MAX = MAX_LISTING
+#: What a page lists: an entry, or the mark of one this version cannot decode (another
+#: version or another program wrote it), in its place in the order.
+Listed = QuarantineEntry | UndecodableEntry
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -59,7 +64,7 @@ class Position:
     shard: int
 
     @classmethod
-    def of(cls, entry: QuarantineEntry) -> Position:
+    def of(cls, entry: Listed) -> Position:
         ms, seq = entry.id.split("-")
         at_us = (entry.at - _EPOCH) // timedelta(microseconds=1)
         return cls(int(ms), int(seq), at_us, entry.shard)
@@ -98,15 +103,22 @@ class Filter:
     until: datetime | None = None
     status: str = "all"  # all | unresolved | resolved
 
-    def keeps(self, entry: QuarantineEntry) -> bool:
+    def keeps(self, entry: Listed) -> bool:
         if self.status == "all":
             return True
-        return (entry.resolution is not None) == (self.status == "resolved")
+        return resolved(entry) == (self.status == "resolved")
+
+
+def resolved(entry: Listed) -> bool:
+    """Whether ``entry`` is resolved (for a mark: whether a resolution is stored for it)."""
+    if isinstance(entry, UndecodableEntry):
+        return entry.resolved
+    return entry.resolution is not None
 
 
 @dataclass(slots=True)
 class Page:
-    entries: list[QuarantineEntry]
+    entries: list[Listed]
     #: The cursor of the next page (older entries, or newer with ``newest_first=False``).
     next: str | None
     #: How many entries were read from Redis for this page.
@@ -139,7 +151,7 @@ async def page(
     there is a next page; :data:`FILTER_BATCH` when a status filter may drop entries), so a
     page reads about as many entries as it shows, not that many from every shard."""
     bound = Position.parse(after) if after else None
-    found: list[QuarantineEntry] = []
+    found: list[Listed] = []
     scanned = 0
     wanted = size + 1 if flt.status == "all" else max(size + 1, FILTER_BATCH)
     extra = 0
@@ -186,7 +198,7 @@ async def _listing(
     limit: int,
     newest_first: bool,
     start: tuple[int, int] | None,
-) -> list[QuarantineEntry]:
+) -> list[Listed]:
     """``quarantine.list`` with the engine's filters, starting at the cursor's stream id on
     every shard (bounding by its millisecond alone would read every entry of that
     millisecond again on each page: after a clock step back, a shard's ids keep one
@@ -202,7 +214,9 @@ async def _listing(
         newest_first=newest_first,
         start=start,
     )
-    return await settler.quarantine._listed(planned)
+    # Marking: one entry another version or program wrote made the whole page a 500, and
+    # the dispute settler saw none of the entries settle can read.
+    return await settler.quarantine._listed(planned.marking())
 
 
 def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:
@@ -211,7 +225,7 @@ def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:
 
 async def export_entries(
     settler: AsyncSettler, flt: Filter, *, batch: int = 500
-) -> AsyncIterator[QuarantineEntry]:
+) -> AsyncIterator[Listed]:
     """Every entry matching ``flt``, oldest first, read ``batch`` at a time."""
     after: str | None = None
     while True:
@@ -235,6 +249,8 @@ class Overview:
     since: datetime
     until: datetime
     buckets: list[tuple[datetime, int]] = field(default_factory=list)
+    #: Entries of the window this version cannot decode (counted apart, by stream time).
+    undecodable: int = 0
 
 
 #: The chart's windows: name -> (length, bucket).
@@ -260,10 +276,16 @@ async def overview(
     states, capped = await _count_records(settler, record_limit)
     length, step = WINDOWS[window]
     since = now - length
-    entries = await settler.quarantine.headers(since=since, limit=entry_limit)
+    # Marking: one entry another version or program wrote made the overview a 500.
+    planned = settler._core.quarantine_query(since=since, limit=entry_limit).header_marking()
+    entries = await settler.quarantine._listed(planned)
     by_kind = {k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind}
+    undecodable = 0
     for e in entries:
-        by_kind[e.kind.value]["resolved" if e.resolved else "unresolved"] += 1
+        if isinstance(e, UndecodableEntry):
+            undecodable += 1
+        else:
+            by_kind[e.kind.value]["resolved" if e.resolved else "unresolved"] += 1
     n = int(length / step)
     counts = [0] * n
     for e in entries:
@@ -278,6 +300,7 @@ async def overview(
         since=since,
         until=now,
         buckets=[(since + i * step, c) for i, c in enumerate(counts)],
+        undecodable=undecodable,
     )
 
 

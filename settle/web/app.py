@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_NOTE_CHARS
 from settle._core.keys import check_operation_id
 from settle._input import has_control, is_decimal
@@ -241,6 +242,8 @@ _ENV = Environment(
 )
 # shell_word: an operation id in a command the reader pastes into a shell.
 _ENV.filters.update(visible=visible, visible_text=visible_text, when=when, shell_word=shell_word)
+# An entry this settle version cannot decode, listed as a marked row (docs/console.md).
+_ENV.tests["undecodable"] = lambda entry: isinstance(entry, UndecodableEntry)
 
 
 class _Console:
@@ -384,10 +387,10 @@ class _Console:
             count = 0
             if first is not None:
                 count += 1
-                yield json_line(entry_json(first)) + "\n"
+                yield json_line(_export_json(first)) + "\n"
             async for entry in entries:
                 count += 1
-                yield json_line(entry_json(entry)) + "\n"
+                yield json_line(_export_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")  # UTC, as every time shown
@@ -398,9 +401,20 @@ class _Console:
             headers={"content-disposition": f'attachment; filename="{name}"'},
         )
 
+    async def _entry(self, ref: str) -> _query.Listed:
+        """The entry ``ref``, or the mark of one this version cannot decode."""
+        core = self.settler._core
+        calls = core.plan_quarantine_lookup(ref)
+        raws = await self.settler.quarantine._run_many(calls)
+        return core.decode_quarantine_lookup_or_mark(ref, calls, raws)
+
     async def entry(self, request: Request) -> Response:
         ref = _ref(request)
-        entry = await self.settler.quarantine.get(ref)
+        entry = await self._entry(ref)
+        if isinstance(entry, UndecodableEntry):
+            # What could be read of it, and no resolve form (docs/console.md: a resolved
+            # entry is what a routine trim deletes, and nobody could read this evidence).
+            return self.render(request, "undecodable.html", entry=entry)
         record, attempts, others = None, [], []
         # An id settle refuses today (a line break, a bidi override, too long: written by
         # an earlier version or another program) has no record, attempt log or filter
@@ -467,6 +481,16 @@ class _Console:
                 f"this console cannot resolve as the principal you are signed in as: "
                 f"{_unfit(principal)} The service's authorize must grant another; nothing "
                 "was resolved."
+            )
+        if isinstance(await self._entry(ref), UndecodableEntry):
+            return self.refuse(
+                request,
+                409,
+                "undecodable",
+                f"Quarantine entry {ref} cannot be decoded by this settle version, so the "
+                "console does not resolve it: nobody here could read the evidence, and a "
+                "resolved entry is what a routine trim deletes. Nothing was resolved; "
+                "read it with the settle version that wrote it.",
             )
         text = resolved_by(principal, note)
         if len(text) > MAX_NOTE_CHARS:
@@ -761,6 +785,21 @@ def _here(request: Request) -> str:
         query = {}
     path = _path(request)
     return path + "?" + urlencode(query) if query else path
+
+
+def _export_json(entry: _query.Listed) -> dict[str, Any]:
+    """An exported line: :func:`entry_json` of an entry; of one this version cannot decode,
+    where it is and why (``undecodable``), so the export loses no entry silently."""
+    if isinstance(entry, UndecodableEntry):
+        return {
+            "id": entry.id,
+            "shard": entry.shard,
+            "ref": entry.ref,
+            "operation_id": entry.operation_id,
+            "resolved": entry.resolved,
+            "undecodable": entry.problem,
+        }
+    return entry_json(entry)
 
 
 def _result_view(record: OperationRecord | None) -> PayloadView | None:
