@@ -9,12 +9,13 @@ granted at sign-in, and a CSRF token.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
 import secrets
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode
@@ -57,10 +58,12 @@ from settle.web._security import (
     check_principal,
     csrf_ok,
     csrf_token,
+    deadline,
     principal_of,
     resolved_by,
     sign_in,
     signed_in,
+    timed_out,
 )
 from settle.web._text import (
     PayloadView,
@@ -72,12 +75,20 @@ from settle.web._text import (
     when,
 )
 
-__all__ = ["LOOPBACK_HOSTS", "check_allowed_hosts", "create_app"]
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "REDIS_TIMEOUT",
+    "check_allowed_hosts",
+    "check_redis_timeout",
+    "create_app",
+]
 
 #: Any note the engine accepts fits: 4 096 characters of up to 4 bytes of UTF-8, each byte
 #: 3 characters urlencoded (48 KiB), and the CSRF token.
 _FORM_LIMIT = 64 * 1024
 _PAGE_SIZES = (10, 25, 50, 100, 200)
+#: Seconds the Redis calls of one console request may take in all (``redis_timeout``).
+REDIS_TIMEOUT = 5.0
 _STATUSES = ("all", "unresolved", "resolved")
 #: The other entries of an operation an entry page lists (newest first; it links to the rest).
 _RELATED = 20
@@ -108,6 +119,7 @@ def create_app(
     session_max_age: int = 8 * 3600,
     record_limit: int = 10_000,
     overview_limit: int = 10_000,
+    redis_timeout: float = REDIS_TIMEOUT,
 ) -> Starlette:
     """The console for ``settler``'s namespace, to serve or mount (``app.mount("/settle",
     create_app(settler))``).
@@ -121,7 +133,11 @@ def create_app(
     address cannot read the console (DNS rebinding). Mounted in a service, pass the
     service's host names, or ``["*"]`` to leave the check to the service.
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
-    entries, and says so when it stopped there. The settler stays the caller's to close.
+    entries, and says so when it stopped there. ``redis_timeout`` bounds the Redis calls
+    of one request, in seconds (all of them together): a Redis that does not answer in
+    time (paused, overloaded, cut off) gets a 503 page saying so, not a page that waits
+    out the client's socket timeout and its retries. The settler stays the caller's to
+    close.
     """
     if (
         isinstance(session_max_age, bool)
@@ -138,23 +154,25 @@ def create_app(
     # with an int), 0 a 400 that blamed the reader's filter.
     _check_limit("record_limit", record_limit, None)
     _check_limit("overview_limit", overview_limit, _query._LIST_MAX)
+    check_redis_timeout(redis_timeout)
     hosts = check_allowed_hosts(allowed_hosts or list(LOOPBACK_HOSTS))
     sessions = Sessions(settler, session_max_age) if authorize is not None else None
-    console = _Console(settler, authorize, sessions, record_limit, overview_limit)
+    console = _Console(settler, authorize, sessions, record_limit, overview_limit, redis_timeout)
     namespace = settler.config.namespace
+    bounded = console.bounded
     routes = [
-        Route("/", console.overview, name="overview"),
-        Route("/quarantine", console.listing, name="quarantine"),
-        Route("/quarantine.jsonl", console.export, name="export"),
-        Route("/entry/{shard:int}/{entry_id}", console.entry, name="entry"),
+        Route("/", bounded(console.overview), name="overview"),
+        Route("/quarantine", bounded(console.listing), name="quarantine"),
+        Route("/quarantine.jsonl", bounded(console.export), name="export"),
+        Route("/entry/{shard:int}/{entry_id}", bounded(console.entry), name="entry"),
         Route(
             "/entry/{shard:int}/{entry_id}/resolve",
-            console.resolve,
+            bounded(console.resolve),
             methods=["POST"],
             name="resolve",
         ),
-        Route("/signin", console.sign_in, methods=["GET", "POST"], name="signin"),
-        Route("/signout", console.sign_out, methods=["POST"], name="signout"),
+        Route("/signin", bounded(console.sign_in), methods=["GET", "POST"], name="signin"),
+        Route("/signout", bounded(console.sign_out), methods=["POST"], name="signout"),
         Mount("/static", StaticFiles(packages=[("settle.web", "static")]), name="static"),
     ]
     middleware = [
@@ -170,7 +188,7 @@ def create_app(
             same_site="lax",
             https_only=https_only,
         ),
-        Middleware(SignedIn, sessions=sessions),
+        Middleware(SignedIn, sessions=sessions, redis_timeout=redis_timeout),
     ]
     return Starlette(
         routes=routes,
@@ -195,6 +213,21 @@ def _check_limit(name: str, value: object, most: int | None) -> None:
             f"{name} must be a whole number {bound} (how many the overview reads at most), "
             f"got {value!r}"
         )
+
+
+def check_redis_timeout(seconds: object) -> float:
+    """``seconds`` when it is a number of seconds above 0 and at most 300, else
+    :class:`InvalidInput` naming ``redis_timeout``."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= 300  # NaN fails too
+    ):
+        raise InvalidInput(
+            "redis_timeout must be a number of seconds above 0 and at most 300 (how long "
+            f"one console request waits for Redis), got {seconds!r}"
+        )
+    return float(seconds)
 
 
 #: The Host header values a console serves by default: loopback only.
@@ -256,7 +289,9 @@ class _Console:
         sessions: Sessions | None,
         record_limit: int,
         overview_limit: int,
+        redis_timeout: float,
     ) -> None:
+        self.redis_timeout = float(redis_timeout)
         self.settler = settler
         self.authorize = authorize
         self.sessions = sessions
@@ -324,6 +359,51 @@ class _Console:
             response = HTMLResponse(f"<!doctype html><title>500</title><p>{message}</p>", 500)
         return add_security_headers(response)
 
+    def bounded(
+        self, endpoint: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``endpoint`` with its Redis calls bounded by the request's deadline
+        (:func:`deadline`, shared with the sign-in check): past it, the 503 page of
+        :meth:`timed_out`, at once, rather than the client's socket timeout (about 120 s
+        with its retries, after the browser gave up)."""
+
+        async def run(request: Request) -> Response:
+            bound = asyncio.timeout_at(deadline(request.scope, self.redis_timeout))
+            try:
+                async with bound:
+                    return await endpoint(request)
+            except TimeoutError:
+                if not bound.expired():
+                    raise
+                return self.timed_out(request)
+
+        return run
+
+    def timed_out(self, request: Request) -> HTMLResponse:
+        """The 503 page of a request whose Redis calls did not answer in time. A resolve
+        whose write was sent may have been applied: its outcome is unknown, not failed."""
+        unknown = bool(getattr(request.state, "resolving", False))
+        logger.warning(
+            "settle.web.redis_timeout", seconds=self.redis_timeout, outcome_unknown=unknown
+        )
+        waited = f"Redis did not answer within {self.redis_timeout:g} s"
+        signing_out = request.method == "POST" and _path(request).endswith("/signout")
+        if unknown:
+            message = (
+                f"{waited}, so the outcome of this resolve is unknown: it may have been "
+                "applied. Reload the entry to see; resolving again with the same note is "
+                "safe (a note already on record stands)."
+            )
+        elif signing_out:
+            message = f"{waited}: the sign-out is not confirmed. Sign out again in a moment."
+        elif request.method == "POST":
+            message = f"{waited}; nothing was changed. Retry in a moment."
+        else:
+            message = f"{waited} (it may be paused, overloaded or cut off). Reload in a moment."
+        return self.render(
+            request, "error.html", 503, status=503, message=message, sign_out_again=signing_out
+        )
+
     # -- pages -----------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -388,7 +468,22 @@ class _Console:
             if first is not None:
                 count += 1
                 yield json_line(_export_json(first)) + "\n"
-            async for entry in entries:
+            while True:
+                # Each later read bounded anew (the request's deadline is for its first
+                # page): a Redis that stops answering ends the download early, as any
+                # failure there does, rather than hold it open for minutes.
+                try:
+                    async with asyncio.timeout(self.redis_timeout):
+                        entry = await anext(entries, None)
+                except TimeoutError:
+                    logger.warning(
+                        "settle.web.redis_timeout",
+                        seconds=self.redis_timeout,
+                        outcome_unknown=False,
+                    )
+                    raise timed_out(self.redis_timeout) from None
+                if entry is None:
+                    break
                 count += 1
                 yield json_line(_export_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
@@ -500,6 +595,7 @@ class _Console:
                 f"holds {MAX_NOTE_CHARS}, with the [resolved by ...] prefix); shorten it, "
                 "nothing was resolved"
             )
+        request.state.resolving = True  # from here a timeout leaves the outcome unknown
         try:
             resolution = await self.settler.quarantine.resolve(ref, note=text)
         except (DurabilityError, BackendError) as exc:
