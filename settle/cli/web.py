@@ -65,15 +65,6 @@ _OPTIONS = {"principal": "--principal", "token": "--token", "allowed_hosts": "--
     help="Another Host header value to serve (the proxy's name); loopback names and --host "
     "are always served, any other Host gets 400 (DNS rebinding).",
 )
-@click.option(
-    "--redis-timeout",
-    envvar="SETTLE_WEB_REDIS_TIMEOUT",
-    type=click.FloatRange(0, 300, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="Seconds one page waits for Redis in all (env SETTLE_WEB_REDIS_TIMEOUT); past "
-    "them it answers 503 saying Redis did not answer.",
-)
 @connection_options
 def web(
     conn: Connection,
@@ -83,7 +74,6 @@ def web(
     principal: str,
     https_only: bool,
     allow_hosts: tuple[str, ...],
-    redis_timeout: float,
 ) -> None:
     """Serve the quarantine console in the browser (needs the 'web' extra)."""
     try:
@@ -121,7 +111,7 @@ def web(
         secret_key=secrets.token_urlsafe(32),
         https_only=https_only,
         allowed_hosts=hosts,
-        redis_timeout=redis_timeout,
+        redis_timeout=conn.redis_timeout,  # --redis-timeout: each page's Redis calls in all
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
