@@ -1303,6 +1303,12 @@ class QuarantineScan(Generic[_E]):
         needs: ``settle stats`` reads these)."""
         return QuarantineScan(self._core, _Reads(True, self._core._headers), *self._plan)
 
+    def marking(self) -> QuarantineScan[QuarantineEntry | codec.UndecodableEntry]:
+        """The same walk of entries, not read yet, with each entry this version cannot
+        decode as an :class:`~settle._core.codec.UndecodableEntry` in its place (``settle
+        quarantine export``: the entries after it are not lost)."""
+        return QuarantineScan(self._core, _Reads(False, self._core._entries_or_marks), *self._plan)
+
     @property
     def finished(self) -> bool:
         return not self._open and not any(self._held.values())

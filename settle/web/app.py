@@ -38,7 +38,7 @@ from settle._core.keys import check_operation_id
 from settle._input import has_control, is_decimal
 from settle._log import binding_digest, logger
 from settle.cli._params import SINCE, Ago, since_on
-from settle.cli._render import entry_json, json_line, record_json
+from settle.cli._render import entry_json, json_line, listed_json, record_json
 from settle.errors import (
     BackendError,
     ConfigurationError,
@@ -467,7 +467,7 @@ class _Console:
             count = 0
             if first is not None:
                 count += 1
-                yield json_line(_export_json(first)) + "\n"
+                yield json_line(listed_json(first)) + "\n"
             while True:
                 # Each later read bounded anew (the request's deadline is for its first
                 # page): a Redis that stops answering ends the download early, as any
@@ -485,7 +485,7 @@ class _Console:
                 if entry is None:
                     break
                 count += 1
-                yield json_line(_export_json(entry)) + "\n"
+                yield json_line(listed_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")  # UTC, as every time shown
@@ -881,21 +881,6 @@ def _here(request: Request) -> str:
         query = {}
     path = _path(request)
     return path + "?" + urlencode(query) if query else path
-
-
-def _export_json(entry: _query.Listed) -> dict[str, Any]:
-    """An exported line: :func:`entry_json` of an entry; of one this version cannot decode,
-    where it is and why (``undecodable``), so the export loses no entry silently."""
-    if isinstance(entry, UndecodableEntry):
-        return {
-            "id": entry.id,
-            "shard": entry.shard,
-            "ref": entry.ref,
-            "operation_id": entry.operation_id,
-            "resolved": entry.resolved,
-            "undecodable": entry.problem,
-        }
-    return entry_json(entry)
 
 
 def _result_view(record: OperationRecord | None) -> PayloadView | None:
