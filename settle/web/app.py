@@ -520,9 +520,12 @@ class _Console:
             record = await self.settler.get(entry.operation_id)
             attempts = await self.settler.attempts(entry.operation_id)
             # One more than shown besides this entry: whether there are more to link to.
-            related = await self.settler.quarantine.list(
+            # Marking: another entry of the operation that settle cannot decode made this
+            # readable entry's page a 500.
+            planned = self.settler._core.quarantine_query(
                 operation_id=entry.operation_id, limit=_RELATED + 2
             )
+            related = await self.settler.quarantine._listed(planned.marking())
             others = [e for e in related if e.ref != entry.ref]
         data = entry_json(entry)
         # The notice of a resolve is the redirect's own (kept in the signed session for

@@ -166,3 +166,18 @@ async def test_the_overview_counts_the_undecodable_entries_apart(
     page = await read_only.get("/")
     assert page.status_code == 200, page.text[-600:]
     assert "3 entries cannot be decoded" in page.text  # no time field, no kind, or unknown
+
+
+@pytest.mark.asyncio
+async def test_an_entry_page_lists_an_undecodable_entry_of_its_operation_as_marked(
+    read_only: httpx.AsyncClient, writer: Settler
+) -> None:
+    """The entry page's "other entries of this operation" read them all: one of them that
+    settle cannot decode made the readable entry's own page a 500."""
+    ref = conflicting(writer, "order-9")
+    shard = shard_of("order-9", writer.config.shards)
+    foreign = _foreign(writer, shard, "op", "order-9", "kind", "future_kind")
+    page = await read_only.get(f"/entry/{ref}")
+    assert page.status_code == 200, page.text[-600:]
+    assert f'href="/entry/{foreign}"' in page.text
+    assert "cannot be decoded" in page.text
