@@ -369,6 +369,7 @@ class _Console:
 
         async def run(request: Request) -> Response:
             bound = asyncio.timeout_at(deadline(request.scope, self.redis_timeout))
+            request.state.bound = bound  # the sign-in lifts it while authorize runs
             try:
                 async with bound:
                     return await endpoint(request)
@@ -640,7 +641,14 @@ class _Console:
             return self.refuse(
                 request, 403, "csrf", "The sign-in form was stale; open it again and retry."
             )
+        # The service's authorize is not Redis (it may ask an identity provider): the
+        # deadline is lifted while it runs, and the Redis calls after it get their own.
+        bound: asyncio.Timeout | None = getattr(request.state, "bound", None)
+        if bound is not None:
+            bound.reschedule(None)
         principal = await sign_in(self.authorize, form.get("token", ""))
+        if bound is not None:
+            bound.reschedule(asyncio.get_running_loop().time() + self.redis_timeout)
         if principal is None:
             logger.warning("settle.web.sign_in_refused")
             return self.render(request, "signin.html", 403, next=target, failed=True)

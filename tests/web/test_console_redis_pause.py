@@ -8,6 +8,7 @@ and the console serves again once Redis is back."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -214,3 +215,24 @@ def test_a_page_of_settle_web_in_a_real_browser_while_redis_is_stopped(
             assert "Redis did not answer" in driver.find_element(By.CSS_SELECTOR, ".notice").text
         driver.get(url + f"/entry/{ref}")
         assert driver.find_element(By.TAG_NAME, "h1").text != "503"
+
+
+@pytest.mark.asyncio
+async def test_a_slow_authorize_is_not_taken_for_a_silent_redis(
+    server: EmbeddedRedis, writer: Settler
+) -> None:
+    """The service's authorize may ask an identity provider and take longer than
+    ``redis_timeout``: that is no Redis call, and the sign-in goes through."""
+    del writer
+
+    async def slow(token: str) -> str | None:
+        await asyncio.sleep(BOUND * 1.5)
+        return "alice@finance" if token == TOKEN else None
+
+    reader = AsyncSettler.from_url(server.url, namespace="pause", shards=2)
+    try:
+        async with client_for(create_app(reader, authorize=slow, redis_timeout=BOUND)) as browser:
+            await _signed_in(browser)
+            assert "alice@finance" in (await browser.get("/quarantine")).text
+    finally:
+        await reader.aclose()
