@@ -25,7 +25,7 @@ from settle._core.engine import MAX_LISTING
 from settle._core.keys import Keys
 from settle._runtime.transient import failures_as_settle_errors
 from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
-from settle.errors import InvalidInput
+from settle.errors import ConfigurationError, InvalidInput
 from settle.models import QuarantineEntry, QuarantineKind, State
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "Overview",
     "Page",
     "Position",
+    "check_namespace",
     "export_entries",
     "overview",
     "page",
@@ -286,6 +287,8 @@ async def overview(
             undecodable += 1
         else:
             by_kind[e.kind.value]["resolved" if e.resolved else "unresolved"] += 1
+    if not entries and not any(states.values()):
+        await check_namespace(settler)
     n = int(length / step)
     counts = [0] * n
     for e in entries:
@@ -336,6 +339,21 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
 def _client(settler: AsyncSettler) -> Any:
     """The redis-py asyncio client the settler runs its scripts on."""
     return settler.client
+
+
+async def check_namespace(settler: AsyncSettler) -> None:
+    """A :class:`ConfigurationError` (a 503 page) when the namespace's metadata is gone,
+    as ``settle quarantine ls`` says with exit 3. Asked when a page found nothing: after a
+    Redis restart that lost its data (no persistence, a FLUSHALL) the console showed an
+    empty quarantine, which a dispute settler reads as "all clear". One ``EXISTS``."""
+    meta = Keys(settler.config.namespace, 1).meta
+    if not await settler._command("EXISTS", lambda client: client.exists(meta), key=meta):
+        raise ConfigurationError(
+            f"namespace {settler.config.namespace!r} does not exist in this Redis: nothing "
+            "was ever written to it, or Redis lost its data (restarted without persistence, "
+            "flushed). The quarantine is not known to be empty; check the Redis and "
+            "restore it before settling disputes."
+        )
 
 
 async def server_now(settler: AsyncSettler) -> datetime:

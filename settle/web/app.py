@@ -435,6 +435,8 @@ class _Console:
         size = _size(q)
         after = q.get("after") or None
         result = await _query.page(self.settler, flt, after=after, size=size)
+        if not result.entries:  # an empty list is "all clear" only if the namespace exists
+            await _query.check_namespace(self.settler)
         next_href = None
         if result.next is not None:
             # A duration ago ("since=6s") is pinned to the instant this page resolved it to:
@@ -463,6 +465,8 @@ class _Console:
         # page (Redis down, an entry settle cannot decode) is an error page, not a 200
         # whose download breaks off.
         first = await anext(entries, None)
+        if first is None:  # an empty export is "all clear" only if the namespace exists
+            await _query.check_namespace(self.settler)
 
         async def lines() -> AsyncIterator[str]:
             count = 0
@@ -502,7 +506,11 @@ class _Console:
         core = self.settler._core
         calls = core.plan_quarantine_lookup(ref)
         raws = await self.settler.quarantine._run_many(calls)
-        return core.decode_quarantine_lookup_or_mark(ref, calls, raws)
+        try:
+            return core.decode_quarantine_lookup_or_mark(ref, calls, raws)
+        except QuarantineNotFound:
+            await _query.check_namespace(self.settler)  # lost with its namespace: said so
+            raise
 
     async def entry(self, request: Request) -> Response:
         ref = _ref(request)
