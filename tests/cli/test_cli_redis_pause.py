@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from settle import Settler
+from settle._runtime._sync import client_from_url
+from settle.cli._context import bounded
 from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import cli_env, settle
 
@@ -64,3 +66,20 @@ def test_a_bad_redis_timeout_is_a_usage_error(server: EmbeddedRedis) -> None:
         done = settle("quarantine", "ls", "--redis-timeout", bad, env=env)
         assert done.returncode == 2, (bad, done.stderr)
         assert "--redis-timeout" in done.stderr
+
+
+def test_a_timeout_in_the_url_wins_over_redis_timeout_for_that_value() -> None:
+    """docs/cli.md: a ``?socket_timeout=`` or ``?socket_connect_timeout=`` in the URL wins
+    over ``--redis-timeout`` for that value (untested: a mutant that always set the bound
+    lived); redis-py's own retries are off either way (settle repeats its start-up check)."""
+    for query, reply, connect in (
+        ("", 1.5, 1.5),
+        ("?socket_timeout=7", 7.0, 1.5),
+        ("?socket_connect_timeout=9", 1.5, 9.0),
+    ):
+        url = f"redis://127.0.0.1:1/0{query}"
+        client = bounded(client_from_url(url), url, 1.5)
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (reply, connect)
+        assert client.get_retry().get_retries() == 0
+        client.close()

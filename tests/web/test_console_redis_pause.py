@@ -23,6 +23,7 @@ from selenium.webdriver.common.by import By
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
+from settle._core.keys import Keys
 from settle._core.scripts import SCRIPTS
 from settle.embedded import EmbeddedRedis
 from settle.errors import InvalidInput
@@ -236,3 +237,35 @@ async def test_a_slow_authorize_is_not_taken_for_a_silent_redis(
             assert "alice@finance" in (await browser.get("/quarantine")).text
     finally:
         await reader.aclose()
+
+
+def test_an_export_whose_later_page_gets_no_answer_ends_promptly(
+    server: EmbeddedRedis, writer: Settler
+) -> None:
+    """Found in review, untested: the export's first page is bounded by the request's
+    deadline, each later page by ``redis_timeout`` of its own. Redis stopped after the
+    first page (500 entries), the download waited out the client's socket timeout and its
+    retries; it ends early within the bound (the browser shows it failed)."""
+    stream = Keys("pause", 2).quarantine(0)
+    pipe = writer.client.pipeline(transaction=False)
+    for i in range(600):  # marks (no kind): any entry the export writes will do
+        pipe.xadd(stream, {"op": f"order-{i}"})
+    pipe.execute()
+    with settle_web(
+        "--redis-url", server.url, "--namespace", "pause", "--redis-timeout", str(BOUND)
+    ) as url:
+        seen: list[float] = []  # when Redis was stopped, after the first line
+
+        def read(download: httpx.Response) -> None:
+            for _ in download.iter_lines():
+                if not seen:
+                    os.kill(server.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+                    seen.append(time.monotonic())
+
+        with httpx.stream("GET", url + "/quarantine.jsonl", timeout=60) as download:
+            assert download.status_code == 200
+            with pytest.raises(httpx.HTTPError):
+                read(download)
+        took = time.monotonic() - seen[0]
+        os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        assert took < BOUND + SLACK, f"the download held on {took:.1f} s"
