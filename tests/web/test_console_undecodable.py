@@ -181,3 +181,21 @@ async def test_an_entry_page_lists_an_undecodable_entry_of_its_operation_as_mark
     assert page.status_code == 200, page.text[-600:]
     assert f'href="/entry/{foreign}"' in page.text
     assert "cannot be decoded" in page.text
+
+
+@pytest.mark.asyncio
+async def test_an_undecodable_entry_with_a_huge_value_shows_its_first_bytes(
+    read_only: httpx.AsyncClient, writer: Settler
+) -> None:
+    """Its page shows each stored value's first 512 bytes and the size (untested: a mutant
+    that kept every byte lived); a 4 MiB response another program stored made a 4 MiB
+    page. A byte that is no UTF-8 is shown as ``\\xNN``."""
+    huge = b"\xff" + b"A" * (4 * 1024 * 1024)
+    ref = _foreign(writer, 0, "op", "order-huge", "kind", "future_kind", "response", huge)
+    page = await read_only.get(f"/entry/{ref}")
+    assert page.status_code == 200, page.text[-600:]
+    assert len(page.text) < 64 * 1024
+    assert "\\xff" + "A" * 511 + f" ... ({len(huge)} bytes)" in page.text
+    assert "A" * 512 not in page.text
+    listing = await read_only.get("/quarantine")
+    assert len(listing.text) < 64 * 1024
