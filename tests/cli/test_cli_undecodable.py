@@ -63,3 +63,16 @@ def test_export_writes_every_entry_and_marks_the_other(
     assert "undecodable" in lines[1]
     assert "exported 3 entries" in done.stderr
     assert f"quarantine entry {mixed['foreign']} cannot be decoded" in done.stderr
+
+
+def test_export_to_stdout_writes_every_entry_and_names_the_other(
+    redis_url: str, namespace: str, mixed: dict[str, str]
+) -> None:
+    """Without ``--output`` too (untested: a mutant that forgot the exit there lived, and
+    a script piping the export took an export with a marked line for whole, exit 0)."""
+    done = settle("quarantine", "export", env=_env(redis_url, namespace))
+    assert done.returncode == 1, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["ref"] for line in lines] == [mixed["old"], mixed["foreign"], mixed["new"]]
+    assert "undecodable" in lines[1]
+    assert f"quarantine entry {mixed['foreign']} cannot be decoded" in done.stderr
