@@ -389,6 +389,7 @@ class _Console:
         )
         waited = f"Redis did not answer within {self.redis_timeout:g} s"
         signing_out = request.method == "POST" and _path(request).endswith("/signout")
+        signing_in = request.method == "POST" and _path(request).endswith("/signin")
         if unknown:
             message = (
                 f"{waited}, so the outcome of this resolve is unknown: it may have been "
@@ -397,6 +398,8 @@ class _Console:
             )
         elif signing_out:
             message = f"{waited}: the sign-out is not confirmed. Sign out again in a moment."
+        elif signing_in:  # its session may have been written: not "nothing changed"
+            message = f"{waited}: the sign-in is not confirmed. Sign in again in a moment."
         elif request.method == "POST":
             message = f"{waited}; nothing was changed. Retry in a moment."
         else:

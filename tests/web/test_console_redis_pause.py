@@ -145,6 +145,10 @@ async def test_a_sign_in_while_redis_is_stopped_is_a_prompt_503(
         )
     _is_the_503_page(answer)
     assert "alice@finance" not in answer.text  # not signed in
+    # docs/console.md: a sign-in that timed out says it is not confirmed (its session may
+    # have been written); it said "nothing was changed".
+    assert "the sign-in is not confirmed" in answer.text
+    assert "nothing was changed" not in answer.text
 
 
 @pytest.mark.asyncio
@@ -269,3 +273,29 @@ def test_an_export_whose_later_page_gets_no_answer_ends_promptly(
         took = time.monotonic() - seen[0]
         os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
         assert took < BOUND + SLACK, f"the download held on {took:.1f} s"
+
+
+@pytest.mark.asyncio
+async def test_a_signed_in_page_waits_one_deadline_not_one_per_stage(
+    server: EmbeddedRedis, writer: Settler
+) -> None:
+    """The sign-in check and the page's reads share one deadline (docs/console.md: the
+    Redis calls of one request in all). Untested: a mutant giving each stage its own
+    ``redis_timeout`` lived, and a signed-in page on a stopped Redis took twice the bound."""
+    del writer
+    bound = 2.0
+    reader = AsyncSettler.from_url(server.url, namespace="pause", shards=2)
+    app = create_app(
+        reader, authorize=token_authorizer(TOKEN, "alice@finance"), redis_timeout=bound
+    )
+    try:
+        async with client_for(app) as browser:
+            await _signed_in(browser)
+            with stopped(server):
+                started = time.monotonic()
+                page = await browser.get("/quarantine", timeout=60)
+                took = time.monotonic() - started
+    finally:
+        await reader.aclose()
+    assert page.status_code == 503
+    assert took < 1.75 * bound, f"took {took:.1f} s: a deadline per stage"
