@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.asyncio import RedisCluster
+
 from settle._async.settler import AsyncSettler
 from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
@@ -27,6 +29,7 @@ from settle._runtime.transient import failures_as_settle_errors
 from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
 from settle.errors import ConfigurationError, InvalidInput
 from settle.models import QuarantineEntry, QuarantineKind, State
+from settle.web._security import answered
 
 __all__ = [
     "Filter",
@@ -317,9 +320,7 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
     client = _client(settler)
     keys = Keys(settler.config.namespace, settler.config.shards)
     with failures_as_settle_errors("SCAN"):  # Redis down: a BackendError (503), not a 500
-        async for key in client.scan_iter(
-            match=record_key_match(settler.config.namespace), count=SCAN_COUNT
-        ):
+        async for key in _scan(client, record_key_match(settler.config.namespace)):
             operation_id = operation_id_of(key, keys)
             if operation_id is None:  # not a record key (an attempt log whose id has "}:op:")
                 continue
@@ -334,6 +335,30 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
     if batch:
         tally(states, await settler.get_many(batch))
     return states, capped
+
+
+async def _scan(client: Any, match: str) -> AsyncIterator[Any]:
+    """The keys matching ``match``, as ``scan_iter`` (every primary's on a cluster), each
+    SCAN reply :func:`answered`: a walk of a large keyspace is as long as the keyspace,
+    and the request's bound is for a Redis that does not answer."""
+    nodes: list[tuple[Any, Any]] = [(None, None)]  # one server
+    if isinstance(client, RedisCluster):
+        nodes = [(node, node.name) for node in client.get_primaries()]
+    for node, name in nodes:
+        cursor: Any = 0
+        while True:
+            if node is None:
+                cursor, found = await client.scan(cursor, match=match, count=SCAN_COUNT)
+            else:
+                cursors, found = await client.scan(
+                    cursor, match=match, count=SCAN_COUNT, target_nodes=node
+                )
+                cursor = cursors[name]
+            answered()
+            for key in found:
+                yield key
+            if int(cursor) == 0:
+                break
 
 
 def _client(settler: AsyncSettler) -> Any:

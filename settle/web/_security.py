@@ -25,7 +25,9 @@ import hmac
 import inspect
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,7 @@ __all__ = [
     "SignIn",
     "SignedIn",
     "add_security_headers",
+    "answered",
     "check_principal",
     "csrf_ok",
     "csrf_token",
@@ -59,6 +62,7 @@ __all__ = [
     "end_sessions",
     "principal_of",
     "resolved_by",
+    "restarting",
     "sign_in",
     "signed_in",
     "token_authorizer",
@@ -322,6 +326,33 @@ def deadline(scope: Scope, seconds: float) -> float:
     if not isinstance(at, float):
         at = scope[_DEADLINE] = asyncio.get_running_loop().time() + seconds
     return at
+
+
+#: The bound of the request being served and its seconds (:func:`restarting`).
+_BOUND: ContextVar[tuple[asyncio.Timeout, float] | None] = ContextVar(
+    "settle_web_bound", default=None
+)
+
+
+@contextmanager
+def restarting(bound: asyncio.Timeout, seconds: float) -> Iterator[None]:
+    """Within it, :func:`answered` restarts ``bound`` ``seconds`` from then."""
+    token = _BOUND.set((bound, seconds))
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
+
+def answered() -> None:
+    """Redis answered one call of a walk as long as the data (the overview's SCAN of the
+    keyspace): the request's bound restarts, ``redis_timeout`` from now. The bound is for
+    a Redis that does not answer; on a Redis holding millions of other keys, every SCAN
+    answered at once, the overview was a 503 "Redis did not answer" on every load."""
+    live = _BOUND.get()
+    if live is not None and not live[0].expired():
+        bound, seconds = live
+        bound.reschedule(asyncio.get_running_loop().time() + seconds)
 
 
 def timed_out(seconds: float) -> BackendError:

@@ -61,6 +61,7 @@ from settle.web._security import (
     deadline,
     principal_of,
     resolved_by,
+    restarting,
     sign_in,
     signed_in,
     timed_out,
@@ -372,7 +373,8 @@ class _Console:
             request.state.bound = bound  # the sign-in lifts it while authorize runs
             try:
                 async with bound:
-                    return await endpoint(request)
+                    with restarting(bound, self.redis_timeout):
+                        return await endpoint(request)
             except TimeoutError:
                 if not bound.expired():
                     raise
