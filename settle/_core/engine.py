@@ -1309,6 +1309,11 @@ class QuarantineScan(Generic[_E]):
         quarantine export``: the entries after it are not lost)."""
         return QuarantineScan(self._core, _Reads(False, self._core._entries_or_marks), *self._plan)
 
+    def header_marking(self) -> QuarantineScan[QuarantineHeader | codec.UndecodableEntry]:
+        """:meth:`marking` of headers (``settle stats``: one entry it cannot decode ended
+        the count, and no count was shown)."""
+        return QuarantineScan(self._core, _Reads(True, self._core._headers_or_marks), *self._plan)
+
     @property
     def finished(self) -> bool:
         return not self._open and not any(self._held.values())

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
+from settle._core.codec import UndecodableEntry
 from settle._core.keys import Keys
 from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -59,6 +60,7 @@ __all__ = [
     "exit_code_of",
     "fail",
     "json_option",
+    "name_undecodable",
     "open_settler",
     "options_named",
     "settings",
@@ -515,3 +517,20 @@ def configure_logging(verbosity: int) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(levels.get(verbosity, logging.DEBUG)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+
+
+def name_undecodable(marks: list[UndecodableEntry]) -> None:
+    """Name each quarantine entry this version cannot decode on stderr, then exit 1
+    (docs/cli.md): the others were shown or counted, and a script must not take the
+    output for whole."""
+    for mark in marks:
+        click.echo(
+            visible_message(
+                f"settle: quarantine entry {mark.ref} cannot be decoded: {mark.problem} "
+                "(another settle version or another program wrote it; inspect it with "
+                "redis-cli XRANGE)"
+            ),
+            err=True,
+        )
+    if marks:
+        sys.exit(EXIT_FAILED)

@@ -24,6 +24,7 @@ from settle.cli._context import (
     drop_stdout,
     fail,
     json_option,
+    name_undecodable,
     open_settler,
     options_named,
 )
@@ -38,7 +39,6 @@ from settle.cli._render import (
     listed_json,
     print_json,
     print_table,
-    visible_message,
 )
 from settle.demo.server import server_now
 from settle.models import QuarantineEntry
@@ -124,23 +124,7 @@ def ls(
         elif entries:
             title = f"quarantine of {conn.namespace} (newest first)"
             print_table(out, entries_table(entries, title))
-    _undecodable([e for e in listed if isinstance(e, UndecodableEntry)])
-
-
-def _undecodable(marks: list[UndecodableEntry]) -> None:
-    """Name each entry this version cannot decode on stderr, then exit 1 (docs/cli.md):
-    the others were shown, and a script must not take the listing for whole."""
-    for mark in marks:
-        click.echo(
-            visible_message(
-                f"settle: quarantine entry {mark.ref} cannot be decoded: {mark.problem} "
-                "(another settle version or another program wrote it; inspect it with "
-                "redis-cli XRANGE)"
-            ),
-            err=True,
-        )
-    if marks:
-        sys.exit(EXIT_FAILED)
+    name_undecodable([e for e in listed if isinstance(e, UndecodableEntry)])
 
 
 @quarantine.command("show")
@@ -299,7 +283,7 @@ def export(
         marks: list[UndecodableEntry] = []
         if output is None:  # a reader that stops (| head) ends it quietly (settle.cli.main)
             _write(sys.stdout, entries, limit, show_progress, marks)
-            _undecodable(marks)
+            name_undecodable(marks)
             return
         try:
             fh = output.open("w", encoding="utf-8")
@@ -308,7 +292,7 @@ def export(
         with fh:
             count = _write(fh, entries, limit, show_progress, marks)
     click.echo(f"exported {count} entries to {output}", err=True)
-    _undecodable(marks)
+    name_undecodable(marks)
 
 
 @quarantine.command("trim")

@@ -76,3 +76,24 @@ def test_export_to_stdout_writes_every_entry_and_names_the_other(
     assert [line["ref"] for line in lines] == [mixed["old"], mixed["foreign"], mixed["new"]]
     assert "undecodable" in lines[1]
     assert f"quarantine entry {mixed['foreign']} cannot be decoded" in done.stderr
+
+
+def test_stats_counts_every_entry_and_names_the_other(
+    redis_url: str, namespace: str, mixed: dict[str, str]
+) -> None:
+    """Found in review (the author's report, not fixed there): ``settle stats`` stopped at
+    an entry settle cannot decode, exit 1, and printed no count at all. It counts every
+    entry, the undecodable ones apart (and as unresolved when no resolution is stored:
+    evidence nobody read), names each on stderr and exits 1."""
+    env = _env(redis_url, namespace)
+    done = settle("stats", "--json", env=env)
+    assert done.returncode == 1, done.stderr
+    q = json.loads(done.stdout)["quarantine"]
+    assert q["total"] == 3
+    assert q["unresolved"] == 3
+    assert q["undecodable"] == 1
+    assert q["by_kind"]["conflicting_settlement"]["unresolved"] == 2
+    assert f"quarantine entry {mixed['foreign']} cannot be decoded" in done.stderr
+    table = settle("stats", env=env)
+    assert table.returncode == 1, table.stderr
+    assert "cannot be decoded" in table.stdout
