@@ -37,6 +37,7 @@ from settle._core.engine import MAX_NOTE_CHARS
 from settle._core.keys import check_operation_id
 from settle._input import has_control, is_decimal
 from settle._log import binding_digest, logger
+from settle.cli._context import REDIS_TIMEOUT  # one default for redis_timeout and the CLI
 from settle.cli._params import SINCE, Ago, since_on
 from settle.cli._render import entry_json, json_line, listed_json, record_json
 from settle.errors import (
@@ -88,8 +89,6 @@ __all__ = [
 #: 3 characters urlencoded (48 KiB), and the CSRF token.
 _FORM_LIMIT = 64 * 1024
 _PAGE_SIZES = (10, 25, 50, 100, 200)
-#: Seconds the Redis calls of one console request may take in all (``redis_timeout``).
-REDIS_TIMEOUT = 5.0
 _STATUSES = ("all", "unresolved", "resolved")
 #: The other entries of an operation an entry page lists (newest first; it links to the rest).
 _RELATED = 20
