@@ -97,3 +97,26 @@ def test_stats_counts_every_entry_and_names_the_other(
     table = settle("stats", env=env)
     assert table.returncode == 1, table.stderr
     assert "cannot be decoded" in table.stdout
+
+
+def test_inspect_shows_the_record_and_names_an_undecodable_entry_of_it(
+    redis_url: str, namespace: str
+) -> None:
+    """Found in review (the class of the console's entry page, fixed on this branch): an
+    entry of the operation settle cannot decode made ``settle inspect`` exit 1 with none
+    of the record, its attempt log or its readable entries shown."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=2) as writer:
+        shard = int(conflicting(writer, "order-x").split("/")[0])
+        foreign = writer.client.xadd(Keys(namespace, 2).quarantine(shard), {"op": "order-x"})
+    env = _env(redis_url, namespace)
+    done = settle("inspect", "order-x", "--json", env=env)
+    assert done.returncode == 1, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["record"]["state"] == "completed"
+    marked = [e["ref"] for e in shown["quarantine"] if "undecodable" in e]
+    assert f"{shard}/{foreign.decode()}" in marked
+    assert any(e.get("kind") == "conflicting_settlement" for e in shown["quarantine"])
+    assert f"quarantine entry {shard}/{foreign.decode()} cannot be decoded" in done.stderr
+    table = settle("inspect", "order-x", env=env)
+    assert table.returncode == 1, table.stderr
+    assert "completed" in table.stdout
