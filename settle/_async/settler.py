@@ -10,6 +10,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import Core, QuarantineQuery, QuarantineScan
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
@@ -48,7 +49,15 @@ from settle.models import (
 __all__ = ["AsyncBackend", "AsyncQuarantine", "AsyncSettler"]
 
 #: What a quarantine listing lists.
-E = TypeVar("E", QuarantineEntry, QuarantineHeader)
+#: What a listing yields: entries, headers, or (the console's) entries and the marks of
+#: those this version cannot decode.
+E = TypeVar(
+    "E",
+    QuarantineEntry,
+    QuarantineHeader,
+    QuarantineEntry | UndecodableEntry,
+    QuarantineHeader | UndecodableEntry,
+)
 
 
 class AsyncBackend(Protocol):

@@ -11,10 +11,10 @@ import dataclasses
 import hashlib
 import json
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import pydantic_core
 from pydantic import BaseModel
@@ -498,8 +498,87 @@ def decode_quarantine_entry(
 def _undecodable(shard: int, entry_id: Any, exc: Exception) -> CorruptRecord:
     """The error of an entry settle cannot read, naming it as ``shard/id``."""
     ident = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id
-    problem = f"no field {exc}" if isinstance(exc, KeyError) else _first_line(exc)
-    return CorruptRecord(f"quarantine entry {shard}/{ident} cannot be decoded: {problem}")
+    return CorruptRecord(f"quarantine entry {shard}/{ident} cannot be decoded: {_problem(exc)}")
+
+
+def _problem(exc: Exception) -> str:
+    """Why an entry cannot be decoded, in one line (what :func:`_undecodable` says)."""
+    return f"no field {exc}" if isinstance(exc, KeyError) else _first_line(exc)
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodableEntry:
+    """A quarantine stream entry this settle version cannot read (another version or
+    another program wrote it), as the console lists it: where it is, its operation id when
+    that field is text, whether a resolution is stored for it, and why it cannot be read.
+    ``at`` is the stream id's millisecond (the entry's own time field may be what failed)."""
+
+    id: str
+    shard: int
+    at: datetime
+    operation_id: str | None
+    resolved: bool
+    problem: str
+    #: The stored fields as they are, each value's first :data:`MARK_VALUE_BYTES` bytes
+    #: read as UTF-8 (a byte that is none shown as ``\\xNN``): what a reader can still see.
+    fields: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ref(self) -> str:
+        return f"{self.shard}/{self.id}"
+
+
+#: How much of each stored value an :class:`UndecodableEntry` keeps (a payload may be large).
+MARK_VALUE_BYTES = 512
+
+
+def _as_stored(flat: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    """A stream entry's field/value pairs as text, never failing (see ``fields`` above)."""
+
+    def text(value: Any) -> str:
+        raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "replace")
+        shown = raw[:MARK_VALUE_BYTES].decode("utf-8", "backslashreplace")
+        return shown + (f" ... ({len(raw)} bytes)" if len(raw) > MARK_VALUE_BYTES else "")
+
+    pairs = list(flat)
+    return tuple((text(pairs[i]), text(pairs[i + 1])) for i in range(0, len(pairs) - 1, 2))
+
+
+_Read = TypeVar("_Read")
+
+
+def or_mark(
+    decode: Callable[[int, Any, Any, Any], _Read],
+) -> Callable[..., _Read | UndecodableEntry]:
+    """``decode`` (:func:`decode_quarantine_entry`, :func:`decode_quarantine_header`), with
+    an :class:`UndecodableEntry` for an entry it refuses, so that one such entry does not
+    hide the others of a listing (the console's pages)."""
+
+    def decoded(
+        shard: int, entry_id: Any, flat: Sequence[Any], res: Any
+    ) -> _Read | UndecodableEntry:
+        try:
+            return decode(shard, entry_id, flat, res)
+        except CorruptRecord as exc:
+            cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+            ident = _text(entry_id)  # a stream id: Redis makes it, ASCII digits
+            operation_id = None
+            try:
+                op = _fields(flat).get("op")
+                operation_id = None if op is None else _text(op)
+            except (TypeError, ValueError):  # odd field count; an id that is no UTF-8
+                pass
+            return UndecodableEntry(
+                id=ident,
+                shard=shard,
+                at=ms_to_datetime(int(ident.split("-")[0])),
+                operation_id=operation_id,
+                resolved=bool(res),
+                problem=_problem(cause),
+                fields=_as_stored(flat),
+            )
+
+    return decoded
 
 
 def decode_quarantine_header(

@@ -11,7 +11,7 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from logging import DEBUG, INFO
@@ -852,9 +852,27 @@ class Core:
     def decode_quarantine_lookup(
         self, ref: str, calls: list[Call], raws: list[Any]
     ) -> QuarantineEntry:
-        found: list[QuarantineEntry] = []
+        found = self._looked_up(ref, calls, raws, self._entries)
+        assert isinstance(found, QuarantineEntry)
+        return found
+
+    def decode_quarantine_lookup_or_mark(
+        self, ref: str, calls: list[Call], raws: list[Any]
+    ) -> QuarantineEntry | codec.UndecodableEntry:
+        """:meth:`decode_quarantine_lookup`, with an entry this version cannot decode as
+        an :class:`~settle._core.codec.UndecodableEntry` (the console's entry page)."""
+        return self._looked_up(ref, calls, raws, self._entries_or_marks)
+
+    def _looked_up(
+        self,
+        ref: str,
+        calls: list[Call],
+        raws: list[Any],
+        decode: Callable[[Call, codec.Reply], Sequence[QuarantineEntry | codec.UndecodableEntry]],
+    ) -> QuarantineEntry | codec.UndecodableEntry:
+        found: list[QuarantineEntry | codec.UndecodableEntry] = []
         for call, raw in zip(calls, raws, strict=True):
-            found.extend(self._entries(call, codec.parse_reply(raw)))
+            found.extend(decode(call, codec.parse_reply(raw)))
         if not found:
             raise QuarantineNotFound(f"no quarantine entry {ref!r} in this namespace")
         if len(found) > 1:
@@ -978,6 +996,16 @@ class Core:
 
     def _entries(self, call: Call, reply: codec.Reply) -> list[QuarantineEntry]:
         return self._decoded(call, reply, codec.decode_quarantine_entry)
+
+    def _entries_or_marks(
+        self, call: Call, reply: codec.Reply
+    ) -> list[QuarantineEntry | codec.UndecodableEntry]:
+        return self._decoded(call, reply, codec.or_mark(codec.decode_quarantine_entry))
+
+    def _headers_or_marks(
+        self, call: Call, reply: codec.Reply
+    ) -> list[QuarantineHeader | codec.UndecodableEntry]:
+        return self._decoded(call, reply, codec.or_mark(codec.decode_quarantine_header))
 
     def _headers(self, call: Call, reply: codec.Reply) -> list[QuarantineHeader]:
         return self._decoded(call, reply, codec.decode_quarantine_header)
@@ -1179,6 +1207,16 @@ class QuarantineQuery(Generic[_E]):
         match out but its kind and time, and sends whether it is resolved."""
         return QuarantineQuery(self._core, _Reads(True, self._core._headers), *self._plan)
 
+    def marking(self) -> QuarantineQuery[QuarantineEntry | codec.UndecodableEntry]:
+        """The same listing of entries, not read yet, with each entry this version cannot
+        decode as an :class:`~settle._core.codec.UndecodableEntry` in its place (the
+        console's pages), rather than a :class:`CorruptRecord` that ends the listing."""
+        return QuarantineQuery(self._core, _Reads(False, self._core._entries_or_marks), *self._plan)
+
+    def header_marking(self) -> QuarantineQuery[QuarantineHeader | codec.UndecodableEntry]:
+        """:meth:`marking` of headers (the console's overview)."""
+        return QuarantineQuery(self._core, _Reads(True, self._core._headers_or_marks), *self._plan)
+
     def calls(self) -> list[Call]:
         """A chunk of every shard still being read that holds nothing (none once the
         listing is full)."""
@@ -1264,6 +1302,17 @@ class QuarantineScan(Generic[_E]):
         match out but its kind and time, and sends whether it is resolved (what a count
         needs: ``settle stats`` reads these)."""
         return QuarantineScan(self._core, _Reads(True, self._core._headers), *self._plan)
+
+    def marking(self) -> QuarantineScan[QuarantineEntry | codec.UndecodableEntry]:
+        """The same walk of entries, not read yet, with each entry this version cannot
+        decode as an :class:`~settle._core.codec.UndecodableEntry` in its place (``settle
+        quarantine export``: the entries after it are not lost)."""
+        return QuarantineScan(self._core, _Reads(False, self._core._entries_or_marks), *self._plan)
+
+    def header_marking(self) -> QuarantineScan[QuarantineHeader | codec.UndecodableEntry]:
+        """:meth:`marking` of headers (``settle stats``: one entry it cannot decode ended
+        the count, and no count was shown)."""
+        return QuarantineScan(self._core, _Reads(True, self._core._headers_or_marks), *self._plan)
 
     @property
     def finished(self) -> bool:

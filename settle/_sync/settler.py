@@ -11,6 +11,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from redis import Redis, RedisCluster
 
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import Core, QuarantineQuery, QuarantineScan
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
@@ -49,7 +50,15 @@ from settle.models import (
 __all__ = ["Backend", "Quarantine", "Settler"]
 
 #: What a quarantine listing lists.
-E = TypeVar("E", QuarantineEntry, QuarantineHeader)
+#: What a listing yields: entries, headers, or (the console's) entries and the marks of
+#: those this version cannot decode.
+E = TypeVar(
+    "E",
+    QuarantineEntry,
+    QuarantineHeader,
+    QuarantineEntry | UndecodableEntry,
+    QuarantineHeader | UndecodableEntry,
+)
 
 
 class Backend(Protocol):

@@ -12,18 +12,23 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import click
 import structlog
 from pydantic import ValidationError
-from redis import ConnectionPool
+from redis import ConnectionPool, Redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
+from redis.retry import Retry
 
+from settle._core.codec import UndecodableEntry
 from settle._core.keys import Keys
 from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._input import is_decimal
+from settle._runtime._sync import client_from_url
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
 from settle.cli._render import visible_message
@@ -55,6 +60,7 @@ __all__ = [
     "exit_code_of",
     "fail",
     "json_option",
+    "name_undecodable",
     "open_settler",
     "options_named",
     "settings",
@@ -202,13 +208,26 @@ class OutputGroup(click.Group):
             fail("interrupted", EXIT_INTERRUPTED)
 
 
-class Connection:
-    """The connection options of one command: ``--redis-url``, ``--namespace``, ``--shards``."""
+#: Seconds a command waits for each Redis reply, and the console for each page's
+#: (``--redis-timeout`` / ``SETTLE_REDIS_TIMEOUT``).
+REDIS_TIMEOUT = 5.0
 
-    def __init__(self, redis_url: str | None, namespace: str, shards: int | None) -> None:
+
+class Connection:
+    """The connection options of one command: ``--redis-url``, ``--namespace``,
+    ``--shards``, ``--redis-timeout``."""
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        namespace: str,
+        shards: int | None,
+        redis_timeout: float = REDIS_TIMEOUT,
+    ) -> None:
         self.redis_url = redis_url
         self.namespace = namespace
         self.shards = shards
+        self.redis_timeout = redis_timeout
 
     @property
     def url(self) -> str:
@@ -224,6 +243,15 @@ def connection_options(fn: F) -> F:
 def connection_options_for(default_namespace: str, url_help: str | None = None) -> Callable[[F], F]:
     """:func:`connection_options` with another default namespace (the demo's)."""
     return functools.partial(_connection_options, default_namespace, url_help)
+
+
+def _a_number(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``--redis-timeout`` unless NaN, which ``FloatRange`` lets through (the socket then
+    refused it with a traceback)."""
+    del ctx
+    if value != value:  # noqa: PLR0124 - NaN is the one value unequal to itself
+        raise click.BadParameter("must be a number of seconds, not nan", param=param)
+    return value
 
 
 def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
@@ -249,9 +277,27 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
         "namespace's stored count when not given, and refuse a different one.",
     )
+    @click.option(
+        "--redis-timeout",
+        envvar="SETTLE_REDIS_TIMEOUT",
+        type=click.FloatRange(0, 300, min_open=True),
+        default=REDIS_TIMEOUT,
+        show_default=True,
+        metavar="SECONDS",
+        callback=_a_number,
+        help="How long to wait for Redis (env SETTLE_REDIS_TIMEOUT): for each reply, or "
+        "in settle web for each page; then exit 3 (a 503 page). A ?socket_timeout= in the "
+        "URL wins for replies.",
+    )
     @functools.wraps(fn)
-    def wrapper(redis_url: str | None, namespace: str, shards: int | None, **kw: Any) -> Any:
-        return fn(conn=Connection(redis_url, namespace, shards), **kw)
+    def wrapper(
+        redis_url: str | None,
+        namespace: str,
+        shards: int | None,
+        redis_timeout: float,
+        **kw: Any,
+    ) -> Any:
+        return fn(conn=Connection(redis_url, namespace, shards, redis_timeout), **kw)
 
     return wrapper  # type: ignore[return-value]
 
@@ -417,7 +463,22 @@ def checked_url(url: str) -> str:
 
 def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
     config = settings(options)
-    return Settler.from_url(checked_url(conn.url), config)
+    url = checked_url(conn.url)
+    return Settler(bounded(client_from_url(url), url, conn.redis_timeout), config)
+
+
+def bounded(client: Redis, url: str, seconds: float) -> Redis:
+    """``client`` waiting at most ``seconds`` for a connection and for each reply, trying a
+    command that timed out once: against a paused Redis (SIGSTOP, a partition) a command
+    waited out the library's 30 s socket timeout four times, ``settle quarantine ls`` over
+    two minutes. A ``socket_timeout`` or ``socket_connect_timeout`` in the URL wins."""
+    given = parse_qs(urlsplit(url).query)
+    kwargs = client.connection_pool.connection_kwargs
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name not in given:
+            kwargs[name] = seconds
+    client.set_retry(Retry(NoBackoff(), 0))
+    return client
 
 
 def _shards(conn: Connection, *, create: bool) -> int | None:
@@ -456,3 +517,20 @@ def configure_logging(verbosity: int) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(levels.get(verbosity, logging.DEBUG)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+
+
+def name_undecodable(marks: list[UndecodableEntry]) -> None:
+    """Name each quarantine entry this version cannot decode on stderr, then exit 1
+    (docs/cli.md): the others were shown or counted, and a script must not take the
+    output for whole."""
+    for mark in marks:
+        click.echo(
+            visible_message(
+                f"settle: quarantine entry {mark.ref} cannot be decoded: {mark.problem} "
+                "(another settle version or another program wrote it; inspect it with "
+                "redis-cli XRANGE)"
+            ),
+            err=True,
+        )
+    if marks:
+        sys.exit(EXIT_FAILED)

@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from settle._core.codec import UndecodableEntry
 from settle._input import is_decimal
 from settle.models import AttemptObservation, OperationRecord, QuarantineEntry
 
@@ -48,6 +49,7 @@ __all__ = [
     "fields_table",
     "hidden",
     "json_line",
+    "listed_json",
     "literal",
     "new_table",
     "print_json",
@@ -341,6 +343,21 @@ def record_json(record: OperationRecord) -> dict[str, Any]:
         out["result"] = _base64(record.result)
     out["result_json"] = _decoded(record.result)
     return out
+
+
+def listed_json(entry: QuarantineEntry | UndecodableEntry) -> dict[str, Any]:
+    """:func:`entry_json` of an entry; of one this version cannot decode, where it is and
+    why (``undecodable``), so that a listing or an export loses no entry silently."""
+    if isinstance(entry, UndecodableEntry):
+        return {
+            "id": entry.id,
+            "shard": entry.shard,
+            "ref": entry.ref,
+            "operation_id": entry.operation_id,
+            "resolved": entry.resolved,
+            "undecodable": entry.problem,
+        }
+    return entry_json(entry)
 
 
 def entry_json(entry: QuarantineEntry) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
 from settle.cli._context import (
     EXIT_FAILED,
@@ -11,6 +12,7 @@ from settle.cli._context import (
     connection_options,
     fail,
     json_option,
+    name_undecodable,
     open_settler,
 )
 from settle.cli._render import (
@@ -18,7 +20,7 @@ from settle.cli._render import (
     attempts_table,
     console,
     entries_table,
-    entry_json,
+    listed_json,
     print_json,
     print_table,
     print_text,
@@ -46,8 +48,13 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
     with open_settler(conn) as settler:
         record = settler.get(operation_id)
         attempts = settler.attempts(operation_id)
-        entries = settler.quarantine.list(operation_id=operation_id, limit=limit)
-    if record is None and not attempts and not entries:
+        # Marking: one entry of the operation settle cannot decode ended the command (exit
+        # 1) with none of the record, its attempt log or its readable entries shown.
+        planned = settler._core.quarantine_query(operation_id=operation_id, limit=limit)
+        listed = settler.quarantine._listed(planned.marking())
+    entries = [e for e in listed if not isinstance(e, UndecodableEntry)]
+    marks = [e for e in listed if isinstance(e, UndecodableEntry)]
+    if record is None and not attempts and not listed:
         fail(f"no operation {operation_id!r} in namespace {conn.namespace!r}", EXIT_FAILED)
     if as_json:
         print_json(
@@ -56,9 +63,10 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
                 "namespace": conn.namespace,
                 "record": record_json(record) if record else None,
                 "attempts": [a.model_dump(mode="json") for a in attempts],
-                "quarantine": [entry_json(e) for e in entries],
+                "quarantine": [listed_json(e) for e in listed],
             }
         )
+        name_undecodable(marks)
         return
     out = console()
     if record is None:
@@ -70,5 +78,6 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
     print_table(out, attempts_table(attempts))
     if entries:
         print_table(out, entries_table(entries, ("quarantine entries of ", Whole(operation_id))))
-    else:
+    elif not marks:
         print_text(out, ("no quarantine entries for ", Whole(operation_id)))
+    name_undecodable(marks)

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 import click
 
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
 from settle._sync.settler import Settler
 from settle.cli._context import (
@@ -23,6 +24,7 @@ from settle.cli._context import (
     drop_stdout,
     fail,
     json_option,
+    name_undecodable,
     open_settler,
     options_named,
 )
@@ -34,6 +36,7 @@ from settle.cli._render import (
     entry_line,
     entry_table,
     json_line,
+    listed_json,
     print_json,
     print_table,
 )
@@ -101,21 +104,27 @@ def ls(
 ) -> None:
     """Quarantine entries, newest first (at most --limit in all)."""
     with open_settler(conn) as settler, options_named(_FILTERS):
-        entries = settler.quarantine.list(
+        planned = settler._core.quarantine_query(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
             unresolved=unresolved,
             limit=limit,
         )
+        # Marking: one entry another version or program wrote ended the listing (exit 1)
+        # and none of the entries settle can read was shown.
+        listed = settler.quarantine._listed(planned.marking())
+    entries = [e for e in listed if not isinstance(e, UndecodableEntry)]
     if as_json:
-        print_json([entry_json(e) for e in entries])
-        return
-    out = console()
-    if not entries:
-        out.print("no matching quarantine entries")
-        return
-    print_table(out, entries_table(entries, f"quarantine of {conn.namespace} (newest first)"))
+        print_json([listed_json(e) for e in listed])
+    else:
+        out = console()
+        if not listed:
+            out.print("no matching quarantine entries")
+        elif entries:
+            title = f"quarantine of {conn.namespace} (newest first)"
+            print_table(out, entries_table(entries, title))
+    name_undecodable([e for e in listed if isinstance(e, UndecodableEntry)])
 
 
 @quarantine.command("show")
@@ -257,27 +266,33 @@ def export(
     if show_progress is None:
         show_progress = sys.stderr.isatty()
     with open_settler(conn) as settler, options_named(_FILTERS):
-        scan = settler.quarantine.scan(
+        walk = settler._core.quarantine_scan(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
             unresolved=unresolved,
         )
+        # Marking: an entry settle cannot decode ended the export there (exit 1), and the
+        # entries after it were never written; now each is a marked line, named at the end.
+        scan = settler.quarantine._scanned(walk.marking())
         # The filters are checked, and the first page read, before --output is opened: a
         # refused --operation or an unreachable Redis leaves the file as it was, where
         # opening it first emptied it.
         first = next(scan, None)
         entries = scan if first is None else itertools.chain([first], scan)
+        marks: list[UndecodableEntry] = []
         if output is None:  # a reader that stops (| head) ends it quietly (settle.cli.main)
-            _write(sys.stdout, entries, limit, show_progress)
+            _write(sys.stdout, entries, limit, show_progress, marks)
+            name_undecodable(marks)
             return
         try:
             fh = output.open("w", encoding="utf-8")
         except OSError as exc:  # a missing directory, a read-only file system
             fail(f"cannot write --output {output}: {exc.strerror or exc}", EXIT_USAGE)
         with fh:
-            count = _write(fh, entries, limit, show_progress)
+            count = _write(fh, entries, limit, show_progress, marks)
     click.echo(f"exported {count} entries to {output}", err=True)
+    name_undecodable(marks)
 
 
 @quarantine.command("trim")
@@ -321,16 +336,23 @@ _PROGRESS_EVERY = 1000
 
 
 def _write(
-    fh: IO[str], entries: Iterator[QuarantineEntry], limit: int | None, show_progress: bool
+    fh: IO[str],
+    entries: Iterator[QuarantineEntry | UndecodableEntry],
+    limit: int | None,
+    show_progress: bool,
+    marks: list[UndecodableEntry],
 ) -> int:
-    """Write entries as JSON lines, at most ``limit``; with ``show_progress``, a running
-    count on stderr every thousand entries. Returns how many were written."""
+    """Write entries as JSON lines, at most ``limit``, each one settle cannot decode as a
+    marked line (:func:`listed_json`) also appended to ``marks``; with ``show_progress``, a
+    running count on stderr every thousand entries. Returns how many were written."""
     count = 0
     try:
         for entry in entries:
             if limit is not None and count >= limit:
                 break
-            fh.write(json_line(entry_json(entry)) + "\n")
+            if isinstance(entry, UndecodableEntry):
+                marks.append(entry)
+            fh.write(json_line(listed_json(entry)) + "\n")
             count += 1
             if show_progress and count % _PROGRESS_EVERY == 0:
                 click.echo(f"\rexported {count} entries...", err=True, nl=False)

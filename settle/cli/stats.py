@@ -17,9 +17,16 @@ from typing import Any
 
 import click
 
+from settle._core.codec import UndecodableEntry
 from settle._core.keys import Keys
 from settle._sync.settler import Settler
-from settle.cli._context import Connection, connection_options, json_option, open_settler
+from settle.cli._context import (
+    Connection,
+    connection_options,
+    json_option,
+    name_undecodable,
+    open_settler,
+)
 from settle.cli._render import add_row, console, new_table, print_json, print_table
 from settle.demo.server import client_of
 from settle.models import OperationRecord, QuarantineKind, State
@@ -94,17 +101,25 @@ def tally(states: Counter[str], records: list[OperationRecord | None]) -> None:
             states[record.state.value] += 1
 
 
-def count_quarantine(settler: Settler) -> dict[str, dict[str, int]]:
+def count_quarantine(
+    settler: Settler,
+) -> tuple[dict[str, dict[str, int]], list[UndecodableEntry]]:
     """Every quarantine entry by kind and resolution, streamed (no cap, bounded memory) as
     headers: Redis sends each entry's kind, time and status, never its payload (up to
-    ``quarantine_payload_bytes`` an entry), so the count costs a few dozen bytes an entry."""
+    ``quarantine_payload_bytes`` an entry), so the count costs a few dozen bytes an entry.
+    With the entries this version cannot decode (another version or program wrote them),
+    which ended the count before any was shown."""
     kinds: dict[str, dict[str, int]] = {
         k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind
     }
-    walk = settler._core.quarantine_scan().headers()
+    marks: list[UndecodableEntry] = []
+    walk = settler._core.quarantine_scan().header_marking()
     for h in settler.quarantine._scanned(walk):
-        kinds[h.kind.value]["resolved" if h.resolved else "unresolved"] += 1
-    return kinds
+        if isinstance(h, UndecodableEntry):
+            marks.append(h)
+        else:
+            kinds[h.kind.value]["resolved" if h.resolved else "unresolved"] += 1
+    return kinds, marks
 
 
 @click.command("stats")
@@ -115,20 +130,25 @@ def stats(conn: Connection, as_json: bool) -> None:
     (SCANs the namespace: cost grows with the database, see docs/cli.md)."""
     with open_settler(conn) as settler:
         states = count_records(settler)
-        kinds = count_quarantine(settler)
+        kinds, marks = count_quarantine(settler)
+    # An entry nobody can read here counts in the totals, as unresolved unless a
+    # resolution is stored (evidence nobody read), and apart from the kinds.
     unresolved = sum(v["unresolved"] for v in kinds.values())
+    unresolved += sum(not m.resolved for m in marks)
     report: dict[str, Any] = {
         "namespace": conn.namespace,
         "shards": settler.config.shards,
         "records": {"total": sum(states.values()), "by_state": dict(states)},
         "quarantine": {
-            "total": sum(v["unresolved"] + v["resolved"] for v in kinds.values()),
+            "total": sum(v["unresolved"] + v["resolved"] for v in kinds.values()) + len(marks),
             "unresolved": unresolved,
+            "undecodable": len(marks),
             "by_kind": kinds,
         },
     }
     if as_json:
         print_json(report)
+        name_undecodable(marks)
         return
     out = console()
     records = new_table(f"records in {conn.namespace}", title_justify="left")
@@ -146,3 +166,6 @@ def stats(conn: Connection, as_json: bool) -> None:
     q = report["quarantine"]
     add_row(quarantined, "total", q["unresolved"], q["total"] - q["unresolved"], style="bold")
     print_table(out, quarantined)
+    if marks:
+        out.print(f"{len(marks)} of them cannot be decoded (counted in the totals, not by kind)")
+    name_undecodable(marks)

@@ -111,6 +111,7 @@ def web(
         secret_key=secrets.token_urlsafe(32),
         https_only=https_only,
         allowed_hosts=hosts,
+        redis_timeout=conn.redis_timeout,  # --redis-timeout: each page's Redis calls in all
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
@@ -176,9 +177,13 @@ def _listen(host: str, port: int) -> list[socket.socket]:
 _UNAVAILABLE = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT})
 
 
+#: The listen backlog of the console's sockets (uvicorn's default).
+_BACKLOG = 2048
+
+
 def bind_each(addresses: list[tuple[int, int, int, Any]]) -> list[socket.socket]:
     """A socket bound to each of ``addresses`` (``getaddrinfo``'s family, type, protocol and
-    address), duplicates once, port 0 the first bound one's port for all; an address not
+    address), listening, duplicates once, port 0 the first bound one's port for all; an address not
     available on this host is skipped unless none binds. Raises ``OSError`` (every socket
     made is closed)."""
     listening: list[socket.socket] = []
@@ -200,6 +205,10 @@ def bind_each(addresses: list[tuple[int, int, int, Any]]) -> list[socket.socket]
                 if family == socket.AF_INET6:  # each family on its own socket, as asyncio does
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(address)
+                # Listening before the port is announced: bound alone, it refused the
+                # connections of a script that connected on the announcement, until
+                # uvicorn started (it listens again with its backlog, which is fine).
+                sock.listen(_BACKLOG)
             except OSError as exc:
                 sock.close()
                 if exc.errno not in _UNAVAILABLE:

@@ -19,19 +19,25 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from redis.asyncio import RedisCluster
+
 from settle._async.settler import AsyncSettler
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
 from settle._core.keys import Keys
 from settle._runtime.transient import failures_as_settle_errors
 from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
-from settle.errors import InvalidInput
+from settle.errors import ConfigurationError, InvalidInput
 from settle.models import QuarantineEntry, QuarantineKind, State
+from settle.web._security import answered
 
 __all__ = [
     "Filter",
+    "Listed",
     "Overview",
     "Page",
     "Position",
+    "check_namespace",
     "export_entries",
     "overview",
     "page",
@@ -43,6 +49,9 @@ _CURSOR = re.compile(r"(\d{1,20}):(\d{1,6})/(\d{1,20})-(\d{1,20})", re.ASCII)
 #: than in the script) keeps few of them; the page then ends early with a cursor to go on.
 SCAN_BUDGET = 5_000
 _LIST_MAX = MAX_LISTING
+#: What a page lists: an entry, or the mark of one this version cannot decode (another
+#: version or another program wrote it), in its place in the order.
+Listed = QuarantineEntry | UndecodableEntry
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -59,7 +68,7 @@ class Position:
     shard: int
 
     @classmethod
-    def of(cls, entry: QuarantineEntry) -> Position:
+    def of(cls, entry: Listed) -> Position:
         ms, seq = entry.id.split("-")
         at_us = (entry.at - _EPOCH) // timedelta(microseconds=1)
         return cls(int(ms), int(seq), at_us, entry.shard)
@@ -98,15 +107,22 @@ class Filter:
     until: datetime | None = None
     status: str = "all"  # all | unresolved | resolved
 
-    def keeps(self, entry: QuarantineEntry) -> bool:
+    def keeps(self, entry: Listed) -> bool:
         if self.status == "all":
             return True
-        return (entry.resolution is not None) == (self.status == "resolved")
+        return resolved(entry) == (self.status == "resolved")
+
+
+def resolved(entry: Listed) -> bool:
+    """Whether ``entry`` is resolved (for a mark: whether a resolution is stored for it)."""
+    if isinstance(entry, UndecodableEntry):
+        return entry.resolved
+    return entry.resolution is not None
 
 
 @dataclass(slots=True)
 class Page:
-    entries: list[QuarantineEntry]
+    entries: list[Listed]
     #: The cursor of the next page (older entries, or newer with ``newest_first=False``).
     next: str | None
     #: How many entries were read from Redis for this page.
@@ -139,7 +155,7 @@ async def page(
     there is a next page; :data:`FILTER_BATCH` when a status filter may drop entries), so a
     page reads about as many entries as it shows, not that many from every shard."""
     bound = Position.parse(after) if after else None
-    found: list[QuarantineEntry] = []
+    found: list[Listed] = []
     scanned = 0
     wanted = size + 1 if flt.status == "all" else max(size + 1, FILTER_BATCH)
     extra = 0
@@ -186,7 +202,7 @@ async def _listing(
     limit: int,
     newest_first: bool,
     start: tuple[int, int] | None,
-) -> list[QuarantineEntry]:
+) -> list[Listed]:
     """``quarantine.list`` with the engine's filters, starting at the cursor's stream id on
     every shard (bounding by its millisecond alone would read every entry of that
     millisecond again on each page: after a clock step back, a shard's ids keep one
@@ -202,7 +218,9 @@ async def _listing(
         newest_first=newest_first,
         start=start,
     )
-    return await settler.quarantine._listed(planned)
+    # Marking: one entry another version or program wrote made the whole page a 500, and
+    # the dispute settler saw none of the entries settle can read.
+    return await settler.quarantine._listed(planned.marking())
 
 
 def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:
@@ -211,7 +229,7 @@ def _beyond(pos: Position, bound: Position, newest_first: bool) -> bool:
 
 async def export_entries(
     settler: AsyncSettler, flt: Filter, *, batch: int = 500
-) -> AsyncIterator[QuarantineEntry]:
+) -> AsyncIterator[Listed]:
     """Every entry matching ``flt``, oldest first, read ``batch`` at a time."""
     after: str | None = None
     while True:
@@ -235,6 +253,8 @@ class Overview:
     since: datetime
     until: datetime
     buckets: list[tuple[datetime, int]] = field(default_factory=list)
+    #: Entries of the window this version cannot decode (counted apart, by stream time).
+    undecodable: int = 0
 
 
 #: The chart's windows: name -> (length, bucket).
@@ -260,10 +280,18 @@ async def overview(
     states, capped = await _count_records(settler, record_limit)
     length, step = WINDOWS[window]
     since = now - length
-    entries = await settler.quarantine.headers(since=since, limit=entry_limit)
+    # Marking: one entry another version or program wrote made the overview a 500.
+    planned = settler._core.quarantine_query(since=since, limit=entry_limit).header_marking()
+    entries = await settler.quarantine._listed(planned)
     by_kind = {k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind}
+    undecodable = 0
     for e in entries:
-        by_kind[e.kind.value]["resolved" if e.resolved else "unresolved"] += 1
+        if isinstance(e, UndecodableEntry):
+            undecodable += 1
+        else:
+            by_kind[e.kind.value]["resolved" if e.resolved else "unresolved"] += 1
+    if not entries and not any(states.values()):
+        await check_namespace(settler)
     n = int(length / step)
     counts = [0] * n
     for e in entries:
@@ -278,6 +306,7 @@ async def overview(
         since=since,
         until=now,
         buckets=[(since + i * step, c) for i, c in enumerate(counts)],
+        undecodable=undecodable,
     )
 
 
@@ -291,9 +320,7 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
     client = _client(settler)
     keys = Keys(settler.config.namespace, settler.config.shards)
     with failures_as_settle_errors("SCAN"):  # Redis down: a BackendError (503), not a 500
-        async for key in client.scan_iter(
-            match=record_key_match(settler.config.namespace), count=SCAN_COUNT
-        ):
+        async for key in _scan(client, record_key_match(settler.config.namespace)):
             operation_id = operation_id_of(key, keys)
             if operation_id is None:  # not a record key (an attempt log whose id has "}:op:")
                 continue
@@ -310,9 +337,48 @@ async def _count_records(settler: AsyncSettler, limit: int) -> tuple[Counter[str
     return states, capped
 
 
+async def _scan(client: Any, match: str) -> AsyncIterator[Any]:
+    """The keys matching ``match``, as ``scan_iter`` (every primary's on a cluster), each
+    SCAN reply :func:`answered`: a walk of a large keyspace is as long as the keyspace,
+    and the request's bound is for a Redis that does not answer."""
+    nodes: list[tuple[Any, Any]] = [(None, None)]  # one server
+    if isinstance(client, RedisCluster):
+        nodes = [(node, node.name) for node in client.get_primaries()]
+    for node, name in nodes:
+        cursor: Any = 0
+        while True:
+            if node is None:
+                cursor, found = await client.scan(cursor, match=match, count=SCAN_COUNT)
+            else:
+                cursors, found = await client.scan(
+                    cursor, match=match, count=SCAN_COUNT, target_nodes=node
+                )
+                cursor = cursors[name]
+            answered()
+            for key in found:
+                yield key
+            if int(cursor) == 0:
+                break
+
+
 def _client(settler: AsyncSettler) -> Any:
     """The redis-py asyncio client the settler runs its scripts on."""
     return settler.client
+
+
+async def check_namespace(settler: AsyncSettler) -> None:
+    """A :class:`ConfigurationError` (a 503 page) when the namespace's metadata is gone,
+    as ``settle quarantine ls`` says with exit 3. Asked when a page found nothing: after a
+    Redis restart that lost its data (no persistence, a FLUSHALL) the console showed an
+    empty quarantine, which a dispute settler reads as "all clear". One ``EXISTS``."""
+    meta = Keys(settler.config.namespace, 1).meta
+    if not await settler._command("EXISTS", lambda client: client.exists(meta), key=meta):
+        raise ConfigurationError(
+            f"namespace {settler.config.namespace!r} does not exist in this Redis: nothing "
+            "was ever written to it, or Redis lost its data (restarted without persistence, "
+            "flushed). The quarantine is not known to be empty; check the Redis and "
+            "restore it before settling disputes."
+        )
 
 
 async def server_now(settler: AsyncSettler) -> datetime:

@@ -19,12 +19,15 @@ and sign-ins that can end.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import inspect
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +43,7 @@ from settle._log import binding_digest, logger
 from settle._runtime import Call
 from settle._runtime._async import AsyncRunner
 from settle._sessions import SCRIPTS
-from settle.errors import ConfigurationError, InvalidInput, SettleError
+from settle.errors import BackendError, ConfigurationError, InvalidInput, SettleError
 
 __all__ = [
     "CSP",
@@ -51,12 +54,15 @@ __all__ = [
     "SignIn",
     "SignedIn",
     "add_security_headers",
+    "answered",
     "check_principal",
     "csrf_ok",
     "csrf_token",
+    "deadline",
     "end_sessions",
     "principal_of",
     "resolved_by",
+    "restarting",
     "sign_in",
     "signed_in",
     "token_authorizer",
@@ -307,6 +313,54 @@ class SignIn:
 
 _SIGN_IN = "settle.web.sign_in"
 _SIGNED_OUT = SignIn(None)
+_DEADLINE = "settle.web.deadline"
+
+
+def deadline(scope: Scope, seconds: float) -> float:
+    """When the request's Redis calls must have answered (the event loop's clock): set by
+    its first call, ``seconds`` (``redis_timeout``) from then, shared by every later one
+    (the sign-in check and the page's reads), so a request waits at most that long in all.
+    A paused Redis (SIGSTOP, a partition: connections open, no answer) made every page
+    wait out the client's socket timeout and its retries, about 120 s."""
+    at = scope.get(_DEADLINE)
+    if not isinstance(at, float):
+        at = scope[_DEADLINE] = asyncio.get_running_loop().time() + seconds
+    return at
+
+
+#: The bound of the request being served and its seconds (:func:`restarting`).
+_BOUND: ContextVar[tuple[asyncio.Timeout, float] | None] = ContextVar(
+    "settle_web_bound", default=None
+)
+
+
+@contextmanager
+def restarting(bound: asyncio.Timeout, seconds: float) -> Iterator[None]:
+    """Within it, :func:`answered` restarts ``bound`` ``seconds`` from then."""
+    token = _BOUND.set((bound, seconds))
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
+
+def answered() -> None:
+    """Redis answered one call of a walk as long as the data (the overview's SCAN of the
+    keyspace): the request's bound restarts, ``redis_timeout`` from now. The bound is for
+    a Redis that does not answer; on a Redis holding millions of other keys, every SCAN
+    answered at once, the overview was a 503 "Redis did not answer" on every load."""
+    live = _BOUND.get()
+    if live is not None and not live[0].expired():
+        bound, seconds = live
+        bound.reschedule(asyncio.get_running_loop().time() + seconds)
+
+
+def timed_out(seconds: float) -> BackendError:
+    """The error of a request whose Redis calls did not answer within ``seconds``."""
+    return BackendError(
+        f"Redis did not answer within {seconds:g} s (redis_timeout): it may be paused, "
+        "overloaded or cut off by the network"
+    )
 
 
 class SignedIn:
@@ -314,9 +368,10 @@ class SignedIn:
     cookie's sign-in is, once per request (static files aside). A session Redis no longer
     holds is cleared from the cookie: the browser is signed out."""
 
-    def __init__(self, app: ASGIApp, sessions: Sessions | None) -> None:
+    def __init__(self, app: ASGIApp, sessions: Sessions | None, redis_timeout: float) -> None:
         self.app = app
         self.sessions = sessions
+        self.redis_timeout = redis_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -332,7 +387,14 @@ class SignedIn:
         if not (isinstance(sid, str) and isinstance(csrf, str)):
             return _SIGNED_OUT
         try:
-            principal = await self.sessions.principal(sid, csrf)
+            bound = asyncio.timeout_at(deadline(scope, self.redis_timeout))
+            try:
+                async with bound:
+                    principal = await self.sessions.principal(sid, csrf)
+            except TimeoutError:
+                if not bound.expired():
+                    raise
+                raise timed_out(self.redis_timeout) from None
         except SettleError as exc:
             logger.warning("settle.web.session_unchecked", error=type(exc).__name__)
             return SignIn(None, exc)

@@ -9,12 +9,13 @@ granted at sign-in, and a CSRF token.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
 import secrets
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode
@@ -31,12 +32,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from settle._async.settler import AsyncSettler
+from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_NOTE_CHARS
 from settle._core.keys import check_operation_id
 from settle._input import has_control, is_decimal
 from settle._log import binding_digest, logger
+from settle.cli._context import REDIS_TIMEOUT  # one default for redis_timeout and the CLI
 from settle.cli._params import SINCE, Ago, since_on
-from settle.cli._render import entry_json, json_line, record_json
+from settle.cli._render import entry_json, json_line, listed_json, record_json
 from settle.errors import (
     BackendError,
     ConfigurationError,
@@ -56,10 +59,13 @@ from settle.web._security import (
     check_principal,
     csrf_ok,
     csrf_token,
+    deadline,
     principal_of,
     resolved_by,
+    restarting,
     sign_in,
     signed_in,
+    timed_out,
 )
 from settle.web._text import (
     PayloadView,
@@ -71,7 +77,13 @@ from settle.web._text import (
     when,
 )
 
-__all__ = ["LOOPBACK_HOSTS", "check_allowed_hosts", "create_app"]
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "REDIS_TIMEOUT",
+    "check_allowed_hosts",
+    "check_redis_timeout",
+    "create_app",
+]
 
 #: Any note the engine accepts fits: 4 096 characters of up to 4 bytes of UTF-8, each byte
 #: 3 characters urlencoded (48 KiB), and the CSRF token.
@@ -107,6 +119,7 @@ def create_app(
     session_max_age: int = 8 * 3600,
     record_limit: int = 10_000,
     overview_limit: int = 10_000,
+    redis_timeout: float = REDIS_TIMEOUT,
 ) -> Starlette:
     """The console for ``settler``'s namespace, to serve or mount (``app.mount("/settle",
     create_app(settler))``).
@@ -120,7 +133,11 @@ def create_app(
     address cannot read the console (DNS rebinding). Mounted in a service, pass the
     service's host names, or ``["*"]`` to leave the check to the service.
     The overview reads at most ``record_limit`` records and ``overview_limit`` quarantine
-    entries, and says so when it stopped there. The settler stays the caller's to close.
+    entries, and says so when it stopped there. ``redis_timeout`` bounds the Redis calls
+    of one request, in seconds (all of them together): a Redis that does not answer in
+    time (paused, overloaded, cut off) gets a 503 page saying so, not a page that waits
+    out the client's socket timeout and its retries. The settler stays the caller's to
+    close.
     """
     if (
         isinstance(session_max_age, bool)
@@ -137,23 +154,25 @@ def create_app(
     # with an int), 0 a 400 that blamed the reader's filter.
     _check_limit("record_limit", record_limit, None)
     _check_limit("overview_limit", overview_limit, _query._LIST_MAX)
+    check_redis_timeout(redis_timeout)
     hosts = check_allowed_hosts(allowed_hosts or list(LOOPBACK_HOSTS))
     sessions = Sessions(settler, session_max_age) if authorize is not None else None
-    console = _Console(settler, authorize, sessions, record_limit, overview_limit)
+    console = _Console(settler, authorize, sessions, record_limit, overview_limit, redis_timeout)
     namespace = settler.config.namespace
+    bounded = console.bounded
     routes = [
-        Route("/", console.overview, name="overview"),
-        Route("/quarantine", console.listing, name="quarantine"),
-        Route("/quarantine.jsonl", console.export, name="export"),
-        Route("/entry/{shard:int}/{entry_id}", console.entry, name="entry"),
+        Route("/", bounded(console.overview), name="overview"),
+        Route("/quarantine", bounded(console.listing), name="quarantine"),
+        Route("/quarantine.jsonl", bounded(console.export), name="export"),
+        Route("/entry/{shard:int}/{entry_id}", bounded(console.entry), name="entry"),
         Route(
             "/entry/{shard:int}/{entry_id}/resolve",
-            console.resolve,
+            bounded(console.resolve),
             methods=["POST"],
             name="resolve",
         ),
-        Route("/signin", console.sign_in, methods=["GET", "POST"], name="signin"),
-        Route("/signout", console.sign_out, methods=["POST"], name="signout"),
+        Route("/signin", bounded(console.sign_in), methods=["GET", "POST"], name="signin"),
+        Route("/signout", bounded(console.sign_out), methods=["POST"], name="signout"),
         Mount("/static", StaticFiles(packages=[("settle.web", "static")]), name="static"),
     ]
     middleware = [
@@ -169,7 +188,7 @@ def create_app(
             same_site="lax",
             https_only=https_only,
         ),
-        Middleware(SignedIn, sessions=sessions),
+        Middleware(SignedIn, sessions=sessions, redis_timeout=redis_timeout),
     ]
     return Starlette(
         routes=routes,
@@ -194,6 +213,21 @@ def _check_limit(name: str, value: object, most: int | None) -> None:
             f"{name} must be a whole number {bound} (how many the overview reads at most), "
             f"got {value!r}"
         )
+
+
+def check_redis_timeout(seconds: object) -> float:
+    """``seconds`` when it is a number of seconds above 0 and at most 300, else
+    :class:`InvalidInput` naming ``redis_timeout``."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= 300  # NaN fails too
+    ):
+        raise InvalidInput(
+            "redis_timeout must be a number of seconds above 0 and at most 300 (how long "
+            f"one console request waits for Redis), got {seconds!r}"
+        )
+    return float(seconds)
 
 
 #: The Host header values a console serves by default: loopback only.
@@ -241,6 +275,8 @@ _ENV = Environment(
 )
 # shell_word: an operation id in a command the reader pastes into a shell.
 _ENV.filters.update(visible=visible, visible_text=visible_text, when=when, shell_word=shell_word)
+# An entry this settle version cannot decode, listed as a marked row (docs/console.md).
+_ENV.tests["undecodable"] = lambda entry: isinstance(entry, UndecodableEntry)
 
 
 class _Console:
@@ -253,7 +289,9 @@ class _Console:
         sessions: Sessions | None,
         record_limit: int,
         overview_limit: int,
+        redis_timeout: float,
     ) -> None:
+        self.redis_timeout = float(redis_timeout)
         self.settler = settler
         self.authorize = authorize
         self.sessions = sessions
@@ -321,6 +359,56 @@ class _Console:
             response = HTMLResponse(f"<!doctype html><title>500</title><p>{message}</p>", 500)
         return add_security_headers(response)
 
+    def bounded(
+        self, endpoint: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``endpoint`` with its Redis calls bounded by the request's deadline
+        (:func:`deadline`, shared with the sign-in check): past it, the 503 page of
+        :meth:`timed_out`, at once, rather than the client's socket timeout (about 120 s
+        with its retries, after the browser gave up)."""
+
+        async def run(request: Request) -> Response:
+            bound = asyncio.timeout_at(deadline(request.scope, self.redis_timeout))
+            request.state.bound = bound  # the sign-in lifts it while authorize runs
+            try:
+                async with bound:
+                    with restarting(bound, self.redis_timeout):
+                        return await endpoint(request)
+            except TimeoutError:
+                if not bound.expired():
+                    raise
+                return self.timed_out(request)
+
+        return run
+
+    def timed_out(self, request: Request) -> HTMLResponse:
+        """The 503 page of a request whose Redis calls did not answer in time. A resolve
+        whose write was sent may have been applied: its outcome is unknown, not failed."""
+        unknown = bool(getattr(request.state, "resolving", False))
+        logger.warning(
+            "settle.web.redis_timeout", seconds=self.redis_timeout, outcome_unknown=unknown
+        )
+        waited = f"Redis did not answer within {self.redis_timeout:g} s"
+        signing_out = request.method == "POST" and _path(request).endswith("/signout")
+        signing_in = request.method == "POST" and _path(request).endswith("/signin")
+        if unknown:
+            message = (
+                f"{waited}, so the outcome of this resolve is unknown: it may have been "
+                "applied. Reload the entry to see; resolving again with the same note is "
+                "safe (a note already on record stands)."
+            )
+        elif signing_out:
+            message = f"{waited}: the sign-out is not confirmed. Sign out again in a moment."
+        elif signing_in:  # its session may have been written: not "nothing changed"
+            message = f"{waited}: the sign-in is not confirmed. Sign in again in a moment."
+        elif request.method == "POST":
+            message = f"{waited}; nothing was changed. Retry in a moment."
+        else:
+            message = f"{waited} (it may be paused, overloaded or cut off). Reload in a moment."
+        return self.render(
+            request, "error.html", 503, status=503, message=message, sign_out_again=signing_out
+        )
+
     # -- pages -----------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -351,6 +439,8 @@ class _Console:
         size = _size(q)
         after = q.get("after") or None
         result = await _query.page(self.settler, flt, after=after, size=size)
+        if not result.entries:  # an empty list is "all clear" only if the namespace exists
+            await _query.check_namespace(self.settler)
         next_href = None
         if result.next is not None:
             # A duration ago ("since=6s") is pinned to the instant this page resolved it to:
@@ -379,15 +469,32 @@ class _Console:
         # page (Redis down, an entry settle cannot decode) is an error page, not a 200
         # whose download breaks off.
         first = await anext(entries, None)
+        if first is None:  # an empty export is "all clear" only if the namespace exists
+            await _query.check_namespace(self.settler)
 
         async def lines() -> AsyncIterator[str]:
             count = 0
             if first is not None:
                 count += 1
-                yield json_line(entry_json(first)) + "\n"
-            async for entry in entries:
+                yield json_line(listed_json(first)) + "\n"
+            while True:
+                # Each later read bounded anew (the request's deadline is for its first
+                # page): a Redis that stops answering ends the download early, as any
+                # failure there does, rather than hold it open for minutes.
+                try:
+                    async with asyncio.timeout(self.redis_timeout):
+                        entry = await anext(entries, None)
+                except TimeoutError:
+                    logger.warning(
+                        "settle.web.redis_timeout",
+                        seconds=self.redis_timeout,
+                        outcome_unknown=False,
+                    )
+                    raise timed_out(self.redis_timeout) from None
+                if entry is None:
+                    break
                 count += 1
-                yield json_line(entry_json(entry)) + "\n"
+                yield json_line(listed_json(entry)) + "\n"
             logger.info("settle.web.exported", entries=count)
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")  # UTC, as every time shown
@@ -398,9 +505,24 @@ class _Console:
             headers={"content-disposition": f'attachment; filename="{name}"'},
         )
 
+    async def _entry(self, ref: str) -> _query.Listed:
+        """The entry ``ref``, or the mark of one this version cannot decode."""
+        core = self.settler._core
+        calls = core.plan_quarantine_lookup(ref)
+        raws = await self.settler.quarantine._run_many(calls)
+        try:
+            return core.decode_quarantine_lookup_or_mark(ref, calls, raws)
+        except QuarantineNotFound:
+            await _query.check_namespace(self.settler)  # lost with its namespace: said so
+            raise
+
     async def entry(self, request: Request) -> Response:
         ref = _ref(request)
-        entry = await self.settler.quarantine.get(ref)
+        entry = await self._entry(ref)
+        if isinstance(entry, UndecodableEntry):
+            # What could be read of it, and no resolve form (docs/console.md: a resolved
+            # entry is what a routine trim deletes, and nobody could read this evidence).
+            return self.render(request, "undecodable.html", entry=entry)
         record, attempts, others = None, [], []
         # An id settle refuses today (a line break, a bidi override, too long: written by
         # an earlier version or another program) has no record, attempt log or filter
@@ -411,9 +533,12 @@ class _Console:
             record = await self.settler.get(entry.operation_id)
             attempts = await self.settler.attempts(entry.operation_id)
             # One more than shown besides this entry: whether there are more to link to.
-            related = await self.settler.quarantine.list(
+            # Marking: another entry of the operation that settle cannot decode made this
+            # readable entry's page a 500.
+            planned = self.settler._core.quarantine_query(
                 operation_id=entry.operation_id, limit=_RELATED + 2
             )
+            related = await self.settler.quarantine._listed(planned.marking())
             others = [e for e in related if e.ref != entry.ref]
         data = entry_json(entry)
         # The notice of a resolve is the redirect's own (kept in the signed session for
@@ -468,6 +593,16 @@ class _Console:
                 f"{_unfit(principal)} The service's authorize must grant another; nothing "
                 "was resolved."
             )
+        if isinstance(await self._entry(ref), UndecodableEntry):
+            return self.refuse(
+                request,
+                409,
+                "undecodable",
+                f"Quarantine entry {ref} cannot be decoded by this settle version, so the "
+                "console does not resolve it: nobody here could read the evidence, and a "
+                "resolved entry is what a routine trim deletes. Nothing was resolved; "
+                "read it with the settle version that wrote it.",
+            )
         text = resolved_by(principal, note)
         if len(text) > MAX_NOTE_CHARS:
             room = MAX_NOTE_CHARS - len(text) + len(note)
@@ -476,6 +611,7 @@ class _Console:
                 f"holds {MAX_NOTE_CHARS}, with the [resolved by ...] prefix); shorten it, "
                 "nothing was resolved"
             )
+        request.state.resolving = True  # from here a timeout leaves the outcome unknown
         try:
             resolution = await self.settler.quarantine.resolve(ref, note=text)
         except (DurabilityError, BackendError) as exc:
@@ -517,7 +653,14 @@ class _Console:
             return self.refuse(
                 request, 403, "csrf", "The sign-in form was stale; open it again and retry."
             )
+        # The service's authorize is not Redis (it may ask an identity provider): the
+        # deadline is lifted while it runs, and the Redis calls after it get their own.
+        bound: asyncio.Timeout | None = getattr(request.state, "bound", None)
+        if bound is not None:
+            bound.reschedule(None)
         principal = await sign_in(self.authorize, form.get("token", ""))
+        if bound is not None:
+            bound.reschedule(asyncio.get_running_loop().time() + self.redis_timeout)
         if principal is None:
             logger.warning("settle.web.sign_in_refused")
             return self.render(request, "signin.html", 403, next=target, failed=True)

@@ -78,6 +78,41 @@ def test_port_0_announces_the_port_it_listens_on(
         proc.stderr.close()
 
 
+def test_the_announced_port_takes_connections_before_the_server_runs(
+    redis_url: str, namespace: str, writer: Settler
+) -> None:
+    """Found in review (test_port_0_announces_the_port_it_listens_on flaked, connection
+    refused): the port was announced bound but not listening, until uvicorn started; a
+    script that connected on the announcement was refused. The process is stopped right
+    after its announcement, so that uvicorn cannot have started: the connection is taken
+    (queued), and answered once it runs."""
+    del writer
+    proc = subprocess.Popen(
+        [str(SETTLE), "web", "--redis-url", redis_url, "--namespace", namespace, "--port", "0"],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        announced = proc.stderr.readline()
+        os.kill(proc.pid, signal.SIGSTOP)
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)/ ", announced)
+        assert found is not None, announced
+        with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=5) as conn:
+            conn.sendall(b"GET /static/console.css HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            os.kill(proc.pid, signal.SIGCONT)
+            conn.settimeout(30)
+            assert conn.recv(12) == b"HTTP/1.1 200"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=10)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
 # An address no interface of this host holds (TEST-NET-1): binding it fails with
 # EADDRNOTAVAIL, as ``::1`` does where IPv6 is turned off.
 _NOT_HERE = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, ("192.0.2.1", 0))
