@@ -11,7 +11,7 @@ from typing import Any, Protocol, Self, TypeVar
 from redis.asyncio import Redis, RedisCluster
 
 from settle._core.codec import UndecodableEntry
-from settle._core.engine import Core, QuarantineQuery, QuarantineScan
+from settle._core.engine import Core, QuarantineFollower, QuarantineQuery, QuarantineScan
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._async import AsyncConnectable, AsyncRunner
@@ -420,7 +420,10 @@ class AsyncQuarantine:
         since: datetime | None = None,
         poll_interval: float = 0.5,
     ) -> AsyncIterator[QuarantineEntry]:
-        """Yield entries written from now (or ``since``) on, oldest first, until closed."""
+        """Yield entries written from now (or ``since``) on, oldest first, until closed.
+        An entry this version cannot decode (another version or program wrote it) is
+        skipped, logged as ``settle.quarantine.undecodable`` with its id: the follow goes
+        on (docs/concepts.md, "The quarantine")."""
         follower = self._settler._core.quarantine_follower(
             kind=kind,
             operation_id=operation_id,
@@ -428,6 +431,15 @@ class AsyncQuarantine:
             since=since,
             poll_interval=poll_interval,
         )
+        async for entry in self._followed(follower, poll_interval):
+            if not isinstance(entry, UndecodableEntry):
+                yield entry
+
+    async def _followed(
+        self, follower: QuarantineFollower, poll_interval: float
+    ) -> AsyncIterator[QuarantineEntry | UndecodableEntry]:
+        """Run a follower until closed, each entry it cannot decode marked in its place
+        (``follow`` skips those; ``settle quarantine tail`` shows them)."""
         while True:
             calls = follower.calls()
             for entry in follower.feed(calls, await self._run_many(calls)):

@@ -1161,7 +1161,7 @@ def _id_key(entry: _Listed) -> tuple[int, int, datetime, int]:
     return int(ms), int(seq), entry.at, entry.shard
 
 
-def _time_key(entry: QuarantineEntry) -> tuple[datetime, int, int, int]:
+def _time_key(entry: QuarantineEntry | codec.UndecodableEntry) -> tuple[datetime, int, int, int]:
     """A live follow's order: server time (µs), then stream id, then shard."""
     ms, seq = entry.id.split("-")
     return entry.at, int(ms), int(seq), entry.shard
@@ -1406,6 +1406,12 @@ class QuarantineFollower:
     ``f.idle``. Shards are read one after another (one round trip each on a cluster), so an
     entry can land in a shard already read while a later shard yields a newer one; entries
     are therefore held back until every shard has been read past their time.
+
+    An entry this version cannot decode is handed out as an
+    :class:`~settle._core.codec.UndecodableEntry` in its place (``settle quarantine tail``
+    marks it, ``quarantine.follow`` skips it), logged once as
+    ``settle.quarantine.undecodable``: raising there ended the follow, and a follow made
+    again stopped at the same entry, so none after it was ever seen.
     """
 
     def __init__(self, core: Core, shards: list[int], flt: _Filter, since: datetime | None) -> None:
@@ -1414,7 +1420,7 @@ class QuarantineFollower:
         start = f"{_ms(since)}-0" if since is not None else None
         self._low: dict[int, str | None] = dict.fromkeys(shards, start)
         #: Entries read but not handed out yet, each with the round (``feed``) that read it.
-        self._held: list[tuple[QuarantineEntry, int]] = []
+        self._held: list[tuple[QuarantineEntry | codec.UndecodableEntry, int]] = []
         self._round = 0
         self.idle = False
 
@@ -1431,7 +1437,9 @@ class QuarantineFollower:
                 )
         return out
 
-    def feed(self, calls: list[Call], raws: list[Any]) -> list[QuarantineEntry]:
+    def feed(
+        self, calls: list[Call], raws: list[Any]
+    ) -> list[QuarantineEntry | codec.UndecodableEntry]:
         more = False
         read_at = None
         for call, raw in zip(calls, raws, strict=True):
@@ -1439,7 +1447,15 @@ class QuarantineFollower:
             reply = codec.parse_reply(raw)
             primed = self._low[call.shard] is not None
             if primed:
-                self._held.extend((e, self._round) for e in self._core._entries(call, reply))
+                for e in self._core._entries_or_marks(call, reply):
+                    if isinstance(e, codec.UndecodableEntry):
+                        logger.error(
+                            "settle.quarantine.undecodable",
+                            namespace=self._core.config.namespace,
+                            quarantine_id=e.ref,
+                            reason=e.problem,
+                        )
+                    self._held.append((e, self._round))
             if reply.detail:
                 self._low[call.shard] = f"({reply.detail}"
             elif not primed:

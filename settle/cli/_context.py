@@ -63,6 +63,7 @@ __all__ = [
     "name_undecodable",
     "open_settler",
     "options_named",
+    "say_undecodable",
     "settings",
 ]
 
@@ -524,13 +525,19 @@ def name_undecodable(marks: list[UndecodableEntry]) -> None:
     (docs/cli.md): the others were shown or counted, and a script must not take the
     output for whole."""
     for mark in marks:
-        click.echo(
-            visible_message(
-                f"settle: quarantine entry {mark.ref} cannot be decoded: {mark.problem} "
-                "(another settle version or another program wrote it; inspect it with "
-                "redis-cli XRANGE)"
-            ),
-            err=True,
-        )
+        say_undecodable(mark)
     if marks:
         sys.exit(EXIT_FAILED)
+
+
+def say_undecodable(mark: UndecodableEntry) -> None:
+    """Name one quarantine entry this version cannot decode on stderr (``quarantine tail``
+    names each as it meets it, and exits 1 when it ends)."""
+    click.echo(
+        visible_message(
+            f"settle: quarantine entry {mark.ref} cannot be decoded: {mark.problem} "
+            "(another settle version or another program wrote it; inspect it with "
+            "redis-cli XRANGE)"
+        ),
+        err=True,
+    )

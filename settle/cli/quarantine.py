@@ -27,6 +27,7 @@ from settle.cli._context import (
     name_undecodable,
     open_settler,
     options_named,
+    say_undecodable,
 )
 from settle.cli._params import DURATION, KIND, SINCE, Ago, FiniteRange, since_on
 from settle.cli._render import (
@@ -188,7 +189,8 @@ def tail(
     as_json: bool,
 ) -> None:
     """Follow new entries live (from now, or --since) until Ctrl-C; one line each
-    (a JSON object each with --json). Ctrl-C ends it with exit 0."""
+    (a JSON object each with --json). Ctrl-C ends it with exit 0, or 1 when an entry
+    could not be decoded (named on stderr as it was met, marked with --json)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the tail
     with open_settler(conn) as settler, options_named(_FILTERS):
         # Start at the server's clock (stream ids are server time), so that every entry
@@ -201,10 +203,12 @@ def tail(
             "since": start,
             "poll_interval": interval,
         }
-        # follow() checks its filters at its first poll, after the "following" line: the
-        # follower it makes is made here first (no I/O), so a refused filter is said alone.
-        settler._core.quarantine_follower(**filters)
-        follow = settler.quarantine.follow(**filters)
+        # The follower is made (its filters checked, no I/O) before the "following" line,
+        # so a refused filter is said alone. Marking: an entry settle cannot decode ended
+        # the tail (exit 1), and a live watcher saw none of the entries after it.
+        follower = settler._core.quarantine_follower(**filters)
+        follow = settler.quarantine._followed(follower, interval)
+        marked = False
         click.echo(
             f"following the quarantine of {conn.namespace} from {start.isoformat()} "
             "(Ctrl-C to stop)",
@@ -212,13 +216,18 @@ def tail(
         )
         try:
             for entry in follow:
+                if isinstance(entry, UndecodableEntry):
+                    marked = True
+                    say_undecodable(entry)
                 if as_json:
-                    click.echo(json_line(entry_json(entry)))
-                else:
+                    click.echo(json_line(listed_json(entry)))
+                elif not isinstance(entry, UndecodableEntry):
                     click.echo(entry_line(entry))
                 sys.stdout.flush()
         except KeyboardInterrupt:
             pass
+    if marked:
+        sys.exit(EXIT_FAILED)
 
 
 @quarantine.command("export")

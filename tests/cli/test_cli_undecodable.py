@@ -8,6 +8,9 @@ listed or exported, each other one is named on stderr (and marked in JSON), and 
 from __future__ import annotations
 
 import json
+import queue
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 from settle import Settler
 from settle._core.keys import Keys
 from tests.cli.conftest import cli_env, settle
+from tests.cli.test_quarantine_live import _lines, _stop
 from tests.web.evidence import conflicting
 
 
@@ -120,3 +124,40 @@ def test_inspect_shows_the_record_and_names_an_undecodable_entry_of_it(
     table = settle("inspect", "order-x", env=env)
     assert table.returncode == 1, table.stderr
     assert "completed" in table.stdout
+
+
+def test_tail_goes_on_past_an_entry_it_cannot_decode(
+    settle_bin: Path, redis_url: str, namespace: str, mixed: dict[str, str]
+) -> None:
+    """``settle quarantine tail`` stopped at an entry settle cannot decode, exit 1: a live
+    watcher saw none of the entries after it. It marks that one (a JSON line naming it,
+    its name on stderr), follows on, and exits 1 when stopped (Ctrl-C)."""
+    proc = subprocess.Popen(
+        [str(settle_bin), "quarantine", "tail", "--since", "1h", "--json", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(redis_url, namespace),
+    )
+    out: queue.Queue[str] = queue.Queue()
+    reader = None
+    try:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("following the quarantine of ")
+        reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
+        reader.start()
+        seen = [json.loads(out.get(timeout=30)) for _ in range(3)]
+        # A marked entry's time is its id's millisecond (its own time field may be what
+        # failed): it may go out before an entry written in the same millisecond.
+        by_ref = {e["ref"]: e for e in seen}
+        assert sorted(by_ref) == sorted(mixed.values())
+        assert "future" in by_ref[mixed["foreign"]]["undecodable"]
+        assert by_ref[mixed["new"]]["operation_id"] == "order-new"
+        with Settler.from_url(redis_url, namespace=namespace, shards=2) as writer:
+            later = conflicting(writer, "order-later")  # written after it: followed
+        assert json.loads(out.get(timeout=30))["ref"] == later
+    finally:
+        errors = _stop(proc, reader)  # Ctrl-C
+    assert f"quarantine entry {mixed['foreign']} cannot be decoded" in errors
+    assert proc.returncode == 1, errors

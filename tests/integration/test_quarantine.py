@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, QuarantineKind, Reservation, Settler
 from settle._core.keys import Keys, shard_of
@@ -303,3 +304,46 @@ def test_a_resolution_settle_cannot_decode_is_a_corrupt_record_naming_it(
         settler.quarantine.resolve(real.quarantine_id, note="checked")
     with pytest.raises(CorruptRecord, match=f"quarantine entry {real.quarantine_id}"):
         settler.quarantine.get(real.quarantine_id)
+
+
+def _good_entry(settler: Settler, op: str) -> None:
+    settler.complete(_ghost(op), {"n": 1})
+
+
+@pytest.mark.asyncio
+async def test_follow_goes_on_past_an_entry_it_cannot_decode(
+    async_settler: AsyncSettler, redis_url: str, namespace: str
+) -> None:
+    """``quarantine.follow`` raised CorruptRecord at an entry this version cannot decode,
+    and every entry after it was lost to the loop (a follow made again stopped at it again).
+    It skips that one, logs ``settle.quarantine.undecodable`` naming it, and yields on."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as writer:
+        since = datetime.now(UTC) - timedelta(seconds=5)
+        _good_entry(writer, "before")
+        foreign = writer.client.xadd(writer._core.keys.quarantine(0), {"op": "x", "kind": "future"})
+        _good_entry(writer, "after")
+    seen: list[str] = []
+    with capture_logs() as logs:
+        async for entry in async_settler.quarantine.follow(since=since, poll_interval=0.02):
+            seen.append(entry.operation_id)
+            if len(seen) == 2:
+                break
+    assert seen == ["before", "after"]
+    [event] = [e for e in logs if e["event"] == "settle.quarantine.undecodable"]
+    assert event["quarantine_id"] == f"0/{foreign.decode()}"
+    assert event["log_level"] == "error"
+    assert "future" in event["reason"]
+
+
+def test_follow_sync_goes_on_past_an_entry_it_cannot_decode(redis_url: str, namespace: str) -> None:
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
+        since = datetime.now(UTC) - timedelta(seconds=5)
+        _good_entry(settler, "before")
+        settler.client.xadd(settler._core.keys.quarantine(1), {"op": "order-x"})
+        _good_entry(settler, "after")
+        seen = []
+        for entry in settler.quarantine.follow(since=since, poll_interval=0.02):
+            seen.append(entry.operation_id)
+            if len(seen) == 2:
+                break
+    assert seen == ["before", "after"]
