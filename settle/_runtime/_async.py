@@ -17,7 +17,7 @@ import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from time import monotonic
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from redis import exceptions as rx
 from redis.asyncio import Redis, RedisCluster
@@ -341,7 +341,7 @@ class AsyncRunner:
 
     @property
     def is_cluster(self) -> bool:
-        return isinstance(self.client, RedisCluster)
+        return self._cluster
 
     async def companion(self, scripts: ScriptSet) -> AsyncRunner:
         """A runner of another part's ``scripts`` on this runner's client, with its
@@ -536,8 +536,9 @@ class AsyncRunner:
         reads; None on a single server, or for a call without keys (every primary is read)."""
         if call is None or not call.keys or not self._cluster:
             return None
-        assert isinstance(self.client, RedisCluster)
-        return self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+        # ``_cluster`` says it is one (an isinstance here would run the Protocol check again)
+        client = cast(RedisCluster, self.client)
+        return client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
 
     def _node_fresh(self, name: str, evidence: int) -> bool:
         """Whether the primary ``name`` passed a recheck since the last evidence, within

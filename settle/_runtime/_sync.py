@@ -18,7 +18,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import monotonic
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from redis import exceptions as rx
 from redis import Redis, RedisCluster
@@ -334,7 +334,7 @@ class Runner:
 
     @property
     def is_cluster(self) -> bool:
-        return isinstance(self.client, RedisCluster)
+        return self._cluster
 
     def companion(self, scripts: ScriptSet) -> Runner:
         """A runner of another part's ``scripts`` on this runner's client, with its
@@ -529,8 +529,9 @@ class Runner:
         reads; None on a single server, or for a call without keys (every primary is read)."""
         if call is None or not call.keys or not self._cluster:
             return None
-        assert isinstance(self.client, RedisCluster)
-        return self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
+        # ``_cluster`` says it is one (an isinstance here would run the Protocol check again)
+        client = cast(RedisCluster, self.client)
+        return client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
 
     def _node_fresh(self, name: str, evidence: int) -> bool:
         """Whether the primary ``name`` passed a recheck since the last evidence, within
