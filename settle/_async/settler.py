@@ -4,7 +4,7 @@ backend and lets the core decode the reply; no rule lives here."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any, Protocol, Self, TypeVar
 
@@ -436,11 +436,15 @@ class AsyncQuarantine:
                 yield entry
 
     async def _followed(
-        self, follower: QuarantineFollower, poll_interval: float
+        self,
+        follower: QuarantineFollower,
+        poll_interval: float,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> AsyncIterator[QuarantineEntry | UndecodableEntry]:
-        """Run a follower until closed, each entry it cannot decode marked in its place
-        (``follow`` skips those; ``settle quarantine tail`` shows them)."""
-        while True:
+        """Run a follower until closed or ``stopped()``, each entry it cannot decode marked
+        in its place (``follow`` skips those; ``settle quarantine tail`` shows them, and
+        stops on its Ctrl-C flag even when the ``KeyboardInterrupt`` was lost)."""
+        while not stopped():
             calls = follower.calls()
             for entry in follower.feed(calls, await self._run_many(calls)):
                 yield entry

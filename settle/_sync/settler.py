@@ -5,7 +5,7 @@ backend and lets the core decode the reply; no rule lives here."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Callable
 from datetime import datetime
 from typing import Any, Protocol, Self, TypeVar
 
@@ -437,11 +437,15 @@ class Quarantine:
                 yield entry
 
     def _followed(
-        self, follower: QuarantineFollower, poll_interval: float
+        self,
+        follower: QuarantineFollower,
+        poll_interval: float,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> Iterator[QuarantineEntry | UndecodableEntry]:
-        """Run a follower until closed, each entry it cannot decode marked in its place
-        (``follow`` skips those; ``settle quarantine tail`` shows them)."""
-        while True:
+        """Run a follower until closed or ``stopped()``, each entry it cannot decode marked
+        in its place (``follow`` skips those; ``settle quarantine tail`` shows them, and
+        stops on its Ctrl-C flag even when the ``KeyboardInterrupt`` was lost)."""
+        while not stopped():
             calls = follower.calls()
             for entry in follower.feed(calls, self._run_many(calls)):
                 yield entry

@@ -6,9 +6,11 @@ import contextlib
 import itertools
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 import click
@@ -191,7 +193,17 @@ def tail(
     """Follow new entries live (from now, or --since) until Ctrl-C; one line each
     (a JSON object each with --json). Ctrl-C ends it with exit 0, or 1 when an entry
     could not be decoded (named on stderr as it was met, marked with --json)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the tail
+    # Ctrl-C ends the tail. Its KeyboardInterrupt is lost when it lands in a finalizer
+    # (Python prints "Exception ignored" and runs on: redis-py's ConnectionPool.__del__,
+    # collecting a closed client's garbage), and the tail followed on until killed: the
+    # flag it also sets stops the follow at its next poll.
+    interrupted = threading.Event()
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
     with open_settler(conn) as settler, options_named(_FILTERS):
         # Start at the server's clock (stream ids are server time), so that every entry
         # written after the "following" line is printed, whatever the local clock says.
@@ -207,7 +219,7 @@ def tail(
         # so a refused filter is said alone. Marking: an entry settle cannot decode ended
         # the tail (exit 1), and a live watcher saw none of the entries after it.
         follower = settler._core.quarantine_follower(**filters)
-        follow = settler.quarantine._followed(follower, interval)
+        follow = settler.quarantine._followed(follower, interval, interrupted.is_set)
         marked = False
         click.echo(
             f"following the quarantine of {conn.namespace} from {start.isoformat()} "

@@ -7,7 +7,9 @@ import json
 import queue
 import signal
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -185,3 +187,56 @@ def test_resolve_needs_a_note_and_an_existing_entry(
     assert missing.returncode == 1
     assert missing.stderr.strip() == "settle: no quarantine entry '0/1-0' in this namespace"
     assert settle_json("quarantine", "show", ref, *args)["resolution"] is None
+
+
+#: ``settle quarantine tail`` run in an interpreter whose main thread spends nearly all its
+#: time in a finalizer written in Python, as when the cyclic garbage of a closed client's
+#: connection pool is collected: a Ctrl-C arriving then is printed as "Exception ignored"
+#: and lost (Python's rule for exceptions in ``__del__``). Each poll's sleep makes such
+#: garbage and collects it.
+_SWALLOWING_TAIL = """
+import gc, sys, time
+real_sleep = time.sleep
+class Litter:
+    def __del__(self):
+        real_sleep(1.0)
+def sleep(seconds):
+    litter = Litter()
+    litter.me = litter
+    del litter
+    gc.collect()
+    real_sleep(seconds)
+time.sleep = sleep
+from settle.cli import main
+sys.argv = ["settle", "quarantine", "tail", "--interval", "0.05"]
+main()
+"""
+
+
+def test_tail_stops_on_a_ctrl_c_a_finalizer_swallowed(
+    cli_settler: Settler, redis_url: str, namespace: str
+) -> None:
+    """A Ctrl-C that lands in a finalizer still ends the tail (exit 0): in CI it landed in
+    redis-py's ``ConnectionPool.__del__``, and the tail followed on until it was killed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SWALLOWING_TAIL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace),
+    )
+    try:
+        assert proc.stderr is not None
+        assert "following" in proc.stderr.readline()
+        time.sleep(1.5)  # into a poll's finalizer
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("the tail went on after a Ctrl-C") from None
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert code == 0
