@@ -15,6 +15,8 @@ The rules are :mod:`settle.http`'s, carried out by :mod:`settle.wsgi`'s middlewa
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, g, request
@@ -58,7 +60,10 @@ class Idempotency:
             return principal(request_class(environ))
 
         driver = configured_guard({**config, "principal": principal_of if principal else None})
-        app.wsgi_app = IdempotencyMiddleware.from_guard(app.wsgi_app, driver)  # type: ignore[method-assign]
+        app.wsgi_app = IdempotencyMiddleware.from_guard(  # type: ignore[method-assign]
+            app.wsgi_app, driver, reached=_view_reached
+        )
+        app.dispatch_request = _reaching(app.dispatch_request)  # type: ignore[method-assign]
         # First of the app's hooks, also of those registered before init_app (an app
         # factory sets up its hooks, then its extensions): each of them may read g.settle.
         app.before_request_funcs.setdefault(None, []).insert(0, _expose_attempt)
@@ -67,3 +72,32 @@ class Idempotency:
 
 def _expose_attempt() -> None:
     g.settle = request.environ.get("settle")
+
+
+#: Set in the environ when Flask dispatches the request to its view.
+_REACHED = "settle.view_reached"
+
+
+def _reaching(dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """``app.dispatch_request``, marking the request when it is about to call the view:
+    every ``before_request`` hook let it through (the app's, its blueprints'), and routing
+    found the view (no 404 or 405; not Flask's own answer to ``OPTIONS``). A response given
+    before that (a CSRF check's 400 in a hook, an authentication hook's 401 or 403) is sent
+    but never stored, as a Django middleware's refusal: the same request sent again runs the
+    view once what refused it is put right outside the request (a token in a header)."""
+
+    @functools.wraps(dispatch)
+    def dispatch_request(*args: Any, **kwargs: Any) -> Any:
+        rule = request.url_rule
+        automatic = request.method == "OPTIONS" and getattr(
+            rule, "provide_automatic_options", False
+        )
+        if request.routing_exception is None and not automatic:
+            request.environ[_REACHED] = True
+        return dispatch(*args, **kwargs)
+
+    return dispatch_request
+
+
+def _view_reached(environ: dict[str, Any]) -> bool:
+    return bool(environ.get(_REACHED))
