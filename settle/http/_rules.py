@@ -469,6 +469,23 @@ class Guard:
         """The handler raised, timed out or its client left before its last byte."""
         return Settle(run.reservation, reason=reason)
 
+    def settles(self, run: Run, step: Settle) -> bool:
+        """Whether to carry out ``step``. Not when it stores nothing (an error status, an
+        exception) and the attempt's lease is known lost: another attempt may own the
+        operation now, so this one settles nothing, as the decorator does, and its client
+        gets :meth:`superseded` where it can still be answered (ASGI stops such a handler
+        itself; under WSGI it ends on its own: an error, or ``attempt.check()``'s
+        ``StaleAttempt``). A response to store still goes to ``complete``, which rejects it
+        if it is stale and answers with the authoritative one instead."""
+        return step.stored is not None or not run.attempt.lost
+
+    def stopped_by_loss(self) -> Response:
+        """A handler that ended after its lease was lost, with nothing to store
+        (:meth:`settles`): the 409 ``attempt-superseded`` its client gets, as under ASGI,
+        never the stale attempt's own error."""
+        self.abandoned("lease_lost")
+        return self.superseded(None)
+
     def settle_failed(self, step: Settle, exc: SettleError) -> Settle | None:
         """The settlement call raised: what to settle instead (None: nothing). The response
         goes out anyway; a record left pending reads as provisional once its lease passes,

@@ -22,7 +22,7 @@ from settle._sync.settler import Settler
 from settle._telemetry import telemetry
 from settle.decorator._plan import Run as HeartbeatRun
 from settle.decorator._sync import _Heartbeats
-from settle.errors import ConfigurationError, SettleError
+from settle.errors import ConfigurationError, SettleError, StaleAttempt
 from settle.http._rules import (
     Answer,
     Forward,
@@ -162,11 +162,22 @@ class SyncGuard:
                 return refused.response
             except BaseException as exc:
                 guard.handler_raised(exc)  # first: whatever settling it raises chains to it
-                self._settle(guard, guard.failed(run, "exception"))
+                failed = guard.failed(run, "exception")
+                if guard.settles(run, failed):
+                    self._settle(guard, failed)
+                elif _stopping(exc):
+                    # attempt.check() found the lease lost and the handler stopped, as the
+                    # docs ask: its client gets what ASGI answers when it stops a handler.
+                    return guard.stopped_by_loss()
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)
-            instead = self._settle(guard, step)
+            if guard.settles(run, step):
+                instead = self._settle(guard, step)
+            else:
+                # An error answered after the lease was lost (a framework's 500 for the
+                # StaleAttempt of attempt.check()): stale, and nothing to store.
+                instead = guard.stopped_by_loss()
         finally:
             self._beats.remove(beating)
         return response if instead is None else instead
@@ -190,6 +201,19 @@ class SyncGuard:
             else:
                 return guard.settled(step, settlement)
         return None
+
+
+def _stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was raised from) the :class:`StaleAttempt` with which
+    ``attempt.check()`` stops a handler whose lease was lost."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, StaleAttempt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def status_line(status: int) -> str:

@@ -88,6 +88,7 @@ from settle.http.keys import operation_id
 from settle.wsgi import IdempotencyMiddleware as WSGIGuard
 from tests.http.apps import serve, serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
+from tests.wsgi.test_wsgi_lost_lease import lose, superseded_and_untouched
 from tests.wsgi.test_wsgi_middleware import _take_over
 
 urlpatterns: list[Any] = []
@@ -1149,6 +1150,34 @@ def test_a_superseded_view_response_is_released_once_with_settles_answer(
     assert answer.status_code == 409
     assert answer.json()["type"] == "urn:settle:problem:attempt-superseded"
     assert sorted(CLOSED) == closes
+    assert site.finishes == [1]
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_view_that_stops_on_its_lost_lease_answers_superseded(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """The view stops as the docs ask when a newer attempt took its key over:
+    ``attempt.check()`` raises ``StaleAttempt`` (Django's 500 under the middleware). Its
+    client got that 500 where ASGI, which stops such a handler itself, answers 409
+    ``attempt-superseded``; it now gets the 409 too, and the stale attempt settles nothing
+    (the newer attempt's record is left as it was)."""
+    settler: Settler = settle_settings["settler"]
+    seen: dict[str, Any] = {}
+
+    def view(request: HttpRequest) -> HttpResponseBase:
+        RUNS.append("v")
+        attempt = request.settle  # type: ignore[attr-defined]
+        seen["operation"], seen["newer"] = attempt.operation_id, lose(settler, attempt)
+        attempt.check()
+        return JsonResponse({"charged": True}, status=201)
+
+    with (
+        override_settings(SETTLE={**settle_settings, "lease": 0.6}),
+        served(*guarded_by(how, view)) as site,
+    ):
+        answer = site.post("k-stop")
+    superseded_and_untouched(settler, answer, seen["operation"], seen["newer"])
     assert site.finishes == [1]
 
 
