@@ -63,7 +63,7 @@ class Idempotency:
         app.wsgi_app = IdempotencyMiddleware.from_guard(  # type: ignore[method-assign]
             app.wsgi_app, driver, reached=_view_reached
         )
-        app.dispatch_request = _reaching(app.dispatch_request)  # type: ignore[method-assign]
+        app.preprocess_request = _refusing(app.preprocess_request)  # type: ignore[method-assign]
         # First of the app's hooks, also of those registered before init_app (an app
         # factory sets up its hooks, then its extensions): each of them may read g.settle.
         app.before_request_funcs.setdefault(None, []).insert(0, _expose_attempt)
@@ -74,30 +74,38 @@ def _expose_attempt() -> None:
     g.settle = request.environ.get("settle")
 
 
-#: Set in the environ when Flask dispatches the request to its view.
-_REACHED = "settle.view_reached"
+#: Set in the environ when the app answers before its view runs.
+_REFUSED = "settle.refused_before_view"
 
 
-def _reaching(dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """``app.dispatch_request``, marking the request when it is about to call the view:
-    every ``before_request`` hook let it through (the app's, its blueprints'), and routing
-    found the view (no 404 or 405; not Flask's own answer to ``OPTIONS``). A response given
-    before that (a CSRF check's 400 in a hook, an authentication hook's 401 or 403) is sent
-    but never stored, as a Django middleware's refusal: the same request sent again runs the
-    view once what refused it is put right outside the request (a token in a header)."""
+def _refusing(preprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """``app.preprocess_request`` (the ``before_request`` hooks of the app and its
+    blueprints, which Flask runs before the view), marking the request when the view will
+    not run: a hook answered or aborted (a CSRF check's 400, an authentication hook's 401
+    or 403), routing found no view (404, 405), or Flask answers ``OPTIONS`` itself. Such a
+    response is sent but never stored, as a Django middleware's refusal: the same request
+    sent again runs the view once what refused it is put right outside the request (a
+    token in a header). Marked where it is known, never inferred from a view that did not
+    say it ran: an app that dispatches in its own way still has its views' answers stored.
+    """
 
-    @functools.wraps(dispatch)
-    def dispatch_request(*args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(preprocess)
+    def preprocess_request(*args: Any, **kwargs: Any) -> Any:
+        try:
+            answer = preprocess(*args, **kwargs)
+        except BaseException:
+            request.environ[_REFUSED] = True
+            raise
         rule = request.url_rule
         automatic = request.method == "OPTIONS" and getattr(
             rule, "provide_automatic_options", False
         )
-        if request.routing_exception is None and not automatic:
-            request.environ[_REACHED] = True
-        return dispatch(*args, **kwargs)
+        if answer is not None or request.routing_exception is not None or automatic:
+            request.environ[_REFUSED] = True
+        return answer
 
-    return dispatch_request
+    return preprocess_request
 
 
 def _view_reached(environ: dict[str, Any]) -> bool:
-    return bool(environ.get(_REACHED))
+    return not environ.get(_REFUSED)
