@@ -360,7 +360,9 @@ class _Exchange:
         if render is not None and not getattr(response, "is_rendered", True):
             render()  # a TemplateResponse or DRF Response returned to a view decorator
         if isinstance(response, StreamingHttpResponse):
-            content = b"".join(response.streaming_content)  # type: ignore[arg-type]
+            # Iterated as Django's handler iterates it: an async iterator too (Django
+            # consumes it through async_to_sync, with its warning).
+            content = b"".join(response)
             response.streaming_content = [content]
         elif isinstance(response, HttpResponse):
             content = response.content

@@ -1153,6 +1153,36 @@ def test_a_superseded_view_response_is_released_once_with_settles_answer(
     assert site.finishes == [1]
 
 
+async def _receipt_parts(receipt: str) -> Any:
+    for part in (b"receipt ", receipt.encode()):
+        yield part
+
+
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume asynchronous")
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_streaming_response_of_an_async_iterator_is_stored_and_replayed(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """A sync view may stream an async iterator: Django serves it under WSGI (consumed
+    through async_to_sync, with its warning). settle collected it as a sync iterator and
+    failed on it (TypeError) after the view had run, so the client got a 500, the attempt
+    was left provisional and every retry ran the view again: a charge per retry. It is now
+    collected as Django collects it, stored and replayed."""
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        return StreamingHttpResponse(_receipt_parts(uuid.uuid4().hex), status=201)
+
+    with served(*guarded_by(how, view)) as site:
+        first = site.post("k-async")
+        again = site.post("k-async")
+    assert first.status_code == again.status_code == 201, first.text
+    assert first.content.startswith(b"receipt ")
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert RUNS == ["v"]
+
+
 @pytest.mark.parametrize("how", ["decorator", "middleware"])
 def test_a_view_that_stops_on_its_lost_lease_answers_superseded(
     settle_settings: dict[str, Any], how: str
