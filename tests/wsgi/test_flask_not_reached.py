@@ -122,3 +122,37 @@ def test_an_abort_in_the_view_is_its_answer_and_stored(settler: Settler) -> None
     assert first.status_code == again.status_code == 404
     assert again.headers["Idempotent-Replayed"] == "true"
     assert runs == ["pay"]
+
+
+def test_flasks_own_options_answer_is_not_stored(settler: Settler) -> None:
+    """``OPTIONS`` guarded by the policy: Flask answers it itself for a view that does not
+    handle it (its ``Allow`` header), without the view; a view that handles it answers it."""
+    app = Flask(__name__)
+    app.config["SETTLE"] = {
+        "settler": settler,
+        "principal": principal,
+        "methods": ["POST", "OPTIONS"],
+    }
+    runs: list[str] = []
+
+    @app.post("/pay")
+    def pay() -> Any:
+        runs.append("pay")
+        return {"paid": True}, 201
+
+    @app.route("/quote", methods=["OPTIONS"], provide_automatic_options=False)
+    def quote() -> Any:
+        runs.append("quote")
+        return {"fee": 1}, 200
+
+    Idempotency(app)
+    with serve_wsgi(app) as base, httpx.Client(base_url=base) as client:
+        assert client.options("/pay", headers=H).status_code == 200
+        assert state(settler, "k-1") is State.PROVISIONAL  # Flask's answer, not the view's
+        other = {**H, "Idempotency-Key": "k-2"}
+        first = client.options("/quote", headers=other)
+        again = client.options("/quote", headers=other)
+    assert first.status_code == again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert state(settler, "k-2") is State.COMPLETED
+    assert runs == ["quote"]
