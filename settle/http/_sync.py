@@ -22,7 +22,7 @@ from settle._sync.settler import Settler
 from settle._telemetry import telemetry
 from settle.decorator._plan import Run as HeartbeatRun
 from settle.decorator._sync import _Heartbeats
-from settle.errors import ConfigurationError, SettleError, StaleAttempt
+from settle.errors import ConfigurationError, SettleError
 from settle.http._rules import (
     Answer,
     Forward,
@@ -165,7 +165,7 @@ class SyncGuard:
                 failed = guard.failed(run, "exception")
                 if guard.settles(run, failed):
                     self._settle(guard, failed)
-                elif _stopping(exc):
+                elif guard.stops(run, exc):
                     # attempt.check() found the lease lost and the handler stopped, as the
                     # docs ask: its client gets what ASGI answers when it stops a handler.
                     return guard.stopped_by_loss()
@@ -201,19 +201,6 @@ class SyncGuard:
             else:
                 return guard.settled(step, settlement)
         return None
-
-
-def _stopping(exc: BaseException) -> bool:
-    """Whether ``exc`` is (or was raised from) the :class:`StaleAttempt` with which
-    ``attempt.check()`` stops a handler whose lease was lost."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, StaleAttempt):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def status_line(status: int) -> str:

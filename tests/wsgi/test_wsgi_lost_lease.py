@@ -43,9 +43,26 @@ def superseded_and_untouched(
     assert answer.status_code == 409, answer.text
     assert answer.headers["content-type"] == "application/problem+json"
     assert answer.json()["type"].endswith("attempt-superseded")
+    untouched(settler, operation, newer)
+
+
+def guarded_flask(settler: Settler) -> Flask:
+    app = Flask(__name__)
+    app.config["SETTLE"] = {
+        "settler": settler,
+        "principal": lambda req: req.headers.get("X-Principal"),
+        "lease": LEASE,
+    }
+    Idempotency(app)
+    return app
+
+
+def untouched(settler: Settler, operation: str, newer: int) -> None:
+    """The stale attempt settled nothing: the record is the newer attempt's, as it left it,
+    and no settlement of the stale one was quarantined."""
     record = settler.get(operation)
     assert record is not None
-    assert record.state is State.PENDING  # the newer attempt's, as it left it
+    assert record.state is State.PENDING
     assert record.generation == newer
     assert settler.quarantine.list(operation_id=operation) == []
 
@@ -71,13 +88,7 @@ def test_a_plain_wsgi_handler_that_lost_its_lease(settler: Settler, ends: str) -
 
 def test_a_flask_view_that_stops_on_a_lost_lease(settler: Settler) -> None:
     seen: dict[str, Any] = {}
-    app = Flask(__name__)
-    app.config["SETTLE"] = {
-        "settler": settler,
-        "principal": lambda req: req.headers.get("X-Principal"),
-        "lease": LEASE,
-    }
-    Idempotency(app)
+    app = guarded_flask(settler)
 
     @app.post("/charge")
     def charge() -> Any:
@@ -92,21 +103,28 @@ def test_a_flask_view_that_stops_on_a_lost_lease(settler: Settler) -> None:
     superseded_and_untouched(settler, answer, seen["operation"], seen["newer"])
 
 
-@pytest.mark.parametrize("how", ["cause", "context"])
+@pytest.mark.parametrize("how", ["cause", "context", "context-beside-a-cause", "group"])
 def test_a_stale_attempt_raised_from_gets_the_409(settler: Settler, how: str) -> None:
     """The handler wraps the ``StaleAttempt`` of ``attempt.check()`` in its own error (a
-    client library's, a framework's): still the stop the docs ask for, and logged as one."""
+    client library's, a framework's, an exception group of calls made together): still the
+    stop the docs ask for, and logged as one."""
     seen: dict[str, Any] = {}
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         attempt = current_attempt(environ)
         seen["operation"] = attempt.operation_id
         seen["newer"] = lose(settler, attempt)
+        if how == "group":  # as concurrent calls gather their errors, outside any except
+            with pytest.raises(StaleAttempt) as stopped:
+                attempt.check()
+            raise ExceptionGroup("the calls made together", [ValueError("x"), stopped.value])
         try:
             attempt.check()
         except StaleAttempt as exc:
             if how == "cause":
                 raise RuntimeError("the charge was stopped") from exc
+            if how == "context-beside-a-cause":
+                raise RuntimeError("the charge was stopped") from OSError("the socket")
             raise RuntimeError("the charge was stopped")  # noqa: B904  # __context__ only
         raise AssertionError("check() did not raise")
 
@@ -138,11 +156,7 @@ def test_another_error_after_the_lease_was_lost_propagates_unsettled(settler: Se
         answer = client.post("/charge", content=b"x", headers=KEY)
     assert answer.status_code == 500
     assert "attempt-superseded" not in answer.text
-    record = settler.get(seen["operation"])
-    assert record is not None
-    assert record.state is State.PENDING
-    assert record.generation == seen["newer"]
-    assert settler.quarantine.list(operation_id=seen["operation"]) == []
+    untouched(settler, seen["operation"], seen["newer"])
 
 
 def test_a_stale_attempt_of_another_operation_under_a_held_lease_is_an_error(
@@ -176,13 +190,7 @@ def test_a_hook_refusal_after_the_lease_was_lost_settles_nothing(settler: Settle
     marks nothing (no quarantine entry against the newer attempt's record)."""
     seen: dict[str, Any] = {}
     runs: list[str] = []
-    app = Flask(__name__)
-    app.config["SETTLE"] = {
-        "settler": settler,
-        "principal": lambda req: req.headers.get("X-Principal"),
-        "lease": LEASE,
-    }
-    Idempotency(app)
+    app = guarded_flask(settler)
 
     @app.before_request
     def slow_auth() -> Any:
@@ -200,11 +208,7 @@ def test_a_hook_refusal_after_the_lease_was_lost_settles_nothing(settler: Settle
         answer = client.post("/charge", content=b"x", headers=KEY)
     assert answer.status_code == 401
     assert runs == []
-    record = settler.get(seen["operation"])
-    assert record is not None
-    assert record.state is State.PENDING  # the newer attempt's, as it left it
-    assert record.generation == seen["newer"]
-    assert settler.quarantine.list(operation_id=seen["operation"]) == []
+    untouched(settler, seen["operation"], seen["newer"])
 
 
 @pytest.mark.parametrize("newer_done", [False, True])
