@@ -6,6 +6,7 @@ a header). A real Flask app over real HTTP, on a real Redis."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -156,3 +157,35 @@ def test_flasks_own_options_answer_is_not_stored(settler: Settler) -> None:
     assert again.headers["Idempotent-Replayed"] == "true"
     assert state(settler, "k-2") is State.COMPLETED
     assert runs == ["quote"]
+
+
+def test_a_view_decorators_refusal_is_the_views_answer_and_stored(settler: Settler) -> None:
+    """A decorator on the view (as Flask-Login's ``@login_required``) runs as part of the
+    view: its 401 is stored like an ``abort()`` in the view (docs/http-endpoints.md)."""
+    app = Flask(__name__)
+    app.config["SETTLE"] = {"settler": settler, "principal": principal}
+    runs: list[str] = []
+
+    def login_required(view: Any) -> Any:
+        @functools.wraps(view)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if request.headers.get("X-Session") != "s":
+                abort(401)
+            return view(*args, **kwargs)
+
+        return guarded
+
+    @app.post("/pay")
+    @login_required
+    def pay() -> Any:
+        runs.append("pay")
+        return {"paid": True}, 201
+
+    Idempotency(app)
+    with serve_wsgi(app) as base, httpx.Client(base_url=base) as client:
+        first = client.post("/pay", content=b"x", headers=H)
+        again = client.post("/pay", content=b"x", headers={**H, "X-Session": "s"})
+    assert first.status_code == again.status_code == 401
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert state(settler, "k-1") is State.COMPLETED
+    assert runs == []
