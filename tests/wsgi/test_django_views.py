@@ -17,6 +17,7 @@ import threading
 import tracemalloc
 import types
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -1755,3 +1756,39 @@ def _charging(runs: list[str]) -> Callable[[HttpRequest], HttpResponse]:
         return HttpResponse(f"charged {uuid.uuid4().hex}".encode(), status=201)
 
     return pay
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_streaming_response_of_an_async_iterator_under_asgi_is_served_without_warnings(
+    settle_settings: dict[str, Any], redis_url: str, namespace: str, how: str
+) -> None:
+    """Under Django's ASGI handler an async iterator is what a streaming view should give
+    (Django warns of a sync one). settle collected it through async_to_sync, with Django's
+    warning that it "must consume asynchronous iterators" synchronously, and put it back as
+    a list, with Django's warning that it "must consume synchronous iterators": two
+    warnings (errors under ``-W error``) the view without settle does not cause. It is
+    collected and put back as an async iterator, as the view gave it."""
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        return StreamingHttpResponse(_receipt_parts(uuid.uuid4().hex), status=201)
+
+    guarded, mw = guarded_by(how, view)
+    with override_settings(ROOT_URLCONF=urlconf(path("r", guarded)), MIDDLEWARE=mw):
+        unused = AsyncSettler.from_url(redis_url, namespace=namespace)  # serve() closes it
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            serve(ASGIHandler(), unused) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+            warnings.simplefilter("always")
+            sent = headers_of("k-async-asgi")
+            first = client.post("/r", content=b"x", headers=sent)
+            again = client.post("/r", content=b"x", headers=sent)
+    assert first.status_code == again.status_code == 201, first.text
+    assert first.content.startswith(b"receipt ")
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert RUNS == ["v"]
+    streaming = [str(w.message) for w in caught if "StreamingHttpResponse" in str(w.message)]
+    assert streaming == []
