@@ -15,13 +15,13 @@ import pytest
 from flask import Flask, g
 from structlog.testing import capture_logs
 
-from settle import Attempt, Settler, State
+from settle import Attempt, Reserved, Settler, State
 from settle.errors import StaleAttempt
 from settle.flask import Idempotency
 from settle.http.stored import StoredResponse
 from settle.wsgi import IdempotencyMiddleware, current_attempt
 from tests.http.apps import serve_wsgi
-from tests.wsgi.test_wsgi_middleware import KEY, _take_over, principal
+from tests.wsgi.test_wsgi_middleware import KEY, _holder, _take_over, principal
 
 LEASE = 0.6
 
@@ -33,6 +33,27 @@ def lose(settler: Settler, attempt: Attempt) -> int:
     deadline = time.monotonic() + 5
     while not attempt.lost and time.monotonic() < deadline:
         time.sleep(0.02)  # the next renewal (lease / 3) finds the takeover
+    assert attempt.lost
+    return newer.reservation.generation
+
+
+def lapse(settler: Settler, attempt: Attempt) -> int:
+    """As :func:`lose`, but the way a lease is lost in production: it lapses (the worker
+    stalled; shortened here, between two heartbeats) and a retry takes the key over, with
+    no settlement of this attempt on the record (``_take_over`` marks it provisional
+    first, after which SPEC S13 absorbs a repeat of that mark)."""
+    operation = attempt.operation_id
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        holder = _holder(settler, operation)
+        settler.renew(holder, lease=0.02)
+        time.sleep(0.05)
+        newer = settler.reserve(operation, principal="tenant:acme", fingerprint=holder.fingerprint)
+        if isinstance(newer, Reserved):  # else a heartbeat renewed it meanwhile: again
+            break
+    assert isinstance(newer, Reserved)
+    while not attempt.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert attempt.lost
     return newer.reservation.generation
 
@@ -67,14 +88,15 @@ def untouched(settler: Settler, operation: str, newer: int) -> None:
     assert settler.quarantine.list(operation_id=operation) == []
 
 
+@pytest.mark.parametrize("lost", ["taken-over", "lapsed"])
 @pytest.mark.parametrize("ends", ["check", "503"])
-def test_a_plain_wsgi_handler_that_lost_its_lease(settler: Settler, ends: str) -> None:
+def test_a_plain_wsgi_handler_that_lost_its_lease(settler: Settler, ends: str, lost: str) -> None:
     seen: dict[str, Any] = {}
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         attempt = current_attempt(environ)
         seen["operation"] = attempt.operation_id
-        seen["newer"] = lose(settler, attempt)
+        seen["newer"] = (lose if lost == "taken-over" else lapse)(settler, attempt)
         if ends == "check":
             attempt.check()  # StaleAttempt: stop before the next side effect
         start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
@@ -184,10 +206,14 @@ def test_a_stale_attempt_of_another_operation_under_a_held_lease_is_an_error(
     assert record.reason == "exception"
 
 
-def test_a_hook_refusal_after_the_lease_was_lost_settles_nothing(settler: Settler) -> None:
+@pytest.mark.parametrize("lost", ["taken-over", "lapsed"])
+def test_a_hook_refusal_after_the_lease_was_lost_settles_nothing(
+    settler: Settler, lost: str
+) -> None:
     """A ``before_request`` hook that answers after the lease was lost (a slow identity
     provider, a client that retried meanwhile): the refusal is sent, and the stale attempt
-    marks nothing (no quarantine entry against the newer attempt's record)."""
+    marks nothing (no quarantine entry against the newer attempt's record), logged as an
+    attempt abandoned on its lost lease."""
     seen: dict[str, Any] = {}
     runs: list[str] = []
     app = guarded_flask(settler)
@@ -196,7 +222,7 @@ def test_a_hook_refusal_after_the_lease_was_lost_settles_nothing(settler: Settle
     def slow_auth() -> Any:
         attempt = g.settle
         seen["operation"] = attempt.operation_id
-        seen["newer"] = lose(settler, attempt)
+        seen["newer"] = (lose if lost == "taken-over" else lapse)(settler, attempt)
         return {"error": "the token has expired"}, 401
 
     @app.post("/charge")
@@ -204,11 +230,17 @@ def test_a_hook_refusal_after_the_lease_was_lost_settles_nothing(settler: Settle
         runs.append("charge")
         return {"charged": True}, 201
 
-    with serve_wsgi(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+    with (
+        capture_logs() as events,
+        serve_wsgi(app) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
         answer = client.post("/charge", content=b"x", headers=KEY)
     assert answer.status_code == 401
     assert runs == []
     untouched(settler, seen["operation"], seen["newer"])
+    abandoned = [e["reason"] for e in events if e["event"] == "settle.http.abandoned"]
+    assert abandoned == ["lease_lost"]
 
 
 @pytest.mark.parametrize("newer_done", [False, True])
