@@ -20,10 +20,10 @@ import contextlib
 import functools
 import io
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
 from django.core.handlers.exception import response_for_exception
@@ -360,8 +360,7 @@ class _Exchange:
         if render is not None and not getattr(response, "is_rendered", True):
             render()  # a TemplateResponse or DRF Response returned to a view decorator
         if isinstance(response, StreamingHttpResponse):
-            content = b"".join(response.streaming_content)  # type: ignore[arg-type]
-            response.streaming_content = [content]
+            content = _collected(response)
         elif isinstance(response, HttpResponse):
             content = response.content
         else:
@@ -399,6 +398,29 @@ class _Exchange:
         view, self.django = self.django, None
         if view is not None:
             _release(view)
+
+
+def _collected(response: StreamingHttpResponse) -> bytes:
+    """The whole body of a streaming response, put back as one chunk of the kind the view
+    gave: an async iterator (collected through ``async_to_sync``, as Django collects one
+    under WSGI) stays one, which Django's ASGI handler serves without its warning of a sync
+    iterator; under WSGI Django consumes it as it would without settle."""
+    if not response.is_async:
+        content = b"".join(response.streaming_content)  # type: ignore[arg-type]
+        response.streaming_content = [content]
+        return content
+    parts: list[bytes] = async_to_sync(_parts)(response.streaming_content)  # type: ignore[arg-type]
+    content = b"".join(parts)
+    response.streaming_content = _once(content)
+    return content
+
+
+async def _parts(chunks: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in chunks]
+
+
+async def _once(content: bytes) -> AsyncIterator[bytes]:
+    yield content
 
 
 def _unread_body(request: HttpRequest, stream: Any, buffer: BodyBuffer) -> bytes:

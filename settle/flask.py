@@ -15,6 +15,8 @@ The rules are :mod:`settle.http`'s, carried out by :mod:`settle.wsgi`'s middlewa
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, g, request
@@ -58,7 +60,10 @@ class Idempotency:
             return principal(request_class(environ))
 
         driver = configured_guard({**config, "principal": principal_of if principal else None})
-        app.wsgi_app = IdempotencyMiddleware.from_guard(app.wsgi_app, driver)  # type: ignore[method-assign]
+        app.wsgi_app = IdempotencyMiddleware.from_guard(  # type: ignore[method-assign]
+            app.wsgi_app, driver, reached=_view_reached
+        )
+        app.preprocess_request = _refusing(app.preprocess_request)  # type: ignore[method-assign]
         # First of the app's hooks, also of those registered before init_app (an app
         # factory sets up its hooks, then its extensions): each of them may read g.settle.
         app.before_request_funcs.setdefault(None, []).insert(0, _expose_attempt)
@@ -67,3 +72,40 @@ class Idempotency:
 
 def _expose_attempt() -> None:
     g.settle = request.environ.get("settle")
+
+
+#: Set in the environ when the app answers before its view runs.
+_REFUSED = "settle.refused_before_view"
+
+
+def _refusing(preprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """``app.preprocess_request`` (the ``before_request`` hooks of the app and its
+    blueprints, which Flask runs before the view), marking the request when the view will
+    not run: a hook answered or aborted (a CSRF check's 400, an authentication hook's 401
+    or 403), routing found no view (404, 405), or Flask answers ``OPTIONS`` itself. Such a
+    response is sent but never stored, as a Django middleware's refusal: the same request
+    sent again runs the view once what refused it is put right outside the request (a
+    token in a header). Marked where it is known, never inferred from a view that did not
+    say it ran: an app that dispatches in its own way still has its views' answers stored.
+    """
+
+    @functools.wraps(preprocess)
+    def preprocess_request(*args: Any, **kwargs: Any) -> Any:
+        try:
+            answer = preprocess(*args, **kwargs)
+        except BaseException:
+            request.environ[_REFUSED] = True
+            raise
+        rule = request.url_rule
+        automatic = request.method == "OPTIONS" and getattr(
+            rule, "provide_automatic_options", False
+        )
+        if answer is not None or request.routing_exception is not None or automatic:
+            request.environ[_REFUSED] = True
+        return answer
+
+    return preprocess_request
+
+
+def _view_reached(environ: dict[str, Any]) -> bool:
+    return not environ.get(_REFUSED)

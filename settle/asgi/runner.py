@@ -425,10 +425,8 @@ class AttemptRunner:
                 self._run, status, list(self._start.get("headers", [])), body, self._size
             )
             # Nothing to store, and the lease known lost (its stop was put off while another
-            # cancellation ran): another attempt may own the operation, so this one marks
-            # nothing. A response to store still goes to `complete`, which quarantines it if
-            # it is stale and answers with the authoritative one instead.
-            superseded = step.stored is None and self._attempt.lost
+            # cancellation ran): this one marks nothing (Guard.settles).
+            superseded = not self._guard.settles(self._run, step)
             instead = None if superseded else await self._settle(step)
             self._phase = _Phase.SETTLED  # the outcome is written: the heartbeat stops
             if self._downstream_started:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -46,6 +46,7 @@ from settle.errors import (
     FingerprintMismatch,
     ResultTooLarge,
     SettleError,
+    StaleAttempt,
 )
 from settle.http.keys import MalformedKey, operation_id, parse_key
 from settle.http.policy import (
@@ -469,6 +470,31 @@ class Guard:
         """The handler raised, timed out or its client left before its last byte."""
         return Settle(run.reservation, reason=reason)
 
+    def settles(self, run: Run, step: Settle) -> bool:
+        """Whether to carry out ``step``. Not when it stores nothing (an error status, an
+        exception) and the attempt's lease is known lost: another attempt may own the
+        operation now, so this one settles nothing, as the decorator does, and its client
+        gets :meth:`superseded` where it can still be answered (ASGI stops such a handler
+        itself; under WSGI it ends on its own: an error, or ``attempt.check()``'s
+        ``StaleAttempt``). A response to store still goes to ``complete``, which rejects it
+        if it is stale and answers with the authoritative one instead."""
+        return step.stored is not None or not run.attempt.lost
+
+    def stops(self, run: Run, exc: BaseException) -> bool:
+        """Whether the handler raised ``exc`` to stop on its lost lease, as the docs ask: the
+        lease is known lost and ``exc`` is, or was raised from or beside (``__cause__``,
+        ``__context__``, an exception group's members), the :class:`StaleAttempt` of
+        ``attempt.check()``. Then :meth:`stopped_by_loss` answers; any other exception is
+        the handler's error, and a lease still held never turns one into a 409."""
+        return run.attempt.lost and any(isinstance(e, StaleAttempt) for e in _chained(exc))
+
+    def stopped_by_loss(self) -> Response:
+        """A handler that ended after its lease was lost, with nothing to store
+        (:meth:`settles`): the 409 ``attempt-superseded`` its client gets, as under ASGI,
+        never the stale attempt's own error."""
+        self.abandoned("lease_lost")
+        return self.superseded(None)
+
     def settle_failed(self, step: Settle, exc: SettleError) -> Settle | None:
         """The settlement call raised: what to settle instead (None: nothing). The response
         goes out anyway; a record left pending reads as provisional once its lease passes,
@@ -618,13 +644,7 @@ class Guard:
                 return value.replace(quoted, named).replace(op, named)
             return value
 
-        seen: set[int] = set()
-        todo: list[BaseException | None] = [exc]
-        while todo:
-            current = todo.pop()
-            if current is None or id(current) in seen:
-                continue
-            seen.add(id(current))
+        for current in _chained(exc):
             # An exception class may refuse a new value (a read-only property): what it
             # keeps is then left as it is, and the walk goes on (settling comes after it).
             with contextlib.suppress(AttributeError, TypeError):
@@ -639,9 +659,6 @@ class Guard:
                     if isinstance(value, str) and op in value:
                         with contextlib.suppress(AttributeError, TypeError):
                             setattr(current, name, clean(value))
-            if isinstance(current, BaseExceptionGroup):
-                todo.extend(current.exceptions)
-            todo.extend((current.__cause__, current.__context__))
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -665,6 +682,22 @@ class Guard:
         challenge = policy.www_authenticate if kind.status == 401 else None
         problem = Problem(kind, detail, policy.retry_after if retry else None, challenge)
         return Answer(problem.response(policy.problem_type_base))
+
+
+def _chained(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or with (``__cause__``,
+    ``__context__``, an exception group's members), each once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend((current.__cause__, current.__context__))
 
 
 def stored_response(record: OperationRecord) -> StoredResponse:

@@ -158,18 +158,38 @@ class SyncGuard:
             try:
                 response = exchange.call(run.attempt)
             except NotReached as refused:
-                self._settle(guard, guard.failed(run, "handler_not_reached"))
+                if not self._failed(guard, run, "handler_not_reached"):
+                    guard.abandoned("lease_lost")  # the refusal goes out all the same
                 return refused.response
             except BaseException as exc:
                 guard.handler_raised(exc)  # first: whatever settling it raises chains to it
-                self._settle(guard, guard.failed(run, "exception"))
+                if not self._failed(guard, run, "exception") and guard.stops(run, exc):
+                    # attempt.check() found the lease lost and the handler stopped, as the
+                    # docs ask: its client gets what ASGI answers when it stops a handler.
+                    return guard.stopped_by_loss()
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)
-            instead = self._settle(guard, step)
+            if guard.settles(run, step):
+                instead = self._settle(guard, step)
+            else:
+                # An error answered after the lease was lost (a framework's 500 for the
+                # StaleAttempt of attempt.check()): stale, and nothing to store.
+                instead = guard.stopped_by_loss()
         finally:
             self._beats.remove(beating)
         return response if instead is None else instead
+
+    def _failed(self, guard: Guard, run: Run, reason: str) -> bool:
+        """Mark the attempt provisional (``reason``: the handler raised, or was not
+        reached), unless its lease is known lost (:meth:`Guard.settles`: a newer attempt
+        may own the operation, and a stale mark would be quarantined against it). Whether
+        it was settled."""
+        step = guard.failed(run, reason)
+        if not guard.settles(run, step):
+            return False
+        self._settle(guard, step)
+        return True
 
     def _release(self, guard: Guard, step: Release) -> Answer:
         """Mark provisional the reservation ``step`` finds this request holds, if any; the

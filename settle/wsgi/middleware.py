@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
-from settle.http._sync import SyncGuard, status_line
+from settle.http._sync import NotReached, SyncGuard, status_line
 from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -32,6 +32,7 @@ Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+Reached = Callable[[Environ], bool]
 
 _CHUNK = 64 << 10
 
@@ -52,20 +53,27 @@ class IdempotencyMiddleware:
         self._bind(app, SyncGuard(settler, policy))
 
     @classmethod
-    def from_guard(cls, app: WSGIApp, driver: SyncGuard) -> IdempotencyMiddleware:
-        """The middleware around ``app`` with an already configured driver (Flask's)."""
+    def from_guard(
+        cls, app: WSGIApp, driver: SyncGuard, *, reached: Reached | None = None
+    ) -> IdempotencyMiddleware:
+        """The middleware around ``app`` with an already configured driver (Flask's).
+
+        ``reached`` tells from the environ, once the app answered, whether the guarded
+        handler ran (a framework's view, where hooks and routing may answer before it):
+        a response given without it is sent but never stored (:class:`NotReached`)."""
         middleware = cls.__new__(cls)
-        middleware._bind(app, driver)
+        middleware._bind(app, driver, reached)
         return middleware
 
-    def _bind(self, app: WSGIApp, driver: SyncGuard) -> None:
+    def _bind(self, app: WSGIApp, driver: SyncGuard, reached: Reached | None = None) -> None:
         self.app = app
         self.settler = driver.settler
         self.policy = driver.policy
         self._driver = driver
+        self._reached = reached
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        exchange = _Exchange(self.app, self.policy.principal, environ)
+        exchange = _Exchange(self.app, self.policy.principal, environ, self._reached)
         head = request_head(environ, self.policy.header)
         response = self._driver.handle(head, exchange, held_attempts(environ))
         if response is None:
@@ -128,10 +136,17 @@ def _latin1(value: str) -> bytes:
 class _Exchange:
     """One WSGI request for :class:`~settle.http._sync.SyncGuard`."""
 
-    def __init__(self, app: WSGIApp, principal: PrincipalFn, environ: Environ) -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        principal: PrincipalFn,
+        environ: Environ,
+        reached: Reached | None = None,
+    ) -> None:
         self._app = app
         self._principal = principal
         self._environ = environ
+        self._reached = reached
         self.status = ""
         self.headers: list[tuple[str, str]] = []
         self.response: Response | None = None
@@ -201,4 +216,6 @@ class _Exchange:
             raise RuntimeError("the WSGI app returned without calling start_response")
         headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers)
         self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
+        if self._reached is not None and not self._reached(self._environ):
+            raise NotReached(self.response)  # sent as it is, never stored
         return self.response

@@ -25,13 +25,28 @@ TARGETS = {"django": "shop.wsgi:application", "flask": "shop.flask_served:app"}
 
 
 class Gunicorn:
-    """``gunicorn --worker-class gthread`` in its own session, so that :meth:`kill` takes
-    the master and every worker down at once, as a crashed host would."""
+    """``gunicorn --worker-class gthread`` (or the ``workers`` options given) in its own
+    session, so that :meth:`kill` takes the master and every worker down at once, as a
+    crashed host would."""
 
     def __init__(
-        self, framework: str, redis_url: str, namespace: str, lease: float, log: Path
+        self,
+        framework: str,
+        redis_url: str,
+        namespace: str,
+        lease: float,
+        log: Path,
+        workers: tuple[str, ...] = (
+            "--worker-class",
+            "gthread",
+            "--workers",
+            "2",
+            "--threads",
+            "32",
+        ),
     ) -> None:
         self.framework = framework
+        self.workers = workers  # gunicorn's options for its workers
         self.target = TARGETS[framework]
         self.log = log
         self.env = {
@@ -49,7 +64,7 @@ class Gunicorn:
         command = [
             sys.executable, "-m", "gunicorn",
             "--bind", f"127.0.0.1:{port}",
-            "--worker-class", "gthread", "--workers", "2", "--threads", "32",
+            *self.workers,
             "--graceful-timeout", "2", "--log-level", "warning",
             "--pythonpath", str(HERE),
             self.target,

@@ -17,6 +17,7 @@ import threading
 import tracemalloc
 import types
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,6 +89,7 @@ from settle.http.keys import operation_id
 from settle.wsgi import IdempotencyMiddleware as WSGIGuard
 from tests.http.apps import serve, serve_wsgi
 from tests.wsgi.servers import Sending, connect, read_answer, reset
+from tests.wsgi.test_wsgi_lost_lease import lose, superseded_and_untouched
 from tests.wsgi.test_wsgi_middleware import _take_over
 
 urlpatterns: list[Any] = []
@@ -1152,6 +1154,64 @@ def test_a_superseded_view_response_is_released_once_with_settles_answer(
     assert site.finishes == [1]
 
 
+async def _receipt_parts(receipt: str) -> Any:
+    for part in (b"receipt ", receipt.encode()):
+        yield part
+
+
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume asynchronous")
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_streaming_response_of_an_async_iterator_is_stored_and_replayed(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """A sync view may stream an async iterator: Django serves it under WSGI (consumed
+    through async_to_sync, with its warning). settle collected it as a sync iterator and
+    failed on it (TypeError) after the view had run, so the client got a 500, the attempt
+    was left provisional and every retry ran the view again: a charge per retry. It is now
+    collected as Django collects it, stored and replayed."""
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        return StreamingHttpResponse(_receipt_parts(uuid.uuid4().hex), status=201)
+
+    with served(*guarded_by(how, view)) as site:
+        first = site.post("k-async")
+        again = site.post("k-async")
+    assert first.status_code == again.status_code == 201, first.text
+    assert first.content.startswith(b"receipt ")
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert RUNS == ["v"]
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_view_that_stops_on_its_lost_lease_answers_superseded(
+    settle_settings: dict[str, Any], how: str
+) -> None:
+    """The view stops as the docs ask when a newer attempt took its key over:
+    ``attempt.check()`` raises ``StaleAttempt`` (Django's 500 under the middleware). Its
+    client got that 500 where ASGI, which stops such a handler itself, answers 409
+    ``attempt-superseded``; it now gets the 409 too, and the stale attempt settles nothing
+    (the newer attempt's record is left as it was)."""
+    settler: Settler = settle_settings["settler"]
+    seen: dict[str, Any] = {}
+
+    def view(request: HttpRequest) -> HttpResponseBase:
+        RUNS.append("v")
+        attempt = request.settle  # type: ignore[attr-defined]
+        seen["operation"], seen["newer"] = attempt.operation_id, lose(settler, attempt)
+        attempt.check()
+        return JsonResponse({"charged": True}, status=201)
+
+    with (
+        override_settings(SETTLE={**settle_settings, "lease": 0.6}),
+        served(*guarded_by(how, view)) as site,
+    ):
+        answer = site.post("k-stop")
+    superseded_and_untouched(settler, answer, seen["operation"], seen["newer"])
+    assert site.finishes == [1]
+
+
 @pytest.mark.parametrize("how", ["decorator", "middleware"])
 @pytest.mark.parametrize("size", [16, 64 << 10], ids=["stored", "too-large-to-store"])
 def test_a_streaming_view_response_that_goes_out_is_closed_once(
@@ -1696,3 +1756,39 @@ def _charging(runs: list[str]) -> Callable[[HttpRequest], HttpResponse]:
         return HttpResponse(f"charged {uuid.uuid4().hex}".encode(), status=201)
 
     return pay
+
+
+@pytest.mark.parametrize("how", ["decorator", "middleware"])
+def test_a_streaming_response_of_an_async_iterator_under_asgi_is_served_without_warnings(
+    settle_settings: dict[str, Any], redis_url: str, namespace: str, how: str
+) -> None:
+    """Under Django's ASGI handler an async iterator is what a streaming view should give
+    (Django warns of a sync one). settle collected it through async_to_sync, with Django's
+    warning that it "must consume asynchronous iterators" synchronously, and put it back as
+    a list, with Django's warning that it "must consume synchronous iterators": two
+    warnings (errors under ``-W error``) the view without settle does not cause. It is
+    collected and put back as an async iterator, as the view gave it."""
+
+    def view(request: HttpRequest) -> StreamingHttpResponse:
+        RUNS.append("v")
+        return StreamingHttpResponse(_receipt_parts(uuid.uuid4().hex), status=201)
+
+    guarded, mw = guarded_by(how, view)
+    with override_settings(ROOT_URLCONF=urlconf(path("r", guarded)), MIDDLEWARE=mw):
+        unused = AsyncSettler.from_url(redis_url, namespace=namespace)  # serve() closes it
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            serve(ASGIHandler(), unused) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+            warnings.simplefilter("always")
+            sent = headers_of("k-async-asgi")
+            first = client.post("/r", content=b"x", headers=sent)
+            again = client.post("/r", content=b"x", headers=sent)
+    assert first.status_code == again.status_code == 201, first.text
+    assert first.content.startswith(b"receipt ")
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert RUNS == ["v"]
+    streaming = [str(w.message) for w in caught if "StreamingHttpResponse" in str(w.message)]
+    assert streaming == []

@@ -242,3 +242,39 @@ def test_a_client_that_stops_sending_mid_body_runs_nothing_and_is_no_error(
     assert "idempotent-replayed" not in whole.headers
     assert len(runs(redis_client, namespace)) == 1
     assert "[ERROR]" not in shop.log.read_text()
+
+
+@pytest.mark.parametrize("framework", ["django", "flask"])
+def test_a_view_past_the_worker_timeout_is_neither_held_nor_stored(
+    framework: str, redis_url: str, redis_client: redis.Redis, namespace: str, tmp_path: Path
+) -> None:
+    """A sync worker whose view runs past gunicorn's ``--timeout`` is aborted mid-request
+    (SIGABRT: ``SystemExit`` raised in the view). The attempt is left provisional at once
+    (neither held for a whole lease nor stored as a success), and the retry runs the view
+    again under a newer generation."""
+    sync = ("--worker-class", "sync", "--workers", "1", "--timeout", "2")
+    log = tmp_path / "gunicorn.log"
+    shop = Gunicorn(framework, redis_url, namespace, CRASH_LEASE, log, workers=sync).start()
+    try:
+        key = str(uuid.uuid4())
+        redis_client.set(f"{namespace}:hold", 1)  # the view runs until the worker is killed
+        try:
+            killed = httpx.post(
+                f"{shop.url}/payments", json=PAYMENT, headers=headers(key), timeout=30
+            )
+            assert killed.status_code == 500
+        except httpx.TransportError:
+            pass  # the worker died before it could answer: as good for the client
+        redis_client.delete(f"{namespace}:hold")
+        started = time.monotonic()
+        retried = httpx.post(f"{shop.url}/payments", json=PAYMENT, headers=headers(key))
+        assert retried.status_code == 201, retried.text  # not a 409: nothing holds the key
+        assert time.monotonic() - started < CRASH_LEASE
+        assert "idempotent-replayed" not in retried.headers
+        first, second = runs(redis_client, namespace)
+        assert second["generation"] > first["generation"]
+        assert retried.json()["generation"] == second["generation"]
+        assert "WORKER TIMEOUT" in log.read_text()
+    finally:
+        redis_client.delete(f"{namespace}:hold")
+        shop.stop()
