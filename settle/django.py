@@ -39,8 +39,11 @@ from django.http import (
 )
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
+from django.middleware.csrf import CsrfViewMiddleware
+from django.utils.module_loading import import_string
 
 from settle._input import is_decimal
+from settle._log import logger
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
 from settle.http._sync import NotReached, SyncGuard, configured_guard
@@ -92,6 +95,7 @@ class IdempotencyMiddleware:
     def __init__(self, get_response: GetResponse, **overrides: Any) -> None:
         self.get_response = get_response
         self._driver = _driver(overrides)
+        _warn_if_before_csrf(type(self))
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         return _guarded(self._driver, request, self.get_response, reaching=True)
@@ -99,6 +103,32 @@ class IdempotencyMiddleware:
     def process_view(self, request: HttpRequest, *_: Any) -> None:
         """The view is about to run: every middleware before this one let it through."""
         request._settle_reached = True  # type: ignore[attr-defined]
+
+
+def _warn_if_before_csrf(guard: type) -> None:
+    """Logs ``settle.django.middleware_order`` (WARNING) when ``settings.MIDDLEWARE`` puts
+    this middleware before ``CsrfViewMiddleware`` (or a subclass of it): there the CSRF
+    check's 403 comes after settle let the request through to the view, so it is stored as
+    the key's answer and replayed, and the same request sent again with its token never
+    reaches the view. Not refused: a project whose guarded views are all ``csrf_exempt``
+    (REST framework's ``APIView`` is) loses nothing, and refusing it would stop it serving."""
+    listed = list(getattr(settings, "MIDDLEWARE", None) or ())
+    classes: list[type | None] = []
+    for path in listed:
+        try:
+            classes.append(import_string(path) if isinstance(path, str) else None)
+        except ImportError:  # Django itself will say so as it loads the middleware
+            classes.append(None)
+    mine = [i for i, cls in enumerate(classes) if cls is not None and issubclass(cls, guard)]
+    csrf = [i for i, cls in enumerate(classes) if cls and issubclass(cls, CsrfViewMiddleware)]
+    if mine and csrf and min(mine) < max(csrf):
+        logger.warning(
+            "settle.django.middleware_order",
+            middleware=listed[min(mine)],
+            before=listed[max(csrf)],
+            advice="list settle.django.IdempotencyMiddleware after CsrfViewMiddleware: a CSRF "
+            "403 given after settle's middleware is stored and replayed for the key",
+        )
 
 
 def idempotent(view: View | None = None, **options: Any) -> Any:

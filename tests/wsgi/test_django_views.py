@@ -66,6 +66,7 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.http.multipartparser import MultiPartParserError
+from django.middleware.csrf import CsrfViewMiddleware
 from django.template.response import SimpleTemplateResponse
 from django.test import Client, override_settings
 from django.test.client import encode_multipart
@@ -229,6 +230,45 @@ def test_csrf_refusal_does_not_consume_the_key(settle_settings: dict[str, Any]) 
         retried.status_code,
         retried.get("Idempotent-Replayed"),
     )
+
+
+class _ProjectCsrf(CsrfViewMiddleware):
+    """A project's own CSRF middleware (a subclass), listed by its dotted path."""
+
+
+@pytest.mark.parametrize(
+    ("middleware", "warned"),
+    [
+        (["settle.django.IdempotencyMiddleware", "django.middleware.csrf.CsrfViewMiddleware"], 1),
+        (["settle.django.IdempotencyMiddleware", f"{__name__}._ProjectCsrf"], 1),
+        (["django.middleware.csrf.CsrfViewMiddleware", "settle.django.IdempotencyMiddleware"], 0),
+        (["settle.django.IdempotencyMiddleware"], 0),
+    ],
+    ids=["before-csrf", "before-a-subclass", "after-csrf", "no-csrf"],
+)
+def test_listed_before_the_csrf_check_is_logged_at_start(
+    settle_settings: dict[str, Any], middleware: list[str], warned: int
+) -> None:
+    """Listed before ``CsrfViewMiddleware``, settle's middleware lets a request through to
+    the view before the CSRF check refuses it, so the 403 is stored and replayed for the key
+    and the request sent again with its token never runs the view: a deployment that lists
+    it so is told once, as Django loads the middleware, what to change (not refused: views
+    that are all ``csrf_exempt`` lose nothing)."""
+
+    def create(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({"ok": True}, status=201)
+
+    conf = urlconf(path("create", create))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=middleware), capture_logs() as logs:
+        client = Client()
+        client.post("/create", {"a": "1"}, **headers("k-order"))
+        client.post("/create", {"a": "1"}, **headers("k-order"))
+    order = [e for e in logs if e["event"] == "settle.django.middleware_order"]
+    assert len(order) == warned, order
+    if warned:
+        assert order[0]["log_level"] == "warning"
+        assert order[0]["middleware"] == "settle.django.IdempotencyMiddleware"
+        assert order[0]["before"] == middleware[1]
 
 
 def test_csrf_refusal_then_a_token_added_to_the_body_is_a_changed_request(
