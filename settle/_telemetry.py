@@ -112,7 +112,7 @@ class _Nothing:
     def done(self, result: T) -> T:
         return result
 
-    def capture(self) -> _Nothing:
+    def capture(self) -> _Resume | _Nothing:
         return self
 
     def _nothing(self, *_: Any) -> None:
@@ -122,6 +122,21 @@ class _Nothing:
 
 
 _NOTHING = _Nothing()
+
+
+class _Muted(_Nothing):
+    """What the decorator's and the HTTP guard's hooks hand out under
+    ``suppress_instrumentation()``: nothing reported, and the suppression carried to the
+    heartbeat thread with the rest of the caller's context (:meth:`capture`), so that its
+    renewals are not reported either."""
+
+    __slots__ = ("_otel",)
+
+    def __init__(self, otel: Otel) -> None:
+        self._otel = otel
+
+    def capture(self) -> _Resume | _Nothing:
+        return _capture(self._otel)
 
 
 class Noop:
@@ -418,6 +433,10 @@ MESSAGING_BUCKETS = (
     10.0,
 )
 
+#: The plain context key ``suppress_instrumentation()`` also sets (the instrumentations'
+#: ``is_instrumentation_enabled`` reads it beside the API's own key).
+_SUPPRESS_PLAIN = "suppress_instrumentation"
+
 #: The API's own providers, in place until the application sets one (by class name: some
 #: are private to the API).
 _UNSET_PROVIDERS = frozenset(
@@ -445,6 +464,13 @@ class Otel:
         self._metrics = metrics
         self._live = False
         self._metrics_internal = sys.modules.get("opentelemetry.metrics._internal")
+        # The keys ``suppress_instrumentation()`` sets: the API's, and the plain name the
+        # instrumentations still read (an older ``opentelemetry-instrumentation`` sets it).
+        self._suppress_keys = tuple(
+            key
+            for key in (getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None), _SUPPRESS_PLAIN)
+            if key
+        )
         self._env_unset = not {"OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER"} & set(
             os.environ
         )
@@ -549,6 +575,20 @@ class Otel:
         self._live = True
         return False
 
+    def off(self) -> bool:
+        """True when nothing is to be reported: no provider is set (:meth:`idle`), or the
+        work runs under OpenTelemetry's ``suppress_instrumentation()`` (what an application
+        and the SDK's own exporters use to say "report nothing of this"), which
+        OpenTelemetry's own instrumentations honour by making no span and recording no
+        measurement."""
+        return self.idle() or self.suppressed()
+
+    def suppressed(self) -> bool:
+        """Whether the current context is under ``suppress_instrumentation()`` (True when
+        OpenTelemetry raised: report nothing)."""
+        current = _quietly(self.context.get_current)
+        return current is None or any(current.get(key) for key in self._suppress_keys)
+
     def _globals_unset(self) -> bool:
         """The quick answer on every call while nothing is set: the API's own globals are
         still None and no environment variable names a provider (``get_tracer_provider``
@@ -576,7 +616,7 @@ class Otel:
     def call(self, name: str, namespace: str, subject: Any = None) -> _Call | _Nothing:
         """The span of one settle call (``settle.<name>``); ``subject`` is the reservation
         a settlement or renewal presents (its generation is recorded)."""
-        if self.idle():
+        if self.off():
             return _NOTHING
         span = self.start(f"settle.{name}", attributes={"settle.namespace": namespace})
         if span is None:
@@ -647,7 +687,7 @@ class Otel:
         None inside a span that is not recorded (its trace was sampled out): a child of it
         would be sampled out too (a ``ParentBased`` sampler, the SDK's default), and making
         one would cost as much as the call's own span."""
-        if self.idle():
+        if self.off():
             return _NOTHING
         sampled_out = _quietly(self._sampled_out)
         if sampled_out or sampled_out is None:  # None: OpenTelemetry raised
@@ -672,6 +712,8 @@ class Otel:
     def operation(self, namespace: str, function: str) -> _Operation | _Nothing:
         if self.idle():
             return _NOTHING
+        if self.suppressed():
+            return _Muted(self)
         span = self.start(
             "settle.operation",
             attributes={"settle.namespace": namespace, "code.function.name": function},
@@ -685,6 +727,8 @@ class Otel:
         application's instrumentation) at its start."""
         if self.idle():
             return _NOTHING
+        if self.suppressed():
+            return _Muted(self)
         span = _quietly(self.trace.get_current_span)
         return _NOTHING if span is None else _Request(self, span, namespace)
 
@@ -693,7 +737,7 @@ class Otel:
     def settling(self, scope: Any, kind: Any, consumer: str) -> _Settling | _Nothing:
         """The span of one delivery settlement (messaging conventions, operation type
         ``settle``); :meth:`_Span.done` takes its receipt."""
-        if self.idle():
+        if self.off():
             return _NOTHING
         name = str(kind.value)
         attributes = {
