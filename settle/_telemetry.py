@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import threading
 import time
 import weakref
 from typing import Any, Self, TypeVar
+
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from settle._log import logger
 
@@ -238,7 +241,7 @@ class _Span:
         # Each step on its own: one that raises must not leave the span current or unended,
         # nor replace what the block returned or raised.
         if kind is not None:
-            self.attributes["error.type"] = kind.__qualname__
+            self._failed(kind, exc)
             _quietly(self.span.set_status, self._otel.trace.StatusCode.ERROR)
         if self._finish is not None:
             _quietly(self._finish, self, kind, time.perf_counter() - self._start)
@@ -247,6 +250,64 @@ class _Span:
         if self.attributes:
             _quietly(self.span.set_attributes, self.attributes)
         _quietly(self.span.end)
+
+    def _failed(self, kind: type[BaseException], _exc: object) -> None:
+        """Name the error the block raised (its class: never its message)."""
+        self.attributes["error.type"] = kind.__qualname__
+
+
+class _Client(_Span):
+    """A Redis call's client span. A failure is named by what Redis or redis-py said, not by
+    the settle error that wraps it (the Redis semantic conventions: the original exception
+    is preferred to a generic wrapper): a Redis error reply by its error prefix,
+    ``db.response.status_code`` and ``error.type`` alike (``OOM``, ``ERR``...), anything
+    else by the class of redis-py's exception (``ConnectionError``, ``TimeoutError``)."""
+
+    __slots__ = ()
+
+    def _failed(self, kind: type[BaseException], exc: object) -> None:
+        original = _redis_error(exc)
+        if original is None:
+            super()._failed(kind, exc)
+            return
+        code = _status_code(original)
+        if code is not None:
+            self.attributes["db.response.status_code"] = code
+        self.attributes["error.type"] = code or type(original).__qualname__
+
+
+def _redis_error(exc: object) -> BaseException | None:
+    """The redis-py exception ``exc`` is or wraps (settle raises its own errors ``from``
+    it), None when there is none."""
+    seen = 0
+    while isinstance(exc, BaseException) and seen < 8:
+        if isinstance(exc, (RedisError, RedisClusterException)):
+            return exc
+        exc, seen = exc.__cause__, seen + 1
+    return None
+
+
+#: A Redis error prefix: an upper-case word (redis-py reads them the same way).
+_ERROR_PREFIX = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def _status_code(error: BaseException) -> str | None:
+    """The error prefix of a Redis error reply (``OOM``, ``WRONGTYPE``, ``ERR``...): as
+    redis-py read it, or the first word of the reply it kept whole; None for an error
+    Redis did not answer (a dropped connection, a timeout). Only the prefix: the rest of
+    the reply can quote keys or arguments."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a copy settle made of it (one per call of a batch) names its cause
+        if not isinstance(seen, ResponseError):
+            return None
+        code = getattr(seen, "status_code", None)
+        if isinstance(code, str) and _ERROR_PREFIX.fullmatch(code):
+            return code
+        first = (str(seen.args[0]) if seen.args else "").split(" ", 1)[0]
+        if _ERROR_PREFIX.fullmatch(first):
+            return first
+        seen = seen.__cause__
+    return None
 
 
 class _Call(_Span):
@@ -701,7 +762,7 @@ class Otel:
             attributes["db.operation.batch.size"] = batch
         attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
         span = self.start(name, kind=self._client, attributes=attributes)
-        return _NOTHING if span is None else _Span(self, span, leaf=True)
+        return _NOTHING if span is None else _Client(self, span, leaf=True)
 
     def _sampled_out(self) -> bool:
         parent = self.trace.get_current_span()
