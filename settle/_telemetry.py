@@ -444,6 +444,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 _NS = "settle.namespace"
+#: The server attributes a messaging span and its duration carry (the stream's server).
+_SERVER = ("server.address", "server.port")
 _MESSAGING = (
     "messaging.system",
     "messaging.operation.type",
@@ -795,13 +797,16 @@ class Otel:
 
     # -- delivery progress -----------------------------------------------------------------
 
-    def settling(self, scope: Any, kind: Any, consumer: str) -> _Settling | _Nothing:
+    def settling(
+        self, scope: Any, kind: Any, consumer: str, client: Any = None
+    ) -> _Settling | _Nothing:
         """The span of one delivery settlement (messaging conventions, operation type
-        ``settle``); :meth:`_Span.done` takes its receipt."""
+        ``settle``) on the stream's server, ``client``; :meth:`_Span.done` takes its
+        receipt."""
         if self.off():
             return _NOTHING
         name = str(kind.value)
-        attributes = {
+        attributes: dict[str, Any] = {
             "messaging.system": "redis",
             "messaging.operation.type": "settle",
             "messaging.operation.name": name,
@@ -809,6 +814,12 @@ class Otel:
             "messaging.consumer.group.name": scope.group,
             "settle.progress.consumer": consumer,
         }
+        # The broker, as the messaging conventions require it when known: the stream's
+        # server (on a cluster, the node that serves the stream's slot).
+        server = _quietly(_settings, client, scope.stream) if client is not None else None
+        for key in _SERVER:
+            if server and key in server:
+                attributes[key] = server[key]
         span = self.start(f"{name} {scope.stream}", kind=self._client, attributes=attributes)
         return _NOTHING if span is None else _Settling(self, span, attributes)
 
@@ -816,6 +827,9 @@ class Otel:
         self, settling: _Settling, kind: type[BaseException] | None, seconds: float
     ) -> None:
         measured = {k: settling.base[k] for k in _MESSAGING}
+        for key in _SERVER:
+            if key in settling.base:
+                measured[key] = settling.base[key]
         error = kind.__qualname__ if kind is not None else None
         if error is not None:
             measured["error.type"] = error
