@@ -742,10 +742,17 @@ class Otel:
     # -- Redis -----------------------------------------------------------------------------
 
     def redis(
-        self, client: Any, operation: str, call: Any = None, *, batch: int | None = None
+        self,
+        client: Any,
+        operation: str,
+        call: Any = None,
+        *,
+        batch: int | None = None,
+        key: str | None = None,
     ) -> _Span | _Nothing:
         """A client span of one Redis call: ``EVALSHA`` of ``call``'s script (its stored
-        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command.
+        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command (of ``key``
+        alone, when it names one: on a cluster, the span names the node of its slot).
 
         None inside a span that is not recorded (its trace was sampled out): a child of it
         would be sampled out too (a ``ParentBased`` sampler, the SDK's default), and making
@@ -762,7 +769,9 @@ class Otel:
             name = f"{operation} {call.script}"
         if batch is not None:
             attributes["db.operation.batch.size"] = batch
-        attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
+        if call is not None and call.keys:
+            key = call.keys[0]
+        attributes.update(_settings(client, key))
         span = self.start(name, kind=self._client, attributes=attributes)
         return _NOTHING if span is None else _Client(self, span, leaf=True)
 

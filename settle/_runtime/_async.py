@@ -1256,7 +1256,7 @@ class AsyncRunner:
                 _drop_evidence(self, exc)
                 raise
 
-        with telemetry().redis(self.client, what):
+        with telemetry().redis(self.client, what, key=key):
             tries = ATTEMPTS
             try:
                 if repeatable:

@@ -1249,7 +1249,7 @@ class Runner:
                 _drop_evidence(self, exc)
                 raise
 
-        with telemetry().redis(self.client, what):
+        with telemetry().redis(self.client, what, key=key):
             tries = ATTEMPTS
             try:
                 if repeatable:
