@@ -527,13 +527,9 @@ class Otel:
         self._metrics = metrics
         self._live = False
         self._metrics_internal = sys.modules.get("opentelemetry.metrics._internal")
-        # The keys ``suppress_instrumentation()`` sets: the API's, and the plain name the
-        # instrumentations still read (an older ``opentelemetry-instrumentation`` sets it).
-        self._suppress_keys = tuple(
-            key
-            for key in (getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None), _SUPPRESS_PLAIN)
-            if key
-        )
+        # The key ``suppress_instrumentation()`` sets (beside the plain name, which the
+        # instrumentations still read and an older ``opentelemetry-instrumentation`` sets).
+        self._suppress_key = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", _SUPPRESS_PLAIN)
         self._env_unset = not {"OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER"} & set(
             os.environ
         )
@@ -649,8 +645,12 @@ class Otel:
     def suppressed(self) -> bool:
         """Whether the current context is under ``suppress_instrumentation()`` (True when
         OpenTelemetry raised: report nothing)."""
-        current = _quietly(self.context.get_current)
-        return current is None or any(current.get(key) for key in self._suppress_keys)
+        try:
+            current = self.context.get_current()
+            return bool(current.get(self._suppress_key) or current.get(_SUPPRESS_PLAIN))
+        except Exception as error:  # noqa: BLE001  # a context that cannot be read
+            _failed(error)
+            return True
 
     def _globals_unset(self) -> bool:
         """The quick answer on every call while nothing is set: the API's own globals are
