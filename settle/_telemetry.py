@@ -781,14 +781,15 @@ class Otel:
 
     # -- the decorator ---------------------------------------------------------------------
 
-    def operation(self, namespace: str, function: str) -> _Operation | _Nothing:
+    def operation(self, namespace: str, function: Any) -> _Operation | _Nothing:
+        """The span of one call of the decorated ``function``."""
         if self.idle():
             return _NOTHING
         if self.suppressed():
             return _Muted(self)
         span = self.start(
             "settle.operation",
-            attributes={"settle.namespace": namespace, "code.function.name": function},
+            attributes={"settle.namespace": namespace, "code.function.name": _named(function)},
         )
         return _NOTHING if span is None else _Operation(self, span)
 
@@ -845,6 +846,15 @@ class Otel:
         self.messaging_duration.record(seconds, measured)
         outcome = settling.attributes.get("settle.outcome", "error")
         self.delivery_settlements.add(*(measured[k] for k in _MESSAGING), error, outcome)
+
+
+def _named(function: Any) -> str:
+    """``function``'s fully-qualified name, as the semantic conventions ask of
+    ``code.function.name``: its module and qualified name (``shop.payments.charge``,
+    ``shop.billing.Billing.charge`` for a method)."""
+    qualname = getattr(function, "__qualname__", None) or getattr(function, "__name__", "")
+    module = getattr(function, "__module__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and module else str(qualname)
 
 
 class _Request:
