@@ -151,7 +151,7 @@ class Noop:
     def _nothing(self, *_: Any, **__: Any) -> _Nothing:
         return _NOTHING
 
-    call = redis = operation = settling = _nothing
+    call = redis = pipeline = operation = settling = _nothing
 
     def http_request(self, *_: Any) -> _Nothing:
         return _NOTHING
@@ -774,6 +774,15 @@ class Otel:
         attributes.update(_settings(client, key))
         span = self.start(name, kind=self._client, attributes=attributes)
         return _NOTHING if span is None else _Client(self, span, leaf=True)
+
+    def pipeline(self, client: Any, operation: str, calls: list[Any]) -> _Span | _Nothing:
+        """A client span of ``calls`` sent in one pipeline, each made with ``operation``
+        (``FCALL`` or ``EVALSHA``): ``PIPELINE`` and its batch size; a pipeline of one call
+        is that call's span, as the semantic conventions say a batch size SHOULD never be
+        1."""
+        if len(calls) == 1:
+            return self.redis(client, operation, calls[0])
+        return self.redis(client, "PIPELINE", batch=len(calls))
 
     def _sampled_out(self) -> bool:
         parent = self.trace.get_current_span()
