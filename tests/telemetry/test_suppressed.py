@@ -7,16 +7,24 @@ real SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+import redis
+from opentelemetry import context
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from settle import AsyncSettler, Attempt, Settler
+from settle.embedded import EmbeddedRedis
+from settle.progress import ProgressStore, StreamConsumer
 from settle.wsgi import IdempotencyMiddleware
 from tests.http.apps import serve_wsgi
+from tests.progress.harness import Names, publish
 from tests.telemetry.conftest import Telemetry
 
 
@@ -119,3 +127,116 @@ def test_a_suppressed_wsgi_request_is_reported_nowhere(
         settler.close()
     _nothing_reported(otel, namespace)
     assert otel.count("settle.http.requests", **{"settle.namespace": namespace}) == 0
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        # The API's key alone: what the SDK's exporters and processors set around their
+        # own work (``context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True)``).
+        _SUPPRESS_INSTRUMENTATION_KEY,
+        # The plain key alone: what an older ``opentelemetry-instrumentation`` sets.
+        "suppress_instrumentation",
+    ],
+    ids=["api_key", "plain_key"],
+)
+def test_either_suppression_key_alone_reports_nothing(
+    settler: Settler, namespace: str, otel: Telemetry, key: str
+) -> None:
+    token = context.attach(context.set_value(key, True))
+    try:
+        settler.reserve("op-1", {"n": 1}, principal="tenant:a")
+    finally:
+        context.detach(token)
+    _nothing_reported(otel, namespace)
+
+
+def test_a_suppressed_delivery_settlement_is_reported_nowhere(
+    names: Names,
+    stream_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    otel: Telemetry,
+) -> None:
+    """``settle.progress``: no messaging span, no messaging measurement."""
+    store = ProgressStore.from_url(progress_server.url, consumer=names.consumer)
+    consumer = StreamConsumer(
+        redis.Redis.from_url(stream_server.url), store, stream=names.stream, group=names.group,
+        block=0.01,
+    )  # fmt: skip
+    try:
+        with suppress_instrumentation():
+            consumer.start()
+            publish(stream_client, names, ["good"])
+            consumer.poll(lambda _ctx: None)
+    finally:
+        consumer.close()
+    assert [s.name for s in otel.spans()] == []
+    group = {"messaging.consumer.group.name": names.group}
+    assert otel.count("messaging.client.operation.duration", **group) == 0
+    assert otel.count("settle.progress.settlements", **group) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_suppressed_task_mutes_no_other_task(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """The suppression is the suppressed task's alone: a task running beside it, and the
+    decorated calls' heartbeat tasks, report as ever."""
+    s = AsyncSettler.from_url(redis_url, namespace=namespace, lease=0.6)
+    await s.reserve("op-0", {"n": 1}, principal="tenant:a")  # set up before the tasks
+    otel.exporter.clear()
+
+    @s.operation(key="charge:{order}", principal="tenant:a")
+    async def charge(order: str) -> str:
+        await asyncio.sleep(0.7)  # renewed by its heartbeat task meanwhile
+        return order
+
+    async def suppressed() -> str:
+        with suppress_instrumentation():
+            return await charge("muted")
+
+    try:
+        assert await asyncio.gather(suppressed(), charge("heard")) == ["muted", "heard"]
+    finally:
+        await s.aclose()
+    [operation] = otel.spans("settle.operation")
+    attempt = otel.span("settle.attempt")
+    assert len(otel.spans("settle.renew")) >= 2
+    for renew in otel.spans("settle.renew"):
+        assert renew.parent is not None
+        assert renew.parent.span_id == attempt.context.span_id
+    assert all(x.context.trace_id == operation.context.trace_id for x in otel.spans())
+
+
+def test_a_suppressed_thread_mutes_no_other_thread(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """Two decorated calls at once in a thread pool, one suppressed: the other's spans and
+    its renewals (from the heartbeat thread both share) are reported, in its trace."""
+    settler = Settler.from_url(redis_url, namespace=namespace, lease=0.6)
+
+    @settler.operation(key="slow:{order}", principal="tenant:a")
+    def slow(order: str) -> str:
+        time.sleep(0.7)
+        return order
+
+    def suppressed() -> str:
+        with suppress_instrumentation():
+            return slow("muted")
+
+    try:
+        settler.reserve("op-0", {"n": 1}, principal="tenant:a")  # set up first
+        otel.exporter.clear()
+        with ThreadPoolExecutor(2) as pool:
+            muted, heard = pool.submit(suppressed), pool.submit(slow, "heard")
+            assert (muted.result(), heard.result()) == ("muted", "heard")
+        [operation] = otel.spans("settle.operation")
+        attempt = otel.span("settle.attempt")
+        assert len(otel.spans("settle.renew")) >= 2
+        for renew in otel.spans("settle.renew"):
+            assert renew.parent is not None
+            assert renew.parent.span_id == attempt.context.span_id
+        assert all(s.context.trace_id == operation.context.trace_id for s in otel.spans())
+    finally:
+        settler.close()
