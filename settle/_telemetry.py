@@ -293,18 +293,19 @@ _ERROR_PREFIX = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 
 def _status_code(error: BaseException) -> str | None:
     """The error prefix of a Redis error reply (``OOM``, ``WRONGTYPE``, ``ERR``...): as
-    redis-py read it, or the first word of the reply it kept whole; None for an error
-    Redis did not answer (a dropped connection, a timeout). Only the prefix: the rest of
-    the reply can quote keys or arguments."""
+    redis-py read it (also on the replies it makes connection errors: ``NOAUTH``,
+    ``LOADING``), or the first word of a reply it kept whole; None for an error Redis did
+    not answer (a dropped connection, a timeout). Only the prefix: the rest of the reply
+    can quote keys or arguments."""
     seen: BaseException | None = error
     for _ in range(8):  # a copy settle made of it (one per call of a batch) names its cause
-        if not isinstance(seen, ResponseError):
+        if not isinstance(seen, RedisError):
             return None
         code = getattr(seen, "status_code", None)
         if isinstance(code, str) and _ERROR_PREFIX.fullmatch(code):
             return code
         first = (str(seen.args[0]) if seen.args else "").split(" ", 1)[0]
-        if _ERROR_PREFIX.fullmatch(first):
+        if isinstance(seen, ResponseError) and _ERROR_PREFIX.fullmatch(first):
             return first
         seen = seen.__cause__
     return None

@@ -15,7 +15,7 @@ import pytest
 import redis
 from opentelemetry.sdk.trace import ReadableSpan
 
-from settle import AsyncSettler, BackendError, Settler
+from settle import AsyncSettler, BackendError, ConfigurationError, Settler
 from settle.embedded import EmbeddedRedis
 from tests.telemetry.conftest import Telemetry
 
@@ -98,3 +98,29 @@ async def test_async_redis_errors_are_named_alike(otel: Telemetry) -> None:
     for span in spans:
         assert span.attributes["db.response.status_code"] in codes
         assert span.attributes["error.type"] == span.attributes["db.response.status_code"]
+
+
+def test_a_refused_password_is_its_status_code_too(otel: Telemetry) -> None:
+    """redis-py makes some error replies errors of a connection, not ``ResponseError``
+    (``NOAUTH`` and ``WRONGPASS``: ``AuthenticationError``; ``LOADING``:
+    ``BusyLoadingError``), though Redis answered them: their prefix is the status code all
+    the same (it said ``AuthenticationError`` alone)."""
+    with EmbeddedRedis() as server:
+        settler = Settler.from_url(server.url, namespace="locked")
+        try:
+            settler.reserve("op-1", {"n": 1}, principal="tenant:a")
+            with redis.Redis.from_url(server.url) as admin:
+                admin.config_set("requirepass", "s3cret")
+            settler.client.connection_pool.disconnect()  # the next call connects again
+            otel.exporter.clear()
+            with pytest.raises(ConfigurationError) as raised:
+                settler.reserve("op-2", {"n": 1}, principal="tenant:a")
+        finally:
+            settler.close()
+    cause = raised.value.__cause__
+    assert isinstance(cause, redis.AuthenticationError)
+    spans = [s for s in otel.spans() if s.kind.name == "CLIENT" and not s.status.is_ok]
+    assert spans
+    for span in spans:
+        assert span.attributes["db.response.status_code"] == "NOAUTH"
+        assert span.attributes["error.type"] == "NOAUTH"
