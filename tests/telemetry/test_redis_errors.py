@@ -124,3 +124,23 @@ def test_a_refused_password_is_its_status_code_too(otel: Telemetry) -> None:
     for span in spans:
         assert span.attributes["db.response.status_code"] == "NOAUTH"
         assert span.attributes["error.type"] == "NOAUTH"
+
+
+def test_a_batch_copy_of_an_error_reply_keeps_its_status_code() -> None:
+    """The asyncio runner gives each call of a failed batch a copy of the batch's error
+    (``_own``), which redis-py's ``status_code`` does not survive: the code is read of the
+    error it copies. redis-py's own parser makes the errors, as on the wire."""
+    from redis._parsers.base import BaseParser  # noqa: PLC0415  # redis-py's reply parser
+
+    from settle._runtime._async import _own  # noqa: PLC0415
+    from settle._telemetry import _status_code  # noqa: PLC0415
+
+    for reply, code in [
+        ("OOM command not allowed when used memory > 'maxmemory'.", "OOM"),  # prefix cut
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", "WRONGTYPE"),
+        ("NOAUTH Authentication required.", "NOAUTH"),  # an AuthenticationError
+    ]:
+        error = BaseParser.parse_error(reply)
+        copy = _own(error)
+        assert copy is not error
+        assert _status_code(copy) == code
