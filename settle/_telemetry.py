@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import threading
 import time
 import weakref
 from typing import Any, Self, TypeVar
+
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from settle._log import logger
 
@@ -112,7 +115,7 @@ class _Nothing:
     def done(self, result: T) -> T:
         return result
 
-    def capture(self) -> _Nothing:
+    def capture(self) -> _Resume | _Nothing:
         return self
 
     def _nothing(self, *_: Any) -> None:
@@ -124,6 +127,21 @@ class _Nothing:
 _NOTHING = _Nothing()
 
 
+class _Muted(_Nothing):
+    """What the decorator's and the HTTP guard's hooks hand out under
+    ``suppress_instrumentation()``: nothing reported, and the suppression carried to the
+    heartbeat thread with the rest of the caller's context (:meth:`capture`), so that its
+    renewals are not reported either."""
+
+    __slots__ = ("_otel",)
+
+    def __init__(self, otel: Otel) -> None:
+        self._otel = otel
+
+    def capture(self) -> _Resume | _Nothing:
+        return _capture(self._otel)
+
+
 class Noop:
     """Every hook, doing nothing (OpenTelemetry is not importable)."""
 
@@ -133,7 +151,7 @@ class Noop:
     def _nothing(self, *_: Any, **__: Any) -> _Nothing:
         return _NOTHING
 
-    call = redis = operation = settling = _nothing
+    call = redis = pipeline = operation = settling = _nothing
 
     def http_request(self, *_: Any) -> _Nothing:
         return _NOTHING
@@ -223,7 +241,7 @@ class _Span:
         # Each step on its own: one that raises must not leave the span current or unended,
         # nor replace what the block returned or raised.
         if kind is not None:
-            self.attributes["error.type"] = kind.__qualname__
+            self._failed(kind, exc)
             _quietly(self.span.set_status, self._otel.trace.StatusCode.ERROR)
         if self._finish is not None:
             _quietly(self._finish, self, kind, time.perf_counter() - self._start)
@@ -232,6 +250,65 @@ class _Span:
         if self.attributes:
             _quietly(self.span.set_attributes, self.attributes)
         _quietly(self.span.end)
+
+    def _failed(self, kind: type[BaseException], _exc: object) -> None:
+        """Name the error the block raised (its class: never its message)."""
+        self.attributes["error.type"] = kind.__qualname__
+
+
+class _Client(_Span):
+    """A Redis call's client span. A failure is named by what Redis or redis-py said, not by
+    the settle error that wraps it (the Redis semantic conventions: the original exception
+    is preferred to a generic wrapper): a Redis error reply by its error prefix,
+    ``db.response.status_code`` and ``error.type`` alike (``OOM``, ``ERR``...), anything
+    else by the class of redis-py's exception (``ConnectionError``, ``TimeoutError``)."""
+
+    __slots__ = ()
+
+    def _failed(self, kind: type[BaseException], exc: object) -> None:
+        original = _redis_error(exc)
+        if original is None:
+            super()._failed(kind, exc)
+            return
+        code = _status_code(original)
+        if code is not None:
+            self.attributes["db.response.status_code"] = code
+        self.attributes["error.type"] = code or type(original).__qualname__
+
+
+def _redis_error(exc: object) -> BaseException | None:
+    """The redis-py exception ``exc`` is or wraps (settle raises its own errors ``from``
+    it), None when there is none."""
+    seen = 0
+    while isinstance(exc, BaseException) and seen < 8:
+        if isinstance(exc, (RedisError, RedisClusterException)):
+            return exc
+        exc, seen = exc.__cause__, seen + 1
+    return None
+
+
+#: A Redis error prefix: an upper-case word (redis-py reads them the same way).
+_ERROR_PREFIX = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def _status_code(error: BaseException) -> str | None:
+    """The error prefix of a Redis error reply (``OOM``, ``WRONGTYPE``, ``ERR``...): as
+    redis-py read it (also on the replies it makes connection errors: ``NOAUTH``,
+    ``LOADING``), or the first word of a reply it kept whole; None for an error Redis did
+    not answer (a dropped connection, a timeout). Only the prefix: the rest of the reply
+    can quote keys or arguments."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a copy settle made of it (one per call of a batch) names its cause
+        if not isinstance(seen, RedisError):
+            return None
+        code = getattr(seen, "status_code", None)
+        if isinstance(code, str) and _ERROR_PREFIX.fullmatch(code):
+            return code
+        first = (str(seen.args[0]) if seen.args else "").split(" ", 1)[0]
+        if isinstance(seen, ResponseError) and _ERROR_PREFIX.fullmatch(first):
+            return first
+        seen = seen.__cause__
+    return None
 
 
 class _Call(_Span):
@@ -368,6 +445,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 _NS = "settle.namespace"
+#: The server attributes a messaging span and its duration carry (the stream's server).
+_SERVER = ("server.address", "server.port")
 _MESSAGING = (
     "messaging.system",
     "messaging.operation.type",
@@ -418,6 +497,10 @@ MESSAGING_BUCKETS = (
     10.0,
 )
 
+#: The plain context key ``suppress_instrumentation()`` also sets (the instrumentations'
+#: ``is_instrumentation_enabled`` reads it beside the API's own key).
+_SUPPRESS_PLAIN = "suppress_instrumentation"
+
 #: The API's own providers, in place until the application sets one (by class name: some
 #: are private to the API).
 _UNSET_PROVIDERS = frozenset(
@@ -445,6 +528,9 @@ class Otel:
         self._metrics = metrics
         self._live = False
         self._metrics_internal = sys.modules.get("opentelemetry.metrics._internal")
+        # The key ``suppress_instrumentation()`` sets (beside the plain name, which the
+        # instrumentations still read and an older ``opentelemetry-instrumentation`` sets).
+        self._suppress_key = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", _SUPPRESS_PLAIN)
         self._env_unset = not {"OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER"} & set(
             os.environ
         )
@@ -549,6 +635,24 @@ class Otel:
         self._live = True
         return False
 
+    def off(self) -> bool:
+        """True when nothing is to be reported: no provider is set (:meth:`idle`), or the
+        work runs under OpenTelemetry's ``suppress_instrumentation()`` (what an application
+        and the SDK's own exporters use to say "report nothing of this"), which
+        OpenTelemetry's own instrumentations honour by making no span and recording no
+        measurement."""
+        return self.idle() or self.suppressed()
+
+    def suppressed(self) -> bool:
+        """Whether the current context is under ``suppress_instrumentation()`` (True when
+        OpenTelemetry raised: report nothing)."""
+        try:
+            current = self.context.get_current()
+            return bool(current.get(self._suppress_key) or current.get(_SUPPRESS_PLAIN))
+        except Exception as error:  # noqa: BLE001  # a context that cannot be read
+            _failed(error)
+            return True
+
     def _globals_unset(self) -> bool:
         """The quick answer on every call while nothing is set: the API's own globals are
         still None and no environment variable names a provider (``get_tracer_provider``
@@ -576,7 +680,7 @@ class Otel:
     def call(self, name: str, namespace: str, subject: Any = None) -> _Call | _Nothing:
         """The span of one settle call (``settle.<name>``); ``subject`` is the reservation
         a settlement or renewal presents (its generation is recorded)."""
-        if self.idle():
+        if self.off():
             return _NOTHING
         span = self.start(f"settle.{name}", attributes={"settle.namespace": namespace})
         if span is None:
@@ -639,15 +743,22 @@ class Otel:
     # -- Redis -----------------------------------------------------------------------------
 
     def redis(
-        self, client: Any, operation: str, call: Any = None, *, batch: int | None = None
+        self,
+        client: Any,
+        operation: str,
+        call: Any = None,
+        *,
+        batch: int | None = None,
+        key: str | None = None,
     ) -> _Span | _Nothing:
         """A client span of one Redis call: ``EVALSHA`` of ``call``'s script (its stored
-        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command.
+        procedure name), a ``PIPELINE`` of ``batch`` calls, or a plain command (of ``key``
+        alone, when it names one: on a cluster, the span names the node of its slot).
 
         None inside a span that is not recorded (its trace was sampled out): a child of it
         would be sampled out too (a ``ParentBased`` sampler, the SDK's default), and making
         one would cost as much as the call's own span."""
-        if self.idle():
+        if self.off():
             return _NOTHING
         sampled_out = _quietly(self._sampled_out)
         if sampled_out or sampled_out is None:  # None: OpenTelemetry raised
@@ -659,9 +770,20 @@ class Otel:
             name = f"{operation} {call.script}"
         if batch is not None:
             attributes["db.operation.batch.size"] = batch
-        attributes.update(_settings(client, call.keys[0] if call and call.keys else None))
+        if call is not None and call.keys:
+            key = call.keys[0]
+        attributes.update(_settings(client, key))
         span = self.start(name, kind=self._client, attributes=attributes)
-        return _NOTHING if span is None else _Span(self, span, leaf=True)
+        return _NOTHING if span is None else _Client(self, span, leaf=True)
+
+    def pipeline(self, client: Any, operation: str, calls: list[Any]) -> _Span | _Nothing:
+        """A client span of ``calls`` sent in one pipeline, each made with ``operation``
+        (``FCALL`` or ``EVALSHA``): ``PIPELINE`` and its batch size; a pipeline of one call
+        is that call's span, as the semantic conventions say a batch size SHOULD never be
+        1."""
+        if len(calls) == 1:
+            return self.redis(client, operation, calls[0])
+        return self.redis(client, "PIPELINE", batch=len(calls))
 
     def _sampled_out(self) -> bool:
         parent = self.trace.get_current_span()
@@ -669,12 +791,15 @@ class Otel:
 
     # -- the decorator ---------------------------------------------------------------------
 
-    def operation(self, namespace: str, function: str) -> _Operation | _Nothing:
+    def operation(self, namespace: str, function: Any) -> _Operation | _Nothing:
+        """The span of one call of the decorated ``function``."""
         if self.idle():
             return _NOTHING
+        if self.suppressed():
+            return _Muted(self)
         span = self.start(
             "settle.operation",
-            attributes={"settle.namespace": namespace, "code.function.name": function},
+            attributes={"settle.namespace": namespace, "code.function.name": _named(function)},
         )
         return _NOTHING if span is None else _Operation(self, span)
 
@@ -685,18 +810,23 @@ class Otel:
         application's instrumentation) at its start."""
         if self.idle():
             return _NOTHING
+        if self.suppressed():
+            return _Muted(self)
         span = _quietly(self.trace.get_current_span)
         return _NOTHING if span is None else _Request(self, span, namespace)
 
     # -- delivery progress -----------------------------------------------------------------
 
-    def settling(self, scope: Any, kind: Any, consumer: str) -> _Settling | _Nothing:
+    def settling(
+        self, scope: Any, kind: Any, consumer: str, client: Any = None
+    ) -> _Settling | _Nothing:
         """The span of one delivery settlement (messaging conventions, operation type
-        ``settle``); :meth:`_Span.done` takes its receipt."""
-        if self.idle():
+        ``settle``) on the stream's server, ``client``; :meth:`_Span.done` takes its
+        receipt."""
+        if self.off():
             return _NOTHING
         name = str(kind.value)
-        attributes = {
+        attributes: dict[str, Any] = {
             "messaging.system": "redis",
             "messaging.operation.type": "settle",
             "messaging.operation.name": name,
@@ -704,6 +834,12 @@ class Otel:
             "messaging.consumer.group.name": scope.group,
             "settle.progress.consumer": consumer,
         }
+        # The broker, as the messaging conventions require it when known: the stream's
+        # server (on a cluster, the node that serves the stream's slot).
+        server = _quietly(_settings, client, scope.stream) if client is not None else None
+        for key in _SERVER:
+            if server and key in server:
+                attributes[key] = server[key]
         span = self.start(f"{name} {scope.stream}", kind=self._client, attributes=attributes)
         return _NOTHING if span is None else _Settling(self, span, attributes)
 
@@ -711,12 +847,24 @@ class Otel:
         self, settling: _Settling, kind: type[BaseException] | None, seconds: float
     ) -> None:
         measured = {k: settling.base[k] for k in _MESSAGING}
+        for key in _SERVER:
+            if key in settling.base:
+                measured[key] = settling.base[key]
         error = kind.__qualname__ if kind is not None else None
         if error is not None:
             measured["error.type"] = error
         self.messaging_duration.record(seconds, measured)
         outcome = settling.attributes.get("settle.outcome", "error")
         self.delivery_settlements.add(*(measured[k] for k in _MESSAGING), error, outcome)
+
+
+def _named(function: Any) -> str:
+    """``function``'s fully-qualified name, as the semantic conventions ask of
+    ``code.function.name``: its module and qualified name (``shop.payments.charge``,
+    ``shop.billing.Billing.charge`` for a method)."""
+    qualname = getattr(function, "__qualname__", None) or getattr(function, "__name__", "")
+    module = getattr(function, "__module__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and module else str(qualname)
 
 
 class _Request:

@@ -801,7 +801,7 @@ class AsyncRunner:
         return call.script in self._set.gone and len(reply) > 3 and not reply[3]
 
     async def _call(self, call: Call) -> Any:
-        with telemetry().redis(self.client, "FCALL" if self._fcall else "EVALSHA", call):
+        with telemetry().redis(self.client, self._command(), call):
             lost: list[BaseException] = []  # tries whose reply was lost: they may have run
 
             async def once(call: Call) -> Any:
@@ -1149,6 +1149,10 @@ class AsyncRunner:
             client = self._nodes[node.name] = _cancellable(Redis(**settings))
         return client
 
+    def _command(self) -> str:
+        """The command the scripts are run with (their Redis spans' operation name)."""
+        return "FCALL" if self._fcall else "EVALSHA"
+
     async def run_many(self, calls: list[Call]) -> list[Any]:
         """Run read calls together: one pipeline on a single server; on a cluster, one call
         at a time (each call's slot may live on another node, and EVALSHA is not pipelined
@@ -1156,7 +1160,7 @@ class AsyncRunner:
         if self.is_cluster:
             return [await self._call(call) for call in calls]
         first = calls[0] if calls else None
-        with telemetry().redis(self.client, "PIPELINE", batch=len(calls)):
+        with telemetry().pipeline(self.client, self._command(), calls):
             try:
                 replies: list[Any] = await AsyncRetrying(**retry_options(first))(
                     self._pipeline, calls
@@ -1256,7 +1260,7 @@ class AsyncRunner:
                 _drop_evidence(self, exc)
                 raise
 
-        with telemetry().redis(self.client, what):
+        with telemetry().redis(self.client, what, key=key):
             tries = ATTEMPTS
             try:
                 if repeatable:

@@ -92,7 +92,7 @@ async def _drive(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    span = telemetry().operation(settler.config.namespace, fn.__name__)
+    span = telemetry().operation(settler.config.namespace, fn)
     with span:
         step = plan.start()
         interrupted: BaseException | None = None

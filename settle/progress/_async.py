@@ -160,7 +160,8 @@ class AsyncProgressStore(AsyncConnectable):
                     case Notify(step=step, delivery=delivery):
                         self.observer(step, delivery)
                     case Settling(scope=scope, kind=kind):
-                        settling = telemetry().settling(scope, kind, self.consumer)
+                        client = stream.client if stream is not None else None
+                        settling = telemetry().settling(scope, kind, self.consumer, client)
                         spans.enter_context(settling)
 
     async def progress(self, call: Call) -> ProgressReply:

@@ -148,7 +148,8 @@ class ProgressStore(Connectable):
                     case Notify(step=step, delivery=delivery):
                         self.observer(step, delivery)
                     case Settling(scope=scope, kind=kind):
-                        settling = telemetry().settling(scope, kind, self.consumer)
+                        client = stream.client if stream is not None else None
+                        settling = telemetry().settling(scope, kind, self.consumer, client)
                         spans.enter_context(settling)
 
     def progress(self, call: Call) -> ProgressReply:

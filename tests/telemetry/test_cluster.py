@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
+from redis.cluster import ClusterNode
 
 from settle import Settler
+from settle.progress import ProgressStore, StreamConsumer
 from tests.cluster.cluster_support import LocalCluster
 from tests.telemetry.conftest import Telemetry, script_operation
 
@@ -41,3 +44,33 @@ def test_redis_spans_name_the_node_of_the_slot(
         seen.add(a["server.port"])
     settler.close()
     assert len(seen) > 1  # eight shards spread over the three primaries
+
+
+def test_stream_command_spans_name_the_node_of_the_slot_too(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """The stream consumer's plain commands (``XREADGROUP``, ``XAUTOCLAIM``...) go to the
+    node of their stream's slot as the scripts do, and their spans named no node at all:
+    docs/observability.md gives them the script spans' attributes ("as above"). The
+    settlement's messaging span names the stream's node too."""
+    client = redis.RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
+    stream = f"orders-{namespace}"
+    store = ProgressStore(client, consumer="c1", namespace=namespace)
+    consumer = StreamConsumer(client, store, stream=stream, group="billing", block=0.01)
+    try:
+        consumer.start()
+        client.xadd(stream, {"emission_id": "e-1", "body": "payload-e-1"})
+        consumer.poll(lambda _ctx: None)
+    finally:
+        consumer.close()
+        client.close()
+    node = cluster.serving(redis.RedisCluster.keyslot(client, stream))
+    port = cluster.nodes[node].port
+    commands = {"XREADGROUP", "XAUTOCLAIM", "XRANGE"}
+    seen = set()
+    for span in otel.spans():
+        a = span.attributes or {}
+        if a.get("db.operation.name") in commands or a.get("messaging.operation.type"):
+            assert (a.get("server.address"), a.get("server.port")) == ("127.0.0.1", port), span.name
+            seen.add(a.get("db.operation.name") or "settlement")
+    assert {"XREADGROUP", "settlement"} <= seen, seen

@@ -11,10 +11,11 @@ from settle.attempt import Attempt
 from tests.telemetry.conftest import Telemetry
 
 
-def _check(otel: Telemetry, ns: str) -> None:
+def _check(otel: Telemetry, ns: str, function: str) -> None:
     first, replayed = otel.spans("settle.operation")
     assert first.attributes["settle.namespace"] == ns
-    assert first.attributes["code.function.name"] == "charge"
+    # The fully-qualified name, as the semantic conventions ask: its module and qualname.
+    assert first.attributes["code.function.name"] == f"tests.telemetry.test_decorator.{function}"
     assert first.attributes["settle.outcome"] == "completed"
     assert first.attributes["settle.attempts"] == 2
     attempts = [s for s in otel.children(first) if s.name == "settle.attempt"]
@@ -54,7 +55,7 @@ def test_sync_operation_and_attempt_spans(
     assert charge("o-1") == {"number": 2}
     assert charge("o-1") == {"number": 2}
     assert runs == [1, 2]
-    _check(otel, namespace)
+    _check(otel, namespace, "test_sync_operation_and_attempt_spans.<locals>.charge")
 
 
 @pytest.mark.asyncio
@@ -73,7 +74,23 @@ async def test_async_operation_and_attempt_spans(
     assert await charge("o-1") == {"number": 2}
     assert await charge("o-1") == {"number": 2}
     assert runs == [1, 2]
-    _check(otel, namespace)
+    _check(otel, namespace, "test_async_operation_and_attempt_spans.<locals>.charge")
+
+
+class Billing:
+    """A decorated method: its span names the class too."""
+
+    def __init__(self, settler: Settler) -> None:
+        self.charge = settler.operation(key="bill:{order}", principal="tenant:acme")(self._charge)
+
+    def _charge(self, order: str) -> str:
+        return order
+
+
+def test_a_method_is_named_with_its_class(settler: Settler, otel: Telemetry) -> None:
+    assert Billing(settler).charge("o-3") == "o-3"
+    name = otel.span("settle.operation").attributes["code.function.name"]
+    assert name == "tests.telemetry.test_decorator.Billing._charge"
 
 
 def test_an_operation_that_fails_says_so(settler: Settler, namespace: str, otel: Telemetry) -> None:

@@ -11,11 +11,21 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import redis
 import tenacity
+from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware as WsgiTelemetry
 
 from settle import Attempt, OperationFailed, Settler
+from settle.cursor import CursorStore
+from settle.embedded import EmbeddedRedis
+from settle.progress import EffectContext, ProgressStore, StreamConsumer
+from settle.wsgi import IdempotencyMiddleware
+from tests.http.apps import serve_wsgi
+from tests.progress.harness import Names, publish
 from tests.telemetry.conftest import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,4 +94,96 @@ def test_every_name_a_real_run_emits_is_listed(
                 for point in metric.data.data_points:
                     emitted.update(point.attributes or {})
     assert {"EXISTS", "settle.operation", "settle.attempt", "settle.takeovers"} <= emitted
+    assert sorted(name for name in emitted if not _listed(name)) == []
+
+
+def _emitted(otel: Telemetry) -> set[str]:
+    """The names settle reported: its spans' names and attributes (the settle attributes it
+    adds to a server span of OpenTelemetry's instrumentation), its instruments and theirs."""
+    emitted: set[str] = set()
+    for span in otel.spans():
+        attributes = dict(span.attributes or {})
+        scope = span.instrumentation_scope.name if span.instrumentation_scope else ""
+        if scope != "settle":  # the HTTP instrumentation's server span: settle's additions
+            emitted.update(k for k in attributes if k.startswith("settle."))
+            continue
+        if attributes.get("messaging.operation.type") == "settle":
+            emitted.add("<kind> <stream>")
+        else:
+            emitted.add(_script_span(span.name))
+        emitted.update(attributes)
+    data = otel.reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope_metrics in resource.scope_metrics:
+            if scope_metrics.scope.name != "settle":
+                continue
+            for metric in scope_metrics.metrics:
+                emitted.add(metric.name)
+                for point in metric.data.data_points:
+                    emitted.update(point.attributes or {})
+    return emitted
+
+
+def test_every_name_the_other_parts_emit_is_listed(
+    redis_url: str,
+    namespace: str,
+    names: Names,
+    stream_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    otel: Telemetry,
+) -> None:
+    """The real run above is the core's and the decorator's: delivery progress (messaging
+    spans and metrics), a guarded WSGI request (the server span's settle attributes,
+    ``settle.http.requests``), the cursor store and the quarantine's other calls emit
+    names of their own."""
+    store = ProgressStore.from_url(progress_server.url, consumer=names.consumer)
+    consumer = StreamConsumer(
+        redis.Redis.from_url(stream_server.url), store, stream=names.stream, group=names.group,
+        block=0.01,
+    )  # fmt: skip
+    consumer.start()
+    publish(stream_client, names, ["good", "bad"])
+
+    def effect(ctx: EffectContext) -> None:
+        if ctx.emission.value == "bad":
+            raise RuntimeError("the effect failed")
+
+    consumer.poll(effect)
+    consumer.close()
+
+    cursors = CursorStore.from_url(redis_url, namespace=namespace)
+    cursors.start("orders", b"cursor-1")
+    cursors.close()
+
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=4)
+
+    def handler(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b"{}"]
+
+    app = IdempotencyMiddleware(handler, settler=settler, principal=lambda _e: "tenant:a")
+    with serve_wsgi(WsgiTelemetry(app)) as base:
+        for key in ("k-1", "k-1", None):
+            headers = {"Idempotency-Key": key} if key else {}
+            httpx.post(f"{base}/pay", json={"n": 1}, headers=headers, timeout=30)
+    r = settler.reserve("op-1", {"n": 1}, principal="tenant:a")
+    settler.complete(r.reservation, 1)
+    quarantined = settler.complete(r.reservation, 2)
+    assert quarantined.quarantine_id is not None
+    settler.quarantine.resolve(quarantined.quarantine_id, note="checked")
+    settler.quarantine.trim()
+    settler.close()
+
+    emitted = _emitted(otel)
+    assert {
+        "<kind> <stream>",
+        "messaging.client.operation.duration",
+        "settle.progress.settlements",
+        "settle.http.outcome",
+        "settle.http.requests",
+        "settle.quarantine.resolve",
+        "settle.quarantine.trim",
+        "XREADGROUP",
+    } <= emitted, sorted(emitted)
     assert sorted(name for name in emitted if not _listed(name)) == []

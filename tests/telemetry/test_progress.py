@@ -6,6 +6,8 @@ on two real Redis servers, with the real SDK."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -22,7 +24,9 @@ from tests.progress.harness import Names, publish
 from tests.telemetry.conftest import Telemetry, script_operation
 
 
-def _check(otel: Telemetry, names: Names, stream_port: int) -> None:
+def _check(otel: Telemetry, names: Names, stream: EmbeddedRedis) -> None:
+    stream_port = stream.port
+    host = urlsplit(stream.url).hostname
     settles = [s for s in otel.spans() if (s.attributes or {}).get("messaging.operation.type")]
     assert sorted(s.attributes["messaging.operation.name"] for s in settles) == ["ack", "release"]
     for span in settles:
@@ -34,6 +38,11 @@ def _check(otel: Telemetry, names: Names, stream_port: int) -> None:
         assert a["messaging.destination.name"] == names.stream
         assert a["messaging.consumer.group.name"] == names.group
         assert a["settle.outcome"] in ("acked", "released")
+        # The broker, which the messaging conventions require when known: the stream's
+        # server (its Redis spans inside said it, the messaging span did not).
+        assert a["server.address"] == host
+        assert a["server.port"] == stream_port
+        assert "db.namespace" not in a  # a Redis span's attribute, not a messaging one's
         inside = otel.children(span)
         scripts = [c.attributes.get("db.stored_procedure.name") for c in inside]
         assert scripts[0] == "stream_settle"  # on the stream's server, then the receipt
@@ -44,6 +53,8 @@ def _check(otel: Telemetry, names: Names, stream_port: int) -> None:
         "messaging.destination.name": names.stream,
     }
     assert otel.count("messaging.client.operation.duration", **group) == 2
+    server = {"server.address": host, "server.port": stream_port}
+    assert otel.count("messaging.client.operation.duration", **group, **server) == 2
     # The boundaries (seconds) the messaging semantic conventions give this histogram: the
     # SDK's default ones, made for milliseconds, put every settlement in (0, 5 s].
     for point in otel.points("messaging.client.operation.duration", **group):
@@ -80,7 +91,7 @@ def test_sync_settlements_are_messaging_spans(
     publish(stream_client, names, ["good", "bad"])
     consumer.poll(_effect)
     consumer.close()
-    _check(otel, names, stream_server.port)
+    _check(otel, names, stream_server)
 
 
 @pytest.mark.asyncio
@@ -104,4 +115,4 @@ async def test_async_settlements_are_messaging_spans(
 
     await consumer.poll(effect)
     await consumer.aclose()
-    _check(otel, names, stream_server.port)
+    _check(otel, names, stream_server)

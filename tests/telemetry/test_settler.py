@@ -281,3 +281,55 @@ def test_a_call_duration_lands_in_a_bucket_near_its_value(
         # The bucket of the slowest call: no wider than 2.5 times its duration.
         upper = next(b for b in [*bounds, float("inf")] if point.max <= b)
         assert upper <= max(2.5 * point.max, bounds[0]), (point.max, bounds)
+
+
+def _one_call_pipeline_is_that_call(otel: Telemetry, port: int) -> None:
+    """A pipeline of one call is reported as that call: the semantic conventions say a
+    batch size SHOULD never be 1. Two or more keep ``PIPELINE`` and their size."""
+    script = script_operation(port)
+    one, four = otel.spans("settle.quarantine.list")
+    # The last Redis call of each listing reads the quarantine (the async settler's
+    # namespace is set up by its first call, inside it).
+    alone = otel.children(one)[-1]
+    assert alone.name == f"{script} quarantine_read"
+    assert alone.attributes["db.operation.name"] == script
+    assert alone.attributes["db.stored_procedure.name"] == "quarantine_read"
+    assert "db.operation.batch.size" not in alone.attributes
+    batch = otel.children(four)[-1]
+    assert batch.name == batch.attributes["db.operation.name"] == "PIPELINE"
+    assert batch.attributes["db.operation.batch.size"] == 4
+    # Nor any other pipeline of one call (the claim of a one-shard namespace's setup).
+    sizes = {s.attributes.get("db.operation.batch.size") for s in otel.spans()}
+    assert 1 not in sizes
+    assert "PIPELINE" not in {
+        s.name for s in otel.spans() if s.attributes.get("db.operation.batch.size") is None
+    }
+
+
+def test_a_pipeline_of_one_call_is_that_call(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    with (
+        Settler.from_url(redis_url, namespace=namespace, shards=1) as one,
+        Settler.from_url(redis_url, namespace=f"{namespace}-4", shards=4) as four,
+    ):
+        one.quarantine.list()
+        four.quarantine.list()
+        port = int(one.client.connection_pool.connection_kwargs["port"])
+    _one_call_pipeline_is_that_call(otel, port)
+
+
+@pytest.mark.asyncio
+async def test_an_async_pipeline_of_one_call_is_that_call(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    one = AsyncSettler.from_url(redis_url, namespace=namespace, shards=1)
+    four = AsyncSettler.from_url(redis_url, namespace=f"{namespace}-4", shards=4)
+    try:
+        await one.quarantine.list()
+        await four.quarantine.list()
+        port = int(one.client.connection_pool.connection_kwargs["port"])
+    finally:
+        await one.aclose()
+        await four.aclose()
+    _one_call_pipeline_is_that_call(otel, port)
