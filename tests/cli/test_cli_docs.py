@@ -1,0 +1,75 @@
+"""The JSON that docs/cli.md shows is the JSON settle prints: each documented ``--json``
+command is run on what ``settle demo --ops 60 --seed 42`` (the doc's run) left on a real
+redis-server, and its output has the doc's fields, their types, and generations of the
+size settle issues (server microseconds, docs/concepts.md "Generations")."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.cli.conftest import cli_env, settle
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+#: The commands whose documented output is JSON, as the doc runs them.
+JSON_COMMANDS = (
+    "settle stats --json",
+    "settle inspect charge:{prefix}-0032 --json",
+    "settle quarantine ls --json --limit 1",
+    "settle quarantine export | head -1",
+)
+
+
+def documented(command: str) -> str:
+    """The output docs/cli.md shows under ``$ command`` (up to the next prompt or fence)."""
+    text = DOC.read_text(encoding="utf-8")
+    for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
+        for run in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            line, _, output = run.partition("\n")
+            if re.sub(r"charge:[0-9a-f]{6}-", "charge:{prefix}-", line) == command:
+                return output
+    raise AssertionError(f"docs/cli.md no longer shows `{command}`")
+
+
+def shape(value: Any, key: str = "") -> Any:
+    """What a reader relies on: the fields, their types, a generation's digit count."""
+    if isinstance(value, dict):
+        return {k: shape(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value[:1]]
+    if key == "generation" and isinstance(value, int):
+        return f"generation of {len(str(value))} digits"
+    return type(value).__name__
+
+
+def test_the_documented_json_is_what_settle_prints(redis_url: str) -> None:
+    namespace = f"clidoc{uuid.uuid4().hex[:8]}"
+    env = cli_env(SETTLE_REDIS_URL=redis_url, SETTLE_NAMESPACE=namespace)
+    demo = settle("demo", "--ops", "60", "--seed", "42", env=env, timeout=300)
+    assert demo.returncode == 0, demo.stderr[-2000:]
+    [late] = [
+        entry["operation_id"]
+        for entry in json.loads(settle("quarantine", "ls", "--json", env=env).stdout)
+        if entry["operation_id"].endswith("-0032")
+    ]
+    prefix = late.removeprefix("charge:").removesuffix("-0032")
+
+    differ = []
+    for command in JSON_COMMANDS:
+        doc_output = documented(command)
+        args = shlex.split(command.format(prefix=prefix).removesuffix(" | head -1"))[1:]
+        done = settle(*args, env=env)
+        assert done.returncode == 0, (command, done.stderr)
+        if command.endswith("| head -1"):
+            doc_json = json.loads(doc_output.splitlines()[0])
+            real_json = json.loads(done.stdout.splitlines()[0])
+        else:
+            doc_json = json.loads(doc_output)
+            real_json = json.loads(done.stdout)
+        if shape(doc_json) != shape(real_json):
+            differ.append((command, shape(doc_json), shape(real_json)))
+    assert differ == [], "\n".join(json.dumps(d, indent=1) for d in differ)
