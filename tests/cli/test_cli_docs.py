@@ -73,3 +73,16 @@ def test_the_documented_json_is_what_settle_prints(redis_url: str) -> None:
         if shape(doc_json) != shape(real_json):
             differ.append((command, shape(doc_json), shape(real_json)))
     assert differ == [], "\n".join(json.dumps(d, indent=1) for d in differ)
+
+
+def test_the_command_list_names_every_command() -> None:
+    """The list that opens docs/cli.md names each command ``settle --help`` lists."""
+    done = settle("--help")
+    assert done.returncode == 0, done.stderr
+    commands = re.findall(r"^  ([a-z]+) ", done.stdout.split("Commands:", 1)[1], flags=re.M)
+    assert commands
+    text = DOC.read_text(encoding="utf-8")
+    listing = text[text.index("```\n") + 4 :]
+    listing = listing[: listing.index("```")]
+    listed = re.findall(r"^settle ([a-z]+) ", listing, flags=re.M)
+    assert sorted(listed) == sorted(commands)
