@@ -86,3 +86,9 @@ def test_the_command_list_names_every_command() -> None:
     listing = listing[: listing.index("```")]
     listed = re.findall(r"^settle ([a-z]+) ", listing, flags=re.M)
     assert sorted(listed) == sorted(commands)
+    quarantine = settle("quarantine", "--help").stdout.split("Commands:", 1)[1]
+    subcommands = re.findall(r"^  ([a-z]+) ", quarantine, flags=re.M)
+    [line] = [line for line in listing.splitlines() if line.startswith("settle quarantine ")]
+    assert sorted(line.split(None, 2)[2].split(" | ")) == sorted(subcommands)
+    for sub in subcommands:
+        assert f"### `{sub}" in text, f"docs/cli.md has no section on quarantine {sub}"
