@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
+import redis
+
+from settle import Settler
 from tests.cli.conftest import cli_env, settle
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -92,3 +96,41 @@ def test_the_command_list_names_every_command() -> None:
     assert sorted(line.split(None, 2)[2].split(" | ")) == sorted(subcommands)
     for sub in subcommands:
         assert f"### `{sub}" in text, f"docs/cli.md has no section on quarantine {sub}"
+
+
+def test_the_documented_errors_are_what_settle_prints(redis_url: str, namespace: str) -> None:
+    """The error transcript of docs/cli.md ("Exit codes"), each command run as written on
+    a namespace of 16 shards (the doc's ``shop``, its URL and its unreachable port put to the
+    test's): the same lines on stderr and stdout, the same exit code."""
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index("$ settle stats --redis-url redis://127.0.0.1:6390/0; echo $?")
+    block = text[start : text.index("```", start)]
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    url = redis_url.rstrip("/").rsplit("/", 1)[0] + "/0"
+    swaps = {
+        "redis://127.0.0.1:6390/0": f"redis://127.0.0.1:{closed}/0",
+        "127.0.0.1:6390": f"127.0.0.1:{closed}",
+        "redis://127.0.0.1:16399/0": url,
+        "shop": namespace,
+    }
+    for doc, here in swaps.items():
+        block = block.replace(doc, here)
+    with Settler.from_url(url, namespace=namespace) as settler:
+        settler.check()  # the namespace exists, with 16 shards
+    env = cli_env(SETTLE_REDIS_URL=url, SETTLE_NAMESPACE=namespace)
+    runs = re.split(r"^\$ ", block, flags=re.M)[1:]
+    assert len(runs) == 8
+    for run in runs:
+        line, _, shown = run.partition("\n")
+        command = line.removesuffix("; echo $?")
+        if command.startswith("redis-cli "):  # what it does, through redis-py
+            with redis.Redis.from_url(url) as client:
+                client.hset(f"settle:{{{namespace}}}:meta", "shards", "many")
+            command = command.split("; ", 1)[1]
+        args = shlex.split(command)[1:]
+        done = settle(*args, env=env)
+        expected, _, code = shown.rstrip("\n").rpartition("\n")
+        assert (done.stdout + done.stderr).rstrip("\n") == expected, command
+        assert str(done.returncode) == code, command
