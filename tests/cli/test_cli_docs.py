@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import socket
+import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,28 @@ def test_the_documented_errors_are_what_settle_prints(redis_url: str, namespace:
         expected, _, code = shown.rstrip("\n").rpartition("\n")
         assert (done.stdout + done.stderr).rstrip("\n") == expected, command
         assert str(done.returncode) == code, command
+
+
+def test_the_install_line_installs_the_command_line() -> None:
+    """docs/cli.md opens with what to install: that brings click and rich (the console
+    script without them says only that the ``cli`` extra is missing, exit 2)."""
+    project = tomllib.loads((DOC.parents[1] / "pyproject.toml").read_text("utf-8"))["project"]
+    extras: dict[str, list[str]] = project["optional-dependencies"]
+
+    def installs(extra: str) -> set[str]:
+        found: set[str] = set()
+        for requirement in extras[extra]:
+            name = re.split(r"[\[<>=! ]", requirement, maxsplit=1)[0]
+            if name == "settle-sdk":
+                inner = requirement[requirement.index("[") + 1 : requirement.index("]")]
+                found |= {n for e in inner.split(",") for n in installs(e.strip())}
+            else:
+                found.add(name)
+        return found
+
+    opening = DOC.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    named = re.findall(r"pip install '?settle-sdk(?:\[([a-z,]+)\])?'?", opening)
+    assert named, "docs/cli.md no longer says what to install"
+    for group in named:
+        got = {n for e in group.split(",") if e for n in installs(e)}
+        assert {"click", "rich"} <= got, f"pip install settle-sdk[{group}] lacks click / rich"
