@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Never
 
 from settle._async.settler import AsyncSettler
 from settle._telemetry import telemetry
@@ -62,6 +62,7 @@ class IdempotencyMiddleware:
         operation_prefix: str = "http",
         problem_type_base: str = DEFAULT_PROBLEM_TYPE_BASE,
         www_authenticate: str | None = None,
+        **unknown: Never,  # a misspelt option: a type error, and ConfigurationError when run
     ) -> None:
         if not isinstance(settler, AsyncSettler):  # a Settler's replies cannot be awaited
             raise ConfigurationError(
@@ -87,6 +88,7 @@ class IdempotencyMiddleware:
             operation_prefix=operation_prefix,
             problem_type_base=problem_type_base,
             www_authenticate=www_authenticate,
+            **unknown,
         )
         self.policy.check_store(settler.config.max_result_bytes)
 

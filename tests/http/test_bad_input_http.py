@@ -186,3 +186,29 @@ async def test_a_whole_float_size_and_retry_after_still_work(async_settler: Asyn
     assert await post(b"k-small", b"{}") == 201
     assert await post(b"k-large", b"x" * 1001) == 413
     assert ran == [b"{}"]
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_option_is_a_configuration_error_in_both_guards(
+    async_settler: AsyncSettler, settler: Settler
+) -> None:
+    """docs/http-endpoints.md (Options): "An unknown option is refused at start-up ...
+    (``ConfigurationError``)", and the WSGI guard takes "the same options". The WSGI guard
+    said so; the ASGI one let Python's TypeError out (``unexpected keyword argument``), so a
+    misspelt option (``max_request_byte``) was no settle error and named no list."""
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("not reached")
+
+    def wsgi(environ: Any, start_response: Any) -> list[bytes]:
+        raise AssertionError("not reached")
+
+    def who(request: object) -> str:
+        return "tenant:a"
+
+    misspelt: dict[str, Any] = {"max_request_byte": 1024}
+    with pytest.raises(ConfigurationError, match="unknown option max_request_byte") as asgi_err:
+        IdempotencyMiddleware(asgi, settler=async_settler, principal=who, **misspelt)
+    with pytest.raises(ConfigurationError, match="unknown option max_request_byte") as wsgi_err:
+        WSGIIdempotencyMiddleware(wsgi, settler=settler, principal=who, **misspelt)
+    assert str(asgi_err.value) == str(wsgi_err.value)
