@@ -1440,6 +1440,7 @@ class _Lane:
         return reply
 
     async def _round_trip(self, conn: Any, packed: Any) -> Any:
+        """One send and its reply (the asyncio lane bounds both itself: ``_Pipelined``)."""
         await conn.send_packed_command(packed)
         return await conn.read_response()
 

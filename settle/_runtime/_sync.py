@@ -1433,6 +1433,7 @@ class _Lane:
         return reply
 
     def _round_trip(self, conn: Any, packed: Any) -> Any:
+        """One send and its reply (the asyncio lane bounds both itself: ``_Pipelined``)."""
         conn.send_packed_command(packed)
         return conn.read_response()
 
