@@ -63,6 +63,7 @@ async def test_a_withheld_reply_times_out_at_the_socket_timeout(stalled: Stalled
     assert SOCKET_TIMEOUT * 0.9 <= took < SOCKET_TIMEOUT + 1.0
     assert stalled.proxy.fired == ["stall"]
     await asyncio.sleep(0)  # no cancellation left over for the caller's next await
+    assert asyncio.current_task().cancelling() == 0  # nor counted on its task
     await stalled.answers()
 
 
