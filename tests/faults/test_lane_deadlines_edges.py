@@ -273,3 +273,39 @@ async def test_no_watch_is_left_after_many_calls_and_timeouts(
     finally:
         proxy.close()
         await settler.aclose()
+
+
+async def test_tiny_timeouts_never_hand_a_reply_to_another_call(namespace: str) -> None:
+    """Socket timeouts of 0.05 to 1 ms against a real server: deadlines fire on the same turns as
+    replies arrive, alone and in batches. Every call gets its own reply or redis-py's
+    TimeoutError (never another call's reply, never a cancellation), and nothing is left
+    counted on the caller's task or watched on the lane."""
+    with EmbeddedRedis() as server:
+        client = aredis.Redis(port=server.port, retry=Retry(NoBackoff(), 0), socket_timeout=1)
+        settler = AsyncSettler(client, namespace=namespace)
+        try:
+            lane = settler._runner._lane
+            assert await lane.execute("PING") == b"PONG"
+            pool = client.connection_pool
+            timeouts = replies = 0
+            for round_ in range(300):
+                tiny = (0.00005, 0.0001, 0.0002, 0.0005, 0.001)[round_ % 5]
+                pool.connection_kwargs["socket_timeout"] = tiny
+                for conn in [*pool._available_connections, *pool._in_use_connections]:
+                    conn.socket_timeout = tiny
+                sent = [f"{round_}:{n}".encode() for n in range(round_ % 7 + 1)]
+                outcomes = await asyncio.gather(
+                    *(lane.execute("ECHO", value) for value in sent), return_exceptions=True
+                )
+                for value, outcome in zip(sent, outcomes, strict=True):
+                    if isinstance(outcome, rx.TimeoutError | rx.ConnectionError):
+                        timeouts += 1
+                    else:
+                        assert outcome == value
+                        replies += 1
+                _not_cancelled()
+            assert len(lane._deadlines._open) == 0
+            assert timeouts + replies == sum(n % 7 + 1 for n in range(300))
+        finally:
+            await settler.aclose()
+            await client.aclose()
