@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -37,6 +38,16 @@ def _not_cancelled() -> None:
     assert task.cancelling() == 0
 
 
+#: A stalled send's timeout. On Python 3.13.0 here redis-py's own send of 64 MiB to a
+#: stopped server returns in ~50 ms (the transport buffers it all; ``drain`` does not wait),
+#: so the read times out instead, on ``main`` as on the lane.
+_STALLED_SEND = (
+    r"^Timeout writing to socket$"
+    if sys.version_info < (3, 12)
+    else r"^Timeout (writing to socket|reading from [^ ]+)$"
+)
+
+
 async def test_a_stalled_send_times_out_with_redis_pys_text(namespace: str) -> None:
     """64 MiB to a server that reads nothing (SIGSTOP): the send waits on a full socket
     buffer, and ends at the socket timeout as redis-py's own send does."""
@@ -52,7 +63,7 @@ async def test_a_stalled_send_times_out_with_redis_pys_text(namespace: str) -> N
             try:
                 started = time.monotonic()
                 big = lane.execute("PING", b"x" * (64 << 20))
-                with pytest.raises(rx.TimeoutError, match=r"^Timeout writing to socket$"):
+                with pytest.raises(rx.TimeoutError, match=_STALLED_SEND):
                     await asyncio.wait_for(big, SOCKET_TIMEOUT * 6)  # never for ever
                 assert SOCKET_TIMEOUT * 0.9 <= time.monotonic() - started < SOCKET_TIMEOUT + 1
                 _not_cancelled()
