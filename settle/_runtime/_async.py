@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -1420,10 +1421,7 @@ class _Lane:
             await self._give_back(conn)
             raise
 
-        async def once() -> Any:
-            await conn.send_packed_command(packed)
-            return await conn.read_response()
-
+        once = functools.partial(self._round_trip, conn, packed)
         lost: list[Exception] = []  # sends whose reply was lost: they may have run
 
         async def failed(error: Exception) -> None:
@@ -1444,6 +1442,11 @@ class _Lane:
             raise
         await self._give_back(conn)
         return reply
+
+    async def _round_trip(self, conn: Any, packed: Any) -> Any:
+        """One send and its reply (the asyncio lane bounds both itself: ``_Pipelined``)."""
+        await conn.send_packed_command(packed)
+        return await conn.read_response()
 
     async def _drop(self, conn: Any) -> None:
         """A connection whose replies were not all read: closed, never used again."""
@@ -1493,6 +1496,10 @@ def _notifications(pool: Any) -> bool:
 
 
 # unasync: async-only
+from settle._runtime import cancel_safe  # noqa: E402
+from settle._runtime.deadlines import UNBOUNDED, Deadlines, Watch  # noqa: E402
+
+
 class _Pipelined(_Lane):
     """The asyncio lane, which also pipelines: script calls that tasks issue while another
     call of this runner is on the wire are queued, and sent together in one write on one
@@ -1515,11 +1522,13 @@ class _Pipelined(_Lane):
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._in_flight = 0
         self._batches: set[asyncio.Task[None]] = set()
+        self._deadlines: Deadlines
 
     async def execute(self, *command: Any) -> Any:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new loop: what was queued or on the wire is gone
             self._loop, self._queue, self._in_flight, self._batches = loop, [], 0, set()
+            self._deadlines = Deadlines(loop)
             await self._give_all_back()  # the kept ones too: their streams were the old loop's
         if not self._in_flight and not self._queue:
             self._in_flight += 1
@@ -1572,18 +1581,21 @@ class _Pipelined(_Lane):
             waiting = [(future, packed) for future, packed in calls if not future.done()]
             if not waiting:
                 return
-            await conn.send_packed_command([part for _, packed in waiting for part in packed])
-            for future, _ in waiting:
-                try:
-                    reply = await conn.read_response()
-                except rx.ResponseError as exc:  # this call's error reply, read whole
-                    if lost:  # a refusal of the repeat says nothing of the send before it
-                        exc.__cause__ = lost[-1]
+            watch = await self._write(conn, [part for _, packed in waiting for part in packed])
+            try:
+                for future, _ in waiting:
+                    try:
+                        reply = await self._read(conn, watch)
+                    except rx.ResponseError as exc:  # this call's error reply, read whole
+                        if lost:  # a refusal of the repeat says nothing of the send before it
+                            exc.__cause__ = lost[-1]
+                        if not future.done():
+                            future.set_exception(exc)
+                        continue
                     if not future.done():
-                        future.set_exception(exc)
-                    continue
-                if not future.done():
-                    future.set_result(reply)
+                        future.set_result(reply)
+            finally:
+                self._deadlines.finish(watch)
 
         lost: list[Exception] = []  # sends of the batch whose replies were lost
 
@@ -1606,6 +1618,52 @@ class _Pipelined(_Lane):
                 raise
             return
         await self._give_back(conn)
+
+    # -- deadlines: one timer per lane (settle/_runtime/deadlines.py) ------------------
+
+    async def _round_trip(self, conn: Any, packed: Any) -> Any:
+        watch = await self._write(conn, packed)
+        try:
+            return await self._read(conn, watch)
+        finally:
+            self._deadlines.finish(watch)
+
+    async def _write(self, conn: Any, packed: Any) -> Watch | None:
+        """Send ``packed`` as ``conn.send_packed_command`` does, within the connection's
+        ``socket_timeout``; the watch that bounds the reads of its replies next (None: none,
+        or the connection bounds its own)."""
+        if not cancel_safe.watchable(conn):  # a connection class of the application's
+            await conn.send_packed_command(packed)
+            return None
+        await cancel_safe.ready(conn)
+        watch = self._deadlines.start(conn.socket_timeout)
+        try:
+            await cancel_safe.write(conn, packed, bounded=watch is None)
+        except BaseException as exc:
+            if self._deadlines.finish(watch, exc):
+                raise rx.TimeoutError("Timeout writing to socket") from None
+            raise
+        return watch
+
+    async def _read(self, conn: Any, watch: Watch | None) -> Any:
+        """One reply, read as ``conn.read_response()`` reads it, within the connection's
+        ``socket_timeout`` from now (redis-py's own when ``watch`` is None)."""
+        if watch is None:
+            return await conn.read_response()
+        self._deadlines.again(watch, conn.socket_timeout)
+        # Its own read, without a timeout of its own: the watch bounds it, and stands for
+        # that timeout where a maintenance notification relaxes it (as redis-py's read sets).
+        conn._active_read_timeout = watch
+        try:
+            return await conn.read_response(timeout=UNBOUNDED)
+        except BaseException as exc:
+            # A reply read whole (an error reply) leaves the watch on for the next read.
+            if watch.expired and self._deadlines.finish(watch, exc):
+                # read_response closed the connection, as on its own timeout
+                raise rx.TimeoutError(f"Timeout reading from {conn._host_error()}") from None
+            raise
+        finally:
+            conn._active_read_timeout = None
 
     async def aclose(self) -> None:
         mine = [t for t in self._batches if t.get_loop() is asyncio.get_running_loop()]

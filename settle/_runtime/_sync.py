@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import contextlib
+import functools
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -1413,10 +1414,7 @@ class _Lane:
             self._give_back(conn)
             raise
 
-        def once() -> Any:
-            conn.send_packed_command(packed)
-            return conn.read_response()
-
+        once = functools.partial(self._round_trip, conn, packed)
         lost: list[Exception] = []  # sends whose reply was lost: they may have run
 
         def failed(error: Exception) -> None:
@@ -1437,6 +1435,11 @@ class _Lane:
             raise
         self._give_back(conn)
         return reply
+
+    def _round_trip(self, conn: Any, packed: Any) -> Any:
+        """One send and its reply (the asyncio lane bounds both itself: ``_Pipelined``)."""
+        conn.send_packed_command(packed)
+        return conn.read_response()
 
     def _drop(self, conn: Any) -> None:
         """A connection whose replies were not all read: closed, never used again."""

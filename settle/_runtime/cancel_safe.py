@@ -25,7 +25,7 @@ from redis import exceptions as rx
 from redis.asyncio import connection as _connection
 from redis.asyncio.connection import AbstractConnection, Connection
 
-__all__ = ["NEEDED", "keep_cancellations", "write_error"]
+__all__ = ["NEEDED", "keep_cancellations", "ready", "watchable", "write", "write_error"]
 
 #: Python 3.11 from 3.11.3 (whose ``asyncio.timeout`` redis-py itself uses for reads).
 NEEDED = (3, 11, 3) <= sys.version_info < (3, 12)
@@ -43,35 +43,66 @@ def _debug_log(conn: Any, exc: BaseException) -> None:
 async def _send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
     """redis-py's ``AbstractConnection.send_packed_command`` (8.x), with ``asyncio.timeout``
     where it has ``asyncio.wait_for``."""
-    if not self.is_connected:
-        await self.connect_check_health(check_health=False)
+    await ready(self, check_health)
+    await write(self, command, bounded=True)
+
+
+async def ready(conn: Any, check_health: bool = True) -> None:
+    """What redis-py's ``send_packed_command`` does before it sends: connect, and check the
+    connection's health when its interval is due."""
+    if not conn.is_connected:
+        await conn.connect_check_health(check_health=False)
     if check_health:
-        await self.check_health()
-    timeout = self.socket_timeout  # read after both, as redis-py does (notifications move it)
+        await conn.check_health()
+
+
+async def write(conn: Any, command: Any, *, bounded: bool) -> None:
+    """Send ``command`` on a :func:`ready` connection as redis-py does: a connection whose
+    send failed or was cut short is closed, a failed write is a ``ConnectionError``. With
+    ``bounded``, within the connection's ``socket_timeout`` (``asyncio.timeout``); without,
+    the caller bounds it (the asyncio lane's :mod:`settle._runtime.deadlines`)."""
     try:
         if isinstance(command, str):
             command = command.encode()
         if isinstance(command, bytes):
             command = [command]
-        async with asyncio.timeout(timeout or None):  # none: redis-py's path has no wait_for
-            await self._send_packed_command(command)
+        if bounded:
+            # read after ready, as redis-py does (notifications move it); none: redis-py's
+            # path has no wait_for
+            async with asyncio.timeout(conn.socket_timeout or None):
+                await conn._send_packed_command(command)
+        else:
+            await conn._send_packed_command(command)
     except TimeoutError as exc:
-        _debug_log(self, exc)
-        await self.disconnect(nowait=True)
+        _debug_log(conn, exc)
+        await conn.disconnect(nowait=True)
         if exc.errno is not None:  # ETIMEDOUT from the OS: the connection is dead, not slow
             raise rx.ConnectionError(
                 f"Error {exc.errno} while writing to socket. {exc.strerror}."
             ) from exc
         raise rx.TimeoutError("Timeout writing to socket") from None
     except OSError as exc:
-        _debug_log(self, exc)
-        await self.disconnect(nowait=True)
+        _debug_log(conn, exc)
+        await conn.disconnect(nowait=True)
         raise write_error(exc) from exc
     except BaseException as exc:
         # a send cut short (cancelled): the connection may hold part of a command
-        _debug_log(self, exc)
-        await self.disconnect(nowait=True)
+        _debug_log(conn, exc)
+        await conn.disconnect(nowait=True)
         raise
+
+
+#: ``read_response(timeout=math.inf)`` reads without a timeout of its own (redis-py 8.x)
+_OWN_READ = AbstractConnection.read_response
+
+
+def watchable(conn: Any) -> bool:
+    """Whether ``conn`` sends and reads as redis-py's own asyncio connection does (its send,
+    or the one above; its read): the lane may then bound them itself
+    (:func:`ready`, :func:`write` unbounded, ``read_response(timeout=math.inf)``). A
+    connection class of the application's keeps its own."""
+    cls = type(conn)
+    return cls.read_response is _OWN_READ and cls.send_packed_command in _SENDS
 
 
 def write_error(exc: OSError) -> rx.ConnectionError:
@@ -100,6 +131,10 @@ def _safe(cls: type) -> type:
         made = type(cls.__name__, (cls,), {"send_packed_command": _send_packed_command})
         _MADE[cls] = made
     return made
+
+
+#: The sends :func:`watchable` knows: redis-py's own and the one above.
+_SENDS = (_OWN_SEND, _send_packed_command)
 
 
 def _holder(holder: Any, *held: str) -> None:
