@@ -113,12 +113,7 @@ def _warn_if_before_csrf(guard: type) -> None:
     reaches the view. Not refused: a project whose guarded views are all ``csrf_exempt``
     (REST framework's ``APIView`` is) loses nothing, and refusing it would stop it serving."""
     listed = list(getattr(settings, "MIDDLEWARE", None) or ())
-    classes: list[type | None] = []
-    for path in listed:
-        try:
-            classes.append(import_string(path) if isinstance(path, str) else None)
-        except ImportError:  # Django itself will say so as it loads the middleware
-            classes.append(None)
+    classes = [_middleware_class(path) for path in listed]
     mine = [i for i, cls in enumerate(classes) if cls is not None and issubclass(cls, guard)]
     csrf = [i for i, cls in enumerate(classes) if cls and issubclass(cls, CsrfViewMiddleware)]
     if mine and csrf and min(mine) < max(csrf):
@@ -129,6 +124,20 @@ def _warn_if_before_csrf(guard: type) -> None:
             advice="list settle.django.IdempotencyMiddleware after CsrfViewMiddleware: a CSRF "
             "403 given after settle's middleware is stored and replayed for the key",
         )
+
+
+def _middleware_class(path: object) -> type | None:
+    """The class a ``MIDDLEWARE`` entry names; None for a function-based middleware (a
+    factory), an entry that is not a dotted path, or one that cannot be imported: the check
+    is advice and never stops the project starting (Django itself reports a bad entry as it
+    loads the middleware)."""
+    if not isinstance(path, str):
+        return None
+    try:
+        found = import_string(path)
+    except Exception:  # noqa: BLE001  # Django raises it itself, as it imports the entry
+        return None
+    return found if isinstance(found, type) else None
 
 
 def idempotent(view: View | None = None, **options: Any) -> Any:

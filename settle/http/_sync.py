@@ -163,10 +163,14 @@ class SyncGuard:
                 return refused.response
             except BaseException as exc:
                 guard.handler_raised(exc)  # first: whatever settling it raises chains to it
-                if not self._failed(guard, run, "exception") and guard.stops(run, exc):
-                    # attempt.check() found the lease lost and the handler stopped, as the
-                    # docs ask: its client gets what ASGI answers when it stops a handler.
-                    return guard.stopped_by_loss()
+                if not self._failed(guard, run, "exception"):
+                    if guard.stops(run, exc):
+                        # attempt.check() found the lease lost and the handler stopped, as
+                        # the docs ask: its client gets what ASGI answers when it stops one.
+                        return guard.stopped_by_loss()
+                    # Its own error, after the lease was lost: it goes to the server (its
+                    # 500), settling nothing; superseded all the same, as under ASGI.
+                    guard.abandoned("lease_lost")
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)

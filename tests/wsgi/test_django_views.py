@@ -271,6 +271,60 @@ def test_listed_before_the_csrf_check_is_logged_at_start(
         assert order[0]["before"] == middleware[1]
 
 
+def _function_middleware(get_response: Callable[[HttpRequest], Any]) -> Any:
+    """A project's function-based middleware (Django's middleware factory form)."""
+
+    def middleware(request: HttpRequest) -> Any:
+        return get_response(request)
+
+    return middleware
+
+
+@pytest.mark.parametrize(
+    ("middleware", "warned"),
+    [
+        (
+            (
+                f"{__name__}._function_middleware",
+                "django.middleware.csrf.CsrfViewMiddleware",
+                "settle.django.IdempotencyMiddleware",
+            ),
+            0,
+        ),
+        (
+            (
+                "settle.django.IdempotencyMiddleware",
+                f"{__name__}._function_middleware",
+                "django.middleware.csrf.CsrfViewMiddleware",
+            ),
+            1,
+        ),
+    ],
+    ids=["after-csrf", "before-csrf"],
+)
+def test_a_function_middleware_listed_does_not_stop_the_project_starting(
+    settle_settings: dict[str, Any], middleware: tuple[str, ...], warned: int
+) -> None:
+    """A function-based middleware (a factory, not a class: Django's own documented form)
+    listed in ``MIDDLEWARE`` (a tuple here) must not make settle's order check fail the
+    project's start: every request was a 500 (``TypeError`` of ``issubclass``) and the
+    view never ran. The order is still checked around it."""
+    ran: list[int] = []
+
+    def create(request: HttpRequest) -> JsonResponse:
+        ran.append(1)
+        return JsonResponse({"ok": True}, status=201)
+
+    conf = urlconf(path("create", create))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=middleware), capture_logs() as logs:
+        client = Client(enforce_csrf_checks=False)
+        answer = client.post("/create", {"a": "1"}, **headers("k-function-mw"))
+    assert answer.status_code == 201
+    assert ran == [1]
+    order = [e for e in logs if e["event"] == "settle.django.middleware_order"]
+    assert len(order) == warned, order
+
+
 def test_csrf_refusal_then_a_token_added_to_the_body_is_a_changed_request(
     settle_settings: dict[str, Any],
 ) -> None:
