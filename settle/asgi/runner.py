@@ -17,7 +17,9 @@ apart from those and passed on. The response is captured through ``send``:
   the operation;
 * any other status (1xx, 304, 5xx, 408, 409, 429) is sent on as it streams and the attempt
   is marked provisional just before its last byte, so the retry runs the handler again
-  (other 3xx are finished answers: :func:`~settle.http.stored.storable_status`).
+  (other 3xx are finished answers: :func:`~settle.http.stored.storable_status`); one that
+  starts once the lease is known lost (its stop put off: :meth:`AttemptRunner._interrupt`)
+  marks nothing, and a 409 goes out in its place.
 
 An exception, a timeout or a client disconnect before the last byte marks the attempt
 provisional too; on a timeout or a disconnect the handler is cancelled first. Work the
@@ -81,7 +83,7 @@ class AttemptRunner:
         self._size = 0
         self._streaming = False  # the response is being sent on as it arrives
         self._downstream_started = False
-        self._replaced = False  # a superseded attempt's answer went out in its place
+        self._replaced = False  # a superseded attempt's answer goes out in its place
         self._stopped = False  # the handler task has ended (after being cancelled)
         self._heartbeat: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -170,6 +172,8 @@ class AttemptRunner:
             # handler ended still RUNNING, and is superseded all the same.
             if self._reason is not None or (self._attempt.lost and self._phase is _Phase.RUNNING):
                 self._phase = _Phase.ABANDONED
+                if self._reason is None:
+                    self._guard.abandoned("lease_lost")  # as _interrupt would have
                 # What it raised while stopping is moot.
                 await self._stopped_by(self._reason or "lease_lost")
                 return
@@ -348,6 +352,10 @@ class AttemptRunner:
             self._start = message
             if not self._guard.keeps(int(message["status"]), 0):
                 self._streaming = True
+                # The lease known lost, its stop put off (_interrupt): this response marks
+                # nothing, and none of it goes out: the client gets the 409 in its place
+                # (_finish, or _stopped_by if the handler is stopped before its end).
+                self._replaced = self._attempt.lost
                 await self._forward(message)
             return
         if kind != "http.response.body" or self._start is None:
@@ -425,9 +433,10 @@ class AttemptRunner:
                 self._run, status, list(self._start.get("headers", [])), body, self._size
             )
             # Nothing to store, and the lease known lost (its stop was put off while another
-            # cancellation ran): this one marks nothing (Guard.settles).
+            # cancellation ran): this one marks nothing (Guard.settles), and is superseded;
+            # its client gets the 409, unless part of the response is out already.
             superseded = not self._guard.settles(self._run, step)
-            instead = None if superseded else await self._settle(step)
+            instead = self._guard.stopped_by_loss() if superseded else await self._settle(step)
             self._phase = _Phase.SETTLED  # the outcome is written: the heartbeat stops
             if self._downstream_started:
                 return  # sent on as it streamed (or answered already): nothing else to say

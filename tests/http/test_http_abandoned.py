@@ -512,15 +512,21 @@ async def test_a_lease_lost_while_a_timed_out_handler_stops_settles_nothing(
     await _settled_by_the_retry_alone(async_settler, "k-lost-stopping")
 
 
+@pytest.mark.parametrize("starts", ["after its cleanup", "before its cleanup"])
 async def test_a_lease_lost_before_an_unstored_answer_marks_nothing(
-    async_settler: AsyncSettler,
+    async_settler: AsyncSettler, starts: str
 ) -> None:
     """The server cancels a request; the handler catches it, cleans up past its lease (a
     retry takes the key over and completes, the heartbeat finds the lease lost) and then
     answers 503. A 503 is not stored, and the attempt no longer owns the key: it marks
-    nothing, so no stale settlement lands in quarantine; its client still gets the 503."""
+    nothing, so no stale settlement lands in quarantine; its client gets 409
+    ``attempt-superseded`` in place of the stale 503, as under WSGI. A 503 started before
+    the cleanup has its status line out when the loss is found: nothing else can be said to
+    its client, which gets the 503 as sent. Either way the attempt is reported superseded
+    (``settle.http.abandoned``, ``lease_lost``)."""
     cleanup = _OutlastsItsLease()
     entered = asyncio.Event()
+    start = {"type": "http.response.start", "status": 503, "headers": []}
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
@@ -528,25 +534,106 @@ async def test_a_lease_lost_before_an_unstored_answer_marks_nothing(
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
+            if starts == "before its cleanup":
+                await send(start)
             await cleanup()
-        await send({"type": "http.response.start", "status": 503, "headers": []})
+        if starts == "after its cleanup":
+            await send(start)
         await send({"type": "http.response.body", "body": b"shutting down"})
 
     first = _Client()
     mw = IdempotencyMiddleware(
         app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
     )
-    task = asyncio.create_task(mw(_scope(b"k-unstored"), first.receive, first.send))
-    # The cancellation must reach the handler, not the reservation before it (a loaded
-    # machine can take longer than any fixed pause to reserve).
+    key = "k-unstored-" + starts.split(maxsplit=1)[0]
+    with capture_logs() as logs:
+        task = asyncio.create_task(mw(_scope(key.encode()), first.receive, first.send))
+        # The cancellation must reach the handler, not the reservation before it (a loaded
+        # machine can take longer than any fixed pause to reserve).
+        await entered.wait()
+        task.cancel()
+        await cleanup.cleaning.wait()
+        retry = await _takes_over(async_settler, key.encode())
+        cleanup.retried.set()
+        await task  # the handler swallowed the server's cancellation and answered
+    if starts == "after its cleanup":
+        assert (first.status, retry.status) == (409, 201)
+        assert b"shutting down" not in b"".join(m.get("body", b"") for m in first.messages)
+    else:
+        assert (first.status, retry.status) == (503, 201)
+        assert first.messages[-1] == {"type": "http.response.body", "body": b"shutting down"}
+    abandoned = [e["reason"] for e in logs if e["event"] == "settle.http.abandoned"]
+    assert abandoned == ["lease_lost"]
+    await _settled_by_the_retry_alone(async_settler, key)
+
+
+#: How a handler ends after its own timeout, once its lease is lost: see
+#: :func:`lose_the_lease_in_a_timeout_of_its_own`.
+ENDINGS = ["answers 503", "raises", "answers 500 and raises"]
+
+
+async def lose_the_lease_in_a_timeout_of_its_own(
+    settler: AsyncSettler, then: str
+) -> tuple[_Client, _Client, str]:
+    """The handler's own ``asyncio.timeout`` cancels its downstream call; its cleanup
+    outlasts the lease, a retry takes the key over and completes, and the heartbeat finds the
+    lease lost while that cancellation is still in flight, so the stop is put off. Then the
+    timeout surfaces as TimeoutError and the handler answers 503, or raises (after a 500, as
+    Starlette's error middleware sends one). The first client, the retry, the key."""
+    cleanup = _OutlastsItsLease()
+    entered = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        entered.set()
+        try:
+            async with asyncio.timeout(0.05):
+                try:
+                    await asyncio.sleep(10)  # the downstream call
+                except asyncio.CancelledError:
+                    await cleanup()
+                    raise
+        except TimeoutError:
+            if then != "raises":
+                status = 503 if then == "answers 503" else 500
+                await send({"type": "http.response.start", "status": status, "headers": []})
+                await send({"type": "http.response.body", "body": b"downstream timed out"})
+            if then != "answers 503":
+                raise RuntimeError("downstream timed out") from None
+
+    first = _Client()
+    mw = IdempotencyMiddleware(app, settler=settler, principal=lambda scope: "tenant:a", lease=0.3)
+    key = "k-put-off-" + then.replace(" ", "-")
+    task = asyncio.create_task(mw(_scope(key.encode()), first.receive, first.send))
     await entered.wait()
-    task.cancel()
     await cleanup.cleaning.wait()
-    retry = await _takes_over(async_settler, b"k-unstored")
+    retry = await _takes_over(settler, key.encode())
     cleanup.retried.set()
-    await task  # the handler swallowed the server's cancellation and answered
-    assert (first.status, retry.status) == (503, 201)
-    await _settled_by_the_retry_alone(async_settler, "k-unstored")
+    with contextlib.suppress(RuntimeError):  # the handler's own, if it goes on
+        await task
+    return first, retry, key
+
+
+@pytest.mark.parametrize("then", ENDINGS)
+async def test_a_lease_lost_while_a_timeout_of_the_handlers_own_ran_answers_409(
+    async_settler: AsyncSettler, then: str
+) -> None:
+    """The stop on the lost lease is put off while the handler's own timeout runs, and the
+    handler then answers its error (:func:`lose_the_lease_in_a_timeout_of_its_own`): the
+    client gets 409 ``attempt-superseded``, never the stale attempt's error, as under WSGI;
+    the loss is logged (``settle.http.abandoned``, ``lease_lost``) and the attempt settles
+    nothing: the retry's record and response stand."""
+    with capture_logs() as logs:
+        first, retry, key = await lose_the_lease_in_a_timeout_of_its_own(async_settler, then)
+    assert (first.status, retry.status) == (409, 201)
+    body = b"".join(m.get("body", b"") for m in first.messages)
+    assert b"attempt-superseded" in body
+    assert b"downstream timed out" not in body
+    abandoned = [e for e in logs if e["event"] == "settle.http.abandoned"]
+    assert [e["reason"] for e in abandoned] == ["lease_lost"]
+    await _settled_by_the_retry_alone(async_settler, key)
+    again = await _takes_over(async_settler, key.encode())  # the retry's response, untouched
+    assert (again.status, again.messages[-1]["body"]) == (201, b"run 1")
 
 
 async def test_a_stored_response_sent_slowly_keeps_its_lease_quiet(
