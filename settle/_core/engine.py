@@ -950,10 +950,18 @@ class Core:
         return QuarantineTrim(self, list(range(self.keys.shards)), age_ms, include_unresolved)
 
     def _trim_call(self, shard: int, low: str, age_ms: str, everything: bool) -> Call:
+        # The token: a repeat of this call (its reply lost) gets this call's reply back,
+        # with the entries it deleted counted (lua/quarantine_trim.lua).
         keys, args = self._guarded(
             shard,
-            self.keys.quarantine_keys(shard),
-            (low, age_ms, "1" if everything else "0", _QUARANTINE_SCAN_BUDGET),
+            (*self.keys.quarantine_keys(shard), self.keys.trimmed(shard)),
+            (
+                low,
+                age_ms,
+                "1" if everything else "0",
+                _QUARANTINE_SCAN_BUDGET,
+                os.urandom(16).hex(),
+            ),
         )
         return Call("quarantine_trim", keys, args, shard=shard)
 

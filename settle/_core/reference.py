@@ -941,10 +941,17 @@ def quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now:
 def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Explicit quarantine retention (SPEC §3): delete the shard's resolved entries in an id
     range, with their resolutions and identities; unresolved evidence only when the caller
-    says so. Examines at most a budget of entries per call."""
+    says so. Examines at most a budget of entries per call. A call repeated with its token
+    (``a[4]``; its reply was lost) gets the first run's reply back (kept a day in
+    ``keys[3]``), with the entries that run deleted counted."""
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
+    token = a[4]
+    kept = ks.get(keys[3], now) if token else None
+    if kept is not None and kept.startswith(token + b"|"):
+        was = kept[len(token) + 1 :].split(b"|")
+        return [was[0], was[1], now, b"", [int(was[2]), int(was[3])]]
     low = a[0].decode()
     high = "+"
     if a[1] != b"":
@@ -963,6 +970,9 @@ def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
                 unresolved += 1
             removed += 1
     code = b"done" if len(entries) < budget else b"more"
+    if token:
+        reply = b"|".join([token, code, last, b"%d" % removed, b"%d" % unresolved])
+        ks.set(keys[3], now, reply, px=86_400_000)
     return [code, last, now, b"", [removed, unresolved]]
 
 

@@ -294,6 +294,25 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         i = pick % len(real)
         self._both(lambda s, side: s.quarantine.resolve((real, model)[side][i].ref, note=note))
 
+    @precondition(lambda self: self.real.quarantine.list(limit=1))
+    @rule(everything=st.booleans(), repeated=st.booleans())
+    def trim(self, everything: bool, repeated: bool) -> None:
+        """quarantine_trim: resolved entries, or every entry older than 1 ms; ``repeated``
+        sends each call twice with its token, as settle does after a lost reply."""
+        time.sleep(0.003)  # every entry is older than the horizon on both sides
+
+        def trim(s: Settler, _i: int) -> Any:
+            older = 0.001 if everything else None
+            t = s._core.quarantine_trim(older_than=older, include_unresolved=everything)
+            while call := t.next_call():
+                raw = s._run(call)
+                if repeated:
+                    raw = s._run(call)
+                t.feed(call, raw)
+            return t.result()
+
+        self._both(trim)
+
     def _settle(self, pair: tuple[Reservation, ...], args: tuple[str, Any, Any]) -> None:
         action, payload, expected = args
 
