@@ -626,6 +626,9 @@ class Core:
                     shard=call.shard,
                     dropped=reply.dropped,
                     maxlen=self.config.quarantine_maxlen,
+                    # said again by a repeat: of a call whose reply was lost, or a later
+                    # delivery of the same response (the drop its entry's write made)
+                    repeated=reply.repeated,
                 )
         else:
             logger.info(f"settle.settlement.{verdict.value}", **fields)

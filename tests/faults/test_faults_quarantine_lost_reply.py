@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from settle import Reserved
+from settle import Reserved, Settler
+from tests.faults.servers import sync_client
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.faults.test_faults_ambiguous import needle
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
+pytestmark = [pytest.mark.faults]
 
 REQ = {"amount": 1000}
 WHO = "tenant:acme"
@@ -30,6 +32,7 @@ async def _late(api: Any, op: str, late: Any) -> str:
     return str(ref)
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("at", ["after_request", "mid_reply", "stall"])
 async def test_a_trim_whose_reply_was_lost_counts_what_it_deleted(
     api: Any, proxy: FaultyProxy, at: str
@@ -42,3 +45,28 @@ async def test_a_trim_whose_reply_was_lost_counts_what_it_deleted(
     assert proxy.fired == [at]
     assert await api.quarantine.list() == []
     assert (done.removed, done.unresolved) == (3, 0)
+
+
+@pytest.mark.parametrize("at", ["after_request", "mid_reply"])
+def test_evidence_quarantine_maxlen_pushed_out_is_said_when_the_reply_was_lost(
+    proxy: FaultyProxy, namespace: str, at: str
+) -> None:
+    """quarantine_maxlen pushed an unresolved entry out in the call whose reply was lost:
+    the repeat found its own entry written and answered 'nothing dropped', so the warning
+    that evidence was deleted was never logged."""
+    settler = Settler(sync_client(proxy.port), namespace=namespace, shards=1, quarantine_maxlen=1)
+    try:
+        first = settler.reserve("op", REQ, principal=WHO)
+        assert isinstance(first, Reserved)
+        settler.mark_provisional(first.reservation, reason="timeout")
+        assert isinstance(settler.reserve("op", REQ, principal=WHO), Reserved)
+        kept = settler.complete(first.reservation, {"late": 1}).quarantine_id
+        proxy.cut(needle("complete"), at)  # type: ignore[arg-type]
+        with capture_logs() as logs:
+            late = settler.complete(first.reservation, {"late": 2})
+        assert proxy.fired == [at]
+        assert [e.ref for e in settler.quarantine.list()] == [late.quarantine_id] != [kept]
+        dropped = [e for e in logs if e["event"] == "settle.quarantine.maxlen_dropped_unresolved"]
+        assert [(e["dropped"], e["repeated"]) for e in dropped] == [(1, True)]
+    finally:
+        settler.close()

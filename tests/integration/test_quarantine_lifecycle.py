@@ -117,6 +117,25 @@ def test_quarantine_maxlen_drops_the_oldest_with_their_resolutions_and_warns(mak
     assert all(e.resolution is None for e in settler.quarantine.list())
 
 
+def test_a_repeat_of_a_write_that_pushed_evidence_out_says_it_again(make: Any) -> None:
+    """The same rejected response delivered again (a repeat after a lost reply is one) gets
+    its first entry back with the count of unresolved entries that entry's write pushed
+    out: the repeat of a call whose reply was lost answered 0, and the warning was never
+    logged (tests/faults/test_faults_quarantine_lost_reply.py)."""
+    settler = make(quarantine_maxlen=1)
+    old, _ = _stale(settler, "op-1")
+    with capture_logs() as logs:
+        first = settler.complete(old, {"late": 1})  # nothing to push out
+        second = settler.complete(old, {"late": 2})  # pushes the first out
+        again = settler.complete(old, {"late": 2})  # the same response again
+        once_more = settler.complete(old, {"late": 1})  # the first, gone: written again
+    assert again.quarantine_id == second.quarantine_id != first.quarantine_id
+    assert once_more.quarantine_id not in (first.quarantine_id, second.quarantine_id)
+    dropped = [e for e in logs if e["event"] == "settle.quarantine.maxlen_dropped_unresolved"]
+    assert [(e["dropped"], e["repeated"]) for e in dropped] == [(1, False), (1, True), (1, False)]
+    assert [e.ref for e in settler.quarantine.list()] == [once_more.quarantine_id]
+
+
 def test_resolutions_and_identities_leave_with_their_entries(
     redis_url: str, namespace: str
 ) -> None:
