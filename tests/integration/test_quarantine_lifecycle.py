@@ -4,6 +4,7 @@ resolutions that leave with their entries. On Redis and on the reference model a
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,3 +154,33 @@ def test_resolutions_and_identities_leave_with_their_entries(
             assert raw.exists(keys.resolutions(0), keys.identities(0)) == 0
     finally:
         settler.close()
+
+
+def test_two_workers_delivering_the_same_response_at_once_make_one_entry(
+    redis_url: str, namespace: str
+) -> None:
+    """The same late response sent by two workers (each its own connection pool) at the
+    same moment, many times over: one entry, every delivery given its id, one not a repeat."""
+    settlers = [Settler.from_url(redis_url, namespace=namespace, shards=4) for _ in range(2)]
+    try:
+        old, _ = _stale(settlers[0], "op-1")
+        start = threading.Barrier(2)
+        got: list[list[Any]] = [[], []]
+
+        def deliver(i: int) -> None:
+            start.wait()
+            for _ in range(25):
+                got[i].append(settlers[i].complete(old, {"late": 1}))
+
+        workers = [threading.Thread(target=deliver, args=(i,)) for i in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        settlements = got[0] + got[1]
+        assert len({s.quarantine_id for s in settlements}) == 1
+        assert sum(not s.quarantine_repeated for s in settlements) == 1
+        assert [e.ref for e in settlers[1].quarantine.list()] == [settlements[0].quarantine_id]
+    finally:
+        for s in settlers:
+            s.close()
