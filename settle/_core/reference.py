@@ -954,9 +954,12 @@ def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
         return refused
     token = a[4]
     kept = ks.get(keys[3], now) if token else None
-    if kept is not None and kept.startswith(token + b"|"):
-        was = kept[len(token) + 1 :].split(b"|")
-        return [was[0], was[1], now, b"", [int(was[2]), int(was[3])]]
+    # A key of another type holds no reply (as the script's pcall); the SET replaces it.
+    if isinstance(kept, bytes) and kept.startswith(token + b"|"):
+        was = re.fullmatch(rb"([^|]*)\|([^|]*)\|(\d+)\|(\d+)", kept[len(token) + 1 :])
+        if was is not None:  # else (not a reply settle wrote) the call runs, as the script's
+            code, last, removed, unresolved = was.groups()
+            return [code, last, now, b"", [int(removed), int(unresolved)]]
     low = a[0].decode()
     high = "+"
     if a[1] != b"":

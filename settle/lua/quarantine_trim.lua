@@ -21,8 +21,10 @@ if refused then return refused end
 local now = now_ms()
 local token = ARGV[5]
 if token ~= '' then
-  local kept = redis.call('GET', KEYS[4])
-  if kept and string.sub(kept, 1, #token + 1) == token .. '|' then
+  -- A key of another type there holds no reply of ours: read as none, and the SET below
+  -- replaces it (a WRONGTYPE would fail every trim of the shard while the key stays).
+  local kept = redis.pcall('GET', KEYS[4])
+  if type(kept) == 'string' and string.sub(kept, 1, #token + 1) == token .. '|' then
     local code, last, removed, unresolved =
       string.match(string.sub(kept, #token + 2), '^([^|]*)|([^|]*)|(%d+)|(%d+)$')
     if code then return {code, last, now, '', {tonumber(removed), tonumber(unresolved)}} end

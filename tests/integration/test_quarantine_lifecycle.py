@@ -184,3 +184,31 @@ def test_two_workers_delivering_the_same_response_at_once_make_one_entry(
     finally:
         for s in settlers:
             s.close()
+
+
+def test_a_trim_replaces_a_kept_reply_it_cannot_read_and_keeps_its_own_a_day(
+    make: Any, redis_url: str
+) -> None:
+    """The shard's ``quarantine:trimmed`` key only keeps the last trim call's reply for a
+    repeat of that call. Found in review: a key of another type there (a hand-made key, a
+    restore gone wrong) failed every trim of the shard with a WRONGTYPE ``BackendError``
+    ("check that the server is reachable") for as long as the key stayed, with no expiry to
+    end it. A trim now reads no reply from it and replaces it with its own, kept a day."""
+    settler = make()
+    key = settler._core.keys.trimmed(0)
+    keyspace = getattr(settler._runner, "keyspace", None)  # the model's
+    if keyspace is not None:
+        keyspace.hset(key, keyspace.clock(), b"not", b"a reply")
+    else:
+        with redis.Redis.from_url(redis_url) as raw:
+            raw.hset(key, "not", "a reply")
+    old, _ = _stale(settler, "op-1")
+    ref = settler.complete(old, {"late": 1}).quarantine_id
+    settler.quarantine.resolve(ref, note="checked")
+    done = settler.quarantine.trim()
+    assert (done.removed, done.unresolved) == (1, 0)
+    assert settler.quarantine.list() == []
+    if keyspace is None:
+        with redis.Redis.from_url(redis_url) as raw:
+            assert raw.type(key) == b"string"
+            assert 0 < raw.pttl(key) <= 86_400_000
