@@ -11,6 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from settle import Reserved, Settler
+from settle._core import engine
+from settle._core.keys import shard_of
 from tests.faults.servers import sync_client
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.faults.test_faults_ambiguous import needle
@@ -43,6 +45,27 @@ async def test_a_trim_whose_reply_was_lost_counts_what_it_deleted(
     proxy.cut(needle("quarantine_trim"), at)  # type: ignore[arg-type]
     done = await api.quarantine.trim()
     assert proxy.fired == [at]
+    assert await api.quarantine.list() == []
+    assert (done.removed, done.unresolved) == (3, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_trim_call_that_had_more_to_do_and_lost_its_reply_counts_what_it_deleted(
+    api: Any, proxy: FaultyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a call of a trim that examines its budget and leaves the rest to the
+    next call ('more'): its reply is kept too, or the repeat resumes from the start and
+    the first call's deletions go uncounted."""
+    monkeypatch.setattr(engine, "_QUARANTINE_SCAN_BUDGET", 2)
+    # All on shard 0 of 4, whose call is the trim's first: it examines 2 and says 'more'.
+    ops = ["op-0", "op-5", "op-8"]
+    assert {shard_of(op, 4) for op in ops} == {0}
+    refs = [await _late(api, op, {"late": op}) for op in ops]
+    for ref in refs:
+        await api.quarantine.resolve(ref, note="checked: no second charge")
+    proxy.cut(needle("quarantine_trim"), "after_request")  # type: ignore[arg-type]
+    done = await api.quarantine.trim()
+    assert proxy.fired == ["after_request"]
     assert await api.quarantine.list() == []
     assert (done.removed, done.unresolved) == (3, 0)
 
