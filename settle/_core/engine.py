@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
 from settle._core.layout import stored_arg, stored_digest
-from settle._input import is_decimal
+from settle._input import is_decimal, is_utf8
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call, Unacknowledged
@@ -890,6 +890,12 @@ class Core:
         if not isinstance(note, str) or not 1 <= len(note) <= MAX_NOTE_CHARS:
             raise InvalidInput(
                 f"note must be a str of 1 to {MAX_NOTE_CHARS} characters",
+                operation_id=operation_id,
+            )
+        if not is_utf8(note):  # a lone surrogate is a Cs "control" too: say what it is
+            raise InvalidInput(
+                "note must not contain a lone surrogate (bytes that were not UTF-8 text): "
+                "type it again as text",
                 operation_id=operation_id,
             )
         if has_control(note):
