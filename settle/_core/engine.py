@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
 from settle._core.layout import stored_arg, stored_digest
-from settle._input import is_decimal
+from settle._input import is_decimal, is_utf8
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
 from settle._runtime.calls import Call, Unacknowledged
@@ -626,6 +626,9 @@ class Core:
                     shard=call.shard,
                     dropped=reply.dropped,
                     maxlen=self.config.quarantine_maxlen,
+                    # said again by a repeat: of a call whose reply was lost, or a later
+                    # delivery of the same response (the drop its entry's write made)
+                    repeated=reply.repeated,
                 )
         else:
             logger.info(f"settle.settlement.{verdict.value}", **fields)
@@ -889,6 +892,12 @@ class Core:
                 f"note must be a str of 1 to {MAX_NOTE_CHARS} characters",
                 operation_id=operation_id,
             )
+        if not is_utf8(note):  # a lone surrogate is a Cs "control" too: say what it is
+            raise InvalidInput(
+                "note must not contain a lone surrogate (bytes that were not UTF-8 text): "
+                "type it again as text",
+                operation_id=operation_id,
+            )
         if has_control(note):
             raise InvalidInput(
                 "note must not contain control characters or line breaks: write it on one "
@@ -950,10 +959,18 @@ class Core:
         return QuarantineTrim(self, list(range(self.keys.shards)), age_ms, include_unresolved)
 
     def _trim_call(self, shard: int, low: str, age_ms: str, everything: bool) -> Call:
+        # The token: a repeat of this call (its reply lost) gets this call's reply back,
+        # with the entries it deleted counted (lua/quarantine_trim.lua).
         keys, args = self._guarded(
             shard,
-            self.keys.quarantine_keys(shard),
-            (low, age_ms, "1" if everything else "0", _QUARANTINE_SCAN_BUDGET),
+            (*self.keys.quarantine_keys(shard), self.keys.trimmed(shard)),
+            (
+                low,
+                age_ms,
+                "1" if everything else "0",
+                _QUARANTINE_SCAN_BUDGET,
+                os.urandom(16).hex(),
+            ),
         )
         return Call("quarantine_trim", keys, args, shard=shard)
 

@@ -117,6 +117,11 @@ class Keys:
         """Identity of a rejected response -> its quarantine entry id (one entry each)."""
         return f"{self.tag(shard)}:quarantine:seen"
 
+    def trimmed(self, shard: int) -> str:
+        """The shard's last quarantine trim reply (a STRING, expires after a day): what a
+        repeat of that call after a lost reply gets back (lua/quarantine_trim.lua)."""
+        return f"{self.tag(shard)}:quarantine:trimmed"
+
     def quarantine_keys(self, shard: int) -> tuple[str, str, str]:
         """The stream, its resolutions and its identities."""
         return self.quarantine(shard), self.resolutions(shard), self.identities(shard)

@@ -593,10 +593,11 @@ def observed(log: list[bytes], aid: bytes, gen: bytes, action: str) -> bool:
 
 
 def cap_stream(ks: MemoryKeyspace, keys: list[str], maxlen: int, now: int) -> int:
-    """Keep the last maxlen entries of the stream (the last resort of quarantine_maxlen): the
-    oldest go with their resolutions and identities. Returns how many were unresolved."""
+    """Make room for one entry in a stream of at most maxlen (the last resort of
+    quarantine_maxlen): the oldest go with their resolutions and identities. Returns how
+    many were unresolved."""
     entries = ks.xrange(keys[2], now)
-    over = len(entries) - maxlen
+    over = len(entries) + 1 - maxlen
     unresolved = 0
     for entry in entries[: max(over, 0)]:
         if not drop_entry(ks, keys[2], keys[3], keys[4], entry, now):
@@ -615,13 +616,17 @@ def quarantine(
 ) -> tuple[bytes, int, bool]:
     """Append the rejected response to the shard's quarantine stream, once: the same response
     delivered again gets the id of its first entry. Returns (entry id, unresolved dropped,
-    whether it is that repeat)."""
+    whether it is that repeat). An entry whose write pushed unresolved ones out holds their
+    count (``dropped``), and a repeat answers it again (a lost reply's repeat said 0)."""
     payload = a[7]
     presented = [a[6], action, a[8], a[9], a[4], a[1], a[2], a[3], a[0], a[5]]
     ident = identity(dict(zip(_IDENTITY, (_b(v) for v in presented), strict=True)))
     known = ks.hget(keys[4], now, ident)
-    if known is not None and any(eid == known for eid, _ in ks.xrange(keys[2], now)):
-        return known, 0, True
+    for eid, held in ks.xrange(keys[2], now) if known is not None else []:
+        if eid == known:
+            stored = dict(zip(held[::2], held[1::2], strict=True))
+            return known, int(stored.get(b"dropped", b"0")), True
+    dropped = cap_stream(ks, keys, int(a[13]), now) if a[13] else 0
     fields: dict[str, Any] = {
         "op": a[0],
         "kind": kind,
@@ -641,12 +646,12 @@ def quarantine(
     }
     if rec is not None:
         fields |= {"cstate": effective_state(rec, now), "cgen": rec[b"gen"], "cver": rec[b"ver"]}
+    if dropped:
+        fields["dropped"] = dropped
     flat = [x for f, v in fields.items() for x in (f, v)]
     entry_id = ks.xadd(keys[2], now, flat)
     ks.hset(keys[4], now, ident, entry_id)
-    if not a[13]:
-        return entry_id, 0, False
-    return entry_id, cap_stream(ks, keys, int(a[13]), now), False
+    return entry_id, dropped, False
 
 
 def settle(action: str, ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
@@ -941,10 +946,20 @@ def quarantine_resolve(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now:
 def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Explicit quarantine retention (SPEC §3): delete the shard's resolved entries in an id
     range, with their resolutions and identities; unresolved evidence only when the caller
-    says so. Examines at most a budget of entries per call."""
+    says so. Examines at most a budget of entries per call. A call repeated with its token
+    (``a[4]``; its reply was lost) gets the first run's reply back (kept a day in
+    ``keys[3]``), with the entries that run deleted counted."""
     refused = guard(ks, keys, a, now)
     if refused is not None:
         return refused
+    token = a[4]
+    kept = ks.get(keys[3], now) if token else None
+    # A key of another type holds no reply (as the script's pcall); the SET replaces it.
+    if isinstance(kept, bytes) and kept.startswith(token + b"|"):
+        was = re.fullmatch(rb"([^|]*)\|([^|]*)\|(\d+)\|(\d+)", kept[len(token) + 1 :])
+        if was is not None:  # else (not a reply settle wrote) the call runs, as the script's
+            code, last, removed, unresolved = was.groups()
+            return [code, last, now, b"", [int(removed), int(unresolved)]]
     low = a[0].decode()
     high = "+"
     if a[1] != b"":
@@ -963,6 +978,9 @@ def quarantine_trim(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
                 unresolved += 1
             removed += 1
     code = b"done" if len(entries) < budget else b"more"
+    if token:
+        reply = b"|".join([token, code, last, b"%d" % removed, b"%d" % unresolved])
+        ks.set(keys[3], now, reply, px=86_400_000)
     return [code, last, now, b"", [removed, unresolved]]
 
 

@@ -7,7 +7,7 @@ import itertools
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -66,19 +66,27 @@ def _filters(fn: Any) -> Any:
     return click.option("--unresolved", is_flag=True, help="Only entries not resolved yet.")(fn)
 
 
-def _since(fn: Any) -> Any:
-    return click.option(
-        "--since",
+def _instant(name: str, what: str) -> Callable[[Any], Any]:
+    """The option ``name`` (``--since``, ``--until``): an instant, ISO 8601 or a duration
+    ago on the server's clock (:func:`_start` resolves it)."""
+    option: Callable[[Any], Any] = click.option(
+        name,
         type=SINCE,
         default=None,
-        help="Only entries from this time on: ISO 8601 (naive = UTC) or a duration ago "
+        help=f"Only entries {what}: ISO 8601 (naive = UTC) or a duration ago "
         "(90s, 10m, 2h, 1d) on the server's clock.",
-    )(fn)
+    )
+    return option
+
+
+_since = _instant("--since", "from this time on")
+_until = _instant("--until", "up to this time (included)")
 
 
 def _start(settler: Settler, since: datetime | Ago | None) -> datetime | None:
-    """``--since`` as an instant: a duration ago counts back from the server's clock, the
-    clock stream ids and record times are written with (as ``tail`` starts from it)."""
+    """``--since`` (or ``--until``) as an instant: a duration ago counts back from the
+    server's clock, the clock stream ids and record times are written with (as ``tail``
+    starts from it)."""
     if isinstance(since, Ago):
         return since_on(since, server_now(settler))
     return since_on(since, datetime.now(UTC))  # (the clock is read for a duration only)
@@ -87,6 +95,7 @@ def _start(settler: Settler, since: datetime | Ago | None) -> datetime | None:
 @quarantine.command("ls")
 @_filters
 @_since
+@_until
 @click.option(
     "--limit",
     type=click.IntRange(1, MAX_LISTING),
@@ -102,6 +111,7 @@ def ls(
     operation_id: str | None,
     unresolved: bool,
     since: datetime | Ago | None,
+    until: datetime | Ago | None,
     limit: int,
     as_json: bool,
 ) -> None:
@@ -111,6 +121,7 @@ def ls(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
+            until=_start(settler, until),
             unresolved=unresolved,
             limit=limit,
         )
@@ -245,6 +256,7 @@ def tail(
 @quarantine.command("export")
 @_filters
 @_since
+@_until
 @click.option(
     "--output",
     "-o",
@@ -277,6 +289,7 @@ def export(
     operation_id: str | None,
     unresolved: bool,
     since: datetime | Ago | None,
+    until: datetime | Ago | None,
     output: Path | None,
     limit: int | None,
     show_progress: bool | None,
@@ -291,6 +304,7 @@ def export(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
+            until=_start(settler, until),
             unresolved=unresolved,
         )
         # Marking: an entry settle cannot decode ended the export there (exit 1), and the

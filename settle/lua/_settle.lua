@@ -14,9 +14,10 @@
 -- Returns {verdict, kind, now, quarantine id, record, dropped[, 1]}: verdict accepted |
 -- absorbed | quarantined | corrupt (or unclaimed | shard_mismatch from guard, nothing
 -- written); the record row is omitted when none exists or the tuple is misbound; dropped
--- counts the unresolved entries quarantine_maxlen pushed out of the stream in this call (0
--- normally); a trailing 1 says the quarantine id is an earlier entry's (the same rejected
--- response delivered again: nothing was appended).
+-- counts the unresolved entries quarantine_maxlen pushed out of the stream to make room for
+-- the entry (0 normally; a repeat answers the count its entry's write made); a trailing 1
+-- says the quarantine id is an earlier entry's (the same rejected response delivered again:
+-- nothing was appended).
 
 local TERMINAL_OF = {complete = 'completed', fail = 'failed'}
 
@@ -36,10 +37,11 @@ local function rules()
     return false
   end
 
-  -- Keep the last maxlen entries of the stream (the last resort of quarantine_maxlen): the
-  -- oldest go with their resolutions and identities. Returns how many were unresolved.
+  -- Make room for one entry in a stream of at most maxlen (the last resort of
+  -- quarantine_maxlen): the oldest go with their resolutions and identities. Returns how
+  -- many were unresolved.
   function r.cap_stream(maxlen)
-    local over = redis.call('XLEN', KEYS[3]) - maxlen
+    local over = redis.call('XLEN', KEYS[3]) + 1 - maxlen
     local unresolved = 0
     if over <= 0 then return 0 end
     for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', over)) do
@@ -52,7 +54,9 @@ local function rules()
 
   -- Append the rejected response to the shard's quarantine stream, once: the same response
   -- delivered again gets the id of its first entry. Returns (entry id, unresolved dropped,
-  -- 1 for that repeat: nil when the entry is new).
+  -- 1 for that repeat: nil when the entry is new). An entry whose write pushed unresolved
+  -- ones out holds their count ('dropped'), and a repeat answers it again: the repeat of a
+  -- call whose reply was lost answered 0, and the deletion of evidence was never said.
   function r.quarantine(kind, action, rec, now, now_us)
     local payload = ARGV[8]
     local cap = tonumber(ARGV[13])
@@ -61,7 +65,12 @@ local function rules()
     local ident = rare().identity({aid = aid, action = action, pdig = pdig, reason = ARGV[10],
       gen = ARGV[5], fp = fp, fpv = ARGV[3], bind = ARGV[4], op = ARGV[1], ev = ARGV[6]})
     local known = redis.call('HGET', KEYS[5], ident)
-    if known and #redis.call('XRANGE', KEYS[3], known, known) > 0 then return known, 0, 1 end
+    local found = known and redis.call('XRANGE', KEYS[3], known, known)[1]
+    if found then
+      return known, tonumber(rare().entry_fields(found[2]).dropped or '0') or 0, 1
+    end
+    local dropped = 0
+    if ARGV[14] ~= '' then dropped = r.cap_stream(tonumber(ARGV[14])) end
     local fields = {'op', ARGV[1], 'kind', kind, 'action', action,
       'fp', fp, 'fpv', ARGV[3], 'bind', ARGV[4], 'gen', ARGV[5], 'ev', ARGV[6],
       'aid', aid, 'reason', ARGV[10],
@@ -72,10 +81,12 @@ local function rules()
       table.insert(fields, 'cgen'); table.insert(fields, rec.gen)
       table.insert(fields, 'cver'); table.insert(fields, rec.ver)
     end
+    if dropped > 0 then
+      table.insert(fields, 'dropped'); table.insert(fields, int(dropped))
+    end
     local id = redis.call('XADD', KEYS[3], '*', unpack(fields))
     redis.call('HSET', KEYS[5], ident, id)
-    if ARGV[14] == '' then return id, 0 end
-    return id, r.cap_stream(tonumber(ARGV[14]))
+    return id, dropped
   end
 
   RULES = r

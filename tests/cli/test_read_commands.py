@@ -201,3 +201,28 @@ def test_counts_agree_across_commands(demo_data: Demo, entries: list[dict[str, A
     assert {
         k: v["unresolved"] for k, v in stats["quarantine"]["by_kind"].items() if v["unresolved"]
     } == dict(kinds)
+
+
+def test_quarantine_ls_and_export_take_until_as_the_api_and_console_do(
+    demo_data: Demo, entries: list[dict[str, Any]]
+) -> None:
+    """``quarantine.list(until=...)`` and the console's window have an end; the CLI had
+    only ``--since``, so an operator reconciling one past day exported everything after
+    it. ``--until`` takes what ``--since`` takes (a time, or a duration ago on the server's
+    clock) and keeps the entries up to it, that instant included."""
+    args = demo_data.args()
+    oldest = entries[-1]
+    upto = settle_json("quarantine", "ls", "--until", oldest["at"], *args)
+    assert oldest["ref"] in [e["ref"] for e in upto]
+    assert all(e["at"] <= oldest["at"] for e in upto)
+    assert settle_json("quarantine", "ls", "--until", "1960-01-01", *args) == []
+    assert len(settle_json("quarantine", "ls", "--until", "2999-01-01", *args)) == len(entries)
+    assert settle_json("quarantine", "ls", "--since", "1d", "--until", "1d", *args) == []
+    assert len(settle_json("quarantine", "ls", "--until", "0s", *args)) == len(entries)
+    done = settle("quarantine", "export", "--until", oldest["at"], *args)
+    assert done.returncode == 0, done.stderr
+    exported = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["ref"] for e in exported] == [e["ref"] for e in reversed(upto)]
+    none = settle("quarantine", "export", "--until", "1960-01-01", *args)
+    assert none.returncode == 0, none.stderr
+    assert none.stdout == ""

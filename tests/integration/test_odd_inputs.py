@@ -166,6 +166,19 @@ def _stale_entry(settler: Settler) -> str:
     return late.quarantine_id
 
 
+def test_a_note_with_a_lone_surrogate_is_refused_for_what_it_is(settler: Settler) -> None:
+    """A note typed where a terminal sent bytes that were not UTF-8 (``settle quarantine
+    resolve --note`` reads argv with surrogateescape) was refused as holding "control
+    characters or line breaks", which it does not; the message now names what it holds,
+    as the operation id's and the principal's do. Nothing is resolved."""
+    qid = _stale_entry(settler)
+    for note in ["refunded \udcff", "\ud800 checked"]:
+        with pytest.raises(InvalidInput, match="lone surrogate") as refused:
+            settler.quarantine.resolve(qid, note=note)
+        assert "control characters" not in str(refused.value)
+    assert settler.quarantine.get(qid).resolution is None
+
+
 def test_a_note_with_control_characters_is_refused(settler: Settler) -> None:
     qid = _stale_entry(settler)
     for note in [*CONTROLS, "para\u2029graph", "\r\n"]:

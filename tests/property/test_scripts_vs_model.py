@@ -140,11 +140,15 @@ class ScriptsMatchModel(RuleBasedStateMachine):
     reservations = Bundle("reservations")
     settlements = Bundle("settlements")
 
+    #: ``quarantine_maxlen`` of both sides (None: uncapped); see the capped subclass below.
+    maxlen: int | None = None
+
     def __init__(self, url: str) -> None:
         super().__init__()
         namespace = f"p{uuid.uuid4().hex[:12]}"
         self.client = redis.Redis.from_url(url)
         opts = {"namespace": namespace, "shards": 2, "attempt_log_size": 500, "retention": 3600}
+        opts["quarantine_maxlen"] = self.maxlen
         self.real = Settler.from_url(url, **opts)
         self.model = MemorySettler(clock=self._server_ms, **opts)
         self.namespace = namespace
@@ -294,6 +298,25 @@ class ScriptsMatchModel(RuleBasedStateMachine):
         i = pick % len(real)
         self._both(lambda s, side: s.quarantine.resolve((real, model)[side][i].ref, note=note))
 
+    @precondition(lambda self: self.real.quarantine.list(limit=1))
+    @rule(everything=st.booleans(), repeated=st.booleans())
+    def trim(self, everything: bool, repeated: bool) -> None:
+        """quarantine_trim: resolved entries, or every entry older than 1 ms; ``repeated``
+        sends each call twice with its token, as settle does after a lost reply."""
+        time.sleep(0.003)  # every entry is older than the horizon on both sides
+
+        def trim(s: Settler, _i: int) -> Any:
+            older = 0.001 if everything else None
+            t = s._core.quarantine_trim(older_than=older, include_unresolved=everything)
+            while call := t.next_call():
+                raw = s._run(call)
+                if repeated:
+                    raw = s._run(call)
+                t.feed(call, raw)
+            return t.result()
+
+        self._both(trim)
+
     def _settle(self, pair: tuple[Reservation, ...], args: tuple[str, Any, Any]) -> None:
         action, payload, expected = args
 
@@ -349,6 +372,34 @@ class ScriptsMatchModel(RuleBasedStateMachine):
             assert [(h.ref, h.kind, h.at, h.resolved) for h in headers] == [
                 (e.ref, e.kind, e.at, e.resolution is not None) for e in listed
             ]
+
+
+class CappedScriptsMatchModel(ScriptsMatchModel):
+    """The same, with each shard's stream capped at 2 entries (``quarantine_maxlen``): the
+    cap makes room before the entry is written, and the entry keeps the count of unresolved
+    ones it pushed out (field ``dropped``), stored alike on both sides."""
+
+    maxlen = 2
+
+    @invariant()
+    def streams_hold_the_same_drop_counts(self) -> None:
+        keyspace = self.model._runner.keyspace  # type: ignore[attr-defined]
+        keys = self.real._core.keys
+        for shard in range(2):
+            real = [f.get(b"dropped") for _, f in self.client.xrange(keys.quarantine(shard))]
+            model = [
+                dict(zip(f[::2], f[1::2], strict=True)).get(b"dropped")
+                for _, f in keyspace.xrange(keys.quarantine(shard), self._server_ms())
+            ]
+            assert real == model
+            assert len(real) <= 2
+
+
+def test_lua_scripts_match_the_reference_model_with_a_capped_quarantine(redis_url: str) -> None:
+    run_state_machine_as_test(
+        lambda: CappedScriptsMatchModel(redis_url),
+        settings=settings(settings.default, stateful_step_count=30),
+    )
 
 
 def test_lua_scripts_match_the_reference_model(redis_url: str) -> None:
