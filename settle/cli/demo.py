@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import click
@@ -15,6 +16,7 @@ from rich.text import Text
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
     EXIT_WHEN_READER_STOPS,
     Connection,
     connection_options_for,
@@ -117,7 +119,7 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
             seed=seed,
             lease=lease,
         )
-        report = _run(options)
+        report = _run(options, lambda: _stopped(embedded))
     except KeyboardInterrupt:
         fail("interrupted; the embedded redis-server was stopped", EXIT_INTERRUPTED)
     finally:
@@ -133,7 +135,17 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
         sys.exit(EXIT_FAILED)
 
 
-def _run(options: DemoOptions) -> DemoReport:
+def _stopped(embedded: EmbeddedRedis | None) -> str | None:
+    """What ended the embedded redis-server, if it is no longer running."""
+    process = None if embedded is None else embedded.process
+    if process is None or process.poll() is None:
+        return None
+    code = process.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    return f"the embedded redis-server (pid {process.pid}) stopped during the run ({how})"
+
+
+def _run(options: DemoOptions, stopped: Callable[[], str | None]) -> DemoReport:
     progress = Progress(
         TextColumn("[bold]settle demo"),
         BarColumn(),
@@ -148,8 +160,14 @@ def _run(options: DemoOptions) -> DemoReport:
         task = progress.add_task("operations", total=options.ops)
         try:
             return run_demo(options, advance=lambda n: progress.advance(task, n))
-        except DemoError as exc:
-            fail(str(exc), EXIT_FAILED)
+        except Exception as exc:
+            # The server gone mid-run fails whichever part met it first (a worker process,
+            # a thread's Redis call): say what happened to it, not what it broke.
+            if (why := stopped()) is not None:
+                fail(f"{why}: the demo cannot go on", EXIT_UNAVAILABLE)
+            if isinstance(exc, DemoError):
+                fail(str(exc), EXIT_FAILED)
+            raise
 
 
 def _print(report: DemoReport) -> None:

@@ -95,7 +95,8 @@ def test_same_seed_draws_the_same_workload() -> None:
     assert all(n > 0 for n in draw(6, 1, "r").injected().values())
 
 
-def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+def _long_demo(settle_bin: Path) -> tuple[subprocess.Popen[str], int, int]:
+    """A long ``settle demo`` on an embedded server: the process, the server's pid and port."""
     proc = subprocess.Popen(
         [str(settle_bin), "demo", "--ops", "20000", "--json"],
         stdout=subprocess.PIPE,
@@ -103,12 +104,16 @@ def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
         text=True,
         env=cli_env(),
     )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    match = _EMBEDDED.search(line)
+    assert match, line
+    return proc, int(match.group(1)), int(match.group(2))
+
+
+def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+    proc, pid, port = _long_demo(settle_bin)
     try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        match = _EMBEDDED.search(line)
-        assert match, line
-        pid, port = int(match.group(1)), int(match.group(2))
         time.sleep(1.5)  # the workload (and its worker processes) are running
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
@@ -133,3 +138,28 @@ def test_demo_with_an_unreachable_redis_fails_clearly(settle_bin: Path) -> None:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("settle: cannot reach Redis at redis://127.0.0.1:")
     assert done.stdout == ""
+
+
+def test_demo_says_its_embedded_redis_died_mid_run(settle_bin: Path) -> None:
+    """The embedded server killed while the workload runs: the demo ends promptly with one
+    line naming that server and what ended it (exit 3, Redis unavailable), not a worker
+    process's failure (exit 1, which says a check failed) or a hang."""
+    proc, pid, port = _long_demo(settle_bin)
+    try:
+        time.sleep(1.0)  # the workload (and its worker processes) are running
+        assert proc.poll() is None
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(
+        f"settle: the embedded redis-server (pid {pid}) stopped during the run (killed by SIGKILL)"
+    ), err
+    assert "worker process" not in err
+    _gone(pid, port)
