@@ -3,15 +3,19 @@ of an order as a duplicate, and the runner is usable as a library."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from settle import Settler
 from settle.attempt import Attempt
 from settle.demo import DemoOptions, Fault, run_demo
 from settle.demo.charge import ChargeRequest, ProviderError, post_charge
+from settle.demo.plan import draw
 from settle.demo.processes import WorkerProcess
 from settle.demo.provider import Provider
+from settle.models import QuarantineKind
 
 
 def _attempt(key: str, generation: int = 1) -> Attempt:
@@ -73,3 +77,37 @@ def test_a_worker_process_gets_the_redis_url_outside_its_command_line(
         worker.kill()
     assert b"s3cret-in-url" not in cmdline
     assert f"SETTLE_DEMO_REDIS_URL={url}".encode() in environ.split(b"\0")
+
+
+def test_the_report_counts_what_redis_and_the_callers_saw(redis_url: str, namespace: str) -> None:
+    """Every number of the report recounted: attempts and takeovers from the attempt logs,
+    quarantined responses from the quarantine, calls of the decorated function from the
+    workload (one per order, one more per extra delivery, and the call each crashed or frozen
+    worker process made: it ran the function and charged the provider)."""
+    report = run_demo(
+        DemoOptions(redis_url=redis_url, namespace=namespace, shards=4, ops=30, workers=4, seed=3)
+    )
+    assert report.ok, report.checks
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    try:
+        ops = draw(30, 3, report.run).orders
+        reserves = Counter(
+            a.detail for o in ops for a in settler.attempts(o.operation_id) if a.action == "reserve"
+        )
+        kinds = Counter(e.kind.value for e in settler.quarantine.list(limit=1000))
+    finally:
+        settler.close()
+    assert report.attempts == sum(reserves.values())
+    assert report.takeovers["after_lease_expiry"] == reserves["lease_expired"]
+    assert report.takeovers["after_provisional"] == reserves["provisional"]
+    assert report.quarantined == {k.value: kinds[k.value] for k in QuarantineKind}
+    extra = (
+        Fault.DUPLICATE_DELIVERY,
+        Fault.CONCURRENT_DUPLICATE,
+        Fault.CHANGED_PAYLOAD,
+        Fault.CHANGED_PRINCIPAL,
+        Fault.CRASHED_WORKER,
+        Fault.LATE_STALE_RESPONSE,
+    )
+    injected = {f: report.faults[f.value].injected for f in Fault}
+    assert report.calls == len(ops) + sum(injected[f] for f in extra)
