@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -486,6 +487,9 @@ class EmbeddedRedis:
                 self.process.kill()
             else:
                 self.process.terminate()
+                # A paused server (SIGSTOP) holds SIGTERM until it runs again: it stopped
+                # only when the wait below gave up, 10 s later.
+                self.process.send_signal(signal.SIGCONT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -7,12 +7,15 @@ import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from settle._runtime._sync import client_from_url
+from settle._runtime.urls import redacted
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -106,12 +109,12 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
                 f"on {embedded.url}",
                 err=True,
             )
-            conn = Connection(embedded.url, conn.namespace, conn.shards)
+            conn = Connection(embedded.url, conn.namespace, conn.shards, conn.redis_timeout)
         # A clear error if Redis is unreachable; an existing namespace keeps its shards.
         with open_settler(conn, create=True) as settler:
             shards = settler.config.shards
         options = DemoOptions(
-            redis_url=conn.url,
+            redis_url=_bounded_url(conn.url, conn.redis_timeout),
             namespace=conn.namespace,
             shards=shards,
             ops=ops,
@@ -119,7 +122,9 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
             seed=seed,
             lease=lease,
         )
-        report = _run(options, lambda: _stopped(embedded))
+        report = _run(
+            options, lambda: _stopped(embedded) or _unreachable(options.redis_url, conn.url)
+        )
     except KeyboardInterrupt:
         fail("interrupted; the embedded redis-server was stopped", EXIT_INTERRUPTED)
     finally:
@@ -143,6 +148,39 @@ def _stopped(embedded: EmbeddedRedis | None) -> str | None:
     code = process.returncode
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     return f"the embedded redis-server (pid {process.pid}) stopped during the run ({how})"
+
+
+def _bounded_url(url: str, seconds: float) -> str:
+    """``url`` waiting at most ``seconds`` for a connection and for each reply, in this
+    process and in the worker processes (``--redis-timeout``, as every command: the
+    library's 30 s socket timeout held the demo minutes against a paused server). A
+    ``socket_timeout`` or ``socket_connect_timeout`` already in the URL wins."""
+    parts = urlsplit(url)
+    given = parse_qs(parts.query)
+    added = [
+        f"{name}={seconds}"
+        for name in ("socket_timeout", "socket_connect_timeout")
+        if name not in given
+    ]
+    query = "&".join(filter(None, [parts.query, *added]))
+    return urlunsplit(parts._replace(query=query))
+
+
+def _unreachable(url: str, shown: str) -> str | None:
+    """Why Redis at ``url`` (the user's ``shown``) does not answer a PING now, if it does
+    not."""
+    try:
+        client = client_from_url(url)
+    except Exception:  # noqa: BLE001 - the URL was checked before the run
+        return None
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure to answer is the answer
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return f"cannot reach Redis at {redacted(shown)} during the run ({detail})"
+    finally:
+        client.close()
+    return None
 
 
 def _run(options: DemoOptions, stopped: Callable[[], str | None]) -> DemoReport:

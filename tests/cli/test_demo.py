@@ -3,6 +3,7 @@ stops itself, and on a given Redis where its data stays."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -162,4 +163,38 @@ def test_demo_says_its_embedded_redis_died_mid_run(settle_bin: Path) -> None:
         f"settle: the embedded redis-server (pid {pid}) stopped during the run (killed by SIGKILL)"
     ), err
     assert "worker process" not in err
+    _gone(pid, port)
+
+
+def test_demo_waits_for_a_paused_redis_no_longer_than_redis_timeout(settle_bin: Path) -> None:
+    """``--redis-timeout`` bounds every wait for Redis in the run, as its help says (the
+    library's 30 s socket timeout, four tries, held the demo a minute against a paused
+    server; the option bounded only the first check)."""
+    proc = subprocess.Popen(
+        [str(settle_bin), "demo", "--ops", "20000", "--redis-timeout", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    assert proc.stderr is not None
+    match = _EMBEDDED.search(proc.stderr.readline())
+    assert match
+    pid, port = int(match.group(1)), int(match.group(2))
+    try:
+        time.sleep(1.0)  # the workload (and its worker processes) are running
+        os.kill(pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        took = time.monotonic() - paused
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 3, err
+    assert "cannot reach Redis" in err, err
+    assert "Traceback" not in err
+    assert took < 20, f"{took:.1f} s"
     _gone(pid, port)

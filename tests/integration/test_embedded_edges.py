@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -472,3 +473,16 @@ def test_a_started_server_entered_is_the_same_server() -> None:
         assert server.process is None
     finally:
         server.close()
+
+
+def test_close_stops_a_paused_server_at_once() -> None:
+    """A server paused with SIGSTOP held the SIGTERM of ``close`` until ``stop`` gave up
+    waiting and killed it, 10 s later (``settle demo`` against a paused server)."""
+    server = EmbeddedRedis().start()
+    assert server.process is not None
+    process = server.process
+    os.kill(process.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    server.close()
+    assert time.monotonic() - began < 5
+    assert process.returncode == 0  # SIGTERM ran: redis-server's orderly exit
