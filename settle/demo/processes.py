@@ -18,12 +18,15 @@ from typing import IO, Any
 
 from settle._log import logger
 from settle.demo.plan import Order
-from settle.demo.worker import REDIS_URL_ENV
 
-__all__ = ["DemoError", "WorkerProcess"]
+__all__ = ["REDIS_URL_ENV", "DemoError", "WorkerProcess"]
 
 #: How long the demo waits for a worker process to answer.
 _TIMEOUT = 60.0
+#: The environment variable the demo passes the Redis URL in (defined here, not in
+#: ``settle.demo.worker``: the package importing that module before ``python -m`` ran it
+#: made runpy warn on the worker's stderr, which the demo quotes when a worker fails).
+REDIS_URL_ENV = "SETTLE_DEMO_REDIS_URL"
 
 
 class DemoError(Exception):

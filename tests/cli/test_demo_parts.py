@@ -3,6 +3,8 @@ of an order as a duplicate, and the runner is usable as a library."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -111,3 +113,18 @@ def test_the_report_counts_what_redis_and_the_callers_saw(redis_url: str, namesp
     )
     injected = {f: report.faults[f.value].injected for f in Fault}
     assert report.calls == len(ops) + sum(injected[f] for f in extra)
+
+
+def test_a_worker_process_starts_without_a_warning() -> None:
+    """The worker's stderr is what the demo quotes when a worker process fails: runpy's
+    warning (``settle.demo.worker`` imported by the package before it ran) stood in for the
+    reason."""
+    done = subprocess.run(
+        [sys.executable, "-m", "settle.demo.worker", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
