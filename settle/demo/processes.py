@@ -124,8 +124,24 @@ class WorkerProcess:
     def _send(self, line: str) -> None:
         stdin = self.process.stdin
         assert stdin is not None
-        stdin.write(line + "\n")
-        stdin.flush()
+        try:
+            stdin.write(line + "\n")
+            stdin.flush()
+        except OSError:
+            # BrokenPipeError left as it is ended `settle demo` as a reader of its output
+            # that stopped: exit 0, no report.
+            raise self._gone("exited") from None
+
+    def _gone(self, what: str) -> DemoError:
+        """The process killed if it still runs, and why it is of no more use: its exit code
+        and the end of its stderr."""
+        process = self.process
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        tail = process.stderr.read().strip()[-500:] if process.stderr else ""
+        self.kill()
+        return DemoError(f"a demo worker process {what} (exit {process.returncode}): {tail}")
 
     def _expect(self, kinds: tuple[str, ...], count: int) -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []
@@ -136,16 +152,7 @@ class WorkerProcess:
             except queue.Empty:
                 event = None
             if event is None:
-                process = self.process
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-                tail = process.stderr.read().strip()[-500:] if process.stderr else ""
-                self.kill()
-                raise DemoError(
-                    f"a demo worker process stopped answering (exit "
-                    f"{self.process.returncode}): {tail}"
-                )
+                raise self._gone("stopped answering")
             if event.get("event") == "error":
                 raise DemoError(f"a demo worker process failed: {event.get('error')}")
             if event.get("event") in kinds:

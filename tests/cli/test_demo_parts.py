@@ -3,8 +3,11 @@ of an order as a duplicate, and the runner is usable as a library."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from settle.attempt import Attempt
 from settle.demo import DemoOptions, Fault, run_demo
 from settle.demo.charge import ChargeRequest, ProviderError, post_charge
 from settle.demo.plan import draw
-from settle.demo.processes import WorkerProcess
+from settle.demo.processes import DemoError, WorkerProcess
 from settle.demo.provider import Provider
 from settle.models import QuarantineKind
 
@@ -128,3 +131,26 @@ def test_a_worker_process_starts_without_a_warning() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
+
+
+def test_a_worker_process_gone_before_it_is_told_to_go_is_a_demo_error(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker process that exited before ``resume`` wrote "go" to it raised
+    BrokenPipeError, which the command line takes for a reader of its output that stopped:
+    ``settle demo`` ended with exit 0 and no report. It is a DemoError (exit 1), saying so."""
+    worker = WorkerProcess(
+        redis_url=redis_url,
+        namespace=namespace,
+        shards=4,
+        provider_url="http://127.0.0.1:9",
+        lease=1,
+    )
+    try:
+        worker.start([])  # no orders: it waits on stdin, running
+        os.kill(worker.process.pid, signal.SIGKILL)  # dies on its own (not reaped: a zombie)
+        time.sleep(0.5)
+        with pytest.raises(DemoError, match="worker process"):
+            worker.resume(1)
+    finally:
+        worker.kill()
