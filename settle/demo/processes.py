@@ -141,7 +141,9 @@ class WorkerProcess:
             process.wait()
         tail = process.stderr.read().strip()[-500:] if process.stderr else ""
         self.kill()
-        return DemoError(f"a demo worker process {what} (exit {process.returncode}): {tail}")
+        code = process.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        return DemoError(f"a demo worker process {what} ({how}): {tail}")
 
     def _expect(self, kinds: tuple[str, ...], count: int) -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []

@@ -150,7 +150,7 @@ def test_a_worker_process_gone_before_it_is_told_to_go_is_a_demo_error(
         worker.start([])  # no orders: it waits on stdin, running
         os.kill(worker.process.pid, signal.SIGKILL)  # dies on its own (not reaped: a zombie)
         time.sleep(0.5)
-        with pytest.raises(DemoError, match="worker process"):
+        with pytest.raises(DemoError, match=r"worker process exited \(killed by SIGKILL\)"):
             worker.resume(1)
     finally:
         worker.kill()
