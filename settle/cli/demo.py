@@ -7,7 +7,7 @@ import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -155,15 +155,19 @@ def _bounded_url(url: str, seconds: float) -> str:
     process and in the worker processes (``--redis-timeout``, as every command: the
     library's 30 s socket timeout held the demo minutes against a paused server). A
     ``socket_timeout`` or ``socket_connect_timeout`` already in the URL wins."""
-    parts = urlsplit(url)
-    given = parse_qs(parts.query)
-    added = [
+    given = parse_qs(urlsplit(url).query)
+    added = "&".join(
         f"{name}={seconds}"
         for name in ("socket_timeout", "socket_connect_timeout")
         if name not in given
-    ]
-    query = "&".join(filter(None, [parts.query, *added]))
-    return urlunsplit(parts._replace(query=query))
+    )
+    if not added:
+        return url
+    # Added as text, not rebuilt by urlunsplit, which writes unix:///path as unix:/path. The
+    # URL passed urls.check: its password holds no unencoded "?" or "#".
+    head, hash_, fragment = url.partition("#")
+    sep = "" if head.endswith(("?", "&")) else "&" if "?" in head else "?"
+    return f"{head}{sep}{added}{hash_}{fragment}"
 
 
 def _unreachable(url: str, shown: str) -> str | None:

@@ -15,6 +15,7 @@ import pytest
 
 from settle import Settler
 from settle.attempt import Attempt
+from settle.cli.demo import _bounded_url
 from settle.demo import DemoOptions, Fault, run_demo
 from settle.demo.charge import ChargeRequest, ProviderError, post_charge
 from settle.demo.plan import draw
@@ -154,3 +155,31 @@ def test_a_worker_process_gone_before_it_is_told_to_go_is_a_demo_error(
             worker.resume(1)
     finally:
         worker.kill()
+
+
+@pytest.mark.parametrize(
+    ("url", "bounded"),
+    [
+        ("unix:///tmp/r.sock", "unix:///tmp/r.sock?socket_timeout=5.0&socket_connect_timeout=5.0"),
+        (
+            "unix:///tmp/r.sock?db=1",
+            "unix:///tmp/r.sock?db=1&socket_timeout=5.0&socket_connect_timeout=5.0",
+        ),
+        (
+            "rediss://u:p%23x%40y@h:6380/2?socket_timeout=9",
+            "rediss://u:p%23x%40y@h:6380/2?socket_timeout=9&socket_connect_timeout=5.0",
+        ),
+        (
+            "redis://:pw@h/0?socket_timeout=&client_name=a",
+            "redis://:pw@h/0?socket_timeout=&client_name=a&socket_timeout=5.0"
+            "&socket_connect_timeout=5.0",
+        ),
+        ("redis://h/0#x", "redis://h/0?socket_timeout=5.0&socket_connect_timeout=5.0#x"),
+    ],
+)
+def test_the_redis_timeout_is_added_to_the_url_and_nothing_else_changes(
+    url: str, bounded: str
+) -> None:
+    """The run's and the worker processes' URL is the user's, byte for byte, with
+    ``--redis-timeout`` added where the URL gives none (``unix:///path`` lost its ``//``)."""
+    assert _bounded_url(url, 5.0) == bounded
