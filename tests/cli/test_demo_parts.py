@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from settle import Settler
 from settle.attempt import Attempt
-from settle.cli.demo import _bounded_url
+from settle.cli.demo import _bounded_url, _run, _unreachable
 from settle.demo import DemoOptions, Fault, run_demo
 from settle.demo.charge import ChargeRequest, ProviderError, post_charge
 from settle.demo.plan import draw
@@ -183,3 +184,23 @@ def test_the_redis_timeout_is_added_to_the_url_and_nothing_else_changes(
     """The run's and the worker processes' URL is the user's, byte for byte, with
     ``--redis-timeout`` added where the URL gives none (``unix:///path`` lost its ``//``)."""
     assert _bounded_url(url, 5.0) == bounded
+
+
+def test_redis_that_stops_answering_ends_the_run_with_exit_3_and_no_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Redis gone when the run's own Redis call (not a worker process's) meets it first:
+    ``cannot reach Redis at URL during the run``, exit 3, the password hidden; not a
+    traceback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens once the socket is closed
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    bounded = _bounded_url(url, 0.5)
+    options = DemoOptions(redis_url=bounded, namespace="demo", shards=4, ops=5, workers=2)
+    with pytest.raises(SystemExit) as exited:
+        _run(options, lambda: _unreachable(bounded, url))
+    assert exited.value.code == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"settle: cannot reach Redis at redis://:***@127.0.0.1:{port}/0 during")
+    assert "s3cret" not in err
