@@ -371,7 +371,13 @@ class EmbeddedRedis:
                     in_file = _config_word(secret)[1:-1].decode()
                     for shown in (secret, _as_quoted(secret), in_file):
                         text = text.replace(shown, "***")  # before the cut: all of it
-                raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
+                # A binary that says nothing (SETTLE_REDIS_SERVER=/bin/true) left the reason
+                # empty: its exit code and the question to ask instead
+                reason = text[-500:].strip() or (
+                    f"exit code {process.returncode} and no output "
+                    f"(is {self.binary!r} a redis-server?)"
+                )
+                raise ConfigurationError(f"redis-server exited with an error: {reason}")
             answering = self._answering_pid()
             if answering == process.pid:
                 # Its own server; it answers INFO while it loads a dataset (a directory with

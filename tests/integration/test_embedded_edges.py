@@ -510,3 +510,17 @@ def _python(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
         text=True,
         timeout=60,
     )
+
+
+def test_a_binary_that_exits_without_a_word_is_named_with_its_exit_code(tmp_path: Path) -> None:
+    """``SETTLE_REDIS_SERVER=/bin/true`` (no redis-server) said
+    ``redis-server exited with an error: `` and nothing after it."""
+    binary = tmp_path / "not-a-redis-server"
+    binary.write_text("#!/bin/sh\nexit 7\n")
+    binary.chmod(0o755)
+    with pytest.raises(ConfigurationError) as raised:
+        EmbeddedRedis(binary=str(binary)).start()
+    assert str(raised.value) == (
+        f"redis-server exited with an error: exit code 7 and no output "
+        f"(is {str(binary)!r} a redis-server?)"
+    )
