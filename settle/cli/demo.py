@@ -92,9 +92,11 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
     Exit 0 when every check holds (0 duplicate downstream effects among them), 1 otherwise.
     """
     # Ctrl-C must stop the demo (and its embedded server) even when the shell started us
-    # with SIGINT ignored; SIGTERM unwinds the same way.
+    # with SIGINT ignored; SIGTERM and SIGHUP (the terminal closed: redis-server ignores it,
+    # and outlived the demo with parent 1) unwind the same way.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     with errors_as_exit_codes():
         settings({"namespace": conn.namespace})  # before starting anything
     embedded: EmbeddedRedis | None = None

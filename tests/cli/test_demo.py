@@ -112,21 +112,53 @@ def _long_demo(settle_bin: Path) -> tuple[subprocess.Popen[str], int, int]:
     return proc, int(match.group(1)), int(match.group(2))
 
 
-def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+def _signalled(settle_bin: Path, signum: int) -> tuple[int, str, int, int, bool]:
+    """A long demo sent ``signum`` while it runs: its exit code, stderr, the embedded
+    server's pid and port, and whether that server still ran after the demo. No server is
+    left behind, even when the demo fails to stop it (killed, parent 1, it would run on)."""
     proc, pid, port = _long_demo(settle_bin)
     try:
         time.sleep(1.5)  # the workload (and its worker processes) are running
         assert proc.poll() is None
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
+        left = _running(pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return proc.returncode, err, pid, port, left
+
+
+def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+    code, err, pid, port, left = _signalled(settle_bin, signal.SIGINT)
+    assert not left, "the embedded redis-server outlived the demo"
+    assert code == 130, err
     assert "interrupted" in err
     assert "Traceback" not in err
     _gone(pid, port)
+
+
+def test_demo_stops_its_embedded_redis_on_sighup(settle_bin: Path) -> None:
+    """The terminal closed (or ``timeout -s HUP``, an ssh session dropped): SIGHUP ended
+    the demo without its cleanup, and redis-server (which ignores SIGHUP) went on running
+    with parent 1, for good."""
+    code, err, pid, port, left = _signalled(settle_bin, signal.SIGHUP)
+    assert not left, "the embedded redis-server outlived the demo"
+    assert code == 128 + signal.SIGHUP, err
+    assert "Traceback" not in err
+    _gone(pid, port)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (exists and is not a zombie) after a moment to stop in."""
+    time.sleep(0.5)
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
+    except FileNotFoundError:
+        return False
 
 
 def test_demo_with_an_unreachable_redis_fails_clearly(settle_bin: Path) -> None:
