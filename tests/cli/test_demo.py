@@ -219,12 +219,14 @@ def test_demo_waits_for_a_paused_redis_no_longer_than_redis_timeout(settle_bin: 
         paused = time.monotonic()
         _, err = proc.communicate(timeout=90)
         took = time.monotonic() - paused
+        left = _running(pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)  # SIGCONT left it running, parent 1, on a failure
+    assert not left, "the embedded redis-server outlived the demo"
     assert proc.returncode == 3, err
     assert "cannot reach Redis" in err, err
     assert "Traceback" not in err
