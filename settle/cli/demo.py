@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
+from urllib.parse import parse_qs, urlsplit
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from settle._runtime._sync import client_from_url
+from settle._runtime.urls import redacted
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
     EXIT_WHEN_READER_STOPS,
     Connection,
     connection_options_for,
@@ -87,9 +92,11 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
     Exit 0 when every check holds (0 duplicate downstream effects among them), 1 otherwise.
     """
     # Ctrl-C must stop the demo (and its embedded server) even when the shell started us
-    # with SIGINT ignored; SIGTERM unwinds the same way.
+    # with SIGINT ignored; SIGTERM and SIGHUP (the terminal closed: redis-server ignores it,
+    # and outlived the demo with parent 1) unwind the same way.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     with errors_as_exit_codes():
         settings({"namespace": conn.namespace})  # before starting anything
     embedded: EmbeddedRedis | None = None
@@ -104,12 +111,12 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
                 f"on {embedded.url}",
                 err=True,
             )
-            conn = Connection(embedded.url, conn.namespace, conn.shards)
+            conn = Connection(embedded.url, conn.namespace, conn.shards, conn.redis_timeout)
         # A clear error if Redis is unreachable; an existing namespace keeps its shards.
         with open_settler(conn, create=True) as settler:
             shards = settler.config.shards
         options = DemoOptions(
-            redis_url=conn.url,
+            redis_url=_bounded_url(conn.url, conn.redis_timeout),
             namespace=conn.namespace,
             shards=shards,
             ops=ops,
@@ -117,7 +124,9 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
             seed=seed,
             lease=lease,
         )
-        report = _run(options)
+        report = _run(
+            options, lambda: _stopped(embedded) or _unreachable(options.redis_url, conn.url)
+        )
     except KeyboardInterrupt:
         fail("interrupted; the embedded redis-server was stopped", EXIT_INTERRUPTED)
     finally:
@@ -133,7 +142,54 @@ def demo(conn: Connection, ops: int, workers: int, seed: int, lease: float, as_j
         sys.exit(EXIT_FAILED)
 
 
-def _run(options: DemoOptions) -> DemoReport:
+def _stopped(embedded: EmbeddedRedis | None) -> str | None:
+    """What ended the embedded redis-server, if it is no longer running."""
+    process = None if embedded is None else embedded.process
+    if process is None or process.poll() is None:
+        return None
+    code = process.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    return f"the embedded redis-server (pid {process.pid}) stopped during the run ({how})"
+
+
+def _bounded_url(url: str, seconds: float) -> str:
+    """``url`` waiting at most ``seconds`` for a connection and for each reply, in this
+    process and in the worker processes (``--redis-timeout``, as every command: the
+    library's 30 s socket timeout held the demo minutes against a paused server). A
+    ``socket_timeout`` or ``socket_connect_timeout`` already in the URL wins."""
+    given = parse_qs(urlsplit(url).query)
+    added = "&".join(
+        f"{name}={seconds}"
+        for name in ("socket_timeout", "socket_connect_timeout")
+        if name not in given
+    )
+    if not added:
+        return url
+    # Added as text, not rebuilt by urlunsplit, which writes unix:///path as unix:/path. The
+    # URL passed urls.check: its password holds no unencoded "?" or "#".
+    head, hash_, fragment = url.partition("#")
+    sep = "" if head.endswith(("?", "&")) else "&" if "?" in head else "?"
+    return f"{head}{sep}{added}{hash_}{fragment}"
+
+
+def _unreachable(url: str, shown: str) -> str | None:
+    """Why Redis at ``url`` (the user's ``shown``) does not answer a PING now, if it does
+    not."""
+    try:
+        client = client_from_url(url)
+    except Exception:  # noqa: BLE001 - the URL was checked before the run
+        return None
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure to answer is the answer
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return f"cannot reach Redis at {redacted(shown)} during the run ({detail})"
+    finally:
+        client.close()
+    return None
+
+
+def _run(options: DemoOptions, stopped: Callable[[], str | None]) -> DemoReport:
     progress = Progress(
         TextColumn("[bold]settle demo"),
         BarColumn(),
@@ -148,8 +204,14 @@ def _run(options: DemoOptions) -> DemoReport:
         task = progress.add_task("operations", total=options.ops)
         try:
             return run_demo(options, advance=lambda n: progress.advance(task, n))
-        except DemoError as exc:
-            fail(str(exc), EXIT_FAILED)
+        except Exception as exc:
+            # The server gone mid-run fails whichever part met it first (a worker process,
+            # a thread's Redis call): say what happened to it, not what it broke.
+            if (why := stopped()) is not None:
+                fail(f"{why}: the demo cannot go on", EXIT_UNAVAILABLE)
+            if isinstance(exc, DemoError):
+                fail(str(exc), EXIT_FAILED)
+            raise
 
 
 def _print(report: DemoReport) -> None:

@@ -18,12 +18,15 @@ from typing import IO, Any
 
 from settle._log import logger
 from settle.demo.plan import Order
-from settle.demo.worker import REDIS_URL_ENV
 
-__all__ = ["DemoError", "WorkerProcess"]
+__all__ = ["REDIS_URL_ENV", "DemoError", "WorkerProcess"]
 
 #: How long the demo waits for a worker process to answer.
 _TIMEOUT = 60.0
+#: The environment variable the demo passes the Redis URL in (defined here, not in
+#: ``settle.demo.worker``: the package importing that module before ``python -m`` ran it
+#: made runpy warn on the worker's stderr, which the demo quotes when a worker fails).
+REDIS_URL_ENV = "SETTLE_DEMO_REDIS_URL"
 
 
 class DemoError(Exception):
@@ -121,8 +124,26 @@ class WorkerProcess:
     def _send(self, line: str) -> None:
         stdin = self.process.stdin
         assert stdin is not None
-        stdin.write(line + "\n")
-        stdin.flush()
+        try:
+            stdin.write(line + "\n")
+            stdin.flush()
+        except OSError:
+            # BrokenPipeError left as it is ended `settle demo` as a reader of its output
+            # that stopped: exit 0, no report.
+            raise self._gone("exited") from None
+
+    def _gone(self, what: str) -> DemoError:
+        """The process killed if it still runs, and why it is of no more use: its exit code
+        and the end of its stderr."""
+        process = self.process
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        tail = process.stderr.read().strip()[-500:] if process.stderr else ""
+        self.kill()
+        code = process.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        return DemoError(f"a demo worker process {what} ({how}): {tail}")
 
     def _expect(self, kinds: tuple[str, ...], count: int) -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []
@@ -133,16 +154,7 @@ class WorkerProcess:
             except queue.Empty:
                 event = None
             if event is None:
-                process = self.process
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-                tail = process.stderr.read().strip()[-500:] if process.stderr else ""
-                self.kill()
-                raise DemoError(
-                    f"a demo worker process stopped answering (exit "
-                    f"{self.process.returncode}): {tail}"
-                )
+                raise self._gone("stopped answering")
             if event.get("event") == "error":
                 raise DemoError(f"a demo worker process failed: {event.get('error')}")
             if event.get("event") in kinds:

@@ -295,6 +295,8 @@ class _Runner:
         )
         self.children.append(worker)
         worker.start(orders)
+        with self.tally.lock:  # each ran the function (the provider charged it): calls too
+            self.tally.calls += len(orders)
         if mode == "crash":
             worker.crash()
             self._take_over(orders)

@@ -27,12 +27,11 @@ import structlog
 from settle._sync.settler import Settler
 from settle.attempt import Attempt
 from settle.demo.charge import ChargeRequest, make_charge
+from settle.demo.processes import REDIS_URL_ENV
 from settle.errors import StaleAttempt
 
 __all__ = ["REDIS_URL_ENV", "main"]
 
-#: The environment variable the demo passes the Redis URL in.
-REDIS_URL_ENV = "SETTLE_DEMO_REDIS_URL"
 
 _print_lock = threading.Lock()
 

@@ -3,6 +3,7 @@ stops itself, and on a given Redis where its data stays."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -95,7 +96,8 @@ def test_same_seed_draws_the_same_workload() -> None:
     assert all(n > 0 for n in draw(6, 1, "r").injected().values())
 
 
-def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+def _long_demo(settle_bin: Path) -> tuple[subprocess.Popen[str], int, int]:
+    """A long ``settle demo`` on an embedded server: the process, the server's pid and port."""
     proc = subprocess.Popen(
         [str(settle_bin), "demo", "--ops", "20000", "--json"],
         stdout=subprocess.PIPE,
@@ -103,24 +105,60 @@ def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
         text=True,
         env=cli_env(),
     )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    match = _EMBEDDED.search(line)
+    assert match, line
+    return proc, int(match.group(1)), int(match.group(2))
+
+
+def _signalled(settle_bin: Path, signum: int) -> tuple[int, str, int, int, bool]:
+    """A long demo sent ``signum`` while it runs: its exit code, stderr, the embedded
+    server's pid and port, and whether that server still ran after the demo. No server is
+    left behind, even when the demo fails to stop it (killed, parent 1, it would run on)."""
+    proc, pid, port = _long_demo(settle_bin)
     try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        match = _EMBEDDED.search(line)
-        assert match, line
-        pid, port = int(match.group(1)), int(match.group(2))
         time.sleep(1.5)  # the workload (and its worker processes) are running
         assert proc.poll() is None
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
+        left = _running(pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return proc.returncode, err, pid, port, left
+
+
+def test_demo_stops_its_embedded_redis_on_ctrl_c(settle_bin: Path) -> None:
+    code, err, pid, port, left = _signalled(settle_bin, signal.SIGINT)
+    assert not left, "the embedded redis-server outlived the demo"
+    assert code == 130, err
     assert "interrupted" in err
     assert "Traceback" not in err
     _gone(pid, port)
+
+
+def test_demo_stops_its_embedded_redis_on_sighup(settle_bin: Path) -> None:
+    """The terminal closed (or ``timeout -s HUP``, an ssh session dropped): SIGHUP ended
+    the demo without its cleanup, and redis-server (which ignores SIGHUP) went on running
+    with parent 1, for good."""
+    code, err, pid, port, left = _signalled(settle_bin, signal.SIGHUP)
+    assert not left, "the embedded redis-server outlived the demo"
+    assert code == 128 + signal.SIGHUP, err
+    assert "Traceback" not in err
+    _gone(pid, port)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (exists and is not a zombie) after a moment to stop in."""
+    time.sleep(0.5)
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
+    except FileNotFoundError:
+        return False
 
 
 def test_demo_with_an_unreachable_redis_fails_clearly(settle_bin: Path) -> None:
@@ -133,3 +171,64 @@ def test_demo_with_an_unreachable_redis_fails_clearly(settle_bin: Path) -> None:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("settle: cannot reach Redis at redis://127.0.0.1:")
     assert done.stdout == ""
+
+
+def test_demo_says_its_embedded_redis_died_mid_run(settle_bin: Path) -> None:
+    """The embedded server killed while the workload runs: the demo ends promptly with one
+    line naming that server and what ended it (exit 3, Redis unavailable), not a worker
+    process's failure (exit 1, which says a check failed) or a hang."""
+    proc, pid, port = _long_demo(settle_bin)
+    try:
+        time.sleep(1.0)  # the workload (and its worker processes) are running
+        assert proc.poll() is None
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(
+        f"settle: the embedded redis-server (pid {pid}) stopped during the run (killed by SIGKILL)"
+    ), err
+    assert "worker process" not in err
+    _gone(pid, port)
+
+
+def test_demo_waits_for_a_paused_redis_no_longer_than_redis_timeout(settle_bin: Path) -> None:
+    """``--redis-timeout`` bounds every wait for Redis in the run, as its help says (the
+    library's 30 s socket timeout, four tries, held the demo a minute against a paused
+    server; the option bounded only the first check)."""
+    proc = subprocess.Popen(
+        [str(settle_bin), "demo", "--ops", "20000", "--redis-timeout", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    assert proc.stderr is not None
+    match = _EMBEDDED.search(proc.stderr.readline())
+    assert match
+    pid, port = int(match.group(1)), int(match.group(2))
+    try:
+        time.sleep(1.0)  # the workload (and its worker processes) are running
+        os.kill(pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        took = time.monotonic() - paused
+        left = _running(pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # SIGCONT left it running, parent 1, on a failure
+    assert not left, "the embedded redis-server outlived the demo"
+    assert proc.returncode == 3, err
+    assert "cannot reach Redis" in err, err
+    assert "Traceback" not in err
+    assert took < 20, f"{took:.1f} s"
+    _gone(pid, port)

