@@ -16,6 +16,7 @@ from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._async import AsyncConnectable, AsyncRunner
 from settle._runtime.options import check_client
+from settle._runtime.transient import split_slot
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._async import (
@@ -28,7 +29,7 @@ from settle.decorator._async import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import InvalidInput
+from settle.errors import BackendError, InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -289,7 +290,30 @@ class AsyncQuarantine:
         self._settler = settler
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
-        return await self._settler._run_many(calls)
+        runner = self._settler._runner
+        if not (isinstance(runner, AsyncRunner) and runner.is_cluster):
+            return await self._settler._run_many(calls)
+        return [await self._read(runner, call) for call in calls]
+
+    async def _read(self, runner: AsyncRunner, call: Call) -> Any:
+        """One call of a quarantine read on Redis Cluster. A read of a shard whose slot is
+        migrating, refused while the migration splits its stream and resolutions between
+        the nodes (or one of them does not exist), is done in two single-key reads the
+        migrating slot serves: the stream's entries, then their resolutions (the same
+        answer, a round trip more; docs/operations.md, "Redis Cluster")."""
+        try:
+            return (await self._settler._run_many([call]))[0]
+        except BackendError as exc:
+            if call.script != "quarantine_read" or not split_slot(exc.__cause__):
+                raise
+        core = self._settler._core
+        reply = (await self._settler._run_many([core.stream_only(call)]))[0]
+        ids = core.match_ids(reply)
+        if not ids:
+            return core.with_resolutions(call, reply, [])
+        key = call.keys[1]
+        found = await runner.command("HMGET", lambda client: client.hmget(key, ids))
+        return core.with_resolutions(call, reply, found)
 
     def _query(
         self,

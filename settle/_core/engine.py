@@ -1011,6 +1011,36 @@ class Core:
             shard=shard,
         )
 
+    @staticmethod
+    def stream_only(call: Call) -> Call:
+        """``call``, a quarantine read, on its stream alone (every entry read as unresolved,
+        the unresolved filter not applied): one key, which a Redis Cluster node serves while
+        the slot migrates, after ASK if it moved. A read of two keys the migration split
+        between the nodes is refused (TRYAGAIN) until the slot has moved. The resolutions are
+        read apart and joined with :meth:`with_resolutions`."""
+        return replace(call, keys=call.keys[:1])
+
+    @staticmethod
+    def match_ids(reply: list[Any]) -> list[bytes]:
+        """The entry ids of the matches of a :meth:`stream_only` read's reply."""
+        return [match[0] for match in reply[4]]
+
+    @staticmethod
+    def with_resolutions(call: Call, reply: list[Any], found: Sequence[Any]) -> list[Any]:
+        """The reply ``call`` (a quarantine read) would have given, from its
+        :meth:`stream_only` read's ``reply`` and ``found``, the resolutions of its matches
+        (HMGET of the resolutions hash, None where there is none): resolved matches dropped
+        when the read wants unresolved ones only (a shorter page; the walk goes on after the
+        last entry examined), each match's resolution, or its resolved mark in a headers
+        read, as the script sets them."""
+        headers, unresolved = call.args[8] == "1", call.args[6] == "1"
+        matches = [
+            [entry_id, fields, (b"1" if res else b"") if headers else (res or b"")]
+            for (entry_id, fields, _), res in zip(reply[4], found, strict=True)
+            if not (unresolved and res)
+        ]
+        return [*reply[:4], matches]
+
     def _entries(self, call: Call, reply: codec.Reply) -> list[QuarantineEntry]:
         return self._decoded(call, reply, codec.decode_quarantine_entry)
 

@@ -17,6 +17,7 @@ from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
 from settle._runtime.options import check_client
+from settle._runtime.transient import split_slot
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._sync import (
@@ -29,7 +30,7 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import InvalidInput
+from settle.errors import BackendError, InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -290,7 +291,30 @@ class Quarantine:
         self._settler = settler
 
     def _run_many(self, calls: list[Call]) -> list[Any]:
-        return self._settler._run_many(calls)
+        runner = self._settler._runner
+        if not (isinstance(runner, Runner) and runner.is_cluster):
+            return self._settler._run_many(calls)
+        return [self._read(runner, call) for call in calls]
+
+    def _read(self, runner: Runner, call: Call) -> Any:
+        """One call of a quarantine read on Redis Cluster. A read of a shard whose slot is
+        migrating, refused while the migration splits its stream and resolutions between
+        the nodes (or one of them does not exist), is done in two single-key reads the
+        migrating slot serves: the stream's entries, then their resolutions (the same
+        answer, a round trip more; docs/operations.md, "Redis Cluster")."""
+        try:
+            return (self._settler._run_many([call]))[0]
+        except BackendError as exc:
+            if call.script != "quarantine_read" or not split_slot(exc.__cause__):
+                raise
+        core = self._settler._core
+        reply = (self._settler._run_many([core.stream_only(call)]))[0]
+        ids = core.match_ids(reply)
+        if not ids:
+            return core.with_resolutions(call, reply, [])
+        key = call.keys[1]
+        found = runner.command("HMGET", lambda client: client.hmget(key, ids))
+        return core.with_resolutions(call, reply, found)
 
     def _query(
         self,

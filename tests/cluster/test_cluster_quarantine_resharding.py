@@ -1,0 +1,119 @@
+"""Quarantine reads while the slot of a shard migrates (``redis-cli --cluster reshard``: CLUSTER
+SETSLOT IMPORTING / MIGRATING, then MIGRATE of the slot's keys a few at a time).
+
+A read of a shard's quarantine is one script over two keys: the stream and its resolutions
+hash. While the slot migrates, a node runs a script of several keys only if it holds every one
+of them, and answers TRYAGAIN otherwise: a hash not created yet (nothing was resolved in that
+shard) or a stream moved ahead of its hash (or behind it). An operator's ``quarantine.list()``,
+``get()``, ``settle quarantine ls`` and ``settle stats`` all failed with ``BackendError``
+("TTL exhausted") for as long as the slot stayed split, each after seconds of retries. Now a
+read that is refused so is done in two single-key reads, which a migrating slot serves (ASK):
+the stream's entries, then their resolutions; the answer is the same as before the move."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from settle import AsyncSettler, Settler
+from settle._core.keys import Keys, shard_of
+from settle.cli.stats import count_quarantine
+from tests.cli.helpers import stale_settlement
+from tests.cluster.cluster_support import LocalCluster
+from tests.integration.conftest import Awaitable
+
+pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
+
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def moving() -> Iterator[LocalCluster]:
+    """3 primaries; tests move slots, each in its own namespace, asking which node serves."""
+    running = LocalCluster(primaries=3).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@asynccontextmanager
+async def _settler(cluster: LocalCluster, flavour: str, namespace: str) -> AsyncIterator[Any]:
+    options: dict[str, Any] = {"namespace": namespace, "shards": SHARDS}
+    if flavour == "sync":
+        s = Settler.from_cluster(cluster.url, **options)
+        try:
+            yield Awaitable(s)
+        finally:
+            s.close()
+    else:
+        a = AsyncSettler.from_cluster(cluster.url, **options)
+        try:
+            yield a
+        finally:
+            await a.aclose()
+
+
+def _late_settlements(cluster: LocalCluster, namespace: str, shard: int, n: int) -> list[str]:
+    """``n`` quarantine entries in ``shard`` (late settlements of a superseded attempt)."""
+    refs: list[str] = []
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=SHARDS) as s:
+        i = 0
+        while len(refs) < n:
+            i += 1
+            operation_id = f"late-{i}"
+            if shard_of(operation_id, SHARDS) == shard:
+                refs.append(stale_settlement(s, operation_id))
+    return refs
+
+
+@pytest.mark.parametrize("resolved", [False, True], ids=["none-resolved", "one-resolved"])
+@pytest.mark.parametrize("split", ["nothing-moved", "stream-moved", "rest-moved"])
+async def test_quarantine_reads_of_a_shard_whose_slot_migrates_give_the_whole_answer(
+    moving: LocalCluster, namespace: str, flavour: str, split: str, resolved: bool
+) -> None:
+    keys = Keys(namespace, SHARDS)
+    refs = _late_settlements(moving, namespace, 0, 3)
+    async with _settler(moving, flavour, namespace) as s:
+        if resolved:
+            await s.quarantine.resolve(refs[0], note="refunded")
+        before = {e.ref: e for e in await s.quarantine.list()}
+        assert set(before) == set(refs)
+        slot = key_slot(keys.quarantine(0).encode())
+        assert key_slot(keys.resolutions(0).encode()) == slot
+        source = moving.serving(slot)
+        target = (source + 1) % moving.primaries
+        moving.start_migrating(slot, source, target)
+        try:
+            held = moving.keys_in_slot(source, slot)
+            stream = keys.quarantine(0)
+            if split == "stream-moved":
+                moving.move_keys(source, target, [stream])
+            elif split == "rest-moved":
+                moving.move_keys(source, target, [k for k in held if k != stream])
+            listed = {e.ref: e for e in await s.quarantine.list()}
+            assert listed == before
+            unresolved = [e.ref for e in await s.quarantine.list(unresolved=True)]
+            assert set(unresolved) == set(refs[1:] if resolved else refs)
+            for limit in (1, 2):  # a page whose first matches were resolved comes out short
+                page = await s.quarantine.list(unresolved=True, limit=limit)
+                assert [e.ref for e in page] == unresolved[:limit]
+            for ref in refs:
+                assert await s.quarantine.get(ref) == before[ref]
+            if flavour == "sync":  # settle stats: a walk of headers, no payload read
+                kinds, marks = count_quarantine(s._target)
+                assert not marks
+                assert kinds["stale_generation"] == {
+                    "unresolved": 2 if resolved else 3,
+                    "resolved": 1 if resolved else 0,
+                }
+        finally:
+            rest = moving.keys_in_slot(source, slot)
+            if rest:
+                moving.move_keys(source, target, rest)
+            moving.migrated(slot, target)
+        assert {e.ref: e for e in await s.quarantine.list()} == before
