@@ -217,8 +217,30 @@ class AsyncSettler(AsyncConnectable):
         (one round trip on a single server; one per call on a cluster)."""
         with self._span("get_many"):
             calls = self._core.plan_get_many(operation_ids)
-            raws = await self._run_many(calls) if calls else []
-            return self._core.decode_get_many(operation_ids, calls, raws)
+            if not await self._on_cluster():
+                raws = await self._run_many(calls) if calls else []
+                return self._core.decode_get_many(operation_ids, calls, raws)
+            sent: list[Call] = []
+            raws = []
+            for call in calls:
+                try:
+                    parts, replies = [call], await self._run_many([call])
+                except BackendError as exc:
+                    if len(call.keys) < 2 or not split_slot(exc.__cause__):
+                        raise
+                    # A migrating slot refuses it (TRYAGAIN); it serves one record at a time.
+                    parts = self._core.record_by_record(call)
+                    replies = await self._run_many(parts)
+                sent += parts
+                raws += replies
+            return self._core.decode_get_many(operation_ids, sent, raws)
+
+    async def _on_cluster(self) -> bool:
+        """Whether the calls run on Redis Cluster (not a single server, nor a model), known
+        once the server was checked (``from_url`` on a cluster node switches then)."""
+        if not self._checked:
+            await self.check()
+        return isinstance(self._runner, AsyncRunner) and self._runner.is_cluster
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._checked:
@@ -291,7 +313,7 @@ class AsyncQuarantine:
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         runner = self._settler._runner
-        if not (isinstance(runner, AsyncRunner) and runner.is_cluster):
+        if not (await self._settler._on_cluster() and isinstance(runner, AsyncRunner)):
             return await self._settler._run_many(calls)
         return [await self._read(runner, call) for call in calls]
 

@@ -719,6 +719,14 @@ class Core:
             for i in range(0, len(ops), GET_MANY)
         ]
 
+    @staticmethod
+    def record_by_record(call: Call) -> list[Call]:
+        """``call``, a ``get_many``, as one call per record (decoded alike by
+        :meth:`decode_get_many`): one key each, which a Redis Cluster node serves while the
+        slot migrates, after ASK if it moved. A call of several records is refused
+        (TRYAGAIN) while the migration splits them, or while one has no record."""
+        return [replace(call, keys=(key,)) for key in call.keys]
+
     def decode_get_many(
         self, operation_ids: list[str], calls: list[Call], raws: list[Any]
     ) -> list[OperationRecord | None]:
