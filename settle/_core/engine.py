@@ -11,7 +11,7 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from logging import DEBUG, INFO
@@ -1034,18 +1034,31 @@ class Core:
         return [match[0] for match in reply[4]]
 
     @staticmethod
-    def with_resolutions(call: Call, reply: list[Any], found: Sequence[Any]) -> list[Any]:
+    def unresolved_span(reply: list[Any], found: Sequence[Any]) -> tuple[bytes, bytes] | None:
+        """The ids of the first and last match of a :meth:`stream_only` read's ``reply`` that
+        ``found`` (their resolutions, read after it) gives no resolution, if any: the span
+        read again (XRANGE) to leave out those trimmed with their resolution between the two
+        reads, which would otherwise come out unresolved though resolved before the call."""
+        ids = [match[0] for match, res in zip(reply[4], found, strict=True) if not res]
+        return (min(ids), max(ids)) if ids else None
+
+    @staticmethod
+    def with_resolutions(
+        call: Call, reply: list[Any], found: Sequence[Any], present: Iterable[Any] = ()
+    ) -> list[Any]:
         """The reply ``call`` (a quarantine read) would have given, from its
         :meth:`stream_only` read's ``reply`` and ``found``, the resolutions of its matches
         (HMGET of the resolutions hash, None where there is none): resolved matches dropped
         when the read wants unresolved ones only (a shorter page; the walk goes on after the
         last entry examined), each match's resolution, or its resolved mark in a headers
-        read, as the script sets them."""
+        read, as the script sets them; a match without a resolution is kept only if it is in
+        ``present`` (the ids of :meth:`unresolved_span` read again: still in the stream)."""
         headers, unresolved = call.args[8] == "1", call.args[6] == "1"
+        kept = set(present)
         matches = [
             [entry_id, fields, (b"1" if res else b"") if headers else (res or b"")]
             for (entry_id, fields, _), res in zip(reply[4], found, strict=True)
-            if not (unresolved and res)
+            if (res and not unresolved) or (not res and entry_id in kept)
         ]
         return [*reply[:4], matches]
 

@@ -334,9 +334,15 @@ class Quarantine:
         ids = core.match_ids(reply)
         if not ids:
             return core.with_resolutions(call, reply, [])
-        key = call.keys[1]
-        found = runner.command("HMGET", lambda client: client.hmget(key, ids))
-        return core.with_resolutions(call, reply, found)
+        key, stream = call.keys[1], call.keys[0]
+        found = runner.command("HMGET", lambda client: client.hmget(key, ids), key=key)
+        span = core.unresolved_span(reply, found)
+        if span is None:
+            return core.with_resolutions(call, reply, found)
+        entries = runner.command(
+            "XRANGE", lambda client: client.xrange(stream, *span), key=stream
+        )
+        return core.with_resolutions(call, reply, found, (e[0] for e in entries))
 
     def _query(
         self,

@@ -12,6 +12,9 @@ the stream's entries, then their resolutions; the answer is the same as before t
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +25,7 @@ from redis.crc import key_slot
 from settle import AsyncSettler, Settler
 from settle._core.keys import Keys, shard_of
 from settle.cli.stats import count_quarantine
+from settle.errors import BackendError
 from tests.cli.helpers import stale_settlement
 from tests.cluster.cluster_support import LocalCluster
 from tests.integration.conftest import Awaitable
@@ -154,3 +158,81 @@ async def test_get_many_of_a_shard_whose_slot_migrates_reads_every_record(
                 moving.move_keys(source, target, rest)
             moving.migrated(slot, target)
         assert await s.get_many(ids) == before
+
+
+async def test_an_entry_trimmed_between_the_two_reads_is_not_listed_as_unresolved(
+    moving: LocalCluster, namespace: str
+) -> None:
+    """The two single-key reads are not one atomic read: a resolved entry trimmed (with its
+    resolution) after the stream was read and before its resolutions were must not come out
+    as unresolved (it was resolved before the call began): it is left out, as it is gone."""
+    keys = Keys(namespace, SHARDS)
+    refs = _late_settlements(moving, namespace, 0, 3)
+    async with _settler(moving, "async", namespace) as s:
+        await s.quarantine.resolve(refs[0], note="refunded")
+        slot = key_slot(keys.quarantine(0).encode())
+        source = moving.serving(slot)
+        target = (source + 1) % moving.primaries
+        moving.start_migrating(slot, source, target)
+        runner = s._runner
+        command = runner.command
+        finished = False
+
+        async def trimmed_first(what: str, *args: Any, **kwargs: Any) -> Any:
+            nonlocal finished
+            if what == "HMGET" and not finished:  # the slot moves on, a trim runs
+                finished = True
+                rest = moving.keys_in_slot(source, slot)
+                if rest:
+                    moving.move_keys(source, target, rest)
+                moving.migrated(slot, target)
+                with Settler.from_cluster(moving.url, namespace=namespace, shards=SHARDS) as t:
+                    assert t.quarantine.trim().removed == 1
+            return await command(what, *args, **kwargs)
+
+        runner.command = trimmed_first
+        try:
+            moving.move_keys(source, target, [keys.quarantine(0)])
+            unresolved = [e.ref for e in await s.quarantine.list(unresolved=True)]
+        finally:
+            runner.command = command
+            if not finished:
+                rest = moving.keys_in_slot(source, slot)
+                if rest:
+                    moving.move_keys(source, target, rest)
+                moving.migrated(slot, target)
+        assert finished
+        assert set(unresolved) == set(refs[1:])
+
+
+async def test_a_cluster_down_is_not_taken_for_a_migration(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The single-key reads are taken only when a migration refused the read (TRYAGAIN, or
+    redis-py's "TTL exhausted" after it), never on CLUSTERDOWN (a primary without a replica
+    dead): that read fails as fast as any other call, without a second round of retries."""
+    cluster = LocalCluster(primaries=3).start()
+    try:
+        namespace = "down"
+        _late_settlements(cluster, namespace, 0, 1)
+        ids = [f"op-{i}" for i in range(40) if shard_of(f"op-{i}", SHARDS) == 0][:2]
+        with Settler.from_cluster(cluster.url, namespace=namespace, shards=SHARDS) as s:
+            assert s.get_many(ids) == [None, None]
+            cluster.nodes[2].stop(kill=True)
+            deadline = time.monotonic() + 30
+            while True:  # every node answers CLUSTERDOWN once the dead one is flagged
+                with cluster.client(0) as c:
+                    if c.cluster("INFO")["cluster_state"] == "fail":
+                        break
+                assert time.monotonic() < deadline, "the cluster never went down"
+                await asyncio.sleep(0.2)
+            for read in (s.quarantine.list, lambda: s.get_many(ids)):
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="settle"), pytest.raises(BackendError):
+                    read()
+                failed = [
+                    r for r in caplog.records if r.getMessage().startswith("settle.backend.failed")
+                ]
+                assert len(failed) == 1, [r.getMessage() for r in failed]
+    finally:
+        cluster.close()
