@@ -38,9 +38,17 @@ def test_from_cluster_refuses_options_that_read_from_replicas(
     assert next(iter(options)) in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"load_balancing_strategy": None},
+        {"read_from_replicas": False},
+        {"read_from_replicas": False, "load_balancing_strategy": None},
+    ],
+    ids=["strategy-none", "replicas-false", "both-off"],
+)
 def test_from_cluster_takes_reads_from_replicas_turned_off(
-    cluster: LocalCluster, namespace: str
+    cluster: LocalCluster, namespace: str, options: dict[str, Any]
 ) -> None:
-    options = {"load_balancing_strategy": None}
     with Settler.from_cluster(cluster.url, namespace=namespace, client_options=options) as s:
         assert s.get("nothing-here") is None
