@@ -11,7 +11,7 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from logging import DEBUG, INFO
@@ -719,6 +719,14 @@ class Core:
             for i in range(0, len(ops), GET_MANY)
         ]
 
+    @staticmethod
+    def record_by_record(call: Call) -> list[Call]:
+        """``call``, a ``get_many``, as one call per record (decoded alike by
+        :meth:`decode_get_many`): one key each, which a Redis Cluster node serves while the
+        slot migrates, after ASK if it moved. A call of several records is refused
+        (TRYAGAIN) while the migration splits them, or while one has no record."""
+        return [replace(call, keys=(key,)) for key in call.keys]
+
     def decode_get_many(
         self, operation_ids: list[str], calls: list[Call], raws: list[Any]
     ) -> list[OperationRecord | None]:
@@ -1010,6 +1018,49 @@ class Core:
             ),
             shard=shard,
         )
+
+    @staticmethod
+    def stream_only(call: Call) -> Call:
+        """``call``, a quarantine read, on its stream alone (every entry read as unresolved,
+        the unresolved filter not applied): one key, which a Redis Cluster node serves while
+        the slot migrates, after ASK if it moved. A read of two keys the migration split
+        between the nodes is refused (TRYAGAIN) until the slot has moved. The resolutions are
+        read apart and joined with :meth:`with_resolutions`."""
+        return replace(call, keys=call.keys[:1])
+
+    @staticmethod
+    def match_ids(reply: list[Any]) -> list[bytes]:
+        """The entry ids of the matches of a :meth:`stream_only` read's reply."""
+        return [match[0] for match in reply[4]]
+
+    @staticmethod
+    def unresolved_span(reply: list[Any], found: Sequence[Any]) -> tuple[bytes, bytes] | None:
+        """The ids of the first and last match of a :meth:`stream_only` read's ``reply`` that
+        ``found`` (their resolutions, read after it) gives no resolution, if any: the span
+        read again (XRANGE) to leave out those trimmed with their resolution between the two
+        reads, which would otherwise come out unresolved though resolved before the call."""
+        ids = [match[0] for match, res in zip(reply[4], found, strict=True) if not res]
+        return (min(ids), max(ids)) if ids else None
+
+    @staticmethod
+    def with_resolutions(
+        call: Call, reply: list[Any], found: Sequence[Any], present: Iterable[Any] = ()
+    ) -> list[Any]:
+        """The reply ``call`` (a quarantine read) would have given, from its
+        :meth:`stream_only` read's ``reply`` and ``found``, the resolutions of its matches
+        (HMGET of the resolutions hash, None where there is none): resolved matches dropped
+        when the read wants unresolved ones only (a shorter page; the walk goes on after the
+        last entry examined), each match's resolution, or its resolved mark in a headers
+        read, as the script sets them; a match without a resolution is kept only if it is in
+        ``present`` (the ids of :meth:`unresolved_span` read again: still in the stream)."""
+        headers, unresolved = call.args[8] == "1", call.args[6] == "1"
+        kept = set(present)
+        matches = [
+            [entry_id, fields, (b"1" if res else b"") if headers else (res or b"")]
+            for (entry_id, fields, _), res in zip(reply[4], found, strict=True)
+            if (res and not unresolved) or (not res and entry_id in kept)
+        ]
+        return [*reply[:4], matches]
 
     def _entries(self, call: Call, reply: codec.Reply) -> list[QuarantineEntry]:
         return self._decoded(call, reply, codec.decode_quarantine_entry)

@@ -877,7 +877,8 @@ _HEADER = frozenset({b"kind", b"at", b"us"})
 def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list[Any]:
     """Read one shard's quarantine stream with the filters applied here, so a filtered listing
     does not ship every entry to the client. ``a[8] == b"1"``: headers only, each match
-    ``[id, [kind, at and us fields as stored], b"1" if resolved else b""]``."""
+    ``[id, [kind, at and us fields as stored], b"1" if resolved else b""]``. Without the
+    resolutions key every entry reads as unresolved (the caller reads them apart)."""
     low, high = a[0].decode(), a[1].decode()
     limit = _count(a, 3, "quarantine_read", "max matches")
     budget = _count(a, 4, "quarantine_read", "scan budget")
@@ -906,7 +907,7 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
             examined += 1
             last = entry_id
             f = dict(zip(flat[::2], flat[1::2], strict=True))
-            res = ks.hget(keys[1], now, entry_id) or b""
+            res = (ks.hget(keys[1], now, entry_id) if keys[1:] else None) or b""
             if (
                 (not kind or f[b"kind"] == kind)
                 and (not op or f[b"op"] == op)

@@ -113,7 +113,7 @@ def cluster_client(
 ) -> RedisCluster:
     """A binary-safe cluster client from one node's URL or seed ``host:port`` nodes."""
     url, seeds = topology.parse_seed_nodes(nodes)
-    kwargs = {**_CLUSTER_DEFAULTS, **(options or {})}
+    kwargs = {**_CLUSTER_DEFAULTS, **topology.primary_reads(options or {})}
     try:
         if url is not None:
             return RedisCluster.from_url(url, **kwargs)

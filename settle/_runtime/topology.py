@@ -144,6 +144,27 @@ def demoted_behind(error: BaseException) -> bool:
     return False
 
 
+#: RedisCluster options that send reads to replicas (redis-py's deprecated flag and its
+#: successor): refused in the options of a cluster client settle builds.
+REPLICA_READS = ("read_from_replicas", "load_balancing_strategy")
+
+
+def primary_reads(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without those that would send reads to replicas, refused if they do.
+    settle's scripts run on primaries whatever they say, but its plain reads would not: a
+    replica behind its primary answers an older state (the namespace's first start would not
+    see the shards a lost metadata's namespace still holds, and re-create it with fewer).
+    Turned off (``read_from_replicas=False``, ``load_balancing_strategy=None``), they are the
+    default and left out: redis-py warns ``read_from_replicas`` deprecated, even False."""
+    given = [name for name in REPLICA_READS if options.get(name) not in (None, False)]
+    if given:
+        raise ConfigurationError(
+            f"client_options {', '.join(given)}: settle reads on primaries only (a replica "
+            "may answer an older state); leave them out"
+        )
+    return {name: value for name, value in options.items() if name not in REPLICA_READS}
+
+
 def parse_seed_nodes(
     nodes: str | Sequence[str | tuple[str, int]],
 ) -> tuple[str | None, list[tuple[str, int]]]:

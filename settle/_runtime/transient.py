@@ -77,6 +77,16 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+def split_slot(exc: BaseException | None) -> bool:
+    """Whether ``exc``, the cause of a call's failure on Redis Cluster, is the refusal of a
+    slot whose keys a migration split between two nodes: TRYAGAIN, or redis-py's
+    ClusterError ("TTL exhausted") after its own repeats of it. Such a call ran nothing.
+    Not CLUSTERDOWN (a ClusterError too): a slot no node serves, which no read gets past."""
+    return isinstance(exc, rx.TryAgainError | rx.ClusterError) and not isinstance(
+        exc, rx.ClusterDownError
+    )
+
+
 def error_code(exc: BaseException) -> str:
     """The error code of a Redis error reply (``NOGROUP``, ``WRONGTYPE``, ``NOSCRIPT``...):
     the first word of the reply, which the Redis protocol defines as its code. Parts decide on

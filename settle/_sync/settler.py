@@ -17,6 +17,7 @@ from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
 from settle._runtime.options import check_client
+from settle._runtime.transient import split_slot
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._sync import (
@@ -29,7 +30,7 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import InvalidInput
+from settle.errors import BackendError, InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -217,8 +218,30 @@ class Settler(Connectable):
         (one round trip on a single server; one per call on a cluster)."""
         with self._span("get_many"):
             calls = self._core.plan_get_many(operation_ids)
-            raws = self._run_many(calls) if calls else []
-            return self._core.decode_get_many(operation_ids, calls, raws)
+            if not self._on_cluster():
+                raws = self._run_many(calls) if calls else []
+                return self._core.decode_get_many(operation_ids, calls, raws)
+            sent: list[Call] = []
+            raws = []
+            for call in calls:
+                try:
+                    parts, replies = [call], self._run_many([call])
+                except BackendError as exc:
+                    if len(call.keys) < 2 or not split_slot(exc.__cause__):
+                        raise
+                    # A migrating slot refuses it (TRYAGAIN); it serves one record at a time.
+                    parts = self._core.record_by_record(call)
+                    replies = self._run_many(parts)
+                sent += parts
+                raws += replies
+            return self._core.decode_get_many(operation_ids, sent, raws)
+
+    def _on_cluster(self) -> bool:
+        """Whether the calls run on Redis Cluster (not a single server, nor a model), known
+        once the server was checked (``from_url`` on a cluster node switches then)."""
+        if not self._checked:
+            self.check()
+        return isinstance(self._runner, Runner) and self._runner.is_cluster
 
     def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._checked:
@@ -290,7 +313,36 @@ class Quarantine:
         self._settler = settler
 
     def _run_many(self, calls: list[Call]) -> list[Any]:
-        return self._settler._run_many(calls)
+        runner = self._settler._runner
+        if not (self._settler._on_cluster() and isinstance(runner, Runner)):
+            return self._settler._run_many(calls)
+        return [self._read(runner, call) for call in calls]
+
+    def _read(self, runner: Runner, call: Call) -> Any:
+        """One call of a quarantine read on Redis Cluster. A read of a shard whose slot is
+        migrating, refused while the migration splits its stream and resolutions between
+        the nodes (or one of them does not exist), is done in two single-key reads the
+        migrating slot serves: the stream's entries, then their resolutions (the same
+        answer, a round trip more; docs/operations.md, "Redis Cluster")."""
+        try:
+            return (self._settler._run_many([call]))[0]
+        except BackendError as exc:
+            if call.script != "quarantine_read" or not split_slot(exc.__cause__):
+                raise
+        core = self._settler._core
+        reply = (self._settler._run_many([core.stream_only(call)]))[0]
+        ids = core.match_ids(reply)
+        if not ids:
+            return core.with_resolutions(call, reply, [])
+        key, stream = call.keys[1], call.keys[0]
+        found = runner.command("HMGET", lambda client: client.hmget(key, ids), key=key)
+        span = core.unresolved_span(reply, found)
+        if span is None:
+            return core.with_resolutions(call, reply, found)
+        entries = runner.command(
+            "XRANGE", lambda client: client.xrange(stream, *span), key=stream
+        )
+        return core.with_resolutions(call, reply, found, (e[0] for e in entries))
 
     def _query(
         self,

@@ -1,6 +1,9 @@
 -- quarantine_read.lua: read one shard's quarantine stream with the filters applied here,
 -- so a filtered listing does not ship every entry to the client.
--- KEYS[1] quarantine stream  KEYS[2] resolutions hash (entry id -> resolution JSON)
+-- KEYS[1] quarantine stream  KEYS[2] resolutions hash (entry id -> resolution JSON), or absent:
+-- every entry then reads as unresolved and ARGV[7] filters nothing; the caller reads the
+-- resolutions apart (a Redis Cluster slot whose keys are split by a migration: a node runs a
+-- script only if it holds all of its keys, and one key it follows after ASK).
 -- ARGV[1] lowest id ('-' or '(' id for exclusive)  ARGV[2] highest id ('+' or '(' id)
 -- ARGV[3] max matches  ARGV[4] scan budget (entries examined in this call)
 -- ARGV[5] kind ('' any)  ARGV[6] operation id ('' any)  ARGV[7] '1': unresolved only
@@ -44,7 +47,7 @@ while #out < limit and examined < budget do
     if newest_first then high = '(' .. e[1] else low = '(' .. e[1] end
     local f = {}
     for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
-    local res = redis.call('HGET', KEYS[2], e[1]) or ''
+    local res = KEYS[2] and redis.call('HGET', KEYS[2], e[1]) or ''
     if (ARGV[5] == '' or f.kind == ARGV[5]) and (ARGV[6] == '' or f.op == ARGV[6])
         and (ARGV[7] ~= '1' or res == '') then
       if headers then

@@ -218,9 +218,11 @@ class LocalCluster:
             src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
 
     def migrated(self, slot: int, target: int) -> None:
-        """End the move of :meth:`migrate`: every primary gives ``slot`` to ``target``."""
+        """End the move of :meth:`migrate`: every primary gives ``slot`` to ``target``, the
+        target first (as ``redis-cli --cluster reshard``): a node told before the target
+        redirects (MOVED) to a target still importing, which sends the client back."""
         target_id = self.node_id(target)
-        for i in range(self.primaries):
+        for i in sorted(range(self.primaries), key=lambda i: i != target):
             with self.client(i) as c:
                 c.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
 

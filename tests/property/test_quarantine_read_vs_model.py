@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 import redis
 
+from settle._core.engine import Core
 from settle._core.keys import Keys
 from settle._core.reference import MemoryKeyspace, run_script
 from settle._core.scripts import SCRIPTS
+from settle._runtime.calls import Call
 
 T0 = 1_700_000_000_000
 KINDS = ("unknown_operation", "misbound", "conflicting_settlement")
@@ -112,4 +114,40 @@ def test_every_read_answers_what_the_model_answers(
         model = _no_time(run_script(ks, "quarantine_read", list(call_keys), args))
         if real != model:
             differ.append((args, real[:2], model[:2]))
+    assert not differ, differ[:5]
+
+
+def test_a_read_of_the_stream_alone_joined_with_its_resolutions_answers_the_same(
+    streams: tuple[redis.Redis, MemoryKeyspace, Keys],
+) -> None:
+    """The read of a shard whose Redis Cluster slot a migration split (the stream alone,
+    then HMGET of the resolutions: settle/_async/settler.py, AsyncQuarantine._read): the
+    script and the model agree on the one-key read, and joined with the resolutions it is
+    the two-key read's reply; with the unresolved filter, that of the read without it, the
+    resolved matches dropped (a shorter page, which the walk goes on after)."""
+    client, ks, keys = streams
+    both = (keys.quarantine(0), keys.resolutions(0))
+    differ = []
+    for low, limit, budget, kind, op, unresolved, newest, headers in GRID:
+        args = [low, "+", limit, budget, kind, op, unresolved, newest, headers or "0"]
+        call = Call("quarantine_read", both, tuple(args))
+        alone = Core.stream_only(call)
+        real = _lua(client, alone.keys, args)
+        model = run_script(ks, "quarantine_read", list(alone.keys), args)
+        if _no_time(real) != _no_time(model):
+            differ.append(("one key", args, real[:2], model[:2]))
+        found = client.hmget(keys.resolutions(0), Core.match_ids(real)) if real[4] else []
+        span = Core.unresolved_span(real, found)
+        present = [e[0] for e in client.xrange(both[0], *span)] if span else []
+        joined = _no_time(Core.with_resolutions(call, real, found, present))
+        if span is not None:  # an unresolved match gone from the stream is left out
+            gone = _no_time(Core.with_resolutions(call, real, found, present[1:]))
+            if [m[0] for m in gone[3]] != [m[0] for m in joined[3] if m[0] != present[0]]:
+                differ.append(("gone", args, gone[:2], joined[:2]))
+        # The two-key read without the filter, its resolved matches dropped if filtered.
+        whole = _no_time(_lua(client, both, [*args[:6], "0", *args[7:]]))
+        if unresolved == "1":
+            whole[3] = [m for m in whole[3] if not m[2]]
+        if joined != whole:
+            differ.append(("joined", args, joined[:2], whole[:2]))
     assert not differ, differ[:5]
