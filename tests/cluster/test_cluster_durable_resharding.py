@@ -146,7 +146,7 @@ async def test_a_durable_call_runs_on_the_importing_node_of_its_migrating_slot(
     async with _settler(replicated, flavour, ns, min_replicas=1) as s:
         r = await s.reserve("during", REQ, principal=WHO)
         assert isinstance(r, Reserved)
-        held = {i: replicated.keys_in_slot(i, slot) for i in range(len(replicated.nodes))}
+        held = {i: _of(ns, replicated.keys_in_slot(i, slot)) for i in range(len(replicated.nodes))}
         # Creating the metadata waited: the probe after the script (its ASKING too) wrote
         # on the importing node as well, and left no key there (wait_probe.lua). Checking
         # metadata that is there writes nothing and sends no WAIT (Call.reads_only).
@@ -192,7 +192,7 @@ async def test_a_script_whose_probe_key_moved_ahead_of_what_it_read_is_a_durabil
         create = Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "1"))
         check = Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "0"))
         assert runner.run(create)[0] == b"ok"
-        assert replicated.keys_in_slot(source, slot) == sorted([meta, probe])
+        assert _of(ns, replicated.keys_in_slot(source, slot)) == sorted([meta, probe])
         replicated.start_migrating(slot, source, target)
         replicated.move_keys(source, target, [probe])
         with capture_logs() as logs, pytest.raises(DurabilityError, match="slot is moving"):
@@ -244,7 +244,7 @@ async def test_a_durable_settlement_waits_out_the_migration_of_its_slot(
         assert settled.verdict is Verdict.ACCEPTED
         assert ended == [refusal]
         assert not [e for e in logs if e["event"] == "settle.backend.failed"]
-    assert replicated.keys_in_slot(source, slot) == []
+    assert _of(ns, replicated.keys_in_slot(source, slot)) == []
     if min_replicas:  # acknowledged by the replica when the call returned
         assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
     async with _settler(replicated, flavour, ns) as later:
@@ -278,7 +278,7 @@ async def test_a_durable_settlement_follows_its_slot_to_the_node_it_moved_to(
         record = await s.get("op")
         assert record is not None
         assert record.state is State.COMPLETED
-    assert replicated.keys_in_slot(source, slot) == []
+    assert _of(ns, replicated.keys_in_slot(source, slot)) == []
     assert _record_on_replica(replicated, target, record_key)[b"state"] == b"completed"
 
 
@@ -355,7 +355,7 @@ async def test_a_durable_write_on_the_importing_node_waits_for_that_nodes_replic
                 with pytest.raises(DurabilityError) as info:
                     await s.reserve("op", REQ, principal=WHO)
                 assert (info.value.acknowledged, info.value.required) == (0, 1)
-            assert replicated.keys_in_slot(source, slot) == []
+            assert _of(ns, replicated.keys_in_slot(source, slot)) == []
         finally:
             replica.start()  # same port and nodes.conf: it rejoins as the target's replica
             replicated.wait_ok()
@@ -472,7 +472,7 @@ async def test_a_durable_settlement_by_a_user_refused_asking_raises_the_refusal(
         assert "NoPermissionError" in message
         assert "kept moving" not in message
         assert _slot_contents(replicated, target, slot) == before
-        assert replicated.keys_in_slot(source, slot) == []
+        assert _of(ns, replicated.keys_in_slot(source, slot)) == []
     finally:
         replicated.migrated(slot, target)
         for node in replicated.nodes:
@@ -615,7 +615,7 @@ async def test_a_probe_refused_on_the_importing_node_is_a_durability_error(
         assert [(e["script"], e["probe_refused"]) for e in refused] == [
             ("namespace", "ResponseError")
         ]
-        assert replicated.keys_in_slot(source, slot) == []  # it ran on the importing node
+        assert _of(ns, replicated.keys_in_slot(source, slot)) == []  # it ran on the importing node
     finally:
         replicated.migrated(slot, target)
         runner.close()
@@ -635,7 +635,8 @@ async def test_a_probe_behind_asking_leaves_no_key_the_migrating_node_still_hold
     of the migrating node's keys (without REPLACE) failed with BUSYKEY. The probe behind
     ASKING now writes and deletes a missing key: the call is acknowledged, the importing
     node holds only the call's key, and the keys move."""
-    keys = Keys(_namespace(namespace), SHARDS)
+    ns = _namespace(namespace)
+    keys = Keys(ns, SHARDS)
     meta, probe = keys.meta, wait_probe_key(keys.meta)
     slot = key_slot(meta.encode())
     source = replicated.serving(slot)
@@ -645,14 +646,14 @@ async def test_a_probe_behind_asking_leaves_no_key_the_migrating_node_still_hold
     sessions = Runner(cluster_client(replicated.url, None), SESSIONS, durability)
     try:
         assert core.run(Call("namespace", (meta,), (SHARDS, FINGERPRINT_VERSION, "1")))[0] == b"ok"
-        assert replicated.keys_in_slot(source, slot) == sorted([meta, probe])
+        assert _of(ns, replicated.keys_in_slot(source, slot)) == sorted([meta, probe])
         replicated.start_migrating(slot, source, target)
         renew = Call("epoch_renew", (keys.console_epochs,), ("d" * 64, "epoch-1"))
         assert sessions.run(renew) == [b"renewed"]
-        assert replicated.keys_in_slot(target, slot) == [keys.console_epochs]
-        assert replicated.migrate(slot, source, target) == sorted([meta, probe])
+        assert _of(ns, replicated.keys_in_slot(target, slot)) == [keys.console_epochs]
+        assert _of(ns, replicated.migrate(slot, source, target)) == sorted([meta, probe])
         replicated.migrated(slot, target)
-        assert replicated.keys_in_slot(source, slot) == []
+        assert _of(ns, replicated.keys_in_slot(source, slot)) == []
     finally:
         core.close()
         sessions.close()
