@@ -167,6 +167,8 @@ if hasattr(os, "register_at_fork"):
 
 #: The server attributes a messaging span and its duration carry (the stream's server).
 _SERVER = ("server.address", "server.port")
+#: The node a messaging span's settlement went to, on a cluster (the span only).
+_PEER = ("network.peer.address", "network.peer.port")
 
 #: The plain context key ``suppress_instrumentation()`` also sets (the instrumentations'
 #: ``is_instrumentation_enabled`` reads it beside the API's own key).
@@ -445,9 +447,10 @@ class Otel:
             "settle.progress.consumer": consumer,
         }
         # The broker, as the messaging conventions require it when known: the stream's
-        # server (on a cluster, the node that serves the stream's slot).
+        # server as configured; on a cluster, the node that serves the stream's slot is the
+        # peer (the span's only: a metric keeps the configured server).
         server = _quietly(server_attributes, client, scope.stream) if client is not None else None
-        for key in _SERVER:
+        for key in (*_SERVER, *_PEER):
             if server and key in server:
                 attributes[key] = server[key]
         span = self.start(f"{name} {scope.stream}", kind=self._client, attributes=attributes)

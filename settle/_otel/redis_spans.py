@@ -1,5 +1,6 @@
-"""A Redis call's client span: the server attributes of the node it goes to
-(``server.address``, ``server.port``, ``db.namespace``) and the name of its failure
+"""A Redis call's client span: its server attributes (the configured ``server.address``
+/ ``server.port``, ``db.namespace``, on a cluster the node it goes to in
+``network.peer.address`` / ``network.peer.port``) and the name of its failure
 (``db.response.status_code`` and ``error.type``: what Redis or redis-py said, never the
 settle error that wraps it, never the rest of a reply)."""
 
@@ -17,31 +18,25 @@ __all__ = ["Client", "redis_error", "server_attributes", "status_code"]
 
 
 def server_attributes(client: Any, key: str | None) -> dict[str, Any]:
-    """``server.address`` / ``server.port`` / ``db.namespace`` of the node a call goes to:
-    a standalone client's pool, or the cluster node that serves ``key``'s slot."""
+    """The attributes of the server a call goes to, as the Redis semantic conventions ask:
+    ``server.address`` / ``server.port``, the address the application configured (a
+    standalone client's; a cluster client's first startup node), never derived from the
+    node a call goes to; ``db.namespace``; and on a cluster the node that serves ``key``'s
+    slot, ``network.peer.address`` / ``network.peer.port``."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:  # standalone: the same for every call, kept with the pool
         known = _POOLS.get(pool)
         if known is None:
-            known = _POOLS[pool] = _peer(client, None)
+            known = _POOLS[pool] = _configured(pool)
         return known
-    return _peer(client, key)
+    return _cluster(client, key)
 
 
 #: The server attributes of each standalone client's connection pool.
 _POOLS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-def _peer(client: Any, key: str | None) -> dict[str, Any]:
-    node = None
-    if key is not None and hasattr(client, "get_node_from_key"):
-        try:
-            node = client.get_node_from_key(key)
-        except Exception:  # noqa: BLE001  # no node known yet: report none
-            node = None
-    if node is not None:
-        return {"server.address": node.host, "server.port": int(node.port), "db.namespace": "0"}
-    pool = getattr(client, "connection_pool", None)
+def _configured(pool: Any) -> dict[str, Any]:
     given = getattr(pool, "connection_kwargs", None) or {}
     found: dict[str, Any] = {}
     if "path" in given:
@@ -50,6 +45,26 @@ def _peer(client: Any, key: str | None) -> dict[str, Any]:
         found["server.address"] = str(given["host"])
         found["server.port"] = int(given.get("port", 6379))
     found["db.namespace"] = str(given.get("db", 0))
+    return found
+
+
+def _cluster(client: Any, key: str | None) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    startup = getattr(client, "startup_nodes", None)  # as the application gave them
+    first = next(iter(startup.values() if isinstance(startup, dict) else startup or ()), None)
+    if first is not None:
+        found["server.address"] = str(first.host)
+        found["server.port"] = int(first.port)
+    found["db.namespace"] = "0"
+    node = None
+    if key is not None and hasattr(client, "get_node_from_key"):
+        try:
+            node = client.get_node_from_key(key)
+        except Exception:  # noqa: BLE001  # no node known yet: report none
+            node = None
+    if node is not None:
+        found["network.peer.address"] = str(node.host)
+        found["network.peer.port"] = int(node.port)
     return found
 
 
