@@ -9,6 +9,7 @@ exporter is logged and dropped: telemetry never changes what settle does).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -111,11 +112,63 @@ class Span:
             self._otel.quietly(self._otel.context.detach, self._token)
         if self.attributes:
             self._otel.quietly(self.span.set_attributes, self.attributes)
+        self._end()
+
+    def _end(self) -> None:
         self._otel.quietly(self.span.end)
 
     def _failed(self, kind: type[BaseException], _exc: object) -> None:
         """Name the error the block raised (its class: never its message)."""
         self.attributes["error.type"] = kind.__qualname__
+
+
+#: Guards the count of every :class:`Held` span (a few per decorated call: uncontended).
+_HOLDS = threading.Lock()
+
+
+class Held(Span):
+    """A span other threads work under (the sync heartbeat's renewals under their attempt,
+    the attempts under their operation): it ends when its block has exited and the last of
+    that work is done (:meth:`hold`, :meth:`release`), so that no child outlives it. A
+    ``holder`` is held until this span ends."""
+
+    __slots__ = ("_closing", "_holder", "_holds")
+
+    def __init__(self, otel: Otel, span: Any, holder: Held | None = None) -> None:
+        super().__init__(otel, span)
+        self._holds = 0
+        self._closing = False
+        self._holder = holder
+        if holder is not None:
+            holder.hold()
+
+    def hold(self) -> bool:
+        """Keep the span open for work done under it until :meth:`release`; False (nothing
+        held) when it has ended."""
+        with _HOLDS:
+            if self._closing and not self._holds:
+                return False
+            self._holds += 1
+            return True
+
+    def release(self) -> None:
+        with _HOLDS:
+            self._holds -= 1
+            if self._holds or not self._closing:
+                return
+        self._ended()
+
+    def _end(self) -> None:
+        with _HOLDS:
+            self._closing = True
+            if self._holds:
+                return  # the last release ends it
+        self._ended()
+
+    def _ended(self) -> None:
+        self._otel.quietly(self.span.end)
+        if self._holder is not None:
+            self._holder.release()
 
 
 class Call(Span):
@@ -134,7 +187,7 @@ class Call(Span):
         return result
 
 
-class Operation(Span):
+class Operation(Held):
     """The decorator's span of one operation; each attempt a child span, current while it
     runs and settles."""
 
@@ -142,7 +195,7 @@ class Operation(Span):
 
     def __init__(self, otel: Otel, span: Any) -> None:
         super().__init__(otel, span)
-        self._current: Span | None = None
+        self._current: Held | None = None
         self.attempts = 0
 
     def attempt(self, attempt: Any) -> None:
@@ -157,7 +210,7 @@ class Operation(Span):
             },
         )
         if span is not None:
-            self._current = Span(self._otel, span)
+            self._current = Held(self._otel, span, self)
 
     def ran(self, ran: Any) -> None:
         """What the attempt's function did (the decorator's ``Ran``): its error's class,
@@ -174,8 +227,9 @@ class Operation(Span):
     def capture(self) -> Resume | Nothing:
         """The current context (the running attempt's span), to be made current again
         around work another thread does for the attempt (``with captured: ...``): the
-        sync heartbeat's renewals are children of the attempt they renew."""
-        return capture(self._otel)
+        sync heartbeat's renewals are children of the attempt they renew, which ends after
+        them (a renewal in flight when the attempt ends holds it open)."""
+        return capture(self._otel, self._current or self)
 
     def attempt_done(self, kind: type[BaseException] | None = None) -> None:
         current, self._current = self._current, None
@@ -227,30 +281,45 @@ class Request:
         return capture(self._otel)
 
 
-def capture(otel: Otel) -> Resume | Nothing:
-    """The current context, to be made current again in another thread."""
+def capture(otel: Otel, holder: Held | None = None) -> Resume | Nothing:
+    """The current context, to be made current again in another thread; ``holder``, the
+    current span when settle made it, is held open while it is."""
     captured = otel.quietly(otel.context.get_current)
-    return NOTHING if captured is None else Resume(otel, captured)
+    return NOTHING if captured is None else Resume(otel, captured, holder)
 
 
 class Resume:
-    """A captured context, made current for a ``with`` block (in any thread)."""
+    """A captured context, made current for a ``with`` block (in any thread), its
+    ``holder`` held open meanwhile; once the holder has ended, the block's spans are not
+    its children (they would outlive it) but roots of their own."""
 
-    __slots__ = ("_context", "_otel", "_token")
+    __slots__ = ("_context", "_held", "_holder", "_otel", "_token")
 
-    def __init__(self, otel: Otel, context: Any) -> None:
+    def __init__(self, otel: Otel, context: Any, holder: Held | None = None) -> None:
         self._otel = otel
         self._context = context
+        self._holder = holder
+        self._held = False
         self._token: Any = None
 
     def __enter__(self) -> Self:
-        self._token = self._otel.attach(context=self._context)
+        context, holder = self._context, self._holder
+        if holder is not None:
+            self._held = holder.hold()
+            if not self._held:
+                trace = self._otel.trace
+                context = self._otel.quietly(trace.set_span_in_context, trace.INVALID_SPAN, context)
+        self._token = self._otel.attach(context=context)
         return self
 
     def __exit__(self, *_: object) -> None:
         token, self._token = self._token, None
         if token is not None:
             self._otel.quietly(self._otel.context.detach, token)
+        holder = self._holder
+        if self._held and holder is not None:
+            self._held = False
+            holder.release()
 
 
 class Settling(Span):

@@ -84,4 +84,3 @@ def test_stream_command_spans_name_the_node_of_the_slot_too(
             assert (a.get("server.address"), a.get("server.port")) == configured, span.name
             seen.add(a.get("db.operation.name") or "settlement")
     assert {"XREADGROUP", "settlement"} <= seen, seen
-
