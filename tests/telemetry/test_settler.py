@@ -333,3 +333,29 @@ async def test_an_async_pipeline_of_one_call_is_that_call(
         await one.aclose()
         await four.aclose()
     _one_call_pipeline_is_that_call(otel, port)
+
+
+def test_a_settler_checked_at_start_reports_its_set_up_in_one_trace(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``with Settler.from_url(...)`` (or ``check()``) sets the namespace up before any
+    call: its Redis spans are in the caller's trace, under its current span, and without
+    one in a trace of their own (``settle.check``), not each a root trace of its own."""
+    tracer = trace.get_tracer("tests")
+    with (
+        tracer.start_as_current_span("caller") as caller,
+        Settler.from_url(redis_url, namespace=namespace, shards=4),
+    ):
+        pass
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as s:
+        s.reserve("op-1", {}, principal=PRINCIPAL)  # checked: its own spans only
+    redis_spans = [s for s in otel.spans() if (s.attributes or {}).get("db.system.name")]
+    first = [s for s in redis_spans if s.context.trace_id == caller.get_span_context().trace_id]
+    assert first  # the set-up, under the caller
+    assert {s.attributes["db.operation.name"] for s in first} >= {"EXISTS"}
+    roots = [s for s in otel.spans() if s.parent is None and s.name != "caller"]
+    assert [s.name for s in roots] == ["settle.check", "settle.reserve"], [s.name for s in roots]
+    check = roots[0]
+    assert check.attributes["settle.namespace"] == namespace
+    for span in redis_spans:
+        assert span.parent is not None, span.name  # no lone Redis root
