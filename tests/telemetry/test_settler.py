@@ -359,3 +359,19 @@ def test_a_settler_checked_at_start_reports_its_set_up_in_one_trace(
     assert check.attributes["settle.namespace"] == namespace
     for span in redis_spans:
         assert span.parent is not None, span.name  # no lone Redis root
+
+
+def test_a_pipeline_of_one_script_names_it_and_stays_a_pipeline(
+    settler: Settler, otel: Telemetry
+) -> None:
+    """A batch whose calls all run one script names it in ``db.stored_procedure.name``, as
+    the database conventions ask of a batch of one stored procedure; ``db.operation.name``
+    and the span's name stay ``PIPELINE`` (what dashboards filter on, the same whether the
+    server runs FCALL or EVALSHA), not the Redis conventions' ``PIPELINE FCALL``."""
+    settler.reserve("op-1", {}, principal=PRINCIPAL)
+    otel.exporter.clear()
+    settler.quarantine.list()
+    batch = otel.children(otel.span("settle.quarantine.list"))[-1]
+    assert batch.name == batch.attributes["db.operation.name"] == "PIPELINE"
+    assert batch.attributes["db.operation.batch.size"] == 4
+    assert batch.attributes["db.stored_procedure.name"] == "quarantine_read"
