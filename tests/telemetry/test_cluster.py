@@ -84,3 +84,13 @@ def test_stream_command_spans_name_the_node_of_the_slot_too(
             assert (a.get("server.address"), a.get("server.port")) == configured, span.name
             seen.add(a.get("db.operation.name") or "settlement")
     assert {"XREADGROUP", "settlement"} <= seen, seen
+    # The duration metric keeps the configured server only: a series per node would split
+    # one cluster's settlements (the node is the span's alone, docs/observability.md).
+    points = otel.points(
+        "messaging.client.operation.duration", **{"messaging.destination.name": stream}
+    )
+    assert points
+    for point in points:
+        given = dict(point.attributes)
+        assert (given["server.address"], given["server.port"]) == configured, given
+        assert not {"network.peer.address", "network.peer.port"} & set(given), given

@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
+import redis
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from settle import AsyncSettler, BackendError, BindingMismatch, FingerprintMismatch, Settler
+from settle._telemetry import telemetry
 from settle.cursor import CursorStore
 from tests.telemetry.conftest import Telemetry, script_operation
 
@@ -375,3 +378,67 @@ def test_a_pipeline_of_one_script_names_it_and_stays_a_pipeline(
     assert batch.name == batch.attributes["db.operation.name"] == "PIPELINE"
     assert batch.attributes["db.operation.batch.size"] == 4
     assert batch.attributes["db.stored_procedure.name"] == "quarantine_read"
+
+
+@pytest.mark.asyncio
+async def test_an_async_settler_checked_at_start_reports_its_set_up_under_the_caller(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``async with AsyncSettler.from_url(...)``: the set-up is one ``settle.check`` span
+    under the caller's current span, its Redis calls inside, as the sync settler's."""
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("caller") as caller:
+        async with AsyncSettler.from_url(redis_url, namespace=namespace, shards=4):
+            pass
+    check = otel.span("settle.check")
+    assert check.parent is not None
+    assert check.parent.span_id == caller.get_span_context().span_id
+    redis_spans = [s for s in otel.spans() if (s.attributes or {}).get("db.system.name")]
+    assert redis_spans
+    assert {s.parent.span_id for s in redis_spans if s.parent} == {check.context.span_id}
+    assert all(s.parent is not None for s in redis_spans)
+
+
+@pytest.mark.parametrize("first", ["get_many", "quarantine.list"])
+def test_a_first_call_keeps_the_set_up_in_its_own_span(
+    redis_url: str, namespace: str, otel: Telemetry, first: str
+) -> None:
+    """A settler not checked at start sets the namespace up in its first call, whichever
+    path that call checks through (``get_many`` and the quarantine listing ask first
+    whether the server is a cluster): the set-up's Redis calls are in that call's span, no
+    ``settle.check`` span is made; and ``check()`` on a settler already checked reports
+    nothing (a readiness probe calling it makes no span)."""
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    try:
+        if first == "get_many":
+            settler.get_many(["op-1", "op-2"])
+        else:
+            settler.quarantine.list()
+        settler.check()
+        with settler:
+            pass
+    finally:
+        settler.close()
+    roots = [s.name for s in otel.spans() if s.parent is None]
+    assert roots == [f"settle.{first}"], roots
+    assert otel.spans("settle.check") == []
+
+
+def test_a_pipeline_of_several_scripts_names_none(redis_url: str, otel: Telemetry) -> None:
+    """``db.stored_procedure.name`` on a ``PIPELINE`` span only when every call of the
+    batch runs the same script: a batch of two scripts names neither."""
+    hooks = telemetry()
+    client = redis.Redis.from_url(redis_url)
+    mixed = [SimpleNamespace(script="get", keys=["a"]), SimpleNamespace(script="claim", keys=[])]
+    same = [SimpleNamespace(script="get", keys=["a"]), SimpleNamespace(script="get", keys=[])]
+    try:
+        with hooks.pipeline(client, "EVALSHA", mixed):
+            pass
+        with hooks.pipeline(client, "EVALSHA", same):
+            pass
+    finally:
+        client.close()
+    first, second = otel.spans("PIPELINE")
+    assert first.attributes["db.operation.batch.size"] == 2
+    assert "db.stored_procedure.name" not in first.attributes
+    assert second.attributes["db.stored_procedure.name"] == "get"
