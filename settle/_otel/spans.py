@@ -28,6 +28,7 @@ __all__ = [
     "Settling",
     "Span",
     "capture",
+    "forked",
 ]
 
 T = TypeVar("T")
@@ -124,6 +125,14 @@ class Span:
 
 #: Guards the count of every :class:`Held` span (a few per decorated call: uncontended).
 _HOLDS = threading.Lock()
+
+
+def forked() -> None:
+    """In a child process after a fork: a new :data:`_HOLDS` (a heartbeat thread of the
+    parent held it at the fork would leave it held for good in the child, where that
+    thread does not exist, and hang the child's first decorated call)."""
+    global _HOLDS  # noqa: PLW0603  # the one lock, replaced as the tallies' are
+    _HOLDS = threading.Lock()
 
 
 class Held(Span):

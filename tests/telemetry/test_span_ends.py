@@ -7,6 +7,7 @@ process's provider, doing nothing until a test arms it."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -100,3 +101,42 @@ def test_work_resumed_after_its_attempt_ended_is_no_child_of_it(otel: Telemetry)
         pass
     assert otel.span("settle.attempt").end_time is not None
     assert otel.span("late").parent is None
+
+
+def test_a_child_forked_while_a_span_was_held_ends_its_spans(otel: Telemetry) -> None:
+    """The lock that counts the work holding a span open (a heartbeat thread taking it at
+    each renewal) is taken by another thread at the fork: the child (gunicorn --preload, a
+    multiprocessing worker) must not inherit it taken, or its first decorated call would
+    hang for good as it starts an attempt."""
+    from settle._otel import spans  # noqa: PLC0415  # the lock of this module
+
+    taken, done = threading.Event(), threading.Event()
+
+    def holding_the_lock() -> None:
+        with spans._HOLDS:
+            taken.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=holding_the_lock)
+    thread.start()
+    assert taken.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: the attempt starts and ends in another thread, given 5 s
+        ended: list[bool] = []
+
+        def attempt() -> None:
+            operation = telemetry().operation("ns", attempt)
+            with operation:
+                operation.attempt(SimpleNamespace(number=1, generation=1))
+            ended.append(True)
+
+        try:
+            worker = threading.Thread(target=attempt, daemon=True)
+            worker.start()
+            worker.join(5)
+        finally:
+            os._exit(0 if ended else 1)
+    done.set()
+    thread.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
