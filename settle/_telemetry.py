@@ -134,7 +134,7 @@ class Noop:
     def _nothing(self, *_: Any, **__: Any) -> Nothing:
         return NOTHING
 
-    call = redis = pipeline = operation = settling = _nothing
+    call = check = redis = pipeline = operation = settling = _nothing
 
     def http_request(self, *_: Any) -> Nothing:
         return NOTHING
@@ -308,6 +308,15 @@ class Otel:
         if isinstance(generation, int):
             call.set("settle.generation", generation)
         return call
+
+    def check(self, namespace: str) -> Span | Nothing:
+        """The span of a settler's set-up before its first call (``settle.check``), its
+        Redis calls inside. No measurement: ``settle.call.duration`` is the duration of the
+        calls an application makes, not of a start-up's server checks."""
+        if self.off():
+            return NOTHING
+        span = self.start("settle.check", attributes={"settle.namespace": namespace})
+        return NOTHING if span is None else Span(self, span)
 
     def observe(self, call: Call, result: Any) -> None:
         ns = call.namespace

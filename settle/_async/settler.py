@@ -109,11 +109,12 @@ class AsyncSettler(AsyncConnectable):
 
     async def check(self) -> None:
         """Verify the server and the namespace's shard count (done once, lazily). Called
-        (or by ``async with``) before any call, the set-up is reported in a span of its
-        own, ``settle.check``: its Redis calls in one trace, under the caller's span."""
+        before any call (entering the settler's ``with`` block calls it), the set-up is
+        reported in a span of its own, ``settle.check``: its Redis calls in one trace,
+        under the caller's span."""
         if self._checked:
             return
-        with self._span("check"):
+        with telemetry().check(self.config.namespace):
             await self._check()
 
     async def _check(self) -> None:

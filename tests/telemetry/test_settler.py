@@ -442,3 +442,18 @@ def test_a_pipeline_of_several_scripts_names_none(redis_url: str, otel: Telemetr
     assert first.attributes["db.operation.batch.size"] == 2
     assert "db.stored_procedure.name" not in first.attributes
     assert second.attributes["db.stored_procedure.name"] == "get"
+
+
+def test_the_set_up_is_no_call_in_the_call_duration(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``settle.call.duration`` is the duration of the calls an application makes
+    (``reserve``, ``complete``...), what a latency dashboard and its alerts read: the
+    set-up ``with Settler.from_url(...)`` does at start (``settle.check``, with the server's
+    checks and a script load, far slower than a call) adds no series of its own there."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
+        settler.reserve("op-1", {}, principal=PRINCIPAL)
+    assert otel.span("settle.check").attributes["settle.namespace"] == namespace
+    ns = {"settle.namespace": namespace}
+    assert otel.count("settle.call.duration", **ns, **{"settle.call.name": "reserve"}) == 1
+    assert otel.count("settle.call.duration", **ns, **{"settle.call.name": "check"}) == 0
