@@ -10,7 +10,7 @@ import pytest
 import redis
 from redis.cluster import ClusterNode
 
-from settle import Settler
+from settle import AsyncSettler, Settler
 from settle.progress import ProgressStore, StreamConsumer
 from tests.cluster.cluster_support import LocalCluster
 from tests.telemetry.conftest import Telemetry, script_operation
@@ -94,3 +94,50 @@ def test_stream_command_spans_name_the_node_of_the_slot_too(
         given = dict(point.attributes)
         assert (given["server.address"], given["server.port"]) == configured, given
         assert not {"network.peer.address", "network.peer.port"} & set(given), given
+
+
+def _configured_and_peers(otel: Telemetry, configured: tuple[str, int], port: int) -> set[int]:
+    """Every script span names ``configured`` as its server and a primary as its peer; the
+    peers seen."""
+    script = script_operation(port)
+    peers = set()
+    for span in otel.spans():
+        a = span.attributes or {}
+        if a.get("db.operation.name") != script:
+            continue
+        assert (a["server.address"], a["server.port"]) == configured, span.name
+        peers.add(a["network.peer.port"])
+    return peers
+
+
+def test_a_cluster_node_url_is_the_configured_server(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """``Settler.from_url`` on one node's URL (not the cluster's first node) switches to a
+    cluster client at its check: the spans' server is that URL's node, whichever primary
+    each call goes to."""
+    node = cluster.nodes[2]
+    settler = Settler.from_url(node.url, namespace=namespace, shards=8)
+    try:
+        for n in range(8):
+            settler.reserve(f"op-{n}", {"n": n}, principal="tenant:a")
+    finally:
+        settler.close()
+    peers = _configured_and_peers(otel, ("127.0.0.1", node.port), node.port)
+    assert len(peers) > 1
+
+
+@pytest.mark.asyncio
+async def test_async_cluster_spans_name_the_configured_server_and_the_peer(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """The async cluster client (its own redis-py class) as the sync one."""
+    configured = cluster.startup_nodes[1:] + cluster.startup_nodes[:1]
+    settler = AsyncSettler.from_cluster(configured, namespace=namespace, shards=8)
+    try:
+        for n in range(8):
+            await settler.reserve(f"op-{n}", {"n": n}, principal="tenant:a")
+    finally:
+        await settler.aclose()
+    peers = _configured_and_peers(otel, configured[0], cluster.nodes[0].port)
+    assert len(peers) > 1
