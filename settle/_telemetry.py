@@ -40,7 +40,6 @@ import time
 from typing import Any
 
 from settle._log import logger
-from settle._otel import spans
 from settle._otel.metrics import (
     CALL_BUCKETS,
     MESSAGING,
@@ -159,7 +158,6 @@ def telemetry() -> Noop | Otel:
 
 def _after_fork() -> None:
     forked()
-    spans.forked()
     _failed._forked()
 
 

@@ -9,7 +9,6 @@ exporter is logged and dropped: telemetry never changes what settle does).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -28,7 +27,6 @@ __all__ = [
     "Settling",
     "Span",
     "capture",
-    "forked",
 ]
 
 T = TypeVar("T")
@@ -113,71 +111,11 @@ class Span:
             self._otel.quietly(self._otel.context.detach, self._token)
         if self.attributes:
             self._otel.quietly(self.span.set_attributes, self.attributes)
-        self._end()
-
-    def _end(self) -> None:
         self._otel.quietly(self.span.end)
 
     def _failed(self, kind: type[BaseException], _exc: object) -> None:
         """Name the error the block raised (its class: never its message)."""
         self.attributes["error.type"] = kind.__qualname__
-
-
-#: Guards the count of every :class:`Held` span (a few per decorated call: uncontended).
-_HOLDS = threading.Lock()
-
-
-def forked() -> None:
-    """In a child process after a fork: a new :data:`_HOLDS` (a heartbeat thread of the
-    parent held it at the fork would leave it held for good in the child, where that
-    thread does not exist, and hang the child's first decorated call)."""
-    global _HOLDS  # noqa: PLW0603  # the one lock, replaced as the tallies' are
-    _HOLDS = threading.Lock()
-
-
-class Held(Span):
-    """A span other threads work under (the sync heartbeat's renewals under their attempt,
-    the attempts under their operation): it ends when its block has exited and the last of
-    that work is done (:meth:`hold`, :meth:`release`), so that no child outlives it. A
-    ``holder`` is held until this span ends."""
-
-    __slots__ = ("_closing", "_holder", "_holds")
-
-    def __init__(self, otel: Otel, span: Any, holder: Held | None = None) -> None:
-        super().__init__(otel, span)
-        self._holds = 0
-        self._closing = False
-        self._holder = holder
-        if holder is not None:
-            holder.hold()
-
-    def hold(self) -> bool:
-        """Keep the span open for work done under it until :meth:`release`; False (nothing
-        held) when it has ended."""
-        with _HOLDS:
-            if self._closing and not self._holds:
-                return False
-            self._holds += 1
-            return True
-
-    def release(self) -> None:
-        with _HOLDS:
-            self._holds -= 1
-            if self._holds or not self._closing:
-                return
-        self._ended()
-
-    def _end(self) -> None:
-        with _HOLDS:
-            self._closing = True
-            if self._holds:
-                return  # the last release ends it
-        self._ended()
-
-    def _ended(self) -> None:
-        self._otel.quietly(self.span.end)
-        if self._holder is not None:
-            self._holder.release()
 
 
 class Call(Span):
@@ -196,7 +134,7 @@ class Call(Span):
         return result
 
 
-class Operation(Held):
+class Operation(Span):
     """The decorator's span of one operation; each attempt a child span, current while it
     runs and settles."""
 
@@ -204,7 +142,7 @@ class Operation(Held):
 
     def __init__(self, otel: Otel, span: Any) -> None:
         super().__init__(otel, span)
-        self._current: Held | None = None
+        self._current: Span | None = None
         self.attempts = 0
 
     def attempt(self, attempt: Any) -> None:
@@ -219,7 +157,7 @@ class Operation(Held):
             },
         )
         if span is not None:
-            self._current = Held(self._otel, span, self)
+            self._current = Span(self._otel, span)
 
     def ran(self, ran: Any) -> None:
         """What the attempt's function did (the decorator's ``Ran``): its error's class,
@@ -236,9 +174,8 @@ class Operation(Held):
     def capture(self) -> Resume | Nothing:
         """The current context (the running attempt's span), to be made current again
         around work another thread does for the attempt (``with captured: ...``): the
-        sync heartbeat's renewals are children of the attempt they renew, which ends after
-        them (a renewal in flight when the attempt ends holds it open)."""
-        return capture(self._otel, self._current or self)
+        sync heartbeat's renewals are children of the attempt they renew."""
+        return capture(self._otel)
 
     def attempt_done(self, kind: type[BaseException] | None = None) -> None:
         current, self._current = self._current, None
@@ -290,45 +227,30 @@ class Request:
         return capture(self._otel)
 
 
-def capture(otel: Otel, holder: Held | None = None) -> Resume | Nothing:
-    """The current context, to be made current again in another thread; ``holder``, the
-    current span when settle made it, is held open while it is."""
+def capture(otel: Otel) -> Resume | Nothing:
+    """The current context, to be made current again in another thread."""
     captured = otel.quietly(otel.context.get_current)
-    return NOTHING if captured is None else Resume(otel, captured, holder)
+    return NOTHING if captured is None else Resume(otel, captured)
 
 
 class Resume:
-    """A captured context, made current for a ``with`` block (in any thread), its
-    ``holder`` held open meanwhile; once the holder has ended, the block's spans are not
-    its children (they would outlive it) but roots of their own."""
+    """A captured context, made current for a ``with`` block (in any thread)."""
 
-    __slots__ = ("_context", "_held", "_holder", "_otel", "_token")
+    __slots__ = ("_context", "_otel", "_token")
 
-    def __init__(self, otel: Otel, context: Any, holder: Held | None = None) -> None:
+    def __init__(self, otel: Otel, context: Any) -> None:
         self._otel = otel
         self._context = context
-        self._holder = holder
-        self._held = False
         self._token: Any = None
 
     def __enter__(self) -> Self:
-        context, holder = self._context, self._holder
-        if holder is not None:
-            self._held = holder.hold()
-            if not self._held:
-                trace = self._otel.trace
-                context = self._otel.quietly(trace.set_span_in_context, trace.INVALID_SPAN, context)
-        self._token = self._otel.attach(context=context)
+        self._token = self._otel.attach(context=self._context)
         return self
 
     def __exit__(self, *_: object) -> None:
         token, self._token = self._token, None
         if token is not None:
             self._otel.quietly(self._otel.context.detach, token)
-        holder = self._holder
-        if self._held and holder is not None:
-            self._held = False
-            holder.release()
 
 
 class Settling(Span):
