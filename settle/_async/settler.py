@@ -108,7 +108,17 @@ class AsyncSettler(AsyncConnectable):
         return self
 
     async def check(self) -> None:
-        """Verify the server and the namespace's shard count (done once, lazily)."""
+        """Verify the server and the namespace's shard count (done once, lazily). Called
+        before any call (entering the settler's ``with`` block calls it), the set-up is
+        reported in a span of its own, ``settle.check``: its Redis calls in one trace,
+        under the caller's span."""
+        if self._checked:
+            return
+        with telemetry().check(self.config.namespace):
+            await self._check()
+
+    async def _check(self) -> None:
+        """:meth:`check`, inside the call that needs it (its span holds the set-up)."""
         if self._checked:
             return
         await self._runner.prepare()
@@ -137,7 +147,7 @@ class AsyncSettler(AsyncConnectable):
     async def _run(self, call: Call) -> Any:
         if not self._checked:
             with naming(call):
-                await self.check()
+                await self._check()
         mark = self._core.loss_mark()
         raw = await self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
@@ -239,12 +249,12 @@ class AsyncSettler(AsyncConnectable):
         """Whether the calls run on Redis Cluster (not a single server, nor a model), known
         once the server was checked (``from_url`` on a cluster node switches then)."""
         if not self._checked:
-            await self.check()
+            await self._check()
         return isinstance(self._runner, AsyncRunner) and self._runner.is_cluster
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._checked:
-            await self.check()
+            await self._check()
         return await self._runner.run_many(calls)
 
     async def attempts(self, operation_id: str) -> list[AttemptObservation]:

@@ -109,7 +109,17 @@ class Settler(Connectable):
         return self
 
     def check(self) -> None:
-        """Verify the server and the namespace's shard count (done once, lazily)."""
+        """Verify the server and the namespace's shard count (done once, lazily). Called
+        before any call (entering the settler's ``with`` block calls it), the set-up is
+        reported in a span of its own, ``settle.check``: its Redis calls in one trace,
+        under the caller's span."""
+        if self._checked:
+            return
+        with telemetry().check(self.config.namespace):
+            self._check()
+
+    def _check(self) -> None:
+        """:meth:`check`, inside the call that needs it (its span holds the set-up)."""
         if self._checked:
             return
         self._runner.prepare()
@@ -138,7 +148,7 @@ class Settler(Connectable):
     def _run(self, call: Call) -> Any:
         if not self._checked:
             with naming(call):
-                self.check()
+                self._check()
         mark = self._core.loss_mark()
         raw = self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
@@ -240,12 +250,12 @@ class Settler(Connectable):
         """Whether the calls run on Redis Cluster (not a single server, nor a model), known
         once the server was checked (``from_url`` on a cluster node switches then)."""
         if not self._checked:
-            self.check()
+            self._check()
         return isinstance(self._runner, Runner) and self._runner.is_cluster
 
     def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._checked:
-            self.check()
+            self._check()
         return self._runner.run_many(calls)
 
     def attempts(self, operation_id: str) -> list[AttemptObservation]:
