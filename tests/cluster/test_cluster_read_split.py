@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from redis.crc import key_slot
@@ -21,6 +22,15 @@ from structlog.testing import capture_logs
 
 from settle import Settler
 from settle._core.keys import Keys, shard_of
+from settle.cursor import (
+    AsyncCursorStore,
+    CursorConsumer,
+    CursorStore,
+    Event,
+    Page,
+    ProviderContract,
+)
+from settle.cursor._keys import stream_keys
 from settle.errors import BackendError
 from tests.cluster.cluster_support import LocalCluster
 from tests.cluster.test_cluster_quarantine_resharding import (
@@ -29,6 +39,7 @@ from tests.cluster.test_cluster_quarantine_resharding import (
     _settler,
     moving,
 )
+from tests.integration.conftest import Awaitable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
 
@@ -191,3 +202,67 @@ async def test_a_write_refused_by_a_migration_is_not_split(
             assert "settle.backend.failed" in events
             assert "settle.cluster.read_split" not in events
         assert s.get(ops[1]) is None
+
+
+def _fed_stream(store: CursorStore, stream: str, pages: int) -> None:
+    """``stream`` started, and ``pages`` pages of one event each applied (a witness and a
+    receipt each)."""
+    store.start(stream, b"c0")
+
+    def fetch(cursor: bytes) -> Page:
+        n = int(cursor[1:])
+        if n >= pages:
+            return Page([], cursor)
+        return Page([Event(f"evt-{n}", n + 1, {"n": n})], f"c{n + 1}".encode())
+
+    consumer = CursorConsumer(
+        fetch, lambda e, c: None, ProviderContract(), store=store, stream=stream
+    )
+    consumer.run(max_steps=pages + 1)
+
+
+@pytest.mark.parametrize("split", ["fresh-nothing-moved", "fed-checkpoint-moved"])
+async def test_cursor_inspection_of_a_stream_whose_slot_migrates(
+    moving: LocalCluster, namespace: str, flavour: str, split: str
+) -> None:
+    """``checkpoint``, ``witnesses`` and ``receipts`` read the stream's five keys in one
+    script: refused while a migration splits them, or while one does not exist yet (a
+    stream just started has only its checkpoint). They failed with ``BackendError`` for the
+    whole migration; they are read one key at a time now, with the same answer."""
+    stream = "orders"
+    keys = stream_keys(namespace, stream)
+    fed = split.startswith("fed")
+    with CursorStore.from_cluster(moving.url, namespace=namespace) as writer:
+        _fed_stream(writer, stream, 3 if fed else 0)
+    if flavour == "sync":
+        sync_store = CursorStore.from_cluster(moving.url, namespace=namespace)
+        store: Any = Awaitable(sync_store)
+        closing: Any = Awaitable(sync_store).close
+    else:
+        store = AsyncCursorStore.from_cluster(moving.url, namespace=namespace)
+        closing = store.aclose
+    try:
+
+        async def inspected() -> tuple[Any, ...]:
+            return (
+                await store.checkpoint(stream),
+                await store.witnesses(stream),
+                await store.receipts(stream),
+                await store.receipts(stream, after=1, limit=1),
+            )
+
+        before = await inspected()
+        assert before[0] is not None
+        if fed:
+            assert before[1]
+            assert len(before[2]) == 3
+            assert len(before[3]) == 1
+        slot = key_slot(keys[0].encode())
+        with _migrating(moving, slot, namespace, [keys[0]] if fed else []):
+            with capture_logs() as logs:
+                assert await inspected() == before
+            assert not [e for e in logs if e["event"] in ALERTS], logs
+            assert [e for e in logs if e["event"] == "settle.cluster.read_split"]
+        assert await inspected() == before
+    finally:
+        await closing()
