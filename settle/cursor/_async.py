@@ -126,8 +126,9 @@ class AsyncCursorStore(AsyncConnectable):
         moved): the checkpoint, the witness index or receipt index, the witnesses or
         receipts it names, then the checkpoint again. Every write that deletes a witness or
         a receipt (a promotion, a reset) changes the checkpoint: when it is the same
-        before and after, the answer is the state when the index was read; else all is
-        read again."""
+        before and after, every entry the index named was still there when the hash was
+        read (one HMGET for all), each as it was then, and none is of another generation
+        than the checkpoint's; else all is read again."""
         ckpt, wit, wits, rcpt, rpos = call.keys
         for _ in range(_APART_ROUNDS):
             first = await self._checkpoint_fields(ckpt)

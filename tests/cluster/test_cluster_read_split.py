@@ -32,6 +32,8 @@ from settle.cursor import (
 )
 from settle.cursor._keys import stream_keys
 from settle.errors import BackendError
+from settle.progress import AsyncProgressStore, ProgressStore
+from settle.progress.identity import DeliveryId, EmissionId, ProviderScope
 from tests.cluster.cluster_support import LocalCluster
 from tests.cluster.test_cluster_quarantine_resharding import (
     SHARDS,
@@ -264,5 +266,45 @@ async def test_cursor_inspection_of_a_stream_whose_slot_migrates(
             assert not [e for e in logs if e["event"] in ALERTS], logs
             assert [e for e in logs if e["event"] == "settle.cluster.read_split"]
         assert await inspected() == before
+    finally:
+        await closing()
+
+
+@pytest.mark.parametrize("split", ["nothing-moved", "meta-moved"])
+async def test_progress_read_of_a_scope_whose_slot_migrates(
+    moving: LocalCluster, namespace: str, flavour: str, split: str
+) -> None:
+    """``ProgressStore.read`` (and ``show``) run one script over the scope's eleven keys,
+    several of which a scope rarely has (no gap, no deferral, no emission key for a read):
+    refused for the whole migration of its slot, they failed with ``BackendError``; they are
+    read one key at a time now, with the same answer."""
+    scope = ProviderScope("orders", "billing", "inc1")
+    with ProgressStore.from_cluster(moving.url, consumer="c1", namespace=namespace) as writer:
+        writer.apply(scope, DeliveryId("1-1"), EmissionId("e1"), lambda c: None)
+        writer.apply(scope, DeliveryId("1-2"), EmissionId("e2"), lambda c: None)
+        writer.defer(scope, DeliveryId("1-3"), EmissionId("e3"), reason="later")
+    if flavour == "sync":
+        sync_store = ProgressStore.from_cluster(moving.url, consumer="c1", namespace=namespace)
+        store: Any = Awaitable(sync_store)
+        closing: Any = Awaitable(sync_store).close
+    else:
+        store = AsyncProgressStore.from_cluster(moving.url, consumer="c1", namespace=namespace)
+        closing = store.aclose
+    try:
+        before = await store.read(scope)
+        assert before.applied_above_floor
+        assert before.deferred
+        assert before.intents
+        shown = await store.show()
+        keys = store.core.keys.scope(scope.scope_id)
+        slot = key_slot(keys[0].encode())
+        moved = [keys[0]] if split == "meta-moved" else []
+        with _migrating(moving, slot, namespace, moved):
+            with capture_logs() as logs:
+                assert await store.read(scope) == before
+                assert await store.show() == shown
+            assert not [e for e in logs if e["event"] in ALERTS], logs
+            assert [e for e in logs if e["event"] == "settle.cluster.read_split"]
+        assert await store.read(scope) == before
     finally:
         await closing()
