@@ -115,11 +115,14 @@ class CursorStore(Connectable):
     def _inspect_apart(self, call: Call) -> Any:
         """``call`` in single-key reads, which a migrating slot serves (after ASK if the key
         moved): the checkpoint, the witness index or receipt index, the witnesses or
-        receipts it names, then the checkpoint again. Every write that deletes a witness or
-        a receipt (a promotion, a reset) changes the checkpoint: when it is the same
-        before and after, every entry the index named was still there when the hash was
-        read (one HMGET for all), each as it was then, and none is of another generation
-        than the checkpoint's; else all is read again."""
+        receipts it names (and, for witnesses, the index again), then the checkpoint again.
+        Every write that deletes a witness or a receipt, or changes a receipt or a witness
+        but its ``updated`` (a promotion, a reset), changes the checkpoint: when it is the
+        same before and after, every entry the index named was still there when the hash
+        was read (one HMGET for all), each as it was then. A witness recorded and another
+        resumed (its ``updated``) leave the checkpoint as it was: the index read again, the
+        same, says no witness was recorded before that resume was read. Else all is read
+        again."""
         ckpt, wit, wits, rcpt, rpos = call.keys
         for _ in range(_APART_ROUNDS):
             first = self._checkpoint_fields(ckpt)
@@ -131,7 +134,7 @@ class CursorStore(Connectable):
                 extra = self._witnesses_apart(wit, wits, int(call.args[0]))
             else:
                 extra = self._receipts_apart(rcpt, rpos, call.args[0], int(call.args[1]))
-            if self._checkpoint_fields(ckpt) == first:
+            if extra is not None and self._checkpoint_fields(ckpt) == first:
                 return self.core.apart_reply("ok", first, extra)
         raise BackendError(
             f"{call.script}: the stream's checkpoint kept changing while its slot migrates; "
@@ -153,21 +156,30 @@ class CursorStore(Connectable):
 
         return self._runner.command("HGETALL", send, key=key)  # type: ignore[no-any-return]
 
-    def _witnesses_apart(self, wit: str, wits: str, limit: int) -> list[Any]:
+    def _witnesses_apart(self, wit: str, wits: str, limit: int) -> list[Any] | None:
+        """The newest ``limit`` witnesses as the script lists them; None when the index
+        changed while they were read (a witness recorded: read again)."""
         if not limit:
             return []
-        aids = self._runner.command(
-            "ZREVRANGEBYSCORE",
-            lambda client: client.zrevrangebyscore(wits, "+inf", "-inf", start=0, num=limit),
-            key=wits,
-        )
+        aids = self._newest(wits, limit)
         if not aids:
             return []
         fields = self.core.witness_fields(aids)
         values = self._runner.command(
             "HMGET", lambda client: client.hmget(wit, fields), key=wit
         )
+        if self._newest(wits, limit) != aids:
+            return None
         return self.core.witnesses_apart(aids, values)
+
+    def _newest(self, wits: str, limit: int) -> list[Any]:
+        """The witness index's newest ``limit`` attempt ids."""
+        aids: list[Any] = self._runner.command(
+            "ZREVRANGEBYSCORE",
+            lambda client: client.zrevrangebyscore(wits, "+inf", "-inf", start=0, num=limit),
+            key=wits,
+        )
+        return aids
 
     def _receipts_apart(self, rcpt: str, rpos: str, after: Any, limit: int) -> list[Any]:
         low = "-inf" if after == "" else f"({after}"

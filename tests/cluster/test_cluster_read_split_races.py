@@ -219,3 +219,69 @@ async def test_a_cluster_down_is_no_split_for_any_part() -> None:
                 assert "settle.cluster.read_split" not in events, logs
     finally:
         cluster.close()
+
+
+def _witness(store: CursorStore, stream: str, aid: str) -> None:
+    """A pending witness of an empty response to the checkpoint's cursor (witness.lua)."""
+    ck = store.checkpoint(stream)
+    assert ck is not None
+    seen = [w for w in store.witnesses(stream, limit=100) if w.generation == ck.generation]
+    call = store.core._call(
+        "witness",
+        stream,
+        ck.generation,
+        ck.cursor_digest,
+        aid,
+        ck.cursor,
+        "[]",
+        ck.cursor,
+        ck.cursor_digest,
+        "",
+        "",
+        "first",
+        ck.boundary,
+        "pending",
+        "",
+        len(seen),
+    )
+    assert store.core.decode_witness(call, store.run(call)) == aid
+
+
+async def test_witnesses_read_apart_while_one_is_recorded_and_another_resumed(
+    moving: LocalCluster, namespace: str
+) -> None:
+    """Neither a witness recorded nor another resumed (its ``updated``) changes the
+    checkpoint. Both between the index's read and the witnesses' (the recording first): the
+    answer is the witnesses at one moment, never the resumed one's new ``updated`` without
+    the witness recorded before it."""
+    stream = "orders"
+    keys = stream_keys(namespace, stream)
+    slot = key_slot(keys[0].encode())
+    with CursorStore.from_cluster(moving.url, namespace=namespace) as writer:
+        writer.start(stream, b"c0")
+        _witness(writer, stream, "aa" * 16)
+        with CursorStore.from_cluster(moving.url, namespace=namespace) as store:
+            before = store.witnesses(stream)
+            assert [w.attempt_id for w in before] == ["aa" * 16]
+            ck = store.checkpoint(stream)
+            assert ck is not None
+
+            def recorded_then_resumed() -> None:
+                _witness(writer, stream, "bb" * 16)
+                time.sleep(0.01)  # the resume's `updated`, a millisecond apart at least
+                call = writer.core.plan_resume(stream, "aa" * 16, ck.generation)
+                assert writer.core.decode_resume(call, writer.run(call))
+
+            _start_migrating(moving, slot, [keys[0]])
+            with _written_between(
+                store._runner,
+                moving,
+                slot,
+                namespace,
+                lambda what, key: what == "HMGET",
+                recorded_then_resumed,
+            ):
+                got = store.witnesses(stream)
+            resumed = next(w for w in got if w.attempt_id == "aa" * 16)
+            assert resumed != before[0]  # read after the resume
+            assert got == store.witnesses(stream)
