@@ -135,10 +135,9 @@ class AsyncCursorStore(AsyncConnectable):
         ckpt, wit, wits, rcpt, rpos = call.keys
         for _ in range(_APART_ROUNDS):
             first = await self._checkpoint_fields(ckpt)
-            if first is None:
-                return self.core.apart_reply("corrupt", {}, [])
-            if not first:
-                return self.core.apart_reply("missing", {}, [])
+            code = self.core.apart_code(first)
+            if first is None or code != "ok":
+                return self.core.apart_reply(code, {}, [])
             if call.script == "witnesses":
                 extra = await self._witnesses_apart(wit, wits, int(call.args[0]))
             else:

@@ -355,6 +355,26 @@ class CursorCore:
         return self._call("witnesses", stream, limit)
 
     @staticmethod
+    def apart_code(checkpoint: dict[Any, Any] | None) -> str:
+        """The code an inspection script gives for the checkpoint's fields read apart
+        (HGETALL; None: the key is not a hash): ``missing`` for none, ``corrupt`` for one
+        the scripts do not take for a checkpoint (lua/_lib.lua's load_ckpt: no cursor, or
+        a generation, boundary or pruned position that is not an integer as settle writes
+        one), else ``ok``."""
+        if checkpoint is None:
+            return "corrupt"
+        if not checkpoint:
+            return "missing"
+        f = {_bytes(k): v for k, v in checkpoint.items()}
+        wanted = [f.get(b"gen"), f.get(b"bound")] + ([f[b"pruned"]] if b"pruned" in f else [])
+        try:
+            for value in wanted:
+                _canonical_int(value if value is not None else b"")
+        except ValueError:
+            return "corrupt"
+        return "ok" if b"cursor" in f else "corrupt"
+
+    @staticmethod
     def apart_reply(code: str, checkpoint: dict[Any, Any], extra: list[Any]) -> list[Any]:
         """The reply an inspection script (``witnesses``, ``receipts``) gives, from its keys
         read one at a time (the store's reads apart, while a Redis Cluster migration splits

@@ -126,10 +126,9 @@ class CursorStore(Connectable):
         ckpt, wit, wits, rcpt, rpos = call.keys
         for _ in range(_APART_ROUNDS):
             first = self._checkpoint_fields(ckpt)
-            if first is None:
-                return self.core.apart_reply("corrupt", {}, [])
-            if not first:
-                return self.core.apart_reply("missing", {}, [])
+            code = self.core.apart_code(first)
+            if first is None or code != "ok":
+                return self.core.apart_reply(code, {}, [])
             if call.script == "witnesses":
                 extra = self._witnesses_apart(wit, wits, int(call.args[0]))
             else:

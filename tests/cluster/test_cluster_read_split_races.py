@@ -285,3 +285,29 @@ async def test_witnesses_read_apart_while_one_is_recorded_and_another_resumed(
             resumed = next(w for w in got if w.attempt_id == "aa" * 16)
             assert resumed != before[0]  # read after the resume
             assert got == store.witnesses(stream)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("pruned", "01"), ("gen", "1.5"), ("bound", "x")], ids=str
+)
+async def test_a_checkpoint_that_is_not_one_is_corrupt_read_apart_too(
+    moving: LocalCluster, namespace: str, field: str, value: str
+) -> None:
+    """The scripts take a checkpoint hash whose generation, boundary or pruned position is
+    not an integer as settle writes one for corrupt (``CorruptRecord``, nothing read past
+    it); read apart, it is the same, never a checkpoint with its witnesses."""
+    stream = "odd"
+    keys = stream_keys(namespace, stream)
+    with CursorStore.from_cluster(moving.url, namespace=namespace) as store:
+        _fed_stream(store, stream, 1)
+        with moving.client(moving.serving(key_slot(keys[0].encode()))) as c:
+            c.hset(keys[0], field, value)
+        reads = (store.checkpoint, store.witnesses, store.receipts)
+        for read in reads:
+            with pytest.raises(CorruptRecord):
+                read(stream)
+        with _migrating(moving, key_slot(keys[0].encode()), namespace, [keys[0]]):
+            for read in reads:
+                with capture_logs() as logs, pytest.raises(CorruptRecord):
+                    read(stream)
+                assert [e for e in logs if e["event"] == "settle.cluster.read_split"]
