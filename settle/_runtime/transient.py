@@ -26,6 +26,7 @@ from settle._runtime.calls import Call
 from settle.errors import BackendError, ConfigurationError, SettleError
 
 __all__ = [
+    "APART_ROUNDS",
     "ATTEMPTS",
     "TRYAGAIN_SENDS",
     "SlotSplit",
@@ -40,6 +41,7 @@ __all__ = [
     "slot_split",
     "split_slot",
     "tryagain_pause",
+    "unsettled_apart",
 ]
 
 #: Tries of one script call (the first and the repeats) before the error reaches the caller.
@@ -122,6 +124,31 @@ def slot_split(exc: BaseException, call: Call) -> SlotSplit:
         f"nodes ({type(exc).__name__}); read them one at a time",
         operation_id=call.operation_id,
         code=error_code(exc),
+    )
+
+
+#: Rounds of a read apart (a :class:`SlotSplit` read one key at a time, then read again
+#: when what it checks before and after changed) before it gives up: a state that changes
+#: under every round (writes a few ms apart) is read again by its caller.
+APART_ROUNDS = 4
+
+
+def unsettled_apart(call: Call, what: str) -> BackendError:
+    """The error of ``call`` read apart (:class:`SlotSplit`) whose ``what`` (the state it
+    checks before and after) changed under each of its :data:`APART_ROUNDS`, logged as
+    every failure a call gives up on (``settle.backend.failed``)."""
+    logger.error(
+        "settle.backend.failed",
+        script=call.script,
+        operation_digest=operation_digest(call.operation_id),
+        attempt_id=call.attempt_id,
+        error=SlotSplit.__name__,
+        raised=BackendError.__name__,
+    )
+    return BackendError(
+        f"{call.script}: {what} kept changing while its slot migrates (read one key at a "
+        f"time, {APART_ROUNDS} times); read again",
+        operation_id=call.operation_id,
     )
 
 

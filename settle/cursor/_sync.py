@@ -15,7 +15,7 @@ from redis import Redis, RedisCluster
 from settle._runtime import Call, Durability
 from settle._runtime._sync import Connectable, Runner
 from settle._runtime.options import check_client
-from settle._runtime.transient import SlotSplit, error_code
+from settle._runtime.transient import APART_ROUNDS, SlotSplit, error_code, unsettled_apart
 from settle.cursor._core import STAND_DOWN_FOR, CursorCore
 from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
@@ -31,13 +31,9 @@ from settle.cursor.models import (
     StepResult,
     Witness,
 )
-from settle.errors import BackendError, InvalidInput
+from settle.errors import InvalidInput
 
 __all__ = ["CursorConsumer", "CursorStore"]
-
-#: Rounds of an inspection read apart (:meth:`CursorStore._inspect_apart`) before it
-#: gives up on a checkpoint that changes under every round (a step a few ms apart).
-_APART_ROUNDS = 4
 
 _STOP = frozenset({StepOutcome.HELD, StepOutcome.NO_PROGRESS, StepOutcome.LOST})
 #: The empty windows in a row one ``run()`` goes over (pages with no event whose coverage
@@ -124,7 +120,7 @@ class CursorStore(Connectable):
         same, says no witness was recorded before that resume was read. Else all is read
         again."""
         ckpt, wit, wits, rcpt, rpos = call.keys
-        for _ in range(_APART_ROUNDS):
+        for _ in range(APART_ROUNDS):
             first = self._checkpoint_fields(ckpt)
             code = self.core.apart_code(first)
             if first is None or code != "ok":
@@ -135,11 +131,7 @@ class CursorStore(Connectable):
                 extra = self._receipts_apart(rcpt, rpos, call.args[0], int(call.args[1]))
             if extra is not None and self._checkpoint_fields(ckpt) == first:
                 return self.core.apart_reply("ok", first, extra)
-        raise BackendError(
-            f"{call.script}: the stream's checkpoint kept changing while its slot migrates; "
-            "read again",
-            operation_id=call.operation_id,
-        )
+        raise unsettled_apart(call, "the stream's checkpoint")
 
     def _checkpoint_fields(self, key: str) -> dict[Any, Any] | None:
         """The checkpoint's fields ({}: none), None when the key is not a hash."""

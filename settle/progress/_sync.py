@@ -30,7 +30,7 @@ from settle._runtime._sync import (
     client_from_url,
 )
 from settle._runtime.options import check_client
-from settle._runtime.transient import SlotSplit
+from settle._runtime.transient import APART_ROUNDS, SlotSplit, unsettled_apart
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -69,10 +69,6 @@ from settle.progress.models import (
     SettleIntent,
     SettlementReceipt,
 )
-
-#: Rounds of a read apart (:meth:`ProgressStore._read_apart`) before it gives up on
-#: progress that changes under every round.
-_APART_ROUNDS = 4
 
 __all__ = ["Effect", "ProgressStore", "StreamConsumer", "Observer", "PollReport"]
 
@@ -267,7 +263,7 @@ class ProgressStore(Connectable):
         with it): when it is the same before and after, the answer is the state when the
         intents were read; else all is read again."""
         meta, applied, resolved, gaps, intents, deferred = call.keys[:6]
-        for _ in range(_APART_ROUNDS):
+        for _ in range(APART_ROUNDS):
             first = self._hash(meta)
             parts = [self._hash(key) for key in (applied, resolved)]
             parts.append(
@@ -276,11 +272,7 @@ class ProgressStore(Connectable):
             parts += [self._hash(key) for key in (intents, deferred)]
             if self._hash(meta) == first:
                 return self.core.read_apart(first, parts)
-        raise BackendError(
-            f"read: the progress of consumer {self.consumer!r} kept changing while its slot "
-            "migrates; read again",
-            operation_id=call.operation_id,
-        )
+        raise unsettled_apart(call, f"the progress of consumer {self.consumer!r}")
 
     def _hash(self, key: str) -> dict[Any, Any]:
         found: dict[Any, Any] = self._runner.command(

@@ -311,3 +311,92 @@ async def test_a_checkpoint_that_is_not_one_is_corrupt_read_apart_too(
                 with capture_logs() as logs, pytest.raises(CorruptRecord):
                     read(stream)
                 assert [e for e in logs if e["event"] == "settle.cluster.read_split"]
+
+
+@contextmanager
+def _written_before_each(
+    runner: Any,
+    cluster: LocalCluster,
+    slot: int,
+    when: Callable[..., bool],
+    write: Callable[[], None],
+) -> Iterator[list[int]]:
+    """``runner``'s single-key reads, with the migration of ``slot`` finished and ``write``
+    run before each read ``when(what, key)`` picks: a read apart whose state changes under
+    every round of it. Yields the list of the writes made (one item each)."""
+    command = runner.command
+    writes: list[int] = []
+
+    def before(what: str, *args: Any, **kwargs: Any) -> Any:
+        if when(what, kwargs.get("key")):
+            if not writes:
+                source = cluster.serving(slot)
+                target = (source + 1) % cluster.primaries
+                rest = cluster.keys_in_slot(source, slot)
+                if rest:
+                    cluster.move_keys(source, target, rest)
+                cluster.migrated(slot, target)
+            write()
+            writes.append(1)
+        return command(what, *args, **kwargs)
+
+    runner.command = before
+    try:
+        yield writes
+    finally:
+        runner.command = command
+
+
+async def test_reads_apart_that_never_settle_fail_typed_and_logged(
+    moving: LocalCluster, namespace: str
+) -> None:
+    """A read apart whose checkpoint (a cursor's) or meta (a progress store's) changes under
+    each of its rounds gives up: ``BackendError``, logged as every failure a call gives up
+    on (``settle.backend.failed``): an operator sees why the read failed."""
+    stream = "orders"
+    keys = stream_keys(namespace, stream)
+    with CursorStore.from_cluster(moving.url, namespace=namespace) as writer:
+        writer.start(stream, b"c0")
+        with CursorStore.from_cluster(moving.url, namespace=namespace) as store:
+
+            def reset() -> None:
+                ck = writer.checkpoint(stream)
+                assert ck is not None
+                writer.reset(stream, cursor=b"c0", boundary=0, expected_generation=ck.generation)
+
+            slot = key_slot(keys[0].encode())
+            _start_migrating(moving, slot, [])
+            with (
+                _written_before_each(
+                    store._runner, moving, slot, lambda what, key: what == "ZRANGEBYSCORE", reset
+                ) as writes,
+                capture_logs() as logs,
+                pytest.raises(BackendError, match="kept changing"),
+            ):
+                store.receipts(stream)
+            assert len(writes) > 1
+            failed = [e for e in logs if e["event"] == "settle.backend.failed"]
+            assert [(e["script"], e["raised"]) for e in failed] == [("receipts", "BackendError")]
+    with ProgressStore.from_cluster(moving.url, consumer="c9", namespace=namespace) as writer:
+        writer.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), lambda c: None)
+        with ProgressStore.from_cluster(moving.url, consumer="c9", namespace=namespace) as store:
+            pkeys = store.core.keys.scope(SCOPE.scope_id)
+            slot = key_slot(pkeys[0].encode())
+            n = iter(range(2, 100))
+
+            def apply() -> None:
+                i = next(n)
+                writer.apply(SCOPE, DeliveryId(f"1-{i}"), EmissionId(f"e{i}"), lambda c: None)
+
+            _start_migrating(moving, slot, [pkeys[0]])
+            with (
+                _written_before_each(
+                    store._runner, moving, slot, lambda what, key: key == pkeys[4], apply
+                ) as writes,
+                capture_logs() as logs,
+                pytest.raises(BackendError, match="kept changing"),
+            ):
+                store.read(SCOPE)
+            assert len(writes) > 1
+            failed = [e for e in logs if e["event"] == "settle.backend.failed"]
+            assert [(e["script"], e["raised"]) for e in failed] == [("read", "BackendError")]
