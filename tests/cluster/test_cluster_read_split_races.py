@@ -347,6 +347,28 @@ def _written_before_each(
         runner.command = command
 
 
+def _gives_up(
+    store: Any,
+    cluster: LocalCluster,
+    slot: int,
+    when: Callable[..., bool],
+    write: Callable[[], None],
+    read: Callable[[], Any],
+    script: str,
+) -> None:
+    """``read``, a read apart whose state ``write`` changes under every round, raises
+    ``BackendError`` and logs ``settle.backend.failed`` once."""
+    with (
+        _written_before_each(store._runner, cluster, slot, when, write) as writes,
+        capture_logs() as logs,
+        pytest.raises(BackendError, match="kept changing"),
+    ):
+        read()
+    assert len(writes) > 1
+    failed = [e for e in logs if e["event"] == "settle.backend.failed"]
+    assert [(e["script"], e["raised"]) for e in failed] == [(script, "BackendError")]
+
+
 async def test_reads_apart_that_never_settle_fail_typed_and_logged(
     moving: LocalCluster, namespace: str
 ) -> None:
@@ -366,17 +388,15 @@ async def test_reads_apart_that_never_settle_fail_typed_and_logged(
 
             slot = key_slot(keys[0].encode())
             _start_migrating(moving, slot, [])
-            with (
-                _written_before_each(
-                    store._runner, moving, slot, lambda what, key: what == "ZRANGEBYSCORE", reset
-                ) as writes,
-                capture_logs() as logs,
-                pytest.raises(BackendError, match="kept changing"),
-            ):
-                store.receipts(stream)
-            assert len(writes) > 1
-            failed = [e for e in logs if e["event"] == "settle.backend.failed"]
-            assert [(e["script"], e["raised"]) for e in failed] == [("receipts", "BackendError")]
+            _gives_up(
+                store,
+                moving,
+                slot,
+                lambda what, key: what == "ZRANGEBYSCORE",
+                reset,
+                lambda: store.receipts(stream),
+                "receipts",
+            )
     with ProgressStore.from_cluster(moving.url, consumer="c9", namespace=namespace) as writer:
         writer.apply(SCOPE, DeliveryId("1-1"), EmissionId("e1"), lambda c: None)
         with ProgressStore.from_cluster(moving.url, consumer="c9", namespace=namespace) as store:
@@ -389,14 +409,12 @@ async def test_reads_apart_that_never_settle_fail_typed_and_logged(
                 writer.apply(SCOPE, DeliveryId(f"1-{i}"), EmissionId(f"e{i}"), lambda c: None)
 
             _start_migrating(moving, slot, [pkeys[0]])
-            with (
-                _written_before_each(
-                    store._runner, moving, slot, lambda what, key: key == pkeys[4], apply
-                ) as writes,
-                capture_logs() as logs,
-                pytest.raises(BackendError, match="kept changing"),
-            ):
-                store.read(SCOPE)
-            assert len(writes) > 1
-            failed = [e for e in logs if e["event"] == "settle.backend.failed"]
-            assert [(e["script"], e["raised"]) for e in failed] == [("read", "BackendError")]
+            _gives_up(
+                store,
+                moving,
+                slot,
+                lambda what, key: key == pkeys[4],
+                apply,
+                lambda: store.read(SCOPE),
+                "read",
+            )
