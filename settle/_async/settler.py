@@ -227,7 +227,9 @@ class AsyncSettler(AsyncConnectable):
             for call in calls:
                 try:
                     parts = [call]
-                    replies = await self._run_many([replace(call, caller_splits=True)])
+                    replies = await self._run_many(
+                        [replace(call, caller_splits=len(call.keys) > 1)]
+                    )
                 except SlotSplit:
                     # A migrating slot refuses it (TRYAGAIN); it serves one record at a time.
                     parts = self._core.record_by_record(call)

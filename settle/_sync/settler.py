@@ -228,7 +228,9 @@ class Settler(Connectable):
             for call in calls:
                 try:
                     parts = [call]
-                    replies = self._run_many([replace(call, caller_splits=True)])
+                    replies = self._run_many(
+                        [replace(call, caller_splits=len(call.keys) > 1)]
+                    )
                 except SlotSplit:
                     # A migrating slot refuses it (TRYAGAIN); it serves one record at a time.
                     parts = self._core.record_by_record(call)
