@@ -42,8 +42,10 @@ from settle._runtime.transient import (
     backend_error,
     error_code,
     first_retry_delay,
+    handed_back,
     is_transient,
     retry_options,
+    slot_split,
     tryagain_pause,
 )
 from settle._telemetry import telemetry
@@ -812,12 +814,14 @@ class Runner:
                 except (RedisError, RedisClusterException) as exc:
                     if isinstance(exc, RedisError):
                         _note_lost(lost, exc)
-                    if not is_transient(exc):
+                    if not is_transient(exc) or handed_back(call, exc):
                         raise
                     time.sleep(first_retry_delay(call, exc))
                 retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return retrying(once, call)
             except (RedisError, RedisClusterException) as exc:
+                if handed_back(call, exc):  # a migration's refusal its caller reads apart
+                    raise slot_split(exc, call) from exc
                 raise backend_error(
                     exc, call, earlier_unknown=any(e is not exc for e in lost)
                 ) from exc

@@ -493,6 +493,19 @@ class ProgressCore:
             out.append(ProviderScope(data["stream"], data["group"], data["incarnation"]))
         return sorted(out, key=str)
 
+    @staticmethod
+    def read_apart(meta: dict[Any, Any], parts: Sequence[Any]) -> list[Any]:
+        """The reply ``read.lua`` gives (``progress_reply``), from the scope's keys read one
+        at a time (the store's reads apart, while a Redis Cluster migration splits them):
+        the meta, applied, resolved, gaps (their ids), intents and deferred hashes, each as
+        HGETALL (a dict) or HKEYS (a list) gave it. Its server time is unread: the decoding
+        of a read does not use it."""
+        flat = [
+            [part for pair in got.items() for part in pair] if isinstance(got, dict) else got
+            for got in (meta, *parts)
+        ]
+        return ["progress", "", 0, *flat]
+
     def decode(self, call: Call, raw: Any) -> ProgressReply:
         """A progress script's reply. A read that found no state for the scope (no meta:
         its state is new, or the progress server lost it) answers ``unclaimed``, as a write

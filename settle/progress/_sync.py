@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from redis import Redis, RedisCluster
@@ -30,6 +30,7 @@ from settle._runtime._sync import (
     client_from_url,
 )
 from settle._runtime.options import check_client
+from settle._runtime.transient import APART_ROUNDS, SlotSplit, unsettled_apart
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -246,7 +247,38 @@ class ProgressStore(Connectable):
         return self.core.observed(scope, reply, strict=True)
 
     def read(self, scope: ProviderScope) -> Progress:
-        return (self.progress(self.core.plan_read(scope))).progress
+        call = self.core.plan_read(scope)
+        try:
+            raw = self._runner.run(replace(call, caller_splits=True))
+        except SlotSplit:
+            raw = self._read_apart(call)
+        return self.core.decode(call, raw).progress
+
+    def _read_apart(self, call: Call) -> Any:
+        """A ``read`` that a Redis Cluster migration refused (its script names the scope's
+        eleven keys, several of which a scope rarely has: the importing node cannot hold
+        them), in single-key reads, which a migrating slot serves (after ASK if the key
+        moved): the meta, the five hashes the reply holds, then the meta again. Every write
+        to those hashes but the intents changes the meta (its ``ver``; the floor moves
+        with it): when it is the same before and after, the answer is the state when the
+        intents were read; else all is read again."""
+        meta, applied, resolved, gaps, intents, deferred = call.keys[:6]
+        for _ in range(APART_ROUNDS):
+            first = self._hash(meta)
+            parts = [self._hash(key) for key in (applied, resolved)]
+            parts.append(
+                self._runner.command("HKEYS", lambda client: client.hkeys(gaps), key=gaps)
+            )
+            parts += [self._hash(key) for key in (intents, deferred)]
+            if self._hash(meta) == first:
+                return self.core.read_apart(first, parts)
+        raise unsettled_apart(call, f"the progress of consumer {self.consumer!r}")
+
+    def _hash(self, key: str) -> dict[Any, Any]:
+        found: dict[Any, Any] = self._runner.command(
+            "HGETALL", lambda client: client.hgetall(key), key=key
+        )
+        return found
 
     def receipts(self, scope: ProviderScope, *, limit: int = 100) -> list[SettlementReceipt]:
         """The latest settlement receipts of ``scope`` (what the provider said), newest first."""
