@@ -203,7 +203,10 @@ def apply(
         else:
             status = ApplyStatus.COVERED
     log.info(f"settle.progress.{status.value}", attempt=attempt.value)
-    return Applied(status, delivery, emission, attempt, recorded.progress)
+    # Dead-lettered while the effect ran (another worker's limit): said as begin says it,
+    # so a caller settles it as a dead letter, not as an applied delivery.
+    dead = recorded.code == "covered" and recorded.detail == "dead_lettered"
+    return Applied(status, delivery, emission, attempt, recorded.progress, dead_lettered=dead)
 
 
 def dead_letter(

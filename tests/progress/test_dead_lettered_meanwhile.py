@@ -1,0 +1,75 @@
+"""A delivery another worker dead-letters while this worker's effect for it runs: ``apply``
+returns ``COVERED`` (the delivery is resolved as dead-lettered, not applied) and must say so
+with ``Applied.dead_lettered``, as it does when ``begin`` finds the dead letter (found in a
+hunt: ``record`` finding the dead letter left ``dead_lettered`` False, so a caller that
+settles from ``apply``'s answer acknowledged a dead-lettered delivery as applied)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    ApplyStatus,
+    AsyncProgressStore,
+    DeliveryId,
+    EmissionId,
+    ProgressStore,
+    ProviderScope,
+)
+
+
+def _scope(names: Any) -> ProviderScope:
+    return ProviderScope(names.stream, names.group, "inc1")
+
+
+def test_dead_lettered_meanwhile_is_reported(progress_server: EmbeddedRedis, names: Any) -> None:
+    a = ProgressStore.from_url(progress_server.url, consumer=names.consumer, namespace="t")
+    b = ProgressStore.from_url(progress_server.url, consumer=names.consumer, namespace="t")
+    scope, delivery, emission = _scope(names), DeliveryId("5-1"), EmissionId("e1")
+    ran: list[str] = []
+
+    def effect(ctx: Any) -> None:
+        # While this effect runs, another worker dead-letters the delivery (over its limit).
+        b.dead_letter(scope, delivery, emission, reason="delivery_limit", delivery_count=6)
+        ran.append(ctx.emission.value)
+
+    with a, b:
+        applied = a.apply(scope, delivery, emission, effect)
+        assert ran == ["e1"]
+        assert applied.status is ApplyStatus.COVERED
+        assert applied.dead_lettered is True
+        assert delivery in applied.progress.dead_lettered_above_floor
+        # The answer agrees with a second apply, which finds the dead letter at begin.
+        again = a.apply(scope, delivery, emission, lambda ctx: ran.append("again"))
+        assert (again.status, again.dead_lettered) == (ApplyStatus.COVERED, True)
+        assert ran == ["e1"]
+
+
+@pytest.mark.asyncio
+async def test_dead_lettered_meanwhile_is_reported_async(
+    progress_server: EmbeddedRedis, names: Any
+) -> None:
+    a = AsyncProgressStore(
+        aioredis.Redis.from_url(progress_server.url), consumer=names.consumer, namespace="t"
+    )
+    b = redis.Redis.from_url(progress_server.url)
+    other = ProgressStore(b, consumer=names.consumer, namespace="t")
+    scope, delivery, emission = _scope(names), DeliveryId("5-1"), EmissionId("e1")
+    ran: list[str] = []
+
+    async def effect(ctx: Any) -> None:
+        other.dead_letter(scope, delivery, emission, reason="delivery_limit", delivery_count=6)
+        ran.append(ctx.emission.value)
+
+    try:
+        applied = await a.apply(scope, delivery, emission, effect)
+        assert ran == ["e1"]
+        assert (applied.status, applied.dead_lettered) == (ApplyStatus.COVERED, True)
+    finally:
+        await a.aclose()
+        other.close()
