@@ -337,6 +337,9 @@ class AsyncStreamConsumer:
         self.core = store.core
         self.scope: ProviderScope | None = None
         self._claim_from = "0-0"
+        # Whether the next claim looks at this worker's own pending list: deliveries a
+        # call whose reply was lost handed over, or that a stopped poll left (see _own).
+        self._own_pending = True
         check_block_fits(client, self.options.block_ms / 1000)
         self._runner = AsyncRunner(
             client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
@@ -414,6 +417,7 @@ class AsyncStreamConsumer:
         call = self.core.plan_stream_scope(self.stream, self.group)
         self.scope = self.core.decode_stream_scope(call, await self._runner.run(call))
         self._claim_from = "0-0"  # a new scan of the pending list
+        self._own_pending = True  # and a look at what this worker already holds
         return self.scope
 
     async def poll(self, effect: AsyncEffect) -> PollReport:
@@ -424,15 +428,22 @@ class AsyncStreamConsumer:
         with reason ``deleted``; see ``observe()`` for lost deliveries."""
         await self._started()
         report = PollReport()
-        claimed, vanished = await self._claim()
-        for delivery, count in vanished:
-            report.handled.append(delivery)
-            report.receipts.append(await self.vanished(delivery, count))
-        for entry, count in claimed + await self._read():
-            receipt = await self.handle(entry, count, effect)
-            report.handled.append(entry.delivery)
-            if receipt is not None:
-                report.receipts.append(receipt)
+        try:
+            claimed, vanished = await self._claim()
+            for delivery, count in vanished:
+                report.handled.append(delivery)
+                report.receipts.append(await self.vanished(delivery, count))
+            for entry, count in claimed + await self._read():
+                receipt = await self.handle(entry, count, effect)
+                report.handled.append(entry.delivery)
+                if receipt is not None:
+                    report.receipts.append(receipt)
+        except BaseException:
+            # A lost reply (XREADGROUP is not repeated) or a delivery whose handling
+            # stopped midway leaves deliveries pending for this worker: the next poll
+            # takes them at their delivery count, not one higher after claim_idle.
+            self._own_pending = True
+            raise
         progress = await self.observe()
         report.receipts.extend(await self._orphans(progress))
         return report
@@ -465,28 +476,34 @@ class AsyncStreamConsumer:
         are found with XPENDING)."""
         scope = self._scope()
         start = self._claim_from
-        raw = await self._command(
-            "XAUTOCLAIM",
-            lambda client: client.xautoclaim(
+        tries = 0
+
+        def autoclaim(client: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            return client.xautoclaim(
                 scope.stream,
                 scope.group,
                 self.worker,
                 self.options.claim_idle_ms,
                 start,
                 self.options.batch,
-            ),
-            # Repeated after a transient failure, like every read of the stream. When the
-            # lost call had already claimed entries, the repeat does not return them: they
-            # stay pending for this worker and come back after claim_idle, one delivery
-            # count higher (a delay, never a loss).
-        )
+            )
+
+        # Repeated after a transient failure, like every read of the stream. When the lost
+        # try had already claimed entries, the repeat does not return them (they are no
+        # longer idle): they are pending for this worker, found by _own.
+        raw = await self._command("XAUTOCLAIM", autoclaim)
+        self._own_pending = self._own_pending or tries > 1
         self._claim_from, deleted, nils = self.core.autoclaim_scan(raw)
         entries, _ = self.core.claimed(raw, None)
         vanished = [(d, 0) for d in deleted]
         if nils:
             vanished += await self._vanished(scope, start, self._claim_from, entries)
+        own, gone = await self._own(scope, {e.delivery for e in entries} | {d for d, _ in vanished})
+        vanished += gone
         if not entries:
-            return [], vanished
+            return own, vanished
         pending = await self._command(
             "XPENDING",
             lambda client: client.xpending_range(
@@ -501,7 +518,39 @@ class AsyncStreamConsumer:
         _, out = self.core.claimed(raw, pending)
         for entry, _count in out:
             self.store.observer("claimed", entry.delivery)
-        return out, vanished
+        return out + own, vanished
+
+    async def _own(
+        self, scope: ProviderScope, skip: set[DeliveryId]
+    ) -> tuple[list[tuple[StreamEntry, int]], list[tuple[DeliveryId, int]]]:
+        """After a start, a stopped poll or a repeated XAUTOCLAIM: the deliveries pending
+        for this worker that it never handled (a lost reply handed them over; a poll
+        stopped before settling them), each at the delivery count it holds, so that no
+        lost reply spends one of ``max_deliveries``; those whose entries are gone go the
+        ``deleted`` way. Only those idle less than ``claim_idle``: the others (a released
+        delivery among them) are XAUTOCLAIM's."""
+        if not self._own_pending:
+            return [], []
+        rows = await self._command(
+            "XPENDING",
+            lambda client: client.xpending_range(
+                scope.stream,
+                scope.group,
+                min="-",
+                max="+",
+                count=self.options.batch,
+                consumername=self.worker,
+            ),
+        )
+        rows = self.core.own_pending(rows, skip, self.options.claim_idle_ms)
+        self._own_pending = False
+        if not rows:
+            return [], []
+        present = await self._command("XRANGE", lambda client: self._entries(client, scope, rows))
+        own, gone = self.core.own_entries(rows, present)
+        for entry, _count in own:
+            self.store.observer("claimed", entry.delivery)
+        return own, gone
 
     async def _vanished(
         self, scope: ProviderScope, start: str, stop: str, claimed: list[StreamEntry]

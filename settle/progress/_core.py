@@ -795,6 +795,35 @@ class ProgressCore:
         return out
 
     @staticmethod
+    def own_pending(rows: Any, skip: set[DeliveryId], idle_ms: int) -> list[Any]:
+        """The XPENDING rows of this worker's own deliveries that are not in ``skip`` and
+        idle less than ``idle_ms`` (claim_idle: XAUTOCLAIM takes the others, a released
+        delivery, made idle for it, among them)."""
+        return [
+            r
+            for r in rows or []
+            if DeliveryId(_text(r["message_id"])) not in skip
+            and int(r["time_since_delivered"]) < idle_ms
+        ]
+
+    @staticmethod
+    def own_entries(
+        rows: Sequence[Any], present: Sequence[Any]
+    ) -> tuple[list[tuple[StreamEntry, int]], list[tuple[DeliveryId, int]]]:
+        """This worker's own pending deliveries (``present``: one XRANGE reply per row): the
+        entries with their delivery counts, and those whose entries are gone."""
+        found: list[tuple[StreamEntry, int]] = []
+        gone: list[tuple[DeliveryId, int]] = []
+        for row, got in zip(rows, present, strict=True):
+            count = int(row["times_delivered"])
+            entries = parse_entries(got)
+            if entries:
+                found.append((entries[0], count))
+            else:
+                gone.append((DeliveryId(_text(row["message_id"])), count))
+        return found, gone
+
+    @staticmethod
     def stale_intents(progress: Progress, idle_ms: int) -> list[SettleIntent]:
         """The open settle intents older than ``idle_ms`` (by the progress server's clock
         as recorded, against this host's clock)."""

@@ -1,0 +1,167 @@
+"""A delivery handed to this worker by a call whose reply was lost (XAUTOCLAIM, repeated
+after the cut; XREADGROUP, not repeated) is handled at once, at the delivery count it was
+handed, by the worker's next look at its own pending list (real Redis, a proxy that drops
+the reply, sync and async).
+
+Found in a hunt: the lost call had handed the delivery over (its delivery count went up),
+but the worker never saw it; it came back only through XAUTOCLAIM after ``claim_idle``, one
+delivery count higher. Each lost reply spent one of ``max_deliveries`` without running the
+effect: a delivery was dead-lettered an attempt early, and with ``max_deliveries=1`` a lost
+XREADGROUP reply dead-lettered a delivery whose effect never ran."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import redis
+
+from settle import BackendError
+from settle.embedded import EmbeddedRedis
+from settle.progress import (
+    AsyncProgressStore,
+    AsyncStreamConsumer,
+    EffectContext,
+    ProgressStore,
+    StreamConsumer,
+)
+from settle.progress._scripts import STREAM
+from settle.progress.models import SettlementOutcome
+from tests.faults.servers import async_client, proxy_to, sync_client
+from tests.faults.tcp_proxy import FaultyProxy
+from tests.integration.conftest import Awaitable
+from tests.progress.harness import (
+    Names,
+    assert_nothing_acked_uncovered,
+    dead_letters_on_stream,
+    pending_ids,
+    publish,
+)
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
+
+CLAIM_IDLE = 0.5
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def stream_proxy(stream_server: EmbeddedRedis) -> Iterator[FaultyProxy]:
+    running = proxy_to(stream_server.url, STREAM)
+    yield running
+    running.close()
+
+
+class Effect:
+    """Fails its first ``failures`` runs, then records each emission it is run for."""
+
+    def __init__(self, flavour: str, failures: int) -> None:
+        self.flavour, self.failures = flavour, failures
+        self.runs: list[str] = []
+        self.applied: list[str] = []
+
+    def __call__(self) -> Any:
+        def run(ctx: EffectContext) -> None:
+            self.runs.append(ctx.emission.value)
+            if len(self.runs) <= self.failures:
+                raise RuntimeError("the effect's own failure")
+            self.applied.append(ctx.emission.value)
+
+        async def arun(ctx: EffectContext) -> None:
+            run(ctx)
+
+        return run if self.flavour == "sync" else arun
+
+
+@asynccontextmanager
+async def consumer(
+    flavour: str, proxy: FaultyProxy, progress: EmbeddedRedis, names: Names, limit: int
+) -> AsyncIterator[Any]:
+    options: dict[str, Any] = {
+        "stream": names.stream,
+        "group": names.group,
+        "worker": "w1",
+        "block": 0.01,
+        "claim_idle": CLAIM_IDLE,
+        "max_deliveries": limit,
+    }
+    own = {"consumer": names.consumer, "namespace": names.namespace}
+    if flavour == "sync":
+        sync = StreamConsumer(
+            sync_client(proxy.port), ProgressStore.from_url(progress.url, **own), **options
+        )
+        try:
+            yield Awaitable(sync)
+        finally:
+            sync.close()
+        return
+    store = AsyncProgressStore.from_url(progress.url, **own)
+    aconsumer = AsyncStreamConsumer(async_client(proxy.port), store, **options)
+    try:
+        yield aconsumer
+    finally:
+        await aconsumer.aclose()
+
+
+async def test_a_lost_xautoclaim_reply_costs_no_delivery_attempt(
+    flavour: str,
+    stream_proxy: FaultyProxy,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    progress_client: redis.Redis,
+    names: Names,
+) -> None:
+    effect = Effect(flavour, failures=1)
+    async with consumer(flavour, stream_proxy, progress_server, names, limit=2) as c:
+        await c.start()
+        [delivery] = publish(stream_client, names, ["e1"])
+        first = await c.poll(effect())  # delivery 1: the effect fails, the delivery released
+        assert [r.outcome for r in first.receipts] == [SettlementOutcome.RELEASED]
+        # The next XAUTOCLAIM claims it (delivery 2); its reply is lost; the repeat finds
+        # nothing idle enough to claim.
+        stream_proxy.cut("XAUTOCLAIM", "after_request")
+        second = await c.poll(effect())
+        assert stream_proxy.fired == ["after_request"]
+        # Delivery 2 is handled in that same poll: the effect runs its second time and the
+        # delivery is acknowledged, not dead-lettered a try early (delivery 3 > limit 2).
+        assert [r.outcome for r in second.receipts] == [SettlementOutcome.ACKED]
+        await asyncio.sleep(CLAIM_IDLE * 1.5)
+        await c.poll(effect())
+    assert effect.runs == ["e1", "e1"]
+    assert effect.applied == ["e1"]
+    assert dead_letters_on_stream(stream_client, names) == []
+    assert pending_ids(stream_client, names) == {}
+    assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == {delivery}
+
+
+async def test_a_lost_xreadgroup_reply_does_not_dead_letter_an_unrun_delivery(
+    flavour: str,
+    stream_proxy: FaultyProxy,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    progress_client: redis.Redis,
+    names: Names,
+) -> None:
+    effect = Effect(flavour, failures=0)
+    async with consumer(flavour, stream_proxy, progress_server, names, limit=1) as c:
+        await c.start()
+        [delivery] = publish(stream_client, names, ["e1"])
+        stream_proxy.cut("XREADGROUP", "after_request")
+        with pytest.raises(BackendError):
+            await c.poll(effect())  # XREADGROUP handed e1 over (delivery 1); reply lost
+        assert pending_ids(stream_client, names) == {delivery: ("w1", 1)}
+        report = await c.poll(effect())  # this worker's own pending delivery, at once
+        assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+        await asyncio.sleep(CLAIM_IDLE * 1.5)
+        await c.poll(effect())
+    # Applied once, never dead-lettered (delivery 2 would be over the limit of 1).
+    assert effect.runs == ["e1"]
+    assert dead_letters_on_stream(stream_client, names) == []
+    assert pending_ids(stream_client, names) == {}
+    assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == {delivery}
