@@ -20,7 +20,10 @@ from settle.progress import (
     EmissionId,
     ProgressStore,
     ProviderScope,
+    StreamConsumer,
 )
+from settle.progress.models import SettlementOutcome
+from tests.progress.harness import dead_letters_on_stream, pending_ids, publish
 
 
 def _scope(names: Any) -> ProviderScope:
@@ -73,3 +76,42 @@ async def test_dead_lettered_meanwhile_is_reported_async(
     finally:
         await a.aclose()
         other.close()
+
+
+def test_a_worker_that_still_owns_it_settles_it_as_a_dead_letter(
+    stream_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    names: Any,
+) -> None:
+    """Dead-lettered by hand (``store.dead_letter``) while the owning worker's effect runs:
+    the worker tells the provider a dead letter (the stream-side dead-letter stream gets
+    it, and the dead-letter intent is closed), not an acknowledgement of an applied one."""
+    [delivery] = publish(stream_client, names, ["e1"])
+    operator = ProgressStore.from_url(
+        progress_server.url, consumer=names.consumer, namespace=names.namespace
+    )
+    worker = StreamConsumer(
+        redis.Redis.from_url(stream_server.url),
+        ProgressStore.from_url(
+            progress_server.url, consumer=names.consumer, namespace=names.namespace
+        ),
+        stream=names.stream,
+        group=names.group,
+        worker="w1",
+        block=0.01,
+    )
+    worker.start()
+    scope = worker.scope
+    assert scope is not None
+
+    def effect(ctx: Any) -> None:
+        operator.dead_letter(scope, ctx.delivery, ctx.emission, reason="by_hand", delivery_count=1)
+
+    with operator, worker:
+        report = worker.poll(effect)
+        assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+        assert [d["delivery"] for d in dead_letters_on_stream(stream_client, names)] == [delivery]
+        progress = worker.store.read(scope)
+        assert progress.intents == ()
+        assert pending_ids(stream_client, names) == {}
