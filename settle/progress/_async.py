@@ -542,8 +542,9 @@ class AsyncStreamConsumer:
                 consumername=self.worker,
             ),
         )
+        # A full listing may have left some out: look again on the next poll.
+        self._own_pending = len(rows or []) >= self.options.batch
         rows = self.core.own_pending(rows, skip, self.options.claim_idle_ms)
-        self._own_pending = False
         if not rows:
             return [], []
         present = await self._command("XRANGE", lambda client: self._entries(client, scope, rows))

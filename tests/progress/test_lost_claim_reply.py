@@ -81,7 +81,12 @@ class Effect:
 
 @asynccontextmanager
 async def consumer(
-    flavour: str, proxy: FaultyProxy, progress: EmbeddedRedis, names: Names, limit: int
+    flavour: str,
+    proxy: FaultyProxy,
+    progress: EmbeddedRedis,
+    names: Names,
+    limit: int,
+    batch: int = 32,
 ) -> AsyncIterator[Any]:
     options: dict[str, Any] = {
         "stream": names.stream,
@@ -90,6 +95,7 @@ async def consumer(
         "block": 0.01,
         "claim_idle": CLAIM_IDLE,
         "max_deliveries": limit,
+        "batch": batch,
     }
     own = {"consumer": names.consumer, "namespace": names.namespace}
     if flavour == "sync":
@@ -165,3 +171,28 @@ async def test_a_lost_xreadgroup_reply_does_not_dead_letter_an_unrun_delivery(
     assert dead_letters_on_stream(stream_client, names) == []
     assert pending_ids(stream_client, names) == {}
     assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == {delivery}
+
+
+async def test_a_restarted_worker_takes_every_delivery_it_held_at_its_count(
+    flavour: str,
+    stream_proxy: FaultyProxy,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    progress_client: redis.Redis,
+    names: Names,
+) -> None:
+    """A worker restarted under its name (or one whose XREADGROUP replies were lost) holds
+    more deliveries than one listing of ``batch`` rows: each poll takes the next ones, at
+    delivery count 1, none left for XAUTOCLAIM to hand back one count higher."""
+    effect = Effect(flavour, failures=0)
+    async with consumer(flavour, stream_proxy, progress_server, names, limit=1, batch=2) as c:
+        await c.start()
+        ids = publish(stream_client, names, [f"e{i}" for i in range(5)])
+        stream_client.xreadgroup(names.group, "w1", {names.stream: ">"})  # handed, unseen
+        handled = []
+        for _ in range(3):
+            handled += (await c.poll(effect())).handled
+    assert [d.value for d in handled] == ids
+    assert effect.runs == [f"e{i}" for i in range(5)]
+    assert dead_letters_on_stream(stream_client, names) == []
+    assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == set(ids)
