@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -79,61 +80,71 @@ class Effect:
         return run if self.flavour == "sync" else arun
 
 
-@asynccontextmanager
-async def consumer(
-    flavour: str,
-    proxy: FaultyProxy,
-    progress: EmbeddedRedis,
-    names: Names,
-    limit: int,
-    batch: int = 32,
-) -> AsyncIterator[Any]:
-    options: dict[str, Any] = {
-        "stream": names.stream,
-        "group": names.group,
-        "worker": "w1",
-        "block": 0.01,
-        "claim_idle": CLAIM_IDLE,
-        "max_deliveries": limit,
-        "batch": batch,
-    }
-    own = {"consumer": names.consumer, "namespace": names.namespace}
-    if flavour == "sync":
-        sync = StreamConsumer(
-            sync_client(proxy.port), ProgressStore.from_url(progress.url, **own), **options
-        )
-        try:
-            yield Awaitable(sync)
-        finally:
-            sync.close()
-        return
-    store = AsyncProgressStore.from_url(progress.url, **own)
-    aconsumer = AsyncStreamConsumer(async_client(proxy.port), store, **options)
-    try:
-        yield aconsumer
-    finally:
-        await aconsumer.aclose()
+@dataclass
+class World:
+    """One test's flavour, the proxy in front of the stream's server, both servers' clients."""
+
+    flavour: str
+    proxy: FaultyProxy
+    server: EmbeddedRedis  # the progress server
+    stream: redis.Redis
+    progress: redis.Redis
+    names: Names
 
 
-async def test_a_lost_xautoclaim_reply_costs_no_delivery_attempt(
+@pytest.fixture
+def w(
     flavour: str,
     stream_proxy: FaultyProxy,
     progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     progress_client: redis.Redis,
     names: Names,
-) -> None:
-    effect = Effect(flavour, failures=1)
-    async with consumer(flavour, stream_proxy, progress_server, names, limit=2) as c:
+) -> World:
+    return World(flavour, stream_proxy, progress_server, stream_client, progress_client, names)
+
+
+@asynccontextmanager
+async def consumer(w: World, limit: int, batch: int = 32) -> AsyncIterator[Any]:
+    options: dict[str, Any] = {
+        "stream": w.names.stream,
+        "group": w.names.group,
+        "worker": "w1",
+        "block": 0.01,
+        "claim_idle": CLAIM_IDLE,
+        "max_deliveries": limit,
+        "batch": batch,
+    }
+    own = {"consumer": w.names.consumer, "namespace": w.names.namespace}
+    if w.flavour == "sync":
+        sync = StreamConsumer(
+            sync_client(w.proxy.port), ProgressStore.from_url(w.server.url, **own), **options
+        )
+        try:
+            yield Awaitable(sync)
+        finally:
+            sync.close()
+        return
+    store = AsyncProgressStore.from_url(w.server.url, **own)
+    aconsumer = AsyncStreamConsumer(async_client(w.proxy.port), store, **options)
+    try:
+        yield aconsumer
+    finally:
+        await aconsumer.aclose()
+
+
+async def test_a_lost_xautoclaim_reply_costs_no_delivery_attempt(w: World) -> None:
+    effect = Effect(w.flavour, failures=1)
+    async with consumer(w, limit=2) as c:
         await c.start()
-        [delivery] = publish(stream_client, names, ["e1"])
+        [delivery] = publish(w.stream, w.names, ["e1"])
         first = await c.poll(effect())  # delivery 1: the effect fails, the delivery released
         assert [r.outcome for r in first.receipts] == [SettlementOutcome.RELEASED]
         # The next XAUTOCLAIM claims it (delivery 2); its reply is lost; the repeat finds
         # nothing idle enough to claim.
-        stream_proxy.cut("XAUTOCLAIM", "after_request")
+        w.proxy.cut("XAUTOCLAIM", "after_request")
         second = await c.poll(effect())
-        assert stream_proxy.fired == ["after_request"]
+        assert w.proxy.fired == ["after_request"]
         # Delivery 2 is handled in that same poll: the effect runs its second time and the
         # delivery is acknowledged, not dead-lettered a try early (delivery 3 > limit 2).
         assert [r.outcome for r in second.receipts] == [SettlementOutcome.ACKED]
@@ -141,58 +152,44 @@ async def test_a_lost_xautoclaim_reply_costs_no_delivery_attempt(
         await c.poll(effect())
     assert effect.runs == ["e1", "e1"]
     assert effect.applied == ["e1"]
-    assert dead_letters_on_stream(stream_client, names) == []
-    assert pending_ids(stream_client, names) == {}
-    assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == {delivery}
+    assert dead_letters_on_stream(w.stream, w.names) == []
+    assert pending_ids(w.stream, w.names) == {}
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
 
 
-async def test_a_lost_xreadgroup_reply_does_not_dead_letter_an_unrun_delivery(
-    flavour: str,
-    stream_proxy: FaultyProxy,
-    progress_server: EmbeddedRedis,
-    stream_client: redis.Redis,
-    progress_client: redis.Redis,
-    names: Names,
-) -> None:
-    effect = Effect(flavour, failures=0)
-    async with consumer(flavour, stream_proxy, progress_server, names, limit=1) as c:
+async def test_a_lost_xreadgroup_reply_does_not_dead_letter_an_unrun_delivery(w: World) -> None:
+    effect = Effect(w.flavour, failures=0)
+    async with consumer(w, limit=1) as c:
         await c.start()
-        [delivery] = publish(stream_client, names, ["e1"])
-        stream_proxy.cut("XREADGROUP", "after_request")
+        [delivery] = publish(w.stream, w.names, ["e1"])
+        w.proxy.cut("XREADGROUP", "after_request")
         with pytest.raises(BackendError):
             await c.poll(effect())  # XREADGROUP handed e1 over (delivery 1); reply lost
-        assert pending_ids(stream_client, names) == {delivery: ("w1", 1)}
+        assert pending_ids(w.stream, w.names) == {delivery: ("w1", 1)}
         report = await c.poll(effect())  # this worker's own pending delivery, at once
         assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
         await asyncio.sleep(CLAIM_IDLE * 1.5)
         await c.poll(effect())
     # Applied once, never dead-lettered (delivery 2 would be over the limit of 1).
     assert effect.runs == ["e1"]
-    assert dead_letters_on_stream(stream_client, names) == []
-    assert pending_ids(stream_client, names) == {}
-    assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == {delivery}
+    assert dead_letters_on_stream(w.stream, w.names) == []
+    assert pending_ids(w.stream, w.names) == {}
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
 
 
-async def test_a_restarted_worker_takes_every_delivery_it_held_at_its_count(
-    flavour: str,
-    stream_proxy: FaultyProxy,
-    progress_server: EmbeddedRedis,
-    stream_client: redis.Redis,
-    progress_client: redis.Redis,
-    names: Names,
-) -> None:
+async def test_a_restarted_worker_takes_every_delivery_it_held_at_its_count(w: World) -> None:
     """A worker restarted under its name (or one whose XREADGROUP replies were lost) holds
     more deliveries than one listing of ``batch`` rows: each poll takes the next ones, at
     delivery count 1, none left for XAUTOCLAIM to hand back one count higher."""
-    effect = Effect(flavour, failures=0)
-    async with consumer(flavour, stream_proxy, progress_server, names, limit=1, batch=2) as c:
+    effect = Effect(w.flavour, failures=0)
+    async with consumer(w, limit=1, batch=2) as c:
         await c.start()
-        ids = publish(stream_client, names, [f"e{i}" for i in range(5)])
-        stream_client.xreadgroup(names.group, "w1", {names.stream: ">"})  # handed, unseen
+        ids = publish(w.stream, w.names, [f"e{i}" for i in range(5)])
+        w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})  # handed, unseen
         handled = []
         for _ in range(3):
             handled += (await c.poll(effect())).handled
     assert [d.value for d in handled] == ids
     assert effect.runs == [f"e{i}" for i in range(5)]
-    assert dead_letters_on_stream(stream_client, names) == []
-    assert assert_nothing_acked_uncovered(stream_client, progress_client, names) == set(ids)
+    assert dead_letters_on_stream(w.stream, w.names) == []
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == set(ids)
