@@ -375,11 +375,16 @@ def deliver(
             yield from settle(core, scope, authority, IntentKind.RELEASE, emission, "effect_failed")
         )
     if applied.dead_lettered:
-        return (
-            yield from settle(
-                core, scope, authority, IntentKind.DEAD_LETTER, emission, "dead_letter"
-            )
+        # The reason progress recorded for it (what recover() would write), not a generic one.
+        reason = next(
+            (
+                i.reason
+                for i in applied.progress.intents
+                if i.delivery == delivery and i.kind is IntentKind.DEAD_LETTER
+            ),
+            "dead_letter",
         )
+        return (yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason))
     authorize_individual(applied.progress, delivery)
     return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
 

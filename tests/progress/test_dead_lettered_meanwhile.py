@@ -78,15 +78,18 @@ async def test_dead_lettered_meanwhile_is_reported_async(
         other.close()
 
 
+@pytest.mark.parametrize("when", ["during_the_effect", "before_the_poll"])
 def test_a_worker_that_still_owns_it_settles_it_as_a_dead_letter(
+    when: str,
     stream_server: EmbeddedRedis,
     progress_server: EmbeddedRedis,
     stream_client: redis.Redis,
     names: Any,
 ) -> None:
-    """Dead-lettered by hand (``store.dead_letter``) while the owning worker's effect runs:
-    the worker tells the provider a dead letter (the stream-side dead-letter stream gets
-    it, and the dead-letter intent is closed), not an acknowledgement of an applied one."""
+    """Dead-lettered by hand (``store.dead_letter``) while the owning worker's effect runs,
+    or before the worker consults progress: the worker tells the provider a dead letter with
+    the reason progress recorded (the stream-side dead-letter stream gets it, and the
+    dead-letter intent is closed), not an acknowledgement of an applied one."""
     [delivery] = publish(stream_client, names, ["e1"])
     operator = ProgressStore.from_url(
         progress_server.url, consumer=names.consumer, namespace=names.namespace
@@ -105,13 +108,28 @@ def test_a_worker_that_still_owns_it_settles_it_as_a_dead_letter(
     scope = worker.scope
     assert scope is not None
 
+    def by_hand() -> None:
+        operator.dead_letter(
+            scope, DeliveryId(delivery), EmissionId("e1"), reason="by_hand", delivery_count=1
+        )
+
+    ran: list[str] = []
+
     def effect(ctx: Any) -> None:
-        operator.dead_letter(scope, ctx.delivery, ctx.emission, reason="by_hand", delivery_count=1)
+        ran.append(ctx.emission.value)
+        if when == "during_the_effect":
+            by_hand()
+
+    if when == "before_the_poll":
+        by_hand()
 
     with operator, worker:
         report = worker.poll(effect)
         assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
-        assert [d["delivery"] for d in dead_letters_on_stream(stream_client, names)] == [delivery]
+        [dead] = dead_letters_on_stream(stream_client, names)
+        # The stream-side entry names the delivery and the reason progress recorded.
+        assert (dead["delivery"], dead["reason"]) == (delivery, "by_hand")
         progress = worker.store.read(scope)
         assert progress.intents == ()
         assert pending_ids(stream_client, names) == {}
+    assert ran == ([] if when == "before_the_poll" else ["e1"])
