@@ -193,3 +193,22 @@ async def test_a_restarted_worker_takes_every_delivery_it_held_at_its_count(w: W
     assert effect.runs == [f"e{i}" for i in range(5)]
     assert dead_letters_on_stream(w.stream, w.names) == []
     assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == set(ids)
+
+
+async def test_a_held_delivery_whose_entry_was_deleted_is_dead_lettered_at_once(w: World) -> None:
+    """One of the deliveries this worker holds unseen had its entry deleted (XDEL) meanwhile:
+    it goes the ``deleted`` way (dead-lettered in progress, then told to the provider), the
+    other is applied, both in the first poll."""
+    effect = Effect(w.flavour, failures=0)
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        ids = publish(w.stream, w.names, ["e1", "e2"])
+        w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})  # handed, unseen
+        w.stream.xdel(w.names.stream, ids[0])
+        report = await c.poll(effect())
+        progress = await c.store.read(c.scope)
+    assert [d.value for d in report.handled] == ids
+    assert effect.runs == ["e2"]
+    assert [d["reason"] for d in dead_letters_on_stream(w.stream, w.names)] == ["deleted"]
+    assert pending_ids(w.stream, w.names) == {}
+    assert (progress.floor.value, progress.gaps) == (ids[1], ())
