@@ -12,8 +12,10 @@ XREADGROUP reply dead-lettered a delivery whose effect never ran."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,13 +107,15 @@ def w(
 
 
 @asynccontextmanager
-async def consumer(w: World, limit: int, batch: int = 32) -> AsyncIterator[Any]:
+async def consumer(
+    w: World, limit: int, batch: int = 32, claim_idle: float = CLAIM_IDLE
+) -> AsyncIterator[Any]:
     options: dict[str, Any] = {
         "stream": w.names.stream,
         "group": w.names.group,
         "worker": "w1",
         "block": 0.01,
-        "claim_idle": CLAIM_IDLE,
+        "claim_idle": claim_idle,
         "max_deliveries": limit,
         "batch": batch,
     }
@@ -182,7 +186,9 @@ async def test_a_restarted_worker_takes_every_delivery_it_held_at_its_count(w: W
     more deliveries than one listing of ``batch`` rows: each poll takes the next ones, at
     delivery count 1, none left for XAUTOCLAIM to hand back one count higher."""
     effect = Effect(w.flavour, failures=0)
-    async with consumer(w, limit=1, batch=2) as c:
+    # claim_idle well above three polls on a loaded machine: none of the deliveries may
+    # reach it before its poll takes it (with 0.5 s the test failed about one run in six).
+    async with consumer(w, limit=1, batch=2, claim_idle=5.0) as c:
         await c.start()
         ids = publish(w.stream, w.names, [f"e{i}" for i in range(5)])
         w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})  # handed, unseen
@@ -212,3 +218,118 @@ async def test_a_held_delivery_whose_entry_was_deleted_is_dead_lettered_at_once(
     assert [d["reason"] for d in dead_letters_on_stream(w.stream, w.names)] == ["deleted"]
     assert pending_ids(w.stream, w.names) == {}
     assert (progress.floor.value, progress.gaps) == (ids[1], ())
+
+
+async def test_a_held_delivery_gets_all_of_claim_idle_for_its_effect(
+    w: World, stream_server: EmbeddedRedis
+) -> None:
+    """A delivery held unseen for a while (a lost XREADGROUP reply, then polls stopped by a
+    progress server that was down) is taken with a whole ``claim_idle`` ahead of it, as an
+    XREADGROUP or XAUTOCLAIM hands one: another worker does not reclaim it while the
+    effect, shorter than ``claim_idle``, runs (found in review: it was taken with only what
+    was left of ``claim_idle`` since it was first handed, and both workers ran the effect at
+    once, where before the change the other worker alone ran it)."""
+    claim_idle, held, effect_time = 1.0, 0.6, 0.8
+    running, runs, overlap = threading.Event(), [], []
+
+    def begin(ctx: EffectContext) -> None:
+        overlap.append(running.is_set())
+        runs.append(ctx.emission.value)
+        running.set()
+
+    def slow(ctx: EffectContext) -> None:
+        begin(ctx)
+        time.sleep(effect_time)
+        running.clear()
+
+    async def aslow(ctx: EffectContext) -> None:
+        begin(ctx)
+        await asyncio.sleep(effect_time)
+        running.clear()
+
+    other = StreamConsumer(
+        redis.Redis.from_url(stream_server.url),
+        ProgressStore.from_url(
+            w.server.url, consumer=w.names.consumer, namespace=w.names.namespace
+        ),
+        stream=w.names.stream,
+        group=w.names.group,
+        worker="w2",
+        block=0.01,
+        claim_idle=claim_idle,
+    )
+    async with consumer(w, limit=5, claim_idle=claim_idle) as c:
+        await c.start()
+        [delivery] = publish(w.stream, w.names, ["e1"])
+        w.proxy.cut("XREADGROUP", "after_request")
+        with pytest.raises(BackendError):
+            await c.poll(slow if w.flavour == "sync" else aslow)
+        handed = time.monotonic()
+
+        def other_worker() -> None:  # polls once the delivery was handed claim_idle ago
+            running.wait(claim_idle * 2)
+            time.sleep(max(0.0, handed + claim_idle * 1.15 - time.monotonic()))
+            other.poll(slow)
+
+        thread = threading.Thread(target=other_worker)
+        thread.start()
+        try:
+            await asyncio.sleep(held)
+            await c.poll(slow if w.flavour == "sync" else aslow)
+        finally:
+            await asyncio.to_thread(thread.join)
+            other.close()
+    assert runs == ["e1"]
+    assert overlap == [False]
+    assert pending_ids(w.stream, w.names) == {}
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
+
+
+class Stopped(BaseException):
+    """What stops a poll inside the effect: a cancellation, a KeyboardInterrupt."""
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same_process", "restarted"])
+async def test_a_delivery_that_stops_every_poll_still_reaches_max_deliveries(
+    w: World, restart: bool
+) -> None:
+    """The delivery whose handling a stopped poll cut short is not taken again at its count
+    by the next poll (the stop may come again each time: a cancelled effect that hangs, a
+    replica that stays down): it goes back to XAUTOCLAIM after ``claim_idle``, which
+    counts the attempt, so it is dead-lettered after ``max_deliveries`` as before (found in
+    review: taken again at once at the same count, it ran on every poll, and made fresh
+    each time it would never have been dead-lettered). ``restarted``: each poll by a new
+    process under the same worker name (one the delivery kills): the first look takes what
+    the name holds as it is, so the delivery still comes back one count higher once it was
+    handed ``claim_idle`` ago."""
+    runs: list[int] = []
+
+    def stop(ctx: EffectContext) -> None:
+        runs.append(1)
+        raise Stopped
+
+    async def astop(ctx: EffectContext) -> None:
+        stop(ctx)
+
+    async def poll(c: Any) -> None:
+        with suppress(Stopped):
+            await c.poll(stop if w.flavour == "sync" else astop)
+
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=2) as c:
+        await c.start()
+        deadline = time.monotonic() + CLAIM_IDLE * 8
+        while time.monotonic() < deadline and not dead_letters_on_stream(w.stream, w.names):
+            if restart:
+                async with consumer(w, limit=2) as fresh:
+                    await poll(fresh)
+            else:
+                await poll(c)
+            await asyncio.sleep(0.05)
+    [dead] = dead_letters_on_stream(w.stream, w.names)
+    assert (dead["delivery"], dead["reason"]) == (delivery, "delivery_limit")
+    assert pending_ids(w.stream, w.names) == {}
+    if not restart:
+        # Delivery 1 and delivery 2 (after claim_idle) ran the effect; delivery 3 is over
+        # the limit of 2: dead-lettered, never run.
+        assert len(runs) == 2
