@@ -807,6 +807,25 @@ class ProgressCore:
         ]
 
     @staticmethod
+    def pending_ids(rows: Any) -> set[DeliveryId]:
+        """The delivery ids of XPENDING rows."""
+        return {DeliveryId(_text(r["message_id"])) for r in rows or []}
+
+    @staticmethod
+    def own_rows(rows: Sequence[Any], own: Sequence[tuple[StreamEntry, int]]) -> list[Any]:
+        """The XPENDING rows of the deliveries in ``own`` (those whose entries are there)."""
+        ids = {entry.delivery for entry, _ in own}
+        return [r for r in rows if DeliveryId(_text(r["message_id"])) in ids]
+
+    @staticmethod
+    def still_own(
+        own: Sequence[tuple[StreamEntry, int]], kept: Sequence[Any]
+    ) -> list[tuple[StreamEntry, int]]:
+        """The deliveries of ``own`` (in order) that ``kept`` (one XCLAIM JUSTID reply each,
+        in the same order) held for this worker; the others another worker took."""
+        return [pair for pair, ids in zip(own, kept, strict=True) if ids]
+
+    @staticmethod
     def own_entries(
         rows: Sequence[Any], present: Sequence[Any]
     ) -> tuple[list[tuple[StreamEntry, int]], list[tuple[DeliveryId, int]]]:

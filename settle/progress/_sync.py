@@ -328,6 +328,11 @@ class StreamConsumer:
         # Whether the next claim looks at this worker's own pending list: deliveries a
         # call whose reply was lost handed over, or that a stopped poll left (see _own).
         self._own_pending = True
+        # Until its first look, what this worker holds may be a previous process's under
+        # its name: taken as it is (its idle time kept), see _own.
+        self._inherited = True
+        # The deliveries whose handling a stopped poll cut short: left to XAUTOCLAIM.
+        self._interrupted: set[DeliveryId] = set()
         check_block_fits(client, self.options.block_ms / 1000)
         self._runner = Runner(
             client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
@@ -410,21 +415,30 @@ class StreamConsumer:
         with reason ``deleted``; see ``observe()`` for lost deliveries."""
         self._started()
         report = PollReport()
+        current: DeliveryId | None = None  # the delivery being handled
         try:
             claimed, vanished = self._claim()
             for delivery, count in vanished:
+                current = delivery
                 report.handled.append(delivery)
                 report.receipts.append(self.vanished(delivery, count))
+                current = None
             for entry, count in claimed + self._read():
+                current = entry.delivery
                 receipt = self.handle(entry, count, effect)
+                current = None
                 report.handled.append(entry.delivery)
                 if receipt is not None:
                     report.receipts.append(receipt)
         except BaseException:
-            # A lost reply (XREADGROUP is not repeated) or a delivery whose handling
-            # stopped midway leaves deliveries pending for this worker: the next poll
-            # takes them at their delivery count, not one higher after claim_idle.
+            # A lost reply (XREADGROUP is not repeated) or a poll stopped before some
+            # deliveries were handled leaves them pending for this worker: the next poll
+            # takes them at their delivery count, not one higher after claim_idle. Not the
+            # one whose handling stopped: the same stop may come again (a replica down, a
+            # cancelled effect), so it goes back to XAUTOCLAIM, which counts the attempt.
             self._own_pending = True
+            if current is not None:
+                self._interrupted.add(current)
             raise
         progress = self.observe()
         report.receipts.extend(self._orphans(progress))
@@ -510,7 +524,11 @@ class StreamConsumer:
         stopped before settling them), each at the delivery count it holds, so that no
         lost reply spends one of ``max_deliveries``; those whose entries are gone go the
         ``deleted`` way. Only those idle less than ``claim_idle``: the others (a released
-        delivery among them) are XAUTOCLAIM's."""
+        delivery among them) are XAUTOCLAIM's. Each is made fresh (``_hold``) so that its
+        effect has the whole of ``claim_idle``, except on the first look, which may find a
+        previous process's deliveries under this name: made fresh, one that killed that
+        process would be taken at its count again and again, never reaching
+        ``max_deliveries``."""
         if not self._own_pending:
             return [], []
         rows = self._command(
@@ -524,16 +542,39 @@ class StreamConsumer:
                 consumername=self.worker,
             ),
         )
+        inherited, self._inherited = self._inherited, False
         # A full listing may have left some out: look again on the next poll.
         self._own_pending = len(rows or []) >= self.options.batch
-        rows = self.core.own_pending(rows, skip, self.options.claim_idle_ms)
+        if not self._own_pending:  # forget what this worker no longer holds
+            self._interrupted &= self.core.pending_ids(rows)
+        rows = self.core.own_pending(rows, skip | self._interrupted, self.options.claim_idle_ms)
         if not rows:
             return [], []
         present = self._command("XRANGE", lambda client: self._entries(client, scope, rows))
         own, gone = self.core.own_entries(rows, present)
+        if own and not inherited:
+            held = self.core.own_rows(rows, own)
+            kept = self._command("XCLAIM", lambda client: self._hold(client, scope, held))
+            own = self.core.still_own(own, kept)
         for entry, _count in own:
             self.store.observer("claimed", entry.delivery)
         return own, gone
+
+    def _hold(self, client: Any, scope: ProviderScope, rows: list[Any]) -> list[Any]:
+        """Make each delivery of ``rows`` fresh for this worker (idle 0, its delivery count
+        kept: JUSTID) unless its idle time fell below what the listing said: another
+        worker's XAUTOCLAIM took it meanwhile, and it stays that worker's."""
+        with client.pipeline(transaction=False) as pipe:
+            for row in rows:
+                pipe.xclaim(
+                    scope.stream,
+                    scope.group,
+                    self.worker,
+                    int(row["time_since_delivered"]),
+                    [row["message_id"]],
+                    justid=True,
+                )
+            return list(pipe.execute())
 
     def _vanished(
         self, scope: ProviderScope, start: str, stop: str, claimed: list[StreamEntry]
