@@ -375,3 +375,24 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
         kept = kept if w.flavour == "sync" else await kept
     assert kept == [[]]
     assert pending_ids(w.stream, w.names) == {delivery: ("w2", 1)}
+
+
+async def test_the_own_pending_look_costs_nothing_on_a_poll_that_went_well(w: World) -> None:
+    """The look at this worker's own pending list (one XPENDING) is paid on the first poll
+    after a start, not on the polls after one that went well."""
+
+    def xpending_calls() -> int:
+        stats = w.stream.info("commandstats").get("cmdstat_xpending", {})
+        return int(stats.get("calls", 0))
+
+    effect = Effect(w.flavour, failures=0)
+    spent = []
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        for emission in ["e1", "e2", "e3"]:
+            publish(w.stream, w.names, [emission])
+            before = xpending_calls()
+            await c.poll(effect())
+            spent.append(xpending_calls() - before)
+    assert effect.runs == ["e1", "e2", "e3"]
+    assert spent[1] == spent[2] == spent[0] - 1
