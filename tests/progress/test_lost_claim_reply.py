@@ -396,3 +396,32 @@ async def test_the_own_pending_look_costs_nothing_on_a_poll_that_went_well(w: Wo
             spent.append(xpending_calls() - before)
     assert effect.runs == ["e1", "e2", "e3"]
     assert spent[1] == spent[2] == spent[0] - 1
+
+
+async def test_a_released_delivery_is_not_taken_again_by_the_own_look(w: World) -> None:
+    """A delivery this worker released (its effect failed) is on its own pending list,
+    idle "forever": the look at that list leaves it to XAUTOCLAIM, which counts the new
+    attempt, even when XAUTOCLAIM's scan has moved past it (``batch=1``)."""
+    runs: list[str] = []
+
+    def effect(ctx: EffectContext) -> None:
+        runs.append(ctx.emission.value)
+        if ctx.emission.value == "e1":
+            raise RuntimeError("the effect's own failure")
+
+    async def aeffect(ctx: EffectContext) -> None:
+        effect(ctx)
+
+    d1, d2 = publish(w.stream, w.names, ["e1", "e2"])
+    w.stream.xgroup_create(w.names.stream, w.names.group, id="0")
+    w.stream.xreadgroup(w.names.group, "w0", {w.names.stream: ">"})  # dies holding both
+    await asyncio.sleep(CLAIM_IDLE * 1.2)
+    async with consumer(w, limit=5, batch=1) as c:
+        first = await c.poll(effect if w.flavour == "sync" else aeffect)
+        assert [d.value for d in first.handled] == [d1]  # reclaimed (2), failed, released
+        assert [r.outcome for r in first.receipts] == [SettlementOutcome.RELEASED]
+        second = await c.poll(effect if w.flavour == "sync" else aeffect)
+    # XAUTOCLAIM's scan went on past d1 to d2; the own look listed d1, released: not taken.
+    assert [d.value for d in second.handled] == [d2]
+    assert runs == ["e1", "e2"]
+    assert pending_ids(w.stream, w.names)[d1] == ("w1", 2)
