@@ -6,6 +6,7 @@ settles from ``apply``'s answer acknowledged a dead-lettered delivery as applied
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -133,3 +134,40 @@ def test_a_worker_that_still_owns_it_settles_it_as_a_dead_letter(
         assert progress.intents == ()
         assert pending_ids(stream_client, names) == {}
     assert ran == ([] if when == "before_the_poll" else ["e1"])
+
+
+def test_a_delivery_dead_lettered_by_hand_then_over_the_limit_keeps_its_reason(
+    stream_server: EmbeddedRedis,
+    progress_server: EmbeddedRedis,
+    stream_client: redis.Redis,
+    names: Any,
+) -> None:
+    """Dead-lettered by hand while its worker was gone; the worker that reclaims it finds it
+    over ``max_deliveries``: the stream-side entry carries the reason progress recorded
+    (``by_hand``, what ``recover()`` would write), not ``delivery_limit`` (reviewed: only
+    the apply path had been made to write the recorded reason)."""
+    [delivery] = publish(stream_client, names, ["e1"])
+    own = {"consumer": names.consumer, "namespace": names.namespace}
+    worker = StreamConsumer(
+        redis.Redis.from_url(stream_server.url),
+        ProgressStore.from_url(progress_server.url, **own),
+        stream=names.stream,
+        group=names.group,
+        worker="w1",
+        block=0.01,
+        claim_idle=0.2,
+        max_deliveries=1,
+    )
+    operator = ProgressStore.from_url(progress_server.url, **own)
+    with operator, worker:
+        scope = worker.start()
+        stream_client.xreadgroup(names.group, "w0", {names.stream: ">"})  # w0 dies with it
+        operator.dead_letter(
+            scope, DeliveryId(delivery), EmissionId("e1"), reason="by_hand", delivery_count=1
+        )
+        time.sleep(0.3)
+        report = worker.poll(lambda ctx: None)
+        assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+        [dead] = dead_letters_on_stream(stream_client, names)
+        assert (dead["delivery"], dead["reason"], dead["deliveries"]) == (delivery, "by_hand", "2")
+        assert worker.store.read(scope).intents == ()
