@@ -259,6 +259,20 @@ def defer(
     return reply
 
 
+def recorded_reason(progress: Progress, delivery: DeliveryId, reason: str) -> str:
+    """The reason of ``delivery``'s dead-letter intent in ``progress`` (what ``recover()``
+    writes in the stream-side entry), else ``reason``: a delivery dead-lettered before (by
+    hand, by another worker) keeps the reason it was dead-lettered for."""
+    return next(
+        (
+            i.reason
+            for i in progress.intents
+            if i.delivery == delivery and i.kind is IntentKind.DEAD_LETTER
+        ),
+        reason,
+    )
+
+
 def authorized(core: ProgressCore, read: Progress, delivery: DeliveryId, kind: IntentKind) -> None:
     """:func:`~settle.progress.planning.authorize_settlement`, its refusal logged
     (``settle.progress.settle_unauthorized``): the provider is not told ``kind`` for a
@@ -339,6 +353,7 @@ def deliver(
             core, scope, delivery, emission, reason, delivery_count, claim=False
         )
         if reply.code == "dead_lettered":
+            reason = recorded_reason(reply.progress, delivery, reason)
             return (
                 yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason)
             )
@@ -375,15 +390,7 @@ def deliver(
             yield from settle(core, scope, authority, IntentKind.RELEASE, emission, "effect_failed")
         )
     if applied.dead_lettered:
-        # The reason progress recorded for it (what recover() would write), not a generic one.
-        reason = next(
-            (
-                i.reason
-                for i in applied.progress.intents
-                if i.delivery == delivery and i.kind is IntentKind.DEAD_LETTER
-            ),
-            "dead_letter",
-        )
+        reason = recorded_reason(applied.progress, delivery, "dead_letter")
         return (yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason))
     authorize_individual(applied.progress, delivery)
     return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
@@ -412,9 +419,10 @@ def vanished(
         core, scope, delivery, None, "deleted", delivery_count, claim=False
     )
     if reply.code == "dead_lettered":
+        reason = recorded_reason(reply.progress, delivery, "deleted")
         return (
             yield from settle(
-                core, scope, authority, IntentKind.DEAD_LETTER, None, "deleted", fenced_count=False
+                core, scope, authority, IntentKind.DEAD_LETTER, None, reason, fenced_count=False
             )
         )
     authorize_individual(reply.progress, delivery)
