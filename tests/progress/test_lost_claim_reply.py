@@ -425,3 +425,29 @@ async def test_a_released_delivery_is_not_taken_again_by_the_own_look(w: World) 
     assert [d.value for d in second.handled] == [d2]
     assert runs == ["e1", "e2"]
     assert pending_ids(w.stream, w.names)[d1] == ("w1", 2)
+
+
+async def test_a_lost_xclaim_reply_of_the_own_look_costs_no_delivery_attempt(w: World) -> None:
+    """The XCLAIM that makes a held delivery fresh loses its reply; its repeat finds the
+    delivery fresh already (idle below what the listing said) and does not claim it: the
+    next poll looks again and takes it, at its count (reviewed: it was taken for another
+    worker's and came back after claim_idle one count higher, with ``max_deliveries=1``
+    dead-lettered unrun)."""
+    effect = Effect(w.flavour, failures=0)
+    async with consumer(w, limit=1) as c:
+        await c.start()
+        [delivery] = publish(w.stream, w.names, ["e1"])
+        w.proxy.cut("XREADGROUP", "after_request")
+        with pytest.raises(BackendError):
+            await c.poll(effect())  # e1 handed over (delivery 1); reply lost
+        await asyncio.sleep(0.05)  # so that the listing sees it idle a while
+        w.proxy.cut("XCLAIM", "after_request")
+        await c.poll(effect())
+        assert w.proxy.fired == ["after_request", "after_request"]
+        report = await c.poll(effect())
+        assert [d.value for d in report.handled] == [delivery]
+        await asyncio.sleep(CLAIM_IDLE * 1.5)
+        await c.poll(effect())
+    assert effect.runs == ["e1"]
+    assert dead_letters_on_stream(w.stream, w.names) == []
+    assert pending_ids(w.stream, w.names) == {}
