@@ -555,7 +555,11 @@ class StreamConsumer:
         if own and not inherited:
             held = self.core.own_rows(rows, own)
             kept = self._command("XCLAIM", lambda client: self._hold(client, scope, held))
-            own = self.core.still_own(own, kept)
+            fresh = self.core.still_own(own, kept)
+            # One not kept is another worker's now, or this worker's made fresh by a try
+            # whose reply was lost (the repeat found it idle too little): look again.
+            self._own_pending = self._own_pending or len(fresh) < len(own)
+            own = fresh
         for entry, _count in own:
             self.store.observer("claimed", entry.delivery)
         return own, gone
