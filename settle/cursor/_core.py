@@ -282,6 +282,7 @@ class CursorCore:
                 created_at=ms_datetime(int(f["created"])),
                 updated_at=ms_datetime(int(f["updated"])),
                 promoted_witness=_text(f.get("waid") or b"") or None,
+                pruned=_canonical_int(f["pruned"]) if f.get("pruned") else None,
             )
         except (KeyError, ValueError) as exc:
             raise CorruptRecord(f"unreadable checkpoint: {exc}") from exc
