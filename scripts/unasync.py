@@ -68,8 +68,8 @@ RUNTIME_RULES: list[tuple[str, str]] = [
     # The sync lane checks a kept connection without redis-py's frames (packing.can_read).
     (r"\bawait conn\.can_read\(\)", "can_read(conn)"),
     (
-        r"^from settle\._runtime\.packing import pack_command, tried$",
-        "from settle._runtime.packing import can_read, pack_command, tried",
+        r"^from settle\._runtime\.packing import pack_command, retries_as_redis_py, tried$",
+        "from settle._runtime.packing import can_read, pack_command, retries_as_redis_py, tried",
     ),
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),

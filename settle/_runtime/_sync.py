@@ -35,7 +35,7 @@ from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, Unacknowledged, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
-from settle._runtime.packing import can_read, pack_command, tried
+from settle._runtime.packing import can_read, pack_command, retries_as_redis_py, tried
 from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
@@ -1416,16 +1416,19 @@ class _Lane:
 
         lost: list[Exception] = []  # sends whose reply was lost: they may have run
         first: Exception | None = None
+        done = False
         try:
-            try:  # the first try straight away (every call makes it; few repeat)
-                reply = self._round_trip(conn, packed)
-            except Exception as exc:  # noqa: BLE001  # the retry policy judges it, below
-                first = exc
-            if first is not None:
+            if retries_as_redis_py(conn.retry):  # else an application's policy: every try
+                try:  # the first try straight away (every call makes it; few repeat)
+                    reply = self._round_trip(conn, packed)
+                    done = True
+                except Exception as exc:  # noqa: BLE001  # the retry policy judges it, below
+                    first = exc
+            if not done:
                 # The connection's own retry policy, as redis-py's execute_command applies
                 # it (a new socket after a dropped one; none on the clients settle makes),
-                # handed the first try's error as its own first try's (outside the except
-                # block: a repeat's error is not chained to it).
+                # handed the first try's error, if any, as its own first try's (outside the
+                # except block: a repeat's error is not chained to it).
                 def failed(error: Exception) -> None:
                     lost.append(error)
                     conn.disconnect()

@@ -15,6 +15,12 @@ try:  # redis-py 8's own names: without them the lane packs through the connecti
 except ImportError:  # pragma: no cover - a redis-py that renamed them
     AbstractConnection = AsyncConnection = HiredisRespSerializer = None  # type: ignore[assignment,misc]
 
+try:  # redis-py's own retry policies: another's call_with_retry is asked for every try
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.retry import Retry
+except ImportError:  # pragma: no cover - a redis-py that renamed them
+    AsyncRetry = Retry = None  # type: ignore[assignment,misc]
+
 try:  # redis-py 8's sync hiredis parser: without it every check asks the connection
     from redis._parsers import _HiredisParser
 except ImportError:  # pragma: no cover - a redis-py that renamed it
@@ -28,10 +34,13 @@ try:
 except ImportError:  # pragma: no cover - without hiredis redis-py packs in Python
     _hiredis_pack = None
 
-__all__ = ["can_read", "pack_command", "tried"]
+__all__ = ["can_read", "pack_command", "retries_as_redis_py", "tried"]
 
 _REDIS_PY_PACK = None if AbstractConnection is None else AbstractConnection.pack_command
 _ASYNC_PACK = None if AsyncConnection is None else AsyncConnection.pack_command
+_REDIS_PY_TRIES = tuple(
+    policy.call_with_retry for policy in (Retry, AsyncRetry) if policy is not None
+)
 
 
 @lru_cache(maxsize=16)
@@ -119,9 +128,21 @@ def can_read(conn: Any) -> bool:
     return bool(conn.can_read())
 
 
-def tried(error: Exception, then: Callable[[], Any]) -> Callable[[], Any]:
+def retries_as_redis_py(policy: Any) -> bool:
+    """Whether the retry policy ``policy`` tries as redis-py's own ``Retry`` does (sync or
+    asyncio, whatever its backoff, retries, errors and ``is_retryable``): only then may the
+    lane make a call's first try outside it (:func:`tried`). A ``call_with_retry`` of the
+    application's (a circuit breaker, a rate limit, a count of sends) is asked for every
+    try, the first one too, as redis-py's ``execute_command`` asks it."""
+    return type(policy).call_with_retry in _REDIS_PY_TRIES
+
+
+def tried(error: Exception | None, then: Callable[[], Any]) -> Callable[[], Any]:
     """``then`` for a retry policy, whose first call raises ``error`` (the try already
-    made) instead: the policy judges it, and repeats, as if it had made that try."""
+    made) instead: the policy judges it, and repeats, as if it had made that try. With no
+    ``error`` (no try made yet), ``then`` itself."""
+    if error is None:
+        return then
     pending = [error]
 
     def call() -> Any:

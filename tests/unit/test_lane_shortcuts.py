@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +17,11 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from settle._runtime.packing import can_read, tried
+from settle import AsyncSettler, Reserved, Settler
+from settle._runtime.packing import can_read, retries_as_redis_py, tried
+from settle.embedded import EmbeddedRedis
+from settle.errors import BackendError
+from tests.faults.sentinel_support import SERVICE, LocalSentinel
 
 
 def _outcome(check: Callable[[], Any]) -> Any:
@@ -174,3 +178,91 @@ def test_the_async_lane_hands_its_first_error_to_the_policy_too() -> None:
     got, failed = asyncio.run(main())
     assert got == "reply"
     assert [type(e) for e in failed] == [rx.ConnectionError]
+
+
+class _Breaker(Retry):
+    """An application's retry policy with a ``call_with_retry`` of its own (redis-py keeps
+    one: a circuit breaker, here) that refuses every send while open."""
+
+    opened = False  # on the class: each connection holds its own copy of the policy
+
+    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        if _Breaker.opened:
+            raise rx.ConnectionError("the circuit is open")
+        return super().call_with_retry(do, fail, *args, **kwargs)
+
+
+class _AsyncBreaker(AsyncRetry):
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        if _Breaker.opened:
+            raise rx.ConnectionError("the circuit is open")
+        return await super().call_with_retry(do, fail, *args, **kwargs)
+
+
+@pytest.fixture
+def sentinel_port() -> Iterator[int]:
+    """A Sentinel naming a primary of its own (``from_sentinel``: a client settle makes,
+    whose connections the lane keeps between calls)."""
+    primary = EmbeddedRedis().start()
+    try:
+        sentinel = LocalSentinel(primary.port).start()
+        try:
+            yield sentinel.port
+        finally:
+            sentinel.close()
+    finally:
+        primary.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_applications_own_retry_policy_is_asked_before_every_send(
+    sentinel_port: int, namespace: str, kind: str
+) -> None:
+    """The first try outside the policy is for redis-py's own ``Retry`` alone: a policy
+    that overrides ``call_with_retry`` (a breaker, a rate limit, a count of sends), given in
+    ``client_options``, is asked first on a kept connection too, as it was and as redis-py's
+    ``execute_command`` asks it: nothing is sent while it refuses."""
+    breaker = _Breaker(NoBackoff(), 0) if kind == "sync" else _AsyncBreaker(NoBackoff(), 0)
+    options: dict[str, Any] = {
+        "service_name": SERVICE,
+        "client_options": {"retry": breaker},
+        "namespace": namespace,
+        "shards": 4,
+    }
+    sentinels = [("127.0.0.1", sentinel_port)]
+
+    async def main() -> None:
+        async with AsyncSettler.from_sentinel(sentinels, **options) as asettler:
+            await refused_then_reserved(lambda: asettler.reserve("op-1", principal="p"))
+
+    async def refused_then_reserved(reserve: Callable[[], Any]) -> None:
+        _Breaker.opened = True
+        with pytest.raises(BackendError, match="the circuit is open"):
+            await _awaited(reserve())
+        _Breaker.opened = False
+        # nothing was recorded while it refused
+        assert isinstance(await _awaited(reserve()), Reserved)
+
+    try:
+        if kind == "async":
+            asyncio.run(main())
+            return
+        with Settler.from_sentinel(sentinels, **options) as settler:
+            asyncio.run(refused_then_reserved(lambda: settler.reserve("op-1", principal="p")))
+    finally:
+        _Breaker.opened = False
+
+
+async def _awaited(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
+
+
+def test_only_redis_pys_own_call_with_retry_lets_the_lane_try_first() -> None:
+    class Tuned(Retry):  # another backoff, errors, checker: redis-py's tries all the same
+        pass
+
+    assert retries_as_redis_py(Retry(NoBackoff(), 3))
+    assert retries_as_redis_py(AsyncRetry(NoBackoff(), 0))
+    assert retries_as_redis_py(Tuned(NoBackoff(), 1, is_retryable=lambda _: True))
+    assert not retries_as_redis_py(_Breaker(NoBackoff(), 0))
+    assert not retries_as_redis_py(_AsyncBreaker(NoBackoff(), 0))
