@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - without hiredis redis-py packs in Pyth
 __all__ = ["can_read", "pack_command", "retries_as_redis_py", "tried"]
 
 _REDIS_PY_PACK = None if AbstractConnection is None else AbstractConnection.pack_command
+_REDIS_PY_CAN_READ = None if AbstractConnection is None else AbstractConnection.can_read
 _ASYNC_PACK = None if AsyncConnection is None else AsyncConnection.pack_command
 _REDIS_PY_TRIES = tuple(
     policy.call_with_retry for policy in (Retry, AsyncRetry) if policy is not None
@@ -109,12 +110,14 @@ def can_read(conn: Any) -> bool:
     """``conn.can_read()`` of a sync connection (data the server sent that nobody asked
     for, or a connection it closed), without redis-py's frames in the case almost every
     call finds: a plain socket, redis-py's hiredis parser holding nothing, and a poll that
-    finds nothing to read, as its own check polls. Anything else (a TLS socket, another
-    parser, no socket yet, something to read) is the connection's own check, errors and
-    all."""
+    finds nothing to read, as its own check polls. Anything else (a connection class whose
+    ``can_read`` is the application's, a TLS socket, another parser, no socket yet,
+    something to read) is the connection's own check, errors and all."""
     sock = getattr(conn, "_sock", None)
-    if type(sock) is socket.socket and type(parser := getattr(conn, "_parser", None)) is (
-        _HiredisParser
+    if (
+        type(sock) is socket.socket
+        and type(conn).can_read is _REDIS_PY_CAN_READ
+        and type(parser := getattr(conn, "_parser", None)) is _HiredisParser
     ):
         reader = parser._reader
         if _poll is not None and reader is not None and not reader.has_data():

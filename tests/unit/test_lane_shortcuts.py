@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 import redis.exceptions as rx
+from redis._parsers import _RESP2Parser, _RESP3Parser
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -98,6 +99,38 @@ def test_a_connection_without_a_socket_is_asked_itself(redis_url: str) -> None:
         conn.disconnect()
         assert can_read(conn) is False  # redis-py connects it, as its own check does
         assert conn._sock is not None
+    finally:
+        conn.disconnect()
+        client.close()
+
+
+class _Flagged(redis.Connection):
+    """An application's connection class (``client_options={"connection_class": ...}``)
+    whose own check says more than the socket: it is the one asked."""
+
+    def can_read(self, timeout: float = 0) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"connection_class": _Flagged},
+        {"parser_class": _RESP2Parser},
+        {"parser_class": _RESP3Parser, "protocol": 3},
+    ],
+    ids=["own-connection-class", "resp2-python-parser", "resp3-python-parser"],
+)
+def test_another_connection_or_parser_is_asked_itself(
+    redis_url: str, options: dict[str, Any]
+) -> None:
+    client = redis.Redis.from_url(redis_url, **options)
+    conn = client.connection_pool.get_connection()
+    try:
+        assert _outcome(lambda: can_read(conn)) == _outcome(conn.can_read)
+        conn.send_command("PING")
+        _wait_readable(conn)
+        assert _outcome(lambda: can_read(conn)) == _outcome(conn.can_read) == True  # noqa: E712
     finally:
         conn.disconnect()
         client.close()
