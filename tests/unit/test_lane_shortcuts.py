@@ -299,3 +299,62 @@ def test_only_redis_pys_own_call_with_retry_lets_the_lane_try_first() -> None:
     assert retries_as_redis_py(Tuned(NoBackoff(), 1, is_retryable=lambda _: True))
     assert not retries_as_redis_py(_Breaker(NoBackoff(), 0))
     assert not retries_as_redis_py(_AsyncBreaker(NoBackoff(), 0))
+
+
+def _policies() -> list[Retry]:
+    return [
+        Retry(NoBackoff(), 0),
+        Retry(NoBackoff(), 2),
+        Retry(NoBackoff(), -1),  # forever
+        Retry(NoBackoff(), 2, supported_errors=(rx.ConnectionError,)),  # timeouts not repeated
+        Retry(NoBackoff(), 2, supported_errors=(rx.ResponseError,)),  # an odd one
+        Retry(NoBackoff(), 2, is_retryable=lambda e: "again" in str(e)),
+    ]
+
+
+@pytest.mark.parametrize("policy", _policies(), ids=lambda p: repr(p._supported_errors))
+@pytest.mark.parametrize(
+    "errors",
+    [
+        [],
+        [rx.ConnectionError("dropped")],
+        [rx.ConnectionError("again"), rx.ConnectionError("again")],
+        [rx.TimeoutError("late"), rx.ConnectionError("again")],
+        [rx.ConnectionError("again")] * 4,
+        [rx.ResponseError("NOSCRIPT"), rx.ConnectionError("again")],
+        [ValueError("not redis")],
+    ],
+)
+def test_a_first_try_handed_to_the_policy_ends_as_the_policy_alone(
+    policy: Retry, errors: list[Exception]
+) -> None:
+    """Against redis-py's ``call_with_retry`` making every try itself (the lane before):
+    the same reply or error object, the same failures handed to the failure handler, the
+    same number of sends, whatever the policy's errors, retries and checker."""
+
+    def run(first_outside: bool) -> tuple[Any, list[BaseException], int]:
+        pending = list(errors)
+        failed: list[BaseException] = []
+        sends = 0
+
+        def send() -> str:
+            nonlocal sends
+            sends += 1
+            if pending:
+                raise pending.pop(0)
+            return "reply"
+
+        try:
+            if not first_outside:
+                return policy.call_with_retry(send, failed.append), failed, sends
+            try:
+                reply = send()
+            except Exception as exc:
+                reply = policy.call_with_retry(tried(exc, send), failed.append)
+            return reply, failed, sends
+        except Exception as exc:
+            return exc, failed, sends
+
+    new, old = run(True), run(False)
+    assert new[0] is old[0] or new[0] == old[0] == "reply"
+    assert new[1:] == old[1:]
