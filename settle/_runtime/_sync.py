@@ -35,7 +35,7 @@ from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, Unacknowledged, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
-from settle._runtime.packing import pack_command
+from settle._runtime.packing import can_read, pack_command, retries_as_redis_py, tried
 from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
@@ -1403,7 +1403,7 @@ class _Lane:
         try:
             # Data nobody asked for: a new socket, as the pool does, unless maintenance
             # notifications are on (the data is one, read with the next reply).
-            stale = conn.can_read() and not _notifications(self._pool)
+            stale = can_read(conn) and not _notifications(self._pool)
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
@@ -1418,17 +1418,27 @@ class _Lane:
             self._give_back(conn)
             raise
 
-        once = functools.partial(self._round_trip, conn, packed)
         lost: list[Exception] = []  # sends whose reply was lost: they may have run
-
-        def failed(error: Exception) -> None:
-            lost.append(error)
-            conn.disconnect()
-
+        first: Exception | None = None
+        done = False
         try:
-            # The connection's own retry policy, as redis-py's execute_command applies it
-            # (a new socket after a dropped one; none on the clients settle makes).
-            reply = conn.retry.call_with_retry(once, failed)
+            if retries_as_redis_py(conn.retry):  # else an application's policy: every try
+                try:  # the first try straight away (every call makes it; few repeat)
+                    reply = self._round_trip(conn, packed)
+                    done = True
+                except Exception as exc:  # noqa: BLE001  # the retry policy judges it, below
+                    first = exc
+            if not done:
+                # The connection's own retry policy, as redis-py's execute_command applies
+                # it (a new socket after a dropped one; none on the clients settle makes),
+                # handed the first try's error, if any, as its own first try's (outside the
+                # except block: a repeat's error is not chained to it).
+                def failed(error: Exception) -> None:
+                    lost.append(error)
+                    conn.disconnect()
+
+                once = functools.partial(self._round_trip, conn, packed)
+                reply = conn.retry.call_with_retry(tried(first, once), failed)
         except rx.ResponseError as exc:  # the whole reply was read: the connection is sound
             self._give_back(conn)
             if lost:  # a refusal of the repeat says nothing of the send before it
