@@ -105,6 +105,14 @@ class IdempotencyMiddleware:
         request._settle_reached = True  # type: ignore[attr-defined]
 
 
+#: The ``MIDDLEWARE`` lists already checked (and warned about) in this process: Django loads
+#: the middleware anew for every handler (each test ``Client``, each ``WSGIHandler``), and an
+#: operator needs the advice once per configuration, not once per load. Forgotten when
+#: ``settings.MIDDLEWARE`` changes (``override_settings``).
+_ORDER_CHECKED: set[tuple[object, ...]] = set()
+_ORDER_CHECKED_LOCK = threading.Lock()
+
+
 def _warn_if_before_csrf(guard: type) -> None:
     """Logs ``settle.django.middleware_order`` (WARNING) when ``settings.MIDDLEWARE`` puts
     this middleware before ``CsrfViewMiddleware`` (or a subclass of it): there the CSRF
@@ -113,6 +121,11 @@ def _warn_if_before_csrf(guard: type) -> None:
     reaches the view. Not refused: a project whose guarded views are all ``csrf_exempt``
     (REST framework's ``APIView`` is) loses nothing, and refusing it would stop it serving."""
     listed = list(getattr(settings, "MIDDLEWARE", None) or ())
+    seen = (guard, *map(repr, listed))
+    with _ORDER_CHECKED_LOCK:
+        if seen in _ORDER_CHECKED:
+            return
+        _ORDER_CHECKED.add(seen)
     classes = [_middleware_class(path) for path in listed]
     mine = [i for i, cls in enumerate(classes) if cls is not None and issubclass(cls, guard)]
     csrf = [i for i, cls in enumerate(classes) if cls and issubclass(cls, CsrfViewMiddleware)]
@@ -198,6 +211,9 @@ def _settings_changed(*, setting: str, **_: Any) -> None:
     if setting == "SETTLE":
         with _VIEW_GUARDS_LOCK:
             _VIEW_GUARDS.clear()
+    elif setting == "MIDDLEWARE":
+        with _ORDER_CHECKED_LOCK:
+            _ORDER_CHECKED.clear()
 
 
 setting_changed.connect(_settings_changed)
