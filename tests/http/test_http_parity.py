@@ -79,7 +79,7 @@ def _answer(behaviour: str, run: int) -> Answer:
     match behaviour:
         case "client_error":
             return Answer(400, b'{"error": "amount must be positive"}', headers[:1])
-        case "server_error":
+        case "server_error" | "late_error":
             return Answer(503, b'{"error": "the provider is down"}', headers[:1])
         case "stream":
             return Answer(201, body, headers, chunks=3)
@@ -122,6 +122,8 @@ def act(behaviour: str, attempt: Attempt, settler: Settler, runs: Runs) -> Answe
         case "timeout":
             time.sleep(TIMEOUT + 0.15)  # a blocking downstream call past the timeout
             attempt.check()  # TimeoutError
+        case "late_error" | "late_created":
+            time.sleep(TIMEOUT + 0.15)  # then answers without asking check()
         case "slow":
             time.sleep(0.3)  # within its timeout
     return _answer(behaviour, run)
@@ -147,6 +149,8 @@ async def aact(behaviour: str, attempt: Attempt, settler: Settler, runs: Runs) -
         case "timeout":
             time.sleep(TIMEOUT + 0.15)  # noqa: ASYNC251  # a blocking call holds the loop
             attempt.check()
+        case "late_error" | "late_created":
+            time.sleep(TIMEOUT + 0.15)  # noqa: ASYNC251
         case "slow":
             await asyncio.sleep(0.3)
     return _answer(behaviour, run)
@@ -317,12 +321,16 @@ def served(
 
 def seen(answer: httpx.Response) -> dict[str, Any]:
     """What the client got that settle decides: status, problem type, settle's headers."""
-    problem = answer.headers.get("content-type") == "application/problem+json"
+    type_ = answer.headers.get("content-type")
+    problem = type_ == "application/problem+json"
     return {
         "status": answer.status_code,
         "problem": answer.json()["type"].removeprefix(PROBLEM) if problem else None,
         "replayed": answer.headers.get("idempotent-replayed"),
         "retry-after": answer.headers.get("retry-after"),
+        # settle's or the handler's (JSON); a framework's own page is its own
+        "content-type": type_ if type_ and "json" in type_ else None,
+        "location": answer.headers.get("location"),
     }
 
 
@@ -404,6 +412,8 @@ CASES: dict[str, Sends] = {
     "raises after its lease was lost": once("raise_after_lost"),
     "check() raises StaleAttempt": once("stale"),
     "check() raises TimeoutError": once("timeout"),
+    "answers 5xx past its timeout": once("late_error"),
+    "answers 2xx past its timeout": once("late_created"),
     "streams its body": twice("stream"),
     "answers past max_response_bytes": twice("large"),
     "is sent a body past max_request_bytes": once("created", body=b"x" * 5000),
@@ -476,6 +486,11 @@ EXPECTED: dict[str, tuple[list[tuple[int, str | None]], tuple[str | None, str | 
     "raises after its lease was lost": ([(409, "attempt-superseded")], ("pending", None)),
     "check() raises StaleAttempt": ([(409, "attempt-superseded")], ("pending", None)),
     "check() raises TimeoutError": ([(504, "handler-timeout")], ("provisional", "timeout")),
+    "answers 5xx past its timeout": ([(504, "handler-timeout")], ("provisional", "timeout")),
+    # The loop held past the deadline (ASGI) or a thread never stopped (WSGI): a finished
+    # answer given late is stored, the truth; an ASGI handler that awaits meanwhile is
+    # answered 504 at its deadline instead (docs/http-endpoints.md, "What differs").
+    "answers 2xx past its timeout": ([(201, None)], ("completed", None)),
     "streams its body": ([(201, None), (201, None)], ("completed", None)),
     "answers past max_response_bytes": (
         [(201, None), (410, "response-not-stored")],
