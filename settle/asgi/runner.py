@@ -376,9 +376,10 @@ class AttemptRunner:
             self._start = message
             status = int(message["status"])
             if self._reason is None and not self._task.cancelling() and self._timed_out(status):
-                # An error answered past the deadline (Starlette's 500 for attempt.check()'s
-                # TimeoutError), its loop held so that the timer could not fire: the timeout
-                # stops it now, and its client gets the 504 in place of this answer.
+                # A 5xx answered past the deadline (the handler's, or the 500 a framework
+                # inside the guard makes of its error), the loop held so that the timer could
+                # not fire: the timeout stops it now, and its client gets the 504 in place of
+                # this answer, as under WSGI.
                 self._interrupt("timeout")
                 return
             if not self._guard.keeps(status, 0):
