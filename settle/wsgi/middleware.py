@@ -43,7 +43,9 @@ class IdempotencyMiddleware:
     ``principal`` maps the WSGI ``environ`` to the authenticated principal (None: 401).
     The other options are :class:`settle.asgi.IdempotencyMiddleware`'s (``methods``,
     ``paths``, ``require_key``, ``key_scope``, ``lease``, ``max_request_bytes``, ...).
-    ``timeout`` sets ``attempt.deadline`` only: a WSGI handler's thread cannot be stopped.
+    ``timeout`` sets ``attempt.deadline``: a WSGI handler's thread cannot be stopped, and one
+    that ends in error past it (``attempt.check()``'s ``TimeoutError``) gets the 504 ASGI
+    answers at its timeout.
     """
 
     def __init__(
