@@ -28,7 +28,7 @@ from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
 from django.core.handlers.exception import response_for_exception
 from django.core.handlers.wsgi import LimitedStream
-from django.core.signals import setting_changed
+from django.core.signals import got_request_exception, setting_changed
 from django.http import (
     Http404,
     HttpRequest,
@@ -46,7 +46,7 @@ from settle._input import is_decimal
 from settle._log import logger
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
-from settle.http._sync import NotReached, SyncGuard, configured_guard
+from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard
 from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
@@ -217,6 +217,17 @@ def _settings_changed(*, setting: str, **_: Any) -> None:
 
 
 setting_changed.connect(_settings_changed)
+
+
+def _mark_raised(sender: object, request: HttpRequest | None = None, **_: Any) -> None:  # noqa: ARG001
+    """Django's ``got_request_exception``: the 500 it answers is the view's exception
+    (settled as ``exception``, as under ASGI and plain WSGI), not a status it chose."""
+    if request is not None:
+        with contextlib.suppress(AttributeError):
+            request._settle_raised = True  # type: ignore[attr-defined]
+
+
+got_request_exception.connect(_mark_raised)
 
 
 def _bound(view: Any) -> tuple[Any, Any]:
@@ -427,6 +438,10 @@ class _Exchange:
         self.response = Response(response.status_code, headers, content)
         if self._reaching and not getattr(self._request, "_settle_reached", False):
             raise NotReached(self.response)
+        django = self._request
+        django = django if isinstance(django, HttpRequest) else django._request
+        if self.response.status >= 500 and getattr(django, "_settle_raised", False):
+            raise Raised(self.response)  # Django's 500 for the view's exception
         return self.response
 
     def sent(self, response: Response) -> HttpResponseBase:

@@ -52,7 +52,15 @@ _SETTLER_NEEDED = (
     "'namespace' (e.g. {'url': 'redis://localhost:6379/0', 'namespace': 'shop'})"
 )
 
-__all__ = ["Exchange", "NotReached", "SyncGuard", "configured_guard", "resolve", "status_line"]
+__all__ = [
+    "Exchange",
+    "NotReached",
+    "Raised",
+    "SyncGuard",
+    "configured_guard",
+    "resolve",
+    "status_line",
+]
 
 
 class NotReached(Exception):  # a signal between a shell and the driver
@@ -64,6 +72,17 @@ class NotReached(Exception):  # a signal between a shell and the driver
 
     def __init__(self, response: Response) -> None:
         super().__init__("the guarded handler was not reached")
+        self.response = response
+
+
+class Raised(Exception):  # a signal between a shell and the driver
+    """What :meth:`Exchange.call` raises when the framework answered the guarded handler's
+    exception with its own 5xx (Django's and Flask's 500): ``response`` is that answer, and
+    the attempt is settled as the exception it is (``exception``), as under ASGI and plain
+    WSGI, which see the exception itself."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("the guarded handler raised")
         self.response = response
 
 
@@ -162,6 +181,15 @@ class SyncGuard:
                 if not self._failed(guard, run, "handler_not_reached"):
                     guard.abandoned("lease_lost")  # the refusal goes out all the same
                 return refused.response
+            except Raised as raised:
+                # The framework answered the handler's exception with its 5xx: settled as
+                # that exception, as under ASGI; its client gets that answer, or the 504 /
+                # the 409 a timeout or a lost lease gives.
+                if guard.timed_out(run):
+                    return self._timed_out(guard, run)
+                if not self._failed(guard, run, "exception"):
+                    return guard.stopped_by_loss()
+                return raised.response
             except BaseException as exc:
                 guard.handler_raised(exc)  # first: whatever settling it raises chains to it
                 if isinstance(exc, Exception) and guard.timed_out(run):

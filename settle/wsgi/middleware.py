@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
-from settle.http._sync import NotReached, SyncGuard, status_line
+from settle.http._sync import NotReached, Raised, SyncGuard, status_line
 from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -56,26 +56,40 @@ class IdempotencyMiddleware:
 
     @classmethod
     def from_guard(
-        cls, app: WSGIApp, driver: SyncGuard, *, reached: Reached | None = None
+        cls,
+        app: WSGIApp,
+        driver: SyncGuard,
+        *,
+        reached: Reached | None = None,
+        raised: Reached | None = None,
     ) -> IdempotencyMiddleware:
         """The middleware around ``app`` with an already configured driver (Flask's).
 
         ``reached`` tells from the environ, once the app answered, whether the guarded
         handler ran (a framework's view, where hooks and routing may answer before it):
-        a response given without it is sent but never stored (:class:`NotReached`)."""
+        a response given without it is sent but never stored (:class:`NotReached`).
+        ``raised`` tells whether the framework's 5xx answers the handler's exception: the
+        attempt is then settled as that exception (:class:`Raised`)."""
         middleware = cls.__new__(cls)
-        middleware._bind(app, driver, reached)
+        middleware._bind(app, driver, reached, raised)
         return middleware
 
-    def _bind(self, app: WSGIApp, driver: SyncGuard, reached: Reached | None = None) -> None:
+    def _bind(
+        self,
+        app: WSGIApp,
+        driver: SyncGuard,
+        reached: Reached | None = None,
+        raised: Reached | None = None,
+    ) -> None:
         self.app = app
         self.settler = driver.settler
         self.policy = driver.policy
         self._driver = driver
         self._reached = reached
+        self._raised = raised
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        exchange = _Exchange(self.app, self.policy.principal, environ, self._reached)
+        exchange = _Exchange(self.app, self.policy.principal, environ, self._reached, self._raised)
         head = request_head(environ, self.policy.header)
         response = self._driver.handle(head, exchange, held_attempts(environ))
         if response is None:
@@ -144,11 +158,13 @@ class _Exchange:
         principal: PrincipalFn,
         environ: Environ,
         reached: Reached | None = None,
+        raised: Reached | None = None,
     ) -> None:
         self._app = app
         self._principal = principal
         self._environ = environ
         self._reached = reached
+        self._raised = raised
         self.status = ""
         self.headers: list[tuple[str, str]] = []
         self.response: Response | None = None
@@ -220,4 +236,6 @@ class _Exchange:
         self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
         if self._reached is not None and not self._reached(self._environ):
             raise NotReached(self.response)  # sent as it is, never stored
+        if self._raised is not None and self.response.status >= 500 and self._raised(self._environ):
+            raise Raised(self.response)  # the framework's 500 for the handler's exception
         return self.response

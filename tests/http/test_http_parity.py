@@ -428,16 +428,6 @@ CASES: dict[str, Sends] = {
 }
 
 
-def _framework_500(observed: dict[str, Any]) -> dict[str, Any]:
-    """Django and Flask answer a view's exception with their 500 inside settle's guard, so
-    the attempt is provisional for that status (``status_500``) where ASGI and plain WSGI,
-    which see the exception, say ``exception``: the same state, the same retry."""
-    assert observed["record"]["reason"] == "status_500", observed
-    record = {**observed["record"], "reason": "exception"}
-    events = [(e, "exception" if d == "status_500" else d) for e, d in observed["events"]]
-    return {**observed, "record": record, "events": sorted(events, key=repr)}
-
-
 def _refused_unstored(observed: dict[str, Any]) -> dict[str, Any]:
     """Django and Flask tell a refusal before the view (a middleware's, a ``before_request``
     hook's) from the view's answer: sent, never stored, the attempt provisional
@@ -454,8 +444,6 @@ def _refused_unstored(observed: dict[str, Any]) -> dict[str, Any]:
 #: Where the frameworks truly differ (documented in docs/http-endpoints.md): shell, case ->
 #: checks what it observes instead, and gives what the ASGI shell observes.
 DIFFERS: dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]] = {
-    ("django", "raises"): _framework_500,
-    ("flask", "raises"): _framework_500,
     ("django", "is refused before the view"): _refused_unstored,
     ("flask", "is refused before the view"): _refused_unstored,
 }
