@@ -41,3 +41,20 @@ def test_the_order_warning_is_logged_once_per_configuration(
         Client().post("/create", {"a": "1"}, **headers("k-once-changed"))
         Client().post("/create", {"a": "1"}, **headers("k-once-changed-2"))
     assert len(_order(logs)) == 1, _order(logs)
+
+
+def test_the_order_warning_comes_back_with_a_list_seen_before(
+    settle_settings: dict[str, Any],
+) -> None:
+    """A list that comes back after another (an ``override_settings`` ended, a test after
+    one that changed ``MIDDLEWARE``) is a change too: warned again, so a test asserting the
+    warning does not depend on which test ran first."""
+    conf = urlconf(path("create", create))
+    other = ["settle.django.IdempotencyMiddleware"]
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=BEFORE_CSRF), capture_logs() as first:
+        Client().post("/create", {"a": "1"}, **headers("k-back-1"))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=other):
+        Client().post("/create", {"a": "1"}, **headers("k-back-2"))
+    with override_settings(ROOT_URLCONF=conf, MIDDLEWARE=BEFORE_CSRF), capture_logs() as again:
+        Client().post("/create", {"a": "1"}, **headers("k-back-3"))
+    assert (len(_order(first)), len(_order(again))) == (1, 1), (first, again)
