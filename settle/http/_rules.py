@@ -503,10 +503,11 @@ class Guard:
         handler itself: ASGI asks this when the handler's loop was held past the deadline,
         so that its timer could not fire first; WSGI, whose thread cannot be stopped, asks
         it of every error. Not when the lease is known lost (:meth:`stops` answers) nor
-        without a timeout; a finished response given late is stored (the truth, as the
-        decorator completes a value returned late)."""
+        without a ``timeout`` configured (a deadline the handler set on its attempt itself
+        is its own: no 504 says it did not finish "within None s"); a finished response
+        given late is stored (the truth, as the decorator completes a value returned late)."""
         deadline = run.attempt.deadline
-        if deadline is None or run.attempt.lost:
+        if self.policy.timeout is None or deadline is None or run.attempt.lost:
             return False
         if status is not None and status < 500:
             return False
