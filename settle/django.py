@@ -20,6 +20,7 @@ import contextlib
 import functools
 import io
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -221,10 +222,11 @@ setting_changed.connect(_settings_changed)
 
 def _mark_raised(sender: object, request: HttpRequest | None = None, **_: Any) -> None:  # noqa: ARG001
     """Django's ``got_request_exception``: the 500 it answers is the view's exception
-    (settled as ``exception``, as under ASGI and plain WSGI), not a status it chose."""
-    if request is not None:
+    (settled as ``exception``, as under ASGI and plain WSGI), not a status it chose. Sent
+    before Django logs the exception and renders its 500: the deadline is asked of this."""
+    if request is not None and getattr(request, "_settle_raised", None) is None:
         with contextlib.suppress(AttributeError):
-            request._settle_raised = True  # type: ignore[attr-defined]
+            request._settle_raised = time.monotonic()  # type: ignore[attr-defined]
 
 
 got_request_exception.connect(_mark_raised)
@@ -440,8 +442,9 @@ class _Exchange:
             raise NotReached(self.response)
         django = self._request
         django = django if isinstance(django, HttpRequest) else django._request
-        if self.response.status >= 500 and getattr(django, "_settle_raised", False):
-            raise Raised(self.response)  # Django's 500 for the view's exception
+        at = getattr(django, "_settle_raised", None)
+        if self.response.status >= 500 and isinstance(at, float):
+            raise Raised(self.response, at)  # Django's 500 for the view's exception
         return self.response
 
     def sent(self, response: Response) -> HttpResponseBase:

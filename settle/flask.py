@@ -16,6 +16,7 @@ The rules are :mod:`settle.http`'s, carried out by :mod:`settle.wsgi`'s middlewa
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -112,15 +113,18 @@ def _view_reached(environ: dict[str, Any]) -> bool:
     return not environ.get(_REFUSED)
 
 
-#: Set in the environ when Flask answers an exception of the request with its 500.
+#: Set in the environ (``time.monotonic()``) when Flask caught an exception of the request,
+#: which it answers with its 500.
 _RAISED = "settle.raised"
 
 
 def _mark_raised(sender: Flask, **_: Any) -> None:  # noqa: ARG001  # blinker passes it
     """Flask's ``got_request_exception``: the 500 it answers is the view's exception (settled
-    as ``exception``, as under ASGI and plain WSGI), not a status the view chose."""
-    request.environ[_RAISED] = True
+    as ``exception``, as under ASGI and plain WSGI), not a status the view chose. Sent
+    before Flask logs the exception and renders its 500: the deadline is asked of this."""
+    request.environ.setdefault(_RAISED, time.monotonic())
 
 
-def _view_raised(environ: dict[str, Any]) -> bool:
-    return bool(environ.get(_RAISED))
+def _view_raised(environ: dict[str, Any]) -> float | None:
+    at = environ.get(_RAISED)
+    return at if isinstance(at, float) else None

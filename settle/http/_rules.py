@@ -494,7 +494,7 @@ class Guard:
         another operation under a lease still held is the handler's error."""
         return run.attempt.lost and isinstance(exc, Exception)
 
-    def timed_out(self, run: Run, status: int | None = None) -> bool:
+    def timed_out(self, run: Run, status: int | None = None, at: float | None = None) -> bool:
         """Whether a handler that ended in error ended past its ``timeout``: it raised
         (``status`` None: the ``TimeoutError`` of ``attempt.check()``, or any error after the
         deadline), or it or its framework answered a 5xx (Django's and Flask's 500 for such
@@ -505,13 +505,16 @@ class Guard:
         it of every error. Not when the lease is known lost (:meth:`stops` answers) nor
         without a ``timeout`` configured (a deadline the handler set on its attempt itself
         is its own: no 504 says it did not finish "within None s"); a finished response
-        given late is stored (the truth, as the decorator completes a value returned late)."""
+        given late is stored (the truth, as the decorator completes a value returned late).
+        ``at``: the ``time.monotonic()`` instant the error was caught, when a framework
+        reported it before its slow part (Django and Flask log the exception, then render
+        their 500); else now."""
         deadline = run.attempt.deadline
         if self.policy.timeout is None or deadline is None or run.attempt.lost:
             return False
         if status is not None and status < 500:
             return False
-        return time.monotonic() >= deadline
+        return (time.monotonic() if at is None else at) >= deadline
 
     def stopped_by_loss(self) -> Response:
         """A handler that ended after its lease was lost, with nothing to store

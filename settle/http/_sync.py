@@ -79,11 +79,14 @@ class Raised(Exception):  # a signal between a shell and the driver
     """What :meth:`Exchange.call` raises when the framework answered the guarded handler's
     exception with its own 5xx (Django's and Flask's 500): ``response`` is that answer, and
     the attempt is settled as the exception it is (``exception``), as under ASGI and plain
-    WSGI, which see the exception itself."""
+    WSGI, which see the exception itself. ``at``: the ``time.monotonic()`` instant the
+    framework caught it (its ``got_request_exception``), which the deadline is asked of:
+    the framework logs the exception and renders its 500 after that, which may take long."""
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, at: float) -> None:
         super().__init__("the guarded handler raised")
         self.response = response
+        self.at = at
 
 
 class Exchange(Protocol):
@@ -185,7 +188,7 @@ class SyncGuard:
                 # The framework answered the handler's exception with its 5xx: settled as
                 # that exception, as under ASGI; its client gets that answer, or the 504 /
                 # the 409 a timeout or a lost lease gives.
-                if guard.timed_out(run):
+                if guard.timed_out(run, at=raised.at):
                     return self._timed_out(guard, run)
                 if not self._failed(guard, run, "exception"):
                     return guard.stopped_by_loss()

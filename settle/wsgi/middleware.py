@@ -33,6 +33,8 @@ ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 Reached = Callable[[Environ], bool]
+#: When the framework caught the guarded handler's exception (``time.monotonic()``), if it did.
+RaisedAt = Callable[[Environ], float | None]
 
 _CHUNK = 64 << 10
 
@@ -61,15 +63,15 @@ class IdempotencyMiddleware:
         driver: SyncGuard,
         *,
         reached: Reached | None = None,
-        raised: Reached | None = None,
+        raised: RaisedAt | None = None,
     ) -> IdempotencyMiddleware:
         """The middleware around ``app`` with an already configured driver (Flask's).
 
         ``reached`` tells from the environ, once the app answered, whether the guarded
         handler ran (a framework's view, where hooks and routing may answer before it):
         a response given without it is sent but never stored (:class:`NotReached`).
-        ``raised`` tells whether the framework's 5xx answers the handler's exception: the
-        attempt is then settled as that exception (:class:`Raised`)."""
+        ``raised`` tells whether (when) the framework caught the handler's exception, which
+        its 5xx answers: the attempt is then settled as that exception (:class:`Raised`)."""
         middleware = cls.__new__(cls)
         middleware._bind(app, driver, reached, raised)
         return middleware
@@ -79,7 +81,7 @@ class IdempotencyMiddleware:
         app: WSGIApp,
         driver: SyncGuard,
         reached: Reached | None = None,
-        raised: Reached | None = None,
+        raised: RaisedAt | None = None,
     ) -> None:
         self.app = app
         self.settler = driver.settler
@@ -158,7 +160,7 @@ class _Exchange:
         principal: PrincipalFn,
         environ: Environ,
         reached: Reached | None = None,
-        raised: Reached | None = None,
+        raised: RaisedAt | None = None,
     ) -> None:
         self._app = app
         self._principal = principal
@@ -236,6 +238,7 @@ class _Exchange:
         self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
         if self._reached is not None and not self._reached(self._environ):
             raise NotReached(self.response)  # sent as it is, never stored
-        if self._raised is not None and self.response.status >= 500 and self._raised(self._environ):
-            raise Raised(self.response)  # the framework's 500 for the handler's exception
+        at = None if self._raised is None else self._raised(self._environ)
+        if at is not None and self.response.status >= 500:
+            raise Raised(self.response, at)  # the framework's 500 for the handler's exception
         return self.response

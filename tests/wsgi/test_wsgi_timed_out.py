@@ -9,6 +9,7 @@ handler that moves its own ``attempt.deadline`` without a ``timeout`` configured
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -197,6 +198,67 @@ def test_a_deadline_the_handler_moves_without_a_timeout_is_no_504(settler: Settl
         answer = client.post("/charge", content=b"x", headers=KEY)
     assert answer.status_code == 500
     assert "handler-timeout" not in answer.text
+    record = settler.get(seen[0])
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "exception")
+
+
+class _SlowHandler(logging.Handler):
+    """A log shipper that writes synchronously (a remote collector, a mail to the admins):
+    the framework reports the view's exception through it before it answers its 500."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        del record
+        time.sleep(0.4)
+
+
+@pytest.mark.parametrize("framework", ["flask", "django"])
+def test_an_error_raised_in_time_and_reported_slowly_is_no_timeout(
+    settler: Settler, framework: str
+) -> None:
+    """The view raised well within its ``timeout``; the framework then took its time to log
+    the exception (a synchronous log handler) before it answered its 500. That 500 is the
+    handler's exception, settled as ``exception``: the deadline is asked of the moment the
+    framework caught the error (``got_request_exception``), not of when its 500 came back."""
+    seen: list[str] = []
+    slow = _SlowHandler()
+    if framework == "flask":
+        app = guarded_flask(settler, timeout=0.2)
+
+        @app.post("/charge")
+        def charge() -> Any:
+            seen.append(g.settle.operation_id)
+            raise PaymentDeclined("a bug")
+
+        logger = app.logger
+        logger.addHandler(slow)
+        try:
+            with serve_wsgi(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+                answer = client.post("/charge", content=b"x", headers=KEY)
+        finally:
+            logger.removeHandler(slow)
+        status = answer.status_code
+    else:
+
+        def create(request: HttpRequest) -> JsonResponse:
+            seen.append(request.settle.operation_id)  # type: ignore[attr-defined]
+            raise PaymentDeclined("a bug")
+
+        options = {"settler": settler, "principal": django_views.principal, "timeout": 0.2}
+        logger = logging.getLogger("django.request")
+        logger.addHandler(slow)
+        try:
+            with override_settings(
+                ROOT_URLCONF=django_views.urlconf(path("c", create)),
+                MIDDLEWARE=["settle.django.IdempotencyMiddleware"],
+                SETTLE=options,
+            ):
+                client = Client(raise_request_exception=False)
+                headers = django_views.headers("k-slow-report")
+                status = client.post("/c", b"{}", "application/json", **headers).status_code
+        finally:
+            logger.removeHandler(slow)
+    assert status == 500
     record = settler.get(seen[0])
     assert record is not None
     assert (record.state, record.reason) == (State.PROVISIONAL, "exception")
