@@ -480,9 +480,11 @@ async def test_a_lost_xclaim_reply_of_the_own_look_costs_no_delivery_attempt(w: 
 
 async def test_a_late_repeat_of_a_lost_xclaim_takes_the_delivery_at_its_count(w: World) -> None:
     """The repeat of the lost XCLAIM reaches the server later than the idle time the listing
-    said (a slow link): it claims the delivery again, JUSTID, at its count, and the delivery
-    is handled in that poll, once, not dead-lettered with ``max_deliveries=1`` (the runs of
-    the test above that came out this way, before it listed the delivery idle longer)."""
+    said (a slow link): the delivery is still handled once, at its count, acked, not
+    dead-lettered with ``max_deliveries=1`` (the runs of the test above that came out this
+    way, before it listed the delivery idle longer). Today the repeat claims it again
+    (JUSTID) and it is handled in that poll; a stricter guard could leave it to the next
+    poll: either keeps the count."""
     effect = Effect(w.flavour, failures=0)
     async with consumer(w, limit=1) as c:
         delivery = await handed_unseen(w, c, effect)
@@ -490,9 +492,9 @@ async def test_a_late_repeat_of_a_lost_xclaim_takes_the_delivery_at_its_count(w:
         w.proxy.slow_by = CLAIM_IDLE * 0.4  # the repeat reaches the server 200 ms late
         w.proxy.cut("XCLAIM", "after_request")
         w.proxy.cut("XCLAIM", "slow")
-        report = await c.poll(effect())
+        reports = [await c.poll(effect()), await c.poll(effect())]
         assert w.proxy.fired == ["after_request", "after_request", "slow"]
-        assert [d.value for d in report.handled] == [delivery]
-        assert [r.outcome for r in report.receipts] == [SettlementOutcome.ACKED]
+        assert [d.value for r in reports for d in r.handled] == [delivery]
+        assert [x.outcome for r in reports for x in r.receipts] == [SettlementOutcome.ACKED]
         await settled_once(w, c, effect, delivery, CLAIM_IDLE)
     assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
