@@ -49,6 +49,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_WHEN_READER_STOPS",
     "Connection",
+    "EnvOption",
     "OutputGroup",
     "checked_namespace",
     "checked_url",
@@ -209,6 +210,29 @@ class OutputGroup(click.Group):
             fail("interrupted", EXIT_INTERRUPTED)
 
 
+class EnvOption(click.Option):
+    """An option that also reads the environment, refusing a variable that is set but empty
+    (or blank): click reads ``SETTLE_NAMESPACE=`` as unset, so an operator who exported it
+    empty by mistake inspected namespace ``default`` and was told nothing. A flag on the
+    command line still wins, and the variable is then not read. The refusal is a usage error
+    (exit 2) naming the variable."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        names = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or ())
+        for name in names:
+            value = os.environ.get(name)
+            if value is not None and not value.strip():
+                raise click.BadParameter(
+                    f"{name} is set but empty; give it a value, or unset it "
+                    f"(unset {name}) to use the default",
+                    ctx=ctx,
+                    param=self,
+                )
+            if value:
+                return value
+        return None
+
+
 #: Seconds a command waits for each Redis reply, and the console for each page's
 #: (``--redis-timeout`` / ``SETTLE_REDIS_TIMEOUT``).
 REDIS_TIMEOUT = 5.0
@@ -232,7 +256,8 @@ class Connection:
 
     @property
     def url(self) -> str:
-        return self.redis_url or DEFAULT_URL
+        # None only: an empty --redis-url '' is refused as malformed, never the default
+        return DEFAULT_URL if self.redis_url is None else self.redis_url
 
 
 def connection_options(fn: F) -> F:
@@ -259,6 +284,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
     @click.option(
         "--redis-url",
         envvar="SETTLE_REDIS_URL",
+        cls=EnvOption,
         default=None,
         metavar="URL",
         help=url_help or f"Redis to use (env SETTLE_REDIS_URL; default {DEFAULT_URL}).",
@@ -266,6 +292,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
     @click.option(
         "--namespace",
         envvar="SETTLE_NAMESPACE",
+        cls=EnvOption,
         default=default_namespace,
         show_default=True,
         help="settle namespace (env SETTLE_NAMESPACE).",
@@ -273,6 +300,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
     @click.option(
         "--shards",
         envvar="SETTLE_SHARDS",
+        cls=EnvOption,
         type=click.IntRange(1, MAX_SHARDS),
         default=None,
         help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
@@ -281,6 +309,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
     @click.option(
         "--redis-timeout",
         envvar="SETTLE_REDIS_TIMEOUT",
+        cls=EnvOption,
         type=click.FloatRange(0, 300, min_open=True),
         default=REDIS_TIMEOUT,
         show_default=True,

@@ -17,6 +17,7 @@ import click
 from settle._exit import EXIT_FAILED
 from settle.cli._context import (
     Connection,
+    EnvOption,
     OutputGroup,
     checked_namespace,
     checked_url,
@@ -71,6 +72,7 @@ def _connection(fn: F) -> F:
     fn = click.option(
         "--namespace",
         envvar="SETTLE_NAMESPACE",
+        cls=EnvOption,
         default="default",
         show_default=True,
         help="settle namespace (or SETTLE_NAMESPACE).",
@@ -78,6 +80,7 @@ def _connection(fn: F) -> F:
     return click.option(
         "--redis-url",
         envvar="SETTLE_REDIS_URL",
+        cls=EnvOption,
         default="redis://localhost:6379/0",
         show_default=True,
         help="Redis URL (or SETTLE_REDIS_URL).",

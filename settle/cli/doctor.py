@@ -39,6 +39,7 @@ from settle.cli._context import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     Connection,
+    EnvOption,
     checked_namespace,
     checked_url,
     connection_options,
@@ -359,6 +360,7 @@ _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
 @click.option(
     "--min-replicas",
     envvar="SETTLE_MIN_REPLICAS",
+    cls=EnvOption,
     type=click.IntRange(0, None),
     default=0,
     show_default=True,

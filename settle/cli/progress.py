@@ -11,6 +11,7 @@ import click
 from settle._exit import EXIT_FAILED
 from settle.cli._context import (
     Connection,
+    EnvOption,
     OutputGroup,
     checked_namespace,
     checked_url,
@@ -70,11 +71,18 @@ def progress() -> None:
 @click.option(
     "--redis-url",
     envvar=["SETTLE_PROGRESS_REDIS_URL", "SETTLE_REDIS_URL"],
+    cls=EnvOption,
     default="redis://localhost:6379/0",
     show_default=True,
     help="The Redis that holds progress (env SETTLE_PROGRESS_REDIS_URL or SETTLE_REDIS_URL).",
 )
-@click.option("--namespace", envvar="SETTLE_NAMESPACE", default="default", show_default=True)
+@click.option(
+    "--namespace",
+    envvar="SETTLE_NAMESPACE",
+    cls=EnvOption,
+    default="default",
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
