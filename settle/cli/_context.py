@@ -48,6 +48,7 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "EXIT_WHEN_READER_STOPS",
+    "REDIS_TIMEOUT",
     "Connection",
     "EnvOption",
     "OutputGroup",

@@ -38,8 +38,10 @@ from settle.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
+    REDIS_TIMEOUT,
     Connection,
     EnvOption,
+    bounded,
     checked_namespace,
     checked_url,
     connection_options,
@@ -48,6 +50,7 @@ from settle.cli._context import (
     json_option,
     stored_shards,
 )
+from settle.cli._quarantine_health import quarantine_findings
 from settle.cli._render import console, print_json, visible_message
 from settle.config import SettleConfig
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
@@ -59,8 +62,6 @@ __all__ = ["diagnose", "doctor"]
 #: Every script set settle runs: the core's, the cursor's, progress's and its stream's, and
 #: the console's sessions' (settle._sessions: importable without the ``web`` extra).
 _SCRIPT_SETS: tuple[ScriptSet, ...] = (SCRIPTS, CURSOR_SCRIPTS, PROGRESS, STREAM, CONSOLE_SCRIPTS)
-_TIMEOUT = 5.0
-#: Connection settings the seed's client passes on to the other nodes' clients.
 
 
 @dataclass
@@ -104,8 +105,10 @@ class _Deployment:
             client.close()
 
 
-def _connect(url: str) -> _Deployment:
-    seed = redis.Redis.from_url(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT)
+def _connect(url: str, timeout: float) -> _Deployment:
+    # --redis-timeout for each reply, one try (redis-py's default retries made a paused
+    # server cost several times the bound); a timeout in the URL wins, as everywhere
+    seed = bounded(redis.Redis.from_url(url), url, timeout)
     info = seed.info("server")
     kwargs = seed.connection_pool.connection_kwargs
     settings = topology.passed_on(kwargs, seed.connection_pool.connection_class)
@@ -221,11 +224,17 @@ def _clocks(nodes: dict[str, redis.Redis]) -> tuple[dict[str, int], int, int]:
 
 
 def diagnose(
-    url: str, namespace: str, min_replicas: int, shards: int | None = None
+    url: str,
+    namespace: str,
+    min_replicas: int,
+    shards: int | None = None,
+    *,
+    timeout: float = REDIS_TIMEOUT,
+    quarantine_maxlen: int | None = None,
 ) -> list[Finding]:
     """Every check against the deployment at ``url`` (raises ``RedisError`` when a node
-    cannot be reached)."""
-    deployment = _connect(url)
+    cannot be reached), waiting at most ``timeout`` seconds for each reply."""
+    deployment = _connect(url, timeout)
     try:
         servers = {n: _info(c, "server") or {} for n, c in deployment.nodes.items()}
         findings = [health.version_finding(servers)]
@@ -244,7 +253,8 @@ def diagnose(
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
-        findings.append(_namespace(deployment, namespace, shards))
+        findings.append(_namespace(deployment, namespace, shards, timeout))
+        findings.extend(quarantine_findings(url, namespace, timeout, quarantine_maxlen))
         findings.append(
             health.scripts_finding(
                 _failed_scripts(deployment.primaries),
@@ -274,12 +284,14 @@ def _slots(deployment: _Deployment) -> Finding:
     return health.slots_finding(served, states, deployment.down)
 
 
-def _namespace(deployment: _Deployment, namespace: str, shards: int | None) -> Finding:
+def _namespace(
+    deployment: _Deployment, namespace: str, shards: int | None, timeout: float
+) -> Finding:
     if not deployment.cluster:
         return _namespace_of(deployment.seed, namespace, shards)
     try:
         with redis.RedisCluster.from_url(
-            _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
+            _node_url(deployment), socket_timeout=timeout, socket_connect_timeout=timeout
         ) as cluster:
             return _namespace_of(cluster, namespace, shards)
     except (rx.ConnectionError, rx.TimeoutError, rx.ClusterError, RedisClusterException) as exc:
@@ -366,17 +378,39 @@ _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
     show_default=True,
     help="The min_replicas your settlers use (env SETTLE_MIN_REPLICAS).",
 )
+@click.option(
+    "--quarantine-maxlen",
+    envvar="SETTLE_QUARANTINE_MAXLEN",
+    cls=EnvOption,
+    type=click.IntRange(1, 2**53),
+    default=None,
+    help="The quarantine_maxlen your settlers use (env SETTLE_QUARANTINE_MAXLEN): how full "
+    "each shard's quarantine stream is is checked against it.",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @json_option
-def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> None:
+def doctor(
+    conn: Connection,
+    min_replicas: int,
+    quarantine_maxlen: int | None,
+    strict: bool,
+    as_json: bool,
+) -> None:
     """Check a Redis or Valkey deployment for settle: version, eviction policy, persistence,
-    replicas, cluster slots, the namespace, scripts and clocks. Exit 1 on a failed check
-    (--strict: on a warning too)."""
+    replicas, cluster slots, the namespace, its quarantine, scripts and clocks. Exit 1 on a
+    failed check (--strict: on a warning too)."""
     with errors_as_exit_codes():  # a malformed URL or namespace: one line, exit 2
         checked_url(conn.url)
         checked_namespace(conn.namespace)
     try:
-        findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
+        findings = diagnose(
+            conn.url,
+            conn.namespace,
+            min_replicas,
+            conn.shards,
+            timeout=conn.redis_timeout,
+            quarantine_maxlen=quarantine_maxlen,
+        )
     except (rx.AuthenticationError, rx.AuthorizationError) as exc:  # reached, and refused
         fail(
             f"Redis at {redacted(conn.url)} refused settle's credentials "

@@ -65,6 +65,9 @@ def test_a_safe_deployment_passes_every_check_even_strict(safe: EmbeddedRedis) -
         "replicas": "ok",
         "cluster slots": "ok",
         "namespace": "ok",
+        "quarantine": "ok",
+        "quarantine age": "ok",
+        "quarantine maxlen": "ok",
         "scripts": "ok",
         "clocks": "ok",
     }

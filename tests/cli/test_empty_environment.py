@@ -16,6 +16,7 @@ CASES = [
     (("stats",), "SETTLE_REDIS_TIMEOUT"),
     (("doctor",), "SETTLE_MIN_REPLICAS"),
     (("doctor",), "SETTLE_NAMESPACE"),
+    (("doctor",), "SETTLE_QUARANTINE_MAXLEN"),
     (("cursor", "show", "c"), "SETTLE_NAMESPACE"),
     (("cursor", "show", "c"), "SETTLE_REDIS_URL"),
     (("progress", "show", "c"), "SETTLE_PROGRESS_REDIS_URL"),

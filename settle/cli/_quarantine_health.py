@@ -1,0 +1,210 @@
+"""``settle doctor``'s quarantine rows: how much evidence each shard holds, how long the
+oldest unresolved entry has waited, and how close the fullest shard is to the settlers'
+``quarantine_maxlen``, past which each new entry pushes the oldest out, unresolved evidence
+included (docs/cli.md, "settle doctor"; the thresholds are this module's constants).
+
+Nothing is written: the namespace's stored shard count is read first (a namespace that does
+not exist holds no quarantine), then each shard's ``XLEN`` and the headers of its unresolved
+entries (kind and time, never a payload), oldest first, with settle's own read scripts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from settle._core.codec import UndecodableEntry
+from settle._core.keys import Keys
+from settle._runtime._sync import client_from_url
+from settle._runtime.health import Finding, Status
+from settle._sync.settler import Settler
+from settle.cli._context import bounded, settings, stored_shards
+from settle.demo.server import client_of
+from settle.errors import SettleError
+
+__all__ = [
+    "MAXLEN_FAIL",
+    "MAXLEN_WARN",
+    "UNRESOLVED_FAIL_S",
+    "UNRESOLVED_WARN_S",
+    "quarantine_findings",
+]
+
+#: An unresolved entry older than this is a ``warn``: a rejected response (a late charge, a
+#: conflicting settlement) nobody has looked at for a business day.
+UNRESOLVED_WARN_S = 24 * 3600
+#: ... and older than this a ``fail``: a week of unexamined evidence of a payment that may
+#: have gone out twice is past what a reconciliation or a chargeback window forgives.
+UNRESOLVED_FAIL_S = 7 * 24 * 3600
+#: The fullest shard's share of ``quarantine_maxlen`` that is a ``warn``, and a ``fail``:
+#: the next entries push the oldest out, unresolved or not.
+MAXLEN_WARN = 0.8
+MAXLEN_FAIL = 0.95
+
+_LIST = "settle quarantine ls --unresolved, then resolve each (settle quarantine resolve ID)"
+
+
+def quarantine_findings(
+    url: str, namespace: str, timeout: float, maxlen: int | None
+) -> list[Finding]:
+    """The three quarantine rows (``quarantine``, ``quarantine age``, ``quarantine
+    maxlen``); a shard that cannot be read is named and is a ``warn``, never counted as
+    empty."""
+    try:
+        shards = _shard_count(url, namespace, timeout)
+        if shards is None:
+            seen = f"namespace {namespace!r} does not exist: nothing quarantined"
+            return [
+                Finding("quarantine", Status.OK, seen),
+                Finding("quarantine age", Status.OK, seen),
+                _maxlen_finding({}, maxlen),
+            ]
+        with _reader(url, namespace, shards, timeout) as settler:
+            sizes, unread = _sizes(settler, shards)
+            found = [_size_finding(sizes, unread, shards)]
+            found.append(_age_finding(settler, unread))
+            found.append(_maxlen_finding(sizes, maxlen, unread))
+            return found
+    except (SettleError, RedisError, RedisClusterException, OSError) as exc:
+        why = f"could not be read ({_cause(exc)})"
+        fix = "see the rows above (a node down, a command denied), then run doctor again"
+        return [
+            Finding(name, Status.WARN, why, fix)
+            for name in ("quarantine", "quarantine age", "quarantine maxlen")
+        ]
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc.__cause__ if isinstance(exc, SettleError) and exc.__cause__ else exc
+    return " ".join(f"{type(cause).__name__}: {cause}".split())
+
+
+def _reader(url: str, namespace: str, shards: int, timeout: float) -> Settler:
+    """A settler that reads only: prepared (connected, scripts loaded, a cluster client on
+    a cluster) but never checked, since a check may create the namespace's metadata or
+    claim a shard; the namespace was read to exist with ``shards`` shards."""
+    config = settings({"namespace": namespace, "shards": shards})
+    settler = Settler(bounded(client_from_url(url), url, timeout), config)
+    try:
+        settler._runner.prepare()
+    except BaseException:
+        settler.close()
+        raise
+    settler._checked = True
+    return settler
+
+
+def _shard_count(url: str, namespace: str, timeout: float) -> int | None:
+    probe = _reader(url, namespace, 1, timeout)
+    try:
+        return stored_shards(client_of(probe), namespace)
+    finally:
+        probe.close()
+
+
+def _sizes(settler: Settler, shards: int) -> tuple[dict[int, int], dict[int, str]]:
+    """Each shard's stream length, and the shards that could not be read (why)."""
+    keys = Keys(settler.config.namespace, shards)
+    client = client_of(settler)
+    sizes: dict[int, int] = {}
+    unread: dict[int, str] = {}
+    for shard in range(shards):
+        try:
+            sizes[shard] = int(client.xlen(keys.quarantine(shard)))
+        except (RedisError, RedisClusterException, OSError) as exc:
+            unread[shard] = _cause(exc)
+    return sizes, unread
+
+
+def _unread_text(unread: dict[int, str]) -> str:
+    shown = ", ".join(map(str, sorted(unread)[:8])) + (", ..." if len(unread) > 8 else "")
+    first = unread[min(unread)]
+    return f"shard{'s' if len(unread) > 1 else ''} {shown} could not be read ({first})"
+
+
+def _size_finding(sizes: dict[int, int], unread: dict[int, str], shards: int) -> Finding:
+    total = sum(sizes.values())
+    fullest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:3]
+    per = ", ".join(f"shard {s}: {n}" for s, n in fullest if n)
+    seen = f"{total} entries in {shards} shards" + (f" (most in {per})" if per else "")
+    if unread:
+        return Finding(
+            "quarantine",
+            Status.WARN,
+            f"{_unread_text(unread)}; {seen} of the others",
+            "bring the node that holds them back (see cluster slots), then run doctor again",
+        )
+    return Finding("quarantine", Status.OK, seen)
+
+
+def _age_finding(settler: Settler, unread: dict[int, str]) -> Finding:
+    if unread:  # the walk reads every shard: it would fail on the first unread one
+        return Finding(
+            "quarantine age",
+            Status.WARN,
+            f"unresolved entries not counted: {_unread_text(unread)}",
+            "bring the node that holds them back, then run doctor again",
+        )
+    count, undecodable = 0, 0
+    oldest: datetime | None = None
+    walk = settler._core.quarantine_scan(unresolved=True).header_marking()
+    for header in settler.quarantine._scanned(walk):
+        if isinstance(header, UndecodableEntry):
+            undecodable += not header.resolved
+            continue
+        count += 1
+        oldest = header.at if oldest is None else min(oldest, header.at)
+    odd = f" and {undecodable} this version cannot decode" if undecodable else ""
+    if oldest is None:
+        status = Status.WARN if undecodable else Status.OK
+        return Finding(
+            "quarantine age",
+            status,
+            f"no unresolved entry{odd}",
+            "settle quarantine ls names them" if undecodable else "",
+        )
+    waited = max(0.0, (datetime.now(UTC) - oldest).total_seconds())
+    seen = f"{count} unresolved{odd}; the oldest waits since {oldest:%Y-%m-%dT%H:%M:%SZ} "
+    seen += f"({_duration(waited)})"
+    if waited >= UNRESOLVED_FAIL_S:
+        return Finding("quarantine age", Status.FAIL, seen + ", over 7 days", _LIST)
+    if waited >= UNRESOLVED_WARN_S:
+        return Finding("quarantine age", Status.WARN, seen + ", over 24 hours", _LIST)
+    return Finding("quarantine age", Status.OK, seen)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{round(seconds / 60)} minutes"
+
+
+def _maxlen_finding(
+    sizes: dict[int, int], maxlen: int | None, unread: dict[int, str] | None = None
+) -> Finding:
+    if maxlen is None:
+        return Finding(
+            "quarantine maxlen",
+            Status.OK,
+            "not checked: pass --quarantine-maxlen (your settlers' quarantine_maxlen); "
+            "without one, the streams keep every entry until trimmed",
+        )
+    if not sizes:
+        if unread:
+            return Finding("quarantine maxlen", Status.WARN, _unread_text(unread), "see quarantine")
+        return Finding("quarantine maxlen", Status.OK, f"empty; quarantine_maxlen {maxlen}")
+    shard, size = max(sizes.items(), key=lambda item: (item[1], -item[0]))
+    share = size / maxlen
+    seen = f"fullest shard {shard} holds {size} of quarantine_maxlen {maxlen} ({share:.0%})"
+    fix = (
+        "resolve and trim (settle quarantine trim --resolved), or raise quarantine_maxlen: "
+        "each new entry past it pushes the oldest out, unresolved evidence included"
+    )
+    if share >= MAXLEN_FAIL:
+        return Finding("quarantine maxlen", Status.FAIL, seen, fix)
+    if share >= MAXLEN_WARN or unread:
+        extra = f"; {_unread_text(unread)}" if unread else ""
+        return Finding("quarantine maxlen", Status.WARN, seen + extra, fix)
+    return Finding("quarantine maxlen", Status.OK, seen)

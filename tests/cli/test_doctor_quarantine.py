@@ -1,0 +1,153 @@
+"""``settle doctor``'s quarantine rows (docs/cli.md, "settle doctor"): it said nothing of the
+quarantine, so an operator at 3 a.m. learnt neither that evidence of a rejected payment had
+waited a week unresolved nor that a shard's stream was about to push evidence out at
+``quarantine_maxlen``. Real servers, real entries (a late stale response each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from settle import Settler
+from settle._core.keys import Keys
+from settle.embedded import EmbeddedRedis
+from tests.cli.conftest import cli_env, settle
+from tests.cli.helpers import stale_settlement
+
+DAY_MS = 86_400_000
+
+
+def _doctor(url: str, namespace: str, *args: str) -> tuple[int, dict[str, Any]]:
+    done = settle("doctor", "--redis-url", url, "--namespace", namespace, *args, "--json")
+    assert done.stderr == ""
+    report = json.loads(done.stdout)
+    return done.returncode, {c["check"]: c for c in report["checks"]}
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    s = EmbeddedRedis().start()
+    try:
+        yield s
+    finally:
+        if s.process is not None:
+            os.kill(s.process.pid, signal.SIGCONT)
+        s.close()
+
+
+def _quarantined(url: str, namespace: str, n: int) -> None:
+    """``n`` unresolved entries, all in the one shard of ``namespace``."""
+    with Settler.from_url(url, namespace=namespace, shards=1) as s:
+        s.check()
+        for i in range(n):
+            stale_settlement(s, f"order-{i}")
+
+
+def _age(url: str, namespace: str, days: float) -> None:
+    """Make the one entry of shard 0 ``days`` old: the same fields under an older id
+    (stream ids are the server's time of the write; a stream takes no id below its last,
+    so it is made anew)."""
+    key = Keys(namespace, 1).quarantine(0)
+    with redis.Redis.from_url(url) as c:
+        ((_, fields),) = c.xrange(key)
+        c.delete(key)
+        ms = int(c.time()[0]) * 1000 - int(days * DAY_MS)
+        fields[b"at"] = str(ms).encode()  # the entry's own time (ms, or us when given)
+        if b"us" in fields:
+            fields[b"us"] = str(ms * 1000).encode()
+        c.xadd(key, fields, id=f"{ms}-0")
+
+
+def test_doctor_counts_the_quarantine_per_shard_and_the_unresolved(
+    server: EmbeddedRedis,
+) -> None:
+    _quarantined(server.url, "q", 2)
+    code, checks = _doctor(server.url, "q")
+    assert checks["quarantine"]["status"] == "ok"
+    assert "2 entries in 1 shards" in checks["quarantine"]["detail"]
+    assert "shard 0: 2" in checks["quarantine"]["detail"]
+    assert checks["quarantine age"]["status"] == "ok"
+    assert checks["quarantine age"]["detail"].startswith("2 unresolved")
+    assert "--quarantine-maxlen" in checks["quarantine maxlen"]["detail"]
+    assert code == 0
+
+
+@pytest.mark.parametrize(("days", "status", "code"), [(2, "warn", 0), (8, "fail", 1)])
+def test_an_old_unresolved_entry_warns_after_a_day_and_fails_after_a_week(
+    server: EmbeddedRedis, days: float, status: str, code: int
+) -> None:
+    _quarantined(server.url, "q", 1)
+    _age(server.url, "q", days)
+    got, checks = _doctor(server.url, "q")
+    age = checks["quarantine age"]
+    assert age["status"] == status, age
+    assert f"({days:.1f} days)" in age["detail"]
+    assert "settle quarantine ls --unresolved" in age["fix"]
+    assert got == code
+    strict, _ = _doctor(server.url, "q", "--strict")
+    assert strict == 1
+
+
+def test_an_old_entry_that_is_resolved_passes(server: EmbeddedRedis) -> None:
+    _quarantined(server.url, "q", 1)
+    _age(server.url, "q", 30)
+    with Settler.from_url(server.url, namespace="q", shards=1) as s:
+        (entry,) = s.quarantine.list()
+        s.quarantine.resolve(entry.ref, note="refunded")
+    _, checks = _doctor(server.url, "q", "--strict")
+    assert checks["quarantine age"]["status"] == "ok", checks["quarantine age"]
+    assert checks["quarantine age"]["detail"] == "no unresolved entry"
+
+
+@pytest.mark.parametrize(
+    ("maxlen", "status", "code"), [("10", "ok", 0), ("5", "warn", 0), ("4", "fail", 1)]
+)
+def test_a_shard_close_to_quarantine_maxlen_warns_then_fails(
+    server: EmbeddedRedis, maxlen: str, status: str, code: int
+) -> None:
+    _quarantined(server.url, "q", 4)
+    for how in ("option", "environment"):
+        args = ("--quarantine-maxlen", maxlen) if how == "option" else ()
+        env = cli_env(SETTLE_QUARANTINE_MAXLEN=maxlen) if how == "environment" else None
+        done = settle(
+            "doctor", "--redis-url", server.url, "--namespace", "q", *args, "--json", env=env
+        )
+        checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+        row = checks["quarantine maxlen"]
+        assert row["status"] == status, row
+        assert f"holds 4 of quarantine_maxlen {maxlen}" in row["detail"]
+        assert done.returncode == code
+
+
+def test_a_namespace_that_does_not_exist_holds_no_quarantine(server: EmbeddedRedis) -> None:
+    code, checks = _doctor(server.url, "nobody")
+    assert "nothing quarantined" in checks["quarantine"]["detail"]
+    assert checks["quarantine"]["status"] == "ok"
+    assert code == 0
+
+
+def test_doctor_waits_no_longer_than_redis_timeout_on_a_paused_server(
+    server: EmbeddedRedis,
+) -> None:
+    """``--redis-timeout`` was accepted and ignored: doctor waited its own 5 s (and
+    redis-py's retries) for a server stopped with SIGSTOP."""
+    assert server.process is not None
+    started = time.monotonic()
+    settle("doctor", "--help")
+    startup = time.monotonic() - started
+    os.kill(server.process.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    done = settle("doctor", "--redis-url", server.url, "--redis-timeout", "0.5", timeout=120)
+    took = time.monotonic() - started - startup
+    os.kill(server.process.pid, signal.SIGCONT)
+    assert done.returncode == 3, done.stderr
+    assert "cannot reach Redis" in done.stderr
+    assert "TimeoutError" in done.stderr
+    assert took < 3, f"took {took:.1f} s past start-up"
