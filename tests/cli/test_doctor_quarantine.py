@@ -33,13 +33,8 @@ def _doctor(url: str, namespace: str, *args: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.fixture
 def server() -> Iterator[EmbeddedRedis]:
-    s = EmbeddedRedis().start()
-    try:
+    with EmbeddedRedis() as s:
         yield s
-    finally:
-        if s.process is not None:
-            os.kill(s.process.pid, signal.SIGCONT)
-        s.close()
 
 
 def _quarantined(url: str, namespace: str, n: int) -> None:
@@ -143,10 +138,12 @@ def test_doctor_waits_no_longer_than_redis_timeout_on_a_paused_server(
     settle("doctor", "--help")
     startup = time.monotonic() - started
     os.kill(server.process.pid, signal.SIGSTOP)
-    started = time.monotonic()
-    done = settle("doctor", "--redis-url", server.url, "--redis-timeout", "0.5", timeout=120)
-    took = time.monotonic() - started - startup
-    os.kill(server.process.pid, signal.SIGCONT)
+    try:
+        started = time.monotonic()
+        done = settle("doctor", "--redis-url", server.url, "--redis-timeout", "0.5", timeout=120)
+        took = time.monotonic() - started - startup
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
     assert done.returncode == 3, done.stderr
     assert "cannot reach Redis" in done.stderr
     assert "TimeoutError" in done.stderr
