@@ -9,6 +9,7 @@ import functools
 import io
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -19,6 +20,7 @@ import structlog
 from pydantic import ValidationError
 from redis import ConnectionPool, Redis
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
@@ -28,6 +30,7 @@ from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABL
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._input import is_decimal
+from settle._runtime import topology
 from settle._runtime._sync import client_from_url
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
@@ -254,6 +257,8 @@ class Connection:
         self.namespace = namespace
         self.shards = shards
         self.redis_timeout = redis_timeout
+        #: The namespace's shard count once read (an error names the shards on a node).
+        self.known_shards: int | None = None
 
     @property
     def url(self) -> str:
@@ -370,9 +375,99 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
         doing = f" to {task}" if task else ""
         if exc.code:  # Redis answered, with an error: it was reached
             fail(f"Redis{where} refused the command{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+        node = _other_node(detail, conn)
+        if conn is not None and node is not None:
+            fail(
+                f"cannot reach Redis node {node}{_shards_on(conn, node)}, a node of the cluster "
+                f"at {redacted(conn.url)} (which answered){doing}; the answer would be partial, "
+                f"so none is given: bring that node back or fail over to its replica "
+                f"({_one_line(detail)})",
+                EXIT_UNAVAILABLE,
+            )
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
         fail(_one_line(_at_server(str(exc), conn)), exit_code_of(exc))
+
+
+#: The address redis-py names in a connection or timeout error (``Error 111 connecting to
+#: 127.0.0.1:7002.``, ``Timeout reading from 127.0.0.1:7002``).
+_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) \[?([\w.:-]+?)\]?:(\d+)\b")
+
+
+def _other_node(detail: str, conn: Connection | None) -> str | None:
+    """The ``host:port`` a connection error names when it is not the URL's own server: a
+    cluster node behind the seed, which answered (the error said "cannot reach Redis at
+    <the seed>", and an operator checked the wrong node)."""
+    found = _ADDRESS.search(detail)
+    if conn is None or found is None:
+        return None
+    host, port = found.groups()
+    try:
+        seed = urlsplit(conn.url)
+        if seed.scheme == "unix" or (seed.hostname or "localhost", seed.port or 6379) == (
+            host,
+            int(port),
+        ):
+            return None
+    except ValueError:
+        return None
+    return f"{host}:{port}"
+
+
+def _shards_on(conn: Connection, node: str) -> str:
+    """ " (shards 1, 5 of namespace 'ns')": the namespace's shards whose slots ``node``
+    serves, as the seed's ``CLUSTER SLOTS`` says, when the seed tells it in one try within
+    ``--redis-timeout`` and the shard count is known (``--shards``, or a count stored on a
+    node that answers); else "", the node alone."""
+    try:
+        with bounded(Redis.from_url(conn.url), conn.url, conn.redis_timeout) as seed:
+            slots = [
+                (int(low), int(high), f"{_text(at[0]) or '127.0.0.1'}:{int(at[1])}")
+                for low, high, at, *_ in seed.execute_command("CLUSTER", "SLOTS")
+            ]
+            shards = conn.shards or conn.known_shards or _stored_count(conn, seed, slots, node)
+    except (RedisError, OSError, ValueError, TypeError, IndexError, SettleError):
+        return ""
+    if not shards:
+        return ""
+    keys = Keys(conn.namespace, shards)
+    on = [s for s in range(shards) if _server_of(keys.tag(s), slots) == node]
+    if not on:
+        return ""
+    shown = ", ".join(map(str, on[:12])) + (", ..." if len(on) > 12 else "")
+    return f" (shard{'s' if len(on) > 1 else ''} {shown} of namespace {conn.namespace!r})"
+
+
+def _server_of(key: str, slots: list[tuple[int, int, str]]) -> str | None:
+    slot = key_slot(key.encode())
+    return next((at for low, high, at in slots if low <= slot <= high), None)
+
+
+def _stored_count(
+    conn: Connection, seed: Redis, slots: list[tuple[int, int, str]], down: str
+) -> int | None:
+    """The namespace's shard count, read where a node that answers holds it: its metadata,
+    else the first shard state (each keeps the count it was claimed for) on such a node;
+    nothing is asked of ``down``."""
+    keys = Keys(conn.namespace, MAX_SHARDS)
+    pool = seed.connection_pool
+    settings = {**topology.passed_on(pool.connection_kwargs, pool.connection_class)}
+    settings["retry"] = Retry(NoBackoff(), 0)
+    for key in [keys.meta, *(keys.generation(s) for s in range(64))]:
+        at = _server_of(key, slots)
+        if at is None or at == down:
+            continue
+        host, _, port = at.rpartition(":")
+        with Redis(**{**settings, "host": host, "port": int(port)}) as client:
+            raw = client.hget(key, "shards")
+        text = "" if raw is None else _text(raw)
+        if is_decimal(text) and 1 <= int(text) <= MAX_SHARDS:
+            return int(text)
+    return None
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _at_server(message: str, conn: Connection | None) -> str:
@@ -443,7 +538,7 @@ def open_settler(conn: Connection, *, create: bool = False) -> Iterator[Settler]
     rather than silently reading the wrong keys. ``create=True`` (the demo) creates it.
     """
     with errors_as_exit_codes(conn):
-        shards = _shards(conn, create=create)
+        shards = conn.known_shards = _shards(conn, create=create)
         options: dict[str, Any] = {"namespace": conn.namespace}
         if shards is not None:
             options["shards"] = shards

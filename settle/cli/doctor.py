@@ -240,16 +240,16 @@ def diagnose(
         findings = [health.version_finding(servers)]
         memory = {n: _info(c, "memory") for n, c in deployment.nodes.items()}
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
-        findings.append(health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)}))
+        evictions = health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)})
+        findings.append(_not_read(evictions, deployment.down))
         # Replicas too: a failover makes one the primary, with the persistence it has.
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
         saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
         fsync = {n: _config(c, "appendfsync") for n, c in deployment.nodes.items()}
-        findings.append(
-            health.persistence_finding(
-                persistence, saves, fsync, deployment.replicas, deployment.unread
-            )
+        kept = health.persistence_finding(
+            persistence, saves, fsync, deployment.replicas, deployment.unread
         )
+        findings.append(_not_read(kept, deployment.down))
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
@@ -265,6 +265,27 @@ def diagnose(
         return findings
     finally:
         deployment.close()
+
+
+def _not_read(finding: Finding, down: list[str]) -> Finding:
+    """``finding``, judged on the nodes that answered, naming the cluster primaries that are
+    down (not answering, or flagged failing), whose setting could not be read: such a check
+    passed as if every node had been read. Their node's setting is unknown: a ``warn`` (the
+    ``cluster slots`` check fails them)."""
+    if not down:
+        return finding
+    note = (
+        f"not read on {', '.join(sorted(down))} (primary down: not answering, or flagged failing)"
+    )
+    if finding.status is Status.OK:
+        return Finding(
+            finding.check,
+            Status.WARN,
+            f"{note}; the nodes read: {finding.detail}",
+            "bring that primary back, or fail over to its replica (see cluster slots), then "
+            "run doctor again",
+        )
+    return Finding(finding.check, finding.status, f"{finding.detail}; {note}", finding.fix)
 
 
 def _slots(deployment: _Deployment) -> Finding:
