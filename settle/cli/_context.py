@@ -333,9 +333,72 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         redis_timeout: float,
         **kw: Any,
     ) -> Any:
+        if redis_url is not None and is_sentinel_url(redis_url):
+            with errors_as_exit_codes():
+                redis_url = primary_url(redis_url, redis_timeout)
         return fn(conn=Connection(redis_url, namespace, shards, redis_timeout), **kw)
 
     return wrapper  # type: ignore[return-value]
+
+
+_SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+_SENTINEL_FORM = (
+    "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (the password is "
+    "the primary's; the Sentinels are asked without one)"
+)
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.split(":", 1)[0].lower() in _SENTINEL_SCHEMES and "://" in url
+
+
+def primary_url(url: str, timeout: float) -> str:
+    """The ``redis://`` (``rediss://``) URL of the primary the Sentinels of a
+    ``redis+sentinel://`` URL name now, with its credentials, database and query: asked
+    once, when the command starts (each Sentinel in turn, one try of ``timeout`` each).
+    A malformed one is :class:`InvalidInput` (exit 2), no Sentinel answering or none naming
+    the service :class:`ConfigurationError` (exit 3)."""
+    parts = urlsplit(url)
+    scheme = "rediss" if parts.scheme.lower().startswith("rediss") else "redis"
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    path = [p for p in parts.path.split("/") if p]
+    if not hosts or not 1 <= len(path) <= 2:
+        raise InvalidInput(f"bad --redis-url {redacted(url)}: a Sentinel URL is {_SENTINEL_FORM}")
+    sentinels: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        name, _, digits = host.rpartition(":")
+        if not name or not digits.isdigit() or not 0 < int(digits) < 65536:
+            raise InvalidInput(
+                f"bad --redis-url {redacted(url)}: {host!r} is no HOST:PORT of a Sentinel; "
+                f"a Sentinel URL is {_SENTINEL_FORM}"
+            )
+        sentinels.append((name.strip("[]"), int(digits)))
+    service, database = path[0], (path[1] if len(path) > 1 else "0")
+    errors = []
+    for host, port in sentinels:
+        with Redis(
+            host=host,
+            port=port,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        ) as sentinel:
+            try:
+                found = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
+            except (RedisError, OSError) as exc:
+                errors.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
+                continue
+        if found:
+            primary, primary_port = _text(found[0]), int(found[1])
+            at = f"{userinfo}@" if userinfo else ""
+            query = f"?{parts.query}" if parts.query else ""
+            return f"{scheme}://{at}{primary}:{primary_port}/{database}{query}"
+        errors.append(f"{host}:{port} names no primary for {service!r}")
+    raise ConfigurationError(
+        f"no Sentinel of {redacted(url)} named the primary of service {service!r} "
+        f"({_one_line('; '.join(errors))}); check the Sentinels' addresses and the service "
+        "name (SENTINEL MASTERS lists them)"
+    )
 
 
 def json_option(fn: F) -> F:
@@ -577,6 +640,12 @@ def checked_url(url: str) -> str:
     port read from the password (:func:`~settle._runtime.urls.check`). The message shows the
     URL redacted and says what is wrong in fixed words, never redis-py's own (which can quote
     the password)."""
+    if is_sentinel_url(url):  # cursor, progress: they take a primary's URL only
+        raise InvalidInput(
+            f"bad --redis-url {redacted(url)}: this command takes no Sentinel URL; pass the "
+            "primary's redis:// URL, which `redis-cli -h HOST -p PORT SENTINEL "
+            "get-master-addr-by-name SERVICE` names"
+        )
     try:
         ConnectionPool.from_url(url).make_connection()
         check(url)  # parsed, but a part of the password read as the port (or the path)

@@ -1,0 +1,67 @@
+"""The CLI behind Redis Sentinel: ``--redis-url redis+sentinel://HOST:PORT/SERVICE`` (settle's
+library connects through Sentinel, the CLI refused the URL as "an unknown scheme" and an
+operator had to look the primary up by hand). The commands with the connection options ask
+the Sentinels for the primary when they start; ``cursor`` and ``progress`` say what to pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from settle import Settler
+from tests.cli.conftest import cli_env, settle
+from tests.faults.sentinel_support import SERVICE, SentinelDeployment, sentinel_deployment
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[SentinelDeployment]:
+    with sentinel_deployment() as d:
+        with Settler.from_url(d.primary.url, namespace="sen", shards=2) as s:
+            s.check()
+        yield d
+
+
+def test_the_read_commands_and_doctor_take_a_sentinel_url(deployment: SentinelDeployment) -> None:
+    url = f"redis+sentinel://{deployment.sentinels[0]}/{SERVICE}"
+    for command in (("stats",), ("quarantine", "ls"), ("doctor",)):
+        done = settle(*command, "--redis-url", url, "--namespace", "sen", timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+    done = settle("doctor", "--redis-url", url, "--namespace", "sen", timeout=60)
+    assert f"127.0.0.1:{deployment.primary.port}" in done.stdout  # the primary it asked
+    env = cli_env(SETTLE_REDIS_URL=url, SETTLE_NAMESPACE="sen")
+    assert settle("stats", env=env, timeout=60).returncode == 0
+
+
+def test_a_service_no_sentinel_names_is_exit_3_naming_it(deployment: SentinelDeployment) -> None:
+    url = f"redis+sentinel://{deployment.sentinels[0]},127.0.0.1:1/nope"
+    done = settle("stats", "--redis-url", url, "--namespace", "sen", timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert "named the primary of service 'nope'" in done.stderr
+    assert "127.0.0.1:1: ConnectionError" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://127.0.0.1/svc",
+        "redis+sentinel://127.0.0.1:26379/",
+        "redis+sentinel://127.0.0.1:26379/a/0/x",
+    ],
+)
+def test_a_malformed_sentinel_url_is_a_usage_error(url: str) -> None:
+    done = settle("stats", "--redis-url", url, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "redis+sentinel://[USER:PASSWORD@]HOST:PORT" in done.stderr
+
+
+@pytest.mark.parametrize("group", ["cursor", "progress"])
+def test_the_companion_commands_say_what_to_pass(group: str) -> None:
+    url = "redis+sentinel://127.0.0.1:26379/svc"
+    done = settle(group, "show", "c", "--redis-url", url, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "takes no Sentinel URL" in done.stderr
+    assert "SENTINEL get-master-addr-by-name" in done.stderr
