@@ -449,7 +449,21 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
             )
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
-        fail(_one_line(_at_server(str(exc), conn)), exit_code_of(exc))
+        fail(_one_line(_in_cli_terms(_at_server(str(exc), conn))), exit_code_of(exc))
+
+
+#: The library's advice on a replica, and what it means on the command line.
+_LIBRARY_SENTINEL = "(or use from_sentinel, which follows failovers)"
+_CLI_SENTINEL = (
+    "(--redis-url of the primary, or redis+sentinel://SENTINEL_HOST:PORT/SERVICE, "
+    "which asks the Sentinels for it)"
+)
+
+
+def _in_cli_terms(message: str) -> str:
+    """The library's refusal of a replica names ``from_sentinel``, a Python call: on the
+    command line it is a ``redis+sentinel://`` URL."""
+    return message.replace(_LIBRARY_SENTINEL, _CLI_SENTINEL)
 
 
 #: The address redis-py names in a connection or timeout error (``Error 111 connecting to

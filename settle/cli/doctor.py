@@ -242,6 +242,7 @@ def diagnose(
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
         evictions = health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)})
         findings.append(_not_read(evictions, deployment.down))
+        findings.append(_not_read(_memory(memory), deployment.down))
         # Replicas too: a failover makes one the primary, with the persistence it has.
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
         saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
@@ -265,6 +266,39 @@ def diagnose(
         return findings
     finally:
         deployment.close()
+
+
+#: A node's used memory against its ``maxmemory`` that is a ``warn``, and a ``fail``: with
+#: ``noeviction`` a full node refuses every write, so every settler call on its shards fails.
+MEMORY_WARN = 0.8
+MEMORY_FAIL = 0.95
+
+
+def _memory(per_node: dict[str, dict[str, Any] | None]) -> Finding:
+    """``used_memory`` against ``maxmemory`` on every node (``INFO memory``; 0: no limit)."""
+    fullest: tuple[float, str, int, int] | None = None
+    for name, info in per_node.items():
+        if not info:
+            continue
+        try:
+            used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        except (TypeError, ValueError):
+            continue
+        if limit > 0 and (fullest is None or used / limit > fullest[0]):
+            fullest = (used / limit, name, used, limit)
+    if fullest is None:
+        return Finding("memory", Status.OK, "no maxmemory limit (or INFO memory denied)")
+    share, name, used, limit = fullest
+    seen = f"{name} uses {used // 1024**2} MiB of maxmemory {limit // 1024**2} MiB ({share:.0%})"
+    fix = (
+        "raise maxmemory, or free memory (trim resolved quarantine entries, shorter "
+        "retention): a full node refuses every settle write (OOM)"
+    )
+    if share >= MEMORY_FAIL:
+        return Finding("memory", Status.FAIL, seen, fix)
+    if share >= MEMORY_WARN:
+        return Finding("memory", Status.WARN, seen, fix)
+    return Finding("memory", Status.OK, seen)
 
 
 def _not_read(finding: Finding, down: list[str]) -> Finding:

@@ -61,6 +61,7 @@ def test_a_safe_deployment_passes_every_check_even_strict(safe: EmbeddedRedis) -
     assert {name: c["status"] for name, c in checks.items()} == {
         "version": "ok",
         "eviction": "ok",
+        "memory": "ok",
         "persistence": "ok",
         "replicas": "ok",
         "cluster slots": "ok",
