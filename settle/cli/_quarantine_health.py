@@ -27,6 +27,7 @@ __all__ = [
     "MAXLEN_WARN",
     "UNRESOLVED_FAIL_S",
     "UNRESOLVED_WARN_S",
+    "graded",
     "quarantine_findings",
 ]
 
@@ -202,9 +203,17 @@ def _maxlen_finding(
         "resolve and trim (settle quarantine trim --resolved), or raise quarantine_maxlen: "
         "each new entry past it pushes the oldest out, unresolved evidence included"
     )
-    if share >= MAXLEN_FAIL:
-        return Finding("quarantine maxlen", Status.FAIL, seen, fix)
-    if share >= MAXLEN_WARN or unread:
-        extra = f"; {_unread_text(unread)}" if unread else ""
-        return Finding("quarantine maxlen", Status.WARN, seen + extra, fix)
-    return Finding("quarantine maxlen", Status.OK, seen)
+    if unread and share < MAXLEN_FAIL:
+        return Finding("quarantine maxlen", Status.WARN, f"{seen}; {_unread_text(unread)}", fix)
+    return graded("quarantine maxlen", share, (MAXLEN_WARN, MAXLEN_FAIL), seen, fix)
+
+
+def graded(check: str, share: float, limits: tuple[float, float], seen: str, fix: str) -> Finding:
+    """``check`` by how full something is: ``warn`` from ``limits[0]``, ``fail`` from
+    ``limits[1]`` (``fix`` shown for both), else ``ok``."""
+    warn, failed = limits
+    if share >= failed:
+        return Finding(check, Status.FAIL, seen, fix)
+    if share >= warn:
+        return Finding(check, Status.WARN, seen, fix)
+    return Finding(check, Status.OK, seen)

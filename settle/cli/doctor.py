@@ -50,7 +50,7 @@ from settle.cli._context import (
     json_option,
     stored_shards,
 )
-from settle.cli._quarantine_health import quarantine_findings
+from settle.cli._quarantine_health import graded, quarantine_findings
 from settle.cli._render import console, print_json, visible_message
 from settle.config import SettleConfig
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
@@ -294,11 +294,7 @@ def _memory(per_node: dict[str, dict[str, Any] | None]) -> Finding:
         "raise maxmemory, or free memory (trim resolved quarantine entries, shorter "
         "retention): a full node refuses every settle write (OOM)"
     )
-    if share >= MEMORY_FAIL:
-        return Finding("memory", Status.FAIL, seen, fix)
-    if share >= MEMORY_WARN:
-        return Finding("memory", Status.WARN, seen, fix)
-    return Finding("memory", Status.OK, seen)
+    return graded("memory", share, (MEMORY_WARN, MEMORY_FAIL), seen, fix)
 
 
 def _not_read(finding: Finding, down: list[str]) -> Finding:
