@@ -286,6 +286,32 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float) -> float
     return value
 
 
+def redis_timeout_option(fn: F) -> F:
+    """``--redis-timeout SECONDS`` / ``SETTLE_REDIS_TIMEOUT``, passed as ``redis_timeout``
+    (every command that connects: the connection options' and the companions')."""
+    option = click.option(
+        "--redis-timeout",
+        envvar="SETTLE_REDIS_TIMEOUT",
+        cls=EnvOption,
+        type=click.FloatRange(0, 300, min_open=True),
+        default=REDIS_TIMEOUT,
+        show_default=True,
+        metavar="SECONDS",
+        callback=_a_number,
+        help="How long to wait for Redis (env SETTLE_REDIS_TIMEOUT): for each reply, or "
+        "in settle web for each page; then exit 3 (a 503 page). A ?socket_timeout= in the "
+        "URL wins for replies.",
+    )
+    return option(fn)
+
+
+def bounded_client(url: str, timeout: float) -> Redis:
+    """A client of ``url`` (checked: exit 2 when malformed) waiting at most ``timeout`` for
+    a connection and each reply, one try: the companions' stores, as :func:`bounded`."""
+    checked = checked_url(url)
+    return bounded(client_from_url(checked), checked, timeout)
+
+
 def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
     @click.option(
         "--redis-url",
@@ -312,19 +338,7 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
         "namespace's stored count when not given, and refuse a different one.",
     )
-    @click.option(
-        "--redis-timeout",
-        envvar="SETTLE_REDIS_TIMEOUT",
-        cls=EnvOption,
-        type=click.FloatRange(0, 300, min_open=True),
-        default=REDIS_TIMEOUT,
-        show_default=True,
-        metavar="SECONDS",
-        callback=_a_number,
-        help="How long to wait for Redis (env SETTLE_REDIS_TIMEOUT): for each reply, or "
-        "in settle web for each page; then exit 3 (a 503 page). A ?socket_timeout= in the "
-        "URL wins for replies.",
-    )
+    @redis_timeout_option
     @functools.wraps(fn)
     def wrapper(
         redis_url: str | None,

@@ -13,10 +13,11 @@ from settle.cli._context import (
     Connection,
     EnvOption,
     OutputGroup,
+    bounded_client,
     checked_namespace,
-    checked_url,
     errors_as_exit_codes,
     fail,
+    redis_timeout_option,
 )
 from settle.cli._render import Listing, Whole, console, fields_table, print_table
 from settle.progress._sync import ProgressStore
@@ -83,14 +84,19 @@ def progress() -> None:
     default="default",
     show_default=True,
 )
+@redis_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
+def show(
+    consumer: str, redis_url: str, namespace: str, redis_timeout: float, as_json: bool
+) -> None:
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
     # 2 for bad input, 3 for Redis, as every command
     task = f"read the progress of consumer {consumer!r}"
-    with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
-        store = ProgressStore.from_url(
-            checked_url(redis_url), consumer=consumer, namespace=checked_namespace(namespace)
+    with errors_as_exit_codes(Connection(redis_url, namespace, None, redis_timeout), task):
+        store = ProgressStore(
+            bounded_client(redis_url, redis_timeout),
+            consumer=consumer,
+            namespace=checked_namespace(namespace),
         )
         try:
             scopes = store.show()
