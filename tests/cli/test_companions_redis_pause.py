@@ -5,14 +5,13 @@ each waited about two minutes before exit 3. They take ``--redis-timeout`` /
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 
 from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import cli_env, settle
+from tests.cli.helpers import paused
 
 
 @pytest.mark.parametrize(
@@ -23,15 +22,11 @@ def test_a_companion_command_ends_promptly_while_redis_is_stopped(
     command: tuple[str, ...],
 ) -> None:
     with EmbeddedRedis() as server:
-        assert server.process is not None
         env = cli_env(SETTLE_REDIS_TIMEOUT="0.5")
-        os.kill(server.process.pid, signal.SIGSTOP)
-        try:
+        with paused(server):
             started = time.monotonic()
             done = settle(*command, "--redis-url", server.url, env=env, timeout=200)
             took = time.monotonic() - started
-        finally:
-            os.kill(server.process.pid, signal.SIGCONT)
         assert done.returncode == 3, done.stderr
         assert "cannot reach Redis" in done.stderr
         assert "TimeoutError" in done.stderr

@@ -6,8 +6,6 @@ waited a week unresolved nor that a shard's stream was about to push evidence ou
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +17,7 @@ from settle import Settler
 from settle._core.keys import Keys
 from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import cli_env, settle
-from tests.cli.helpers import stale_settlement
+from tests.cli.helpers import paused, stale_settlement
 
 DAY_MS = 86_400_000
 
@@ -137,13 +135,10 @@ def test_doctor_waits_no_longer_than_redis_timeout_on_a_paused_server(
     started = time.monotonic()  # start-up and imports: a refused connection ends at once
     settle("doctor", "--redis-url", "redis://127.0.0.1:1/0")
     startup = time.monotonic() - started
-    os.kill(server.process.pid, signal.SIGSTOP)
-    try:
+    with paused(server):
         started = time.monotonic()
         done = settle("doctor", "--redis-url", server.url, "--redis-timeout", "0.5", timeout=120)
         took = time.monotonic() - started - startup
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
     assert done.returncode == 3, done.stderr
     assert "cannot reach Redis" in done.stderr
     assert "TimeoutError" in done.stderr
