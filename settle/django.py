@@ -20,6 +20,7 @@ import contextlib
 import functools
 import io
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -28,7 +29,7 @@ from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
 from django.core.handlers.exception import response_for_exception
 from django.core.handlers.wsgi import LimitedStream
-from django.core.signals import setting_changed
+from django.core.signals import got_request_exception, setting_changed
 from django.http import (
     Http404,
     HttpRequest,
@@ -46,7 +47,7 @@ from settle._input import is_decimal
 from settle._log import logger
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
-from settle.http._sync import NotReached, SyncGuard, configured_guard
+from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard
 from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
@@ -105,6 +106,14 @@ class IdempotencyMiddleware:
         request._settle_reached = True  # type: ignore[attr-defined]
 
 
+#: The ``MIDDLEWARE`` lists already checked (and warned about) in this process: Django loads
+#: the middleware anew for every handler (each test ``Client``, each ``WSGIHandler``), and an
+#: operator needs the advice once per configuration, not once per load. Forgotten when
+#: ``settings.MIDDLEWARE`` changes (``override_settings``).
+_ORDER_CHECKED: set[tuple[object, ...]] = set()
+_ORDER_CHECKED_LOCK = threading.Lock()
+
+
 def _warn_if_before_csrf(guard: type) -> None:
     """Logs ``settle.django.middleware_order`` (WARNING) when ``settings.MIDDLEWARE`` puts
     this middleware before ``CsrfViewMiddleware`` (or a subclass of it): there the CSRF
@@ -113,6 +122,11 @@ def _warn_if_before_csrf(guard: type) -> None:
     reaches the view. Not refused: a project whose guarded views are all ``csrf_exempt``
     (REST framework's ``APIView`` is) loses nothing, and refusing it would stop it serving."""
     listed = list(getattr(settings, "MIDDLEWARE", None) or ())
+    seen = (guard, *map(repr, listed))
+    with _ORDER_CHECKED_LOCK:
+        if seen in _ORDER_CHECKED:
+            return
+        _ORDER_CHECKED.add(seen)
     classes = [_middleware_class(path) for path in listed]
     mine = [i for i, cls in enumerate(classes) if cls is not None and issubclass(cls, guard)]
     csrf = [i for i, cls in enumerate(classes) if cls and issubclass(cls, CsrfViewMiddleware)]
@@ -198,9 +212,24 @@ def _settings_changed(*, setting: str, **_: Any) -> None:
     if setting == "SETTLE":
         with _VIEW_GUARDS_LOCK:
             _VIEW_GUARDS.clear()
+    elif setting == "MIDDLEWARE":
+        with _ORDER_CHECKED_LOCK:
+            _ORDER_CHECKED.clear()
 
 
 setting_changed.connect(_settings_changed)
+
+
+def _mark_raised(sender: object, request: HttpRequest | None = None, **_: Any) -> None:  # noqa: ARG001
+    """Django's ``got_request_exception``: the 500 it answers is the view's exception
+    (settled as ``exception``, as under ASGI and plain WSGI), not a status it chose. Sent
+    before Django logs the exception and renders its 500: the deadline is asked of this."""
+    if request is not None and getattr(request, "_settle_raised", None) is None:
+        with contextlib.suppress(AttributeError):
+            request._settle_raised = time.monotonic()  # type: ignore[attr-defined]
+
+
+got_request_exception.connect(_mark_raised)
 
 
 def _bound(view: Any) -> tuple[Any, Any]:
@@ -411,6 +440,11 @@ class _Exchange:
         self.response = Response(response.status_code, headers, content)
         if self._reaching and not getattr(self._request, "_settle_reached", False):
             raise NotReached(self.response)
+        django = self._request
+        django = django if isinstance(django, HttpRequest) else django._request
+        at = getattr(django, "_settle_raised", None)
+        if self.response.status >= 500 and isinstance(at, float):
+            raise Raised(self.response, at)  # Django's 500 for the view's exception
         return self.response
 
     def sent(self, response: Response) -> HttpResponseBase:

@@ -16,10 +16,11 @@ The rules are :mod:`settle.http`'s, carried out by :mod:`settle.wsgi`'s middlewa
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, g, request
+from flask import Flask, g, got_request_exception, request
 
 from settle.errors import ConfigurationError
 from settle.http._sync import configured_guard, resolve
@@ -61,8 +62,9 @@ class Idempotency:
 
         driver = configured_guard({**config, "principal": principal_of if principal else None})
         app.wsgi_app = IdempotencyMiddleware.from_guard(  # type: ignore[method-assign]
-            app.wsgi_app, driver, reached=_view_reached
+            app.wsgi_app, driver, reached=_view_reached, raised=_view_raised
         )
+        got_request_exception.connect(_mark_raised, app)
         app.preprocess_request = _refusing(app.preprocess_request)  # type: ignore[method-assign]
         # First of the app's hooks, also of those registered before init_app (an app
         # factory sets up its hooks, then its extensions): each of them may read g.settle.
@@ -109,3 +111,20 @@ def _refusing(preprocess: Callable[..., Any]) -> Callable[..., Any]:
 
 def _view_reached(environ: dict[str, Any]) -> bool:
     return not environ.get(_REFUSED)
+
+
+#: Set in the environ (``time.monotonic()``) when Flask caught an exception of the request,
+#: which it answers with its 500.
+_RAISED = "settle.raised"
+
+
+def _mark_raised(sender: Flask, **_: Any) -> None:  # noqa: ARG001  # blinker passes it
+    """Flask's ``got_request_exception``: the 500 it answers is the view's exception (settled
+    as ``exception``, as under ASGI and plain WSGI), not a status the view chose. Sent
+    before Flask logs the exception and renders its 500: the deadline is asked of this."""
+    request.environ.setdefault(_RAISED, time.monotonic())
+
+
+def _view_raised(environ: dict[str, Any]) -> float | None:
+    at = environ.get(_RAISED)
+    return at if isinstance(at, float) else None

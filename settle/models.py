@@ -192,7 +192,10 @@ def _refuse_repeated_keys(data: bytes) -> None:
     """Raise a :class:`ValidationError` (``repeated_key``) when an object of the JSON
     ``data`` names a key twice (a parser keeps one of the two values)."""
     try:
-        json.loads(data, object_pairs_hook=_once)
+        # json.loads(data, object_pairs_hook=_once), without a decoder made on every call
+        _ONCE.decode(
+            data if isinstance(data, str) else data.decode(_encoding(data), "surrogatepass")
+        )
     except _RepeatedKey:
         raise ValidationError.from_exception_data(
             "stored result",
@@ -200,6 +203,14 @@ def _refuse_repeated_keys(data: bytes) -> None:
         ) from None
     except ValueError:
         pass  # not JSON: validation says what is wrong with it
+
+
+def _encoding(data: bytes) -> str:
+    """``json.detect_encoding(data)``: UTF-8 at once for what settle stores (an object or
+    an array, its second byte not zero), where that function answers UTF-8 too."""
+    if data[:1] in (b"{", b"[") and data[1:2] != b"\x00":
+        return "utf-8"
+    return json.detect_encoding(data)
 
 
 class _RepeatedKey(Exception):
@@ -212,6 +223,10 @@ def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         raise _RepeatedKey
     return found
 
+
+#: The decoder of :func:`_refuse_repeated_keys` (a JSON decoder keeps no state between
+#: calls: ``json.loads`` shares one too).
+_ONCE = json.JSONDecoder(object_pairs_hook=_once)
 
 _REPEATED = (
     "the stored JSON names a key twice (a model's field and an extra named like it), "

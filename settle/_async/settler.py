@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol, Self, TypeVar
 
@@ -12,11 +13,12 @@ from redis.asyncio import Redis, RedisCluster
 
 from settle._core.codec import UndecodableEntry
 from settle._core.engine import Core, QuarantineFollower, QuarantineQuery, QuarantineScan
+from settle._core.layout import LOG_MAX
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._async import AsyncConnectable, AsyncRunner
 from settle._runtime.options import check_client
-from settle._runtime.transient import split_slot
+from settle._runtime.transient import SlotSplit
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._async import (
@@ -29,7 +31,7 @@ from settle.decorator._async import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import BackendError, InvalidInput
+from settle.errors import InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -108,7 +110,17 @@ class AsyncSettler(AsyncConnectable):
         return self
 
     async def check(self) -> None:
-        """Verify the server and the namespace's shard count (done once, lazily)."""
+        """Verify the server and the namespace's shard count (done once, lazily). Called
+        before any call (entering the settler's ``with`` block calls it), the set-up is
+        reported in a span of its own, ``settle.check``: its Redis calls in one trace,
+        under the caller's span."""
+        if self._checked:
+            return
+        with telemetry().check(self.config.namespace):
+            await self._check()
+
+    async def _check(self) -> None:
+        """:meth:`check`, inside the call that needs it (its span holds the set-up)."""
         if self._checked:
             return
         await self._runner.prepare()
@@ -137,7 +149,7 @@ class AsyncSettler(AsyncConnectable):
     async def _run(self, call: Call) -> Any:
         if not self._checked:
             with naming(call):
-                await self.check()
+                await self._check()
         mark = self._core.loss_mark()
         raw = await self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
@@ -224,10 +236,11 @@ class AsyncSettler(AsyncConnectable):
             raws = []
             for call in calls:
                 try:
-                    parts, replies = [call], await self._run_many([call])
-                except BackendError as exc:
-                    if len(call.keys) < 2 or not split_slot(exc.__cause__):
-                        raise
+                    parts = [call]
+                    replies = await self._run_many(
+                        [replace(call, caller_splits=len(call.keys) > 1)]
+                    )
+                except SlotSplit:
                     # A migrating slot refuses it (TRYAGAIN); it serves one record at a time.
                     parts = self._core.record_by_record(call)
                     replies = await self._run_many(parts)
@@ -239,18 +252,44 @@ class AsyncSettler(AsyncConnectable):
         """Whether the calls run on Redis Cluster (not a single server, nor a model), known
         once the server was checked (``from_url`` on a cluster node switches then)."""
         if not self._checked:
-            await self.check()
+            await self._check()
         return isinstance(self._runner, AsyncRunner) and self._runner.is_cluster
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._checked:
-            await self.check()
+            await self._check()
         return await self._runner.run_many(calls)
 
     async def attempts(self, operation_id: str) -> list[AttemptObservation]:
         with self._span("attempts"):
             call = self._core.plan_attempts(operation_id)
-            return self._core.decode_attempts(call, await self._run(call))
+            if not await self._on_cluster():
+                return self._core.decode_attempts(call, await self._run(call))
+            try:
+                raw = await self._run(replace(call, caller_splits=True))
+            except SlotSplit:
+                raw = await self._attempts_apart(call)
+            return self._core.decode_attempts(call, raw)
+
+    async def _attempts_apart(self, call: Call) -> Any:
+        """``call``, an ``attempts`` read refused while a migration splits the record and
+        the previous layout's attempt log (a key that normally does not exist, which a
+        migrating slot counts as elsewhere), in single-key reads: the record's type, that
+        log's entries when the record is in that layout (a HASH), then the record's own
+        log (:meth:`Core.attempts_apart` joins them). In this order, a write that moves a
+        HASH record to the current layout between the reads (it deletes the list) is
+        seen in the record's read, never as an empty log."""
+        runner = self._runner
+        assert isinstance(runner, AsyncRunner)
+        record, log = call.keys
+        kind = await runner.command("TYPE", lambda client: client.type(record), key=record)
+        legacy: list[Any] = []
+        if kind in (b"hash", "hash"):  # the previous layout (never written back to it)
+            legacy = await runner.command(
+                "LRANGE", lambda client: client.lrange(log, -LOG_MAX, -1), key=log
+            )
+        raw = await self._run(self._core.record_only(call))
+        return self._core.attempts_apart(raw, legacy)
 
     def operation(
         self,
@@ -323,11 +362,12 @@ class AsyncQuarantine:
         the nodes (or one of them does not exist), is done in two single-key reads the
         migrating slot serves: the stream's entries, then their resolutions (the same
         answer, a round trip more; docs/operations.md, "Redis Cluster")."""
-        try:
+        if call.script != "quarantine_read":
             return (await self._settler._run_many([call]))[0]
-        except BackendError as exc:
-            if call.script != "quarantine_read" or not split_slot(exc.__cause__):
-                raise
+        try:
+            return (await self._settler._run_many([replace(call, caller_splits=True)]))[0]
+        except SlotSplit:
+            pass
         core = self._settler._core
         reply = (await self._settler._run_many([core.stream_only(call)]))[0]
         ids = core.match_ids(reply)

@@ -755,6 +755,31 @@ class Core:
         _shard, record, log = self._keys_of(op)
         return Call("attempts", (record, log), (), operation_id=op)
 
+    @staticmethod
+    def record_only(call: Call) -> Call:
+        """``call``, an ``attempts`` read, on the record alone: one key, which a Redis
+        Cluster node serves while the slot migrates, after ASK if it moved. The call of two
+        keys is refused (TRYAGAIN) while the migration splits them, and while the previous
+        layout's attempt log (its second key) does not exist, which is nearly always. A
+        record of the current layout holds its log; a previous layout's record (a HASH)
+        gives an empty one: :meth:`attempts_apart` adds that layout's log, read apart."""
+        return replace(call, keys=call.keys[:1])
+
+    @staticmethod
+    def attempts_apart(raw: Any, legacy: Sequence[Any]) -> Any:
+        """The reply of an ``attempts`` call from its :meth:`record_only` read's ``raw`` and
+        ``legacy``, the previous layout's log list (LRANGE of its newest ``LOG_MAX``
+        entries), read before it and only when the record was a HASH then (else empty):
+        that log is the answer when the record's read found none (the record still in that
+        layout: a write would have moved the log into the record, and deleted the list), as
+        the script reads it (an entry of fewer than 6 fields left out)."""
+        if not isinstance(raw, list) or len(raw) < 5 or raw[4] or not legacy:
+            return raw
+        if raw[0] not in (b"ok", "ok"):
+            return raw
+        kept = [e for e in legacy if (e.count(b"|") if isinstance(e, bytes) else 0) >= 5]
+        return [*raw[:4], kept]
+
     def decode_attempts(self, call: Call, raw: Any) -> list[AttemptObservation]:
         reply = codec.parse_reply(raw)
         if reply.code == "corrupt":

@@ -34,15 +34,17 @@ from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, Unacknowledged, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
-from settle._runtime.packing import pack_command
+from settle._runtime.packing import pack_command, retries_as_redis_py, tried
 from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
     backend_error,
     error_code,
     first_retry_delay,
+    handed_back,
     is_transient,
     retry_options,
+    slot_split,
     tryagain_pause,
 )
 from settle._telemetry import telemetry
@@ -819,12 +821,14 @@ class AsyncRunner:
                 except (RedisError, RedisClusterException) as exc:
                     if isinstance(exc, RedisError):
                         _note_lost(lost, exc)
-                    if not is_transient(exc):
+                    if not is_transient(exc) or handed_back(call, exc):
                         raise
                     await asyncio.sleep(first_retry_delay(call, exc))
                 retrying = AsyncRetrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return await retrying(once, call)
             except (RedisError, RedisClusterException) as exc:
+                if handed_back(call, exc):  # a migration's refusal its caller reads apart
+                    raise slot_split(exc, call) from exc
                 raise backend_error(
                     exc, call, earlier_unknown=any(e is not exc for e in lost)
                 ) from exc
@@ -1421,17 +1425,27 @@ class _Lane:
             await self._give_back(conn)
             raise
 
-        once = functools.partial(self._round_trip, conn, packed)
         lost: list[Exception] = []  # sends whose reply was lost: they may have run
-
-        async def failed(error: Exception) -> None:
-            lost.append(error)
-            await conn.disconnect()
-
+        first: Exception | None = None
+        done = False
         try:
-            # The connection's own retry policy, as redis-py's execute_command applies it
-            # (a new socket after a dropped one; none on the clients settle makes).
-            reply = await conn.retry.call_with_retry(once, failed)
+            if retries_as_redis_py(conn.retry):  # else an application's policy: every try
+                try:  # the first try straight away (every call makes it; few repeat)
+                    reply = await self._round_trip(conn, packed)
+                    done = True
+                except Exception as exc:  # noqa: BLE001  # the retry policy judges it, below
+                    first = exc
+            if not done:
+                # The connection's own retry policy, as redis-py's execute_command applies
+                # it (a new socket after a dropped one; none on the clients settle makes),
+                # handed the first try's error, if any, as its own first try's (outside the
+                # except block: a repeat's error is not chained to it).
+                async def failed(error: Exception) -> None:
+                    lost.append(error)
+                    await conn.disconnect()
+
+                once = functools.partial(self._round_trip, conn, packed)
+                reply = await conn.retry.call_with_retry(tried(first, once), failed)
         except rx.ResponseError as exc:  # the whole reply was read: the connection is sound
             await self._give_back(conn)
             if lost:  # a refusal of the repeat says nothing of the send before it

@@ -35,15 +35,17 @@ from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, Unacknowledged, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
-from settle._runtime.packing import pack_command
+from settle._runtime.packing import can_read, pack_command, retries_as_redis_py, tried
 from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
     backend_error,
     error_code,
     first_retry_delay,
+    handed_back,
     is_transient,
     retry_options,
+    slot_split,
     tryagain_pause,
 )
 from settle._telemetry import telemetry
@@ -812,12 +814,14 @@ class Runner:
                 except (RedisError, RedisClusterException) as exc:
                     if isinstance(exc, RedisError):
                         _note_lost(lost, exc)
-                    if not is_transient(exc):
+                    if not is_transient(exc) or handed_back(call, exc):
                         raise
                     time.sleep(first_retry_delay(call, exc))
                 retrying = Retrying(**retry_options(call, tries=ATTEMPTS - 1))
                 return retrying(once, call)
             except (RedisError, RedisClusterException) as exc:
+                if handed_back(call, exc):  # a migration's refusal its caller reads apart
+                    raise slot_split(exc, call) from exc
                 raise backend_error(
                     exc, call, earlier_unknown=any(e is not exc for e in lost)
                 ) from exc
@@ -1399,7 +1403,7 @@ class _Lane:
         try:
             # Data nobody asked for: a new socket, as the pool does, unless maintenance
             # notifications are on (the data is one, read with the next reply).
-            stale = conn.can_read() and not _notifications(self._pool)
+            stale = can_read(conn) and not _notifications(self._pool)
         except (rx.ConnectionError, OSError, AttributeError):
             stale = True  # the server closed it while it was idle (a timeout, a restart)
         if stale:
@@ -1414,17 +1418,27 @@ class _Lane:
             self._give_back(conn)
             raise
 
-        once = functools.partial(self._round_trip, conn, packed)
         lost: list[Exception] = []  # sends whose reply was lost: they may have run
-
-        def failed(error: Exception) -> None:
-            lost.append(error)
-            conn.disconnect()
-
+        first: Exception | None = None
+        done = False
         try:
-            # The connection's own retry policy, as redis-py's execute_command applies it
-            # (a new socket after a dropped one; none on the clients settle makes).
-            reply = conn.retry.call_with_retry(once, failed)
+            if retries_as_redis_py(conn.retry):  # else an application's policy: every try
+                try:  # the first try straight away (every call makes it; few repeat)
+                    reply = self._round_trip(conn, packed)
+                    done = True
+                except Exception as exc:  # noqa: BLE001  # the retry policy judges it, below
+                    first = exc
+            if not done:
+                # The connection's own retry policy, as redis-py's execute_command applies
+                # it (a new socket after a dropped one; none on the clients settle makes),
+                # handed the first try's error, if any, as its own first try's (outside the
+                # except block: a repeat's error is not chained to it).
+                def failed(error: Exception) -> None:
+                    lost.append(error)
+                    conn.disconnect()
+
+                once = functools.partial(self._round_trip, conn, packed)
+                reply = conn.retry.call_with_retry(tried(first, once), failed)
         except rx.ResponseError as exc:  # the whole reply was read: the connection is sound
             self._give_back(conn)
             if lost:  # a refusal of the repeat says nothing of the send before it

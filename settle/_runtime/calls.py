@@ -28,6 +28,10 @@ class Call:
     so with ``min_replicas`` it is returned, as :class:`Unacknowledged`, even when no replica
     acknowledged the call (a replica down would otherwise keep a fenced-off attempt running
     until it is back, where without ``min_replicas`` its next renewal stops it).
+    ``caller_splits`` marks a read of several keys whose caller reads them apart when a Redis
+    Cluster migration splits their slot: the runner hands that refusal back at once, as
+    :class:`~settle._runtime.transient.SlotSplit`, neither repeated nor logged as a failure
+    (a write is never marked: it stays one atomic call).
     """
 
     script: str
@@ -39,6 +43,7 @@ class Call:
     shard: int | None = None
     reads_only: bool = False
     stops: tuple[str, ...] = ()
+    caller_splits: bool = False
 
     def stops_caller(self, reply: Any) -> bool:
         """Whether the script's ``reply`` is one of the verdicts in :attr:`stops`."""

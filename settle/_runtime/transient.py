@@ -26,16 +26,22 @@ from settle._runtime.calls import Call
 from settle.errors import BackendError, ConfigurationError, SettleError
 
 __all__ = [
+    "APART_ROUNDS",
     "ATTEMPTS",
     "TRYAGAIN_SENDS",
+    "SlotSplit",
     "backend_error",
     "error_code",
     "failures_as_settle_errors",
     "first_retry_delay",
+    "handed_back",
     "is_transient",
     "refused_write",
     "retry_options",
+    "slot_split",
+    "split_slot",
     "tryagain_pause",
+    "unsettled_apart",
 ]
 
 #: Tries of one script call (the first and the repeats) before the error reaches the caller.
@@ -84,6 +90,65 @@ def split_slot(exc: BaseException | None) -> bool:
     Not CLUSTERDOWN (a ClusterError too): a slot no node serves, which no read gets past."""
     return isinstance(exc, rx.TryAgainError | rx.ClusterError) and not isinstance(
         exc, rx.ClusterDownError
+    )
+
+
+class SlotSplit(BackendError):
+    """A read marked :attr:`Call.caller_splits` that a Redis Cluster migration refused
+    (:func:`split_slot`): handed back to its caller at the first refusal, which reads the
+    keys apart. No failure: neither ``settle.backend.retrying`` nor ``settle.backend.failed``
+    is logged for it, only ``settle.cluster.read_split`` (:func:`slot_split`)."""
+
+
+def handed_back(call: Call | None, exc: BaseException) -> bool:
+    """Whether ``exc`` ends ``call``'s tries as :class:`SlotSplit`: a migration's refusal
+    of a read whose caller reads its keys apart. Repeating it would only wait: a slot stays
+    split until the migration moved every key of it, and the reads apart give the same
+    answer meanwhile (docs/operations.md, "Redis Cluster")."""
+    return call is not None and call.caller_splits and split_slot(exc)
+
+
+def slot_split(exc: BaseException, call: Call) -> SlotSplit:
+    """The :class:`SlotSplit` of ``call`` refused with ``exc``; logs that its keys are read
+    apart (``settle.cluster.read_split``, INFO: a resharding's every read of a migrating
+    slot logs it, and the read succeeds)."""
+    logger.info(
+        "settle.cluster.read_split",
+        script=call.script,
+        operation_digest=operation_digest(call.operation_id),
+        keys=len(call.keys),
+        error=type(exc).__name__,
+    )
+    return SlotSplit(
+        f"{call.script}: the slot of its keys is migrating and they are split between two "
+        f"nodes ({type(exc).__name__}); read them one at a time",
+        operation_id=call.operation_id,
+        code=error_code(exc),
+    )
+
+
+#: Rounds of a read apart (a :class:`SlotSplit` read one key at a time, then read again
+#: when what it checks before and after changed) before it gives up: a state that changes
+#: under every round (writes a few ms apart) is read again by its caller.
+APART_ROUNDS = 4
+
+
+def unsettled_apart(call: Call, what: str) -> BackendError:
+    """The error of ``call`` read apart (:class:`SlotSplit`) whose ``what`` (the state it
+    checks before and after) changed under each of its :data:`APART_ROUNDS`, logged as
+    every failure a call gives up on (``settle.backend.failed``)."""
+    logger.error(
+        "settle.backend.failed",
+        script=call.script,
+        operation_digest=operation_digest(call.operation_id),
+        attempt_id=call.attempt_id,
+        error=SlotSplit.__name__,
+        raised=BackendError.__name__,
+    )
+    return BackendError(
+        f"{call.script}: {what} kept changing while its slot migrates (read one key at a "
+        f"time, {APART_ROUNDS} times); read again",
+        operation_id=call.operation_id,
     )
 
 
@@ -145,7 +210,7 @@ def retry_options(call: Call | None, tries: int = ATTEMPTS) -> dict[str, Any]:
     return {
         "stop": stop_after_attempt(tries),
         "wait": OwnRandomExponentialWait(multiplier=_WAIT_FIRST, max=_WAIT_MAX),
-        "retry": retry_if_exception(is_transient),
+        "retry": retry_if_exception(lambda exc: is_transient(exc) and not handed_back(call, exc)),
         "reraise": True,
         # The try that failed, counted from the call's first (the shells make the first
         # try without tenacity and hand it only the repeats: tries = ATTEMPTS - 1).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol, Self, TypeVar
 
@@ -13,11 +14,12 @@ from redis import Redis, RedisCluster
 
 from settle._core.codec import UndecodableEntry
 from settle._core.engine import Core, QuarantineFollower, QuarantineQuery, QuarantineScan
+from settle._core.layout import LOG_MAX
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
 from settle._runtime._sync import Connectable, Runner
 from settle._runtime.options import check_client
-from settle._runtime.transient import split_slot
+from settle._runtime.transient import SlotSplit
 from settle._telemetry import CallSpan, telemetry
 from settle.config import SettleConfig
 from settle.decorator._sync import (
@@ -30,7 +32,7 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import BackendError, InvalidInput
+from settle.errors import InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -109,7 +111,17 @@ class Settler(Connectable):
         return self
 
     def check(self) -> None:
-        """Verify the server and the namespace's shard count (done once, lazily)."""
+        """Verify the server and the namespace's shard count (done once, lazily). Called
+        before any call (entering the settler's ``with`` block calls it), the set-up is
+        reported in a span of its own, ``settle.check``: its Redis calls in one trace,
+        under the caller's span."""
+        if self._checked:
+            return
+        with telemetry().check(self.config.namespace):
+            self._check()
+
+    def _check(self) -> None:
+        """:meth:`check`, inside the call that needs it (its span holds the set-up)."""
         if self._checked:
             return
         self._runner.prepare()
@@ -138,7 +150,7 @@ class Settler(Connectable):
     def _run(self, call: Call) -> Any:
         if not self._checked:
             with naming(call):
-                self.check()
+                self._check()
         mark = self._core.loss_mark()
         raw = self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
@@ -225,10 +237,11 @@ class Settler(Connectable):
             raws = []
             for call in calls:
                 try:
-                    parts, replies = [call], self._run_many([call])
-                except BackendError as exc:
-                    if len(call.keys) < 2 or not split_slot(exc.__cause__):
-                        raise
+                    parts = [call]
+                    replies = self._run_many(
+                        [replace(call, caller_splits=len(call.keys) > 1)]
+                    )
+                except SlotSplit:
                     # A migrating slot refuses it (TRYAGAIN); it serves one record at a time.
                     parts = self._core.record_by_record(call)
                     replies = self._run_many(parts)
@@ -240,18 +253,44 @@ class Settler(Connectable):
         """Whether the calls run on Redis Cluster (not a single server, nor a model), known
         once the server was checked (``from_url`` on a cluster node switches then)."""
         if not self._checked:
-            self.check()
+            self._check()
         return isinstance(self._runner, Runner) and self._runner.is_cluster
 
     def _run_many(self, calls: list[Call]) -> list[Any]:
         if not self._checked:
-            self.check()
+            self._check()
         return self._runner.run_many(calls)
 
     def attempts(self, operation_id: str) -> list[AttemptObservation]:
         with self._span("attempts"):
             call = self._core.plan_attempts(operation_id)
-            return self._core.decode_attempts(call, self._run(call))
+            if not self._on_cluster():
+                return self._core.decode_attempts(call, self._run(call))
+            try:
+                raw = self._run(replace(call, caller_splits=True))
+            except SlotSplit:
+                raw = self._attempts_apart(call)
+            return self._core.decode_attempts(call, raw)
+
+    def _attempts_apart(self, call: Call) -> Any:
+        """``call``, an ``attempts`` read refused while a migration splits the record and
+        the previous layout's attempt log (a key that normally does not exist, which a
+        migrating slot counts as elsewhere), in single-key reads: the record's type, that
+        log's entries when the record is in that layout (a HASH), then the record's own
+        log (:meth:`Core.attempts_apart` joins them). In this order, a write that moves a
+        HASH record to the current layout between the reads (it deletes the list) is
+        seen in the record's read, never as an empty log."""
+        runner = self._runner
+        assert isinstance(runner, Runner)
+        record, log = call.keys
+        kind = runner.command("TYPE", lambda client: client.type(record), key=record)
+        legacy: list[Any] = []
+        if kind in (b"hash", "hash"):  # the previous layout (never written back to it)
+            legacy = runner.command(
+                "LRANGE", lambda client: client.lrange(log, -LOG_MAX, -1), key=log
+            )
+        raw = self._run(self._core.record_only(call))
+        return self._core.attempts_apart(raw, legacy)
 
     def operation(
         self,
@@ -324,11 +363,12 @@ class Quarantine:
         the nodes (or one of them does not exist), is done in two single-key reads the
         migrating slot serves: the stream's entries, then their resolutions (the same
         answer, a round trip more; docs/operations.md, "Redis Cluster")."""
-        try:
+        if call.script != "quarantine_read":
             return (self._settler._run_many([call]))[0]
-        except BackendError as exc:
-            if call.script != "quarantine_read" or not split_slot(exc.__cause__):
-                raise
+        try:
+            return (self._settler._run_many([replace(call, caller_splits=True)]))[0]
+        except SlotSplit:
+            pass
         core = self._settler._core
         reply = (self._settler._run_many([core.stream_only(call)]))[0]
         ids = core.match_ids(reply)

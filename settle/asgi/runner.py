@@ -168,6 +168,11 @@ class AttemptRunner:
         and raised."""
         try:
             error = await self._app_ended(task, scope, receive)
+            if error is not None and self._reason is None and self._timed_out():
+                # It raised past its deadline (attempt.check()'s TimeoutError) before the
+                # timer could fire (the loop was held): the timeout it is, as under WSGI.
+                await self._stop_late("timeout")
+                return
             # A lease lost while another cancellation was in flight put its stop off: the
             # handler ended still RUNNING, and is superseded all the same.
             if self._reason is not None or (self._attempt.lost and self._phase is _Phase.RUNNING):
@@ -209,6 +214,21 @@ class AttemptRunner:
         if self._reason is not None and await _absorb_cancel(task):
             raise asyncio.CancelledError
         return error
+
+    def _timed_out(self, status: int | None = None) -> bool:
+        """Whether the handler, still running, ended in error (``status``: its 5xx) past its
+        deadline (:meth:`Guard.timed_out`)."""
+        return self._phase is _Phase.RUNNING and self._guard.timed_out(self._run, status)
+
+    async def _stop_late(self, reason: str) -> None:
+        """The handler ended on its own with what :meth:`_interrupt` would have answered
+        (``reason``): answer and settle it as that stop does."""
+        self._phase = _Phase.ABANDONED
+        self._reason = reason
+        problem = self._guard.abandoned(reason)
+        if problem is not None:
+            await self._answer(problem)
+        await self._stopped_by(reason)
 
     def _interrupt(self, reason: str) -> None:
         """A timeout, a disconnect or the lost lease while the handler runs: answer now if
@@ -257,6 +277,10 @@ class AttemptRunner:
         :meth:`_settle`)."""
         if self._phase is _Phase.RUNNING or (self._phase is _Phase.ABANDONED and not self._stopped):
             reason = "lease_lost" if self._attempt.lost else (self._reason or "cancelled")
+            if reason == "lease_lost" and self._reason is None:
+                # Lost while its stop was put off: reported as every other way out of a
+                # lost lease is (the loss itself was logged as settle.http.lease_lost).
+                self._guard.abandoned(reason)
             self._phase = _Phase.ABANDONED
             self._stopped = True
             if reason != "lease_lost":
@@ -350,7 +374,15 @@ class AttemptRunner:
                 # Any iterable of pairs (ASGI): read once here, for the store and the server.
                 message = {**message, "headers": list(headers)}
             self._start = message
-            if not self._guard.keeps(int(message["status"]), 0):
+            status = int(message["status"])
+            if self._reason is None and not self._task.cancelling() and self._timed_out(status):
+                # A 5xx answered past the deadline (the handler's, or the 500 a framework
+                # inside the guard makes of its error), the loop held so that the timer could
+                # not fire: the timeout stops it now, and its client gets the 504 in place of
+                # this answer, as under WSGI.
+                self._interrupt("timeout")
+                return
+            if not self._guard.keeps(status, 0):
                 self._streaming = True
                 # The lease known lost, its stop put off (_interrupt): this response marks
                 # nothing, and none of it goes out: the client gets the 409 in its place

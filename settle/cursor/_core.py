@@ -145,6 +145,24 @@ class WitnessesChanged(Exception):
     """Another response to the same (cursor, generation) was witnessed meanwhile."""
 
 
+#: The attributes of a witness in the witnesses hash (lua/_lib.lua's WITNESS_ATTRS).
+WITNESS_ATTRS = (
+    b"gen",
+    b"input",
+    b"cdig",
+    b"events",
+    b"succ",
+    b"sdig",
+    b"snap",
+    b"cov",
+    b"class",
+    b"nbound",
+    b"disp",
+    b"reason",
+    b"created",
+    b"updated",
+)
+
 _CANONICAL_INT = re.compile(rb"-?[1-9][0-9]*|0")
 
 
@@ -264,6 +282,7 @@ class CursorCore:
                 created_at=ms_datetime(int(f["created"])),
                 updated_at=ms_datetime(int(f["updated"])),
                 promoted_witness=_text(f.get("waid") or b"") or None,
+                pruned=_canonical_int(f["pruned"]) if f.get("pruned") else None,
             )
         except (KeyError, ValueError) as exc:
             raise CorruptRecord(f"unreadable checkpoint: {exc}") from exc
@@ -335,6 +354,64 @@ class CursorCore:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 10_000:
             raise InvalidInput("limit must be 0 to 10000", operation_id=stream)
         return self._call("witnesses", stream, limit)
+
+    @staticmethod
+    def apart_code(checkpoint: dict[Any, Any] | None) -> str:
+        """The code an inspection script gives for the checkpoint's fields read apart
+        (HGETALL; None: the key is not a hash): ``missing`` for none, ``corrupt`` for one
+        the scripts do not take for a checkpoint (lua/_lib.lua's load_ckpt: no cursor, or
+        a generation, boundary or pruned position that is not an integer as settle writes
+        one), else ``ok``."""
+        if checkpoint is None:
+            return "corrupt"
+        if not checkpoint:
+            return "missing"
+        f = {_bytes(k): v for k, v in checkpoint.items()}
+        wanted = [f.get(b"gen"), f.get(b"bound")] + ([f[b"pruned"]] if b"pruned" in f else [])
+        try:
+            for value in wanted:
+                _canonical_int(value if value is not None else b"")
+        except ValueError:
+            return "corrupt"
+        return "ok" if b"cursor" in f else "corrupt"
+
+    @staticmethod
+    def apart_reply(code: str, checkpoint: dict[Any, Any], extra: list[Any]) -> list[Any]:
+        """The reply an inspection script (``witnesses``, ``receipts``) gives, from its keys
+        read one at a time (the store's reads apart, while a Redis Cluster migration splits
+        them): ``code`` ``ok``, ``missing`` or ``corrupt``, the checkpoint's fields (HGETALL)
+        and ``extra`` (witness flat lists, or receipt id / value pairs). Its server time is
+        unread: no inspection decodes it."""
+        flat = [part for pair in checkpoint.items() for part in pair]
+        return [code, "", 0, flat, extra]
+
+    @staticmethod
+    def witness_fields(aids: list[Any]) -> list[bytes]:
+        """The fields of the witnesses hash that hold ``aids``' witnesses (HMGET of them,
+        in this order, is :meth:`witnesses_apart`'s input): ``<aid>|<attr>``."""
+        return [_bytes(aid) + b"|" + attr for aid in aids for attr in WITNESS_ATTRS]
+
+    @staticmethod
+    def witnesses_apart(aids: list[Any], values: list[Any]) -> list[list[Any]]:
+        """The flat lists ``witnesses.lua`` makes of ``aids``' witnesses from ``values``
+        (HMGET of :meth:`witness_fields`): one whose first field is gone is left out (a
+        witness deleted after the index was read), as the script leaves it out."""
+        n, out = len(WITNESS_ATTRS), []
+        for i, aid in enumerate(aids):
+            row = values[i * n : (i + 1) * n]
+            if row and row[0] is not None:
+                pairs = [
+                    part for a, v in zip(WITNESS_ATTRS, row, strict=True) for part in (a, v or b"")
+                ]
+                out.append([b"aid", aid, *pairs])
+        return out
+
+    @staticmethod
+    def receipts_apart(ids: list[Any], values: list[Any]) -> list[Any]:
+        """The event id / receipt pairs ``receipts.lua`` returns, from the ids the receipt
+        index gave and their receipts (HMGET): one gone since is left out, as the script
+        leaves it out."""
+        return [part for i, v in zip(ids, values, strict=True) if v is not None for part in (i, v)]
 
     def decode_checkpoint(self, call: Call, raw: Any) -> Checkpoint | None:
         try:

@@ -6,13 +6,16 @@ by ``python scripts/unasync.py``: edit the async code."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from redis import exceptions as rx
 from redis import Redis, RedisCluster
 
 from settle._runtime import Call, Durability
 from settle._runtime._sync import Connectable, Runner
 from settle._runtime.options import check_client
+from settle._runtime.transient import APART_ROUNDS, SlotSplit, error_code, unsettled_apart
 from settle.cursor._core import STAND_DOWN_FOR, CursorCore
 from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
@@ -80,12 +83,12 @@ class CursorStore(Connectable):
 
     def checkpoint(self, stream: str) -> Checkpoint | None:
         call = self.core.plan_witnesses(stream, 0)
-        return self.core.decode_checkpoint(call, self.run(call))
+        return self.core.decode_checkpoint(call, self._inspect(call))
 
     def witnesses(self, stream: str, *, limit: int = 20) -> list[Witness]:
         """The newest witnesses, newest generation first."""
         call = self.core.plan_witnesses(stream, limit)
-        return self.core.decode_witnesses(call, self.run(call))
+        return self.core.decode_witnesses(call, self._inspect(call))
 
     def receipts(
         self, stream: str, *, after: int | None = None, limit: int = 100
@@ -93,7 +96,95 @@ class CursorStore(Connectable):
         """The durable receipts of the stream's events (what was applied, where, by which
         response), in position order, from just after position ``after``."""
         call = self.core.plan_receipts(stream, after, limit)
-        return self.core.decode_receipts(call, self.run(call))
+        return self.core.decode_receipts(call, self._inspect(call))
+
+    def _inspect(self, call: Call) -> Any:
+        """Run an inspection call (``witnesses``, ``receipts``: the stream's five keys, read
+        only). On Redis Cluster, one a migration refuses while it splits the keys between
+        two nodes (or while one of them does not exist: the importing node cannot hold it)
+        is read one key at a time (:meth:`_inspect_apart`), with the same answer."""
+        try:
+            return self._runner.run(replace(call, caller_splits=True))
+        except SlotSplit:
+            return self._inspect_apart(call)
+
+    def _inspect_apart(self, call: Call) -> Any:
+        """``call`` in single-key reads, which a migrating slot serves (after ASK if the key
+        moved): the checkpoint, the witness index or receipt index, the witnesses or
+        receipts it names (and, for witnesses, the index again), then the checkpoint again.
+        Every write that deletes a witness or a receipt, or changes a receipt or a witness
+        but its ``updated`` (a promotion, a reset), changes the checkpoint: when it is the
+        same before and after, every entry the index named was still there when the hash
+        was read (one HMGET for all), each as it was then. A witness recorded and another
+        resumed (its ``updated``) leave the checkpoint as it was: the index read again, the
+        same, says no witness was recorded before that resume was read. Else all is read
+        again."""
+        ckpt, wit, wits, rcpt, rpos = call.keys
+        for _ in range(APART_ROUNDS):
+            first = self._checkpoint_fields(ckpt)
+            code = self.core.apart_code(first)
+            if first is None or code != "ok":
+                return self.core.apart_reply(code, {}, [])
+            if call.script == "witnesses":
+                extra = self._witnesses_apart(wit, wits, int(call.args[0]))
+            else:
+                extra = self._receipts_apart(rcpt, rpos, call.args[0], int(call.args[1]))
+            if extra is not None and self._checkpoint_fields(ckpt) == first:
+                return self.core.apart_reply("ok", first, extra)
+        raise unsettled_apart(call, "the stream's checkpoint")
+
+    def _checkpoint_fields(self, key: str) -> dict[Any, Any] | None:
+        """The checkpoint's fields ({}: none), None when the key is not a hash."""
+
+        def send(client: Any) -> dict[Any, Any] | None:
+            try:
+                found: dict[Any, Any] = client.hgetall(key)
+            except rx.ResponseError as exc:
+                if error_code(exc) != "WRONGTYPE":
+                    raise
+                return None
+            return found
+
+        return self._runner.command("HGETALL", send, key=key)  # type: ignore[no-any-return]
+
+    def _witnesses_apart(self, wit: str, wits: str, limit: int) -> list[Any] | None:
+        """The newest ``limit`` witnesses as the script lists them; None when the index
+        changed while they were read (a witness recorded: read again)."""
+        if not limit:
+            return []
+        aids = self._newest(wits, limit)
+        if not aids:
+            return []
+        fields = self.core.witness_fields(aids)
+        values = self._runner.command(
+            "HMGET", lambda client: client.hmget(wit, fields), key=wit
+        )
+        if self._newest(wits, limit) != aids:
+            return None
+        return self.core.witnesses_apart(aids, values)
+
+    def _newest(self, wits: str, limit: int) -> list[Any]:
+        """The witness index's newest ``limit`` attempt ids."""
+        aids: list[Any] = self._runner.command(
+            "ZREVRANGEBYSCORE",
+            lambda client: client.zrevrangebyscore(wits, "+inf", "-inf", start=0, num=limit),
+            key=wits,
+        )
+        return aids
+
+    def _receipts_apart(self, rcpt: str, rpos: str, after: Any, limit: int) -> list[Any]:
+        low = "-inf" if after == "" else f"({after}"
+        ids = self._runner.command(
+            "ZRANGEBYSCORE",
+            lambda client: client.zrangebyscore(rpos, low, "+inf", start=0, num=limit),
+            key=rpos,
+        )
+        if not ids:
+            return []
+        values = self._runner.command(
+            "HMGET", lambda client: client.hmget(rcpt, ids), key=rcpt
+        )
+        return self.core.receipts_apart(ids, values)
 
     def reset(
         self,

@@ -193,6 +193,9 @@ class Checkpoint(_Model):
     promoted_witness: str | None
     """The attempt id of the witness whose successor this cursor is (None for a start or
     a reset)."""
+    pruned: int | None = None
+    """The highest position whose receipt ``receipt_horizon`` pruned (None: none was): a
+    ``reset`` to a boundary below it is refused unless ``reapply_pruned=True``."""
 
 
 class WitnessEvent(_Model):

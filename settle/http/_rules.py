@@ -46,7 +46,6 @@ from settle.errors import (
     FingerprintMismatch,
     ResultTooLarge,
     SettleError,
-    StaleAttempt,
 )
 from settle.http.keys import MalformedKey, operation_id, parse_key
 from settle.http.policy import (
@@ -253,6 +252,9 @@ class Guard:
         self._reserving: Reserve | None = None
         self._unconfirmed: DurabilityError | None = None
         self.outcome: str | None = None
+        #: The handler ended and its settlement is decided (finished, failed): a renewal
+        #: sent beside that settlement reads the settled record, which is no loss.
+        self._ended = False
 
     @property
     def log(self) -> Any:
@@ -459,6 +461,7 @@ class Guard:
     ) -> Settle:
         """The handler sent its last byte (``body`` None: it was over the limit and was sent
         on without being kept): what to settle."""
+        self._ended = True
         if not storable_status(status):
             return Settle(run.reservation, reason=f"status_{status}")
         if body is None or not self.keeps(status, size):
@@ -468,6 +471,7 @@ class Guard:
 
     def failed(self, run: Run, reason: str) -> Settle:
         """The handler raised, timed out or its client left before its last byte."""
+        self._ended = True
         return Settle(run.reservation, reason=reason)
 
     def settles(self, run: Run, step: Settle) -> bool:
@@ -481,12 +485,36 @@ class Guard:
         return step.stored is not None or not run.attempt.lost
 
     def stops(self, run: Run, exc: BaseException) -> bool:
-        """Whether the handler raised ``exc`` to stop on its lost lease, as the docs ask: the
-        lease is known lost and ``exc`` is, or was raised from or beside (``__cause__``,
-        ``__context__``, an exception group's members), the :class:`StaleAttempt` of
-        ``attempt.check()``. Then :meth:`stopped_by_loss` answers; any other exception is
-        the handler's error, and a lease still held never turns one into a 409."""
-        return run.attempt.lost and any(isinstance(e, StaleAttempt) for e in _chained(exc))
+        """Whether the handler's ``exc`` ends it as superseded: its lease is known lost (a
+        newer attempt owns the operation) and ``exc`` is an error (not a ``KeyboardInterrupt``
+        or ``SystemExit``). The :class:`StaleAttempt` of ``attempt.check()``, an error raised
+        from or beside it, or the handler's own error raised after the loss alike: the
+        client gets :meth:`stopped_by_loss`'s 409, as under ASGI, which stops such a handler
+        itself and replaces what it raises while stopping. A :class:`StaleAttempt` of
+        another operation under a lease still held is the handler's error."""
+        return run.attempt.lost and isinstance(exc, Exception)
+
+    def timed_out(self, run: Run, status: int | None = None, at: float | None = None) -> bool:
+        """Whether a handler that ended in error ended past its ``timeout``: it raised
+        (``status`` None: the ``TimeoutError`` of ``attempt.check()``, or any error after the
+        deadline), or it or its framework answered a 5xx (Django's and Flask's 500 for such
+        an error). Its client then gets :meth:`abandoned`'s 504 ``handler-timeout`` and the
+        attempt is provisional (``timeout``), as under ASGI, where the timeout stops the
+        handler itself: ASGI asks this when the handler's loop was held past the deadline,
+        so that its timer could not fire first; WSGI, whose thread cannot be stopped, asks
+        it of every error. Not when the lease is known lost (:meth:`stops` answers) nor
+        without a ``timeout`` configured (a deadline the handler set on its attempt itself
+        is its own: no 504 says it did not finish "within None s"); a finished response
+        given late is stored (the truth, as the decorator completes a value returned late).
+        ``at``: the ``time.monotonic()`` instant the error was caught, when a framework
+        reported it before its slow part (Django and Flask log the exception, then render
+        their 500); else now."""
+        deadline = run.attempt.deadline
+        if self.policy.timeout is None or deadline is None or run.attempt.lost:
+            return False
+        if status is not None and status < 500:
+            return False
+        return (time.monotonic() if at is None else at) >= deadline
 
     def stopped_by_loss(self) -> Response:
         """A handler that ended after its lease was lost, with nothing to store
@@ -606,6 +634,21 @@ class Guard:
         with contextlib.suppress(Exception):
             self.log.warning("settle.http.renew_failed", reason=renewal.reason)
         return True
+
+    def runs_on(self, renewal: Renewal) -> bool:
+        """The sync heartbeat's question for a renewal that did not renew and found no
+        mere lapse: whether the attempt runs on unmarked (the record is gone:
+        :meth:`record_gone`). Otherwise the lease is lost, logged as
+        ``settle.http.lease_lost`` as under ASGI (the heartbeat then marks the attempt
+        lost), unless the handler has ended (a renewal beside its settlement reads the
+        settled record). Asked from a renewer thread: a line that cannot be written changes
+        nothing."""
+        if self.record_gone(renewal):
+            return True
+        if not self._ended:
+            with contextlib.suppress(Exception):
+                self.lease_lost(renewal.reason)
+        return False
 
     def lease_lost(self, reason: str | None) -> None:
         self.log.warning("settle.http.lease_lost", reason=reason)

@@ -52,7 +52,15 @@ _SETTLER_NEEDED = (
     "'namespace' (e.g. {'url': 'redis://localhost:6379/0', 'namespace': 'shop'})"
 )
 
-__all__ = ["Exchange", "NotReached", "SyncGuard", "configured_guard", "resolve", "status_line"]
+__all__ = [
+    "Exchange",
+    "NotReached",
+    "Raised",
+    "SyncGuard",
+    "configured_guard",
+    "resolve",
+    "status_line",
+]
 
 
 class NotReached(Exception):  # a signal between a shell and the driver
@@ -65,6 +73,20 @@ class NotReached(Exception):  # a signal between a shell and the driver
     def __init__(self, response: Response) -> None:
         super().__init__("the guarded handler was not reached")
         self.response = response
+
+
+class Raised(Exception):  # a signal between a shell and the driver
+    """What :meth:`Exchange.call` raises when the framework answered the guarded handler's
+    exception with its own 5xx (Django's and Flask's 500): ``response`` is that answer, and
+    the attempt is settled as the exception it is (``exception``), as under ASGI and plain
+    WSGI, which see the exception itself. ``at``: the ``time.monotonic()`` instant the
+    framework caught it (its ``got_request_exception``), which the deadline is asked of:
+    the framework logs the exception and renders its 500 after that, which may take long."""
+
+    def __init__(self, response: Response, at: float) -> None:
+        super().__init__("the guarded handler raised")
+        self.response = response
+        self.at = at
 
 
 class Exchange(Protocol):
@@ -152,8 +174,9 @@ class SyncGuard:
         are logged under the request's logger, its renewals are children of the request's
         span (``context``)."""
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
-        # A renewal that finds the record gone leaves the attempt unmarked, as under ASGI.
-        beating = self._beats.add(beat, guard, context, runs_on=guard.record_gone)
+        # A renewal that finds the record gone leaves the attempt unmarked, as under ASGI;
+        # one that finds the lease lost is logged as under ASGI.
+        beating = self._beats.add(beat, guard, context, runs_on=guard.runs_on)
         try:
             try:
                 response = exchange.call(run.attempt)
@@ -161,20 +184,36 @@ class SyncGuard:
                 if not self._failed(guard, run, "handler_not_reached"):
                     guard.abandoned("lease_lost")  # the refusal goes out all the same
                 return refused.response
+            except Raised as raised:
+                # The framework answered the handler's exception with its 5xx: settled as
+                # that exception, as under ASGI; its client gets that answer, or the 504 /
+                # the 409 a timeout or a lost lease gives.
+                if guard.timed_out(run, at=raised.at):
+                    return self._timed_out(guard, run)
+                if not self._failed(guard, run, "exception"):
+                    return guard.stopped_by_loss()
+                return raised.response
             except BaseException as exc:
                 guard.handler_raised(exc)  # first: whatever settling it raises chains to it
+                if isinstance(exc, Exception) and guard.timed_out(run):
+                    # attempt.check()'s TimeoutError, or an error past the deadline: its
+                    # client gets the 504 ASGI answers when its timeout stops a handler.
+                    return self._timed_out(guard, run)
                 if not self._failed(guard, run, "exception"):
                     if guard.stops(run, exc):
-                        # attempt.check() found the lease lost and the handler stopped, as
-                        # the docs ask: its client gets what ASGI answers when it stops one.
+                        # The lease is lost (attempt.check()'s StaleAttempt, or the
+                        # handler's own error after the loss): its client gets what ASGI
+                        # answers when it stops one, and the stale attempt settles nothing.
                         return guard.stopped_by_loss()
-                    # Its own error, after the lease was lost: it goes to the server (its
-                    # 500), settling nothing; superseded all the same, as under ASGI.
-                    guard.abandoned("lease_lost")
+                    guard.abandoned("lease_lost")  # a KeyboardInterrupt: superseded too
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)
-            if guard.settles(run, step):
+            instead: Response | None
+            if step.stored is None and guard.timed_out(run, response.status):
+                # The 500 a framework (Django, Flask) made of an error past the deadline.
+                instead = self._timed_out(guard, run)
+            elif guard.settles(run, step):
                 instead = self._settle(guard, step)
             else:
                 # An error answered after the lease was lost (a framework's 500 for the
@@ -183,6 +222,14 @@ class SyncGuard:
         finally:
             self._beats.remove(beating)
         return response if instead is None else instead
+
+    def _timed_out(self, guard: Guard, run: Run) -> Response:
+        """The handler ended in error past its ``timeout`` (:meth:`Guard.timed_out`): the
+        504 ``handler-timeout``, and the attempt provisional (``timeout``), as under ASGI."""
+        problem = guard.abandoned("timeout")
+        assert problem is not None, "a timeout is answered"
+        self._settle(guard, guard.failed(run, "timeout"))
+        return problem
 
     def _failed(self, guard: Guard, run: Run, reason: str) -> bool:
         """Mark the attempt provisional (``reason``: the handler raised, or was not

@@ -16,7 +16,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
@@ -33,6 +33,7 @@ from settle._runtime._async import (
     client_from_url,
 )
 from settle._runtime.options import check_client
+from settle._runtime.transient import APART_ROUNDS, SlotSplit, unsettled_apart
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -258,7 +259,38 @@ class AsyncProgressStore(AsyncConnectable):
         return self.core.observed(scope, reply, strict=True)
 
     async def read(self, scope: ProviderScope) -> Progress:
-        return (await self.progress(self.core.plan_read(scope))).progress
+        call = self.core.plan_read(scope)
+        try:
+            raw = await self._runner.run(replace(call, caller_splits=True))
+        except SlotSplit:
+            raw = await self._read_apart(call)
+        return self.core.decode(call, raw).progress
+
+    async def _read_apart(self, call: Call) -> Any:
+        """A ``read`` that a Redis Cluster migration refused (its script names the scope's
+        eleven keys, several of which a scope rarely has: the importing node cannot hold
+        them), in single-key reads, which a migrating slot serves (after ASK if the key
+        moved): the meta, the five hashes the reply holds, then the meta again. Every write
+        to those hashes but the intents changes the meta (its ``ver``; the floor moves
+        with it): when it is the same before and after, the answer is the state when the
+        intents were read; else all is read again."""
+        meta, applied, resolved, gaps, intents, deferred = call.keys[:6]
+        for _ in range(APART_ROUNDS):
+            first = await self._hash(meta)
+            parts = [await self._hash(key) for key in (applied, resolved)]
+            parts.append(
+                await self._runner.command("HKEYS", lambda client: client.hkeys(gaps), key=gaps)
+            )
+            parts += [await self._hash(key) for key in (intents, deferred)]
+            if await self._hash(meta) == first:
+                return self.core.read_apart(first, parts)
+        raise unsettled_apart(call, f"the progress of consumer {self.consumer!r}")
+
+    async def _hash(self, key: str) -> dict[Any, Any]:
+        found: dict[Any, Any] = await self._runner.command(
+            "HGETALL", lambda client: client.hgetall(key), key=key
+        )
+        return found
 
     async def receipts(self, scope: ProviderScope, *, limit: int = 100) -> list[SettlementReceipt]:
         """The latest settlement receipts of ``scope`` (what the provider said), newest first."""
@@ -337,6 +369,14 @@ class AsyncStreamConsumer:
         self.core = store.core
         self.scope: ProviderScope | None = None
         self._claim_from = "0-0"
+        # Whether the next claim looks at this worker's own pending list: deliveries a
+        # call whose reply was lost handed over, or that a stopped poll left (see _own).
+        self._own_pending = True
+        # Until its first look, what this worker holds may be a previous process's under
+        # its name: taken as it is (its idle time kept), see _own.
+        self._inherited = True
+        # The deliveries whose handling a stopped poll cut short: left to XAUTOCLAIM.
+        self._interrupted: set[DeliveryId] = set()
         check_block_fits(client, self.options.block_ms / 1000)
         self._runner = AsyncRunner(
             client, STREAM, Durability(min_replicas, replica_timeout, allow_eviction)
@@ -414,6 +454,7 @@ class AsyncStreamConsumer:
         call = self.core.plan_stream_scope(self.stream, self.group)
         self.scope = self.core.decode_stream_scope(call, await self._runner.run(call))
         self._claim_from = "0-0"  # a new scan of the pending list
+        self._own_pending = True  # and a look at what this worker already holds
         return self.scope
 
     async def poll(self, effect: AsyncEffect) -> PollReport:
@@ -424,15 +465,31 @@ class AsyncStreamConsumer:
         with reason ``deleted``; see ``observe()`` for lost deliveries."""
         await self._started()
         report = PollReport()
-        claimed, vanished = await self._claim()
-        for delivery, count in vanished:
-            report.handled.append(delivery)
-            report.receipts.append(await self.vanished(delivery, count))
-        for entry, count in claimed + await self._read():
-            receipt = await self.handle(entry, count, effect)
-            report.handled.append(entry.delivery)
-            if receipt is not None:
-                report.receipts.append(receipt)
+        current: DeliveryId | None = None  # the delivery being handled
+        try:
+            claimed, vanished = await self._claim()
+            for delivery, count in vanished:
+                current = delivery
+                report.handled.append(delivery)
+                report.receipts.append(await self.vanished(delivery, count))
+                current = None
+            for entry, count in claimed + await self._read():
+                current = entry.delivery
+                receipt = await self.handle(entry, count, effect)
+                current = None
+                report.handled.append(entry.delivery)
+                if receipt is not None:
+                    report.receipts.append(receipt)
+        except BaseException:
+            # A lost reply (XREADGROUP is not repeated) or a poll stopped before some
+            # deliveries were handled leaves them pending for this worker: the next poll
+            # takes them at their delivery count, not one higher after claim_idle. Not the
+            # one whose handling stopped: the same stop may come again (a replica down, a
+            # cancelled effect), so it goes back to XAUTOCLAIM, which counts the attempt.
+            self._own_pending = True
+            if current is not None:
+                self._interrupted.add(current)
+            raise
         progress = await self.observe()
         report.receipts.extend(await self._orphans(progress))
         return report
@@ -465,28 +522,34 @@ class AsyncStreamConsumer:
         are found with XPENDING)."""
         scope = self._scope()
         start = self._claim_from
-        raw = await self._command(
-            "XAUTOCLAIM",
-            lambda client: client.xautoclaim(
+        tries = 0
+
+        def autoclaim(client: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            return client.xautoclaim(
                 scope.stream,
                 scope.group,
                 self.worker,
                 self.options.claim_idle_ms,
                 start,
                 self.options.batch,
-            ),
-            # Repeated after a transient failure, like every read of the stream. When the
-            # lost call had already claimed entries, the repeat does not return them: they
-            # stay pending for this worker and come back after claim_idle, one delivery
-            # count higher (a delay, never a loss).
-        )
+            )
+
+        # Repeated after a transient failure, like every read of the stream. When the lost
+        # try had already claimed entries, the repeat does not return them (they are no
+        # longer idle): they are pending for this worker, found by _own.
+        raw = await self._command("XAUTOCLAIM", autoclaim)
+        self._own_pending = self._own_pending or tries > 1
         self._claim_from, deleted, nils = self.core.autoclaim_scan(raw)
         entries, _ = self.core.claimed(raw, None)
         vanished = [(d, 0) for d in deleted]
         if nils:
             vanished += await self._vanished(scope, start, self._claim_from, entries)
+        own, gone = await self._own(scope, {e.delivery for e in entries} | {d for d, _ in vanished})
+        vanished += gone
         if not entries:
-            return [], vanished
+            return own, vanished
         pending = await self._command(
             "XPENDING",
             lambda client: client.xpending_range(
@@ -501,7 +564,71 @@ class AsyncStreamConsumer:
         _, out = self.core.claimed(raw, pending)
         for entry, _count in out:
             self.store.observer("claimed", entry.delivery)
-        return out, vanished
+        return out + own, vanished
+
+    async def _own(
+        self, scope: ProviderScope, skip: set[DeliveryId]
+    ) -> tuple[list[tuple[StreamEntry, int]], list[tuple[DeliveryId, int]]]:
+        """After a start, a stopped poll or a repeated XAUTOCLAIM: the deliveries pending
+        for this worker that it never handled (a lost reply handed them over; a poll
+        stopped before settling them), each at the delivery count it holds, so that no
+        lost reply spends one of ``max_deliveries``; those whose entries are gone go the
+        ``deleted`` way. Only those idle less than ``claim_idle``: the others (a released
+        delivery among them) are XAUTOCLAIM's. Each is made fresh (``_hold``) so that its
+        effect has the whole of ``claim_idle``, except on the first look, which may find a
+        previous process's deliveries under this name: made fresh, one that killed that
+        process would be taken at its count again and again, never reaching
+        ``max_deliveries``."""
+        if not self._own_pending:
+            return [], []
+        rows = await self._command(
+            "XPENDING",
+            lambda client: client.xpending_range(
+                scope.stream,
+                scope.group,
+                min="-",
+                max="+",
+                count=self.options.batch,
+                consumername=self.worker,
+            ),
+        )
+        inherited, self._inherited = self._inherited, False
+        # A full listing may have left some out: look again on the next poll.
+        self._own_pending = len(rows or []) >= self.options.batch
+        if not self._own_pending:  # forget what this worker no longer holds
+            self._interrupted &= self.core.pending_ids(rows)
+        rows = self.core.own_pending(rows, skip | self._interrupted, self.options.claim_idle_ms)
+        if not rows:
+            return [], []
+        present = await self._command("XRANGE", lambda client: self._entries(client, scope, rows))
+        own, gone = self.core.own_entries(rows, present)
+        if own and not inherited:
+            held = self.core.own_rows(rows, own)
+            kept = await self._command("XCLAIM", lambda client: self._hold(client, scope, held))
+            fresh = self.core.still_own(own, kept)
+            # One not kept is another worker's now, or this worker's made fresh by a try
+            # whose reply was lost (the repeat found it idle too little): look again.
+            self._own_pending = self._own_pending or len(fresh) < len(own)
+            own = fresh
+        for entry, _count in own:
+            self.store.observer("claimed", entry.delivery)
+        return own, gone
+
+    async def _hold(self, client: Any, scope: ProviderScope, rows: list[Any]) -> list[Any]:
+        """Make each delivery of ``rows`` fresh for this worker (idle 0, its delivery count
+        kept: JUSTID) unless its idle time fell below what the listing said: another
+        worker's XAUTOCLAIM took it meanwhile, and it stays that worker's."""
+        async with client.pipeline(transaction=False) as pipe:
+            for row in rows:
+                pipe.xclaim(
+                    scope.stream,
+                    scope.group,
+                    self.worker,
+                    int(row["time_since_delivered"]),
+                    [row["message_id"]],
+                    justid=True,
+                )
+            return list(await pipe.execute())
 
     async def _vanished(
         self, scope: ProviderScope, start: str, stop: str, claimed: list[StreamEntry]

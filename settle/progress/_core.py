@@ -493,6 +493,19 @@ class ProgressCore:
             out.append(ProviderScope(data["stream"], data["group"], data["incarnation"]))
         return sorted(out, key=str)
 
+    @staticmethod
+    def read_apart(meta: dict[Any, Any], parts: Sequence[Any]) -> list[Any]:
+        """The reply ``read.lua`` gives (``progress_reply``), from the scope's keys read one
+        at a time (the store's reads apart, while a Redis Cluster migration splits them):
+        the meta, applied, resolved, gaps (their ids), intents and deferred hashes, each as
+        HGETALL (a dict) or HKEYS (a list) gave it. Its server time is unread: the decoding
+        of a read does not use it."""
+        flat = [
+            [part for pair in got.items() for part in pair] if isinstance(got, dict) else got
+            for got in (meta, *parts)
+        ]
+        return ["progress", "", 0, *flat]
+
     def decode(self, call: Call, raw: Any) -> ProgressReply:
         """A progress script's reply. A read that found no state for the scope (no meta:
         its state is new, or the progress server lost it) answers ``unclaimed``, as a write
@@ -793,6 +806,54 @@ class ProgressCore:
             if d not in got and not found:
                 out.append((d, int(row["times_delivered"])))
         return out
+
+    @staticmethod
+    def own_pending(rows: Any, skip: set[DeliveryId], idle_ms: int) -> list[Any]:
+        """The XPENDING rows of this worker's own deliveries that are not in ``skip`` and
+        idle less than ``idle_ms`` (claim_idle: XAUTOCLAIM takes the others, a released
+        delivery, made idle for it, among them)."""
+        return [
+            r
+            for r in rows or []
+            if DeliveryId(_text(r["message_id"])) not in skip
+            and int(r["time_since_delivered"]) < idle_ms
+        ]
+
+    @staticmethod
+    def pending_ids(rows: Any) -> set[DeliveryId]:
+        """The delivery ids of XPENDING rows."""
+        return {DeliveryId(_text(r["message_id"])) for r in rows or []}
+
+    @staticmethod
+    def own_rows(rows: Sequence[Any], own: Sequence[tuple[StreamEntry, int]]) -> list[Any]:
+        """The XPENDING rows of the deliveries in ``own`` (those whose entries are there)."""
+        ids = {entry.delivery for entry, _ in own}
+        return [r for r in rows if DeliveryId(_text(r["message_id"])) in ids]
+
+    @staticmethod
+    def still_own(
+        own: Sequence[tuple[StreamEntry, int]], kept: Sequence[Any]
+    ) -> list[tuple[StreamEntry, int]]:
+        """The deliveries of ``own`` (in order) that ``kept`` (one XCLAIM JUSTID reply each,
+        in the same order) held for this worker; the others another worker took."""
+        return [pair for pair, ids in zip(own, kept, strict=True) if ids]
+
+    @staticmethod
+    def own_entries(
+        rows: Sequence[Any], present: Sequence[Any]
+    ) -> tuple[list[tuple[StreamEntry, int]], list[tuple[DeliveryId, int]]]:
+        """This worker's own pending deliveries (``present``: one XRANGE reply per row): the
+        entries with their delivery counts, and those whose entries are gone."""
+        found: list[tuple[StreamEntry, int]] = []
+        gone: list[tuple[DeliveryId, int]] = []
+        for row, got in zip(rows, present, strict=True):
+            count = int(row["times_delivered"])
+            entries = parse_entries(got)
+            if entries:
+                found.append((entries[0], count))
+            else:
+                gone.append((DeliveryId(_text(row["message_id"])), count))
+        return found, gone
 
     @staticmethod
     def stale_intents(progress: Progress, idle_ms: int) -> list[SettleIntent]:

@@ -203,7 +203,10 @@ def apply(
         else:
             status = ApplyStatus.COVERED
     log.info(f"settle.progress.{status.value}", attempt=attempt.value)
-    return Applied(status, delivery, emission, attempt, recorded.progress)
+    # Dead-lettered while the effect ran (another worker's limit): said as begin says it,
+    # so a caller settles it as a dead letter, not as an applied delivery.
+    dead = recorded.code == "covered" and recorded.detail == "dead_lettered"
+    return Applied(status, delivery, emission, attempt, recorded.progress, dead_lettered=dead)
 
 
 def dead_letter(
@@ -254,6 +257,20 @@ def defer(
     )
     yield Notify("defer_recorded", delivery)
     return reply
+
+
+def recorded_reason(progress: Progress, delivery: DeliveryId, reason: str) -> str:
+    """The reason of ``delivery``'s dead-letter intent in ``progress`` (what ``recover()``
+    writes in the stream-side entry), else ``reason``: a delivery dead-lettered before (by
+    hand, by another worker) keeps the reason it was dead-lettered for."""
+    return next(
+        (
+            i.reason
+            for i in progress.intents
+            if i.delivery == delivery and i.kind is IntentKind.DEAD_LETTER
+        ),
+        reason,
+    )
 
 
 def authorized(core: ProgressCore, read: Progress, delivery: DeliveryId, kind: IntentKind) -> None:
@@ -336,6 +353,7 @@ def deliver(
             core, scope, delivery, emission, reason, delivery_count, claim=False
         )
         if reply.code == "dead_lettered":
+            reason = recorded_reason(reply.progress, delivery, reason)
             return (
                 yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason)
             )
@@ -372,11 +390,8 @@ def deliver(
             yield from settle(core, scope, authority, IntentKind.RELEASE, emission, "effect_failed")
         )
     if applied.dead_lettered:
-        return (
-            yield from settle(
-                core, scope, authority, IntentKind.DEAD_LETTER, emission, "dead_letter"
-            )
-        )
+        reason = recorded_reason(applied.progress, delivery, "dead_letter")
+        return (yield from settle(core, scope, authority, IntentKind.DEAD_LETTER, emission, reason))
     authorize_individual(applied.progress, delivery)
     return (yield from settle(core, scope, authority, IntentKind.ACK, emission))
 
@@ -404,9 +419,10 @@ def vanished(
         core, scope, delivery, None, "deleted", delivery_count, claim=False
     )
     if reply.code == "dead_lettered":
+        reason = recorded_reason(reply.progress, delivery, "deleted")
         return (
             yield from settle(
-                core, scope, authority, IntentKind.DEAD_LETTER, None, "deleted", fenced_count=False
+                core, scope, authority, IntentKind.DEAD_LETTER, None, reason, fenced_count=False
             )
         )
     authorize_individual(reply.progress, delivery)

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
-from settle.http._sync import NotReached, SyncGuard, status_line
+from settle.http._sync import NotReached, Raised, SyncGuard, status_line
 from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -33,6 +33,8 @@ ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 Reached = Callable[[Environ], bool]
+#: When the framework caught the guarded handler's exception (``time.monotonic()``), if it did.
+RaisedAt = Callable[[Environ], float | None]
 
 _CHUNK = 64 << 10
 
@@ -43,7 +45,9 @@ class IdempotencyMiddleware:
     ``principal`` maps the WSGI ``environ`` to the authenticated principal (None: 401).
     The other options are :class:`settle.asgi.IdempotencyMiddleware`'s (``methods``,
     ``paths``, ``require_key``, ``key_scope``, ``lease``, ``max_request_bytes``, ...).
-    ``timeout`` sets ``attempt.deadline`` only: a WSGI handler's thread cannot be stopped.
+    ``timeout`` sets ``attempt.deadline``: a WSGI handler's thread cannot be stopped, and one
+    that ends in error past it (``attempt.check()``'s ``TimeoutError``) gets the 504 ASGI
+    answers at its timeout.
     """
 
     def __init__(
@@ -54,26 +58,40 @@ class IdempotencyMiddleware:
 
     @classmethod
     def from_guard(
-        cls, app: WSGIApp, driver: SyncGuard, *, reached: Reached | None = None
+        cls,
+        app: WSGIApp,
+        driver: SyncGuard,
+        *,
+        reached: Reached | None = None,
+        raised: RaisedAt | None = None,
     ) -> IdempotencyMiddleware:
         """The middleware around ``app`` with an already configured driver (Flask's).
 
         ``reached`` tells from the environ, once the app answered, whether the guarded
         handler ran (a framework's view, where hooks and routing may answer before it):
-        a response given without it is sent but never stored (:class:`NotReached`)."""
+        a response given without it is sent but never stored (:class:`NotReached`).
+        ``raised`` tells whether (when) the framework caught the handler's exception, which
+        its 5xx answers: the attempt is then settled as that exception (:class:`Raised`)."""
         middleware = cls.__new__(cls)
-        middleware._bind(app, driver, reached)
+        middleware._bind(app, driver, reached, raised)
         return middleware
 
-    def _bind(self, app: WSGIApp, driver: SyncGuard, reached: Reached | None = None) -> None:
+    def _bind(
+        self,
+        app: WSGIApp,
+        driver: SyncGuard,
+        reached: Reached | None = None,
+        raised: RaisedAt | None = None,
+    ) -> None:
         self.app = app
         self.settler = driver.settler
         self.policy = driver.policy
         self._driver = driver
         self._reached = reached
+        self._raised = raised
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        exchange = _Exchange(self.app, self.policy.principal, environ, self._reached)
+        exchange = _Exchange(self.app, self.policy.principal, environ, self._reached, self._raised)
         head = request_head(environ, self.policy.header)
         response = self._driver.handle(head, exchange, held_attempts(environ))
         if response is None:
@@ -142,11 +160,13 @@ class _Exchange:
         principal: PrincipalFn,
         environ: Environ,
         reached: Reached | None = None,
+        raised: RaisedAt | None = None,
     ) -> None:
         self._app = app
         self._principal = principal
         self._environ = environ
         self._reached = reached
+        self._raised = raised
         self.status = ""
         self.headers: list[tuple[str, str]] = []
         self.response: Response | None = None
@@ -218,4 +238,7 @@ class _Exchange:
         self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
         if self._reached is not None and not self._reached(self._environ):
             raise NotReached(self.response)  # sent as it is, never stored
+        at = None if self._raised is None else self._raised(self._environ)
+        if at is not None and self.response.status >= 500:
+            raise Raised(self.response, at)  # the framework's 500 for the handler's exception
         return self.response

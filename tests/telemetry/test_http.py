@@ -213,17 +213,18 @@ def test_a_handler_exception_that_quotes_the_operation_names_it_by_its_digest(
     redis_url: str, namespace: str, otel: Telemetry
 ) -> None:
     """``attempt.check()`` raises ``TimeoutError`` / ``StaleAttempt`` naming the operation
-    id, which holds the client's Idempotency-Key; the handler lets it out, and the server
-    instrumentation records its message. The middlewares name the operation by its digest
-    in what leaves them, as they do for settle's own errors."""
+    id, which holds the client's Idempotency-Key, and a handler may quote it in its own
+    errors; the handler lets one out, and the server instrumentation records its message.
+    The middlewares name the operation by its digest in what leaves them, as they do for
+    settle's own errors. (``check()``'s ``TimeoutError`` past a configured ``timeout`` no
+    longer leaves the WSGI middleware: its client gets the 504, which quotes neither.)"""
     settler = Settler.from_url(redis_url, namespace=namespace, shards=2)
     op = operation_id("http", KEY, PRINCIPAL, "principal")
 
     def slow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         attempt = environ["settle"]
-        attempt.deadline = 0.0  # the timeout has passed
-        attempt.check()
-        raise AssertionError("check() let a passed deadline through")
+        # A downstream client's timeout, well within the request's own (it escapes).
+        raise TimeoutError(f"the provider did not answer the charge {attempt.operation_id}")
 
     app = WsgiTelemetry(
         IdempotencyMiddleware(slow, settler=settler, principal=lambda e: PRINCIPAL, timeout=30)
@@ -235,6 +236,21 @@ def test_a_handler_exception_that_quotes_the_operation_names_it_by_its_digest(
     recorded = [ev.attributes for ev in _server_spans(otel)[0].events if ev.name == "exception"]
     assert recorded
     assert not any(KEY in str(dict(a or {})) for a in recorded)
+
+    def past(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = environ["settle"]
+        attempt.deadline = 0.0  # the timeout has passed
+        attempt.check()
+        raise AssertionError("check() let a passed deadline through")
+
+    timed = IdempotencyMiddleware(past, settler=settler, principal=lambda e: PRINCIPAL, timeout=30)
+    environ = {**_environ(), "HTTP_IDEMPOTENCY_KEY": f"{KEY}-late"}
+    with capture_logs() as logs:
+        answered = b"".join(timed(environ, lambda *a, **k: None))
+    assert b"handler-timeout" in answered
+    assert f"{KEY}-late".encode() not in answered
+    assert logs
+    assert not any(f"{KEY}-late" in repr(e) for e in logs)
 
     def wrapping(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         attempt = environ["settle"]

@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
+import redis
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from settle import AsyncSettler, BackendError, BindingMismatch, FingerprintMismatch, Settler
+from settle._telemetry import telemetry
 from settle.cursor import CursorStore
 from tests.telemetry.conftest import Telemetry, script_operation
 
@@ -333,3 +336,124 @@ async def test_an_async_pipeline_of_one_call_is_that_call(
         await one.aclose()
         await four.aclose()
     _one_call_pipeline_is_that_call(otel, port)
+
+
+def test_a_settler_checked_at_start_reports_its_set_up_in_one_trace(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``with Settler.from_url(...)`` (or ``check()``) sets the namespace up before any
+    call: its Redis spans are in the caller's trace, under its current span, and without
+    one in a trace of their own (``settle.check``), not each a root trace of its own."""
+    tracer = trace.get_tracer("tests")
+    with (
+        tracer.start_as_current_span("caller") as caller,
+        Settler.from_url(redis_url, namespace=namespace, shards=4),
+    ):
+        pass
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as s:
+        s.reserve("op-1", {}, principal=PRINCIPAL)  # checked: its own spans only
+    redis_spans = [s for s in otel.spans() if (s.attributes or {}).get("db.system.name")]
+    first = [s for s in redis_spans if s.context.trace_id == caller.get_span_context().trace_id]
+    assert first  # the set-up, under the caller
+    assert {s.attributes["db.operation.name"] for s in first} >= {"EXISTS"}
+    roots = [s for s in otel.spans() if s.parent is None and s.name != "caller"]
+    assert [s.name for s in roots] == ["settle.check", "settle.reserve"], [s.name for s in roots]
+    check = roots[0]
+    assert check.attributes["settle.namespace"] == namespace
+    for span in redis_spans:
+        assert span.parent is not None, span.name  # no lone Redis root
+
+
+def test_a_pipeline_of_one_script_names_it_and_stays_a_pipeline(
+    settler: Settler, otel: Telemetry
+) -> None:
+    """A batch whose calls all run one script names it in ``db.stored_procedure.name``, as
+    the database conventions ask of a batch of one stored procedure; ``db.operation.name``
+    and the span's name stay ``PIPELINE`` (what dashboards filter on, the same whether the
+    server runs FCALL or EVALSHA), not the Redis conventions' ``PIPELINE FCALL``."""
+    settler.reserve("op-1", {}, principal=PRINCIPAL)
+    otel.exporter.clear()
+    settler.quarantine.list()
+    batch = otel.children(otel.span("settle.quarantine.list"))[-1]
+    assert batch.name == batch.attributes["db.operation.name"] == "PIPELINE"
+    assert batch.attributes["db.operation.batch.size"] == 4
+    assert batch.attributes["db.stored_procedure.name"] == "quarantine_read"
+
+
+@pytest.mark.asyncio
+async def test_an_async_settler_checked_at_start_reports_its_set_up_under_the_caller(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``async with AsyncSettler.from_url(...)``: the set-up is one ``settle.check`` span
+    under the caller's current span, its Redis calls inside, as the sync settler's."""
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("caller") as caller:
+        async with AsyncSettler.from_url(redis_url, namespace=namespace, shards=4):
+            pass
+    check = otel.span("settle.check")
+    assert check.parent is not None
+    assert check.parent.span_id == caller.get_span_context().span_id
+    redis_spans = [s for s in otel.spans() if (s.attributes or {}).get("db.system.name")]
+    assert redis_spans
+    assert {s.parent.span_id for s in redis_spans if s.parent} == {check.context.span_id}
+    assert all(s.parent is not None for s in redis_spans)
+
+
+@pytest.mark.parametrize("first", ["get_many", "quarantine.list"])
+def test_a_first_call_keeps_the_set_up_in_its_own_span(
+    redis_url: str, namespace: str, otel: Telemetry, first: str
+) -> None:
+    """A settler not checked at start sets the namespace up in its first call, whichever
+    path that call checks through (``get_many`` and the quarantine listing ask first
+    whether the server is a cluster): the set-up's Redis calls are in that call's span, no
+    ``settle.check`` span is made; and ``check()`` on a settler already checked reports
+    nothing (a readiness probe calling it makes no span)."""
+    settler = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    try:
+        if first == "get_many":
+            settler.get_many(["op-1", "op-2"])
+        else:
+            settler.quarantine.list()
+        settler.check()
+        with settler:
+            pass
+    finally:
+        settler.close()
+    roots = [s.name for s in otel.spans() if s.parent is None]
+    assert roots == [f"settle.{first}"], roots
+    assert otel.spans("settle.check") == []
+
+
+def test_a_pipeline_of_several_scripts_names_none(redis_url: str, otel: Telemetry) -> None:
+    """``db.stored_procedure.name`` on a ``PIPELINE`` span only when every call of the
+    batch runs the same script: a batch of two scripts names neither."""
+    hooks = telemetry()
+    client = redis.Redis.from_url(redis_url)
+    mixed = [SimpleNamespace(script="get", keys=["a"]), SimpleNamespace(script="claim", keys=[])]
+    same = [SimpleNamespace(script="get", keys=["a"]), SimpleNamespace(script="get", keys=[])]
+    try:
+        with hooks.pipeline(client, "EVALSHA", mixed):
+            pass
+        with hooks.pipeline(client, "EVALSHA", same):
+            pass
+    finally:
+        client.close()
+    first, second = otel.spans("PIPELINE")
+    assert first.attributes["db.operation.batch.size"] == 2
+    assert "db.stored_procedure.name" not in first.attributes
+    assert second.attributes["db.stored_procedure.name"] == "get"
+
+
+def test_the_set_up_is_no_call_in_the_call_duration(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``settle.call.duration`` is the duration of the calls an application makes
+    (``reserve``, ``complete``...), what a latency dashboard and its alerts read: the
+    set-up ``with Settler.from_url(...)`` does at start (``settle.check``, with the server's
+    checks and a script load, far slower than a call) adds no series of its own there."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
+        settler.reserve("op-1", {}, principal=PRINCIPAL)
+    assert otel.span("settle.check").attributes["settle.namespace"] == namespace
+    ns = {"settle.namespace": namespace}
+    assert otel.count("settle.call.duration", **ns, **{"settle.call.name": "reserve"}) == 1
+    assert otel.count("settle.call.duration", **ns, **{"settle.call.name": "check"}) == 0

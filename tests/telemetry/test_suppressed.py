@@ -54,6 +54,16 @@ def test_no_span_or_measurement_under_suppress_instrumentation(
     assert [s.name for s in otel.spans() if s.name.startswith("settle.")] == ["settle.reserve"]
 
 
+def test_a_set_up_at_start_under_suppress_instrumentation_reports_nothing(
+    redis_url: str, namespace: str, otel: Telemetry
+) -> None:
+    """``with Settler.from_url(...)`` under ``suppress_instrumentation()``: its set-up's
+    span (``settle.check``) is suppressed with the Redis calls inside it."""
+    with suppress_instrumentation(), Settler.from_url(redis_url, namespace=namespace, shards=4):
+        pass
+    _nothing_reported(otel, namespace)
+
+
 @pytest.mark.asyncio
 async def test_no_async_span_or_measurement_under_suppress_instrumentation(
     async_settler: AsyncSettler, namespace: str, otel: Telemetry

@@ -4,6 +4,7 @@ dropped."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import uuid
@@ -16,6 +17,7 @@ import redis
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import Connection
 from structlog.testing import capture_logs
@@ -42,6 +44,9 @@ from settle.models import (
     Settlement,
     State,
     Verdict,
+    _once,
+    _refuse_repeated_keys,
+    _RepeatedKey,
     ms_to_datetime,
 )
 
@@ -386,3 +391,58 @@ def test_a_container_declared_of_something_else_is_checked() -> None:
         (Any | None, 1),
     ]:
         assert not _replays_as_is(declared, value), (declared, value)
+
+
+def _refused_by_json_loads(data: bytes | str) -> bool:
+    """The repeated-key check as it was: ``json.loads`` with the hook."""
+    try:
+        json.loads(data, object_pairs_hook=_once)
+    except _RepeatedKey:
+        return True
+    except ValueError:
+        return False
+    return False
+
+
+def _named_twice(value: dict[str, int]) -> bytes:
+    """``value`` as JSON with its first key named twice (as it is when empty)."""
+    text = json.dumps(value)
+    return (text if not value else text[:-1] + ", " + text[1:]).encode()
+
+
+@given(
+    st.one_of(
+        st.sampled_from(
+            [
+                b'{"a":1,"a":2}',
+                b'{"a":{"b":1,"b":1}}',
+                b'[{"x":1},{"x":1,"y":2,"x":3}]',
+                b'{"a":1}',
+                b"\xef\xbb\xbf{}",
+                "\ufeff{}",
+                b"\xff\xfe{",
+                b"{\x00",
+                b"[",
+                b"not json",
+                b'{"a":NaN,"a":1}',
+                '{"é":1,"é":2}',
+                '{"é":1}'.encode("utf-16"),
+                '{"k":1,"k":2}'.encode("utf-16-le"),
+                '{"k":1,"k":2}'.encode("utf-32-le"),
+                '["k"]'.encode("utf-16-be"),
+            ]
+        ),
+        st.binary(max_size=40),
+        st.binary(max_size=40).map(lambda b: b"{" + b),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=4).map(_named_twice),
+    )
+)
+def test_the_repeated_key_check_refuses_what_json_loads_with_the_hook_refused(
+    data: bytes | str,
+) -> None:
+    try:
+        _refuse_repeated_keys(data)  # type: ignore[arg-type]  # str as well as bytes
+        refused = False
+    except ValidationError:
+        refused = True
+    assert refused is _refused_by_json_loads(data)
