@@ -4,8 +4,10 @@ oldest unresolved entry has waited, and how close the fullest shard is to the se
 included (docs/cli.md, "settle doctor"; the thresholds are this module's constants).
 
 Nothing is written: the namespace's stored shard count is read first (a namespace that does
-not exist holds no quarantine), then each shard's ``XLEN`` and the headers of its unresolved
-entries (kind and time, never a payload), oldest first, with settle's own read scripts."""
+not exist holds no quarantine), then each shard's ``XLEN`` and ``HLEN`` of its resolutions
+(an entry leaves the stream only with its resolution: the difference is the unresolved), and
+the headers (kind and time, never a payload) oldest first with settle's own read script, up
+to the first unresolved entry only: the quarantine is never walked whole, whatever it holds."""
 
 from __future__ import annotations
 
@@ -61,9 +63,9 @@ def quarantine_findings(
                 _maxlen_finding({}, maxlen),
             ]
         with _reader(url, namespace, shards, timeout) as settler:
-            sizes, unread = _sizes(settler, shards)
+            sizes, unresolved, unread = _sizes(settler, shards)
             found = [_size_finding(sizes, unread, shards)]
-            found.append(_age_finding(settler, unread))
+            found.append(_age_finding(settler, unresolved, unread))
             found.append(_maxlen_finding(sizes, maxlen, unread))
             return found
     except (SettleError, RedisError, RedisClusterException, OSError) as exc:
@@ -103,18 +105,24 @@ def _shard_count(url: str, namespace: str, timeout: float) -> int | None:
         probe.close()
 
 
-def _sizes(settler: Settler, shards: int) -> tuple[dict[int, int], dict[int, str]]:
-    """Each shard's stream length, and the shards that could not be read (why)."""
+def _sizes(settler: Settler, shards: int) -> tuple[dict[int, int], int, dict[int, str]]:
+    """Each shard's stream length, the unresolved entries of all (each stream's length less
+    its resolutions), and the shards that could not be read (why)."""
     keys = Keys(settler.config.namespace, shards)
     client = client_of(settler)
     sizes: dict[int, int] = {}
+    unresolved = 0
     unread: dict[int, str] = {}
     for shard in range(shards):
         try:
-            sizes[shard] = int(client.xlen(keys.quarantine(shard)))
+            size = int(client.xlen(keys.quarantine(shard)))
+            resolved = int(client.hlen(keys.resolutions(shard))) if size else 0
         except (RedisError, RedisClusterException, OSError) as exc:
             unread[shard] = _cause(exc)
-    return sizes, unread
+            continue
+        sizes[shard] = size
+        unresolved += max(0, size - resolved)
+    return sizes, unresolved, unread
 
 
 def _unread_text(unread: dict[int, str]) -> str:
@@ -138,7 +146,9 @@ def _size_finding(sizes: dict[int, int], unread: dict[int, str], shards: int) ->
     return Finding("quarantine", Status.OK, seen)
 
 
-def _age_finding(settler: Settler, unread: dict[int, str]) -> Finding:
+def _age_finding(settler: Settler, unresolved: int, unread: dict[int, str]) -> Finding:
+    """The oldest unresolved entry's age: the walk's first (stream ids are in time order),
+    where the walk stops; ``unresolved`` counted them all."""
     if unread:  # the walk reads every shard: it would fail on the first unread one
         return Finding(
             "quarantine age",
@@ -146,31 +156,33 @@ def _age_finding(settler: Settler, unread: dict[int, str]) -> Finding:
             f"unresolved entries not counted: {_unread_text(unread)}",
             "bring the node that holds them back, then run doctor again",
         )
-    count, undecodable = 0, 0
+    if not unresolved:
+        return Finding("quarantine age", Status.OK, "no unresolved entry")
+    undecodable = 0
     oldest: datetime | None = None
     walk = settler._core.quarantine_scan(unresolved=True).header_marking()
     for header in settler.quarantine._scanned(walk):
-        if isinstance(header, UndecodableEntry):
-            undecodable += not header.resolved
-            continue
-        count += 1
-        oldest = header.at if oldest is None else min(oldest, header.at)
-    odd = f" and {undecodable} this version cannot decode" if undecodable else ""
+        if not isinstance(header, UndecodableEntry):
+            oldest = header.at
+            break  # oldest first: the rest are younger, and are not read
+        undecodable += not header.resolved
+    odd = f" ({undecodable} this version cannot decode)" if undecodable else ""
     if oldest is None:
-        status = Status.WARN if undecodable else Status.OK
         return Finding(
             "quarantine age",
-            status,
-            f"no unresolved entry{odd}",
-            "settle quarantine ls names them" if undecodable else "",
+            Status.WARN if undecodable else Status.OK,
+            f"{unresolved} unresolved{odd}, none this version can date",
+            "settle quarantine ls names them",
         )
     waited = max(0.0, (datetime.now(UTC) - oldest).total_seconds())
-    seen = f"{count} unresolved{odd}; the oldest waits since {oldest:%Y-%m-%dT%H:%M:%SZ} "
+    seen = f"{unresolved} unresolved{odd}; the oldest waits since {oldest:%Y-%m-%dT%H:%M:%SZ} "
     seen += f"({_duration(waited)})"
     if waited >= UNRESOLVED_FAIL_S:
         return Finding("quarantine age", Status.FAIL, seen + ", over 7 days", _LIST)
     if waited >= UNRESOLVED_WARN_S:
         return Finding("quarantine age", Status.WARN, seen + ", over 24 hours", _LIST)
+    if undecodable:  # older than the oldest it can date: written by another version
+        return Finding("quarantine age", Status.WARN, seen, "settle quarantine ls names them")
     return Finding("quarantine age", Status.OK, seen)
 
 
