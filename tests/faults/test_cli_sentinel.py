@@ -65,3 +65,19 @@ def test_the_companion_commands_say_what_to_pass(group: str) -> None:
     assert done.returncode == 2, done.stderr
     assert "takes no Sentinel URL" in done.stderr
     assert "SENTINEL get-master-addr-by-name" in done.stderr
+
+
+@pytest.mark.parametrize("command", [("stats",), ("doctor",)])
+def test_the_password_goes_to_the_primary_and_is_never_printed(
+    deployment: SentinelDeployment, command: tuple[str, ...]
+) -> None:
+    """The URL's credentials are the primary's: a wrong one is refused by the primary (exit
+    3, its address named), where a URL that lost them on the way connected as the default
+    user; the password is in neither output."""
+    secret = "n0t-the-Passw0rd"
+    url = f"redis+sentinel://app:{secret}@{deployment.sentinels[0]}/{SERVICE}"
+    done = settle(*command, "--redis-url", url, "--namespace", "sen", timeout=60)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "refused settle's credentials" in done.stderr
+    assert f"redis://app:***@127.0.0.1:{deployment.primary.port}/0" in done.stderr
+    assert secret not in done.stdout + done.stderr
