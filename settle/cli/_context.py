@@ -482,7 +482,10 @@ def _in_cli_terms(message: str) -> str:
 
 #: The address redis-py names in a connection or timeout error (``Error 111 connecting to
 #: 127.0.0.1:7002.``, ``Timeout reading from 127.0.0.1:7002``).
-_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) \[?([\w.:-]+?)\]?:(\d+)\b")
+#: An IPv6 host is written bare (``::1:6379``): the port is the last colon's digits.
+_ADDRESS = re.compile(
+    r"(?:connecting to|reading from|writing to) \[?([\w.:-]+?)\]?:(\d+)(?=[.,;\s]|$)"
+)
 
 
 def _other_node(detail: str, conn: Connection | None) -> str | None:
