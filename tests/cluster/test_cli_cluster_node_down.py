@@ -51,6 +51,23 @@ def _shards_on(cluster: LocalCluster, index: int) -> list[int]:
     ]
 
 
+def test_doctor_memory_names_the_fullest_node_of_the_cluster(cluster: LocalCluster) -> None:
+    """The memory row grades the fullest node: one near its maxmemory (about 87%) is a
+    ``warn`` naming it, though another node has room to spare and a third no limit."""
+    with cluster.client(1) as full, cluster.client(2) as roomy:
+        used = int(full.info("memory")["used_memory"])
+        full.config_set("maxmemory", str(int(used * 1.15)))
+        roomy.config_set("maxmemory", "1gb")
+        try:
+            done = settle("doctor", "--redis-url", cluster.url, "--namespace", NAMESPACE, "--json")
+        finally:
+            full.config_set("maxmemory", "0")
+            roomy.config_set("maxmemory", "0")
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["memory"]["status"] == "warn", checks["memory"]
+    assert checks["memory"]["detail"].startswith(f"127.0.0.1:{cluster.nodes[1].port} uses")
+
+
 @pytest.mark.parametrize("how", ["killed", "frozen"])
 def test_a_primary_down_is_named_by_every_command(cluster: LocalCluster, how: str) -> None:
     index = 2 if how == "killed" else 1
