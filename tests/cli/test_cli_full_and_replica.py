@@ -59,3 +59,18 @@ def test_a_replica_is_refused_in_command_line_terms() -> None:
                 assert f"replica of 127.0.0.1:{primary.port}" in done.stderr
                 assert "from_sentinel" not in done.stderr
                 assert "redis+sentinel://" in done.stderr
+
+
+def test_doctor_on_a_replica_says_what_to_pass_in_command_line_terms() -> None:
+    """doctor's own replicas row told an operator to "use from_sentinel", a Python call, as
+    the read commands did before: it names the primary's URL or a redis+sentinel:// URL."""
+    with EmbeddedRedis() as primary:
+        args = ["--replicaof", "127.0.0.1", str(primary.port)]
+        with EmbeddedRedis(extra_args=args) as replica:
+            time.sleep(0.5)
+            done = settle("doctor", "--redis-url", replica.url, "--json")
+    row = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["replicas"]
+    assert row["status"] == "fail", row
+    assert "redis+sentinel://" in row["fix"]
+    assert "use from_sentinel" not in row["fix"]
+    assert done.returncode == 1
