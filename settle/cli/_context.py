@@ -404,6 +404,7 @@ def primary_url(url: str, timeout: float) -> str:
                 continue
         if found:
             primary, primary_port = _text(found[0]), int(found[1])
+            primary = f"[{primary}]" if ":" in primary else primary  # IPv6, named bare
             at = f"{userinfo}@" if userinfo else ""
             query = f"?{parts.query}" if parts.query else ""
             return f"{scheme}://{at}{primary}:{primary_port}/{database}{query}"

@@ -10,8 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from settle import Settler
+from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import cli_env, settle
-from tests.faults.sentinel_support import SERVICE, SentinelDeployment, sentinel_deployment
+from tests.faults.sentinel_support import (
+    SERVICE,
+    LocalSentinel,
+    SentinelDeployment,
+    sentinel_deployment,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -81,3 +87,20 @@ def test_the_password_goes_to_the_primary_and_is_never_printed(
     assert "refused settle's credentials" in done.stderr
     assert f"redis://app:***@127.0.0.1:{deployment.primary.port}/0" in done.stderr
     assert secret not in done.stdout + done.stderr
+
+
+def test_a_primary_the_sentinels_name_by_an_ipv6_address_is_reached() -> None:
+    """A Sentinel names an IPv6 primary bare (``::1``): the CLI wrote
+    ``redis://::1:PORT/0``, which is no URL, and refused its own lookup as malformed."""
+    with EmbeddedRedis(extra_args=["--bind", "127.0.0.1", "::1"]) as primary:
+        with Settler.from_url(primary.url, namespace="six", shards=1) as s:
+            s.check()
+        sentinel = LocalSentinel(primary.port)
+        conf = sentinel._conf
+        conf.write_text(
+            conf.read_text().replace(f"127.0.0.1 {primary.port}", f"::1 {primary.port}")
+        )
+        with sentinel.start():
+            url = f"redis+sentinel://127.0.0.1:{sentinel.port}/{SERVICE}"
+            done = settle("stats", "--redis-url", url, "--namespace", "six", timeout=60)
+    assert done.returncode == 0, done.stderr
