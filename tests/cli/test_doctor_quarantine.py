@@ -201,3 +201,19 @@ def test_an_oldest_entry_this_version_cannot_decode_warns(
     unresolved = 2 if readable_after else 1
     assert age["detail"].startswith(f"{unresolved} unresolved (1 this version cannot decode)")
     assert code == 0
+
+
+def test_the_quarantine_rows_write_nothing(server: EmbeddedRedis) -> None:
+    """doctor reads the quarantine with a settler that is never checked: a check may claim
+    a shard or write the namespace's metadata. Every key is byte for byte as it was, and a
+    namespace that does not exist is not made."""
+    _quarantined(server.url, "q", 2)
+    with redis.Redis.from_url(server.url) as c:
+
+        def keys() -> dict[bytes, bytes | None]:
+            return {k: c.dump(k) for k in c.scan_iter()}
+
+        before = keys()
+        _doctor(server.url, "q")
+        _doctor(server.url, "nobody")
+        assert keys() == before
