@@ -331,7 +331,8 @@ def replicas_finding(
             Status.FAIL,
             f"{shown}, not a primary: every settle write is refused (read-only) or lost at "
             "its next sync with the primary",
-            "point --redis-url (and the settlers) at the primary, or use from_sentinel",
+            "point --redis-url at the primary, or pass redis+sentinel://SENTINEL_HOST:PORT/"
+            "SERVICE, which asks the Sentinels for it (the settlers: from_sentinel)",
         )
     unread = sorted(node for node, info in per_primary.items() if info is None)
     counts = {

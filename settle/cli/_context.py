@@ -9,6 +9,7 @@ import functools
 import io
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -19,6 +20,7 @@ import structlog
 from pydantic import ValidationError
 from redis import ConnectionPool, Redis
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
@@ -28,6 +30,7 @@ from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABL
 
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._input import is_decimal
+from settle._runtime import topology
 from settle._runtime._sync import client_from_url
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
@@ -48,7 +51,9 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "EXIT_WHEN_READER_STOPS",
+    "REDIS_TIMEOUT",
     "Connection",
+    "EnvOption",
     "OutputGroup",
     "checked_namespace",
     "checked_url",
@@ -209,6 +214,29 @@ class OutputGroup(click.Group):
             fail("interrupted", EXIT_INTERRUPTED)
 
 
+class EnvOption(click.Option):
+    """An option that also reads the environment, refusing a variable that is set but empty
+    (or blank): click reads ``SETTLE_NAMESPACE=`` as unset, so an operator who exported it
+    empty by mistake inspected namespace ``default`` and was told nothing. A flag on the
+    command line still wins, and the variable is then not read. The refusal is a usage error
+    (exit 2) naming the variable."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        names = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or ())
+        for name in names:
+            value = os.environ.get(name)
+            if value is not None and not value.strip():
+                raise click.BadParameter(
+                    f"{name} is set but empty; give it a value, or unset it "
+                    f"(unset {name}) to use the default",
+                    ctx=ctx,
+                    param=self,
+                )
+            if value:
+                return value
+        return None
+
+
 #: Seconds a command waits for each Redis reply, and the console for each page's
 #: (``--redis-timeout`` / ``SETTLE_REDIS_TIMEOUT``).
 REDIS_TIMEOUT = 5.0
@@ -229,10 +257,13 @@ class Connection:
         self.namespace = namespace
         self.shards = shards
         self.redis_timeout = redis_timeout
+        #: The namespace's shard count once read (an error names the shards on a node).
+        self.known_shards: int | None = None
 
     @property
     def url(self) -> str:
-        return self.redis_url or DEFAULT_URL
+        # None only: an empty --redis-url '' is refused as malformed, never the default
+        return DEFAULT_URL if self.redis_url is None else self.redis_url
 
 
 def connection_options(fn: F) -> F:
@@ -255,32 +286,13 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float) -> float
     return value
 
 
-def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
-    @click.option(
-        "--redis-url",
-        envvar="SETTLE_REDIS_URL",
-        default=None,
-        metavar="URL",
-        help=url_help or f"Redis to use (env SETTLE_REDIS_URL; default {DEFAULT_URL}).",
-    )
-    @click.option(
-        "--namespace",
-        envvar="SETTLE_NAMESPACE",
-        default=default_namespace,
-        show_default=True,
-        help="settle namespace (env SETTLE_NAMESPACE).",
-    )
-    @click.option(
-        "--shards",
-        envvar="SETTLE_SHARDS",
-        type=click.IntRange(1, MAX_SHARDS),
-        default=None,
-        help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
-        "namespace's stored count when not given, and refuse a different one.",
-    )
-    @click.option(
+def redis_timeout_option(fn: F) -> F:
+    """``--redis-timeout SECONDS`` / ``SETTLE_REDIS_TIMEOUT``, passed as ``redis_timeout``
+    (every command that connects: the connection options' and the companions')."""
+    option = click.option(
         "--redis-timeout",
         envvar="SETTLE_REDIS_TIMEOUT",
+        cls=EnvOption,
         type=click.FloatRange(0, 300, min_open=True),
         default=REDIS_TIMEOUT,
         show_default=True,
@@ -290,6 +302,43 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         "in settle web for each page; then exit 3 (a 503 page). A ?socket_timeout= in the "
         "URL wins for replies.",
     )
+    return option(fn)
+
+
+def bounded_client(url: str, timeout: float) -> Redis:
+    """A client of ``url`` (checked: exit 2 when malformed) waiting at most ``timeout`` for
+    a connection and each reply, one try: the companions' stores, as :func:`bounded`."""
+    checked = checked_url(url)
+    return bounded(client_from_url(checked), checked, timeout)
+
+
+def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
+    @click.option(
+        "--redis-url",
+        envvar="SETTLE_REDIS_URL",
+        cls=EnvOption,
+        default=None,
+        metavar="URL",
+        help=url_help or f"Redis to use (env SETTLE_REDIS_URL; default {DEFAULT_URL}).",
+    )
+    @click.option(
+        "--namespace",
+        envvar="SETTLE_NAMESPACE",
+        cls=EnvOption,
+        default=default_namespace,
+        show_default=True,
+        help="settle namespace (env SETTLE_NAMESPACE).",
+    )
+    @click.option(
+        "--shards",
+        envvar="SETTLE_SHARDS",
+        cls=EnvOption,
+        type=click.IntRange(1, MAX_SHARDS),
+        default=None,
+        help="Shard count of the namespace (env SETTLE_SHARDS). Read commands use the "
+        "namespace's stored count when not given, and refuse a different one.",
+    )
+    @redis_timeout_option
     @functools.wraps(fn)
     def wrapper(
         redis_url: str | None,
@@ -298,9 +347,73 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         redis_timeout: float,
         **kw: Any,
     ) -> Any:
+        if redis_url is not None and is_sentinel_url(redis_url):
+            with errors_as_exit_codes():
+                redis_url = primary_url(redis_url, redis_timeout)
         return fn(conn=Connection(redis_url, namespace, shards, redis_timeout), **kw)
 
     return wrapper  # type: ignore[return-value]
+
+
+_SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+_SENTINEL_FORM = (
+    "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (the password is "
+    "the primary's; the Sentinels are asked without one)"
+)
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.split(":", 1)[0].lower() in _SENTINEL_SCHEMES and "://" in url
+
+
+def primary_url(url: str, timeout: float) -> str:
+    """The ``redis://`` (``rediss://``) URL of the primary the Sentinels of a
+    ``redis+sentinel://`` URL name now, with its credentials, database and query: asked
+    once, when the command starts (each Sentinel in turn, one try of ``timeout`` each).
+    A malformed one is :class:`InvalidInput` (exit 2), no Sentinel answering or none naming
+    the service :class:`ConfigurationError` (exit 3)."""
+    parts = urlsplit(url)
+    scheme = "rediss" if parts.scheme.lower().startswith("rediss") else "redis"
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    path = [p for p in parts.path.split("/") if p]
+    if not hosts or not 1 <= len(path) <= 2:
+        raise InvalidInput(f"bad --redis-url {redacted(url)}: a Sentinel URL is {_SENTINEL_FORM}")
+    sentinels: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        name, _, digits = host.rpartition(":")
+        if not name or not digits.isdigit() or not 0 < int(digits) < 65536:
+            raise InvalidInput(
+                f"bad --redis-url {redacted(url)}: {host!r} is no HOST:PORT of a Sentinel; "
+                f"a Sentinel URL is {_SENTINEL_FORM}"
+            )
+        sentinels.append((name.strip("[]"), int(digits)))
+    service, database = path[0], (path[1] if len(path) > 1 else "0")
+    errors = []
+    for host, port in sentinels:
+        with Redis(
+            host=host,
+            port=port,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        ) as sentinel:
+            try:
+                found = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
+            except (RedisError, OSError) as exc:
+                errors.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
+                continue
+        if found:
+            primary, primary_port = _text(found[0]), int(found[1])
+            primary = f"[{primary}]" if ":" in primary else primary  # IPv6, named bare
+            at = f"{userinfo}@" if userinfo else ""
+            query = f"?{parts.query}" if parts.query else ""
+            return f"{scheme}://{at}{primary}:{primary_port}/{database}{query}"
+        errors.append(f"{host}:{port} names no primary for {service!r}")
+    raise ConfigurationError(
+        f"no Sentinel of {redacted(url)} named the primary of service {service!r} "
+        f"({_one_line('; '.join(errors))}); check the Sentinels' addresses and the service "
+        "name (SENTINEL MASTERS lists them)"
+    )
 
 
 def json_option(fn: F) -> F:
@@ -340,9 +453,116 @@ def errors_as_exit_codes(conn: Connection | None = None, task: str = "") -> Iter
         doing = f" to {task}" if task else ""
         if exc.code:  # Redis answered, with an error: it was reached
             fail(f"Redis{where} refused the command{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
+        node = _other_node(detail, conn)
+        if conn is not None and node is not None:
+            fail(
+                f"cannot reach Redis node {node}{_shards_on(conn, node)}, a node of the cluster "
+                f"at {redacted(conn.url)} (which answered){doing}; the answer would be partial, "
+                f"so none is given: bring that node back or fail over to its replica "
+                f"({_one_line(detail)})",
+                EXIT_UNAVAILABLE,
+            )
         fail(f"cannot reach Redis{where}{doing} ({_one_line(detail)})", EXIT_UNAVAILABLE)
     except SettleError as exc:
-        fail(_one_line(_at_server(str(exc), conn)), exit_code_of(exc))
+        fail(_one_line(_in_cli_terms(_at_server(str(exc), conn))), exit_code_of(exc))
+
+
+#: The library's advice on a replica, and what it means on the command line.
+_LIBRARY_SENTINEL = "(or use from_sentinel, which follows failovers)"
+_CLI_SENTINEL = (
+    "(--redis-url of the primary, or redis+sentinel://SENTINEL_HOST:PORT/SERVICE, "
+    "which asks the Sentinels for it)"
+)
+
+
+def _in_cli_terms(message: str) -> str:
+    """The library's refusal of a replica names ``from_sentinel``, a Python call: on the
+    command line it is a ``redis+sentinel://`` URL."""
+    return message.replace(_LIBRARY_SENTINEL, _CLI_SENTINEL)
+
+
+#: The address redis-py names in a connection or timeout error (``Error 111 connecting to
+#: 127.0.0.1:7002.``, ``Timeout reading from 127.0.0.1:7002``).
+#: An IPv6 host is written bare (``::1:6379``): the port is the last colon's digits.
+_ADDRESS = re.compile(
+    r"(?:connecting to|reading from|writing to) \[?([\w.:-]+?)\]?:(\d+)(?=[.,;\s]|$)"
+)
+
+
+def _other_node(detail: str, conn: Connection | None) -> str | None:
+    """The ``host:port`` a connection error names when it is not the URL's own server: a
+    cluster node behind the seed, which answered (the error said "cannot reach Redis at
+    <the seed>", and an operator checked the wrong node)."""
+    found = _ADDRESS.search(detail)
+    if conn is None or found is None:
+        return None
+    host, port = found.groups()
+    try:
+        seed = urlsplit(conn.url)
+        if seed.scheme == "unix" or (seed.hostname or "localhost", seed.port or 6379) == (
+            host,
+            int(port),
+        ):
+            return None
+    except ValueError:
+        return None
+    return f"{host}:{port}"
+
+
+def _shards_on(conn: Connection, node: str) -> str:
+    """ " (shards 1, 5 of namespace 'ns')": the namespace's shards whose slots ``node``
+    serves, as the seed's ``CLUSTER SLOTS`` says, when the seed tells it in one try within
+    ``--redis-timeout`` and the shard count is known (``--shards``, or a count stored on a
+    node that answers); else "", the node alone."""
+    try:
+        with bounded(Redis.from_url(conn.url), conn.url, conn.redis_timeout) as seed:
+            slots = [
+                (int(low), int(high), f"{_text(at[0]) or '127.0.0.1'}:{int(at[1])}")
+                for low, high, at, *_ in seed.execute_command("CLUSTER", "SLOTS")
+            ]
+            shards = conn.shards or conn.known_shards or _stored_count(conn, seed, slots, node)
+    except (RedisError, OSError, ValueError, TypeError, IndexError, SettleError):
+        return ""
+    if not shards:
+        return ""
+    keys = Keys(conn.namespace, shards)
+    on = [s for s in range(shards) if _server_of(keys.tag(s), slots) == node]
+    if not on:
+        return ""
+    shown = ", ".join(map(str, on[:12])) + (", ..." if len(on) > 12 else "")
+    return f" (shard{'s' if len(on) > 1 else ''} {shown} of namespace {conn.namespace!r})"
+
+
+def _server_of(key: str, slots: list[tuple[int, int, str]]) -> str | None:
+    slot = key_slot(key.encode())
+    return next((at for low, high, at in slots if low <= slot <= high), None)
+
+
+def _stored_count(
+    conn: Connection, seed: Redis, slots: list[tuple[int, int, str]], down: str
+) -> int | None:
+    """The namespace's shard count, read where a node that answers holds it: its metadata,
+    else the first shard state (each keeps the count it was claimed for) on such a node;
+    nothing is asked of ``down``."""
+    keys = Keys(conn.namespace, MAX_SHARDS)
+    pool = seed.connection_pool
+    settings = {**topology.passed_on(pool.connection_kwargs, pool.connection_class)}
+    settings["retry"] = Retry(NoBackoff(), 0)
+    for key in [keys.meta, *(keys.generation(s) for s in range(64))]:
+        at = _server_of(key, slots)
+        if at is None or at == down:
+            continue
+        host, _, port = at.rpartition(":")
+        with Redis(**{**settings, "host": host, "port": int(port)}) as client:
+            raw = client.hget(key, "shards")
+        text = "" if raw is None else _text(raw)
+        if is_decimal(text) and 1 <= int(text) <= MAX_SHARDS:
+            return int(text)
+    return None
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _at_server(message: str, conn: Connection | None) -> str:
@@ -413,7 +633,7 @@ def open_settler(conn: Connection, *, create: bool = False) -> Iterator[Settler]
     rather than silently reading the wrong keys. ``create=True`` (the demo) creates it.
     """
     with errors_as_exit_codes(conn):
-        shards = _shards(conn, create=create)
+        shards = conn.known_shards = _shards(conn, create=create)
         options: dict[str, Any] = {"namespace": conn.namespace}
         if shards is not None:
             options["shards"] = shards
@@ -452,6 +672,12 @@ def checked_url(url: str) -> str:
     port read from the password (:func:`~settle._runtime.urls.check`). The message shows the
     URL redacted and says what is wrong in fixed words, never redis-py's own (which can quote
     the password)."""
+    if is_sentinel_url(url):  # cursor, progress: they take a primary's URL only
+        raise InvalidInput(
+            f"bad --redis-url {redacted(url)}: this command takes no Sentinel URL; pass the "
+            "primary's redis:// URL, which `redis-cli -h HOST -p PORT SENTINEL "
+            "get-master-addr-by-name SERVICE` names"
+        )
     try:
         ConnectionPool.from_url(url).make_connection()
         check(url)  # parsed, but a part of the password read as the port (or the path)

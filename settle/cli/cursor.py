@@ -17,11 +17,13 @@ import click
 from settle._exit import EXIT_FAILED
 from settle.cli._context import (
     Connection,
+    EnvOption,
     OutputGroup,
+    bounded_client,
     checked_namespace,
-    checked_url,
     errors_as_exit_codes,
     fail,
+    redis_timeout_option,
 )
 from settle.cli._render import Whole, add_row, console, new_table, print_table
 from settle.cursor._sync import CursorStore
@@ -71,13 +73,16 @@ def _connection(fn: F) -> F:
     fn = click.option(
         "--namespace",
         envvar="SETTLE_NAMESPACE",
+        cls=EnvOption,
         default="default",
         show_default=True,
         help="settle namespace (or SETTLE_NAMESPACE).",
     )(fn)
+    fn = redis_timeout_option(fn)
     return click.option(
         "--redis-url",
         envvar="SETTLE_REDIS_URL",
+        cls=EnvOption,
         default="redis://localhost:6379/0",
         show_default=True,
         help="Redis URL (or SETTLE_REDIS_URL).",
@@ -85,12 +90,13 @@ def _connection(fn: F) -> F:
 
 
 @contextlib.contextmanager
-def _store(redis_url: str, namespace: str, task: str) -> Iterator[CursorStore]:
+def _store(redis_url: str, namespace: str, task: str, timeout: float) -> Iterator[CursorStore]:
     """A store on ``redis_url``; a settle error is one line and the exit code every command
     gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`),
     a Redis failure naming ``task``, what the user asked for."""
-    with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
-        store = CursorStore.from_url(checked_url(redis_url), namespace=checked_namespace(namespace))
+    with errors_as_exit_codes(Connection(redis_url, namespace, None, timeout), task):
+        client = bounded_client(redis_url, timeout)
+        store = CursorStore(client, namespace=checked_namespace(namespace))
         try:
             yield store
         finally:
@@ -106,9 +112,10 @@ def cursor() -> None:
 @click.argument("stream")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @_connection
-def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
+def show(stream: str, as_json: bool, redis_url: str, namespace: str, redis_timeout: float) -> None:
     """The checkpoint of STREAM: cursor digest, generation, applied boundary."""
-    with _store(redis_url, namespace, f"read the checkpoint of stream {stream!r}") as store:
+    task = f"read the checkpoint of stream {stream!r}"
+    with _store(redis_url, namespace, task, redis_timeout) as store:
         ck = store.checkpoint(stream)
     if ck is None:
         fail(f"stream {stream!r} has no checkpoint in namespace {namespace!r}", EXIT_NOT_FOUND)
@@ -130,9 +137,12 @@ def show(stream: str, as_json: bool, redis_url: str, namespace: str) -> None:
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 @_connection
-def witnesses(stream: str, limit: int, as_json: bool, redis_url: str, namespace: str) -> None:
+def witnesses(
+    stream: str, limit: int, as_json: bool, redis_url: str, namespace: str, redis_timeout: float
+) -> None:
     """The newest response witnesses of STREAM, newest generation first."""
-    with _store(redis_url, namespace, f"read the witnesses of stream {stream!r}") as store:
+    task = f"read the witnesses of stream {stream!r}"
+    with _store(redis_url, namespace, task, redis_timeout) as store:
         found = store.witnesses(stream, limit=limit)
     if as_json:
         for w in found:

@@ -38,7 +38,10 @@ from settle.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
+    REDIS_TIMEOUT,
     Connection,
+    EnvOption,
+    bounded,
     checked_namespace,
     checked_url,
     connection_options,
@@ -47,6 +50,7 @@ from settle.cli._context import (
     json_option,
     stored_shards,
 )
+from settle.cli._quarantine_health import graded, quarantine_findings
 from settle.cli._render import console, print_json, visible_message
 from settle.config import SettleConfig
 from settle.cursor._scripts import SCRIPTS as CURSOR_SCRIPTS
@@ -58,8 +62,6 @@ __all__ = ["diagnose", "doctor"]
 #: Every script set settle runs: the core's, the cursor's, progress's and its stream's, and
 #: the console's sessions' (settle._sessions: importable without the ``web`` extra).
 _SCRIPT_SETS: tuple[ScriptSet, ...] = (SCRIPTS, CURSOR_SCRIPTS, PROGRESS, STREAM, CONSOLE_SCRIPTS)
-_TIMEOUT = 5.0
-#: Connection settings the seed's client passes on to the other nodes' clients.
 
 
 @dataclass
@@ -103,8 +105,10 @@ class _Deployment:
             client.close()
 
 
-def _connect(url: str) -> _Deployment:
-    seed = redis.Redis.from_url(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT)
+def _connect(url: str, timeout: float) -> _Deployment:
+    # --redis-timeout for each reply, one try (redis-py's default retries made a paused
+    # server cost several times the bound); a timeout in the URL wins, as everywhere
+    seed = bounded(redis.Redis.from_url(url), url, timeout)
     info = seed.info("server")
     kwargs = seed.connection_pool.connection_kwargs
     settings = topology.passed_on(kwargs, seed.connection_pool.connection_class)
@@ -220,30 +224,38 @@ def _clocks(nodes: dict[str, redis.Redis]) -> tuple[dict[str, int], int, int]:
 
 
 def diagnose(
-    url: str, namespace: str, min_replicas: int, shards: int | None = None
+    url: str,
+    namespace: str,
+    min_replicas: int,
+    shards: int | None = None,
+    *,
+    timeout: float = REDIS_TIMEOUT,
+    quarantine_maxlen: int | None = None,
 ) -> list[Finding]:
     """Every check against the deployment at ``url`` (raises ``RedisError`` when a node
-    cannot be reached)."""
-    deployment = _connect(url)
+    cannot be reached), waiting at most ``timeout`` seconds for each reply."""
+    deployment = _connect(url, timeout)
     try:
         servers = {n: _info(c, "server") or {} for n, c in deployment.nodes.items()}
         findings = [health.version_finding(servers)]
         memory = {n: _info(c, "memory") for n, c in deployment.nodes.items()}
         policies = {n: None if m is None else health.eviction_policy(m) for n, m in memory.items()}
-        findings.append(health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)}))
+        evictions = health.eviction_finding({**policies, **dict.fromkeys(deployment.unread)})
+        findings.append(_not_read(evictions, deployment.down))
+        findings.append(_not_read(_memory(memory), deployment.down))
         # Replicas too: a failover makes one the primary, with the persistence it has.
         persistence = {n: _info(c, "persistence") or {} for n, c in deployment.nodes.items()}
         saves = {n: _config(c, "save") for n, c in deployment.nodes.items()}
         fsync = {n: _config(c, "appendfsync") for n, c in deployment.nodes.items()}
-        findings.append(
-            health.persistence_finding(
-                persistence, saves, fsync, deployment.replicas, deployment.unread
-            )
+        kept = health.persistence_finding(
+            persistence, saves, fsync, deployment.replicas, deployment.unread
         )
+        findings.append(_not_read(kept, deployment.down))
         replication = {n: _info(c, "replication") for n, c in deployment.primaries.items()}
         findings.append(health.replicas_finding(replication, min_replicas))
         findings.append(_slots(deployment))
-        findings.append(_namespace(deployment, namespace, shards))
+        findings.append(_namespace(deployment, namespace, shards, timeout))
+        findings.extend(quarantine_findings(url, namespace, timeout, quarantine_maxlen))
         findings.append(
             health.scripts_finding(
                 _failed_scripts(deployment.primaries),
@@ -254,6 +266,56 @@ def diagnose(
         return findings
     finally:
         deployment.close()
+
+
+#: A node's used memory against its ``maxmemory`` that is a ``warn``, and a ``fail``: with
+#: ``noeviction`` a full node refuses every write, so every settler call on its shards fails.
+MEMORY_WARN = 0.8
+MEMORY_FAIL = 0.95
+
+
+def _memory(per_node: dict[str, dict[str, Any] | None]) -> Finding:
+    """``used_memory`` against ``maxmemory`` on every node (``INFO memory``; 0: no limit)."""
+    fullest: tuple[float, str, int, int] | None = None
+    for name, info in per_node.items():
+        if not info:
+            continue
+        try:
+            used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        except (TypeError, ValueError):
+            continue
+        if limit > 0 and (fullest is None or used / limit > fullest[0]):
+            fullest = (used / limit, name, used, limit)
+    if fullest is None:
+        return Finding("memory", Status.OK, "no maxmemory limit (or INFO memory denied)")
+    share, name, used, limit = fullest
+    seen = f"{name} uses {used // 1024**2} MiB of maxmemory {limit // 1024**2} MiB ({share:.0%})"
+    fix = (
+        "raise maxmemory, or free memory (trim resolved quarantine entries, shorter "
+        "retention): a full node refuses every settle write (OOM)"
+    )
+    return graded("memory", share, (MEMORY_WARN, MEMORY_FAIL), seen, fix)
+
+
+def _not_read(finding: Finding, down: list[str]) -> Finding:
+    """``finding``, judged on the nodes that answered, naming the cluster primaries that are
+    down (not answering, or flagged failing), whose setting could not be read: such a check
+    passed as if every node had been read. Their node's setting is unknown: a ``warn`` (the
+    ``cluster slots`` check fails them)."""
+    if not down:
+        return finding
+    note = (
+        f"not read on {', '.join(sorted(down))} (primary down: not answering, or flagged failing)"
+    )
+    if finding.status is Status.OK:
+        return Finding(
+            finding.check,
+            Status.WARN,
+            f"{note}; the nodes read: {finding.detail}",
+            "bring that primary back, or fail over to its replica (see cluster slots), then "
+            "run doctor again",
+        )
+    return Finding(finding.check, finding.status, f"{finding.detail}; {note}", finding.fix)
 
 
 def _slots(deployment: _Deployment) -> Finding:
@@ -273,12 +335,14 @@ def _slots(deployment: _Deployment) -> Finding:
     return health.slots_finding(served, states, deployment.down)
 
 
-def _namespace(deployment: _Deployment, namespace: str, shards: int | None) -> Finding:
+def _namespace(
+    deployment: _Deployment, namespace: str, shards: int | None, timeout: float
+) -> Finding:
     if not deployment.cluster:
         return _namespace_of(deployment.seed, namespace, shards)
     try:
         with redis.RedisCluster.from_url(
-            _node_url(deployment), socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
+            _node_url(deployment), socket_timeout=timeout, socket_connect_timeout=timeout
         ) as cluster:
             return _namespace_of(cluster, namespace, shards)
     except (rx.ConnectionError, rx.TimeoutError, rx.ClusterError, RedisClusterException) as exc:
@@ -359,22 +423,45 @@ _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
 @click.option(
     "--min-replicas",
     envvar="SETTLE_MIN_REPLICAS",
+    cls=EnvOption,
     type=click.IntRange(0, None),
     default=0,
     show_default=True,
     help="The min_replicas your settlers use (env SETTLE_MIN_REPLICAS).",
 )
+@click.option(
+    "--quarantine-maxlen",
+    envvar="SETTLE_QUARANTINE_MAXLEN",
+    cls=EnvOption,
+    type=click.IntRange(1, 2**53),
+    default=None,
+    help="The quarantine_maxlen your settlers use (env SETTLE_QUARANTINE_MAXLEN): how full "
+    "each shard's quarantine stream is is checked against it.",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @json_option
-def doctor(conn: Connection, min_replicas: int, strict: bool, as_json: bool) -> None:
+def doctor(
+    conn: Connection,
+    min_replicas: int,
+    quarantine_maxlen: int | None,
+    strict: bool,
+    as_json: bool,
+) -> None:
     """Check a Redis or Valkey deployment for settle: version, eviction policy, persistence,
-    replicas, cluster slots, the namespace, scripts and clocks. Exit 1 on a failed check
-    (--strict: on a warning too)."""
+    replicas, cluster slots, the namespace, its quarantine, scripts and clocks. Exit 1 on a
+    failed check (--strict: on a warning too)."""
     with errors_as_exit_codes():  # a malformed URL or namespace: one line, exit 2
         checked_url(conn.url)
         checked_namespace(conn.namespace)
     try:
-        findings = diagnose(conn.url, conn.namespace, min_replicas, conn.shards)
+        findings = diagnose(
+            conn.url,
+            conn.namespace,
+            min_replicas,
+            conn.shards,
+            timeout=conn.redis_timeout,
+            quarantine_maxlen=quarantine_maxlen,
+        )
     except (rx.AuthenticationError, rx.AuthorizationError) as exc:  # reached, and refused
         fail(
             f"Redis at {redacted(conn.url)} refused settle's credentials "

@@ -11,11 +11,13 @@ import click
 from settle._exit import EXIT_FAILED
 from settle.cli._context import (
     Connection,
+    EnvOption,
     OutputGroup,
+    bounded_client,
     checked_namespace,
-    checked_url,
     errors_as_exit_codes,
     fail,
+    redis_timeout_option,
 )
 from settle.cli._render import Listing, Whole, console, fields_table, print_table
 from settle.progress._sync import ProgressStore
@@ -70,19 +72,31 @@ def progress() -> None:
 @click.option(
     "--redis-url",
     envvar=["SETTLE_PROGRESS_REDIS_URL", "SETTLE_REDIS_URL"],
+    cls=EnvOption,
     default="redis://localhost:6379/0",
     show_default=True,
     help="The Redis that holds progress (env SETTLE_PROGRESS_REDIS_URL or SETTLE_REDIS_URL).",
 )
-@click.option("--namespace", envvar="SETTLE_NAMESPACE", default="default", show_default=True)
+@click.option(
+    "--namespace",
+    envvar="SETTLE_NAMESPACE",
+    cls=EnvOption,
+    default="default",
+    show_default=True,
+)
+@redis_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def show(consumer: str, redis_url: str, namespace: str, as_json: bool) -> None:
+def show(
+    consumer: str, redis_url: str, namespace: str, redis_timeout: float, as_json: bool
+) -> None:
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
     # 2 for bad input, 3 for Redis, as every command
     task = f"read the progress of consumer {consumer!r}"
-    with errors_as_exit_codes(Connection(redis_url, namespace, None), task):
-        store = ProgressStore.from_url(
-            checked_url(redis_url), consumer=consumer, namespace=checked_namespace(namespace)
+    with errors_as_exit_codes(Connection(redis_url, namespace, None, redis_timeout), task):
+        store = ProgressStore(
+            bounded_client(redis_url, redis_timeout),
+            consumer=consumer,
+            namespace=checked_namespace(namespace),
         )
         try:
             scopes = store.show()

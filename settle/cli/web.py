@@ -22,6 +22,7 @@ from settle.cli._context import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Connection,
+    EnvOption,
     connection_options,
     errors_as_exit_codes,
     fail,
@@ -43,6 +44,7 @@ _OPTIONS = {"principal": "--principal", "token": "--token", "allowed_hosts": "--
 @click.option(
     "--token",
     envvar="SETTLE_WEB_TOKEN",
+    cls=EnvOption,
     default=None,
     help="Token that signs a user in to resolve entries (env SETTLE_WEB_TOKEN). Without "
     "one the console is read-only.",

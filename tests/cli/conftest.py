@@ -19,7 +19,17 @@ from settle import Settler
 
 SETTLE = Path(sys.executable).parent / "settle"
 #: The environment the CLI reads; removed so that only what a test passes counts.
-CLI_ENV = ("SETTLE_REDIS_URL", "SETTLE_NAMESPACE", "SETTLE_SHARDS", "SETTLE_MIN_REPLICAS")
+#: Every variable the CLI reads: a developer's own (even an empty one, refused) stays out.
+CLI_ENV = (
+    "SETTLE_REDIS_URL",
+    "SETTLE_NAMESPACE",
+    "SETTLE_SHARDS",
+    "SETTLE_MIN_REPLICAS",
+    "SETTLE_REDIS_TIMEOUT",
+    "SETTLE_QUARANTINE_MAXLEN",
+    "SETTLE_PROGRESS_REDIS_URL",
+    "SETTLE_WEB_TOKEN",
+)
 DEMO_OPS = 40
 DEMO_SEED = 5
 

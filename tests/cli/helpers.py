@@ -8,6 +8,7 @@ import fcntl
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import termios
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 import redis
 
 from settle import Reserved, Settler
+from settle.embedded import EmbeddedRedis
 
 
 @contextlib.contextmanager
@@ -76,3 +78,15 @@ def in_terminal(
     os.close(leader)
     # as the user reads it: without the styles' escape codes and the terminal's \r
     return re.sub(r"\x1b\[[0-9;]*m", "", out.decode()).replace("\r\n", "\n")
+
+
+@contextlib.contextmanager
+def paused(server: EmbeddedRedis) -> Iterator[None]:
+    """``server`` stopped with SIGSTOP for the block (connections open, no answer, as in a
+    network partition), resumed after it whatever happened."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)

@@ -61,10 +61,14 @@ def test_a_safe_deployment_passes_every_check_even_strict(safe: EmbeddedRedis) -
     assert {name: c["status"] for name, c in checks.items()} == {
         "version": "ok",
         "eviction": "ok",
+        "memory": "ok",
         "persistence": "ok",
         "replicas": "ok",
         "cluster slots": "ok",
         "namespace": "ok",
+        "quarantine": "ok",
+        "quarantine age": "ok",
+        "quarantine maxlen": "ok",
         "scripts": "ok",
         "clocks": "ok",
     }

@@ -417,3 +417,17 @@ def test_a_socket_timeout_out_of_range_in_the_url_is_a_usage_error(
         Settler.from_url(url, namespace=namespace)
     fine = f"{redis_url}?{name}=2.5"
     assert settle("stats", "--redis-url", fine, "--namespace", namespace).returncode == 0
+
+
+@pytest.mark.parametrize("command", [("stats",), ("quarantine", "ls"), ("inspect", "order-1")])
+def test_an_unreachable_ipv6_server_is_not_called_a_node_of_a_cluster(
+    command: tuple[str, ...],
+) -> None:
+    """redis-py names an IPv6 server ``::1:PORT``; it was parsed as host ``:`` and taken for
+    another node than the URL's, so a server that never answered was called "a node of the
+    cluster at redis://[::1]:PORT/0 (which answered)"."""
+    url = f"redis://[::1]:{_closed_port()}/0"
+    done = settle(*command, "--redis-url", url, "--redis-timeout", "1", env=cli_env(), timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith(f"settle: cannot reach Redis at {url}"), done.stderr
+    assert "node of the cluster" not in done.stderr

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -29,6 +28,7 @@ from settle.embedded import EmbeddedRedis
 from settle.errors import InvalidInput
 from settle.web import create_app, token_authorizer
 from settle.web._security import CSP
+from tests.cli.helpers import paused as stopped
 from tests.faults.servers import proxy_to, script_needle
 from tests.web.conftest import TOKEN, client_for
 from tests.web.evidence import conflicting
@@ -52,16 +52,6 @@ def server() -> Iterator[EmbeddedRedis]:
         if s.process is not None:
             os.kill(s.process.pid, signal.SIGCONT)  # never leave it stopped
         s.close()
-
-
-@contextmanager
-def stopped(server: EmbeddedRedis) -> Iterator[None]:
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
 
 
 @pytest.fixture

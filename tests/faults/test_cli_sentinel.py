@@ -1,0 +1,106 @@
+"""The CLI behind Redis Sentinel: ``--redis-url redis+sentinel://HOST:PORT/SERVICE`` (settle's
+library connects through Sentinel, the CLI refused the URL as "an unknown scheme" and an
+operator had to look the primary up by hand). The commands with the connection options ask
+the Sentinels for the primary when they start; ``cursor`` and ``progress`` say what to pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from settle import Settler
+from settle.embedded import EmbeddedRedis
+from tests.cli.conftest import cli_env, settle
+from tests.faults.sentinel_support import (
+    SERVICE,
+    LocalSentinel,
+    SentinelDeployment,
+    sentinel_deployment,
+)
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[SentinelDeployment]:
+    with sentinel_deployment() as d:
+        with Settler.from_url(d.primary.url, namespace="sen", shards=2) as s:
+            s.check()
+        yield d
+
+
+def test_the_read_commands_and_doctor_take_a_sentinel_url(deployment: SentinelDeployment) -> None:
+    url = f"redis+sentinel://{deployment.sentinels[0]}/{SERVICE}"
+    for command in (("stats",), ("quarantine", "ls"), ("doctor",)):
+        done = settle(*command, "--redis-url", url, "--namespace", "sen", timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+    done = settle("doctor", "--redis-url", url, "--namespace", "sen", timeout=60)
+    assert f"127.0.0.1:{deployment.primary.port}" in done.stdout  # the primary it asked
+    env = cli_env(SETTLE_REDIS_URL=url, SETTLE_NAMESPACE="sen")
+    assert settle("stats", env=env, timeout=60).returncode == 0
+
+
+def test_a_service_no_sentinel_names_is_exit_3_naming_it(deployment: SentinelDeployment) -> None:
+    url = f"redis+sentinel://{deployment.sentinels[0]},127.0.0.1:1/nope"
+    done = settle("stats", "--redis-url", url, "--namespace", "sen", timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert "named the primary of service 'nope'" in done.stderr
+    assert "127.0.0.1:1: ConnectionError" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://127.0.0.1/svc",
+        "redis+sentinel://127.0.0.1:26379/",
+        "redis+sentinel://127.0.0.1:26379/a/0/x",
+    ],
+)
+def test_a_malformed_sentinel_url_is_a_usage_error(url: str) -> None:
+    done = settle("stats", "--redis-url", url, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "redis+sentinel://[USER:PASSWORD@]HOST:PORT" in done.stderr
+
+
+@pytest.mark.parametrize("group", ["cursor", "progress"])
+def test_the_companion_commands_say_what_to_pass(group: str) -> None:
+    url = "redis+sentinel://127.0.0.1:26379/svc"
+    done = settle(group, "show", "c", "--redis-url", url, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "takes no Sentinel URL" in done.stderr
+    assert "SENTINEL get-master-addr-by-name" in done.stderr
+
+
+@pytest.mark.parametrize("command", [("stats",), ("doctor",)])
+def test_the_password_goes_to_the_primary_and_is_never_printed(
+    deployment: SentinelDeployment, command: tuple[str, ...]
+) -> None:
+    """The URL's credentials are the primary's: a wrong one is refused by the primary (exit
+    3, its address named), where a URL that lost them on the way connected as the default
+    user; the password is in neither output."""
+    secret = "n0t-the-Passw0rd"
+    url = f"redis+sentinel://app:{secret}@{deployment.sentinels[0]}/{SERVICE}"
+    done = settle(*command, "--redis-url", url, "--namespace", "sen", timeout=60)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "refused settle's credentials" in done.stderr
+    assert f"redis://app:***@127.0.0.1:{deployment.primary.port}/0" in done.stderr
+    assert secret not in done.stdout + done.stderr
+
+
+def test_a_primary_the_sentinels_name_by_an_ipv6_address_is_reached() -> None:
+    """A Sentinel names an IPv6 primary bare (``::1``): the CLI wrote
+    ``redis://::1:PORT/0``, which is no URL, and refused its own lookup as malformed."""
+    with EmbeddedRedis(extra_args=["--bind", "127.0.0.1", "::1"]) as primary:
+        with Settler.from_url(primary.url, namespace="six", shards=1) as s:
+            s.check()
+        sentinel = LocalSentinel(primary.port)
+        conf = sentinel._conf
+        conf.write_text(
+            conf.read_text().replace(f"127.0.0.1 {primary.port}", f"::1 {primary.port}")
+        )
+        with sentinel.start():
+            url = f"redis+sentinel://127.0.0.1:{sentinel.port}/{SERVICE}"
+            done = settle("stats", "--redis-url", url, "--namespace", "six", timeout=60)
+    assert done.returncode == 0, done.stderr
