@@ -40,7 +40,7 @@ from tests.cluster.test_cluster_quarantine_resharding import (
     _settler,
     moving,
 )
-from tests.cursor.test_reset_pruned import fetch as fetch_ten
+from tests.cursor.test_reset_pruned import applied_to_the_end
 from tests.integration.conftest import Awaitable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
@@ -325,15 +325,10 @@ async def test_a_pruned_checkpoint_read_apart_says_where_receipts_were_pruned(
     ``reapply_pruned``) read apart during a migration is the one the script reads: an
     operator choosing a stable boundary in the middle of a resharding is told the same
     line."""
-    stream = "s"
+    stream = "s"  # applied_to_the_end's
     keys = stream_keys(namespace, stream)
     with CursorStore.from_cluster(moving.url, namespace=namespace, receipt_horizon=3) as store:
-        store.start(stream, b"0")
-        CursorConsumer(
-            fetch_ten, lambda e, c: None, ProviderContract(), store=store, stream=stream
-        ).run()
-        before = store.checkpoint(stream)
-        assert before is not None
+        _consumer, before = applied_to_the_end(store)
         assert (before.boundary, before.pruned) == (10, 6)
         with _migrating(moving, key_slot(keys[0].encode()), namespace, [keys[0]]):
             with capture_logs() as logs:
