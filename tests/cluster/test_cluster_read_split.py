@@ -40,6 +40,7 @@ from tests.cluster.test_cluster_quarantine_resharding import (
     _settler,
     moving,
 )
+from tests.cursor.test_reset_pruned import applied_to_the_end
 from tests.integration.conftest import Awaitable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults, pytest.mark.asyncio]
@@ -315,3 +316,21 @@ async def test_progress_read_of_a_scope_whose_slot_migrates(
         assert await store.read(scope) == before
     finally:
         await closing()
+
+
+async def test_a_pruned_checkpoint_read_apart_says_where_receipts_were_pruned(
+    moving: LocalCluster, namespace: str
+) -> None:
+    """``Checkpoint.pruned`` (the lowest boundary a ``reset`` takes without
+    ``reapply_pruned``) read apart during a migration is the one the script reads: an
+    operator choosing a stable boundary in the middle of a resharding is told the same
+    line."""
+    stream = "s"  # applied_to_the_end's
+    keys = stream_keys(namespace, stream)
+    with CursorStore.from_cluster(moving.url, namespace=namespace, receipt_horizon=3) as store:
+        _consumer, before = applied_to_the_end(store)
+        assert (before.boundary, before.pruned) == (10, 6)
+        with _migrating(moving, key_slot(keys[0].encode()), namespace, [keys[0]]):
+            with capture_logs() as logs:
+                assert store.checkpoint(stream) == before
+            assert [e for e in logs if e["event"] == "settle.cluster.read_split"], logs
