@@ -171,14 +171,20 @@ class AttemptRunner:
             if error is not None and self._reason is None and self._timed_out():
                 # It raised past its deadline (attempt.check()'s TimeoutError) before the
                 # timer could fire (the loop was held): the timeout it is, as under WSGI.
-                await self._stop_late("timeout")
+                self._guard.handler_raised(error)  # its id named by its digest
+                _report(error)
+                await self._stop_late("timeout", error)
                 return
             # A lease lost while another cancellation was in flight put its stop off: the
             # handler ended still RUNNING, and is superseded all the same.
             if self._reason is not None or (self._attempt.lost and self._phase is _Phase.RUNNING):
                 self._phase = _Phase.ABANDONED
                 if self._reason is None:
-                    self._guard.abandoned("lease_lost")  # as _interrupt would have
+                    # As _interrupt would have; an error it raised on its own is reported.
+                    if error is not None:
+                        self._guard.handler_raised(error)
+                        _report(error)
+                    self._guard.abandoned("lease_lost", error)
                 # What it raised while stopping is moot.
                 await self._stopped_by(self._reason or "lease_lost")
                 return
@@ -220,12 +226,13 @@ class AttemptRunner:
         deadline (:meth:`Guard.timed_out`)."""
         return self._phase is _Phase.RUNNING and self._guard.timed_out(self._run, status)
 
-    async def _stop_late(self, reason: str) -> None:
-        """The handler ended on its own with what :meth:`_interrupt` would have answered
-        (``reason``): answer and settle it as that stop does."""
+    async def _stop_late(self, reason: str, error: BaseException | None = None) -> None:
+        """The handler ended on its own (``error``: what it raised, if it did) with what
+        :meth:`_interrupt` would have answered (``reason``): answer and settle it as that
+        stop does."""
         self._phase = _Phase.ABANDONED
         self._reason = reason
-        problem = self._guard.abandoned(reason)
+        problem = self._guard.abandoned(reason, error)
         if problem is not None:
             await self._answer(problem)
         await self._stopped_by(reason)
@@ -530,6 +537,21 @@ async def send_response(send: Send, response: Response) -> None:
     headers = list(response.headers)
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+def _report(error: BaseException) -> None:
+    """The handler raised ``error`` on its own and its client gets settle's 504 or 409 in
+    its place: the error is not raised to the server, so its traceback goes to the event
+    loop's exception handler (asyncio's logs it at ERROR, with the traceback, on the
+    ``asyncio`` logger; an application's own handler, an error tracker's, gets it), so that
+    a bug is seen. settle's own log names only its type (``settle.http.abandoned``)."""
+    asyncio.get_running_loop().call_exception_handler(
+        {
+            "message": "settle: the guarded handler raised; its client got a 504 or a 409 in "
+            "its place",
+            "exception": error,
+        }
+    )
 
 
 async def _absorb_cancel(task: asyncio.Task[object]) -> bool:
