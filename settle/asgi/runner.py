@@ -171,8 +171,9 @@ class AttemptRunner:
             if error is not None and self._reason is None and self._timed_out():
                 # It raised past its deadline (attempt.check()'s TimeoutError) before the
                 # timer could fire (the loop was held): the timeout it is, as under WSGI.
-                self._guard.handler_raised(error)  # its id named by its digest
-                _report(error)
+                if self._guard.reports(self._run, error):
+                    self._guard.handler_raised(error)  # its id named by its digest
+                    _report(error)
                 await self._stop_late("timeout", error)
                 return
             # A lease lost while another cancellation was in flight put its stop off: the
@@ -181,7 +182,7 @@ class AttemptRunner:
                 self._phase = _Phase.ABANDONED
                 if self._reason is None:
                     # As _interrupt would have; an error it raised on its own is reported.
-                    if error is not None:
+                    if error is not None and self._guard.reports(self._run, error):
                         self._guard.handler_raised(error)
                         _report(error)
                     self._guard.abandoned("lease_lost", error)

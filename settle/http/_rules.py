@@ -516,6 +516,14 @@ class Guard:
             return False
         return (time.monotonic() if at is None else at) >= deadline
 
+    def reports(self, run: Run, error: BaseException) -> bool:
+        """Whether the handler's ``error``, answered with a 504 or a 409 in its place and
+        never raised to the server, has its traceback handed to the server's error log: a
+        bug would be lost otherwise. Not the ``StaleAttempt`` or ``TimeoutError`` that
+        ``attempt.check()`` raised to stop it: settle's own signal, which its 409 or 504
+        says (``settle.http.abandoned`` names its type all the same)."""
+        return not run.attempt.stopped_by(error)
+
     def stopped_by_loss(self, error: BaseException | None = None) -> Response:
         """A handler that ended after its lease was lost, with nothing to store
         (:meth:`settles`): the 409 ``attempt-superseded`` its client gets, as under ASGI,

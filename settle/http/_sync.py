@@ -211,15 +211,17 @@ class SyncGuard:
                 if isinstance(exc, Exception) and guard.timed_out(run):
                     # attempt.check()'s TimeoutError, or an error past the deadline: its
                     # client gets the 504 ASGI answers when its timeout stops a handler.
-                    # The error goes to the server's log, not to the server.
-                    exchange.report(exc)
+                    # A bug's traceback goes to the server's log, not to the server.
+                    if guard.reports(run, exc):
+                        exchange.report(exc)
                     return self._timed_out(guard, run, exc)
                 if not self._failed(guard, run, "exception"):
                     if guard.stops(run, exc):
                         # The lease is lost (attempt.check()'s StaleAttempt, or the
                         # handler's own error after the loss): its client gets what ASGI
                         # answers when it stops one, and the stale attempt settles nothing.
-                        exchange.report(exc)
+                        if guard.reports(run, exc):
+                            exchange.report(exc)
                         return guard.stopped_by_loss(exc)
                     guard.abandoned("lease_lost")  # a KeyboardInterrupt: superseded too
                 raise

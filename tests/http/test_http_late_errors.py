@@ -127,6 +127,28 @@ def test_a_plain_wsgi_handlers_error_is_logged_by_type_and_its_traceback_kept(
     assert f"PaymentDeclined: {SECRET}" in traceback  # the server's log has the bug whole
 
 
+@pytest.mark.parametrize("ends", ["timeout", "lost-lease"])
+def test_check_stopping_the_handler_is_named_but_no_traceback(settler: Settler, ends: str) -> None:
+    """``attempt.check()``'s ``TimeoutError`` or ``StaleAttempt`` is settle's own signal,
+    which the 504 or the 409 says: named as ``error``, no traceback in the server's log."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        if ends == "timeout":
+            time.sleep(TIMEOUT * 2)
+        else:
+            lose(settler, attempt)
+        attempt.check()
+        raise AssertionError("check() let the stop through")
+
+    errors = io.StringIO()
+    with capture_logs() as logs:
+        answer = _post(settler, app, TIMEOUT if ends == "timeout" else None, errors)
+    expected = ("timeout", "TimeoutError") if ends == "timeout" else ("lease_lost", "StaleAttempt")
+    assert (answer.status_code, _abandoned(logs)) == (504 if ends == "timeout" else 409, [expected])
+    assert errors.getvalue() == ""
+
+
 def test_a_flask_views_error_past_the_timeout_is_logged_by_type(settler: Settler) -> None:
     """Flask caught the error and logged its traceback (its own error log) before it
     answered the 500 that settle replaces with the 504: settle's line names its type."""
