@@ -376,7 +376,7 @@ class Otel:
         batch: int | None = None,
         key: str | None = None,
         script: str | None = None,
-    ) -> Span | Nothing:
+    ) -> Client | Nothing:
         """A client span of one Redis call: ``EVALSHA`` of ``call``'s script (its stored
         procedure name), a ``PIPELINE`` of ``batch`` calls (of one ``script``: its name), or
         a plain command (of ``key`` alone, when it names one: on a cluster, the span names
@@ -405,7 +405,7 @@ class Otel:
         span = self.start(name, kind=self._client, attributes=attributes)
         return NOTHING if span is None else Client(self, span, leaf=True)
 
-    def pipeline(self, client: Any, operation: str, calls: list[Any]) -> Span | Nothing:
+    def pipeline(self, client: Any, operation: str, calls: list[Any]) -> Client | Nothing:
         """A client span of ``calls`` sent in one pipeline, each made with ``operation``
         (``FCALL`` or ``EVALSHA``): ``PIPELINE`` and its batch size, and the script when
         every call runs the same one; a pipeline of one call is that call's span, as the

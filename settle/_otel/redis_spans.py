@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from settle._otel.spans import Span
+
+if TYPE_CHECKING:
+    from settle._telemetry import Otel
 
 __all__ = ["Client", "redis_error", "server_attributes", "status_code"]
 
@@ -73,9 +76,35 @@ class Client(Span):
     the settle error that wraps it (the Redis semantic conventions: the original exception
     is preferred to a generic wrapper): a Redis error reply by its error prefix,
     ``db.response.status_code`` and ``error.type`` alike (``OOM``, ``ERR``...), anything
-    else by the class of redis-py's exception (``ConnectionError``, ``TimeoutError``)."""
+    else by the class of redis-py's exception (``ConnectionError``, ``TimeoutError``).
 
-    __slots__ = ()
+    A refusal the call hands back to a caller that handles it (:meth:`read_split`) is no
+    failure of the span."""
+
+    __slots__ = ("_handed_back",)
+
+    def __init__(self, otel: Otel, span: Any, *, leaf: bool = False) -> None:
+        super().__init__(otel, span, leaf=leaf)
+        self._handed_back = False
+
+    def read_split(self, refusal: BaseException) -> None:
+        """The call's keys were refused together by a slot a Redis Cluster migration splits
+        (TRYAGAIN, or redis-py's ClusterError after its own repeats of it) and its caller
+        reads them apart, with the same answer. Named on the span, ``settle.cluster.read_split``
+        (the refusal: the Redis error prefix, else redis-py's error class) beside the reply's
+        ``db.response.status_code``, and not an error: neither ``error.type`` nor the status
+        ``ERROR`` (OpenTelemetry's "Recording errors": an error handled so that the
+        operation completes is not recorded as one; the call's span, its caller's, is no
+        error either)."""
+        self._handed_back = True
+        original = redis_error(refusal) or refusal
+        code = status_code(original)
+        if code is not None:
+            self.attributes["db.response.status_code"] = code
+        self.attributes["settle.cluster.read_split"] = code or type(original).__qualname__
+
+    def __exit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
+        super().__exit__(None if self._handed_back else kind, exc, tb)
 
     def _failed(self, kind: type[BaseException], exc: object) -> None:
         original = redis_error(exc)

@@ -55,7 +55,7 @@ class Nothing:
     def _nothing(self, *_: Any) -> None:
         return None
 
-    set = attempt = ran = attempt_done = answered = finished = _nothing
+    set = attempt = ran = attempt_done = answered = finished = read_split = _nothing
 
 
 NOTHING = Nothing()

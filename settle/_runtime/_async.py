@@ -804,7 +804,7 @@ class AsyncRunner:
         return call.script in self._set.gone and len(reply) > 3 and not reply[3]
 
     async def _call(self, call: Call) -> Any:
-        with telemetry().redis(self.client, self._command(), call):
+        with telemetry().redis(self.client, self._command(), call) as span:
             lost: list[BaseException] = []  # tries whose reply was lost: they may have run
 
             async def once(call: Call) -> Any:
@@ -828,6 +828,7 @@ class AsyncRunner:
                 return await retrying(once, call)
             except (RedisError, RedisClusterException) as exc:
                 if handed_back(call, exc):  # a migration's refusal its caller reads apart
+                    span.read_split(exc)  # no error: the caller's reads apart answer
                     raise slot_split(exc, call) from exc
                 raise backend_error(
                     exc, call, earlier_unknown=any(e is not exc for e in lost)

@@ -11,7 +11,7 @@ at its own namespace's keys."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -190,17 +190,26 @@ async def test_a_write_refused_by_a_migration_is_not_split(
     """Writes stay one atomic call: a reserve of a new operation in a migrating slot (its
     record does not exist: the importing node cannot take it) is retried, then fails typed,
     and logs the failure; nothing was written."""
+    with write_refused(moving, namespace) as refused:
+        with capture_logs() as logs, pytest.raises(BackendError):
+            refused()
+        events = [e["event"] for e in logs]
+        assert "settle.backend.failed" in events
+        assert "settle.cluster.read_split" not in events
+
+
+@contextmanager
+def write_refused(cluster: LocalCluster, namespace: str) -> Iterator[Callable[[], Any]]:
+    """A reserve of a new operation whose slot migrates, its record not on the importing
+    node that holds another record of the slot: the block calls it (the importing node
+    refuses it, and the source has the slot's keys no more). Nothing was written after."""
     keys = Keys(namespace, SHARDS)
     ops = _ops(2)
-    with Settler.from_cluster(moving.url, namespace=namespace, shards=SHARDS) as s:
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=SHARDS) as s:
         s.reserve(ops[0], {"n": 1}, principal="p")
         slot = key_slot(keys.record(ops[1]).encode())
-        with _migrating(moving, slot, namespace, [keys.record(ops[0])]):
-            with capture_logs() as logs, pytest.raises(BackendError):
-                s.reserve(ops[1], {"n": 1}, principal="p")
-            events = [e["event"] for e in logs]
-            assert "settle.backend.failed" in events
-            assert "settle.cluster.read_split" not in events
+        with _migrating(cluster, slot, namespace, [keys.record(ops[0])]):
+            yield lambda: s.reserve(ops[1], {"n": 1}, principal="p")
         assert s.get(ops[1]) is None
 
 

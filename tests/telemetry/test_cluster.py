@@ -5,14 +5,23 @@ the address the application configured): a real 3-primary cluster, the real SDK.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
+from opentelemetry.trace import StatusCode
 from redis.cluster import ClusterNode
+from redis.crc import key_slot
 
 from settle import AsyncSettler, Settler
+from settle._core.keys import Keys
+from settle.cursor import CursorStore
+from settle.cursor._keys import stream_keys
+from settle.errors import BackendError
 from settle.progress import ProgressStore, StreamConsumer
 from tests.cluster.cluster_support import LocalCluster
+from tests.cluster.test_cluster_quarantine_resharding import SHARDS, _late_settlements, _settler
+from tests.cluster.test_cluster_read_split import _migrating, _ops, write_refused
 from tests.telemetry.conftest import Telemetry, script_operation
 
 pytestmark = pytest.mark.cluster
@@ -141,3 +150,118 @@ async def test_async_cluster_spans_name_the_configured_server_and_the_peer(
         await settler.aclose()
     peers = _configured_and_peers(otel, configured[0], cluster.nodes[0].port)
     assert len(peers) > 1
+
+
+def _split_reads(otel: Telemetry, scripts: set[str]) -> list[Any]:
+    """The script spans of ``scripts`` that a migration refused and whose keys were read
+    apart."""
+    return [
+        span
+        for span in otel.spans()
+        if (span.attributes or {}).get("db.stored_procedure.name") in scripts
+        and "settle.cluster.read_split" in (span.attributes or {})
+    ]
+
+
+def _no_error_anywhere(otel: Telemetry, namespace: str) -> None:
+    """No span of the reads is an error, and no measurement of their calls names one."""
+    for span in otel.spans():
+        a = span.attributes or {}
+        assert span.status.status_code is StatusCode.UNSET, (span.name, span.status, a)
+        assert "error.type" not in a, (span.name, a)
+    points = otel.points("settle.call.duration", **{"settle.namespace": namespace})
+    named = {dict(p.attributes)["settle.call.name"] for p in points}
+    assert named >= {"get_many", "attempts", "quarantine.list"}, named
+    assert not [p for p in points if "error.type" in dict(p.attributes)], points
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_read_split_by_a_migration_is_no_error_in_traces_or_metrics(
+    cluster: LocalCluster, namespace: str, otel: Telemetry, flavour: str
+) -> None:
+    """A read a migrating slot refuses (TRYAGAIN, or redis-py's ClusterError after its own
+    repeats) whose caller reads its keys apart succeeds: its Redis span said ERROR with
+    ``error.type`` TRYAGAIN, so a trace-based error rate alerted during every resharding for
+    reads that succeeded. The span now names the refusal and the split
+    (``settle.cluster.read_split``, and the Redis reply's ``db.response.status_code``), its
+    status unset (a handled error is not recorded as one: OpenTelemetry's "Recording
+    errors"); the call's span and ``settle.call.duration`` name no error either."""
+    keys = Keys(namespace, SHARDS)
+    ids = _ops(3)
+    _late_settlements(cluster, namespace, 0, 2)
+    async with _settler(cluster, flavour, namespace) as s:
+        reserved = await s.reserve(ids[0], {"n": 1}, principal="p")
+        await s.complete(reserved.reservation, {"done": 1})
+        records, log = await s.get_many(ids), await s.attempts(ids[0])
+        listed = await s.quarantine.list()
+        slot = key_slot(keys.record(ids[0]).encode())
+        assert key_slot(keys.quarantine(0).encode()) == slot
+        with _migrating(cluster, slot, namespace, []):
+            otel.exporter.clear()
+            assert await s.get_many(ids) == records
+            assert await s.attempts(ids[0]) == log
+            assert await s.quarantine.list() == listed
+            split = _split_reads(otel, {"get_many", "attempts", "quarantine_read"})
+            _no_error_anywhere(otel, namespace)
+    assert {span.attributes["db.stored_procedure.name"] for span in split} == {
+        "get_many",
+        "attempts",
+        "quarantine_read",
+    }
+    for span in split:
+        a = span.attributes
+        assert a["settle.cluster.read_split"] in ("TRYAGAIN", "ClusterError"), a
+        if a["settle.cluster.read_split"] == "TRYAGAIN":
+            assert a["db.response.status_code"] == "TRYAGAIN", a
+        # The split read's own single-key reads are children of the same call's span.
+        assert span.parent is not None
+
+
+def test_a_write_refused_by_a_migration_is_still_an_error(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """A write is never split: a migration's refusal of it, retried, then raised as
+    ``BackendError``, is an error on its Redis span and its call's, and in
+    ``settle.call.duration``."""
+    with write_refused(cluster, namespace) as refused:
+        otel.exporter.clear()
+        with pytest.raises(BackendError):
+            refused()
+    refused = [
+        span
+        for span in otel.spans()
+        if (span.attributes or {}).get("db.stored_procedure.name") == "reserve"
+    ]
+    assert refused
+    for span in refused:
+        a = span.attributes or {}
+        assert span.status.status_code is StatusCode.ERROR, a
+        assert a["error.type"] in ("TRYAGAIN", "ClusterError"), a
+        assert "settle.cluster.read_split" not in a, a
+    call = otel.span("settle.reserve")
+    assert call.status.status_code is StatusCode.ERROR
+    points = otel.points(
+        "settle.call.duration", **{"settle.namespace": namespace, "settle.call.name": "reserve"}
+    )
+    assert "BackendError" in {dict(p.attributes).get("error.type") for p in points}, points
+
+
+def test_a_cursor_read_split_by_a_migration_is_no_error_in_traces(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """The cursor's inspection (and the progress store's reads: the same runner call) read
+    apart during a migration: its refused script span is no error either."""
+    stream = "orders"
+    keys = stream_keys(namespace, stream)
+    with CursorStore.from_cluster(cluster.url, namespace=namespace) as store:
+        store.start(stream, b"c0")
+        before = store.checkpoint(stream)
+        with _migrating(cluster, key_slot(keys[0].encode()), namespace, []):
+            otel.exporter.clear()
+            assert store.checkpoint(stream) == before
+    split = [s for s in otel.spans() if "settle.cluster.read_split" in (s.attributes or {})]
+    assert split
+    for span in otel.spans():
+        assert span.status.status_code is StatusCode.UNSET, (span.name, span.attributes)
+        assert "error.type" not in (span.attributes or {}), (span.name, span.attributes)
