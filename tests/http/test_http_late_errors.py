@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import structlog
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.test import Client, override_settings
 from django.urls import path
 from flask import g
@@ -37,6 +37,7 @@ from settle.asgi import IdempotencyMiddleware as AsgiMiddleware
 from settle.attempt import Attempt
 from settle.wsgi import IdempotencyMiddleware, current_attempt
 from tests.http.apps import serve, serve_wsgi
+from tests.http.test_http_abandoned import lose_the_lease_in_a_timeout_of_its_own
 from tests.wsgi.test_wsgi_lost_lease import LEASE, guarded_flask, lapse, lose, untouched
 from tests.wsgi.test_wsgi_middleware import KEY, principal
 
@@ -334,3 +335,134 @@ def test_a_wsgi_503_chosen_past_the_deadline_is_still_the_504(settler: Settler) 
 
     answer = _post(settler, app)
     assert answer.status_code == 504, answer.text
+
+
+# -- the review's neighbours -------------------------------------------------------------------
+
+
+def _asgi_post(redis_url: str, namespace: str, app: Any) -> httpx.Response:
+    settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
+    guarded = AsgiMiddleware(
+        app, settler=settler, principal=lambda scope: "tenant:acme", timeout=TIMEOUT
+    )
+    with serve(guarded, settler) as base, httpx.Client(base_url=base, timeout=30) as client:
+        return client.post("/charge", content=b"x", headers=KEY)
+
+
+def _asyncio_reports(caplog: pytest.LogCaptureFixture) -> list[BaseException]:
+    return [
+        r.exc_info[1]
+        for r in caplog.records
+        if r.name == "asyncio" and r.exc_info and r.exc_info[1] is not None
+    ]
+
+
+def test_an_asgi_errors_traceback_names_the_operation_by_its_digest(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error handed to the loop's exception handler quotes the operation id (as
+    ``attempt.check()``'s errors, and what a handler builds from them, do): the ``asyncio``
+    log names the operation by its digest, as the error raised to the server would."""
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        seen.append(scope["settle"].operation_id)
+        time.sleep(TIMEOUT * 3)  # noqa: ASYNC251  # holds the loop
+        raise PaymentDeclined(f"the charge of {scope['settle'].operation_id} was declined")
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        answer = _asgi_post(redis_url, namespace, app)
+    assert answer.status_code == 504, answer.text
+    [reported] = _asyncio_reports(caplog)
+    assert isinstance(reported, PaymentDeclined)
+    assert seen[0] not in str(reported)
+    assert "operation_digest=" in str(reported)
+
+
+def test_a_wsgi_errors_traceback_names_the_operation_by_its_digest(settler: Settler) -> None:
+    seen: list[str] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        operation = current_attempt(environ).operation_id
+        seen.append(operation)
+        time.sleep(TIMEOUT * 2)
+        raise PaymentDeclined(f"the charge of {operation} was declined")
+
+    errors = io.StringIO()
+    answer = _post(settler, app, errors=errors)
+    assert answer.status_code == 504, answer.text
+    written = errors.getvalue()
+    assert "PaymentDeclined" in written
+    assert seen[0] not in written
+    assert "operation_digest=" in written
+
+
+def test_an_asgi_check_past_the_timeout_writes_no_traceback(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loop held past the deadline, then ``attempt.check()``: its ``TimeoutError`` is
+    settle's own signal, which the 504 says: named as ``error``, nothing on the ``asyncio``
+    log (as under WSGI: nothing in ``wsgi.errors``)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        time.sleep(TIMEOUT * 3)  # noqa: ASYNC251  # holds the loop
+        scope["settle"].check()
+        raise AssertionError("check() let the stop through")
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"), capture_logs() as logs:
+        answer = _asgi_post(redis_url, namespace, app)
+    assert answer.status_code == 504, answer.text
+    assert _abandoned(logs) == [("timeout", "TimeoutError")]
+    assert _asyncio_reports(caplog) == []
+
+
+def test_a_django_streamed_503_chosen_in_time_whose_body_runs_late_is_that_503(
+    settler: Settler,
+) -> None:
+    """Django's neighbour of the WSGI case: the view's ``StreamingHttpResponse`` came back in
+    time (its status chosen), its generator runs on past the deadline: that 503 stands."""
+    seen: list[str] = []
+
+    def create(request: HttpRequest) -> StreamingHttpResponse:
+        seen.append(request.settle.operation_id)  # type: ignore[attr-defined]
+
+        def body() -> Iterator[bytes]:
+            yield b"the provider is down"
+            time.sleep(TIMEOUT * 2)
+            yield b": try again later"
+
+        response = StreamingHttpResponse(body(), status=503, content_type="text/plain")
+        response["Retry-After"] = "7"
+        return response
+
+    options = {"settler": settler, "principal": django_views.principal, "timeout": TIMEOUT}
+    with override_settings(
+        ROOT_URLCONF=django_views.urlconf(path("c", create)),
+        MIDDLEWARE=["settle.django.IdempotencyMiddleware"],
+        SETTLE=options,
+    ):
+        client = Client(raise_request_exception=False)
+        answer = client.post("/c", b"{}", "application/json", **django_views.headers("k-503"))
+    assert answer.status_code == 503
+    assert answer["Retry-After"] == "7"
+    assert b"".join(answer.streaming_content) == b"the provider is down: try again later"  # type: ignore[attr-defined]
+    record = settler.get(seen[0])
+    assert record is not None
+    assert (record.state, record.reason) == (State.PROVISIONAL, "status_503")
+
+
+@pytest.mark.asyncio
+async def test_an_asgi_error_raised_after_a_lease_lost_while_its_stop_was_put_off(
+    async_settler: AsyncSettler, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease lost while the handler's own ``asyncio.timeout`` was cancelling it (the
+    stop put off), then the handler raises a bug: 409, ``error`` names its type, and its
+    traceback goes to the ``asyncio`` log, as under WSGI (``wsgi.errors``)."""
+    with caplog.at_level(logging.ERROR, logger="asyncio"), capture_logs() as logs:
+        first, _, _ = await lose_the_lease_in_a_timeout_of_its_own(async_settler, "raises")
+    assert first.status == 409
+    assert _abandoned(logs) == [("lease_lost", "RuntimeError")]
+    [reported] = _asyncio_reports(caplog)
+    assert isinstance(reported, RuntimeError)
