@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+from django.core.handlers.wsgi import WSGIHandler
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.test import Client, override_settings
 from django.urls import path
@@ -55,6 +56,22 @@ def _abandoned(logs: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
 
 def _quotes_nothing(logs: list[dict[str, Any]]) -> None:
     assert SECRET not in repr(logs)
+
+
+def _answered_in_its_place(
+    settler: Settler, answer: httpx.Response, logs: list[Any], ends: str, seen: dict[str, Any]
+) -> None:
+    """The bug ``PaymentDeclined`` ended the handler ``ends`` (past its timeout, after its
+    lease was lost): its client got the 504 or the 409 in its place, the log names its type
+    and quotes nothing of it, and a stale attempt settled nothing."""
+    if ends == "past-the-timeout":
+        assert answer.status_code == 504, answer.text
+        assert _abandoned(logs) == [("timeout", "PaymentDeclined")]
+    else:
+        assert answer.status_code == 409, answer.text
+        assert _abandoned(logs) == [("lease_lost", "PaymentDeclined")]
+        untouched(settler, seen["operation"], seen["newer"])
+    _quotes_nothing(logs)
 
 
 def _post(
@@ -115,14 +132,7 @@ def test_a_plain_wsgi_handlers_error_is_logged_by_type_and_its_traceback_kept(
     errors = io.StringIO()
     with capture_logs() as logs:
         answer = _post(settler, app, TIMEOUT if ends == "past-the-timeout" else None, errors)
-    if ends == "past-the-timeout":
-        assert answer.status_code == 504, answer.text
-        assert _abandoned(logs) == [("timeout", "PaymentDeclined")]
-    else:
-        assert answer.status_code == 409, answer.text
-        assert _abandoned(logs) == [("lease_lost", "PaymentDeclined")]
-        untouched(settler, seen["operation"], seen["newer"])
-    _quotes_nothing(logs)
+    _answered_in_its_place(settler, answer, logs, ends, seen)
     traceback = errors.getvalue()
     assert "Traceback" in traceback
     assert f"PaymentDeclined: {SECRET}" in traceback  # the server's log has the bug whole
@@ -466,3 +476,60 @@ async def test_an_asgi_error_raised_after_a_lease_lost_while_its_stop_was_put_of
     assert _abandoned(logs) == [("lease_lost", "RuntimeError")]
     [reported] = _asyncio_reports(caplog)
     assert isinstance(reported, RuntimeError)
+
+
+@pytest.mark.parametrize("ends", ["past-the-timeout", "after-a-lost-lease"])
+def test_a_django_streamed_bodys_error_reaches_the_servers_log(
+    settler: Settler, ends: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Django never sees an error its view's streamed body raises as settle collects it (nor
+    one a ``TemplateResponse`` raises as settle renders it): without settle's 504 / 409 it
+    would reach Django's handler around settle's middleware, which logs it. Its traceback
+    goes to the server's error log (``wsgi.errors``), as under plain WSGI."""
+    seen: dict[str, Any] = {}
+
+    def create(request: HttpRequest) -> StreamingHttpResponse:
+        attempt = request.settle  # type: ignore[attr-defined]
+        seen["operation"] = attempt.operation_id
+
+        def body() -> Iterator[bytes]:
+            yield b"the first rows"
+            if ends == "past-the-timeout":
+                time.sleep(TIMEOUT * 2)
+            else:
+                seen["newer"] = lose(settler, attempt)
+            raise PaymentDeclined(SECRET)
+
+        return StreamingHttpResponse(body(), content_type="text/plain")
+
+    options: dict[str, Any] = {"settler": settler, "principal": django_views.principal}
+    if ends == "past-the-timeout":
+        options["timeout"] = TIMEOUT
+    else:
+        options["lease"] = LEASE
+    errors = io.StringIO()
+
+    with override_settings(
+        ROOT_URLCONF=django_views.urlconf(path("c", create)),
+        MIDDLEWARE=["settle.django.IdempotencyMiddleware"],
+        SETTLE=options,
+    ):
+        django = WSGIHandler()
+
+        def served(environ: dict[str, Any], start_response: Any) -> Any:
+            environ["wsgi.errors"] = errors
+            return django(environ, start_response)
+
+        with (
+            caplog.at_level(logging.ERROR),
+            capture_logs() as logs,
+            serve_wsgi(served) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+            answer = client.post(
+                "/c",
+                content=b"{}",
+                headers={"Idempotency-Key": "k-s", "X-Principal": "tenant:acme"},
+            )
+    _answered_in_its_place(settler, answer, logs, ends, seen)
+    assert f"PaymentDeclined: {SECRET}" in errors.getvalue()
