@@ -48,7 +48,7 @@ from settle._input import is_decimal
 from settle._log import logger
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
-from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard
+from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard, write_traceback
 from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
@@ -455,9 +455,16 @@ class _Exchange:
         return self.response
 
     def report(self, error: BaseException) -> None:
-        """Nothing: an error gets out of Django's handler only after Django reported it
-        (``got_request_exception``, its ``django.request`` log), when it is told to raise it
-        (``DEBUG_PROPAGATE_EXCEPTIONS``, the test client)."""
+        """The handler's ``error`` is answered with settle's 504 or 409: its traceback goes to
+        the server's error log (``wsgi.errors``), as under plain WSGI. Django logs an error
+        of the view it catches (answered with its 500: :class:`Raised`), but never saw one
+        that gets here: a streamed body's, raised as it is collected, or a
+        ``TemplateResponse``'s, as it is rendered (raised on, it would have reached Django's
+        handler around this middleware, which logs it), nor logged one it raised on under
+        ``DEBUG_PROPAGATE_EXCEPTIONS`` (for the server to log)."""
+        django = self._request
+        django = django if isinstance(django, HttpRequest) else django._request
+        write_traceback(django.META.get("wsgi.errors"), error)
 
     def sent(self, response: Response) -> HttpResponseBase:
         """The Django response that goes out for ``response``: the view's own, as it made it

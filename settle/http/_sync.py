@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import traceback
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from http import HTTPStatus
@@ -115,6 +116,21 @@ class Exchange(Protocol):
         hand its traceback to where the server would have logged it, had it been raised
         (plain WSGI: ``environ["wsgi.errors"]``; a framework that reported it already as it
         caught it, Django, does nothing)."""
+
+
+def write_traceback(stream: object, error: BaseException) -> None:
+    """Write ``error``'s traceback to ``stream``, a server's error log (PEP 3333's
+    ``wsgi.errors``: gunicorn's error log, wsgiref's stderr), where the server would have
+    written it had the error been raised to it (:meth:`Exchange.report`). No stream, or one
+    that fails, changes nothing: the answer goes out all the same."""
+    write = getattr(stream, "write", None)
+    if write is None:
+        return
+    try:
+        write("".join(traceback.format_exception(error)))
+        stream.flush()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001, S110  # the answer goes out all the same
+        pass
 
 
 class SyncGuard:

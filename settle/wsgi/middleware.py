@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import io
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
-from settle.http._sync import NotReached, Raised, SyncGuard, status_line
+from settle.http._sync import NotReached, Raised, SyncGuard, status_line, write_traceback
 from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -252,13 +251,5 @@ class _Exchange:
     def report(self, error: BaseException) -> None:
         """The handler's ``error`` is answered with settle's 504 or 409, never raised to the
         server: its traceback goes to the server's error log all the same (PEP 3333's
-        ``wsgi.errors``, where the server writes the errors raised to it; gunicorn's error
-        log, wsgiref's stderr), so that a bug is seen. A stream that fails changes nothing."""
-        stream = self._environ.get("wsgi.errors")
-        if stream is None:
-            return
-        try:
-            stream.write("".join(traceback.format_exception(error)))
-            stream.flush()
-        except Exception:  # noqa: BLE001, S110  # the answer goes out all the same
-            pass
+        ``wsgi.errors``), so that a bug is seen."""
+        write_traceback(self._environ.get("wsgi.errors"), error)
