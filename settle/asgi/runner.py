@@ -171,9 +171,7 @@ class AttemptRunner:
             if error is not None and self._reason is None and self._timed_out():
                 # It raised past its deadline (attempt.check()'s TimeoutError) before the
                 # timer could fire (the loop was held): the timeout it is, as under WSGI.
-                if self._guard.reports(self._run, error):
-                    self._guard.handler_raised(error)  # its id named by its digest
-                    _report(error)
+                self._report(error)
                 await self._stop_late("timeout", error)
                 return
             # A lease lost while another cancellation was in flight put its stop off: the
@@ -182,9 +180,8 @@ class AttemptRunner:
                 self._phase = _Phase.ABANDONED
                 if self._reason is None:
                     # As _interrupt would have; an error it raised on its own is reported.
-                    if error is not None and self._guard.reports(self._run, error):
-                        self._guard.handler_raised(error)
-                        _report(error)
+                    if error is not None:
+                        self._report(error)
                     self._guard.abandoned("lease_lost", error)
                 # What it raised while stopping is moot.
                 await self._stopped_by(self._reason or "lease_lost")
@@ -226,6 +223,15 @@ class AttemptRunner:
         """Whether the handler, still running, ended in error (``status``: its 5xx) past its
         deadline (:meth:`Guard.timed_out`)."""
         return self._phase is _Phase.RUNNING and self._guard.timed_out(self._run, status)
+
+    def _report(self, error: BaseException) -> None:
+        """The handler's own ``error``, answered with a 504 or a 409 in its place, goes to
+        the event loop's exception handler (:func:`_to_exception_handler`), its operation
+        named by its digest (:meth:`Guard.handler_raised`); not the stop of
+        ``attempt.check()`` (:meth:`Guard.reports`)."""
+        if self._guard.reports(self._run, error):
+            self._guard.handler_raised(error)
+            _to_exception_handler(error)
 
     async def _stop_late(self, reason: str, error: BaseException | None = None) -> None:
         """The handler ended on its own (``error``: what it raised, if it did) with what
@@ -540,7 +546,7 @@ async def send_response(send: Send, response: Response) -> None:
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-def _report(error: BaseException) -> None:
+def _to_exception_handler(error: BaseException) -> None:
     """The handler raised ``error`` on its own and its client gets settle's 504 or 409 in
     its place: the error is not raised to the server, so its traceback goes to the event
     loop's exception handler (asyncio's logs it at ERROR, with the traceback, on the
