@@ -533,3 +533,30 @@ def test_a_django_streamed_bodys_error_reaches_the_servers_log(
             )
     _answered_in_its_place(settler, answer, logs, ends, seen)
     assert f"PaymentDeclined: {SECRET}" in errors.getvalue()
+
+
+def test_an_asgi_500_a_framework_made_of_a_late_error_then_raised_is_reported(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A framework inside the guard answers the handler's error with its 500 and raises it
+    on for the server to log (Starlette's ``ServerErrorMiddleware``, when the guard wraps the
+    whole app), the loop held past the deadline: the 504 replaces that 500, and the error
+    must not vanish with it: its traceback goes to the ``asyncio`` log, as under WSGI."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        time.sleep(TIMEOUT * 3)  # noqa: ASYNC251  # holds the loop
+        try:
+            raise PaymentDeclined(SECRET)
+        except PaymentDeclined:
+            await send({"type": "http.response.start", "status": 500, "headers": []})
+            await send({"type": "http.response.body", "body": b"Internal Server Error"})
+            raise
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"), capture_logs() as logs:
+        answer = _asgi_post(redis_url, namespace, app)
+    assert answer.status_code == 504, answer.text
+    assert [reason for reason, _ in _abandoned(logs)] == ["timeout"]
+    _quotes_nothing(logs)
+    [reported] = _asyncio_reports(caplog)
+    assert isinstance(reported, PaymentDeclined)
