@@ -92,6 +92,7 @@ class AttemptRunner:
         self._task: asyncio.Task[object]
         self._reason: str | None = None  # why _interrupt stopped the handler
         self._others_until: float | None = None  # see _interrupt
+        self._late_5xx = False  # stopped at a 5xx start past the deadline (_capture)
         self._receive: Receive
         self._timer: asyncio.TimerHandle  # the listener's or the heartbeat's: see run
 
@@ -183,7 +184,12 @@ class AttemptRunner:
                     if error is not None:
                         self._report(error)
                     self._guard.abandoned("lease_lost", error)
-                # What it raised while stopping is moot.
+                elif error is not None and self._late_5xx:
+                    # The 5xx the 504 replaced was a framework's answer to this error, which
+                    # it raised on for the server to log (Starlette's ServerErrorMiddleware):
+                    # the bug is reported, as under WSGI.
+                    self._report(error)
+                # Else what it raised while stopping is moot.
                 await self._stopped_by(self._reason or "lease_lost")
                 return
             if self._phase is _Phase.RUNNING:
@@ -394,6 +400,7 @@ class AttemptRunner:
                 # inside the guard makes of its error), the loop held so that the timer could
                 # not fire: the timeout stops it now, and its client gets the 504 in place of
                 # this answer, as under WSGI.
+                self._late_5xx = True
                 self._interrupt("timeout")
                 return
             if not self._guard.keeps(status, 0):
