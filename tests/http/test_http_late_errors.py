@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -560,3 +561,26 @@ def test_an_asgi_500_a_framework_made_of_a_late_error_then_raised_is_reported(
     _quotes_nothing(logs)
     [reported] = _asyncio_reports(caplog)
     assert isinstance(reported, PaymentDeclined)
+
+
+def test_a_wsgi_error_page_chosen_past_the_deadline_is_the_504(settler: Settler) -> None:
+    """The status is the one of the last ``start_response``: a 200 chosen in time, then a
+    body that fails past the deadline and an error page (``start_response`` again, with
+    ``exc_info``, PEP 3333): that 500 was chosen late, and the 504 replaces it."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        current_attempt(environ)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+
+        def body() -> Iterator[bytes]:
+            try:
+                time.sleep(TIMEOUT * 2)
+                raise PaymentDeclined("the charge failed")
+            except PaymentDeclined:
+                start_response("500 Internal Server Error", [], sys.exc_info())
+                yield b"error page"
+
+        return body()
+
+    answer = _post(settler, app)
+    assert answer.status_code == 504, answer.text
