@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -47,7 +48,7 @@ from settle._input import is_decimal
 from settle._log import logger
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
-from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard
+from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard, write_traceback
 from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
@@ -227,6 +228,9 @@ def _mark_raised(sender: object, request: HttpRequest | None = None, **_: Any) -
     if request is not None and getattr(request, "_settle_raised", None) is None:
         with contextlib.suppress(AttributeError):
             request._settle_raised = time.monotonic()  # type: ignore[attr-defined]
+            # Sent from Django's except block: the exception it answers (its type is logged
+            # if a 504 or a 409 replaces that 500; Django logs its traceback itself).
+            request._settle_error = sys.exc_info()[1]  # type: ignore[attr-defined]
 
 
 got_request_exception.connect(_mark_raised)
@@ -381,6 +385,7 @@ class _Exchange:
         self._reaching = reaching  # the middleware: was the view reached?
         self.response: Response | None = None
         self.django: HttpResponseBase | None = None
+        self.chosen: float | None = None
 
     def principal(self) -> object:
         return self._principal(self._request)
@@ -424,6 +429,7 @@ class _Exchange:
         # Kept at once: whatever happens from here on, the view's response is closed once
         # (:meth:`sent` or :meth:`discard`).
         response = self.django = self._get_response(self._request)
+        self.chosen = time.monotonic()  # its status is chosen; a streamed body may run on
         render = getattr(response, "render", None)
         if render is not None and not getattr(response, "is_rendered", True):
             render()  # a TemplateResponse or DRF Response returned to a view decorator
@@ -444,8 +450,21 @@ class _Exchange:
         django = django if isinstance(django, HttpRequest) else django._request
         at = getattr(django, "_settle_raised", None)
         if self.response.status >= 500 and isinstance(at, float):
-            raise Raised(self.response, at)  # Django's 500 for the view's exception
+            # Django's 500 for the view's exception
+            raise Raised(self.response, at, getattr(django, "_settle_error", None))
         return self.response
+
+    def report(self, error: BaseException) -> None:
+        """The handler's ``error`` is answered with settle's 504 or 409: its traceback goes to
+        the server's error log (``wsgi.errors``), as under plain WSGI. Django logs an error
+        of the view it catches (answered with its 500: :class:`Raised`), but never saw one
+        that gets here: a streamed body's, raised as it is collected, or a
+        ``TemplateResponse``'s, as it is rendered (raised on, it would have reached Django's
+        handler around this middleware, which logs it), nor logged one it raised on under
+        ``DEBUG_PROPAGATE_EXCEPTIONS`` (for the server to log)."""
+        django = self._request
+        django = django if isinstance(django, HttpRequest) else django._request
+        write_traceback(django.META.get("wsgi.errors"), error)
 
     def sent(self, response: Response) -> HttpResponseBase:
         """The Django response that goes out for ``response``: the view's own, as it made it

@@ -113,8 +113,8 @@ def _view_reached(environ: dict[str, Any]) -> bool:
     return not environ.get(_REFUSED)
 
 
-#: Set in the environ (``time.monotonic()``) when Flask caught an exception of the request,
-#: which it answers with its 500.
+#: Set in the environ (``time.monotonic()`` and the exception) when Flask caught an exception
+#: of the request, which it answers with its 500.
 _RAISED = "settle.raised"
 
 
@@ -122,9 +122,11 @@ def _mark_raised(sender: Flask, **_: Any) -> None:  # noqa: ARG001  # blinker pa
     """Flask's ``got_request_exception``: the 500 it answers is the view's exception (settled
     as ``exception``, as under ASGI and plain WSGI), not a status the view chose. Sent
     before Flask logs the exception and renders its 500: the deadline is asked of this."""
-    request.environ.setdefault(_RAISED, time.monotonic())
+    exception = _.get("exception")
+    error = exception if isinstance(exception, BaseException) else None
+    request.environ.setdefault(_RAISED, (time.monotonic(), error))
 
 
-def _view_raised(environ: dict[str, Any]) -> float | None:
-    at = environ.get(_RAISED)
-    return at if isinstance(at, float) else None
+def _view_raised(environ: dict[str, Any]) -> tuple[float, BaseException | None] | None:
+    raised = environ.get(_RAISED)
+    return raised if isinstance(raised, tuple) else None

@@ -92,6 +92,7 @@ class AttemptRunner:
         self._task: asyncio.Task[object]
         self._reason: str | None = None  # why _interrupt stopped the handler
         self._others_until: float | None = None  # see _interrupt
+        self._late_5xx = False  # stopped at a 5xx start past the deadline (_capture)
         self._receive: Receive
         self._timer: asyncio.TimerHandle  # the listener's or the heartbeat's: see run
 
@@ -171,15 +172,24 @@ class AttemptRunner:
             if error is not None and self._reason is None and self._timed_out():
                 # It raised past its deadline (attempt.check()'s TimeoutError) before the
                 # timer could fire (the loop was held): the timeout it is, as under WSGI.
-                await self._stop_late("timeout")
+                self._report(error)
+                await self._stop_late("timeout", error)
                 return
             # A lease lost while another cancellation was in flight put its stop off: the
             # handler ended still RUNNING, and is superseded all the same.
             if self._reason is not None or (self._attempt.lost and self._phase is _Phase.RUNNING):
                 self._phase = _Phase.ABANDONED
                 if self._reason is None:
-                    self._guard.abandoned("lease_lost")  # as _interrupt would have
-                # What it raised while stopping is moot.
+                    # As _interrupt would have; an error it raised on its own is reported.
+                    if error is not None:
+                        self._report(error)
+                    self._guard.abandoned("lease_lost", error)
+                elif error is not None and self._late_5xx:
+                    # The 5xx the 504 replaced was a framework's answer to this error, which
+                    # it raised on for the server to log (Starlette's ServerErrorMiddleware):
+                    # the bug is reported, as under WSGI.
+                    self._report(error)
+                # Else what it raised while stopping is moot.
                 await self._stopped_by(self._reason or "lease_lost")
                 return
             if self._phase is _Phase.RUNNING:
@@ -220,12 +230,22 @@ class AttemptRunner:
         deadline (:meth:`Guard.timed_out`)."""
         return self._phase is _Phase.RUNNING and self._guard.timed_out(self._run, status)
 
-    async def _stop_late(self, reason: str) -> None:
-        """The handler ended on its own with what :meth:`_interrupt` would have answered
-        (``reason``): answer and settle it as that stop does."""
+    def _report(self, error: BaseException) -> None:
+        """The handler's own ``error``, answered with a 504 or a 409 in its place, goes to
+        the event loop's exception handler (:func:`_to_exception_handler`), its operation
+        named by its digest (:meth:`Guard.handler_raised`); not the stop of
+        ``attempt.check()`` (:meth:`Guard.reports`)."""
+        if self._guard.reports(self._run, error):
+            self._guard.handler_raised(error)
+            _to_exception_handler(error)
+
+    async def _stop_late(self, reason: str, error: BaseException | None = None) -> None:
+        """The handler ended on its own (``error``: what it raised, if it did) with what
+        :meth:`_interrupt` would have answered (``reason``): answer and settle it as that
+        stop does."""
         self._phase = _Phase.ABANDONED
         self._reason = reason
-        problem = self._guard.abandoned(reason)
+        problem = self._guard.abandoned(reason, error)
         if problem is not None:
             await self._answer(problem)
         await self._stopped_by(reason)
@@ -380,6 +400,7 @@ class AttemptRunner:
                 # inside the guard makes of its error), the loop held so that the timer could
                 # not fire: the timeout stops it now, and its client gets the 504 in place of
                 # this answer, as under WSGI.
+                self._late_5xx = True
                 self._interrupt("timeout")
                 return
             if not self._guard.keeps(status, 0):
@@ -530,6 +551,21 @@ async def send_response(send: Send, response: Response) -> None:
     headers = list(response.headers)
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+def _to_exception_handler(error: BaseException) -> None:
+    """The handler raised ``error`` on its own and its client gets settle's 504 or 409 in
+    its place: the error is not raised to the server, so its traceback goes to the event
+    loop's exception handler (asyncio's logs it at ERROR, with the traceback, on the
+    ``asyncio`` logger; an application's own handler, an error tracker's, gets it), so that
+    a bug is seen. settle's own log names only its type (``settle.http.abandoned``)."""
+    asyncio.get_running_loop().call_exception_handler(
+        {
+            "message": "settle: the guarded handler raised; its client got a 504 or a 409 in "
+            "its place",
+            "exception": error,
+        }
+    )
 
 
 async def _absorb_cancel(task: asyncio.Task[object]) -> bool:

@@ -516,11 +516,20 @@ class Guard:
             return False
         return (time.monotonic() if at is None else at) >= deadline
 
-    def stopped_by_loss(self) -> Response:
+    def reports(self, run: Run, error: BaseException) -> bool:
+        """Whether the handler's ``error``, answered with a 504 or a 409 in its place and
+        never raised to the server, has its traceback handed to the server's error log: a
+        bug would be lost otherwise. Not the ``StaleAttempt`` or ``TimeoutError`` that
+        ``attempt.check()`` raised to stop it: settle's own signal, which its 409 or 504
+        says (``settle.http.abandoned`` names its type all the same)."""
+        return not run.attempt.stopped_by(error)
+
+    def stopped_by_loss(self, error: BaseException | None = None) -> Response:
         """A handler that ended after its lease was lost, with nothing to store
         (:meth:`settles`): the 409 ``attempt-superseded`` its client gets, as under ASGI,
-        never the stale attempt's own error."""
-        self.abandoned("lease_lost")
+        never the stale attempt's own error (``error``: logged by its type,
+        :meth:`abandoned`)."""
+        self.abandoned("lease_lost", error)
         return self.superseded(None)
 
     def settle_failed(self, step: Settle, exc: SettleError) -> Settle | None:
@@ -582,17 +591,23 @@ class Guard:
             self.policy.problem_type_base
         )
 
-    def abandoned(self, reason: str) -> Response | None:
+    def abandoned(self, reason: str, error: BaseException | None = None) -> Response | None:
         """The attempt stops before its last byte (``timeout``, ``client_disconnect``,
-        ``lease_lost``): the problem to answer at once, if any."""
-        self.log.warning("settle.http.abandoned", reason=reason)
+        ``lease_lost``): the problem to answer at once, if any. ``error``: the handler's own
+        error that ended it, which its client never sees (a 504 or a 409 replaces it): its
+        type is logged as ``error`` (never its message, which may quote a payload), so that a
+        bug past the deadline or after a lost lease is not lost among the timeouts."""
+        if error is None:
+            self.log.warning("settle.http.abandoned", reason=reason)
+        else:
+            self.log.warning("settle.http.abandoned", reason=reason, error=type(error).__name__)
         abandoned = {"timeout": "timeout", "lease_lost": "superseded"}
         self.outcome = abandoned.get(reason, "disconnected")
         if reason != "timeout":
             return None
         detail = (
-            f"the request did not finish within {self.policy.timeout} s and was stopped; it "
-            f"may or may not have taken effect. Retry with the same {self.policy.header}."
+            f"the request did not finish within {self.policy.timeout} s; it may or may not "
+            f"have taken effect. Retry with the same {self.policy.header}."
         )
         return Problem(ProblemKind.TIMEOUT, detail, self.policy.retry_after).response(
             self.policy.problem_type_base

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import traceback
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from http import HTTPStatus
@@ -83,14 +84,21 @@ class Raised(Exception):  # a signal between a shell and the driver
     framework caught it (its ``got_request_exception``), which the deadline is asked of:
     the framework logs the exception and renders its 500 after that, which may take long."""
 
-    def __init__(self, response: Response, at: float) -> None:
+    def __init__(self, response: Response, at: float, error: BaseException | None = None) -> None:
         super().__init__("the guarded handler raised")
         self.response = response
         self.at = at
+        self.error = error  # the exception the framework caught, if it said
 
 
 class Exchange(Protocol):
     """One request as a sync shell sees it."""
+
+    #: The ``time.monotonic()`` instant the app chose the status of the response
+    #: :meth:`call` returned (PEP 3333: its last ``start_response``; Django: its response
+    #: came back), which the deadline is asked of: a body that runs on past it does not
+    #: turn a 5xx chosen in time into a 504, as under ASGI, whose response start went out.
+    chosen: float | None
 
     def principal(self) -> object:
         """What the principal callable returns for this request."""
@@ -102,6 +110,27 @@ class Exchange(Protocol):
     def call(self, attempt: Attempt) -> Response:
         """Run the app with ``attempt`` and return its whole response (:class:`NotReached`
         when the app answered without running the guarded handler)."""
+
+    def report(self, error: BaseException) -> None:
+        """The handler raised ``error`` and its client gets settle's 504 or 409 in its place:
+        hand its traceback to where the server would have logged it, had it been raised
+        (plain WSGI: ``environ["wsgi.errors"]``; a framework that reported it already as it
+        caught it, Django, does nothing)."""
+
+
+def write_traceback(stream: object, error: BaseException) -> None:
+    """Write ``error``'s traceback to ``stream``, a server's error log (PEP 3333's
+    ``wsgi.errors``: gunicorn's error log, wsgiref's stderr), where the server would have
+    written it had the error been raised to it (:meth:`Exchange.report`). No stream, or one
+    that fails, changes nothing: the answer goes out all the same."""
+    write = getattr(stream, "write", None)
+    if write is None:
+        return
+    try:
+        write("".join(traceback.format_exception(error)))
+        stream.flush()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001, S110  # the answer goes out all the same
+        pass
 
 
 class SyncGuard:
@@ -189,28 +218,33 @@ class SyncGuard:
                 # that exception, as under ASGI; its client gets that answer, or the 504 /
                 # the 409 a timeout or a lost lease gives.
                 if guard.timed_out(run, at=raised.at):
-                    return self._timed_out(guard, run)
+                    return self._timed_out(guard, run, raised.error)
                 if not self._failed(guard, run, "exception"):
-                    return guard.stopped_by_loss()
+                    return guard.stopped_by_loss(raised.error)
                 return raised.response
             except BaseException as exc:
                 guard.handler_raised(exc)  # first: whatever settling it raises chains to it
                 if isinstance(exc, Exception) and guard.timed_out(run):
                     # attempt.check()'s TimeoutError, or an error past the deadline: its
                     # client gets the 504 ASGI answers when its timeout stops a handler.
-                    return self._timed_out(guard, run)
+                    # A bug's traceback goes to the server's log, not to the server.
+                    if guard.reports(run, exc):
+                        exchange.report(exc)
+                    return self._timed_out(guard, run, exc)
                 if not self._failed(guard, run, "exception"):
                     if guard.stops(run, exc):
                         # The lease is lost (attempt.check()'s StaleAttempt, or the
                         # handler's own error after the loss): its client gets what ASGI
                         # answers when it stops one, and the stale attempt settles nothing.
-                        return guard.stopped_by_loss()
+                        if guard.reports(run, exc):
+                            exchange.report(exc)
+                        return guard.stopped_by_loss(exc)
                     guard.abandoned("lease_lost")  # a KeyboardInterrupt: superseded too
                 raise
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)
             instead: Response | None
-            if step.stored is None and guard.timed_out(run, response.status):
+            if step.stored is None and guard.timed_out(run, response.status, exchange.chosen):
                 # The 500 a framework (Django, Flask) made of an error past the deadline.
                 instead = self._timed_out(guard, run)
             elif guard.settles(run, step):
@@ -223,12 +257,21 @@ class SyncGuard:
             self._beats.remove(beating)
         return response if instead is None else instead
 
-    def _timed_out(self, guard: Guard, run: Run) -> Response:
-        """The handler ended in error past its ``timeout`` (:meth:`Guard.timed_out`): the
-        504 ``handler-timeout``, and the attempt provisional (``timeout``), as under ASGI."""
-        problem = guard.abandoned("timeout")
+    def _timed_out(self, guard: Guard, run: Run, error: BaseException | None = None) -> Response:
+        """The handler ended in error (``error``, if it raised) past its ``timeout``
+        (:meth:`Guard.timed_out`): the 504 ``handler-timeout``, and the attempt provisional
+        (``timeout``), as under ASGI. Unless the lease is known lost by the time it would
+        be marked (:meth:`Guard.settles`, asked last, as :meth:`_failed` does): a newer
+        attempt may own the operation, and the mark would be quarantined against its record;
+        the 504 stands and nothing is settled, as when ASGI's timeout stopped a handler
+        whose lease was lost while it stopped."""
+        problem = guard.abandoned("timeout", error)
         assert problem is not None, "a timeout is answered"
-        self._settle(guard, guard.failed(run, "timeout"))
+        step = guard.failed(run, "timeout")
+        if guard.settles(run, step):
+            self._settle(guard, step)
+        else:
+            guard.superseded(None)  # the outcome, as ASGI's: its answer is the 504
         return problem
 
     def _failed(self, guard: Guard, run: Run, reason: str) -> bool:

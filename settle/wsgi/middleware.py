@@ -10,12 +10,13 @@ untouched, streaming included.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
-from settle.http._sync import NotReached, Raised, SyncGuard, status_line
+from settle.http._sync import NotReached, Raised, SyncGuard, status_line, write_traceback
 from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -33,8 +34,9 @@ ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 Reached = Callable[[Environ], bool]
-#: When the framework caught the guarded handler's exception (``time.monotonic()``), if it did.
-RaisedAt = Callable[[Environ], float | None]
+#: When the framework caught the guarded handler's exception (``time.monotonic()``), if it did,
+#: and the exception, if the framework said.
+RaisedAt = Callable[[Environ], tuple[float, BaseException | None] | None]
 
 _CHUNK = 64 << 10
 
@@ -170,6 +172,7 @@ class _Exchange:
         self.status = ""
         self.headers: list[tuple[str, str]] = []
         self.response: Response | None = None
+        self.chosen: float | None = None
 
     def principal(self) -> object:
         return self._principal(self._environ)
@@ -222,6 +225,7 @@ class _Exchange:
                 chunks.clear()
             started = True
             self.status, self.headers = status, list(headers)
+            self.chosen = time.monotonic()  # the status the deadline is asked of
             return chunks.append
 
         result = self._app(self._environ, start_response)
@@ -238,7 +242,14 @@ class _Exchange:
         self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
         if self._reached is not None and not self._reached(self._environ):
             raise NotReached(self.response)  # sent as it is, never stored
-        at = None if self._raised is None else self._raised(self._environ)
-        if at is not None and self.response.status >= 500:
-            raise Raised(self.response, at)  # the framework's 500 for the handler's exception
+        raised = None if self._raised is None else self._raised(self._environ)
+        if raised is not None and self.response.status >= 500:
+            # the framework's 500 for the handler's exception
+            raise Raised(self.response, *raised)
         return self.response
+
+    def report(self, error: BaseException) -> None:
+        """The handler's ``error`` is answered with settle's 504 or 409, never raised to the
+        server: its traceback goes to the server's error log all the same (PEP 3333's
+        ``wsgi.errors``), so that a bug is seen."""
+        write_traceback(self._environ.get("wsgi.errors"), error)

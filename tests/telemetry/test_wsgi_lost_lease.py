@@ -8,6 +8,7 @@ instrumentation, a real Redis."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -18,8 +19,9 @@ from structlog.testing import capture_logs
 from settle import Settler
 from settle.wsgi import IdempotencyMiddleware, current_attempt
 from tests.http.apps import serve_wsgi
+from tests.http.test_http_late_errors import _on_event
 from tests.telemetry.conftest import Telemetry
-from tests.wsgi.test_wsgi_lost_lease import LEASE, lose, untouched
+from tests.wsgi.test_wsgi_lost_lease import LEASE, lapse, lose, untouched
 from tests.wsgi.test_wsgi_middleware import KEY, principal
 
 
@@ -62,3 +64,37 @@ def test_a_request_that_lost_its_lease_is_reported_superseded(
     )
     abandoned = [e["reason"] for e in logs if e["event"] == "settle.http.abandoned"]
     assert abandoned == ["lease_lost"]
+
+
+def test_a_lease_lost_as_the_504_is_settled_is_reported_superseded(
+    settler: Settler, namespace: str, otel: Telemetry
+) -> None:
+    """The handler raised past its ``timeout``; as the guard answers its 504 its lease
+    lapses and a retry takes the key over: nothing is settled, and the request is reported
+    ``superseded`` (as ASGI reports a handler whose lease was lost while it stopped), not
+    ``timeout``: the newer attempt owns the operation."""
+    seen: dict[str, Any] = {}
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        attempt = current_attempt(environ)
+        seen["operation"], seen["attempt"] = attempt.operation_id, attempt
+        time.sleep(0.2)
+        raise ValueError("a bug")
+
+    def take_over() -> None:
+        seen["newer"] = lapse(settler, seen["attempt"])
+
+    guarded = IdempotencyMiddleware(
+        app, settler=settler, principal=principal, lease=LEASE, timeout=0.1
+    )
+    with (
+        _on_event("settle.http.abandoned", "timeout", take_over),
+        serve_wsgi(WsgiTelemetry(guarded)) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        answer = client.post("/charge", content=b"x", headers=KEY)
+    assert answer.status_code == 504
+    untouched(settler, seen["operation"], seen["newer"])
+    [server] = [s for s in otel.spans() if s.kind.name == "SERVER"]
+    assert server.attributes is not None
+    assert server.attributes.get("settle.http.outcome") == "superseded"
