@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from time import monotonic
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
@@ -592,6 +593,7 @@ class AsyncStreamConsumer:
                 consumername=self.worker,
             ),
         )
+        listed = monotonic()  # after the listing ran: what elapsed since, it measures short
         inherited, self._inherited = self._inherited, False
         # A full listing may have left some out: look again on the next poll.
         self._own_pending = len(rows or []) >= self.options.batch
@@ -604,7 +606,9 @@ class AsyncStreamConsumer:
         own, gone = self.core.own_entries(rows, present)
         if own and not inherited:
             held = self.core.own_rows(rows, own)
-            kept = await self._command("XCLAIM", lambda client: self._hold(client, scope, held))
+            kept = await self._command(
+                "XCLAIM", lambda client: self._hold(client, scope, held, listed)
+            )
             fresh = self.core.still_own(own, kept)
             # One not kept is another worker's now, or this worker's made fresh by a try
             # whose reply was lost (the repeat found it idle too little): look again.
@@ -614,17 +618,26 @@ class AsyncStreamConsumer:
             self.store.observer("claimed", entry.delivery)
         return own, gone
 
-    async def _hold(self, client: Any, scope: ProviderScope, rows: list[Any]) -> list[Any]:
+    async def _hold(
+        self, client: Any, scope: ProviderScope, rows: list[Any], listed: float | None = None
+    ) -> list[Any]:
         """Make each delivery of ``rows`` fresh for this worker (idle 0, its delivery count
-        kept: JUSTID) unless its idle time fell below what the listing said: another
-        worker's XAUTOCLAIM took it meanwhile, and it stays that worker's."""
+        kept: JUSTID) unless it was touched since the listing (``listed``: ``monotonic()``
+        when the listing's reply came; None: just now). Each try asks for the idle time
+        listed plus what elapsed since, measured then (a repeat after a lost reply may come
+        long after). One another worker's XAUTOCLAIM took meanwhile stays that worker's;
+        one the lost try made fresh is looked for again on the next poll. Measured from the
+        reply, the elapsed time falls short of the server's: an untouched delivery is
+        claimed; one taken at ``claim_idle`` is claimed back only if this try's request and
+        the listing's reply spent that long on the way together."""
+        elapsed = 0 if listed is None else int((monotonic() - listed) * 1000)
         async with client.pipeline(transaction=False) as pipe:
             for row in rows:
                 pipe.xclaim(
                     scope.stream,
                     scope.group,
                     self.worker,
-                    int(row["time_since_delivered"]),
+                    int(row["time_since_delivered"]) + elapsed,
                     [row["message_id"]],
                     justid=True,
                 )

@@ -108,7 +108,11 @@ def w(
 
 @asynccontextmanager
 async def consumer(
-    w: World, limit: int, batch: int = 32, claim_idle: float = CLAIM_IDLE
+    w: World,
+    limit: int,
+    batch: int = 32,
+    claim_idle: float = CLAIM_IDLE,
+    socket_timeout: float | None = None,
 ) -> AsyncIterator[Any]:
     options: dict[str, Any] = {
         "stream": w.names.stream,
@@ -120,21 +124,61 @@ async def consumer(
         "batch": batch,
     }
     own = {"consumer": w.names.consumer, "namespace": w.names.namespace}
+    client = sync_client(w.proxy.port) if w.flavour == "sync" else async_client(w.proxy.port)
+    if socket_timeout is not None:  # how long a stalled reply holds each try
+        client.connection_pool.connection_kwargs["socket_timeout"] = socket_timeout
     if w.flavour == "sync":
-        sync = StreamConsumer(
-            sync_client(w.proxy.port), ProgressStore.from_url(w.server.url, **own), **options
-        )
+        sync = StreamConsumer(client, ProgressStore.from_url(w.server.url, **own), **options)
         try:
             yield Awaitable(sync)
         finally:
             sync.close()
         return
     store = AsyncProgressStore.from_url(w.server.url, **own)
-    aconsumer = AsyncStreamConsumer(async_client(w.proxy.port), store, **options)
+    aconsumer = AsyncStreamConsumer(client, store, **options)
     try:
         yield aconsumer
     finally:
         await aconsumer.aclose()
+
+
+def slow_effects(
+    running: threading.Event, runs: list[str], overlap: list[bool], effect_time: float
+) -> tuple[Any, Any]:
+    """A sync and an async effect that record each emission they run for in ``runs``, and in
+    ``overlap`` whether another run was under way as it began; each lasts ``effect_time``."""
+
+    def begin(ctx: EffectContext) -> None:
+        overlap.append(running.is_set())
+        runs.append(ctx.emission.value)
+        running.set()
+
+    def slow(ctx: EffectContext) -> None:
+        begin(ctx)
+        time.sleep(effect_time)
+        running.clear()
+
+    async def aslow(ctx: EffectContext) -> None:
+        begin(ctx)
+        await asyncio.sleep(effect_time)
+        running.clear()
+
+    return slow, aslow
+
+
+def other_worker(w: World, stream_server: EmbeddedRedis, claim_idle: float) -> StreamConsumer:
+    """Another worker, ``w2``, on the same group, straight to the stream's server (sync)."""
+    return StreamConsumer(
+        redis.Redis.from_url(stream_server.url),
+        ProgressStore.from_url(
+            w.server.url, consumer=w.names.consumer, namespace=w.names.namespace
+        ),
+        stream=w.names.stream,
+        group=w.names.group,
+        worker="w2",
+        block=0.01,
+        claim_idle=claim_idle,
+    )
 
 
 async def test_a_lost_xautoclaim_reply_costs_no_delivery_attempt(w: World) -> None:
@@ -235,34 +279,9 @@ async def test_a_held_delivery_gets_all_of_claim_idle_for_its_effect(
     was left of ``claim_idle`` since it was first handed, and both workers ran the effect at
     once, where before the change the other worker alone ran it)."""
     claim_idle, held, effect_time = 1.0, 0.6, 0.8
-    running, runs, overlap = threading.Event(), [], []
-
-    def begin(ctx: EffectContext) -> None:
-        overlap.append(running.is_set())
-        runs.append(ctx.emission.value)
-        running.set()
-
-    def slow(ctx: EffectContext) -> None:
-        begin(ctx)
-        time.sleep(effect_time)
-        running.clear()
-
-    async def aslow(ctx: EffectContext) -> None:
-        begin(ctx)
-        await asyncio.sleep(effect_time)
-        running.clear()
-
-    other = StreamConsumer(
-        redis.Redis.from_url(stream_server.url),
-        ProgressStore.from_url(
-            w.server.url, consumer=w.names.consumer, namespace=w.names.namespace
-        ),
-        stream=w.names.stream,
-        group=w.names.group,
-        worker="w2",
-        block=0.01,
-        claim_idle=claim_idle,
-    )
+    running, runs, overlap = threading.Event(), list[str](), list[bool]()
+    slow, aslow = slow_effects(running, runs, overlap, effect_time)
+    other = other_worker(w, stream_server, claim_idle)
     async with consumer(w, limit=5, claim_idle=claim_idle) as c:
         await c.start()
         [delivery] = publish(w.stream, w.names, ["e1"])
@@ -271,12 +290,12 @@ async def test_a_held_delivery_gets_all_of_claim_idle_for_its_effect(
             await c.poll(slow if w.flavour == "sync" else aslow)
         handed = time.monotonic()
 
-        def other_worker() -> None:  # polls once the delivery was handed claim_idle ago
+        def other_polls() -> None:  # polls once the delivery was handed claim_idle ago
             running.wait(claim_idle * 2)
             time.sleep(max(0.0, handed + claim_idle * 1.15 - time.monotonic()))
             other.poll(slow)
 
-        thread = threading.Thread(target=other_worker)
+        thread = threading.Thread(target=other_polls)
         thread.start()
         try:
             await asyncio.sleep(held)
@@ -497,4 +516,54 @@ async def test_a_late_repeat_of_a_lost_xclaim_takes_the_delivery_at_its_count(w:
         assert [d.value for r in reports for d in r.handled] == [delivery]
         assert [x.outcome for r in reports for x in r.receipts] == [SettlementOutcome.ACKED]
         await settled_once(w, c, effect, delivery, CLAIM_IDLE)
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
+
+
+async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
+    w: World, stream_server: EmbeddedRedis
+) -> None:
+    """The XCLAIM that makes a held delivery fresh runs but its reply is withheld, and so are
+    its repeats' (each waits the socket timeout), past ``claim_idle``: another worker's
+    XAUTOCLAIM takes the delivery and starts its effect. A later repeat does not take it
+    back (found in review: the repeat asked only for the idle time the listing said, which
+    the other worker's take had reached again by then, and both workers ran the effect at
+    once). Each try asks for that idle time plus what elapsed since the listing.
+
+    Times (a try every ``timeout`` plus a backoff of at most 0.35 s in all): the listing
+    sees the delivery idle ``listed``; the second try comes before that much more elapsed
+    (it claims nothing); the other worker takes the delivery at ``claim_idle``; the third
+    try comes less than ``listed`` after that take, the fourth more."""
+    timeout, listed, claim_idle, effect_time = 1.2, 1.5, 1.8, 3.0
+    running, runs, overlap = threading.Event(), list[str](), list[bool]()
+    slow, aslow = slow_effects(running, runs, overlap, effect_time)
+    other = other_worker(w, stream_server, claim_idle)
+    effect = Effect(w.flavour, failures=0)
+    async with consumer(w, limit=5, claim_idle=claim_idle, socket_timeout=timeout) as c:
+        delivery = await handed_unseen(w, c, effect)
+        other.start()
+        await asyncio.sleep(listed)  # so that the listing sees it idle that long
+        w.proxy.cut("XCLAIM", "stall", times=3)
+        polled = time.monotonic()
+
+        def other_polls() -> None:  # until it takes the delivery, at claim_idle
+            time.sleep(claim_idle)
+            while time.monotonic() < polled + claim_idle * 3 and not other.poll(slow).handled:
+                time.sleep(0.02)
+
+        thread = threading.Thread(target=other_polls)
+        thread.start()
+        try:
+            lost = await c.poll(slow if w.flavour == "sync" else aslow)
+        finally:
+            await asyncio.to_thread(thread.join)
+        assert w.proxy.fired == ["after_request", "stall", "stall", "stall"]
+        assert runs == ["e1"]  # the other worker's run, alone
+        assert overlap == [False]
+        assert lost.handled == []
+        assert pending_ids(w.stream, w.names) == {}  # the other worker acked it
+        after = await c.poll(slow if w.flavour == "sync" else aslow)
+        other.close()
+    assert after.handled == []
+    assert runs == ["e1"]
+    assert dead_letters_on_stream(w.stream, w.names) == []
     assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
