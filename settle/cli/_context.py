@@ -55,6 +55,7 @@ __all__ = [
     "Connection",
     "EnvOption",
     "OutputGroup",
+    "as_text",
     "checked_namespace",
     "checked_url",
     "configure_logging",
@@ -403,7 +404,7 @@ def primary_url(url: str, timeout: float) -> str:
                 errors.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
                 continue
         if found:
-            primary, primary_port = _text(found[0]), int(found[1])
+            primary, primary_port = as_text(found[0]), int(found[1])
             primary = f"[{primary}]" if ":" in primary else primary  # IPv6, named bare
             at = f"{userinfo}@" if userinfo else ""
             query = f"?{parts.query}" if parts.query else ""
@@ -517,7 +518,7 @@ def _shards_on(conn: Connection, node: str) -> str:
     try:
         with bounded(Redis.from_url(conn.url), conn.url, conn.redis_timeout) as seed:
             slots = [
-                (int(low), int(high), f"{_text(at[0]) or '127.0.0.1'}:{int(at[1])}")
+                (int(low), int(high), f"{as_text(at[0]) or '127.0.0.1'}:{int(at[1])}")
                 for low, high, at, *_ in seed.execute_command("CLUSTER", "SLOTS")
             ]
             shards = conn.shards or conn.known_shards or _stored_count(conn, seed, slots, node)
@@ -555,13 +556,14 @@ def _stored_count(
         host, _, port = at.rpartition(":")
         with Redis(**{**settings, "host": host, "port": int(port)}) as client:
             raw = client.hget(key, "shards")
-        text = "" if raw is None else _text(raw)
+        text = "" if raw is None else as_text(raw)
         if is_decimal(text) and 1 <= int(text) <= MAX_SHARDS:
             return int(text)
     return None
 
 
-def _text(value: object) -> str:
+def as_text(value: object) -> str:
+    """A Redis reply's bytes as text (undecodable bytes replaced), anything else as str."""
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 

@@ -41,6 +41,7 @@ from settle.cli._context import (
     REDIS_TIMEOUT,
     Connection,
     EnvOption,
+    as_text,
     bounded,
     checked_namespace,
     checked_url,
@@ -166,11 +167,7 @@ def _config(client: redis.Redis, name: str) -> str | None:
     except ResponseError:  # CONFIG is often blocked on managed Redis
         return None
     value = reply.get(name) if isinstance(reply, dict) else None
-    return None if value is None else _text(value)
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    return None if value is None else as_text(value)
 
 
 def _failed_scripts(primaries: dict[str, redis.Redis]) -> dict[str, str]:
@@ -380,7 +377,7 @@ def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
                 "delete it (its next write claims the shard again)",
             )
         if count is not None:
-            states[shard] = _text(count)
+            states[shard] = as_text(count)
     return health.namespace_finding(namespace, stored, shards, states, _meta_age(client, namespace))
 
 
@@ -390,7 +387,7 @@ def _meta_age(client: Any, namespace: str) -> int | None:
     warns of that; a denial here made doctor end as "cannot reach Redis")."""
     meta = Keys(namespace, 1).meta
     created = client.hget(meta, "created")
-    if created is None or not is_decimal(_text(created)):
+    if created is None or not is_decimal(as_text(created)):
         return None
     try:
         if isinstance(client, redis.RedisCluster):
@@ -400,7 +397,7 @@ def _meta_age(client: Any, namespace: str) -> int | None:
             seconds, micros = client.time()
     except ResponseError:  # TIME denied for this user
         return None
-    return int(seconds) * 1000 + int(micros) // 1000 - int(_text(created))
+    return int(seconds) * 1000 + int(micros) // 1000 - int(as_text(created))
 
 
 def _node_url(deployment: _Deployment) -> str:
