@@ -17,6 +17,7 @@ import functools
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from time import monotonic
 from typing import Any, Self, TypeVar, cast
 
@@ -38,6 +39,7 @@ from settle._runtime.packing import pack_command, retries_as_redis_py, tried
 from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
+    SlotSplit,
     backend_error,
     error_code,
     first_retry_delay,
@@ -788,6 +790,16 @@ class AsyncRunner:
         if type(body) is list and body and self._lost_data(call, body):
             self.suspect()
         return reply
+
+    async def run_or_apart(self, call: Call, apart: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run ``call``, a read whose caller can read its keys one at a time: on Redis
+        Cluster, one a migration refuses while it splits the keys between two nodes
+        (:class:`SlotSplit`, handed back at once, never logged as a failure) is answered by
+        ``apart(call)`` instead (docs/operations.md, "Redis Cluster")."""
+        try:
+            return await self.run(replace(call, caller_splits=True))
+        except SlotSplit:
+            return await apart(call)
 
     def _lost_data(self, call: Call, reply: list[Any]) -> bool:
         """Whether ``reply`` says the server lost data: ``unclaimed`` or a code of the set's

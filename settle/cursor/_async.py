@@ -5,7 +5,6 @@ generated from it by ``python scripts/unasync.py`` (a test fails on drift)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from redis import exceptions as rx
@@ -18,7 +17,7 @@ from settle._input import awaited
 from settle._runtime import Call, Durability
 from settle._runtime._async import AsyncConnectable, AsyncRunner
 from settle._runtime.options import check_client
-from settle._runtime.transient import APART_ROUNDS, SlotSplit, error_code, unsettled_apart
+from settle._runtime.transient import APART_ROUNDS, error_code, unsettled_apart
 from settle.cursor._core import STAND_DOWN_FOR, CursorCore
 from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
@@ -112,10 +111,7 @@ class AsyncCursorStore(AsyncConnectable):
         only). On Redis Cluster, one a migration refuses while it splits the keys between
         two nodes (or while one of them does not exist: the importing node cannot hold it)
         is read one key at a time (:meth:`_inspect_apart`), with the same answer."""
-        try:
-            return await self._runner.run(replace(call, caller_splits=True))
-        except SlotSplit:
-            return await self._inspect_apart(call)
+        return await self._runner.run_or_apart(call, self._inspect_apart)
 
     async def _inspect_apart(self, call: Call) -> Any:
         """``call`` in single-key reads, which a migrating slot serves (after ASK if the key

@@ -6,7 +6,6 @@ by ``python scripts/unasync.py``: edit the async code."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from redis import exceptions as rx
@@ -15,7 +14,7 @@ from redis import Redis, RedisCluster
 from settle._runtime import Call, Durability
 from settle._runtime._sync import Connectable, Runner
 from settle._runtime.options import check_client
-from settle._runtime.transient import APART_ROUNDS, SlotSplit, error_code, unsettled_apart
+from settle._runtime.transient import APART_ROUNDS, error_code, unsettled_apart
 from settle.cursor._core import STAND_DOWN_FOR, CursorCore
 from settle.cursor._scripts import SCRIPTS
 from settle.cursor._step import Done, FetchPage, HandleEvent, RunScript, procedure
@@ -103,10 +102,7 @@ class CursorStore(Connectable):
         only). On Redis Cluster, one a migration refuses while it splits the keys between
         two nodes (or while one of them does not exist: the importing node cannot hold it)
         is read one key at a time (:meth:`_inspect_apart`), with the same answer."""
-        try:
-            return self._runner.run(replace(call, caller_splits=True))
-        except SlotSplit:
-            return self._inspect_apart(call)
+        return self._runner.run_or_apart(call, self._inspect_apart)
 
     def _inspect_apart(self, call: Call) -> Any:
         """``call`` in single-key reads, which a migrating slot serves (after ASK if the key

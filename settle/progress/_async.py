@@ -16,7 +16,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, TypeVar
 
@@ -34,7 +34,7 @@ from settle._runtime._async import (
     client_from_url,
 )
 from settle._runtime.options import check_client
-from settle._runtime.transient import APART_ROUNDS, SlotSplit, unsettled_apart
+from settle._runtime.transient import APART_ROUNDS, unsettled_apart
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -261,10 +261,7 @@ class AsyncProgressStore(AsyncConnectable):
 
     async def read(self, scope: ProviderScope) -> Progress:
         call = self.core.plan_read(scope)
-        try:
-            raw = await self._runner.run(replace(call, caller_splits=True))
-        except SlotSplit:
-            raw = await self._read_apart(call)
+        raw = await self._runner.run_or_apart(call, self._read_apart)
         return self.core.decode(call, raw).progress
 
     async def _read_apart(self, call: Call) -> Any:

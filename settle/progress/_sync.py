@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from settle._runtime._sync import (
     client_from_url,
 )
 from settle._runtime.options import check_client
-from settle._runtime.transient import APART_ROUNDS, SlotSplit, unsettled_apart
+from settle._runtime.transient import APART_ROUNDS, unsettled_apart
 from settle._telemetry import telemetry
 from settle.errors import BackendError
 from settle.progress import _step
@@ -249,10 +249,7 @@ class ProgressStore(Connectable):
 
     def read(self, scope: ProviderScope) -> Progress:
         call = self.core.plan_read(scope)
-        try:
-            raw = self._runner.run(replace(call, caller_splits=True))
-        except SlotSplit:
-            raw = self._read_apart(call)
+        raw = self._runner.run_or_apart(call, self._read_apart)
         return self.core.decode(call, raw).progress
 
     def _read_apart(self, call: Call) -> Any:
