@@ -1385,6 +1385,8 @@ class _Lane:
         self._keep = int(getattr(pool, "max_connections", 0) or 0) // 2 if keep else 0
         self._idle: list[Any] = []
         self._pid = os.getpid()
+        #: A Sentinel-managed pool of the primary: its kept connections follow its failovers.
+        self._sentinel = getattr(pool, "is_master", None) is True
 
     async def execute(self, *command: Any) -> Any:
         return await self._exchange(await self._take(), command)
@@ -1400,6 +1402,11 @@ class _Lane:
         try:
             conn = self._idle.pop()
         except IndexError:  # none kept (or another thread took the last one)
+            return await self._pool.get_connection()
+        if self._sentinel and _left_primary(self._pool, conn):
+            # Closed, and one of the pool's in its place: the pool's connections ask the
+            # Sentinels when they connect, where a kept one would reconnect to its old host.
+            await self._drop(conn)
             return await self._pool.get_connection()
         try:
             stale = await self._check(conn)
@@ -1514,6 +1521,17 @@ def _should_reconnect(conn: Any) -> bool:
     """redis-py flags a connection to reconnect on a maintenance notification (MOVING)."""
     check = getattr(conn, "should_reconnect", None)
     return bool(check()) if check is not None else False
+
+
+def _left_primary(pool: Any, conn: Any) -> bool:
+    """Whether ``conn`` reaches a primary that a Sentinel-managed pool no longer names: the
+    pool learned of a failover when one of its connections asked the Sentinels (a new
+    connection, or ``pool.get_master_address()``), and redis-py then closes the pool's idle
+    connections; the lane's kept ones are outside the pool, and are replaced before use.
+    Until then the old primary may still take writes, lost when it is demoted
+    (docs/operations.md, "Redis Sentinel")."""
+    address = pool.master_address
+    return address is not None and (conn.host, conn.port) != tuple(address)
 
 
 def _notifications(pool: Any) -> bool:

@@ -133,3 +133,22 @@ def sentinel_deployment(binary: str | None = None) -> Iterator[SentinelDeploymen
         link.close()
         replica.close()
         primary.close()
+
+
+def switch_gracefully(deployment: SentinelDeployment, deadline: float) -> None:
+    """``SENTINEL FAILOVER`` of a deployment whose replica has every write first (``WAIT``:
+    the failover does not wait for it, and a write it missed would be lost, not followed),
+    returning once the Sentinel names the promoted replica: the old primary is alive and
+    still a primary until the Sentinel demotes it at its next look."""
+    with redis.Redis(port=deployment.primary.port) as c:
+        assert acks(c, timeout_ms=10_000) >= 1, "the replica never synced"
+    with deployment.sentinel.client() as c:
+        while True:
+            try:
+                c.execute_command("SENTINEL", "FAILOVER", SERVICE)
+                break
+            except redis.ResponseError:  # NOGOODSLAVE: the replica not seen as ready yet
+                assert time.monotonic() < deadline, "the Sentinel never failed over"
+                time.sleep(0.2)
+    sentinel, port = deployment.sentinel, deployment.replica.port
+    sentinel.wait(lambda: sentinel.switched_to(port), "failover")

@@ -43,8 +43,9 @@ from tests.faults.sentinel_support import (
     SentinelDeployment,
     acknowledges,
     sentinel_deployment,
+    switch_gracefully,
 )
-from tests.faults.servers import acks, replica_of, wait_replicas
+from tests.faults.servers import replica_of, wait_replicas
 from tests.progress.harness import redis_binaries
 
 pytestmark = [pytest.mark.faults]
@@ -146,21 +147,9 @@ def test_a_primary_demoted_under_a_url_client_is_refused_by_name(
 class _Deployment(SentinelDeployment):
     def fail_over(self) -> None:
         """A graceful failover (both nodes alive): the Sentinel promotes the replica and
-        makes the old primary its replica. The replica has every write first (``WAIT``):
-        ``SENTINEL FAILOVER`` does not wait for it, and a write it missed would be lost in
-        the failover (a loss docs/operations.md describes apart), not followed."""
+        makes the old primary its replica (:func:`switch_gracefully`)."""
         deadline = time.monotonic() + 30
-        with redis.Redis(port=self.primary.port) as c:
-            assert acks(c, timeout_ms=10_000) >= 1, "the replica never synced"
-        with self.sentinel.client() as c:
-            while True:
-                try:
-                    c.execute_command("SENTINEL", "FAILOVER", SERVICE)
-                    break
-                except redis.ResponseError:  # NOGOODSLAVE: the replica not seen as ready yet
-                    assert time.monotonic() < deadline, "the Sentinel never failed over"
-                    time.sleep(0.2)
-        self.sentinel.wait(lambda: self.sentinel.switched_to(self.replica.port), "failover")
+        switch_gracefully(self, deadline)
         with redis.Redis(port=self.primary.port) as c:
             while c.info("replication")["role"] != "slave":
                 assert time.monotonic() < deadline, "the old primary was never demoted"
