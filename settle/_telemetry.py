@@ -133,7 +133,7 @@ class Noop:
     def _nothing(self, *_: Any, **__: Any) -> Nothing:
         return NOTHING
 
-    call = check = redis = pipeline = operation = settling = _nothing
+    call = check = read_apart = redis = pipeline = operation = settling = _nothing
 
     def http_request(self, *_: Any) -> Nothing:
         return NOTHING
@@ -314,6 +314,18 @@ class Otel:
         if self.off():
             return NOTHING
         span = self.start("settle.check", attributes={"settle.namespace": namespace})
+        return NOTHING if span is None else Span(self, span)
+
+    def read_apart(self, script: str) -> Span | Nothing:
+        """The span of a read a cluster resharding refused, read again one key at a time
+        (``settle.cluster.read_apart``), its plain commands inside: one trace, where the
+        stores of ``settle.cursor`` and ``settle.progress``, which have no call span, made
+        a root span of each command."""
+        if self.off():
+            return NOTHING
+        span = self.start(
+            "settle.cluster.read_apart", attributes={"db.stored_procedure.name": script}
+        )
         return NOTHING if span is None else Span(self, span)
 
     def observe(self, call: Call, result: Any) -> None:

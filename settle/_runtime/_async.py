@@ -799,7 +799,8 @@ class AsyncRunner:
         try:
             return await self.run(replace(call, caller_splits=True))
         except SlotSplit:
-            return await apart(call)
+            with telemetry().read_apart(call.script):  # the reads apart: one trace
+                return await apart(call)
 
     def _lost_data(self, call: Call, reply: list[Any]) -> bool:
         """Whether ``reply`` says the server lost data: ``unclaimed`` or a code of the set's

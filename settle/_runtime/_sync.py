@@ -792,7 +792,8 @@ class Runner:
         try:
             return self.run(replace(call, caller_splits=True))
         except SlotSplit:
-            return apart(call)
+            with telemetry().read_apart(call.script):  # the reads apart: one trace
+                return apart(call)
 
     def _lost_data(self, call: Call, reply: list[Any]) -> bool:
         """Whether ``reply`` says the server lost data: ``unclaimed`` or a code of the set's

@@ -19,6 +19,7 @@ from settle.cursor import CursorStore
 from settle.cursor._keys import stream_keys
 from settle.errors import BackendError
 from settle.progress import ProgressStore, StreamConsumer
+from settle.progress.identity import DeliveryId, EmissionId, ProviderScope
 from tests.cluster.cluster_support import LocalCluster
 from tests.cluster.test_cluster_quarantine_resharding import SHARDS, _late_settlements, _settler
 from tests.cluster.test_cluster_read_split import _migrating, _ops, write_refused
@@ -268,7 +269,8 @@ def test_a_cursor_read_split_by_a_migration_is_no_error_in_traces(
     cluster: LocalCluster, namespace: str, otel: Telemetry
 ) -> None:
     """The cursor's inspection (and the progress store's reads: the same runner call) read
-    apart during a migration: its refused script span is no error either."""
+    apart during a migration: its refused script span is no error either, and what it reads
+    apart is one trace."""
     stream = "orders"
     keys = stream_keys(namespace, stream)
     with CursorStore.from_cluster(cluster.url, namespace=namespace) as store:
@@ -282,3 +284,40 @@ def test_a_cursor_read_split_by_a_migration_is_no_error_in_traces(
     for span in otel.spans():
         assert span.status.status_code is StatusCode.UNSET, (span.name, span.attributes)
         assert "error.type" not in (span.attributes or {}), (span.name, span.attributes)
+    # Its reads apart (four or more plain commands, each a root span before) are one trace.
+    _one_trace_apart(otel)
+
+
+def _one_trace_apart(otel: Telemetry) -> None:
+    """The reads apart of a refused read are one trace, under ``settle.cluster.read_apart``
+    naming the refused script; only the refused script's span is a trace of its own."""
+    spans = otel.spans()
+    refused = [s for s in spans if "settle.cluster.read_split" in (s.attributes or {})]
+    apart = [s for s in spans if s.name == "settle.cluster.read_apart"]
+    assert refused
+    assert len(apart) == len(refused), [s.name for s in spans]
+    scripts = {(s.attributes or {}).get("db.stored_procedure.name") for s in refused}
+    assert {(s.attributes or {}).get("db.stored_procedure.name") for s in apart} == scripts
+    roots = [s for s in spans if s.parent is None]
+    assert sorted(s.name for s in roots) == sorted(
+        [s.name for s in refused] + ["settle.cluster.read_apart"] * len(apart)
+    ), [(s.name, s.parent) for s in spans]
+    for span in apart:
+        inside = [s for s in spans if s.context.trace_id == span.context.trace_id]
+        assert len(inside) > 1  # the plain commands of the reads apart
+        assert all(s.status.status_code is StatusCode.UNSET for s in inside)
+
+
+def test_a_progress_read_apart_is_one_trace(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """``ProgressStore.read`` apart during a migration: one trace, as the cursor's."""
+    scope = ProviderScope("orders", "billing", "inc1")
+    with ProgressStore.from_cluster(cluster.url, consumer="c1", namespace=namespace) as store:
+        store.apply(scope, DeliveryId("1-1"), EmissionId("e1"), lambda c: None)
+        before = store.read(scope)
+        slot = key_slot(store.core.keys.scope(scope.scope_id)[0].encode())
+        with _migrating(cluster, slot, namespace, []):
+            otel.exporter.clear()
+            assert store.read(scope) == before
+            _one_trace_apart(otel)
