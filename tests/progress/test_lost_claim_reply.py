@@ -33,7 +33,7 @@ from settle.progress import (
 )
 from settle.progress._scripts import STREAM
 from settle.progress.models import SettlementOutcome
-from tests.faults.servers import async_client, proxy_to, sync_client
+from tests.faults.servers import async_client, proxy_to, script_needle, sync_client, until
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.integration.conftest import Awaitable
 from tests.progress.harness import (
@@ -47,6 +47,9 @@ from tests.progress.harness import (
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
 
 CLAIM_IDLE = 0.5
+#: What the request that makes a held delivery fresh holds, for a proxy cut: the script's
+#: SHA or function name (the XCLAIM's command name where no script does it).
+HOLD = script_needle(STREAM, "stream_hold") if "stream_hold" in STREAM else ("XCLAIM",)
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -390,7 +393,7 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
         # The row as this worker listed it, idle 5 s ago, before w2 took it.
         listed = [{"message_id": delivery.encode(), "time_since_delivered": 5000}]
         target = c._target if w.flavour == "sync" else c
-        kept = target._hold(target.client, target.scope, listed)
+        kept = target._hold(target.scope, listed)
         kept = kept if w.flavour == "sync" else await kept
     assert kept == [[]]
     assert pending_ids(w.stream, w.names) == {delivery: ("w2", 1)}
@@ -484,7 +487,7 @@ async def test_a_lost_xclaim_reply_of_the_own_look_costs_no_delivery_attempt(w: 
     async with consumer(w, limit=1, claim_idle=claim_idle) as c:
         delivery = await handed_unseen(w, c, effect)
         await asyncio.sleep(listed)  # so that the listing sees it idle a while
-        w.proxy.cut("XCLAIM", "after_request")
+        w.proxy.cut(HOLD, "after_request")
         lost = await c.poll(effect())
         assert w.proxy.fired == ["after_request", "after_request"]
         # The lost try made it fresh; the repeat did not claim it: not handled, still this
@@ -509,8 +512,8 @@ async def test_a_late_repeat_of_a_lost_xclaim_takes_the_delivery_at_its_count(w:
         delivery = await handed_unseen(w, c, effect)
         await asyncio.sleep(0.05)  # the listing sees it idle about 50 ms
         w.proxy.slow_by = CLAIM_IDLE * 0.4  # the repeat reaches the server 200 ms late
-        w.proxy.cut("XCLAIM", "after_request")
-        w.proxy.cut("XCLAIM", "slow")
+        w.proxy.cut(HOLD, "after_request")
+        w.proxy.cut(HOLD, "slow")
         reports = [await c.poll(effect()), await c.poll(effect())]
         assert w.proxy.fired == ["after_request", "after_request", "slow"]
         assert [d.value for r in reports for d in r.handled] == [delivery]
@@ -542,7 +545,7 @@ async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
         delivery = await handed_unseen(w, c, effect)
         other.start()
         await asyncio.sleep(listed)  # so that the listing sees it idle that long
-        w.proxy.cut("XCLAIM", "stall", times=3)
+        w.proxy.cut(HOLD, "stall", times=3)
         polled = time.monotonic()
 
         def other_polls() -> None:  # until it takes the delivery, at claim_idle
@@ -567,3 +570,90 @@ async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
     assert runs == ["e1"]
     assert dead_letters_on_stream(w.stream, w.names) == []
     assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
+
+
+async def test_a_request_held_up_on_the_way_does_not_take_back_what_another_worker_took(
+    w: World, stream_server: EmbeddedRedis
+) -> None:
+    """The request that makes a held delivery fresh is held up on the network (sent at once,
+    it reaches the server much later); meanwhile the delivery passes ``claim_idle``, another
+    worker's XAUTOCLAIM takes it and starts its effect, and the request arrives longer after
+    that take than the idle time the listing said plus what had elapsed when it was sent.
+    It takes nothing: the other worker alone runs the effect (found in review: the XCLAIM
+    asked the server only for that idle time, which the take had reached again, and took the
+    delivery back; both workers ran the effect). The check runs on the server, with the
+    claim: the delivery must still be pending to this worker.
+
+    No clock in the assertions: the proxy holds the request until the other worker's effect
+    runs and the delivery's idle time since that take is past every idle time the request
+    can ask for (the listing saw less than ``claim_idle``; less elapsed before the request
+    was sent than before the proxy held it); the other worker's effect runs until this
+    worker's poll is over."""
+    claim_idle = 1.0
+    runs: list[str] = []
+    taken, finish = threading.Event(), threading.Event()
+
+    def taker(ctx: EffectContext) -> None:
+        runs.append("w2")
+        taken.set()
+        finish.wait(60)
+
+    def effect(ctx: EffectContext) -> None:
+        runs.append("w1")
+
+    async def aeffect(ctx: EffectContext) -> None:
+        effect(ctx)
+
+    other = other_worker(w, stream_server, claim_idle)
+    taking = threading.Thread(target=lambda: other_takes(other, taker, taken))
+    failed: list[BaseException] = []
+    async with consumer(w, limit=5, claim_idle=claim_idle, socket_timeout=60) as c:
+        delivery = await handed_unseen(w, c, Effect(w.flavour, failures=0))
+        w.proxy.cut(HOLD, "hold")
+        polled = time.monotonic()
+
+        def idle_since_take() -> float:
+            [row] = w.stream.xpending_range(w.names.stream, w.names.group, delivery, delivery, 1)
+            assert row["consumer"] == b"w2"
+            return int(row["time_since_delivered"]) / 1000
+
+        def release_late() -> None:
+            try:
+                assert until(w.proxy.holding.is_set, 30)
+                most = claim_idle + (time.monotonic() - polled)  # what the request asks, at most
+                taking.start()
+                assert until(taken.is_set, 30)
+                assert until(lambda: idle_since_take() > most + 0.1, 30)
+            except BaseException as exc:  # the test asserts it below
+                failed.append(exc)
+            finally:
+                w.proxy.release()  # the request reaches the server now
+
+        releasing = threading.Thread(target=release_late)
+        releasing.start()
+        try:
+            late = await c.poll(effect if w.flavour == "sync" else aeffect)
+        finally:
+            await asyncio.to_thread(releasing.join)
+            finish.set()
+            if taking.ident is not None:  # started
+                await asyncio.to_thread(taking.join)
+            other.close()
+        assert failed == []
+        assert w.proxy.fired == ["after_request", "hold"]
+        assert runs == ["w2"]  # the other worker's run, alone
+        assert late.handled == []
+        assert pending_ids(w.stream, w.names) == {}  # the other worker acked it
+        after = await c.poll(effect if w.flavour == "sync" else aeffect)
+    assert after.handled == []
+    assert runs == ["w2"]
+    assert dead_letters_on_stream(w.stream, w.names) == []
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
+
+
+def other_takes(other: StreamConsumer, effect: Any, taken: threading.Event) -> None:
+    """``other`` polls until it takes a delivery (``effect`` sets ``taken``, then waits)."""
+    deadline = time.monotonic() + 30
+    while not taken.is_set() and time.monotonic() < deadline:
+        other.poll(effect)
+        time.sleep(0.02)
