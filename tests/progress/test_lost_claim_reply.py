@@ -32,6 +32,7 @@ from settle.progress import (
     StreamConsumer,
 )
 from settle.progress._scripts import STREAM
+from settle.progress.errors import ProviderReset
 from settle.progress.models import SettlementOutcome
 from tests.faults.servers import async_client, proxy_to, script_needle, sync_client, until
 from tests.faults.tcp_proxy import FaultyProxy
@@ -397,6 +398,57 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
         kept = kept if w.flavour == "sync" else await kept
     assert kept == [[]]
     assert pending_ids(w.stream, w.names) == {delivery: ("w2", 1)}
+
+
+async def test_a_held_delivery_settled_meanwhile_is_not_taken(w: World) -> None:
+    """Between this worker's listing and its making a delivery fresh, the delivery was
+    acknowledged (another worker took it and settled it): it is not pending any more, and
+    the worker neither takes it nor fails (found in review: no test held a delivery that is
+    no longer pending against the script that reads its pending row)."""
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        w.stream.xreadgroup(w.names.group, "w2", {w.names.stream: ">"})
+        w.stream.xack(w.names.stream, w.names.group, delivery)
+        listed = [{"message_id": delivery.encode(), "time_since_delivered": 0}]
+        target = c._target if w.flavour == "sync" else c
+        kept = target._hold(target.scope, listed)
+        kept = kept if w.flavour == "sync" else await kept
+    assert kept == [[]]
+    assert pending_ids(w.stream, w.names) == {}
+
+
+@pytest.mark.parametrize("gone", ["group", "stream"])
+async def test_a_held_delivery_whose_group_is_gone_meanwhile_raises_provider_reset(
+    w: World, gone: str
+) -> None:
+    """Between this worker's listing and its making a delivery fresh, the group or the
+    stream is gone (the stream's server lost its data, the stream was deleted): the worker
+    is told so (``ProviderReset``, a new incarnation scope must be opened) and nothing is
+    made anew (found in review: the script that makes it fresh reads the pending row, and
+    no test held a lost group against it; a read failure taken for "not pending" would
+    let the poll go on as if the delivery were another worker's)."""
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})
+        if gone == "group":
+            w.stream.xgroup_destroy(w.names.stream, w.names.group)
+        else:
+            w.stream.delete(w.names.stream)
+        listed = [{"message_id": delivery.encode(), "time_since_delivered": 0}]
+        target = c._target if w.flavour == "sync" else c
+
+        async def hold() -> Any:
+            kept = target._hold(target.scope, listed)
+            return kept if w.flavour == "sync" else await kept
+
+        with pytest.raises(ProviderReset):
+            await hold()
+    if gone == "group":
+        assert w.stream.xinfo_groups(w.names.stream) == []
+    else:
+        assert w.stream.exists(w.names.stream) == 0
 
 
 async def test_the_own_pending_look_costs_nothing_on_a_poll_that_went_well(w: World) -> None:
