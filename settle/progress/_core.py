@@ -964,23 +964,24 @@ class ProgressCore:
         server failed (``exc`` itself, its Redis error kept as its cause)."""
         if exc.code != "NOGROUP":
             raise exc
-        self.log.warning("settle.progress.provider_reset", stream=scope.stream, group=scope.group)
-        raise ProviderReset(
-            f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start again"
-        ) from exc
+        self.group_gone(scope, exc)
 
     def check_group(self, verdict: StreamVerdict, scope: ProviderScope) -> None:
         if verdict.outcome is SettlementOutcome.NO_GROUP:
             self.group_gone(scope)
 
-    def group_gone(self, scope: ProviderScope) -> NoReturn:
-        """A stream script found ``scope``'s group (or its stream, or its incarnation) gone:
-        :class:`ProviderReset`, a new incarnation scope must be opened."""
+    def group_gone(self, scope: ProviderScope, cause: BaseException | None = None) -> NoReturn:
+        """A stream command or script found ``scope``'s group (or its stream, or its
+        incarnation) gone: :class:`ProviderReset` (``cause``, a NOGROUP error, kept as its
+        cause), a new incarnation scope must be opened."""
         self.log.warning("settle.progress.provider_reset", stream=scope.stream, group=scope.group)
-        raise ProviderReset(
+        reset = ProviderReset(
             f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start "
             "again (a new incarnation scope is opened)"
         )
+        if cause is None:  # (``from None`` would hide the context of a caller's handler)
+            raise reset
+        raise reset from cause
 
     def disposition(
         self, entry: StreamEntry, delivery_count: int, emission_field: str, max_deliveries: int
