@@ -386,7 +386,7 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
 ) -> None:
     """Between this worker's listing and its making a delivery fresh, another worker's
     XAUTOCLAIM took the delivery (its idle time started again): the worker does not take it
-    back, and does not handle it (the guard on the listed idle time)."""
+    back, and does not handle it (``stream_hold.lua``: no longer pending to this worker)."""
     [delivery] = publish(w.stream, w.names, ["e1"])
     async with consumer(w, limit=5) as c:
         await c.start()
@@ -582,7 +582,8 @@ async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
     XAUTOCLAIM takes the delivery and starts its effect. A later repeat does not take it
     back (found in review: the repeat asked only for the idle time the listing said, which
     the other worker's take had reached again by then, and both workers ran the effect at
-    once). Each try asks for that idle time plus what elapsed since the listing.
+    once). Each try claims only while the delivery is still pending to this worker
+    (``stream_hold.lua``), idle at least that time plus what elapsed before the first try.
 
     Times (a try every ``timeout`` plus a backoff of at most 0.35 s in all): the listing
     sees the delivery idle ``listed``; the second try comes before that much more elapsed
