@@ -400,6 +400,31 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
     assert pending_ids(w.stream, w.names) == {delivery: ("w2", 1)}
 
 
+async def test_a_held_delivery_touched_since_the_listing_is_not_made_fresh_again(
+    w: World,
+) -> None:
+    """A delivery still this worker's, but made fresh since the listing (a try whose reply
+    was lost): idle less than the listing said plus what elapsed on this worker's clock
+    since, it is not claimed again by this request (looked for on the next poll), even
+    though it is still pending to this worker (found in review: no test told the idle time
+    asked from the listed one alone, what elapsed since left out)."""
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})  # fresh: idle ~0
+        # Listed idle 0, 100 s ago on this worker's clock: it is idle far less than 100 s.
+        listed = [{"message_id": delivery.encode(), "time_since_delivered": 0}]
+        target = c._target if w.flavour == "sync" else c
+        kept = target._hold(target.scope, listed, time.monotonic() - 100)
+        kept = kept if w.flavour == "sync" else await kept
+        assert kept == [[]]
+        # The same row listed just now (nothing elapsed since): made fresh.
+        kept = target._hold(target.scope, listed, time.monotonic())
+        kept = kept if w.flavour == "sync" else await kept
+    assert kept == [[delivery.encode()]]
+    assert pending_ids(w.stream, w.names) == {delivery: ("w1", 1)}
+
+
 async def test_a_held_delivery_settled_meanwhile_is_not_taken(w: World) -> None:
     """Between this worker's listing and its making a delivery fresh, the delivery was
     acknowledged (another worker took it and settled it): it is not pending any more, and
