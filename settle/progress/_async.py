@@ -603,9 +603,7 @@ class AsyncStreamConsumer:
         own, gone = self.core.own_entries(rows, present)
         if own and not inherited:
             held = self.core.own_rows(rows, own)
-            kept = await self._command(
-                "XCLAIM", lambda client: self._hold(client, scope, held, listed)
-            )
+            kept = await self._hold(scope, held, listed)
             fresh = self.core.still_own(own, kept)
             # One not kept is another worker's now, or this worker's made fresh by a try
             # whose reply was lost (the repeat found it idle too little): look again.
@@ -616,29 +614,21 @@ class AsyncStreamConsumer:
         return own, gone
 
     async def _hold(
-        self, client: Any, scope: ProviderScope, rows: list[Any], listed: float | None = None
+        self, scope: ProviderScope, rows: list[Any], listed: float | None = None
     ) -> list[Any]:
         """Make each delivery of ``rows`` fresh for this worker (idle 0, its delivery count
-        kept: JUSTID) unless it was touched since the listing (``listed``: ``monotonic()``
-        when the listing's reply came; None: just now). Each try asks for the idle time
-        listed plus what elapsed since, measured then (a repeat after a lost reply may come
-        long after). One another worker's XAUTOCLAIM took meanwhile stays that worker's;
-        one the lost try made fresh is looked for again on the next poll. Measured from the
-        reply, the elapsed time falls short of the server's: an untouched delivery is
-        claimed; one taken at ``claim_idle`` is claimed back only if this try's request and
-        the listing's reply spent that long on the way together."""
+        kept: XCLAIM JUSTID) while it is still as listed (``listed``: ``monotonic()`` when
+        the listing's reply came; None: just now): one XCLAIM JUSTID answer per row, empty
+        for one not made fresh. The server checks, in the same step as the claim
+        (``lua/stream_hold.lua``), that the delivery is still pending to this worker, idle
+        at least the idle time listed plus what elapsed here since (short of the server's:
+        a delivery no one touched passes). One another worker's XAUTOCLAIM took meanwhile
+        stays that worker's, however late the request reaches the server (a slow link, a
+        repeat after a lost reply); one a try whose reply was lost made fresh is claimed
+        again only when idle that long, else looked for again on the next poll."""
         elapsed = 0 if listed is None else int((monotonic() - listed) * 1000)
-        async with client.pipeline(transaction=False) as pipe:
-            for row in rows:
-                pipe.xclaim(
-                    scope.stream,
-                    scope.group,
-                    self.worker,
-                    int(row["time_since_delivered"]) + elapsed,
-                    [row["message_id"]],
-                    justid=True,
-                )
-            return list(await pipe.execute())
+        call = self.core.plan_stream_hold(scope, self.worker, rows, elapsed)
+        return self.core.decode_stream_hold(call, await self._runner.run(call), scope)
 
     async def _vanished(
         self, scope: ProviderScope, start: str, stop: str, claimed: list[StreamEntry]

@@ -710,6 +710,33 @@ class ProgressCore:
             operation_id=self.consumer,
         )
 
+    def plan_stream_hold(
+        self, scope: ProviderScope, worker: str, rows: Sequence[Any], elapsed_ms: int
+    ) -> Call:
+        """Make the deliveries of ``rows`` (XPENDING rows of ``worker``'s own list) fresh for
+        ``worker``, each only while still pending to it and idle at least as listed plus
+        ``elapsed_ms`` (what elapsed since the listing on this host's clock), checked on the
+        server in the same step as the claim (``lua/stream_hold.lua``)."""
+        args: list[str | int] = [scope.group, worker]
+        for row in rows:
+            args += [_text(row["message_id"]), int(row["time_since_delivered"]) + elapsed_ms]
+        return Call("stream_hold", (scope.stream,), tuple(args), operation_id=self.consumer)
+
+    def decode_stream_hold(self, call: Call, raw: Any, scope: ProviderScope) -> list[Any]:
+        """One XCLAIM JUSTID answer per row of the hold (an empty one: not made fresh);
+        :class:`ProviderReset` when the stream or its group is gone."""
+        reply = parse_reply(raw, call, body=1)
+        if reply.code == "no_group":
+            self.group_gone(scope)
+        held = reply.body[0]
+        if (
+            reply.code != "held"
+            or not isinstance(held, list)
+            or 2 * len(held) + 2 != len(call.args)
+        ):
+            raise CorruptRecord(f"unexpected stream_hold reply {reply.code!r}")
+        return held
+
     def evidence(self, scope: ProviderScope, call: Call, raw: Any) -> bool:
         """Decide on the stream's evidence about a scope the progress server had no state
         for: False when the scope is unused (its state may be created); True when
@@ -937,20 +964,24 @@ class ProgressCore:
         server failed (``exc`` itself, its Redis error kept as its cause)."""
         if exc.code != "NOGROUP":
             raise exc
-        self.log.warning("settle.progress.provider_reset", stream=scope.stream, group=scope.group)
-        raise ProviderReset(
-            f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start again"
-        ) from exc
+        self.group_gone(scope, exc)
 
     def check_group(self, verdict: StreamVerdict, scope: ProviderScope) -> None:
         if verdict.outcome is SettlementOutcome.NO_GROUP:
-            self.log.warning(
-                "settle.progress.provider_reset", stream=scope.stream, group=scope.group
-            )
-            raise ProviderReset(
-                f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start "
-                "again (a new incarnation scope is opened)"
-            )
+            self.group_gone(scope)
+
+    def group_gone(self, scope: ProviderScope, cause: BaseException | None = None) -> NoReturn:
+        """A stream command or script found ``scope``'s group (or its stream, or its
+        incarnation) gone: :class:`ProviderReset` (``cause``, a NOGROUP error, kept as its
+        cause), a new incarnation scope must be opened."""
+        self.log.warning("settle.progress.provider_reset", stream=scope.stream, group=scope.group)
+        reset = ProviderReset(
+            f"consumer group {scope.group!r} of stream {scope.stream!r} is gone; start "
+            "again (a new incarnation scope is opened)"
+        )
+        if cause is None:  # (``from None`` would hide the context of a caller's handler)
+            raise reset
+        raise reset from cause
 
     def disposition(
         self, entry: StreamEntry, delivery_count: int, emission_field: str, max_deliveries: int

@@ -23,7 +23,9 @@ PROGRESS = ScriptSet(
 )
 STREAM = ScriptSet(
     "settle.progress",
-    {"stream_scope": (), "stream_settle": (), "stream_evidence": ()},
+    {"stream_scope": (), "stream_settle": (), "stream_evidence": (), "stream_hold": ()},
+    # stream_hold (a held delivery made fresh) writes no more than the XREADGROUP and
+    # XAUTOCLAIM that hand deliveries out, which no WAIT follows: neither does it.
     writing=frozenset({"stream_scope", "stream_settle"}),
     read_only=frozenset({"stream_evidence"}),
     #: The group or the stream a delivery was read from is gone at its settlement: the

@@ -12,6 +12,9 @@
   client ``socket_timeout``), as on a network partition.
 - ``slow``: the request reaches the server ``proxy.slow_by`` seconds late (its
   connection's later requests wait behind it), as from a loaded machine or a slow link.
+- ``hold``: the request is held on its way to the server (``proxy.holding`` is set) until
+  ``proxy.release()``, then goes on: a request held up on the network as long as a test
+  needs, however long the client has waited.
 
 ``fired`` lists the faults that happened, so a test can check its fault really struck.
 """
@@ -25,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-Point = Literal["before_request", "after_request", "mid_reply", "stall", "slow"]
+Point = Literal["before_request", "after_request", "mid_reply", "stall", "slow", "hold"]
 
 
 @dataclass
@@ -66,6 +69,9 @@ class FaultyProxy:
         self.fired: list[Point] = []
         self.slow_by = 0.01
         """How late a ``slow`` request reaches the server (seconds)."""
+        self.holding = threading.Event()
+        """Set once a ``hold`` request is held (until :meth:`release`)."""
+        self._released = threading.Event()
 
     @property
     def url(self) -> str:
@@ -84,6 +90,10 @@ class FaultyProxy:
         with self._lock:
             self._faults.append(_Fault(raw, at, times))
 
+    def release(self) -> None:
+        """Let a ``hold`` request (and every later one) go on to the server."""
+        self._released.set()
+
     def disarm(self) -> None:
         with self._lock:
             self._faults.clear()
@@ -97,6 +107,7 @@ class FaultyProxy:
 
     def close(self) -> None:
         """Stop listening (new connections are refused) and drop every open connection."""
+        self.release()
         with contextlib.suppress(OSError):
             # Without shutdown the thread blocked in accept() keeps the port listening.
             self._listener.shutdown(socket.SHUT_RDWR)
@@ -146,6 +157,9 @@ class FaultyProxy:
                 break
             if at == "slow":
                 time.sleep(self.slow_by)
+            elif at == "hold":
+                self.holding.set()
+                self._released.wait()
             elif at is not None:
                 link.swallow = at
             try:

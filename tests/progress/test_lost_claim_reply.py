@@ -32,8 +32,9 @@ from settle.progress import (
     StreamConsumer,
 )
 from settle.progress._scripts import STREAM
+from settle.progress.errors import ProviderReset
 from settle.progress.models import SettlementOutcome
-from tests.faults.servers import async_client, proxy_to, sync_client
+from tests.faults.servers import async_client, proxy_to, script_needle, sync_client, until
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.integration.conftest import Awaitable
 from tests.progress.harness import (
@@ -47,6 +48,9 @@ from tests.progress.harness import (
 pytestmark = [pytest.mark.asyncio, pytest.mark.faults]
 
 CLAIM_IDLE = 0.5
+#: What the request that makes a held delivery fresh holds, for a proxy cut: the script's
+#: SHA or function name (the XCLAIM's command name where no script does it).
+HOLD = script_needle(STREAM, "stream_hold") if "stream_hold" in STREAM else ("XCLAIM",)
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -382,7 +386,7 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
 ) -> None:
     """Between this worker's listing and its making a delivery fresh, another worker's
     XAUTOCLAIM took the delivery (its idle time started again): the worker does not take it
-    back, and does not handle it (the guard on the listed idle time)."""
+    back, and does not handle it (``stream_hold.lua``: no longer pending to this worker)."""
     [delivery] = publish(w.stream, w.names, ["e1"])
     async with consumer(w, limit=5) as c:
         await c.start()
@@ -390,10 +394,86 @@ async def test_a_held_delivery_another_worker_took_meanwhile_stays_that_workers(
         # The row as this worker listed it, idle 5 s ago, before w2 took it.
         listed = [{"message_id": delivery.encode(), "time_since_delivered": 5000}]
         target = c._target if w.flavour == "sync" else c
-        kept = target._hold(target.client, target.scope, listed)
+        kept = target._hold(target.scope, listed)
         kept = kept if w.flavour == "sync" else await kept
     assert kept == [[]]
     assert pending_ids(w.stream, w.names) == {delivery: ("w2", 1)}
+
+
+async def test_a_held_delivery_touched_since_the_listing_is_not_made_fresh_again(
+    w: World,
+) -> None:
+    """A delivery still this worker's, but made fresh since the listing (a try whose reply
+    was lost): idle less than the listing said plus what elapsed on this worker's clock
+    since, it is not claimed again by this request (looked for on the next poll), even
+    though it is still pending to this worker (found in review: no test told the idle time
+    asked from the listed one alone, what elapsed since left out)."""
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})  # fresh: idle ~0
+        # Listed idle 0, 100 s ago on this worker's clock: it is idle far less than 100 s.
+        listed = [{"message_id": delivery.encode(), "time_since_delivered": 0}]
+        target = c._target if w.flavour == "sync" else c
+        kept = target._hold(target.scope, listed, time.monotonic() - 100)
+        kept = kept if w.flavour == "sync" else await kept
+        assert kept == [[]]
+        # The same row listed just now (nothing elapsed since): made fresh.
+        kept = target._hold(target.scope, listed, time.monotonic())
+        kept = kept if w.flavour == "sync" else await kept
+    assert kept == [[delivery.encode()]]
+    assert pending_ids(w.stream, w.names) == {delivery: ("w1", 1)}
+
+
+async def test_a_held_delivery_settled_meanwhile_is_not_taken(w: World) -> None:
+    """Between this worker's listing and its making a delivery fresh, the delivery was
+    acknowledged (another worker took it and settled it): it is not pending any more, and
+    the worker neither takes it nor fails (found in review: no test held a delivery that is
+    no longer pending against the script that reads its pending row)."""
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        w.stream.xreadgroup(w.names.group, "w2", {w.names.stream: ">"})
+        w.stream.xack(w.names.stream, w.names.group, delivery)
+        listed = [{"message_id": delivery.encode(), "time_since_delivered": 0}]
+        target = c._target if w.flavour == "sync" else c
+        kept = target._hold(target.scope, listed)
+        kept = kept if w.flavour == "sync" else await kept
+    assert kept == [[]]
+    assert pending_ids(w.stream, w.names) == {}
+
+
+@pytest.mark.parametrize("gone", ["group", "stream"])
+async def test_a_held_delivery_whose_group_is_gone_meanwhile_raises_provider_reset(
+    w: World, gone: str
+) -> None:
+    """Between this worker's listing and its making a delivery fresh, the group or the
+    stream is gone (the stream's server lost its data, the stream was deleted): the worker
+    is told so (``ProviderReset``, a new incarnation scope must be opened) and nothing is
+    made anew (found in review: the script that makes it fresh reads the pending row, and
+    no test held a lost group against it; a read failure taken for "not pending" would
+    let the poll go on as if the delivery were another worker's)."""
+    [delivery] = publish(w.stream, w.names, ["e1"])
+    async with consumer(w, limit=5) as c:
+        await c.start()
+        w.stream.xreadgroup(w.names.group, "w1", {w.names.stream: ">"})
+        if gone == "group":
+            w.stream.xgroup_destroy(w.names.stream, w.names.group)
+        else:
+            w.stream.delete(w.names.stream)
+        listed = [{"message_id": delivery.encode(), "time_since_delivered": 0}]
+        target = c._target if w.flavour == "sync" else c
+
+        async def hold() -> Any:
+            kept = target._hold(target.scope, listed)
+            return kept if w.flavour == "sync" else await kept
+
+        with pytest.raises(ProviderReset):
+            await hold()
+    if gone == "group":
+        assert w.stream.xinfo_groups(w.names.stream) == []
+    else:
+        assert w.stream.exists(w.names.stream) == 0
 
 
 async def test_the_own_pending_look_costs_nothing_on_a_poll_that_went_well(w: World) -> None:
@@ -484,7 +564,7 @@ async def test_a_lost_xclaim_reply_of_the_own_look_costs_no_delivery_attempt(w: 
     async with consumer(w, limit=1, claim_idle=claim_idle) as c:
         delivery = await handed_unseen(w, c, effect)
         await asyncio.sleep(listed)  # so that the listing sees it idle a while
-        w.proxy.cut("XCLAIM", "after_request")
+        w.proxy.cut(HOLD, "after_request")
         lost = await c.poll(effect())
         assert w.proxy.fired == ["after_request", "after_request"]
         # The lost try made it fresh; the repeat did not claim it: not handled, still this
@@ -509,8 +589,8 @@ async def test_a_late_repeat_of_a_lost_xclaim_takes_the_delivery_at_its_count(w:
         delivery = await handed_unseen(w, c, effect)
         await asyncio.sleep(0.05)  # the listing sees it idle about 50 ms
         w.proxy.slow_by = CLAIM_IDLE * 0.4  # the repeat reaches the server 200 ms late
-        w.proxy.cut("XCLAIM", "after_request")
-        w.proxy.cut("XCLAIM", "slow")
+        w.proxy.cut(HOLD, "after_request")
+        w.proxy.cut(HOLD, "slow")
         reports = [await c.poll(effect()), await c.poll(effect())]
         assert w.proxy.fired == ["after_request", "after_request", "slow"]
         assert [d.value for r in reports for d in r.handled] == [delivery]
@@ -527,7 +607,8 @@ async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
     XAUTOCLAIM takes the delivery and starts its effect. A later repeat does not take it
     back (found in review: the repeat asked only for the idle time the listing said, which
     the other worker's take had reached again by then, and both workers ran the effect at
-    once). Each try asks for that idle time plus what elapsed since the listing.
+    once). Each try claims only while the delivery is still pending to this worker
+    (``stream_hold.lua``), idle at least that time plus what elapsed before the first try.
 
     Times (a try every ``timeout`` plus a backoff of at most 0.35 s in all): the listing
     sees the delivery idle ``listed``; the second try comes before that much more elapsed
@@ -542,7 +623,7 @@ async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
         delivery = await handed_unseen(w, c, effect)
         other.start()
         await asyncio.sleep(listed)  # so that the listing sees it idle that long
-        w.proxy.cut("XCLAIM", "stall", times=3)
+        w.proxy.cut(HOLD, "stall", times=3)
         polled = time.monotonic()
 
         def other_polls() -> None:  # until it takes the delivery, at claim_idle
@@ -567,3 +648,90 @@ async def test_a_stalled_xclaim_does_not_take_back_what_another_worker_took(
     assert runs == ["e1"]
     assert dead_letters_on_stream(w.stream, w.names) == []
     assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
+
+
+async def test_a_request_held_up_on_the_way_does_not_take_back_what_another_worker_took(
+    w: World, stream_server: EmbeddedRedis
+) -> None:
+    """The request that makes a held delivery fresh is held up on the network (sent at once,
+    it reaches the server much later); meanwhile the delivery passes ``claim_idle``, another
+    worker's XAUTOCLAIM takes it and starts its effect, and the request arrives longer after
+    that take than the idle time the listing said plus what had elapsed when it was sent.
+    It takes nothing: the other worker alone runs the effect (found in review: the XCLAIM
+    asked the server only for that idle time, which the take had reached again, and took the
+    delivery back; both workers ran the effect). The check runs on the server, with the
+    claim: the delivery must still be pending to this worker.
+
+    No clock in the assertions: the proxy holds the request until the other worker's effect
+    runs and the delivery's idle time since that take is past every idle time the request
+    can ask for (the listing saw less than ``claim_idle``; less elapsed before the request
+    was sent than before the proxy held it); the other worker's effect runs until this
+    worker's poll is over."""
+    claim_idle = 1.0
+    runs: list[str] = []
+    taken, finish = threading.Event(), threading.Event()
+
+    def taker(ctx: EffectContext) -> None:
+        runs.append("w2")
+        taken.set()
+        finish.wait(60)
+
+    def effect(ctx: EffectContext) -> None:
+        runs.append("w1")
+
+    async def aeffect(ctx: EffectContext) -> None:
+        effect(ctx)
+
+    other = other_worker(w, stream_server, claim_idle)
+    taking = threading.Thread(target=lambda: other_takes(other, taker, taken))
+    failed: list[BaseException] = []
+    async with consumer(w, limit=5, claim_idle=claim_idle, socket_timeout=60) as c:
+        delivery = await handed_unseen(w, c, Effect(w.flavour, failures=0))
+        w.proxy.cut(HOLD, "hold")
+        polled = time.monotonic()
+
+        def idle_since_take() -> float:
+            [row] = w.stream.xpending_range(w.names.stream, w.names.group, delivery, delivery, 1)
+            assert row["consumer"] == b"w2"
+            return int(row["time_since_delivered"]) / 1000
+
+        def release_late() -> None:
+            try:
+                assert until(w.proxy.holding.is_set, 30)
+                most = claim_idle + (time.monotonic() - polled)  # what the request asks, at most
+                taking.start()
+                assert until(taken.is_set, 30)
+                assert until(lambda: idle_since_take() > most + 0.1, 30)
+            except BaseException as exc:  # the test asserts it below
+                failed.append(exc)
+            finally:
+                w.proxy.release()  # the request reaches the server now
+
+        releasing = threading.Thread(target=release_late)
+        releasing.start()
+        try:
+            late = await c.poll(effect if w.flavour == "sync" else aeffect)
+        finally:
+            await asyncio.to_thread(releasing.join)
+            finish.set()
+            if taking.ident is not None:  # started
+                await asyncio.to_thread(taking.join)
+            other.close()
+        assert failed == []
+        assert w.proxy.fired == ["after_request", "hold"]
+        assert runs == ["w2"]  # the other worker's run, alone
+        assert late.handled == []
+        assert pending_ids(w.stream, w.names) == {}  # the other worker acked it
+        after = await c.poll(effect if w.flavour == "sync" else aeffect)
+    assert after.handled == []
+    assert runs == ["w2"]
+    assert dead_letters_on_stream(w.stream, w.names) == []
+    assert assert_nothing_acked_uncovered(w.stream, w.progress, w.names) == {delivery}
+
+
+def other_takes(other: StreamConsumer, effect: Any, taken: threading.Event) -> None:
+    """``other`` polls until it takes a delivery (``effect`` sets ``taken``, then waits)."""
+    deadline = time.monotonic() + 30
+    while not taken.is_set() and time.monotonic() < deadline:
+        other.poll(effect)
+        time.sleep(0.02)
