@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
+import redis.asyncio.sentinel
 import redis.exceptions as rx
+import redis.sentinel
+from redis._parsers import _AsyncRESP2Parser, _RESP2Parser
 from redis._parsers.hiredis import _AsyncHiredisParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -133,6 +136,9 @@ REPLIES = {
     "LOADING": "return redis.error_reply('LOADING Redis is loading the dataset in memory')",
     "NOPERM": "return redis.error_reply('NOPERM this user has no permissions')",
     "an error inside an array": "return {1, redis.error_reply('ERR inner'), 'x'}",
+    "a ConnectionError reply first in an array": (
+        "return {redis.error_reply('LOADING Redis is loading the dataset in memory'), 'x'}"
+    ),
     "a large reply": "return string.rep('x', 200000)",
     "a large array": "local t = {} for i = 1, 20000 do t[i] = 'item-' .. i end return t",
     "nil": "return nil",
@@ -478,3 +484,175 @@ def test_a_cancelled_read_closes_the_connection_as_redis_pys(redis_url: str) -> 
 
     lane, own = (asyncio.run(cancelled(read)) for read in ASYNC_WAYS.values())
     assert lane == own == (False,)
+
+
+# -- the health check, push notifications: redis-py's, on the lane's own path --------------
+
+
+def test_a_due_health_check_reconnects_as_redis_pys(redis_url: str) -> None:
+    """A connection the server closed while idle, its health check due: redis-py's check
+    (its PING repeated once by the policy) connects again and the call is answered on the
+    new socket; the next check is put off
+    by the interval after the reply, as redis-py does."""
+
+    def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
+        conn.send_command("CLIENT", "ID")
+        client.client_kill_filter(_id=conn.read_response())
+        time.sleep(0.1)
+        conn.next_health_check = 0  # due
+        return ("EVALSHA", _script(client, "return 5"), 0)
+
+    lane, own = _both(redis_url, prepare, health_check_interval=30, retry=Retry(NoBackoff(), 1))
+    assert lane == own == ("reply", 5, True)
+
+    client = redis.Redis.from_url(redis_url, health_check_interval=30)
+    conn = client.connection_pool.get_connection()
+    try:
+        before = time.monotonic()
+        conn.next_health_check = before + 5  # not due: no PING of the check's puts it off
+        exchange(conn, pack_command(conn, ("EVALSHA", _script(client, "return 5"), 0)))
+        assert conn.next_health_check >= before + 30
+    finally:
+        conn.disconnect()
+        client.close()
+
+
+def _tracked(client: redis.Redis, conn: Any, key: str) -> None:
+    """``conn`` tracks ``key`` (RESP3 client-side caching), and another client changes it:
+    an invalidation push waits on ``conn`` ahead of its next reply."""
+    conn.send_command("CLIENT", "TRACKING", "ON")
+    conn.read_response()
+    conn.send_command("GET", key)
+    conn.read_response()
+    client.set(key, "changed")
+    time.sleep(0.1)
+
+
+def test_a_push_notification_before_the_reply_is_redis_pys(redis_url: str) -> None:
+    """A push (a client-side caching invalidation) read ahead of the reply goes to the
+    parser's handler, and the reply after it is the call's."""
+
+    def run(way: Way) -> tuple[Any, ...]:
+        client = redis.Redis.from_url(redis_url, protocol=3)
+        conn = client.connection_pool.get_connection()
+        seen: list[Any] = []
+        try:
+            conn._parser.set_invalidation_push_handler(seen.append)
+            _tracked(client, conn, f"tracked-{id(seen)}")
+            packed = pack_command(conn, ("EVALSHA", _script(client, "return 9"), 0))
+            return (*_outcome(conn, lambda: way(conn, packed)), len(seen))
+        finally:
+            conn.disconnect()
+            client.close()
+
+    lane, own = run(exchange), run(_redis_py)
+    assert lane == own == ("reply", 9, True, 1)
+
+
+def test_a_push_notification_before_the_reply_is_redis_pys_async(redis_url: str) -> None:
+    async def run(read: Any) -> tuple[Any, ...]:
+        sync = redis.Redis.from_url(redis_url)
+        client = aredis.Redis.from_url(redis_url, protocol=3)
+        conn = await client.connection_pool.get_connection()
+        seen: list[Any] = []
+
+        async def handler(response: Any) -> None:
+            seen.append(response)
+
+        try:
+            conn._parser.set_invalidation_push_handler(handler)
+            await conn.send_command("CLIENT", "TRACKING", "ON")
+            await conn.read_response()
+            key = f"tracked-{id(seen)}"
+            await conn.send_command("GET", key)
+            await conn.read_response()
+            sync.set(key, "changed")
+            await asyncio.sleep(0.1)
+            sha = _script(sync, "return 9")
+            await conn.send_packed_command(pack_command(conn, ("EVALSHA", sha, 0)))
+            return (_comparable(await read(conn)), conn.is_connected, len(seen))
+        finally:
+            await conn.disconnect()
+            await client.aclose()
+            sync.close()
+
+    lane, own = (asyncio.run(run(read)) for read in ASYNC_WAYS.values())
+    assert lane == own == (9, True, 1)
+
+
+def test_a_reply_puts_the_next_health_check_off_async(redis_url: str) -> None:
+    async def main() -> tuple[float, float]:
+        client = aredis.Redis.from_url(redis_url, health_check_interval=30)
+        conn = await client.connection_pool.get_connection()
+        try:
+            await conn.send_packed_command(pack_command(conn, ("PING",)))
+            before = asyncio.get_running_loop().time()
+            conn.next_health_check = before + 5
+            await cancel_safe.read(conn)
+            return before, conn.next_health_check
+        finally:
+            await conn.disconnect()
+            await client.aclose()
+
+    before, after = asyncio.run(main())
+    assert after >= before + 30
+
+
+# -- which connections take the lane's own path: none that does a step its own way ---------
+
+
+class _OwnSend(redis.Connection):
+    def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        super().send_packed_command(*args, **kwargs)
+
+
+class _OwnCheck(redis.Connection):
+    def check_health(self) -> None:
+        super().check_health()
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [_OwnRead, _OwnSend, _OwnCheck, redis.sentinel.SentinelManagedConnection],
+    ids=lambda c: c.__name__,
+)
+def test_a_connection_class_with_a_step_of_its_own_keeps_redis_pys_methods(cls: type) -> None:
+    """A Sentinel-managed connection among them: its read is its own."""
+    assert _lean(redis.Connection)
+    assert not _lean(cls)
+
+
+def test_another_parser_keeps_redis_pys_methods(redis_url: str) -> None:
+    """redis-py's Python parser: the connection's own send and read answer."""
+    client = redis.Redis.from_url(redis_url, parser_class=_RESP2Parser)
+    conn = client.connection_pool.get_connection()
+    try:
+        assert exchange(conn, pack_command(conn, ("EVAL", "return 3", 0))) == 3
+    finally:
+        conn.disconnect()
+        client.close()
+
+
+class _OwnParse(aredis.Connection):
+    async def _read_response_from_parser(self, *args: Any, **kwargs: Any) -> Any:
+        return await super()._read_response_from_parser(*args, **kwargs)
+
+
+def test_an_async_connection_class_with_its_own_read_keeps_redis_pys() -> None:
+    assert cancel_safe._lean(aredis.Connection)
+    assert not cancel_safe._lean(_OwnParse)
+    assert not cancel_safe._lean(aredis.sentinel.SentinelManagedConnection)
+
+
+def test_another_parser_keeps_redis_pys_read_async(redis_url: str) -> None:
+    async def main() -> Any:
+        client = aredis.Redis.from_url(redis_url, parser_class=_AsyncRESP2Parser)
+        conn = await client.connection_pool.get_connection()
+        try:
+            await conn.send_packed_command(pack_command(conn, ("EVAL", "return 3", 0)))
+            return await cancel_safe.read(conn)
+        finally:
+            await conn.disconnect()
+            await client.aclose()
+
+    assert asyncio.run(main()) == 3
