@@ -26,6 +26,8 @@ from redis import exceptions as rx
 from redis.asyncio import connection as _connection
 from redis.asyncio.connection import AbstractConnection, Connection
 
+from settle._runtime import copied
+
 try:  # what redis-py 8's asyncio read uses: without them the lane calls read_response
     from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
     from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
@@ -127,11 +129,13 @@ _LEAN: dict[type, bool] = {}
 
 def _lean(cls: type) -> bool:
     """Whether a connection of class ``cls`` reads as redis-py's own (its ``read_response``
-    and ``_read_response_from_parser``; asked once per class)."""
+    and ``_read_response_from_parser``), on the redis-py the copy was made from
+    (:mod:`settle._runtime.copied`). Asked once per class."""
     known = _LEAN.get(cls)
     if known is None:
         known = _LEAN[cls] = (
             _AsyncHiredisParser is not None
+            and copied.ASYNC.current()
             and getattr(cls, "read_response", None) is _OWN_READ
             and getattr(cls, "_read_response_from_parser", None) is _OWN_PARSE
         )

@@ -12,6 +12,8 @@ from typing import Any, NoReturn
 
 from redis import exceptions as rx
 
+from settle._runtime import copied
+
 try:  # redis-py 8's own names: without them the lane packs through the connection
     from redis.asyncio.connection import AbstractConnection as AsyncConnection
     from redis.connection import AbstractConnection, HiredisRespSerializer
@@ -181,12 +183,14 @@ _LEAN_CLASSES: dict[type, bool] = {}
 def _lean(cls: type) -> bool:
     """Whether a connection of class ``cls`` sends, reads and checks its health as redis-py's
     own sync connection does (not a Sentinel-managed one, whose read is its own, nor a class
-    of the application's that overrides one of them). Asked once per class."""
+    of the application's that overrides one of them), on the redis-py the copy was made from
+    (:mod:`settle._runtime.copied`). Asked once per class."""
     known = _LEAN_CLASSES.get(cls)
     if known is None:
         known = (
             NOT_ENOUGH_DATA is not None
             and AbstractConnection is not None
+            and copied.SYNC.current()
             and all(
                 getattr(cls, name, None) is getattr(AbstractConnection, name)
                 for name in _LEAN_METHODS

@@ -28,8 +28,8 @@ from redis._parsers.hiredis import _AsyncHiredisParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from settle._runtime import cancel_safe
-from settle._runtime.packing import _lean, exchange, pack_command
+from settle._runtime import cancel_safe, copied
+from settle._runtime.packing import _LEAN_CLASSES, _lean, exchange, pack_command
 from settle.embedded import EmbeddedRedis
 from tests.faults.tcp_proxy import FaultyProxy, Point
 
@@ -578,6 +578,75 @@ def test_a_push_notification_before_the_reply_is_redis_pys_async(redis_url: str)
 
     lane, own = (asyncio.run(run(read)) for read in ASYNC_WAYS.values())
     assert lane == own == (9, True, 1)
+
+
+# -- a redis-py whose copied code changed: its own methods, and this file says so -----------
+
+
+def test_the_copied_redis_py_code_is_the_installed_ones() -> None:
+    """Fails when the installed redis-py's send, health check or read is not the code
+    ``packing.exchange`` / ``cancel_safe.read`` were copied from: read the new code, bring
+    the copies to it, and write its digest in settle/_runtime/copied.py."""
+    for copy in (copied.SYNC, copied.ASYNC):
+        assert copy.current(), (
+            f"redis-py {redis.__version__} changed the code settle's {copy.name} lane copies "
+            f"(digest {copy.installed()}): see settle/_runtime/copied.py"
+        )
+
+
+@pytest.fixture
+def redis_py_changed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As on a redis-py whose copied methods are not those the copies were made from."""
+    monkeypatch.setattr(copied, "DIGESTS", {"sync": frozenset(), "async": frozenset()})
+    for cache in (copied._current.cache_clear, _LEAN_CLASSES.clear, cancel_safe._LEAN.clear):
+        cache()
+    yield
+    monkeypatch.undo()
+    for cache in (copied._current.cache_clear, _LEAN_CLASSES.clear, cancel_safe._LEAN.clear):
+        cache()
+
+
+@pytest.mark.usefixtures("redis_py_changed")
+def test_a_changed_redis_py_sends_and_reads_its_own_way(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    conn = client.connection_pool.get_connection()
+    calls: list[str] = []
+    try:
+        assert not _lean(type(conn))
+        own_send, own_read = conn.send_packed_command, conn.read_response
+        conn.send_packed_command = lambda *a, **k: (calls.append("send"), own_send(*a, **k))  # type: ignore[method-assign]
+        conn.read_response = lambda *a, **k: (calls.append("read"), own_read(*a, **k))[1]  # type: ignore[method-assign]
+        assert exchange(conn, pack_command(conn, ("PING",))) in (b"PONG", "PONG", True)
+        assert calls == ["send", "read"]
+    finally:
+        conn.disconnect()
+        client.close()
+
+
+@pytest.mark.usefixtures("redis_py_changed")
+def test_a_changed_redis_py_reads_its_own_way_async(redis_url: str) -> None:
+    async def main() -> list[str]:
+        client = aredis.Redis.from_url(redis_url)
+        conn = await client.connection_pool.get_connection()
+        calls: list[str] = []
+        own_read = conn.read_response
+
+        async def read_response(*args: Any, **kwargs: Any) -> Any:
+            calls.append("read")
+            return await own_read(*args, **kwargs)
+
+        try:
+            assert not cancel_safe._lean(type(conn))
+            conn.read_response = read_response
+            await conn.send_packed_command(pack_command(conn, ("PING",)))
+            assert await cancel_safe.read(conn) in (b"PONG", "PONG", True)
+            return calls
+        finally:
+            del conn.read_response
+            await conn.disconnect()
+            await client.aclose()
+
+    assert asyncio.run(main()) == ["read"]
 
 
 def test_a_reply_puts_the_next_health_check_off_async(redis_url: str) -> None:
