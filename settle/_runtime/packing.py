@@ -216,11 +216,16 @@ def exchange(conn: Any, packed: Any) -> Any:  # noqa: PLR0915 - one frame: the p
     raises the same ``ResponseError`` subclass and leaves the connection open, a
     ``ConnectionError`` reply (``LOADING``) closes it. tests/unit/test_lane_wire.py holds
     each to redis-py's answer on a real server."""
-    sock = conn._sock
     lean = _LEAN_CLASSES.get(cls := type(conn))
     if lean is None:
         lean = _lean(cls)
-    if not lean or type(sock) is not socket.socket or type(conn._parser) is not _HiredisParser:
+    # the class first: one of the application's, or redis-py's client-side caching proxy,
+    # may have no socket nor parser of its own
+    if (
+        not lean
+        or type(sock := conn._sock) is not socket.socket
+        or type(conn._parser) is not _HiredisParser
+    ):
         conn.send_packed_command(packed)
         return conn.read_response()
     # -- send_packed_command (a socket: no connect) --

@@ -26,6 +26,8 @@ import redis.sentinel
 from redis._parsers import _AsyncRESP2Parser, _RESP2Parser
 from redis._parsers.hiredis import _AsyncHiredisParser
 from redis.backoff import NoBackoff
+from redis.cache import CacheConfig, CacheFactory
+from redis.connection import CacheProxyConnection
 from redis.retry import Retry
 
 from settle._runtime import cancel_safe, copied
@@ -725,3 +727,17 @@ def test_another_parser_keeps_redis_pys_read_async(redis_url: str) -> None:
             await client.aclose()
 
     assert asyncio.run(main()) == 3
+
+
+def test_a_client_side_caching_connection_keeps_redis_pys_methods(redis_url: str) -> None:
+    """redis-py's client-side caching (``cache_config``) hands out a proxy around the
+    connection, with no socket of its own: its own send and read answer."""
+    client = redis.Redis.from_url(redis_url, protocol=3)
+    conn = client.connection_pool.get_connection()
+    proxy = CacheProxyConnection(conn, CacheFactory(CacheConfig()).get_cache(), threading.RLock())
+    try:
+        assert not _lean(type(proxy))
+        assert exchange(proxy, pack_command(proxy, ("EVAL", "return 3", 0))) == 3
+    finally:
+        proxy.disconnect()
+        client.close()
