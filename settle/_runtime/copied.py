@@ -21,8 +21,12 @@ from functools import cache
 from typing import Any
 
 from redis import connection as _connection
-from redis._parsers import hiredis as _hiredis
 from redis.asyncio import connection as _async_connection
+
+try:  # a redis-py that moved it: no copy is current (its names are not found)
+    from redis._parsers import hiredis as _hiredis
+except ImportError:  # pragma: no cover
+    _hiredis = None  # type: ignore[assignment]
 
 __all__ = ["ASYNC", "SYNC", "Copy", "digest"]
 
