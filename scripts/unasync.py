@@ -65,11 +65,18 @@ RUNTIME_RULES: list[tuple[str, str]] = [
     (r"\bAsyncSettler\b", "Settler"),
     (r"\bAsyncCursorStore\b", "CursorStore"),
     (r"\bAsyncProgressStore\b", "ProgressStore"),
-    # The sync lane checks a kept connection without redis-py's frames (packing.can_read).
+    # The sync lane checks a kept connection, sends and reads without redis-py's frames
+    # (packing.can_read, packing.exchange).
     (r"\bawait conn\.can_read\(\)", "can_read(conn)"),
     (
         r"^from settle\._runtime\.packing import pack_command, retries_as_redis_py, tried$",
-        "from settle._runtime.packing import can_read, pack_command, retries_as_redis_py, tried",
+        "from settle._runtime.packing import (\n"
+        "    can_read,\n"
+        "    exchange,\n"
+        "    pack_command,\n"
+        "    retries_as_redis_py,\n"
+        "    tried,\n"
+        ")",
     ),
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),

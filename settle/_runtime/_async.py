@@ -1479,9 +1479,10 @@ class _Lane:
         return reply
 
     async def _round_trip(self, conn: Any, packed: Any) -> Any:
-        """One send and its reply (the asyncio lane bounds both itself: ``_Pipelined``)."""
-        await conn.send_packed_command(packed)
-        return await conn.read_response()
+        """One send and its reply: on the sync lane without redis-py's frames around them
+        where they are its own (``packing.exchange``); the asyncio lane bounds both itself
+        (``_Pipelined``)."""
+        return await exchange(conn, packed)
 
     async def _drop(self, conn: Any) -> None:
         """A connection whose replies were not all read: closed, never used again."""
@@ -1543,7 +1544,14 @@ def _notifications(pool: Any) -> bool:
 
 # unasync: async-only
 from settle._runtime import cancel_safe  # noqa: E402
-from settle._runtime.deadlines import UNBOUNDED, Deadlines, Watch  # noqa: E402
+from settle._runtime.deadlines import Deadlines, Watch  # noqa: E402
+
+
+async def exchange(conn: Any, packed: Any) -> Any:
+    """The asyncio counterpart of ``packing.exchange``: the connection's own send and read
+    (``_Lane._round_trip``, which ``_Pipelined`` replaces)."""
+    await conn.send_packed_command(packed)
+    return await conn.read_response()
 
 
 class _Pipelined(_Lane):
@@ -1701,7 +1709,7 @@ class _Pipelined(_Lane):
         # that timeout where a maintenance notification relaxes it (as redis-py's read sets).
         conn._active_read_timeout = watch
         try:
-            return await conn.read_response(timeout=UNBOUNDED)
+            return await cancel_safe.read(conn)  # its read_response(timeout=math.inf)
         except BaseException as exc:
             # A reply read whole (an error reply) leaves the watch on for the next read.
             if watch.expired and self._deadlines.finish(watch, exc):

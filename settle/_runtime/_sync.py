@@ -36,7 +36,13 @@ from settle._runtime import health, topology, urls
 from settle._runtime.calls import Call, Unacknowledged, naming
 from settle._runtime.checks import ServerChecks
 from settle._runtime.options import Durability
-from settle._runtime.packing import can_read, pack_command, retries_as_redis_py, tried
+from settle._runtime.packing import (
+    can_read,
+    exchange,
+    pack_command,
+    retries_as_redis_py,
+    tried,
+)
 from settle._runtime.scripts import WAIT_PROBE, ScriptSet, wait_probe_key
 from settle._runtime.transient import (
     ATTEMPTS,
@@ -1472,9 +1478,10 @@ class _Lane:
         return reply
 
     def _round_trip(self, conn: Any, packed: Any) -> Any:
-        """One send and its reply (the asyncio lane bounds both itself: ``_Pipelined``)."""
-        conn.send_packed_command(packed)
-        return conn.read_response()
+        """One send and its reply: on the sync lane without redis-py's frames around them
+        where they are its own (``packing.exchange``); the asyncio lane bounds both itself
+        (``_Pipelined``)."""
+        return exchange(conn, packed)
 
     def _drop(self, conn: Any) -> None:
         """A connection whose replies were not all read: closed, never used again."""

@@ -18,6 +18,7 @@ Python 3.12+ and on a connection class that defines its own ``send_packed_comman
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from typing import Any
 
@@ -25,7 +26,24 @@ from redis import exceptions as rx
 from redis.asyncio import connection as _connection
 from redis.asyncio.connection import AbstractConnection, Connection
 
-__all__ = ["NEEDED", "keep_cancellations", "ready", "watchable", "write", "write_error"]
+from settle._runtime import copied
+
+try:  # what redis-py 8's asyncio read uses: without them the lane calls read_response
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+    from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
+    from redis.utils import is_os_level_timeout
+except ImportError:  # pragma: no cover - a redis-py that renamed them
+    _AsyncHiredisParser = None  # type: ignore[assignment,misc]
+
+__all__ = [
+    "NEEDED",
+    "keep_cancellations",
+    "read",
+    "ready",
+    "watchable",
+    "write",
+    "write_error",
+]
 
 #: Python 3.11 from 3.11.3 (whose ``asyncio.timeout`` redis-py itself uses for reads).
 NEEDED = (3, 11, 3) <= sys.version_info < (3, 12)
@@ -103,6 +121,94 @@ def watchable(conn: Any) -> bool:
     connection class of the application's keeps its own."""
     cls = type(conn)
     return cls.read_response is _OWN_READ and cls.send_packed_command in _SENDS
+
+
+_OWN_PARSE = AbstractConnection._read_response_from_parser
+_LEAN: dict[type, bool] = {}
+
+
+def _lean(cls: type) -> bool:
+    """Whether a connection of class ``cls`` reads as redis-py's own (its ``read_response``
+    and ``_read_response_from_parser``), on the redis-py the copy was made from
+    (:mod:`settle._runtime.copied`). Asked once per class."""
+    known = _LEAN.get(cls)
+    if known is None:
+        known = _LEAN[cls] = (
+            _AsyncHiredisParser is not None
+            and copied.ASYNC.current()
+            and getattr(cls, "read_response", None) is _OWN_READ
+            and getattr(cls, "_read_response_from_parser", None) is _OWN_PARSE
+        )
+    return known
+
+
+async def read(conn: Any) -> Any:
+    """``conn.read_response(timeout=math.inf)`` of a :func:`watchable` connection (the
+    asyncio lane bounds the read itself). With redis-py's hiredis parser, its read without
+    the frames around it, line for line (redis-py 8's ``AbstractConnection.read_response``
+    without a timeout of its own, ``_AsyncHiredisParser.read_response`` and
+    ``read_from_socket``): the same reply, the same error class and text, the connection
+    closed the same way (a cancelled read too); anything else is the connection's own."""
+    parser: Any = conn._parser
+    if type(parser) is not _AsyncHiredisParser or not _lean(type(conn)):
+        return await conn.read_response(timeout=math.inf)
+    named: list[str] = []  # the host, named before a push notification is handled
+    try:
+        response = await _reply(conn, parser, named)
+    except TimeoutError as e:  # asyncio.TimeoutError is TimeoutError (3.11+)
+        if is_os_level_timeout(e):
+            host_error = named[0] if named else conn._host_error()
+            _read_log(conn, e)
+            await conn.disconnect(nowait=True)
+            raise rx.ConnectionError(f"Error while reading from {host_error} : {e.args}") from e
+        return None  # redis-py's answer to a timeout under a read timeout of the caller's
+    except OSError as e:
+        host_error = named[0] if named else conn._host_error()
+        _read_log(conn, e)
+        await conn.disconnect(nowait=True)
+        raise rx.ConnectionError(f"Error while reading from {host_error} : {e.args}") from e
+    except BaseException as e:  # a parse error, a cancellation: redis-py's handling is this
+        _read_log(conn, e)
+        await conn.disconnect(nowait=True)
+        raise
+    if conn.health_check_interval:
+        conn.next_health_check = asyncio.get_running_loop().time() + conn.health_check_interval
+    if isinstance(response, rx.ResponseError):
+        try:
+            raise response from None
+        finally:
+            del response  # no reference cycle through the traceback, as redis-py
+    return response
+
+
+async def _reply(conn: Any, parser: Any, named: list[str]) -> Any:
+    """redis-py 8's ``_AsyncHiredisParser.read_response()`` with its defaults."""
+    while True:
+        if not parser._connected:
+            raise rx.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR) from None
+        response = parser._reader.gets()
+        while response is NOT_ENOUGH_DATA:
+            buffer = await parser._stream.read(parser._read_size)
+            if not buffer or not isinstance(buffer, bytes):
+                raise rx.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR) from None
+            parser._reader.feed(buffer)
+            response = parser._reader.gets()
+        push = parser._hiredis_PushNotificationType
+        if push is None or not isinstance(response, push):
+            break
+        if not named:
+            named.append(conn._host_error())
+        response = await parser.handle_push_response(response)
+    if isinstance(response, rx.ConnectionError):
+        raise response
+    if isinstance(response, list) and response and isinstance(response[0], rx.ConnectionError):
+        raise response[0]
+    return response
+
+
+def _read_log(conn: Any, exc: BaseException) -> None:
+    if _DEBUG_LOG is not None:
+        _DEBUG_LOG(conn, exc, "reading response")
 
 
 def write_error(exc: OSError) -> rx.ConnectionError:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import codecs
 import select
 import socket
+import time
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn
+
+from redis import exceptions as rx
+
+from settle._runtime import copied
 
 try:  # redis-py 8's own names: without them the lane packs through the connection
     from redis.asyncio.connection import AbstractConnection as AsyncConnection
@@ -26,6 +31,17 @@ try:  # redis-py 8's sync hiredis parser: without it every check asks the connec
 except ImportError:  # pragma: no cover - a redis-py that renamed it
     _HiredisParser = None  # type: ignore[assignment,misc]
 
+try:  # what redis-py 8's sync send and read use: without them the lane calls its methods
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+    from redis._parsers.socket import (
+        NONBLOCKING_EXCEPTIONS,
+        SERVER_CLOSED_CONNECTION_ERROR,
+    )
+    from redis.connection import add_debug_log_for_connection_failure
+    from redis.utils import is_os_level_timeout
+except ImportError:  # pragma: no cover - a redis-py that renamed them
+    NOT_ENOUGH_DATA = None
+
 _hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
 try:
     import hiredis
@@ -34,7 +50,7 @@ try:
 except ImportError:  # pragma: no cover - without hiredis redis-py packs in Python
     _hiredis_pack = None
 
-__all__ = ["can_read", "pack_command", "retries_as_redis_py", "tried"]
+__all__ = ["can_read", "exchange", "pack_command", "retries_as_redis_py", "tried"]
 
 _REDIS_PY_PACK = None if AbstractConnection is None else AbstractConnection.pack_command
 _REDIS_PY_CAN_READ = None if AbstractConnection is None else AbstractConnection.can_read
@@ -154,3 +170,159 @@ def tried(error: Exception | None, then: Callable[[], Any]) -> Callable[[], Any]
         return then()
 
     return call
+
+
+#: What redis-py's ``read_from_socket`` maps itself (a timeout, a blocking error).
+_SOCKET_ERRORS = (TimeoutError, *NONBLOCKING_EXCEPTIONS) if NOT_ENOUGH_DATA else ()
+
+#: The methods of redis-py's sync connection that :func:`exchange` stands in for.
+_LEAN_METHODS = ("send_packed_command", "read_response", "check_health")
+_LEAN_CLASSES: dict[type, bool] = {}
+
+
+def _lean(cls: type) -> bool:
+    """Whether a connection of class ``cls`` sends, reads and checks its health as redis-py's
+    own sync connection does (not a Sentinel-managed one, whose read is its own, nor a class
+    of the application's that overrides one of them), on the redis-py the copy was made from
+    (:mod:`settle._runtime.copied`). Asked once per class."""
+    known = _LEAN_CLASSES.get(cls)
+    if known is None:
+        known = (
+            NOT_ENOUGH_DATA is not None
+            and AbstractConnection is not None
+            and copied.SYNC.current()
+            and all(
+                getattr(cls, name, None) is getattr(AbstractConnection, name)
+                for name in _LEAN_METHODS
+            )
+        )
+        _LEAN_CLASSES[cls] = known
+    return known
+
+
+def exchange(conn: Any, packed: Any) -> Any:  # noqa: PLR0915 - one frame: the point
+    """``conn.send_packed_command(packed)``, then ``conn.read_response()``, of a sync
+    connection: on redis-py's own connection class with a plain socket and its hiredis
+    parser, the same send (``sendall``) and read (its hiredis reader fed from the socket)
+    without the frames around them; anything else (another class, TLS, another parser, no
+    socket yet) is the connection's own two calls.
+
+    It is redis-py 8's ``AbstractConnection.send_packed_command`` and ``read_response``
+    (sync) through ``_HiredisParser.read_response`` and ``read_from_socket`` with their
+    defaults (a health check, no timeout of the read's own, decoded, no push request), in
+    one frame: a failure ends as redis-py's does (:func:`_send_failed`,
+    :func:`_socket_failed`, :func:`_read_failed`: the same exception class, text and chain,
+    the connection closed, the failure logged at DEBUG on redis-py's logger); an error reply
+    raises the same ``ResponseError`` subclass and leaves the connection open, a
+    ``ConnectionError`` reply (``LOADING``) closes it. tests/unit/test_lane_wire.py holds
+    each to redis-py's answer on a real server."""
+    lean = _LEAN_CLASSES.get(cls := type(conn))
+    if lean is None:
+        lean = _lean(cls)
+    # the class first: one of the application's, or redis-py's client-side caching proxy,
+    # may have no socket nor parser of its own
+    if (
+        not lean
+        or type(sock := conn._sock) is not socket.socket
+        or type(conn._parser) is not _HiredisParser
+    ):
+        conn.send_packed_command(packed)
+        return conn.read_response()
+    # -- send_packed_command (a socket: no connect) --
+    if conn.health_check_interval:  # its check_health does nothing more without one
+        conn.check_health()
+        sock = conn._sock  # a failed check connects again
+    try:
+        if isinstance(packed, str):
+            packed = [packed]
+        for item in packed:
+            sock.sendall(item)
+    except BaseException as e:  # noqa: BLE001 - each as redis-py's: raised again, mapped
+        _send_failed(conn, e)
+    # -- read_response: the host an error names is the connection's before the read (named
+    # here only when needed: a push notification handled during the read may move it) --
+    host_error = None
+    parser: Any = conn._parser
+    try:
+        while True:
+            reader = parser._reader
+            if reader is None:
+                raise rx.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)  # noqa: TRY301
+            response = reader.gets()
+            while response is NOT_ENOUGH_DATA:
+                # read_from_socket
+                sock, fed = parser._sock, parser._reader
+                if sock is None or fed is None:
+                    raise rx.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)  # noqa: TRY301
+                try:
+                    count = sock.recv_into(parser._buffer)
+                    if count == 0:
+                        raise rx.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)
+                    fed.feed(parser._buffer, 0, count)
+                except _SOCKET_ERRORS as e:
+                    _socket_failed(e)
+                response = reader.gets()
+            push = parser._hiredis_PushNotificationType
+            if push is None or not isinstance(response, push):
+                break
+            if host_error is None:
+                host_error = conn._host_error()
+            response = parser.handle_push_response(response)
+        if isinstance(response, rx.ConnectionError):
+            raise response  # noqa: TRY301
+        if isinstance(response, list) and response and isinstance(response[0], rx.ConnectionError):
+            raise response[0]  # noqa: TRY301
+    except BaseException as e:  # noqa: BLE001 - each as redis-py's: raised again, mapped
+        _read_failed(conn, e, host_error)
+    if conn.health_check_interval:
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    if isinstance(response, rx.ResponseError):
+        try:
+            raise response
+        finally:
+            del response  # no reference cycle through the traceback, as redis-py
+    return response
+
+
+def _send_failed(conn: Any, e: BaseException) -> NoReturn:
+    """What redis-py's ``send_packed_command`` raises for ``e`` (called while it is being
+    handled, so that the chain is redis-py's), the connection closed."""
+    add_debug_log_for_connection_failure(conn, e, "writing command")
+    conn.disconnect()
+    if isinstance(e, TimeoutError):  # socket.timeout
+        if is_os_level_timeout(e):
+            raise rx.ConnectionError(
+                f"Error {e.errno} while writing to socket. {e.strerror}."
+            ) from e
+        raise rx.TimeoutError("Timeout writing to socket")
+    if isinstance(e, OSError):
+        if len(e.args) == 1:
+            number, message = "UNKNOWN", e.args[0]
+        else:
+            number, message = e.args[0], e.args[1]
+        raise rx.ConnectionError(f"Error {number} while writing to socket. {message}.") from e
+    raise e
+
+
+def _socket_failed(e: BaseException) -> NoReturn:
+    """What redis-py's ``_HiredisParser.read_from_socket()`` raises for ``e`` (a timeout or
+    a blocking error of the socket's): with its defaults, a blocking error is this
+    ConnectionError whatever its errno."""
+    if isinstance(e, TimeoutError) and not is_os_level_timeout(e):
+        raise rx.TimeoutError("Timeout reading from socket")
+    raise rx.ConnectionError(f"Error while reading from socket: {e.args}")
+
+
+def _read_failed(conn: Any, e: BaseException, host_error: str | None) -> NoReturn:
+    """What redis-py's ``read_response()`` raises for ``e`` (called while it is being
+    handled), the connection closed; ``host_error``: the host named before the read, or
+    None when it is the connection's still."""
+    if isinstance(e, (TimeoutError, rx.TimeoutError, OSError)):
+        host_error = conn._host_error() if host_error is None else host_error
+    add_debug_log_for_connection_failure(conn, e, "reading response")
+    conn.disconnect()
+    if isinstance(e, (TimeoutError, rx.TimeoutError)):
+        raise rx.TimeoutError(f"Timeout reading from {host_error}")
+    if isinstance(e, OSError):
+        raise rx.ConnectionError(f"Error while reading from {host_error} : {e.args}") from e
+    raise e  # a parse error among them: redis-py's handling is the same

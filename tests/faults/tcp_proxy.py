@@ -5,6 +5,8 @@
 
 - ``before_request``: the request is dropped and the client's connection closed; the
   server never sees it.
+- ``reset``: the same, the client's connection reset (an RST, ``ECONNRESET`` on its next
+  read) rather than closed.
 - ``after_request``: the request reaches the server, which runs it; as soon as the first
   byte of its reply comes back the client's connection is closed and the reply is lost.
 - ``mid_reply``: the request runs and half of the first reply chunk reaches the client.
@@ -23,12 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-Point = Literal["before_request", "after_request", "mid_reply", "stall", "slow", "hold"]
+Point = Literal["before_request", "reset", "after_request", "mid_reply", "stall", "slow", "hold"]
+
+
+#: SO_LINGER on, 0 seconds: close() resets the connection.
+_NO_LINGER = struct.pack("ii", 1, 0)
 
 
 @dataclass
@@ -154,6 +161,11 @@ class FaultyProxy:
                 break
             at = self._take(chunk)
             if at == "before_request":
+                break
+            if at == "reset":  # no shutdown first: that would send a FIN before the RST
+                with contextlib.suppress(OSError):
+                    link.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+                    link.client.close()
                 break
             if at == "slow":
                 time.sleep(self.slow_by)
