@@ -16,7 +16,6 @@ import socket
 from typing import Any
 
 import click
-from redis.exceptions import RedisError
 
 from settle._async.settler import AsyncSettler
 from settle.cli._context import (
@@ -109,7 +108,7 @@ def web(
     port = listening[0].getsockname()[1]  # --port 0: the one it got
     settler = _console_settler(conn, config)
     hosts = [*LOOPBACK_HOSTS, host, *allow_hosts]
-    app: Any = create_app(
+    app = create_app(
         settler,
         authorize=authorize,
         secret_key=secrets.token_urlsafe(32),
@@ -117,8 +116,6 @@ def web(
         allowed_hosts=hosts,
         redis_timeout=conn.redis_timeout,  # --redis-timeout: each page's Redis calls in all
     )
-    if conn.sentinel is not None:
-        app = _FollowingPrimary(app, settler, conn.redis_timeout)
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     )
@@ -170,39 +167,6 @@ def _console_settler(conn: Connection, config: SettleConfig) -> AsyncSettler:
         client_options=target.client_options(),
         sentinel_options=target.sentinel_options(conn.redis_timeout),
     )
-
-
-class _FollowingPrimary:
-    """The console behind Sentinel, asking the Sentinels for the primary before each page
-    (one ``SENTINEL MASTERS``, within ``--redis-timeout``). redis-py's Sentinel client asks
-    them only when it opens a connection, and the console keeps its connections: after a
-    ``SENTINEL FAILOVER`` the old primary stays a primary until the Sentinels reconfigure
-    it, seconds later, and a resolve written there meanwhile was lost with its data when it
-    became the new primary's replica. When the primary named changed, the connections to
-    the old one are closed (the runner's kept ones too) before the page is served; when no
-    Sentinel answers, the page is served as it would have been (its own calls ask again)."""
-
-    def __init__(self, app: Any, settler: AsyncSettler, timeout: float) -> None:
-        self._app = app
-        self._settler = settler
-        self._timeout = timeout
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope.get("path", "").startswith("/static/"):
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
-                async with asyncio.timeout(self._timeout):
-                    await self._follow()
-        await self._app(scope, receive, send)
-
-    async def _follow(self) -> None:
-        pool = self._settler.client.connection_pool
-        before = pool.master_address
-        if await pool.get_master_address() == before or before is None:
-            return  # the same primary (or the first ask: nothing was connected before)
-        lane = getattr(self._settler._runner, "_lane", None)
-        if lane is not None:  # the runner's kept connections, to the old primary
-            await lane.release_idle()
-        await pool.disconnect(inuse_connections=False)
 
 
 def _loopback(host: str) -> bool:

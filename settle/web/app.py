@@ -10,6 +10,7 @@ granted at sign-in, and a CSRF token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -22,6 +23,8 @@ from urllib.parse import parse_qs, parse_qsl, urlencode
 
 import click
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
@@ -190,6 +193,9 @@ def create_app(
         ),
         Middleware(SignedIn, sessions=sessions, redis_timeout=redis_timeout),
     ]
+    if isinstance(getattr(settler.client, "connection_pool", None), SentinelConnectionPool):
+        # Before the sign-in's check, which reads Redis; after the Host check.
+        middleware.insert(-1, Middleware(_FollowingPrimary, settler=settler, timeout=redis_timeout))
     return Starlette(
         routes=routes,
         middleware=middleware,
@@ -197,6 +203,40 @@ def create_app(
         # authorize failing); Starlette's was a bare text without the headers.
         exception_handlers={SettleError: console.failed, Exception: console.crashed},
     )
+
+
+class _FollowingPrimary:
+    """The console on a Sentinel-managed settler (``from_sentinel``, ``settle web --redis-url
+    redis+sentinel://``), asking the Sentinels for the primary before each page
+    (one ``SENTINEL MASTERS``, within ``redis_timeout``). redis-py's Sentinel client asks
+    them only when it opens a connection, and the console keeps its connections: after a
+    ``SENTINEL FAILOVER`` the old primary stays a primary until the Sentinels reconfigure
+    it, seconds later, and a resolve written there meanwhile was lost with its data when it
+    became the new primary's replica. When the primary named changed, the connections to
+    the old one are closed (the runner's kept ones too) before the page is served; when no
+    Sentinel answers, the page is served as it would have been (its own calls ask again)."""
+
+    def __init__(self, app: Any, settler: AsyncSettler, timeout: float) -> None:
+        self._app = app
+        self._settler = settler
+        self._timeout = timeout
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and "/static/" not in scope.get("path", ""):
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(self._timeout):
+                    await self._follow()
+        await self._app(scope, receive, send)
+
+    async def _follow(self) -> None:
+        pool = self._settler.client.connection_pool
+        before = pool.master_address
+        if await pool.get_master_address() == before or before is None:
+            return  # the same primary (or the first ask: nothing was connected before)
+        lane = getattr(self._settler._runner, "_lane", None)
+        if lane is not None:  # the runner's kept connections, to the old primary
+            await lane.release_idle()
+        await pool.disconnect(inuse_connections=False)
 
 
 def _check_limit(name: str, value: object, most: int | None) -> None:
