@@ -67,7 +67,7 @@ def test_a_sentinel_that_refuses_is_exit_3_naming_it_and_never_the_password(
     assert done.returncode == 3, done.stderr
     assert f"named the primary of service {SERVICE!r}" in done.stderr
     assert f"{deployment.sentinels[0]}: AuthenticationError" in done.stderr
-    assert "sentinel_password" in done.stderr  # what to give it
+    assert "requires a password takes ?sentinel_password=" in done.stderr  # what to give it
     assert "not-it" not in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -37,7 +37,8 @@ pytestmark = [
 class TlsDeployment:
     ca: Path
     primary: int
-    sentinel: int
+    sentinel: int  # TLS only
+    plain_sentinel: int  # plain TCP only, the same deployment
 
     def primary_url(self) -> str:
         return f"rediss://127.0.0.1:{self.primary}/0?ssl_ca_certs={self.ca}"
@@ -95,18 +96,20 @@ def _certificates(directory: Path) -> tuple[Path, Path, Path]:
     return directory / "ca.crt", directory / "server.crt", directory / "server.key"
 
 
-def _tls(ca: Path, cert: Path, key: Path) -> str:
+def _tls(ca: Path, cert: Path, key: Path, port: int = 0) -> str:
     return (
-        f"port 0\nbind 127.0.0.1\ntls-cert-file {cert}\ntls-key-file {key}\n"
+        f"port {port}\nbind 127.0.0.1\ntls-cert-file {cert}\ntls-key-file {key}\n"
         f"tls-ca-cert-file {ca}\ntls-auth-clients no\ntls-replication yes\n"
     )
 
 
-def _answering(port: int, ca: Path, command: tuple[str, ...], timeout: float = 15) -> None:
+def _answering(port: int, ca: Path | None, command: tuple[str, ...], timeout: float = 15) -> None:
+    """Wait for ``command`` to answer on ``port`` (TLS with ``ca``, else plain TCP)."""
+    tls = {"ssl": True, "ssl_ca_certs": str(ca)} if ca is not None else {}
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with redis.Redis(port=port, ssl=True, ssl_ca_certs=str(ca), socket_timeout=2) as c:
+            with redis.Redis(port=port, socket_timeout=2, **tls) as c:  # type: ignore[arg-type]
                 if c.execute_command(*command):
                     return
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
@@ -119,30 +122,34 @@ def _answering(port: int, ca: Path, command: tuple[str, ...], timeout: float = 1
 def deployment() -> Iterator[TlsDeployment]:
     directory = Path(tempfile.mkdtemp(prefix="settle-tls-"))
     ca, cert, key = _certificates(directory)
-    primary, sentinel = free_port(), free_port()
+    primary, sentinel, plain = free_port(), free_port(), free_port()
     (directory / "primary.conf").write_text(
         _tls(ca, cert, key) + f'tls-port {primary}\nsave ""\nappendonly no\ndir {directory}\n'
     )
-    (directory / "sentinel.conf").write_text(
-        _tls(ca, cert, key)
-        + f"tls-port {sentinel}\ndir {directory}\n"
-        + f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 1\n"
-    )
+    for name, conf in (
+        ("sentinel", _tls(ca, cert, key) + f"tls-port {sentinel}\n"),
+        ("plain", _tls(ca, cert, key, plain)),
+    ):
+        (directory / f"{name}.conf").write_text(
+            conf + f"dir {directory}\nsentinel monitor {SERVICE} 127.0.0.1 {primary} 1\n"
+        )
     log = (directory / "servers.log").open("ab")
     processes = [
         subprocess.Popen([str(REDIS7), str(directory / "primary.conf")], stdout=log, stderr=log),
     ]
     try:
         _answering(primary, ca, ("PING",))
-        processes.append(
-            subprocess.Popen(
-                [str(REDIS7), str(directory / "sentinel.conf"), "--sentinel"],
-                stdout=log,
-                stderr=log,
+        for name in ("sentinel", "plain"):
+            processes.append(
+                subprocess.Popen(
+                    [str(REDIS7), str(directory / f"{name}.conf"), "--sentinel"],
+                    stdout=log,
+                    stderr=log,
+                )
             )
-        )
         _answering(sentinel, ca, ("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE))
-        found = TlsDeployment(ca, primary, sentinel)
+        _answering(plain, None, ("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE))
+        found = TlsDeployment(ca, primary, sentinel, plain)
         with Settler.from_url(found.primary_url(), namespace="tls", shards=2) as s:
             s.check()
         yield found
@@ -163,9 +170,19 @@ def test_tls_only_sentinels_are_asked_over_tls(deployment: TlsDeployment) -> Non
         assert done.returncode == 0, (command, done.stderr)
 
 
-def test_sentinel_ssl_no_asks_them_over_plain_tcp(deployment: TlsDeployment) -> None:
-    """``?sentinel_ssl=no`` (the meaning ``rediss+sentinel://`` had before): a TLS-only
-    Sentinel asked over plain TCP does not answer, exit 3 with its answer, no traceback."""
+def test_sentinel_ssl_no_asks_plain_sentinels_of_a_tls_primary(
+    deployment: TlsDeployment,
+) -> None:
+    """``?sentinel_ssl=no``: Sentinels on plain TCP, the primary on TLS (the meaning
+    ``rediss+sentinel://`` had before); it was passed on to the primary's connection, which
+    refused it as an unknown option (exit 2)."""
+    url = (
+        f"rediss+sentinel://127.0.0.1:{deployment.plain_sentinel}/{SERVICE}"
+        f"?sentinel_ssl=no&ssl_ca_certs={deployment.ca}"
+    )
+    done = settle("stats", "--redis-url", url, "--namespace", "tls", timeout=60)
+    assert done.returncode == 0, done.stderr
+    # The TLS-only Sentinel asked over plain TCP does not answer: exit 3, no traceback.
     url = f"rediss+sentinel://127.0.0.1:{deployment.sentinel}/{SERVICE}?sentinel_ssl=no"
     done = settle("stats", "--redis-url", url, "--namespace", "tls", timeout=60)
     assert done.returncode == 3, done.stderr
