@@ -469,7 +469,8 @@ def _other_node(detail: str, conn: Connection | None) -> str | None:
     cluster node behind the seed, which answered (the error said "cannot reach Redis at
     <the seed>", and an operator checked the wrong node)."""
     found = _ADDRESS.search(detail)
-    if conn is None or found is None:
+    # Behind Sentinel the address may be a Sentinel's (MasterNotFoundError quotes each one's)
+    if conn is None or found is None or conn.sentinel is not None:
         return None
     host, port = found.groups()
     try:

@@ -13,6 +13,9 @@ import pytest
 import redis
 
 from settle import Settler
+from settle.cli._context import Connection, errors_as_exit_codes
+from settle.cli._sentinel import parse as parse_sentinel_url
+from settle.errors import BackendError
 from tests.cli.conftest import settle
 from tests.faults.sentinel_support import SERVICE, SentinelDeployment, sentinel_deployment
 
@@ -104,3 +107,23 @@ def test_tls_asked_of_plain_sentinels_names_sentinel_ssl_no(
     done = settle("stats", "--redis-url", url, "--namespace", "guarded", timeout=60)
     assert done.returncode == 3, done.stderr
     assert "?sentinel_ssl=no" in done.stderr
+
+
+def test_sentinels_out_of_reach_are_never_called_a_node_of_a_cluster(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Behind Sentinel a connection error can name a Sentinel (redis-py's
+    ``MasterNotFoundError`` quotes each one's): that is no cluster node behind the primary,
+    and the message names the primary in use, never "a node of the cluster"."""
+    target = parse_sentinel_url("redis+sentinel://127.0.0.1:1/svc")
+    conn = Connection(target.given, "ns", None, sentinel=target, primary=("127.0.0.1", 6390))
+    cause = redis.ConnectionError(
+        "No master found for 'svc' : Redis<ConnectionPool<Connection<host=127.0.0.1,port=1>>>"
+        " - ConnectionError('Error 111 connecting to 127.0.0.1:1. Connection refused.')"
+    )
+    with pytest.raises(SystemExit) as exited, errors_as_exit_codes(conn):
+        raise BackendError(f"ConnectionError: {cause}") from cause
+    assert exited.value.code == 3
+    said = capsys.readouterr().err
+    assert "cluster" not in said
+    assert said.startswith("settle: cannot reach Redis at redis://127.0.0.1:6390/0 (")
