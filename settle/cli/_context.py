@@ -322,28 +322,42 @@ def redis_timeout_option(fn: F) -> F:
     return option(fn)
 
 
-def bounded_client(url: str, timeout: float) -> Redis:
-    """A client of ``url`` (checked: exit 2 when malformed) waiting at most ``timeout`` for
-    a connection and each reply, one try: the companions' stores, as :func:`bounded`. A
-    ``redis+sentinel://`` URL gives the client of the primary its Sentinels name (exit 3
-    when none names it), which follows a failover."""
-    if is_sentinel_url(url):
-        target = parse_sentinel_url(url)
-        return sentinel_following(target, ask_sentinels(target, timeout), timeout)
-    checked = checked_url(url)
-    return bounded(client_from_url(checked), checked, timeout)
+def companion_client(conn: Connection) -> Redis:
+    """The client of ``conn``'s URL for the companions' stores (``cursor``, ``progress``),
+    as every command's: checked (exit 2 when malformed), waiting at most its
+    ``--redis-timeout`` (:func:`bounded`); behind Sentinel the Sentinel-following one, the
+    Sentinels asked first (exit 3 when none names the primary) and ``conn`` naming the
+    primary in use, never "a node of the cluster"."""
+    find_primary(conn)
+    return connected(conn)
 
 
-def sentinel_following(target: SentinelUrl, primary: tuple[str, int], timeout: float) -> Redis:
-    """The library's Sentinel-following client of ``target`` (``from_sentinel``'s), waiting
-    at most ``timeout`` for a connection and each reply as :func:`bounded`."""
+def find_primary(conn: Connection) -> None:
+    """Behind Sentinel (a ``redis+sentinel://`` URL), the Sentinels asked for the primary
+    (:func:`~settle.cli._sentinel.ask`), which ``conn`` names until the client reaches one;
+    else nothing."""
+    if conn.redis_url is not None and is_sentinel_url(conn.redis_url):
+        conn.sentinel = parse_sentinel_url(conn.redis_url)
+        conn.primary = ask_sentinels(conn.sentinel, conn.redis_timeout)
+
+
+def connected(conn: Connection) -> Redis:
+    """The client of ``conn`` (nothing connected yet), waiting at most its
+    ``--redis-timeout`` for a connection and each reply as :func:`bounded`: behind Sentinel
+    the library's Sentinel-following one (``from_sentinel``'s), which ``conn`` keeps to name
+    the primary it reached."""
+    if conn.sentinel is None or conn.primary is None:
+        url = checked_url(conn.url)
+        return bounded(client_from_url(url), url, conn.redis_timeout)
+    target, timeout = conn.sentinel, conn.redis_timeout
     client = sentinel_client(
         list(target.sentinels),
         target.service,
         target.client_options(),
         target.sentinel_options(timeout),
     )
-    return bounded(client, target.primary_url(*primary), timeout)
+    conn.following = bounded(client, target.primary_url(*conn.primary), timeout)
+    return conn.following
 
 
 def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
@@ -382,10 +396,8 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         **kw: Any,
     ) -> Any:
         conn = Connection(redis_url, namespace, shards, redis_timeout)
-        if redis_url is not None and is_sentinel_url(redis_url):
-            with errors_as_exit_codes():
-                conn.sentinel = parse_sentinel_url(redis_url)
-                conn.primary = ask_sentinels(conn.sentinel, redis_timeout)
+        with errors_as_exit_codes():
+            find_primary(conn)
         return fn(conn=conn, **kw)
 
     return wrapper  # type: ignore[return-value]
@@ -649,12 +661,6 @@ def checked_url(url: str) -> str:
     port read from the password (:func:`~settle._runtime.urls.check`). The message shows the
     URL redacted and says what is wrong in fixed words, never redis-py's own (which can quote
     the password)."""
-    if is_sentinel_url(url):  # cursor, progress: they take a primary's URL only
-        raise InvalidInput(
-            f"bad --redis-url {redacted(url)}: this command takes no Sentinel URL; pass the "
-            "primary's redis:// URL, which `redis-cli -h HOST -p PORT SENTINEL "
-            "get-master-addr-by-name SERVICE` names"
-        )
     try:
         ConnectionPool.from_url(url).make_connection()
         check(url)  # parsed, but a part of the password read as the port (or the path)
@@ -666,12 +672,7 @@ def checked_url(url: str) -> str:
 
 
 def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
-    config = settings(options)
-    if conn.sentinel is not None and conn.primary is not None:
-        conn.following = sentinel_following(conn.sentinel, conn.primary, conn.redis_timeout)
-        return Settler(conn.following, config)
-    url = checked_url(conn.url)
-    return Settler(bounded(client_from_url(url), url, conn.redis_timeout), config)
+    return Settler(connected(conn), settings(options))
 
 
 def bounded(client: Redis, url: str, seconds: float) -> Redis:

@@ -136,3 +136,19 @@ def test_a_primary_the_sentinels_name_by_an_ipv6_address_is_reached() -> None:
             done = settle("stats", "--redis-url", url, "--namespace", "six", timeout=60)
     assert done.returncode == 0, done.stderr
 
+
+def test_a_companion_command_behind_sentinel_names_the_primary_it_lost() -> None:
+    """Found in review: the Sentinels still naming a primary that was just killed, ``cursor``
+    and ``progress`` said "cannot reach Redis node HOST:PORT, a node of the cluster at
+    redis+sentinel://..." (there is no cluster: the node is the primary), where the other
+    commands say they cannot reach Redis at the primary's URL."""
+    with sentinel_deployment() as d:
+        url = f"redis+sentinel://{d.sentinels[0]}/{SERVICE}"
+        d.primary.stop(kill=True)
+        for group, name in (("cursor", "ledger"), ("progress", "billing")):
+            done = settle(group, "show", name, "--redis-url", url, "--namespace", "sen")
+            assert done.returncode == 3, done.stderr
+            assert "cluster" not in done.stderr
+            assert done.stderr.startswith(
+                f"settle: cannot reach Redis at redis://127.0.0.1:{d.primary.port}/0 "
+            ), done.stderr
