@@ -14,8 +14,10 @@ import httpx
 import pytest
 import redis
 
-from settle import Settler
+from settle import AsyncSettler, Settler
+from settle.web import create_app, token_authorizer
 from tests.faults.sentinel_support import SERVICE, SentinelDeployment, sentinel_deployment
+from tests.web.conftest import client_for
 from tests.web.evidence import conflicting
 from tests.web.server import settle_web
 from tests.web.test_console_http import csrf_of
@@ -124,3 +126,65 @@ def test_settle_web_follows_a_failover_and_resolves_on_the_new_primary(
         assert first is not None
         assert first.note == "[resolved by ops-ann] refunded"
     assert "Traceback" not in stderr[0]
+
+
+@pytest.mark.asyncio
+async def test_a_mounted_console_leaves_a_demoted_primary_another_connection_learned_of(
+    deployment: SentinelDeployment, namespace: str
+) -> None:
+    """Found in review: before each page the console compared the Sentinels' answer with the
+    primary its pool knew last, and closed the connections the runner keeps only when they
+    differed. Any new connection of the settler asks the Sentinels too (redis-py's Sentinel
+    connection does when it connects: the service's own calls on the same settler) and
+    updates the pool first: the next page saw no change, and its resolve went on a
+    connection kept to the demoted primary, still writable for seconds: a 303, and the
+    resolution lost with the old primary's data."""
+    with Settler.from_url(deployment.primary.url, namespace=namespace, shards=2) as writer:
+        before = conflicting(writer, "order-before-failover")
+        after = conflicting(writer, "order-after-failover")
+    settler = AsyncSettler.from_sentinel(
+        deployment.sentinels, service_name=SERVICE, namespace=namespace, shards=2
+    )
+    try:
+        app = create_app(settler, authorize=token_authorizer(TOKEN, "ops-ann"))
+        async with client_for(app) as browser:
+            form = (await browser.get("/signin")).text
+            await browser.post("/signin", data={"token": TOKEN, "csrf": csrf_of(form)})
+            page = await browser.get(f"/entry/{before}")
+            done = await browser.post(
+                f"/entry/{before}/resolve", data={"note": "refunded", "csrf": csrf_of(page.text)}
+            )
+            assert done.status_code == 303  # on a connection the runner keeps
+            replicated(deployment)
+
+            fail_over(deployment, "sentinel-failover")
+            # Another connection of the settler asks the Sentinels first.
+            await settler.client.connection_pool.get_master_address()
+
+            page = await browser.get(f"/entry/{after}")
+            done = await browser.post(
+                f"/entry/{after}/resolve",
+                data={"note": "reconciled", "csrf": csrf_of(page.text)},
+            )
+            assert done.status_code == 303, done.text[:500]
+    finally:
+        await settler.aclose()
+    with Settler.from_url(deployment.replica.url, namespace=namespace, shards=2) as reader:
+        resolution = reader.quarantine.get(after).resolution
+        assert resolution is not None, "the resolve was written on the demoted primary"
+        assert resolution.note == "[resolved by ops-ann] reconciled"
+
+
+@pytest.mark.asyncio
+async def test_the_console_finds_the_connections_the_runner_keeps() -> None:
+    """The console closes the connections the runner keeps between calls by the runner's
+    private names (settle/_runtime's ``_Lane.release_idle``): renamed, it would close every
+    connection instead, in use too, and log ``connections="all"``. This fails first, so
+    that the console is changed with them."""
+    from settle.web.app import kept_connections  # noqa: PLC0415  # added with this test
+
+    settler = AsyncSettler.from_sentinel(["127.0.0.1:1"], service_name=SERVICE, namespace="n")
+    try:
+        assert kept_connections(settler) is not None
+    finally:
+        await settler.aclose()
