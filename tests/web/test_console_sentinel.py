@@ -16,6 +16,7 @@ import redis
 
 from settle import AsyncSettler, Settler
 from settle.web import create_app, token_authorizer
+from settle.web._sentinel import kept_connections
 from tests.faults.sentinel_support import SERVICE, SentinelDeployment, sentinel_deployment
 from tests.web.conftest import client_for
 from tests.web.evidence import conflicting
@@ -181,8 +182,6 @@ async def test_the_console_finds_the_connections_the_runner_keeps() -> None:
     private names (settle/_runtime's ``_Lane.release_idle``): renamed, it would close every
     connection instead, in use too, and log ``connections="all"``. This fails first, so
     that the console is changed with them."""
-    from settle.web.app import kept_connections  # noqa: PLC0415  # added with this test
-
     settler = AsyncSettler.from_sentinel(["127.0.0.1:1"], service_name=SERVICE, namespace="n")
     try:
         assert kept_connections(settler) is not None
