@@ -15,6 +15,7 @@ from settle.embedded import EmbeddedRedis
 from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
 from tests.cli.conftest import cli_env, settle
 from tests.faults.sentinel_support import (
+    DOWN_AFTER_MS,
     SERVICE,
     LocalSentinel,
     SentinelDeployment,
@@ -141,14 +142,27 @@ def test_a_companion_command_behind_sentinel_names_the_primary_it_lost() -> None
     """Found in review: the Sentinels still naming a primary that was just killed, ``cursor``
     and ``progress`` said "cannot reach Redis node HOST:PORT, a node of the cluster at
     redis+sentinel://..." (there is no cluster: the node is the primary), where the other
-    commands say they cannot reach Redis at the primary's URL."""
-    with sentinel_deployment() as d:
-        url = f"redis+sentinel://{d.sentinels[0]}/{SERVICE}"
-        d.primary.stop(kill=True)
-        for group, name in (("cursor", "ledger"), ("progress", "billing")):
-            done = settle(group, "show", name, "--redis-url", url, "--namespace", "sen")
-            assert done.returncode == 3, done.stderr
-            assert "cluster" not in done.stderr
-            assert done.stderr.startswith(
-                f"settle: cannot reach Redis at redis://127.0.0.1:{d.primary.port}/0 "
-            ), done.stderr
+    commands say they cannot reach Redis at the primary's URL. (The Sentinel waits a minute
+    before it flags the primary down: it names the killed one throughout.)"""
+    primary = EmbeddedRedis().start()
+    try:
+        sentinel = LocalSentinel(primary.port)
+        conf = sentinel._conf
+        conf.write_text(
+            conf.read_text().replace(
+                f"down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n",
+                f"down-after-milliseconds {SERVICE} 60000\n",
+            )
+        )
+        with sentinel.start():
+            url = f"redis+sentinel://127.0.0.1:{sentinel.port}/{SERVICE}"
+            primary.stop(kill=True)
+            for group, name in (("cursor", "ledger"), ("progress", "billing")):
+                done = settle(group, "show", name, "--redis-url", url, "--namespace", "sen")
+                assert done.returncode == 3, done.stderr
+                assert "cluster" not in done.stderr
+                assert done.stderr.startswith(
+                    f"settle: cannot reach Redis at redis://127.0.0.1:{primary.port}/0 "
+                ), done.stderr
+    finally:
+        primary.close()
