@@ -73,3 +73,26 @@ def test_tail_of_one_server_that_is_killed_ends_with_exit_3(
     assert proc.returncode == 3, said
     assert said.startswith(f"settle: cannot reach Redis at {server.url} "), said
     assert "waiting for the Sentinels" not in said
+
+
+def test_tail_follows_the_quarantine_across_a_sentinel_failover(
+    settle_bin: Path, namespace: str
+) -> None:
+    """The neighbour of the kill: ``SENTINEL FAILOVER`` demotes the primary the tail reads
+    (it stays up, a replica of the promoted one); an entry written on the promoted replica
+    is printed, and the tail exits 0 on Ctrl-C."""
+    with (
+        sentinel_deployment() as d,
+        Settler.from_url(d.primary.url, namespace=namespace, shards=2) as writer,
+    ):
+        writer.check()
+        url = f"redis+sentinel://{d.sentinels[0]}/{SERVICE}"
+        with _tail(settle_bin, url, namespace, "--json") as tail:
+            before = stale_settlement(writer, "order-before")
+            assert json.loads(tail.out.get(timeout=30))["ref"] == before
+            replicated(d)
+            fail_over(d, "sentinel-failover")
+            with Settler.from_url(d.replica.url, namespace=namespace, shards=2) as promoted:
+                after = stale_settlement(promoted, "order-after")
+            entry = json.loads(tail.out.get(timeout=60))
+            assert entry["ref"] == after
