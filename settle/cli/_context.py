@@ -31,10 +31,13 @@ from settle._exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNAVAILABL
 # Exit codes scripts can rely on (docs/cli.md), shared with the cursor and progress groups.
 from settle._input import is_decimal
 from settle._runtime import topology
-from settle._runtime._sync import client_from_url
+from settle._runtime._sync import client_from_url, sentinel_client
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
 from settle.cli._render import visible_message
+from settle.cli._sentinel import SentinelUrl, is_sentinel_url
+from settle.cli._sentinel import ask as ask_sentinels
+from settle.cli._sentinel import parse as parse_sentinel_url
 from settle.config import MAX_SHARDS, SettleConfig
 from settle.demo.server import client_of
 from settle.errors import (
@@ -253,6 +256,8 @@ class Connection:
         namespace: str,
         shards: int | None,
         redis_timeout: float = REDIS_TIMEOUT,
+        sentinel: SentinelUrl | None = None,
+        primary: tuple[str, int] | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.namespace = namespace
@@ -260,9 +265,20 @@ class Connection:
         self.redis_timeout = redis_timeout
         #: The namespace's shard count once read (an error names the shards on a node).
         self.known_shards: int | None = None
+        #: A ``redis+sentinel://`` URL read, and the primary its Sentinels named at start.
+        self.sentinel = sentinel
+        self.primary = primary
+        #: The Sentinel-following client in use (its pool knows the primary it reached).
+        self.following: Redis | None = None
 
     @property
     def url(self) -> str:
+        """The URL of the server in use: behind Sentinel, the primary's (the one the
+        client reached last, else the one named at start), which every message names."""
+        if self.sentinel is not None and self.primary is not None:
+            pool = getattr(self.following, "connection_pool", None)
+            host, port = getattr(pool, "master_address", None) or self.primary
+            return self.sentinel.primary_url(str(host), int(port))
         # None only: an empty --redis-url '' is refused as malformed, never the default
         return DEFAULT_URL if self.redis_url is None else self.redis_url
 
@@ -306,11 +322,42 @@ def redis_timeout_option(fn: F) -> F:
     return option(fn)
 
 
-def bounded_client(url: str, timeout: float) -> Redis:
-    """A client of ``url`` (checked: exit 2 when malformed) waiting at most ``timeout`` for
-    a connection and each reply, one try: the companions' stores, as :func:`bounded`."""
-    checked = checked_url(url)
-    return bounded(client_from_url(checked), checked, timeout)
+def companion_client(conn: Connection) -> Redis:
+    """The client of ``conn``'s URL for the companions' stores (``cursor``, ``progress``),
+    as every command's: checked (exit 2 when malformed), waiting at most its
+    ``--redis-timeout`` (:func:`bounded`); behind Sentinel the Sentinel-following one, the
+    Sentinels asked first (exit 3 when none names the primary) and ``conn`` naming the
+    primary in use, never "a node of the cluster"."""
+    find_primary(conn)
+    return connected(conn)
+
+
+def find_primary(conn: Connection) -> None:
+    """Behind Sentinel (a ``redis+sentinel://`` URL), the Sentinels asked for the primary
+    (:func:`~settle.cli._sentinel.ask`), which ``conn`` names until the client reaches one;
+    else nothing."""
+    if conn.redis_url is not None and is_sentinel_url(conn.redis_url):
+        conn.sentinel = parse_sentinel_url(conn.redis_url)
+        conn.primary = ask_sentinels(conn.sentinel, conn.redis_timeout)
+
+
+def connected(conn: Connection) -> Redis:
+    """The client of ``conn`` (nothing connected yet), waiting at most its
+    ``--redis-timeout`` for a connection and each reply as :func:`bounded`: behind Sentinel
+    the library's Sentinel-following one (``from_sentinel``'s), which ``conn`` keeps to name
+    the primary it reached."""
+    if conn.sentinel is None or conn.primary is None:
+        url = checked_url(conn.url)
+        return bounded(client_from_url(url), url, conn.redis_timeout)
+    target, timeout = conn.sentinel, conn.redis_timeout
+    client = sentinel_client(
+        list(target.sentinels),
+        target.service,
+        target.client_options(),
+        target.sentinel_options(timeout),
+    )
+    conn.following = bounded(client, target.primary_url(*conn.primary), timeout)
+    return conn.following
 
 
 def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> F:
@@ -348,73 +395,12 @@ def _connection_options(default_namespace: str, url_help: str | None, fn: F) -> 
         redis_timeout: float,
         **kw: Any,
     ) -> Any:
-        if redis_url is not None and is_sentinel_url(redis_url):
-            with errors_as_exit_codes():
-                redis_url = primary_url(redis_url, redis_timeout)
-        return fn(conn=Connection(redis_url, namespace, shards, redis_timeout), **kw)
+        conn = Connection(redis_url, namespace, shards, redis_timeout)
+        with errors_as_exit_codes():
+            find_primary(conn)
+        return fn(conn=conn, **kw)
 
     return wrapper  # type: ignore[return-value]
-
-
-_SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-_SENTINEL_FORM = (
-    "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (the password is "
-    "the primary's; the Sentinels are asked without one)"
-)
-
-
-def is_sentinel_url(url: str) -> bool:
-    return url.split(":", 1)[0].lower() in _SENTINEL_SCHEMES and "://" in url
-
-
-def primary_url(url: str, timeout: float) -> str:
-    """The ``redis://`` (``rediss://``) URL of the primary the Sentinels of a
-    ``redis+sentinel://`` URL name now, with its credentials, database and query: asked
-    once, when the command starts (each Sentinel in turn, one try of ``timeout`` each).
-    A malformed one is :class:`InvalidInput` (exit 2), no Sentinel answering or none naming
-    the service :class:`ConfigurationError` (exit 3)."""
-    parts = urlsplit(url)
-    scheme = "rediss" if parts.scheme.lower().startswith("rediss") else "redis"
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    path = [p for p in parts.path.split("/") if p]
-    if not hosts or not 1 <= len(path) <= 2:
-        raise InvalidInput(f"bad --redis-url {redacted(url)}: a Sentinel URL is {_SENTINEL_FORM}")
-    sentinels: list[tuple[str, int]] = []
-    for host in hosts.split(","):
-        name, _, digits = host.rpartition(":")
-        if not name or not digits.isdigit() or not 0 < int(digits) < 65536:
-            raise InvalidInput(
-                f"bad --redis-url {redacted(url)}: {host!r} is no HOST:PORT of a Sentinel; "
-                f"a Sentinel URL is {_SENTINEL_FORM}"
-            )
-        sentinels.append((name.strip("[]"), int(digits)))
-    service, database = path[0], (path[1] if len(path) > 1 else "0")
-    errors = []
-    for host, port in sentinels:
-        with Redis(
-            host=host,
-            port=port,
-            retry=Retry(NoBackoff(), 0),
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        ) as sentinel:
-            try:
-                found = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
-            except (RedisError, OSError) as exc:
-                errors.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
-                continue
-        if found:
-            primary, primary_port = as_text(found[0]), int(found[1])
-            primary = f"[{primary}]" if ":" in primary else primary  # IPv6, named bare
-            at = f"{userinfo}@" if userinfo else ""
-            query = f"?{parts.query}" if parts.query else ""
-            return f"{scheme}://{at}{primary}:{primary_port}/{database}{query}"
-        errors.append(f"{host}:{port} names no primary for {service!r}")
-    raise ConfigurationError(
-        f"no Sentinel of {redacted(url)} named the primary of service {service!r} "
-        f"({_one_line('; '.join(errors))}); check the Sentinels' addresses and the service "
-        "name (SENTINEL MASTERS lists them)"
-    )
 
 
 def json_option(fn: F) -> F:
@@ -495,7 +481,8 @@ def _other_node(detail: str, conn: Connection | None) -> str | None:
     cluster node behind the seed, which answered (the error said "cannot reach Redis at
     <the seed>", and an operator checked the wrong node)."""
     found = _ADDRESS.search(detail)
-    if conn is None or found is None:
+    # Behind Sentinel the address may be a Sentinel's (MasterNotFoundError quotes each one's)
+    if conn is None or found is None or conn.sentinel is not None:
         return None
     host, port = found.groups()
     try:
@@ -674,12 +661,6 @@ def checked_url(url: str) -> str:
     port read from the password (:func:`~settle._runtime.urls.check`). The message shows the
     URL redacted and says what is wrong in fixed words, never redis-py's own (which can quote
     the password)."""
-    if is_sentinel_url(url):  # cursor, progress: they take a primary's URL only
-        raise InvalidInput(
-            f"bad --redis-url {redacted(url)}: this command takes no Sentinel URL; pass the "
-            "primary's redis:// URL, which `redis-cli -h HOST -p PORT SENTINEL "
-            "get-master-addr-by-name SERVICE` names"
-        )
     try:
         ConnectionPool.from_url(url).make_connection()
         check(url)  # parsed, but a part of the password read as the port (or the path)
@@ -691,9 +672,7 @@ def checked_url(url: str) -> str:
 
 
 def _settler(conn: Connection, options: dict[str, Any]) -> Settler:
-    config = settings(options)
-    url = checked_url(conn.url)
-    return Settler(bounded(client_from_url(url), url, conn.redis_timeout), config)
+    return Settler(connected(conn), settings(options))
 
 
 def bounded(client: Redis, url: str, seconds: float) -> Redis:

@@ -19,8 +19,8 @@ from settle.cli._context import (
     Connection,
     EnvOption,
     OutputGroup,
-    bounded_client,
     checked_namespace,
+    companion_client,
     errors_as_exit_codes,
     fail,
     redis_timeout_option,
@@ -94,9 +94,9 @@ def _store(redis_url: str, namespace: str, task: str, timeout: float) -> Iterato
     """A store on ``redis_url``; a settle error is one line and the exit code every command
     gives it (2 for bad input, 3 for Redis: :func:`~settle.cli._context.exit_code_of`),
     a Redis failure naming ``task``, what the user asked for."""
-    with errors_as_exit_codes(Connection(redis_url, namespace, None, timeout), task):
-        client = bounded_client(redis_url, timeout)
-        store = CursorStore(client, namespace=checked_namespace(namespace))
+    conn = Connection(redis_url, namespace, None, timeout)
+    with errors_as_exit_codes(conn, task):
+        store = CursorStore(companion_client(conn), namespace=checked_namespace(namespace))
         try:
             yield store
         finally:

@@ -13,8 +13,8 @@ from settle.cli._context import (
     Connection,
     EnvOption,
     OutputGroup,
-    bounded_client,
     checked_namespace,
+    companion_client,
     errors_as_exit_codes,
     fail,
     redis_timeout_option,
@@ -92,9 +92,10 @@ def show(
     """Floor, applied above floor, gaps and provider floor of CONSUMER, per provider scope."""
     # 2 for bad input, 3 for Redis, as every command
     task = f"read the progress of consumer {consumer!r}"
-    with errors_as_exit_codes(Connection(redis_url, namespace, None, redis_timeout), task):
+    conn = Connection(redis_url, namespace, None, redis_timeout)
+    with errors_as_exit_codes(conn, task):
         store = ProgressStore(
-            bounded_client(redis_url, redis_timeout),
+            companion_client(conn),
             consumer=consumer,
             namespace=checked_namespace(namespace),
         )

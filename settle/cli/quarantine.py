@@ -7,6 +7,7 @@ import itertools
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,9 +15,12 @@ from types import FrameType
 from typing import IO, Any
 
 import click
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
+from settle._runtime.urls import redacted
 from settle._sync.settler import Settler
 from settle.cli._context import (
     EXIT_FAILED,
@@ -42,8 +46,10 @@ from settle.cli._render import (
     listed_json,
     print_json,
     print_table,
+    visible_message,
 )
 from settle.demo.server import server_now
+from settle.errors import BackendError
 from settle.models import QuarantineEntry
 
 __all__ = ["quarantine"]
@@ -238,19 +244,58 @@ def tail(
             err=True,
         )
         try:
-            for entry in follow:
-                if isinstance(entry, UndecodableEntry):
-                    marked = True
-                    say_undecodable(entry)
-                if as_json:
-                    click.echo(json_line(listed_json(entry)))
-                elif not isinstance(entry, UndecodableEntry):
-                    click.echo(entry_line(entry))
-                sys.stdout.flush()
+            while True:
+                try:
+                    for entry in follow:
+                        if isinstance(entry, UndecodableEntry):
+                            marked = True
+                            say_undecodable(entry)
+                        if as_json:
+                            click.echo(json_line(listed_json(entry)))
+                        elif not isinstance(entry, UndecodableEntry):
+                            click.echo(entry_line(entry))
+                        sys.stdout.flush()
+                    break
+                except BackendError as exc:
+                    if conn.sentinel is None or exc.code:  # one server: exit 3, as ever
+                        raise
+                    _primary_again(conn, settler, exc, interval, interrupted.is_set)
+                    follow = settler.quarantine._followed(follower, interval, interrupted.is_set)
         except KeyboardInterrupt:
             pass
     if marked:
         sys.exit(EXIT_FAILED)
+
+
+def _primary_again(
+    conn: Connection,
+    settler: Settler,
+    lost: BackendError,
+    interval: float,
+    stopped: Callable[[], bool],
+) -> None:
+    """Behind Sentinel, the tail lost the primary (killed, a failover under way): said on
+    stderr, then the server's clock is asked every ``interval`` (at least 0.5 s) until the
+    primary the Sentinels name answers, said too; the follow goes on from where it was,
+    every entry written meanwhile printed. Ctrl-C stops the wait as it stops the tail."""
+    cause = lost.__cause__ or lost
+    click.echo(
+        visible_message(
+            f"settle: lost the primary at {redacted(conn.url)} ({type(cause).__name__}: "
+            f"{' '.join(str(cause).split())}); waiting for the Sentinels to name one "
+            "(Ctrl-C to stop)"
+        ),
+        err=True,
+    )
+    while not stopped():
+        time.sleep(max(interval, 0.5))
+        try:
+            server_now(settler)
+        except (RedisConnectionError, RedisTimeoutError, OSError):  # not there yet
+            continue
+        click.echo(f"settle: following again on {redacted(conn.url)}", err=True)
+        return
+    raise KeyboardInterrupt
 
 
 @quarantine.command("export")

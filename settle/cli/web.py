@@ -29,6 +29,7 @@ from settle.cli._context import (
     open_settler,
     options_named,
 )
+from settle.config import SettleConfig
 
 __all__ = ["web"]
 
@@ -105,7 +106,7 @@ def web(
         config = probe.config
     listening = _listen(host, port)  # before anything is announced
     port = listening[0].getsockname()[1]  # --port 0: the one it got
-    settler = AsyncSettler.from_url(conn.url, config)
+    settler = _console_settler(conn, config)
     hosts = [*LOOPBACK_HOSTS, host, *allow_hosts]
     app = create_app(
         settler,
@@ -149,6 +150,23 @@ def web(
             await settler.aclose()
 
     asyncio.run(serve())
+
+
+def _console_settler(conn: Connection, config: SettleConfig) -> AsyncSettler:
+    """The console's settler. Behind Sentinel it is the library's Sentinel-following one
+    (``from_sentinel``): each new connection asks the Sentinels, so after a failover the
+    pages load and a resolve is written on the promoted replica, with no restart; the
+    console had kept the primary named at start, down or demoted."""
+    target = conn.sentinel
+    if target is None:
+        return AsyncSettler.from_url(conn.url, config)
+    return AsyncSettler.from_sentinel(
+        list(target.sentinels),
+        config,
+        service_name=target.service,
+        client_options=target.client_options(),
+        sentinel_options=target.sentinel_options(conn.redis_timeout),
+    )
 
 
 def _loopback(host: str) -> bool:

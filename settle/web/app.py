@@ -67,6 +67,7 @@ from settle.web._security import (
     signed_in,
     timed_out,
 )
+from settle.web._sentinel import FollowingPrimary, behind_sentinel
 from settle.web._text import (
     PayloadView,
     chart_svg,
@@ -190,6 +191,9 @@ def create_app(
         ),
         Middleware(SignedIn, sessions=sessions, redis_timeout=redis_timeout),
     ]
+    if behind_sentinel(settler):
+        # Before the sign-in's check, which reads Redis; after the Host check.
+        middleware.insert(-1, Middleware(FollowingPrimary, settler=settler, timeout=redis_timeout))
     return Starlette(
         routes=routes,
         middleware=middleware,

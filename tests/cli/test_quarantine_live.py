@@ -50,6 +50,7 @@ def _stop(proc: subprocess.Popen[str], reader: threading.Thread | None) -> str:
 class _Tail:
     ready: str  # its first line on stderr, said once it follows
     out: queue.Queue[str]  # its stdout, a line at a time
+    said: str = ""  # its stderr after the first line, once it was stopped
 
 
 @contextmanager
@@ -65,16 +66,17 @@ def _tail(settle_bin: Path, redis_url: str, namespace: str, *options: str) -> It
     )
     out: queue.Queue[str] = queue.Queue()
     reader = None
+    tail = _Tail("", out)
     try:
         assert proc.stderr is not None
         assert proc.stdout is not None
-        ready = proc.stderr.readline()
+        tail.ready = proc.stderr.readline()
         reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
         reader.start()
-        yield _Tail(ready, out)
+        yield tail
     finally:
-        errors = _stop(proc, reader)
-    assert proc.returncode == 0, errors
+        tail.said = _stop(proc, reader)
+    assert proc.returncode == 0, tail.said
 
 
 def test_tail_prints_an_entry_written_after_it_started(

@@ -1,7 +1,7 @@
 """The CLI behind Redis Sentinel: ``--redis-url redis+sentinel://HOST:PORT/SERVICE`` (settle's
 library connects through Sentinel, the CLI refused the URL as "an unknown scheme" and an
 operator had to look the primary up by hand). The commands with the connection options ask
-the Sentinels for the primary when they start; ``cursor`` and ``progress`` say what to pass."""
+the Sentinels for the primary when they start, ``cursor`` and ``progress`` too."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from settle import Settler
+from settle.cursor import CursorStore
 from settle.embedded import EmbeddedRedis
+from settle.progress import DeliveryId, EmissionId, ProgressStore, ProviderScope
 from tests.cli.conftest import cli_env, settle
 from tests.faults.sentinel_support import (
+    DOWN_AFTER_MS,
     SERVICE,
     LocalSentinel,
     SentinelDeployment,
@@ -64,13 +67,38 @@ def test_a_malformed_sentinel_url_is_a_usage_error(url: str) -> None:
     assert "redis+sentinel://[USER:PASSWORD@]HOST:PORT" in done.stderr
 
 
+def _stored_through_the_primary(d: SentinelDeployment, group: str) -> str:
+    """A checkpoint (cursor) or an applied delivery (progress) written on the primary: the
+    name ``settle GROUP show`` is given."""
+    if group == "cursor":
+        cursors = CursorStore.from_url(d.primary.url, namespace="sen")
+        try:
+            cursors.start("ledger", b"c0")
+        finally:
+            cursors.close()
+        return "ledger"
+    scope = ProviderScope("orders", "billing", "orders@1")
+    progress = ProgressStore.from_url(d.primary.url, consumer="billing", namespace="sen")
+    try:
+        progress.apply(scope, DeliveryId("1796479646423-1"), EmissionId("e1"), lambda ctx: None)
+    finally:
+        progress.close()
+    return "billing"
+
+
 @pytest.mark.parametrize("group", ["cursor", "progress"])
-def test_the_companion_commands_say_what_to_pass(group: str) -> None:
-    url = "redis+sentinel://127.0.0.1:26379/svc"
-    done = settle(group, "show", "c", "--redis-url", url, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert "takes no Sentinel URL" in done.stderr
-    assert "SENTINEL get-master-addr-by-name" in done.stderr
+def test_the_companion_commands_read_through_a_sentinel_url(
+    deployment: SentinelDeployment, group: str
+) -> None:
+    """Changed on purpose: ``cursor`` and ``progress`` refused a Sentinel URL (exit 2,
+    "takes no Sentinel URL", naming the primary's URL to pass instead); they now ask the
+    Sentinels as every command does and read what is stored on the primary they name."""
+    name = _stored_through_the_primary(deployment, group)
+    url = f"redis+sentinel://{deployment.sentinels[0]}/{SERVICE}"
+    done = settle(group, "show", name, "--json", "--redis-url", url, "--namespace", "sen")
+    assert done.returncode == 0, done.stderr
+    assert name in done.stdout
+    assert "takes no Sentinel URL" not in done.stderr
 
 
 @pytest.mark.parametrize("command", [("stats",), ("doctor",)])
@@ -97,10 +125,44 @@ def test_a_primary_the_sentinels_name_by_an_ipv6_address_is_reached() -> None:
             s.check()
         sentinel = LocalSentinel(primary.port)
         conf = sentinel._conf
+        # The Sentinel reaches its primary over IPv6 (bound to ::1 first: its connections
+        # leave from its first address), and answers the CLI on 127.0.0.1.
         conf.write_text(
-            conf.read_text().replace(f"127.0.0.1 {primary.port}", f"::1 {primary.port}")
+            conf.read_text()
+            .replace("bind 127.0.0.1\n", "bind ::1 127.0.0.1\n")
+            .replace(f"127.0.0.1 {primary.port}", f"::1 {primary.port}")
         )
         with sentinel.start():
             url = f"redis+sentinel://127.0.0.1:{sentinel.port}/{SERVICE}"
             done = settle("stats", "--redis-url", url, "--namespace", "six", timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_companion_command_behind_sentinel_names_the_primary_it_lost() -> None:
+    """Found in review: the Sentinels still naming a primary that was just killed, ``cursor``
+    and ``progress`` said "cannot reach Redis node HOST:PORT, a node of the cluster at
+    redis+sentinel://..." (there is no cluster: the node is the primary), where the other
+    commands say they cannot reach Redis at the primary's URL. (The Sentinel waits a minute
+    before it flags the primary down: it names the killed one throughout.)"""
+    primary = EmbeddedRedis().start()
+    try:
+        sentinel = LocalSentinel(primary.port)
+        conf = sentinel._conf
+        conf.write_text(
+            conf.read_text().replace(
+                f"down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n",
+                f"down-after-milliseconds {SERVICE} 60000\n",
+            )
+        )
+        with sentinel.start():
+            url = f"redis+sentinel://127.0.0.1:{sentinel.port}/{SERVICE}"
+            primary.stop(kill=True)
+            for group, name in (("cursor", "ledger"), ("progress", "billing")):
+                done = settle(group, "show", name, "--redis-url", url, "--namespace", "sen")
+                assert done.returncode == 3, done.stderr
+                assert "cluster" not in done.stderr
+                assert done.stderr.startswith(
+                    f"settle: cannot reach Redis at redis://127.0.0.1:{primary.port}/0 "
+                ), done.stderr
+    finally:
+        primary.close()
