@@ -16,7 +16,6 @@ import redis
 
 from settle import AsyncSettler, Settler
 from settle.web import create_app, token_authorizer
-from settle.web._sentinel import kept_connections
 from tests.faults.sentinel_support import SERVICE, SentinelDeployment, sentinel_deployment
 from tests.web.conftest import client_for
 from tests.web.evidence import conflicting
@@ -174,16 +173,3 @@ async def test_a_mounted_console_leaves_a_demoted_primary_another_connection_lea
         resolution = reader.quarantine.get(after).resolution
         assert resolution is not None, "the resolve was written on the demoted primary"
         assert resolution.note == "[resolved by ops-ann] reconciled"
-
-
-@pytest.mark.asyncio
-async def test_the_console_finds_the_connections_the_runner_keeps() -> None:
-    """The console closes the connections the runner keeps between calls by the runner's
-    private names (settle/_runtime's ``_Lane.release_idle``): renamed, it would close every
-    connection instead, in use too, and log ``connections="all"``. This fails first, so
-    that the console is changed with them."""
-    settler = AsyncSettler.from_sentinel(["127.0.0.1:1"], service_name=SERVICE, namespace="n")
-    try:
-        assert kept_connections(settler) is not None
-    finally:
-        await settler.aclose()
