@@ -30,6 +30,7 @@ __all__ = [
     "WORDS",
     "Packed",
     "arg_text",
+    "hex_arg",
     "hexed",
     "pack",
     "stored_arg",
@@ -213,6 +214,17 @@ def stored_arg(text: str) -> str | bytes:
     even number of lowercase hex digits spell, other text as it is (such text never starts
     with NUL: fingerprints and digests are hex, attempt ids are checked). The Lua's
     ``arg_stored`` and ``arg_text`` read it."""
+    arg = hex_arg(text)
+    if arg is not None:
+        return arg
+    if text.startswith("\0"):
+        raise ValueError("a fingerprint, attempt id or digest never starts with NUL")
+    return text
+
+
+def hex_arg(text: str) -> bytes | None:
+    """:func:`stored_arg` of an even number of lowercase hex digits (a NUL byte and the
+    bytes they spell); None for any other text."""
     # The bytes' own hex is the text exactly when the text is an even number of lowercase
     # hex digits (fromhex also reads uppercase digits and skips blanks): a quarter of the
     # instructions of matching ``(?:[0-9a-f]{2})+`` first (re's repeated group), on the
@@ -220,12 +232,8 @@ def stored_arg(text: str) -> str | bytes:
     try:
         raw = bytes.fromhex(text)
     except ValueError:
-        raw = b""
-    if raw and raw.hex() == text:
-        return b"\0" + raw
-    if text.startswith("\0"):
-        raise ValueError("a fingerprint, attempt id or digest never starts with NUL")
-    return text
+        return None
+    return b"\0" + raw if raw and raw.hex() == text else None
 
 
 def stored_digest(data: bytes) -> bytes:
