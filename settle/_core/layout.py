@@ -228,12 +228,13 @@ def hex_arg(text: str) -> bytes | None:
     # The bytes' own hex is the text exactly when the text is an even number of lowercase
     # hex digits (fromhex also reads uppercase digits and skips blanks): a quarter of the
     # instructions of matching ``(?:[0-9a-f]{2})+`` first (re's repeated group), on the
-    # fingerprint and the attempt id of every reserve and settlement.
+    # fingerprint and the attempt id of every reserve and settlement. Compared as str: a str
+    # subclass's own ``==`` (one that ignores case) would take ``'AB'`` for ``'ab'``.
     try:
         raw = bytes.fromhex(text)
     except ValueError:
         return None
-    return b"\0" + raw if raw and raw.hex() == text else None
+    return b"\0" + raw if raw and str.__eq__(raw.hex(), text) else None
 
 
 def stored_digest(data: bytes) -> bytes:
