@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from settle import Settler
+from settle._core.layout import unpack
 from settle.errors import InvalidInput
 from settle.testing import MemorySettler
 
@@ -91,3 +92,19 @@ def test_an_attempt_id_is_stored_as_the_text_it_is(any_settler: Settler, attempt
     r = s.reserve("op", {"a": 1}, principal=WHO, attempt_id=attempt_id).reservation
     s.complete(r, {"n": 1})
     assert [a.attempt_id for a in s.attempts("op")] == [str.__str__(attempt_id)] * 2
+
+
+def test_a_drawn_attempt_id_is_stored_as_the_bytes_its_hex_spells(
+    settler: Settler, redis_client: redis.Redis
+) -> None:
+    """The attempt id settle draws is sent as its 16 bytes (``stored_arg`` of its hex), as
+    one given by the caller is: the record holds 16 bytes, not the 32 characters, and
+    reads back as the hex."""
+    r = settler.reserve("op", {"a": 1}, principal=WHO).reservation
+    blob = redis_client.get(settler._core.keys.record("op"))
+    assert isinstance(blob, bytes)
+    assert bytes.fromhex(r.attempt_id) in blob
+    assert r.attempt_id.encode() not in blob
+    record = unpack(blob).record
+    assert record is not None
+    assert record[b"aid"] == r.attempt_id.encode()
