@@ -87,9 +87,7 @@ def operation_id(prefix: str, key: str, principal: str, scope: KeyScope) -> str:
     """
     if scope == "global":
         return f"{prefix}:global:{key}"
-    # Cached by the exact str (a copy of a subclass's text): a subclass's own == and hash
-    # could give one principal another's digest, and the cache would keep the object.
-    return f"{prefix}:{_principal_digest(str.__str__(principal))}:{key}"
+    return f"{prefix}:{_principal_digest(principal)}:{key}"
 
 
 @functools.lru_cache(maxsize=1024)
