@@ -8,7 +8,6 @@ character outside visible ASCII, a list or parameters) is malformed.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from typing import Literal
@@ -87,15 +86,8 @@ def operation_id(prefix: str, key: str, principal: str, scope: KeyScope) -> str:
     """
     if scope == "global":
         return f"{prefix}:global:{key}"
-    return f"{prefix}:{_principal_digest(principal)}:{key}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _principal_digest(principal: str) -> str:
-    """The principal's part of its operation ids. Cached: a service's requests come from
-    its few principals again and again, and a SHA-256 through OpenSSL costs as much as the
-    rest of the key's parsing."""
-    return hashlib.sha256(principal.encode("utf-8")).hexdigest()[:_SCOPE_DIGEST_CHARS]
+    digest = hashlib.sha256(principal.encode("utf-8")).hexdigest()[:_SCOPE_DIGEST_CHARS]
+    return f"{prefix}:{digest}:{key}"
 
 
 def operation_id_overhead(prefix: str) -> int:
