@@ -19,7 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from settle._core import codec
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
-from settle._core.layout import stored_arg, stored_digest
+from settle._core.layout import hex_arg, stored_arg, stored_digest
 from settle._input import is_decimal, is_utf8
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
@@ -66,7 +66,6 @@ __all__ = [
     "QuarantineTrim",
 ]
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _ATTEMPT_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 _MAX_REASON = 256
@@ -119,21 +118,39 @@ def _check_reason(reason: object, operation_id: str) -> str:
     return reason
 
 
-def _check_reservation(reservation: object) -> Reservation:
-    """A Reservation may be hand-built or deserialized: check what reaches the scripts."""
+def _fingerprint_arg(fingerprint: object) -> bytes | None:
+    """The fingerprint's :func:`stored_arg` when it is 64 lowercase hex digits, else None:
+    checked as it is converted, where a match and then the conversion read it twice."""
+    if isinstance(fingerprint, str) and len(fingerprint) == 64:
+        return hex_arg(fingerprint)
+    return None
+
+
+def _attempt_arg(attempt_id: object) -> str | bytes | None:
+    """The attempt id's :func:`stored_arg` when it is 1 to 64 characters of A-Z a-z 0-9 _ .
+    : - (:data:`_ATTEMPT_ID`), else None. A hex one (settle draws them so) is all of those
+    characters already: converted without the match."""
+    if not isinstance(attempt_id, str) or len(attempt_id) > 64:
+        return None
+    arg = hex_arg(attempt_id)
+    if arg is not None:
+        return arg
+    # Never starts with NUL: stored_arg sends it as it is.
+    return attempt_id if _ATTEMPT_ID.fullmatch(attempt_id) else None
+
+
+def _check_reservation(reservation: object) -> tuple[Reservation, bytes, str | bytes]:
+    """A Reservation may be hand-built or deserialized: check what reaches the scripts.
+    Returned with its fingerprint's and its attempt id's :func:`stored_arg`."""
     if not isinstance(reservation, Reservation):
         raise InvalidInput(
             f"expected the Reservation returned by reserve(), got {type(reservation).__name__}"
         )
     op = check_operation_id(reservation.operation_id)
     check_binding(reservation.binding, op)
-    fp, aid = reservation.fingerprint, reservation.attempt_id
-    if not (
-        isinstance(fp, str)
-        and _HEX64.fullmatch(fp)
-        and isinstance(aid, str)
-        and _ATTEMPT_ID.fullmatch(aid)
-    ):
+    fp_arg = _fingerprint_arg(reservation.fingerprint)
+    aid_arg = _attempt_arg(reservation.attempt_id)
+    if fp_arg is None or aid_arg is None:
         raise InvalidInput("reservation has a malformed fingerprint or attempt_id", operation_id=op)
     # model_construct / model_copy(update=...) skip the model's own checks: a str or a bool
     # was a TypeError or a BackendError, a number past 2**53 (no script issues one, nor
@@ -144,7 +161,7 @@ def _check_reservation(reservation: object) -> Reservation:
             raise InvalidInput(
                 f"reservation {name} must be an int from 1 to 2**53 - 1", operation_id=op
             )
-    return reservation
+    return reservation, fp_arg, aid_arg
 
 
 @dataclass
@@ -390,31 +407,35 @@ class Core:
         op = check_operation_id(operation_id)
         binding = check_binding(principal, op)
         lease_ms = self._lease_ms if lease is None else _check_seconds(lease, "lease", op)
+        # The fingerprint and the attempt id in the form the script stores them (stored_arg),
+        # checked as they are converted.
+        fp_arg: str | bytes | None
+        aid_arg: str | bytes | None
         if fingerprint is None:
-            fp = _fingerprint_of(request, op)
-        elif isinstance(fingerprint, str) and _HEX64.fullmatch(fingerprint):
-            fp = fingerprint
-        else:
+            fp_arg = stored_arg(_fingerprint_of(request, op))
+        elif (fp_arg := _fingerprint_arg(fingerprint)) is None:
             raise InvalidInput("fingerprint must be 64 lowercase hex digits", operation_id=op)
-        if attempt_id is not None and not (
-            isinstance(attempt_id, str) and _ATTEMPT_ID.fullmatch(attempt_id)
-        ):
+        if attempt_id is None:
+            drawn = os.urandom(16)
+            aid, aid_arg = drawn.hex(), b"\0" + drawn
+        elif (aid_arg := _attempt_arg(attempt_id)) is not None:
+            aid = attempt_id
+        else:
             raise InvalidInput(
                 "attempt_id must be 1 to 64 characters of A-Z a-z 0-9 _ . : -", operation_id=op
             )
-        aid = attempt_id or os.urandom(16).hex()
         shard, record, log = self._keys_of(op)
         keys, args = self._guarded(
             shard,
             (record, log),
             (
                 op,
-                stored_arg(fp),
+                fp_arg,
                 FINGERPRINT_VERSION,
                 binding,
                 lease_ms,
                 self._retention_ms,
-                stored_arg(aid),
+                aid_arg,
                 self.config.attempt_log_size,
             ),
         )
@@ -512,9 +533,10 @@ class Core:
     def plan_complete(
         self, reservation: Reservation, result: Any, *, expected_version: int | None = None
     ) -> Call:
-        r = _check_reservation(reservation)
-        payload = codec.encode_result(result, self.config.max_result_bytes, r.operation_id)
-        return self._plan_settle(Action.COMPLETE, r, payload, "", expected_version)
+        checked = _check_reservation(reservation)
+        op = checked[0].operation_id
+        payload = codec.encode_result(result, self.config.max_result_bytes, op)
+        return self._plan_settle(Action.COMPLETE, checked, payload, "", expected_version)
 
     def plan_fail(
         self,
@@ -523,25 +545,27 @@ class Core:
         *,
         expected_version: int | None = None,
     ) -> Call:
-        r = _check_reservation(reservation)
-        payload = codec.encode_failure(error, self.config.max_result_bytes, r.operation_id)
-        return self._plan_settle(Action.FAIL, r, payload, "", expected_version)
+        checked = _check_reservation(reservation)
+        op = checked[0].operation_id
+        payload = codec.encode_failure(error, self.config.max_result_bytes, op)
+        return self._plan_settle(Action.FAIL, checked, payload, "", expected_version)
 
     def plan_mark_provisional(
         self, reservation: Reservation, reason: str, *, expected_version: int | None = None
     ) -> Call:
-        r = _check_reservation(reservation)
-        text = _check_reason(reason, r.operation_id)
-        return self._plan_settle(Action.MARK_PROVISIONAL, r, b"", text, expected_version)
+        checked = _check_reservation(reservation)
+        text = _check_reason(reason, checked[0].operation_id)
+        return self._plan_settle(Action.MARK_PROVISIONAL, checked, b"", text, expected_version)
 
     def _plan_settle(
         self,
         action: Action,
-        r: Reservation,
+        checked: tuple[Reservation, bytes, str | bytes],
         payload: bytes,
         reason: str,
         expected_version: int | None,
     ) -> Call:
+        r, fp_arg, aid_arg = checked  # what _check_reservation returned
         if expected_version is not None and (
             isinstance(expected_version, bool)
             or not isinstance(expected_version, int)
@@ -558,12 +582,12 @@ class Core:
             (record, log, *self._keys_of_shard(shard)[:3]),
             (
                 op,
-                stored_arg(r.fingerprint),
+                fp_arg,
                 r.fingerprint_version,
                 r.binding,
                 r.generation,
                 "" if expected_version is None else expected_version,
-                stored_arg(r.attempt_id),
+                aid_arg,
                 payload,
                 stored_digest(payload),
                 reason,
@@ -637,7 +661,7 @@ class Core:
     # -- renew, get, attempts ------------------------------------------------------------
 
     def plan_renew(self, reservation: Reservation, *, lease: float | None = None) -> Call:
-        r = _check_reservation(reservation)
+        r, fp_arg, _ = _check_reservation(reservation)
         op = check_operation_id(r.operation_id)
         lease_ms = self._lease_ms if lease is None else _check_seconds(lease, "lease", op)
         shard, record, log = self._keys_of(op)
@@ -645,7 +669,7 @@ class Core:
             shard,
             (record, log),
             (
-                stored_arg(r.fingerprint),
+                fp_arg,
                 r.fingerprint_version,
                 r.binding,
                 r.generation,

@@ -30,6 +30,7 @@ __all__ = [
     "WORDS",
     "Packed",
     "arg_text",
+    "hex_arg",
     "hexed",
     "pack",
     "stored_arg",
@@ -207,20 +208,33 @@ def hexed(v: bytes | None) -> bytes | list[bytes] | None:
     return bytes.fromhex(v.decode()) if _HEX.fullmatch(v) else [v]
 
 
-_HEX_TEXT = re.compile(r"(?:[0-9a-f]{2})+")
-
-
 def stored_arg(text: str) -> str | bytes:
     """How the client sends a fingerprint, an attempt id or a digest to the scripts: in the
     form they store it (``hexed``), so no script converts hex: a NUL byte and the bytes an
     even number of lowercase hex digits spell, other text as it is (such text never starts
     with NUL: fingerprints and digests are hex, attempt ids are checked). The Lua's
     ``arg_stored`` and ``arg_text`` read it."""
-    if _HEX_TEXT.fullmatch(text):
-        return b"\0" + bytes.fromhex(text)
+    arg = hex_arg(text)
+    if arg is not None:
+        return arg
     if text.startswith("\0"):
         raise ValueError("a fingerprint, attempt id or digest never starts with NUL")
     return text
+
+
+def hex_arg(text: str) -> bytes | None:
+    """:func:`stored_arg` of an even number of lowercase hex digits (a NUL byte and the
+    bytes they spell); None for any other text."""
+    # The bytes' own hex is the text exactly when the text is an even number of lowercase
+    # hex digits (fromhex also reads uppercase digits and skips blanks): a quarter of the
+    # instructions of matching ``(?:[0-9a-f]{2})+`` first (re's repeated group), on the
+    # fingerprint and the attempt id of every reserve and settlement. Compared as str: a str
+    # subclass's own ``==`` (one that ignores case) would take ``'AB'`` for ``'ab'``.
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        return None
+    return b"\0" + raw if raw and str.__eq__(raw.hex(), text) else None
 
 
 def stored_digest(data: bytes) -> bytes:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import ValidationError
 
+from settle._core.codec import encode_result
 from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
 from settle.decorator._plan import UNCONFIRMED, _uuid4_hex, own_reservation
@@ -188,7 +190,14 @@ class Settle:
         """``complete`` or ``mark_provisional`` (await it on an :class:`~settle.AsyncSettler`)."""
         if self.stored is None:
             return settler.mark_provisional(self.reservation, self.reason)
-        return settler.complete(self.reservation, self.stored)
+        # Encoded here as the codec encodes any model, and handed to ``complete`` as these
+        # bytes (stored as they are, the size limit checked there), as the decorator does:
+        # without the walk for a key named twice, which a StoredResponse cannot hold (it is
+        # validated and forbids extras), the same bytes are stored.
+        op = self.reservation.operation_id
+        return settler.complete(
+            self.reservation, encode_result(self.stored, sys.maxsize, op, repeated=True)
+        )
 
 
 Step = Forward | Answer | Identify | ReadBody | Reserve | Release | Run

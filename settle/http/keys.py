@@ -18,7 +18,10 @@ __all__ = ["KeyScope", "MalformedKey", "operation_id", "operation_id_overhead", 
 
 KeyScope = Literal["principal", "global"]
 
-_BARE = re.compile(r"[\x21-\x7e]+")
+#: One token of visible ASCII (0x21-0x7e) without a quote (0x22), a comma (0x2c), a semicolon
+#: (0x3b) or a backslash (0x5c): one match, where a match and a scan per excluded character
+#: cost three times the instructions on every request.
+_BARE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]+")
 _SCOPE_DIGEST_CHARS = 32
 
 
@@ -45,7 +48,7 @@ def parse_key(values: list[bytes], max_length: int) -> str:
 
 
 def _bare(text: str) -> str:
-    if not _BARE.fullmatch(text) or any(ch in text for ch in '",;\\'):
+    if not _BARE.fullmatch(text):
         raise MalformedKey(
             'the Idempotency-Key must be a quoted string ("...") or one token of visible '
             "ASCII without quotes, commas, semicolons or backslashes"
