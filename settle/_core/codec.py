@@ -20,6 +20,7 @@ import pydantic_core
 from pydantic import BaseModel
 
 from settle._runtime.calls import parse_reply as runtime_reply
+from settle._text import as_text
 from settle.errors import CorruptRecord, FingerprintError, ResultTooLarge
 from settle.models import (
     Action,
@@ -88,12 +89,6 @@ class Reply(NamedTuple):
     repeated: bool = False  # settlements: the quarantine id is an earlier entry's
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
-
-
 def parse_reply(raw: Any) -> Reply:
     """The core's body of the one reply shape: ``quarantine_id, payload`` (and, from a
     settlement, the count of unresolved quarantine entries its ``quarantine_maxlen`` dropped,
@@ -102,10 +97,10 @@ def parse_reply(raw: Any) -> Reply:
         try:
             code, detail, now_ms, qid, payload, *rest = raw
             return Reply(
-                _text(code),
-                _text(detail),
+                as_text(code),
+                as_text(detail),
                 int(now_ms),
-                _text(qid),
+                as_text(qid),
                 list(payload or []),
                 int(rest[0]) if rest else 0,
                 len(rest) > 1 and int(rest[1]) == 1,
@@ -119,7 +114,7 @@ def parse_reply(raw: Any) -> Reply:
     dropped = int(rest[0]) if rest else 0
     repeated = len(rest) > 1 and int(rest[1]) == 1
     return Reply(
-        reply.code, reply.detail, reply.now_ms, _text(qid), list(payload or []), dropped, repeated
+        reply.code, reply.detail, reply.now_ms, as_text(qid), list(payload or []), dropped, repeated
     )
 
 
@@ -393,7 +388,7 @@ def _message(error: BaseException) -> str:
 
 def _fields(flat: Sequence[Any]) -> dict[str, Any]:
     it = iter(flat)
-    return {_text(k): v for k, v in zip(it, it, strict=True)}
+    return {as_text(k): v for k, v in zip(it, it, strict=True)}
 
 
 #: A record's state as the scripts send it (bytes) and as the reference model does (str).
@@ -407,7 +402,7 @@ def _hexed(value: Any) -> str:
     """A digest or attempt id as the scripts reply with it (settle/_core/layout.py
     ``hexed``): the bytes of its hex digits, or ``[text]``."""
     if isinstance(value, list):
-        return _text(value[0])
+        return as_text(value[0])
     return bytes(value).hex()
 
 
@@ -423,8 +418,8 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
         row
     )
     try:
-        state = _STATES.get(state_) or State(_text(state_))
-        reason = None if reason_ is None else _text(reason_)
+        state = _STATES.get(state_) or State(as_text(state_))
+        reason = None if reason_ is None else as_text(reason_)
         lease = None if lease_ is None else int(lease_)
         # rule: L1 (every reader: get, the CLI, the replies of every script)
         if state is State.PENDING and lease is not None and lease <= now_ms:
@@ -432,10 +427,10 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
         return _trusted(
             OperationRecord,
             {
-                "operation_id": _text(op),
+                "operation_id": as_text(op),
                 "fingerprint": _hexed(fp),
                 "fingerprint_version": int(fpv),
-                "binding": _text(bind),
+                "binding": as_text(bind),
                 "generation": int(gen),
                 "version": int(ver),
                 "state": state,
@@ -456,7 +451,7 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
 def decode_attempts(entries: Sequence[Any]) -> list[AttemptObservation]:
     out = []
     for raw in entries:
-        fields = _text(raw).split("|")
+        fields = as_text(raw).split("|")
         if len(fields) != 6:
             raise CorruptRecord(f"attempt log entry has {len(fields)} fields, expected 6")
         aid, gen, action, verdict, detail, at = fields
@@ -476,7 +471,7 @@ def decode_attempts(entries: Sequence[Any]) -> list[AttemptObservation]:
 def decode_resolution(raw: Any) -> Resolution | None:
     if not raw:
         return None
-    data = json.loads(_text(raw))
+    data = json.loads(as_text(raw))
     return Resolution(note=data["note"], at=ms_to_datetime(int(data["at"])))
 
 
@@ -561,11 +556,11 @@ def or_mark(
             return decode(shard, entry_id, flat, res)
         except CorruptRecord as exc:
             cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-            ident = _text(entry_id)  # a stream id: Redis makes it, ASCII digits
+            ident = as_text(entry_id)  # a stream id: Redis makes it, ASCII digits
             operation_id = None
             try:
                 op = _fields(flat).get("op")
-                operation_id = None if op is None else _text(op)
+                operation_id = None if op is None else as_text(op)
             except (TypeError, ValueError):  # odd field count; an id that is no UTF-8
                 pass
             return UndecodableEntry(
@@ -588,9 +583,9 @@ def decode_quarantine_header(
     time fields, and ``1`` when it is resolved. Undecodable as
     :func:`decode_quarantine_entry` says."""
     try:
-        f = {k: _text(v) for k, v in _fields(flat).items()}
+        f = {k: as_text(v) for k, v in _fields(flat).items()}
         return QuarantineHeader(
-            id=_text(entry_id),
+            id=as_text(entry_id),
             shard=shard,
             kind=QuarantineKind(f["kind"]),
             at=_entry_time(f),
@@ -607,14 +602,14 @@ def _first_line(exc: Exception) -> str:
 def _quarantine_entry(shard: int, entry_id: Any, flat: Sequence[Any], res: Any) -> QuarantineEntry:
     raw = _fields(flat)
     payload = raw.pop("payload", b"")
-    f = {k: _text(v) for k, v in raw.items()}
+    f = {k: as_text(v) for k, v in raw.items()}
     current = None
     if f.get("cstate"):
         current = CurrentSnapshot(
             state=State(f["cstate"]), generation=int(f["cgen"]), version=int(f["cver"])
         )
     return QuarantineEntry(
-        id=_text(entry_id),
+        id=as_text(entry_id),
         shard=shard,
         operation_id=f["op"],
         kind=QuarantineKind(f["kind"]),

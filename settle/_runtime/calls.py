@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from settle._text import as_text
 from settle.errors import CorruptRecord, SettleError
 
 __all__ = ["Call", "Reply", "RunScript", "Unacknowledged", "naming", "parse_reply"]
@@ -93,10 +94,6 @@ class Reply:
     body: list[Any]
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def parse_reply(raw: Any, call: Call | None = None, *, body: int | None = None) -> Reply:
     """Split a script's reply; ``body`` is how many items must follow ``now_ms`` (any when
     None). A reply of another shape means the script and this code disagree: a typed
@@ -113,6 +110,6 @@ def parse_reply(raw: Any, call: Call | None = None, *, body: int | None = None) 
             operation_id=call.operation_id if call else None,
         )
     try:
-        return Reply(_text(raw[0]), _text(raw[1]), int(raw[2]), list(raw[3:]))
+        return Reply(as_text(raw[0]), as_text(raw[1]), int(raw[2]), list(raw[3:]))
     except (TypeError, ValueError, UnicodeDecodeError) as exc:
         raise CorruptRecord(f"script reply cannot be decoded: {exc}") from exc

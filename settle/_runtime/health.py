@@ -19,6 +19,7 @@ from settle._runtime.topology import (
     missing_slot_ranges,
     parse_server_version,
 )
+from settle._text import as_text
 from settle.config import CLAIM_GRACE_MS
 from settle.errors import ConfigurationError
 
@@ -76,17 +77,13 @@ class Finding:
         }
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 # -- eviction ------------------------------------------------------------------------------
 
 
 def eviction_policy(info_memory: Mapping[str, Any]) -> str | None:
     """The ``maxmemory_policy`` of one node's ``INFO memory`` (None when it is not there)."""
     policy = info_memory.get("maxmemory_policy")
-    return None if policy is None else _text(policy)
+    return None if policy is None else as_text(policy)
 
 
 def replica_addresses(info_replication: Mapping[str, Any]) -> list[tuple[str, int]]:
@@ -98,7 +95,7 @@ def replica_addresses(info_replication: Mapping[str, Any]) -> list[tuple[str, in
         if str(name).startswith("slave") and isinstance(value, Mapping):
             host, port = value.get("ip"), value.get("port")
             if host and str(port).isdigit():
-                found.append((_text(host), int(str(port))))
+                found.append((as_text(host), int(str(port))))
     return sorted(found)
 
 
@@ -107,20 +104,20 @@ def replicates(info_replication: Mapping[str, Any], replid: Any) -> bool:
     ``master_replid`` is ``replid``: it carries that id, or it is a replica whose link is not
     up yet (in its first full sync it keeps its own id until the primary's data is loaded;
     judging it is the safe side: an evicting one is refused)."""
-    if _text(info_replication.get("role", "")) not in ("slave", "replica"):
+    if as_text(info_replication.get("role", "")) not in ("slave", "replica"):
         return False
-    if _text(info_replication.get("master_replid", "")) == _text(replid):
+    if as_text(info_replication.get("master_replid", "")) == as_text(replid):
         return True
-    return _text(info_replication.get("master_link_status", "")) != "up"
+    return as_text(info_replication.get("master_link_status", "")) != "up"
 
 
 def replica_of(info_replication: Mapping[str, Any]) -> str | None:
     """``host:port`` of the primary that the node whose ``INFO replication`` this is
     replicates, or None when the node is a primary."""
-    if _text(info_replication.get("role", "")) not in ("slave", "replica"):
+    if as_text(info_replication.get("role", "")) not in ("slave", "replica"):
         return None
-    host = _text(info_replication.get("master_host", "?"))
-    return f"{host}:{_text(info_replication.get('master_port', '?'))}"
+    host = as_text(info_replication.get("master_host", "?"))
+    return f"{host}:{as_text(info_replication.get('master_port', '?'))}"
 
 
 def check_primary(info_replication: Mapping[str, Any]) -> None:
@@ -266,7 +263,7 @@ def _persistence(
     when their problem costs), or None."""
     bare, rdb_only, unknown, lazy = [], [], [], []
     for node, info in sorted(per_node.items()):
-        if _text(info.get("aof_enabled", "0")) == "1":
+        if as_text(info.get("aof_enabled", "0")) == "1":
             if fsync.get(node) == "no":
                 lazy.append(node)
             continue
@@ -336,7 +333,7 @@ def replicas_finding(
         )
     unread = sorted(node for node, info in per_primary.items() if info is None)
     counts = {
-        node: int(_text(info.get("connected_slaves", 0)))
+        node: int(as_text(info.get("connected_slaves", 0)))
         for node, info in per_primary.items()
         if info is not None
     }

@@ -13,6 +13,7 @@ from redis.exceptions import ReadOnlyError, ResponseError
 
 from settle._input import is_decimal
 from settle._runtime.urls import redacted, url_problem
+from settle._text import as_text
 from settle.errors import ConfigurationError, InvalidInput
 
 __all__ = [
@@ -62,7 +63,7 @@ FUNCTIONS_SINCE = (7, 0, 0)
 def parse_server_version(info: Mapping[str, Any]) -> tuple[int, ...]:
     """``(major, minor, patch)`` of a Redis or Valkey server from its ``INFO server``."""
     raw = info.get("valkey_version") or info.get("redis_version") or "0"
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = as_text(raw)
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
@@ -93,7 +94,7 @@ def lists_library(reply: object, name: str) -> bool:
         else:
             continue
         found = fields.get(b"library_name", fields.get("library_name"))
-        if found is not None and _text(found) == name:
+        if found is not None and as_text(found) == name:
             return True
     return False
 
@@ -223,7 +224,7 @@ def _seed(node: object) -> tuple[str, int]:
 def is_cluster_mode(info: Mapping[str, Any]) -> bool:
     """True when one node's ``INFO server`` says it runs in cluster mode."""
     mode = info.get("redis_mode") or info.get("server_mode") or ""
-    text = mode.decode() if isinstance(mode, bytes) else str(mode)
+    text = as_text(mode)
     return text == "cluster"
 
 
@@ -255,7 +256,7 @@ def check_cluster(
     hash slot is served: a settle key may hash to any slot, so a gap fails calls at random."""
     missing = missing_slot_ranges(served)
     failing = sorted(
-        node for node, info in states.items() if _text(info.get("cluster_state")) != "ok"
+        node for node, info in states.items() if as_text(info.get("cluster_state")) != "ok"
     )
     if not missing and not failing:
         return
@@ -272,10 +273,6 @@ def check_cluster(
         + ". Assign every slot (CLUSTER ADDSLOTS, or redis-cli --cluster fix) and wait for "
         "cluster_state:ok before starting settle."
     )
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def passed_on(given: Mapping[str, Any], kind: type | None) -> dict[str, Any]:

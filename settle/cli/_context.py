@@ -34,6 +34,7 @@ from settle._runtime import topology
 from settle._runtime._sync import client_from_url, sentinel_client
 from settle._runtime.urls import check, redacted, url_problem
 from settle._sync.settler import Settler
+from settle._text import as_text
 from settle.cli._render import visible_message
 from settle.cli._sentinel import SentinelUrl, is_sentinel_url
 from settle.cli._sentinel import ask as ask_sentinels
@@ -58,7 +59,6 @@ __all__ = [
     "Connection",
     "EnvOption",
     "OutputGroup",
-    "as_text",
     "checked_namespace",
     "checked_url",
     "configure_logging",
@@ -505,7 +505,7 @@ def _shards_on(conn: Connection, node: str) -> str:
     try:
         with bounded(Redis.from_url(conn.url), conn.url, conn.redis_timeout) as seed:
             slots = [
-                (int(low), int(high), f"{as_text(at[0]) or '127.0.0.1'}:{int(at[1])}")
+                (int(low), int(high), f"{as_text(at[0], 'replace') or '127.0.0.1'}:{int(at[1])}")
                 for low, high, at, *_ in seed.execute_command("CLUSTER", "SLOTS")
             ]
             shards = conn.shards or conn.known_shards or _stored_count(conn, seed, slots, node)
@@ -543,15 +543,10 @@ def _stored_count(
         host, _, port = at.rpartition(":")
         with Redis(**{**settings, "host": host, "port": int(port)}) as client:
             raw = client.hget(key, "shards")
-        text = "" if raw is None else as_text(raw)
+        text = "" if raw is None else as_text(raw, "replace")
         if is_decimal(text) and 1 <= int(text) <= MAX_SHARDS:
             return int(text)
     return None
-
-
-def as_text(value: object) -> str:
-    """A Redis reply's bytes as text (undecodable bytes replaced), anything else as str."""
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _at_server(message: str, conn: Connection | None) -> str:
@@ -602,7 +597,7 @@ def stored_shards(client: Any, namespace: str) -> int | None:
         ) from exc
     if raw is None:
         return None
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+    text = as_text(raw, "replace")
     if not (is_decimal(text) and 1 <= int(text) <= MAX_SHARDS):
         raise ConfigurationError(
             f"the metadata of namespace {namespace!r} is corrupt: key {meta!r} field 'shards' "

@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from settle._runtime.urls import check, redacted, url_problem
+from settle._text import as_text
 from settle.errors import ConfigurationError, InvalidInput
 
 __all__ = ["SENTINEL_FORM", "SentinelUrl", "ask", "is_sentinel_url", "parse"]
@@ -192,7 +193,7 @@ def ask(target: SentinelUrl, timeout: float) -> tuple[str, int]:
                 errors.append(f"{host}:{port}: {text}")
                 continue
         if found:
-            address = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
+            address = as_text(found[0])
             return address, int(found[1])
         errors.append(f"{host}:{port} names no primary for {target.service!r}")
     hint = ""

@@ -34,6 +34,7 @@ from settle._runtime.health import Finding, Status
 from settle._runtime.scripts import ScriptSet
 from settle._runtime.urls import redacted
 from settle._sessions import SCRIPTS as CONSOLE_SCRIPTS
+from settle._text import as_text
 from settle.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -41,7 +42,6 @@ from settle.cli._context import (
     REDIS_TIMEOUT,
     Connection,
     EnvOption,
-    as_text,
     bounded,
     checked_namespace,
     checked_url,
@@ -167,7 +167,7 @@ def _config(client: redis.Redis, name: str) -> str | None:
     except ResponseError:  # CONFIG is often blocked on managed Redis
         return None
     value = reply.get(name) if isinstance(reply, dict) else None
-    return None if value is None else as_text(value)
+    return None if value is None else as_text(value, "replace")
 
 
 def _failed_scripts(primaries: dict[str, redis.Redis]) -> dict[str, str]:
@@ -328,7 +328,7 @@ def _slots(deployment: _Deployment) -> Finding:
             else [(int(entry[0]), int(entry[1])) for entry in raw]
         )
         state = client.cluster("INFO").get("cluster_state", "")
-        states[name] = state.decode() if isinstance(state, bytes) else str(state)
+        states[name] = as_text(state)
     return health.slots_finding(served, states, deployment.down)
 
 
@@ -377,7 +377,7 @@ def _namespace_of(client: Any, namespace: str, shards: int | None) -> Finding:
                 "delete it (its next write claims the shard again)",
             )
         if count is not None:
-            states[shard] = as_text(count)
+            states[shard] = as_text(count, "replace")
     return health.namespace_finding(namespace, stored, shards, states, _meta_age(client, namespace))
 
 
@@ -387,7 +387,7 @@ def _meta_age(client: Any, namespace: str) -> int | None:
     warns of that; a denial here made doctor end as "cannot reach Redis")."""
     meta = Keys(namespace, 1).meta
     created = client.hget(meta, "created")
-    if created is None or not is_decimal(as_text(created)):
+    if created is None or not is_decimal(as_text(created, "replace")):
         return None
     try:
         if isinstance(client, redis.RedisCluster):
@@ -397,7 +397,7 @@ def _meta_age(client: Any, namespace: str) -> int | None:
             seconds, micros = client.time()
     except ResponseError:  # TIME denied for this user
         return None
-    return int(seconds) * 1000 + int(micros) // 1000 - int(as_text(created))
+    return int(seconds) * 1000 + int(micros) // 1000 - int(as_text(created, "replace"))
 
 
 def _node_url(deployment: _Deployment) -> str:

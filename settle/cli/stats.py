@@ -20,6 +20,7 @@ import click
 from settle._core.codec import UndecodableEntry
 from settle._core.keys import Keys
 from settle._sync.settler import Settler
+from settle._text import as_text
 from settle.cli._context import (
     Connection,
     connection_options,
@@ -56,7 +57,7 @@ def operation_id_of(key: bytes | str, keys: Keys) -> str | None:
     this namespace (an attempt log whose id contains ``}:op:``, a key of another shard
     count): the key a record of the id would have must be ``key`` itself."""
     try:
-        text = key.decode("utf-8") if isinstance(key, bytes) else str(key)
+        text = as_text(key)
     except UnicodeDecodeError:
         return None
     match = re.fullmatch(

@@ -19,6 +19,7 @@ from typing import Any
 from settle._input import key_part
 from settle._log import event_digest, logger
 from settle._runtime import Call, parse_reply
+from settle._text import as_text
 from settle.config import check_namespace
 from settle.cursor._classify import (
     HELD_REASON,
@@ -107,17 +108,13 @@ def _stream(call: Call) -> str:
     return call.operation_id or ""
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
 
 
 def _fields(flat: list[Any]) -> dict[str, Any]:
     it = iter(flat)
-    return {_text(k): v for k, v in zip(it, it, strict=True)}
+    return {as_text(k): v for k, v in zip(it, it, strict=True)}
 
 
 def _cursor(value: object, what: str, stream: str) -> bytes:
@@ -274,14 +271,14 @@ class CursorCore:
         f = _fields(flat)
         try:
             return Checkpoint(
-                stream=_text(f["stream"]),
+                stream=as_text(f["stream"]),
                 cursor=_bytes(f["cursor"]),
-                cursor_digest=_text(f["cdig"]),
+                cursor_digest=as_text(f["cdig"]),
                 generation=_canonical_int(f["gen"]),
                 boundary=_canonical_int(f["bound"]),
                 created_at=ms_datetime(int(f["created"])),
                 updated_at=ms_datetime(int(f["updated"])),
-                promoted_witness=_text(f.get("waid") or b"") or None,
+                promoted_witness=as_text(f.get("waid") or b"") or None,
                 pruned=_canonical_int(f["pruned"]) if f.get("pruned") else None,
             )
         except (KeyError, ValueError) as exc:
@@ -290,25 +287,25 @@ class CursorCore:
     def _witness(self, flat: list[Any]) -> Witness:
         f = _fields(flat)
         try:
-            cov = _text(f["cov"])
+            cov = as_text(f["cov"])
             cov_pair = json.loads(cov) if cov else None
             return Witness(
-                attempt_id=_text(f["aid"]),
+                attempt_id=as_text(f["aid"]),
                 generation=int(f["gen"]),
                 input_cursor=_bytes(f["input"]),
-                input_digest=_text(f["cdig"]),
+                input_digest=as_text(f["cdig"]),
                 events=tuple(
                     WitnessEvent(id=i, position=p, digest=d)
-                    for i, p, d in json.loads(_text(f["events"]))
+                    for i, p, d in json.loads(as_text(f["events"]))
                 ),
                 successor=_bytes(f["succ"]),
-                successor_digest=_text(f["sdig"]),
-                snapshot=_text(f["snap"]) or None,
+                successor_digest=as_text(f["sdig"]),
+                snapshot=as_text(f["snap"]) or None,
                 coverage=tuple(cov_pair) if cov_pair else None,
-                classification=Classification(_text(f["class"])),
+                classification=Classification(as_text(f["class"])),
                 next_boundary=int(f["nbound"]),
-                disposition=Disposition(_text(f["disp"])),
-                reason=_text(f["reason"]),
+                disposition=Disposition(as_text(f["disp"])),
+                reason=as_text(f["reason"]),
                 created_at=ms_datetime(int(f["created"])),
                 updated_at=ms_datetime(int(f["updated"])),
             )
@@ -318,7 +315,7 @@ class CursorCore:
     @staticmethod
     def _receipt(event_id: str, value: Any) -> Receipt:
         try:
-            pos, digest, gen, aid, outcome, at = _text(value).split(" ")
+            pos, digest, gen, aid, outcome, at = as_text(value).split(" ")
             return Receipt(
                 event_id=event_id,
                 position=int(pos),
@@ -520,7 +517,7 @@ class CursorCore:
                 witnesses=tuple(self._witness(list(w)) for w in witnesses),
                 receipts={k: self._receipt(k, v) for k, v in flat.items()},
                 now_ms=reply.now_ms,
-                passed=frozenset(_text(d) for d in passed or []),
+                passed=frozenset(as_text(d) for d in passed or []),
             )
 
     def plan_receipts(self, stream: str, after: int | None, limit: int) -> Call:
@@ -628,7 +625,7 @@ class CursorCore:
         generation was witnessed after this one was classified: classify again.
         """
         reply = self._reply(call, raw)
-        aid = _text(call.args[2])
+        aid = as_text(call.args[2])
         log = self._log(_stream(call)).bind(generation=call.args[0], attempt_id=aid)
         if reply.code == "stale":
             log.info("settle.cursor.superseded", at="witness")
@@ -638,9 +635,9 @@ class CursorCore:
             raise WitnessesChanged(_stream(call))
         log.info(
             "settle.cursor.witness_recorded",
-            classification=_text(call.args[9]),
-            disposition=_text(call.args[11]),
-            successor_digest=short(_text(call.args[6])),
+            classification=as_text(call.args[9]),
+            disposition=as_text(call.args[11]),
+            successor_digest=short(as_text(call.args[6])),
         )
         return aid
 
@@ -681,7 +678,7 @@ class CursorCore:
         """Whether the witness was resumed (still pending at the generation the step read);
         else another worker moved the checkpoint on meanwhile."""
         reply = self._reply(call, raw)
-        log = self._log(_stream(call)).bind(attempt_id=_text(call.args[0]))
+        log = self._log(_stream(call)).bind(attempt_id=as_text(call.args[0]))
         if reply.code == "resumed":
             log.info("settle.cursor.resumed")
             return True
@@ -703,9 +700,9 @@ class CursorCore:
 
     def decode_outcome(self, call: Call, raw: Any, view: View) -> Outcome:
         reply = self._reply(call, raw)
-        event_id = _text(call.args[1])
+        event_id = as_text(call.args[1])
         log = self._log(_stream(call)).bind(
-            attempt_id=_text(call.args[0]),
+            attempt_id=as_text(call.args[0]),
             event_digest=event_digest(event_id),
             position=call.args[2],
         )
@@ -743,12 +740,12 @@ class CursorCore:
                 generation=ck.generation,
                 boundary=ck.boundary,
                 reason="receipt_conflict",
-                attempt_id=_text(call.args[0]),
+                attempt_id=as_text(call.args[0]),
             )
         gone = "is gone" if reply.detail == "gone" else "does not list event " + repr(event_id)
         raise self._corrupt(
             call,
-            f"witness {_text(call.args[0])} {gone} while the checkpoint still holds its "
+            f"witness {as_text(call.args[0])} {gone} while the checkpoint still holds its "
             "generation: something other than settle changed the stream's keys",
         )
 
@@ -770,7 +767,7 @@ class CursorCore:
         reply = self._reply(call, raw)
         ck = reply.checkpoint
         assert ck is not None
-        aid = _text(call.args[2])
+        aid = as_text(call.args[2])
         log = self._log(_stream(call)).bind(attempt_id=aid, generation=ck.generation)
         fields: dict[str, Any] = {
             "classification": decision.classification,

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from settle._input import is_utf8
 from settle._log import logger
 from settle._runtime import Call, parse_reply
+from settle._text import as_text
 from settle.errors import BackendError, CorruptRecord, InvalidInput
 from settle.progress._keys import ProgressKeys, StreamKeys
 from settle.progress.errors import (
@@ -59,13 +60,9 @@ __all__ = [
 ]
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _flat(values: Sequence[Any]) -> dict[str, str]:
     it = iter(values)
-    return {_text(k): _text(v) for k, v in zip(it, it, strict=True)}
+    return {as_text(k): as_text(v) for k, v in zip(it, it, strict=True)}
 
 
 def _dt(ms: str | int) -> datetime:
@@ -168,15 +165,11 @@ def parse_entries(raw: Any) -> list[StreamEntry]:
             pairs = dict(zip(it, it, strict=True))
         out.append(
             StreamEntry(
-                DeliveryId(_text(entry_id)),
-                {_name(k): _raw(v) for k, v in pairs.items()},
+                DeliveryId(as_text(entry_id)),
+                {as_text(k, "replace"): _raw(v) for k, v in pairs.items()},
             )
         )
     return out
-
-
-def _name(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _raw(value: Any) -> bytes:
@@ -323,7 +316,7 @@ class ProgressCore:
     @staticmethod
     def scope_of(call: Call) -> ProviderScope:
         """The scope a planned progress call is about (its ARGV[2])."""
-        data = json.loads(_text(call.args[1]))
+        data = json.loads(as_text(call.args[1]))
         return ProviderScope(data["stream"], data["group"], data["incarnation"])
 
     def plan_begin(
@@ -477,7 +470,7 @@ class ProgressCore:
                     owner=f["owner"] or None,
                     delivery_count=int(f["deliveries"]),
                     acknowledged=int(f["acked"]),
-                    receipt_id=_text(entry_id),
+                    receipt_id=as_text(entry_id),
                 )
             )
         return out
@@ -583,7 +576,7 @@ class ProgressCore:
             floor=floor,
             applied_above_floor=tuple(sorted(DeliveryId(d) for d in _flat(applied))),
             dead_lettered_above_floor=tuple(sorted(DeliveryId(d) for d in _flat(resolved))),
-            gaps=tuple(sorted(DeliveryId(_text(g)) for g in gaps)),
+            gaps=tuple(sorted(DeliveryId(as_text(g)) for g in gaps)),
             provider_floor=provider_floor,
             replay_from=ReplayCursor(DeliveryId(meta["replay"]) if meta.get("replay") else None),
             intents=tuple(sorted(open_intents, key=lambda i: i.delivery)),
@@ -636,7 +629,7 @@ class ProgressCore:
     def decode_stream_scope(self, call: Call, raw: Any) -> ProviderScope:
         reply = parse_reply(raw, call, body=1)
         incarnation, created = reply.detail, int(reply.body[0])
-        scope = ProviderScope(call.keys[0], _text(call.args[0]), incarnation)
+        scope = ProviderScope(call.keys[0], as_text(call.args[0]), incarnation)
         self.log.info(
             "settle.progress.scope_opened",
             stream=scope.stream,
@@ -719,7 +712,7 @@ class ProgressCore:
         server in the same step as the claim (``lua/stream_hold.lua``)."""
         args: list[str | int] = [scope.group, worker]
         for row in rows:
-            args += [_text(row["message_id"]), int(row["time_since_delivered"]) + elapsed_ms]
+            args += [as_text(row["message_id"]), int(row["time_since_delivered"]) + elapsed_ms]
         return Call("stream_hold", (scope.stream,), tuple(args), operation_id=self.consumer)
 
     def decode_stream_hold(self, call: Call, raw: Any, scope: ProviderScope) -> list[Any]:
@@ -806,7 +799,7 @@ class ProgressCore:
         entries = parse_entries(raw[1])
         if pending is None:
             return entries, []
-        counts = {DeliveryId(_text(p["message_id"])): int(p["times_delivered"]) for p in pending}
+        counts = {DeliveryId(as_text(p["message_id"])): int(p["times_delivered"]) for p in pending}
         return entries, [(e, counts[e.delivery]) for e in entries if e.delivery in counts]
 
     @staticmethod
@@ -815,8 +808,8 @@ class ProgressCore:
         the ids Redis 7 reports deleted (removed from the pending list), and whether Redis
         6.2 answered an entry deleted while pending with nil (it stays pending, claimed by
         this worker, and its id must be read from XPENDING)."""
-        nxt = _text(raw[0])
-        deleted = [DeliveryId(_text(d)) for d in (raw[2] if len(raw) > 2 else None) or []]
+        nxt = as_text(raw[0])
+        deleted = [DeliveryId(as_text(d)) for d in (raw[2] if len(raw) > 2 else None) or []]
         nils = any(entry_id is None for entry_id, _ in raw[1] or [])
         return nxt, deleted, nils
 
@@ -829,7 +822,7 @@ class ProgressCore:
         got = {e.delivery for e in claimed}
         out = []
         for row, found in zip(pending, present, strict=True):
-            d = DeliveryId(_text(row["message_id"]))
+            d = DeliveryId(as_text(row["message_id"]))
             if d not in got and not found:
                 out.append((d, int(row["times_delivered"])))
         return out
@@ -842,20 +835,20 @@ class ProgressCore:
         return [
             r
             for r in rows or []
-            if DeliveryId(_text(r["message_id"])) not in skip
+            if DeliveryId(as_text(r["message_id"])) not in skip
             and int(r["time_since_delivered"]) < idle_ms
         ]
 
     @staticmethod
     def pending_ids(rows: Any) -> set[DeliveryId]:
         """The delivery ids of XPENDING rows."""
-        return {DeliveryId(_text(r["message_id"])) for r in rows or []}
+        return {DeliveryId(as_text(r["message_id"])) for r in rows or []}
 
     @staticmethod
     def own_rows(rows: Sequence[Any], own: Sequence[tuple[StreamEntry, int]]) -> list[Any]:
         """The XPENDING rows of the deliveries in ``own`` (those whose entries are there)."""
         ids = {entry.delivery for entry, _ in own}
-        return [r for r in rows if DeliveryId(_text(r["message_id"])) in ids]
+        return [r for r in rows if DeliveryId(as_text(r["message_id"])) in ids]
 
     @staticmethod
     def still_own(
@@ -879,7 +872,7 @@ class ProgressCore:
             if entries:
                 found.append((entries[0], count))
             else:
-                gone.append((DeliveryId(_text(row["message_id"])), count))
+                gone.append((DeliveryId(as_text(row["message_id"])), count))
         return found, gone
 
     @staticmethod
@@ -899,10 +892,10 @@ class ProgressCore:
         if last_delivered is None:
             return []
         rows = list(pending or [])
-        held = {_text(p["message_id"]) for p in rows}
+        held = {as_text(p["message_id"]) for p in rows}
         top = last_delivered
         if len(rows) >= limit:
-            top = min(top, DeliveryId(_text(rows[-1]["message_id"])))
+            top = min(top, DeliveryId(as_text(rows[-1]["message_id"])))
         return [
             e.delivery
             for e in parse_entries(listed)
@@ -922,8 +915,8 @@ class ProgressCore:
         """The observe call for what the provider showed: XRANGE after the progress floor,
         XINFO GROUPS, the XPENDING summary and the group's pending rows after the floor
         (XPENDING with a range, cut at ``limit`` rows)."""
-        oldest = _text(summary.get("min") or "")
-        rows = [DeliveryId(_text(row["message_id"])) for row in pending or []]
+        oldest = as_text(summary.get("min") or "")
+        rows = [DeliveryId(as_text(row["message_id"])) for row in pending or []]
         return self.plan_observe(
             scope,
             after,
@@ -938,8 +931,8 @@ class ProgressCore:
     @staticmethod
     def last_delivered(scope: ProviderScope, groups: Any) -> DeliveryId | None:
         """The group's last-delivered id from an XINFO GROUPS reply (None: none yet)."""
-        info = next((g for g in groups if _text(g["name"]) == scope.group), None)
-        last = _text(info["last-delivered-id"]) if info else ""
+        info = next((g for g in groups if as_text(g["name"]) == scope.group), None)
+        last = as_text(info["last-delivered-id"]) if info else ""
         return DeliveryId(last) if last and last != "0-0" else None
 
     def observed(

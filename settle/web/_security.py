@@ -43,6 +43,7 @@ from settle._log import binding_digest, logger
 from settle._runtime import Call
 from settle._runtime._async import AsyncRunner
 from settle._sessions import SCRIPTS
+from settle._text import as_text
 from settle.errors import BackendError, ConfigurationError, InvalidInput, SettleError
 
 __all__ = [
@@ -190,10 +191,6 @@ def _new_epoch() -> str:
     return secrets.token_hex(16)
 
 
-def _text(raw: object) -> str:
-    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
 async def end_sessions(settler: AsyncSettler, principal: str) -> None:
     """End every console session of ``principal`` in ``settler``'s namespace, in every
     browser and every process serving the console: after revoking the token that granted
@@ -264,7 +261,7 @@ class Sessions:
             self.max_age,
         ]
         reply = await self._run("session_start", keys, args)
-        if _text(reply[0]) != "started":
+        if as_text(reply[0], "replace") != "started":
             raise ConfigurationError(
                 f"the console's epoch of this principal (field {args[1]} of {keys[1]!r}) is "
                 "not one settle wrote, so no session of it can start; call "
@@ -291,7 +288,7 @@ class Sessions:
             return None
         if not hmac.compare_digest(digest.encode(), _digest(csrf).encode()):
             return None
-        if pd != _digest(principal) or not epoch or epoch != _text(reply[1]):
+        if pd != _digest(principal) or not epoch or epoch != as_text(reply[1], "replace"):
             return None  # every session of the principal was ended since (or its epoch lost)
         return principal
 
