@@ -588,7 +588,7 @@ def test_a_lapsed_lease_without_a_takeover_still_gets_its_large_response(
     assert settler.quarantine.list(operation_id=op) == []
     events = [e["event"] for e in logs]
     assert "settle.http.lease_lost" not in events
-    asked = protocol == "asgi" and sizes in (
+    asked = sizes in (
         LARGE["crossed-by-the-first"],
         LARGE["crossed-in-the-middle"],
     )
