@@ -22,6 +22,7 @@ import io
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -490,7 +491,7 @@ class _Exchange:
                 return Streaming(
                     response.status_code,
                     headers,
-                    parts,
+                    deque(parts),
                     size,
                     rest,
                     functools.partial(_run_all, closers),

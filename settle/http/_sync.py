@@ -104,7 +104,7 @@ class Streaming:
 
     status: int
     headers: tuple[tuple[bytes, bytes], ...]
-    held: list[bytes]
+    held: deque[bytes]  # the shell may add to it while ``rest`` is read (WSGI's write())
     size: int
     rest: Iterator[bytes]
     close: Callable[[], object]
@@ -324,7 +324,8 @@ class SyncGuard:
         response.held.clear()
         try:
             for chunk in response.rest:  # the handler runs to its end, as under ASGI
-                size += len(chunk)
+                size += len(chunk) + sum(map(len, response.held))  # and what it wrote
+                response.held.clear()
         finally:
             response.close()
         step = guard.finished(run, status, list(response.headers), None, size)
@@ -393,9 +394,8 @@ class Streamed:
         self._guard = guard
         self._run = run
         self._response = response
-        self._parts = deque(response.held)
-        response.held = []
-        self._size = response.size
+        self._parts = response.held  # shared: the shell adds what the app writes to it
+        self._sent = 0  # bytes out of the queue
         self._done = False  # the app's iterable is read to its end, or failed
         self._closed = False
         self.beating: int | None = None
@@ -418,10 +418,11 @@ class Streamed:
                 self._raised(exc)
                 raise
             else:
-                self._size += len(chunk)
                 self._parts.append(chunk)
         if self._parts:
-            return self._parts.popleft()
+            part = self._parts.popleft()
+            self._sent += len(part)
+            return part
         self.close()
         raise StopIteration
 
@@ -429,7 +430,8 @@ class Streamed:
         self._done = True
         self._release()
         guard, run = self._guard, self._run
-        step = guard.finished(run, self.status, list(self.headers), None, self._size)
+        size = self._sent + sum(map(len, self._parts))  # written parts too
+        step = guard.finished(run, self.status, list(self.headers), None, size)
         if guard.settles(run, step):
             self._driver._settle(guard, step)  # nothing else can be said: it streams
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -262,13 +263,11 @@ class _Exchange:
                     assert isinstance(following, bytes)
                     chunks.append(following)
                     handed = True
+                    # What the app passes to write() from here on joins the parts that go
+                    # out, in order, never dropped (PEP 3333 allows write() and an iterable).
+                    held = chunks.hand_over()
                     return Streaming(
-                        self._status(),
-                        self._headers(),
-                        chunks.parts,
-                        chunks.size,
-                        rest,
-                        close or _nothing,
+                        self._status(), self._headers(), held, chunks.size, rest, close or _nothing
                     )
         finally:
             if close is not None and not handed:
@@ -309,15 +308,28 @@ class _Exchange:
 
 
 class _Parts:
-    """The parts of a response collected so far, and their size in bytes."""
+    """The parts of a response collected so far, and their size in bytes; once the response
+    streams (:meth:`hand_over`), the queue the parts go out from."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
         self.size = 0
+        self._queue: deque[bytes] | None = None
 
     def append(self, chunk: bytes) -> None:
+        """A part the app yielded, or passed to ``write()``."""
+        if self._queue is not None:
+            self._queue.append(chunk)  # it streams: sent after what came before it
+            return
         self.parts.append(chunk)
         self.size += len(chunk)
+
+    def hand_over(self) -> deque[bytes]:
+        """The parts held so far, as the queue they go out from; what the app writes later
+        is added to it."""
+        self._queue = deque(self.parts)
+        self.parts = []
+        return self._queue
 
     def clear(self) -> None:
         self.parts.clear()

@@ -327,3 +327,58 @@ def test_a_large_response_that_streams_past_the_deadline_is_completed(
         again = client.post("/export", content=b"x", headers=KEY)
     assert (first.status_code, len(first.content)) == (200, 8 * PART)
     assert again.status_code == 410
+
+
+def _writing(count: int) -> Any:
+    """A WSGI app that sends its response both ways PEP 3333 allows: each step passes a
+    part to ``start_response``'s ``write()`` and then yields one."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        write = start_response("200 OK", [("Content-Type", "text/csv")])
+        for i in range(count):
+            write(b"w%03d" % i + b"w" * (PART - 4))
+            yield b"y%03d" % i + b"y" * (PART - 4)
+
+    return app
+
+
+def _expected(count: int) -> bytes:
+    return b"".join(
+        b"w%03d" % i + b"w" * (PART - 4) + b"y%03d" % i + b"y" * (PART - 4) for i in range(count)
+    )
+
+
+def test_what_the_app_passes_to_write_while_it_streams_goes_out_in_order(
+    settler: Settler,
+) -> None:
+    """An app that calls ``write()`` and also returns an iterable (PEP 3333 allows both):
+    what it writes after the response passed the limit goes out, in the order it was
+    written, and counts in the size the "not stored" marker reports. (It was dropped: the
+    client got a response with holes in it, and nothing said so.)"""
+    count = 16  # 2 MiB; the limit is 256 KiB
+    app = IdempotencyMiddleware(_writing(count), settler=settler, principal=principal)
+    with capture_logs() as logs:
+        sent = app(_environ(), _started([]))
+        try:
+            got = b"".join(sent)
+        finally:
+            sent.close()  # type: ignore[attr-defined]
+    assert got == _expected(count)
+    record = _record(settler)
+    assert record is not None
+    assert record.state is State.COMPLETED
+    sizes = [e["size"] for e in logs if e["event"] == "settle.http.response_not_stored"]
+    assert sizes == [2 * count * PART]
+
+
+def test_what_the_app_writes_reaches_a_real_client_whole(settler: Settler) -> None:
+    """The same through wsgiref: the client gets every byte written and yielded, in order,
+    and the retry gets 410."""
+    count = 16
+    app = IdempotencyMiddleware(_writing(count), settler=settler, principal=principal)
+    with serve_wsgi(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        first = client.post("/export", content=b"x", headers=KEY)
+        again = client.post("/export", content=b"x", headers=KEY)
+    assert first.status_code == 200
+    assert first.content == _expected(count)
+    assert again.status_code == 410
