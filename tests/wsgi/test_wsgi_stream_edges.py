@@ -45,6 +45,12 @@ def _abandoned(logs: list[dict[str, Any]]) -> list[str]:
     return [e["reason"] for e in logs if e["event"] == "settle.http.abandoned"]
 
 
+def _state(settler: Settler) -> tuple[State, str | None]:
+    record = _record(settler)
+    assert record is not None
+    return record.state, record.reason
+
+
 def _sent(app: Any, statuses: list[str]) -> bytes:
     sent = app(_environ(), _started(statuses))
     try:
@@ -72,9 +78,7 @@ def test_a_large_5xx_of_an_attempt_known_lost_is_replaced_by_the_409(settler: Se
     assert b"attempt-superseded" in got
     assert body.closes == 1
     assert _abandoned(logs) == ["lease_lost"]
-    record = _record(settler)
-    assert record is not None
-    assert record.state is State.PENDING  # the newer attempt's, untouched
+    assert _state(settler)[0] is State.PENDING  # the newer attempt's, untouched
 
 
 def test_a_large_5xx_chosen_past_the_deadline_is_replaced_by_the_504(settler: Settler) -> None:
@@ -94,9 +98,7 @@ def test_a_large_5xx_chosen_past_the_deadline_is_replaced_by_the_504(settler: Se
     assert statuses == ["504 Gateway Timeout"]
     assert b"handler-timeout" in got
     assert body.closes == 1
-    record = _record(settler)
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+    assert _state(settler) == (State.PROVISIONAL, "timeout")
 
 
 def test_a_large_5xx_streams_and_leaves_the_attempt_provisional(settler: Settler) -> None:
@@ -114,9 +116,7 @@ def test_a_large_5xx_streams_and_leaves_the_attempt_provisional(settler: Settler
     got = _sent(guarded, statuses)
     assert statuses == ["503 Service Unavailable"]
     assert len(got) == COUNT * PART
-    record = _record(settler)
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "status_503")
+    assert _state(settler) == (State.PROVISIONAL, "status_503")
 
 
 def test_a_large_5xx_whose_lease_is_lost_while_it_streams_settles_nothing(
@@ -138,9 +138,7 @@ def test_a_large_5xx_whose_lease_is_lost_while_it_streams_settles_nothing(
         got = _sent(guarded, [])
     assert len(got) == COUNT * PART
     assert _abandoned(logs) == ["lease_lost"]
-    record = _record(settler)
-    assert record is not None
-    assert record.state is State.PENDING
+    assert _state(settler)[0] is State.PENDING
 
 
 def test_a_client_gone_once_the_lease_is_known_lost_settles_nothing(settler: Settler) -> None:
@@ -162,9 +160,7 @@ def test_a_client_gone_once_the_lease_is_known_lost_settles_nothing(settler: Set
             next(parts)
         sent.close()  # type: ignore[attr-defined]
     assert _abandoned(logs) == ["lease_lost"]
-    record = _record(settler)
-    assert record is not None
-    assert record.state is State.PENDING
+    assert _state(settler)[0] is State.PENDING
 
 
 def test_a_source_that_fails_past_the_deadline_while_it_streams_is_a_timeout(
@@ -184,9 +180,7 @@ def test_a_source_that_fails_past_the_deadline_while_it_streams_is_a_timeout(
     guarded = IdempotencyMiddleware(app, settler=settler, principal=principal, timeout=0.1)
     with pytest.raises(RuntimeError, match="source failed"):
         _sent(guarded, [])
-    record = _record(settler)
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "timeout")
+    assert _state(settler) == (State.PROVISIONAL, "timeout")
 
 
 def test_an_error_page_asked_for_while_it_streams_breaks_the_response_off(
@@ -216,9 +210,7 @@ def test_an_error_page_asked_for_while_it_streams_breaks_the_response_off(
         got.extend(sent)
     sent.close()  # type: ignore[attr-defined]
     assert b"ERROR" not in b"".join(got)
-    record = _record(settler)
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "exception")
+    assert _state(settler) == (State.PROVISIONAL, "exception")
 
 
 def _framework(settler: Settler, app: Any, **hooks: Any) -> IdempotencyMiddleware:
@@ -237,9 +229,7 @@ def test_a_large_response_given_without_the_handler_is_not_streamed_as_its_own(
     guarded = _framework(settler, _plain(body), reached=lambda environ: False)
     got = _sent(guarded, [])
     assert len(got) == COUNT * PART
-    record = _record(settler)
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "handler_not_reached")
+    assert _state(settler) == (State.PROVISIONAL, "handler_not_reached")
 
 
 def test_a_frameworks_large_500_for_the_handlers_error_is_settled_as_that_error(
@@ -256,6 +246,4 @@ def test_a_frameworks_large_500_for_the_handlers_error_is_settled_as_that_error(
 
     guarded = _framework(settler, app, raised=lambda environ: (time.monotonic(), None))
     _sent(guarded, [])
-    record = _record(settler)
-    assert record is not None
-    assert (record.state, record.reason) == (State.PROVISIONAL, "exception")
+    assert _state(settler) == (State.PROVISIONAL, "exception")
