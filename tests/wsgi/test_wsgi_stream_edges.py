@@ -12,6 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.handlers.wsgi import WSGIHandler
+from django.http import HttpRequest, StreamingHttpResponse
+from django.test import override_settings
 from structlog.testing import capture_logs
 
 from settle import Settler, State
@@ -22,6 +25,7 @@ from tests.wsgi.test_wsgi_middleware import _holder, _take_over
 from tests.wsgi.test_wsgi_stream import (
     PART,
     Parts,
+    _django_urls,
     _environ,
     _plain,
     _record,
@@ -247,3 +251,41 @@ def test_a_frameworks_large_500_for_the_handlers_error_is_settled_as_that_error(
     guarded = _framework(settler, app, raised=lambda environ: (time.monotonic(), None))
     _sent(guarded, [])
     assert _state(settler) == (State.PROVISIONAL, "exception")
+
+
+class Gate:
+    """A Django middleware after settle's that answers before the view (a gate, a
+    maintenance page) with a large streamed response."""
+
+    body: Parts
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> StreamingHttpResponse:
+        return StreamingHttpResponse(Gate.body, content_type="text/csv")
+
+
+def test_a_large_django_response_given_before_the_view_is_not_streamed_as_its_own(
+    settler: Settler,
+) -> None:
+    """Under Django, a middleware after settle's answered before the view with a large
+    ``StreamingHttpResponse``: sent whole, never stored, the attempt provisional
+    (``handler_not_reached``), so the retry runs the view; never completed "not stored"."""
+    Gate.body = Parts(COUNT)
+    options = {"settler": settler, "principal": lambda r: r.META.get("HTTP_X_PRINCIPAL")}
+    mw = ["settle.django.IdempotencyMiddleware", f"{__name__}.Gate"]
+    environ = {
+        **_environ(),
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "wsgi.url_scheme": "http",
+    }
+    with override_settings(ROOT_URLCONF=_django_urls(Parts(0)), MIDDLEWARE=mw, SETTLE=options):
+        sent = WSGIHandler()(environ, _started([]))
+        try:
+            got = b"".join(sent)
+        finally:
+            sent.close()  # type: ignore[attr-defined]
+    assert len(got) == COUNT * PART
+    assert _state(settler) == (State.PROVISIONAL, "handler_not_reached")
