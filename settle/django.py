@@ -481,6 +481,13 @@ class _Exchange:
             parts.append(chunk)
             size += len(chunk)
             if size > limit and self._streams(response.status_code):
+                # One that crossed the limit with its last part is settled before it is
+                # sent, as a stored one is (and as the WSGI shell does): one part read ahead.
+                following = next(rest, None)
+                if following is None:
+                    break
+                parts.append(following)
+                size += len(following)
                 # The view's resources (its iterator's close()) are closed by the driver,
                 # once; the server's close of the response then sends request_finished.
                 closers = list(_closers(response))

@@ -15,12 +15,14 @@ import pytest
 from django.core.handlers.wsgi import WSGIHandler
 from django.http import HttpRequest, StreamingHttpResponse
 from django.test import override_settings
+from django.urls import path
 from structlog.testing import capture_logs
 
 from settle import Settler, State
 from settle.http._sync import SyncGuard
 from settle.http.policy import IdempotencyPolicy
 from settle.wsgi import IdempotencyMiddleware, current_attempt
+from tests.http.test_http_table import _lapse
 from tests.wsgi.test_wsgi_middleware import _holder, _take_over
 from tests.wsgi.test_wsgi_stream import (
     PART,
@@ -55,8 +57,13 @@ def _state(settler: Settler) -> tuple[State, str | None]:
     return record.state, record.reason
 
 
-def _sent(app: Any, statuses: list[str]) -> bytes:
-    sent = app(_environ(), _started(statuses))
+def _django_environ() -> dict[str, Any]:
+    server = {"SERVER_NAME": "testserver", "SERVER_PORT": "80", "wsgi.url_scheme": "http"}
+    return {**_environ(), **server}
+
+
+def _sent(app: Any, statuses: list[str], environ: dict[str, Any] | None = None) -> bytes:
+    sent = app(_environ() if environ is None else environ, _started(statuses))
     try:
         return b"".join(sent)
     finally:
@@ -275,17 +282,35 @@ def test_a_large_django_response_given_before_the_view_is_not_streamed_as_its_ow
     Gate.body = Parts(COUNT)
     options = {"settler": settler, "principal": lambda r: r.META.get("HTTP_X_PRINCIPAL")}
     mw = ["settle.django.IdempotencyMiddleware", f"{__name__}.Gate"]
-    environ = {
-        **_environ(),
-        "SERVER_NAME": "testserver",
-        "SERVER_PORT": "80",
-        "wsgi.url_scheme": "http",
-    }
     with override_settings(ROOT_URLCONF=_django_urls(Parts(0)), MIDDLEWARE=mw, SETTLE=options):
-        sent = WSGIHandler()(environ, _started([]))
-        try:
-            got = b"".join(sent)
-        finally:
-            sent.close()  # type: ignore[attr-defined]
+        got = _sent(WSGIHandler(), [], _django_environ())
     assert len(got) == COUNT * PART
     assert _state(settler) == (State.PROVISIONAL, "handler_not_reached")
+
+
+def test_a_django_stream_that_crosses_the_limit_with_its_last_part_is_settled_first(
+    settler: Settler,
+) -> None:
+    """A Django ``StreamingHttpResponse`` that crosses the limit with its last part is
+    settled before any of it goes out, as plain WSGI and ASGI settle one: no renewal is
+    asked first (that renewal is for one with more to come), so a lease that lapsed
+    meanwhile logs no ``settle.http.lease_lapsed``; it is completed "not stored"."""
+    sizes = [200 << 10, 100 << 10]  # the limit is 256 KiB
+
+    def export(request: HttpRequest) -> StreamingHttpResponse:
+        _lapse(settler, request.settle.operation_id)  # type: ignore[attr-defined]
+        return StreamingHttpResponse((b"x" * n for n in sizes), content_type="text/csv")
+
+    module = _django_urls(Parts(0))
+    sys.modules[module].urlpatterns = [path("export", export)]  # type: ignore[attr-defined]
+    options = {"settler": settler, "principal": lambda r: r.META.get("HTTP_X_PRINCIPAL")}
+    mw = ["settle.django.IdempotencyMiddleware"]
+    statuses: list[str] = []
+    with (
+        override_settings(ROOT_URLCONF=module, MIDDLEWARE=mw, SETTLE=options),
+        capture_logs() as logs,
+    ):
+        got = _sent(WSGIHandler(), statuses, _django_environ())
+    assert (statuses, len(got)) == (["200 OK"], sum(sizes))
+    assert "settle.http.lease_lapsed" not in [e["event"] for e in logs]
+    assert _state(settler)[0] is State.COMPLETED
