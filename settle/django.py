@@ -22,6 +22,7 @@ import io
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -48,7 +49,15 @@ from settle._input import is_decimal
 from settle._log import logger
 from settle.attempt import Attempt
 from settle.errors import ConfigurationError
-from settle.http._sync import NotReached, Raised, SyncGuard, configured_guard, write_traceback
+from settle.http._sync import (
+    NotReached,
+    Raised,
+    Streamed,
+    Streaming,
+    SyncGuard,
+    configured_guard,
+    write_traceback,
+)
 from settle.http.attempt import held_attempts
 from settle.http.policy import PrincipalFn
 from settle.http.problems import Response
@@ -424,7 +433,7 @@ class _Exchange:
         _refuse_cut(stream, request, len(raw))
         return raw
 
-    def call(self, attempt: Attempt) -> Response:
+    def call(self, attempt: Attempt, limit: int) -> Response | Streaming:
         self._request.settle = attempt  # type: ignore[attr-defined]
         # Kept at once: whatever happens from here on, the view's response is closed once
         # (:meth:`sent` or :meth:`discard`).
@@ -433,7 +442,12 @@ class _Exchange:
         render = getattr(response, "render", None)
         if render is not None and not getattr(response, "is_rendered", True):
             render()  # a TemplateResponse or DRF Response returned to a view decorator
-        if isinstance(response, StreamingHttpResponse):
+        if isinstance(response, StreamingHttpResponse) and not response.is_async:
+            streaming = self._streaming(response, limit)
+            if streaming is not None:
+                return streaming
+            content = _collected(response)
+        elif isinstance(response, StreamingHttpResponse):
             content = _collected(response)
         elif isinstance(response, HttpResponse):
             content = response.content
@@ -454,6 +468,51 @@ class _Exchange:
             raise Raised(self.response, at, getattr(django, "_settle_error", None))
         return self.response
 
+    def _streaming(self, response: StreamingHttpResponse, limit: int) -> Streaming | None:
+        """A sync streaming response read up to ``limit`` bytes: a :class:`Streaming` of the
+        rest when more follows (it streams on, never stored, as under ASGI), else None with
+        what was read put back for :func:`_collected`. Not a response given without the
+        view (:class:`NotReached`) nor Django's 500 for its exception (:class:`Raised`):
+        those are collected whole."""
+        parts: list[bytes] = []
+        size = 0
+        rest = iter(response.streaming_content)  # type: ignore[arg-type]
+        for chunk in rest:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit and self._streams(response.status_code):
+                # One that crossed the limit with its last part is settled before it is
+                # sent, as a stored one is (and as the WSGI shell does): one part read ahead.
+                following = next(rest, None)
+                if following is None:
+                    break
+                parts.append(following)
+                size += len(following)
+                # The view's resources (its iterator's close()) are closed by the driver,
+                # once; the server's close of the response then sends request_finished.
+                closers = list(_closers(response))
+                _closers(response).clear()
+                headers = tuple(
+                    (n.encode("latin-1"), v.encode("latin-1")) for n, v in response.items()
+                )
+                return Streaming(
+                    response.status_code,
+                    headers,
+                    deque(parts),
+                    size,
+                    rest,
+                    functools.partial(_run_all, closers),
+                )
+        response.streaming_content = parts
+        return None
+
+    def _streams(self, status: int) -> bool:
+        if self._reaching and not getattr(self._request, "_settle_reached", False):
+            return False
+        django = self._request
+        django = django if isinstance(django, HttpRequest) else django._request
+        return status < 500 or not isinstance(getattr(django, "_settle_raised", None), float)
+
     def report(self, error: BaseException) -> None:
         """The handler's ``error`` is answered with settle's 504 or 409: its traceback goes to
         the server's error log (``wsgi.errors``), as under plain WSGI. Django logs an error
@@ -466,12 +525,18 @@ class _Exchange:
         django = django if isinstance(django, HttpRequest) else django._request
         write_traceback(django.META.get("wsgi.errors"), error)
 
-    def sent(self, response: Response) -> HttpResponseBase:
+    def sent(self, response: Response | Streamed) -> HttpResponseBase:
         """The Django response that goes out for ``response``: the view's own, as it made it
         (the server closes it), or settle's answer in its place (a superseded attempt's
         replay or 409), which takes over the view's resources: the server's one close of
         the answer releases them and sends ``request_finished`` once."""
         view = self.django
+        if isinstance(response, Streamed):
+            assert isinstance(view, StreamingHttpResponse)
+            # Sent on as it streams; the server's close of the response closes it (Django
+            # adds its close() to the response's closers).
+            view.streaming_content = response
+            return view
         if view is not None and response is self.response:
             return view
         answer = _to_django(response)
@@ -543,6 +608,12 @@ def _unread_body(request: HttpRequest, stream: Any, buffer: BodyBuffer) -> bytes
     # closed by Django's handler when the request ends).
     request._stream = io.BytesIO(raw)
     return raw
+
+
+def _run_all(closers: list[Callable[[], object]]) -> None:
+    for closer in closers:
+        with contextlib.suppress(Exception):  # as HttpResponseBase.close() does
+            closer()
 
 
 def _release(response: HttpResponseBase) -> None:

@@ -11,10 +11,12 @@ a superseded attempt is quarantined. No rule lives here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import traceback
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
@@ -57,6 +59,8 @@ __all__ = [
     "Exchange",
     "NotReached",
     "Raised",
+    "Streamed",
+    "Streaming",
     "SyncGuard",
     "configured_guard",
     "resolve",
@@ -91,6 +95,21 @@ class Raised(Exception):  # a signal between a shell and the driver
         self.error = error  # the exception the framework caught, if it said
 
 
+@dataclasses.dataclass
+class Streaming:
+    """What :meth:`Exchange.call` returns for a response that passed ``max_response_bytes``
+    before its end: its status and headers, the parts held so far (``held``, ``size`` bytes
+    in all) and the rest as the app yields it (``rest``; ``close``: the app's iterable's
+    ``close()``, to call once). It is never stored: it is sent on as it streams."""
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    held: deque[bytes]  # the shell may add to it while ``rest`` is read (WSGI's write())
+    size: int
+    rest: Iterator[bytes]
+    close: Callable[[], object]
+
+
 class Exchange(Protocol):
     """One request as a sync shell sees it."""
 
@@ -107,9 +126,10 @@ class Exchange(Protocol):
         """Read the whole body into ``buffer`` (it raises past its limit) and keep it for
         the app to read again; return it. :class:`ClientDisconnected` if it ends early."""
 
-    def call(self, attempt: Attempt) -> Response:
+    def call(self, attempt: Attempt, limit: int) -> Response | Streaming:
         """Run the app with ``attempt`` and return its whole response (:class:`NotReached`
-        when the app answered without running the guarded handler)."""
+        when the app answered without running the guarded handler), or, once more than
+        ``limit`` bytes of it came with more to come, a :class:`Streaming` of the rest."""
 
     def report(self, error: BaseException) -> None:
         """The handler raised ``error`` and its client gets settle's 504 or 409 in its place:
@@ -149,13 +169,15 @@ class SyncGuard:
 
     def handle(
         self, head: RequestHead, exchange: Exchange, held: Iterable[Attempt] = ()
-    ) -> Response | None:
+    ) -> Response | Streamed | None:
         """The response to send, or None when the request is not guarded (call the app).
         ``held``: the attempts of the guards that run the request already
-        (:func:`settle.http.attempt.held_attempts`)."""
+        (:func:`settle.http.attempt.held_attempts`). A :class:`Streamed` response settles
+        the request as it is sent (its last part, or its ``close()``)."""
         config = self.settler.config
         guard = Guard(self.policy, config.namespace, config.lease, head, held)
         request = telemetry().http_request(config.namespace)
+        streamed = False
         try:
             step = guard.start()
             while True:
@@ -192,23 +214,30 @@ class SyncGuard:
                     case Release():
                         step = self._release(guard, step)
                     case Run():
-                        return self._run(guard, step, exchange, request.capture())
+                        sent = self._run(guard, step, exchange, request.capture())
+                        if isinstance(sent, Streamed):
+                            streamed = True
+                            sent.finished = request.finished
+                        return sent
         finally:
-            request.finished(guard.outcome)
+            if not streamed:
+                request.finished(guard.outcome)
 
     def _run(
         self, guard: Guard, run: Run, exchange: Exchange, context: AbstractContextManager[Any]
-    ) -> Response:
+    ) -> Response | Streamed:
         """Run the handler while the heartbeat thread renews the lease; its failed renewals
         are logged under the request's logger, its renewals are children of the request's
-        span (``context``)."""
+        span (``context``). A response over ``max_response_bytes`` keeps the heartbeat
+        until it is sent (:meth:`_stream`)."""
         beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
         # A renewal that finds the record gone leaves the attempt unmarked, as under ASGI;
         # one that finds the lease lost is logged as under ASGI.
         beating = self._beats.add(beat, guard, context, runs_on=guard.runs_on)
+        streamed: Streamed | None = None
         try:
             try:
-                response = exchange.call(run.attempt)
+                response = exchange.call(run.attempt, self.policy.max_response_bytes)
             except NotReached as refused:
                 if not self._failed(guard, run, "handler_not_reached"):
                     guard.abandoned("lease_lost")  # the refusal goes out all the same
@@ -241,6 +270,12 @@ class SyncGuard:
                         return guard.stopped_by_loss(exc)
                     guard.abandoned("lease_lost")  # a KeyboardInterrupt: superseded too
                 raise
+            if isinstance(response, Streaming):
+                sent = self._stream(guard, run, response, exchange.chosen)
+                if isinstance(sent, Streamed):
+                    streamed = sent
+                    sent.beating = beating
+                return sent
             size = len(response.body)
             step = guard.finished(run, response.status, list(response.headers), response.body, size)
             instead: Response | None
@@ -254,8 +289,48 @@ class SyncGuard:
                 # StaleAttempt of attempt.check()): stale, and nothing to store.
                 instead = guard.stopped_by_loss()
         finally:
-            self._beats.remove(beating)
+            if streamed is None:
+                self._beats.remove(beating)
         return response if instead is None else instead
+
+    def _stream(
+        self, guard: Guard, run: Run, response: Streaming, chosen: float | None
+    ) -> Response | Streamed:
+        """A response over ``max_response_bytes`` with more to come, about to be sent on
+        before its end, as ASGI sends it. Before its first byte goes out: a status that is
+        never stored is replaced by the 409 when the lease is known lost, by the 504 when it
+        was chosen past the deadline (a 5xx); a finished one asks a renewal whether this
+        attempt still owns the operation (one round trip, for such responses only). When a
+        newer attempt owns it, the rest is read to its end and dropped, and its settlement
+        (quarantined: the evidence) answers with the authoritative response or the 409."""
+        status = response.status
+        if not guard.keeps(status, 0):
+            if run.attempt.lost:
+                response.close()
+                return guard.stopped_by_loss()
+            if guard.timed_out(run, status, chosen):
+                response.close()
+                return self._timed_out(guard, run)
+            return Streamed(self, guard, run, response)
+        try:
+            renewal = self.settler.renew(run.reservation, lease=run.lease)
+        except SettleError as exc:  # a store that cannot be asked: sent on, as under ASGI
+            guard.renew_failed(exc)
+            return Streamed(self, guard, run, response)
+        if guard.still_owns(run, renewal):
+            return Streamed(self, guard, run, response)
+        run.attempt.mark_lost(renewal)
+        size = response.size
+        response.held.clear()
+        try:
+            for chunk in response.rest:  # the handler runs to its end, as under ASGI
+                size += len(chunk) + sum(map(len, response.held))  # and what it wrote
+                response.held.clear()
+        finally:
+            response.close()
+        step = guard.finished(run, status, list(response.headers), None, size)
+        instead = self._settle(guard, step)
+        return guard.superseded(renewal.record) if instead is None else instead
 
     def _timed_out(self, guard: Guard, run: Run, error: BaseException | None = None) -> Response:
         """The handler ended in error (``error``, if it raised) past its ``timeout``
@@ -304,6 +379,117 @@ class SyncGuard:
             else:
                 return guard.settled(step, settlement)
         return None
+
+
+class Streamed:
+    """A response over ``max_response_bytes``, sent on as the app yields it: the parts held
+    so far, then the rest, one part read ahead so that the operation is settled before the
+    last part goes out (completed "not stored", or provisional for a status never stored).
+    The app's iterable is closed once: at its end, when it raises, or at :meth:`close` (the
+    server stopped iterating: its client went away), which leaves the attempt provisional
+    (``client_disconnect``), as under ASGI. The heartbeat renews the lease until then."""
+
+    def __init__(self, driver: SyncGuard, guard: Guard, run: Run, response: Streaming) -> None:
+        self._driver = driver
+        self._guard = guard
+        self._run = run
+        self._response = response
+        self._parts = response.held  # shared: the shell adds what the app writes to it
+        self._sent = 0  # bytes out of the queue
+        self._done = False  # the app's iterable is read to its end, or failed
+        self._closed = False
+        self.beating: int | None = None
+        self.finished: Callable[[str | None], object] | None = None
+        self.status = response.status
+        self.headers = response.headers
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._closed:
+            raise StopIteration
+        if not self._done and len(self._parts) <= 1:  # one part read ahead, no more
+            try:
+                chunk = next(self._response.rest)
+            except StopIteration:
+                self._ended()  # settled before the last part goes out
+            except BaseException as exc:
+                self._raised(exc)
+                raise
+            else:
+                self._parts.append(chunk)
+        if self._parts:
+            part = self._parts.popleft()
+            self._sent += len(part)
+            return part
+        self.close()
+        raise StopIteration
+
+    def _ended(self) -> None:
+        self._done = True
+        self._release()
+        guard, run = self._guard, self._run
+        size = self._sent + sum(map(len, self._parts))  # written parts too
+        step = guard.finished(run, self.status, list(self.headers), None, size)
+        if guard.settles(run, step):
+            self._driver._settle(guard, step)  # nothing else can be said: it streams
+        else:
+            guard.stopped_by_loss()  # a status never stored, the lease known lost
+
+    def _raised(self, exc: BaseException) -> None:
+        """The app's iterable raised ``exc`` while it streamed: its client has part of the
+        response, so nothing else can be said; the error goes on to the server (which
+        breaks the connection off, so that the client sees the response cut), and the
+        attempt is provisional (``timeout`` past the deadline, else ``exception``; nothing
+        when the lease is known lost)."""
+        self._done = True
+        self._parts.clear()
+        try:
+            self._release()
+        finally:
+            guard, run, driver = self._guard, self._run, self._driver
+            guard.handler_raised(exc)
+            if isinstance(exc, Exception) and guard.timed_out(run):
+                driver._timed_out(guard, run, exc)
+            elif not driver._failed(guard, run, "exception"):
+                guard.abandoned("lease_lost", exc)
+            self.close()
+
+    def close(self) -> None:
+        """The server is done with the response (PEP 3333): if the app's iterable was not
+        read to its end, its client went away (or the server stopped): provisional
+        (``client_disconnect``), as under ASGI; nothing when the lease is known lost."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._done:
+                self._done = True
+                self._parts.clear()
+                try:
+                    self._release()
+                finally:
+                    guard, run = self._guard, self._run
+                    if run.attempt.lost:
+                        guard.abandoned("lease_lost")
+                    else:
+                        guard.abandoned("client_disconnect")
+                        self._driver._failed(guard, run, "client_disconnect")
+        finally:
+            if self.beating is not None:
+                self._driver._beats.remove(self.beating)
+            if self.finished is not None:
+                self.finished(self._guard.outcome)
+
+    def _release(self) -> None:
+        """The app's iterable's ``close()``, once (and the heartbeat stops once settled)."""
+        close, self._response.close = self._response.close, _nothing
+        close()
+
+
+def _nothing() -> None:
+    return None
 
 
 def status_line(status: int) -> str:

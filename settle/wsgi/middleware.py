@@ -1,22 +1,33 @@
 """``IdempotencyMiddleware`` for WSGI: carries out :class:`settle.http._rules.Guard` on a
 PEP 3333 ``environ`` and ``start_response``.
 
-The guarded app's response is collected whole (a generator body included, and the
-iterable's ``close()`` is called) before it is settled: a finished response is stored with
-``complete`` and only then sent, as under ASGI. Requests that are not guarded pass through
-untouched, streaming included.
+The guarded app's response is collected (a generator body included, and the iterable's
+``close()`` is called) before it is settled: a finished response is stored with
+``complete`` and only then sent, as under ASGI. One that passes ``max_response_bytes`` is
+collected no further: what is held is sent and the rest streams through as the app yields
+it (:class:`~settle.http._sync.Streamed`), as under ASGI. Requests that are not guarded
+pass through untouched, streaming included.
 """
 
 from __future__ import annotations
 
 import io
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from settle._input import is_decimal
-from settle.http._sync import NotReached, Raised, SyncGuard, status_line, write_traceback
+from settle.http._sync import (
+    NotReached,
+    Raised,
+    Streamed,
+    Streaming,
+    SyncGuard,
+    status_line,
+    write_traceback,
+)
 from settle.http.attempt import carrying, held_attempts
 from settle.http.attempt import current_attempt as _current_attempt
 from settle.http.policy import IdempotencyPolicy, PrincipalFn
@@ -98,6 +109,9 @@ class IdempotencyMiddleware:
         response = self._driver.handle(head, exchange, held_attempts(environ))
         if response is None:
             return self.app(environ, start_response)
+        if isinstance(response, Streamed):
+            start_response(exchange.status, exchange.headers)  # the handler's, as it sent it
+            return response
         if response is exchange.response:
             start_response(exchange.status, exchange.headers)  # the handler's, as it sent it
         else:
@@ -203,10 +217,10 @@ class _Exchange:
         self._environ["CONTENT_LENGTH"] = str(len(body))
         return body
 
-    def call(self, attempt: Attempt) -> Response:
+    def call(self, attempt: Attempt, limit: int) -> Response | Streaming:
         self._environ.update(carrying(self._environ, attempt))  # environ["settle"]: attempt
-        chunks: list[bytes] = []
-        started = False
+        chunks = _Parts()
+        started = handed = False
 
         def start_response(
             status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
@@ -217,6 +231,10 @@ class _Exchange:
             # replayed in front of the error page. Without exc_info a second call is the
             # app's error (PEP 3333: "a fatal error"), as every server treats it.
             nonlocal started
+            if handed and exc_info is not None:
+                # Part of the response is on its way (it streams): PEP 3333 has the error
+                # raised on, and the server breaks the response off.
+                raise exc_info[1].with_traceback(exc_info[2])
             if started and exc_info is None:
                 raise RuntimeError(
                     "start_response was called a second time without exc_info (PEP 3333)"
@@ -229,17 +247,34 @@ class _Exchange:
             return chunks.append
 
         result = self._app(self._environ, start_response)
+        close = getattr(result, "close", None)
         try:
-            for chunk in result:  # one at a time: an error page may clear what came before
+            rest = iter(result)
+            for chunk in rest:  # one at a time: an error page may clear what came before
                 chunks.append(chunk)
+                if chunks.size > limit and self._streams():
+                    # Over max_response_bytes, never stored. One that crossed the limit
+                    # with its last part is settled before it is sent, as a stored one is;
+                    # one with more to come is held no further: what is held goes out and
+                    # the rest streams through (closed by the driver), as under ASGI.
+                    following = next(rest, _END)
+                    if following is _END:
+                        break
+                    assert isinstance(following, bytes)
+                    chunks.append(following)
+                    handed = True
+                    # What the app passes to write() from here on joins the parts that go
+                    # out, in order, never dropped (PEP 3333 allows write() and an iterable).
+                    held = chunks.hand_over()
+                    return Streaming(
+                        self._status(), self._headers(), held, chunks.size, rest, close or _nothing
+                    )
         finally:
-            close = getattr(result, "close", None)
-            if close is not None:
+            if close is not None and not handed:
                 close()
         if not self.status:
             raise RuntimeError("the WSGI app returned without calling start_response")
-        headers = tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers)
-        self.response = Response(int(self.status.split(" ", 1)[0]), headers, b"".join(chunks))
+        self.response = Response(self._status(), self._headers(), b"".join(chunks.parts))
         if self._reached is not None and not self._reached(self._environ):
             raise NotReached(self.response)  # sent as it is, never stored
         raised = None if self._raised is None else self._raised(self._environ)
@@ -248,8 +283,61 @@ class _Exchange:
             raise Raised(self.response, *raised)
         return self.response
 
+    def _status(self) -> int:
+        return int(self.status.split(" ", 1)[0])
+
+    def _headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        return tuple((n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers)
+
+    def _streams(self) -> bool:
+        """Whether a response over the limit may stream on: its status is chosen, the
+        guarded handler gave it (not a hook or the router: :class:`NotReached`), and it is
+        not a framework's 5xx for the handler's exception (:class:`Raised`). Those are
+        collected whole, as before."""
+        if not self.status:
+            return False
+        if self._reached is not None and not self._reached(self._environ):
+            return False
+        return self._raised is None or self._raised(self._environ) is None or self._status() < 500
+
     def report(self, error: BaseException) -> None:
         """The handler's ``error`` is answered with settle's 504 or 409, never raised to the
         server: its traceback goes to the server's error log all the same (PEP 3333's
         ``wsgi.errors``), so that a bug is seen."""
         write_traceback(self._environ.get("wsgi.errors"), error)
+
+
+class _Parts:
+    """The parts of a response collected so far, and their size in bytes; once the response
+    streams (:meth:`hand_over`), the queue the parts go out from."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self._queue: deque[bytes] | None = None
+
+    def append(self, chunk: bytes) -> None:
+        """A part the app yielded, or passed to ``write()``."""
+        if self._queue is not None:
+            self._queue.append(chunk)  # it streams: sent after what came before it
+            return
+        self.parts.append(chunk)
+        self.size += len(chunk)
+
+    def hand_over(self) -> deque[bytes]:
+        """The parts held so far, as the queue they go out from; what the app writes later
+        is added to it."""
+        self._queue = deque(self.parts)
+        self.parts = []
+        return self._queue
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.size = 0
+
+
+def _nothing() -> None:
+    return None
+
+
+_END = object()
