@@ -1531,9 +1531,12 @@ def _left_primary(pool: Any, conn: Any) -> bool:
     connection, or ``pool.get_master_address()``), and redis-py then closes the pool's idle
     connections; the lane's kept ones are outside the pool, and are replaced before use.
     Until then the old primary may still take writes, lost when it is demoted
-    (docs/operations.md, "Redis Sentinel")."""
+    (docs/operations.md, "Redis Sentinel"). Judged by the connection that reaches it: the
+    proxy of redis-py's client-side caching (``cache_config``) keeps the host and port it
+    was made with, before its connection asked the Sentinels."""
     address = pool.master_address
-    return address is not None and (conn.host, conn.port) != tuple(address)
+    reaches = getattr(conn, "_conn", conn)  # redis-py's CacheProxyConnection: its own
+    return address is not None and (reaches.host, reaches.port) != tuple(address)
 
 
 def _notifications(pool: Any) -> bool:

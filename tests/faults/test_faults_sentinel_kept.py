@@ -10,13 +10,17 @@ writable primary for seconds, and whatever was written there was lost when it wa
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.cache import CacheConfig, CacheFactory
+from redis.connection import CacheProxyConnection
 
 from settle import AsyncSettler, Reserved, Settler
+from settle._runtime._sync import _left_primary
 from tests.faults.sentinel_support import (
     SERVICE,
     SentinelDeployment,
@@ -89,3 +93,31 @@ def test_an_async_kept_connection_follows_a_failover_the_pool_learned_of(
     on_old, on_promoted, role = asyncio.run(main())
     assert role == "master", "the old primary was demoted before the call: nothing was shown"
     assert (on_promoted, on_old) == (True, False)
+
+
+def test_a_client_side_caching_connection_is_judged_by_the_primary_it_reaches(
+    deployment: SentinelDeployment, namespace: str
+) -> None:
+    """With redis-py's client-side caching (RESP3, ``cache_config``: Redis 7.4 or later, so
+    the proxy is made here as the pool makes it, its connection connected as the proxy's
+    own connect does, which refuses Valkey) the pool hands out a proxy whose ``host`` and
+    ``port`` are those it was made with, before it connected: redis-py's defaults, not the
+    primary the Sentinels named. Judged by them, every kept connection was taken for one to
+    an old primary, closed and replaced on every call (a new connection and a question to
+    the Sentinels each); judged by the connection inside, it is replaced after a failover
+    only."""
+    s = Settler.from_sentinel(deployment.sentinels, service_name=SERVICE, namespace=namespace)
+    pool = s.client.connection_pool
+    proxy = CacheProxyConnection(
+        pool.make_connection(), CacheFactory(CacheConfig()).get_cache(), threading.RLock()
+    )
+    try:
+        proxy._conn.connect()
+        pool.get_master_address()
+        assert not _left_primary(pool, proxy)
+        _switch(deployment)
+        pool.get_master_address()
+        assert _left_primary(pool, proxy)
+    finally:
+        proxy.disconnect()
+        s.close()

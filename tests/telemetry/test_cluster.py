@@ -4,6 +4,7 @@ the address the application configured): a real 3-primary cluster, the real SDK.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from settle._core.keys import Keys
 from settle.cursor import CursorStore
 from settle.cursor._keys import stream_keys
 from settle.errors import BackendError
-from settle.progress import ProgressStore, StreamConsumer
+from settle.progress import AsyncProgressStore, ProgressStore, StreamConsumer
 from settle.progress.identity import DeliveryId, EmissionId, ProviderScope
 from tests.cluster.cluster_support import LocalCluster
 from tests.cluster.test_cluster_quarantine_resharding import SHARDS, _late_settlements, _settler
@@ -321,3 +322,29 @@ def test_a_progress_read_apart_is_one_trace(
             otel.exporter.clear()
             assert store.read(scope) == before
             _one_trace_apart(otel)
+
+
+def test_an_async_progress_read_apart_is_one_trace(
+    cluster: LocalCluster, namespace: str, otel: Telemetry
+) -> None:
+    """``AsyncProgressStore.read`` apart during a migration: one trace, as on the sync
+    runner (the asyncio runner's span was untested: taken out, every test passed)."""
+    scope = ProviderScope("orders", "billing", "inc1")
+
+    async def main() -> None:
+        async with AsyncProgressStore.from_cluster(
+            cluster.url, consumer="c1", namespace=namespace
+        ) as store:
+            await store.apply(scope, DeliveryId("1-1"), EmissionId("e1"), _nothing)
+            before = await store.read(scope)
+            slot = key_slot(store.core.keys.scope(scope.scope_id)[0].encode())
+            with _migrating(cluster, slot, namespace, []):
+                otel.exporter.clear()
+                assert await store.read(scope) == before
+                _one_trace_apart(otel)
+
+    asyncio.run(main())
+
+
+async def _nothing(_: object) -> None:
+    return None
