@@ -23,7 +23,13 @@ from tests.web.test_console_sentinel import fail_over, replicated
 pytestmark = pytest.mark.faults
 
 
-def test_tail_follows_the_quarantine_across_a_failover(settle_bin: Path, namespace: str) -> None:
+@pytest.mark.parametrize("how", ["kill", "sentinel-failover"])
+def test_tail_follows_the_quarantine_across_a_failover(
+    settle_bin: Path, namespace: str, how: str
+) -> None:
+    """The primary the tail reads is killed, or demoted by ``SENTINEL FAILOVER`` (it stays
+    up, a replica of the promoted one): an entry written on the promoted replica is
+    printed."""
     with (
         sentinel_deployment() as d,
         Settler.from_url(d.primary.url, namespace=namespace, shards=2) as writer,
@@ -34,16 +40,17 @@ def test_tail_follows_the_quarantine_across_a_failover(settle_bin: Path, namespa
             before = stale_settlement(writer, "order-before")
             assert json.loads(tail.out.get(timeout=30))["ref"] == before
             replicated(d)
-            fail_over(d, "kill")
+            fail_over(d, how)
             with Settler.from_url(d.replica.url, namespace=namespace, shards=2) as promoted:
                 after = stale_settlement(promoted, "order-after")
             entry = json.loads(tail.out.get(timeout=60))
             assert entry["ref"] == after
             assert entry["operation_id"] == "order-after"
-    # What it said on stderr: the primary it lost, and the one it follows again.
-    lost, _, again = tail.said.partition("settle: following again on ")
-    assert f"settle: lost the primary at redis://127.0.0.1:{d.primary.port}/0 (" in lost
-    assert again.startswith(f"redis://127.0.0.1:{d.replica.port}/0\n"), tail.said
+    if how == "kill":
+        # What it said on stderr: the primary it lost, and the one it follows again.
+        lost, _, again = tail.said.partition("settle: following again on ")
+        assert f"settle: lost the primary at redis://127.0.0.1:{d.primary.port}/0 (" in lost
+        assert again.startswith(f"redis://127.0.0.1:{d.replica.port}/0\n"), tail.said
 
 
 def test_tail_of_one_server_that_is_killed_ends_with_exit_3(
@@ -73,26 +80,3 @@ def test_tail_of_one_server_that_is_killed_ends_with_exit_3(
     assert proc.returncode == 3, said
     assert said.startswith(f"settle: cannot reach Redis at {server.url} "), said
     assert "waiting for the Sentinels" not in said
-
-
-def test_tail_follows_the_quarantine_across_a_sentinel_failover(
-    settle_bin: Path, namespace: str
-) -> None:
-    """The neighbour of the kill: ``SENTINEL FAILOVER`` demotes the primary the tail reads
-    (it stays up, a replica of the promoted one); an entry written on the promoted replica
-    is printed, and the tail exits 0 on Ctrl-C."""
-    with (
-        sentinel_deployment() as d,
-        Settler.from_url(d.primary.url, namespace=namespace, shards=2) as writer,
-    ):
-        writer.check()
-        url = f"redis+sentinel://{d.sentinels[0]}/{SERVICE}"
-        with _tail(settle_bin, url, namespace, "--json") as tail:
-            before = stale_settlement(writer, "order-before")
-            assert json.loads(tail.out.get(timeout=30))["ref"] == before
-            replicated(d)
-            fail_over(d, "sentinel-failover")
-            with Settler.from_url(d.replica.url, namespace=namespace, shards=2) as promoted:
-                after = stale_settlement(promoted, "order-after")
-            entry = json.loads(tail.out.get(timeout=60))
-            assert entry["ref"] == after
