@@ -63,6 +63,7 @@ __all__ = [
     "Streaming",
     "SyncGuard",
     "configured_guard",
+    "do_nothing",
     "resolve",
     "status_line",
 ]
@@ -484,12 +485,12 @@ class Streamed:
 
     def _release(self) -> None:
         """The app's iterable's ``close()``, once (and the heartbeat stops once settled)."""
-        close, self._response.close = self._response.close, _nothing
+        close, self._response.close = self._response.close, do_nothing
         close()
 
 
-def _nothing() -> None:
-    return None
+def do_nothing() -> None:
+    """A ``close`` that closes nothing (an iterable closed already, or without one)."""
 
 
 def status_line(status: int) -> str:

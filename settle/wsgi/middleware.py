@@ -25,6 +25,7 @@ from settle.http._sync import (
     Streamed,
     Streaming,
     SyncGuard,
+    do_nothing,
     status_line,
     write_traceback,
 )
@@ -266,9 +267,8 @@ class _Exchange:
                     # What the app passes to write() from here on joins the parts that go
                     # out, in order, never dropped (PEP 3333 allows write() and an iterable).
                     held = chunks.hand_over()
-                    return Streaming(
-                        self._status(), self._headers(), held, chunks.size, rest, close or _nothing
-                    )
+                    size, done = chunks.size, close or do_nothing
+                    return Streaming(self._status(), self._headers(), held, size, rest, done)
         finally:
             if close is not None and not handed:
                 close()
@@ -334,10 +334,6 @@ class _Parts:
     def clear(self) -> None:
         self.parts.clear()
         self.size = 0
-
-
-def _nothing() -> None:
-    return None
 
 
 _END = object()
