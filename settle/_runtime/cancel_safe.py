@@ -114,13 +114,24 @@ async def write(conn: Any, command: Any, *, bounded: bool) -> None:
 _OWN_READ = AbstractConnection.read_response
 
 
+_WATCHABLE: dict[type, bool] = {}
+
+
 def watchable(conn: Any) -> bool:
     """Whether ``conn`` sends and reads as redis-py's own asyncio connection does (its send,
-    or the one above; its read): the lane may then bound them itself
-    (:func:`ready`, :func:`write` unbounded, ``read_response(timeout=math.inf)``). A
-    connection class of the application's keeps its own."""
+    or the one above; its read), on the redis-py :func:`ready` and :func:`write` were copied
+    from (:mod:`settle._runtime.copied`): the lane may then bound them itself (:func:`ready`,
+    :func:`write` unbounded, ``read_response(timeout=math.inf)``). A connection class of the
+    application's, or any on another redis-py, keeps its own. Asked once per class."""
     cls = type(conn)
-    return cls.read_response is _OWN_READ and cls.send_packed_command in _SENDS
+    known = _WATCHABLE.get(cls)
+    if known is None:
+        known = _WATCHABLE[cls] = (
+            getattr(cls, "read_response", None) is _OWN_READ
+            and getattr(cls, "send_packed_command", None) in _SENDS
+            and copied.ASYNC_SEND.current()
+        )
+    return known
 
 
 _OWN_PARSE = AbstractConnection._read_response_from_parser

@@ -14,6 +14,7 @@ import functools
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from redis.cache import CacheConfig, CacheFactory
 from redis.connection import CacheProxyConnection
 from redis.retry import Retry
 
+from settle import AsyncSettler
 from settle._runtime import cancel_safe, copied
 from settle._runtime.packing import _LEAN_CLASSES, _lean, exchange, pack_command
 from settle.embedded import EmbeddedRedis
@@ -587,9 +589,10 @@ def test_a_push_notification_before_the_reply_is_redis_pys_async(redis_url: str)
 
 def test_the_copied_redis_py_code_is_the_installed_ones() -> None:
     """Fails when the installed redis-py's send, health check or read is not the code
-    ``packing.exchange`` / ``cancel_safe.read`` were copied from: read the new code, bring
-    the copies to it, and write its digest in settle/_runtime/copied.py."""
-    for copy in (copied.SYNC, copied.ASYNC):
+    ``packing.exchange`` / ``cancel_safe.read`` / ``cancel_safe.write`` were copied from:
+    read the new code, bring the copies to it, and write its digest in
+    settle/_runtime/copied.py."""
+    for copy in (copied.SYNC, copied.ASYNC, copied.ASYNC_SEND):
         assert copy.current(), (
             f"redis-py {redis.__version__} changed the code settle's {copy.name} lane copies "
             f"(digest {copy.installed()}): see settle/_runtime/copied.py"
@@ -599,13 +602,19 @@ def test_the_copied_redis_py_code_is_the_installed_ones() -> None:
 @pytest.fixture
 def redis_py_changed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As on a redis-py whose copied methods are not those the copies were made from."""
-    monkeypatch.setattr(copied, "DIGESTS", {"sync": frozenset(), "async": frozenset()})
-    for cache in (copied._current.cache_clear, _LEAN_CLASSES.clear, cancel_safe._LEAN.clear):
-        cache()
+    monkeypatch.setattr(copied, "DIGESTS", {name: frozenset() for name in copied.DIGESTS})
+    _forget_what_was_asked()
     yield
     monkeypatch.undo()
-    for cache in (copied._current.cache_clear, _LEAN_CLASSES.clear, cancel_safe._LEAN.clear):
-        cache()
+    _forget_what_was_asked()
+
+
+def _forget_what_was_asked() -> None:
+    """Each cache of a copy's currency, asked again on the next call."""
+    copied._current.cache_clear()
+    _LEAN_CLASSES.clear()
+    cancel_safe._LEAN.clear()
+    cancel_safe._WATCHABLE.clear()
 
 
 @pytest.mark.usefixtures("redis_py_changed")
@@ -649,6 +658,51 @@ def test_a_changed_redis_py_reads_its_own_way_async(redis_url: str) -> None:
             await client.aclose()
 
     assert asyncio.run(main()) == ["read"]
+
+
+def _writes_async(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """``bounded`` of each ``cancel_safe.write`` an ``AsyncSettler``'s calls made: False is
+    the lane's own send (it bounds the write itself), True Python 3.11's
+    ``keep_cancellations`` send (bounded by ``socket_timeout``, as redis-py's)."""
+    bounds: list[bool] = []
+    own = cancel_safe.write
+
+    async def write(conn: Any, command: Any, *, bounded: bool) -> None:
+        bounds.append(bounded)
+        await own(conn, command, bounded=bounded)
+
+    monkeypatch.setattr(cancel_safe, "write", write)
+
+    async def main() -> None:
+        settler = AsyncSettler.from_url(redis_url, namespace=f"send-{uuid.uuid4().hex[:8]}")
+        try:
+            assert await settler.get("charge") is None
+        finally:
+            await settler.aclose()
+
+    asyncio.run(main())
+    return bounds
+
+
+def test_the_asyncio_lane_sends_its_own_way_on_the_redis_py_it_copied(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert False in _writes_async(redis_url, monkeypatch)
+
+
+@pytest.mark.usefixtures("redis_py_changed")
+def test_a_changed_redis_py_sends_its_own_way_async(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio lane's send (``cancel_safe.ready`` / ``write``, bounded by the lane) is
+    taken only on the redis-py it was copied from: on another, each script call goes
+    through the connection's own ``send_packed_command`` (on Python 3.11,
+    ``keep_cancellations``' send: bounded as redis-py's, kept there on any redis-py)."""
+    bounds = _writes_async(redis_url, monkeypatch)
+    assert False not in bounds
+    assert bounds == ([True] * len(bounds) if cancel_safe.NEEDED else [])
+    if cancel_safe.NEEDED:
+        assert bounds
 
 
 def test_a_reply_puts_the_next_health_check_off_async(redis_url: str) -> None:
