@@ -51,6 +51,11 @@ class Durability:
     def wait_ms(self) -> int:
         return max(1, round(self.replica_timeout * 1000))
 
+    def wait_ms_for(self, bound: int | None) -> int:
+        """The ``WAIT`` timeout of a call that waits at most ``bound`` ms (None: no bound of
+        its own, ``replica_timeout``)."""
+        return self.wait_ms if bound is None else max(1, min(self.wait_ms, bound))
+
 
 def check_client(
     client: object, kinds: tuple[type, ...], owner: str, build: str = "from_url(url)"
