@@ -235,7 +235,7 @@ async def _heartbeat(
 ) -> None:
     attempt = run.attempt
     loop = asyncio.get_running_loop()
-    due = loop.time() + run.heartbeat
+    due = loop.time() + run.first
     while True:
         await asyncio.sleep(max(0.0, due - loop.time()))
         # The next renewal is due a heartbeat after this one is sent, not after it returns

@@ -9,10 +9,13 @@ surface's heartbeat: the sync and async decorators, the ASGI and WSGI guards."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -47,9 +50,58 @@ SLOW_REPLICA = 2.5
 HELD = 3.5  # how long the function runs with the replica stopped: several heartbeats
 
 
-def _durable(kind: type[Settler] | type[AsyncSettler], url: str, namespace: str) -> Any:
+# The reservation's replica acknowledges it LATE_ACK after it was written: under LATE_LEASE,
+# later than two thirds of it (a first renewal due a heartbeat after reserve returned comes
+# LATE_ACK + LATE_LEASE / 3 after the write, after the lease ended) yet before its end.
+LATE_LEASE = 3.0
+LATE_ACK = 2.4
+LATE_REPLICA = 4.0  # replica_timeout: the reservation waits for its late acknowledgement
+LATE_HELD = 2.0  # how long the function runs after it: a few heartbeats
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a surface runs: ``lease``, ``replica_timeout``; ``around(replica)`` holds the
+    call (the reservation included), ``during(replica)`` the function or handler, which
+    runs ``held`` seconds."""
+
+    lease: float
+    replica_timeout: float
+    held: float
+    around: Callable[[EmbeddedRedis], AbstractContextManager[object]]
+    during: Callable[[EmbeddedRedis], AbstractContextManager[object]]
+
+
+def _untouched(replica: EmbeddedRedis) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
+@contextmanager
+def _acknowledging_late(replica: EmbeddedRedis) -> Iterator[None]:
+    """Stop ``replica`` now and let it go on LATE_ACK later, the block still running: it
+    acknowledges the reservation late, but within ``replica_timeout``."""
+    assert replica.process is not None
+    pid = replica.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    thaw = threading.Timer(LATE_ACK, os.kill, (pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        yield
+    finally:
+        thaw.cancel()
+        thaw.join()
+        os.kill(pid, signal.SIGCONT)
+
+
+#: The replica stopped while the function runs: every renewal goes unacknowledged.
+STOPPED_WHILE_RUNNING = Case(LEASE, SLOW_REPLICA, HELD, _untouched, frozen)
+#: The replica acknowledges the reservation late: its first renewal is due early.
+LATE_RESERVATION = Case(LATE_LEASE, LATE_REPLICA, LATE_HELD, _acknowledging_late, _untouched)
+
+
+def _durable(kind: type[Settler] | type[AsyncSettler], url: str, namespace: str, case: Case) -> Any:
     return kind.from_url(
-        url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=SLOW_REPLICA
+        url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=case.replica_timeout
     )
 
 
@@ -78,32 +130,49 @@ def _watching(url: str, namespace: str, op: str) -> Iterator[list[str | None]]:
             watcher.join()
 
 
-def _sync_decorator(primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str) -> Any:
-    with _durable(Settler, primary.url, namespace) as settler:
+def _warm(client: httpx.Client) -> None:
+    """A guarded request that returns at once, before the replica stops: the settler's first
+    call makes its checks of the server, which the reservation under test must not wait for."""
+    answer = client.post("/warm", content=b"x", headers=key_headers("warm-1"))
+    assert answer.status_code == 201, answer.text
 
-        @settler.operation(key="charge", principal="tenant:acme", lease=LEASE)
+
+Surface = Callable[[EmbeddedRedis, EmbeddedRedis, str, Case], list[str | None]]
+
+
+def _sync_decorator(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
+    with _durable(Settler, primary.url, namespace, case) as settler:
+
+        @settler.operation(key="charge", principal="tenant:acme", lease=case.lease)
         def charge() -> str:
-            with frozen(replica):
-                time.sleep(HELD)
+            with case.during(replica):
+                time.sleep(case.held)
             return "ch_1"
 
-        with _watching(primary.url, namespace, "charge") as reasons:
+        assert settler.get("charge") is None  # its first call's checks, before the replica stops
+        with _watching(primary.url, namespace, "charge") as reasons, case.around(replica):
             assert charge() == "ch_1"
     return reasons
 
 
-def _async_decorator(primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str) -> Any:
+def _async_decorator(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
     async def run() -> str:
-        settler = _durable(AsyncSettler, primary.url, namespace)
+        settler = _durable(AsyncSettler, primary.url, namespace, case)
         try:
 
-            @settler.operation(key="charge", principal="tenant:acme", lease=LEASE)
+            @settler.operation(key="charge", principal="tenant:acme", lease=case.lease)
             async def charge() -> str:
-                with frozen(replica):
-                    await asyncio.sleep(HELD)
+                with case.during(replica):
+                    await asyncio.sleep(case.held)
                 return "ch_1"
 
-            return await charge()
+            assert await settler.get("charge") is None  # its first call's checks, as above
+            with case.around(replica):
+                return await charge()
         finally:
             await settler.aclose()
 
@@ -112,18 +181,22 @@ def _async_decorator(primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: 
     return reasons
 
 
-def _asgi(primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str) -> Any:
+def _asgi(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
     async def slow(request: Request) -> Response:
-        with frozen(replica):
-            await asyncio.sleep(HELD)
+        if request.url.path == "/warm":
+            return PlainTextResponse("warm", status_code=201)
+        with case.during(replica):
+            await asyncio.sleep(case.held)
         return PlainTextResponse("done", status_code=201)
 
-    durable = _durable(AsyncSettler, primary.url, namespace)
+    durable = _durable(AsyncSettler, primary.url, namespace, case)
     app = AsgiMiddleware(
-        Starlette(routes=[Route("/slow", slow, methods=["POST"])]),
+        Starlette(routes=[Route(path, slow, methods=["POST"]) for path in ("/slow", "/warm")]),
         settler=durable,
         principal=principal_from_header,
-        lease=LEASE,
+        lease=case.lease,
     )
     op = operation_id("http", "slow-1", "tenant:acme", "principal")
     with (
@@ -131,32 +204,43 @@ def _asgi(primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str) -> Any
         serve(app, durable) as base,
         httpx.Client(base_url=base, timeout=15) as client,
     ):
-        answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
-    assert answer.status_code == 201, answer.text
-    return reasons
-
-
-def _wsgi(primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str) -> Any:
-    def slow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        with frozen(replica):
-            time.sleep(HELD)
-        start_response("201 Created", [("Content-Type", "text/plain")])
-        return [b"done"]
-
-    op = operation_id("http", "slow-1", "tenant:acme", "principal")
-    with _durable(Settler, primary.url, namespace) as durable:
-        app = WsgiMiddleware(slow, settler=durable, principal=principal_from_environ, lease=LEASE)
-        with (
-            _watching(primary.url, namespace, op) as reasons,
-            serve_wsgi(app) as base,
-            httpx.Client(base_url=base, timeout=15) as client,
-        ):
+        _warm(client)
+        with case.around(replica):
             answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
     assert answer.status_code == 201, answer.text
     return reasons
 
 
-SURFACES: dict[str, Callable[[EmbeddedRedis, EmbeddedRedis, str], list[str | None]]] = {
+def _wsgi(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
+    def slow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ["PATH_INFO"] == "/warm":
+            start_response("201 Created", [("Content-Type", "text/plain")])
+            return [b"warm"]
+        with case.during(replica):
+            time.sleep(case.held)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"done"]
+
+    op = operation_id("http", "slow-1", "tenant:acme", "principal")
+    with _durable(Settler, primary.url, namespace, case) as durable:
+        app = WsgiMiddleware(
+            slow, settler=durable, principal=principal_from_environ, lease=case.lease
+        )
+        with (
+            _watching(primary.url, namespace, op) as reasons,
+            serve_wsgi(app) as base,
+            httpx.Client(base_url=base, timeout=15) as client,
+        ):
+            _warm(client)
+            with case.around(replica):
+                answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
+    assert answer.status_code == 201, answer.text
+    return reasons
+
+
+SURFACES: dict[str, Surface] = {
     "sync-decorator": _sync_decorator,
     "async-decorator": _async_decorator,
     "asgi": _asgi,
@@ -173,23 +257,52 @@ def test_a_heartbeat_keeps_the_lease_while_a_replica_is_slower_than_the_lease(
     primary (each renewal gives up on its replicas when the next is due). It lapsed at
     about 1.6 s on the code before, the first renewal still waiting."""
     primary, replica = pair
-    reasons = SURFACES[surface](primary, replica, namespace)
+    reasons = SURFACES[surface](primary, replica, namespace, STOPPED_WHILE_RUNNING)
     assert len(reasons) > 100, reasons
     assert "lease_expired" not in reasons
 
 
-def test_a_renewal_says_how_long_it_waited_for_its_replicas(
-    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+@pytest.mark.parametrize("surface", list(SURFACES))
+def test_a_late_acknowledged_reservation_is_renewed_before_its_lease_ends(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, surface: str
 ) -> None:
-    """The renewal's :class:`DurabilityError` names the wait it made (a third of the lease
-    it renews), not ``replica_timeout``; the lease is renewed on the primary all the same."""
+    """The replica acknowledges the reservation 2.4 s after it was written, within
+    ``replica_timeout`` (4 s) and the lease (3 s): the first renewal is due a heartbeat
+    after the reservation was sent (at once, here), as each later one is due after the one
+    before was sent, and the lease never lapses. It was due a heartbeat after ``reserve``
+    returned, 3.4 s after the write: the lease lapsed for 0.4 s before the function had
+    begun, and another caller could take the key over and run it again."""
     primary, replica = pair
-    with _durable(Settler, primary.url, namespace) as settler:
+    reasons = SURFACES[surface](primary, replica, namespace, LATE_RESERVATION)
+    assert len(reasons) > 100, reasons
+    assert "lease_expired" not in reasons
+
+
+@pytest.mark.parametrize(
+    ("lease", "waited_ms"),
+    [(3.0, 1000), (30.0, 2500)],
+    ids=["a-third-of-the-lease", "replica-timeout"],
+)
+def test_a_renewal_says_how_long_it_waited_for_its_replicas(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, lease: float, waited_ms: int
+) -> None:
+    """The renewal's :class:`DurabilityError` names the wait it made: a third of the lease
+    it renews, or ``replica_timeout`` (2.5 s) when that is shorter (a renewal of a 30 s
+    lease waits no longer than any other transition). The lease is renewed on the primary
+    all the same: it holds past the end of the one it renewed."""
+    primary, replica = pair
+    with _durable(Settler, primary.url, namespace, STOPPED_WHILE_RUNNING) as settler:
         reserved = settler.reserve("charge", {"amount": 1}, principal="tenant:acme", lease=LEASE)
         assert isinstance(reserved, Reserved)
+        ends = sent = time.monotonic()
+        ends += LEASE
         with frozen(replica), pytest.raises(DurabilityError) as raised:
-            settler.renew(reserved.reservation, lease=3.0)
-        assert "0 of 1 replicas acknowledged within 1000 ms" in str(raised.value)
+            settler.renew(reserved.reservation, lease=lease)
+        took = time.monotonic() - sent
+        assert f"0 of 1 replicas acknowledged within {waited_ms} ms;" in str(raised.value)
+        # The wait it names is the wait it made (Redis checks WAIT timeouts at hz: + 0.1 s).
+        assert waited_ms / 1000 - 0.05 < took < waited_ms / 1000 + 0.6
+        time.sleep(max(0.0, ends + 0.3 - time.monotonic()))
         record = settler.get("charge")
         assert record is not None
         assert record.reason is None
