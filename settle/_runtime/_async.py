@@ -1805,7 +1805,8 @@ async def _pause_after(refusal: rx.TryAgainError, refused: int, acks: Any, need:
     """Wait before a call's next send after its ``refused``-th TRYAGAIN of this try, as
     TRYAGAIN's budget says; raise ``refusal`` (transient) when the try has spent it, or
     when the refused send's WAIT, which runs all the same, acknowledged fewer than
-    ``need`` (too few replicas connected): it waited ``replica_timeout``, as each send
+    ``need`` (too few replicas connected): it waited ``replica_timeout`` (or the call's
+    ``wait_ms``), as each send
     again would (16 sends a try made a call wait 64 of them, where one a try waited 4)."""
     short = not isinstance(acks, Exception) and int(acks) < need
     pause = None if short else tryagain_pause(refused)

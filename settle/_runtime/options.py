@@ -16,7 +16,8 @@ MAX_MIN_REPLICAS = 2**63 - 1
 @dataclass(frozen=True, slots=True)
 class Durability:
     """With ``min_replicas = N > 0`` every writing script is followed, on the same
-    connection, by ``WAIT N replica_timeout``; fewer acknowledgements raise
+    connection, by ``WAIT N replica_timeout`` (or the call's shorter bound, ``Call.wait_ms``:
+    a renewal's); fewer acknowledgements raise
     :class:`~settle.errors.DurabilityError` (the outcome is then uncertain).
 
     ``allow_eviction``: a server whose ``maxmemory-policy`` may evict settle's keys (every

@@ -338,7 +338,7 @@ class AttemptRunner:
             self._phase is _Phase.SETTLED or (self._phase is _Phase.ABANDONED and self._stopped)
         ):
             # Due a heartbeat after this one is sent, not after it returns: a renewal that
-            # waits (min_replicas: up to replica_timeout) would push every later one back.
+            # waits (min_replicas: up to a heartbeat, Call.wait_ms) would push each later one back.
             due = loop.time() + self._lease / 3
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
