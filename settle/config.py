@@ -73,7 +73,8 @@ class SettleConfig(InputModel):
     lost is told from a stale one by its entry in the log (rule S13), and the takeover that
     may come between the two adds an entry of its own."""
     min_replicas: int = Field(default=0, ge=0)
-    """With N > 0 every transition is followed by ``WAIT N replica_timeout``."""
+    """With N > 0 every transition is followed by ``WAIT N replica_timeout`` (a renewal's
+    by ``WAIT N`` a third of its lease when that is shorter: its heartbeat's next is due)."""
     replica_timeout: float = Field(default=1.0, gt=0)
     allow_eviction: bool = False
     """Accept a server whose ``maxmemory-policy`` may evict settle's records (refused at

@@ -678,8 +678,17 @@ class Core:
             ),
         )
         # A lost lease (rules N1-N5) writes nothing and stops the attempt: it stands without
-        # replicas (Call.stops), so a takeover stops a fenced-off attempt at once.
-        return Call("renew", keys, args, operation_id=op, attempt_id=r.attempt_id, stops=("lost",))
+        # replicas (Call.stops), so a takeover stops a fenced-off attempt at once. It waits
+        # for its replicas at most a heartbeat (lease / 3): the next renewal is then due.
+        return Call(
+            "renew",
+            keys,
+            args,
+            operation_id=op,
+            attempt_id=r.attempt_id,
+            stops=("lost",),
+            wait_ms=max(1, lease_ms // 3),
+        )
 
     def decode_renew(self, call: Call, raw: Any) -> Renewal:
         unacknowledged = isinstance(raw, Unacknowledged)  # lost, and no replica confirmed it

@@ -1046,7 +1046,8 @@ class Runner:
                 pipe.fcall(self._set.function(name), len(keys), *keys, *args)
             else:
                 pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-        pipe.execute_command("WAIT", self._durability.min_replicas, self._durability.wait_ms)
+        wait_ms = self._durability.wait_ms_for(call.wait_ms)
+        pipe.execute_command("WAIT", self._durability.min_replicas, wait_ms)
 
     def _send_durable(
         self, call: Call, node: Redis, *, asking: bool, script: bool = True
@@ -1070,7 +1071,8 @@ class Runner:
         (``probe_refused``: a slot that migrates under it, an ACL without its key, a server
         that lost the probe since the script ran): the replicas may lack what it read, and
         no replica is known to hold it (``acks`` 0: WAIT's count was of other writes)."""
-        need, wait_ms = self._durability.min_replicas, self._durability.wait_ms
+        need = self._durability.min_replicas
+        wait_ms = self._durability.wait_ms_for(call.wait_ms)
         logger.error(
             "settle.backend.durability_failed",
             script=call.script,
@@ -1606,7 +1608,8 @@ def _pause_after(refusal: rx.TryAgainError, refused: int, acks: Any, need: int) 
     """Wait before a call's next send after its ``refused``-th TRYAGAIN of this try, as
     TRYAGAIN's budget says; raise ``refusal`` (transient) when the try has spent it, or
     when the refused send's WAIT, which runs all the same, acknowledged fewer than
-    ``need`` (too few replicas connected): it waited ``replica_timeout``, as each send
+    ``need`` (too few replicas connected): it waited ``replica_timeout`` (or the call's
+    ``wait_ms``), as each send
     again would (16 sends a try made a call wait 64 of them, where one a try waited 4)."""
     short = not isinstance(acks, Exception) and int(acks) < need
     pause = None if short else tryagain_pause(refused)

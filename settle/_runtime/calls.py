@@ -32,7 +32,11 @@ class Call:
     ``caller_splits`` marks a read of several keys whose caller reads them apart when a Redis
     Cluster migration splits their slot: the runner hands that refusal back at once, as
     :class:`~settle._runtime.transient.SlotSplit`, neither repeated nor logged as a failure
-    (a write is never marked: it stays one atomic call).
+    (a write is never marked: it stays one atomic call). ``wait_ms``, when set, bounds how
+    long the call's ``WAIT`` holds it for its replicas below ``replica_timeout``: a renewal
+    waits no longer than its heartbeat's interval, so the next renewal is sent in time (a
+    renewal that waited ``replica_timeout`` pushed the next one back by that much, and a
+    replica that stopped let the lease lapse under the running function).
     """
 
     script: str
@@ -45,6 +49,7 @@ class Call:
     reads_only: bool = False
     stops: tuple[str, ...] = ()
     caller_splits: bool = False
+    wait_ms: int | None = None
 
     def stops_caller(self, reply: Any) -> bool:
         """Whether the script's ``reply`` is one of the verdicts in :attr:`stops`."""

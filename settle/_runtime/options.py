@@ -16,7 +16,8 @@ MAX_MIN_REPLICAS = 2**63 - 1
 @dataclass(frozen=True, slots=True)
 class Durability:
     """With ``min_replicas = N > 0`` every writing script is followed, on the same
-    connection, by ``WAIT N replica_timeout``; fewer acknowledgements raise
+    connection, by ``WAIT N replica_timeout`` (or the call's shorter bound, ``Call.wait_ms``:
+    a renewal's); fewer acknowledgements raise
     :class:`~settle.errors.DurabilityError` (the outcome is then uncertain).
 
     ``allow_eviction``: a server whose ``maxmemory-policy`` may evict settle's keys (every
@@ -50,6 +51,11 @@ class Durability:
     @property
     def wait_ms(self) -> int:
         return max(1, round(self.replica_timeout * 1000))
+
+    def wait_ms_for(self, bound: int | None) -> int:
+        """The ``WAIT`` timeout of a call that waits at most ``bound`` ms (None: no bound of
+        its own, ``replica_timeout``)."""
+        return self.wait_ms if bound is None else max(1, min(self.wait_ms, bound))
 
 
 def check_client(

@@ -121,7 +121,7 @@ class AttemptRunner:
         # at a time: the first of the two is due, then it schedules the other.
         self._receive = receive
         now = loop.time()
-        listen_at, beat_at = now + LISTEN_AFTER, now + self._lease / 3
+        listen_at, beat_at = now + LISTEN_AFTER, now + self._run.first
         listen, beat = self._start_listening, self._start_heartbeat
         if listen_at <= beat_at:
             self._timer = loop.call_at(listen_at, self._due, listen, beat, beat_at)
@@ -326,7 +326,7 @@ class AttemptRunner:
         self._interrupt("client_disconnect")
 
     def _start_heartbeat(self) -> None:
-        """The first renewal is due (``lease / 3`` after the reservation): start renewing."""
+        """The first renewal is due (``lease / 3`` after ``reserve`` was sent): renew."""
         self._heartbeat = asyncio.get_running_loop().create_task(self._renew_lease())
 
     async def _renew_lease(self) -> None:
@@ -338,7 +338,7 @@ class AttemptRunner:
             self._phase is _Phase.SETTLED or (self._phase is _Phase.ABANDONED and self._stopped)
         ):
             # Due a heartbeat after this one is sent, not after it returns: a renewal that
-            # waits (min_replicas: up to replica_timeout) would push every later one back.
+            # waits (min_replicas: up to a heartbeat, Call.wait_ms) would push each later one back.
             due = loop.time() + self._lease / 3
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)

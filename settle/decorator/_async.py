@@ -235,12 +235,12 @@ async def _heartbeat(
 ) -> None:
     attempt = run.attempt
     loop = asyncio.get_running_loop()
-    due = loop.time() + run.heartbeat
+    due = loop.time() + run.first
     while True:
         await asyncio.sleep(max(0.0, due - loop.time()))
         # The next renewal is due a heartbeat after this one is sent, not after it returns
-        # (as the sync heartbeat's): a renewal that waits (min_replicas: up to
-        # replica_timeout for a slow replica) would otherwise push every later one back by
+        # (as the sync heartbeat's): a renewal that waits (min_replicas: up to a heartbeat,
+        # Call.wait_ms, for a slow replica) would otherwise push every later one back by
         # its wait, and the lease would lapse between renewals under the running function.
         due = loop.time() + run.heartbeat
         try:

@@ -137,13 +137,26 @@ class Reserve:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Run the function with ``attempt`` while a heartbeat renews ``reservation``."""
+    """Run the function with ``attempt`` while a heartbeat renews ``reservation`` every
+    ``heartbeat`` seconds, the first renewal ``first`` seconds from now
+    (:func:`first_renewal`)."""
 
     reservation: Reservation
     attempt: Attempt
     timeout: float | None
     lease: float
     heartbeat: float
+    first: float
+
+
+def first_renewal(lease: float, reserving: float, now: float) -> float:
+    """Seconds from ``now`` to the first renewal of a ``lease`` whose ``reserve`` was sent at
+    ``reserving`` (on the clock of ``now``): a heartbeat (``lease / 3``) after it was sent,
+    as each later renewal is due a heartbeat after the one before was sent, at once when
+    that has passed. Not after ``reserve`` returned: with ``min_replicas`` it may have
+    waited up to ``replica_timeout`` for a replica, and a first renewal due a heartbeat
+    after that let a lease of less than ``replica_timeout * 3 / 2`` lapse before it."""
+    return max(0.0, reserving + lease / 3 - now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +328,7 @@ class Plan:
         self._fn = fn
         self._waiting_since: float | None = None
         self._polls = 0
+        self._reserving = 0.0  # when the last Reserve was made (sent): on _clock
         self._ran: Ran | None = None
         self._stale: Settlement | None = None
         self._after_provisional: BaseException | None = None
@@ -355,6 +369,7 @@ class Plan:
             _RUNNING.reset(token)
 
     def _reserve(self) -> Reserve:
+        self._reserving = self._clock()  # the shell sends it next
         return Reserve(self.identity, self.policy.lease, _uuid4_hex())
 
     # -- reserve -------------------------------------------------------------------------
@@ -371,7 +386,8 @@ class Plan:
         deadline = None if timeout is None else self._clock() + timeout
         attempt = Attempt.for_reservation(outcome, self.policy.namespace, deadline)
         lease = self.policy.lease
-        return Run(r, attempt, timeout, lease, heartbeat=lease / 3)
+        first = first_renewal(lease, self._reserving, self._clock())
+        return Run(r, attempt, timeout, lease, heartbeat=lease / 3, first=first)
 
     def reserve_unconfirmed(self, step: Reserve, error: DurabilityError) -> Step:
         """``reserve`` raised :class:`DurabilityError`: no replica is known to hold what it

@@ -370,7 +370,7 @@ class _Heartbeats:
         with self._cond:
             key = next(self._ids)
             try:
-                self._schedule(key, beating, time.monotonic() + run.heartbeat)
+                self._schedule(key, beating, time.monotonic() + run.first)
             except BaseException:
                 # The caller will not run (nor call remove): renewing its lease later would
                 # keep an abandoned operation in progress for the life of the process.

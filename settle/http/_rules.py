@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from settle._core.codec import encode_result
 from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
-from settle.decorator._plan import UNCONFIRMED, _uuid4_hex, own_reservation
+from settle.decorator._plan import UNCONFIRMED, _uuid4_hex, first_renewal, own_reservation
 from settle.errors import (
     BackendError,
     BindingMismatch,
@@ -166,11 +166,13 @@ class Release:
 @dataclass(frozen=True, slots=True)
 class Run:
     """Run the app with ``attempt`` (in ``scope``/``environ``/``request.settle``) while a
-    heartbeat renews ``reservation`` every ``lease / 3`` seconds."""
+    heartbeat renews ``reservation`` every ``lease / 3`` seconds, the first renewal
+    ``first`` seconds from now (:func:`~settle.decorator._plan.first_renewal`)."""
 
     reservation: Reservation
     attempt: Attempt
     lease: float
+    first: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +261,7 @@ class Guard:
         self._principal = ""
         self._operation: str | None = None
         self._reserving: Reserve | None = None
+        self._reserving_at = 0.0  # when it was made (sent): time.monotonic()
         self._unconfirmed: DurabilityError | None = None
         self.outcome: str | None = None
         #: The handler ended and its settlement is decided (finished, failed): a renewal
@@ -369,6 +372,7 @@ class Guard:
         assert op is not None, "identified() names the operation before the body is read"
         fingerprint = fingerprint_request(self.head, body)
         self._reserving = Reserve(op, self._principal, fingerprint, self.policy.lease, _uuid4_hex())
+        self._reserving_at = time.monotonic()  # the shell sends it next
         return self._reserving
 
     # -- the reservation -----------------------------------------------------------------
@@ -430,7 +434,8 @@ class Guard:
         attempt = Attempt.for_reservation(outcome, self.namespace, deadline)
         self._bind(generation=attempt.generation)
         self._info("settle.http.started", number=attempt.number)
-        return Run(outcome.reservation, attempt, self.lease)
+        first = first_renewal(self.lease, self._reserving_at, time.monotonic())
+        return Run(outcome.reservation, attempt, self.lease, first)
 
     def replay(self, record: OperationRecord) -> Response:
         """The record's stored response, or a 410 problem if it was too large to store.

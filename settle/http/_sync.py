@@ -231,7 +231,7 @@ class SyncGuard:
         are logged under the request's logger, its renewals are children of the request's
         span (``context``). A response over ``max_response_bytes`` keeps the heartbeat
         until it is sent (:meth:`_stream`)."""
-        beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3)
+        beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3, run.first)
         # A renewal that finds the record gone leaves the attempt unmarked, as under ASGI;
         # one that finds the lease lost is logged as under ASGI.
         beating = self._beats.add(beat, guard, context, runs_on=guard.runs_on)

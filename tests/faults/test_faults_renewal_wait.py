@@ -1,0 +1,308 @@
+"""A renewal under ``min_replicas`` waits for its replicas at most a heartbeat (``lease / 3``),
+whatever ``replica_timeout`` says. It waited ``replica_timeout``: a heartbeat sends one
+renewal at a time, so with a replica stopped (SIGSTOP: its primary still counts it, and WAIT
+runs to its timeout) the renewals went ``replica_timeout`` apart, and a lease not much longer
+than that lapsed under the running function (another caller could take the key over and
+run the paid operation again). Real primaries and replicas, Redis and Valkey; every
+surface's heartbeat: the sync and async decorators, the ASGI and WSGI guards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from settle import AsyncSettler, DurabilityError, Reserved, Settler
+from settle.asgi import IdempotencyMiddleware as AsgiMiddleware
+from settle.embedded import EmbeddedRedis
+from settle.http.keys import operation_id
+from settle.wsgi import IdempotencyMiddleware as WsgiMiddleware
+from tests.faults.servers import frozen
+from tests.faults.test_faults_durable_reads import pair
+from tests.http.apps import (
+    key_headers,
+    principal_from_environ,
+    principal_from_header,
+    serve,
+    serve_wsgi,
+)
+
+__all__ = ["pair"]
+
+pytestmark = [pytest.mark.faults]
+
+LEASE = 1.2
+# Longer than the lease: a renewal that waited this long let the lease lapse every time.
+SLOW_REPLICA = 2.5
+HELD = 3.5  # how long the function runs with the replica stopped: several heartbeats
+
+
+# The reservation's replica acknowledges it LATE_ACK after it was written: under LATE_LEASE,
+# later than two thirds of it (a first renewal due a heartbeat after reserve returned comes
+# LATE_ACK + LATE_LEASE / 3 after the write, after the lease ended) yet before its end.
+LATE_LEASE = 3.0
+LATE_ACK = 2.4
+LATE_REPLICA = 4.0  # replica_timeout: the reservation waits for its late acknowledgement
+LATE_HELD = 2.0  # how long the function runs after it: a few heartbeats
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a surface runs: ``lease``, ``replica_timeout``; ``around(replica)`` holds the
+    call (the reservation included), ``during(replica)`` the function or handler, which
+    runs ``held`` seconds."""
+
+    lease: float
+    replica_timeout: float
+    held: float
+    around: Callable[[EmbeddedRedis], AbstractContextManager[object]]
+    during: Callable[[EmbeddedRedis], AbstractContextManager[object]]
+
+
+def _untouched(replica: EmbeddedRedis) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
+@contextmanager
+def _acknowledging_late(replica: EmbeddedRedis) -> Iterator[None]:
+    """Stop ``replica`` now and let it go on LATE_ACK later, the block still running: it
+    acknowledges the reservation late, but within ``replica_timeout``."""
+    assert replica.process is not None
+    pid = replica.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    thaw = threading.Timer(LATE_ACK, os.kill, (pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        yield
+    finally:
+        thaw.cancel()
+        thaw.join()
+        os.kill(pid, signal.SIGCONT)
+
+
+#: The replica stopped while the function runs: every renewal goes unacknowledged.
+STOPPED_WHILE_RUNNING = Case(LEASE, SLOW_REPLICA, HELD, _untouched, frozen)
+#: The replica acknowledges the reservation late: its first renewal is due early.
+LATE_RESERVATION = Case(LATE_LEASE, LATE_REPLICA, LATE_HELD, _acknowledging_late, _untouched)
+
+
+def _durable(kind: type[Settler] | type[AsyncSettler], url: str, namespace: str, case: Case) -> Any:
+    return kind.from_url(
+        url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=case.replica_timeout
+    )
+
+
+@contextmanager
+def _watching(url: str, namespace: str, op: str) -> Iterator[list[str | None]]:
+    """The reason of every read of ``op``'s record (on the primary: a read never waits)
+    while the block runs."""
+    reasons: list[str | None] = []
+    stop = threading.Event()
+    with Settler.from_url(url, namespace=namespace, shards=4) as reader:
+        assert reader.get(op) is None  # the namespace, written and acknowledged
+
+        def watch() -> None:
+            while not stop.is_set():
+                record = reader.get(op)
+                if record is not None:
+                    reasons.append(record.reason)
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            yield reasons
+        finally:
+            stop.set()
+            watcher.join()
+
+
+def _warm(client: httpx.Client) -> None:
+    """A guarded request that returns at once, before the replica stops: the settler's first
+    call makes its checks of the server, which the reservation under test must not wait for."""
+    answer = client.post("/warm", content=b"x", headers=key_headers("warm-1"))
+    assert answer.status_code == 201, answer.text
+
+
+Surface = Callable[[EmbeddedRedis, EmbeddedRedis, str, Case], list[str | None]]
+
+
+def _sync_decorator(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
+    with _durable(Settler, primary.url, namespace, case) as settler:
+
+        @settler.operation(key="charge", principal="tenant:acme", lease=case.lease)
+        def charge() -> str:
+            with case.during(replica):
+                time.sleep(case.held)
+            return "ch_1"
+
+        assert settler.get("charge") is None  # its first call's checks, before the replica stops
+        with _watching(primary.url, namespace, "charge") as reasons, case.around(replica):
+            assert charge() == "ch_1"
+    return reasons
+
+
+def _async_decorator(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
+    async def run() -> str:
+        settler = _durable(AsyncSettler, primary.url, namespace, case)
+        try:
+
+            @settler.operation(key="charge", principal="tenant:acme", lease=case.lease)
+            async def charge() -> str:
+                with case.during(replica):
+                    await asyncio.sleep(case.held)
+                return "ch_1"
+
+            assert await settler.get("charge") is None  # its first call's checks, as above
+            with case.around(replica):
+                return await charge()
+        finally:
+            await settler.aclose()
+
+    with _watching(primary.url, namespace, "charge") as reasons:
+        assert asyncio.run(run()) == "ch_1"
+    return reasons
+
+
+def _asgi(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
+    async def slow(request: Request) -> Response:
+        if request.url.path == "/warm":
+            return PlainTextResponse("warm", status_code=201)
+        with case.during(replica):
+            await asyncio.sleep(case.held)
+        return PlainTextResponse("done", status_code=201)
+
+    durable = _durable(AsyncSettler, primary.url, namespace, case)
+    app = AsgiMiddleware(
+        Starlette(routes=[Route(path, slow, methods=["POST"]) for path in ("/slow", "/warm")]),
+        settler=durable,
+        principal=principal_from_header,
+        lease=case.lease,
+    )
+    op = operation_id("http", "slow-1", "tenant:acme", "principal")
+    with (
+        _watching(primary.url, namespace, op) as reasons,
+        serve(app, durable) as base,
+        httpx.Client(base_url=base, timeout=15) as client,
+    ):
+        _warm(client)
+        with case.around(replica):
+            answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
+    assert answer.status_code == 201, answer.text
+    return reasons
+
+
+def _wsgi(
+    primary: EmbeddedRedis, replica: EmbeddedRedis, namespace: str, case: Case
+) -> list[str | None]:
+    def slow(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ["PATH_INFO"] == "/warm":
+            start_response("201 Created", [("Content-Type", "text/plain")])
+            return [b"warm"]
+        with case.during(replica):
+            time.sleep(case.held)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"done"]
+
+    op = operation_id("http", "slow-1", "tenant:acme", "principal")
+    with _durable(Settler, primary.url, namespace, case) as durable:
+        app = WsgiMiddleware(
+            slow, settler=durable, principal=principal_from_environ, lease=case.lease
+        )
+        with (
+            _watching(primary.url, namespace, op) as reasons,
+            serve_wsgi(app) as base,
+            httpx.Client(base_url=base, timeout=15) as client,
+        ):
+            _warm(client)
+            with case.around(replica):
+                answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
+    assert answer.status_code == 201, answer.text
+    return reasons
+
+
+SURFACES: dict[str, Surface] = {
+    "sync-decorator": _sync_decorator,
+    "async-decorator": _async_decorator,
+    "asgi": _asgi,
+    "wsgi": _wsgi,
+}
+
+
+@pytest.mark.parametrize("surface", list(SURFACES))
+def test_a_heartbeat_keeps_the_lease_while_a_replica_is_slower_than_the_lease(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, surface: str
+) -> None:
+    """``replica_timeout`` (2.5 s) longer than the lease (1.2 s), the replica stopped while
+    the function runs: every renewal goes unacknowledged, yet the lease never lapses on the
+    primary (each renewal gives up on its replicas when the next is due). It lapsed at
+    about 1.6 s on the code before, the first renewal still waiting."""
+    primary, replica = pair
+    reasons = SURFACES[surface](primary, replica, namespace, STOPPED_WHILE_RUNNING)
+    assert len(reasons) > 100, reasons
+    assert "lease_expired" not in reasons
+
+
+@pytest.mark.parametrize("surface", list(SURFACES))
+def test_a_late_acknowledged_reservation_is_renewed_before_its_lease_ends(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, surface: str
+) -> None:
+    """The replica acknowledges the reservation 2.4 s after it was written, within
+    ``replica_timeout`` (4 s) and the lease (3 s): the first renewal is due a heartbeat
+    after the reservation was sent (at once, here), as each later one is due after the one
+    before was sent, and the lease never lapses. It was due a heartbeat after ``reserve``
+    returned, 3.4 s after the write: the lease lapsed for 0.4 s before the function had
+    begun, and another caller could take the key over and run it again."""
+    primary, replica = pair
+    reasons = SURFACES[surface](primary, replica, namespace, LATE_RESERVATION)
+    assert len(reasons) > 100, reasons
+    assert "lease_expired" not in reasons
+
+
+@pytest.mark.parametrize(
+    ("lease", "waited_ms"),
+    [(3.0, 1000), (30.0, 2500)],
+    ids=["a-third-of-the-lease", "replica-timeout"],
+)
+def test_a_renewal_says_how_long_it_waited_for_its_replicas(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, lease: float, waited_ms: int
+) -> None:
+    """The renewal's :class:`DurabilityError` names the wait it made: a third of the lease
+    it renews, or ``replica_timeout`` (2.5 s) when that is shorter (a renewal of a 30 s
+    lease waits no longer than any other transition). The lease is renewed on the primary
+    all the same: it holds past the end of the one it renewed."""
+    primary, replica = pair
+    with _durable(Settler, primary.url, namespace, STOPPED_WHILE_RUNNING) as settler:
+        reserved = settler.reserve("charge", {"amount": 1}, principal="tenant:acme", lease=LEASE)
+        assert isinstance(reserved, Reserved)
+        ends = sent = time.monotonic()
+        ends += LEASE
+        with frozen(replica), pytest.raises(DurabilityError) as raised:
+            settler.renew(reserved.reservation, lease=lease)
+        took = time.monotonic() - sent
+        assert f"0 of 1 replicas acknowledged within {waited_ms} ms;" in str(raised.value)
+        # The wait it names is the wait it made (Redis checks WAIT timeouts at hz: + 0.1 s).
+        assert waited_ms / 1000 - 0.05 < took < waited_ms / 1000 + 0.6
+        time.sleep(max(0.0, ends + 0.3 - time.monotonic()))
+        record = settler.get("charge")
+        assert record is not None
+        assert record.reason is None
