@@ -51,21 +51,25 @@ class MemoryKeyspace:
         self._data: dict[str, Any] = {}
         self._expire_at: dict[str, int] = {}
         self._last_us = 0
+        self._last_ms = 0
 
     def now_us(self, now_ms: int) -> int:
-        """The server clock in microseconds, as a real server's TIME: later within one
-        millisecond, and back with the clock when it steps back.
+        """The server clock in microseconds, as a real server's TIME: later on each call, and
+        back with the clock when it steps back.
 
         As ``clock()`` in ``_lib.lua``: the microseconds order quarantine entries of different
-        shards with the same stream id, and a live follow.
+        shards with the same stream id, and a live follow; generations are made of them.
         """
-        self._last_us = self.next_us(now_ms)
+        self._last_us, self._last_ms = self.next_us(now_ms), now_ms
         return self._last_us
 
     def next_us(self, now_ms: int) -> int:
-        """What :meth:`now_us` answers next, without moving the clock."""
+        """What :meth:`now_us` answers next, without moving the clock. More than 1000 calls
+        in one millisecond (a clock that is not advanced) run on into the next ones, as a real
+        server's TIME never answers the same microsecond twice: going back to the
+        millisecond's first, the shards issued again the generations they had issued."""
         start = now_ms * 1000
-        return self._last_us + 1 if start <= self._last_us < start + 999 else start
+        return self._last_us + 1 if now_ms >= self._last_ms and self._last_us >= start else start
 
     # -- keys ----------------------------------------------------------------------------
     def _live(self, key: str, now: int) -> bool:
