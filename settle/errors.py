@@ -21,6 +21,7 @@ __all__ = [
     "FingerprintError",
     "FingerprintMismatch",
     "InvalidInput",
+    "NotGuarded",
     "OperationFailed",
     "OperationInProgress",
     "QuarantineNotFound",
@@ -176,3 +177,9 @@ class CorruptRecord(SettleError):
 
 class QuarantineNotFound(SettleError, LookupError):
     """No quarantine entry has that id in this namespace."""
+
+
+class NotGuarded(SettleError, LookupError):
+    """The request has no attempt of settle's: it is not guarded (no key, or not a guarded
+    method or path), or its ``"settle"`` entry holds something else. A ``LookupError`` too,
+    as it was before it derived from :class:`SettleError`."""

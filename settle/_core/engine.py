@@ -17,7 +17,7 @@ from datetime import datetime
 from logging import DEBUG, INFO
 from typing import Any, Generic, Protocol, TypeVar
 
-from settle._core import codec
+from settle._core import codec, heartbeat
 from settle._core.keys import Keys, check_binding, check_operation_id, has_control, shard_of
 from settle._core.layout import hex_arg, stored_arg, stored_digest
 from settle._input import is_decimal, is_utf8
@@ -687,7 +687,7 @@ class Core:
             operation_id=op,
             attempt_id=r.attempt_id,
             stops=("lost",),
-            wait_ms=max(1, lease_ms // 3),
+            wait_ms=heartbeat.interval_ms(lease_ms),
         )
 
     def decode_renew(self, call: Call, raw: Any) -> Renewal:

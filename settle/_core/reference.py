@@ -51,20 +51,25 @@ class MemoryKeyspace:
         self._data: dict[str, Any] = {}
         self._expire_at: dict[str, int] = {}
         self._last_us = 0
+        self._last_ms = 0
 
     def now_us(self, now_ms: int) -> int:
-        """The server clock in microseconds, as a real server's TIME: later within one
-        millisecond, and back with the clock when it steps back.
+        """The server clock in microseconds, as a real server's TIME: later on each call, and
+        back with the clock when it steps back.
 
         As ``clock()`` in ``_lib.lua``: the microseconds order quarantine entries of different
-        shards with the same stream id, and a live follow.
+        shards with the same stream id, and a live follow; generations are made of them.
         """
-        start = now_ms * 1000
-        if start <= self._last_us < start + 999:
-            self._last_us += 1
-        else:
-            self._last_us = start
+        self._last_us, self._last_ms = self.next_us(now_ms), now_ms
         return self._last_us
+
+    def next_us(self, now_ms: int) -> int:
+        """What :meth:`now_us` answers next, without moving the clock. More than 1000 calls
+        in one millisecond (a clock that is not advanced) run on into the next ones, as a real
+        server's TIME never answers the same microsecond twice: going back to the
+        millisecond's first, the shards issued again the generations they had issued."""
+        start = now_ms * 1000
+        return self._last_us + 1 if now_ms >= self._last_ms and self._last_us >= start else start
 
     # -- keys ----------------------------------------------------------------------------
     def _live(self, key: str, now: int) -> bool:
@@ -450,12 +455,14 @@ def guard(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: int) -> list
 
 def next_generation(ks: MemoryKeyspace, key: str, now: int) -> int:
     """The next fencing generation of a shard: a hybrid logical clock, max(last + 1, server
-    time in microseconds). The model's clock counts milliseconds, so its microseconds are
-    ``now * 1000``: generations stay strictly increasing, and after the shard's state was lost
-    they restart above every one issued before, as long as the clock did not step back and
-    fewer than 1000 were issued in one millisecond (docs/concepts.md, "Generations")."""
+    time in microseconds). The model's clock counts milliseconds; its server's microseconds
+    (:meth:`MemoryKeyspace.now_us`) are ``now * 1000``, one later for each call within the
+    millisecond, as a server runs one script at a time: generations stay strictly increasing,
+    no two shards issue the same one, and after the shard's state was lost they restart above
+    every one issued before, as long as the clock did not step back and fewer than 1000 were
+    issued in one millisecond (docs/concepts.md, "Generations")."""
     last = ks.hget(key, now, "gen")
-    gen = max((int(last) if last is not None and _is_int(last) else 0) + 1, now * 1000)
+    gen = max((int(last) if last is not None and _is_int(last) else 0) + 1, ks.now_us(now))
     ks.hset(key, now, "gen", gen)
     return gen
 

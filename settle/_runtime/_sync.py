@@ -156,6 +156,7 @@ def sentinel_client(
     url, seeds = topology.parse_seed_nodes(list(sentinels))
     if url is not None:  # pragma: no cover - a list never parses as one URL
         raise ConfigurationError("give the Sentinels as 'host:port' or (host, port)")
+    service_name = topology.check_service_name(service_name)
     timeouts = {k: _CLIENT_DEFAULTS[k] for k in ("socket_timeout", "socket_connect_timeout")}
     manager = Sentinel(seeds, sentinel_kwargs={**timeouts, **(sentinel_options or {})})  # type: ignore[no-untyped-call,unused-ignore]
     client: Redis = manager.master_for(service_name, **{**_CLIENT_DEFAULTS, **(options or {})})  # type: ignore[no-untyped-call,unused-ignore]

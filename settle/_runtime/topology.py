@@ -21,6 +21,7 @@ __all__ = [
     "MIN_SERVER_VERSION",
     "check_cluster",
     "check_server",
+    "check_service_name",
     "demoted",
     "has_functions",
     "hash_tag",
@@ -164,6 +165,19 @@ def primary_reads(options: Mapping[str, Any]) -> dict[str, Any]:
             "may answer an older state); leave them out"
         )
     return {name: value for name, value in options.items() if name not in REPLICA_READS}
+
+
+def check_service_name(name: object) -> str:
+    """``name`` as the Sentinels' name of a primary (``sentinel monitor <name> ...``). An
+    empty name, one with a space or a control character, or no string at all was taken,
+    and every call then failed as ``BackendError`` ("No master found") after its retries."""
+    if not isinstance(name, str) or not name or not name.isprintable() or " " in name:
+        raise InvalidInput(
+            f"service_name must be the name the Sentinels monitor the primary under "
+            f"(SENTINEL MASTERS lists them), without spaces or control characters; "
+            f"got {name!r}"
+        )
+    return name
 
 
 def parse_seed_nodes(

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from settle._async.settler import AsyncSettler
+from settle._core import heartbeat
 from settle.asgi._types import ASGIApp, Message, Receive, Scope, Send
 from settle.errors import SettleError
 from settle.http._rules import Guard, Run, Settle
@@ -339,7 +340,7 @@ class AttemptRunner:
         ):
             # Due a heartbeat after this one is sent, not after it returns: a renewal that
             # waits (min_replicas: up to a heartbeat, Call.wait_ms) would push each later one back.
-            due = loop.time() + self._lease / 3
+            due = loop.time() + heartbeat.interval(self._lease)
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
             except SettleError as exc:  # transient (BackendError, DurabilityError): beat on

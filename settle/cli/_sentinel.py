@@ -27,6 +27,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from settle._runtime.topology import check_service_name
 from settle._runtime.urls import check, redacted, url_problem
 from settle._text import as_text
 from settle.errors import ConfigurationError, InvalidInput
@@ -137,10 +138,14 @@ def parse(url: str) -> SentinelUrl:
                 "Sentinels); redis+sentinel:// asks them over plain TCP",
             )
         tls = tls and said in _YES
+    try:  # as from_sentinel: a name no Sentinel can monitor was asked of each, exit 3
+        service = check_service_name(unquote(path[0]))
+    except InvalidInput as exc:
+        raise _bad(url, str(exc)) from None
     found = SentinelUrl(
         given=url,
         sentinels=tuple(sentinels),
-        service=unquote(path[0]),
+        service=service,
         scheme=scheme,
         userinfo=userinfo,
         database=path[1] if len(path) > 1 else "0",

@@ -32,6 +32,7 @@ from typing import Any
 import tenacity
 from pydantic import ValidationError
 
+from settle._core import heartbeat
 from settle._core.codec import AsJson, encode_result, repeated_key
 from settle._core.engine import MAX_LEASE
 from settle._jitter import OwnRandomWait, draw
@@ -156,7 +157,7 @@ def first_renewal(lease: float, reserving: float, now: float) -> float:
     that has passed. Not after ``reserve`` returned: with ``min_replicas`` it may have
     waited up to ``replica_timeout`` for a replica, and a first renewal due a heartbeat
     after that let a lease of less than ``replica_timeout * 3 / 2`` lapse before it."""
-    return max(0.0, reserving + lease / 3 - now)
+    return max(0.0, reserving + heartbeat.interval(lease) - now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +388,7 @@ class Plan:
         attempt = Attempt.for_reservation(outcome, self.policy.namespace, deadline)
         lease = self.policy.lease
         first = first_renewal(lease, self._reserving, self._clock())
-        return Run(r, attempt, timeout, lease, heartbeat=lease / 3, first=first)
+        return Run(r, attempt, timeout, lease, heartbeat=heartbeat.interval(lease), first=first)
 
     def reserve_unconfirmed(self, step: Reserve, error: DurabilityError) -> Step:
         """``reserve`` raised :class:`DurabilityError`: no replica is known to hold what it

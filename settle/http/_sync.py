@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
+from settle._core import heartbeat
 from settle._sync.settler import Settler
 from settle._telemetry import telemetry
 from settle.decorator._plan import Run as HeartbeatRun
@@ -231,7 +232,9 @@ class SyncGuard:
         are logged under the request's logger, its renewals are children of the request's
         span (``context``). A response over ``max_response_bytes`` keeps the heartbeat
         until it is sent (:meth:`_stream`)."""
-        beat = HeartbeatRun(run.reservation, run.attempt, None, run.lease, run.lease / 3, run.first)
+        beat = HeartbeatRun(
+            run.reservation, run.attempt, None, run.lease, heartbeat.interval(run.lease), run.first
+        )
         # A renewal that finds the record gone leaves the attempt unmarked, as under ASGI;
         # one that finds the lease lost is logged as under ASGI.
         beating = self._beats.add(beat, guard, context, runs_on=guard.runs_on)

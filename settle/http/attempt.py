@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from settle.attempt import Attempt
+from settle.errors import NotGuarded
 
 __all__ = ["OUTER", "carrying", "current_attempt", "held_attempts"]
 
@@ -25,17 +26,18 @@ def current_attempt(scope: Mapping[str, Any], where: str = "scope['settle']") ->
     """The :class:`~settle.Attempt` of a guarded request, from its ASGI scope (or
     WSGI environ: both keep it under ``"settle"``).
 
-    Raises :class:`LookupError` when the request is not guarded (no key, or not a guarded
-    method or path), so a handler that relies on a fencing token cannot run without one.
+    Raises :class:`~settle.errors.NotGuarded` (a ``LookupError``) when the request is not
+    guarded (no key, or not a guarded method or path), or its ``"settle"`` entry is not an
+    attempt, so a handler that relies on a fencing token cannot run without one.
     """
     attempt = scope.get("settle")
     if attempt is None:
-        raise LookupError(
+        raise NotGuarded(
             "this request is not guarded by IdempotencyMiddleware (no Idempotency-Key, or "
             f"not a guarded method/path): there is no attempt in {where}"
         )
     if not isinstance(attempt, Attempt):
-        raise TypeError(f"{where} holds a {type(attempt).__name__}, not an Attempt")
+        raise NotGuarded(f"{where} holds a {type(attempt).__name__}, not an Attempt")
     return attempt
 
 

@@ -40,6 +40,8 @@ _QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
 _PARAM = rf"{_TCHARS} *= *(?:{_TCHARS}|{_QUOTED})"
 _PARAMS = rf"{_PARAM}(?: *, *{_PARAM})*"
 _ONE_CHALLENGE = rf"{_TCHARS}(?: +(?:[A-Za-z0-9\-._~+/]+=*|{_PARAMS}))?"
+#: An HTTP header (field) name: a token (RFC 9110, 5.1).
+_TOKEN = re.compile(_TCHARS)
 _CHALLENGE = re.compile(rf"{_ONE_CHALLENGE}(?: *, *{_ONE_CHALLENGE})*")
 
 
@@ -191,8 +193,13 @@ class IdempotencyPolicy:
         set_(self, "_guards_path", _matcher(self.paths))
         required = self.require_key
         set_(self, "_requires_key", _matcher(required if isinstance(required, tuple) else None))
-        if not self.header or not self.header.isascii() or ":" in self.header:
-            raise ConfigurationError("header must be an ASCII header name")
+        if not isinstance(self.header, str) or not _TOKEN.fullmatch(self.header):
+            # A space or a CR/LF was taken, and no request could carry such a header: every
+            # guarded request was refused as one without a key.
+            raise ConfigurationError(
+                f"header must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~), "
+                f"got {self.header!r}"
+            )
         set_(self, "header_bytes", self.header.lower().encode("ascii"))
         if self.key_scope not in get_args(KeyScope):
             raise ConfigurationError("key_scope must be 'principal' or 'global'")

@@ -154,7 +154,8 @@ def request_head(
 
 def current_attempt(environ: Mapping[str, Any]) -> Attempt:
     """The :class:`~settle.Attempt` of a guarded request, from its WSGI environ
-    (:class:`LookupError` when the request is not guarded)."""
+    (:class:`~settle.errors.NotGuarded`, a ``LookupError``, when the request is not
+    guarded)."""
     return _current_attempt(environ, "environ['settle']")
 
 

@@ -431,3 +431,16 @@ def test_an_unreachable_ipv6_server_is_not_called_a_node_of_a_cluster(
     assert done.returncode == 3, done.stderr
     assert done.stderr.startswith(f"settle: cannot reach Redis at {url}"), done.stderr
     assert "node of the cluster" not in done.stderr
+
+
+@pytest.mark.parametrize("service", ["my%20primary", "main%0A", "%00"])
+def test_a_sentinel_service_no_sentinel_can_monitor_is_a_usage_error(service: str) -> None:
+    """``from_sentinel`` refuses such a ``service_name`` before anything connects; in a
+    ``redis+sentinel://`` URL it was asked of every Sentinel, and the command exited 3 as if
+    Redis were out of reach (here no Sentinel listens), not 2 for the URL it was given."""
+    url = f"redis+sentinel://127.0.0.1:{_closed_port()}/{service}"
+    done = settle("stats", "--redis-url", url)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("settle: bad --redis-url redis+sentinel://127.0.0.1:")
+    assert "service_name must be" in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr

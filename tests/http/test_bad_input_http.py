@@ -52,6 +52,22 @@ def test_an_option_of_the_wrong_type_is_a_configuration_error(options: dict[str,
         IdempotencyPolicy.configure(principal=lambda request: "tenant:a", **options)
 
 
+@pytest.mark.parametrize(
+    "header", ["Bad Header", "Idempotency-Key\r\nX-Other", "Key:", "Key(1)", "Schlüssel", ""]
+)
+def test_a_header_name_no_request_can_carry_is_a_configuration_error(header: str) -> None:
+    """A space, a CR/LF or a separator was taken as the key's header name, and every
+    guarded request was then refused with the 400 of a missing key."""
+    with pytest.raises(ConfigurationError, match="header must be an HTTP header name"):
+        IdempotencyPolicy.configure(principal=lambda request: "tenant:a", header=header)
+
+
+@pytest.mark.parametrize("header", ["X-Idempotency-Key", "idempotency_key", "Key.v2", "K~1"])
+def test_every_token_is_a_header_name(header: str) -> None:
+    policy = IdempotencyPolicy.configure(principal=lambda request: "tenant:a", header=header)
+    assert policy.header_bytes == header.lower().encode()
+
+
 @pytest.mark.asyncio
 async def test_a_content_length_too_long_to_parse_is_a_413(async_settler: AsyncSettler) -> None:
     """A Content-Length of thousands of digits let int()'s ValueError out of the middleware

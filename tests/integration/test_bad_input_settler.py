@@ -133,6 +133,20 @@ def test_from_cluster_and_from_sentinel_with_no_nodes_are_invalid_input() -> Non
         Settler.from_sentinel(None, service_name="main")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", ["", "my primary", "main\n", "\x00", None, 5])
+@pytest.mark.asyncio
+async def test_a_sentinel_service_name_no_sentinel_can_monitor_is_invalid_input(
+    name: object,
+) -> None:
+    """It was taken, and each call then failed as a BackendError ("No master found") after
+    its retries; refused before anything connects now (no Sentinel listens here)."""
+    sentinels = [("127.0.0.1", 1)]
+    with pytest.raises(InvalidInput, match="service_name must be"):
+        Settler.from_sentinel(sentinels, service_name=name)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="service_name must be"):
+        AsyncSettler.from_sentinel(sentinels, service_name=name)  # type: ignore[arg-type]
+
+
 def test_config_that_is_no_settle_config_is_invalid_input(redis_url: str) -> None:
     with pytest.raises(InvalidInput, match="config must be a SettleConfig"):
         Settler(redis.Redis.from_url(redis_url), {"shards": 4})  # type: ignore[arg-type]

@@ -15,6 +15,9 @@ from settle import (
     Reserved,
     State,
 )
+from settle._core.keys import shard_of
+from settle._core.reference import MemoryKeyspace
+from settle.testing import ManualClock, MemorySettler
 
 pytestmark = pytest.mark.asyncio
 
@@ -138,3 +141,66 @@ async def test_provisional_is_reserved_again_under_a_new_generation(api: Any) ->
     assert rec.state is State.PENDING
     assert rec.reason is None
     assert rec.reservations == 2
+
+
+async def test_no_two_operations_get_the_same_generation_in_a_namespace(api: Any) -> None:
+    """SPEC §1: a generation is never issued twice in a namespace, whichever shard issues
+    it; reserves in quick succession land on every shard within the same millisecond. The
+    model issued each shard's clock-based number as it was: shards reserving in the same
+    millisecond got the same generation (8 distinct of 40), where Redis never does."""
+    reserved = [await api.reserve(f"op-{i}", REQ, principal=WHO) for i in range(40)]
+    generations = [r.reservation.generation for r in reserved]
+    assert len(set(generations)) == len(generations)
+
+
+async def test_the_model_issues_distinct_generations_with_a_clock_that_does_not_move() -> None:
+    """As one server runs one script at a time, each at a later microsecond, the model's
+    shards never issue the same generation, even with a ManualClock never advanced; each
+    shard's generations still strictly increase."""
+    settler = MemorySettler(namespace="frozen-clock", shards=8, clock=ManualClock())
+    by_shard: dict[int, list[int]] = {}
+    for i in range(64):
+        r = settler.reserve(f"op-{i}", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        by_shard.setdefault(shard_of(f"op-{i}", 8), []).append(r.reservation.generation)
+    issued = [g for gens in by_shard.values() for g in gens]
+    assert len(set(issued)) == 64
+    assert len(by_shard) > 1
+    for gens in by_shard.values():
+        assert gens == sorted(gens)
+
+
+async def test_the_model_never_reissues_a_generation_past_a_thousand_calls_in_a_millisecond() -> (
+    None
+):
+    """A ManualClock never advanced: the model's microseconds went back to the millisecond's
+    first after its 1000th call, and its shards then issued again the generations they had
+    issued (1195 distinct of 2500 reserves). A real server's clock never goes back, and a
+    user's unit test may reserve thousands of operations without advancing the clock."""
+    clock = ManualClock()
+    settler = MemorySettler(namespace="frozen-clock", shards=8, clock=clock)
+    issued: list[int] = []
+    for i in range(2500):
+        r = settler.reserve(f"op-{i}", REQ, principal=WHO)
+        assert isinstance(r, Reserved)
+        issued.append(r.reservation.generation)
+    assert len(set(issued)) == len(issued)
+    clock.advance(0.001)  # the clock moves on: generations go on above every one issued
+    r = settler.reserve("op-after", REQ, principal=WHO)
+    assert isinstance(r, Reserved)
+    assert r.reservation.generation > max(issued)
+
+
+async def test_the_model_s_microseconds_go_back_when_its_clock_steps_back() -> None:
+    """As a real server's TIME: a clock stepped back gives the earlier microseconds (the
+    quarantine orders entries by them), while each shard's generations still increase."""
+    clock = ManualClock()
+    keyspace = MemoryKeyspace(clock)
+    settler = MemorySettler(namespace="stepped-back", shards=1, keyspace=keyspace)
+    first = settler.reserve("op-a", REQ, principal=WHO)
+    clock.advance(-0.5)
+    second = settler.reserve("op-b", REQ, principal=WHO)
+    assert isinstance(first, Reserved)
+    assert isinstance(second, Reserved)
+    assert second.reservation.generation == first.reservation.generation + 1
+    assert keyspace.next_us(clock.now_ms) == clock.now_ms * 1000 + 1

@@ -252,7 +252,7 @@ class ModelWorld:
             raw=raw,
             rec=rec,
             counter=int(self.keyspace.hget(self.counter_key, self.clock.now_ms, "gen") or b"0"),
-            now_us=self.clock.now_ms * 1000,
+            now_us=self.keyspace.next_us(self.clock.now_ms),
             provisional_accepts=self.provisional_accepts(),
             quarantine=tuple(stream.entries) if stream is not None else (),
         )

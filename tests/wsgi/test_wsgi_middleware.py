@@ -22,8 +22,9 @@ from flask import Flask
 from structlog.testing import capture_logs
 
 from settle import Reservation, Reserved, Settler, State
+from settle.asgi import current_attempt as asgi_current_attempt
 from settle.embedded import EmbeddedRedis
-from settle.errors import ConfigurationError
+from settle.errors import ConfigurationError, NotGuarded, SettleError
 from settle.flask import Idempotency
 from settle.http._sync import configured_guard
 from settle.http.keys import operation_id
@@ -472,6 +473,17 @@ def test_works_on_the_in_memory_settler() -> None:
 def test_an_unguarded_request_has_no_attempt() -> None:
     with pytest.raises(LookupError, match=r"environ\['settle'\]"):
         current_attempt({})
+
+
+@pytest.mark.parametrize("carrier", [{}, {"settle": "not an attempt"}])
+def test_no_attempt_is_a_settle_error_under_wsgi_and_asgi(carrier: dict[str, Any]) -> None:
+    """SPEC §11: every public error derives from SettleError. ``current_attempt`` raised a
+    bare LookupError (no attempt) or TypeError (something else under "settle")."""
+    for lookup in (current_attempt, asgi_current_attempt):
+        with pytest.raises(NotGuarded) as raised:
+            lookup(carrier)
+        assert isinstance(raised.value, SettleError)
+        assert isinstance(raised.value, LookupError)
 
 
 @pytest.mark.parametrize(
