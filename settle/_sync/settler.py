@@ -171,7 +171,12 @@ class Settler(Connectable):
         fingerprint: str | None = None,
         attempt_id: str | None = None,
     ) -> Reserved | Replay | InProgress:
-        """Claim ``operation_id`` for a new attempt (SPEC 2, reserve table)."""
+        """Claim ``operation_id`` for a new attempt (SPEC 2, reserve table).
+
+        ``attempt_id``: leave it out (a random one is drawn). The same ``attempt_id`` asking
+        again while its lease is live gets its own reservation back (a repeat after a lost
+        reply), so one that a second worker or delivery can present too (a message id)
+        would let both run the operation: see docs/concepts.md (R9)."""
         with self._span("reserve") as span:
             call = self._core.plan_reserve(
                 operation_id,
