@@ -13,20 +13,21 @@ import time
 from settle import AsyncSettler, Settler
 from tests.faults.test_faults_renewal_wait import watching
 
-LEASE = 1.5
-# Longer than a heartbeat (0.5 s) and shorter than the lease: a first renewal counted from
-# the end of the block (1.2 + 0.5 s) comes after the lease ended (1.5 s).
-BLOCK = 1.2
+LEASE = 3.0
+# Longer than a heartbeat (1 s) and shorter than the lease: a first renewal counted from the
+# end of the block (2.5 + 1 s) comes 0.5 s after the lease ended (3 s); one sent when the
+# loop is free comes 0.5 s before it.
+BLOCK = 2.5
 AFTER = 1.0  # the function awaits this long after the block: the renewal's lease holds it
 
 
 def test_an_async_function_that_holds_the_loop_first_keeps_its_lease(
     redis_url: str, namespace: str
 ) -> None:
-    """The function blocks the loop 1.2 s before its first ``await``: its heartbeat renews
-    at once when the loop is free (its first renewal was due at 0.5 s), and the 1.5 s lease
-    never lapses. On the code before, the first renewal came at 1.7 s, the lease lapsed
-    at 1.5 s."""
+    """The function blocks the loop 2.5 s before its first ``await``: its heartbeat renews
+    at once when the loop is free (its first renewal was due at 1 s), and the 3 s lease
+    never lapses. On the code before, the first renewal came at 3.5 s, the lease lapsed
+    at 3 s."""
 
     async def run() -> str:
         settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
