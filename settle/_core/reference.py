@@ -459,8 +459,9 @@ def next_generation(ks: MemoryKeyspace, key: str, now: int) -> int:
     (:meth:`MemoryKeyspace.now_us`) are ``now * 1000``, one later for each call within the
     millisecond, as a server runs one script at a time: generations stay strictly increasing,
     no two shards issue the same one, and after the shard's state was lost they restart above
-    every one issued before, as long as the clock did not step back and fewer than 1000 were
-    issued in one millisecond (docs/concepts.md, "Generations")."""
+    every one issued before, as long as the clock did not step back (past 1000 calls in one
+    millisecond the microseconds run on into the next ones: :meth:`MemoryKeyspace.next_us`;
+    docs/concepts.md, "Generations")."""
     last = ks.hget(key, now, "gen")
     gen = max((int(last) if last is not None and _is_int(last) else 0) + 1, ks.now_us(now))
     ks.hset(key, now, "gen", gen)

@@ -219,7 +219,12 @@ class Settler(Connectable):
             return span.done(self._core.decode_settlement(call, self._run(call)))
 
     def renew(self, reservation: Reservation, lease: float | None = None) -> Renewal:
-        """Extend a live lease of the current generation (a heartbeat)."""
+        """Extend a live lease of the current generation (a heartbeat).
+
+        With ``min_replicas`` its ``WAIT`` lasts at most a third of ``lease`` (a heartbeat's
+        interval) when that is shorter than ``replica_timeout``: a replica that lags longer
+        raises :class:`~settle.errors.DurabilityError` then (the lease was extended on the
+        primary), so a heartbeat's next renewal is sent in time."""
         with self._span("renew", reservation) as span:
             call = self._core.plan_renew(reservation, lease=lease)
             return span.done(self._core.decode_renew(call, self._run(call)))

@@ -196,9 +196,12 @@ async def _run(
     error: BaseException | None = None
     interrupted: BaseException | None = None
     scope = asyncio.timeout(run.timeout)
+    # The first renewal's due time is taken now, not when the heartbeat task first runs:
+    # a function that holds the loop before its first await would push it back that long.
+    first = loop.time() + run.first
     async with scope:
         beat = asyncio.create_task(
-            _heartbeat(settler, plan, run, lambda: scope.reschedule(loop.time()))
+            _heartbeat(settler, plan, run, first, lambda: scope.reschedule(loop.time()))
         )
         try:
             with plan.running(run.reservation.generation):
@@ -231,11 +234,12 @@ async def _run(
 
 
 async def _heartbeat(
-    settler: AsyncSettler, plan: Plan, run: Run, on_lost: Callable[[], None]
+    settler: AsyncSettler, plan: Plan, run: Run, due: float, on_lost: Callable[[], None]
 ) -> None:
+    """Renew ``run``'s lease, the first time at ``due`` (on the loop's clock), then a
+    heartbeat after each renewal was sent."""
     attempt = run.attempt
     loop = asyncio.get_running_loop()
-    due = loop.time() + run.first
     while True:
         await asyncio.sleep(max(0.0, due - loop.time()))
         # The next renewal is due a heartbeat after this one is sent, not after it returns

@@ -106,7 +106,7 @@ def _durable(kind: type[Settler] | type[AsyncSettler], url: str, namespace: str,
 
 
 @contextmanager
-def _watching(url: str, namespace: str, op: str) -> Iterator[list[str | None]]:
+def watching(url: str, namespace: str, op: str) -> Iterator[list[str | None]]:
     """The reason of every read of ``op``'s record (on the primary: a read never waits)
     while the block runs."""
     reasons: list[str | None] = []
@@ -152,7 +152,7 @@ def _sync_decorator(
             return "ch_1"
 
         assert settler.get("charge") is None  # its first call's checks, before the replica stops
-        with _watching(primary.url, namespace, "charge") as reasons, case.around(replica):
+        with watching(primary.url, namespace, "charge") as reasons, case.around(replica):
             assert charge() == "ch_1"
     return reasons
 
@@ -176,7 +176,7 @@ def _async_decorator(
         finally:
             await settler.aclose()
 
-    with _watching(primary.url, namespace, "charge") as reasons:
+    with watching(primary.url, namespace, "charge") as reasons:
         assert asyncio.run(run()) == "ch_1"
     return reasons
 
@@ -200,7 +200,7 @@ def _asgi(
     )
     op = operation_id("http", "slow-1", "tenant:acme", "principal")
     with (
-        _watching(primary.url, namespace, op) as reasons,
+        watching(primary.url, namespace, op) as reasons,
         serve(app, durable) as base,
         httpx.Client(base_url=base, timeout=15) as client,
     ):
@@ -229,7 +229,7 @@ def _wsgi(
             slow, settler=durable, principal=principal_from_environ, lease=case.lease
         )
         with (
-            _watching(primary.url, namespace, op) as reasons,
+            watching(primary.url, namespace, op) as reasons,
             serve_wsgi(app) as base,
             httpx.Client(base_url=base, timeout=15) as client,
         ):
