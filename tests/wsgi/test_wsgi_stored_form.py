@@ -3,17 +3,14 @@ every replay, by this or an older client, reads), on Redis and in the in-memory 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from settle import Settler
 from settle._core.codec import encode_result
 from settle.http.keys import operation_id
 from settle.http.stored import StoredResponse
-from settle.testing import MemorySettler
 from settle.wsgi import IdempotencyMiddleware
 from tests.http.apps import serve_wsgi
 
@@ -27,16 +24,6 @@ def _principal(environ: dict[str, Any]) -> str | None:
 def _app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     start_response("201 Created", [("Content-Type", "application/json"), ("X-Other", "1")])
     return [b'{"id": "pay_1"}']
-
-
-@pytest.fixture(params=["redis", "memory"])
-def any_settler(request: pytest.FixtureRequest, settler: Settler) -> Iterator[Settler]:
-    if request.param == "redis":
-        yield settler
-    else:
-        memory = MemorySettler(namespace="stored")
-        yield memory
-        memory.close()
 
 
 def test_a_response_is_stored_as_the_codec_encodes_its_stored_response(
