@@ -198,17 +198,7 @@ def _asgi(
         principal=principal_from_header,
         lease=case.lease,
     )
-    op = operation_id("http", "slow-1", "tenant:acme", "principal")
-    with (
-        watching(primary.url, namespace, op) as reasons,
-        serve(app, durable) as base,
-        httpx.Client(base_url=base, timeout=15) as client,
-    ):
-        _warm(client)
-        with case.around(replica):
-            answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
-    assert answer.status_code == 201, answer.text
-    return reasons
+    return _guarded_post(primary, replica, namespace, case, serve(app, durable))
 
 
 def _wsgi(
@@ -223,19 +213,31 @@ def _wsgi(
         start_response("201 Created", [("Content-Type", "text/plain")])
         return [b"done"]
 
-    op = operation_id("http", "slow-1", "tenant:acme", "principal")
     with _durable(Settler, primary.url, namespace, case) as durable:
         app = WsgiMiddleware(
             slow, settler=durable, principal=principal_from_environ, lease=case.lease
         )
-        with (
-            watching(primary.url, namespace, op) as reasons,
-            serve_wsgi(app) as base,
-            httpx.Client(base_url=base, timeout=15) as client,
-        ):
-            _warm(client)
-            with case.around(replica):
-                answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
+        return _guarded_post(primary, replica, namespace, case, serve_wsgi(app))
+
+
+def _guarded_post(
+    primary: EmbeddedRedis,
+    replica: EmbeddedRedis,
+    namespace: str,
+    case: Case,
+    server: AbstractContextManager[str],
+) -> list[str | None]:
+    """POST /slow (key ``slow-1``) to the guarded app ``server`` runs, after a warm-up
+    request, the replica handled as ``case`` says; the reasons a reader saw meanwhile."""
+    op = operation_id("http", "slow-1", "tenant:acme", "principal")
+    with (
+        watching(primary.url, namespace, op) as reasons,
+        server as base,
+        httpx.Client(base_url=base, timeout=15) as client,
+    ):
+        _warm(client)
+        with case.around(replica):
+            answer = client.post("/slow", content=b"x", headers=key_headers("slow-1"))
     assert answer.status_code == 201, answer.text
     return reasons
 
