@@ -140,7 +140,7 @@ class Reserve:
 class Run:
     """Run the function with ``attempt`` while a heartbeat renews ``reservation`` every
     ``heartbeat`` seconds, the first renewal ``first`` seconds from now
-    (:func:`first_renewal`)."""
+    (:func:`settle._core.heartbeat.first_renewal`)."""
 
     reservation: Reservation
     attempt: Attempt
@@ -148,16 +148,6 @@ class Run:
     lease: float
     heartbeat: float
     first: float
-
-
-def first_renewal(lease: float, reserving: float, now: float) -> float:
-    """Seconds from ``now`` to the first renewal of a ``lease`` whose ``reserve`` was sent at
-    ``reserving`` (on the clock of ``now``): a heartbeat (``lease / 3``) after it was sent,
-    as each later renewal is due a heartbeat after the one before was sent, at once when
-    that has passed. Not after ``reserve`` returned: with ``min_replicas`` it may have
-    waited up to ``replica_timeout`` for a replica, and a first renewal due a heartbeat
-    after that let a lease of less than ``replica_timeout * 3 / 2`` lapse before it."""
-    return max(0.0, reserving + heartbeat.interval(lease) - now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +377,7 @@ class Plan:
         deadline = None if timeout is None else self._clock() + timeout
         attempt = Attempt.for_reservation(outcome, self.policy.namespace, deadline)
         lease = self.policy.lease
-        first = first_renewal(lease, self._reserving, self._clock())
+        first = heartbeat.first_renewal(lease, self._reserving, self._clock())
         return Run(r, attempt, timeout, lease, heartbeat=heartbeat.interval(lease), first=first)
 
     def reserve_unconfirmed(self, step: Reserve, error: DurabilityError) -> Step:

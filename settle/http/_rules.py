@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any, overload
 from pydantic import ValidationError
 
 from settle._core.codec import encode_result
+from settle._core.heartbeat import first_renewal
 from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
-from settle.decorator._plan import UNCONFIRMED, _uuid4_hex, first_renewal, own_reservation
+from settle.decorator._plan import UNCONFIRMED, _uuid4_hex, own_reservation
 from settle.errors import (
     BackendError,
     BindingMismatch,
@@ -167,7 +168,7 @@ class Release:
 class Run:
     """Run the app with ``attempt`` (in ``scope``/``environ``/``request.settle``) while a
     heartbeat renews ``reservation`` every ``lease / 3`` seconds, the first renewal
-    ``first`` seconds from now (:func:`~settle.decorator._plan.first_renewal`)."""
+    ``first`` seconds from now (:func:`~settle._core.heartbeat.first_renewal`)."""
 
     reservation: Reservation
     attempt: Attempt
