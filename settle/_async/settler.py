@@ -332,8 +332,9 @@ class AsyncSettler(AsyncConnectable):
         ``name``: the function's identity in the fingerprint (default ``module.qualname``):
         functions with colliding keys get ``FingerprintMismatch``, never each other's
         results; give two functions the same ``name`` to share operations on purpose.
-        ``on_replay``: called with the stored ``OperationRecord`` when a call's outcome is
-        replayed rather than computed. The function needs a return annotation or
+        ``on_replay``: a plain callable (never awaited: an ``async def`` is refused), called
+        with the stored ``OperationRecord`` when a call's outcome is replayed rather than
+        computed. The function needs a return annotation or
         ``result_type`` (``InvalidInput`` at decoration otherwise).
         See docs/outbound-calls.md.
         """
