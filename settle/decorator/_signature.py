@@ -131,6 +131,8 @@ class Signature:
     attempt_param: str | None = field(init=False, default=None)
     _skip: frozenset[str] = field(init=False, default=frozenset())
     _key_fields: tuple[str, ...] = field(init=False, default=())
+    _key_formats: tuple[tuple[str, str | None, str | None], ...] = field(init=False, default=())
+    """Each field of a key template: its name, conversion (``!r``) and format spec."""
     _required: tuple[str, ...] = field(init=False, default=())
     _binder: _Binder | None = field(init=False, default=None)
     _fingerprint_of: Callable[[Any], str] = field(init=False)
@@ -157,6 +159,9 @@ class Signature:
             except ValueError as exc:
                 raise InvalidInput(f"key template {self.key!r} is malformed: {exc}") from exc
             self._key_fields = tuple(name for _, name, _, _ in parsed if name is not None)
+            self._key_formats = tuple(
+                (name, conversion, spec) for _, name, spec, conversion in parsed if name is not None
+            )
         self.signature = inspect.signature(self.fn)
         if self.result_type is None and self.signature.return_annotation is inspect.Signature.empty:
             raise InvalidInput(
@@ -281,6 +286,8 @@ class Signature:
                 else:
                     self._check_key_fields(arguments)
                     value = spec.format(**arguments)
+                    if _AT_ADDRESS in value:  # a scan of the id: the hot path stays cheap
+                        self._check_key_addresses(arguments)
             else:
                 value = spec(*args, **kwargs)
         except InvalidInput:
@@ -328,8 +335,34 @@ class Signature:
                     f"{value!r}; every such call would share one operation id"
                 )
 
+    def _check_key_addresses(self, arguments: dict[str, Any]) -> None:
+        """A key template's field whose value is formatted as Python's default repr
+        (``<Order object at 0x7f...>``, a function, a method: no ``__str__`` or
+        ``__format__`` of its own) gives each object its own id, so a retry with an equal
+        object built again (another request, another process) is a new operation and runs
+        the effect again: refused before anything is written."""
+        for name, conversion, spec in self._key_formats:
+            value, _ = _FORMATTER.get_field(name, (), arguments)
+            if isinstance(value, str):
+                continue
+            nested = spec is not None and "{" in spec  # {x:{width}}: formatted without it
+            converted = _FORMATTER.convert_field(value, conversion)
+            text = _FORMATTER.format_field(converted, "" if nested else spec or "")
+            if _ADDRESS_REPR.search(text):
+                raise InvalidInput(
+                    f"{self.fn.__qualname__}: the key template's field {{{name}}}, of type "
+                    f"{type(value).__name__}, is written as its memory address "
+                    f"({text[:120]!r}), so "
+                    "every retry with an equal value built again would be a new operation "
+                    f"and run again; give {type(value).__name__} a __str__ or __format__ "
+                    f"that says which operation it is, or use an attribute ({{{name}.id}})"
+                )
+
 
 _FORMATTER = string.Formatter()
+_AT_ADDRESS = " at 0x"
+#: Python's default repr of an object, a function or a method (``<... at 0x7f12ab>``).
+_ADDRESS_REPR = re.compile(r" at 0x[0-9a-fA-F]+>+\Z")
 _EMPTY = inspect.Parameter.empty
 
 

@@ -9,7 +9,7 @@ operation at every retry) is refused before anything is written; an ``async def 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
@@ -32,6 +32,108 @@ async def async_any(
         s = AsyncMemorySettler(namespace=f"memory-{uuid.uuid4().hex[:8]}")
     yield s
     await s.aclose()
+
+
+# -- a key field written as a memory address -------------------------------------------------
+
+
+class Order:
+    """No __str__ or __format__ of its own: its text is its address."""
+
+    def __init__(self, oid: int) -> None:
+        self.oid = oid
+
+
+def _address() -> int:
+    return 0
+
+
+class Named(Order):
+    def __str__(self) -> str:
+        return f"order-{self.oid}"
+
+
+def _charge(settler: Settler, ran: list[int]) -> Callable[[Order], int]:
+    @settler.operation(key="charge:{order}", principal=P, fingerprint=lambda order: order.oid)
+    def charge(order: Order) -> int:
+        ran.append(order.oid)
+        return order.oid
+
+    return charge
+
+
+def test_a_key_field_written_as_an_address_is_refused_before_anything_runs(
+    any_settler: Settler,
+) -> None:
+    ran: list[int] = []
+    charge = _charge(any_settler, ran)
+
+    @any_settler.operation(key="charge:{order!r}", principal=P, fingerprint=lambda order: 0)
+    def charge_repr(order: Order) -> int:
+        ran.append(order.oid)
+        return order.oid
+
+    @any_settler.operation(key="hook:{hook}", principal=P, fingerprint=lambda hook: 0)
+    def call(hook: Callable[[], int]) -> int:
+        ran.append(0)
+        return 0
+
+    calls: list[Callable[[], int]] = [
+        lambda: charge(Order(1)),
+        lambda: charge_repr(Order(1)),
+        lambda: call(_address),
+    ]
+    for bad in calls:
+        with pytest.raises(InvalidInput, match=r"__str__ or __format__"):
+            bad()
+    with pytest.raises(InvalidInput, match=r"\{order\}"):
+        charge(Order(1))
+    with pytest.raises(InvalidInput, match=r"\{hook\}"):
+        call(lambda: 0)
+    assert ran == []
+
+
+def test_a_key_field_with_its_own_text_or_an_attribute_keeps_working(
+    any_settler: Settler,
+) -> None:
+    ran: list[int] = []
+    charge = _charge(any_settler, ran)
+
+    @any_settler.operation(key="c:{order.oid}", principal=P, fingerprint=lambda order: order.oid)
+    def by_id(order: Order) -> int:
+        ran.append(order.oid)
+        return order.oid
+
+    @any_settler.operation(key="s:{text}", principal=P)
+    def text(text: str) -> str:
+        return text
+
+    assert charge(Named(1)) == 1
+    assert charge(Named(1)) == 1  # a retry with an equal order built again: replayed
+    assert by_id(Order(2)) == 2
+    assert by_id(Order(2)) == 2
+    assert ran == [1, 2]
+    odd = "<x at 0x1f>"  # a str is the caller's own text
+    assert text(odd) == odd
+
+
+@pytest.mark.asyncio
+async def test_async_a_key_field_written_as_an_address_is_refused(
+    async_any: AsyncSettler,
+) -> None:
+    ran: list[int] = []
+
+    @async_any.operation(key="charge:{order}", principal=P, fingerprint=lambda order: order.oid)
+    async def charge(order: Order) -> int:
+        ran.append(order.oid)
+        return order.oid
+
+    with pytest.raises(InvalidInput, match=r"\{order\}.*__str__ or __format__"):
+        await charge(Order(1))
+    assert ran == []
+    assert await charge(Named(3)) == 3
+    assert await charge(Named(3)) == 3
+    assert ran == [3]
 
 
 # -- on_replay must be a plain callable ----------------------------------------------------
