@@ -8,8 +8,10 @@ operation at every retry) is refused before anything is written; an ``async def 
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -17,7 +19,7 @@ import pytest_asyncio
 from settle import AsyncSettler, Settler
 from settle.errors import InvalidInput
 from settle.models import OperationRecord
-from settle.testing import AsyncMemorySettler
+from settle.testing import AsyncMemorySettler, MemorySettler
 
 P = "tenant:acme"
 
@@ -32,6 +34,188 @@ async def async_any(
         s = AsyncMemorySettler(namespace=f"memory-{uuid.uuid4().hex[:8]}")
     yield s
     await s.aclose()
+
+
+# -- lambdas -------------------------------------------------------------------------------
+
+
+def test_a_lambda_without_a_name_is_refused_when_decorated(any_settler: Settler) -> None:
+    decorate = any_settler.operation(key="order:{n}", principal=P, result_type=str)
+    with pytest.raises(InvalidInput, match=r"lambda.*name="):
+        decorate(lambda n: f"refunded {n}")
+
+
+def test_lambdas_given_their_own_names_never_answer_each_other(any_settler: Settler) -> None:
+    refund = any_settler.operation(key="order:{n}", principal=P, result_type=str, name="refund")(
+        lambda n: f"refunded {n}"
+    )
+    charge = any_settler.operation(key="charge:{n}", principal=P, result_type=str, name="charge")(
+        lambda n: f"charged {n}"
+    )
+    assert refund(1) == "refunded 1"
+    assert charge(1) == "charged 1"
+
+
+# -- two definitions under one identity ----------------------------------------------------
+
+
+def _two_definitions(settler: Settler, key: str, **options: Any) -> Callable[[str], Any]:
+    """A factory whose two branches each define ``run``: one qualname, two definitions."""
+
+    def make(kind: str) -> Any:
+        if kind == "capture":
+
+            @settler.operation(key=key, principal=P, **options)
+            def run(x: int) -> str:
+                return f"captured {x}"
+
+        else:
+
+            @settler.operation(key=key, principal=P, **options)
+            def run(x: int) -> str:
+                return f"voided {x}"
+
+        return run
+
+    return make
+
+
+def test_a_second_definition_under_one_identity_is_refused_naming_both_sites(
+    any_settler: Settler,
+) -> None:
+    make = _two_definitions(any_settler, "pay:{x}")
+    capture = make("capture")
+    with pytest.raises(InvalidInput, match=r"name=") as refused:
+        make("void")
+    assert refused.value.args[0].count(__file__) == 2  # both definitions' file:line
+    assert capture(1) == "captured 1"  # the first is untouched
+    assert capture(1) == "captured 1"
+
+
+def test_a_redefined_class_is_refused_and_an_explicit_name_shares_or_separates(
+    any_settler: Settler,
+) -> None:
+    ran: list[str] = []
+
+    class Charges:
+        @any_settler.operation(key="m:{x}", principal=P)
+        def go(self, x: int) -> str:
+            ran.append("charges")
+            return "charges"
+
+    first = Charges
+
+    with pytest.raises(InvalidInput, match=r"Charges\.go"):
+
+        class Charges:  # type: ignore[no-redef]  # a test, a plugin, a notebook cell
+            @any_settler.operation(key="m:{x}", principal=P)
+            def go(self, x: int) -> str:
+                ran.append("refunds")
+                return "refunds"
+
+    class Refunds:  # its own name: its own operations
+        @any_settler.operation(key="m:{x}", principal=P, name="refunds.go")
+        def go(self, x: int) -> str:
+            ran.append("refunds")
+            return "refunds"
+
+    assert first().go(1) == "charges"
+    assert Refunds().go(2) == "refunds"
+    assert ran == ["charges", "refunds"]
+
+
+def test_the_same_code_decorated_again_is_allowed(any_settler: Settler) -> None:
+    def make(kind: str) -> Any:
+        @any_settler.operation(key=kind + ":{x}", principal=P)
+        def run(x: int) -> str:
+            return f"{kind} {x}"
+
+        return run
+
+    assert make("a")(1) == "a 1"
+    assert make("b")(1) == "b 1"  # a factory called twice (per request, per test)
+    shared = _two_definitions(any_settler, "same:{x}", name="payments.same")
+    shared("capture")
+    shared("void")  # an explicit name=: shared on purpose, never refused
+
+
+def test_another_namespace_has_identities_of_its_own(any_settler: Settler) -> None:
+    other = MemorySettler(namespace=f"other-{uuid.uuid4().hex[:8]}")
+    make = _two_definitions(any_settler, "pay:{x}")
+    make_other = _two_definitions(other, "pay:{x}")
+    make("capture")
+    assert make_other("void")(1) == "voided 1"
+
+
+def _two_runs() -> list[Callable[[int], str]]:
+    """Two definitions of ``run``, undecorated: one qualname, two definition sites."""
+    runs: list[Callable[[int], str]] = []
+    for kind in ("a", "b"):
+        if kind == "a":
+
+            def run(x: int) -> str:
+                return "a"
+
+        else:
+
+            def run(x: int) -> str:
+                return "b"
+
+        runs.append(run)
+    return runs
+
+
+def _race(decorate: Callable[[Callable[[int], str]], Any]) -> list[str]:
+    """Two threads decorating the two definitions of ``run`` at once: what each got."""
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def decorate_in_thread(fn: Callable[[int], str]) -> None:
+        start.wait()
+        try:
+            decorate(fn)
+        except InvalidInput:
+            outcomes.append("refused")
+        else:
+            outcomes.append("decorated")
+
+    threads = [threading.Thread(target=decorate_in_thread, args=(f,)) for f in _two_runs()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(outcomes)
+
+
+def test_two_threads_decorating_two_definitions_at_once_one_is_refused() -> None:
+    for _ in range(30):
+        settler = MemorySettler(namespace=f"race-{uuid.uuid4().hex[:8]}")
+        assert _race(settler.operation(key="r:{x}", principal=P)) == ["decorated", "refused"]
+
+
+@pytest.mark.asyncio
+async def test_async_a_second_definition_is_refused(async_any: AsyncSettler) -> None:
+    def make(kind: str) -> Any:
+        if kind == "capture":
+
+            @async_any.operation(key="pay:{x}", principal=P)
+            async def run(x: int) -> str:
+                return f"captured {x}"
+
+        else:
+
+            @async_any.operation(key="pay:{x}", principal=P)
+            async def run(x: int) -> str:
+                return f"voided {x}"
+
+        return run
+
+    capture = make("capture")
+    again = make("capture")  # the same code again: allowed
+    with pytest.raises(InvalidInput, match=r"name="):
+        make("void")
+    assert await capture(1) == "captured 1"
+    assert await again(1) == "captured 1"
 
 
 # -- a key field written as a memory address -------------------------------------------------
