@@ -352,7 +352,8 @@ class Signature:
     def _check_key_addresses(self, arguments: dict[str, Any]) -> None:
         """A key template's field whose value is formatted as Python's default repr
         (``<Order object at 0x7f...>``, a function, a method: no ``__str__`` or
-        ``__format__`` of its own) gives each object its own id, so a retry with an equal
+        ``__format__`` of its own), or holds one in its text (a list or a dataclass of such
+        objects), gives each object its own id, so a retry with an equal
         object built again (another request, another process) is a new operation and runs
         the effect again: refused before anything is written."""
         for name, conversion, spec in self._key_formats:
@@ -375,8 +376,9 @@ class Signature:
 
 _FORMATTER = string.Formatter()
 _AT_ADDRESS = " at 0x"
-#: Python's default repr of an object, a function or a method (``<... at 0x7f12ab>``).
-_ADDRESS_REPR = re.compile(r" at 0x[0-9a-fA-F]+>+\Z")
+#: Python's default repr of an object, a function or a method (``<... at 0x7f12ab>``),
+#: alone or inside the text of a value holding one (a list, a tuple, a dataclass).
+_ADDRESS_REPR = re.compile(r" at 0x[0-9a-fA-F]+>")
 _EMPTY = inspect.Parameter.empty
 
 #: How many (namespace, identity) pairs :func:`claim_identity` remembers; past that the

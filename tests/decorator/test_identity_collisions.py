@@ -8,6 +8,7 @@ operation at every retry) is refused before anything is written; an ``async def 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -299,6 +300,55 @@ def test_a_key_field_with_its_own_text_or_an_attribute_keeps_working(
     assert ran == [1, 2]
     odd = "<x at 0x1f>"  # a str is the caller's own text
     assert text(odd) == odd
+
+
+@dataclasses.dataclass
+class Box:
+    order: Order
+
+
+def test_a_key_field_holding_values_written_as_addresses_is_refused(
+    any_settler: Settler,
+) -> None:
+    """A list, a tuple or a dataclass of such objects is written with their addresses
+    inside it: each retry would be a new operation too."""
+    ran: list[int] = []
+
+    @any_settler.operation(key="batch:{orders}", principal=P, fingerprint=lambda orders: 0)
+    def batch(orders: Any) -> int:
+        ran.append(0)
+        return 0
+
+    held = ([Order(1), Order(2)], (Order(1),), Box(Order(1)), {"o": Order(1)}, [Named(1)])
+    for orders in held:  # a list writes its items' repr: Named's is its address
+        with pytest.raises(InvalidInput, match=r"\{orders\}.*__str__ or __format__"):
+            batch(orders)
+    assert batch([1, 2]) == 0  # values with text of their own keep working
+    assert ran == [0]
+
+
+def test_a_bound_method_or_a_repr_conversion_is_written_as_an_address(
+    any_settler: Settler,
+) -> None:
+    """A bound method's text ends in two ``>``; ``!r`` of a class with a __str__ of its own
+    (but not a __repr__) is still its address."""
+    ran: list[int] = []
+
+    @any_settler.operation(key="hook:{hook}", principal=P, fingerprint=lambda hook: 0)
+    def call(hook: Callable[[], int]) -> int:
+        ran.append(0)
+        return 0
+
+    @any_settler.operation(key="charge:{order!r}", principal=P, fingerprint=lambda order: 0)
+    def charge_repr(order: Order) -> int:
+        ran.append(order.oid)
+        return order.oid
+
+    with pytest.raises(InvalidInput, match=r"\{hook\}"):
+        call(Named(1).__str__)
+    with pytest.raises(InvalidInput, match=r"\{order\}"):
+        charge_repr(Named(1))
+    assert ran == []
 
 
 @pytest.mark.asyncio
