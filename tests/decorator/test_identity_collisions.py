@@ -8,16 +8,21 @@ operation at every retry) is refused before anything is written; an ``async def 
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import functools
+import importlib.util
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from settle import AsyncSettler, Settler
+from settle.decorator import _signature
 from settle.errors import InvalidInput
 from settle.models import OperationRecord
 from settle.testing import AsyncMemorySettler, MemorySettler
@@ -146,6 +151,98 @@ def test_another_namespace_has_identities_of_its_own(any_settler: Settler) -> No
     make_other = _two_definitions(other, "pay:{x}")
     make("capture")
     assert make_other("void")(1) == "voided 1"
+
+
+def _logged(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A decorator below ``@settler.operation`` that keeps the name (functools.wraps)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def test_definitions_under_a_wrapping_decorator_are_told_apart_by_the_wrapped_def(
+    any_settler: Settler,
+) -> None:
+    """Every function a functools.wraps decorator wraps runs the one wrapper's code: the
+    definition that counts is the wrapped one."""
+
+    def make(kind: str) -> Any:
+        if kind == "capture":
+
+            @any_settler.operation(key="wrapped:{x}", principal=P)
+            @_logged
+            def run(x: int) -> str:
+                return f"captured {x}"
+
+        else:
+
+            @any_settler.operation(key="wrapped:{x}", principal=P)
+            @_logged
+            def run(x: int) -> str:
+                return f"voided {x}"
+
+        return run
+
+    capture = make("capture")
+    assert make("capture")(1) == "captured 1"  # the same code again: allowed
+    with pytest.raises(InvalidInput, match=r"name="):
+        make("void")
+    assert capture(1) == "captured 1"
+
+
+def test_past_the_bound_the_oldest_identity_is_forgotten_never_the_newest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_signature, "_SITES_KEPT", 3)
+    monkeypatch.setattr(_signature, "_sites", {})  # what the other tests decorated
+    makers = [
+        _two_definitions(MemorySettler(namespace=f"bound-{i}-{uuid.uuid4().hex[:8]}"), "b:{x}")
+        for i in range(5)
+    ]
+    for make in makers:
+        make("capture")
+    assert len(_signature._sites) <= 3
+    assert makers[0]("void")(1) == "voided 1"  # forgotten: unnoticed, never refused
+    with pytest.raises(InvalidInput, match=r"name="):
+        makers[-1]("void")
+
+
+_PLUGIN = """\
+import builtins
+settler = builtins.SETTLE_TEST_SETTLER
+
+
+@settler.operation(key="plugin:{x}", principal="tenant:acme")
+def charge(x: int) -> str:
+    return "{kind} " + str(x)
+"""
+
+
+def test_one_module_name_loaded_from_two_files_is_refused_at_the_same_line(
+    any_settler: Settler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin module loaded from two directories under one name: its functions have one
+    identity and one line, but two files."""
+    monkeypatch.setattr(builtins, "SETTLE_TEST_SETTLER", any_settler, raising=False)
+    module = f"plugin_{uuid.uuid4().hex[:8]}"
+
+    def load(kind: str) -> Any:
+        path = tmp_path / kind / f"{module}.py"
+        path.parent.mkdir()
+        path.write_text(_PLUGIN.replace("{kind}", kind))
+        spec = importlib.util.spec_from_file_location(module, path)
+        assert spec is not None
+        assert spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return loaded
+
+    assert load("capture").charge(1) == "capture 1"
+    with pytest.raises(InvalidInput, match=r"name="):
+        load("void")
 
 
 def _two_runs() -> list[Callable[[int], str]]:
@@ -335,7 +432,7 @@ def test_a_bound_method_or_a_repr_conversion_is_written_as_an_address(
     ran: list[int] = []
 
     @any_settler.operation(key="hook:{hook}", principal=P, fingerprint=lambda hook: 0)
-    def call(hook: Callable[[], int]) -> int:
+    def call(hook: Callable[[], object]) -> int:
         ran.append(0)
         return 0
 
