@@ -6,14 +6,9 @@ import dataclasses
 from typing import Any
 
 from settle.config import SettleConfig
+from settle.decorator._identity import claim_identity
 from settle.decorator._plan import Policy, ReplayHook, RetrySpec, TerminalSpec
-from settle.decorator._signature import (
-    KeySpec,
-    PrincipalSpec,
-    RequestSpec,
-    Signature,
-    claim_identity,
-)
+from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
 
 __all__ = ["Options"]
 

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from settle import AsyncSettler, Settler
-from settle.decorator import _signature
+from settle.decorator import _identity
 from settle.errors import InvalidInput
 from settle.models import OperationRecord
 from settle.testing import AsyncMemorySettler, MemorySettler
@@ -196,15 +196,15 @@ def test_definitions_under_a_wrapping_decorator_are_told_apart_by_the_wrapped_de
 def test_past_the_bound_the_oldest_identity_is_forgotten_never_the_newest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_signature, "_SITES_KEPT", 3)
-    monkeypatch.setattr(_signature, "_sites", {})  # what the other tests decorated
+    monkeypatch.setattr(_identity, "_SITES_KEPT", 3)
+    monkeypatch.setattr(_identity, "_sites", {})  # what the other tests decorated
     makers = [
         _two_definitions(MemorySettler(namespace=f"bound-{i}-{uuid.uuid4().hex[:8]}"), "b:{x}")
         for i in range(5)
     ]
     for make in makers:
         make("capture")
-    assert len(_signature._sites) <= 3
+    assert len(_identity._sites) <= 3
     assert makers[0]("void")(1) == "voided 1"  # forgotten: unnoticed, never refused
     with pytest.raises(InvalidInput, match=r"name="):
         makers[-1]("void")
