@@ -334,7 +334,7 @@ class AsyncSettler(AsyncConnectable):
         each other's results; give two functions the same ``name`` to share operations on
         purpose, and each variant a factory makes its own (they share one ``module.qualname``).
         A lambda without ``name`` is refused, and so is a second definition under an identity
-        already decorated in the namespace.
+        already decorated in the namespace whose key can make the same ids.
         ``on_replay``: a plain callable (never awaited: a coroutine function is refused), called
         with the stored ``OperationRecord`` when a call's outcome is replayed rather than
         computed. The function needs a return annotation or

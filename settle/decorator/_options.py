@@ -54,5 +54,5 @@ class Options:
         )
         if self.name is None:  # an explicit name= shares operations on purpose
             assert signature.name is not None
-            claim_identity(self.policy.namespace, signature.name, fn)
+            claim_identity(self.policy.namespace, signature.name, fn, self.key)
         return signature, dataclasses.replace(self.policy, result_type=signature.returns)

@@ -153,6 +153,57 @@ def test_another_namespace_has_identities_of_its_own(any_settler: Settler) -> No
     assert make_other("void")(1) == "voided 1"
 
 
+def _underscores(settler: Settler, key: Any, which: int) -> Any:
+    """Three definitions of ``_`` (one qualname, three sites), decorated with ``key``."""
+    if which == 0:
+
+        @settler.operation(key=key, principal=P)
+        def _(x: int) -> str:
+            return f"0 {x}"
+
+    elif which == 1:
+
+        @settler.operation(key=key, principal=P)
+        def _(x: int) -> str:
+            return f"1 {x}"
+
+    else:
+
+        @settler.operation(key=key, principal=P)
+        def _(x: int) -> str:
+            return f"2 {x}"
+
+    return _
+
+
+def test_definitions_whose_keys_can_never_meet_may_share_an_identity(
+    any_settler: Settler,
+) -> None:
+    """Functions all named ``_`` (singledispatch's ``register``, a registry) share
+    ``module._``. Key templates whose fixed text before the first field differs (neither
+    a prefix of the other) never make one id, so nothing of one is replayed to the other:
+    such a program worked before and must still import. Keys that can meet are refused."""
+    card = _underscores(any_settler, "card:{x}", 0)
+    bank = _underscores(any_settler, "bank:{x}", 1)
+    assert _underscores(any_settler, "wallet:{x}", 2)(1) == "2 1"
+    assert card(1) == "0 1"
+    assert bank(1) == "1 1"
+    for meets in ("card:1{x}", "ca{x}", "{x}", lambda x: f"wallet:{x}", "bank:{x}"):
+        with pytest.raises(InvalidInput, match=r"name="):
+            _underscores(any_settler, meets, 2)  # "bank:{x}": that code again, bank's ids
+
+
+def test_a_key_callable_can_make_any_id_and_escaped_braces_are_fixed_text(
+    any_settler: Settler,
+) -> None:
+    assert _underscores(any_settler, "x{{1{x}", 0)(1) == "0 1"  # every id starts "x{1"
+    assert _underscores(any_settler, "x{{2{x}", 1)(1) == "1 1"  # "x{2": never one of those
+    callable_first = MemorySettler(namespace=f"callable-{uuid.uuid4().hex[:8]}")
+    assert _underscores(callable_first, lambda x: f"y{x}", 0)(2) == "0 2"
+    with pytest.raises(InvalidInput, match=r"name="):
+        _underscores(callable_first, "z:{x}", 1)  # the callable's ids can be anything
+
+
 def _logged(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A decorator below ``@settler.operation`` that keeps the name (functools.wraps)."""
 
@@ -243,6 +294,28 @@ def test_one_module_name_loaded_from_two_files_is_refused_at_the_same_line(
     assert load("capture").charge(1) == "capture 1"
     with pytest.raises(InvalidInput, match=r"name="):
         load("void")
+
+
+def test_what_one_identity_remembers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A factory decorated per request with the same key adds nothing; one decorated with
+    a key per kind adds up to a bound (the rest go unnoticed)."""
+    monkeypatch.setattr(_identity, "_DEFINITIONS_KEPT", 2)
+    monkeypatch.setattr(_identity, "_sites", {})
+    settler = MemorySettler(namespace=f"kept-{uuid.uuid4().hex[:8]}")
+
+    def make(kind: str) -> Any:
+        @settler.operation(key=kind + ":{x}", principal=P)
+        def run(x: int) -> str:
+            return f"{kind} {x}"
+
+        return run
+
+    for _ in range(3):
+        make("a")
+    assert [len(d) for d in _identity._sites.values()] == [1]
+    for kind in ("b", "c", "d"):
+        make(kind)
+    assert [len(d) for d in _identity._sites.values()] == [2]
 
 
 def _two_runs() -> list[Callable[[int], str]]:
