@@ -361,12 +361,12 @@ class Signature:
             converted = _FORMATTER.convert_field(value, conversion)
             text = _FORMATTER.format_field(converted, "" if nested else spec or "")
             if _ADDRESS_REPR.search(text):
-                raise InvalidInput(
+                raise InvalidInput(  # never the text: a dataclass's holds its other fields
                     f"{self.fn.__qualname__}: the key template's field {{{name}}}, of type "
-                    f"{type(value).__name__}, is written as its memory address "
-                    f"({text[:120]!r}), so "
-                    "every retry with an equal value built again would be a new operation "
-                    f"and run again; give {type(value).__name__} a __str__ or __format__ "
+                    f"{type(value).__name__}, is written with a memory address (Python's "
+                    "default repr, <... at 0x...>), so every retry with an equal value built "
+                    "again would be a new operation and run again; give its class a __str__ "
+                    "or __format__ (a __repr__ for what a list, tuple or dataclass holds) "
                     f"that says which operation it is, or use an attribute ({{{name}.id}})"
                 )
 

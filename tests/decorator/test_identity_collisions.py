@@ -497,6 +497,25 @@ def test_a_key_field_holding_values_written_as_addresses_is_refused(
     assert ran == [0]
 
 
+@dataclasses.dataclass
+class Card:
+    number: str
+    holder: Order
+
+
+def test_the_refusal_never_holds_the_value_s_text(any_settler: Settler) -> None:
+    """A dataclass's text holds its other fields (a card number): the error names the
+    field and its type, never the text."""
+
+    @any_settler.operation(key="card:{card}", principal=P, fingerprint=lambda card: 0)
+    def pay(card: Card) -> int:
+        return 0
+
+    with pytest.raises(InvalidInput, match=r"\{card\}.*Card") as refused:
+        pay(Card("4111111111111111", Order(1)))
+    assert "4111" not in str(refused.value)
+
+
 def test_a_bound_method_or_a_repr_conversion_is_written_as_an_address(
     any_settler: Settler,
 ) -> None:
