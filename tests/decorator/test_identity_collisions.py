@@ -12,6 +12,7 @@ import builtins
 import dataclasses
 import functools
 import importlib.util
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -359,9 +360,15 @@ def _race(decorate: Callable[[Callable[[int], str]], Any]) -> list[str]:
 
 
 def test_two_threads_decorating_two_definitions_at_once_one_is_refused() -> None:
-    for _ in range(30):
-        settler = MemorySettler(namespace=f"race-{uuid.uuid4().hex[:8]}")
-        assert _race(settler.operation(key="r:{x}", principal=P)) == ["decorated", "refused"]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: a check-then-set would be seen
+    try:
+        for _ in range(200):
+            settler = MemorySettler(namespace=f"race-{uuid.uuid4().hex[:8]}")
+            decorate = settler.operation(key="r:{x}", principal=P)
+            assert _race(decorate) == ["decorated", "refused"]
+    finally:
+        sys.setswitchinterval(interval)
 
 
 @pytest.mark.asyncio
