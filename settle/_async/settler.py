@@ -330,10 +330,14 @@ class AsyncSettler(AsyncConnectable):
         types stored with ``fail`` and replayed as ``OperationFailed``. ``wait``: seconds to
         wait for another attempt that holds the lease before ``OperationInProgress``.
         ``name``: the function's identity in the fingerprint (default ``module.qualname``):
-        functions with colliding keys get ``FingerprintMismatch``, never each other's
-        results; give two functions the same ``name`` to share operations on purpose.
-        ``on_replay``: called with the stored ``OperationRecord`` when a call's outcome is
-        replayed rather than computed. The function needs a return annotation or
+        functions of different names with colliding keys get ``FingerprintMismatch``, never
+        each other's results; give two functions the same ``name`` to share operations on
+        purpose, and each variant a factory makes its own (they share one ``module.qualname``).
+        A lambda without ``name`` is refused, and so is a second definition under an identity
+        already decorated in the namespace whose key can make the same ids.
+        ``on_replay``: a plain callable (never awaited: a coroutine function is refused), called
+        with the stored ``OperationRecord`` when a call's outcome is replayed rather than
+        computed. The function needs a return annotation or
         ``result_type`` (``InvalidInput`` at decoration otherwise).
         See docs/outbound-calls.md.
         """

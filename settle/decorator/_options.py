@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from settle.config import SettleConfig
+from settle.decorator._identity import claim_identity
 from settle.decorator._plan import Policy, ReplayHook, RetrySpec, TerminalSpec
 from settle.decorator._signature import KeySpec, PrincipalSpec, RequestSpec, Signature
 
@@ -51,4 +52,7 @@ class Options:
         signature = Signature(
             fn, self.key, self.principal, self.fingerprint, self.result_type, localns, self.name
         )
+        if self.name is None:  # an explicit name= shares operations on purpose
+            assert signature.name is not None
+            claim_identity(self.policy.namespace, signature.name, fn, self.key)
         return signature, dataclasses.replace(self.policy, result_type=signature.returns)

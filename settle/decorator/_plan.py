@@ -17,6 +17,7 @@ happened. Every decision (replay, wait, retry, settle, give up) lives here, once
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import sys
@@ -264,6 +265,13 @@ class Policy:
             )
         if on_replay is not None and not callable(on_replay):
             raise InvalidInput("on_replay must be a callable taking the replayed record")
+        if inspect.iscoroutinefunction(on_replay) or inspect.iscoroutinefunction(
+            getattr(on_replay, "__call__", None)  # noqa: B004  # an object's async __call__
+        ):
+            raise InvalidInput(
+                "on_replay must be a plain callable: it is called, never awaited, so an "
+                "async def would never run; make it a def (schedule any async work from it)"
+            )
         return Policy(
             namespace,
             _seconds("lease", lease, zero=False, most=MAX_LEASE),

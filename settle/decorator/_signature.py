@@ -110,8 +110,12 @@ class Signature:
     arguments) returns another request value instead.
 
     The fingerprint covers the request and the function's identity, ``name`` (default
-    ``module.qualname``): two functions whose keys collide get a ``FingerprintMismatch``,
-    never each other's results. Functions given the same ``name`` share their operations.
+    ``module.qualname``): two functions of different names whose keys collide get a
+    ``FingerprintMismatch``, never each other's results. Functions given the same ``name``
+    share their operations; so do the functions a factory makes from one ``def`` (give each
+    its ``name``). A lambda without ``name`` is refused (every lambda of a module is
+    ``module.<lambda>``), and so is a second definition under one identity
+    (``settle.decorator._identity``).
 
     A function must declare what a replay returns: a return annotation or ``result_type``
     (``Any`` keeps the stored JSON as it is). Without either the first call would return
@@ -131,6 +135,8 @@ class Signature:
     attempt_param: str | None = field(init=False, default=None)
     _skip: frozenset[str] = field(init=False, default=frozenset())
     _key_fields: tuple[str, ...] = field(init=False, default=())
+    _key_formats: tuple[tuple[str, str | None, str | None], ...] = field(init=False, default=())
+    """Each field of a key template: its name, conversion (``!r``) and format spec."""
     _required: tuple[str, ...] = field(init=False, default=())
     _binder: _Binder | None = field(init=False, default=None)
     _fingerprint_of: Callable[[Any], str] = field(init=False)
@@ -145,6 +151,13 @@ class Signature:
         if self.fingerprint is not None and not callable(self.fingerprint):
             raise InvalidInput("fingerprint must be a callable returning the request")
         if self.name is None:
+            if getattr(self.fn, "__name__", None) == "<lambda>":
+                raise InvalidInput(
+                    f"@settler.operation cannot tell {self.fn.__module__}.<lambda> from the "
+                    "module's other lambdas (they all share that identity, so two of them "
+                    "under one key template would return each other's results): give it "
+                    'its own name="..."'
+                )
             self.name = f"{self.fn.__module__}.{self.fn.__qualname__}"
         elif not isinstance(self.name, str) or not self.name:
             raise InvalidInput(
@@ -157,6 +170,9 @@ class Signature:
             except ValueError as exc:
                 raise InvalidInput(f"key template {self.key!r} is malformed: {exc}") from exc
             self._key_fields = tuple(name for _, name, _, _ in parsed if name is not None)
+            self._key_formats = tuple(
+                (name, conversion, spec) for _, name, spec, conversion in parsed if name is not None
+            )
         self.signature = inspect.signature(self.fn)
         if self.result_type is None and self.signature.return_annotation is inspect.Signature.empty:
             raise InvalidInput(
@@ -281,6 +297,8 @@ class Signature:
                 else:
                     self._check_key_fields(arguments)
                     value = spec.format(**arguments)
+                    if _AT_ADDRESS in value:  # a scan of the id: the hot path stays cheap
+                        self._check_key_addresses(arguments)
             else:
                 value = spec(*args, **kwargs)
         except InvalidInput:
@@ -328,8 +346,36 @@ class Signature:
                     f"{value!r}; every such call would share one operation id"
                 )
 
+    def _check_key_addresses(self, arguments: dict[str, Any]) -> None:
+        """A key template's field whose value is formatted as Python's default repr
+        (``<Order object at 0x7f...>``, a function, a method: no ``__str__`` or
+        ``__format__`` of its own), or holds one in its text (a list or a dataclass of such
+        objects), gives each object its own id, so a retry with an equal
+        object built again (another request, another process) is a new operation and runs
+        the effect again: refused before anything is written."""
+        for name, conversion, spec in self._key_formats:
+            value, _ = _FORMATTER.get_field(name, (), arguments)
+            if isinstance(value, str):
+                continue
+            nested = spec is not None and "{" in spec  # {x:{width}}: formatted without it
+            converted = _FORMATTER.convert_field(value, conversion)
+            text = _FORMATTER.format_field(converted, "" if nested else spec or "")
+            if _ADDRESS_REPR.search(text):
+                raise InvalidInput(  # never the text: a dataclass's holds its other fields
+                    f"{self.fn.__qualname__}: the key template's field {{{name}}}, of type "
+                    f"{type(value).__name__}, is written with a memory address (Python's "
+                    "default repr, <... at 0x...>), so every retry with an equal value built "
+                    "again would be a new operation and run again; give its class a __str__ "
+                    "or __format__ (a __repr__ for what a list, tuple or dataclass holds) "
+                    f"that says which operation it is, or use an attribute ({{{name}.id}})"
+                )
+
 
 _FORMATTER = string.Formatter()
+_AT_ADDRESS = " at 0x"
+#: Python's default repr of an object, a function or a method (``<... at 0x7f12ab>``),
+#: alone or inside the text of a value holding one (a list, a tuple, a dataclass).
+_ADDRESS_REPR = re.compile(r" at 0x[0-9a-fA-F]+>")
 _EMPTY = inspect.Parameter.empty
 
 

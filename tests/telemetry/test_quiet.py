@@ -83,7 +83,7 @@ import settle._telemetry as t
 from settle.testing import MemorySettler
 assert t.telemetry() is t.NOOP
 m = MemorySettler(namespace="m")
-op = m.operation(key="k:{n}", principal="p", result_type=int)(lambda n: n * 2)
+op = m.operation(key="k:{n}", principal="p", result_type=int, name="double")(lambda n: n * 2)
 assert op(2) == 4 and op(2) == 4
 assert not any(name.startswith("opentelemetry") for name in sys.modules), sorted(sys.modules)
 print("ok")
