@@ -609,16 +609,23 @@ def stored_shards(client: Any, namespace: str) -> int | None:
 
 
 @contextlib.contextmanager
-def open_settler(conn: Connection, *, create: bool = False) -> Iterator[Settler]:
+def open_settler(
+    conn: Connection, *, create: bool = False, reads: bool = False
+) -> Iterator[Settler]:
     """A :class:`Settler` on ``conn``, checked before use.
 
     For read commands (``create=False``) the namespace must exist: its stored shard count
     is used unless ``--shards`` says otherwise, and a different ``--shards`` is refused
     rather than silently reading the wrong keys. ``create=True`` (the demo) creates it.
+    ``reads``: the command writes no record and no quarantine entry (``ls``, ``show``,
+    ``export``, ``tail``, ``inspect``, ``stats``), so a server whose ``maxmemory-policy``
+    evicts is read, not refused: the refusal keeps writes from being evicted, and it
+    stopped an operator from exporting the very evidence the policy puts at risk
+    (``settle doctor`` fails the policy by name).
     """
     with errors_as_exit_codes(conn):
         shards = conn.known_shards = _shards(conn, create=create)
-        options: dict[str, Any] = {"namespace": conn.namespace}
+        options: dict[str, Any] = {"namespace": conn.namespace, "allow_eviction": reads}
         if shards is not None:
             options["shards"] = shards
         settler = _settler(conn, options)
@@ -688,7 +695,9 @@ def _shards(conn: Connection, *, create: bool) -> int | None:
     """The shard count to use: the namespace's stored one, read without creating the
     namespace (``Settler.check`` records it on first use). A read command needs the
     namespace to exist; an explicit ``--shards`` must match what is stored."""
-    probe = _settler(conn, {"namespace": conn.namespace, "shards": 1})
+    # The probe reads the stored count and writes nothing: an evicting server is refused
+    # (or not) by the settler the command opens next.
+    probe = _settler(conn, {"namespace": conn.namespace, "shards": 1, "allow_eviction": True})
     try:
         probe._runner.prepare()  # connects, and switches to a cluster client if needed
         try:

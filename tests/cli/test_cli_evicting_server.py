@@ -1,0 +1,52 @@
+"""The CLI on a server whose ``maxmemory-policy`` evicts (issue 20, SPEC 4: refused "before
+the first write"): the read commands read, the writing ones are refused. The read commands
+were refused too ("...or pass allow_eviction=True", an option the CLI does not have), so the
+evidence the policy puts at risk could not be exported until the policy was changed, and
+``settle doctor``'s quarantine rows said "could not be read"."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from settle import Settler
+from settle.embedded import EmbeddedRedis
+from tests.cli.conftest import settle
+from tests.cli.helpers import stale_settlement
+
+
+def test_read_commands_read_an_evicting_server_and_writing_ones_are_refused() -> None:
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server:
+        with Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as writer:
+            ref = stale_settlement(writer, "order-1")
+        where = ("--redis-url", server.url, "--namespace", "ev")
+        listed = settle("quarantine", "ls", *where, "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [e["ref"] for e in json.loads(listed.stdout)] == [ref]
+        for args in (
+            ("quarantine", "show", ref, "--json"),
+            ("quarantine", "export"),
+            ("inspect", "order-1", "--json"),
+        ):
+            done = settle(*args, *where)
+            assert done.returncode == 0, (args, done.stderr)
+            assert ref in done.stdout, args
+        counted = settle("stats", *where, "--json")
+        assert counted.returncode == 0, counted.stderr
+        assert json.loads(counted.stdout)["quarantine"]["total"] == 1
+        with redis.Redis.from_url(server.url) as client:
+            before = {k: client.dump(k) for k in client.keys("*")}
+            for args in (
+                ("quarantine", "resolve", ref, "--note", "refunded"),
+                ("quarantine", "trim", "--resolved"),
+            ):
+                done = settle(*args, *where)
+                assert done.returncode != 0, args
+                assert "allkeys-lru" in done.stderr, (args, done.stderr)
+            assert {k: client.dump(k) for k in client.keys("*")} == before
+        doctor = settle("doctor", *where, "--json")
+        checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
+        assert checks["eviction"]["status"] == "fail"
+        assert checks["quarantine"]["status"] == "ok", checks["quarantine"]
+        assert checks["quarantine age"]["detail"].startswith("1 unresolved")
