@@ -21,6 +21,7 @@ __all__ = [
     "FingerprintError",
     "FingerprintMismatch",
     "InvalidInput",
+    "InvalidOption",
     "NotGuarded",
     "OperationFailed",
     "OperationInProgress",
@@ -165,6 +166,15 @@ class BackendError(SettleError):
 
 class ConfigurationError(SettleError):
     """The configuration does not fit the server or the namespace (shard count, version)."""
+
+
+class InvalidOption(InvalidInput, ConfigurationError):
+    """An option a settler, a cursor store, a progress store or a stream consumer was built
+    with is not acceptable (``min_replicas``, ``replica_timeout``, ``allow_eviction``).
+
+    An :class:`InvalidInput`, as every bad option of every part is; also a
+    :class:`ConfigurationError`, as the stores' and the consumer's bad durability options
+    always were. Nothing was sent to Redis."""
 
 
 class CorruptRecord(SettleError):
