@@ -11,6 +11,7 @@ import json
 import redis
 
 from settle import Settler
+from settle._core.keys import Keys, shard_of
 from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import settle
 from tests.cli.helpers import stale_settlement
@@ -50,3 +51,29 @@ def test_read_commands_read_an_evicting_server_and_writing_ones_are_refused() ->
         assert checks["eviction"]["status"] == "fail"
         assert checks["quarantine"]["status"] == "ok", checks["quarantine"]
         assert checks["quarantine age"]["detail"].startswith("1 unresolved")
+
+
+def test_the_read_commands_write_nothing_where_a_shard_state_was_evicted() -> None:
+    """The read commands opened a settler that claims every shard before its first call, so
+    where the policy had evicted a shard's state, ``quarantine ls`` (or ``show``, ``export``,
+    ``inspect``, ``stats``) made it again: a write on the server they are let read because
+    they write nothing, and it hid the loss from the application's next write on that shard,
+    which says it (``settle.namespace.state_lost``) only when it finds the state gone."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server:
+        with Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as writer:
+            ref = stale_settlement(writer, "order-1")
+        where = ("--redis-url", server.url, "--namespace", "ev")
+        with redis.Redis.from_url(server.url) as client:
+            # The shard that does not hold order-1's record lost its state (evicted).
+            assert client.delete(Keys("ev", 2).generation(1 - shard_of("order-1", 2))) == 1
+            before = {k: client.dump(k) for k in client.keys("*")}
+            for args in (
+                ("quarantine", "ls", "--json"),
+                ("quarantine", "show", ref, "--json"),
+                ("quarantine", "export"),
+                ("inspect", "order-1", "--json"),
+                ("stats", "--json"),
+            ):
+                done = settle(*args, *where)
+                assert done.returncode == 0, (args, done.stderr)
+                assert {k: client.dump(k) for k in client.keys("*")} == before, args
