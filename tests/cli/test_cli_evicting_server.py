@@ -77,3 +77,22 @@ def test_the_read_commands_write_nothing_where_a_shard_state_was_evicted() -> No
                 done = settle(*args, *where)
                 assert done.returncode == 0, (args, done.stderr)
                 assert {k: client.dump(k) for k in client.keys("*")} == before, args
+
+
+def test_a_read_command_checks_the_shard_states_count_without_claiming() -> None:
+    """Read without claiming, the shards' states are still checked: metadata made again with
+    4 shards over states made for 16 is refused (exit 3) by every read command, which writes
+    nothing, rather than reading 4 shards' keys of a 16-shard namespace."""
+    with EmbeddedRedis() as server:
+        with Settler.from_url(server.url, namespace="re", shards=16) as writer:
+            writer.reserve("op-1", {"i": 1}, principal="p")
+        where = ("--redis-url", server.url, "--namespace", "re")
+        with redis.Redis.from_url(server.url) as client:
+            client.hset(Keys("re", 16).meta, "shards", 4)
+            before = {k: client.dump(k) for k in client.keys("*")}
+            for args in (("quarantine", "ls", "--json"), ("inspect", "op-1"), ("stats",)):
+                done = settle(*args, *where)
+                assert done.returncode == 3, (args, done.stdout, done.stderr)
+                assert "created for 16 shards" in done.stderr, (args, done.stderr)
+                assert "settle doctor" in done.stderr, (args, done.stderr)
+            assert {k: client.dump(k) for k in client.keys("*")} == before
