@@ -11,9 +11,9 @@ to the first unresolved entry only: the quarantine is never walked whole, whatev
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError
 
 from settle._core.codec import UndecodableEntry
 from settle._core.keys import Keys
@@ -177,14 +177,12 @@ def _age_finding(settler: Settler, unresolved: int, unread: dict[int, str]) -> F
             "settle quarantine ls names them",
         )
     # The server's clock, which dated the entry: the operator's machine's clock, 8 days
-    # ahead, failed a 4-minute-old entry as over 7 days old.
-    try:
-        now, whose = server_now(settler), ""
-    except ResponseError:  # TIME denied for this user (the clocks check warns of it)
-        now, whose = datetime.now(UTC), ", by this machine's clock: TIME is denied"
-    waited = max(0.0, (now - oldest).total_seconds())
+    # ahead, failed a 4-minute-old entry as over 7 days old. A user denied TIME got here
+    # never: every settle script reads it, the walk above too (tests/cli/test_doctor_time_
+    # denied.py). On a cluster, the default node's clock (the clocks row compares them).
+    waited = max(0.0, (server_now(settler) - oldest).total_seconds())
     seen = f"{unresolved} unresolved{odd}; the oldest waits since {oldest:%Y-%m-%dT%H:%M:%SZ} "
-    seen += f"({_duration(waited)}{whose})"
+    seen += f"({_duration(waited)})"
     if waited >= UNRESOLVED_FAIL_S:
         return Finding("quarantine age", Status.FAIL, seen + ", over 7 days", _LIST)
     if waited >= UNRESOLVED_WARN_S:
