@@ -153,6 +153,15 @@ def create_app(
             "authorize must be a callable taking the sign-in token and returning the "
             f"principal it grants or None, got {type(authorize).__name__}"
         )
+    if secret_key is not None and not isinstance(secret_key, str):
+        # bytes (as a key file is read) ended here with an AttributeError.
+        raise InvalidInput(
+            "secret_key must be a str (it signs the session cookie), got "
+            f"{type(secret_key).__name__}: decode a bytes key, or pass None for a random one"
+        )
+    if not isinstance(https_only, bool):
+        # "no" (an environment variable) was taken as True, "" as False.
+        raise InvalidInput(f"https_only must be True or False, got {type(https_only).__name__}")
     if (
         isinstance(session_max_age, bool)
         or not isinstance(session_max_age, int)

@@ -130,3 +130,19 @@ async def test_create_app_refuses_an_authorize_that_cannot_be_called(
     """``authorize=5`` was taken, and every sign-in then answered 500."""
     with pytest.raises(InvalidInput, match="authorize must be a callable"):
         create_app(reader, authorize=authorize)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "option",
+    [{"secret_key": b"k" * 32}, {"secret_key": 5}, {"https_only": "no"}, {"https_only": 1}],
+    ids=str,
+)
+async def test_create_app_refuses_a_secret_key_or_https_only_of_another_type(
+    reader: AsyncSettler, option: dict[str, object]
+) -> None:
+    """The neighbours of a sync settler and an ``authorize`` that cannot be called: a bytes
+    ``secret_key`` (as a key is often read) ended ``create_app`` with an AttributeError, and
+    ``https_only="no"`` (an environment variable) was taken as True."""
+    with pytest.raises(InvalidInput, match=f"{next(iter(option))} must be"):
+        create_app(reader, **option)  # type: ignore[arg-type]
