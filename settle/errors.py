@@ -169,12 +169,13 @@ class ConfigurationError(SettleError):
 
 
 class InvalidOption(InvalidInput, ConfigurationError):
-    """An option a settler, a cursor store, a progress store or a stream consumer was built
-    with is not acceptable (``min_replicas``, ``replica_timeout``, ``allow_eviction``).
+    """A durability option a cursor store, a progress store or a stream consumer was built
+    with is not acceptable (``min_replicas``, ``replica_timeout``, ``allow_eviction``), or a
+    settler's ``min_replicas`` is past what ``WAIT`` takes (a settler's other bad options
+    are refused by :class:`~settle.SettleConfig`, as a plain :class:`InvalidInput`).
 
-    An :class:`InvalidInput`, as every bad option of every part is; also a
-    :class:`ConfigurationError`, as the stores' and the consumer's bad durability options
-    always were. Nothing was sent to Redis."""
+    An :class:`InvalidInput`, as every bad option of every part is: catch that one. Also a
+    :class:`ConfigurationError`, as these always were. Nothing was sent to Redis."""
 
 
 class CorruptRecord(SettleError):
