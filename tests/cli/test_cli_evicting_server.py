@@ -12,6 +12,7 @@ import redis
 
 from settle import Settler
 from settle._core.keys import Keys, shard_of
+from settle.cursor import CursorStore
 from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import settle
 from tests.cli.helpers import stale_settlement
@@ -95,4 +96,25 @@ def test_a_read_command_checks_the_shard_states_count_without_claiming() -> None
                 assert done.returncode == 3, (args, done.stdout, done.stderr)
                 assert "created for 16 shards" in done.stderr, (args, done.stderr)
                 assert "settle doctor" in done.stderr, (args, done.stderr)
+            assert {k: client.dump(k) for k in client.keys("*")} == before
+
+
+def test_the_companions_read_commands_read_an_evicting_server() -> None:
+    """The other parts' read commands (``cursor show``, ``cursor witnesses``, ``progress
+    show``) were still refused there (exit 3, "Set maxmemory-policy noeviction"), as the
+    quarantine's were: they read, and write nothing."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server:
+        with CursorStore.from_url(server.url, namespace="ev", allow_eviction=True) as store:
+            store.start("orders", b"cursor-0", boundary=7)
+        where = ("--redis-url", server.url, "--namespace", "ev")
+        with redis.Redis.from_url(server.url) as client:
+            before = {k: client.dump(k) for k in client.keys("*")}
+            shown = settle("cursor", "show", "orders", "--json", *where)
+            assert shown.returncode == 0, shown.stderr
+            assert json.loads(shown.stdout)["boundary"] == 7
+            listed = settle("cursor", "witnesses", "orders", "--json", *where)
+            assert listed.returncode == 0, listed.stderr
+            progress = settle("progress", "show", "billing", *where)
+            assert progress.returncode == 1, progress.stderr  # none recorded, not refused
+            assert "no progress recorded" in progress.stderr
             assert {k: client.dump(k) for k in client.keys("*")} == before
