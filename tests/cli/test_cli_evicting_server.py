@@ -7,6 +7,9 @@ evidence the policy puts at risk could not be exported until the policy was chan
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 
 import redis
 
@@ -14,7 +17,7 @@ from settle import Settler
 from settle._core.keys import Keys, shard_of
 from settle.cursor import CursorStore
 from settle.embedded import EmbeddedRedis
-from tests.cli.conftest import settle
+from tests.cli.conftest import SETTLE, cli_env, settle
 from tests.cli.helpers import stale_settlement
 
 
@@ -118,3 +121,28 @@ def test_the_companions_read_commands_read_an_evicting_server() -> None:
             assert progress.returncode == 1, progress.stderr  # none recorded, not refused
             assert "no progress recorded" in progress.stderr
             assert {k: client.dump(k) for k in client.keys("*")} == before
+
+
+def test_quarantine_tail_follows_an_evicting_server() -> None:
+    """``quarantine tail`` is one of the read commands let read there (it was refused)."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server:
+        with Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as writer:
+            ref = stale_settlement(writer, "order-1")
+        proc = subprocess.Popen(
+            [str(SETTLE), "quarantine", "tail", "--since", "1h", "--json", "--interval", "0.1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(SETTLE_REDIS_URL=server.url, SETTLE_NAMESPACE="ev"),
+        )
+        try:
+            assert proc.stderr is not None
+            ready = proc.stderr.readline()
+            assert ready.startswith("following the quarantine of ev"), ready
+            time.sleep(1)  # a few polls
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            out, said = proc.communicate(timeout=30)
+        assert proc.returncode == 0, said
+        assert [json.loads(line)["ref"] for line in out.splitlines()] == [ref]
