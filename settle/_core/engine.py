@@ -386,10 +386,21 @@ class Core:
             stored=stored,
             configured=self.config.shards,
         )
+        # A shard's state that disagrees with a count the metadata shares (the metadata made
+        # again with another count after its shards were) sent an operator in a circle: "use
+        # the stored count" when the client already did, and --shards refused by the metadata.
+        again = (
+            " If the namespace's metadata holds this client's count, it was made again with "
+            "another count after its shards were: settle doctor shows the metadata's count "
+            "and each shard's."
+            if where == "this shard"
+            else ""
+        )
         return ConfigurationError(
             f"namespace {self.config.namespace!r}: {where} was created for {stored} shards, "
             f"this client is configured with {self.config.shards}; nothing was written. The "
             "shard count of a namespace never changes: use the stored count or a new namespace."
+            + again
         )
 
     # -- reserve -------------------------------------------------------------------------

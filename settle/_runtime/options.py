@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settle.errors import ConfigurationError, InvalidInput
+from settle.errors import InvalidInput, InvalidOption
 
 __all__ = ["MAX_MIN_REPLICAS", "Durability", "check_client"]
 
@@ -30,20 +30,20 @@ class Durability:
 
     def __post_init__(self) -> None:
         if isinstance(self.min_replicas, bool) or not isinstance(self.min_replicas, int):
-            raise ConfigurationError("min_replicas must be a whole number of replicas")
+            raise InvalidOption("min_replicas must be a whole number of replicas")
         if not isinstance(self.allow_eviction, bool):
-            raise ConfigurationError("allow_eviction must be True or False")
+            raise InvalidOption("allow_eviction must be True or False")
         if not 0 <= self.min_replicas <= MAX_MIN_REPLICAS:
             # A larger count was accepted here and failed every write (WAIT refuses it).
-            raise ConfigurationError(
+            raise InvalidOption(
                 f"min_replicas must be 0 to {MAX_MIN_REPLICAS}, got {self.min_replicas}"
             )
         if isinstance(self.replica_timeout, bool) or not isinstance(
             self.replica_timeout, int | float
         ):
-            raise ConfigurationError("replica_timeout must be a number of seconds")
+            raise InvalidOption("replica_timeout must be a number of seconds")
         if not 0 < self.replica_timeout <= 3600:
-            raise ConfigurationError(
+            raise InvalidOption(
                 f"replica_timeout must be more than 0 and at most 3600 s, got "
                 f"{self.replica_timeout}"
             )

@@ -609,24 +609,53 @@ def stored_shards(client: Any, namespace: str) -> int | None:
 
 
 @contextlib.contextmanager
-def open_settler(conn: Connection, *, create: bool = False) -> Iterator[Settler]:
+def open_settler(
+    conn: Connection, *, create: bool = False, reads: bool = False
+) -> Iterator[Settler]:
     """A :class:`Settler` on ``conn``, checked before use.
 
     For read commands (``create=False``) the namespace must exist: its stored shard count
     is used unless ``--shards`` says otherwise, and a different ``--shards`` is refused
     rather than silently reading the wrong keys. ``create=True`` (the demo) creates it.
+    ``reads``: the command writes no record and no quarantine entry (``ls``, ``show``,
+    ``export``, ``tail``, ``inspect``, ``stats``), so a server whose ``maxmemory-policy``
+    evicts is read, not refused: the refusal keeps writes from being evicted, and it
+    stopped an operator from exporting the very evidence the policy puts at risk
+    (``settle doctor`` fails the policy by name). Such a settler is checked without
+    claiming a shard (:func:`_check_reading`): it writes nothing.
     """
     with errors_as_exit_codes(conn):
         shards = conn.known_shards = _shards(conn, create=create)
-        options: dict[str, Any] = {"namespace": conn.namespace}
+        options: dict[str, Any] = {"namespace": conn.namespace, "allow_eviction": reads}
         if shards is not None:
             options["shards"] = shards
         settler = _settler(conn, options)
         try:
-            settler.check()
+            if reads:
+                _check_reading(settler)
+            else:
+                settler.check()
             yield settler
         finally:
             settler.close()
+
+
+def _check_reading(settler: Settler) -> None:
+    """:meth:`Settler.check` for a command that reads only: the metadata's and every shard
+    state's count are checked, and nothing is written. ``check`` claims each shard, making a
+    state the server lost again: on the evicting server the read commands are let read, a
+    ``quarantine ls`` then wrote, and hid the loss from the application's next write on that
+    shard, which says it (``settle.namespace.state_lost``) only when it finds the state gone."""
+    settler._runner.prepare()
+    core = settler._core
+    if not core.decode_namespace(settler._runner.run(core.plan_namespace())):
+        raise ConfigurationError(
+            f"the metadata of namespace {settler.config.namespace!r} is gone (it was read a "
+            "moment ago); nothing was written. settle doctor shows the namespace"
+        )
+    checks = core.plan_claims(claim=False)  # a missing state is left missing
+    core.decode_claims(checks, settler._runner.run_many(checks))
+    settler._checked = True
 
 
 def settings(options: dict[str, Any]) -> SettleConfig:
@@ -688,7 +717,9 @@ def _shards(conn: Connection, *, create: bool) -> int | None:
     """The shard count to use: the namespace's stored one, read without creating the
     namespace (``Settler.check`` records it on first use). A read command needs the
     namespace to exist; an explicit ``--shards`` must match what is stored."""
-    probe = _settler(conn, {"namespace": conn.namespace, "shards": 1})
+    # The probe reads the stored count and writes nothing: an evicting server is refused
+    # (or not) by the settler the command opens next.
+    probe = _settler(conn, {"namespace": conn.namespace, "shards": 1, "allow_eviction": True})
     try:
         probe._runner.prepare()  # connects, and switches to a cluster client if needed
         try:

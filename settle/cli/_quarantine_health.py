@@ -11,7 +11,7 @@ to the first unresolved entry only: the quarantine is never walked whole, whatev
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -21,7 +21,7 @@ from settle._runtime._sync import client_from_url
 from settle._runtime.health import Finding, Status
 from settle._sync.settler import Settler
 from settle.cli._context import bounded, settings, stored_shards
-from settle.demo.server import client_of
+from settle.demo.server import client_of, server_now
 from settle.errors import SettleError
 
 __all__ = [
@@ -85,8 +85,10 @@ def _cause(exc: BaseException) -> str:
 def _reader(url: str, namespace: str, shards: int, timeout: float) -> Settler:
     """A settler that reads only: prepared (connected, scripts loaded, a cluster client on
     a cluster) but never checked, since a check may create the namespace's metadata or
-    claim a shard; the namespace was read to exist with ``shards`` shards."""
-    config = settings({"namespace": namespace, "shards": shards})
+    claim a shard; the namespace was read to exist with ``shards`` shards. It writes
+    nothing, so an evicting server is read (the eviction row fails the policy): refused, it
+    left the quarantine rows unread where the policy puts the entries at risk."""
+    config = settings({"namespace": namespace, "shards": shards, "allow_eviction": True})
     settler = Settler(bounded(client_from_url(url), url, timeout), config)
     try:
         settler._runner.prepare()
@@ -174,7 +176,11 @@ def _age_finding(settler: Settler, unresolved: int, unread: dict[int, str]) -> F
             f"{unresolved} unresolved{odd}, none this version can date",
             "settle quarantine ls names them",
         )
-    waited = max(0.0, (datetime.now(UTC) - oldest).total_seconds())
+    # The server's clock, which dated the entry: the operator's machine's clock, 8 days
+    # ahead, failed a 4-minute-old entry as over 7 days old. A user denied TIME got here
+    # never: every settle script reads it, the walk above too (tests/cli/test_doctor_time_
+    # denied.py). On a cluster, the default node's clock (the clocks row compares them).
+    waited = max(0.0, (server_now(settler) - oldest).total_seconds())
     seen = f"{unresolved} unresolved{odd}; the oldest waits since {oldest:%Y-%m-%dT%H:%M:%SZ} "
     seen += f"({_duration(waited)})"
     if waited >= UNRESOLVED_FAIL_S:

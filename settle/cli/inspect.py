@@ -45,7 +45,7 @@ __all__ = ["inspect"]
 def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> None:
     """The record of OPERATION_ID: tuple, state, generation, version, lease, timestamps,
     attempt log and quarantine entries. Exit 1 if there is no such operation."""
-    with open_settler(conn) as settler:
+    with open_settler(conn, reads=True) as settler:
         record = settler.get(operation_id)
         attempts = settler.attempts(operation_id)
         # Marking: one entry of the operation settle cannot decode ended the command (exit

@@ -98,6 +98,7 @@ def show(
             companion_client(conn),
             consumer=consumer,
             namespace=checked_namespace(namespace),
+            allow_eviction=True,  # it only reads, as the quarantine's read commands
         )
         try:
             scopes = store.show()

@@ -122,7 +122,7 @@ def ls(
     as_json: bool,
 ) -> None:
     """Quarantine entries, newest first (at most --limit in all)."""
-    with open_settler(conn) as settler, options_named(_FILTERS):
+    with open_settler(conn, reads=True) as settler, options_named(_FILTERS):
         planned = settler._core.quarantine_query(
             kind=kind,
             operation_id=operation_id,
@@ -153,7 +153,7 @@ def ls(
 @json_option
 def show(conn: Connection, entry_id: str, as_json: bool) -> None:
     """One entry by ID (shard/ms-seq as listed, or a bare ms-seq). Exit 1 if none."""
-    with open_settler(conn) as settler:
+    with open_settler(conn, reads=True) as settler:
         entry = settler.quarantine.get(entry_id)
     if as_json:
         print_json(entry_json(entry))
@@ -221,7 +221,7 @@ def tail(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
-    with open_settler(conn) as settler, options_named(_FILTERS):
+    with open_settler(conn, reads=True) as settler, options_named(_FILTERS):
         # Start at the server's clock (stream ids are server time), so that every entry
         # written after the "following" line is printed, whatever the local clock says.
         start = _start(settler, since) or server_now(settler)
@@ -319,7 +319,7 @@ def _primary_again(
     "--progress/--no-progress",
     "show_progress",
     default=None,
-    help="Count exported entries on stderr (default: when stderr is a terminal).",
+    help="Count exported entries on stderr (default: on a terminal, unless --json).",
 )
 @click.option(
     "--json",
@@ -338,13 +338,13 @@ def export(
     output: Path | None,
     limit: int | None,
     show_progress: bool | None,
-    as_json: bool,  # noqa: ARG001  # always JSON lines (SPEC 8: --json on every read command)
+    as_json: bool,  # the lines are JSON either way (SPEC 8: --json on every read command)
 ) -> None:
     """Entries as JSON lines, oldest first (the same objects as ls --json), streamed a
     page at a time: memory stays bounded however many entries there are."""
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
-    with open_settler(conn) as settler, options_named(_FILTERS):
+    if show_progress is None:  # a terminal's reader, not a machine asking for --json
+        show_progress = sys.stderr.isatty() and not as_json
+    with open_settler(conn, reads=True) as settler, options_named(_FILTERS):
         walk = settler._core.quarantine_scan(
             kind=kind,
             operation_id=operation_id,

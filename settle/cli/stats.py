@@ -129,7 +129,7 @@ def count_quarantine(
 def stats(conn: Connection, as_json: bool) -> None:
     """Records by state and quarantine entries by kind and resolution, counted exactly
     (SCANs the namespace: cost grows with the database, see docs/cli.md)."""
-    with open_settler(conn) as settler:
+    with open_settler(conn, reads=True) as settler:
         states = count_records(settler)
         kinds, marks = count_quarantine(settler)
     # An entry nobody can read here counts in the totals, as unresolved unless a

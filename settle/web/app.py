@@ -140,6 +140,28 @@ def create_app(
     out the client's socket timeout and its retries. The settler stays the caller's to
     close.
     """
+    if not isinstance(settler, AsyncSettler):
+        # A sync Settler (or anything else) was taken here, and every page then answered
+        # 500 "The console failed (TypeError)": the console awaits its calls.
+        raise InvalidInput(
+            "create_app needs an AsyncSettler (the console awaits its Redis calls), got "
+            f"{type(settler).__name__}: AsyncSettler.from_url(...) opens one on the same Redis"
+        )
+    if authorize is not None and not callable(authorize):
+        # authorize=5 was taken, and every sign-in answered 500.
+        raise InvalidInput(
+            "authorize must be a callable taking the sign-in token and returning the "
+            f"principal it grants or None, got {type(authorize).__name__}"
+        )
+    if secret_key is not None and not isinstance(secret_key, str):
+        # bytes (as a key file is read) ended here with an AttributeError.
+        raise InvalidInput(
+            "secret_key must be a str (it signs the session cookie), got "
+            f"{type(secret_key).__name__}: decode a bytes key, or pass None for a random one"
+        )
+    if not isinstance(https_only, bool):
+        # "no" (an environment variable) was taken as True, "" as False.
+        raise InvalidInput(f"https_only must be True or False, got {type(https_only).__name__}")
     if (
         isinstance(session_max_age, bool)
         or not isinstance(session_max_age, int)

@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from settle import Settler
 from settle._core.keys import Keys
+from settle.cli import main
 from settle.embedded import EmbeddedRedis
 from tests.cli.conftest import cli_env, settle
 from tests.cli.helpers import paused, stale_settlement
@@ -217,3 +220,28 @@ def test_the_quarantine_rows_write_nothing(server: EmbeddedRedis) -> None:
         _doctor(server.url, "q")
         _doctor(server.url, "nobody")
         assert keys() == before
+
+
+def test_the_age_is_read_on_the_server_clock_not_the_operators(
+    server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16 ("use the server clock everywhere"): the entry is dated by the server; an
+    operator's machine whose clock ran 8 days ahead failed a minutes-old entry as over 7 days
+    old (doctor exit 1). The machine's clock is moved in doctor's process; the server's is
+    the real one."""
+    import settle.cli._quarantine_health as health  # noqa: PLC0415
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> Ahead:  # type: ignore[override]
+            return cls.fromtimestamp((datetime.now(tz) + timedelta(days=8)).timestamp(), tz)
+
+    _quarantined(server.url, "q", 1)
+    monkeypatch.setattr(health, "datetime", Ahead)
+    done = CliRunner().invoke(
+        main, ["doctor", "--redis-url", server.url, "--namespace", "q", "--json"]
+    )
+    age = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["quarantine age"]
+    assert age["status"] == "ok", age
+    assert "(0 minutes)" in age["detail"] or "(1 minutes)" in age["detail"], age
+    assert done.exit_code == 0

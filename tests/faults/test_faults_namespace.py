@@ -82,6 +82,25 @@ async def test_a_refused_client_leaves_lost_metadata_unwritten(
         await make(2).reserve("new-op", {"i": 1}, principal="p")
 
 
+async def test_metadata_made_again_with_another_count_is_named_as_such(
+    make: Any, redis_client: redis.Redis, namespace: str
+) -> None:
+    """Issue 16 (clear messages): the metadata says 4 shards, the shard states were made for
+    16 (the metadata lost and made again by a 4-shard client). A 4-shard client was told to
+    "use the stored count", which it did, and the CLI's --shards 16 was refused by the
+    metadata: the message says the metadata was made again, and where both counts show."""
+    first = make(16)
+    await first.reserve("op-1", {"i": 1}, principal="p")
+    meta = Keys(namespace, 16).meta
+    redis_client.hset(meta, "shards", 4)
+    before = _state(redis_client, namespace)
+    with pytest.raises(ConfigurationError, match="created for 16 shards") as info:
+        await make(4).reserve("op-2", {"i": 2}, principal="p")
+    assert "metadata holds this client's count" in str(info.value)
+    assert "settle doctor" in str(info.value)
+    assert _state(redis_client, namespace) == before
+
+
 async def test_a_shard_state_of_another_type_is_a_typed_error_naming_it(
     make: Any, redis_client: redis.Redis, namespace: str
 ) -> None:

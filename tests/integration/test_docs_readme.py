@@ -29,6 +29,8 @@ def test_readme_examples_run(
     for block in blocks[1:]:
         exec(compile(block, str(README), "exec"), scope)
     assert "order-45 is in progress until" in capsys.readouterr().out
+    # The README's own check takes [] too (an earlier run charged): the first run charges.
+    assert scope["charges"] == ["order-43", "order-44"]
     with Settler.from_url(redis_url, namespace=namespace) as check:
         for op in ("charge:order-43", "order-44"):
             record = check.get(op)
@@ -37,3 +39,10 @@ def test_readme_examples_run(
         held = check.get("order-45")
         assert held is not None
         assert held.state is State.PENDING
+    # Run again as it is, against the same Redis (a reader who runs the file twice): it
+    # failed at its own assertion, as the record in Redis rightly answered the second run.
+    # Nothing is charged again.
+    again: dict[str, object] = {"__name__": "readme"}
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), again)
+    assert again["charges"] == []

@@ -112,3 +112,37 @@ async def test_an_ipv6_address_among_the_hosts_serves_its_host_header(
         for host in ("[2001:db8::1]:8000", "[2001:db8::1]", "[2001:db8::2]:8000"):
             assert (await client.get("/", headers={"host": host})).status_code == 200, host
         assert (await client.get("/", headers={"host": "[2001:db8::3]"})).status_code == 400
+
+
+def test_create_app_refuses_a_sync_settler(writer: Settler) -> None:
+    """A sync ``Settler`` was taken, and every page then answered 500 (the console awaits
+    its calls): refused when the app is made, naming what to pass instead."""
+    with pytest.raises(InvalidInput, match="create_app needs an AsyncSettler") as caught:
+        create_app(writer)  # type: ignore[arg-type]
+    assert "got Settler" in str(caught.value)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("authorize", [5, "token", b"x"])
+async def test_create_app_refuses_an_authorize_that_cannot_be_called(
+    reader: AsyncSettler, authorize: object
+) -> None:
+    """``authorize=5`` was taken, and every sign-in then answered 500."""
+    with pytest.raises(InvalidInput, match="authorize must be a callable"):
+        create_app(reader, authorize=authorize)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "option",
+    [{"secret_key": b"k" * 32}, {"secret_key": 5}, {"https_only": "no"}, {"https_only": 1}],
+    ids=str,
+)
+async def test_create_app_refuses_a_secret_key_or_https_only_of_another_type(
+    reader: AsyncSettler, option: dict[str, object]
+) -> None:
+    """The neighbours of a sync settler and an ``authorize`` that cannot be called: a bytes
+    ``secret_key`` (as a key is often read) ended ``create_app`` with an AttributeError, and
+    ``https_only="no"`` (an environment variable) was taken as True."""
+    with pytest.raises(InvalidInput, match=f"{next(iter(option))} must be"):
+        create_app(reader, **option)  # type: ignore[arg-type]
