@@ -118,12 +118,14 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
     fields = _FIELDS.get(cls)
     if fields is None:
         fields = _FIELDS[cls] = tuple(cls.model_fields)
+        _FIELD_SETS[cls] = frozenset(fields)
     model = cls.__new__(cls)
     # The hot path's callers list every field in declaration order: their dict is the one.
     _setattr(
         model, "__dict__", values if tuple(values) == fields else {k: values[k] for k in fields}
     )
-    _setattr(model, "__pydantic_fields_set__", set(fields))
+    # A copy of a set is a copy of its table: no field hashed and inserted again.
+    _setattr(model, "__pydantic_fields_set__", set(_FIELD_SETS[cls]))
     _setattr(model, "__pydantic_extra__", None)
     _setattr(model, "__pydantic_private__", None)
     return model
@@ -131,6 +133,7 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
 
 _setattr = object.__setattr__
 _FIELDS: dict[type[BaseModel], tuple[str, ...]] = {}
+_FIELD_SETS: dict[type[BaseModel], frozenset[str]] = {}
 
 
 @lru_cache(maxsize=256)
