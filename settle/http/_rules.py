@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, overload
 
 from pydantic import ValidationError
 
-from settle._core.codec import encode_result
 from settle._core.heartbeat import first_renewal
 from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
@@ -222,14 +220,17 @@ class Settle:
         """``complete`` or ``mark_provisional`` (await it on an :class:`~settle.AsyncSettler`)."""
         if self.stored is None:
             return settler.mark_provisional(self.reservation, self.reason)
-        # Encoded here as the codec encodes any model, and handed to ``complete`` as these
-        # bytes (stored as they are, the size limit checked there), as the decorator does:
-        # without the walk for a key named twice, which a StoredResponse cannot hold (it is
-        # validated and forbids extras), the same bytes are stored.
-        op = self.reservation.operation_id
-        return settler.complete(
-            self.reservation, encode_result(self.stored, sys.maxsize, op, repeated=True)
-        )
+        # Encoded here, and handed to ``complete`` as these bytes (stored as they are, the
+        # size limit checked there), as the decorator does: by StoredResponse's own
+        # serializer, the bytes the codec's encode_result makes of it (fields by name, round
+        # trip), without its pass for a model: a StoredResponse is validated, forbids
+        # extras (no key named twice) and holds no float (no NaN) nor text bytes (base64).
+        return settler.complete(self.reservation, _stored_json(self.stored))
+
+
+def _stored_json(stored: StoredResponse) -> bytes:
+    """``stored`` as the codec's ``encode_result`` stores it (the same bytes)."""
+    return StoredResponse.__pydantic_serializer__.to_json(stored, by_alias=False, round_trip=True)
 
 
 Step = Forward | Answer | Identify | ReadBody | Reserve | Release | Run
