@@ -12,8 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from settle.errors import FingerprintError, InvalidInput, SettleError
 from settle.fingerprint import canonical_json, fingerprint
@@ -52,9 +51,10 @@ class ClientDisconnected(SettleError):
         super().__init__(message or self.__doc__ or "")
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHead:
-    """What the rules need of a request before its body, whatever the protocol."""
+class RequestHead(NamedTuple):
+    """What the rules need of a request before its body, whatever the protocol. A named
+    tuple (immutable, compared and hashed by value): a frozen dataclass set each of its
+    seven fields through ``object.__setattr__``, on every request."""
 
     method: str
     path: str
