@@ -112,11 +112,20 @@ def parse_reply(raw: Any) -> Reply:
     if len(reply.body) not in (2, 3, 4):
         reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape
     qid, payload, *rest = reply.body
-    dropped = int(rest[0]) if rest else 0
-    repeated = len(rest) > 1 and int(rest[1]) == 1
-    return Reply(
-        reply.code, reply.detail, reply.now_ms, as_text(qid), list(payload or []), dropped, repeated
-    )
+    try:
+        dropped = int(rest[0]) if rest else 0
+        repeated = len(rest) > 1 and int(rest[1]) == 1
+        return Reply(
+            reply.code,
+            reply.detail,
+            reply.now_ms,
+            as_text(qid),
+            list(payload or []),
+            dropped,
+            repeated,
+        )
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"script reply cannot be decoded: {exc}") from exc
 
 
 def digest(data: bytes) -> str:
