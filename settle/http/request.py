@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from settle.errors import FingerprintError, InvalidInput, SettleError
 from settle.fingerprint import canonical_json, fingerprint
@@ -51,10 +52,9 @@ class ClientDisconnected(SettleError):
         super().__init__(message or self.__doc__ or "")
 
 
-class RequestHead(NamedTuple):
-    """What the rules need of a request before its body, whatever the protocol. A named
-    tuple (immutable, compared and hashed by value): a frozen dataclass set each of its
-    seven fields through ``object.__setattr__``, on every request."""
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """What the rules need of a request before its body, whatever the protocol."""
 
     method: str
     path: str
