@@ -115,22 +115,28 @@ def _trusted(cls: type[M], values: dict[str, Any]) -> M:
     object ``model_construct`` builds (fields in declaration order, every field set). A
     ``values`` dict already in declaration order becomes the model's own ``__dict__``:
     every caller passes a fresh literal and keeps no reference to it."""
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        fields = _FIELDS[cls] = tuple(cls.model_fields)
+    cached = _FIELDS.get(cls)
+    if cached is None:
+        # One entry, stored whole: a thread switched in between two stores would find the
+        # first without the second (a KeyError on the first concurrent calls of a class).
+        names = tuple(cls.model_fields)
+        cached = _FIELDS[cls] = (names, frozenset(names))
+    fields, field_set = cached
     model = cls.__new__(cls)
     # The hot path's callers list every field in declaration order: their dict is the one.
     _setattr(
         model, "__dict__", values if tuple(values) == fields else {k: values[k] for k in fields}
     )
-    _setattr(model, "__pydantic_fields_set__", set(fields))
+    # A copy of a set is a copy of its table: no field hashed and inserted again.
+    _setattr(model, "__pydantic_fields_set__", set(field_set))
     _setattr(model, "__pydantic_extra__", None)
     _setattr(model, "__pydantic_private__", None)
     return model
 
 
 _setattr = object.__setattr__
-_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {}
+#: Per model class: its field names in declaration order, and the same as a set.
+_FIELDS: dict[type[BaseModel], tuple[tuple[str, ...], frozenset[str]]] = {}
 
 
 @lru_cache(maxsize=256)

@@ -96,11 +96,12 @@ def parse_reply(raw: Any) -> Reply:
     if type(raw) is list and 5 <= len(raw) <= 7:  # every reply of a core script
         try:
             code, detail, now_ms, qid, payload, *rest = raw
+            # as_text inline for the bytes hiredis hands back (a call per value otherwise)
             return Reply(
-                as_text(code),
-                as_text(detail),
+                code.decode() if type(code) is bytes else as_text(code),
+                detail.decode() if type(detail) is bytes else as_text(detail),
                 int(now_ms),
-                as_text(qid),
+                qid.decode() if type(qid) is bytes else as_text(qid),
                 list(payload or []),
                 int(rest[0]) if rest else 0,
                 len(rest) > 1 and int(rest[1]) == 1,
@@ -111,11 +112,20 @@ def parse_reply(raw: Any) -> Reply:
     if len(reply.body) not in (2, 3, 4):
         reply = runtime_reply(raw, body=2)  # raises the typed error for a foreign shape
     qid, payload, *rest = reply.body
-    dropped = int(rest[0]) if rest else 0
-    repeated = len(rest) > 1 and int(rest[1]) == 1
-    return Reply(
-        reply.code, reply.detail, reply.now_ms, as_text(qid), list(payload or []), dropped, repeated
-    )
+    try:
+        dropped = int(rest[0]) if rest else 0
+        repeated = len(rest) > 1 and int(rest[1]) == 1
+        return Reply(
+            reply.code,
+            reply.detail,
+            reply.now_ms,
+            as_text(qid),
+            list(payload or []),
+            dropped,
+            repeated,
+        )
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"script reply cannot be decoded: {exc}") from exc
 
 
 def digest(data: bytes) -> str:
@@ -424,21 +434,27 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
         # rule: L1 (every reader: get, the CLI, the replies of every script)
         if state is State.PENDING and lease is not None and lease <= now_ms:
             state, reason = State.PROVISIONAL, "lease_expired"
+        # as_text and _hexed inline for the bytes hiredis hands back (this runs on every
+        # call, twice for a new key: a function call per field otherwise)
         return _trusted(
             OperationRecord,
             {
-                "operation_id": as_text(op),
-                "fingerprint": _hexed(fp),
+                "operation_id": op.decode() if type(op) is bytes else as_text(op),
+                "fingerprint": fp.hex() if type(fp) is bytes else _hexed(fp),
                 "fingerprint_version": int(fpv),
-                "binding": as_text(bind),
+                "binding": bind.decode() if type(bind) is bytes else as_text(bind),
                 "generation": int(gen),
                 "version": int(ver),
                 "state": state,
                 "reason": reason,
                 "lease_expires_at": None if lease is None else ms_to_datetime(lease),
                 "result": None if result is None else bytes(result),
-                "result_digest": None if rdig is None else _hexed(rdig),
-                "attempt_id": None if aid is None else _hexed(aid),
+                "result_digest": (
+                    None if rdig is None else rdig.hex() if type(rdig) is bytes else _hexed(rdig)
+                ),
+                "attempt_id": (
+                    None if aid is None else aid.hex() if type(aid) is bytes else _hexed(aid)
+                ),
                 "reservations": int(n),
                 "created_at": ms_to_datetime(int(created)),
                 "updated_at": ms_to_datetime(int(updated)),

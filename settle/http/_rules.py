@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Final, overload
 
 from pydantic import ValidationError
 
-from settle._core.codec import encode_result
 from settle._core.heartbeat import first_renewal
 from settle._log import enabled, logger, operation_digest
 from settle.attempt import Attempt
@@ -100,38 +97,58 @@ __all__ = [
 # -- instructions --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# Plain classes with slots, not frozen dataclasses: a frozen dataclass sets each field with
+# ``object.__setattr__`` (~1,300 instructions a field; a new key makes five steps). Their
+# fields are ``Final``, read-only to the type checker; nothing compares or hashes a step.
+
+
 class Forward:
     """The request is not guarded here (not covered, or an outer guard runs its very
     operation: :meth:`Guard.identified`): call the app as it is."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True)
+
 class Answer:
     """Send this response; the app is not called."""
 
-    response: Response
+    __slots__ = ("response",)
+
+    def __init__(self, response: Response) -> None:
+        self.response: Final = response
 
 
-@dataclass(frozen=True, slots=True)
 class Identify:
     """Call the principal callable on the request; feed :meth:`Guard.identified`."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True)
+
 class ReadBody:
     """Read the whole body into a :class:`~settle.http.request.BodyBuffer` of ``limit``."""
 
-    limit: int
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        self.limit: Final = limit
 
 
-@dataclass(frozen=True, slots=True)
 class Reserve:
-    operation_id: str
-    principal: str
-    fingerprint: str
-    lease: float | None
-    attempt_id: str
+    __slots__ = ("attempt_id", "fingerprint", "lease", "operation_id", "principal")
+
+    def __init__(
+        self,
+        operation_id: str,
+        principal: str,
+        fingerprint: str,
+        lease: float | None,
+        attempt_id: str,
+    ) -> None:
+        self.operation_id: Final = operation_id
+        self.principal: Final = principal
+        self.fingerprint: Final = fingerprint
+        self.lease: Final = lease
+        self.attempt_id: Final = attempt_id
 
     @overload
     def call(self, settler: AsyncSettler) -> Awaitable[Reserved | Replay | InProgress]: ...
@@ -148,7 +165,6 @@ class Reserve:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class Release:
     """``reserve`` raised :class:`DurabilityError`: read the record (``operation_id``) and
     mark provisional (``reason``) the reservation it holds for this request
@@ -156,34 +172,45 @@ class Release:
     handler did not run: a reservation left pending would answer every retry 409 (in
     progress) until its lease ends, with nothing running it."""
 
-    operation_id: str
-    attempt_id: str
-    reason: str = UNCONFIRMED
+    __slots__ = ("attempt_id", "operation_id", "reason")
+
+    def __init__(self, operation_id: str, attempt_id: str, reason: str = UNCONFIRMED) -> None:
+        self.operation_id: Final = operation_id
+        self.attempt_id: Final = attempt_id
+        self.reason: Final = reason
 
     def reservation(self, record: OperationRecord | None) -> Reservation | None:
         return own_reservation(record, self.attempt_id)
 
 
-@dataclass(frozen=True, slots=True)
 class Run:
     """Run the app with ``attempt`` (in ``scope``/``environ``/``request.settle``) while a
     heartbeat renews ``reservation`` every ``lease / 3`` seconds, the first renewal
     ``first`` seconds from now (:func:`~settle._core.heartbeat.first_renewal`)."""
 
-    reservation: Reservation
-    attempt: Attempt
-    lease: float
-    first: float
+    __slots__ = ("attempt", "first", "lease", "reservation")
+
+    def __init__(
+        self, reservation: Reservation, attempt: Attempt, lease: float, first: float
+    ) -> None:
+        self.reservation: Final = reservation
+        self.attempt: Final = attempt
+        self.lease: Final = lease
+        self.first: Final = first
 
 
-@dataclass(frozen=True, slots=True)
 class Settle:
     """``complete`` the reservation with ``stored``, or (``stored`` None) mark it
     provisional with ``reason``."""
 
-    reservation: Reservation
-    stored: StoredResponse | None = None
-    reason: str = ""
+    __slots__ = ("reason", "reservation", "stored")
+
+    def __init__(
+        self, reservation: Reservation, stored: StoredResponse | None = None, reason: str = ""
+    ) -> None:
+        self.reservation: Final = reservation
+        self.stored: Final = stored
+        self.reason: Final = reason
 
     @overload
     def call(self, settler: AsyncSettler) -> Awaitable[Settlement]: ...
@@ -193,14 +220,17 @@ class Settle:
         """``complete`` or ``mark_provisional`` (await it on an :class:`~settle.AsyncSettler`)."""
         if self.stored is None:
             return settler.mark_provisional(self.reservation, self.reason)
-        # Encoded here as the codec encodes any model, and handed to ``complete`` as these
-        # bytes (stored as they are, the size limit checked there), as the decorator does:
-        # without the walk for a key named twice, which a StoredResponse cannot hold (it is
-        # validated and forbids extras), the same bytes are stored.
-        op = self.reservation.operation_id
-        return settler.complete(
-            self.reservation, encode_result(self.stored, sys.maxsize, op, repeated=True)
-        )
+        # Encoded here, and handed to ``complete`` as these bytes (stored as they are, the
+        # size limit checked there), as the decorator does: by StoredResponse's own
+        # serializer, the bytes the codec's encode_result makes of it (fields by name, round
+        # trip), without its pass for a model: a StoredResponse is validated, forbids
+        # extras (no key named twice) and holds no float (no NaN) nor text bytes (base64).
+        return settler.complete(self.reservation, _stored_json(self.stored))
+
+
+def _stored_json(stored: StoredResponse) -> bytes:
+    """``stored`` as the codec's ``encode_result`` stores it (the same bytes)."""
+    return StoredResponse.__pydantic_serializer__.to_json(stored, by_alias=False, round_trip=True)
 
 
 Step = Forward | Answer | Identify | ReadBody | Reserve | Release | Run
