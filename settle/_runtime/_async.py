@@ -462,7 +462,7 @@ class AsyncRunner:
         its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
         every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
         (every primary's and replica's); switch a cluster node's URL to a cluster client.
-        Returns the ``INFO server`` it judged. Transient
+        Returns the ``INFO server`` it judged (empty when the ACL denies INFO). Transient
         failures are repeated. Concurrent callers share one run (:class:`SingleFlight`)."""
         try:
             return await AsyncRetrying(**retry_options(None))(
@@ -479,12 +479,13 @@ class AsyncRunner:
             if evidence is None:
                 evidence = self._checks.evidence
         info: dict[str, Any] = await self._server_info()
-        topology.check_server(info)
+        if info:  # INFO denied by the ACL: the version is not known, FUNCTION is tried
+            topology.check_server(info)
         replication = await self._replication()  # a replica is refused before anything
         # Decided again on every check: a failover or a rollback may bring a server
         # without FUNCTION (or one that now refuses FUNCTION LOAD).
         fcall = self._load_refused = False
-        if topology.has_functions(info) and not self._fcall_unknown:
+        if (not info or topology.has_functions(info)) and not self._fcall_unknown:
             fcall = await self._load_everywhere()
         if not fcall:
             await self._load_scripts()
@@ -870,9 +871,16 @@ class AsyncRunner:
             return None
 
     async def _server_info(self) -> dict[str, Any]:
+        """``INFO server`` of the server (of a cluster's oldest node); empty when the ACL
+        denies INFO (``-info``, or ``-@dangerous``): the version is not checked and a
+        cluster node's URL is not recognised, and the eviction policy, unread, is warned
+        of (``settle.backend.eviction_unknown``), never refused (docs/operations.md)."""
         node = self.client
         if not isinstance(node, RedisCluster):
-            info: dict[str, Any] = await node.info("server")
+            try:
+                info: dict[str, Any] = await node.info("server")
+            except rx.NoPermissionError:
+                return {}
             if not topology.is_cluster_mode(info):
                 return info
             if self.client is node:  # concurrent first calls: only one of them switches
@@ -880,11 +888,14 @@ class AsyncRunner:
         cluster = self.client
         assert isinstance(cluster, RedisCluster)
         every = RedisCluster.ALL_NODES
-        per_node = _per_node(await cluster.info("server", target_nodes=every))
+        try:
+            per_node = _per_node(await cluster.info("server", target_nodes=every))
+        except rx.NoPermissionError:
+            per_node = {}
         states = _per_node(await cluster.cluster_info(target_nodes=every))
         slots: Mapping[tuple[int, int], Any] = await cluster.cluster_slots()  # type: ignore[assignment,unused-ignore]  # redis-py parses it into {(low, high): nodes}
         topology.check_cluster(states, list(slots))
-        return topology.oldest_node_info(per_node)
+        return topology.oldest_node_info(per_node) if per_node else {}
 
     async def _switch_to_cluster(self, node: Redis) -> None:
         pool = node.connection_pool

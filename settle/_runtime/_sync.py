@@ -461,7 +461,7 @@ class Runner:
         its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
         every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
         (every primary's and replica's); switch a cluster node's URL to a cluster client.
-        Returns the ``INFO server`` it judged. Transient
+        Returns the ``INFO server`` it judged (empty when the ACL denies INFO). Transient
         failures are repeated. Concurrent callers share one run (:class:`SingleFlight`)."""
         try:
             return Retrying(**retry_options(None))(
@@ -478,12 +478,13 @@ class Runner:
             if evidence is None:
                 evidence = self._checks.evidence
         info: dict[str, Any] = self._server_info()
-        topology.check_server(info)
+        if info:  # INFO denied by the ACL: the version is not known, FUNCTION is tried
+            topology.check_server(info)
         replication = self._replication()  # a replica is refused before anything
         # Decided again on every check: a failover or a rollback may bring a server
         # without FUNCTION (or one that now refuses FUNCTION LOAD).
         fcall = self._load_refused = False
-        if topology.has_functions(info) and not self._fcall_unknown:
+        if (not info or topology.has_functions(info)) and not self._fcall_unknown:
             fcall = self._load_everywhere()
         if not fcall:
             self._load_scripts()
@@ -869,9 +870,16 @@ class Runner:
             return None
 
     def _server_info(self) -> dict[str, Any]:
+        """``INFO server`` of the server (of a cluster's oldest node); empty when the ACL
+        denies INFO (``-info``, or ``-@dangerous``): the version is not checked and a
+        cluster node's URL is not recognised, and the eviction policy, unread, is warned
+        of (``settle.backend.eviction_unknown``), never refused (docs/operations.md)."""
         node = self.client
         if not isinstance(node, RedisCluster):
-            info: dict[str, Any] = node.info("server")
+            try:
+                info: dict[str, Any] = node.info("server")
+            except rx.NoPermissionError:
+                return {}
             if not topology.is_cluster_mode(info):
                 return info
             if self.client is node:  # concurrent first calls: only one of them switches
@@ -879,11 +887,14 @@ class Runner:
         cluster = self.client
         assert isinstance(cluster, RedisCluster)
         every = RedisCluster.ALL_NODES
-        per_node = _per_node(cluster.info("server", target_nodes=every))
+        try:
+            per_node = _per_node(cluster.info("server", target_nodes=every))
+        except rx.NoPermissionError:
+            per_node = {}
         states = _per_node(cluster.cluster_info(target_nodes=every))
         slots: Mapping[tuple[int, int], Any] = cluster.cluster_slots()  # type: ignore[assignment,unused-ignore]  # redis-py parses it into {(low, high): nodes}
         topology.check_cluster(states, list(slots))
-        return topology.oldest_node_info(per_node)
+        return topology.oldest_node_info(per_node) if per_node else {}
 
     def _switch_to_cluster(self, node: Redis) -> None:
         pool = node.connection_pool
