@@ -173,7 +173,7 @@ class AsyncSettler(AsyncConnectable):
             # the server and of the namespace for all of them, and for those sent before it
             # ended (their shards were not claimed again yet).
             said = self._core.losses_said
-            if said != self._rechecked:
+            while self._rechecked < said:  # (a run under way for an earlier loss: then ours)
                 after = functools.partial(self._after_loss, said, checked)
                 await self._flight.run("loss", after)
             raw = await self._runner.run(claiming)

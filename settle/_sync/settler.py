@@ -174,7 +174,7 @@ class Settler(Connectable):
             # the server and of the namespace for all of them, and for those sent before it
             # ended (their shards were not claimed again yet).
             said = self._core.losses_said
-            if said != self._rechecked:
+            while self._rechecked < said:  # (a run under way for an earlier loss: then ours)
                 after = functools.partial(self._after_loss, said, checked)
                 self._flight.run("loss", after)
             raw = self._runner.run(claiming)
