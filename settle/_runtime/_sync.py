@@ -464,11 +464,20 @@ class Runner:
         Returns the ``INFO server`` it judged (empty when the ACL denies INFO). Transient
         failures are repeated. Concurrent callers share one run (:class:`SingleFlight`)."""
         try:
-            return Retrying(**retry_options(None))(
-                self._flight.run, "full", self._prepare_once
-            )
+            return Retrying(**retry_options(None))(self._full_check)
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
+
+    def _full_check(self, evidence: int | None = None) -> dict[str, Any]:
+        """One try of :meth:`prepare`, shared with the concurrent callers that saw the same
+        evidence count (``evidence``; None: now), never with one that saw less: its check
+        began before the evidence this caller saw (a connection found dropped while it ran)
+        and read the server as it was before."""
+        if evidence is None:
+            with self._checks.lock:
+                evidence = self._checks.evidence
+        check = functools.partial(self._prepare_once, evidence)
+        return self._flight.run(f"full {evidence}", check)
 
     def _prepare_once(self, evidence: int | None = None) -> dict[str, Any]:
         """One try of :meth:`prepare`; a transient failure is raised as it came.
@@ -596,13 +605,14 @@ class Runner:
                 evidence = checks.evidence
                 full = checks.checked_at is None or self._loaded != checks.losses
             if full:
-                self._flight.run("full", functools.partial(self._prepare_once, evidence))
+                self._full_check(evidence)
                 return
             node = self._node_of(call)
             if node is not None and self._node_fresh(node.name, evidence):
                 return
             recheck = functools.partial(self._recheck, node, evidence)
-            self._flight.run(f"policy {'' if node is None else node.name}", recheck)
+            name = "" if node is None else node.name
+            self._flight.run(f"policy {name} {evidence}", recheck)  # as :meth:`_full_check`
 
     def _recheck(self, node: Any, evidence: int) -> None:
         """The periodic read of the eviction policy (:meth:`_check`): of the server, of the
