@@ -303,3 +303,26 @@ async def test_a_refused_check_reaches_every_call_of_the_burst_and_the_next_call
         assert isinstance(again, Reserved)  # the next call checked again
     finally:
         await settler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_burst_when_the_policy_recheck_falls_due_reads_the_policy_once(
+    server: EmbeddedRedis,
+) -> None:
+    """The periodic re-read of the eviction policy (every ``recheck_interval``) falls due
+    for every call of the burst at once: one ``INFO memory`` for all of them, not one each
+    on a connection of the pool."""
+    settler = AsyncSettler.from_url(server.url, namespace="recheck", shards=16)
+    try:
+        await settler.reserve("warm", REQ, principal=WHO, lease=30)
+        settler._runner.recheck_interval = 2.0  # longer than the burst takes
+        await asyncio.sleep(2.1)
+        with monitored(server) as seen:
+            results = await _burst(
+                lambda i: settler.reserve(f"op-{i}", REQ, principal=WHO, lease=30)
+            )
+        assert results == {"Reserved": TASKS}
+        assert seen.count("INFO memory") == 1
+        assert seen.count("INFO server") == 0  # the policy alone: no full check
+    finally:
+        await settler.aclose()
