@@ -57,6 +57,8 @@ RUNTIME_RULES: list[tuple[str, str]] = [
     ),
     (r"Callable\[\[Any\], Awaitable\[Any\]\]", "Callable[[Any], Any]"),
     (r"Awaitable\[None\]", "None"),
+    (r"Awaitable\[_T\]", "_T"),
+    (r"\basyncio\.Event\b", "threading.Event"),
     (r"\bAsyncRetrying\b", "Retrying"),
     (r"^import asyncio$", "import time"),
     (r"\basyncio\.sleep\b", "time.sleep"),

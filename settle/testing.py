@@ -68,6 +68,12 @@ class MemoryBackend:
     def prepare(self) -> dict[str, Any]:
         return {"redis_version": "7.2.0"}
 
+    def check_mark(self) -> int:
+        return 0
+
+    def suspect(self, mark: int | None = None) -> None:
+        """Nothing to check again: the model has no server."""
+
     def exists(self, keys: tuple[str, ...]) -> int | None:
         with self.keyspace.lock:
             now = self.keyspace.clock()
@@ -91,6 +97,12 @@ class AsyncMemoryBackend:
 
     async def prepare(self) -> dict[str, Any]:
         return self.sync.prepare()
+
+    def check_mark(self) -> int:
+        return self.sync.check_mark()
+
+    def suspect(self, mark: int | None = None) -> None:
+        self.sync.suspect(mark)
 
     async def exists(self, keys: tuple[str, ...]) -> int | None:
         return self.sync.exists(keys)

@@ -4,6 +4,7 @@ backend and lets the core decode the reply; no rule lives here."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import datetime
@@ -16,7 +17,7 @@ from settle._core.engine import Core, QuarantineFollower, QuarantineQuery, Quara
 from settle._core.layout import LOG_MAX
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
-from settle._runtime._async import AsyncConnectable, AsyncRunner
+from settle._runtime._async import AsyncConnectable, AsyncRunner, SingleFlight
 from settle._runtime.options import check_client
 from settle._runtime.transient import SlotSplit
 from settle._telemetry import CallSpan, telemetry
@@ -70,6 +71,8 @@ class AsyncBackend(Protocol):
     async def run_many(self, calls: list[Call]) -> list[Any]: ...
     async def prepare(self) -> dict[str, Any]: ...
     async def exists(self, keys: tuple[str, ...]) -> int | None: ...
+    def check_mark(self) -> int: ...
+    def suspect(self, mark: int | None = None) -> None: ...
     async def aclose(self) -> None: ...
 
 
@@ -93,6 +96,11 @@ class AsyncSettler(AsyncConnectable):
         self._core = Core(config)
         self._runner = backend
         self._checked = False
+        #: The start-up checks and the namespace re-checks after a loss, one run for every
+        #: concurrent call that needs them.
+        self._flight = SingleFlight()
+        #: The losses said (``Core.losses_said``) whose namespace re-check passed.
+        self._rechecked = 0
         self.quarantine = AsyncQuarantine(self)
 
     @classmethod
@@ -120,8 +128,14 @@ class AsyncSettler(AsyncConnectable):
             await self._check()
 
     async def _check(self) -> None:
-        """:meth:`check`, inside the call that needs it (its span holds the set-up)."""
-        if self._checked:
+        """:meth:`check`, inside the call that needs it (its span holds the set-up): one
+        run for every concurrent call (:class:`SingleFlight`); a failure reaches each, and
+        the next call checks again."""
+        if not self._checked:
+            await self._flight.run("start", self._start)
+
+    async def _start(self) -> None:
+        if self._checked:  # a run that ended just before this one began
             return
         await self._runner.prepare()
         await self._check_namespace(starting=True)
@@ -150,15 +164,32 @@ class AsyncSettler(AsyncConnectable):
         if not self._checked:
             with naming(call):
                 await self._check()
-        mark = self._core.loss_mark()
+        mark, checked = self._core.loss_mark(), self._runner.check_mark()
         raw = await self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
         # metadata was checked again (SPEC 4; the rule is the core's).
         if (claiming := self._core.claim(call, raw, mark)) is not None:
-            await self._check_namespace()
+            # Every call in flight finds the same loss (the core says it once): one check of
+            # the server and of the namespace for all of them, and for those sent before it
+            # ended (their shards were not claimed again yet).
+            said = self._core.losses_said
+            while self._rechecked < said:  # (a run under way for an earlier loss: then ours)
+                after = functools.partial(self._after_loss, said, checked)
+                await self._flight.run("loss", after)
             raw = await self._runner.run(claiming)
             self._core.claim(claiming, raw)
         return raw
+
+    async def _after_loss(self, said: int, checked: int) -> None:
+        """The checks after the loss ``said`` (``Core.losses_said``): the server's again
+        (its policy, the scripts it lost), unless a check passed since the call that found
+        it was sent (``checked``: the runner's ``check_mark()`` then); then the namespace,
+        before any shard is claimed again."""
+        if self._rechecked >= said:  # a run that ended just before this one began
+            return
+        self._runner.suspect(checked)
+        await self._check_namespace()
+        self._rechecked = max(self._rechecked, said)
 
     async def reserve(
         self,

@@ -323,6 +323,12 @@ class Core:
         flight: the first says it; the others found the same loss."""
         return -1 if self._reclaiming else self._losses_said
 
+    @property
+    def losses_said(self) -> int:
+        """How many losses were said (:meth:`claim`): a shell re-checks the namespace once
+        per loss said, for every call that found it."""
+        return self._losses_said
+
     def _first_to_find(self, mark: int | None) -> bool:
         if mark is None:  # a caller that took no mark: said
             return True

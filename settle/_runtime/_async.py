@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import os
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -64,6 +66,7 @@ __all__ = [
     "SOCKET_TIMEOUT",
     "AsyncConnectable",
     "AsyncRunner",
+    "SingleFlight",
     "client_from_url",
     "cluster_client",
     "sentinel_client",
@@ -181,6 +184,84 @@ def _owned(client: Redis) -> Redis:
     return client
 
 
+_T = TypeVar("_T")
+
+
+class _Flight:
+    """One run of a check that concurrent callers share (:class:`SingleFlight`)."""
+
+    def __init__(self) -> None:
+        #: Set once the run ended, whatever its outcome.
+        self.done = asyncio.Event()
+        self.result: Any = None
+        #: The run's failure, copied as it was raised (before its caller's frames named
+        #: their call in it): each waiter raises a copy of its own.
+        self.failure: Exception | None = None
+        #: The leader was cancelled (or interrupted): no outcome; a waiter runs it anew.
+        self.abandoned = False
+
+
+class SingleFlight:
+    """The start-up checks and the re-checks after a loss, run once for every concurrent
+    caller that needs them (tasks, or threads of the sync runtime): the first caller runs
+    the check, the others wait for its outcome. A failure reaches each waiter as its own
+    copy of the typed error the check raised, and the next call tries again; a leader that
+    is cancelled leaves no outcome, and one of its waiters runs the check instead. Without
+    it a burst on a cold (or flushed, or restarted) server ran one check per call, each on
+    a connection of the client's pool, which raises once it has lent them all.
+
+    One flight per ``key`` at a time; a check must not wait for a flight of its own key
+    (it would wait for itself)."""
+
+    def __init__(self) -> None:
+        #: Guards ``_flights``; never held across the network (the sync runtime's threads).
+        self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}
+
+    async def run(self, key: str, check: Callable[[], Awaitable[_T]]) -> _T:
+        """``check()``'s outcome: of this caller's run, or of the run under way."""
+        while True:
+            with self._lock:
+                flight = self._flights.get(key)
+                leading = flight is None
+                if flight is None:
+                    flight = self._flights[key] = _Flight()
+            if leading:
+                return await self._lead(key, flight, check)
+            await flight.done.wait()
+            if flight.failure is not None:
+                raise _copied(flight.failure)
+            if not flight.abandoned:
+                return cast(_T, flight.result)
+
+    async def _lead(self, key: str, flight: _Flight, check: Callable[[], Awaitable[_T]]) -> _T:
+        try:
+            flight.result = await check()  # before ``done``: a thread may wake at once
+        except Exception as exc:
+            flight.failure = _copied(exc)
+            raise
+        except BaseException:  # cancelled, interrupted: a waiter runs the check instead
+            flight.abandoned = True
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
+        return cast(_T, flight.result)
+
+
+def _copied(exc: Exception) -> Exception:
+    """A copy of ``exc`` with its attributes, cause and traceback: each caller that raises
+    it may name its own call in it (``naming``), and one object raised in many tasks or
+    threads would carry each one's frames into the next."""
+    try:
+        dup = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - an exception class that does not copy: shared
+        return exc
+    dup.__cause__, dup.__suppress_context__ = exc.__cause__, exc.__suppress_context__
+    return dup.with_traceback(exc.__traceback__)
+
+
 class AsyncConnectable:
     """What every facade over a runner shares (``AsyncSettler``, ``AsyncCursorStore``,
     ``AsyncProgressStore``): one way to connect (``from_url``, ``from_cluster``,
@@ -295,6 +376,11 @@ class AsyncRunner:
         #: last loaded its own scripts (the full check, :meth:`_prepare_once`); another
         #: count, or None: this runner's full check is due, whatever the others did.
         self._loaded: int | None = None
+        #: Counts this runner's full checks that passed (each loaded its scripts): a call
+        #: that found its script gone loads it itself only if none passed since it was sent.
+        self._loads = 0
+        #: The checks under way, which concurrent calls share (:class:`SingleFlight`).
+        self._flight = SingleFlight()
         #: FCALL of the library (Redis 7+, Valkey) rather than EVALSHA: decided by prepare().
         self._fcall = False
         #: The server answered FCALL with "unknown command" (renamed or disabled, or a
@@ -331,7 +417,7 @@ class AsyncRunner:
             else lane(
                 client.connection_pool,
                 keep=client in _OWNED and self._owner is None,
-                dropped=self.dropped,
+                dropped=self.idle_dropped,
                 due=self._due,
                 check=self._check,
             )
@@ -376,11 +462,23 @@ class AsyncRunner:
         its data or restarted (:meth:`suspect`): version (the oldest node's on a cluster),
         every hash slot served, and a ``maxmemory-policy`` that cannot evict settle's records
         (every primary's and replica's); switch a cluster node's URL to a cluster client.
-        Returns the ``INFO server`` it judged. Transient failures are repeated."""
+        Returns the ``INFO server`` it judged (empty when the ACL denies INFO). Transient
+        failures are repeated. Concurrent callers share one run (:class:`SingleFlight`)."""
         try:
-            return await AsyncRetrying(**retry_options(None))(self._prepare_once)
+            return await AsyncRetrying(**retry_options(None))(self._full_check)
         except (RedisError, RedisClusterException) as exc:
             raise backend_error(exc, None) from exc
+
+    async def _full_check(self, evidence: int | None = None) -> dict[str, Any]:
+        """One try of :meth:`prepare`, shared with the concurrent callers that saw the same
+        evidence count (``evidence``; None: now), never with one that saw less: its check
+        began before the evidence this caller saw (a connection found dropped while it ran)
+        and read the server as it was before."""
+        if evidence is None:
+            with self._checks.lock:
+                evidence = self._checks.evidence
+        check = functools.partial(self._prepare_once, evidence)
+        return await self._flight.run(f"full {evidence}", check)
 
     async def _prepare_once(self, evidence: int | None = None) -> dict[str, Any]:
         """One try of :meth:`prepare`; a transient failure is raised as it came.
@@ -390,12 +488,13 @@ class AsyncRunner:
             if evidence is None:
                 evidence = self._checks.evidence
         info: dict[str, Any] = await self._server_info()
-        topology.check_server(info)
+        if info:  # INFO denied by the ACL: the version is not known, FUNCTION is tried
+            topology.check_server(info)
         replication = await self._replication()  # a replica is refused before anything
         # Decided again on every check: a failover or a rollback may bring a server
         # without FUNCTION (or one that now refuses FUNCTION LOAD).
         fcall = self._load_refused = False
-        if topology.has_functions(info) and not self._fcall_unknown:
+        if (not info or topology.has_functions(info)) and not self._fcall_unknown:
             fcall = await self._load_everywhere()
         if not fcall:
             await self._load_scripts()
@@ -410,17 +509,38 @@ class AsyncRunner:
             logger.warning("settle.backend.eviction_unknown", nodes=nodes)
         self._passed(evidence, primaries)
         self._loaded = losses
+        self._loads += 1
         return info
 
-    def suspect(self) -> None:
+    def suspect(self, mark: int | None = None) -> None:
         """Evidence that the server lost its data (a script's ``unclaimed`` reply, NOSCRIPT,
         a missing FUNCTION library): every check of :meth:`prepare` runs again before the
         next call, of this runner and of those that share its client (:meth:`companion`),
-        each loading its own scripts again."""
-        with self._checks.lock:
+        each loading its own scripts again. ``mark``: :meth:`check_mark` when the call that
+        found it was sent. A full check that passed since, or one due or under way, answers
+        it: the same loss, found by another call in flight with it (a burst finds one loss
+        with every call), or by this call before its own check."""
+        checks = self._checks
+        with checks.lock:
+            pending = checks.checked_at is None or self._loaded != checks.losses
+            if mark is not None and (pending or mark != self._loads):
+                return
             self._checks.evidence += 1
             self._checks.losses += 1
             self._checks.checked_at = None
+
+    def check_mark(self) -> int:
+        """The count of this runner's full checks that passed, taken before a call is sent
+        and given to :meth:`suspect` with what it found."""
+        return self._loads
+
+    def idle_dropped(self) -> None:
+        """A kept connection was found closed by the server while idle: :meth:`dropped`,
+        unless a check is due or under way already, which reads the server after it closed
+        that connection (a restart closes every kept one: one re-read for all)."""
+        checked = self._checks.checked_at
+        if checked is not None and checked != float("-inf"):
+            self.dropped()
 
     def dropped(self) -> None:
         """Evidence that the server may have restarted (a connection it closed or that
@@ -478,27 +598,35 @@ class AsyncRunner:
 
         One try, inside one of ``call``'s tries: a transient failure here is that try's
         failure, repeated and counted by the call's own retries (a check that repeated on
-        its own would multiply them)."""
+        its own would multiply them). Concurrent calls that find the same check due share
+        one run of it (:class:`SingleFlight`), and its outcome, a failure too."""
         with naming(call) if call is not None else contextlib.nullcontext():
             checks = self._checks
             with checks.lock:  # what is due, and the evidence it answers, read together
                 evidence = checks.evidence
                 full = checks.checked_at is None or self._loaded != checks.losses
             if full:
-                await self._prepare_once(evidence)
+                await self._full_check(evidence)
                 return
             node = self._node_of(call)
             if node is not None and self._node_fresh(node.name, evidence):
                 return
-            policies = await self._primary_policies(node)
-            health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
-            if node is None:
-                self._passed(evidence, policies or ())
-            else:
-                promoted = checks.unjudged(node)
-                self._node_passed(node.name, evidence)
-                if promoted:
-                    await self._forget_demoted(str(node.name))
+            recheck = functools.partial(self._recheck, node, evidence)
+            name = "" if node is None else node.name
+            await self._flight.run(f"policy {name} {evidence}", recheck)  # as :meth:`_full_check`
+
+    async def _recheck(self, node: Any, evidence: int) -> None:
+        """The periodic read of the eviction policy (:meth:`_check`): of the server, of the
+        cluster primary ``node``, or of every primary (``node`` None)."""
+        policies = await self._primary_policies(node)
+        health.check_eviction(policies or {"": None}, allow=self._durability.allow_eviction)
+        if node is None:
+            self._passed(evidence, policies or ())
+        else:
+            promoted = self._checks.unjudged(node)
+            self._node_passed(node.name, evidence)
+            if promoted:
+                await self._forget_demoted(str(node.name))
 
     def _node_passed(self, name: str, evidence: int) -> None:
         """The cluster primary ``name`` passed its recheck; once every primary has, since
@@ -571,11 +699,15 @@ class AsyncRunner:
             )
         return missing is not None
 
-    async def _lost(self, call: Call) -> None:
+    async def _lost(self, call: Call, mark: int) -> bool:
         """``call`` met evidence that the server lost its data or restarted (NOSCRIPT, a
-        missing library): every check again, now, before the call is sent again."""
-        self.suspect()
+        missing library): every check again, now, before the call is sent again (one run
+        for every call in flight that found the same loss: ``mark``, :meth:`check_mark`
+        when it was sent, :meth:`suspect`). Whether the call must load its script itself:
+        no full check passed since it was sent, whose loading would have restored it."""
+        self.suspect(mark)
         await self._check(call)
+        return self._loads == mark
 
     async def _load_everywhere(self) -> bool:
         """Load the library on the server (each primary of a cluster); when the server
@@ -749,9 +881,16 @@ class AsyncRunner:
             return None
 
     async def _server_info(self) -> dict[str, Any]:
+        """``INFO server`` of the server (of a cluster's oldest node); empty when the ACL
+        denies INFO (``-info``, or ``-@dangerous``): the version is not checked and a
+        cluster node's URL is not recognised, and the eviction policy, unread, is warned
+        of (``settle.backend.eviction_unknown``), never refused (docs/operations.md)."""
         node = self.client
         if not isinstance(node, RedisCluster):
-            info: dict[str, Any] = await node.info("server")
+            try:
+                info: dict[str, Any] = await node.info("server")
+            except rx.NoPermissionError:
+                return {}
             if not topology.is_cluster_mode(info):
                 return info
             if self.client is node:  # concurrent first calls: only one of them switches
@@ -759,11 +898,14 @@ class AsyncRunner:
         cluster = self.client
         assert isinstance(cluster, RedisCluster)
         every = RedisCluster.ALL_NODES
-        per_node = _per_node(await cluster.info("server", target_nodes=every))
+        try:
+            per_node = _per_node(await cluster.info("server", target_nodes=every))
+        except rx.NoPermissionError:
+            per_node = {}
         states = _per_node(await cluster.cluster_info(target_nodes=every))
         slots: Mapping[tuple[int, int], Any] = await cluster.cluster_slots()  # type: ignore[assignment,unused-ignore]  # redis-py parses it into {(low, high): nodes}
         topology.check_cluster(states, list(slots))
-        return topology.oldest_node_info(per_node)
+        return topology.oldest_node_info(per_node) if per_node else {}
 
     async def _switch_to_cluster(self, node: Redis) -> None:
         pool = node.connection_pool
@@ -783,13 +925,16 @@ class AsyncRunner:
 
     async def run(self, call: Call) -> Any:
         """Run one script call; its raw reply (the part decodes it). A reply whose code is
-        ``unclaimed`` (a shard's state is gone: a restart without persistence, FLUSHALL,
-        eviction), or a reply of a script of the set's ``gone`` without the state its caller
-        had read, makes every server check due again before the next call."""
+        one of the set's ``lost``, or a reply of a script of the set's ``gone`` without the
+        state its caller had read, makes every server check due again before the next call.
+        (The core's ``unclaimed``, a shard's state gone, is the settler's to judge: the
+        core says a loss once for every call that found it, and the settler then calls
+        :meth:`suspect`.)"""
+        mark = self._loads  # before it is sent (:meth:`suspect`)
         reply = await self._call(call)
         body = reply.reply if isinstance(reply, Unacknowledged) else reply
         if type(body) is list and body and self._lost_data(call, body):
-            self.suspect()
+            self.suspect(mark)
         return reply
 
     async def run_or_apart(self, call: Call, apart: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -804,12 +949,10 @@ class AsyncRunner:
                 return await apart(call)
 
     def _lost_data(self, call: Call, reply: list[Any]) -> bool:
-        """Whether ``reply`` says the server lost data: ``unclaimed`` or a code of the set's
-        ``lost``, or no state in the reply of a script of the set's ``gone`` (its caller had
-        just read that state)."""
+        """Whether ``reply`` says the server lost data: a code of the set's ``lost``, or no
+        state in the reply of a script of the set's ``gone`` (its caller had just read that
+        state)."""
         code = reply[0]
-        if code in _UNCLAIMED:
-            return True
         if self._set.lost:
             if isinstance(code, bytes):
                 code = code.decode("utf-8", "replace")
@@ -859,6 +1002,7 @@ class AsyncRunner:
         try:
             if self._needs_check(call):
                 await self._check(call)
+            mark = self._loads  # after the checks, as the call is sent (:meth:`suspect`)
             if (
                 self._durability.min_replicas
                 and call.script in self._set.writing
@@ -875,16 +1019,17 @@ class AsyncRunner:
                 # failover to a server without FUNCTION: check the server again, which
                 # decides FCALL or EVALSHA again; load, call again.
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                await self._lost(call)
+                load = await self._lost(call, mark)
                 if self._fcall:
-                    await self._load_library(call)
+                    if load:
+                        await self._load_library(call)
                     return await self._fcall_once(call)
             script = self._scripts[call.script]
             try:
                 return await self._evalsha(script.sha, call)
             except NoScriptError:  # a flushed or restarted server: check, load once, call again
-                await self._lost(call)
-                await self.client.script_load(script.script)
+                if await self._lost(call, mark):
+                    await self.client.script_load(script.script)
                 return await self._evalsha(script.sha, call)
             except rx.NoPermissionError as exc:
                 if not await self._listed_since(exc):
@@ -975,6 +1120,7 @@ class AsyncRunner:
                 await self.client.nodes_manager.initialize()
                 self._stale_topology = False
             node = asked or self._node_for(call)
+            mark = self._loads  # as the call is sent (:meth:`suspect`)
             replies = await self._send_durable(call, node, asking=asked is not None)
             asking, reply, probed, acks = _durable_replies(replies, asking=asked is not None)
             if isinstance(asking, Exception) and isinstance(reply, Exception):
@@ -988,7 +1134,7 @@ class AsyncRunner:
                 await _pause_after(reply, refused, acks, need)
                 continue
             redirected += 1
-            if await self._send_again(call, node, reply):
+            if await self._send_again(call, node, reply, mark):
                 continue
             if isinstance(reply, rx.MovedError):  # the slot moved: its node is another
                 assert isinstance(self.client, RedisCluster)
@@ -1097,19 +1243,20 @@ class AsyncRunner:
             required=need,
         )
 
-    async def _send_again(self, call: Call, node: Redis, reply: object) -> bool:
+    async def _send_again(self, call: Call, node: Redis, reply: object, mark: int) -> bool:
         """Whether the durable path's script ``reply`` (it ran nothing) asks for its
         pipeline to be sent again, after what it says was done: the server lost the script
         (NOSCRIPT: loaded again on ``node``) or the library (the checks decide FCALL or
         EVALSHA again; loaded again on ``node``), or an EVALSHA refused where the library is
-        listed now (:meth:`_listed_since`: FCALL)."""
+        listed now (:meth:`_listed_since`: FCALL). ``mark``: :meth:`check_mark` as the
+        pipeline was sent."""
         if isinstance(reply, NoScriptError):
-            await self._lost(call)  # its checks load every script, the probe included
+            await self._lost(call, mark)  # its checks load every script, the probe included
             await node.script_load(self._scripts[call.script].script)
             return True
         if self._function_missing(reply):
             logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-            await self._lost(call)  # decides FCALL or EVALSHA again
+            await self._lost(call, mark)  # decides FCALL or EVALSHA again
             if self._fcall:
                 await self._load_library(client=node)
             return True
@@ -1189,8 +1336,8 @@ class AsyncRunner:
                 )
             except (RedisError, RedisClusterException) as exc:
                 raise backend_error(exc, first) from exc
-        # Not checked for 'unclaimed' replies, unlike run(): the namespace's claim planning
-        # expects them (a shard never used), right after its own check of the server.
+        # Not checked for lost data: the namespace's claim planning expects 'unclaimed'
+        # (a shard never used), right after its own check of the server.
         return replies
 
     async def _pipeline(self, calls: list[Call]) -> list[Any]:
@@ -1198,11 +1345,12 @@ class AsyncRunner:
         try:
             if self._needs_check(calls[0] if calls else None):  # as :meth:`_run_once`
                 await self._check(calls[0] if calls else None)
+            mark = self._loads  # as the calls are sent (:meth:`suspect`)
             replies = await self._send_pipeline(calls)
             if any(self._function_missing(r) or isinstance(r, NoScriptError) for r in replies):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                await self._lost(calls[0])  # decides FCALL or EVALSHA again, loads the scripts
-                if self._fcall:
+                # decides FCALL or EVALSHA again, loads the scripts
+                if await self._lost(calls[0], mark) and self._fcall:
                     await self._load_library()
                 replies = await self._send_pipeline(calls)
             elif not self._fcall:
@@ -1744,10 +1892,6 @@ def _own(exc: Exception) -> Exception:
 
 
 # unasync: end
-
-
-#: The code of a script's reply that found a shard's state gone (the core's guard in lua/_lib.lua).
-_UNCLAIMED = (b"unclaimed", "unclaimed")
 
 
 def _note_lost(lost: list[BaseException], exc: RedisError) -> None:

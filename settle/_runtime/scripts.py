@@ -61,9 +61,10 @@ class ScriptSet:
     checkpoint, the first element of their reply's body): a reply of theirs in which that
     state is empty says the server lost it meanwhile (a FLUSHALL, a restart without
     persistence, a DEL), evidence on which the runner checks the server again before its
-    next call, as on the core's ``unclaimed`` reply. ``lost`` names reply codes (the
-    reply's first element) of the set's scripts that are the same evidence (the stream
-    settlement's ``no_group``: the group it read the delivery from is gone).
+    next call. ``lost`` names reply codes (the reply's first element) of the set's scripts
+    that are the same evidence (the stream settlement's ``no_group``: the group it read the
+    delivery from is gone; a progress write's ``unclaimed``). (The core's ``unclaimed`` is
+    the settler's to judge: its core says a loss once for every call that found it.)
 
     Every set also holds the runtime's :data:`WAIT_PROBE` (added here; a part never calls
     it): with ``min_replicas`` the runner sends it between a writing script and its WAIT."""

@@ -5,6 +5,7 @@ backend and lets the core decode the reply; no rule lives here."""
 from __future__ import annotations
 
 import time
+import functools
 from collections.abc import Iterator, Callable
 from dataclasses import replace
 from datetime import datetime
@@ -17,7 +18,7 @@ from settle._core.engine import Core, QuarantineFollower, QuarantineQuery, Quara
 from settle._core.layout import LOG_MAX
 from settle._core.scripts import SCRIPTS
 from settle._runtime import Call, Durability, naming
-from settle._runtime._sync import Connectable, Runner
+from settle._runtime._sync import Connectable, Runner, SingleFlight
 from settle._runtime.options import check_client
 from settle._runtime.transient import SlotSplit
 from settle._telemetry import CallSpan, telemetry
@@ -71,6 +72,8 @@ class Backend(Protocol):
     def run_many(self, calls: list[Call]) -> list[Any]: ...
     def prepare(self) -> dict[str, Any]: ...
     def exists(self, keys: tuple[str, ...]) -> int | None: ...
+    def check_mark(self) -> int: ...
+    def suspect(self, mark: int | None = None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -94,6 +97,11 @@ class Settler(Connectable):
         self._core = Core(config)
         self._runner = backend
         self._checked = False
+        #: The start-up checks and the namespace re-checks after a loss, one run for every
+        #: concurrent call that needs them.
+        self._flight = SingleFlight()
+        #: The losses said (``Core.losses_said``) whose namespace re-check passed.
+        self._rechecked = 0
         self.quarantine = Quarantine(self)
 
     @classmethod
@@ -121,8 +129,14 @@ class Settler(Connectable):
             self._check()
 
     def _check(self) -> None:
-        """:meth:`check`, inside the call that needs it (its span holds the set-up)."""
-        if self._checked:
+        """:meth:`check`, inside the call that needs it (its span holds the set-up): one
+        run for every concurrent call (:class:`SingleFlight`); a failure reaches each, and
+        the next call checks again."""
+        if not self._checked:
+            self._flight.run("start", self._start)
+
+    def _start(self) -> None:
+        if self._checked:  # a run that ended just before this one began
             return
         self._runner.prepare()
         self._check_namespace(starting=True)
@@ -151,15 +165,32 @@ class Settler(Connectable):
         if not self._checked:
             with naming(call):
                 self._check()
-        mark = self._core.loss_mark()
+        mark, checked = self._core.loss_mark(), self._runner.check_mark()
         raw = self._runner.run(call)
         # A shard without state (first use, or lost) is claimed only after the namespace
         # metadata was checked again (SPEC 4; the rule is the core's).
         if (claiming := self._core.claim(call, raw, mark)) is not None:
-            self._check_namespace()
+            # Every call in flight finds the same loss (the core says it once): one check of
+            # the server and of the namespace for all of them, and for those sent before it
+            # ended (their shards were not claimed again yet).
+            said = self._core.losses_said
+            while self._rechecked < said:  # (a run under way for an earlier loss: then ours)
+                after = functools.partial(self._after_loss, said, checked)
+                self._flight.run("loss", after)
             raw = self._runner.run(claiming)
             self._core.claim(claiming, raw)
         return raw
+
+    def _after_loss(self, said: int, checked: int) -> None:
+        """The checks after the loss ``said`` (``Core.losses_said``): the server's again
+        (its policy, the scripts it lost), unless a check passed since the call that found
+        it was sent (``checked``: the runner's ``check_mark()`` then); then the namespace,
+        before any shard is claimed again."""
+        if self._rechecked >= said:  # a run that ended just before this one began
+            return
+        self._runner.suspect(checked)
+        self._check_namespace()
+        self._rechecked = max(self._rechecked, said)
 
     def reserve(
         self,

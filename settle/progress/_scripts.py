@@ -20,6 +20,9 @@ PROGRESS = ScriptSet(
     },
     writing=frozenset(_WRITERS),
     read_only=frozenset({"read", "scopes", "receipts"}),
+    #: A scope's state gone at a write (``unclaimed()`` in lua/_lib.lua): the progress
+    #: server lost its data, or the scope is new (the store makes it after the check).
+    lost=frozenset({"unclaimed"}),
 )
 STREAM = ScriptSet(
     "settle.progress",

@@ -167,6 +167,30 @@ def test_a_policy_that_cannot_be_read_warns_and_does_not_refuse(
             raw.flushall()
 
 
+@pytest.mark.parametrize("part", ["settler", "cursor", "progress"])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("rules", [("-info",), ("-@dangerous",)], ids=["-info", "-@dangerous"])
+def test_a_user_denied_every_info_is_warned_about_not_refused(
+    servers: dict[str, EmbeddedRedis], flavour: str, part: str, rules: tuple[str, ...]
+) -> None:
+    # INFO is in @dangerous: a user of "+@all -@dangerous", or one denied INFO, was refused
+    # by every part (ConfigurationError: "Redis refused settle's credentials"). The policy
+    # cannot be read: settle says so, as when INFO memory alone is denied, and goes on.
+    server = servers["allkeys-lru"]
+    url = app_user(server, "+@all", *rules)
+    try:
+        with capture_logs() as logs:
+            _first_call(flavour, part, url)
+        unknown = [e for e in logs if e["event"] == "settle.backend.eviction_unknown"]
+        assert len(unknown) == 1
+        assert unknown[0]["log_level"] == "warning"
+        assert unknown[0]["nodes"] == "server"
+    finally:
+        with redis.Redis.from_url(server.url) as raw:
+            raw.acl_deluser("app")
+            raw.flushall()
+
+
 def test_what_the_refusal_prevents_completed_records_are_evicted(
     figures: dict[str, str],
 ) -> None:
