@@ -171,8 +171,9 @@ class ConfigurationError(SettleError):
 class InvalidOption(InvalidInput, ConfigurationError):
     """A durability option a cursor store, a progress store or a stream consumer was built
     with is not acceptable (``min_replicas``, ``replica_timeout``, ``allow_eviction``), or a
-    settler's ``min_replicas`` is past what ``WAIT`` takes (a settler's other bad options
-    are refused by :class:`~settle.SettleConfig`, as a plain :class:`InvalidInput`).
+    settler's ``min_replicas`` is past what ``WAIT`` takes or its ``replica_timeout`` past
+    3600 s (a settler's other bad options are refused by :class:`~settle.SettleConfig`, as
+    a plain :class:`InvalidInput`).
 
     An :class:`InvalidInput`, as every bad option of every part is: catch that one. Also a
     :class:`ConfigurationError`, as these always were. Nothing was sent to Redis."""

@@ -71,6 +71,11 @@ class MemoryBackend:
     def check_mark(self) -> int:
         return 0
 
+    @property
+    def place(self) -> str:
+        """Where its records live: its keyspace (the decorator's identity registry)."""
+        return self.keyspace.place
+
     def suspect(self, mark: int | None = None) -> None:
         """Nothing to check again: the model has no server."""
 
@@ -100,6 +105,10 @@ class AsyncMemoryBackend:
 
     def check_mark(self) -> int:
         return self.sync.check_mark()
+
+    @property
+    def place(self) -> str:
+        return self.sync.place
 
     def suspect(self, mark: int | None = None) -> None:
         self.sync.suspect(mark)

@@ -385,6 +385,7 @@ class AsyncSettler(AsyncConnectable):
             wait=wait,
             name=name,
             on_replay=on_replay,
+            place=getattr(self._runner, "place", "redis"),
         )
         return AsyncOperation(self, options)
 

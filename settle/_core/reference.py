@@ -13,6 +13,7 @@ implements it, as the Lua marks it ``-- rule: <id>`` (``tests/unit/test_rule_ids
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import threading
@@ -42,10 +43,17 @@ class _Stream:
     last: tuple[int, int] = (0, 0)
 
 
+#: Tells one in-process keyspace from another (a token, not the object: nothing keeps it).
+_PLACES = itertools.count(1)
+
+
 class MemoryKeyspace:
     """A thread-safe, in-process stand-in for the few Redis data types settle uses."""
 
     def __init__(self, clock: Callable[[], int]) -> None:
+        #: Where records live, for what must tell two stores apart (the decorator's identity
+        #: registry): settlers on one keyspace share its records, on two never do.
+        self.place = f"memory-{next(_PLACES)}"
         self.clock = clock
         self.lock = threading.RLock()
         self._data: dict[str, Any] = {}

@@ -386,6 +386,7 @@ class Settler(Connectable):
             wait=wait,
             name=name,
             on_replay=on_replay,
+            place=getattr(self._runner, "place", "redis"),
         )
         return Operation(self, options)
 

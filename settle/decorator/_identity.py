@@ -25,7 +25,7 @@ _Site = tuple[str, int]
 #: A definition: where it is, and the fixed text every id of its key starts with (None
 #: for a key callable, whose ids can be anything).
 _Definition = tuple[_Site, str | None]
-_sites: dict[tuple[str, str], tuple[_Definition, ...]] = {}
+_sites: dict[tuple[str, str, str], tuple[_Definition, ...]] = {}
 _sites_lock = threading.Lock()
 
 
@@ -59,7 +59,7 @@ def _can_meet(a: str | None, b: str | None) -> bool:
     return a is None or b is None or a.startswith(b) or b.startswith(a)
 
 
-def claim_identity(namespace: str, name: str, fn: object, key: object) -> None:
+def claim_identity(place: str, namespace: str, name: str, fn: object, key: object) -> None:
     """Remember where each function decorated under ``name`` (its default identity,
     ``module.qualname``) in ``namespace`` was defined and the fixed text its ids start
     with, and refuse another definition under it whose key can make an id one of them
@@ -69,12 +69,15 @@ def claim_identity(namespace: str, name: str, fn: object, key: object) -> None:
     decorated again (a factory called twice, a module reloaded) is allowed, and so are
     definitions whose keys never meet (functions all named ``_``, keys ``card:{x}`` and
     ``bank:{x}``); so is any function given ``name=``, which is how functions share
-    operations on purpose. Only files, lines and key prefixes are kept, no function."""
+    operations on purpose. Only files, lines and key prefixes are kept, no function.
+    ``place``: where the records live (every Redis is one place; each in-process keyspace
+    its own): a ``MemorySettler`` and a Redis settler of one namespace share no record, so
+    the README's two ``charge`` examples, one on each, run in one session."""
     site = _definition_site(fn)
     if site is None:
         return
     prefix = _key_prefix(key)
-    known = (namespace, name)
+    known = (place, namespace, name)
     with _sites_lock:  # two threads decorating at once: one is first
         definitions = _sites.get(known, ())
         clash = next((d for d in definitions if d[0] != site and _can_meet(d[1], prefix)), None)

@@ -31,7 +31,11 @@ class Options:
         wait: float,
         name: str | None = None,
         on_replay: ReplayHook | None = None,
+        place: str = "redis",
     ) -> None:
+        #: Where the settler's records live ("redis", or an in-process keyspace's token):
+        #: with the namespace, what two definitions must share to collide.
+        self.place = place
         self.key = key
         self.name = name
         self.principal = principal
@@ -54,5 +58,5 @@ class Options:
         )
         if self.name is None:  # an explicit name= shares operations on purpose
             assert signature.name is not None
-            claim_identity(self.policy.namespace, signature.name, fn, self.key)
+            claim_identity(self.place, self.policy.namespace, signature.name, fn, self.key)
         return signature, dataclasses.replace(self.policy, result_type=signature.returns)

@@ -99,6 +99,28 @@ def test_a_second_definition_under_one_identity_is_refused_naming_both_sites(
     assert capture(1) == "captured 1"
 
 
+def test_a_definition_on_another_store_of_the_namespace_is_not_refused(
+    redis_url: str,
+) -> None:
+    """Two stores never share a record, whatever their namespace: the second definition on
+    another in-memory keyspace, or on Redis after the model (the README's two ``charge``
+    examples in one session), is its own operation; on the first's keyspace it is refused."""
+    namespace = f"place-{uuid.uuid4().hex[:8]}"
+    first = MemorySettler(namespace=namespace)
+    other = MemorySettler(namespace=namespace)
+    shared = MemorySettler(namespace=namespace, keyspace=first._runner.keyspace)  # type: ignore[attr-defined]
+    on_redis = Settler.from_url(redis_url, namespace=namespace, shards=4)
+    try:
+        capture = _two_definitions(first, "pay:{x}")("capture")
+        for settler in (other, on_redis):
+            assert _two_definitions(settler, "pay:{x}")("void")(1) == "voided 1"
+        with pytest.raises(InvalidInput, match=r"name="):
+            _two_definitions(shared, "pay:{x}")("void")  # the first's records
+        assert capture(1) == "captured 1"
+    finally:
+        on_redis.close()
+
+
 def test_a_redefined_class_is_refused_and_an_explicit_name_shares_or_separates(
     any_settler: Settler,
 ) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from settle import Settler, State
+from settle.embedded import EmbeddedRedis
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -46,3 +47,21 @@ def test_readme_examples_run(
     for block in blocks:
         exec(compile(block, str(README), "exec"), again)
     assert again["charges"] == []
+
+
+def test_readme_blocks_run_in_one_session_on_their_own_namespace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README as a reader runs it: its blocks in one session (a REPL, a notebook, one
+    file), the Redis ones on the README's own default namespace. Its two ``charge``
+    functions share one identity and key, one on the in-memory model and one on Redis: two
+    stores, no record shared, so the second is not refused as a redefinition of the first
+    (it was, once identity collisions were refused: InvalidInput at its decoration)."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", README.read_text("utf-8"), flags=re.S | re.M)
+    monkeypatch.delenv("SETTLE_NAMESPACE", raising=False)
+    with EmbeddedRedis() as server:  # the default namespace, on a server of its own
+        monkeypatch.setenv("SETTLE_REDIS_URL", server.url)
+        scope: dict[str, object] = {"__name__": "__main__"}
+        for block in blocks:
+            exec(compile(block, str(README), "exec"), scope)
+        assert scope["charges"] == ["order-43", "order-44"]
