@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+import structlog
 from click.testing import CliRunner
 
 from settle import Settler
@@ -238,9 +239,16 @@ def test_the_age_is_read_on_the_server_clock_not_the_operators(
 
     _quarantined(server.url, "q", 1)
     monkeypatch.setattr(health, "datetime", Ahead)
-    done = CliRunner().invoke(
-        main, ["doctor", "--redis-url", server.url, "--namespace", "q", "--json"]
-    )
+    # In this process: the CLI's main configures structlog for its stderr (CRITICAL and up),
+    # which the tests that run after this one in the worker would inherit (their captured
+    # logs then empty); the configuration is put back as it was.
+    logging_as_it_was = structlog.get_config()
+    try:
+        done = CliRunner().invoke(
+            main, ["doctor", "--redis-url", server.url, "--namespace", "q", "--json"]
+        )
+    finally:
+        structlog.configure(**logging_as_it_was)
     age = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["quarantine age"]
     assert age["status"] == "ok", age
     assert "(0 minutes)" in age["detail"] or "(1 minutes)" in age["detail"], age
