@@ -207,12 +207,14 @@ async def test_a_burst_right_after_a_restart_without_persistence_succeeds(
             )
         assert results == {"Reserved": TASKS}
         checks = seen.checks()
-        # Once the loss was found: the full check (INFO server, replication, memory) and a
-        # policy re-read for the dropped connections at most; one namespace check (the
-        # metadata found missing, then created) and the claims of one start-up's (the
-        # surviving states checked, then claimed).
+        # Once the loss was found: the full check (INFO server, replication, memory) and
+        # policy re-reads (INFO memory) for the dropped connections, one per evidence count
+        # (a connection found closed after a re-read began gets its own: rev-fix-start's
+        # rule), so a few, however many calls (each of the 400 ran its own on the code
+        # before); one namespace check (the metadata found missing, then created) and the
+        # claims of one start-up's (the surviving states checked, then claimed).
         assert seen.count("INFO server") == 1
-        assert checks["INFO"] <= 4
+        assert checks["INFO"] <= 8
         assert checks["namespace"] == 2
         assert checks["claim"] == 2 * 16
     finally:
