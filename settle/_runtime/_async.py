@@ -699,15 +699,14 @@ class AsyncRunner:
             )
         return missing is not None
 
-    async def _lost(self, call: Call, mark: int) -> bool:
+    async def _lost(self, call: Call, mark: int) -> None:
         """``call`` met evidence that the server lost its data or restarted (NOSCRIPT, a
         missing library): every check again, now, before the call is sent again (one run
         for every call in flight that found the same loss: ``mark``, :meth:`check_mark`
-        when it was sent, :meth:`suspect`). Whether the call must load its script itself:
-        no full check passed since it was sent, whose loading would have restored it."""
+        when it was sent, :meth:`suspect`). When it returns, a full check passed since the
+        call was sent, and loaded every script (and the library) the call needs."""
         self.suspect(mark)
         await self._check(call)
-        return self._loads == mark
 
     async def _load_everywhere(self) -> bool:
         """Load the library on the server (each primary of a cluster); when the server
@@ -786,19 +785,15 @@ class AsyncRunner:
         except rx.NoPermissionError:
             return
 
-    async def _load_library(
-        self, call: Call | None = None, *, node: Any = None, client: Redis | None = None
-    ) -> None:
+    async def _load_library(self, *, node: Any = None, client: Redis | None = None) -> None:
         """``FUNCTION LOAD`` the library, never REPLACE (its name carries its content's
         hash: "already exists" is the same library): on ``client``, on a cluster's ``node``
-        or the node that serves ``call``'s key, else on the server."""
+        (every primary when None), else on the server."""
         library = self._set.library
         try:
             if client is not None:
                 await client.function_load(library)
             elif isinstance(self.client, RedisCluster):
-                if node is None and call is not None and call.keys:
-                    node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call,unused-ignore]
                 if node is None:
                     for primary in self.client.get_primaries():  # type: ignore[no-untyped-call,unused-ignore]
                         await self._load_library(node=primary)
@@ -1019,17 +1014,14 @@ class AsyncRunner:
                 # failover to a server without FUNCTION: check the server again, which
                 # decides FCALL or EVALSHA again; load, call again.
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
-                load = await self._lost(call, mark)
+                await self._lost(call, mark)
                 if self._fcall:
-                    if load:
-                        await self._load_library(call)
                     return await self._fcall_once(call)
             script = self._scripts[call.script]
             try:
                 return await self._evalsha(script.sha, call)
             except NoScriptError:  # a flushed or restarted server: check, load once, call again
-                if await self._lost(call, mark):
-                    await self.client.script_load(script.script)
+                await self._lost(call, mark)
                 return await self._evalsha(script.sha, call)
             except rx.NoPermissionError as exc:
                 if not await self._listed_since(exc):
@@ -1350,8 +1342,7 @@ class AsyncRunner:
             if any(self._function_missing(r) or isinstance(r, NoScriptError) for r in replies):
                 logger.info("settle.backend.library_reloaded", library=self._set.library_name)
                 # decides FCALL or EVALSHA again, loads the scripts
-                if await self._lost(calls[0], mark) and self._fcall:
-                    await self._load_library()
+                await self._lost(calls[0], mark)
                 replies = await self._send_pipeline(calls)
             elif not self._fcall:
                 refused = next((r for r in replies if isinstance(r, rx.NoPermissionError)), None)
