@@ -344,6 +344,9 @@ class _Console:
             csrf=csrf_token(request) if self.authorize is not None else "",
             path=_path(request),
             here=_here(request),
+            # An evicting maxmemory-policy the settler was let read (allow_eviction): said
+            # on every page, as doctor fails it.
+            evicting=getattr(request.state, "evicting", []),
             **context,
         )
         return HTMLResponse(html, status_code=status_code)
@@ -399,6 +402,8 @@ class _Console:
             try:
                 async with bound:
                     with restarting(bound, self.redis_timeout):
+                        if self.settler.config.allow_eviction:
+                            request.state.evicting = await _query.evicting_policies(self.settler)
                         return await endpoint(request)
             except TimeoutError:
                 if not bound.expired():
