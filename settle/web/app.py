@@ -159,6 +159,15 @@ def create_app(
             "secret_key must be a str (it signs the session cookie), got "
             f"{type(secret_key).__name__}: decode a bytes key, or pass None for a random one"
         )
+    if secret_key == "":
+        # An empty key (an unset variable read as "") was taken as "no key", and each
+        # process signed with a random one: sessions ended with every restart and did not
+        # pass between the workers of one service.
+        raise InvalidInput(
+            "secret_key must not be empty (it signs the session cookie; every worker and "
+            "restart of the console needs the same one): pass a random string, or None "
+            "for a random key per process"
+        )
     if not isinstance(https_only, bool):
         # "no" (an environment variable) was taken as True, "" as False.
         raise InvalidInput(f"https_only must be True or False, got {type(https_only).__name__}")
