@@ -8,11 +8,13 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, ConfigurationError, Reserved, Settler
 from tests.cluster.cluster_support import LocalCluster
+from tests.web.server import settle_web
 
 pytestmark = [pytest.mark.cluster]
 
@@ -89,3 +91,23 @@ def test_an_evicting_replica_is_refused_by_name(replicated: LocalCluster, namesp
             c.config_set("maxmemory-policy", "noeviction")
     with Settler.from_cluster(replicated.url, namespace=namespace, shards=4) as s:
         assert isinstance(s.reserve("op-1", {"n": 1}, principal="p"), Reserved)
+
+
+def test_the_read_only_console_names_one_evicting_primary(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """``settle web`` without a token serves a cluster one of whose primaries evicts (it was
+    refused), and every page names that primary's policy: the banner reads each primary's
+    ``INFO memory``, not the seed's alone (node 0 here, which does not evict)."""
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        writer.reserve("op-1", {"n": 1}, principal="p")
+    with cluster.client(2) as c:
+        c.config_set("maxmemory-policy", "volatile-ttl")
+    try:
+        with settle_web("--redis-url", cluster.url, "--namespace", namespace) as url:
+            page = httpx.get(url + "/", timeout=30)
+        assert page.status_code == 200, page.text
+        assert "maxmemory-policy volatile-ttl evicts" in page.text
+    finally:
+        with cluster.client(2) as c:
+            c.config_set("maxmemory-policy", "noeviction")
