@@ -56,9 +56,10 @@ def test_the_read_only_console_reads_and_writes_nothing_where_a_shard_state_was_
         assert "order-1" in pages[f"/entry/{ref}"].text
         assert ref in pages["/quarantine.jsonl"].text
         for path in ("/", "/quarantine", f"/entry/{ref}"):
-            banner = "maxmemory-policy allkeys-lru" in pages[path].text
+            banner = "maxmemory-policy" in pages[path].text  # no banner naming noeviction
             assert banner == (policy == "allkeys-lru"), (path, pages[path].text)
             if banner:
+                assert "maxmemory-policy allkeys-lru evicts" in pages[path].text
                 assert "noeviction" in pages[path].text
         assert _keyspace(client) == before
         with capture_logs() as logs:
@@ -82,3 +83,28 @@ def test_a_console_that_resolves_is_refused_on_an_evicting_server() -> None:
             assert done.returncode == 3, (done.stdout, done.stderr)
             assert "allkeys-lru" in done.stderr
             assert _keyspace(client) == before
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "noeviction"])
+def test_the_read_only_console_says_a_lost_metadata_and_writes_nothing(policy: str) -> None:
+    """The namespace's metadata lost (evicted, deleted) after the console started, its
+    entries and shard states still there: the first page is a 503 saying the metadata is
+    missing, and the metadata is not made again (a console that claimed the shards on its
+    first page recreated it, hiding from the application and from ``settle doctor`` that
+    Redis lost it; a check that skipped the metadata served the pages as if nothing were
+    lost)."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", policy]) as server:
+        with Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as app:
+            ref = stale_settlement(app, "order-1")
+        with (
+            redis.Redis.from_url(server.url) as client,
+            settle_web("--redis-url", server.url, "--namespace", "ev") as url,
+        ):
+            assert client.delete(Keys("ev", 2).meta) == 1  # lost
+            before = _keyspace(client)
+            page = httpx.get(url + "/quarantine", timeout=30)
+            entry = httpx.get(url + f"/entry/{ref}", timeout=30)
+            assert _keyspace(client) == before
+        for answer in (page, entry):
+            assert answer.status_code == 503, answer.text
+            assert "metadata is missing" in answer.text
