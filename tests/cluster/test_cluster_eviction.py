@@ -13,7 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, ConfigurationError, Reserved, Settler
-from tests.cluster.cluster_support import LocalCluster
+from settle._core.keys import Keys, shard_of
+from tests.cli.helpers import stale_settlement
+from tests.cluster.cluster_support import LocalCluster, primary_of
 from tests.web.server import settle_web
 
 pytestmark = [pytest.mark.cluster]
@@ -111,3 +113,23 @@ def test_the_read_only_console_names_one_evicting_primary(
     finally:
         with cluster.client(2) as c:
             c.config_set("maxmemory-policy", "noeviction")
+
+
+def test_the_read_only_console_serves_an_entry_while_another_primary_hangs(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """A hung primary (SIGSTOP) holds up only the pages that read its slots: an entry whose
+    keys are on another primary loads, as the settler's calls on the healthy primaries are
+    served. The policy banner must not make every page wait for every primary."""
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        ref = stale_settlement(writer, "order-1")
+    tag = Keys(namespace, 4).tag(shard_of("order-1", 4))
+    home = primary_of(tag, cluster.primaries)
+    hung = 2 if home != 2 else 1
+    timeout = ("--redis-timeout", "3")
+    with settle_web("--redis-url", cluster.url, "--namespace", namespace, *timeout) as url:
+        assert httpx.get(url + f"/entry/{ref}", timeout=30).status_code == 200  # checked
+        with cluster.frozen(hung):
+            page = httpx.get(url + f"/entry/{ref}", timeout=30)
+    assert page.status_code == 200, page.text
+    assert "order-1" in page.text
