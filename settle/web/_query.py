@@ -25,10 +25,9 @@ from settle._async.settler import AsyncSettler
 from settle._core.codec import UndecodableEntry
 from settle._core.engine import MAX_LISTING
 from settle._core.keys import Keys
-from settle._runtime.health import eviction_policy, is_evicting
 from settle._runtime.transient import failures_as_settle_errors
 from settle.cli.stats import RECORD_BATCH, SCAN_COUNT, operation_id_of, record_key_match, tally
-from settle.errors import ConfigurationError, InvalidInput, SettleError
+from settle.errors import ConfigurationError, InvalidInput
 from settle.models import QuarantineEntry, QuarantineKind, State
 from settle.web._security import answered
 
@@ -39,7 +38,6 @@ __all__ = [
     "Page",
     "Position",
     "check_namespace",
-    "evicting_policies",
     "export_entries",
     "overview",
     "page",
@@ -381,28 +379,6 @@ async def check_namespace(settler: AsyncSettler) -> None:
             "flushed). The quarantine is not known to be empty; check the Redis and "
             "restore it before settling disputes."
         )
-
-
-async def evicting_policies(settler: AsyncSettler) -> list[str]:
-    """The evicting ``maxmemory-policy`` of the settler's server (of each primary, on a
-    cluster), from ``INFO memory``: empty when none evicts, or INFO is denied (the settler
-    warned of that: ``settle.backend.eviction_unknown``). Asked for each page of a console
-    whose settler allows eviction (the console without a token), to say the policy."""
-
-    def send(client: Any) -> Any:
-        if isinstance(client, RedisCluster):
-            return client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-        return client.info("memory")
-
-    try:
-        found = await settler._command("INFO", send)
-    except SettleError:  # denied, or Redis failing: the page's own reads say that
-        return []
-    # redis-py answers {node: reply} for several nodes, the bare reply for one
-    several = isinstance(found, dict) and all(isinstance(v, dict) for v in found.values())
-    replies = list(found.values()) if several and found else [found]
-    policies = (eviction_policy(info) for info in replies if isinstance(info, dict))
-    return sorted({p for p in policies if p is not None and is_evicting(p)})
 
 
 async def server_now(settler: AsyncSettler) -> datetime:

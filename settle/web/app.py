@@ -50,6 +50,7 @@ from settle.errors import (
 )
 from settle.models import OperationRecord, QuarantineKind, State
 from settle.web import _query
+from settle.web._policy import EvictionBanner
 from settle.web._security import (
     Authorize,
     SecurityHeaders,
@@ -332,6 +333,10 @@ class _Console:
         self.sessions = sessions
         self.record_limit = record_limit
         self.overview_limit = overview_limit
+        #: An evicting policy the settler was let read (allow_eviction), named on each page
+        self.banner = (
+            EvictionBanner(settler, self.redis_timeout) if settler.config.allow_eviction else None
+        )
 
     # -- rendering -------------------------------------------------------------------
 
@@ -411,8 +416,8 @@ class _Console:
             try:
                 async with bound:
                     with restarting(bound, self.redis_timeout):
-                        if self.settler.config.allow_eviction:
-                            request.state.evicting = await _query.evicting_policies(self.settler)
+                        if self.banner is not None:
+                            request.state.evicting = await self.banner.policies()
                         return await endpoint(request)
             except TimeoutError:
                 if not bound.expired():

@@ -133,3 +133,34 @@ def test_the_read_only_console_serves_an_entry_while_another_primary_hangs(
             page = httpx.get(url + f"/entry/{ref}", timeout=30)
     assert page.status_code == 200, page.text
     assert "order-1" in page.text
+
+
+@pytest.mark.asyncio
+async def test_a_console_page_never_waits_for_the_banners_read_of_a_hung_primary(
+    cluster: LocalCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the first page read the policies, a read due while a primary hangs goes on in
+    its own task: the page of an entry on another primary loads at once, not after
+    ``redis_timeout`` as a 503."""
+    from settle.web import _policy, create_app  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+
+    monkeypatch.setattr(_policy, "READ_EVERY", 0.0)  # a read due before every page
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        ref = stale_settlement(writer, "order-1")
+    home = primary_of(Keys(namespace, 4).tag(shard_of("order-1", 4)), cluster.primaries)
+    hung = 2 if home != 2 else 1
+    seeds = [f"{host}:{port}" for host, port in cluster.startup_nodes]
+    reader = AsyncSettler.from_cluster(seeds, namespace=namespace, shards=4, allow_eviction=True)
+    try:
+        async with client_for(create_app(reader, redis_timeout=3)) as browser:
+            assert (await browser.get(f"/entry/{ref}")).status_code == 200
+            with cluster.frozen(hung):
+                started = time.monotonic()
+                page = await browser.get(f"/entry/{ref}")
+                waited = time.monotonic() - started
+                await asyncio.sleep(3.5)  # the banner's read ends, its primary unanswered
+            assert page.status_code == 200, page.text
+            assert waited < 2, waited
+    finally:
+        await reader.aclose()
