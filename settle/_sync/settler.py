@@ -33,7 +33,7 @@ from settle.decorator._sync import (
     TerminalSpec,
 )
 from settle.decorator._options import Options
-from settle.errors import InvalidInput
+from settle.errors import ConfigurationError, InvalidInput
 from settle.models import (
     AttemptObservation,
     InProgress,
@@ -97,6 +97,9 @@ class Settler(Connectable):
         self._core = Core(config)
         self._runner = backend
         self._checked = False
+        #: What the start-up checks of the namespace do (:meth:`_reading`): claim every
+        #: shard ("claim"), only check the counts ("count"), or nothing ("none").
+        self._namespace_check = "claim"
         #: The start-up checks and the namespace re-checks after a loss, one run for every
         #: concurrent call that needs them.
         self._flight = SingleFlight()
@@ -139,8 +142,38 @@ class Settler(Connectable):
         if self._checked:  # a run that ended just before this one began
             return
         self._runner.prepare()
-        self._check_namespace(starting=True)
+        if self._namespace_check == "claim":
+            self._check_namespace(starting=True)
+        elif self._namespace_check == "count":
+            self._check_counts()
         self._checked = True
+
+    def _reading(self, *, namespace: bool = True) -> Self:
+        """This settler, made one that only reads (settle's tools: the CLI's read
+        commands, ``settle doctor``'s quarantine rows, the console without a token): its
+        check (:meth:`check`, or the first call's) writes nothing. The server is checked
+        as for any settler; the namespace's metadata and every shard state's count are
+        checked without claiming a shard (:meth:`_check_counts`). A claim makes a state the
+        server lost again, which hides the loss from the application's next write on that
+        shard: that write says it (``settle.namespace.state_lost``) only when it finds the
+        state gone. ``namespace=False``: the server alone (a probe that reads the stored
+        shard count before the settler that uses it is made). Before the check, never
+        after; returns the settler."""
+        self._namespace_check = "count" if namespace else "none"
+        return self
+
+    def _check_counts(self) -> None:
+        """The namespace's check of a settler that only reads (:meth:`_reading`): its
+        metadata must name this settler's shard count, and each surviving shard state too;
+        a missing state is left missing, and nothing is written."""
+        if not self._core.decode_namespace(self._runner.run(self._core.plan_namespace())):
+            raise ConfigurationError(
+                f"namespace {self.config.namespace!r} does not exist in this Redis (its "
+                "metadata is missing): nothing was ever written to it, or Redis lost its data; "
+                "this settler only reads, and wrote nothing. settle doctor shows the namespace"
+            )
+        checks = self._core.plan_claims(claim=False)  # a missing state is left missing
+        self._core.decode_claims(checks, self._runner.run_many(checks))
 
     def _check_namespace(self, *, starting: bool = False) -> None:
         # Missing metadata is created only once every surviving shard state agreed with

@@ -622,7 +622,7 @@ def open_settler(
     evicts is read, not refused: the refusal keeps writes from being evicted, and it
     stopped an operator from exporting the very evidence the policy puts at risk
     (``settle doctor`` fails the policy by name). Such a settler is checked without
-    claiming a shard (:func:`_check_reading`): it writes nothing.
+    claiming a shard (``Settler._reading``): it writes nothing.
     """
     with errors_as_exit_codes(conn):
         shards = conn.known_shards = _shards(conn, create=create)
@@ -631,31 +631,11 @@ def open_settler(
             options["shards"] = shards
         settler = _settler(conn, options)
         try:
-            if reads:
-                _check_reading(settler)
-            else:
-                settler.check()
+            # Read commands: checked without claiming a shard, writing nothing
+            (settler._reading() if reads else settler).check()
             yield settler
         finally:
             settler.close()
-
-
-def _check_reading(settler: Settler) -> None:
-    """:meth:`Settler.check` for a command that reads only: the metadata's and every shard
-    state's count are checked, and nothing is written. ``check`` claims each shard, making a
-    state the server lost again: on the evicting server the read commands are let read, a
-    ``quarantine ls`` then wrote, and hid the loss from the application's next write on that
-    shard, which says it (``settle.namespace.state_lost``) only when it finds the state gone."""
-    settler._runner.prepare()
-    core = settler._core
-    if not core.decode_namespace(settler._runner.run(core.plan_namespace())):
-        raise ConfigurationError(
-            f"the metadata of namespace {settler.config.namespace!r} is gone (it was read a "
-            "moment ago); nothing was written. settle doctor shows the namespace"
-        )
-    checks = core.plan_claims(claim=False)  # a missing state is left missing
-    core.decode_claims(checks, settler._runner.run_many(checks))
-    settler._checked = True
 
 
 def settings(options: dict[str, Any]) -> SettleConfig:
@@ -721,7 +701,8 @@ def _shards(conn: Connection, *, create: bool) -> int | None:
     # (or not) by the settler the command opens next.
     probe = _settler(conn, {"namespace": conn.namespace, "shards": 1, "allow_eviction": True})
     try:
-        probe._runner.prepare()  # connects, and switches to a cluster client if needed
+        # Connects, and switches to a cluster client if needed; the namespace is not checked
+        probe._reading(namespace=False).check()
         try:
             stored = stored_shards(client_of(probe), conn.namespace)
         except RedisError as exc:

@@ -83,19 +83,19 @@ def _cause(exc: BaseException) -> str:
 
 
 def _reader(url: str, namespace: str, shards: int, timeout: float) -> Settler:
-    """A settler that reads only: prepared (connected, scripts loaded, a cluster client on
-    a cluster) but never checked, since a check may create the namespace's metadata or
-    claim a shard; the namespace was read to exist with ``shards`` shards. It writes
+    """A settler that reads only (``Settler._reading``): the server checked (connected,
+    scripts loaded, a cluster client on a cluster), the namespace not, since the namespace
+    row above judges the metadata's and the shard states' counts and the namespace was
+    read to exist with ``shards`` shards; nothing is created nor claimed. It writes
     nothing, so an evicting server is read (the eviction row fails the policy): refused, it
     left the quarantine rows unread where the policy puts the entries at risk."""
     config = settings({"namespace": namespace, "shards": shards, "allow_eviction": True})
     settler = Settler(bounded(client_from_url(url), url, timeout), config)
     try:
-        settler._runner.prepare()
+        settler._reading(namespace=False).check()
     except BaseException:
         settler.close()
         raise
-    settler._checked = True
     return settler
 
 

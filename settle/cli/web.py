@@ -102,11 +102,17 @@ def web(
         authorize = token_authorizer(token, principal) if token else None
         check_principal(principal)
         check_allowed_hosts(allow_hosts)
-    with open_settler(conn) as probe:  # the namespace exists; its stored shard count
+    # The namespace exists; its stored shard count. Without a token the console only reads:
+    # a server whose policy evicts is read (the pages say the policy), as by the read
+    # commands, and nothing is written (no shard claimed); a token's resolving writes.
+    reads = authorize is None
+    with open_settler(conn, reads=reads) as probe:
         config = probe.config
     listening = _listen(host, port)  # before anything is announced
     port = listening[0].getsockname()[1]  # --port 0: the one it got
     settler = _console_settler(conn, config)
+    if reads:
+        settler._reading()
     hosts = [*LOOPBACK_HOSTS, host, *allow_hosts]
     app = create_app(
         settler,

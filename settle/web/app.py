@@ -50,6 +50,7 @@ from settle.errors import (
 )
 from settle.models import OperationRecord, QuarantineKind, State
 from settle.web import _query
+from settle.web._policy import EvictionBanner
 from settle.web._security import (
     Authorize,
     SecurityHeaders,
@@ -158,6 +159,15 @@ def create_app(
         raise InvalidInput(
             "secret_key must be a str (it signs the session cookie), got "
             f"{type(secret_key).__name__}: decode a bytes key, or pass None for a random one"
+        )
+    if secret_key == "":
+        # An empty key (an unset variable read as "") was taken as "no key", and each
+        # process signed with a random one: sessions ended with every restart and did not
+        # pass between the workers of one service.
+        raise InvalidInput(
+            "secret_key must not be empty (it signs the session cookie; every worker and "
+            "restart of the console needs the same one): pass a random string, or None "
+            "for a random key per process"
         )
     if not isinstance(https_only, bool):
         # "no" (an environment variable) was taken as True, "" as False.
@@ -323,6 +333,10 @@ class _Console:
         self.sessions = sessions
         self.record_limit = record_limit
         self.overview_limit = overview_limit
+        #: An evicting policy the settler was let read (allow_eviction), named on each page
+        self.banner = (
+            EvictionBanner(settler, self.redis_timeout) if settler.config.allow_eviction else None
+        )
 
     # -- rendering -------------------------------------------------------------------
 
@@ -344,6 +358,9 @@ class _Console:
             csrf=csrf_token(request) if self.authorize is not None else "",
             path=_path(request),
             here=_here(request),
+            # An evicting maxmemory-policy the settler was let read (allow_eviction): said
+            # on every page, as doctor fails it.
+            evicting=getattr(request.state, "evicting", []),
             **context,
         )
         return HTMLResponse(html, status_code=status_code)
@@ -399,6 +416,8 @@ class _Console:
             try:
                 async with bound:
                     with restarting(bound, self.redis_timeout):
+                        if self.banner is not None:
+                            request.state.evicting = await self.banner.policies()
                         return await endpoint(request)
             except TimeoutError:
                 if not bound.expired():

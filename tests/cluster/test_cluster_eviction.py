@@ -8,11 +8,15 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, ConfigurationError, Reserved, Settler
-from tests.cluster.cluster_support import LocalCluster
+from settle._core.keys import Keys, shard_of
+from tests.cli.helpers import stale_settlement
+from tests.cluster.cluster_support import LocalCluster, primary_of
+from tests.web.server import settle_web
 
 pytestmark = [pytest.mark.cluster]
 
@@ -89,3 +93,74 @@ def test_an_evicting_replica_is_refused_by_name(replicated: LocalCluster, namesp
             c.config_set("maxmemory-policy", "noeviction")
     with Settler.from_cluster(replicated.url, namespace=namespace, shards=4) as s:
         assert isinstance(s.reserve("op-1", {"n": 1}, principal="p"), Reserved)
+
+
+def test_the_read_only_console_names_one_evicting_primary(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """``settle web`` without a token serves a cluster one of whose primaries evicts (it was
+    refused), and every page names that primary's policy: the banner reads each primary's
+    ``INFO memory``, not the seed's alone (node 0 here, which does not evict)."""
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        writer.reserve("op-1", {"n": 1}, principal="p")
+    with cluster.client(2) as c:
+        c.config_set("maxmemory-policy", "volatile-ttl")
+    try:
+        with settle_web("--redis-url", cluster.url, "--namespace", namespace) as url:
+            page = httpx.get(url + "/", timeout=30)
+        assert page.status_code == 200, page.text
+        assert "maxmemory-policy volatile-ttl evicts" in page.text
+    finally:
+        with cluster.client(2) as c:
+            c.config_set("maxmemory-policy", "noeviction")
+
+
+def test_the_read_only_console_serves_an_entry_while_another_primary_hangs(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """A hung primary (SIGSTOP) holds up only the pages that read its slots: an entry whose
+    keys are on another primary loads, as the settler's calls on the healthy primaries are
+    served. The policy banner must not make every page wait for every primary."""
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        ref = stale_settlement(writer, "order-1")
+    tag = Keys(namespace, 4).tag(shard_of("order-1", 4))
+    home = primary_of(tag, cluster.primaries)
+    hung = 2 if home != 2 else 1
+    timeout = ("--redis-timeout", "3")
+    with settle_web("--redis-url", cluster.url, "--namespace", namespace, *timeout) as url:
+        assert httpx.get(url + f"/entry/{ref}", timeout=30).status_code == 200  # checked
+        with cluster.frozen(hung):
+            page = httpx.get(url + f"/entry/{ref}", timeout=30)
+    assert page.status_code == 200, page.text
+    assert "order-1" in page.text
+
+
+@pytest.mark.asyncio
+async def test_a_console_page_never_waits_for_the_banners_read_of_a_hung_primary(
+    cluster: LocalCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the first page read the policies, a read due while a primary hangs goes on in
+    its own task: the page of an entry on another primary loads at once, not after
+    ``redis_timeout`` as a 503."""
+    from settle.web import _policy, create_app  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+
+    monkeypatch.setattr(_policy, "READ_EVERY", 0.0)  # a read due before every page
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        ref = stale_settlement(writer, "order-1")
+    home = primary_of(Keys(namespace, 4).tag(shard_of("order-1", 4)), cluster.primaries)
+    hung = 2 if home != 2 else 1
+    seeds = [f"{host}:{port}" for host, port in cluster.startup_nodes]
+    reader = AsyncSettler.from_cluster(seeds, namespace=namespace, shards=4, allow_eviction=True)
+    try:
+        async with client_for(create_app(reader, redis_timeout=3)) as browser:
+            assert (await browser.get(f"/entry/{ref}")).status_code == 200
+            with cluster.frozen(hung):
+                started = time.monotonic()
+                page = await browser.get(f"/entry/{ref}")
+                waited = time.monotonic() - started
+                await asyncio.sleep(3.5)  # the banner's read ends, its primary unanswered
+            assert page.status_code == 200, page.text
+            assert waited < 2, waited
+    finally:
+        await reader.aclose()

@@ -146,3 +146,17 @@ async def test_create_app_refuses_a_secret_key_or_https_only_of_another_type(
     ``https_only="no"`` (an environment variable) was taken as True."""
     with pytest.raises(InvalidInput, match=f"{next(iter(option))} must be"):
         create_app(reader, **option)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "authorize", [None, token_authorizer("t0ken-for-ops", "ops")], ids=["read-only", "token"]
+)
+async def test_create_app_refuses_an_empty_secret_key(
+    reader: AsyncSettler, authorize: object
+) -> None:
+    """``secret_key=""`` (an unset variable read as empty) was taken as "no key": each
+    process signed its sessions with a random one, so a sign-in ended at every restart and
+    failed on every other worker of the service, with nothing said."""
+    with pytest.raises(InvalidInput, match="secret_key must not be empty"):
+        create_app(reader, authorize=authorize, secret_key="")  # type: ignore[arg-type]
