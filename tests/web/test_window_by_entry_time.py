@@ -1,0 +1,208 @@
+"""``since`` / ``until`` select quarantine entries by their own time (``at``, what every view
+shows), not by their stream id, in every part that reads the streams.
+
+An entry's ``at`` is the script's TIME; its id is the server's time at XADD, or just after
+the stream's last id when that is ahead of the clock (a failover to a node whose clock is
+behind). The stream's last id is set ahead here for real (XSETID, as such a failover leaves
+it), and settle then quarantines a response: its ``at`` is a minute before its id. By id,
+``--until <its at>`` left it out and ``--since <its at + 1 ms>`` took it in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+import redis
+
+from settle import AsyncSettler, Settler
+from settle._core.keys import Keys, shard_of
+from settle.models import QuarantineEntry
+from settle.web import _query
+from tests.cli.conftest import settle, settle_json
+from tests.web.evidence import listing_order, unknown
+from tests.web.test_console_http import refs_in
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+#: How far the stream's last id is set ahead of the server's clock.
+AHEAD_MS = 60_000
+
+
+def _ms(when: datetime) -> int:
+    return (when - _EPOCH) // _MS
+
+
+@dataclass
+class Gap:
+    """Entries written around ``gap``, whose id is ``AHEAD_MS`` past its ``at``."""
+
+    gap: QuarantineEntry
+    entries: list[QuarantineEntry]  # every entry, in the listing's order (oldest first)
+
+    def upto(self, until: datetime) -> list[str]:
+        return [e.ref for e in self.entries if _ms(e.at) <= _ms(until)]
+
+    def from_(self, since: datetime) -> list[str]:
+        return [e.ref for e in self.entries if _ms(e.at) >= _ms(since)]
+
+
+def _write_gap(redis_url: str, writer: Settler) -> Gap:
+    ops = [f"order-{i}" for i in range(8)]
+    gap_op = ops[3]
+    shard = shard_of(gap_op, writer.config.shards)
+    refs = []
+    for op in ops:
+        if op == gap_op:
+            raw = redis.Redis.from_url(redis_url)
+            try:
+                stream = Keys(writer.config.namespace, writer.config.shards).quarantine(shard)
+                now_s, now_us = raw.time()
+                ahead = now_s * 1000 + now_us // 1000 + AHEAD_MS
+                raw.execute_command("XSETID", stream, f"{ahead}-0")
+            finally:
+                raw.close()
+        refs.append(unknown(writer, op))
+        time.sleep(0.003)  # a few milliseconds apart: the window's edge falls between entries
+    entries = sorted((writer.quarantine.get(ref) for ref in refs), key=listing_order)
+    gap = writer.quarantine.get(refs[3])
+    id_ms = int(gap.id.split("-")[0])
+    assert id_ms - _ms(gap.at) >= AHEAD_MS - 1_000, (gap.id, gap.at)  # the gap is real
+    return Gap(gap, entries)
+
+
+@pytest.fixture
+def gap(redis_url: str, writer: Settler) -> Gap:
+    return _write_gap(redis_url, writer)
+
+
+def _newest(refs: list[str]) -> list[str]:
+    return refs[::-1]
+
+
+def test_list_and_scan_take_an_entry_by_its_own_time(writer: Settler, gap: Gap) -> None:
+    until, since = gap.gap.at, gap.gap.at + _MS
+    upto, after = gap.upto(until), gap.from_(since)
+    assert gap.gap.ref in upto
+    assert gap.gap.ref not in after
+    assert [e.ref for e in writer.quarantine.list(until=until)] == _newest(upto)
+    assert [e.ref for e in writer.quarantine.list(since=since)] == _newest(after)
+    assert [e.ref for e in writer.quarantine.list(until=until, newest_first=False)] == upto
+    assert [e.ref for e in writer.quarantine.scan(until=until)] == upto
+    assert [e.ref for e in writer.quarantine.scan(since=since)] == after
+    heads = writer.quarantine.headers(since=since, until=until + timedelta(seconds=1))
+    assert [h.ref for h in heads] == _newest(gap.from_(since))
+    # Every cut of the listing, both ways: the first k of the window.
+    for k in range(1, len(upto) + 1):
+        assert [e.ref for e in writer.quarantine.list(until=until, limit=k)] == _newest(upto)[:k]
+        oldest = writer.quarantine.list(until=until, limit=k, newest_first=False)
+        assert [e.ref for e in oldest] == upto[:k]
+
+
+@pytest.mark.asyncio
+async def test_the_async_list_scan_and_follow_take_an_entry_by_its_own_time(
+    reader: AsyncSettler, gap: Gap
+) -> None:
+    until, since = gap.gap.at, gap.gap.at + _MS
+    upto, after = gap.upto(until), gap.from_(since)
+    assert [e.ref for e in await reader.quarantine.list(until=until)] == _newest(upto)
+    assert [e.ref for e in await reader.quarantine.list(since=since)] == _newest(after)
+    assert [e.ref async for e in reader.quarantine.scan(until=until)] == upto
+    assert [e.ref async for e in reader.quarantine.scan(since=since)] == after
+
+    async def followed() -> list[str]:
+        seen: list[str] = []
+        async for e in reader.quarantine.follow(since=since, poll_interval=0.05):
+            seen.append(e.ref)
+            if len(seen) == len(after):
+                break
+        return seen
+
+    # A follow from ``since`` yields the entries of that time on (in time order), and not
+    # the one whose id alone is past it.
+    assert sorted(await asyncio.wait_for(followed(), 10)) == sorted(after)
+
+
+def test_the_cli_ls_and_export_take_an_entry_by_its_shown_time(
+    redis_url: str, writer: Settler, gap: Gap
+) -> None:
+    args = ("--redis-url", redis_url, "--namespace", writer.config.namespace)
+    shown = settle_json("quarantine", "show", gap.gap.ref, *args)
+    until, since = shown["at"], (gap.gap.at + _MS).isoformat()
+    upto, after = gap.upto(gap.gap.at), gap.from_(gap.gap.at + _MS)
+    ls = settle_json("quarantine", "ls", "--until", until, *args)
+    assert [e["ref"] for e in ls] == _newest(upto)
+    ls = settle_json("quarantine", "ls", "--since", since, *args)
+    assert [e["ref"] for e in ls] == _newest(after)
+    # The table's time (to the millisecond) as the operator copies it.
+    table = gap.gap.at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    ls = settle_json("quarantine", "ls", "--until", table, *args)
+    assert [e["ref"] for e in ls] == _newest(upto)
+    for window, want in ((("--until", until), upto), (("--since", since), after)):
+        done = settle("quarantine", "export", *window, *args)
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["ref"] for line in done.stdout.splitlines()] == want
+
+
+@pytest.mark.asyncio
+async def test_the_console_filter_and_its_pages_take_an_entry_by_its_own_time(
+    reader: AsyncSettler, read_only: httpx.AsyncClient, gap: Gap
+) -> None:
+    until, since = gap.gap.at, gap.gap.at + _MS
+    upto, after = gap.upto(until), gap.from_(since)
+    for name, when, want in (("until", until, upto), ("since", since, after)):
+        response = await read_only.get("/quarantine", params={name: when.isoformat()})
+        assert response.status_code == 200, response.text
+        assert refs_in(response.text) == _newest(want), name
+    # Pages of every size across the window's edge, both ways, and the export: each entry of
+    # the window on exactly one page, none of it twice, none outside it.
+    inside = [r for r in gap.from_(gap.entries[1].at) if r in upto]
+    for flt, want in (
+        (_query.Filter(until=until), upto),
+        (_query.Filter(since=since), after),
+        (_query.Filter(since=gap.entries[1].at, until=until), inside),
+    ):
+        for size in (1, 2, 3):
+            for newest_first in (True, False):
+                seen: list[str] = []
+                after_ref = None
+                for _ in range(100):
+                    got = await _query.page(
+                        reader, flt, after=after_ref, size=size, newest_first=newest_first
+                    )
+                    seen += [e.ref for e in got.entries]
+                    if got.next is None:
+                        break
+                    after_ref = got.next
+                assert seen == (_newest(want) if newest_first else want), (flt, size, newest_first)
+        exported = [e.ref async for e in _query.export_entries(reader, flt, batch=2)]
+        assert exported == want, flt
+
+
+@pytest.fixture
+def one_shard_gap(redis_url: str, namespace: str) -> Iterator[tuple[Settler, Gap]]:
+    s = Settler.from_url(redis_url, namespace=namespace, shards=1)
+    s.check()
+    try:
+        yield s, _write_gap(redis_url, s)
+    finally:
+        s.close()
+
+
+def test_one_shard_pages_across_the_window_edge(one_shard_gap: tuple[Settler, Gap]) -> None:
+    """On one shard every entry after the gap has an id ahead of its time: a window up to
+    the gap's time ends inside that run of ids, and its entries are all there."""
+    settler, gap = one_shard_gap
+    until = gap.gap.at
+    upto = gap.upto(until)
+    assert len(upto) == 4
+    assert upto[-1] == gap.gap.ref
+    for k in range(1, 6):
+        assert [e.ref for e in settler.quarantine.list(until=until, limit=k)] == _newest(upto)[:k]
+    assert [e.ref for e in settler.quarantine.scan(until=until)] == upto
