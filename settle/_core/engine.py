@@ -1082,9 +1082,13 @@ class Core:
         flt: _Filter,
         newest: bool,
         headers: bool = False,
+        window: _Window | None = None,
     ) -> Call:
         """A read of one shard's quarantine (quarantine_read.lua); ``headers``: each match
-        without its payload and other fields, for :meth:`_headers`."""
+        without its payload and other fields, for :meth:`_headers`; ``window``: the entries
+        of that time only (the rest of the range is examined, and not sent)."""
+        since = "" if window is None or window.since_ms is None else str(window.since_ms)
+        until = "" if window is None or window.until_ms is None else str(window.until_ms)
         return Call(
             "quarantine_read",
             (self.keys.quarantine(shard), self.keys.resolutions(shard)),
@@ -1098,6 +1102,8 @@ class Core:
                 "1" if flt.unresolved else "0",
                 "1" if newest else "0",
                 "1" if headers else "0",
+                since,
+                until,
             ),
             shard=shard,
         )
@@ -1240,7 +1246,9 @@ class _Window:
 
     The streams are read by id: from ``since`` (exact, since an entry's ``at`` is never after
     its id's time) to :data:`UNTIL_SLACK_MS` past ``until`` (its id may be later than its
-    ``at``), and :meth:`keeps` leaves out what the id range takes in beyond the window. By
+    ``at``); the read script leaves out what the id range takes in beyond the window (it
+    examines those entries, and sends none), and :meth:`keeps` checks each entry sent by the
+    time it is shown with (an entry this version cannot decode: its id's millisecond). By
     id alone, ``until=<an entry's at>`` left that entry out when its id was a millisecond
     later, and ``since=<an entry's at + 1 ms>`` took it in."""
 
@@ -1422,6 +1430,7 @@ class QuarantineQuery(Generic[_E]):
                 self._filter,
                 self._newest,
                 self._reads.headers,
+                self._window,
             )
             for s, (low, high) in self._bounds.items()
             if not self._held[s]
@@ -1520,6 +1529,7 @@ class QuarantineScan(Generic[_E]):
                 self._filter,
                 False,
                 self._reads.headers,
+                self._window,
             )
             for s in sorted(self._open)
             if not self._held[s]
@@ -1627,7 +1637,14 @@ class QuarantineFollower:
             else:
                 out.append(
                     self._core._read_call(
-                        s, low, "+", 256, _QUARANTINE_SCAN_BUDGET, self._filter, False
+                        s,
+                        low,
+                        "+",
+                        256,
+                        _QUARANTINE_SCAN_BUDGET,
+                        self._filter,
+                        False,
+                        window=self._window,
                     )
                 )
         return out

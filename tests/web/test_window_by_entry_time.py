@@ -206,3 +206,35 @@ def test_one_shard_pages_across_the_window_edge(one_shard_gap: tuple[Settler, Ga
     for k in range(1, 6):
         assert [e.ref for e in settler.quarantine.list(until=until, limit=k)] == _newest(upto)[:k]
     assert [e.ref for e in settler.quarantine.scan(until=until)] == upto
+
+
+def _script_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if any(word in k for word in ("eval", "fcall"))
+    )
+
+
+def test_the_entries_past_until_are_examined_by_redis_not_sent(
+    one_shard_gap: tuple[Settler, Gap],
+) -> None:
+    """The ids up to 5 minutes past ``until`` are read, and Redis leaves out those whose
+    time is past it: 600 of them after the window cost one script call, not one call each
+    (nor their payloads)."""
+    settler, gap = one_shard_gap
+    keys = settler._core.keys
+    first = gap.entries[0]
+    ((_, fields),) = settler.client.xrange(keys.quarantine(0), first.id, first.id)
+    at_ms = _ms(first.at)
+    last_ms = int(
+        settler.client.xinfo_stream(keys.quarantine(0))["last-generated-id"].split(b"-")[0]
+    )
+    for n in range(600):
+        later = at_ms + 1 + n
+        copy = {**fields, b"aid": f"w-copy-{n}".encode(), b"at": later, b"us": later * 1000}
+        settler.client.xadd(keys.quarantine(0), copy, id=f"{last_ms + 1 + n}-0")
+    before = _script_calls(settler.client)
+    listed = settler.quarantine.list(until=first.at, limit=1)
+    calls = _script_calls(settler.client) - before
+    assert [e.ref for e in listed] == [first.ref]
+    assert calls <= 2, calls
