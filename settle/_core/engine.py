@@ -1602,7 +1602,8 @@ class QuarantineTrim:
 
 class QuarantineFollower:
     """Follows every shard's quarantine stream from now (or ``since``, by each entry's own
-    time as a listing's window) on, oldest first.
+    time as a listing's window, until the shard is read to its end: every entry written
+    after that is shown) on, oldest first.
 
     Drive it with ``calls = f.calls(); new = f.feed(calls, run_many(calls))``; sleep when
     ``f.idle``. Shards are read one after another (one round trip each on a cluster), so an
@@ -1620,10 +1621,14 @@ class QuarantineFollower:
         self._core = core
         self._filter = flt
         # From ``since`` by the entries' own time, as a listing's window (the ids from there
-        # on hold them all; one whose id is later than its ``at`` is left out).
+        # on hold them all; one whose id is later than its ``at`` is left out), until a
+        # shard is read to its end: what it gets after that is new, whatever its ``at`` (a
+        # node whose clock is behind ``since`` after a failover, a clock stepped back).
         self._window = _Window.of(since, None)
         start = self._window.stream_range()[0] if since is not None else None
         self._low: dict[int, str | None] = dict.fromkeys(shards, start)
+        #: The shards not yet read to their end, whose entries ``since`` still selects.
+        self._windowed = set(shards) if since is not None else set()
         #: Entries read but not handed out yet, each with the round (``feed``) that read it.
         self._held: list[tuple[QuarantineEntry | codec.UndecodableEntry, int]] = []
         self._round = 0
@@ -1644,7 +1649,7 @@ class QuarantineFollower:
                         _QUARANTINE_SCAN_BUDGET,
                         self._filter,
                         False,
-                        window=self._window,
+                        window=self._window if s in self._windowed else None,
                     )
                 )
         return out
@@ -1658,9 +1663,12 @@ class QuarantineFollower:
             assert call.shard is not None
             reply = codec.parse_reply(raw)
             primed = self._low[call.shard] is not None
+            windowed = call.shard in self._windowed
+            if primed and reply.code == "done":
+                self._windowed.discard(call.shard)
             if primed:
                 for e in self._core._entries_or_marks(call, reply):
-                    if not self._window.keeps(e):
+                    if windowed and not self._window.keeps(e):
                         continue
                     if isinstance(e, codec.UndecodableEntry):
                         logger.error(
