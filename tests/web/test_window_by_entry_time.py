@@ -241,16 +241,21 @@ def test_the_entries_past_until_are_examined_by_redis_not_sent(
     assert calls <= 2, calls
 
 
-def _written_behind(settler: Settler, like: QuarantineEntry, op: str, behind_ms: int) -> str:
+def _written_behind(
+    settler: Settler, like: QuarantineEntry, op: str, behind_ms: int, *, us: bool = True
+) -> str:
     """A copy of ``like`` XADDed now (its id the server's time) whose ``at`` is ``behind_ms``
     before the server's clock, as settle writes it on a node whose clock is that far behind
-    (a failover to it, a clock stepped back): returns its ref."""
+    (a failover to it, a clock stepped back): returns its ref. ``us=False``: without the
+    field ``us``, as settle wrote entries before they carried it."""
     keys = settler._core.keys
     stream = keys.quarantine(like.shard)
     ((_, fields),) = settler.client.xrange(stream, like.id, like.id)
     now_s, now_us = settler.client.time()
     at_us = now_s * 1_000_000 + now_us - behind_ms * 1000
     copy = {**fields, b"op": op.encode(), b"at": at_us // 1000, b"us": at_us}
+    if not us:
+        del copy[b"us"]
     entry_id = settler.client.xadd(stream, copy).decode()
     return f"{like.shard}/{entry_id}"
 
@@ -302,3 +307,15 @@ def test_a_sync_follow_shows_every_entry_written_after_it_caught_up(writer: Sett
     written.append(unknown(writer, "order-after"))
     thread.join(10)
     assert seen == written
+
+
+def test_an_entry_written_before_entries_had_us_is_windowed_by_its_at(writer: Settler) -> None:
+    """An entry an earlier settle wrote has ``at`` (ms) and no ``us``: the script windows it
+    by that ``at``, as every view shows it, not by its id's millisecond."""
+    like = writer.quarantine.get(unknown(writer, "order-like"))
+    ref = _written_behind(writer, like, "order-old", 10_000, us=False)
+    at = writer.quarantine.get(ref).at
+    assert at < like.at  # its at is 10 s before its id, and before the entry it copies
+    assert ref in [e.ref for e in writer.quarantine.list(until=at)]
+    assert ref not in [e.ref for e in writer.quarantine.list(since=at + _MS)]
+    assert ref in [e.ref for e in writer.quarantine.scan(since=at, until=at)]
