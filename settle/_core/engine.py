@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from logging import DEBUG, INFO
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -82,6 +82,13 @@ MAX_NOTE_CHARS = 4096
 #: The most quarantine entries one listing returns (``quarantine.list(limit=...)``, the
 #: CLI's ``--limit``, the console's overview).
 MAX_LISTING = 100_000
+#: How far past ``until`` a window reads the streams (by stream id, in ms): an entry's ``at``
+#: (the script's TIME) is never after its id's time, but it can be before it (a script that
+#: crosses a millisecond; a stream whose last id ran ahead of the server's clock after a
+#: failover to a node whose clock is behind). A window selects by ``at``, so the entries of
+#: ids up to this far past ``until`` are read and those whose ``at`` is past it left out
+#: (docs/concepts.md, "The quarantine").
+UNTIL_SLACK_MS = 5 * 60 * 1000
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
@@ -857,7 +864,8 @@ class Core:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTING:
             raise InvalidInput(f"limit must be an int from 1 to {MAX_LISTING}")
         _check_flag(newest_first, "newest_first")
-        low, high = _stream_range(since, until)
+        window = _Window.of(since, until)
+        low, high = window.stream_range()
         if start is not None and newest_first:
             high = "-".join(map(str, min(_id_bound(high, (2**64, 0)), start)))
         elif start is not None:
@@ -867,6 +875,7 @@ class Core:
             _Reads(False, self._entries),
             self._shards_for(operation_id),
             _Filter.of(kind, operation_id, unresolved),
+            window,
             low,
             high,
             limit,
@@ -885,14 +894,13 @@ class Core:
         """Every matching entry, oldest first, read in pages: memory stays bounded by
         :data:`SCAN_HELD` entries whatever the quarantine holds. :meth:`QuarantineScan.headers`
         plans the same walk of headers."""
-        low, high = _stream_range(since, until)
+        window = _Window.of(since, until)
         return QuarantineScan(
             self,
             _Reads(False, self._entries),
             self._shards_for(operation_id),
             _Filter.of(kind, operation_id, unresolved),
-            low,
-            high,
+            window,
         )
 
     def quarantine_follower(
@@ -1074,9 +1082,13 @@ class Core:
         flt: _Filter,
         newest: bool,
         headers: bool = False,
+        window: _Window | None = None,
     ) -> Call:
         """A read of one shard's quarantine (quarantine_read.lua); ``headers``: each match
-        without its payload and other fields, for :meth:`_headers`."""
+        without its payload and other fields, for :meth:`_headers`; ``window``: the entries
+        of that time only (the rest of the range is examined, and not sent)."""
+        since = "" if window is None or window.since_ms is None else str(window.since_ms)
+        until = "" if window is None or window.until_ms is None else str(window.until_ms)
         return Call(
             "quarantine_read",
             (self.keys.quarantine(shard), self.keys.resolutions(shard)),
@@ -1090,6 +1102,8 @@ class Core:
                 "1" if flt.unresolved else "0",
                 "1" if newest else "0",
                 "1" if headers else "0",
+                since,
+                until,
             ),
             shard=shard,
         )
@@ -1221,11 +1235,45 @@ def _fingerprint_of(request: Any, op: str) -> str:
         raise
 
 
-def _stream_range(since: datetime | None, until: datetime | None) -> tuple[str, str]:
-    """XRANGE bounds of ``[since, until]`` (either end open when None)."""
-    low = f"{_ms(since)}-0" if since is not None else "-"
-    high = f"{_ms(until)}-{2**64 - 1}" if until is not None else "+"
-    return low, high
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """``[since, until]`` by each entry's own time (``at``, to the millisecond, as every
+    view shows it), both ends included; either end open when None.
+
+    The streams are read by id: from ``since`` (exact, since an entry's ``at`` is never after
+    its id's time) to :data:`UNTIL_SLACK_MS` past ``until`` (its id may be later than its
+    ``at``); the read script leaves out what the id range takes in beyond the window (it
+    examines those entries, and sends none), and :meth:`keeps` checks each entry sent by the
+    time it is shown with (an entry this version cannot decode: its id's millisecond). By
+    id alone, ``until=<an entry's at>`` left that entry out when its id was a millisecond
+    later, and ``since=<an entry's at + 1 ms>`` took it in."""
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    @staticmethod
+    def of(since: datetime | None, until: datetime | None) -> _Window:
+        return _Window(
+            _ms(since) if since is not None else None, _ms(until) if until is not None else None
+        )
+
+    def stream_range(self) -> tuple[str, str]:
+        """XRANGE bounds that hold every entry of the window (and a few beyond it)."""
+        low = f"{self.since_ms}-0" if self.since_ms is not None else "-"
+        high = f"{self.until_ms + UNTIL_SLACK_MS}-{2**64 - 1}" if self.until_ms is not None else "+"
+        return low, high
+
+    def keeps(self, entry: _Listed) -> bool:
+        if self.since_ms is None and self.until_ms is None:
+            return True
+        at_ms = (entry.at - _EPOCH) // _MS
+        if self.since_ms is not None and at_ms < self.since_ms:
+            return False
+        return self.until_ms is None or at_ms <= self.until_ms
 
 
 def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
@@ -1243,7 +1291,8 @@ def _ms(when: datetime) -> int:
         raise InvalidInput("since/until must be timezone-aware datetimes")
     # An instant before 1970 is the stream ids' epoch: no entry is older, and Redis
     # refuses a negative stream id (the CLI's --since does the same, settle/cli/_params.py).
-    return max(0, int(when.timestamp() * 1000))
+    # Whole milliseconds of the exact instant (an entry's ``at`` is compared with it).
+    return max(0, (when - _EPOCH) // _MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1319,7 +1368,9 @@ class QuarantineQuery(Generic[_E]):
     among the shards still being read, and an entry is taken once every such shard holds
     one past it: a listing of ``limit`` entries reads at most about twice ``limit`` plus one
     entry a shard (what the last chunks held beyond the cut), not ``limit`` from every
-    shard (16 shards and a page of 200 read 3,200 payloads to show 200).
+    shard (16 shards and a page of 200 read 3,200 payloads to show 200), and with an
+    ``until``, the entries of ids up to :data:`UNTIL_SLACK_MS` past it that :class:`_Window`
+    leaves out.
     """
 
     def __init__(
@@ -1328,6 +1379,7 @@ class QuarantineQuery(Generic[_E]):
         reads: _Reads[_E],
         shards: list[int],
         flt: _Filter,
+        window: _Window,
         low: str,
         high: str,
         limit: int,
@@ -1336,9 +1388,10 @@ class QuarantineQuery(Generic[_E]):
         self._core = core
         self._reads = reads
         self._filter = flt
+        self._window = window
         self._limit = limit
         self._newest = newest_first
-        self._plan = (shards, flt, low, high, limit, newest_first)
+        self._plan = (shards, flt, window, low, high, limit, newest_first)
         #: The shards still being read, and the range of each left to read.
         self._bounds = dict.fromkeys(shards, (low, high))
         #: Entries read and not taken yet, in each shard's order.
@@ -1377,6 +1430,7 @@ class QuarantineQuery(Generic[_E]):
                 self._filter,
                 self._newest,
                 self._reads.headers,
+                self._window,
             )
             for s, (low, high) in self._bounds.items()
             if not self._held[s]
@@ -1386,7 +1440,8 @@ class QuarantineQuery(Generic[_E]):
         for call, raw in zip(calls, raws, strict=True):
             assert call.shard is not None
             reply = codec.parse_reply(raw)
-            self._held[call.shard].extend(self._reads.decode(call, reply))
+            read = self._reads.decode(call, reply)
+            self._held[call.shard].extend(e for e in read if self._window.keeps(e))
             low, high = self._bounds[call.shard]
             if reply.code == "done":
                 del self._bounds[call.shard]
@@ -1428,13 +1483,14 @@ class QuarantineScan(Generic[_E]):
     """
 
     def __init__(
-        self, core: Core, reads: _Reads[_E], shards: list[int], flt: _Filter, low: str, high: str
+        self, core: Core, reads: _Reads[_E], shards: list[int], flt: _Filter, window: _Window
     ) -> None:
         self._core = core
         self._reads = reads
         self._filter = flt
-        self._plan = (shards, flt, low, high)
-        self._high = high
+        self._window = window
+        self._plan = (shards, flt, window)
+        low, self._high = window.stream_range()
         self._page = max(4, SCAN_HELD // max(1, len(shards)))
         self._low: dict[int, str] = dict.fromkeys(shards, low)
         self._held: dict[int, list[_E]] = {s: [] for s in shards}
@@ -1473,6 +1529,7 @@ class QuarantineScan(Generic[_E]):
                 self._filter,
                 False,
                 self._reads.headers,
+                self._window,
             )
             for s in sorted(self._open)
             if not self._held[s]
@@ -1482,7 +1539,8 @@ class QuarantineScan(Generic[_E]):
         for call, raw in zip(calls, raws, strict=True):
             assert call.shard is not None
             reply = codec.parse_reply(raw)
-            self._held[call.shard].extend(self._reads.decode(call, reply))
+            read = self._reads.decode(call, reply)
+            self._held[call.shard].extend(e for e in read if self._window.keeps(e))
             if reply.code == "done":
                 self._open.discard(call.shard)
             else:
@@ -1543,7 +1601,9 @@ class QuarantineTrim:
 
 
 class QuarantineFollower:
-    """Follows every shard's quarantine stream from now (or ``since``) on, oldest first.
+    """Follows every shard's quarantine stream from now (or ``since``, by each entry's own
+    time as a listing's window, until the shard is read to its end: every entry written
+    after that is shown) on, oldest first.
 
     Drive it with ``calls = f.calls(); new = f.feed(calls, run_many(calls))``; sleep when
     ``f.idle``. Shards are read one after another (one round trip each on a cluster), so an
@@ -1560,8 +1620,15 @@ class QuarantineFollower:
     def __init__(self, core: Core, shards: list[int], flt: _Filter, since: datetime | None) -> None:
         self._core = core
         self._filter = flt
-        start = f"{_ms(since)}-0" if since is not None else None
+        # From ``since`` by the entries' own time, as a listing's window (the ids from there
+        # on hold them all; one whose id is later than its ``at`` is left out), until a
+        # shard is read to its end: what it gets after that is new, whatever its ``at`` (a
+        # node whose clock is behind ``since`` after a failover, a clock stepped back).
+        self._window = _Window.of(since, None)
+        start = self._window.stream_range()[0] if since is not None else None
         self._low: dict[int, str | None] = dict.fromkeys(shards, start)
+        #: The shards not yet read to their end, whose entries ``since`` still selects.
+        self._windowed = set(shards) if since is not None else set()
         #: Entries read but not handed out yet, each with the round (``feed``) that read it.
         self._held: list[tuple[QuarantineEntry | codec.UndecodableEntry, int]] = []
         self._round = 0
@@ -1575,7 +1642,14 @@ class QuarantineFollower:
             else:
                 out.append(
                     self._core._read_call(
-                        s, low, "+", 256, _QUARANTINE_SCAN_BUDGET, self._filter, False
+                        s,
+                        low,
+                        "+",
+                        256,
+                        _QUARANTINE_SCAN_BUDGET,
+                        self._filter,
+                        False,
+                        window=self._window if s in self._windowed else None,
                     )
                 )
         return out
@@ -1589,8 +1663,13 @@ class QuarantineFollower:
             assert call.shard is not None
             reply = codec.parse_reply(raw)
             primed = self._low[call.shard] is not None
+            windowed = call.shard in self._windowed
+            if primed and reply.code == "done":
+                self._windowed.discard(call.shard)
             if primed:
                 for e in self._core._entries_or_marks(call, reply):
+                    if windowed and not self._window.keeps(e):
+                        continue
                     if isinstance(e, codec.UndecodableEntry):
                         logger.error(
                             "settle.quarantine.undecodable",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import threading
 from collections.abc import Callable
@@ -886,6 +887,22 @@ def _count(a: list[bytes], i: int, script: str, what: str) -> int:
     return int(x)
 
 
+def _window_bound(a: list[bytes], i: int) -> float | None:
+    """ARGV[i] of quarantine_read: a bound of its window by the entries' time, or None
+    ('' or absent); anything but a number (nan too) refused, as the script does."""
+    if len(a) < i or a[i - 1] == b"":
+        return None
+    x = _lua_number(a[i - 1])
+    if x is None or math.isnan(x):
+        raise _refused(
+            "quarantine_read",
+            i,
+            "since" if i == 10 else "until",
+            "a number of milliseconds, or '' (open)",
+        )
+    return x
+
+
 #: The fields of a quarantine entry a header read returns (quarantine_read.lua, ARGV[9]).
 _HEADER = frozenset({b"kind", b"at", b"us"})
 
@@ -904,6 +921,7 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
         raise _refused(
             "quarantine_read", 9, "headers flag", "'1' (headers only) or '0' (whole entries)"
         )
+    since_at, until_at = (_window_bound(a, i) for i in (10, 11))
     entries = [e for e in ks.xrange(keys[0], now) if _in_range(e[0], low, high)]
     if newest:
         entries.reverse()
@@ -924,10 +942,19 @@ def quarantine_read(ks: MemoryKeyspace, keys: list[str], a: list[bytes], now: in
             last = entry_id
             f = dict(zip(flat[::2], flat[1::2], strict=True))
             res = (ks.hget(keys[1], now, entry_id) if keys[1:] else None) or b""
+            windowed = since_at is not None or until_at is not None
+            t = _lua_number(f.get(b"us", b"")) if windowed else None
+            if t is not None and math.isfinite(t):
+                t = math.floor(t / 1000)  # inf and nan stay as they are, as in Lua
+            elif t is None and windowed:  # written before entries had us; else the id's ms
+                t = _lua_number(f.get(b"at", b""))
+                t = float(entry_id.split(b"-")[0]) if t is None else t
             if (
                 (not kind or f[b"kind"] == kind)
                 and (not op or f[b"op"] == op)
                 and (not unresolved or res == b"")
+                and (since_at is None or (t is not None and t >= since_at))
+                and (until_at is None or (t is not None and t <= until_at))
             ):
                 if headers:
                     kept = [

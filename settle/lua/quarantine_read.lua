@@ -8,6 +8,12 @@
 -- ARGV[3] max matches  ARGV[4] scan budget (entries examined in this call)
 -- ARGV[5] kind ('' any)  ARGV[6] operation id ('' any)  ARGV[7] '1': unresolved only
 -- ARGV[8] '1': newest first  ARGV[9] '1': headers only, '0' or absent: whole entries
+-- ARGV[10] since, ARGV[11] until: a window by each entry's own time in ms (its field us over
+-- 1000, as settle shows it, else at, else the id's millisecond), both ends included; '' or
+-- absent: open. An
+-- entry's at can be before its id's time (a stream whose last id ran ahead of the clock):
+-- the caller reads ids past until, and the entries there outside the window are examined
+-- but neither matched nor sent.
 -- Returns {more | done, last, now, '', matches}: done when the range is exhausted; last is the
 -- id of the last entry examined ('' if none); a match is {id, {field, value, ...}, resolution
 -- JSON or ''}. A header is {id, {field, value, ...} of the fields kind, at and us only (as
@@ -26,6 +32,18 @@ if not (headers or ARGV[9] == nil or ARGV[9] == '0') then
   return redis.error_reply(arg_refused('quarantine_read', 9, 'headers flag',
     "'1' (headers only) or '0' (whole entries)"))
 end
+local window = {}
+for i = 10, 11 do
+  if ARGV[i] ~= nil and ARGV[i] ~= '' then
+    local x = tonumber(ARGV[i])
+    if not x or x ~= x then
+      return redis.error_reply(arg_refused('quarantine_read', i, i == 10 and 'since' or 'until',
+        "a number of milliseconds, or '' (open)"))
+    end
+    window[i] = x
+  end
+end
+local since_at, until_at = window[10], window[11]
 local now = now_ms()
 local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
 local low, high = ARGV[1], ARGV[2]
@@ -48,8 +66,12 @@ while #out < limit and examined < budget do
     local f = {}
     for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
     local res = KEYS[2] and redis.call('HGET', KEYS[2], e[1]) or ''
+    local t = (since_at or until_at) and tonumber(f.us)
+    if t then t = math.floor(t / 1000)
+    elseif since_at or until_at then t = tonumber(f.at) or tonumber(string.match(e[1], '^%d+')) end
     if (ARGV[5] == '' or f.kind == ARGV[5]) and (ARGV[6] == '' or f.op == ARGV[6])
-        and (ARGV[7] ~= '1' or res == '') then
+        and (ARGV[7] ~= '1' or res == '')
+        and (not since_at or t >= since_at) and (not until_at or t <= until_at) then
       if headers then
         local h = {}
         for i = 1, #e[2], 2 do

@@ -491,6 +491,11 @@ def test_a_quarantine_read_refuses_a_count_it_cannot_use(ctx: Ctx, index: int, v
     planned[2][index - 1] = value
     what = {3: "max matches", 4: "scan budget"}[index]
     said = f"settle: quarantine_read: {what} (ARGV[{index}]) must be a whole number of at least 1"
+    _both_refuse(ctx, planned, on_model, said)
+
+
+def _both_refuse(ctx: Ctx, planned: Call, on_model: Callable[[Call], Any], said: str) -> None:
+    """The script and the reference model refuse ``planned`` alike, saying ``said``."""
     with pytest.raises(redis.ResponseError) as info:
         ctx.send(planned)
     assert str(info.value).startswith(said), str(info.value)
@@ -521,3 +526,17 @@ def test_the_model_refuses_a_headers_flag_as_the_script_does(ctx: Ctx, flag: str
     with pytest.raises(ValueError, match=r"headers flag \(ARGV\[9\]\) must be") as refused:
         on_model(bad)
     assert f"ERR {info.value}" == str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["nan", "abc", "-nan", "1..2"])
+@pytest.mark.parametrize("index", [10, 11], ids=["since", "until"])
+def test_a_quarantine_read_refuses_a_window_bound_it_cannot_use(
+    ctx: Ctx, index: int, value: str
+) -> None:
+    # ARGV[10]/[11], the window by the entries' own time, take a number of ms or '' (open):
+    # nan would compare false with every time and read nothing, silently.
+    planned, on_model = _read_both(ctx)
+    planned[2][index - 1] = value
+    what = {10: "since", 11: "until"}[index]
+    said = f"settle: quarantine_read: {what} (ARGV[{index}]) must be a number of milliseconds"
+    _both_refuse(ctx, planned, on_model, said)

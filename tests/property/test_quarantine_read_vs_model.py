@@ -151,3 +151,39 @@ def test_a_read_of_the_stream_alone_joined_with_its_resolutions_answers_the_same
         if joined != whole:
             differ.append(("joined", args, joined[:2], whole[:2]))
     assert not differ, differ[:5]
+
+
+WINDOWS = list(
+    itertools.product(
+        ["", str(T0), str(T0 + 3), str(T0 + 5), "0x" + format(T0 + 4, "x")],  # since
+        ["", str(T0 + 4), str(T0 + 5), str(T0 + 100), "-1"],  # until
+        ["1", "3", "100"],  # max matches
+        ["3", "4096"],  # scan budget
+        ["0", "1"],  # newest first
+        ["0", "1"],  # headers flag
+    )
+)
+
+
+def test_every_read_of_a_window_answers_what_the_model_answers(
+    streams: tuple[redis.Redis, MemoryKeyspace, Keys],
+) -> None:
+    """ARGV[10]/[11], the window by each entry's own time (its ``at``; entry 5's id is a
+    millisecond before it): the same matches, code and last id examined on both, the
+    entries of the range outside the window examined and not sent."""
+    client, ks, keys = streams
+    call_keys = (keys.quarantine(0), keys.resolutions(0))
+    differ = []
+    sent = 0
+    for since, until, limit, budget, newest, headers in WINDOWS:
+        args = ["-", "+", limit, budget, "", "", "0", newest, headers, since, until]
+        real = _no_time(_lua(client, call_keys, args))
+        model = _no_time(run_script(ks, "quarantine_read", list(call_keys), args))
+        if real != model:
+            differ.append((args, real[:2], model[:2]))
+        sent += len(real[3])
+    assert not differ, differ[:5]
+    # Windowed reads that match nothing (until before since) still examine to the end.
+    args = ["-", "+", "100", "4096", "", "", "0", "0", "0", str(T0 + 5), str(T0 + 4)]
+    assert _no_time(_lua(client, call_keys, args))[:2] == [b"done", f"{T0 + 11}-0".encode()]
+    assert sent > 0
