@@ -1248,7 +1248,8 @@ class _Window:
     its id's time) to :data:`UNTIL_SLACK_MS` past ``until`` (its id may be later than its
     ``at``); the read script leaves out what the id range takes in beyond the window (it
     examines those entries, and sends none), and :meth:`keeps` checks each entry sent by the
-    time it is shown with (an entry this version cannot decode: its id's millisecond). By
+    time it is shown with (an entry this version cannot decode is the script's to window:
+    it reads that entry's own time field, where the mark can show only its id's). By
     id alone, ``until=<an entry's at>`` left that entry out when its id was a millisecond
     later, and ``since=<an entry's at + 1 ms>`` took it in."""
 
@@ -1270,6 +1271,10 @@ class _Window:
     def keeps(self, entry: _Listed) -> bool:
         if self.since_ms is None and self.until_ms is None:
             return True
+        if isinstance(entry, codec.UndecodableEntry):
+            # Its ``at`` is its id's millisecond: past ``until`` exactly when its id ran
+            # ahead of its own time, the case the window is by that time for.
+            return True
         at_ms = (entry.at - _EPOCH) // _MS
         if self.since_ms is not None and at_ms < self.since_ms:
             return False
@@ -1277,7 +1282,8 @@ class _Window:
 
 
 def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
-    """An XRANGE bound of :func:`_stream_range` as ``(ms, seq)``; ``open_end`` for '-'/'+'."""
+    """An XRANGE bound of :meth:`_Window.stream_range` as ``(ms, seq)``; ``open_end`` for
+    '-'/'+'."""
     if bound in ("-", "+"):
         return open_end
     ms, _, seq = bound.rpartition("-")  # a time before 1970 makes a negative ms

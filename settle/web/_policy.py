@@ -24,18 +24,16 @@ READ_EVERY = 10.0
 
 async def evicting_policies(settler: AsyncSettler) -> list[str]:
     """The evicting ``maxmemory-policy`` of the settler's server (of each primary, on a
-    cluster), from ``INFO memory``: empty when none evicts, or INFO is denied (the settler
-    warned of that: ``settle.backend.eviction_unknown``)."""
+    cluster), from ``INFO memory``: empty when none evicts. A failed read (INFO denied: the
+    settler warned of that, ``settle.backend.eviction_unknown``; Redis failing) raises
+    :class:`SettleError`."""
 
     def send(client: Any) -> Any:
         if isinstance(client, RedisCluster):
             return client.info("memory", target_nodes=RedisCluster.PRIMARIES)
         return client.info("memory")
 
-    try:
-        found = await settler._command("INFO", send)
-    except SettleError:  # denied, or Redis failing: the page's own reads say that
-        return []
+    found = await settler._command("INFO", send)
     # redis-py answers {node: reply} for several nodes, the bare reply for one
     several = isinstance(found, dict) and all(isinstance(v, dict) for v in found.values())
     replies = list(found.values()) if several and found else [found]
@@ -71,8 +69,11 @@ class EvictionBanner:
         try:
             async with asyncio.timeout(self._seconds):
                 self._policies = await evicting_policies(self._settler)
-        except TimeoutError:
-            pass  # a primary that does not answer: the policies read last stand
+        except (TimeoutError, SettleError):
+            # A primary that does not answer, INFO denied, Redis failing (the page's own
+            # reads say that): the policies read last stand, as the banner of an evicting
+            # server must not disappear on one failed read.
+            pass
         finally:
             self._read_at = asyncio.get_running_loop().time()
             self._reading = None

@@ -108,3 +108,41 @@ def test_the_read_only_console_says_a_lost_metadata_and_writes_nothing(policy: s
         for answer in (page, entry):
             assert answer.status_code == 503, answer.text
             assert "metadata is missing" in answer.text
+
+
+@pytest.mark.asyncio
+async def test_the_banner_stays_when_a_later_read_of_the_policy_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The banner of an evicting server is read again every few seconds; a read that fails
+    (INFO denied since, Redis failing for a moment) keeps the policy read last: the banner
+    disappeared, and the page read as if the server were safe."""
+    import asyncio  # noqa: PLC0415
+
+    from settle import AsyncSettler  # noqa: PLC0415
+    from settle.web import _policy, create_app  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+
+    monkeypatch.setattr(_policy, "READ_EVERY", 0.0)  # a read due before every page
+    with (
+        EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server,
+        Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as app,
+        redis.Redis.from_url(server.url) as admin,
+    ):
+        ref = stale_settlement(app, "order-1")
+        admin.execute_command("ACL", "SETUSER", "console", "on", ">pw", "~*", "&*", "+@all")
+        url = server.url.replace("redis://", "redis://console:pw@", 1)
+        reader = AsyncSettler.from_url(url, namespace="ev", shards=2, allow_eviction=True)
+        try:
+            async with client_for(create_app(reader._reading())) as browser:
+                first = await browser.get(f"/entry/{ref}")
+                assert "allkeys-lru" in first.text, first.text
+                admin.execute_command("ACL", "SETUSER", "console", "-info")
+                pages = []
+                for _ in range(3):
+                    pages.append(await browser.get(f"/entry/{ref}"))
+                    await asyncio.sleep(0.3)  # the read this page started has failed
+            assert [p.status_code for p in pages] == [200, 200, 200]
+            assert all("allkeys-lru" in p.text for p in pages), pages[-1].text
+        finally:
+            await reader.aclose()

@@ -319,3 +319,29 @@ def test_an_entry_written_before_entries_had_us_is_windowed_by_its_at(writer: Se
     assert ref in [e.ref for e in writer.quarantine.list(until=at)]
     assert ref not in [e.ref for e in writer.quarantine.list(since=at + _MS)]
     assert ref in [e.ref for e in writer.quarantine.scan(since=at, until=at)]
+
+
+def test_an_entry_this_version_cannot_decode_is_windowed_by_its_own_time(
+    writer: Settler,
+) -> None:
+    """An entry settle cannot decode (a kind a newer version wrote, in a rolling upgrade)
+    whose id ran past ``until`` while its time is inside the window: the read script keeps
+    it by that time, and the listing shows it marked (``ls``, the console), not dropped by
+    its id's millisecond on the client; one whose time is past ``until`` stays out."""
+    like = writer.quarantine.get(unknown(writer, "order-like"))
+    stream = writer._core.keys.quarantine(like.shard)
+    ((_, fields),) = writer.client.xrange(stream, like.id, like.id)
+    now_s, now_us = writer.client.time()
+    at_us = now_s * 1_000_000 + now_us - 10_000_000  # its time 10 s before its id's
+    future = {**fields, b"kind": b"future_kind", b"at": at_us // 1000, b"us": at_us}
+    ref = f"{like.shard}/{writer.client.xadd(stream, future).decode()}"
+    until = _EPOCH + timedelta(microseconds=at_us)
+
+    def listed(**window: datetime) -> list[str]:
+        query = writer._core.quarantine_query(limit=100, **window).marking()
+        return [e.ref for e in writer.quarantine._listed(query)]
+
+    assert ref in listed(until=until)
+    assert ref in listed(since=until, until=until)
+    assert ref not in listed(until=until - _MS)
+    assert ref not in listed(since=until + _MS)
