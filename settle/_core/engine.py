@@ -83,12 +83,17 @@ MAX_NOTE_CHARS = 4096
 #: CLI's ``--limit``, the console's overview).
 MAX_LISTING = 100_000
 #: How far past ``until`` a window reads the streams (by stream id, in ms): an entry's ``at``
-#: (the script's TIME) is never after its id's time, but it can be before it (a script that
-#: crosses a millisecond; a stream whose last id ran ahead of the server's clock after a
-#: failover to a node whose clock is behind). A window selects by ``at``, so the entries of
-#: ids up to this far past ``until`` are read and those whose ``at`` is past it left out
+#: (the script's TIME) can be before its id's time (a script that crosses a millisecond on
+#: Redis 6.2 / 7.0; a stream whose last id ran ahead of the server's clock after a failover
+#: to a node whose clock is behind). A window selects by ``at``, so the entries of ids up to
+#: this far past ``until`` are read and those whose ``at`` is past it left out
 #: (docs/concepts.md, "The quarantine").
 UNTIL_SLACK_MS = 5 * 60 * 1000
+#: How far before ``since`` a window reads the streams (ms): an entry's ``at`` can also be a
+#: little after its id's time, where ``XADD *`` takes the time frozen when the script began
+#: (Redis 7.2 and later) while ``TIME`` reads the clock a moment later: a script that crossed
+#: a millisecond before it read the clock.
+SINCE_SLACK_MS = 1000
 
 
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
@@ -1244,14 +1249,14 @@ class _Window:
     """``[since, until]`` by each entry's own time (``at``, to the millisecond, as every
     view shows it), both ends included; either end open when None.
 
-    The streams are read by id: from ``since`` (exact, since an entry's ``at`` is never after
-    its id's time) to :data:`UNTIL_SLACK_MS` past ``until`` (its id may be later than its
-    ``at``); the read script leaves out what the id range takes in beyond the window (it
-    examines those entries, and sends none), and :meth:`keeps` checks each entry sent by the
-    time it is shown with (an entry this version cannot decode is the script's to window:
-    it reads that entry's own time field, where the mark can show only its id's). By
-    id alone, ``until=<an entry's at>`` left that entry out when its id was a millisecond
-    later, and ``since=<an entry's at + 1 ms>`` took it in."""
+    The streams are read by id: from :data:`SINCE_SLACK_MS` before ``since`` (an entry's
+    ``at`` may be a moment after its id's time) to :data:`UNTIL_SLACK_MS` past ``until``
+    (its id may be later than its ``at``); the read script leaves out what the id range
+    takes in beyond the window (it examines those entries, and sends none), and
+    :meth:`keeps` checks each entry sent by the time it is shown with (an entry this version
+    cannot decode is the script's to window: it reads that entry's own time field, where the
+    mark can show only its id's). By id alone, ``until=<an entry's at>`` left that entry out
+    when its id was a millisecond later, and ``since=<an entry's at + 1 ms>`` took it in."""
 
     since_ms: int | None = None
     until_ms: int | None = None
@@ -1264,7 +1269,7 @@ class _Window:
 
     def stream_range(self) -> tuple[str, str]:
         """XRANGE bounds that hold every entry of the window (and a few beyond it)."""
-        low = f"{self.since_ms}-0" if self.since_ms is not None else "-"
+        low = f"{max(0, self.since_ms - SINCE_SLACK_MS)}-0" if self.since_ms is not None else "-"
         high = f"{self.until_ms + UNTIL_SLACK_MS}-{2**64 - 1}" if self.until_ms is not None else "+"
         return low, high
 

@@ -345,3 +345,24 @@ def test_an_entry_this_version_cannot_decode_is_windowed_by_its_own_time(
     assert ref in listed(since=until, until=until)
     assert ref not in listed(until=until - _MS)
     assert ref not in listed(since=until + _MS)
+
+
+def test_an_entry_whose_time_is_a_moment_after_its_id_is_in_a_window_from_its_time(
+    writer: Settler, redis_url: str
+) -> None:
+    """On Redis 7.2 and later ``XADD *`` takes the time frozen when the script began and
+    ``TIME`` reads the clock a moment later: an entry's ``at`` can be a millisecond or two
+    after its id's time. ``since=<its at>`` keeps it (the ids were read from ``since``
+    only, and it was missed), and ``since=<its at + 1 ms>`` leaves it out."""
+    like = writer.quarantine.get(unknown(writer, "order-like"))
+    ref = _written_behind(writer, like, "order-ahead", -3)  # its at 3 ms after its id's
+    entry = writer.quarantine.get(ref)
+    assert _ms(entry.at) > int(entry.id.split("-")[0])
+    at = entry.at
+    assert ref in [e.ref for e in writer.quarantine.list(since=at)]
+    assert ref in [e.ref for e in writer.quarantine.scan(since=at, until=at)]
+    assert ref in [h.ref for h in writer.quarantine.headers(since=at)]
+    assert ref not in [e.ref for e in writer.quarantine.list(since=at + _MS)]
+    args = ("--redis-url", redis_url, "--namespace", writer.config.namespace)
+    shown = settle_json("quarantine", "ls", "--since", at.isoformat(), *args)
+    assert ref in [row["ref"] for row in shown]
