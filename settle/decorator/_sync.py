@@ -190,8 +190,11 @@ def _run(
     attempt = run.attempt
     key = beats.add(run, plan, context)
     try:
-        with plan.running(run.reservation.generation):
+        running = plan.enter_run(run.reservation.generation)
+        try:
             value = fn(*args, **kwargs)
+        finally:
+            plan.leave_run(running)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
         error: BaseException | None = exc
         value = None
