@@ -163,9 +163,8 @@ def _replayed(type_: Any, data: bytes) -> Any:
     its replays would refuse."""
     if type_ is bytes:
         return data
-    adapter = _adapter(type_)
-    aliased = _aliased(type_)
-    if aliased or _open(type_):
+    _, adapter, aliased, open_ = _READINGS.get(id(type_)) or _reading(type_)
+    if aliased or open_:
         # A key named twice (a model's field and an extra named like it, codec.repeated_key)
         # is stored only from a model with an alias, declared or held where any value goes:
         # no reading is the result stored, refused.
@@ -194,6 +193,27 @@ def _replayed(type_: Any, data: bytes) -> Any:
     if first is not None:
         raise first
     return by_name  # neither form is exact (a validator that normalises): by name
+
+
+def _reading(type_: Any) -> tuple[Any, TypeAdapter[Any], bool, bool]:
+    """What :func:`_replayed` reads a result of ``type_`` with: its adapter, and whether it
+    is :func:`_aliased` and :func:`_open`, each from its own cache. Kept per type object in
+    :data:`_READINGS` when ``type_`` is hashable (what those caches keep it by), so that a
+    replay looks up one entry instead of three (each hashing the type expression again)."""
+    reading = (type_, _adapter(type_), _aliased(type_), _open(type_))
+    try:
+        hash(type_)
+    except TypeError:  # an unhashable type expression: built again each time, as before
+        return reading
+    if len(_READINGS) < _READINGS_MAX:
+        _READINGS[id(type_)] = reading  # whole, in one store
+    return reading
+
+
+#: :func:`_reading`'s entries by the type object's id; each holds the type itself, so no
+#: other object can take that id while its entry is here.
+_READINGS: dict[int, tuple[Any, TypeAdapter[Any], bool, bool]] = {}
+_READINGS_MAX = 256
 
 
 def _refuse_repeated_keys(data: bytes) -> None:
