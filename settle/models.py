@@ -163,7 +163,7 @@ def _replayed(type_: Any, data: bytes) -> Any:
     its replays would refuse."""
     if type_ is bytes:
         return data
-    _, adapter, aliased, open_ = _READINGS.get(id(type_)) or _reading(type_)
+    adapter, aliased, open_ = _reading(type_)
     if aliased or open_:
         # A key named twice (a model's field and an extra named like it, codec.repeated_key)
         # is stored only from a model with an alias, declared or held where any value goes:
@@ -195,25 +195,19 @@ def _replayed(type_: Any, data: bytes) -> Any:
     return by_name  # neither form is exact (a validator that normalises): by name
 
 
-def _reading(type_: Any) -> tuple[Any, TypeAdapter[Any], bool, bool]:
+def _reading(type_: Any) -> tuple[TypeAdapter[Any], bool, bool]:
     """What :func:`_replayed` reads a result of ``type_`` with: its adapter, and whether it
-    is :func:`_aliased` and :func:`_open`, each from its own cache. Kept per type object in
-    :data:`_READINGS` when ``type_`` is hashable (what those caches keep it by), so that a
-    replay looks up one entry instead of three (each hashing the type expression again)."""
-    reading = (type_, _adapter(type_), _aliased(type_), _open(type_))
+    is :func:`_aliased` and :func:`_open`, kept together by ``type_`` as each is kept in its
+    own cache, so that a replay looks up one entry instead of three."""
     try:
-        hash(type_)
-    except TypeError:  # an unhashable type expression: built again each time, as before
-        return reading
-    if len(_READINGS) < _READINGS_MAX:
-        _READINGS[id(type_)] = reading  # whole, in one store
-    return reading
+        return _cached_reading(type_)
+    except TypeError:  # an unhashable type expression: each built again, as before
+        return _adapter(type_), _aliased(type_), _open(type_)
 
 
-#: :func:`_reading`'s entries by the type object's id; each holds the type itself, so no
-#: other object can take that id while its entry is here.
-_READINGS: dict[int, tuple[Any, TypeAdapter[Any], bool, bool]] = {}
-_READINGS_MAX = 256
+@lru_cache(maxsize=256)
+def _cached_reading(type_: Any) -> tuple[TypeAdapter[Any], bool, bool]:
+    return _adapter(type_), _aliased(type_), _open(type_)
 
 
 def _refuse_repeated_keys(data: bytes) -> None:
