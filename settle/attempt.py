@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from settle.errors import StaleAttempt
 from settle.models import OperationRecord, Renewal, Reserved
@@ -51,13 +51,14 @@ class Attempt:
     """Placeholder default for the ``Attempt`` parameter; replaced on every call."""
 
     __slots__ = (
+        "_key",
+        "_key_of",
         "_lost",
         "_renewal",
         "_stop",
         "attempt_id",
         "deadline",
         "generation",
-        "idempotency_key",
         "number",
         "operation_id",
     )
@@ -75,7 +76,9 @@ class Attempt:
         self.operation_id = operation_id
         self.generation = generation
         self.number = number
-        self.idempotency_key = idempotency_key
+        self._key: str | None = idempotency_key
+        #: What the key derives from when it is first read (None: ``_key`` is the key).
+        self._key_of: tuple[str, str, str] | None = None
         self.attempt_id = attempt_id
         self.deadline = deadline
         #: Set once, by the heartbeat thread (after ``_renewal``); a flag, not a
@@ -90,14 +93,31 @@ class Attempt:
     ) -> Attempt:
         """The attempt a fresh reservation gives its function (or HTTP handler)."""
         r = reserved.reservation
-        return cls(
+        attempt = cls(
             operation_id=r.operation_id,
             generation=r.generation,
             number=reserved.record.reservations,
-            idempotency_key=downstream_key(namespace, r.binding, r.operation_id),
+            idempotency_key="",
             attempt_id=r.attempt_id,
             deadline=deadline,
         )
+        # Derived when first read (a SHA-256 most functions never ask for): the same key.
+        attempt._key = None
+        attempt._key_of = (namespace, r.binding, r.operation_id)
+        return attempt
+
+    @property
+    def idempotency_key(self) -> str:
+        """The downstream idempotency key (see the class's description)."""
+        key = self._key
+        if key is None and self._key_of is not None:
+            # Two threads reading it at once both derive the same str: no lock needed.
+            key = self._key = downstream_key(*self._key_of)
+        return cast("str", key)  # None only if it was given None
+
+    @idempotency_key.setter
+    def idempotency_key(self, value: str) -> None:
+        self._key = value
 
     def __repr__(self) -> str:
         return (

@@ -7,6 +7,8 @@ are decoded on demand with pydantic (:meth:`OperationRecord.value`).
 from __future__ import annotations
 
 import json
+import json.scanner
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -161,9 +163,8 @@ def _replayed(type_: Any, data: bytes) -> Any:
     its replays would refuse."""
     if type_ is bytes:
         return data
-    adapter = _adapter(type_)
-    aliased = _aliased(type_)
-    if aliased or _open(type_):
+    adapter, aliased, open_ = _reading(type_)
+    if aliased or open_:
         # A key named twice (a model's field and an extra named like it, codec.repeated_key)
         # is stored only from a model with an alias, declared or held where any value goes:
         # no reading is the result stored, refused.
@@ -194,20 +195,39 @@ def _replayed(type_: Any, data: bytes) -> Any:
     return by_name  # neither form is exact (a validator that normalises): by name
 
 
+def _reading(type_: Any) -> tuple[TypeAdapter[Any], bool, bool]:
+    """What :func:`_replayed` reads a result of ``type_`` with: its adapter, and whether it
+    is :func:`_aliased` and :func:`_open`, kept together by ``type_`` as each is kept in its
+    own cache, so that a replay looks up one entry instead of three."""
+    try:
+        return _cached_reading(type_)
+    except TypeError:  # an unhashable type expression: each built again, as before
+        return _adapter(type_), _aliased(type_), _open(type_)
+
+
+@lru_cache(maxsize=256)
+def _cached_reading(type_: Any) -> tuple[TypeAdapter[Any], bool, bool]:
+    return _adapter(type_), _aliased(type_), _open(type_)
+
+
 def _refuse_repeated_keys(data: bytes) -> None:
     """Raise a :class:`ValidationError` (``repeated_key``) when an object of the JSON
     ``data`` names a key twice (a parser keeps one of the two values)."""
     try:
-        # json.loads(data, object_pairs_hook=_once), without a decoder made on every call
-        _ONCE.decode(
-            data if isinstance(data, str) else data.decode(_encoding(data), "surrogatepass")
-        )
+        # json.loads(data, object_pairs_hook=_once), without a decoder made on every call,
+        # nor its two Python frames around the C scanner (``decode``, ``raw_decode``): the
+        # scanner reads the first value, as they do, and a key named twice in it raises
+        # there, before they would look at what follows it (extra data only makes them
+        # raise ValueError, as a failed scan does)
+        text = data if isinstance(data, str) else data.decode(_encoding(data), "surrogatepass")
+        start = _WHITESPACE.match(text)  # always matches (maybe nothing)
+        _scan_once(text, start.end() if start else 0)
     except _RepeatedKey:
         raise ValidationError.from_exception_data(
             "stored result",
             [{"type": PydanticCustomError("repeated_key", _REPEATED), "loc": (), "input": None}],
         ) from None
-    except ValueError:
+    except (StopIteration, ValueError):  # StopIteration: no JSON value where it starts
         pass  # not JSON: validation says what is wrong with it
 
 
@@ -233,6 +253,11 @@ def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 #: The decoder of :func:`_refuse_repeated_keys` (a JSON decoder keeps no state between
 #: calls: ``json.loads`` shares one too).
 _ONCE = json.JSONDecoder(object_pairs_hook=_once)
+#: Its C scanner (what ``JSONDecoder`` makes for itself as ``scan_once``; typeshed's
+#: stub of ``make_scanner`` names no decoder as its argument).
+_scan_once = json.scanner.make_scanner(cast("Any", _ONCE))
+#: What ``JSONDecoder.decode`` skips before the value (``json.decoder.WHITESPACE``).
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 _REPEATED = (
     "the stored JSON names a key twice (a model's field and an extra named like it), "

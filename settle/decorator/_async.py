@@ -204,8 +204,11 @@ async def _run(
             _heartbeat(settler, plan, run, first, lambda: scope.reschedule(loop.time()))
         )
         try:
-            with plan.running(run.reservation.generation):
+            running = plan.enter_run(run.reservation.generation)
+            try:
                 value = await fn(*args, **kwargs)
+            finally:
+                plan.leave_run(running)
         except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
             error = exc
         finally:

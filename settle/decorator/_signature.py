@@ -234,7 +234,14 @@ class Signature:
         bound = self._binder(args, kwargs) if self._binder is not None else None
         if bound is None:
             bound = self._bind(args, kwargs).arguments
-        arguments = {k: v for k, v in bound.items() if k != self.attempt_param}
+        # Fresh dicts either way (the binder's, or inspect's), read and never changed
+        # below: copied only to leave out what they must not hold.
+        attempt_param = self.attempt_param
+        arguments = (
+            bound
+            if attempt_param is None or attempt_param not in bound
+            else {k: v for k, v in bound.items() if k != attempt_param}
+        )
         operation_id = self._derive("key", self.key, args, kwargs, arguments)
         principal = self._derive("principal", self.principal, args, kwargs, None)
         if self.fingerprint is not None:
@@ -245,6 +252,8 @@ class Signature:
                     f"{self.fn.__qualname__}: the fingerprint callable raised {exc!r}",
                     operation_id=operation_id,
                 ) from exc
+        elif not self._skip:
+            request = arguments
         else:
             request = {k: v for k, v in arguments.items() if k not in self._skip}
         try:

@@ -190,8 +190,11 @@ def _run(
     attempt = run.attempt
     key = beats.add(run, plan, context)
     try:
-        with plan.running(run.reservation.generation):
+        running = plan.enter_run(run.reservation.generation)
+        try:
             value = fn(*args, **kwargs)
+        finally:
+            plan.leave_run(running)
     except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
         error: BaseException | None = exc
         value = None
@@ -330,7 +333,9 @@ class _Heartbeats:
 
     def _reset(self) -> None:
         """Start empty: no thread, no attempt (also in a forked child: ``_after_fork``)."""
-        lock = threading.Lock()
+        lock = self._lock = threading.Lock()
+        """What both conditions wait with: the per-call :meth:`add` and :meth:`remove` take it
+        directly (a ``Condition``'s ``with`` only takes its lock, through two Python calls)."""
         self._cond = threading.Condition(lock)
         """The scheduler waits on it (for a nearer due time)."""
         self._work = threading.Condition(lock)
@@ -367,7 +372,7 @@ class _Heartbeats:
         :attr:`_Beating.runs_on`) may keep an attempt a renewal did not renew. Raises when the
         scheduler thread cannot be started, and then keeps nothing of ``run``."""
         beating = _Beating(run, owner, context, runs_on)
-        with self._cond:
+        with self._lock:
             key = next(self._ids)
             try:
                 self._schedule(key, beating, time.monotonic() + run.first)
@@ -379,7 +384,7 @@ class _Heartbeats:
             return key
 
     def remove(self, key: int) -> None:
-        with self._cond:
+        with self._lock:
             self._due.pop(key, None)
             self._flying.pop(key, None)
 

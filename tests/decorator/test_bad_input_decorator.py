@@ -16,6 +16,7 @@ import pytest
 import tenacity
 
 from settle import Settler
+from settle.attempt import Attempt
 from settle.errors import InvalidInput, OperationFailed
 from settle.models import State
 
@@ -117,3 +118,19 @@ def test_a_key_template_over_star_star_kwargs_names_them_by_kwargs(settler: Sett
     record = settler.get("charge:o-3")
     assert record is not None
     assert record.state is State.COMPLETED
+
+
+def test_a_key_template_naming_the_attempt_parameter_is_refused(settler: Settler) -> None:
+    """The ``Attempt`` parameter is no argument of the call: a template naming it would give
+    every call the placeholder's one id (``job:0``), so the call is refused, never run."""
+    runs: list[int] = []
+
+    @settler.operation(key="job:{attempt.number}", principal="tenant:a")
+    def job(n: int, attempt: Attempt = Attempt.INJECTED) -> int:
+        runs.append(n)
+        return n
+
+    for n in (1, 2):
+        with pytest.raises(InvalidInput, match="key"):
+            job(n)
+    assert runs == []

@@ -8,6 +8,7 @@ caller could take the key over and run it again). Real Redis, real threads."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from settle import AsyncSettler, Settler
@@ -64,4 +65,41 @@ def test_a_sync_function_that_blocks_keeps_its_lease(redis_url: str, namespace: 
         with watching(redis_url, namespace, "charge") as reasons:
             assert charge() == "ch_1"
     assert len(reasons) > 50, reasons
+    assert "lease_expired" not in reasons
+
+
+def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
+    redis_url: str, namespace: str
+) -> None:
+    """One heartbeat serves every sync attempt of a settler. It waits for a long lease's
+    first renewal (20 s away) when a call with a 1 s lease starts: that call's add must wake
+    it (its Condition notified, the lock held) or the short lease lapses under its running
+    function."""
+    with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
+        started, release = threading.Event(), threading.Event()
+
+        @settler.operation(key="slow", principal="tenant:acme", lease=60.0)
+        def slow() -> str:
+            started.set()
+            release.wait(30)
+            return "slow"
+
+        @settler.operation(key="short", principal="tenant:acme", lease=1.0)
+        def short() -> str:
+            time.sleep(2.0)
+            return "short"
+
+        results: list[str] = []
+        holder = threading.Thread(target=lambda: results.append(slow()))
+        holder.start()
+        try:
+            assert started.wait(10)
+            time.sleep(0.2)  # the heartbeat is waiting for the slow lease's renewal
+            with watching(redis_url, namespace, "short") as reasons:
+                assert short() == "short"
+        finally:
+            release.set()
+            holder.join()
+    assert results == ["slow"]
+    assert len(reasons) > 30, reasons
     assert "lease_expired" not in reasons

@@ -139,3 +139,30 @@ def test_an_attempt_is_remembered_only_while_it_runs(settler: Settler) -> None:
     with pytest.raises(OperationFailed):
         refund("A-7", True)
     assert _RUNNING.get() == ()
+
+
+@pytest.mark.asyncio
+async def test_an_async_attempt_is_remembered_only_while_it_runs(
+    async_settler: AsyncSettler,
+) -> None:
+    """The async twin: awaited in the caller's own task, the mark is gone when the attempt
+    ends, whether it returned, failed or was cancelled (a timeout around the call)."""
+
+    @async_settler.operation(key="refund:{order}", principal="tenant:a", terminal=(LookupError,))
+    async def refund(order: str, how: str) -> str:
+        assert _RUNNING.get()  # marked while it runs
+        if how == "fail":
+            raise LookupError(order)
+        if how == "hang":
+            await asyncio.sleep(30)
+        return order
+
+    assert await refund("A-8", "return") == "A-8"
+    assert _RUNNING.get() == ()
+    with pytest.raises(OperationFailed):
+        await refund("A-9", "fail")
+    assert _RUNNING.get() == ()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await refund("A-10", "hang")
+    assert _RUNNING.get() == ()

@@ -9,7 +9,7 @@ not be read back with ``value(bytes)`` (pydantic parsed the bytes as JSON and ra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -76,3 +76,21 @@ async def test_a_result_that_does_not_fit_the_type_is_a_settle_error_naming_it(
     assert raised.value.operation_id == "op-typed"
     assert isinstance(raised.value.__cause__, ValidationError)
     assert isinstance(raised.value, ValueError)  # as pydantic's ValidationError was
+
+
+@pytest.mark.asyncio
+async def test_a_type_expression_that_cannot_be_hashed_reads_the_result_too(api: Any) -> None:
+    """A type no cache can key (``Annotated`` with a list among its metadata) is read as
+    any other, not refused with the ``TypeError`` of its hash."""
+    r = (await api.reserve("op-unhashable", {"n": 1}, principal=WHO)).reservation
+    await api.complete(r, {"charge_id": "ch_1"})
+    open_ = Annotated[dict[str, Any], ["a note"]]
+    model = Annotated[Receipt, ["a note"]]
+    with pytest.raises(TypeError):
+        hash(open_)
+    record = await api.get("op-unhashable")
+    assert record.value(open_) == {"charge_id": "ch_1"}
+    assert record.value(model) == Receipt(charge_id="ch_1")
+    replay = await api.reserve("op-unhashable", {"n": 1}, principal=WHO)
+    assert isinstance(replay, Replay)
+    assert replay.value(open_) == {"charge_id": "ch_1"}

@@ -410,28 +410,39 @@ def _named_twice(value: dict[str, int]) -> bytes:
     return (text if not value else text[:-1] + ", " + text[1:]).encode()
 
 
+#: Stored results the repeated-key check must read as ``json.loads`` with the hook did, each
+#: tried on every run (hypothesis may not draw every sampled one).
+_JSON_EDGES: list[bytes | str] = [
+    b'{"a":1,"a":2}',
+    b'{"a":{"b":1,"b":1}}',
+    b'[{"x":1},{"x":1,"y":2,"x":3}]',
+    b'{"a":1}',
+    b"\xef\xbb\xbf{}",
+    "\ufeff{}",
+    b"\xff\xfe{",
+    b"{\x00",
+    b"[",
+    b"not json",
+    b'{"a":NaN,"a":1}',
+    '{"é":1,"é":2}',
+    '{"é":1}'.encode("utf-16"),
+    '{"k":1,"k":2}'.encode("utf-16-le"),
+    '{"k":1,"k":2}'.encode("utf-32-le"),
+    '["k"]'.encode("utf-16-be"),
+    # JSON's whitespace before the first value, then a key named twice in it
+    b' {"a":1,"a":2}',
+    b'\r\n\t[{"x":1,"x":2}]',
+    b" \n",
+    b"\x0c{}",
+    # only the first value is read: a key named twice after it is extra data
+    b'{"a":1} {"a":1,"a":2}',
+    b'{"a":1,"a":2} x',
+]
+
+
 @given(
     st.one_of(
-        st.sampled_from(
-            [
-                b'{"a":1,"a":2}',
-                b'{"a":{"b":1,"b":1}}',
-                b'[{"x":1},{"x":1,"y":2,"x":3}]',
-                b'{"a":1}',
-                b"\xef\xbb\xbf{}",
-                "\ufeff{}",
-                b"\xff\xfe{",
-                b"{\x00",
-                b"[",
-                b"not json",
-                b'{"a":NaN,"a":1}',
-                '{"é":1,"é":2}',
-                '{"é":1}'.encode("utf-16"),
-                '{"k":1,"k":2}'.encode("utf-16-le"),
-                '{"k":1,"k":2}'.encode("utf-32-le"),
-                '["k"]'.encode("utf-16-be"),
-            ]
-        ),
+        st.sampled_from(_JSON_EDGES),
         st.binary(max_size=40),
         st.binary(max_size=40).map(lambda b: b"{" + b),
         st.dictionaries(st.text(max_size=3), st.integers(), max_size=4).map(_named_twice),
@@ -440,6 +451,17 @@ def _named_twice(value: dict[str, int]) -> bytes:
 def test_the_repeated_key_check_refuses_what_json_loads_with_the_hook_refused(
     data: bytes | str,
 ) -> None:
+    _check_refused_as_json_loads(data)
+
+
+@pytest.mark.parametrize("data", _JSON_EDGES)
+def test_the_repeated_key_check_refuses_each_edge_as_json_loads_with_the_hook_did(
+    data: bytes | str,
+) -> None:
+    _check_refused_as_json_loads(data)
+
+
+def _check_refused_as_json_loads(data: bytes | str) -> None:
     try:
         _refuse_repeated_keys(data)  # type: ignore[arg-type]  # str as well as bytes
         refused = False
