@@ -333,9 +333,17 @@ class Signature:
             raise InvalidInput("key template must not be empty")
         # *args and **kwargs are bound by their names: "{args[0]}", "{kwargs[order_id]}"
         # (a name passed through **kwargs is no field of its own: "{order_id}" fails).
-        names = {p.name for p in params}
+        # The Attempt parameter is no argument of the call (its placeholder's number is 0
+        # in every call's id): a field naming it fails every call, refused here too.
+        names = {p.name for p in params if p.name != self.attempt_param}
         for field_name in self._key_fields:
             root = re.split(r"[.\[]", field_name, maxsplit=1)[0]
+            if root == self.attempt_param:
+                raise InvalidInput(
+                    f"key template {self.key!r}: {{{field_name}}} names the Attempt "
+                    f"parameter of {self.fn.__qualname__}, which is no argument of the call "
+                    "(an attempt's number is not part of its operation's id)"
+                )
             if root not in names:
                 raise InvalidInput(
                     f"key template {self.key!r}: {{{field_name}}} names no parameter of "

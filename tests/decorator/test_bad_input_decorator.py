@@ -122,15 +122,16 @@ def test_a_key_template_over_star_star_kwargs_names_them_by_kwargs(settler: Sett
 
 def test_a_key_template_naming_the_attempt_parameter_is_refused(settler: Settler) -> None:
     """The ``Attempt`` parameter is no argument of the call: a template naming it would give
-    every call the placeholder's one id (``job:0``), so the call is refused, never run."""
+    every call the placeholder's one id (``job:0``), so it is refused when the function is
+    decorated (it was accepted there and refused at every call), as every template that
+    fails every call is; nothing runs."""
     runs: list[int] = []
 
-    @settler.operation(key="job:{attempt.number}", principal="tenant:a")
     def job(n: int, attempt: Attempt = Attempt.INJECTED) -> int:
         runs.append(n)
         return n
 
-    for n in (1, 2):
-        with pytest.raises(InvalidInput, match="key"):
-            job(n)
+    for key in ("job:{attempt.number}", "job:{attempt}", "job:{n}:{attempt.number}"):
+        with pytest.raises(InvalidInput, match="names the Attempt parameter"):
+            settler.operation(key=key, principal="tenant:a")(job)
     assert runs == []
