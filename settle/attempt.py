@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 from settle.errors import StaleAttempt
 from settle.models import OperationRecord, Renewal, Reserved
@@ -118,6 +118,13 @@ class Attempt:
     @idempotency_key.setter
     def idempotency_key(self, value: str) -> None:
         self._key = value
+
+    def __getstate__(self) -> object:
+        """Pickled and copied with its key derived, never with the principal it derives
+        from: the key is what reveals neither namespace nor principal."""
+        key = self.idempotency_key
+        _, slots = cast("tuple[None, dict[str, Any]]", super().__getstate__())
+        return None, {**slots, "_key": key, "_key_of": None}
 
     def __repr__(self) -> str:
         return (

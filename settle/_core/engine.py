@@ -1291,7 +1291,7 @@ def _id_bound(bound: str, open_end: tuple[int, int]) -> tuple[int, int]:
     '-'/'+'."""
     if bound in ("-", "+"):
         return open_end
-    ms, _, seq = bound.rpartition("-")  # a time before 1970 makes a negative ms
+    ms, _, seq = bound.rpartition("-")
     return int(ms), int(seq)
 
 
@@ -1631,8 +1631,9 @@ class QuarantineFollower:
     def __init__(self, core: Core, shards: list[int], flt: _Filter, since: datetime | None) -> None:
         self._core = core
         self._filter = flt
-        # From ``since`` by the entries' own time, as a listing's window (the ids from there
-        # on hold them all; one whose id is later than its ``at`` is left out), until a
+        # From ``since`` by the entries' own time, as a listing's window (the ids from
+        # :data:`SINCE_SLACK_MS` before it on hold them all; one whose id is later than its
+        # ``at`` is left out), until a
         # shard is read to its end: what it gets after that is new, whatever its ``at`` (a
         # node whose clock is behind ``since`` after a failover, a clock stepped back).
         self._window = _Window.of(since, None)

@@ -111,3 +111,28 @@ def test_an_attempts_key_is_kept_by_copy_and_pickle_and_may_be_assigned(
     assert read_then_assigned.idempotency_key == "mine too"
     made = Attempt(operation_id="x", generation=1, number=1, idempotency_key="k", attempt_id="a")
     assert made.idempotency_key == "k"
+
+
+def test_a_pickled_or_copied_attempt_holds_its_key_never_the_principal(
+    settler: Settler, namespace: str
+) -> None:
+    """The key is what reveals neither namespace nor principal; an attempt derives it when
+    first read, and until then held the principal: pickled before that read (handed to a
+    worker process, a task queue), the bytes carried the principal in clear."""
+    seen: list[Attempt] = []
+
+    @settler.operation(key="charge:{order}", principal="tenant:acme/user:42")
+    def charge(order: str, attempt: Attempt = Attempt.INJECTED) -> int:
+        seen.append(attempt)
+        return 1
+
+    charge("o-1")
+    (attempt,) = seen
+    data = pickle.dumps(attempt)
+    assert b"tenant:acme" not in data
+    assert b"user:42" not in data
+    want = downstream_key(namespace, "tenant:acme/user:42", "charge:o-1")
+    assert pickle.loads(data).idempotency_key == want
+    for copied in (copy.copy(attempt), copy.deepcopy(attempt)):
+        assert copied._key_of is None
+        assert copied.idempotency_key == want
