@@ -8,7 +8,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -98,7 +98,7 @@ class AsyncSettler(AsyncConnectable):
         self._checked = False
         #: What the start-up checks of the namespace do (:meth:`_reading`): claim every
         #: shard ("claim"), only check the counts ("count"), or nothing ("none").
-        self._namespace_check = "claim"
+        self._namespace_check: Literal["claim", "count", "none"] = "claim"
         #: The start-up checks and the namespace re-checks after a loss, one run for every
         #: concurrent call that needs them.
         self._flight = SingleFlight()
