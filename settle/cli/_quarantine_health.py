@@ -154,7 +154,7 @@ def _age_finding(settler: Settler, unresolved: int, unread: dict[int, str]) -> F
         return Finding("quarantine age", Status.OK, "no unresolved entry")
     undecodable = 0
     oldest: datetime | None = None
-    walk = settler._core.quarantine_scan(unresolved=True).header_marking()
+    walk = settler.quarantine._walk(unresolved=True).header_marking()
     for header in settler.quarantine._scanned(walk):
         if not isinstance(header, UndecodableEntry):
             oldest = header.at
