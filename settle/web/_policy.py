@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import NoPermissionError
 
 from settle._async.settler import AsyncSettler
 from settle._runtime.health import eviction_policy, is_evicting
@@ -27,7 +27,7 @@ READ_EVERY = 10.0
 
 class Banner(NamedTuple):
     """What a page's banner says: the evicting policies read (empty: none evicts), and the
-    primaries whose policy was never read, INFO refused there (``""``: the server of a
+    primaries whose policy was never read, INFO denied there (``""``: the server of a
     console that is not on a cluster; empty: every policy was read)."""
 
     evicting: list[str]
@@ -37,18 +37,16 @@ class Banner(NamedTuple):
 async def read_policies(settler: AsyncSettler) -> tuple[dict[str, str | None], list[str]]:
     """The ``maxmemory-policy`` of the settler's server (node ``""``), or of each primary
     of a cluster (``host:port``), from ``INFO memory`` (None: the reply does not say); and
-    the nodes that refused ``INFO`` (denied by the ACL, or renamed away: the settler warned
-    of them, ``settle.backend.eviction_unknown``). Each primary is asked on its own, so one
-    that refuses leaves the others' read. Redis failing, or a primary that does not answer,
+    the nodes whose ACL denies ``INFO`` (the settler warned of them,
+    ``settle.backend.eviction_unknown``). Each primary is asked on its own, so one
+    denied leaves the others' read. Redis failing, or a primary that does not answer,
     raises :class:`SettleError`."""
 
     async def info(client: Any, **target: Any) -> Mapping[str, Any] | None:
         try:
             found = await client.info("memory", **target)
-        except ResponseError as exc:
-            if isinstance(exc, NoPermissionError) or "unknown command" in str(exc).lower():
-                return None
-            raise
+        except NoPermissionError:
+            return None
         # redis-py answers {node: reply} for a node named, or the bare reply
         if isinstance(found, dict) and found and all(isinstance(v, dict) for v in found.values()):
             found = next(iter(found.values()))
@@ -73,7 +71,7 @@ def _evicting(policies: Mapping[str, str | None]) -> list[str]:
 class EvictionBanner:
     """What a console's pages say of the policy (:class:`Banner`), read again once the last
     read is :data:`READ_EVERY` old, each read within ``seconds``. A primary's policy read
-    stands until it is read again: a read that fails, or that a primary refuses, keeps it
+    stands until it is read again: a read that fails, or that a primary denies, keeps it
     (the banner of an evicting server must not disappear on one failed read); a primary
     whose policy was never read is named as such until a read of it succeeds."""
 
