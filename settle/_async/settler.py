@@ -428,6 +428,19 @@ class AsyncQuarantine:
 
     def __init__(self, settler: AsyncSettler) -> None:
         self._settler = settler
+        # The plans of the reads below, not yet read (the core's, with their filters), for
+        # the reads and for settle's tools, which mark what this version cannot decode
+        # (``.marking()``) or read headers only (``.header_marking()``), then run them with
+        # the private runners below: the CLI reaches no further into the settler.
+        #: The walk :meth:`scan` plans, run by :meth:`_scanned` (``settle quarantine
+        #: export``, ``settle stats``, ``settle doctor``'s oldest unresolved entry).
+        self._walk = settler._core.quarantine_scan
+        #: The listing :meth:`list` and :meth:`headers` plan, run by :meth:`_listed`
+        #: (``settle quarantine ls``, ``settle inspect``).
+        self._listing = settler._core.quarantine_query
+        #: The follower :meth:`follow` plans, run by :meth:`_followed` (``settle quarantine
+        #: tail``).
+        self._following = settler._core.quarantine_follower
 
     async def _run_many(self, calls: list[Call]) -> list[Any]:
         runner = self._settler._runner
@@ -474,8 +487,7 @@ class AsyncQuarantine:
     ) -> QuarantineQuery[QuarantineEntry]:
         """The listing ``list`` and ``headers`` plan from the same filters (each method
         spells them out, with their defaults, for type checkers and the docs)."""
-        core = self._settler._core
-        return core.quarantine_query(
+        return self._listing(
             kind=kind,
             operation_id=operation_id,
             since=since,
@@ -536,15 +548,16 @@ class AsyncQuarantine:
     ) -> AsyncIterator[QuarantineEntry]:
         """Every matching entry, oldest first, with no cap: read a page at a time, so
         memory stays bounded (a few hundred entries) however long the quarantine is."""
-        scan = self._settler._core.quarantine_scan(
+        scan = self._walk(
             kind=kind, operation_id=operation_id, since=since, until=until, unresolved=unresolved
         )
         async for entry in self._scanned(scan):
             yield entry
 
     async def _scanned(self, scan: QuarantineScan[E]) -> AsyncIterator[E]:
-        """Run a planned walk to its end, a page at a time (``scan``, and ``settle stats``,
-        which walks headers: ``quarantine_scan().headers()``, no payload read)."""
+        """Run a planned walk (``_walk``) to its end, a page at a time (``scan``, and
+        ``settle stats``, which walks headers: ``_walk().header_marking()``, no payload
+        read)."""
         while not scan.finished:
             calls = scan.calls()
             if calls:
@@ -595,7 +608,7 @@ class AsyncQuarantine:
         An entry this version cannot decode (another version or program wrote it) is
         skipped, logged as ``settle.quarantine.undecodable`` with its id: the follow goes
         on (docs/concepts.md, "The quarantine")."""
-        follower = self._settler._core.quarantine_follower(
+        follower = self._following(
             kind=kind,
             operation_id=operation_id,
             unresolved=unresolved,

@@ -608,6 +608,24 @@ def stored_shards(client: Any, namespace: str) -> int | None:
     return int(text)
 
 
+def probed_shards(client: Redis, namespace: str) -> int | None:
+    """:func:`stored_shards` of ``namespace``, read through a settler on ``client`` that
+    reads only and is closed after (with ``client``): it connects, switching to a cluster
+    client on a cluster, and checks the server, not the namespace; it writes nothing, so
+    an evicting server is read. A Redis failure of the read is a :class:`BackendError`
+    (the command's and doctor's probe alike)."""
+    options = {"namespace": namespace, "shards": 1, "allow_eviction": True}
+    probe = Settler(client, settings(options))
+    try:
+        probe._reading(namespace=False).check()
+        try:
+            return stored_shards(client_of(probe), namespace)
+        except RedisError as exc:
+            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        probe.close()
+
+
 @contextlib.contextmanager
 def open_settler(
     conn: Connection, *, create: bool = False, reads: bool = False
@@ -699,16 +717,7 @@ def _shards(conn: Connection, *, create: bool) -> int | None:
     namespace to exist; an explicit ``--shards`` must match what is stored."""
     # The probe reads the stored count and writes nothing: an evicting server is refused
     # (or not) by the settler the command opens next.
-    probe = _settler(conn, {"namespace": conn.namespace, "shards": 1, "allow_eviction": True})
-    try:
-        # Connects, and switches to a cluster client if needed; the namespace is not checked
-        probe._reading(namespace=False).check()
-        try:
-            stored = stored_shards(client_of(probe), conn.namespace)
-        except RedisError as exc:
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        probe.close()
+    stored = probed_shards(connected(conn), conn.namespace)
     if stored is None:
         if create:
             return conn.shards

@@ -20,7 +20,7 @@ from settle._core.keys import Keys
 from settle._runtime._sync import client_from_url
 from settle._runtime.health import Finding, Status
 from settle._sync.settler import Settler
-from settle.cli._context import bounded, settings, stored_shards
+from settle.cli._context import bounded, probed_shards, settings
 from settle.demo.server import client_of, server_now
 from settle.errors import SettleError
 
@@ -54,7 +54,7 @@ def quarantine_findings(
     maxlen``); a shard that cannot be read is named and is a ``warn``, never counted as
     empty."""
     try:
-        shards = _shard_count(url, namespace, timeout)
+        shards = probed_shards(bounded(client_from_url(url), url, timeout), namespace)
         if shards is None:
             seen = f"namespace {namespace!r} does not exist: nothing quarantined"
             return [
@@ -97,14 +97,6 @@ def _reader(url: str, namespace: str, shards: int, timeout: float) -> Settler:
         settler.close()
         raise
     return settler
-
-
-def _shard_count(url: str, namespace: str, timeout: float) -> int | None:
-    probe = _reader(url, namespace, 1, timeout)
-    try:
-        return stored_shards(client_of(probe), namespace)
-    finally:
-        probe.close()
 
 
 def _sizes(settler: Settler, shards: int) -> tuple[dict[int, int], int, dict[int, str]]:
@@ -162,7 +154,7 @@ def _age_finding(settler: Settler, unresolved: int, unread: dict[int, str]) -> F
         return Finding("quarantine age", Status.OK, "no unresolved entry")
     undecodable = 0
     oldest: datetime | None = None
-    walk = settler._core.quarantine_scan(unresolved=True).header_marking()
+    walk = settler.quarantine._walk(unresolved=True).header_marking()
     for header in settler.quarantine._scanned(walk):
         if not isinstance(header, UndecodableEntry):
             oldest = header.at

@@ -50,7 +50,7 @@ def inspect(conn: Connection, operation_id: str, limit: int, as_json: bool) -> N
         attempts = settler.attempts(operation_id)
         # Marking: one entry of the operation settle cannot decode ended the command (exit
         # 1) with none of the record, its attempt log or its readable entries shown.
-        planned = settler._core.quarantine_query(operation_id=operation_id, limit=limit)
+        planned = settler.quarantine._listing(operation_id=operation_id, limit=limit)
         listed = settler.quarantine._listed(planned.marking())
     entries = [e for e in listed if not isinstance(e, UndecodableEntry)]
     marks = [e for e in listed if isinstance(e, UndecodableEntry)]

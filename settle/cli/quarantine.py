@@ -123,7 +123,7 @@ def ls(
 ) -> None:
     """Quarantine entries, newest first (at most --limit in all)."""
     with open_settler(conn, reads=True) as settler, options_named(_FILTERS):
-        planned = settler._core.quarantine_query(
+        planned = settler.quarantine._listing(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),
@@ -235,7 +235,7 @@ def tail(
         # The follower is made (its filters checked, no I/O) before the "following" line,
         # so a refused filter is said alone. Marking: an entry settle cannot decode ended
         # the tail (exit 1), and a live watcher saw none of the entries after it.
-        follower = settler._core.quarantine_follower(**filters)
+        follower = settler.quarantine._following(**filters)
         follow = settler.quarantine._followed(follower, interval, interrupted.is_set)
         marked = False
         click.echo(
@@ -345,7 +345,7 @@ def export(
     if show_progress is None:  # a terminal's reader, not a machine asking for --json
         show_progress = sys.stderr.isatty() and not as_json
     with open_settler(conn, reads=True) as settler, options_named(_FILTERS):
-        walk = settler._core.quarantine_scan(
+        walk = settler.quarantine._walk(
             kind=kind,
             operation_id=operation_id,
             since=_start(settler, since),

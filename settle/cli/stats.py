@@ -114,7 +114,7 @@ def count_quarantine(
         k.value: {"unresolved": 0, "resolved": 0} for k in QuarantineKind
     }
     marks: list[UndecodableEntry] = []
-    walk = settler._core.quarantine_scan().header_marking()
+    walk = settler.quarantine._walk().header_marking()
     for h in settler.quarantine._scanned(walk):
         if isinstance(h, UndecodableEntry):
             marks.append(h)

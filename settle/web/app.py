@@ -50,7 +50,7 @@ from settle.errors import (
 )
 from settle.models import OperationRecord, QuarantineKind, State
 from settle.web import _query
-from settle.web._policy import EvictionBanner
+from settle.web._policy import Banner, EvictionBanner
 from settle.web._security import (
     Authorize,
     SecurityHeaders,
@@ -94,6 +94,8 @@ _PAGE_SIZES = (10, 25, 50, 100, 200)
 _STATUSES = ("all", "unresolved", "resolved")
 #: The other entries of an operation an entry page lists (newest first; it links to the rest).
 _RELATED = 20
+#: A page's banner where the settler does not allow eviction (or nothing read it yet).
+_NO_BANNER = Banner([], [])
 
 
 def _console_key(secret_key: str, namespace: str) -> str:
@@ -359,8 +361,10 @@ class _Console:
             path=_path(request),
             here=_here(request),
             # An evicting maxmemory-policy the settler was let read (allow_eviction): said
-            # on every page, as doctor fails it.
-            evicting=getattr(request.state, "evicting", []),
+            # on every page, as doctor fails it; and the primaries whose policy could not
+            # be read (INFO denied), where the evidence may be evicted without a word.
+            evicting=getattr(request.state, "banner", _NO_BANNER).evicting,
+            policy_unread=getattr(request.state, "banner", _NO_BANNER).unread,
             **context,
         )
         return HTMLResponse(html, status_code=status_code)
@@ -417,7 +421,7 @@ class _Console:
                 async with bound:
                     with restarting(bound, self.redis_timeout):
                         if self.banner is not None:
-                            request.state.evicting = await self.banner.policies()
+                            request.state.banner = await self.banner.banner()
                         return await endpoint(request)
             except TimeoutError:
                 if not bound.expired():

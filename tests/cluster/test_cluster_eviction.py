@@ -164,3 +164,55 @@ async def test_a_console_page_never_waits_for_the_banners_read_of_a_hung_primary
             assert waited < 2, waited
     finally:
         await reader.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_console_names_the_primary_whose_policy_it_cannot_read(
+    cluster: LocalCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's user is denied INFO on one primary only (each node keeps its own
+    ACL): every page names that primary as the one whose policy could not be read, and
+    still names the evicting policy another primary was read to have. Allowed INFO there,
+    the next read drops it from the banner."""
+    from settle.web import _policy, create_app  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+
+    monkeypatch.setattr(_policy, "READ_EVERY", 0.0)  # a read due before every page
+    # The test before this one froze a primary: the others may still mark it failed
+    cluster.wait_ok()
+    with Settler.from_cluster(cluster.url, namespace=namespace, shards=4) as writer:
+        ref = stale_settlement(writer, "order-1")
+    host, port = cluster.startup_nodes[1]
+    for index in range(cluster.primaries):
+        with cluster.client(index) as c:
+            rules = ["on", ">pw", "~*", "&*", "+@all"] + (["-info"] if index == 1 else [])
+            c.execute_command("ACL", "SETUSER", "console", "reset", *rules)
+    with cluster.client(2) as c:
+        c.config_set("maxmemory-policy", "volatile-ttl")
+    h0, p0 = cluster.startup_nodes[0]
+    reader = AsyncSettler.from_url(
+        f"redis://console:pw@{h0}:{p0}", namespace=namespace, shards=4, allow_eviction=True
+    )
+    try:
+        async with client_for(create_app(reader._reading())) as browser:
+            denied = [await browser.get("/"), await browser.get(f"/entry/{ref}")]
+            with cluster.client(1) as c:
+                c.execute_command("ACL", "SETUSER", "console", "+info")
+            for _ in range(2):  # the read in flight (denied), then one sent after
+                await browser.get("/quarantine")
+                await asyncio.sleep(0.3)
+            read = await browser.get("/")
+    finally:
+        await reader.aclose()
+        for index in range(cluster.primaries):
+            with cluster.client(index) as c:
+                c.execute_command("ACL", "DELUSER", "console")
+        with cluster.client(2) as c:
+            c.config_set("maxmemory-policy", "noeviction")
+    for page in denied:
+        assert page.status_code == 200, page.text
+        assert f"maxmemory-policy of primary {host}:{port} (INFO" in page.text, page.text
+        assert "maxmemory-policy volatile-ttl evicts" in page.text
+    assert read.status_code == 200, read.text
+    assert "could not read" not in read.text
+    assert "maxmemory-policy volatile-ttl evicts" in read.text

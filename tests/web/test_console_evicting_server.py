@@ -146,3 +146,92 @@ async def test_the_banner_stays_when_a_later_read_of_the_policy_fails(
             assert all("allkeys-lru" in p.text for p in pages), pages[-1].text
         finally:
             await reader.aclose()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["allkeys-lru", "noeviction"])
+async def test_a_policy_never_read_is_said_until_a_read_of_it_succeeds(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INFO denied to the console's user from the start: every page says the policy could
+    not be read, so a dispute handler knows the evidence may be evicted without a word (the
+    pages said nothing, as on a server that keeps everything). Once INFO is allowed, the
+    next read replaces it: the evicting banner, or none on a server that does not evict."""
+    import asyncio  # noqa: PLC0415
+
+    from settle import AsyncSettler  # noqa: PLC0415
+    from settle.web import _policy, create_app  # noqa: PLC0415
+    from tests.acl import app_user  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+
+    monkeypatch.setattr(_policy, "READ_EVERY", 0.0)  # a read due before every page
+    unread = "could not read the maxmemory-policy of this Redis"
+    with (
+        EmbeddedRedis(extra_args=["--maxmemory-policy", policy]) as server,
+        Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as app,
+    ):
+        ref = stale_settlement(app, "order-1")
+        url = app_user(server, "+@all", "-info", name="console")
+        reader = AsyncSettler.from_url(url, namespace="ev", shards=2, allow_eviction=True)
+        try:
+            async with client_for(create_app(reader._reading())) as browser:
+                denied = [await browser.get(path) for path in ("/", "/quarantine")]
+                denied.append(await browser.get(f"/entry/{ref}"))
+                app_user(server, "+@all", name="console")  # INFO allowed from now
+                for _ in range(2):  # the read in flight (denied), then one sent after
+                    await browser.get("/quarantine")
+                    await asyncio.sleep(0.3)
+                read = [await browser.get(f"/entry/{ref}"), await browser.get("/")]
+        finally:
+            await reader.aclose()
+    for page in denied:
+        assert page.status_code == 200, page.text
+        assert unread in page.text, page.text
+        assert "evicts:" not in page.text
+    for page in read:
+        assert page.status_code == 200, page.text
+        assert unread not in page.text
+        evicting = f"maxmemory-policy {policy} evicts" in page.text
+        assert evicting == (policy == "allkeys-lru"), page.text
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["allkeys-lru", "noeviction"])
+async def test_a_policy_read_once_stands_when_info_is_denied_later(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/console.md: a primary read once keeps the policy read last if INFO is denied
+    there later. The pages go on saying what was read (the evicting banner, or none on a
+    server that keeps everything), never that the policy could not be read: both banners
+    at once contradicted each other, and a false one on a safe server taught a dispute
+    handler to ignore it."""
+    import asyncio  # noqa: PLC0415
+
+    from settle import AsyncSettler  # noqa: PLC0415
+    from settle.web import _policy, create_app  # noqa: PLC0415
+    from tests.acl import app_user  # noqa: PLC0415
+    from tests.web.conftest import client_for  # noqa: PLC0415
+
+    monkeypatch.setattr(_policy, "READ_EVERY", 0.0)  # a read due before every page
+    with (
+        EmbeddedRedis(extra_args=["--maxmemory-policy", policy]) as server,
+        Settler.from_url(server.url, namespace="ev", shards=2, allow_eviction=True) as app,
+    ):
+        ref = stale_settlement(app, "order-1")
+        url = app_user(server, "+@all", name="console")
+        reader = AsyncSettler.from_url(url, namespace="ev", shards=2, allow_eviction=True)
+        try:
+            async with client_for(create_app(reader._reading())) as browser:
+                first = await browser.get(f"/entry/{ref}")
+                app_user(server, "+@all", "-info", name="console")  # INFO denied from now
+                pages = []
+                for _ in range(3):
+                    pages.append(await browser.get(f"/entry/{ref}"))
+                    await asyncio.sleep(0.3)  # the read this page started was denied
+        finally:
+            await reader.aclose()
+    for page in [first, *pages]:
+        assert page.status_code == 200, page.text
+        assert "could not read the maxmemory-policy" not in page.text, page.text
+        evicting = f"maxmemory-policy {policy} evicts" in page.text
+        assert evicting == (policy == "allkeys-lru"), page.text
