@@ -265,6 +265,7 @@ def _interrupts_kept() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, before)
         sys.unraisablehook = before_hook
+        _INTERRUPTED.clear()  # said by now; a later command (a test's runner) starts anew
 
 
 class EnvOption(click.Option):
