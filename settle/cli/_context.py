@@ -10,8 +10,11 @@ import io
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -210,12 +213,59 @@ class OutputGroup(click.Group):
             _reader_gone(EXIT_OK)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError:
-            _reader_gone(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
-        except KeyboardInterrupt:  # click's "Aborted!" exits 1, the code for "not found"
-            fail("interrupted", EXIT_INTERRUPTED)
+        with _interrupts_kept():
+            try:
+                return super().invoke(ctx)
+            except BrokenPipeError:
+                _reader_gone(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
+            except KeyboardInterrupt:  # click's "Aborted!" exits 1, the code for "not found"
+                fail("interrupted", EXIT_INTERRUPTED)
+            except SystemExit as exc:  # a failure said after a Ctrl-C that was lost
+                if _INTERRUPTED.is_set() and exc.code not in (None, EXIT_OK, EXIT_INTERRUPTED):
+                    fail("interrupted", EXIT_INTERRUPTED)
+                raise
+
+
+#: Set by Ctrl-C while a command runs (:func:`_interrupts_kept`).
+_INTERRUPTED = threading.Event()
+
+
+@contextlib.contextmanager
+def _interrupts_kept() -> Iterator[None]:
+    """Ctrl-C during a command is remembered as well as raised. Python loses the
+    ``KeyboardInterrupt`` of a Ctrl-C that lands while a finalizer or the garbage collector
+    runs (redis-py's ``__del__`` of a connection or pool: it prints "Exception ignored" and
+    goes on), and the command went on waiting for Redis, then failed as if Redis were down:
+    ``cannot reach Redis``, exit 3, for an operator who pressed Ctrl-C. A failure after a
+    Ctrl-C is said as ``interrupted``, exit 130 (:func:`fail`), the lost raise is not printed,
+    and the wait it could not cut short lasts at most ``--redis-timeout``. Off the main
+    thread (a command invoked from a thread), Python's own handling stands."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _INTERRUPTED.clear()
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        _INTERRUPTED.set()
+        signal.default_int_handler(signum, frame)
+
+    def unraisable(info: Any) -> None:
+        if isinstance(info.exc_value, KeyboardInterrupt) and _INTERRUPTED.is_set():
+            return  # the Ctrl-C is said as "interrupted", once, by the command's end
+        before_hook(info)
+
+    before, before_hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    if before is not signal.default_int_handler:  # ignored, or the application's own
+        yield
+        return
+    signal.signal(signal.SIGINT, interrupt)
+    sys.unraisablehook = unraisable
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        sys.unraisablehook = before_hook
+        _INTERRUPTED.clear()  # said by now; a later command (a test's runner) starts anew
 
 
 class EnvOption(click.Option):
@@ -408,7 +458,11 @@ def json_option(fn: F) -> F:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr (control characters made visible) and exit with ``code``."""
+    """Print one line on stderr (control characters made visible) and exit with ``code``;
+    after a Ctrl-C whose ``KeyboardInterrupt`` was lost (:func:`_interrupts_kept`), the
+    failure it caused is ``interrupted``, exit 130."""
+    if _INTERRUPTED.is_set() and code != EXIT_INTERRUPTED:
+        message, code = "interrupted", EXIT_INTERRUPTED
     click.echo(f"settle: {visible_message(message)}", err=True)
     sys.exit(code)
 

@@ -3,8 +3,10 @@ session's real redis-server (or an embedded one the command starts itself)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -31,7 +33,41 @@ CLI_ENV = (
     "SETTLE_WEB_TOKEN",
 )
 DEMO_OPS = 40
+#: A command of each kind that waits for Redis's first reply (the Ctrl-C tests).
+WAITING_COMMANDS = [
+    ("stats",),
+    ("inspect", "charge:1"),
+    ("quarantine", "ls"),
+    ("quarantine", "export"),
+    ("doctor",),
+    ("cursor", "show", "orders"),
+    ("progress", "show", "billing"),
+]
 DEMO_SEED = 5
+
+
+@contextlib.contextmanager
+def waiting_on_silent_redis(
+    argv: list[str], *more: str
+) -> Iterator[tuple[subprocess.Popen[str], socket.socket]]:
+    """``argv --redis-url <url> *more`` run against a server that accepts and never
+    answers (the command waits for its first reply): the process and its accepted
+    connection, once accepted."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        proc = subprocess.Popen(
+            [*argv, "--redis-url", url, *more],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        connection, _ = silent.accept()
+        with connection:
+            yield proc, connection
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import time
 import pytest
 
 from settle import Settler
-from tests.cli.conftest import SETTLE, cli_env
+from tests.cli.conftest import SETTLE, WAITING_COMMANDS, cli_env, waiting_on_silent_redis
 from tests.cli.helpers import stale_settlement
 
 FULL = "settle: the output to stdout is incomplete: a write failed (No space left on device)"
@@ -125,40 +124,15 @@ def test_the_companion_groups_run_alone_end_quietly_when_their_reader_stops(modu
     assert (done.returncode, done.stderr) == (0, "")
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ("stats",),
-        ("inspect", "charge:1"),
-        ("quarantine", "ls"),
-        ("quarantine", "export"),
-        ("doctor",),
-        ("cursor", "show", "orders"),
-        ("progress", "show", "billing"),
-    ],
-    ids=" ".join,
-)
+@pytest.mark.parametrize("command", WAITING_COMMANDS, ids=" ".join)
 def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, ...]) -> None:
     """Ctrl-C printed click's "Aborted!" and exited 1, the code for "not found" (for doctor
     "a check failed", for export "incomplete"): a script could not tell an interrupted run
     from an answer. It exits 130, as the demo does."""
-    with socket.socket() as silent:  # accepts, never answers: the command waits
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()
-        silent.settimeout(60)
-        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        proc = subprocess.Popen(
-            [str(SETTLE), *command, "--redis-url", url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=cli_env(),
-        )
-        connection, _ = silent.accept()
-        with connection:
-            time.sleep(0.2)  # the command sent its first request and waits for the reply
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
+    with waiting_on_silent_redis([str(SETTLE), *command]) as (proc, _):
+        time.sleep(0.2)  # the command sent its first request and waits for the reply
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")
 
 

@@ -1,0 +1,60 @@
+"""Ctrl-C that lands while a finalizer or the garbage collector runs: Python prints
+"Exception ignored" and loses its ``KeyboardInterrupt`` (redis-py's connections and pools
+have ``__del__``), so the command went on waiting for Redis and then said ``cannot reach
+Redis``, exit 3, to an operator who had pressed Ctrl-C: a script took it for an outage. The
+command remembers the Ctrl-C: ``settle: interrupted``, exit 130, and nothing else on stderr.
+
+The Ctrl-C is sent by the command's own process from a garbage-collector callback (where a
+raise is lost, as in a finalizer), the first time one runs while the command is inside
+redis-py's connection code, talking to a server that accepts and never answers."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from tests.cli.conftest import WAITING_COMMANDS, waiting_on_silent_redis
+
+_DRIVER = textwrap.dedent(
+    """
+    import gc, os, signal, sys
+    from settle.cli import main
+
+    fired = []
+
+    def talking_to_redis():
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename.endswith(os.path.join("redis", "connection.py")):
+                return True
+            frame = frame.f_back
+        return False
+
+    def ctrl_c_in_the_collector(phase, info):
+        if fired or phase != "start" or not talking_to_redis():
+            return
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs here, between these bytecodes: its raise is lost
+            pass
+
+    def collect_often_once_connecting(event, args):  # (imports stay quick before)
+        if event == "socket.connect":
+            gc.set_threshold(1)
+
+    gc.callbacks.append(ctrl_c_in_the_collector)
+    sys.addaudithook(collect_often_once_connecting)
+    sys.argv = ["settle", *sys.argv[1:]]
+    main()
+    """
+)
+
+
+@pytest.mark.parametrize("command", WAITING_COMMANDS, ids=" ".join)
+def test_a_ctrl_c_python_lost_in_a_finalizer_is_still_exit_130(command: tuple[str, ...]) -> None:
+    command_line = [sys.executable, "-c", _DRIVER, *command]
+    with waiting_on_silent_redis(command_line, "--redis-timeout", "1") as (proc, _):
+        out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")
