@@ -111,11 +111,16 @@ def test_a_worker_whose_claim_lapsed_reports_the_effect_it_ran(
     b = make(names, stream_server, progress_server, worker="B", claim_idle=0.2)
     publish(redis.Redis.from_url(stream_server.url), names, ["slow"])
     ran: list[str] = []
+    b_ran = threading.Event()
 
     def effect(ctx: EffectContext) -> None:
         ran.append(threading.current_thread().name)
         if threading.current_thread().name == "A":
-            time.sleep(0.8)
+            # A's effect lasts until B has taken the delivery over and run it: a fixed 0.8 s
+            # ended first when a loaded machine started B's poll late (B found it acked).
+            assert b_ran.wait(30), "worker B never took the delivery over"
+        else:
+            b_ran.set()
 
     with capture_logs() as logs:
         ta = threading.Thread(target=a.poll, args=(effect,), name="A")
