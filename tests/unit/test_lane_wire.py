@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import select
 import threading
 import time
 import uuid
@@ -172,6 +173,24 @@ def test_noscript_is_redis_pys(redis_url: str) -> None:
     assert lane[-1] is True
 
 
+def _until_readable(sock: Any, seconds: float = 30.0) -> None:
+    """Wait until ``sock`` has something to read: a push, or the server's close (an end of
+    file); a fixed 0.1 s was a guess of how long that takes."""
+    deadline = time.monotonic() + seconds
+    while not select.select([sock], [], [], 0.01)[0]:
+        assert time.monotonic() < deadline, "nothing reached the socket"
+
+
+def _until_reset(sock: Any, seconds: float = 30.0) -> None:
+    """Wait until ``sock`` was reset by its peer (poll says an error or a hang-up, which a
+    mere close, an end of file, does not)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    deadline = time.monotonic() + seconds
+    while not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(10)):
+        assert time.monotonic() < deadline, "the reset never reached the socket"
+
+
 def _killed_spin(client: redis.Redis, sha: str) -> None:
     """Run the spinning script ``sha`` until SCRIPT KILL ends it (its error is expected)."""
     with pytest.raises(rx.ResponseError, match="Script killed"):
@@ -251,7 +270,7 @@ def test_a_connection_the_server_closed_while_idle_is_redis_pys(redis_url: str) 
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         conn.send_command("CLIENT", "ID")
         client.client_kill_filter(_id=conn.read_response())
-        time.sleep(0.1)  # the close reaches the socket
+        _until_readable(conn._sock)  # the close reaches the socket
         return ("EVALSHA", _script(client, "return 1"), 0)
 
     lane, own = _both(redis_url, prepare)
@@ -267,9 +286,9 @@ def test_a_send_on_a_connection_the_server_reset_is_redis_pys(redis_url: str) ->
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         conn.send_command("CLIENT", "ID")
         client.client_kill_filter(_id=conn.read_response())
-        time.sleep(0.1)
+        _until_readable(conn._sock)  # the close reaches the socket
         conn._sock.sendall(b"*1\r\n$4\r\nPING\r\n")  # answered with a reset
-        time.sleep(0.1)
+        _until_reset(conn._sock)
         return ("EVALSHA", _script(client, "return 1"), 0)
 
     lane, own = _both(redis_url, prepare)
@@ -370,7 +389,7 @@ def test_a_retry_policy_repeats_as_with_redis_pys(redis_url: str, retries: int) 
         try:
             conn.send_command("CLIENT", "ID")
             client.client_kill_filter(_id=conn.read_response())
-            time.sleep(0.1)
+            _until_readable(conn._sock)  # the close reaches the socket
             packed = pack_command(conn, ("EVALSHA", _script(client, "return 7"), 0))
             failed: list[str] = []
             tries: list[int] = []
@@ -464,7 +483,7 @@ def test_a_connection_closed_while_idle_is_redis_pys_async(redis_url: str) -> No
         for client in killer.client_list():
             if client["name"] == "idle-victim":
                 killer.client_kill_filter(_id=client["id"])
-        time.sleep(0.1)
+        _until_readable(conn._writer.transport.get_extra_info("socket"))
         return ("EVALSHA", _script(killer, "return 1"), 0)
 
     lane, own = (
@@ -550,7 +569,7 @@ def test_a_due_health_check_reconnects_as_redis_pys(redis_url: str) -> None:
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         conn.send_command("CLIENT", "ID")
         client.client_kill_filter(_id=conn.read_response())
-        time.sleep(0.1)
+        _until_readable(conn._sock)  # the close reaches the socket
         conn.next_health_check = 0  # due
         return ("EVALSHA", _script(client, "return 5"), 0)
 
@@ -577,7 +596,7 @@ def _tracked(client: redis.Redis, conn: Any, key: str) -> None:
     conn.send_command("GET", key)
     conn.read_response()
     client.set(key, "changed")
-    time.sleep(0.1)
+    _until_readable(conn._sock)  # the push reaches the socket
 
 
 def test_a_push_notification_before_the_reply_is_redis_pys(redis_url: str) -> None:
