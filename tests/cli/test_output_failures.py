@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -156,7 +155,10 @@ def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, 
         )
         connection, _ = silent.accept()
         with connection:
-            time.sleep(0.2)  # the command sent its first request and waits for the reply
+            connection.settimeout(60)
+            # The command sent its first request and waits for the reply: its bytes are
+            # here (a fixed 0.2 s guessed it; recv blocks, up to the 60 s timeout).
+            assert connection.recv(1, socket.MSG_PEEK), "the command sent nothing"
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")
