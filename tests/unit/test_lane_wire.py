@@ -203,7 +203,7 @@ def _until_busy(admin: redis.Redis, seconds: float = 30.0) -> None:
     while True:
         try:
             admin.ping()
-        except rx.ResponseError as exc:  # BusyLoadingError is one
+        except rx.ResponseError as exc:  # BUSY is a plain one (BusyLoadingError: LOADING)
             if "BUSY" in str(exc):
                 return
             raise
