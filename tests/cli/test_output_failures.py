@@ -5,11 +5,13 @@ output does (tests/cli/test_reader_stops.py); Ctrl-C is exit 130, as in the demo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -124,6 +126,22 @@ def test_the_companion_groups_run_alone_end_quietly_when_their_reader_stops(modu
     assert (done.returncode, done.stderr) == (0, "")
 
 
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """A child started here gets SIGINT's default (Python's KeyboardInterrupt), however
+    pytest was started: a background job of a non-interactive shell, or nohup, ignores
+    SIGINT, a child inherits that, and the command's Ctrl-C was lost (exit 3 once its Redis
+    timeout ran out, not 130). A handler, unlike an ignored signal, is not inherited."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -146,13 +164,14 @@ def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, 
         silent.listen()
         silent.settimeout(60)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        proc = subprocess.Popen(
-            [str(SETTLE), *command, "--redis-url", url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=cli_env(),
-        )
+        with _sigint_not_ignored():
+            proc = subprocess.Popen(
+                [str(SETTLE), *command, "--redis-url", url],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=cli_env(),
+            )
         connection, _ = silent.accept()
         with connection:
             connection.settimeout(60)
