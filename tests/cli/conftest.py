@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -47,24 +48,41 @@ DEMO_SEED = 5
 
 
 @contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """A child started here gets SIGINT's default (Python's KeyboardInterrupt), however
+    pytest was started: a background job of a non-interactive shell, or nohup, ignores
+    SIGINT, a child inherits that, and the command's Ctrl-C was lost (exit 3 once its Redis
+    timeout ran out, not 130). A handler, unlike an ignored signal, is not inherited."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
 def waiting_on_silent_redis(
     argv: list[str], *more: str
 ) -> Iterator[tuple[subprocess.Popen[str], socket.socket]]:
     """``argv --redis-url <url> *more`` run against a server that accepts and never
-    answers (the command waits for its first reply): the process and its accepted
-    connection, once accepted."""
+    answers (the command waits for its first reply), with SIGINT's default: the process
+    and its accepted connection, once accepted."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         silent.settimeout(60)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        proc = subprocess.Popen(
-            [*argv, "--redis-url", url, *more],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=cli_env(),
-        )
+        with _sigint_not_ignored():
+            proc = subprocess.Popen(
+                [*argv, "--redis-url", url, *more],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=cli_env(),
+            )
         connection, _ = silent.accept()
         with connection:
             yield proc, connection

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -129,8 +129,11 @@ def test_ctrl_c_while_a_command_waits_for_redis_is_exit_130(command: tuple[str, 
     """Ctrl-C printed click's "Aborted!" and exited 1, the code for "not found" (for doctor
     "a check failed", for export "incomplete"): a script could not tell an interrupted run
     from an answer. It exits 130, as the demo does."""
-    with waiting_on_silent_redis([str(SETTLE), *command]) as (proc, _):
-        time.sleep(0.2)  # the command sent its first request and waits for the reply
+    with waiting_on_silent_redis([str(SETTLE), *command]) as (proc, connection):
+        connection.settimeout(60)
+        # The command sent its first request and waits for the reply: its bytes are
+        # here (a fixed 0.2 s guessed it; recv blocks, up to the 60 s timeout).
+        assert connection.recv(1, socket.MSG_PEEK), "the command sent nothing"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "settle: interrupted\n")

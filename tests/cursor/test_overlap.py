@@ -267,12 +267,25 @@ def _shorter(store: CursorStore, successor: Any = b"N2", **contract: Any) -> Cur
 
 
 def test_a_worker_resuming_an_idle_response_makes_a_shorter_copy_stand_down(
-    store: CursorStore,
+    redis_url: str, namespace: str
 ) -> None:
     """A witnessed e1..e4 and died in e2's handler; long after, R resumes that response by
     an exact replay and is in e2's handler now. The resume is that response's progress: B's
     shorter copy stands down (LOST) instead of stopping the stream under a live worker, and
     R promotes."""
+    for attempt in range(5):
+        store = CursorStore.from_url(redis_url, namespace=f"{namespace}-{attempt}")
+        try:
+            if _resume_then_shorter_copy(store):
+                return
+        finally:
+            store.close()
+    raise AssertionError("every attempt was held past B's stand-down time after R's resume")
+
+
+def _resume_then_shorter_copy(store: CursorStore) -> bool:
+    """The scene of the test above; false when a loaded machine held B's step past its
+    stand-down time after R's resume (R's progress then did look idle: no verdict)."""
     from settle.cursor._step import HandleEvent, procedure  # noqa: PLC0415
 
     page = Page([_ev(1), _ev(2), _ev(3), _ev(4)], b"N4")
@@ -285,16 +298,24 @@ def test_a_worker_resuming_an_idle_response_makes_a_shorter_copy_stand_down(
     with pytest.raises(CoverageNotProven):  # no worker on it: B stops the stream
         _shorter(store).step()
 
+    started = time.monotonic()  # R's progress is made after this
     r = procedure(store.core, "s", SPARSE, STAND_DOWN_MS)
     with capture_logs() as logs:
         assert isinstance(_drive(r, store, page, handled, "R", until="e2"), HandleEvent)
     assert [e["event"] for e in logs if e["event"] == "settle.cursor.resumed"] == [
         "settle.cursor.resumed"
     ]
-    assert _shorter(store).step().outcome is StepOutcome.LOST
+    try:
+        outcome = _shorter(store).step().outcome
+    except CoverageNotProven:
+        if time.monotonic() - started < SHORTER_STANDS_DOWN_FOR:
+            raise  # R moved less than the stand-down time ago: B had to stand down
+        return False
+    assert outcome is StepOutcome.LOST
     handled.append(("R", "e2"))
     assert _drive(r, store, page, handled, "R", resume=True).outcome is StepOutcome.PROMOTED
     assert [e for who, e in handled if who != "A"] == ["e2", "e3", "e4"]
+    return True
 
 
 def test_an_idle_response_never_hides_a_moving_longer_one(redis_url: str, namespace: str) -> None:

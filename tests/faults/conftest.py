@@ -14,7 +14,7 @@ import redis
 from settle import AsyncSettler, Settler
 from settle._core.scripts import SCRIPT_NAMES, source
 from tests.faults.figures import FIGURES
-from tests.faults.servers import async_client, sync_client
+from tests.faults.servers import async_client, cut_timeout, sync_client
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.integration.conftest import Awaitable
 
@@ -43,14 +43,20 @@ def flavour(request: pytest.FixtureRequest) -> str:
 
 
 @pytest_asyncio.fixture
-async def api(flavour: str, proxy: FaultyProxy, namespace: str) -> AsyncIterator[Any]:
+async def api(
+    flavour: str, proxy: FaultyProxy, namespace: str, request: pytest.FixtureRequest
+) -> AsyncIterator[Any]:
     """A shell connected through the proxy with redis-py's own retries off, so every repeat
-    of a call is settle's (tenacity)."""
+    of a call is settle's (tenacity). Its socket timeout is short only in a test whose
+    ``at`` parameter is a stall, which that timeout ends: elsewhere a call a loaded worker
+    held past 0.5 s would time out and be repeated, beside the cut one."""
+    callspec = getattr(request.node, "callspec", None)
+    timeout = cut_timeout(str(callspec.params.get("at", "")) if callspec else "")
     if flavour == "sync":
-        s = Settler(sync_client(proxy.port), namespace=namespace, shards=4)
+        s = Settler(sync_client(proxy.port, timeout), namespace=namespace, shards=4)
         yield Awaitable(s)
         s.close()
     else:
-        a = AsyncSettler(async_client(proxy.port), namespace=namespace, shards=4)
+        a = AsyncSettler(async_client(proxy.port, timeout), namespace=namespace, shards=4)
         yield a
         await a.aclose()

@@ -31,7 +31,10 @@ __all__ = [
     "REPLICA_TIMEOUT",
     "SLACK",
     "SOCKET_TIMEOUT",
+    "STALL_TIMEOUT",
+    "UNSTALLED_TIMEOUT",
     "async_client",
+    "cut_timeout",
     "frozen",
     "lapse_under",
     "primary",
@@ -47,6 +50,13 @@ __all__ = [
 
 #: The client's own socket timeout, so a stalled reply surfaces as a TimeoutError quickly.
 SOCKET_TIMEOUT = 0.5
+#: The socket timeout of a test that stalls one reply and counts the repeats: the stalled
+#: call ends in two seconds, and no other call of a loaded CI worker (four tests on two
+#: cores) waits that long for its reply; at 0.5 s one could, and was repeated too.
+STALL_TIMEOUT = 2.0
+#: The socket timeout of a test whose proxy stalls no reply: no call is meant to time out,
+#: and none does however loaded the machine (a cut closes the connection: an error at once).
+UNSTALLED_TIMEOUT = 30.0
 #: The ``replica_timeout`` of the companions' durability tests.
 REPLICA_TIMEOUT = 0.3
 #: How far past ``replica_timeout`` a DurabilityError may come: Redis checks WAIT timeouts
@@ -167,13 +177,19 @@ def proxy_to(server_url: str, *sets: ScriptSet) -> FaultyProxy:
     return FaultyProxy(port).start()
 
 
-def sync_client(port: int) -> redis.Redis:
+def sync_client(port: int, socket_timeout: float = SOCKET_TIMEOUT) -> redis.Redis:
     """A client with redis-py's own retries off, so every repeat of a call is settle's."""
-    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT)
+    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout)
 
 
-def async_client(port: int) -> aioredis.Redis:
+def async_client(port: int, socket_timeout: float = SOCKET_TIMEOUT) -> aioredis.Redis:
     """The asyncio twin of :func:`sync_client`."""
     return aioredis.Redis(
-        port=port, retry=AsyncRetry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT
+        port=port, retry=AsyncRetry(NoBackoff(), 0), socket_timeout=socket_timeout
     )
+
+
+def cut_timeout(at: str) -> float:
+    """The socket timeout of a test that cuts one call ``at`` and counts the repeats: short
+    only for a stall, which the timeout ends (:data:`STALL_TIMEOUT`)."""
+    return STALL_TIMEOUT if at == "stall" else UNSTALLED_TIMEOUT

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from settle import Reserved, Settler
 from settle._core import engine
 from settle._core.keys import shard_of
-from tests.faults.servers import sync_client
+from tests.faults.servers import cut_timeout, sync_client
 from tests.faults.tcp_proxy import FaultyProxy
 from tests.faults.test_faults_ambiguous import needle
 
@@ -77,7 +77,8 @@ def test_evidence_quarantine_maxlen_pushed_out_is_said_when_the_reply_was_lost(
     """quarantine_maxlen pushed an unresolved entry out in the call whose reply was lost:
     the repeat found its own entry written and answered 'nothing dropped', so the warning
     that evidence was deleted was never logged."""
-    settler = Settler(sync_client(proxy.port), namespace=namespace, shards=1, quarantine_maxlen=1)
+    client = sync_client(proxy.port, cut_timeout(at))  # no other call times out
+    settler = Settler(client, namespace=namespace, shards=1, quarantine_maxlen=1)
     try:
         first = settler.reserve("op", REQ, principal=WHO)
         assert isinstance(first, Reserved)

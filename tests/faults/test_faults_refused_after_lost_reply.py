@@ -27,7 +27,7 @@ from settle._core.scripts import SCRIPTS
 from settle.embedded import EmbeddedRedis
 from settle.models import State
 from tests.faults.servers import (
-    SOCKET_TIMEOUT,
+    STALL_TIMEOUT,
     async_client,
     proxy_to,
     script_needle,
@@ -48,7 +48,9 @@ def _fill_once_completed(
 ) -> None:
     """Once the first tries have completed every operation of ``ops`` on the server (their
     replies withheld), the server refuses every write: maxmemory below what it uses, under
-    noeviction."""
+    noeviction. It must do so before the client's socket timeout ends the stall and the call
+    is repeated: the clients wait ``STALL_TIMEOUT`` (2 s), not 0.5 s, which a watcher thread
+    of a loaded worker could take to notice."""
     with Settler.from_url(server.url, namespace=namespace, shards=2) as observer:
         while not stop.is_set():
             records = [observer.get(op) for op in ops]
@@ -123,9 +125,9 @@ def test_a_refused_repeat_after_a_lost_reply_does_not_say_nothing_was_written(
 ) -> None:
     with _lost_replies(server, ["op-1"]) as fault:
         client = (
-            redis.Redis(port=fault.proxy.port, socket_timeout=SOCKET_TIMEOUT)
+            redis.Redis(port=fault.proxy.port, socket_timeout=STALL_TIMEOUT)
             if connection_retries
-            else sync_client(fault.proxy.port)
+            else sync_client(fault.proxy.port, STALL_TIMEOUT)
         )
         with Settler(client, namespace=fault.namespace, shards=2) as settler:
             held = settler.reserve("op-1", {"amount": 1}, principal="tenant:a")
@@ -153,9 +155,9 @@ async def test_a_refused_repeat_after_a_lost_reply_says_so_on_asyncio(
     pipelined lane: the same call, the same truth about the earlier try."""
     with _lost_replies(server, ["op-1"]) as fault:
         client = (
-            aioredis.Redis(port=fault.proxy.port, socket_timeout=SOCKET_TIMEOUT)
+            aioredis.Redis(port=fault.proxy.port, socket_timeout=STALL_TIMEOUT)
             if connection_retries
-            else async_client(fault.proxy.port)
+            else async_client(fault.proxy.port, STALL_TIMEOUT)
         )
         async with AsyncSettler(client, namespace=fault.namespace, shards=2) as settler:
             held = await settler.reserve("op-1", {"amount": 1}, principal="tenant:a")
@@ -180,7 +182,7 @@ async def test_a_pipelined_batch_sent_again_by_the_connection_says_so(
     earlier send's outcome is unknown."""
     ops = [f"op-{n}" for n in range(4)]
     with _lost_replies(server, ops) as fault:
-        client = aioredis.Redis(port=fault.proxy.port, socket_timeout=SOCKET_TIMEOUT)
+        client = aioredis.Redis(port=fault.proxy.port, socket_timeout=STALL_TIMEOUT)
         async with AsyncSettler(client, namespace=fault.namespace, shards=2) as settler:
             held = [await settler.reserve(op, {"amount": 1}, principal="tenant:a") for op in ops]
             assert all(isinstance(one, Reserved) for one in held)

@@ -111,17 +111,32 @@ def test_a_worker_whose_claim_lapsed_reports_the_effect_it_ran(
     b = make(names, stream_server, progress_server, worker="B", claim_idle=0.2)
     publish(redis.Redis.from_url(stream_server.url), names, ["slow"])
     ran: list[str] = []
+    a_runs, b_done = threading.Event(), threading.Event()
 
     def effect(ctx: EffectContext) -> None:
         ran.append(threading.current_thread().name)
         if threading.current_thread().name == "A":
-            time.sleep(0.8)
+            a_runs.set()
+            # A's effect lasts until B has taken the delivery over, run, recorded and
+            # acknowledged it, so A's record comes after B's: a fixed 0.8 s ended first when
+            # a loaded machine started B's poll late (B found it acked).
+            assert b_done.wait(30), "worker B's poll never returned"
+
+    def b_poll() -> None:
+        try:
+            b.poll(effect)
+        finally:
+            b_done.set()
 
     with capture_logs() as logs:
         ta = threading.Thread(target=a.poll, args=(effect,), name="A")
         ta.start()
+        # B polls once A holds the delivery (a fixed 0.4 s from A's start let B read it
+        # first when a loaded machine started A's poll late), and past claim_idle: the
+        # sleep is a lower bound of the delivery's idle time, however late B then runs.
+        assert a_runs.wait(30), "worker A never ran the delivery"
         time.sleep(0.4)
-        tb = threading.Thread(target=b.poll, args=(effect,), name="B")
+        tb = threading.Thread(target=b_poll, name="B")
         tb.start()
         ta.join()
         tb.join()

@@ -10,8 +10,8 @@ reply larger than the parser's buffer the same value."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
+import select
 import threading
 import time
 import uuid
@@ -173,27 +173,89 @@ def test_noscript_is_redis_pys(redis_url: str) -> None:
     assert lane[-1] is True
 
 
+def _until_readable(sock: Any, seconds: float = 30.0) -> None:
+    """Wait until ``sock`` has something to read: a push, or the server's close (an end of
+    file); a fixed 0.1 s was a guess of how long that takes."""
+    deadline = time.monotonic() + seconds
+    while not select.select([sock], [], [], 0.01)[0]:
+        assert time.monotonic() < deadline, "nothing reached the socket"
+
+
+def _until_reset(sock: Any, seconds: float = 30.0) -> None:
+    """Wait until ``sock`` was reset by its peer (poll says an error or a hang-up, which a
+    mere close, an end of file, does not)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    deadline = time.monotonic() + seconds
+    while not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(10)):
+        assert time.monotonic() < deadline, "the reset never reached the socket"
+
+
+def _killed_spin(client: redis.Redis, sha: str) -> None:
+    """Run the spinning script ``sha`` until SCRIPT KILL ends it (its error is expected)."""
+    with pytest.raises(rx.ResponseError, match="Script killed"):
+        client.evalsha(sha, 0)
+
+
+def _until_busy(admin: redis.Redis, seconds: float = 30.0) -> None:
+    """Wait until the server answers BUSY: a script runs past ``lua-time-limit``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            admin.ping()
+        except rx.ResponseError as exc:  # BUSY is a plain one (BusyLoadingError: LOADING)
+            if "BUSY" in str(exc):
+                return
+            raise
+        assert time.monotonic() < deadline, "the server never got busy with the spinning script"
+        time.sleep(0.01)
+
+
+def _until_held(url: str, command: str, seconds: float = 30.0) -> None:
+    """Wait until the server holds back a call of ``command`` (a client blocked by a
+    ``CLIENT PAUSE``): the call was sent and has not been answered."""
+    with redis.Redis.from_url(url) as admin:
+        deadline = time.monotonic() + seconds
+        while not any(
+            "b" in c["flags"] and c["cmd"] == command.lower() for c in admin.client_list()
+        ):
+            assert time.monotonic() < deadline, f"the server never held back a {command}"
+            time.sleep(0.01)
+
+
+def _kill_once_held(server: EmbeddedRedis, command: str) -> None:
+    """Kill ``server`` once it holds back a call of ``command`` (in a thread): the kill
+    comes while the call waits for its reply, however late a loaded machine sends it."""
+
+    def kill() -> None:
+        try:
+            _until_held(server.url, command)
+        finally:
+            server.stop(kill=True)
+
+    threading.Thread(target=kill, daemon=True).start()
+
+
 def test_a_real_busy_server_is_redis_pys() -> None:
     """A script past ``lua-time-limit`` on another connection: BUSY for this one."""
     with EmbeddedRedis() as server:
         admin = redis.Redis.from_url(server.url)
         admin.config_set("lua-time-limit", 10)
-        spin = _script(
-            admin,
-            "local t = tonumber(redis.call('TIME')[1]) + 1 "
-            "while tonumber(redis.call('TIME')[1]) <= t do end",
-        )
+        # Spins until SCRIPT KILL ends it, after the call: a spin of its own length could end
+        # before a loaded machine sends the call (which would then be answered NOSCRIPT).
+        spin = _script(admin, "while true do end")
         outcomes = []
         for way in WAYS.values():
             spinning = redis.Redis.from_url(server.url)
-            busy = threading.Thread(target=spinning.evalsha, args=(spin, 0))
+            busy = threading.Thread(target=_killed_spin, args=(spinning, spin))
             busy.start()
-            time.sleep(0.3)
+            _until_busy(admin)
 
             def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
                 return ("EVALSHA", "0" * 40, 0)
 
             outcomes.append(_run(server.url, prepare, way))
+            admin.script_kill()
             busy.join()
             spinning.close()
         admin.close()
@@ -208,7 +270,7 @@ def test_a_connection_the_server_closed_while_idle_is_redis_pys(redis_url: str) 
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         conn.send_command("CLIENT", "ID")
         client.client_kill_filter(_id=conn.read_response())
-        time.sleep(0.1)  # the close reaches the socket
+        _until_readable(conn._sock)  # the close reaches the socket
         return ("EVALSHA", _script(client, "return 1"), 0)
 
     lane, own = _both(redis_url, prepare)
@@ -224,9 +286,9 @@ def test_a_send_on_a_connection_the_server_reset_is_redis_pys(redis_url: str) ->
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         conn.send_command("CLIENT", "ID")
         client.client_kill_filter(_id=conn.read_response())
-        time.sleep(0.1)
+        _until_readable(conn._sock)  # the close reaches the socket
         conn._sock.sendall(b"*1\r\n$4\r\nPING\r\n")  # answered with a reset
-        time.sleep(0.1)
+        _until_reset(conn._sock)
         return ("EVALSHA", _script(client, "return 1"), 0)
 
     lane, own = _both(redis_url, prepare)
@@ -237,16 +299,18 @@ def test_a_send_on_a_connection_the_server_reset_is_redis_pys(redis_url: str) ->
 
 
 def test_a_reply_withheld_past_the_socket_timeout_is_redis_pys() -> None:
+    # Paused (writes, which a script is) far longer than the timeout, and unpaused after the
+    # call: a pause of 0.5 s let a call a loaded machine sent 0.3 s late be answered.
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         sha = _script(client, "return 1")
-        client.execute_command("CLIENT", "PAUSE", 500, "ALL")
+        client.execute_command("CLIENT", "PAUSE", 30000, "WRITE")
         return ("EVALSHA", sha, 0)
 
     outcomes = []
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as admin:
         for way in WAYS.values():
             outcomes.append(_run(server.url, prepare, way, socket_timeout=0.2))
-            time.sleep(0.5)  # the pause ends
+            admin.execute_command("CLIENT", "UNPAUSE")
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0] is rx.TimeoutError
     assert outcomes[0][1] == f"Timeout reading from 127.0.0.1:{server.port}"
@@ -257,13 +321,14 @@ def test_a_server_killed_mid_call_is_redis_pys() -> None:
     outcomes = []
     for way in WAYS.values():
         server = EmbeddedRedis().start()
-        kill = functools.partial(server.stop, kill=True)
         try:
 
-            def prepare(client: redis.Redis, conn: Any, kill: Any = kill) -> tuple[Any, ...]:
+            def prepare(
+                client: redis.Redis, conn: Any, server: EmbeddedRedis = server
+            ) -> tuple[Any, ...]:
                 sha = _script(client, "return 1")
-                client.execute_command("CLIENT", "PAUSE", 5000, "ALL")
-                threading.Timer(0.3, kill).start()  # while the call waits for its reply
+                client.execute_command("CLIENT", "PAUSE", 30000, "WRITE")
+                _kill_once_held(server, "EVALSHA")  # while the call waits for its reply
                 return ("EVALSHA", sha, 0)
 
             outcomes.append(_run(server.url, prepare, way))
@@ -324,7 +389,7 @@ def test_a_retry_policy_repeats_as_with_redis_pys(redis_url: str, retries: int) 
         try:
             conn.send_command("CLIENT", "ID")
             client.client_kill_filter(_id=conn.read_response())
-            time.sleep(0.1)
+            _until_readable(conn._sock)  # the close reaches the socket
             packed = pack_command(conn, ("EVALSHA", _script(client, "return 7"), 0))
             failed: list[str] = []
             tries: list[int] = []
@@ -418,7 +483,7 @@ def test_a_connection_closed_while_idle_is_redis_pys_async(redis_url: str) -> No
         for client in killer.client_list():
             if client["name"] == "idle-victim":
                 killer.client_kill_filter(_id=client["id"])
-        time.sleep(0.1)
+        _until_readable(conn._writer.transport.get_extra_info("socket"))
         return ("EVALSHA", _script(killer, "return 1"), 0)
 
     lane, own = (
@@ -441,8 +506,8 @@ def test_a_server_killed_mid_call_is_redis_pys_async() -> None:
             def prepare(
                 conn: Any, admin: Any = admin, server: Any = server, sha: str = sha
             ) -> tuple[Any, ...]:
-                admin.execute_command("CLIENT", "PAUSE", 5000, "ALL")
-                threading.Timer(0.3, functools.partial(server.stop, kill=True)).start()
+                admin.execute_command("CLIENT", "PAUSE", 30000, "WRITE")
+                _kill_once_held(server, "EVALSHA")  # while the read waits for the reply
                 return ("EVALSHA", sha, 0)
 
             outcomes.append(_async_run(server.url, prepare, read))
@@ -472,7 +537,9 @@ def test_a_cancelled_read_closes_the_connection_as_redis_pys(redis_url: str) -> 
         client = aredis.Redis.from_url(redis_url)
         conn = await client.connection_pool.get_connection()
         try:
-            await admin.execute_command("CLIENT", "PAUSE", 400, "ALL")
+            # Paused until the read is cancelled, however late that comes (a pause of 0.4 s
+            # could end first on a loaded machine, and the read then had its reply).
+            await admin.execute_command("CLIENT", "PAUSE", 30000, "WRITE")
             await conn.send_packed_command(pack_command(conn, ("EVAL", "return 1", 0)))
             task = asyncio.ensure_future(read(conn))
             await asyncio.sleep(0.1)
@@ -481,7 +548,7 @@ def test_a_cancelled_read_closes_the_connection_as_redis_pys(redis_url: str) -> 
                 await task
             return (conn.is_connected,)
         finally:
-            await asyncio.sleep(0.4)
+            await admin.execute_command("CLIENT", "UNPAUSE")
             await conn.disconnect()
             await client.aclose()
             await admin.aclose()
@@ -502,7 +569,7 @@ def test_a_due_health_check_reconnects_as_redis_pys(redis_url: str) -> None:
     def prepare(client: redis.Redis, conn: Any) -> tuple[Any, ...]:
         conn.send_command("CLIENT", "ID")
         client.client_kill_filter(_id=conn.read_response())
-        time.sleep(0.1)
+        _until_readable(conn._sock)  # the close reaches the socket
         conn.next_health_check = 0  # due
         return ("EVALSHA", _script(client, "return 5"), 0)
 
@@ -529,7 +596,7 @@ def _tracked(client: redis.Redis, conn: Any, key: str) -> None:
     conn.send_command("GET", key)
     conn.read_response()
     client.set(key, "changed")
-    time.sleep(0.1)
+    _until_readable(conn._sock)  # the push reaches the socket
 
 
 def test_a_push_notification_before_the_reply_is_redis_pys(redis_url: str) -> None:

@@ -103,7 +103,14 @@ def test_threads_share_one_run_and_a_failure() -> None:
     def check() -> str:
         with lock:
             runs.append(1)
-        time.sleep(0.1)
+        # The run lasts until the 59 other threads wait for it (CPython's Event keeps its
+        # waiters in its Condition): with a fixed 0.1 s, a thread a loaded machine woke later
+        # than that found no run under way and began one of its own.
+        waiting = flight._flights["k"].done._cond._waiters  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        while len(waiting) < 59:
+            assert time.monotonic() < deadline, f"only {len(waiting)} threads wait for the run"
+            time.sleep(0.001)
         if len(runs) == 2:
             raise ConfigurationError("refused")
         return "checked"
