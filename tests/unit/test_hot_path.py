@@ -468,3 +468,37 @@ def _check_refused_as_json_loads(data: bytes | str) -> None:
     except ValidationError:
         refused = True
     assert refused is _refused_by_json_loads(data)
+
+
+def test_a_call_holds_each_field_it_is_given_and_the_dataclass_defaults() -> None:
+    """``Call``'s own ``__init__`` (each slot set through its descriptor) is the dataclass's:
+    its parameters are the fields, in order, with their defaults; each value lands in its own
+    field, by position and by keyword; the call stays frozen, equal and hashed by value."""
+    import dataclasses  # noqa: PLC0415 - this test's alone
+    import inspect  # noqa: PLC0415
+
+    from settle._runtime.calls import Call  # noqa: PLC0415
+
+    params = inspect.signature(Call).parameters
+    declared = dataclasses.fields(Call)
+    assert list(params) == [f.name for f in declared]
+    for f in declared:
+        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        assert params[f.name].default == default, f.name
+    values = {f.name: object() for f in declared}
+    by_keyword = Call(**values)
+    by_position = Call(*values.values())
+    for name, value in values.items():
+        assert getattr(by_keyword, name) is value, name
+        assert getattr(by_position, name) is value, name
+    short = Call("reserve", ("k",), ("a", 1))
+    assert {f.name: getattr(short, f.name) for f in declared} == {
+        "script": "reserve",
+        "keys": ("k",),
+        "args": ("a", 1),
+        **{f.name: f.default for f in declared[3:]},
+    }
+    assert short == Call("reserve", ("k",), ("a", 1)) != dataclasses.replace(short, args=())
+    assert hash(short) == hash(Call("reserve", ("k",), ("a", 1)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        short.script = "complete"  # type: ignore[misc]
