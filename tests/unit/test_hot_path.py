@@ -191,6 +191,15 @@ def test_ms_to_datetime_is_exact(ms: int) -> None:
     assert ms_to_datetime(ms).tzinfo is UTC
 
 
+@pytest.mark.parametrize("ms", [253_402_300_800_000, -62_135_596_800_001, 10**20])
+def test_ms_to_datetime_out_of_range_is_a_value_error(ms: int) -> None:
+    """A time no datetime holds (a corrupt record) is a ValueError, which the decoders turn
+    into ``CorruptRecord``, whatever form the milliseconds are handed to ``timedelta`` in."""
+    ms_to_datetime.cache_clear()
+    with pytest.raises(ValueError, match="out of range"):
+        ms_to_datetime(ms)
+
+
 @pytest.fixture
 def stdlib_level() -> Iterator[logging.Logger]:
     """structlog unconfigured (settle's events go to the stdlib logger), restored after."""
