@@ -511,3 +511,34 @@ def test_a_call_holds_each_field_it_is_given_and_the_dataclass_defaults() -> Non
     assert hash(short) == hash(Call("reserve", ("k",), ("a", 1)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         short.script = "complete"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("maxlen", [None, 99])
+def test_the_calls_carry_the_configs_values_the_core_read_once(maxlen: int | None) -> None:
+    """The core reads the config's per-call values once (``__post_init__``): a reserve and
+    a settlement still send each of them in its own place, and the result's bound is the
+    config's."""
+    from settle.errors import InvalidInput  # noqa: PLC0415 - this test's alone
+
+    config = SettleConfig(
+        namespace="cached",
+        shards=3,
+        attempt_log_size=17,
+        quarantine_payload_bytes=1234,
+        quarantine_maxlen=maxlen,
+        max_result_bytes=40,
+        lease=7,
+        retention=11,
+    )
+    core = Core(config)
+    reserve = core.plan_reserve("op", {"a": 1}, principal="p")
+    assert reserve.args[4:6] == (7000, 11000)
+    assert reserve.args[-3:] == (17, 3, "0")
+    assert reserve.keys[-1].startswith("settle:{cached:")
+    reserved = core.decode_reserve(reserve, _reply(b"reserved", b"new", _row()))
+    assert isinstance(reserved, Reserved)
+    reservation = reserved.reservation
+    settle = core.plan_complete(reservation, {"ok": True})
+    assert settle.args[-6:] == (11000, 17, 1234, "" if maxlen is None else maxlen, 3, "0")
+    with pytest.raises(InvalidInput):
+        core.plan_complete(reservation, {"big": "x" * 40})
