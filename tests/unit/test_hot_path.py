@@ -526,7 +526,7 @@ def test_the_calls_carry_the_configs_values_the_core_read_once(maxlen: int | Non
         attempt_log_size=17,
         quarantine_payload_bytes=1234,
         quarantine_maxlen=maxlen,
-        max_result_bytes=40,
+        max_result_bytes=70,
         lease=7,
         retention=11,
     )
@@ -540,5 +540,19 @@ def test_the_calls_carry_the_configs_values_the_core_read_once(maxlen: int | Non
     reservation = reserved.reservation
     settle = core.plan_complete(reservation, {"ok": True})
     assert settle.args[-6:] == (11000, 17, 1234, "" if maxlen is None else maxlen, 3, "0")
+    # the reservation's fields, read once by its check, each in its own place
+    r = reservation.model_copy(update={"generation": 5, "fingerprint_version": 2})
+    for planned in (
+        core.plan_complete(r, {"ok": True}),
+        core.plan_fail(r, ValueError("no")),
+        core.plan_mark_provisional(r, "unsure", expected_version=9),
+    ):
+        assert planned.args[0] == planned.operation_id == r.operation_id
+        assert planned.args[2:5] == (2, r.binding, 5)
+        assert planned.attempt_id == r.attempt_id
+    renew = core.plan_renew(r)
+    assert renew.args[1:4] == (2, r.binding, 5)
+    assert renew.attempt_id == r.attempt_id
+    assert renew.operation_id == r.operation_id
     with pytest.raises(InvalidInput):
-        core.plan_complete(reservation, {"big": "x" * 40})
+        core.plan_complete(reservation, {"big": "x" * 70})
