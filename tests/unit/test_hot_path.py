@@ -556,3 +556,31 @@ def test_the_calls_carry_the_configs_values_the_core_read_once(maxlen: int | Non
     assert renew.operation_id == r.operation_id
     with pytest.raises(InvalidInput):
         core.plan_complete(reservation, {"big": "x" * 70})
+
+
+@pytest.mark.parametrize("public", [False, True])
+def test_enabled_follows_structlog_as_its_public_functions_say(
+    public: bool,
+    stdlib_level: logging.Logger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``enabled`` reads structlog's own configuration object (not a copy: a configuration
+    made at any time counts at once) and answers as ``is_configured()`` and
+    ``get_config()`` would; on a structlog without that object (``public``), it asks them."""
+    import settle._log  # noqa: PLC0415 - this test's alone
+
+    assert settle._log._STRUCTLOG is not None  # this structlog's: the per-call path
+    if public:
+        monkeypatch.setattr(settle._log, "_STRUCTLOG", None)
+    stdlib_level.setLevel(logging.WARNING)
+    assert not enabled(logging.INFO)  # unconfigured: the stdlib logger's level
+    stdlib_level.setLevel(logging.INFO)
+    assert enabled(logging.INFO)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    assert not enabled(logging.WARNING)
+    assert enabled(logging.ERROR)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    assert enabled(logging.DEBUG)
+    structlog.reset_defaults()
+    stdlib_level.setLevel(logging.ERROR)
+    assert not enabled(logging.INFO)  # unconfigured again
