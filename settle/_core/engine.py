@@ -151,39 +151,29 @@ def _attempt_arg(attempt_id: object) -> str | bytes | None:
     return attempt_id if _ATTEMPT_ID.fullmatch(attempt_id) else None
 
 
-#: A reservation's fields as :func:`_check_reservation` read and checked them (operation
-#: id, binding, generation, fingerprint version, attempt id), then its fingerprint's and its
-#: attempt id's :func:`stored_arg`: the plans use these, never the model again (a pydantic
-#: field is read through its model's ``__getattr__`` hook, ~500 instructions a read, and a
-#: settlement used to read five of them twice). A plain tuple: built in one instruction.
-_Checked = tuple[str, str, int, int, str, bytes, str | bytes]
-
-
-def _check_reservation(reservation: object) -> _Checked:
+def _check_reservation(reservation: object) -> tuple[Reservation, bytes, str | bytes]:
     """A Reservation may be hand-built or deserialized: check what reaches the scripts.
-    Each field is read once; what was read and checked is what the call sends."""
+    Returned with its fingerprint's and its attempt id's :func:`stored_arg`."""
     if not isinstance(reservation, Reservation):
         raise InvalidInput(
             f"expected the Reservation returned by reserve(), got {type(reservation).__name__}"
         )
     op = check_operation_id(reservation.operation_id)
-    binding = reservation.binding
-    check_binding(binding, op)
+    check_binding(reservation.binding, op)
     fp_arg = _fingerprint_arg(reservation.fingerprint)
-    attempt_id = reservation.attempt_id
-    aid_arg = _attempt_arg(attempt_id)
+    aid_arg = _attempt_arg(reservation.attempt_id)
     if fp_arg is None or aid_arg is None:
         raise InvalidInput("reservation has a malformed fingerprint or attempt_id", operation_id=op)
     # model_construct / model_copy(update=...) skip the model's own checks: a str or a bool
     # was a TypeError or a BackendError, a number past 2**53 (no script issues one, nor
     # holds one exactly) was judged by the script and quarantined.
-    generation, version = reservation.generation, reservation.fingerprint_version
-    for name, value in (("generation", generation), ("fingerprint_version", version)):
+    for name in ("generation", "fingerprint_version"):
+        value = getattr(reservation, name)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**53:
             raise InvalidInput(
                 f"reservation {name} must be an int from 1 to 2**53 - 1", operation_id=op
             )
-    return op, binding, generation, version, attempt_id, fp_arg, aid_arg
+    return reservation, fp_arg, aid_arg
 
 
 @dataclass
@@ -584,7 +574,7 @@ class Core:
         self, reservation: Reservation, result: Any, *, expected_version: int | None = None
     ) -> Call:
         checked = _check_reservation(reservation)
-        op = checked[0]
+        op = checked[0].operation_id
         payload = codec.encode_result(result, self._max_result_bytes, op)
         return self._plan_settle(Action.COMPLETE, checked, payload, "", expected_version)
 
@@ -596,7 +586,7 @@ class Core:
         expected_version: int | None = None,
     ) -> Call:
         checked = _check_reservation(reservation)
-        op = checked[0]
+        op = checked[0].operation_id
         payload = codec.encode_failure(error, self._max_result_bytes, op)
         return self._plan_settle(Action.FAIL, checked, payload, "", expected_version)
 
@@ -604,18 +594,18 @@ class Core:
         self, reservation: Reservation, reason: str, *, expected_version: int | None = None
     ) -> Call:
         checked = _check_reservation(reservation)
-        text = _check_reason(reason, checked[0])
+        text = _check_reason(reason, checked[0].operation_id)
         return self._plan_settle(Action.MARK_PROVISIONAL, checked, b"", text, expected_version)
 
     def _plan_settle(
         self,
         action: Action,
-        checked: _Checked,
+        checked: tuple[Reservation, bytes, str | bytes],
         payload: bytes,
         reason: str,
         expected_version: int | None,
     ) -> Call:
-        op, binding, generation, fp_version, attempt_id, fp_arg, aid_arg = checked
+        r, fp_arg, aid_arg = checked  # what _check_reservation returned
         if expected_version is not None and (
             isinstance(expected_version, bool)
             or not isinstance(expected_version, int)
@@ -623,8 +613,9 @@ class Core:
         ):
             raise InvalidInput(
                 "expected_version must be an int from 1 to 2**53 - 1 (a record's version)",
-                operation_id=op,
+                operation_id=r.operation_id,
             )
+        op = r.operation_id  # checked with the reservation
         shard, record, log = self._keys_of(op)
         keys, args = self._guarded(
             shard,
@@ -632,9 +623,9 @@ class Core:
             (
                 op,
                 fp_arg,
-                fp_version,
-                binding,
-                generation,
+                r.fingerprint_version,
+                r.binding,
+                r.generation,
                 "" if expected_version is None else expected_version,
                 aid_arg,
                 payload,
@@ -650,7 +641,7 @@ class Core:
             keys,
             args,
             operation_id=op,
-            attempt_id=attempt_id,
+            attempt_id=r.attempt_id,
             action=action,
             shard=shard,
         )
@@ -709,10 +700,8 @@ class Core:
     # -- renew, get, attempts ------------------------------------------------------------
 
     def plan_renew(self, reservation: Reservation, *, lease: float | None = None) -> Call:
-        checked_op, binding, generation, fp_version, attempt_id, fp_arg, _ = _check_reservation(
-            reservation
-        )
-        op = check_operation_id(checked_op)
+        r, fp_arg, _ = _check_reservation(reservation)
+        op = check_operation_id(r.operation_id)
         lease_ms = self._lease_ms if lease is None else _check_seconds(lease, "lease", op)
         shard, record, log = self._keys_of(op)
         keys, args = self._guarded(
@@ -720,9 +709,9 @@ class Core:
             (record, log),
             (
                 fp_arg,
-                fp_version,
-                binding,
-                generation,
+                r.fingerprint_version,
+                r.binding,
+                r.generation,
                 lease_ms,
                 self._retention_ms,
             ),
@@ -735,7 +724,7 @@ class Core:
             keys,
             args,
             operation_id=op,
-            attempt_id=attempt_id,
+            attempt_id=r.attempt_id,
             stops=("lost",),
             wait_ms=heartbeat.interval_ms(lease_ms),
         )
