@@ -333,15 +333,17 @@ def test_the_async_lane_packs_with_hiredis_only_for_utf8_strict_encoders() -> No
 def test_an_integer_beyond_64_bits_is_packed_as_its_text_and_a_huge_one_raises() -> None:
     """hiredis crashes the process on an integer of over 4,300 digits (redis-py's own sync
     serializer with it): the lanes send an integer beyond 64 bits as its text, the bytes
-    redis-py's Python packer sends, and one too long to write raises Python's ValueError."""
+    redis-py's Python packer sends, and one too long to write raises Python's ValueError,
+    on either side of zero (the lower bound is its own constant)."""
     for conn in (Connection(), AsyncConnection()):
-        for big in (2**63, -(2**63) - 1, 10**40):
+        for big in (2**63, -(2**63) - 1, 10**40, -(10**40)):
             command = ("FCALL", "f", 0, big, 7)
             assert _wire(pack_command(conn, command)) == _wire(
                 AsyncConnection().pack_command(*command)
             )
-        with pytest.raises(ValueError, match="digits"):
-            pack_command(conn, ("FCALL", "f", 0, 10**5000))
+        for huge in (10**5000, -(10**5000)):
+            with pytest.raises(ValueError, match="digits"):
+                pack_command(conn, ("FCALL", "f", 0, huge))
 
 
 def test_a_decorated_calls_attempt_id_is_a_version_4_uuid() -> None:
