@@ -542,7 +542,7 @@ def test_the_calls_carry_the_configs_values_the_core_read_once(maxlen: int | Non
     reservation = reserved.reservation
     settle = core.plan_complete(reservation, {"ok": True})
     assert settle.args[-6:] == (11000, 17, 1234, "" if maxlen is None else maxlen, 3, "0")
-    # the reservation's fields, read once by its check, each in its own place
+    # each of the reservation's fields in its own place, in every settlement and a renewal
     r = reservation.model_copy(update={"generation": 5, "fingerprint_version": 2})
     for planned in (
         core.plan_complete(r, {"ok": True}),
