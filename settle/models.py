@@ -94,9 +94,11 @@ def ms_to_datetime(ms: int) -> datetime:
     """Exact, and cached: one record's times repeat across the replies of one operation
     (``created_at`` = ``updated_at`` on a reserve, ``created_at`` again on its settlement),
     and a datetime is immutable. A time no datetime can hold raises ValueError (a
-    corrupt record: the decoders turn it into ``CorruptRecord``)."""
+    corrupt record: the decoders turn it into ``CorruptRecord``). The milliseconds are
+    passed by position (``timedelta``'s fourth parameter): by keyword its arguments go
+    through a dict first, about a quarter of its cost."""
     try:
-        return _EPOCH + timedelta(milliseconds=ms)
+        return _EPOCH + timedelta(0, 0, 0, ms)
     except OverflowError as exc:
         raise ValueError(f"time {ms} ms is out of range") from exc
 

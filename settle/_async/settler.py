@@ -93,6 +93,9 @@ class AsyncSettler(AsyncConnectable):
 
     def _init(self, backend: AsyncBackend, config: SettleConfig) -> None:
         self.config = config
+        #: Named by every call's span: read once (a pydantic field is read through its
+        #: model's ``__getattr__`` hook, ~500 instructions).
+        self._namespace = config.namespace
         self._core = Core(config)
         self._runner = backend
         self._checked = False
@@ -191,7 +194,7 @@ class AsyncSettler(AsyncConnectable):
     def _span(self, name: str, reservation: Reservation | None = None) -> CallSpan:
         """The span (and duration) of one settle call; ``span.done(result)`` records what
         the result says. A shared no-op without OpenTelemetry."""
-        return telemetry().call(name, self.config.namespace, reservation)
+        return telemetry().call(name, self._namespace, reservation)
 
     async def _run(self, call: Call) -> Any:
         if not self._checked:

@@ -203,6 +203,17 @@ class Core:
         # The config is frozen: its derived numbers, read on every call, computed once.
         self._lease_ms = self.config.lease_ms
         self._retention_ms = self.config.retention_ms
+        # And the fields every reserve and settlement reads, read once: a pydantic model's
+        # field is read through its class's ``__getattr__`` hook (~500 instructions), a
+        # plain attribute in a few dozen.
+        self._namespace = self.config.namespace
+        self._shards = self.config.shards
+        self._attempt_log_size = self.config.attempt_log_size
+        self._max_result_bytes = self.config.max_result_bytes
+        self._quarantine_args = (
+            self.config.quarantine_payload_bytes,
+            self.config.quarantine_maxlen or "",
+        )
         #: (shard, record key, log key) of recent operations: a settlement follows its
         #: reserve, and hashing the id again costs as much as the rest of its keys.
         self._keys_of = functools.lru_cache(maxsize=512)(self.keys.of)
@@ -325,7 +336,7 @@ class Core:
     ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
         """A writing call's KEYS and ARGV with the shard guard's own (``guard`` in
         lua/_lib.lua): the shard's state key last, then the shard count and claim flag."""
-        return (*keys, self._keys_of_shard(shard)[3]), (*args, self.config.shards, "0")
+        return (*keys, self._keys_of_shard(shard)[3]), (*args, self._shards, "0")
 
     def loss_mark(self) -> int:
         """Taken just before a call is sent and given back to :meth:`claim` with its reply:
@@ -465,7 +476,7 @@ class Core:
                 lease_ms,
                 self._retention_ms,
                 aid_arg,
-                self.config.attempt_log_size,
+                self._attempt_log_size,
             ),
         )
         return Call("reserve", keys, args, operation_id=op, attempt_id=aid)
@@ -473,7 +484,7 @@ class Core:
     def decode_reserve(self, call: Call, raw: Any) -> Reserved | Replay | InProgress:
         reply = codec.parse_reply(raw)
         op = call.operation_id or ""
-        ns = self.config.namespace
+        ns = self._namespace
         if reply.code == "fingerprint_mismatch":
             logger.warning(
                 "settle.reserve.rejected",
@@ -564,7 +575,7 @@ class Core:
     ) -> Call:
         checked = _check_reservation(reservation)
         op = checked[0].operation_id
-        payload = codec.encode_result(result, self.config.max_result_bytes, op)
+        payload = codec.encode_result(result, self._max_result_bytes, op)
         return self._plan_settle(Action.COMPLETE, checked, payload, "", expected_version)
 
     def plan_fail(
@@ -576,7 +587,7 @@ class Core:
     ) -> Call:
         checked = _check_reservation(reservation)
         op = checked[0].operation_id
-        payload = codec.encode_failure(error, self.config.max_result_bytes, op)
+        payload = codec.encode_failure(error, self._max_result_bytes, op)
         return self._plan_settle(Action.FAIL, checked, payload, "", expected_version)
 
     def plan_mark_provisional(
@@ -621,9 +632,8 @@ class Core:
                 stored_digest(payload),
                 reason,
                 self._retention_ms,
-                self.config.attempt_log_size,
-                self.config.quarantine_payload_bytes,
-                self.config.quarantine_maxlen or "",
+                self._attempt_log_size,
+                *self._quarantine_args,
             ),
         )
         return Call(

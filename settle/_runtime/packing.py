@@ -92,6 +92,8 @@ _poll = getattr(select, "poll", None)  # not on Windows
 
 #: hiredis writes integers of this magnitude itself; larger ones go as their text.
 _INT64 = 2**63
+#: Its negative, made once: ``-_INT64`` in the loop below made a new integer per argument.
+_INT64_MIN = -_INT64
 
 
 def pack_command(conn: Any, command: tuple[Any, ...]) -> Any:
@@ -108,11 +110,11 @@ def pack_command(conn: Any, command: tuple[Any, ...]) -> Any:
         kind = type(arg)
         if kind is memoryview:
             plain = False
-        elif kind is int and not -_INT64 <= arg < _INT64:
+        elif kind is int and not _INT64_MIN <= arg < _INT64:
             big = True
     if big:
         command = tuple(
-            str(a) if type(a) is int and not -_INT64 <= a < _INT64 else a for a in command
+            str(a) if type(a) is int and not _INT64_MIN <= a < _INT64 else a for a in command
         )
     if plain and _hiredis_pack is not None and _hiredis_packs_as(conn):
         try:

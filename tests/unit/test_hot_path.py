@@ -191,6 +191,15 @@ def test_ms_to_datetime_is_exact(ms: int) -> None:
     assert ms_to_datetime(ms).tzinfo is UTC
 
 
+@pytest.mark.parametrize("ms", [253_402_300_800_000, -62_135_596_800_001, 10**20])
+def test_ms_to_datetime_out_of_range_is_a_value_error(ms: int) -> None:
+    """A time no datetime holds (a corrupt record) is a ValueError, which the decoders turn
+    into ``CorruptRecord``, whatever form the milliseconds are handed to ``timedelta`` in."""
+    ms_to_datetime.cache_clear()
+    with pytest.raises(ValueError, match="out of range"):
+        ms_to_datetime(ms)
+
+
 @pytest.fixture
 def stdlib_level() -> Iterator[logging.Logger]:
     """structlog unconfigured (settle's events go to the stdlib logger), restored after."""
@@ -324,15 +333,17 @@ def test_the_async_lane_packs_with_hiredis_only_for_utf8_strict_encoders() -> No
 def test_an_integer_beyond_64_bits_is_packed_as_its_text_and_a_huge_one_raises() -> None:
     """hiredis crashes the process on an integer of over 4,300 digits (redis-py's own sync
     serializer with it): the lanes send an integer beyond 64 bits as its text, the bytes
-    redis-py's Python packer sends, and one too long to write raises Python's ValueError."""
+    redis-py's Python packer sends, and one too long to write raises Python's ValueError,
+    on either side of zero (the lower bound is its own constant)."""
     for conn in (Connection(), AsyncConnection()):
-        for big in (2**63, -(2**63) - 1, 10**40):
+        for big in (2**63, -(2**63) - 1, 10**40, -(10**40)):
             command = ("FCALL", "f", 0, big, 7)
             assert _wire(pack_command(conn, command)) == _wire(
                 AsyncConnection().pack_command(*command)
             )
-        with pytest.raises(ValueError, match="digits"):
-            pack_command(conn, ("FCALL", "f", 0, 10**5000))
+        for huge in (10**5000, -(10**5000)):
+            with pytest.raises(ValueError, match="digits"):
+                pack_command(conn, ("FCALL", "f", 0, huge))
 
 
 def test_a_decorated_calls_attempt_id_is_a_version_4_uuid() -> None:
@@ -468,3 +479,110 @@ def _check_refused_as_json_loads(data: bytes | str) -> None:
     except ValidationError:
         refused = True
     assert refused is _refused_by_json_loads(data)
+
+
+def test_a_call_holds_each_field_it_is_given_and_the_dataclass_defaults() -> None:
+    """``Call``'s own ``__init__`` (each slot set through its descriptor) is the dataclass's:
+    its parameters are the fields, in order, with their defaults; each value lands in its own
+    field, by position and by keyword; the call stays frozen, equal and hashed by value."""
+    import dataclasses  # noqa: PLC0415 - this test's alone
+    import inspect  # noqa: PLC0415
+
+    from settle._runtime.calls import Call  # noqa: PLC0415
+
+    params = inspect.signature(Call).parameters
+    declared = dataclasses.fields(Call)
+    assert list(params) == [f.name for f in declared]
+    for f in declared:
+        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        assert params[f.name].default == default, f.name
+    values = {f.name: object() for f in declared}
+    by_keyword = Call(**values)
+    by_position = Call(*values.values())
+    for name, value in values.items():
+        assert getattr(by_keyword, name) is value, name
+        assert getattr(by_position, name) is value, name
+    short = Call("reserve", ("k",), ("a", 1))
+    assert {f.name: getattr(short, f.name) for f in declared} == {
+        "script": "reserve",
+        "keys": ("k",),
+        "args": ("a", 1),
+        **{f.name: f.default for f in declared[3:]},
+    }
+    assert short == Call("reserve", ("k",), ("a", 1)) != dataclasses.replace(short, args=())
+    assert hash(short) == hash(Call("reserve", ("k",), ("a", 1)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        short.script = "complete"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("maxlen", [None, 99])
+def test_the_calls_carry_the_configs_values_the_core_read_once(maxlen: int | None) -> None:
+    """The core reads the config's per-call values once (``__post_init__``): a reserve and
+    a settlement still send each of them in its own place, and the result's bound is the
+    config's."""
+    from settle.errors import InvalidInput  # noqa: PLC0415 - this test's alone
+
+    config = SettleConfig(
+        namespace="cached",
+        shards=3,
+        attempt_log_size=17,
+        quarantine_payload_bytes=1234,
+        quarantine_maxlen=maxlen,
+        max_result_bytes=70,
+        lease=7,
+        retention=11,
+    )
+    core = Core(config)
+    reserve = core.plan_reserve("op", {"a": 1}, principal="p")
+    assert reserve.args[4:6] == (7000, 11000)
+    assert reserve.args[-3:] == (17, 3, "0")
+    assert reserve.keys[-1].startswith("settle:{cached:")
+    reserved = core.decode_reserve(reserve, _reply(b"reserved", b"new", _row()))
+    assert isinstance(reserved, Reserved)
+    reservation = reserved.reservation
+    settle = core.plan_complete(reservation, {"ok": True})
+    assert settle.args[-6:] == (11000, 17, 1234, "" if maxlen is None else maxlen, 3, "0")
+    # each of the reservation's fields in its own place, in every settlement and a renewal
+    r = reservation.model_copy(update={"generation": 5, "fingerprint_version": 2})
+    for planned in (
+        core.plan_complete(r, {"ok": True}),
+        core.plan_fail(r, ValueError("no")),
+        core.plan_mark_provisional(r, "unsure", expected_version=9),
+    ):
+        assert planned.args[0] == planned.operation_id == r.operation_id
+        assert planned.args[2:5] == (2, r.binding, 5)
+        assert planned.attempt_id == r.attempt_id
+    renew = core.plan_renew(r)
+    assert renew.args[1:4] == (2, r.binding, 5)
+    assert renew.attempt_id == r.attempt_id
+    assert renew.operation_id == r.operation_id
+    with pytest.raises(InvalidInput):
+        core.plan_complete(reservation, {"big": "x" * 70})
+
+
+@pytest.mark.parametrize("public", [False, True])
+def test_enabled_follows_structlog_as_its_public_functions_say(
+    public: bool,
+    stdlib_level: logging.Logger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``enabled`` reads structlog's own configuration object (not a copy: a configuration
+    made at any time counts at once) and answers as ``is_configured()`` and
+    ``get_config()`` would; on a structlog without that object (``public``), it asks them."""
+    import settle._log  # noqa: PLC0415 - this test's alone
+
+    assert settle._log._STRUCTLOG is not None  # this structlog's: the per-call path
+    if public:
+        monkeypatch.setattr(settle._log, "_STRUCTLOG", None)
+    stdlib_level.setLevel(logging.WARNING)
+    assert not enabled(logging.INFO)  # unconfigured: the stdlib logger's level
+    stdlib_level.setLevel(logging.INFO)
+    assert enabled(logging.INFO)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    assert not enabled(logging.WARNING)
+    assert enabled(logging.ERROR)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    assert enabled(logging.DEBUG)
+    structlog.reset_defaults()
+    stdlib_level.setLevel(logging.ERROR)
+    assert not enabled(logging.INFO)  # unconfigured again
