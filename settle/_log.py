@@ -149,14 +149,32 @@ def enabled(level: int) -> bool:
 def _filtering_level(wrapper: Any) -> int | None:
     """The level a ``make_filtering_bound_logger`` class drops events below; None for any
     other wrapper class (then nothing is skipped)."""
-    if not str(getattr(wrapper, "__name__", "")).startswith("BoundLoggerFiltering"):
+    name = str(getattr(wrapper, "__name__", ""))
+    if not name.startswith("BoundLoggerFiltering"):
         return None
     effective = getattr(wrapper, "get_effective_level", None)
+    if not callable(effective):  # structlog before 25.1: the level is only in its name
+        return _FILTERING_CLASS_LEVELS.get(name)
     try:
-        level = effective(None) if callable(effective) else None  # ``lambda self: level``
+        level = effective(None)  # ``lambda self: level``
     except Exception:  # noqa: BLE001 - not the class structlog makes: skip nothing
         return None
     return level if isinstance(level, int) else None
+
+
+#: The names structlog gives its filtering classes (``BoundLoggerFilteringAtInfo``), for
+#: the versions whose classes have no ``get_effective_level`` (24.x, which pyproject allows).
+_FILTERING_CLASS_LEVELS = {
+    f"BoundLoggerFilteringAt{name.capitalize()}": level
+    for name, level in (
+        ("notset", logging.NOTSET),
+        ("debug", logging.DEBUG),
+        ("info", logging.INFO),
+        ("warning", logging.WARNING),
+        ("error", logging.ERROR),
+        ("critical", logging.CRITICAL),
+    )
+}
 
 
 DIGEST_KEY_ENV = "SETTLE_DIGEST_KEY"
