@@ -86,3 +86,17 @@ def test_a_command_that_runs_on_after_a_lost_ctrl_c_is_still_exit_130(
             check=False,
         )
     assert (done.returncode, done.stderr) == (130, "settle: interrupted\n")
+
+
+def test_a_demo_that_runs_on_after_a_lost_ctrl_c_is_still_exit_130() -> None:
+    """Found in review: the demo put Python's own Ctrl-C handler in place of the group's,
+    so a Ctrl-C lost in a finalizer was forgotten: the demo ran its whole workload and
+    exited 0 ("Exception ignored" on stderr), where docs/cli.md says 130."""
+    argv = [sys.executable, "-c", _DRIVER, "demo", "--ops", "10", "--workers", "2"]
+    with _sigint_not_ignored():
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=cli_env(), timeout=300, check=False
+        )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.endswith("\nsettle: interrupted\n"), done.stderr
+    assert "Exception ignored" not in done.stderr
