@@ -71,10 +71,12 @@ __all__ = [
     "errors_as_exit_codes",
     "exit_code_of",
     "fail",
+    "forget_interrupt",
     "json_option",
     "name_undecodable",
     "open_settler",
     "options_named",
+    "remember_interrupt",
     "say_undecodable",
     "settings",
 ]
@@ -279,6 +281,20 @@ def _interrupts_kept() -> Iterator[None]:
         sys.unraisablehook = before_hook
         _INTERRUPTED.clear()  # said by now; a later command (a test's runner) starts anew
         _LOST.clear()
+
+
+def remember_interrupt() -> None:
+    """Told by a command's own Ctrl-C handler (``quarantine tail``'s), which replaced the
+    group's: a failure after a Ctrl-C whose raise was lost is ``interrupted``, exit 130
+    (:func:`fail`), and the lost raise is not printed."""
+    _INTERRUPTED.set()
+
+
+def forget_interrupt() -> None:
+    """The command ended by its Ctrl-C, as it is meant to (``quarantine tail``: exit 0, or 1
+    after an entry it could not decode): its own exit code stands."""
+    _INTERRUPTED.clear()
+    _LOST.clear()
 
 
 class EnvOption(click.Option):

@@ -59,7 +59,9 @@ _DRIVER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("command", WAITING_COMMANDS, ids=" ".join)
+# quarantine tail, found in review: its own Ctrl-C handler left the group unaware, and it
+# said "cannot reach Redis", exit 3 (its Ctrl-C while connecting is 130, as every command's)
+@pytest.mark.parametrize("command", [*WAITING_COMMANDS, ("quarantine", "tail")], ids=" ".join)
 def test_a_ctrl_c_python_lost_in_a_finalizer_is_still_exit_130(command: tuple[str, ...]) -> None:
     command_line = [sys.executable, "-c", _DRIVER, *command]
     with waiting_on_silent_redis(command_line, "--redis-timeout", "1") as (proc, _):
