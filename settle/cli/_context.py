@@ -71,10 +71,12 @@ __all__ = [
     "errors_as_exit_codes",
     "exit_code_of",
     "fail",
+    "forget_interrupt",
     "json_option",
     "name_undecodable",
     "open_settler",
     "options_named",
+    "remember_interrupt",
     "say_undecodable",
     "settings",
 ]
@@ -215,7 +217,7 @@ class OutputGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with _interrupts_kept():
             try:
-                return super().invoke(ctx)
+                done = super().invoke(ctx)
             except BrokenPipeError:
                 _reader_gone(ctx.meta.get(EXIT_WHEN_READER_STOPS, EXIT_OK))
             except KeyboardInterrupt:  # click's "Aborted!" exits 1, the code for "not found"
@@ -224,10 +226,18 @@ class OutputGroup(click.Group):
                 if _INTERRUPTED.is_set() and exc.code not in (None, EXIT_OK, EXIT_INTERRUPTED):
                     fail("interrupted", EXIT_INTERRUPTED)
                 raise
+            # A Ctrl-C lost in a finalizer, and the command then ran to its end: the
+            # operator stopped it, and a script must not read exit 0 (nor did the command
+            # say anything, its "Exception ignored" hidden).
+            if _LOST.is_set():
+                fail("interrupted", EXIT_INTERRUPTED)
+            return done
 
 
 #: Set by Ctrl-C while a command runs (:func:`_interrupts_kept`).
 _INTERRUPTED = threading.Event()
+#: Set when the ``KeyboardInterrupt`` of such a Ctrl-C was lost (raised in a finalizer).
+_LOST = threading.Event()
 
 
 @contextlib.contextmanager
@@ -238,12 +248,15 @@ def _interrupts_kept() -> Iterator[None]:
     goes on), and the command went on waiting for Redis, then failed as if Redis were down:
     ``cannot reach Redis``, exit 3, for an operator who pressed Ctrl-C. A failure after a
     Ctrl-C is said as ``interrupted``, exit 130 (:func:`fail`), the lost raise is not printed,
-    and the wait it could not cut short lasts at most ``--redis-timeout``. Off the main
+    and the wait it could not cut short lasts at most ``--redis-timeout``; a command that
+    runs to its end after a lost one says ``interrupted`` too (it said nothing, exit 0, its
+    output whole though the operator had stopped it). Off the main
     thread (a command invoked from a thread), Python's own handling stands."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _INTERRUPTED.clear()
+    _LOST.clear()
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         _INTERRUPTED.set()
@@ -251,6 +264,7 @@ def _interrupts_kept() -> Iterator[None]:
 
     def unraisable(info: Any) -> None:
         if isinstance(info.exc_value, KeyboardInterrupt) and _INTERRUPTED.is_set():
+            _LOST.set()
             return  # the Ctrl-C is said as "interrupted", once, by the command's end
         before_hook(info)
 
@@ -266,6 +280,21 @@ def _interrupts_kept() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
         sys.unraisablehook = before_hook
         _INTERRUPTED.clear()  # said by now; a later command (a test's runner) starts anew
+        _LOST.clear()
+
+
+def remember_interrupt() -> None:
+    """Told by a command's own Ctrl-C handler (``quarantine tail``'s), which replaced the
+    group's: a failure after a Ctrl-C whose raise was lost is ``interrupted``, exit 130
+    (:func:`fail`), and the lost raise is not printed."""
+    _INTERRUPTED.set()
+
+
+def forget_interrupt() -> None:
+    """The command ended by its Ctrl-C, as it is meant to (``quarantine tail``: exit 0, or 1
+    after an entry it could not decode): its own exit code stands."""
+    _INTERRUPTED.clear()
+    _LOST.clear()
 
 
 class EnvOption(click.Option):

@@ -29,10 +29,12 @@ from settle.cli._context import (
     connection_options,
     drop_stdout,
     fail,
+    forget_interrupt,
     json_option,
     name_undecodable,
     open_settler,
     options_named,
+    remember_interrupt,
     say_undecodable,
 )
 from settle.cli._params import DURATION, KIND, SINCE, Ago, FiniteRange, since_on
@@ -213,11 +215,13 @@ def tail(
     # Ctrl-C ends the tail. Its KeyboardInterrupt is lost when it lands in a finalizer
     # (Python prints "Exception ignored" and runs on: redis-py's ConnectionPool.__del__,
     # collecting a closed client's garbage), and the tail followed on until killed: the
-    # flag it also sets stops the follow at its next poll.
+    # flag it also sets stops the follow at its next poll. The group is told too: a lost
+    # one while connecting to a silent Redis said "cannot reach Redis", exit 3.
     interrupted = threading.Event()
 
     def interrupt(_signum: int, _frame: FrameType | None) -> None:
         interrupted.set()
+        remember_interrupt()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
@@ -263,6 +267,7 @@ def tail(
                     follow = settler.quarantine._followed(follower, interval, interrupted.is_set)
         except KeyboardInterrupt:
             pass
+        forget_interrupt()  # the tail's end: its exit code (0, or 1) stands
     if marked:
         sys.exit(EXIT_FAILED)
 

@@ -155,7 +155,10 @@ def web(
         finally:
             await settler.aclose()
 
-    asyncio.run(serve())
+    # Ctrl-C stops the console with 0 (docs/cli.md), as the way to stop a server: uvicorn
+    # shuts down, then raises the Ctrl-C again, which the group said as "interrupted", 130.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
 
 
 def _console_settler(conn: Connection, config: SettleConfig) -> AsyncSettler:

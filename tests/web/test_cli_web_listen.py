@@ -16,7 +16,20 @@ import pytest
 
 from settle import Settler
 from settle.cli.web import bind_each
-from tests.cli.conftest import SETTLE, cli_env, settle
+from tests.cli.conftest import SETTLE, _sigint_not_ignored, cli_env, settle
+
+
+def _console_on_port_0(redis_url: str, namespace: str) -> subprocess.Popen[str]:
+    """``settle web --port 0`` on the namespace, its stderr a pipe (the announcement), with
+    SIGINT's default whatever pytest inherited (the tests stop it with Ctrl-C)."""
+    with _sigint_not_ignored():
+        return subprocess.Popen(
+            [str(SETTLE), "web", "--redis-url", redis_url, "--namespace", namespace, "--port", "0"],
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
 
 def test_a_port_in_use_is_one_line_and_exit_2_before_anything_is_announced(
@@ -55,13 +68,7 @@ def test_port_0_announces_the_port_it_listens_on(
     redis_url: str, namespace: str, writer: Settler
 ) -> None:
     del writer
-    proc = subprocess.Popen(
-        [str(SETTLE), "web", "--redis-url", redis_url, "--namespace", namespace, "--port", "0"],
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _console_on_port_0(redis_url, namespace)
     try:
         assert proc.stderr is not None
         announced = proc.stderr.readline()
@@ -87,13 +94,7 @@ def test_the_announced_port_takes_connections_before_the_server_runs(
     after its announcement, so that uvicorn cannot have started: the connection is taken
     (queued), and answered once it runs."""
     del writer
-    proc = subprocess.Popen(
-        [str(SETTLE), "web", "--redis-url", redis_url, "--namespace", namespace, "--port", "0"],
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _console_on_port_0(redis_url, namespace)
     try:
         assert proc.stderr is not None
         announced = proc.stderr.readline()
@@ -153,3 +154,24 @@ def test_a_port_in_use_on_any_address_is_refused_and_nothing_stays_bound() -> No
         assert refused.value.errno == errno.EADDRINUSE
     with socket.socket() as again:  # the first address's socket was closed
         again.bind(("127.0.0.2", port))
+
+
+def test_ctrl_c_stops_the_console_with_exit_0(
+    redis_url: str, namespace: str, writer: Settler
+) -> None:
+    """Found in review: docs/cli.md (and the CHANGELOG) say Ctrl-C stops ``settle web``
+    with 0, as the normal way to stop a server; uvicorn (0.29 on) raises the Ctrl-C again
+    once it has shut down, and the console said ``settle: interrupted``, exit 130, which a
+    supervisor or script reads as a failed run."""
+    del writer
+    proc = _console_on_port_0(redis_url, namespace)
+    try:
+        assert proc.stderr is not None
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)/ ", proc.stderr.readline())
+        assert found is not None
+        page = httpx.get(f"http://127.0.0.1:{found.group(1)}/", timeout=30)
+        assert page.status_code == 200  # serving, its first page read
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err) == (0, "")
