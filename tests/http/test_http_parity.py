@@ -349,6 +349,13 @@ def stored(settler: Settler, key: str, principal: str = PRINCIPAL) -> dict[str, 
     return out
 
 
+#: A takeover (``_take_over``) is two scripts: the record is made provisional, then reserved
+#: again by a newer attempt. The heartbeat that finds the lease lost may run between them
+#: (``not_pending``) or after both (``stale_generation``), in any shell: the same loss, said
+#: at two instants. CI once saw Django's heartbeat land between them.
+_TAKEOVER_SEEN = {"not_pending": "taken_over", "stale_generation": "taken_over"}
+
+
 def events(logs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """The settle.http events, with the field that says why, in a stable order."""
     why = ("reason", "problem", "status")
@@ -356,6 +363,8 @@ def events(logs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     for e in logs:
         if str(e.get("event", "")).startswith("settle.http."):
             detail = next((e[name] for name in why if name in e), None)
+            if e["event"] == "settle.http.lease_lost":
+                detail = _TAKEOVER_SEEN.get(detail, detail)
             found.append((e["event"], detail))
     return sorted(found, key=repr)
 
