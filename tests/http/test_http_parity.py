@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,11 @@ def _answer(behaviour: str, run: int) -> Answer:
             return Answer(201, body, headers)
 
 
+#: The "slow" view: set once it runs, and it ends once released (see :func:`concurrently`).
+_SLOW_STARTED = threading.Event()
+_SLOW_RELEASED = threading.Event()
+
+
 class PaymentError(Exception):
     pass
 
@@ -126,7 +132,8 @@ def act(behaviour: str, attempt: Attempt, settler: Settler, runs: Runs) -> Answe
         case "late_error" | "late_created":
             time.sleep(TIMEOUT + 0.15)  # then answers without asking check()
         case "slow":
-            time.sleep(0.8)
+            _SLOW_STARTED.set()
+            _SLOW_RELEASED.wait(30)  # until the concurrent request has its answer
     return _answer(behaviour, run)
 
 
@@ -153,7 +160,8 @@ async def aact(behaviour: str, attempt: Attempt, settler: Settler, runs: Runs) -
         case "late_error" | "late_created":
             time.sleep(TIMEOUT + 0.15)  # noqa: ASYNC251
         case "slow":
-            await asyncio.sleep(0.8)
+            _SLOW_STARTED.set()
+            await asyncio.to_thread(_SLOW_RELEASED.wait, 30)
     return _answer(behaviour, run)
 
 
@@ -398,10 +406,20 @@ def once(behaviour: str, **kw: Any) -> Sends:
 
 
 def concurrently(client: httpx.Client, key: str) -> list[httpx.Response]:
+    """The second request is sent once the first is in its view, and the first's view ends
+    once the second has its answer (or after 30 s, if it went into the view too): a fixed
+    head start and a fixed 0.8 s view left a loaded machine room to answer the first before
+    the second arrived."""
+    _SLOW_STARTED.clear()
+    _SLOW_RELEASED.clear()
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(_post, client, "slow", key)
-        time.sleep(0.1)
-        second = pool.submit(_post, client, "slow", key)
+        try:
+            assert _SLOW_STARTED.wait(30), "the first request never reached its view"
+            second = pool.submit(_post, client, "slow", key)
+            wait([second], timeout=30)
+        finally:
+            _SLOW_RELEASED.set()
         # Whichever reserved first answers 201, the other 409.
         return sorted([first.result(), second.result()], key=lambda a: a.status_code)
 
