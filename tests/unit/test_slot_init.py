@@ -1,0 +1,103 @@
+"""``slot_init``: the decorator's steps (built several times per call) set their slots
+through the slots' descriptors, and are the same dataclasses as before: the same
+parameters, defaults and fields, frozen, equal and hashed by value."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+
+from settle._slots import slot_init
+from settle.decorator import _plan
+from settle.decorator._signature import CallIdentity
+
+#: Every class of the decorator's hot path that slot_init builds.
+STEPS = [
+    CallIdentity,
+    _plan.Reserve,
+    _plan.Run,
+    _plan.Settle,
+    _plan.Read,
+    _plan.Release,
+    _plan.Sleep,
+    _plan.Return,
+    _plan.Raise,
+    _plan.Ran,
+]
+
+
+@pytest.mark.parametrize("cls", STEPS, ids=lambda cls: cls.__name__)
+def test_a_step_holds_each_field_it_is_given_and_the_dataclass_defaults(cls: Any) -> None:
+    """Its parameters are its fields, in order, with their defaults and annotations; each
+    value lands in its own field, by position and by keyword; a field left out holds its
+    default; the step stays frozen, equal and hashed by value, and ``replace`` works."""
+    assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
+    declared = dataclasses.fields(cls)
+    empty = inspect.Parameter.empty
+    assert [(p.name, p.default) for p in inspect.signature(cls).parameters.values()] == [
+        (f.name, empty if f.default is dataclasses.MISSING else f.default) for f in declared
+    ]
+    assert {f.name: f.type for f in declared} == {
+        name: kind for name, kind in cls.__init__.__annotations__.items() if name != "return"
+    }
+    values = {f.name: object() for f in declared}
+    by_keyword = cls(**values)
+    by_position = cls(*values.values())
+    assert [getattr(by_keyword, n) for n in values] == list(values.values())
+    assert [getattr(by_position, n) for n in values] == list(values.values())
+    assert by_keyword == by_position
+    assert hash(by_keyword) == hash(by_position)
+    required = {f.name: values[f.name] for f in declared if f.default is dataclasses.MISSING}
+    short = cls(**required)
+    for f in declared:
+        expected = values[f.name] if f.name in required else f.default
+        assert getattr(short, f.name) is expected, f.name
+    first = declared[0].name
+    assert dataclasses.replace(by_keyword, **{first: 1}) != by_keyword
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(by_keyword, first, 1)
+    with pytest.raises(TypeError):
+        cls(*values.values(), object())  # one too many
+    if required:
+        with pytest.raises(TypeError):
+            cls()  # one missing
+
+
+def test_slot_init_refuses_what_it_would_not_build_alike() -> None:
+    """A class that is not a frozen, slotted dataclass, or whose ``__init__`` does more than
+    set each field (a default factory, a field left out, a keyword-only one, a
+    ``__post_init__``), is refused when it is defined: its steps would be built wrong."""
+
+    @dataclasses.dataclass(frozen=True)
+    class NoSlots:
+        a: int
+
+    @dataclasses.dataclass(slots=True)
+    class NotFrozen:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Factory:
+        a: list[int] = dataclasses.field(default_factory=list)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class LeftOut:
+        a: int = dataclasses.field(default=0, init=False)
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class KeywordOnly:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class PostInit:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    for cls in (NoSlots, NotFrozen, Factory, LeftOut, KeywordOnly, PostInit, int):
+        with pytest.raises(TypeError, match="slot_init"):
+            slot_init(cls)
