@@ -101,3 +101,68 @@ def test_slot_init_refuses_what_it_would_not_build_alike() -> None:
     for cls in (NoSlots, NotFrozen, Factory, LeftOut, KeywordOnly, PostInit, int):
         with pytest.raises(TypeError, match="slot_init"):
             slot_init(cls)
+
+
+def test_slot_init_refuses_an_init_it_would_replace_with_a_different_one() -> None:
+    """A dataclass ``__init__`` that takes an ``InitVar`` (a parameter that is no field), a
+    class's own ``__init__`` (``init=False`` or written in its body, even with the fields'
+    parameters) is refused when it is defined: replacing it would change what the class
+    takes or does, where the dataclass's is kept."""
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: int
+        b: dataclasses.InitVar[int] = 0
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class OwnInit:
+        a: int
+
+        def __init__(self, a: int) -> None:
+            object.__setattr__(self, "a", a * 2)
+
+    @dataclasses.dataclass(frozen=True, slots=True, init=False)
+    class NoInit:
+        a: int
+
+        def __init__(self, a: int, scale: int) -> None:
+            object.__setattr__(self, "a", a * scale)
+
+    assert WithInitVar(1, 2).a == 1
+    assert OwnInit(1).a == 2
+    assert NoInit(1, 3).a == 3
+    for cls in (WithInitVar, OwnInit, NoInit):
+        with pytest.raises(TypeError, match="slot_init"):
+            slot_init(cls)
+
+
+@pytest.mark.parametrize(
+    "names", [["self"], ["a", "self"], ["_set1", "b"], ["_make", "_default0", "b"]]
+)
+def test_a_field_named_like_the_generated_codes_names_is_set_like_any_other(
+    names: list[str],
+) -> None:
+    """Field names are escaped from the generated ``__init__``'s own: a field named ``self``
+    (which dataclasses allow) or like a helper name takes its own value, by position and by
+    keyword, and its default when left out, as the dataclass's ``__init__`` gives it; a
+    callable value is held, never called."""
+    fields: list[Any] = [(n, Any) for n in names[:-1]]
+    fields.append((names[-1], Any, dataclasses.field(default=len)))
+    plain = dataclasses.make_dataclass("Plain", fields, frozen=True, slots=True)
+    built = slot_init(dataclasses.make_dataclass("Built", fields, frozen=True, slots=True))
+    assert list(inspect.signature(built).parameters) == names
+    given: list[Any] = [print, abs, repr][: len(names)]
+    for cls in (plain, built):
+        for obj in (cls(*given), cls(**dict(zip(names, given, strict=True)))):
+            assert [getattr(obj, n) for n in names] == given
+        short = cls(*given[:-1])
+        assert [getattr(short, n) for n in names] == [*given[:-1], len]
+
+
+def test_slot_init_refuses_a_field_with_its_prefix() -> None:
+    """The generated code's names start ``__slot_init_``: a field named so is refused."""
+    cls = dataclasses.make_dataclass(
+        "Prefixed", [("__slot_init_set0__", Any)], frozen=True, slots=True
+    )
+    with pytest.raises(TypeError, match="slot_init"):
+        slot_init(cls)
