@@ -166,3 +166,35 @@ def test_slot_init_refuses_a_field_with_its_prefix() -> None:
     )
     with pytest.raises(TypeError, match="slot_init"):
         slot_init(cls)
+
+
+@pytest.mark.parametrize("cls", STEPS, ids=lambda cls: cls.__name__)
+def test_a_step_refuses_bad_arguments_with_the_dataclasss_own_messages(cls: Any) -> None:
+    """Too many, too few, unknown or repeated arguments raise the ``TypeError`` the
+    dataclass's own ``__init__`` raises, word for word (its twin, built without
+    ``slot_init``, under the same qualified name)."""
+    declared = dataclasses.fields(cls)
+    twin: Any = dataclasses.make_dataclass(
+        cls.__name__,
+        [(f.name, f.type, dataclasses.field(default=f.default)) for f in declared],
+        frozen=True,
+        slots=True,
+    )
+    twin.__qualname__ = cls.__qualname__
+    twin.__init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    values = [object() for _ in declared]
+    first = declared[0].name
+    calls = [
+        lambda c: c(*values, object()),
+        lambda c: c(*values, unknown=1),
+        lambda c: c(*values, **{first: 1}),
+    ]
+    if any(f.default is dataclasses.MISSING for f in declared):
+        calls.append(lambda c: c())
+    for call in calls:
+        messages = []
+        for c in (twin, cls):
+            with pytest.raises(TypeError) as raised:
+                call(c)
+            messages.append(str(raised.value))
+        assert messages[0] == messages[1]
