@@ -93,17 +93,21 @@ class Attempt:
     ) -> Attempt:
         """The attempt a fresh reservation gives its function (or HTTP handler)."""
         r = reserved.reservation
-        attempt = cls(
-            operation_id=r.operation_id,
-            generation=r.generation,
-            number=reserved.record.reservations,
-            idempotency_key="",
-            attempt_id=r.attempt_id,
-            deadline=deadline,
-        )
+        # Every slot set here, as ``__init__`` sets it (a test holds the two alike): its
+        # call by keyword cost ~3,900 instructions more per first call (the twenty-first
+        # round, docs/benchmarks.md).
+        attempt = cls.__new__(cls)
+        attempt.operation_id = r.operation_id
+        attempt.generation = r.generation
+        attempt.number = reserved.record.reservations
         # Derived when first read (a SHA-256 most functions never ask for): the same key.
         attempt._key = None
         attempt._key_of = (namespace, r.binding, r.operation_id)
+        attempt.attempt_id = r.attempt_id
+        attempt.deadline = deadline
+        attempt._lost = False
+        attempt._renewal = None
+        attempt._stop = None
         return attempt
 
     @property

@@ -98,6 +98,12 @@ async def _drive(
         interrupted: BaseException | None = None
         while True:
             match step:
+                # The last step first: a class pattern that fails costs about 450
+                # instructions, and every call ends here (a replay's second step).
+                case Return():
+                    if interrupted is not None:
+                        raise interrupted  # settled first; the caller asked to stop
+                    return step.value
                 case Reserve():
                     try:
                         outcome = await settler.reserve(
@@ -139,10 +145,6 @@ async def _drive(
                     span.attempt_done()
                     await asyncio.sleep(step.seconds)
                     step = plan.slept()
-                case Return():
-                    if interrupted is not None:
-                        raise interrupted  # settled first; the caller asked to stop
-                    return step.value
                 case Raise():
                     if interrupted is not None:
                         raise interrupted

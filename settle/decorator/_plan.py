@@ -39,6 +39,7 @@ from settle._core.engine import MAX_LEASE
 from settle._jitter import OwnRandomWait, draw
 from settle._log import enabled as log_enabled
 from settle._log import logger, operation_digest
+from settle._slots import slot_init
 from settle.attempt import Attempt
 from settle.decorator._signature import CallIdentity
 from settle.errors import (
@@ -130,6 +131,7 @@ class Reentered(InvalidInput):
 # -- instructions --------------------------------------------------------------------------
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Reserve:
     identity: CallIdentity
@@ -137,6 +139,7 @@ class Reserve:
     attempt_id: str
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Run:
     """Run the function with ``attempt`` while a heartbeat renews ``reservation`` every
@@ -151,6 +154,7 @@ class Run:
     first: float
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Settle:
     action: Action
@@ -163,6 +167,7 @@ class Settle:
     reason: str = ""
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Read:
     """Read the authoritative record (for the :class:`StaleAttempt` the caller gets)."""
@@ -170,6 +175,7 @@ class Read:
     operation_id: str
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Release:
     """Mark provisional ``reservation``, this call's own, whose ``reserve`` raised
@@ -181,16 +187,19 @@ class Release:
     reason: str
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Sleep:
     seconds: float
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Return:
     value: Any
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Raise:
     error: BaseException
@@ -200,6 +209,7 @@ class Raise:
 Step = Reserve | Run | Settle | Read | Release | Sleep | Return | Raise
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Ran:
     """What running the function gave: a value, or an error; whether the ``timeout``

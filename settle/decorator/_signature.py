@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import PydanticUserError, TypeAdapter
 
 from settle._core.keys import check_binding
+from settle._slots import slot_init
 from settle.attempt import Attempt
 from settle.errors import InvalidInput, SettleError
 from settle.fingerprint import call_fingerprint
@@ -35,6 +36,7 @@ PrincipalSpec = str | Callable[..., str]
 RequestSpec = Callable[..., Any]
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class CallIdentity:
     """Who and what one call is: the reservation's operation id, fingerprint and principal."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 import uuid
 from typing import Any
 
@@ -136,3 +137,33 @@ def test_a_pickled_or_copied_attempt_holds_its_key_never_the_principal(
     for copied in (copy.copy(attempt), copy.deepcopy(attempt)):
         assert copied._key_of is None
         assert copied.idempotency_key == want
+
+
+@pytest.mark.parametrize("timeout", [None, 3600.0])
+def test_a_reservations_attempt_is_the_one_its_constructor_makes(
+    settler: Settler, namespace: str, timeout: float | None
+) -> None:
+    """``Attempt.for_reservation`` sets its slots itself (no call of ``__init__`` by
+    keyword): every slot holds what ``Attempt(...)`` with the derived key holds, none is
+    left unset, and the key is derived only when read."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    reserved = settler.reserve(f"op-{uuid.uuid4().hex}", {"a": 1}, principal=PRINCIPAL)
+    assert reserved.__class__.__name__ == "Reserved"
+    r = reserved.reservation  # type: ignore[union-attr]
+    made = Attempt.for_reservation(reserved, namespace, deadline)  # type: ignore[arg-type]
+    assert made._key is None
+    expected = Attempt(
+        operation_id=r.operation_id,
+        generation=r.generation,
+        number=1,
+        idempotency_key=downstream_key(namespace, PRINCIPAL, r.operation_id),
+        attempt_id=r.attempt_id,
+        deadline=deadline,
+    )
+    for slot in Attempt.__slots__:
+        if slot not in ("_key", "_key_of"):
+            assert getattr(made, slot) == getattr(expected, slot), slot
+    assert made.idempotency_key == expected.idempotency_key
+    assert repr(made) == repr(expected)
+    assert not made.lost
+    made.check()  # neither lost nor stopped
