@@ -297,15 +297,15 @@ def test_a_renewal_says_how_long_it_waited_for_its_replicas(
     with _durable(Settler, primary.url, namespace, STOPPED_WHILE_RUNNING) as settler:
         reserved = settler.reserve("charge", {"amount": 1}, principal="tenant:acme", lease=LEASE)
         assert isinstance(reserved, Reserved)
-        assert primary.process is not None
         ends = time.monotonic() + LEASE
-        clock = Stopwatch(primary.process.pid)
+        clock = Stopwatch()
         with frozen(replica), pytest.raises(DurabilityError) as raised:
             settler.renew(reserved.reservation, lease=lease)
         assert f"0 of 1 replicas acknowledged within {waited_ms} ms;" in str(raised.value)
         # The wait it names is the wait it made (Redis checks WAIT timeouts at hz: + 0.1 s).
-        # The upper bound is on the time neither this test nor the primary waited for a CPU:
-        # a loaded machine holds each of them past 0.6 s, and only the wait is measured.
+        # The upper bound is on the time this test was not kept waiting for a CPU (a loaded
+        # machine holds it past 0.6 s); the primary's own waits overlap the test's, and are
+        # not taken off (tests/stopwatch.py).
         assert waited_ms / 1000 - 0.05 < clock.elapsed()
         assert clock.unloaded() < waited_ms / 1000 + 0.6
         time.sleep(max(0.0, ends + 0.3 - time.monotonic()))
