@@ -26,6 +26,7 @@ from settle import AsyncSettler
 from settle._runtime.deadlines import Deadlines
 from settle.embedded import EmbeddedRedis
 from tests.faults.servers import SOCKET_TIMEOUT, async_client, proxy_to
+from tests.stopwatch import Stopwatch
 
 pytestmark = [pytest.mark.faults, pytest.mark.asyncio]
 
@@ -62,14 +63,19 @@ async def test_a_stalled_send_times_out_with_redis_pys_text(namespace: str) -> N
             os.kill(server.process.pid, signal.SIGSTOP)
             try:
                 payload = b"x" * (64 << 20)  # made before the clock starts
-                started = time.monotonic()
+                clock = Stopwatch()
                 big = lane.execute("PING", payload)
+                # Ended by the socket timeout: redis-py's TimeoutError, with its text. The
+                # wait_for only keeps a hang from lasting for ever, and would end it with
+                # asyncio's TimeoutError (not redis-py's): a bound of a few socket timeouts
+                # was beaten by a loaded machine (the send copies the 64 MiB twice, 0.23 s
+                # of CPU here, 2-4.6 s of wall time beside four busy loops).
                 with pytest.raises(rx.TimeoutError, match=_STALLED_SEND):
-                    await asyncio.wait_for(big, SOCKET_TIMEOUT * 6)  # never for ever
-                # Ended by the socket timeout, not by the wait_for's 6x: a loaded CI machine
-                # once took 1.52 s (with the 64 MiB made inside the clock), so the upper bound
-                # leaves the scheduler 1.5 s and still ends a full second before the wait_for.
-                assert SOCKET_TIMEOUT * 0.9 <= time.monotonic() - started < SOCKET_TIMEOUT * 4
+                    await asyncio.wait_for(big, SOCKET_TIMEOUT * 60)
+                # Not before the socket timeout; and no longer than it and the send's own
+                # work, on the time this test was not kept waiting for a CPU.
+                assert clock.elapsed() >= SOCKET_TIMEOUT * 0.9
+                assert clock.unloaded() < SOCKET_TIMEOUT * 4
                 _not_cancelled()
             finally:
                 os.kill(server.process.pid, signal.SIGCONT)
@@ -142,10 +148,14 @@ async def test_a_read_relaxed_then_restored_times_out_at_the_socket_timeout(
         await asyncio.sleep(SOCKET_TIMEOUT * 1.5)  # past the deadline it had before
         assert not call.done()
         conn.update_current_socket_timeout(-1)
-        started = time.monotonic()
+        clock = Stopwatch()
         with pytest.raises(rx.TimeoutError, match=r"^Timeout reading from"):
-            await asyncio.wait_for(call, SOCKET_TIMEOUT * 4)
-        assert time.monotonic() - started < SOCKET_TIMEOUT + 1.0
+            # A hang's guard only: a wait_for due as the read's deadline is overdue on a
+            # loaded machine can cancel the task beside it, and the timeout is then asyncio's.
+            await asyncio.wait_for(call, SOCKET_TIMEOUT * 60)
+        # A socket timeout after the restore, not the relaxed deadline (4 s later), on the
+        # time this test was not kept waiting for a CPU.
+        assert clock.unloaded() < SOCKET_TIMEOUT + 1.0
     finally:
         proxy.close()
         await settler.aclose()

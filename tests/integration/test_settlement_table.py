@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import Any
 
 import pytest
@@ -237,10 +238,14 @@ async def test_every_settlement_call_is_observed_in_the_capped_attempt_log(api: 
 
 
 async def test_renew_extends_a_live_lease(api: Any) -> None:
-    r = await _reserved(api, lease=0.2)
+    # The renewal must come within the first lease: at 0.2 s a loaded CI worker could hold
+    # the test past it, and the renewal was lost (lease_expired). The wait is then for the
+    # end of the first lease, which began before ``lapsed`` was taken.
+    r = await _reserved(api, lease=1.5)
+    lapsed = time.monotonic() + 1.5 + 0.05
     renewal = await api.renew(r, lease=30)
     assert renewal.renewed
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(max(0.0, lapsed - time.monotonic()))
     rec = await api.get("op-1")
     assert rec.state is State.PENDING
     assert rec.version == 1  # a heartbeat is not a transition

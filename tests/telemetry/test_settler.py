@@ -22,6 +22,11 @@ from tests.telemetry.conftest import Telemetry, script_operation
 
 SECRET = "4242424242424242"
 PRINCIPAL = "tenant:acme/user:42"
+#: The first attempt's lease: the next reserve must come within it (``in_progress``), the
+#: takeover after it. At 0.2 s a loaded CI worker could hold the test past it before the
+#: second reserve, which then took the key over (3 reserved, 0 in progress). The takeover
+#: waits for the end of the lease, not a fixed sleep.
+SHORT_LEASE = 1.5
 
 
 def _no_secrets(otel: Telemetry) -> None:
@@ -132,9 +137,10 @@ def test_sync_calls_are_spans_and_measurements(
     settler: Settler, namespace: str, otel: Telemetry
 ) -> None:
     request = {"card": SECRET}
-    first = settler.reserve("op-1", request, principal=PRINCIPAL, lease=0.2)
-    settler.reserve("op-1", request, principal=PRINCIPAL)
-    time.sleep(0.3)
+    first = settler.reserve("op-1", request, principal=PRINCIPAL, lease=SHORT_LEASE)
+    lapsed = time.monotonic() + SHORT_LEASE + 0.1  # the lease began before this, ends before
+    settler.reserve("op-1", request, principal=PRINCIPAL)  # in progress: within the lease
+    time.sleep(max(0.0, lapsed - time.monotonic()))
     second = settler.reserve("op-1", request, principal=PRINCIPAL, lease=30)
     settler.renew(first.reservation)  # the lease passed to another generation
     settler.complete(first.reservation, {"receipt": SECRET})  # fenced off: quarantined
@@ -159,9 +165,10 @@ async def test_async_calls_are_spans_and_measurements(
 ) -> None:
     s = async_settler
     request = {"card": SECRET}
-    first = await s.reserve("op-1", request, principal=PRINCIPAL, lease=0.2)
-    await s.reserve("op-1", request, principal=PRINCIPAL)
-    await asyncio.sleep(0.3)
+    first = await s.reserve("op-1", request, principal=PRINCIPAL, lease=SHORT_LEASE)
+    lapsed = time.monotonic() + SHORT_LEASE + 0.1  # the lease began before this, ends before
+    await s.reserve("op-1", request, principal=PRINCIPAL)  # in progress: within the lease
+    await asyncio.sleep(max(0.0, lapsed - time.monotonic()))
     second = await s.reserve("op-1", request, principal=PRINCIPAL, lease=30)
     await s.renew(first.reservation)
     await s.complete(first.reservation, {"receipt": SECRET})

@@ -86,6 +86,14 @@ class Gunicorn:
                 time.sleep(0.1)
         raise RuntimeError("gunicorn did not start within 30 s")
 
+    def twin(self) -> Gunicorn:
+        """Another server of the same app with the same settings, not started: what a
+        restart, or a second host behind the same balancer, brings up."""
+        twin = Gunicorn.__new__(Gunicorn)
+        twin.__dict__.update(self.__dict__)
+        twin.process, twin.url = None, ""
+        return twin
+
     def kill(self) -> None:
         """SIGKILL the master and its workers (mid-request): nothing runs any cleanup."""
         assert self.process is not None
