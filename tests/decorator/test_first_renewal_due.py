@@ -10,25 +10,48 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
 from tests.faults.test_faults_renewal_wait import watching
 
-LEASE = 3.0
-# Longer than a heartbeat (1 s) and shorter than the lease: a first renewal counted from the
-# end of the block (2.5 + 1 s) comes 0.5 s after the lease ended (3 s); one sent when the
-# loop is free comes 0.5 s before it.
-BLOCK = 2.5
-AFTER = 1.0  # the function awaits this long after the block: the renewal's lease holds it
+# (Twice the 3 s, 2.5 s and 1 s first written: beside busy CI workers a process held 0.5 s
+# lapsed the lease on the primary with nothing wrong in settle.)
+LEASE = 6.0
+# Longer than a heartbeat (2 s) and shorter than the lease: a first renewal counted from the
+# end of the block (5 + 2 s) comes 1 s after the lease ended (6 s); one sent when the loop
+# is free comes 1 s before it.
+BLOCK = 5.0
+AFTER = 2.0  # the function awaits this long after the block: the renewal's lease holds it
+
+
+@contextmanager
+def lease_held(redis_url: str, namespace: str, op: str) -> Iterator[list[str | None]]:
+    """The reasons a reader of ``op``'s record saw while the block ran; and, on the
+    primary's clock, no renewal refused for a lease that had ended (``lease_expired``, rule
+    N5) or passed to another generation: that does not depend on how often the reader got a
+    CPU, as a count of its reads did. (A renewal sent as the call completed finds it not
+    pending: no lapse, that.)"""
+    logs: list[dict[str, Any]]
+    with capture_logs() as logs, watching(redis_url, namespace, op) as reasons:
+        yield reasons
+    lost = [e for e in logs if e["event"] == "settle.renew.lost" and e["reason"] != "not_pending"]
+    assert not lost, lost
+    assert reasons, "the reader never saw the record"
+    assert "lease_expired" not in reasons
 
 
 def test_an_async_function_that_holds_the_loop_first_keeps_its_lease(
     redis_url: str, namespace: str
 ) -> None:
-    """The function blocks the loop 2.5 s before its first ``await``: its heartbeat renews
-    at once when the loop is free (its first renewal was due at 1 s), and the 3 s lease
-    never lapses. On the code before, the first renewal came at 3.5 s, the lease lapsed
-    at 3 s."""
+    """The function blocks the loop 5 s before its first ``await``: its heartbeat renews
+    at once when the loop is free (its first renewal was due at 2 s), and the 6 s lease
+    never lapses. On the code before, the first renewal came at 7 s, the lease lapsed
+    at 6 s."""
 
     async def run() -> str:
         settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
@@ -45,10 +68,8 @@ def test_an_async_function_that_holds_the_loop_first_keeps_its_lease(
         finally:
             await settler.aclose()
 
-    with watching(redis_url, namespace, "charge") as reasons:
+    with lease_held(redis_url, namespace, "charge"):
         assert asyncio.run(run()) == "ch_1"
-    assert len(reasons) > 50, reasons
-    assert "lease_expired" not in reasons
 
 
 def test_a_sync_function_that_blocks_keeps_its_lease(redis_url: str, namespace: str) -> None:
@@ -62,17 +83,15 @@ def test_a_sync_function_that_blocks_keeps_its_lease(redis_url: str, namespace: 
             return "ch_1"
 
         assert settler.get("charge") is None
-        with watching(redis_url, namespace, "charge") as reasons:
+        with lease_held(redis_url, namespace, "charge"):
             assert charge() == "ch_1"
-    assert len(reasons) > 50, reasons
-    assert "lease_expired" not in reasons
 
 
 def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
     redis_url: str, namespace: str
 ) -> None:
     """One heartbeat serves every sync attempt of a settler. It waits for a long lease's
-    first renewal (20 s away) when a call with a 1 s lease starts: that call's add must wake
+    first renewal (20 s away) when a call with a 2 s lease starts: that call's add must wake
     it (its Condition notified, the lock held) or the short lease lapses under its running
     function."""
     with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
@@ -84,9 +103,9 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
             release.wait(30)
             return "slow"
 
-        @settler.operation(key="short", principal="tenant:acme", lease=1.0)
+        @settler.operation(key="short", principal="tenant:acme", lease=2.0)
         def short() -> str:
-            time.sleep(2.0)
+            time.sleep(4.0)
             return "short"
 
         results: list[str] = []
@@ -95,11 +114,9 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
         try:
             assert started.wait(10)
             time.sleep(0.2)  # the heartbeat is waiting for the slow lease's renewal
-            with watching(redis_url, namespace, "short") as reasons:
+            with lease_held(redis_url, namespace, "short"):
                 assert short() == "short"
         finally:
             release.set()
             holder.join()
     assert results == ["slow"]
-    assert len(reasons) > 30, reasons
-    assert "lease_expired" not in reasons
