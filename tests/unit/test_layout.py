@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import settle
 from settle import SettleConfig
+from settle._core import reference
 from settle._core.layout import (
     LOG_MAX,
     WORDS,
@@ -150,3 +151,40 @@ def test_a_payload_digest_is_sent_as_the_stored_form_of_its_hex_digest(data: byt
     """A settlement sends its payload's SHA-256 from the digest's bytes: the same argument
     as ``stored_arg`` of the hex digest the record keeps."""
     assert stored_digest(data) == stored_arg(hashlib.sha256(data).hexdigest())
+
+
+def test_a_value_loaded_twice_is_two_records_whatever_the_first_script_changed() -> None:
+    """The reference model remembers what a stored value decodes to (the model checker loads
+    the same few values again and again), yet each load is the script's own copy: a script
+    that changes the record or log it loaded and then writes nothing (a refusal) leaves the
+    next load of that value as stored."""
+    created = 1_796_244_273_792
+    record = {
+        b"fp": b"ab" * 32,
+        b"fpv": b"1",
+        b"bind": b"user-1",
+        b"gen": b"7",
+        b"ver": b"1",
+        b"state": b"pending",
+        b"n": b"1",
+        b"created": b"%d" % created,
+        b"updated": b"%d" % created,
+        b"lease": b"%d" % (created + 30_000),
+        b"aid": b"0f" * 16,
+    }
+    log = [b"|".join([b"0f" * 16, b"7", b"reserve", b"reserved", b"new", b"%d" % created])]
+    keyspace = reference.MemoryKeyspace(lambda: created)
+    key = "{settle:t}:op:order-1"
+    keyspace.set(key, created, pack(Packed(dict(record), None, list(log), None)))
+    for lazy in (False, True):
+        first, st = reference.load_record(keyspace, key, None, created + 1, lazy=lazy)
+        assert isinstance(first, dict)
+        first[b"state"] = b"completed"
+        first.pop(b"lease")
+        if st.log is None:
+            reference.load_log(st)
+        assert st.log is not None
+        st.log.append(b"changed")
+        again, st2 = reference.load_record(keyspace, key, None, created + 1)
+        assert again == {**record, b"op": b"order-1"}
+        assert st2.log == log
