@@ -343,9 +343,11 @@ def entries(st: Stored) -> list[bytes]:
     return st.log
 
 
-#: Values up to this size are remembered decoded (at most :data:`_REMEMBERED` of them, a few
-#: MB at worst): the model checker's and a test's values; a large stored result is not kept.
-_REMEMBER_UP_TO = 4096
+#: Values up to this size are remembered decoded (at most :data:`_REMEMBERED` of them, about
+#: 10 MB at worst: a value decodes to up to 18 times its size, an attempt log of one attempt
+#: retrying packs to 6 bytes an entry): the model checker's values (under 400 bytes) and a
+#: test's; a long attempt log or a large stored result is not kept (4 KiB kept up to 75 MB).
+_REMEMBER_UP_TO = 512
 _REMEMBERED = 1024
 
 
