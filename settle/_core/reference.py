@@ -12,6 +12,7 @@ implements it, as the Lua marks it ``-- rule: <id>`` (``tests/unit/test_rule_ids
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -330,7 +331,7 @@ def load_log(st: Stored) -> bool:
     written)."""
     if st.log is None:
         try:
-            st.log = layout.unpack(st.blob).log
+            st.log = _unpack(st.blob).log
         except ValueError:
             return False
     return True
@@ -340,6 +341,30 @@ def entries(st: Stored) -> list[bytes]:
     """st.log of a caller that has loaded it."""
     assert st.log is not None
     return st.log
+
+
+#: Values up to this size are remembered decoded (at most :data:`_REMEMBERED` of them, about
+#: 10 MB at worst: a value decodes to up to 18 times its size, an attempt log of one attempt
+#: retrying packs to 6 bytes an entry): the model checker's values (under 400 bytes) and a
+#: test's; a long attempt log or a large stored result is not kept (4 KiB kept up to 75 MB).
+_REMEMBER_UP_TO = 512
+_REMEMBERED = 1024
+
+
+@functools.lru_cache(maxsize=_REMEMBERED)
+def _unpacked(blob: bytes, log: bool) -> layout.Packed:
+    return layout.unpack(blob, log=log)
+
+
+def _unpack(blob: bytes, log: bool = True) -> layout.Packed:
+    """:func:`layout.unpack`, remembered per small value and copied per call (the scripts
+    change the record and log they load). The model checker and a MemorySettler's tests load
+    the same few values again and again; decoding them in Python was most of their time."""
+    if len(blob) > _REMEMBER_UP_TO:
+        return layout.unpack(blob, log=log)
+    p = _unpacked(blob, log)
+    record = dict(p.record) if p.record is not None else None
+    return layout.Packed(record, p.record_expires, list(p.log), p.log_expires)
 
 
 def load_record(
@@ -360,7 +385,7 @@ def load_record(
     elif kind == "string":
         st.blob, st.log = ks.get(key, now) or b"", None
         try:
-            packed = layout.unpack(st.blob, log=False)
+            packed = _unpack(st.blob, log=False)
         except ValueError:
             return False, st
         rec, st.rexp, st.lexp = packed.record, packed.record_expires, packed.log_expires

@@ -5,6 +5,7 @@ take the few bytes the memory target relies on."""
 from __future__ import annotations
 
 import hashlib
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 import settle
 from settle import SettleConfig
+from settle._core import reference
 from settle._core.layout import (
     LOG_MAX,
     WORDS,
@@ -150,3 +152,71 @@ def test_a_payload_digest_is_sent_as_the_stored_form_of_its_hex_digest(data: byt
     """A settlement sends its payload's SHA-256 from the digest's bytes: the same argument
     as ``stored_arg`` of the hex digest the record keeps."""
     assert stored_digest(data) == stored_arg(hashlib.sha256(data).hexdigest())
+
+
+def _pending(created: int, bind: bytes) -> dict[bytes, bytes]:
+    """A pending record as reserve stores it."""
+    return {
+        b"fp": b"ab" * 32,
+        b"fpv": b"1",
+        b"bind": bind,
+        b"gen": b"7",
+        b"ver": b"1",
+        b"state": b"pending",
+        b"n": b"1",
+        b"created": b"%d" % created,
+        b"updated": b"%d" % created,
+        b"lease": b"%d" % (created + 30_000),
+        b"aid": b"0f" * 16,
+    }
+
+
+def test_a_value_loaded_twice_is_two_records_whatever_the_first_script_changed() -> None:
+    """The reference model remembers what a stored value decodes to (the model checker loads
+    the same few values again and again), yet each load is the script's own copy: a script
+    that changes the record or log it loaded and then writes nothing (a refusal) leaves the
+    next load of that value as stored."""
+    created = 1_796_244_273_792
+    record = _pending(created, b"user-1")
+    log = [b"|".join([b"0f" * 16, b"7", b"reserve", b"reserved", b"new", b"%d" % created])]
+    keyspace = reference.MemoryKeyspace(lambda: created)
+    key = "{settle:t}:op:order-1"
+    keyspace.set(key, created, pack(Packed(dict(record), None, list(log), None)))
+    for lazy in (False, True):
+        first, st = reference.load_record(keyspace, key, None, created + 1, lazy=lazy)
+        assert isinstance(first, dict)
+        first[b"state"] = b"completed"
+        first.pop(b"lease")
+        if st.log is None:
+            reference.load_log(st)
+        assert st.log is not None
+        st.log.append(b"changed")
+        again, st2 = reference.load_record(keyspace, key, None, created + 1)
+        assert again == {**record, b"op": b"order-1"}
+        assert st2.log == log
+
+
+def test_the_remembered_values_of_a_memory_settler_stay_a_few_megabytes() -> None:
+    """The decoded values the reference model remembers are process-wide, kept after every
+    MemorySettler is gone: with attempt logs as long as ``attempt_log_size`` allows, packed as
+    tight as they pack (one attempt retrying), they stay under 12 MB (values of 4 KiB kept 75)."""
+    created = 1_796_244_273_792
+    entry = [b"0f" * 16, b"7", b"reserve", b"reserved", b"new"]
+
+    def value(i: int, n: int) -> bytes:
+        record = _pending(created, b"u%04d" % i)
+        log = [b"|".join([*entry, b"%d" % (created + j)]) for j in range(n)]
+        return pack(Packed(record, None, log, None))
+
+    values = [value(i, 660 if i % 4 == 0 else 71) for i in range(reference._REMEMBERED)]
+    reference._unpacked.cache_clear()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for blob in values:
+            reference._unpack(blob)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        reference._unpacked.cache_clear()
+    assert kept < 12_000_000
