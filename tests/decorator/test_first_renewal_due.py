@@ -95,13 +95,16 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
     redis_url: str, namespace: str
 ) -> None:
     """One heartbeat serves every sync attempt of a settler. It waits for a long lease's
-    first renewal (20 s away) when a call with a 2 s lease starts: that call's add must wake
+    first renewal (4 s away) when a call with a 2 s lease starts: that call's add must wake
     it (its Condition notified, the lock held) or the short lease lapses under its running
-    function."""
+    function. The short call runs past that wake-up (5 s), so an unwoken heartbeat sends
+    its overdue renewal while the call runs and the primary refuses it (lease_expired):
+    with the long lease's renewal 20 s away, nothing was sent before the call ended and
+    only the reader's reads could see the lapse."""
     with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
         started, release = threading.Event(), threading.Event()
 
-        @settler.operation(key="slow", principal="tenant:acme", lease=60.0)
+        @settler.operation(key="slow", principal="tenant:acme", lease=12.0)
         def slow() -> str:
             started.set()
             release.wait(30)
@@ -109,7 +112,7 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
 
         @settler.operation(key="short", principal="tenant:acme", lease=2.0)
         def short() -> str:
-            time.sleep(4.0)
+            time.sleep(5.0)
             return "short"
 
         results: list[str] = []
