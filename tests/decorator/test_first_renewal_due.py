@@ -26,7 +26,11 @@ LEASE = 6.0
 # end of the block (5 + 2 s) comes 1 s after the lease ended (6 s); one sent when the loop
 # is free comes 1 s before it.
 BLOCK = 5.0
-AFTER = 2.0  # the function awaits this long after the block: the renewal's lease holds it
+# The function awaits this long after the block: the renewal's lease holds it. Longer than a
+# heartbeat, so that a late first renewal (at 7 s) is sent while the function still runs and
+# the primary refuses it (lease_expired); at 2 s it went as the call completed (not_pending)
+# and only the reader's reads, whose count is no longer asserted, could see the lapse.
+AFTER = 3.0
 
 
 @contextmanager
@@ -51,7 +55,7 @@ def test_an_async_function_that_holds_the_loop_first_keeps_its_lease(
     """The function blocks the loop 5 s before its first ``await``: its heartbeat renews
     at once when the loop is free (its first renewal was due at 2 s), and the 6 s lease
     never lapses. On the code before, the first renewal came at 7 s, the lease lapsed
-    at 6 s."""
+    at 6 s, and the primary refused that renewal (lease_expired)."""
 
     async def run() -> str:
         settler = AsyncSettler.from_url(redis_url, namespace=namespace, shards=4)
@@ -91,13 +95,16 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
     redis_url: str, namespace: str
 ) -> None:
     """One heartbeat serves every sync attempt of a settler. It waits for a long lease's
-    first renewal (20 s away) when a call with a 2 s lease starts: that call's add must wake
+    first renewal (4 s away) when a call with a 2 s lease starts: that call's add must wake
     it (its Condition notified, the lock held) or the short lease lapses under its running
-    function."""
+    function. The short call runs past that wake-up (5 s), so an unwoken heartbeat sends
+    its overdue renewal while the call runs and the primary refuses it (lease_expired):
+    with the long lease's renewal 20 s away, nothing was sent before the call ended and
+    only the reader's reads could see the lapse."""
     with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
         started, release = threading.Event(), threading.Event()
 
-        @settler.operation(key="slow", principal="tenant:acme", lease=60.0)
+        @settler.operation(key="slow", principal="tenant:acme", lease=12.0)
         def slow() -> str:
             started.set()
             release.wait(30)
@@ -105,7 +112,7 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
 
         @settler.operation(key="short", principal="tenant:acme", lease=2.0)
         def short() -> str:
-            time.sleep(4.0)
+            time.sleep(5.0)
             return "short"
 
         results: list[str] = []
