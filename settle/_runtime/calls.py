@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from settle._slots import slot_init
 from settle._text import as_text
 from settle.errors import CorruptRecord, SettleError
 
 __all__ = ["Call", "Reply", "RunScript", "Unacknowledged", "naming", "parse_reply"]
 
 
+# slot_init: each field set through its slot's descriptor, not ``object.__setattr__`` (about
+# 18,000 instructions for the eleven fields, on every script call; docs/benchmarks.md).
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Call:
     """One script call: which script, its KEYS and ARGV, and what decoding needs to know.
@@ -51,51 +55,12 @@ class Call:
     caller_splits: bool = False
     wait_ms: int | None = None
 
-    # The dataclass's own ``__init__`` (kept when the class defines one) sets each field
-    # through ``object.__setattr__``, which looks the method up on ``object`` and checks the
-    # type's MRO per field: about 18,000 instructions for a call's eleven fields, on every
-    # script call. Each field's slot is set through its own descriptor instead (the same
-    # slots, the same values; the class stays frozen: ``call.x = ...`` still raises).
-    def __init__(
-        self,
-        script: str,
-        keys: tuple[str, ...],
-        args: tuple[str | bytes | int, ...],
-        operation_id: str | None = None,
-        attempt_id: str | None = None,
-        action: Any = None,
-        shard: int | None = None,
-        reads_only: bool = False,
-        stops: tuple[str, ...] = (),
-        caller_splits: bool = False,
-        wait_ms: int | None = None,
-    ) -> None:
-        put = _PUT
-        put[0](self, script)
-        put[1](self, keys)
-        put[2](self, args)
-        put[3](self, operation_id)
-        put[4](self, attempt_id)
-        put[5](self, action)
-        put[6](self, shard)
-        put[7](self, reads_only)
-        put[8](self, stops)
-        put[9](self, caller_splits)
-        put[10](self, wait_ms)
-
     def stops_caller(self, reply: Any) -> bool:
         """Whether the script's ``reply`` is one of the verdicts in :attr:`stops`."""
         if not self.stops or not isinstance(reply, list) or not reply:
             return False
         code = reply[0]
         return (code.decode() if isinstance(code, bytes) else code) in self.stops
-
-
-#: The setters of :class:`Call`'s slots, in the order of its fields (and of its
-#: ``__init__``'s parameters, which a test holds to the dataclass's fields).
-_PUT: tuple[Callable[[Call, Any], None], ...] = tuple(
-    getattr(Call, f.name).__set__ for f in fields(Call)
-)
 
 
 @dataclass(frozen=True, slots=True)
