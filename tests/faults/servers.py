@@ -80,7 +80,10 @@ def acks(client: redis.Redis, replicas: int = 1, timeout_ms: int = 200) -> int:
     return int(client.execute_command("WAIT", replicas, timeout_ms))
 
 
-def wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 10.0) -> None:
+def wait_replicas(primary: EmbeddedRedis, count: int, timeout: float = 30.0) -> None:
+    """Wait until ``primary`` has ``count`` replicas online that acknowledge a write: a set-up
+    wait, never a bound a test asserts (a first full sync beside busy CI workers took over
+    10 s once, and the test errored before it began)."""
     with redis.Redis.from_url(primary.url) as raw:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
