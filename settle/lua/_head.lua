@@ -22,13 +22,11 @@
 -- A whole number a double holds exactly (what settle stores as an integer): int() writes
 -- it as _lib.lua's unnum does. A sum of them is checked with whole() again where
 -- unpack_value's unrel_int checks it (updated, the lease end); the record's expiry is a sum
--- unrel makes through text, the same number below 2^63.
+-- unrel makes through text, the same number below 2^63. (The prelude's exact() written out:
+-- a head calls whole() a dozen times and more per call, and a Lua call each costs.)
 local function whole(x)
-  return type(x) == 'number' and exact(x)
-end
-
-local function optional(x, kind)
-  return x == nil or type(x) == kind
+  return type(x) == 'number' and x % 1 == 0 and x > -9007199254740992
+    and x < 9007199254740992
 end
 
 local HEAD_STATES = {'pending', 'provisional', 'completed', 'failed'}
@@ -61,8 +59,9 @@ local function head_record(key, blob, now)
   if not (type(t[1]) == 'string' and whole(t[2]) and type(t[3]) == 'string' and whole(t[4])
       and whole(t[5]) and whole(state) and state >= 1 and state <= 4 and whole(t[7])
       and whole(t[8]) and whole(t[9]) and (t[10] == nil or whole(t[10]))
-      and optional(t[11], 'string') and optional(t[12], 'string') and optional(t[13], 'string')
-      and optional(t[14], 'string') and (t[15] == nil or whole(t[15]))
+      and (t[11] == nil or type(t[11]) == 'string') and (t[12] == nil or type(t[12]) == 'string')
+      and (t[13] == nil or type(t[13]) == 'string') and (t[14] == nil or type(t[14]) == 'string')
+      and (t[15] == nil or whole(t[15]))
       and (t[16] == nil or whole(t[16]))) then
     return nil
   end
@@ -112,9 +111,10 @@ end
 -- The most entries a write head packs in one call (see head_log).
 local HEAD_LOG = 400
 
--- A word of the attempt log stored as its index (what save() writes for every word).
+-- A word of the attempt log stored as its index (what save() writes for every word): a
+-- whole number from 1 to 20 (whole() written out).
 local function head_word(x)
-  return whole(x) and x >= 1 and x <= 20
+  return type(x) == 'number' and x % 1 == 0 and x >= 1 and x <= 20
 end
 
 -- The attempt log in t (head_record's values) when a write head can pack it again value for
