@@ -11,6 +11,7 @@ from importlib.resources import files
 
 from settle._core.codec import RECORD_FIELDS
 from settle._core.layout import WORDS
+from settle._core.scripts import SCRIPTS
 
 LIB = files("settle").joinpath("lua/_lib.lua").read_text()
 
@@ -85,7 +86,7 @@ def test_the_write_heads_store_the_words_they_name() -> None:
     state = re.search(r"cmsgpack\.pack\(t\[1\], t\[2\], t\[3\], g, t\[5\] \+ 1, (\d+),", taken)
     assert state
     assert int(state.group(1)) == _index("pending")
-    head = _lua("_head")
+    head = "\n".join(_lua(lib) for lib in SCRIPTS.head_libs)
     # head_settle's two entries: a duplicate absorbed (its branch comes first), then accepted
     verdicts = re.findall(r"cmsgpack\.pack\(aid, gen, action, (\d+), ''", head)
     highest = re.search(r"x <= (\d+)\n", head)
@@ -101,3 +102,29 @@ def test_the_write_heads_store_the_words_they_name() -> None:
     assert words
     text = "".join(re.findall(r"'([|a-z_]*)'", words.group(1)))
     assert text == "|" + "|".join(w.decode() for w in WORDS) + "|"
+
+
+def _functions(lua: str) -> dict[str, str]:
+    """The ``local function``s in lua, each with its text."""
+    return dict(re.findall(r"^local function ([a-z_]+)\((.*?^end)$", lua, re.MULTILINE | re.DOTALL))
+
+
+def _calls(lua: str, names: set[str]) -> set[str]:
+    return {f for f in names if re.search(rf"\b{f}\(", lua)}
+
+
+def test_each_heads_script_defines_the_head_helpers_it_calls_and_no_other() -> None:
+    """On Redis 6.2 every EVALSHA defines each helper its script holds again (a closure, its
+    upvalues found, later collected): a head's script defines the head helpers that head
+    calls, directly or through another, and none it never calls."""
+    helpers: dict[str, str] = {}
+    for lib in SCRIPTS.head_libs:
+        helpers.update(_functions(_lua(lib)))
+    every = set(helpers)
+    for name, head in SCRIPTS.heads.items():
+        source = SCRIPTS.source(name)
+        defined = set(_functions(source[: source.index(_lua(head))])) & every
+        called = _calls(_lua(head), every)
+        while more := set().union(*(_calls(helpers[f], every) for f in called)) - called:
+            called |= more
+        assert defined == called, (name, sorted(defined - called), sorted(called - defined))
