@@ -95,9 +95,13 @@ class ScriptSet:
             unknown_heads = sorted(set(self.heads) - set(self.scripts))
             raise ValueError(f"heads of scripts that are not in the set: {unknown_heads}")
         if set(self.head_uses) - set(self.heads):
-            raise ValueError(f"head_uses of scripts without a head: {sorted(self.head_uses)}")
-        if {lib for uses in self.head_uses.values() for lib in uses} - set(self.head_libs):
-            raise ValueError(f"head_uses names libraries that are not head_libs: {self.head_uses}")
+            headless = sorted(set(self.head_uses) - set(self.heads))
+            raise ValueError(f"head_uses of scripts without a head: {headless}")
+        used = {lib for uses in self.head_uses.values() for lib in uses}
+        if used - set(self.head_libs):
+            raise ValueError(
+                f"head_uses names libraries not in head_libs: {sorted(used - set(self.head_libs))}"
+            )
         if self.writing & self.read_only:
             raise ValueError(f"scripts both writing and read-only: {self.writing & self.read_only}")
         if self.scripts.get(WAIT_PROBE, ()) != ():  # () is a set's copy (``replace``)

@@ -7,7 +7,10 @@ word's."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from importlib.resources import files
+
+import pytest
 
 from settle._core.codec import RECORD_FIELDS
 from settle._core.layout import WORDS
@@ -128,3 +131,14 @@ def test_each_heads_script_defines_the_head_helpers_it_calls_and_no_other() -> N
         while more := set().union(*(_calls(helpers[f], every) for f in called)) - called:
             called |= more
         assert defined == called, (name, sorted(defined - called), sorted(called - defined))
+
+
+def test_head_uses_names_only_heads_and_head_libraries() -> None:
+    """A head_uses entry for a script without a head, or naming a library that is not a
+    head library, is refused when the set is made (it would define nothing, or a library
+    twice)."""
+    with pytest.raises(ValueError, match=r"without a head: \['attempts'\]"):
+        replace(SCRIPTS, head_uses={"attempts": ("_head",)})
+    with pytest.raises(ValueError, match=r"not in head_libs: \['_lib'\]"):
+        replace(SCRIPTS, head_uses={"get": ("_head", "_lib")})
+    assert replace(SCRIPTS).sources == SCRIPTS.sources
