@@ -298,3 +298,19 @@ def test_a_replay_whose_caller_does_not_match_is_left_to_the_whole_script(
     }
     for what, args in changed.items():
         assert head(keys=base.keys, args=args) == FELL_THROUGH, what
+
+
+@pytest.mark.parametrize("number", [0, 1, 9, 10, 11, 99, 100, 2**53 - 1])
+def test_a_records_small_and_large_numbers_read_back_as_stored(
+    settler: Settler, redis_client: redis.Redis, number: int
+) -> None:
+    """A version, reservation count and fingerprint version read back as stored, by the head
+    (get) and by the whole scripts (get_many, which has none): the prelude's int() writes a
+    digit its own way and every other number with %d, so 9, 10 and the numbers around them
+    are where the two could part."""
+    redis_client.set(
+        settler._core.keys.record("op"), _record(bytes(32), fpv=number, ver=number, n=number)
+    )
+    for got in (settler.get("op"), settler.get_many(["op"])[0]):
+        assert got is not None
+        assert (got.version, got.reservations, got.fingerprint_version) == (number,) * 3
