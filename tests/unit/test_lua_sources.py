@@ -15,6 +15,9 @@ import pytest
 from settle._core.codec import RECORD_FIELDS
 from settle._core.layout import WORDS
 from settle._core.scripts import SCRIPTS
+from settle._sessions import SCRIPTS as SESSIONS
+from settle.cursor._scripts import SCRIPTS as CURSOR
+from settle.progress._scripts import PROGRESS, STREAM
 
 LIB = files("settle").joinpath("lua/_lib.lua").read_text()
 
@@ -142,3 +145,70 @@ def test_head_uses_names_only_heads_and_head_libraries() -> None:
     with pytest.raises(ValueError, match=r"not in head_libs: \['_lib'\]"):
         replace(SCRIPTS, head_uses={"get": ("_head", "_lib")})
     assert replace(SCRIPTS).sources == SCRIPTS.sources
+
+
+#: What a script may read that it does not define: the globals Redis (6.2, 7) and Valkey give
+#: a script (a name read that is none of these and no local defined before it raises
+#: "Script attempted to access nonexistent global variable" on 6.2, when that line runs).
+_GLOBALS = {
+    *("redis", "cmsgpack", "cjson", "bit", "struct", "string", "table", "math", "KEYS", "ARGV"),
+    *("tonumber", "tostring", "type", "pcall", "select", "unpack", "error", "assert"),
+    *("ipairs", "pairs", "next", "rawget", "rawset", "setmetatable", "getmetatable", "xpcall"),
+}
+_KEYWORDS = {
+    *("and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in"),
+    *("local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while"),
+}
+_TOKEN = re.compile(
+    r"--\[(=*)\[.*?\]\1\]|--[^\n]*|\[(=*)\[.*?\]\2\]|'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\""
+    r"|(?P<name>[A-Za-z_]\w*)|(?P<op>\.\.\.|\.\.|==|~=|<=|>=|\S)",
+    re.DOTALL,
+)
+
+
+def _free_names(lua: str) -> set[str]:
+    """The names ``lua`` reads or assigns before any local of that name is defined in it
+    (its text read in order: a local of an earlier block counts, which is enough for the
+    helpers, each defined once at the top level of its file). Comments and strings are
+    skipped; a field (``t.x``, ``t:x``) and a constructor's key (``{x = 1}``) are not names."""
+    tokens = [(m.lastgroup, m.group(m.lastgroup)) for m in _TOKEN.finditer(lua) if m.lastgroup]
+    defined: set[str] = set()
+    free: set[str] = set()
+    declaring = False  # after `local`, `for` or a function's `(`: names being defined
+    params = False  # after `function`, until its `(`
+    for i, (kind, text) in enumerate(tokens):
+        before = tokens[i - 1][1] if i else ""
+        after = tokens[i + 1][1] if i + 1 < len(tokens) else ""
+        if kind == "op":
+            if text in ("=", ")") or text == "(":
+                declaring = text == "(" and params
+                params = False
+            continue
+        if text in ("local", "for"):
+            declaring = True
+            continue
+        if text == "function":
+            params = True
+        if text == "in":
+            declaring = False
+        if text in _KEYWORDS:
+            continue
+        if declaring or (before == "function" and tokens[i - 2][1] == "local"):
+            defined.add(text)
+            continue
+        if before in (".", ":") or (before in ("{", ",", ";") and after == "="):
+            continue
+        if text not in defined:
+            free.add(text)
+    return free - _GLOBALS
+
+
+def test_every_script_reads_only_names_it_defines_or_redis_gives() -> None:
+    """Each EVAL script (what Redis 6.2 runs by EVALSHA) defines every helper and constant
+    it can reach on any path before it reads it: a head's script defines only the head
+    libraries its ``head_uses`` names, and the whole script behind the head, an error path
+    or a corrupt record's may call one the head does not (on Redis 7 and Valkey the FUNCTION
+    library defines all of them, so only 6.2 would fail, and only on that line)."""
+    for scripts in (SCRIPTS, CURSOR, PROGRESS, STREAM, SESSIONS):
+        for name in scripts:
+            assert _free_names(scripts.source(name)) == set(), (scripts.package, name)
