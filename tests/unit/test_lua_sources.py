@@ -195,6 +195,7 @@ def _free_names(lua: str) -> set[str]:
             continue
         if declaring or (before == "function" and tokens[i - 2][1] == "local"):
             defined.add(text)
+            declaring = after == ","  # `local x` then a statement: that one reads names
             continue
         if before in (".", ":") or (before in ("{", ",", ";") and after == "="):
             continue
