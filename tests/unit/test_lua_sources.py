@@ -213,3 +213,13 @@ def test_every_script_reads_only_names_it_defines_or_redis_gives() -> None:
     for scripts in (SCRIPTS, CURSOR, PROGRESS, STREAM, SESSIONS):
         for name in scripts:
             assert _free_names(scripts.source(name)) == set(), (scripts.package, name)
+
+
+def test_no_script_defines_a_helper_twice() -> None:
+    """A library that a script's head and its rules both use (reserve's ``_head_gen``) is
+    defined once, with the head's: on Redis 6.2 each definition is a closure made again on
+    every EVALSHA."""
+    for scripts in (SCRIPTS, CURSOR, PROGRESS, STREAM, SESSIONS):
+        for name in scripts:
+            found = re.findall(r"^local function ([A-Za-z_]\w*)", scripts.source(name), re.M)
+            assert len(found) == len(set(found)), (scripts.package, name)
