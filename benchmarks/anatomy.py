@@ -6,7 +6,8 @@ The replay is the script call a retried request pays for most: its goal is a rea
 ``valgrind --tool=callgrind`` (as ``python -m benchmarks.instructions`` does), the script settle
 sends cut short after each step of its head (``settle/lua/reserve_head.lua``: the replay is
 its first case), called with the keys and arguments of a real replay: the call with no script
-at all, the helpers the script defines, the record's GET, the clock, the value unpacked, the
+at all, the helpers the script defines (the prelude's and the head files' its head uses:
+``head_uses`` in settle/_core/scripts.py), the record's GET, the clock, the value unpacked, the
 record checked and its reply row built, the shard check, the reply. Each step's count is
 cumulative; the last line is settle's own script, whose reply the steps' last one must equal.
 
@@ -48,7 +49,7 @@ _HEAD = "<reserve_head.lua>"
 STEPS: tuple[tuple[str, str | None], ...] = (
     ("an empty script (`return 1`), no keys or arguments", None),
     ("+ a replay's 3 keys and 10 arguments", None),
-    ("+ the prelude's and _head.lua's helpers defined", "return 1"),
+    ("+ the prelude's and the head files' helpers defined", "return 1"),
     ("+ the record's GET", "local blob = redis.pcall('GET', KEYS[1])\nreturn 1"),
     ("+ the clock (TIME)", _READ + "return 1"),
     ("+ the value unpacked (cmsgpack)", _READ + _UNPACK + "return 1"),

@@ -10,7 +10,7 @@ __all__ = ["SCRIPTS", "SCRIPT_NAMES", "WRITING_SCRIPTS", "source"]
 _LIB = ("_lib",)
 _SETTLE = ("_lib", "_settle")
 #: reserve.lua issues generations with ``next_generation``, which its head uses too.
-_RESERVE = ("_head", "_lib")
+_RESERVE = ("_head_gen", "_lib")
 
 SCRIPTS = ScriptSet(
     "settle",
@@ -57,7 +57,17 @@ SCRIPTS = ScriptSet(
         "mark_provisional": "mark_provisional_head",
         "renew": "renew_head",
     },
-    head_libs=("_head",),
+    head_libs=("_head", "_head_write", "_head_gen", "_head_settle"),
+    #: What each head calls (lua/_head.lua): on Redis 6.2 every EVALSHA defines every helper
+    #: of its script again, so a head's script defines only these before the head.
+    head_uses={
+        "get": ("_head",),
+        "reserve": ("_head", "_head_write", "_head_gen"),
+        "renew": ("_head", "_head_write"),
+        "complete": ("_head", "_head_write", "_head_settle"),
+        "fail": ("_head", "_head_write", "_head_settle"),
+        "mark_provisional": ("_head", "_head_write", "_head_settle"),
+    },
 )
 SCRIPT_NAMES = SCRIPTS.names
 WRITING_SCRIPTS = SCRIPTS.writing

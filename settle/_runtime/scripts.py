@@ -7,9 +7,10 @@ Two shapes come out of one set of files (SPEC 4):
 * :meth:`ScriptSet.source`: one EVAL script per script name (Redis 6.2 runs these by
   EVALSHA); the prelude and the libraries run again on every call. A script with a *head*
   (``heads``: a fast path that answers the common read before any part library is
-  defined) is the prelude, the ``head_libs``, the head, then the libraries and the script.
-  A script's own libraries may name a head library (one a head and the whole script both
-  use): it is defined once, with the heads' where the script has a head.
+  defined) is the prelude, the ``head_libs`` its head uses (``head_uses``; all of them by
+  default), the head, then the libraries and the script. A script's own libraries may name
+  a head library (one a head and the whole script both use): it is defined once, with the
+  head's where its head uses it.
 * :attr:`ScriptSet.library`: one FUNCTION library for Redis 7+ and Valkey, loaded once; the
   prelude and each group of part libraries are defined once at load, and each script body
   becomes one registered function. Its name and every function name carry a hash of the
@@ -55,8 +56,11 @@ class ScriptSet:
     ``read_only`` names the scripts that never write at all (registered with the
     ``no-writes`` flag as functions, so they also run on a full server, as EVAL scripts do).
     ``heads`` maps a script to its head file, which runs first and may answer on its own,
-    using only the prelude and ``head_libs``. A script whose rules use a head library names
-    it among its own libraries too (it is defined once all the same).
+    using only the prelude and ``head_libs``; ``head_uses`` names the head libraries a
+    head's EVAL script defines before it (in ``head_libs`` order; all of them for a head it
+    does not name), as every EVALSHA on Redis 6.2 defines each helper it holds again (the
+    FUNCTION library defines every head library once). A script whose rules use a head
+    library names it among its own libraries too (it is defined once all the same).
     ``gone`` names the scripts a part calls only on state it has just read (the cursor's
     checkpoint, the first element of their reply's body): a reply of theirs in which that
     state is empty says the server lost it meanwhile (a FLUSHALL, a restart without
@@ -75,6 +79,7 @@ class ScriptSet:
     read_only: frozenset[str] = frozenset()
     heads: Mapping[str, str] = field(default_factory=dict)
     head_libs: tuple[str, ...] = ()
+    head_uses: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gone: frozenset[str] = frozenset()
     lost: frozenset[str] = frozenset()
     sources: dict[str, str] = field(init=False, repr=False, compare=False)
@@ -89,6 +94,14 @@ class ScriptSet:
         if set(self.heads) - set(self.scripts):
             unknown_heads = sorted(set(self.heads) - set(self.scripts))
             raise ValueError(f"heads of scripts that are not in the set: {unknown_heads}")
+        if set(self.head_uses) - set(self.heads):
+            headless = sorted(set(self.head_uses) - set(self.heads))
+            raise ValueError(f"head_uses of scripts without a head: {headless}")
+        used = {lib for uses in self.head_uses.values() for lib in uses}
+        if used - set(self.head_libs):
+            raise ValueError(
+                f"head_uses names libraries not in head_libs: {sorted(used - set(self.head_libs))}"
+            )
         if self.writing & self.read_only:
             raise ValueError(f"scripts both writing and read-only: {self.writing & self.read_only}")
         if self.scripts.get(WAIT_PROBE, ()) != ():  # () is a set's copy (``replace``)
@@ -96,7 +109,13 @@ class ScriptSet:
         object.__setattr__(self, "scripts", {**self.scripts, WAIT_PROBE: ()})
         prelude = _read("settle._runtime", "prelude")
         libs = {lib: _read(self.package, lib) for deps in self.scripts.values() for lib in deps}
-        head_libs = [_read(self.package, lib) for lib in self.head_libs]
+        head_libs = {lib: _read(self.package, lib) for lib in self.head_libs}
+        uses = {
+            name: tuple(
+                lib for lib in self.head_libs if lib in self.head_uses.get(name, self.head_libs)
+            )
+            for name in self.heads
+        }
         heads = {name: _read(self.package, head) for name, head in self.heads.items()}
         bodies = {
             name: _read("settle._runtime" if name == WAIT_PROBE else self.package, name)
@@ -108,8 +127,9 @@ class ScriptSet:
             else "\n".join(
                 [
                     prelude,
-                    *((*head_libs, heads[name]) if name in heads else ()),
-                    *(libs[lib] for lib in deps if name not in heads or lib not in self.head_libs),
+                    *(head_libs[lib] for lib in uses.get(name, ())),
+                    *((heads[name],) if name in heads else ()),
+                    *(libs[lib] for lib in deps if lib not in uses.get(name, ())),
                     bodies[name],
                 ]
             )
@@ -117,7 +137,7 @@ class ScriptSet:
         }
         object.__setattr__(self, "sources", built)
         template = self._library_template(
-            "\n".join([prelude, *head_libs]),
+            "\n".join([prelude, *head_libs.values()]),
             libs,
             {
                 name: "\n".join([heads[name], body]) if name in heads else body

@@ -102,7 +102,7 @@ local function settle(action)
   local bad_maxlen = ARGV[14] ~= '' and arg_refused(action, 14, 'quarantine maxlen', 'count')
   local refused, held = guard(bad or bad_maxlen)
   if refused then return refused end
-  -- What the script's head (head_settle in _head.lua) read when it left the call to these
+  -- What the script's head (head_settle in _head_settle.lua) read when it left the call to these
   -- rules.
   local now, now_us = HEAD_NOW, HEAD_US
   if not now then now, now_us = clock() end

@@ -1,6 +1,6 @@
 -- reserve_head.lua: reserve.lua's fast paths (see _head.lua), for its three most repeated
 -- calls. KEYS, ARGV and the reply are reserve.lua's. All need a shard claimed for the
--- caller's shard count (head_claimed in _head.lua). Anything else is left to reserve.lua.
+-- caller's shard count (head_claimed in _head_write.lua). Anything else is left to reserve.lua.
 -- * The replay of a settled operation (rules R4, R5), which writes nothing: a completed or
 --   failed record whose fingerprint and binding are the caller's.
 -- * A new operation (rule R1): no value at the key at all, a fingerprint and an attempt id

@@ -157,6 +157,19 @@ def _cases(settler: Settler) -> dict[str, Callable[[], None] | bytes]:
         # Sums past 2^53: unrel_int calls the record corrupt.
         "a lease end past 2^53": _record(fp, state=1, lease=2**53 - 1),
         "updated past 2^53": _record(fp, updated=2**53 - 1, rexp=None),
+        # A number at the edges of what whole() takes (a double exact: above -2^53, below
+        # 2^53, no fraction, not NaN or an infinity) and the optional text fields in another
+        # type: the whole script calls the record corrupt, so a head must leave it alone.
+        "a generation of -2^53": _record(fp, gen=-(2**53)),
+        "a generation of 2^53": _record(fp, gen=2**53),
+        "a generation of -2^53 + 1": _record(fp, gen=-(2**53) + 1),
+        "a generation of 2^53 - 1": _record(fp, gen=2**53 - 1),
+        "a version of -0.5": _record(fp, ver=_float(-0.5)),
+        "a version that is NaN": _record(fp, ver=_float(float("nan"))),
+        "a version of -infinity": _record(fp, ver=_float(float("-inf"))),
+        "a result that is a number": _record(fp, result=5),
+        "a result digest that is a number": _record(fp, rdig=5),
+        "an attempt id that is a number": _record(fp, aid=5),
     }
 
 
@@ -225,6 +238,7 @@ def test_a_head_answers_only_as_the_whole_script_would_and_writes_nothing(
         for reply in replies:
             assert reply[:2] + reply[3:] == fast[:2] + fast[3:], name  # [2] is the clock
     must = {"completed", "failed", "crafted completed", "no expiry"}
+    must |= {"a generation of -2^53 + 1", "a generation of 2^53 - 1"}  # exact: the rules' too
     if script == "get":
         must |= {"pending", "provisional", "pending with a lease", "a text reason"}
     assert must <= answered
@@ -251,6 +265,14 @@ def test_a_head_answers_only_as_the_whole_script_would_and_writes_nothing(
         "created past 2^63",
         "a lease end past 2^53",
         "updated past 2^53",
+        "a generation of -2^53",
+        "a generation of 2^53",
+        "a version of -0.5",
+        "a version that is NaN",
+        "a version of -infinity",
+        "a result that is a number",
+        "a result digest that is a number",
+        "an attempt id that is a number",
     }
     if script == "reserve":  # a digest that is not 32 bytes is compared by the whole script
         never.add("a short fingerprint")
@@ -276,3 +298,19 @@ def test_a_replay_whose_caller_does_not_match_is_left_to_the_whole_script(
     }
     for what, args in changed.items():
         assert head(keys=base.keys, args=args) == FELL_THROUGH, what
+
+
+@pytest.mark.parametrize("number", [0, 1, 9, 10, 11, 99, 100, 2**53 - 1])
+def test_a_records_small_and_large_numbers_read_back_as_stored(
+    settler: Settler, redis_client: redis.Redis, number: int
+) -> None:
+    """A version, reservation count and fingerprint version read back as stored, by the head
+    (get) and by the whole scripts (get_many, which has none): the prelude's int() writes a
+    digit its own way and every other number with %d, so 9, 10 and the numbers around them
+    are where the two could part."""
+    redis_client.set(
+        settler._core.keys.record("op"), _record(bytes(32), fpv=number, ver=number, n=number)
+    )
+    for got in (settler.get("op"), settler.get_many(["op"])[0]):
+        assert got is not None
+        assert (got.version, got.reservations, got.fingerprint_version) == (number,) * 3

@@ -442,6 +442,10 @@ def _crafted_cases(
             crafted([[None, _float(5.5), *ENTRY[2:]]])
         ),
         "crafted, a word kept as text": Case(crafted([[None, None, b"reserve", *ENTRY[3:]]])),
+        # a word's index past the ends of WORDS, or not whole: the rules call it corrupt
+        "crafted, a word stored as 0": Case(crafted([[None, None, 0, *ENTRY[3:]]])),
+        "crafted, a word stored as 21": Case(crafted([[None, None, *ENTRY[2:4], 21, 0]])),
+        "crafted, a word stored as 5.5": Case(crafted([[None, None, _float(5.5), *ENTRY[3:]]])),
         "crafted, the log expired": Case(crafted(lexp=1)),
         "crafted, no log expiry": Case(crafted(lexp=None)),
         "crafted, the record expired": Case(crafted(rexp=1)),
