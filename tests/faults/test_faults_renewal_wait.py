@@ -80,6 +80,8 @@ class Case:
     held: float
     around: Callable[[EmbeddedRedis], AbstractContextManager[object]]
     during: Callable[[EmbeddedRedis], AbstractContextManager[object]]
+    after: float = 0.0
+    """How long a decorator's settler stays open after the call returned."""
 
 
 def _untouched(replica: EmbeddedRedis) -> AbstractContextManager[object]:
@@ -190,6 +192,7 @@ def _sync_decorator(
         assert settler.get("charge") is None  # its first call's checks, before the replica stops
         with watching(primary.url, namespace, "charge") as reasons, case.around(replica):
             assert charge() == "ch_1"
+        time.sleep(case.after)
     return reasons
 
 
@@ -208,7 +211,9 @@ def _async_decorator(
 
             assert await settler.get("charge") is None  # its first call's checks, as above
             with case.around(replica):
-                return await charge()
+                done = await charge()
+            await asyncio.sleep(case.after)
+            return done
         finally:
             await settler.aclose()
 
@@ -344,3 +349,30 @@ def test_a_renewal_says_how_long_it_waited_for_its_replicas(
         record = settler.get("charge")
         assert record is not None
         assert record.reason is None
+
+
+#: The replica stopped while the function runs (1.5 s) and let go as it returns: the first
+#: renewal, sent a heartbeat (1 s) after the reservation, still waits for it (up to 1 s).
+#: The settler stays open a heartbeat and a half after the call: the renewal comes back, and
+#: a next one would be due.
+IN_FLIGHT_AT_THE_END = Case(3.0, SLOW_REPLICA, 1.5, _untouched, frozen, after=1.5)
+
+
+@pytest.mark.parametrize("surface", ["sync-decorator", "async-decorator"])
+def test_a_renewal_on_its_way_as_the_function_returns_is_logged(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, surface: str
+) -> None:
+    """A renewal sent while the replica was stopped still waits for it when the function
+    returns (and lets the replica go on): the primary extended the lease, the replica
+    acknowledges it, and the heartbeat logs it (``settle.renew.renewed``) on both decorators,
+    and sends nothing after it. The async one cancelled it as the function returned: the
+    renewal, written on the primary, had no event at all, where the sync one's had."""
+    primary, replica = pair
+    with capture_logs() as logs:
+        SURFACES[surface](primary, replica, namespace, IN_FLIGHT_AT_THE_END)
+    events = [e["event"] for e in logs]
+    # Renewed, and no other renewal was sent: before it (none failed) or after it (the
+    # completed record's renewal would be refused: not_pending).
+    assert events.count("settle.renew.renewed") == 1, events
+    assert "settle.operation.heartbeat_failed" not in events, events
+    assert "settle.renew.lost" not in events, events
