@@ -9,6 +9,7 @@ surface's heartbeat: the sync and async decorators, the ASGI and WSGI guards."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
@@ -26,7 +27,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, DurabilityError, Reserved, Settler
+from settle import AsyncSettler, DurabilityError, Reserved, Settler, StaleAttempt
 from settle.asgi import IdempotencyMiddleware as AsgiMiddleware
 from settle.embedded import EmbeddedRedis
 from settle.http.keys import operation_id
@@ -376,3 +377,66 @@ def test_a_renewal_on_its_way_as_the_function_returns_is_logged(
     assert events.count("settle.renew.renewed") == 1, events
     assert "settle.operation.heartbeat_failed" not in events, events
     assert "settle.renew.lost" not in events, events
+
+
+def test_a_renewal_that_comes_back_lost_after_the_call_stops_nothing(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """The async decorator's renewal on its way as the function returns comes back lost
+    (another worker took the key over and completed it): the call has ended, so it stops
+    nothing, as the sync heartbeat's does. Marking the ended attempt lost and expiring its
+    timeout scope, long exited, raised RuntimeError in the heartbeat task, left to the loop
+    as an exception nobody retrieved. The function holds the loop past its lease (the other
+    worker takes over meanwhile), then awaits with the replica stopped: the overdue renewal
+    is refused at once, and its reply waits for the replica until after the function ended."""
+    primary, replica = pair
+    unhandled: list[dict[str, Any]] = []
+    started, done = threading.Event(), threading.Event()
+
+    def take_over() -> None:
+        with Settler.from_url(primary.url, namespace=namespace, shards=4) as other:
+
+            @other.operation(key="job", principal="tenant:acme", name="job", wait=30)
+            def job() -> str:
+                return "second"
+
+            started.wait(10)
+            try:
+                assert job() == "second"
+            finally:
+                done.set()
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: unhandled.append(c))
+        settler = AsyncSettler.from_url(
+            primary.url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=2.0
+        )
+        try:
+
+            @settler.operation(key="job", principal="tenant:acme", name="job", lease=0.6)
+            async def job() -> str:
+                started.set()
+                assert done.wait(10)  # holds the loop: the lease lapses, the key is taken over
+                with frozen(replica):
+                    await asyncio.sleep(0.05)  # the overdue renewal is sent, and waits
+                return "first"
+
+            with pytest.raises(StaleAttempt):
+                await job()
+            await asyncio.sleep(0.5)  # the renewal has come back
+            gc.collect()  # an exception nobody retrieved is reported as its task is freed
+            await asyncio.sleep(0.05)
+        finally:
+            await settler.aclose()
+
+    worker = threading.Thread(target=take_over)
+    worker.start()
+    try:
+        with capture_logs() as logs:
+            asyncio.run(run())
+    finally:
+        worker.join()
+    assert ("settle.renew.lost", "stale_generation") in [
+        (e["event"], e.get("reason")) for e in logs
+    ], logs
+    assert not unhandled, unhandled
