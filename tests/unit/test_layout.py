@@ -222,6 +222,38 @@ def test_a_value_loaded_record_then_log_is_remembered_once() -> None:
         reference._unpacked.cache_clear()
 
 
+def test_a_remembered_value_is_decoded_once_however_often_its_log_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model checker reads the same few values again and again: each is decoded once
+    for its record and once for its log, then served from memory. The branch's one entry a
+    value kept its count of entries with the log decoded again on every read (a mutant):
+    the speed the cache exists for, lost for every script that reads a log."""
+    created = 1_796_244_273_792
+    log = [b"|".join([b"0f" * 16, b"7", b"reserve", b"reserved", b"new", b"%d" % created])]
+    keyspace = reference.MemoryKeyspace(lambda: created)
+    key = "{settle:t}:op:order-1"
+    keyspace.set(key, created, pack(Packed(_pending(created, b"user-1"), None, list(log), None)))
+    decoded: list[bool] = []
+    unpack = reference.layout.unpack
+
+    def counted(blob: bytes, log: bool = True) -> Packed:
+        decoded.append(log)
+        return unpack(blob, log=log)
+
+    monkeypatch.setattr(reference.layout, "unpack", counted)
+    reference._unpacked.cache_clear()
+    try:
+        for lazy in (False, True, False, True):
+            rec, st = reference.load_record(keyspace, key, None, created + 1, lazy=lazy)
+            assert isinstance(rec, dict)
+            assert reference.load_log(st)
+            assert st.log == log
+    finally:
+        reference._unpacked.cache_clear()
+    assert sorted(decoded) == [False, True], decoded
+
+
 def test_a_log_that_does_not_decode_leaves_the_record_readable() -> None:
     """A value whose attempt log does not decode: its record is read (a lazy load, as
     ``get`` makes), its log refused (ValueError: nothing may be written), every time: what
