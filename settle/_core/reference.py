@@ -351,9 +351,28 @@ _REMEMBER_UP_TO = 512
 _REMEMBERED = 1024
 
 
+class _Decoded:
+    """One remembered value: its record part decoded at once, its attempt log when first
+    asked (:func:`layout.unpack` without ``log``, then with it: a log that does not decode
+    must not keep the record from being read). One entry a value, whichever is asked."""
+
+    __slots__ = ("blob", "head", "log")
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.head = layout.unpack(blob, log=False)
+        self.log: list[bytes] | None = None
+
+    def entries(self) -> list[bytes]:
+        """The attempt log's entries (decoded once; raises ValueError, not remembered)."""
+        if self.log is None:
+            self.log = layout.unpack(self.blob).log
+        return self.log
+
+
 @functools.lru_cache(maxsize=_REMEMBERED)
-def _unpacked(blob: bytes, log: bool) -> layout.Packed:
-    return layout.unpack(blob, log=log)
+def _unpacked(blob: bytes) -> _Decoded:
+    return _Decoded(blob)
 
 
 def _unpack(blob: bytes, log: bool = True) -> layout.Packed:
@@ -362,9 +381,10 @@ def _unpack(blob: bytes, log: bool = True) -> layout.Packed:
     the same few values again and again; decoding them in Python was most of their time."""
     if len(blob) > _REMEMBER_UP_TO:
         return layout.unpack(blob, log=log)
-    p = _unpacked(blob, log)
+    d = _unpacked(blob)
+    p = d.head
     record = dict(p.record) if p.record is not None else None
-    return layout.Packed(record, p.record_expires, list(p.log), p.log_expires)
+    return layout.Packed(record, p.record_expires, list(d.entries()) if log else [], p.log_expires)
 
 
 def load_record(

@@ -202,8 +202,9 @@ async def _run(
     # a function that holds the loop before its first await would push it back that long.
     first = loop.time() + run.first
     async with scope:
+        state = _Beat()
         beat = asyncio.create_task(
-            _heartbeat(settler, plan, run, first, lambda: scope.reschedule(loop.time()))
+            _heartbeat(settler, plan, run, first, lambda: scope.reschedule(loop.time()), state)
         )
         try:
             running = plan.enter_run(run.reservation.generation)
@@ -214,11 +215,19 @@ async def _run(
         except BaseException as exc:  # noqa: BLE001  # every outcome is settled, then re-raised
             error = exc
         finally:
-            beat.cancel()
-            try:
-                await asyncio.wait({beat})
-            except asyncio.CancelledError as exc:  # the caller, after fn had finished
-                interrupted = exc
+            state.ended = True
+            if state.sending:
+                # A renewal on its way is not cancelled: it is let finish, and is logged as
+                # the sync heartbeat's is (it may have extended the lease on the primary),
+                # without holding up the call or stopping the attempt (it has ended).
+                _FINISHING.add(beat)
+                beat.add_done_callback(_FINISHING.discard)
+            else:
+                beat.cancel()
+                try:
+                    await asyncio.wait({beat})
+                except asyncio.CancelledError as exc:  # the caller, after fn had finished
+                    interrupted = exc
     lost = attempt._renewal if attempt.lost else None
     if scope.expired():  # our own timeout (or the lost lease) cancelled fn
         # The scope withdrew its own cancellation as it ended: one still requested is the
@@ -238,11 +247,34 @@ async def _run(
     return Ran(value, error, False, lost, interrupted, stopped=attempt.stopped_by(error))
 
 
+#: Heartbeats whose call ended while a renewal was on its way, until it returns (the loop
+#: keeps only a weak reference to a task).
+_FINISHING: set[asyncio.Task[None]] = set()
+
+
+class _Beat:
+    """What a call's heartbeat task and the call tell each other."""
+
+    __slots__ = ("ended", "sending")
+
+    def __init__(self) -> None:
+        self.sending = False
+        """A renewal is on its way (the task awaits the settler)."""
+        self.ended = False
+        """The call's function has ended: nothing is renewed again, nor stopped."""
+
+
 async def _heartbeat(
-    settler: AsyncSettler, plan: Plan, run: Run, due: float, on_lost: Callable[[], None]
+    settler: AsyncSettler,
+    plan: Plan,
+    run: Run,
+    due: float,
+    on_lost: Callable[[], None],
+    state: _Beat,
 ) -> None:
     """Renew ``run``'s lease, the first time at ``due`` (on the loop's clock), then a
-    heartbeat after each renewal was sent."""
+    heartbeat after each renewal was sent, until the call ends (``state.ended``): a renewal
+    on its way then is finished and logged, as the sync heartbeat's is, and nothing after."""
     attempt = run.attempt
     loop = asyncio.get_running_loop()
     while True:
@@ -252,6 +284,7 @@ async def _heartbeat(
         # Call.wait_ms, for a slow replica) would otherwise push every later one back by
         # its wait, and the lease would lapse between renewals under the running function.
         due = loop.time() + run.heartbeat
+        state.sending = True
         try:
             renewal = await settler.renew(run.reservation, lease=run.lease)
         # Transient (BackendError, DurabilityError) or anything else: beat on. A heartbeat
@@ -263,10 +296,12 @@ async def _heartbeat(
                 generation=attempt.generation,
                 error=type(exc).__name__,
             )
-            continue
-        if renewal.renewed:
-            continue
-        if renewal.lapsed(attempt.generation):
+            renewal = None
+        finally:
+            state.sending = False
+        if renewal is None or renewal.renewed:
+            pass
+        elif renewal.lapsed(attempt.generation):
             # Nobody took the key over: the function runs on (its settlement is accepted),
             # and a later renewal that finds a takeover stops it.
             plan.log.warning(
@@ -274,7 +309,9 @@ async def _heartbeat(
                 generation=attempt.generation,
                 reason=renewal.reason,
             )
-            continue
-        attempt.mark_lost(renewal)
-        on_lost()
-        return
+        elif not state.ended:  # a renewal back after the call ended stops nothing
+            attempt.mark_lost(renewal)
+            on_lost()
+            return
+        if state.ended:
+            return

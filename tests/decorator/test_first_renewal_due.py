@@ -17,6 +17,7 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from settle import AsyncSettler, Settler
+from settle._log import operation_digest
 from tests.faults.test_faults_renewal_wait import watching
 
 # (Twice the 3 s, 2.5 s and 1 s first written: beside busy CI workers a process held 0.5 s
@@ -34,17 +35,24 @@ AFTER = 3.0
 
 
 @contextmanager
-def lease_held(redis_url: str, namespace: str, op: str) -> Iterator[list[str | None]]:
+def lease_held(redis_url: str, namespace: str, op: str, renewed: int) -> Iterator[list[str | None]]:
     """The reasons a reader of ``op``'s record saw while the block ran; and, on the
-    primary's clock, no renewal refused for a lease that had ended (``lease_expired``, rule
-    N5) or passed to another generation: that does not depend on how often the reader got a
-    CPU, as a count of its reads did. (A renewal sent as the call completed finds it not
-    pending: no lapse, that.)"""
+    primary's clock, at least ``renewed`` renewals of ``op``'s lease granted
+    (``settle.renew.renewed``) and none refused for a lease that had ended
+    (``lease_expired``, rule N5) or passed to another generation: that does not depend on
+    how often the reader got a CPU, as a count of its reads did, nor on the reader at all
+    (a heartbeat that sends no renewal is refused nothing: only the reader saw its lease
+    lapse). (A renewal sent as the call completed finds it not pending: no lapse, that.)"""
     logs: list[dict[str, Any]]
     with capture_logs() as logs, watching(redis_url, namespace, op) as reasons:
         yield reasons
     lost = [e for e in logs if e["event"] == "settle.renew.lost" and e["reason"] != "not_pending"]
     assert not lost, lost
+    digest = operation_digest(op)
+    granted = [
+        e for e in logs if e["event"] == "settle.renew.renewed" and e["operation_digest"] == digest
+    ]
+    assert len(granted) >= renewed, (len(granted), renewed)
     assert reasons, "the reader never saw the record"
     assert "lease_expired" not in reasons
 
@@ -72,13 +80,16 @@ def test_an_async_function_that_holds_the_loop_first_keeps_its_lease(
         finally:
             await settler.aclose()
 
-    with lease_held(redis_url, namespace, "charge"):
+    # Renewed when the loop is free (5 s) and a heartbeat later (7 s).
+    with lease_held(redis_url, namespace, "charge", renewed=2):
         assert asyncio.run(run()) == "ch_1"
 
 
 def test_a_sync_function_that_blocks_keeps_its_lease(redis_url: str, namespace: str) -> None:
     """The sync decorator's neighbour: its heartbeat threads renew while the function
-    blocks, the first renewal a heartbeat after the reservation was sent."""
+    blocks, the first renewal a heartbeat after the reservation was sent. The primary grants
+    them: with the heartbeat's renewals disabled this passed on the reader's reads alone
+    (nothing sent, nothing refused), and a starved reader would have missed the lapse."""
     with Settler.from_url(redis_url, namespace=namespace, shards=4) as settler:
 
         @settler.operation(key="charge", principal="tenant:acme", lease=LEASE)
@@ -87,7 +98,8 @@ def test_a_sync_function_that_blocks_keeps_its_lease(redis_url: str, namespace: 
             return "ch_1"
 
         assert settler.get("charge") is None
-        with lease_held(redis_url, namespace, "charge"):
+        # Renewals at 2, 4 and 6 s of the 8 s call: two at least, beside a loaded machine.
+        with lease_held(redis_url, namespace, "charge", renewed=2):
             assert charge() == "ch_1"
 
 
@@ -121,7 +133,8 @@ def test_a_nearer_renewal_wakes_a_heartbeat_waiting_for_a_later_one(
         try:
             assert started.wait(10)
             time.sleep(0.2)  # the heartbeat is waiting for the slow lease's renewal
-            with lease_held(redis_url, namespace, "short"):
+            # A renewal every 0.67 s of the 5 s call: three at least, beside a loaded machine.
+            with lease_held(redis_url, namespace, "short", renewed=3):
                 assert short() == "short"
         finally:
             release.set()

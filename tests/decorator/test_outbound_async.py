@@ -480,3 +480,27 @@ async def test_a_caller_cancelled_just_after_the_function_returned_still_settles
     assert record.state is State.COMPLETED  # settled before the cancellation went on
     assert await charge(1) == "charged 1"  # replayed
     assert effects == 1
+
+
+async def test_an_idle_heartbeat_sends_nothing_after_the_call(
+    async_settler: AsyncSettler,
+) -> None:
+    """A call that ends between renewals stops its heartbeat at once: no renewal is sent
+    after it settled (the completed record's would be refused, ``not_pending``: a
+    ``settle.renew.lost`` warning for a call that succeeded). Only a renewal already on its
+    way as the function returns is let finish (``test_faults_renewal_wait``): it reached
+    the primary before the settlement and is granted."""
+
+    @async_settler.operation(key="idle-beat", principal=PRINCIPAL, lease=1.5)
+    async def charge() -> str:
+        await asyncio.sleep(1.25)  # renewed at 0.5 and 1 s: the heartbeat is idle as it ends
+        return "ch_1"
+
+    with capture_logs() as logs:
+        assert await charge() == "ch_1"
+        await asyncio.sleep(1.0)  # two heartbeats: a heartbeat left running renews again
+    renewals = [
+        (e["event"], e.get("reason")) for e in logs if e["event"].startswith("settle.renew.")
+    ]
+    assert ("settle.renew.renewed", None) in renewals, renewals
+    assert ("settle.renew.lost", "not_pending") not in renewals, renewals

@@ -9,6 +9,7 @@ surface's heartbeat: the sync and async decorators, the ASGI and WSGI guards."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
@@ -26,7 +27,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from structlog.testing import capture_logs
 
-from settle import AsyncSettler, DurabilityError, Reserved, Settler
+from settle import AsyncSettler, DurabilityError, Reserved, Settler, StaleAttempt
 from settle.asgi import IdempotencyMiddleware as AsgiMiddleware
 from settle.embedded import EmbeddedRedis
 from settle.http.keys import operation_id
@@ -80,6 +81,8 @@ class Case:
     held: float
     around: Callable[[EmbeddedRedis], AbstractContextManager[object]]
     during: Callable[[EmbeddedRedis], AbstractContextManager[object]]
+    after: float = 0.0
+    """How long a decorator's settler stays open after the call returned."""
 
 
 def _untouched(replica: EmbeddedRedis) -> AbstractContextManager[object]:
@@ -190,6 +193,7 @@ def _sync_decorator(
         assert settler.get("charge") is None  # its first call's checks, before the replica stops
         with watching(primary.url, namespace, "charge") as reasons, case.around(replica):
             assert charge() == "ch_1"
+        time.sleep(case.after)
     return reasons
 
 
@@ -208,7 +212,9 @@ def _async_decorator(
 
             assert await settler.get("charge") is None  # its first call's checks, as above
             with case.around(replica):
-                return await charge()
+                done = await charge()
+            await asyncio.sleep(case.after)
+            return done
         finally:
             await settler.aclose()
 
@@ -344,3 +350,93 @@ def test_a_renewal_says_how_long_it_waited_for_its_replicas(
         record = settler.get("charge")
         assert record is not None
         assert record.reason is None
+
+
+#: The replica stopped while the function runs (1.5 s) and let go as it returns: the first
+#: renewal, sent a heartbeat (1 s) after the reservation, still waits for it (up to 1 s).
+#: The settler stays open a heartbeat and a half after the call: the renewal comes back, and
+#: a next one would be due.
+IN_FLIGHT_AT_THE_END = Case(3.0, SLOW_REPLICA, 1.5, _untouched, frozen, after=1.5)
+
+
+@pytest.mark.parametrize("surface", ["sync-decorator", "async-decorator"])
+def test_a_renewal_on_its_way_as_the_function_returns_is_logged(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, surface: str
+) -> None:
+    """A renewal sent while the replica was stopped still waits for it when the function
+    returns (and lets the replica go on): the primary extended the lease, the replica
+    acknowledges it, and the heartbeat logs it (``settle.renew.renewed``) on both decorators,
+    and sends nothing after it. The async one cancelled it as the function returned: the
+    renewal, written on the primary, had no event at all, where the sync one's had."""
+    primary, replica = pair
+    with capture_logs() as logs:
+        SURFACES[surface](primary, replica, namespace, IN_FLIGHT_AT_THE_END)
+    events = [e["event"] for e in logs]
+    # Renewed, and no other renewal was sent: before it (none failed) or after it (the
+    # completed record's renewal would be refused: not_pending).
+    assert events.count("settle.renew.renewed") == 1, events
+    assert "settle.operation.heartbeat_failed" not in events, events
+    assert "settle.renew.lost" not in events, events
+
+
+def test_a_renewal_that_comes_back_lost_after_the_call_stops_nothing(
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+) -> None:
+    """The async decorator's renewal on its way as the function returns comes back lost
+    (another worker took the key over and completed it): the call has ended, so it stops
+    nothing, as the sync heartbeat's does. Marking the ended attempt lost and expiring its
+    timeout scope, long exited, raised RuntimeError in the heartbeat task, left to the loop
+    as an exception nobody retrieved. The function holds the loop past its lease (the other
+    worker takes over meanwhile), then awaits with the replica stopped: the overdue renewal
+    is refused at once, and its reply waits for the replica until after the function ended."""
+    primary, replica = pair
+    unhandled: list[dict[str, Any]] = []
+    started, done = threading.Event(), threading.Event()
+
+    def take_over() -> None:
+        with Settler.from_url(primary.url, namespace=namespace, shards=4) as other:
+
+            @other.operation(key="job", principal="tenant:acme", name="job", wait=30)
+            def job() -> str:
+                return "second"
+
+            started.wait(10)
+            try:
+                assert job() == "second"
+            finally:
+                done.set()
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: unhandled.append(c))
+        settler = AsyncSettler.from_url(
+            primary.url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=2.0
+        )
+        try:
+
+            @settler.operation(key="job", principal="tenant:acme", name="job", lease=0.6)
+            async def job() -> str:
+                started.set()
+                assert done.wait(10)  # holds the loop: the lease lapses, the key is taken over
+                with frozen(replica):
+                    await asyncio.sleep(0.05)  # the overdue renewal is sent, and waits
+                return "first"
+
+            with pytest.raises(StaleAttempt):
+                await job()
+            await asyncio.sleep(0.5)  # the renewal has come back
+            gc.collect()  # an exception nobody retrieved is reported as its task is freed
+            await asyncio.sleep(0.05)
+        finally:
+            await settler.aclose()
+
+    worker = threading.Thread(target=take_over)
+    worker.start()
+    try:
+        with capture_logs() as logs:
+            asyncio.run(run())
+    finally:
+        worker.join()
+    assert ("settle.renew.lost", "stale_generation") in [
+        (e["event"], e.get("reason")) for e in logs
+    ], logs
+    assert not unhandled, unhandled

@@ -62,12 +62,18 @@ class Answer:
 
 
 class Runs:
-    """How many times each behaviour's handler ran in one shell, and the options the shell
-    guards it with."""
+    """How many times each behaviour's handler ran in one shell, the options the shell
+    guards it with, and the "slow" view's events (see :func:`concurrently`): each shell's
+    own, so a view of an earlier case or shell still running (one that failed or timed out)
+    can neither say it started in this one nor be released by it."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         self.count: dict[str, int] = {}
         self.options = options
+        self.slow_started = threading.Event()
+        """Set once the "slow" view runs."""
+        self.slow_released = threading.Event()
+        """The "slow" view ends once it is set."""
 
     def ran(self, behaviour: str) -> int:
         self.count[behaviour] = self.count.get(behaviour, 0) + 1
@@ -91,11 +97,6 @@ def _answer(behaviour: str, run: int) -> Answer:
             return Answer(201, body, headers)
         case _:
             return Answer(201, body, headers)
-
-
-#: The "slow" view: set once it runs, and it ends once released (see :func:`concurrently`).
-_SLOW_STARTED = threading.Event()
-_SLOW_RELEASED = threading.Event()
 
 
 class PaymentError(Exception):
@@ -132,8 +133,8 @@ def act(behaviour: str, attempt: Attempt, settler: Settler, runs: Runs) -> Answe
         case "late_error" | "late_created":
             time.sleep(TIMEOUT + 0.15)  # then answers without asking check()
         case "slow":
-            _SLOW_STARTED.set()
-            _SLOW_RELEASED.wait(30)  # until the concurrent request has its answer
+            runs.slow_started.set()
+            runs.slow_released.wait(30)  # until the concurrent request has its answer
     return _answer(behaviour, run)
 
 
@@ -160,8 +161,8 @@ async def aact(behaviour: str, attempt: Attempt, settler: Settler, runs: Runs) -
         case "late_error" | "late_created":
             time.sleep(TIMEOUT + 0.15)  # noqa: ASYNC251
         case "slow":
-            _SLOW_STARTED.set()
-            await asyncio.to_thread(_SLOW_RELEASED.wait, 30)
+            runs.slow_started.set()
+            await asyncio.to_thread(runs.slow_released.wait, 30)
     return _answer(behaviour, run)
 
 
@@ -379,7 +380,8 @@ def events(logs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
 
 # -- the cases ---------------------------------------------------------------------------------
 
-Sends = Callable[[httpx.Client, str], list[httpx.Response]]
+#: Sends a case's requests (the client, the key, the shell's :class:`Runs`).
+Sends = Callable[[httpx.Client, str, Runs], list[httpx.Response]]
 
 
 def _post(client: httpx.Client, behaviour: str, key: str, **kw: Any) -> httpx.Response:
@@ -392,43 +394,41 @@ def _post(client: httpx.Client, behaviour: str, key: str, **kw: Any) -> httpx.Re
 def twice(behaviour: str) -> Sends:
     """The request, then its retry with the same key."""
 
-    def send(client: httpx.Client, key: str) -> list[httpx.Response]:
+    def send(client: httpx.Client, key: str, runs: Runs) -> list[httpx.Response]:
         return [_post(client, behaviour, key), _post(client, behaviour, key)]
 
     return send
 
 
 def once(behaviour: str, **kw: Any) -> Sends:
-    def send(client: httpx.Client, key: str) -> list[httpx.Response]:
+    def send(client: httpx.Client, key: str, runs: Runs) -> list[httpx.Response]:
         return [_post(client, behaviour, key, **kw)]
 
     return send
 
 
-def concurrently(client: httpx.Client, key: str) -> list[httpx.Response]:
+def concurrently(client: httpx.Client, key: str, runs: Runs) -> list[httpx.Response]:
     """The second request is sent once the first is in its view, and the first's view ends
     once the second has its answer (or after 30 s, if it went into the view too): a fixed
     head start and a fixed 0.8 s view left a loaded machine room to answer the first before
-    the second arrived."""
-    _SLOW_STARTED.clear()
-    _SLOW_RELEASED.clear()
+    the second arrived. The events are the shell's own (``runs``), made for this case."""
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(_post, client, "slow", key)
         try:
-            assert _SLOW_STARTED.wait(30), "the first request never reached its view"
+            assert runs.slow_started.wait(30), "the first request never reached its view"
             second = pool.submit(_post, client, "slow", key)
             wait([second], timeout=30)
         finally:
-            _SLOW_RELEASED.set()
+            runs.slow_released.set()
         # Whichever reserved first answers 201, the other 409.
         return sorted([first.result(), second.result()], key=lambda a: a.status_code)
 
 
-def mismatched(client: httpx.Client, key: str) -> list[httpx.Response]:
+def mismatched(client: httpx.Client, key: str, runs: Runs) -> list[httpx.Response]:
     return [_post(client, "created", key), _post(client, "created", key, body=b'{"amount": 2}')]
 
 
-def another_principal(client: httpx.Client, key: str) -> list[httpx.Response]:
+def another_principal(client: httpx.Client, key: str, runs: Runs) -> list[httpx.Response]:
     return [
         _post(client, "created", key),
         _post(client, "created", key, principal="tenant:umbrella"),
@@ -483,7 +483,7 @@ def observe(shell: str, case: str, settler: Settler, async_settler: AsyncSettler
     runs = Runs({**OPTIONS, "timeout": timeout})
     key = f"k-{case.replace(' ', '-')}"
     with capture_logs() as logs, served(shell, settler, async_settler, runs) as client:
-        answers = CASES[case](client, key)
+        answers = CASES[case](client, key, runs)
         time.sleep(0.05)  # an ASGI settlement after the last byte went out
     observed = {
         "answers": [seen(a) for a in answers],

@@ -196,6 +196,86 @@ def test_a_value_loaded_twice_is_two_records_whatever_the_first_script_changed()
         assert st2.log == log
 
 
+def test_a_value_loaded_record_then_log_is_remembered_once() -> None:
+    """A script loads a value's record, then its attempt log (at once, or lazily when it
+    needs it): the reference model remembers the value once, not once for each. It held two
+    entries a value (the record alone, then record and log, each decoded from the start), so
+    its 1024 remembered values were 512 (half the model checker's values decoded again)."""
+    created = 1_796_244_273_792
+    log = [b"|".join([b"0f" * 16, b"7", b"reserve", b"reserved", b"new", b"%d" % created])]
+    keyspace = reference.MemoryKeyspace(lambda: created)
+    keys = ["{settle:t}:op:order-1", "{settle:t}:op:order-2"]
+    for key in keys:
+        record = _pending(created, key[-7:].encode())
+        keyspace.set(key, created, pack(Packed(record, None, list(log), None)))
+    reference._unpacked.cache_clear()
+    try:
+        for key, lazy in zip(keys, (False, True), strict=True):
+            for _ in range(2):
+                rec, st = reference.load_record(keyspace, key, None, created + 1, lazy=lazy)
+                assert isinstance(rec, dict)
+                assert reference.load_log(st)
+                assert st.log == log
+        info = reference._unpacked.cache_info()
+        assert (info.currsize, info.misses) == (2, 2), info
+    finally:
+        reference._unpacked.cache_clear()
+
+
+def test_a_remembered_value_is_decoded_once_however_often_its_log_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model checker reads the same few values again and again: each is decoded once
+    for its record and once for its log, then served from memory. The branch's one entry a
+    value kept its count of entries with the log decoded again on every read (a mutant):
+    the speed the cache exists for, lost for every script that reads a log."""
+    created = 1_796_244_273_792
+    log = [b"|".join([b"0f" * 16, b"7", b"reserve", b"reserved", b"new", b"%d" % created])]
+    keyspace = reference.MemoryKeyspace(lambda: created)
+    key = "{settle:t}:op:order-1"
+    keyspace.set(key, created, pack(Packed(_pending(created, b"user-1"), None, list(log), None)))
+    decoded: list[bool] = []
+    unpack = reference.layout.unpack
+
+    def counted(blob: bytes, log: bool = True) -> Packed:
+        decoded.append(log)
+        return unpack(blob, log=log)
+
+    monkeypatch.setattr(reference.layout, "unpack", counted)
+    reference._unpacked.cache_clear()
+    try:
+        for lazy in (False, True, False, True):
+            rec, st = reference.load_record(keyspace, key, None, created + 1, lazy=lazy)
+            assert isinstance(rec, dict)
+            assert reference.load_log(st)
+            assert st.log == log
+    finally:
+        reference._unpacked.cache_clear()
+    assert sorted(decoded) == [False, True], decoded
+
+
+def test_a_log_that_does_not_decode_leaves_the_record_readable() -> None:
+    """A value whose attempt log does not decode: its record is read (a lazy load, as
+    ``get`` makes), its log refused (ValueError: nothing may be written), every time: what
+    the model remembers of the value is the record, not the refusal."""
+    created = 1_796_244_273_792
+    good = pack(Packed(_pending(created, b"user-1"), None, [], None))
+    # One log entry of six values whose time is missing (nil): the Lua refuses the log.
+    entry = b"\xc0" * 6
+    blob = good + entry
+    keyspace = reference.MemoryKeyspace(lambda: created)
+    key = "{settle:t}:op:order-1"
+    keyspace.set(key, created, blob)
+    reference._unpacked.cache_clear()
+    try:
+        for _ in range(2):
+            rec, st = reference.load_record(keyspace, key, None, created + 1, lazy=True)
+            assert isinstance(rec, dict)
+            assert not reference.load_log(st)
+    finally:
+        reference._unpacked.cache_clear()
+
+
 def test_the_remembered_values_of_a_memory_settler_stay_a_few_megabytes() -> None:
     """The decoded values the reference model remembers are process-wide, kept after every
     MemorySettler is gone: with attempt logs as long as ``attempt_log_size`` allows, packed as
