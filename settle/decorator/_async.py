@@ -43,6 +43,7 @@ from settle.models import Action, Settlement
 
 if TYPE_CHECKING:
     from settle._async.settler import AsyncSettler
+    from settle.attempt import Attempt
 
 __all__ = [
     "AsyncOperation",
@@ -264,6 +265,15 @@ class _Beat:
         """The call's function has ended: nothing is renewed again, nor stopped."""
 
 
+def _warn(plan: Plan, event: str, attempt: Attempt, **fields: Any) -> None:
+    """Log ``event`` for the heartbeat of ``attempt``. A log line that cannot be written (an
+    application's processor that raises, a closed stream) is dropped, as the sync
+    heartbeat's (``_Beating.warn``): it must not end the task that renews the lease, least
+    of all in an outage, when every renewal fails and is logged."""
+    with contextlib.suppress(Exception):
+        plan.log.warning(event, generation=attempt.generation, **fields)
+
+
 async def _heartbeat(
     settler: AsyncSettler,
     plan: Plan,
@@ -291,11 +301,7 @@ async def _heartbeat(
         # that stopped would let the lease lapse under a running function, and a second
         # caller would run it again. (A cancellation is not an Exception: it stops here.)
         except Exception as exc:  # noqa: BLE001
-            plan.log.warning(
-                "settle.operation.heartbeat_failed",
-                generation=attempt.generation,
-                error=type(exc).__name__,
-            )
+            _warn(plan, "settle.operation.heartbeat_failed", attempt, error=type(exc).__name__)
             renewal = None
         finally:
             state.sending = False
@@ -304,11 +310,7 @@ async def _heartbeat(
         elif renewal.lapsed(attempt.generation):
             # Nobody took the key over: the function runs on (its settlement is accepted),
             # and a later renewal that finds a takeover stops it.
-            plan.log.warning(
-                "settle.operation.lease_lapsed",
-                generation=attempt.generation,
-                reason=renewal.reason,
-            )
+            _warn(plan, "settle.operation.lease_lapsed", attempt, reason=renewal.reason)
         elif not state.ended:  # a renewal back after the call ended stops nothing
             attempt.mark_lost(renewal)
             on_lost()

@@ -7,17 +7,20 @@ SIGSTOP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-from structlog.testing import capture_logs
+from structlog.testing import LogCapture, capture_logs
 
 from settle import AsyncSettler, DurabilityError, Settler, State
 from settle._core.scripts import SCRIPTS
@@ -209,16 +212,46 @@ def test_a_request_whose_reservation_was_not_acknowledged_runs_on_its_retry(
         _guarded_calls(base, "/payments", ledger, replica)
 
 
+@contextlib.contextmanager
+def _logs(failing_sink: bool) -> Iterator[list[dict[str, Any]]]:
+    """``capture_logs()``; with ``failing_sink`` behind a processor that raises on every
+    ``settle.operation.*`` line (an application's log pipeline that fails): the heartbeat
+    logs one for each renewal that fails, and must beat on."""
+    if not failing_sink:
+        with capture_logs() as logs:
+            yield logs
+        return
+
+    def refuse(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        if str(event["event"]).startswith("settle.operation."):
+            raise RuntimeError("the log sink is down")
+        return event
+
+    capture = LogCapture()
+    processors = structlog.get_config()["processors"]
+    before = list(processors)
+    processors[:] = [refuse, capture]  # in place, as capture_logs: cached loggers see it
+    structlog.configure(processors=processors)
+    try:
+        yield capture.entries
+    finally:
+        processors[:] = before
+        structlog.configure(processors=processors)
+
+
 @pytest.mark.asyncio
+@pytest.mark.parametrize("failing_sink", [False, True], ids=["", "a-log-sink-that-raises"])
 async def test_an_async_heartbeat_whose_renewals_wait_for_a_replica_keeps_the_lease(
-    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str
+    pair: tuple[EmbeddedRedis, EmbeddedRedis], namespace: str, failing_sink: bool
 ) -> None:
     """With ``min_replicas`` a renewal waits up to ``replica_timeout`` for the replica. The
     async heartbeat slept ``lease / 3`` after each renewal returned, so a renewal that
     waited pushed every later one back: with a 0.9 s wait on a 1.2 s lease, renewals went
     1.3 s apart and the lease lapsed between them under the running function (another
     caller could take the key over). The sync heartbeat sends the next one ``lease / 3``
-    after the last was sent; so does the async one now."""
+    after the last was sent; so does the async one now. Its log line of a failed renewal
+    (``heartbeat_failed``) is dropped when it cannot be written, as the sync one's: a
+    processor that raised ended the heartbeat at the first failed renewal."""
     primary, replica = pair
     settler = AsyncSettler.from_url(
         primary.url, namespace=namespace, shards=4, min_replicas=1, replica_timeout=0.9
@@ -242,7 +275,7 @@ async def test_an_async_heartbeat_whose_renewals_wait_for_a_replica_keeps_the_le
 
         watcher = asyncio.create_task(watch())
         try:
-            with capture_logs() as logs:
+            with _logs(failing_sink) as logs:
                 assert await charge() == "ch_1"
         finally:
             watcher.cancel()
