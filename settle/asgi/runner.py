@@ -343,13 +343,12 @@ class AttemptRunner:
             due = loop.time() + heartbeat.interval(self._lease)
             try:
                 renewal = await self._settler.renew(self._reservation, lease=self._lease)
-            except SettleError as exc:  # transient (BackendError, DurabilityError): beat on
-                self._guard.renew_failed(exc)
-            # Anything else too: a heartbeat that stopped would let the lease lapse under a
-            # running handler, and a retry would run it again. (A cancellation is not an
-            # Exception: it stops here.)
+            # Transient (BackendError, DurabilityError) or anything else: beat on. A heartbeat
+            # that stopped would let the lease lapse under a running handler, and a retry
+            # would run it again; so would one that stopped at a log line it could not write
+            # (the guard drops it). (A cancellation is not an Exception: it stops here.)
             except Exception as exc:  # noqa: BLE001
-                self._guard.log.warning("settle.http.renew_failed", error=type(exc).__name__)
+                self._guard.renew_failed(exc)
             else:
                 if self._phase in (_Phase.FINISHING, _Phase.SETTLED):
                     # The settlement is under way or written, and decides: a renewal sent as

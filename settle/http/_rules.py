@@ -674,7 +674,7 @@ class Guard:
         if renewal.renewed or renewal.reason == QuarantineKind.UNKNOWN_OPERATION.value:
             return True
         if renewal.lapsed(run.reservation.generation):
-            self.log.warning("settle.http.lease_lapsed", reason=renewal.reason)
+            self._warn("settle.http.lease_lapsed", reason=renewal.reason)
             return True
         self.lease_lost(renewal.reason)
         return False
@@ -689,10 +689,7 @@ class Guard:
         response is sent unstored at settlement (``settle.http.record_lost``)."""
         if renewal.renewed or renewal.reason != QuarantineKind.UNKNOWN_OPERATION.value:
             return False
-        # The sync guards ask this from a renewer thread: a line that cannot be written (a
-        # processor that raises) must neither end that thread nor change the answer.
-        with contextlib.suppress(Exception):
-            self.log.warning("settle.http.renew_failed", reason=renewal.reason)
+        self._warn("settle.http.renew_failed", reason=renewal.reason)
         return True
 
     def runs_on(self, renewal: Renewal) -> bool:
@@ -706,15 +703,23 @@ class Guard:
         if self.record_gone(renewal):
             return True
         if not self._ended:
-            with contextlib.suppress(Exception):
-                self.lease_lost(renewal.reason)
+            self.lease_lost(renewal.reason)
         return False
 
     def lease_lost(self, reason: str | None) -> None:
-        self.log.warning("settle.http.lease_lost", reason=reason)
+        self._warn("settle.http.lease_lost", reason=reason)
 
-    def renew_failed(self, exc: SettleError) -> None:
-        self.log.warning("settle.http.renew_failed", error=type(exc).__name__)
+    def renew_failed(self, exc: Exception) -> None:
+        self._warn("settle.http.renew_failed", error=type(exc).__name__)
+
+    def _warn(self, event: str, **fields: Any) -> None:
+        """Log a renewal's warning. Asked from a heartbeat (the sync guards' renewer thread,
+        the ASGI runner's task): a line that cannot be written (an application's processor
+        that raises, a closed stream) is dropped, as the decorator's heartbeats drop theirs.
+        It must neither end the heartbeat, which would let the lease lapse under the running
+        handler, nor change the answer (a lost lease not marked lost would run on)."""
+        with contextlib.suppress(Exception):
+            self.log.warning(event, **fields)
 
     def escaping(self, exc: SettleError) -> None:
         """Ready ``exc`` to leave the middleware, which lets it through (the server answers

@@ -29,6 +29,7 @@ from settle.errors import InvalidInput
 from tests.cluster.split_cluster import SHARDS, split_cluster
 from tests.decorator.payments import PRINCIPAL, ChargeRequest, Receipt, async_charge
 from tests.decorator.provider import Provider
+from tests.log_sink import logs_behind_a_failing_sink
 
 pytestmark = pytest.mark.asyncio
 
@@ -327,14 +328,18 @@ async def test_a_lease_that_only_lapsed_lets_the_function_finish_and_commit(
     assert await async_settler.quarantine.list(operation_id="job:1") == []
 
 
+@pytest.mark.parametrize("failing_sink", [False, True], ids=["", "a-log-sink-that-raises"])
 @pytest.mark.parametrize("then", ["works on", "returns"])
 async def test_a_takeover_after_the_lease_lapsed_still_stops_the_attempt(
-    async_settler: AsyncSettler, settler: Settler, then: str
+    async_settler: AsyncSettler, settler: Settler, then: str, failing_sink: bool
 ) -> None:
     """The heartbeat finds the lease lapsed and lets the function run on; then another
     worker takes the key over and completes it. A function that works on is cancelled at
     its next heartbeat (it settles nothing); one that returns first has its late
-    completion quarantined. The caller gets ``StaleAttempt`` either way."""
+    completion quarantined. The caller gets ``StaleAttempt`` either way. A
+    ``lease_lapsed`` line that cannot be written (a processor that raises) is dropped, as
+    the sync heartbeat's: raised, it ended the heartbeat task, and a function working on
+    was never stopped (it ran its 10 s beside the worker that had taken its key over)."""
     started, done = threading.Event(), threading.Event()
     seen: list[bool] = []
     generations: list[int] = []
@@ -356,7 +361,8 @@ async def test_a_takeover_after_the_lease_lapsed_still_stops_the_attempt(
             raise
         return "first"
 
-    with capture_logs() as logs:
+    refused = ("settle.operation.lease_lapsed",) if failing_sink else ()
+    with logs_behind_a_failing_sink(refused) as logs:
         stale = await _stale_beside_a_takeover(job, settler, started, done)
 
     events = [e["event"] for e in logs]

@@ -19,6 +19,7 @@ from settle.asgi import IdempotencyMiddleware
 from settle.asgi.keys import operation_id
 from settle.http.stored import StoredResponse
 from tests.http.apps import post_scope as _scope
+from tests.log_sink import logs_behind_a_failing_sink
 
 pytestmark = pytest.mark.asyncio
 
@@ -731,13 +732,16 @@ async def test_a_handler_whose_lease_only_lapsed_finishes_and_is_stored(
     assert await async_settler.quarantine.list(operation_id=_op("k-lapsed")) == []
 
 
+@pytest.mark.parametrize("failing_sink", [False, True], ids=["", "a-log-sink-that-raises"])
 async def test_a_takeover_after_the_lease_lapsed_still_stops_the_handler(
-    async_settler: AsyncSettler,
+    async_settler: AsyncSettler, failing_sink: bool
 ) -> None:
     """The heartbeat finds the lease lapsed and lets the handler run on; then a retry takes
     the key over and completes it. The next renewal finds the takeover: the handler is
     stopped and its client answered 409 ``attempt-superseded``, as for any lost lease; the
-    retry's completion stands."""
+    retry's completion stands. Its ``lease_lapsed`` and ``lease_lost`` lines are dropped
+    when they cannot be written (a processor that raises), as the sync guard's: raised,
+    one ended the heartbeat task, and the handler was never stopped."""
     stopped: list[bool] = []
 
     async def works_on() -> None:
@@ -752,7 +756,8 @@ async def test_a_takeover_after_the_lease_lapsed_still_stops_the_handler(
         app, settler=async_settler, principal=lambda scope: "tenant:a", lease=0.3
     )
     first = _Client()
-    with capture_logs() as logs:
+    refused = ("settle.http.lease_lapsed", "settle.http.lease_lost") if failing_sink else ()
+    with logs_behind_a_failing_sink(refused) as logs:
         task = asyncio.create_task(mw(_scope(b"k-lapsed-taken"), first.receive, first.send))
         lapsed = asyncio.create_task(app.lapsed.wait())
         await asyncio.wait({task, lapsed}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
