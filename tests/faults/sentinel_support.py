@@ -6,6 +6,7 @@ Sentinel (the fault tests and the benchmarks' deployment rows use it)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -38,20 +39,45 @@ class LocalSentinel(EmbeddedRedis):
             f"sentinel failover-timeout {SERVICE} 10000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        self._conf = conf
+        self._conf = conf  # a test may edit it before start(), which only sets its port
 
     def start(self, timeout: float = 10.0) -> LocalSentinel:
-        log = (self.directory / "redis.log").open("ab")
-        self.process = subprocess.Popen(
-            [self.binary, str(self._conf), "--sentinel", "--loglevel", "notice"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
+        """Start it on a free port. Another process (a parallel test worker, the other leg
+        of ``.ci/run``) can take that port between ``free_port()`` and the sentinel's bind:
+        then another port is chosen, as :meth:`EmbeddedRedis.start` does for a server."""
+        for _ in range(4):
+            if self._start_once_on_port(timeout):
+                return self
+            self.port = free_port()
+        raise RuntimeError(f"the sentinel found every port it chose taken ({self.port})")
+
+    def _start_once_on_port(self, timeout: float) -> bool:
+        """True once it answers on ``self.port``; False when the port was taken (it exited
+        saying so, or another process's server answers there)."""
+        text = self._conf.read_text()
+        self._conf.write_text(re.sub(r"^port \d+$", f"port {self.port}", text, count=1, flags=re.M))
+        path = self.directory / "redis.log"
+        before = path.stat().st_size if path.exists() else 0
+        with path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [self.binary, str(self._conf), "--sentinel", "--loglevel", "notice"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._answering_pid() == self.process.pid:  # its own, not another's
-                return self
+            if self.process.poll() is not None:
+                said = path.read_bytes()[before:].decode(errors="replace")
+                self.process = None
+                if "Address already in use" in said:
+                    return False
+                raise RuntimeError(f"the sentinel exited: {said[-500:]}")
+            answering = self._answering_pid()
+            if answering == self.process.pid:  # its own, not another's
+                return True
+            if isinstance(answering, int):  # another process's server holds the port
+                self.stop()
+                return False
             time.sleep(0.02)
         raise RuntimeError("the sentinel did not answer")
 
