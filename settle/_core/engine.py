@@ -23,7 +23,7 @@ from settle._core.layout import hex_arg, stored_arg, stored_digest
 from settle._input import is_decimal, is_utf8
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
-from settle._runtime.calls import Call, Unacknowledged
+from settle._runtime.calls import Call, Unacknowledged, packs_plain
 from settle.config import CLAIM_GRACE_MS, MAX_SHARDS, SettleConfig
 from settle.errors import (
     BindingMismatch,
@@ -213,6 +213,19 @@ class Core:
         self._quarantine_args = (
             self.config.quarantine_payload_bytes,
             self.config.quarantine_maxlen or "",
+        )
+        #: Whether the config's numbers that every reserve and settlement sends are ones
+        #: hiredis packs as they are (:func:`packs_plain`; ``quarantine_payload_bytes`` has
+        #: no upper bound): then those calls, whose other arguments are the text, bytes and
+        #: bounded integers their planners checked or made, are marked ``plain``.
+        self._plain = packs_plain(
+            (
+                self._lease_ms,
+                self._retention_ms,
+                self._attempt_log_size,
+                self._shards,
+                *self._quarantine_args,
+            )
         )
         #: (shard, record key, log key) of recent operations: a settlement follows its
         #: reserve, and hashing the id again costs as much as the rest of its keys.
@@ -479,7 +492,7 @@ class Core:
                 self._attempt_log_size,
             ),
         )
-        return Call("reserve", keys, args, operation_id=op, attempt_id=aid)
+        return Call("reserve", keys, args, operation_id=op, attempt_id=aid, plain=self._plain)
 
     def decode_reserve(self, call: Call, raw: Any) -> Reserved | Replay | InProgress:
         reply = codec.parse_reply(raw)
@@ -644,6 +657,7 @@ class Core:
             attempt_id=r.attempt_id,
             action=action,
             shard=shard,
+            plain=self._plain,
         )
 
     def decode_settlement(self, call: Call, raw: Any) -> Settlement:
