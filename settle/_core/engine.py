@@ -99,12 +99,24 @@ SINCE_SLACK_MS = 1000
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number of seconds", operation_id=operation_id)
-    if not 0 < value <= MAX_LEASE:
+    # In milliseconds from the number as an exact float: a subclass's own arithmetic (an
+    # int or float subclass whose ``__mul__`` or ``__round__`` answers what it likes) made
+    # its answer the ms sent, an integer beyond 64 bits among them, which hiredis crashes the
+    # process on (a reserve's call is packed without a look at its arguments: Call.plain).
+    try:
+        ms = round(float(value) * 1000)
+    except (TypeError, ValueError, OverflowError):  # not the number it compared as
+        ms = -1
+    if not 0 < value <= MAX_LEASE or not 0 <= ms <= MAX_LEASE * 1000:
+        try:
+            got = f", got {value}"
+        except ValueError:  # an integer of more digits than Python makes text of
+            got = ""
         raise InvalidInput(
-            f"{what} must be more than 0 and at most {MAX_LEASE} seconds, got {value}",
+            f"{what} must be more than 0 and at most {MAX_LEASE} seconds{got}",
             operation_id=operation_id,
         )
-    return max(1, round(value * 1000))
+    return max(1, ms)
 
 
 def _check_flag(value: object, name: str) -> bool:

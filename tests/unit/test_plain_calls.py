@@ -12,6 +12,8 @@ import textwrap
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import Connection
 
@@ -101,12 +103,263 @@ def test_a_config_number_hiredis_cannot_pack_is_refused_not_a_crash(redis_url: s
     """An integer of over 4,300 digits in the config: each settlement refuses it with
     Python's ValueError (the look makes its text), as before the mark; marked plain, hiredis
     packed it and the process died of a segmentation fault."""
+    assert "refused: Exceeds the limit (4300 digits)" in _survived(_HUGE, redis_url)
+
+
+def _survived(script: str, redis_url: str) -> str:
+    """What ``script`` printed, run in a process of its own (a crash in hiredis ends it)
+    that must end well."""
     done: Any = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_HUGE), redis_url],
+        [sys.executable, "-c", textwrap.dedent(script), redis_url],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "refused: Exceeds the limit (4300 digits)" in done.stdout
+    return str(done.stdout)
+
+
+# -- every argument of every plain call, over odd inputs -------------------------------------
+
+
+class _MulInt(int):
+    """An int whose arithmetic answers what it likes: ``lease * 1000`` is 10**5000."""
+
+    def __mul__(self, other: object) -> Any:
+        return 10**5000
+
+
+class _MulFloat(float):
+    def __mul__(self, other: object) -> Any:
+        return 10**5000
+
+
+class _ViewFloat(float):
+    def __mul__(self, other: object) -> Any:
+        return memoryview(b"abcdef")[::2]
+
+
+class _RoundFloat(float):
+    """``round(lease * 1000)`` of its own: a product of its own class rounds to 10**5000."""
+
+    def __mul__(self, other: object) -> Any:
+        return _RoundFloat(float(self) * 1000)
+
+    def __round__(self, ndigits: object = None) -> Any:
+        return 10**5000
+
+
+class _Lying(int):
+    """An int that is within every bound it is compared with, whatever it holds."""
+
+    def __lt__(self, other: object) -> bool:
+        return True
+
+    def __le__(self, other: object) -> bool:
+        return True
+
+    def __gt__(self, other: object) -> bool:
+        return True
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+
+class _OddInt(int):
+    def __index__(self) -> int:
+        return 10**5000
+
+    def __str__(self) -> str:
+        return "x" * 5000
+
+    __repr__ = __str__
+
+
+class _OddStr(str):
+    def __str__(self) -> str:
+        return "other"
+
+
+class _OddBytes(bytes):
+    def __bytes__(self) -> bytes:
+        return b"other"
+
+
+_NUMBERS = st.one_of(
+    st.integers(),
+    st.floats(),
+    st.booleans(),
+    st.sampled_from(
+        [
+            None,
+            2**63,
+            -(2**63) - 1,
+            10**5000,
+            _MulInt(5),
+            _MulFloat(30.0),
+            _ViewFloat(30.0),
+            _RoundFloat(30.0),
+            _Lying(10**5000),
+            _Lying(2**70),
+            _OddInt(7),
+            memoryview(b"12"),
+            bytearray(b"12"),
+            "12",
+            _OddStr("12"),
+        ]
+    ),
+)
+_TEXTS = st.one_of(
+    st.text(min_size=1, max_size=8),
+    st.sampled_from(["op-1", _OddStr("op-1"), "a:1", _OddStr("a:1"), "ab" * 32]),
+)
+_RESULTS = st.one_of(
+    st.binary(max_size=8),
+    st.sampled_from(
+        [
+            memoryview(b"abcdef")[::2],
+            memoryview(b"abcdef"),
+            bytearray(b"abc"),
+            _OddBytes(b"abc"),
+            {"n": 10**5000},
+            {"n": 2**70},
+            [1, 2.5, "x"],
+        ]
+    ),
+)
+_CONFIG_FIELDS = (
+    "lease",
+    "retention",
+    "attempt_log_size",
+    "shards",
+    "quarantine_payload_bytes",
+    "quarantine_maxlen",
+)
+
+
+def _planned(core: Core, data: Any) -> Call:
+    """One reserve or settlement planned from drawn inputs (of any type: a planner refuses
+    what it cannot send)."""
+    op = data.draw(_TEXTS)
+    kind = data.draw(st.sampled_from(["reserve", "complete", "fail", "mark_provisional"]))
+    if kind == "reserve":
+        return core.plan_reserve(
+            op,
+            data.draw(_RESULTS),
+            principal=data.draw(_TEXTS),
+            lease=data.draw(_NUMBERS),
+            fingerprint=data.draw(st.sampled_from([None, "0" * 64, _OddStr("0" * 64)])),
+            attempt_id=data.draw(st.one_of(st.none(), _TEXTS)),
+        )
+    reservation = Reservation.model_construct(
+        operation_id=op,
+        fingerprint=data.draw(st.sampled_from(["ab" * 32, _OddStr("ab" * 32)])),
+        fingerprint_version=data.draw(_NUMBERS),
+        binding=data.draw(_TEXTS),
+        generation=data.draw(_NUMBERS),
+        attempt_id=data.draw(_TEXTS),
+    )
+    expected = data.draw(_NUMBERS)
+    if kind == "complete":
+        return core.plan_complete(reservation, data.draw(_RESULTS), expected_version=expected)
+    if kind == "fail":
+        return core.plan_fail(reservation, ValueError(data.draw(_TEXTS)), expected_version=expected)
+    return core.plan_mark_provisional(reservation, data.draw(_TEXTS), expected_version=expected)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_no_input_reaches_a_plain_call_in_a_form_the_look_would_change(data: Any) -> None:
+    """Whatever a caller passes (numbers of any class, text and bytes subclasses, views)
+    and whatever the config holds (``model_copy(update=...)`` skips its checks), a call the
+    core marks plain holds nothing the lane's look would convert or send another way (an
+    integer beyond 64 bits, a memoryview): packed unlooked, it is the same bytes as looked
+    at. A float whose ``__mul__`` answered 10**5000 made a reserve's lease that integer,
+    sent unlooked, and hiredis crashed the process."""
+    config = SettleConfig()
+    if data.draw(st.booleans()):
+        field = data.draw(st.sampled_from(_CONFIG_FIELDS))
+        config = config.model_copy(update={field: data.draw(_NUMBERS)})
+    try:
+        core = Core(config)
+        call = _planned(core, data)
+    except Exception:
+        return
+    if not call.plain:
+        return
+    command = ("EVALSHA", "0" * 40, len(call.keys), *call.keys, *call.args)
+    assert packs_plain(command), [type(a).__name__ for a in command]
+    for conn in (Connection(), AsyncConnection()):
+        try:
+            looked = pack_command(conn, command)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                pack_command(conn, command, plain=True)
+            continue
+        assert pack_command(conn, command, plain=True) == looked
+
+
+def test_a_config_copied_with_a_number_beyond_64_bits_marks_nothing() -> None:
+    """A config's numbers are read once, when the core is made: a number set on it after
+    (``object.__setattr__`` past the frozen model) is not what its calls send."""
+    config = SettleConfig().model_copy(update={"lease": _MulFloat(30.0)})
+    assert config.lease_ms == 10**5000
+    assert not any(call.plain for call in _calls(Core(config)))
+    config = SettleConfig()
+    core = Core(config)
+    object.__setattr__(config, "quarantine_payload_bytes", 10**5000)
+    for call in _calls(core):
+        assert call.plain
+        assert 10**5000 not in call.args
+
+
+_LEASE = """
+import asyncio, os, sys
+from settle import AsyncSettler, Reserved, Settler
+from settle.errors import InvalidInput
+
+class Lease(float):
+    def __mul__(self, other):
+        return 10**5000
+
+class Lying(int):
+    __lt__ = __le__ = __gt__ = __ge__ = lambda self, other: True
+
+def sync() -> None:
+    settler = Settler.from_url(sys.argv[1], namespace="lease-" + os.urandom(4).hex())
+    try:
+        got = settler.reserve("op-1", {"a": 1}, principal="svc", lease=Lease(30.0))
+        print("reserved:", isinstance(got, Reserved))
+        try:
+            settler.reserve("op-2", {"a": 1}, principal="svc", lease=Lying(10**5000))
+        except InvalidInput as exc:
+            print("refused:", type(exc).__name__)
+    finally:
+        settler.close()
+
+async def main() -> None:
+    settler = AsyncSettler.from_url(sys.argv[1], namespace="lease-" + os.urandom(4).hex())
+    try:
+        got = await settler.reserve("op-1", {"a": 1}, principal="svc", lease=Lease(30.0))
+        print("reserved:", isinstance(got, Reserved))
+        try:
+            await settler.reserve("op-2", {"a": 1}, principal="svc", lease=Lying(10**5000))
+        except InvalidInput as exc:
+            print("refused:", type(exc).__name__)
+    finally:
+        await settler.aclose()
+
+sync()
+asyncio.run(main())
+"""
+
+
+def test_a_lease_whose_own_arithmetic_is_huge_is_not_a_crash(redis_url: str) -> None:
+    """A lease of a float subclass whose ``__mul__`` answers 10**5000 passed the bounds
+    check and became the lease's ms: sent in a plain reserve, hiredis crashed the process
+    (sync and async). Its ms are those of the number it is (30 s), and an int that lies
+    in every comparison is refused with InvalidInput, nothing sent."""
+    lines = _survived(_LEASE, redis_url).splitlines()
+    assert lines.count("reserved: True") == 2, lines
+    assert lines.count("refused: InvalidInput") == 2, lines
