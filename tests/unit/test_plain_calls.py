@@ -363,3 +363,46 @@ def test_a_lease_whose_own_arithmetic_is_huge_is_not_a_crash(redis_url: str) -> 
     lines = _survived(_LEASE, redis_url).splitlines()
     assert lines.count("reserved: True") == 2, lines
     assert lines.count("refused: InvalidInput") == 2, lines
+
+
+_LANES = """
+import asyncio, os, sys
+from settle import AsyncSettler, Settler
+
+ECHO = "return ARGV[1]"
+
+async def batch() -> None:
+    settler = AsyncSettler.from_url(sys.argv[1], namespace="lane-" + os.urandom(4).hex())
+    try:
+        lane = settler._runner._lane  # white box: the lane's own execute
+        got = await asyncio.gather(
+            *(
+                lane.execute("EVAL", ECHO, 0, 10**5000) if n == 5 else
+                lane.execute("EVAL", ECHO, 0, b"x", plain=True)
+                for n in range(16)
+            ),
+            return_exceptions=True,
+        )
+        print("async:", [g if isinstance(g, bytes) else type(g).__name__ for g in got])
+    finally:
+        await settler.aclose()
+
+settler = Settler.from_url(sys.argv[1], namespace="lane-" + os.urandom(4).hex())
+try:
+    settler._runner._lane.execute("EVAL", ECHO, 0, 10**5000)
+except ValueError as exc:
+    print("sync:", type(exc).__name__)
+finally:
+    settler.close()
+asyncio.run(batch())
+"""
+
+
+def test_each_lane_looks_at_an_unmarked_call_in_a_batch_of_marked_ones(redis_url: str) -> None:
+    """The mark is each call's own: an unmarked call is looked at, on the sync lane and in
+    an asyncio lane's pipelined batch of marked ones (the calls tasks issue while another
+    is on the wire), and its integer of over 4,300 digits is refused with ValueError, alone;
+    sent unlooked, hiredis crashes the process."""
+    lines = _survived(_LANES, redis_url).splitlines()
+    assert "sync: ValueError" in lines
+    assert f"async: {[b'x'] * 5 + ['ValueError'] + [b'x'] * 10}" in lines
