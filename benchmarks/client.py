@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = None
     if "--cases" in args:  # a comma-separated few of CASES (every one by default)
         at = args.index("--cases")
-        cases, args = args[at + 1].split(","), args[:at] + args[at + 2 :]
+        names = args[at + 1] if at + 1 < len(args) else ""  # none given: refused below
+        cases, args = names.split(","), args[:at] + args[at + 2 :]
         if unknown := set(cases) - set(CASES):
             raise SystemExit(f"unknown cases: {sorted(unknown)}; known: {list(CASES)}")
     return command(
