@@ -1,7 +1,10 @@
-"""``python -m benchmarks.client``: the instructions the Python client executes per sync
-call, counted rather than timed, for the four sync cases of issue 19's targets: a
-``reserve`` + ``complete`` of a new operation, a replay (``reserve`` of a completed one), and
-``@settler.operation``'s first call and replay (the speed benchmark's no-op function).
+"""``python -m benchmarks.client``: the instructions the Python client executes per call,
+counted rather than timed, for the four sync cases of issue 19's targets: a ``reserve`` +
+``complete`` of a new operation, a replay (``reserve`` of a completed one), and
+``@settler.operation``'s first call and replay (the speed benchmark's no-op function); and
+for an :class:`~settle.AsyncSettler`'s pair and replay: from one task, and from 64
+concurrent tasks on one event loop (the speed benchmark's async cases, whose calls the
+asyncio lane pipelines; the batches differ from run to run, so do the counts a little).
 
 Client CPU per call moves by tens of percent between two runs on a shared machine; the
 instructions move by under 1%. Each case runs in a process of its own under ``valgrind
@@ -16,6 +19,7 @@ about 50 times slower: ``--calls`` is small.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import re
@@ -32,7 +36,7 @@ from benchmarks._report import table
 from benchmarks.instructions import command
 from settle.embedded import EmbeddedRedis
 
-__all__ = ["CASES", "WARMUP", "main", "measure"]
+__all__ = ["CASES", "TASKS", "WARMUP", "main", "measure"]
 
 #: The cases: their name and label.
 CASES = {
@@ -40,7 +44,14 @@ CASES = {
     "replay": "replay (reserve of a completed operation)",
     "first": "@operation, no-op fn: first call",
     "decorated_replay": "@operation, no-op fn: replay",
+    "async_pair": "async reserve + complete, 64 tasks",
+    "async_pair_1": "async reserve + complete, one task",
+    "async_replay": "async replay, 64 tasks",
+    "async_replay_1": "async replay, one task",
 }
+
+#: Concurrent tasks of the async cases whose name does not end in ``_1``.
+TASKS = 64
 
 #: Calls made before the counted ones, in both processes of a case.
 WARMUP = 200
@@ -87,10 +98,53 @@ def _operation(url: str, case: str) -> tuple[Callable[[], None], Callable[[], No
     return decorated_replay, settler.close
 
 
+async def _async_calls(url: str, case: str, calls: int) -> None:
+    """The async case's warm-up, then ``calls`` more, from its tasks on this loop."""
+    from benchmarks._cases import PRINCIPAL, REQUEST, RESULT  # noqa: PLC0415 - the child's
+    from settle import AsyncSettler, Replay, Reserved  # noqa: PLC0415
+
+    settler = AsyncSettler.from_url(url, namespace=f"client-{uuid.uuid4().hex[:8]}")
+    await settler.check()
+    ids = (f"op-{n}" for n in itertools.count())
+    first = await settler.reserve("done", REQUEST, principal=PRINCIPAL)
+    assert isinstance(first, Reserved)
+    await settler.complete(first.reservation, RESULT)
+
+    async def pair() -> None:
+        got = await settler.reserve(next(ids), REQUEST, principal=PRINCIPAL)
+        assert isinstance(got, Reserved)
+        await settler.complete(got.reservation, RESULT)
+
+    async def replay() -> None:
+        assert isinstance(await settler.reserve("done", REQUEST, principal=PRINCIPAL), Replay)
+
+    call = pair if case.startswith("async_pair") else replay
+    tasks = 1 if case.endswith("_1") else TASKS
+
+    async def run(count: int) -> None:
+        left = [count]
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await call()
+
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+
+    try:
+        await run(WARMUP)
+        await run(calls)
+    finally:
+        await settler.aclose()
+
+
 def _child(url: str, case: str, calls: int) -> None:
     from benchmarks._server import quiet_logs  # noqa: PLC0415 - the child's
 
     quiet_logs()
+    if case.startswith("async_"):
+        asyncio.run(_async_calls(url, case, calls))
+        return
     call, close = _operation(url, case)
     try:
         for _ in range(WARMUP + calls):
@@ -128,13 +182,15 @@ def _count(url: str, case: str, calls: int, tmp: Path) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def measure(calls: int) -> dict[str, Any]:
-    """Every case's client instructions per call (two counted runs each)."""
+def measure(calls: int, cases: list[str] | None = None) -> dict[str, Any]:
+    """Every case's client instructions per call (two counted runs each), or ``cases``'."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
     rows = []
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory(prefix="settle-client-") as tmp:
         for case, label in CASES.items():
+            if cases is not None and case not in cases:
+                continue
             base = _count(server.url, case, 0, Path(tmp))
             runs = [(_count(server.url, case, calls, Path(tmp)) - base) // calls for _ in "12"]
             rows.append({"case": case, "label": label, "instructions_per_call": runs})
@@ -143,7 +199,7 @@ def measure(calls: int) -> dict[str, Any]:
 
 def _print(result: dict[str, Any]) -> None:
     print(
-        f"Client instructions per sync call (Python {result['python']} under cachegrind), "
+        f"Client instructions per call (Python {result['python']} under cachegrind), "
         f"{result['calls']} calls after {result['warmup']} of warm-up, two runs\n"
     )
     body = [
@@ -157,8 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--child"]:
         _child(args[1], args[2], int(args[3]))
         return 0
+    cases = None
+    if "--cases" in args:  # a comma-separated few of CASES (every one by default)
+        at = args.index("--cases")
+        names = args[at + 1] if at + 1 < len(args) else ""  # none given: refused below
+        cases, args = names.split(","), args[:at] + args[at + 2 :]
+        if unknown := set(cases) - set(CASES):
+            raise SystemExit(f"unknown cases: {sorted(unknown)}; known: {list(CASES)}")
     return command(
-        args, "python -m benchmarks.client", __doc__, (1000, "calls per case"), measure, _print
+        args,
+        "python -m benchmarks.client",
+        __doc__,
+        (1000, "calls per case"),
+        lambda calls: measure(calls, cases),
+        _print,
     )
 
 

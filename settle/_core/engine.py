@@ -23,7 +23,7 @@ from settle._core.layout import hex_arg, stored_arg, stored_digest
 from settle._input import is_decimal, is_utf8
 from settle._log import binding_digest, logger, operation_digest
 from settle._log import enabled as log_enabled
-from settle._runtime.calls import Call, Unacknowledged
+from settle._runtime.calls import Call, Unacknowledged, packs_plain
 from settle.config import CLAIM_GRACE_MS, MAX_SHARDS, SettleConfig
 from settle.errors import (
     BindingMismatch,
@@ -99,12 +99,24 @@ SINCE_SLACK_MS = 1000
 def _check_seconds(value: object, what: str, operation_id: str | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number of seconds", operation_id=operation_id)
-    if not 0 < value <= MAX_LEASE:
+    # In milliseconds from the number as an exact float: a subclass's own arithmetic (an
+    # int or float subclass whose ``__mul__`` or ``__round__`` answers what it likes) made
+    # its answer the ms sent, an integer beyond 64 bits among them, which hiredis crashes the
+    # process on (a reserve's call is packed without a look at its arguments: Call.plain).
+    try:
+        ms = round(float(value) * 1000)
+    except (TypeError, ValueError, OverflowError):  # not the number it compared as
+        ms = -1
+    if not 0 < value <= MAX_LEASE or not 0 <= ms <= MAX_LEASE * 1000:
+        try:
+            got = f", got {value}"
+        except ValueError:  # an integer of more digits than Python makes text of
+            got = ""
         raise InvalidInput(
-            f"{what} must be more than 0 and at most {MAX_LEASE} seconds, got {value}",
+            f"{what} must be more than 0 and at most {MAX_LEASE} seconds{got}",
             operation_id=operation_id,
         )
-    return max(1, round(value * 1000))
+    return max(1, ms)
 
 
 def _check_flag(value: object, name: str) -> bool:
@@ -213,6 +225,19 @@ class Core:
         self._quarantine_args = (
             self.config.quarantine_payload_bytes,
             self.config.quarantine_maxlen or "",
+        )
+        #: Whether the config's numbers that every reserve and settlement sends are ones
+        #: hiredis packs as they are (:func:`packs_plain`; ``quarantine_payload_bytes`` has
+        #: no upper bound): then those calls, whose other arguments are the text, bytes and
+        #: bounded integers their planners checked or made, are marked ``plain``.
+        self._plain = packs_plain(
+            (
+                self._lease_ms,
+                self._retention_ms,
+                self._attempt_log_size,
+                self._shards,
+                *self._quarantine_args,
+            )
         )
         #: (shard, record key, log key) of recent operations: a settlement follows its
         #: reserve, and hashing the id again costs as much as the rest of its keys.
@@ -479,7 +504,7 @@ class Core:
                 self._attempt_log_size,
             ),
         )
-        return Call("reserve", keys, args, operation_id=op, attempt_id=aid)
+        return Call("reserve", keys, args, operation_id=op, attempt_id=aid, plain=self._plain)
 
     def decode_reserve(self, call: Call, raw: Any) -> Reserved | Replay | InProgress:
         reply = codec.parse_reply(raw)
@@ -644,6 +669,7 @@ class Core:
             attempt_id=r.attempt_id,
             action=action,
             shard=shard,
+            plain=self._plain,
         )
 
     def decode_settlement(self, call: Call, raw: Any) -> Settlement:

@@ -1060,12 +1060,16 @@ class AsyncRunner:
     async def _evalsha(self, sha: str, call: Call) -> Any:
         if self._lane is None:
             return await self.client.evalsha(sha, len(call.keys), *call.keys, *call.args)
-        return await self._lane.execute("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+        return await self._lane.execute(
+            "EVALSHA", sha, len(call.keys), *call.keys, *call.args, plain=call.plain
+        )
 
     async def _fcall_once(self, call: Call) -> Any:
         function, n = self._set.function(call.script), len(call.keys)
         if self._lane is not None:
-            return await self._lane.execute("FCALL", function, n, *call.keys, *call.args)
+            return await self._lane.execute(
+                "FCALL", function, n, *call.keys, *call.args, plain=call.plain
+            )
         assert isinstance(self.client, RedisCluster)
         # redis-py finds an FCALL's slot by asking a node (COMMAND GETKEYS) on every call: a
         # second round trip, to a node that may be the dead one after a failover. The key is
@@ -1531,8 +1535,10 @@ class _Lane:
         #: A Sentinel-managed pool of the primary: its kept connections follow its failovers.
         self._sentinel = getattr(pool, "is_master", None) is True
 
-    async def execute(self, *command: Any) -> Any:
-        return await self._exchange(await self._take(), command)
+    async def execute(self, *command: Any, plain: bool = False) -> Any:
+        """Send ``command`` and read its reply; ``plain``: its arguments need no look
+        (:attr:`Call.plain`)."""
+        return await self._exchange(await self._take(), command, plain)
 
     async def _take(self) -> Any:
         """A connection ready to send on: a kept one, else one of the pool; the server
@@ -1581,9 +1587,9 @@ class _Lane:
             await conn.disconnect()
         return bool(stale)
 
-    async def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
+    async def _exchange(self, conn: Any, command: tuple[Any, ...], plain: bool = False) -> Any:
         try:
-            packed = pack_command(conn, command)
+            packed = pack_command(conn, command, plain)
         except BaseException:  # an argument that does not encode: nothing was sent
             await self._give_back(conn)
             raise
@@ -1699,6 +1705,10 @@ async def exchange(conn: Any, packed: Any) -> Any:
     return await conn.read_response()
 
 
+#: A call queued on the asyncio lane: its command, its caller's future, whether it is plain.
+_Queued = tuple[tuple[Any, ...], "asyncio.Future[Any]", bool]
+
+
 class _Pipelined(_Lane):
     """The asyncio lane, which also pipelines: script calls that tasks issue while another
     call of this runner is on the wire are queued, and sent together in one write on one
@@ -1718,12 +1728,12 @@ class _Pipelined(_Lane):
     def __init__(self, pool: Any, **options: Any) -> None:  # _Lane's
         super().__init__(pool, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._queue: list[_Queued] = []
         self._in_flight = 0
         self._batches: set[asyncio.Task[None]] = set()
         self._deadlines: Deadlines
 
-    async def execute(self, *command: Any) -> Any:
+    async def execute(self, *command: Any, plain: bool = False) -> Any:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new loop: what was queued or on the wire is gone
             self._loop, self._queue, self._in_flight, self._batches = loop, [], 0, set()
@@ -1732,11 +1742,11 @@ class _Pipelined(_Lane):
         if not self._in_flight and not self._queue:
             self._in_flight += 1
             try:
-                return await super().execute(*command)
+                return await super().execute(*command, plain=plain)
             finally:
                 self._in_flight -= 1
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((command, future))
+        self._queue.append((command, future, plain))
         if len(self._queue) == 1:
             loop.call_soon(self._flush, loop)
         return await future
@@ -1750,28 +1760,28 @@ class _Pipelined(_Lane):
         self._batches.add(task)
         task.add_done_callback(lambda done: self._sent(batch, done))
 
-    def _sent(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]], task: Any) -> None:
+    def _sent(self, batch: list[_Queued], task: Any) -> None:
         """The batch's task ended (also when it was cancelled before it ran): no call of it
         may wait forever."""
         if task.get_loop() is self._loop:
             self._batches.discard(task)
             self._in_flight -= 1
-        for _, future in batch:
+        for _, future, _ in batch:
             if not future.done():
                 future.set_exception(rx.ConnectionError("the pipelined batch was not sent"))
 
-    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+    async def _send(self, batch: list[_Queued]) -> None:
         try:
             conn = await self._take()
         except Exception as exc:  # noqa: BLE001 - whatever it is, it is each caller's error
-            for _, future in batch:  # no connection (server down, credentials refused)
+            for _, future, _ in batch:  # no connection (server down, credentials refused)
                 if not future.done():
                     future.set_exception(_own(exc))
             return
         calls = []
-        for command, future in batch:
+        for command, future, plain in batch:
             try:
-                calls.append((future, pack_command(conn, command)))
+                calls.append((future, pack_command(conn, command, plain)))
             except (rx.DataError, ValueError, TypeError) as exc:  # it does not encode: alone
                 if not future.done():
                     future.set_exception(exc)

@@ -1059,12 +1059,16 @@ class Runner:
     def _evalsha(self, sha: str, call: Call) -> Any:
         if self._lane is None:
             return self.client.evalsha(sha, len(call.keys), *call.keys, *call.args)
-        return self._lane.execute("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+        return self._lane.execute(
+            "EVALSHA", sha, len(call.keys), *call.keys, *call.args, plain=call.plain
+        )
 
     def _fcall_once(self, call: Call) -> Any:
         function, n = self._set.function(call.script), len(call.keys)
         if self._lane is not None:
-            return self._lane.execute("FCALL", function, n, *call.keys, *call.args)
+            return self._lane.execute(
+                "FCALL", function, n, *call.keys, *call.args, plain=call.plain
+            )
         assert isinstance(self.client, RedisCluster)
         # redis-py finds an FCALL's slot by asking a node (COMMAND GETKEYS) on every call: a
         # second round trip, to a node that may be the dead one after a failover. The key is
@@ -1530,8 +1534,10 @@ class _Lane:
         #: A Sentinel-managed pool of the primary: its kept connections follow its failovers.
         self._sentinel = getattr(pool, "is_master", None) is True
 
-    def execute(self, *command: Any) -> Any:
-        return self._exchange(self._take(), command)
+    def execute(self, *command: Any, plain: bool = False) -> Any:
+        """Send ``command`` and read its reply; ``plain``: its arguments need no look
+        (:attr:`Call.plain`)."""
+        return self._exchange(self._take(), command, plain)
 
     def _take(self) -> Any:
         """A connection ready to send on: a kept one, else one of the pool; the server
@@ -1580,9 +1586,9 @@ class _Lane:
             conn.disconnect()
         return bool(stale)
 
-    def _exchange(self, conn: Any, command: tuple[Any, ...]) -> Any:
+    def _exchange(self, conn: Any, command: tuple[Any, ...], plain: bool = False) -> Any:
         try:
-            packed = pack_command(conn, command)
+            packed = pack_command(conn, command, plain)
         except BaseException:  # an argument that does not encode: nothing was sent
             self._give_back(conn)
             raise

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +11,28 @@ from settle._slots import slot_init
 from settle._text import as_text
 from settle.errors import CorruptRecord, SettleError
 
-__all__ = ["Call", "Reply", "RunScript", "Unacknowledged", "naming", "parse_reply"]
+__all__ = [
+    "Call",
+    "Reply",
+    "RunScript",
+    "Unacknowledged",
+    "naming",
+    "packs_plain",
+    "parse_reply",
+]
+
+#: hiredis writes integers of this magnitude itself (``packing.pack_command``).
+INT64 = 2**63
+
+
+def packs_plain(values: Iterable[object]) -> bool:
+    """Whether hiredis packs each of ``values`` as the connection itself would, so that
+    ``packing.pack_command`` need not look at it: no memoryview (hiredis would send a
+    strided view's underlying bytes) and no integer beyond 64 bits (hiredis crashes the
+    process on one of over 4,300 digits)."""
+    return all(
+        type(v) is not memoryview and (type(v) is not int or -INT64 <= v < INT64) for v in values
+    )
 
 
 # slot_init: each field set through its slot's descriptor, not ``object.__setattr__`` (about
@@ -33,6 +54,10 @@ class Call:
     so with ``min_replicas`` it is returned, as :class:`Unacknowledged`, even when no replica
     acknowledged the call (a replica down would otherwise keep a fenced-off attempt running
     until it is back, where without ``min_replicas`` its next renewal stops it).
+    ``plain`` marks a call whose keys and arguments are all text, bytes and integers
+    within 64 bits (:func:`packs_plain`), as the core's reserve and settlement plans make
+    them from what they checked: the lane packs it with hiredis without looking at each
+    argument again (``packing.pack_command``). Unmarked, every argument is looked at.
     ``caller_splits`` marks a read of several keys whose caller reads them apart when a Redis
     Cluster migration splits their slot: the runner hands that refusal back at once, as
     :class:`~settle._runtime.transient.SlotSplit`, neither repeated nor logged as a failure
@@ -54,6 +79,7 @@ class Call:
     stops: tuple[str, ...] = ()
     caller_splits: bool = False
     wait_ms: int | None = None
+    plain: bool = False
 
     def stops_caller(self, reply: Any) -> bool:
         """Whether the script's ``reply`` is one of the verdicts in :attr:`stops`."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.client import CASES, _count, _print
+from benchmarks.client import CASES, _count, _print, main
 from settle.embedded import EmbeddedRedis
 from tests.benchmarks.test_smoke import _run
 
@@ -38,3 +38,11 @@ def test_a_case_counted_under_cachegrind_costs_more_with_more_calls(
         }
     )
     assert CASES["replay"] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--cases", "async_pair,nope"], ["--cases"]])
+def test_cases_it_does_not_know_are_refused_before_anything_is_counted(argv: list[str]) -> None:
+    """``--cases`` picks a few of CASES: a name it does not know, or none given, is refused
+    with the names it knows (a bare ``--cases`` was an IndexError)."""
+    with pytest.raises(SystemExit, match=r"unknown cases.*async_pair_1"):
+        main(argv)
