@@ -219,7 +219,16 @@ class Otel:
         a provider is set (it cannot be unset), this is False for good."""
         if self._live:
             return False
-        if self._globals_unset():
+        # The quick answer on every call while nothing is set, written out here (a frame
+        # fewer on each of a request's checks; docs/benchmarks.md, the twenty-third round):
+        # the API's own globals are still None and no environment variable names a provider
+        # (``get_tracer_provider`` reads the environment on each call, several times per
+        # settle call otherwise). When unsure, the API is asked below.
+        if (
+            self._env_unset
+            and getattr(self.trace, "_TRACER_PROVIDER", False) is None
+            and getattr(self._metrics_internal, "_METER_PROVIDER", False) is None
+        ):
             return True
         try:
             unset = (
@@ -263,17 +272,6 @@ class Otel:
         except Exception as error:  # noqa: BLE001  # a context that cannot be read
             _failed(error)
             return True
-
-    def _globals_unset(self) -> bool:
-        """The quick answer on every call while nothing is set: the API's own globals are
-        still None and no environment variable names a provider (``get_tracer_provider``
-        reads the environment on each call, several times per settle call otherwise).
-        False when unsure; :meth:`idle` then asks the API."""
-        return (
-            self._env_unset
-            and getattr(self.trace, "_TRACER_PROVIDER", False) is None
-            and getattr(self._metrics_internal, "_METER_PROVIDER", False) is None
-        )
 
     @staticmethod
     def quietly(call: Any, *args: Any, **kwargs: Any) -> Any:

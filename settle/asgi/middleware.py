@@ -115,7 +115,10 @@ class IdempotencyMiddleware:
                     case Identify():
                         try:
                             principal = self.policy.principal(scope)
-                            if inspect.isawaitable(principal):
+                            # A plain str (what most principal callables return) is never
+                            # awaitable: isawaitable's three checks end in the Awaitable ABC's
+                            # (docs/benchmarks.md, the twenty-third round).
+                            if type(principal) is not str and inspect.isawaitable(principal):
                                 principal = await principal
                         except Exception as exc:  # noqa: BLE001  # the guard answers a 500 problem
                             step = guard.principal_failed(exc)

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
+from settle._slots import slot_init
+
 __all__ = ["DEFAULT_PROBLEM_TYPE_BASE", "Problem", "ProblemKind", "Response"]
 
 DEFAULT_PROBLEM_TYPE_BASE = "urn:settle:problem:"
@@ -60,6 +62,9 @@ _STATUS_TITLE: dict[ProblemKind, tuple[int, str]] = {
 }
 
 
+# slot_init: each field set through its slot's descriptor, not ``object.__setattr__`` (built
+# for every replay and problem; docs/benchmarks.md, the twenty-third round).
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Response:
     """A complete response a middleware sends itself (a problem or a replay), for any

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from settle._slots import slot_init
 from settle.errors import FingerprintError, InvalidInput, SettleError
 from settle.fingerprint import canonical_json, fingerprint
 from settle.http.multipart import multipart_digest
@@ -52,6 +53,9 @@ class ClientDisconnected(SettleError):
         super().__init__(message or self.__doc__ or "")
 
 
+# slot_init: each field set through its slot's descriptor, not ``object.__setattr__`` (the
+# head is built on every request; docs/benchmarks.md, the twenty-third round).
+@slot_init
 @dataclass(frozen=True, slots=True)
 class RequestHead:
     """What the rules need of a request before its body, whatever the protocol."""

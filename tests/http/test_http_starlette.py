@@ -618,6 +618,35 @@ async def test_custom_header_async_principal_and_replayed_headers(
     assert ledger.count() == 1
 
 
+class _LazyPrincipal(str):
+    """A principal callable's answer that is a ``str`` and awaitable: what it awaits to is
+    the principal (e.g. a token resolved on first use)."""
+
+    def __await__(self) -> Any:
+        return self._resolve().__await__()
+
+    async def _resolve(self) -> str:
+        await asyncio.sleep(0)
+        return "tenant:acme"
+
+
+async def test_an_awaitable_str_subclass_principal_is_awaited(
+    make_client: MakeClient, ledger: Ledger, async_settler: AsyncSettler
+) -> None:
+    """Found in review (issue 19, the twenty-third round's skip of the awaitable check for a
+    plain ``str``): a ``str`` subclass with ``__await__`` is still awaited, and what it awaits
+    to is the principal the key is scoped to, not the subclass's own text."""
+    client = make_client(principal=lambda _scope: _LazyPrincipal("unresolved"))
+    first = await client.post("/payments", json={"amount": 9}, headers=key_headers("lazy-1"))
+    assert first.status_code == 201
+    again = await client.post("/payments", json={"amount": 9}, headers=key_headers("lazy-1"))
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert (await async_settler.get(op_id("lazy-1"))) is not None
+    assert (await async_settler.get(op_id("lazy-1", "unresolved"))) is None
+    assert ledger.count() == 1
+
+
 async def test_background_work_after_the_response_does_not_change_the_outcome(
     make_client: MakeClient, ledger: Ledger, async_settler: AsyncSettler
 ) -> None:

@@ -14,6 +14,8 @@ import pytest
 from settle._slots import slot_init
 from settle.decorator import _plan
 from settle.decorator._signature import CallIdentity
+from settle.http.problems import Response
+from settle.http.request import RequestHead
 
 #: Every class of the decorator's hot path that slot_init builds.
 STEPS = [
@@ -29,8 +31,13 @@ STEPS = [
     _plan.Ran,
 ]
 
+#: The HTTP guards' classes built on every request (the head) and every replay or problem
+#: (the response): public, so each stays the dataclass it was (issue 19, the twenty-third
+#: round).
+HTTP = [RequestHead, Response]
 
-@pytest.mark.parametrize("cls", STEPS, ids=lambda cls: cls.__name__)
+
+@pytest.mark.parametrize("cls", STEPS + HTTP, ids=lambda cls: cls.__name__)
 def test_a_step_holds_each_field_it_is_given_and_the_dataclass_defaults(cls: Any) -> None:
     """Its parameters are its fields, in order, with their defaults and annotations; each
     value lands in its own field, by position and by keyword; a field left out holds its
@@ -169,7 +176,7 @@ def test_slot_init_refuses_a_field_with_its_prefix() -> None:
         slot_init(cls)
 
 
-@pytest.mark.parametrize("cls", STEPS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("cls", STEPS + HTTP, ids=lambda cls: cls.__name__)
 def test_a_step_refuses_bad_arguments_with_the_dataclasss_own_messages(cls: Any) -> None:
     """Too many, too few, unknown or repeated arguments raise the ``TypeError`` the
     dataclass's own ``__init__`` raises, word for word (its twin, built without
@@ -207,7 +214,7 @@ def test_every_step_of_the_plan_is_one_slot_init_builds() -> None:
     assert {*typing.get_args(_plan.Step), _plan.Ran, CallIdentity} == set(STEPS)
 
 
-@pytest.mark.parametrize("cls", STEPS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("cls", STEPS + HTTP, ids=lambda cls: cls.__name__)
 def test_a_step_sets_its_slots_without_object_setattr(cls: Any) -> None:
     """What slot_init is for (issue 19, the twenty-first round): a step's ``__init__`` is
     not the dataclass's, which sets each field through ``object.__setattr__`` (about 1,800
