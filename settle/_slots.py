@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, TypeVar
 
 __all__ = ["slot_init"]
@@ -64,8 +65,12 @@ def slot_init(cls: type[T]) -> type[T]:
         + ("\n".join(body) or "        pass")
         + "\n    return __init__\n"
     )
+    # Run in the class's module, as dataclasses runs its generated code: the ``__init__``'s
+    # ``__globals__`` are the module's, so ``typing.get_type_hints(cls.__init__)`` resolves a
+    # string annotation by the module's names (``Any``, a class of the module).
+    module = sys.modules.get(cls.__module__)
     scope: dict[str, Any] = {}
-    exec(source, scope)  # noqa: S102  # the source is made of the class's field names only
+    exec(source, vars(module) if module is not None else {}, scope)  # noqa: S102  # the source is made of the class's field names only
     init = scope["_make"](**values)
     original = cls.__init__
     init.__qualname__ = f"{cls.__qualname__}.__init__"

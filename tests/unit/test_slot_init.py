@@ -223,3 +223,23 @@ def test_a_step_sets_its_slots_without_object_setattr(cls: Any) -> None:
     code = cls.__init__.__code__
     assert code.co_qualname != "__create_fn__.<locals>.__init__"
     assert "__setattr__" not in code.co_names
+
+
+@slot_init
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Annotated:
+    """A field annotated by a name of this module (a string, under ``from __future__ import
+    annotations``), as a public class's may be."""
+
+    value: Any
+    head: RequestHead | None = None
+
+
+@pytest.mark.parametrize("cls", [*STEPS, *HTTP, _Annotated], ids=lambda cls: cls.__name__)
+def test_a_steps_init_resolves_its_annotations_in_its_own_module(cls: Any) -> None:
+    """Found in review of the twenty-third round: the built ``__init__`` ran in an empty
+    namespace, so ``typing.get_type_hints(cls.__init__)`` raised ``NameError`` for a field
+    annotated by a name of the class's module (``Any``), where the dataclass's resolved it."""
+    hints = typing.get_type_hints(cls.__init__)
+    assert set(hints) >= {f.name for f in dataclasses.fields(cls)}
+    assert cls.__init__.__globals__ is vars(inspect.getmodule(cls))
