@@ -23,9 +23,11 @@ import pytest
 import redis
 
 from settle import Settler
+from settle._core import codec
 from settle._core.layout import MAGIC, WORDS, _mp
 from settle._core.scripts import SCRIPTS
 from settle._runtime.scripts import ScriptSet
+from settle.errors import CorruptRecord
 
 WHO = "tenant:acme"
 REQ = {"order": 7}
@@ -385,3 +387,33 @@ def test_a_rows_numbers_are_replied_as_redis_integers(
             got = [row[2], row[4], row[5], row[7], row[8], row[9], row[10]]
             assert [type(v) for v in got] == [type(v) for v in numbers], (name, got)
             assert got == numbers, name
+
+
+@pytest.mark.parametrize(
+    "fpv",
+    [b"007", b"-0", b" 7", b"7 ", b"+7", b"0x10", b"7e2", b"inf", b"nan", b"9007199254740992"],
+    ids=repr,
+)
+def test_a_hand_sent_fingerprint_version_is_replied_as_later_reads_decode_it(
+    settler: Settler, redis_client: redis.Redis, fpv: bytes
+) -> None:
+    """A new record's fingerprint version is the caller's text, stored as sent (settle sends
+    1). reserve's reply decodes to the record a later get reads, or both are CorruptRecord:
+    decimal digits below 2^53 are replied as the integer they spell, anything else as the
+    text, which the client refuses (the text reply took " 7", "+7" and 2^53, which no read
+    after it decodes)."""
+    settler.check()
+    call = _plan(settler, "reserve")
+    args = list(call.args)
+    args[2] = fpv
+    reply = redis_client.register_script(SCRIPTS.source("reserve"))(keys=call.keys, args=args)
+    assert reply[0] == b"reserved"
+    try:
+        later: Any = settler.get("op")
+    except CorruptRecord:
+        later = CorruptRecord
+    try:
+        now: Any = codec.decode_record(reply[4], reply[2])
+    except CorruptRecord:
+        now = CorruptRecord
+    assert now == later
