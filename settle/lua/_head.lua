@@ -80,7 +80,7 @@ local function head_record(key, blob, now)
   local at = string.find(key, '}:op:', 1, true)
   if not at then return nil end  -- not a record's key: guard() or load_record() answers
   -- the row's numbers as Lua numbers, which Redis replies as integers: each whole() above
-  -- (an exact integer below 2^53), so the integer is the number (see reply_row, _lib.lua)
+  -- (an exact integer below 2^53), so the integer is the number (see replied, _lib.lua)
   return {string.sub(key, at + 5), t[1], t[2], t[3], t[4], t[5],
     HEAD_STATES[state], t[7], t[8],
     updated, lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false},
