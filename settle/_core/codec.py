@@ -416,6 +416,13 @@ def _hexed(value: Any) -> str:
     return bytes(value).hex()
 
 
+def _not_int(value: Any) -> int:
+    """A record row's number that is not an integer reply: the scripts reply every number of
+    a row as a Redis integer (``replied`` in settle/lua/_lib.lua), so text, a float or a bool
+    there is not a row of ours (``int()`` would read ``b"7"``, ``7.9`` or ``True``)."""
+    raise TypeError(f"an integer is due in a record row, not {type(value).__name__}")
+
+
 def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
     """Decode a record row (values in RECORD_FIELDS order) into its effective state.
 
@@ -430,7 +437,7 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
     try:
         state = _STATES.get(state_) or State(as_text(state_))
         reason = None if reason_ is None else as_text(reason_)
-        lease = None if lease_ is None else int(lease_)
+        lease = None if lease_ is None else lease_ if type(lease_) is int else _not_int(lease_)
         # rule: L1 (every reader: get, the CLI, the replies of every script)
         if state is State.PENDING and lease is not None and lease <= now_ms:
             state, reason = State.PROVISIONAL, "lease_expired"
@@ -441,10 +448,10 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
             {
                 "operation_id": op.decode() if type(op) is bytes else as_text(op),
                 "fingerprint": fp.hex() if type(fp) is bytes else _hexed(fp),
-                "fingerprint_version": int(fpv),
+                "fingerprint_version": fpv if type(fpv) is int else _not_int(fpv),
                 "binding": bind.decode() if type(bind) is bytes else as_text(bind),
-                "generation": int(gen),
-                "version": int(ver),
+                "generation": gen if type(gen) is int else _not_int(gen),
+                "version": ver if type(ver) is int else _not_int(ver),
                 "state": state,
                 "reason": reason,
                 "lease_expires_at": None if lease is None else ms_to_datetime(lease),
@@ -455,9 +462,13 @@ def decode_record(row: Sequence[Any], now_ms: int) -> OperationRecord:
                 "attempt_id": (
                     None if aid is None else aid.hex() if type(aid) is bytes else _hexed(aid)
                 ),
-                "reservations": int(n),
-                "created_at": ms_to_datetime(int(created)),
-                "updated_at": ms_to_datetime(int(updated)),
+                "reservations": n if type(n) is int else _not_int(n),
+                "created_at": ms_to_datetime(
+                    created if type(created) is int else _not_int(created)
+                ),
+                "updated_at": ms_to_datetime(
+                    updated if type(updated) is int else _not_int(updated)
+                ),
             },
         )
     except (TypeError, ValueError, OverflowError, UnicodeDecodeError) as exc:

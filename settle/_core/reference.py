@@ -275,10 +275,20 @@ _NUMBERS = (b"fpv", b"gen", b"ver", b"n", b"created", b"updated", b"lease")
 _HEXED = {b"fp", b"aid", b"rdig"}
 
 
-def _row(rec: dict[bytes, bytes]) -> list[bytes | list[bytes] | None]:
-    """The Lua's ``row``: the record as the scripts return it, in FIELDS order, None where a
-    field is absent (Lua's false); fp, aid and rdig as stored (:func:`layout.hexed`)."""
-    return [layout.hexed(rec.get(f)) if f in _HEXED else rec.get(f) for f in FIELDS]
+def _row(rec: dict[bytes, bytes]) -> list[int | bytes | list[bytes] | None]:
+    """The Lua's ``replied(row)``: the record as the scripts return it, in FIELDS order, None
+    where a field is absent (Lua's false); fp, aid and rdig as stored (:func:`layout.hexed`);
+    the numbers (:data:`_NUMBERS`) as integers (Redis's integer replies); a new record's fpv
+    is the caller's text, replied as an integer only where it is :func:`_is_int`."""
+    return [_replied(f, rec.get(f)) for f in FIELDS]
+
+
+def _replied(f: bytes, v: bytes | None) -> int | bytes | list[bytes] | None:
+    if f in _HEXED:
+        return layout.hexed(v)
+    if v is not None and f in _NUMBERS and (f != b"fpv" or _is_int(v)):
+        return int(v)  # every number but a new record's fpv is one _is_int checked or made
+    return v
 
 
 @dataclass

@@ -76,11 +76,13 @@ local function head_record(key, blob, now)
   if state == 1 and t[10] == nil then return nil end  -- pending without a lease: corrupt
   if t[15] ~= nil and updated + t[15] <= now then return nil end  -- the record expired
   local lease = false
-  if t[10] ~= nil then lease = int(updated + t[10]) end
+  if t[10] ~= nil then lease = updated + t[10] end
   local at = string.find(key, '}:op:', 1, true)
   if not at then return nil end  -- not a record's key: guard() or load_record() answers
-  return {string.sub(key, at + 5), t[1], int(t[2]), t[3], int(t[4]), int(t[5]),
-    HEAD_STATES[state], int(t[7]), int(t[8]),
-    int(updated), lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false},
+  -- the row's numbers as Lua numbers, which Redis replies as integers: each whole() above
+  -- (an exact integer below 2^53), so the integer is the number (see replied, _lib.lua)
+  return {string.sub(key, at + 5), t[1], t[2], t[3], t[4], t[5],
+    HEAD_STATES[state], t[7], t[8],
+    updated, lease, t[11] or false, t[12] or false, t[13] or false, t[14] or false},
     state, t
 end

@@ -33,7 +33,8 @@ local function head_settle(action, terminal)
   local now = HEAD_NOW
   if not now then return nil end
   local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)
-  if not row or row[3] ~= ARGV[3] or row[4] ~= ARGV[4] or row[5] ~= ARGV[5]
+  -- fpv, gen and the version compared as the whole script compares them, as text
+  if not row or int(t[2]) ~= ARGV[3] or row[4] ~= ARGV[4] or int(t[4]) ~= ARGV[5]
       or string.byte(ARGV[2], 1) ~= 0 or t[1] ~= string.sub(ARGV[2], 2)
       or string.byte(ARGV[7], 1) ~= 0 or #ARGV[7] < 2 then
     return nil
@@ -64,7 +65,7 @@ local function head_settle(action, terminal)
       'PX', int(ttl))
     return {'absorbed', '', now, '', row, 0}
   end
-  if (ARGV[6] ~= '' and ARGV[6] ~= row[6]) or type(t[11]) ~= 'string' or t[11] == ''
+  if (ARGV[6] ~= '' and ARGV[6] ~= int(t[5])) or type(t[11]) ~= 'string' or t[11] == ''
       or t[11] ~= string.sub(ARGV[7], 2) then
     return nil
   end
@@ -88,7 +89,7 @@ local function head_settle(action, terminal)
       now + retention - t[8]) .. cmsgpack.pack(unpack(t, 17, t.n))
       .. cmsgpack.pack(aid, gen, action, 10, '', now - at),
     'PX', int(retention))
-  row[6], row[7], row[10], row[11] = int(t[5] + 1), HEAD_STATES[terminal], int(now), false
+  row[6], row[7], row[10], row[11] = t[5] + 1, HEAD_STATES[terminal], now, false
   row[13], row[14], row[15] = reason or false, result or false, rdig or false
   return {'accepted', '', now, '', row, 0}
 end

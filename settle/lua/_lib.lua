@@ -443,6 +443,14 @@ local function load_record(key, log_key, now, lazy, blob)
   if not rec then return nil, nil, st end
   local row = {}
   for i = 1, #FIELDS do row[i] = rec[FIELDS[i]] or false end
+  local t = st.t
+  if t then
+    -- a packed value's numbers as unpack_value checked them (exact, the sums too), so that
+    -- replied() has none to make a number again; one stored as decimal text stays text
+    row[3], row[5], row[6], row[8], row[9] = t[2], t[4], t[5], t[7], t[8]
+    row[10] = t[8] + t[9]
+    if t[10] ~= nil then row[11] = row[10] + t[10] end
+  end
   return rec, row, st
 end
 
@@ -459,6 +467,27 @@ local function write(st, rec, row, pairs_)
     row[INDEX[f]] = v
   end
   st.rec = rec
+  return row
+end
+
+-- The row as the scripts reply it: its numbers (fpv gen ver n created updated lease) as Lua
+-- numbers, which Redis replies as integers (a head's rows hold them so: _head.lua).
+-- load_record puts a packed value's numbers in the row as they are (each exact: unpack_value
+-- checked them); the rest are text the rules keep (a record of the previous layout is all
+-- text, and write() gives int()'s text), each decimal() (valid, unint) or made by int() from
+-- a whole number, so tonumber gives the very integer the text spells, below 2^53, and
+-- Redis's conversion of the number (a cast to a 64-bit integer) replies it exactly. Only a
+-- new record's fpv is the caller's text as sent: it is replied as a number only where it is
+-- decimal(), as text otherwise (the client refuses text where an integer is due, as it
+-- refused what int() could not read). Changes row in place (every caller replies it and is
+-- done with it).
+local function replied(row)
+  local v = row[3]
+  if type(v) == 'string' and decimal(v) then row[3] = tonumber(v) end
+  for i = 5, 11 do
+    v = row[i]
+    if i ~= 7 and type(v) == 'string' then row[i] = tonumber(v) end
+  end
   return row
 end
 

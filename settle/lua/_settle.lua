@@ -180,7 +180,7 @@ local function settle(action)
   observe(st, ARGV[12], retention, ttl, aid, ARGV[5], action, verdict, kind or '', now)
   save(st, now)
   -- rule: S2 (a misbound caller gets no record: it would show one principal's result to another)
-  if not rec or kind == 'misbound' then row = {} end
+  if not rec or kind == 'misbound' then row = {} else row = replied(row) end
   if repeated then return {verdict, kind or '', now, qid, row, dropped, 1} end
   return {verdict, kind or '', now, qid, row, dropped}
 end

@@ -6,4 +6,4 @@ local now = HEAD_NOW or now_ms()  -- HEAD_*: what get_head.lua read (see prelude
 local rec, row = load_record(KEYS[1], nil, now, true, HEAD_BLOB)
 if rec == false then return {'corrupt', '', now, '', {}} end
 if not rec then return {'missing', '', now, '', {}} end
-return {'found', '', now, '', row}
+return {'found', '', now, '', replied(row)}

@@ -13,7 +13,7 @@ for i = 1, #KEYS do
   elseif not rec then
     out[i] = {'missing'}
   else
-    out[i] = {'found', row}
+    out[i] = {'found', replied(row)}
   end
 end
 return {'ok', '', now, '', out}

@@ -21,13 +21,19 @@ if not rec then return {'lost', 'unknown_operation', now, '', {}} end  -- rule: 
 if not same(rec.fp, arg_stored(ARGV[1])) or rec.fpv ~= ARGV[2] or rec.bind ~= ARGV[3] then
   return {'lost', 'misbound', now, '', {}}
 end
-if rec.gen ~= ARGV[4] then return {'lost', 'stale_generation', now, '', row} end  -- rule: N3
-if rec.state ~= 'pending' then return {'lost', 'not_pending', now, '', row} end  -- rule: N4
-if tonumber(rec.lease) <= now then return {'lost', 'lease_expired', now, '', row} end  -- rule: N5
+local lost = nil
+if rec.gen ~= ARGV[4] then
+  lost = 'stale_generation'  -- rule: N3
+elseif rec.state ~= 'pending' then
+  lost = 'not_pending'  -- rule: N4
+elseif tonumber(rec.lease) <= now then
+  lost = 'lease_expired'  -- rule: N5
+end
+if lost then return {'lost', lost, now, '', replied(row)} end
 if bad then return redis.error_reply(bad) end
 -- rule: N6 (not a transition: the version stays, so the owner's expected_version holds)
 local lease = tonumber(ARGV[5])
 row = write(st, rec, row, {'lease', int(now + lease)})
 st.rexp = now + lease + tonumber(ARGV[6])
 save(st, now)
-return {'renewed', '', now, '', row}
+return {'renewed', '', now, '', replied(row)}

@@ -19,7 +19,7 @@ if HEAD_NOW then
   local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)
   local lease, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
   if row and state == 1 and string.byte(ARGV[1], 1) == 0 and t[1] == string.sub(ARGV[1], 2)
-      and row[3] == ARGV[2] and row[4] == ARGV[3] and row[5] == ARGV[4]
+      and int(t[2]) == ARGV[2] and row[4] == ARGV[3] and int(t[4]) == ARGV[4]
       and t[8] + t[9] + t[10] > now and type(t[11]) == 'string' and t[12] == nil
       and head_ms(lease) and head_ms(retention) and head_log(t, now)
       and whole(t[8] + t[16]) and head_claimed() then
@@ -29,7 +29,7 @@ if HEAD_NOW then
     t[10], t[15] = ends - updated, ends + retention - updated
     redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(unpack(t, 1, t.n)),
       'PX', int(math.max(ends + retention, t[8] + t[16]) - now))
-    row[11] = int(ends)
+    row[11] = ends
     return {'renewed', '', now, '', row}
   end
 end

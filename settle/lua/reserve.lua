@@ -34,14 +34,14 @@ if rec then
   if rec.bind ~= ARGV[4] then return {'binding_mismatch', '', now, '', {}} end
   local state = effective_state(rec, now)
   -- rule: R4, R5
-  if is_terminal(state) then return {'replay', state, now, '', row} end
+  if is_terminal(state) then return {'replay', state, now, '', replied(row)} end
   if state == 'pending' then
     -- rule: R9
     -- The same attempt asking again (its first reply was lost on the wire) gets its own
     -- reservation back, so reserve is safe to repeat.
-    if same(rec.aid, aid) then return {'reserved', 'resumed', now, '', row} end
+    if same(rec.aid, aid) then return {'reserved', 'resumed', now, '', replied(row)} end
     -- rule: R6
-    return {'in_progress', '', now, '', row}
+    return {'in_progress', '', now, '', replied(row)}
   end
   -- rule: R7, R8
   if rec.state == 'pending' then detail = 'lease_expired' else detail = 'provisional' end
@@ -64,4 +64,4 @@ st.rexp = now + lease + retention
 observe(st, ARGV[8], retention, lease + retention, aid, gen, 'reserve', 'reserved', detail,
   now)
 save(st, now)
-return {'reserved', detail, now, '', row}
+return {'reserved', detail, now, '', replied(row)}

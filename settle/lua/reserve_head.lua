@@ -29,7 +29,7 @@ end
 if HEAD_NOW then
   local now = HEAD_NOW
   local row, state, t = head_record(KEYS[1], HEAD_BLOB, now)
-  if row and row[3] == ARGV[3] and row[4] == ARGV[4] and string.byte(ARGV[2], 1) == 0
+  if row and int(t[2]) == ARGV[3] and row[4] == ARGV[4] and string.byte(ARGV[2], 1) == 0
       and row[2] == string.sub(ARGV[2], 2) and head_claimed() then
     if state >= 3 then return {'replay', row[7], now, '', row} end
     -- the takeover (R7: a lease that ended; R8: provisional)
@@ -62,15 +62,15 @@ if HEAD_NOW then
         .. cmsgpack.pack(first_aid, first_gen, t[19], t[20], t[21], t[22]) .. rest
         .. cmsgpack.pack(new_aid, new_gen, 5, 9, detail, now - at),
         'PX', int(life))
-      row[5], row[6], row[7], row[8] = gen, int(t[5] + 1), 'pending', int(t[7] + 1)
-      row[10], row[11], row[12], row[13] = int(now), int(now + lease), aid, false
+      row[5], row[6], row[7], row[8] = g, t[5] + 1, 'pending', t[7] + 1
+      row[10], row[11], row[12], row[13] = now, now + lease, aid, false
       return {'reserved', word, now, '', row}
     end
   end
 elseif HEAD_BLOB == false and string.byte(ARGV[2], 1) == 0 and #ARGV[7] > 1
     and string.byte(ARGV[7], 1) == 0 then
   local fpv, lease, retention = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  if fpv and int(fpv) == ARGV[3] and head_ms(lease) and head_ms(retention)
+  if fpv and whole(fpv) and int(fpv) == ARGV[3] and head_ms(lease) and head_ms(retention)
       and (tonumber(ARGV[8]) or 0) >= 1 and head_claimed() then
     local now, now_us = clock()
     local fp, aid, life = string.sub(ARGV[2], 2), string.sub(ARGV[7], 2), lease + retention
@@ -80,7 +80,7 @@ elseif HEAD_BLOB == false and string.byte(ARGV[2], 1) == 0 and #ARGV[7] > 1
     redis.call('SET', KEYS[1], '\2' .. cmsgpack.pack(fp, fpv, ARGV[4], tonumber(gen), 1, 1, 1,
       now, 0, lease, aid, nil, nil, nil, life, life) .. cmsgpack.pack(nil, nil, 5, 9, 13, 0),
       'PX', int(life))
-    return {'reserved', 'new', now, '', {ARGV[1], fp, ARGV[3], ARGV[4], gen, '1', 'pending',
-      '1', int(now), int(now), int(now + lease), aid, false, false, false}}
+    return {'reserved', 'new', now, '', {ARGV[1], fp, fpv, ARGV[4], tonumber(gen), 1,
+      'pending', 1, now, now, now + lease, aid, false, false, false}}
   end
 end

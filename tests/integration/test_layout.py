@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import redis
 
-from settle import Replay, Reservation, Reserved, Settler, State, Verdict
+from settle import InProgress, Replay, Reservation, Reserved, Settler, State, Verdict, fingerprint
 from settle._core.layout import LOG_MAX, MAGIC, WORDS, _mp, pack, unpack
 from settle.errors import CorruptRecord, InvalidInput
+from settle.models import ms_to_datetime
 from settle.testing import MemorySettler
 
 WHO = "tenant:acme"
@@ -501,3 +502,57 @@ def test_a_previous_layout_log_entry_that_is_not_six_fields_is_dropped(side: _Le
     assert side.settler.complete(got.reservation, PAYLOAD).verdict is Verdict.ACCEPTED
     assert side.kinds("old") == ("string", "none")
     assert [a.action for a in side.settler.attempts("old")] == ["reserve", "complete"]
+
+
+def test_every_reply_carrying_a_previous_layout_record_decodes_it(side: _Legacy) -> None:
+    """A record of the previous layout (a HASH of decimal text) comes back from every script
+    path that replies it without writing it, the same record each time, its numbers exact:
+    get, get_many, reserve's in_progress and replay, and renew's three losses
+    (stale_generation, lease_expired, not_pending). The scripts reply a row's numbers as
+    Redis integers and the client refuses text there, so a path that replied the HASH's text
+    as it is would make a healthy record a CorruptRecord. Nothing is rewritten."""
+    fp = fingerprint(REQ)
+    big = 2**53 - 1
+
+    def old(op: str, state: str, lease: int | None) -> None:
+        fields = {
+            "op": op, "fp": fp, "fpv": "1", "bind": WHO, "gen": str(big), "ver": "7",
+            "state": state, "n": "3", "created": str(CREATED), "updated": str(CREATED + 5),
+            "aid": OLD_AID,
+        }  # fmt: skip
+        if lease is not None:
+            fields["lease"] = str(lease)
+        side.write(op, fields, [f"{OLD_AID}|{big}|reserve|reserved|new|{CREATED}"], 3_600_000)
+
+    live = 4_102_444_800_000  # 2100
+    old("live", "pending", live)
+    old("ended", "pending", CREATED + 10)  # a lease that ended: renew's lease_expired
+    old("done", "completed", None)
+    seen: list[Any] = []
+    for op in ("live", "ended", "done"):
+        record = side.settler.get(op)
+        assert record is not None
+        assert side.settler.get_many([op]) == [record]
+        assert (record.generation, record.version, record.reservations) == (big, 7, 3)
+        assert record.fingerprint_version == 1
+        assert record.created_at == ms_to_datetime(CREATED)
+        assert record.updated_at == ms_to_datetime(CREATED + 5)
+        seen.append(record)
+    assert seen[0].lease_expires_at == ms_to_datetime(live)
+    busy = side.settler.reserve("live", REQ, principal=WHO)
+    assert isinstance(busy, InProgress)
+    assert busy.record == seen[0]
+    replay = side.settler.reserve("done", REQ, principal=WHO)
+    assert isinstance(replay, Replay)
+    assert replay.record == seen[2]
+    stale = _reservation(seen[0]).model_copy(update={"generation": 5})
+    for reservation, reason, record in (
+        (stale, "stale_generation", seen[0]),
+        (_reservation(seen[1]), "lease_expired", seen[1]),
+        (_reservation(seen[2]), "not_pending", seen[2]),
+    ):
+        renewal = side.settler.renew(reservation)
+        assert (renewal.renewed, renewal.reason) == (False, reason)
+        assert renewal.record == record
+    for op in ("live", "ended", "done"):
+        assert side.kinds(op) == ("hash", "list")

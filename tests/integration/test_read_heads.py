@@ -23,9 +23,11 @@ import pytest
 import redis
 
 from settle import Settler
+from settle._core import codec
 from settle._core.layout import MAGIC, WORDS, _mp
 from settle._core.scripts import SCRIPTS
 from settle._runtime.scripts import ScriptSet
+from settle.errors import CorruptRecord
 
 WHO = "tenant:acme"
 REQ = {"order": 7}
@@ -194,15 +196,29 @@ def _load_libraries(client: redis.Redis) -> bool:
     return True
 
 
+def _plan(settler: Settler, script: str) -> Any:
+    """settle's call of ``script`` (get or reserve) for the operation "op"."""
+    if script == "get":
+        return settler._core.plan_get("op")
+    return settler._core.plan_reserve("op", REQ, principal=WHO)
+
+
+def _three_ways(client: redis.Redis, script: str) -> tuple[Any, Any, Any]:
+    """The head alone, the whole script without its head, and the script settle runs."""
+    return (
+        client.register_script(_head_only(script)),
+        client.register_script(WHOLE.source(script)),
+        client.register_script(SCRIPTS.source(script)),
+    )
+
+
 @pytest.mark.parametrize("script", ["get", "reserve"])
 def test_a_head_answers_only_as_the_whole_script_would_and_writes_nothing(
     settler: Settler, redis_client: redis.Redis, script: str
 ) -> None:
     settler.check()  # claims the shard: a replay on an unclaimed shard is the whole script's
     key = settler._core.keys.record("op")
-    head = redis_client.register_script(_head_only(script))
-    whole = redis_client.register_script(WHOLE.source(script))
-    settled = redis_client.register_script(SCRIPTS.source(script))
+    head, whole, settled = _three_ways(redis_client, script)
     answered, taken_over = set(), set()
     functions = _load_libraries(redis_client)
     for name, case in _cases(settler).items():
@@ -210,11 +226,7 @@ def test_a_head_answers_only_as_the_whole_script_would_and_writes_nothing(
             if not other.endswith(b":gen"):
                 redis_client.delete(other)
         _store(redis_client, key, case)
-        call = (
-            settler._core.plan_get("op")
-            if script == "get"
-            else settler._core.plan_reserve("op", REQ, principal=WHO)
-        )
+        call = _plan(settler, script)
         before = redis_client.get(key) if redis_client.type(key) == b"string" else None
         fast = head(keys=call.keys, args=call.args)
         if fast == FELL_THROUGH:
@@ -314,3 +326,94 @@ def test_a_records_small_and_large_numbers_read_back_as_stored(
     for got in (settler.get("op"), settler.get_many(["op"])[0]):
         assert got is not None
         assert (got.version, got.reservations, got.fingerprint_version) == (number,) * 3
+
+
+@pytest.mark.parametrize("script", ["get", "reserve"])
+def test_a_rows_numbers_are_replied_as_redis_integers(
+    settler: Settler, redis_client: redis.Redis, script: str
+) -> None:
+    """The record row's numbers (fpv, gen, ver, n, created, updated, lease) are Redis integer
+    replies, not decimal text, from the head, the script settle runs, the whole script and
+    (Redis 7+, Valkey) both FUNCTION libraries: for a packed value at the edges of what a
+    double holds exactly (2^53 - 1) and for a record of the previous layout (a HASH of text,
+    which only the whole scripts read). Each is the integer stored, exactly."""
+    settler.check()
+    key = settler._core.keys.record("op")
+    fp = settler._core.plan_reserve("x", REQ, principal=WHO).args[1][1:]  # type: ignore[index]
+    now = int(time.time() * 1000)
+    top = 2**53 - 1
+    created = 2**53 - 10
+    legacy = {
+        "op": "op", "fp": bytes(fp).hex(), "fpv": "1", "bind": WHO, "gen": str(top),
+        "ver": "12", "state": "completed", "n": "3", "created": str(now - 1000),
+        "updated": str(now - 995), "aid": "0f" * 16, "result": '{"ok":true}', "rdig": "ab" * 32,
+    }  # fmt: skip
+
+    def previous_layout() -> None:
+        redis_client.hset(key, mapping=legacy)
+
+    cases: dict[str, tuple[Callable[[], None] | bytes, list[int | None]]] = {
+        # fpv gen ver n created updated lease
+        "pending": (
+            _record(fp, state=1, lease=30_000, created=now - 1000, ver=9, n=10),
+            [1, 1_796_000_000_000_001, 9, 10, now - 1000, now - 995, now + 29_005],
+        ),
+        "numbers at 2^53 - 1": (
+            _record(fp, gen=top, ver=top, n=top, created=created, rexp=None, lexp=None),
+            [1, top, top, top, created, created + 5, None],
+        ),
+        "previous layout": (
+            previous_layout,
+            [1, top, 12, 3, now - 1000, now - 995, None],
+        ),
+    }
+    head, whole, settled = _three_ways(redis_client, script)
+    functions = _load_libraries(redis_client)
+    for name, (case, numbers) in cases.items():
+        redis_client.delete(key)
+        _store(redis_client, key, case)
+        call = _plan(settler, script)
+        replies = [settled(keys=call.keys, args=call.args), whole(keys=call.keys, args=call.args)]
+        fast = head(keys=call.keys, args=call.args)
+        if fast != FELL_THROUGH:
+            replies.append(fast)
+        if functions:
+            for library in (SCRIPTS, WHOLE):
+                fcall = library.function(script)
+                replies.append(redis_client.fcall(fcall, len(call.keys), *call.keys, *call.args))
+        for reply in replies:
+            row = reply[4]
+            assert len(row) == 15, (name, reply)
+            got = [row[2], row[4], row[5], row[7], row[8], row[9], row[10]]
+            assert [type(v) for v in got] == [type(v) for v in numbers], (name, got)
+            assert got == numbers, name
+
+
+@pytest.mark.parametrize(
+    "fpv",
+    [b"007", b"-0", b" 7", b"7 ", b"+7", b"0x10", b"7e2", b"inf", b"nan", b"9007199254740992"],
+    ids=repr,
+)
+def test_a_hand_sent_fingerprint_version_is_replied_as_later_reads_decode_it(
+    settler: Settler, redis_client: redis.Redis, fpv: bytes
+) -> None:
+    """A new record's fingerprint version is the caller's text, stored as sent (settle sends
+    1). reserve's reply decodes to the record a later get reads, or both are CorruptRecord:
+    decimal digits below 2^53 are replied as the integer they spell, anything else as the
+    text, which the client refuses (the text reply took " 7", "+7" and 2^53, which no read
+    after it decodes)."""
+    settler.check()
+    call = _plan(settler, "reserve")
+    args = list(call.args)
+    args[2] = fpv
+    reply = redis_client.register_script(SCRIPTS.source("reserve"))(keys=call.keys, args=args)
+    assert reply[0] == b"reserved"
+    try:
+        later: Any = settler.get("op")
+    except CorruptRecord:
+        later = CorruptRecord
+    try:
+        now: Any = codec.decode_record(reply[4], reply[2])
+    except CorruptRecord:
+        now = CorruptRecord
+    assert now == later

@@ -54,15 +54,14 @@ NOW = 1_764_707_000_123
 FP = "f" * 64
 
 
-def _row(state: bytes = b"pending", lease: bytes | None = b"1764707030123") -> list[Any]:
+def _row(state: bytes = b"pending", lease: int | None = 1764707030123) -> list[Any]:
     """A record row as the scripts reply with it: digests and the attempt id in their stored
-    form, raw bytes (settle/_core/layout.py)."""
+    form, raw bytes (settle/_core/layout.py), the numbers Redis integers."""
     result = b'{"ok":true}' if state == b"completed" else None
     rdig = bytes.fromhex(codec.digest(result)) if result is not None else None
     return [
-        b"op-1", bytes.fromhex(FP), b"1", b"tenant:acme", b"3", b"4", state, b"2",
-        str(NOW).encode(), str(NOW + 5).encode(), lease, bytes.fromhex("a" * 32), None, result,
-        rdig,
+        b"op-1", bytes.fromhex(FP), 1, b"tenant:acme", 3, 4, state, 2, NOW, NOW + 5, lease,
+        bytes.fromhex("a" * 32), None, result, rdig,
     ]  # fmt: skip
 
 
@@ -108,14 +107,12 @@ def _record(row: list[Any], now_ms: int) -> OperationRecord:
 @pytest.mark.parametrize(
     ("state", "lease", "now_ms"),
     [
-        (b"pending", b"1764707030123", NOW),
-        (b"pending", b"1764707030123", NOW + 60_000),  # L1: reads as provisional
+        (b"pending", 1764707030123, NOW),
+        (b"pending", 1764707030123, NOW + 60_000),  # L1: reads as provisional
         (b"completed", None, NOW),
     ],
 )
-def test_decoded_records_equal_validated_ones(
-    state: bytes, lease: bytes | None, now_ms: int
-) -> None:
+def test_decoded_records_equal_validated_ones(state: bytes, lease: int | None, now_ms: int) -> None:
     row = _row(state, lease)
     _same(codec.decode_record(row, now_ms), _record(row, now_ms))
 

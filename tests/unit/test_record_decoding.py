@@ -21,9 +21,8 @@ NOT_UTF8 = b"\xff\xfe"
 def _row() -> list[Any]:
     """A record row as the scripts reply with it (settle/_core/layout.py)."""
     return [
-        b"op-1", bytes.fromhex("f" * 64), b"1", b"tenant:acme", b"3", b"4", b"provisional",
-        b"2", str(NOW).encode(), str(NOW + 5).encode(), None, bytes.fromhex("a" * 32),
-        b"lease_expired", None, None,
+        b"op-1", bytes.fromhex("f" * 64), 1, b"tenant:acme", 3, 4, b"provisional",
+        2, NOW, NOW + 5, None, bytes.fromhex("a" * 32), b"lease_expired", None, None,
     ]  # fmt: skip
 
 
@@ -35,6 +34,22 @@ def test_a_record_text_field_that_is_not_utf8_is_a_corrupt_record(index: int, fi
     row = _row()
     codec.decode_record(row, NOW)  # whole, it decodes
     row[index] = NOT_UTF8
+    with pytest.raises(CorruptRecord, match="cannot be decoded"):
+        codec.decode_record(row, NOW)
+
+
+@pytest.mark.parametrize("index", [2, 4, 5, 7, 8, 9, 10])
+@pytest.mark.parametrize("value", [b"7", "7", 7.0, 7.5, True, [7]], ids=repr)
+def test_a_record_number_that_is_not_an_integer_reply_is_a_corrupt_record(
+    index: int, value: Any
+) -> None:
+    """The scripts reply a row's numbers (fpv, gen, ver, n, created, updated, lease) as Redis
+    integers: text, a float, a bool or a list there is not a row of theirs, and is refused
+    with the typed error, never read as a number (``int()`` took ``b"7"``, ``7.5`` and
+    ``True``)."""
+    row = _row()
+    codec.decode_record(row, NOW)  # whole, it decodes
+    row[index] = value
     with pytest.raises(CorruptRecord, match="cannot be decoded"):
         codec.decode_record(row, NOW)
 
