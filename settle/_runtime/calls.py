@@ -21,8 +21,10 @@ __all__ = [
     "parse_reply",
 ]
 
-#: hiredis writes integers of this magnitude itself (``packing.pack_command``).
+#: hiredis writes integers of this magnitude itself (``packing.pack_command``); the lower
+#: bound made once, not negated for each value compared with it.
 INT64 = 2**63
+INT64_MIN = -INT64
 
 
 def packs_plain(values: Iterable[object]) -> bool:
@@ -31,7 +33,7 @@ def packs_plain(values: Iterable[object]) -> bool:
     strided view's underlying bytes) and no integer beyond 64 bits (hiredis crashes the
     process on one of over 4,300 digits)."""
     return all(
-        type(v) is not memoryview and (type(v) is not int or -INT64 <= v < INT64) for v in values
+        type(v) is not memoryview and (type(v) is not int or INT64_MIN <= v < INT64) for v in values
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from redis import exceptions as rx
 
 from settle._runtime import copied
-from settle._runtime.calls import INT64
+from settle._runtime.calls import INT64, INT64_MIN
 
 try:  # redis-py 8's own names: without them the lane packs through the connection
     from redis.asyncio.connection import AbstractConnection as AsyncConnection
@@ -91,11 +91,6 @@ def _hiredis_packs_as(conn: Any) -> bool:
 
 _poll = getattr(select, "poll", None)  # not on Windows
 
-#: hiredis writes integers of this magnitude itself; larger ones go as their text.
-_INT64 = INT64
-#: Its negative, made once: ``-_INT64`` in the loop below made a new integer per argument.
-_INT64_MIN = -_INT64
-
 
 def pack_command(conn: Any, command: tuple[Any, ...], plain: bool = False) -> Any:
     """``conn.pack_command(*command)``, sent the same, without redis-py's per-argument pass
@@ -115,11 +110,11 @@ def pack_command(conn: Any, command: tuple[Any, ...], plain: bool = False) -> An
             kind = type(arg)
             if kind is memoryview:
                 plain = False
-            elif kind is int and not _INT64_MIN <= arg < _INT64:
+            elif kind is int and not INT64_MIN <= arg < INT64:
                 big = True
     if big:
         command = tuple(
-            str(a) if type(a) is int and not _INT64_MIN <= a < _INT64 else a for a in command
+            str(a) if type(a) is int and not INT64_MIN <= a < INT64 else a for a in command
         )
     if plain and _hiredis_pack is not None and _hiredis_packs_as(conn):
         try:
